@@ -36,6 +36,9 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@# Put both source roots on the path, so a service package added later imports
+	@# without reinstalling (the editable finder only maps packages present at install).
+	$(PY) -c "import site,pathlib; pathlib.Path(site.getsitepackages()[0],'quarry-source-roots.pth').write_text('$(CURDIR)/libs\n$(CURDIR)/services\n')"
 	touch $@
 
 proto: $(VENV)/.installed libs/quarry/v1/.generated

@@ -15,6 +15,7 @@ An empty value (b"") is a real value, distinct from a missing key, also as a pre
 from __future__ import annotations
 
 import abc
+import collections
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -215,3 +216,116 @@ class Store(abc.ABC):
 
     def close(self) -> None:
         """Release connections."""
+
+
+# ---- helpers shared by the backends in this package ------------------------------------
+# Added alongside the interface so every backend validates and pages the same way; the
+# remote client may use them too.
+
+def check_predicate(predicate: object) -> None:
+    if predicate is None:
+        raise MissingPredicate("predicate is required: ABSENT, EXISTS or Equals(previous)")
+    if not isinstance(predicate, (_Absent, _Exists, Equals)):
+        # A common slip is passing GetResult.predicate (bytes) instead of Equals(...).
+        raise errors.InvalidArgument(
+            f"predicate must be ABSENT, EXISTS or Equals(bytes), not {type(predicate).__name__}")
+    if isinstance(predicate, Equals) and predicate.value is None:
+        raise MissingPredicate("Equals(previous) needs the previous value")
+
+
+def normalize_end(end: bytes | None) -> bytes | None:
+    """An empty end key means "no end", like None (a protobuf bytes field cannot tell them
+    apart, and an empty exclusive end would select nothing)."""
+    return end if end else None
+
+
+def check_scan(partition: bytes, start: bytes, end: bytes | None, batch_size: int) -> None:
+    check_partition(partition)
+    # Bounds longer than any key cannot be expressed in a DynamoDB key condition; refuse
+    # them everywhere so every backend behaves alike.
+    for name, bound in (("start", start), ("end", end)):
+        if bound is not None and len(bound) > MAX_KEY_BYTES:
+            raise KeyTooLarge(f"scan {name} key is {len(bound)} bytes; the limit is "
+                              f"{MAX_KEY_BYTES}")
+    if batch_size < 1:
+        raise errors.InvalidArgument(f"batch_size must be >= 1, got {batch_size}")
+
+
+class PagedScanIterator(ScanIterator):
+    """A ScanIterator for backends that read one page of a partition at a time.
+
+    A subclass implements `_fetch_page(lower, after, limit)`: up to `limit` KeyValues of the
+    partition in ascending order with key >= `lower`, key > `after` (when `after` is not
+    None) and, if it can, key < `self.end`. It returns them with the cursor to resume after
+    (normally the last key read) or None when the partition holds nothing further.
+
+    Each page is a fresh read that resumes strictly after the previous page's cursor, so a
+    scan never holds a read snapshot open, never returns a key twice or out of order, and
+    keys deleted while it pages are simply not seen. `seek_ge` only resets the cursor.
+    Seeks are clamped to the scan's [start, end) range.
+    """
+
+    def __init__(self, start: bytes, end: bytes | None, batch_size: int):
+        self.start = start
+        self.end = end
+        self.batch_size = batch_size
+        self._buffer: collections.deque[KeyValue] = collections.deque()
+        self._lower = start
+        self._cursor: bytes | None = None
+        self._done = False
+        self._closed = False
+
+    @abc.abstractmethod
+    def _fetch_page(self, lower: bytes, after: bytes | None,
+                    limit: int) -> tuple[list[KeyValue], bytes | None]: ...
+
+    def __next__(self) -> KeyValue:
+        if self._closed:
+            raise errors.FailedPrecondition("scan iterator is closed")
+        while not self._buffer:
+            if self._done:
+                raise StopIteration
+            self._fill()
+        return self._buffer.popleft()
+
+    def _fill(self) -> None:
+        if self.end is not None and self._lower >= self.end:
+            self._done = True
+            return
+        items, cursor = self._fetch_page(self._lower, self._cursor, self.batch_size)
+        for kv in items:
+            # The end bound is enforced here as well, for backends that can only push an
+            # inclusive bound down (DynamoDB's BETWEEN).
+            if self.end is not None and kv.key >= self.end:
+                cursor = None
+                break
+            self._buffer.append(kv)
+        self._cursor = cursor
+        if cursor is None:
+            self._done = True
+
+    def seek_ge(self, key: bytes) -> None:
+        if self._closed:
+            raise errors.FailedPrecondition("scan iterator is closed")
+        if len(key) > MAX_KEY_BYTES:
+            raise KeyTooLarge(f"seek key is {len(key)} bytes; the limit is {MAX_KEY_BYTES}")
+        self._buffer.clear()
+        self._lower = max(key, self.start)
+        self._cursor = None
+        self._done = False
+
+    def close(self) -> None:
+        self._closed = True
+        self._buffer.clear()
+
+
+def check_batch_keys(items: Sequence[tuple[bytes, bytes]]) -> None:
+    """Validate every (partition, key) before a batch touches the backend."""
+    for partition, key in items:
+        check_key(partition, key)
+
+
+def check_batch_items(items: Sequence[tuple[bytes, bytes, bytes]]) -> None:
+    """Validate every (partition, key, value) before a batch touches the backend."""
+    for partition, key, value in items:
+        check_item(partition, key, value)

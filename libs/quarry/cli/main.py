@@ -1,0 +1,161 @@
+"""The `quarry` command line.
+
+    quarry up                 start every service on the embedded defaults
+    quarry serve SERVICE      run one service (kv-gateway, ...)
+    quarry version            package and storage format versions
+    quarry settings           every setting with its default
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import quarry
+from quarry import errors
+from quarry.config import SERVICES, load_settings, settings_table
+
+# The services built so far, in start order (kv-gateway first: the others depend on it).
+# Each maps to the module whose `build(settings) -> ServiceSpec` wires it.
+SERVICE_MODULES = {
+    "kv-gateway": "kv_gateway.service",
+}
+
+
+def _service_builder(name: str):
+    if name not in SERVICES:
+        raise SystemExit(f"quarry: unknown service {name!r}; services: {', '.join(SERVICES)}")
+    if name not in SERVICE_MODULES:
+        raise SystemExit(f"quarry: service {name!r} is not built yet; available: "
+                         f"{', '.join(SERVICE_MODULES)}")
+    return importlib.import_module(SERVICE_MODULES[name]).build
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from quarry.runtime.server import serve
+
+    settings = load_settings()
+    build = _service_builder(args.service)
+    try:
+        serve(settings, build)
+    except errors.QuarryError as exc:
+        print(f"quarry serve {args.service}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _interrupt(_signum, _frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _forward(stream) -> None:
+    """Keep a child's stdout drained (a full pipe would block it) and visible."""
+    for line in stream:
+        sys.stdout.write(line)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    home = Path(settings.home).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, QUARRY_HOME=str(home), PYTHONUNBUFFERED="1")
+    print(f"Quarry {quarry.__version__} (storage format {quarry.FORMAT_VERSION})")
+    print(f"  data:   {home}  (KV: {settings.effective_kv_url})")
+    children: list[tuple[str, subprocess.Popen]] = []
+
+    def stop_all() -> None:
+        for _name, child in reversed(children):
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + settings.shutdown_grace_seconds + 5
+        for name, child in reversed(children):
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"  {name} did not stop in time; killing it", file=sys.stderr)
+                child.kill()
+
+    try:
+        for name in SERVICE_MODULES:
+            child = subprocess.Popen([sys.executable, "-m", "quarry.cli.main", "serve", name],
+                                     env=env, stdout=subprocess.PIPE, text=True)
+            children.append((name, child))
+            line = child.stdout.readline()
+            if "ready" not in line:
+                child.wait(timeout=10)
+                print(f"quarry up: {name} failed to start (exit {child.returncode})",
+                      file=sys.stderr)
+                stop_all()
+                return 1
+            threading.Thread(target=_forward, args=(child.stdout,), daemon=True).start()
+            port = settings.port_of(name)
+            metrics = settings.metrics_port_of(name)
+            print(f"  {name:<17} {settings.listen_host}:{port}"
+                  + (f"   metrics http://{settings.metrics_host}:{metrics}/metrics"
+                     if metrics else ""))
+        kv_port = settings.kv_gateway_port
+        print("\nTry it (grpcurl uses server reflection):")
+        print(f"  grpcurl -plaintext {settings.listen_host}:{kv_port} list")
+        print(f"  grpcurl -plaintext {settings.listen_host}:{kv_port} "
+              "quarry.v1.ServerInfo/GetServerInfo")
+        print(f"  grpcurl -plaintext -d '{{\"partition_key\":\"cXVhcnJ5\",\"key\":"
+              f"\"Zm9ybWF0LXZlcnNpb24=\"}}' {settings.listen_host}:{kv_port} "
+              "quarry.v1.KVGateway/GetItem")
+        print("\nPress Ctrl-C to stop.", flush=True)
+        signal.signal(signal.SIGTERM, _interrupt)
+        while True:
+            for name, child in children:
+                if child.poll() is not None:
+                    print(f"quarry up: {name} exited with {child.returncode}", file=sys.stderr)
+                    stop_all()
+                    return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("\nstopping...", flush=True)
+        stop_all()
+        print("stopped.")
+        return 0
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    print(f"quarry {quarry.__version__}")
+    print(f"storage format version {quarry.FORMAT_VERSION}")
+    return 0
+
+
+def cmd_settings(args: argparse.Namespace) -> int:
+    for env_name, default, description in settings_table():
+        print(f"{env_name:<42} {default:<18} {description}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quarry", description=__doc__.split("\n")[0]
+                                     or "Quarry: version control for data-lake metadata")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start every service on the embedded defaults")
+    up.set_defaults(func=cmd_up)
+    serve = sub.add_parser("serve", help="run one service")
+    serve.add_argument("service", choices=SERVICES)
+    serve.set_defaults(func=cmd_serve)
+    version = sub.add_parser("version", help="print the package and storage format versions")
+    version.set_defaults(func=cmd_version)
+    settings = sub.add_parser("settings", help="list every setting with its default")
+    settings.set_defaults(func=cmd_settings)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

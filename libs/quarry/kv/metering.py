@@ -1,0 +1,529 @@
+"""Capacity metering and an optional per-partition limiter (ARCHITECTURE.md §3).
+
+`MeteredStore` computes, whatever the backend, what DynamoDB would charge for each call:
+
+  * `get`: 1 read unit per 4 KB of item size, rounded up, minimum 1 (strongly consistent
+    reads; a get that finds nothing still costs the minimum 1);
+  * `set`, `set_if`: 1 write unit per 1 KB of the written item, rounded up, minimum 1; a
+    `set_if` whose predicate fails is charged too, as DynamoDB charges failed conditions;
+  * `delete`: the same, of the key-only item (partition + key, empty value);
+  * `scan`: per page (`batch_size` items), 1 read unit per 4 KB of the items returned,
+    rounded up, minimum 1 per page (an empty last page costs 1, like an empty Query);
+  * batch calls: the sum over items, each item rounded on its own (as BatchGetItem and
+    BatchWriteItem do).
+
+Item sizes come from store.item_size. Totals are kept per partition and per partition class
+(quarry.kv.partitions; "unknown" for names outside the known classes), `report()` returns
+them with the hottest partitions, and Prometheus counters carry the per-class totals
+(per-partition labels would explode cardinality: every staging token is a partition).
+
+Counting: a *read* or *write* is one request against one partition: `get` = 1, each item of
+a batch = 1, each scan page = 1. Requests are counted when attempted, including those then
+throttled; `throttled` counts the ones refused, by the local limiter or by the backend.
+
+`PartitionLimiter` reproduces DynamoDB's per-partition throttling locally: a token bucket per
+partition and direction (3,000 read units/s, 1,000 write units/s, burst = one second of
+capacity). Write costs are known before the call and must be available in full. A read's
+cost is known only once the item is seen, so a read is admitted if 1 unit is available, that
+unit is taken up front, and the rest is charged afterwards, possibly into debt; a partition
+in debt refuses further requests until it has refilled. This lets one large read through
+and makes the next ones wait, which is how DynamoDB behaves too.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+import weakref
+import collections
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable, Mapping, Sequence
+
+import prometheus_client
+from prometheus_client import CollectorRegistry
+
+from quarry.kv import partitions, store
+
+READ_UNIT_BYTES = 4 * 1024
+WRITE_UNIT_BYTES = 1024
+
+READ = "read"
+WRITE = "write"
+
+UNKNOWN_CLASS = "unknown"
+
+# How much a bucket holds: one second of capacity, roughly DynamoDB's burst allowance.
+BURST_SECONDS = 1.0
+
+# Float refills (e.g. 0.1 s * 10 units/s) may land a hair below a whole unit.
+_EPSILON = 1e-9
+
+
+def read_units(size_bytes: int) -> int:
+    """Read capacity units of one strongly consistent read of `size_bytes`."""
+    return max(1, -(-size_bytes // READ_UNIT_BYTES))
+
+
+def write_units(size_bytes: int) -> int:
+    """Write capacity units of writing (or deleting) an item of `size_bytes`."""
+    return max(1, -(-size_bytes // WRITE_UNIT_BYTES))
+
+
+def _item_size(partition: bytes, key: bytes, value: bytes | None) -> int:
+    # A missing value is refused by the backend's validation; don't fail here first.
+    return store.item_size(partition, key, value if value is not None else b"")
+
+
+def _partition_class_or_unknown(partition: bytes) -> str:
+    try:
+        return partitions.partition_class(partition)
+    except store.UnknownPartitionClass:
+        return UNKNOWN_CLASS
+
+
+# ---- limiter ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why the limiter refused: which partition ran out, and when to try again."""
+
+    partition: bytes
+    kind: str  # READ or WRITE
+    retry_delay: float  # seconds until enough units will have refilled
+
+
+class _Bucket:
+    __slots__ = ("tokens", "updated")
+
+    def __init__(self, tokens: float, updated: float):
+        self.tokens = tokens
+        self.updated = updated
+
+
+class PartitionLimiter:
+    """Token buckets per (partition, READ|WRITE); thread-safe; `clock` is injectable."""
+
+    # Full buckets are indistinguishable from absent ones; forget them this often so the
+    # map does not grow with every staging token ever used.
+    SWEEP_INTERVAL_SECONDS = 10.0
+
+    def __init__(self, read_units_per_second: float = 3000,
+                 write_units_per_second: float = 1000,
+                 clock: Callable[[], float] = time.monotonic):
+        if read_units_per_second <= 0 or write_units_per_second <= 0:
+            raise ValueError("unit rates must be positive")
+        self.rates = {READ: float(read_units_per_second), WRITE: float(write_units_per_second)}
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._buckets: dict[tuple[str, bytes], _Bucket] = {}
+        self._last_sweep = clock()
+
+    def capacity(self, kind: str) -> float:
+        return self.rates[kind] * BURST_SECONDS
+
+    def try_acquire(self, kind: str, units_by_partition: Mapping[bytes, int]) -> Refusal | None:
+        """Take the units from every partition's bucket, or from none of them.
+
+        A cost larger than a whole bucket only needs a full bucket (otherwise it could never
+        pass) and leaves the bucket in debt. Returns None when admitted, else the Refusal
+        with the longest wait, after which the whole request would be admitted.
+        """
+        rate = self.rates[kind]
+        capacity = self.capacity(kind)
+        with self._lock:
+            now = self._clock()
+            self._maybe_sweep(now)
+            refusal: Refusal | None = None
+            admitted: list[tuple[_Bucket, int]] = []
+            for partition, units in units_by_partition.items():
+                bucket = self._refilled_bucket(kind, partition, now)
+                needed = min(units, capacity)
+                if bucket.tokens + _EPSILON < needed:
+                    delay = (needed - bucket.tokens) / rate
+                    if refusal is None or delay > refusal.retry_delay:
+                        refusal = Refusal(partition=partition, kind=kind, retry_delay=delay)
+                admitted.append((bucket, units))
+            if refusal is not None:
+                return refusal
+            for bucket, units in admitted:
+                bucket.tokens -= units
+            return None
+
+    def charge(self, kind: str, partition: bytes, units: int) -> None:
+        """Take `units` unconditionally (the part of a read's cost learnt after the read)."""
+        if units <= 0:
+            return
+        with self._lock:
+            now = self._clock()
+            self._refilled_bucket(kind, partition, now).tokens -= units
+
+    def available(self, kind: str, partition: bytes) -> float:
+        """Units currently in the bucket (negative when in debt); for tests and debugging."""
+        with self._lock:
+            return self._refilled_bucket(kind, partition, self._clock()).tokens
+
+    def _refilled_bucket(self, kind: str, partition: bytes, now: float) -> _Bucket:
+        capacity = self.capacity(kind)
+        bucket = self._buckets.get((kind, partition))
+        if bucket is None:
+            bucket = _Bucket(tokens=capacity, updated=now)
+            self._buckets[(kind, partition)] = bucket
+        elif now > bucket.updated:
+            bucket.tokens = min(capacity,
+                                bucket.tokens + (now - bucket.updated) * self.rates[kind])
+            bucket.updated = now
+        return bucket
+
+    def _maybe_sweep(self, now: float) -> None:
+        if now - self._last_sweep < self.SWEEP_INTERVAL_SECONDS:
+            return
+        self._last_sweep = now
+        for (kind, partition), bucket in list(self._buckets.items()):
+            refilled = bucket.tokens + (now - bucket.updated) * self.rates[kind]
+            if refilled >= self.capacity(kind):
+                del self._buckets[(kind, partition)]
+
+
+# ---- report ----------------------------------------------------------------------------
+
+@dataclass
+class CapacityTotals:
+    read_units: int = 0
+    write_units: int = 0
+    reads: int = 0
+    writes: int = 0
+    throttled: int = 0
+
+    @property
+    def total_units(self) -> int:
+        return self.read_units + self.write_units
+
+
+@dataclass(frozen=True)
+class PartitionCapacity:
+    partition: bytes
+    partition_class: str
+    totals: CapacityTotals
+
+
+@dataclass(frozen=True)
+class CapacityReport:
+    # Every known partition class (zeros included), plus "unknown" if any was seen.
+    by_class: dict[str, CapacityTotals]
+    # The hottest partitions by read + write units, hottest first (ties by name).
+    hottest: list[PartitionCapacity] = field(default_factory=list)
+
+
+# ---- Prometheus ------------------------------------------------------------------------
+
+class _PrometheusMetrics:
+    def __init__(self, registry: CollectorRegistry):
+        self.read_units = prometheus_client.Counter(
+            "quarry_kv_read_units", "Read capacity units DynamoDB would charge",
+            ["partition_class"], registry=registry)
+        self.write_units = prometheus_client.Counter(
+            "quarry_kv_write_units", "Write capacity units DynamoDB would charge",
+            ["partition_class"], registry=registry)
+        self.requests = prometheus_client.Counter(
+            "quarry_kv_requests", "KV requests (per item for batches, per page for scans)",
+            ["partition_class", "op"], registry=registry)
+        self.throttled = prometheus_client.Counter(
+            "quarry_kv_throttled", "KV requests refused for capacity (RESOURCE_EXHAUSTED)",
+            ["partition_class"], registry=registry)
+
+
+# One set of collectors per registry: registering the same names twice in a registry fails,
+# and several MeteredStores in one process (tests, or several gateways) must share them.
+_metrics_lock = threading.Lock()
+_metrics_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, _PrometheusMetrics] = (
+    weakref.WeakKeyDictionary())
+
+
+def _metrics_for(registry: CollectorRegistry) -> _PrometheusMetrics:
+    with _metrics_lock:
+        metrics = _metrics_by_registry.get(registry)
+        if metrics is None:
+            metrics = _PrometheusMetrics(registry)
+            _metrics_by_registry[registry] = metrics
+        return metrics
+
+
+# ---- the store -------------------------------------------------------------------------
+
+class MeteredStore(store.Store):
+    """Meters every call (see the module docstring) and, with a limiter, throttles.
+
+    `registry`: where the Prometheus counters live (None: no export). Stores sharing a
+    registry share its counters. `max_tracked_partitions` bounds the per-partition map: past
+    it, the colder half is forgotten (class totals stay exact), so `hottest` is about the
+    recent past of a long-running gateway rather than all of history.
+    """
+
+    def __init__(self, inner: store.Store, limiter: PartitionLimiter | None = None,
+                 registry: CollectorRegistry | None = prometheus_client.REGISTRY,
+                 max_tracked_partitions: int = 100_000):
+        if max_tracked_partitions < 2:
+            raise ValueError("max_tracked_partitions must be at least 2")
+        self.inner = inner
+        self.limiter = limiter
+        self._metrics = _metrics_for(registry) if registry is not None else None
+        self._max_tracked_partitions = max_tracked_partitions
+        self._lock = threading.Lock()
+        self._by_class: dict[str, CapacityTotals] = {
+            name: CapacityTotals() for name in partitions.PARTITION_CLASSES}
+        self._by_partition: dict[bytes, CapacityTotals] = {}
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    def get(self, partition: bytes, key: bytes) -> store.GetResult:
+        self._admit(READ, "get", {partition: 1}, {partition: 1})
+        try:
+            result = self.inner.get(partition, key)
+        except store.KeyNotFound:
+            # A read that finds nothing costs the 1-unit minimum, already taken at admission.
+            self._charge(READ, partition, units=1, prepaid=1)
+            raise
+        except store.Throttled:
+            self._count_throttled([partition])
+            raise
+        units = read_units(store.item_size(partition, key, result.value))
+        self._charge(READ, partition, units=units, prepaid=1)
+        return result
+
+    def batch_get(self, items: Sequence[tuple[bytes, bytes]]) -> list[store.GetResult | None]:
+        items_per_partition = collections.Counter(partition for partition, _ in items)
+        # Estimate 1 unit per item up front; reconcile once the sizes are known.
+        self._admit(READ, "batch_get", items_per_partition, items_per_partition)
+        try:
+            results = self.inner.batch_get(items)
+        except store.Throttled:
+            self._count_throttled(items_per_partition)
+            raise
+        units_per_partition: dict[bytes, int] = collections.Counter()
+        for (partition, key), result in zip(items, results):
+            size = store.item_size(partition, key, result.value) if result is not None else 0
+            units_per_partition[partition] += read_units(size)
+        for partition, units in units_per_partition.items():
+            self._charge(READ, partition, units=units, prepaid=items_per_partition[partition])
+        return results
+
+    def scan(self, partition: bytes, start: bytes = b"", end: bytes | None = None,
+             batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE) -> store.ScanIterator:
+        inner_iterator = self.inner.scan(partition, start, end, batch_size)
+        return _MeteredScanIterator(self, partition, inner_iterator, batch_size)
+
+    # ---- writes --------------------------------------------------------------------------
+
+    def set(self, partition: bytes, key: bytes, value: bytes) -> None:
+        units = write_units(_item_size(partition, key, value))
+        self._admit(WRITE, "set", {partition: units}, {partition: 1})
+        try:
+            self.inner.set(partition, key, value)
+        except store.Throttled:
+            self._count_throttled([partition])
+            raise
+        self._charge(WRITE, partition, units=units, prepaid=units)
+
+    def set_if(self, partition: bytes, key: bytes, value: bytes,
+               predicate: store.Predicate) -> None:
+        units = write_units(_item_size(partition, key, value))
+        self._admit(WRITE, "set_if", {partition: units}, {partition: 1})
+        try:
+            self.inner.set_if(partition, key, value, predicate)
+        except store.PredicateFailed:
+            # DynamoDB charges a failed condition check as the write it would have been.
+            self._charge(WRITE, partition, units=units, prepaid=units)
+            raise
+        except store.Throttled:
+            self._count_throttled([partition])
+            raise
+        self._charge(WRITE, partition, units=units, prepaid=units)
+
+    def delete(self, partition: bytes, key: bytes) -> None:
+        units = write_units(store.item_size(partition, key, b""))
+        self._admit(WRITE, "delete", {partition: units}, {partition: 1})
+        try:
+            self.inner.delete(partition, key)
+        except store.Throttled:
+            self._count_throttled([partition])
+            raise
+        self._charge(WRITE, partition, units=units, prepaid=units)
+
+    def batch_set(self, items: Sequence[tuple[bytes, bytes, bytes]]) -> None:
+        units_per_item = [(partition, write_units(_item_size(partition, key, value)))
+                          for partition, key, value in items]
+        self._batch_write("batch_set", units_per_item, lambda: self.inner.batch_set(items))
+
+    def batch_delete(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        units_per_item = [(partition, write_units(store.item_size(partition, key, b"")))
+                          for partition, key in items]
+        self._batch_write("batch_delete", units_per_item, lambda: self.inner.batch_delete(items))
+
+    def _batch_write(self, op: str, units_per_item: list[tuple[bytes, int]],
+                     call: Callable[[], None]) -> None:
+        units_per_partition: dict[bytes, int] = collections.Counter()
+        items_per_partition: dict[bytes, int] = collections.Counter()
+        for partition, units in units_per_item:
+            units_per_partition[partition] += units
+            items_per_partition[partition] += 1
+        # A batch is refused as a whole if any of its partitions is out of capacity
+        # (DynamoDB would return the items of that partition as unprocessed instead).
+        self._admit(WRITE, op, units_per_partition, items_per_partition)
+        try:
+            call()
+        except store.Throttled:
+            self._count_throttled(units_per_partition)
+            raise
+        for partition, units in units_per_partition.items():
+            self._charge(WRITE, partition, units=units, prepaid=units)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    # ---- report --------------------------------------------------------------------------
+
+    def report(self, top_n: int = 10) -> CapacityReport:
+        with self._lock:
+            by_class = {name: replace(totals) for name, totals in self._by_class.items()}
+            hottest_items = heapq.nsmallest(
+                max(0, top_n), self._by_partition.items(),
+                key=lambda item: (-item[1].total_units, item[0]))
+            hottest = [PartitionCapacity(partition=partition,
+                                         partition_class=_partition_class_or_unknown(partition),
+                                         totals=replace(totals))
+                       for partition, totals in hottest_items]
+        return CapacityReport(by_class=by_class, hottest=hottest)
+
+    # ---- bookkeeping ---------------------------------------------------------------------
+
+    def _admit(self, kind: str, op: str, units_by_partition: Mapping[bytes, int],
+               requests_by_partition: Mapping[bytes, int]) -> None:
+        """Count the requests; with a limiter, take the units or raise Throttled."""
+        for partition, count in requests_by_partition.items():
+            self._record(partition, kind, requests=count, op=op)
+        if self.limiter is None:
+            return
+        refusal = self.limiter.try_acquire(kind, units_by_partition)
+        if refusal is None:
+            return
+        self._count_throttled([refusal.partition])
+        partition_name = refusal.partition.decode("utf-8", "backslashreplace")
+        partition_class = _partition_class_or_unknown(refusal.partition)
+        raise store.Throttled(
+            f"partition {partition_name[:120]!r} is over its {kind} capacity "
+            f"({self.limiter.rates[kind]:g} units/s); retry in {refusal.retry_delay:.3f}s",
+            metadata={"partition": partition_name, "partition_class": partition_class,
+                      "capacity": kind},
+            retry_delay=refusal.retry_delay)
+
+    def _charge(self, kind: str, partition: bytes, units: int, prepaid: int) -> None:
+        """Record `units` consumed; take from the limiter whatever admission did not."""
+        self._record(partition, kind, units=units)
+        if self.limiter is not None and units > prepaid:
+            self.limiter.charge(kind, partition, units - prepaid)
+
+    def _count_throttled(self, partitions_hit: Iterable[bytes]) -> None:
+        for partition in partitions_hit:
+            self._record(partition, kind=None, throttled=1)
+
+    def _record(self, partition: bytes, kind: str | None, *, requests: int = 0,
+                units: int = 0, throttled: int = 0, op: str | None = None) -> None:
+        if isinstance(partition, (bytearray, memoryview)):
+            partition = bytes(partition)  # usable as a dict key
+        partition_class = _partition_class_or_unknown(partition)
+        with self._lock:
+            class_totals = self._by_class.get(partition_class)
+            if class_totals is None:
+                class_totals = self._by_class[partition_class] = CapacityTotals()
+            partition_totals = self._by_partition.get(partition)
+            if partition_totals is None:
+                if len(self._by_partition) >= self._max_tracked_partitions:
+                    self._forget_colder_half()
+                partition_totals = self._by_partition[partition] = CapacityTotals()
+            for totals in (class_totals, partition_totals):
+                if kind == READ:
+                    totals.reads += requests
+                    totals.read_units += units
+                elif kind == WRITE:
+                    totals.writes += requests
+                    totals.write_units += units
+                totals.throttled += throttled
+
+        metrics = self._metrics
+        if metrics is None:
+            return
+        if requests:
+            metrics.requests.labels(partition_class=partition_class, op=op).inc(requests)
+        if units and kind == READ:
+            metrics.read_units.labels(partition_class=partition_class).inc(units)
+        if units and kind == WRITE:
+            metrics.write_units.labels(partition_class=partition_class).inc(units)
+        if throttled:
+            metrics.throttled.labels(partition_class=partition_class).inc(throttled)
+
+    def _forget_colder_half(self) -> None:
+        keep = heapq.nlargest(self._max_tracked_partitions // 2, self._by_partition.items(),
+                              key=lambda item: item[1].total_units)
+        self._by_partition = dict(keep)
+
+
+class _MeteredScanIterator(store.ScanIterator):
+    """Meters a scan page by page: a page is `batch_size` items, as the backend fetches them.
+
+    A page is admitted (and charged its 1-unit minimum) when its first item is asked for;
+    further units are charged as the returned bytes cross each 4 KB, so an iterator that is
+    abandoned midway has paid for exactly what it received.
+    """
+
+    def __init__(self, meter: MeteredStore, partition: bytes, inner: store.ScanIterator,
+                 batch_size: int):
+        self._meter = meter
+        self._partition = partition
+        self._inner = inner
+        self._batch_size = max(1, batch_size)
+        self._page_open = False
+        self._page_items = 0
+        self._page_bytes = 0
+        self._page_units = 0
+        # After the end, further next() calls must not open (and pay for) new pages.
+        self._exhausted = False
+
+    def __next__(self) -> store.KeyValue:
+        if self._exhausted:
+            raise StopIteration
+        if not self._page_open:
+            self._meter._admit(READ, "scan", {self._partition: 1}, {self._partition: 1})
+            self._meter._charge(READ, self._partition, units=1, prepaid=1)
+            self._page_open = True
+            self._page_items = 0
+            self._page_bytes = 0
+            self._page_units = 1
+        try:
+            item = next(self._inner)
+        except StopIteration:
+            self._page_open = False
+            self._exhausted = True
+            raise
+        except store.Throttled:
+            self._page_open = False
+            self._meter._count_throttled([self._partition])
+            raise
+        self._page_items += 1
+        self._page_bytes += store.item_size(self._partition, item.key, item.value)
+        units = read_units(self._page_bytes)
+        if units > self._page_units:
+            self._meter._charge(READ, self._partition, units=units - self._page_units, prepaid=0)
+            self._page_units = units
+        if self._page_items >= self._batch_size:
+            self._page_open = False
+        return item
+
+    def seek_ge(self, key: bytes) -> None:
+        # Repositioning is a new query for the backend: the next item opens a new page.
+        self._inner.seek_ge(key)
+        self._page_open = False
+        self._exhausted = False
+
+    def close(self) -> None:
+        self._inner.close()

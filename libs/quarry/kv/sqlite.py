@@ -1,0 +1,236 @@
+"""SQLite KV store: the embedded default. Safe for many threads and several processes on
+one database file.
+
+- WAL journal: readers never block the writer and see a consistent snapshot per statement.
+- Every conditional write is ONE statement (INSERT .. ON CONFLICT DO NOTHING, or UPDATE ..
+  WHERE value = ?) checked through changes(): SQLite runs each write statement under the
+  database write lock, so compare-and-swap is atomic across threads and processes without
+  a read-then-write transaction.
+- Batch writes run in one BEGIN IMMEDIATE transaction (take the write lock up front, so two
+  writers wait on busy_timeout instead of failing on a lock upgrade).
+- Keys and values are BLOBs; SQLite compares BLOBs with memcmp, i.e. unsigned byte order,
+  which is exactly the KV contract's key order.
+- Connections come from a small pool rather than one per thread, so short-lived threads do
+  not leak connections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from typing import Iterator, Sequence
+
+from quarry import errors
+from quarry.kv import store
+from quarry.kv.store import GetResult, KeyValue
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS kv (
+    partition BLOB NOT NULL,
+    key       BLOB NOT NULL,
+    value     BLOB NOT NULL,
+    PRIMARY KEY (partition, key)
+) WITHOUT ROWID
+"""
+
+
+class SQLiteStore(store.Store):
+    """`path` is a database file (created with its parent directory if missing).
+
+    `synchronous`: FULL (default) makes every acknowledged write survive power loss;
+    NORMAL is faster and in WAL mode still survives a crash of the process.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, busy_timeout: float = 30.0,
+                 synchronous: str = "FULL", max_idle_connections: int = 8):
+        self.path = os.fspath(path)
+        if self.path in ("", ":memory:") or self.path.startswith("file:"):
+            # Each connection would get its own private database; use MemoryStore instead.
+            raise errors.InvalidArgument("SQLiteStore needs a file path (use memory:// for "
+                                         "an in-memory store)")
+        if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise errors.InvalidArgument(f"bad synchronous mode {synchronous!r}")
+        parent = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(parent, exist_ok=True)
+        self._busy_timeout = busy_timeout
+        self._synchronous = synchronous.upper()
+        self._max_idle = max_idle_connections
+        self._lock = threading.Lock()
+        self._idle: list[sqlite3.Connection] = []
+        self._closed = False
+        with self._connection() as conn:
+            # WAL is a property of the file: set once, every later connection inherits it.
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise store.BackendUnavailable(f"could not enable WAL on {self.path} "
+                                               f"(journal_mode is {mode})")
+            conn.execute(_SCHEMA)
+
+    # ---- connections ----
+
+    def _open(self) -> sqlite3.Connection:
+        # isolation_level=None: autocommit; transactions are explicit BEGIN/COMMIT.
+        # check_same_thread=False: pooled connections move between threads (never shared
+        # by two at once) and close() may run on any thread.
+        conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
+                               check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
+        conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        return conn
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self._closed:
+                raise store.BackendUnavailable("SQLite store is closed")
+            conn = self._idle.pop() if self._idle else None
+        try:
+            if conn is None:
+                conn = self._open()
+            yield conn
+        except sqlite3.Error as e:
+            raise _translate(e) from e
+        finally:
+            if conn is not None:
+                self._release(conn)
+
+    def _release(self, conn: sqlite3.Connection) -> None:
+        if conn.in_transaction:
+            # Only reached when a statement failed mid-transaction.
+            with contextlib.suppress(sqlite3.Error):
+                conn.rollback()
+        with self._lock:
+            if not self._closed and len(self._idle) < self._max_idle:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    @contextlib.contextmanager
+    def _write_transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._connection() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            yield conn
+            conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    # ---- operations ----
+
+    def get(self, partition: bytes, key: bytes) -> GetResult:
+        store.check_key(partition, key)
+        with self._connection() as conn:
+            row = conn.execute("SELECT value FROM kv WHERE partition = ? AND key = ?",
+                               (partition, key)).fetchone()
+        if row is None:
+            raise store.KeyNotFound("key not found")
+        return GetResult(value=row[0], predicate=row[0])
+
+    def set(self, partition: bytes, key: bytes, value: bytes) -> None:
+        store.check_item(partition, key, value)
+        with self._connection() as conn:
+            conn.execute(_UPSERT, (partition, key, value))
+
+    def set_if(self, partition: bytes, key: bytes, value: bytes,
+               predicate: store.Predicate) -> None:
+        store.check_item(partition, key, value)
+        store.check_predicate(predicate)
+        if predicate is store.ABSENT:
+            sql = ("INSERT INTO kv (partition, key, value) VALUES (?, ?, ?) "
+                   "ON CONFLICT (partition, key) DO NOTHING")
+            args: tuple = (partition, key, value)
+        elif predicate is store.EXISTS:
+            sql = "UPDATE kv SET value = ? WHERE partition = ? AND key = ?"
+            args = (value, partition, key)
+        else:
+            sql = "UPDATE kv SET value = ? WHERE partition = ? AND key = ? AND value = ?"
+            args = (value, partition, key, predicate.value)
+        with self._connection() as conn:
+            changed = conn.execute(sql, args).rowcount
+        if changed != 1:
+            raise store.PredicateFailed(f"predicate {predicate!r} failed")
+
+    def delete(self, partition: bytes, key: bytes) -> None:
+        store.check_key(partition, key)
+        with self._connection() as conn:
+            conn.execute("DELETE FROM kv WHERE partition = ? AND key = ?", (partition, key))
+
+    def scan(self, partition: bytes, start: bytes = b"", end: bytes | None = None,
+             batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE) -> store.ScanIterator:
+        end = store.normalize_end(end)
+        store.check_scan(partition, start, end, batch_size)
+        return _SQLiteScanIterator(self, partition, start, end, batch_size)
+
+    def batch_get(self, items: Sequence[tuple[bytes, bytes]]) -> list[GetResult | None]:
+        store.check_batch_keys(items)
+        results: list[GetResult | None] = []
+        if not items:
+            return results
+        with self._connection() as conn:
+            # One read transaction: the whole batch sees one snapshot.
+            conn.execute("BEGIN")
+            for partition, key in items:
+                row = conn.execute("SELECT value FROM kv WHERE partition = ? AND key = ?",
+                                   (partition, key)).fetchone()
+                results.append(None if row is None else GetResult(row[0], row[0]))
+            conn.execute("COMMIT")
+        return results
+
+    def batch_set(self, items: Sequence[tuple[bytes, bytes, bytes]]) -> None:
+        store.check_batch_items(items)
+        if items:
+            with self._write_transaction() as conn:
+                conn.executemany(_UPSERT, items)
+
+    def batch_delete(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        store.check_batch_keys(items)
+        if items:
+            with self._write_transaction() as conn:
+                conn.executemany("DELETE FROM kv WHERE partition = ? AND key = ?", items)
+
+    def _page(self, partition: bytes, lower: bytes, after: bytes | None, end: bytes | None,
+              limit: int) -> tuple[list[KeyValue], bytes | None]:
+        sql = "SELECT key, value FROM kv WHERE partition = ? AND key >= ?"
+        args: list = [partition, lower]
+        if after is not None:
+            sql += " AND key > ?"
+            args.append(after)
+        if end is not None:
+            sql += " AND key < ?"
+            args.append(end)
+        sql += " ORDER BY key LIMIT ?"
+        args.append(limit)
+        with self._connection() as conn:
+            page = [KeyValue(k, v) for k, v in conn.execute(sql, args)]
+        # A full page may have more behind it; the next page resumes after its last key.
+        return page, (page[-1].key if len(page) == limit else None)
+
+
+_UPSERT = ("INSERT INTO kv (partition, key, value) VALUES (?, ?, ?) "
+           "ON CONFLICT (partition, key) DO UPDATE SET value = excluded.value")
+
+
+def _translate(e: sqlite3.Error) -> errors.QuarryError:
+    # "database is locked" after busy_timeout, I/O errors, a vanished file: all transient
+    # or operational from the caller's point of view, so retryable UNAVAILABLE.
+    if isinstance(e, sqlite3.OperationalError):
+        return store.BackendUnavailable(f"SQLite: {e}")
+    return errors.Internal(f"SQLite: {e}")
+
+
+class _SQLiteScanIterator(store.PagedScanIterator):
+    def __init__(self, owner: SQLiteStore, partition: bytes, start: bytes, end: bytes | None,
+                 batch_size: int):
+        super().__init__(start, end, batch_size)
+        self._owner = owner
+        self._partition = partition
+
+    def _fetch_page(self, lower: bytes, after: bytes | None,
+                    limit: int) -> tuple[list[KeyValue], bytes | None]:
+        return self._owner._page(self._partition, lower, after, self.end, limit)

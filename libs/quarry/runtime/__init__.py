@@ -1,0 +1,1 @@
+"""The common service runtime: servers, error mapping, format version."""

@@ -1,0 +1,168 @@
+"""Domain exceptions ⇄ google.rpc.Status.
+
+Server side: `ErrorInterceptor` turns a QuarryError raised by a servicer into a status with
+an ErrorInfo (reason, domain quarry.dev, metadata), optional RetryInfo and the exception's
+typed details. Anything else becomes INTERNAL with an opaque incident id; the traceback is
+logged, never sent.
+
+Client side: `raise_from_rpc_error` rebuilds the most specific QuarryError subclass from the
+ErrorInfo reason, so remote stores and clients raise the same exceptions as local ones.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from typing import Any, Callable, Iterator
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from quarry import errors
+
+log = logging.getLogger(__name__)
+
+
+def to_status(exc: errors.QuarryError) -> status_pb2.Status:
+    info = error_details_pb2.ErrorInfo(reason=exc.reason, domain=errors.ERROR_DOMAIN,
+                                       metadata=exc.metadata)
+    details = [info]
+    if exc.retry_delay is not None:
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(exc.retry_delay * 1e9))
+        details.append(error_details_pb2.RetryInfo(retry_delay=delay))
+    details.extend(exc.details)
+    packed = []
+    for message in details:
+        any_msg = any_pb2.Any()
+        any_msg.Pack(message)
+        packed.append(any_msg)
+    return status_pb2.Status(code=exc.code.value[0], message=exc.message, details=packed)
+
+
+def _internal_status(exc: BaseException) -> status_pb2.Status:
+    incident = uuid.uuid4().hex[:12]
+    log.error("internal error, incident %s", incident, exc_info=exc)
+    return to_status(errors.Internal(f"internal error (incident {incident})"))
+
+
+def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
+    if isinstance(exc, errors.QuarryError):
+        status = to_status(exc)
+    else:
+        status = _internal_status(exc)
+    context.abort_with_status(rpc_status.to_status(status))
+
+
+class ErrorInterceptor(grpc.ServerInterceptor):
+    """Maps exceptions from every handler kind (unary and streaming) to rich statuses."""
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        if handler.unary_unary:
+            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary))
+        if handler.unary_stream:
+            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream))
+        if handler.stream_unary:
+            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary))
+        if handler.stream_stream:
+            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream))
+        return handler
+
+
+def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
+    # context.abort() raises a bare Exception after setting the code; let it through.
+    return type(exc) is Exception and context.code() not in (None, grpc.StatusCode.OK)
+
+
+def _wrap_unary(behavior: Callable) -> Callable:
+    @functools.wraps(behavior)
+    def wrapper(request_or_iterator: Any, context: grpc.ServicerContext):
+        try:
+            return behavior(request_or_iterator, context)
+        except Exception as exc:  # noqa: BLE001 — every error must become a status
+            if _is_abort(exc, context):
+                raise
+            _abort(context, exc)
+
+    return wrapper
+
+
+def _wrap_stream(behavior: Callable) -> Callable:
+    @functools.wraps(behavior)
+    def wrapper(request_or_iterator: Any, context: grpc.ServicerContext) -> Iterator:
+        try:
+            yield from behavior(request_or_iterator, context)
+        except Exception as exc:  # noqa: BLE001
+            if _is_abort(exc, context):
+                raise
+            _abort(context, exc)
+
+    return wrapper
+
+
+# ---- client side ------------------------------------------------------------------------
+
+def _all_error_classes() -> dict[str, type[errors.QuarryError]]:
+    found: dict[str, type[errors.QuarryError]] = {}
+    stack = [errors.QuarryError]
+    while stack:
+        cls = stack.pop()
+        # The most derived class wins for a reason shared with its base.
+        found[cls.reason] = cls
+        stack.extend(cls.__subclasses__())
+    return found
+
+
+def error_info(error: grpc.RpcError) -> tuple[error_details_pb2.ErrorInfo | None, list[any_pb2.Any]]:
+    status = rpc_status.from_call(error) if hasattr(error, "trailing_metadata") else None
+    if status is None:
+        return None, []
+    info = None
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+    return info, list(status.details)
+
+
+def from_rpc_error(error: grpc.RpcError) -> errors.QuarryError:
+    """The QuarryError a remote call failed with (by ErrorInfo reason, else by code)."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    message = error.details() if hasattr(error, "details") else str(error)
+    try:
+        info, details = error_info(error)
+    except Exception:  # malformed trailers from a non-Quarry peer
+        info, details = None, []
+    cls: type[errors.QuarryError] = errors.error_class_for(code)
+    metadata: dict[str, str] = {}
+    if info is not None and info.domain == errors.ERROR_DOMAIN:
+        candidate = _all_error_classes().get(info.reason)
+        if candidate is not None and candidate.code == code:
+            cls = candidate
+        metadata = dict(info.metadata)
+    retry_delay = None
+    typed = []
+    for detail in details:
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            retry = error_details_pb2.RetryInfo()
+            detail.Unpack(retry)
+            retry_delay = retry.retry_delay.ToNanoseconds() / 1e9
+        elif not detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            typed.append(detail)
+    exc = cls(message or "", metadata=metadata, details=typed, retry_delay=retry_delay)
+    if info is not None and cls.reason != info.reason:
+        # Keep the wire reason even when no local class has it.
+        exc.reason = info.reason
+    return exc
+
+
+RETRYABLE_CODES = frozenset({grpc.StatusCode.ABORTED, grpc.StatusCode.UNAVAILABLE,
+                             grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+__all__ = ["ErrorInterceptor", "to_status", "from_rpc_error", "error_info", "RETRYABLE_CODES"]

@@ -1,0 +1,42 @@
+"""The storage format version, stamped once in the KV store (ARCHITECTURE.md §7)."""
+
+from __future__ import annotations
+
+from quarry import FORMAT_VERSION, errors
+from quarry.kv import store as kv
+
+PARTITION = b"quarry"
+KEY = b"format-version"
+
+
+class FormatVersionMismatch(errors.FailedPrecondition):
+    reason = "FORMAT_VERSION_MISMATCH"
+
+
+def ensure_format_version(store: kv.Store, expected: int = FORMAT_VERSION) -> int:
+    """Stamp `expected` if the store has no version yet; refuse any other version.
+
+    Racing first starts are safe: the stamp is a set-if-absent, and the loser re-reads.
+    """
+    for _ in range(2):
+        try:
+            found = store.get(PARTITION, KEY).value
+        except kv.KeyNotFound:
+            try:
+                store.set_if(PARTITION, KEY, str(expected).encode(), kv.ABSENT)
+                return expected
+            except kv.PredicateFailed:
+                continue  # another process stamped it first: read what it wrote
+        try:
+            version = int(found.decode())
+        except ValueError:
+            version = -1
+        if version != expected:
+            raise FormatVersionMismatch(
+                f"the KV store holds storage format version {found.decode(errors='replace')!r} "
+                f"but this build of Quarry reads and writes version {expected}. "
+                f"Rebuild the data with `quarry export` from a build of the old version and "
+                f"`quarry import` into this one.",
+                metadata={"found": found.decode(errors="replace"), "expected": str(expected)})
+        return version
+    raise errors.Unavailable("could not read the storage format version")

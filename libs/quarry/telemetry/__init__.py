@@ -1,0 +1,89 @@
+"""Tracing (OpenTelemetry) and metrics (Prometheus) for every service and client.
+
+Tracing is off unless configured by the standard variables: OTEL_TRACES_EXPORTER
+(`otlp` or `console`) or OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT.
+OTEL_SERVICE_NAME names the service (default: quarry-<service>). Tests call
+`use_in_memory_exporter()` to capture spans. Trace context crosses processes in gRPC
+metadata through the interceptors returned by `server_interceptors()` / `instrument_channel()`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Sequence
+
+import grpc
+from opentelemetry import trace
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (BatchSpanProcessor, ConsoleSpanExporter,
+                                            SimpleSpanProcessor)
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+_lock = threading.Lock()
+_configured = False
+
+
+def tracing_requested(env=os.environ) -> bool:
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter in ("none", ""):
+        return bool(exporter == "" and (env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                                        or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")))
+    return True
+
+
+def configure_tracing(service: str, env=os.environ) -> bool:
+    """Install a global TracerProvider if the OTEL_* variables ask for one. Idempotent."""
+    global _configured
+    with _lock:
+        if _configured or not tracing_requested(env):
+            return _configured
+        name = env.get("OTEL_SERVICE_NAME") or f"quarry-{service}"
+        provider = TracerProvider(resource=Resource.create({SERVICE_NAME: name}))
+        exporters = env.get("OTEL_TRACES_EXPORTER", "otlp").lower().split(",")
+        for exporter in exporters:
+            exporter = exporter.strip()
+            if exporter == "console":
+                provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+            elif exporter in ("otlp", ""):
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+                provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        trace.set_tracer_provider(provider)
+        _configured = True
+        return True
+
+
+def use_in_memory_exporter(service: str = "test") -> InMemorySpanExporter:
+    """For tests: record every span in memory (installs the global provider once)."""
+    global _configured
+    with _lock:
+        exporter = InMemorySpanExporter()
+        current = trace.get_tracer_provider()
+        if isinstance(current, TracerProvider):
+            current.add_span_processor(SimpleSpanProcessor(exporter))
+        else:
+            provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service}))
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+            trace.set_tracer_provider(provider)
+        _configured = True
+        return exporter
+
+
+def tracer(name: str = "quarry") -> trace.Tracer:
+    return trace.get_tracer(name)
+
+
+def server_interceptors() -> Sequence[grpc.ServerInterceptor]:
+    """The OpenTelemetry server interceptor; it looks the provider up at call time."""
+    from opentelemetry.instrumentation.grpc import server_interceptor
+
+    return [server_interceptor()]
+
+
+def instrument_channel(channel: grpc.Channel) -> grpc.Channel:
+    """Propagate trace context on every call made through `channel`."""
+    from opentelemetry.instrumentation.grpc import client_interceptor
+
+    return grpc.intercept_channel(channel, client_interceptor())

@@ -1,0 +1,1 @@
+"""kv-gateway: the only process that talks to the KV backend."""

@@ -1,0 +1,67 @@
+"""kv-gateway wiring: backend → metering (+ optional limiter) → amortized reads →
+partition validation → servicer.
+
+Order matters: metering sits directly on the backend so it charges what the backend would
+(an amortized read shared by many requests is charged once); validation is outermost so
+nothing unvalidated reaches any layer.
+"""
+
+from __future__ import annotations
+
+from quarry.config import Settings
+from quarry.kv import open_store
+from quarry.kv.amortized import AmortizedStore
+from quarry.kv.metering import READ, WRITE, MeteredStore, PartitionLimiter
+from quarry.kv.partitions import PartitionValidatingStore
+from quarry.runtime.format_version import ensure_format_version
+from quarry.runtime.server import ServiceSpec
+from quarry.v1 import kv_pb2, kv_pb2_grpc
+
+from kv_gateway.servicer import KVGatewayServicer
+
+SERVICE_NAME = "kv-gateway"
+
+
+def capacity_report_to_proto(metered: MeteredStore, limiter: PartitionLimiter | None,
+                             top_n: int) -> kv_pb2.GetCapacityReportResponse:
+    report = metered.report(top_n)
+
+    def usage(u) -> kv_pb2.CapacityUsage:
+        return kv_pb2.CapacityUsage(read_units=u.read_units, write_units=u.write_units,
+                                    reads=u.reads, writes=u.writes, throttled=u.throttled)
+
+    response = kv_pb2.GetCapacityReportResponse(
+        classes=[kv_pb2.PartitionClassUsage(partition_class=name, usage=usage(u))
+                 for name, u in sorted(report.by_class.items())],
+        hottest_partitions=[kv_pb2.PartitionUsage(partition_key=p.partition,
+                                                  partition_class=p.partition_class,
+                                                  usage=usage(p.totals))
+                            for p in report.hottest],
+        limiter_enabled=limiter is not None)
+    if limiter is not None:
+        response.limiter_read_units_per_second = limiter.rates[READ]
+        response.limiter_write_units_per_second = limiter.rates[WRITE]
+    return response
+
+
+def build(settings: Settings, backend=None) -> ServiceSpec:
+    """The kv-gateway's ServiceSpec. `backend` overrides settings.kv_url (tests)."""
+    backend = backend if backend is not None else open_store(settings.effective_kv_url)
+    ensure_format_version(backend)
+    limiter = None
+    if settings.kv_limiter_enabled:
+        limiter = PartitionLimiter(
+            read_units_per_second=settings.kv_limiter_read_units_per_second,
+            write_units_per_second=settings.kv_limiter_write_units_per_second)
+    metered = MeteredStore(backend, limiter=limiter)
+    store = PartitionValidatingStore(
+        AmortizedStore(metered, window_seconds=settings.kv_amortize_window_ms / 1000.0))
+    servicer = KVGatewayServicer(
+        store, lambda top_n: capacity_report_to_proto(metered, limiter, top_n))
+
+    return ServiceSpec(
+        name=SERVICE_NAME,
+        register=lambda server: kv_pb2_grpc.add_KVGatewayServicer_to_server(servicer, server),
+        grpc_service_names=[kv_pb2.DESCRIPTOR.services_by_name["KVGateway"].full_name],
+        on_stop=[store.close],
+    )

@@ -1,0 +1,94 @@
+"""KVGateway servicer: proto ⇄ Store calls, nothing else.
+
+The store it is given already validates partitions, meters capacity (and throttles when the
+limiter is on) and amortizes identical reads; see service.py for the composition.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from quarry.kv import store as kv
+from quarry.v1 import kv_pb2, kv_pb2_grpc
+
+MAX_SCAN_BATCH = 10_000
+
+
+def _predicate(request: kv_pb2.SetItemIfRequest) -> kv.Predicate | None:
+    which = request.WhichOneof("predicate")
+    if which == "if_absent":
+        return kv.ABSENT if request.if_absent else None
+    if which == "if_exists":
+        return kv.EXISTS if request.if_exists else None
+    if which == "if_equals":
+        return kv.Equals(request.if_equals)
+    return None
+
+
+def _value(request) -> bytes | None:
+    # `value` is an optional field: unset means missing, b"" is a real (empty) value.
+    return request.value if request.HasField("value") else None
+
+
+class KVGatewayServicer(kv_pb2_grpc.KVGatewayServicer):
+    def __init__(self, store: kv.Store, capacity_report: Callable[[int], kv_pb2.GetCapacityReportResponse]):
+        self._store = store
+        self._capacity_report = capacity_report
+
+    def GetItem(self, request, context):
+        result = self._store.get(request.partition_key, request.key)
+        return kv_pb2.GetItemResponse(value=result.value, predicate=result.predicate)
+
+    def BatchGetItems(self, request, context):
+        results = self._store.batch_get([(i.partition_key, i.key) for i in request.items])
+        return kv_pb2.BatchGetItemsResponse(items=[
+            kv_pb2.BatchGetItemsResponse.Result(found=True, value=r.value, predicate=r.predicate)
+            if r is not None else kv_pb2.BatchGetItemsResponse.Result(found=False)
+            for r in results])
+
+    def SetItem(self, request, context):
+        self._store.set(request.partition_key, request.key, _value(request))
+        return kv_pb2.SetItemResponse()
+
+    def SetItemIf(self, request, context):
+        predicate = _predicate(request)
+        if predicate is None:
+            raise kv.MissingPredicate(
+                "set one of if_absent (true), if_exists (true) or if_equals (bytes)")
+        self._store.set_if(request.partition_key, request.key, _value(request), predicate)
+        return kv_pb2.SetItemIfResponse()
+
+    def DeleteItem(self, request, context):
+        self._store.delete(request.partition_key, request.key)
+        return kv_pb2.DeleteItemResponse()
+
+    def BatchSetItems(self, request, context):
+        self._store.batch_set([(i.partition_key, i.key, i.value) for i in request.items])
+        return kv_pb2.BatchSetItemsResponse()
+
+    def BatchDeleteItems(self, request, context):
+        self._store.batch_delete([(i.partition_key, i.key) for i in request.items])
+        return kv_pb2.BatchDeleteItemsResponse()
+
+    def ScanItems(self, request, context):
+        batch_size = min(request.batch_size or kv.DEFAULT_SCAN_BATCH_SIZE, MAX_SCAN_BATCH)
+        iterator = self._store.scan(request.partition_key, request.start_key,
+                                    request.end_key or None, batch_size=batch_size)
+        remaining = request.limit or -1
+        page: list[kv_pb2.KeyValue] = []
+        try:
+            for item in iterator:
+                if remaining == 0 or not context.is_active():
+                    break
+                page.append(kv_pb2.KeyValue(key=item.key, value=item.value))
+                remaining -= 1
+                if len(page) >= batch_size:
+                    yield kv_pb2.ScanItemsResponse(items=page)
+                    page = []
+            if page:
+                yield kv_pb2.ScanItemsResponse(items=page)
+        finally:
+            iterator.close()
+
+    def GetCapacityReport(self, request, context):
+        return self._capacity_report(request.top_n or 10)

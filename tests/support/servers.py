@@ -1,0 +1,36 @@
+"""Start real Quarry servers on loopback for tests (port 0 = a free port)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import grpc
+
+from quarry.config import load_settings
+from quarry.kv.memory import MemoryStore
+from quarry.kv.store import Store
+from quarry.runtime.server import QuarryServer, create_server
+
+
+def settings_for_tests(**overrides):
+    """Settings isolated from the developer's environment."""
+    return load_settings(env={}, metrics_base_port=0, **overrides)
+
+
+@contextlib.contextmanager
+def kv_gateway(backend: Store | None = None, **overrides) -> Iterator[tuple[QuarryServer, str]]:
+    """A kv-gateway over `backend` (default: a fresh MemoryStore); yields (server, target)."""
+    from kv_gateway.service import build
+
+    settings = settings_for_tests(**overrides)
+    spec = build(settings, backend=backend if backend is not None else MemoryStore())
+    server, port = create_server(settings, spec, port=0, host="127.0.0.1")
+    try:
+        yield server, f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=1.0)
+
+
+def channel(target: str) -> grpc.Channel:
+    return grpc.insecure_channel(target)
