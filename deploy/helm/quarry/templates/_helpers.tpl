@@ -1,0 +1,345 @@
+{{/*
+The five Quarry services: Kubernetes name (also the `quarry serve` argument), the key of
+their settings under .Values.services, and their index in quarry.config.SERVICES (the
+services derive their metrics port as QUARRY_METRICS_BASE_PORT + index).
+Every per-service template ranges over this list:
+  {{- range $c := include "quarry.components" . | fromYamlArray }}
+*/}}
+{{- define "quarry.components" -}}
+- name: kv-gateway
+  key: kvGateway
+  index: 0
+- name: branch-manager
+  key: branchManager
+  index: 1
+- name: committer
+  key: committer
+  index: 2
+- name: compactor-sensor
+  key: compactorSensor
+  index: 3
+- name: range-writer
+  key: rangeWriter
+  index: 4
+{{- end }}
+
+{{/* Chart name (label app.kubernetes.io/name). */}}
+{{- define "quarry.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Prefix of every resource name: fullnameOverride, else the release name. Truncated to 46
+characters so that "<prefix>-compactor-sensor" still fits a 63-character DNS label.
+*/}}
+{{- define "quarry.fullname" -}}
+{{- default .Release.Name .Values.fullnameOverride | trunc 46 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Name of one service's objects. Call with (dict "root" $ "name" "kv-gateway"). */}}
+{{- define "quarry.componentName" -}}
+{{- printf "%s-%s" (include "quarry.fullname" .root) .name }}
+{{- end }}
+
+{{- define "quarry.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels shared by every object of the release. Call with the root context. */}}
+{{- define "quarry.commonLabels" -}}
+helm.sh/chart: {{ include "quarry.chart" . }}
+app.kubernetes.io/name: {{ include "quarry.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: quarry
+{{- end }}
+
+{{/* Labels of one service's objects. Call with (dict "root" $ "name" "kv-gateway"). */}}
+{{- define "quarry.labels" -}}
+{{ include "quarry.commonLabels" .root }}
+app.kubernetes.io/component: {{ .name }}
+{{- end }}
+
+{{/* Selector labels of one service. Call with (dict "root" $ "name" "kv-gateway"). */}}
+{{- define "quarry.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "quarry.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .name }}
+{{- end }}
+
+{{- define "quarry.configMapName" -}}
+{{- printf "%s-config" (include "quarry.fullname" .) }}
+{{- end }}
+
+{{/* gRPC address of one service as the other services dial it: "<fullname>-<name>:<port>". */}}
+{{- define "quarry.address" -}}
+{{- $svc := index .root.Values.services .key -}}
+{{- printf "%s:%d" (include "quarry.componentName" .) (int $svc.port) }}
+{{- end }}
+
+{{/*
+ServiceAccount settings of one service as YAML (parse with fromYaml): kv-gateway's come from
+kv.dynamodb.serviceAccount (the DynamoDB identity), the others' from services.<key>.serviceAccount.
+Adds "resolvedName": the ServiceAccount the pods run as.
+*/}}
+{{- define "quarry.serviceAccount" -}}
+{{- $sa := dict -}}
+{{- if eq .name "kv-gateway" -}}
+{{- $sa = .root.Values.kv.dynamodb.serviceAccount -}}
+{{- else -}}
+{{- $sa = (index .root.Values.services .key).serviceAccount -}}
+{{- end -}}
+{{- $resolved := "default" -}}
+{{- if $sa.name -}}
+{{- $resolved = $sa.name -}}
+{{- else if $sa.create -}}
+{{- $resolved = include "quarry.componentName" . -}}
+{{- end -}}
+create: {{ $sa.create }}
+resolvedName: {{ $resolved | quote }}
+annotations: {{- toYaml (default (dict) $sa.annotations) | nindent 2 }}
+{{- end }}
+
+{{/* Image reference: repository:tag, tag defaulting to the chart appVersion. */}}
+{{- define "quarry.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* QUARRY_KV_URL for kv-gateway: dynamodb://<table>?region=<region>[&endpoint_url=<url>]. */}}
+{{- define "quarry.kvUrl" -}}
+{{- $d := .Values.kv.dynamodb -}}
+{{- $table := required "kv.dynamodb.table is required: the DynamoDB table kv-gateway stores Quarry's metadata in" $d.table -}}
+{{- $region := required "kv.dynamodb.region is required: the AWS region of the DynamoDB table" $d.region -}}
+{{- $url := printf "dynamodb://%s?region=%s" $table (urlquery $region) -}}
+{{- if $d.endpointUrl -}}
+{{- $url = printf "%s&endpoint_url=%s" $url (urlquery $d.endpointUrl) -}}
+{{- end -}}
+{{- $url }}
+{{- end }}
+
+{{/*
+One service's Deployment. Call with (dict "root" $ "name" "kv-gateway" "key" "kvGateway" "index" 0).
+Only kv-gateway gets QUARRY_KV_URL and AWS credentials; only range-writer and branch-manager
+get the object-store settings.
+*/}}
+{{- define "quarry.deployment" -}}
+{{- $root := .root -}}
+{{- $name := .name -}}
+{{- $svc := index $root.Values.services .key -}}
+{{- $V := $root.Values -}}
+{{- $isKvGateway := eq $name "kv-gateway" -}}
+{{- $usesObjectStore := has $name (list "range-writer" "branch-manager") -}}
+{{- $sa := include "quarry.serviceAccount" . | fromYaml -}}
+{{- if eq (int $svc.port) (int $svc.metricsPort) -}}
+{{- fail (printf "services.%s: port and metricsPort must differ (both are %d)" .key (int $svc.port)) -}}
+{{- end -}}
+{{- if has (trimSuffix "/" $V.cache.dir) (list "" "/tmp") -}}
+{{- fail (printf "cache.dir must not be %q: /tmp already has its own emptyDir" $V.cache.dir) -}}
+{{- end -}}
+{{- $grace := int $V.terminationGracePeriodSeconds -}}
+{{- if not (kindIs "invalid" $svc.terminationGracePeriodSeconds) -}}
+{{- $grace = int $svc.terminationGracePeriodSeconds -}}
+{{- end -}}
+{{- /* In-process drain time: leave the process 5 s (or half of a short grace) to exit before SIGKILL. */ -}}
+{{- $drain := ternary (sub $grace 5) (div $grace 2) (ge $grace 10) -}}
+{{- /* The services listen for metrics on QUARRY_METRICS_BASE_PORT + their index. */ -}}
+{{- $metricsBase := sub (int $svc.metricsPort) (int .index) -}}
+{{- if le $metricsBase 0 -}}
+{{- fail (printf "services.%s.metricsPort must be greater than %d" .key (int .index)) -}}
+{{- end -}}
+{{- $podSecurityContext := merge (dict "runAsNonRoot" true) (deepCopy $V.podSecurityContext) -}}
+{{- $securityContext := merge (dict "runAsNonRoot" true "readOnlyRootFilesystem" true "allowPrivilegeEscalation" false "capabilities" (dict "drop" (list "ALL"))) (deepCopy $V.securityContext) -}}
+{{- $resourceAttributes := list (printf "service.version=%s" (default $root.Chart.AppVersion $V.image.tag)) "k8s.namespace.name=$(POD_NAMESPACE)" "k8s.pod.name=$(POD_NAME)" -}}
+{{- range $k, $v := $V.telemetry.resourceAttributes -}}
+{{- $resourceAttributes = append $resourceAttributes (printf "%s=%v" $k $v) -}}
+{{- end -}}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ include "quarry.componentName" . }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "quarry.labels" . | nindent 4 }}
+spec:
+  replicas: {{ $svc.replicas }}
+  revisionHistoryLimit: {{ $V.revisionHistoryLimit }}
+  strategy:
+    {{- toYaml $V.updateStrategy | nindent 4 }}
+  selector:
+    matchLabels:
+      {{- include "quarry.selectorLabels" . | nindent 6 }}
+  template:
+    metadata:
+      labels:
+        {{- include "quarry.labels" . | nindent 8 }}
+        {{- with $V.podLabels }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      annotations:
+        # Roll the pods when the shared configuration changes.
+        checksum/config: {{ include (print $root.Template.BasePath "/configmap.yaml") $root | sha256sum }}
+        {{- with $V.podAnnotations }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+        {{- with $svc.podAnnotations }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+    spec:
+      serviceAccountName: {{ $sa.resolvedName }}
+      # The services never call the Kubernetes API.
+      automountServiceAccountToken: false
+      # No <SERVICE>_PORT/_HOST variables: with a release named "quarry" they would land in
+      # the QUARRY_ namespace (e.g. QUARRY_KV_GATEWAY_PORT=tcp://...).
+      enableServiceLinks: false
+      terminationGracePeriodSeconds: {{ $grace }}
+      {{- with $V.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $V.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
+      securityContext:
+        {{- toYaml $podSecurityContext | nindent 8 }}
+      containers:
+        - name: {{ $name }}
+          image: {{ include "quarry.image" $root | quote }}
+          imagePullPolicy: {{ $V.image.pullPolicy }}
+          command: ["quarry", "serve", {{ $name | quote }}]
+          ports:
+            - name: grpc
+              containerPort: {{ $svc.port }}
+              protocol: TCP
+            - name: metrics
+              containerPort: {{ $svc.metricsPort }}
+              protocol: TCP
+          envFrom:
+            - configMapRef:
+                name: {{ include "quarry.configMapName" $root }}
+          env:
+            - name: OTEL_SERVICE_NAME
+              value: {{ printf "quarry-%s" $name | quote }}
+            # metrics port = QUARRY_METRICS_BASE_PORT + service index = {{ $svc.metricsPort }}
+            - name: QUARRY_METRICS_BASE_PORT
+              value: {{ $metricsBase | quote }}
+            - name: QUARRY_SHUTDOWN_GRACE_SECONDS
+              value: {{ $drain | quote }}
+            - name: POD_NAME
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.name
+            - name: POD_NAMESPACE
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.namespace
+            - name: OTEL_RESOURCE_ATTRIBUTES
+              value: {{ join "," $resourceAttributes | quote }}
+            {{- if $isKvGateway }}
+            - name: QUARRY_KV_URL
+              value: {{ include "quarry.kvUrl" $root | quote }}
+            {{- with $V.kv.dynamodb.credentialsSecret }}
+            - name: AWS_ACCESS_KEY_ID
+              valueFrom:
+                secretKeyRef:
+                  name: {{ . }}
+                  key: AWS_ACCESS_KEY_ID
+            - name: AWS_SECRET_ACCESS_KEY
+              valueFrom:
+                secretKeyRef:
+                  name: {{ . }}
+                  key: AWS_SECRET_ACCESS_KEY
+            {{- end }}
+            {{- end }}
+            {{- if $usesObjectStore }}
+            {{- with $V.objectStore.s3.endpointUrl }}
+            - name: QUARRY_S3_ENDPOINT_URL
+              value: {{ . | quote }}
+            {{- end }}
+            - name: QUARRY_S3_REGION
+              value: {{ $V.objectStore.s3.region | quote }}
+            {{- end }}
+          startupProbe:
+            grpc:
+              port: {{ $svc.port }}
+            {{- toYaml $V.probes.startup | nindent 12 }}
+          livenessProbe:
+            grpc:
+              port: {{ $svc.port }}
+            {{- toYaml $V.probes.liveness | nindent 12 }}
+          readinessProbe:
+            grpc:
+              port: {{ $svc.port }}
+            {{- toYaml $V.probes.readiness | nindent 12 }}
+          {{- with $svc.resources }}
+          resources:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          securityContext:
+            {{- toYaml $securityContext | nindent 12 }}
+          volumeMounts:
+            - name: tmp
+              mountPath: /tmp
+            - name: cache
+              mountPath: {{ $V.cache.dir }}
+      volumes:
+        - name: tmp
+          emptyDir:
+            sizeLimit: {{ $V.tmpSizeLimit }}
+        - name: cache
+          emptyDir:
+            sizeLimit: {{ $V.cache.sizeLimit }}
+      {{- if $V.topologySpread.enabled }}
+      topologySpreadConstraints:
+        - maxSkew: {{ $V.topologySpread.maxSkew }}
+          topologyKey: {{ $V.topologySpread.topologyKey }}
+          whenUnsatisfiable: {{ $V.topologySpread.whenUnsatisfiable }}
+          labelSelector:
+            matchLabels:
+              {{- include "quarry.selectorLabels" . | nindent 14 }}
+      {{- end }}
+      {{- with $V.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $V.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $V.affinity }}
+      affinity:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+{{- end }}
+
+{{/* One service's Service. Call with (dict "root" $ "name" "kv-gateway" "key" "kvGateway"). */}}
+{{- define "quarry.service" -}}
+{{- $root := .root -}}
+{{- $svc := index $root.Values.services .key -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ include "quarry.componentName" . }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "quarry.labels" . | nindent 4 }}
+  {{- with $root.Values.service.annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  type: {{ $root.Values.service.type }}
+  selector:
+    {{- include "quarry.selectorLabels" . | nindent 4 }}
+  ports:
+    - name: grpc
+      port: {{ $svc.port }}
+      targetPort: grpc
+      protocol: TCP
+      appProtocol: kubernetes.io/h2c
+    - name: metrics
+      port: {{ $svc.metricsPort }}
+      targetPort: metrics
+      protocol: TCP
+      appProtocol: http
+{{- end }}

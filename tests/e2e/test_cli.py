@@ -1,0 +1,87 @@
+"""The `quarry` command as a newcomer runs it: up, serve, version — as real processes."""
+
+import signal
+import subprocess
+import time
+
+import grpc
+
+import quarry
+from quarry.kv.sqlite import SQLiteStore
+from quarry.v1 import server_info_pb2, server_info_pb2_grpc
+from support.processes import VENV_BIN, free_port, quarry_env, quarry_serve, wait_serving
+
+
+def read_until(child: subprocess.Popen, marker: str, timeout: float = 30.0) -> str:
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = child.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if marker in line:
+            return "".join(seen)
+    raise AssertionError(f"never printed {marker!r}; got:\n{''.join(seen)}")
+
+
+def test_version():
+    result = subprocess.run([str(VENV_BIN / "quarry"), "version"], capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 0
+    assert quarry.__version__ in result.stdout
+    assert f"storage format version {quarry.FORMAT_VERSION}" in result.stdout
+
+
+def test_up_starts_the_suite_on_embedded_defaults_and_stops_on_ctrl_c(tmp_path):
+    port = free_port()
+    env = quarry_env(tmp_path / "home", QUARRY_KV_GATEWAY_PORT=str(port),
+                     QUARRY_KV_GATEWAY_ADDRESS=f"127.0.0.1:{port}")
+    child = subprocess.Popen([str(VENV_BIN / "quarry"), "up"], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        banner = read_until(child, "Press Ctrl-C")
+        assert f"kv-gateway        127.0.0.1:{port}" in banner
+        assert "grpcurl -plaintext" in banner
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            info = server_info_pb2_grpc.ServerInfoStub(channel).GetServerInfo(
+                server_info_pb2.GetServerInfoRequest(), timeout=5)
+        assert info.service == "kv-gateway"
+        # The embedded default: a SQLite file under QUARRY_HOME, stamped with the format.
+        assert (tmp_path / "home" / "kv.db").exists()
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=30)
+        assert child.returncode == 0, err
+        assert "stopped." in out
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    store = SQLiteStore(tmp_path / "home" / "kv.db")
+    try:
+        assert store.get(b"quarry", b"format-version").value == str(
+            quarry.FORMAT_VERSION).encode()
+    finally:
+        store.close()
+
+
+def test_serve_exits_cleanly_on_sigterm(tmp_path):
+    port = free_port()
+    env = quarry_env(tmp_path, QUARRY_KV_GATEWAY_PORT=str(port))
+    with quarry_serve("kv-gateway", env) as child:
+        wait_serving(f"127.0.0.1:{port}")
+        child.send_signal(signal.SIGTERM)
+        child.wait(timeout=20)
+        assert child.returncode == 0
+
+
+def test_serve_refuses_another_format_version(tmp_path):
+    store = SQLiteStore(tmp_path / "kv.db")
+    store.set(b"quarry", b"format-version", b"999")
+    store.close()
+    env = quarry_env(tmp_path, QUARRY_KV_GATEWAY_PORT=str(free_port()))
+    result = subprocess.run([str(VENV_BIN / "quarry"), "serve", "kv-gateway"], env=env,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0
+    assert "quarry export" in result.stderr and "quarry import" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,65 @@
+"""Run `quarry` commands as real processes for end-to-end tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def quarry_env(home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("QUARRY_") and not k.startswith("OTEL_")}
+    env.update(QUARRY_HOME=str(home), QUARRY_METRICS_BASE_PORT="0", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def wait_serving(target: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{target} did not become SERVING within {timeout}s")
+            time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def quarry_serve(service: str, env: dict[str, str]) -> Iterator[subprocess.Popen]:
+    """`quarry serve SERVICE` in a child process; SIGTERM and wait on exit."""
+    child = subprocess.Popen([str(VENV_BIN / "quarry"), "serve", service], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield child
+    finally:
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
