@@ -1,5 +1,5 @@
-"""kv-gateway wiring: backend → metering (+ optional limiter) → amortized reads →
-partition validation → servicer.
+"""kv-gateway wiring: backend → metering (+ optional limiter) → amortized reads (unless
+kv_amortize_reads is off) → partition validation → servicer.
 
 Order matters: metering sits directly on the backend so it charges what the backend would
 (an amortized read shared by many requests is charged once); validation is outermost so
@@ -54,8 +54,8 @@ def build(settings: Settings, backend=None) -> ServiceSpec:
             read_units_per_second=settings.kv_limiter_read_units_per_second,
             write_units_per_second=settings.kv_limiter_write_units_per_second)
     metered = MeteredStore(backend, limiter=limiter)
-    store = PartitionValidatingStore(
-        AmortizedStore(metered, window_seconds=settings.kv_amortize_window_ms / 1000.0))
+    amortized = AmortizedStore(metered) if settings.kv_amortize_reads else metered
+    store = PartitionValidatingStore(amortized)
     servicer = KVGatewayServicer(
         store, lambda top_n: capacity_report_to_proto(metered, limiter, top_n))
 

@@ -17,11 +17,11 @@ def test_defaults_without_environment():
 def test_environment_overrides_and_types():
     settings = load_settings(env={"QUARRY_KV_GATEWAY_PORT": "9999",
                                   "QUARRY_KV_LIMITER_ENABLED": "true",
-                                  "QUARRY_KV_AMORTIZE_WINDOW_MS": "2.5",
+                                  "QUARRY_KV_AMORTIZE_READS": "false",
                                   "QUARRY_KV_URL": "memory://"})
     assert settings.kv_gateway_port == 9999
     assert settings.kv_limiter_enabled is True
-    assert settings.kv_amortize_window_ms == 2.5
+    assert settings.kv_amortize_reads is False
     assert settings.effective_kv_url == "memory://"
 
 

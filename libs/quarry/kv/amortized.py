@@ -1,20 +1,29 @@
 """Amortized reads: identical concurrent `get`s share one backend read (ARCHITECTURE.md §3).
 
 Hot keys (branch records above all: every staged write reads its branch twice) are read by
-many requests at once. Instead of sending each to the backend, requests for the same
-(partition, key) join a *flight*:
+many requests at once. Rather than send each of them to the backend, requests for the same
+(partition, key) are grouped into *flights*, one backend read each, by "follower batching":
 
-  1. the first request opens a flight and becomes its leader;
-  2. the leader waits `window_seconds` so that others can join;
-  3. the leader CLOSES the flight (no one can join any more) and only then issues the
-     backend read;
-  4. the result, or the error (KeyNotFound included), is handed to every member.
+  * per key there is at most one flight IN PROGRESS (its backend read already issued) and at
+    most one NEXT flight (its read not issued yet; it is still collecting members);
+  * a `get` that finds no read in progress for its key issues its own read at once and
+    becomes the in-progress flight: an uncontended `get` waits for nothing but the backend;
+  * a `get` that finds a read in progress must not be answered by it (see below), so it
+    joins the NEXT flight, creating it (and becoming its leader) if there is none;
+  * the leader of NEXT waits for the in-progress flight to finish, then promotes NEXT to
+    in-progress and issues its read; every member gets the result, or its own copy of the
+    error (KeyNotFound included). Requests arriving after the promotion form a new NEXT;
+  * when an in-progress flight finishes with no NEXT behind it, the key is forgotten.
 
-Read-after-write: a shared read may only answer requests that arrived before it was issued.
-Step 3 guarantees it: joining and closing both happen under one lock, and closing happens
-before the read is issued, so every member joined before the read started. A request that
-arrives while a read is in progress finds no open flight and opens a new one, whose read is
-issued after the request arrived, and therefore after any write that completed before it.
+So reads are shared only under concurrency, and then every backend read answers all the
+requests that queued up while the previous one was running: at most two reads per key are
+ever outstanding or pending, however many requests arrive.
+
+Read-after-write: a shared read may only answer requests that arrived before it was issued
+(a write that completed before a request arrived is then visible to the read). Joining a
+flight and promoting it (issuing its read) both happen under one lock, and a request only
+ever joins a flight whose read has not been issued (a brand-new one or NEXT), never the one
+in progress. Hence every member of a flight joined before its read was issued.
 
 Everything other than `get` passes straight through.
 """
@@ -23,9 +32,8 @@ from __future__ import annotations
 
 import copy
 import threading
-import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 from quarry.kv import store
 
@@ -41,32 +49,44 @@ class AmortizationStats:
 class _Flight:
     """One backend read shared by every request that joined before it was issued."""
 
-    __slots__ = ("done", "result", "error")
+    __slots__ = ("done", "finished", "result", "error")
 
     def __init__(self) -> None:
         self.done = threading.Event()
+        # Set under the store's lock when the flight ends (before `done` is set).
+        self.finished = False
         self.result: store.GetResult | None = None
         self.error: BaseException | None = None
 
+    def outcome(self) -> store.GetResult:
+        """For members: wait for the flight and return its result or raise its error."""
+        self.done.wait()
+        if self.error is not None:
+            # Each member gets its own copy: raising one exception object from several
+            # threads would splice their tracebacks together.
+            raise _copy_error(self.error)
+        return self.result
+
+
+class _KeyFlights:
+    """The flights of one (partition, key): the one in progress and the one collecting."""
+
+    __slots__ = ("in_progress", "next")
+
+    def __init__(self, in_progress: _Flight) -> None:
+        self.in_progress = in_progress
+        self.next: _Flight | None = None
+
 
 class AmortizedStore(store.Store):
-    """Shares one backend `get` among identical requests arriving within `window_seconds`.
+    """Shares one backend `get` among identical requests that queue up behind a read of the
+    same key. Adds no latency when a key is not being read concurrently."""
 
-    Every `get` pays up to `window_seconds` of extra latency (the leader's wait); with
-    `window_seconds=0` requests share a read only if they race into the same instant.
-    `sleep` is injectable so tests can hold a flight open deterministically.
-    """
-
-    def __init__(self, inner: store.Store, window_seconds: float = 0.002,
-                 sleep: Callable[[float], None] = time.sleep):
-        if window_seconds < 0:
-            raise ValueError(f"window_seconds must be >= 0, got {window_seconds}")
+    def __init__(self, inner: store.Store):
         self.inner = inner
-        self.window_seconds = window_seconds
-        self._sleep = sleep
         self._lock = threading.Lock()
-        # Flights still accepting members, i.e. whose backend read is NOT yet issued.
-        self._open_flights: dict[tuple[bytes, bytes], _Flight] = {}
+        # Keys with a read in progress (and possibly a NEXT flight queued behind it).
+        self._flights: dict[tuple[bytes, bytes], _KeyFlights] = {}
         self._requests = 0
         self._backend_reads = 0
 
@@ -78,32 +98,46 @@ class AmortizedStore(store.Store):
         flight_key = (_hashable(partition), _hashable(key))
         with self._lock:
             self._requests += 1
-            flight = self._open_flights.get(flight_key)
-            is_leader = flight is None
-            if is_leader:
+            flights = self._flights.get(flight_key)
+            if flights is None:
+                # Nothing in progress: read now.
                 flight = _Flight()
-                self._open_flights[flight_key] = flight
+                self._flights[flight_key] = _KeyFlights(flight)
+                self._backend_reads += 1
+                leads, previous = True, None
+            elif flights.next is None:
+                # A read is in progress, issued before we arrived: lead the next one.
+                flight = flights.next = _Flight()
+                leads, previous = True, flights.in_progress
+            else:
+                flight = flights.next
+                leads, previous = False, None
 
-        if is_leader:
-            return self._lead(flight_key, flight)
+        if not leads:
+            return flight.outcome()
+        if previous is not None:
+            self._wait_and_promote(flight_key, flight, previous)
+        return self._read(flight_key, flight)
 
-        flight.done.wait()
-        if flight.error is not None:
-            # Each member gets its own copy: raising one exception object from several
-            # threads would splice their tracebacks together.
-            raise _copy_error(flight.error)
-        return flight.result
-
-    def _lead(self, flight_key: tuple[bytes, bytes], flight: _Flight) -> store.GetResult:
+    def _wait_and_promote(self, flight_key: tuple[bytes, bytes], flight: _Flight,
+                          previous: _Flight) -> None:
+        """As leader of NEXT: wait out the read in progress, then make `flight` the one in
+        progress (the caller issues its read). `previous` failing does not matter here."""
         try:
-            try:
-                if self.window_seconds > 0:
-                    self._sleep(self.window_seconds)
-            finally:
-                # Close BEFORE issuing the read: later arrivals must open a new flight.
-                with self._lock:
-                    del self._open_flights[flight_key]
-                    self._backend_reads += 1
+            previous.done.wait()
+            with self._lock:
+                flights = self._flights[flight_key]
+                flights.in_progress = flight
+                flights.next = None
+                self._backend_reads += 1
+        except BaseException as error:
+            # Interrupted before issuing the read: the members must not wait forever.
+            flight.error = error
+            self._finish(flight_key, flight)
+            raise
+
+    def _read(self, flight_key: tuple[bytes, bytes], flight: _Flight) -> store.GetResult:
+        try:
             flight.result = self.inner.get(*flight_key)
             return flight.result
         except BaseException as error:
@@ -111,6 +145,22 @@ class AmortizedStore(store.Store):
             flight.error = error
             raise
         finally:
+            self._finish(flight_key, flight)
+
+    def _finish(self, flight_key: tuple[bytes, bytes], flight: _Flight) -> None:
+        """End `flight` (in progress, or a NEXT abandoned before its read) and wake its
+        members; forget the key once nothing is in progress or queued for it."""
+        try:
+            with self._lock:
+                flight.finished = True
+                flights = self._flights.get(flight_key)
+                if flights is not None:
+                    if flights.next is flight:
+                        flights.next = None
+                    if flights.in_progress.finished and flights.next is None:
+                        del self._flights[flight_key]
+        finally:
+            # Also wakes the leader of the NEXT flight, if any, which then promotes it.
             flight.done.set()
 
     # ---- pass-through ----------------------------------------------------------------

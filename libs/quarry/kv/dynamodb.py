@@ -170,8 +170,8 @@ class DynamoDBStore(store.Store):
         elif predicate is store.EXISTS:
             kwargs["ConditionExpression"] = f"attribute_exists({PK})"
         else:
-            # attribute_exists guards against reading a missing `v` as equal to anything.
-            kwargs["ConditionExpression"] = f"attribute_exists({PK}) AND {V} = :prev"
+            # A comparison with a missing item's attribute is false, so no existence check.
+            kwargs["ConditionExpression"] = f"{V} = :prev"
             kwargs["ExpressionAttributeValues"] = {":prev": {"B": predicate.value}}
         self._call(self._client.put_item, **kwargs)
 

@@ -231,6 +231,16 @@ class _PrometheusMetrics:
         self.throttled = prometheus_client.Counter(
             "quarry_kv_throttled", "KV requests refused for capacity (RESOURCE_EXHAUSTED)",
             ["partition_class"], registry=registry)
+        # labels() costs a lock and a dict walk per call; the label sets are few, so keep
+        # the children (hot path: every KV request records two or three samples).
+        self._children: dict[tuple, prometheus_client.Counter] = {}
+
+    def child(self, counter: prometheus_client.Counter, *label_values: str):
+        key = (id(counter), label_values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = counter.labels(*label_values)
+        return found
 
 
 # One set of collectors per registry: registering the same names twice in a registry fails,
@@ -454,13 +464,13 @@ class MeteredStore(store.Store):
         if metrics is None:
             return
         if requests:
-            metrics.requests.labels(partition_class=partition_class, op=op).inc(requests)
+            metrics.child(metrics.requests, partition_class, op).inc(requests)
         if units and kind == READ:
-            metrics.read_units.labels(partition_class=partition_class).inc(units)
+            metrics.child(metrics.read_units, partition_class).inc(units)
         if units and kind == WRITE:
-            metrics.write_units.labels(partition_class=partition_class).inc(units)
+            metrics.child(metrics.write_units, partition_class).inc(units)
         if throttled:
-            metrics.throttled.labels(partition_class=partition_class).inc(throttled)
+            metrics.child(metrics.throttled, partition_class).inc(throttled)
 
     def _forget_colder_half(self) -> None:
         keep = heapq.nlargest(self._max_tracked_partitions // 2, self._by_partition.items(),

@@ -18,6 +18,8 @@ is how "staged entries live only in the partition of their staging token" is enf
 
 from __future__ import annotations
 
+import functools
+
 from typing import Iterable, NoReturn, Sequence
 
 from quarry.kv import store
@@ -50,9 +52,23 @@ def partition_class(partition: bytes) -> str:
     """The class of `partition` (one of PARTITION_CLASSES); UnknownPartitionClass otherwise."""
     if isinstance(partition, (bytearray, memoryview)):
         partition = bytes(partition)
-    elif not isinstance(partition, bytes):
+    if isinstance(partition, bytes):
+        # Every KV request classifies its partition two or three times (validation,
+        # metering); the hot partitions are few, so remember recent answers.
+        return _cached_partition_class(partition)
+    return _partition_class(partition)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_partition_class(partition: bytes) -> str:
+    return _partition_class(partition)
+
+
+def _partition_class(partition) -> str:
+    if not isinstance(partition, bytes):
         raise store.UnknownPartitionClass(
-            f"a partition name is bytes, not {type(partition).__name__}")
+            f"a partition name is bytes, not {type(partition).__name__}; known partition "
+            f"classes: {_KNOWN_FORMS}")
     exact = _EXACT_PARTITIONS.get(partition)
     if exact is not None:
         return exact

@@ -60,10 +60,23 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Maps exceptions from every handler kind (unary and streaming) to rich statuses."""
 
+    def __init__(self) -> None:
+        # Wrapped handlers by the handler they wrap: built once per method, not per call.
+        self._wrapped: dict[int, tuple[Any, Any]] = {}
+
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
+        cached = self._wrapped.get(id(handler))
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler)
+        self._wrapped[id(handler)] = (handler, wrapped)
+        return wrapped
+
+    @staticmethod
+    def _wrap(handler):
         if handler.unary_unary:
             return handler._replace(unary_unary=_wrap_unary(handler.unary_unary))
         if handler.unary_stream:

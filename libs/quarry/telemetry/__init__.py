@@ -75,15 +75,27 @@ def tracer(name: str = "quarry") -> trace.Tracer:
     return trace.get_tracer(name)
 
 
+def tracing_enabled() -> bool:
+    return _configured
+
+
+# The interceptors cost ~0.1 ms per call even when spans are not recorded, a large share of
+# a ~0.3 ms RPC; with tracing off they are left out entirely. Configure tracing before
+# creating servers and channels (serve() does).
+
 def server_interceptors() -> Sequence[grpc.ServerInterceptor]:
-    """The OpenTelemetry server interceptor; it looks the provider up at call time."""
+    """The OpenTelemetry server interceptor when tracing is on, else none."""
+    if not _configured:
+        return []
     from opentelemetry.instrumentation.grpc import server_interceptor
 
     return [server_interceptor()]
 
 
 def instrument_channel(channel: grpc.Channel) -> grpc.Channel:
-    """Propagate trace context on every call made through `channel`."""
+    """Propagate trace context on every call made through `channel` (when tracing is on)."""
+    if not _configured:
+        return channel
     # OpenTelemetry's interceptor has its own channel wrapper (it also covers streams).
     from opentelemetry.instrumentation.grpc import client_interceptor, intercept_channel
 

@@ -1,0 +1,1 @@
+"""The versioning domain core: repositories, refs, staging, commits (no gRPC here)."""

@@ -1,0 +1,138 @@
+"""Domain values shared by the versioning core and committed storage.
+
+`Entry` is the in-process form of quarry.v1.Entry. Its *identity* — SHA-256 over size,
+checksum, content type and sorted metadata — ignores the physical address and mtime, so
+re-staging identical content is not a change (ARCHITECTURE.md §2).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+
+def _frame(parts: Iterable[bytes]) -> bytes:
+    """Length-prefixed concatenation: unambiguous, so distinct tuples never collide."""
+    out = bytearray()
+    for part in parts:
+        out += struct.pack(">I", len(part))
+        out += part
+    return bytes(out)
+
+
+class Entry:
+    """An object's metadata at a path. Immutable; identity is computed once, lazily."""
+
+    __slots__ = ("path", "physical_address", "size_bytes", "checksum", "mtime_us",
+                 "content_type", "metadata", "_identity")
+
+    def __init__(self, path: str, physical_address: str = "", size_bytes: int = 0,
+                 checksum: str = "", mtime_us: int = 0, content_type: str = "",
+                 metadata: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
+                 identity: bytes | None = None):
+        self.path = path
+        self.physical_address = physical_address
+        self.size_bytes = int(size_bytes)
+        self.checksum = checksum
+        # Microseconds since the epoch (Parquet TIMESTAMP_MICROS, what Spark reads).
+        self.mtime_us = int(mtime_us)
+        self.content_type = content_type
+        items = metadata.items() if isinstance(metadata, Mapping) else (metadata or ())
+        # Sorted tuple of pairs: hashable, canonical order.
+        self.metadata: tuple[tuple[str, str], ...] = tuple(sorted(items))
+        self._identity = identity
+
+    @property
+    def identity(self) -> bytes:
+        if self._identity is None:
+            self._identity = entry_identity(self.size_bytes, self.checksum, self.content_type,
+                                            self.metadata)
+        return self._identity
+
+    def with_path(self, path: str) -> "Entry":
+        return Entry(path, self.physical_address, self.size_bytes, self.checksum,
+                     self.mtime_us, self.content_type, self.metadata, self._identity)
+
+    def same_content(self, other: "Entry | None") -> bool:
+        return other is not None and self.identity == other.identity
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Entry):
+            return NotImplemented
+        return (self.path, self.physical_address, self.size_bytes, self.checksum,
+                self.mtime_us, self.content_type, self.metadata) == (
+            other.path, other.physical_address, other.size_bytes, other.checksum,
+            other.mtime_us, other.content_type, other.metadata)
+
+    def __hash__(self) -> int:
+        return hash((self.path, self.identity))
+
+    def __repr__(self) -> str:
+        return (f"Entry({self.path!r}, address={self.physical_address!r}, "
+                f"size={self.size_bytes}, checksum={self.checksum!r})")
+
+
+def entry_identity(size_bytes: int, checksum: str, content_type: str,
+                   metadata: Iterable[tuple[str, str]]) -> bytes:
+    parts = [str(int(size_bytes)).encode(), checksum.encode(), content_type.encode()]
+    for key, value in sorted(metadata):
+        parts.append(key.encode())
+        parts.append(value.encode())
+    return hashlib.sha256(_frame(parts)).digest()
+
+
+class ChangeType(enum.IntEnum):
+    # Same numbers as quarry.v1.ChangeType.
+    ADDED = 1
+    REMOVED = 2
+    CHANGED = 3
+    CONFLICT = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    type: ChangeType
+    path: str
+    # The entry after the change; None for REMOVED.
+    entry: Entry | None = None
+
+
+@dataclass(slots=True)
+class DiffSummary:
+    added: int = 0
+    removed: int = 0
+    changed: int = 0
+
+    def count(self, change_type: ChangeType) -> None:
+        if change_type == ChangeType.ADDED:
+            self.added += 1
+        elif change_type == ChangeType.REMOVED:
+            self.removed += 1
+        elif change_type == ChangeType.CHANGED:
+            self.changed += 1
+
+    @property
+    def total(self) -> int:
+        return self.added + self.removed + self.changed
+
+
+@dataclass(frozen=True, slots=True)
+class RangeInfo:
+    """A metarange row: one immutable range file and its bounds (inclusive)."""
+
+    id: str
+    min_key: str
+    max_key: str
+    count: int
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    metarange_id: str
+    summary: DiffSummary = field(default_factory=DiffSummary)
+    ranges_written: int = 0
+    ranges_reused: int = 0
