@@ -83,3 +83,10 @@ def error_class_for(code: grpc.StatusCode) -> type[QuarryError]:
         if cls.code == code:
             return cls
     return Internal
+
+
+class Unimplemented(QuarryError):
+    """A contract RPC whose capability is not built yet."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+    reason = "NOT_IMPLEMENTED"

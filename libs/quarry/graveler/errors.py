@@ -1,0 +1,93 @@
+"""Errors of the versioning core, each with its gRPC code and ErrorInfo reason."""
+
+from quarry import errors
+
+
+class InvalidName(errors.InvalidArgument):
+    reason = "INVALID_NAME"
+
+
+class InvalidPath(errors.InvalidArgument):
+    reason = "INVALID_PATH"
+
+
+class InvalidEntry(errors.InvalidArgument):
+    reason = "INVALID_ENTRY"
+
+
+class InvalidRef(errors.InvalidArgument):
+    reason = "INVALID_REF"
+
+
+class InvalidPageToken(errors.InvalidArgument):
+    reason = "INVALID_PAGE_TOKEN"
+
+
+class InvalidStorageNamespace(errors.InvalidArgument):
+    reason = "INVALID_STORAGE_NAMESPACE"
+
+
+class RepositoryNotFound(errors.NotFound):
+    reason = "REPOSITORY_NOT_FOUND"
+
+
+class BranchNotFound(errors.NotFound):
+    reason = "BRANCH_NOT_FOUND"
+
+
+class TagNotFound(errors.NotFound):
+    reason = "TAG_NOT_FOUND"
+
+
+class CommitNotFound(errors.NotFound):
+    reason = "COMMIT_NOT_FOUND"
+
+
+class RefNotFound(errors.NotFound):
+    reason = "REF_NOT_FOUND"
+
+
+class ObjectNotFound(errors.NotFound):
+    reason = "OBJECT_NOT_FOUND"
+
+
+class RepositoryExists(errors.AlreadyExists):
+    reason = "REPOSITORY_EXISTS"
+
+
+class BranchExists(errors.AlreadyExists):
+    reason = "BRANCH_EXISTS"
+
+
+class TagExists(errors.AlreadyExists):
+    reason = "TAG_EXISTS"
+
+
+class ObjectExists(errors.AlreadyExists):
+    reason = "OBJECT_EXISTS"
+
+
+class AmbiguousRef(errors.InvalidArgument):
+    reason = "AMBIGUOUS_REF"
+
+
+class NoChanges(errors.FailedPrecondition):
+    reason = "NO_CHANGES"
+
+
+class DirtyBranch(errors.FailedPrecondition):
+    reason = "DIRTY_BRANCH"
+
+
+class ProtectedBranch(errors.FailedPrecondition):
+    reason = "PROTECTED_BRANCH"
+
+
+class NotABranch(errors.FailedPrecondition):
+    reason = "NOT_A_BRANCH"
+
+
+class BranchContended(errors.Aborted):
+    """Lost the branch record's compare-and-swap on every bounded retry."""
+
+    reason = "BRANCH_CONTENDED"

@@ -1,0 +1,820 @@
+"""Graveler: the versioning core's facade. Every flow reads top to bottom here.
+
+Flows follow ARCHITECTURE.md §4: the branch record is the only compare-and-swap point;
+writers set `dirty` before writing to staging and validate the staging token afterwards;
+readers layer staging token (only when dirty) → sealed tokens → committed metarange and
+validate the branch when they read any staging layer; commits seal, apply, and swap.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Protocol, Sequence
+
+from google.protobuf import timestamp_pb2
+from prometheus_client import Counter
+
+from quarry.graveler import errors as gerrors
+from quarry.graveler import names
+from quarry.graveler.iterators import (CommittedSource, LayeredIterator, decode_page_token,
+                                       encode_page_token, string_after_prefix)
+from quarry.graveler.model import ApplyResult, Change, ChangeType, DiffSummary, Entry
+from quarry.graveler.refs import (RefManager, Repository, ResolvedRef, commit_id_for,
+                                  is_dirty, prefix_end)
+from quarry.graveler.staging import StagingManager, new_token
+from quarry.kv import store as kv
+from quarry.kv.partitions import staging_partition
+from quarry.v1 import types_pb2
+
+log = logging.getLogger(__name__)
+
+BRANCH_READS = Counter("graveler_branch_reads", "Reads (stat/list) on branches",
+                       ["repo", "branch", "dirty", "op"])
+STAGING_READ_ATTEMPTS = Counter("graveler_staging_read_attempts",
+                                "Reads that looked into a staging token",
+                                ["repo", "branch", "op"])
+
+MAX_ATTEMPTS = 10
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 10_000
+INITIAL_COMMIT_MESSAGE = "Repository created"
+SYSTEM_COMMITTER = "quarry"
+
+
+class CommittedReader(Protocol):
+    """What the core reads from committed storage (quarry.committed.CommittedManager)."""
+
+    def get_entry(self, namespace: str, metarange_id: str, path: str) -> Entry | None: ...
+
+    def iterate(self, namespace: str, metarange_id: str, start: str = "",
+                prefix: str = ""): ...
+
+    def diff(self, namespace: str, left_id: str, right_id: str, prefix: str = "",
+             start: str = "") -> Iterator[Change]: ...
+
+
+class RangeWriterClient(Protocol):
+    """What the core asks range-writer to write (local manager or RemoteRangeWriter)."""
+
+    def apply_changes(self, namespace: str, base_metarange_id: str,
+                      changes: Iterable[tuple[str, Entry | None]]) -> ApplyResult: ...
+
+    def write_metarange(self, namespace: str, entries: Iterable[Entry]) -> ApplyResult: ...
+
+
+@dataclass
+class Layers:
+    """What a read of a ref consults, newest first."""
+
+    repo: Repository
+    tokens: list[str]
+    base_metarange_id: str
+    branch: types_pb2.Branch | None = None
+    branch_name: str | None = None
+
+
+@dataclass
+class CommitOutcome:
+    commit: types_pb2.Commit
+    summary: DiffSummary = field(default_factory=DiffSummary)
+    ranges_written: int = 0
+    ranges_reused: int = 0
+
+
+def _backoff(attempt: int) -> None:
+    time.sleep(min(0.2, 0.002 * (2 ** attempt)) * random.uniform(0.5, 1.0))
+
+
+def _page_size(requested: int) -> int:
+    if requested < 0:
+        raise gerrors.InvalidPageToken("page_size may not be negative")
+    return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def _now_seconds() -> int:
+    return int(time.time())
+
+
+class Graveler:
+    def __init__(self, store: kv.Store, committed: CommittedReader,
+                 range_writer: RangeWriterClient, dirty_read_optimization: bool = True,
+                 branch_cache_seconds: float = 1.0):
+        self.kv = store
+        self.refs = RefManager(store)
+        self.staging = StagingManager(store)
+        self.committed = committed
+        self.range_writer = range_writer
+        self.dirty_read_optimization = dirty_read_optimization
+        self._branch_cache_seconds = branch_cache_seconds
+        # Writers may start from a slightly stale branch record: the validation read after
+        # the staging write catches any change of token.
+        self._write_cache: dict[tuple[str, str, str], tuple[float, types_pb2.Branch, bytes]] = {}
+
+    # ==== repositories ======================================================================
+
+    def create_repository(self, name: str, storage_namespace: str,
+                          default_branch: str = "main") -> Repository:
+        names.check_repository_name(name)
+        default_branch = default_branch or "main"
+        names.check_branch_name(default_branch)
+        storage_namespace = _check_namespace(storage_namespace)
+        # Order: everything the repository needs exists BEFORE the repository record that
+        # makes it visible. A failure leaves only an unreachable instance partition behind.
+        empty = self.range_writer.write_metarange(storage_namespace, [])
+        repo = Repository(name=name, storage_namespace=storage_namespace,
+                          default_branch=default_branch, instance_id=uuid.uuid4().hex,
+                          creation_time=_now_seconds())
+        initial = self._make_commit([], empty.metarange_id, INITIAL_COMMIT_MESSAGE,
+                                    SYSTEM_COMMITTER, {}, generation=1)
+        self.refs.insert_commit(repo, initial)
+        branch = types_pb2.Branch(name=default_branch, commit_id=initial.id,
+                                  staging_token=new_token(), dirty=False)
+        self.refs.set_branch_if(repo, branch, kv.ABSENT)
+        try:
+            self.refs.insert_repository(repo)
+        except gerrors.RepositoryExists:
+            self.staging.queue_drop([repo.partition])
+            raise
+        return repo
+
+    def get_repository(self, name: str) -> Repository:
+        names.check_repository_name(name)
+        return self.refs.get_repository(name, fresh=True)
+
+    def list_repositories(self, page_size: int = 0, page_token: str = ""
+                          ) -> tuple[list[Repository], str]:
+        limit = _page_size(page_size)
+        after = decode_page_token(page_token, "after").get("after", "")
+        repos = self.refs.list_repositories(after, limit + 1)
+        return _paged(repos, limit, lambda r: encode_page_token(after=r.name))
+
+    def delete_repository(self, name: str) -> None:
+        repo = self.get_repository(name)
+        tokens = []
+        after = ""
+        while True:
+            branches = self.refs.list_branches(repo, after, 1000)
+            for branch in branches:
+                tokens.append(branch.staging_token)
+                tokens.extend(branch.sealed_tokens)
+            if len(branches) < 1000:
+                break
+            after = branches[-1].name
+        self.refs.delete_repository_record(name)
+        self.staging.queue_drop([repo.partition, *_staging_partitions(tokens)])
+
+    def _repo(self, name: str) -> Repository:
+        names.check_repository_name(name)
+        return self.refs.get_repository(name)
+
+    # ==== branches ============================================================================
+
+    def create_branch(self, repo_name: str, name: str, source_ref: str) -> types_pb2.Branch:
+        repo = self._repo(repo_name)
+        names.check_branch_name(name)
+        resolved = self.refs.resolve(repo, source_ref or repo.default_branch)
+        branch = types_pb2.Branch(name=name, commit_id=resolved.commit_id,
+                                  staging_token=new_token(), dirty=False)
+        try:
+            self.refs.set_branch_if(repo, branch, kv.ABSENT)
+        except kv.PredicateFailed:
+            raise gerrors.BranchExists(f"branch {name!r} already exists",
+                                       metadata={"repository": repo.name,
+                                                 "branch": name}) from None
+        return branch
+
+    def get_branch(self, repo_name: str, name: str) -> types_pb2.Branch:
+        repo = self._repo(repo_name)
+        names.check_branch_name(name)
+        return self.refs.get_branch(repo, name)[0]
+
+    def list_branches(self, repo_name: str, page_size: int = 0, page_token: str = ""
+                      ) -> tuple[list[types_pb2.Branch], str]:
+        repo = self._repo(repo_name)
+        limit = _page_size(page_size)
+        after = decode_page_token(page_token, "after").get("after", "")
+        branches = self.refs.list_branches(repo, after, limit + 1)
+        return _paged(branches, limit, lambda b: encode_page_token(after=b.name))
+
+    def delete_branch(self, repo_name: str, name: str) -> None:
+        repo = self._repo(repo_name)
+        names.check_branch_name(name)
+        if name == repo.default_branch:
+            raise gerrors.ProtectedBranch(f"{name!r} is the default branch of {repo.name!r} "
+                                          f"and cannot be deleted",
+                                          metadata={"repository": repo.name, "branch": name})
+        branch, _ = self.refs.get_branch(repo, name)
+        self.refs.delete_branch_record(repo, name)
+        self._forget_branch(repo, name)
+        self.staging.queue_drop_tokens([branch.staging_token, *branch.sealed_tokens])
+
+    def reset_branch(self, repo_name: str, name: str, ref: str, force: bool = False
+                     ) -> types_pb2.Branch:
+        """Hard reset: the branch points at `ref` with no uncommitted changes."""
+        repo = self._repo(repo_name)
+        names.check_branch_name(name)
+        target = self.refs.resolve(repo, ref).commit_id
+        for attempt in range(MAX_ATTEMPTS):
+            branch, predicate = self.refs.get_branch(repo, name)
+            if not force and self._has_uncommitted(repo, branch):
+                raise gerrors.DirtyBranch(
+                    f"branch {name!r} has uncommitted changes; commit or discard them, or "
+                    f"reset with force", metadata={"repository": repo.name, "branch": name})
+            reset = types_pb2.Branch(name=name, commit_id=target, staging_token=new_token(),
+                                     dirty=False)
+            try:
+                self.refs.set_branch_if(repo, reset, kv.Equals(predicate))
+            except kv.PredicateFailed:
+                _backoff(attempt)
+                continue
+            self._forget_branch(repo, name)
+            self.staging.queue_drop_tokens([branch.staging_token, *branch.sealed_tokens])
+            return reset
+        raise gerrors.BranchContended(f"branch {name!r} kept changing during reset")
+
+    # ==== tags ===============================================================================
+
+    def create_tag(self, repo_name: str, name: str, ref: str) -> types_pb2.Tag:
+        repo = self._repo(repo_name)
+        names.check_tag_name(name)
+        tag = types_pb2.Tag(name=name, commit_id=self.refs.resolve(repo, ref).commit_id)
+        self.refs.insert_tag(repo, tag)
+        return tag
+
+    def get_tag(self, repo_name: str, name: str) -> types_pb2.Tag:
+        repo = self._repo(repo_name)
+        names.check_tag_name(name)
+        return self.refs.get_tag(repo, name)
+
+    def list_tags(self, repo_name: str, page_size: int = 0, page_token: str = ""
+                  ) -> tuple[list[types_pb2.Tag], str]:
+        repo = self._repo(repo_name)
+        limit = _page_size(page_size)
+        after = decode_page_token(page_token, "after").get("after", "")
+        tags = self.refs.list_tags(repo, after, limit + 1)
+        return _paged(tags, limit, lambda t: encode_page_token(after=t.name))
+
+    def delete_tag(self, repo_name: str, name: str) -> None:
+        repo = self._repo(repo_name)
+        names.check_tag_name(name)
+        self.refs.delete_tag(repo, name)
+
+    # ==== reads ================================================================================
+
+    def _layers(self, repo: Repository, resolved: ResolvedRef, op: str) -> Layers:
+        if resolved.branch is None:
+            commit = self.refs.get_commit(repo, resolved.commit_id)
+            return Layers(repo, [], commit.metarange_id)
+        branch = resolved.branch_record
+        dirty = is_dirty(branch)
+        BRANCH_READS.labels(repo.name, branch.name, str(dirty).lower(), op).inc()
+        tokens = list(branch.sealed_tokens)
+        if dirty or not self.dirty_read_optimization:
+            tokens.insert(0, branch.staging_token)
+            STAGING_READ_ATTEMPTS.labels(repo.name, branch.name, op).inc()
+        base = branch.compacted_metarange_id or \
+            self.refs.get_commit(repo, branch.commit_id).metarange_id
+        return Layers(repo, tokens, base, branch, branch.name)
+
+    def _still_valid(self, layers: Layers) -> bool:
+        """A read that consulted staging layers is valid if the branch did not move those
+        layers meanwhile (a commit could have dropped a token we read)."""
+        if not layers.tokens:
+            return True  # committed data only: immutable
+        try:
+            current, _ = self.refs.get_branch(layers.repo, layers.branch_name)
+        except gerrors.BranchNotFound:
+            return False
+        before = layers.branch
+        return (current.staging_token == before.staging_token
+                and list(current.sealed_tokens) == list(before.sealed_tokens)
+                and current.commit_id == before.commit_id
+                and current.compacted_metarange_id == before.compacted_metarange_id)
+
+    def stat_object(self, repo_name: str, ref: str, path: str) -> Entry:
+        repo = self._repo(repo_name)
+        names.check_path(path)
+        for attempt in range(MAX_ATTEMPTS):
+            layers = self._layers(repo, self.refs.resolve(repo, ref), "get")
+            found, value = self._lookup(layers, path)
+            if self._still_valid(layers):
+                if value is None:
+                    raise gerrors.ObjectNotFound(f"{path!r} not found at {ref!r}",
+                                                 metadata={"repository": repo.name, "ref": ref,
+                                                           "path": path})
+                return value
+            _backoff(attempt)
+        raise gerrors.BranchContended(f"ref {ref!r} kept changing during the read")
+
+    def _lookup(self, layers: Layers, path: str) -> tuple[bool, Entry | None]:
+        for token in layers.tokens:
+            found, value, _ = self.staging.get(token, path)
+            if found:
+                return True, value
+        entry = self.committed.get_entry(layers.repo.storage_namespace,
+                                         layers.base_metarange_id, path)
+        return entry is not None, entry
+
+    def _iterator(self, layers: Layers, start: str, prefix: str) -> LayeredIterator:
+        end = prefix_end(prefix.encode()) if prefix else None
+        sources = [self.staging.scan(token, max(start, prefix), end) for token in layers.tokens]
+        sources.append(CommittedSource(self.committed.iterate(
+            layers.repo.storage_namespace, layers.base_metarange_id, start=start,
+            prefix=prefix)))
+        return LayeredIterator(sources)
+
+    def list_objects(self, repo_name: str, ref: str, prefix: str = "", delimiter: str = "",
+                     page_size: int = 0, page_token: str = ""
+                     ) -> tuple[list[Entry], list[str], str]:
+        repo = self._repo(repo_name)
+        limit = _page_size(page_size)
+        state = decode_page_token(page_token, "after")
+        after = state.get("after", "")
+        if after and not after.startswith(prefix):
+            raise gerrors.InvalidPageToken("page_token belongs to another listing")
+        for attempt in range(MAX_ATTEMPTS):
+            layers = self._layers(repo, self.refs.resolve(repo, ref), "list")
+            entries, prefixes, last = self._list_page(layers, prefix, delimiter, after,
+                                                      state.get("skip_prefix", False), limit)
+            if self._still_valid(layers):
+                token = ""
+                if last is not None:
+                    token = encode_page_token(after=last[0], skip_prefix=last[1])
+                return entries, prefixes, token
+            _backoff(attempt)
+        raise gerrors.BranchContended(f"ref {ref!r} kept changing during the listing")
+
+    def _list_page(self, layers: Layers, prefix: str, delimiter: str, after: str,
+                   skip_prefix: bool, limit: int):
+        """One page; returns (entries, common prefixes, resume point or None at the end)."""
+        if not after:
+            start = prefix
+        elif skip_prefix:
+            start = string_after_prefix(after) or after
+        else:
+            start = after + "\x00"
+        iterator = self._iterator(layers, start, prefix)
+        entries: list[Entry] = []
+        prefixes: list[str] = []
+        last: tuple[str, bool] | None = None
+        try:
+            while True:
+                try:
+                    path, value = next(iterator)
+                except StopIteration:
+                    return entries, prefixes, None
+                if not path.startswith(prefix):
+                    if path > prefix:
+                        return entries, prefixes, None
+                    continue
+                if value is None:
+                    continue  # tombstone
+                if len(entries) + len(prefixes) >= limit:
+                    return entries, prefixes, last
+                if delimiter:
+                    cut = path.find(delimiter, len(prefix))
+                    if cut >= 0:
+                        common = path[:cut + len(delimiter)]
+                        prefixes.append(common)
+                        last = (common, True)
+                        following = string_after_prefix(common)
+                        if following is None:
+                            return entries, prefixes, None
+                        iterator.seek_ge(following)
+                        continue
+                entries.append(value)
+                last = (path, False)
+        finally:
+            iterator.close()
+
+    # ==== writes ==============================================================================
+
+    def put_objects(self, repo_name: str, branch_name: str, entries: Sequence[Entry],
+                    if_absent: bool = False) -> int:
+        repo = self._repo(repo_name)
+        names.check_branch_name(branch_name)
+        seen = {}
+        for entry in entries:
+            names.check_entry(entry)
+            seen[entry.path] = entry  # the last write of a path in one batch wins
+        items = sorted(seen.items())
+        if not items:
+            return 0
+        if if_absent:
+            if len(items) != 1:
+                raise gerrors.InvalidEntry("if_absent applies to a single object")
+            self._put_if_absent(repo, branch_name, items[0][1])
+        else:
+            self._write(repo, branch_name, items)
+        return len(items)
+
+    def delete_objects(self, repo_name: str, branch_name: str, paths: Sequence[str]) -> int:
+        """Stage tombstones for the paths that exist on the branch; others are no-ops."""
+        repo = self._repo(repo_name)
+        names.check_branch_name(branch_name)
+        for path in paths:
+            names.check_path(path)
+        unique = sorted(set(paths))
+        if not unique:
+            return 0
+        for attempt in range(MAX_ATTEMPTS):
+            branch, _ = self.refs.get_branch(repo, branch_name)
+            layers = self._layers(repo, ResolvedRef(branch.commit_id, branch_name, branch),
+                                  "delete")
+            existing = []
+            for path in unique:
+                found, value = self._lookup(layers, path)
+                if value is not None:
+                    existing.append(path)
+            if self._still_valid(layers):
+                break
+            _backoff(attempt)
+        else:
+            raise gerrors.BranchContended(f"branch {branch_name!r} kept changing")
+        if existing:
+            self._write(repo, branch_name, [(path, None) for path in existing])
+        return len(existing)
+
+    def _put_if_absent(self, repo: Repository, branch_name: str, entry: Entry) -> None:
+        for attempt in range(MAX_ATTEMPTS):
+            branch, _ = self.refs.get_branch(repo, branch_name)
+            layers = self._layers(repo, ResolvedRef(branch.commit_id, branch_name, branch),
+                                  "put")
+            # The staging token is consulted even on a clean branch: the conditional write
+            # below targets it.
+            found, value, staged_predicate = self.staging.get(branch.staging_token, entry.path)
+            if not found:
+                found, value = self._lookup(layers, entry.path)
+            if value is not None and value == entry:
+                return  # our own write from an attempt whose token was sealed meanwhile
+            if value is not None:
+                raise gerrors.ObjectExists(f"{entry.path!r} already exists on {branch_name!r}",
+                                           metadata={"repository": repo.name,
+                                                     "branch": branch_name,
+                                                     "path": entry.path})
+            predicate = kv.Equals(staged_predicate) if staged_predicate is not None else kv.ABSENT
+            try:
+                self._write(repo, branch_name, [(entry.path, entry)], predicate=predicate,
+                            expected_token=branch.staging_token)
+                return
+            except _TokenMoved:
+                _backoff(attempt)
+            except kv.PredicateFailed:
+                raise gerrors.ObjectExists(f"{entry.path!r} was written concurrently",
+                                           metadata={"path": entry.path}) from None
+        raise gerrors.BranchContended(f"branch {branch_name!r} kept changing")
+
+    def _cached_branch(self, repo: Repository, name: str) -> tuple[types_pb2.Branch, bytes]:
+        key = (repo.name, repo.instance_id, name)
+        cached = self._write_cache.get(key)
+        if cached is not None and time.monotonic() - cached[0] < self._branch_cache_seconds:
+            return cached[1], cached[2]
+        branch, predicate = self.refs.get_branch(repo, name)
+        self._write_cache[key] = (time.monotonic(), branch, predicate)
+        return branch, predicate
+
+    def _remember_branch(self, repo: Repository, branch: types_pb2.Branch,
+                         predicate: bytes) -> None:
+        self._write_cache[(repo.name, repo.instance_id, branch.name)] = (
+            time.monotonic(), branch, predicate)
+
+    def _forget_branch(self, repo: Repository, name: str) -> None:
+        self._write_cache.pop((repo.name, repo.instance_id, name), None)
+
+    def _write(self, repo: Repository, branch_name: str,
+               items: Sequence[tuple[str, Entry | None]], predicate: kv.Predicate | None = None,
+               expected_token: str | None = None) -> None:
+        """The writer flow: dirty first, then staging, then validate the token."""
+        for attempt in range(MAX_ATTEMPTS):
+            branch, branch_predicate = self._cached_branch(repo, branch_name)
+            if expected_token is not None and branch.staging_token != expected_token:
+                self._forget_branch(repo, branch_name)
+                raise _TokenMoved()
+            if not is_dirty(branch):
+                marked = types_pb2.Branch()
+                marked.CopyFrom(branch)
+                marked.dirty = True
+                try:
+                    branch_predicate = self.refs.set_branch_if(repo, marked,
+                                                               kv.Equals(branch_predicate))
+                except kv.PredicateFailed:
+                    self._forget_branch(repo, branch_name)
+                    continue  # stale cache or a concurrent change: re-read, no sleep needed
+                branch = marked
+                self._remember_branch(repo, branch, branch_predicate)
+            if predicate is None:
+                self.staging.set_many(branch.staging_token, items)
+            else:
+                path, entry = items[0]
+                self.staging.set_if(branch.staging_token, path, entry, predicate)
+            # Validation: a fresh read of the repository and branch records in one batch.
+            repo_key = self.refs.repository_key(repo.name)
+            branch_key = self.refs.branch_key(repo, branch_name)
+            repo_now, branch_now = self.kv.batch_get([repo_key, branch_key])
+            if repo_now is None or Repository.from_record(repo_now.value).instance_id \
+                    != repo.instance_id:
+                raise gerrors.RepositoryNotFound(f"repository {repo.name!r} was deleted",
+                                                 metadata={"repository": repo.name})
+            if branch_now is None:
+                self._forget_branch(repo, branch_name)
+                raise gerrors.BranchNotFound(f"branch {branch_name!r} not found",
+                                             metadata={"repository": repo.name,
+                                                       "branch": branch_name})
+            current = types_pb2.Branch.FromString(branch_now.value)
+            self._remember_branch(repo, current, branch_now.predicate)
+            if current.staging_token == branch.staging_token:
+                return
+            # A commit sealed our token while we wrote: write again to the new token (the
+            # same entry again is idempotent, whichever token the commit took).
+            if expected_token is not None:
+                raise _TokenMoved()
+        raise gerrors.BranchContended(f"branch {branch_name!r} kept changing staging token "
+                                      f"during the write; retry",
+                                      metadata={"repository": repo.name, "branch": branch_name})
+
+    # ==== uncommitted changes ===================================================================
+
+    def _has_uncommitted(self, repo: Repository, branch: types_pb2.Branch) -> bool:
+        if not is_dirty(branch) and not branch.sealed_tokens \
+                and not branch.compacted_metarange_id:
+            return False
+        changes, _ = self._diff_uncommitted_page(repo, branch, "", "", 1)
+        return bool(changes)
+
+    def diff_uncommitted(self, repo_name: str, branch_name: str, prefix: str = "",
+                         page_size: int = 0, page_token: str = ""
+                         ) -> tuple[list[Change], str]:
+        repo = self._repo(repo_name)
+        names.check_branch_name(branch_name)
+        limit = _page_size(page_size)
+        after = decode_page_token(page_token, "after").get("after", "")
+        for attempt in range(MAX_ATTEMPTS):
+            branch, _ = self.refs.get_branch(repo, branch_name)
+            if not is_dirty(branch) and not branch.sealed_tokens \
+                    and not branch.compacted_metarange_id:
+                return [], ""  # clean: nothing to scan
+            changes, token = self._diff_uncommitted_page(repo, branch, prefix, after, limit)
+            layers = Layers(repo, [branch.staging_token], "", branch, branch_name)
+            if self._still_valid(layers):
+                return changes, token
+            _backoff(attempt)
+        raise gerrors.BranchContended(f"branch {branch_name!r} kept changing")
+
+    def _diff_uncommitted_page(self, repo: Repository, branch: types_pb2.Branch, prefix: str,
+                               after: str, limit: int) -> tuple[list[Change], str]:
+        head = self.refs.get_commit(repo, branch.commit_id).metarange_id
+        tokens = [branch.staging_token, *branch.sealed_tokens]
+        changes: list[Change] = []
+        for path, value in self._staged_changes(tokens, prefix, after):
+            committed = self.committed.get_entry(repo.storage_namespace, head, path)
+            change = _change_against(path, value, committed)
+            if change is None:
+                continue
+            if len(changes) >= limit:
+                return changes, encode_page_token(after=changes[-1].path)
+            changes.append(change)
+        return changes, ""
+
+    def _staged_changes(self, tokens: list[str], prefix: str, after: str
+                        ) -> Iterator[tuple[str, Entry | None]]:
+        start = after + "\x00" if after else prefix
+        end = prefix_end(prefix.encode()) if prefix else None
+        merged = LayeredIterator([self.staging.scan(t, start, end) for t in tokens])
+        try:
+            yield from merged
+        finally:
+            merged.close()
+
+    def discard_changes(self, repo_name: str, branch_name: str, path: str = "",
+                        prefix: str = "") -> int:
+        """Discard uncommitted changes to one path, a prefix, or everything."""
+        repo = self._repo(repo_name)
+        names.check_branch_name(branch_name)
+        if path and prefix:
+            raise gerrors.InvalidPath("give a path or a prefix, not both")
+        if path:
+            names.check_path(path)
+        if not path and not prefix:
+            self._discard_all(repo, branch_name)
+            return -1
+        # Stage the committed value back (or a tombstone where nothing is committed) for
+        # every uncommitted change in scope, through the writer flow: safe against a
+        # concurrent commit taking the token, unlike deleting staged keys.
+        branch, _ = self.refs.get_branch(repo, branch_name)
+        head = self.refs.get_commit(repo, branch.commit_id).metarange_id
+        tokens = [branch.staging_token, *branch.sealed_tokens]
+        reverts: list[tuple[str, Entry | None]] = []
+        scope = path if path else prefix
+        for staged_path, value in self._staged_changes(tokens, scope, ""):
+            if path and staged_path != path:
+                break
+            committed = self.committed.get_entry(repo.storage_namespace, head, staged_path)
+            if _change_against(staged_path, value, committed) is not None:
+                reverts.append((staged_path, committed))
+        if reverts:
+            self._write(repo, branch_name, reverts)
+        return len(reverts)
+
+    def _discard_all(self, repo: Repository, branch_name: str) -> None:
+        """A fresh token, no sealed tokens, no compacted metarange, same HEAD."""
+        for attempt in range(MAX_ATTEMPTS):
+            branch, predicate = self.refs.get_branch(repo, branch_name)
+            clean = types_pb2.Branch(name=branch_name, commit_id=branch.commit_id,
+                                     staging_token=new_token(), dirty=False)
+            try:
+                self.refs.set_branch_if(repo, clean, kv.Equals(predicate))
+            except kv.PredicateFailed:
+                _backoff(attempt)
+                continue
+            self._forget_branch(repo, branch_name)
+            self.staging.queue_drop_tokens([branch.staging_token, *branch.sealed_tokens])
+            return
+        raise gerrors.BranchContended(f"branch {branch_name!r} kept changing")
+
+    # ==== commits ================================================================================
+
+    def _make_commit(self, parents: list[str], metarange_id: str, message: str,
+                     committer: str, metadata: dict[str, str], generation: int
+                     ) -> types_pb2.Commit:
+        seconds = _now_seconds()
+        commit_id = commit_id_for(parents, metarange_id, message, committer, seconds, metadata)
+        return types_pb2.Commit(id=commit_id, parents=parents, metarange_id=metarange_id,
+                                message=message, committer=committer,
+                                creation_time=timestamp_pb2.Timestamp(seconds=seconds),
+                                metadata=metadata, generation=generation)
+
+    def commit(self, repo_name: str, branch_name: str, message: str, committer: str = "",
+               metadata: dict[str, str] | None = None, allow_empty: bool = False
+               ) -> CommitOutcome:
+        repo = self._repo(repo_name)
+        names.check_branch_name(branch_name)
+        metadata = dict(metadata or {})
+        names.check_commit_metadata(message, metadata)
+        for attempt in range(MAX_ATTEMPTS):
+            outcome = self._commit_attempt(repo, branch_name, message, committer, metadata,
+                                           allow_empty)
+            if outcome is not None:
+                return outcome
+            _backoff(attempt)
+        raise gerrors.BranchContended(f"commit on {branch_name!r} lost the race "
+                                      f"{MAX_ATTEMPTS} times; retry",
+                                      metadata={"repository": repo.name,
+                                                "branch": branch_name})
+
+    def _commit_attempt(self, repo: Repository, branch_name: str, message: str,
+                        committer: str, metadata: dict[str, str], allow_empty: bool
+                        ) -> CommitOutcome | None:
+        """One attempt; None means "lost a race, start over"."""
+        branch, predicate = self.refs.get_branch(repo, branch_name)
+        # (1) Seal: only a dirty token can hold acknowledged writes.
+        if is_dirty(branch):
+            sealed = types_pb2.Branch()
+            sealed.CopyFrom(branch)
+            sealed.sealed_tokens.insert(0, branch.staging_token)
+            sealed.staging_token = new_token()
+            sealed.dirty = False
+            try:
+                predicate = self.refs.set_branch_if(repo, sealed, kv.Equals(predicate))
+            except kv.PredicateFailed:
+                return None
+            branch = sealed
+            self._forget_branch(repo, branch_name)
+        applied = list(branch.sealed_tokens)
+        head = self.refs.get_commit(repo, branch.commit_id)
+        base = branch.compacted_metarange_id or head.metarange_id
+        # (2)+(3) Combine the sealed tokens (newest wins) and apply them onto the base.
+        if applied:
+            result = self.range_writer.apply_changes(
+                repo.storage_namespace, base, self._staged_changes(applied, "", ""))
+        else:
+            result = ApplyResult(metarange_id=base)
+        if result.summary.total == 0 and not allow_empty \
+                and result.metarange_id == head.metarange_id:
+            # Nothing to commit; still retire the sealed tokens so they are not re-applied.
+            if applied and not self._retire_tokens(repo, branch_name, branch, applied, None):
+                return None
+            raise gerrors.NoChanges(f"no changes to commit on {branch_name!r}",
+                                    metadata={"repository": repo.name, "branch": branch_name})
+        # (4) The commit record (content-addressed, so a retry writes the same key).
+        commit = self._make_commit([head.id], result.metarange_id, message, committer,
+                                   metadata, head.generation + 1)
+        self.refs.insert_commit(repo, commit)
+        # (5) Move the branch and drop exactly the tokens applied.
+        if not self._retire_tokens(repo, branch_name, branch, applied, commit.id):
+            return None
+        return CommitOutcome(commit, result.summary, result.ranges_written, result.ranges_reused)
+
+    def _retire_tokens(self, repo: Repository, branch_name: str, expected: types_pb2.Branch,
+                       applied: list[str], new_commit_id: str | None) -> bool:
+        """Set HEAD (when given) and remove `applied` from the sealed list, re-reading the
+        record on conflicts caused by fields we do not own (a writer marking it dirty, a new
+        seal in front). False if HEAD or the base moved: the work must be redone."""
+        for _ in range(MAX_ATTEMPTS):
+            current, predicate = self.refs.get_branch(repo, branch_name)
+            sealed = list(current.sealed_tokens)
+            if (current.commit_id != expected.commit_id
+                    or current.compacted_metarange_id != expected.compacted_metarange_id
+                    or len(sealed) < len(applied)
+                    or (applied and sealed[len(sealed) - len(applied):] != applied)):
+                return False
+            updated = types_pb2.Branch()
+            updated.CopyFrom(current)
+            del updated.sealed_tokens[:]
+            updated.sealed_tokens.extend(sealed[:len(sealed) - len(applied)])
+            if new_commit_id is not None:
+                updated.commit_id = new_commit_id
+                updated.compacted_metarange_id = ""
+            try:
+                self.refs.set_branch_if(repo, updated, kv.Equals(predicate))
+            except kv.PredicateFailed:
+                continue
+            self._forget_branch(repo, branch_name)
+            # (6) The dropper deletes the retired tokens' items after a grace period.
+            self.staging.queue_drop_tokens(applied)
+            return True
+        return False
+
+    # ==== history and diffs =========================================================================
+
+    def get_commit(self, repo_name: str, ref: str) -> types_pb2.Commit:
+        repo = self._repo(repo_name)
+        return self.refs.get_commit(repo, self.refs.resolve(repo, ref).commit_id)
+
+    def log(self, repo_name: str, ref: str, first_parent: bool = False, page_size: int = 0,
+            page_token: str = "") -> tuple[list[types_pb2.Commit], str]:
+        repo = self._repo(repo_name)
+        limit = _page_size(page_size)
+        state = decode_page_token(page_token, "frontier")
+        frontier = state.get("frontier") or [self.refs.resolve(repo, ref).commit_id]
+        commits: list[types_pb2.Commit] = []
+        for commit, remaining in self.refs.log(repo, frontier, first_parent):
+            commits.append(commit)
+            if len(commits) >= limit:
+                return commits, encode_page_token(frontier=remaining) if remaining else ""
+        return commits, ""
+
+    def diff(self, repo_name: str, left_ref: str, right_ref: str, prefix: str = "",
+             page_size: int = 0, page_token: str = "") -> tuple[list[Change], str]:
+        """Two-dot diff between the committed states of two refs."""
+        repo = self._repo(repo_name)
+        limit = _page_size(page_size)
+        after = decode_page_token(page_token, "after").get("after", "")
+        left = self.refs.get_commit(repo, self.refs.resolve(repo, left_ref).commit_id)
+        right = self.refs.get_commit(repo, self.refs.resolve(repo, right_ref).commit_id)
+        changes: list[Change] = []
+        start = after + "\x00" if after else ""
+        for change in self.committed.diff(repo.storage_namespace, left.metarange_id,
+                                          right.metarange_id, prefix=prefix, start=start):
+            if len(changes) >= limit:
+                return changes, encode_page_token(after=changes[-1].path)
+            changes.append(change)
+        return changes, ""
+
+
+class _TokenMoved(Exception):
+    """Internal: a conditional staged write must be re-decided on the new token."""
+
+
+def _change_against(path: str, staged: Entry | None, committed: Entry | None) -> Change | None:
+    if staged is None:
+        return Change(ChangeType.REMOVED, path) if committed is not None else None
+    if committed is None:
+        return Change(ChangeType.ADDED, path, staged)
+    if committed.identity != staged.identity:
+        return Change(ChangeType.CHANGED, path, staged)
+    return None
+
+
+def _paged(items: list, limit: int, token_for) -> tuple[list, str]:
+    if len(items) > limit:
+        return items[:limit], token_for(items[limit - 1])
+    return items, ""
+
+
+def _staging_partitions(tokens: Iterable[str]) -> list[bytes]:
+    return [staging_partition(t) for t in tokens if t]
+
+
+def _check_namespace(namespace: str) -> str:
+    if not namespace:
+        raise gerrors.InvalidStorageNamespace(
+            "storage_namespace is required: a local directory (absolute path or file://) "
+            "or s3://bucket/prefix")
+    if namespace.startswith("s3://"):
+        if len(namespace) <= len("s3://") or namespace[len("s3://"):].startswith("/"):
+            raise gerrors.InvalidStorageNamespace(f"invalid S3 namespace {namespace!r}: "
+                                                  f"use s3://bucket/prefix")
+        return namespace.rstrip("/")
+    path = namespace[len("file://"):] if namespace.startswith("file://") else namespace
+    if not path.startswith("/"):
+        raise gerrors.InvalidStorageNamespace(
+            f"invalid storage namespace {namespace!r}: a local directory must be an absolute "
+            f"path (or file:///abs/path); S3 is s3://bucket/prefix")
+    return path.rstrip("/") or "/"
+
+
+__all__ = ["Graveler", "CommitOutcome", "Layers"]

@@ -1,0 +1,124 @@
+"""Layered iteration: staging tokens over committed data, tombstones hiding lower layers.
+
+Every source yields (path, Entry | None) in path order and supports seek_ge(path);
+None is a tombstone. `LayeredIterator` merges sources where the FIRST source holding a
+path wins (sources are ordered newest first: staging token, sealed tokens, base).
+"""
+
+from __future__ import annotations
+
+import base64
+import heapq
+import json
+from typing import Iterator, Protocol
+
+from quarry.graveler import errors as gerrors
+from quarry.graveler.model import Entry
+
+
+class Source(Protocol):
+    def __next__(self) -> tuple[str, Entry | None]: ...
+
+    def seek_ge(self, path: str) -> None: ...
+
+
+class CommittedSource:
+    """Adapts a committed EntryIterator (yielding Entry) to a Source."""
+
+    def __init__(self, iterator):
+        self._iterator = iterator
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[str, Entry | None]:
+        entry = next(self._iterator)
+        return entry.path, entry
+
+    def seek_ge(self, path: str) -> None:
+        self._iterator.seek_ge(path)
+
+    def close(self) -> None:
+        close = getattr(self._iterator, "close", None)
+        if close:
+            close()
+
+
+class LayeredIterator:
+    """Merge of sources, newest first; yields (path, Entry | None) once per path with the
+    newest layer's value (tombstones included: callers decide whether to hide them)."""
+
+    def __init__(self, sources: list):
+        self._sources = sources
+        self._heap: list[tuple[str, int, Entry | None]] = []
+        for index in range(len(sources)):
+            self._advance(index)
+
+    def _advance(self, index: int) -> None:
+        try:
+            path, value = next(self._sources[index])
+        except StopIteration:
+            return
+        heapq.heappush(self._heap, (path, index, value))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[str, Entry | None]:
+        if not self._heap:
+            raise StopIteration
+        path, index, value = heapq.heappop(self._heap)
+        self._advance(index)
+        # Older layers holding the same path are shadowed.
+        while self._heap and self._heap[0][0] == path:
+            _, other, _ = heapq.heappop(self._heap)
+            self._advance(other)
+        return path, value
+
+    def seek_ge(self, path: str) -> None:
+        self._heap = []
+        for index, source in enumerate(self._sources):
+            source.seek_ge(path)
+            self._advance(index)
+
+    def close(self) -> None:
+        for source in self._sources:
+            close = getattr(source, "close", None)
+            if close:
+                close()
+
+
+def visible(iterator) -> Iterator[Entry]:
+    """Entries only: tombstones hide whatever lay below them."""
+    for _path, value in iterator:
+        if value is not None:
+            yield value
+
+
+def string_after_prefix(prefix: str) -> str | None:
+    """The smallest string greater than every string starting with `prefix`."""
+    stripped = prefix.rstrip("\U0010ffff")
+    if not stripped:
+        return None
+    return stripped[:-1] + chr(ord(stripped[-1]) + 1)
+
+
+# ---- page tokens ---------------------------------------------------------------------------
+
+def encode_page_token(**state) -> str:
+    raw = json.dumps(state, separators=(",", ":"), sort_keys=True).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_page_token(token: str, *required: str) -> dict:
+    if not token:
+        return {}
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        state = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        if not isinstance(state, dict) or any(k not in state for k in required):
+            raise ValueError
+        return state
+    except (ValueError, UnicodeDecodeError):
+        raise gerrors.InvalidPageToken("page_token is not one this server issued; pass back "
+                                       "next_page_token unchanged") from None

@@ -1,0 +1,175 @@
+"""StagingManager: uncommitted entries, one KV partition per staging token.
+
+A staging partition maps object path (UTF-8 bytes) → StagedValue (an entry or a tombstone).
+Tokens are never reused: when a commit, reset or branch deletion drops a token, it is
+queued in the `cleanup` partition and a background Dropper deletes its items after a grace
+period, so staging partitions do not accumulate.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import Iterator, Sequence
+
+from quarry.convert import entry_from_proto, entry_to_proto
+from quarry.graveler.model import Entry
+from quarry.kv import store as kv
+from quarry.kv.partitions import CLEANUP_PARTITION, staging_partition
+from quarry.v1 import records_pb2, types_pb2
+
+log = logging.getLogger(__name__)
+
+TOMBSTONE = None  # a staged deletion, as seen by domain code
+SCAN_BATCH = 1000
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex
+
+
+def encode_value(entry: Entry | None) -> bytes:
+    if entry is None:
+        return types_pb2.StagedValue(tombstone=True).SerializeToString()
+    return types_pb2.StagedValue(entry=entry_to_proto(entry)).SerializeToString(
+        deterministic=True)
+
+
+def decode_value(path: str, data: bytes) -> Entry | None:
+    value = types_pb2.StagedValue.FromString(data)
+    if value.WhichOneof("value") == "entry":
+        entry = entry_from_proto(value.entry)
+        return entry if entry.path == path else entry.with_path(path)
+    return TOMBSTONE
+
+
+class StagedIterator:
+    """(path, Entry | None) of one staging token in path order; seek_ge supported."""
+
+    def __init__(self, store: kv.Store, token: str, start: str, end: bytes | None):
+        self._scan = store.scan(staging_partition(token), start.encode(), end,
+                                batch_size=SCAN_BATCH)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[str, Entry | None]:
+        item = next(self._scan)
+        path = item.key.decode()
+        return path, decode_value(path, item.value)
+
+    def seek_ge(self, path: str) -> None:
+        self._scan.seek_ge(path.encode())
+
+    def close(self) -> None:
+        self._scan.close()
+
+
+class StagingManager:
+    def __init__(self, store: kv.Store):
+        self.kv = store
+
+    def get(self, token: str, path: str) -> tuple[bool, Entry | None, bytes | None]:
+        """(found, entry-or-tombstone, predicate)."""
+        try:
+            result = self.kv.get(staging_partition(token), path.encode())
+        except kv.KeyNotFound:
+            return False, None, None
+        return True, decode_value(path, result.value), result.predicate
+
+    def set_many(self, token: str, items: Sequence[tuple[str, Entry | None]]) -> None:
+        partition = staging_partition(token)
+        if len(items) == 1:
+            path, entry = items[0]
+            self.kv.set(partition, path.encode(), encode_value(entry))
+            return
+        self.kv.batch_set([(partition, path.encode(), encode_value(entry))
+                           for path, entry in items])
+
+    def set_if(self, token: str, path: str, entry: Entry | None,
+               predicate: kv.Predicate) -> None:
+        self.kv.set_if(staging_partition(token), path.encode(), encode_value(entry), predicate)
+
+    def scan(self, token: str, start: str = "", end: bytes | None = None) -> StagedIterator:
+        return StagedIterator(self.kv, token, start, end)
+
+    # ---- dropping tokens -------------------------------------------------------------------
+
+    def queue_drop(self, partitions: Sequence[bytes]) -> None:
+        """Queue whole partitions (staging tokens, dead repository instances) for deletion."""
+        if not partitions:
+            return
+        now = int(time.time())
+        self.kv.batch_set([
+            (CLEANUP_PARTITION, partition,
+             records_pb2.CleanupRecord(partition_key=partition.decode(),
+                                       queued_at=now).SerializeToString())
+            for partition in partitions])
+
+    def queue_drop_tokens(self, tokens: Sequence[str]) -> None:
+        self.queue_drop([staging_partition(t) for t in tokens if t])
+
+    def drop_queued(self, grace_seconds: float, limit: int = 100) -> int:
+        """Delete the items of queued partitions older than the grace period. Returns the
+        number of partitions dropped. Safe to run in several processes at once (deletes are
+        idempotent)."""
+        dropped = 0
+        now = time.time()
+        iterator = self.kv.scan(CLEANUP_PARTITION, batch_size=limit)
+        try:
+            due = []
+            for item in iterator:
+                record = records_pb2.CleanupRecord.FromString(item.value)
+                if now - record.queued_at >= grace_seconds:
+                    due.append(item.key)
+                if len(due) >= limit:
+                    break
+        finally:
+            iterator.close()
+        for partition in due:
+            self._delete_partition(partition)
+            self.kv.delete(CLEANUP_PARTITION, partition)
+            dropped += 1
+        return dropped
+
+    def _delete_partition(self, partition: bytes) -> None:
+        while True:
+            iterator = self.kv.scan(partition, batch_size=SCAN_BATCH)
+            try:
+                keys = [item.key for _, item in zip(range(SCAN_BATCH), iterator)]
+            finally:
+                iterator.close()
+            if not keys:
+                return
+            self.kv.batch_delete([(partition, key) for key in keys])
+
+
+class Dropper:
+    """Background thread running StagingManager.drop_queued periodically."""
+
+    def __init__(self, staging: StagingManager, interval_seconds: float = 5.0,
+                 grace_seconds: float = 10.0):
+        self._staging = staging
+        self._interval = interval_seconds
+        self._grace = grace_seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="staging-dropper", daemon=True)
+
+    def start(self) -> "Dropper":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                while self._staging.drop_queued(self._grace) > 0:
+                    if self._stop.is_set():
+                        return
+            except Exception:  # noqa: BLE001 — keep dropping later; the KV may be back
+                log.warning("dropping staging tokens failed; will retry", exc_info=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

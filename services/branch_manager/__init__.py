@@ -1,0 +1,1 @@
+"""branch-manager: repositories, branches, tags, object reads and writes on refs."""

@@ -1,0 +1,139 @@
+"""BranchManager servicer: proto ⇄ Graveler calls, nothing else."""
+
+from __future__ import annotations
+
+from quarry import errors
+from quarry.convert import change_to_proto, entry_from_proto, entry_to_proto
+from quarry.graveler.graveler import Graveler
+from quarry.v1 import branch_manager_pb2 as pb
+from quarry.v1 import branch_manager_pb2_grpc
+
+
+class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
+    def __init__(self, graveler: Graveler, on_staged=None):
+        self._g = graveler
+        # Called with (repository, branch, staging puts, staging deletes) after a write is
+        # acknowledged; the compactor-sensor reporter hooks in here.
+        self._on_staged = on_staged or (lambda *_: None)
+
+    # ---- repositories ----
+
+    def CreateRepository(self, request, context):
+        repo = self._g.create_repository(request.name, request.storage_namespace,
+                                         request.default_branch)
+        return pb.CreateRepositoryResponse(repository=repo.to_proto())
+
+    def GetRepository(self, request, context):
+        return pb.GetRepositoryResponse(repository=self._g.get_repository(request.name).to_proto())
+
+    def ListRepositories(self, request, context):
+        repos, token = self._g.list_repositories(request.page_size, request.page_token)
+        return pb.ListRepositoriesResponse(repositories=[r.to_proto() for r in repos],
+                                           next_page_token=token)
+
+    def DeleteRepository(self, request, context):
+        self._g.delete_repository(request.name)
+        return pb.DeleteRepositoryResponse()
+
+    # ---- branches ----
+
+    def CreateBranch(self, request, context):
+        branch = self._g.create_branch(request.repository, request.name, request.source_ref)
+        return pb.CreateBranchResponse(branch=branch)
+
+    def GetBranch(self, request, context):
+        return pb.GetBranchResponse(branch=self._g.get_branch(request.repository, request.name))
+
+    def ListBranches(self, request, context):
+        branches, token = self._g.list_branches(request.repository, request.page_size,
+                                                request.page_token)
+        return pb.ListBranchesResponse(branches=branches, next_page_token=token)
+
+    def DeleteBranch(self, request, context):
+        self._g.delete_branch(request.repository, request.name)
+        return pb.DeleteBranchResponse()
+
+    def ResetBranch(self, request, context):
+        branch = self._g.reset_branch(request.repository, request.branch, request.ref,
+                                      request.force)
+        return pb.ResetBranchResponse(branch=branch)
+
+    # ---- tags ----
+
+    def CreateTag(self, request, context):
+        return pb.CreateTagResponse(tag=self._g.create_tag(request.repository, request.name,
+                                                           request.ref))
+
+    def GetTag(self, request, context):
+        return pb.GetTagResponse(tag=self._g.get_tag(request.repository, request.name))
+
+    def ListTags(self, request, context):
+        tags, token = self._g.list_tags(request.repository, request.page_size,
+                                        request.page_token)
+        return pb.ListTagsResponse(tags=tags, next_page_token=token)
+
+    def DeleteTag(self, request, context):
+        self._g.delete_tag(request.repository, request.name)
+        return pb.DeleteTagResponse()
+
+    # ---- objects ----
+
+    def StatObject(self, request, context):
+        entry = self._g.stat_object(request.repository, request.ref, request.path)
+        return pb.StatObjectResponse(entry=entry_to_proto(entry))
+
+    def PutObject(self, request, context):
+        entry = entry_from_proto(request.entry)
+        self._g.put_objects(request.repository, request.branch, [entry], request.if_absent)
+        self._on_staged(request.repository, request.branch, 1, 0)
+        return pb.PutObjectResponse(entry=entry_to_proto(entry))
+
+    def PutObjects(self, request_iterator, context):
+        repository = branch = None
+        total = 0
+        for request in request_iterator:
+            if repository is None:
+                repository, branch = request.repository, request.branch
+                if not repository or not branch:
+                    raise errors.InvalidArgument(
+                        "the first PutObjects message must name repository and branch")
+            elif (request.repository and request.repository != repository) or \
+                    (request.branch and request.branch != branch):
+                raise errors.InvalidArgument("all PutObjects messages must target the same "
+                                             "repository and branch")
+            entries = [entry_from_proto(e) for e in request.entries]
+            # Each batch goes through the writer flow on its own: one branch read, one
+            # batch write, one validation read.
+            count = self._g.put_objects(repository, branch, entries)
+            self._on_staged(repository, branch, count, 0)
+            total += count
+        return pb.PutObjectsResponse(count=total)
+
+    def DeleteObject(self, request, context):
+        deleted = self._g.delete_objects(request.repository, request.branch, [request.path])
+        self._on_staged(request.repository, request.branch, 0, deleted)
+        return pb.DeleteObjectResponse()
+
+    def DeleteObjects(self, request, context):
+        deleted = self._g.delete_objects(request.repository, request.branch, request.paths)
+        self._on_staged(request.repository, request.branch, 0, deleted)
+        return pb.DeleteObjectsResponse(deleted=deleted)
+
+    def ListObjects(self, request, context):
+        entries, prefixes, token = self._g.list_objects(
+            request.repository, request.ref, request.prefix, request.delimiter,
+            request.page_size, request.page_token)
+        return pb.ListObjectsResponse(entries=[entry_to_proto(e) for e in entries],
+                                      common_prefixes=prefixes, next_page_token=token)
+
+    def DiffUncommitted(self, request, context):
+        changes, token = self._g.diff_uncommitted(request.repository, request.branch,
+                                                  request.prefix, request.page_size,
+                                                  request.page_token)
+        return pb.DiffUncommittedResponse(changes=[change_to_proto(c) for c in changes],
+                                          next_page_token=token)
+
+    def DiscardChanges(self, request, context):
+        self._g.discard_changes(request.repository, request.branch, request.path,
+                                request.prefix)
+        return pb.DiscardChangesResponse()

@@ -1,0 +1,25 @@
+"""committer wiring (see quarry.graveler.wiring for the shared core dependencies)."""
+
+from __future__ import annotations
+
+from quarry.config import Settings
+from quarry.runtime.server import ServiceSpec
+from quarry.v1 import committer_pb2, committer_pb2_grpc
+
+from committer.servicer import CommitterServicer
+
+SERVICE_NAME = "committer"
+
+
+def build(settings: Settings, kv_store=None, committed=None, range_writer=None) -> ServiceSpec:
+    from quarry.graveler.wiring import core_dependencies
+
+    deps = core_dependencies(settings, kv_store, committed, range_writer)
+    servicer = CommitterServicer(deps.graveler)
+    return ServiceSpec(
+        name=SERVICE_NAME,
+        register=lambda server: committer_pb2_grpc.add_CommitterServicer_to_server(
+            servicer, server),
+        grpc_service_names=[committer_pb2.DESCRIPTOR.services_by_name["Committer"].full_name],
+        on_stop=deps.closers,
+    )

@@ -1,0 +1,93 @@
+"""A dict-backed committed store for unit speed (the real one is quarry.committed, tested
+on its own and under the core in tests/integration). Same contract: content-addressed
+metaranges, sorted entries, seekable iterators, diffs by identity."""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+
+from quarry.graveler.model import ApplyResult, Change, ChangeType, DiffSummary, Entry
+
+
+class _Iterator:
+    def __init__(self, entries: list[Entry], start: str, prefix: str):
+        self._entries = entries
+        self._paths = [e.path for e in entries]
+        self._prefix = prefix
+        self._position = bisect.bisect_left(self._paths, max(start, prefix))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Entry:
+        if self._position >= len(self._entries):
+            raise StopIteration
+        entry = self._entries[self._position]
+        if not entry.path.startswith(self._prefix):
+            raise StopIteration
+        self._position += 1
+        return entry
+
+    def seek_ge(self, path: str) -> None:
+        self._position = bisect.bisect_left(self._paths, max(path, self._prefix))
+
+    def close(self) -> None:
+        pass
+
+
+class FakeCommitted:
+    def __init__(self):
+        self.metaranges: dict[str, list[Entry]] = {}
+        self.applies = 0
+
+    def _store(self, entries: list[Entry]) -> str:
+        h = hashlib.sha256()
+        for e in entries:
+            h.update(e.path.encode() + b"\0" + e.identity + e.physical_address.encode() + b"\0")
+        metarange_id = h.hexdigest()
+        self.metaranges[metarange_id] = entries
+        return metarange_id
+
+    def write_metarange(self, namespace, entries) -> ApplyResult:
+        return ApplyResult(self._store(sorted(entries, key=lambda e: e.path)))
+
+    def apply_changes(self, namespace, base_metarange_id, changes) -> ApplyResult:
+        self.applies += 1
+        current = {e.path: e for e in self.metaranges[base_metarange_id]}
+        summary = DiffSummary()
+        for path, entry in changes:
+            before = current.get(path)
+            if entry is None:
+                if before is not None:
+                    del current[path]
+                    summary.removed += 1
+            elif before is None:
+                current[path] = entry
+                summary.added += 1
+            elif before.identity != entry.identity:
+                current[path] = entry
+                summary.changed += 1
+        return ApplyResult(self._store(sorted(current.values(), key=lambda e: e.path)), summary)
+
+    def get_entry(self, namespace, metarange_id, path):
+        entries = self.metaranges[metarange_id]
+        i = bisect.bisect_left([e.path for e in entries], path)
+        return entries[i] if i < len(entries) and entries[i].path == path else None
+
+    def iterate(self, namespace, metarange_id, start="", prefix=""):
+        return _Iterator(self.metaranges[metarange_id], start, prefix)
+
+    def diff(self, namespace, left_id, right_id, prefix="", start=""):
+        left = {e.path: e for e in self.metaranges[left_id]}
+        right = {e.path: e for e in self.metaranges[right_id]}
+        for path in sorted(set(left) | set(right)):
+            if not path.startswith(prefix) or path < start:
+                continue
+            a, b = left.get(path), right.get(path)
+            if a is None:
+                yield Change(ChangeType.ADDED, path, b)
+            elif b is None:
+                yield Change(ChangeType.REMOVED, path)
+            elif a.identity != b.identity:
+                yield Change(ChangeType.CHANGED, path, b)
