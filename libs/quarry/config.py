@@ -62,6 +62,13 @@ class Settings:
     s3_region: str = "us-east-1"
     # Skip the staging partition on reads of clean branches (ARCHITECTURE.md §4).
     experimental_dirty_read_optimization: bool = True
+    # Retired staging tokens wait this long in the cleanup queue before their items are
+    # deleted (readers still holding the old branch record finish first).
+    staging_drop_grace_seconds: float = 10.0
+    # How often the background dropper looks at the cleanup queue.
+    staging_drop_interval_seconds: float = 5.0
+
+    # Python logging level of the services (DEBUG, INFO, WARNING, ERROR).
     log_level: str = "INFO"
 
     def port_of(self, service: str) -> int:
@@ -165,6 +172,9 @@ def settings_table() -> list[tuple[str, str, str]]:
             previous_was_comment = True
             continue
         previous_was_comment = False
+        if not stripped:
+            block = []  # a blank line ends a comment block's reach
+            continue
         head = stripped.split(":", 1)[0]
         if head in names:
             comments[head] = " ".join(block)

@@ -1,58 +1,122 @@
-"""Domain values (quarry.graveler.model) ⇄ quarry.v1 protobuf messages.
+"""Domain values (quarry.graveler.model) <-> quarry.v1 protobuf messages.
 
-One place for the mapping, used by every servicer and client-side adapter.
+mtime: google.protobuf.Timestamp <-> Entry.mtime_us (microseconds since the epoch; an unset
+Timestamp is 0, and 0 is sent as an unset Timestamp).
 """
 
 from __future__ import annotations
 
-from google.protobuf import timestamp_pb2
+from typing import Iterable
 
 from quarry.graveler.model import Change, ChangeType, DiffSummary, Entry, RangeInfo
 from quarry.v1 import types_pb2
 
 
-def entry_to_proto(entry: Entry) -> types_pb2.Entry:
-    seconds, micros = divmod(entry.mtime_us, 1_000_000)
-    message = types_pb2.Entry(path=entry.path, physical_address=entry.physical_address,
-                              size_bytes=entry.size_bytes, checksum=entry.checksum,
-                              content_type=entry.content_type, metadata=dict(entry.metadata))
+def entry_to_proto(entry: Entry, out: types_pb2.Entry | None = None) -> types_pb2.Entry:
+    message = out if out is not None else types_pb2.Entry()
+    message.path = entry.path
+    message.physical_address = entry.physical_address
+    message.size_bytes = entry.size_bytes
+    message.checksum = entry.checksum
     if entry.mtime_us:
-        message.mtime.CopyFrom(timestamp_pb2.Timestamp(seconds=seconds, nanos=micros * 1000))
+        message.mtime.FromMicroseconds(entry.mtime_us)
+    message.content_type = entry.content_type
+    if entry.metadata:
+        message.metadata.update(entry.metadata)
     return message
 
 
-def entry_from_proto(message: types_pb2.Entry) -> Entry:
-    mtime_us = message.mtime.seconds * 1_000_000 + message.mtime.nanos // 1000
-    return Entry(message.path, message.physical_address, message.size_bytes, message.checksum,
-                 mtime_us, message.content_type, message.metadata.items())
+def entry_from_proto(message: types_pb2.Entry, path: str | None = None) -> Entry:
+    """`path` overrides message.path (e.g. the path of the enclosing Change)."""
+    mtime_us = message.mtime.ToMicroseconds() if message.HasField("mtime") else 0
+    return Entry(path if path is not None else message.path, message.physical_address,
+                 message.size_bytes, message.checksum, mtime_us, message.content_type,
+                 dict(message.metadata))
 
 
-def change_to_proto(change: Change) -> types_pb2.Change:
-    message = types_pb2.Change(type=int(change.type), path=change.path)
-    if change.entry is not None:
-        message.entry.CopyFrom(entry_to_proto(change.entry))
+def change_to_proto(change: Change, out: types_pb2.Change | None = None) -> types_pb2.Change:
+    message = out if out is not None else types_pb2.Change()
+    message.type = int(change.type)
+    message.path = change.path
+    if change.entry is not None and change.type != ChangeType.REMOVED:
+        entry_to_proto(change.entry, message.entry)
     return message
 
 
 def change_from_proto(message: types_pb2.Change) -> Change:
-    entry = entry_from_proto(message.entry) if message.HasField("entry") else None
-    return Change(ChangeType(message.type), message.path, entry)
+    """A Change (entry None for REMOVED or when absent). An entry without a path takes the
+    change's path. ValueError for an unknown type or an entry for another path."""
+    try:
+        change_type = ChangeType(message.type)
+    except ValueError:
+        raise ValueError(f"change at {message.path!r} has no valid type") from None
+    if change_type == ChangeType.REMOVED or not message.HasField("entry"):
+        return Change(change_type, message.path, None)
+    entry = message.entry
+    if entry.path and entry.path != message.path:
+        raise ValueError(f"change at {message.path!r} carries an entry for {entry.path!r}")
+    return Change(change_type, message.path, entry_from_proto(entry, path=message.path))
 
 
-def summary_to_proto(summary: DiffSummary) -> types_pb2.DiffSummary:
-    return types_pb2.DiffSummary(added=summary.added, removed=summary.removed,
-                                 changed=summary.changed)
+def put_or_delete_to_proto(path: str, entry: Entry | None,
+                           out: types_pb2.Change | None = None) -> types_pb2.Change:
+    """A (path, entry | None) apply input as a Change message (CHANGED for a put: the
+    range-writer works out what really changed)."""
+    message = out if out is not None else types_pb2.Change()
+    message.path = path
+    if entry is None:
+        message.type = types_pb2.CHANGE_TYPE_REMOVED
+    else:
+        message.type = types_pb2.CHANGE_TYPE_CHANGED
+        entry_to_proto(entry, message.entry)
+    return message
+
+
+def put_or_delete_from_proto(message: types_pb2.Change) -> tuple[str, Entry | None]:
+    """An apply input: REMOVED = delete; ADDED or CHANGED = put, which needs an entry."""
+    change = change_from_proto(message)
+    if change.type not in (ChangeType.ADDED, ChangeType.CHANGED, ChangeType.REMOVED):
+        raise ValueError(f"change at {message.path!r}: {change.type.name} cannot be applied")
+    if change.type != ChangeType.REMOVED and change.entry is None:
+        raise ValueError(f"change at {message.path!r} has no entry")
+    return change.path, change.entry
+
+
+def summary_to_proto(summary: DiffSummary,
+                     out: types_pb2.DiffSummary | None = None) -> types_pb2.DiffSummary:
+    message = out if out is not None else types_pb2.DiffSummary()
+    message.added = summary.added
+    message.removed = summary.removed
+    message.changed = summary.changed
+    return message
 
 
 def summary_from_proto(message: types_pb2.DiffSummary) -> DiffSummary:
-    return DiffSummary(message.added, message.removed, message.changed)
+    return DiffSummary(added=message.added, removed=message.removed, changed=message.changed)
 
 
-def range_info_to_proto(info: RangeInfo) -> types_pb2.RangeInfo:
-    return types_pb2.RangeInfo(id=info.id, min_key=info.min_key, max_key=info.max_key,
-                               count=info.count, size_bytes=info.size_bytes)
+def range_info_to_proto(info: RangeInfo,
+                        out: types_pb2.RangeInfo | None = None) -> types_pb2.RangeInfo:
+    message = out if out is not None else types_pb2.RangeInfo()
+    message.id = info.id
+    message.min_key = info.min_key
+    message.max_key = info.max_key
+    message.count = info.count
+    message.size_bytes = info.size_bytes
+    return message
 
 
 def range_info_from_proto(message: types_pb2.RangeInfo) -> RangeInfo:
     return RangeInfo(message.id, message.min_key, message.max_key, message.count,
                      message.size_bytes)
+
+
+def range_infos_to_proto(infos: Iterable[RangeInfo]) -> list[types_pb2.RangeInfo]:
+    return [range_info_to_proto(info) for info in infos]
+
+
+__all__ = [
+    "change_from_proto", "change_to_proto", "entry_from_proto", "entry_to_proto",
+    "put_or_delete_from_proto", "put_or_delete_to_proto", "range_info_from_proto",
+    "range_info_to_proto", "range_infos_to_proto", "summary_from_proto", "summary_to_proto",
+]

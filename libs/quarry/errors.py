@@ -79,10 +79,20 @@ class Internal(QuarryError):
 def error_class_for(code: grpc.StatusCode) -> type[QuarryError]:
     """The generic QuarryError subclass for a status code (used when rebuilding remote errors)."""
     for cls in (InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Aborted,
-                ResourceExhausted, Unavailable):
+                ResourceExhausted, Unavailable, Unimplemented, DeadlineExceeded, Cancelled):
         if cls.code == code:
             return cls
     return Internal
+
+
+class DeadlineExceeded(QuarryError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    reason = "DEADLINE_EXCEEDED"
+
+
+class Cancelled(QuarryError):
+    code = grpc.StatusCode.CANCELLED
+    reason = "CANCELLED"
 
 
 class Unimplemented(QuarryError):

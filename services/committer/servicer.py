@@ -17,7 +17,9 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
         outcome = self._g.commit(request.repository, request.branch, request.message,
                                  request.committer, dict(request.metadata),
                                  request.allow_empty)
-        return pb.CommitResponse(commit=outcome.commit, summary=summary_to_proto(outcome.summary))
+        return pb.CommitResponse(commit=outcome.commit, summary=summary_to_proto(outcome.summary),
+                                 ranges_written=outcome.ranges_written,
+                                 ranges_reused=outcome.ranges_reused)
 
     def GetCommit(self, request, context):
         return pb.GetCommitResponse(commit=self._g.get_commit(request.repository, request.ref))

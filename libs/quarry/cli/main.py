@@ -4,6 +4,9 @@
     quarry serve SERVICE      run one service (kv-gateway, ...)
     quarry version            package and storage format versions
     quarry settings           every setting with its default
+
+and the client commands of quarry.cli.commands (repo, branch, tag, put, rm, ls, stat,
+commit, log, diff, reset, discard).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from quarry.config import SERVICES, load_settings, settings_table
 # Each maps to the module whose `build(settings) -> ServiceSpec` wires it.
 SERVICE_MODULES = {
     "kv-gateway": "kv_gateway.service",
+    "range-writer": "range_writer.service",
+    "branch-manager": "branch_manager.service",
+    "committer": "committer.service",
 }
 
 
@@ -157,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     settings = sub.add_parser("settings", help="list every setting with its default")
     settings.add_argument("--markdown", action="store_true", help="as a Markdown table")
     settings.set_defaults(func=cmd_settings)
+    from quarry.cli import commands
+
+    commands.register(sub)
     return parser
 
 

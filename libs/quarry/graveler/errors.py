@@ -1,6 +1,7 @@
 """Errors of the versioning core, each with its gRPC code and ErrorInfo reason."""
 
 from quarry import errors
+from quarry.blob.base import InvalidStorageNamespace  # noqa: F401 — one class per reason
 
 
 class InvalidName(errors.InvalidArgument):
@@ -21,10 +22,6 @@ class InvalidRef(errors.InvalidArgument):
 
 class InvalidPageToken(errors.InvalidArgument):
     reason = "INVALID_PAGE_TOKEN"
-
-
-class InvalidStorageNamespace(errors.InvalidArgument):
-    reason = "INVALID_STORAGE_NAMESPACE"
 
 
 class RepositoryNotFound(errors.NotFound):

@@ -18,6 +18,7 @@ from typing import Iterable, Iterator, Protocol, Sequence
 from google.protobuf import timestamp_pb2
 from prometheus_client import Counter
 
+from quarry import errors
 from quarry.graveler import errors as gerrors
 from quarry.graveler import names
 from quarry.graveler.iterators import (CommittedSource, LayeredIterator, decode_page_token,
@@ -91,7 +92,7 @@ def _backoff(attempt: int) -> None:
 
 def _page_size(requested: int) -> int:
     if requested < 0:
-        raise gerrors.InvalidPageToken("page_size may not be negative")
+        raise errors.InvalidArgument("page_size may not be negative")
     return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
 
 
@@ -281,8 +282,13 @@ class Graveler:
         return Layers(repo, tokens, base, branch, branch.name)
 
     def _still_valid(self, layers: Layers) -> bool:
-        """A read that consulted staging layers is valid if the branch did not move those
-        layers meanwhile (a commit could have dropped a token we read)."""
+        """A read that consulted staging tokens is valid if none of them was retired
+        meanwhile (a retired token may already be partly deleted, and what it held now lives
+        in a base we did not read) and the base is the one we read.
+
+        A seal alone (our staging token moved to the sealed list, a new token in front) does
+        not invalidate: the new token only holds writes acknowledged after our branch read,
+        which this read need not see."""
         if not layers.tokens:
             return True  # committed data only: immutable
         try:
@@ -290,8 +296,8 @@ class Graveler:
         except gerrors.BranchNotFound:
             return False
         before = layers.branch
-        return (current.staging_token == before.staging_token
-                and list(current.sealed_tokens) == list(before.sealed_tokens)
+        live = {current.staging_token, *current.sealed_tokens}
+        return (all(token in live for token in layers.tokens)
                 and current.commit_id == before.commit_id
                 and current.compacted_metarange_id == before.compacted_metarange_id)
 
@@ -422,7 +428,7 @@ class Graveler:
         if not unique:
             return 0
         for attempt in range(MAX_ATTEMPTS):
-            branch, _ = self.refs.get_branch(repo, branch_name)
+            branch, _ = self._branch(repo, branch_name)
             layers = self._layers(repo, ResolvedRef(branch.commit_id, branch_name, branch),
                                   "delete")
             existing = []
@@ -441,7 +447,7 @@ class Graveler:
 
     def _put_if_absent(self, repo: Repository, branch_name: str, entry: Entry) -> None:
         for attempt in range(MAX_ATTEMPTS):
-            branch, _ = self.refs.get_branch(repo, branch_name)
+            branch, _ = self._branch(repo, branch_name)
             layers = self._layers(repo, ResolvedRef(branch.commit_id, branch_name, branch),
                                   "put")
             # The staging token is consulted even on a clean branch: the conditional write
@@ -468,12 +474,26 @@ class Graveler:
                                            metadata={"path": entry.path}) from None
         raise gerrors.BranchContended(f"branch {branch_name!r} kept changing")
 
+    def _branch(self, repo: Repository, name: str) -> tuple[types_pb2.Branch, bytes]:
+        """The branch record for an operation that needs a branch (fresh read); a tag or
+        commit named instead gets FAILED_PRECONDITION / NOT_A_BRANCH."""
+        try:
+            return self.refs.get_branch(repo, name)
+        except gerrors.BranchNotFound as missing:
+            try:
+                self.refs.get_tag(repo, name)
+            except gerrors.TagNotFound:
+                raise missing from None
+            raise gerrors.NotABranch(f"{name!r} is a tag; writes and uncommitted changes need "
+                                     f"a branch", metadata={"repository": repo.name,
+                                                            "ref": name}) from None
+
     def _cached_branch(self, repo: Repository, name: str) -> tuple[types_pb2.Branch, bytes]:
         key = (repo.name, repo.instance_id, name)
         cached = self._write_cache.get(key)
         if cached is not None and time.monotonic() - cached[0] < self._branch_cache_seconds:
             return cached[1], cached[2]
-        branch, predicate = self.refs.get_branch(repo, name)
+        branch, predicate = self._branch(repo, name)
         self._write_cache[key] = (time.monotonic(), branch, predicate)
         return branch, predicate
 
@@ -553,7 +573,7 @@ class Graveler:
         limit = _page_size(page_size)
         after = decode_page_token(page_token, "after").get("after", "")
         for attempt in range(MAX_ATTEMPTS):
-            branch, _ = self.refs.get_branch(repo, branch_name)
+            branch, _ = self._branch(repo, branch_name)
             if not is_dirty(branch) and not branch.sealed_tokens \
                     and not branch.compacted_metarange_id:
                 return [], ""  # clean: nothing to scan
@@ -604,7 +624,7 @@ class Graveler:
         # Stage the committed value back (or a tombstone where nothing is committed) for
         # every uncommitted change in scope, through the writer flow: safe against a
         # concurrent commit taking the token, unlike deleting staged keys.
-        branch, _ = self.refs.get_branch(repo, branch_name)
+        branch, _ = self._branch(repo, branch_name)
         head = self.refs.get_commit(repo, branch.commit_id).metarange_id
         tokens = [branch.staging_token, *branch.sealed_tokens]
         reverts: list[tuple[str, Entry | None]] = []
@@ -669,20 +689,9 @@ class Graveler:
                         committer: str, metadata: dict[str, str], allow_empty: bool
                         ) -> CommitOutcome | None:
         """One attempt; None means "lost a race, start over"."""
-        branch, predicate = self.refs.get_branch(repo, branch_name)
-        # (1) Seal: only a dirty token can hold acknowledged writes.
-        if is_dirty(branch):
-            sealed = types_pb2.Branch()
-            sealed.CopyFrom(branch)
-            sealed.sealed_tokens.insert(0, branch.staging_token)
-            sealed.staging_token = new_token()
-            sealed.dirty = False
-            try:
-                predicate = self.refs.set_branch_if(repo, sealed, kv.Equals(predicate))
-            except kv.PredicateFailed:
-                return None
-            branch = sealed
-            self._forget_branch(repo, branch_name)
+        branch = self._seal(repo, branch_name)
+        if branch is None:
+            return None
         applied = list(branch.sealed_tokens)
         head = self.refs.get_commit(repo, branch.commit_id)
         base = branch.compacted_metarange_id or head.metarange_id
@@ -707,6 +716,28 @@ class Graveler:
         if not self._retire_tokens(repo, branch_name, branch, applied, commit.id):
             return None
         return CommitOutcome(commit, result.summary, result.ranges_written, result.ranges_reused)
+
+    def _seal(self, repo: Repository, branch_name: str) -> types_pb2.Branch | None:
+        """(1) Seal: push the staging token onto the sealed list and install a fresh one
+        with dirty=false, in one compare-and-swap. Only a dirty token can hold acknowledged
+        writes, so a clean branch is not sealed. A lost swap (typically a writer marking the
+        branch dirty) is re-read and retried at once."""
+        for _ in range(MAX_ATTEMPTS):
+            branch, predicate = self._branch(repo, branch_name)
+            if not is_dirty(branch):
+                return branch
+            sealed = types_pb2.Branch()
+            sealed.CopyFrom(branch)
+            sealed.sealed_tokens.insert(0, branch.staging_token)
+            sealed.staging_token = new_token()
+            sealed.dirty = False
+            try:
+                self.refs.set_branch_if(repo, sealed, kv.Equals(predicate))
+            except kv.PredicateFailed:
+                continue
+            self._forget_branch(repo, branch_name)
+            return sealed
+        return None
 
     def _retire_tokens(self, repo: Repository, branch_name: str, expected: types_pb2.Branch,
                        applied: list[str], new_commit_id: str | None) -> bool:

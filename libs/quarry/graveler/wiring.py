@@ -43,6 +43,8 @@ def core_dependencies(settings: Settings, kv_store=None, committed=None, range_w
     graveler = Graveler(kv_store, committed, range_writer,
                         dirty_read_optimization=settings.experimental_dirty_read_optimization)
     if start_dropper:
-        dropper = Dropper(graveler.staging).start()
+        dropper = Dropper(graveler.staging,
+                          interval_seconds=settings.staging_drop_interval_seconds,
+                          grace_seconds=settings.staging_drop_grace_seconds).start()
         closers.insert(0, dropper.stop)
     return CoreDependencies(graveler, closers)

@@ -364,3 +364,13 @@ def test_bad_input_is_refused_without_change(graveler, repo):
         graveler.put_objects(repo, "main", [entry("")])
     assert graveler.get_branch(repo, "main") == before
     assert graveler.list_objects(repo, "main")[0] == []
+
+
+def test_writing_to_a_tag_says_it_is_not_a_branch(graveler, repo):
+    graveler.create_tag(repo, "v1", "main")
+    with pytest.raises(gerrors.NotABranch):
+        graveler.put_objects(repo, "v1", [entry("a")])
+    with pytest.raises(gerrors.NotABranch):
+        graveler.diff_uncommitted(repo, "v1")
+    with pytest.raises(errors.InvalidArgument):
+        graveler.list_objects(repo, "main", page_size=-1)

@@ -1,0 +1,80 @@
+"""The object-store interface the committed layer writes ranges and metaranges through.
+
+Keys are '/'-separated relative paths (``_quarry/ranges/<id>.parquet``) inside one storage
+namespace; a store instance is bound to one namespace (a local directory or an S3 prefix).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Iterator
+
+from quarry import errors
+
+
+class ObjectNotFound(errors.NotFound):
+    """A key missing from object storage (not an entry missing from a ref)."""
+
+    reason = "STORAGE_OBJECT_NOT_FOUND"
+
+
+class InvalidStorageNamespace(errors.InvalidArgument):
+    reason = "INVALID_STORAGE_NAMESPACE"
+
+
+class InvalidObjectKey(errors.InvalidArgument):
+    reason = "INVALID_OBJECT_KEY"
+
+
+def check_key(key: str) -> str:
+    """Reject keys that could escape the namespace or are not plain relative paths."""
+    if not key or key.startswith("/") or "\\" in key or "\x00" in key:
+        raise InvalidObjectKey(f"invalid object key {key!r}")
+    for part in key.split("/"):
+        if part in ("", ".", ".."):
+            raise InvalidObjectKey(f"invalid object key {key!r}")
+    return key
+
+
+class BlobStore(abc.ABC):
+    """An object store bound to one storage namespace."""
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes:
+        """The object's bytes; ObjectNotFound (NOT_FOUND / STORAGE_OBJECT_NOT_FOUND) if missing."""
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
+        """Write atomically (readers see the old object, none, or the whole new one).
+        With if_absent, an existing object is left alone and False is returned."""
+
+    @abc.abstractmethod
+    def exists(self, key: str) -> bool:
+        ...
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Idempotent: deleting a missing object is not an error."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """(key, size) of every object whose key starts with `prefix`, in key order."""
+
+    @property
+    def is_local(self) -> bool:
+        """True when local_path returns real file paths (a local directory)."""
+        return False
+
+    def local_path(self, key: str) -> str | None:
+        """A real file path for the key when the store is a local directory (so readers such
+        as pyarrow can open it in place), else None. The file may not exist."""
+        return None
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,146 @@
+"""LocalBlobStore: a storage namespace that is a directory on the local filesystem."""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from typing import Iterator
+
+from quarry.blob.base import BlobStore, ObjectNotFound, check_key
+
+# Temporary files live next to their target (same filesystem, so os.replace/os.link are
+# atomic) and are never listed.
+TEMP_PREFIX = ".quarry-tmp-"
+
+
+class LocalBlobStore(BlobStore):
+    def __init__(self, root: str | os.PathLike, *, durable: bool = True):
+        self.root = os.path.abspath(os.fspath(root))
+        # fsync files (and their directory) before they become visible: a metarange must
+        # never outlive, across a crash, a range file it points to.
+        self.durable = durable
+        os.makedirs(self.root, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"LocalBlobStore({self.root!r})"
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *check_key(key).split("/"))
+
+    @property
+    def is_local(self) -> bool:
+        return True
+
+    def local_path(self, key: str) -> str | None:
+        return self._path(key)
+
+    def get(self, key: str) -> bytes:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as fh:
+                return fh.read()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise ObjectNotFound(f"object {key!r} not found in {self.root}") from None
+
+    def exists(self, key: str) -> bool:
+        return os.path.isfile(self._path(key))
+
+    def _write_temp(self, directory: str, data: bytes) -> str:
+        os.makedirs(directory, exist_ok=True)
+        temp = os.path.join(directory, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            if self.durable:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _unlink(temp)
+            raise
+        os.close(fd)
+        return temp
+
+    def _sync_dir(self, directory: str) -> None:
+        if not self.durable:
+            return
+        try:
+            fd = os.open(directory, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
+        path = self._path(key)
+        directory = os.path.dirname(path)
+        if if_absent and os.path.exists(path):
+            return False  # cheap early exit; the link below is the real check
+        temp = self._write_temp(directory, data)
+        try:
+            if not if_absent:
+                os.replace(temp, path)
+                temp = ""
+            else:
+                try:
+                    os.link(temp, path)  # atomic, fails if the target exists
+                except FileExistsError:
+                    return False
+                except OSError as exc:
+                    if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP,
+                                         errno.EXDEV, errno.EMLINK):
+                        raise
+                    # No hard links here: claim the name exclusively, then swap the
+                    # content in (the name is briefly an empty file).
+                    try:
+                        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                    except FileExistsError:
+                        return False
+                    os.replace(temp, path)
+                    temp = ""
+            self._sync_dir(directory)
+            return True
+        finally:
+            if temp:
+                _unlink(temp)
+
+    def delete(self, key: str) -> None:
+        _unlink(self._path(key))
+
+    def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        # Walk only the deepest directory the prefix fully names.
+        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        start = os.path.join(self.root, *base.split("/")) if base else self.root
+        found: list[tuple[str, int]] = []
+        for dirpath, dirnames, filenames in os.walk(start):
+            rel_dir = os.path.relpath(dirpath, self.root)
+            rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
+            dirnames[:] = [d for d in dirnames
+                           if (rel_dir + d + "/").startswith(prefix)
+                           or prefix.startswith(rel_dir + d + "/")]
+            for name in filenames:
+                if name.startswith(TEMP_PREFIX):
+                    continue
+                key = rel_dir + name
+                if key.startswith(prefix):
+                    try:
+                        size = os.stat(os.path.join(dirpath, name)).st_size
+                    except FileNotFoundError:
+                        continue
+                    found.append((key, size))
+        found.sort()
+        return iter(found)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass

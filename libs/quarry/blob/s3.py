@@ -1,0 +1,178 @@
+"""S3BlobStore: a storage namespace under s3://bucket/prefix, through boto3.
+
+Conditional create (put if_absent) uses S3's `If-None-Match: *`. A server that does not
+support it (older S3-compatible stores) gets a HEAD check followed by a plain PUT instead;
+the store remembers the fallback. For Quarry's content-addressed objects the check-then-put
+race is harmless: both writers write the same logical content.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Iterator
+
+from quarry import errors
+from quarry.blob.base import BlobStore, ObjectNotFound, check_key
+
+log = logging.getLogger(__name__)
+
+_MISSING_CODES = {"404", "NoSuchKey", "NotFound"}
+_EXISTS_CODES = {"412", "PreconditionFailed"}
+# Another conditional write of the same key is in flight.
+_CONFLICT_CODES = {"409", "ConditionalRequestConflict"}
+_UNSUPPORTED_CODES = {"501", "NotImplemented"}
+
+
+def _error_code(exc: Exception) -> str:
+    response = getattr(exc, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+    return code or status
+
+
+def _status(exc: Exception) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+
+
+class S3BlobStore(BlobStore):
+    def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None,
+                 region: str = "us-east-1", *, client: Any = None,
+                 max_pool_connections: int = 32):
+        if not bucket:
+            raise errors.InvalidArgument("S3 storage namespace needs a bucket")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.endpoint_url = endpoint_url or None
+        self.region = region
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            config = Config(
+                region_name=region,
+                retries={"mode": "standard", "max_attempts": 5},
+                max_pool_connections=max_pool_connections,
+                # Custom endpoints (S3-compatible servers on an IP) want path-style URLs.
+                s3={"addressing_style": "path"} if self.endpoint_url else {},
+            )
+            client = boto3.session.Session().client("s3", endpoint_url=self.endpoint_url,
+                                                    config=config)
+        self._client = client
+        self._conditional_put_supported = True
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"S3BlobStore(s3://{self.bucket}/{self.prefix})"
+
+    def _key(self, key: str) -> str:
+        return self.prefix + check_key(key)
+
+    def get(self, key: str) -> bytes:
+        from botocore.exceptions import ClientError
+
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if _error_code(exc) != "NoSuchBucket" and (
+                    _error_code(exc) in _MISSING_CODES or _status(exc) == "404"):
+                raise ObjectNotFound(
+                    f"object {key!r} not found in s3://{self.bucket}/{self.prefix}") from None
+            raise _unavailable(exc) from exc
+        body = response["Body"]
+        try:
+            return body.read()
+        finally:
+            body.close()
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except ClientError as exc:
+            if _error_code(exc) in _MISSING_CODES or _status(exc) == "404":
+                return False
+            raise _unavailable(exc) from exc
+
+    def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
+        from botocore.exceptions import ClientError
+
+        full_key = self._key(key)
+        if not if_absent:
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=full_key, Body=data)
+            except ClientError as exc:
+                raise _unavailable(exc) from exc
+            return True
+        if self._conditional_put_supported:
+            for attempt in range(5):
+                try:
+                    self._client.put_object(Bucket=self.bucket, Key=full_key, Body=data,
+                                            IfNoneMatch="*")
+                    return True
+                except ClientError as exc:
+                    code = _error_code(exc)
+                    if code in _EXISTS_CODES or _status(exc) == "412":
+                        return False
+                    if code in _CONFLICT_CODES or _status(exc) == "409":
+                        # A concurrent conditional write of the same key: wait for it.
+                        time.sleep(0.05 * (attempt + 1))
+                        if self.exists(key):
+                            return False
+                        continue
+                    if code in _UNSUPPORTED_CODES or _status(exc) == "501" or (
+                            code == "InvalidArgument" and "if-none-match" in str(exc).lower()):
+                        log.info("s3://%s does not support conditional writes; "
+                                 "falling back to HEAD + PUT", self.bucket)
+                        with self._lock:
+                            self._conditional_put_supported = False
+                        break
+                    raise _unavailable(exc) from exc
+            else:
+                raise errors.Unavailable(f"conditional write of {key!r} kept conflicting")
+        if self.exists(key):
+            return False
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=full_key, Body=data)
+        except ClientError as exc:
+            raise _unavailable(exc) from exc
+        return True
+
+    def delete(self, key: str) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if _error_code(exc) in _MISSING_CODES:
+                return
+            raise _unavailable(exc) from exc
+
+    def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        from botocore.exceptions import ClientError
+
+        paginator = self._client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
+                for item in page.get("Contents", ()):
+                    yield item["Key"][len(self.prefix):], int(item["Size"])
+        except ClientError as exc:
+            raise _unavailable(exc) from exc
+
+    def close(self) -> None:
+        close = getattr(self._client, "close", None)
+        if close is not None:
+            close()
+
+
+def _unavailable(exc: Exception) -> errors.QuarryError:
+    code = _error_code(exc)
+    if code in ("NoSuchBucket",):
+        return errors.FailedPrecondition(f"S3 bucket does not exist: {exc}")
+    if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        return errors.FailedPrecondition(f"S3 access denied: {exc}")
+    return errors.Unavailable(f"S3 error: {exc}")

@@ -1,0 +1,117 @@
+"""Plain-text tables and JSON for the CLI."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import sys
+from typing import Any, Iterable, Sequence, TextIO
+
+from google.protobuf import descriptor, timestamp_pb2
+from google.protobuf.message import Message
+
+from quarry.v1 import types_pb2
+
+_FD = descriptor.FieldDescriptor
+_INT64 = {_FD.TYPE_INT64, _FD.TYPE_UINT64, _FD.TYPE_SINT64, _FD.TYPE_FIXED64,
+          _FD.TYPE_SFIXED64}
+
+
+def timestamp_text(ts: timestamp_pb2.Timestamp | None, *, empty: str = "-") -> str:
+    """UTC, second precision: 2024-05-01T12:00:00Z."""
+    if ts is None or (ts.seconds == 0 and ts.nanos == 0):
+        return empty
+    when = _dt.datetime.fromtimestamp(ts.seconds, tz=_dt.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _timestamp_json(ts: timestamp_pb2.Timestamp) -> str | None:
+    if ts.seconds == 0 and ts.nanos == 0:
+        return None
+    return ts.ToJsonString()
+
+
+def _value(field: descriptor.FieldDescriptor, value: Any) -> Any:
+    if field.type == _FD.TYPE_MESSAGE:
+        if field.message_type.full_name == "google.protobuf.Timestamp":
+            return _timestamp_json(value)
+        return to_jsonable(value)
+    if field.type == _FD.TYPE_ENUM:
+        enum_value = field.enum_type.values_by_number.get(value)
+        return enum_value.name if enum_value is not None else value
+    if field.type == _FD.TYPE_BYTES:
+        return value.hex()
+    return value  # ints stay ints (unlike the proto3 JSON mapping's int64 strings)
+
+
+def to_jsonable(message: Message) -> dict[str, Any]:
+    """Every field of a message (defaults included) as JSON-ready Python values,
+    snake_case names, int64 as numbers, timestamps as RFC 3339 strings (null when unset)."""
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            out[field.name] = {k: _value(value_field, v) for k, v in sorted(value.items())}
+        elif field.is_repeated:
+            out[field.name] = [_value(field, v) for v in value]
+        elif field.type == _FD.TYPE_MESSAGE and not message.HasField(field.name):
+            out[field.name] = None
+        elif field.has_presence and field.type != _FD.TYPE_MESSAGE \
+                and not message.HasField(field.name):
+            out[field.name] = None
+        else:
+            out[field.name] = _value(field, value)
+    return out
+
+
+def print_json(value: Any, stream: TextIO | None = None) -> None:
+    stream = stream or sys.stdout
+    if isinstance(value, Message):
+        value = to_jsonable(value)
+    elif isinstance(value, list):
+        value = [to_jsonable(v) if isinstance(v, Message) else v for v in value]
+    json.dump(value, stream, indent=2, sort_keys=False)
+    stream.write("\n")
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
+          stream: TextIO | None = None, *, right: Sequence[int] = ()) -> None:
+    """Columns padded to their widest cell; `right` lists right-aligned column indexes."""
+    stream = stream or sys.stdout
+    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for row in cells:
+        parts = []
+        for i, cell in enumerate(row):
+            last = i == len(row) - 1
+            if i in right:
+                parts.append(cell.rjust(widths[i]))
+            else:
+                parts.append(cell if last else cell.ljust(widths[i]))
+        stream.write("  ".join(parts).rstrip() + "\n")
+
+
+def fields(pairs: Iterable[tuple[str, Any]], stream: TextIO | None = None) -> None:
+    """`key:  value` lines, keys aligned."""
+    stream = stream or sys.stdout
+    pairs = list(pairs)
+    width = max((len(k) for k, _ in pairs), default=0) + 1
+    for key, value in pairs:
+        stream.write(f"{(key + ':').ljust(width)} {value}\n")
+
+
+def metadata_text(metadata) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(dict(metadata).items())) or "-"
+
+
+def short_id(commit_id: str, n: int = 12) -> str:
+    return commit_id[:n] if commit_id else "-"
+
+
+CHANGE_MARKS = {
+    types_pb2.CHANGE_TYPE_ADDED: "+",
+    types_pb2.CHANGE_TYPE_REMOVED: "-",
+    types_pb2.CHANGE_TYPE_CHANGED: "~",
+    types_pb2.CHANGE_TYPE_CONFLICT: "!",
+}

@@ -1,0 +1,106 @@
+"""`quarry put --from`: copy local files into a repository's storage namespace and build the
+entries that stage them.
+
+Each file is written once, under `data/<uuid>` in the namespace (never overwritten: a new
+key per upload, so a re-upload never changes bytes a committed entry points to). Its entry
+carries the SHA-256 of the bytes as checksum, the size, the file's mtime and a guessed
+content type. Bytes uploaded for entries that are then not staged (staging failed) stay
+in the namespace, unreferenced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mimetypes
+import os
+import uuid
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+from quarry.blob import BlobStore, parse_storage_namespace
+from quarry.client import make_entry
+from quarry.v1 import types_pb2
+
+DATA_PREFIX = "data/"
+UPLOAD_WORKERS = 8
+
+
+@dataclass(frozen=True)
+class Planned:
+    local: Path
+    path: str  # the object path in the repository
+
+
+def plan(source: Path, dest: str) -> list[Planned]:
+    """What to upload where. A file goes to `dest` itself, or to `dest<name>` when `dest`
+    is empty or ends with '/'. A directory's files go under `dest/` keeping their relative
+    paths (`dest` empty: at the root)."""
+    if source.is_dir():
+        base = dest.strip("/")
+        base = base + "/" if base else ""
+        found = []
+        for dirpath, dirnames, filenames in os.walk(source):
+            dirnames.sort()
+            for name in sorted(filenames):
+                local = Path(dirpath) / name
+                if not local.is_file():
+                    continue
+                rel = local.relative_to(source).as_posix()
+                found.append(Planned(local, base + rel))
+        found.sort(key=lambda p: p.path)
+        return found
+    if not source.exists():
+        raise FileNotFoundError(2, "No such file or directory", str(source))
+    if not source.is_file():
+        raise IsADirectoryError(21, "Not a regular file", str(source))
+    if not dest or dest.endswith("/"):
+        return [Planned(source, dest.lstrip("/") + source.name)]
+    return [Planned(source, dest)]
+
+
+def physical_address(storage_namespace: str, key: str) -> str:
+    """The address of `key` inside the namespace, in the namespace's own notation
+    (/abs/dir/key, file:///abs/dir/key or s3://bucket/prefix/key)."""
+    parse_storage_namespace(storage_namespace)  # rejects what no store could open
+    return storage_namespace.rstrip("/") + "/" + key
+
+
+def upload_one(store: BlobStore, storage_namespace: str, item: Planned,
+               content_type: str = "", metadata: Mapping[str, str] | None = None
+               ) -> types_pb2.Entry:
+    data = item.local.read_bytes()
+    stat = item.local.stat()
+    key = f"{DATA_PREFIX}{uuid.uuid4().hex}"
+    store.put(key, data)
+    guessed = content_type or mimetypes.guess_type(item.local.name)[0] or \
+        "application/octet-stream"
+    return make_entry(item.path, physical_address=physical_address(storage_namespace, key),
+                      size_bytes=len(data), checksum=hashlib.sha256(data).hexdigest(),
+                      mtime=stat.st_mtime, content_type=guessed, metadata=metadata)
+
+
+def upload_all(store: BlobStore, storage_namespace: str, items: list[Planned],
+               content_type: str = "", metadata: Mapping[str, str] | None = None,
+               on_done: Callable[[types_pb2.Entry], None] | None = None,
+               workers: int = UPLOAD_WORKERS) -> Iterator[types_pb2.Entry]:
+    """Upload in parallel; yields entries in `items` order."""
+    if len(items) == 1:
+        entry = upload_one(store, storage_namespace, items[0], content_type, metadata)
+        if on_done:
+            on_done(entry)
+        yield entry
+        return
+    with futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(items)))) as pool:
+        pending = [pool.submit(upload_one, store, storage_namespace, item, content_type,
+                               metadata) for item in items]
+        try:
+            for future in pending:
+                entry = future.result()
+                if on_done:
+                    on_done(entry)
+                yield entry
+        finally:
+            for future in pending:
+                future.cancel()

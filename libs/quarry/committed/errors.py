@@ -1,0 +1,57 @@
+"""Errors of the committed layer (each a QuarryError with a gRPC code and a reason)."""
+
+from __future__ import annotations
+
+import grpc
+
+from quarry import errors
+# One class per ErrorInfo reason across the library, so clients rebuild a definite class.
+from quarry.graveler.errors import InvalidPath  # noqa: F401
+
+
+class MetaRangeNotFound(errors.NotFound):
+    reason = "METARANGE_NOT_FOUND"
+
+
+class RangeNotFound(errors.NotFound):
+    """A metarange points to a range file that is missing: the namespace is damaged."""
+
+    reason = "RANGE_NOT_FOUND"
+
+
+class InvalidMetaRangeId(errors.InvalidArgument):
+    reason = "INVALID_METARANGE_ID"
+
+
+class UnsortedInput(errors.InvalidArgument):
+    """Changes or entries not strictly ascending by path (this includes duplicates)."""
+
+    reason = "UNSORTED_INPUT"
+
+
+class DuplicatePath(UnsortedInput):
+    reason = "DUPLICATE_PATH"
+
+
+class RangeCorrupt(errors.Internal):
+    reason = "RANGE_CORRUPT"
+
+
+_Unimplemented = getattr(errors, "Unimplemented", None)
+if _Unimplemented is None:  # pragma: no cover — older quarry.errors
+    class _Unimplemented(errors.QuarryError):  # type: ignore[no-redef]
+        code = grpc.StatusCode.UNIMPLEMENTED
+        reason = "NOT_IMPLEMENTED"
+
+
+class NotImplementedYet(_Unimplemented):  # type: ignore[valid-type,misc]
+    """An RPC of the contract whose capability is not built yet (UNIMPLEMENTED)."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+    reason = "NOT_IMPLEMENTED"
+
+
+class InvalidStream(errors.InvalidArgument):
+    """A streaming request without its header first, or with a second header."""
+
+    reason = "INVALID_STREAM"

@@ -1,0 +1,334 @@
+"""On-storage format of ranges and metaranges (ARCHITECTURE.md §5) and their content ids.
+
+Range file (`_quarry/ranges/<id>.parquet`): one row group, rows sorted by path, columns
+    path string, physical_address string, size_bytes int64, checksum string,
+    mtime timestamp[us, UTC], content_type string, metadata map<string,string>,
+    identity fixed_size_binary(32)
+(all required) — plain Parquet types that Spark reads directly.
+
+Metarange file (`_quarry/metaranges/<id>.parquet`): rows (range_id, min_key, max_key, count,
+size_bytes) sorted by key.
+
+Ids hash the LOGICAL content, never file bytes, so they do not depend on the Parquet writer:
+
+range id = hex SHA-256 of
+    b"quarry/range/v1\\0" | u64le(n)
+    | u32le len(path_i) for every row | path bytes of every row (UTF-8, concatenated)
+    | u32le len(address_i) ...        | address bytes ...
+    | identity_i (32 bytes) for every row
+    | i64le mtime_us_i for every row
+(column-wise length-prefixed encoding: unambiguous given n; identity covers size, checksum,
+content type and metadata).
+
+metarange id = hex SHA-256 of b"quarry/metarange/v1\\0" followed, per range, by the
+length-prefixed (u32be) fields range_id, min_key, max_key, count, size_bytes (decimal).
+The empty metarange (no ranges) therefore has a fixed id, EMPTY_METARANGE_ID.
+
+Range size (`RangeInfo.size_bytes`, and the byte cap of chunking) is a logical measure,
+`entry_bytes`: 48 + UTF-8 bytes of path, physical address, checksum, content type and every
+metadata key and value. It never depends on the file encoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import sys
+from typing import Iterable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from quarry import errors
+from quarry.committed.errors import RangeCorrupt
+from quarry.graveler.model import Entry, RangeInfo
+
+FORMAT_TAG = b"quarry.format"
+RANGE_FORMAT = b"range/v1"
+METARANGE_FORMAT = b"metarange/v1"
+
+RANGES_PREFIX = "_quarry/ranges/"
+METARANGES_PREFIX = "_quarry/metaranges/"
+
+MTIME_TYPE = pa.timestamp("us", tz="UTC")
+IDENTITY_TYPE = pa.binary(32)
+METADATA_TYPE = pa.map_(pa.string(), pa.string())
+
+RANGE_SCHEMA = pa.schema([
+    pa.field("path", pa.string(), nullable=False),
+    pa.field("physical_address", pa.string(), nullable=False),
+    pa.field("size_bytes", pa.int64(), nullable=False),
+    pa.field("checksum", pa.string(), nullable=False),
+    pa.field("mtime", MTIME_TYPE, nullable=False),
+    pa.field("content_type", pa.string(), nullable=False),
+    pa.field("metadata", METADATA_TYPE, nullable=False),
+    pa.field("identity", IDENTITY_TYPE, nullable=False),
+])
+RANGE_COLUMNS = tuple(RANGE_SCHEMA.names)
+
+METARANGE_SCHEMA = pa.schema([
+    pa.field("range_id", pa.string(), nullable=False),
+    pa.field("min_key", pa.string(), nullable=False),
+    pa.field("max_key", pa.string(), nullable=False),
+    pa.field("count", pa.int64(), nullable=False),
+    pa.field("size_bytes", pa.int64(), nullable=False),
+])
+
+# Fixed per-entry overhead in entry_bytes: identity (32) + size (8) + mtime (8).
+ENTRY_OVERHEAD_BYTES = 48
+
+_PARQUET_OPTIONS = dict(
+    compression="zstd",
+    # Paths, addresses and identities are unique: dictionaries would only cost time.
+    use_dictionary=["content_type", "metadata.key_value.key", "metadata.key_value.value"],
+    write_statistics=["path"],
+)
+
+_METARANGE_HEADER = b"quarry/metarange/v1\x00"
+_RANGE_HEADER = b"quarry/range/v1\x00"
+_LITTLE = sys.byteorder == "little"
+
+
+def range_key(range_id: str) -> str:
+    return f"{RANGES_PREFIX}{range_id}.parquet"
+
+
+def metarange_key(metarange_id: str) -> str:
+    return f"{METARANGES_PREFIX}{metarange_id}.parquet"
+
+
+def _frame(h, parts: Iterable[bytes]) -> None:
+    for part in parts:
+        h.update(struct.pack(">I", len(part)))
+        h.update(part)
+
+
+def metarange_id_of(ranges: Sequence[RangeInfo]) -> str:
+    h = hashlib.sha256(_METARANGE_HEADER)
+    for r in ranges:
+        _frame(h, (r.id.encode(), r.min_key.encode(), r.max_key.encode(),
+                   str(int(r.count)).encode(), str(int(r.size_bytes)).encode()))
+    return h.hexdigest()
+
+
+EMPTY_METARANGE_ID = metarange_id_of(())
+
+
+def _fixed_buffer(array: pa.Array, width: int) -> memoryview:
+    """The value bytes of a fixed-width array (respecting slice offsets)."""
+    buf = array.buffers()[1]
+    start = array.offset * width
+    return memoryview(buf)[start:start + len(array) * width]
+
+
+def _le(view: memoryview, fmt: str) -> bytes | memoryview:
+    if _LITTLE:
+        return view
+    import array as _array
+
+    values = _array.array(fmt, bytes(view))
+    values.byteswap()
+    return values.tobytes()
+
+
+def _hash_strings(h, array: pa.Array) -> None:
+    lengths = pc.binary_length(array)
+    h.update(_le(_fixed_buffer(lengths, 4), "i"))
+    n = len(array)
+    if n == 0:
+        return
+    _validity, offsets_buf, data_buf = array.buffers()
+    offsets = memoryview(offsets_buf).cast("B").cast("i")  # native int32 (Arrow layout)
+    first, last = offsets[array.offset], offsets[array.offset + n]
+    if data_buf is not None:
+        h.update(memoryview(data_buf)[first:last])
+
+
+def _single_chunk(table: pa.Table, name: str) -> pa.Array:
+    column = table.column(name)
+    if column.num_chunks == 1:
+        return column.chunk(0)
+    return column.combine_chunks() if column.num_chunks else pa.array([], column.type)
+
+
+def range_id_of(table: pa.Table) -> str:
+    """The content id of a range table (see the module docstring)."""
+    n = table.num_rows
+    h = hashlib.sha256(_RANGE_HEADER)
+    h.update(struct.pack("<Q", n))
+    _hash_strings(h, _single_chunk(table, "path"))
+    _hash_strings(h, _single_chunk(table, "physical_address"))
+    h.update(_fixed_buffer(_single_chunk(table, "identity"), 32))
+    mtimes = _single_chunk(table, "mtime").cast(pa.int64())
+    h.update(_le(_fixed_buffer(mtimes, 8), "q"))
+    return h.hexdigest()
+
+
+# ---- chunking -----------------------------------------------------------------------------
+
+def is_boundary(path: str, target_entries: int) -> bool:
+    """A range ends after this path (content-defined, independent of neighbours)."""
+    digest = hashlib.sha256(path.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % target_entries == 0
+
+
+def _ulen(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def entry_bytes(entry: Entry) -> int:
+    size = (ENTRY_OVERHEAD_BYTES + _ulen(entry.path) + _ulen(entry.physical_address)
+            + _ulen(entry.checksum) + _ulen(entry.content_type))
+    for key, value in entry.metadata:
+        size += _ulen(key) + _ulen(value)
+    return size
+
+
+def row_bytes(table: pa.Table) -> pa.Array:
+    """entry_bytes of every row, vectorized (int64)."""
+    total = pc.add(
+        pc.add(pc.binary_length(_single_chunk(table, "path")).cast(pa.int64()),
+               pc.binary_length(_single_chunk(table, "physical_address")).cast(pa.int64())),
+        pc.add(pc.binary_length(_single_chunk(table, "checksum")).cast(pa.int64()),
+               pc.binary_length(_single_chunk(table, "content_type")).cast(pa.int64())))
+    metadata = _single_chunk(table, "metadata")
+    # Sum of key+value lengths per row: cumulative sum over the flattened pairs, sampled at
+    # the list offsets.
+    keys = metadata.keys
+    items = metadata.items
+    if len(keys):
+        pair = pc.add(pc.binary_length(keys).cast(pa.int64()),
+                      pc.fill_null(pc.binary_length(items), 0).cast(pa.int64()))
+        cum = pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(pair)])
+        # Offsets index the underlying (unsliced) keys/items, as do `keys` and `items`.
+        at = pc.take(cum, metadata.offsets)
+        n = len(metadata)
+        per_row = pc.subtract(at.slice(1, n), at.slice(0, n))
+        total = pc.add(total, per_row)
+    return pc.add(total, ENTRY_OVERHEAD_BYTES)
+
+
+# ---- tables ---------------------------------------------------------------------------------
+
+class RowBuffer:
+    """Columns of new entries being accumulated before they become a table."""
+
+    __slots__ = ("path", "physical_address", "size_bytes", "checksum", "mtime",
+                 "content_type", "metadata", "identity")
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.path: list[str] = []
+        self.physical_address: list[str] = []
+        self.size_bytes: list[int] = []
+        self.checksum: list[str] = []
+        self.mtime: list[int] = []
+        self.content_type: list[str] = []
+        self.metadata: list = []
+        self.identity: list[bytes] = []
+
+    def __len__(self) -> int:
+        return len(self.path)
+
+    def append(self, entry: Entry, path_bytes: int) -> int:
+        """Add an entry; returns its entry_bytes (inlined here: this is the hot loop of bulk
+        writes). `path_bytes` is the UTF-8 length of the path, which the caller has."""
+        address = entry.physical_address or ""
+        checksum = entry.checksum or ""
+        content_type = entry.content_type or ""
+        metadata = entry.metadata
+        self.path.append(entry.path)
+        self.physical_address.append(address)
+        self.size_bytes.append(entry.size_bytes)
+        self.checksum.append(checksum)
+        self.mtime.append(entry.mtime_us)
+        self.content_type.append(content_type)
+        self.metadata.append(metadata)
+        self.identity.append(entry.identity)
+        size = (ENTRY_OVERHEAD_BYTES + path_bytes
+                + (len(address) if address.isascii() else len(address.encode()))
+                + (len(checksum) if checksum.isascii() else len(checksum.encode()))
+                + (len(content_type) if content_type.isascii() else len(content_type.encode())))
+        for key, value in metadata:
+            size += ((len(key) if key.isascii() else len(key.encode()))
+                     + (len(value) if value.isascii() else len(value.encode())))
+        return size
+
+    def to_table(self) -> pa.Table:
+        try:
+            return pa.Table.from_arrays([
+                pa.array(self.path, pa.string()),
+                pa.array(self.physical_address, pa.string()),
+                pa.array(self.size_bytes, pa.int64()),
+                pa.array(self.checksum, pa.string()),
+                pa.array(self.mtime, MTIME_TYPE),
+                pa.array(self.content_type, pa.string()),
+                pa.array(self.metadata, METADATA_TYPE),
+                pa.array(self.identity, IDENTITY_TYPE),
+            ], schema=RANGE_SCHEMA)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, UnicodeEncodeError) as exc:
+            raise errors.InvalidArgument(f"invalid entry: {exc}") from None
+
+
+def encode_range(table: pa.Table, range_id: str) -> bytes:
+    table = table.replace_schema_metadata({FORMAT_TAG: RANGE_FORMAT,
+                                           b"quarry.range_id": range_id.encode()})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=max(1, table.num_rows), **_PARQUET_OPTIONS)
+    return sink.getvalue().to_pybytes()
+
+
+def _read_parquet(source, what: str) -> pa.Table:
+    """Read a whole small Parquet file from bytes or a local path (FileNotFoundError if the
+    path is missing). Reading the bytes and parsing from memory, single-threaded, is the
+    fastest way for files of this size."""
+    if isinstance(source, str):
+        with open(source, "rb") as fh:
+            source = fh.read()
+    try:
+        return pq.ParquetFile(pa.BufferReader(source)).read(use_threads=False)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise RangeCorrupt(f"unreadable {what} file: {exc}") from None
+
+
+def decode_range(source) -> pa.Table:
+    """A range table from bytes or a local file path."""
+    table = _read_parquet(source, "range")
+    if table.schema.names != list(RANGE_COLUMNS):
+        raise RangeCorrupt(f"range file has columns {table.schema.names}")
+    return table.replace_schema_metadata(None).combine_chunks()
+
+
+def encode_metarange(ranges: Sequence[RangeInfo], metarange_id: str) -> bytes:
+    table = pa.Table.from_arrays([
+        pa.array([r.id for r in ranges], pa.string()),
+        pa.array([r.min_key for r in ranges], pa.string()),
+        pa.array([r.max_key for r in ranges], pa.string()),
+        pa.array([r.count for r in ranges], pa.int64()),
+        pa.array([r.size_bytes for r in ranges], pa.int64()),
+    ], schema=METARANGE_SCHEMA.with_metadata({FORMAT_TAG: METARANGE_FORMAT,
+                                               b"quarry.metarange_id": metarange_id.encode()}))
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=max(1, len(ranges)), compression="zstd",
+                   use_dictionary=False)
+    return sink.getvalue().to_pybytes()
+
+
+def decode_metarange(source) -> list[RangeInfo]:
+    table = _read_parquet(source, "metarange")
+    if table.schema.names != METARANGE_SCHEMA.names:
+        raise RangeCorrupt(f"metarange file has columns {table.schema.names}")
+    columns = [table.column(name).to_pylist() for name in METARANGE_SCHEMA.names]
+    return [RangeInfo(*row) for row in zip(*columns)]
+
+
+__all__ = [
+    "EMPTY_METARANGE_ID", "METARANGE_SCHEMA", "RANGE_SCHEMA", "RangeCorrupt", "RowBuffer",
+    "decode_metarange", "decode_range", "encode_metarange", "encode_range", "entry_bytes",
+    "is_boundary", "metarange_id_of", "metarange_key", "range_id_of", "range_key",
+    "row_bytes",
+]
+

@@ -1,0 +1,221 @@
+"""Lazy iteration over a metarange's entries, and metarange diff."""
+
+from __future__ import annotations
+
+import bisect
+from typing import Callable, Iterator
+
+from quarry.committed.rangedata import MetaRange, RangeData
+from quarry.graveler.model import Change, ChangeType, Entry, RangeInfo
+
+RangeLoader = Callable[[RangeInfo], RangeData]
+
+
+class EntryIterator:
+    """Entries of a metarange in path order, from `start`, limited to `prefix`.
+
+    Ranges are read only when the iterator reaches them; ranges entirely before the start
+    (or a seek target) or past the prefix are never read. `seek_ge(path)` repositions at the
+    first entry >= path (never before the iterator's start or prefix).
+    """
+
+    def __init__(self, load: RangeLoader, metarange: MetaRange, start: str = "",
+                 prefix: str = ""):
+        self._load = load
+        self._metarange = metarange
+        self._start = max(start or "", prefix or "")
+        self._prefix = prefix or ""
+        self._idx = 0
+        self._data: RangeData | None = None
+        self._pos = 0
+        self._lower = ""
+        self._done = False
+        self.seek_ge(self._start)
+
+    def __iter__(self) -> "EntryIterator":
+        return self
+
+    def seek_ge(self, path: str) -> None:
+        lower = max(path, self._start)
+        idx = self._metarange.range_index(lower)
+        if self._data is not None and idx == self._idx:
+            # Same range: reposition without reloading.
+            self._pos = bisect.bisect_left(self._data.paths, lower)
+        else:
+            self._data = None
+            self._pos = 0
+        self._idx = idx
+        self._lower = lower
+        self._done = False
+
+    def __next__(self) -> Entry:
+        data = self._data
+        if data is not None:
+            pos = self._pos
+            if pos < data.n:  # fast path: the next row of the current range
+                prefix = self._prefix
+                if not prefix or data.paths[pos].startswith(prefix):
+                    self._pos = pos + 1
+                    return data.entry(pos)
+        return self._next_slow()
+
+    def _next_slow(self) -> Entry:
+        ranges = self._metarange.ranges
+        prefix = self._prefix
+        while not self._done:
+            data = self._data
+            if data is None:
+                if self._idx >= len(ranges):
+                    break
+                info = ranges[self._idx]
+                if prefix and info.min_key > self._lower and not info.min_key.startswith(prefix):
+                    break  # the next range starts past the prefix
+                data = self._data = self._load(info)
+                self._pos = bisect.bisect_left(data.paths, self._lower)
+            if self._pos >= data.n:
+                self._data = None
+                self._idx += 1
+                continue
+            if prefix and not data.paths[self._pos].startswith(prefix):
+                break
+            entry = data.entry(self._pos)
+            self._pos += 1
+            return entry
+        self._done = True
+        self._data = None
+        raise StopIteration
+
+    def close(self) -> None:
+        self._done = True
+        self._data = None
+
+
+class _Side:
+    """One side of a diff: a position in a metarange, loading ranges only when needed."""
+
+    __slots__ = ("_load", "ranges", "idx", "data", "pos", "lower")
+
+    def __init__(self, load: RangeLoader, metarange: MetaRange, lower: str):
+        self._load = load
+        self.ranges = metarange.ranges
+        self.idx = metarange.range_index(lower)
+        self.data: RangeData | None = None
+        self.pos = 0
+        self.lower = lower
+
+    def at_unread_range(self) -> RangeInfo | None:
+        """The current range if none of it has been consumed (and it is not loaded)."""
+        if self.data is None and self.idx < len(self.ranges):
+            return self.ranges[self.idx]
+        return None
+
+    def skip_range(self) -> None:
+        self.idx += 1
+
+    def _ensure_loaded(self) -> RangeData:
+        if self.data is None:
+            data = self.data = self._load(self.ranges[self.idx])
+            self.pos = bisect.bisect_left(data.paths, self.lower)
+        return self.data
+
+    def peek(self) -> str | None:
+        while True:
+            if self.data is None:
+                if self.idx >= len(self.ranges):
+                    return None
+                info = self.ranges[self.idx]
+                if info.min_key >= self.lower:
+                    return info.min_key  # known without reading the range
+                self._ensure_loaded()
+            data = self.data
+            if self.pos < data.n:
+                return data.paths[self.pos]
+            self.data = None
+            self.idx += 1
+
+    def identity(self) -> bytes:
+        return self._ensure_loaded().identities[self.pos]
+
+    def entry(self) -> Entry:
+        return self._ensure_loaded().entry(self.pos)
+
+    def advance(self) -> None:
+        data = self._ensure_loaded()
+        self.pos += 1
+        if self.pos >= data.n:
+            self.data = None
+            self.idx += 1
+
+
+def diff_metaranges(load: RangeLoader, left: MetaRange, right: MetaRange, prefix: str = "",
+                    start: str = "") -> Iterator[Change]:
+    lower = max(start or "", prefix or "")
+    a = _Side(load, left, lower)
+    b = _Side(load, right, lower)
+    while True:
+        ra, rb = a.at_unread_range(), b.at_unread_range()
+        if ra is not None and rb is not None and ra.id == rb.id:
+            # Same range, both at its start (or both at the same lower bound inside it).
+            a.skip_range()
+            b.skip_range()
+            continue
+        if a.data is not None and b.data is not None:
+            # Both sides inside loaded ranges: a tight merge until either range ends.
+            yield from _merge_loaded(a, b, prefix)
+            if a.pos < a.data.n and b.pos < b.data.n:
+                return  # stopped at the end of the prefix
+            if a.pos >= a.data.n:
+                a.data = None
+                a.idx += 1
+            if b.pos >= b.data.n:
+                b.data = None
+                b.idx += 1
+            continue
+        ka, kb = a.peek(), b.peek()
+        if ka is None and kb is None:
+            return
+        key = kb if ka is None or (kb is not None and kb < ka) else ka
+        if prefix and not key.startswith(prefix):
+            return
+        if kb is None or (ka is not None and ka < kb):
+            yield Change(ChangeType.REMOVED, ka)
+            a.advance()
+        elif ka is None or kb < ka:
+            yield Change(ChangeType.ADDED, kb, b.entry())
+            b.advance()
+        else:
+            if a.identity() != b.identity():
+                yield Change(ChangeType.CHANGED, kb, b.entry())
+            a.advance()
+            b.advance()
+
+
+def _merge_loaded(a: _Side, b: _Side, prefix: str) -> Iterator[Change]:
+    """Diff rows of the two loaded ranges from their positions until one range is exhausted
+    (or a path leaves the prefix; then both positions stay on that path)."""
+    da, db = a.data, b.data
+    pa, pb = da.paths, db.paths
+    ida, idb = da.identity_blob, db.identity_blob
+    i, j, na, nb = a.pos, b.pos, da.n, db.n
+    try:
+        while i < na and j < nb:
+            ka, kb = pa[i], pb[j]
+            if ka == kb:
+                if prefix and not ka.startswith(prefix):
+                    return
+                if ida[i * 32:i * 32 + 32] != idb[j * 32:j * 32 + 32]:
+                    yield Change(ChangeType.CHANGED, kb, db.entry(j))
+                i += 1
+                j += 1
+            elif ka < kb:
+                if prefix and not ka.startswith(prefix):
+                    return
+                yield Change(ChangeType.REMOVED, ka)
+                i += 1
+            else:
+                if prefix and not kb.startswith(prefix):
+                    return
+                yield Change(ChangeType.ADDED, kb, db.entry(j))
+                j += 1
+    finally:
+        a.pos, b.pos = i, j

@@ -1,0 +1,221 @@
+"""Decoded ranges and metaranges, kept columnar: Python objects are built only on demand."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from quarry.committed.format import ENTRY_OVERHEAD_BYTES, is_boundary
+from quarry.graveler.model import Entry, RangeInfo
+
+# Rough per-row cost of the Python lists a range usually grows (paths, some identities).
+_PY_BYTES_PER_ROW = 150
+
+
+def _offsets(array: pa.Array) -> tuple[memoryview, int]:
+    """The int32 offsets of a string/list-like array and the array's slice offset."""
+    return memoryview(array.buffers()[1]).cast("B").cast("i"), array.offset
+
+
+def _chunk(table: pa.Table, name: str) -> pa.Array:
+    column = table.column(name)
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+class CumulativeBytes:
+    """Prefix sums of format.entry_bytes over a range table's rows, computed on access from
+    the Arrow offsets (the UTF-8 byte lengths of every string are offset differences)."""
+
+    __slots__ = ("_n", "_strings", "_map", "_keys", "_items")
+
+    def __init__(self, table: pa.Table):
+        self._n = table.num_rows
+        self._strings = [_offsets(_chunk(table, name)) for name in
+                         ("path", "physical_address", "checksum", "content_type")]
+        metadata = _chunk(table, "metadata")
+        self._map = _offsets(metadata)
+        # Map offsets index the underlying keys/items arrays (absolute, even when sliced).
+        self._keys = _offsets(metadata.keys)
+        self._items = _offsets(metadata.items)
+
+    def __len__(self) -> int:
+        return self._n + 1
+
+    def __getitem__(self, i: int) -> int:
+        if i < 0:
+            i += self._n + 1
+        if not 0 <= i <= self._n:
+            raise IndexError(i)
+        total = ENTRY_OVERHEAD_BYTES * i
+        for offsets, base in self._strings:
+            total += offsets[base + i] - offsets[base]
+        map_offsets, map_base = self._map
+        first, last = map_offsets[map_base], map_offsets[map_base + i]
+        for offsets, base in (self._keys, self._items):
+            total += offsets[base + last] - offsets[base + first]
+        return total
+
+
+# Entries decoded from a range are built without Entry.__init__'s coercions (the columns
+# are already typed and the metadata pairs are stored in Entry's canonical sorted order),
+# when Entry's layout is the one this code knows; otherwise through the constructor.
+_ENTRY_SLOTS = ("path", "physical_address", "size_bytes", "checksum", "mtime_us",
+                "content_type", "metadata", "_identity")
+_FAST_ENTRIES = tuple(getattr(Entry, "__slots__", ())) == _ENTRY_SLOTS
+_new_entry = object.__new__
+
+
+def _make_entry(path: str, address: str, size: int, checksum: str, mtime_us: int,
+                content_type: str, metadata, identity: bytes) -> Entry:
+    if not _FAST_ENTRIES:
+        return Entry(path, address, size, checksum, mtime_us, content_type, metadata or (),
+                     identity)
+    entry = _new_entry(Entry)
+    entry.path = path
+    entry.physical_address = address
+    entry.size_bytes = size
+    entry.checksum = checksum
+    entry.mtime_us = mtime_us
+    entry.content_type = content_type
+    if not metadata:
+        entry.metadata = ()
+    elif len(metadata) == 1:
+        entry.metadata = (tuple(metadata[0]),)
+    else:
+        entry.metadata = tuple(sorted(tuple(pair) for pair in metadata))
+    entry._identity = identity
+    return entry
+
+
+class RangeData:
+    """One range: its RangeInfo and its Arrow table, with lazily derived Python columns."""
+
+    __slots__ = ("info", "table", "n", "_paths", "_identities", "_columns", "_cum",
+                 "_last_boundary", "_identity_lookups")
+
+    def __init__(self, info: RangeInfo, table: pa.Table):
+        self.info = info
+        self.table = table
+        self.n = table.num_rows
+        self._paths: list[str] | None = None
+        self._identities: list[bytes] | None = None
+        self._columns: tuple | None = None
+        self._cum: list[int] | None = None
+        self._last_boundary: dict[int, bool] = {}
+        self._identity_lookups = 0
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.table.nbytes + self.n * _PY_BYTES_PER_ROW
+
+    @property
+    def paths(self) -> list[str]:
+        if self._paths is None:
+            self._paths = self.table.column("path").to_pylist()
+        return self._paths
+
+    @property
+    def identities(self) -> list[bytes]:
+        if self._identities is None:
+            self._identities = self.table.column("identity").to_pylist()
+        return self._identities
+
+    def identity(self, i: int) -> bytes:
+        """Identity of row i: scalar access for a few lookups, the whole column after."""
+        if self._identities is None:
+            self._identity_lookups += 1
+            if self._identity_lookups <= 16:
+                return self.table.column("identity")[i].as_py()
+        return self.identities[i]
+
+    def find(self, path: str) -> int:
+        """Row index of `path`, or -1."""
+        paths = self.paths
+        i = bisect.bisect_left(paths, path)
+        return i if i < self.n and paths[i] == path else -1
+
+    @property
+    def cum_bytes(self) -> "CumulativeBytes":
+        """cum_bytes[i] = entry_bytes of rows [0, i), for 0 <= i <= n (a sequence: bisect
+        works on it). O(1) to build and to index: read off the Arrow offset buffers."""
+        if self._cum is None:
+            self._cum = CumulativeBytes(self.table)
+        return self._cum
+
+    def last_is_boundary(self, target_entries: int) -> bool:
+        cached = self._last_boundary.get(target_entries)
+        if cached is None:
+            last = self.table.column("path")[self.n - 1].as_py()
+            cached = self._last_boundary[target_entries] = is_boundary(last, target_entries)
+        return cached
+
+    def _all_columns(self) -> tuple:
+        if self._columns is None:
+            t = self.table
+            self._columns = (
+                self.paths,
+                t.column("physical_address").to_pylist(),
+                t.column("size_bytes").to_pylist(),
+                t.column("checksum").to_pylist(),
+                t.column("mtime").cast(pa.int64()).to_pylist(),
+                t.column("content_type").to_pylist(),
+                t.column("metadata").to_pylist(),
+                self.identities,
+            )
+        return self._columns
+
+    def entry(self, i: int) -> Entry:
+        """Row i as an Entry (builds the Python columns once: for iteration)."""
+        columns = self._columns or self._all_columns()
+        return _make_entry(columns[0][i], columns[1][i], columns[2][i], columns[3][i],
+                           columns[4][i], columns[5][i], columns[6][i], columns[7][i])
+
+    @property
+    def identity_blob(self) -> bytes:
+        """The identities of all rows, concatenated (32 bytes each)."""
+        column = _chunk(self.table, "identity")
+        start = column.offset * 32
+        return bytes(memoryview(column.buffers()[1])[start:start + self.n * 32])
+
+    def entry_at(self, i: int) -> Entry:
+        """Row i as an Entry without building whole columns (for point lookups)."""
+        if self._columns is not None:
+            return self.entry(i)
+        t = self.table
+        return _make_entry(t.column("path")[i].as_py(),
+                           t.column("physical_address")[i].as_py(),
+                           t.column("size_bytes")[i].as_py(),
+                           t.column("checksum")[i].as_py(),
+                           t.column("mtime")[i].cast(pa.int64()).as_py(),
+                           t.column("content_type")[i].as_py(),
+                           t.column("metadata")[i].as_py() or (),
+                           t.column("identity")[i].as_py())
+
+
+@dataclass
+class MetaRange:
+    id: str
+    ranges: list[RangeInfo]
+    max_keys: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.max_keys:
+            self.max_keys = [r.max_key for r in self.ranges]
+
+    @property
+    def cache_bytes(self) -> int:
+        return 256 + sum(200 + len(r.min_key) + len(r.max_key) for r in self.ranges)
+
+    @property
+    def count(self) -> int:
+        return sum(r.count for r in self.ranges)
+
+    def range_index(self, key: str) -> int:
+        """Index of the first range whose max_key >= key (len(ranges) if none)."""
+        return bisect.bisect_left(self.max_keys, key)

@@ -1,0 +1,149 @@
+"""RemoteRangeWriter: CommittedManager's write API over the range-writer's gRPC API.
+
+Reads (get_entry, iterate, diff) stay local: any process reads committed data straight from
+the object store with its own CommittedManager. Only writes go through the range-writer.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import grpc
+
+from quarry import telemetry
+from quarry.committed import errors as _committed_errors  # noqa: F401 — error reasons
+from quarry.committed.format import entry_bytes
+from quarry.convert import (entry_to_proto, put_or_delete_to_proto, range_info_from_proto,
+                            summary_from_proto)
+from quarry.graveler.model import ApplyResult, Change, ChangeType, DiffSummary, Entry, RangeInfo
+from quarry.runtime.errors import from_rpc_error
+from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
+
+# Changes (or entries) per stream message, and a byte budget per message well under the
+# 64 MiB gRPC limit (an entry may carry up to ~400 KB of metadata).
+BATCH_ITEMS = 1000
+BATCH_BYTES = 4 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+
+
+class _Failure:
+    """Remembers an exception raised while producing the request stream: gRPC would only
+    report the call as cancelled."""
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+
+
+class RemoteRangeWriter:
+    def __init__(self, target: str | grpc.Channel, timeout: float = 3600.0,
+                 batch_items: int = BATCH_ITEMS, batch_bytes: int = BATCH_BYTES):
+        if isinstance(target, str):
+            self._channel = telemetry.instrument_channel(
+                grpc.insecure_channel(target, options=CHANNEL_OPTIONS))
+            self._owns_channel = True
+        else:
+            self._channel = target
+            self._owns_channel = False
+        self._stub = range_writer_pb2_grpc.RangeWriterStub(self._channel)
+        self._timeout = timeout
+        self._batch_items = max(1, batch_items)
+        self._batch_bytes = max(1, batch_bytes)
+
+    def __enter__(self) -> "RemoteRangeWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._owns_channel:
+            self._channel.close()
+
+    def _stream(self, method, requests: Iterator, failure: _Failure):
+        try:
+            return method(requests, timeout=self._timeout)
+        except grpc.RpcError as error:
+            if failure.error is not None:
+                raise failure.error from None
+            raise from_rpc_error(error) from None
+
+    def _batches(self, items: Iterable, add, wrap, failure: _Failure) -> Iterator:
+        """Group items into messages of at most batch_items / ~batch_bytes."""
+        try:
+            batch = None
+            size = 0
+            for item in items:
+                if batch is None:
+                    batch, size = wrap(), 0
+                size += add(batch, item)
+                if len(_items_of(batch)) >= self._batch_items or size >= self._batch_bytes:
+                    yield batch
+                    batch = None
+            if batch is not None:
+                yield batch
+        except BaseException as exc:
+            failure.error = exc
+            raise
+
+    def apply_changes(self, namespace: str, base_metarange_id: str,
+                      changes: Iterable[tuple[str, Entry | None] | Change]) -> ApplyResult:
+        """Same contract as CommittedManager.apply_changes, executed by the range-writer."""
+        failure = _Failure()
+
+        def add(batch, item) -> int:
+            if isinstance(item, Change):
+                path = item.path
+                entry = None if item.type == ChangeType.REMOVED else item.entry
+            else:
+                path, entry = item
+            put_or_delete_to_proto(path, entry, batch.changes.add())
+            return entry_bytes(entry) if entry is not None else len(path) + 16
+
+        def requests():
+            yield range_writer_pb2.ApplyChangesRequest(
+                header=range_writer_pb2.ApplyChangesHeader(
+                    storage_namespace=namespace, base_metarange_id=base_metarange_id or ""))
+            for batch in self._batches(changes, add, range_writer_pb2.ChangeBatch, failure):
+                yield range_writer_pb2.ApplyChangesRequest(changes=batch)
+
+        response = self._stream(self._stub.ApplyChanges, requests(), failure)
+        return ApplyResult(response.metarange_id, summary_from_proto(response.summary),
+                           ranges_written=response.ranges_written,
+                           ranges_reused=response.ranges_reused)
+
+    def write_metarange(self, namespace: str, entries: Iterable[Entry]) -> ApplyResult:
+        """Same contract as CommittedManager.write_metarange (summary.added = entries sent)."""
+        failure = _Failure()
+        count = 0
+
+        def add(batch, entry: Entry) -> int:
+            nonlocal count
+            entry_to_proto(entry, batch.entries.add())
+            count += 1
+            return entry_bytes(entry)
+
+        def requests():
+            yield range_writer_pb2.WriteMetaRangeRequest(
+                header=range_writer_pb2.WriteMetaRangeHeader(storage_namespace=namespace))
+            for batch in self._batches(entries, add, range_writer_pb2.EntryBatch, failure):
+                yield range_writer_pb2.WriteMetaRangeRequest(entries=batch)
+
+        response = self._stream(self._stub.WriteMetaRange, requests(), failure)
+        return ApplyResult(response.metarange_id, DiffSummary(added=count),
+                           ranges_written=response.ranges_written,
+                           ranges_reused=response.ranges_reused)
+
+    def get_metarange(self, namespace: str, metarange_id: str) -> list[RangeInfo]:
+        try:
+            response = self._stub.GetMetaRange(range_writer_pb2.GetMetaRangeRequest(
+                storage_namespace=namespace, metarange_id=metarange_id), timeout=self._timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        return [range_info_from_proto(r) for r in response.ranges]
+
+
+def _items_of(batch):
+    return batch.changes if hasattr(batch, "changes") else batch.entries

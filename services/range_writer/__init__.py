@@ -1,0 +1,1 @@
+"""range-writer: the only writer of ranges and metaranges to object storage."""

@@ -1,0 +1,80 @@
+"""RangeWriter servicer: proto <-> CommittedManager calls, nothing else."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from quarry import errors
+from quarry.committed import CommittedManager
+from quarry.committed.errors import InvalidStream, NotImplementedYet
+from quarry.convert import (entry_from_proto, put_or_delete_from_proto, range_infos_to_proto,
+                            summary_to_proto)
+from quarry.graveler.model import Entry
+from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
+
+
+def _header(request_iterator: Iterator, rpc: str):
+    """The first message of a client stream, which must be its header."""
+    try:
+        first = next(request_iterator)
+    except StopIteration:
+        raise InvalidStream(f"{rpc}: empty stream; send a header first") from None
+    if first.WhichOneof("part") != "header":
+        raise InvalidStream(f"{rpc}: the first message must be the header")
+    header = first.header
+    if not header.storage_namespace:
+        raise errors.InvalidArgument(f"{rpc}: storage_namespace is required")
+    return header
+
+
+def _parts(request_iterator: Iterator, rpc: str, field: str) -> Iterator:
+    for request in request_iterator:
+        which = request.WhichOneof("part")
+        if which != field:
+            raise InvalidStream(f"{rpc}: after the header, only {field} messages may follow"
+                                f" (got {which or 'an empty message'})")
+        yield getattr(request, field)
+
+
+class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
+    def __init__(self, manager: CommittedManager):
+        self._manager = manager
+
+    def ApplyChanges(self, request_iterator, context):
+        header = _header(request_iterator, "ApplyChanges")
+
+        def changes():
+            for batch in _parts(request_iterator, "ApplyChanges", "changes"):
+                for message in batch.changes:
+                    try:
+                        yield put_or_delete_from_proto(message)
+                    except ValueError as exc:
+                        raise errors.InvalidArgument(str(exc)) from None
+
+        result = self._manager.apply_changes(header.storage_namespace,
+                                             header.base_metarange_id, changes())
+        return range_writer_pb2.ApplyChangesResponse(
+            metarange_id=result.metarange_id, summary=summary_to_proto(result.summary),
+            ranges_written=result.ranges_written, ranges_reused=result.ranges_reused)
+
+    def WriteMetaRange(self, request_iterator, context):
+        header = _header(request_iterator, "WriteMetaRange")
+
+        def entries() -> Iterator[Entry]:
+            for batch in _parts(request_iterator, "WriteMetaRange", "entries"):
+                for message in batch.entries:
+                    yield entry_from_proto(message)
+
+        result = self._manager.write_metarange(header.storage_namespace, entries())
+        return range_writer_pb2.WriteMetaRangeResponse(
+            metarange_id=result.metarange_id, ranges_written=result.ranges_written,
+            ranges_reused=result.ranges_reused)
+
+    def GetMetaRange(self, request, context):
+        if not request.storage_namespace:
+            raise errors.InvalidArgument("GetMetaRange: storage_namespace is required")
+        ranges = self._manager.get_metarange(request.storage_namespace, request.metarange_id)
+        return range_writer_pb2.GetMetaRangeResponse(ranges=range_infos_to_proto(ranges))
+
+    def MergeMetaRanges(self, request, context):
+        raise NotImplementedYet("MergeMetaRanges is not implemented yet")

@@ -1,0 +1,214 @@
+"""branch-manager and committer over gRPC, wired to kv-gateway and range-writer: statuses
+with ErrorInfo reasons, nothing half-applied, concurrency, cost counts, token cleanup."""
+
+import time
+import uuid
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from quarry.v1 import branch_manager_pb2 as bm
+from quarry.v1 import committer_pb2 as cm
+from quarry.v1 import types_pb2
+from support.hammer import hammer
+
+
+def reason_of(error: grpc.RpcError) -> str:
+    status = rpc_status.from_call(error)
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return info.reason
+    raise AssertionError("no ErrorInfo")
+
+
+def new_repo(stubs, suite) -> str:
+    name = f"r-{uuid.uuid4().hex[:10]}"
+    stubs.bm.CreateRepository(bm.CreateRepositoryRequest(
+        name=name, storage_namespace=suite.namespace(name)))
+    return name
+
+
+def put(stubs, repo, path, checksum="c", branch="main"):
+    stubs.bm.PutObject(bm.PutObjectRequest(repository=repo, branch=branch, entry=types_pb2.Entry(
+        path=path, physical_address=f"data/{path}/{checksum}", size_bytes=1, checksum=checksum)))
+
+
+def test_workflow_over_grpc(stubs, suite):
+    repo = new_repo(stubs, suite)
+    batches = [bm.PutObjectsRequest(repository=repo, branch="main", entries=[
+        types_pb2.Entry(path=f"dir{b}/f{i}", physical_address=f"a/{b}/{i}", size_bytes=i,
+                        checksum=f"{b}-{i}") for i in range(100)]) for b in range(5)]
+    assert stubs.bm.PutObjects(iter(batches)).count == 500
+    listing = stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo, ref="main",
+                                                         delimiter="/"))
+    assert list(listing.common_prefixes) == [f"dir{b}/" for b in range(5)]
+    commit = stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="load",
+                                              committer="test"))
+    assert commit.summary.added == 500 and commit.ranges_written >= 1
+    stat = stubs.bm.StatObject(bm.StatObjectRequest(repository=repo, ref="main@",
+                                                    path="dir3/f7"))
+    assert stat.entry.checksum == "3-7"
+    log = stubs.cm.Log(cm.LogRequest(repository=repo, ref="main"))
+    assert [c.message for c in log.commits] == ["load", "Repository created"]
+
+
+@pytest.mark.parametrize("call, code, reason", [
+    (lambda s, r: s.bm.CreateBranch(bm.CreateBranchRequest(repository=r, name="bad/name",
+                                                           source_ref="main")),
+     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_NAME"),
+    (lambda s, r: s.bm.PutObject(bm.PutObjectRequest(repository=r, branch="main",
+                                                     entry=types_pb2.Entry(path="x" * 1100))),
+     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PATH"),
+    (lambda s, r: s.bm.PutObject(bm.PutObjectRequest(
+        repository=r, branch="main",
+        entry=types_pb2.Entry(path="m", metadata={"k": "v" * 10000}))),
+     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ENTRY"),
+    (lambda s, r: s.bm.PutObject(bm.PutObjectRequest(repository=r, branch="nope",
+                                                     entry=types_pb2.Entry(path="a"))),
+     grpc.StatusCode.NOT_FOUND, "BRANCH_NOT_FOUND"),
+    (lambda s, r: s.bm.StatObject(bm.StatObjectRequest(repository=r, ref="unknown-ref",
+                                                       path="a")),
+     grpc.StatusCode.NOT_FOUND, "REF_NOT_FOUND"),
+    (lambda s, r: s.bm.StatObject(bm.StatObjectRequest(repository=r, ref="main", path="a")),
+     grpc.StatusCode.NOT_FOUND, "OBJECT_NOT_FOUND"),
+    (lambda s, r: s.bm.GetRepository(bm.GetRepositoryRequest(name="missing-repo")),
+     grpc.StatusCode.NOT_FOUND, "REPOSITORY_NOT_FOUND"),
+    (lambda s, r: s.cm.Commit(cm.CommitRequest(repository=r, branch="main", message="x")),
+     grpc.StatusCode.FAILED_PRECONDITION, "NO_CHANGES"),
+    (lambda s, r: s.bm.DeleteBranch(bm.DeleteBranchRequest(repository=r, name="main")),
+     grpc.StatusCode.FAILED_PRECONDITION, "PROTECTED_BRANCH"),
+    (lambda s, r: s.bm.ListObjects(bm.ListObjectsRequest(repository=r, ref="main",
+                                                         page_token="%%%")),
+     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN"),
+    (lambda s, r: s.bm.CreateRepository(bm.CreateRepositoryRequest(name=r,
+                                                                   storage_namespace="/tmp/x")),
+     grpc.StatusCode.ALREADY_EXISTS, "REPOSITORY_EXISTS"),
+    (lambda s, r: s.cm.Merge(cm.MergeRequest(repository=r, source_ref="main",
+                                             destination_branch="main")),
+     grpc.StatusCode.UNIMPLEMENTED, "NOT_IMPLEMENTED"),
+])
+def test_bad_input_gets_a_clear_status_and_changes_nothing(stubs, suite, call, code, reason):
+    repo = new_repo(stubs, suite)
+    before = stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="main")).branch
+    with pytest.raises(grpc.RpcError) as caught:
+        call(stubs, repo)
+    assert caught.value.code() == code
+    assert reason_of(caught.value) == reason
+    assert "Traceback" not in caught.value.details()
+    after = stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="main")).branch
+    assert after == before
+
+
+def test_concurrent_writers_readers_committers_over_grpc(stubs, suite):
+    repo = new_repo(stubs, suite)
+
+    def do_put(path, version):
+        stubs.bm.PutObject(bm.PutObjectRequest(repository=repo, branch="main",
+                                               entry=types_pb2.Entry(
+                                                   path=path, physical_address=f"{path}/{version}",
+                                                   size_bytes=version, checksum=f"v{version}")))
+
+    def do_read(path):
+        try:
+            entry = stubs.bm.StatObject(bm.StatObjectRequest(repository=repo, ref="main",
+                                                             path=path)).entry
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+        return int(entry.checksum[1:])
+
+    def do_commit():
+        try:
+            stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="h"))
+            return True
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                return False
+            raise
+
+    # ABORTED (bounded retries exhausted) is a clean, retryable refusal: nothing was
+    # acknowledged, so nothing was promised.
+    aborted = type("Aborted", (Exception,), {})
+
+    def retrying(fn):
+        def call(*args):
+            try:
+                return fn(*args)
+            except grpc.RpcError as error:
+                if error.code() == grpc.StatusCode.ABORTED:
+                    raise aborted() from None
+                raise
+        return call
+
+    result = hammer(retrying(do_put), retrying(do_read), retrying(do_commit), writers=4,
+                    readers=2, committers=2, seconds=3.0, retryable=(aborted,))
+    assert not result.errors, result.errors[:5]
+    assert not result.stale_reads, result.stale_reads[:5]
+    assert result.commits >= 2 and result.writes >= 50 and result.reads >= 50
+    do_commit()
+    for path, version in result.acked.items():
+        entry = stubs.bm.StatObject(bm.StatObjectRequest(repository=repo, ref="main@",
+                                                         path=path)).entry
+        assert entry.checksum == f"v{version}", path
+
+
+# The background dropper (fast in this suite) scans the cleanup queue and deletes retired
+# staging partitions at any moment; its operations are not part of the call measured.
+DROPPER_OPS = {("scan", "cleanup"), ("get", "cleanup"), ("delete", "cleanup"),
+               ("scan", "staging"), ("batch_delete", "staging")}
+
+
+def _costs(counting_backend, action) -> dict:
+    action()  # warm caches
+    counting_backend.reset()
+    action()
+    return {k: v for k, v in counting_backend.snapshot().items() if k not in DROPPER_OPS}
+
+
+def test_costs_do_not_grow_with_history(stubs, suite, counting_backend):
+    repo = new_repo(stubs, suite)
+    put(stubs, repo, "data/a")
+    stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="first"))
+
+    def measure():
+        stat = _costs(counting_backend, lambda: stubs.bm.StatObject(
+            bm.StatObjectRequest(repository=repo, ref="main", path="data/a")))
+        listing = _costs(counting_backend, lambda: stubs.bm.ListObjects(
+            bm.ListObjectsRequest(repository=repo, ref="main", page_size=10)))
+        write = _costs(counting_backend, lambda: put(stubs, repo, "data/b", "same"))
+        return stat, listing, write
+
+    shallow = measure()
+    stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="b"))
+    for i in range(199):
+        put(stubs, repo, f"history/{i}")
+        stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message=f"c{i}"))
+    deep = measure()
+    assert shallow[0] == deep[0], "StatObject cost changed with history depth"
+    assert shallow[1] == deep[1], "ListObjects cost changed with history depth"
+    assert shallow[2] == deep[2], "PutObject cost changed with history depth"
+    assert sum(v for (op, cls), v in shallow[0].items() if cls == "staging") == 0
+
+
+def test_retired_staging_tokens_are_dropped(stubs, suite, counting_backend):
+    repo = new_repo(stubs, suite)
+    token = stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="main")).branch \
+        .staging_token
+    for i in range(20):
+        put(stubs, repo, f"f{i}")
+    stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="c"))
+    backend = counting_backend.inner
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        left = list(backend.scan(f"staging/{token}".encode()))
+        if not left:
+            break
+        time.sleep(0.05)
+    assert left == []
+    assert list(backend.scan(b"cleanup")) == [] or all(
+        item.key != f"staging/{token}".encode() for item in backend.scan(b"cleanup"))

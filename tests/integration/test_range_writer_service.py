@@ -1,0 +1,192 @@
+"""The range-writer service on a real gRPC server (port 0), driven by RemoteRangeWriter."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from quarry import errors
+from quarry.blob import CountingBlobStore, LocalBlobStore, open_blob_store
+from quarry.committed import (EMPTY_METARANGE_ID, CommittedManager, DuplicatePath,
+                              MetaRangeNotFound, NotImplementedYet, UnsortedInput)
+from quarry.committed.remote import RemoteRangeWriter
+from quarry.graveler.model import Change, ChangeType, Entry
+from quarry.runtime.errors import error_info, from_rpc_error
+from quarry.runtime.server import create_server
+from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc, types_pb2
+from support.servers import settings_for_tests
+
+
+@contextlib.contextmanager
+def range_writer(manager: CommittedManager) -> Iterator[str]:
+    from range_writer.service import build
+
+    settings = settings_for_tests()
+    server, port = create_server(settings, build(settings, manager=manager), port=0,
+                                 host="127.0.0.1")
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=1.0)
+
+
+@pytest.fixture
+def served(tmp_path):
+    stores: dict[str, CountingBlobStore] = {}
+
+    def opener(ns: str) -> CountingBlobStore:
+        store = open_blob_store(ns)  # validates the namespace like the real service
+        stores[ns] = CountingBlobStore(LocalBlobStore(store.root, durable=False))
+        return stores[ns]
+
+    manager = CommittedManager(opener, str(tmp_path / "cache"), target_range_entries=32)
+    with range_writer(manager) as target, RemoteRangeWriter(target) as remote:
+        yield remote, target, str(tmp_path / "ns"), stores
+
+
+def entry(path: str, version: int = 0) -> Entry:
+    return Entry(path, f"addr/{path}/{version}", version, f"c{version}",
+                 1_700_000_000_000_000 + version, "text/plain", {"v": str(version)})
+
+
+def test_write_apply_and_read_back(served, tmp_path):
+    remote, _target, namespace, _stores = served
+    base_entries = [entry(f"p/{i:05d}") for i in range(3000)]
+    written = remote.write_metarange(namespace, iter(base_entries))
+    assert written.summary.added == 3000 and written.ranges_written > 10
+    local = CommittedManager(lambda ns: LocalBlobStore(ns), None, target_range_entries=32)
+    assert local.write_metarange(str(tmp_path / "local"), base_entries).metarange_id == \
+        written.metarange_id  # same content, same id, whoever writes it
+    changes = ([(f"p/{i:05d}", entry(f"p/{i:05d}", 1)) for i in range(0, 3000, 2)]
+               + [(f"p/{i:05d}", None) for i in range(1, 3000, 2)])
+    changes.sort()
+    applied = remote.apply_changes(namespace, written.metarange_id, changes)  # 2 batches
+    assert (applied.summary.added, applied.summary.removed, applied.summary.changed) == (
+        0, 1500, 1500)
+    listed = list(local.iterate(namespace, applied.metarange_id))
+    assert listed == [entry(f"p/{i:05d}", 1) for i in range(0, 3000, 2)]
+    ranges = remote.get_metarange(namespace, applied.metarange_id)
+    assert ranges == local.get_metarange(namespace, applied.metarange_id)
+    assert sum(r.count for r in ranges) == 1500
+    # Change objects and an empty base work over the wire too.
+    fresh = remote.apply_changes(namespace, "", [Change(ChangeType.ADDED, "a", entry("a"))])
+    assert local.get_entry(namespace, fresh.metarange_id, "a") == entry("a")
+    empty = remote.write_metarange(namespace, [])
+    assert empty.metarange_id == EMPTY_METARANGE_ID
+    assert remote.get_metarange(namespace, EMPTY_METARANGE_ID) == []
+    local.close()
+
+
+def test_one_change_costs_over_the_wire(served):
+    remote, _target, namespace, stores = served
+    base = remote.write_metarange(namespace, [entry(f"k/{i:05d}") for i in range(5000)])
+    store = stores[namespace]
+    store.reset()
+    result = remote.apply_changes(namespace, base.metarange_id,
+                                  [("k/02500", entry("k/02500", 7))])
+    assert result.summary.changed == 1
+    assert result.ranges_written <= 2 and store.counts["put"] <= 3
+    assert store.reads <= 2  # the touched range(s); the metarange is cached in the server
+
+
+def test_errors_map_back_to_domain_exceptions(served):
+    remote, target, namespace, _stores = served
+    with pytest.raises(UnsortedInput) as caught:
+        remote.apply_changes(namespace, "", [("b", None), ("a", None)])
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(DuplicatePath):
+        remote.write_metarange(namespace, [entry("a"), entry("a")])
+    with pytest.raises(MetaRangeNotFound):
+        remote.apply_changes(namespace, "f" * 64, [])
+    with pytest.raises(MetaRangeNotFound):
+        remote.get_metarange(namespace, "f" * 64)
+    with pytest.raises(errors.InvalidArgument):
+        remote.apply_changes("relative/namespace", "", [])
+
+    class Boom(Exception):
+        pass
+
+    def failing():
+        yield ("a", None)
+        raise Boom("caller's iterator failed")
+
+    with pytest.raises(Boom):
+        remote.apply_changes(namespace, "", failing())
+
+
+def _raw_status(call):
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    info, _ = error_info(caught.value)
+    return caught.value.code(), info.reason if info else None, from_rpc_error(caught.value)
+
+
+def test_stream_protocol_is_validated(served):
+    _remote, target, namespace, _stores = served
+    with grpc.insecure_channel(target) as channel:
+        stub = range_writer_pb2_grpc.RangeWriterStub(channel)
+        header = range_writer_pb2.ApplyChangesRequest(
+            header=range_writer_pb2.ApplyChangesHeader(storage_namespace=namespace))
+        batch = range_writer_pb2.ApplyChangesRequest(changes=range_writer_pb2.ChangeBatch(
+            changes=[types_pb2.Change(type=types_pb2.CHANGE_TYPE_REMOVED, path="x")]))
+        for requests in ([], [batch], [batch, header], [header, header]):
+            code, reason, _ = _raw_status(lambda: stub.ApplyChanges(iter(requests), timeout=10))
+            assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_STREAM")
+        no_namespace = range_writer_pb2.ApplyChangesRequest(
+            header=range_writer_pb2.ApplyChangesHeader())
+        code, _, _ = _raw_status(lambda: stub.ApplyChanges(iter([no_namespace]), timeout=10))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        put_without_entry = range_writer_pb2.ApplyChangesRequest(
+            changes=range_writer_pb2.ChangeBatch(
+                changes=[types_pb2.Change(type=types_pb2.CHANGE_TYPE_ADDED, path="x")]))
+        code, _, _ = _raw_status(
+            lambda: stub.ApplyChanges(iter([header, put_without_entry]), timeout=10))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        unsorted = range_writer_pb2.ApplyChangesRequest(changes=range_writer_pb2.ChangeBatch(
+            changes=[types_pb2.Change(type=types_pb2.CHANGE_TYPE_REMOVED, path=p)
+                     for p in ("b", "a")]))
+        code, reason, _ = _raw_status(
+            lambda: stub.ApplyChanges(iter([header, unsorted]), timeout=10))
+        assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "UNSORTED_INPUT")
+        wm_first = range_writer_pb2.WriteMetaRangeRequest(
+            entries=range_writer_pb2.EntryBatch())
+        code, reason, _ = _raw_status(lambda: stub.WriteMetaRange(iter([wm_first]), timeout=10))
+        assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_STREAM")
+        code, reason, exc = _raw_status(lambda: stub.MergeMetaRanges(
+            range_writer_pb2.MergeMetaRangesRequest(storage_namespace=namespace), timeout=10))
+        assert (code, reason) == (grpc.StatusCode.UNIMPLEMENTED, "NOT_IMPLEMENTED")
+        assert isinstance(exc, NotImplementedYet)
+
+
+def test_health_and_server_info(served):
+    _remote, target, _namespace, _stores = served
+    with grpc.insecure_channel(target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        reply = health.Check(health_pb2.HealthCheckRequest(service="quarry.v1.RangeWriter"),
+                             timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        from quarry.v1 import server_info_pb2, server_info_pb2_grpc
+
+        info = server_info_pb2_grpc.ServerInfoStub(channel).GetServerInfo(
+            server_info_pb2.GetServerInfoRequest(), timeout=5)
+        assert info.service == "range-writer"
+
+
+def test_default_build_uses_settings(tmp_path):
+    from range_writer.service import build
+
+    settings = settings_for_tests(home=str(tmp_path / "home"))
+    spec = build(settings)
+    assert spec.name == "range-writer"
+    server, port = create_server(settings, spec, port=0, host="127.0.0.1")
+    try:
+        with RemoteRangeWriter(f"127.0.0.1:{port}") as remote:
+            namespace = str(tmp_path / "ns")
+            result = remote.write_metarange(namespace, [entry("x")])
+            assert remote.get_metarange(namespace, result.metarange_id)[0].count == 1
+    finally:
+        server.stop(grace=1.0)

@@ -1,0 +1,25 @@
+"""Fixtures of the client unit tests: a scripted fake server (see client_fakes)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from client_fakes import Fake
+from quarry.client import Client
+
+
+@pytest.fixture
+def fake() -> Iterator[Fake]:
+    server = Fake()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def client(fake) -> Iterator[Client]:
+    with fake.client() as c:
+        yield c

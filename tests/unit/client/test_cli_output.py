@@ -1,0 +1,94 @@
+"""The CLI's plain-text helpers: progress printer, tables, JSON of protobuf messages."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from quarry.cli import output
+from quarry.cli.progress import Progress, human_bytes
+from quarry.cli.upload import plan
+from quarry.v1 import types_pb2
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_progress_draws_only_when_enabled():
+    quiet = io.StringIO()  # not a terminal
+    with Progress("uploading", 10, stream=quiet) as bar:
+        bar.advance(5)
+    assert quiet.getvalue() == ""
+
+
+def test_progress_bar_throttles_and_finishes():
+    stream, clock = io.StringIO(), Clock()
+    bar = Progress("uploading", 4, unit="files", stream=stream, enabled=True, clock=clock,
+                   min_interval=1.0)
+    clock.now = 2.0
+    bar.advance()  # drawn
+    bar.advance()  # throttled
+    clock.now = 2.5
+    bar.advance(2)  # finished: always drawn
+    bar.close()
+    frames = stream.getvalue().split("\r")[1:]
+    assert len(frames) == 3
+    assert frames[0].startswith("uploading [######------------------] 1/4 files  25%")
+    assert frames[1].startswith("uploading [########################] 4/4 files 100%")
+    assert stream.getvalue().endswith("\n")
+
+
+def test_progress_without_total_and_clear():
+    stream = io.StringIO()
+    bar = Progress("listing", stream=stream, enabled=True, unit="entries", min_interval=0)
+    bar.update(1500)
+    assert "listing 1,500 entries" in stream.getvalue()
+    bar.clear()
+    assert stream.getvalue().endswith("\r")
+
+
+def test_table_and_fields():
+    out = io.StringIO()
+    output.table(["NAME", "SIZE", "PATH"], [("a", 5, "x/y"), ("long-name", 12345, "z")],
+                 out, right=[1])
+    assert out.getvalue().splitlines() == ["NAME        SIZE  PATH",
+                                           "a              5  x/y",
+                                           "long-name  12345  z"]
+    out = io.StringIO()
+    output.fields([("path", "a"), ("checksum", "abc")], out)
+    assert out.getvalue() == "path:     a\nchecksum: abc\n"
+    assert human_bytes(1536) == "1.5 KiB" and human_bytes(12) == "12 B"
+
+
+def test_json_keeps_int64_numbers_and_timestamps():
+    entry = types_pb2.Entry(path="p", size_bytes=2**40, metadata={"b": "2", "a": "1"})
+    entry.mtime.FromSeconds(1714564800)
+    out = io.StringIO()
+    output.print_json(entry, out)
+    data = json.loads(out.getvalue())
+    assert data["size_bytes"] == 2**40
+    assert data["mtime"] == "2024-05-01T12:00:00Z"
+    assert list(data["metadata"]) == ["a", "b"]
+    branch = output.to_jsonable(types_pb2.Branch(name="b"))
+    assert branch["dirty"] is None and branch["sealed_tokens"] == []
+    change = output.to_jsonable(types_pb2.Change(type=types_pb2.CHANGE_TYPE_REMOVED, path="x"))
+    assert change == {"type": "CHANGE_TYPE_REMOVED", "path": "x", "entry": None}
+    assert output.timestamp_text(entry.mtime) == "2024-05-01T12:00:00Z"
+
+
+def test_upload_plan(tmp_path):
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "b.txt").write_text("b")
+    (tmp_path / "d" / "sub" / "a.txt").write_text("a")
+    paths = [p.path for p in plan(tmp_path / "d", "in/")]
+    assert paths == ["in/b.txt", "in/sub/a.txt"]
+    assert [p.path for p in plan(tmp_path / "d", "")] == ["b.txt", "sub/a.txt"]
+    single = tmp_path / "d" / "b.txt"
+    assert plan(single, "x/y.txt")[0].path == "x/y.txt"
+    assert plan(single, "x/")[0].path == "x/b.txt"
+    assert plan(single, "")[0].path == "b.txt"
