@@ -7,6 +7,7 @@ import time
 import grpc
 
 import quarry
+from quarry.cli.main import SERVICE_MODULES
 from quarry.kv.sqlite import SQLiteStore
 from quarry.v1 import server_info_pb2, server_info_pb2_grpc
 from support.processes import VENV_BIN, free_port, quarry_env, quarry_serve, wait_serving
@@ -34,14 +35,18 @@ def test_version():
 
 
 def test_up_starts_the_suite_on_embedded_defaults_and_stops_on_ctrl_c(tmp_path):
-    port = free_port()
-    env = quarry_env(tmp_path / "home", QUARRY_KV_GATEWAY_PORT=str(port),
-                     QUARRY_KV_GATEWAY_ADDRESS=f"127.0.0.1:{port}")
+    ports = {name: free_port() for name in SERVICE_MODULES}
+    port = ports["kv-gateway"]
+    env = quarry_env(tmp_path / "home", **{
+        f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
+        for name, p in ports.items()
+        for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))})
     child = subprocess.Popen([str(VENV_BIN / "quarry"), "up"], env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         banner = read_until(child, "Press Ctrl-C")
-        assert f"kv-gateway        127.0.0.1:{port}" in banner
+        for name, p in ports.items():
+            assert f"{name:<17} 127.0.0.1:{p}" in banner, banner
         assert "grpcurl -plaintext" in banner
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             info = server_info_pb2_grpc.ServerInfoStub(channel).GetServerInfo(

@@ -190,3 +190,17 @@ def test_default_build_uses_settings(tmp_path):
             assert remote.get_metarange(namespace, result.metarange_id)[0].count == 1
     finally:
         server.stop(grace=1.0)
+
+
+def test_batches_respect_the_byte_budget(served):
+    _remote, target, namespace, _stores = served
+    big = [Entry(f"b/{i:03d}", "a", 1, "c", 0, "", {"blob": "x" * 3000}) for i in range(40)]
+    with RemoteRangeWriter(target, batch_items=1000, batch_bytes=10_000) as small_batches:
+        written = small_batches.write_metarange(namespace, big)  # ~13 messages
+        assert written.summary.added == 40
+        applied = small_batches.apply_changes(
+            namespace, written.metarange_id, [(e.path, None) for e in big[::2]])
+    assert applied.summary.removed == 20
+    local = CommittedManager(lambda ns: LocalBlobStore(ns), None)
+    assert list(local.iterate(namespace, applied.metarange_id)) == big[1::2]
+    local.close()

@@ -48,18 +48,7 @@ class S3BlobStore(BlobStore):
         self.endpoint_url = endpoint_url or None
         self.region = region
         if client is None:
-            import boto3
-            from botocore.config import Config
-
-            config = Config(
-                region_name=region,
-                retries={"mode": "standard", "max_attempts": 5},
-                max_pool_connections=max_pool_connections,
-                # Custom endpoints (S3-compatible servers on an IP) want path-style URLs.
-                s3={"addressing_style": "path"} if self.endpoint_url else {},
-            )
-            client = boto3.session.Session().client("s3", endpoint_url=self.endpoint_url,
-                                                    config=config)
+            client = shared_client(self.endpoint_url, region, max_pool_connections)
         self._client = client
         self._conditional_put_supported = True
         self._lock = threading.Lock()
@@ -164,9 +153,33 @@ class S3BlobStore(BlobStore):
             raise _unavailable(exc) from exc
 
     def close(self) -> None:
-        close = getattr(self._client, "close", None)
-        if close is not None:
-            close()
+        pass  # the client is shared by every store on the same endpoint and region
+
+
+_clients: dict[tuple[str | None, str, int], Any] = {}
+_clients_lock = threading.Lock()
+
+
+def shared_client(endpoint_url: str | None, region: str, max_pool_connections: int = 32):
+    """One boto3 S3 client per (endpoint, region): clients are thread-safe and costly to
+    build, and a service may open many repositories' namespaces."""
+    key = (endpoint_url, region, max_pool_connections)
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            config = Config(
+                region_name=region,
+                retries={"mode": "standard", "max_attempts": 5},
+                max_pool_connections=max_pool_connections,
+                # Custom endpoints (S3-compatible servers on an IP) want path-style URLs.
+                s3={"addressing_style": "path"} if endpoint_url else {},
+            )
+            client = _clients[key] = boto3.session.Session().client(
+                "s3", endpoint_url=endpoint_url, config=config)
+        return client
 
 
 def _unavailable(exc: Exception) -> errors.QuarryError:

@@ -451,7 +451,8 @@ def stat(args, ctx):
 
 @command
 def commit(args, ctx):
-    response = ctx.client.commit(args.repo, args.branch, args.message, args.author or "",
+    response = ctx.client.commit(args.repo, args.branch, args.message,
+                                 args.author or _default_author(),
                                  dict(args.meta or []), args.allow_empty)
     if ctx.json:
         output.print_json(response)
@@ -639,7 +640,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("repo", metavar="REPO")
     p.add_argument("branch", metavar="BRANCH")
     p.add_argument("-m", "--message", required=True)
-    p.add_argument("--author", metavar="A", help="the committer recorded in the commit")
+    p.add_argument("--author", metavar="A",
+                   help="the committer recorded in the commit (default: your user name)")
     p.add_argument("--meta", action="append", type=key_value, metavar="K=V",
                    help="commit metadata (repeatable)")
     p.add_argument("--allow-empty", action="store_true")
@@ -676,3 +678,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 __all__ = ["register", "command", "CliError", "Context"]
+
+
+def _default_author() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 — no user database entry (containers)
+        return ""

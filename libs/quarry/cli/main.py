@@ -106,14 +106,19 @@ def cmd_up(args: argparse.Namespace) -> int:
             print(f"  {name:<17} {settings.listen_host}:{port}"
                   + (f"   metrics http://{settings.metrics_host}:{metrics}/metrics"
                      if metrics else ""))
-        kv_port = settings.kv_gateway_port
-        print("\nTry it (grpcurl uses server reflection):")
-        print(f"  grpcurl -plaintext {settings.listen_host}:{kv_port} list")
-        print(f"  grpcurl -plaintext {settings.listen_host}:{kv_port} "
+        host = settings.listen_host
+        lake = home / "lake" / "demo"
+        print("\nTry it from another terminal:")
+        print(f"  quarry repo create demo {lake}")
+        print("  quarry put demo main docs/ --from README.md")
+        print("  quarry commit demo main -m 'first commit'")
+        print("  quarry ls demo main --recursive && quarry log demo main")
+        print("\nOr with grpcurl (every service serves reflection):")
+        print(f"  grpcurl -plaintext {host}:{settings.branch_manager_port} list")
+        print(f"  grpcurl -plaintext -d '{{\"repository\":\"demo\",\"ref\":\"main\"}}' "
+              f"{host}:{settings.branch_manager_port} quarry.v1.BranchManager/ListObjects")
+        print(f"  grpcurl -plaintext {host}:{settings.kv_gateway_port} "
               "quarry.v1.ServerInfo/GetServerInfo")
-        print(f"  grpcurl -plaintext -d '{{\"partition_key\":\"cXVhcnJ5\",\"key\":"
-              f"\"Zm9ybWF0LXZlcnNpb24=\"}}' {settings.listen_host}:{kv_port} "
-              "quarry.v1.KVGateway/GetItem")
         print("\nPress Ctrl-C to stop.", flush=True)
         signal.signal(signal.SIGTERM, _interrupt)
         while True:

@@ -1,8 +1,30 @@
 """Committed storage: immutable ranges and metaranges in the object store (ARCHITECTURE §5).
 
-    manager = CommittedManager(lambda ns: open_blob_store(ns, settings), settings.effective_cache_dir)
+    manager = CommittedManager.from_settings(settings)        # or CommittedManager(opener, cache_dir)
     result = manager.apply_changes(namespace, base_metarange_id, sorted_changes)
     manager.get_entry(namespace, result.metarange_id, "path")
+
+Chunking is content-defined (format.is_boundary, DEFAULT_TARGET_RANGE_ENTRIES, and a byte
+cap DEFAULT_MAX_RANGE_BYTES of format.entry_bytes): the same entry set gives the same range
+and metarange ids whatever the history, under the same two parameters.
+
+Object-store cost of each operation (n = entries, k = changes; "read" = one GET, or one local
+file read; memory and disk caches make repeated reads free):
+
+    get_metarange / count        1 metarange read (0 for the empty metarange)
+    get_entry                    1 metarange + at most 1 range
+    iterate(start, prefix)       1 metarange + each range reached; ranges before start or
+                                 past the prefix are never read
+    diff(left, right)            2 metaranges + the ranges whose ids differ that the walk
+                                 reaches; a pair of equal range ids is skipped unread
+    apply_changes(k changes)     1 metarange + the ranges a change falls into (+ the next one
+                                 when a change moves a range end: realignment), 1 put (if
+                                 absent) per new range + 1 for the new metarange; no put at all
+                                 when nothing really changed. Independent of n: 1 change to
+                                 100k or 1M entries reads <= 2 ranges and writes <= 2 + 1.
+    write_metarange(n entries)   ~n / 1024 range puts + 1 metarange put, no reads
+Every put is content-addressed and conditional (put if_absent: S3 If-None-Match), so writing
+a range that exists is a no-op.
 """
 
 from quarry.committed.errors import (DuplicatePath, InvalidMetaRangeId, InvalidPath,

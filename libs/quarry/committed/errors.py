@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import grpc
-
 from quarry import errors
 # One class per ErrorInfo reason across the library, so clients rebuild a definite class.
 from quarry.graveler.errors import InvalidPath  # noqa: F401
@@ -37,18 +35,9 @@ class RangeCorrupt(errors.Internal):
     reason = "RANGE_CORRUPT"
 
 
-_Unimplemented = getattr(errors, "Unimplemented", None)
-if _Unimplemented is None:  # pragma: no cover — older quarry.errors
-    class _Unimplemented(errors.QuarryError):  # type: ignore[no-redef]
-        code = grpc.StatusCode.UNIMPLEMENTED
-        reason = "NOT_IMPLEMENTED"
-
-
-class NotImplementedYet(_Unimplemented):  # type: ignore[valid-type,misc]
-    """An RPC of the contract whose capability is not built yet (UNIMPLEMENTED)."""
-
-    code = grpc.StatusCode.UNIMPLEMENTED
-    reason = "NOT_IMPLEMENTED"
+# UNIMPLEMENTED / NOT_IMPLEMENTED: an RPC of the contract whose capability is not built yet.
+# One class per reason: the library-wide one.
+NotImplementedYet = errors.Unimplemented
 
 
 class InvalidStream(errors.InvalidArgument):

@@ -20,8 +20,11 @@ class EntryIterator:
     """
 
     def __init__(self, load: RangeLoader, metarange: MetaRange, start: str = "",
-                 prefix: str = ""):
+                 prefix: str = "", prefetch: Callable[[RangeInfo], None] | None = None,
+                 readahead: int = 0):
         self._load = load
+        self._prefetch = prefetch if readahead > 0 else None
+        self._readahead = readahead
         self._metarange = metarange
         self._start = max(start or "", prefix or "")
         self._prefix = prefix or ""
@@ -70,6 +73,8 @@ class EntryIterator:
                 info = ranges[self._idx]
                 if prefix and info.min_key > self._lower and not info.min_key.startswith(prefix):
                     break  # the next range starts past the prefix
+                if self._prefetch is not None:
+                    self._read_ahead()
                 data = self._data = self._load(info)
                 self._pos = bisect.bisect_left(data.paths, self._lower)
             if self._pos >= data.n:
@@ -85,6 +90,15 @@ class EntryIterator:
         self._data = None
         raise StopIteration
 
+    def _read_ahead(self) -> None:
+        ranges = self._metarange.ranges
+        prefix = self._prefix
+        for idx in range(self._idx + 1, min(len(ranges), self._idx + 1 + self._readahead)):
+            info = ranges[idx]
+            if prefix and not info.min_key.startswith(prefix):
+                break
+            self._prefetch(info)
+
     def close(self) -> None:
         self._done = True
         self._data = None
@@ -93,15 +107,22 @@ class EntryIterator:
 class _Side:
     """One side of a diff: a position in a metarange, loading ranges only when needed."""
 
-    __slots__ = ("_load", "ranges", "idx", "data", "pos", "lower")
+    __slots__ = ("_load", "ranges", "idx", "data", "pos", "lower", "_prefetch", "_unique",
+                 "_readahead")
 
-    def __init__(self, load: RangeLoader, metarange: MetaRange, lower: str):
+    def __init__(self, load: RangeLoader, metarange: MetaRange, lower: str,
+                 prefetch: Callable[[RangeInfo], None] | None = None,
+                 unique: list[int] | None = None, readahead: int = 0):
         self._load = load
         self.ranges = metarange.ranges
         self.idx = metarange.range_index(lower)
         self.data: RangeData | None = None
         self.pos = 0
         self.lower = lower
+        # Indexes of ranges whose id is absent on the other side: they will be read.
+        self._prefetch = prefetch if readahead > 0 and unique else None
+        self._unique = unique or []
+        self._readahead = readahead
 
     def at_unread_range(self) -> RangeInfo | None:
         """The current range if none of it has been consumed (and it is not loaded)."""
@@ -114,6 +135,10 @@ class _Side:
 
     def _ensure_loaded(self) -> RangeData:
         if self.data is None:
+            if self._prefetch is not None:
+                k = bisect.bisect_right(self._unique, self.idx)
+                for idx in self._unique[k:k + self._readahead]:
+                    self._prefetch(self.ranges[idx])
             data = self.data = self._load(self.ranges[self.idx])
             self.pos = bisect.bisect_left(data.paths, self.lower)
         return self.data
@@ -134,10 +159,10 @@ class _Side:
             self.idx += 1
 
     def identity(self) -> bytes:
-        return self._ensure_loaded().identities[self.pos]
+        return self._ensure_loaded().identity(self.pos)
 
     def entry(self) -> Entry:
-        return self._ensure_loaded().entry(self.pos)
+        return self._ensure_loaded().sparse_entry(self.pos)
 
     def advance(self) -> None:
         data = self._ensure_loaded()
@@ -148,10 +173,17 @@ class _Side:
 
 
 def diff_metaranges(load: RangeLoader, left: MetaRange, right: MetaRange, prefix: str = "",
-                    start: str = "") -> Iterator[Change]:
+                    start: str = "", prefetch: Callable[[RangeInfo], None] | None = None,
+                    readahead: int = 0) -> Iterator[Change]:
     lower = max(start or "", prefix or "")
-    a = _Side(load, left, lower)
-    b = _Side(load, right, lower)
+    unique_a = unique_b = None
+    if prefetch is not None and readahead > 0:
+        ids_a = {r.id for r in left.ranges}
+        ids_b = {r.id for r in right.ranges}
+        unique_a = [i for i, r in enumerate(left.ranges) if r.id not in ids_b]
+        unique_b = [i for i, r in enumerate(right.ranges) if r.id not in ids_a]
+    a = _Side(load, left, lower, prefetch, unique_a, readahead)
+    b = _Side(load, right, lower, prefetch, unique_b, readahead)
     while True:
         ra, rb = a.at_unread_range(), b.at_unread_range()
         if ra is not None and rb is not None and ra.id == rb.id:
@@ -204,7 +236,7 @@ def _merge_loaded(a: _Side, b: _Side, prefix: str) -> Iterator[Change]:
                 if prefix and not ka.startswith(prefix):
                     return
                 if ida[i * 32:i * 32 + 32] != idb[j * 32:j * 32 + 32]:
-                    yield Change(ChangeType.CHANGED, kb, db.entry(j))
+                    yield Change(ChangeType.CHANGED, kb, db.sparse_entry(j))
                 i += 1
                 j += 1
             elif ka < kb:
@@ -215,7 +247,7 @@ def _merge_loaded(a: _Side, b: _Side, prefix: str) -> Iterator[Change]:
             else:
                 if prefix and not kb.startswith(prefix):
                     return
-                yield Change(ChangeType.ADDED, kb, db.entry(j))
+                yield Change(ChangeType.ADDED, kb, db.sparse_entry(j))
                 j += 1
     finally:
         a.pos, b.pos = i, j

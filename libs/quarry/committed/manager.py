@@ -303,23 +303,30 @@ class CommittedManager:
         return data.entry_at(j) if j >= 0 else None
 
     def iterate(self, namespace: str, metarange_id: str, start: str = "",
-                prefix: str = "") -> EntryIterator:
+                prefix: str = "", readahead: int = 0) -> EntryIterator:
         """Entries with path >= start (and starting with prefix), in path order. Ranges are
-        read lazily; ranges before start or outside the prefix are never read."""
+        read lazily; ranges before start or outside the prefix are never read.
+        `readahead` > 0 loads that many following ranges in the background (for full scans
+        over a remote store; it may read ranges a consumer that stops early never needs)."""
         metarange = self._metarange(namespace, metarange_id)
         return EntryIterator(lambda info: self._range(namespace, info), metarange,
-                             start=start, prefix=prefix)
+                             start=start, prefix=prefix,
+                             prefetch=lambda info: self._prefetch(namespace, info),
+                             readahead=readahead)
 
     def diff(self, namespace: str, left_id: str, right_id: str, prefix: str = "",
-             start: str = "") -> Iterator[Change]:
+             start: str = "", readahead: int = 0) -> Iterator[Change]:
         """Changes from left to right, by path: ADDED / REMOVED (entry None) / CHANGED (the
-        right entry), by identity. Ranges with equal ids on both sides are skipped unread."""
+        right entry), by identity. Ranges with equal ids on both sides are skipped unread.
+        `readahead` > 0 loads upcoming ranges that differ in the background (see iterate)."""
         left = self._metarange(namespace, left_id)
         right = self._metarange(namespace, right_id)
         if left.id == right.id:
             return iter(())
         return diff_metaranges(lambda info: self._range(namespace, info), left, right,
-                               prefix=prefix, start=start)
+                               prefix=prefix, start=start,
+                               prefetch=lambda info: self._prefetch(namespace, info),
+                               readahead=readahead)
 
     # ---- writes -----------------------------------------------------------------------------
 

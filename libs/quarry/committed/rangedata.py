@@ -92,8 +92,8 @@ def _make_entry(path: str, address: str, size: int, checksum: str, mtime_us: int
 class RangeData:
     """One range: its RangeInfo and its Arrow table, with lazily derived Python columns."""
 
-    __slots__ = ("info", "table", "n", "_paths", "_identities", "_columns", "_cum",
-                 "_last_boundary", "_identity_lookups")
+    __slots__ = ("info", "table", "n", "_paths", "_identities", "_identity_blob", "_columns",
+                 "_cum", "_last_boundary", "_sparse_lookups")
 
     def __init__(self, info: RangeInfo, table: pa.Table):
         self.info = info
@@ -101,10 +101,11 @@ class RangeData:
         self.n = table.num_rows
         self._paths: list[str] | None = None
         self._identities: list[bytes] | None = None
+        self._identity_blob: bytes | None = None
         self._columns: tuple | None = None
         self._cum: list[int] | None = None
         self._last_boundary: dict[int, bool] = {}
-        self._identity_lookups = 0
+        self._sparse_lookups = 0
 
     @property
     def id(self) -> str:
@@ -112,7 +113,7 @@ class RangeData:
 
     @property
     def cache_bytes(self) -> int:
-        return self.table.nbytes + self.n * _PY_BYTES_PER_ROW
+        return self.table.nbytes + self.n * (_PY_BYTES_PER_ROW + 32)
 
     @property
     def paths(self) -> list[str]:
@@ -127,12 +128,11 @@ class RangeData:
         return self._identities
 
     def identity(self, i: int) -> bytes:
-        """Identity of row i: scalar access for a few lookups, the whole column after."""
-        if self._identities is None:
-            self._identity_lookups += 1
-            if self._identity_lookups <= 16:
-                return self.table.column("identity")[i].as_py()
-        return self.identities[i]
+        """Identity of row i (a slice of identity_blob: no per-row objects are built)."""
+        blob = self._identity_blob
+        if blob is None:
+            blob = self.identity_blob
+        return blob[i * 32:i * 32 + 32]
 
     def find(self, path: str) -> int:
         """Row index of `path`, or -1."""
@@ -176,12 +176,24 @@ class RangeData:
         return _make_entry(columns[0][i], columns[1][i], columns[2][i], columns[3][i],
                            columns[4][i], columns[5][i], columns[6][i], columns[7][i])
 
+    def sparse_entry(self, i: int) -> Entry:
+        """Row i as an Entry when only a few rows of the range will be needed: point reads
+        for the first few, whole columns after that."""
+        if self._columns is None:
+            self._sparse_lookups += 1
+            if self._sparse_lookups <= 8:
+                return self.entry_at(i)
+        return self.entry(i)
+
     @property
     def identity_blob(self) -> bytes:
         """The identities of all rows, concatenated (32 bytes each)."""
-        column = _chunk(self.table, "identity")
-        start = column.offset * 32
-        return bytes(memoryview(column.buffers()[1])[start:start + self.n * 32])
+        if self._identity_blob is None:
+            column = _chunk(self.table, "identity")
+            start = column.offset * 32
+            self._identity_blob = bytes(
+                memoryview(column.buffers()[1])[start:start + self.n * 32])
+        return self._identity_blob
 
     def entry_at(self, i: int) -> Entry:
         """Row i as an Entry without building whole columns (for point lookups)."""

@@ -71,15 +71,17 @@ class RemoteRangeWriter:
             raise from_rpc_error(error) from None
 
     def _batches(self, items: Iterable, add, wrap, failure: _Failure) -> Iterator:
-        """Group items into messages of at most batch_items / ~batch_bytes."""
+        """Group items into messages of at most batch_items / ~batch_bytes. `add(batch,
+        item)` appends one item and returns its approximate size."""
         try:
             batch = None
-            size = 0
+            size = count = 0
             for item in items:
                 if batch is None:
-                    batch, size = wrap(), 0
+                    batch, size, count = wrap(), 0, 0
                 size += add(batch, item)
-                if len(_items_of(batch)) >= self._batch_items or size >= self._batch_bytes:
+                count += 1
+                if count >= self._batch_items or size >= self._batch_bytes:
                     yield batch
                     batch = None
             if batch is not None:
@@ -143,7 +145,3 @@ class RemoteRangeWriter:
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
         return [range_info_from_proto(r) for r in response.ranges]
-
-
-def _items_of(batch):
-    return batch.changes if hasattr(batch, "changes") else batch.entries

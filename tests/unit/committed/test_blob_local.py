@@ -121,3 +121,9 @@ def test_counting_store_counts_by_kind(tmp_path):
     assert store.bytes_written == 5 and store.bytes_read == 5
     store.reset()
     assert sum(store.counts.values()) == 0 and store.reads == 0
+
+
+def test_is_local_is_not_an_operation(tmp_path):
+    store = CountingBlobStore(LocalBlobStore(tmp_path))
+    assert store.is_local and LocalBlobStore(tmp_path).is_local
+    assert sum(store.counts.values()) == 0
