@@ -48,6 +48,15 @@ class BlobStore(abc.ABC):
         """Write atomically (readers see the old object, none, or the whole new one).
         With if_absent, an existing object is left alone and False is returned."""
 
+    def put_deferred(self, key: str, data: bytes) -> bool:
+        """put(if_absent=True) whose durability may wait for the next sync(): for a batch of
+        immutable objects (range files) written before the one object that refers to them
+        (their metarange). Where every put is durable at once this is just put."""
+        return self.put(key, data, if_absent=True)
+
+    def sync(self) -> None:
+        """Make every put_deferred so far durable (also objects it found already there)."""
+
     @abc.abstractmethod
     def exists(self, key: str) -> bool:
         ...

@@ -74,6 +74,18 @@ class CountingBlobStore(BlobStore):
             self._note(self.keys_written, key)
         return written
 
+    def put_deferred(self, key: str, data: bytes) -> bool:
+        self._count("put")
+        written = self.inner.put_deferred(key, data)
+        if written:
+            with self._lock:
+                self.bytes_written += len(data)
+            self._note(self.keys_written, key)
+        return written
+
+    def sync(self) -> None:
+        self.inner.sync()  # a barrier, not an object operation: not counted
+
     def exists(self, key: str) -> bool:
         self._count("exists")
         return self.inner.exists(key)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import uuid
 from typing import Iterator
 
@@ -20,6 +21,9 @@ class LocalBlobStore(BlobStore):
         # fsync files (and their directory) before they become visible: a metarange must
         # never outlive, across a crash, a range file it points to.
         self.durable = durable
+        # Directories holding put_deferred files whose entries are not yet fsynced.
+        self._unsynced_dirs: set[str] = set()
+        self._unsynced_lock = threading.Lock()
         os.makedirs(self.root, exist_ok=True)
 
     def __repr__(self) -> str:
@@ -78,7 +82,24 @@ class LocalBlobStore(BlobStore):
         finally:
             os.close(fd)
 
+    def put_deferred(self, key: str, data: bytes) -> bool:
+        # The file's bytes are fsynced now; its directory entry by the next sync(), once for
+        # the whole batch instead of once per file.
+        directory = os.path.dirname(self._path(key))
+        with self._unsynced_lock:
+            self._unsynced_dirs.add(directory)
+        return self._put(key, data, if_absent=True, sync_directory=False)
+
+    def sync(self) -> None:
+        with self._unsynced_lock:
+            directories, self._unsynced_dirs = self._unsynced_dirs, set()
+        for directory in sorted(directories):
+            self._sync_dir(directory)
+
     def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
+        return self._put(key, data, if_absent, sync_directory=True)
+
+    def _put(self, key: str, data: bytes, if_absent: bool, sync_directory: bool) -> bool:
         path = self._path(key)
         directory = os.path.dirname(path)
         if if_absent and os.path.exists(path):
@@ -105,7 +126,8 @@ class LocalBlobStore(BlobStore):
                         return False
                     os.replace(temp, path)
                     temp = ""
-            self._sync_dir(directory)
+            if sync_directory:
+                self._sync_dir(directory)
             return True
         finally:
             if temp:

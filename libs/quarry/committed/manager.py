@@ -435,6 +435,8 @@ class CommittedManager:
 
     def _write_metarange(self, namespace: str, store: BlobStore,
                          ranges: list[RangeInfo]) -> str:
+        # The ranges it names become durable before the metarange can.
+        store.sync()
         metarange_id = metarange_id_of(ranges)
         data = encode_metarange(ranges, metarange_id)
         if store.put(metarange_key(metarange_id), data, if_absent=True):
@@ -625,7 +627,7 @@ class _RangeSink:
         manager = self._manager
         key = range_key(info.id)
         data = encode_range(table, info.id)
-        if self._store.put(key, data, if_absent=True):
+        if self._store.put_deferred(key, data):
             manager._count("ranges_written")
         else:
             manager._count("ranges_existing")
