@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from support.processes import free_port, quarry_env, wait_serving  # noqa: E402
 
 CALLS = int(os.environ.get("BENCH_CALLS", "2000"))
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 THREADS = 8
 PARTITION = b"repo/bench/1"
 VALUE = b"x" * 200  # about a branch record
@@ -103,12 +103,21 @@ def main() -> None:
         for fn in (do_echo, do_get, do_set):  # warm up connections and caches
             rate(fn, 200)
 
-        results = {}
-        for label, fn, threads in [("echo", do_echo, 1), ("GetItem", do_get, 1),
-                                   ("SetItem", do_set, 1), ("echo x8", do_echo, THREADS),
-                                   ("GetItem x8", do_get, THREADS),
-                                   ("SetItem x8", do_set, THREADS)]:
-            results[label] = median_rate(fn, CALLS, threads)
+        # Rounds alternate echo and gateway calls, and each ratio is taken within a round,
+        # so a slow spell of this shared machine hits both sides of a ratio alike.
+        plan = [("echo", do_echo, 1), ("GetItem", do_get, 1), ("SetItem", do_set, 1),
+                ("echo x8", do_echo, THREADS), ("GetItem x8", do_get, THREADS),
+                ("SetItem x8", do_set, THREADS)]
+        samples: dict[str, list[float]] = {label: [] for label, _, _ in plan}
+        ratios: dict[str, list[float]] = {label: [] for label, _, _ in plan}
+        for _ in range(ROUNDS):
+            for label, fn, threads in plan:
+                samples[label].append(rate(fn, CALLS, threads))
+            for label, _, _ in plan:
+                base = "echo x8" if label.endswith("x8") else "echo"
+                ratios[label].append(samples[label][-1] / samples[base][-1])
+        results = {label: statistics.median(v) for label, v in samples.items()}
+        ratio = {label: statistics.median(v) for label, v in ratios.items()}
         batch_rate = median_rate(do_batch, max(50, CALLS // 50))
 
         sqlite = SQLiteStore(tmp / "raw.db")
@@ -119,15 +128,14 @@ def main() -> None:
                               CALLS)
         sqlite.close()
 
-        print(f"kv-gateway vs the gRPC floor  (median of {ROUNDS} rounds of {CALLS} calls; "
-              f"SQLite backend)")
+        print(f"kv-gateway vs the gRPC floor  (median of {ROUNDS} alternating rounds of {CALLS} "
+              f"calls; ratios within a round; SQLite backend)")
         print(f"  {'':<24}{'calls/s':>10}{'vs echo':>10}")
         for label in ("echo", "GetItem", "SetItem"):
-            print(f"  {label + ' (1 thread)':<24}{results[label]:>10,.0f}"
-                  f"{results[label] / results['echo']:>10.2f}")
+            print(f"  {label + ' (1 thread)':<24}{results[label]:>10,.0f}{ratio[label]:>10.2f}")
         for label in ("echo x8", "GetItem x8", "SetItem x8"):
             print(f"  {label.replace(' x8', '') + f' ({THREADS} threads)':<24}"
-                  f"{results[label]:>10,.0f}{results[label] / results['echo x8']:>10.2f}")
+                  f"{results[label]:>10,.0f}{ratio[label]:>10.2f}")
         per_item_us = 1e6 / (batch_rate * 100)
         get_us = 1e6 / results["GetItem"]
         print(f"  BatchGetItems(100)      {batch_rate * 100:>10,.0f} items/s  "
@@ -135,7 +143,7 @@ def main() -> None:
         print(f"  raw SQLite get          {raw_get:>10,.0f} ops/s  (in process, no gRPC)")
         print(f"  raw SQLite set          {raw_set:>10,.0f} ops/s")
         print(f"  target: GetItem >= 0.70 of echo -> "
-              f"{'MET' if results['GetItem'] / results['echo'] >= 0.70 else 'MISSED'}")
+              f"{'MET' if ratio['GetItem'] >= 0.70 else 'MISSED'}")
     finally:
         echo.stdin.close()
         echo.wait(5)

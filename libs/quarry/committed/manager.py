@@ -300,7 +300,7 @@ class CommittedManager:
             return None
         data = self._range(namespace, metarange.ranges[i])
         j = data.find(path)
-        return data.entry_at(j) if j >= 0 else None
+        return data.sparse_entry(j) if j >= 0 else None
 
     def iterate(self, namespace: str, metarange_id: str, start: str = "",
                 prefix: str = "", readahead: int = 0) -> EntryIterator:
