@@ -122,3 +122,35 @@ def test_invalid_argument_cases(gateway):
     error = json.loads(missing.stdout or missing.stderr)
     assert error["code"] == 5  # NOT_FOUND
     assert "KEY_NOT_FOUND" in json.dumps(error)
+
+
+def test_versioning_workflow_with_grpcurl(tmp_path):
+    """The README's branch-manager / committer examples, as a grpcurl user runs them."""
+    from support.suite import running_suite
+
+    with running_suite(tmp_path) as suite:
+        bm = suite.targets["branch-manager"]
+        cm = suite.targets["committer"]
+        listed = grpcurl(bm, "list")
+        assert "quarry.v1.BranchManager" in listed.stdout, listed.stderr
+        created = grpcurl(bm, "quarry.v1.BranchManager/CreateRepository",
+                          data={"name": "demo", "storage_namespace": suite.namespace("demo")})
+        assert created.returncode == 0, created.stderr
+        put = grpcurl(bm, "quarry.v1.BranchManager/PutObject", data={
+            "repository": "demo", "branch": "main",
+            "entry": {"path": "a/b.parquet", "physical_address": "s3://bucket/x",
+                      "size_bytes": "42", "checksum": "abc"}})
+        assert put.returncode == 0, put.stderr
+        commit = grpcurl(cm, "quarry.v1.Committer/Commit",
+                         data={"repository": "demo", "branch": "main", "message": "first"})
+        assert json.loads(commit.stdout)["summary"]["added"] == "1"
+        listing = json.loads(grpcurl(bm, "quarry.v1.BranchManager/ListObjects", data={
+            "repository": "demo", "ref": "main", "delimiter": "/"}).stdout)
+        assert listing.get("commonPrefixes", listing.get("common_prefixes")) == ["a/"], listing
+        log = json.loads(grpcurl(cm, "quarry.v1.Committer/Log",
+                                 data={"repository": "demo", "ref": "main"}).stdout)
+        assert [c["message"] for c in log["commits"]] == ["first", "Repository created"]
+        missing = grpcurl(bm, "quarry.v1.BranchManager/StatObject",
+                          data={"repository": "demo", "ref": "main", "path": "nope"})
+        error = json.loads(missing.stdout or missing.stderr)
+        assert error["code"] == 5 and "OBJECT_NOT_FOUND" in json.dumps(error)
