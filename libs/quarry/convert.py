@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from quarry.graveler.model import Change, ChangeType, DiffSummary, Entry, RangeInfo
+from quarry.graveler.model import (Change, ChangeType, Conflict, DiffSummary, Entry,
+                                   MergeStrategy, RangeInfo)
 from quarry.v1 import types_pb2
 
 
@@ -82,6 +83,36 @@ def put_or_delete_from_proto(message: types_pb2.Change) -> tuple[str, Entry | No
     return change.path, change.entry
 
 
+def conflict_to_proto(conflict: Conflict,
+                      out: types_pb2.Conflict | None = None) -> types_pb2.Conflict:
+    """A merge conflict; a side where the path is absent (deleted) leaves its field unset."""
+    message = out if out is not None else types_pb2.Conflict()
+    message.path = conflict.path
+    for side in ("base", "source", "destination"):
+        entry = getattr(conflict, side)
+        if entry is not None:
+            entry_to_proto(entry, getattr(message, side))
+    return message
+
+
+def conflict_from_proto(message: types_pb2.Conflict) -> Conflict:
+    """Unset sides are None; entries take the conflict's path."""
+    def side(name: str) -> Entry | None:
+        if not message.HasField(name):
+            return None
+        return entry_from_proto(getattr(message, name), path=message.path)
+
+    return Conflict(message.path, side("base"), side("source"), side("destination"))
+
+
+def merge_strategy_from_proto(value: int) -> MergeStrategy:
+    """ValueError for a value this build does not know."""
+    try:
+        return MergeStrategy(value)
+    except ValueError:
+        raise ValueError(f"unknown merge strategy {value}") from None
+
+
 def summary_to_proto(summary: DiffSummary,
                      out: types_pb2.DiffSummary | None = None) -> types_pb2.DiffSummary:
     message = out if out is not None else types_pb2.DiffSummary()
@@ -116,7 +147,8 @@ def range_infos_to_proto(infos: Iterable[RangeInfo]) -> list[types_pb2.RangeInfo
 
 
 __all__ = [
-    "change_from_proto", "change_to_proto", "entry_from_proto", "entry_to_proto",
+    "change_from_proto", "change_to_proto", "conflict_from_proto", "conflict_to_proto",
+    "entry_from_proto", "entry_to_proto", "merge_strategy_from_proto",
     "put_or_delete_from_proto", "put_or_delete_to_proto", "range_info_from_proto",
     "range_info_to_proto", "range_infos_to_proto", "summary_from_proto", "summary_to_proto",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from quarry import errors
-from quarry.convert import change_to_proto, summary_to_proto
+from quarry.convert import change_to_proto, conflict_to_proto, summary_to_proto
 from quarry.graveler.graveler import Graveler
 from quarry.v1 import committer_pb2 as pb
 from quarry.v1 import committer_pb2_grpc
@@ -30,24 +30,41 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
         return pb.LogResponse(commits=commits, next_page_token=token)
 
     def Diff(self, request, context):
-        if request.three_dot:
-            raise errors.Unimplemented("three-dot diff arrives with merge (issue 4)")
         changes, token = self._g.diff(request.repository, request.left_ref, request.right_ref,
-                                      request.prefix, request.page_size, request.page_token)
+                                      request.prefix, request.page_size, request.page_token,
+                                      three_dot=request.three_dot)
         return pb.DiffResponse(changes=[change_to_proto(c) for c in changes],
                                next_page_token=token)
 
     def Merge(self, request, context):
-        raise errors.Unimplemented("Merge is not built yet (issue 4)")
+        outcome = self._g.merge(request.repository, request.source_ref,
+                                request.destination_branch, request.strategy,
+                                request.message, request.committer, dict(request.metadata),
+                                request.squash, request.allow_empty, request.dry_run,
+                                request.hint_metarange_id)
+        response = pb.MergeResponse(summary=summary_to_proto(outcome.summary),
+                                    conflicts=[conflict_to_proto(c) for c in outcome.conflicts],
+                                    attempts=outcome.attempts,
+                                    ranges_written=outcome.ranges_written,
+                                    ranges_reused=outcome.ranges_reused)
+        if outcome.commit is not None:
+            response.commit.CopyFrom(outcome.commit)
+        return response
 
     def Revert(self, request, context):
-        raise errors.Unimplemented("Revert is not built yet (issue 4)")
+        outcome = self._g.revert(request.repository, request.branch, request.ref,
+                                 request.parent_number, request.message, request.committer)
+        return pb.RevertResponse(commit=outcome.commit)
 
     def CherryPick(self, request, context):
-        raise errors.Unimplemented("CherryPick is not built yet (issue 4)")
+        outcome = self._g.cherry_pick(request.repository, request.branch, request.ref,
+                                      request.parent_number, request.message,
+                                      request.committer)
+        return pb.CherryPickResponse(commit=outcome.commit)
 
     def FindMergeBase(self, request, context):
-        raise errors.Unimplemented("FindMergeBase is not built yet (issue 4)")
+        return pb.FindMergeBaseResponse(commit=self._g.find_merge_base(
+            request.repository, request.left_ref, request.right_ref))
 
     def Compact(self, request, context):
         raise errors.Unimplemented("Compact is not built yet (issue 5)")

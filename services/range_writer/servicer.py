@@ -6,11 +6,16 @@ from typing import Iterator
 
 from quarry import errors
 from quarry.committed import CommittedManager
-from quarry.committed.errors import InvalidStream, NotImplementedYet
-from quarry.convert import (entry_from_proto, put_or_delete_from_proto, range_infos_to_proto,
-                            summary_to_proto)
+from quarry.committed.errors import InvalidStream
+from quarry.committed.merge import DEFAULT_MAX_CONFLICTS
+from quarry.convert import (conflict_to_proto, entry_from_proto, merge_strategy_from_proto,
+                            put_or_delete_from_proto, range_infos_to_proto, summary_to_proto)
 from quarry.graveler.model import Entry
 from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
+
+# Byte budget of the conflicts listed in one MergeMetaRangesResponse (well under the gRPC
+# message limit); conflicts past it are counted in more_conflicts.
+CONFLICT_BYTES = 16 * 1024 * 1024
 
 
 def _header(request_iterator: Iterator, rpc: str):
@@ -77,4 +82,28 @@ class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
         return range_writer_pb2.GetMetaRangeResponse(ranges=range_infos_to_proto(ranges))
 
     def MergeMetaRanges(self, request, context):
-        raise NotImplementedYet("MergeMetaRanges is not implemented yet")
+        if not request.storage_namespace:
+            raise errors.InvalidArgument("MergeMetaRanges: storage_namespace is required")
+        try:
+            strategy = merge_strategy_from_proto(request.strategy)
+        except ValueError as exc:
+            raise errors.InvalidArgument(f"MergeMetaRanges: {exc}") from None
+        if request.max_conflicts < 0:
+            raise errors.InvalidArgument("MergeMetaRanges: max_conflicts must be >= 0")
+        result = self._manager.merge_metaranges(
+            request.storage_namespace, request.base, request.source, request.destination,
+            strategy=strategy, max_conflicts=request.max_conflicts or DEFAULT_MAX_CONFLICTS,
+            dry_run=request.dry_run)
+        response = range_writer_pb2.MergeMetaRangesResponse(
+            metarange_id=result.metarange_id, summary=summary_to_proto(result.summary),
+            ranges_written=result.ranges_written, ranges_reused=result.ranges_reused,
+            more_conflicts=result.more_conflicts)
+        listed = 0
+        for conflict in result.conflicts:
+            message = conflict_to_proto(conflict)
+            listed += message.ByteSize()
+            if listed > CONFLICT_BYTES and len(response.conflicts):
+                break  # entries may carry ~400 KB of metadata: stay under the message limit
+            response.conflicts.append(message)
+        response.more_conflicts += len(result.conflicts) - len(response.conflicts)
+        return response

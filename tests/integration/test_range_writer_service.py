@@ -12,9 +12,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from quarry import errors
 from quarry.blob import CountingBlobStore, LocalBlobStore, open_blob_store
 from quarry.committed import (EMPTY_METARANGE_ID, CommittedManager, DuplicatePath,
-                              MetaRangeNotFound, NotImplementedYet, UnsortedInput)
+                              MetaRangeNotFound, UnsortedInput)
 from quarry.committed.remote import RemoteRangeWriter
-from quarry.graveler.model import Change, ChangeType, Entry
+from quarry.graveler.model import (Change, ChangeType, Conflict, DiffSummary, Entry,
+                                   MergeStrategy)
 from quarry.runtime.errors import error_info, from_rpc_error
 from quarry.runtime.server import create_server
 from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc, types_pb2
@@ -156,10 +157,15 @@ def test_stream_protocol_is_validated(served):
             entries=range_writer_pb2.EntryBatch())
         code, reason, _ = _raw_status(lambda: stub.WriteMetaRange(iter([wm_first]), timeout=10))
         assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_STREAM")
-        code, reason, exc = _raw_status(lambda: stub.MergeMetaRanges(
-            range_writer_pb2.MergeMetaRangesRequest(storage_namespace=namespace), timeout=10))
-        assert (code, reason) == (grpc.StatusCode.UNIMPLEMENTED, "NOT_IMPLEMENTED")
-        assert isinstance(exc, NotImplementedYet)
+        code, _, _ = _raw_status(lambda: stub.MergeMetaRanges(
+            range_writer_pb2.MergeMetaRangesRequest(), timeout=10))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT  # no storage_namespace
+        for bad in (range_writer_pb2.MergeMetaRangesRequest(storage_namespace=namespace,
+                                                            strategy=9),
+                    range_writer_pb2.MergeMetaRangesRequest(storage_namespace=namespace,
+                                                            max_conflicts=-1)):
+            code, _, _ = _raw_status(lambda: stub.MergeMetaRanges(bad, timeout=10))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_health_and_server_info(served):
@@ -204,3 +210,83 @@ def test_batches_respect_the_byte_budget(served):
     local = CommittedManager(lambda ns: LocalBlobStore(ns), None)
     assert list(local.iterate(namespace, applied.metarange_id)) == big[1::2]
     local.close()
+
+
+# ---- MergeMetaRanges ---------------------------------------------------------------------------
+
+def _merge_inputs(remote, namespace):
+    """base, source, destination metaranges (as dicts and ids) with clean changes on both
+    sides and three conflicts: changed differently, delete vs change, add vs add."""
+    base = {f"m/{i:04d}": entry(f"m/{i:04d}") for i in range(500)}
+    source, dest = dict(base), dict(base)
+    source["m/0001"], dest["m/0001"] = entry("m/0001", 1), entry("m/0001", 2)
+    del source["m/0002"]
+    dest["m/0002"] = entry("m/0002", 2)
+    source["n/new"], dest["n/new"] = entry("n/new", 1), entry("n/new", 2)
+    source["m/0100"] = entry("m/0100", 1)
+    source["m/0200x"] = entry("m/0200x", 1)
+    del source["m/0300"]
+    dest["m/0400"] = entry("m/0400", 2)
+    ids = [remote.write_metarange(namespace, [m[p] for p in sorted(m)]).metarange_id
+           for m in (base, source, dest)]
+    return (base, source, dest), ids
+
+
+def test_merge_metaranges_over_the_wire(served, tmp_path):
+    remote, _target, namespace, stores = served
+    (base, source, dest), (b, s, d) = _merge_inputs(remote, namespace)
+    local = CommittedManager(lambda ns: LocalBlobStore(ns), None, target_range_entries=32)
+
+    conflicted = remote.merge_metaranges(namespace, b, s, d)
+    assert conflicted.metarange_id == "" and conflicted.more_conflicts == 0
+    assert conflicted.conflicts == (
+        Conflict("m/0001", base["m/0001"], source["m/0001"], dest["m/0001"]),
+        Conflict("m/0002", base["m/0002"], None, dest["m/0002"]),  # absent = unset
+        Conflict("n/new", None, source["n/new"], dest["n/new"]),
+    )
+    assert conflicted.summary == DiffSummary(added=1, removed=1, changed=1)
+    assert local.merge_metaranges(namespace, b, s, d) == conflicted  # same contract
+
+    bounded = remote.merge_metaranges(namespace, b, s, d, max_conflicts=2)
+    assert len(bounded.conflicts) == 2 and bounded.more_conflicts == 1
+    counted = remote.merge_metaranges(namespace, b, s, d, max_conflicts=0)
+    assert counted.conflicts == () and counted.more_conflicts == 3
+
+    store = stores[namespace]
+    store.reset()
+    dry = remote.merge_metaranges(namespace, b, s, d, strategy=MergeStrategy.SOURCE_WINS,
+                                  dry_run=True)
+    assert dry.metarange_id == "" and store.counts["put"] == 0
+    assert dry.summary == DiffSummary(added=1, removed=2, changed=3)
+
+    won = remote.merge_metaranges(namespace, b, s, d, strategy=MergeStrategy.SOURCE_WINS)
+    assert won.summary == dry.summary and won.conflicts == ()
+    expected = dict(dest)
+    for path in ("m/0001", "n/new", "m/0100", "m/0200x"):
+        expected[path] = source[path]
+    for path in ("m/0002", "m/0300"):
+        del expected[path]
+    assert {e.path: e for e in local.iterate(namespace, won.metarange_id)} == expected
+    assert won.ranges_written >= 1 and won.ranges_reused >= 5
+
+    kept = remote.merge_metaranges(namespace, b, s, d, strategy=MergeStrategy.DEST_WINS)
+    assert kept.summary == DiffSummary(added=1, removed=1, changed=1)
+    assert local.get_entry(namespace, kept.metarange_id, "m/0001") == dest["m/0001"]
+
+    fast_forward = remote.merge_metaranges(namespace, b, s, b)
+    assert fast_forward.metarange_id == s and fast_forward.ranges_written == 0
+    assert remote.merge_metaranges(namespace, b, b, d).metarange_id == d
+    local.close()
+
+
+def test_merge_metaranges_errors_over_the_wire(served):
+    remote, _target, namespace, _stores = served
+    mr = remote.write_metarange(namespace, [entry("a")]).metarange_id
+    with pytest.raises(MetaRangeNotFound):
+        remote.merge_metaranges(namespace, mr, "f" * 64, mr)
+    with pytest.raises(errors.InvalidArgument):
+        remote.merge_metaranges(namespace, mr, "not-an-id", mr)
+    with pytest.raises(errors.InvalidArgument):
+        remote.merge_metaranges(namespace, mr, mr, mr, max_conflicts=-1)
+    with pytest.raises(errors.InvalidArgument):
+        remote.merge_metaranges("relative/namespace", "", "", "")

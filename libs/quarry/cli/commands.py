@@ -503,7 +503,8 @@ def diff(args, ctx):
         if not args.right:
             raise CliError("INVALID_ARGUMENT", "diff needs LEFT and RIGHT refs (or BRANCH "
                                                "--uncommitted)")
-        changes = client.iter_diff(args.repo, args.left, args.right, prefix=args.prefix)
+        changes = client.iter_diff(args.repo, args.left, args.right, prefix=args.prefix,
+                                   three_dot=args.three_dot)
     if ctx.json:
         output.print_json(list(changes))
         return
@@ -513,6 +514,51 @@ def diff(args, ctx):
         shown += 1
     if shown == 0 and sys.stderr.isatty():
         print("no changes", file=sys.stderr)
+
+
+@command
+def merge(args, ctx):
+    response = ctx.client.merge(args.repo, args.source, args.destination,
+                                strategy=args.strategy, message=args.message or "",
+                                committer=args.author or _default_author(),
+                                metadata=dict(args.meta or []), squash=args.squash,
+                                allow_empty=args.allow_empty, dry_run=args.dry_run)
+    if ctx.json:
+        output.print_json(response)
+        return
+    summary = response.summary
+    counts = f"{summary.added} added, {summary.removed} removed, {summary.changed} changed"
+    if args.dry_run:
+        print(f"Dry run: merging {args.source} into {args.destination} would make {counts}")
+        for conflict in response.conflicts:
+            print(f"! {conflict.path}")
+        if response.conflicts:
+            print(f"{len(response.conflicts)} conflict(s)")
+        return
+    print(f"[{args.destination} {output.short_id(response.commit.id)}] "
+          f"{response.commit.message}")
+    print(f" {counts} (attempts: {response.attempts})")
+
+
+def _print_new_commit(branch: str, commit: types_pb2.Commit, ctx) -> None:
+    if ctx.json:
+        output.print_json(commit)
+    else:
+        print(f"[{branch} {output.short_id(commit.id)}] {commit.message}")
+
+
+@command
+def revert(args, ctx):
+    commit = ctx.client.revert(args.repo, args.branch, args.ref, args.parent,
+                               args.message or "", args.author or _default_author())
+    _print_new_commit(args.branch, commit, ctx)
+
+
+@command
+def cherry_pick(args, ctx):
+    commit = ctx.client.cherry_pick(args.repo, args.branch, args.ref, args.parent,
+                                    args.message or "", args.author or "")
+    _print_new_commit(args.branch, commit, ctx)
 
 
 @command
@@ -661,6 +707,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefix", default="", metavar="P")
     p.add_argument("--uncommitted", action="store_true",
                    help="uncommitted changes of BRANCH")
+    p.add_argument("--three-dot", action="store_true",
+                   help="changes on RIGHT since the merge base (! = changed on both sides)")
+
+    p = leaf(sub, "merge", merge, "merge a ref into a branch (three-way)")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("source", metavar="SOURCE_REF")
+    p.add_argument("destination", metavar="DEST_BRANCH")
+    p.add_argument("--strategy", choices=["source-wins", "dest-wins"], default=None,
+                   help="resolve conflicts for one side (default: conflicts fail)")
+    p.add_argument("-m", "--message", default="")
+    p.add_argument("--author", metavar="A")
+    p.add_argument("--meta", action="append", type=key_value, metavar="K=V")
+    p.add_argument("--squash", action="store_true", help="one parent: the destination")
+    p.add_argument("--allow-empty", action="store_true")
+    p.add_argument("--dry-run", action="store_true",
+                   help="report the summary and conflicts without committing")
+
+    for name, handler, help_text in (
+            ("revert", revert, "commit the inverse of a commit onto a branch"),
+            ("cherry-pick", cherry_pick, "commit a commit's change onto a branch")):
+        p = leaf(sub, name, handler, help_text)
+        p.add_argument("repo", metavar="REPO")
+        p.add_argument("branch", metavar="BRANCH")
+        p.add_argument("ref", metavar="REF")
+        p.add_argument("--parent", type=int, default=0, metavar="N",
+                       help="for a merge commit: the parent (1-based) to compare against")
+        p.add_argument("-m", "--message", default="")
+        p.add_argument("--author", metavar="A")
 
     p = leaf(sub, "reset", reset, "hard-reset a branch to a ref")
     p.add_argument("repo", metavar="REPO")

@@ -23,6 +23,13 @@ file read; memory and disk caches make repeated reads free):
                                  when nothing really changed. Independent of n: 1 change to
                                  100k or 1M entries reads <= 2 ranges and writes <= 2 + 1.
     write_metarange(n entries)   ~n / 1024 range puts + 1 metarange put, no reads
+    merge_metaranges(b, s, d)    3 metaranges; ranges only where base and source differ
+                                 (merge.py): where the destination kept the base's
+                                 ranges, the source's are spliced in by id (compared on
+                                 path + identity columns for the summary, never written);
+                                 where both changed, base/source/destination ranges are
+                                 read and the merged ranges re-derived (apply). What only
+                                 the destination changed is never read.
 Every put is content-addressed and conditional (put if_absent: S3 If-None-Match), so writing
 a range that exists is a no-op.
 """

@@ -302,6 +302,25 @@ def decode_range(source) -> pa.Table:
     return table.replace_schema_metadata(None).combine_chunks()
 
 
+def decode_range_keys(source) -> pa.Table:
+    """Only the path and identity columns of a range (from bytes or a local file path):
+    what comparing ranges needs, for about a third of a full decode."""
+    table = _read_parquet_columns(source, "range", ["path", "identity"])
+    if table.schema.names != ["path", "identity"]:
+        raise RangeCorrupt(f"range file has columns {table.schema.names}")
+    return table.replace_schema_metadata(None).combine_chunks()
+
+
+def _read_parquet_columns(source, what: str, columns: list[str]) -> pa.Table:
+    if isinstance(source, str):
+        with open(source, "rb") as fh:
+            source = fh.read()
+    try:
+        return pq.ParquetFile(pa.BufferReader(source)).read(columns=columns, use_threads=False)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise RangeCorrupt(f"unreadable {what} file: {exc}") from None
+
+
 def encode_metarange(ranges: Sequence[RangeInfo], metarange_id: str) -> bytes:
     table = pa.Table.from_arrays([
         pa.array([r.id for r in ranges], pa.string()),
@@ -327,7 +346,8 @@ def decode_metarange(source) -> list[RangeInfo]:
 
 __all__ = [
     "EMPTY_METARANGE_ID", "METARANGE_SCHEMA", "RANGE_SCHEMA", "RangeCorrupt", "RowBuffer",
-    "decode_metarange", "decode_range", "encode_metarange", "encode_range", "entry_bytes",
+    "decode_metarange", "decode_range", "decode_range_keys", "encode_metarange",
+    "encode_range", "entry_bytes",
     "is_boundary", "metarange_id_of", "metarange_key", "range_id_of", "range_key",
     "row_bytes",
 ]

@@ -174,7 +174,10 @@ class _Side:
 
 def diff_metaranges(load: RangeLoader, left: MetaRange, right: MetaRange, prefix: str = "",
                     start: str = "", prefetch: Callable[[RangeInfo], None] | None = None,
-                    readahead: int = 0) -> Iterator[Change]:
+                    readahead: int = 0, entries: bool = True) -> Iterator[Change]:
+    """Changes from left to right by path (see CommittedManager.diff). `entries=False`
+    leaves Change.entry None everywhere: then `load` may return ranges holding only their
+    path and identity columns."""
     lower = max(start or "", prefix or "")
     unique_a = unique_b = None
     if prefetch is not None and readahead > 0:
@@ -193,7 +196,7 @@ def diff_metaranges(load: RangeLoader, left: MetaRange, right: MetaRange, prefix
             continue
         if a.data is not None and b.data is not None:
             # Both sides inside loaded ranges: a tight merge until either range ends.
-            yield from _merge_loaded(a, b, prefix)
+            yield from _merge_loaded(a, b, prefix, entries)
             if a.pos < a.data.n and b.pos < b.data.n:
                 return  # stopped at the end of the prefix
             if a.pos >= a.data.n:
@@ -213,16 +216,16 @@ def diff_metaranges(load: RangeLoader, left: MetaRange, right: MetaRange, prefix
             yield Change(ChangeType.REMOVED, ka)
             a.advance()
         elif ka is None or kb < ka:
-            yield Change(ChangeType.ADDED, kb, b.entry())
+            yield Change(ChangeType.ADDED, kb, b.entry() if entries else None)
             b.advance()
         else:
             if a.identity() != b.identity():
-                yield Change(ChangeType.CHANGED, kb, b.entry())
+                yield Change(ChangeType.CHANGED, kb, b.entry() if entries else None)
             a.advance()
             b.advance()
 
 
-def _merge_loaded(a: _Side, b: _Side, prefix: str) -> Iterator[Change]:
+def _merge_loaded(a: _Side, b: _Side, prefix: str, entries: bool = True) -> Iterator[Change]:
     """Diff rows of the two loaded ranges from their positions until one range is exhausted
     (or a path leaves the prefix; then both positions stay on that path)."""
     da, db = a.data, b.data
@@ -236,9 +239,16 @@ def _merge_loaded(a: _Side, b: _Side, prefix: str) -> Iterator[Change]:
                 if prefix and not ka.startswith(prefix):
                     return
                 if ida[i * 32:i * 32 + 32] != idb[j * 32:j * 32 + 32]:
-                    yield Change(ChangeType.CHANGED, kb, db.sparse_entry(j))
-                i += 1
-                j += 1
+                    yield Change(ChangeType.CHANGED, kb, db.sparse_entry(j) if entries else None)
+                    i += 1
+                    j += 1
+                else:
+                    # Equal rows come in long runs (a range usually differs in a few rows):
+                    # skip the whole run with slice comparisons instead of row by row.
+                    run = 1 + _equal_run(pa, pb, ida, idb, i + 1, j + 1,
+                                         min(na - i, nb - j) - 1)
+                    i += run
+                    j += run
             elif ka < kb:
                 if prefix and not ka.startswith(prefix):
                     return
@@ -247,7 +257,35 @@ def _merge_loaded(a: _Side, b: _Side, prefix: str) -> Iterator[Change]:
             else:
                 if prefix and not kb.startswith(prefix):
                     return
-                yield Change(ChangeType.ADDED, kb, db.sparse_entry(j))
+                yield Change(ChangeType.ADDED, kb, db.sparse_entry(j) if entries else None)
                 j += 1
     finally:
         a.pos, b.pos = i, j
+
+
+def _equal_run(pa: list, pb: list, ida: bytes, idb: bytes, i: int, j: int, limit: int) -> int:
+    """The number k <= limit of leading rows equal (path and identity) from row i of one
+    range and row j of the other: exponential then binary search over slice comparisons."""
+    if limit <= 0:
+        return 0
+
+    def equal(lo: int, hi: int) -> bool:  # rows [lo, hi) of the run
+        return (pa[i + lo:i + hi] == pb[j + lo:j + hi]
+                and ida[(i + lo) * 32:(i + hi) * 32] == idb[(j + lo) * 32:(j + hi) * 32])
+
+    lo, step = 0, 8
+    while True:
+        hi = min(lo + step, limit)
+        if not equal(lo, hi):
+            break
+        if hi == limit:
+            return limit
+        lo, step = hi, step * 2
+    # Rows [0, lo) are equal; [lo, hi) hold a difference.
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if equal(lo, mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -27,12 +27,14 @@ from quarry.committed.errors import (DuplicatePath, InvalidMetaRangeId, InvalidP
                                      MetaRangeNotFound, RangeCorrupt, RangeNotFound,
                                      UnsortedInput)
 from quarry.committed.format import (EMPTY_METARANGE_ID, RowBuffer, decode_metarange,
-                                     decode_range, encode_metarange, encode_range,
-                                     entry_bytes, is_boundary, metarange_id_of, metarange_key,
-                                     range_id_of, range_key)
+                                     decode_range, decode_range_keys, encode_metarange,
+                                     encode_range, entry_bytes, is_boundary, metarange_id_of,
+                                     metarange_key, range_id_of, range_key)
 from quarry.committed.iterators import EntryIterator, diff_metaranges
+from quarry.committed.merge import merge_metaranges as _merge_metaranges
 from quarry.committed.rangedata import MetaRange, RangeData
-from quarry.graveler.model import ApplyResult, Change, ChangeType, DiffSummary, Entry, RangeInfo
+from quarry.graveler.model import (ApplyResult, Change, ChangeType, DiffSummary, Entry,
+                                   MergeResult, MergeStrategy, RangeInfo)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ PREFETCH_RANGES = 8
 PREFETCH_MAX_CHANGES = 10_000
 
 _ID_RE = re.compile(r"^[0-9a-f]{64}$")
+# Cache key suffix of ranges loaded with their path and identity columns only.
+_KEYS = "keys"
 
 
 @dataclass
@@ -59,6 +63,7 @@ class CommittedStats:
 
     ranges_read: int = 0          # range files fetched from the object store
     ranges_read_disk: int = 0     # range files served by the local disk cache
+    ranges_read_keys: int = 0     # of both above: decoding path and identity columns only
     range_cache_hits: int = 0     # ranges served from memory
     ranges_written: int = 0       # range files put to the object store
     ranges_existing: int = 0      # range puts skipped: the file was already there
@@ -249,16 +254,26 @@ class CommittedManager:
             return found
         return self._load_range(namespace, info)
 
-    def _prefetch(self, namespace: str, info: RangeInfo) -> None:
-        """Start loading a range in the background (no-op if cached or already loading)."""
+    def _prefetch(self, namespace: str, info: RangeInfo, keys_only: bool = False) -> None:
+        """Start loading a range in the background (no-op if cached or already loading).
+        `keys_only`: only what _keys_range needs."""
         pool = self._read_pool()
         cache_key = (namespace, info.id)
         if pool is None or self._ranges.peek(cache_key) is not None:
             return
+        if keys_only:
+            keys_key = (namespace, info.id, _KEYS)
+            with self._inflight_lock:
+                if cache_key in self._inflight or keys_key in self._inflight:
+                    return
+            if self._ranges.peek(keys_key) is not None:
+                return
+            cache_key = keys_key
         with self._inflight_lock:
             if cache_key in self._inflight:
                 return
-            future = self._inflight[cache_key] = pool.submit(self._prefetched, namespace, info)
+            loader = self._load_range_keys if keys_only else self._prefetched
+            future = self._inflight[cache_key] = pool.submit(loader, namespace, info)
 
         def forget(_f, key=cache_key):
             with self._inflight_lock:
@@ -269,6 +284,39 @@ class CommittedManager:
 
     def _prefetched(self, namespace: str, info: RangeInfo) -> RangeData:
         return self._load_range(namespace, info)
+
+    def _keys_range(self, namespace: str, info: RangeInfo) -> RangeData:
+        """A range with only its path and identity columns (paths, identity, identity_blob
+        work; entries do not), for comparisons that need no entry. A cached full load
+        serves too."""
+        full_key = (namespace, info.id)
+        keys_key = (namespace, info.id, _KEYS)
+        for cache_key in (full_key, keys_key):
+            found = self._ranges.get(cache_key)
+            if found is not None:
+                self._count("range_cache_hits")
+                return found
+        with self._inflight_lock:
+            future = self._inflight.get(full_key) or self._inflight.get(keys_key)
+        if future is not None:
+            return future.result()
+        found = self._ranges.get(keys_key)  # a prefetch may have finished meanwhile
+        if found is not None:
+            self._count("range_cache_hits")
+            return found
+        return self._load_range_keys(namespace, info)
+
+    def _load_range_keys(self, namespace: str, info: RangeInfo) -> RangeData:
+        table, source = self._fetch(namespace, "ranges", range_key(info.id), info.id,
+                                    decode_range_keys, RangeNotFound)
+        self._count("ranges_read_disk" if source == "disk" else "ranges_read")
+        self._count("ranges_read_keys")
+        if table.num_rows != info.count or table.num_rows == 0:
+            raise RangeCorrupt(f"range {info.id} has {table.num_rows} rows, its metarange "
+                               f"says {info.count}")
+        data = RangeData(info, table)
+        self._ranges.put((namespace, info.id, _KEYS), data, data.cache_bytes)
+        return data
 
     def _load_range(self, namespace: str, info: RangeInfo) -> RangeData:
         cache_key = (namespace, info.id)
@@ -364,25 +412,44 @@ class CommittedManager:
         entry is kept). With no real change the base id is returned and nothing is written."""
         store = self.store(namespace)
         base = self._metarange(namespace, base_metarange_id)
+        out, summary, written, reused = self._apply_to_ranges(namespace, base, changes)
+        if summary.total == 0 and base.id != EMPTY_METARANGE_ID:
+            return ApplyResult(base.id, summary, ranges_written=0,
+                               ranges_reused=len(base.ranges))
+        metarange_id = self._write_metarange(namespace, store, out)
+        return ApplyResult(metarange_id, summary, ranges_written=written, ranges_reused=reused)
+
+    def _apply_to_ranges(self, namespace: str, base: MetaRange, changes: Iterable,
+                         any_ranges: bool = False,
+                         loaded: dict[str, RangeData] | None = None
+                         ) -> tuple[list[RangeInfo], DiffSummary, int, int]:
+        """apply_changes without writing the metarange: (ranges, summary, ranges written,
+        ranges reused). `any_ranges`: `base` is a sorted, disjoint list of ranges that need
+        not come from one metarange (merge splices ranges of two), so a range that does not
+        end at a chunk boundary may sit before others; such a range is never reused with
+        entries after it. `loaded`: ranges the caller holds already (by id)."""
+        loaded = loaded or {}
+        store = self.store(namespace)
         summary = DiffSummary()
         sink = _RangeSink(self, namespace, store, cache_written=True)
         builder = _RangeBuilder(sink, self.target_range_entries, self.max_range_bytes)
         stream = _ChangeStream(changes)
         ranges = base.ranges
-        prefetch = _Prefetcher(self, namespace, base, stream)
+        prefetch = _Prefetcher(self, namespace, base, stream, loaded)
         with sink:
             last = len(ranges) - 1
             for i, info in enumerate(ranges):
                 following = stream.peek_path()
                 if builder.empty and (following is None or following > info.max_key) and (
-                        i < last or following is None or self._ends_at_boundary(info)):
+                        (i < last and not any_ranges) or (i == last and following is None)
+                        or self._ends_at_boundary(info)):
                     # Aligned and untouched. (The final range may end only because the data
                     # did: it is reusable with entries after it only if it ends at a boundary.)
                     builder.reuse(info)
                     continue
                 prefetch.ahead_of(i)
-                self._merge_range(builder, self._range(namespace, info), stream,
-                                  info.max_key, summary)
+                data = loaded.get(info.id) or self._range(namespace, info)
+                self._merge_range(builder, data, stream, info.max_key, summary)
             # Changes after the last base range.
             while stream.peek_path() is not None:
                 _path, entry = stream.next()
@@ -390,11 +457,18 @@ class CommittedManager:
                     summary.added += 1
                     builder.add_entry(entry)
             out = builder.finish()
-        if summary.total == 0 and base.id != EMPTY_METARANGE_ID:
-            return ApplyResult(base.id, summary, ranges_written=0, ranges_reused=len(ranges))
-        metarange_id = self._write_metarange(namespace, store, out)
-        return ApplyResult(metarange_id, summary, ranges_written=builder.written,
-                           ranges_reused=builder.reused)
+        return out, summary, builder.written, builder.reused
+
+    def merge_metaranges(self, namespace: str, base_id: str, source_id: str,
+                         destination_id: str, strategy: MergeStrategy = MergeStrategy.DEFAULT,
+                         max_conflicts: int = 100, dry_run: bool = False) -> MergeResult:
+        """Three-way merge of source into destination from their merge base ("" = the
+        empty metarange). See quarry.committed.merge for semantics and cost. Conflicts
+        (strategy DEFAULT) and dry runs write nothing and return metarange_id ""; the
+        summary always counts what the merge changes (or would change) in the destination."""
+        return _merge_metaranges(self, namespace, base_id, source_id, destination_id,
+                                strategy=strategy, max_conflicts=max_conflicts,
+                                dry_run=dry_run)
 
     def _ends_at_boundary(self, info: RangeInfo) -> bool:
         return (info.size_bytes >= self.max_range_bytes
@@ -540,8 +614,9 @@ class _Prefetcher:
     """Loads, in the background, the base ranges the upcoming changes fall into."""
 
     def __init__(self, manager: CommittedManager, namespace: str, base: MetaRange,
-                 stream: _ChangeStream):
+                 stream: _ChangeStream, loaded: dict[str, RangeData] | None = None):
         self._manager = manager
+        self._loaded = loaded or {}
         self._namespace = namespace
         self._base = base
         self._stream = stream
@@ -572,7 +647,8 @@ class _Prefetcher:
             if j > current and j > self._last:
                 self._last = j
                 scheduled.append(j)
-                self._manager._prefetch(self._namespace, ranges[j])
+                if ranges[j].id not in self._loaded:
+                    self._manager._prefetch(self._namespace, ranges[j])
 
 
 class _RangeSink:

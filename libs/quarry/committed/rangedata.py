@@ -204,7 +204,7 @@ class RangeData:
                            t.column("physical_address")[i].as_py(),
                            t.column("size_bytes")[i].as_py(),
                            t.column("checksum")[i].as_py(),
-                           t.column("mtime")[i].cast(pa.int64()).as_py(),
+                           t.column("mtime")[i].value,  # int us: no cast
                            t.column("content_type")[i].as_py(),
                            t.column("metadata")[i].as_py() or (),
                            t.column("identity")[i].as_py())

@@ -10,12 +10,13 @@ from typing import Iterable, Iterator
 
 import grpc
 
-from quarry import telemetry
+from quarry import errors, telemetry
 from quarry.committed import errors as _committed_errors  # noqa: F401 — error reasons
 from quarry.committed.format import entry_bytes
-from quarry.convert import (entry_to_proto, put_or_delete_to_proto, range_info_from_proto,
-                            summary_from_proto)
-from quarry.graveler.model import ApplyResult, Change, ChangeType, DiffSummary, Entry, RangeInfo
+from quarry.convert import (conflict_from_proto, entry_to_proto, put_or_delete_to_proto,
+                            range_info_from_proto, summary_from_proto)
+from quarry.graveler.model import (ApplyResult, Change, ChangeType, DiffSummary, Entry,
+                                   MergeResult, MergeStrategy, RangeInfo)
 from quarry.runtime.errors import from_rpc_error
 from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
 
@@ -145,3 +146,28 @@ class RemoteRangeWriter:
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
         return [range_info_from_proto(r) for r in response.ranges]
+
+    def merge_metaranges(self, namespace: str, base_id: str, source_id: str,
+                         destination_id: str, strategy: MergeStrategy = MergeStrategy.DEFAULT,
+                         max_conflicts: int = 100, dry_run: bool = False) -> MergeResult:
+        """Same contract as CommittedManager.merge_metaranges, executed by the range-writer.
+        (The server may list fewer conflicts than asked when they are very large; the rest
+        are always counted in more_conflicts.)"""
+        if max_conflicts is None or max_conflicts < 0:
+            raise errors.InvalidArgument("max_conflicts must be >= 0")
+        # On the wire 0 means "the server's default": ask for one and drop it instead.
+        request = range_writer_pb2.MergeMetaRangesRequest(
+            storage_namespace=namespace, base=base_id or "", source=source_id or "",
+            destination=destination_id or "", strategy=int(strategy), dry_run=dry_run,
+            max_conflicts=min(max(1, int(max_conflicts)), 2**31 - 1))
+        try:
+            response = self._stub.MergeMetaRanges(request, timeout=self._timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        conflicts = tuple(conflict_from_proto(c) for c in response.conflicts)
+        more = response.more_conflicts
+        if max_conflicts == 0:
+            conflicts, more = (), more + len(conflicts)
+        return MergeResult(response.metarange_id, summary_from_proto(response.summary),
+                           conflicts, more, ranges_written=response.ranges_written,
+                           ranges_reused=response.ranges_reused)

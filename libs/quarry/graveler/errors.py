@@ -88,3 +88,24 @@ class BranchContended(errors.Aborted):
     """Lost the branch record's compare-and-swap on every bounded retry."""
 
     reason = "BRANCH_CONTENDED"
+
+
+class MergeConflict(errors.FailedPrecondition):
+    """Details: a quarry.v1.MergeConflicts listing the conflicting paths."""
+
+    reason = "MERGE_CONFLICT"
+
+
+class HeadMoved(errors.Aborted):
+    """A merge lost the race for the destination HEAD on every retry. Details: a
+    quarry.v1.MergeRetryHint whose hint_metarange_id resumes the work."""
+
+    reason = "HEAD_MOVED"
+
+
+class NoMergeBase(errors.FailedPrecondition):
+    reason = "NO_MERGE_BASE"
+
+
+class InvalidParent(errors.InvalidArgument):
+    reason = "INVALID_PARENT"

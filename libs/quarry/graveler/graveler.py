@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Protocol, Sequence
 
 from google.protobuf import timestamp_pb2
+from opentelemetry import trace
 from prometheus_client import Counter
 
 from quarry import errors
@@ -23,7 +24,8 @@ from quarry.graveler import errors as gerrors
 from quarry.graveler import names
 from quarry.graveler.iterators import (CommittedSource, LayeredIterator, decode_page_token,
                                        encode_page_token, string_after_prefix)
-from quarry.graveler.model import ApplyResult, Change, ChangeType, DiffSummary, Entry
+from quarry.graveler.model import (ApplyResult, Change, ChangeType, Conflict, DiffSummary,
+                                   Entry, MergeResult, MergeStrategy)
 from quarry.graveler.refs import (RefManager, Repository, ResolvedRef, commit_id_for,
                                   is_dirty, prefix_end)
 from quarry.graveler.staging import StagingManager, new_token
@@ -40,6 +42,9 @@ STAGING_READ_ATTEMPTS = Counter("graveler_staging_read_attempts",
                                 ["repo", "branch", "op"])
 
 MAX_ATTEMPTS = 10
+MAX_MERGE_ATTEMPTS = 5
+MAX_CONFLICTS_REPORTED = 100
+MERGE_HINTS_PREFIX = b"mergehints/"
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 10_000
 INITIAL_COMMIT_MESSAGE = "Repository created"
@@ -66,6 +71,10 @@ class RangeWriterClient(Protocol):
 
     def write_metarange(self, namespace: str, entries: Iterable[Entry]) -> ApplyResult: ...
 
+    def merge_metaranges(self, namespace: str, base_id: str, source_id: str,
+                         destination_id: str, strategy: MergeStrategy = MergeStrategy.DEFAULT,
+                         max_conflicts: int = 100, dry_run: bool = False) -> MergeResult: ...
+
 
 @dataclass
 class Layers:
@@ -76,6 +85,18 @@ class Layers:
     base_metarange_id: str
     branch: types_pb2.Branch | None = None
     branch_name: str | None = None
+
+
+@dataclass
+class MergeOutcome:
+    commit: types_pb2.Commit | None  # None on a dry run
+    summary: DiffSummary
+    base_commit_id: str
+    conflicts: tuple[Conflict, ...] = ()
+    more_conflicts: int = 0
+    attempts: int = 1
+    ranges_written: int = 0
+    ranges_reused: int = 0
 
 
 @dataclass
@@ -789,25 +810,256 @@ class Graveler:
         return commits, ""
 
     def diff(self, repo_name: str, left_ref: str, right_ref: str, prefix: str = "",
-             page_size: int = 0, page_token: str = "") -> tuple[list[Change], str]:
-        """Two-dot diff between the committed states of two refs."""
+             page_size: int = 0, page_token: str = "", three_dot: bool = False
+             ) -> tuple[list[Change], str]:
+        """Two-dot: left → right between committed states. Three-dot: the changes on the
+        right since the merge base, CONFLICT where the left changed the same path
+        differently."""
         repo = self._repo(repo_name)
         limit = _page_size(page_size)
         after = decode_page_token(page_token, "after").get("after", "")
         left = self.refs.get_commit(repo, self.refs.resolve(repo, left_ref).commit_id)
         right = self.refs.get_commit(repo, self.refs.resolve(repo, right_ref).commit_id)
-        changes: list[Change] = []
         start = after + "\x00" if after else ""
-        for change in self.committed.diff(repo.storage_namespace, left.metarange_id,
-                                          right.metarange_id, prefix=prefix, start=start):
-            if len(changes) >= limit:
-                return changes, encode_page_token(after=changes[-1].path)
-            changes.append(change)
-        return changes, ""
+        if three_dot:
+            base_id = self.refs.merge_base(repo, left.id, right.id)
+            base = self.refs.get_commit(repo, base_id).metarange_id if base_id else ""
+            changes = self._three_dot(repo, base, left.metarange_id, right.metarange_id,
+                                      prefix, start)
+        else:
+            changes = self.committed.diff(repo.storage_namespace, left.metarange_id,
+                                          right.metarange_id, prefix=prefix, start=start)
+        page: list[Change] = []
+        for change in changes:
+            if len(page) >= limit:
+                return page, encode_page_token(after=page[-1].path)
+            page.append(change)
+        return page, ""
+
+    def _three_dot(self, repo: Repository, base: str, left: str, right: str, prefix: str,
+                   start: str) -> Iterator[Change]:
+        namespace = repo.storage_namespace
+        for change in self.committed.diff(namespace, base, right, prefix=prefix, start=start):
+            before = self.committed.get_entry(namespace, base, change.path)
+            on_left = self.committed.get_entry(namespace, left, change.path)
+            left_changed = not _same_entry(on_left, before)
+            if left_changed and not _same_entry(on_left, change.entry):
+                yield Change(ChangeType.CONFLICT, change.path, change.entry)
+            else:
+                yield change
+
+    # ==== merges ====================================================================================
+
+    def find_merge_base(self, repo_name: str, left_ref: str, right_ref: str
+                        ) -> types_pb2.Commit:
+        repo = self._repo(repo_name)
+        left = self.refs.resolve(repo, left_ref).commit_id
+        right = self.refs.resolve(repo, right_ref).commit_id
+        base = self.refs.merge_base(repo, left, right)
+        if base is None:
+            raise gerrors.NoMergeBase(f"{left_ref!r} and {right_ref!r} share no history",
+                                      metadata={"left": left_ref, "right": right_ref})
+        return self.refs.get_commit(repo, base)
+
+    def merge(self, repo_name: str, source_ref: str, destination_branch: str,
+              strategy: MergeStrategy = MergeStrategy.DEFAULT, message: str = "",
+              committer: str = "", metadata: dict[str, str] | None = None,
+              squash: bool = False, allow_empty: bool = False, dry_run: bool = False,
+              hint_metarange_id: str = "") -> MergeOutcome:
+        """Three-way merge of `source_ref` into a branch (ARCHITECTURE.md §4, the seed
+        merge-retry-metarange-reuse): when the final swap loses to a moved HEAD, the retry
+        merges the result just produced onto the new HEAD instead of starting over."""
+        repo = self._repo(repo_name)
+        names.check_branch_name(destination_branch)
+        metadata = dict(metadata or {})
+        names.check_commit_metadata(message, metadata)
+        try:
+            strategy = MergeStrategy(strategy)
+        except ValueError:
+            raise errors.InvalidArgument(f"unknown merge strategy {strategy!r}") from None
+        source = self.refs.get_commit(repo, self.refs.resolve(repo, source_ref).commit_id)
+        branch, _ = self._branch(repo, destination_branch)
+        head = self.refs.get_commit(repo, branch.commit_id)
+        base_id = self.refs.merge_base(repo, source.id, head.id)
+        base_metarange = self.refs.get_commit(repo, base_id).metarange_id if base_id else ""
+        if base_id == source.id and not allow_empty:
+            raise gerrors.NoChanges(f"{source_ref!r} is already merged into "
+                                    f"{destination_branch!r}",
+                                    metadata={"repository": repo.name, "source": source.id})
+        resume = self._usable_merge_hint(repo, hint_metarange_id, source.id, base_id, head.id)
+        if not message:
+            message = f"Merge {source_ref!r} into {destination_branch!r}"
+        metadata.update({"quarry.merge.strategy": strategy.name.lower().replace("_", "-"),
+                         "quarry.merge.source": source.id,
+                         "quarry.merge.base": base_id or ""})
+        parents_after_head = [] if squash else [source.id]
+        return self._three_way_commit(
+            repo, destination_branch, base_metarange, source.metarange_id, strategy,
+            parents_after_head, message, committer, metadata, allow_empty, dry_run,
+            base_commit_id=base_id or "", source_commit_id=source.id, resume=resume)
+
+    def revert(self, repo_name: str, branch_name: str, ref: str, parent_number: int = 0,
+               message: str = "", committer: str = "") -> MergeOutcome:
+        """A commit undoing `ref`: the three-way merge (base = ref, source = its parent)."""
+        repo = self._repo(repo_name)
+        names.check_branch_name(branch_name)
+        commit = self.refs.get_commit(repo, self.refs.resolve(repo, ref).commit_id)
+        parent = self._chosen_parent(repo, commit, parent_number, "revert")
+        return self._three_way_commit(
+            repo, branch_name, commit.metarange_id, parent.metarange_id,
+            MergeStrategy.DEFAULT, [], message or f"Revert {commit.message!r}", committer,
+            {"quarry.revert": commit.id}, allow_empty=False, dry_run=False,
+            base_commit_id=commit.id, source_commit_id=parent.id)
+
+    def cherry_pick(self, repo_name: str, branch_name: str, ref: str, parent_number: int = 0,
+                    message: str = "", committer: str = "") -> MergeOutcome:
+        """A commit repeating `ref`'s change: the three-way merge (base = its parent)."""
+        repo = self._repo(repo_name)
+        names.check_branch_name(branch_name)
+        commit = self.refs.get_commit(repo, self.refs.resolve(repo, ref).commit_id)
+        parent = self._chosen_parent(repo, commit, parent_number, "cherry-pick")
+        return self._three_way_commit(
+            repo, branch_name, parent.metarange_id, commit.metarange_id,
+            MergeStrategy.DEFAULT, [], message or commit.message,
+            committer or commit.committer, {"quarry.cherry-pick": commit.id},
+            allow_empty=False, dry_run=False, base_commit_id=parent.id,
+            source_commit_id=commit.id)
+
+    def _chosen_parent(self, repo: Repository, commit: types_pb2.Commit, parent_number: int,
+                       action: str) -> types_pb2.Commit:
+        parents = list(commit.parents)
+        if not parents:
+            raise gerrors.InvalidParent(f"cannot {action} {commit.id[:12]}: it has no parent")
+        if len(parents) > 1 and parent_number == 0:
+            raise gerrors.InvalidParent(f"{commit.id[:12]} is a merge commit: choose the "
+                                        f"parent_number (1..{len(parents)}) to {action} against")
+        number = parent_number or 1
+        if not 1 <= number <= len(parents):
+            raise gerrors.InvalidParent(f"{commit.id[:12]} has {len(parents)} parent(s); "
+                                        f"parent_number {number} is out of range")
+        return self.refs.get_commit(repo, parents[number - 1])
+
+    def _three_way_commit(self, repo: Repository, branch_name: str, base_metarange: str,
+                          source_metarange: str, strategy: MergeStrategy,
+                          parents_after_head: list[str], message: str, committer: str,
+                          metadata: dict[str, str], allow_empty: bool, dry_run: bool,
+                          base_commit_id: str, source_commit_id: str,
+                          resume: tuple[str, str] | None = None) -> MergeOutcome:
+        """Merge (base → source) onto the branch HEAD and commit it.
+
+        `resume` = (merged metarange, destination commit it was merged onto): the work of
+        an earlier attempt. Retrying with base' = that destination, source' = that result,
+        destination' = the new HEAD gives the same content as merging from scratch, and
+        ranges only the earlier attempt touched are not rewritten (the seed's table)."""
+        written = reused = 0
+        for attempt in range(MAX_MERGE_ATTEMPTS):
+            branch, predicate = self._branch(repo, branch_name)
+            if self._has_uncommitted(repo, branch):
+                raise gerrors.DirtyBranch(
+                    f"branch {branch_name!r} has uncommitted changes; commit or discard them "
+                    f"first", metadata={"repository": repo.name, "branch": branch_name})
+            head = self.refs.get_commit(repo, branch.commit_id)
+            if resume is None:
+                inputs = (base_metarange, source_metarange, head.metarange_id)
+            else:
+                merged_before, merged_onto = resume
+                inputs = (self.refs.get_commit(repo, merged_onto).metarange_id, merged_before,
+                          head.metarange_id)
+            result = self.range_writer.merge_metaranges(
+                repo.storage_namespace, *inputs, strategy=strategy,
+                max_conflicts=MAX_CONFLICTS_REPORTED, dry_run=dry_run)
+            written += result.ranges_written
+            reused += result.ranges_reused
+            if result.conflicts or result.more_conflicts:
+                if dry_run:
+                    return MergeOutcome(None, result.summary, base_commit_id, result.conflicts,
+                                        result.more_conflicts, attempt + 1)
+                raise self._conflict_error(result, base_commit_id)
+            if dry_run:
+                return MergeOutcome(None, result.summary, base_commit_id, attempts=attempt + 1)
+            if result.summary.total == 0 and not allow_empty \
+                    and result.metarange_id == head.metarange_id:
+                raise gerrors.NoChanges("the merge changes nothing on the destination",
+                                        metadata={"repository": repo.name,
+                                                  "branch": branch_name})
+            parents = [head.id, *parents_after_head]
+            generation = 1 + max(self.refs.get_commit(repo, p).generation for p in parents)
+            commit = self._make_commit(parents, result.metarange_id, message, committer,
+                                       metadata, generation)
+            self.refs.insert_commit(repo, commit)
+            updated = types_pb2.Branch()
+            updated.CopyFrom(branch)
+            updated.commit_id = commit.id
+            try:
+                self.refs.set_branch_if(repo, updated, kv.Equals(predicate))
+            except kv.PredicateFailed:
+                # HEAD moved (or a write made the branch dirty): keep this attempt's work.
+                trace.get_current_span().add_event("merge.retry", {
+                    "attempt": attempt + 1, "branch": branch_name,
+                    "merged_metarange": result.metarange_id})
+                resume = (result.metarange_id, head.id)
+                _backoff(attempt)
+                continue
+            self._forget_branch(repo, branch_name)
+            return MergeOutcome(commit, result.summary, base_commit_id, attempts=attempt + 1,
+                                ranges_written=written, ranges_reused=reused)
+        merged, onto = resume
+        self._remember_merge_hint(repo, merged, source_commit_id, base_commit_id, onto)
+        raise gerrors.HeadMoved(
+            f"{branch_name!r} kept moving: the merge lost the race {MAX_MERGE_ATTEMPTS} times; "
+            f"retry with hint_metarange_id to resume from the merged metarange",
+            metadata={"hint_metarange_id": merged},
+            details=[types_pb2.MergeRetryHint(hint_metarange_id=merged,
+                                       source_commit_id=source_commit_id,
+                                       base_commit_id=base_commit_id,
+                                       attempts=MAX_MERGE_ATTEMPTS)])
+
+    def _conflict_error(self, result: MergeResult, base_commit_id: str) -> gerrors.MergeConflict:
+        from quarry.convert import conflict_to_proto
+
+        total = len(result.conflicts) + result.more_conflicts
+        shown = ", ".join(c.path for c in result.conflicts[:5])
+        detail = types_pb2.MergeConflicts(
+            conflicts=[conflict_to_proto(c) for c in result.conflicts],
+            more=result.more_conflicts, base_commit_id=base_commit_id)
+        return gerrors.MergeConflict(f"{total} conflicting path(s): {shown}"
+                                     + (", ..." if total > 5 else ""),
+                                     metadata={"conflicts": str(total)}, details=[detail])
+
+    def _remember_merge_hint(self, repo: Repository, metarange_id: str, source: str,
+                             base: str, destination: str) -> None:
+        record = f"{source}\n{base}\n{destination}".encode()
+        self.kv.set(repo.partition, MERGE_HINTS_PREFIX + metarange_id.encode(), record)
+
+    def _usable_merge_hint(self, repo: Repository, hint: str, source: str, base: str | None,
+                           head: str) -> tuple[str, str] | None:
+        """A hint is used only if it was produced by merging this same source from this same
+        base onto an ancestor of the current HEAD; otherwise it is ignored."""
+        if not hint:
+            return None
+        try:
+            record = self.kv.get(repo.partition, MERGE_HINTS_PREFIX + hint.encode()).value
+        except kv.KeyNotFound:
+            return None
+        parts = record.decode().split("\n")
+        if len(parts) != 3:
+            return None
+        hinted_source, hinted_base, merged_onto = parts
+        if hinted_source != source or hinted_base != (base or ""):
+            return None
+        if not self.refs.is_ancestor(repo, merged_onto, head):
+            return None
+        return hint, merged_onto
 
 
 class _TokenMoved(Exception):
     """Internal: a conditional staged write must be re-decided on the new token."""
+
+
+def _same_entry(a: Entry | None, b: Entry | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a.identity == b.identity
 
 
 def _change_against(path: str, staged: Entry | None, committed: Entry | None) -> Change | None:

@@ -136,3 +136,33 @@ class ApplyResult:
     summary: DiffSummary = field(default_factory=DiffSummary)
     ranges_written: int = 0
     ranges_reused: int = 0
+
+
+class MergeStrategy(enum.IntEnum):
+    # Same numbers as quarry.v1.MergeStrategy.
+    DEFAULT = 0  # any path changed differently on both sides is a conflict
+    SOURCE_WINS = 1
+    DEST_WINS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """A path changed differently on both sides; None = absent (deleted) on that side."""
+
+    path: str
+    base: Entry | None
+    source: Entry | None
+    destination: Entry | None
+
+
+@dataclass(frozen=True, slots=True)
+class MergeResult:
+    # "" when conflicts stopped the merge (strategy DEFAULT) or on a dry run.
+    metarange_id: str
+    # Changes the merge makes to the destination.
+    summary: DiffSummary = field(default_factory=DiffSummary)
+    # At most the requested number of conflicts, in path order; `more_conflicts` counts the rest.
+    conflicts: tuple[Conflict, ...] = ()
+    more_conflicts: int = 0
+    ranges_written: int = 0
+    ranges_reused: int = 0

@@ -410,6 +410,51 @@ class RefManager:
                 push(parent)
             yield commit, [entry[2] for entry in sorted(heap)]
 
+    def merge_base(self, repo: Repository, left_id: str, right_id: str) -> str | None:
+        """The best common ancestor of two commits, or None if they share no history.
+
+        Walks both histories together, newest generation first, painting each commit with
+        the side(s) it is reachable from. The first commits painted by both sides are
+        common ancestors; their own ancestors are marked stale so only the best ones (not
+        ancestors of another) are kept. On criss-cross histories several remain: the one
+        with the highest generation wins, then the smallest id — deterministic, and the
+        choice is recorded by callers in the merge commit's metadata.
+        Cost grows with the commits since the fork point, not with the whole history.
+        """
+        if left_id == right_id:
+            return left_id
+        LEFT, RIGHT, STALE = 1, 2, 4
+        flags: dict[str, int] = {}
+        heap: list[tuple[int, str]] = []
+
+        def paint(commit_id: str, flag: int) -> None:
+            before = flags.get(commit_id, 0)
+            if before | flag == before:
+                return
+            if before == 0:
+                heapq.heappush(heap, (-self.get_commit(repo, commit_id).generation, commit_id))
+            flags[commit_id] = before | flag
+
+        paint(left_id, LEFT)
+        paint(right_id, RIGHT)
+        candidates: list[str] = []
+        while heap:
+            if all(flags[c] & STALE for _, c in heap):
+                break
+            _, commit_id = heapq.heappop(heap)
+            flag = flags[commit_id]
+            if flag & (LEFT | RIGHT) == LEFT | RIGHT and not flag & STALE:
+                candidates.append(commit_id)
+                flag |= STALE
+            for parent in self.get_commit(repo, commit_id).parents:
+                paint(parent, flag)
+        if not candidates:
+            return None
+        return min(candidates, key=lambda c: (-self.get_commit(repo, c).generation, c))
+
+    def is_ancestor(self, repo: Repository, ancestor_id: str, descendant_id: str) -> bool:
+        return self.merge_base(repo, ancestor_id, descendant_id) == ancestor_id
+
     # ---- helpers ---------------------------------------------------------------------------
 
     def _scan_values(self, partition: bytes, prefix: bytes, after: str,

@@ -89,6 +89,13 @@ def test_workflow_over_grpc(stubs, suite):
      grpc.StatusCode.ALREADY_EXISTS, "REPOSITORY_EXISTS"),
     (lambda s, r: s.cm.Merge(cm.MergeRequest(repository=r, source_ref="main",
                                              destination_branch="main")),
+     grpc.StatusCode.FAILED_PRECONDITION, "NO_CHANGES"),
+    (lambda s, r: s.cm.Merge(cm.MergeRequest(repository=r, source_ref="main",
+                                             destination_branch="main", strategy=9)),
+     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
+    (lambda s, r: s.cm.Revert(cm.RevertRequest(repository=r, branch="main", ref="main")),
+     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PARENT"),
+    (lambda s, r: s.cm.Compact(cm.CompactRequest(repository=r, branch="main")),
      grpc.StatusCode.UNIMPLEMENTED, "NOT_IMPLEMENTED"),
 ])
 def test_bad_input_gets_a_clear_status_and_changes_nothing(stubs, suite, call, code, reason):

@@ -1,0 +1,363 @@
+"""Three-way merge of metaranges (ARCHITECTURE.md §4 Merge, §5).
+
+    result = manager.merge_metaranges(namespace, base_id, source_id, destination_id,
+                                      strategy=MergeStrategy.DEFAULT)
+
+Semantics, per path (entries compared by identity; an absent entry counts as "deleted"):
+
+    source == base                  -> the destination's value
+    destination == base             -> the source's value
+    source == destination           -> that value (both changed identically: no conflict)
+    otherwise (changed differently) -> a conflict: DEFAULT reports it and writes nothing,
+                                       SOURCE_WINS takes the source's, DEST_WINS the
+                                       destination's value.
+
+The summary counts what the merge changes in the DESTINATION (added / removed / changed);
+a path whose merged value equals the destination's is not a change. Conflicts are listed
+in path order, at most `max_conflicts`; `more_conflicts` counts the rest. A DEFAULT merge
+with conflicts, and every dry run, write nothing and return metarange_id "" (with the
+summary of what the merge applies, or would apply without the conflicts).
+
+Algorithm: at range granularity first, entries only where both sides changed.
+
+  Shortcuts (no range read, nothing written): source == base or source == destination ->
+  the destination; destination == base (fast-forward) -> the source (its summary is
+  counted from the ranges that differ, path and identity columns only).
+
+  1. Gaps. Ranges with the same id in base and source ("anchors") hold the same entries,
+     so base and source differ only in the key intervals between consecutive anchors. Each
+     such gap holds a run of base ranges and a run of source ranges. Found from the three
+     metaranges alone.
+  2. A gap the destination did not touch (its ranges over the gap are exactly the base's
+     run) is "source-only": the result there is the source's run, spliced in by id
+     without reading or writing it. Its summary is counted from a diff of the two runs
+     reading path and identity columns only.
+  3. Otherwise ("mixed"), the gap is merged entry by entry: diff(base run -> source run)
+     and diff(base -> destination) within the gap, walked together by path, give the
+     conflicts and the source changes the destination lacks. (A gap whose source and
+     destination runs are the same ranges is skipped unread.) The destination's changes
+     outside every gap are never read at all.
+  4. The destination's ranges, with the source-only runs spliced in, and the mixed-gap
+     changes go through apply (apply_changes' walk): every range no change falls into is
+     reused by id when it sits on a chunk boundary; the others are re-derived with
+     content-defined chunking. Chunking being a pure function of the entry set, the result
+     is the same metarange whatever the path to it.
+
+Retry (seeds/merge-retry-metarange-reuse.md): merging again with base' = the old
+destination, source' = the previous result and destination' = the new destination gives the
+same content as merging the original inputs onto the new destination. Ranges only the first
+merge touched are source-only gaps on the retry: reused, neither read nor written again;
+ranges both changed are re-derived, and what the first attempt already wrote exists (put if
+absent is a no-op).
+
+Note: in a source-only gap the source's entries are taken as they are, so an entry the
+source re-staged with identical content (same identity, another physical address) arrives
+with the source's address; in a mixed gap the destination's entry is kept. Both are the
+same content by identity.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from quarry import errors
+from quarry.committed.format import metarange_id_of
+from quarry.committed.iterators import diff_metaranges
+from quarry.committed.rangedata import MetaRange, RangeData
+from quarry.graveler.model import (Change, ChangeType, Conflict, DiffSummary, Entry,
+                                   MergeResult, MergeStrategy, RangeInfo)
+
+if TYPE_CHECKING:
+    from quarry.committed.manager import CommittedManager
+
+# Ranges loaded ahead in the background by each diff walk.
+MERGE_READAHEAD = 8
+# Destination ranges a merge keeps in hand between its walk and its apply (beyond what the
+# shared range cache keeps).
+HOLD_BYTES = 256 * 1024 * 1024
+DEFAULT_MAX_CONFLICTS = 100
+
+
+@dataclass(slots=True)
+class _Gap:
+    """Keys strictly between two anchors (None = unbounded), where base and source differ."""
+
+    lo: str | None
+    hi: str | None
+    base_run: list[RangeInfo]
+    source_run: list[RangeInfo]
+
+
+def merge_metaranges(manager: "CommittedManager", namespace: str, base_id: str,
+                     source_id: str, destination_id: str,
+                     strategy: MergeStrategy = MergeStrategy.DEFAULT,
+                     max_conflicts: int = DEFAULT_MAX_CONFLICTS,
+                     dry_run: bool = False) -> MergeResult:
+    try:
+        strategy = MergeStrategy(int(strategy))
+    except (TypeError, ValueError):
+        raise errors.InvalidArgument(f"unknown merge strategy {strategy!r}") from None
+    if max_conflicts is None or int(max_conflicts) < 0:
+        raise errors.InvalidArgument("max_conflicts must be >= 0")
+    max_conflicts = int(max_conflicts)
+    store = manager.store(namespace)  # validates the namespace even if every input is empty
+    base = manager._metarange(namespace, base_id)
+    source = manager._metarange(namespace, source_id)
+    destination = manager._metarange(namespace, destination_id)
+
+    # ---- shortcuts ------------------------------------------------------------------------
+    if source.id == base.id or source.id == destination.id:
+        return _done(destination.id, DiffSummary(), dry_run, reused=len(destination.ranges))
+    if destination.id == base.id:
+        summary = DiffSummary()
+        for gap in _gaps(destination, source):
+            _count(manager, namespace, gap, summary)
+        return _done(source.id, summary, dry_run, reused=len(source.ranges))
+
+    # ---- gaps: source-only ones are spliced, mixed ones merged by entry --------------------
+    dest_ranges = destination.ranges
+    dest_min_keys = [r.min_key for r in dest_ranges]
+    plan: list[tuple[str, _Gap, int, int]] = []  # (kind, gap, destination ranges over it)
+    for gap in _gaps(base, source):
+        first = bisect.bisect_right(destination.max_keys, gap.lo) if gap.lo is not None else 0
+        stop = (bisect.bisect_left(dest_min_keys, gap.hi, first) if gap.hi is not None
+                else len(dest_ranges))
+        over_gap = dest_ranges[first:stop]  # every destination range with keys in the gap
+        if _ids(over_gap) == _ids(gap.base_run) and _inside(over_gap, gap):
+            plan.append((_SOURCE_ONLY, gap, first, stop))  # the destination has the base's
+        elif _ids(over_gap) == _ids(gap.source_run) and _inside(over_gap, gap):
+            continue  # the destination already holds the source's ranges: nothing to do
+        else:
+            plan.append((_MIXED, gap, first, stop))
+    summary = DiffSummary()
+    merged = _EntryMerge(strategy, max_conflicts, summary)
+    spliced: list[RangeInfo] = []  # the destination's ranges with source-only runs spliced in
+    taken = 0  # destination ranges [0, taken) are settled in `spliced`
+    ahead = _ReadAhead(manager, namespace, plan, dest_ranges)
+    for number, (kind, gap, first, stop) in enumerate(plan):
+        ahead.through(number)
+        if kind == _SOURCE_ONLY:
+            _count(manager, namespace, gap, summary)
+            spliced.extend(dest_ranges[taken:first])
+            spliced.extend(gap.source_run)
+            taken = stop
+        else:
+            merged.gap(manager, namespace, gap, dest_ranges[first:stop])
+    spliced.extend(dest_ranges[taken:])
+    conflicts = tuple(
+        Conflict(path, manager.get_entry(namespace, base.id, path) if in_base else None,
+                 src_entry, dst_entry)
+        for path, src_entry, dst_entry, in_base in merged.conflicts)
+    if dry_run or conflicts or merged.more_conflicts:
+        return MergeResult("", summary, conflicts, merged.more_conflicts)
+
+    # ---- write: apply the mixed-gap changes to the spliced ranges ---------------------------
+    if not merged.changes and len(spliced) == len(dest_ranges) and all(
+            a.id == b.id for a, b in zip(spliced, dest_ranges)):
+        return MergeResult(destination.id, summary, ranges_reused=len(dest_ranges))
+    out, _applied, written, reused = manager._apply_to_ranges(
+        namespace, MetaRange("", spliced), merged.changes, any_ranges=True,
+        loaded=merged.held)
+    metarange_id = metarange_id_of(out)
+    if metarange_id != destination.id:
+        metarange_id = manager._write_metarange(namespace, store, out)
+    return MergeResult(metarange_id, summary, ranges_written=written, ranges_reused=reused)
+
+
+_SOURCE_ONLY = "source-only"
+_MIXED = "mixed"
+
+
+class _ReadAhead:
+    """Starts loading, in the background, the ranges of the next gaps of the plan: the
+    per-gap walks are too short for their own read-ahead to help."""
+
+    def __init__(self, manager: "CommittedManager", namespace: str, plan: list,
+                 dest_ranges: list[RangeInfo]):
+        self._manager = manager
+        self._namespace = namespace
+        self._plan = plan
+        self._dest_ranges = dest_ranges
+        self._next = 0  # the next gap whose ranges are not requested yet
+        self._enabled = manager._read_workers > 0
+
+    def through(self, current: int) -> None:
+        """Called before working on gap `current`: keeps MERGE_READAHEAD ranges requested
+        past it."""
+        if not self._enabled:
+            return
+        budget = MERGE_READAHEAD
+        for kind, gap, first, stop in self._plan[current + 1:self._next]:
+            budget -= len(gap.base_run) + len(gap.source_run) + (
+                stop - first if kind == _MIXED else 0)
+        prefetch = self._manager._prefetch
+        namespace = self._namespace
+        while budget > 0 and self._next < len(self._plan):
+            kind, gap, first, stop = self._plan[self._next]
+            self._next += 1
+            if self._next <= current + 1:
+                continue  # the current gap loads its own first ranges
+            over_gap = self._dest_ranges[first:stop] if kind == _MIXED else []
+            # As the walks will load them (see _EntryMerge.gap): base ranges keys only,
+            # unless the destination has them too.
+            dest_ids = {r.id for r in over_gap}
+            for info in gap.base_run:
+                prefetch(namespace, info, keys_only=info.id not in dest_ids)
+            for info in gap.source_run:
+                prefetch(namespace, info, keys_only=kind == _SOURCE_ONLY)
+            for info in over_gap:
+                prefetch(namespace, info)
+            budget -= len(gap.base_run) + len(gap.source_run) + (
+                stop - first if kind == _MIXED else 0)
+
+
+class _EntryMerge:
+    """The entry-level three-way merge of mixed gaps: collects the changes to apply to the
+    destination, the conflicts (bounded) and the summary."""
+
+    def __init__(self, strategy: MergeStrategy, max_conflicts: int, summary: DiffSummary):
+        self.strategy = strategy
+        self.max_conflicts = max_conflicts
+        self.summary = summary
+        self.changes: list[tuple[str, Entry | None]] = []
+        # (path, source entry, destination entry, whether the base had the path)
+        self.conflicts: list[tuple[str, Entry | None, Entry | None, bool]] = []
+        self.more_conflicts = 0
+        # Destination ranges the walk loaded, for the apply (up to HOLD_BYTES).
+        self.held: dict[str, RangeData] = {}
+        self.held_bytes = 0
+
+    def gap(self, manager: "CommittedManager", namespace: str, gap: _Gap,
+            over_gap: list[RangeInfo]) -> None:
+        # Base ranges are only compared (a conflict's base entry is read separately). (A
+        # range on both sides is skipped unread by the walk; full loads for those anyway.)
+        base_ids = {r.id for r in gap.base_run}
+        dest_ids = {r.id for r in over_gap}
+        base_ids -= dest_ids
+
+        def load(info: RangeInfo):
+            if info.id in base_ids:
+                return manager._keys_range(namespace, info)
+            data = manager._range(namespace, info)
+            if info.id in dest_ids and info.id not in self.held \
+                    and self.held_bytes < HOLD_BYTES:
+                # The apply below re-reads these unless held: the cache may have let them go.
+                self.held[info.id] = data
+                self.held_bytes += data.cache_bytes
+            return data
+
+        def prefetch(info: RangeInfo) -> None:
+            manager._prefetch(namespace, info, keys_only=info.id in base_ids)
+
+        base_run = MetaRange("", gap.base_run)
+        source_changes = _walk(load, prefetch, base_run, MetaRange("", gap.source_run))
+        dest_changes = _walk(load, prefetch, base_run, MetaRange("", over_gap))
+        lo, hi = gap.lo, gap.hi
+        # Destination ranges may stick out of the gap: what lies outside is not ours.
+        dest_changes = (c for c in dest_changes
+                        if (lo is None or c.path > lo) and (hi is None or c.path < hi))
+        summary = self.summary
+        changes = self.changes
+        strategy = self.strategy
+        for path, src, dst in _paired(source_changes, dest_changes):
+            if dst is None:
+                # Changed on the source only: the destination still has the base's value.
+                summary.count(src.type)
+                changes.append((path, src.entry if src.type != ChangeType.REMOVED else None))
+                continue
+            if src is None:
+                continue  # changed on the destination only: keep it
+            src_entry = src.entry if src.type != ChangeType.REMOVED else None
+            dst_entry = dst.entry if dst.type != ChangeType.REMOVED else None
+            if src_entry is None and dst_entry is None:
+                continue  # deleted on both sides
+            if (src_entry is not None and dst_entry is not None
+                    and src_entry.identity == dst_entry.identity):
+                continue  # changed identically on both sides
+            if strategy == MergeStrategy.SOURCE_WINS:
+                summary.count(ChangeType.REMOVED if src_entry is None else
+                              ChangeType.ADDED if dst_entry is None else ChangeType.CHANGED)
+                changes.append((path, src_entry))
+            elif strategy == MergeStrategy.DEFAULT:
+                if len(self.conflicts) < self.max_conflicts:
+                    # The base had the path unless a side reports it ADDED.
+                    in_base = src.type != ChangeType.ADDED and dst.type != ChangeType.ADDED
+                    self.conflicts.append((path, src_entry, dst_entry, in_base))
+                else:
+                    self.more_conflicts += 1
+            # DEST_WINS: keep the destination's value.
+
+
+def _done(metarange_id: str, summary: DiffSummary, dry_run: bool, reused: int) -> MergeResult:
+    if dry_run:
+        return MergeResult("", summary)
+    return MergeResult(metarange_id, summary, ranges_reused=reused)
+
+
+def _ids(ranges: list[RangeInfo]) -> list[str]:
+    return [r.id for r in ranges]
+
+
+def _inside(ranges: list[RangeInfo], gap: _Gap) -> bool:
+    """Whether the ranges lie within the gap's open key interval."""
+    if not ranges:
+        return True
+    return ((gap.lo is None or ranges[0].min_key > gap.lo)
+            and (gap.hi is None or ranges[-1].max_key < gap.hi))
+
+
+def _gaps(left: MetaRange, right: MetaRange) -> Iterator[_Gap]:
+    """The key intervals where two metaranges may differ: between consecutive ranges they
+    share by id (which hold the same entries), with each side's ranges there."""
+    right_index = {r.id: i for i, r in enumerate(right.ranges)}
+    left_ranges, right_ranges = left.ranges, right.ranges
+    prev_left = prev_right = -1
+    for i in range(len(left_ranges) + 1):
+        if i < len(left_ranges):
+            j = right_index.get(left_ranges[i].id)
+            if j is None or j <= prev_right:
+                continue
+        else:
+            j = len(right_ranges)
+        if i > prev_left + 1 or j > prev_right + 1:
+            yield _Gap(left_ranges[prev_left].max_key if prev_left >= 0 else None,
+                       left_ranges[i].min_key if i < len(left_ranges) else None,
+                       left_ranges[prev_left + 1:i], right_ranges[prev_right + 1:j])
+        prev_left, prev_right = i, j
+
+
+def _count(manager: "CommittedManager", namespace: str, gap: _Gap,
+           summary: DiffSummary) -> None:
+    """Add the changes from the gap's left run to its right run (by path and identity:
+    no entry is built, only those two columns are read)."""
+    for change in _walk(lambda info: manager._keys_range(namespace, info),
+                        lambda info: manager._prefetch(namespace, info, keys_only=True),
+                        MetaRange("", gap.base_run), MetaRange("", gap.source_run),
+                        entries=False):
+        summary.count(change.type)
+
+
+def _walk(load: Callable, prefetch: Callable, left: MetaRange, right: MetaRange,
+          entries: bool = True) -> Iterator[Change]:
+    return diff_metaranges(load, left, right, prefetch=prefetch, readahead=MERGE_READAHEAD,
+                           entries=entries)
+
+
+def _paired(left: Iterator[Change], right: Iterator[Change]
+            ) -> Iterator[tuple[str, Change | None, Change | None]]:
+    """Two change streams sorted by path, joined: (path, left change, right change)."""
+    a = next(left, None)
+    b = next(right, None)
+    while a is not None or b is not None:
+        if b is None or (a is not None and a.path < b.path):
+            yield a.path, a, None
+            a = next(left, None)
+        elif a is None or b.path < a.path:
+            yield b.path, None, b
+            b = next(right, None)
+        else:
+            yield a.path, a, b
+            a = next(left, None)
+            b = next(right, None)

@@ -1,0 +1,233 @@
+"""Merge, revert, cherry-pick, merge bases and three-dot diffs in the core (fake committed
+store; the real range-level merge is tested in tests/unit/committed and end to end)."""
+
+import pytest
+
+from quarry.graveler import errors as gerrors
+from quarry.graveler.model import ChangeType, Entry, MergeStrategy
+from quarry.kv import store as kv
+
+
+def entry(path, checksum="c1"):
+    return Entry(path, f"data/{path}-{checksum}", 10, checksum)
+
+
+def put_commit(g, repo, branch, files: dict, message="c"):
+    puts = [entry(p, c) for p, c in files.items() if c is not None]
+    deletes = [p for p, c in files.items() if c is None]
+    if puts:
+        g.put_objects(repo, branch, puts)
+    if deletes:
+        g.delete_objects(repo, branch, deletes)
+    return g.commit(repo, branch, message).commit
+
+
+def content(g, repo, ref):
+    return {e.path: e.checksum for e in g.list_objects(repo, ref, page_size=1000)[0]}
+
+
+@pytest.fixture
+def forked(graveler, repo):
+    put_commit(graveler, repo, "main", {"a": "1", "b": "1", "c": "1"})
+    graveler.create_branch(repo, "feature", "main")
+    return graveler, repo
+
+
+def test_merge_combines_both_sides(forked):
+    g, repo = forked
+    put_commit(g, repo, "feature", {"a": "2", "d": "1"})
+    put_commit(g, repo, "main", {"b": "2", "c": None})
+    outcome = g.merge(repo, "feature", "main", committer="me")
+    assert content(g, repo, "main") == {"a": "2", "b": "2", "d": "1"}
+    assert (outcome.summary.added, outcome.summary.changed) == (1, 1)
+    main_head = g.get_commit(repo, "main")
+    assert list(main_head.parents) == [g.get_commit(repo, "main~1").id,
+                                       g.get_commit(repo, "feature").id]
+    assert main_head.metadata["quarry.merge.strategy"] == "default"
+    assert main_head.metadata["quarry.merge.base"] == outcome.base_commit_id
+    # Merging again: the source is now an ancestor of the destination.
+    with pytest.raises(gerrors.NoChanges):
+        g.merge(repo, "feature", "main")
+
+
+def test_fast_forward_like_merge_takes_the_source_content(forked):
+    g, repo = forked
+    put_commit(g, repo, "feature", {"x": "1"})
+    g.merge(repo, "feature", "main")
+    assert content(g, repo, "main") == content(g, repo, "feature")
+
+
+def test_conflicts_are_listed_and_nothing_changes(forked):
+    g, repo = forked
+    put_commit(g, repo, "feature", {"a": "feature", "b": None})
+    put_commit(g, repo, "main", {"a": "main", "b": "main"})
+    before = g.get_branch(repo, "main")
+    with pytest.raises(gerrors.MergeConflict) as caught:
+        g.merge(repo, "feature", "main")
+    detail = caught.value.details[0]
+    assert [c.path for c in detail.conflicts] == ["a", "b"]
+    b = detail.conflicts[1]
+    assert not b.HasField("source") and b.destination.checksum == "main"
+    assert g.get_branch(repo, "main") == before
+    dry = g.merge(repo, "feature", "main", dry_run=True)
+    assert [c.path for c in dry.conflicts] == ["a", "b"] and dry.commit is None
+    g.merge(repo, "feature", "main", strategy=MergeStrategy.SOURCE_WINS)
+    assert content(g, repo, "main") == {"a": "feature", "c": "1"}
+
+
+def test_dest_wins_and_identical_changes(forked):
+    g, repo = forked
+    put_commit(g, repo, "feature", {"a": "same", "b": "feature", "n": "1"})
+    put_commit(g, repo, "main", {"a": "same", "b": "main"})
+    g.merge(repo, "feature", "main", strategy=MergeStrategy.DEST_WINS)
+    assert content(g, repo, "main") == {"a": "same", "b": "main", "c": "1", "n": "1"}
+
+
+def test_squash_has_one_parent(forked):
+    g, repo = forked
+    put_commit(g, repo, "feature", {"s": "1"})
+    outcome = g.merge(repo, "feature", "main", squash=True)
+    assert len(outcome.commit.parents) == 1
+    assert outcome.commit.metadata["quarry.merge.source"] == g.get_commit(repo, "feature").id
+
+
+def test_dry_run_writes_no_commit(forked):
+    g, repo = forked
+    put_commit(g, repo, "feature", {"z": "1"})
+    head = g.get_branch(repo, "main").commit_id
+    outcome = g.merge(repo, "feature", "main", dry_run=True)
+    assert outcome.commit is None and outcome.summary.added == 1
+    assert g.get_branch(repo, "main").commit_id == head
+
+
+def test_destination_must_be_clean(forked):
+    g, repo = forked
+    put_commit(g, repo, "feature", {"z": "1"})
+    g.put_objects(repo, "main", [entry("staged")])
+    with pytest.raises(gerrors.DirtyBranch):
+        g.merge(repo, "feature", "main")
+
+
+def test_clean_destination_check_does_not_scan_staging(forked, kv_store):
+    g, repo = forked
+    put_commit(g, repo, "feature", {"z": "1"})
+    kv_store.reset()
+    g.merge(repo, "feature", "main")
+    assert kv_store.total(cls="staging") == 0
+
+
+def _race_merges(g, repo, monkeypatch, times):
+    """Make another commit land on main right before each of our merge's swaps."""
+    real_set = g.refs.set_branch_if
+    state = {"left": times, "busy": False}
+
+    def racing_set(repo_, branch, predicate):
+        is_our_merge = branch.name == "main" and isinstance(predicate, kv.Equals) and \
+            "quarry.merge.source" in g.refs.get_commit(repo_, branch.commit_id).metadata
+        if is_our_merge and state["left"] and not state["busy"]:
+            state["left"] -= 1
+            state["busy"] = True
+            try:
+                put_commit(g, repo, "main", {f"race{state['left']}": "1"}, "racer")
+            finally:
+                state["busy"] = False
+        return real_set(repo_, branch, predicate)
+
+    monkeypatch.setattr(g.refs, "set_branch_if", racing_set)
+    return real_set
+
+
+def test_retry_reuses_the_merged_metarange_when_head_moves(forked, committed, monkeypatch):
+    g, repo = forked
+    put_commit(g, repo, "feature", {"f": "1"})
+    _race_merges(g, repo, monkeypatch, 2)
+    calls = []
+    real_merge = committed.merge_metaranges
+
+    def spy(namespace, base, source, destination, **kw):
+        calls.append((base, source, destination))
+        return real_merge(namespace, base, source, destination, **kw)
+
+    monkeypatch.setattr(committed, "merge_metaranges", spy)
+    outcome = g.merge(repo, "feature", "main")
+    assert outcome.attempts == 3
+    assert content(g, repo, "main") == {"a": "1", "b": "1", "c": "1", "f": "1", "race0": "1",
+                                        "race1": "1"}
+    feature_metarange = g.get_commit(repo, "feature").metarange_id
+    assert calls[0][1] == feature_metarange
+    # Each retry merged the previous attempt's result (source) from the HEAD it was merged
+    # onto (base) onto the new HEAD (destination).
+    for before, after in zip(calls, calls[1:]):
+        assert after[0] == before[2]
+        assert after[2] != before[2]  # the new HEAD
+
+
+def test_head_moved_every_time_returns_a_hint_that_resumes(forked, monkeypatch):
+    g, repo = forked
+    put_commit(g, repo, "feature", {"f": "1"})
+    real_set = _race_merges(g, repo, monkeypatch, 99)
+    with pytest.raises(gerrors.HeadMoved) as caught:
+        g.merge(repo, "feature", "main")
+    hint = caught.value.details[0].hint_metarange_id
+    assert hint and caught.value.metadata["hint_metarange_id"] == hint
+    monkeypatch.setattr(g.refs, "set_branch_if", real_set)
+    outcome = g.merge(repo, "feature", "main", hint_metarange_id=hint)
+    assert outcome.attempts == 1
+    assert content(g, repo, "main")["f"] == "1"
+    assert sum(1 for p in content(g, repo, "main") if p.startswith("race")) == 5
+    # A hint for another source is ignored, not trusted.
+    g.create_branch(repo, "other", "main~3")
+    put_commit(g, repo, "other", {"o": "1"})
+    g.merge(repo, "other", "main", hint_metarange_id=hint)
+    assert content(g, repo, "main")["o"] == "1"
+
+
+def test_revert_and_cherry_pick(forked):
+    g, repo = forked
+    change = put_commit(g, repo, "feature", {"a": "2", "new": "1"})
+    g.cherry_pick(repo, "main", change.id)
+    assert content(g, repo, "main") == {"a": "2", "b": "1", "c": "1", "new": "1"}
+    g.revert(repo, "main", "main")
+    assert content(g, repo, "main") == {"a": "1", "b": "1", "c": "1"}
+    head = g.get_commit(repo, "main")
+    assert head.metadata["quarry.revert"] and len(head.parents) == 1
+
+
+def test_revert_of_a_merge_commit_needs_a_parent_number(forked):
+    g, repo = forked
+    put_commit(g, repo, "feature", {"f": "1"})
+    put_commit(g, repo, "main", {"m": "1"})
+    g.merge(repo, "feature", "main")
+    with pytest.raises(gerrors.InvalidParent):
+        g.revert(repo, "main", "main")
+    g.revert(repo, "main", "main", parent_number=1)
+    assert "f" not in content(g, repo, "main") and content(g, repo, "main")["m"] == "1"
+
+
+def test_criss_cross_merge_base_is_deterministic(graveler, repo):
+    g = graveler
+    put_commit(g, repo, "main", {"base": "1"})
+    g.create_branch(repo, "x", "main")
+    put_commit(g, repo, "main", {"m1": "1"})
+    put_commit(g, repo, "x", {"x1": "1"})
+    m1 = g.get_commit(repo, "main").id
+    x1 = g.get_commit(repo, "x").id
+    g.merge(repo, x1, "main")
+    g.merge(repo, m1, "x")
+    put_commit(g, repo, "main", {"m2": "1"})
+    put_commit(g, repo, "x", {"x2": "1"})
+    base = g.find_merge_base(repo, "main", "x")
+    assert base.id in (m1, x1)
+    assert g.find_merge_base(repo, "x", "main").id == base.id
+    outcome = g.merge(repo, "x", "main")
+    assert outcome.commit.metadata["quarry.merge.base"] == base.id
+    assert content(g, repo, "main") == {"base": "1", "m1": "1", "x1": "1", "m2": "1", "x2": "1"}
+
+
+def test_three_dot_diff(forked):
+    g, repo = forked
+    put_commit(g, repo, "feature", {"a": "f", "b": "same", "n": "1"})
+    put_commit(g, repo, "main", {"a": "m", "b": "same"})
+    changes, _ = g.diff(repo, "main", "feature", three_dot=True)
+    kinds = {c.path: c.type for c in changes}
+    assert kinds == {"a": ChangeType.CONFLICT, "b": ChangeType.CHANGED, "n": ChangeType.ADDED}
