@@ -69,6 +69,7 @@ $(HELM_STAMP):
 	touch $@
 
 lint: install tools
+	$(VENV)/bin/ruff check libs services tests benchmarks
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
 	@if git rev-parse --verify -q HEAD~1 >/dev/null && git cat-file -e HEAD~1:buf.yaml 2>/dev/null; then \

@@ -216,3 +216,38 @@ def test_errors_print_one_line_without_traceback(suite, quarry, tmp_path):
     # Usage errors stay argparse's (exit 2, usage on stderr).
     usage = quarry("commit", "r", "b", expect=2)
     assert "-m/--message" in usage.stderr
+
+
+def test_merge_conflict_revert_and_cherry_pick(suite, quarry):
+    ns = suite.namespace("cli-merge")
+    quarry("repo", "create", "cli-merge", ns)
+    quarry("put", "cli-merge", "main", "a", "--address", "s3://x/a0", "--checksum", "a0")
+    quarry("commit", "cli-merge", "main", "-m", "base")
+    quarry("branch", "create", "cli-merge", "f", "--source", "main")
+    quarry("put", "cli-merge", "f", "a", "--address", "s3://x/af", "--checksum", "af")
+    quarry("put", "cli-merge", "f", "b", "--address", "s3://x/bf", "--checksum", "bf")
+    quarry("commit", "cli-merge", "f", "-m", "feature")
+    quarry("put", "cli-merge", "main", "a", "--address", "s3://x/am", "--checksum", "am")
+    quarry("commit", "cli-merge", "main", "-m", "main change")
+
+    dry = quarry("merge", "cli-merge", "f", "main", "--dry-run").stdout
+    assert "! a" in dry and "1 conflict(s)" in dry
+    failed = quarry("merge", "cli-merge", "f", "main", expect=1)
+    assert failed.stderr.startswith("quarry: MERGE_CONFLICT:")
+    assert len(failed.stderr.strip().splitlines()) == 1
+    diff = quarry("diff", "cli-merge", "main", "f", "--three-dot").stdout.split("\n")
+    assert "! a" in diff and "+ b" in diff
+
+    merged = quarry("merge", "cli-merge", "f", "main", "--strategy", "source-wins").stdout
+    assert "1 added, 0 removed, 1 changed" in merged
+    assert fields(quarry("stat", "cli-merge", "main", "a").stdout)["checksum"] == "af"
+    quarry("revert", "cli-merge", "main", "main", "--parent", "1")
+    assert fields(quarry("stat", "cli-merge", "main", "a").stdout)["checksum"] == "am"
+    quarry("stat", "cli-merge", "main", "b", expect=1)
+    conflicting = quarry("cherry-pick", "cli-merge", "main", "f", expect=1)
+    assert conflicting.stderr.startswith("quarry: MERGE_CONFLICT:")  # f changed a too
+    quarry("put", "cli-merge", "f", "c", "--address", "s3://x/cf", "--checksum", "cf")
+    quarry("commit", "cli-merge", "f", "-m", "only c")
+    quarry("cherry-pick", "cli-merge", "main", "f")
+    assert fields(quarry("stat", "cli-merge", "main", "c").stdout)["checksum"] == "cf"
+    quarry("stat", "cli-merge", "main", "b", expect=1)

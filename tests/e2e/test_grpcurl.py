@@ -3,7 +3,6 @@ base64, error statuses as a grpcurl user sees them)."""
 
 import base64
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path

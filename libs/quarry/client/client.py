@@ -33,20 +33,16 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import grpc
 from google.protobuf import timestamp_pb2
 
-from quarry import errors, telemetry
+from quarry import errors
 # Loaded so from_rpc_error can rebuild the core's classes (BranchNotFound, ...) by reason.
 from quarry.graveler import errors as gerrors  # noqa: F401
 from quarry.client.retry import Retrier, RetryPolicy
+from quarry.runtime.channels import open_channel
 from quarry.runtime.errors import from_rpc_error
 from quarry.v1 import (branch_manager_pb2 as bm, branch_manager_pb2_grpc, committer_pb2 as cm,
                        committer_pb2_grpc, server_info_pb2, server_info_pb2_grpc,
                        types_pb2)
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-]
 # A PutObjects message is closed at this many serialized entry bytes even if it holds
 # fewer than batch_size entries (entries can carry up to 8 KB of metadata each).
 MAX_BATCH_BYTES = 8 * 1024 * 1024
@@ -244,8 +240,7 @@ class Client:
             if not isinstance(target, str):
                 return target
             if target not in channels:
-                channels[target] = telemetry.instrument_channel(
-                    grpc.insecure_channel(target, options=CHANNEL_OPTIONS))
+                channels[target] = open_channel(target)
                 self._owned.append(channels[target])
             return channels[target]
 

@@ -28,7 +28,7 @@ from quarry.committed.errors import (DuplicatePath, InvalidMetaRangeId, InvalidP
                                      UnsortedInput)
 from quarry.committed.format import (EMPTY_METARANGE_ID, RowBuffer, decode_metarange,
                                      decode_range, decode_range_keys, encode_metarange,
-                                     encode_range, entry_bytes, is_boundary, metarange_id_of,
+                                     encode_range, is_boundary, metarange_id_of,
                                      metarange_key, range_id_of, range_key)
 from quarry.committed.iterators import EntryIterator, diff_metaranges
 from quarry.committed.merge import merge_metaranges as _merge_metaranges

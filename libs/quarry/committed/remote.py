@@ -10,13 +10,14 @@ from typing import Iterable, Iterator
 
 import grpc
 
-from quarry import errors, telemetry
+from quarry import errors
 from quarry.committed import errors as _committed_errors  # noqa: F401 — error reasons
 from quarry.committed.format import entry_bytes
 from quarry.convert import (conflict_from_proto, entry_to_proto, put_or_delete_to_proto,
                             range_info_from_proto, summary_from_proto)
 from quarry.graveler.model import (ApplyResult, Change, ChangeType, DiffSummary, Entry,
                                    MergeResult, MergeStrategy, RangeInfo)
+from quarry.runtime.channels import channel_for
 from quarry.runtime.errors import from_rpc_error
 from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
 
@@ -24,10 +25,6 @@ from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
 # 64 MiB gRPC limit (an entry may carry up to ~400 KB of metadata).
 BATCH_ITEMS = 1000
 BATCH_BYTES = 4 * 1024 * 1024
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-]
 
 
 class _Failure:
@@ -41,13 +38,7 @@ class _Failure:
 class RemoteRangeWriter:
     def __init__(self, target: str | grpc.Channel, timeout: float = 3600.0,
                  batch_items: int = BATCH_ITEMS, batch_bytes: int = BATCH_BYTES):
-        if isinstance(target, str):
-            self._channel = telemetry.instrument_channel(
-                grpc.insecure_channel(target, options=CHANNEL_OPTIONS))
-            self._owns_channel = True
-        else:
-            self._channel = target
-            self._owns_channel = False
+        self._channel, self._owns_channel = channel_for(target)
         self._stub = range_writer_pb2_grpc.RangeWriterStub(self._channel)
         self._timeout = timeout
         self._batch_items = max(1, batch_items)

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from quarry.convert import entry_from_proto, entry_to_proto
 from quarry.graveler.model import Entry

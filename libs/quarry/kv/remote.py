@@ -12,8 +12,8 @@ from typing import Sequence
 
 import grpc
 
-from quarry import telemetry
 from quarry.kv import store as kv
+from quarry.runtime.channels import channel_for
 from quarry.runtime.errors import from_rpc_error
 from quarry.v1 import kv_pb2, kv_pb2_grpc
 
@@ -22,10 +22,6 @@ from quarry.v1 import kv_pb2, kv_pb2_grpc
 # the bytes of a set batch).
 BATCH_ITEMS = 1000
 BATCH_BYTES = 8 * 1024 * 1024
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-]
 
 
 def _predicate_fields(predicate: kv.Predicate | None) -> dict:
@@ -40,13 +36,7 @@ def _predicate_fields(predicate: kv.Predicate | None) -> dict:
 
 class RemoteStore(kv.Store):
     def __init__(self, target: str | grpc.Channel, timeout: float = 30.0):
-        if isinstance(target, str):
-            self._channel = telemetry.instrument_channel(
-                grpc.insecure_channel(target, options=CHANNEL_OPTIONS))
-            self._owns_channel = True
-        else:
-            self._channel = target
-            self._owns_channel = False
+        self._channel, self._owns_channel = channel_for(target)
         self._stub = kv_pb2_grpc.KVGatewayStub(self._channel)
         self._timeout = timeout
 

@@ -22,14 +22,13 @@ from grpc_reflection.v1alpha import reflection
 import quarry
 from quarry import telemetry
 from quarry.config import Settings
+from quarry.runtime.channels import MAX_MESSAGE_BYTES
 from quarry.runtime.errors import ErrorInterceptor
 from quarry.telemetry.metrics import start_metrics_endpoint
 from quarry.v1 import server_info_pb2, server_info_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-# Message limits large enough for batch RPCs of staged entries; items are capped far lower.
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
