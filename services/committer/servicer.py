@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from quarry import errors
 from quarry.convert import change_to_proto, conflict_to_proto, summary_to_proto
 from quarry.graveler.graveler import Graveler
 from quarry.v1 import committer_pb2 as pb
@@ -67,4 +66,5 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
             request.repository, request.left_ref, request.right_ref))
 
     def Compact(self, request, context):
-        raise errors.Unimplemented("Compact is not built yet (issue 5)")
+        compacted, tokens = self._g.compact(request.repository, request.branch)
+        return pb.CompactResponse(compacted_metarange_id=compacted, tokens_compacted=tokens)

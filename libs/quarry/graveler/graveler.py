@@ -608,9 +608,8 @@ class Graveler:
     def _diff_uncommitted_page(self, repo: Repository, branch: types_pb2.Branch, prefix: str,
                                after: str, limit: int) -> tuple[list[Change], str]:
         head = self.refs.get_commit(repo, branch.commit_id).metarange_id
-        tokens = [branch.staging_token, *branch.sealed_tokens]
         changes: list[Change] = []
-        for path, value in self._staged_changes(tokens, prefix, after):
+        for path, value in self._uncommitted_values(repo, branch, head, prefix, after):
             committed = self.committed.get_entry(repo.storage_namespace, head, path)
             change = _change_against(path, value, committed)
             if change is None:
@@ -620,15 +619,33 @@ class Graveler:
             changes.append(change)
         return changes, ""
 
-    def _staged_changes(self, tokens: list[str], prefix: str, after: str
-                        ) -> Iterator[tuple[str, Entry | None]]:
+    def _staged_changes(self, tokens: list[str], prefix: str, after: str,
+                        extra_sources: Sequence = ()) -> Iterator[tuple[str, Entry | None]]:
+        """(path, newest staged value) over the tokens (newest first), then extra sources."""
         start = after + "\x00" if after else prefix
         end = prefix_end(prefix.encode()) if prefix else None
-        merged = LayeredIterator([self.staging.scan(t, start, end) for t in tokens])
+        merged = LayeredIterator([self.staging.scan(t, start, end) for t in tokens]
+                                 + list(extra_sources))
         try:
             yield from merged
         finally:
             merged.close()
+
+    def _uncommitted_values(self, repo: Repository, branch: types_pb2.Branch,
+                            head_metarange: str, prefix: str, after: str
+                            ) -> Iterator[tuple[str, Entry | None]]:
+        """Every path with an uncommitted value, newest layer first: the staging and sealed
+        tokens, then what compaction moved into the compacted metarange (the diff between
+        the HEAD metarange and it; a removal shows as a tombstone)."""
+        tokens = [branch.staging_token, *branch.sealed_tokens]
+        extra = []
+        if branch.compacted_metarange_id:
+            start = after + "\x00" if after else ""
+            compacted = self.committed.diff(repo.storage_namespace, head_metarange,
+                                            branch.compacted_metarange_id, prefix=prefix,
+                                            start=start)
+            extra.append(_ChangeSource(compacted))
+        return self._staged_changes(tokens, prefix, after, extra)
 
     def discard_changes(self, repo_name: str, branch_name: str, path: str = "",
                         prefix: str = "") -> int:
@@ -647,10 +664,9 @@ class Graveler:
         # concurrent commit taking the token, unlike deleting staged keys.
         branch, _ = self._branch(repo, branch_name)
         head = self.refs.get_commit(repo, branch.commit_id).metarange_id
-        tokens = [branch.staging_token, *branch.sealed_tokens]
         reverts: list[tuple[str, Entry | None]] = []
         scope = path if path else prefix
-        for staged_path, value in self._staged_changes(tokens, scope, ""):
+        for staged_path, value in self._uncommitted_values(repo, branch, head, scope, ""):
             if path and staged_path != path:
                 break
             committed = self.committed.get_entry(repo.storage_namespace, head, staged_path)
@@ -722,6 +738,12 @@ class Graveler:
                 repo.storage_namespace, base, self._staged_changes(applied, "", ""))
         else:
             result = ApplyResult(metarange_id=base)
+        if branch.compacted_metarange_id:
+            # The apply counted changes against the compacted metarange; the commit's
+            # summary is against HEAD (a walk of the ranges that differ only).
+            result = ApplyResult(result.metarange_id, self._summary_between(
+                repo, head.metarange_id, result.metarange_id), result.ranges_written,
+                result.ranges_reused)
         if result.summary.total == 0 and not allow_empty \
                 and result.metarange_id == head.metarange_id:
             # Nothing to commit; still retire the sealed tokens so they are not re-applied.
@@ -761,10 +783,13 @@ class Graveler:
         return None
 
     def _retire_tokens(self, repo: Repository, branch_name: str, expected: types_pb2.Branch,
-                       applied: list[str], new_commit_id: str | None) -> bool:
-        """Set HEAD (when given) and remove `applied` from the sealed list, re-reading the
+                       applied: list[str], new_commit_id: str | None,
+                       new_compacted: str | None = None) -> bool:
+        """Set HEAD (a commit: the compacted metarange is cleared) or the compacted metarange
+        (a compaction), and remove exactly `applied` from the sealed list, re-reading the
         record on conflicts caused by fields we do not own (a writer marking it dirty, a new
-        seal in front). False if HEAD or the base moved: the work must be redone."""
+        seal in front, the sensor's guard). False if HEAD or the base moved, or the sealed
+        list lost the tokens: the work must be redone."""
         for _ in range(MAX_ATTEMPTS):
             current, predicate = self.refs.get_branch(repo, branch_name)
             sealed = list(current.sealed_tokens)
@@ -780,6 +805,8 @@ class Graveler:
             if new_commit_id is not None:
                 updated.commit_id = new_commit_id
                 updated.compacted_metarange_id = ""
+            if new_compacted is not None:
+                updated.compacted_metarange_id = new_compacted
             try:
                 self.refs.set_branch_if(repo, updated, kv.Equals(predicate))
             except kv.PredicateFailed:
@@ -789,6 +816,44 @@ class Graveler:
             self.staging.queue_drop_tokens(applied)
             return True
         return False
+
+    def _summary_between(self, repo: Repository, left: str, right: str) -> DiffSummary:
+        summary = DiffSummary()
+        for change in self.committed.diff(repo.storage_namespace, left, right):
+            summary.count(change.type)
+        return summary
+
+    # ==== staging compaction ==========================================================================
+
+    def compact(self, repo_name: str, branch_name: str) -> tuple[str, int]:
+        """Fold the branch's uncommitted changes into a compacted metarange (the seed
+        staging-compaction): seal, apply every sealed token onto the compacted (or HEAD)
+        metarange, then swap {compacted = new, drop exactly those tokens}. Reads then find
+        those changes in one metarange instead of scanning staging partitions (a million
+        tombstones cost nothing to list any more). Returns (compacted metarange id, number
+        of tokens compacted)."""
+        repo = self._repo(repo_name)
+        names.check_branch_name(branch_name)
+        for attempt in range(MAX_ATTEMPTS):
+            branch = self._seal(repo, branch_name)
+            if branch is None:
+                _backoff(attempt)
+                continue
+            applied = list(branch.sealed_tokens)
+            if not applied:
+                return branch.compacted_metarange_id, 0
+            head = self.refs.get_commit(repo, branch.commit_id)
+            base = branch.compacted_metarange_id or head.metarange_id
+            result = self.range_writer.apply_changes(
+                repo.storage_namespace, base, self._staged_changes(applied, "", ""))
+            if self._retire_tokens(repo, branch_name, branch, applied, None,
+                                   new_compacted=result.metarange_id):
+                return result.metarange_id, len(applied)
+            _backoff(attempt)
+        raise gerrors.BranchContended(f"branch {branch_name!r} kept changing during "
+                                      f"compaction; retry",
+                                      metadata={"repository": repo.name,
+                                                "branch": branch_name})
 
     # ==== history and diffs =========================================================================
 
@@ -1050,6 +1115,20 @@ class Graveler:
         if not self.refs.is_ancestor(repo, merged_onto, head):
             return None
         return hint, merged_onto
+
+
+class _ChangeSource:
+    """A diff (Change stream) as a layer source: REMOVED reads as a tombstone."""
+
+    def __init__(self, changes: Iterator[Change]):
+        self._changes = iter(changes)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[str, Entry | None]:
+        change = next(self._changes)
+        return change.path, (None if change.type == ChangeType.REMOVED else change.entry)
 
 
 class _TokenMoved(Exception):

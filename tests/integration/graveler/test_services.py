@@ -95,8 +95,8 @@ def test_workflow_over_grpc(stubs, suite):
      grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
     (lambda s, r: s.cm.Revert(cm.RevertRequest(repository=r, branch="main", ref="main")),
      grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PARENT"),
-    (lambda s, r: s.cm.Compact(cm.CompactRequest(repository=r, branch="main")),
-     grpc.StatusCode.UNIMPLEMENTED, "NOT_IMPLEMENTED"),
+    (lambda s, r: s.cm.Compact(cm.CompactRequest(repository=r, branch="nope")),
+     grpc.StatusCode.NOT_FOUND, "BRANCH_NOT_FOUND"),
 ])
 def test_bad_input_gets_a_clear_status_and_changes_nothing(stubs, suite, call, code, reason):
     repo = new_repo(stubs, suite)
