@@ -68,6 +68,28 @@ class Settings:
     # How often the background dropper looks at the cleanup queue.
     staging_drop_interval_seconds: float = 5.0
 
+    # Staging compaction (ARCHITECTURE.md §4). branch-manager reports staged writes to the
+    # compactor-sensor, which asks the committer to compact branches past a threshold.
+    # Off: branch-manager sends no reports and the sensor never triggers a compaction.
+    compactor_enabled: bool = True
+    # Compact a branch once its staging and sealed tokens hold this many tombstones
+    # (staged deletes). 0 disables this threshold.
+    compaction_tombstones_threshold: int = 100000
+    # Compact a branch once its staging and sealed tokens hold this many staged items
+    # (entries plus tombstones). 0 disables this threshold.
+    compaction_staged_entries_threshold: int = 1000000
+    # Compact a branch once it has this many sealed tokens (a sign commits keep failing).
+    # 0 disables this threshold.
+    compaction_sealed_tokens_threshold: int = 10
+    # At most one compaction per branch within this many seconds, across every sensor
+    # replica (guarded by the branch record's compaction_start_time through SetIf).
+    compaction_min_interval_seconds: float = 60.0
+    # How often the compactor-sensor evaluates branches against the thresholds.
+    compaction_check_interval_seconds: float = 5.0
+    # How often branch-manager sends its batched staging reports to the compactor-sensor
+    # (a batch that cannot be delivered is dropped; writes never wait for the sensor).
+    staging_report_interval_seconds: float = 0.5
+
     # Python logging level of the services (DEBUG, INFO, WARNING, ERROR).
     log_level: str = "INFO"
 

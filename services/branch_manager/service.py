@@ -1,6 +1,7 @@
 """branch-manager wiring: KV through the kv-gateway, committed reads from object storage,
-range-writer for the one metarange it writes (a new repository's empty one), and the
-background dropper of retired staging tokens."""
+range-writer for the one metarange it writes (a new repository's empty one), the
+background dropper of retired staging tokens, and (when compactor_enabled) the reporter
+that sends staged-write counts to the compactor-sensor."""
 
 from __future__ import annotations
 
@@ -13,16 +14,30 @@ from branch_manager.servicer import BranchManagerServicer
 SERVICE_NAME = "branch-manager"
 
 
-def build(settings: Settings, kv_store=None, committed=None, range_writer=None) -> ServiceSpec:
+def build(settings: Settings, kv_store=None, committed=None, range_writer=None,
+          reporter=None) -> ServiceSpec:
+    """`reporter`: a started StagingReporter to use instead of one dialing
+    settings.compactor_sensor_address (tests); the spec stops it either way."""
     from quarry.graveler.wiring import core_dependencies
 
     deps = core_dependencies(settings, kv_store, committed, range_writer)
-    servicer = BranchManagerServicer(deps.graveler)
+    closers = list(deps.closers)
+    if reporter is None and settings.compactor_enabled:
+        from quarry.compaction.reporter import StagingReporter
+
+        reporter = StagingReporter(settings.compactor_sensor_address,
+                                   interval_seconds=settings.staging_report_interval_seconds
+                                   ).start()
+    if reporter is not None:
+        # After the server has drained: the last acknowledged writes are reported too.
+        closers.insert(0, reporter.stop)
+    servicer = BranchManagerServicer(deps.graveler,
+                                     on_staged=reporter.record if reporter is not None else None)
     return ServiceSpec(
         name=SERVICE_NAME,
         register=lambda server: branch_manager_pb2_grpc.add_BranchManagerServicer_to_server(
             servicer, server),
         grpc_service_names=[
             branch_manager_pb2.DESCRIPTOR.services_by_name["BranchManager"].full_name],
-        on_stop=deps.closers,
+        on_stop=closers,
     )

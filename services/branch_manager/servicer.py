@@ -2,19 +2,38 @@
 
 from __future__ import annotations
 
+import logging
+
 from quarry import errors
 from quarry.convert import change_to_proto, entry_from_proto, entry_to_proto
 from quarry.graveler.graveler import Graveler
 from quarry.v1 import branch_manager_pb2 as pb
 from quarry.v1 import branch_manager_pb2_grpc
 
+log = logging.getLogger(__name__)
+
+
+def _token_of(staged: int) -> str:
+    """The staging token a write landed on (Graveler's StagedCount), "" if unknown."""
+    return getattr(staged, "staging_token", "")
+
 
 class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
     def __init__(self, graveler: Graveler, on_staged=None):
         self._g = graveler
-        # Called with (repository, branch, staging puts, staging deletes) after a write is
-        # acknowledged; the compactor-sensor reporter hooks in here.
+        # Called with (repository, branch, staging token, staged puts, staged deletes) after
+        # a write is acknowledged; the compactor-sensor reporter (StagingReporter.record,
+        # in-memory only) hooks in here. It must never block or fail the write.
         self._on_staged = on_staged or (lambda *_: None)
+
+    def _report_staged(self, repository: str, branch: str, staging_token: str, puts: int,
+                       deletes: int) -> None:
+        if not puts and not deletes:
+            return
+        try:
+            self._on_staged(repository, branch, staging_token, puts, deletes)
+        except Exception:  # noqa: BLE001 — an acknowledged write must not fail on a report
+            log.warning("staging report hook failed", exc_info=True)
 
     # ---- repositories ----
 
@@ -84,8 +103,10 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
 
     def PutObject(self, request, context):
         entry = entry_from_proto(request.entry)
-        self._g.put_objects(request.repository, request.branch, [entry], request.if_absent)
-        self._on_staged(request.repository, request.branch, 1, 0)
+        staged = self._g.put_objects(request.repository, request.branch, [entry],
+                                     request.if_absent)
+        self._report_staged(request.repository, request.branch, _token_of(staged),
+                            int(staged), 0)
         return pb.PutObjectResponse(entry=entry_to_proto(entry))
 
     def PutObjects(self, request_iterator, context):
@@ -104,20 +125,22 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
             entries = [entry_from_proto(e) for e in request.entries]
             # Each batch goes through the writer flow on its own: one branch read, one
             # batch write, one validation read.
-            count = self._g.put_objects(repository, branch, entries)
-            self._on_staged(repository, branch, count, 0)
-            total += count
+            staged = self._g.put_objects(repository, branch, entries)
+            self._report_staged(repository, branch, _token_of(staged), int(staged), 0)
+            total += int(staged)
         return pb.PutObjectsResponse(count=total)
 
     def DeleteObject(self, request, context):
         deleted = self._g.delete_objects(request.repository, request.branch, [request.path])
-        self._on_staged(request.repository, request.branch, 0, deleted)
+        self._report_staged(request.repository, request.branch, _token_of(deleted), 0,
+                            int(deleted))
         return pb.DeleteObjectResponse()
 
     def DeleteObjects(self, request, context):
         deleted = self._g.delete_objects(request.repository, request.branch, request.paths)
-        self._on_staged(request.repository, request.branch, 0, deleted)
-        return pb.DeleteObjectsResponse(deleted=deleted)
+        self._report_staged(request.repository, request.branch, _token_of(deleted), 0,
+                            int(deleted))
+        return pb.DeleteObjectsResponse(deleted=int(deleted))
 
     def ListObjects(self, request, context):
         entries, prefixes, token = self._g.list_objects(

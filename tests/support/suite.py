@@ -1,6 +1,10 @@
 """The whole suite in-process on loopback: kv-gateway, range-writer, branch-manager and
-committer, each a real gRPC server on a free port, wired to each other over gRPC exactly
-as in production (only the processes are shared)."""
+committer (plus, with `compactor_sensor=True`, the compactor-sensor, fed by
+branch-manager's staging reporter), each a real gRPC server on a free port, wired to each
+other over gRPC exactly as in production (only the processes are shared).
+
+Without `compactor_sensor=True` branch-manager sends no staging reports
+(compactor_enabled=False) unless the caller sets compactor_enabled itself."""
 
 from __future__ import annotations
 
@@ -21,12 +25,21 @@ class Suite:
     servers: dict[str, QuarryServer] = field(default_factory=dict)
     targets: dict[str, str] = field(default_factory=dict)
     backend: Store | None = None
+    sensor: object | None = None  # the CompactionSensor, when started
 
     def client(self, **kwargs):
         from quarry.client import Client
 
+        if "compactor-sensor" in self.targets:
+            kwargs.setdefault("compactor_sensor", self.targets["compactor-sensor"])
         return Client(branch_manager=self.targets["branch-manager"],
                       committer=self.targets["committer"], **kwargs)
+
+    def stop(self, name: str) -> None:
+        """Stop one service now (e.g. the compactor-sensor, to see writes go on)."""
+        server = self.servers.pop(name, None)
+        if server is not None:
+            server.stop(grace=1.0)
 
     def namespace(self, name: str) -> str:
         path = self.home / "lake" / name
@@ -40,7 +53,8 @@ def _start(settings, spec) -> tuple[QuarryServer, str]:
 
 
 @contextlib.contextmanager
-def running_suite(home: Path, backend: Store | None = None, **overrides) -> Iterator[Suite]:
+def running_suite(home: Path, backend: Store | None = None, compactor_sensor: bool = False,
+                  **overrides) -> Iterator[Suite]:
     """Start the services in dependency order; stop them in reverse."""
     from branch_manager.service import build as build_branch_manager
     from committer.service import build as build_committer
@@ -49,6 +63,8 @@ def running_suite(home: Path, backend: Store | None = None, **overrides) -> Iter
     from range_writer.service import build as build_range_writer
 
     backend = backend if backend is not None else MemoryStore()
+    if not compactor_sensor:
+        overrides.setdefault("compactor_enabled", False)
     settings = load_settings(env={}, home=str(home), metrics_base_port=0, **overrides)
     suite = Suite(home=home, settings=settings, backend=backend)
     try:
@@ -60,10 +76,25 @@ def running_suite(home: Path, backend: Store | None = None, **overrides) -> Iter
         suite.servers["range-writer"], suite.targets["range-writer"] = server, target
         settings = settings.replace(range_writer_address=target)
 
-        for name, build in (("branch-manager", build_branch_manager),
-                            ("committer", build_committer)):
-            server, target = _start(settings, build(settings))
-            suite.servers[name], suite.targets[name] = server, target
+        if compactor_sensor:
+            # The sensor dials the committer; branch-manager's reporter dials the sensor.
+            from compactor_sensor.service import assemble
+
+            server, target = _start(settings, build_committer(settings))
+            suite.servers["committer"], suite.targets["committer"] = server, target
+            settings = settings.replace(committer_address=target)
+            assembled = assemble(settings)
+            suite.sensor = assembled.sensor
+            server, target = _start(settings, assembled.spec)
+            suite.servers["compactor-sensor"], suite.targets["compactor-sensor"] = server, target
+            settings = settings.replace(compactor_sensor_address=target)
+            server, target = _start(settings, build_branch_manager(settings))
+            suite.servers["branch-manager"], suite.targets["branch-manager"] = server, target
+        else:
+            for name, build in (("branch-manager", build_branch_manager),
+                                ("committer", build_committer)):
+                server, target = _start(settings, build(settings))
+                suite.servers[name], suite.targets[name] = server, target
         suite.settings = settings.replace(branch_manager_address=suite.targets["branch-manager"],
                                           committer_address=suite.targets["committer"])
         yield suite

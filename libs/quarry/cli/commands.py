@@ -14,9 +14,12 @@
     quarry diff REPO LEFT RIGHT [--prefix P] | quarry diff REPO BRANCH --uncommitted
     quarry reset REPO BRANCH REF [--force]
     quarry discard REPO BRANCH [--path P | --prefix P]
+    quarry compact REPO BRANCH
+    quarry stats REPO BRANCH [--compactor-sensor HOST:PORT]
 
 Every command takes --branch-manager / --committer (default: the QUARRY_BRANCH_MANAGER_ADDRESS
-/ QUARRY_COMMITTER_ADDRESS settings) and --json. Failures print one line,
+/ QUARRY_COMMITTER_ADDRESS settings) and --json; `stats` also --compactor-sensor (default:
+QUARRY_COMPACTOR_SENSOR_ADDRESS). Failures print one line,
 `quarry: <REASON>: <message>`, on stderr and exit with 1.
 """
 
@@ -72,6 +75,8 @@ class Context:
                 overrides["branch_manager_address"] = self.args.branch_manager
             if getattr(self.args, "committer", None):
                 overrides["committer_address"] = self.args.committer
+            if getattr(self.args, "compactor_sensor", None):
+                overrides["compactor_sensor_address"] = self.args.compactor_sensor
             self._settings = load_settings(**overrides)
         return self._settings
 
@@ -583,6 +588,37 @@ def discard(args, ctx):
         print(f"Discarded uncommitted changes on {args.repo}/{args.branch} ({what})")
 
 
+# ---- staging compaction ------------------------------------------------------------------
+
+@command
+def compact(args, ctx):
+    response = ctx.client.compact(args.repo, args.branch)
+    if ctx.json:
+        output.print_json(response)
+        return
+    if response.tokens_compacted:
+        print(f"Compacted {args.repo}/{args.branch}: {response.tokens_compacted} staging "
+              f"token(s) into metarange {response.compacted_metarange_id}")
+    else:
+        print(f"Nothing to compact on {args.repo}/{args.branch} (compacted metarange: "
+              f"{response.compacted_metarange_id or 'none'})")
+
+
+@command
+def stats(args, ctx):
+    response = ctx.client.branch_staging_stats(args.repo, args.branch)
+    if ctx.json:
+        output.print_json(response)
+        return
+    output.fields([("branch", f"{args.repo}/{args.branch}"),
+                   ("staged entries", str(response.puts)),
+                   ("staged tombstones", str(response.deletes)),
+                   ("sealed tokens", str(response.sealed_tokens)),
+                   ("last compaction", output.timestamp_text(
+                       response.last_compaction if response.HasField("last_compaction")
+                       else None, empty="never"))])
+
+
 # ---- the parser ------------------------------------------------------------------------
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -749,6 +785,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     scope = p.add_mutually_exclusive_group()
     scope.add_argument("--path", metavar="P", help="one path only")
     scope.add_argument("--prefix", metavar="P", help="paths under a prefix only")
+
+    p = leaf(sub, "compact", compact, "compact a branch's staged changes now (the "
+                                      "compactor-sensor also does it past its thresholds)")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("branch", metavar="BRANCH")
+
+    p = leaf(sub, "stats", stats, "a branch's staging statistics, as the compactor-sensor "
+                                  "counts them")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("branch", metavar="BRANCH")
+    p.add_argument("--compactor-sensor", metavar="HOST:PORT",
+                   help="compactor-sensor address (default: QUARRY_COMPACTOR_SENSOR_ADDRESS)")
 
 
 __all__ = ["register", "command", "CliError", "Context"]

@@ -6,7 +6,7 @@
     quarry settings           every setting with its default
 
 and the client commands of quarry.cli.commands (repo, branch, tag, put, rm, ls, stat,
-commit, log, diff, reset, discard).
+commit, log, diff, reset, discard, compact, stats).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ SERVICE_MODULES = {
     "range-writer": "range_writer.service",
     "branch-manager": "branch_manager.service",
     "committer": "committer.service",
+    "compactor-sensor": "compactor_sensor.service",
 }
 
 

@@ -40,7 +40,8 @@ from quarry.client.retry import Retrier, RetryPolicy
 from quarry.runtime.channels import open_channel
 from quarry.runtime.errors import from_rpc_error
 from quarry.v1 import (branch_manager_pb2 as bm, branch_manager_pb2_grpc, committer_pb2 as cm,
-                       committer_pb2_grpc, server_info_pb2, server_info_pb2_grpc,
+                       committer_pb2_grpc, compactor_sensor_pb2 as cs,
+                       compactor_sensor_pb2_grpc, server_info_pb2, server_info_pb2_grpc,
                        types_pb2)
 
 # A PutObjects message is closed at this many serialized entry bytes even if it holds
@@ -226,11 +227,13 @@ class _BatchStream:
 # ---- the client -------------------------------------------------------------------------
 
 class Client:
-    """A client of the BranchManager and Committer services (see the module docstring)."""
+    """A client of the BranchManager and Committer services (see the module docstring),
+    and of the CompactorSensor's statistics (`compactor_sensor`, dialed on first use)."""
 
     def __init__(self, branch_manager: str | grpc.Channel = "127.0.0.1:7402",
                  committer: str | grpc.Channel = "127.0.0.1:7403",
-                 retry: RetryPolicy | None = None, timeout: float | None = 30.0):
+                 retry: RetryPolicy | None = None, timeout: float | None = 30.0,
+                 compactor_sensor: str | grpc.Channel = "127.0.0.1:7404"):
         self.retry = retry if retry is not None else RetryPolicy()
         self.timeout = timeout
         self._owned: list[grpc.Channel] = []
@@ -250,10 +253,18 @@ class Client:
         self._cm_channel = channel(committer)
         self._bm = branch_manager_pb2_grpc.BranchManagerStub(self._bm_channel)
         self._cm = committer_pb2_grpc.CommitterStub(self._cm_channel)
+        self.compactor_sensor_target = (compactor_sensor if isinstance(compactor_sensor, str)
+                                        else "")
+        self._cs_target = compactor_sensor
+        self._cs_channel_factory = channel
+        self._cs_stub: compactor_sensor_pb2_grpc.CompactorSensorStub | None = None
+        self._cs_lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings, **kwargs) -> "Client":
-        """Dial `settings.branch_manager_address` and `settings.committer_address`."""
+        """Dial `settings.branch_manager_address`, `settings.committer_address` (and
+        `settings.compactor_sensor_address` when sensor statistics are asked for)."""
+        kwargs.setdefault("compactor_sensor", settings.compactor_sensor_address)
         return cls(branch_manager=settings.branch_manager_address,
                    committer=settings.committer_address, **kwargs)
 
@@ -642,8 +653,36 @@ class Client:
                                                    right_ref=right_ref)).commit
 
     def compact(self, repository: str, branch: str) -> cm.CompactResponse:
+        """Compact the branch's staging area now: `.compacted_metarange_id` and
+        `.tokens_compacted`."""
         return self._unary(self._cm.Compact, "Committer/Compact",
                            cm.CompactRequest(repository=repository, branch=branch))
+
+    # ==== CompactorSensor ==================================================================
+
+    @property
+    def _cs(self) -> compactor_sensor_pb2_grpc.CompactorSensorStub:
+        with self._cs_lock:
+            if self._cs_stub is None:
+                self._cs_stub = compactor_sensor_pb2_grpc.CompactorSensorStub(
+                    self._cs_channel_factory(self._cs_target))
+            return self._cs_stub
+
+    def branch_staging_stats(self, repository: str, branch: str
+                             ) -> cs.GetBranchStagingStatsResponse:
+        """The sensor's view of a branch: staged `.puts`, `.deletes` (tombstones),
+        `.sealed_tokens` and `.last_compaction` (start time; unset if never)."""
+        return self._unary(self._cs.GetBranchStagingStats,
+                           "CompactorSensor/GetBranchStagingStats",
+                           cs.GetBranchStagingStatsRequest(repository=repository,
+                                                           branch=branch))
+
+    def compaction_candidates(self, page_size: int = 0) -> list[cs.CompactionCandidate]:
+        """Branches past a compaction threshold, with the threshold crossed (`.reason`)."""
+        return list(self._unary(self._cs.ListCompactionCandidates,
+                                "CompactorSensor/ListCompactionCandidates",
+                                cs.ListCompactionCandidatesRequest(page_size=page_size)
+                                ).candidates)
 
 
 __all__ = ["Client", "RetryPolicy", "DeadlineExceeded", "Cancelled", "make_entry", "as_entry",

@@ -121,6 +121,20 @@ def _now_seconds() -> int:
     return int(time.time())
 
 
+class StagedCount(int):
+    """What put_objects / delete_objects return: the number of paths staged (an int, as
+    before) carrying `staging_token`, the token the write was acknowledged on ("" when
+    nothing was written), so branch-manager can report staging activity per token to the
+    compactor-sensor without another branch read."""
+
+    staging_token: str
+
+    def __new__(cls, count: int, staging_token: str = "") -> "StagedCount":
+        value = super().__new__(cls, count)
+        value.staging_token = staging_token
+        return value
+
+
 class Graveler:
     def __init__(self, store: kv.Store, committed: CommittedReader,
                  range_writer: RangeWriterClient, dirty_read_optimization: bool = True,
@@ -421,7 +435,7 @@ class Graveler:
     # ==== writes ==============================================================================
 
     def put_objects(self, repo_name: str, branch_name: str, entries: Sequence[Entry],
-                    if_absent: bool = False) -> int:
+                    if_absent: bool = False) -> StagedCount:
         repo = self._repo(repo_name)
         names.check_branch_name(branch_name)
         seen = {}
@@ -430,16 +444,17 @@ class Graveler:
             seen[entry.path] = entry  # the last write of a path in one batch wins
         items = sorted(seen.items())
         if not items:
-            return 0
+            return StagedCount(0)
         if if_absent:
             if len(items) != 1:
                 raise gerrors.InvalidEntry("if_absent applies to a single object")
-            self._put_if_absent(repo, branch_name, items[0][1])
+            token = self._put_if_absent(repo, branch_name, items[0][1])
         else:
-            self._write(repo, branch_name, items)
-        return len(items)
+            token = self._write(repo, branch_name, items)
+        return StagedCount(len(items), token)
 
-    def delete_objects(self, repo_name: str, branch_name: str, paths: Sequence[str]) -> int:
+    def delete_objects(self, repo_name: str, branch_name: str,
+                       paths: Sequence[str]) -> StagedCount:
         """Stage tombstones for the paths that exist on the branch; others are no-ops."""
         repo = self._repo(repo_name)
         names.check_branch_name(branch_name)
@@ -447,7 +462,7 @@ class Graveler:
             names.check_path(path)
         unique = sorted(set(paths))
         if not unique:
-            return 0
+            return StagedCount(0)
         for attempt in range(MAX_ATTEMPTS):
             branch, _ = self._branch(repo, branch_name)
             layers = self._layers(repo, ResolvedRef(branch.commit_id, branch_name, branch),
@@ -462,11 +477,13 @@ class Graveler:
             _backoff(attempt)
         else:
             raise gerrors.BranchContended(f"branch {branch_name!r} kept changing")
+        token = ""
         if existing:
-            self._write(repo, branch_name, [(path, None) for path in existing])
-        return len(existing)
+            token = self._write(repo, branch_name, [(path, None) for path in existing])
+        return StagedCount(len(existing), token)
 
-    def _put_if_absent(self, repo: Repository, branch_name: str, entry: Entry) -> None:
+    def _put_if_absent(self, repo: Repository, branch_name: str, entry: Entry) -> str:
+        """Returns the staging token written to ("" if the entry was already there)."""
         for attempt in range(MAX_ATTEMPTS):
             branch, _ = self._branch(repo, branch_name)
             layers = self._layers(repo, ResolvedRef(branch.commit_id, branch_name, branch),
@@ -477,7 +494,7 @@ class Graveler:
             if not found:
                 found, value = self._lookup(layers, entry.path)
             if value is not None and value == entry:
-                return  # our own write from an attempt whose token was sealed meanwhile
+                return ""  # our own write from an attempt whose token was sealed meanwhile
             if value is not None:
                 raise gerrors.ObjectExists(f"{entry.path!r} already exists on {branch_name!r}",
                                            metadata={"repository": repo.name,
@@ -485,9 +502,8 @@ class Graveler:
                                                      "path": entry.path})
             predicate = kv.Equals(staged_predicate) if staged_predicate is not None else kv.ABSENT
             try:
-                self._write(repo, branch_name, [(entry.path, entry)], predicate=predicate,
-                            expected_token=branch.staging_token)
-                return
+                return self._write(repo, branch_name, [(entry.path, entry)],
+                                   predicate=predicate, expected_token=branch.staging_token)
             except _TokenMoved:
                 _backoff(attempt)
             except kv.PredicateFailed:
@@ -528,8 +544,9 @@ class Graveler:
 
     def _write(self, repo: Repository, branch_name: str,
                items: Sequence[tuple[str, Entry | None]], predicate: kv.Predicate | None = None,
-               expected_token: str | None = None) -> None:
-        """The writer flow: dirty first, then staging, then validate the token."""
+               expected_token: str | None = None) -> str:
+        """The writer flow: dirty first, then staging, then validate the token. Returns the
+        staging token the write was acknowledged on."""
         for attempt in range(MAX_ATTEMPTS):
             branch, branch_predicate = self._cached_branch(repo, branch_name)
             if expected_token is not None and branch.staging_token != expected_token:
@@ -568,7 +585,7 @@ class Graveler:
             current = types_pb2.Branch.FromString(branch_now.value)
             self._remember_branch(repo, current, branch_now.predicate)
             if current.staging_token == branch.staging_token:
-                return
+                return branch.staging_token
             # A commit sealed our token while we wrote: write again to the new token (the
             # same entry again is idempotent, whichever token the commit took).
             if expected_token is not None:

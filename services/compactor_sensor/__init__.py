@@ -1,0 +1,2 @@
+"""compactor-sensor: per-branch staging statistics; asks the committer to compact branches
+past a threshold."""

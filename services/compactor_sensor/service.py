@@ -1,0 +1,85 @@
+"""compactor-sensor wiring: KV through the kv-gateway (branch records, and staging
+partitions when rebuilding after a restart), the committer's Compact over gRPC, and the
+background evaluation loop (started here when compactor_enabled, stopped on shutdown)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from quarry.compaction.sensor import CompactionResult, CompactionSensor
+from quarry.config import Settings
+from quarry.runtime.channels import channel_for
+from quarry.runtime.errors import from_rpc_error
+from quarry.runtime.format_version import ensure_format_version
+from quarry.runtime.server import ServiceSpec
+from quarry.v1 import (committer_pb2, committer_pb2_grpc, compactor_sensor_pb2,
+                       compactor_sensor_pb2_grpc)
+
+from compactor_sensor.servicer import CompactorSensorServicer
+
+SERVICE_NAME = "compactor-sensor"
+# A compaction applies every sealed token of a branch: allow it time.
+COMPACT_TIMEOUT_SECONDS = 600.0
+
+
+class CommitterCompactor:
+    """The committer's Compact RPC as the sensor's Compactor."""
+
+    def __init__(self, target: str | grpc.Channel, timeout: float = COMPACT_TIMEOUT_SECONDS):
+        self._channel, self._owns_channel = channel_for(target)
+        self._stub = committer_pb2_grpc.CommitterStub(self._channel)
+        self._timeout = timeout
+
+    def compact(self, repository: str, branch: str) -> CompactionResult:
+        try:
+            response = self._stub.Compact(
+                committer_pb2.CompactRequest(repository=repository, branch=branch),
+                timeout=self._timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        return CompactionResult(response.compacted_metarange_id, response.tokens_compacted)
+
+    def close(self) -> None:
+        if self._owns_channel:
+            self._channel.close()
+
+
+@dataclass
+class Assembled:
+    spec: ServiceSpec
+    sensor: CompactionSensor
+
+
+def assemble(settings: Settings, kv_store=None, compactor=None) -> Assembled:
+    """The ServiceSpec and its sensor (tests reach the sensor). `kv_store` and `compactor`
+    override the kv-gateway and committer clients."""
+    closers = []
+    if kv_store is None:
+        from quarry.kv.remote import RemoteStore
+
+        kv_store = RemoteStore(settings.kv_gateway_address)
+        closers.append(kv_store.close)
+    ensure_format_version(kv_store)
+    if compactor is None:
+        compactor = CommitterCompactor(settings.committer_address)
+        closers.append(compactor.close)
+    sensor = CompactionSensor.from_settings(settings, kv_store, compactor)
+    if settings.compactor_enabled:
+        sensor.start()
+    closers.insert(0, sensor.stop)
+    servicer = CompactorSensorServicer(sensor)
+    spec = ServiceSpec(
+        name=SERVICE_NAME,
+        register=lambda server: compactor_sensor_pb2_grpc.add_CompactorSensorServicer_to_server(
+            servicer, server),
+        grpc_service_names=[
+            compactor_sensor_pb2.DESCRIPTOR.services_by_name["CompactorSensor"].full_name],
+        on_stop=closers,
+    )
+    return Assembled(spec, sensor)
+
+
+def build(settings: Settings, kv_store=None, compactor=None) -> ServiceSpec:
+    return assemble(settings, kv_store, compactor).spec

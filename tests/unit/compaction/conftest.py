@@ -1,0 +1,49 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+# The dict-backed committed store of the graveler unit tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graveler"))
+
+from compaction_fakes import Clock, FakeCompactor  # noqa: E402
+from fake_committed import FakeCommitted  # noqa: E402
+from quarry.compaction.sensor import CompactionSensor, Thresholds  # noqa: E402
+from quarry.graveler.graveler import Graveler  # noqa: E402
+from quarry.kv.memory import MemoryStore  # noqa: E402
+
+
+@pytest.fixture
+def store():
+    return MemoryStore()
+
+
+@pytest.fixture
+def graveler(store):
+    committed = FakeCommitted()
+    return Graveler(store, committed, committed)
+
+
+@pytest.fixture
+def repo(graveler, tmp_path):
+    return graveler.create_repository("lake", str(tmp_path / "lake")).name
+
+
+@pytest.fixture
+def compactor(store):
+    return FakeCompactor(store)
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def make_sensor(store, compactor, clock):
+    def make(tombstones=0, staged_entries=0, sealed_tokens=0, min_interval=60.0,
+             compactor_=None, **kwargs):
+        return CompactionSensor(store, compactor_ or compactor,
+                                Thresholds(tombstones, staged_entries, sealed_tokens),
+                                min_interval_seconds=min_interval, clock=clock, **kwargs)
+    return make
