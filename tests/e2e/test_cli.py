@@ -90,3 +90,39 @@ def test_serve_refuses_another_format_version(tmp_path):
     assert result.returncode != 0
     assert "quarry export" in result.stderr and "quarry import" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_serve_on_a_busy_port_says_so_without_a_traceback(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = quarry_env(tmp_path, QUARRY_KV_URL="memory://", QUARRY_KV_GATEWAY_PORT=str(port))
+        result = subprocess.run([str(VENV_BIN / "quarry"), "serve", "kv-gateway"], env=env,
+                                capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0
+    assert "cannot listen on" in result.stderr and "QUARRY_KV_GATEWAY_PORT" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_up_stops_on_sigint_even_when_started_in_the_background(tmp_path):
+    ports = {name: free_port() for name in SERVICE_MODULES}
+    env = quarry_env(tmp_path / "home", **{
+        f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
+        for name, p in ports.items()
+        for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))})
+    # As a non-interactive shell does for `cmd &`: SIGINT ignored in the child.
+    child = subprocess.Popen([str(VENV_BIN / "quarry"), "up"], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        read_until(child, "Press Ctrl-C")
+        child.send_signal(signal.SIGINT)
+        child.communicate(timeout=30)
+        assert child.returncode == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

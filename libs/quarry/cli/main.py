@@ -76,6 +76,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"Quarry {quarry.__version__} (storage format {quarry.FORMAT_VERSION})")
     print(f"  data:   {home}  (KV: {settings.effective_kv_url})")
     children: list[tuple[str, subprocess.Popen]] = []
+    # Explicit handlers: a shell that starts us in the background sets SIGINT to "ignore",
+    # which Python would otherwise keep.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
 
     def stop_all() -> None:
         for _name, child in reversed(children):
@@ -121,7 +125,6 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"  grpcurl -plaintext {host}:{settings.kv_gateway_port} "
               "quarry.v1.ServerInfo/GetServerInfo")
         print("\nPress Ctrl-C to stop.", flush=True)
-        signal.signal(signal.SIGTERM, _interrupt)
         while True:
             for name, child in children:
                 if child.poll() is not None:

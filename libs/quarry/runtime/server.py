@@ -20,7 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 import quarry
-from quarry import telemetry
+from quarry import errors, telemetry
 from quarry.config import Settings
 from quarry.runtime.channels import MAX_MESSAGE_BYTES
 from quarry.runtime.errors import ErrorInterceptor
@@ -98,9 +98,15 @@ def create_server(settings: Settings, spec: ServiceSpec, port: int | None = None
 
     bind_host = host if host is not None else settings.listen_host
     bind_port = settings.port_of(spec.name) if port is None else port
-    bound = server.add_insecure_port(f"{bind_host}:{bind_port}")
+    try:
+        bound = server.add_insecure_port(f"{bind_host}:{bind_port}")
+    except RuntimeError:
+        bound = 0
     if bound == 0:
-        raise OSError(f"{spec.name}: cannot bind {bind_host}:{bind_port}")
+        raise errors.Unavailable(
+            f"{spec.name} cannot listen on {bind_host}:{bind_port} (address in use?); "
+            f"choose another with QUARRY_{spec.name.upper().replace('-', '_')}_PORT",
+            metadata={"address": f"{bind_host}:{bind_port}"})
     server.start()
     for name in ["", *names]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
