@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +57,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"quarry serve {args.service}: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _command(name: str) -> str:
+    """How to type a tool installed next to this Python: its bare name when that is what
+    the PATH finds, else its path (e.g. .venv/bin/quarry after `make run`)."""
+    installed = Path(sys.executable).parent / name
+    found = shutil.which(name)
+    if found and Path(found).resolve() == installed.resolve():
+        return name
+    try:
+        return os.path.relpath(installed)
+    except ValueError:
+        return str(installed)
 
 
 def _interrupt(_signum, _frame) -> None:
@@ -113,16 +127,17 @@ def cmd_up(args: argparse.Namespace) -> int:
                      if metrics else ""))
         host = settings.listen_host
         lake = home / "lake" / "demo"
+        q, grpcurl = _command("quarry"), _command("grpcurl")
         print("\nTry it from another terminal:")
-        print(f"  quarry repo create demo {lake}")
-        print("  quarry put demo main docs/ --from README.md")
-        print("  quarry commit demo main -m 'first commit'")
-        print("  quarry ls demo main --recursive && quarry log demo main")
+        print(f"  {q} repo create demo {lake}")
+        print(f"  {q} put demo main docs/ --from README.md")
+        print(f"  {q} commit demo main -m 'first commit'")
+        print(f"  {q} ls demo main --recursive && {q} log demo main")
         print("\nOr with grpcurl (every service serves reflection):")
-        print(f"  grpcurl -plaintext {host}:{settings.branch_manager_port} list")
-        print(f"  grpcurl -plaintext -d '{{\"repository\":\"demo\",\"ref\":\"main\"}}' "
+        print(f"  {grpcurl} -plaintext {host}:{settings.branch_manager_port} list")
+        print(f"  {grpcurl} -plaintext -d '{{\"repository\":\"demo\",\"ref\":\"main\"}}' "
               f"{host}:{settings.branch_manager_port} quarry.v1.BranchManager/ListObjects")
-        print(f"  grpcurl -plaintext {host}:{settings.kv_gateway_port} "
+        print(f"  {grpcurl} -plaintext {host}:{settings.kv_gateway_port} "
               "quarry.v1.ServerInfo/GetServerInfo")
         print("\nPress Ctrl-C to stop.", flush=True)
         while True:
