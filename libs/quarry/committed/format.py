@@ -79,7 +79,9 @@ METARANGE_SCHEMA = pa.schema([
 ENTRY_OVERHEAD_BYTES = 48
 
 _PARQUET_OPTIONS = dict(
-    compression="zstd",
+    # Snappy: half the encode and decode time of zstd on 1,000-entry ranges (measured),
+    # ~35% larger files, and the codec every Parquet reader (Spark included) has.
+    compression="snappy",
     # Paths, addresses and identities are unique: dictionaries would only cost time.
     use_dictionary=["content_type", "metadata.key_value.key", "metadata.key_value.value"],
     write_statistics=["path"],
