@@ -184,7 +184,7 @@ class DynamoDBStore(store.Store):
              batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE) -> store.ScanIterator:
         end = store.normalize_end(end)
         store.check_scan(partition, start, end, batch_size)
-        return _DynamoDBScanIterator(self, partition, start, end, batch_size)
+        return store.PagedScanIterator(self._page, partition, start, end, batch_size)
 
     def batch_get(self, items: Sequence[tuple[bytes, bytes]]) -> list[GetResult | None]:
         store.check_batch_keys(items)
@@ -298,18 +298,6 @@ class DynamoDBStore(store.Store):
         # (it is present, possibly needlessly, whenever the page was cut short).
         last = resp.get("LastEvaluatedKey")
         return page, (last[K]["B"] if last else None)
-
-
-class _DynamoDBScanIterator(store.PagedScanIterator):
-    def __init__(self, owner: DynamoDBStore, partition: bytes, start: bytes,
-                 end: bytes | None, batch_size: int):
-        super().__init__(start, end, batch_size)
-        self._owner = owner
-        self._partition = partition
-
-    def _fetch_page(self, lower: bytes, after: bytes | None,
-                    limit: int) -> tuple[list[KeyValue], bytes | None]:
-        return self._owner._page(self._partition, lower, after, self.end, limit)
 
 
 def _error_code(e: BaseException | None) -> str:

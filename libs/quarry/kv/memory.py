@@ -79,7 +79,7 @@ class MemoryStore(store.Store):
              batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE) -> store.ScanIterator:
         end = store.normalize_end(end)
         store.check_scan(partition, start, end, batch_size)
-        return _MemoryScanIterator(self, bytes(partition), bytes(start),
+        return store.PagedScanIterator(self._page, bytes(partition), bytes(start),
                                    None if end is None else bytes(end), batch_size)
 
     def batch_get(self, items: Sequence[tuple[bytes, bytes]]) -> list[GetResult | None]:
@@ -137,13 +137,3 @@ class MemoryStore(store.Store):
         return page, (page[-1].key if more else None)
 
 
-class _MemoryScanIterator(store.PagedScanIterator):
-    def __init__(self, owner: MemoryStore, partition: bytes, start: bytes, end: bytes | None,
-                 batch_size: int):
-        super().__init__(start, end, batch_size)
-        self._owner = owner
-        self._partition = partition
-
-    def _fetch_page(self, lower: bytes, after: bytes | None,
-                    limit: int) -> tuple[list[KeyValue], bytes | None]:
-        return self._owner._page(self._partition, lower, after, self.end, limit)

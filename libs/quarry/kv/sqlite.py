@@ -176,7 +176,7 @@ class SQLiteStore(store.Store):
              batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE) -> store.ScanIterator:
         end = store.normalize_end(end)
         store.check_scan(partition, start, end, batch_size)
-        return _SQLiteScanIterator(self, partition, start, end, batch_size)
+        return store.PagedScanIterator(self._page, partition, start, end, batch_size)
 
     def batch_get(self, items: Sequence[tuple[bytes, bytes]]) -> list[GetResult | None]:
         store.check_batch_keys(items)
@@ -235,13 +235,3 @@ def _translate(e: sqlite3.Error) -> errors.QuarryError:
     return errors.Internal(f"SQLite: {e}")
 
 
-class _SQLiteScanIterator(store.PagedScanIterator):
-    def __init__(self, owner: SQLiteStore, partition: bytes, start: bytes, end: bytes | None,
-                 batch_size: int):
-        super().__init__(start, end, batch_size)
-        self._owner = owner
-        self._partition = partition
-
-    def _fetch_page(self, lower: bytes, after: bytes | None,
-                    limit: int) -> tuple[list[KeyValue], bytes | None]:
-        return self._owner._page(self._partition, lower, after, self.end, limit)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import collections
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from quarry import errors
 
@@ -251,13 +251,18 @@ def check_scan(partition: bytes, start: bytes, end: bytes | None, batch_size: in
         raise errors.InvalidArgument(f"batch_size must be >= 1, got {batch_size}")
 
 
-class PagedScanIterator(ScanIterator):
-    """A ScanIterator for backends that read one page of a partition at a time.
+# A backend's page read: (partition, lower, after, end, limit) -> (KeyValues, resume cursor).
+PageReader = Callable[[bytes, bytes, "bytes | None", "bytes | None", int],
+                      "tuple[list[KeyValue], bytes | None]"]
 
-    A subclass implements `_fetch_page(lower, after, limit)`: up to `limit` KeyValues of the
+
+class PagedScanIterator(ScanIterator):
+    """The ScanIterator of every backend that reads one page of a partition at a time.
+
+    `read_page(partition, lower, after, end, limit)` returns up to `limit` KeyValues of the
     partition in ascending order with key >= `lower`, key > `after` (when `after` is not
-    None) and, if it can, key < `self.end`. It returns them with the cursor to resume after
-    (normally the last key read) or None when the partition holds nothing further.
+    None) and, if it can, key < `end`, with the cursor to resume after (normally the last
+    key read) or None when the partition holds nothing further.
 
     Each page is a fresh read that resumes strictly after the previous page's cursor, so a
     scan never holds a read snapshot open, never returns a key twice or out of order, and
@@ -265,7 +270,10 @@ class PagedScanIterator(ScanIterator):
     Seeks are clamped to the scan's [start, end) range.
     """
 
-    def __init__(self, start: bytes, end: bytes | None, batch_size: int):
+    def __init__(self, read_page: PageReader, partition: bytes, start: bytes,
+                 end: bytes | None, batch_size: int):
+        self._read_page = read_page
+        self._partition = partition
         self.start = start
         self.end = end
         self.batch_size = batch_size
@@ -275,9 +283,9 @@ class PagedScanIterator(ScanIterator):
         self._done = False
         self._closed = False
 
-    @abc.abstractmethod
     def _fetch_page(self, lower: bytes, after: bytes | None,
-                    limit: int) -> tuple[list[KeyValue], bytes | None]: ...
+                    limit: int) -> tuple[list[KeyValue], bytes | None]:
+        return self._read_page(self._partition, lower, after, self.end, limit)
 
     def __next__(self) -> KeyValue:
         if self._closed:
