@@ -4,6 +4,8 @@
     quarry serve SERVICE      run one service (kv-gateway, ...)
     quarry version            package and storage format versions
     quarry settings           every setting with its default
+    quarry export FILE        dump every repository's refs and staging to a file
+    quarry import FILE        load such a file into an empty KV store
 
 and the client commands of quarry.cli.commands (repo, branch, tag, put, rm, ls, stat,
 commit, log, diff, reset, discard, compact, stats).
@@ -173,6 +175,82 @@ def cmd_settings(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open_kv(url: str | None, must_exist: bool):
+    """The KV backend itself (not the gateway): the services should be stopped."""
+    import urllib.parse
+
+    from quarry.kv import open_store
+
+    url = url or load_settings().effective_kv_url
+    parsed = urllib.parse.urlsplit(url)
+    if must_exist and parsed.scheme.lower() == "sqlite":
+        path = urllib.parse.unquote(parsed.netloc + parsed.path)
+        if path and not os.path.exists(path):
+            raise errors.NotFound(f"no KV store at {path}")
+    return open_store(url)
+
+
+def _progress(verb: str):
+    def report(count: int) -> None:
+        print(f"  {verb} {count} items...", file=sys.stderr, flush=True)
+    return report
+
+
+def _transfer(name: str, run) -> int:
+    try:
+        return run()
+    except errors.QuarryError as exc:
+        message = " ".join(exc.message.split())
+        print(f"quarry {name}: {exc.reason}: {message}", file=sys.stderr)
+    except OSError as exc:
+        print(f"quarry {name}: {exc}", file=sys.stderr)
+    except UnicodeDecodeError:
+        print(f"quarry {name}: CORRUPT_EXPORT: the file is not UTF-8 text", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"\nquarry {name}: interrupted", file=sys.stderr)
+    return 1
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from quarry import exporting
+
+    def run() -> int:
+        store = _open_kv(args.kv_url, must_exist=True)
+        target = Path(args.file)
+        partial = target.with_name(target.name + ".partial")
+        try:
+            with open(partial, "w", encoding="utf-8") as out:
+                summary = exporting.export_store(store, out, _progress("exported"))
+            os.replace(partial, target)
+        finally:
+            store.close()
+            partial.unlink(missing_ok=True)
+        print(f"exported {summary.repositories} repositories, {summary.items} items "
+              f"(storage format {summary.format_version or 'unstamped'}) to {target}",
+              file=sys.stderr)
+        return 0
+
+    return _transfer("export", run)
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from quarry import exporting
+
+    def run() -> int:
+        with open(args.file, encoding="utf-8") as lines:
+            store = _open_kv(args.kv_url, must_exist=False)
+            try:
+                summary = exporting.import_store(store, lines, _progress("imported"))
+            finally:
+                store.close()
+        print(f"imported {summary.repositories} repositories, {summary.items} items "
+              f"(exported from storage format {summary.format_version or 'unstamped'}; "
+              f"stamped {quarry.FORMAT_VERSION})", file=sys.stderr)
+        return 0
+
+    return _transfer("import", run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quarry", description=__doc__.split("\n")[0]
                                      or "Quarry: version control for data-lake metadata")
@@ -187,6 +265,23 @@ def build_parser() -> argparse.ArgumentParser:
     settings = sub.add_parser("settings", help="list every setting with its default")
     settings.add_argument("--markdown", action="store_true", help="as a Markdown table")
     settings.set_defaults(func=cmd_settings)
+    kv_help = "KV store URL (default: the settings' KV URL, QUARRY_KV_URL / QUARRY_HOME)"
+    export = sub.add_parser(
+        "export", help="write every repository's refs and staging to a JSON-lines file",
+        description="Read the KV backend directly (stop the services first) and write every "
+                    "repository, its branches, tags, commits, merge hints and staged changes "
+                    "to FILE. Works whatever storage format version the store holds. Ranges "
+                    "and metaranges stay in the storage namespaces.")
+    export.add_argument("file", metavar="FILE")
+    export.add_argument("--kv-url", help=kv_help)
+    export.set_defaults(func=cmd_export)
+    imp = sub.add_parser(
+        "import", help="load an export file into an empty KV store",
+        description="Write an export FILE into a KV store without repositories (stop the "
+                    "services first), then stamp this build's storage format version.")
+    imp.add_argument("file", metavar="FILE")
+    imp.add_argument("--kv-url", help=kv_help)
+    imp.set_defaults(func=cmd_import)
     from quarry.cli import commands
 
     commands.register(sub)

@@ -1,0 +1,271 @@
+"""`quarry export` / `quarry import`: rebuild a KV store across storage format versions.
+
+The export file is JSON lines, one object per line, keys and values base64:
+
+    {"quarry_export": 1, "format_version": "1", "created": "...", "quarry_version": "..."}
+    {"type": "repository", "name": "demo", "value": <RepositoryRecord>}
+    {"type": "item", "partition": <repo/demo/<instance>>, "key": ..., "value": ...}
+    {"type": "item", "partition": <staging/<token>>, "key": ..., "value": ...}
+    ...
+    {"type": "end", "repositories": N, "items": M}
+
+For every repository: its RepositoryRecord (`quarry` partition, `repos/<name>`), every key
+of its repo partition (branches/, tags/, commits/, mergehints/) and every staging partition
+its branches reference (the staging token and the sealed tokens), so uncommitted changes
+survive. The closing `end` line lets import detect a truncated file.
+
+Ranges and metaranges are NOT exported: they are immutable objects in each repository's
+storage namespace (local directory or S3), referenced by id from commits and branches, and
+stay where they are. Nor are the `cleanup` queue (partitions already retired) and `auth`.
+
+Export reads the backend directly and does NOT check the store's format version (that is
+the point: it runs against a store this build would refuse to serve). Run it with the
+services stopped, or the export may catch a branch between two writes.
+
+Import needs a store without repositories, writes the repo and staging partitions first and
+the repository records last (only after the whole file was read and found complete, so a
+failed import leaves no visible repository and can simply be re-run), then stamps this
+build's FORMAT_VERSION.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+import json
+from dataclasses import dataclass
+from typing import Callable, Iterator, TextIO
+
+import quarry
+from quarry import FORMAT_VERSION, errors
+from quarry.graveler.refs import BRANCHES_PREFIX, REPOS_PREFIX, Repository
+from quarry.kv import store as kv
+from quarry.kv.partitions import (
+    QUARRY_PARTITION,
+    REPO,
+    STAGING,
+    partition_class,
+    staging_partition,
+)
+from quarry.runtime import format_version
+from quarry.v1 import types_pb2
+
+EXPORT_VERSION = 1
+BATCH_SIZE = 100
+PROGRESS_EVERY = 10_000
+
+Progress = Callable[[int], None]
+
+
+class CorruptExport(errors.InvalidArgument):
+    reason = "CORRUPT_EXPORT"
+
+
+class StoreNotEmpty(errors.FailedPrecondition):
+    reason = "STORE_NOT_EMPTY"
+
+
+@dataclass(frozen=True)
+class Summary:
+    repositories: int
+    items: int
+    format_version: str | None
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _line(obj: dict) -> str:
+    return json.dumps(obj, separators=(",", ":")) + "\n"
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+def read_format_stamp(store: kv.Store) -> str | None:
+    try:
+        return store.get(format_version.PARTITION, format_version.KEY).value.decode(
+            errors="replace")
+    except kv.KeyNotFound:
+        return None
+
+
+def _repositories(store: kv.Store) -> Iterator[tuple[str, bytes]]:
+    for item in store.scan(QUARRY_PARTITION, REPOS_PREFIX, _prefix_end(REPOS_PREFIX)):
+        yield item.key[len(REPOS_PREFIX):].decode(), item.value
+
+
+# ---- export -----------------------------------------------------------------------------
+
+def export_store(store: kv.Store, out: TextIO, progress: Progress | None = None) -> Summary:
+    """Write every repository of `store` to `out` (see the module docstring)."""
+    stamp = read_format_stamp(store)
+    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    out.write(_line({"quarry_export": EXPORT_VERSION, "format_version": stamp,
+                     "created": created, "quarry_version": quarry.__version__}))
+    repositories = items = 0
+
+    def emit(partition: bytes) -> list[kv.KeyValue]:
+        nonlocal items
+        written = []
+        for kv_item in store.scan(partition):
+            out.write(_line({"type": "item", "partition": _b64(partition),
+                             "key": _b64(kv_item.key), "value": _b64(kv_item.value)}))
+            items += 1
+            if progress and items % PROGRESS_EVERY == 0:
+                progress(items)
+            if kv_item.key.startswith(BRANCHES_PREFIX):
+                written.append(kv_item)
+        return written
+
+    for name, record in _repositories(store):
+        try:
+            repo = Repository.from_record(record)
+        except Exception as exc:  # protobuf DecodeError and friends
+            raise CorruptExport(f"repository record {name!r} cannot be read: {exc}") from None
+        out.write(_line({"type": "repository", "name": name, "value": _b64(record)}))
+        repositories += 1
+        tokens: dict[str, None] = {}
+        for branch_item in emit(repo.partition):
+            try:
+                branch = types_pb2.Branch.FromString(branch_item.value)
+            except Exception as exc:
+                raise CorruptExport(f"repository {name!r}: branch record "
+                                    f"{branch_item.key!r} cannot be read: {exc}") from None
+            for token in (branch.staging_token, *branch.sealed_tokens):
+                if token:
+                    tokens.setdefault(token, None)
+        for token in tokens:
+            emit(staging_partition(token))
+    out.write(_line({"type": "end", "repositories": repositories, "items": items}))
+    return Summary(repositories, items, stamp)
+
+
+# ---- import -----------------------------------------------------------------------------
+
+def _decode(obj: dict, field: str, where: str) -> bytes:
+    value = obj.get(field)
+    if not isinstance(value, str):
+        raise CorruptExport(f"{where}: field {field!r} is missing")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise CorruptExport(f"{where}: field {field!r} is not base64") from None
+
+
+def _records(lines: TextIO) -> Iterator[tuple[int, dict]]:
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            raise CorruptExport(f"line {number} is not JSON") from None
+        if not isinstance(obj, dict):
+            raise CorruptExport(f"line {number} is not a JSON object")
+        yield number, obj
+
+
+def check_importable(store: kv.Store) -> None:
+    """Refuse a store that already holds a repository or another format version."""
+    for name, _ in _repositories(store):
+        raise StoreNotEmpty(f"the target KV store already holds repository {name!r}; "
+                            f"import needs an empty store")
+    stamp = read_format_stamp(store)
+    if stamp is not None and stamp != str(FORMAT_VERSION):
+        raise format_version.FormatVersionMismatch(
+            f"the target KV store is stamped with storage format version {stamp!r}, not "
+            f"{FORMAT_VERSION}; import needs an empty store")
+
+
+def import_store(store: kv.Store, lines: TextIO, progress: Progress | None = None) -> Summary:
+    """Write an export file into an empty `store` and stamp this build's format version."""
+    check_importable(store)
+    records = _records(lines)
+    try:
+        _, header = next(records)
+    except StopIteration:
+        raise CorruptExport("the file is empty, not a quarry export") from None
+    if header.get("quarry_export") != EXPORT_VERSION:
+        raise CorruptExport(f"not a quarry export file of version {EXPORT_VERSION} "
+                            f"(header {json.dumps(header)[:80]})")
+    found_format = header.get("format_version")
+
+    repositories: dict[str, bytes] = {}
+    partitions: set[bytes] = set()
+    batch: list[tuple[bytes, bytes, bytes]] = []
+    items = 0
+    end: dict | None = None
+    for number, obj in records:
+        where = f"line {number}"
+        if end is not None:
+            raise CorruptExport(f"{where}: data after the end line")
+        kind = obj.get("type")
+        if kind == "repository":
+            name = obj.get("name")
+            if not isinstance(name, str) or not name:
+                raise CorruptExport(f"{where}: repository without a name")
+            value = _decode(obj, "value", where)
+            try:
+                repo = Repository.from_record(value)
+            except Exception:
+                raise CorruptExport(f"{where}: repository record cannot be read") from None
+            if repo.name != name or name in repositories:
+                raise CorruptExport(f"{where}: repository {name!r} is inconsistent or "
+                                    f"duplicated")
+            repositories[name] = value
+            partitions.add(repo.partition)
+        elif kind == "item":
+            partition = _decode(obj, "partition", where)
+            key = _decode(obj, "key", where)
+            value = _decode(obj, "value", where)
+            try:
+                cls = partition_class(partition)
+            except errors.QuarryError:
+                cls = None
+            if not (cls == STAGING or (cls == REPO and partition in partitions)):
+                raise CorruptExport(f"{where}: unexpected partition {partition[:80]!r}")
+            batch.append((partition, key, value))
+            items += 1
+            if len(batch) >= BATCH_SIZE:
+                store.batch_set(batch)
+                batch = []
+            if progress and items % PROGRESS_EVERY == 0:
+                progress(items)
+        elif kind == "end":
+            end = obj
+        else:
+            raise CorruptExport(f"{where}: unknown record type {kind!r}")
+    if end is None:
+        raise CorruptExport("the file has no end line (truncated?)")
+    if end.get("repositories") != len(repositories) or end.get("items") != items:
+        raise CorruptExport(f"the end line announces {end.get('repositories')} repositories "
+                            f"and {end.get('items')} items, the file holds "
+                            f"{len(repositories)} and {items}")
+    if batch:
+        store.batch_set(batch)
+    # Repository records last: until here no imported repository is visible.
+    for name, value in repositories.items():
+        try:
+            store.set_if(QUARRY_PARTITION, REPOS_PREFIX + name.encode(), value, kv.ABSENT)
+        except kv.PredicateFailed:
+            raise StoreNotEmpty(f"repository {name!r} appeared in the target store during "
+                                f"the import") from None
+    _stamp(store)
+    return Summary(len(repositories), items,
+                   None if found_format is None else str(found_format))
+
+
+def _stamp(store: kv.Store) -> None:
+    try:
+        store.set_if(format_version.PARTITION, format_version.KEY,
+                     str(FORMAT_VERSION).encode(), kv.ABSENT)
+    except kv.PredicateFailed:
+        stamp = read_format_stamp(store)
+        if stamp != str(FORMAT_VERSION):
+            raise format_version.FormatVersionMismatch(
+                f"the target KV store was stamped with storage format version {stamp!r} "
+                f"during the import; this build writes {FORMAT_VERSION}") from None
