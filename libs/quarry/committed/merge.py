@@ -18,6 +18,13 @@ in path order, at most `max_conflicts`; `more_conflicts` counts the rest. A DEFA
 with conflicts, and every dry run, write nothing and return metarange_id "" (with the
 summary of what the merge applies, or would apply without the conflicts).
 
+Retries (seeds/merge-retry-metarange-reuse.md): a merge that lost the race for the
+destination HEAD is retried as merge(base' = the old destination, source' = its own result,
+destination' = the new HEAD). That gives the seed's table, with one difference from a merge
+from scratch onto the new HEAD: a path that source and old destination changed identically
+(or that a strategy resolved) and that the new HEAD changed again keeps the new HEAD's value,
+where a fresh merge would report a conflict (DEFAULT) or take the source's (SOURCE_WINS).
+
 Algorithm: at range granularity first, entries only where both sides changed.
 
   Shortcuts (no range read, nothing written): source == base or source == destination ->

@@ -1031,8 +1031,10 @@ class Graveler:
 
         `resume` = (merged metarange, destination commit it was merged onto): the work of
         an earlier attempt. Retrying with base' = that destination, source' = that result,
-        destination' = the new HEAD gives the same content as merging from scratch, and
-        ranges only the earlier attempt touched are not rewritten (the seed's table)."""
+        destination' = the new HEAD gives the results of the seed's correctness table, and
+        ranges only the earlier attempt touched are not rewritten. (One difference from a
+        merge from scratch is documented in quarry.committed.merge: a path both sides changed
+        identically and the new HEAD changed again keeps the new HEAD's value.)"""
         written = reused = 0
         for attempt in range(MAX_MERGE_ATTEMPTS):
             branch, predicate = self._branch(repo, branch_name)
