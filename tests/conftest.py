@@ -1,44 +1,50 @@
-"""Fixtures shared by every test directory."""
+"""Fixtures shared by every test directory: real servers the tests talk to on loopback
+(dynalite for DynamoDB, moto_server for S3), each started once per session."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import socket
+import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
+from support.processes import free_port
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DYNALITE = REPO_ROOT / ".tools" / "node_modules" / ".bin" / "dynalite"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def dynalite() -> Iterator[str]:
-    """A real dynalite (DynamoDB) server on loopback, in memory; yields its endpoint URL."""
-    binary = Path(os.environ.get("QUARRY_DYNALITE", DEFAULT_DYNALITE))
-    if not binary.exists():
-        # A missing tool must not quietly turn DynamoDB coverage off.
-        pytest.fail(f"dynalite not found at {binary}: run `make tools` "
-                    "(or set QUARRY_DYNALITE to the dynalite binary)", pytrace=False)
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(binary), "--host", "127.0.0.1", "--port", str(port),
-         "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
+@contextlib.contextmanager
+def _http_server(name: str, command: list[str], url: str, probe: str = "",
+                 timeout: float = 30.0) -> Iterator[str]:
+    """Start a server process, wait until it answers HTTP at url+probe, yield url, stop it.
+    Any HTTP answer (even an error status) means it is serving."""
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout
     try:
-        _wait_until_answering(proc, url, timeout=20.0)
+        while True:
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                pytest.fail(f"{name} exited with {proc.returncode}: {err}", pytrace=False)
+            try:
+                urllib.request.urlopen(url + probe, timeout=1)
+                break
+            except urllib.error.HTTPError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"{name} did not answer on {url} within {timeout:.0f}s",
+                                pytrace=False)
+                time.sleep(0.05)
         yield url
     finally:
         proc.terminate()
@@ -51,21 +57,54 @@ def dynalite() -> Iterator[str]:
             proc.stderr.close()
 
 
-def _wait_until_answering(proc: subprocess.Popen, url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            pytest.fail(f"dynalite exited with {proc.returncode}: {err}", pytrace=False)
-        try:
-            # Any HTTP answer (dynalite replies 400 to an unsigned GET) means it is serving.
-            urllib.request.urlopen(url, timeout=1)
-            return
-        except urllib.error.HTTPError:
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"dynalite did not answer on {url} within {timeout:.0f}s",
-                            pytrace=False)
-            time.sleep(0.05)
+@pytest.fixture(scope="session")
+def dynalite() -> Iterator[str]:
+    """A real dynalite (DynamoDB) server on loopback, in memory; yields its endpoint URL."""
+    binary = Path(os.environ.get("QUARRY_DYNALITE", DEFAULT_DYNALITE))
+    if not binary.exists():
+        # A missing tool must not quietly turn DynamoDB coverage off.
+        pytest.fail(f"dynalite not found at {binary}: run `make tools` "
+                    "(or set QUARRY_DYNALITE to the dynalite binary)", pytrace=False)
+    port = free_port()
+    command = [str(binary), "--host", "127.0.0.1", "--port", str(port),
+               "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"]
+    with _http_server("dynalite", command, f"http://127.0.0.1:{port}") as url:
+        yield url
+
+
+def _moto_binary() -> str | None:
+    beside = Path(sys.executable).with_name("moto_server")
+    if beside.exists():
+        return str(beside)
+    return shutil.which("moto_server")
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """`moto_server -H 127.0.0.1 -p <free port>` (S3 in memory); yields its endpoint URL."""
+    binary = _moto_binary()
+    if binary is None:
+        # A missing tool must not quietly turn S3 coverage off.
+        pytest.fail("moto_server not found: install the dev extras (`make install`)",
+                    pytrace=False)
+    port = free_port()
+    with _http_server("moto_server", [binary, "-H", "127.0.0.1", "-p", str(port)],
+                      f"http://127.0.0.1:{port}", probe="/moto-api/") as url:
+        yield url
+
+
+@pytest.fixture
+def s3_bucket(moto_endpoint, monkeypatch) -> str:
+    """A fresh bucket on the moto server (with dummy credentials in the environment)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1",
+                          config=Config(s3={"addressing_style": "path"}))
+    name = f"quarry-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=name)
+    return name
