@@ -47,3 +47,26 @@ def test_prometheus_endpoint_per_service(tmp_path):
     classes = {c.partition_class: c.usage for c in report.classes}
     assert classes["staging"].write_units == 3  # 3,000-byte value + key overhead → 3 WCU
     assert report.hottest_partitions[0].partition_key == b"staging/t1"
+
+
+def test_a_commit_is_one_trace_with_a_span_per_step(tmp_path):
+    """Client → committer → kv-gateway / range-writer, with the commit's steps as spans."""
+    from support.suite import running_suite
+
+    exporter = telemetry.use_in_memory_exporter()
+    with running_suite(tmp_path) as suite, suite.client() as client:
+        client.create_repository("traced", suite.namespace("traced"))
+        client.put_object("traced", "main", path="a", physical_address="x", checksum="c")
+        exporter.clear()
+        with telemetry.tracer("test").start_as_current_span("user") as user:
+            client.commit("traced", "main", "traced commit")
+    trace_id = user.get_span_context().trace_id
+    spans = [s for s in exporter.get_finished_spans() if s.context.trace_id == trace_id]
+    names = {s.name for s in spans}
+    assert {"graveler.commit", "graveler.seal", "graveler.apply", "graveler.write_commit",
+            "graveler.swap_branch"} <= names
+    assert "/quarry.v1.Committer/Commit" in names
+    assert "/quarry.v1.RangeWriter/ApplyChanges" in names
+    assert "/quarry.v1.KVGateway/SetItemIf" in names
+    commit_span = next(s for s in spans if s.name == "graveler.commit")
+    assert commit_span.attributes["quarry.attempts"] == 1

@@ -107,6 +107,14 @@ class CommitOutcome:
     ranges_reused: int = 0
 
 
+_tracer = trace.get_tracer("quarry.graveler")
+
+
+def _cas_retry(what: str, attempt: int) -> None:
+    """A lost compare-and-swap, as an event on the current span."""
+    trace.get_current_span().add_event("cas.retry", {"step": what, "attempt": attempt})
+
+
 def _backoff(attempt: int) -> None:
     time.sleep(min(0.2, 0.002 * (2 ** attempt)) * random.uniform(0.5, 1.0))
 
@@ -728,12 +736,17 @@ class Graveler:
         names.check_branch_name(branch_name)
         metadata = dict(metadata or {})
         names.check_commit_metadata(message, metadata)
-        for attempt in range(MAX_ATTEMPTS):
-            outcome = self._commit_attempt(repo, branch_name, message, committer, metadata,
-                                           allow_empty)
-            if outcome is not None:
-                return outcome
-            _backoff(attempt)
+        with _tracer.start_as_current_span("graveler.commit", attributes={
+                "quarry.repository": repo.name, "quarry.branch": branch_name}) as span:
+            for attempt in range(MAX_ATTEMPTS):
+                outcome = self._commit_attempt(repo, branch_name, message, committer,
+                                               metadata, allow_empty)
+                if outcome is not None:
+                    span.set_attribute("quarry.commit", outcome.commit.id)
+                    span.set_attribute("quarry.attempts", attempt + 1)
+                    return outcome
+                _cas_retry("commit", attempt + 1)
+                _backoff(attempt)
         raise gerrors.BranchContended(f"commit on {branch_name!r} lost the race "
                                       f"{MAX_ATTEMPTS} times; retry",
                                       metadata={"repository": repo.name,
@@ -750,11 +763,15 @@ class Graveler:
         head = self.refs.get_commit(repo, branch.commit_id)
         base = branch.compacted_metarange_id or head.metarange_id
         # (2)+(3) Combine the sealed tokens (newest wins) and apply them onto the base.
-        if applied:
-            result = self.range_writer.apply_changes(
-                repo.storage_namespace, base, self._staged_changes(applied, "", ""))
-        else:
-            result = ApplyResult(metarange_id=base)
+        with _tracer.start_as_current_span("graveler.apply", attributes={
+                "quarry.tokens": len(applied)}) as span:
+            if applied:
+                result = self.range_writer.apply_changes(
+                    repo.storage_namespace, base, self._staged_changes(applied, "", ""))
+            else:
+                result = ApplyResult(metarange_id=base)
+            span.set_attribute("quarry.ranges_written", result.ranges_written)
+            span.set_attribute("quarry.ranges_reused", result.ranges_reused)
         if branch.compacted_metarange_id:
             # The apply counted changes against the compacted metarange; the commit's
             # summary is against HEAD (a walk of the ranges that differ only).
@@ -771,7 +788,8 @@ class Graveler:
         # (4) The commit record (content-addressed, so a retry writes the same key).
         commit = self._make_commit([head.id], result.metarange_id, message, committer,
                                    metadata, head.generation + 1)
-        self.refs.insert_commit(repo, commit)
+        with _tracer.start_as_current_span("graveler.write_commit"):
+            self.refs.insert_commit(repo, commit)
         # (5) Move the branch and drop exactly the tokens applied.
         if not self._retire_tokens(repo, branch_name, branch, applied, commit.id):
             return None
@@ -782,7 +800,11 @@ class Graveler:
         with dirty=false, in one compare-and-swap. Only a dirty token can hold acknowledged
         writes, so a clean branch is not sealed. A lost swap (typically a writer marking the
         branch dirty) is re-read and retried at once."""
-        for _ in range(MAX_ATTEMPTS):
+        with _tracer.start_as_current_span("graveler.seal"):
+            return self._seal_attempts(repo, branch_name)
+
+    def _seal_attempts(self, repo: Repository, branch_name: str) -> types_pb2.Branch | None:
+        for attempt in range(MAX_ATTEMPTS):
             branch, predicate = self._branch(repo, branch_name)
             if not is_dirty(branch):
                 return branch
@@ -794,6 +816,7 @@ class Graveler:
             try:
                 self.refs.set_branch_if(repo, sealed, kv.Equals(predicate))
             except kv.PredicateFailed:
+                _cas_retry("seal", attempt + 1)
                 continue
             self._forget_branch(repo, branch_name)
             return sealed
@@ -807,7 +830,14 @@ class Graveler:
         record on conflicts caused by fields we do not own (a writer marking it dirty, a new
         seal in front, the sensor's guard). False if HEAD or the base moved, or the sealed
         list lost the tokens: the work must be redone."""
-        for _ in range(MAX_ATTEMPTS):
+        with _tracer.start_as_current_span("graveler.swap_branch"):
+            return self._retire_attempts(repo, branch_name, expected, applied, new_commit_id,
+                                         new_compacted)
+
+    def _retire_attempts(self, repo: Repository, branch_name: str, expected: types_pb2.Branch,
+                         applied: list[str], new_commit_id: str | None,
+                         new_compacted: str | None) -> bool:
+        for attempt in range(MAX_ATTEMPTS):
             current, predicate = self.refs.get_branch(repo, branch_name)
             sealed = list(current.sealed_tokens)
             if (current.commit_id != expected.commit_id
@@ -827,6 +857,7 @@ class Graveler:
             try:
                 self.refs.set_branch_if(repo, updated, kv.Equals(predicate))
             except kv.PredicateFailed:
+                _cas_retry("swap_branch", attempt + 1)
                 continue
             self._forget_branch(repo, branch_name)
             # (6) The dropper deletes the retired tokens' items after a grace period.
@@ -851,6 +882,11 @@ class Graveler:
         of tokens compacted)."""
         repo = self._repo(repo_name)
         names.check_branch_name(branch_name)
+        with _tracer.start_as_current_span("graveler.compact", attributes={
+                "quarry.repository": repo.name, "quarry.branch": branch_name}):
+            return self._compact(repo, branch_name)
+
+    def _compact(self, repo: Repository, branch_name: str) -> tuple[str, int]:
         for attempt in range(MAX_ATTEMPTS):
             branch = self._seal(repo, branch_name)
             if branch is None:
@@ -975,10 +1011,13 @@ class Graveler:
                          "quarry.merge.source": source.id,
                          "quarry.merge.base": base_id or ""})
         parents_after_head = [] if squash else [source.id]
-        return self._three_way_commit(
-            repo, destination_branch, base_metarange, source.metarange_id, strategy,
-            parents_after_head, message, committer, metadata, allow_empty, dry_run,
-            base_commit_id=base_id or "", source_commit_id=source.id, resume=resume)
+        with _tracer.start_as_current_span("graveler.merge", attributes={
+                "quarry.repository": repo.name, "quarry.branch": destination_branch,
+                "quarry.source": source.id, "quarry.base": base_id or ""}):
+            return self._three_way_commit(
+                repo, destination_branch, base_metarange, source.metarange_id, strategy,
+                parents_after_head, message, committer, metadata, allow_empty, dry_run,
+                base_commit_id=base_id or "", source_commit_id=source.id, resume=resume)
 
     def revert(self, repo_name: str, branch_name: str, ref: str, parent_number: int = 0,
                message: str = "", committer: str = "") -> MergeOutcome:
@@ -1049,9 +1088,11 @@ class Graveler:
                 merged_before, merged_onto = resume
                 inputs = (self.refs.get_commit(repo, merged_onto).metarange_id, merged_before,
                           head.metarange_id)
-            result = self.range_writer.merge_metaranges(
-                repo.storage_namespace, *inputs, strategy=strategy,
-                max_conflicts=MAX_CONFLICTS_REPORTED, dry_run=dry_run)
+            with _tracer.start_as_current_span("graveler.merge_metaranges", attributes={
+                    "quarry.attempt": attempt + 1, "quarry.resumed": resume is not None}):
+                result = self.range_writer.merge_metaranges(
+                    repo.storage_namespace, *inputs, strategy=strategy,
+                    max_conflicts=MAX_CONFLICTS_REPORTED, dry_run=dry_run)
             written += result.ranges_written
             reused += result.ranges_reused
             if result.conflicts or result.more_conflicts:
