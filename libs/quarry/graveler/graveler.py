@@ -493,6 +493,7 @@ class Graveler:
     def _put_if_absent(self, repo: Repository, branch_name: str, entry: Entry) -> str:
         """Returns the staging token written to ("" if the entry was already there)."""
         for attempt in range(MAX_ATTEMPTS):
+            repo = self._repo(repo.name)  # the current instance (see _write)
             branch, _ = self._branch(repo, branch_name)
             layers = self._layers(repo, ResolvedRef(branch.commit_id, branch_name, branch),
                                   "put")
@@ -581,10 +582,19 @@ class Graveler:
             repo_key = self.refs.repository_key(repo.name)
             branch_key = self.refs.branch_key(repo, branch_name)
             repo_now, branch_now = self.kv.batch_get([repo_key, branch_key])
-            if repo_now is None or Repository.from_record(repo_now.value).instance_id \
-                    != repo.instance_id:
+            if repo_now is None:
                 raise gerrors.RepositoryNotFound(f"repository {repo.name!r} was deleted",
                                                  metadata={"repository": repo.name})
+            current_repo = Repository.from_record(repo_now.value)
+            if current_repo.instance_id != repo.instance_id:
+                # Deleted and re-created since our cached record: what we wrote went to the
+                # dead instance (its partitions are queued for dropping). Write again into
+                # the repository as it is now.
+                self.refs.remember_repository(current_repo)
+                if expected_token is not None:
+                    raise _TokenMoved()
+                repo = current_repo
+                continue
             if branch_now is None:
                 self._forget_branch(repo, branch_name)
                 raise gerrors.BranchNotFound(f"branch {branch_name!r} not found",

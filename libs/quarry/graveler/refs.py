@@ -164,8 +164,10 @@ class _LRU:
 
 class RefManager:
     # Repository records change only by deletion; a short cache saves one KV read per call.
-    # Writers re-validate the record together with the branch (see Graveler), so a stale
-    # entry can at worst serve a read of a repository deleted within this window.
+    # Writers re-validate the record together with the branch (see Graveler._write), so a
+    # stale entry can at worst serve a read of a repository deleted within this window. It
+    # must stay shorter than the dropper's grace period (staging_drop_grace_seconds), so a
+    # dead instance's branch records are still there while a stale entry can point at them.
     REPOSITORY_TTL_SECONDS = 2.0
 
     def __init__(self, store: kv.Store, commit_cache_size: int = 100_000):
@@ -201,6 +203,11 @@ class RefManager:
         except kv.PredicateFailed:
             raise gerrors.RepositoryExists(f"repository {repo.name!r} already exists",
                                            metadata={"repository": repo.name}) from None
+        self.remember_repository(repo)
+
+    def remember_repository(self, repo: Repository) -> None:
+        """Cache a repository record just read or written (it is the current instance)."""
+        self._repos[repo.name] = (time.monotonic(), repo)
 
     def delete_repository_record(self, name: str) -> None:
         self.kv.delete(QUARRY_PARTITION, REPOS_PREFIX + name.encode())

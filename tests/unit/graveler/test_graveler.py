@@ -374,3 +374,17 @@ def test_writing_to_a_tag_says_it_is_not_a_branch(graveler, repo):
         graveler.diff_uncommitted(repo, "v1")
     with pytest.raises(errors.InvalidArgument):
         graveler.list_objects(repo, "main", page_size=-1)
+
+
+def test_writes_right_after_delete_and_recreate_land_in_the_new_repository(graveler, repo,
+                                                                           tmp_path):
+    from quarry.graveler.graveler import Graveler
+
+    # A second process's core has the old repository record cached.
+    other = Graveler(graveler.kv, graveler.committed, graveler.range_writer)
+    other.put_objects(repo, "main", [entry("before")])
+    graveler.delete_repository(repo)
+    graveler.create_repository(repo, str(tmp_path / "again"))
+    other.put_objects(repo, "main", [entry("after")])  # stale cache: must not fail or vanish
+    other.put_objects(repo, "main", [entry("absent")], if_absent=True)
+    assert [e.path for e in graveler.list_objects(repo, "main")[0]] == ["absent", "after"]
