@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import uuid
 from typing import Iterator
 
@@ -21,7 +22,9 @@ class LocalBlobStore(BlobStore):
         # fsync files (and their directory) before they become visible: a metarange must
         # never outlive, across a crash, a range file it points to.
         self.durable = durable
-        # Directories holding put_deferred files whose entries are not yet fsynced.
+        # put_deferred files (written here or found already there) and their directories,
+        # not yet known to be durable: sync() makes them so.
+        self._unsynced_files: set[str] = set()
         self._unsynced_dirs: set[str] = set()
         self._unsynced_lock = threading.Lock()
         os.makedirs(self.root, exist_ok=True)
@@ -50,7 +53,7 @@ class LocalBlobStore(BlobStore):
     def exists(self, key: str) -> bool:
         return os.path.isfile(self._path(key))
 
-    def _write_temp(self, directory: str, data: bytes) -> str:
+    def _write_temp(self, directory: str, data: bytes, sync_file: bool = True) -> str:
         os.makedirs(directory, exist_ok=True)
         temp = os.path.join(directory, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -59,7 +62,7 @@ class LocalBlobStore(BlobStore):
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
-            if self.durable:
+            if self.durable and sync_file:
                 os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -83,28 +86,37 @@ class LocalBlobStore(BlobStore):
             os.close(fd)
 
     def put_deferred(self, key: str, data: bytes) -> bool:
-        # The file's bytes are fsynced now; its directory entry by the next sync(), once for
-        # the whole batch instead of once per file.
-        directory = os.path.dirname(self._path(key))
+        # Neither the bytes nor the directory entry are fsynced here: sync() does all of a
+        # batch at once, in parallel (the filesystem groups them into few journal commits).
+        # A file found already there is synced too: its writer may not have synced it yet.
+        path = self._path(key)
         with self._unsynced_lock:
-            self._unsynced_dirs.add(directory)
-        return self._put(key, data, if_absent=True, sync_directory=False)
+            self._unsynced_files.add(path)
+            self._unsynced_dirs.add(os.path.dirname(path))
+        return self._put(key, data, if_absent=True, sync_directory=False, sync_file=False)
 
     def sync(self) -> None:
         with self._unsynced_lock:
+            files, self._unsynced_files = self._unsynced_files, set()
             directories, self._unsynced_dirs = self._unsynced_dirs, set()
+        if not self.durable:
+            return
+        if files:
+            with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+                list(pool.map(_fsync_file, files))
         for directory in sorted(directories):
             self._sync_dir(directory)
 
     def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
         return self._put(key, data, if_absent, sync_directory=True)
 
-    def _put(self, key: str, data: bytes, if_absent: bool, sync_directory: bool) -> bool:
+    def _put(self, key: str, data: bytes, if_absent: bool, sync_directory: bool,
+             sync_file: bool = True) -> bool:
         path = self._path(key)
         directory = os.path.dirname(path)
         if if_absent and os.path.exists(path):
             return False  # cheap early exit; the link below is the real check
-        temp = self._write_temp(directory, data)
+        temp = self._write_temp(directory, data, sync_file)
         try:
             if not if_absent:
                 os.replace(temp, path)
@@ -166,3 +178,11 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except (FileNotFoundError, NotADirectoryError):
         pass
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
