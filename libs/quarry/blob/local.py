@@ -27,6 +27,7 @@ class LocalBlobStore(BlobStore):
         self._unsynced_files: set[str] = set()
         self._unsynced_dirs: set[str] = set()
         self._unsynced_lock = threading.Lock()
+        self._sync_lock = threading.Lock()
         os.makedirs(self.root, exist_ok=True)
 
     def __repr__(self) -> str:
@@ -90,22 +91,27 @@ class LocalBlobStore(BlobStore):
         # batch at once, in parallel (the filesystem groups them into few journal commits).
         # A file found already there is synced too: its writer may not have synced it yet.
         path = self._path(key)
+        written = self._put(key, data, if_absent=True, sync_directory=False, sync_file=False)
+        # Recorded once the file is in place (written now, or found there).
         with self._unsynced_lock:
             self._unsynced_files.add(path)
             self._unsynced_dirs.add(os.path.dirname(path))
-        return self._put(key, data, if_absent=True, sync_directory=False, sync_file=False)
+        return written
 
     def sync(self) -> None:
-        with self._unsynced_lock:
-            files, self._unsynced_files = self._unsynced_files, set()
-            directories, self._unsynced_dirs = self._unsynced_dirs, set()
-        if not self.durable:
-            return
-        if files:
-            with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-                list(pool.map(_fsync_file, files))
-        for directory in sorted(directories):
-            self._sync_dir(directory)
+        # One sync at a time: a caller must not return while another thread is still
+        # syncing files this caller wrote (it took them from the shared set).
+        with self._sync_lock:
+            with self._unsynced_lock:
+                files, self._unsynced_files = self._unsynced_files, set()
+                directories, self._unsynced_dirs = self._unsynced_dirs, set()
+            if not self.durable:
+                return
+            if files:
+                with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+                    list(pool.map(_fsync_file, files))
+            for directory in sorted(directories):
+                self._sync_dir(directory)
 
     def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
         return self._put(key, data, if_absent, sync_directory=True)

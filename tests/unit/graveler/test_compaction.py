@@ -188,6 +188,9 @@ def test_writers_readers_and_a_compactor_at_once(graveler, repo):
     assert result.commits > 5
     for path, version in result.acked.items():
         assert read(path) == version, path
-    g.commit(repo, "main", "final")
+    try:
+        g.commit(repo, "main", "final")
+    except gerrors.NoChanges:
+        pass  # the last round already committed everything
     for path, version in result.acked.items():
         assert g.stat_object(repo, "main@", path).checksum == f"v{version}"
