@@ -127,3 +127,39 @@ def test_is_local_is_not_an_operation(tmp_path):
     store = CountingBlobStore(LocalBlobStore(tmp_path))
     assert store.is_local and LocalBlobStore(tmp_path).is_local
     assert sum(store.counts.values()) == 0
+
+
+def test_sync_never_returns_before_the_callers_files_are_durable(tmp_path, monkeypatch):
+    """Two writers share a store: B's sync must wait while A's sync is still fsyncing a file
+    B wrote (A took it from the shared pending set)."""
+    import threading
+
+    import quarry.blob.local as local
+
+    store = local.LocalBlobStore(tmp_path)
+    synced: set[str] = set()
+    release = threading.Event()
+    a_started = threading.Event()
+    real_fsync = local._fsync_file
+
+    def slow_fsync(path):
+        a_started.set()
+        assert release.wait(10)
+        real_fsync(path)
+        synced.add(path)
+
+    monkeypatch.setattr(local, "_fsync_file", slow_fsync)
+    store.put_deferred("_quarry/ranges/a.parquet", b"a")
+    store.put_deferred("_quarry/ranges/b.parquet", b"b")  # "B's" file
+    a = threading.Thread(target=store.sync)
+    a.start()
+    assert a_started.wait(10)
+    b_done = threading.Event()
+    b = threading.Thread(target=lambda: (store.sync(), b_done.set()))
+    b.start()
+    assert not b_done.wait(0.2), "B's sync returned while its file was still being synced"
+    release.set()
+    a.join(10)
+    b.join(10)
+    assert b_done.is_set()
+    assert store.local_path("_quarry/ranges/b.parquet") in synced
