@@ -191,10 +191,7 @@ class Graveler:
 
     def list_repositories(self, page_size: int = 0, page_token: str = ""
                           ) -> tuple[list[Repository], str]:
-        limit = _page_size(page_size)
-        after = decode_page_token(page_token, "after").get("after", "")
-        repos = self.refs.list_repositories(after, limit + 1)
-        return _paged(repos, limit, lambda r: encode_page_token(after=r.name))
+        return _page_by_name(self.refs.list_repositories, page_size, page_token)
 
     def delete_repository(self, name: str) -> None:
         repo = self.get_repository(name)
@@ -239,10 +236,8 @@ class Graveler:
     def list_branches(self, repo_name: str, page_size: int = 0, page_token: str = ""
                       ) -> tuple[list[types_pb2.Branch], str]:
         repo = self._repo(repo_name)
-        limit = _page_size(page_size)
-        after = decode_page_token(page_token, "after").get("after", "")
-        branches = self.refs.list_branches(repo, after, limit + 1)
-        return _paged(branches, limit, lambda b: encode_page_token(after=b.name))
+        return _page_by_name(lambda after, limit: self.refs.list_branches(repo, after, limit),
+                             page_size, page_token)
 
     def delete_branch(self, repo_name: str, name: str) -> None:
         repo = self._repo(repo_name)
@@ -297,10 +292,8 @@ class Graveler:
     def list_tags(self, repo_name: str, page_size: int = 0, page_token: str = ""
                   ) -> tuple[list[types_pb2.Tag], str]:
         repo = self._repo(repo_name)
-        limit = _page_size(page_size)
-        after = decode_page_token(page_token, "after").get("after", "")
-        tags = self.refs.list_tags(repo, after, limit + 1)
-        return _paged(tags, limit, lambda t: encode_page_token(after=t.name))
+        return _page_by_name(lambda after, limit: self.refs.list_tags(repo, after, limit),
+                             page_size, page_token)
 
     def delete_tag(self, repo_name: str, name: str) -> None:
         repo = self._repo(repo_name)
@@ -931,9 +924,11 @@ class Graveler:
         state = decode_page_token(page_token, "frontier")
         frontier = state.get("frontier") or [self.refs.resolve(repo, ref).commit_id]
         commits: list[types_pb2.Commit] = []
-        for commit, remaining in self.refs.log(repo, frontier, first_parent):
+        walk = self.refs.log(repo, frontier, first_parent)
+        for commit in walk:
             commits.append(commit)
             if len(commits) >= limit:
+                remaining = walk.frontier()
                 return commits, encode_page_token(frontier=remaining) if remaining else ""
         return commits, ""
 
@@ -1221,9 +1216,14 @@ def _change_against(path: str, staged: Entry | None, committed: Entry | None) ->
     return None
 
 
-def _paged(items: list, limit: int, token_for) -> tuple[list, str]:
+def _page_by_name(fetch, page_size: int, page_token: str) -> tuple[list, str]:
+    """One page of a listing ordered by name: `fetch(after, limit)` returns up to `limit`
+    items named after `after`; one extra item tells whether another page follows."""
+    limit = _page_size(page_size)
+    after = decode_page_token(page_token, "after").get("after", "")
+    items = fetch(after, limit + 1)
     if len(items) > limit:
-        return items[:limit], token_for(items[limit - 1])
+        return items[:limit], encode_page_token(after=items[limit - 1].name)
     return items, ""
 
 

@@ -16,7 +16,6 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterator
 
 from google.protobuf import timestamp_pb2
 
@@ -388,34 +387,9 @@ class RefManager:
     # ---- history ---------------------------------------------------------------------------
 
     def log(self, repo: Repository, frontier: list[str], first_parent: bool = False
-            ) -> Iterator[tuple[types_pb2.Commit, list[str]]]:
-        """Commits reachable from `frontier`, newest first by (generation, time, id).
-
-        Yields (commit, frontier after it): the frontier is the resumable state for paging.
-        A commit's children all have higher generations, so when a commit is popped every
-        path to it has been walked: no `seen` set is needed beyond the frontier itself.
-        """
-        heap: list[tuple[int, int, str]] = []
-        queued: set[str] = set()
-
-        def push(commit_id: str) -> None:
-            if commit_id in queued:
-                return
-            commit = self.get_commit(repo, commit_id)
-            queued.add(commit_id)
-            heapq.heappush(heap, (-commit.generation, -commit.creation_time.seconds,
-                                  commit_id))
-
-        for commit_id in frontier:
-            push(commit_id)
-        while heap:
-            _, _, commit_id = heapq.heappop(heap)
-            queued.discard(commit_id)
-            commit = self.get_commit(repo, commit_id)
-            parents = commit.parents[:1] if first_parent else commit.parents
-            for parent in parents:
-                push(parent)
-            yield commit, [entry[2] for entry in sorted(heap)]
+            ) -> "LogWalk":
+        """Commits reachable from `frontier`, newest first (see LogWalk)."""
+        return LogWalk(self, repo, frontier, first_parent)
 
     def merge_base(self, repo: Repository, left_id: str, right_id: str) -> str | None:
         """The best common ancestor of two commits, or None if they share no history.
@@ -477,6 +451,50 @@ class RefManager:
             return out
         finally:
             iterator.close()
+
+
+class LogWalk:
+    """Iterates commits reachable from a frontier, newest first by (generation, time, id).
+
+    A commit's children all have higher generations, so when a commit is popped every path
+    to it has been walked: no `seen` set is needed beyond the queue itself. `frontier()` is
+    the resumable state for paging (computed only when a page ends).
+    """
+
+    def __init__(self, refs: "RefManager", repo: Repository, frontier: list[str],
+                 first_parent: bool):
+        self._refs = refs
+        self._repo = repo
+        self._first_parent = first_parent
+        self._heap: list[tuple[int, int, str]] = []
+        self._queued: set[str] = set()
+        for commit_id in frontier:
+            self._push(commit_id)
+
+    def _push(self, commit_id: str) -> None:
+        if commit_id in self._queued:
+            return
+        commit = self._refs.get_commit(self._repo, commit_id)
+        self._queued.add(commit_id)
+        heapq.heappush(self._heap, (-commit.generation, -commit.creation_time.seconds,
+                                    commit_id))
+
+    def __iter__(self) -> "LogWalk":
+        return self
+
+    def __next__(self) -> types_pb2.Commit:
+        if not self._heap:
+            raise StopIteration
+        _, _, commit_id = heapq.heappop(self._heap)
+        self._queued.discard(commit_id)
+        commit = self._refs.get_commit(self._repo, commit_id)
+        for parent in (commit.parents[:1] if self._first_parent else commit.parents):
+            self._push(parent)
+        return commit
+
+    def frontier(self) -> list[str]:
+        """The commits still to walk, in walk order."""
+        return [entry[2] for entry in sorted(self._heap)]
 
 
 def _prefix_end(prefix: bytes) -> bytes | None:
