@@ -71,6 +71,22 @@ def use_in_memory_exporter(service: str = "test") -> InMemorySpanExporter:
         return exporter
 
 
+def enable_propagation(service: str, env=os.environ) -> None:
+    """Make this process's gRPC calls carry the current trace context, exporting its own
+    spans only if the OTEL_* variables ask for it. For processes that join a trace started
+    elsewhere (Spark executors): without a provider there would be no context to send."""
+    global _configured
+    if configure_tracing(service, env):
+        return
+    with _lock:
+        if _configured:
+            return
+        if not isinstance(trace.get_tracer_provider(), TracerProvider):
+            trace.set_tracer_provider(
+                TracerProvider(resource=Resource.create({SERVICE_NAME: f"quarry-{service}"})))
+        _configured = True
+
+
 def tracer(name: str = "quarry") -> trace.Tracer:
     return trace.get_tracer(name)
 

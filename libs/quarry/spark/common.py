@@ -1,0 +1,133 @@
+"""What the driver and the executors of a Quarry Spark job share: `quarry://` URIs, the
+connection to the services (picklable, so it travels in task closures), and the naming of
+ephemeral branches and job files."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+import secrets
+import threading
+import urllib.parse
+from dataclasses import dataclass
+
+from quarry import errors
+
+SCHEME = "quarry://"
+# Ephemeral branches of Spark writes: `_quarry-spark-<UTC time>-<random>`. The time in the
+# name lets a sweep find the ones a dead driver left behind without any other record.
+EPHEMERAL_PREFIX = "_quarry-spark-"
+_JOB_TIME = "%Y%m%dT%H%M%S"
+_EPHEMERAL = re.compile(r"^_quarry-spark-(\d{8}T\d{6})-[0-9a-f]{12}$")
+# Data files of a Spark write live under this key prefix of the storage namespace, one
+# folder per job, so a failed job's files are found (and removed) by one listing.
+JOB_DATA_PREFIX = "data/spark/"
+
+
+class InvalidQuarryUri(errors.InvalidArgument):
+    reason = "INVALID_QUARRY_URI"
+
+
+@dataclass(frozen=True)
+class QuarryUri:
+    repository: str
+    ref: str
+    path: str  # "" = the whole repository
+
+    @property
+    def prefix(self) -> str:
+        """The path as a folder prefix ("tables/t1/"; "" for the root)."""
+        path = self.path.strip("/")
+        return path + "/" if path else ""
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.repository}/{self.ref}/{self.path}"
+
+
+def parse_uri(uri: str) -> QuarryUri:
+    """`quarry://REPO/REF/PATH` (PATH optional). Refs never contain '/', so the first two
+    segments are always the repository and the ref."""
+    if not isinstance(uri, str) or not uri.startswith(SCHEME):
+        raise InvalidQuarryUri(f"{uri!r} is not a quarry:// URI (quarry://REPO/REF/PATH)")
+    rest = urllib.parse.unquote(uri[len(SCHEME):])
+    repository, _, rest = rest.partition("/")
+    ref, _, path = rest.partition("/")
+    if not repository or not ref:
+        raise InvalidQuarryUri(f"{uri!r}: expected quarry://REPO/REF/PATH")
+    return QuarryUri(repository, ref, path.lstrip("/"))
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where the services are, for the driver and (pickled) for every executor."""
+
+    branch_manager: str
+    committer: str
+    s3_endpoint_url: str = ""
+    s3_region: str = "us-east-1"
+    timeout: float = 60.0
+
+    @classmethod
+    def from_settings(cls, settings=None) -> "Connection":
+        from quarry.config import load_settings
+
+        settings = settings if settings is not None else load_settings()
+        return cls(settings.branch_manager_address, settings.committer_address,
+                   settings.s3_endpoint_url, settings.s3_region)
+
+    @classmethod
+    def resolve(cls, spark=None, connection: "Connection | None" = None) -> "Connection":
+        """An explicit connection; else the session's `spark.quarry.branchManager` /
+        `spark.quarry.committer` (and `spark.quarry.s3EndpointUrl`); else the QUARRY_*
+        settings of this process."""
+        if connection is not None:
+            return connection
+        base = cls.from_settings()
+        if spark is None:
+            return base
+        conf = spark.conf
+        return cls(conf.get("spark.quarry.branchManager", base.branch_manager),
+                   conf.get("spark.quarry.committer", base.committer),
+                   conf.get("spark.quarry.s3EndpointUrl", base.s3_endpoint_url),
+                   conf.get("spark.quarry.s3Region", base.s3_region))
+
+
+_clients: dict = {}
+_clients_lock = threading.Lock()
+
+
+def client_for(connection: Connection):
+    """One Client (so one channel per service) per process and connection: executors'
+    Python workers are reused across tasks, so every task of a worker shares it."""
+    from quarry import telemetry
+    from quarry.client import Client
+
+    key = (connection, telemetry.tracing_enabled())
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = Client(connection.branch_manager, connection.committer,
+                            timeout=connection.timeout)
+            _clients[key] = client
+        return client
+
+
+def new_job_id(now: _dt.datetime | None = None) -> str:
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    return f"{now.strftime(_JOB_TIME)}-{secrets.token_hex(6)}"
+
+
+def ephemeral_branch(job_id: str) -> str:
+    return EPHEMERAL_PREFIX + job_id
+
+
+def ephemeral_created_at(branch: str) -> _dt.datetime | None:
+    """When the ephemeral branch was made (from its name); None if it is not one."""
+    match = _EPHEMERAL.match(branch)
+    if not match:
+        return None
+    return _dt.datetime.strptime(match.group(1), _JOB_TIME).replace(tzinfo=_dt.timezone.utc)
+
+
+def job_of_branch(branch: str) -> str:
+    return branch[len(EPHEMERAL_PREFIX):]

@@ -1,0 +1,198 @@
+"""The part of a Quarry Spark write that runs inside executors: each task writes its rows
+as data files into the repository's storage namespace and stages their entries on the
+job's ephemeral branch through the BranchManager stubs (one PutObjects stream per task,
+batched; one channel per executor process).
+
+Idempotence under task retries and speculative execution:
+- the object PATH of a file depends only on (job, partition, file index), so every attempt
+  of a task stages the same paths: the last attempt's entry replaces an earlier one, never
+  adds a second;
+- the physical file KEY also names the stage and task attempt, so two attempts never write
+  the same file (a slower attempt cannot overwrite bytes another attempt's entry points to);
+- a file is written completely before its entry is staged, so no entry points at a partial
+  file. Files of attempts whose entries lost are unreferenced and left to `quarry gc`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import io
+import json
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import pyarrow as pa
+
+from quarry.spark.common import JOB_DATA_PREFIX, Connection, client_for
+
+FORMATS = {
+    # format: (file extension, content type)
+    "parquet": ("snappy.parquet", "application/vnd.apache.parquet"),
+    "csv": ("csv", "text/csv"),
+    "json": ("json", "application/x-ndjson"),
+}
+
+# One row per file a task wrote: what the driver collects to reconcile and report.
+RESULT_SCHEMA = pa.schema([
+    pa.field("path", pa.string(), nullable=False),
+    pa.field("physical_address", pa.string(), nullable=False),
+    pa.field("size_bytes", pa.int64(), nullable=False),
+    pa.field("rows", pa.int64(), nullable=False),
+    pa.field("partition", pa.int32(), nullable=False),
+])
+RESULT_DDL = "path string, physical_address string, size_bytes long, rows long, partition int"
+
+
+@dataclass(frozen=True)
+class WriteSpec:
+    """Everything a write task needs (pickled into the task closure)."""
+
+    connection: Connection
+    repository: str
+    branch: str  # the ephemeral branch
+    storage_namespace: str
+    prefix: str  # folder of the written files in the repository ("tables/t1/")
+    job_id: str
+    format: str = "parquet"
+    max_records_per_file: int = 0  # 0 = one file per task
+    trace_carrier: dict = field(default_factory=dict)
+    metadata: dict = field(default_factory=dict)  # added to every file's entry
+
+
+def object_path(spec: WriteSpec, partition: int, index: int) -> str:
+    extension = FORMATS[spec.format][0]
+    return f"{spec.prefix}part-{partition:05d}-{spec.job_id}-c{index:03d}.{extension}"
+
+
+def file_key(spec: WriteSpec, partition: int, index: int, task_attempt_id: int) -> str:
+    """`task_attempt_id` is unique per task attempt in the Spark application."""
+    extension = FORMATS[spec.format][0]
+    return (f"{JOB_DATA_PREFIX}{spec.job_id}/part-{partition:05d}-c{index:03d}"
+            f"-t{task_attempt_id}.{extension}")
+
+
+def encode_file(table: pa.Table, fmt: str) -> bytes:
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression="snappy")
+        return sink.getvalue().to_pybytes()
+    if fmt == "csv":
+        import pyarrow.csv as pcsv
+
+        sink = pa.BufferOutputStream()
+        pcsv.write_csv(table, sink)
+        return sink.getvalue().to_pybytes()
+    if fmt == "json":
+        out = io.StringIO()
+        for row in table.to_pylist():
+            out.write(json.dumps(row, default=_json_value, ensure_ascii=False))
+            out.write("\n")
+        return out.getvalue().encode()
+    raise ValueError(f"unsupported format {fmt!r}")
+
+
+def _json_value(value):
+    if isinstance(value, (_dt.datetime, _dt.date)):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        import base64
+
+        return base64.b64encode(value).decode()
+    return str(value)
+
+
+def _tables(batches: Iterator[pa.RecordBatch], max_rows: int) -> Iterator[pa.Table]:
+    """The task's rows as tables of at most `max_rows` rows (all of them when 0)."""
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        while batch.num_rows:
+            take = batch.num_rows if not max_rows else min(batch.num_rows, max_rows - count)
+            pending.append(batch.slice(0, take))
+            count += take
+            batch = batch.slice(take)
+            if max_rows and count >= max_rows:
+                yield pa.Table.from_batches(pending)
+                pending, count = [], 0
+    if count:
+        yield pa.Table.from_batches(pending)
+
+
+def write_task(spec: WriteSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function given to DataFrame.mapInArrow for a write."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition = context.partitionId()
+        with _task_span(spec, partition, context.attemptNumber()):
+            rows = _write_and_stage(spec, batches, partition, context.taskAttemptId())
+        if rows:
+            yield pa.RecordBatch.from_pylist(rows, schema=RESULT_SCHEMA)
+
+    return run
+
+
+def _write_and_stage(spec: WriteSpec, batches, partition: int,
+                     task_attempt_id: int) -> list[dict]:
+    from quarry.blob import open_blob_store
+    from quarry.client import make_entry
+
+    content_type = FORMATS[spec.format][1]
+    store = open_blob_store(spec.storage_namespace, spec.connection)
+    base = spec.storage_namespace.rstrip("/") + "/"
+    entries, rows = [], []
+    try:
+        for index, table in enumerate(_tables(batches, spec.max_records_per_file)):
+            data = encode_file(table, spec.format)
+            key = file_key(spec, partition, index, task_attempt_id)
+            store.put(key, data)
+            path = object_path(spec, partition, index)
+            metadata = {**spec.metadata, "quarry.spark.rows": str(table.num_rows)}
+            entries.append(make_entry(path, physical_address=base + key, size_bytes=len(data),
+                                      checksum=hashlib.sha256(data).hexdigest(),
+                                      mtime=_dt.datetime.now(_dt.timezone.utc),
+                                      content_type=content_type, metadata=metadata))
+            rows.append({"path": path, "physical_address": base + key,
+                         "size_bytes": len(data), "rows": table.num_rows,
+                         "partition": partition})
+    finally:
+        store.close()
+    if entries:
+        client_for(spec.connection).put_objects(spec.repository, spec.branch, entries)
+    return rows
+
+
+class _task_span:
+    """A span for the task, child of the driver's write span when the driver sent its trace
+    context; nothing at all when it did not."""
+
+    def __init__(self, spec: WriteSpec, partition: int, attempt: int):
+        self.spec, self.partition, self.attempt = spec, partition, attempt
+        self._scope = None
+
+    def __enter__(self):
+        if not self.spec.trace_carrier:
+            return None
+        from opentelemetry.propagate import extract
+
+        from quarry import telemetry
+
+        telemetry.enable_propagation("spark-executor")
+        parent = extract(self.spec.trace_carrier)
+        self._scope = telemetry.tracer("quarry.spark").start_as_current_span(
+            "quarry.spark.write_task", context=parent,
+            attributes={"quarry.repository": self.spec.repository,
+                        "quarry.spark.job": self.spec.job_id,
+                        "quarry.spark.partition": self.partition,
+                        "quarry.spark.attempt": self.attempt})
+        return self._scope.__enter__()
+
+    def __exit__(self, *exc):
+        if self._scope is not None:
+            return self._scope.__exit__(*exc)
+        return False

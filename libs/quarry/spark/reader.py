@@ -1,0 +1,169 @@
+"""Reading a ref from Spark.
+
+`entries(spark, "quarry://REPO/REF/PREFIX")` is a DataFrame of the entries at REF: the
+committed ones come straight from the range Parquet files of the ref's metarange (the
+driver makes one metarange lookup; executors read the ranges, no RPC per object), and when
+REF is a branch its uncommitted changes (from DiffUncommitted, one RPC per page of changes)
+are laid over them.
+
+`read(spark, "quarry://REPO/REF/PATH", format="parquet")` reads the data files of those
+entries with Spark's own reader: time travel by commit id, tag or `branch@`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+
+from quarry import errors
+from quarry.spark.common import Connection, parse_uri
+from quarry.v1 import types_pb2
+
+class NothingToRead(errors.NotFound):
+    reason = "NO_OBJECTS_UNDER_PATH"
+
+
+# The columns of an entries DataFrame: quarry.v1.Entry's fields.
+ENTRY_COLUMNS = ("path", "physical_address", "size_bytes", "checksum", "mtime",
+                 "content_type", "metadata")
+ENTRIES_DDL = ("path string, physical_address string, size_bytes long, checksum string, "
+               "mtime timestamp, content_type string, metadata map<string,string>")
+# How Spark reads a range file (identity is FIXED_LEN_BYTE_ARRAY(32): binary).
+RANGE_DDL = ENTRIES_DDL + ", identity binary"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a ref's entries are made of."""
+
+    storage_namespace: str
+    commit_id: str
+    metarange_id: str
+    changes: tuple  # uncommitted quarry.v1.Change under the prefix (branches only)
+
+
+def snapshot(client, repository: str, ref: str, prefix: str = "") -> Snapshot:
+    """The committed base and (for a branch) the uncommitted changes of `ref`. The branch
+    is read again after its changes: if a commit moved it meanwhile, the snapshot is taken
+    again, so base and changes always belong together."""
+    repo = client.get_repository(repository)
+    for _ in range(10):
+        try:
+            branch = client.get_branch(repository, ref)
+        except (errors.NotFound, errors.InvalidArgument):
+            branch = None  # a tag, a commit id, `branch@`, `~N`...
+        if branch is None:
+            commit = client.get_commit(repository, ref)
+            return Snapshot(repo.storage_namespace, commit.id, commit.metarange_id, ())
+        changes = tuple(client.iter_uncommitted(repository, ref, prefix=prefix))
+        again = client.get_branch(repository, ref)
+        if again.commit_id == branch.commit_id:
+            commit = client.get_commit(repository, branch.commit_id)
+            return Snapshot(repo.storage_namespace, commit.id, commit.metarange_id, changes)
+    raise errors.Aborted(f"branch {ref!r} kept moving while it was read")
+
+
+def range_ids_under(storage_namespace: str, metarange_id: str, prefix: str,
+                    connection: Connection) -> list[str]:
+    """The ranges of a metarange that can hold paths under `prefix` (by their bounds)."""
+    from quarry.blob import open_blob_store
+    from quarry.committed import format as rformat
+
+    if metarange_id in ("", rformat.EMPTY_METARANGE_ID):
+        return []
+    with open_blob_store(storage_namespace, connection) as store:
+        ranges = rformat.decode_metarange(store.get(rformat.metarange_key(metarange_id)))
+    return [r.id for r in ranges
+            if r.max_key >= prefix and (not prefix or r.min_key < prefix + "\U0010ffff")]
+
+
+def ranges_dataframe(spark, storage_namespace: str, range_ids: list[str],
+                     connection: Connection):
+    """Every row of the given range files (columns RANGE_DDL). A local namespace is read
+    by Spark's Parquet reader in place; other stores by executors through the object
+    store (range files are small Parquet files, read whole)."""
+    from quarry.blob import parse_storage_namespace
+    from quarry.committed import format as rformat
+
+    if not range_ids:
+        return spark.createDataFrame([], RANGE_DDL)
+    kind, root, _ = parse_storage_namespace(storage_namespace)
+    if kind == "local":
+        import os
+
+        paths = [os.path.join(root, rformat.range_key(rid)) for rid in range_ids]
+        return spark.read.schema(RANGE_DDL).parquet(*paths)
+    slices = max(1, min(len(range_ids), spark.sparkContext.defaultParallelism * 4))
+    ids = spark.createDataFrame([(rid,) for rid in range_ids], "range_id string")
+    return ids.repartition(slices).mapInArrow(_range_reader(storage_namespace, connection),
+                                              RANGE_DDL)
+
+
+def _range_reader(storage_namespace: str, connection: Connection):
+    def run(batches):
+        from quarry.blob import open_blob_store
+        from quarry.committed import format as rformat
+
+        with open_blob_store(storage_namespace, connection) as store:
+            for batch in batches:
+                for rid in batch.column(0).to_pylist():
+                    table = rformat.decode_range(store.get(rformat.range_key(rid)))
+                    yield from table.to_batches()
+
+    return run
+
+
+def entries(spark, uri: str, *, connection: Connection | None = None):
+    """A DataFrame (ENTRY_COLUMNS) of the entries under PATH at REF of
+    `quarry://REPO/REF/PATH`, with a branch's uncommitted changes."""
+    from pyspark.sql import functions as F
+
+    from quarry.client import Client
+
+    target = parse_uri(uri)
+    connection = Connection.resolve(spark, connection)
+    prefix = target.path  # a plain prefix, like ListObjects
+    with Client(connection.branch_manager, connection.committer,
+                timeout=connection.timeout) as client:
+        snap = snapshot(client, target.repository, target.ref, prefix)
+    range_ids = range_ids_under(snap.storage_namespace, snap.metarange_id, prefix, connection)
+    committed = ranges_dataframe(spark, snap.storage_namespace, range_ids, connection)
+    if prefix:
+        committed = committed.where(F.col("path").startswith(prefix))
+    committed = committed.select(*ENTRY_COLUMNS)
+    if not snap.changes:
+        return committed
+    touched = spark.createDataFrame([(c.path,) for c in snap.changes], "path string")
+    staged = spark.createDataFrame(
+        [_entry_row(c.entry) for c in snap.changes
+         if c.type != types_pb2.CHANGE_TYPE_REMOVED], ENTRIES_DDL)
+    return committed.join(F.broadcast(touched), "path", "left_anti").unionByName(staged)
+
+
+def _entry_row(entry: types_pb2.Entry) -> tuple:
+    mtime = (entry.mtime.ToDatetime(tzinfo=_dt.timezone.utc) if entry.HasField("mtime")
+             else _dt.datetime.fromtimestamp(0, _dt.timezone.utc))
+    return (entry.path, entry.physical_address, entry.size_bytes, entry.checksum, mtime,
+            entry.content_type, dict(entry.metadata))
+
+
+def spark_location(physical_address: str) -> str:
+    """Where Spark's readers find a physical address (s3:// is Hadoop's s3a://)."""
+    if physical_address.startswith("s3://"):
+        return "s3a://" + physical_address[len("s3://"):]
+    return physical_address
+
+
+def read(spark, uri: str, format: str = "parquet", *, connection: Connection | None = None,
+         **options):
+    """The data under PATH at REF of `quarry://REPO/REF/PATH`, read with Spark's `format`
+    reader (`options` are passed to it). PATH is a folder: its files are read."""
+    target = parse_uri(uri)
+    listing = entries(spark, f"quarry://{target.repository}/{target.ref}/{target.prefix}",
+                      connection=connection)
+    addresses = [row.physical_address for row in
+                 listing.select("physical_address").orderBy("path").collect()]
+    reader = spark.read.format(format).options(**options)
+    if not addresses:
+        raise NothingToRead(f"no objects under {uri}", metadata={"uri": uri})
+    return reader.load([spark_location(a) for a in addresses])

@@ -1,0 +1,208 @@
+"""`quarry.spark.write`: an all-or-nothing DataFrame write into a branch.
+
+    commit = quarry.spark.write(df, "quarry://lake/main/tables/events", mode="append",
+                                message="load 2026-11-26")
+
+The driver
+1. creates an ephemeral branch `_quarry-spark-<time>-<random>` at the target's HEAD;
+2. (overwrite) stages the removal of everything under PATH on it;
+3. runs one Spark job whose tasks write data files into the storage namespace and stage
+   their entries on the ephemeral branch (quarry.spark.executor);
+4. reconciles what is staged with what the successful task attempts reported (a failed
+   attempt may have staged a file its retry did not produce: that entry is discarded);
+5. commits the ephemeral branch and merges it into the target — the committer retries a
+   merge that lost a race by merging its previous result onto the new HEAD;
+6. deletes the ephemeral branch.
+
+Any failure (a task that fails for good, a cancelled job, a merge conflict) leaves the
+target exactly as it was: the ephemeral branch and its staged entries are dropped and the
+job's data files are deleted. If the driver dies, `sweep_ephemeral_branches` (run by
+`quarry gc`) drops the branch later and GC removes its files.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Mapping
+
+from quarry import errors, telemetry
+from quarry.spark.common import (JOB_DATA_PREFIX, Connection, QuarryUri, ephemeral_branch,
+                                 new_job_id, parse_uri)
+from quarry.spark.executor import FORMATS, RESULT_DDL, WriteSpec, write_task
+from quarry.v1 import types_pb2
+
+log = logging.getLogger("quarry.spark")
+
+MODES = ("append", "overwrite")
+
+
+class InvalidWriteOptions(errors.InvalidArgument):
+    reason = "INVALID_WRITE_OPTIONS"
+
+
+class WriteIncomplete(errors.Internal):
+    """A task reported a file whose entry is not staged: never expected; the write stops."""
+
+    reason = "SPARK_WRITE_INCOMPLETE"
+
+
+def write(df, uri: str, format: str = "parquet", mode: str = "append", message: str = "",
+          metadata: Mapping[str, str] | None = None, *, committer: str = "",
+          max_records_per_file: int = 0, connection: Connection | None = None
+          ) -> types_pb2.Commit:
+    """Write `df` under PATH of `quarry://REPO/BRANCH/PATH` in one commit on BRANCH and
+    return that commit (the merge commit on the target branch). With nothing to write in
+    append mode, nothing is committed and the branch's HEAD commit is returned."""
+    target = parse_uri(uri)
+    if format not in FORMATS:
+        raise InvalidWriteOptions(f"format {format!r} is not one of {', '.join(FORMATS)}")
+    if mode not in MODES:
+        raise InvalidWriteOptions(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    if max_records_per_file < 0:
+        raise InvalidWriteOptions("max_records_per_file may not be negative")
+    spark = df.sparkSession
+    connection = Connection.resolve(spark, connection)
+    from quarry.client import Client
+
+    with Client(connection.branch_manager, connection.committer,
+                timeout=connection.timeout) as client, \
+            telemetry.tracer("quarry.spark").start_as_current_span(
+                "quarry.spark.write", attributes={"quarry.repository": target.repository,
+                                                  "quarry.branch": target.ref,
+                                                  "quarry.path": target.path,
+                                                  "quarry.spark.mode": mode}) as span:
+        job = _Job(client, spark, connection, target, format, mode, message,
+                   dict(metadata or {}), committer, max_records_per_file)
+        span.set_attribute("quarry.spark.job", job.job_id)
+        return job.run(df)
+
+
+class _Job:
+    def __init__(self, client, spark, connection: Connection, target: QuarryUri, fmt: str,
+                 mode: str, message: str, metadata: dict, committer: str,
+                 max_records_per_file: int):
+        self.client, self.spark, self.connection, self.target = client, spark, connection, target
+        self.format, self.mode, self.committer = fmt, mode, committer
+        self.max_records_per_file = max_records_per_file
+        self.job_id = new_job_id()
+        self.branch = ephemeral_branch(self.job_id)
+        self.message = message or f"Spark {mode} of {target.prefix or '/'} ({fmt})"
+        self.metadata = {**metadata, "quarry.spark.job": self.job_id,
+                         "quarry.spark.mode": mode}
+        self.ephemeral_commit = ""
+        self.merge_attempted = False
+
+    def run(self, df) -> types_pb2.Commit:
+        repo = self.target.repository
+        repository = self.client.get_repository(repo)
+        self.storage_namespace = repository.storage_namespace
+        head = self.client.get_branch(repo, self.target.ref)
+        self.client.create_branch(repo, self.branch, head.commit_id)
+        try:
+            result = self._write_commit_merge(df, head)
+        except BaseException:
+            merged = self._merged() if self.merge_attempted else False
+            if merged:
+                # The merge landed but its answer was lost: the write succeeded.
+                log.warning("merge of %s landed although the call failed", self.branch)
+                self._delete_branch()
+                return self.client.get_commit(repo, self.target.ref)
+            self._delete_branch()
+            if merged is False:  # unknown (None): keep the files, GC decides later
+                self._delete_job_files()
+            raise
+        self._delete_branch()
+        return result
+
+    def _write_commit_merge(self, df, head: types_pb2.Branch) -> types_pb2.Commit:
+        repo, prefix = self.target.repository, self.target.prefix
+        removed = 0
+        if self.mode == "overwrite":
+            old = (e.path for e in self.client.iter_objects(repo, self.branch, prefix=prefix))
+            removed = self.client.delete_objects(repo, self.branch, old)
+        files = self._run_tasks(df)
+        self._reconcile(files)
+        if not files and not removed:
+            return self.client.get_commit(repo, head.commit_id)
+        rows = sum(f["rows"] for f in files)
+        metadata = {**self.metadata, "quarry.spark.files": str(len(files)),
+                    "quarry.spark.rows": str(rows)}
+        committed = self.client.commit(repo, self.branch, self.message,
+                                       committer=self.committer, metadata=metadata,
+                                       allow_empty=True)
+        self.ephemeral_commit = committed.commit.id
+        self.merge_attempted = True
+        merged = self.client.merge(repo, self.branch, self.target.ref, message=self.message,
+                                   committer=self.committer, metadata=metadata,
+                                   allow_empty=True)
+        return merged.commit
+
+    def _run_tasks(self, df) -> list[dict]:
+        from opentelemetry.propagate import inject
+
+        carrier: dict = {}
+        if telemetry.tracing_enabled():
+            inject(carrier)
+        spec = WriteSpec(self.connection, self.target.repository, self.branch,
+                         self.storage_namespace, self.target.prefix, self.job_id, self.format,
+                         self.max_records_per_file, carrier,
+                         {"quarry.spark.job": self.job_id})
+        context = self.spark.sparkContext
+        context.setJobDescription(f"quarry write {self.target} ({self.mode})")
+        try:
+            collected = df.mapInArrow(write_task(spec), RESULT_DDL).collect()
+        finally:
+            context.setJobDescription(None)
+        return [row.asDict() for row in collected]
+
+    def _reconcile(self, files: list[dict]) -> None:
+        """Make the staged files exactly the files of the successful attempts."""
+        repo = self.target.repository
+        reported = {f["path"] for f in files}
+        staged = set()
+        for change in self.client.iter_uncommitted(repo, self.branch,
+                                                   prefix=self.target.prefix):
+            if change.type != types_pb2.CHANGE_TYPE_REMOVED and self.job_id in change.path:
+                staged.add(change.path)
+        for path in sorted(staged - reported):
+            # Staged by an attempt whose retry wrote fewer files: not part of the result.
+            self.client.discard_changes(repo, self.branch, path=path)
+        missing = reported - staged
+        if missing:
+            raise WriteIncomplete(f"{len(missing)} written files are not staged, e.g. "
+                                  f"{sorted(missing)[0]!r}")
+
+    def _merged(self) -> bool | None:
+        """Whether the ephemeral commit is in the target's history; None if that cannot be
+        told (then nothing that might be referenced is deleted)."""
+        if not self.ephemeral_commit:
+            return False
+        try:
+            base = self.client.find_merge_base(self.target.repository, self.ephemeral_commit,
+                                               self.target.ref)
+            return base.id == self.ephemeral_commit
+        except errors.NotFound:
+            return False
+        except Exception:  # noqa: BLE001 - services unreachable: unknown
+            return None
+
+    def _delete_branch(self) -> None:
+        try:
+            self.client.delete_branch(self.target.repository, self.branch)
+        except errors.NotFound:
+            pass
+        except Exception as exc:  # noqa: BLE001 - a later sweep removes it
+            log.warning("could not delete ephemeral branch %s (a sweep will): %s",
+                        self.branch, exc)
+
+    def _delete_job_files(self) -> None:
+        """Remove the data files of this job. Only after the job failed: no retained commit
+        or staged entry refers to them (the ephemeral branch is gone)."""
+        from quarry.blob import open_blob_store
+
+        try:
+            with open_blob_store(self.storage_namespace, self.connection) as store:
+                for key, _size in list(store.list(f"{JOB_DATA_PREFIX}{self.job_id}/")):
+                    store.delete(key)
+        except Exception as exc:  # noqa: BLE001 - GC removes what is left
+            log.warning("could not delete the files of failed job %s: %s", self.job_id, exc)
