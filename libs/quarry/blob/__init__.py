@@ -9,12 +9,12 @@ import os
 import urllib.parse
 
 from quarry.blob.base import (BlobStore, InvalidObjectKey, InvalidStorageNamespace,
-                              ObjectNotFound, check_key)
+                              ObjectInfo, ObjectNotFound, check_key)
 from quarry.blob.counting import CountingBlobStore
 from quarry.blob.local import LocalBlobStore
 
 __all__ = ["BlobStore", "CountingBlobStore", "InvalidObjectKey", "InvalidStorageNamespace",
-           "LocalBlobStore", "ObjectNotFound", "S3BlobStore", "check_key", "open_blob_store",
+           "LocalBlobStore", "ObjectInfo", "ObjectNotFound", "S3BlobStore", "check_key", "open_blob_store",
            "parse_storage_namespace"]
 
 

@@ -7,7 +7,7 @@ namespace; a store instance is bound to one namespace (a local directory or an S
 from __future__ import annotations
 
 import abc
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from quarry import errors
 
@@ -34,6 +34,12 @@ def check_key(key: str) -> str:
         if part in ("", ".", ".."):
             raise InvalidObjectKey(f"invalid object key {key!r}")
     return key
+
+
+class ObjectInfo(NamedTuple):
+    key: str
+    size: int
+    modified: float  # last modification, seconds since the epoch
 
 
 class BlobStore(abc.ABC):
@@ -66,8 +72,8 @@ class BlobStore(abc.ABC):
         """Idempotent: deleting a missing object is not an error."""
 
     @abc.abstractmethod
-    def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
-        """(key, size) of every object whose key starts with `prefix`, in key order."""
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose key starts with `prefix`, in key order."""
 
     @property
     def is_local(self) -> bool:

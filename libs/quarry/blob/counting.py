@@ -6,7 +6,7 @@ import threading
 from collections import Counter
 from typing import Iterator
 
-from quarry.blob.base import BlobStore
+from quarry.blob.base import BlobStore, ObjectInfo
 
 KINDS = ("get", "put", "exists", "delete", "list", "local_path")
 
@@ -94,7 +94,7 @@ class CountingBlobStore(BlobStore):
         self._count("delete")
         self.inner.delete(key)
 
-    def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         self._count("list")
         return self.inner.list(prefix)
 

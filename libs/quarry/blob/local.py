@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import uuid
 from typing import Iterator
 
-from quarry.blob.base import BlobStore, ObjectNotFound, check_key
+from quarry.blob.base import BlobStore, ObjectInfo, ObjectNotFound, check_key
 
 # Temporary files live next to their target (same filesystem, so os.replace/os.link are
 # atomic) and are never listed.
@@ -154,11 +154,11 @@ class LocalBlobStore(BlobStore):
     def delete(self, key: str) -> None:
         _unlink(self._path(key))
 
-    def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         # Walk only the deepest directory the prefix fully names.
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         start = os.path.join(self.root, *base.split("/")) if base else self.root
-        found: list[tuple[str, int]] = []
+        found: list[ObjectInfo] = []
         for dirpath, dirnames, filenames in os.walk(start):
             rel_dir = os.path.relpath(dirpath, self.root)
             rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
@@ -171,10 +171,10 @@ class LocalBlobStore(BlobStore):
                 key = rel_dir + name
                 if key.startswith(prefix):
                     try:
-                        size = os.stat(os.path.join(dirpath, name)).st_size
+                        stat = os.stat(os.path.join(dirpath, name))
                     except FileNotFoundError:
                         continue
-                    found.append((key, size))
+                    found.append(ObjectInfo(key, stat.st_size, stat.st_mtime))
         found.sort()
         return iter(found)
 

@@ -14,7 +14,7 @@ import time
 from typing import Any, Iterator
 
 from quarry import errors
-from quarry.blob.base import BlobStore, ObjectNotFound, check_key
+from quarry.blob.base import BlobStore, ObjectInfo, ObjectNotFound, check_key
 
 log = logging.getLogger(__name__)
 
@@ -141,14 +141,15 @@ class S3BlobStore(BlobStore):
                 return
             raise _unavailable(exc) from exc
 
-    def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         from botocore.exceptions import ClientError
 
         paginator = self._client.get_paginator("list_objects_v2")
         try:
             for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
                 for item in page.get("Contents", ()):
-                    yield item["Key"][len(self.prefix):], int(item["Size"])
+                    yield ObjectInfo(item["Key"][len(self.prefix):], int(item["Size"]),
+                                     item["LastModified"].timestamp())
         except ClientError as exc:
             raise _unavailable(exc) from exc
 

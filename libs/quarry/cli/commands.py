@@ -619,6 +619,81 @@ def stats(args, ctx):
                        else None, empty="never"))])
 
 
+# ---- garbage collection ------------------------------------------------------------------
+
+def _days(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("days may not be negative")
+    return value
+
+
+def _branch_days(text: str) -> tuple[str, float]:
+    branch, value = key_value(text)
+    return branch, _days(value)
+
+
+def _gc_rules(args):
+    from quarry.retention import RetentionRules
+
+    rules = RetentionRules()
+    if args.rules:
+        with open(args.rules, encoding="utf-8") as fh:
+            rules = RetentionRules.from_json(fh.read())
+    return RetentionRules(
+        args.retention_days if args.retention_days is not None else rules.default_retention_days,
+        {**rules.branch_retention_days, **dict(args.branch_retention or [])})
+
+
+@command
+def gc(args, ctx):
+    import datetime as dt
+
+    rules = _gc_rules(args)
+    now = None
+    if args.now:
+        try:
+            now = dt.datetime.fromisoformat(args.now)
+        except ValueError:
+            raise CliError("INVALID_ARGUMENT", f"--now: not an ISO time: {args.now!r}") from None
+        now = now if now.tzinfo else now.replace(tzinfo=dt.timezone.utc)
+    try:
+        from quarry.spark.gc import collect_garbage
+        from quarry.spark.session import local_session
+    except ImportError as exc:
+        raise CliError("SPARK_NOT_INSTALLED", f"quarry gc needs PySpark ({exc}); install "
+                                              f"quarry[spark]") from None
+    from quarry.spark.common import Connection
+
+    connection = Connection.from_settings(ctx.settings)
+    spark = local_session(args.master, "quarry-gc")
+    report = collect_garbage(spark, args.repo, rules=rules, sweep=args.sweep, now=now,
+                             grace=dt.timedelta(hours=args.grace_hours),
+                             ephemeral_ttl=dt.timedelta(hours=args.ephemeral_ttl_hours),
+                             connection=connection)
+    if ctx.json:
+        output.print_json(report.to_dict())
+        return
+    output.fields([("repository", report.repository),
+                   ("mode", "sweep" if report.sweep else "dry run (nothing deleted)"),
+                   ("commits", f"{report.commits_retained} retained, "
+                               f"{report.commits_expired} expired"),
+                   ("stale Spark branches", ", ".join(report.ephemeral_branches) or "none"),
+                   ("objects scanned", f"{report.objects_scanned} ({report.objects_in_grace} "
+                                       f"younger than the grace period)"),
+                   ("report", f"{report.storage_namespace.rstrip('/')}/{report.report_key}")])
+    output.table(["KIND", "COLLECTABLE", "BYTES"],
+                 [(kind, part.count, part.bytes) for kind, part in report.collectable.items()],
+                 right=(1, 2))
+    if report.sweep:
+        print(f"Deleted {report.deleted} objects.")
+    elif report.collectable_count:
+        print(f"Run again with --sweep to delete these {report.collectable_count} objects.")
+
+
 # ---- the parser ------------------------------------------------------------------------
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -797,6 +872,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("branch", metavar="BRANCH")
     p.add_argument("--compactor-sensor", metavar="HOST:PORT",
                    help="compactor-sensor address (default: QUARRY_COMPACTOR_SENSOR_ADDRESS)")
+
+    p = leaf(sub, "gc", gc, "garbage-collect a repository's storage namespace (a Spark job): "
+                            "expired commits' data, orphaned ranges and metaranges, stale "
+                            "Spark branches; a dry run unless --sweep")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("--sweep", action="store_true", help="delete (default: only report)")
+    p.add_argument("--rules", metavar="FILE", help="retention rules, lakeFS's JSON format "
+                   "({\"default_retention_days\": 21, \"branches\": [{\"branch_id\": ..., "
+                   "\"retention_days\": ...}]})")
+    p.add_argument("--retention-days", type=_days, metavar="DAYS",
+                   help="keep commits this recent (default: 21, or the rules file's)")
+    p.add_argument("--branch-retention", action="append", type=_branch_days,
+                   metavar="BRANCH=DAYS", help="a branch's own retention (repeatable)")
+    p.add_argument("--grace-hours", type=float, default=6.0, metavar="H",
+                   help="never delete objects younger than this (default: 6)")
+    p.add_argument("--ephemeral-ttl-hours", type=float, default=24.0, metavar="H",
+                   help="Spark write branches older than this are stale (default: 24)")
+    p.add_argument("--now", metavar="ISO_TIME",
+                   help="measure retention from this time instead of now")
+    p.add_argument("--master", default="local[*]", metavar="URL",
+                   help="Spark master (default: local[*])")
 
 
 __all__ = ["register", "command", "CliError", "Context"]

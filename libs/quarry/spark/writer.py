@@ -202,7 +202,7 @@ class _Job:
 
         try:
             with open_blob_store(self.storage_namespace, self.connection) as store:
-                for key, _size in list(store.list(f"{JOB_DATA_PREFIX}{self.job_id}/")):
+                for key, *_ in list(store.list(f"{JOB_DATA_PREFIX}{self.job_id}/")):
                     store.delete(key)
         except Exception as exc:  # noqa: BLE001 - GC removes what is left
             log.warning("could not delete the files of failed job %s: %s", self.job_id, exc)

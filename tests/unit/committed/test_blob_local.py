@@ -50,11 +50,11 @@ def test_list_by_prefix_skips_temporaries(tmp_path):
                 "_quarry/metaranges/m.parquet", "_quarry/rangesX", "top"):
         store.put(key, key.encode())
     (tmp_path / "_quarry" / "ranges" / ".quarry-tmp-leftover").write_bytes(b"x")
-    assert [k for k, _ in store.list("_quarry/ranges/")] == [
+    assert [k for k, *_ in store.list("_quarry/ranges/")] == [
         "_quarry/ranges/a.parquet", "_quarry/ranges/b.parquet"]
-    assert [k for k, _ in store.list("_quarry/ranges")] == [
+    assert [k for k, *_ in store.list("_quarry/ranges")] == [
         "_quarry/ranges/a.parquet", "_quarry/ranges/b.parquet", "_quarry/rangesX"]
-    assert dict(store.list(""))["top"] == 3
+    assert {o.key: o.size for o in store.list("")}["top"] == 3
     assert len(list(store.list(""))) == 5
     assert list(store.list("nothing/")) == []
 
@@ -83,7 +83,7 @@ def test_if_absent_has_exactly_one_winner(tmp_path):
         t.join()
     assert results.count(True) == 1
     assert store.get("race/key").startswith(b"writer ")
-    assert [k for k, _ in store.list("race/")] == ["race/key"]  # no temp files left
+    assert [k for k, *_ in store.list("race/")] == ["race/key"]  # no temp files left
 
 
 def test_open_blob_store_by_namespace(tmp_path):

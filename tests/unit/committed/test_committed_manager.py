@@ -292,12 +292,12 @@ def test_existing_files_are_not_rewritten(new_manager, namespace, make_entry, st
     entries = [make_entry(f"p{i:03d}") for i in range(100)]
     first = manager.write_metarange(namespace, entries)
     mtimes = {k: os.stat(os.path.join(namespace, k)).st_mtime_ns
-              for k, _ in stores(namespace).list("_quarry/")}
+              for k, *_ in stores(namespace).list("_quarry/")}
     manager.reset_stats()
     again = new_manager(target_range_entries=4).write_metarange(namespace, entries)
     assert again.metarange_id == first.metarange_id
     assert {k: os.stat(os.path.join(namespace, k)).st_mtime_ns
-            for k, _ in stores(namespace).list("_quarry/")} == mtimes
+            for k, *_ in stores(namespace).list("_quarry/")} == mtimes
 
 
 # ---- costs ----------------------------------------------------------------------------------

@@ -1,0 +1,110 @@
+"""Garbage-collection retention: which commits a repository keeps, and which objects of its
+storage namespace GC may consider. Pure functions (no gRPC, no Spark): quarry.spark.gc runs
+them on the driver.
+
+Rules follow lakeFS: a default number of days and per-branch overrides. A commit is kept
+when it is a branch HEAD, is tagged, or is reachable from a branch whose retention window
+(now - days) it falls into. Everything else is expired: its data may be collected unless a
+kept commit or a staged entry also refers to it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from quarry import errors
+from quarry.committed.format import METARANGES_PREFIX, RANGES_PREFIX
+
+DEFAULT_RETENTION_DAYS = 21.0
+INTERNAL_PREFIX = "_quarry/"
+
+
+class InvalidRetentionRules(errors.InvalidArgument):
+    reason = "INVALID_RETENTION_RULES"
+
+
+@dataclass(frozen=True)
+class RetentionRules:
+    default_retention_days: float = DEFAULT_RETENTION_DAYS
+    branch_retention_days: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        days = [self.default_retention_days, *self.branch_retention_days.values()]
+        if any(not isinstance(d, (int, float)) or d < 0 for d in days):
+            raise InvalidRetentionRules("retention days must be numbers >= 0")
+
+    def days_for(self, branch: str) -> float:
+        return self.branch_retention_days.get(branch, self.default_retention_days)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RetentionRules":
+        """lakeFS's format: {"default_retention_days": 21,
+        "branches": [{"branch_id": "main", "retention_days": 28}]}."""
+        try:
+            doc = json.loads(text)
+            branches = {b["branch_id"]: float(b["retention_days"])
+                        for b in doc.get("branches", [])}
+            return cls(float(doc.get("default_retention_days", DEFAULT_RETENTION_DAYS)),
+                       branches)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise InvalidRetentionRules(f"invalid retention rules: {exc}") from None
+
+    def to_json(self) -> str:
+        return json.dumps({"default_retention_days": self.default_retention_days,
+                           "branches": [{"branch_id": b, "retention_days": d}
+                                        for b, d in sorted(self.branch_retention_days.items())]})
+
+
+@dataclass(frozen=True)
+class CommitNode:
+    id: str
+    parents: tuple[str, ...]
+    creation_time: _dt.datetime  # aware (UTC)
+    generation: int
+    metarange_id: str
+
+
+def retained_commits(commits: Mapping[str, CommitNode], heads: Mapping[str, str],
+                     tagged: Iterable[str], rules: RetentionRules,
+                     now: _dt.datetime) -> set[str]:
+    """Ids of the commits to keep. `commits` must hold every commit reachable from `heads`.
+
+    A commit is kept if its creation time is within the window of at least one branch it
+    is reachable from, i.e. not older than the EARLIEST cutoff among those branches. That
+    earliest cutoff is propagated from the heads down to the parents in one pass over the
+    commits by decreasing generation (a parent's generation is always lower)."""
+    cutoff: dict[str, _dt.datetime] = {}
+    kept = set(heads.values()) | set(tagged)
+    for branch, head in heads.items():
+        window = now - _dt.timedelta(days=rules.days_for(branch))
+        if head not in cutoff or window < cutoff[head]:
+            cutoff[head] = window
+    for node in sorted(commits.values(), key=lambda n: n.generation, reverse=True):
+        limit = cutoff.get(node.id)
+        if limit is None:
+            continue  # not reachable from any branch
+        if node.creation_time >= limit:
+            kept.add(node.id)
+        for parent in node.parents:
+            if parent not in cutoff or limit < cutoff[parent]:
+                cutoff[parent] = limit
+    return kept
+
+
+@dataclass(frozen=True)
+class Classified:
+    kind: str  # "range", "metarange", "data" or "internal" (never collected)
+    id: str = ""  # the range or metarange id
+
+
+def classify(key: str) -> Classified:
+    """What an object of the storage namespace is, from its key."""
+    for prefix, kind in ((RANGES_PREFIX, "range"), (METARANGES_PREFIX, "metarange")):
+        if key.startswith(prefix) and key.endswith(".parquet") and "/" not in key[len(prefix):]:
+            return Classified(kind, key[len(prefix):-len(".parquet")])
+    if key.startswith(INTERNAL_PREFIX):
+        return Classified("internal")
+    return Classified("data")

@@ -1,0 +1,303 @@
+"""Garbage collection of a repository's storage namespace, as a Spark job (`quarry gc`).
+
+1. Stale ephemeral branches of Spark writes (older than the TTL) are dropped (dry run: only
+   reported, and treated as gone).
+2. Staged entries of every branch are read FIRST, branch heads and tags AFTER: a commit
+   landing in between moves entries from staging into a commit that the later head read
+   sees, so no entry escapes both reads.
+3. Commits to keep: quarry.retention.retained_commits (heads, tags, per-branch windows).
+4. Referenced: the metaranges of kept commits and of compacted branches, their ranges, and
+   (in Spark, read straight from the range files) every physical address in those ranges,
+   plus every staged address.
+5. Collectable: objects of the namespace that nothing referenced names — data files,
+   ranges, metaranges (orphans of lost races, dry runs and old compactions included) —
+   and that are older than the grace period (objects of writes, commits and merges in
+   flight are younger). `_quarry/` files other than ranges and metaranges are never
+   touched.
+6. A report goes to `_quarry/gc/reports/<run>.json`; with `sweep` the objects are deleted by
+   executors (metaranges, then ranges, then data files).
+
+Not protected: an object that was unreferenced when GC read the references and is staged
+again by a client before the sweep ends (lakeFS has the same window); run GC with a grace
+period longer than any such re-use.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import secrets
+from dataclasses import asdict, dataclass, field
+
+from quarry import errors, telemetry
+from quarry.retention import (CommitNode, RetentionRules, classify, retained_commits)
+from quarry.spark.common import Connection
+from quarry.spark.reader import ranges_dataframe
+from quarry.spark.sweep import DEFAULT_EPHEMERAL_TTL, stale_ephemeral_branches
+from quarry.v1 import types_pb2
+
+DEFAULT_GRACE = _dt.timedelta(hours=6)
+REPORTS_PREFIX = "_quarry/gc/reports/"
+SAMPLE_KEYS = 1000
+KINDS = ("metarange", "range", "data")
+
+
+class GarbageCollectionUnsafe(errors.FailedPrecondition):
+    """A referenced range or metarange is missing: the references cannot be trusted, so
+    nothing is deleted."""
+
+    reason = "GC_REFERENCES_INCOMPLETE"
+
+
+@dataclass
+class KindReport:
+    count: int = 0
+    bytes: int = 0
+    sample: list = field(default_factory=list)
+
+    def add(self, key: str, size: int) -> None:
+        self.count += 1
+        self.bytes += size
+        if len(self.sample) < SAMPLE_KEYS:
+            self.sample.append(key)
+
+
+@dataclass
+class GCReport:
+    run_id: str
+    repository: str
+    storage_namespace: str
+    started_at: str
+    policy_time: str
+    sweep: bool
+    rules: dict
+    grace_seconds: float
+    commits_scanned: int = 0
+    commits_retained: int = 0
+    commits_expired: int = 0
+    ephemeral_branches: list = field(default_factory=list)
+    objects_scanned: int = 0
+    objects_in_grace: int = 0
+    referenced_ranges: int = 0
+    referenced_metaranges: int = 0
+    collectable: dict = field(default_factory=lambda: {k: KindReport() for k in KINDS})
+    deleted: int = 0
+    report_key: str = ""
+
+    @property
+    def collectable_count(self) -> int:
+        return sum(k.count for k in self.collectable.values())
+
+    def to_dict(self) -> dict:
+        doc = asdict(self)
+        doc["collectable"] = {k: asdict(v) for k, v in self.collectable.items()}
+        return doc
+
+
+def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = None,
+                    sweep: bool = False, now: _dt.datetime | None = None,
+                    grace: _dt.timedelta = DEFAULT_GRACE,
+                    ephemeral_ttl: _dt.timedelta = DEFAULT_EPHEMERAL_TTL,
+                    connection: Connection | None = None) -> GCReport:
+    """Find (and with `sweep`, delete) what no retained commit or staged entry references.
+    `now` is the policy time retention is measured from (default: the real time); the
+    grace period is always measured from the real time."""
+    from quarry.blob import open_blob_store
+    from quarry.client import Client
+
+    rules = rules or RetentionRules()
+    connection = Connection.resolve(spark, connection)
+    started = _dt.datetime.now(_dt.timezone.utc)
+    policy_time = now or started
+    with Client(connection.branch_manager, connection.committer,
+                timeout=connection.timeout) as client, \
+            telemetry.tracer("quarry.spark").start_as_current_span(
+                "quarry.gc", attributes={"quarry.repository": repository,
+                                         "quarry.gc.sweep": sweep}):
+        repo = client.get_repository(repository)
+        report = GCReport(run_id=f"{started.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}",
+                          repository=repository, storage_namespace=repo.storage_namespace,
+                          started_at=started.isoformat(), policy_time=policy_time.isoformat(),
+                          sweep=sweep, rules=json.loads(rules.to_json()),
+                          grace_seconds=grace.total_seconds())
+        stale = stale_ephemeral_branches(client, repository, ephemeral_ttl, policy_time)
+        report.ephemeral_branches = stale
+        if sweep:
+            for name in stale:
+                try:
+                    client.delete_branch(repository, name)
+                except errors.NotFound:
+                    pass
+        references = _References(client, repository, set(stale))
+        references.read_staging()
+        references.read_heads_and_commits()
+        kept = retained_commits(references.commits, references.heads, references.tagged,
+                                rules, policy_time)
+        report.commits_scanned = len(references.commits)
+        report.commits_retained = len(kept & set(references.commits))
+        report.commits_expired = report.commits_scanned - report.commits_retained
+        metaranges = {references.commits[c].metarange_id for c in kept
+                      if c in references.commits} | references.compacted
+        with open_blob_store(repo.storage_namespace, connection) as store:
+            range_ids = _ranges_of(store, metaranges)
+            report.referenced_metaranges, report.referenced_ranges = len(metaranges), len(range_ids)
+            candidates = _candidates(store, started - grace, report)
+        data_keys = [c for c in candidates if c[2] == "data"]
+        orphan_data = _unreferenced_data_keys(spark, repo.storage_namespace, sorted(range_ids),
+                                              references.staged_addresses, data_keys,
+                                              connection)
+        doomed: dict[str, list[str]] = {k: [] for k in KINDS}
+        for key, size, kind, ident in sorted(candidates):
+            if ((kind == "metarange" and ident not in metaranges)
+                    or (kind == "range" and ident not in range_ids)
+                    or (kind == "data" and key in orphan_data)):
+                report.collectable[kind].add(key, size)
+                doomed[kind].append(key)
+        if sweep:
+            for kind in KINDS:  # metaranges before the ranges they list, data last
+                report.deleted += _delete(spark, repo.storage_namespace, doomed[kind],
+                                          connection)
+        report.report_key = f"{REPORTS_PREFIX}{report.run_id}.json"
+        with open_blob_store(repo.storage_namespace, connection) as store:
+            store.put(report.report_key, json.dumps(report.to_dict(), indent=2).encode())
+        return report
+
+
+class _References:
+    """What a repository's branches and tags refer to, read in the safe order."""
+
+    def __init__(self, client, repository: str, ignored_branches: set[str]):
+        self.client, self.repository, self.ignored = client, repository, ignored_branches
+        self.staged_addresses: set[str] = set()
+        self.compacted: set[str] = set()
+        self.heads: dict[str, str] = {}
+        self.tagged: set[str] = set()
+        self.commits: dict[str, CommitNode] = {}
+
+    def read_staging(self) -> None:
+        for branch in self.client.iter_branches(self.repository):
+            if branch.name in self.ignored:
+                continue
+            if branch.compacted_metarange_id:
+                self.compacted.add(branch.compacted_metarange_id)
+            try:
+                for change in self.client.iter_uncommitted(self.repository, branch.name):
+                    if change.type != types_pb2.CHANGE_TYPE_REMOVED:
+                        self.staged_addresses.add(change.entry.physical_address)
+            except errors.NotFound:
+                continue  # deleted meanwhile: its staged entries went with it
+
+    def read_heads_and_commits(self) -> None:
+        for branch in self.client.iter_branches(self.repository):
+            if branch.name not in self.ignored:
+                self.heads[branch.name] = branch.commit_id
+                if branch.compacted_metarange_id:
+                    self.compacted.add(branch.compacted_metarange_id)
+        self.tagged = {tag.commit_id for tag in self.client.iter_tags(self.repository)}
+        for start in [*self.heads.values(), *sorted(self.tagged)]:
+            if start in self.commits:
+                continue  # its whole history was walked already
+            for commit in self.client.iter_log(self.repository, start):
+                if commit.id in self.commits:
+                    continue
+                self.commits[commit.id] = CommitNode(
+                    commit.id, tuple(commit.parents),
+                    commit.creation_time.ToDatetime(tzinfo=_dt.timezone.utc),
+                    commit.generation, commit.metarange_id)
+
+
+def _ranges_of(store, metarange_ids: set[str]) -> set[str]:
+    from quarry.blob import ObjectNotFound
+    from quarry.committed import format as rformat
+
+    range_ids: set[str] = set()
+    for metarange_id in metarange_ids:
+        if metarange_id == rformat.EMPTY_METARANGE_ID:
+            continue
+        try:
+            ranges = rformat.decode_metarange(store.get(rformat.metarange_key(metarange_id)))
+        except ObjectNotFound:
+            raise GarbageCollectionUnsafe(
+                f"metarange {metarange_id} of a retained commit is missing; nothing deleted",
+                metadata={"metarange_id": metarange_id}) from None
+        range_ids.update(r.id for r in ranges)
+    missing = [rid for rid in range_ids if not store.exists(rformat.range_key(rid))]
+    if missing:
+        raise GarbageCollectionUnsafe(
+            f"{len(missing)} ranges of retained commits are missing (e.g. {missing[0]}); "
+            f"nothing deleted", metadata={"range_id": missing[0]})
+    return range_ids
+
+
+def _candidates(store, older_than: _dt.datetime, report: GCReport) -> list[tuple]:
+    """(key, size, kind, id) of every object GC may consider, i.e. not internal and older
+    than the grace period."""
+    limit = older_than.timestamp()
+    found = []
+    for info in store.list(""):
+        report.objects_scanned += 1
+        what = classify(info.key)
+        if what.kind == "internal":
+            continue
+        if info.modified >= limit:
+            report.objects_in_grace += 1
+            continue
+        found.append((info.key, info.size, what.kind, what.id))
+    return found
+
+
+def _unreferenced_data_keys(spark, storage_namespace: str, range_ids: list[str],
+                            staged_addresses: set[str], data_candidates: list[tuple],
+                            connection: Connection) -> set[str]:
+    """The candidate data keys that no retained range and no staged entry refers to: the
+    addresses are read from the range files in Spark and anti-joined with the candidates
+    there (addresses name a key in the namespace's notation; local namespaces also in the
+    file:// form)."""
+    from pyspark.sql import functions as F
+
+    from quarry.blob import parse_storage_namespace
+
+    if not data_candidates:
+        return set()
+    kind, root, prefix = parse_storage_namespace(storage_namespace)
+    if kind == "local":
+        bases = [root.rstrip("/") + "/", "file://" + root.rstrip("/") + "/",
+                 "file://localhost" + root.rstrip("/") + "/"]
+    else:
+        bases = [f"s3://{root}/{prefix + '/' if prefix else ''}"]
+    addresses = ranges_dataframe(spark, storage_namespace, range_ids, connection) \
+        .select("physical_address")
+    if staged_addresses:
+        addresses = addresses.unionByName(spark.createDataFrame(
+            [(a,) for a in sorted(staged_addresses)], "physical_address string"))
+    keys = None
+    for base in bases:
+        column = F.when(F.col("physical_address").startswith(base),
+                        F.col("physical_address").substr(len(base) + 1, 1 << 30))
+        keys = column if keys is None else F.coalesce(keys, column)
+    referenced = addresses.select(keys.alias("key")).where(F.col("key").isNotNull()).distinct()
+    candidates = spark.createDataFrame([(c[0],) for c in data_candidates], "key string")
+    orphans = candidates.join(referenced, "key", "left_anti").collect()
+    return {row.key for row in orphans}
+
+
+def _delete(spark, storage_namespace: str, keys: list[str], connection: Connection) -> int:
+    """Delete `keys` from the namespace in executors; returns how many."""
+    if not keys:
+        return 0
+    slices = max(1, min(len(keys) // 1000 + 1, spark.sparkContext.defaultParallelism * 4))
+
+    def delete_partition(rows):
+        from quarry.blob import open_blob_store
+
+        with open_blob_store(storage_namespace, connection) as store:
+            for row in rows:
+                store.delete(row.key)
+
+    frame = spark.createDataFrame([(k,) for k in keys], "key string").repartition(slices)
+    spark.sparkContext.setJobDescription(f"quarry gc: delete {len(keys)} objects")
+    try:
+        frame.foreachPartition(delete_partition)
+    finally:
+        spark.sparkContext.setJobDescription(None)
+    return len(keys)
