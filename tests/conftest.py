@@ -108,3 +108,15 @@ def s3_bucket(moto_endpoint, monkeypatch) -> str:
     name = f"quarry-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for every Spark test (it takes seconds to start). Two cores;
+    a task may be attempted 3 times, so retry behaviour is real."""
+    from quarry.spark.session import local_session
+
+    session = local_session("local[2,3]", "quarry-tests")
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -10,7 +10,9 @@ Idempotence under task retries and speculative execution:
 - the physical file KEY also names the stage and task attempt, so two attempts never write
   the same file (a slower attempt cannot overwrite bytes another attempt's entry points to);
 - a file is written completely before its entry is staged, so no entry points at a partial
-  file. Files of attempts whose entries lost are unreferenced and left to `quarry gc`.
+  file. Files of attempts whose entries lost are unreferenced and left to `quarry gc`;
+- an attempt that failed may have staged files its retry does not write (different rows on
+  a retry): the driver discards staged paths that no successful attempt reported.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ class WriteSpec:
     max_records_per_file: int = 0  # 0 = one file per task
     trace_carrier: dict = field(default_factory=dict)
     metadata: dict = field(default_factory=dict)  # added to every file's entry
+    # Entries are staged as files are written, this many per PutObjects stream, so a task
+    # writing many files holds few entries and its progress is visible on the branch.
+    stage_batch_files: int = 100
 
 
 def object_path(spec: WriteSpec, partition: int, index: int) -> str:
@@ -145,6 +150,7 @@ def _write_and_stage(spec: WriteSpec, batches, partition: int,
     content_type = FORMATS[spec.format][1]
     store = open_blob_store(spec.storage_namespace, spec.connection)
     base = spec.storage_namespace.rstrip("/") + "/"
+    client = client_for(spec.connection)
     entries, rows = [], []
     try:
         for index, table in enumerate(_tables(batches, spec.max_records_per_file)):
@@ -160,10 +166,13 @@ def _write_and_stage(spec: WriteSpec, batches, partition: int,
             rows.append({"path": path, "physical_address": base + key,
                          "size_bytes": len(data), "rows": table.num_rows,
                          "partition": partition})
+            if len(entries) >= spec.stage_batch_files:
+                client.put_objects(spec.repository, spec.branch, entries)
+                entries = []
     finally:
         store.close()
     if entries:
-        client_for(spec.connection).put_objects(spec.repository, spec.branch, entries)
+        client.put_objects(spec.repository, spec.branch, entries)
     return rows
 
 

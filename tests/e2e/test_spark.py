@@ -1,0 +1,414 @@
+"""quarry.spark against a real local[2] Spark session and the services on loopback: the
+executors are separate Python processes that reach branch-manager over gRPC, write real
+Parquet files into the storage namespace, and the driver commits and merges.
+
+Covered: append, overwrite, a failing task, retried tasks that staged before failing, a
+merge conflict, concurrent jobs on one branch, reads by branch / commit / tag / `branch@`
+with uncommitted changes, bad input, the ephemeral-branch sweep, trace propagation into
+the executors' calls."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+
+import quarry.spark as qs
+from quarry import errors
+from quarry.spark.common import EPHEMERAL_PREFIX, JOB_DATA_PREFIX
+from quarry.v1 import types_pb2
+from support.suite import running_suite
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    with running_suite(tmp_path_factory.mktemp("spark-suite")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(suite):
+    with suite.client() as c:
+        yield c
+
+
+@pytest.fixture
+def conn(suite):
+    return qs.Connection(suite.targets["branch-manager"], suite.targets["committer"])
+
+
+@pytest.fixture
+def repo(suite, client):
+    name = f"sp-{uuid.uuid4().hex[:10]}"
+    client.create_repository(name, suite.namespace(name))
+    return name
+
+
+def numbers(spark, start: int, stop: int, partitions: int = 4):
+    return spark.range(start, stop, numPartitions=partitions).selectExpr(
+        "id", "id * 2 as doubled", "concat('row-', cast(id as string)) as label")
+
+
+def ids(frame) -> list[int]:
+    return sorted(row.id for row in frame.select("id").collect())
+
+
+def paths(client, repo: str, ref: str, prefix: str = "") -> list[str]:
+    return [e.path for e in client.iter_objects(repo, ref, prefix=prefix)]
+
+
+def namespace_keys(suite, repo: str, prefix: str) -> list[str]:
+    from quarry.blob import open_blob_store
+
+    with open_blob_store(suite.namespace(repo)) as store:
+        return [o.key for o in store.list(prefix)]
+
+
+def stray_job_files(suite, client, repo: str) -> set[str]:
+    """Data files of Spark jobs that did not land on main."""
+    landed = {c.metadata.get("quarry.spark.job") for c in client.iter_log(repo, "main")}
+    return {key for key in namespace_keys(suite, repo, JOB_DATA_PREFIX)
+            if key.split("/")[2] not in landed}
+
+
+def no_ephemeral_branches(client, repo: str) -> bool:
+    return not [b.name for b in client.iter_branches(repo)
+                if b.name.startswith(EPHEMERAL_PREFIX)]
+
+
+# ---- writes ---------------------------------------------------------------------------
+
+def test_append_is_one_commit_on_the_target_and_reads_back(spark, suite, client, conn, repo):
+    before = client.get_branch(repo, "main").commit_id
+    commit = qs.write(numbers(spark, 0, 1000), f"quarry://{repo}/main/tables/numbers",
+                      message="load numbers", metadata={"source": "test"}, connection=conn)
+
+    head = client.get_branch(repo, "main")
+    assert head.commit_id == commit.id and commit.parents[0] == before
+    assert commit.message == "load numbers"
+    assert commit.metadata["source"] == "test"
+    assert commit.metadata["quarry.spark.rows"] == "1000"
+    assert commit.metadata["quarry.spark.files"] == "4"
+    files = list(client.iter_objects(repo, "main", prefix="tables/numbers/"))
+    assert len(files) == 4
+    assert all(f.content_type == "application/vnd.apache.parquet" and f.size_bytes > 0
+               and f.physical_address.startswith(suite.namespace(repo) + "/" + JOB_DATA_PREFIX)
+               for f in files)
+    assert not head.dirty and no_ephemeral_branches(client, repo)
+
+    back = qs.read(spark, f"quarry://{repo}/main/tables/numbers", connection=conn)
+    assert ids(back) == list(range(1000))
+    assert back.where("doubled != id * 2").count() == 0
+
+
+def test_second_append_adds_files_and_keeps_the_first(spark, client, conn, repo):
+    uri = f"quarry://{repo}/main/t"
+    qs.write(numbers(spark, 0, 100, 2), uri, connection=conn)
+    qs.write(numbers(spark, 100, 300, 3), uri, connection=conn)
+    assert len(paths(client, repo, "main", "t/")) == 5
+    assert ids(qs.read(spark, uri, connection=conn)) == list(range(300))
+
+
+def test_overwrite_replaces_the_folder_in_one_commit_and_time_travel_sees_the_old(
+        spark, client, conn, repo):
+    uri = f"quarry://{repo}/main/t"
+    first = qs.write(numbers(spark, 0, 100), uri, connection=conn)
+    client.put_object(repo, "main", path="other/keep.txt", physical_address="/elsewhere",
+                      size_bytes=1)
+    client.commit(repo, "main", "unrelated")
+    second = qs.write(numbers(spark, 500, 550, 2), uri, mode="overwrite", message="replace",
+                      connection=conn)
+
+    assert ids(qs.read(spark, uri, connection=conn)) == list(range(500, 550))
+    assert len(paths(client, repo, "main", "t/")) == 2
+    assert paths(client, repo, "main", "other/") == ["other/keep.txt"]
+    changes = list(client.iter_diff(repo, second.parents[0], second.id))
+    kinds = sorted(types_pb2.ChangeType.Name(c.type) for c in changes)
+    assert kinds == ["CHANGE_TYPE_ADDED"] * 2 + ["CHANGE_TYPE_REMOVED"] * 4
+    # The previous commit still reads the previous data.
+    assert ids(qs.read(spark, f"quarry://{repo}/{first.id}/t", connection=conn)) == \
+        list(range(100))
+
+
+def test_empty_append_commits_nothing(spark, client, conn, repo):
+    head = client.get_branch(repo, "main").commit_id
+    commit = qs.write(numbers(spark, 0, 0, 2), f"quarry://{repo}/main/t", connection=conn)
+    assert commit.id == head == client.get_branch(repo, "main").commit_id
+    assert no_ephemeral_branches(client, repo)
+
+
+def test_csv_and_json_formats(spark, client, conn, repo):
+    qs.write(numbers(spark, 0, 50, 2), f"quarry://{repo}/main/csv", format="csv",
+             connection=conn)
+    qs.write(numbers(spark, 0, 50, 2), f"quarry://{repo}/main/json", format="json",
+             connection=conn)
+    as_csv = qs.read(spark, f"quarry://{repo}/main/csv", format="csv", connection=conn,
+                     header="true", inferSchema="true")
+    as_json = qs.read(spark, f"quarry://{repo}/main/json", format="json", connection=conn)
+    assert ids(as_csv) == ids(as_json) == list(range(50))
+    assert {e.content_type for e in client.iter_objects(repo, "main", prefix="csv/")} == \
+        {"text/csv"}
+
+
+def test_max_records_per_file_splits_task_output(spark, client, conn, repo):
+    commit = qs.write(numbers(spark, 0, 100, 2), f"quarry://{repo}/main/t",
+                      max_records_per_file=20, connection=conn)
+    assert commit.metadata["quarry.spark.files"] == "6"  # 50 rows a task → 20+20+10
+    assert len(paths(client, repo, "main", "t/")) == 6
+    assert ids(qs.read(spark, f"quarry://{repo}/main/t", connection=conn)) == list(range(100))
+
+
+def _fail_partition(partition: int):
+    def run(batches):
+        from pyspark import TaskContext
+
+        for batch in batches:
+            if TaskContext.get().partitionId() == partition:
+                raise RuntimeError("injected task failure")
+            yield batch
+    return run
+
+
+def test_a_task_failing_for_good_leaves_the_target_unchanged(spark, suite, client, conn,
+                                                              repo):
+    qs.write(numbers(spark, 0, 10, 1), f"quarry://{repo}/main/t", connection=conn)
+    head = client.get_branch(repo, "main")
+    frame = numbers(spark, 0, 400, 2).mapInArrow(_fail_partition(1),
+                                                 "id long, doubled long, label string")
+    with pytest.raises(Exception, match="injected task failure"):
+        qs.write(frame, f"quarry://{repo}/main/t", connection=conn)
+
+    after = client.get_branch(repo, "main")
+    assert after.commit_id == head.commit_id and not after.dirty
+    assert len(paths(client, repo, "main", "t/")) == 1
+    assert no_ephemeral_branches(client, repo)
+    # The file partition 0 wrote before the job failed is deleted with the job.
+    assert len(namespace_keys(suite, repo, JOB_DATA_PREFIX)) == 1
+    assert stray_job_files(suite, client, repo) == set()
+
+
+def _fewer_rows_on_retry(fail_partition: int, branch_manager: str, repo: str):
+    """Attempt 0 of one task leaves on the job's ephemeral branch what a write attempt that
+    staged its first batch of 100 one-row files and then died leaves there (Spark runs this
+    function to completion before the write task of the same attempt sees any row, so the
+    staging is done here), and fails; the retry sends only the first 40 rows."""
+
+    def run(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        from quarry.client import Client
+
+        context = TaskContext.get()
+        mine = context.partitionId() == fail_partition
+        table = pa.Table.from_batches(list(batches))
+        if mine and context.attemptNumber() == 0:
+            with Client(branch_manager, "127.0.0.1:1") as c:
+                (branch,) = [b.name for b in c.iter_branches(repo)
+                             if b.name.startswith("_quarry-spark-")]
+                job = branch[len("_quarry-spark-"):]
+                c.put_objects(repo, branch, [
+                    {"path": f"t/part-{fail_partition:05d}-{job}-c{i:03d}.snappy.parquet",
+                     "physical_address": f"/dead/attempt/{i}", "size_bytes": 1}
+                    for i in range(100)])
+            raise RuntimeError("task died after staging")
+        yield from (table.slice(0, 40) if mine else table).to_batches()
+    return run
+
+
+def test_retried_tasks_never_leave_duplicate_or_stray_entries(spark, client, conn, repo):
+    frame = numbers(spark, 0, 300, 2).mapInArrow(
+        _fewer_rows_on_retry(1, conn.branch_manager, repo), "id long, doubled long, label string")
+    commit = qs.write(frame, f"quarry://{repo}/main/t", max_records_per_file=1,
+                      connection=conn)
+    files = paths(client, repo, "main", "t/")
+    # Partition 0: 150 files; partition 1's retry: 40, which replaced 40 of the dead
+    # attempt's entries; its other 60 were discarded before the commit.
+    assert len(files) == len(set(files)) == 190 == int(commit.metadata["quarry.spark.files"])
+    assert not [e for e in client.iter_objects(repo, "main", prefix="t/")
+                if e.physical_address.startswith("/dead/")]
+    back = ids(qs.read(spark, f"quarry://{repo}/main/t", connection=conn))
+    assert back == list(range(150)) + list(range(150, 190))
+
+
+def _commit_on_target_from_an_executor(branch_manager: str, committer: str, repo: str,
+                                       path: str):
+    """A concurrent writer: while the job runs, someone changes `path` on main."""
+
+    def run(batches):
+        from pyspark import TaskContext
+
+        from quarry.client import Client
+
+        context = TaskContext.get()
+        if context.partitionId() == 0 and context.attemptNumber() == 0:
+            with Client(branch_manager, committer) as c:
+                c.put_object(repo, "main", path=path, physical_address="/changed",
+                             size_bytes=7)
+                c.commit(repo, "main", "concurrent change")
+        yield from batches
+    return run
+
+
+def test_a_merge_conflict_leaves_the_target_as_the_other_writer_left_it(spark, suite, client,
+                                                                          conn, repo):
+    first = qs.write(numbers(spark, 0, 10, 1), f"quarry://{repo}/main/t", connection=conn)
+    (old_path,) = paths(client, repo, "main", "t/")
+    frame = numbers(spark, 100, 200, 2).mapInArrow(
+        _commit_on_target_from_an_executor(conn.branch_manager, conn.committer, repo, old_path),
+        "id long, doubled long, label string")
+    with pytest.raises(errors.FailedPrecondition) as failure:
+        qs.write(frame, f"quarry://{repo}/main/t", mode="overwrite", connection=conn)
+    assert failure.value.reason == "MERGE_CONFLICT"
+
+    head = client.get_branch(repo, "main")
+    assert client.get_commit(repo, head.commit_id).message == "concurrent change"
+    assert client.get_commit(repo, head.commit_id).parents[0] == first.id
+    assert paths(client, repo, "main", "t/") == [old_path]
+    assert no_ephemeral_branches(client, repo)
+    assert stray_job_files(suite, client, repo) == set()
+
+
+def test_two_jobs_on_one_branch_at_once_both_land(spark, client, conn, repo):
+    results, failures = {}, []
+
+    def job(name: str, start: int):
+        try:
+            results[name] = qs.write(numbers(spark, start, start + 200),
+                                     f"quarry://{repo}/main/{name}", message=name,
+                                     connection=conn)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=job, args=(name, start))
+               for name, start in (("left", 0), ("right", 1000))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+    assert ids(qs.read(spark, f"quarry://{repo}/main/left", connection=conn)) == \
+        list(range(200))
+    assert ids(qs.read(spark, f"quarry://{repo}/main/right", connection=conn)) == \
+        list(range(1000, 1200))
+    messages = [c.message for c in client.iter_log(repo, "main", first_parent=True)]
+    assert sorted(messages[:2]) == ["left", "right"]
+    assert no_ephemeral_branches(client, repo)
+
+
+# ---- reads ----------------------------------------------------------------------------
+
+def test_entries_and_reads_by_branch_commit_tag_and_committed_state(spark, client, conn, repo):
+    first = qs.write(numbers(spark, 0, 100, 2), f"quarry://{repo}/main/t", connection=conn)
+    client.create_tag(repo, "v1", first.id)
+    qs.write(numbers(spark, 100, 200, 2), f"quarry://{repo}/main/t", connection=conn)
+    # Uncommitted on main: one entry removed, one added.
+    removed = paths(client, repo, "main", "t/")[0]
+    client.delete_object(repo, "main", removed)
+    client.put_object(repo, "main", path="t/extra.txt", physical_address="/x", size_bytes=3,
+                      checksum="abc")
+
+    on_branch = {r.path: r for r in qs.entries(spark, f"quarry://{repo}/main/t/",
+                                               connection=conn).collect()}
+    committed = {r.path for r in qs.entries(spark, f"quarry://{repo}/main@/t/",
+                                            connection=conn).collect()}
+    listed = {e.path: e for e in client.iter_objects(repo, "main", prefix="t/")}
+    assert set(on_branch) == set(listed)
+    assert removed not in on_branch and "t/extra.txt" in on_branch
+    assert on_branch["t/extra.txt"].size_bytes == 3 and on_branch["t/extra.txt"].checksum == "abc"
+    some = next(p for p in listed if p != "t/extra.txt")
+    assert on_branch[some].physical_address == listed[some].physical_address
+    assert on_branch[some].metadata == dict(listed[some].metadata)
+    assert committed == {e.path for e in client.iter_objects(repo, "main@", prefix="t/")}
+    assert removed in committed and "t/extra.txt" not in committed
+
+    assert ids(qs.read(spark, f"quarry://{repo}/v1/t", connection=conn)) == list(range(100))
+    assert ids(qs.read(spark, f"quarry://{repo}/{first.id[:12]}/t", connection=conn)) == \
+        list(range(100))
+    assert len(ids(qs.read(spark, f"quarry://{repo}/main@/t", connection=conn))) == 200
+    assert qs.entries(spark, f"quarry://{repo}/v1/nothing/", connection=conn).count() == 0
+
+
+def test_entries_of_a_large_committed_listing_prune_ranges_by_prefix(spark, client, conn, repo):
+    client.put_objects(repo, "main", ({"path": f"a/{i:06d}", "physical_address": f"/p/{i}",
+                                       "size_bytes": i} for i in range(20000)))
+    client.put_objects(repo, "main", ({"path": f"b/{i:06d}", "physical_address": f"/q/{i}",
+                                       "size_bytes": i} for i in range(5000)))
+    client.commit(repo, "main", "many")
+    frame = qs.entries(spark, f"quarry://{repo}/main/b/", connection=conn)
+    assert frame.count() == 5000
+    assert frame.agg({"size_bytes": "sum"}).collect()[0][0] == sum(range(5000))
+    assert qs.entries(spark, f"quarry://{repo}/main/", connection=conn).count() == 25000
+
+
+# ---- bad input ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("uri", ["s3://bucket/x", "quarry://", "quarry://repo-only"])
+def test_a_bad_uri_is_invalid_argument(spark, conn, uri):
+    with pytest.raises(errors.InvalidArgument) as failure:
+        qs.write(numbers(spark, 0, 1, 1), uri, connection=conn)
+    assert failure.value.reason == "INVALID_QUARRY_URI"
+
+
+def test_bad_options_and_missing_branch(spark, client, conn, repo):
+    frame = numbers(spark, 0, 1, 1)
+    with pytest.raises(errors.InvalidArgument) as failure:
+        qs.write(frame, f"quarry://{repo}/main/t", mode="upsert", connection=conn)
+    assert failure.value.reason == "INVALID_WRITE_OPTIONS"
+    with pytest.raises(errors.InvalidArgument):
+        qs.write(frame, f"quarry://{repo}/main/t", format="avro", connection=conn)
+    with pytest.raises(errors.NotFound) as failure:
+        qs.write(frame, f"quarry://{repo}/nope/t", connection=conn)
+    assert failure.value.reason == "BRANCH_NOT_FOUND"
+    with pytest.raises(errors.NotFound) as failure:
+        qs.read(spark, f"quarry://{repo}/main/empty", connection=conn)
+    assert failure.value.reason == "NO_OBJECTS_UNDER_PATH"
+    assert no_ephemeral_branches(client, repo)
+
+
+# ---- sweep of a dead driver's branch --------------------------------------------------
+
+def test_sweep_drops_only_stale_ephemeral_branches(spark, client, conn, repo):
+    stale = f"{EPHEMERAL_PREFIX}20200101T000000-0123456789ab"
+    client.create_branch(repo, stale, "main")
+    client.put_object(repo, stale, path="t/orphan", physical_address="/o", size_bytes=1)
+    from quarry.spark.common import ephemeral_branch, new_job_id
+
+    young = ephemeral_branch(new_job_id())
+    client.create_branch(repo, young, "main")
+    assert qs.sweep_ephemeral_branches(client, repo, dry_run=True) == [stale]
+    assert stale in [b.name for b in client.iter_branches(repo)]
+    assert qs.sweep_ephemeral_branches(client, repo) == [stale]
+    names = [b.name for b in client.iter_branches(repo)]
+    assert stale not in names and young in names
+
+
+# ---- tracing --------------------------------------------------------------------------
+
+def test_one_trace_covers_the_driver_and_the_executors_calls(spark, tmp_path):
+    from quarry import telemetry
+
+    exporter = telemetry.use_in_memory_exporter()
+    with running_suite(tmp_path) as traced:  # created after tracing is on: interceptors
+        with traced.client() as c:
+            c.create_repository("traced", traced.namespace("traced"))
+        connection = qs.Connection(traced.targets["branch-manager"],
+                                   traced.targets["committer"])
+        exporter.clear()
+        qs.write(numbers(spark, 0, 100, 2), "quarry://traced/main/t", connection=connection)
+    spans = exporter.get_finished_spans()
+    (root,) = [s for s in spans if s.name == "quarry.spark.write"]
+    trace_id = root.context.trace_id
+    puts = [s for s in spans if s.name.endswith("BranchManager/PutObjects")
+            and s.kind.name == "SERVER"]
+    assert len(puts) == 2  # one stream per task
+    assert all(s.context.trace_id == trace_id for s in puts)
+    # Their parents are the executors' task spans (exported in the executor processes),
+    # not any span of this process.
+    local_ids = {s.context.span_id for s in spans}
+    assert all(s.parent is not None and s.parent.span_id not in local_ids for s in puts)
+    merges = [s for s in spans if s.name.endswith("Committer/Merge") and s.kind.name == "SERVER"]
+    assert merges and all(s.context.trace_id == trace_id for s in merges)
