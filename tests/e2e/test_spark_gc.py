@@ -1,0 +1,195 @@
+"""`quarry gc` on a repository with expired history, against the services on loopback and a
+real local Spark session: what the dry run reports, what the sweep deletes, and everything
+it must never delete (data of retained commits and tags, staged entries, young objects,
+internal files)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+import quarry.spark as qs
+from quarry.blob import open_blob_store
+from quarry.committed import format as rformat
+from quarry.retention import RetentionRules
+from quarry.spark.common import EPHEMERAL_PREFIX
+from quarry.spark.gc import collect_garbage
+from support.suite import running_suite
+
+pytestmark = pytest.mark.timeout(600)
+
+LATER = dt.timedelta(days=30)
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    with running_suite(tmp_path_factory.mktemp("gc-suite")) as running:
+        yield running
+
+
+@pytest.fixture
+def conn(suite):
+    return qs.Connection(suite.targets["branch-manager"], suite.targets["committer"])
+
+
+def numbers(spark, start: int, stop: int, partitions: int):
+    return spark.range(start, stop, numPartitions=partitions).selectExpr("id", "id * 3 as v")
+
+
+def key_of(suite, repo: str, address: str) -> str:
+    return address[len(suite.namespace(repo)) + 1:]
+
+
+class History:
+    """main: A (4 files) → B (overwrite, 2 files, tagged) → C (overwrite, 3 files); one of
+    A's files staged again on main; a stale Spark branch staging a file of a dead job; an
+    orphaned range, metarange and data file; an internal file."""
+
+    def __init__(self, spark, suite, conn):
+        self.suite, self.conn = suite, conn
+        self.repo = f"gc-{uuid.uuid4().hex[:10]}"
+        with suite.client() as c:
+            c.create_repository(self.repo, suite.namespace(self.repo))
+            uri = f"quarry://{self.repo}/main/t"
+            self.a = qs.write(numbers(spark, 0, 400, 4), uri, connection=conn)
+            self.a_files = self.addresses(c, self.a.id)
+            self.b = qs.write(numbers(spark, 400, 600, 2), uri, mode="overwrite",
+                              connection=conn)
+            c.create_tag(self.repo, "b", self.b.id)
+            self.b_files = self.addresses(c, self.b.id)
+            self.c = qs.write(numbers(spark, 600, 900, 3), uri, mode="overwrite",
+                              connection=conn)
+            self.c_files = self.addresses(c, self.c.id)
+            # An uncommitted entry on main pointing at one of A's files protects it.
+            self.restaged = self.a_files[0]
+            c.put_object(self.repo, "main", path="restaged/a0",
+                         physical_address=suite.namespace(self.repo) + "/" + self.restaged,
+                         size_bytes=1)
+            with open_blob_store(suite.namespace(self.repo)) as store:
+                self.dead_file = "data/spark/dead-job/part-00000.snappy.parquet"
+                store.put(self.dead_file, b"half a job")
+                self.orphan_data = "data/orphan-upload"
+                store.put(self.orphan_data, b"never staged")
+                self.orphan_range = rformat.range_key("ab" * 32)
+                store.put(self.orphan_range, b"lost race")
+                self.orphan_metarange = rformat.metarange_key("cd" * 32)
+                store.put(self.orphan_metarange, b"dry run")
+                self.internal = "_quarry/notes/keep.txt"
+                store.put(self.internal, b"internal")
+            self.stale_branch = f"{EPHEMERAL_PREFIX}20200101T000000-0123456789ab"
+            c.create_branch(self.repo, self.stale_branch, "main@")
+            c.put_object(self.repo, self.stale_branch, path="t/dead",
+                         physical_address=suite.namespace(self.repo) + "/" + self.dead_file,
+                         size_bytes=10)
+
+    def addresses(self, client, ref: str) -> list[str]:
+        return sorted(key_of(self.suite, self.repo, e.physical_address)
+                      for e in client.iter_objects(self.repo, ref, prefix="t/"))
+
+    def keys(self) -> set[str]:
+        with open_blob_store(self.suite.namespace(self.repo)) as store:
+            return {o.key for o in store.list("")}
+
+
+def run_gc(spark, history: History, sweep: bool, days: float = 7.0, **kwargs):
+    now = dt.datetime.now(dt.timezone.utc) + LATER
+    return collect_garbage(spark, history.repo, rules=RetentionRules(days), sweep=sweep,
+                           now=now, grace=kwargs.pop("grace", dt.timedelta(0)),
+                           connection=history.conn, **kwargs)
+
+
+def test_dry_run_reports_and_sweep_deletes_exactly_the_unreferenced(spark, suite, conn):
+    history = History(spark, suite, conn)
+    before = history.keys()
+
+    report = run_gc(spark, history, sweep=False)
+    assert history.keys() == before | {report.report_key}  # nothing deleted, report written
+    expected_data = set(history.a_files[1:]) | {history.dead_file, history.orphan_data}
+    assert set(report.collectable["data"].sample) == expected_data
+    assert history.orphan_range in report.collectable["range"].sample
+    assert history.orphan_metarange in report.collectable["metarange"].sample
+    assert report.ephemeral_branches == [history.stale_branch]
+    assert report.commits_expired > 0 and report.deleted == 0
+    with open_blob_store(suite.namespace(history.repo)) as store:
+        saved = json.loads(store.get(report.report_key))
+    assert saved["collectable"]["data"]["count"] == len(expected_data)
+    with suite.client() as c:
+        assert history.stale_branch in [b.name for b in c.iter_branches(history.repo)]
+
+    swept = run_gc(spark, history, sweep=True)
+    assert swept.deleted == swept.collectable_count == report.collectable_count
+    after = history.keys()
+    gone = before - after
+    assert expected_data <= gone
+    assert {history.orphan_range, history.orphan_metarange} <= gone
+    # Never deleted: data of the head and the tag, the staged file, internal files.
+    assert set(history.b_files) | set(history.c_files) | {history.restaged, history.internal} \
+        <= after
+    with suite.client() as c:
+        assert history.stale_branch not in [b.name for b in c.iter_branches(history.repo)]
+
+    def ids(ref):
+        return sorted(r.id for r in qs.read(spark, f"quarry://{history.repo}/{ref}/t",
+                                            connection=conn).collect())
+
+    assert ids("main") == list(range(600, 900))
+    assert ids("b") == list(range(400, 600))
+    assert qs.entries(spark, f"quarry://{history.repo}/main@/t/", connection=conn).count() == 3
+    # Nothing left to collect: a second run finds nothing.
+    assert run_gc(spark, history, sweep=False).collectable_count == 0
+
+
+def test_long_retention_and_grace_period_protect_everything_of_the_history(spark, suite, conn):
+    history = History(spark, suite, conn)
+    long_window = run_gc(spark, history, sweep=False, days=60)
+    assert long_window.commits_expired == 0
+    assert not set(history.a_files) & set(long_window.collectable["data"].sample)
+
+    young = run_gc(spark, history, sweep=True, grace=dt.timedelta(hours=1))
+    assert young.collectable_count == 0 and young.deleted == 0
+    assert young.objects_in_grace >= len(history.a_files) + 4
+
+
+def test_branch_override_keeps_its_history(spark, suite, conn):
+    history = History(spark, suite, conn)
+    report = run_gc(spark, history, sweep=False, days=7)
+    overridden = collect_garbage(
+        spark, history.repo, rules=RetentionRules(7, {"main": 60}), sweep=False,
+        now=dt.datetime.now(dt.timezone.utc) + LATER, grace=dt.timedelta(0), connection=conn)
+    assert set(history.a_files[1:]) <= set(report.collectable["data"].sample)
+    assert not set(history.a_files) & set(overridden.collectable["data"].sample)
+
+
+def test_gc_command_line_dry_run_and_sweep(spark, suite, conn, tmp_path):
+    history = History(spark, suite, conn)
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps({"default_retention_days": 7,
+                                 "branches": [{"branch_id": "other", "retention_days": 90}]}))
+    now = (dt.datetime.now(dt.timezone.utc) + LATER).isoformat()
+    base = [sys.executable, "-m", "quarry.cli.main", "gc", history.repo,
+            "--branch-manager", conn.branch_manager, "--committer", conn.committer,
+            "--rules", str(rules), "--now", now, "--grace-hours", "0", "--master", "local[1]"]
+    env = {**os.environ, "QUARRY_HOME": str(tmp_path / "home")}
+    dry = subprocess.run(base + ["--json"], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    report = json.loads(dry.stdout)
+    assert report["sweep"] is False and report["deleted"] == 0
+    assert report["rules"]["default_retention_days"] == 7
+    assert set(history.a_files[1:]) <= set(report["collectable"]["data"]["sample"])
+
+    swept = subprocess.run(base + ["--sweep"], capture_output=True, text=True, env=env,
+                           timeout=300)
+    assert swept.returncode == 0, swept.stderr[-2000:]
+    assert "Deleted" in swept.stdout and "sweep" in swept.stdout
+    assert not set(history.a_files[1:]) & history.keys()
+
+    bad = subprocess.run(base[:5] + ["--retention-days", "-1"], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert bad.returncode != 0 and "negative" in bad.stderr
