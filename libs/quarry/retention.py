@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
@@ -19,7 +20,9 @@ from quarry import errors
 from quarry.committed.format import METARANGES_PREFIX, RANGES_PREFIX
 
 DEFAULT_RETENTION_DAYS = 21.0
+MAX_RETENTION_DAYS = 36500  # a century: "keep forever" without overflowing date arithmetic
 INTERNAL_PREFIX = "_quarry/"
+_CONTENT_ID = re.compile(r"[0-9a-f]{64}")
 
 
 class InvalidRetentionRules(errors.InvalidArgument):
@@ -33,8 +36,11 @@ class RetentionRules:
 
     def __post_init__(self):
         days = [self.default_retention_days, *self.branch_retention_days.values()]
-        if any(not isinstance(d, (int, float)) or d < 0 for d in days):
-            raise InvalidRetentionRules("retention days must be numbers >= 0")
+        for d in days:
+            if isinstance(d, bool) or not isinstance(d, (int, float)) \
+                    or not 0 <= d <= MAX_RETENTION_DAYS:  # also rejects NaN
+                raise InvalidRetentionRules(
+                    f"retention days must be numbers from 0 to {MAX_RETENTION_DAYS}, not {d!r}")
 
     def days_for(self, branch: str) -> float:
         return self.branch_retention_days.get(branch, self.default_retention_days)
@@ -45,10 +51,8 @@ class RetentionRules:
         "branches": [{"branch_id": "main", "retention_days": 28}]}."""
         try:
             doc = json.loads(text)
-            branches = {b["branch_id"]: float(b["retention_days"])
-                        for b in doc.get("branches", [])}
-            return cls(float(doc.get("default_retention_days", DEFAULT_RETENTION_DAYS)),
-                       branches)
+            branches = {b["branch_id"]: b["retention_days"] for b in doc.get("branches", [])}
+            return cls(doc.get("default_retention_days", DEFAULT_RETENTION_DAYS), branches)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InvalidRetentionRules(f"invalid retention rules: {exc}") from None
 
@@ -103,8 +107,11 @@ class Classified:
 def classify(key: str) -> Classified:
     """What an object of the storage namespace is, from its key."""
     for prefix, kind in ((RANGES_PREFIX, "range"), (METARANGES_PREFIX, "metarange")):
-        if key.startswith(prefix) and key.endswith(".parquet") and "/" not in key[len(prefix):]:
-            return Classified(kind, key[len(prefix):-len(".parquet")])
+        if key.startswith(prefix):
+            ident = key[len(prefix):-len(".parquet")] if key.endswith(".parquet") else ""
+            if _CONTENT_ID.fullmatch(ident):
+                return Classified(kind, ident)
+            return Classified("internal")  # not a file Quarry names: never collected
     if key.startswith(INTERNAL_PREFIX):
         return Classified("internal")
     return Classified("data")

@@ -41,7 +41,9 @@ class QuarryUri:
         return path + "/" if path else ""
 
     def __str__(self) -> str:
-        return f"{SCHEME}{self.repository}/{self.ref}/{self.path}"
+        quote = urllib.parse.quote
+        return f"{SCHEME}{quote(self.repository, safe='')}/{quote(self.ref, safe='')}/" \
+               f"{quote(self.path)}"
 
 
 def parse_uri(uri: str) -> QuarryUri:
@@ -49,9 +51,10 @@ def parse_uri(uri: str) -> QuarryUri:
     segments are always the repository and the ref."""
     if not isinstance(uri, str) or not uri.startswith(SCHEME):
         raise InvalidQuarryUri(f"{uri!r} is not a quarry:// URI (quarry://REPO/REF/PATH)")
-    rest = urllib.parse.unquote(uri[len(SCHEME):])
-    repository, _, rest = rest.partition("/")
+    # Split first, then decode each part: an escaped '/' (%2F) never becomes a separator.
+    repository, _, rest = uri[len(SCHEME):].partition("/")
     ref, _, path = rest.partition("/")
+    repository, ref, path = (urllib.parse.unquote(part) for part in (repository, ref, path))
     if not repository or not ref:
         raise InvalidQuarryUri(f"{uri!r}: expected quarry://REPO/REF/PATH")
     return QuarryUri(repository, ref, path.lstrip("/"))
@@ -113,7 +116,7 @@ def client_for(connection: Connection):
 
 
 def new_job_id(now: _dt.datetime | None = None) -> str:
-    now = now or _dt.datetime.now(_dt.timezone.utc)
+    now = (now or _dt.datetime.now(_dt.timezone.utc)).astimezone(_dt.timezone.utc)
     return f"{now.strftime(_JOB_TIME)}-{secrets.token_hex(6)}"
 
 
@@ -126,7 +129,10 @@ def ephemeral_created_at(branch: str) -> _dt.datetime | None:
     match = _EPHEMERAL.match(branch)
     if not match:
         return None
-    return _dt.datetime.strptime(match.group(1), _JOB_TIME).replace(tzinfo=_dt.timezone.utc)
+    try:
+        return _dt.datetime.strptime(match.group(1), _JOB_TIME).replace(tzinfo=_dt.timezone.utc)
+    except ValueError:  # shaped like one but not a real time: a user's branch, not ours
+        return None
 
 
 def job_of_branch(branch: str) -> str:
