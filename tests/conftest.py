@@ -116,6 +116,11 @@ def spark():
     a task may be attempted 3 times, so retry behaviour is real."""
     from quarry.spark.session import local_session
 
+    # Executors inherit the JVM's environment, fixed when it starts: the dummy credentials
+    # the S3 tests use (s3_bucket) must be there already.
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1")):
+        os.environ.setdefault(name, value)
     session = local_session("local[2,3]", "quarry-tests")
     session.sparkContext.setLogLevel("ERROR")
     yield session

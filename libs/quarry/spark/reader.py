@@ -104,11 +104,17 @@ def _range_reader(storage_namespace: str, connection: Connection):
         from quarry.blob import open_blob_store
         from quarry.committed import format as rformat
 
+        import pyarrow as pa
+
+        # Spark's Arrow bridge has no fixed-size binary: identity goes over as plain binary,
+        # the type Spark's Parquet reader gives it too.
+        schema = rformat.RANGE_SCHEMA.set(rformat.RANGE_SCHEMA.get_field_index("identity"),
+                                          pa.field("identity", pa.binary(), nullable=False))
         with open_blob_store(storage_namespace, connection) as store:
             for batch in batches:
                 for rid in batch.column(0).to_pylist():
                     table = rformat.decode_range(store.get(rformat.range_key(rid)))
-                    yield from table.to_batches()
+                    yield from table.cast(schema).to_batches()
 
     return run
 
