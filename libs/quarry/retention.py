@@ -56,6 +56,18 @@ class RetentionRules:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise InvalidRetentionRules(f"invalid retention rules: {exc}") from None
 
+    @classmethod
+    def from_proto(cls, rules) -> "RetentionRules":
+        """From quarry.v1.GarbageCollectionRules (what a repository stores)."""
+        return cls(rules.default_retention_days, dict(rules.branch_retention_days))
+
+    def to_proto(self):
+        from quarry.v1 import types_pb2
+
+        return types_pb2.GarbageCollectionRules(
+            default_retention_days=self.default_retention_days,
+            branch_retention_days=dict(self.branch_retention_days))
+
     def to_json(self) -> str:
         return json.dumps({"default_retention_days": self.default_retention_days,
                            "branches": [{"branch_id": b, "retention_days": d}

@@ -95,6 +95,19 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         self._g.delete_tag(request.repository, request.name)
         return pb.DeleteTagResponse()
 
+    # ---- settings ----
+
+    def SetGarbageCollectionRules(self, request, context):
+        self._g.set_gc_rules(request.repository, request.rules)
+        return pb.SetGarbageCollectionRulesResponse()
+
+    def GetGarbageCollectionRules(self, request, context):
+        return pb.GetGarbageCollectionRulesResponse(rules=self._g.get_gc_rules(request.repository))
+
+    def DeleteGarbageCollectionRules(self, request, context):
+        self._g.delete_gc_rules(request.repository)
+        return pb.DeleteGarbageCollectionRulesResponse()
+
     # ---- objects ----
 
     def StatObject(self, request, context):

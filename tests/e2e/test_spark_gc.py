@@ -172,24 +172,44 @@ def test_gc_command_line_dry_run_and_sweep(spark, suite, conn, tmp_path):
     rules.write_text(json.dumps({"default_retention_days": 7,
                                  "branches": [{"branch_id": "other", "retention_days": 90}]}))
     now = (dt.datetime.now(dt.timezone.utc) + LATER).isoformat()
-    base = [sys.executable, "-m", "quarry.cli.main", "gc", history.repo,
-            "--branch-manager", conn.branch_manager, "--committer", conn.committer,
-            "--rules", str(rules), "--now", now, "--grace-hours", "0", "--master", "local[1]"]
     env = {**os.environ, "QUARRY_HOME": str(tmp_path / "home")}
-    dry = subprocess.run(base + ["--json"], capture_output=True, text=True, env=env,
-                         timeout=300)
+    connect = ["--branch-manager", conn.branch_manager, "--committer", conn.committer]
+
+    def quarry(*args, timeout=300):
+        return subprocess.run([sys.executable, "-m", "quarry.cli.main", *args, *connect],
+                              capture_output=True, text=True, env=env, timeout=timeout)
+
+    run = ["gc", "run", history.repo, "--now", now, "--grace-hours", "0", "--master", "local[1]"]
+    # The repository's stored rules (60 days) keep A; a rules file given to the run wins.
+    stored = quarry("gc", "set-rules", history.repo, "--retention-days", "60",
+                    "--branch-retention", "main=61", timeout=60)
+    assert stored.returncode == 0, stored.stderr
+    shown = quarry("gc", "show-rules", history.repo, "--json", timeout=60)
+    assert json.loads(shown.stdout) == {"default_retention_days": 60.0,
+                                        "branches": [{"branch_id": "main",
+                                                      "retention_days": 61.0}]}
+    kept = quarry(*run, "--json")
+    assert kept.returncode == 0, kept.stderr[-2000:]
+    assert json.loads(kept.stdout)["rules"]["default_retention_days"] == 60
+    assert json.loads(kept.stdout)["commits_expired"] == 0
+
+    dry = quarry(*run, "--rules", str(rules), "--json")
     assert dry.returncode == 0, dry.stderr[-2000:]
     report = json.loads(dry.stdout)
     assert report["sweep"] is False and report["deleted"] == 0
     assert report["rules"]["default_retention_days"] == 7
     assert set(history.a_files[1:]) <= set(report["collectable"]["data"]["sample"])
 
-    swept = subprocess.run(base + ["--sweep"], capture_output=True, text=True, env=env,
-                           timeout=300)
+    assert quarry("gc", "delete-rules", history.repo, timeout=60).returncode == 0
+    swept = quarry(*run, "--retention-days", "7", "--sweep")
     assert swept.returncode == 0, swept.stderr[-2000:]
     assert "Deleted" in swept.stdout and "sweep" in swept.stdout
     assert not set(history.a_files[1:]) & history.keys()
 
-    bad = subprocess.run(base[:5] + ["--retention-days", "-1"], capture_output=True,
-                         text=True, env=env, timeout=60)
+    bad = quarry("gc", "run", history.repo, "--retention-days", "-1", timeout=60)
     assert bad.returncode != 0 and "negative" in bad.stderr
+    missing = quarry("gc", "show-rules", history.repo, timeout=60)
+    assert missing.returncode == 1 and "GC_RULES_NOT_FOUND" in missing.stderr
+    invalid = quarry("gc", "set-rules", history.repo, "--branch-retention", "bad/name=3",
+                     timeout=60)
+    assert invalid.returncode == 1 and "INVALID_NAME" in invalid.stderr, invalid.stderr

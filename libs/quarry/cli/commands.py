@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import functools
+import json
 import os
 import sys
 from pathlib import Path
@@ -636,10 +637,11 @@ def _branch_days(text: str) -> tuple[str, float]:
     return branch, _days(value)
 
 
-def _gc_rules(args):
+def _gc_rules(args, base):
+    """`base` (a RetentionRules) with a rules file and the day flags applied on top."""
     from quarry.retention import RetentionRules
 
-    rules = RetentionRules()
+    rules = base
     if args.rules:
         with open(args.rules, encoding="utf-8") as fh:
             rules = RetentionRules.from_json(fh.read())
@@ -648,11 +650,62 @@ def _gc_rules(args):
         {**rules.branch_retention_days, **dict(args.branch_retention or [])})
 
 
+def _rules_fields(repo: str, rules) -> list[tuple[str, str]]:
+    pairs = [("repository", repo), ("default retention", f"{rules.default_retention_days:g} days")]
+    for branch, days in sorted(rules.branch_retention_days.items()):
+        pairs.append((f"branch {branch}", f"{days:g} days"))
+    return pairs
+
+
 @command
-def gc(args, ctx):
+def gc_set_rules(args, ctx):
+    from quarry.retention import RetentionRules
+
+    if not (args.rules or args.retention_days is not None or args.branch_retention):
+        raise CliError("INVALID_ARGUMENT", "give --rules FILE, --retention-days or "
+                                           "--branch-retention")
+    rules = _gc_rules(args, RetentionRules())
+    ctx.client.set_gc_rules(args.repo, rules.default_retention_days,
+                            rules.branch_retention_days)
+    if ctx.json:
+        output.print_json(json.loads(rules.to_json()))
+        return
+    output.fields(_rules_fields(args.repo, rules))
+
+
+@command
+def gc_show_rules(args, ctx):
+    from quarry.retention import RetentionRules
+
+    rules = RetentionRules.from_proto(ctx.client.get_gc_rules(args.repo))
+    if ctx.json:
+        output.print_json(json.loads(rules.to_json()))
+        return
+    output.fields(_rules_fields(args.repo, rules))
+
+
+@command
+def gc_delete_rules(args, ctx):
+    ctx.client.delete_gc_rules(args.repo)
+    if ctx.json:
+        output.print_json({"deleted": args.repo})
+        return
+    print(f"Deleted the garbage-collection rules of {args.repo} (GC now keeps 21 days)")
+
+
+@command
+def gc_run(args, ctx):
     import datetime as dt
 
-    rules = _gc_rules(args)
+    try:
+        from quarry.spark.gc import collect_garbage, stored_rules
+        from quarry.spark.session import local_session
+    except ImportError as exc:
+        raise CliError("SPARK_NOT_INSTALLED", f"quarry gc needs PySpark ({exc}); install "
+                                              f"quarry[spark]") from None
+    from quarry.spark.common import Connection
+
+    rules = _gc_rules(args, stored_rules(ctx.client, args.repo))
     now = None
     if args.now:
         try:
@@ -660,14 +713,6 @@ def gc(args, ctx):
         except ValueError:
             raise CliError("INVALID_ARGUMENT", f"--now: not an ISO time: {args.now!r}") from None
         now = now if now.tzinfo else now.replace(tzinfo=dt.timezone.utc)
-    try:
-        from quarry.spark.gc import collect_garbage
-        from quarry.spark.session import local_session
-    except ImportError as exc:
-        raise CliError("SPARK_NOT_INSTALLED", f"quarry gc needs PySpark ({exc}); install "
-                                              f"quarry[spark]") from None
-    from quarry.spark.common import Connection
-
     connection = Connection.from_settings(ctx.settings)
     spark = local_session(args.master, "quarry-gc")
     report = collect_garbage(spark, args.repo, rules=rules, sweep=args.sweep, now=now,
@@ -695,6 +740,16 @@ def gc(args, ctx):
 
 
 # ---- the parser ------------------------------------------------------------------------
+
+def _gc_rule_options(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--rules", metavar="FILE", help="retention rules in lakeFS's JSON format "
+                   "({\"default_retention_days\": 21, \"branches\": [{\"branch_id\": ..., "
+                   "\"retention_days\": ...}]})")
+    p.add_argument("--retention-days", type=_days, metavar="DAYS",
+                   help=f"keep commits this recent {default}")
+    p.add_argument("--branch-retention", action="append", type=_branch_days,
+                   metavar="BRANCH=DAYS", help="a branch's own retention (repeatable)")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the client subcommands to the `quarry` parser's subparsers."""
@@ -873,18 +928,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compactor-sensor", metavar="HOST:PORT",
                    help="compactor-sensor address (default: QUARRY_COMPACTOR_SENSOR_ADDRESS)")
 
-    p = leaf(sub, "gc", gc, "garbage-collect a repository's storage namespace (a Spark job): "
-                            "expired commits' data, orphaned ranges and metaranges, stale "
-                            "Spark branches; a dry run unless --sweep")
+    gc = group("gc", "garbage collection of storage namespaces, and its retention rules")
+    p = leaf(gc, "run", gc_run, "garbage-collect a repository's storage namespace (a Spark "
+                                "job): expired commits' data, orphaned ranges and metaranges, "
+                                "stale Spark branches; a dry run unless --sweep")
     p.add_argument("repo", metavar="REPO")
     p.add_argument("--sweep", action="store_true", help="delete (default: only report)")
-    p.add_argument("--rules", metavar="FILE", help="retention rules, lakeFS's JSON format "
-                   "({\"default_retention_days\": 21, \"branches\": [{\"branch_id\": ..., "
-                   "\"retention_days\": ...}]})")
-    p.add_argument("--retention-days", type=_days, metavar="DAYS",
-                   help="keep commits this recent (default: 21, or the rules file's)")
-    p.add_argument("--branch-retention", action="append", type=_branch_days,
-                   metavar="BRANCH=DAYS", help="a branch's own retention (repeatable)")
+    _gc_rule_options(p, "(default: the repository's rules, else 21 days)")
     p.add_argument("--grace-hours", type=float, default=6.0, metavar="H",
                    help="never delete objects younger than this (default: 6)")
     p.add_argument("--ephemeral-ttl-hours", type=float, default=24.0, metavar="H",
@@ -893,6 +943,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="measure retention from this time instead of now")
     p.add_argument("--master", default="local[*]", metavar="URL",
                    help="Spark master (default: local[*])")
+    p = leaf(gc, "set-rules", gc_set_rules, "store a repository's retention rules")
+    p.add_argument("repo", metavar="REPO")
+    _gc_rule_options(p, "(default: 21)")
+    p = leaf(gc, "show-rules", gc_show_rules, "show a repository's retention rules")
+    p.add_argument("repo", metavar="REPO")
+    p = leaf(gc, "delete-rules", gc_delete_rules, "delete a repository's retention rules")
+    p.add_argument("repo", metavar="REPO")
 
 
 __all__ = ["register", "command", "CliError", "Context"]

@@ -402,6 +402,28 @@ class Client:
         self._unary(self._bm.DeleteTag, "BranchManager/DeleteTag",
                     bm.DeleteTagRequest(repository=repository, name=name))
 
+    # ==== garbage-collection rules ==========================================================
+
+    def set_gc_rules(self, repository: str, default_retention_days: float,
+                     branch_retention_days: Mapping[str, float] | None = None) -> None:
+        rules = types_pb2.GarbageCollectionRules(
+            default_retention_days=default_retention_days,
+            branch_retention_days=dict(branch_retention_days or {}))
+        self._unary(self._bm.SetGarbageCollectionRules,
+                    "BranchManager/SetGarbageCollectionRules",
+                    bm.SetGarbageCollectionRulesRequest(repository=repository, rules=rules))
+
+    def get_gc_rules(self, repository: str) -> types_pb2.GarbageCollectionRules:
+        """NOT_FOUND (GC_RULES_NOT_FOUND) when the repository has none."""
+        return self._unary(self._bm.GetGarbageCollectionRules,
+                           "BranchManager/GetGarbageCollectionRules",
+                           bm.GetGarbageCollectionRulesRequest(repository=repository)).rules
+
+    def delete_gc_rules(self, repository: str) -> None:
+        self._unary(self._bm.DeleteGarbageCollectionRules,
+                    "BranchManager/DeleteGarbageCollectionRules",
+                    bm.DeleteGarbageCollectionRulesRequest(repository=repository))
+
     # ==== objects ==========================================================================
 
     def stat_object(self, repository: str, ref: str, path: str) -> types_pb2.Entry:

@@ -60,6 +60,10 @@ class TagExists(errors.AlreadyExists):
     reason = "TAG_EXISTS"
 
 
+class GarbageCollectionRulesNotFound(errors.NotFound):
+    reason = "GC_RULES_NOT_FOUND"
+
+
 class ObjectExists(errors.AlreadyExists):
     reason = "OBJECT_EXISTS"
 

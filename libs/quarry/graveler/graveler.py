@@ -300,6 +300,23 @@ class Graveler:
         names.check_tag_name(name)
         self.refs.delete_tag(repo, name)
 
+    # ==== settings =============================================================================
+
+    def set_gc_rules(self, repo_name: str, rules: types_pb2.GarbageCollectionRules) -> None:
+        from quarry.retention import RetentionRules
+
+        repo = self._repo(repo_name)
+        for branch in rules.branch_retention_days:
+            names.check_branch_name(branch)
+        RetentionRules.from_proto(rules)  # INVALID_ARGUMENT for days out of range
+        self.refs.set_gc_rules(repo, rules)
+
+    def get_gc_rules(self, repo_name: str) -> types_pb2.GarbageCollectionRules:
+        return self.refs.get_gc_rules(self._repo(repo_name))
+
+    def delete_gc_rules(self, repo_name: str) -> None:
+        self.refs.delete_gc_rules(self._repo(repo_name))
+
     # ==== reads ================================================================================
 
     def _layers(self, repo: Repository, resolved: ResolvedRef, op: str) -> Layers:

@@ -5,6 +5,7 @@ KV layout (ARCHITECTURE.md §2):
   repo/<repo>/<instance>   branches/<b>            → Branch   (the CAS point of a branch)
                            tags/<t>                → Tag
                            commits/<id>            → Commit   (immutable, content-addressed)
+                           settings/gc_rules       → GarbageCollectionRules
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from quarry.v1 import records_pb2, types_pb2
 REPOS_PREFIX = b"repos/"
 BRANCHES_PREFIX = b"branches/"
 TAGS_PREFIX = b"tags/"
+GC_RULES_KEY = b"settings/gc_rules"
 COMMITS_PREFIX = b"commits/"
 COMMIT_ID_HEX = 64
 MIN_COMMIT_PREFIX = 6
@@ -281,6 +283,24 @@ class RefManager:
     def list_tags(self, repo: Repository, after: str = "", limit: int = 100) -> list[types_pb2.Tag]:
         return [types_pb2.Tag.FromString(v)
                 for v in self._scan_values(repo.partition, TAGS_PREFIX, after, limit)]
+
+    # ---- settings --------------------------------------------------------------------
+
+    def get_gc_rules(self, repo: Repository) -> types_pb2.GarbageCollectionRules:
+        try:
+            data = self.kv.get(repo.partition, GC_RULES_KEY).value
+        except kv.KeyNotFound:
+            raise gerrors.GarbageCollectionRulesNotFound(
+                f"repository {repo.name!r} has no garbage-collection rules",
+                metadata={"repository": repo.name}) from None
+        return types_pb2.GarbageCollectionRules.FromString(data)
+
+    def set_gc_rules(self, repo: Repository, rules: types_pb2.GarbageCollectionRules) -> None:
+        self.kv.set(repo.partition, GC_RULES_KEY, rules.SerializeToString())
+
+    def delete_gc_rules(self, repo: Repository) -> None:
+        self.get_gc_rules(repo)  # NOT_FOUND when there are none
+        self.kv.delete(repo.partition, GC_RULES_KEY)
 
     # ---- commits -----------------------------------------------------------------------
 

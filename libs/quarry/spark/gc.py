@@ -100,12 +100,12 @@ def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = No
                     ephemeral_ttl: _dt.timedelta = DEFAULT_EPHEMERAL_TTL,
                     connection: Connection | None = None) -> GCReport:
     """Find (and with `sweep`, delete) what no retained commit or staged entry references.
-    `now` is the policy time retention is measured from (default: the real time); the
-    grace period is always measured from the real time."""
+    `rules` default to the repository's stored rules (or 21 days when it has none). `now`
+    is the policy time retention is measured from (default: the real time); the grace
+    period is always measured from the real time."""
     from quarry.blob import open_blob_store
     from quarry.client import Client
 
-    rules = rules or RetentionRules()
     connection = Connection.resolve(spark, connection)
     started = _dt.datetime.now(_dt.timezone.utc)
     policy_time = now or started
@@ -115,6 +115,7 @@ def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = No
                 "quarry.gc", attributes={"quarry.repository": repository,
                                          "quarry.gc.sweep": sweep}):
         repo = client.get_repository(repository)
+        rules = rules or stored_rules(client, repository)
         report = GCReport(run_id=f"{started.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}",
                           repository=repository, storage_namespace=repo.storage_namespace,
                           started_at=started.isoformat(), policy_time=policy_time.isoformat(),
@@ -161,6 +162,16 @@ def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = No
         with open_blob_store(repo.storage_namespace, connection) as store:
             store.put(report.report_key, json.dumps(report.to_dict(), indent=2).encode())
         return report
+
+
+def stored_rules(client, repository: str) -> RetentionRules:
+    """The repository's rules (SetGarbageCollectionRules), else the defaults."""
+    try:
+        return RetentionRules.from_proto(client.get_gc_rules(repository))
+    except errors.NotFound as exc:
+        if exc.reason != "GC_RULES_NOT_FOUND":
+            raise
+        return RetentionRules()
 
 
 class _References:
