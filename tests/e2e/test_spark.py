@@ -412,3 +412,80 @@ def test_one_trace_covers_the_driver_and_the_executors_calls(spark, tmp_path):
     assert all(s.parent is not None and s.parent.span_id not in local_ids for s in puts)
     merges = [s for s in spans if s.name.endswith("Committer/Merge") and s.kind.name == "SERVER"]
     assert merges and all(s.context.trace_id == trace_id for s in merges)
+
+
+# ---- cost of entries() and a cancelled job --------------------------------------------
+
+def test_entries_cost_one_metarange_read_and_the_same_rpcs_whatever_the_size(
+        spark, suite, client, conn, monkeypatch):
+    """The driver reads the ref (a fixed number of RPCs) and one metarange file; the range
+    files are read by Spark's executors. Nothing grows with the number of entries."""
+    import quarry.blob
+    from quarry.blob.counting import CountingBlobStore
+    from quarry.client import Client
+
+    calls: list[str] = []
+    stores: list[CountingBlobStore] = []
+    real_unary, real_open = Client._unary, quarry.blob.open_blob_store
+
+    def counting_unary(self, stub_method, name, request, before_retry=None):
+        calls.append(name)
+        return real_unary(self, stub_method, name, request, before_retry)
+
+    def counting_open(namespace, settings=None):
+        stores.append(CountingBlobStore(real_open(namespace, settings)))
+        return stores[-1]
+
+    monkeypatch.setattr(Client, "_unary", counting_unary)
+    monkeypatch.setattr(quarry.blob, "open_blob_store", counting_open)
+    costs = []
+    for size in (1_000, 30_000):
+        repo = f"sp-{uuid.uuid4().hex[:10]}"
+        client.create_repository(repo, suite.namespace(repo))
+        client.put_objects(repo, "main", ({"path": f"p/{i:06d}", "physical_address": f"/a/{i}",
+                                           "size_bytes": 1} for i in range(size)))
+        client.commit(repo, "main", "load")
+        calls.clear()
+        stores.clear()
+        assert qs.entries(spark, f"quarry://{repo}/main/p/", connection=conn).count() == size
+        costs.append((sorted(calls), sum(s.counts.get("get", 0) for s in stores)))
+    assert costs[0] == costs[1]
+    assert costs[0][1] == 1  # the metarange
+
+
+def _slow(batches):
+    import time
+
+    for batch in batches:
+        time.sleep(30)
+        yield batch
+
+
+def test_a_cancelled_job_leaves_the_target_unchanged(spark, suite, client, conn, repo):
+    import time
+
+    head = client.get_branch(repo, "main").commit_id
+    frame = numbers(spark, 0, 100, 2).mapInArrow(_slow, "id long, doubled long, label string")
+    outcome: list = []
+
+    def run():
+        try:
+            qs.write(frame, f"quarry://{repo}/main/t", connection=conn)
+            outcome.append(None)
+        except Exception as exc:  # noqa: BLE001 - inspected below
+            outcome.append(exc)
+
+    writer = threading.Thread(target=run)
+    writer.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not [
+            b for b in client.iter_branches(repo) if b.name.startswith(EPHEMERAL_PREFIX)]:
+        time.sleep(0.05)
+    time.sleep(1.0)  # the tasks are running
+    spark.sparkContext.cancelAllJobs()
+    writer.join(60)
+    assert not writer.is_alive()
+    assert outcome and outcome[0] is not None and "cancel" in str(outcome[0]).lower()
+    assert client.get_branch(repo, "main").commit_id == head
+    assert no_ephemeral_branches(client, repo)
+    assert paths(client, repo, "main") == []
