@@ -6,7 +6,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = ["kv_gateway.py", "branch_reads.py", "commit_vs_git.py", "merge_vs_git.py",
-              "compaction_2092.py"]
+              "compaction_2092.py", "spark_write.py"]
 
 if __name__ == "__main__":
     selected = sys.argv[1:] or BENCHMARKS

@@ -366,6 +366,16 @@ def test_bad_options_and_missing_branch(spark, client, conn, repo):
     with pytest.raises(errors.NotFound) as failure:
         qs.read(spark, f"quarry://{repo}/main/empty", connection=conn)
     assert failure.value.reason == "NO_OBJECTS_UNDER_PATH"
+    with pytest.raises(errors.InvalidArgument) as failure:
+        qs.write(frame, f"quarry://{repo}/main/", mode="overwrite", connection=conn)
+    assert failure.value.reason == "INVALID_WRITE_OPTIONS"
+    # Uncommitted changes on the target: refused before any task runs.
+    client.put_object(repo, "main", path="pending", physical_address="/p", size_bytes=1)
+    jobs_before = spark.sparkContext.statusTracker().getJobIdsForGroup(None)
+    with pytest.raises(errors.FailedPrecondition) as failure:
+        qs.write(frame, f"quarry://{repo}/main/t", connection=conn)
+    assert failure.value.reason == "DIRTY_BRANCH"
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup(None) == jobs_before
     assert no_ephemeral_branches(client, repo)
 
 

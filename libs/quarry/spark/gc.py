@@ -140,9 +140,10 @@ def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = No
         metaranges = {references.commits[c].metarange_id for c in kept
                       if c in references.commits} | references.compacted
         with open_blob_store(repo.storage_namespace, connection) as store:
-            range_ids = _ranges_of(store, metaranges)
+            listing = list(store.list(""))
+            range_ids = _ranges_of(store, metaranges, {o.key for o in listing})
             report.referenced_metaranges, report.referenced_ranges = len(metaranges), len(range_ids)
-            candidates = _candidates(store, started - grace, report)
+            candidates = _candidates(listing, started - grace, report)
         data_keys = [c for c in candidates if c[2] == "data"]
         orphan_data = _unreferenced_data_keys(spark, repo.storage_namespace, sorted(range_ids),
                                               references.staged_addresses, data_keys,
@@ -217,7 +218,9 @@ class _References:
                     commit.generation, commit.metarange_id)
 
 
-def _ranges_of(store, metarange_ids: set[str]) -> set[str]:
+def _ranges_of(store, metarange_ids: set[str], existing_keys: set[str]) -> set[str]:
+    """The range ids of the metaranges, checked against the namespace's listing: if a
+    referenced file is missing, the references are not trustworthy and GC stops."""
     from quarry.blob import ObjectNotFound
     from quarry.committed import format as rformat
 
@@ -232,7 +235,7 @@ def _ranges_of(store, metarange_ids: set[str]) -> set[str]:
                 f"metarange {metarange_id} of a retained commit is missing; nothing deleted",
                 metadata={"metarange_id": metarange_id}) from None
         range_ids.update(r.id for r in ranges)
-    missing = [rid for rid in range_ids if not store.exists(rformat.range_key(rid))]
+    missing = [rid for rid in range_ids if rformat.range_key(rid) not in existing_keys]
     if missing:
         raise GarbageCollectionUnsafe(
             f"{len(missing)} ranges of retained commits are missing (e.g. {missing[0]}); "
@@ -240,12 +243,12 @@ def _ranges_of(store, metarange_ids: set[str]) -> set[str]:
     return range_ids
 
 
-def _candidates(store, older_than: _dt.datetime, report: GCReport) -> list[tuple]:
-    """(key, size, kind, id) of every object GC may consider, i.e. not internal and older
-    than the grace period."""
+def _candidates(listing, older_than: _dt.datetime, report: GCReport) -> list[tuple]:
+    """(key, size, kind, id) of every listed object GC may consider, i.e. not internal and
+    older than the grace period."""
     limit = older_than.timestamp()
     found = []
-    for info in store.list(""):
+    for info in listing:
         report.objects_scanned += 1
         what = classify(info.key)
         if what.kind == "internal":

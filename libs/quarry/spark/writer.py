@@ -60,6 +60,9 @@ def write(df, uri: str, format: str = "parquet", mode: str = "append", message: 
         raise InvalidWriteOptions(f"mode {mode!r} is not one of {', '.join(MODES)}")
     if max_records_per_file < 0:
         raise InvalidWriteOptions("max_records_per_file may not be negative")
+    if mode == "overwrite" and not target.prefix:
+        raise InvalidWriteOptions("overwrite needs a PATH: it would replace the whole "
+                                  "repository", metadata={"uri": uri})
     spark = df.sparkSession
     connection = Connection.resolve(spark, connection)
     from quarry.client import Client
@@ -97,6 +100,7 @@ class _Job:
         repository = self.client.get_repository(repo)
         self.storage_namespace = repository.storage_namespace
         head = self.client.get_branch(repo, self.target.ref)
+        self._require_clean_target()
         self.client.create_branch(repo, self.branch, head.commit_id)
         try:
             result = self._write_commit_merge(df, head)
@@ -136,6 +140,19 @@ class _Job:
                                    committer=self.committer, metadata=metadata,
                                    allow_empty=True)
         return merged.commit
+
+    def _require_clean_target(self) -> None:
+        """The merge at the end needs a target without uncommitted changes: fail before the
+        job runs rather than after (one call; free on a clean branch)."""
+        page = self.client.diff_uncommitted(self.target.repository, self.target.ref,
+                                            page_size=1)
+        if page.changes:
+            from quarry.graveler.errors import DirtyBranch
+
+            raise DirtyBranch(f"branch {self.target.ref!r} has uncommitted changes; commit or "
+                              f"discard them before writing to it from Spark",
+                              metadata={"repository": self.target.repository,
+                                        "branch": self.target.ref})
 
     def _run_tasks(self, df) -> list[dict]:
         from opentelemetry.propagate import inject
