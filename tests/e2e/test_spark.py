@@ -161,14 +161,27 @@ def test_max_records_per_file_splits_task_output(spark, client, conn, repo):
     assert ids(qs.read(spark, f"quarry://{repo}/main/t", connection=conn)) == list(range(100))
 
 
-def _fail_partition(partition: int):
+def _fail_after_partition_zero_wrote(namespace: str, earlier_jobs: set[str]):
+    """Partition 1 fails for good, but only once this job's partition 0 file is in the
+    namespace, so the job fails after another task wrote a file (the cleanup removes it)."""
+
     def run(batches):
+        import glob
+        import os
+        import time
+
         from pyspark import TaskContext
 
-        for batch in batches:
-            if TaskContext.get().partitionId() == partition:
-                raise RuntimeError("injected task failure")
-            yield batch
+        def written() -> bool:
+            return any(os.path.basename(os.path.dirname(f)) not in earlier_jobs
+                       for f in glob.glob(f"{namespace}/data/spark/*/part-00000-*"))
+
+        if TaskContext.get().partitionId() == 1:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not written():
+                time.sleep(0.02)
+            raise RuntimeError("injected task failure")
+        yield from batches
     return run
 
 
@@ -176,8 +189,11 @@ def test_a_task_failing_for_good_leaves_the_target_unchanged(spark, suite, clien
                                                               repo):
     qs.write(numbers(spark, 0, 10, 1), f"quarry://{repo}/main/t", connection=conn)
     head = client.get_branch(repo, "main")
-    frame = numbers(spark, 0, 400, 2).mapInArrow(_fail_partition(1),
-                                                 "id long, doubled long, label string")
+    frame = numbers(spark, 0, 400, 2).mapInArrow(
+        _fail_after_partition_zero_wrote(
+            suite.namespace(repo),
+            {key.split("/")[2] for key in namespace_keys(suite, repo, JOB_DATA_PREFIX)}),
+        "id long, doubled long, label string")
     with pytest.raises(Exception, match="injected task failure"):
         qs.write(frame, f"quarry://{repo}/main/t", connection=conn)
 
@@ -211,7 +227,7 @@ def _fewer_rows_on_retry(fail_partition: int, branch_manager: str, repo: str):
                              if b.name.startswith("_quarry-spark-")]
                 job = branch[len("_quarry-spark-"):]
                 c.put_objects(repo, branch, [
-                    {"path": f"t/part-{fail_partition:05d}-{job}-c{i:03d}.snappy.parquet",
+                    {"path": f"t/part-{job}-{fail_partition:05d}-c{i:03d}.snappy.parquet",
                      "physical_address": f"/dead/attempt/{i}", "size_bytes": 1}
                     for i in range(100)])
             raise RuntimeError("task died after staging")
@@ -463,19 +479,22 @@ def test_entries_cost_one_metarange_read_and_the_same_rpcs_whatever_the_size(
     assert costs[0][1] == 1  # the metarange
 
 
-def _slow(batches):
-    import time
+def _slow():
+    # A closure, so cloudpickle ships it by value (executors cannot import this module).
+    def run(batches):
+        import time
 
-    for batch in batches:
-        time.sleep(30)
-        yield batch
+        for batch in batches:
+            time.sleep(30)
+            yield batch
+    return run
 
 
 def test_a_cancelled_job_leaves_the_target_unchanged(spark, suite, client, conn, repo):
     import time
 
     head = client.get_branch(repo, "main").commit_id
-    frame = numbers(spark, 0, 100, 2).mapInArrow(_slow, "id long, doubled long, label string")
+    frame = numbers(spark, 0, 100, 2).mapInArrow(_slow(), "id long, doubled long, label string")
     outcome: list = []
 
     def run():

@@ -11,8 +11,9 @@ Idempotence under task retries and speculative execution:
   the same file (a slower attempt cannot overwrite bytes another attempt's entry points to);
 - a file is written completely before its entry is staged, so no entry points at a partial
   file. Files of attempts whose entries lost are unreferenced and left to `quarry gc`;
-- an attempt that failed may have staged files its retry does not write (different rows on
-  a retry): the driver discards staged paths that no successful attempt reported.
+- an attempt that failed, or a speculative attempt that lost (and may still be running),
+  can stage entries the successful attempts did not report: the driver makes the committed
+  files exactly the reported ones (quarry.spark.writer).
 """
 
 from __future__ import annotations
@@ -35,15 +36,19 @@ FORMATS = {
     "json": ("json", "application/x-ndjson"),
 }
 
-# One row per file a task wrote: what the driver collects to reconcile and report.
+# One row per file a task wrote: the staged entry's fields (the driver rebuilds the exact
+# entry from them, see file_entry) and the row count.
 RESULT_SCHEMA = pa.schema([
     pa.field("path", pa.string(), nullable=False),
     pa.field("physical_address", pa.string(), nullable=False),
     pa.field("size_bytes", pa.int64(), nullable=False),
+    pa.field("checksum", pa.string(), nullable=False),
+    pa.field("mtime_us", pa.int64(), nullable=False),
     pa.field("rows", pa.int64(), nullable=False),
     pa.field("partition", pa.int32(), nullable=False),
 ])
-RESULT_DDL = "path string, physical_address string, size_bytes long, rows long, partition int"
+RESULT_DDL = ("path string, physical_address string, size_bytes long, checksum string, "
+              "mtime_us long, rows long, partition int")
 
 
 @dataclass(frozen=True)
@@ -65,9 +70,25 @@ class WriteSpec:
     stage_batch_files: int = 100
 
 
+def job_path_prefix(spec: WriteSpec) -> str:
+    """Every object path this job writes starts with this (so one listing finds them)."""
+    return f"{spec.prefix}part-{spec.job_id}-"
+
+
 def object_path(spec: WriteSpec, partition: int, index: int) -> str:
     extension = FORMATS[spec.format][0]
-    return f"{spec.prefix}part-{partition:05d}-{spec.job_id}-c{index:03d}.{extension}"
+    return f"{job_path_prefix(spec)}{partition:05d}-c{index:03d}.{extension}"
+
+
+def file_entry(spec: WriteSpec, row: dict):
+    """The entry staged for a written file, from its result row (executor and driver)."""
+    from quarry.client import make_entry
+
+    metadata = {**spec.metadata, "quarry.spark.rows": str(row["rows"])}
+    return make_entry(row["path"], physical_address=row["physical_address"],
+                      size_bytes=row["size_bytes"], checksum=row["checksum"],
+                      mtime=row["mtime_us"] / 1e6, content_type=FORMATS[spec.format][1],
+                      metadata=metadata)
 
 
 def file_key(spec: WriteSpec, partition: int, index: int, task_attempt_id: int) -> str:
@@ -145,9 +166,7 @@ def write_task(spec: WriteSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator
 def _write_and_stage(spec: WriteSpec, batches, partition: int,
                      task_attempt_id: int) -> list[dict]:
     from quarry.blob import open_blob_store
-    from quarry.client import make_entry
 
-    content_type = FORMATS[spec.format][1]
     store = open_blob_store(spec.storage_namespace, spec.connection)
     base = spec.storage_namespace.rstrip("/") + "/"
     client = client_for(spec.connection)
@@ -157,15 +176,13 @@ def _write_and_stage(spec: WriteSpec, batches, partition: int,
             data = encode_file(table, spec.format)
             key = file_key(spec, partition, index, task_attempt_id)
             store.put(key, data)
-            path = object_path(spec, partition, index)
-            metadata = {**spec.metadata, "quarry.spark.rows": str(table.num_rows)}
-            entries.append(make_entry(path, physical_address=base + key, size_bytes=len(data),
-                                      checksum=hashlib.sha256(data).hexdigest(),
-                                      mtime=_dt.datetime.now(_dt.timezone.utc),
-                                      content_type=content_type, metadata=metadata))
-            rows.append({"path": path, "physical_address": base + key,
-                         "size_bytes": len(data), "rows": table.num_rows,
-                         "partition": partition})
+            row = {"path": object_path(spec, partition, index),
+                   "physical_address": base + key, "size_bytes": len(data),
+                   "checksum": hashlib.sha256(data).hexdigest(),
+                   "mtime_us": int(_dt.datetime.now(_dt.timezone.utc).timestamp() * 1e6),
+                   "rows": table.num_rows, "partition": partition}
+            rows.append(row)
+            entries.append(file_entry(spec, row))
             if len(entries) >= spec.stage_batch_files:
                 client.put_objects(spec.repository, spec.branch, entries)
                 entries = []

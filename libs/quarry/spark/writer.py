@@ -8,10 +8,10 @@ The driver
 2. (overwrite) stages the removal of everything under PATH on it;
 3. runs one Spark job whose tasks write data files into the storage namespace and stage
    their entries on the ephemeral branch (quarry.spark.executor);
-4. reconciles what is staged with what the successful task attempts reported (a failed
-   attempt may have staged a file its retry did not produce: that entry is discarded);
-5. commits the ephemeral branch and merges it into the target — the committer retries a
-   merge that lost a race by merging its previous result onto the new HEAD;
+4. commits exactly the files the successful task attempts reported (what failed or losing
+   speculative attempts staged is removed or replaced first, and the commit is checked);
+5. merges that commit into the target — the committer retries a merge that lost a race by
+   merging its previous result onto the new HEAD;
 6. deletes the ephemeral branch.
 
 Any failure (a task that fails for good, a cancelled job, a merge conflict) leaves the
@@ -28,22 +28,25 @@ from typing import Mapping
 from quarry import errors, telemetry
 from quarry.spark.common import (JOB_DATA_PREFIX, Connection, QuarryUri, ephemeral_branch,
                                  new_job_id, parse_uri)
-from quarry.spark.executor import FORMATS, RESULT_DDL, WriteSpec, write_task
+from quarry.spark.executor import (FORMATS, RESULT_DDL, WriteSpec, file_entry,
+                                   job_path_prefix, write_task)
 from quarry.v1 import types_pb2
 
 log = logging.getLogger("quarry.spark")
 
 MODES = ("append", "overwrite")
+# Rounds of "stage exactly the reported files, commit, check" before giving up.
+RECONCILE_ROUNDS = 5
 
 
 class InvalidWriteOptions(errors.InvalidArgument):
     reason = "INVALID_WRITE_OPTIONS"
 
 
-class WriteIncomplete(errors.Internal):
-    """A task reported a file whose entry is not staged: never expected; the write stops."""
+class WriteIncomplete(errors.Aborted):
+    """Late task attempts kept changing the job's files on the ephemeral branch."""
 
-    reason = "SPARK_WRITE_INCOMPLETE"
+    reason = "SPARK_WRITE_UNSETTLED"
 
 
 def write(df, uri: str, format: str = "parquet", mode: str = "append", message: str = "",
@@ -125,21 +128,56 @@ class _Job:
             old = (e.path for e in self.client.iter_objects(repo, self.branch, prefix=prefix))
             removed = self.client.delete_objects(repo, self.branch, old)
         files = self._run_tasks(df)
-        self._reconcile(files)
         if not files and not removed:
             return self.client.get_commit(repo, head.commit_id)
         rows = sum(f["rows"] for f in files)
         metadata = {**self.metadata, "quarry.spark.files": str(len(files)),
                     "quarry.spark.rows": str(rows)}
-        committed = self.client.commit(repo, self.branch, self.message,
-                                       committer=self.committer, metadata=metadata,
-                                       allow_empty=True)
-        self.ephemeral_commit = committed.commit.id
+        commit = self._commit_exactly({f["path"]: file_entry(self.spec, f) for f in files},
+                                      metadata)
+        self.ephemeral_commit = commit.id
         self.merge_attempted = True
-        merged = self.client.merge(repo, self.branch, self.target.ref, message=self.message,
+        # Merge the verified commit, not the branch: a late write there changes nothing.
+        merged = self.client.merge(repo, commit.id, self.target.ref, message=self.message,
                                    committer=self.committer, metadata=metadata,
                                    allow_empty=True)
         return merged.commit
+
+    def _commit_exactly(self, reported: dict, metadata: dict) -> types_pb2.Commit:
+        """Commit the ephemeral branch with exactly the reported files of this job.
+
+        What a failed attempt staged, or what a losing speculative attempt staged (even
+        after the job ended: Spark stops such tasks asynchronously), may differ from what
+        the successful attempts reported: extra paths, or a reported path with another
+        attempt's file. Each round sets the branch to the reported entries, commits, and
+        checks the commit; a write that slipped in between is fixed by the next round."""
+        repo = self.target.repository
+        commit = None
+        for _ in range(RECONCILE_ROUNDS):
+            self._stage_exactly(self.branch, reported)
+            commit = self.client.commit(repo, self.branch, self.message,
+                                        committer=self.committer, metadata=metadata,
+                                        allow_empty=True).commit
+            if self._job_files(commit.id) == {p: e.physical_address
+                                              for p, e in reported.items()}:
+                return commit
+        raise WriteIncomplete(f"the files of job {self.job_id} kept changing on "
+                              f"{self.branch} after the job ended")
+
+    def _job_files(self, ref: str) -> dict[str, str]:
+        """path → physical address of this job's files at `ref` (staging included)."""
+        return {e.path: e.physical_address for e in self.client.iter_objects(
+            self.target.repository, ref, prefix=job_path_prefix(self.spec))}
+
+    def _stage_exactly(self, branch: str, reported: dict) -> None:
+        current = self._job_files(branch)
+        extra = sorted(set(current) - set(reported))
+        if extra:
+            self.client.delete_objects(self.target.repository, branch, extra)
+        wrong = [entry for path, entry in sorted(reported.items())
+                 if current.get(path) != entry.physical_address]
+        if wrong:
+            self.client.put_objects(self.target.repository, branch, wrong)
 
     def _require_clean_target(self) -> None:
         """The merge at the end needs a target without uncommitted changes: fail before the
@@ -160,34 +198,17 @@ class _Job:
         carrier: dict = {}
         if telemetry.tracing_enabled():
             inject(carrier)
-        spec = WriteSpec(self.connection, self.target.repository, self.branch,
-                         self.storage_namespace, self.target.prefix, self.job_id, self.format,
-                         self.max_records_per_file, carrier,
-                         {"quarry.spark.job": self.job_id})
+        self.spec = WriteSpec(self.connection, self.target.repository, self.branch,
+                              self.storage_namespace, self.target.prefix, self.job_id,
+                              self.format, self.max_records_per_file, carrier,
+                              {"quarry.spark.job": self.job_id})
         context = self.spark.sparkContext
         context.setJobDescription(f"quarry write {self.target} ({self.mode})")
         try:
-            collected = df.mapInArrow(write_task(spec), RESULT_DDL).collect()
+            collected = df.mapInArrow(write_task(self.spec), RESULT_DDL).collect()
         finally:
             context.setJobDescription(None)
         return [row.asDict() for row in collected]
-
-    def _reconcile(self, files: list[dict]) -> None:
-        """Make the staged files exactly the files of the successful attempts."""
-        repo = self.target.repository
-        reported = {f["path"] for f in files}
-        staged = set()
-        for change in self.client.iter_uncommitted(repo, self.branch,
-                                                   prefix=self.target.prefix):
-            if change.type != types_pb2.CHANGE_TYPE_REMOVED and self.job_id in change.path:
-                staged.add(change.path)
-        for path in sorted(staged - reported):
-            # Staged by an attempt whose retry wrote fewer files: not part of the result.
-            self.client.discard_changes(repo, self.branch, path=path)
-        missing = reported - staged
-        if missing:
-            raise WriteIncomplete(f"{len(missing)} written files are not staged, e.g. "
-                                  f"{sorted(missing)[0]!r}")
 
     def _merged(self) -> bool | None:
         """Whether the ephemeral commit is in the target's history; None if that cannot be

@@ -16,8 +16,8 @@ import pytest
 
 from quarry.graveler.names import check_path
 from quarry.spark.common import JOB_DATA_PREFIX, Connection
-from quarry.spark.executor import (FORMATS, WriteSpec, _tables, encode_file, file_key,
-                                   object_path)
+from quarry.spark.executor import (FORMATS, WriteSpec, _tables, encode_file, file_entry,
+                                   file_key, job_path_prefix, object_path)
 
 UTC = dt.timezone.utc
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
@@ -160,9 +160,30 @@ def test_object_paths_sort_by_partition_then_index():
 
 
 def test_object_path_at_the_root():
-    path = object_path(spec(prefix=""), 0, 0)
-    assert path.startswith("part-00000-")
+    s = spec(prefix="")
+    path = object_path(s, 0, 0)
+    assert path.startswith(f"part-{s.job_id}-00000-")
     assert not path.startswith("/")
+
+
+def test_every_object_path_of_a_job_shares_the_job_prefix_and_no_other_job_does():
+    s, other = spec(), spec(job_id="20261126T000000-ffffffffffff")
+    assert all(object_path(s, p, i).startswith(job_path_prefix(s))
+               for p in range(3) for i in range(3))
+    assert not object_path(other, 0, 0).startswith(job_path_prefix(s))
+
+
+def test_file_entry_is_what_the_driver_rebuilds_from_the_result_row():
+    s = spec()
+    row = {"path": object_path(s, 0, 0), "physical_address": "/ns/data/x", "size_bytes": 10,
+           "checksum": "abc", "mtime_us": 1_700_000_000_123_456, "rows": 7, "partition": 0}
+    entry = file_entry(s, row)
+    assert (entry.path, entry.physical_address, entry.size_bytes, entry.checksum) == \
+        (row["path"], "/ns/data/x", 10, "abc")
+    assert entry.mtime.ToMicroseconds() == row["mtime_us"]
+    assert entry.metadata["quarry.spark.rows"] == "7"
+    assert entry.content_type == "application/vnd.apache.parquet"
+    assert file_entry(s, dict(row)) == entry
 
 
 def test_file_key_differs_per_task_attempt():
