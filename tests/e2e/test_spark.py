@@ -315,6 +315,27 @@ def test_two_jobs_on_one_branch_at_once_both_land(spark, client, conn, repo):
     assert no_ephemeral_branches(client, repo)
 
 
+def test_a_merge_whose_answer_is_lost_still_succeeds_and_keeps_its_files(
+        spark, suite, client, conn, repo, monkeypatch):
+    from quarry.client import Client
+
+    real_merge = Client.merge
+
+    def merge_then_lose_the_answer(self, *args, **kwargs):
+        real_merge(self, *args, **kwargs)
+        raise errors.Unavailable("connection reset after the merge landed")
+
+    monkeypatch.setattr(Client, "merge", merge_then_lose_the_answer)
+    commit = qs.write(numbers(spark, 0, 100, 2), f"quarry://{repo}/main/t", connection=conn)
+    monkeypatch.undo()
+    head = client.get_branch(repo, "main")
+    assert commit.id == head.commit_id and len(commit.parents) == 2
+    assert stray_job_files(suite, client, repo) == set()
+    assert len(namespace_keys(suite, repo, JOB_DATA_PREFIX)) == 2
+    assert ids(qs.read(spark, f"quarry://{repo}/main/t", connection=conn)) == list(range(100))
+    assert no_ephemeral_branches(client, repo)
+
+
 # ---- reads ----------------------------------------------------------------------------
 
 def test_entries_and_reads_by_branch_commit_tag_and_committed_state(spark, client, conn, repo):

@@ -213,3 +213,30 @@ def test_gc_command_line_dry_run_and_sweep(spark, suite, conn, tmp_path):
     invalid = quarry("gc", "set-rules", history.repo, "--branch-retention", "bad/name=3",
                      timeout=60)
     assert invalid.returncode == 1 and "INVALID_NAME" in invalid.stderr, invalid.stderr
+
+
+def test_a_branch_made_on_an_expired_commit_during_the_sweep_stops_it(spark, suite, conn,
+                                                                      monkeypatch):
+    """Content addressing lets history made during a GC run reuse files GC judged
+    unreferenced: the sweep re-reads the heads first and deletes nothing if so."""
+    import quarry.spark.gc as gc_module
+
+    history = History(spark, suite, conn)
+    before = history.keys()
+    real_recheck = gc_module._recheck
+
+    def revive_then_recheck(client, repository, *args):
+        client.create_branch(repository, "revived", history.a.id)
+        return real_recheck(client, repository, *args)
+
+    monkeypatch.setattr(gc_module, "_recheck", revive_then_recheck)
+    with pytest.raises(gc_module.GarbageCollectionUnsafe) as failure:
+        run_gc(spark, history, sweep=True)
+    assert failure.value.reason == "GC_REFERENCES_INCOMPLETE"
+    assert history.keys() == before  # nothing deleted
+    monkeypatch.undo()
+    again = run_gc(spark, history, sweep=True)  # the next run keeps the revived commit's data
+    assert again.deleted > 0
+    assert set(history.a_files) <= history.keys()
+    assert sorted(r.id for r in qs.read(spark, f"quarry://{history.repo}/revived/t",
+                                        connection=conn).collect()) == list(range(400))

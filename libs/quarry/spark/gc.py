@@ -156,6 +156,8 @@ def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = No
                 report.collectable[kind].add(key, size)
                 doomed[kind].append(key)
         if sweep:
+            _recheck(client, repository, references, kept, doomed, repo.storage_namespace,
+                     connection)
             for kind in KINDS:  # metaranges before the ranges they list, data last
                 report.deleted += _delete(spark, repo.storage_namespace, doomed[kind],
                                           connection)
@@ -199,6 +201,34 @@ class _References:
             except errors.NotFound:
                 continue  # deleted meanwhile: its staged entries went with it
 
+    def metaranges_of_new_heads(self, kept: set[str]) -> set[str]:
+        """Metaranges that branches and tags use now but did not when first read: new
+        commits, compactions, and branches or tags made on commits judged expired."""
+        found: set[str] = set()
+        starts = []
+        for branch in self.client.iter_branches(self.repository):
+            starts.append(branch.commit_id)
+            if branch.compacted_metarange_id and \
+                    branch.compacted_metarange_id not in self.compacted:
+                found.add(branch.compacted_metarange_id)
+        starts += [tag.commit_id for tag in self.client.iter_tags(self.repository)]
+        seen: set[str] = set()
+        for start in starts:
+            if start in kept or start in seen:
+                continue
+            if start in self.commits:  # an expired commit is a head or tag again
+                found.add(self.commits[start].metarange_id)
+                continue
+            # A new commit: walk back until the history already read.
+            frontier = [start]
+            while frontier:
+                commit = self.client.get_commit(self.repository, frontier.pop())
+                seen.add(commit.id)
+                found.add(commit.metarange_id)
+                frontier += [p for p in commit.parents
+                             if p not in self.commits and p not in seen]
+        return found
+
     def read_heads_and_commits(self) -> None:
         for branch in self.client.iter_branches(self.repository):
             if branch.name not in self.ignored:
@@ -216,6 +246,34 @@ class _References:
                     commit.id, tuple(commit.parents),
                     commit.creation_time.ToDatetime(tzinfo=_dt.timezone.utc),
                     commit.generation, commit.metarange_id)
+
+
+def _recheck(client, repository: str, references: "_References", kept: set[str],
+             doomed: dict, storage_namespace: str, connection: Connection) -> None:
+    """Just before deleting: the commits made since the references were read must not
+    use a range or metarange about to go (content addressing lets a new commit reuse an old
+    file without rewriting it, e.g. on a branch created from an expired commit). If one
+    does, nothing is deleted: the next run sees the new history."""
+    from quarry.blob import open_blob_store
+    from quarry.committed import format as rformat
+
+    new_metaranges = references.metaranges_of_new_heads(kept)
+    if not new_metaranges:
+        return
+    doomed_metaranges = {key[len(rformat.METARANGES_PREFIX):-len(".parquet")]
+                         for key in doomed["metarange"]}
+    doomed_ranges = {key[len(rformat.RANGES_PREFIX):-len(".parquet")]
+                     for key in doomed["range"]}
+    with open_blob_store(storage_namespace, connection) as store:
+        for metarange_id in new_metaranges:
+            used = {r.id for r in rformat.decode_metarange(
+                store.get(rformat.metarange_key(metarange_id)))} \
+                if metarange_id != rformat.EMPTY_METARANGE_ID else set()
+            if metarange_id in doomed_metaranges or used & doomed_ranges:
+                raise GarbageCollectionUnsafe(
+                    f"a commit made during this run uses files GC was about to delete "
+                    f"(metarange {metarange_id}); nothing deleted, run again",
+                    metadata={"metarange_id": metarange_id})
 
 
 def _ranges_of(store, metarange_ids: set[str], existing_keys: set[str]) -> set[str]:

@@ -113,7 +113,7 @@ class _Job:
                 # The merge landed but its answer was lost: the write succeeded.
                 log.warning("merge of %s landed although the call failed", self.branch)
                 self._delete_branch()
-                return self.client.get_commit(repo, self.target.ref)
+                return self._merge_commit()
             self._delete_branch()
             if merged is False:  # unknown (None): keep the files, GC decides later
                 self._delete_job_files()
@@ -223,6 +223,18 @@ class _Job:
             return False
         except Exception:  # noqa: BLE001 - services unreachable: unknown
             return None
+
+    def _merge_commit(self) -> types_pb2.Commit:
+        """The target's commit that merged the ephemeral commit (looked for among the
+        latest first-parent commits; the target's HEAD if others merged many since)."""
+        log_walk = self.client.iter_log(self.target.repository, self.target.ref,
+                                        first_parent=True)
+        for index, commit in enumerate(log_walk):
+            if self.ephemeral_commit in commit.parents:
+                return commit
+            if index >= 1000:
+                break
+        return self.client.get_commit(self.target.repository, self.target.ref)
 
     def _delete_branch(self) -> None:
         try:
