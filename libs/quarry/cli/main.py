@@ -141,6 +141,10 @@ def cmd_up(args: argparse.Namespace) -> int:
               f"{host}:{settings.branch_manager_port} quarry.v1.BranchManager/ListObjects")
         print(f"  {grpcurl} -plaintext {host}:{settings.kv_gateway_port} "
               "quarry.v1.ServerInfo/GetServerInfo")
+        print("\nOr from PySpark (README: Spark), and garbage-collect with Spark:")
+        print("  import quarry.spark as qs; "
+              "qs.write(df, 'quarry://demo/main/tables/t', mode='append')")
+        print(f"  {q} gc run demo            # a dry run; --sweep deletes")
         print("\nPress Ctrl-C to stop.", flush=True)
         while True:
             for name, child in children:
