@@ -206,6 +206,14 @@ def test_gc_command_line_dry_run_and_sweep(spark, suite, conn, tmp_path):
     assert "Deleted" in swept.stdout and "sweep" in swept.stdout
     assert not set(history.a_files[1:]) & history.keys()
 
+    every = quarry("gc", "run", "--all", "--now", now, "--grace-hours", "0", "--master",
+                   "local[1]", "--json")
+    assert every.returncode == 0, every.stderr[-2000:]
+    reports = {r["repository"]: r for r in json.loads(every.stdout)}
+    assert history.repo in reports and reports[history.repo]["sweep"] is False
+    neither = quarry("gc", "run", timeout=60)
+    assert neither.returncode == 1 and "give a repository or --all" in neither.stderr
+
     bad = quarry("gc", "run", history.repo, "--retention-days", "-1", timeout=60)
     assert bad.returncode != 0 and "negative" in bad.stderr
     missing = quarry("gc", "show-rules", history.repo, timeout=60)

@@ -650,13 +650,6 @@ def _gc_rules(args, base):
         {**rules.branch_retention_days, **dict(args.branch_retention or [])})
 
 
-def _rules_fields(repo: str, rules) -> list[tuple[str, str]]:
-    pairs = [("repository", repo), ("default retention", f"{rules.default_retention_days:g} days")]
-    for branch, days in sorted(rules.branch_retention_days.items()):
-        pairs.append((f"branch {branch}", f"{days:g} days"))
-    return pairs
-
-
 @command
 def gc_set_rules(args, ctx):
     from quarry.retention import RetentionRules
@@ -667,21 +660,24 @@ def gc_set_rules(args, ctx):
     rules = _gc_rules(args, RetentionRules())
     ctx.client.set_gc_rules(args.repo, rules.default_retention_days,
                             rules.branch_retention_days)
-    if ctx.json:
-        output.print_json(json.loads(rules.to_json()))
-        return
-    output.fields(_rules_fields(args.repo, rules))
+    _print_rules(ctx, args.repo, rules)
 
 
 @command
 def gc_show_rules(args, ctx):
     from quarry.retention import RetentionRules
 
-    rules = RetentionRules.from_proto(ctx.client.get_gc_rules(args.repo))
+    _print_rules(ctx, args.repo, RetentionRules.from_proto(ctx.client.get_gc_rules(args.repo)))
+
+
+def _print_rules(ctx, repo: str, rules) -> None:
     if ctx.json:
         output.print_json(json.loads(rules.to_json()))
         return
-    output.fields(_rules_fields(args.repo, rules))
+    pairs = [("repository", repo), ("default retention", f"{rules.default_retention_days:g} days")]
+    for branch, days in sorted(rules.branch_retention_days.items()):
+        pairs.append((f"branch {branch}", f"{days:g} days"))
+    output.fields(pairs)
 
 
 @command
@@ -695,8 +691,6 @@ def gc_delete_rules(args, ctx):
 
 @command
 def gc_run(args, ctx):
-    import datetime as dt
-
     try:
         from quarry.spark.gc import collect_garbage, stored_rules
         from quarry.spark.session import local_session
@@ -705,23 +699,45 @@ def gc_run(args, ctx):
                                               f"quarry[spark]") from None
     from quarry.spark.common import Connection
 
-    rules = _gc_rules(args, stored_rules(ctx.client, args.repo))
+    if bool(args.repo) == bool(args.all):
+        raise CliError("INVALID_ARGUMENT", "give a repository or --all")
     now = None
     if args.now:
         try:
-            now = dt.datetime.fromisoformat(args.now)
+            now = _dt.datetime.fromisoformat(args.now)
         except ValueError:
             raise CliError("INVALID_ARGUMENT", f"--now: not an ISO time: {args.now!r}") from None
-        now = now if now.tzinfo else now.replace(tzinfo=dt.timezone.utc)
+        now = now if now.tzinfo else now.replace(tzinfo=_dt.timezone.utc)
+    repositories = [args.repo] if args.repo else [r.name for r in
+                                                  ctx.client.iter_repositories()]
+    # Rules are checked for every repository before Spark starts (a bad flag fails fast).
+    rules = {repo: _gc_rules(args, stored_rules(ctx.client, repo)) for repo in repositories}
     connection = Connection.from_settings(ctx.settings)
     spark = local_session(args.master, "quarry-gc")
-    report = collect_garbage(spark, args.repo, rules=rules, sweep=args.sweep, now=now,
-                             grace=dt.timedelta(hours=args.grace_hours),
-                             ephemeral_ttl=dt.timedelta(hours=args.ephemeral_ttl_hours),
-                             connection=connection)
+    reports, failures = [], []
+    for repo in repositories:
+        try:
+            report = collect_garbage(
+                spark, repo, rules=rules[repo], sweep=args.sweep, now=now,
+                grace=_dt.timedelta(hours=args.grace_hours),
+                ephemeral_ttl=_dt.timedelta(hours=args.ephemeral_ttl_hours),
+                connection=connection)
+        except errors.QuarryError as exc:
+            if not args.all:
+                raise
+            failures.append(repo)  # the other repositories are still collected
+            fail(exc.reason, f"{repo}: {exc.message}")
+            continue
+        reports.append(report)
+        if not ctx.json:
+            _print_gc_report(report)
     if ctx.json:
-        output.print_json(report.to_dict())
-        return
+        output.print_json(reports[0].to_dict() if args.repo else
+                          [report.to_dict() for report in reports])
+    return EXIT_FAILURE if failures else 0
+
+
+def _print_gc_report(report) -> None:
     output.fields([("repository", report.repository),
                    ("mode", "sweep" if report.sweep else "dry run (nothing deleted)"),
                    ("commits", f"{report.commits_retained} retained, "
@@ -932,7 +948,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = leaf(gc, "run", gc_run, "garbage-collect a repository's storage namespace (a Spark "
                                 "job): expired commits' data, orphaned ranges and metaranges, "
                                 "stale Spark branches; a dry run unless --sweep")
-    p.add_argument("repo", metavar="REPO")
+    p.add_argument("repo", metavar="REPO", nargs="?")
+    p.add_argument("--all", action="store_true",
+                   help="every repository, one after another (exit 1 if any failed)")
     p.add_argument("--sweep", action="store_true", help="delete (default: only report)")
     _gc_rule_options(p, "(default: the repository's rules, else 21 days)")
     p.add_argument("--grace-hours", type=float, default=6.0, metavar="H",

@@ -60,7 +60,10 @@ def snapshot(client, repository: str, ref: str, prefix: str = "") -> Snapshot:
         if again.commit_id == branch.commit_id:
             commit = client.get_commit(repository, branch.commit_id)
             return Snapshot(repo.storage_namespace, commit.id, commit.metarange_id, changes)
-    raise errors.Aborted(f"branch {ref!r} kept moving while it was read")
+    from quarry.graveler.errors import BranchContended
+
+    raise BranchContended(f"branch {ref!r} kept moving while it was read",
+                          metadata={"repository": repository, "branch": ref})
 
 
 def range_ids_under(storage_namespace: str, metarange_id: str, prefix: str,
