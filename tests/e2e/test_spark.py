@@ -539,3 +539,75 @@ def test_a_cancelled_job_leaves_the_target_unchanged(spark, suite, client, conn,
     assert client.get_branch(repo, "main").commit_id == head
     assert no_ephemeral_branches(client, repo)
     assert paths(client, repo, "main") == []
+
+
+# ---- a driver that dies ---------------------------------------------------------------
+
+DOOMED_DRIVER = '''
+import sys
+import quarry.spark as qs
+from quarry.spark.session import local_session
+
+branch_manager, committer, uri = sys.argv[1:4]
+spark = local_session("local[1]", "doomed-driver")
+spark.sparkContext.setLogLevel("ERROR")
+
+def second_partition_hangs(batches):
+    import time
+    from pyspark import TaskContext
+    if TaskContext.get().partitionId() == 1:
+        time.sleep(600)
+    yield from batches
+
+frame = spark.range(0, 100, numPartitions=2).mapInArrow(second_partition_hangs, "id long")
+qs.write(frame, uri, connection=qs.Connection(branch_manager, committer))
+'''
+
+
+def test_a_killed_driver_leaves_the_target_unchanged_and_a_sweep_and_gc_clean_up(
+        spark, suite, client, conn, repo, tmp_path):
+    import datetime as dt
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from quarry.retention import RetentionRules
+    from quarry.spark.gc import collect_garbage
+
+    head = client.get_branch(repo, "main").commit_id
+    script = tmp_path / "driver.py"
+    script.write_text(DOOMED_DRIVER)
+    driver = subprocess.Popen([sys.executable, str(script), conn.branch_manager, conn.committer,
+                               f"quarry://{repo}/main/t"], start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        staged = []
+        while time.monotonic() < deadline and not staged:
+            ephemeral = [b.name for b in client.iter_branches(repo)
+                         if b.name.startswith(EPHEMERAL_PREFIX)]
+            if ephemeral:
+                staged = list(client.iter_uncommitted(repo, ephemeral[0]))
+            time.sleep(0.2)
+        assert staged, "the first task never staged its file"
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and its workers
+        driver.wait(30)
+
+    # The target is untouched; the dead job's branch and file are left behind...
+    assert client.get_branch(repo, "main").commit_id == head
+    assert not list(client.iter_uncommitted(repo, "main"))
+    (left,) = [b.name for b in client.iter_branches(repo) if b.name.startswith(EPHEMERAL_PREFIX)]
+    dead_file = staged[0].entry.physical_address[len(suite.namespace(repo)) + 1:]
+    # ...GC keeps the file while the branch stages it (the job might still be running)...
+    report = collect_garbage(spark, repo, rules=RetentionRules(7), grace=dt.timedelta(0),
+                             connection=conn)
+    assert dead_file not in report.collectable["data"].sample
+    # ...the sweep drops the stale branch, and then GC collects the file.
+    assert qs.sweep_ephemeral_branches(client, repo, older_than=dt.timedelta(0)) == [left]
+    swept = collect_garbage(spark, repo, rules=RetentionRules(7), grace=dt.timedelta(0),
+                            sweep=True, connection=conn)
+    assert dead_file in swept.collectable["data"].sample
+    assert dead_file not in namespace_keys(suite, repo, JOB_DATA_PREFIX)

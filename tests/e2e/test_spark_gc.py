@@ -82,6 +82,14 @@ class History:
                 store.put(self.orphan_metarange, b"dry run")
                 self.internal = "_quarry/notes/keep.txt"
                 store.put(self.internal, b"internal")
+            # A compaction whose metarange the next commit replaces: a real orphan.
+            c.create_branch(self.repo, "dev", "main@")
+            c.put_objects(self.repo, "dev", [{"path": f"dev/{i}", "physical_address": "/x",
+                                              "size_bytes": i} for i in range(3)])
+            compacted = c.compact(self.repo, "dev").compacted_metarange_id
+            c.put_object(self.repo, "dev", path="dev/late", physical_address="/y", size_bytes=1)
+            c.commit(self.repo, "dev", "after the compaction")
+            self.old_compaction = rformat.metarange_key(compacted)
             self.stale_branch = f"{EPHEMERAL_PREFIX}20200101T000000-0123456789ab"
             c.create_branch(self.repo, self.stale_branch, "main@")
             c.put_object(self.repo, self.stale_branch, path="t/dead",
@@ -114,6 +122,7 @@ def test_dry_run_reports_and_sweep_deletes_exactly_the_unreferenced(spark, suite
     assert set(report.collectable["data"].sample) == expected_data
     assert history.orphan_range in report.collectable["range"].sample
     assert history.orphan_metarange in report.collectable["metarange"].sample
+    assert history.old_compaction in report.collectable["metarange"].sample
     assert report.ephemeral_branches == [history.stale_branch]
     assert report.commits_expired > 0 and report.deleted == 0
     with open_blob_store(suite.namespace(history.repo)) as store:
@@ -127,7 +136,7 @@ def test_dry_run_reports_and_sweep_deletes_exactly_the_unreferenced(spark, suite
     after = history.keys()
     gone = before - after
     assert expected_data <= gone
-    assert {history.orphan_range, history.orphan_metarange} <= gone
+    assert {history.orphan_range, history.orphan_metarange, history.old_compaction} <= gone
     # Never deleted: data of the head and the tag, the staged file, internal files.
     assert set(history.b_files) | set(history.c_files) | {history.restaged, history.internal} \
         <= after
