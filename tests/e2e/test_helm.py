@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,8 @@ SERVICES = {
     "range-writer": ("rangeWriter", 7405, 9405, 2),
 }
 OBJECT_STORE_USERS = {"range-writer", "branch-manager"}
+GC = "gc"  # component (and name suffix) of the optional garbage-collection CronJob
+GC_DEFAULT_OPTIONS = ["--grace-hours", "6", "--ephemeral-ttl-hours", "24", "--master", "local[*]"]
 
 CHART_META = yaml.safe_load((CHART / "Chart.yaml").read_text())
 APP_VERSION = str(CHART_META["appVersion"])
@@ -71,6 +74,17 @@ FULL_VALUES = (
     "--set", "logLevel=DEBUG",
     "--set", "services.compactorSensor.replicas=2",
     "--set", "image.tag=0.1.0-rc1",
+    "--set", "gc.enabled=true",
+    "--set-string", "gc.serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn="
+                    "arn:aws:iam::123456789012:role/quarry-s3-gc",
+    "--set", "gc.podAnnotations.example\\.com/team=lake",
+)
+# The gc CronJob with a repository list and dry runs (the other command shape).
+GC_REPOSITORY_VALUES = (
+    "--set", "gc.enabled=true",
+    "--set", "gc.repositories={lake-a,lake-b,lake-c}",
+    "--set", "gc.sweep=false",
+    "--set", "objectStore.s3.endpointUrl=http://minio:9000",
 )
 
 
@@ -365,11 +379,20 @@ def test_standard_labels_on_every_object():
         assert labels.get("app.kubernetes.io/version") == APP_VERSION, where
         assert labels.get("app.kubernetes.io/managed-by") == "Helm", where
         assert labels.get("helm.sh/chart") == CHART_LABEL, where
-        if doc["kind"] in {"Deployment", "Service", "PodDisruptionBudget", "ServiceAccount"}:
+        if doc["kind"] in {"Deployment", "Service", "PodDisruptionBudget"}:
             assert labels.get("app.kubernetes.io/component") in SERVICES, where
+        if doc["kind"] == "ServiceAccount":
+            assert labels.get("app.kubernetes.io/component") in {*SERVICES, GC}, where
+        if doc["kind"] == "CronJob":
+            assert labels.get("app.kubernetes.io/component") == GC, where
         if doc["kind"] == "Deployment":
             pod_labels = doc["spec"]["template"]["metadata"]["labels"]
             assert labels.items() <= pod_labels.items(), where
+        if doc["kind"] == "CronJob":
+            job = doc["spec"]["jobTemplate"]
+            assert labels.items() <= job["metadata"]["labels"].items(), where
+            assert labels.items() <= job["spec"]["template"]["metadata"]["labels"].items(), where
+    assert "CronJob" in {d["kind"] for d in docs}, "FULL_VALUES should render the gc CronJob"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,7 +440,8 @@ def test_services_load_the_rendered_configuration(values):
 
 
 @pytest.mark.parametrize("k8s_version", [K8S_FLOOR, K8S_LATEST])
-@pytest.mark.parametrize("values", [(), FULL_VALUES], ids=["defaults", "all-options"])
+@pytest.mark.parametrize("values", [(), FULL_VALUES, GC_REPOSITORY_VALUES],
+                         ids=["defaults", "all-options", "gc-repositories"])
 def test_rendered_documents_are_valid_kubernetes(values, k8s_version):
     docs = render(*values)
     validated = 0
@@ -638,6 +662,207 @@ def test_config_change_rolls_the_pods():
 
 
 # ---------------------------------------------------------------------------------------------
+# the optional garbage-collection CronJob
+
+
+def gc_cronjob(docs: list[dict]) -> dict:
+    cronjobs = objects(docs, "CronJob")
+    assert set(cronjobs) == {full_name(GC)}, sorted(cronjobs)
+    return cronjobs[full_name(GC)]
+
+
+def gc_pod(cronjob: dict) -> dict:
+    return cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+
+
+def gc_container(cronjob: dict) -> dict:
+    cs = gc_pod(cronjob)["containers"]
+    assert len(cs) == 1 and not gc_pod(cronjob).get("initContainers"), cs
+    return cs[0]
+
+
+def gc_invocations(container: dict) -> list[list[str]]:
+    """The `quarry gc run` command lines the container runs, in order: its command itself, or
+    the `quarry gc run ...` lines of its /bin/sh -c script."""
+    command = container["command"]
+    if command[0] == "quarry":
+        return [command]
+    assert command[:2] == ["/bin/sh", "-c"] and len(command) == 3, command
+    lines = [ln.split("||", 1)[0] for ln in command[2].splitlines()
+             if ln.strip().startswith("quarry ")]
+    return [shlex.split(ln) for ln in lines]
+
+
+def test_no_gc_cronjob_by_default():
+    docs = render()
+    assert not objects(docs, "CronJob") and not objects(docs, "Job")
+    assert full_name(GC) not in objects(docs, "ServiceAccount")  # gc.serviceAccount.create is true
+    assert not objects(render("--set-string", "gc.serviceAccount.annotations.a=b"), "CronJob")
+
+
+def test_gc_cronjob_defaults():
+    docs = render("--set", "gc.enabled=true")
+    kinds = collections.Counter(d["kind"] for d in docs)
+    assert kinds["CronJob"] == 1 and kinds["ServiceAccount"] == 6 and kinds["Deployment"] == 5, kinds
+    cj = gc_cronjob(docs)
+    assert cj["apiVersion"] == "batch/v1" and cj["metadata"]["namespace"] == NAMESPACE
+    spec = cj["spec"]
+    assert spec["schedule"] == "30 3 * * *"
+    assert spec["concurrencyPolicy"] == "Forbid"
+    assert spec["successfulJobsHistoryLimit"] == 3 and spec["failedJobsHistoryLimit"] == 3
+    job = spec["jobTemplate"]["spec"]
+    assert job["backoffLimit"] == 0 and job["activeDeadlineSeconds"] == 21600
+    pod = gc_pod(cj)
+    assert pod["restartPolicy"] == "Never"
+    assert pod["serviceAccountName"] == full_name(GC) in objects(docs, "ServiceAccount")
+    assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
+    assert job["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == GC
+
+    c = gc_container(cj)
+    assert c["command"] == ["quarry", "gc", "run", "--all", "--sweep", *GC_DEFAULT_OPTIONS]
+    assert "--json" not in c["command"]
+    # Same image and security conventions as the Deployments.
+    dep_c = main_container(deployment(docs, "range-writer"))
+    dep_pod = deployment(docs, "range-writer")["spec"]["template"]["spec"]
+    assert (c["image"], c["imagePullPolicy"]) == (dep_c["image"], dep_c["imagePullPolicy"])
+    assert c["securityContext"] == dep_c["securityContext"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"] == dep_pod["securityContext"]
+    assert c["resources"] == {"requests": {"cpu": 1, "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
+    # Spark needs a writable home and /tmp on the read-only root filesystem.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    env = container_env(docs, c)
+    assert env["HOME"] == "/tmp" and env["SPARK_LOCAL_IP"] == "127.0.0.1"
+    assert env["OTEL_SERVICE_NAME"] == "quarry-gc"
+
+
+@pytest.mark.parametrize("sweep", [True, False], ids=["sweep", "dry-run"])
+def test_gc_command_for_all_repositories(sweep):
+    c = gc_container(gc_cronjob(render("--set", "gc.enabled=true", "--set", f"gc.sweep={str(sweep).lower()}",
+                                       "--set", "gc.graceHours=12", "--set", "gc.sparkMaster=local[2]")))
+    expected = ["quarry", "gc", "run", "--all"] + (["--sweep"] if sweep else []) + [
+        "--grace-hours", "12", "--ephemeral-ttl-hours", "24", "--master", "local[2]"]
+    assert c["command"] == expected
+    assert gc_invocations(c) == [expected]
+
+
+@pytest.mark.parametrize("sweep", [True, False], ids=["sweep", "dry-run"])
+def test_gc_command_per_repository(sweep):
+    c = gc_container(gc_cronjob(render("--set", "gc.enabled=true",
+                                       "--set", "gc.repositories={lake-a,lake-b}",
+                                       "--set", f"gc.sweep={str(sweep).lower()}")))
+    options = (["--sweep"] if sweep else []) + GC_DEFAULT_OPTIONS
+    assert gc_invocations(c) == [["quarry", "gc", "run", "lake-a", *options],
+                                 ["quarry", "gc", "run", "lake-b", *options]]
+    assert "--all" not in c["command"][2]
+
+
+@pytest.mark.parametrize("failing", [(), ("lake-a",), ("lake-a", "lake-c")], ids=["none", "first", "two"])
+def test_gc_repository_script_runs_every_repository_and_fails_if_any_failed(tmp_path, failing):
+    """Run the rendered script with a stub `quarry`: every repository is collected in order,
+    a failure does not stop the others, and the script exits non-zero if any failed."""
+    c = gc_container(gc_cronjob(render(*GC_REPOSITORY_VALUES)))
+    log = tmp_path / "calls"
+    stub = tmp_path / "quarry"
+    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$*" >> "$QUARRY_STUB_LOG"\n'
+                    'case " $QUARRY_STUB_FAIL " in *" $3 "*) exit 1;; esac\n')
+    stub.chmod(0o755)
+    proc = subprocess.run(c["command"], capture_output=True, text=True, timeout=30,
+                          env={"PATH": f"{tmp_path}:/usr/bin:/bin", "QUARRY_STUB_LOG": str(log),
+                               "QUARRY_STUB_FAIL": " ".join(failing)})
+    options = " ".join(GC_DEFAULT_OPTIONS)  # gc.sweep=false in GC_REPOSITORY_VALUES: no --sweep
+    assert log.read_text().splitlines() == [f"gc run {r} {options}" for r in ("lake-a", "lake-b", "lake-c")]
+    assert (proc.returncode != 0) == bool(failing), (proc.returncode, proc.stderr)
+    for repo in failing:
+        assert repo in proc.stderr
+
+
+@pytest.mark.parametrize("values", [("--set", "gc.enabled=true"), FULL_VALUES, GC_REPOSITORY_VALUES],
+                         ids=["defaults", "all-options", "repositories"])
+def test_gc_gets_service_addresses_and_object_store_settings(values):
+    """The gc container reaches branch-manager and committer the way the services reach each
+    other, gets range-writer's object-store settings, and nothing of the KV backend."""
+    from quarry import config
+
+    docs = render(*values)
+    c = gc_container(gc_cronjob(docs))
+    env = container_env(docs, c)
+    service_objs = objects(docs, "Service")
+    settings = config.load_settings(env=env)
+    for service in ("branch-manager", "committer"):
+        prefix = f"QUARRY_{service.upper().replace('-', '_')}_ADDRESS"
+        assert env[prefix] == f"{full_name(service)}:{SERVICES[service][1]}"
+        host, port = settings.address_of(service).rsplit(":", 1)
+        assert int(port) in {p["port"] for p in service_objs[host]["spec"]["ports"] if p["name"] == "grpc"}
+    writer_env = container_env(docs, main_container(deployment(docs, "range-writer")))
+    s3 = {k: v for k, v in env.items() if k.startswith("QUARRY_S3_")}
+    assert s3 == {k: v for k, v in writer_env.items() if k.startswith("QUARRY_S3_")}
+    assert settings.s3_region == env["QUARRY_S3_REGION"]
+    assert settings.s3_endpoint_url == env.get("QUARRY_S3_ENDPOINT_URL", "")
+    assert "QUARRY_KV_URL" not in env and settings.kv_url == ""
+    assert not [k for k in env if k.startswith("AWS_") or k.startswith("<secret:")], sorted(env)
+    stray = {k for k in env if k.startswith("QUARRY_")} - {
+        config.ENV_PREFIX + f.name.upper() for f in dataclasses.fields(config.Settings)}
+    assert not stray, f"QUARRY_ variables unknown to quarry.config: {sorted(stray)}"
+    assert not [v for v in gc_pod(gc_cronjob(docs))["volumes"] if "secret" in v or "projected" in v]
+
+
+def test_gc_object_store_endpoint():
+    env = env_of(gc_container(gc_cronjob(render(*GC_REPOSITORY_VALUES))))
+    assert env["QUARRY_S3_ENDPOINT_URL"]["value"] == "http://minio:9000"
+    env = env_of(gc_container(gc_cronjob(render("--set", "gc.enabled=true"))))
+    assert "QUARRY_S3_ENDPOINT_URL" not in env and env["QUARRY_S3_REGION"]["value"] == "us-east-1"
+
+
+def test_gc_service_account_annotation_only_on_gc_service_account():
+    docs = render(*FULL_VALUES)
+    accounts = objects(docs, "ServiceAccount")
+    role = "arn:aws:iam::123456789012:role/quarry-s3-gc"
+    holders = [n for n, sa in accounts.items() if role in (sa["metadata"].get("annotations") or {}).values()]
+    assert holders == [full_name(GC)], holders
+    assert accounts[full_name(GC)]["automountServiceAccountToken"] is False
+    cj = gc_cronjob(docs)
+    assert gc_pod(cj)["serviceAccountName"] == full_name(GC)
+    for service in SERVICES:
+        assert deployment(docs, service)["spec"]["template"]["spec"]["serviceAccountName"] != full_name(GC)
+    annotations = cj["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {"example.com/team": "lake"}
+
+
+def test_gc_existing_service_account():
+    docs = render("--set", "gc.enabled=true", "--set", "gc.serviceAccount.create=false",
+                  "--set", "gc.serviceAccount.name=lake-gc")
+    assert full_name(GC) not in objects(docs, "ServiceAccount")
+    assert gc_pod(gc_cronjob(docs))["serviceAccountName"] == "lake-gc"
+    docs = render("--set", "gc.enabled=true", "--set", "gc.serviceAccount.create=false")
+    assert gc_pod(gc_cronjob(docs))["serviceAccountName"] == "default"
+
+
+def test_gc_values_reach_the_cronjob():
+    docs = render("--set", "gc.enabled=true", "--set", "gc.schedule=@hourly",
+                  "--set", "gc.concurrencyPolicy=Replace", "--set", "gc.successfulJobsHistoryLimit=1",
+                  "--set", "gc.failedJobsHistoryLimit=5", "--set", "gc.backoffLimit=2",
+                  "--set", "gc.activeDeadlineSeconds=3600", "--set", "gc.ephemeralTtlHours=48",
+                  "--set", "gc.tmpSizeLimit=8Gi", "--set", "gc.resources.limits.memory=6Gi",
+                  "--set", "image.repository=registry.example.com/quarry",
+                  "--set", "imagePullSecrets[0].name=regcred", "--set", "nodeSelector.pool=batch")
+    cj = gc_cronjob(docs)
+    spec, job = cj["spec"], cj["spec"]["jobTemplate"]["spec"]
+    assert (spec["schedule"], spec["concurrencyPolicy"]) == ("@hourly", "Replace")
+    assert (spec["successfulJobsHistoryLimit"], spec["failedJobsHistoryLimit"]) == (1, 5)
+    assert (job["backoffLimit"], job["activeDeadlineSeconds"]) == (2, 3600)
+    pod, c = gc_pod(cj), gc_container(cj)
+    assert c["image"] == f"registry.example.com/quarry:{APP_VERSION}"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}] and pod["nodeSelector"] == {"pool": "batch"}
+    assert c["command"][c["command"].index("--ephemeral-ttl-hours") + 1] == "48"
+    assert c["resources"]["limits"]["memory"] == "6Gi"
+    tmp = next(v for v in pod["volumes"] if v["name"] == "tmp")
+    assert tmp["emptyDir"]["sizeLimit"] == "8Gi"
+
+
+# ---------------------------------------------------------------------------------------------
 # invalid values fail to render, with a message naming the problem
 
 
@@ -664,6 +889,18 @@ def test_config_change_rolls_the_pods():
         (("--set", "logLevel=verbose"), "/logLevel"),
         (("--set", "telemetry.otlpEndpoint=otel:4317"), "/telemetry/otlpEndpoint"),
         (("--set", "cache.dir=/tmp"), "cache.dir"),
+        (("--set", "gc.enabled=true", "--set", "gc.repositories={Bad_Repo}"), "/gc/repositories/0"),
+        (("--set", "gc.repositories={ab}"), "/gc/repositories/0"),  # too short, even disabled
+        (("--set", "gc.enabled=true", "--set", "gc.schedule="), "/gc/schedule"),
+        (("--set", "gc.enabled=true", "--set-string", "gc.schedule=  "), "/gc/schedule"),
+        (("--set", "gc.enabled=true", "--set", "gc.schedule=null"), "schedule"),
+        (("--set", "gc.enabled=true", "--set", "gc.retentionDays=7"), "/gc"),  # unknown key
+        (("--set", "gc.enabled=true", "--set", "gc.concurrencyPolicy=Sometimes"),
+         "/gc/concurrencyPolicy"),
+        (("--set", "gc.enabled=true", "--set", "gc.sweep=yes"), "/gc/sweep"),
+        (("--set", "gc.enabled=true", "--set", "gc.graceHours=-1"), "/gc/graceHours"),
+        (("--set", "gc.enabled=true", "--set", "gc.sparkMaster="), "/gc/sparkMaster"),
+        (("--set", "gc.enabled=true", "--set", "gc.backoffLimit=-1"), "/gc/backoffLimit"),
     ],
     ids=lambda v: v if isinstance(v, str) else v[1],
 )
@@ -684,6 +921,21 @@ def test_notes_explain_grpcurl_via_port_forward():
         assert f"kubectl -n {NAMESPACE} port-forward svc/{RELEASE}-{service} {port}:{port}" in notes
     assert re.search(r"grpcurl -plaintext localhost:\d+ list", notes), notes
     assert "grpc.health.v1.Health/Check" in notes
+    assert "Garbage collection" not in notes
+
+
+def test_notes_mention_gc_when_enabled():
+    def notes(*args):
+        proc = run_helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                        "--dry-run=client", *args)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.split("NOTES:", 1)[1]
+
+    (line,) = [ln for ln in notes("--set", "gc.enabled=true").splitlines() if "Garbage collection" in ln]
+    assert f'"{RELEASE}-gc"' in line and "all repositories" in line and "30 3 * * *" in line, line
+    assert "sweep" in line
+    (line,) = [ln for ln in notes(*GC_REPOSITORY_VALUES).splitlines() if "Garbage collection" in ln]
+    assert "lake-a, lake-b, lake-c" in line and "dry run" in line, line
 
 
 def test_every_values_key_is_documented():

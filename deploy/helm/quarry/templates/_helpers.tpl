@@ -80,13 +80,16 @@ app.kubernetes.io/component: {{ .name }}
 
 {{/*
 ServiceAccount settings of one service as YAML (parse with fromYaml): kv-gateway's come from
-kv.dynamodb.serviceAccount (the DynamoDB identity), the others' from services.<key>.serviceAccount.
+kv.dynamodb.serviceAccount (the DynamoDB identity), the gc CronJob's from gc.serviceAccount,
+the others' from services.<key>.serviceAccount.
 Adds "resolvedName": the ServiceAccount the pods run as.
 */}}
 {{- define "quarry.serviceAccount" -}}
 {{- $sa := dict -}}
 {{- if eq .name "kv-gateway" -}}
 {{- $sa = .root.Values.kv.dynamodb.serviceAccount -}}
+{{- else if eq .name "gc" -}}
+{{- $sa = .root.Values.gc.serviceAccount -}}
 {{- else -}}
 {{- $sa = (index .root.Values.services .key).serviceAccount -}}
 {{- end -}}
@@ -99,6 +102,45 @@ Adds "resolvedName": the ServiceAccount the pods run as.
 create: {{ $sa.create }}
 resolvedName: {{ $resolved | quote }}
 annotations: {{- toYaml (default (dict) $sa.annotations) | nindent 2 }}
+{{- end }}
+
+{{/* Pod securityContext (YAML): podSecurityContext with runAsNonRoot: true enforced. */}}
+{{- define "quarry.podSecurityContext" -}}
+{{- toYaml (merge (dict "runAsNonRoot" true) (deepCopy .Values.podSecurityContext)) }}
+{{- end }}
+
+{{/*
+Container securityContext (YAML): securityContext with runAsNonRoot, readOnlyRootFilesystem,
+allowPrivilegeEscalation: false and capabilities.drop [ALL] enforced.
+*/}}
+{{- define "quarry.containerSecurityContext" -}}
+{{- toYaml (merge (dict "runAsNonRoot" true "readOnlyRootFilesystem" true "allowPrivilegeEscalation" false "capabilities" (dict "drop" (list "ALL"))) (deepCopy .Values.securityContext)) }}
+{{- end }}
+
+{{/*
+OTEL_RESOURCE_ATTRIBUTES value: service.version, the pod's namespace and name (from the
+POD_NAMESPACE / POD_NAME env entries) and telemetry.resourceAttributes. Call with the root context.
+*/}}
+{{- define "quarry.resourceAttributes" -}}
+{{- $attrs := list (printf "service.version=%s" (default .Chart.AppVersion .Values.image.tag)) "k8s.namespace.name=$(POD_NAMESPACE)" "k8s.pod.name=$(POD_NAME)" -}}
+{{- range $k, $v := .Values.telemetry.resourceAttributes -}}
+{{- $attrs = append $attrs (printf "%s=%v" $k $v) -}}
+{{- end -}}
+{{- join "," $attrs }}
+{{- end }}
+
+{{/*
+Object-store env entries (a YAML list) of the containers that read or write the storage
+namespaces: range-writer, branch-manager and the gc CronJob. Call with the root context.
+S3 credentials come from the pods' ServiceAccounts (IRSA), never from env vars.
+*/}}
+{{- define "quarry.objectStoreEnv" -}}
+{{- with .Values.objectStore.s3.endpointUrl -}}
+- name: QUARRY_S3_ENDPOINT_URL
+  value: {{ . | quote }}
+{{ end -}}
+- name: QUARRY_S3_REGION
+  value: {{ .Values.objectStore.s3.region | quote }}
 {{- end }}
 
 {{/* Image reference: repository:tag, tag defaulting to the chart appVersion. */}}
@@ -148,12 +190,6 @@ get the object-store settings.
 {{- if le $metricsBase 0 -}}
 {{- fail (printf "services.%s.metricsPort must be greater than %d" .key (int .index)) -}}
 {{- end -}}
-{{- $podSecurityContext := merge (dict "runAsNonRoot" true) (deepCopy $V.podSecurityContext) -}}
-{{- $securityContext := merge (dict "runAsNonRoot" true "readOnlyRootFilesystem" true "allowPrivilegeEscalation" false "capabilities" (dict "drop" (list "ALL"))) (deepCopy $V.securityContext) -}}
-{{- $resourceAttributes := list (printf "service.version=%s" (default $root.Chart.AppVersion $V.image.tag)) "k8s.namespace.name=$(POD_NAMESPACE)" "k8s.pod.name=$(POD_NAME)" -}}
-{{- range $k, $v := $V.telemetry.resourceAttributes -}}
-{{- $resourceAttributes = append $resourceAttributes (printf "%s=%v" $k $v) -}}
-{{- end -}}
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -201,7 +237,7 @@ spec:
       priorityClassName: {{ . }}
       {{- end }}
       securityContext:
-        {{- toYaml $podSecurityContext | nindent 8 }}
+        {{- include "quarry.podSecurityContext" $root | nindent 8 }}
       containers:
         - name: {{ $name }}
           image: {{ include "quarry.image" $root | quote }}
@@ -234,7 +270,7 @@ spec:
                 fieldRef:
                   fieldPath: metadata.namespace
             - name: OTEL_RESOURCE_ATTRIBUTES
-              value: {{ join "," $resourceAttributes | quote }}
+              value: {{ include "quarry.resourceAttributes" $root | quote }}
             {{- if $isKvGateway }}
             - name: QUARRY_KV_URL
               value: {{ include "quarry.kvUrl" $root | quote }}
@@ -252,12 +288,7 @@ spec:
             {{- end }}
             {{- end }}
             {{- if $usesObjectStore }}
-            {{- with $V.objectStore.s3.endpointUrl }}
-            - name: QUARRY_S3_ENDPOINT_URL
-              value: {{ . | quote }}
-            {{- end }}
-            - name: QUARRY_S3_REGION
-              value: {{ $V.objectStore.s3.region | quote }}
+            {{- include "quarry.objectStoreEnv" $root | nindent 12 }}
             {{- end }}
           startupProbe:
             grpc:
@@ -276,7 +307,7 @@ spec:
             {{- toYaml . | nindent 12 }}
           {{- end }}
           securityContext:
-            {{- toYaml $securityContext | nindent 12 }}
+            {{- include "quarry.containerSecurityContext" $root | nindent 12 }}
           volumeMounts:
             - name: tmp
               mountPath: /tmp
