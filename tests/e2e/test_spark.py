@@ -89,6 +89,7 @@ def test_append_is_one_commit_on_the_target_and_reads_back(spark, suite, client,
     head = client.get_branch(repo, "main")
     assert head.commit_id == commit.id and commit.parents[0] == before
     assert commit.message == "load numbers"
+    assert commit.committer == spark.sparkContext.sparkUser()
     assert commit.metadata["source"] == "test"
     assert commit.metadata["quarry.spark.rows"] == "1000"
     assert commit.metadata["quarry.spark.files"] == "4"

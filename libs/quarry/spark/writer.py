@@ -55,7 +55,8 @@ def write(df, uri: str, format: str = "parquet", mode: str = "append", message: 
           ) -> types_pb2.Commit:
     """Write `df` under PATH of `quarry://REPO/BRANCH/PATH` in one commit on BRANCH and
     return that commit (the merge commit on the target branch). With nothing to write in
-    append mode, nothing is committed and the branch's HEAD commit is returned."""
+    append mode, nothing is committed and the branch's HEAD commit is returned. The
+    committer defaults to the Spark user."""
     target = parse_uri(uri)
     if format not in FORMATS:
         raise InvalidWriteOptions(f"format {format!r} is not one of {', '.join(FORMATS)}")
@@ -78,7 +79,8 @@ def write(df, uri: str, format: str = "parquet", mode: str = "append", message: 
                                                   "quarry.path": target.path,
                                                   "quarry.spark.mode": mode}) as span:
         job = _Job(client, spark, connection, target, format, mode, message,
-                   dict(metadata or {}), committer, max_records_per_file)
+                   dict(metadata or {}), committer or spark.sparkContext.sparkUser(),
+                   max_records_per_file)
         span.set_attribute("quarry.spark.job", job.job_id)
         return job.run(df)
 
