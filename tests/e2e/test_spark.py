@@ -162,6 +162,35 @@ def test_max_records_per_file_splits_task_output(spark, client, conn, repo):
     assert ids(qs.read(spark, f"quarry://{repo}/main/t", connection=conn)) == list(range(100))
 
 
+def test_partition_by_makes_hive_folders_and_reads_back_with_the_columns(spark, client,
+                                                                          conn, repo):
+    frame = numbers(spark, 0, 300, 2).selectExpr(
+        "id", "label", "cast(id % 3 as int) as k",
+        "case when id % 10 = 0 then null else concat('g/', cast(id % 2 as string)) end as g")
+    uri = f"quarry://{repo}/main/t"
+    commit = qs.write(frame, uri, partition_by=["k", "g"], max_records_per_file=40,
+                      connection=conn)
+    files = paths(client, repo, "main", "t/")
+    assert int(commit.metadata["quarry.spark.files"]) == len(files)
+    assert {f.rsplit("/", 1)[0] for f in files} == {
+        f"t/k={k}/g={g}" for k in range(3)
+        for g in ("g%2F0", "g%2F1", "__HIVE_DEFAULT_PARTITION__")}
+
+    back = qs.read(spark, uri, connection=conn)
+    assert back.count() == 300 and {"k", "g"} <= set(back.columns)
+    assert back.where("k != id % 3 or (g is null) != (id % 10 = 0)").count() == 0
+    one = qs.read(spark, f"quarry://{repo}/main/t/k=1", connection=conn)
+    assert ids(one) == [i for i in range(300) if i % 3 == 1]
+    cell = qs.read(spark, f"quarry://{repo}/main/t/k=2/g=g%252F1", connection=conn)
+    assert ids(cell) == [i for i in range(300) if i % 3 == 2 and i % 2 == 1 and i % 10]
+    assert {(r.k, r.g) for r in cell.select("k", "g").collect()} == {(2, "g/1")}
+    # An overwrite of the partitioned folder replaces every partition.
+    qs.write(frame.where("id < 30"), uri, mode="overwrite", partition_by="k", connection=conn)
+    assert {f.rsplit("/", 1)[0] for f in paths(client, repo, "main", "t/")} == \
+        {"t/k=0", "t/k=1", "t/k=2"}
+    assert ids(qs.read(spark, uri, connection=conn)) == list(range(30))
+
+
 def _fail_after_partition_zero_wrote(namespace: str, earlier_jobs: set[str]):
     """Partition 1 fails for good, but only once this job's partition 0 file is in the
     namespace, so the job fails after another task wrote a file (the cleanup removes it)."""
@@ -398,6 +427,10 @@ def test_bad_options_and_missing_branch(spark, client, conn, repo):
     assert failure.value.reason == "INVALID_WRITE_OPTIONS"
     with pytest.raises(errors.InvalidArgument):
         qs.write(frame, f"quarry://{repo}/main/t", format="avro", connection=conn)
+    for columns in (["nope"], ["id", "id"], ["id", "doubled", "label"]):
+        with pytest.raises(errors.InvalidArgument) as failure:
+            qs.write(frame, f"quarry://{repo}/main/t", partition_by=columns, connection=conn)
+        assert failure.value.reason == "INVALID_WRITE_OPTIONS"
     with pytest.raises(errors.NotFound) as failure:
         qs.write(frame, f"quarry://{repo}/nope/t", connection=conn)
     assert failure.value.reason == "BRANCH_NOT_FOUND"

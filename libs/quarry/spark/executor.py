@@ -68,16 +68,92 @@ class WriteSpec:
     # Entries are staged as files are written, this many per PutObjects stream, so a task
     # writing many files holds few entries and its progress is visible on the branch.
     stage_batch_files: int = 100
+    # Columns whose values make Hive-style folders (`k=v/`) under the prefix.
+    partition_by: tuple = ()
 
 
 def job_path_prefix(spec: WriteSpec) -> str:
-    """Every object path this job writes starts with this (so one listing finds them)."""
-    return f"{spec.prefix}part-{spec.job_id}-"
+    """The longest prefix of every object path this job writes (a partitioned write puts
+    its files in folders under the write's prefix)."""
+    return spec.prefix if spec.partition_by else f"{spec.prefix}part-{spec.job_id}-"
 
 
-def object_path(spec: WriteSpec, partition: int, index: int) -> str:
+def object_path(spec: WriteSpec, partition: int, index: int, folder: str = "") -> str:
+    """`folder` is the Hive partition folder ("k=v/") of a partitioned write."""
     extension = FORMATS[spec.format][0]
-    return f"{job_path_prefix(spec)}{partition:05d}-c{index:03d}.{extension}"
+    return (f"{spec.prefix}{folder}part-{spec.job_id}-{partition:05d}-c{index:03d}"
+            f".{extension}")
+
+
+def is_job_file(spec: WriteSpec, path: str) -> bool:
+    return path.rsplit("/", 1)[-1].startswith(f"part-{spec.job_id}-")
+
+
+# Hive's escaping of partition values in folder names (and its name for null).
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+_HIVE_ESCAPED = set('"#%\'*/:=?\\\x7f{[]^')
+
+
+def partition_value_text(value) -> str:
+    """A partition column value as Hive writes it in a folder name."""
+    if value is None:
+        return HIVE_NULL
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, _dt.datetime):
+        text = value.isoformat(sep=" ")
+    elif isinstance(value, _dt.date):
+        text = value.isoformat()
+    else:
+        text = str(value)
+    if text == "":
+        return HIVE_NULL
+    return "".join(f"%{ord(c):02X}" if c in _HIVE_ESCAPED or ord(c) < 0x20 else c
+                   for c in text)
+
+
+def _partitions(table: pa.Table, columns: tuple) -> Iterator[tuple[str, pa.Table]]:
+    """(folder, rows) for every distinct combination of the partition columns' values, in
+    folder order. The columns stay in the data: files are self-describing, so reading them
+    back (whatever folder they sit in) gives the partition columns too."""
+    import pyarrow.compute as pc
+
+    keys = table.select(list(columns)).group_by(list(columns)).aggregate([]).to_pylist()
+    found = []
+    for key in keys:
+        folder = "".join(f"{name}={partition_value_text(key[name])}/" for name in columns)
+        mask = None
+        for name in columns:
+            value = key[name]
+            column = table.column(name)
+            if value is None:
+                test = pc.is_null(column)
+            elif isinstance(value, float) and value != value:
+                test = pc.fill_null(pc.is_nan(column), False)
+            else:
+                test = pc.fill_null(pc.equal(column, pa.scalar(value, column.type)), False)
+            mask = test if mask is None else pc.and_(mask, test)
+        found.append((folder, table.filter(mask)))
+    if sum(rows.num_rows for _folder, rows in found) != table.num_rows:
+        raise ValueError(f"partitioning by {list(columns)} did not place every row once")
+    found.sort(key=lambda item: item[0])
+    return iter(found)
+
+
+def _files(spec: WriteSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[str, pa.Table]]:
+    """(folder, table) of every file a task writes, in order."""
+    if not spec.partition_by:
+        for table in _tables(batches, spec.max_records_per_file):
+            yield "", table
+        return
+    # Grouping needs the task's rows at once (one Spark partition).
+    received = list(batches)
+    if not received:
+        return
+    whole = pa.Table.from_batches(received)
+    for folder, rows in _partitions(whole, spec.partition_by):
+        for table in _tables(iter(rows.to_batches()), spec.max_records_per_file):
+            yield folder, table
 
 
 def file_entry(spec: WriteSpec, row: dict):
@@ -172,11 +248,11 @@ def _write_and_stage(spec: WriteSpec, batches, partition: int,
     client = client_for(spec.connection)
     entries, rows = [], []
     try:
-        for index, table in enumerate(_tables(batches, spec.max_records_per_file)):
+        for index, (folder, table) in enumerate(_files(spec, batches)):
             data = encode_file(table, spec.format)
             key = file_key(spec, partition, index, task_attempt_id)
             store.put(key, data)
-            row = {"path": object_path(spec, partition, index),
+            row = {"path": object_path(spec, partition, index, folder),
                    "physical_address": base + key, "size_bytes": len(data),
                    "checksum": hashlib.sha256(data).hexdigest(),
                    "mtime_us": int(_dt.datetime.now(_dt.timezone.utc).timestamp() * 1e6),

@@ -16,7 +16,7 @@ import datetime as _dt
 from dataclasses import dataclass
 
 from quarry import errors
-from quarry.spark.common import Connection, parse_uri
+from quarry.spark.common import Connection, QuarryUri, parse_uri
 from quarry.v1 import types_pb2
 
 class NothingToRead(errors.NotFound):
@@ -125,13 +125,16 @@ def _range_reader(storage_namespace: str, connection: Connection):
 def entries(spark, uri: str, *, connection: Connection | None = None):
     """A DataFrame (ENTRY_COLUMNS) of the entries under PATH at REF of
     `quarry://REPO/REF/PATH`, with a branch's uncommitted changes."""
+    target = parse_uri(uri)
+    return _entries(spark, target, target.path, connection)  # a plain prefix, like ListObjects
+
+
+def _entries(spark, target: QuarryUri, prefix: str, connection: Connection | None):
     from pyspark.sql import functions as F
 
     from quarry.client import Client
 
-    target = parse_uri(uri)
     connection = Connection.resolve(spark, connection)
-    prefix = target.path  # a plain prefix, like ListObjects
     with Client(connection.branch_manager, connection.committer,
                 timeout=connection.timeout) as client:
         snap = snapshot(client, target.repository, target.ref, prefix)
@@ -168,8 +171,7 @@ def read(spark, uri: str, format: str = "parquet", *, connection: Connection | N
     """The data under PATH at REF of `quarry://REPO/REF/PATH`, read with Spark's `format`
     reader (`options` are passed to it). PATH is a folder: its files are read."""
     target = parse_uri(uri)
-    listing = entries(spark, f"quarry://{target.repository}/{target.ref}/{target.prefix}",
-                      connection=connection)
+    listing = _entries(spark, target, target.prefix, connection)
     addresses = [row.physical_address for row in
                  listing.select("physical_address").orderBy("path").collect()]
     reader = spark.read.format(format).options(**options)

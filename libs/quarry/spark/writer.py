@@ -23,13 +23,13 @@ job's data files are deleted. If the driver dies, `sweep_ephemeral_branches` (ru
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from quarry import errors, telemetry
 from quarry.spark.common import (JOB_DATA_PREFIX, Connection, QuarryUri, ephemeral_branch,
                                  new_job_id, parse_uri)
 from quarry.spark.executor import (FORMATS, RESULT_DDL, WriteSpec, file_entry,
-                                   job_path_prefix, write_task)
+                                   is_job_file, job_path_prefix, write_task)
 from quarry.v1 import types_pb2
 
 log = logging.getLogger("quarry.spark")
@@ -51,12 +51,16 @@ class WriteIncomplete(errors.Aborted):
 
 def write(df, uri: str, format: str = "parquet", mode: str = "append", message: str = "",
           metadata: Mapping[str, str] | None = None, *, committer: str = "",
-          max_records_per_file: int = 0, connection: Connection | None = None
-          ) -> types_pb2.Commit:
+          max_records_per_file: int = 0, partition_by: str | Sequence[str] = (),
+          connection: Connection | None = None) -> types_pb2.Commit:
     """Write `df` under PATH of `quarry://REPO/BRANCH/PATH` in one commit on BRANCH and
     return that commit (the merge commit on the target branch). With nothing to write in
     append mode, nothing is committed and the branch's HEAD commit is returned. The
-    committer defaults to the Spark user."""
+    committer defaults to the Spark user.
+
+    `partition_by` (like DataFrameWriter.partitionBy) puts the files in Hive-style folders
+    PATH/col=value/...; unlike Hive the columns also stay in the files, so `read` of PATH
+    or of one partition folder returns them."""
     target = parse_uri(uri)
     if format not in FORMATS:
         raise InvalidWriteOptions(f"format {format!r} is not one of {', '.join(FORMATS)}")
@@ -64,6 +68,13 @@ def write(df, uri: str, format: str = "parquet", mode: str = "append", message: 
         raise InvalidWriteOptions(f"mode {mode!r} is not one of {', '.join(MODES)}")
     if max_records_per_file < 0:
         raise InvalidWriteOptions("max_records_per_file may not be negative")
+    partition_by = (partition_by,) if isinstance(partition_by, str) else tuple(partition_by)
+    unknown = [c for c in partition_by if c not in df.columns]
+    if unknown or len(set(partition_by)) != len(partition_by) or \
+            len(partition_by) >= len(df.columns) > 0:
+        raise InvalidWriteOptions(
+            f"partition_by {list(partition_by)}: needs distinct columns of the DataFrame "
+            f"({', '.join(df.columns)}) and at least one column left for the data")
     if mode == "overwrite" and not target.prefix:
         raise InvalidWriteOptions("overwrite needs a PATH: it would replace the whole "
                                   "repository", metadata={"uri": uri})
@@ -80,7 +91,7 @@ def write(df, uri: str, format: str = "parquet", mode: str = "append", message: 
                                                   "quarry.spark.mode": mode}) as span:
         job = _Job(client, spark, connection, target, format, mode, message,
                    dict(metadata or {}), committer or spark.sparkContext.sparkUser(),
-                   max_records_per_file)
+                   max_records_per_file, partition_by)
         span.set_attribute("quarry.spark.job", job.job_id)
         return job.run(df)
 
@@ -88,10 +99,11 @@ def write(df, uri: str, format: str = "parquet", mode: str = "append", message: 
 class _Job:
     def __init__(self, client, spark, connection: Connection, target: QuarryUri, fmt: str,
                  mode: str, message: str, metadata: dict, committer: str,
-                 max_records_per_file: int):
+                 max_records_per_file: int, partition_by: tuple = ()):
         self.client, self.spark, self.connection, self.target = client, spark, connection, target
         self.format, self.mode, self.committer = fmt, mode, committer
         self.max_records_per_file = max_records_per_file
+        self.partition_by = partition_by
         self.job_id = new_job_id()
         self.branch = ephemeral_branch(self.job_id)
         self.message = message or f"Spark {mode} of {target.prefix or '/'} ({fmt})"
@@ -169,7 +181,8 @@ class _Job:
     def _job_files(self, ref: str) -> dict[str, str]:
         """path → physical address of this job's files at `ref` (staging included)."""
         return {e.path: e.physical_address for e in self.client.iter_objects(
-            self.target.repository, ref, prefix=job_path_prefix(self.spec))}
+            self.target.repository, ref, prefix=job_path_prefix(self.spec))
+            if is_job_file(self.spec, e.path)}
 
     def _stage_exactly(self, branch: str, reported: dict) -> None:
         current = self._job_files(branch)
@@ -203,7 +216,8 @@ class _Job:
         self.spec = WriteSpec(self.connection, self.target.repository, self.branch,
                               self.storage_namespace, self.target.prefix, self.job_id,
                               self.format, self.max_records_per_file, carrier,
-                              {"quarry.spark.job": self.job_id})
+                              {"quarry.spark.job": self.job_id},
+                              partition_by=self.partition_by)
         context = self.spark.sparkContext
         context.setJobDescription(f"quarry write {self.target} ({self.mode})")
         try:

@@ -16,8 +16,9 @@ import pytest
 
 from quarry.graveler.names import check_path
 from quarry.spark.common import JOB_DATA_PREFIX, Connection
-from quarry.spark.executor import (FORMATS, WriteSpec, _tables, encode_file, file_entry,
-                                   file_key, job_path_prefix, object_path)
+from quarry.spark.executor import (FORMATS, HIVE_NULL, WriteSpec, _files, _partitions,
+                                   _tables, encode_file, file_entry, file_key,
+                                   job_path_prefix, object_path, partition_value_text)
 
 UTC = dt.timezone.utc
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
@@ -318,3 +319,42 @@ def test_encode_empty_table(fmt):
 def test_unsupported_format(fmt):
     with pytest.raises(ValueError, match="unsupported format"):
         encode_file(sample(), fmt)
+
+
+# ---- partition_by -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value, text", [
+    (None, HIVE_NULL), ("", HIVE_NULL), (3, "3"), (True, "true"), ("plain", "plain"),
+    ("a/b", "a%2Fb"), ("k=v", "k%3Dv"), ("50%", "50%25"), ("tab\there", "tab%09here"),
+    ("what?#", "what%3F%23"), ("spaces stay", "spaces stay"), ("é", "é"),
+    (dt.date(2026, 11, 26), "2026-11-26"),
+    (dt.datetime(2026, 11, 26, 1, 2, 3), "2026-11-26 01%3A02%3A03"),
+])
+def test_partition_values_are_written_as_hive_does(value, text):
+    assert partition_value_text(value) == text
+
+
+def test_partitions_place_every_row_once_in_its_folder_in_folder_order():
+    table = pa.table({"k": pa.array([2, 1, None, 1, 2], pa.int64()),
+                      "s": pa.array(["x", "a/b", "x", "a/b", "y"]),
+                      "v": pa.array([1.0, float("nan"), 3.0, float("nan"), 5.0])})
+    got = [(folder, rows.column("k").to_pylist()) for folder, rows in
+           _partitions(table, ("k", "s"))]
+    assert got == [("k=1/s=a%2Fb/", [1, 1]), ("k=2/s=x/", [2]), ("k=2/s=y/", [2]),
+                   (f"k={HIVE_NULL}/s=x/", [None])]
+    by_v = {folder: rows.num_rows for folder, rows in _partitions(table, ("v",))}
+    assert by_v == {"v=1.0/": 1, "v=3.0/": 1, "v=5.0/": 1, "v=nan/": 2}
+    # The partition columns stay in the data.
+    assert all(rows.column_names == ["k", "s", "v"] for _f, rows in _partitions(table, ("k",)))
+
+
+def test_files_of_a_partitioned_task_split_each_folder_by_max_records():
+    table = pa.table({"k": pa.array([i % 2 for i in range(7)], pa.int64()),
+                      "x": pa.array(range(7), pa.int64())})
+    spec = WriteSpec(Connection("a:1", "b:2"), "r", "b", "/ns", "t/", "job",
+                     max_records_per_file=2, partition_by=("k",))
+    files = [(folder, t.column("x").to_pylist()) for folder, t in
+             _files(spec, iter(table.to_batches(max_chunksize=3)))]
+    assert files == [("k=0/", [0, 2]), ("k=0/", [4, 6]), ("k=1/", [1, 3]), ("k=1/", [5])]
+    assert list(_files(spec, iter([]))) == []
+    assert object_path(spec, 3, 1, "k=0/") == "t/k=0/part-job-00003-c001.snappy.parquet"
