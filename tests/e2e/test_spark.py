@@ -189,6 +189,15 @@ def test_partition_by_makes_hive_folders_and_reads_back_with_the_columns(spark, 
     assert {f.rsplit("/", 1)[0] for f in paths(client, repo, "main", "t/")} == \
         {"t/k=0", "t/k=1", "t/k=2"}
     assert ids(qs.read(spark, uri, connection=conn)) == list(range(30))
+    # Dynamic partition overwrite (Spark's setting): only the partitions written change.
+    spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
+    try:
+        replaced = numbers(spark, 100, 110, 2).selectExpr("id", "label", "1 as k", "'' as g")
+        qs.write(replaced, uri, mode="overwrite", partition_by="k", connection=conn)
+    finally:
+        spark.conf.unset("spark.sql.sources.partitionOverwriteMode")
+    assert ids(qs.read(spark, uri, connection=conn)) == \
+        [i for i in range(30) if i % 3 != 1] + list(range(100, 110))
 
 
 def _fail_after_partition_zero_wrote(namespace: str, earlier_jobs: set[str]):

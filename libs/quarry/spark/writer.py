@@ -138,10 +138,20 @@ class _Job:
     def _write_commit_merge(self, df, head: types_pb2.Branch) -> types_pb2.Commit:
         repo, prefix = self.target.repository, self.target.prefix
         removed = 0
-        if self.mode == "overwrite":
+        # Like Spark: with spark.sql.sources.partitionOverwriteMode=dynamic, an overwrite
+        # of a partitioned write replaces only the partitions it writes.
+        dynamic = self.mode == "overwrite" and bool(self.partition_by) and self.spark.conf.get(
+            "spark.sql.sources.partitionOverwriteMode", "static").lower() == "dynamic"
+        if self.mode == "overwrite" and not dynamic:
             old = (e.path for e in self.client.iter_objects(repo, self.branch, prefix=prefix))
             removed = self.client.delete_objects(repo, self.branch, old)
         files = self._run_tasks(df)
+        if dynamic:
+            folders = sorted({f["path"].rsplit("/", 1)[0] + "/" for f in files})
+            old = (e.path for folder in folders
+                   for e in self.client.iter_objects(repo, self.branch, prefix=folder)
+                   if not is_job_file(self.spec, e.path))
+            removed = self.client.delete_objects(repo, self.branch, old)
         if not files and not removed:
             return self.client.get_commit(repo, head.commit_id)
         rows = sum(f["rows"] for f in files)
