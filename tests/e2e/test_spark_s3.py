@@ -1,6 +1,7 @@
 """quarry.spark on a repository whose storage namespace is S3 (a real moto_server): the
-executors write data files into the bucket, range files are read by executors through the
-object store (Spark has no S3 connector here), and GC lists, reports and sweeps the bucket."""
+executors write data files into the bucket, range files and Parquet data files are read by
+executors through the object store (Spark has no S3 connector here), and GC lists, reports
+and sweeps the bucket."""
 
 from __future__ import annotations
 
@@ -43,6 +44,10 @@ def test_write_entries_and_gc_on_an_s3_namespace(spark, tmp_path, moto_endpoint,
             assert len(data) == entry.size_bytes
             total += pq.read_table(io.BytesIO(data)).num_rows
         assert total == 100
+        back = qs.read(spark, "quarry://sparky/main/t", connection=conn)
+        assert sorted(r.id for r in back.collect()) == list(range(0, 300, 3))
+        assert back.where("next != id + 1").count() == 0
+        assert qs.read(spark, f"quarry://sparky/{first.id}/t", connection=conn).count() == 300
         old = {r.path for r in qs.entries(spark, f"quarry://sparky/{first.id}/t/",
                                           connection=conn).collect()}
         assert len(old) == 3 and not old & set(rows)
