@@ -1,14 +1,16 @@
 """The part of a Quarry Spark write that runs inside executors: each task writes its rows
 as data files into the repository's storage namespace and stages their entries on the
-job's ephemeral branch through the BranchManager stubs (one PutObjects stream per task,
-batched; one channel per executor process).
+job's ephemeral branch through the BranchManager stubs (PutObjects streams of up to 100
+entries; one channel per executor process).
 
 Idempotence under task retries and speculative execution:
-- the object PATH of a file depends only on (job, partition, file index), so every attempt
-  of a task stages the same paths: the last attempt's entry replaces an earlier one, never
-  adds a second;
-- the physical file KEY also names the stage and task attempt, so two attempts never write
-  the same file (a slower attempt cannot overwrite bytes another attempt's entry points to);
+- the object PATH of a file depends only on (job, Spark partition, file index within the
+  task, and its rows' partition folder with partition_by), so every attempt of a task
+  stages the same paths: the last attempt's entry replaces an earlier one, never adds a
+  second;
+- the physical file KEY also names the task attempt (Spark's unique task attempt id), so
+  two attempts never write the same file (a slower attempt cannot overwrite bytes another
+  attempt's entry points to);
 - a file is written completely before its entry is staged, so no entry points at a partial
   file. Files of attempts whose entries lost are unreferenced and left to `quarry gc`;
 - an attempt that failed, or a speculative attempt that lost (and may still be running),

@@ -4,8 +4,10 @@
                                 message="load 2026-11-26")
 
 The driver
-1. creates an ephemeral branch `_quarry-spark-<time>-<random>` at the target's HEAD;
-2. (overwrite) stages the removal of everything under PATH on it;
+1. checks the target has no uncommitted changes (the merge would refuse them), and creates
+   an ephemeral branch `_quarry-spark-<time>-<random>` at the target's HEAD;
+2. (overwrite) stages the removal of everything under PATH on it (with dynamic partition
+   overwrite: after the job, of the partition folders it wrote);
 3. runs one Spark job whose tasks write data files into the storage namespace and stage
    their entries on the ephemeral branch (quarry.spark.executor);
 4. commits exactly the files the successful task attempts reported (what failed or losing
