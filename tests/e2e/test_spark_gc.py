@@ -71,6 +71,11 @@ class History:
             c.put_object(self.repo, "main", path="restaged/a0",
                          physical_address=suite.namespace(self.repo) + "/" + self.restaged,
                          size_bytes=1)
+            # The same protection whatever the notation of the address.
+            self.restaged_as_uri = self.a_files[1]
+            c.put_object(self.repo, "main", path="restaged/a1", size_bytes=1,
+                         physical_address="file://" + suite.namespace(self.repo) + "//./"
+                         + self.restaged_as_uri)
             with open_blob_store(suite.namespace(self.repo)) as store:
                 self.dead_file = "data/spark/dead-job/part-00000.snappy.parquet"
                 store.put(self.dead_file, b"half a job")
@@ -118,7 +123,7 @@ def test_dry_run_reports_and_sweep_deletes_exactly_the_unreferenced(spark, suite
 
     report = run_gc(spark, history, sweep=False)
     assert history.keys() == before | {report.report_key}  # nothing deleted, report written
-    expected_data = set(history.a_files[1:]) | {history.dead_file, history.orphan_data}
+    expected_data = set(history.a_files[2:]) | {history.dead_file, history.orphan_data}
     assert set(report.collectable["data"].sample) == expected_data
     assert history.orphan_range in report.collectable["range"].sample
     assert history.orphan_metarange in report.collectable["metarange"].sample
@@ -138,8 +143,8 @@ def test_dry_run_reports_and_sweep_deletes_exactly_the_unreferenced(spark, suite
     assert expected_data <= gone
     assert {history.orphan_range, history.orphan_metarange, history.old_compaction} <= gone
     # Never deleted: data of the head and the tag, the staged file, internal files.
-    assert set(history.b_files) | set(history.c_files) | {history.restaged, history.internal} \
-        <= after
+    assert set(history.b_files) | set(history.c_files) | {
+        history.restaged, history.restaged_as_uri, history.internal} <= after
     with suite.client() as c:
         assert history.stale_branch not in [b.name for b in c.iter_branches(history.repo)]
 
@@ -171,7 +176,7 @@ def test_branch_override_keeps_its_history(spark, suite, conn):
     overridden = collect_garbage(
         spark, history.repo, rules=RetentionRules(7, {"main": 60}), sweep=False,
         now=dt.datetime.now(dt.timezone.utc) + LATER, grace=dt.timedelta(0), connection=conn)
-    assert set(history.a_files[1:]) <= set(report.collectable["data"].sample)
+    assert set(history.a_files[2:]) <= set(report.collectable["data"].sample)
     assert not set(history.a_files) & set(overridden.collectable["data"].sample)
 
 
@@ -207,13 +212,13 @@ def test_gc_command_line_dry_run_and_sweep(spark, suite, conn, tmp_path):
     report = json.loads(dry.stdout)
     assert report["sweep"] is False and report["deleted"] == 0
     assert report["rules"]["default_retention_days"] == 7
-    assert set(history.a_files[1:]) <= set(report["collectable"]["data"]["sample"])
+    assert set(history.a_files[2:]) <= set(report["collectable"]["data"]["sample"])
 
     assert quarry("gc", "delete-rules", history.repo, timeout=60).returncode == 0
     swept = quarry(*run, "--retention-days", "7", "--sweep")
     assert swept.returncode == 0, swept.stderr[-2000:]
     assert "Deleted" in swept.stdout and "sweep" in swept.stdout
-    assert not set(history.a_files[1:]) & history.keys()
+    assert not set(history.a_files[2:]) & history.keys()
 
     every = quarry("gc", "run", "--all", "--now", now, "--grace-hours", "0", "--master",
                    "local[1]", "--json")

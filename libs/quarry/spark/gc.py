@@ -322,9 +322,8 @@ def _unreferenced_data_keys(spark, storage_namespace: str, range_ids: list[str],
                             staged_addresses: set[str], data_candidates: list[tuple],
                             connection: Connection) -> set[str]:
     """The candidate data keys that no retained range and no staged entry refers to: the
-    addresses are read from the range files in Spark and anti-joined with the candidates
-    there (addresses name a key in the namespace's notation; local namespaces also in the
-    file:// form)."""
+    addresses are read from the range files in Spark, normalized to namespace keys, and
+    anti-joined with the candidates there."""
     from pyspark.sql import functions as F
 
     from quarry.blob import parse_storage_namespace
@@ -332,22 +331,24 @@ def _unreferenced_data_keys(spark, storage_namespace: str, range_ids: list[str],
     if not data_candidates:
         return set()
     kind, root, prefix = parse_storage_namespace(storage_namespace)
+    address = F.col("physical_address")
     if kind == "local":
-        bases = [root.rstrip("/") + "/", "file://" + root.rstrip("/") + "/",
-                 "file://localhost" + root.rstrip("/") + "/"]
+        # /abs/dir/key, file:///abs/dir/key, file://localhost/abs/dir/key, file:/abs/dir/key,
+        # with any doubled slashes or ./ segments: all the same file.
+        address = F.regexp_replace(address, "^file:(//localhost)?", "")
+        address = F.regexp_replace(address, "/+", "/")
+        address = F.regexp_replace(address, "/(\\./)+", "/")
+        base = root.rstrip("/") + "/"
     else:
-        bases = [f"s3://{root}/{prefix + '/' if prefix else ''}"]
+        address = F.regexp_replace(address, "^s3[an]?://", "s3://")
+        base = f"s3://{root}/{prefix + '/' if prefix else ''}"
     addresses = ranges_dataframe(spark, storage_namespace, range_ids, connection) \
         .select("physical_address")
     if staged_addresses:
         addresses = addresses.unionByName(spark.createDataFrame(
             [(a,) for a in sorted(staged_addresses)], "physical_address string"))
-    keys = None
-    for base in bases:
-        column = F.when(F.col("physical_address").startswith(base),
-                        F.col("physical_address").substr(len(base) + 1, 1 << 30))
-        keys = column if keys is None else F.coalesce(keys, column)
-    referenced = addresses.select(keys.alias("key")).where(F.col("key").isNotNull()).distinct()
+    key = F.when(address.startswith(base), address.substr(len(base) + 1, 1 << 30))
+    referenced = addresses.select(key.alias("key")).where(F.col("key").isNotNull()).distinct()
     candidates = spark.createDataFrame([(c[0],) for c in data_candidates], "key string")
     orphans = candidates.join(referenced, "key", "left_anti").collect()
     return {row.key for row in orphans}
