@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 import quarry.spark as qs
+from quarry import errors
 from quarry.blob import open_blob_store
 from quarry.committed import format as rformat
 from quarry.retention import RetentionRules
@@ -262,3 +263,34 @@ def test_a_branch_made_on_an_expired_commit_during_the_sweep_stops_it(spark, sui
     assert set(history.a_files) <= history.keys()
     assert sorted(r.id for r in qs.read(spark, f"quarry://{history.repo}/revived/t",
                                         connection=conn).collect()) == list(range(400))
+
+
+def test_a_repository_nested_in_the_namespace_is_left_alone_and_a_shared_one_refused(
+        spark, suite, conn):
+    outer = f"gc-{uuid.uuid4().hex[:10]}"
+    with suite.client() as c:
+        c.create_repository(outer, suite.namespace(outer))
+        inner_namespace = suite.namespace(outer) + "/nested/inner"
+        c.create_repository(outer + "-in", inner_namespace)
+        qs.write(numbers(spark, 0, 40, 2), f"quarry://{outer}-in/main/t", connection=conn)
+        qs.write(numbers(spark, 0, 40, 2), f"quarry://{outer}/main/t", connection=conn)
+        later = dt.datetime.now(dt.timezone.utc) + LATER
+        report = collect_garbage(spark, outer, rules=RetentionRules(7), now=later,
+                                 grace=dt.timedelta(0), sweep=True, connection=conn)
+        assert report.objects_scanned > 0
+        with open_blob_store(inner_namespace) as store:
+            inner_keys = [o.key for o in store.list("")]
+        assert any(k.startswith("_quarry/ranges/") for k in inner_keys)
+        # Every inner object survived the outer repository's sweep; the inner one's GC
+        # runs on its own.
+        assert sorted(r.id for r in qs.read(spark, f"quarry://{outer}-in/main/t",
+                                            connection=conn).collect()) == list(range(40))
+        inner = collect_garbage(spark, outer + "-in", rules=RetentionRules(7), now=later,
+                                grace=dt.timedelta(0), connection=conn)
+        assert inner.collectable["data"].count == 0  # its only write is its HEAD
+
+        c.create_repository(outer + "-twin", suite.namespace(outer))
+        with pytest.raises(errors.FailedPrecondition) as failure:
+            collect_garbage(spark, outer, rules=RetentionRules(7), connection=conn)
+        assert failure.value.reason == "GC_REFERENCES_INCOMPLETE"
+        assert failure.value.metadata["other_repository"] == outer + "-twin"

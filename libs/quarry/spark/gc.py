@@ -139,8 +139,10 @@ def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = No
         report.commits_expired = report.commits_scanned - report.commits_retained
         metaranges = {references.commits[c].metarange_id for c in kept
                       if c in references.commits} | references.compacted
+        foreign = _foreign_prefixes(client, repository, repo.storage_namespace)
         with open_blob_store(repo.storage_namespace, connection) as store:
-            listing = list(store.list(""))
+            # Objects of other repositories whose namespaces lie inside this one are theirs.
+            listing = [o for o in store.list("") if not o.key.startswith(foreign)]
             range_ids = _ranges_of(store, metaranges, {o.key for o in listing})
             report.referenced_metaranges, report.referenced_ranges = len(metaranges), len(range_ids)
             candidates = _candidates(listing, started - grace, report)
@@ -165,6 +167,34 @@ def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = No
         with open_blob_store(repo.storage_namespace, connection) as store:
             store.put(report.report_key, json.dumps(report.to_dict(), indent=2).encode())
         return report
+
+
+def _foreign_prefixes(client, repository: str, storage_namespace: str) -> tuple[str, ...]:
+    """Key prefixes, inside this repository's namespace, of other repositories' namespaces
+    (a namespace inside another is fine for the inner one: nothing of the outer one is in
+    it). A namespace shared with another repository cannot be collected at all."""
+    from quarry.blob import parse_storage_namespace
+
+    def location(namespace: str) -> tuple[str, str]:
+        kind, root, prefix = parse_storage_namespace(namespace)
+        if kind == "local":
+            return "local", root.rstrip("/") + "/"
+        return "s3", f"{root}/{prefix.strip('/') + '/' if prefix.strip('/') else ''}"
+
+    mine = location(storage_namespace)
+    prefixes = []
+    for other in client.iter_repositories():
+        if other.name == repository:
+            continue
+        theirs = location(other.storage_namespace)
+        if theirs == mine:
+            raise GarbageCollectionUnsafe(
+                f"the storage namespace of {repository!r} is shared with repository "
+                f"{other.name!r}: GC cannot tell whose objects are whose",
+                metadata={"repository": repository, "other_repository": other.name})
+        if theirs[0] == mine[0] and theirs[1].startswith(mine[1]):
+            prefixes.append(theirs[1][len(mine[1]):])
+    return tuple(prefixes)
 
 
 def stored_rules(client, repository: str) -> RetentionRules:
