@@ -248,9 +248,9 @@ def test_a_branch_made_on_an_expired_commit_during_the_sweep_stops_it(spark, sui
     before = history.keys()
     real_recheck = gc_module._recheck
 
-    def revive_then_recheck(client, repository, *args):
-        client.create_branch(repository, "revived", history.a.id)
-        return real_recheck(client, repository, *args)
+    def revive_then_recheck(references, *args):
+        references.client.create_branch(references.repository, "revived", history.a.id)
+        return real_recheck(references, *args)
 
     monkeypatch.setattr(gc_module, "_recheck", revive_then_recheck)
     with pytest.raises(gc_module.GarbageCollectionUnsafe) as failure:

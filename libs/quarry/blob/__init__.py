@@ -14,7 +14,8 @@ from quarry.blob.counting import CountingBlobStore
 from quarry.blob.local import LocalBlobStore
 
 __all__ = ["BlobStore", "CountingBlobStore", "InvalidObjectKey", "InvalidStorageNamespace",
-           "LocalBlobStore", "ObjectInfo", "ObjectNotFound", "S3BlobStore", "check_key", "open_blob_store",
+           "LocalBlobStore", "ObjectInfo", "ObjectNotFound", "S3BlobStore", "check_key",
+           "object_address", "open_blob_store",
            "parse_storage_namespace"]
 
 
@@ -46,6 +47,13 @@ def parse_storage_namespace(storage_namespace: str) -> tuple[str, str, str]:
         return "s3", parsed.netloc, parsed.path.strip("/")
     raise InvalidStorageNamespace(
         f"storage namespace {ns!r}: expected /abs/dir, file:///abs/dir or s3://bucket/prefix")
+
+
+def object_address(storage_namespace: str, key: str) -> str:
+    """The physical address of `key` inside the namespace, in the namespace's own notation
+    (/abs/dir/key, file:///abs/dir/key or s3://bucket/prefix/key)."""
+    parse_storage_namespace(storage_namespace)  # rejects what no store could open
+    return storage_namespace.rstrip("/") + "/" + key
 
 
 def open_blob_store(storage_namespace: str, settings=None) -> BlobStore:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from quarry.blob import BlobStore, parse_storage_namespace
+from quarry.blob import BlobStore, object_address
 from quarry.client import make_entry
 from quarry.v1 import types_pb2
 
@@ -60,13 +60,6 @@ def plan(source: Path, dest: str) -> list[Planned]:
     return [Planned(source, dest)]
 
 
-def physical_address(storage_namespace: str, key: str) -> str:
-    """The address of `key` inside the namespace, in the namespace's own notation
-    (/abs/dir/key, file:///abs/dir/key or s3://bucket/prefix/key)."""
-    parse_storage_namespace(storage_namespace)  # rejects what no store could open
-    return storage_namespace.rstrip("/") + "/" + key
-
-
 def upload_one(store: BlobStore, storage_namespace: str, item: Planned,
                content_type: str = "", metadata: Mapping[str, str] | None = None
                ) -> types_pb2.Entry:
@@ -76,7 +69,7 @@ def upload_one(store: BlobStore, storage_namespace: str, item: Planned,
     store.put(key, data)
     guessed = content_type or mimetypes.guess_type(item.local.name)[0] or \
         "application/octet-stream"
-    return make_entry(item.path, physical_address=physical_address(storage_namespace, key),
+    return make_entry(item.path, physical_address=object_address(storage_namespace, key),
                       size_bytes=len(data), checksum=hashlib.sha256(data).hexdigest(),
                       mtime=stat.st_mtime, content_type=guessed, metadata=metadata)
 

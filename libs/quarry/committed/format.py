@@ -338,6 +338,15 @@ def encode_metarange(ranges: Sequence[RangeInfo], metarange_id: str) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def read_metarange(store, metarange_id: str) -> list[RangeInfo]:
+    """The ranges of a metarange stored in `store` (a BlobStore of its namespace), without
+    CommittedManager's caches: for readers outside the services (Spark jobs). The empty
+    metarange ("" too) has no file. ObjectNotFound if the file is missing."""
+    if metarange_id in ("", EMPTY_METARANGE_ID):
+        return []
+    return decode_metarange(store.get(metarange_key(metarange_id)))
+
+
 def decode_metarange(source) -> list[RangeInfo]:
     table = _read_parquet(source, "metarange")
     if table.schema.names != METARANGE_SCHEMA.names:
@@ -349,7 +358,7 @@ def decode_metarange(source) -> list[RangeInfo]:
 __all__ = [
     "EMPTY_METARANGE_ID", "METARANGE_SCHEMA", "RANGE_SCHEMA", "RangeCorrupt", "RowBuffer",
     "decode_metarange", "decode_range", "decode_range_keys", "encode_metarange",
-    "encode_range", "entry_bytes",
+    "encode_range", "entry_bytes", "read_metarange",
     "is_boundary", "metarange_id_of", "metarange_key", "range_id_of", "range_key",
     "row_bytes",
 ]

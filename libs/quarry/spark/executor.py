@@ -20,6 +20,7 @@ Idempotence under task retries and speculative execution:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import io
@@ -49,8 +50,6 @@ RESULT_SCHEMA = pa.schema([
     pa.field("rows", pa.int64(), nullable=False),
     pa.field("partition", pa.int32(), nullable=False),
 ])
-RESULT_DDL = ("path string, physical_address string, size_bytes long, checksum string, "
-              "mtime_us long, rows long, partition int")
 
 
 @dataclass(frozen=True)
@@ -243,10 +242,9 @@ def write_task(spec: WriteSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator
 
 def _write_and_stage(spec: WriteSpec, batches, partition: int,
                      task_attempt_id: int) -> list[dict]:
-    from quarry.blob import open_blob_store
+    from quarry.blob import object_address, open_blob_store
 
     store = open_blob_store(spec.storage_namespace, spec.connection)
-    base = spec.storage_namespace.rstrip("/") + "/"
     client = client_for(spec.connection)
     entries, rows = [], []
     try:
@@ -255,7 +253,8 @@ def _write_and_stage(spec: WriteSpec, batches, partition: int,
             key = file_key(spec, partition, index, task_attempt_id)
             store.put(key, data)
             row = {"path": object_path(spec, partition, index, folder),
-                   "physical_address": base + key, "size_bytes": len(data),
+                   "physical_address": object_address(spec.storage_namespace, key),
+                   "size_bytes": len(data),
                    "checksum": hashlib.sha256(data).hexdigest(),
                    "mtime_us": int(_dt.datetime.now(_dt.timezone.utc).timestamp() * 1e6),
                    "rows": table.num_rows, "partition": partition}
@@ -271,32 +270,20 @@ def _write_and_stage(spec: WriteSpec, batches, partition: int,
     return rows
 
 
-class _task_span:
+@contextlib.contextmanager
+def _task_span(spec: WriteSpec, partition: int, attempt: int):
     """A span for the task, child of the driver's write span when the driver sent its trace
     context; nothing at all when it did not."""
+    if not spec.trace_carrier:
+        yield
+        return
+    from opentelemetry.propagate import extract
 
-    def __init__(self, spec: WriteSpec, partition: int, attempt: int):
-        self.spec, self.partition, self.attempt = spec, partition, attempt
-        self._scope = None
+    from quarry import telemetry
 
-    def __enter__(self):
-        if not self.spec.trace_carrier:
-            return None
-        from opentelemetry.propagate import extract
-
-        from quarry import telemetry
-
-        telemetry.enable_propagation("spark-executor")
-        parent = extract(self.spec.trace_carrier)
-        self._scope = telemetry.tracer("quarry.spark").start_as_current_span(
-            "quarry.spark.write_task", context=parent,
-            attributes={"quarry.repository": self.spec.repository,
-                        "quarry.spark.job": self.spec.job_id,
-                        "quarry.spark.partition": self.partition,
-                        "quarry.spark.attempt": self.attempt})
-        return self._scope.__enter__()
-
-    def __exit__(self, *exc):
-        if self._scope is not None:
-            return self._scope.__exit__(*exc)
-        return False
+    telemetry.enable_propagation("spark-executor")
+    with telemetry.tracer("quarry.spark").start_as_current_span(
+            "quarry.spark.write_task", context=extract(spec.trace_carrier),
+            attributes={"quarry.repository": spec.repository, "quarry.spark.job": spec.job_id,
+                        "quarry.spark.partition": partition, "quarry.spark.attempt": attempt}):
+        yield

@@ -33,7 +33,7 @@ from quarry import errors, telemetry
 from quarry.retention import (CommitNode, RetentionRules, classify, retained_commits)
 from quarry.spark.common import Connection
 from quarry.spark.reader import ranges_dataframe
-from quarry.spark.sweep import DEFAULT_EPHEMERAL_TTL, stale_ephemeral_branches
+from quarry.spark.sweep import DEFAULT_EPHEMERAL_TTL, sweep_ephemeral_branches
 from quarry.v1 import types_pb2
 
 DEFAULT_GRACE = _dt.timedelta(hours=6)
@@ -121,14 +121,10 @@ def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = No
                           started_at=started.isoformat(), policy_time=policy_time.isoformat(),
                           sweep=sweep, rules=json.loads(rules.to_json()),
                           grace_seconds=grace.total_seconds())
-        stale = stale_ephemeral_branches(client, repository, ephemeral_ttl, policy_time)
+        # A dry run treats the stale branches as gone too: it reports what a sweep does.
+        stale = sweep_ephemeral_branches(client, repository, ephemeral_ttl, policy_time,
+                                         dry_run=not sweep)
         report.ephemeral_branches = stale
-        if sweep:
-            for name in stale:
-                try:
-                    client.delete_branch(repository, name)
-                except errors.NotFound:
-                    pass
         references = _References(client, repository, set(stale))
         references.read_staging()
         references.read_heads_and_commits()
@@ -150,18 +146,19 @@ def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = No
         orphan_data = _unreferenced_data_keys(spark, repo.storage_namespace, sorted(range_ids),
                                               references.staged_addresses, data_keys,
                                               connection)
-        doomed: dict[str, list[str]] = {k: [] for k in KINDS}
+        # kind -> {key: id} of what goes (id: the range or metarange id; "" for data)
+        doomed: dict[str, dict[str, str]] = {k: {} for k in KINDS}
         for key, size, kind, ident in sorted(candidates):
             if ((kind == "metarange" and ident not in metaranges)
                     or (kind == "range" and ident not in range_ids)
                     or (kind == "data" and key in orphan_data)):
                 report.collectable[kind].add(key, size)
-                doomed[kind].append(key)
+                doomed[kind][key] = ident
         if sweep:
-            _recheck(client, repository, references, kept, doomed, repo.storage_namespace,
-                     connection)
+            _recheck(references, kept, set(doomed["metarange"].values()),
+                     set(doomed["range"].values()), repo.storage_namespace, connection)
             for kind in KINDS:  # metaranges before the ranges they list, data last
-                report.deleted += _delete(spark, repo.storage_namespace, doomed[kind],
+                report.deleted += _delete(spark, repo.storage_namespace, list(doomed[kind]),
                                           connection)
         report.report_key = f"{REPORTS_PREFIX}{report.run_id}.json"
         with open_blob_store(repo.storage_namespace, connection) as store:
@@ -278,8 +275,8 @@ class _References:
                     commit.generation, commit.metarange_id)
 
 
-def _recheck(client, repository: str, references: "_References", kept: set[str],
-             doomed: dict, storage_namespace: str, connection: Connection) -> None:
+def _recheck(references: "_References", kept: set[str], doomed_metaranges: set[str],
+             doomed_ranges: set[str], storage_namespace: str, connection: Connection) -> None:
     """Just before deleting: the commits made since the references were read must not
     use a range or metarange about to go (content addressing lets a new commit reuse an old
     file without rewriting it, e.g. on a branch created from an expired commit). If one
@@ -290,15 +287,9 @@ def _recheck(client, repository: str, references: "_References", kept: set[str],
     new_metaranges = references.metaranges_of_new_heads(kept)
     if not new_metaranges:
         return
-    doomed_metaranges = {key[len(rformat.METARANGES_PREFIX):-len(".parquet")]
-                         for key in doomed["metarange"]}
-    doomed_ranges = {key[len(rformat.RANGES_PREFIX):-len(".parquet")]
-                     for key in doomed["range"]}
     with open_blob_store(storage_namespace, connection) as store:
         for metarange_id in new_metaranges:
-            used = {r.id for r in rformat.decode_metarange(
-                store.get(rformat.metarange_key(metarange_id)))} \
-                if metarange_id != rformat.EMPTY_METARANGE_ID else set()
+            used = {r.id for r in rformat.read_metarange(store, metarange_id)}
             if metarange_id in doomed_metaranges or used & doomed_ranges:
                 raise GarbageCollectionUnsafe(
                     f"a commit made during this run uses files GC was about to delete "
@@ -314,10 +305,8 @@ def _ranges_of(store, metarange_ids: set[str], existing_keys: set[str]) -> set[s
 
     range_ids: set[str] = set()
     for metarange_id in metarange_ids:
-        if metarange_id == rformat.EMPTY_METARANGE_ID:
-            continue
         try:
-            ranges = rformat.decode_metarange(store.get(rformat.metarange_key(metarange_id)))
+            ranges = rformat.read_metarange(store, metarange_id)
         except ObjectNotFound:
             raise GarbageCollectionUnsafe(
                 f"metarange {metarange_id} of a retained commit is missing; nothing deleted",

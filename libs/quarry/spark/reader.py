@@ -72,10 +72,8 @@ def range_ids_under(storage_namespace: str, metarange_id: str, prefix: str,
     from quarry.blob import open_blob_store
     from quarry.committed import format as rformat
 
-    if metarange_id in ("", rformat.EMPTY_METARANGE_ID):
-        return []
     with open_blob_store(storage_namespace, connection) as store:
-        ranges = rformat.decode_metarange(store.get(rformat.metarange_key(metarange_id)))
+        ranges = rformat.read_metarange(store, metarange_id)
     return [r.id for r in ranges
             if r.max_key >= prefix and (not prefix or r.min_key < prefix + "\U0010ffff")]
 

@@ -30,7 +30,7 @@ from typing import Mapping, Sequence
 from quarry import errors, telemetry
 from quarry.spark.common import (JOB_DATA_PREFIX, Connection, QuarryUri, ephemeral_branch,
                                  new_job_id, parse_uri)
-from quarry.spark.executor import (FORMATS, RESULT_DDL, WriteSpec, file_entry,
+from quarry.spark.executor import (FORMATS, RESULT_SCHEMA, WriteSpec, file_entry,
                                    is_job_file, job_path_prefix, write_task)
 from quarry.v1 import types_pb2
 
@@ -221,6 +221,7 @@ class _Job:
 
     def _run_tasks(self, df) -> list[dict]:
         from opentelemetry.propagate import inject
+        from pyspark.sql.pandas.types import from_arrow_schema
 
         carrier: dict = {}
         if telemetry.tracing_enabled():
@@ -233,7 +234,8 @@ class _Job:
         context = self.spark.sparkContext
         context.setJobDescription(f"quarry write {self.target} ({self.mode})")
         try:
-            collected = df.mapInArrow(write_task(self.spec), RESULT_DDL).collect()
+            collected = df.mapInArrow(write_task(self.spec),
+                                      from_arrow_schema(RESULT_SCHEMA)).collect()
         finally:
             context.setJobDescription(None)
         return [row.asDict() for row in collected]

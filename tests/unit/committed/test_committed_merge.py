@@ -10,6 +10,7 @@ import pytest
 from quarry import errors
 from quarry.committed import EMPTY_METARANGE_ID, InvalidMetaRangeId, MetaRangeNotFound
 from quarry.graveler.model import Conflict, DiffSummary, Entry, MergeStrategy
+from support.merge_model import naive_merge
 
 STRATEGIES = list(MergeStrategy)
 
@@ -31,43 +32,6 @@ def read(manager, namespace, metarange_id) -> dict[str, Entry]:
 
 def _identities(model: dict[str, Entry]) -> dict[str, bytes]:
     return {path: e.identity for path, e in model.items()}
-
-
-def _same(a: Entry | None, b: Entry | None) -> bool:
-    if a is None or b is None:
-        return a is b
-    return a.identity == b.identity
-
-
-def naive_merge(base: dict, source: dict, dest: dict, strategy: MergeStrategy,
-                max_conflicts: int = 100):
-    """The three-way merge, path by path, on dicts: (merged, summary, conflicts, more)."""
-    merged = dict(dest)
-    conflicts: list[Conflict] = []
-    for path in sorted(set(base) | set(source) | set(dest)):
-        b, s, d = base.get(path), source.get(path), dest.get(path)
-        if _same(s, b) or _same(s, d):
-            continue  # the destination's value stands
-        if not _same(d, b):
-            if strategy == MergeStrategy.DEFAULT:
-                conflicts.append(Conflict(path, b, s, d))
-                continue
-            if strategy == MergeStrategy.DEST_WINS:
-                continue
-        if s is None:
-            merged.pop(path, None)
-        else:
-            merged[path] = s
-    summary = DiffSummary()
-    for path in set(dest) | set(merged):
-        d, m = dest.get(path), merged.get(path)
-        if d is None:
-            summary.added += 1
-        elif m is None:
-            summary.removed += 1
-        elif not _same(d, m):
-            summary.changed += 1
-    return merged, summary, conflicts[:max_conflicts], max(0, len(conflicts) - max_conflicts)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import bisect
 import hashlib
 
 from quarry.graveler.model import ApplyResult, Change, ChangeType, DiffSummary, Entry
+from support.merge_model import naive_merge
 
 
 class _Iterator:
@@ -93,34 +94,6 @@ class FakeCommitted:
                 yield Change(ChangeType.CHANGED, path, b)
 
 
-def _same(a, b) -> bool:
-    if a is None or b is None:
-        return a is b
-    return a.identity == b.identity
-
-
-def naive_merge(base, source, destination, strategy):
-    """Dict-based three-way merge: (result dict, conflicts list)."""
-    from quarry.graveler.model import Conflict, MergeStrategy
-
-    result, conflicts = dict(destination), []
-    for path in sorted(set(base) | set(source) | set(destination)):
-        b, s, d = base.get(path), source.get(path), destination.get(path)
-        if _same(s, b) or _same(s, d):
-            continue
-        if not _same(d, b):
-            if strategy == MergeStrategy.DEFAULT:
-                conflicts.append(Conflict(path, b, s, d))
-                continue
-            if strategy == MergeStrategy.DEST_WINS:
-                continue
-        if s is None:
-            result.pop(path, None)
-        else:
-            result[path] = s
-    return result, conflicts
-
-
 def _merge_metaranges(self, namespace, base_id, source_id, destination_id, strategy=0,
                       max_conflicts=100, dry_run=False):
     from quarry.graveler.model import MergeResult, MergeStrategy
@@ -129,20 +102,10 @@ def _merge_metaranges(self, namespace, base_id, source_id, destination_id, strat
         return {e.path: e for e in self.metaranges[mr]}
 
     dest = as_dict(destination_id)
-    merged, conflicts = naive_merge(as_dict(base_id), as_dict(source_id), dest,
-                                    MergeStrategy(strategy))
-    summary = DiffSummary()
-    for path in set(dest) | set(merged):
-        a, b = dest.get(path), merged.get(path)
-        if a is None and b is not None:
-            summary.added += 1
-        elif b is None and a is not None:
-            summary.removed += 1
-        elif a is not None and not _same(a, b):
-            summary.changed += 1
-    if conflicts or dry_run:
-        return MergeResult("", summary, tuple(conflicts[:max_conflicts]),
-                           max(0, len(conflicts) - max_conflicts))
+    merged, summary, conflicts, more = naive_merge(as_dict(base_id), as_dict(source_id), dest,
+                                                   MergeStrategy(strategy), max_conflicts)
+    if conflicts or more or dry_run:
+        return MergeResult("", summary, tuple(conflicts), more)
     new_id = self._store(sorted(merged.values(), key=lambda e: e.path))
     self.merges += 1
     return MergeResult(new_id, summary, ranges_written=1)
