@@ -7,6 +7,13 @@ logged, never sent.
 
 Client side: `raise_from_rpc_error` rebuilds the most specific QuarryError subclass from the
 ErrorInfo reason, so remote stores and clients raise the same exceptions as local ones.
+
+Message size limits: gRPC itself fails an oversized message with a bare RESOURCE_EXHAUSTED
+("... message larger than max ..."). The interceptor refuses a response over the server's
+send limit itself, with ErrorInfo MESSAGE_TOO_LARGE; a request over the server's receive
+limit (refused by gRPC before any handler runs) or a response over the client's own
+receive limit is rebuilt client-side as MessageTooLarge. Either way it carries no
+RetryInfo, so clients do not retry it: only throttling (RetryInfo) is.
 """
 
 from __future__ import annotations
@@ -22,8 +29,13 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from quarry import errors
+from quarry.runtime.channels import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
+
+# How gRPC words its own size refusals ("Sent message larger than max (N vs. M)",
+# "Received message larger than max (N vs. M)").
+_GRPC_SIZE_REFUSAL = "message larger than max"
 
 
 def to_status(exc: errors.QuarryError) -> status_pb2.Status:
@@ -88,6 +100,20 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         return handler
 
 
+def _checked_size(response: Any, limit: int = MAX_MESSAGE_BYTES) -> Any:
+    """The response, or MessageTooLarge (with ErrorInfo) where gRPC would refuse to send it
+    with a bare status. Paged responses are cut far below this (quarry.paging)."""
+    byte_size = getattr(response, "ByteSize", None)
+    if byte_size is not None:
+        size = byte_size()
+        if size > limit:
+            raise errors.MessageTooLarge(
+                f"the response is {size} bytes, over the {limit}-byte message limit; ask "
+                f"for a smaller page or batch",
+                metadata={"size_bytes": str(size), "limit_bytes": str(limit)})
+    return response
+
+
 def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
     # context.abort() raises a bare Exception after setting the code; let it through.
     return type(exc) is Exception and context.code() not in (None, grpc.StatusCode.OK)
@@ -97,7 +123,7 @@ def _wrap_unary(behavior: Callable) -> Callable:
     @functools.wraps(behavior)
     def wrapper(request_or_iterator: Any, context: grpc.ServicerContext):
         try:
-            return behavior(request_or_iterator, context)
+            return _checked_size(behavior(request_or_iterator, context))
         except Exception as exc:  # noqa: BLE001 — every error must become a status
             if _is_abort(exc, context):
                 raise
@@ -110,7 +136,8 @@ def _wrap_stream(behavior: Callable) -> Callable:
     @functools.wraps(behavior)
     def wrapper(request_or_iterator: Any, context: grpc.ServicerContext) -> Iterator:
         try:
-            yield from behavior(request_or_iterator, context)
+            for response in behavior(request_or_iterator, context):
+                yield _checked_size(response)
         except Exception as exc:  # noqa: BLE001
             if _is_abort(exc, context):
                 raise
@@ -154,6 +181,10 @@ def from_rpc_error(error: grpc.RpcError) -> errors.QuarryError:
         info, details = None, []
     cls: type[errors.QuarryError] = errors.error_class_for(code)
     metadata: dict[str, str] = {}
+    if (info is None and code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            and _GRPC_SIZE_REFUSAL in (message or "").lower()):
+        # gRPC's own refusal of an oversized message: permanent, not throttling.
+        cls = errors.MessageTooLarge
     if info is not None and info.domain == errors.ERROR_DOMAIN:
         candidate = _all_error_classes().get(info.reason)
         if candidate is not None and candidate.code == code:
@@ -175,7 +206,21 @@ def from_rpc_error(error: grpc.RpcError) -> errors.QuarryError:
     return exc
 
 
+# RESOURCE_EXHAUSTED is retried only with a RetryInfo (throttling): see is_retryable.
 RETRYABLE_CODES = frozenset({grpc.StatusCode.ABORTED, grpc.StatusCode.UNAVAILABLE,
                              grpc.StatusCode.RESOURCE_EXHAUSTED})
 
-__all__ = ["ErrorInterceptor", "to_status", "from_rpc_error", "error_info", "RETRYABLE_CODES"]
+
+def is_retryable(exc: errors.QuarryError, codes: frozenset = RETRYABLE_CODES) -> bool:
+    """Whether a failed call may succeed when repeated: ABORTED and UNAVAILABLE always;
+    RESOURCE_EXHAUSTED only when the server said when to come back (RetryInfo, i.e.
+    throttling). A RESOURCE_EXHAUSTED without it (a message over a size limit, a quota)
+    fails the same way every time."""
+    if exc.code not in codes:
+        return False
+    if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return exc.retry_delay is not None
+    return True
+
+__all__ = ["ErrorInterceptor", "to_status", "from_rpc_error", "error_info", "RETRYABLE_CODES",
+           "is_retryable"]
