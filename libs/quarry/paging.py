@@ -2,7 +2,8 @@
 encoded response past `max_bytes` (Settings.max_response_bytes).
 
 Every paged listing of the core (objects, uncommitted and committed diffs, log,
-repositories, branches, tags) and the kv-gateway's streamed scans cut their pages with a
+repositories, branches, tags), the range-writer's GetMetaRange and the kv-gateway's
+streamed scans cut their pages with a
 `PageBudget`, so no response grows past what gRPC clients accept by default (grpcurl and
 most clients: 4 MiB received) however large the items or the requested page_size.
 
@@ -29,7 +30,7 @@ def encoded_size(item: Any) -> int:
     Domain values are converted exactly as the servicers convert them (quarry.convert, a
     Repository's to_proto), so the estimate is the wire size, not a guess."""
     from quarry import convert
-    from quarry.graveler.model import Change, Entry
+    from quarry.graveler.model import Change, Entry, RangeInfo
 
     if isinstance(item, Message):
         size = item.ByteSize()
@@ -37,6 +38,8 @@ def encoded_size(item: Any) -> int:
         size = convert.entry_to_proto(item).ByteSize()
     elif isinstance(item, Change):
         size = convert.change_to_proto(item).ByteSize()
+    elif isinstance(item, RangeInfo):
+        size = convert.range_info_to_proto(item).ByteSize()
     elif isinstance(item, str):
         size = len(item.encode())
     elif isinstance(item, (bytes, bytearray)):
