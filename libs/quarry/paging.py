@@ -21,6 +21,11 @@ from google.protobuf.message import Message
 # A repeated field's element costs its tag (1 byte for field numbers below 16) and a length
 # varint (at most 5 bytes) on top of its own encoding.
 ELEMENT_OVERHEAD_BYTES = 6
+# Room kept for the response's next_page_token (and its other small fields): a listing's
+# token holds one path or name (at most 1 KB of UTF-8, up to ~4 KB once JSON-escaped and
+# base64-encoded). A larger token (a log frontier of dozens of merge parents) eats into the
+# margin between the default limit and gRPC's 4 MiB.
+PAGE_TOKEN_RESERVE_BYTES = 4096
 
 
 def encoded_size(item: Any) -> int:
@@ -78,10 +83,16 @@ class PageBudget:
         self.bytes += size
         return True
 
+    @classmethod
+    def for_response(cls, max_items: int, max_response_bytes: int) -> "PageBudget":
+        """The budget of a paged response: its items leave PAGE_TOKEN_RESERVE_BYTES of
+        `max_response_bytes` for the next_page_token."""
+        return cls(max_items, max(1, max_response_bytes - PAGE_TOKEN_RESERVE_BYTES))
+
     def reset(self) -> None:
         """Start the next page (streams reuse one budget per message)."""
         self.items = 0
         self.bytes = 0
 
 
-__all__ = ["PageBudget", "encoded_size", "ELEMENT_OVERHEAD_BYTES"]
+__all__ = ["PageBudget", "encoded_size", "ELEMENT_OVERHEAD_BYTES", "PAGE_TOKEN_RESERVE_BYTES"]

@@ -358,7 +358,7 @@ class CommittedManager:
             if state["metarange"] != metarange_id or not isinstance(start, int) or start < 0:
                 raise InvalidPageToken("page_token belongs to another metarange")
         ranges = self._metarange(namespace, metarange_id).ranges
-        budget = PageBudget(page_size or max(1, len(ranges)), max_bytes)
+        budget = PageBudget.for_response(page_size or max(1, len(ranges)), max_bytes)
         end = start
         while end < len(ranges) and budget.admit(ranges[end]):
             end += 1

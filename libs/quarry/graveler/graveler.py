@@ -224,7 +224,7 @@ class Graveler:
     def _budget(self, page_size: int) -> PageBudget:
         """One page's budget: the requested (or default) number of items, and no more
         than `max_response_bytes` of encoded response (quarry.paging)."""
-        return PageBudget(_page_size(page_size), self.max_response_bytes)
+        return PageBudget.for_response(_page_size(page_size), self.max_response_bytes)
 
     # ==== branches ============================================================================
 
