@@ -72,7 +72,9 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Maps exceptions from every handler kind (unary and streaming) to rich statuses."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        # The server's send limit: a larger response is refused here, with an ErrorInfo.
+        self._max_message_bytes = max_message_bytes
         # Wrapped handlers by the handler they wrap: built once per method, not per call.
         self._wrapped: dict[int, tuple[Any, Any]] = {}
 
@@ -83,24 +85,24 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         cached = self._wrapped.get(id(handler))
         if cached is not None and cached[0] is handler:
             return cached[1]
-        wrapped = self._wrap(handler)
+        wrapped = self._wrap(handler, self._max_message_bytes)
         self._wrapped[id(handler)] = (handler, wrapped)
         return wrapped
 
     @staticmethod
-    def _wrap(handler):
+    def _wrap(handler, limit: int):
         if handler.unary_unary:
-            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary))
+            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, limit))
         if handler.unary_stream:
-            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream))
+            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream, limit))
         if handler.stream_unary:
-            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary))
+            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary, limit))
         if handler.stream_stream:
-            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream))
+            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream, limit))
         return handler
 
 
-def _checked_size(response: Any, limit: int = MAX_MESSAGE_BYTES) -> Any:
+def _checked_size(response: Any, limit: int) -> Any:
     """The response, or MessageTooLarge (with ErrorInfo) where gRPC would refuse to send it
     with a bare status. Paged responses are cut far below this (quarry.paging)."""
     byte_size = getattr(response, "ByteSize", None)
@@ -119,11 +121,11 @@ def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
     return type(exc) is Exception and context.code() not in (None, grpc.StatusCode.OK)
 
 
-def _wrap_unary(behavior: Callable) -> Callable:
+def _wrap_unary(behavior: Callable, limit: int) -> Callable:
     @functools.wraps(behavior)
     def wrapper(request_or_iterator: Any, context: grpc.ServicerContext):
         try:
-            return _checked_size(behavior(request_or_iterator, context))
+            return _checked_size(behavior(request_or_iterator, context), limit)
         except Exception as exc:  # noqa: BLE001 — every error must become a status
             if _is_abort(exc, context):
                 raise
@@ -132,12 +134,12 @@ def _wrap_unary(behavior: Callable) -> Callable:
     return wrapper
 
 
-def _wrap_stream(behavior: Callable) -> Callable:
+def _wrap_stream(behavior: Callable, limit: int) -> Callable:
     @functools.wraps(behavior)
     def wrapper(request_or_iterator: Any, context: grpc.ServicerContext) -> Iterator:
         try:
             for response in behavior(request_or_iterator, context):
-                yield _checked_size(response)
+                yield _checked_size(response, limit)
         except Exception as exc:  # noqa: BLE001
             if _is_abort(exc, context):
                 raise
