@@ -147,3 +147,31 @@ def test_grpcurl_lists_page_size_1000_with_its_default_limits(loaded):
         seen.extend(e["path"] for e in page["entries"])
         token = page["next_page_token"]  # grpcurl prints the proto's field names
     assert seen == [path(i) for i in range(len(seen))]
+
+
+def test_kv_scan_messages_are_cut_by_size():
+    """ScanItems streams batch_size items per message, fewer when their size would pass
+    max_response_bytes; the remote store still sees every item once, in order."""
+    from quarry.kv.remote import RemoteStore
+    from quarry.v1 import kv_pb2, kv_pb2_grpc
+    from support.servers import kv_gateway
+
+    partition = b"staging/scan-by-size"
+    items = [(partition, f"k{i:03d}".encode(), bytes([i % 251]) * 1000) for i in range(60)]
+    with kv_gateway(max_response_bytes=10_000) as (_server, target):
+        store = RemoteStore(target)
+        try:
+            store.batch_set(items)
+            assert [(i.key, i.value) for i in store.scan(partition)] == \
+                [(k, v) for _, k, v in items]
+        finally:
+            store.close()
+        channel = grpc.insecure_channel(target)
+        try:
+            messages = list(kv_pb2_grpc.KVGatewayStub(channel).ScanItems(
+                kv_pb2.ScanItemsRequest(partition_key=partition, batch_size=1000), timeout=10))
+        finally:
+            channel.close()
+    assert len(messages) >= 6  # 60 KB in messages of at most 10 KB
+    assert all(m.items and m.ByteSize() <= 10_000 for m in messages)
+    assert [i.key for m in messages for i in m.items] == [k for _, k, _ in items]
