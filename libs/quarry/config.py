@@ -48,6 +48,12 @@ class Settings:
     max_workers: int = 32
     # Seconds in-flight calls get to finish after SIGTERM.
     shutdown_grace_seconds: float = 10.0
+    # Every paged response (ListObjects, Diff, Log, List*, ...) and every streamed
+    # ScanItems message ends before its encoded size would pass this many bytes and
+    # continues with next_page_token (but always holds at least one item). The default
+    # stays 194,304 bytes under gRPC's 4 MiB default receive limit, so grpcurl and other
+    # default clients can read any page.
+    max_response_bytes: int = 4_000_000
     # kv-gateway: identical GetItems that arrive while a read of the same key is in flight
     # share the next backend read.
     kv_amortize_reads: bool = True
@@ -92,6 +98,11 @@ class Settings:
 
     # Python logging level of the services (DEBUG, INFO, WARNING, ERROR).
     log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if self.max_response_bytes < 1:
+            raise errors.InvalidArgument(
+                f"setting max_response_bytes must be positive, not {self.max_response_bytes}")
 
     def port_of(self, service: str) -> int:
         return getattr(self, _attr(service, "port"))

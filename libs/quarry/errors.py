@@ -66,6 +66,14 @@ class ResourceExhausted(QuarryError):
     reason = "RESOURCE_EXHAUSTED"
 
 
+class MessageTooLarge(ResourceExhausted):
+    """A request or response over a gRPC message size limit: permanent for that message
+    (a smaller page_size or batch is needed), so never retried. gRPC itself reports these
+    without an ErrorInfo; quarry.runtime.errors gives them this reason on both sides."""
+
+    reason = "MESSAGE_TOO_LARGE"
+
+
 class Unavailable(QuarryError):
     code = grpc.StatusCode.UNAVAILABLE
     reason = "UNAVAILABLE"

@@ -30,8 +30,5 @@ class CompactorSensorServicer(compactor_sensor_pb2_grpc.CompactorSensorServicer)
 
     def ListCompactionCandidates(self, request, context):
         candidates = self._sensor.list_candidates(request.page_size)
-        return pb.ListCompactionCandidatesResponse(candidates=[
-            pb.CompactionCandidate(repository=c.repository, branch=c.branch, puts=c.puts,
-                                   deletes=c.deletes, sealed_tokens=c.sealed_tokens,
-                                   reason=c.reason)
-            for c in candidates])
+        return pb.ListCompactionCandidatesResponse(
+            candidates=[c.to_proto() for c in candidates])

@@ -57,7 +57,8 @@ def build(settings: Settings, backend=None) -> ServiceSpec:
     amortized = AmortizedStore(metered) if settings.kv_amortize_reads else metered
     store = PartitionValidatingStore(amortized)
     servicer = KVGatewayServicer(
-        store, lambda top_n: capacity_report_to_proto(metered, limiter, top_n))
+        store, lambda top_n: capacity_report_to_proto(metered, limiter, top_n),
+        max_response_bytes=settings.max_response_bytes)
 
     return ServiceSpec(
         name=SERVICE_NAME,

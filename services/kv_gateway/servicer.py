@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+from quarry.config import Settings
 from quarry.kv import store as kv
+from quarry.paging import PageBudget
 from quarry.v1 import kv_pb2, kv_pb2_grpc
 
 MAX_SCAN_BATCH = 10_000
@@ -31,9 +33,12 @@ def _value(request) -> bytes | None:
 
 
 class KVGatewayServicer(kv_pb2_grpc.KVGatewayServicer):
-    def __init__(self, store: kv.Store, capacity_report: Callable[[int], kv_pb2.GetCapacityReportResponse]):
+    def __init__(self, store: kv.Store,
+                 capacity_report: Callable[[int], kv_pb2.GetCapacityReportResponse],
+                 max_response_bytes: int = Settings.max_response_bytes):
         self._store = store
         self._capacity_report = capacity_report
+        self._max_response_bytes = max_response_bytes
 
     def GetItem(self, request, context):
         result = self._store.get(request.partition_key, request.key)
@@ -76,15 +81,25 @@ class KVGatewayServicer(kv_pb2_grpc.KVGatewayServicer):
                                     request.end_key or None, batch_size=batch_size)
         remaining = request.limit or -1
         page: list[kv_pb2.KeyValue] = []
+        # A streamed message also ends by encoded size: batch_size items of up to 400 KB
+        # would pass any client's message limit.
+        budget = PageBudget(batch_size, self._max_response_bytes)
         try:
             for item in iterator:
                 if remaining == 0 or not context.is_active():
                     break
-                page.append(kv_pb2.KeyValue(key=item.key, value=item.value))
-                remaining -= 1
-                if len(page) >= batch_size:
+                message = kv_pb2.KeyValue(key=item.key, value=item.value)
+                if not budget.admit(message):
                     yield kv_pb2.ScanItemsResponse(items=page)
                     page = []
+                    budget.reset()
+                    budget.admit(message)
+                page.append(message)
+                remaining -= 1
+                if budget.items >= batch_size:
+                    yield kv_pb2.ScanItemsResponse(items=page)
+                    page = []
+                    budget.reset()
             if page:
                 yield kv_pb2.ScanItemsResponse(items=page)
         finally:

@@ -19,7 +19,7 @@ def build(settings: Settings, manager: CommittedManager | None = None) -> Servic
     if manager is None:
         manager = CommittedManager(lambda ns: open_blob_store(ns, settings),
                                    settings.effective_cache_dir)
-    servicer = RangeWriterServicer(manager)
+    servicer = RangeWriterServicer(manager, settings.max_response_bytes)
     return ServiceSpec(
         name=SERVICE_NAME,
         register=lambda server: range_writer_pb2_grpc.add_RangeWriterServicer_to_server(

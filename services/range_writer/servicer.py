@@ -8,6 +8,7 @@ from quarry import errors
 from quarry.committed import CommittedManager
 from quarry.committed.errors import InvalidStream
 from quarry.committed.merge import DEFAULT_MAX_CONFLICTS
+from quarry.config import Settings
 from quarry.convert import (conflict_to_proto, entry_from_proto, merge_strategy_from_proto,
                             put_or_delete_from_proto, range_infos_to_proto, summary_to_proto)
 from quarry.graveler.model import Entry
@@ -42,8 +43,10 @@ def _parts(request_iterator: Iterator, rpc: str, field: str) -> Iterator:
 
 
 class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
-    def __init__(self, manager: CommittedManager):
+    def __init__(self, manager: CommittedManager,
+                 max_response_bytes: int = Settings.max_response_bytes):
         self._manager = manager
+        self._max_response_bytes = max_response_bytes
 
     def ApplyChanges(self, request_iterator, context):
         header = _header(request_iterator, "ApplyChanges")
@@ -78,8 +81,11 @@ class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
     def GetMetaRange(self, request, context):
         if not request.storage_namespace:
             raise errors.InvalidArgument("GetMetaRange: storage_namespace is required")
-        ranges = self._manager.get_metarange(request.storage_namespace, request.metarange_id)
-        return range_writer_pb2.GetMetaRangeResponse(ranges=range_infos_to_proto(ranges))
+        ranges, token = self._manager.metarange_page(
+            request.storage_namespace, request.metarange_id, request.page_size,
+            request.page_token, self._max_response_bytes)
+        return range_writer_pb2.GetMetaRangeResponse(ranges=range_infos_to_proto(ranges),
+                                                     next_page_token=token)
 
     def MergeMetaRanges(self, request, context):
         if not request.storage_namespace:

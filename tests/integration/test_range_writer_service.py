@@ -23,10 +23,10 @@ from support.servers import settings_for_tests
 
 
 @contextlib.contextmanager
-def range_writer(manager: CommittedManager) -> Iterator[str]:
+def range_writer(manager: CommittedManager, **overrides) -> Iterator[str]:
     from range_writer.service import build
 
-    settings = settings_for_tests()
+    settings = settings_for_tests(**overrides)
     server, port = create_server(settings, build(settings, manager=manager), port=0,
                                  host="127.0.0.1")
     try:
@@ -80,6 +80,49 @@ def test_write_apply_and_read_back(served, tmp_path):
     assert empty.metarange_id == EMPTY_METARANGE_ID
     assert remote.get_metarange(namespace, EMPTY_METARANGE_ID) == []
     local.close()
+
+
+def test_get_metarange_is_paged_by_size(tmp_path):
+    """GetMetaRange pages end by encoded size; RemoteRangeWriter follows the tokens."""
+    from quarry.paging import PAGE_TOKEN_RESERVE_BYTES
+
+    manager = CommittedManager(lambda ns: LocalBlobStore(ns), str(tmp_path / "cache"),
+                               target_range_entries=8)
+    namespace = str(tmp_path / "ns")
+    # ~600-byte paths: each RangeInfo is over 1 KB, 3 fit in the 4 KB left for items.
+    written = manager.write_metarange(namespace, [entry(f"{i:05d}" + "p" * 600)
+                                                  for i in range(400)])
+    expected = manager.get_metarange(namespace, written.metarange_id)
+    assert len(expected) > 20
+    with range_writer(manager, max_response_bytes=PAGE_TOKEN_RESERVE_BYTES + 4096) as target, \
+            RemoteRangeWriter(target) as remote:
+        assert remote.get_metarange(namespace, written.metarange_id) == expected
+        channel = grpc.insecure_channel(target)
+        stub = range_writer_pb2_grpc.RangeWriterStub(channel)
+        request = range_writer_pb2.GetMetaRangeRequest(storage_namespace=namespace,
+                                                       metarange_id=written.metarange_id)
+        pages = []
+        while True:
+            response = stub.GetMetaRange(request, timeout=10)
+            pages.append(response)
+            if not response.next_page_token:
+                break
+            request.page_token = response.next_page_token
+        assert 1 < len(pages) < len(expected)
+        assert all(p.ranges and p.ByteSize() <= PAGE_TOKEN_RESERVE_BYTES + 4096 for p in pages)
+        assert [r.id for p in pages for r in p.ranges] == [r.id for r in expected]
+        # page_size still limits by count; a token from another metarange is refused.
+        first = stub.GetMetaRange(range_writer_pb2.GetMetaRangeRequest(
+            storage_namespace=namespace, metarange_id=written.metarange_id, page_size=1))
+        assert len(first.ranges) == 1
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.GetMetaRange(range_writer_pb2.GetMetaRangeRequest(
+                storage_namespace=namespace, metarange_id=EMPTY_METARANGE_ID,
+                page_token=first.next_page_token))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(refused.value)[0].reason == "INVALID_PAGE_TOKEN"
+        channel.close()
+    manager.close()
 
 
 def test_one_change_costs_over_the_wire(served):

@@ -17,8 +17,9 @@ quarry.v1 (the resource inside the response when the response holds just one, e.
 `commit -> CommitResponse(commit, summary)`, `list_objects -> ListObjectsResponse`).
 `iter_*` helpers follow page tokens. Failures raise the QuarryError rebuilt from the
 status (quarry.errors.NotFound and its subclasses such as BranchNotFound, etc.; the
-reason is `exc.reason`). Calls failing with ABORTED, UNAVAILABLE or RESOURCE_EXHAUSTED are
-retried under the client's RetryPolicy.
+reason is `exc.reason`). Calls failing with ABORTED or UNAVAILABLE, or with a
+RESOURCE_EXHAUSTED that carries RetryInfo (throttling), are retried under the client's
+RetryPolicy; any other RESOURCE_EXHAUSTED (e.g. MESSAGE_TOO_LARGE) fails at once.
 
 A Client is thread-safe (gRPC channels are); close it, or use it as a context manager.
 """

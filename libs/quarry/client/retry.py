@@ -1,7 +1,9 @@
 """Retrying remote calls: jittered exponential backoff inside a total time budget.
 
-Only the retryable codes (ABORTED, UNAVAILABLE, RESOURCE_EXHAUSTED) are retried. A
-RetryInfo the server attaches (`exc.retry_delay`) replaces the computed delay. Every retry
+Only the retryable codes are retried: ABORTED and UNAVAILABLE, and RESOURCE_EXHAUSTED
+when it carries a google.rpc.RetryInfo (throttling; without one it is permanent, e.g. a
+message over a size limit, and fails at once). A RetryInfo the server attaches
+(`exc.retry_delay`) replaces the computed delay. Every retry
 is recorded as a `quarry.client.retry` event on the current OpenTelemetry span.
 """
 
@@ -17,7 +19,7 @@ import grpc
 from opentelemetry import trace
 
 from quarry import errors
-from quarry.runtime.errors import RETRYABLE_CODES
+from quarry.runtime.errors import RETRYABLE_CODES, is_retryable
 
 RETRY_EVENT = "quarry.client.retry"
 
@@ -65,7 +67,7 @@ class RetryPolicy:
         return delay * (1.0 - self.jitter * rng())
 
     def is_retryable(self, exc: errors.QuarryError) -> bool:
-        return exc.code in self.retryable_codes
+        return is_retryable(exc, self.retryable_codes)
 
 
 class Retrier:

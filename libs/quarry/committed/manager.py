@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Iterator
 import pyarrow as pa
 
 from quarry import errors
+from quarry.config import Settings
 from quarry.blob import BlobStore, ObjectNotFound
 from quarry.committed.cache import DiskCache, LRUCache
 from quarry.committed.errors import (DuplicatePath, InvalidMetaRangeId, InvalidPath,
@@ -37,6 +38,8 @@ from quarry.graveler.model import (ApplyResult, Change, ChangeType, DiffSummary,
                                    MergeResult, MergeStrategy, RangeInfo)
 
 log = logging.getLogger(__name__)
+
+DEFAULT_MAX_RESPONSE_BYTES = Settings.max_response_bytes
 
 # Content-defined chunking parameters. They are part of the storage format: the same entry
 # set yields the same ranges only under the same parameters.
@@ -335,6 +338,32 @@ class CommittedManager:
     def get_metarange(self, namespace: str, metarange_id: str) -> list[RangeInfo]:
         """The ranges of a metarange, in key order. "" is the empty metarange."""
         return list(self._metarange(namespace, metarange_id).ranges)
+
+    def metarange_page(self, namespace: str, metarange_id: str, page_size: int = 0,
+                       page_token: str = "", max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+                       ) -> tuple[list[RangeInfo], str]:
+        """One page of get_metarange: at most `page_size` ranges (0 = no count limit) and
+        no more than `max_bytes` of encoded response; the token resumes at the next range
+        (a metarange is immutable, so a position is stable)."""
+        from quarry.graveler.errors import InvalidPageToken
+        from quarry.graveler.iterators import decode_page_token, encode_page_token
+        from quarry.paging import PageBudget
+
+        if page_size < 0:
+            raise errors.InvalidArgument("page_size may not be negative")
+        state = decode_page_token(page_token, "metarange", "index")
+        start = 0
+        if state:
+            start = state["index"]
+            if state["metarange"] != metarange_id or not isinstance(start, int) or start < 0:
+                raise InvalidPageToken("page_token belongs to another metarange")
+        ranges = self._metarange(namespace, metarange_id).ranges
+        budget = PageBudget.for_response(page_size or max(1, len(ranges)), max_bytes)
+        end = start
+        while end < len(ranges) and budget.admit(ranges[end]):
+            end += 1
+        token = encode_page_token(metarange=metarange_id, index=end) if end < len(ranges) else ""
+        return list(ranges[start:end]), token
 
     def count(self, namespace: str, metarange_id: str) -> int:
         """Number of entries in a metarange (from the metarange alone)."""

@@ -131,12 +131,20 @@ class RemoteRangeWriter:
                            ranges_reused=response.ranges_reused)
 
     def get_metarange(self, namespace: str, metarange_id: str) -> list[RangeInfo]:
-        try:
-            response = self._stub.GetMetaRange(range_writer_pb2.GetMetaRangeRequest(
-                storage_namespace=namespace, metarange_id=metarange_id), timeout=self._timeout)
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
-        return [range_info_from_proto(r) for r in response.ranges]
+        """Every range: the pages of GetMetaRange, followed to the end."""
+        ranges: list[RangeInfo] = []
+        token = ""
+        while True:
+            try:
+                response = self._stub.GetMetaRange(range_writer_pb2.GetMetaRangeRequest(
+                    storage_namespace=namespace, metarange_id=metarange_id, page_token=token),
+                    timeout=self._timeout)
+            except grpc.RpcError as error:
+                raise from_rpc_error(error) from None
+            ranges.extend(range_info_from_proto(r) for r in response.ranges)
+            token = response.next_page_token
+            if not token:
+                return ranges
 
     def merge_metaranges(self, namespace: str, base_id: str, source_id: str,
                          destination_id: str, strategy: MergeStrategy = MergeStrategy.DEFAULT,

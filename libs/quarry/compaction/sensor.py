@@ -40,11 +40,13 @@ from typing import Callable, Iterable, Protocol
 from prometheus_client import Counter, Gauge, Histogram
 
 from quarry import errors
+from quarry.config import Settings
 from quarry.graveler import errors as gerrors
 from quarry.graveler.refs import RefManager, Repository, is_dirty
 from quarry.kv import store as kv
 from quarry.kv.partitions import staging_partition
-from quarry.v1 import types_pb2
+from quarry.paging import PageBudget
+from quarry.v1 import compactor_sensor_pb2, types_pb2
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,11 @@ class Candidate:
     deletes: int
     sealed_tokens: int
     reason: str  # the thresholds crossed, comma separated: "tombstones,sealed_tokens"
+
+    def to_proto(self) -> compactor_sensor_pb2.CompactionCandidate:
+        return compactor_sensor_pb2.CompactionCandidate(
+            repository=self.repository, branch=self.branch, puts=self.puts,
+            deletes=self.deletes, sealed_tokens=self.sealed_tokens, reason=self.reason)
 
 
 @dataclass(frozen=True)
@@ -211,8 +218,10 @@ class CompactionSensor:
                  rebuild_max_items_per_branch: int = 2_000_000,
                  discovery_interval_seconds: float = 600.0,
                  stale_after_seconds: float = 60.0,
+                 max_response_bytes: int = Settings.max_response_bytes,
                  clock: Callable[[], float] = time.time):
         self.kv = store
+        self.max_response_bytes = max_response_bytes
         self.refs = RefManager(store)
         self.compactor = compactor
         self.thresholds = thresholds or Thresholds()
@@ -235,7 +244,7 @@ class CompactionSensor:
         return cls(store, compactor, Thresholds.from_settings(settings),
                    min_interval_seconds=settings.compaction_min_interval_seconds,
                    check_interval_seconds=settings.compaction_check_interval_seconds,
-                   **kwargs)
+                   max_response_bytes=settings.max_response_bytes, **kwargs)
 
     # ---- the report path (memory only) --------------------------------------------------------
 
@@ -273,11 +282,18 @@ class CompactionSensor:
 
     def list_candidates(self, page_size: int = 0) -> list[Candidate]:
         """Branches past a threshold, from memory (as of the last evaluation and reports),
-        most tombstones first."""
+        most tombstones first: the first `page_size`, or fewer when they would take the
+        response past max_response_bytes."""
         if page_size < 0:
             raise errors.InvalidArgument("page_size may not be negative")
-        limit = min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
-        return self._candidates()[:limit]
+        budget = PageBudget(min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE),
+                            self.max_response_bytes)
+        out = []
+        for candidate in self._candidates():
+            if not budget.admit(candidate):
+                break
+            out.append(candidate)
+        return out
 
     def _candidates(self) -> list[Candidate]:
         out = []

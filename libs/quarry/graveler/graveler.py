@@ -20,6 +20,7 @@ from opentelemetry import trace
 from prometheus_client import Counter
 
 from quarry import errors
+from quarry.config import Settings
 from quarry.graveler import errors as gerrors
 from quarry.graveler import names
 from quarry.graveler.iterators import (CommittedSource, LayeredIterator, decode_page_token,
@@ -31,6 +32,7 @@ from quarry.graveler.refs import (RefManager, Repository, ResolvedRef, commit_id
 from quarry.graveler.staging import StagingManager, new_token
 from quarry.kv import store as kv
 from quarry.kv.partitions import staging_partition
+from quarry.paging import PageBudget
 from quarry.v1 import types_pb2
 
 log = logging.getLogger(__name__)
@@ -125,6 +127,9 @@ def _page_size(requested: int) -> int:
     return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
 
 
+DEFAULT_MAX_RESPONSE_BYTES = Settings.max_response_bytes
+
+
 def _now_seconds() -> int:
     return int(time.time())
 
@@ -146,13 +151,16 @@ class StagedCount(int):
 class Graveler:
     def __init__(self, store: kv.Store, committed: CommittedReader,
                  range_writer: RangeWriterClient, dirty_read_optimization: bool = True,
-                 branch_cache_seconds: float = 1.0):
+                 branch_cache_seconds: float = 1.0,
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES):
         self.kv = store
         self.refs = RefManager(store)
         self.staging = StagingManager(store)
         self.committed = committed
         self.range_writer = range_writer
         self.dirty_read_optimization = dirty_read_optimization
+        # Pages end before their encoded size passes this (quarry.paging).
+        self.max_response_bytes = max_response_bytes
         self._branch_cache_seconds = branch_cache_seconds
         # Writers may start from a slightly stale branch record: the validation read after
         # the staging write catches any change of token.
@@ -191,7 +199,8 @@ class Graveler:
 
     def list_repositories(self, page_size: int = 0, page_token: str = ""
                           ) -> tuple[list[Repository], str]:
-        return _page_by_name(self.refs.list_repositories, page_size, page_token)
+        return _page_by_name(self.refs.list_repositories, self._budget(page_size),
+                             page_token)
 
     def delete_repository(self, name: str) -> None:
         repo = self.get_repository(name)
@@ -211,6 +220,11 @@ class Graveler:
     def _repo(self, name: str) -> Repository:
         names.check_repository_name(name)
         return self.refs.get_repository(name)
+
+    def _budget(self, page_size: int) -> PageBudget:
+        """One page's budget: the requested (or default) number of items, and no more
+        than `max_response_bytes` of encoded response (quarry.paging)."""
+        return PageBudget.for_response(_page_size(page_size), self.max_response_bytes)
 
     # ==== branches ============================================================================
 
@@ -237,7 +251,7 @@ class Graveler:
                       ) -> tuple[list[types_pb2.Branch], str]:
         repo = self._repo(repo_name)
         return _page_by_name(lambda after, limit: self.refs.list_branches(repo, after, limit),
-                             page_size, page_token)
+                             self._budget(page_size), page_token)
 
     def delete_branch(self, repo_name: str, name: str) -> None:
         repo = self._repo(repo_name)
@@ -293,7 +307,7 @@ class Graveler:
                   ) -> tuple[list[types_pb2.Tag], str]:
         repo = self._repo(repo_name)
         return _page_by_name(lambda after, limit: self.refs.list_tags(repo, after, limit),
-                             page_size, page_token)
+                             self._budget(page_size), page_token)
 
     def delete_tag(self, repo_name: str, name: str) -> None:
         repo = self._repo(repo_name)
@@ -390,7 +404,7 @@ class Graveler:
                      page_size: int = 0, page_token: str = ""
                      ) -> tuple[list[Entry], list[str], str]:
         repo = self._repo(repo_name)
-        limit = _page_size(page_size)
+        _page_size(page_size)  # INVALID_ARGUMENT before any read
         state = decode_page_token(page_token, "after")
         after = state.get("after", "")
         if after and not after.startswith(prefix):
@@ -398,7 +412,8 @@ class Graveler:
         for attempt in range(MAX_ATTEMPTS):
             layers = self._layers(repo, self.refs.resolve(repo, ref), "list")
             entries, prefixes, last = self._list_page(layers, prefix, delimiter, after,
-                                                      state.get("skip_prefix", False), limit)
+                                                      state.get("skip_prefix", False),
+                                                      self._budget(page_size))
             if self._still_valid(layers):
                 token = ""
                 if last is not None:
@@ -408,8 +423,9 @@ class Graveler:
         raise gerrors.BranchContended(f"ref {ref!r} kept changing during the listing")
 
     def _list_page(self, layers: Layers, prefix: str, delimiter: str, after: str,
-                   skip_prefix: bool, limit: int):
-        """One page; returns (entries, common prefixes, resume point or None at the end)."""
+                   skip_prefix: bool, budget: PageBudget):
+        """One page, entries and common prefixes counted into one budget; returns
+        (entries, common prefixes, resume point or None at the end)."""
         if not after:
             start = prefix
         elif skip_prefix:
@@ -432,12 +448,12 @@ class Graveler:
                     continue
                 if value is None:
                     continue  # tombstone
-                if len(entries) + len(prefixes) >= limit:
-                    return entries, prefixes, last
                 if delimiter:
                     cut = path.find(delimiter, len(prefix))
                     if cut >= 0:
                         common = path[:cut + len(delimiter)]
+                        if not budget.admit(common):
+                            return entries, prefixes, last
                         prefixes.append(common)
                         last = (common, True)
                         following = string_after_prefix(common)
@@ -445,6 +461,8 @@ class Graveler:
                             return entries, prefixes, None
                         iterator.seek_ge(following)
                         continue
+                if not budget.admit(value):
+                    return entries, prefixes, last
                 entries.append(value)
                 last = (path, False)
         finally:
@@ -628,7 +646,7 @@ class Graveler:
         if not is_dirty(branch) and not branch.sealed_tokens \
                 and not branch.compacted_metarange_id:
             return False
-        changes, _ = self._diff_uncommitted_page(repo, branch, "", "", 1)
+        changes, _ = self._diff_uncommitted_page(repo, branch, "", "", self._budget(1))
         return bool(changes)
 
     def diff_uncommitted(self, repo_name: str, branch_name: str, prefix: str = "",
@@ -636,14 +654,15 @@ class Graveler:
                          ) -> tuple[list[Change], str]:
         repo = self._repo(repo_name)
         names.check_branch_name(branch_name)
-        limit = _page_size(page_size)
+        _page_size(page_size)  # INVALID_ARGUMENT before any read
         after = decode_page_token(page_token, "after").get("after", "")
         for attempt in range(MAX_ATTEMPTS):
             branch, _ = self._branch(repo, branch_name)
             if not is_dirty(branch) and not branch.sealed_tokens \
                     and not branch.compacted_metarange_id:
                 return [], ""  # clean: nothing to scan
-            changes, token = self._diff_uncommitted_page(repo, branch, prefix, after, limit)
+            changes, token = self._diff_uncommitted_page(repo, branch, prefix, after,
+                                                         self._budget(page_size))
             layers = Layers(repo, [branch.staging_token], "", branch, branch_name)
             if self._still_valid(layers):
                 return changes, token
@@ -651,7 +670,7 @@ class Graveler:
         raise gerrors.BranchContended(f"branch {branch_name!r} kept changing")
 
     def _diff_uncommitted_page(self, repo: Repository, branch: types_pb2.Branch, prefix: str,
-                               after: str, limit: int) -> tuple[list[Change], str]:
+                               after: str, budget: PageBudget) -> tuple[list[Change], str]:
         head = self.refs.get_commit(repo, branch.commit_id).metarange_id
         changes: list[Change] = []
         for path, value in self._uncommitted_values(repo, branch, head, prefix, after):
@@ -659,7 +678,7 @@ class Graveler:
             change = _change_against(path, value, committed)
             if change is None:
                 continue
-            if len(changes) >= limit:
+            if not budget.admit(change):
                 return changes, encode_page_token(after=changes[-1].path)
             changes.append(change)
         return changes, ""
@@ -937,14 +956,19 @@ class Graveler:
     def log(self, repo_name: str, ref: str, first_parent: bool = False, page_size: int = 0,
             page_token: str = "") -> tuple[list[types_pb2.Commit], str]:
         repo = self._repo(repo_name)
-        limit = _page_size(page_size)
+        budget = self._budget(page_size)
         state = decode_page_token(page_token, "frontier")
         frontier = state.get("frontier") or [self.refs.resolve(repo, ref).commit_id]
         commits: list[types_pb2.Commit] = []
         walk = self.refs.log(repo, frontier, first_parent)
         for commit in walk:
+            if not budget.admit(commit):
+                # The next page starts with this commit. Its parents, already queued by the
+                # walk, are walked after it once (LogWalk de-duplicates its queue and a
+                # parent's generation is always lower).
+                return commits, encode_page_token(frontier=[commit.id, *walk.frontier()])
             commits.append(commit)
-            if len(commits) >= limit:
+            if budget.items >= budget.max_items:
                 remaining = walk.frontier()
                 return commits, encode_page_token(frontier=remaining) if remaining else ""
         return commits, ""
@@ -956,7 +980,7 @@ class Graveler:
         right since the merge base, CONFLICT where the left changed the same path
         differently."""
         repo = self._repo(repo_name)
-        limit = _page_size(page_size)
+        budget = self._budget(page_size)
         after = decode_page_token(page_token, "after").get("after", "")
         left = self.refs.get_commit(repo, self.refs.resolve(repo, left_ref).commit_id)
         right = self.refs.get_commit(repo, self.refs.resolve(repo, right_ref).commit_id)
@@ -971,7 +995,7 @@ class Graveler:
                                           right.metarange_id, prefix=prefix, start=start)
         page: list[Change] = []
         for change in changes:
-            if len(page) >= limit:
+            if not budget.admit(change):
                 return page, encode_page_token(after=page[-1].path)
             page.append(change)
         return page, ""
@@ -1233,14 +1257,15 @@ def _change_against(path: str, staged: Entry | None, committed: Entry | None) ->
     return None
 
 
-def _page_by_name(fetch, page_size: int, page_token: str) -> tuple[list, str]:
+def _page_by_name(fetch, budget: PageBudget, page_token: str) -> tuple[list, str]:
     """One page of a listing ordered by name: `fetch(after, limit)` returns up to `limit`
-    items named after `after`; one extra item tells whether another page follows."""
-    limit = _page_size(page_size)
+    items named after `after`; one extra item tells whether another page follows. The page
+    ends early when the budget's byte limit is reached."""
     after = decode_page_token(page_token, "after").get("after", "")
-    items = fetch(after, limit + 1)
-    if len(items) > limit:
-        return items[:limit], encode_page_token(after=items[limit - 1].name)
+    items = fetch(after, budget.max_items + 1)
+    for index, item in enumerate(items):
+        if not budget.admit(item):
+            return items[:index], encode_page_token(after=items[index - 1].name)
     return items, ""
 
 

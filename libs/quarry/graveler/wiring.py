@@ -41,7 +41,8 @@ def core_dependencies(settings: Settings, kv_store=None, committed=None, range_w
         range_writer = RemoteRangeWriter(settings.range_writer_address)
         closers.append(range_writer.close)
     graveler = Graveler(kv_store, committed, range_writer,
-                        dirty_read_optimization=settings.experimental_dirty_read_optimization)
+                        dirty_read_optimization=settings.experimental_dirty_read_optimization,
+                        max_response_bytes=settings.max_response_bytes)
     if start_dropper:
         dropper = Dropper(graveler.staging,
                           interval_seconds=settings.staging_drop_interval_seconds,

@@ -7,6 +7,13 @@ logged, never sent.
 
 Client side: `raise_from_rpc_error` rebuilds the most specific QuarryError subclass from the
 ErrorInfo reason, so remote stores and clients raise the same exceptions as local ones.
+
+Message size limits: gRPC itself fails an oversized message with a bare RESOURCE_EXHAUSTED
+("... message larger than max ..."). The interceptor refuses a response over the server's
+send limit itself, with ErrorInfo MESSAGE_TOO_LARGE; a request over the server's receive
+limit (refused by gRPC before any handler runs) or a response over the client's own
+receive limit is rebuilt client-side as MessageTooLarge. Either way it carries no
+RetryInfo, so clients do not retry it: only throttling (RetryInfo) is.
 """
 
 from __future__ import annotations
@@ -22,8 +29,13 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from quarry import errors
+from quarry.runtime.channels import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
+
+# How gRPC words its own size refusals ("Sent message larger than max (N vs. M)",
+# "Received message larger than max (N vs. M)").
+_GRPC_SIZE_REFUSAL = "message larger than max"
 
 
 def to_status(exc: errors.QuarryError) -> status_pb2.Status:
@@ -60,7 +72,9 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Maps exceptions from every handler kind (unary and streaming) to rich statuses."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        # The server's send limit: a larger response is refused here, with an ErrorInfo.
+        self._max_message_bytes = max_message_bytes
         # Wrapped handlers by the handler they wrap: built once per method, not per call.
         self._wrapped: dict[int, tuple[Any, Any]] = {}
 
@@ -71,21 +85,35 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         cached = self._wrapped.get(id(handler))
         if cached is not None and cached[0] is handler:
             return cached[1]
-        wrapped = self._wrap(handler)
+        wrapped = self._wrap(handler, self._max_message_bytes)
         self._wrapped[id(handler)] = (handler, wrapped)
         return wrapped
 
     @staticmethod
-    def _wrap(handler):
+    def _wrap(handler, limit: int):
         if handler.unary_unary:
-            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary))
+            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, limit))
         if handler.unary_stream:
-            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream))
+            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream, limit))
         if handler.stream_unary:
-            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary))
+            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary, limit))
         if handler.stream_stream:
-            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream))
+            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream, limit))
         return handler
+
+
+def _checked_size(response: Any, limit: int) -> Any:
+    """The response, or MessageTooLarge (with ErrorInfo) where gRPC would refuse to send it
+    with a bare status. Paged responses are cut far below this (quarry.paging)."""
+    byte_size = getattr(response, "ByteSize", None)
+    if byte_size is not None:
+        size = byte_size()
+        if size > limit:
+            raise errors.MessageTooLarge(
+                f"the response is {size} bytes, over the {limit}-byte message limit; ask "
+                f"for a smaller page or batch",
+                metadata={"size_bytes": str(size), "limit_bytes": str(limit)})
+    return response
 
 
 def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
@@ -93,11 +121,11 @@ def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
     return type(exc) is Exception and context.code() not in (None, grpc.StatusCode.OK)
 
 
-def _wrap_unary(behavior: Callable) -> Callable:
+def _wrap_unary(behavior: Callable, limit: int) -> Callable:
     @functools.wraps(behavior)
     def wrapper(request_or_iterator: Any, context: grpc.ServicerContext):
         try:
-            return behavior(request_or_iterator, context)
+            return _checked_size(behavior(request_or_iterator, context), limit)
         except Exception as exc:  # noqa: BLE001 — every error must become a status
             if _is_abort(exc, context):
                 raise
@@ -106,11 +134,12 @@ def _wrap_unary(behavior: Callable) -> Callable:
     return wrapper
 
 
-def _wrap_stream(behavior: Callable) -> Callable:
+def _wrap_stream(behavior: Callable, limit: int) -> Callable:
     @functools.wraps(behavior)
     def wrapper(request_or_iterator: Any, context: grpc.ServicerContext) -> Iterator:
         try:
-            yield from behavior(request_or_iterator, context)
+            for response in behavior(request_or_iterator, context):
+                yield _checked_size(response, limit)
         except Exception as exc:  # noqa: BLE001
             if _is_abort(exc, context):
                 raise
@@ -154,6 +183,10 @@ def from_rpc_error(error: grpc.RpcError) -> errors.QuarryError:
         info, details = None, []
     cls: type[errors.QuarryError] = errors.error_class_for(code)
     metadata: dict[str, str] = {}
+    if (info is None and code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            and _GRPC_SIZE_REFUSAL in (message or "").lower()):
+        # gRPC's own refusal of an oversized message: permanent, not throttling.
+        cls = errors.MessageTooLarge
     if info is not None and info.domain == errors.ERROR_DOMAIN:
         candidate = _all_error_classes().get(info.reason)
         if candidate is not None and candidate.code == code:
@@ -175,7 +208,21 @@ def from_rpc_error(error: grpc.RpcError) -> errors.QuarryError:
     return exc
 
 
+# RESOURCE_EXHAUSTED is retried only with a RetryInfo (throttling): see is_retryable.
 RETRYABLE_CODES = frozenset({grpc.StatusCode.ABORTED, grpc.StatusCode.UNAVAILABLE,
                              grpc.StatusCode.RESOURCE_EXHAUSTED})
 
-__all__ = ["ErrorInterceptor", "to_status", "from_rpc_error", "error_info", "RETRYABLE_CODES"]
+
+def is_retryable(exc: errors.QuarryError, codes: frozenset = RETRYABLE_CODES) -> bool:
+    """Whether a failed call may succeed when repeated: ABORTED and UNAVAILABLE always;
+    RESOURCE_EXHAUSTED only when the server said when to come back (RetryInfo, i.e.
+    throttling). A RESOURCE_EXHAUSTED without it (a message over a size limit, a quota)
+    fails the same way every time."""
+    if exc.code not in codes:
+        return False
+    if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return exc.retry_delay is not None
+    return True
+
+__all__ = ["ErrorInterceptor", "to_status", "from_rpc_error", "error_info", "RETRYABLE_CODES",
+           "is_retryable"]

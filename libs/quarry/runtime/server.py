@@ -29,6 +29,9 @@ from quarry.v1 import server_info_pb2, server_info_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+# Explicit message limits. Paged responses stay far below them (Settings.max_response_bytes);
+# a larger response is refused by the ErrorInterceptor with MESSAGE_TOO_LARGE, a larger
+# request by gRPC itself (clients rebuild that as MessageTooLarge, see runtime.errors).
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -84,7 +87,8 @@ def create_server(settings: Settings, spec: ServiceSpec, port: int | None = None
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.max_workers,
                                    thread_name_prefix=spec.name),
-        interceptors=[*telemetry.server_interceptors(), ErrorInterceptor()],
+        interceptors=[*telemetry.server_interceptors(),
+                      ErrorInterceptor(MAX_MESSAGE_BYTES)],
         options=SERVER_OPTIONS,
     )
     spec.register(server)

@@ -66,7 +66,7 @@ def test_retrier_honours_max_attempts():
 
     def attempt(n):
         attempts.append(n)
-        raise errors.ResourceExhausted("throttled")
+        raise errors.ResourceExhausted("throttled", retry_delay=0.01)
 
     with pytest.raises(errors.ResourceExhausted):
         Retrier(RetryPolicy(max_attempts=3, budget=100), "X", sleep=clock.sleep,
@@ -108,7 +108,8 @@ def test_aborted_is_retried_until_it_succeeds(fake, client):
 
 def test_domain_subclass_with_retryable_code_is_retried(fake, client):
     fake.script.fail("Commit", gerrors.BranchContended("kept changing"),
-                     errors.ResourceExhausted("throttled"), errors.Unavailable("restarting"))
+                     errors.ResourceExhausted("throttled", retry_delay=0.01),
+                     errors.Unavailable("restarting"))
     outcome = client.commit("repo", "main", "msg", metadata={"k": "v"})
     assert outcome.commit.id == "c2" and outcome.summary.added == 1
     assert fake.script.calls["Commit"] == 4
