@@ -92,6 +92,14 @@ class Context:
         forced = bool(getattr(self.args, "progress", False))
         return Progress(label, total, unit=unit, enabled=True if forced else None)
 
+    def warn_skipped(self) -> None:
+        """Say so on stderr when a listing left out corrupt records."""
+        skipped = self._client.skipped_corrupt_records if self._client is not None else 0
+        if skipped:
+            print(f"quarry: warning: the server skipped {skipped} corrupt record(s) in this "
+                  f"listing (CORRUPT_RECORD); run `quarry doctor` to find them",
+                  file=sys.stderr)
+
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
@@ -113,7 +121,9 @@ def command(handler: Callable[[argparse.Namespace, Context], int | None]):
     def run(args: argparse.Namespace) -> int:
         ctx = Context(args)
         try:
-            return handler(args, ctx) or 0
+            code = handler(args, ctx) or 0
+            ctx.warn_skipped()
+            return code
         except errors.QuarryError as exc:
             return fail(exc.reason, exc.message)
         except CliError as exc:

@@ -236,6 +236,8 @@ class Client:
                  compactor_sensor: str | grpc.Channel = "127.0.0.1:7404"):
         self.retry = retry if retry is not None else RetryPolicy()
         self.timeout = timeout
+        # Corrupt records the server left out of the pages this client walked (see _pages).
+        self.skipped_corrupt_records = 0
         self._owned: list[grpc.Channel] = []
         channels: dict[str, grpc.Channel] = {}
 
@@ -300,6 +302,9 @@ class Client:
         token = page_token
         while True:
             page = call(page_token=token, **kwargs)
+            # The server left corrupt records out of this page (CORRUPT_RECORD): tally them
+            # so a caller (the CLI) can warn; `quarry doctor` names them.
+            self.skipped_corrupt_records += getattr(page, "skipped_corrupt_records", 0)
             yield page
             token = page.next_page_token
             if not token:

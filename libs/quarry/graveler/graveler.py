@@ -21,6 +21,7 @@ from prometheus_client import Counter
 
 from quarry import errors
 from quarry.graveler import errors as gerrors
+from quarry.graveler import records
 from quarry.graveler import names
 from quarry.graveler.iterators import (CommittedSource, LayeredIterator, decode_page_token,
                                        encode_page_token, string_after_prefix)
@@ -189,10 +190,12 @@ class Graveler:
         names.check_repository_name(name)
         return self.refs.get_repository(name, fresh=True)
 
+    @records.skips_corrupt_records
     def list_repositories(self, page_size: int = 0, page_token: str = ""
                           ) -> tuple[list[Repository], str]:
         return _page_by_name(self.refs.list_repositories, page_size, page_token)
 
+    @records.skips_corrupt_records  # a corrupt branch record is dropped with the partition
     def delete_repository(self, name: str) -> None:
         repo = self.get_repository(name)
         tokens = []
@@ -233,6 +236,7 @@ class Graveler:
         names.check_branch_name(name)
         return self.refs.get_branch(repo, name)[0]
 
+    @records.skips_corrupt_records
     def list_branches(self, repo_name: str, page_size: int = 0, page_token: str = ""
                       ) -> tuple[list[types_pb2.Branch], str]:
         repo = self._repo(repo_name)
@@ -289,6 +293,7 @@ class Graveler:
         names.check_tag_name(name)
         return self.refs.get_tag(repo, name)
 
+    @records.skips_corrupt_records
     def list_tags(self, repo_name: str, page_size: int = 0, page_token: str = ""
                   ) -> tuple[list[types_pb2.Tag], str]:
         repo = self._repo(repo_name)
@@ -386,6 +391,7 @@ class Graveler:
             prefix=prefix)))
         return LayeredIterator(sources)
 
+    @records.skips_corrupt_records  # a corrupt staged value: its path is left out
     def list_objects(self, repo_name: str, ref: str, prefix: str = "", delimiter: str = "",
                      page_size: int = 0, page_token: str = ""
                      ) -> tuple[list[Entry], list[str], str]:
@@ -595,7 +601,7 @@ class Graveler:
             if repo_now is None:
                 raise gerrors.RepositoryNotFound(f"repository {repo.name!r} was deleted",
                                                  metadata={"repository": repo.name})
-            current_repo = Repository.from_record(repo_now.value)
+            current_repo = Repository.from_record(repo_now.value, repo_key[1])
             if current_repo.instance_id != repo.instance_id:
                 # Deleted and re-created since our cached record: what we wrote went to the
                 # dead instance (its partitions are queued for dropping). Write again into
@@ -610,7 +616,7 @@ class Graveler:
                 raise gerrors.BranchNotFound(f"branch {branch_name!r} not found",
                                              metadata={"repository": repo.name,
                                                        "branch": branch_name})
-            current = types_pb2.Branch.FromString(branch_now.value)
+            current = records.decode_record(types_pb2.Branch, *branch_key, branch_now.value)
             self._remember_branch(repo, current, branch_now.predicate)
             if current.staging_token == branch.staging_token:
                 return branch.staging_token
@@ -631,6 +637,7 @@ class Graveler:
         changes, _ = self._diff_uncommitted_page(repo, branch, "", "", 1)
         return bool(changes)
 
+    @records.skips_corrupt_records
     def diff_uncommitted(self, repo_name: str, branch_name: str, prefix: str = "",
                          page_size: int = 0, page_token: str = ""
                          ) -> tuple[list[Change], str]:
