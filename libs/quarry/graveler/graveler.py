@@ -1195,7 +1195,7 @@ class Graveler:
             record = self.kv.get(repo.partition, MERGE_HINTS_PREFIX + hint.encode()).value
         except kv.KeyNotFound:
             return None
-        parts = record.decode().split("\n")
+        parts = record.decode("utf-8", "replace").split("\n")  # garbage: an unusable hint
         if len(parts) != 3:
             return None
         hinted_source, hinted_base, merged_onto = parts

@@ -1,0 +1,200 @@
+"""One corrupt KV record fails only the calls that need it (DATA_LOSS / CORRUPT_RECORD naming
+partition and key); listings skip it and say so; the dropper parks a corrupt cleanup item
+and keeps dropping the rest. Garbage is planted through the kv-gateway's SetItem, as an
+operator's mistake or a bad disk would leave it; everything else goes through real gRPC."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import grpc
+import pytest
+
+from quarry.graveler.refs import Repository
+from quarry.kv.remote import RemoteStore
+from quarry.runtime.errors import error_info
+from quarry.v1 import branch_manager_pb2 as bm
+from quarry.v1 import committer_pb2 as cm
+from quarry.v1 import records_pb2, types_pb2
+
+GARBAGE = b"\xff\xfe not a protobuf \x00\x01"
+
+
+@pytest.fixture(scope="module")
+def kv(suite):
+    store = RemoteStore(suite.targets["kv-gateway"])
+    yield store
+    store.close()
+
+
+def new_repo(stubs, suite) -> str:
+    name = f"r-{uuid.uuid4().hex[:10]}"
+    stubs.bm.CreateRepository(bm.CreateRepositoryRequest(
+        name=name, storage_namespace=suite.namespace(name)))
+    return name
+
+
+def put(stubs, repo, path, branch="main"):
+    stubs.bm.PutObject(bm.PutObjectRequest(repository=repo, branch=branch, entry=types_pb2.Entry(
+        path=path, physical_address=f"data/{path}", size_bytes=1, checksum="c")))
+
+
+def repo_partition(kv, name: str) -> bytes:
+    return Repository.from_record(kv.get(b"quarry", b"repos/" + name.encode()).value,
+                                  b"repos/" + name.encode()).partition
+
+
+def expect_corrupt(call, partition: bytes, key: bytes) -> None:
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    assert caught.value.code() == grpc.StatusCode.DATA_LOSS, caught.value.details()
+    info, _ = error_info(caught.value)
+    assert info.reason == "CORRUPT_RECORD"
+    assert info.metadata["partition"] == partition.decode()
+    assert info.metadata["key"] == key.decode()
+
+
+def test_corrupt_repository_record_fails_only_that_repository(stubs, suite, kv):
+    names = sorted(new_repo(stubs, suite) for _ in range(3))
+    kv.set(b"quarry", b"repos/zzz", GARBAGE)
+    # protobuf parses many byte strings: a well-formed record under the wrong key is corrupt.
+    decoy = records_pb2.RepositoryRecord(repository=types_pb2.Repository(name="elsewhere"),
+                                         instance_id="x").SerializeToString()
+    kv.set(b"quarry", b"repos/r-0decoy", decoy)
+    try:
+        listed = stubs.bm.ListRepositories(bm.ListRepositoriesRequest())
+        assert [r.name for r in listed.repositories] == names
+        assert listed.skipped_corrupt_records == 2
+        # Paging goes past a corrupt record too.
+        seen, token, skipped = [], "", 0
+        while True:
+            page = stubs.bm.ListRepositories(bm.ListRepositoriesRequest(page_size=1,
+                                                                        page_token=token))
+            seen += [r.name for r in page.repositories]
+            skipped += page.skipped_corrupt_records
+            token = page.next_page_token
+            if not token:
+                break
+        assert seen == names and skipped == 2
+        expect_corrupt(lambda: stubs.bm.GetRepository(bm.GetRepositoryRequest(name="zzz")),
+                       b"quarry", b"repos/zzz")
+        expect_corrupt(lambda: stubs.bm.ListBranches(bm.ListBranchesRequest(
+            repository="r-0decoy")), b"quarry", b"repos/r-0decoy")
+        # Every other tenant works.
+        put(stubs, names[0], "a")
+        stubs.cm.Commit(cm.CommitRequest(repository=names[0], branch="main", message="m"))
+    finally:
+        kv.delete(b"quarry", b"repos/zzz")
+        kv.delete(b"quarry", b"repos/r-0decoy")
+
+
+def test_corrupt_branch_record_fails_only_that_branch(stubs, suite, kv):
+    repo = new_repo(stubs, suite)
+    for name in ("good", "bad"):
+        stubs.bm.CreateBranch(bm.CreateBranchRequest(repository=repo, name=name))
+    partition = repo_partition(kv, repo)
+    kv.set(partition, b"branches/bad", GARBAGE)
+
+    listed = stubs.bm.ListBranches(bm.ListBranchesRequest(repository=repo))
+    assert [b.name for b in listed.branches] == ["good", "main"]
+    assert listed.skipped_corrupt_records == 1
+    for call in (
+            lambda: stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="bad")),
+            lambda: put(stubs, repo, "x", branch="bad"),
+            lambda: stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo, ref="bad")),
+            lambda: stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="bad",
+                                                     message="m", allow_empty=True)),
+            lambda: stubs.cm.Log(cm.LogRequest(repository=repo, ref="bad"))):
+        expect_corrupt(call, partition, b"branches/bad")
+    # The repository's other branches work.
+    put(stubs, repo, "x", branch="good")
+    stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="good", message="m"))
+    assert [e.path for e in stubs.bm.ListObjects(bm.ListObjectsRequest(
+        repository=repo, ref="good")).entries] == ["x"]
+    # Tags: the same.
+    stubs.bm.CreateTag(bm.CreateTagRequest(repository=repo, name="v1", ref="good"))
+    kv.set(partition, b"tags/v0", GARBAGE)
+    tags = stubs.bm.ListTags(bm.ListTagsRequest(repository=repo))
+    assert [t.name for t in tags.tags] == ["v1"] and tags.skipped_corrupt_records == 1
+    expect_corrupt(lambda: stubs.bm.GetTag(bm.GetTagRequest(repository=repo, name="v0")),
+                   partition, b"tags/v0")
+
+
+def test_corrupt_staged_value_is_skipped_by_listings_and_fails_what_needs_it(stubs, suite, kv):
+    repo = new_repo(stubs, suite)
+    for path in ("d/1", "d/2", "d/3"):
+        put(stubs, repo, path)
+    token = stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="main")) \
+        .branch.staging_token
+    partition = f"staging/{token}".encode()
+    kv.set(partition, b"d/2", GARBAGE)
+    # An empty StagedValue parses: it must not pass as a value either.
+    kv.set(partition, b"d/4", b"")
+
+    listed = stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo, ref="main"))
+    assert [e.path for e in listed.entries] == ["d/1", "d/3"]
+    assert listed.skipped_corrupt_records == 2
+    prefixes = stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo, ref="main",
+                                                          delimiter="/"))
+    assert list(prefixes.common_prefixes) == ["d/"]
+    diff = stubs.bm.DiffUncommitted(bm.DiffUncommittedRequest(repository=repo, branch="main"))
+    assert [c.path for c in diff.changes] == ["d/1", "d/3"]
+    assert diff.skipped_corrupt_records == 2
+    expect_corrupt(lambda: stubs.bm.StatObject(bm.StatObjectRequest(repository=repo, ref="main",
+                                                                    path="d/2")),
+                   partition, b"d/2")
+    # A commit needs every staged value: it fails, and changes nothing a reader sees.
+    with pytest.raises(grpc.RpcError) as caught:
+        stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="m"))
+    assert caught.value.code() == grpc.StatusCode.DATA_LOSS, caught.value.details()
+    assert [c.message for c in stubs.cm.Log(cm.LogRequest(repository=repo, ref="main"))
+            .commits] == ["Repository created"]
+    assert [e.path for e in stubs.bm.ListObjects(bm.ListObjectsRequest(
+        repository=repo, ref="main")).entries] == ["d/1", "d/3"]
+    # A clean listing says nothing was skipped.
+    other = new_repo(stubs, suite)
+    put(stubs, other, "ok")
+    assert stubs.bm.ListObjects(bm.ListObjectsRequest(
+        repository=other, ref="main")).skipped_corrupt_records == 0
+
+
+def test_dropper_parks_a_corrupt_cleanup_item_and_keeps_dropping(stubs, suite, kv):
+    """The dropper must never delete a partition its cleanup item does not clearly name, and
+    never lose the item: it is moved to parked/<key>. Meanwhile real tokens are dropped."""
+    # A victim partition with data, and cleanup items that must not drop it: garbage, and a
+    # well-formed record naming another partition than its key.
+    victim = f"staging/victim-{uuid.uuid4().hex}".encode()
+    kv.set(victim, b"keep/me", types_pb2.StagedValue(tombstone=True).SerializeToString())
+    mismatched = records_pb2.CleanupRecord(partition_key="staging/elsewhere",
+                                           queued_at=1).SerializeToString()
+    kv.set(b"cleanup", b"staging/garbage-item", GARBAGE)
+    kv.set(b"cleanup", victim, mismatched)
+
+    repo = new_repo(stubs, suite)
+    token = stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="main")) \
+        .branch.staging_token
+    for i in range(5):
+        put(stubs, repo, f"f{i}")
+    stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="m"))
+    real = f"staging/{token}".encode()
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        queued = [item.key for item in kv.scan(b"cleanup")]
+        if not list(kv.scan(real)) and real not in queued:
+            break
+        time.sleep(0.05)
+    assert list(kv.scan(real)) == [], "the real token was not dropped"
+    assert real not in [item.key for item in kv.scan(b"cleanup")]
+
+    cleanup = {item.key: item.value for item in kv.scan(b"cleanup")}
+    assert b"staging/garbage-item" not in cleanup and victim not in cleanup
+    assert cleanup[b"parked/staging/garbage-item"] == GARBAGE
+    assert cleanup[b"parked/" + victim] == mismatched
+    assert [item.key for item in kv.scan(victim)] == [b"keep/me"]
+    # Parked items stay parked on later passes.
+    time.sleep(0.3)
+    assert {k: v for k, v in ((i.key, i.value) for i in kv.scan(b"cleanup"))
+            if k.startswith(b"parked/")} == {b"parked/staging/garbage-item": GARBAGE,
+                                             b"parked/" + victim: mismatched}
