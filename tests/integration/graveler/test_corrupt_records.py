@@ -198,3 +198,41 @@ def test_dropper_parks_a_corrupt_cleanup_item_and_keeps_dropping(stubs, suite, k
     assert {k: v for k, v in ((i.key, i.value) for i in kv.scan(b"cleanup"))
             if k.startswith(b"parked/")} == {b"parked/staging/garbage-item": GARBAGE,
                                              b"parked/" + victim: mismatched}
+
+
+def test_sensor_rebuild_skips_corrupt_records_and_counts_the_rest(stubs, suite, kv):
+    """A compactor-sensor starting over the KV store (rebuild): a corrupt branch record and
+    a corrupt staged value must not stop discovery or the counting of the other branches."""
+    from quarry.compaction.sensor import CompactionSensor, Thresholds
+
+    repo = new_repo(stubs, suite)
+    for name in ("good", "bad"):
+        stubs.bm.CreateBranch(bm.CreateBranchRequest(repository=repo, name=name))
+    for i in range(3):
+        put(stubs, repo, f"g{i}", branch="good")
+    put(stubs, repo, "b0", branch="bad")
+    token = stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="good")) \
+        .branch.staging_token
+    kv.set(f"staging/{token}".encode(), b"g9", GARBAGE)
+    partition = repo_partition(kv, repo)
+    kv.set(partition, b"branches/bad", GARBAGE)
+    # A corrupt record in another repository's listing position must not hide this one.
+    kv.set(b"quarry", b"repos/a-corrupt", GARBAGE)
+    try:
+        sensor = CompactionSensor(kv, compactor=None,
+                                  thresholds=Thresholds(staged_entries=3, tombstones=0,
+                                                        sealed_tokens=0))
+        sensor.evaluate_once()
+        # Discovery found the good branch by itself, and counted it (not the garbage).
+        assert [(c.repository, c.branch, c.puts) for c in sensor.list_candidates()
+                if c.repository == repo] == [(repo, "good", 3)]
+        stats = sensor.get_branch_stats(repo, "good")
+        assert (stats.puts, stats.deletes) == (3, 0)
+        # The corrupt branch: its own stats fail with DATA_LOSS, the sensor carries on.
+        with pytest.raises(Exception) as caught:
+            sensor.get_branch_stats(repo, "bad")
+        assert getattr(caught.value, "reason", "") == "CORRUPT_RECORD"
+        sensor.evaluate_once()
+        assert sensor.get_branch_stats(repo, "good").puts == 3
+    finally:
+        kv.delete(b"quarry", b"repos/a-corrupt")
