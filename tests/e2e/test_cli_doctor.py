@@ -129,3 +129,20 @@ def test_doctor_reports_a_corrupt_or_parked_cleanup_item(kv, doctor):
     # Depending on whether a dropper pass ran meanwhile: still queued (corrupt) or parked.
     assert {(f["kind"], f["key"]) for f in report["findings"]} & {
         ("corrupt_record", key), ("parked_cleanup_item", f"parked/{key}")}
+
+
+def test_listing_commands_warn_about_skipped_records(suite, kv, tmp_path):
+    client = suite.client()
+    client.create_repository("gamma", suite.namespace("gamma"))
+    client.create_branch("gamma", "ok", "main")
+    partition = Repository.from_record(kv.get(b"quarry", b"repos/gamma").value,
+                                       b"repos/gamma").partition
+    kv.set(partition, b"branches/broken", GARBAGE)
+    result = subprocess.run(
+        [str(VENV_BIN / "quarry"), "branch", "list", "gamma",
+         "--branch-manager", suite.targets["branch-manager"],
+         "--committer", suite.targets["committer"]],
+        env=quarry_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert [line.split()[0] for line in result.stdout.splitlines()[1:]] == ["main", "ok"]
+    assert "skipped 1 corrupt record" in result.stderr and "quarry doctor" in result.stderr

@@ -85,8 +85,10 @@ class Context:
     @property
     def client(self) -> Client:
         if self._client is None:
+            # Listings that skipped corrupt records are shown, with a warning (warn_skipped).
             self._client = Client.from_settings(self.settings, retry=CLI_RETRY,
-                                                timeout=self.args.timeout)
+                                                timeout=self.args.timeout,
+                                                allow_incomplete_listings=True)
         return self._client
 
     def progress(self, label: str, total: int | None = None, unit: str = "") -> Progress:

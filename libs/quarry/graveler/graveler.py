@@ -27,8 +27,8 @@ from quarry.graveler.iterators import (CommittedSource, LayeredIterator, decode_
                                        encode_page_token, string_after_prefix)
 from quarry.graveler.model import (ApplyResult, Change, ChangeType, Conflict, DiffSummary,
                                    Entry, MergeResult, MergeStrategy)
-from quarry.graveler.refs import (RefManager, Repository, ResolvedRef, commit_id_for,
-                                  is_dirty, prefix_end)
+from quarry.graveler.refs import (BRANCHES_PREFIX, REPOS_PREFIX, TAGS_PREFIX, RefManager,
+                                  Repository, ResolvedRef, commit_id_for, is_dirty, prefix_end)
 from quarry.graveler.staging import StagingManager, new_token
 from quarry.kv import store as kv
 from quarry.kv.partitions import staging_partition
@@ -193,7 +193,7 @@ class Graveler:
     @records.skips_corrupt_records
     def list_repositories(self, page_size: int = 0, page_token: str = ""
                           ) -> tuple[list[Repository], str]:
-        return _page_by_name(self.refs.list_repositories, page_size, page_token)
+        return _page_by_name(self.refs.list_repositories, page_size, page_token, REPOS_PREFIX)
 
     @records.skips_corrupt_records  # a corrupt branch record is dropped with the partition
     def delete_repository(self, name: str) -> None:
@@ -241,7 +241,7 @@ class Graveler:
                       ) -> tuple[list[types_pb2.Branch], str]:
         repo = self._repo(repo_name)
         return _page_by_name(lambda after, limit: self.refs.list_branches(repo, after, limit),
-                             page_size, page_token)
+                             page_size, page_token, BRANCHES_PREFIX)
 
     def delete_branch(self, repo_name: str, name: str) -> None:
         repo = self._repo(repo_name)
@@ -298,7 +298,7 @@ class Graveler:
                   ) -> tuple[list[types_pb2.Tag], str]:
         repo = self._repo(repo_name)
         return _page_by_name(lambda after, limit: self.refs.list_tags(repo, after, limit),
-                             page_size, page_token)
+                             page_size, page_token, TAGS_PREFIX)
 
     def delete_tag(self, repo_name: str, name: str) -> None:
         repo = self._repo(repo_name)
@@ -409,6 +409,8 @@ class Graveler:
                 token = ""
                 if last is not None:
                     token = encode_page_token(after=last[0], skip_prefix=last[1])
+                    following = string_after_prefix(last[0]) if last[1] else None
+                    records.next_page_starts_at((following or last[0] + "\x00").encode())
                 return entries, prefixes, token
             _backoff(attempt)
         raise gerrors.BranchContended(f"ref {ref!r} kept changing during the listing")
@@ -667,6 +669,7 @@ class Graveler:
             if change is None:
                 continue
             if len(changes) >= limit:
+                records.next_page_starts_at(changes[-1].path.encode() + b"\x00")
                 return changes, encode_page_token(after=changes[-1].path)
             changes.append(change)
         return changes, ""
@@ -1240,14 +1243,18 @@ def _change_against(path: str, staged: Entry | None, committed: Entry | None) ->
     return None
 
 
-def _page_by_name(fetch, page_size: int, page_token: str) -> tuple[list, str]:
+def _page_by_name(fetch, page_size: int, page_token: str, key_prefix: bytes
+                  ) -> tuple[list, str]:
     """One page of a listing ordered by name: `fetch(after, limit)` returns up to `limit`
-    items named after `after`; one extra item tells whether another page follows."""
+    items named after `after` (stored at key_prefix + name); one extra item tells whether
+    another page follows."""
     limit = _page_size(page_size)
     after = decode_page_token(page_token, "after").get("after", "")
     items = fetch(after, limit + 1)
     if len(items) > limit:
-        return items[:limit], encode_page_token(after=items[limit - 1].name)
+        last = items[limit - 1].name
+        records.next_page_starts_at(key_prefix + last.encode() + b"\x00")
+        return items[:limit], encode_page_token(after=last)
     return items, ""
 
 

@@ -178,6 +178,9 @@ class SkippedRecords:
     def count(self) -> int:
         return len(self.keys)
 
+    def leave_to_next_page(self, start_key: bytes) -> None:
+        self.keys = {k for k in self.keys if k[1] < start_key}
+
 
 _LISTING: contextvars.ContextVar[SkippedRecords | None] = contextvars.ContextVar(
     "quarry_listing_skips", default=None)
@@ -220,6 +223,15 @@ def skip(exc: CorruptRecord) -> None:
     tally.keys.add((bytes(exc.partition), bytes(exc.key)))
 
 
+def next_page_starts_at(start_key: bytes) -> None:
+    """A listing page ended and the next one starts at `start_key`: the corrupt records
+    skipped at or after it (read while looking for the end of this page) are the next
+    page's, which sees them again, so this page's tally does not count them."""
+    tally = _LISTING.get()
+    if tally is not None:
+        tally.leave_to_next_page(start_key)
+
+
 def note_skipped(exc: CorruptRecord) -> None:
     """Metric and log line for a corrupt record a listing or background scan skipped."""
     CORRUPT_RECORDS_SKIPPED.labels(exc.record).inc()
@@ -237,6 +249,6 @@ def decode_or_skip(message_type: type[M], partition: bytes, key: bytes,
         return None
 
 
-__all__ = ["CorruptRecord", "decode_record", "decode_or_skip", "listing", "skips_corrupt_records",
+__all__ = ["CorruptRecord", "decode_record", "decode_or_skip", "listing", "skips_corrupt_records", "next_page_starts_at",
            "skip", "note_skipped", "SkippedRecords", "show", "CORRUPT_RECORDS_SKIPPED",
            "CORRUPT_RECORDS_PARKED"]

@@ -61,32 +61,35 @@ def test_corrupt_repository_record_fails_only_that_repository(stubs, suite, kv):
     # protobuf parses many byte strings: a well-formed record under the wrong key is corrupt.
     decoy = records_pb2.RepositoryRecord(repository=types_pb2.Repository(name="elsewhere"),
                                          instance_id="x").SerializeToString()
-    kv.set(b"quarry", b"repos/r-0decoy", decoy)
+    # Between the first and second repository: page 1 (page_size=1) reads past it to find
+    # the look-ahead item, page 2 starts before it; only page 2 may count it.
+    decoy_key = f"repos/{names[0]}-decoy".encode()
+    kv.set(b"quarry", decoy_key, decoy)
     try:
         listed = stubs.bm.ListRepositories(bm.ListRepositoriesRequest())
         assert [r.name for r in listed.repositories] == names
         assert listed.skipped_corrupt_records == 2
         # Paging goes past a corrupt record too.
-        seen, token, skipped = [], "", 0
+        seen, token, skipped = [], "", []
         while True:
             page = stubs.bm.ListRepositories(bm.ListRepositoriesRequest(page_size=1,
                                                                         page_token=token))
             seen += [r.name for r in page.repositories]
-            skipped += page.skipped_corrupt_records
+            skipped.append(page.skipped_corrupt_records)
             token = page.next_page_token
             if not token:
                 break
-        assert seen == names and skipped == 2
+        assert seen == names and skipped == [0, 1, 1]
         expect_corrupt(lambda: stubs.bm.GetRepository(bm.GetRepositoryRequest(name="zzz")),
                        b"quarry", b"repos/zzz")
         expect_corrupt(lambda: stubs.bm.ListBranches(bm.ListBranchesRequest(
-            repository="r-0decoy")), b"quarry", b"repos/r-0decoy")
+            repository=f"{names[0]}-decoy")), b"quarry", decoy_key)
         # Every other tenant works.
         put(stubs, names[0], "a")
         stubs.cm.Commit(cm.CommitRequest(repository=names[0], branch="main", message="m"))
     finally:
         kv.delete(b"quarry", b"repos/zzz")
-        kv.delete(b"quarry", b"repos/r-0decoy")
+        kv.delete(b"quarry", decoy_key)
 
 
 def test_corrupt_branch_record_fails_only_that_branch(stubs, suite, kv):
@@ -138,6 +141,21 @@ def test_corrupt_staged_value_is_skipped_by_listings_and_fails_what_needs_it(stu
     prefixes = stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo, ref="main",
                                                           delimiter="/"))
     assert list(prefixes.common_prefixes) == ["d/"]
+    def skipped_per_page(call, request, **fields) -> list[int]:
+        token, counts = "", []
+        while True:
+            page = call(request(page_size=1, page_token=token, **fields))
+            counts.append(page.skipped_corrupt_records)
+            token = page.next_page_token
+            if not token:
+                return counts
+
+    pages = [skipped_per_page(stubs.bm.ListObjects, bm.ListObjectsRequest, repository=repo,
+                              ref="main"),
+             skipped_per_page(stubs.bm.DiffUncommitted, bm.DiffUncommittedRequest,
+                              repository=repo, branch="main")]
+    # Page 1 (d/1) reads d/2 looking for its end: d/2 is page 2's, counted once.
+    assert pages == [[0, 2], [0, 2]]
     diff = stubs.bm.DiffUncommitted(bm.DiffUncommittedRequest(repository=repo, branch="main"))
     assert [c.path for c in diff.changes] == ["d/1", "d/3"]
     assert diff.skipped_corrupt_records == 2
@@ -236,3 +254,26 @@ def test_sensor_rebuild_skips_corrupt_records_and_counts_the_rest(stubs, suite, 
         assert sensor.get_branch_stats(repo, "good").puts == 3
     finally:
         kv.delete(b"quarry", b"repos/a-corrupt")
+
+
+def test_client_refuses_incomplete_listings_unless_allowed(stubs, suite, kv):
+    """GC decides from listings what is unreferenced, Spark what a table holds: the client
+    must never hand them a listing with records left out. The CLI opts in and warns."""
+    from quarry.client import IncompleteListing
+
+    repo = new_repo(stubs, suite)
+    stubs.bm.CreateBranch(bm.CreateBranchRequest(repository=repo, name="bad"))
+    partition = repo_partition(kv, repo)
+    kv.set(partition, b"branches/bad", GARBAGE)
+    with suite.client() as strict:
+        with pytest.raises(IncompleteListing) as caught:
+            list(strict.iter_branches(repo))
+        assert caught.value.code == grpc.StatusCode.DATA_LOSS
+        assert strict.skipped_corrupt_records == 1
+    with suite.client(allow_incomplete_listings=True) as lenient:
+        assert [b.name for b in lenient.iter_branches(repo)] == ["main"]
+        assert lenient.skipped_corrupt_records == 1
+        with pytest.raises(Exception) as caught:
+            lenient.get_branch(repo, "bad")
+        assert caught.value.reason == "CORRUPT_RECORD"
+        assert caught.value.metadata["key"] == "branches/bad"
