@@ -170,6 +170,13 @@ def test_corrupt_staged_value_is_skipped_by_listings_and_fails_what_needs_it(stu
             .commits] == ["Repository created"]
     assert [e.path for e in stubs.bm.ListObjects(bm.ListObjectsRequest(
         repository=repo, ref="main")).entries] == ["d/1", "d/3"]
+    # Discarding one path needs its staged value: DATA_LOSS. Discarding everything does
+    # not read staged values: the way out, and the branch reads clean again.
+    expect_corrupt(lambda: stubs.bm.DiscardChanges(bm.DiscardChangesRequest(
+        repository=repo, branch="main", path="d/2")), partition, b"d/2")
+    stubs.bm.DiscardChanges(bm.DiscardChangesRequest(repository=repo, branch="main"))
+    after = stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo, ref="main"))
+    assert list(after.entries) == [] and after.skipped_corrupt_records == 0
     # A clean listing says nothing was skipped.
     other = new_repo(stubs, suite)
     put(stubs, other, "ok")
@@ -277,3 +284,46 @@ def test_client_refuses_incomplete_listings_unless_allowed(stubs, suite, kv):
             lenient.get_branch(repo, "bad")
         assert caught.value.reason == "CORRUPT_RECORD"
         assert caught.value.metadata["key"] == "branches/bad"
+
+
+def test_log_over_a_corrupt_commit_is_data_loss(stubs, suite, kv):
+    repo = new_repo(stubs, suite)
+    partition = repo_partition(kv, repo)
+    commit_id = "e" * 64
+    kv.set(partition, f"commits/{commit_id}".encode(), GARBAGE)
+    kv.set(partition, b"branches/broken", types_pb2.Branch(
+        name="broken", commit_id=commit_id, staging_token=uuid.uuid4().hex).SerializeToString())
+    expect_corrupt(lambda: stubs.cm.Log(cm.LogRequest(repository=repo, ref="broken")),
+                   partition, f"commits/{commit_id}".encode())
+    expect_corrupt(lambda: stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo,
+                                                                      ref="broken")),
+                   partition, f"commits/{commit_id}".encode())
+    assert [c.message for c in stubs.cm.Log(cm.LogRequest(repository=repo, ref="main"))
+            .commits] == ["Repository created"]
+
+
+def test_skips_and_parks_are_counted_and_logged(stubs, suite, kv, caplog):
+    from prometheus_client import REGISTRY
+
+    def sample(name, record):
+        return REGISTRY.get_sample_value(name, {"record": record}) or 0.0
+
+    skipped_before = sample("quarry_corrupt_records_skipped_total", "Tag")
+    parked_before = sample("quarry_corrupt_records_parked_total", "CleanupRecord")
+    repo = new_repo(stubs, suite)
+    partition = repo_partition(kv, repo)
+    kv.set(partition, b"tags/broken", GARBAGE)
+    key = f"staging/garbage-{uuid.uuid4().hex}".encode()
+    with caplog.at_level("WARNING", logger="quarry.graveler"):
+        assert stubs.bm.ListTags(bm.ListTagsRequest(repository=repo)) \
+            .skipped_corrupt_records == 1
+        kv.set(b"cleanup", key, GARBAGE)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and \
+                key in [item.key for item in kv.scan(b"cleanup")]:
+            time.sleep(0.05)
+    assert sample("quarry_corrupt_records_skipped_total", "Tag") == skipped_before + 1
+    assert sample("quarry_corrupt_records_parked_total", "CleanupRecord") >= parked_before + 1
+    text = caplog.text
+    assert f"partition={partition.decode()} key=tags/broken" in text
+    assert f"partition=cleanup key={key.decode()} moved to key=parked/{key.decode()}" in text
