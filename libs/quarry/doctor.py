@@ -153,8 +153,7 @@ class Doctor:
         for item in items:
             name = item.key[len(REPOS_PREFIX):].decode("utf-8", "backslashreplace")
             report.count("repositories")
-            repo = self._decode(report, Repository.from_record, QUARRY_PARTITION, item,
-                                repository=name, record="RepositoryRecord")
+            repo = self._decode(report, Repository.from_record, QUARRY_PARTITION, item, name)
             if repo is not None:
                 yield name, repo
 
@@ -288,12 +287,11 @@ class Doctor:
     def _decode_record(self, report: Report, message_type, partition: bytes,
                        item: kv.KeyValue, repository: str):
         return self._decode(report, lambda value, key: records.decode_record(
-            message_type, partition, key, value), partition, item, repository,
-            message_type.__name__)
+            message_type, partition, key, value), partition, item, repository)
 
     @staticmethod
-    def _decode(report: Report, decode, partition: bytes, item: kv.KeyValue, repository: str,
-                record: str):
+    def _decode(report: Report, decode, partition: bytes, item: kv.KeyValue, repository: str):
+        """decode(value, key), or None with a corrupt_record finding."""
         try:
             return decode(item.value, item.key)
         except records.CorruptRecord as exc:

@@ -146,3 +146,33 @@ def test_listing_commands_warn_about_skipped_records(suite, kv, tmp_path):
     assert result.returncode == 0, result.stderr
     assert [line.split()[0] for line in result.stdout.splitlines()[1:]] == ["main", "ok"]
     assert "skipped 1 corrupt record" in result.stderr and "quarry doctor" in result.stderr
+
+
+def test_doctor_finds_broken_history_and_a_live_token_queued_for_drop(suite, kv, doctor):
+    import time
+
+    from quarry.v1 import records_pb2
+
+    client = suite.client()
+    client.create_repository("delta", suite.namespace("delta"))
+    partition = Repository.from_record(kv.get(b"quarry", b"repos/delta").value,
+                                       b"repos/delta").partition
+    orphan_commit, missing_parent, missing_metarange = "1" * 64, "2" * 64, "3" * 64
+    kv.set(partition, f"commits/{orphan_commit}".encode(), types_pb2.Commit(
+        id=orphan_commit, parents=[missing_parent], metarange_id=missing_metarange,
+        generation=2).SerializeToString())
+    token = client.get_branch("delta", "main").staging_token
+    # Queued far in the future, so this suite's dropper leaves it alone during the test.
+    kv.set(b"cleanup", f"staging/{token}".encode(), records_pb2.CleanupRecord(
+        partition_key=f"staging/{token}", queued_at=int(time.time()) + 3600)
+        .SerializeToString())
+    try:
+        report = json.loads(doctor("delta", "--json", expect=1).stdout)
+        kinds = {(f["kind"], f["key"]) for f in report["findings"]}
+        assert kinds == {("commit_missing_parent", f"commits/{orphan_commit}"),
+                         ("missing_metarange", f"commits/{orphan_commit}")}
+        everything = json.loads(doctor("--json", expect=1).stdout)
+        assert ("staging_token_in_use_but_queued_for_drop", f"staging/{token}") in \
+            {(f["kind"], f["key"]) for f in everything["findings"]}
+    finally:
+        kv.delete(b"cleanup", f"staging/{token}".encode())
