@@ -249,6 +249,6 @@ def decode_or_skip(message_type: type[M], partition: bytes, key: bytes,
         return None
 
 
-__all__ = ["CorruptRecord", "decode_record", "decode_or_skip", "listing", "skips_corrupt_records", "next_page_starts_at",
-           "skip", "note_skipped", "SkippedRecords", "show", "CORRUPT_RECORDS_SKIPPED",
-           "CORRUPT_RECORDS_PARKED"]
+__all__ = ["CorruptRecord", "decode_record", "decode_or_skip", "listing",
+           "skips_corrupt_records", "next_page_starts_at", "skip", "note_skipped",
+           "SkippedRecords", "show", "CORRUPT_RECORDS_SKIPPED", "CORRUPT_RECORDS_PARKED"]
