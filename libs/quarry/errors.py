@@ -79,6 +79,13 @@ class Unavailable(QuarryError):
     reason = "UNAVAILABLE"
 
 
+class DataLoss(QuarryError):
+    """Stored data cannot be read back (a corrupt record or file)."""
+
+    code = grpc.StatusCode.DATA_LOSS
+    reason = "DATA_LOSS"
+
+
 class Internal(QuarryError):
     code = grpc.StatusCode.INTERNAL
     reason = "INTERNAL"
@@ -87,7 +94,8 @@ class Internal(QuarryError):
 def error_class_for(code: grpc.StatusCode) -> type[QuarryError]:
     """The generic QuarryError subclass for a status code (used when rebuilding remote errors)."""
     for cls in (InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Aborted,
-                ResourceExhausted, Unavailable, Unimplemented, DeadlineExceeded, Cancelled):
+                ResourceExhausted, Unavailable, Unimplemented, DeadlineExceeded, Cancelled,
+                DataLoss):
         if cls.code == code:
             return cls
     return Internal

@@ -39,6 +39,7 @@ from typing import Callable, Iterator, TextIO
 
 import quarry
 from quarry import FORMAT_VERSION, errors
+from quarry.graveler import records
 from quarry.graveler.refs import BRANCHES_PREFIX, REPOS_PREFIX, Repository
 from quarry.kv import store as kv
 from quarry.kv.partitions import (
@@ -123,16 +124,17 @@ def export_store(store: kv.Store, out: TextIO, progress: Progress | None = None)
 
     for name, record in _repositories(store):
         try:
-            repo = Repository.from_record(record)
-        except Exception as exc:  # protobuf DecodeError and friends
+            repo = Repository.from_record(record, REPOS_PREFIX + name.encode())
+        except records.CorruptRecord as exc:
             raise CorruptExport(f"repository record {name!r} cannot be read: {exc}") from None
         out.write(_line({"type": "repository", "name": name, "value": _b64(record)}))
         repositories += 1
         tokens: dict[str, None] = {}
         for branch_item in emit(repo.partition):
             try:
-                branch = types_pb2.Branch.FromString(branch_item.value)
-            except Exception as exc:
+                branch = records.decode_record(types_pb2.Branch, repo.partition,
+                                               branch_item.key, branch_item.value)
+            except records.CorruptRecord as exc:
                 raise CorruptExport(f"repository {name!r}: branch record "
                                     f"{branch_item.key!r} cannot be read: {exc}") from None
             for token in (branch.staging_token, *branch.sealed_tokens):
@@ -210,8 +212,8 @@ def import_store(store: kv.Store, lines: TextIO, progress: Progress | None = Non
                 raise CorruptExport(f"{where}: repository without a name")
             value = _decode(obj, "value", where)
             try:
-                repo = Repository.from_record(value)
-            except Exception:
+                repo = Repository.from_record(value, REPOS_PREFIX + name.encode())
+            except records.CorruptRecord:
                 raise CorruptExport(f"{where}: repository record cannot be read") from None
             if repo.name != name or name in repositories:
                 raise CorruptExport(f"{where}: repository {name!r} is inconsistent or "

@@ -6,6 +6,7 @@ import logging
 
 from quarry import errors
 from quarry.convert import change_to_proto, entry_from_proto, entry_to_proto
+from quarry.graveler import records
 from quarry.graveler.graveler import Graveler
 from quarry.v1 import branch_manager_pb2 as pb
 from quarry.v1 import branch_manager_pb2_grpc
@@ -46,9 +47,11 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         return pb.GetRepositoryResponse(repository=self._g.get_repository(request.name).to_proto())
 
     def ListRepositories(self, request, context):
-        repos, token = self._g.list_repositories(request.page_size, request.page_token)
+        with records.listing() as skipped:
+            repos, token = self._g.list_repositories(request.page_size, request.page_token)
         return pb.ListRepositoriesResponse(repositories=[r.to_proto() for r in repos],
-                                           next_page_token=token)
+                                           next_page_token=token,
+                                           skipped_corrupt_records=skipped.count)
 
     def DeleteRepository(self, request, context):
         self._g.delete_repository(request.name)
@@ -64,9 +67,11 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         return pb.GetBranchResponse(branch=self._g.get_branch(request.repository, request.name))
 
     def ListBranches(self, request, context):
-        branches, token = self._g.list_branches(request.repository, request.page_size,
-                                                request.page_token)
-        return pb.ListBranchesResponse(branches=branches, next_page_token=token)
+        with records.listing() as skipped:
+            branches, token = self._g.list_branches(request.repository, request.page_size,
+                                                    request.page_token)
+        return pb.ListBranchesResponse(branches=branches, next_page_token=token,
+                                       skipped_corrupt_records=skipped.count)
 
     def DeleteBranch(self, request, context):
         self._g.delete_branch(request.repository, request.name)
@@ -87,9 +92,11 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         return pb.GetTagResponse(tag=self._g.get_tag(request.repository, request.name))
 
     def ListTags(self, request, context):
-        tags, token = self._g.list_tags(request.repository, request.page_size,
-                                        request.page_token)
-        return pb.ListTagsResponse(tags=tags, next_page_token=token)
+        with records.listing() as skipped:
+            tags, token = self._g.list_tags(request.repository, request.page_size,
+                                            request.page_token)
+        return pb.ListTagsResponse(tags=tags, next_page_token=token,
+                                   skipped_corrupt_records=skipped.count)
 
     def DeleteTag(self, request, context):
         self._g.delete_tag(request.repository, request.name)
@@ -156,18 +163,22 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         return pb.DeleteObjectsResponse(deleted=int(deleted))
 
     def ListObjects(self, request, context):
-        entries, prefixes, token = self._g.list_objects(
-            request.repository, request.ref, request.prefix, request.delimiter,
-            request.page_size, request.page_token)
+        with records.listing() as skipped:
+            entries, prefixes, token = self._g.list_objects(
+                request.repository, request.ref, request.prefix, request.delimiter,
+                request.page_size, request.page_token)
         return pb.ListObjectsResponse(entries=[entry_to_proto(e) for e in entries],
-                                      common_prefixes=prefixes, next_page_token=token)
+                                      common_prefixes=prefixes, next_page_token=token,
+                                      skipped_corrupt_records=skipped.count)
 
     def DiffUncommitted(self, request, context):
-        changes, token = self._g.diff_uncommitted(request.repository, request.branch,
-                                                  request.prefix, request.page_size,
-                                                  request.page_token)
+        with records.listing() as skipped:
+            changes, token = self._g.diff_uncommitted(request.repository, request.branch,
+                                                      request.prefix, request.page_size,
+                                                      request.page_token)
         return pb.DiffUncommittedResponse(changes=[change_to_proto(c) for c in changes],
-                                          next_page_token=token)
+                                          next_page_token=token,
+                                          skipped_corrupt_records=skipped.count)
 
     def DiscardChanges(self, request, context):
         self._g.discard_changes(request.repository, request.branch, request.path,

@@ -16,6 +16,7 @@
     quarry discard REPO BRANCH [--path P | --prefix P]
     quarry compact REPO BRANCH
     quarry stats REPO BRANCH [--compactor-sensor HOST:PORT]
+    quarry doctor [REPO] [--kv-gateway HOST:PORT]
 
 Every command takes --branch-manager / --committer (default: the QUARRY_BRANCH_MANAGER_ADDRESS
 / QUARRY_COMMITTER_ADDRESS settings) and --json; `stats` also --compactor-sensor (default:
@@ -84,13 +85,23 @@ class Context:
     @property
     def client(self) -> Client:
         if self._client is None:
+            # Listings that skipped corrupt records are shown, with a warning (warn_skipped).
             self._client = Client.from_settings(self.settings, retry=CLI_RETRY,
-                                                timeout=self.args.timeout)
+                                                timeout=self.args.timeout,
+                                                allow_incomplete_listings=True)
         return self._client
 
     def progress(self, label: str, total: int | None = None, unit: str = "") -> Progress:
         forced = bool(getattr(self.args, "progress", False))
         return Progress(label, total, unit=unit, enabled=True if forced else None)
+
+    def warn_skipped(self) -> None:
+        """Say so on stderr when a listing left out corrupt records."""
+        skipped = self._client.skipped_corrupt_records if self._client is not None else 0
+        if skipped:
+            print(f"quarry: warning: the server skipped {skipped} corrupt record(s) in this "
+                  f"listing (CORRUPT_RECORD); run `quarry doctor` to find them",
+                  file=sys.stderr)
 
     def close(self) -> None:
         if self._client is not None:
@@ -113,7 +124,9 @@ def command(handler: Callable[[argparse.Namespace, Context], int | None]):
     def run(args: argparse.Namespace) -> int:
         ctx = Context(args)
         try:
-            return handler(args, ctx) or 0
+            code = handler(args, ctx) or 0
+            ctx.warn_skipped()
+            return code
         except errors.QuarryError as exc:
             return fail(exc.reason, exc.message)
         except CliError as exc:
@@ -755,6 +768,36 @@ def _print_gc_report(report) -> None:
         print(f"Run again with --sweep to delete these {report.collectable_count} objects.")
 
 
+# ---- doctor ----------------------------------------------------------------------------
+
+@command
+def doctor(args, ctx):
+    """Read-only: corrupt records and dangling references (see quarry.doctor)."""
+    from quarry import doctor as checkup
+    from quarry.blob import open_blob_store
+    from quarry.kv.remote import RemoteStore
+
+    store = RemoteStore(args.kv_gateway or ctx.settings.kv_gateway_address,
+                        timeout=args.timeout)
+    try:
+        report = checkup.Doctor(store, lambda ns: open_blob_store(ns, ctx.settings),
+                                lambda: checkup.gateway_staging_partitions(store)
+                                ).check(args.repo or "")
+    finally:
+        store.close()
+    if ctx.json:
+        output.print_json(report.to_json())
+    else:
+        for finding in report.findings:
+            print(f"{finding.kind}: {finding.where()}: {finding.message}")
+        for note in report.notes:
+            print(f"note: {note}")
+        checked = ", ".join(f"{n} {what}" for what, n in report.checked.items())
+        verdict = "no problems found" if report.ok else f"{len(report.findings)} problem(s)"
+        print(f"{verdict} (checked {checked or 'nothing'})")
+    return 0 if report.ok else EXIT_FAILURE
+
+
 # ---- the parser ------------------------------------------------------------------------
 
 def _gc_rule_options(p: argparse.ArgumentParser, default: str) -> None:
@@ -943,6 +986,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("branch", metavar="BRANCH")
     p.add_argument("--compactor-sensor", metavar="HOST:PORT",
                    help="compactor-sensor address (default: QUARRY_COMPACTOR_SENSOR_ADDRESS)")
+
+    p = leaf(sub, "doctor", doctor, "read-only check: corrupt records and dangling "
+                                    "references (exit 1 if any)")
+    p.add_argument("repo", metavar="REPO", nargs="?",
+                   help="check only this repository (default: everything, with the cleanup "
+                        "queue and orphan staging tokens)")
+    p.add_argument("--kv-gateway", metavar="HOST:PORT",
+                   help="kv-gateway address (default: QUARRY_KV_GATEWAY_ADDRESS)")
 
     gc = group("gc", "garbage collection of storage namespaces, and its retention rules")
     p = leaf(gc, "run", gc_run, "garbage-collect a repository's storage namespace (a Spark "

@@ -5,9 +5,9 @@
 See quarry.client.client for the API and quarry.client.retry for the retry policy.
 """
 
-from quarry.client.client import (Cancelled, Client, DeadlineExceeded, Entry, as_entry,
-                                  make_entry, rebuild_error, to_timestamp)
+from quarry.client.client import (Cancelled, Client, DeadlineExceeded, Entry, IncompleteListing,
+                                  as_entry, make_entry, rebuild_error, to_timestamp)
 from quarry.client.retry import RETRY_EVENT, RetryPolicy
 
 __all__ = ["Client", "RetryPolicy", "RETRY_EVENT", "DeadlineExceeded", "Cancelled", "Entry",
-           "make_entry", "as_entry", "rebuild_error", "to_timestamp"]
+           "make_entry", "as_entry", "rebuild_error", "to_timestamp", "IncompleteListing"]

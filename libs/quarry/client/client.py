@@ -37,6 +37,7 @@ from google.protobuf import timestamp_pb2
 from quarry import errors
 # Loaded so from_rpc_error can rebuild the core's classes (BranchNotFound, ...) by reason.
 from quarry.graveler import errors as gerrors  # noqa: F401
+from quarry.graveler import records as _records  # noqa: F401 — CORRUPT_RECORD
 from quarry.client.retry import Retrier, RetryPolicy
 from quarry.runtime.channels import open_channel
 from quarry.runtime.errors import from_rpc_error
@@ -227,6 +228,12 @@ class _BatchStream:
 
 # ---- the client -------------------------------------------------------------------------
 
+class IncompleteListing(errors.DataLoss):
+    """A listing page came back without some records the server could not read."""
+
+    reason = "INCOMPLETE_LISTING"
+
+
 class Client:
     """A client of the BranchManager and Committer services (see the module docstring),
     and of the CompactorSensor's statistics (`compactor_sensor`, dialed on first use)."""
@@ -234,9 +241,17 @@ class Client:
     def __init__(self, branch_manager: str | grpc.Channel = "127.0.0.1:7402",
                  committer: str | grpc.Channel = "127.0.0.1:7403",
                  retry: RetryPolicy | None = None, timeout: float | None = 30.0,
-                 compactor_sensor: str | grpc.Channel = "127.0.0.1:7404"):
+                 compactor_sensor: str | grpc.Channel = "127.0.0.1:7404",
+                 allow_incomplete_listings: bool = False):
         self.retry = retry if retry is not None else RetryPolicy()
         self.timeout = timeout
+        # The iter_* helpers refuse a page the server left corrupt records out of
+        # (IncompleteListing), unless this is set: code that decides from a listing what
+        # is unreferenced (GC) or what a table holds (Spark) must never act on one. The CLI
+        # sets it and warns instead.
+        self.allow_incomplete_listings = allow_incomplete_listings
+        # Corrupt records the server left out of the pages this client walked (see _pages).
+        self.skipped_corrupt_records = 0
         self._owned: list[grpc.Channel] = []
         channels: dict[str, grpc.Channel] = {}
 
@@ -301,6 +316,16 @@ class Client:
         token = page_token
         while True:
             page = call(page_token=token, **kwargs)
+            # The server left corrupt records out of this page (CORRUPT_RECORD): refuse, or
+            # tally them so a caller (the CLI) can warn; `quarry doctor` names them.
+            skipped = getattr(page, "skipped_corrupt_records", 0)
+            if skipped:
+                self.skipped_corrupt_records += skipped
+                if not self.allow_incomplete_listings:
+                    raise IncompleteListing(
+                        f"the server left {skipped} corrupt record(s) out of this listing; "
+                        f"refusing to go on with an incomplete listing (run `quarry doctor` "
+                        f"to find them)", metadata={"skipped_corrupt_records": str(skipped)})
             yield page
             token = page.next_page_token
             if not token:
@@ -709,4 +734,4 @@ class Client:
 
 
 __all__ = ["Client", "RetryPolicy", "DeadlineExceeded", "Cancelled", "make_entry", "as_entry",
-           "to_timestamp", "rebuild_error", "Entry"]
+           "to_timestamp", "rebuild_error", "Entry", "IncompleteListing"]

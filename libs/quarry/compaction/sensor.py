@@ -42,6 +42,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from quarry import errors
 from quarry.config import Settings
 from quarry.graveler import errors as gerrors
+from quarry.graveler import records
 from quarry.graveler.refs import RefManager, Repository, is_dirty
 from quarry.kv import store as kv
 from quarry.kv.partitions import staging_partition
@@ -382,6 +383,16 @@ class CompactionSensor:
             if missing_ok:
                 return None
             raise
+        except records.CorruptRecord as exc:
+            # Park the branch: forgotten until a new report names it, so a corrupt record
+            # is not re-read (and logged) every cycle; the other branches carry on.
+            self._forget(key)
+            records.CORRUPT_RECORDS_PARKED.labels(exc.record).inc()
+            log.warning("compactor-sensor: parked %s/%s (corrupt record partition=%s key=%s)",
+                        key[0], key[1], records.show(exc.partition), records.show(exc.key))
+            if missing_ok:
+                return None
+            raise
         live = {branch.staging_token, *branch.sealed_tokens}
         last = (_seconds(branch.compaction_start_time)
                 if branch.HasField("compaction_start_time") else None)
@@ -462,10 +473,16 @@ class CompactionSensor:
     def _count_token(self, token: str, counts: list[int], total: list[int],
                      limit: int) -> int:
         items = 0
-        iterator = self.kv.scan(staging_partition(token), batch_size=SCAN_BATCH)
+        partition = staging_partition(token)
+        iterator = self.kv.scan(partition, batch_size=SCAN_BATCH)
         try:
             for item in iterator:
-                value = types_pb2.StagedValue.FromString(item.value)
+                try:
+                    value = records.decode_record(types_pb2.StagedValue, partition, item.key,
+                                                  item.value)
+                except records.CorruptRecord as exc:
+                    records.note_skipped(exc)  # uncounted; the rest of the token still is
+                    continue
                 index = 0 if value.WhichOneof("value") == "entry" else 1
                 counts[index] += 1
                 total[index] += 1
@@ -485,6 +502,12 @@ class CompactionSensor:
                 now - self._discovered_at < self.discovery_interval_seconds:
             return
         self._discovered_at = now
+        with records.listing():  # corrupt repository/branch records: skipped, counted
+            found = self._discover()
+        if found:
+            log.info("compactor-sensor: found %d branch(es) with staged data to count", found)
+
+    def _discover(self) -> int:
         found = 0
         after = ""
         while True:
@@ -506,8 +529,7 @@ class CompactionSensor:
             if len(repos) < LIST_PAGE:
                 break
             after = repos[-1].name
-        if found:
-            log.info("compactor-sensor: found %d branch(es) with staged data to count", found)
+        return found
 
     # ---- triggering ------------------------------------------------------------------------
 

@@ -22,13 +22,14 @@ from prometheus_client import Counter
 from quarry import errors
 from quarry.config import Settings
 from quarry.graveler import errors as gerrors
+from quarry.graveler import records
 from quarry.graveler import names
 from quarry.graveler.iterators import (CommittedSource, LayeredIterator, decode_page_token,
                                        encode_page_token, string_after_prefix)
 from quarry.graveler.model import (ApplyResult, Change, ChangeType, Conflict, DiffSummary,
                                    Entry, MergeResult, MergeStrategy)
-from quarry.graveler.refs import (RefManager, Repository, ResolvedRef, commit_id_for,
-                                  is_dirty, prefix_end)
+from quarry.graveler.refs import (BRANCHES_PREFIX, REPOS_PREFIX, TAGS_PREFIX, RefManager,
+                                  Repository, ResolvedRef, commit_id_for, is_dirty, prefix_end)
 from quarry.graveler.staging import StagingManager, new_token
 from quarry.kv import store as kv
 from quarry.kv.partitions import staging_partition
@@ -197,11 +198,13 @@ class Graveler:
         names.check_repository_name(name)
         return self.refs.get_repository(name, fresh=True)
 
+    @records.skips_corrupt_records
     def list_repositories(self, page_size: int = 0, page_token: str = ""
                           ) -> tuple[list[Repository], str]:
         return _page_by_name(self.refs.list_repositories, self._budget(page_size),
-                             page_token)
+                             page_token, REPOS_PREFIX)
 
+    @records.skips_corrupt_records  # a corrupt branch record is dropped with the partition
     def delete_repository(self, name: str) -> None:
         repo = self.get_repository(name)
         tokens = []
@@ -247,11 +250,12 @@ class Graveler:
         names.check_branch_name(name)
         return self.refs.get_branch(repo, name)[0]
 
+    @records.skips_corrupt_records
     def list_branches(self, repo_name: str, page_size: int = 0, page_token: str = ""
                       ) -> tuple[list[types_pb2.Branch], str]:
         repo = self._repo(repo_name)
         return _page_by_name(lambda after, limit: self.refs.list_branches(repo, after, limit),
-                             self._budget(page_size), page_token)
+                             self._budget(page_size), page_token, BRANCHES_PREFIX)
 
     def delete_branch(self, repo_name: str, name: str) -> None:
         repo = self._repo(repo_name)
@@ -303,11 +307,12 @@ class Graveler:
         names.check_tag_name(name)
         return self.refs.get_tag(repo, name)
 
+    @records.skips_corrupt_records
     def list_tags(self, repo_name: str, page_size: int = 0, page_token: str = ""
                   ) -> tuple[list[types_pb2.Tag], str]:
         repo = self._repo(repo_name)
         return _page_by_name(lambda after, limit: self.refs.list_tags(repo, after, limit),
-                             self._budget(page_size), page_token)
+                             self._budget(page_size), page_token, TAGS_PREFIX)
 
     def delete_tag(self, repo_name: str, name: str) -> None:
         repo = self._repo(repo_name)
@@ -400,6 +405,7 @@ class Graveler:
             prefix=prefix)))
         return LayeredIterator(sources)
 
+    @records.skips_corrupt_records  # a corrupt staged value: its path is left out
     def list_objects(self, repo_name: str, ref: str, prefix: str = "", delimiter: str = "",
                      page_size: int = 0, page_token: str = ""
                      ) -> tuple[list[Entry], list[str], str]:
@@ -418,6 +424,8 @@ class Graveler:
                 token = ""
                 if last is not None:
                     token = encode_page_token(after=last[0], skip_prefix=last[1])
+                    following = string_after_prefix(last[0]) if last[1] else None
+                    records.next_page_starts_at((following or last[0] + "\x00").encode())
                 return entries, prefixes, token
             _backoff(attempt)
         raise gerrors.BranchContended(f"ref {ref!r} kept changing during the listing")
@@ -613,7 +621,7 @@ class Graveler:
             if repo_now is None:
                 raise gerrors.RepositoryNotFound(f"repository {repo.name!r} was deleted",
                                                  metadata={"repository": repo.name})
-            current_repo = Repository.from_record(repo_now.value)
+            current_repo = Repository.from_record(repo_now.value, repo_key[1])
             if current_repo.instance_id != repo.instance_id:
                 # Deleted and re-created since our cached record: what we wrote went to the
                 # dead instance (its partitions are queued for dropping). Write again into
@@ -628,7 +636,7 @@ class Graveler:
                 raise gerrors.BranchNotFound(f"branch {branch_name!r} not found",
                                              metadata={"repository": repo.name,
                                                        "branch": branch_name})
-            current = types_pb2.Branch.FromString(branch_now.value)
+            current = records.decode_record(types_pb2.Branch, *branch_key, branch_now.value)
             self._remember_branch(repo, current, branch_now.predicate)
             if current.staging_token == branch.staging_token:
                 return branch.staging_token
@@ -649,6 +657,7 @@ class Graveler:
         changes, _ = self._diff_uncommitted_page(repo, branch, "", "", self._budget(1))
         return bool(changes)
 
+    @records.skips_corrupt_records
     def diff_uncommitted(self, repo_name: str, branch_name: str, prefix: str = "",
                          page_size: int = 0, page_token: str = ""
                          ) -> tuple[list[Change], str]:
@@ -679,6 +688,7 @@ class Graveler:
             if change is None:
                 continue
             if not budget.admit(change):
+                records.next_page_starts_at(changes[-1].path.encode() + b"\x00")
                 return changes, encode_page_token(after=changes[-1].path)
             changes.append(change)
         return changes, ""
@@ -1212,7 +1222,7 @@ class Graveler:
             record = self.kv.get(repo.partition, MERGE_HINTS_PREFIX + hint.encode()).value
         except kv.KeyNotFound:
             return None
-        parts = record.decode().split("\n")
+        parts = record.decode("utf-8", "replace").split("\n")  # garbage: an unusable hint
         if len(parts) != 3:
             return None
         hinted_source, hinted_base, merged_onto = parts
@@ -1257,15 +1267,18 @@ def _change_against(path: str, staged: Entry | None, committed: Entry | None) ->
     return None
 
 
-def _page_by_name(fetch, budget: PageBudget, page_token: str) -> tuple[list, str]:
+def _page_by_name(fetch, budget: PageBudget, page_token: str, key_prefix: bytes
+                  ) -> tuple[list, str]:
     """One page of a listing ordered by name: `fetch(after, limit)` returns up to `limit`
-    items named after `after`; one extra item tells whether another page follows. The page
-    ends early when the budget's byte limit is reached."""
+    items named after `after` (stored at key_prefix + name); one extra item tells whether
+    another page follows. The page ends early when the budget's byte limit is reached."""
     after = decode_page_token(page_token, "after").get("after", "")
     items = fetch(after, budget.max_items + 1)
     for index, item in enumerate(items):
         if not budget.admit(item):
-            return items[:index], encode_page_token(after=items[index - 1].name)
+            last = items[index - 1].name
+            records.next_page_starts_at(key_prefix + last.encode() + b"\x00")
+            return items[:index], encode_page_token(after=last)
     return items, ""
 
 

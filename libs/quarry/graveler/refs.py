@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from google.protobuf import timestamp_pb2
 
 from quarry.graveler import errors as gerrors
+from quarry.graveler import records
 from quarry.kv import store as kv
 from quarry.kv.partitions import QUARRY_PARTITION, repo_partition
 from quarry.v1 import records_pb2, types_pb2
@@ -57,8 +58,10 @@ class Repository:
                                             instance_id=self.instance_id).SerializeToString()
 
     @staticmethod
-    def from_record(data: bytes) -> "Repository":
-        record = records_pb2.RepositoryRecord.FromString(data)
+    def from_record(data: bytes, key: bytes) -> "Repository":
+        """The repository stored at `quarry`/`key` (CorruptRecord if unreadable)."""
+        record = records.decode_record(records_pb2.RepositoryRecord, QUARRY_PARTITION, key,
+                                       data)
         r = record.repository
         return Repository(r.name, r.storage_namespace, r.default_branch, record.instance_id,
                           r.creation_time.seconds)
@@ -190,7 +193,7 @@ class RefManager:
             self._repos.pop(name, None)
             raise gerrors.RepositoryNotFound(f"repository {name!r} not found",
                                              metadata={"repository": name}) from None
-        repo = Repository.from_record(data)
+        repo = Repository.from_record(data, REPOS_PREFIX + name.encode())
         self._repos[name] = (now, repo)
         return repo
 
@@ -215,13 +218,19 @@ class RefManager:
         self._repos.pop(name, None)
 
     def list_repositories(self, after: str = "", limit: int = 100) -> list[Repository]:
+        """Up to `limit` repositories named after `after`. Corrupt records are skipped in a
+        listing scope (records.listing) and raise CorruptRecord outside one."""
         start = REPOS_PREFIX + (after.encode() + b"\x00" if after else b"")
         out = []
         iterator = self.kv.scan(QUARRY_PARTITION, start, _prefix_end(REPOS_PREFIX),
                                 batch_size=limit + 1)
         try:
             for item in iterator:
-                out.append(Repository.from_record(item.value))
+                try:
+                    out.append(Repository.from_record(item.value, item.key))
+                except records.CorruptRecord as exc:
+                    records.skip(exc)
+                    continue
                 if len(out) >= limit:
                     break
         finally:
@@ -238,7 +247,9 @@ class RefManager:
                                          f"{repo.name!r}",
                                          metadata={"repository": repo.name,
                                                    "branch": name}) from None
-        return types_pb2.Branch.FromString(result.value), result.predicate
+        return (records.decode_record(types_pb2.Branch, repo.partition,
+                                      BRANCHES_PREFIX + name.encode(), result.value),
+                result.predicate)
 
     def branch_key(self, repo: Repository, name: str) -> tuple[bytes, bytes]:
         return repo.partition, BRANCHES_PREFIX + name.encode()
@@ -255,8 +266,8 @@ class RefManager:
 
     def list_branches(self, repo: Repository, after: str = "",
                       limit: int = 100) -> list[types_pb2.Branch]:
-        return [types_pb2.Branch.FromString(v)
-                for v in self._scan_values(repo.partition, BRANCHES_PREFIX, after, limit)]
+        return self._scan_records(types_pb2.Branch, repo.partition, BRANCHES_PREFIX, after,
+                                  limit)
 
     # ---- tags --------------------------------------------------------------------------
 
@@ -266,7 +277,8 @@ class RefManager:
         except kv.KeyNotFound:
             raise gerrors.TagNotFound(f"tag {name!r} not found in repository {repo.name!r}",
                                       metadata={"repository": repo.name, "tag": name}) from None
-        return types_pb2.Tag.FromString(data)
+        return records.decode_record(types_pb2.Tag, repo.partition,
+                                     TAGS_PREFIX + name.encode(), data)
 
     def insert_tag(self, repo: Repository, tag: types_pb2.Tag) -> None:
         try:
@@ -281,8 +293,7 @@ class RefManager:
         self.kv.delete(repo.partition, TAGS_PREFIX + name.encode())
 
     def list_tags(self, repo: Repository, after: str = "", limit: int = 100) -> list[types_pb2.Tag]:
-        return [types_pb2.Tag.FromString(v)
-                for v in self._scan_values(repo.partition, TAGS_PREFIX, after, limit)]
+        return self._scan_records(types_pb2.Tag, repo.partition, TAGS_PREFIX, after, limit)
 
     # ---- settings --------------------------------------------------------------------
 
@@ -293,7 +304,8 @@ class RefManager:
             raise gerrors.GarbageCollectionRulesNotFound(
                 f"repository {repo.name!r} has no garbage-collection rules",
                 metadata={"repository": repo.name}) from None
-        return types_pb2.GarbageCollectionRules.FromString(data)
+        return records.decode_record(types_pb2.GarbageCollectionRules, repo.partition,
+                                     GC_RULES_KEY, data)
 
     def set_gc_rules(self, repo: Repository, rules: types_pb2.GarbageCollectionRules) -> None:
         self.kv.set(repo.partition, GC_RULES_KEY, rules.SerializeToString())
@@ -315,7 +327,8 @@ class RefManager:
             raise gerrors.CommitNotFound(f"commit {commit_id!r} not found",
                                          metadata={"repository": repo.name,
                                                    "commit": commit_id}) from None
-        commit = types_pb2.Commit.FromString(data)
+        commit = records.decode_record(types_pb2.Commit, repo.partition,
+                                       COMMITS_PREFIX + commit_id.encode(), data)
         self._commits.put(cache_key, commit)
         return commit
 
@@ -458,14 +471,19 @@ class RefManager:
 
     # ---- helpers ---------------------------------------------------------------------------
 
-    def _scan_values(self, partition: bytes, prefix: bytes, after: str,
-                     limit: int) -> list[bytes]:
+    def _scan_records(self, message_type, partition: bytes, prefix: bytes, after: str,
+                      limit: int) -> list:
+        """Up to `limit` records under `prefix` named after `after`, decoded; a corrupt one
+        is skipped in a listing scope and raises CorruptRecord outside one."""
         start = prefix + (after.encode() + b"\x00" if after else b"")
         iterator = self.kv.scan(partition, start, _prefix_end(prefix), batch_size=limit + 1)
         try:
             out = []
             for item in iterator:
-                out.append(item.value)
+                record = records.decode_or_skip(message_type, partition, item.key, item.value)
+                if record is None:
+                    continue
+                out.append(record)
                 if len(out) >= limit:
                     break
             return out

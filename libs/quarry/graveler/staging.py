@@ -8,6 +8,7 @@ period, so staging partitions do not accumulate.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -15,6 +16,7 @@ import uuid
 from typing import Sequence
 
 from quarry.convert import entry_from_proto, entry_to_proto
+from quarry.graveler import records
 from quarry.graveler.model import Entry
 from quarry.kv import store as kv
 from quarry.kv.partitions import CLEANUP_PARTITION, staging_partition
@@ -24,6 +26,9 @@ log = logging.getLogger(__name__)
 
 TOMBSTONE = None  # a staged deletion, as seen by domain code
 SCAN_BATCH = 1000
+# Corrupt items of the cleanup partition are moved under this key prefix (no partition name
+# starts with it, so a parked key is never taken for a partition to drop).
+PARKED_PREFIX = b"parked/"
 
 
 def new_token() -> str:
@@ -37,8 +42,14 @@ def encode_value(entry: Entry | None) -> bytes:
         deterministic=True)
 
 
-def decode_value(path: str, data: bytes) -> Entry | None:
-    value = types_pb2.StagedValue.FromString(data)
+def decode_value(token: str, path: str, data: bytes) -> Entry | None:
+    """The staged value of `path` under `token` (CorruptRecord if unreadable)."""
+    value = records.decode_record(types_pb2.StagedValue, staging_partition(token),
+                                  path.encode(), data)
+    return entry_of(path, value)
+
+
+def entry_of(path: str, value: types_pb2.StagedValue) -> Entry | None:
     if value.WhichOneof("value") == "entry":
         entry = entry_from_proto(value.entry)
         return entry if entry.path == path else entry.with_path(path)
@@ -49,16 +60,20 @@ class StagedIterator:
     """(path, Entry | None) of one staging token in path order; seek_ge supported."""
 
     def __init__(self, store: kv.Store, token: str, start: str, end: bytes | None):
-        self._scan = store.scan(staging_partition(token), start.encode(), end,
-                                batch_size=SCAN_BATCH)
+        self._partition = staging_partition(token)
+        self._scan = store.scan(self._partition, start.encode(), end, batch_size=SCAN_BATCH)
 
     def __iter__(self):
         return self
 
     def __next__(self) -> tuple[str, Entry | None]:
-        item = next(self._scan)
-        path = item.key.decode()
-        return path, decode_value(path, item.value)
+        while True:
+            item = next(self._scan)
+            value = records.decode_or_skip(types_pb2.StagedValue, self._partition, item.key,
+                                           item.value)
+            if value is not None:  # None: corrupt, skipped by a listing (records.listing)
+                path = item.key.decode()
+                return path, entry_of(path, value)
 
     def seek_ge(self, path: str) -> None:
         self._scan.seek_ge(path.encode())
@@ -77,7 +92,7 @@ class StagingManager:
             result = self.kv.get(staging_partition(token), path.encode())
         except kv.KeyNotFound:
             return False, None, None
-        return True, decode_value(path, result.value), result.predicate
+        return True, decode_value(token, path, result.value), result.predicate
 
     def set_many(self, token: str, items: Sequence[tuple[str, Entry | None]]) -> None:
         partition = staging_partition(token)
@@ -114,14 +129,25 @@ class StagingManager:
     def drop_queued(self, grace_seconds: float, limit: int = 100) -> int:
         """Delete the items of queued partitions older than the grace period. Returns the
         number of partitions dropped. Safe to run in several processes at once (deletes are
-        idempotent)."""
+        idempotent).
+
+        Never deletes a partition whose cleanup record cannot be read, or whose record
+        names another partition than its key, or that is not a staging or repo partition:
+        such an item is parked (see park_cleanup_item) and the pass carries on."""
         dropped = 0
         now = time.time()
         iterator = self.kv.scan(CLEANUP_PARTITION, batch_size=limit)
         try:
             due = []
             for item in iterator:
-                record = records_pb2.CleanupRecord.FromString(item.value)
+                if item.key.startswith(PARKED_PREFIX):
+                    continue  # parked earlier: kept for a human, never dropped
+                try:
+                    record = records.decode_record(records_pb2.CleanupRecord,
+                                                   CLEANUP_PARTITION, item.key, item.value)
+                except records.CorruptRecord as exc:
+                    self.park_cleanup_item(item.key, item.value, exc)
+                    continue
                 if now - record.queued_at >= grace_seconds:
                     due.append(item.key)
                 if len(due) >= limit:
@@ -134,6 +160,31 @@ class StagingManager:
             dropped += 1
         return dropped
 
+    def park_cleanup_item(self, key: bytes, value: bytes, why: records.CorruptRecord) -> bytes:
+        """Move a corrupt cleanup item aside to `parked/<key>` in the cleanup partition, so
+        the dropper stops tripping over it. Returns the parked key.
+
+        Never loses it: the copy is written (set-if-absent) before the original is deleted;
+        an existing parked copy with other bytes is never overwritten (the new one gets a
+        unique suffix). `quarry doctor` lists parked items."""
+        parked = _parked_key(key)
+        try:
+            self.kv.set_if(CLEANUP_PARTITION, parked, value, kv.ABSENT)
+        except kv.PredicateFailed:
+            try:
+                same = self.kv.get(CLEANUP_PARTITION, parked).value == value
+            except kv.KeyNotFound:
+                same = False
+            if not same:
+                parked = _parked_key(key, unique=str(time.time_ns()))
+                self.kv.set_if(CLEANUP_PARTITION, parked, value, kv.ABSENT)
+        self.kv.delete(CLEANUP_PARTITION, key)
+        records.CORRUPT_RECORDS_PARKED.labels(why.record).inc()
+        log.warning("parked corrupt cleanup item: partition=%s key=%s moved to key=%s: %s",
+                    records.show(CLEANUP_PARTITION), records.show(key), records.show(parked),
+                    why.message)
+        return parked
+
     def _delete_partition(self, partition: bytes) -> None:
         while True:
             iterator = self.kv.scan(partition, batch_size=SCAN_BATCH)
@@ -144,6 +195,15 @@ class StagingManager:
             if not keys:
                 return
             self.kv.batch_delete([(partition, key) for key in keys])
+
+
+def _parked_key(key: bytes, unique: str = "") -> bytes:
+    """`parked/<key>[@unique]`; a key too long for that is replaced by its SHA-256."""
+    suffix = b"@" + unique.encode() if unique else b""
+    parked = PARKED_PREFIX + key + suffix
+    if len(parked) > kv.MAX_KEY_BYTES:
+        parked = PARKED_PREFIX + b"sha256:" + hashlib.sha256(key).hexdigest().encode() + suffix
+    return parked
 
 
 class Dropper:

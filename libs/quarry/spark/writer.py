@@ -211,7 +211,7 @@ class _Job:
         job runs rather than after (one call; free on a clean branch)."""
         page = self.client.diff_uncommitted(self.target.repository, self.target.ref,
                                             page_size=1)
-        if page.changes:
+        if page.changes or page.skipped_corrupt_records:  # a corrupt staged value: dirty
             from quarry.graveler.errors import DirtyBranch
 
             raise DirtyBranch(f"branch {self.target.ref!r} has uncommitted changes; commit or "

@@ -1,0 +1,370 @@
+"""`quarry doctor`: a read-only check of the KV store and the storage namespaces.
+
+It reads the KV store (through the kv-gateway, like every other client of the store) and the
+repositories' storage namespaces, and lists:
+
+* corrupt records: any stored record that records.decode_record refuses (repositories,
+  branches, tags, commits, garbage-collection rules, staged values, cleanup items), and the
+  cleanup items the dropper parked;
+* dangling references: branch → missing commit (or compacted metarange), tag → missing
+  commit, commit → missing parent or metarange, metarange → missing range file (or an
+  unreadable metarange file);
+* staging tokens: a staging token a branch still uses that is queued for dropping (the
+  dropper would delete acknowledged writes), and an orphan staging token — a staging
+  partition holding items that no branch references and that is not queued for dropping.
+  The KV contract has no call that lists partitions, so orphan candidates are the staging
+  partitions the kv-gateway has served since it started (its capacity report); a token
+  orphaned before the gateway's last restart is found once something touches it.
+
+It never writes: the store it is given is wrapped in ReadOnlyStore, whose write methods
+refuse, and the storage namespaces are only read (exists/get).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator
+
+from quarry import errors
+from quarry.blob.base import BlobStore
+from quarry.committed import format as rformat
+from quarry.graveler import records
+from quarry.graveler.refs import (BRANCHES_PREFIX, COMMITS_PREFIX, GC_RULES_KEY, REPOS_PREFIX,
+                                  TAGS_PREFIX, Repository, prefix_end)
+from quarry.graveler.staging import PARKED_PREFIX
+from quarry.kv import store as kv
+from quarry.kv.partitions import (CLEANUP_PARTITION, QUARRY_PARTITION, STAGING,
+                                  partition_class, staging_partition)
+from quarry.v1 import records_pb2, types_pb2
+
+# Finding kinds.
+CORRUPT_RECORD = "corrupt_record"
+PARKED_ITEM = "parked_cleanup_item"
+BRANCH_MISSING_COMMIT = "branch_missing_commit"
+TAG_MISSING_COMMIT = "tag_missing_commit"
+COMMIT_MISSING_PARENT = "commit_missing_parent"
+MISSING_METARANGE = "missing_metarange"
+UNREADABLE_METARANGE = "unreadable_metarange"
+METARANGE_MISSING_RANGE = "metarange_missing_range"
+QUEUED_TOKEN_IN_USE = "staging_token_in_use_but_queued_for_drop"
+ORPHAN_STAGING_TOKEN = "orphan_staging_token"
+
+# Enough for every partition a gateway meters (it forgets the colder half past its cap).
+_CAPACITY_REPORT_PARTITIONS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    message: str
+    repository: str = ""
+    partition: str = ""  # the KV record concerned, when there is one
+    key: str = ""
+    object: str = ""  # the storage object concerned, when there is one (namespace/key)
+
+    def where(self) -> str:
+        if self.object:
+            return self.object
+        if self.partition:
+            return f"{self.partition} {self.key}".strip()
+        return self.repository
+
+
+@dataclass
+class Report:
+    scope: str  # a repository name, or "" for the whole installation
+    findings: list[Finding] = field(default_factory=list)
+    checked: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # checks that could not run, and why
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def count(self, what: str, n: int = 1) -> None:
+        self.checked[what] = self.checked.get(what, 0) + n
+
+    def to_json(self) -> dict:
+        return {"ok": self.ok, "scope": self.scope or "*", "checked": dict(self.checked),
+                "findings": [asdict(f) for f in self.findings], "notes": list(self.notes)}
+
+
+class ReadOnlyStore(kv.Store):
+    """Passes reads to `inner`; every write refuses. The doctor must never change data."""
+
+    def __init__(self, inner: kv.Store):
+        self.inner = inner
+
+    def get(self, partition: bytes, key: bytes) -> kv.GetResult:
+        return self.inner.get(partition, key)
+
+    def scan(self, partition: bytes, start: bytes = b"", end: bytes | None = None,
+             batch_size: int = kv.DEFAULT_SCAN_BATCH_SIZE) -> kv.ScanIterator:
+        return self.inner.scan(partition, start, end, batch_size)
+
+    def batch_get(self, items):
+        return self.inner.batch_get(items)
+
+    def _refuse(self, *_args, **_kwargs):
+        raise errors.FailedPrecondition("quarry doctor is read-only: it never writes")
+
+    set = set_if = delete = batch_set = batch_delete = _refuse
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Doctor:
+    def __init__(self, store: kv.Store, open_namespace: Callable[[str], BlobStore],
+                 staging_candidates: Callable[[], list[bytes]] = lambda: []):
+        """`open_namespace` opens a repository's storage namespace for reading;
+        `staging_candidates` lists staging partitions worth checking for orphans."""
+        self.kv = ReadOnlyStore(store)
+        self._open_namespace = open_namespace
+        self._staging_candidates = staging_candidates
+
+    # ---- entry point ---------------------------------------------------------------------
+
+    def check(self, repository: str = "") -> Report:
+        """Check one repository, or (repository "") every repository plus the cleanup
+        queue and the staging partitions no branch references."""
+        report = Report(repository)
+        used_tokens: dict[str, str] = {}  # staging token → "repo/branch" using it
+        for _name, repo in self._repositories(report, repository):
+            self._check_repository(report, repo, used_tokens)
+        if not repository:
+            queued = self._check_cleanup_queue(report, used_tokens)
+            self._check_orphans(report, used_tokens, queued)
+        return report
+
+    # ---- repositories --------------------------------------------------------------------
+
+    def _repositories(self, report: Report, only: str) -> Iterator[tuple[str, Repository]]:
+        if only:
+            key = REPOS_PREFIX + only.encode()
+            try:
+                value = self.kv.get(QUARRY_PARTITION, key).value
+            except kv.KeyNotFound:
+                raise errors.NotFound(f"repository {only!r} not found",
+                                      metadata={"repository": only}) from None
+            items = [kv.KeyValue(key, value)]
+        else:
+            items = self._scan(QUARRY_PARTITION, REPOS_PREFIX)
+        for item in items:
+            name = item.key[len(REPOS_PREFIX):].decode("utf-8", "backslashreplace")
+            report.count("repositories")
+            repo = self._decode(report, Repository.from_record, QUARRY_PARTITION, item, name)
+            if repo is not None:
+                yield name, repo
+
+    def _check_repository(self, report: Report, repo: Repository,
+                          used_tokens: dict[str, str]) -> None:
+        partition = repo.partition
+        branches: list[types_pb2.Branch] = []
+        tags: list[types_pb2.Tag] = []
+        commits: dict[str, types_pb2.Commit] = {}
+        decoders = ((BRANCHES_PREFIX, types_pb2.Branch, branches.append),
+                    (TAGS_PREFIX, types_pb2.Tag, tags.append),
+                    (COMMITS_PREFIX, types_pb2.Commit, lambda c: commits.setdefault(c.id, c)))
+        for item in self._scan(partition):
+            for prefix, message_type, keep in decoders:
+                if item.key.startswith(prefix):
+                    report.count(prefix.decode().rstrip("/"))
+                    value = self._decode_record(report, message_type, partition, item,
+                                                repo.name)
+                    if value is not None:
+                        keep(value)
+                    break
+            else:
+                if item.key == GC_RULES_KEY:
+                    self._decode_record(report, types_pb2.GarbageCollectionRules, partition,
+                                        item, repo.name)
+        # Commits whose record is corrupt are reported once as corrupt, not again as missing.
+        corrupt_commits = {f.key[len(COMMITS_PREFIX):] for f in report.findings
+                           if f.kind == CORRUPT_RECORD and f.partition == records.show(partition)
+                           and f.key.startswith(COMMITS_PREFIX.decode())}
+        known = set(commits) | corrupt_commits
+        metaranges = _MetarangeChecker(self, report, repo)
+        for branch in branches:
+            where = {"repository": repo.name, "partition": records.show(partition),
+                     "key": (BRANCHES_PREFIX + branch.name.encode()).decode()}
+            if branch.commit_id not in known:
+                report.findings.append(Finding(
+                    BRANCH_MISSING_COMMIT, f"branch {branch.name!r} points at commit "
+                    f"{branch.commit_id!r}, which does not exist", **where))
+            if branch.compacted_metarange_id:
+                metaranges.check(branch.compacted_metarange_id,
+                                 f"the compacted metarange of branch {branch.name!r}")
+            for token in (branch.staging_token, *branch.sealed_tokens):
+                used_tokens[token] = f"{repo.name}/{branch.name}"
+                self._check_staged_values(report, token, repo.name)
+        for tag in tags:
+            if tag.commit_id not in known:
+                report.findings.append(Finding(
+                    TAG_MISSING_COMMIT, f"tag {tag.name!r} points at commit "
+                    f"{tag.commit_id!r}, which does not exist", repo.name,
+                    records.show(partition), (TAGS_PREFIX + tag.name.encode()).decode()))
+        for commit_id, commit in commits.items():
+            key = (COMMITS_PREFIX + commit_id.encode()).decode()
+            for parent in commit.parents:
+                if parent not in known:
+                    report.findings.append(Finding(
+                        COMMIT_MISSING_PARENT, f"commit {commit_id[:12]} has parent "
+                        f"{parent!r}, which does not exist", repo.name,
+                        records.show(partition), key))
+            metaranges.check(commit.metarange_id, f"commit {commit_id[:12]}",
+                             partition=records.show(partition), key=key)
+        metaranges.close()
+
+    def _check_staged_values(self, report: Report, token: str, repository: str) -> None:
+        try:
+            partition = staging_partition(token)
+        except errors.QuarryError:
+            return  # the branch record itself was reported
+        for item in self._scan(partition):
+            report.count("staged values")
+            self._decode_record(report, types_pb2.StagedValue, partition, item, repository)
+
+    # ---- cleanup queue and orphans -----------------------------------------------------------
+
+    def _check_cleanup_queue(self, report: Report, used_tokens: dict[str, str]) -> set[bytes]:
+        queued: set[bytes] = set()
+        for item in self._scan(CLEANUP_PARTITION):
+            report.count("cleanup items")
+            if item.key.startswith(PARKED_PREFIX):
+                report.findings.append(Finding(
+                    PARKED_ITEM, "a corrupt cleanup item the dropper moved aside; its "
+                    "partition was not dropped", "", records.show(CLEANUP_PARTITION),
+                    records.show(item.key)))
+                continue
+            record = self._decode_record(report, records_pb2.CleanupRecord, CLEANUP_PARTITION,
+                                         item, "")
+            if record is None:
+                continue
+            queued.add(item.key)
+            token = item.key[len(b"staging/"):].decode() \
+                if _is_staging(item.key) else None
+            if token is not None and token in used_tokens:
+                report.findings.append(Finding(
+                    QUEUED_TOKEN_IN_USE, f"staging token {token} is queued for dropping but "
+                    f"branch {used_tokens[token]} still uses it", "",
+                    records.show(CLEANUP_PARTITION), records.show(item.key)))
+        return queued
+
+    def _check_orphans(self, report: Report, used_tokens: dict[str, str],
+                       queued: set[bytes]) -> None:
+        used = {staging_partition(t) for t in used_tokens if t and "/" not in t}
+        try:
+            candidates = set(self._staging_candidates())
+        except errors.QuarryError as exc:
+            report.notes.append(f"orphan staging tokens not checked: {exc.reason}: "
+                                f"{exc.message}")
+            return
+        for partition in sorted(candidates):
+            if not _is_staging(partition) or partition in used or partition in queued:
+                continue
+            report.count("unreferenced staging partitions")
+            iterator = self.kv.scan(partition, batch_size=1)
+            try:
+                has_items = next(iterator, None) is not None
+            finally:
+                iterator.close()
+            if has_items:
+                report.findings.append(Finding(
+                    ORPHAN_STAGING_TOKEN, "a staging partition with items that no branch "
+                    "references and that is not queued for dropping", "",
+                    records.show(partition), ""))
+
+    # ---- helpers -------------------------------------------------------------------------
+
+    def _scan(self, partition: bytes, prefix: bytes = b"") -> Iterator[kv.KeyValue]:
+        iterator = self.kv.scan(partition, prefix, prefix_end(prefix) if prefix else None)
+        try:
+            yield from iterator
+        finally:
+            iterator.close()
+
+    def _decode_record(self, report: Report, message_type, partition: bytes,
+                       item: kv.KeyValue, repository: str):
+        return self._decode(report, lambda value, key: records.decode_record(
+            message_type, partition, key, value), partition, item, repository)
+
+    @staticmethod
+    def _decode(report: Report, decode, partition: bytes, item: kv.KeyValue, repository: str):
+        """decode(value, key), or None with a corrupt_record finding."""
+        try:
+            return decode(item.value, item.key)
+        except records.CorruptRecord as exc:
+            report.findings.append(Finding(CORRUPT_RECORD, exc.message, repository,
+                                           records.show(partition), records.show(item.key)))
+            return None
+
+
+class _MetarangeChecker:
+    """Metarange → range files of one namespace, each checked once."""
+
+    def __init__(self, doctor: Doctor, report: Report, repo: Repository):
+        self._doctor = doctor
+        self._report = report
+        self._repo = repo
+        self._store: BlobStore | None = None
+        self._seen: set[str] = set()
+        self._ranges: set[str] = set()
+
+    def _object(self, key: str) -> str:
+        return f"{self._repo.storage_namespace.rstrip('/')}/{key}"
+
+    def check(self, metarange_id: str, referrer: str, partition: str = "",
+              key: str = "") -> None:
+        if metarange_id in ("", rformat.EMPTY_METARANGE_ID) or metarange_id in self._seen:
+            return
+        self._seen.add(metarange_id)
+        if self._store is None:
+            self._store = self._doctor._open_namespace(self._repo.storage_namespace)
+        report = self._report
+        report.count("metaranges")
+        where = self._object(rformat.metarange_key(metarange_id))
+        try:
+            ranges = rformat.read_metarange(self._store, metarange_id)
+        except errors.NotFound:
+            report.findings.append(Finding(
+                MISSING_METARANGE, f"{referrer} uses metarange {metarange_id[:12]}, whose "
+                f"file is missing", self._repo.name, partition, key, where))
+            return
+        except errors.QuarryError as exc:
+            report.findings.append(Finding(
+                UNREADABLE_METARANGE, f"{referrer} uses metarange {metarange_id[:12]}, whose "
+                f"file cannot be read: {exc.message}", self._repo.name, partition, key, where))
+            return
+        for info in ranges:
+            if info.id in self._ranges:
+                continue
+            self._ranges.add(info.id)
+            report.count("ranges")
+            if not self._store.exists(rformat.range_key(info.id)):
+                report.findings.append(Finding(
+                    METARANGE_MISSING_RANGE, f"metarange {metarange_id[:12]} lists range "
+                    f"{info.id[:12]}, whose file is missing", self._repo.name,
+                    object=self._object(rformat.range_key(info.id))))
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+
+def _is_staging(partition: bytes) -> bool:
+    try:
+        return partition_class(partition) == STAGING
+    except errors.QuarryError:
+        return False
+
+
+def gateway_staging_partitions(store) -> list[bytes]:
+    """The staging partitions a kv-gateway (quarry.kv.remote.RemoteStore) has served since
+    it started, from its capacity report."""
+    report = store.capacity_report(top_n=_CAPACITY_REPORT_PARTITIONS)
+    return [bytes(p.partition_key) for p in report.hottest_partitions
+            if _is_staging(bytes(p.partition_key))]
+
+
+__all__ = ["Doctor", "Finding", "Report", "ReadOnlyStore", "gateway_staging_partitions"]

@@ -1,0 +1,254 @@
+"""Decoding stored KV records: the one place where bytes from the KV store become messages.
+
+A record that cannot be decoded, or decodes into something its key contradicts (protobuf
+parses many byte strings without complaint, so garbage could otherwise pass as an empty
+record), is a `CorruptRecord`: DATA_LOSS with ErrorInfo reason CORRUPT_RECORD and the
+partition and key in its metadata. It fails only the calls that need that record.
+
+Listings are the exception: inside a `listing()` scope a corrupt record is skipped instead,
+and counted three ways — a Prometheus counter, a log line naming partition and key, and the
+scope's tally, which the servicers return as `skipped_corrupt_records` in the response.
+Outside a listing scope (a commit reading its staged changes, a branch read for a write)
+nothing is ever skipped: silently dropping a record there would lose data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import logging
+from typing import Any, Callable, Iterator, TypeVar
+
+from prometheus_client import Counter
+
+from quarry import errors
+from quarry.kv.partitions import REPO, STAGING, partition_class
+from quarry.v1 import records_pb2, types_pb2
+
+log = logging.getLogger(__name__)
+
+CORRUPT_RECORDS_SKIPPED = Counter(
+    "quarry_corrupt_records_skipped",
+    "Stored KV records a listing or background scan skipped because they cannot be decoded",
+    ["record"])
+CORRUPT_RECORDS_PARKED = Counter(
+    "quarry_corrupt_records_parked",
+    "Corrupt work items a background loop moved aside (parked) so it could carry on",
+    ["record"])
+
+# Keys stored in the KV that are not partition names (at most 2 KB) may be anything; keep
+# messages and metadata readable.
+_MAX_SHOWN = 200
+
+
+class CorruptRecord(errors.DataLoss):
+    """A stored record cannot be read back. Metadata: partition, key, record (type)."""
+
+    reason = "CORRUPT_RECORD"
+
+    def __init__(self, message: str = "", *, partition: bytes = b"", key: bytes = b"",
+                 record: str = "", metadata: dict[str, str] | None = None, **kwargs):
+        shown = {"partition": show(partition), "key": show(key), "record": record}
+        super().__init__(message, metadata={**shown, **(metadata or {})}, **kwargs)
+        self.partition = partition
+        self.key = key
+        self.record = record
+
+
+def show(raw: bytes) -> str:
+    """A partition name or key as text for messages, metadata and reports."""
+    text = bytes(raw).decode("utf-8", "backslashreplace")
+    return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "..."
+
+
+# ---- what each record must hold ---------------------------------------------------------------
+
+def _suffix(key: bytes, prefix: bytes) -> str | None:
+    if not key.startswith(prefix):
+        return None
+    try:
+        return key[len(prefix):].decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _check_repository(record: records_pb2.RepositoryRecord, key: bytes) -> str | None:
+    name = _suffix(key, b"repos/")
+    if record.repository.name != name:
+        return f"its name {record.repository.name!r} does not match its key"
+    if not record.instance_id or "/" in record.instance_id:
+        return "it has no valid instance id"
+    if not record.repository.storage_namespace or not record.repository.default_branch:
+        return "it has no storage namespace or default branch"
+    return None
+
+
+def _check_branch(branch: types_pb2.Branch, key: bytes) -> str | None:
+    if branch.name != _suffix(key, b"branches/"):
+        return f"its name {branch.name!r} does not match its key"
+    if not branch.commit_id:
+        return "it has no commit id"
+    if not branch.staging_token or "/" in branch.staging_token:
+        return "it has no valid staging token"
+    return None
+
+
+def _check_tag(tag: types_pb2.Tag, key: bytes) -> str | None:
+    if tag.name != _suffix(key, b"tags/"):
+        return f"its name {tag.name!r} does not match its key"
+    if not tag.commit_id:
+        return "it has no commit id"
+    return None
+
+
+def _check_commit(commit: types_pb2.Commit, key: bytes) -> str | None:
+    # Commits are content-addressed: the id is the key, so garbage cannot match it.
+    if commit.id != _suffix(key, b"commits/"):
+        return f"its id {commit.id[:80]!r} does not match its key"
+    return None
+
+
+def _check_staged_value(value: types_pb2.StagedValue, key: bytes) -> str | None:
+    if value.WhichOneof("value") is None:
+        return "it is neither an entry nor a tombstone"
+    try:
+        key.decode()
+    except UnicodeDecodeError:
+        return "its path is not UTF-8"
+    return None
+
+
+def _check_cleanup(record: records_pb2.CleanupRecord, key: bytes) -> str | None:
+    # The dropper deletes the partition named by the key: it must be a staging or repo
+    # partition, and the record must name the same one.
+    if record.partition_key.encode() != key:
+        return "it names another partition than its key"
+    try:
+        cls = partition_class(bytes(key))
+    except errors.QuarryError:
+        return "its key is not a partition name"
+    if cls not in (STAGING, REPO):
+        return f"its key names a {cls} partition, which is never dropped"
+    if record.queued_at <= 0:
+        return "it has no queue time"
+    return None
+
+
+_CHECKS: dict[type, Callable] = {
+    records_pb2.RepositoryRecord: _check_repository,
+    types_pb2.Branch: _check_branch,
+    types_pb2.Tag: _check_tag,
+    types_pb2.Commit: _check_commit,
+    types_pb2.StagedValue: _check_staged_value,
+    records_pb2.CleanupRecord: _check_cleanup,
+}
+
+M = TypeVar("M")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def decode_record(message_type: type[M], partition: bytes, key: bytes, value: bytes) -> M:
+    """Parse `value` (stored at partition/key) as `message_type` and check what a record of
+    that type must hold. CorruptRecord if either fails."""
+    record = message_type.__name__
+    try:
+        message = message_type.FromString(value)
+    except Exception as exc:  # noqa: BLE001 — DecodeError, and whatever else a parser raises
+        raise CorruptRecord(f"corrupt {record} at {show(partition)}/{show(key)}: it cannot "
+                            f"be decoded ({type(exc).__name__})", partition=partition,
+                            key=key, record=record) from None
+    check = _CHECKS.get(message_type)
+    problem = check(message, bytes(key)) if check is not None else None
+    if problem:
+        raise CorruptRecord(f"corrupt {record} at {show(partition)}/{show(key)}: {problem}",
+                            partition=partition, key=key, record=record)
+    return message
+
+
+# ---- listings skip ------------------------------------------------------------------------------
+
+class SkippedRecords:
+    """The corrupt records a listing skipped (each counted once, however often re-read)."""
+
+    def __init__(self) -> None:
+        self.keys: set[tuple[bytes, bytes]] = set()
+
+    @property
+    def count(self) -> int:
+        return len(self.keys)
+
+    def leave_to_next_page(self, start_key: bytes) -> None:
+        self.keys = {k for k in self.keys if k[1] < start_key}
+
+
+_LISTING: contextvars.ContextVar[SkippedRecords | None] = contextvars.ContextVar(
+    "quarry_listing_skips", default=None)
+
+
+@contextlib.contextmanager
+def listing() -> Iterator[SkippedRecords]:
+    """A scope in which corrupt records are skipped (see the module docstring). Nested
+    scopes share the outer tally, so a servicer can read what the domain call skipped."""
+    current = _LISTING.get()
+    if current is not None:
+        yield current
+        return
+    tally = SkippedRecords()
+    token = _LISTING.set(tally)
+    try:
+        yield tally
+    finally:
+        _LISTING.reset(token)
+
+
+def skips_corrupt_records(method: F) -> F:
+    """Run a listing method in a listing() scope (joining the caller's, if any)."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with listing():
+            return method(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def skip(exc: CorruptRecord) -> None:
+    """Inside a listing: count and log the corrupt record and return (the caller skips it).
+    Outside: raise it — only a listing may leave a record out."""
+    tally = _LISTING.get()
+    if tally is None:
+        raise exc
+    note_skipped(exc)
+    tally.keys.add((bytes(exc.partition), bytes(exc.key)))
+
+
+def next_page_starts_at(start_key: bytes) -> None:
+    """A listing page ended and the next one starts at `start_key`: the corrupt records
+    skipped at or after it (read while looking for the end of this page) are the next
+    page's, which sees them again, so this page's tally does not count them."""
+    tally = _LISTING.get()
+    if tally is not None:
+        tally.leave_to_next_page(start_key)
+
+
+def note_skipped(exc: CorruptRecord) -> None:
+    """Metric and log line for a corrupt record a listing or background scan skipped."""
+    CORRUPT_RECORDS_SKIPPED.labels(exc.record).inc()
+    log.warning("skipping corrupt record: partition=%s key=%s: %s",
+                show(exc.partition), show(exc.key), exc.message)
+
+
+def decode_or_skip(message_type: type[M], partition: bytes, key: bytes,
+                   value: bytes) -> M | None:
+    """decode_record, but None (skipped and counted) for a corrupt record in a listing."""
+    try:
+        return decode_record(message_type, partition, key, value)
+    except CorruptRecord as exc:
+        skip(exc)
+        return None
+
+
+__all__ = ["CorruptRecord", "decode_record", "decode_or_skip", "listing",
+           "skips_corrupt_records", "next_page_starts_at", "skip", "note_skipped",
+           "SkippedRecords", "show", "CORRUPT_RECORDS_SKIPPED", "CORRUPT_RECORDS_PARKED"]

@@ -1,0 +1,178 @@
+"""`quarry doctor` as a user runs it: the real console script in a child process, against the
+whole suite running in this test process. Problems are planted through the kv-gateway
+(SetItem) and the storage namespace, as a bad disk or an operator's mistake leaves them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+
+import pytest
+
+from quarry.committed import format as rformat
+from quarry.graveler.refs import Repository
+from quarry.kv.remote import RemoteStore
+from quarry.v1 import types_pb2
+from support.processes import VENV_BIN, quarry_env
+from support.suite import running_suite
+
+GARBAGE = b"\xff\xfe not a protobuf \x00\x01"
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    with running_suite(tmp_path_factory.mktemp("suite")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def kv(suite):
+    store = RemoteStore(suite.targets["kv-gateway"])
+    yield store
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def doctor(suite, tmp_path_factory):
+    env = quarry_env(tmp_path_factory.mktemp("cli-home"))
+
+    def run(*args: str, expect: int) -> subprocess.CompletedProcess:
+        result = subprocess.run([str(VENV_BIN / "quarry"), "doctor", *args,
+                                 "--kv-gateway", suite.targets["kv-gateway"]],
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == expect, (args, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr
+        return result
+
+    return run
+
+
+def snapshot(kv, partitions) -> dict:
+    return {p: [(i.key, i.value) for i in kv.scan(p)] for p in partitions}
+
+
+def test_doctor_clean_then_planted_problems(suite, kv, doctor):
+    client = suite.client()
+    repos = {}
+    for name in ("alpha", "beta"):
+        repos[name] = client.create_repository(name, suite.namespace(name))
+        client.put_object(name, "main", path="a/1", physical_address="s3://b/1", size_bytes=1)
+        client.commit(name, "main", "first")
+        client.create_branch(name, "dev", "main")
+        client.put_object(name, "dev", path="a/2", physical_address="s3://b/2", size_bytes=2)
+        client.create_tag(name, "v1", "main")
+
+    # A healthy installation: exit 0, nothing found, and the checks did look at things.
+    clean = json.loads(doctor("--json", expect=0).stdout)
+    assert clean["ok"] is True and clean["findings"] == []
+    assert clean["checked"]["repositories"] == 2 and clean["checked"]["commits"] == 4
+    assert clean["checked"]["ranges"] >= 2
+    assert "no problems found" in doctor(expect=0).stdout
+
+    # Plant problems.
+    record = kv.get(b"quarry", b"repos/alpha").value
+    alpha = Repository.from_record(record, b"repos/alpha").partition
+    missing = "f" * 64
+    kv.set(b"quarry", b"repos/zzz", GARBAGE)
+    kv.set(alpha, b"branches/lost", types_pb2.Branch(
+        name="lost", commit_id=missing, staging_token=uuid.uuid4().hex).SerializeToString())
+    kv.set(alpha, b"tags/v0", types_pb2.Tag(name="v0", commit_id=missing).SerializeToString())
+    dev_token = client.get_branch("alpha", "dev").staging_token
+    kv.set(f"staging/{dev_token}".encode(), b"a/9", GARBAGE)
+    orphan = f"staging/orphan-{uuid.uuid4().hex}".encode()
+    kv.set(orphan, b"x", types_pb2.StagedValue(tombstone=True).SerializeToString())
+    # beta: a range file of its head commit goes missing.
+    beta_head = client.get_commit("beta", "main")
+    ranges = rformat.read_metarange(_namespace_store(suite, "beta"), beta_head.metarange_id)
+    range_file = os.path.join(suite.namespace("beta"), rformat.range_key(ranges[0].id))
+    os.remove(range_file)
+
+    watched = [b"quarry", alpha, b"cleanup", orphan, f"staging/{dev_token}".encode()]
+    before = snapshot(kv, watched)
+    result = doctor("--json", expect=1)
+    report = json.loads(result.stdout)
+    assert report["ok"] is False
+    found = {(f["kind"], f["partition"], f["key"]) for f in report["findings"]}
+    alpha_name = alpha.decode()
+    assert ("corrupt_record", "quarry", "repos/zzz") in found
+    assert ("branch_missing_commit", alpha_name, "branches/lost") in found
+    assert ("tag_missing_commit", alpha_name, "tags/v0") in found
+    assert ("corrupt_record", f"staging/{dev_token}", "a/9") in found
+    assert ("orphan_staging_token", orphan.decode(), "") in found
+    objects = {(f["kind"], f["object"]) for f in report["findings"]}
+    assert ("metarange_missing_range", range_file) in objects
+    assert len(report["findings"]) == 6, report["findings"]
+    # Read-only: nothing it looked at changed.
+    assert snapshot(kv, watched) == before
+
+    # Human output names each one; one repository narrows the check to it.
+    text = doctor(expect=1).stdout
+    assert "repos/zzz" in text and "branches/lost" in text and range_file in text
+    assert "6 problem(s)" in text
+    beta_only = json.loads(doctor("beta", "--json", expect=1).stdout)
+    assert [f["kind"] for f in beta_only["findings"]] == ["metarange_missing_range"]
+    doctor("nope", expect=1)  # NOT_FOUND, one line on stderr
+
+
+def _namespace_store(suite, name):
+    from quarry.blob import open_blob_store
+
+    return open_blob_store(suite.namespace(name))
+
+
+def test_doctor_reports_a_corrupt_or_parked_cleanup_item(kv, doctor):
+    key = f"staging/garbage-{uuid.uuid4().hex}"
+    kv.set(b"cleanup", key.encode(), GARBAGE)
+    report = json.loads(doctor("--json", expect=1).stdout)
+    # Depending on whether a dropper pass ran meanwhile: still queued (corrupt) or parked.
+    assert {(f["kind"], f["key"]) for f in report["findings"]} & {
+        ("corrupt_record", key), ("parked_cleanup_item", f"parked/{key}")}
+
+
+def test_listing_commands_warn_about_skipped_records(suite, kv, tmp_path):
+    client = suite.client()
+    client.create_repository("gamma", suite.namespace("gamma"))
+    client.create_branch("gamma", "ok", "main")
+    partition = Repository.from_record(kv.get(b"quarry", b"repos/gamma").value,
+                                       b"repos/gamma").partition
+    kv.set(partition, b"branches/broken", GARBAGE)
+    result = subprocess.run(
+        [str(VENV_BIN / "quarry"), "branch", "list", "gamma",
+         "--branch-manager", suite.targets["branch-manager"],
+         "--committer", suite.targets["committer"]],
+        env=quarry_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert [line.split()[0] for line in result.stdout.splitlines()[1:]] == ["main", "ok"]
+    assert "skipped 1 corrupt record" in result.stderr and "quarry doctor" in result.stderr
+
+
+def test_doctor_finds_broken_history_and_a_live_token_queued_for_drop(suite, kv, doctor):
+    import time
+
+    from quarry.v1 import records_pb2
+
+    client = suite.client()
+    client.create_repository("delta", suite.namespace("delta"))
+    partition = Repository.from_record(kv.get(b"quarry", b"repos/delta").value,
+                                       b"repos/delta").partition
+    orphan_commit, missing_parent, missing_metarange = "1" * 64, "2" * 64, "3" * 64
+    kv.set(partition, f"commits/{orphan_commit}".encode(), types_pb2.Commit(
+        id=orphan_commit, parents=[missing_parent], metarange_id=missing_metarange,
+        generation=2).SerializeToString())
+    token = client.get_branch("delta", "main").staging_token
+    # Queued far in the future, so this suite's dropper leaves it alone during the test.
+    kv.set(b"cleanup", f"staging/{token}".encode(), records_pb2.CleanupRecord(
+        partition_key=f"staging/{token}", queued_at=int(time.time()) + 3600)
+        .SerializeToString())
+    try:
+        report = json.loads(doctor("delta", "--json", expect=1).stdout)
+        kinds = {(f["kind"], f["key"]) for f in report["findings"]}
+        assert kinds == {("commit_missing_parent", f"commits/{orphan_commit}"),
+                         ("missing_metarange", f"commits/{orphan_commit}")}
+        everything = json.loads(doctor("--json", expect=1).stdout)
+        assert ("staging_token_in_use_but_queued_for_drop", f"staging/{token}") in \
+            {(f["kind"], f["key"]) for f in everything["findings"]}
+    finally:
+        kv.delete(b"cleanup", f"staging/{token}".encode())
