@@ -312,6 +312,15 @@ def read_tagged_parquet(source, what: str, tag: bytes,
         raise RangeCorrupt(f"unreadable {what} file: {exc}") from None
 
 
+def format_tag_of(source: bytes) -> bytes | None:
+    """The `quarry.format` tag of a range or metarange file's bytes (None without one)."""
+    try:
+        metadata = pq.ParquetFile(pa.BufferReader(source)).metadata.metadata or {}
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise RangeCorrupt(f"unreadable range or metarange file: {exc}") from None
+    return metadata.get(FORMAT_TAG)
+
+
 def _check_tag(found: bytes | None, tag: bytes, what: str) -> None:
     if found == tag:
         return
@@ -382,7 +391,7 @@ def metarange_rows(table: pa.Table) -> list[RangeInfo]:
 __all__ = [
     "EMPTY_METARANGE_ID", "METARANGE_FORMAT", "METARANGE_SCHEMA", "RANGE_FORMAT", "RANGE_SCHEMA", "RangeCorrupt", "RowBuffer",
     "decode_metarange", "decode_range", "decode_range_keys", "encode_metarange",
-    "encode_range", "entry_bytes", "metarange_rows", "read_metarange", "read_tagged_parquet",
+    "encode_range", "entry_bytes", "format_tag_of", "metarange_rows", "read_metarange", "read_tagged_parquet",
     "is_boundary", "metarange_id_of", "metarange_key", "range_id_of", "range_key",
     "row_bytes",
 ]
