@@ -9,7 +9,8 @@ Before importing the rest of the library it turns this process into the previous
 and the KV stamp derive) and format 1's identity rule, which left the physical address out.
 Then it starts the services in-process over loopback (support.suite) on a SQLite store,
 writes a history through the client — commits, a merge, tags, branches, a compacted branch,
-staged and deleted entries, several ranges per metarange — and writes the `snapshot` of
+staged and deleted entries, several ranges per metarange, a merge hint — and writes the
+`snapshot` of
 everything a user reads back to SNAPSHOT_JSON. What it leaves is what the format-1 build
 wrote: a store stamped "1" and namespaces of `range/v1` / `metarange/v1` files.
 
@@ -160,6 +161,21 @@ def write_history(client, home: Path) -> None:
     client.create_repository("empty", namespace("empty"))
 
 
+MERGE_HINT_VALUE = b"dev\nbase\nmain"
+
+
+def plant_merge_hint(backend, client) -> None:
+    """A merge hint as a merge retry leaves one (`mergehints/<result metarange id>`): it
+    names a format-1 metarange id, so the rebuild must drop it."""
+    from quarry.graveler.graveler import MERGE_HINTS_PREFIX
+    from quarry.graveler.refs import REPOS_PREFIX, Repository
+
+    repo = Repository.from_record(backend.get(b"quarry", REPOS_PREFIX + b"demo").value)
+    head = client.get_commit("demo", "main")
+    backend.set(repo.partition, MERGE_HINTS_PREFIX + head.metarange_id.encode(),
+                MERGE_HINT_VALUE)
+
+
 def main(argv: list[str]) -> int:
     db, home, snapshot_path = argv
     become_format_v1()
@@ -175,6 +191,7 @@ def main(argv: list[str]) -> int:
             client = suite.client()
             try:
                 write_history(client, Path(home))
+                plant_merge_hint(backend, client)
                 Path(snapshot_path).write_text(json.dumps(
                     {"snapshot": snapshot(client), "metaranges": metarange_ids(client)}))
             finally:
