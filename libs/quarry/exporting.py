@@ -209,6 +209,17 @@ def import_store(store: kv.Store, lines: TextIO, progress: Progress | None = Non
     """Write an export file into an empty `store`, rebuilding committed data of an earlier
     storage format in the repositories' namespaces (opened with `open_namespace`, default
     quarry.blob.open_blob_store), and stamp this build's format version."""
+    rebuilders: dict[bytes, _Rebuilder] = {}  # repo partition -> its records' rebuilder
+    try:
+        return _import(store, lines, progress, open_namespace, rebuilders)
+    finally:
+        for rebuilder in rebuilders.values():
+            rebuilder.close()
+
+
+def _import(store: kv.Store, lines: TextIO, progress: Progress | None,
+            open_namespace: Callable[[str], BlobStore] | None,
+            rebuilders: dict[bytes, "_Rebuilder"]) -> Summary:
     check_importable(store)
     records = _records(lines)
     try:
@@ -225,67 +236,62 @@ def import_store(store: kv.Store, lines: TextIO, progress: Progress | None = Non
     rebuild = found_format != str(FORMAT_VERSION)
 
     repositories: dict[str, bytes] = {}
-    rebuilders: dict[bytes, _Rebuilder] = {}  # repo partition -> its namespace's rebuilder
     batch: list[tuple[bytes, bytes, bytes]] = []
     items = 0
     end: dict | None = None
-    try:
-        for number, obj in records:
-            where = f"line {number}"
-            if end is not None:
-                raise CorruptExport(f"{where}: data after the end line")
-            kind = obj.get("type")
-            if kind == "repository":
-                name = obj.get("name")
-                if not isinstance(name, str) or not name:
-                    raise CorruptExport(f"{where}: repository without a name")
-                value = _decode(obj, "value", where)
-                try:
-                    repo = Repository.from_record(value)
-                except Exception:
-                    raise CorruptExport(f"{where}: repository record cannot be read") from None
-                if repo.name != name or name in repositories:
-                    raise CorruptExport(f"{where}: repository {name!r} is inconsistent or "
-                                        f"duplicated")
-                repositories[name] = value
-                rebuilders[repo.partition] = _Rebuilder(repo, open_namespace, rebuild)
-            elif kind == "item":
-                partition = _decode(obj, "partition", where)
-                key = _decode(obj, "key", where)
-                value = _decode(obj, "value", where)
-                try:
-                    cls = partition_class(partition)
-                except errors.QuarryError:
-                    cls = None
-                if not (cls == STAGING or (cls == REPO and partition in rebuilders)):
-                    raise CorruptExport(f"{where}: unexpected partition {partition[:80]!r}")
-                items += 1
-                if cls == REPO:
-                    value = rebuilders[partition].item(key, value, where)
-                if value is not None:
-                    batch.append((partition, key, value))
-                if len(batch) >= BATCH_SIZE:
-                    store.batch_set(batch)
-                    batch = []
-                if progress and items % PROGRESS_EVERY == 0:
-                    progress(items)
-            elif kind == "end":
-                end = obj
-            else:
-                raise CorruptExport(f"{where}: unknown record type {kind!r}")
-        if end is None:
-            raise CorruptExport("the file has no end line (truncated?)")
-        if end.get("repositories") != len(repositories) or end.get("items") != items:
-            raise CorruptExport(f"the end line announces {end.get('repositories')} "
-                                f"repositories and {end.get('items')} items, the file holds "
-                                f"{len(repositories)} and {items}")
-        for rebuilder in rebuilders.values():
-            batch.extend(rebuilder.merge_hints_to_keep())
-        if batch:
-            store.batch_set(batch)
-    finally:
-        for rebuilder in rebuilders.values():
-            rebuilder.close()
+    for number, obj in records:
+        where = f"line {number}"
+        if end is not None:
+            raise CorruptExport(f"{where}: data after the end line")
+        kind = obj.get("type")
+        if kind == "repository":
+            name = obj.get("name")
+            if not isinstance(name, str) or not name:
+                raise CorruptExport(f"{where}: repository without a name")
+            value = _decode(obj, "value", where)
+            try:
+                repo = Repository.from_record(value)
+            except Exception:
+                raise CorruptExport(f"{where}: repository record cannot be read") from None
+            if repo.name != name or name in repositories:
+                raise CorruptExport(f"{where}: repository {name!r} is inconsistent or "
+                                    f"duplicated")
+            repositories[name] = value
+            rebuilders[repo.partition] = _Rebuilder(repo, open_namespace, rebuild)
+        elif kind == "item":
+            partition = _decode(obj, "partition", where)
+            key = _decode(obj, "key", where)
+            value = _decode(obj, "value", where)
+            try:
+                cls = partition_class(partition)
+            except errors.QuarryError:
+                cls = None
+            if not (cls == STAGING or (cls == REPO and partition in rebuilders)):
+                raise CorruptExport(f"{where}: unexpected partition {partition[:80]!r}")
+            items += 1
+            if cls == REPO:
+                value = rebuilders[partition].item(key, value, where)
+            if value is not None:
+                batch.append((partition, key, value))
+            if len(batch) >= BATCH_SIZE:
+                store.batch_set(batch)
+                batch = []
+            if progress and items % PROGRESS_EVERY == 0:
+                progress(items)
+        elif kind == "end":
+            end = obj
+        else:
+            raise CorruptExport(f"{where}: unknown record type {kind!r}")
+    if end is None:
+        raise CorruptExport("the file has no end line (truncated?)")
+    if end.get("repositories") != len(repositories) or end.get("items") != items:
+        raise CorruptExport(f"the end line announces {end.get('repositories')} repositories "
+                            f"and {end.get('items')} items, the file holds "
+                            f"{len(repositories)} and {items}")
+    for rebuilder in rebuilders.values():
+        batch.extend(rebuilder.merge_hints_to_keep())
+    if batch:
+        store.batch_set(batch)
     # Repository records last: until here no imported repository is visible.
     for name, value in repositories.items():
         try:
@@ -303,8 +309,9 @@ def import_store(store: kv.Store, lines: TextIO, progress: Progress | None = Non
 
 
 class _Rebuilder:
-    """One imported repository's records, with metarange ids of an earlier storage format
-    replaced by their rebuilt ones (see the module docstring)."""
+    """One imported repository's records, converted to this build's storage format: the
+    one place an import changes a record (see the module docstring). Today: metarange ids
+    of an earlier format replaced by their rebuilt ones, stale merge hints dropped."""
 
     def __init__(self, repo: Repository, open_namespace: Callable[[str], BlobStore] | None,
                  rebuild: bool):
