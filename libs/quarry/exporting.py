@@ -15,17 +15,34 @@ its branches reference (the staging token and the sealed tokens), so uncommitted
 survive. The closing `end` line lets import detect a truncated file.
 
 Ranges and metaranges are NOT exported: they are immutable objects in each repository's
-storage namespace (local directory or S3), referenced by id from commits and branches, and
-stay where they are. Nor are the `cleanup` queue (partitions already retired) and `auth`.
+storage namespace (local directory or S3), referenced by id from commits and branches. Nor
+are the `cleanup` queue (partitions already retired) and `auth`.
 
 Export reads the backend directly and does NOT check the store's format version (that is
-the point: it runs against a store this build would refuse to serve). Run it with the
-services stopped, or the export may catch a branch between two writes.
+the point: it runs against a store this build would refuse to serve, e.g. one of storage
+format 1). Run it with the services stopped, or the export may catch a branch between two
+writes.
 
 Import needs a store without repositories, writes the repo and staging partitions first and
 the repository records last (only after the whole file was read and found complete, so a
 failed import leaves no visible repository and can simply be re-run), then stamps this
 build's FORMAT_VERSION.
+
+Import also REBUILDS committed data written in an earlier storage format
+(quarry.committed.legacy): every metarange a commit (`metarange_id`) or a branch
+(`compacted_metarange_id`) refers to is read from the repository's namespace; one of an
+earlier format is rewritten — its ranges with this build's identities, so with new range
+ids, and itself with the same bounds and the new range ids, so with a new id — and the
+record is imported with the new id. Each distinct range and metarange is converted once.
+Commit ids are kept: they name the history users refer to (logs, tags, scripts), and
+nothing re-derives a commit id from its content after the commit was made; so after a
+rebuild a commit id no longer hashes its (new) metarange id, while range and metarange ids
+are recomputed. Merge hints (`mergehints/<metarange id>`) of a rebuilt repository name old
+metarange ids and are dropped (a merge without a hint merges from scratch). Staged values
+(StagedValue) hold entries without identities and are copied as they are. The old files
+stay in the namespaces, untouched, for the old build; nothing refers to them in the
+imported store, and GC collects them like any other unreferenced range or metarange.
+Whether a file needs rewriting is decided by its own format tag, not by the export header.
 """
 
 from __future__ import annotations
@@ -39,8 +56,10 @@ from typing import Callable, Iterator, TextIO
 
 import quarry
 from quarry import FORMAT_VERSION, errors
+from quarry.blob import BlobStore
 from quarry.graveler import records
-from quarry.graveler.refs import BRANCHES_PREFIX, REPOS_PREFIX, Repository
+from quarry.graveler.graveler import MERGE_HINTS_PREFIX
+from quarry.graveler.refs import BRANCHES_PREFIX, COMMITS_PREFIX, REPOS_PREFIX, Repository
 from quarry.kv import store as kv
 from quarry.kv.partitions import (
     QUARRY_PARTITION,
@@ -72,6 +91,10 @@ class Summary:
     repositories: int
     items: int
     format_version: str | None
+    # Import only: committed data rewritten in this build's format, merge hints dropped.
+    ranges_rewritten: int = 0
+    metaranges_rewritten: int = 0
+    merge_hints_dropped: int = 0
 
 
 def _b64(data: bytes) -> str:
@@ -183,8 +206,22 @@ def check_importable(store: kv.Store) -> None:
             f"{FORMAT_VERSION}; import needs an empty store")
 
 
-def import_store(store: kv.Store, lines: TextIO, progress: Progress | None = None) -> Summary:
-    """Write an export file into an empty `store` and stamp this build's format version."""
+def import_store(store: kv.Store, lines: TextIO, progress: Progress | None = None,
+                 open_namespace: Callable[[str], BlobStore] | None = None) -> Summary:
+    """Write an export file into an empty `store`, rebuilding committed data of an earlier
+    storage format in the repositories' namespaces (opened with `open_namespace`, default
+    quarry.blob.open_blob_store), and stamp this build's format version."""
+    rebuilders: dict[bytes, _Rebuilder] = {}  # repo partition -> its records' rebuilder
+    try:
+        return _import(store, lines, progress, open_namespace, rebuilders)
+    finally:
+        for rebuilder in rebuilders.values():
+            rebuilder.close()
+
+
+def _import(store: kv.Store, lines: TextIO, progress: Progress | None,
+            open_namespace: Callable[[str], BlobStore] | None,
+            rebuilders: dict[bytes, "_Rebuilder"]) -> Summary:
     check_importable(store)
     records = _records(lines)
     try:
@@ -195,9 +232,12 @@ def import_store(store: kv.Store, lines: TextIO, progress: Progress | None = Non
         raise CorruptExport(f"not a quarry export file of version {EXPORT_VERSION} "
                             f"(header {json.dumps(header)[:80]})")
     found_format = header.get("format_version")
+    # An export of a store stamped with this build's version holds no older committed data:
+    # its records are imported as they are, without reading the namespaces. Any other
+    # (an older stamp, or none) has every referenced metarange checked by its format tag.
+    rebuild = found_format != str(FORMAT_VERSION)
 
     repositories: dict[str, bytes] = {}
-    partitions: set[bytes] = set()
     batch: list[tuple[bytes, bytes, bytes]] = []
     items = 0
     end: dict | None = None
@@ -219,7 +259,7 @@ def import_store(store: kv.Store, lines: TextIO, progress: Progress | None = Non
                 raise CorruptExport(f"{where}: repository {name!r} is inconsistent or "
                                     f"duplicated")
             repositories[name] = value
-            partitions.add(repo.partition)
+            rebuilders[repo.partition] = _Rebuilder(repo, open_namespace, rebuild)
         elif kind == "item":
             partition = _decode(obj, "partition", where)
             key = _decode(obj, "key", where)
@@ -228,10 +268,13 @@ def import_store(store: kv.Store, lines: TextIO, progress: Progress | None = Non
                 cls = partition_class(partition)
             except errors.QuarryError:
                 cls = None
-            if not (cls == STAGING or (cls == REPO and partition in partitions)):
+            if not (cls == STAGING or (cls == REPO and partition in rebuilders)):
                 raise CorruptExport(f"{where}: unexpected partition {partition[:80]!r}")
-            batch.append((partition, key, value))
             items += 1
+            if cls == REPO:
+                value = rebuilders[partition].item(key, value, where)
+            if value is not None:
+                batch.append((partition, key, value))
             if len(batch) >= BATCH_SIZE:
                 store.batch_set(batch)
                 batch = []
@@ -247,6 +290,8 @@ def import_store(store: kv.Store, lines: TextIO, progress: Progress | None = Non
         raise CorruptExport(f"the end line announces {end.get('repositories')} repositories "
                             f"and {end.get('items')} items, the file holds "
                             f"{len(repositories)} and {items}")
+    for rebuilder in rebuilders.values():
+        batch.extend(rebuilder.merge_hints_to_keep())
     if batch:
         store.batch_set(batch)
     # Repository records last: until here no imported repository is visible.
@@ -257,8 +302,79 @@ def import_store(store: kv.Store, lines: TextIO, progress: Progress | None = Non
             raise StoreNotEmpty(f"repository {name!r} appeared in the target store during "
                                 f"the import") from None
     _stamp(store)
+    stats = [r.rewriter.stats for r in rebuilders.values() if r.rewriter is not None]
     return Summary(len(repositories), items,
-                   None if found_format is None else str(found_format))
+                   None if found_format is None else str(found_format),
+                   ranges_rewritten=sum(s.ranges_rewritten for s in stats),
+                   metaranges_rewritten=sum(s.metaranges_rewritten for s in stats),
+                   merge_hints_dropped=sum(r.merge_hints_dropped for r in rebuilders.values()))
+
+
+class _Rebuilder:
+    """One imported repository's records, converted to this build's storage format: the
+    one place an import changes a record (see the module docstring). Today: metarange ids
+    of an earlier format replaced by their rebuilt ones, stale merge hints dropped."""
+
+    def __init__(self, repo: Repository, open_namespace: Callable[[str], BlobStore] | None,
+                 rebuild: bool):
+        self._repo = repo
+        self._rebuild = rebuild
+        self._open = open_namespace
+        self._store: BlobStore | None = None
+        self.rewriter = None
+        self._hints: list[tuple[bytes, bytes, bytes]] = []
+        self.merge_hints_dropped = 0
+
+    def _metarange(self, metarange_id: str) -> str:
+        if self.rewriter is None:
+            from quarry.blob import open_blob_store
+            from quarry.committed.legacy import CommittedRewriter
+
+            namespace = self._repo.storage_namespace
+            self._store = (self._open or open_blob_store)(namespace)
+            self.rewriter = CommittedRewriter(self._store, namespace)
+        return self.rewriter.metarange(metarange_id)
+
+    def item(self, key: bytes, value: bytes, where: str) -> bytes | None:
+        """The value to import for this repo-partition item (None: held back for now)."""
+        if not self._rebuild:
+            return value
+        if key.startswith(MERGE_HINTS_PREFIX):
+            self._hints.append((self._repo.partition, key, value))
+            return None
+        if key.startswith(COMMITS_PREFIX):
+            record = _parse(types_pb2.Commit, self._repo.partition, key, value, where)
+            new_id = self._metarange(record.metarange_id)
+            if new_id != record.metarange_id:
+                record.metarange_id = new_id
+                value = record.SerializeToString(deterministic=True)
+        elif key.startswith(BRANCHES_PREFIX):
+            record = _parse(types_pb2.Branch, self._repo.partition, key, value, where)
+            if record.compacted_metarange_id:
+                new_id = self._metarange(record.compacted_metarange_id)
+                if new_id != record.compacted_metarange_id:
+                    record.compacted_metarange_id = new_id
+                    value = record.SerializeToString(deterministic=True)
+        return value
+
+    def merge_hints_to_keep(self) -> list[tuple[bytes, bytes, bytes]]:
+        """A hint names a merge result by metarange id: stale once the repository's
+        committed data was rewritten (every id changed), so dropped, never translated."""
+        if self.rewriter is not None and self.rewriter.rewrote_anything:
+            self.merge_hints_dropped = len(self._hints)
+            return []
+        return self._hints
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+
+def _parse(message_type, partition: bytes, key: bytes, value: bytes, where: str):
+    try:
+        return records.decode_record(message_type, partition, key, value)
+    except records.CorruptRecord:
+        raise CorruptExport(f"{where}: {message_type.__name__} record cannot be read") from None
 
 
 def _stamp(store: kv.Store) -> None:

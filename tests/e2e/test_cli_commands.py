@@ -251,3 +251,22 @@ def test_merge_conflict_revert_and_cherry_pick(suite, quarry):
     quarry("cherry-pick", "cli-merge", "main", "f")
     assert fields(quarry("stat", "cli-merge", "main", "c").stdout)["checksum"] == "cf"
     quarry("stat", "cli-merge", "main", "b", expect=1)
+
+
+def test_a_repointed_address_survives_the_commit(suite, quarry):
+    """Issue 10.1 as the user ran it: same size, no checksum, another address."""
+    quarry("repo", "create", "cli-repoint", suite.namespace("cli-repoint"))
+
+    def address(ref: str) -> str:
+        return json.loads(quarry("stat", "cli-repoint", ref, "t.parquet",
+                                 "--json").stdout)["physical_address"]
+
+    quarry("put", "cli-repoint", "main", "t.parquet", "--address", "s3://b/old.parquet",
+           "--size", "100")
+    quarry("commit", "cli-repoint", "main", "-m", "old")
+    quarry("put", "cli-repoint", "main", "t.parquet", "--address", "s3://b/NEW.parquet",
+           "--size", "100")
+    assert address("main") == "s3://b/NEW.parquet"
+    assert "t.parquet" in quarry("diff", "cli-repoint", "main", "--uncommitted").stdout
+    quarry("commit", "cli-repoint", "main", "-m", "new")
+    assert address("main") == address("main@") == "s3://b/NEW.parquet"

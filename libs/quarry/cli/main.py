@@ -239,17 +239,26 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     from quarry import exporting
+    from quarry.blob import open_blob_store
 
     def run() -> int:
+        settings = load_settings()
         with open(args.file, encoding="utf-8") as lines:
             store = _open_kv(args.kv_url, must_exist=False)
             try:
-                summary = exporting.import_store(store, lines, _progress("imported"))
+                summary = exporting.import_store(
+                    store, lines, _progress("imported"),
+                    open_namespace=lambda namespace: open_blob_store(namespace, settings))
             finally:
                 store.close()
         print(f"imported {summary.repositories} repositories, {summary.items} items "
               f"(exported from storage format {summary.format_version or 'unstamped'}; "
               f"stamped {quarry.FORMAT_VERSION})", file=sys.stderr)
+        if summary.metaranges_rewritten:
+            print(f"rebuilt committed data in storage format {quarry.FORMAT_VERSION}: "
+                  f"{summary.ranges_rewritten} ranges, {summary.metaranges_rewritten} "
+                  f"metaranges rewritten; {summary.merge_hints_dropped} merge hints dropped",
+                  file=sys.stderr)
         return 0
 
     return _transfer("import", run)
@@ -275,14 +284,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read the KV backend directly (stop the services first) and write every "
                     "repository, its branches, tags, commits, merge hints and staged changes "
                     "to FILE. Works whatever storage format version the store holds. Ranges "
-                    "and metaranges stay in the storage namespaces.")
+                    "and metaranges stay in the storage namespaces (import rebuilds those "
+                    "of an earlier format).")
     export.add_argument("file", metavar="FILE")
     export.add_argument("--kv-url", help=kv_help)
     export.set_defaults(func=cmd_export)
     imp = sub.add_parser(
         "import", help="load an export file into an empty KV store",
         description="Write an export FILE into a KV store without repositories (stop the "
-                    "services first), then stamp this build's storage format version.")
+                    "services first), then stamp this build's storage format version. "
+                    "Committed data of an earlier storage format is rewritten in this "
+                    "build's format in each repository's storage namespace (new range and "
+                    "metarange ids; commit ids are kept; old files are left for GC).")
     imp.add_argument("file", metavar="FILE")
     imp.add_argument("--kv-url", help=kv_help)
     imp.set_defaults(func=cmd_import)

@@ -31,7 +31,9 @@ class DuplicatePath(UnsortedInput):
     reason = "DUPLICATE_PATH"
 
 
-class RangeCorrupt(errors.Internal):
+class RangeCorrupt(errors.DataLoss):
+    """A range or metarange file that cannot be read back: the namespace is damaged."""
+
     reason = "RANGE_CORRUPT"
 
 

@@ -9,20 +9,28 @@ Range file (`_quarry/ranges/<id>.parquet`): one row group, rows sorted by path, 
 Metarange file (`_quarry/metaranges/<id>.parquet`): rows (range_id, min_key, max_key, count,
 size_bytes) sorted by key.
 
+Both carry the file metadata key `quarry.format` = `range/v<N>` / `metarange/v<N>`, N being
+quarry.FORMAT_VERSION (the one storage format number; the tags and id headers below derive
+from it). Reading a file of another version raises FormatVersionMismatch
+(FAILED_PRECONDITION, naming `quarry export` / `quarry import`), a file without the tag
+RangeCorrupt: never read with the wrong identity semantics. (Earlier versions are read
+only by quarry.committed.legacy, for `quarry import`.)
+
 Ids hash the LOGICAL content, never file bytes, so they do not depend on the Parquet writer:
 
 range id = hex SHA-256 of
-    b"quarry/range/v1\\0" | u64le(n)
+    b"quarry/range/v<N>\\0" | u64le(n)
     | u32le len(path_i) for every row | path bytes of every row (UTF-8, concatenated)
     | u32le len(address_i) ...        | address bytes ...
     | identity_i (32 bytes) for every row
     | i64le mtime_us_i for every row
-(column-wise length-prefixed encoding: unambiguous given n; identity covers size, checksum,
-content type and metadata).
+(column-wise length-prefixed encoding: unambiguous given n; identity covers the physical
+address, size, checksum, content type and metadata, quarry.graveler.model.entry_identity).
 
-metarange id = hex SHA-256 of b"quarry/metarange/v1\\0" followed, per range, by the
+metarange id = hex SHA-256 of b"quarry/metarange/v<N>\\0" followed, per range, by the
 length-prefixed (u32be) fields range_id, min_key, max_key, count, size_bytes (decimal).
-The empty metarange (no ranges) therefore has a fixed id, EMPTY_METARANGE_ID.
+The empty metarange (no ranges) therefore has a fixed id per format version,
+EMPTY_METARANGE_ID. A new format version gives every range and metarange a new id.
 
 Range size (`RangeInfo.size_bytes`, and the byte cap of chunking) is a logical measure,
 `entry_bytes`: 48 + UTF-8 bytes of path, physical address, checksum, content type and every
@@ -40,13 +48,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from quarry import errors
+from quarry import FORMAT_VERSION, errors
 from quarry.committed.errors import RangeCorrupt
 from quarry.graveler.model import Entry, RangeInfo
+from quarry.runtime.format_version import REBUILD_HINT, FormatVersionMismatch
 
 FORMAT_TAG = b"quarry.format"
-RANGE_FORMAT = b"range/v1"
-METARANGE_FORMAT = b"metarange/v1"
+RANGE_FORMAT = b"range/v%d" % FORMAT_VERSION
+METARANGE_FORMAT = b"metarange/v%d" % FORMAT_VERSION
 
 RANGES_PREFIX = "_quarry/ranges/"
 METARANGES_PREFIX = "_quarry/metaranges/"
@@ -87,8 +96,8 @@ _PARQUET_OPTIONS = dict(
     write_statistics=["path"],
 )
 
-_METARANGE_HEADER = b"quarry/metarange/v1\x00"
-_RANGE_HEADER = b"quarry/range/v1\x00"
+METARANGE_ID_HEADER = b"quarry/metarange/v%d\x00" % FORMAT_VERSION
+RANGE_ID_HEADER = b"quarry/range/v%d\x00" % FORMAT_VERSION
 _LITTLE = sys.byteorder == "little"
 
 
@@ -106,8 +115,9 @@ def _frame(h, parts: Iterable[bytes]) -> None:
         h.update(part)
 
 
-def metarange_id_of(ranges: Sequence[RangeInfo]) -> str:
-    h = hashlib.sha256(_METARANGE_HEADER)
+def metarange_id_of(ranges: Sequence[RangeInfo], header: bytes = METARANGE_ID_HEADER) -> str:
+    """`header`: another version's, only to reproduce that version's ids (legacy, tests)."""
+    h = hashlib.sha256(header)
     for r in ranges:
         _frame(h, (r.id.encode(), r.min_key.encode(), r.max_key.encode(),
                    str(int(r.count)).encode(), str(int(r.size_bytes)).encode()))
@@ -154,10 +164,11 @@ def _single_chunk(table: pa.Table, name: str) -> pa.Array:
     return column.combine_chunks() if column.num_chunks else pa.array([], column.type)
 
 
-def range_id_of(table: pa.Table) -> str:
-    """The content id of a range table (see the module docstring)."""
+def range_id_of(table: pa.Table, header: bytes = RANGE_ID_HEADER) -> str:
+    """The content id of a range table (see the module docstring). `header`: another
+    version's, only to reproduce that version's ids (legacy, tests)."""
     n = table.num_rows
-    h = hashlib.sha256(_RANGE_HEADER)
+    h = hashlib.sha256(header)
     h.update(struct.pack("<Q", n))
     _hash_strings(h, _single_chunk(table, "path"))
     _hash_strings(h, _single_chunk(table, "physical_address"))
@@ -283,22 +294,51 @@ def encode_range(table: pa.Table, range_id: str) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _read_parquet(source, what: str) -> pa.Table:
+def read_tagged_parquet(source, what: str, tag: bytes,
+                        columns: list[str] | None = None) -> pa.Table:
     """Read a whole small Parquet file from bytes or a local path (FileNotFoundError if the
-    path is missing). Reading the bytes and parsing from memory, single-threaded, is the
-    fastest way for files of this size."""
+    path is missing), refusing a file whose format tag is not `tag`: FormatVersionMismatch
+    for a tag of another storage format version, RangeCorrupt for none or a foreign one.
+    Reading the bytes and parsing from memory, single-threaded, is the fastest way for files
+    of this size."""
     if isinstance(source, str):
         with open(source, "rb") as fh:
             source = fh.read()
     try:
-        return pq.ParquetFile(pa.BufferReader(source)).read(use_threads=False)
+        parquet = pq.ParquetFile(pa.BufferReader(source))
+        _check_tag((parquet.metadata.metadata or {}).get(FORMAT_TAG), tag, what)
+        return parquet.read(columns=columns, use_threads=False)
     except (pa.ArrowInvalid, OSError) as exc:
         raise RangeCorrupt(f"unreadable {what} file: {exc}") from None
 
 
+def format_tag_of(source: bytes) -> bytes | None:
+    """The `quarry.format` tag of a range or metarange file's bytes (None without one)."""
+    try:
+        metadata = pq.ParquetFile(pa.BufferReader(source)).metadata.metadata or {}
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise RangeCorrupt(f"unreadable range or metarange file: {exc}") from None
+    return metadata.get(FORMAT_TAG)
+
+
+def _check_tag(found: bytes | None, tag: bytes, what: str) -> None:
+    if found == tag:
+        return
+    kind, _, version = tag.partition(b"/v")
+    found_kind, _, found_version = (found or b"").partition(b"/v")
+    if found_kind == kind and found_version.isdigit():
+        raise FormatVersionMismatch(
+            f"this {what} file was written in storage format version "
+            f"{found_version.decode()}, but this build of Quarry reads and writes version "
+            f"{version.decode()}. {REBUILD_HINT}",
+            metadata={"found": found_version.decode(), "expected": version.decode(),
+                      "file": what})
+    raise RangeCorrupt(f"not a quarry {what} file (format tag {found!r}, expected {tag!r})")
+
+
 def decode_range(source) -> pa.Table:
     """A range table from bytes or a local file path."""
-    table = _read_parquet(source, "range")
+    table = read_tagged_parquet(source, "range", RANGE_FORMAT)
     if table.schema.names != list(RANGE_COLUMNS):
         raise RangeCorrupt(f"range file has columns {table.schema.names}")
     return table.replace_schema_metadata(None).combine_chunks()
@@ -307,20 +347,10 @@ def decode_range(source) -> pa.Table:
 def decode_range_keys(source) -> pa.Table:
     """Only the path and identity columns of a range (from bytes or a local file path):
     what comparing ranges needs, for about a third of a full decode."""
-    table = _read_parquet_columns(source, "range", ["path", "identity"])
+    table = read_tagged_parquet(source, "range", RANGE_FORMAT, ["path", "identity"])
     if table.schema.names != ["path", "identity"]:
         raise RangeCorrupt(f"range file has columns {table.schema.names}")
     return table.replace_schema_metadata(None).combine_chunks()
-
-
-def _read_parquet_columns(source, what: str, columns: list[str]) -> pa.Table:
-    if isinstance(source, str):
-        with open(source, "rb") as fh:
-            source = fh.read()
-    try:
-        return pq.ParquetFile(pa.BufferReader(source)).read(columns=columns, use_threads=False)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise RangeCorrupt(f"unreadable {what} file: {exc}") from None
 
 
 def encode_metarange(ranges: Sequence[RangeInfo], metarange_id: str) -> bytes:
@@ -348,7 +378,10 @@ def read_metarange(store, metarange_id: str) -> list[RangeInfo]:
 
 
 def decode_metarange(source) -> list[RangeInfo]:
-    table = _read_parquet(source, "metarange")
+    return metarange_rows(read_tagged_parquet(source, "metarange", METARANGE_FORMAT))
+
+
+def metarange_rows(table: pa.Table) -> list[RangeInfo]:
     if table.schema.names != METARANGE_SCHEMA.names:
         raise RangeCorrupt(f"metarange file has columns {table.schema.names}")
     columns = [table.column(name).to_pylist() for name in METARANGE_SCHEMA.names]
@@ -356,9 +389,9 @@ def decode_metarange(source) -> list[RangeInfo]:
 
 
 __all__ = [
-    "EMPTY_METARANGE_ID", "METARANGE_SCHEMA", "RANGE_SCHEMA", "RangeCorrupt", "RowBuffer",
+    "EMPTY_METARANGE_ID", "METARANGE_FORMAT", "METARANGE_SCHEMA", "RANGE_FORMAT", "RANGE_SCHEMA", "RangeCorrupt", "RowBuffer",
     "decode_metarange", "decode_range", "decode_range_keys", "encode_metarange",
-    "encode_range", "entry_bytes", "read_metarange",
+    "encode_range", "entry_bytes", "format_tag_of", "metarange_rows", "read_metarange", "read_tagged_parquet",
     "is_boundary", "metarange_id_of", "metarange_key", "range_id_of", "range_key",
     "row_bytes",
 ]

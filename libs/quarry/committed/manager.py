@@ -437,8 +437,8 @@ class CommittedManager:
         metarange ("" = empty). Only ranges a change falls into are read (plus following ones
         until the rechunked stream realigns on a base boundary); every other base range is
         reused by id. The summary counts real changes only: deleting a missing path, or
-        putting an entry whose identity equals the base entry's, changes nothing (the base
-        entry is kept). With no real change the base id is returned and nothing is written."""
+        putting an entry whose identity equals the base entry's (every field but mtime, the
+        physical address included), changes nothing (the base entry is kept). With no real change the base id is returned and nothing is written."""
         store = self.store(namespace)
         base = self._metarange(namespace, base_metarange_id)
         out, summary, written, reused = self._apply_to_ranges(namespace, base, changes)
@@ -524,7 +524,7 @@ class CommittedManager:
                 summary.removed += 1
             elif exists:
                 if data.identity(j) == entry.identity:
-                    continue  # same content: keep the base entry
+                    continue  # same identity (only mtime may differ): keep the base entry
                 builder.add_slice(data, pos, j)
                 builder.add_entry(entry)
                 pos = j + 1

@@ -57,10 +57,13 @@ merge touched are source-only gaps on the retry: reused, neither read nor writte
 ranges both changed are re-derived, and what the first attempt already wrote exists (put if
 absent is a no-op).
 
-Note: in a source-only gap the source's entries are taken as they are, so an entry the
-source re-staged with identical content (same identity, another physical address) arrives
-with the source's address; in a mixed gap the destination's entry is kept. Both are the
-same content by identity.
+Identity covers every field a user writes and reads back — the physical address included,
+not mtime (ARCHITECTURE.md §2) — so an entry re-pointed at another address is a change like
+any other: taken when only one side made it, a conflict (or resolved by the strategy) when
+the other side changed the path differently. The only difference identity ignores is mtime:
+in a source-only gap the source's entries are taken as they are, so an entry the source
+re-staged with the same identity arrives with the source's mtime; in a mixed gap the
+destination's entry (and mtime) is kept.
 """
 
 from __future__ import annotations

@@ -1,8 +1,15 @@
 """Domain values shared by the versioning core and committed storage.
 
-`Entry` is the in-process form of quarry.v1.Entry. Its *identity* — SHA-256 over size,
-checksum, content type and sorted metadata — ignores the physical address and mtime, so
-re-staging identical content is not a change (ARCHITECTURE.md §2).
+`Entry` is the in-process form of quarry.v1.Entry. Its *identity* is a SHA-256 over every
+field a user writes and reads back — physical address, size, checksum, content type and
+sorted metadata — but not mtime (ARCHITECTURE.md §2). Every comparison of entries (commit,
+uncommitted diff, diffs, merge, compaction, Spark's commit check) goes by identity, so
+re-pointing a path at another address is a change, never silently dropped, and re-staging
+exactly the same fields is not one.
+
+Ranges store the identity column: changing what it covers is a storage format change
+(quarry.FORMAT_VERSION). Storage format 1 left the address out (quarry.committed.legacy
+reads that format, for `quarry import` only).
 """
 
 from __future__ import annotations
@@ -48,8 +55,8 @@ class Entry:
     @property
     def identity(self) -> bytes:
         if self._identity is None:
-            self._identity = entry_identity(self.size_bytes, self.checksum, self.content_type,
-                                            self.metadata)
+            self._identity = entry_identity(self.physical_address, self.size_bytes,
+                                            self.checksum, self.content_type, self.metadata)
         return self._identity
 
     def with_path(self, path: str) -> "Entry":
@@ -57,6 +64,7 @@ class Entry:
                      self.mtime_us, self.content_type, self.metadata, self._identity)
 
     def same_content(self, other: "Entry | None") -> bool:
+        """Same identity: every field but path and mtime equal (the address included)."""
         return other is not None and self.identity == other.identity
 
     def __eq__(self, other: object) -> bool:
@@ -75,9 +83,12 @@ class Entry:
                 f"size={self.size_bytes}, checksum={self.checksum!r})")
 
 
-def entry_identity(size_bytes: int, checksum: str, content_type: str,
+def entry_identity(physical_address: str, size_bytes: int, checksum: str, content_type: str,
                    metadata: Iterable[tuple[str, str]]) -> bytes:
-    parts = [str(int(size_bytes)).encode(), checksum.encode(), content_type.encode()]
+    """SHA-256 over the length-prefixed fields (address, size in decimal, checksum, content
+    type, then every metadata key and value in key order). Not mtime."""
+    parts = [physical_address.encode(), str(int(size_bytes)).encode(), checksum.encode(),
+             content_type.encode()]
     for key, value in sorted(metadata):
         parts.append(key.encode())
         parts.append(value.encode())

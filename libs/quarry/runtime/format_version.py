@@ -1,4 +1,10 @@
-"""The storage format version, stamped once in the KV store (ARCHITECTURE.md §7)."""
+"""The storage format version, stamped once in the KV store (ARCHITECTURE.md §7).
+
+quarry.FORMAT_VERSION is the one number for the whole storage format: the KV stamp, the KV
+records and the range/metarange files (their format tags and id headers derive from it,
+quarry.committed.format). Data of another version is refused with FormatVersionMismatch
+(FAILED_PRECONDITION / FORMAT_VERSION_MISMATCH) naming the rebuild path, REBUILD_HINT.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,18 @@ PARTITION = b"quarry"
 KEY = b"format-version"
 
 
+# The rebuild path, named by every refusal of data written in another storage format.
+REBUILD_HINT = (
+    "Rebuild the data: stop the services, run `quarry export FILE --kv-url <this store>` "
+    "(export reads a store of any format version) and `quarry import FILE --kv-url <an "
+    "empty store>` with this build; import also rewrites the committed data (ranges and "
+    "metaranges) of every repository in this build's format.")
+
+
 class FormatVersionMismatch(errors.FailedPrecondition):
+    """Data written in another storage format version: the KV store's stamp, or a range or
+    metarange file. Never read as if it were this version's."""
+
     reason = "FORMAT_VERSION_MISMATCH"
 
 
@@ -35,8 +52,7 @@ def ensure_format_version(store: kv.Store, expected: int = FORMAT_VERSION) -> in
             raise FormatVersionMismatch(
                 f"the KV store holds storage format version {found.decode(errors='replace')!r} "
                 f"but this build of Quarry reads and writes version {expected}. "
-                f"Rebuild the data with `quarry export` from a build of the old version and "
-                f"`quarry import` into this one.",
+                f"{REBUILD_HINT}",
                 metadata={"found": found.decode(errors="replace"), "expected": str(expected)})
         return version
     raise errors.Unavailable("could not read the storage format version")

@@ -82,7 +82,9 @@ def ranges_dataframe(spark, storage_namespace: str, range_ids: list[str],
                      connection: Connection):
     """Every row of the given range files (columns RANGE_DDL). A local namespace is read
     by Spark's Parquet reader in place; other stores by executors through the object
-    store (range files are small Parquet files, read whole)."""
+    store (range files are small Parquet files, read whole). The ids come from a metarange
+    read_metarange accepted (this build's format), so the ranges are of this format too;
+    readers here use the entry columns only, never the identity column."""
     from quarry.blob import parse_storage_namespace
     from quarry.committed import format as rformat
 

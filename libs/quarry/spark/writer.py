@@ -28,6 +28,7 @@ import logging
 from typing import Mapping, Sequence
 
 from quarry import errors, telemetry
+from quarry.convert import entry_from_proto
 from quarry.spark.common import (JOB_DATA_PREFIX, Connection, QuarryUri, ephemeral_branch,
                                  new_job_id, parse_uri)
 from quarry.spark.executor import (FORMATS, RESULT_SCHEMA, WriteSpec, file_entry,
@@ -49,6 +50,12 @@ class WriteIncomplete(errors.Aborted):
     """Late task attempts kept changing the job's files on the ephemeral branch."""
 
     reason = "SPARK_WRITE_UNSETTLED"
+
+
+def _identity(entry: types_pb2.Entry) -> bytes:
+    """The entry's identity (ARCHITECTURE.md §2: every field a user reads back but mtime,
+    the physical address included), the rule every other comparison of entries uses."""
+    return entry_from_proto(entry).identity
 
 
 def write(df, uri: str, format: str = "parquet", mode: str = "append", message: str = "",
@@ -184,15 +191,14 @@ class _Job:
             commit = self.client.commit(repo, self.branch, self.message,
                                         committer=self.committer, metadata=metadata,
                                         allow_empty=True).commit
-            if self._job_files(commit.id) == {p: e.physical_address
-                                              for p, e in reported.items()}:
+            if self._job_files(commit.id) == {p: _identity(e) for p, e in reported.items()}:
                 return commit
         raise WriteIncomplete(f"the files of job {self.job_id} kept changing on "
                               f"{self.branch} after the job ended")
 
-    def _job_files(self, ref: str) -> dict[str, str]:
-        """path → physical address of this job's files at `ref` (staging included)."""
-        return {e.path: e.physical_address for e in self.client.iter_objects(
+    def _job_files(self, ref: str) -> dict[str, bytes]:
+        """path → entry identity of this job's files at `ref` (staging included)."""
+        return {e.path: _identity(e) for e in self.client.iter_objects(
             self.target.repository, ref, prefix=job_path_prefix(self.spec))
             if is_job_file(self.spec, e.path)}
 
@@ -202,7 +208,7 @@ class _Job:
         if extra:
             self.client.delete_objects(self.target.repository, branch, extra)
         wrong = [entry for path, entry in sorted(reported.items())
-                 if current.get(path) != entry.physical_address]
+                 if current.get(path) != _identity(entry)]
         if wrong:
             self.client.put_objects(self.target.repository, branch, wrong)
 

@@ -106,3 +106,17 @@ def test_unrelated_paths_on_the_branch_are_left_alone(job):
     commit = job._commit_exactly(reported_of(job, [row(job, 0, 1)]), {})
     assert set(committed(job, commit.id)) == {"t/other-file", another_job,
                                               object_path(job.spec, 0, 0)}
+
+
+def test_a_committed_attempt_with_the_same_content_at_another_address_is_replaced(job):
+    """Issue 10.1: a losing attempt wrote the same bytes (same size and checksum) to its own
+    file and got committed on the ephemeral branch; the reported file differs only by its
+    address. That is a change (the identity covers the address): the next commit takes the
+    reported file, where the old rule saw no change and the write never settled."""
+    repo = job.target.repository
+    good = row(job, 0, 1)
+    loser = dict(good, physical_address="/ns/data/p0-t0")
+    job.client.put_objects(repo, job.branch, [file_entry(job.spec, loser)])
+    job.client.commit(repo, job.branch, "a losing attempt's commit")
+    commit = job._commit_exactly(reported_of(job, [good]), {})
+    assert committed(job, commit.id) == {good["path"]: good["physical_address"]}

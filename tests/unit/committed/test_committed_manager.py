@@ -143,19 +143,25 @@ def test_apply_summary_counts_only_real_changes(new_manager, namespace, make_ent
     manager = new_manager(target_range_entries=4)
     base_entries = [make_entry(f"p{i:02d}", 1) for i in range(20)]
     base = manager.write_metarange(namespace, base_entries).metarange_id
-    same_content = make_entry("p03", 1, address="somewhere/else", mtime_us=5)
+    # Identity covers every field but mtime (format 2): only an mtime differs here.
+    same_content = make_entry("p03", 1, mtime_us=5)
     assert same_content.identity == base_entries[3].identity
+    repointed = make_entry("p04", 1, address="somewhere/else")
+    assert repointed.identity != base_entries[4].identity
     result = manager.apply_changes(namespace, base, [
         ("p00", None),               # removed
         ("p03", same_content),       # identity equal: nothing, base entry kept
+        ("p04", repointed),          # another address, nothing else: a change
         ("p05", make_entry("p05", 2)),  # changed
         ("p05a", make_entry("p05a", 1)),  # added
         ("p07x", None),              # delete of a missing path: nothing
         ("zz", make_entry("zz", 1)),  # added after the last range
     ])
-    assert (result.summary.added, result.summary.removed, result.summary.changed) == (2, 1, 1)
-    assert manager.get_entry(namespace, result.metarange_id, "p03").physical_address == \
-        base_entries[3].physical_address
+    assert (result.summary.added, result.summary.removed, result.summary.changed) == (2, 1, 2)
+    assert manager.get_entry(namespace, result.metarange_id, "p03").mtime_us == \
+        base_entries[3].mtime_us
+    assert manager.get_entry(namespace, result.metarange_id, "p04").physical_address == \
+        "somewhere/else"
     assert manager.get_entry(namespace, result.metarange_id, "p00") is None
     assert manager.get_entry(namespace, result.metarange_id, "p05").checksum == "etag-2"
     assert [e.path for e in manager.iterate(namespace, result.metarange_id)] == sorted(
@@ -170,13 +176,17 @@ def test_no_op_applies_return_the_base_and_write_nothing(new_manager, namespace,
     store = stores(namespace)
     store.reset()
     result = manager.apply_changes(namespace, base, [
-        ("p04", make_entry("p04", 1, address="new/address")),
+        ("p04", make_entry("p04", 1)),
         ("p10x", None),
         ("p20", make_entry("p20", 1, mtime_us=42)),
     ])
     assert result.metarange_id == base
     assert result.summary.total == 0 and result.ranges_written == 0
     assert store.counts["put"] == 0
+    # Re-pointing an entry at another address is never a no-op (format 2).
+    moved = manager.apply_changes(namespace, base, [
+        ("p04", make_entry("p04", 1, address="new/address"))])
+    assert moved.metarange_id != base and moved.summary.changed == 1
     assert manager.apply_changes(namespace, base, []).metarange_id == base
 
 
@@ -278,7 +288,7 @@ def test_same_entries_same_ids_whatever_the_history(new_manager, namespace, make
             [(p, make_entry(p, 9)) for p in chunk] + junk)).metarange_id
         other = third.apply_changes(namespace, other, [(p, None) for p, _ in junk]).metarange_id
     other = third.apply_changes(namespace, other, [(p, model[p]) for p in paths]).metarange_id
-    # Puts equal in identity keep the base entry (its address); rewrite those exactly.
+    # Puts equal in identity keep the base entry (its mtime); rewrite those exactly.
     listed = {e.path: e for e in third.iterate(namespace, other)}
     fix = [(p, None) for p in paths if listed[p] != model[p]]
     other = third.apply_changes(namespace, other, fix).metarange_id

@@ -15,9 +15,11 @@ from support.merge_model import naive_merge
 STRATEGIES = list(MergeStrategy)
 
 
-def ent(path: str, version: int, address: str | None = None) -> Entry:
+def ent(path: str, version: int, address: str | None = None,
+        mtime_us: int | None = None) -> Entry:
     return Entry(path, address if address is not None else f"s3://d/{path}#{version}",
-                 100 + version, f"etag-{version}", 1_700_000_000_000_000 + version,
+                 100 + version, f"etag-{version}",
+                 mtime_us if mtime_us is not None else 1_700_000_000_000_000 + version,
                  "application/octet-stream", {"v": str(version)})
 
 
@@ -254,10 +256,16 @@ def _random_case(rng: random.Random):
                 out[p] = ent(p, version)                          # add
             elif roll < 0.4:
                 del out[p]                                        # delete
-            elif roll < 0.85:
+            elif roll < 0.75:
                 out[p] = ent(p, version)                          # change
+            elif roll < 0.9:
+                # Re-pointed at another address, nothing else: a change (format 2).
+                out[p] = ent(p, out[p].size_bytes - 100, address=f"moved{version}/{p}")
             else:
-                out[p] = ent(p, out[p].size_bytes - 100, address=f"restaged/{p}")  # same id
+                # Same identity (every field but mtime): not a change.
+                same = out[p]
+                out[p] = ent(p, same.size_bytes - 100, address=same.physical_address,
+                             mtime_us=same.mtime_us + version)
         return out
 
     source = mutate(base, 1)
@@ -298,7 +306,7 @@ def test_random_merges_match_the_naive_model(new_manager, namespace, seed):
         assert _identities(actual) == _identities(merged), context
         for path, got in actual.items():
             # Exactly the model's entry; or, where the source re-staged the same content
-            # (same identity, another address) in a range only it changed, the source's.
+            # (same identity, another mtime) in a range only it changed, the source's.
             assert got == merged[path] or got == source.get(path), (context, path)
         # Chunking is a pure function of the entry set: same ranges as writing it afresh.
         assert result.metarange_id == write(manager, namespace, actual), context

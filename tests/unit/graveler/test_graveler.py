@@ -169,10 +169,26 @@ def test_put_stat_list_commit_round_trip(graveler, repo):
 def test_restaging_identical_content_is_no_change(graveler, repo):
     graveler.put_objects(repo, "main", [entry("a", address="first")])
     graveler.commit(repo, "main", "one")
-    graveler.put_objects(repo, "main", [entry("a", address="second-copy")])
+    # Every field a user reads back equal, only mtime differs: no change.
+    again = entry("a", address="first")
+    graveler.put_objects(repo, "main", [Entry("a", again.physical_address, again.size_bytes,
+                                              again.checksum, 123, again.content_type)])
     assert graveler.diff_uncommitted(repo, "main")[0] == []
     with pytest.raises(gerrors.NoChanges):
         graveler.commit(repo, "main", "same content")
+
+
+def test_a_new_address_alone_is_a_change(graveler, repo):
+    # Issue 10.1: same size and checksum, another address. Before format 2 this read back
+    # the new address while staged and the old one after the commit.
+    graveler.put_objects(repo, "main", [entry("a", address="first")])
+    graveler.commit(repo, "main", "one")
+    graveler.put_objects(repo, "main", [entry("a", address="second-copy")])
+    changes = graveler.diff_uncommitted(repo, "main")[0]
+    assert [(c.type, c.entry.physical_address) for c in changes] == [
+        (ChangeType.CHANGED, "second-copy")]
+    assert graveler.commit(repo, "main", "moved").summary.changed == 1
+    assert graveler.stat_object(repo, "main@", "a").physical_address == "second-copy"
 
 
 def test_deletes_tombstones_and_no_ops(graveler, repo):
