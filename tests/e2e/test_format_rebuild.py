@@ -97,7 +97,7 @@ def range_ids_in(metarange_files: Iterator[str]) -> set[str]:
 def _repo_partitions(store) -> list[bytes]:
     from quarry.graveler.refs import REPOS_PREFIX, Repository
 
-    return [Repository.from_record(item.value).partition
+    return [Repository.from_record(item.value, item.key).partition
             for item in store.scan(b"quarry", REPOS_PREFIX, REPOS_PREFIX[:-1] + b"0")]
 
 

@@ -170,7 +170,8 @@ def plant_merge_hint(backend, client) -> None:
     from quarry.graveler.graveler import MERGE_HINTS_PREFIX
     from quarry.graveler.refs import REPOS_PREFIX, Repository
 
-    repo = Repository.from_record(backend.get(b"quarry", REPOS_PREFIX + b"demo").value)
+    repo = Repository.from_record(backend.get(b"quarry", REPOS_PREFIX + b"demo").value,
+                                  REPOS_PREFIX + b"demo")
     head = client.get_commit("demo", "main")
     backend.set(repo.partition, MERGE_HINTS_PREFIX + head.metarange_id.encode(),
                 MERGE_HINT_VALUE)
