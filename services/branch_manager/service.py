@@ -32,7 +32,8 @@ def build(settings: Settings, kv_store=None, committed=None, range_writer=None,
         # After the server has drained: the last acknowledged writes are reported too.
         closers.insert(0, reporter.stop)
     servicer = BranchManagerServicer(deps.graveler,
-                                     on_staged=reporter.record if reporter is not None else None)
+                                     on_staged=reporter.record if reporter is not None else None,
+                                     requests=deps.requests)
     return ServiceSpec(
         name=SERVICE_NAME,
         register=lambda server: branch_manager_pb2_grpc.add_BranchManagerServicer_to_server(

@@ -7,6 +7,8 @@ import logging
 from quarry import errors
 from quarry.convert import change_to_proto, entry_from_proto, entry_to_proto
 from quarry.graveler.graveler import Graveler
+from quarry.graveler.requests import RequestLog
+from quarry.runtime.idempotency import INSTALLATION, idempotent, run_once
 from quarry.v1 import branch_manager_pb2 as pb
 from quarry.v1 import branch_manager_pb2_grpc
 
@@ -19,8 +21,14 @@ def _token_of(staged: int) -> str:
 
 
 class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
-    def __init__(self, graveler: Graveler, on_staged=None):
+    def __init__(self, graveler: Graveler, on_staged=None, requests: RequestLog | None = None):
         self._g = graveler
+        # Calls with a request_id run at most once (quarry.runtime.idempotency).
+        if requests is None:
+            from quarry.graveler.wiring import request_log
+
+            requests = request_log(graveler)
+        self._requests = requests
         # Called with (repository, branch, staging token, staged puts, staged deletes) after
         # a write is acknowledged; the compactor-sensor reporter (StagingReporter.record,
         # in-memory only) hooks in here. It must never block or fail the write.
@@ -37,6 +45,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
 
     # ---- repositories ----
 
+    @idempotent(pb.CreateRepositoryResponse, repository=INSTALLATION)
     def CreateRepository(self, request, context):
         repo = self._g.create_repository(request.name, request.storage_namespace,
                                          request.default_branch)
@@ -50,12 +59,14 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         return pb.ListRepositoriesResponse(repositories=[r.to_proto() for r in repos],
                                            next_page_token=token)
 
+    @idempotent(pb.DeleteRepositoryResponse, repository=INSTALLATION)
     def DeleteRepository(self, request, context):
         self._g.delete_repository(request.name)
         return pb.DeleteRepositoryResponse()
 
     # ---- branches ----
 
+    @idempotent(pb.CreateBranchResponse)
     def CreateBranch(self, request, context):
         branch = self._g.create_branch(request.repository, request.name, request.source_ref)
         return pb.CreateBranchResponse(branch=branch)
@@ -68,10 +79,12 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
                                                 request.page_token)
         return pb.ListBranchesResponse(branches=branches, next_page_token=token)
 
+    @idempotent(pb.DeleteBranchResponse)
     def DeleteBranch(self, request, context):
         self._g.delete_branch(request.repository, request.name)
         return pb.DeleteBranchResponse()
 
+    @idempotent(pb.ResetBranchResponse)
     def ResetBranch(self, request, context):
         branch = self._g.reset_branch(request.repository, request.branch, request.ref,
                                       request.force)
@@ -79,6 +92,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
 
     # ---- tags ----
 
+    @idempotent(pb.CreateTagResponse)
     def CreateTag(self, request, context):
         return pb.CreateTagResponse(tag=self._g.create_tag(request.repository, request.name,
                                                            request.ref))
@@ -91,6 +105,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
                                         request.page_token)
         return pb.ListTagsResponse(tags=tags, next_page_token=token)
 
+    @idempotent(pb.DeleteTagResponse)
     def DeleteTag(self, request, context):
         self._g.delete_tag(request.repository, request.name)
         return pb.DeleteTagResponse()
@@ -114,6 +129,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         entry = self._g.stat_object(request.repository, request.ref, request.path)
         return pb.StatObjectResponse(entry=entry_to_proto(entry))
 
+    @idempotent(pb.PutObjectResponse)
     def PutObject(self, request, context):
         entry = entry_from_proto(request.entry)
         staged = self._g.put_objects(request.repository, request.branch, [entry],
@@ -135,20 +151,35 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
                     (request.branch and request.branch != branch):
                 raise errors.InvalidArgument("all PutObjects messages must target the same "
                                              "repository and branch")
-            entries = [entry_from_proto(e) for e in request.entries]
-            # Each batch goes through the writer flow on its own: one branch read, one
-            # batch write, one validation read.
-            staged = self._g.put_objects(repository, branch, entries)
-            self._report_staged(repository, branch, _token_of(staged), int(staged), 0)
-            total += int(staged)
+            if request.request_id:
+                # A message with a request_id is its own idempotent unit: its batch, with
+                # the stream's repository and branch, is staged at most once.
+                unit = pb.PutObjectsRequest()
+                unit.CopyFrom(request)
+                unit.repository, unit.branch = repository, branch
+                total += run_once(self._requests, unit, repository,
+                                  lambda: self._stage_batch(repository, branch, request),
+                                  pb.PutObjectsResponse).count
+            else:
+                total += self._stage_batch(repository, branch, request).count
         return pb.PutObjectsResponse(count=total)
 
+    def _stage_batch(self, repository: str, branch: str, request) -> pb.PutObjectsResponse:
+        entries = [entry_from_proto(e) for e in request.entries]
+        # Each batch goes through the writer flow on its own: one branch read, one batch
+        # write, one validation read.
+        staged = self._g.put_objects(repository, branch, entries)
+        self._report_staged(repository, branch, _token_of(staged), int(staged), 0)
+        return pb.PutObjectsResponse(count=int(staged))
+
+    @idempotent(pb.DeleteObjectResponse)
     def DeleteObject(self, request, context):
         deleted = self._g.delete_objects(request.repository, request.branch, [request.path])
         self._report_staged(request.repository, request.branch, _token_of(deleted), 0,
                             int(deleted))
         return pb.DeleteObjectResponse()
 
+    @idempotent(pb.DeleteObjectsResponse)
     def DeleteObjects(self, request, context):
         deleted = self._g.delete_objects(request.repository, request.branch, request.paths)
         self._report_staged(request.repository, request.branch, _token_of(deleted), 0,
@@ -169,6 +200,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         return pb.DiffUncommittedResponse(changes=[change_to_proto(c) for c in changes],
                                           next_page_token=token)
 
+    @idempotent(pb.DiscardChangesResponse)
     def DiscardChanges(self, request, context):
         self._g.discard_changes(request.repository, request.branch, request.path,
                                 request.prefix)
