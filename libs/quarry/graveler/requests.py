@@ -241,7 +241,7 @@ class RequestLog:
         return RequestInProgress(
             f"a call with request_id {request_id} is in progress; retry to get its result",
             metadata={"request_id": request_id},
-            retry_delay=min(1.0, max(0.05, self.lease_seconds - age) / 10))
+            retry_delay=min(0.5, max(0.05, (self.lease_seconds - age) / 10)))
 
     def _finish(self, claim: _Claim, state: int, response: bytes) -> None:
         """Record the outcome over our own PENDING value only. Never raises: the call's
