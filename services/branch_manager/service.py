@@ -31,9 +31,8 @@ def build(settings: Settings, kv_store=None, committed=None, range_writer=None,
     if reporter is not None:
         # After the server has drained: the last acknowledged writes are reported too.
         closers.insert(0, reporter.stop)
-    servicer = BranchManagerServicer(deps.graveler,
-                                     on_staged=reporter.record if reporter is not None else None,
-                                     requests=deps.requests)
+    servicer = BranchManagerServicer(deps.graveler, deps.requests,
+                                     on_staged=reporter.record if reporter is not None else None)
     return ServiceSpec(
         name=SERVICE_NAME,
         register=lambda server: branch_manager_pb2_grpc.add_BranchManagerServicer_to_server(

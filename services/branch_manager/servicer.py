@@ -21,13 +21,9 @@ def _token_of(staged: int) -> str:
 
 
 class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
-    def __init__(self, graveler: Graveler, on_staged=None, requests: RequestLog | None = None):
+    def __init__(self, graveler: Graveler, requests: RequestLog, on_staged=None):
         self._g = graveler
         # Calls with a request_id run at most once (quarry.runtime.idempotency).
-        if requests is None:
-            from quarry.graveler.wiring import request_log
-
-            requests = request_log(graveler)
         self._requests = requests
         # Called with (repository, branch, staging token, staged puts, staged deletes) after
         # a write is acknowledged; the compactor-sensor reporter (StagingReporter.record,

@@ -11,13 +11,9 @@ from quarry.v1 import committer_pb2_grpc
 
 
 class CommitterServicer(committer_pb2_grpc.CommitterServicer):
-    def __init__(self, graveler: Graveler, requests: RequestLog | None = None):
+    def __init__(self, graveler: Graveler, requests: RequestLog):
         self._g = graveler
         # Calls with a request_id run at most once (quarry.runtime.idempotency).
-        if requests is None:
-            from quarry.graveler.wiring import request_log
-
-            requests = request_log(graveler)
         self._requests = requests
 
     @idempotent(pb.CommitResponse)

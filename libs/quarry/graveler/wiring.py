@@ -21,7 +21,7 @@ from quarry.runtime.format_version import ensure_format_version
 class CoreDependencies:
     graveler: Graveler
     closers: list[Callable[[], None]] = field(default_factory=list)
-    requests: RequestLog | None = None  # the request log of calls with a request_id
+    requests: RequestLog | None = None  # the log of calls with a request_id (set by wiring)
 
 
 def core_dependencies(settings: Settings, kv_store=None, committed=None, range_writer=None,
