@@ -53,3 +53,29 @@ class DropAnswers(grpc.UnaryUnaryClientInterceptor):
 
 def lossy_channel(target: str, interceptor: DropAnswers) -> grpc.Channel:
     return grpc.intercept_channel(grpc.insecure_channel(target), interceptor)
+
+
+class RecordRequests(grpc.UnaryUnaryClientInterceptor, grpc.StreamUnaryClientInterceptor):
+    """Records (method, request) of every unary and client-streaming call it passes on."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, object]] = []
+        self._lock = threading.Lock()
+
+    def _record(self, method: str, request) -> None:
+        with self._lock:
+            self.calls.append((method.rsplit("/", 1)[-1], request))
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        self._record(client_call_details.method, request)
+        return continuation(client_call_details, request)
+
+    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+        method = client_call_details.method
+
+        def recorded():
+            for request in request_iterator:
+                self._record(method, request)
+                yield request
+
+        return continuation(client_call_details, recorded())
