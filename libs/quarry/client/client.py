@@ -30,7 +30,9 @@ entry identity already (an id only matters when another writer re-points the sam
 between a lost answer and its retry), and an id costs two more conditional KV writes per
 call: measured over loopback, a PutObject goes from 1 KV write to 3 and ~1.7x the latency;
 a 1,000-entry PutObjects message +2 writes (+0.2 %) but ~1.3x the latency (the fingerprint
-and two gateway round trips) — too much for the bulk path to pay by default.
+and two gateway round trips) — too much for the bulk path to pay by default. The records
+also land in the repository's partition, not the staging one: ids on every staging write
+would cap a repository at ~500 such calls/s under DynamoDB's 1,000 WCU/s per partition.
 
 A Client is thread-safe (gRPC channels are); close it, or use it as a context manager.
 """
