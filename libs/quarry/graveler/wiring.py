@@ -54,10 +54,8 @@ def core_dependencies(settings: Settings, kv_store=None, committed=None, range_w
     return CoreDependencies(graveler, closers, requests)
 
 
-def request_log(graveler: Graveler, settings: Settings | None = None) -> RequestLog:
-    """The RequestLog over the core's KV store and repositories (settings: retention and
-    lease; None = the defaults)."""
-    settings = settings or Settings()
+def request_log(graveler: Graveler, settings: Settings) -> RequestLog:
+    """The RequestLog over the core's KV store and repositories."""
     return RequestLog(graveler.kv, lambda name: graveler.refs.get_repository(name).partition,
                       retention_seconds=settings.request_retention_seconds,
                       lease_seconds=settings.request_lease_seconds)
