@@ -53,6 +53,8 @@ from typing import Callable, Iterable, TypeVar
 
 import grpc
 from google.protobuf import message as pb_message
+from opentelemetry import trace
+from prometheus_client import Counter
 
 from quarry import errors
 from quarry.graveler import names
@@ -77,6 +79,12 @@ DONE = records_pb2.REQUEST_STATE_DONE
 RELEASED = records_pb2.REQUEST_STATE_RELEASED
 
 T = TypeVar("T")
+
+# run: the call ran under a claim; replayed: answered from the record; in_progress /
+# reused: refused; unrecorded: the call ran but its outcome could not be recorded (see
+# "remaining windows").
+CALLS = Counter("graveler_request_id_calls", "Calls carrying a request id, by outcome",
+                ["outcome"])
 
 
 class InvalidRequestId(errors.InvalidArgument):
@@ -188,7 +196,10 @@ class RequestLog:
         key = KEY_PREFIX + check_request_id(request_id).encode()
         claim = self._claim(partition, key, request_fingerprint)
         if isinstance(claim, _Recorded):
+            CALLS.labels("replayed").inc()
+            trace.get_current_span().set_attribute("quarry.request_id.replayed", True)
             return decode(claim.response)
+        CALLS.labels("run").inc()
         self._track(claim)
         try:
             result = call()
@@ -225,6 +236,7 @@ class RequestLog:
                     or (existing.state == PENDING and age <= self.lease_seconds))
             if live:
                 if existing.fingerprint != request_fingerprint:
+                    CALLS.labels("reused").inc()
                     raise RequestIdReused(
                         f"request_id {key[len(KEY_PREFIX):].decode()} was used for a "
                         f"different request", metadata={"request_id": key[len(KEY_PREFIX):]
@@ -237,6 +249,7 @@ class RequestLog:
         raise self._in_progress(key, 0.0)
 
     def _in_progress(self, key: bytes, age: float) -> RequestInProgress:
+        CALLS.labels("in_progress").inc()
         request_id = key[len(KEY_PREFIX):].decode()
         return RequestInProgress(
             f"a call with request_id {request_id} is in progress; retry to get its result",
@@ -254,6 +267,7 @@ class RequestLog:
             try:
                 self.kv.set_if(claim.partition, claim.key, value, kv.Equals(claim.value))
             except kv.PredicateFailed:
+                CALLS.labels("unrecorded").inc()
                 log.warning("request %s: the claim was taken over while the call ran; its "
                             "outcome is not recorded", claim.key.decode())
             except kv.ItemTooLarge:
@@ -261,6 +275,7 @@ class RequestLog:
                 # repeat run again rather than block the id.
                 self._release_quietly(claim)
             except Exception:  # noqa: BLE001 — see the docstring
+                CALLS.labels("unrecorded").inc()
                 log.warning("request %s: recording the outcome failed; a repeat after the "
                             "lease may run again", claim.key.decode(), exc_info=True)
 

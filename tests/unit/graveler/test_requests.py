@@ -68,8 +68,10 @@ def test_a_repeat_returns_the_first_result_without_running(log, store):
     assert run(log, request_id, call) == b"result 1"
     assert store.snapshot() == {("set_if", "repo"): 2}  # claim + record, no read
     store.reset()
+    replayed = rq.CALLS.labels("replayed")._value.get()
     assert run(log, request_id, call) == b"result 1"
     assert store.snapshot() == {("set_if", "repo"): 1, ("get", "repo"): 1}
+    assert rq.CALLS.labels("replayed")._value.get() == replayed + 1
     assert call.runs == 1
     assert record(store, request_id).state == rq.DONE
 
