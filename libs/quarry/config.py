@@ -96,6 +96,14 @@ class Settings:
     # (a batch that cannot be delivered is dropped; writes never wait for the sensor).
     staging_report_interval_seconds: float = 0.5
 
+    # Request ids (AIP-155): a repeat of a mutating call with the same request_id within
+    # this many seconds returns the first call's result and changes nothing; older records
+    # count as absent (a repeat runs again).
+    request_retention_seconds: float = 86400.0
+    # A call holding a request id renews its in-progress claim while it runs; a claim not
+    # renewed for this many seconds (its process died) may be taken over by a repeat.
+    request_lease_seconds: float = 30.0
+
     # Python logging level of the services (DEBUG, INFO, WARNING, ERROR).
     log_level: str = "INFO"
 

@@ -31,7 +31,7 @@ def build(settings: Settings, kv_store=None, committed=None, range_writer=None,
     if reporter is not None:
         # After the server has drained: the last acknowledged writes are reported too.
         closers.insert(0, reporter.stop)
-    servicer = BranchManagerServicer(deps.graveler,
+    servicer = BranchManagerServicer(deps.graveler, deps.requests,
                                      on_staged=reporter.record if reporter is not None else None)
     return ServiceSpec(
         name=SERVICE_NAME,

@@ -8,6 +8,8 @@ from quarry import errors
 from quarry.convert import change_to_proto, entry_from_proto, entry_to_proto
 from quarry.graveler import records
 from quarry.graveler.graveler import Graveler
+from quarry.graveler.requests import RequestLog
+from quarry.runtime.idempotency import INSTALLATION, idempotent, run_once
 from quarry.v1 import branch_manager_pb2 as pb
 from quarry.v1 import branch_manager_pb2_grpc
 
@@ -20,8 +22,10 @@ def _token_of(staged: int) -> str:
 
 
 class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
-    def __init__(self, graveler: Graveler, on_staged=None):
+    def __init__(self, graveler: Graveler, requests: RequestLog, on_staged=None):
         self._g = graveler
+        # Calls with a request_id run at most once (quarry.runtime.idempotency).
+        self._requests = requests
         # Called with (repository, branch, staging token, staged puts, staged deletes) after
         # a write is acknowledged; the compactor-sensor reporter (StagingReporter.record,
         # in-memory only) hooks in here. It must never block or fail the write.
@@ -38,6 +42,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
 
     # ---- repositories ----
 
+    @idempotent(pb.CreateRepositoryResponse, repository=INSTALLATION)
     def CreateRepository(self, request, context):
         repo = self._g.create_repository(request.name, request.storage_namespace,
                                          request.default_branch)
@@ -53,12 +58,14 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
                                            next_page_token=token,
                                            skipped_corrupt_records=skipped.count)
 
+    @idempotent(pb.DeleteRepositoryResponse, repository=INSTALLATION)
     def DeleteRepository(self, request, context):
         self._g.delete_repository(request.name)
         return pb.DeleteRepositoryResponse()
 
     # ---- branches ----
 
+    @idempotent(pb.CreateBranchResponse)
     def CreateBranch(self, request, context):
         branch = self._g.create_branch(request.repository, request.name, request.source_ref)
         return pb.CreateBranchResponse(branch=branch)
@@ -73,10 +80,12 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         return pb.ListBranchesResponse(branches=branches, next_page_token=token,
                                        skipped_corrupt_records=skipped.count)
 
+    @idempotent(pb.DeleteBranchResponse)
     def DeleteBranch(self, request, context):
         self._g.delete_branch(request.repository, request.name)
         return pb.DeleteBranchResponse()
 
+    @idempotent(pb.ResetBranchResponse)
     def ResetBranch(self, request, context):
         branch = self._g.reset_branch(request.repository, request.branch, request.ref,
                                       request.force)
@@ -84,6 +93,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
 
     # ---- tags ----
 
+    @idempotent(pb.CreateTagResponse)
     def CreateTag(self, request, context):
         return pb.CreateTagResponse(tag=self._g.create_tag(request.repository, request.name,
                                                            request.ref))
@@ -98,6 +108,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         return pb.ListTagsResponse(tags=tags, next_page_token=token,
                                    skipped_corrupt_records=skipped.count)
 
+    @idempotent(pb.DeleteTagResponse)
     def DeleteTag(self, request, context):
         self._g.delete_tag(request.repository, request.name)
         return pb.DeleteTagResponse()
@@ -121,6 +132,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         entry = self._g.stat_object(request.repository, request.ref, request.path)
         return pb.StatObjectResponse(entry=entry_to_proto(entry))
 
+    @idempotent(pb.PutObjectResponse)
     def PutObject(self, request, context):
         entry = entry_from_proto(request.entry)
         staged = self._g.put_objects(request.repository, request.branch, [entry],
@@ -142,20 +154,35 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
                     (request.branch and request.branch != branch):
                 raise errors.InvalidArgument("all PutObjects messages must target the same "
                                              "repository and branch")
-            entries = [entry_from_proto(e) for e in request.entries]
-            # Each batch goes through the writer flow on its own: one branch read, one
-            # batch write, one validation read.
-            staged = self._g.put_objects(repository, branch, entries)
-            self._report_staged(repository, branch, _token_of(staged), int(staged), 0)
-            total += int(staged)
+            if request.request_id:
+                # A message with a request_id is its own idempotent unit: its batch, with
+                # the stream's repository and branch, is staged at most once.
+                unit = pb.PutObjectsRequest()
+                unit.CopyFrom(request)
+                unit.repository, unit.branch = repository, branch
+                total += run_once(self._requests, unit, repository,
+                                  lambda: self._stage_batch(repository, branch, request),
+                                  pb.PutObjectsResponse).count
+            else:
+                total += self._stage_batch(repository, branch, request).count
         return pb.PutObjectsResponse(count=total)
 
+    def _stage_batch(self, repository: str, branch: str, request) -> pb.PutObjectsResponse:
+        entries = [entry_from_proto(e) for e in request.entries]
+        # Each batch goes through the writer flow on its own: one branch read, one batch
+        # write, one validation read.
+        staged = self._g.put_objects(repository, branch, entries)
+        self._report_staged(repository, branch, _token_of(staged), int(staged), 0)
+        return pb.PutObjectsResponse(count=int(staged))
+
+    @idempotent(pb.DeleteObjectResponse)
     def DeleteObject(self, request, context):
         deleted = self._g.delete_objects(request.repository, request.branch, [request.path])
         self._report_staged(request.repository, request.branch, _token_of(deleted), 0,
                             int(deleted))
         return pb.DeleteObjectResponse()
 
+    @idempotent(pb.DeleteObjectsResponse)
     def DeleteObjects(self, request, context):
         deleted = self._g.delete_objects(request.repository, request.branch, request.paths)
         self._report_staged(request.repository, request.branch, _token_of(deleted), 0,
@@ -180,6 +207,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
                                           next_page_token=token,
                                           skipped_corrupt_records=skipped.count)
 
+    @idempotent(pb.DiscardChangesResponse)
     def DiscardChanges(self, request, context):
         self._g.discard_changes(request.repository, request.branch, request.path,
                                 request.prefix)

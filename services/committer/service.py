@@ -15,7 +15,7 @@ def build(settings: Settings, kv_store=None, committed=None, range_writer=None) 
     from quarry.graveler.wiring import core_dependencies
 
     deps = core_dependencies(settings, kv_store, committed, range_writer)
-    servicer = CommitterServicer(deps.graveler)
+    servicer = CommitterServicer(deps.graveler, deps.requests)
     return ServiceSpec(
         name=SERVICE_NAME,
         register=lambda server: committer_pb2_grpc.add_CommitterServicer_to_server(

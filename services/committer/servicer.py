@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from quarry.convert import change_to_proto, conflict_to_proto, summary_to_proto
 from quarry.graveler.graveler import Graveler
+from quarry.graveler.requests import RequestLog
+from quarry.runtime.idempotency import idempotent
 from quarry.v1 import committer_pb2 as pb
 from quarry.v1 import committer_pb2_grpc
 
 
 class CommitterServicer(committer_pb2_grpc.CommitterServicer):
-    def __init__(self, graveler: Graveler):
+    def __init__(self, graveler: Graveler, requests: RequestLog):
         self._g = graveler
+        # Calls with a request_id run at most once (quarry.runtime.idempotency).
+        self._requests = requests
 
+    @idempotent(pb.CommitResponse)
     def Commit(self, request, context):
         outcome = self._g.commit(request.repository, request.branch, request.message,
                                  request.committer, dict(request.metadata),
@@ -35,6 +40,7 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
         return pb.DiffResponse(changes=[change_to_proto(c) for c in changes],
                                next_page_token=token)
 
+    @idempotent(pb.MergeResponse, ignore=("hint_metarange_id",))
     def Merge(self, request, context):
         outcome = self._g.merge(request.repository, request.source_ref,
                                 request.destination_branch, request.strategy,
@@ -50,11 +56,13 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
             response.commit.CopyFrom(outcome.commit)
         return response
 
+    @idempotent(pb.RevertResponse)
     def Revert(self, request, context):
         outcome = self._g.revert(request.repository, request.branch, request.ref,
                                  request.parent_number, request.message, request.committer)
         return pb.RevertResponse(commit=outcome.commit)
 
+    @idempotent(pb.CherryPickResponse)
     def CherryPick(self, request, context):
         outcome = self._g.cherry_pick(request.repository, request.branch, request.ref,
                                       request.parent_number, request.message,
@@ -65,6 +73,7 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
         return pb.FindMergeBaseResponse(commit=self._g.find_merge_base(
             request.repository, request.left_ref, request.right_ref))
 
+    @idempotent(pb.CompactResponse)
     def Compact(self, request, context):
         compacted, tokens = self._g.compact(request.repository, request.branch)
         return pb.CompactResponse(compacted_metarange_id=compacted, tokens_compacted=tokens)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import uuid
 
+import grpc
 import pytest
 
 import quarry.spark as qs
@@ -373,6 +374,35 @@ def test_a_merge_whose_answer_is_lost_still_succeeds_and_keeps_its_files(
     assert len(namespace_keys(suite, repo, JOB_DATA_PREFIX)) == 2
     assert ids(qs.read(spark, f"quarry://{repo}/main/t", connection=conn)) == list(range(100))
     assert no_ephemeral_branches(client, repo)
+
+
+def test_a_merge_answer_lost_on_the_wire_is_retried_with_the_same_id_and_merges_once(
+        spark, suite, client, conn, repo, monkeypatch):
+    """The committer merges, the answer is lost on the way back (UNAVAILABLE), and the
+    client's own retry resends the merge: its job-derived request id makes the committer
+    answer with the first merge instead of merging again (allow_empty would otherwise make
+    a second, empty merge commit)."""
+    import quarry.client.client as client_module
+    from support.lossy import DropAnswers
+
+    dropper = DropAnswers("/quarry.v1.Committer/Merge")
+    real_open = client_module.open_channel
+
+    def open_lossy(target):
+        channel = real_open(target)
+        if target == suite.targets["committer"]:
+            return grpc.intercept_channel(channel, dropper)
+        return channel
+
+    monkeypatch.setattr(client_module, "open_channel", open_lossy)
+    before = client.get_branch(repo, "main").commit_id
+    commit = qs.write(numbers(spark, 0, 50, 2), f"quarry://{repo}/main/t", connection=conn)
+    monkeypatch.undo()
+    assert dropper.dropped == 1 and len(dropper.requests) == 2
+    assert dropper.requests[0].request_id == dropper.requests[1].request_id != ""
+    first_parents = [c.id for c in client.iter_log(repo, "main", first_parent=True)]
+    assert first_parents[:2] == [commit.id, before]  # one merge commit, not two
+    assert ids(qs.read(spark, f"quarry://{repo}/main/t", connection=conn)) == list(range(50))
 
 
 # ---- reads ----------------------------------------------------------------------------

@@ -6,8 +6,10 @@ See quarry.client.client for the API and quarry.client.retry for the retry polic
 """
 
 from quarry.client.client import (Cancelled, Client, DeadlineExceeded, Entry, IncompleteListing,
-                                  as_entry, make_entry, rebuild_error, to_timestamp)
+                                  as_entry, make_entry, new_request_id, rebuild_error,
+                                  to_timestamp)
 from quarry.client.retry import RETRY_EVENT, RetryPolicy
 
 __all__ = ["Client", "RetryPolicy", "RETRY_EVENT", "DeadlineExceeded", "Cancelled", "Entry",
-           "make_entry", "as_entry", "rebuild_error", "to_timestamp", "IncompleteListing"]
+           "make_entry", "as_entry", "rebuild_error", "to_timestamp", "IncompleteListing",
+           "new_request_id"]

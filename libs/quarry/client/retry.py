@@ -5,6 +5,11 @@ when it carries a google.rpc.RetryInfo (throttling; without one it is permanent,
 message over a size limit, and fails at once). A RetryInfo the server attaches
 (`exc.retry_delay`) replaces the computed delay. Every retry
 is recorded as a `quarry.client.retry` event on the current OpenTelemetry span.
+
+A retry re-sends the very same request message, so a mutating call keeps its request_id
+(set once per logical call by quarry.client.Client) across attempts: a retry after a lost
+answer is answered by the server with the first result (ABORTED / REQUEST_IN_PROGRESS,
+retried here, while the first attempt still runs).
 """
 
 from __future__ import annotations

@@ -2,10 +2,12 @@
 
 KV layout (ARCHITECTURE.md §2):
   quarry                   repos/<repo>            → RepositoryRecord
+                           requests/<id>           → RequestRecord (Create/DeleteRepository)
   repo/<repo>/<instance>   branches/<b>            → Branch   (the CAS point of a branch)
                            tags/<t>                → Tag
                            commits/<id>            → Commit   (immutable, content-addressed)
                            settings/gc_rules       → GarbageCollectionRules
+                           requests/<id>           → RequestRecord (quarry.graveler.requests)
 """
 
 from __future__ import annotations

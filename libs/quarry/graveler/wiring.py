@@ -12,6 +12,7 @@ from typing import Callable
 
 from quarry.config import Settings
 from quarry.graveler.graveler import Graveler
+from quarry.graveler.requests import RequestLog
 from quarry.graveler.staging import Dropper
 from quarry.runtime.format_version import ensure_format_version
 
@@ -20,6 +21,7 @@ from quarry.runtime.format_version import ensure_format_version
 class CoreDependencies:
     graveler: Graveler
     closers: list[Callable[[], None]] = field(default_factory=list)
+    requests: RequestLog | None = None  # the log of calls with a request_id (set by wiring)
 
 
 def core_dependencies(settings: Settings, kv_store=None, committed=None, range_writer=None,
@@ -43,9 +45,18 @@ def core_dependencies(settings: Settings, kv_store=None, committed=None, range_w
     graveler = Graveler(kv_store, committed, range_writer,
                         dirty_read_optimization=settings.experimental_dirty_read_optimization,
                         max_response_bytes=settings.max_response_bytes)
+    requests = request_log(graveler, settings)
+    closers.insert(0, requests.close)
     if start_dropper:
         dropper = Dropper(graveler.staging,
                           interval_seconds=settings.staging_drop_interval_seconds,
                           grace_seconds=settings.staging_drop_grace_seconds).start()
         closers.insert(0, dropper.stop)
-    return CoreDependencies(graveler, closers)
+    return CoreDependencies(graveler, closers, requests)
+
+
+def request_log(graveler: Graveler, settings: Settings) -> RequestLog:
+    """The RequestLog over the core's KV store and repositories."""
+    return RequestLog(graveler.kv, lambda name: graveler.refs.get_repository(name).partition,
+                      retention_seconds=settings.request_retention_seconds,
+                      lease_seconds=settings.request_lease_seconds)

@@ -14,6 +14,8 @@ The driver
    speculative attempts staged is removed or replaced first, and the commit is checked);
 5. merges that commit into the target — the committer retries a merge that lost a race by
    merging its previous result onto the new HEAD;
+   the commits and the merge carry request ids derived from the job id (job_request_id),
+   so a retry after a lost answer gets the first result and never merges twice;
 6. deletes the ephemeral branch.
 
 Any failure (a task that fails for good, a cancelled job, a merge conflict) leaves the
@@ -25,6 +27,7 @@ job's data files are deleted. If the driver dies, `sweep_ephemeral_branches` (ru
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Mapping, Sequence
 
 from quarry import errors, telemetry
@@ -40,6 +43,16 @@ log = logging.getLogger("quarry.spark")
 MODES = ("append", "overwrite")
 # Rounds of "stage exactly the reported files, commit, check" before giving up.
 RECONCILE_ROUNDS = 5
+# Request ids of a job's commits and merge are derived from its job id under this namespace.
+_REQUEST_ID_NAMESPACE = uuid.UUID("5b0e6f44-4d8c-4f0e-9a57-0c7a1d1d6a51")
+
+
+def job_request_id(job_id: str, step: str) -> str:
+    """The stable request id (AIP-155) of one step of a job ("commit-<round>", "merge"):
+    every attempt of that step, by the client's retries or by a driver calling it again
+    after a lost answer, carries the same id, so the server answers with the first result
+    instead of committing or merging twice."""
+    return str(uuid.uuid5(_REQUEST_ID_NAMESPACE, f"{job_id}/{step}"))
 
 
 class InvalidWriteOptions(errors.InvalidArgument):
@@ -173,7 +186,8 @@ class _Job:
         # Merge the verified commit, not the branch: a late write there changes nothing.
         merged = self.client.merge(repo, commit.id, self.target.ref, message=self.message,
                                    committer=self.committer, metadata=metadata,
-                                   allow_empty=True)
+                                   allow_empty=True,
+                                   request_id=job_request_id(self.job_id, "merge"))
         return merged.commit
 
     def _commit_exactly(self, reported: dict, metadata: dict) -> types_pb2.Commit:
@@ -186,11 +200,12 @@ class _Job:
         checks the commit; a write that slipped in between is fixed by the next round."""
         repo = self.target.repository
         commit = None
-        for _ in range(RECONCILE_ROUNDS):
+        for round_number in range(RECONCILE_ROUNDS):
             self._stage_exactly(self.branch, reported)
-            commit = self.client.commit(repo, self.branch, self.message,
-                                        committer=self.committer, metadata=metadata,
-                                        allow_empty=True).commit
+            commit = self.client.commit(
+                repo, self.branch, self.message, committer=self.committer, metadata=metadata,
+                allow_empty=True,
+                request_id=job_request_id(self.job_id, f"commit-{round_number}")).commit
             if self._job_files(commit.id) == {p: _identity(e) for p, e in reported.items()}:
                 return commit
         raise WriteIncomplete(f"the files of job {self.job_id} kept changing on "

@@ -1,0 +1,439 @@
+"""RequestLog: a mutating call that carries a request_id (AIP-155) takes effect at most once.
+
+Safety rule: while a call's successful result is recorded (within the retention window) or
+its first run still holds a live claim, a repeat with the same id must NEVER run the call
+again, and must never be answered with a result recorded for a *different* request (the
+fingerprints must match, else REQUEST_ID_REUSED). Failed calls are never recorded: their
+retries run again.
+
+Record: key `requests/<id>` (KEY_PREFIX) → RequestRecord, in the partition the call changes:
+the repository's (`repo/<repo>/<instance>`), or `quarry` for CreateRepository and
+DeleteRepository (whose effect outlives or precedes the repository's partition).
+
+A call with an id (fresh id: 2 conditional KV writes, no read; a repeat: 1 failed
+conditional write + 1 read; a failed call: 2 conditional writes):
+1. claim: SetIf-absent PENDING{fingerprint, owner, now}. If the key exists, Get it:
+   DONE within the retention window → same fingerprint: the stored response, nothing runs;
+   PENDING whose lease is live → same fingerprint: ABORTED / REQUEST_IN_PROGRESS (retry);
+   RELEASED, DONE past the retention window, PENDING past its lease → taken over with
+   SetIf-equals (a crashed first attempt does not block its id for longer than the lease).
+2. the call runs; a background renewer refreshes the PENDING record (SetIf-equals) every
+   lease/3 while it runs, so a live call keeps its claim however long it takes (short calls
+   cost no renewal).
+3. success: SetIf-equals(our PENDING) → DONE{response}; failure: → RELEASED, re-raised.
+
+Remaining windows (the KV store has no multi-key transactions, so the effect and the DONE
+record are two writes):
+- the process dies after the effect and before the DONE write (or that write fails, e.g.
+  the KV store is unreachable: the answer is still returned and the failure logged): after
+  the lease a repeat runs the call again (a Commit then answers NO_CHANGES or commits what
+  was staged since; a Merge merges again, usually nothing);
+- a call whose renewals fail for a whole lease (KV unreachable, process stalled) may be
+  taken over by a repeat; both may then take effect (the stalled one's DONE write fails
+  and is logged);
+- a repository deleted and re-created under the same name has a new partition: a repeat
+  of a call made on the old one runs on the new one.
+
+Expired records are not deleted on expiry: an expired record counts as absent and is
+overwritten in place by the next use of its id; every record of a repository goes with its
+partition when the repository is deleted; and each process runs `purge_expired` hourly over
+the partitions it wrote records to (RequestLog's background thread).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Iterable, TypeVar
+
+import grpc
+from google.protobuf import message as pb_message
+from opentelemetry import trace
+from prometheus_client import Counter
+
+from quarry import errors
+from quarry.graveler import names
+from quarry.kv import store as kv
+from quarry.kv.partitions import QUARRY_PARTITION
+from quarry.v1 import records_pb2
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = b"requests/"
+DEFAULT_RETENTION_SECONDS = 24 * 3600.0
+DEFAULT_LEASE_SECONDS = 30.0
+PURGE_INTERVAL_SECONDS = 3600.0
+# Claim attempts when the record keeps changing under us (takeovers racing each other).
+MAX_CLAIM_ATTEMPTS = 5
+
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
+                   r"[0-9a-fA-F]{12}$")
+
+PENDING = records_pb2.REQUEST_STATE_PENDING
+DONE = records_pb2.REQUEST_STATE_DONE
+RELEASED = records_pb2.REQUEST_STATE_RELEASED
+
+T = TypeVar("T")
+
+# run: the call ran under a claim; replayed: answered from the record; in_progress /
+# reused: refused; unrecorded: the call ran but its outcome could not be recorded (see
+# "remaining windows").
+CALLS = Counter("graveler_request_id_calls", "Calls carrying a request id, by outcome",
+                ["outcome"])
+
+
+class InvalidRequestId(errors.InvalidArgument):
+    reason = "INVALID_REQUEST_ID"
+
+
+class RequestIdReused(errors.InvalidArgument):
+    """The id was used for a different request (or another RPC) within the window."""
+
+    reason = "REQUEST_ID_REUSED"
+
+
+class RequestInProgress(errors.Aborted):
+    """A call with this id is running; retry (the repeat then gets its result)."""
+
+    reason = "REQUEST_IN_PROGRESS"
+
+
+class CorruptRequestRecord(errors.QuarryError):
+    code = grpc.StatusCode.DATA_LOSS
+    reason = "CORRUPT_REQUEST_RECORD"
+
+
+def check_request_id(request_id: str) -> str:
+    """The id in canonical form (lower case); InvalidRequestId unless a 36-character UUID."""
+    if not _UUID.match(request_id):
+        shown = request_id[:80] + ("..." if len(request_id) > 80 else "")
+        raise InvalidRequestId(f"request_id {shown!r} is not a UUID "
+                               f"(8-4-4-4-12 hex digits, e.g. {uuid.uuid4()})",
+                               metadata={"request_id": shown})
+    return request_id.lower()
+
+
+def fingerprint(request: pb_message.Message, ignore: Iterable[str] = ()) -> bytes:
+    """SHA-256 over the request's message type and its deterministic serialization with
+    `request_id` (and the fields in `ignore`, hints that do not change the effect) cleared.
+    Every RPC has its own request type, so the same id on another RPC never matches."""
+    copy = type(request)()
+    copy.CopyFrom(request)
+    copy.ClearField("request_id")
+    for name in ignore:
+        copy.ClearField(name)
+    digest = hashlib.sha256(request.DESCRIPTOR.full_name.encode())
+    digest.update(b"\x00")
+    digest.update(copy.SerializeToString(deterministic=True))
+    return digest.digest()
+
+
+@dataclass(eq=False)  # hashed by identity: kept in a set while it runs
+class _Claim:
+    partition: bytes
+    key: bytes
+    value: bytes  # our PENDING record as stored (the SetIf-equals predicate)
+    record: records_pb2.RequestRecord
+    renewed_at: float
+    lock: threading.Lock
+    lost: bool = False
+
+
+@dataclass(frozen=True)
+class _Recorded:
+    response: bytes
+
+
+class RequestLog:
+    """The request log over a KV store (see the module docstring). Thread-safe."""
+
+    def __init__(self, store: kv.Store, repository_partition: Callable[[str], bytes],
+                 retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+                 lease_seconds: float = DEFAULT_LEASE_SECONDS,
+                 clock: Callable[[], float] = time.time):
+        """`repository_partition(name)`: the partition of an existing repository
+        (NOT_FOUND otherwise), e.g. `lambda n: refs.get_repository(n).partition`."""
+        if retention_seconds < 0 or lease_seconds <= 0:
+            raise ValueError("retention may not be negative and the lease must be positive")
+        self.kv = store
+        self._repository_partition = repository_partition
+        self.retention_seconds = retention_seconds
+        self.lease_seconds = lease_seconds
+        self._clock = clock
+        self._claims: set[_Claim] = set()  # guarded by _claims_lock; renewed in background
+        self._claims_lock = threading.Lock()
+        self._renewer: threading.Thread | None = None
+        self._stop = threading.Event()
+        # Partitions this process wrote records to since its last purge pass: the background
+        # thread purges them every PURGE_INTERVAL_SECONDS (each process cleans up after the
+        # calls it served; a partition nobody writes to any more holds only what its last
+        # writers left, at most one retention window's worth, until its repository goes).
+        self._used: set[bytes] = set()
+        self._last_purge = clock()
+
+    # ---- where records live ------------------------------------------------------------
+
+    def partition_for(self, repository: str | None) -> bytes:
+        """The repository's partition; the `quarry` partition for None (installation-wide
+        calls: CreateRepository, DeleteRepository)."""
+        if repository is None:
+            return QUARRY_PARTITION
+        names.check_repository_name(repository)
+        return self._repository_partition(repository)
+
+    # ---- the one entry point -----------------------------------------------------------
+
+    def run(self, partition: bytes, request_id: str, request_fingerprint: bytes,
+            call: Callable[[], T], encode: Callable[[T], bytes],
+            decode: Callable[[bytes], T]) -> T:
+        """`call()` at most once for `request_id` (see the module docstring): its result, or
+        the decoded result of the first successful call with this id and fingerprint."""
+        key = KEY_PREFIX + check_request_id(request_id).encode()
+        claim = self._claim(partition, key, request_fingerprint)
+        if isinstance(claim, _Recorded):
+            CALLS.labels("replayed").inc()
+            trace.get_current_span().set_attribute("quarry.request_id.replayed", True)
+            return decode(claim.response)
+        CALLS.labels("run").inc()
+        self._track(claim)
+        try:
+            result = call()
+        except BaseException:
+            self._untrack(claim)
+            self._finish(claim, RELEASED, b"")
+            raise
+        self._untrack(claim)
+        self._finish(claim, DONE, encode(result))
+        return result
+
+    def _claim(self, partition: bytes, key: bytes, request_fingerprint: bytes
+               ) -> _Claim | _Recorded:
+        record = records_pb2.RequestRecord(state=PENDING, fingerprint=request_fingerprint,
+                                           owner=uuid.uuid4().hex)
+        predicate: kv.Predicate = kv.ABSENT
+        for _ in range(MAX_CLAIM_ATTEMPTS):
+            now = self._clock()
+            record.updated_at_ms = int(now * 1000)
+            value = record.SerializeToString(deterministic=True)
+            try:
+                self.kv.set_if(partition, key, value, predicate)
+                return _Claim(partition, key, value, record, now, threading.Lock())
+            except kv.PredicateFailed:
+                pass
+            try:
+                current = self.kv.get(partition, key)
+            except kv.KeyNotFound:  # purged meanwhile
+                predicate = kv.ABSENT
+                continue
+            existing = _parse(partition, key, current.value)
+            age = now - existing.updated_at_ms / 1000.0
+            live = ((existing.state == DONE and age <= self.retention_seconds)
+                    or (existing.state == PENDING and age <= self.lease_seconds))
+            if live:
+                if existing.fingerprint != request_fingerprint:
+                    CALLS.labels("reused").inc()
+                    raise RequestIdReused(
+                        f"request_id {key[len(KEY_PREFIX):].decode()} was used for a "
+                        f"different request", metadata={"request_id": key[len(KEY_PREFIX):]
+                                                        .decode()})
+                if existing.state == DONE:
+                    return _Recorded(existing.response)
+                raise self._in_progress(key, age)
+            # Released, expired, or a dead claim: take it over, unless someone else does.
+            predicate = kv.Equals(current.predicate)
+        raise self._in_progress(key, 0.0)
+
+    def _in_progress(self, key: bytes, age: float) -> RequestInProgress:
+        CALLS.labels("in_progress").inc()
+        request_id = key[len(KEY_PREFIX):].decode()
+        return RequestInProgress(
+            f"a call with request_id {request_id} is in progress; retry to get its result",
+            metadata={"request_id": request_id},
+            retry_delay=min(0.5, max(0.05, (self.lease_seconds - age) / 10)))
+
+    def _finish(self, claim: _Claim, state: int, response: bytes) -> None:
+        """Record the outcome over our own PENDING value only. Never raises: the call's
+        answer (or error) matters more than its record (see "remaining windows")."""
+        with claim.lock:
+            record = records_pb2.RequestRecord(state=state, fingerprint=claim.record.fingerprint,
+                                               response=response, owner=claim.record.owner,
+                                               updated_at_ms=int(self._clock() * 1000))
+            value = record.SerializeToString(deterministic=True)
+            try:
+                self.kv.set_if(claim.partition, claim.key, value, kv.Equals(claim.value))
+            except kv.PredicateFailed:
+                CALLS.labels("unrecorded").inc()
+                log.warning("request %s: the claim was taken over while the call ran; its "
+                            "outcome is not recorded", claim.key.decode())
+            except kv.ItemTooLarge:
+                # A response too large to keep (a dry-run merge with huge conflicts): let a
+                # repeat run again rather than block the id.
+                self._release_quietly(claim)
+            except Exception:  # noqa: BLE001 — see the docstring
+                CALLS.labels("unrecorded").inc()
+                log.warning("request %s: recording the outcome failed; a repeat after the "
+                            "lease may run again", claim.key.decode(), exc_info=True)
+
+    def _release_quietly(self, claim: _Claim) -> None:
+        record = records_pb2.RequestRecord(state=RELEASED, owner=claim.record.owner,
+                                           updated_at_ms=int(self._clock() * 1000))
+        try:
+            self.kv.set_if(claim.partition, claim.key,
+                           record.SerializeToString(deterministic=True), kv.Equals(claim.value))
+        except Exception:  # noqa: BLE001 — the lease expires anyway
+            log.warning("request %s: releasing the claim failed", claim.key.decode(),
+                        exc_info=True)
+
+    # ---- keeping live claims alive -----------------------------------------------------
+
+    def _track(self, claim: _Claim) -> None:
+        with self._claims_lock:
+            self._claims.add(claim)
+            self._used.add(claim.partition)
+            if self._renewer is None and not self._stop.is_set():
+                self._renewer = threading.Thread(target=self._renew_loop, daemon=True,
+                                                 name="request-claim-renewer")
+                self._renewer.start()
+
+    def _untrack(self, claim: _Claim) -> None:
+        with self._claims_lock:
+            self._claims.discard(claim)
+
+    def _renew_loop(self) -> None:
+        interval = self.lease_seconds / 3
+        while not self._stop.wait(interval / 2):
+            with self._claims_lock:
+                claims = list(self._claims)
+            for claim in claims:
+                if self._clock() - claim.renewed_at >= interval:
+                    self.renew(claim)
+            if self._clock() - self._last_purge >= PURGE_INTERVAL_SECONDS:
+                self.purge_used()
+
+    def purge_used(self) -> int:
+        """purge_expired over the partitions this process wrote records to; a partition is
+        remembered until a pass finds no record left in it."""
+        with self._claims_lock:
+            used = set(self._used)
+        self._last_purge = self._clock()
+        deleted = 0
+        for partition in used:
+            try:
+                count, kept = self._purge(partition, limit=10_000)
+            except Exception:  # noqa: BLE001 — the next pass tries again
+                log.warning("purging expired request records of %r failed", partition,
+                            exc_info=True)
+                continue
+            deleted += count
+            if not kept:
+                with self._claims_lock:
+                    if not any(c.partition == partition for c in self._claims):
+                        self._used.discard(partition)
+        return deleted
+
+    def renew(self, claim: _Claim) -> None:
+        with claim.lock:
+            with self._claims_lock:
+                if claim not in self._claims or claim.lost:
+                    return  # finished meanwhile
+            now = self._clock()
+            record = records_pb2.RequestRecord()
+            record.CopyFrom(claim.record)
+            record.updated_at_ms = int(now * 1000)
+            value = record.SerializeToString(deterministic=True)
+            try:
+                self.kv.set_if(claim.partition, claim.key, value, kv.Equals(claim.value))
+            except kv.PredicateFailed:
+                claim.lost = True
+                log.warning("request %s: the claim was taken over while the call runs",
+                            claim.key.decode())
+                return
+            except Exception:  # noqa: BLE001 — retried on the next round
+                log.warning("request %s: renewing the claim failed", claim.key.decode(),
+                            exc_info=True)
+                return
+            claim.value, claim.record, claim.renewed_at = value, record, now
+
+    def close(self) -> None:
+        self._stop.set()
+        renewer = self._renewer
+        if renewer is not None:
+            renewer.join(timeout=5)
+
+    # ---- cleanup -----------------------------------------------------------------------
+
+    def purge_expired(self, partition: bytes, limit: int = 1000) -> int:
+        """Delete up to `limit` records of `partition` that count as absent (DONE past the
+        retention window, RELEASED past the lease, PENDING past both). Each is re-read
+        right before its (unconditional: the KV store has no conditional delete) delete, so
+        only a takeover of that very id in the instant between the read and the delete can
+        lose its claim (it then records nothing and logs it). Unreadable records are kept
+        for a person to look at. Returns how many it deleted."""
+        return self._purge(partition, limit)[0]
+
+    def _purge(self, partition: bytes, limit: int) -> tuple[int, bool]:
+        """(records deleted, whether any record was kept or left unread)."""
+        now = self._clock()
+        doomed = []
+        kept = False
+        iterator = self.kv.scan(partition, KEY_PREFIX, _prefix_end(KEY_PREFIX),
+                                batch_size=min(limit, 1000))
+        try:
+            for item in iterator:
+                if len(doomed) >= limit:
+                    kept = True
+                    break
+                if self._expired(item.value, now):
+                    doomed.append(item.key)
+                else:
+                    kept = True
+        finally:
+            iterator.close()
+        deleted = 0
+        for key in doomed:
+            try:
+                current = self.kv.get(partition, key)
+            except kv.KeyNotFound:
+                continue
+            if self._expired(current.value, now):
+                self.kv.delete(partition, key)
+                deleted += 1
+            else:
+                kept = True
+        return deleted, kept
+
+    def _expired(self, value: bytes, now: float) -> bool:
+        try:
+            record = records_pb2.RequestRecord.FromString(value)
+        except pb_message.DecodeError:
+            return False  # left for a person to look at; never read as a result
+        age = now - record.updated_at_ms / 1000.0
+        if record.state == DONE:
+            return age > self.retention_seconds
+        if record.state == PENDING:
+            # A dead claim: well past any lease.
+            return age > max(self.retention_seconds, self.lease_seconds)
+        return record.state == RELEASED and age > self.lease_seconds
+
+
+def _parse(partition: bytes, key: bytes, value: bytes) -> records_pb2.RequestRecord:
+    try:
+        record = records_pb2.RequestRecord.FromString(value)
+    except pb_message.DecodeError:
+        record = None
+    if record is None or record.state not in (PENDING, DONE, RELEASED):
+        raise CorruptRequestRecord(
+            f"the request record {key.decode(errors='replace')!r} in partition "
+            f"{partition.decode(errors='replace')!r} cannot be read",
+            metadata={"partition": partition.decode(errors="replace"),
+                      "key": key.decode(errors="replace")})
+    return record
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    return prefix[:-1] + bytes([prefix[-1] + 1])
