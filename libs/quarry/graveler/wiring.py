@@ -77,5 +77,6 @@ def core_dependencies(settings: Settings, kv_store=None, committed=None, range_w
                           interval_seconds=settings.staging_drop_interval_seconds,
                           grace_seconds=settings.staging_drop_grace_seconds)
         on_ready.append(dropper.start)
-        closers.insert(0, dropper.stop)
+        # A pass still blocked after a second is cancelled when the channel closes below.
+        closers.insert(0, lambda: dropper.stop(timeout=1.0))
     return CoreDependencies(graveler, closers, dependencies, on_ready)

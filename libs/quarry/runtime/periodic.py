@@ -61,10 +61,26 @@ class PeriodicWorker:
         while not self.stopping.wait(delay):
             try:
                 succeeded = self._step() is not False
-            except Exception:  # noqa: BLE001 — a background loop outlives any failed pass
-                log.warning("%s: pass failed; retrying", self.name, exc_info=True)
+            except Exception as exc:  # noqa: BLE001 — a background loop outlives any failure
+                self._log_failure(exc)
                 succeeded = False
+            else:
+                if succeeded and self._failures:
+                    log.info("%s: working again after %d failed pass(es)", self.name,
+                             self._failures)
             delay = self.next_delay(succeeded)
+
+    def _log_failure(self, exc: Exception) -> None:
+        """Once per streak of failures: a dependency that is down for an hour is one line,
+        not thousands. Domain errors (e.g. UNAVAILABLE) without a traceback."""
+        if self._failures:
+            log.debug("%s: pass failed again: %s", self.name, exc)
+            return
+        from quarry import errors
+
+        expected = isinstance(exc, errors.QuarryError)
+        log.warning("%s: pass failed; retrying with backoff: %s", self.name,
+                    getattr(exc, "message", None) or exc, exc_info=not expected)
 
     def stop(self, timeout: float = 5.0) -> bool:
         """Ask the loop to end and wait up to `timeout` seconds. True if it ended (a step

@@ -180,8 +180,7 @@ class Readiness:
                                 for d, exc in missing),
                     metadata={"service": self._service,
                               "dependency": ",".join(d.name for d, _ in missing),
-                              "address": ",".join(d.address for d, _ in missing)},
-                    retry_delay=READINESS_RETRY_MAX_SECONDS),
+                              "address": ",".join(d.address for d, _ in missing)}),
                     key="waiting for " + ",".join(d.name for d, _ in missing))
                 return False
             while self._pending_work:
@@ -199,8 +198,8 @@ class Readiness:
                         return False
                     self._set_not_ready(DependencyUnavailable(
                         f"{self._service} is starting: {getattr(exc, 'message', exc)}",
-                        metadata={"service": self._service, "dependency": self._waiting_for},
-                        retry_delay=READINESS_RETRY_MAX_SECONDS), key="starting")
+                        metadata={"service": self._service,
+                                  "dependency": self._waiting_for}), key="starting")
                     return False
                 self._pending_work.pop(0)
             self._set_ready()
@@ -313,7 +312,7 @@ class QuarryServer:
         most PROBE_TIMEOUT_SECONDS), calls still running after `grace` are cancelled, and
         the on_stop callbacks stop background loops with bounded waits and close the
         dependency channels, which cancels any call still blocked on a dead dependency."""
-        self.readiness.worker.stop(timeout=PROBE_TIMEOUT_SECONDS + 1)
+        self.readiness.worker.stop(timeout=0.5)  # a probe still running is cut by close()
         self.health.enter_graceful_shutdown()
         self.grpc_server.stop(grace).wait()
         for callback in [*self.spec.on_stop, self.readiness.close]:
