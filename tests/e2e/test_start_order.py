@@ -221,6 +221,34 @@ def test_a_service_stops_within_its_grace_period_while_its_dependency_hangs(proc
     assert outcome and outcome[0] != "ok"
 
 
+def test_a_dependent_service_still_refuses_another_format_version(procs):
+    """branch-manager starts before the kv-gateway; the gateway that then appears (another
+    build) serves a store of another format version: branch-manager exits non-zero with the
+    export/import message instead of waiting forever."""
+    from quarry.kv.memory import MemoryStore
+    from support.servers import settings_for_tests
+
+    from kv_gateway.service import build
+    from quarry.runtime.server import create_server
+
+    branch_manager = procs.start("branch-manager")
+    wait_health(procs.target("branch-manager"), NOT_SERVING, child=branch_manager)
+    backend = MemoryStore()
+    backend.set(b"quarry", b"format-version", b"999")
+    other_build = build(settings_for_tests(), backend=backend)
+    other_build.on_ready.clear()  # a gateway of another build: it serves that store
+    gateway, _ = create_server(settings_for_tests(), other_build,
+                               port=procs.ports["kv-gateway"], host="127.0.0.1")
+    try:
+        branch_manager.wait(timeout=30)
+    finally:
+        gateway.stop(grace=0)
+    log = procs.log("branch-manager")
+    assert branch_manager.returncode not in (0, None), log
+    assert "quarry export" in log and "quarry import" in log
+    assert "Traceback" not in log
+
+
 def _stop_times(stderr: str) -> tuple[dict[str, datetime], dict[str, datetime]]:
     """When each service began draining and when it had stopped, from its own log lines."""
     pattern = re.compile(r"^(\S+ \S+) \S+ INFO quarry\.runtime\.server: (\S+)(: signal \d+, "
