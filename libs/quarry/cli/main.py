@@ -113,6 +113,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     # which Python would otherwise keep.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
+    # The services have their own process group (below), so a closed terminal's SIGHUP
+    # reaches only us: stop them in order then too.
+    signal.signal(signal.SIGHUP, _interrupt)
 
     def stop_all() -> None:
         # Dependents first, one at a time: each drains while what it calls is still up. A

@@ -54,6 +54,9 @@ READINESS_INTERVAL_SECONDS = 1.0
 READINESS_RETRY_INITIAL_SECONDS = 0.1
 READINESS_RETRY_MAX_SECONDS = 2.0
 PROBE_TIMEOUT_SECONDS = 1.0
+# A ready service turns NOT_SERVING after this many failed rounds in a row (the retries come
+# within a fraction of a second): one slow health answer under load does not refuse calls.
+LOST_AFTER_FAILED_ROUNDS = 2
 
 
 class DependencyUnavailable(errors.Unavailable):
@@ -147,6 +150,7 @@ class Readiness:
             f"{spec.name} is starting", metadata={"service": spec.name,
                                                   "dependency": self._waiting_for})
         self._logged: str | None = None
+        self._failed_rounds = 0  # consecutive failed probe rounds while ready
         self.failure: BaseException | None = None  # start-up work refused: stop the service
         self.worker = PeriodicWorker(f"{spec.name}-readiness", self.check, interval,
                                      retry_initial=retry_initial, retry_max=retry_max)
@@ -173,6 +177,11 @@ class Readiness:
                     dependency.probe(self._probe_timeout)
                 except Exception as exc:  # noqa: BLE001 — any failure means "not answering"
                     missing.append((dependency, exc))
+            if missing and self.ready and self._failed_rounds + 1 < LOST_AFTER_FAILED_ROUNDS:
+                self._failed_rounds += 1
+                log.debug("%s: probe round failed (%s); still SERVING", self._service,
+                          ", ".join(d.name for d, _ in missing))
+                return False  # probed again soon, on the backoff schedule
             if missing:
                 self._set_not_ready(DependencyUnavailable(
                     f"{self._service} is waiting for its dependencies: "
@@ -214,6 +223,7 @@ class Readiness:
 
     def _set_ready(self) -> None:
         self._not_ready = None
+        self._failed_rounds = 0
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
         if self._logged != "ready":
             self._logged = "ready"
