@@ -77,6 +77,7 @@ def core_dependencies(settings: Settings, kv_store=None, committed=None, range_w
                           interval_seconds=settings.staging_drop_interval_seconds,
                           grace_seconds=settings.staging_drop_grace_seconds)
         on_ready.append(dropper.start)
-        # A pass still blocked after a second is cancelled when the channel closes below.
-        closers.insert(0, lambda: dropper.stop(timeout=1.0))
+        # Not waited for long: a pass still blocked on the gateway is cancelled when the
+        # channel closes below, and its thread then ends.
+        closers.insert(0, lambda: dropper.stop(timeout=0.2))
     return CoreDependencies(graveler, closers, dependencies, on_ready)

@@ -91,6 +91,6 @@ class PeriodicWorker:
             return True
         thread.join(timeout=timeout)
         if thread.is_alive():
-            log.warning("%s: still busy %.1fs after stop; leaving it", self.name, timeout)
+            log.debug("%s: still busy %.1fs after stop; leaving it", self.name, timeout)
             return False
         return True

@@ -322,7 +322,8 @@ class QuarryServer:
         most PROBE_TIMEOUT_SECONDS), calls still running after `grace` are cancelled, and
         the on_stop callbacks stop background loops with bounded waits and close the
         dependency channels, which cancels any call still blocked on a dead dependency."""
-        self.readiness.worker.stop(timeout=0.5)  # a probe still running is cut by close()
+        # Not waited for: a probe still running is cancelled when on_stop closes its channel.
+        self.readiness.worker.stop(timeout=0.1)
         self.health.enter_graceful_shutdown()
         self.grpc_server.stop(grace).wait()
         for callback in [*self.spec.on_stop, self.readiness.close]:
