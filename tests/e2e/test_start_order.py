@@ -23,13 +23,14 @@ from quarry.cli.main import SERVICE_MODULES, start_order
 from quarry.client import Client
 from quarry.client.retry import RetryPolicy
 from quarry.v1 import (branch_manager_pb2, branch_manager_pb2_grpc, committer_pb2,
-                       committer_pb2_grpc, server_info_pb2, server_info_pb2_grpc)
+                       committer_pb2_grpc, compactor_sensor_pb2, compactor_sensor_pb2_grpc,
+                       server_info_pb2, server_info_pb2_grpc)
 from support.processes import VENV_BIN, free_port, quarry_env, wait_health
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 GRACE = 3.0  # QUARRY_SHUTDOWN_GRACE_SECONDS of every process here
-SERVICES = ("kv-gateway", "range-writer", "branch-manager", "committer")
+SERVICES = ("kv-gateway", "range-writer", "branch-manager", "committer", "compactor-sensor")
 
 
 class Processes:
@@ -41,10 +42,12 @@ class Processes:
         settings = {f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
                     for name, port in self.ports.items()
                     for what, value in (("PORT", str(port)), ("ADDRESS", f"127.0.0.1:{port}"))}
-        self.env = quarry_env(home, QUARRY_SHUTDOWN_GRACE_SECONDS=str(GRACE),
-                              QUARRY_COMPACTOR_ENABLED="false",
-                              # The dropper polls the (dead) gateway while we stop things.
-                              QUARRY_STAGING_DROP_INTERVAL_SECONDS="0.2", **settings, **extra)
+        settings.update(QUARRY_SHUTDOWN_GRACE_SECONDS=str(GRACE),
+                        # The dropper polls the (dead) gateway while we stop things.
+                        QUARRY_STAGING_DROP_INTERVAL_SECONDS="0.2",
+                        QUARRY_COMPACTION_CHECK_INTERVAL_SECONDS="0.2")
+        settings.update(extra)
+        self.env = quarry_env(home, **settings)
         self.children: dict[str, subprocess.Popen] = {}
         self.home = home
 
@@ -117,13 +120,17 @@ def wait_all(procs: Processes, names, status) -> None:
         wait_health(procs.target(name), status, child=procs.children[name])
 
 
+DEPENDENTS = ["branch-manager", "committer", "compactor-sensor"]
+
+
 def test_services_started_before_the_kv_gateway_wait_for_it_and_follow_it(procs, tmp_path):
-    branch_manager = procs.start("branch-manager")
-    committer = procs.start("committer")
+    for name in DEPENDENTS:
+        procs.start(name)
     # Up, listening and NOT_SERVING (overall and per service) — not exited.
-    wait_all(procs, ["branch-manager", "committer"], NOT_SERVING)
+    wait_all(procs, DEPENDENTS, NOT_SERVING)
     for name, service in (("branch-manager", "quarry.v1.BranchManager"),
-                          ("committer", "quarry.v1.Committer")):
+                          ("committer", "quarry.v1.Committer"),
+                          ("compactor-sensor", "quarry.v1.CompactorSensor")):
         wait_health(procs.target(name), NOT_SERVING, service=service)
         with grpc.insecure_channel(procs.target(name)) as channel:
             info = server_info_pb2_grpc.ServerInfoStub(channel).GetServerInfo(
@@ -134,27 +141,42 @@ def test_services_started_before_the_kv_gateway_wait_for_it_and_follow_it(procs,
         _code, info = refusal(lambda: committer_pb2_grpc.CommitterStub(channel).Log(
             committer_pb2.LogRequest(repository="demo", ref="main"), timeout=5))
     assert set(info.metadata["dependency"].split(",")) == {"kv-gateway", "range-writer"}
+    # The sensor waits for the committer too, which answers but is NOT_SERVING.
+    with grpc.insecure_channel(procs.target("compactor-sensor")) as channel:
+        code, info = refusal(lambda: compactor_sensor_pb2_grpc.CompactorSensorStub(channel)
+                             .GetBranchStagingStats(compactor_sensor_pb2.
+                                                    GetBranchStagingStatsRequest(
+                                                        repository="demo", branch="main"),
+                                                    timeout=5))
+    assert (code, info.reason) == (grpc.StatusCode.UNAVAILABLE, "DEPENDENCY_UNAVAILABLE")
+    assert set(info.metadata["dependency"].split(",")) == {"kv-gateway", "committer"}
 
     procs.start("kv-gateway")
     procs.start("range-writer")
-    wait_all(procs, ["branch-manager", "committer"], SERVING)
-    assert branch_manager.poll() is None and committer.poll() is None
+    wait_all(procs, DEPENDENTS, SERVING)
+    assert all(procs.children[name].poll() is None for name in DEPENDENTS)
     namespace = tmp_path / "lake" / "demo"
-    with Client(procs.target("branch-manager"), procs.target("committer")) as client:
+    with Client(procs.target("branch-manager"), procs.target("committer"),
+                compactor_sensor=procs.target("compactor-sensor")) as client:
         client.create_repository("demo", str(namespace))
         client.put_object("demo", "main", path="t/a.parquet",
                           physical_address="s3://bucket/a.parquet", size_bytes=10)
+        # The sensor's statistics (its loop started behind the gate) see the staged write.
+        deadline = time.monotonic() + 20
+        while client.branch_staging_stats("demo", "main").puts < 1:
+            assert time.monotonic() < deadline, "the sensor never counted the write"
+            time.sleep(0.1)
         first = client.commit("demo", "main", "first").commit
 
     # The kv-gateway dies: health follows, calls are refused with the reason.
     procs.children["kv-gateway"].kill()
     procs.children["kv-gateway"].wait()
-    wait_all(procs, ["branch-manager", "committer"], NOT_SERVING)
+    wait_all(procs, DEPENDENTS, NOT_SERVING)
     assert_waits_for(procs, "kv-gateway")
 
     # It comes back: SERVING again, and the data is there.
     procs.start("kv-gateway")
-    wait_all(procs, ["branch-manager", "committer"], SERVING)
+    wait_all(procs, DEPENDENTS, SERVING)
     with Client(procs.target("branch-manager"), procs.target("committer")) as client:
         assert client.stat_object("demo", "main", "t/a.parquet").physical_address == \
             "s3://bucket/a.parquet"
@@ -166,8 +188,8 @@ def test_services_started_before_the_kv_gateway_wait_for_it_and_follow_it(procs,
     # Gone again: SIGTERM still ends both within their grace period.
     procs.children["kv-gateway"].kill()
     procs.children["kv-gateway"].wait()
-    wait_all(procs, ["branch-manager", "committer"], NOT_SERVING)
-    for name in ("branch-manager", "committer"):
+    wait_all(procs, DEPENDENTS, NOT_SERVING)
+    for name in DEPENDENTS:
         child = procs.children[name]
         started = time.monotonic()
         child.send_signal(signal.SIGTERM)
@@ -176,13 +198,15 @@ def test_services_started_before_the_kv_gateway_wait_for_it_and_follow_it(procs,
         assert child.returncode == 0, procs.log(name)
         print(f"{name} stopped in {elapsed:.2f}s without its kv-gateway (grace {GRACE}s)")
         assert elapsed < GRACE, f"{name} took {elapsed:.2f}s to stop"
-        assert "Traceback" not in procs.log(name)
+        if name != "compactor-sensor":  # its per-branch warnings carry tracebacks
+            assert "Traceback" not in procs.log(name)
 
 
 def test_a_service_stops_within_its_grace_period_while_its_dependency_hangs(procs, tmp_path):
     """The kv-gateway is frozen (SIGSTOP: connections open, nothing answers — a network
     partition), a write is in flight and the dropper is polling: SIGTERM still ends
     branch-manager about when its grace period ends, not when a KV deadline would."""
+    procs.env["QUARRY_COMPACTOR_ENABLED"] = "false"
     procs.start("kv-gateway")
     procs.start("range-writer")
     branch_manager = procs.start("branch-manager")

@@ -52,9 +52,9 @@ class StagingReporter:
         self._lock = threading.Lock()
         self._pending: dict[tuple[str, str, str], list[int]] = {}
         self._flush_lock = threading.Lock()  # one flush at a time (loop and stop)
-        # A failed flush already dropped its batch: keep the interval, no backoff.
-        self._worker = PeriodicWorker("staging-reporter", self._flush_quietly,
-                                      interval_seconds)
+        # An undelivered batch is dropped and logged by flush itself: keep the interval.
+        self._worker = PeriodicWorker("staging-reporter", self._flush_step, interval_seconds,
+                                      retry_initial=interval_seconds)
         self._failing = False
         self.sent = 0  # report lines delivered / dropped by this reporter (tests, logs)
         self.dropped = 0
@@ -123,11 +123,8 @@ class StagingReporter:
         self._worker.start()
         return self
 
-    def _flush_quietly(self) -> None:
-        try:
-            self.flush()
-        except Exception:  # noqa: BLE001 — the reporter must outlive any bad batch
-            log.warning("staging reporter: flush failed", exc_info=True)
+    def _flush_step(self) -> None:
+        self.flush()
 
     def stop(self, flush: bool = True) -> None:
         """Stop the loop, send what is left (best effort, one short call), close."""

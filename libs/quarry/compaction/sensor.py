@@ -227,10 +227,11 @@ class CompactionSensor:
         self._lock = threading.Lock()
         self._branches: dict[tuple[str, str], _BranchState] = {}
         self._discovered_at: float | None = None
-        # Evaluates at once, then every check interval; a failed pass is logged and the
-        # next one comes at the same interval.
-        self._worker = PeriodicWorker("compactor-sensor", self._evaluate_logged,
-                                      check_interval_seconds)
+        # Evaluates at once, then every check interval; a failed pass (e.g. the kv-gateway
+        # is away) is logged once per streak and the next one comes at the same interval.
+        self._worker = PeriodicWorker("compactor-sensor", self.evaluate_once,
+                                      check_interval_seconds,
+                                      retry_initial=check_interval_seconds)
 
     @classmethod
     def from_settings(cls, settings, store: kv.Store, compactor: Compactor | None,
@@ -565,12 +566,6 @@ class CompactionSensor:
     def start(self) -> "CompactionSensor":
         self._worker.start(first_delay=0)
         return self
-
-    def _evaluate_logged(self) -> None:
-        try:
-            self.evaluate_once()
-        except Exception:  # noqa: BLE001 — keep evaluating
-            log.exception("compactor-sensor: evaluation failed")
 
     def stop(self, timeout: float = 5.0) -> None:
         self._worker.stop(timeout)
