@@ -12,6 +12,10 @@ from quarry.v1 import branch_manager_pb2, branch_manager_pb2_grpc
 from branch_manager.servicer import BranchManagerServicer
 
 SERVICE_NAME = "branch-manager"
+# What must answer before branch-manager serves. Not the compactor-sensor: its reports are
+# fire-and-forget. Not the range-writer either: only CreateRepository calls it, and that
+# call fails on its own (UNAVAILABLE) while the range-writer is away.
+DEPENDS_ON = ("kv-gateway",)
 
 
 def build(settings: Settings, kv_store=None, committed=None, range_writer=None,
@@ -40,4 +44,6 @@ def build(settings: Settings, kv_store=None, committed=None, range_writer=None,
         grpc_service_names=[
             branch_manager_pb2.DESCRIPTOR.services_by_name["BranchManager"].full_name],
         on_stop=closers,
+        dependencies=deps.needed(DEPENDS_ON),
+        on_ready=deps.on_ready,
     )

@@ -9,6 +9,8 @@ from quarry.v1 import committer_pb2, committer_pb2_grpc
 from committer.servicer import CommitterServicer
 
 SERVICE_NAME = "committer"
+# What must answer before the committer serves (every commit writes ranges and KV records).
+DEPENDS_ON = ("kv-gateway", "range-writer")
 
 
 def build(settings: Settings, kv_store=None, committed=None, range_writer=None) -> ServiceSpec:
@@ -22,4 +24,6 @@ def build(settings: Settings, kv_store=None, committed=None, range_writer=None) 
             servicer, server),
         grpc_service_names=[committer_pb2.DESCRIPTOR.services_by_name["Committer"].full_name],
         on_stop=deps.closers,
+        dependencies=deps.needed(DEPENDS_ON),
+        on_ready=deps.on_ready,
     )

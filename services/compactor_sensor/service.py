@@ -1,6 +1,7 @@
 """compactor-sensor wiring: KV through the kv-gateway (branch records, and staging
 partitions when rebuilding after a restart), the committer's Compact over gRPC, and the
-background evaluation loop (started here when compactor_enabled, stopped on shutdown)."""
+background evaluation loop (started once the kv-gateway and the committer answer, when
+compactor_enabled; stopped on shutdown)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ import grpc
 
 from quarry.compaction.sensor import CompactionResult, CompactionSensor
 from quarry.config import Settings
-from quarry.runtime.channels import channel_for
+from quarry.runtime.channels import channel_for, open_service_channel
 from quarry.runtime.errors import from_rpc_error
 from quarry.runtime.format_version import ensure_format_version
-from quarry.runtime.server import ServiceSpec
+from quarry.runtime.server import ServiceSpec, service_dependency
 from quarry.v1 import (committer_pb2, committer_pb2_grpc, compactor_sensor_pb2,
                        compactor_sensor_pb2_grpc)
 
 from compactor_sensor.servicer import CompactorSensorServicer
 
 SERVICE_NAME = "compactor-sensor"
+# What must answer before the sensor serves: it reads branch records and staging partitions
+# through the kv-gateway and asks the committer to compact.
+DEPENDS_ON = ("kv-gateway", "committer")
 # A compaction applies every sealed token of a branch: allow it time.
 COMPACT_TIMEOUT_SECONDS = 600.0
 
@@ -56,18 +60,27 @@ def assemble(settings: Settings, kv_store=None, compactor=None) -> Assembled:
     """The ServiceSpec and its sensor (tests reach the sensor). `kv_store` and `compactor`
     override the kv-gateway and committer clients."""
     closers = []
+    dependencies = {}
     if kv_store is None:
         from quarry.kv.remote import RemoteStore
 
-        kv_store = RemoteStore(settings.kv_gateway_address)
-        closers.append(kv_store.close)
-    ensure_format_version(kv_store)
+        raw, traced = open_service_channel(settings.kv_gateway_address)
+        kv_store = RemoteStore(traced)
+        dependencies["kv-gateway"] = service_dependency("kv-gateway",
+                                                        settings.kv_gateway_address, raw)
+        closers.append(raw.close)
     if compactor is None:
-        compactor = CommitterCompactor(settings.committer_address)
-        closers.append(compactor.close)
+        raw, traced = open_service_channel(settings.committer_address)
+        compactor = CommitterCompactor(traced)
+        dependencies["committer"] = service_dependency("committer", settings.committer_address,
+                                                       raw)
+        closers.append(raw.close)  # also cancels a Compact still running at shutdown
     sensor = CompactionSensor.from_settings(settings, kv_store, compactor)
+    # Behind the readiness gate: the format check and the loop (whose first passes rebuild
+    # the statistics from the KV store) run once the kv-gateway and the committer answer.
+    on_ready = [lambda: ensure_format_version(kv_store)]
     if settings.compactor_enabled:
-        sensor.start()
+        on_ready.append(sensor.start)
     closers.insert(0, sensor.stop)
     servicer = CompactorSensorServicer(sensor)
     spec = ServiceSpec(
@@ -77,6 +90,8 @@ def assemble(settings: Settings, kv_store=None, compactor=None) -> Assembled:
         grpc_service_names=[
             compactor_sensor_pb2.DESCRIPTOR.services_by_name["CompactorSensor"].full_name],
         on_stop=closers,
+        dependencies=[dependencies[name] for name in DEPENDS_ON if name in dependencies],
+        on_ready=on_ready,
     )
     return Assembled(spec, sensor)
 

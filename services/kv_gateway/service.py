@@ -10,16 +10,42 @@ from __future__ import annotations
 
 from quarry.config import Settings
 from quarry.kv import open_store
+from quarry.kv import store as kv
 from quarry.kv.amortized import AmortizedStore
 from quarry.kv.metering import READ, WRITE, MeteredStore, PartitionLimiter
 from quarry.kv.partitions import PartitionValidatingStore
 from quarry.runtime.format_version import ensure_format_version
-from quarry.runtime.server import ServiceSpec
+from quarry.runtime.format_version import KEY as FORMAT_VERSION_KEY
+from quarry.runtime.format_version import PARTITION as FORMAT_VERSION_PARTITION
+from quarry.runtime.server import Dependency, DependencyUnavailable, ServiceSpec
 from quarry.v1 import kv_pb2, kv_pb2_grpc
 
 from kv_gateway.servicer import KVGatewayServicer
 
 SERVICE_NAME = "kv-gateway"
+# No other Quarry service: the gateway waits only for its KV backend (see backend_dependency).
+DEPENDS_ON: tuple[str, ...] = ()
+
+
+def backend_dependency(backend, url: str) -> Dependency:
+    """The KV backend (DynamoDB may be unreachable; SQLite is a local file): it answers when
+    one read of the format-version item succeeds."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    shown = parts.scheme + "://" + (parts.netloc.rsplit("@", 1)[-1] + parts.path)  # no secrets
+
+    def probe(_timeout: float) -> None:
+        try:
+            backend.get(FORMAT_VERSION_PARTITION, FORMAT_VERSION_KEY)
+        except kv.KeyNotFound:
+            pass  # answers; the version is stamped by the start-up work
+        except Exception as exc:  # noqa: BLE001 — any failure is "not answering"
+            raise DependencyUnavailable(
+                f"the KV backend {shown} does not answer: {getattr(exc, 'message', exc)}",
+                metadata={"dependency": "kv-backend", "address": shown}) from None
+
+    return Dependency("kv-backend", shown, probe)
 
 
 def capacity_report_to_proto(metered: MeteredStore, limiter: PartitionLimiter | None,
@@ -45,9 +71,12 @@ def capacity_report_to_proto(metered: MeteredStore, limiter: PartitionLimiter | 
 
 
 def build(settings: Settings, backend=None) -> ServiceSpec:
-    """The kv-gateway's ServiceSpec. `backend` overrides settings.kv_url (tests)."""
-    backend = backend if backend is not None else open_store(settings.effective_kv_url)
-    ensure_format_version(backend)
+    """The kv-gateway's ServiceSpec. `backend` overrides settings.kv_url (tests: a backend
+    passed in is not probed, so cost-model counts see no probe reads)."""
+    dependencies = []
+    if backend is None:
+        backend = open_store(settings.effective_kv_url)
+        dependencies.append(backend_dependency(backend, settings.effective_kv_url))
     limiter = None
     if settings.kv_limiter_enabled:
         limiter = PartitionLimiter(
@@ -65,4 +94,8 @@ def build(settings: Settings, backend=None) -> ServiceSpec:
         register=lambda server: kv_pb2_grpc.add_KVGatewayServicer_to_server(servicer, server),
         grpc_service_names=[kv_pb2.DESCRIPTOR.services_by_name["KVGateway"].full_name],
         on_stop=[store.close],
+        dependencies=dependencies,
+        # Behind the readiness gate: stamp or check the storage format version once the
+        # backend answers; another version stops the gateway (export/import message).
+        on_ready=[lambda: ensure_format_version(backend)],
     )

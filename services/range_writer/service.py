@@ -12,6 +12,8 @@ from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
 from range_writer.servicer import RangeWriterServicer
 
 SERVICE_NAME = "range-writer"
+# Writes only to object stores, opened per namespace per call: no service to wait for.
+DEPENDS_ON: tuple[str, ...] = ()
 
 
 def build(settings: Settings, manager: CommittedManager | None = None) -> ServiceSpec:

@@ -301,6 +301,11 @@ def test_default_deployment(service):
         assert grpc_probe_port(c, probe) == port, probe
     if "startupProbe" in c:
         assert grpc_probe_port(c, "startupProbe") == port
+        assert c["startupProbe"]["grpc"]["service"] == "quarry.v1.ServerInfo"
+    # A service waiting for a dependency is NOT_SERVING overall: it must leave the endpoints
+    # (readiness on "") but not be restarted (liveness on ServerInfo, SERVING while it runs).
+    assert c["livenessProbe"]["grpc"]["service"] == "quarry.v1.ServerInfo"
+    assert c["readinessProbe"]["grpc"].get("service", "") == ""
 
     assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
     assert c["resources"]["limits"]["memory"]

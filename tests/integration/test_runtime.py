@@ -167,8 +167,10 @@ def test_format_version_stamped_once_and_mismatch_refused():
 
     from kv_gateway.service import build
 
+    # The check runs behind the readiness gate, in create_server's first round: still refused.
     with pytest.raises(FormatVersionMismatch):
-        build(settings_for_tests(), backend=backend)
+        create_server(settings_for_tests(), build(settings_for_tests(), backend=backend),
+                      port=0, host="127.0.0.1")
 
 
 def test_format_version_racing_first_starts_agree():

@@ -33,19 +33,43 @@ def quarry_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def wait_serving(target: str, timeout: float = 20.0) -> None:
+    wait_health(target, health_pb2.HealthCheckResponse.SERVING, timeout=timeout)
+
+
+def health_status(target: str, service: str = "") -> int | None:
+    """grpc.health.v1 status of `service` ("" = overall) at `target`; None if no answer."""
+    with grpc.insecure_channel(target) as channel:
+        try:
+            return health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=1).status
+        except grpc.RpcError:
+            return None
+
+
+def wait_health(target: str, status: int, service: str = "", timeout: float = 20.0,
+                child: subprocess.Popen | None = None) -> None:
+    """Poll until `service` at `target` reports `status` (e.g. NOT_SERVING); fail early if
+    `child` (the process serving it) exits meanwhile."""
     deadline = time.monotonic() + timeout
+    seen = None
     with grpc.insecure_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                seen = stub.Check(health_pb2.HealthCheckRequest(service=service),
+                                  timeout=1).status
+                if seen == status:
                     return
-            except grpc.RpcError:
-                pass
+            except grpc.RpcError as error:
+                seen = error.code()
+            if child is not None and child.poll() is not None:
+                raise AssertionError(f"the process serving {target} exited with "
+                                     f"{child.returncode} (health was {seen})")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{target} did not become SERVING within {timeout}s")
-            time.sleep(0.1)
+                name = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
+                raise TimeoutError(f"{target} did not report {name} for {service!r} within "
+                                   f"{timeout}s (last: {seen})")
+            time.sleep(0.05)
 
 
 @contextlib.contextmanager

@@ -28,8 +28,8 @@ import quarry
 from quarry import errors
 from quarry.config import SERVICES, load_settings, settings_table
 
-# The services built so far, in start order (kv-gateway first: the others depend on it).
-# Each maps to the module whose `build(settings) -> ServiceSpec` wires it.
+# The services built so far. Each maps to the module whose `build(settings) -> ServiceSpec`
+# wires it and whose DEPENDS_ON names the services it needs in order to serve.
 SERVICE_MODULES = {
     "kv-gateway": "kv_gateway.service",
     "range-writer": "range_writer.service",
@@ -46,6 +46,23 @@ def _service_builder(name: str):
         raise SystemExit(f"quarry: service {name!r} is not built yet; available: "
                          f"{', '.join(SERVICE_MODULES)}")
     return importlib.import_module(SERVICE_MODULES[name]).build
+
+
+def start_order() -> list[str]:
+    """The services with each after the ones it depends on (SERVICE_MODULES order among
+    equals). Any order works — a service waits for its dependencies, NOT_SERVING — but this
+    one makes `quarry up` ready soonest, and its reverse stops dependents first, so no
+    service is left running without what it needs."""
+    depends_on = {name: tuple(importlib.import_module(module).DEPENDS_ON)
+                  for name, module in SERVICE_MODULES.items()}
+    order: list[str] = []
+    while len(order) < len(depends_on):
+        ready = [name for name in depends_on if name not in order
+                 and all(d in order for d in depends_on[name] if d in depends_on)]
+        if not ready:
+            raise RuntimeError(f"dependency cycle among {sorted(set(depends_on) - set(order))}")
+        order.append(ready[0])
+    return order
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -96,23 +113,32 @@ def cmd_up(args: argparse.Namespace) -> int:
     # which Python would otherwise keep.
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
+    # The services have their own process group (below), so a closed terminal's SIGHUP
+    # reaches only us: stop them in order then too.
+    signal.signal(signal.SIGHUP, _interrupt)
 
     def stop_all() -> None:
-        for _name, child in reversed(children):
+        # Dependents first, one at a time: each drains while what it calls is still up. A
+        # service that outlives its grace period (plus slack) is killed.
+        for name, child in reversed(children):
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + settings.shutdown_grace_seconds + 5
-        for name, child in reversed(children):
             try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+                child.wait(timeout=settings.shutdown_grace_seconds + 5)
             except subprocess.TimeoutExpired:
                 print(f"  {name} did not stop in time; killing it", file=sys.stderr)
                 child.kill()
+                child.wait()
+            print(f"  {name} stopped (exit {child.returncode})", flush=True)
 
     try:
-        for name in SERVICE_MODULES:
+        for name in start_order():
+            # Its own process group: Ctrl-C in the terminal reaches only `quarry up`, which
+            # then stops the services in order (else all would stop at once, the kv-gateway
+            # possibly first).
             child = subprocess.Popen([sys.executable, "-m", "quarry.cli.main", "serve", name],
-                                     env=env, stdout=subprocess.PIPE, text=True)
+                                     env=env, stdout=subprocess.PIPE, text=True,
+                                     process_group=0)
             children.append((name, child))
             line = child.stdout.readline()
             if "ready" not in line:

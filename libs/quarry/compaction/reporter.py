@@ -20,6 +20,7 @@ import grpc
 from prometheus_client import Counter
 
 from quarry.runtime.channels import CHANNEL_OPTIONS
+from quarry.runtime.periodic import PeriodicWorker
 from quarry.v1 import compactor_sensor_pb2 as pb
 from quarry.v1 import compactor_sensor_pb2_grpc
 
@@ -51,8 +52,9 @@ class StagingReporter:
         self._lock = threading.Lock()
         self._pending: dict[tuple[str, str, str], list[int]] = {}
         self._flush_lock = threading.Lock()  # one flush at a time (loop and stop)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # An undelivered batch is dropped and logged by flush itself: keep the interval.
+        self._worker = PeriodicWorker("staging-reporter", self._flush_step, interval_seconds,
+                                      retry_initial=interval_seconds)
         self._failing = False
         self.sent = 0  # report lines delivered / dropped by this reporter (tests, logs)
         self.dropped = 0
@@ -118,26 +120,15 @@ class StagingReporter:
             return True
 
     def start(self) -> "StagingReporter":
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="staging-reporter",
-                                            daemon=True)
-            self._thread.start()
+        self._worker.start()
         return self
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_seconds):
-            try:
-                self.flush()
-            except Exception:  # noqa: BLE001 — the reporter must outlive any bad batch
-                log.warning("staging reporter: flush failed", exc_info=True)
+    def _flush_step(self) -> None:
+        self.flush()
 
     def stop(self, flush: bool = True) -> None:
-        """Stop the thread, send what is left (best effort, one short call), close."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout=self.timeout_seconds + 5)
+        """Stop the loop, send what is left (best effort, one short call), close."""
+        self._worker.stop(timeout=self.timeout_seconds + 1)
         if flush:
             try:
                 self.flush()

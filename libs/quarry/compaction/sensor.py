@@ -47,6 +47,7 @@ from quarry.graveler.refs import RefManager, Repository, is_dirty
 from quarry.kv import store as kv
 from quarry.kv.partitions import staging_partition
 from quarry.paging import PageBudget
+from quarry.runtime.periodic import PeriodicWorker
 from quarry.v1 import compactor_sensor_pb2, types_pb2
 
 log = logging.getLogger(__name__)
@@ -236,8 +237,11 @@ class CompactionSensor:
         self._lock = threading.Lock()
         self._branches: dict[tuple[str, str], _BranchState] = {}
         self._discovered_at: float | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # Evaluates at once, then every check interval; a failed pass (e.g. the kv-gateway
+        # is away) is logged once per streak and the next one comes at the same interval.
+        self._worker = PeriodicWorker("compactor-sensor", self.evaluate_once,
+                                      check_interval_seconds,
+                                      retry_initial=check_interval_seconds)
 
     @classmethod
     def from_settings(cls, settings, store: kv.Store, compactor: Compactor | None,
@@ -598,24 +602,8 @@ class CompactionSensor:
     # ---- the background loop ---------------------------------------------------------------
 
     def start(self) -> "CompactionSensor":
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="compactor-sensor",
-                                            daemon=True)
-            self._thread.start()
+        self._worker.start(first_delay=0)
         return self
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.evaluate_once()
-            except Exception:  # noqa: BLE001 — keep evaluating
-                log.exception("compactor-sensor: evaluation failed")
-            if self._stop.wait(self.check_interval_seconds):
-                return
-
     def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout=timeout)
+        self._worker.stop(timeout)

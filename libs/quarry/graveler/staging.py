@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
 import uuid
 from typing import Sequence
@@ -20,6 +19,7 @@ from quarry.graveler import records
 from quarry.graveler.model import Entry
 from quarry.kv import store as kv
 from quarry.kv.partitions import CLEANUP_PARTITION, staging_partition
+from quarry.runtime.periodic import PeriodicWorker
 from quarry.v1 import records_pb2, types_pb2
 
 log = logging.getLogger(__name__)
@@ -207,29 +207,25 @@ def _parked_key(key: bytes, unique: str = "") -> bytes:
 
 
 class Dropper:
-    """Background thread running StagingManager.drop_queued periodically."""
+    """Background worker running StagingManager.drop_queued periodically (a PeriodicWorker:
+    it backs off while the KV store is unreachable and stops between partitions when asked,
+    so a dead kv-gateway never holds up a shutdown)."""
 
     def __init__(self, staging: StagingManager, interval_seconds: float = 5.0,
                  grace_seconds: float = 10.0):
         self._staging = staging
-        self._interval = interval_seconds
         self._grace = grace_seconds
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="staging-dropper", daemon=True)
+        self._worker = PeriodicWorker("staging-dropper", self._drop_due, interval_seconds,
+                                      retry_max=max(interval_seconds, 30.0))
 
     def start(self) -> "Dropper":
-        self._thread.start()
+        self._worker.start()
         return self
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                while self._staging.drop_queued(self._grace) > 0:
-                    if self._stop.is_set():
-                        return
-            except Exception:  # noqa: BLE001 — keep dropping later; the KV may be back
-                log.warning("dropping staging tokens failed; will retry", exc_info=True)
+    def _drop_due(self) -> None:
+        while not self._worker.stopping.is_set():
+            if self._staging.drop_queued(self._grace) == 0:
+                return
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+    def stop(self, timeout: float = 5.0) -> bool:
+        return self._worker.stop(timeout)

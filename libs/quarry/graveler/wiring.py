@@ -3,6 +3,11 @@
 Production wiring: the KV store is the kv-gateway (RemoteStore), committed data is read
 straight from object storage with local caches, and ranges are written by range-writer.
 Tests pass their own parts (a local store, a local manager) to any of them.
+
+Nothing here calls a dependency: the services it dials are returned as `dependencies` (each
+service.py declares which of them it needs in order to serve), and the work that needs the
+KV store — the format version check, the staging dropper — as `on_ready`, which the server
+runs once they answer (quarry.runtime.server).
 """
 
 from __future__ import annotations
@@ -13,8 +18,14 @@ from typing import Callable
 from quarry.config import Settings
 from quarry.graveler.graveler import Graveler
 from quarry.graveler.requests import RequestLog
-from quarry.graveler.staging import Dropper
+from quarry.graveler.staging import Dropper, StagingManager
+from quarry.runtime.channels import open_service_channel
 from quarry.runtime.format_version import ensure_format_version
+from quarry.runtime.server import Dependency, service_dependency
+
+# Deadline of each KV call the background dropper makes: a stalled kv-gateway holds it (and
+# a shutdown waiting for it) this long at most.
+DROPPER_CALL_TIMEOUT_SECONDS = 5.0
 
 
 @dataclass
@@ -22,17 +33,32 @@ class CoreDependencies:
     graveler: Graveler
     closers: list[Callable[[], None]] = field(default_factory=list)
     requests: RequestLog | None = None  # the log of calls with a request_id (set by wiring)
+    # The services this wiring dialed, by name ("kv-gateway", "range-writer"); parts passed
+    # in by a caller are the caller's to manage and do not appear.
+    dependencies: dict[str, Dependency] = field(default_factory=dict)
+    # Start-up work that needs the KV store, for ServiceSpec.on_ready.
+    on_ready: list[Callable[[], None]] = field(default_factory=list)
+
+    def needed(self, names) -> list[Dependency]:
+        """The dependencies among `names` (a service's DEPENDS_ON) that this wiring dialed."""
+        return [self.dependencies[name] for name in names if name in self.dependencies]
 
 
 def core_dependencies(settings: Settings, kv_store=None, committed=None, range_writer=None,
                       start_dropper: bool = True) -> CoreDependencies:
     closers: list[Callable[[], None]] = []
+    dependencies: dict[str, Dependency] = {}
+    dropper_store = kv_store
     if kv_store is None:
         from quarry.kv.remote import RemoteStore
 
-        kv_store = RemoteStore(settings.kv_gateway_address)
-        closers.append(kv_store.close)
-    ensure_format_version(kv_store)
+        raw, traced = open_service_channel(settings.kv_gateway_address)
+        kv_store = RemoteStore(traced)
+        # Same connection, shorter deadlines: background work never blocks for long.
+        dropper_store = RemoteStore(traced, timeout=DROPPER_CALL_TIMEOUT_SECONDS)
+        dependencies["kv-gateway"] = service_dependency("kv-gateway",
+                                                        settings.kv_gateway_address, raw)
+        closers.append(raw.close)  # also cancels calls still blocked on a dead gateway
     if committed is None:
         from quarry.committed import CommittedManager
 
@@ -40,19 +66,26 @@ def core_dependencies(settings: Settings, kv_store=None, committed=None, range_w
     if range_writer is None:
         from quarry.committed.remote import RemoteRangeWriter
 
-        range_writer = RemoteRangeWriter(settings.range_writer_address)
-        closers.append(range_writer.close)
+        raw, traced = open_service_channel(settings.range_writer_address)
+        range_writer = RemoteRangeWriter(traced)
+        dependencies["range-writer"] = service_dependency("range-writer",
+                                                          settings.range_writer_address, raw)
+        closers.append(raw.close)
     graveler = Graveler(kv_store, committed, range_writer,
                         dirty_read_optimization=settings.experimental_dirty_read_optimization,
                         max_response_bytes=settings.max_response_bytes)
     requests = request_log(graveler, settings)
     closers.insert(0, requests.close)
+    on_ready: list[Callable[[], None]] = [lambda: ensure_format_version(kv_store)]
     if start_dropper:
-        dropper = Dropper(graveler.staging,
+        dropper = Dropper(StagingManager(dropper_store),
                           interval_seconds=settings.staging_drop_interval_seconds,
-                          grace_seconds=settings.staging_drop_grace_seconds).start()
-        closers.insert(0, dropper.stop)
-    return CoreDependencies(graveler, closers, requests)
+                          grace_seconds=settings.staging_drop_grace_seconds)
+        on_ready.append(dropper.start)
+        # Not waited for long: a pass still blocked on the gateway is cancelled when the
+        # channel closes below, and its thread then ends.
+        closers.insert(0, lambda: dropper.stop(timeout=0.2))
+    return CoreDependencies(graveler, closers, requests, dependencies, on_ready)
 
 
 def request_log(graveler: Graveler, settings: Settings) -> RequestLog:

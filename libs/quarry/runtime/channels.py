@@ -12,12 +12,25 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # A restarted peer is found again within ~2 s: gRPC's default reconnect backoff grows
+    # to 120 s, during which every call on the channel fails at once.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
 
 def open_channel(target: str) -> grpc.Channel:
     """An insecure channel to `target` ("host:port"), traced when tracing is on."""
     return telemetry.instrument_channel(grpc.insecure_channel(target, options=CHANNEL_OPTIONS))
+
+
+def open_service_channel(target: str) -> tuple[grpc.Channel, grpc.Channel]:
+    """(raw, traced) views of ONE channel to another Quarry service: data calls go through
+    `traced`; the readiness probe (quarry.runtime.server.service_dependency) uses `raw`, so
+    probing makes no spans yet proves the connection the data calls use. Close `raw`."""
+    raw = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    return raw, telemetry.instrument_channel(raw)
 
 
 def channel_for(target: str | grpc.Channel) -> tuple[grpc.Channel, bool]:

@@ -3,17 +3,28 @@
 Every server gets: the error interceptor (domain exceptions → google.rpc.Status), the
 OpenTelemetry interceptor, grpc.health.v1 health, server reflection (for grpcurl) and
 quarry.v1.ServerInfo. A service plugs in through a `ServiceSpec`: its name, a function that
-registers its servicers on the server, and the full names of the gRPC services it adds.
+registers its servicers on the server, the full names of the gRPC services it adds, the
+dependencies it needs in order to serve and the start-up work that needs them.
+
+Start order does not matter. A server binds its port and serves health, reflection and
+ServerInfo at once; its health (overall "" and its own services) is NOT_SERVING until every
+dependency answers — probed with jittered backoff — and its start-up work has run once, then
+SERVING, and NOT_SERVING again whenever a dependency stops answering, so a Kubernetes
+readiness probe follows reality. While not ready, calls to its own services are refused with
+UNAVAILABLE / DEPENDENCY_UNAVAILABLE naming what it waits for, never INTERNAL or a hang.
+Start-up work that fails for a reason retrying cannot fix (another storage format version)
+still stops the service loudly.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -22,8 +33,9 @@ from grpc_reflection.v1alpha import reflection
 import quarry
 from quarry import errors, telemetry
 from quarry.config import Settings
-from quarry.runtime.channels import MAX_MESSAGE_BYTES
-from quarry.runtime.errors import ErrorInterceptor
+from quarry.runtime.channels import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES
+from quarry.runtime.errors import RETRYABLE_CODES, ErrorInterceptor
+from quarry.runtime.periodic import PeriodicWorker
 from quarry.telemetry.metrics import start_metrics_endpoint
 from quarry.v1 import server_info_pb2, server_info_pb2_grpc
 
@@ -39,6 +51,63 @@ SERVER_OPTIONS = [
 ]
 
 
+# Readiness: probe every second while ready; while not, retry from 0.1 s backing off to 2 s
+# (jittered), each probe bounded by 1 s.
+READINESS_INTERVAL_SECONDS = 1.0
+READINESS_RETRY_INITIAL_SECONDS = 0.1
+READINESS_RETRY_MAX_SECONDS = 2.0
+PROBE_TIMEOUT_SECONDS = 1.0
+# A ready service turns NOT_SERVING after this many failed rounds in a row (the retries come
+# within a fraction of a second): one slow health answer under load does not refuse calls.
+LOST_AFTER_FAILED_ROUNDS = 2
+
+
+class DependencyUnavailable(errors.Unavailable):
+    """The service cannot serve yet: a dependency does not answer (or the start-up work that
+    needs it has not run). Retryable; metadata names the dependency."""
+
+    reason = "DEPENDENCY_UNAVAILABLE"
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """Something a service needs in order to serve. `probe(timeout)` returns when it answers
+    within `timeout` seconds and raises otherwise."""
+
+    name: str  # e.g. "kv-gateway"
+    address: str
+    probe: Callable[[float], None]
+    close: Callable[[], None] = lambda: None
+
+
+def service_dependency(name: str, address: str,
+                       channel: grpc.Channel | None = None) -> Dependency:
+    """Another Quarry service: it answers when its overall grpc.health.v1 status is SERVING,
+    so readiness chains (the compactor-sensor waits for a committer that waits for the
+    kv-gateway). Probed on `channel` — pass the untraced channel the data calls use, so a
+    successful probe also means that very channel is connected — or on a channel of its own."""
+    owned = channel is None
+    if channel is None:
+        # Not traced: a probe every second belongs to no request.
+        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    stub = health_pb2_grpc.HealthStub(channel)
+
+    def probe(timeout: float) -> None:
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError as error:
+            code = error.code().name if hasattr(error, "code") else "UNKNOWN"
+            raise DependencyUnavailable(f"{name} at {address} does not answer ({code})",
+                                        metadata={"dependency": name, "address": address}
+                                        ) from None
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            raise DependencyUnavailable(f"{name} at {address} is {status}",
+                                        metadata={"dependency": name, "address": address})
+
+    return Dependency(name, address, probe, channel.close if owned else (lambda: None))
+
+
 @dataclass
 class ServiceSpec:
     """What a service contributes to its server."""
@@ -49,6 +118,179 @@ class ServiceSpec:
     grpc_service_names: Sequence[str]
     # Called after the server has stopped (close stores, flush reporters).
     on_stop: list[Callable[[], None]] = field(default_factory=list)
+    # What must answer before the service reports SERVING and takes calls.
+    dependencies: Sequence[Dependency] = ()
+    # Start-up work that needs the dependencies (format version check, background loops),
+    # run once, in order, the first time they all answer. A retryable error (UNAVAILABLE,
+    # ABORTED, ...) is tried again on the next probe; any other error stops the service.
+    on_ready: list[Callable[[], None]] = field(default_factory=list)
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    return isinstance(exc, errors.QuarryError) and (
+        exc.code in RETRYABLE_CODES or exc.code == grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class Readiness:
+    """Health follows the dependencies (see the module docstring). `check()` is one probe
+    round; a PeriodicWorker repeats it."""
+
+    def __init__(self, spec: ServiceSpec, health_servicer: health.HealthServicer,
+                 health_names: Sequence[str], probe_timeout: float = PROBE_TIMEOUT_SECONDS,
+                 interval: float = READINESS_INTERVAL_SECONDS,
+                 retry_initial: float = READINESS_RETRY_INITIAL_SECONDS,
+                 retry_max: float = READINESS_RETRY_MAX_SECONDS):
+        self._service = spec.name
+        self._dependencies = list(spec.dependencies)
+        self._pending_work = list(spec.on_ready)
+        self._health = health_servicer
+        self._health_names = list(health_names)
+        self._probe_timeout = probe_timeout
+        self._lock = threading.Lock()  # one probe round at a time
+        names = ",".join(d.name for d in self._dependencies)
+        self._waiting_for = names or spec.name
+        self._not_ready: DependencyUnavailable | None = DependencyUnavailable(
+            f"{spec.name} is starting", metadata={"service": spec.name,
+                                                  "dependency": self._waiting_for})
+        self._logged: str | None = None
+        self._failed_rounds = 0  # consecutive failed probe rounds while ready
+        self.failure: BaseException | None = None  # start-up work refused: stop the service
+        self.worker = PeriodicWorker(f"{spec.name}-readiness", self.check, interval,
+                                     retry_initial=retry_initial, retry_max=retry_max)
+
+    @property
+    def ready(self) -> bool:
+        return self._not_ready is None
+
+    def refuse_unless_ready(self) -> None:
+        """Raise DependencyUnavailable while the service is not ready (the call gate)."""
+        refusal = self._not_ready
+        if refusal is not None:
+            raise refusal
+
+    def check(self) -> bool:
+        """Probe every dependency once; when all answer, run the pending start-up work;
+        set health accordingly. True when ready."""
+        with self._lock:
+            if self.failure is not None:
+                return False
+            missing = []
+            for dependency in self._dependencies:
+                try:
+                    dependency.probe(self._probe_timeout)
+                except Exception as exc:  # noqa: BLE001 — any failure means "not answering"
+                    missing.append((dependency, exc))
+            if missing and self.ready and self._failed_rounds + 1 < LOST_AFTER_FAILED_ROUNDS:
+                self._failed_rounds += 1
+                log.debug("%s: probe round failed (%s); still SERVING", self._service,
+                          ", ".join(d.name for d, _ in missing))
+                return False  # probed again soon, on the backoff schedule
+            if missing:
+                self._set_not_ready(DependencyUnavailable(
+                    f"{self._service} is waiting for its dependencies: "
+                    + "; ".join(getattr(exc, "message", None) or f"{d.name} ({exc})"
+                                for d, exc in missing),
+                    metadata={"service": self._service,
+                              "dependency": ",".join(d.name for d, _ in missing),
+                              "address": ",".join(d.address for d, _ in missing)}),
+                    key="waiting for " + ",".join(d.name for d, _ in missing))
+                return False
+            while self._pending_work:
+                try:
+                    self._pending_work[0]()
+                except Exception as exc:  # noqa: BLE001
+                    if not _is_retryable(exc):
+                        self.failure = exc
+                        self.worker.stopping.set()
+                        self._set_not_ready(DependencyUnavailable(
+                            f"{self._service} refused to start: {exc}",
+                            metadata={"service": self._service,
+                                      "dependency": self._waiting_for}), key="failed")
+                        log.error("%s: start-up refused: %s", self._service, exc)
+                        return False
+                    self._set_not_ready(DependencyUnavailable(
+                        f"{self._service} is starting: {getattr(exc, 'message', exc)}",
+                        metadata={"service": self._service,
+                                  "dependency": self._waiting_for}), key="starting")
+                    return False
+                self._pending_work.pop(0)
+            self._set_ready()
+            return True
+
+    def _set_not_ready(self, refusal: DependencyUnavailable, key: str) -> None:
+        self._not_ready = refusal
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._logged != key:
+            self._logged = key
+            log.warning("%s: NOT_SERVING: %s", self._service, refusal.message)
+
+    def _set_ready(self) -> None:
+        self._not_ready = None
+        self._failed_rounds = 0
+        self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        if self._logged != "ready":
+            self._logged = "ready"
+            log.info("%s: SERVING%s", self._service,
+                     f" (dependencies answer: {', '.join(d.name for d in self._dependencies)})"
+                     if self._dependencies else "")
+
+    def _set_health(self, status) -> None:
+        for name in ["", *self._health_names]:
+            self._health.set(name, status)
+
+    def close(self) -> None:
+        for dependency in self._dependencies:
+            try:
+                dependency.close()
+            except Exception:  # noqa: BLE001
+                log.debug("closing the probe of %s failed", dependency.name, exc_info=True)
+
+
+class ReadinessGate(grpc.ServerInterceptor):
+    """Refuses calls to the service's own methods while it is not ready (health, reflection
+    and ServerInfo always answer). Sits inside ErrorInterceptor, which turns the refusal into
+    a rich UNAVAILABLE status."""
+
+    def __init__(self, readiness: Readiness, service_names: Sequence[str]):
+        self._readiness = readiness
+        self._prefixes = tuple(f"/{name}/" for name in service_names)
+        # Wrapped handlers by the handler they wrap: built once per method, not per call.
+        self._wrapped: dict[int, tuple[Any, Any]] = {}
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None or not handler_call_details.method.startswith(self._prefixes):
+            return handler
+        cached = self._wrapped.get(id(handler))
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler)
+        self._wrapped[id(handler)] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler):
+        gate = self._readiness.refuse_unless_ready
+
+        def unary(behavior):
+            @functools.wraps(behavior)
+            def wrapper(request, context):
+                gate()
+                return behavior(request, context)
+            return wrapper
+
+        def streaming(behavior):
+            @functools.wraps(behavior)
+            def wrapper(request, context):
+                gate()
+                yield from behavior(request, context)
+            return wrapper
+
+        for kind, wrap in (("unary_unary", unary), ("stream_unary", unary),
+                           ("unary_stream", streaming), ("stream_stream", streaming)):
+            behavior = getattr(handler, kind)
+            if behavior:
+                return handler._replace(**{kind: wrap(behavior)})
+        return handler
 
 
 class ServerInfoServicer(server_info_pb2_grpc.ServerInfoServicer):
@@ -69,12 +311,25 @@ class QuarryServer:
     port: int
     health: health.HealthServicer
     spec: ServiceSpec
+    readiness: Readiness
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that refused the service's start-up work (it should exit), if any."""
+        return self.readiness.failure
 
     def stop(self, grace: float | None = None) -> None:
-        """Report NOT_SERVING, let in-flight calls finish within `grace`, then clean up."""
+        """Report NOT_SERVING, let in-flight calls finish within `grace`, then clean up.
+
+        Bounded whatever the dependencies do: the probe loop ends first (one probe is at
+        most PROBE_TIMEOUT_SECONDS), calls still running after `grace` are cancelled, and
+        the on_stop callbacks stop background loops with bounded waits and close the
+        dependency channels, which cancels any call still blocked on a dead dependency."""
+        # Not waited for: a probe still running is cancelled when on_stop closes its channel.
+        self.readiness.worker.stop(timeout=0.1)
         self.health.enter_graceful_shutdown()
         self.grpc_server.stop(grace).wait()
-        for callback in self.spec.on_stop:
+        for callback in [*self.spec.on_stop, self.readiness.close]:
             try:
                 callback()
             except Exception:  # noqa: BLE001 — shutdown must go on
@@ -82,21 +337,29 @@ class QuarryServer:
 
 
 def create_server(settings: Settings, spec: ServiceSpec, port: int | None = None,
-                  host: str | None = None) -> tuple[QuarryServer, int]:
-    """Build and start a server. `port=0` picks a free port (tests); None = the setting."""
+                  host: str | None = None, **readiness_options: float
+                  ) -> tuple[QuarryServer, int]:
+    """Build and start a server. `port=0` picks a free port (tests); None = the setting.
+
+    Returns once the port is bound and one readiness round has run: a server whose
+    dependencies already answer is SERVING on return; otherwise it keeps probing in the
+    background. Raises the error of start-up work that refuses (e.g. FormatVersionMismatch).
+    `readiness_options` tune the probing (Readiness keyword arguments; tests)."""
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    info_name = server_info_pb2.DESCRIPTOR.services_by_name["ServerInfo"].full_name
+    readiness = Readiness(spec, health_servicer, spec.grpc_service_names, **readiness_options)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.max_workers,
                                    thread_name_prefix=spec.name),
         interceptors=[*telemetry.server_interceptors(),
-                      ErrorInterceptor(MAX_MESSAGE_BYTES)],
+                      ErrorInterceptor(MAX_MESSAGE_BYTES),
+                      ReadinessGate(readiness, spec.grpc_service_names)],
         options=SERVER_OPTIONS,
     )
     spec.register(server)
     server_info_pb2_grpc.add_ServerInfoServicer_to_server(ServerInfoServicer(spec.name), server)
-    health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = [*spec.grpc_service_names, server_info_pb2.DESCRIPTOR.services_by_name[
-        "ServerInfo"].full_name]
+    names = [*spec.grpc_service_names, info_name]
     reflection.enable_server_reflection(
         [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
 
@@ -111,10 +374,19 @@ def create_server(settings: Settings, spec: ServiceSpec, port: int | None = None
             f"{spec.name} cannot listen on {bind_host}:{bind_port} (address in use?); "
             f"choose another with QUARRY_{spec.name.upper().replace('-', '_')}_PORT",
             metadata={"address": f"{bind_host}:{bind_port}"})
+    # ServerInfo always answers; "" and the service's own names follow readiness.
+    health_servicer.set(info_name, health_pb2.HealthCheckResponse.SERVING)
+    for name in ["", *spec.grpc_service_names]:
+        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     server.start()
-    for name in ["", *names]:
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return QuarryServer(grpc_server=server, port=bound, health=health_servicer, spec=spec), bound
+    started = QuarryServer(grpc_server=server, port=bound, health=health_servicer, spec=spec,
+                           readiness=readiness)
+    ready = readiness.check()
+    if readiness.failure is not None:
+        started.stop(0)
+        raise readiness.failure
+    readiness.worker.start(first_delay=None if ready else readiness.worker.next_delay(False))
+    return started, bound
 
 
 def serve(settings: Settings, spec_factory: Callable[[Settings], ServiceSpec]) -> None:
@@ -127,9 +399,13 @@ def serve(settings: Settings, spec_factory: Callable[[Settings], ServiceSpec]) -
     server, port = create_server(settings, spec)
     metrics_port = start_metrics_endpoint(settings.metrics_host,
                                           settings.metrics_port_of(spec.name))
-    log.info("%s serving on %s:%d (metrics port %s)", spec.name, settings.listen_host, port,
+    log.info("%s listening on %s:%d (metrics port %s)", spec.name, settings.listen_host, port,
              metrics_port or "off")
-    print(f"{spec.name} ready on {settings.listen_host}:{port}", flush=True)
+    # `quarry up` reads this line: the port is bound (health tells whether it is SERVING).
+    print(f"{spec.name} ready on {settings.listen_host}:{port}"
+          + ("" if server.readiness.ready else
+             f" (NOT_SERVING until {', '.join(d.name for d in spec.dependencies)} answer)"),
+          flush=True)
 
     stop_requested = threading.Event()
 
@@ -140,7 +416,9 @@ def serve(settings: Settings, spec_factory: Callable[[Settings], ServiceSpec]) -
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    while not stop_requested.wait(1.0):
+    while not stop_requested.wait(0.5) and server.failure is None:
         pass
     server.stop(settings.shutdown_grace_seconds)
     log.info("%s stopped", spec.name)
+    if server.failure is not None:
+        raise server.failure

@@ -290,13 +290,18 @@ spec:
             {{- if $usesObjectStore }}
             {{- include "quarry.objectStoreEnv" $root | nindent 12 }}
             {{- end }}
+          {{- /* Startup and liveness ask whether the process serves at all (ServerInfo is
+          SERVING from bind to shutdown); readiness asks the overall status, NOT_SERVING while
+          a dependency is away: such a pod leaves the endpoints but is not restarted. */}}
           startupProbe:
             grpc:
               port: {{ $svc.port }}
+              service: quarry.v1.ServerInfo
             {{- toYaml $V.probes.startup | nindent 12 }}
           livenessProbe:
             grpc:
               port: {{ $svc.port }}
+              service: quarry.v1.ServerInfo
             {{- toYaml $V.probes.liveness | nindent 12 }}
           readinessProbe:
             grpc:
