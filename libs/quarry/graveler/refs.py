@@ -26,6 +26,8 @@ from quarry.kv.partitions import QUARRY_PARTITION, repo_partition
 from quarry.v1 import records_pb2, types_pb2
 
 REPOS_PREFIX = b"repos/"
+# Instance ids of deleted repositories (value: the name): their namespaces may be reused.
+DELETED_INSTANCES_PREFIX = b"deleted-instances/"
 BRANCHES_PREFIX = b"branches/"
 TAGS_PREFIX = b"tags/"
 GC_RULES_KEY = b"settings/gc_rules"
@@ -50,7 +52,8 @@ class Repository:
         return types_pb2.Repository(name=self.name, storage_namespace=self.storage_namespace,
                                     default_branch=self.default_branch,
                                     creation_time=timestamp_pb2.Timestamp(
-                                        seconds=self.creation_time))
+                                        seconds=self.creation_time),
+                                    instance_id=self.instance_id)
 
     def to_record(self) -> bytes:
         return records_pb2.RepositoryRecord(repository=self.to_proto(),
@@ -209,6 +212,19 @@ class RefManager:
     def remember_repository(self, repo: Repository) -> None:
         """Cache a repository record just read or written (it is the current instance)."""
         self._repos[repo.name] = (time.monotonic(), repo)
+
+    def record_deleted_instance(self, repo: Repository) -> None:
+        """Remember that this repository instance is gone for good (deleted, or its
+        creation failed): only then may a new repository take over its namespace."""
+        self.kv.set(QUARRY_PARTITION, DELETED_INSTANCES_PREFIX + repo.instance_id.encode(),
+                    repo.name.encode())
+
+    def is_deleted_instance(self, instance_id: str) -> bool:
+        try:
+            self.kv.get(QUARRY_PARTITION, DELETED_INSTANCES_PREFIX + instance_id.encode())
+            return True
+        except kv.KeyNotFound:
+            return False
 
     def delete_repository_record(self, name: str) -> None:
         self.kv.delete(QUARRY_PARTITION, REPOS_PREFIX + name.encode())
