@@ -13,6 +13,7 @@ from quarry import errors
 from quarry.committed.format import METARANGES_PREFIX, RANGES_PREFIX
 from quarry.retention import (COLLECTABLE, DEFAULT_RETENTION_DAYS, Classified, CommitNode,
                               InvalidRetentionRules, RetentionRules, classify, retained_commits)
+from support.foreign_files import FOREIGN_KEYS
 
 NOW = dt.datetime(2024, 6, 1, 12, 0, tzinfo=dt.timezone.utc)
 
@@ -368,21 +369,6 @@ def test_old_commit_does_not_stop_the_walk():
 ])
 def test_classify(key, expected):
     assert classify(key) == expected
-
-
-# Files a user may keep in (or wrongly point a repository at) a directory: at several
-# depths, some named almost like Quarry's own. The same list is dropped into a real
-# namespace by tests/e2e/test_spark_gc.py.
-FOREIGN_KEYS = [
-    "app.conf", "home/user/thesis.tex", "data/notes.txt", "data/spark/x/readme",
-    "_quarry/other", "data/" + "0123456789abcdef" * 2 + ".bak", "data/" + "ABCDEF01" * 4,
-    "data/" + "0123456789abcdef" * 2 + "/x", "x/data/" + "0123456789abcdef" * 2,
-    "_quarry/ranges/" + "ab" * 31 + ".parquet", "_quarry/ranges/" + "ab" * 32 + ".parquet.old",
-    "x/_quarry/ranges/" + "ab" * 32 + ".parquet",
-    "data/spark/20240501T120000-0123456789ab/part-00003-c001-t42.snappy.parquet.crc",
-    "data/spark/20240501T120000-0123456789ab/_SUCCESS",
-    "data/spark/20240501T120000-0123456789ab/sub/part-00003-c001-t42.csv",
-]
 
 
 def test_foreign_files_are_never_collectable():
