@@ -238,15 +238,9 @@ def test_s3_without_credentials_is_storage_unreachable(tmp_path, moto_endpoint, 
         assert exc.metadata["cause"] == "no credentials"
 
 
-def test_s3_bad_credentials_are_storage_unreachable(tmp_path, monkeypatch):
-    from conftest import _http_server, _moto_binary
-
-    # A moto_server of its own that checks credentials (none of the dummy ones is valid).
-    monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "0")
-    port = free_port()
-    with _http_server("moto_server", [_moto_binary(), "-H", "127.0.0.1", "-p", str(port)],
-                      f"http://127.0.0.1:{port}") as endpoint, \
-            s3_suite(tmp_path, endpoint, "ap-south-2") as suite, \
+def test_s3_bad_credentials_are_storage_unreachable(tmp_path, monkeypatch,
+                                                   moto_endpoint_checking_credentials):
+    with s3_suite(tmp_path, moto_endpoint_checking_credentials, "ap-south-2") as suite, \
             suite.client(timeout=60) as client:
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG")
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
