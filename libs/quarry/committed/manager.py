@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator
 import pyarrow as pa
 
 from quarry import errors
-from quarry.blob import BlobStore, ObjectNotFound
+from quarry.blob import BlobStore, ObjectNotFound, normalize_storage_namespace
 from quarry.blob.ownership import NamespaceClaim, claim_namespace
 from quarry.committed.cache import DiskCache, LRUCache
 from quarry.committed.errors import (DuplicatePath, InvalidMetaRangeId, InvalidPath,
@@ -337,7 +337,9 @@ class CommittedManager:
                         replace: bytes | None = None) -> NamespaceClaim:
         """Write a repository's ownership marker into its namespace (see
         quarry.blob.ownership.claim_namespace: if the namespace is empty, or if the current
-        marker is exactly `replace`). Reports what it found; decides nothing else."""
+        marker is exactly `replace`). Reports what it found; decides nothing else. A root
+        (`/`, `s3://bucket`) or any other invalid namespace is refused before any access."""
+        normalize_storage_namespace(namespace)
         return claim_namespace(self.store(namespace), marker, replace)
 
     # ---- reads ------------------------------------------------------------------------------
