@@ -198,6 +198,10 @@ def test_unusable_local_directories_are_storage_unreachable(client, tmp_path):
                   client.create_repository, name(), "/proc/quarry-x")
     assert exc.metadata["cause"] == "the directory cannot be created"
     assert "/proc/quarry-x" in str(exc)
+    # sysfs refuses new directories even to root (EPERM): permission denied.
+    exc = refused(grpc.StatusCode.FAILED_PRECONDITION, "STORAGE_UNREACHABLE",
+                  client.create_repository, name(), "/sys/quarry-x")
+    assert exc.metadata["cause"] == "permission denied"
     (tmp_path / "a-file").write_text("not a directory")
     exc = refused(grpc.StatusCode.FAILED_PRECONDITION, "STORAGE_UNREACHABLE",
                   client.create_repository, name(), f"{tmp_path}/a-file/ns")
