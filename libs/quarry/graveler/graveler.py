@@ -193,7 +193,7 @@ class Graveler:
             self.refs.insert_repository(repo)
         except BaseException as exc:
             # The marker now names an instance that may never become visible: let a later
-            # creation reuse the namespace (a live record still wins, see _reusable_marker).
+            # creation reuse the namespace (a live record still wins, see _check_reusable).
             try:
                 self.refs.record_deleted_instance(repo)
             except Exception:  # noqa: BLE001 — the original error is the one to report
