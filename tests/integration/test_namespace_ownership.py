@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from quarry import errors
-from quarry.blob import LocalBlobStore
+from quarry.blob import LocalBlobStore, open_blob_store
 from quarry.blob.ownership import MARKER_KEY, build_marker, parse_marker, write_marker
 from quarry.client import RetryPolicy
 from support.processes import free_port
@@ -222,8 +222,21 @@ def test_s3_no_such_bucket_is_storage_unreachable(tmp_path, moto_endpoint, s3_bu
                       client.create_repository, name(), "s3://no-such-bucket-q/x")
         assert exc.metadata["cause"] == "no such bucket"
         assert "no-such-bucket-q" in str(exc)
-        # The same suite works on a bucket that exists.
-        client.create_repository(name(), f"s3://{s3_bucket}/lake/ok")
+        # The same suite works on a bucket that exists, with the same ownership rules.
+        namespace = f"s3://{s3_bucket}/lake/ok"
+        first = client.create_repository(name(), namespace + "/")
+        assert first.storage_namespace == namespace
+        refused(grpc.StatusCode.FAILED_PRECONDITION, "NAMESPACE_IN_USE",
+                client.create_repository, name(), f"s3://{s3_bucket}/lake")
+        client.delete_repository(first.name)
+        second = client.create_repository(name(), namespace)  # S3's If-Match replace
+        with open_blob_store(namespace, suite.settings) as store:
+            assert parse_marker(store.get(MARKER_KEY)).owns(second.name, second.instance_id)
+            store.put("lake-notes.txt", b"mine")
+        client.delete_repository(second.name)
+        exc = refused(grpc.StatusCode.FAILED_PRECONDITION, "NAMESPACE_NOT_EMPTY",
+                      client.create_repository, name(), namespace)
+        assert exc.metadata["example_key"] == "lake-notes.txt"
 
 
 def test_s3_without_credentials_is_storage_unreachable(tmp_path, moto_endpoint, s3_bucket,
