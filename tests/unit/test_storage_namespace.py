@@ -80,3 +80,12 @@ def test_claim_writes_only_into_an_empty_namespace(tmp_path):
         claim = claim_namespace(store, b"one")
         assert not claim.claimed and claim.keys == (".hidden/x",)
         assert read_marker(store) is None and not (busy / MARKER_KEY).exists()
+
+
+def test_a_link_to_a_directory_makes_a_namespace_non_empty(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "ns").mkdir()
+    (tmp_path / "ns" / "link").symlink_to(tmp_path / "elsewhere")
+    with LocalBlobStore(tmp_path / "ns", durable=False) as store:
+        claim = claim_namespace(store, b"one")
+    assert not claim.claimed and claim.keys == ("link",)

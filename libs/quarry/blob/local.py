@@ -162,13 +162,16 @@ class LocalBlobStore(BlobStore):
                 os.close(fd)  # releases the lock
 
     def first_keys(self, limit: int) -> list[str]:
+        # Symbolic links to directories are not walked (nor listed, nor ever deleted), but
+        # they are something: a namespace holding one is not empty.
         keys: list[str] = []
         with self._environment():
             for dirpath, dirnames, filenames in os.walk(self.root, onerror=_raise):
                 dirnames.sort()
                 rel_dir = os.path.relpath(dirpath, self.root)
                 rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
-                for name in sorted(filenames):
+                links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+                for name in sorted(filenames + links):
                     if not name.startswith(TEMP_PREFIX):
                         if len(keys) >= limit:
                             return keys
