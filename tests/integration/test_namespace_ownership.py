@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from quarry import errors
-from quarry.blob import LocalBlobStore, open_blob_store
+from quarry.blob import LocalBlobStore, namespaces_overlap, open_blob_store
 from quarry.blob.ownership import MARKER_KEY, build_marker, parse_marker, write_marker
 from quarry.client import RetryPolicy
 from support.processes import free_port
@@ -189,6 +189,35 @@ def test_concurrent_creations_in_one_namespace_exactly_one_wins(suite, tmp_path)
     assert len(won) == 1, outcomes
     assert parse_marker((Path(namespace) / MARKER_KEY).read_bytes()).owns(
         won[0].name, won[0].instance_id)
+
+
+def test_concurrent_creations_of_nested_namespaces_never_both_succeed(suite, tmp_path):
+    def create(repository: str, namespace: str):
+        with suite.client(timeout=60) as c:
+            try:
+                return c.create_repository(repository, namespace)
+            except errors.QuarryError as exc:
+                return exc
+
+    for round_ in range(4):
+        base = tmp_path / f"nest-{round_}"
+        free = f"{tmp_path}/free-{round_}"  # overlaps none of the others
+        namespaces = [str(base), f"{base}/a", f"{base}/a/b", str(base), f"{base}/a",
+                      f"{base}/c/d", free]
+        with concurrent.futures.ThreadPoolExecutor(len(namespaces)) as pool:
+            outcomes = list(pool.map(create, [name() for _ in namespaces], namespaces))
+        won = [o for o in outcomes if not isinstance(o, Exception)]
+        lost = [o for o in outcomes if isinstance(o, Exception)]
+        assert {(e.code, e.reason) for e in lost} <= {
+            (grpc.StatusCode.FAILED_PRECONDITION, "NAMESPACE_IN_USE"),
+            (grpc.StatusCode.FAILED_PRECONDITION, "NAMESPACE_NOT_EMPTY")}, lost
+        # Refusals are for overlaps only (two racing overlaps may both be refused: safe,
+        # and a retry settles it).
+        assert free in [r.storage_namespace for r in won], outcomes
+        for i, one in enumerate(won):
+            for other in won[i + 1:]:
+                assert not namespaces_overlap(one.storage_namespace, other.storage_namespace), \
+                    (one, other)
 
 
 # ---- the environment's refusals: STORAGE_UNREACHABLE, never INTERNAL -----------------------

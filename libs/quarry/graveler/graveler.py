@@ -20,7 +20,8 @@ from opentelemetry import trace
 from prometheus_client import Counter
 
 from quarry import errors
-from quarry.blob.namespace import namespaces_overlap, normalize_storage_namespace
+from quarry.blob.namespace import (namespace_location, namespaces_overlap,
+                                   normalize_storage_namespace)
 from quarry.blob.ownership import (MARKER_KEY, InvalidMarker, NamespaceClaim, NamespaceInUse,
                                    NamespaceNotEmpty, build_marker, parse_marker)
 from quarry.graveler import errors as gerrors
@@ -52,6 +53,9 @@ MERGE_HINTS_PREFIX = b"mergehints/"
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 10_000
 INITIAL_COMMIT_MESSAGE = "Repository created"
+# A repository creation announced longer ago than this is taken as interrupted (creations
+# take well under a second; one that passes half of this gives up before becoming visible).
+CREATION_TTL_SECONDS = 600.0
 SYSTEM_COMMITTER = "quarry"
 
 
@@ -136,6 +140,11 @@ def _now_seconds() -> int:
     return int(time.time())
 
 
+def _wall_clock() -> float:
+    """Seconds since the epoch, comparable across processes (creation announcements)."""
+    return time.time()
+
+
 class StagedCount(int):
     """What put_objects / delete_objects return: the number of paths staged (an int, as
     before) carrying `staging_token`, the token the write was acknowledged on ("" when
@@ -174,34 +183,53 @@ class Graveler:
         default_branch = default_branch or "main"
         names.check_branch_name(default_branch)
         storage_namespace = normalize_storage_namespace(storage_namespace)
-        self._check_namespace_free(name, storage_namespace)
         repo = Repository(name=name, storage_namespace=storage_namespace,
                           default_branch=default_branch, instance_id=uuid.uuid4().hex,
                           creation_time=_now_seconds())
-        # Order: the ownership marker claims the namespace, then everything the repository
-        # needs exists, all BEFORE the repository record that makes it visible. A failure
-        # leaves only an unreachable instance partition and a marker of a deleted instance.
-        self._claim_namespace(repo)
+        # Announce the creation BEFORE looking for overlapping namespaces: of two creations
+        # of nested namespaces racing, the later look sees the other (its announcement, or
+        # its record once visible: an announcement is removed only after the record exists).
+        started = _wall_clock()
+        self.refs.add_creation(repo, started)
         try:
-            empty = self.range_writer.write_metarange(storage_namespace, [])
-            initial = self._make_commit([], empty.metarange_id, INITIAL_COMMIT_MESSAGE,
-                                        SYSTEM_COMMITTER, {}, generation=1)
-            self.refs.insert_commit(repo, initial)
-            branch = types_pb2.Branch(name=default_branch, commit_id=initial.id,
-                                      staging_token=new_token(), dirty=False)
-            self.refs.set_branch_if(repo, branch, kv.ABSENT)
-            self.refs.insert_repository(repo)
-        except BaseException as exc:
-            # The marker now names an instance that may never become visible: let a later
-            # creation reuse the namespace (a live record still wins, see _check_reusable).
+            self._check_namespace_free(repo)
+            # Order: the ownership marker claims the namespace, then everything the
+            # repository needs exists, all BEFORE the repository record that makes it
+            # visible. A failure leaves only an unreachable instance partition and a marker
+            # of a deleted instance.
+            self._claim_namespace(repo)
             try:
-                self.refs.record_deleted_instance(repo)
-            except Exception:  # noqa: BLE001 — the original error is the one to report
-                log.warning("could not record the failed creation of %s", repo.name,
+                empty = self.range_writer.write_metarange(storage_namespace, [])
+                initial = self._make_commit([], empty.metarange_id, INITIAL_COMMIT_MESSAGE,
+                                            SYSTEM_COMMITTER, {}, generation=1)
+                self.refs.insert_commit(repo, initial)
+                branch = types_pb2.Branch(name=default_branch, commit_id=initial.id,
+                                          staging_token=new_token(), dirty=False)
+                self.refs.set_branch_if(repo, branch, kv.ABSENT)
+                if _wall_clock() - started > CREATION_TTL_SECONDS / 2:
+                    # Others ignore announcements older than CREATION_TTL_SECONDS: never
+                    # become visible that late.
+                    raise errors.Aborted(f"creating repository {name!r} took too long; "
+                                         f"nothing was created, retry")
+                self.refs.insert_repository(repo)
+            except BaseException as exc:
+                # The marker now names an instance that may never become visible: let a
+                # later creation reuse the namespace (a live record still wins, see
+                # _check_reusable).
+                try:
+                    self.refs.record_deleted_instance(repo)
+                except Exception:  # noqa: BLE001 — the original error is the one to report
+                    log.warning("could not record the failed creation of %s", repo.name,
+                                exc_info=True)
+                if isinstance(exc, gerrors.RepositoryExists):
+                    self.staging.queue_drop([repo.partition])
+                raise
+        finally:
+            try:
+                self.refs.remove_creation(repo)
+            except Exception:  # noqa: BLE001 — it expires (CREATION_TTL_SECONDS)
+                log.warning("could not remove the creation record of %s", repo.name,
                             exc_info=True)
-            if isinstance(exc, gerrors.RepositoryExists):
-                self.staging.queue_drop([repo.partition])
-            raise
         return repo
 
     def installation_id(self) -> str:
@@ -209,9 +237,26 @@ class Graveler:
             self._installation_id = ensure_installation_id(self.kv)
         return self._installation_id
 
-    def _check_namespace_free(self, name: str, storage_namespace: str) -> None:
-        """A namespace may not equal, contain or lie inside another repository's; a taken
-        name is ALREADY_EXISTS as before (checked first, so a retried create says so)."""
+    def _check_namespace_free(self, repo: Repository) -> None:
+        """A namespace may not contain or lie inside the namespace of another repository
+        being created, nor equal, contain or lie inside that of an existing one. A taken
+        name is ALREADY_EXISTS as before. (Two creations of the SAME namespace are settled
+        by the marker instead: exactly one claims it.)"""
+        name, storage_namespace = repo.name, repo.storage_namespace
+        now = _wall_clock()
+        for other in self.refs.list_creations():
+            if other.instance_id == repo.instance_id or \
+                    other.started < now - CREATION_TTL_SECONDS:
+                continue  # ours, or interrupted long ago
+            if self._overlaps(storage_namespace, other.storage_namespace, other.repository) \
+                    and namespace_location(storage_namespace) != \
+                    namespace_location(other.storage_namespace):
+                raise NamespaceInUse(
+                    f"storage namespace {storage_namespace} overlaps the namespace "
+                    f"{other.storage_namespace} of repository {other.repository!r}, being "
+                    f"created", metadata={"storage_namespace": storage_namespace,
+                                          "other_repository": other.repository,
+                                          "other_storage_namespace": other.storage_namespace})
         after = ""
         while True:
             repos = self.refs.list_repositories(after, 1000)
@@ -219,13 +264,7 @@ class Graveler:
                 if other.name == name:
                     raise gerrors.RepositoryExists(f"repository {name!r} already exists",
                                                    metadata={"repository": name})
-                try:
-                    overlap = namespaces_overlap(storage_namespace, other.storage_namespace)
-                except gerrors.InvalidStorageNamespace:
-                    log.warning("repository %s has an unparsable namespace %r", other.name,
-                                other.storage_namespace)
-                    continue
-                if overlap:
+                if self._overlaps(storage_namespace, other.storage_namespace, other.name):
                     raise NamespaceInUse(
                         f"storage namespace {storage_namespace} overlaps the namespace "
                         f"{other.storage_namespace} of repository {other.name!r}: a namespace "
@@ -236,6 +275,14 @@ class Graveler:
             if len(repos) < 1000:
                 return
             after = repos[-1].name
+
+    @staticmethod
+    def _overlaps(storage_namespace: str, other: str, other_name: str) -> bool:
+        try:
+            return namespaces_overlap(storage_namespace, other)
+        except gerrors.InvalidStorageNamespace:
+            log.warning("repository %s has an unparsable namespace %r", other_name, other)
+            return False
 
     def _claim_namespace(self, repo: Repository) -> None:
         """Write the ownership marker through the range-writer: into an empty namespace, or
