@@ -17,7 +17,8 @@ import pytest
 
 from quarry import errors
 from quarry.blob import LocalBlobStore, namespaces_overlap, open_blob_store
-from quarry.blob.ownership import MARKER_KEY, build_marker, parse_marker, write_marker
+from quarry.blob.ownership import (MARKER_KEY, NamespaceInUse, build_marker, parse_marker,
+                                   write_marker)
 from quarry.client import RetryPolicy
 from support.processes import free_port
 from support.suite import running_suite
@@ -94,7 +95,7 @@ def test_a_namespace_equal_to_inside_or_containing_another_is_in_use(client, tmp
         exc = refused(grpc.StatusCode.FAILED_PRECONDITION, "NAMESPACE_IN_USE",
                       client.create_repository, name(), namespace)
         assert exc.metadata["other_repository"] == owner.name
-        assert owner.name in str(exc)
+        assert owner.name in str(exc) and isinstance(exc, NamespaceInUse)
     assert tree(tmp_path) == before  # not even a marker was written
     # A sibling whose name merely starts the same is another namespace.
     client.create_repository(name(), f"{tmp_path}/lake/owner-two")
