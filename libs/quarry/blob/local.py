@@ -166,7 +166,7 @@ class LocalBlobStore(BlobStore):
         # they are something: a namespace holding one is not empty.
         keys: list[str] = []
         with self._environment():
-            for dirpath, dirnames, filenames in os.walk(self.root, onerror=_raise):
+            for dirpath, dirnames, filenames in os.walk(self.root, onerror=_unless_gone):
                 dirnames.sort()
                 rel_dir = os.path.relpath(dirpath, self.root)
                 rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
@@ -228,14 +228,7 @@ class LocalBlobStore(BlobStore):
         return iter(found)
 
     def _walk(self, start: str, prefix: str, found: list[ObjectInfo]) -> None:
-        # An unreadable directory inside the namespace is an error, not an empty one
-        # (GC and the emptiness check must not mistake it for "nothing there"); a missing
-        # start directory is just an empty prefix.
-        def onerror(exc: OSError) -> None:
-            if not (isinstance(exc, FileNotFoundError) and exc.filename == start):
-                raise exc
-
-        for dirpath, dirnames, filenames in os.walk(start, onerror=onerror):
+        for dirpath, dirnames, filenames in os.walk(start, onerror=_unless_gone):
             rel_dir = os.path.relpath(dirpath, self.root)
             rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
             dirnames[:] = [d for d in dirnames
@@ -267,8 +260,12 @@ _CAUSES = {
 }
 
 
-def _raise(exc: OSError) -> None:
-    raise exc
+def _unless_gone(exc: OSError) -> None:
+    """os.walk's error handler: an unreadable directory inside the namespace is an error,
+    not an empty one (GC and the emptiness check must not mistake it for "nothing there");
+    a directory that is missing, gone meanwhile or not a directory holds nothing."""
+    if not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        raise exc
 
 
 def _unlink(path: str) -> None:
