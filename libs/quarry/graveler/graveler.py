@@ -197,8 +197,8 @@ class Graveler:
             # repository needs exists, all BEFORE the repository record that makes it
             # visible. A failure leaves only an unreachable instance partition and a marker
             # of a deleted instance.
-            self._claim_namespace(repo)
             try:
+                self._claim_namespace(repo)
                 empty = self.range_writer.write_metarange(storage_namespace, [])
                 initial = self._make_commit([], empty.metarange_id, INITIAL_COMMIT_MESSAGE,
                                             SYSTEM_COMMITTER, {}, generation=1)
@@ -213,7 +213,8 @@ class Graveler:
                                          f"nothing was created, retry")
                 self.refs.insert_repository(repo)
             except BaseException as exc:
-                # The marker now names an instance that may never become visible: let a
+                # The marker may now name an instance that will never become visible (even
+                # when the claim itself failed: its answer may be what was lost): let a
                 # later creation reuse the namespace (a live record still wins, see
                 # _check_reusable).
                 try:

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from quarry.blob.ownership import NamespaceInUse
+from quarry import errors
+from quarry.blob.ownership import MARKER_KEY, NamespaceInUse, parse_marker
 from quarry.graveler import graveler as graveler_module
 from quarry.graveler.refs import Repository
 
@@ -56,3 +57,21 @@ def test_a_creation_slower_than_half_the_ttl_never_becomes_visible(graveler, tmp
     monkeypatch.undo()
     assert [r.name for r in graveler.list_repositories()[0]] == []
     graveler.create_repository("fast", str(tmp_path / "slow"))  # its namespace is reusable
+
+
+def test_a_retry_after_the_claims_answer_was_lost_succeeds(graveler, committed, tmp_path,
+                                                          monkeypatch):
+    real = committed.claim_namespace
+
+    def claim_then_lose_the_answer(*args, **kwargs):
+        real(*args, **kwargs)  # the marker is written...
+        raise errors.Unavailable("connection reset")  # ...but the answer never arrives
+
+    monkeypatch.setattr(committed, "claim_namespace", claim_then_lose_the_answer)
+    with pytest.raises(errors.Unavailable):
+        graveler.create_repository("lake", str(tmp_path / "lake"))
+    assert (tmp_path / "lake" / MARKER_KEY).exists()
+    monkeypatch.undo()
+    repo = graveler.create_repository("lake", str(tmp_path / "lake"))  # the client's retry
+    assert parse_marker((tmp_path / "lake" / MARKER_KEY).read_bytes()).owns(
+        "lake", repo.instance_id)
