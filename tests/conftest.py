@@ -94,6 +94,22 @@ def moto_endpoint() -> Iterator[str]:
 
 
 @pytest.fixture
+def moto_endpoint_checking_credentials(monkeypatch) -> Iterator[str]:
+    """A moto_server of its own that checks credentials (INITIAL_NO_AUTH_ACTION_COUNT=0):
+    no made-up access key is valid there."""
+    binary = _moto_binary()
+    if binary is None:
+        pytest.fail("moto_server not found: install the dev extras (`make install`)",
+                    pytrace=False)
+    port = free_port()
+    monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "0")  # read by the child at start
+    with _http_server("moto_server", [binary, "-H", "127.0.0.1", "-p", str(port)],
+                      f"http://127.0.0.1:{port}", probe="/moto-api/") as url:
+        monkeypatch.delenv("INITIAL_NO_AUTH_ACTION_COUNT")
+        yield url
+
+
+@pytest.fixture
 def s3_bucket(moto_endpoint, monkeypatch) -> str:
     """A fresh bucket on the moto server (with dummy credentials in the environment)."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")

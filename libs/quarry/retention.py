@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from quarry import errors
-from quarry.committed.format import METARANGES_PREFIX, RANGES_PREFIX
+from quarry.cli.upload import UPLOAD_KEY
+from quarry.committed.format import METARANGE_KEY, RANGE_KEY
+from quarry.spark.executor import JOB_FILE_KEY
 
 DEFAULT_RETENTION_DAYS = 21.0
 MAX_RETENTION_DAYS = 36500  # a century: "keep forever" without overflowing date arithmetic
 INTERNAL_PREFIX = "_quarry/"
-_CONTENT_ID = re.compile(r"[0-9a-f]{64}")
+# Kinds of objects (Classified.kind). Only RANGE, METARANGE and DATA may ever be collected.
+RANGE, METARANGE, DATA, INTERNAL, FOREIGN = "range", "metarange", "data", "internal", "foreign"
+COLLECTABLE = frozenset({RANGE, METARANGE, DATA})
 
 
 class InvalidRetentionRules(errors.InvalidArgument):
@@ -112,18 +115,25 @@ def retained_commits(commits: Mapping[str, CommitNode], heads: Mapping[str, str]
 
 @dataclass(frozen=True)
 class Classified:
-    kind: str  # "range", "metarange", "data" or "internal" (never collected)
+    # "range", "metarange", "data": objects Quarry wrote, which GC may collect when nothing
+    # refers to them; "internal": Quarry's other files (markers, reports), never collected;
+    # "foreign": anything Quarry did not write, never collected.
+    kind: str
     id: str = ""  # the range or metarange id
 
 
 def classify(key: str) -> Classified:
-    """What an object of the storage namespace is, from its key."""
-    for prefix, kind in ((RANGES_PREFIX, "range"), (METARANGES_PREFIX, "metarange")):
-        if key.startswith(prefix):
-            ident = key[len(prefix):-len(".parquet")] if key.endswith(".parquet") else ""
-            if _CONTENT_ID.fullmatch(ident):
-                return Classified(kind, ident)
-            return Classified("internal")  # not a file Quarry names: never collected
+    """What an object of the storage namespace is, from its key. Only the exact key shapes
+    Quarry itself writes are collectable (ranges and metaranges named by content id, upload
+    data `data/<uuid hex>`, Spark job files `data/spark/<job id>/part-…`); every other key,
+    whatever its age, depth or resemblance, is internal or foreign and never a candidate:
+    GC must never delete a file Quarry did not write."""
+    for pattern, kind in ((RANGE_KEY, RANGE), (METARANGE_KEY, METARANGE)):
+        match = pattern.fullmatch(key)
+        if match:
+            return Classified(kind, match.group(1))
+    if UPLOAD_KEY.fullmatch(key) or JOB_FILE_KEY.fullmatch(key):
+        return Classified(DATA)
     if key.startswith(INTERNAL_PREFIX):
-        return Classified("internal")
-    return Classified("data")
+        return Classified(INTERNAL)
+    return Classified(FOREIGN)

@@ -87,6 +87,20 @@ class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
         return range_writer_pb2.GetMetaRangeResponse(ranges=range_infos_to_proto(ranges),
                                                      next_page_token=token)
 
+    def ClaimNamespace(self, request, context):
+        if not request.storage_namespace:
+            raise errors.InvalidArgument("ClaimNamespace: storage_namespace is required")
+        if not request.marker:
+            raise errors.InvalidArgument("ClaimNamespace: marker is required")
+        claim = self._manager.claim_namespace(
+            request.storage_namespace, request.marker,
+            request.replace_marker if request.HasField("replace_marker") else None)
+        response = range_writer_pb2.ClaimNamespaceResponse(
+            claimed=claim.claimed, keys=claim.keys, keys_truncated=claim.keys_truncated)
+        if claim.existing_marker is not None:
+            response.existing_marker = claim.existing_marker
+        return response
+
     def MergeMetaRanges(self, request, context):
         if not request.storage_namespace:
             raise errors.InvalidArgument("MergeMetaRanges: storage_namespace is required")

@@ -19,8 +19,10 @@ from quarry import errors
 from quarry.blob import open_blob_store
 from quarry.committed import format as rformat
 from quarry.retention import RetentionRules
-from quarry.spark.common import EPHEMERAL_PREFIX
-from quarry.spark.gc import collect_garbage
+from quarry.blob.ownership import MARKER_KEY
+from quarry.spark.common import EPHEMERAL_PREFIX, new_job_id
+from quarry.spark.gc import DEFAULT_GRACE, collect_garbage
+from support.foreign_files import FOREIGN_KEYS
 from support.suite import running_suite
 
 pytestmark = pytest.mark.timeout(600)
@@ -78,9 +80,10 @@ class History:
                          physical_address="file://" + suite.namespace(self.repo) + "//./"
                          + self.restaged_as_uri)
             with open_blob_store(suite.namespace(self.repo)) as store:
-                self.dead_file = "data/spark/dead-job/part-00000.snappy.parquet"
+                # Orphans in Quarry's own layouts (only those are ever collected).
+                self.dead_file = f"data/spark/{new_job_id()}/part-00000-c000-t7.snappy.parquet"
                 store.put(self.dead_file, b"half a job")
-                self.orphan_data = "data/orphan-upload"
+                self.orphan_data = f"data/{uuid.uuid4().hex}"  # an upload never staged
                 store.put(self.orphan_data, b"never staged")
                 self.orphan_range = rformat.range_key("ab" * 32)
                 store.put(self.orphan_range, b"lost race")
@@ -265,32 +268,81 @@ def test_a_branch_made_on_an_expired_commit_during_the_sweep_stops_it(spark, sui
                                         connection=conn).collect()) == list(range(400))
 
 
-def test_a_repository_nested_in_the_namespace_is_left_alone_and_a_shared_one_refused(
-        spark, suite, conn):
+def test_a_repository_nested_in_or_sharing_the_namespace_cannot_be_created(spark, suite,
+                                                                          conn):
+    """Before namespaces were owned, GC had to leave nested repositories' files alone and
+    refuse shared namespaces; now such repositories cannot be created at all (issue 10)."""
     outer = f"gc-{uuid.uuid4().hex[:10]}"
     with suite.client() as c:
         c.create_repository(outer, suite.namespace(outer))
-        inner_namespace = suite.namespace(outer) + "/nested/inner"
-        c.create_repository(outer + "-in", inner_namespace)
-        qs.write(numbers(spark, 0, 40, 2), f"quarry://{outer}-in/main/t", connection=conn)
+        for name, namespace in ((outer + "-in", suite.namespace(outer) + "/nested/inner"),
+                                (outer + "-twin", suite.namespace(outer))):
+            with pytest.raises(errors.FailedPrecondition) as failure:
+                c.create_repository(name, namespace)
+            assert failure.value.reason == "NAMESPACE_IN_USE"
+            assert failure.value.metadata["other_repository"] == outer
         qs.write(numbers(spark, 0, 40, 2), f"quarry://{outer}/main/t", connection=conn)
         later = dt.datetime.now(dt.timezone.utc) + LATER
         report = collect_garbage(spark, outer, rules=RetentionRules(7), now=later,
                                  grace=dt.timedelta(0), sweep=True, connection=conn)
         assert report.objects_scanned > 0
-        with open_blob_store(inner_namespace) as store:
-            inner_keys = [o.key for o in store.list("")]
-        assert any(k.startswith("_quarry/ranges/") for k in inner_keys)
-        # Every inner object survived the outer repository's sweep; the inner one's GC
-        # runs on its own.
-        assert sorted(r.id for r in qs.read(spark, f"quarry://{outer}-in/main/t",
-                                            connection=conn).collect()) == list(range(40))
-        inner = collect_garbage(spark, outer + "-in", rules=RetentionRules(7), now=later,
-                                grace=dt.timedelta(0), connection=conn)
-        assert inner.collectable["data"].count == 0  # its only write is its HEAD
 
-        c.create_repository(outer + "-twin", suite.namespace(outer))
-        with pytest.raises(errors.FailedPrecondition) as failure:
-            collect_garbage(spark, outer, rules=RetentionRules(7), connection=conn)
-        assert failure.value.reason == "GC_REFERENCES_INCOMPLETE"
-        assert failure.value.metadata["other_repository"] == outer + "-twin"
+
+def age(root, keys, seconds: float) -> None:
+    when = dt.datetime.now(dt.timezone.utc).timestamp() - seconds
+    for key in keys:
+        os.utime(os.path.join(root, *key.split("/")), (when, when))
+
+
+def test_a_sweep_never_deletes_a_file_quarry_did_not_write(spark, suite, conn):
+    """Foreign files at several depths, some named almost like Quarry's own, aged far past
+    the grace period: a sweep that does collect the real orphans leaves every one."""
+    history = History(spark, suite, conn)
+    root = suite.namespace(history.repo)
+    with open_blob_store(root) as store:
+        for key in FOREIGN_KEYS:
+            store.put(key, f"not Quarry's: {key}".encode())
+    everything = history.keys()
+    age(root, everything, 3 * 86400)  # every file, Quarry's and foreign, is 3 days old
+    report = run_gc(spark, history, sweep=True, grace=DEFAULT_GRACE)
+    after = history.keys()
+    gone = everything - after
+    for key in FOREIGN_KEYS:
+        with open_blob_store(root) as store:
+            assert store.get(key) == f"not Quarry's: {key}".encode(), key
+    # Counted as foreign, except those under _quarry/ (Quarry's internal files, kept too).
+    assert report.objects_foreign == len([k for k in FOREIGN_KEYS
+                                          if not k.startswith("_quarry/")])
+    # The real orphans went (so the sweep did run over these files).
+    assert {history.dead_file, history.orphan_data, history.orphan_range,
+            history.orphan_metarange, history.old_compaction} <= gone
+    assert set(history.a_files[2:]) <= gone
+    assert report.deleted == len(gone) > 0
+    assert MARKER_KEY in after and history.internal in after
+
+
+def test_gc_deletes_nothing_unless_the_marker_names_this_repository(spark, suite, conn):
+    history = History(spark, suite, conn)
+    root = suite.namespace(history.repo)
+    marker = os.path.join(root, *MARKER_KEY.split("/"))
+    with open(marker, "rb") as fh:
+        original = fh.read()
+    before = history.keys()
+    try:
+        for tampered in (original.replace(history.repo.encode(), b"someone-else"),
+                         original.replace(b'"instance_id": "', b'"instance_id": "0'),
+                         b"garbage", None):
+            if tampered is None:
+                os.unlink(marker)
+            else:
+                with open(marker, "wb") as fh:
+                    fh.write(tampered)
+            for sweep in (False, True):
+                with pytest.raises(errors.FailedPrecondition) as failure:
+                    run_gc(spark, history, sweep=sweep)
+                assert failure.value.reason == "NAMESPACE_NOT_OWNED", failure.value
+            assert history.keys() == before - ({MARKER_KEY} if tampered is None else set())
+    finally:
+        with open(marker, "wb") as fh:
+            fh.write(original)
+    assert run_gc(spark, history, sweep=False).collectable_count > 0

@@ -170,7 +170,7 @@ def test_errors_map_to_domain_exceptions(suite, client):
     assert isinstance(exc, errors.NotFound)
     raises(gerrors.RepositoryExists, "REPOSITORY_EXISTS", client.create_repository, "errs", ns)
     raises(gerrors.InvalidName, "INVALID_NAME", client.create_repository, "Bad_Name", ns)
-    raises(errors.InvalidArgument, "INVALID_STORAGE_NAMESPACE", client.create_repository,
+    raises(errors.InvalidArgument, "INVALID_NAMESPACE", client.create_repository,
            "relative-ns", "not/absolute")
     raises(gerrors.BranchNotFound, "BRANCH_NOT_FOUND", client.get_branch, "errs", "nope")
     raises(gerrors.BranchExists, "BRANCH_EXISTS", client.create_branch, "errs", "main")

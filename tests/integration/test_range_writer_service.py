@@ -333,3 +333,42 @@ def test_merge_metaranges_errors_over_the_wire(served):
         remote.merge_metaranges(namespace, mr, mr, mr, max_conflicts=-1)
     with pytest.raises(errors.InvalidArgument):
         remote.merge_metaranges("relative/namespace", "", "", "")
+
+
+def test_claim_namespace_writes_only_the_marker_and_reports_what_it_found(served, tmp_path):
+    """ClaimNamespace (the range-writer is the writer of namespaces): if absent into an
+    empty namespace, if equal over a given marker, and never anything else."""
+    from quarry.blob.ownership import MARKER_KEY, SCAN_LIMIT
+
+    remote, target, namespace, stores = served
+    first = remote.claim_namespace(namespace, b'{"m": 1}')
+    assert first.claimed and first.keys == () and first.existing_marker is None
+    again = remote.claim_namespace(namespace, b'{"m": 2}')
+    assert not again.claimed and again.existing_marker == b'{"m": 1}'
+    assert stores[namespace].get(MARKER_KEY) == b'{"m": 1}'
+    # Replace only the exact marker named.
+    assert not remote.claim_namespace(namespace, b'{"m": 3}', replace=b'{"m": 2}').claimed
+    assert remote.claim_namespace(namespace, b'{"m": 3}', replace=b'{"m": 1}').claimed
+    assert stores[namespace].get(MARKER_KEY) == b'{"m": 3}'
+
+    # A namespace with other files: nothing written, a bounded listing of them returned.
+    crowded = tmp_path / "crowded"
+    for i in range(SCAN_LIMIT + 5):
+        (crowded / f"d{i % 7}").mkdir(parents=True, exist_ok=True)
+        (crowded / f"d{i % 7}" / f"f{i}").write_text("x")
+    found = remote.claim_namespace(str(crowded), b'{"m": 1}')
+    assert not found.claimed and found.existing_marker is None
+    assert len(found.keys) == SCAN_LIMIT and found.keys_truncated
+    assert not (crowded / "_quarry").exists()
+
+    with grpc.insecure_channel(target) as channel:
+        stub = range_writer_pb2_grpc.RangeWriterStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ClaimNamespace(range_writer_pb2.ClaimNamespaceRequest(
+                storage_namespace=namespace))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        for bad in ("/a/../b", "/", "s3://bucket"):
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ClaimNamespace(range_writer_pb2.ClaimNamespaceRequest(
+                    storage_namespace=bad, marker=b"x"))
+            assert error_info(caught.value)[0].reason == "INVALID_NAMESPACE"

@@ -5,17 +5,17 @@
 
 from __future__ import annotations
 
-import os
-import urllib.parse
-
 from quarry.blob.base import (BlobStore, InvalidObjectKey, InvalidStorageNamespace,
-                              ObjectInfo, ObjectNotFound, check_key)
+                              ObjectInfo, ObjectNotFound, StorageUnreachable, check_key)
 from quarry.blob.counting import CountingBlobStore
 from quarry.blob.local import LocalBlobStore
+from quarry.blob.namespace import (namespace_location, namespaces_overlap,
+                                   normalize_storage_namespace, parse_storage_namespace)
 
 __all__ = ["BlobStore", "CountingBlobStore", "InvalidObjectKey", "InvalidStorageNamespace",
-           "LocalBlobStore", "ObjectInfo", "ObjectNotFound", "S3BlobStore", "check_key",
-           "object_address", "open_blob_store",
+           "LocalBlobStore", "ObjectInfo", "ObjectNotFound", "S3BlobStore", "StorageUnreachable",
+           "check_key", "namespace_location", "namespaces_overlap",
+           "normalize_storage_namespace", "object_address", "open_blob_store",
            "parse_storage_namespace"]
 
 
@@ -26,27 +26,6 @@ def __getattr__(name: str):
 
         return S3BlobStore
     raise AttributeError(name)
-
-
-def parse_storage_namespace(storage_namespace: str) -> tuple[str, str, str]:
-    """("local", abs_dir, "") or ("s3", bucket, prefix); InvalidStorageNamespace otherwise."""
-    ns = (storage_namespace or "").strip()
-    if not ns:
-        raise InvalidStorageNamespace("storage namespace is empty")
-    if ns.startswith("/"):
-        return "local", os.path.normpath(ns), ""
-    parsed = urllib.parse.urlparse(ns)
-    if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
-            raise InvalidStorageNamespace(
-                f"storage namespace {ns!r}: use file:///absolute/path")
-        return "local", os.path.normpath(urllib.parse.unquote(parsed.path)), ""
-    if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise InvalidStorageNamespace(f"storage namespace {ns!r}: missing bucket")
-        return "s3", parsed.netloc, parsed.path.strip("/")
-    raise InvalidStorageNamespace(
-        f"storage namespace {ns!r}: expected /abs/dir, file:///abs/dir or s3://bucket/prefix")
 
 
 def object_address(storage_namespace: str, key: str) -> str:

@@ -19,7 +19,25 @@ class ObjectNotFound(errors.NotFound):
 
 
 class InvalidStorageNamespace(errors.InvalidArgument):
-    reason = "INVALID_STORAGE_NAMESPACE"
+    """A storage namespace that is not a valid, normalized location (ARCHITECTURE.md §2)."""
+
+    reason = "INVALID_NAMESPACE"
+
+
+class StorageUnreachable(errors.FailedPrecondition):
+    """The environment stops Quarry from using a namespace: no credentials, access denied,
+    no such bucket, endpoint unreachable, permission denied, not a directory. The message
+    and the `cause` metadata say which; fixing the environment (not retrying) resolves it."""
+
+    reason = "STORAGE_UNREACHABLE"
+
+    def __init__(self, message: str = "", *, cause: str = "", location: str = "", **kwargs):
+        metadata = dict(kwargs.pop("metadata", None) or {})
+        if cause:
+            metadata["cause"] = cause
+        if location:
+            metadata["location"] = location
+        super().__init__(message, metadata=metadata, **kwargs)
 
 
 class InvalidObjectKey(errors.InvalidArgument):
@@ -63,6 +81,11 @@ class BlobStore(abc.ABC):
     def sync(self) -> None:
         """Make every put_deferred so far durable (also objects it found already there)."""
 
+    def put_if_equals(self, key: str, data: bytes, expected: bytes) -> bool:
+        """Replace the object only if its current bytes are `expected` (atomically with
+        respect to other put_if_equals and put(if_absent) calls); False otherwise."""
+        raise NotImplementedError(f"{type(self).__name__} has no conditional replace")
+
     @abc.abstractmethod
     def exists(self, key: str) -> bool:
         ...
@@ -74,6 +97,16 @@ class BlobStore(abc.ABC):
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object whose key starts with `prefix`, in key order."""
+
+    def first_keys(self, limit: int) -> list[str]:
+        """Up to `limit` keys of the namespace (a bounded listing: an emptiness check must
+        not walk a huge directory)."""
+        keys = []
+        for info in self.list(""):
+            if len(keys) >= limit:
+                break
+            keys.append(info.key)
+        return keys
 
     @property
     def is_local(self) -> bool:

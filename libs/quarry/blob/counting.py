@@ -83,6 +83,13 @@ class CountingBlobStore(BlobStore):
             self._note(self.keys_written, key)
         return written
 
+    def put_if_equals(self, key: str, data: bytes, expected: bytes) -> bool:
+        self._count("put")
+        written = self.inner.put_if_equals(key, data, expected)
+        if written:
+            self._note(self.keys_written, key)
+        return written
+
     def sync(self) -> None:
         self.inner.sync()  # a barrier, not an object operation: not counted
 
@@ -97,6 +104,10 @@ class CountingBlobStore(BlobStore):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         self._count("list")
         return self.inner.list(prefix)
+
+    def first_keys(self, limit: int) -> list[str]:
+        self._count("list")
+        return self.inner.first_keys(limit)
 
     @property
     def is_local(self) -> bool:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 import uuid
 from typing import Iterator
 
-from quarry.blob.base import BlobStore, ObjectInfo, ObjectNotFound, check_key
+from quarry.blob.base import (BlobStore, ObjectInfo, ObjectNotFound, StorageUnreachable,
+                              check_key)
 
 # Temporary files live next to their target (same filesystem, so os.replace/os.link are
 # atomic) and are never listed.
@@ -28,7 +31,24 @@ class LocalBlobStore(BlobStore):
         self._unsynced_dirs: set[str] = set()
         self._unsynced_lock = threading.Lock()
         self._sync_lock = threading.Lock()
-        os.makedirs(self.root, exist_ok=True)
+        with self._environment():
+            os.makedirs(self.root, exist_ok=True)
+
+    @contextlib.contextmanager
+    def _environment(self):
+        """The one place where the filesystem's refusals (permission denied, a file where a
+        directory is expected, a read-only or full disk, a path that cannot be created such
+        as /proc/x) become STORAGE_UNREACHABLE instead of an INTERNAL error."""
+        try:
+            yield
+        except OSError as exc:
+            raise self._unreachable(exc) from exc
+
+    def _unreachable(self, exc: OSError) -> StorageUnreachable:
+        cause = _CAUSES.get(exc.errno, exc.strerror or type(exc).__name__)
+        return StorageUnreachable(
+            f"storage namespace {self.root} is not usable: {cause} "
+            f"({exc.filename or self.root})", cause=cause, location=self.root)
 
     def __repr__(self) -> str:
         return f"LocalBlobStore({self.root!r})"
@@ -50,6 +70,8 @@ class LocalBlobStore(BlobStore):
                 return fh.read()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise ObjectNotFound(f"object {key!r} not found in {self.root}") from None
+        except OSError as exc:
+            raise self._unreachable(exc) from exc
 
     def exists(self, key: str) -> bool:
         return os.path.isfile(self._path(key))
@@ -91,7 +113,9 @@ class LocalBlobStore(BlobStore):
         # batch at once, in parallel (the filesystem groups them into few journal commits).
         # A file found already there is synced too: its writer may not have synced it yet.
         path = self._path(key)
-        written = self._put(key, data, if_absent=True, sync_directory=False, sync_file=False)
+        with self._environment():
+            written = self._put(key, data, if_absent=True, sync_directory=False,
+                                sync_file=False)
         # Recorded once the file is in place (written now, or found there).
         with self._unsynced_lock:
             self._unsynced_files.add(path)
@@ -114,7 +138,45 @@ class LocalBlobStore(BlobStore):
                 self._sync_dir(directory)
 
     def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
-        return self._put(key, data, if_absent, sync_directory=True)
+        with self._environment():
+            return self._put(key, data, if_absent, sync_directory=True)
+
+    def put_if_equals(self, key: str, data: bytes, expected: bytes) -> bool:
+        # Replacers of one key serialize on an exclusive lock of its directory (flock works
+        # on directory descriptors); a put(if_absent) cannot slip in while the object exists.
+        path = self._path(key)
+        directory = os.path.dirname(path)
+        with self._environment():
+            fd = os.open(directory, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    with open(path, "rb") as fh:
+                        if fh.read() != expected:
+                            return False
+                except (FileNotFoundError, NotADirectoryError):
+                    return False
+                self._put(key, data, if_absent=False, sync_directory=True)
+                return True
+            finally:
+                os.close(fd)  # releases the lock
+
+    def first_keys(self, limit: int) -> list[str]:
+        # Symbolic links to directories are not walked (nor listed, nor ever deleted), but
+        # they are something: a namespace holding one is not empty.
+        keys: list[str] = []
+        with self._environment():
+            for dirpath, dirnames, filenames in os.walk(self.root, onerror=_unless_gone):
+                dirnames.sort()
+                rel_dir = os.path.relpath(dirpath, self.root)
+                rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
+                links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+                for name in sorted(filenames + links):
+                    if not name.startswith(TEMP_PREFIX):
+                        if len(keys) >= limit:
+                            return keys
+                        keys.append(rel_dir + name)
+        return keys
 
     def _put(self, key: str, data: bytes, if_absent: bool, sync_directory: bool,
              sync_file: bool = True) -> bool:
@@ -152,14 +214,21 @@ class LocalBlobStore(BlobStore):
                 _unlink(temp)
 
     def delete(self, key: str) -> None:
-        _unlink(self._path(key))
+        with self._environment():
+            _unlink(self._path(key))
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         # Walk only the deepest directory the prefix fully names.
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         start = os.path.join(self.root, *base.split("/")) if base else self.root
         found: list[ObjectInfo] = []
-        for dirpath, dirnames, filenames in os.walk(start):
+        with self._environment():
+            self._walk(start, prefix, found)
+        found.sort()
+        return iter(found)
+
+    def _walk(self, start: str, prefix: str, found: list[ObjectInfo]) -> None:
+        for dirpath, dirnames, filenames in os.walk(start, onerror=_unless_gone):
             rel_dir = os.path.relpath(dirpath, self.root)
             rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
             dirnames[:] = [d for d in dirnames
@@ -175,8 +244,28 @@ class LocalBlobStore(BlobStore):
                     except FileNotFoundError:
                         continue
                     found.append(ObjectInfo(key, stat.st_size, stat.st_mtime))
-        found.sort()
-        return iter(found)
+
+
+_CAUSES = {
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.ENOTDIR: "a file is where a directory is expected",
+    errno.EEXIST: "a file is where a directory is expected",
+    errno.EISDIR: "a directory is where a file is expected",
+    errno.EROFS: "read-only file system",
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.ENOENT: "the directory cannot be created",
+    errno.ENAMETOOLONG: "file name too long",
+}
+
+
+def _unless_gone(exc: OSError) -> None:
+    """os.walk's error handler: an unreadable directory inside the namespace is an error,
+    not an empty one (GC and the emptiness check must not mistake it for "nothing there");
+    a directory that is missing, gone meanwhile or not a directory holds nothing."""
+    if not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        raise exc
 
 
 def _unlink(path: str) -> None:

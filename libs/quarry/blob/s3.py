@@ -14,7 +14,8 @@ import time
 from typing import Any, Iterator
 
 from quarry import errors
-from quarry.blob.base import BlobStore, ObjectInfo, ObjectNotFound, check_key
+from quarry.blob.base import (BlobStore, ObjectInfo, ObjectNotFound, StorageUnreachable,
+                              check_key)
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +61,16 @@ class S3BlobStore(BlobStore):
         return self.prefix + check_key(key)
 
     def get(self, key: str) -> bytes:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
-        except ClientError as exc:
+        except (ClientError, BotoCoreError) as exc:
             if _error_code(exc) != "NoSuchBucket" and (
                     _error_code(exc) in _MISSING_CODES or _status(exc) == "404"):
                 raise ObjectNotFound(
                     f"object {key!r} not found in s3://{self.bucket}/{self.prefix}") from None
-            raise _unavailable(exc) from exc
+            raise _unavailable(exc, self) from exc
         body = response["Body"]
         try:
             return body.read()
@@ -77,25 +78,25 @@ class S3BlobStore(BlobStore):
             body.close()
 
     def exists(self, key: str) -> bool:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             self._client.head_object(Bucket=self.bucket, Key=self._key(key))
             return True
-        except ClientError as exc:
+        except (ClientError, BotoCoreError) as exc:
             if _error_code(exc) in _MISSING_CODES or _status(exc) == "404":
                 return False
-            raise _unavailable(exc) from exc
+            raise _unavailable(exc, self) from exc
 
     def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         full_key = self._key(key)
         if not if_absent:
             try:
                 self._client.put_object(Bucket=self.bucket, Key=full_key, Body=data)
-            except ClientError as exc:
-                raise _unavailable(exc) from exc
+            except (ClientError, BotoCoreError) as exc:
+                raise _unavailable(exc, self) from exc
             return True
         if self._conditional_put_supported:
             for attempt in range(5):
@@ -103,7 +104,7 @@ class S3BlobStore(BlobStore):
                     self._client.put_object(Bucket=self.bucket, Key=full_key, Body=data,
                                             IfNoneMatch="*")
                     return True
-                except ClientError as exc:
+                except (ClientError, BotoCoreError) as exc:
                     code = _error_code(exc)
                     if code in _EXISTS_CODES or _status(exc) == "412":
                         return False
@@ -120,29 +121,58 @@ class S3BlobStore(BlobStore):
                         with self._lock:
                             self._conditional_put_supported = False
                         break
-                    raise _unavailable(exc) from exc
+                    raise _unavailable(exc, self) from exc
             else:
                 raise errors.Unavailable(f"conditional write of {key!r} kept conflicting")
         if self.exists(key):
             return False
         try:
             self._client.put_object(Bucket=self.bucket, Key=full_key, Body=data)
-        except ClientError as exc:
-            raise _unavailable(exc) from exc
+        except (ClientError, BotoCoreError) as exc:
+            raise _unavailable(exc, self) from exc
         return True
 
+    def put_if_equals(self, key: str, data: bytes, expected: bytes) -> bool:
+        # S3's `If-Match: <etag>` makes the replace atomic: the ETag read with the expected
+        # bytes must still be current when the new object lands.
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        full_key = self._key(key)
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=full_key)
+            body = response["Body"]
+            try:
+                current = body.read()
+            finally:
+                body.close()
+        except (ClientError, BotoCoreError) as exc:
+            if _error_code(exc) in _MISSING_CODES:
+                return False
+            raise _unavailable(exc, self) from exc
+        if current != expected:
+            return False
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=full_key, Body=data,
+                                    IfMatch=response["ETag"])
+            return True
+        except (ClientError, BotoCoreError) as exc:
+            if _error_code(exc) in _EXISTS_CODES | _CONFLICT_CODES | _MISSING_CODES \
+                    or _status(exc) in ("412", "409"):
+                return False
+            raise _unavailable(exc, self) from exc
+
     def delete(self, key: str) -> None:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
-        except ClientError as exc:
+        except (ClientError, BotoCoreError) as exc:
             if _error_code(exc) in _MISSING_CODES:
                 return
-            raise _unavailable(exc) from exc
+            raise _unavailable(exc, self) from exc
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         paginator = self._client.get_paginator("list_objects_v2")
         try:
@@ -150,8 +180,8 @@ class S3BlobStore(BlobStore):
                 for item in page.get("Contents", ()):
                     yield ObjectInfo(item["Key"][len(self.prefix):], int(item["Size"]),
                                      item["LastModified"].timestamp())
-        except ClientError as exc:
-            raise _unavailable(exc) from exc
+        except (ClientError, BotoCoreError) as exc:
+            raise _unavailable(exc, self) from exc
 
     def close(self) -> None:
         pass  # the client is shared by every store on the same endpoint and region
@@ -183,10 +213,47 @@ def shared_client(endpoint_url: str | None, region: str, max_pool_connections: i
         return client
 
 
-def _unavailable(exc: Exception) -> errors.QuarryError:
-    code = _error_code(exc)
-    if code in ("NoSuchBucket",):
-        return errors.FailedPrecondition(f"S3 bucket does not exist: {exc}")
-    if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-        return errors.FailedPrecondition(f"S3 access denied: {exc}")
+# Error codes that mean the environment refuses this namespace (fixing it, not retrying,
+# resolves them), with the cause named in STORAGE_UNREACHABLE's message and metadata.
+_ENVIRONMENT_CODES = {
+    "NoSuchBucket": "no such bucket",
+    "AccessDenied": "access denied",
+    "403": "access denied",
+    "AllAccessDisabled": "access denied",
+    "AccountProblem": "access denied",
+    "InvalidAccessKeyId": "invalid credentials (unknown access key)",
+    "SignatureDoesNotMatch": "invalid credentials (signature does not match)",
+    "InvalidToken": "invalid credentials (token)",
+    "ExpiredToken": "invalid credentials (expired token)",
+    "TokenRefreshRequired": "invalid credentials (expired token)",
+    "InvalidBucketName": "invalid bucket name",
+    "PermanentRedirect": "the bucket is in another region",
+    "AuthorizationHeaderMalformed": "the bucket is in another region",
+}
+
+
+def _unavailable(exc: Exception, store: "S3BlobStore | None" = None) -> errors.QuarryError:
+    """The one mapping of boto3/botocore failures to Quarry errors: the environment's
+    refusals are FAILED_PRECONDITION / STORAGE_UNREACHABLE naming the cause; anything else
+    (throttling, 5xx, timeouts) is UNAVAILABLE, so clients retry it."""
+    from botocore import exceptions as bx
+
+    location = f"s3://{store.bucket}/{store.prefix}" if store is not None else ""
+    cause = ""
+    if isinstance(exc, bx.NoCredentialsError):
+        cause = "no credentials"
+    elif isinstance(exc, bx.PartialCredentialsError):
+        cause = "incomplete credentials"
+    elif isinstance(exc, (bx.EndpointConnectionError, bx.ConnectTimeoutError)):
+        cause = "endpoint unreachable"
+    elif isinstance(exc, bx.NoRegionError):
+        cause = "no region configured"
+    elif isinstance(exc, bx.ClientError):
+        code = _error_code(exc)
+        cause = _ENVIRONMENT_CODES.get(code, "")
+        if not cause and _status(exc) == "403":
+            cause = "access denied"
+    if cause:
+        return StorageUnreachable(f"S3 storage namespace {location or '?'} is not usable: "
+                                  f"{cause} ({exc})", cause=cause, location=location)
     return errors.Unavailable(f"S3 error: {exc}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import mimetypes
 import os
+import re
 import uuid
 from concurrent import futures
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ from quarry.client import make_entry
 from quarry.v1 import types_pb2
 
 DATA_PREFIX = "data/"
+# The exact key upload_one writes (`data/` + a uuid4's 32 hex digits): what GC may recognize
+# as upload data Quarry wrote (quarry.retention.classify).
+UPLOAD_KEY = re.compile(r"data/[0-9a-f]{32}")
 UPLOAD_WORKERS = 8
 
 

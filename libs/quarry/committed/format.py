@@ -40,6 +40,7 @@ metadata key and value. It never depends on the file encoding.
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
 import sys
 from typing import Iterable, Sequence
@@ -99,6 +100,12 @@ _PARQUET_OPTIONS = dict(
 METARANGE_ID_HEADER = b"quarry/metarange/v%d\x00" % FORMAT_VERSION
 RANGE_ID_HEADER = b"quarry/range/v%d\x00" % FORMAT_VERSION
 _LITTLE = sys.byteorder == "little"
+
+
+# The exact keys range_key and metarange_key produce (content ids: 64 hex digits): what GC
+# may recognize as a range or metarange Quarry wrote (quarry.retention.classify).
+RANGE_KEY = re.compile(r"_quarry/ranges/([0-9a-f]{64})\.parquet")
+METARANGE_KEY = re.compile(r"_quarry/metaranges/([0-9a-f]{64})\.parquet")
 
 
 def range_key(range_id: str) -> str:
@@ -391,8 +398,9 @@ def metarange_rows(table: pa.Table) -> list[RangeInfo]:
 __all__ = [
     "EMPTY_METARANGE_ID", "METARANGE_FORMAT", "METARANGE_SCHEMA", "RANGE_FORMAT", "RANGE_SCHEMA", "RangeCorrupt", "RowBuffer",
     "decode_metarange", "decode_range", "decode_range_keys", "encode_metarange",
-    "encode_range", "entry_bytes", "format_tag_of", "metarange_rows", "read_metarange", "read_tagged_parquet",
-    "is_boundary", "metarange_id_of", "metarange_key", "range_id_of", "range_key",
+    "encode_range", "entry_bytes", "format_tag_of", "metarange_rows", "read_metarange",
+    "read_tagged_parquet", "is_boundary", "metarange_id_of", "metarange_key", "METARANGE_KEY",
+    "RANGE_KEY", "range_id_of", "range_key",
     "row_bytes",
 ]
 

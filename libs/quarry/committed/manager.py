@@ -21,8 +21,9 @@ from typing import Callable, Iterable, Iterator
 import pyarrow as pa
 
 from quarry import errors
+from quarry.blob import BlobStore, ObjectNotFound, normalize_storage_namespace
+from quarry.blob.ownership import NamespaceClaim, claim_namespace
 from quarry.config import Settings
-from quarry.blob import BlobStore, ObjectNotFound
 from quarry.committed.cache import DiskCache, LRUCache
 from quarry.committed.errors import (DuplicatePath, InvalidMetaRangeId, InvalidPath,
                                      MetaRangeNotFound, RangeCorrupt, RangeNotFound,
@@ -332,6 +333,17 @@ class CommittedManager:
         data = RangeData(info, table)
         self._ranges.put(cache_key, data, data.cache_bytes)
         return data
+
+    # ---- namespace ownership ----------------------------------------------------------------
+
+    def claim_namespace(self, namespace: str, marker: bytes,
+                        replace: bytes | None = None) -> NamespaceClaim:
+        """Write a repository's ownership marker into its namespace (see
+        quarry.blob.ownership.claim_namespace: if the namespace is empty, or if the current
+        marker is exactly `replace`). Reports what it found; decides nothing else. A root
+        (`/`, `s3://bucket`) or any other invalid namespace is refused before any access."""
+        normalize_storage_namespace(namespace)
+        return claim_namespace(self.store(namespace), marker, replace)
 
     # ---- reads ------------------------------------------------------------------------------
 

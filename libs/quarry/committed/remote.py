@@ -11,6 +11,8 @@ from typing import Iterable, Iterator
 import grpc
 
 from quarry import errors
+from quarry.blob import ownership as _ownership  # noqa: F401 — error reasons
+from quarry.blob.ownership import NamespaceClaim
 from quarry.committed import errors as _committed_errors  # noqa: F401 — error reasons
 from quarry.committed.format import entry_bytes
 from quarry.convert import (conflict_from_proto, entry_to_proto, put_or_delete_to_proto,
@@ -145,6 +147,24 @@ class RemoteRangeWriter:
             token = response.next_page_token
             if not token:
                 return ranges
+
+    def claim_namespace(self, namespace: str, marker: bytes,
+                        replace: bytes | None = None) -> NamespaceClaim:
+        """Same contract as CommittedManager.claim_namespace, executed by the range-writer
+        (the writer of namespaces)."""
+        request = range_writer_pb2.ClaimNamespaceRequest(storage_namespace=namespace,
+                                                         marker=marker)
+        if replace is not None:
+            request.replace_marker = replace
+        try:
+            response = self._stub.ClaimNamespace(request, timeout=self._timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        return NamespaceClaim(
+            claimed=response.claimed,
+            existing_marker=(response.existing_marker
+                             if response.HasField("existing_marker") else None),
+            keys=tuple(response.keys), keys_truncated=response.keys_truncated)
 
     def merge_metaranges(self, namespace: str, base_id: str, source_id: str,
                          destination_id: str, strategy: MergeStrategy = MergeStrategy.DEFAULT,

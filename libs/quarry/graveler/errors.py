@@ -2,6 +2,9 @@
 
 from quarry import errors
 from quarry.blob.base import InvalidStorageNamespace  # noqa: F401 — one class per reason
+from quarry.blob.base import StorageUnreachable  # noqa: F401
+from quarry.blob.ownership import (NamespaceInUse, NamespaceNotEmpty,  # noqa: F401
+                                   NamespaceNotOwned)
 
 
 class InvalidName(errors.InvalidArgument):

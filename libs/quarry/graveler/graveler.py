@@ -20,6 +20,10 @@ from opentelemetry import trace
 from prometheus_client import Counter
 
 from quarry import errors
+from quarry.blob.namespace import (namespace_location, namespaces_overlap,
+                                   normalize_storage_namespace)
+from quarry.blob.ownership import (MARKER_KEY, InvalidMarker, NamespaceClaim, NamespaceInUse,
+                                   NamespaceNotEmpty, build_marker, parse_marker)
 from quarry.config import Settings
 from quarry.graveler import errors as gerrors
 from quarry.graveler import records
@@ -34,6 +38,7 @@ from quarry.graveler.staging import StagingManager, new_token
 from quarry.kv import store as kv
 from quarry.kv.partitions import staging_partition
 from quarry.paging import PageBudget
+from quarry.runtime.format_version import ensure_installation_id
 from quarry.v1 import types_pb2
 
 log = logging.getLogger(__name__)
@@ -51,6 +56,9 @@ MERGE_HINTS_PREFIX = b"mergehints/"
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 10_000
 INITIAL_COMMIT_MESSAGE = "Repository created"
+# A repository creation announced longer ago than this is taken as interrupted (creations
+# take well under a second; one that passes half of this gives up before becoming visible).
+CREATION_TTL_SECONDS = 600.0
 SYSTEM_COMMITTER = "quarry"
 
 
@@ -77,6 +85,9 @@ class RangeWriterClient(Protocol):
     def merge_metaranges(self, namespace: str, base_id: str, source_id: str,
                          destination_id: str, strategy: MergeStrategy = MergeStrategy.DEFAULT,
                          max_conflicts: int = 100, dry_run: bool = False) -> MergeResult: ...
+
+    def claim_namespace(self, namespace: str, marker: bytes,
+                        replace: bytes | None = None) -> NamespaceClaim: ...
 
 
 @dataclass
@@ -135,6 +146,11 @@ def _now_seconds() -> int:
     return int(time.time())
 
 
+def _wall_clock() -> float:
+    """Seconds since the epoch, comparable across processes (creation announcements)."""
+    return time.time()
+
+
 class StagedCount(int):
     """What put_objects / delete_objects return: the number of paths staged (an int, as
     before) carrying `staging_token`, the token the write was acknowledged on ("" when
@@ -166,6 +182,7 @@ class Graveler:
         # Writers may start from a slightly stale branch record: the validation read after
         # the staging write catches any change of token.
         self._write_cache: dict[tuple[str, str, str], tuple[float, types_pb2.Branch, bytes]] = {}
+        self._installation_id: str | None = None
 
     # ==== repositories ======================================================================
 
@@ -174,25 +191,168 @@ class Graveler:
         names.check_repository_name(name)
         default_branch = default_branch or "main"
         names.check_branch_name(default_branch)
-        storage_namespace = _check_namespace(storage_namespace)
-        # Order: everything the repository needs exists BEFORE the repository record that
-        # makes it visible. A failure leaves only an unreachable instance partition behind.
-        empty = self.range_writer.write_metarange(storage_namespace, [])
+        storage_namespace = normalize_storage_namespace(storage_namespace)
         repo = Repository(name=name, storage_namespace=storage_namespace,
                           default_branch=default_branch, instance_id=uuid.uuid4().hex,
                           creation_time=_now_seconds())
-        initial = self._make_commit([], empty.metarange_id, INITIAL_COMMIT_MESSAGE,
-                                    SYSTEM_COMMITTER, {}, generation=1)
-        self.refs.insert_commit(repo, initial)
-        branch = types_pb2.Branch(name=default_branch, commit_id=initial.id,
-                                  staging_token=new_token(), dirty=False)
-        self.refs.set_branch_if(repo, branch, kv.ABSENT)
+        # Announce the creation BEFORE looking for overlapping namespaces: of two creations
+        # of nested namespaces racing, the later look sees the other (its announcement, or
+        # its record once visible: an announcement is removed only after the record exists).
+        started = _wall_clock()
+        self.refs.add_creation(repo, started)
         try:
-            self.refs.insert_repository(repo)
-        except gerrors.RepositoryExists:
-            self.staging.queue_drop([repo.partition])
-            raise
+            self._check_namespace_free(repo)
+            # Order: the ownership marker claims the namespace, then everything the
+            # repository needs exists, all BEFORE the repository record that makes it
+            # visible. A failure leaves only an unreachable instance partition and a marker
+            # of a deleted instance.
+            try:
+                self._claim_namespace(repo)
+                empty = self.range_writer.write_metarange(storage_namespace, [])
+                initial = self._make_commit([], empty.metarange_id, INITIAL_COMMIT_MESSAGE,
+                                            SYSTEM_COMMITTER, {}, generation=1)
+                self.refs.insert_commit(repo, initial)
+                branch = types_pb2.Branch(name=default_branch, commit_id=initial.id,
+                                          staging_token=new_token(), dirty=False)
+                self.refs.set_branch_if(repo, branch, kv.ABSENT)
+                if _wall_clock() - started > CREATION_TTL_SECONDS / 2:
+                    # Others ignore announcements older than CREATION_TTL_SECONDS: never
+                    # become visible that late.
+                    raise errors.Aborted(f"creating repository {name!r} took too long; "
+                                         f"nothing was created, retry")
+                self.refs.insert_repository(repo)
+            except BaseException as exc:
+                # The marker may now name an instance that will never become visible (even
+                # when the claim itself failed: its answer may be what was lost): let a
+                # later creation reuse the namespace (a live record still wins, see
+                # _check_reusable).
+                try:
+                    self.refs.record_deleted_instance(repo)
+                except Exception:  # noqa: BLE001 — the original error is the one to report
+                    log.warning("could not record the failed creation of %s", repo.name,
+                                exc_info=True)
+                if isinstance(exc, gerrors.RepositoryExists):
+                    self.staging.queue_drop([repo.partition])
+                raise
+        finally:
+            try:
+                self.refs.remove_creation(repo)
+            except Exception:  # noqa: BLE001 — it expires (CREATION_TTL_SECONDS)
+                log.warning("could not remove the creation record of %s", repo.name,
+                            exc_info=True)
         return repo
+
+    def installation_id(self) -> str:
+        if self._installation_id is None:
+            self._installation_id = ensure_installation_id(self.kv)
+        return self._installation_id
+
+    def _check_namespace_free(self, repo: Repository) -> None:
+        """A namespace may not contain or lie inside the namespace of another repository
+        being created, nor equal, contain or lie inside that of an existing one. A taken
+        name is ALREADY_EXISTS as before. (Two creations of the SAME namespace are settled
+        by the marker instead: exactly one claims it.)"""
+        name, storage_namespace = repo.name, repo.storage_namespace
+        now = _wall_clock()
+        for other in self.refs.list_creations():
+            if other.instance_id == repo.instance_id or \
+                    other.started < now - CREATION_TTL_SECONDS:
+                continue  # ours, or interrupted long ago
+            if self._overlaps(storage_namespace, other.storage_namespace, other.repository) \
+                    and namespace_location(storage_namespace) != \
+                    namespace_location(other.storage_namespace):
+                raise NamespaceInUse(
+                    f"storage namespace {storage_namespace} overlaps the namespace "
+                    f"{other.storage_namespace} of repository {other.repository!r}, being "
+                    f"created", metadata={"storage_namespace": storage_namespace,
+                                          "other_repository": other.repository,
+                                          "other_storage_namespace": other.storage_namespace})
+        after = ""
+        while True:
+            repos = self.refs.list_repositories(after, 1000)
+            for other in repos:
+                if other.name == name:
+                    raise gerrors.RepositoryExists(f"repository {name!r} already exists",
+                                                   metadata={"repository": name})
+                if self._overlaps(storage_namespace, other.storage_namespace, other.name):
+                    raise NamespaceInUse(
+                        f"storage namespace {storage_namespace} overlaps the namespace "
+                        f"{other.storage_namespace} of repository {other.name!r}: a namespace "
+                        f"may not equal, contain or lie inside another repository's",
+                        metadata={"storage_namespace": storage_namespace,
+                                  "other_repository": other.name,
+                                  "other_storage_namespace": other.storage_namespace})
+            if len(repos) < 1000:
+                return
+            after = repos[-1].name
+
+    @staticmethod
+    def _overlaps(storage_namespace: str, other: str, other_name: str) -> bool:
+        try:
+            return namespaces_overlap(storage_namespace, other)
+        except gerrors.InvalidStorageNamespace:
+            log.warning("repository %s has an unparsable namespace %r", other_name, other)
+            return False
+
+    def _claim_namespace(self, repo: Repository) -> None:
+        """Write the ownership marker through the range-writer: into an empty namespace, or
+        over the marker of a deleted repository of this installation (only then, and only
+        if nothing but Quarry's own files is there). Never claims a namespace holding
+        anyone else's files, and of two creations racing for one namespace exactly one
+        wins (the marker is written if absent / if equal)."""
+        ns = repo.storage_namespace
+        marker = build_marker(repo.name, repo.instance_id, self.installation_id()).to_bytes()
+        claim = self.range_writer.claim_namespace(ns, marker)
+        if claim.claimed:
+            return
+        if claim.existing_marker is None:
+            raise NamespaceNotEmpty(
+                f"storage namespace {ns} is not empty (it holds {claim.keys[0]!r}"
+                f"{' and more' if len(claim.keys) > 1 else ''}): a repository needs an empty "
+                f"namespace, or one left by a deleted repository of this installation",
+                metadata={"storage_namespace": ns, "example_key": claim.keys[0]})
+        self._check_reusable(ns, claim)
+        claim = self.range_writer.claim_namespace(ns, marker, replace=claim.existing_marker)
+        if not claim.claimed:
+            raise NamespaceInUse(f"storage namespace {ns} was just claimed by another "
+                                 f"repository", metadata={"storage_namespace": ns})
+
+    def _check_reusable(self, ns: str, claim) -> None:
+        """Raise unless the marker found is that of a deleted repository of this
+        installation and the namespace holds nothing but Quarry's own files."""
+        from quarry.retention import FOREIGN, classify
+
+        try:
+            found = parse_marker(claim.existing_marker)
+        except InvalidMarker as exc:
+            raise NamespaceNotEmpty(f"storage namespace {ns} holds an unreadable ownership "
+                                    f"marker ({exc})", metadata={"storage_namespace": ns})
+        meta = {"storage_namespace": ns, "other_repository": found.repository,
+                "other_instance_id": found.instance_id}
+        if found.installation_id != self.installation_id():
+            raise NamespaceNotEmpty(
+                f"storage namespace {ns} belongs to repository {found.repository!r} of "
+                f"another Quarry installation", metadata=meta)
+        try:
+            live = self.refs.get_repository(found.repository, fresh=True)
+        except gerrors.RepositoryNotFound:
+            live = None
+        if live is not None and live.instance_id == found.instance_id:
+            raise NamespaceInUse(f"storage namespace {ns} is used by repository "
+                                 f"{found.repository!r}", metadata=meta)
+        if not self.refs.is_deleted_instance(found.instance_id):
+            raise NamespaceInUse(
+                f"storage namespace {ns} is being claimed by repository {found.repository!r} "
+                f"(or its creation was interrupted: if no repository uses the namespace, "
+                f"remove {MARKER_KEY} there)", metadata=meta)
+        foreign = [k for k in claim.keys if classify(k).kind == FOREIGN]
+        if foreign or claim.keys_truncated:
+            example = foreign[0] if foreign else claim.keys[-1]
+            raise NamespaceNotEmpty(
+                f"storage namespace {ns} was left by deleted repository {found.repository!r} "
+                f"but holds " + (f"files Quarry did not write (e.g. {example!r})" if foreign
+                                 else "too many files to check; empty it first"),
+                metadata={**meta, "example_key": example})
 
     def get_repository(self, name: str) -> Repository:
         names.check_repository_name(name)
@@ -217,6 +377,8 @@ class Graveler:
             if len(branches) < 1000:
                 break
             after = branches[-1].name
+        # Recorded before the record goes: its namespace may then be reused (ownership).
+        self.refs.record_deleted_instance(repo)
         self.refs.delete_repository_record(name)
         self.staging.queue_drop([repo.partition, *_staging_partitions(tokens)])
 
@@ -1284,24 +1446,6 @@ def _page_by_name(fetch, budget: PageBudget, page_token: str, key_prefix: bytes
 
 def _staging_partitions(tokens: Iterable[str]) -> list[bytes]:
     return [staging_partition(t) for t in tokens if t]
-
-
-def _check_namespace(namespace: str) -> str:
-    if not namespace:
-        raise gerrors.InvalidStorageNamespace(
-            "storage_namespace is required: a local directory (absolute path or file://) "
-            "or s3://bucket/prefix")
-    if namespace.startswith("s3://"):
-        if len(namespace) <= len("s3://") or namespace[len("s3://"):].startswith("/"):
-            raise gerrors.InvalidStorageNamespace(f"invalid S3 namespace {namespace!r}: "
-                                                  f"use s3://bucket/prefix")
-        return namespace.rstrip("/")
-    path = namespace[len("file://"):] if namespace.startswith("file://") else namespace
-    if not path.startswith("/"):
-        raise gerrors.InvalidStorageNamespace(
-            f"invalid storage namespace {namespace!r}: a local directory must be an absolute "
-            f"path (or file:///abs/path); S3 is s3://bucket/prefix")
-    return path.rstrip("/") or "/"
 
 
 __all__ = ["Graveler", "CommitOutcome", "Layers"]

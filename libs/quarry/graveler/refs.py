@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import json
 import re
 import threading
 import time
@@ -29,6 +30,19 @@ from quarry.kv.partitions import QUARRY_PARTITION, repo_partition
 from quarry.v1 import records_pb2, types_pb2
 
 REPOS_PREFIX = b"repos/"
+# Instance ids of deleted repositories (value: the name): their namespaces may be reused.
+DELETED_INSTANCES_PREFIX = b"deleted-instances/"
+# Repositories being created (key: instance id; value: JSON name, namespace, time), so that
+# two creations of overlapping namespaces see each other before either is visible.
+CREATING_PREFIX = b"creating/"
+
+
+@dataclass(frozen=True)
+class Creation:
+    instance_id: str
+    repository: str
+    storage_namespace: str
+    started: float  # unix seconds
 BRANCHES_PREFIX = b"branches/"
 TAGS_PREFIX = b"tags/"
 GC_RULES_KEY = b"settings/gc_rules"
@@ -53,7 +67,8 @@ class Repository:
         return types_pb2.Repository(name=self.name, storage_namespace=self.storage_namespace,
                                     default_branch=self.default_branch,
                                     creation_time=timestamp_pb2.Timestamp(
-                                        seconds=self.creation_time))
+                                        seconds=self.creation_time),
+                                    instance_id=self.instance_id)
 
     def to_record(self) -> bytes:
         return records_pb2.RepositoryRecord(repository=self.to_proto(),
@@ -214,6 +229,46 @@ class RefManager:
     def remember_repository(self, repo: Repository) -> None:
         """Cache a repository record just read or written (it is the current instance)."""
         self._repos[repo.name] = (time.monotonic(), repo)
+
+    def record_deleted_instance(self, repo: Repository) -> None:
+        """Remember that this repository instance is gone for good (deleted, or its
+        creation failed): only then may a new repository take over its namespace."""
+        self.kv.set(QUARRY_PARTITION, DELETED_INSTANCES_PREFIX + repo.instance_id.encode(),
+                    repo.name.encode())
+
+    def is_deleted_instance(self, instance_id: str) -> bool:
+        try:
+            self.kv.get(QUARRY_PARTITION, DELETED_INSTANCES_PREFIX + instance_id.encode())
+            return True
+        except kv.KeyNotFound:
+            return False
+
+    def add_creation(self, repo: Repository, started: float) -> None:
+        self.kv.set(QUARRY_PARTITION, CREATING_PREFIX + repo.instance_id.encode(),
+                    json.dumps({"repository": repo.name, "started": started,
+                                "storage_namespace": repo.storage_namespace}).encode())
+
+    def remove_creation(self, repo: Repository) -> None:
+        self.kv.delete(QUARRY_PARTITION, CREATING_PREFIX + repo.instance_id.encode())
+
+    def list_creations(self) -> list[Creation]:
+        """Repository creations in progress (or interrupted: see Graveler.CREATION_TTL)."""
+        found = []
+        iterator = self.kv.scan(QUARRY_PARTITION, CREATING_PREFIX,
+                                _prefix_end(CREATING_PREFIX))
+        try:
+            for item in iterator:
+                try:
+                    doc = json.loads(item.value)
+                    found.append(Creation(item.key[len(CREATING_PREFIX):].decode(),
+                                          str(doc["repository"]),
+                                          str(doc["storage_namespace"]),
+                                          float(doc["started"])))
+                except (ValueError, KeyError, TypeError):
+                    continue  # not one of ours: it cannot name a namespace
+        finally:
+            iterator.close()
+        return found
 
     def delete_repository_record(self, name: str) -> None:
         self.kv.delete(QUARRY_PARTITION, REPOS_PREFIX + name.encode())

@@ -56,3 +56,26 @@ def ensure_format_version(store: kv.Store, expected: int = FORMAT_VERSION) -> in
                 metadata={"found": found.decode(errors="replace"), "expected": str(expected)})
         return version
     raise errors.Unavailable("could not read the storage format version")
+
+
+INSTALLATION_KEY = b"installation-id"
+
+
+def ensure_installation_id(store: kv.Store) -> str:
+    """This installation's id (one KV store = one installation), stamped once: it tells
+    ownership markers written by this installation from those of another one sharing the
+    object store. Set-if-absent like the format version; the loser of a race re-reads."""
+    import uuid
+
+    for _ in range(2):
+        try:
+            found = store.get(PARTITION, INSTALLATION_KEY).value
+        except kv.KeyNotFound:
+            stamp = uuid.uuid4().hex
+            try:
+                store.set_if(PARTITION, INSTALLATION_KEY, stamp.encode(), kv.ABSENT)
+                return stamp
+            except kv.PredicateFailed:
+                continue  # another process stamped it first: read what it wrote
+        return found.decode(errors="replace")
+    raise errors.Unavailable("could not read the installation id")

@@ -18,6 +18,8 @@ SCHEME = "quarry://"
 # name lets a sweep find the ones a dead driver left behind without any other record.
 EPHEMERAL_PREFIX = "_quarry-spark-"
 _JOB_TIME = "%Y%m%dT%H%M%S"
+# What new_job_id returns.
+JOB_ID_PATTERN = r"\d{8}T\d{6}-[0-9a-f]{12}"
 _EPHEMERAL = re.compile(r"^_quarry-spark-(\d{8}T\d{6})-[0-9a-f]{12}$")
 # Data files of a Spark write live under this key prefix of the storage namespace, one
 # folder per job, so a failed job's files are found (and removed) by one listing.

@@ -25,12 +25,13 @@ import datetime as _dt
 import hashlib
 import io
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import pyarrow as pa
 
-from quarry.spark.common import JOB_DATA_PREFIX, Connection, client_for
+from quarry.spark.common import JOB_DATA_PREFIX, JOB_ID_PATTERN, Connection, client_for
 
 FORMATS = {
     # format: (file extension, content type)
@@ -166,6 +167,13 @@ def file_entry(spec: WriteSpec, row: dict):
                       size_bytes=row["size_bytes"], checksum=row["checksum"],
                       mtime=row["mtime_us"] / 1e6, content_type=FORMATS[spec.format][1],
                       metadata=metadata)
+
+
+# The exact keys file_key writes: what GC may recognize as a Spark job's data file
+# (quarry.retention.classify).
+JOB_FILE_KEY = re.compile(
+    re.escape(JOB_DATA_PREFIX) + JOB_ID_PATTERN + r"/part-\d{5,}-c\d{3,}-t\d+\."
+    + "(?:" + "|".join(re.escape(ext) for ext, _ in FORMATS.values()) + ")")
 
 
 def file_key(spec: WriteSpec, partition: int, index: int, task_attempt_id: int) -> str:

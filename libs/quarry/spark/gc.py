@@ -12,8 +12,10 @@
 5. Collectable: objects of the namespace that nothing referenced names — data files,
    ranges, metaranges (orphans of lost races, dry runs and old compactions included) —
    and that are older than the grace period (objects of writes, commits and merges in
-   flight are younger). `_quarry/` files other than ranges and metaranges are never
-   touched.
+   flight are younger). Only keys of the exact shapes Quarry writes are candidates
+   (quarry.retention.classify): any other file, whatever its age or depth, is never
+   touched, and nothing is touched unless the namespace's ownership marker names this
+   repository instance.
 6. A report goes to `_quarry/gc/reports/<run>.json`; with `sweep` the objects are deleted by
    executors (metaranges, then ranges, then data files).
 
@@ -30,7 +32,8 @@ import secrets
 from dataclasses import asdict, dataclass, field
 
 from quarry import errors, telemetry
-from quarry.retention import (CommitNode, RetentionRules, classify, retained_commits)
+from quarry.retention import (COLLECTABLE, FOREIGN, CommitNode, RetentionRules, classify,
+                              retained_commits)
 from quarry.spark.common import Connection
 from quarry.spark.reader import ranges_dataframe
 from quarry.spark.sweep import DEFAULT_EPHEMERAL_TTL, sweep_ephemeral_branches
@@ -78,6 +81,7 @@ class GCReport:
     ephemeral_branches: list = field(default_factory=list)
     objects_scanned: int = 0
     objects_in_grace: int = 0
+    objects_foreign: int = 0  # files Quarry did not write: never candidates
     referenced_ranges: int = 0
     referenced_metaranges: int = 0
     collectable: dict = field(default_factory=lambda: {k: KindReport() for k in KINDS})
@@ -115,6 +119,7 @@ def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = No
                 "quarry.gc", attributes={"quarry.repository": repository,
                                          "quarry.gc.sweep": sweep}):
         repo = client.get_repository(repository)
+        check_ownership(repo, connection)
         rules = rules or stored_rules(client, repository)
         report = GCReport(run_id=f"{started.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}",
                           repository=repository, storage_namespace=repo.storage_namespace,
@@ -166,17 +171,42 @@ def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = No
         return report
 
 
+def check_ownership(repo, connection: Connection) -> None:
+    """GC reads, reports into and deletes from a namespace only when its ownership marker
+    (_quarry/repository.json) names this repository and instance: never a namespace that
+    another repository, an earlier repository of the same name or nobody claimed."""
+    from quarry.blob import open_blob_store
+    from quarry.blob.ownership import (MARKER_KEY, InvalidMarker, NamespaceNotOwned,
+                                       parse_marker, read_marker)
+
+    ns = repo.storage_namespace
+    meta = {"repository": repo.name, "storage_namespace": ns}
+    with open_blob_store(ns, connection) as store:
+        data = read_marker(store)
+    if data is None:
+        raise NamespaceNotOwned(
+            f"storage namespace {ns} has no ownership marker ({MARKER_KEY}): GC deletes "
+            f"nothing where repository {repo.name!r} is not recorded as the owner",
+            metadata=meta)
+    try:
+        marker = parse_marker(data)
+    except InvalidMarker as exc:
+        raise NamespaceNotOwned(f"storage namespace {ns}: unreadable ownership marker "
+                                f"({exc}); GC deletes nothing", metadata=meta) from None
+    if not marker.owns(repo.name, repo.instance_id):
+        raise NamespaceNotOwned(
+            f"storage namespace {ns} is owned by repository {marker.repository!r} "
+            f"(instance {marker.instance_id}), not by {repo.name!r} (instance "
+            f"{repo.instance_id}); GC deletes nothing",
+            metadata={**meta, "owner": marker.repository, "owner_instance_id":
+                      marker.instance_id})
+
+
 def _foreign_prefixes(client, repository: str, storage_namespace: str) -> tuple[str, ...]:
     """Key prefixes, inside this repository's namespace, of other repositories' namespaces
     (a namespace inside another is fine for the inner one: nothing of the outer one is in
     it). A namespace shared with another repository cannot be collected at all."""
-    from quarry.blob import parse_storage_namespace
-
-    def location(namespace: str) -> tuple[str, str]:
-        kind, root, prefix = parse_storage_namespace(namespace)
-        if kind == "local":
-            return "local", root.rstrip("/") + "/"
-        return "s3", f"{root}/{prefix.strip('/') + '/' if prefix.strip('/') else ''}"
+    from quarry.blob import namespace_location as location
 
     mine = location(storage_namespace)
     prefixes = []
@@ -328,7 +358,9 @@ def _candidates(listing, older_than: _dt.datetime, report: GCReport) -> list[tup
     for info in listing:
         report.objects_scanned += 1
         what = classify(info.key)
-        if what.kind == "internal":
+        if what.kind not in COLLECTABLE:  # never a file Quarry did not write
+            if what.kind == FOREIGN:
+                report.objects_foreign += 1
             continue
         if info.modified >= limit:
             report.objects_in_grace += 1

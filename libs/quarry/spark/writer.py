@@ -34,7 +34,7 @@ from quarry import errors, telemetry
 from quarry.convert import entry_from_proto
 from quarry.spark.common import (JOB_DATA_PREFIX, Connection, QuarryUri, ephemeral_branch,
                                  new_job_id, parse_uri)
-from quarry.spark.executor import (FORMATS, RESULT_SCHEMA, WriteSpec, file_entry,
+from quarry.spark.executor import (FORMATS, JOB_FILE_KEY, RESULT_SCHEMA, WriteSpec, file_entry,
                                    is_job_file, job_path_prefix, write_task)
 from quarry.v1 import types_pb2
 
@@ -298,12 +298,14 @@ class _Job:
 
     def _delete_job_files(self) -> None:
         """Remove the data files of this job. Only after the job failed: no retained commit
-        or staged entry refers to them (the ephemeral branch is gone)."""
+        or staged entry refers to them (the ephemeral branch is gone). Only keys of the shape
+        file_key writes: never another file that happens to lie in the job's folder."""
         from quarry.blob import open_blob_store
 
         try:
             with open_blob_store(self.storage_namespace, self.connection) as store:
                 for key, *_ in list(store.list(f"{JOB_DATA_PREFIX}{self.job_id}/")):
-                    store.delete(key)
+                    if JOB_FILE_KEY.fullmatch(key):
+                        store.delete(key)
         except Exception as exc:  # noqa: BLE001 - GC removes what is left
             log.warning("could not delete the files of failed job %s: %s", self.job_id, exc)

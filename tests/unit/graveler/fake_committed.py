@@ -7,6 +7,8 @@ from __future__ import annotations
 import bisect
 import hashlib
 
+from quarry.blob import LocalBlobStore, parse_storage_namespace
+from quarry.blob.ownership import claim_namespace
 from quarry.graveler.model import ApplyResult, Change, ChangeType, DiffSummary, Entry
 from support.merge_model import naive_merge
 
@@ -49,6 +51,11 @@ class FakeCommitted:
         metarange_id = h.hexdigest()
         self.metaranges[metarange_id] = entries
         return metarange_id
+
+    def claim_namespace(self, namespace, marker, replace=None):
+        # The real claim (marker written into the real directory): ownership is not faked.
+        return claim_namespace(LocalBlobStore(parse_storage_namespace(namespace)[1]), marker,
+                               replace)
 
     def write_metarange(self, namespace, entries) -> ApplyResult:
         return ApplyResult(self._store(sorted(entries, key=lambda e: e.path)))

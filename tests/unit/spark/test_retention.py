@@ -11,8 +11,9 @@ import pytest
 
 from quarry import errors
 from quarry.committed.format import METARANGES_PREFIX, RANGES_PREFIX
-from quarry.retention import (DEFAULT_RETENTION_DAYS, Classified, CommitNode,
+from quarry.retention import (COLLECTABLE, DEFAULT_RETENTION_DAYS, Classified, CommitNode,
                               InvalidRetentionRules, RetentionRules, classify, retained_commits)
+from support.foreign_files import FOREIGN_KEYS
 
 NOW = dt.datetime(2024, 6, 1, 12, 0, tzinfo=dt.timezone.utc)
 
@@ -352,14 +353,40 @@ def test_old_commit_does_not_stop_the_walk():
     ("_quarry/gc/reports/x.json", Classified("internal")),
     ("_quarry/anything", Classified("internal")),
     ("_quarry/", Classified("internal")),
-    # everything else: data
-    ("data/spark/job/part-00000.parquet", Classified("data")),
-    ("tables/t1/x.parquet", Classified("data")),
-    ("abc.parquet", Classified("data")),
-    ("_quarry", Classified("data")),
-    ("_quarryx/ranges/a.parquet", Classified("data")),
-    ("data/_quarry/ranges/a.parquet", Classified("data")),
-    ("_Quarry/ranges/a.parquet", Classified("data")),
+    # Quarry's own data layout: upload data and Spark job files, exactly as written
+    ("data/" + "0123456789abcdef" * 2, Classified("data")),
+    ("data/spark/20240501T120000-0123456789ab/part-00003-c001-t42.snappy.parquet",
+     Classified("data")),
+    ("data/spark/20240501T120000-0123456789ab/part-00003-c001-t42.csv", Classified("data")),
+    # everything else is foreign (ISSUE 10: GC never deletes a file Quarry did not write)
+    ("data/spark/job/part-00000.parquet", Classified("foreign")),
+    ("tables/t1/x.parquet", Classified("foreign")),
+    ("abc.parquet", Classified("foreign")),
+    ("_quarry", Classified("foreign")),
+    ("_quarryx/ranges/a.parquet", Classified("foreign")),
+    ("data/_quarry/ranges/a.parquet", Classified("foreign")),
+    ("_Quarry/ranges/a.parquet", Classified("foreign")),
 ])
 def test_classify(key, expected):
     assert classify(key) == expected
+
+
+def test_foreign_files_are_never_collectable():
+    for key in FOREIGN_KEYS:
+        assert classify(key).kind not in COLLECTABLE, key
+
+
+def test_the_keys_quarry_writes_are_collectable():
+    """The patterns match what the generators really produce (not a copy of their shape)."""
+    import uuid
+
+    from quarry.cli.upload import DATA_PREFIX
+    from quarry.spark.common import Connection, new_job_id
+    from quarry.spark.executor import FORMATS, WriteSpec, file_key
+
+    assert classify(f"{DATA_PREFIX}{uuid.uuid4().hex}").kind == "data"
+    for fmt in FORMATS:
+        spec = WriteSpec(Connection("a:1", "b:2"), "repo", "br", "/ns", "t/", new_job_id(),
+                         format=fmt)
+        assert classify(file_key(spec, 123456, 1234, 7)).kind == "data"
+        assert classify(file_key(spec, 0, 0, 0)).kind == "data"
