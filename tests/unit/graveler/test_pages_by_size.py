@@ -123,7 +123,8 @@ def test_branches_tags_and_repositories_are_paged_by_size(kv_store, committed, t
     names = []
     for i in range(4):
         name = f"repo-{i}-" + "r" * 50
-        tiny.create_repository(name, str(tmp_path / ("n" * 600) / str(i)))
+        tiny.create_repository(
+            name, str(tmp_path / ("n" * 200) / ("n" * 200) / ("n" * 200) / str(i)))
         names.append(name)
     repo = names[0]
     branches = sorted(["main"] + [f"b{i:02d}" + "b" * 200 for i in range(20)])
