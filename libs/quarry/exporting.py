@@ -3,13 +3,17 @@
 The export file is JSON lines, one object per line, keys and values base64:
 
     {"quarry_export": 1, "format_version": "1", "created": "...", "quarry_version": "..."}
+    {"type": "item", "partition": <quarry>, "key": <installation-id>, "value": ...}
     {"type": "repository", "name": "demo", "value": <RepositoryRecord>}
     {"type": "item", "partition": <repo/demo/<instance>>, "key": ..., "value": ...}
     {"type": "item", "partition": <staging/<token>>, "key": ..., "value": ...}
     ...
     {"type": "end", "repositories": N, "items": M}
 
-For every repository: its RepositoryRecord (`quarry` partition, `repos/<name>`), every key
+First the installation's identity (`quarry` partition: `installation-id` and the
+`deleted-instances/<instance>` records), so storage namespaces of deleted repositories stay
+reusable after a rebuild (the ownership markers in them name this installation). Then, for
+every repository: its RepositoryRecord (`quarry` partition, `repos/<name>`), every key
 of its repo partition (branches/, tags/, commits/, mergehints/) and every staging partition
 its branches reference (the staging token and the sealed tokens), so uncommitted changes
 survive. The closing `end` line lets import detect a truncated file.
@@ -43,6 +47,9 @@ metarange ids and are dropped (a merge without a hint merges from scratch). Stag
 stay in the namespaces, untouched, for the old build; nothing refers to them in the
 imported store, and GC collects them like any other unreferenced range or metarange.
 Whether a file needs rewriting is decided by its own format tag, not by the export header.
+A rebuilt repository's namespace also gets the ownership marker earlier formats did not
+write (`_quarry/repository.json`, never overwriting one), before the repository becomes
+visible, so GC and namespace checks treat it as owned.
 """
 
 from __future__ import annotations
@@ -59,7 +66,8 @@ from quarry import FORMAT_VERSION, errors
 from quarry.blob import BlobStore
 from quarry.graveler import records
 from quarry.graveler.graveler import MERGE_HINTS_PREFIX
-from quarry.graveler.refs import BRANCHES_PREFIX, COMMITS_PREFIX, REPOS_PREFIX, Repository
+from quarry.graveler.refs import (BRANCHES_PREFIX, COMMITS_PREFIX, DELETED_INSTANCES_PREFIX,
+                                  REPOS_PREFIX, Repository)
 from quarry.kv import store as kv
 from quarry.kv.partitions import (
     QUARRY_PARTITION,
@@ -122,6 +130,21 @@ def _repositories(store: kv.Store) -> Iterator[tuple[str, bytes]]:
         yield item.key[len(REPOS_PREFIX):].decode(), item.value
 
 
+def _is_installation_key(key: bytes) -> bool:
+    return key == format_version.INSTALLATION_KEY or key.startswith(DELETED_INSTANCES_PREFIX)
+
+
+def _installation_items(store: kv.Store) -> Iterator[kv.KeyValue]:
+    """The `quarry` partition items that carry the installation's identity across a rebuild."""
+    try:
+        yield kv.KeyValue(format_version.INSTALLATION_KEY,
+                          store.get(QUARRY_PARTITION, format_version.INSTALLATION_KEY).value)
+    except kv.KeyNotFound:
+        pass  # written by a build from before installation ids
+    yield from store.scan(QUARRY_PARTITION, DELETED_INSTANCES_PREFIX,
+                          _prefix_end(DELETED_INSTANCES_PREFIX))
+
+
 # ---- export -----------------------------------------------------------------------------
 
 def export_store(store: kv.Store, out: TextIO, progress: Progress | None = None) -> Summary:
@@ -131,6 +154,10 @@ def export_store(store: kv.Store, out: TextIO, progress: Progress | None = None)
     out.write(_line({"quarry_export": EXPORT_VERSION, "format_version": stamp,
                      "created": created, "quarry_version": quarry.__version__}))
     repositories = items = 0
+    for kv_item in _installation_items(store):
+        out.write(_line({"type": "item", "partition": _b64(QUARRY_PARTITION),
+                         "key": _b64(kv_item.key), "value": _b64(kv_item.value)}))
+        items += 1
 
     def emit(partition: bytes) -> list[kv.KeyValue]:
         nonlocal items
@@ -268,7 +295,8 @@ def _import(store: kv.Store, lines: TextIO, progress: Progress | None,
                 cls = partition_class(partition)
             except errors.QuarryError:
                 cls = None
-            if not (cls == STAGING or (cls == REPO and partition in rebuilders)):
+            if not (cls == STAGING or (cls == REPO and partition in rebuilders)
+                    or (partition == QUARRY_PARTITION and _is_installation_key(key))):
                 raise CorruptExport(f"{where}: unexpected partition {partition[:80]!r}")
             items += 1
             if cls == REPO:
@@ -294,6 +322,10 @@ def _import(store: kv.Store, lines: TextIO, progress: Progress | None,
         batch.extend(rebuilder.merge_hints_to_keep())
     if batch:
         store.batch_set(batch)
+    if rebuild:
+        installation_id = format_version.ensure_installation_id(store)
+        for rebuilder in rebuilders.values():
+            rebuilder.write_ownership_marker(installation_id)
     # Repository records last: until here no imported repository is visible.
     for name, value in repositories.items():
         try:
@@ -325,14 +357,19 @@ class _Rebuilder:
         self._hints: list[tuple[bytes, bytes, bytes]] = []
         self.merge_hints_dropped = 0
 
+    def _namespace_store(self) -> BlobStore:
+        if self._store is None:
+            from quarry.blob import open_blob_store
+
+            self._store = (self._open or open_blob_store)(self._repo.storage_namespace)
+        return self._store
+
     def _metarange(self, metarange_id: str) -> str:
         if self.rewriter is None:
-            from quarry.blob import open_blob_store
             from quarry.committed.legacy import CommittedRewriter
 
-            namespace = self._repo.storage_namespace
-            self._store = (self._open or open_blob_store)(namespace)
-            self.rewriter = CommittedRewriter(self._store, namespace)
+            self.rewriter = CommittedRewriter(self._namespace_store(),
+                                              self._repo.storage_namespace)
         return self.rewriter.metarange(metarange_id)
 
     def item(self, key: bytes, value: bytes, where: str) -> bytes | None:
@@ -356,6 +393,13 @@ class _Rebuilder:
                     record.compacted_metarange_id = new_id
                     value = record.SerializeToString(deterministic=True)
         return value
+
+    def write_ownership_marker(self, installation_id: str) -> None:
+        """The marker an earlier format did not write; one already there is left alone."""
+        from quarry.blob.ownership import build_marker, write_marker
+
+        write_marker(self._namespace_store(),
+                     build_marker(self._repo.name, self._repo.instance_id, installation_id))
 
     def merge_hints_to_keep(self) -> list[tuple[bytes, bytes, bytes]]:
         """A hint names a merge result by metarange id: stale once the repository's

@@ -223,3 +223,32 @@ def test_progress_is_reported_by_count(tmp_path, monkeypatch):
     imported = exporting.import_store(target, io.StringIO(out.getvalue()), back.append)
     assert (imported.repositories, imported.items) == (2, summary.items) and back == seen
     store.close()
+
+
+def test_the_installation_survives_a_rebuild(tmp_path):
+    """The installation id and the records of deleted repositories travel with the export,
+    so the namespace of a repository deleted before the rebuild stays reusable after it
+    (its ownership marker names this installation), and a live one stays refused."""
+    g, store = graveler_over(tmp_path / "source.db")
+    g.create_repository("kept", str(tmp_path / "lake-kept"))
+    g.create_repository("gone", str(tmp_path / "lake-gone"))
+    g.delete_repository("gone")
+    installation = g.installation_id()
+    store.close()
+
+    dump = tmp_path / "dump.jsonl"
+    assert run_quarry(tmp_path, "export", str(dump), "--kv-url",
+                      f"sqlite:///{tmp_path / 'source.db'}").returncode == 0
+    target = tmp_path / "target.db"
+    result = run_quarry(tmp_path, "import", str(dump), "--kv-url", f"sqlite:///{target}")
+    assert result.returncode == 0, result.stderr
+
+    g2, store2 = graveler_over(target)
+    try:
+        assert g2.installation_id() == installation
+        g2.create_repository("again", str(tmp_path / "lake-gone"))  # a deleted one's: reusable
+        with pytest.raises(QuarryError) as refused:
+            g2.create_repository("other", str(tmp_path / "lake-kept"))
+        assert refused.value.reason == "NAMESPACE_IN_USE"
+    finally:
+        store2.close()

@@ -26,7 +26,9 @@ from typing import Iterator
 import pyarrow.parquet as pq
 import pytest
 
+from quarry.blob.ownership import MARKER_KEY, parse_marker
 from quarry.client import Client
+from quarry.graveler.refs import REPOS_PREFIX, Repository
 from quarry.kv.sqlite import SQLiteStore
 from quarry.runtime import format_version
 from support import format_v1
@@ -95,8 +97,6 @@ def range_ids_in(metarange_files: Iterator[str]) -> set[str]:
 
 
 def _repo_partitions(store) -> list[bytes]:
-    from quarry.graveler.refs import REPOS_PREFIX, Repository
-
     return [Repository.from_record(item.value, item.key).partition
             for item in store.scan(b"quarry", REPOS_PREFIX, REPOS_PREFIX[:-1] + b"0")]
 
@@ -191,6 +191,14 @@ def test_export_import_rebuilds_and_reads_back_every_entry(v1, tmp_path):
     try:
         assert [item.key for partition in _repo_partitions(store)
                 for item in store.scan(partition) if item.key.startswith(b"mergehints/")] == []
+        # Format 1 wrote no ownership markers: the rebuild gives every namespace the marker
+        # of its repository, instance and this installation (GC refuses a namespace without).
+        installation = store.get(b"quarry", b"installation-id").value.decode()
+        for item in store.scan(b"quarry", REPOS_PREFIX, REPOS_PREFIX[:-1] + b"0"):
+            repo = Repository.from_record(item.value, item.key)
+            marker = parse_marker(Path(repo.storage_namespace, MARKER_KEY).read_bytes())
+            assert (marker.repository, marker.instance_id, marker.installation_id) == \
+                (repo.name, repo.instance_id, installation)
     finally:
         store.close()
 
