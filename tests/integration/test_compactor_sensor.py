@@ -16,24 +16,12 @@ from prometheus_client import REGISTRY
 
 from quarry.cli.main import main as quarry_main
 from quarry.client import RetryPolicy
-from quarry.graveler.graveler import Graveler
 from support.suite import running_suite
+from support.wait import wait_until
 
 # Small intervals keep the tests fast; the thresholds are tiny so a few writes cross them.
 FAST = dict(staging_report_interval_seconds=0.05, compaction_check_interval_seconds=0.05,
             compaction_tombstones_threshold=5, compaction_min_interval_seconds=60.0)
-COMPACT_LANDED = hasattr(Graveler, "compact")
-
-
-def wait_for(predicate, timeout=10.0, interval=0.02, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(interval)
 
 
 def files(n, prefix="f"):
@@ -83,7 +71,7 @@ def test_writes_are_reported_and_stats_show_them(suite, client):
         stats = client.branch_staging_stats("reported", "main")
         return stats if (stats.puts, stats.deletes) == (3, 2) else None
 
-    stats = wait_for(counted, what="the reported writes")
+    stats = wait_until(counted, what="the reported writes")
     assert stats.sealed_tokens == 0
     # The commit retired the token of the first four puts.
     in_memory = suite.sensor._stats(("reported", "main"))
@@ -115,7 +103,7 @@ def test_candidates_are_served_over_grpc(tmp_path):
                 found = client.compaction_candidates()
                 return found if len(found) == 2 else None
 
-            wait_for(listed, what="two candidates")
+            wait_until(listed, what="two candidates")
             # The list is served from memory; reading the stats re-reads the branch records
             # and forgets the puts of the tokens the commits retired.
             for branch in ("main", "dev"):
@@ -186,19 +174,18 @@ def test_writes_do_not_slow_down_or_fail_without_the_sensor(tmp_path):
 
 # ---- the end-to-end trigger -------------------------------------------------------------------
 
-@pytest.mark.skipif(not COMPACT_LANDED, reason="the committer's Compact is not built yet")
 def test_sensor_triggers_a_real_compaction(suite, client):
     client.create_repository("e2e", suite.namespace("e2e"))
     client.put_objects("e2e", "main", files(10))
     client.commit("e2e", "main", "ten files")
     client.delete_objects("e2e", "main", [f["path"] for f in files(6)])
 
-    branch = wait_for(lambda: (b := client.get_branch("e2e", "main")).compacted_metarange_id
+    branch = wait_until(lambda: (b := client.get_branch("e2e", "main")).compacted_metarange_id
                       and b, what="the compaction")
     assert branch.compaction_start_time.seconds > 0
     assert [e.path for e in client.iter_objects("e2e", "main", prefix="f/")] == \
         [f["path"] for f in files(10)[6:]]
-    stats = wait_for(lambda: (s := client.branch_staging_stats("e2e", "main")).deletes == 0
+    stats = wait_until(lambda: (s := client.branch_staging_stats("e2e", "main")).deletes == 0
                      and s, what="the counters to reset")
     assert stats.last_compaction.seconds > 0
     assert client.compaction_candidates() == [] or all(
@@ -208,7 +195,6 @@ def test_sensor_triggers_a_real_compaction(suite, client):
     assert summary.removed == 6
 
 
-@pytest.mark.skipif(not COMPACT_LANDED, reason="the committer's Compact is not built yet")
 def test_compact_command(suite, client):
     client.create_repository("cli-compact", suite.namespace("cli-compact"))
     client.put_objects("cli-compact", "main", files(3))
