@@ -13,6 +13,7 @@ A string field gets its strategy from its name (`repository`, `branch`, `ref`, `
 from __future__ import annotations
 
 import base64
+import contextvars
 import json
 import re
 import uuid
@@ -36,7 +37,7 @@ INTERNAL_SERVICES = frozenset({"RangeWriter"})
 # it can never overwrite a record of the repositories the other RPCs are checked against,
 # and only for "never INTERNAL/UNKNOWN".
 KV_SERVICE = "KVGateway"
-KV_FUZZ_PARTITION_PREFIX = b"proptest-fuzz/"
+KV_FUZZ_PARTITION_PREFIX = b"staging/proptest-fuzz-"
 
 _MODULES = (branch_manager_pb2, committer_pb2, compactor_sensor_pb2, kv_pb2, server_info_pb2)
 
@@ -104,7 +105,7 @@ class Pools:
     """Valid-looking values the strategies mix with garbage; refreshed by the fixture after
     every state change (commit ids move)."""
 
-    repositories: list[str] = field(default_factory=lambda: ["demo"])
+    repositories: list[str] = field(default_factory=lambda: ["demo", "other"])
     branches: list[str] = field(default_factory=lambda: ["main", "dev"])
     tags: list[str] = field(default_factory=lambda: ["v1"])
     commit_ids: list[str] = field(default_factory=list)
@@ -125,9 +126,17 @@ def _pick(values: Callable[[], list[str]], fallback: str) -> st.SearchStrategy:
     return st.integers(0, 11).map(choose)
 
 
+# While building the "valid" variant of a request strategy, every field takes only its
+# valid-looking values (see request_strategy).
+_VALID_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("valid_only", default=False)
+
+
 def _weighted(valid: st.SearchStrategy, garbage: st.SearchStrategy,
               valid_share: int = 3) -> st.SearchStrategy:
-    """`valid` about valid_share/(valid_share+1) of the time; it also shrinks toward it."""
+    """`valid` about valid_share/(valid_share+1) of the time; it also shrinks toward it.
+    Only `valid` while the valid variant is built."""
+    if _VALID_ONLY.get():
+        return valid
     return st.one_of(*([valid] * valid_share), garbage)
 
 
@@ -171,12 +180,13 @@ def _page_token_strategy() -> st.SearchStrategy:
     b64 = st.one_of(state.map(json.dumps), st.text(max_size=30), st.binary(max_size=30)).map(
         lambda v: base64.urlsafe_b64encode(v if isinstance(v, bytes) else v.encode())
         .decode().rstrip("="))
-    return st.one_of(st.just(""), b64, _TEXT)
+    return _weighted(st.just(""), st.one_of(b64, _TEXT), 1)
 
 
 def _request_id_strategy() -> st.SearchStrategy:
-    return st.one_of(st.just(""), st.uuids().map(str), st.uuids().map(lambda u: u.hex),
-                     st.sampled_from([str(uuid.UUID(int=0)), "not-a-uuid"]), _TEXT)
+    return _weighted(st.one_of(st.just(""), st.uuids().map(str)),
+                     st.one_of(st.uuids().map(lambda u: u.hex),
+                               st.sampled_from([str(uuid.UUID(int=0)), "not-a-uuid"]), _TEXT), 1)
 
 
 def _namespace_strategy(pools: Pools, scratch: Callable[[str], str]) -> st.SearchStrategy:
@@ -201,6 +211,11 @@ def _string_strategy(name: str, method: str, pools: Pools,
     if name in ("repository",):
         return repo
     if name == "name":
+        if method == "CreateRepository":
+            fresh = st.text(alphabet="abcdefgh", min_size=3, max_size=6).map(
+                lambda s: "fz-" + s)
+            return _weighted(st.one_of(fresh, _pick(lambda: pools.repositories, "demo")),
+                             _GARBAGE_TEXT)
         if "Repositor" in method:
             return repo
         if "Tag" in method:
@@ -216,7 +231,7 @@ def _string_strategy(name: str, method: str, pools: Pools,
     if name == "paths":
         return _path_strategy(pools)
     if name == "delimiter":
-        return st.sampled_from(["", "/", "//", "a", "\x00", "é"])
+        return _weighted(st.sampled_from(["", "/"]), st.sampled_from(["//", "a", "\x00", "é"]), 2)
     if name == "page_token":
         return _page_token_strategy()
     if name == "request_id":
@@ -271,16 +286,17 @@ def _scalar_strategy(fd: _descriptor.FieldDescriptor, method: str, pools: Pools,
             return _weighted(st.integers(0, 5), _INT32, 1)
         if fd.name == "nanos":
             return _weighted(st.integers(0, 999_999_999), _INT32, 2)
-        return _INT32
+        return _weighted(st.integers(0, 3), _INT32, 2)
     if t in (Type.TYPE_UINT32, Type.TYPE_FIXED32):
         return _UINT32
     if t in (Type.TYPE_UINT64, Type.TYPE_FIXED64):
         return _UINT64
     if t in (Type.TYPE_DOUBLE, Type.TYPE_FLOAT):
-        return _DOUBLE if t == Type.TYPE_DOUBLE else st.floats(width=32)
+        return _weighted(st.floats(0, 1000), _DOUBLE if t == Type.TYPE_DOUBLE
+                         else st.floats(width=32), 2)
     if t == Type.TYPE_ENUM:
         known = [v.number for v in fd.enum_type.values]
-        return st.one_of(st.sampled_from(known), st.integers(-5, 1000))
+        return _weighted(st.sampled_from(known), st.integers(-5, 1000), 3)
     raise TypeError(f"no strategy for field {fd.full_name} of type {t}")
 
 
@@ -302,7 +318,8 @@ def message_strategy(desc: _descriptor.Descriptor, method: str, pools: Pools,
             values = _scalar_strategy(value_fd, method, pools, scratch) \
                 if value_fd.type != Type.TYPE_MESSAGE else message_strategy(
                     value_fd.message_type, method, pools, scratch, depth + 1)
-            per_field[fd.name] = st.dictionaries(keys, values, max_size=3)
+            per_field[fd.name] = st.dictionaries(keys, values,
+                                                 max_size=1 if _VALID_ONLY.get() else 3)
             continue
         if fd.type == Type.TYPE_MESSAGE:
             if depth > 3:
@@ -311,7 +328,8 @@ def message_strategy(desc: _descriptor.Descriptor, method: str, pools: Pools,
         else:
             one = _scalar_strategy(fd, method, pools, scratch)
         if fd.is_repeated:
-            per_field[fd.name] = st.lists(one, max_size=4)
+            per_field[fd.name] = st.lists(one, min_size=1 if _VALID_ONLY.get() else 0,
+                                          max_size=4)
         else:
             per_field[fd.name] = st.one_of(st.none(), one) if fd.type == Type.TYPE_MESSAGE \
                 or fd.has_presence else one
@@ -342,8 +360,37 @@ def message_strategy(desc: _descriptor.Descriptor, method: str, pools: Pools,
 
 def request_strategy(method: _descriptor.MethodDescriptor, pools: Pools,
                      scratch: Callable[[str], str]) -> st.SearchStrategy:
-    """A request for `method`; a list of 0-3 requests for a client-streaming RPC."""
-    one = message_strategy(method.input_type, method.name, pools, scratch)
+    """A request for `method` (a list of 1-3 requests for a client-streaming RPC): about a
+    quarter all valid-looking, half valid-looking but for one top-level field drawn from the
+    garbage-mixed strategy, a quarter garbage-mixed throughout — so most calls get past
+    validation and each field's garbage is met one at a time, where it is easy to blame."""
+    token = _VALID_ONLY.set(True)
+    try:
+        valid = message_strategy(method.input_type, method.name, pools, scratch)
+    finally:
+        _VALID_ONLY.reset(token)
+    mixed = message_strategy(method.input_type, method.name, pools, scratch)
+    names = [fd.name for fd in method.input_type.fields]
+
+    def corrupt_one(drawn) -> Any:
+        base, index, garbage = drawn
+        out = type(base)()
+        out.CopyFrom(base)
+        if names:
+            name = names[index % len(names)]
+            out.ClearField(name)
+            fd = method.input_type.fields_by_name[name]
+            if fd.is_repeated or fd.type != Type.TYPE_MESSAGE:
+                if fd.is_repeated:
+                    getattr(out, name).MergeFrom(getattr(garbage, name))
+                elif garbage.HasField(name) if fd.has_presence else True:
+                    setattr(out, name, getattr(garbage, name))
+            elif garbage.HasField(name):
+                getattr(out, name).CopyFrom(getattr(garbage, name))
+        return out
+
+    one_field = st.tuples(valid, st.integers(0, 63), mixed).map(corrupt_one)
+    one = st.one_of(valid, one_field, one_field, mixed)
     if method.client_streaming:
-        return st.lists(one, max_size=3)
+        return st.lists(one, min_size=1, max_size=3)
     return one
