@@ -15,9 +15,10 @@
 Each path is written by one writer, sequentially, so its attempts are totally ordered and
 an observed value (a physical address, unique per version) maps back to an attempt.
 
-A violation is blamed on issue 10 item 1 (identity ignores the address) when the newer
-write that was lost and the older value seen instead are both "re-pointed" entries (same
-size, no checksum): exactly the case the identity rule of item 1 cannot tell apart.
+A violation is blamed on issue 10 item 1 (identity ignores the address) when the older
+value seen and a value the observation was allowed to see (the last acknowledged one, or a
+write sent while it ran) are both "re-pointed" entries (same size, no checksum): exactly
+the case today's identity rule cannot tell apart.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def check_observation(timeline: Timeline, seen: str | None, t_invoke: float,
         return None
     return Violation(category, f"{what}: saw {seen} (attempt {source.index}) after "
                                f"{floor.address} (attempt {floor.index}) was acknowledged",
-                     item1=floor.repointed and source.repointed)
+                     item1=_item1_explains(timeline, source, floor.index, t_complete))
 
 
 def check_final(timeline: Timeline, seen: str | None, what: str) -> Violation | None:
@@ -119,4 +120,15 @@ def check_final(timeline: Timeline, seen: str | None, what: str) -> Violation | 
     source = timeline.source(seen, float("inf")) if seen else None
     return Violation("lost", f"{what}: holds {seen} but {last.address} (attempt {last.index}, "
                              f"{last.op.kind}) was acknowledged and nothing after it was",
-                     item1=last.repointed and source is not None and source.repointed)
+                     item1=_item1_explains(timeline, source, last.index, float("inf")))
+
+
+def _item1_explains(timeline: Timeline, source: Attempt | None, first_allowed: int,
+                    before: float) -> bool:
+    """The older value seen and one the observation was allowed to see (the floor or a
+    write sent during the observation) are both re-pointed: same size, no checksum, so
+    today's identity (without the address) cannot tell them apart and a commit keeps the
+    older one (issue 10 item 1)."""
+    if source is None or not source.repointed:
+        return False
+    return any(a.repointed for a in timeline.attempts[first_allowed:] if a.op.t_invoke < before)
