@@ -387,9 +387,10 @@ def run(tmp_path_factory, request):
     history = History(home / "logs" / "history.jsonl")
     result = Run(history=history, cluster=cluster)
     started = time.monotonic()
-    cluster.start()
-    stubs = Stubs(cluster)
+    stubs = None
     try:
+        cluster.start()
+        stubs = Stubs(cluster)
         setup_deadline = time.monotonic() + 30
         _retry(lambda: stubs.bm.CreateRepository(bm.CreateRepositoryRequest(
             name=REPO, storage_namespace=str(home / "lake" / REPO), default_branch="main"),
@@ -420,7 +421,8 @@ def run(tmp_path_factory, request):
         unstick(result, stubs)
         check(result, stubs)
     finally:
-        stubs.close()
+        if stubs is not None:
+            stubs.close()
         history.close()
         cluster.stop()
     (home / "logs" / "violations.txt").write_text("".join(f"{v}\n" for v in result.violations))
