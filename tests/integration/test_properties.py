@@ -298,6 +298,7 @@ def test_rpc_never_internal_and_errors_change_nothing(world, method_name):
         codes["OK"] += 1
         if method.name == "CreateRepository" and len(world.pools.repositories) < 8:
             world.pools.repositories.append(request.name)
+            world.pools.disposable_repositories.append(request.name)
         if checks_state and method.name in MUTATING:
             ensure_fixture(world)
 

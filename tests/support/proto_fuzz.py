@@ -105,7 +105,10 @@ class Pools:
     """Valid-looking values the strategies mix with garbage; refreshed by the fixture after
     every state change (commit ids move)."""
 
-    repositories: list[str] = field(default_factory=lambda: ["demo", "other"])
+    # The fixture repository most of the time, so calls reach its branches and objects.
+    repositories: list[str] = field(default_factory=lambda: ["demo", "demo", "demo", "other"])
+    # What DeleteRepository names: re-creating `demo` costs the fixture seconds.
+    disposable_repositories: list[str] = field(default_factory=lambda: ["other", "demo"])
     branches: list[str] = field(default_factory=lambda: ["main", "dev"])
     tags: list[str] = field(default_factory=lambda: ["v1"])
     commit_ids: list[str] = field(default_factory=list)
@@ -215,6 +218,9 @@ def _string_strategy(name: str, method: str, pools: Pools,
             fresh = st.text(alphabet="abcdefgh", min_size=3, max_size=6).map(
                 lambda s: "fz-" + s)
             return _weighted(st.one_of(fresh, _pick(lambda: pools.repositories, "demo")),
+                             _GARBAGE_TEXT)
+        if method == "DeleteRepository":
+            return _weighted(_pick(lambda: pools.disposable_repositories, "other"),
                              _GARBAGE_TEXT)
         if "Repositor" in method:
             return repo
