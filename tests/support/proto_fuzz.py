@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextvars
+import itertools
 import json
 import re
 import uuid
@@ -153,6 +154,7 @@ _TEXT = st.one_of(_NASTY_TEXT, st.text(max_size=40),
                   st.text(alphabet=st.characters(codec="utf-8"), max_size=20))
 _HUGE_TEXT = st.sampled_from([4_000, 70_000, 300_000]).map(lambda n: "h" * n)
 _GARBAGE_TEXT = st.one_of(_TEXT, _TEXT, _TEXT, _HUGE_TEXT)
+_FRESH_NAMES = itertools.count()
 _PLAIN_TEXT = st.text(alphabet="abcdefghij0123456789-_ ./", max_size=20)
 
 
@@ -215,9 +217,10 @@ def _string_strategy(name: str, method: str, pools: Pools,
         return repo
     if name == "name":
         if method == "CreateRepository":
-            fresh = st.text(alphabet="abcdefgh", min_size=3, max_size=6).map(
-                lambda s: "fz-" + s)
-            return _weighted(st.one_of(fresh, _pick(lambda: pools.repositories, "demo")),
+            # A name never used before (a counter: Hypothesis would keep drawing "aaa").
+            fresh = st.just(None).map(lambda _: f"fz-{next(_FRESH_NAMES)}")
+            return _weighted(st.one_of(fresh, fresh, fresh,
+                                       _pick(lambda: pools.repositories, "demo")),
                              _GARBAGE_TEXT)
         if method == "DeleteRepository":
             return _weighted(_pick(lambda: pools.disposable_repositories, "other"),
