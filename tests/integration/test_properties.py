@@ -52,8 +52,8 @@ DISCOVER = os.environ.get("QUARRY_PROPTEST_DISCOVER") == "1"
 
 # Examples per RPC: mutating RPCs get more. Fixed, derandomized, no example database, so a
 # CI run is the same run every time.
-EXAMPLES_READ = 12
-EXAMPLES_MUTATE = 25
+EXAMPLES_READ = 15
+EXAMPLES_MUTATE = 30
 MUTATING = {"CreateRepository", "DeleteRepository", "CreateBranch", "DeleteBranch",
             "ResetBranch", "CreateTag", "DeleteTag", "SetGarbageCollectionRules",
             "DeleteGarbageCollectionRules", "PutObject", "PutObjects", "DeleteObject",
