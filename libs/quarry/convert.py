@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from quarry.graveler.errors import InvalidEntry
 from quarry.graveler.model import (Change, ChangeType, Conflict, DiffSummary, Entry,
                                    MergeStrategy, RangeInfo)
 from quarry.v1 import types_pb2
@@ -28,8 +29,13 @@ def entry_to_proto(entry: Entry, out: types_pb2.Entry | None = None) -> types_pb
 
 
 def entry_from_proto(message: types_pb2.Entry, path: str | None = None) -> Entry:
-    """`path` overrides message.path (e.g. the path of the enclosing Change)."""
-    mtime_us = message.mtime.ToMicroseconds() if message.HasField("mtime") else 0
+    """`path` overrides message.path (e.g. the path of the enclosing Change). An mtime
+    outside the Timestamp range is the caller's mistake: InvalidEntry, never INTERNAL."""
+    try:
+        mtime_us = message.mtime.ToMicroseconds() if message.HasField("mtime") else 0
+    except ValueError as exc:
+        raise InvalidEntry(f"{message.path}: invalid mtime: {exc}",
+                           metadata={"path": message.path}) from None
     return Entry(path if path is not None else message.path, message.physical_address,
                  message.size_bytes, message.checksum, mtime_us, message.content_type,
                  dict(message.metadata))

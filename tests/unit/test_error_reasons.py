@@ -27,3 +27,23 @@ def test_reasons_are_unique_and_upper_snake_case():
         other = owners.setdefault(cls.reason, cls)
         assert other is cls, f"{cls.reason}: {other.__module__}.{other.__name__} and " \
                              f"{cls.__module__}.{cls.__name__}"
+
+
+def test_a_status_quoting_a_huge_input_stays_within_the_trailer_limit():
+    """Found by tests/integration/test_properties.py: a 70 KB name quoted in the message and
+    ErrorInfo pushed the trailers past gRPC's 16 KB limit, and the client got
+    RESOURCE_EXHAUSTED without any reason."""
+    from google.rpc import error_details_pb2
+
+    from quarry import errors
+    from quarry.runtime.errors import to_status
+
+    huge = "h" * 70_000
+    status = to_status(errors.InvalidArgument(f"invalid name {huge!r}",
+                                              metadata={"name": huge, "short": "kept"}))
+    assert status.ByteSize() < 8_000
+    assert status.message.startswith("invalid name 'hhh") and "70015 characters" in status.message
+    info = error_details_pb2.ErrorInfo()
+    status.details[0].Unpack(info)
+    assert info.reason == "INVALID_ARGUMENT" and info.metadata["short"] == "kept"
+    assert len(info.metadata["name"]) < 600

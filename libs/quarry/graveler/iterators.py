@@ -110,6 +110,11 @@ def encode_page_token(**state) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+# The fields encode_page_token is given, with their types: a token that parses but holds
+# another type (a client's garbage) must be refused here, not fail deep inside as INTERNAL.
+_PAGE_TOKEN_FIELDS = {"after": str, "skip_prefix": bool, "frontier": list}
+
+
 def decode_page_token(token: str, *required: str) -> dict:
     if not token:
         return {}
@@ -117,6 +122,12 @@ def decode_page_token(token: str, *required: str) -> dict:
         padded = token + "=" * (-len(token) % 4)
         state = json.loads(base64.urlsafe_b64decode(padded.encode()))
         if not isinstance(state, dict) or any(k not in state for k in required):
+            raise ValueError
+        for key, value in state.items():
+            expected = _PAGE_TOKEN_FIELDS.get(key)
+            if expected is not None and not isinstance(value, expected):
+                raise ValueError
+        if not all(isinstance(c, str) for c in state.get("frontier", [])):
             raise ValueError
         return state
     except (ValueError, UnicodeDecodeError):

@@ -38,9 +38,22 @@ log = logging.getLogger(__name__)
 _GRPC_SIZE_REFUSAL = "message larger than max"
 
 
+# A status travels in the trailers, which gRPC caps at 16 KB: a message or metadata value
+# quoting a huge input (a 70 KB name) would turn the answer into RESOURCE_EXHAUSTED without
+# its ErrorInfo. Quoted text is cut to these lengths.
+MAX_MESSAGE_CHARS = 2000
+MAX_METADATA_VALUE_CHARS = 500
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
 def to_status(exc: errors.QuarryError) -> status_pb2.Status:
+    metadata = {key: _cut(value, MAX_METADATA_VALUE_CHARS)
+                for key, value in (exc.metadata or {}).items()}
     info = error_details_pb2.ErrorInfo(reason=exc.reason, domain=errors.ERROR_DOMAIN,
-                                       metadata=exc.metadata)
+                                       metadata=metadata)
     details = [info]
     if exc.retry_delay is not None:
         delay = duration_pb2.Duration()
@@ -52,7 +65,8 @@ def to_status(exc: errors.QuarryError) -> status_pb2.Status:
         any_msg = any_pb2.Any()
         any_msg.Pack(message)
         packed.append(any_msg)
-    return status_pb2.Status(code=exc.code.value[0], message=exc.message, details=packed)
+    return status_pb2.Status(code=exc.code.value[0],
+                             message=_cut(exc.message, MAX_MESSAGE_CHARS), details=packed)
 
 
 def _internal_status(exc: BaseException) -> status_pb2.Status:

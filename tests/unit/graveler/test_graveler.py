@@ -65,6 +65,27 @@ def test_list_repositories_pages(graveler, tmp_path):
         graveler.list_repositories(page_token="garbage!")
 
 
+@pytest.mark.parametrize("state", [{"after": True}, {"after": ["x"]}, {"after": 5},
+                                   {"after": "a", "skip_prefix": "yes"}, {"frontier": "c1"},
+                                   {"frontier": [1, 2]}])
+def test_a_page_token_of_the_wrong_shape_is_refused(graveler, repo, state):
+    """Found by tests/integration/test_properties.py: these were INTERNAL (AttributeError)."""
+    import base64
+    import json
+
+    token = base64.urlsafe_b64encode(json.dumps(state).encode()).decode()
+    for call in (lambda: graveler.list_repositories(page_token=token),
+                 lambda: graveler.list_branches(repo, page_token=token),
+                 lambda: graveler.list_objects(repo, "main", page_token=token),
+                 lambda: graveler.log(repo, "main", page_token=token)):
+        try:
+            call()
+        except gerrors.InvalidPageToken:
+            continue  # the fields this listing needs are refused
+        except Exception as exc:  # noqa: BLE001
+            pytest.fail(f"{state}: {exc!r}")
+
+
 def test_delete_repository_then_recreate_is_empty(graveler, repo, tmp_path):
     graveler.put_objects(repo, "main", [entry("a")])
     graveler.commit(repo, "main", "one")

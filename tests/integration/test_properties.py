@@ -1,0 +1,342 @@
+"""Property: every public RPC, called with arbitrary field values against the real suite on
+loopback, (1) never answers INTERNAL or UNKNOWN — a user's mistake gets a clear status — and
+(2) when it answers an error, changed nothing the user can observe (repositories, branches
+and their commits, tags, the listing of main and of a branch including uncommitted changes,
+the log).
+
+Requests come from tests/support/proto_fuzz.py, built from the proto descriptors, so an RPC
+or field added later is fuzzed without new code here; `test_every_public_rpc_is_covered`
+fails when a public RPC is missing from the run. The suite is started once for the module;
+after a call that succeeded (it may have deleted or moved things) the fixture repository is
+put back into shape, so later examples still reach deep code paths.
+
+Known bugs of issue 10 that other branches fix are tolerated behind the KNOWN_BUG_* flags
+below (each tolerated occurrence is counted and printed); flip a flag to False once its fix
+is merged.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from quarry.graveler.refs import RefManager
+from support.processes import free_port
+from support.reporting import report_lines
+from support.proto_fuzz import (KV_SERVICE, Pools, call, public_methods, request_strategy,
+                                rpcs_declared_in_protos)
+from support.suite import running_suite
+
+# Issue 10 item 3: an unusable storage namespace (s3 without credentials or bucket, /proc,
+# NUL, ...) is answered INTERNAL by CreateRepository. Flip to False once item 3 is merged.
+KNOWN_BUG_ITEM_3_NAMESPACE_INTERNAL = True
+
+# Not one of items 1-7 (found by this test): a PutObjects stream whose later message is
+# refused (e.g. it names another branch) keeps the entries of the messages before it, so the
+# call fails INVALID_ARGUMENT yet changed the branch. Flip to False once PutObjects applies
+# all or nothing.
+KNOWN_BUG_PUTOBJECTS_PARTIAL_APPLY = True
+
+# QUARRY_PROPTEST_DISCOVER=1: record forbidden codes instead of failing (to survey a branch).
+DISCOVER = os.environ.get("QUARRY_PROPTEST_DISCOVER") == "1"
+
+# Examples per RPC: mutating RPCs get more. Fixed, derandomized, no example database, so a
+# CI run is the same run every time.
+EXAMPLES_READ = 15
+EXAMPLES_MUTATE = 30
+# Every RPC whose name does not say it only reads is treated as mutating (a new RPC too).
+READ_ONLY_PREFIXES = ("Get", "List", "Stat", "Diff", "Log", "Find", "Scan", "BatchGet")
+
+
+def is_mutating(rpc_name: str) -> bool:
+    return not rpc_name.startswith(READ_ONLY_PREFIXES)
+
+
+# Codes that say "this server is broken", not "your request was wrong". DEADLINE_EXCEEDED
+# and UNAVAILABLE on loopback to a running server mean a hang or a crash, just as bad.
+FORBIDDEN = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+             grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE}
+
+REPO, OTHER = "demo", "other"
+SERVICE_TARGET = {"BranchManager": "branch-manager", "Committer": "committer",
+                  "CompactorSensor": "compactor-sensor", "KVGateway": "kv-gateway",
+                  "ServerInfo": "branch-manager"}
+METHODS = {f"{m.containing_service.name}/{m.name}": m for m in public_methods()}
+
+
+@dataclass
+class World:
+    suite: object
+    channels: dict
+    pools: Pools
+    scratch_counter: itertools.count
+    examples: Counter
+    tolerated: Counter
+    codes: dict
+
+    def scratch(self, stem: str) -> str:
+        return str(self.suite.home / "lake" / f"fuzz-{stem}-{next(self.scratch_counter)}")
+
+    def channel(self, service: str) -> grpc.Channel:
+        return self.channels[SERVICE_TARGET[service]]
+
+
+def _bm(world, name, request):
+    return call(world.channel("BranchManager"), METHODS[f"BranchManager/{name}"], request)
+
+
+def _cm(world, name, request):
+    return call(world.channel("Committer"), METHODS[f"Committer/{name}"], request)
+
+
+def _input(name: str):
+    from support.proto_fuzz import message_class
+
+    return message_class(METHODS[name].input_type)
+
+
+def _entry(path: str, address: str, size: int, checksum: str = ""):
+    from quarry.v1 import types_pb2
+
+    return types_pb2.Entry(path=path, physical_address=address, size_bytes=size,
+                           checksum=checksum)
+
+
+def error_info(exc: grpc.RpcError):
+    """The google.rpc.ErrorInfo of a failed call, None when it has none."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    try:
+        status = rpc_status.from_call(exc)
+    except ValueError:  # the status details disagree with the call's code: unreadable
+        return None
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return info
+    return None
+
+
+def _code(exc: grpc.RpcError) -> grpc.StatusCode:
+    return exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+
+
+def ensure_fixture(world: World) -> None:
+    """Bring repository `demo` back to: main with two commits (a/1, a/2, b/c.csv), branch dev
+    off main with staged changes, tag v1; repository `other` exists. Cheap when it already
+    is (a few reads)."""
+    bm = "BranchManager/"
+
+    def exists(rpc, **fields) -> bool:
+        try:
+            _bm(world, rpc, _input(bm + rpc)(**fields))
+            return True
+        except grpc.RpcError as exc:
+            if _code(exc) == grpc.StatusCode.NOT_FOUND:
+                return False
+            raise
+
+    for name in (REPO, OTHER):
+        if not exists("GetRepository", name=name):
+            _bm(world, "CreateRepository", _input(bm + "CreateRepository")(
+                name=name, storage_namespace=world.scratch(name), default_branch="main"))
+            if name == REPO:
+                # Services cache a repository record for RefManager.REPOSITORY_TTL_SECONDS;
+                # until it expires the committer still sees the deleted instance.
+                time.sleep(RefManager.REPOSITORY_TTL_SECONDS + 0.2)
+    main = _bm(world, "GetBranch", _input(bm + "GetBranch")(repository=REPO, name="main")).branch
+    log = _cm(world, "Log", _input("Committer/Log")(repository=REPO, ref="main", page_size=5))
+    if len(log.commits) < 3:  # the repository's first commit + two of ours
+        for i, paths in enumerate((["a/1.parquet", "a/2.parquet"], ["b/c.csv"])):
+            _bm(world, "PutObjects", [_input(bm + "PutObjects")(
+                repository=REPO, branch="main",
+                entries=[_entry(p, f"s3://bucket/{p}.{i}", 10 + i, f"c{i}") for p in paths])])
+            _cm(world, "Commit", _input("Committer/Commit")(
+                repository=REPO, branch="main", message=f"fixture {i}", allow_empty=True))
+        main = _bm(world, "GetBranch",
+                   _input(bm + "GetBranch")(repository=REPO, name="main")).branch
+    if not exists("GetBranch", repository=REPO, name="dev"):
+        _bm(world, "CreateBranch", _input(bm + "CreateBranch")(
+            repository=REPO, name="dev", source_ref="main"))
+    staged = _bm(world, "DiffUncommitted", _input(bm + "DiffUncommitted")(
+        repository=REPO, branch="dev", page_size=1))
+    if not staged.changes:
+        _bm(world, "PutObject", _input(bm + "PutObject")(
+            repository=REPO, branch="dev",
+            entry=_entry("a/1.parquet", "s3://bucket/dev-a1", 11, "d1")))
+        _bm(world, "PutObject", _input(bm + "PutObject")(
+            repository=REPO, branch="dev", entry=_entry("x/new.parquet", "s3://bucket/x", 5)))
+    if not exists("GetTag", repository=REPO, name="v1"):
+        _bm(world, "CreateTag", _input(bm + "CreateTag")(repository=REPO, name="v1",
+                                                         ref=main.commit_id))
+    # Pools: what exists now, so the next example can name it.
+    log = _cm(world, "Log", _input("Committer/Log")(repository=REPO, ref="main", page_size=5))
+    world.pools.commit_ids[:] = [c.id for c in log.commits]
+    branches = _bm(world, "ListBranches", _input(bm + "ListBranches")(repository=REPO))
+    world.pools.branches[:] = sorted({b.name for b in branches.branches} | {"main", "dev"})
+    world.pools.staging_tokens[:] = [b.staging_token for b in branches.branches]
+
+
+def snapshot(world: World) -> dict:
+    """What a user can observe: repositories, branches and heads, tags, listings of main and
+    dev (dev including uncommitted changes), main's log, and other's branches."""
+    bm = "BranchManager/"
+
+    def attempt(rpc_call):
+        try:
+            return rpc_call()
+        except grpc.RpcError as exc:
+            return f"error {_code(exc).name}"
+
+    def entries(ref):
+        reply = _bm(world, "ListObjects", _input(bm + "ListObjects")(
+            repository=REPO, ref=ref, page_size=1000))
+        return [(e.path, e.physical_address, e.size_bytes, e.checksum, e.content_type,
+                 sorted(e.metadata.items())) for e in reply.entries]
+
+    return {
+        "repositories": attempt(lambda: sorted(
+            (r.name, r.storage_namespace) for r in _bm(
+                world, "ListRepositories",
+                _input(bm + "ListRepositories")(page_size=1000)).repositories)),
+        "branches": attempt(lambda: sorted((b.name, b.commit_id) for b in _bm(
+            world, "ListBranches", _input(bm + "ListBranches")(
+                repository=REPO, page_size=1000)).branches)),
+        "other_branches": attempt(lambda: sorted((b.name, b.commit_id) for b in _bm(
+            world, "ListBranches", _input(bm + "ListBranches")(
+                repository=OTHER, page_size=1000)).branches)),
+        "tags": attempt(lambda: sorted((t.name, t.commit_id) for t in _bm(
+            world, "ListTags", _input(bm + "ListTags")(repository=REPO,
+                                                      page_size=1000)).tags)),
+        "main": attempt(lambda: entries("main")),
+        "dev": attempt(lambda: entries("dev")),
+        "log": attempt(lambda: [c.id for c in _cm(world, "Log", _input("Committer/Log")(
+            repository=REPO, ref="main", page_size=1000)).commits]),
+        "gc_rules": attempt(lambda: str(_bm(world, "GetGarbageCollectionRules", _input(
+            bm + "GetGarbageCollectionRules")(repository=REPO)))),
+    }
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, request):
+    home = tmp_path_factory.mktemp("proptest")
+    # An S3 endpoint nobody listens on: s3:// namespaces fail fast and never leave the host.
+    dead_s3 = f"http://127.0.0.1:{free_port()}"
+    with running_suite(home, compactor_sensor=True, s3_endpoint_url=dead_s3,
+                       staging_drop_grace_seconds=0.2) as suite:
+        channels = {name: grpc.insecure_channel(target)
+                    for name, target in suite.targets.items()}
+        w = World(suite=suite, channels=channels, pools=Pools(namespaces=[]),
+                  scratch_counter=itertools.count(), examples=Counter(), tolerated=Counter(),
+                  codes={})
+        w.pools.namespaces.append(str(home / "lake" / "demo-ns"))
+        ensure_fixture(w)
+        yield w
+        report_lines(request.config, summary_lines(w))
+        for channel in channels.values():
+            channel.close()
+
+
+def summary_lines(w: World) -> list[str]:
+    total = sum(w.examples.values())
+    lines = [f"property tests: {total} examples over {len(w.examples)} RPCs"]
+    for name in sorted(w.examples):
+        codes = ", ".join(f"{c}={n}" for c, n in sorted(w.codes.get(name, {}).items()))
+        lines.append(f"  {name}: {w.examples[name]} examples ({codes})")
+    for what, n in sorted(w.tolerated.items()):
+        lines.append(f"  TOLERATED {what}: {n} times")
+    return lines
+
+
+def _is_known_bug(method_name: str, request, code: grpc.StatusCode) -> str | None:
+    if (KNOWN_BUG_ITEM_3_NAMESPACE_INTERNAL and method_name == "BranchManager/CreateRepository"
+            and code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)):
+        return "issue 10 item 3 (INTERNAL for a bad storage namespace)"
+    return None
+
+
+@pytest.mark.parametrize("method_name", sorted(METHODS))
+def test_rpc_never_internal_and_errors_change_nothing(world, method_name):
+    method = METHODS[method_name]
+    service = method.containing_service.name
+    checks_state = service != KV_SERVICE
+    max_examples = EXAMPLES_MUTATE if is_mutating(method.name) else EXAMPLES_READ
+
+    strategy = request_strategy(method, world.pools, world.scratch)
+
+    @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck), print_blob=False)
+    @given(data=st.data())
+    def run(data):
+        request = data.draw(strategy, label="request")
+        before = snapshot(world) if checks_state else None
+        world.examples[method_name] += 1
+        codes = world.codes.setdefault(method_name, Counter())
+        try:
+            call(world.channel(service), method, request)
+        except grpc.RpcError as exc:
+            code = _code(exc)
+            codes[code.name] += 1
+            known = _is_known_bug(method_name, request, code)
+            if DISCOVER and code in FORBIDDEN and not known:
+                known = f"DISCOVER {method_name} {code.name}: {exc.details()[:160]!r}"
+            if known:
+                world.tolerated[known] += 1
+            else:
+                assert code not in FORBIDDEN, (
+                    f"{method_name} answered {code.name}: {exc.details()!r}")
+                # Every error says why in an ErrorInfo reason (a huge input quoted in the
+                # message once pushed the trailers over gRPC's limit and lost it).
+                if error_info(exc) is None:
+                    if DISCOVER:
+                        world.tolerated[f"DISCOVER {method_name} {code.name} without "
+                                        f"ErrorInfo: {exc.details()[:120]!r}"] += 1
+                    else:
+                        raise AssertionError(f"{method_name} answered {code.name} without an "
+                                             f"ErrorInfo reason: {exc.details()!r}")
+            if checks_state:
+                after = snapshot(world)
+                changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+                if (changed and KNOWN_BUG_PUTOBJECTS_PARTIAL_APPLY
+                        and method.name == "PutObjects" and len(request) > 1
+                        and set(changed) <= {"main", "dev"}):
+                    world.tolerated["PutObjects applied the messages before the refused one "
+                                    "(found here, not in items 1-7)"] += 1
+                    changed = {}
+                assert not changed, (
+                    f"{method_name} failed with {code.name} ({exc.details()!r}) but changed "
+                    f"the observable state: {changed}")
+            return
+        codes["OK"] += 1
+        if method.name == "CreateRepository" and len(world.pools.repositories) < 8:
+            world.pools.repositories.append(request.name)
+            world.pools.disposable_repositories.append(request.name)
+        if checks_state and is_mutating(method.name):
+            ensure_fixture(world)
+
+    run()
+    # A request without fields has one possible value; every other RPC runs its full count.
+    assert world.examples[method_name] >= (max_examples if method.input_type.fields else 1)
+
+
+def test_every_public_rpc_is_covered(world):
+    """Every RPC a public service declares in protos/ is fuzzed above (and its request
+    strategy draws). Fails when an RPC is added without coverage."""
+    declared = {f"{service}/{rpc}" for service, rpcs in rpcs_declared_in_protos().items()
+                if service != "RangeWriter" for rpc in rpcs}
+    assert {"BranchManager/PutObject", "Committer/Commit",
+            "CompactorSensor/GetBranchStagingStats"} <= declared
+    missing = declared - set(METHODS)
+    assert not missing, f"public RPCs not covered by the property test: {sorted(missing)}"
+    for name, method in METHODS.items():
+        request_strategy(method, world.pools, world.scratch).validate()
