@@ -30,12 +30,6 @@ from support.history_check import (REPOINT_SIZE, Timeline, Violation, check_fina
                                    check_observation)
 from support.reporting import report_lines
 
-# Issue 10 item 1: a re-pointed entry (same size, no checksum, new address) has the same
-# identity as the committed one, so a commit keeps the old address. Violations that this
-# explains are reported by test_repointed_writes_survive_commits (xfail) instead of the
-# other tests. Flip to False once item 1 is merged: every check then counts them.
-KNOWN_BUG_ITEM_1_REPOINT_LOST_AT_COMMIT = True
-
 REPO = "chaos"
 BRANCHES = ("b1", "b2")
 KILLED = ("kv-gateway", "branch-manager", "committer", "range-writer")
@@ -471,9 +465,9 @@ def summary(run: Run, total_seconds: float) -> list[str]:
 # --------------------------------------------------------------------------------- tests
 
 def _of(run: Run, *categories: str) -> list[str]:
-    """Violations of these categories, but those item 1 explains while it is a known bug."""
-    return [str(v) for v in run.violations if v.category in categories
-            and not (v.item1 and KNOWN_BUG_ITEM_1_REPOINT_LOST_AT_COMMIT)]
+    """Violations of these categories (re-pointed writes included: see
+    test_repointed_writes_survive_commits for those alone)."""
+    return [str(v) for v in run.violations if v.category in categories]
 
 
 def test_chaos_really_happened(run):
@@ -521,9 +515,6 @@ def test_no_branch_is_stuck(run):
     assert set(run.recovery) == {"main", *BRANCHES}
 
 
-@pytest.mark.xfail(KNOWN_BUG_ITEM_1_REPOINT_LOST_AT_COMMIT, strict=False,
-                   reason="issue 10 item 1: a re-pointed address (same size, no "
-                                        "checksum) is lost at commit")
 def test_repointed_writes_survive_commits(run):
     problems = [str(v) for v in run.violations if v.item1]
     assert not problems, problems[:20]

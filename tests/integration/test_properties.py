@@ -35,10 +35,6 @@ from support.proto_fuzz import (KV_SERVICE, Pools, call, public_methods, request
                                 rpcs_declared_in_protos)
 from support.suite import running_suite
 
-# Issue 10 item 3: an unusable storage namespace (s3 without credentials or bucket, /proc,
-# NUL, ...) is answered INTERNAL by CreateRepository. Flip to False once item 3 is merged.
-KNOWN_BUG_ITEM_3_NAMESPACE_INTERNAL = True
-
 # Not one of items 1-7 (found by this test): a PutObjects stream whose later message is
 # refused (e.g. it names another branch) keeps the entries of the messages before it, so the
 # call fails INVALID_ARGUMENT yet changed the branch. Flip to False once PutObjects applies
@@ -258,13 +254,6 @@ def summary_lines(w: World) -> list[str]:
     return lines
 
 
-def _is_known_bug(method_name: str, request, code: grpc.StatusCode) -> str | None:
-    if (KNOWN_BUG_ITEM_3_NAMESPACE_INTERNAL and method_name == "BranchManager/CreateRepository"
-            and code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)):
-        return "issue 10 item 3 (INTERNAL for a bad storage namespace)"
-    return None
-
-
 @pytest.mark.parametrize("method_name", sorted(METHODS))
 def test_rpc_never_internal_and_errors_change_nothing(world, method_name):
     method = METHODS[method_name]
@@ -287,8 +276,8 @@ def test_rpc_never_internal_and_errors_change_nothing(world, method_name):
         except grpc.RpcError as exc:
             code = _code(exc)
             codes[code.name] += 1
-            known = _is_known_bug(method_name, request, code)
-            if DISCOVER and code in FORBIDDEN and not known:
+            known = None
+            if DISCOVER and code in FORBIDDEN:
                 known = f"DISCOVER {method_name} {code.name}: {exc.details()[:160]!r}"
             if known:
                 world.tolerated[known] += 1
