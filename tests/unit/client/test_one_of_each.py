@@ -52,8 +52,9 @@ def test_batches_refuse_a_non_positive_count():
 
 
 def test_domain_errors_rebuild_the_servers_exception(fake):
-    fake.script.fail_always("GetBranch", errors.NotFound("no such branch",
-                                                         metadata={"branch": "b"}))
+    fake.script.fail_always(
+        "GetBranch", errors.NotFound("no such branch", metadata={"branch": "b"})
+    )
     with grpc.insecure_channel(fake.target) as channel:
         stub = branch_manager_pb2_grpc.BranchManagerStub(channel)
         with pytest.raises(errors.NotFound) as caught, domain_errors():
@@ -80,16 +81,22 @@ def test_domain_errors_leave_other_exceptions_alone():
 # ---- MergeStrategy.parse ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("given", "expected"), [
-    (None, MergeStrategy.DEFAULT), ("", MergeStrategy.DEFAULT),
-    ("default", MergeStrategy.DEFAULT), ("MERGE_STRATEGY_UNSPECIFIED", MergeStrategy.DEFAULT),
-    ("source-wins", MergeStrategy.SOURCE_WINS), ("source_wins", MergeStrategy.SOURCE_WINS),
-    ("SOURCE_WINS", MergeStrategy.SOURCE_WINS),
-    ("MERGE_STRATEGY_SOURCE_WINS", MergeStrategy.SOURCE_WINS),
-    ("dest-wins", MergeStrategy.DEST_WINS), (types_pb2.MERGE_STRATEGY_DEST_WINS,
-                                             MergeStrategy.DEST_WINS),
-    (MergeStrategy.SOURCE_WINS, MergeStrategy.SOURCE_WINS),
-])
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (None, MergeStrategy.DEFAULT),
+        ("", MergeStrategy.DEFAULT),
+        ("default", MergeStrategy.DEFAULT),
+        ("MERGE_STRATEGY_UNSPECIFIED", MergeStrategy.DEFAULT),
+        ("source-wins", MergeStrategy.SOURCE_WINS),
+        ("source_wins", MergeStrategy.SOURCE_WINS),
+        ("SOURCE_WINS", MergeStrategy.SOURCE_WINS),
+        ("MERGE_STRATEGY_SOURCE_WINS", MergeStrategy.SOURCE_WINS),
+        ("dest-wins", MergeStrategy.DEST_WINS),
+        (types_pb2.MERGE_STRATEGY_DEST_WINS, MergeStrategy.DEST_WINS),
+        (MergeStrategy.SOURCE_WINS, MergeStrategy.SOURCE_WINS),
+    ],
+)
 def test_merge_strategy_spellings(given, expected):
     assert MergeStrategy.parse(given) is expected
 
