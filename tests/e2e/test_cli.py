@@ -27,8 +27,9 @@ def read_until(child: subprocess.Popen, marker: str, timeout: float = 30.0) -> s
 
 
 def test_version():
-    result = subprocess.run([str(VENV_BIN / "quarry"), "version"], capture_output=True,
-                            text=True, timeout=30)
+    result = subprocess.run(
+        [str(VENV_BIN / "quarry"), "version"], capture_output=True, text=True, timeout=30
+    )
     assert result.returncode == 0
     assert quarry.__version__ in result.stdout
     assert f"storage format version {quarry.FORMAT_VERSION}" in result.stdout
@@ -37,12 +38,21 @@ def test_version():
 def test_up_starts_the_suite_on_embedded_defaults_and_stops_on_ctrl_c(tmp_path):
     ports = {name: free_port() for name in SERVICE_MODULES}
     port = ports["kv-gateway"]
-    env = quarry_env(tmp_path / "home", **{
-        f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-        for name, p in ports.items()
-        for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))})
-    child = subprocess.Popen([str(VENV_BIN / "quarry"), "up"], env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env = quarry_env(
+        tmp_path / "home",
+        **{
+            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
+            for name, p in ports.items()
+            for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
+        },
+    )
+    child = subprocess.Popen(
+        [str(VENV_BIN / "quarry"), "up"],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         banner = read_until(child, "Press Ctrl-C")
         for name, p in ports.items():
@@ -50,7 +60,8 @@ def test_up_starts_the_suite_on_embedded_defaults_and_stops_on_ctrl_c(tmp_path):
         assert "grpcurl -plaintext" in banner
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             info = server_info_pb2_grpc.ServerInfoStub(channel).GetServerInfo(
-                server_info_pb2.GetServerInfoRequest(), timeout=5)
+                server_info_pb2.GetServerInfoRequest(), timeout=5
+            )
         assert info.service == "kv-gateway"
         # The embedded default: a SQLite file under QUARRY_HOME, stamped with the format.
         assert (tmp_path / "home" / "kv.db").exists()
@@ -64,8 +75,7 @@ def test_up_starts_the_suite_on_embedded_defaults_and_stops_on_ctrl_c(tmp_path):
             child.wait()
     store = SQLiteStore(tmp_path / "home" / "kv.db")
     try:
-        assert store.get(b"quarry", b"format-version").value == str(
-            quarry.FORMAT_VERSION).encode()
+        assert store.get(b"quarry", b"format-version").value == str(quarry.FORMAT_VERSION).encode()
     finally:
         store.close()
 
@@ -85,8 +95,13 @@ def test_serve_refuses_another_format_version(tmp_path):
     store.set(b"quarry", b"format-version", b"999")
     store.close()
     env = quarry_env(tmp_path, QUARRY_KV_GATEWAY_PORT=str(free_port()))
-    result = subprocess.run([str(VENV_BIN / "quarry"), "serve", "kv-gateway"], env=env,
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [str(VENV_BIN / "quarry"), "serve", "kv-gateway"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode != 0
     assert "quarry export" in result.stderr and "quarry import" in result.stderr
     assert "Traceback" not in result.stderr
@@ -100,8 +115,13 @@ def test_serve_on_a_busy_port_says_so_without_a_traceback(tmp_path):
         busy.listen()
         port = busy.getsockname()[1]
         env = quarry_env(tmp_path, QUARRY_KV_URL="memory://", QUARRY_KV_GATEWAY_PORT=str(port))
-        result = subprocess.run([str(VENV_BIN / "quarry"), "serve", "kv-gateway"], env=env,
-                                capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            [str(VENV_BIN / "quarry"), "serve", "kv-gateway"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     assert result.returncode != 0
     assert "cannot listen on" in result.stderr and "QUARRY_KV_GATEWAY_PORT" in result.stderr
     assert "Traceback" not in result.stderr
@@ -109,14 +129,23 @@ def test_serve_on_a_busy_port_says_so_without_a_traceback(tmp_path):
 
 def test_up_stops_on_sigint_even_when_started_in_the_background(tmp_path):
     ports = {name: free_port() for name in SERVICE_MODULES}
-    env = quarry_env(tmp_path / "home", **{
-        f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-        for name, p in ports.items()
-        for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))})
+    env = quarry_env(
+        tmp_path / "home",
+        **{
+            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
+            for name, p in ports.items()
+            for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
+        },
+    )
     # As a non-interactive shell does for `cmd &`: SIGINT ignored in the child.
-    child = subprocess.Popen([str(VENV_BIN / "quarry"), "up"], env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    child = subprocess.Popen(
+        [str(VENV_BIN / "quarry"), "up"],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     try:
         read_until(child, "Press Ctrl-C")
         child.send_signal(signal.SIGINT)

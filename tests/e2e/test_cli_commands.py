@@ -23,14 +23,22 @@ def suite(tmp_path_factory):
 @pytest.fixture(scope="module")
 def quarry(suite, tmp_path_factory):
     env = quarry_env(tmp_path_factory.mktemp("cli-home"))
-    targets = ["--branch-manager", suite.targets["branch-manager"],
-               "--committer", suite.targets["committer"]]
+    targets = [
+        "--branch-manager",
+        suite.targets["branch-manager"],
+        "--committer",
+        suite.targets["committer"],
+    ]
 
-    def run(*args: str, expect: int = 0, stdin: str | None = None
-            ) -> subprocess.CompletedProcess:
-        result = subprocess.run([str(VENV_BIN / "quarry"), *args, *targets], env=env,
-                                capture_output=True, text=True, timeout=60,
-                                input=stdin if stdin is not None else "")
+    def run(*args: str, expect: int = 0, stdin: str | None = None) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [str(VENV_BIN / "quarry"), *args, *targets],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            input=stdin if stdin is not None else "",
+        )
         assert result.returncode == expect, (args, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr
         return result
@@ -56,8 +64,9 @@ def test_repositories_branches_and_tags(suite, quarry):
     assert table[0][:3] == ["NAME", "DEFAULT", "BRANCH"]
     assert ["cli-refs", "trunk", ns] == [r for r in table if r[0] == "cli-refs"][0][:3]
     listed = json.loads(quarry("repo", "list", "--json").stdout)
-    assert {"name": "cli-refs", "default_branch": "trunk", "storage_namespace": ns}.items() \
-        <= [r for r in listed if r["name"] == "cli-refs"][0].items()
+    assert {"name": "cli-refs", "default_branch": "trunk", "storage_namespace": ns}.items() <= [
+        r for r in listed if r["name"] == "cli-refs"
+    ][0].items()
     assert fields(quarry("repo", "show", "cli-refs").stdout)["default branch"] == "trunk"
 
     quarry("commit", "cli-refs", "trunk", "-m", "first", "--allow-empty")
@@ -65,20 +74,28 @@ def test_repositories_branches_and_tags(suite, quarry):
     assert len(head["commit_id"]) >= 12
     out = quarry("branch", "create", "cli-refs", "feature", "--source", "trunk").stdout
     assert out.strip() == f"Created branch feature from trunk at {head['commit_id'][:12]}"
-    assert [r[0] for r in rows(quarry("branch", "list", "cli-refs").stdout)] == \
-        ["NAME", "feature", "trunk"]
-    assert fields(quarry("branch", "show", "cli-refs", "feature").stdout)[
-        "uncommitted changes"] == "no"
+    assert [r[0] for r in rows(quarry("branch", "list", "cli-refs").stdout)] == [
+        "NAME",
+        "feature",
+        "trunk",
+    ]
+    assert (
+        fields(quarry("branch", "show", "cli-refs", "feature").stdout)["uncommitted changes"]
+        == "no"
+    )
 
     quarry("tag", "create", "cli-refs", "v1", "feature")
-    assert rows(quarry("tag", "list", "cli-refs").stdout) == \
-        [["NAME", "COMMIT"], ["v1", head["commit_id"]]]
-    assert json.loads(quarry("tag", "show", "cli-refs", "v1", "--json").stdout) == \
-        {"name": "v1", "commit_id": head["commit_id"]}
+    assert rows(quarry("tag", "list", "cli-refs").stdout) == [
+        ["NAME", "COMMIT"],
+        ["v1", head["commit_id"]],
+    ]
+    assert json.loads(quarry("tag", "show", "cli-refs", "v1", "--json").stdout) == {
+        "name": "v1",
+        "commit_id": head["commit_id"],
+    }
     quarry("tag", "delete", "cli-refs", "v1")
     quarry("branch", "delete", "cli-refs", "feature")
-    assert [r[0] for r in rows(quarry("branch", "list", "cli-refs").stdout)] == \
-        ["NAME", "trunk"]
+    assert [r[0] for r in rows(quarry("branch", "list", "cli-refs").stdout)] == ["NAME", "trunk"]
 
     # Deleting a repository asks first; without a terminal it needs --yes.
     refused = quarry("repo", "delete", "cli-refs", expect=1)
@@ -91,15 +108,27 @@ def test_upload_stage_commit_and_inspect(suite, quarry, tmp_path):
     ns = suite.namespace("cli-data")
     quarry("repo", "create", "cli-data", ns)
     src = tmp_path / "src"
-    files = {"a.csv": b"id,name\n1,ada\n", "nested/b.json": b'{"x": 1}\n',
-             "nested/deeper/c.bin": bytes(range(256)) * 10}
+    files = {
+        "a.csv": b"id,name\n1,ada\n",
+        "nested/b.json": b'{"x": 1}\n',
+        "nested/deeper/c.bin": bytes(range(256)) * 10,
+    }
     for rel, data in files.items():
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_bytes(data)
 
     # ---- upload a directory, with the progress printer forced on ----
-    put = quarry("put", "cli-data", "main", "incoming", "--from", str(src), "--progress",
-                 "--meta", "source=cli")
+    put = quarry(
+        "put",
+        "cli-data",
+        "main",
+        "incoming",
+        "--from",
+        str(src),
+        "--progress",
+        "--meta",
+        "source=cli",
+    )
     assert put.stdout.startswith("Uploaded 3 files (")
     assert "uploading [" in put.stderr and "3/3 files" in put.stderr
     assert "staging [" in put.stderr
@@ -111,40 +140,66 @@ def test_upload_stage_commit_and_inspect(suite, quarry, tmp_path):
         assert shown["size"].startswith(f"{len(data)} (")
         assert shown["metadata"] == "source=cli"
         assert shown["path"] == f"incoming/{rel}"
-        entry = json.loads(quarry("stat", "cli-data", "main", f"incoming/{rel}",
-                                  "--json").stdout)
+        entry = json.loads(quarry("stat", "cli-data", "main", f"incoming/{rel}", "--json").stdout)
         assert entry["checksum"] == digest and entry["size_bytes"] == len(data)
         # The bytes were copied into the repository's namespace under data/<uuid>.
         stored = Path(entry["physical_address"])
         assert stored.parent == Path(ns) / "data" and stored.read_bytes() == data
-    assert json.loads(quarry("stat", "cli-data", "main", "incoming/a.csv",
-                             "--json").stdout)["content_type"] == "text/csv"
+    assert (
+        json.loads(quarry("stat", "cli-data", "main", "incoming/a.csv", "--json").stdout)[
+            "content_type"
+        ]
+        == "text/csv"
+    )
 
     # ---- a single file, and an entry for an object already in storage ----
     quarry("put", "cli-data", "main", "single/", "--from", str(src / "a.csv"))
-    quarry("put", "cli-data", "main", "external/obj.parquet", "--address",
-           "s3://elsewhere/obj.parquet", "--size", "123", "--checksum", "abc",
-           "--content-type", "application/parquet", "--meta", "k=v", "--if-absent")
-    ext = json.loads(quarry("stat", "cli-data", "main", "external/obj.parquet",
-                            "--json").stdout)
-    assert (ext["physical_address"], ext["size_bytes"], ext["metadata"]) == \
-        ("s3://elsewhere/obj.parquet", 123, {"k": "v"})
-    again = quarry("put", "cli-data", "main", "external/obj.parquet", "--address", "x",
-                   "--if-absent", expect=1)
+    quarry(
+        "put",
+        "cli-data",
+        "main",
+        "external/obj.parquet",
+        "--address",
+        "s3://elsewhere/obj.parquet",
+        "--size",
+        "123",
+        "--checksum",
+        "abc",
+        "--content-type",
+        "application/parquet",
+        "--meta",
+        "k=v",
+        "--if-absent",
+    )
+    ext = json.loads(quarry("stat", "cli-data", "main", "external/obj.parquet", "--json").stdout)
+    assert (ext["physical_address"], ext["size_bytes"], ext["metadata"]) == (
+        "s3://elsewhere/obj.parquet",
+        123,
+        {"k": "v"},
+    )
+    again = quarry(
+        "put", "cli-data", "main", "external/obj.parquet", "--address", "x", "--if-absent", expect=1
+    )
     assert again.stderr.startswith("quarry: OBJECT_EXISTS: ")
 
     # ---- ls: grouped by '/', recursive over several pages ----
     top = quarry("ls", "cli-data", "main").stdout.splitlines()
     assert top[0].split() == ["MODIFIED", "SIZE", "PATH"]
-    assert [line.split() for line in top[1:]] == [["PRE", "external/"], ["PRE", "incoming/"],
-                                                 ["PRE", "single/"]]
+    assert [line.split() for line in top[1:]] == [
+        ["PRE", "external/"],
+        ["PRE", "incoming/"],
+        ["PRE", "single/"],
+    ]
     nested = quarry("ls", "cli-data", "main", "incoming/").stdout
     assert [r[-1] for r in rows(nested)[1:]] == ["incoming/a.csv", "incoming/nested/"]
-    listing = quarry("ls", "cli-data", "main", "--recursive", "--page-size", "2",
-                     "--progress")
+    listing = quarry("ls", "cli-data", "main", "--recursive", "--page-size", "2", "--progress")
     assert [r[-1] for r in rows(listing.stdout)[1:]] == [
-        "external/obj.parquet", "incoming/a.csv", "incoming/nested/b.json",
-        "incoming/nested/deeper/c.bin", "single/a.csv"]
+        "external/obj.parquet",
+        "incoming/a.csv",
+        "incoming/nested/b.json",
+        "incoming/nested/deeper/c.bin",
+        "single/a.csv",
+    ]
     assert "listing " in listing.stderr
     as_json = json.loads(quarry("ls", "cli-data", "main", "incoming/", "--json").stdout)
     assert as_json["common_prefixes"] == ["incoming/nested/"]
@@ -153,12 +208,24 @@ def test_upload_stage_commit_and_inspect(suite, quarry, tmp_path):
     # ---- uncommitted diff, commit, log ----
     pending = quarry("diff", "cli-data", "main", "--uncommitted").stdout.splitlines()
     assert pending[0] == "+ external/obj.parquet" and len(pending) == 5
-    out = quarry("commit", "cli-data", "main", "-m", "import files", "--author", "ada",
-                 "--meta", "ticket=Q-1").stdout
+    out = quarry(
+        "commit",
+        "cli-data",
+        "main",
+        "-m",
+        "import files",
+        "--author",
+        "ada",
+        "--meta",
+        "ticket=Q-1",
+    ).stdout
     assert out.splitlines()[1].strip() == "5 added, 0 removed, 0 changed"
     c1 = json.loads(quarry("log", "cli-data", "main", "-n", "1", "--json").stdout)[0]
-    assert (c1["message"], c1["committer"], c1["metadata"]) == \
-        ("import files", "ada", {"ticket": "Q-1"})
+    assert (c1["message"], c1["committer"], c1["metadata"]) == (
+        "import files",
+        "ada",
+        {"ticket": "Q-1"},
+    )
     text = quarry("log", "cli-data", "main").stdout
     assert text.startswith(f"commit {c1['id']}\nAuthor: ada\n")
     assert "    import files" in text
@@ -168,17 +235,21 @@ def test_upload_stage_commit_and_inspect(suite, quarry, tmp_path):
     assert out.strip() == "Removed 1 object from cli-data/main (1 did not exist)"
     out = quarry("rm", "cli-data", "main", "--recursive", "incoming/nested/").stdout
     assert out.strip() == "Removed 2 objects from cli-data/main"
-    assert quarry("diff", "cli-data", "main", "--uncommitted", "--prefix",
-                  "incoming/").stdout.splitlines() == ["- incoming/nested/b.json",
-                                                       "- incoming/nested/deeper/c.bin"]
+    assert quarry(
+        "diff", "cli-data", "main", "--uncommitted", "--prefix", "incoming/"
+    ).stdout.splitlines() == ["- incoming/nested/b.json", "- incoming/nested/deeper/c.bin"]
     quarry("discard", "cli-data", "main", "--path", "single/a.csv")
     quarry("commit", "cli-data", "main", "-m", "drop nested")
-    assert quarry("diff", "cli-data", "main~1", "main").stdout.splitlines() == \
-        ["- incoming/nested/b.json", "- incoming/nested/deeper/c.bin"]
+    assert quarry("diff", "cli-data", "main~1", "main").stdout.splitlines() == [
+        "- incoming/nested/b.json",
+        "- incoming/nested/deeper/c.bin",
+    ]
     changes = json.loads(quarry("diff", "cli-data", "main~1", "main", "--json").stdout)
     assert [c["type"] for c in changes] == ["CHANGE_TYPE_REMOVED"] * 2
-    assert [line.split()[1] for line in quarry("log", "cli-data", "main", "--oneline")
-            .stdout.splitlines()][:2] == ["drop", "import"]
+    assert [
+        line.split()[1]
+        for line in quarry("log", "cli-data", "main", "--oneline").stdout.splitlines()
+    ][:2] == ["drop", "import"]
 
     quarry("put", "cli-data", "main", "scratch", "--address", "/tmp/x")
     dirty = quarry("reset", "cli-data", "main", "main~1", expect=1)
@@ -198,18 +269,28 @@ def test_errors_print_one_line_without_traceback(suite, quarry, tmp_path):
     bad = quarry("repo", "create", "Not_Valid", suite.namespace("x"), expect=1)
     assert bad.stderr.startswith("quarry: INVALID_NAME: ")
 
-    local = quarry("put", "any-repo", "main", "p", "--from", str(tmp_path / "nope"),
-                   expect=1)
-    assert local.stderr == f"quarry: LOCAL_IO_ERROR: No such file or directory: " \
-                           f"{tmp_path / 'nope'}\n"
+    local = quarry("put", "any-repo", "main", "p", "--from", str(tmp_path / "nope"), expect=1)
+    assert (
+        local.stderr == f"quarry: LOCAL_IO_ERROR: No such file or directory: {tmp_path / 'nope'}\n"
+    )
 
     # Addresses also come from the QUARRY_* settings.
-    env = quarry_env(tmp_path, QUARRY_BRANCH_MANAGER_ADDRESS=suite.targets["branch-manager"],
-                     QUARRY_COMMITTER_ADDRESS=suite.targets["committer"])
-    by_env = subprocess.run([str(VENV_BIN / "quarry"), "repo", "show", "no-such-repo"],
-                            env=env, capture_output=True, text=True, timeout=60)
-    assert (by_env.returncode, by_env.stderr.split(":")[:2]) == \
-        (1, ["quarry", " REPOSITORY_NOT_FOUND"])
+    env = quarry_env(
+        tmp_path,
+        QUARRY_BRANCH_MANAGER_ADDRESS=suite.targets["branch-manager"],
+        QUARRY_COMMITTER_ADDRESS=suite.targets["committer"],
+    )
+    by_env = subprocess.run(
+        [str(VENV_BIN / "quarry"), "repo", "show", "no-such-repo"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (by_env.returncode, by_env.stderr.split(":")[:2]) == (
+        1,
+        ["quarry", " REPOSITORY_NOT_FOUND"],
+    )
 
     neither = quarry("diff", "any-repo", "main", expect=1)
     assert neither.stderr.startswith("quarry: INVALID_ARGUMENT: ")
@@ -258,14 +339,31 @@ def test_a_repointed_address_survives_the_commit(suite, quarry):
     quarry("repo", "create", "cli-repoint", suite.namespace("cli-repoint"))
 
     def address(ref: str) -> str:
-        return json.loads(quarry("stat", "cli-repoint", ref, "t.parquet",
-                                 "--json").stdout)["physical_address"]
+        return json.loads(quarry("stat", "cli-repoint", ref, "t.parquet", "--json").stdout)[
+            "physical_address"
+        ]
 
-    quarry("put", "cli-repoint", "main", "t.parquet", "--address", "s3://b/old.parquet",
-           "--size", "100")
+    quarry(
+        "put",
+        "cli-repoint",
+        "main",
+        "t.parquet",
+        "--address",
+        "s3://b/old.parquet",
+        "--size",
+        "100",
+    )
     quarry("commit", "cli-repoint", "main", "-m", "old")
-    quarry("put", "cli-repoint", "main", "t.parquet", "--address", "s3://b/NEW.parquet",
-           "--size", "100")
+    quarry(
+        "put",
+        "cli-repoint",
+        "main",
+        "t.parquet",
+        "--address",
+        "s3://b/NEW.parquet",
+        "--size",
+        "100",
+    )
     assert address("main") == "s3://b/NEW.parquet"
     assert "t.parquet" in quarry("diff", "cli-repoint", "main", "--uncommitted").stdout
     quarry("commit", "cli-repoint", "main", "-m", "new")

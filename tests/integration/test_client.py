@@ -29,9 +29,13 @@ def client(suite):
 
 
 def part(i: int, checksum: str = "") -> dict:
-    return {"path": f"data/part-{i:05d}.parquet",
-            "physical_address": f"s3://bucket/raw/part-{i:05d}", "size_bytes": 1000 + i,
-            "checksum": checksum or f"sum-{i}", "content_type": "application/parquet"}
+    return {
+        "path": f"data/part-{i:05d}.parquet",
+        "physical_address": f"s3://bucket/raw/part-{i:05d}",
+        "size_bytes": 1000 + i,
+        "checksum": checksum or f"sum-{i}",
+        "content_type": "application/parquet",
+    }
 
 
 def test_full_workflow(suite, client):
@@ -47,17 +51,30 @@ def test_full_workflow(suite, client):
     assert [b.name for b in client.iter_branches("flow", page_size=1)] == ["dev", "main"]
 
     # ---- stage: one object, then 5,000 in batches of 1,000 from a generator ----
-    readme = client.put_object("flow", "dev", path="README.md",
-                               physical_address="s3://bucket/readme", size_bytes=42,
-                               checksum="r1", metadata={"owner": "data-eng"})
+    readme = client.put_object(
+        "flow",
+        "dev",
+        path="README.md",
+        physical_address="s3://bucket/readme",
+        size_bytes=42,
+        checksum="r1",
+        metadata={"owner": "data-eng"},
+    )
     assert readme.path == "README.md"
     seen: list[int] = []
-    count = client.put_objects("flow", "dev", (part(i) for i in range(N_PARTS)),
-                               batch_size=1000, progress=seen.append)
+    count = client.put_objects(
+        "flow", "dev", (part(i) for i in range(N_PARTS)), batch_size=1000, progress=seen.append
+    )
     assert count == N_PARTS
     assert seen == [1000, 2000, 3000, 4000, 5000]
-    client.put_objects("flow", "dev", [{"path": "logs/2024/01.log", "size_bytes": 7},
-                                       {"path": "logs/2024/02.log", "size_bytes": 8}])
+    client.put_objects(
+        "flow",
+        "dev",
+        [
+            {"path": "logs/2024/01.log", "size_bytes": 7},
+            {"path": "logs/2024/02.log", "size_bytes": 8},
+        ],
+    )
 
     # ---- list: delimiter and paging ----
     top = client.list_objects("flow", "dev", delimiter="/")
@@ -66,30 +83,30 @@ def test_full_workflow(suite, client):
     assert top.next_page_token == ""
     first = client.list_objects("flow", "dev", prefix="data/", page_size=700)
     assert len(first.entries) == 700 and first.next_page_token
-    second = client.list_objects("flow", "dev", prefix="data/", page_size=700,
-                                 page_token=first.next_page_token)
+    second = client.list_objects(
+        "flow", "dev", prefix="data/", page_size=700, page_token=first.next_page_token
+    )
     assert second.entries[0].path == "data/part-00700.parquet"
-    paths = [e.path for e in client.iter_objects("flow", "dev", prefix="data/",
-                                                 page_size=700)]
+    paths = [e.path for e in client.iter_objects("flow", "dev", prefix="data/", page_size=700)]
     assert paths == [part(i)["path"] for i in range(N_PARTS)]
     mixed = list(client.iter_objects("flow", "dev", delimiter="/", page_size=1))
-    assert [m if isinstance(m, str) else m.path for m in mixed] == \
-        ["README.md", "data/", "logs/"]
+    assert [m if isinstance(m, str) else m.path for m in mixed] == ["README.md", "data/", "logs/"]
     stat = client.stat_object("flow", "dev", "README.md")
-    assert (stat.size_bytes, stat.checksum, dict(stat.metadata)) == \
-        (42, "r1", {"owner": "data-eng"})
+    assert (stat.size_bytes, stat.checksum, dict(stat.metadata)) == (
+        42,
+        "r1",
+        {"owner": "data-eng"},
+    )
 
     uncommitted = list(client.iter_uncommitted("flow", "dev", page_size=999))
     assert len(uncommitted) == N_PARTS + 3
     assert {c.type for c in uncommitted} == {ADDED}
 
     # ---- commit, log ----
-    outcome = client.commit("flow", "dev", "load parts", committer="etl",
-                            metadata={"job": "42"})
+    outcome = client.commit("flow", "dev", "load parts", committer="etl", metadata={"job": "42"})
     c1 = outcome.commit
     assert outcome.summary.added == N_PARTS + 3
-    assert (c1.message, c1.committer, dict(c1.metadata)) == ("load parts", "etl",
-                                                             {"job": "42"})
+    assert (c1.message, c1.committer, dict(c1.metadata)) == ("load parts", "etl", {"job": "42"})
     assert list(c1.parents) == [main.commit_id]
     assert client.get_branch("flow", "dev").commit_id == c1.id
     assert client.get_commit("flow", "dev").id == c1.id
@@ -108,10 +125,14 @@ def test_full_workflow(suite, client):
 
     # ---- diff between refs ----
     changes = {c.path: c.type for c in client.iter_diff("flow", c1.id, c2.id)}
-    assert changes == {"data/part-00001.parquet": CHANGED, "logs/2024/01.log": REMOVED,
-                       "logs/2024/02.log": REMOVED}
-    assert [c.path for c in client.iter_diff("flow", c1.id, "dev", prefix="data/")] == \
-        ["data/part-00001.parquet"]
+    assert changes == {
+        "data/part-00001.parquet": CHANGED,
+        "logs/2024/01.log": REMOVED,
+        "logs/2024/02.log": REMOVED,
+    }
+    assert [c.path for c in client.iter_diff("flow", c1.id, "dev", prefix="data/")] == [
+        "data/part-00001.parquet"
+    ]
     from_main = list(client.iter_diff("flow", "main", "dev", page_size=1000))
     assert len(from_main) == N_PARTS + 1 and {c.type for c in from_main} == {ADDED}
 
@@ -134,16 +155,27 @@ def test_full_workflow(suite, client):
     assert client.stat_object("flow", "dev", "logs/2024/01.log").size_bytes == 7
 
     # ---- discard: one path, a prefix, everything ----
-    client.put_objects("flow", "dev", [{"path": "tmp/a", "size_bytes": 1},
-                                       {"path": "tmp/b", "size_bytes": 1},
-                                       {"path": "keep/c", "size_bytes": 1},
-                                       part(2, checksum="changed")])
+    client.put_objects(
+        "flow",
+        "dev",
+        [
+            {"path": "tmp/a", "size_bytes": 1},
+            {"path": "tmp/b", "size_bytes": 1},
+            {"path": "keep/c", "size_bytes": 1},
+            part(2, checksum="changed"),
+        ],
+    )
     client.discard_changes("flow", "dev", path="tmp/a")
-    assert sorted(c.path for c in client.iter_uncommitted("flow", "dev")) == \
-        ["data/part-00002.parquet", "keep/c", "tmp/b"]
+    assert sorted(c.path for c in client.iter_uncommitted("flow", "dev")) == [
+        "data/part-00002.parquet",
+        "keep/c",
+        "tmp/b",
+    ]
     client.discard_changes("flow", "dev", prefix="tmp/")
-    assert sorted(c.path for c in client.iter_uncommitted("flow", "dev")) == \
-        ["data/part-00002.parquet", "keep/c"]
+    assert sorted(c.path for c in client.iter_uncommitted("flow", "dev")) == [
+        "data/part-00002.parquet",
+        "keep/c",
+    ]
     client.discard_changes("flow", "dev")
     assert list(client.iter_uncommitted("flow", "dev")) == []
     assert client.stat_object("flow", "dev", "data/part-00002.parquet").checksum == "sum-2"
@@ -165,13 +197,19 @@ def test_errors_map_to_domain_exceptions(suite, client):
         assert str(caught.value)  # a human message
         return caught.value
 
-    exc = raises(gerrors.RepositoryNotFound, "REPOSITORY_NOT_FOUND",
-                 client.get_repository, "no-such-repo")
+    exc = raises(
+        gerrors.RepositoryNotFound, "REPOSITORY_NOT_FOUND", client.get_repository, "no-such-repo"
+    )
     assert isinstance(exc, errors.NotFound)
     raises(gerrors.RepositoryExists, "REPOSITORY_EXISTS", client.create_repository, "errs", ns)
     raises(gerrors.InvalidName, "INVALID_NAME", client.create_repository, "Bad_Name", ns)
-    raises(errors.InvalidArgument, "INVALID_NAMESPACE", client.create_repository,
-           "relative-ns", "not/absolute")
+    raises(
+        errors.InvalidArgument,
+        "INVALID_NAMESPACE",
+        client.create_repository,
+        "relative-ns",
+        "not/absolute",
+    )
     raises(gerrors.BranchNotFound, "BRANCH_NOT_FOUND", client.get_branch, "errs", "nope")
     raises(gerrors.BranchExists, "BRANCH_EXISTS", client.create_branch, "errs", "main")
     raises(errors.NotFound, "OBJECT_NOT_FOUND", client.stat_object, "errs", "main", "missing")
@@ -181,15 +219,36 @@ def test_errors_map_to_domain_exceptions(suite, client):
     raises(gerrors.InvalidPath, "INVALID_PATH", client.put_object, "errs", "main", path="")
 
     client.put_object("errs", "main", path="a", size_bytes=1, checksum="x")
-    raises(gerrors.ObjectExists, "OBJECT_EXISTS", client.put_object, "errs", "main",
-           path="a", size_bytes=2, checksum="y", if_absent=True)
+    raises(
+        gerrors.ObjectExists,
+        "OBJECT_EXISTS",
+        client.put_object,
+        "errs",
+        "main",
+        path="a",
+        size_bytes=2,
+        checksum="y",
+        if_absent=True,
+    )
     raises(gerrors.DirtyBranch, "DIRTY_BRANCH", client.reset_branch, "errs", "main", "main@")
     raises(errors.FailedPrecondition, "PROTECTED_BRANCH", client.delete_branch, "errs", "main")
-    raises(errors.InvalidArgument, "INVALID_PAGE_TOKEN", client.list_objects, "errs", "main",
-           page_token="garbage!")
+    raises(
+        errors.InvalidArgument,
+        "INVALID_PAGE_TOKEN",
+        client.list_objects,
+        "errs",
+        "main",
+        page_token="garbage!",
+    )
     # A whole stream rejected by the server is not retried and keeps its reason.
-    raises(gerrors.InvalidPath, "INVALID_PATH", client.put_objects, "errs", "main",
-           [{"path": "ok"}, {"path": "bad\x00path"}])
+    raises(
+        gerrors.InvalidPath,
+        "INVALID_PATH",
+        client.put_objects,
+        "errs",
+        "main",
+        [{"path": "ok"}, {"path": "bad\x00path"}],
+    )
 
 
 def test_client_reaches_the_suite_from_settings(suite):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import sys
-from typing import Any, Iterable, Sequence, TextIO
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TextIO
 
 from google.protobuf import descriptor, timestamp_pb2
 from google.protobuf.message import Message
@@ -13,15 +14,14 @@ from google.protobuf.message import Message
 from quarry.v1 import types_pb2
 
 _FD = descriptor.FieldDescriptor
-_INT64 = {_FD.TYPE_INT64, _FD.TYPE_UINT64, _FD.TYPE_SINT64, _FD.TYPE_FIXED64,
-          _FD.TYPE_SFIXED64}
+_INT64 = {_FD.TYPE_INT64, _FD.TYPE_UINT64, _FD.TYPE_SINT64, _FD.TYPE_FIXED64, _FD.TYPE_SFIXED64}
 
 
 def timestamp_text(ts: timestamp_pb2.Timestamp | None, *, empty: str = "-") -> str:
     """UTC, second precision: 2024-05-01T12:00:00Z."""
     if ts is None or (ts.seconds == 0 and ts.nanos == 0):
         return empty
-    when = _dt.datetime.fromtimestamp(ts.seconds, tz=_dt.timezone.utc)
+    when = _dt.datetime.fromtimestamp(ts.seconds, tz=_dt.UTC)
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -55,10 +55,13 @@ def to_jsonable(message: Message) -> dict[str, Any]:
             out[field.name] = {k: _value(value_field, v) for k, v in sorted(value.items())}
         elif field.is_repeated:
             out[field.name] = [_value(field, v) for v in value]
-        elif field.type == _FD.TYPE_MESSAGE and not message.HasField(field.name):
-            out[field.name] = None
-        elif field.has_presence and field.type != _FD.TYPE_MESSAGE \
-                and not message.HasField(field.name):
+        elif (
+            field.type == _FD.TYPE_MESSAGE
+            and not message.HasField(field.name)
+            or field.has_presence
+            and field.type != _FD.TYPE_MESSAGE
+            and not message.HasField(field.name)
+        ):
             out[field.name] = None
         else:
             out[field.name] = _value(field, value)
@@ -75,8 +78,13 @@ def print_json(value: Any, stream: TextIO | None = None) -> None:
     stream.write("\n")
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
-          stream: TextIO | None = None, *, right: Sequence[int] = ()) -> None:
+def table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    stream: TextIO | None = None,
+    *,
+    right: Sequence[int] = (),
+) -> None:
     """Columns padded to their widest cell; `right` lists right-aligned column indexes."""
     stream = stream or sys.stdout
     cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
@@ -101,7 +109,7 @@ def fields(pairs: Iterable[tuple[str, Any]], stream: TextIO | None = None) -> No
         stream.write(f"{(key + ':').ljust(width)} {value}\n")
 
 
-def metadata_text(metadata) -> str:
+def metadata_text(metadata: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(dict(metadata).items())) or "-"
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 BAR_WIDTH = 24
@@ -35,9 +36,17 @@ def human_bytes(n: float) -> str:
 
 
 class Progress:
-    def __init__(self, label: str, total: int | None = None, *, unit: str = "",
-                 stream: TextIO | None = None, enabled: bool | None = None,
-                 min_interval: float = 0.1, clock=time.monotonic):
+    def __init__(  # noqa: PLR0913 — keyword options of a public class (tests set them)
+        self,
+        label: str,
+        total: int | None = None,
+        *,
+        unit: str = "",
+        stream: TextIO | None = None,
+        enabled: bool | None = None,
+        min_interval: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.label = label
         self.total = total
         self.unit = unit
@@ -77,8 +86,10 @@ class Progress:
             fraction = min(1.0, self.done / self.total)
             filled = int(round(fraction * BAR_WIDTH))
             bar = "#" * filled + "-" * (BAR_WIDTH - filled)
-            return (f"{self.label} [{bar}] {self.done:,}/{self.total:,}{unit} "
-                    f"{fraction * 100:3.0f}%  {human_count(rate)}/s")
+            return (
+                f"{self.label} [{bar}] {self.done:,}/{self.total:,}{unit} "
+                f"{fraction * 100:3.0f}%  {human_count(rate)}/s"
+            )
         return f"{self.label} {self.done:,}{unit}  {human_count(rate)}/s"
 
     def _draw(self, now: float) -> None:
@@ -109,10 +120,10 @@ class Progress:
         self._drawn = False
         self.enabled = False
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
-    def __exit__(self, exc_type, *_exc) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_exc: object) -> None:
         if exc_type is None:
             self.close()
         else:

@@ -15,10 +15,10 @@ import mimetypes
 import os
 import re
 import uuid
+from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
 
 from quarry.blob import BlobStore, object_address
 from quarry.client import make_entry
@@ -64,34 +64,49 @@ def plan(source: Path, dest: str) -> list[Planned]:
     return [Planned(source, dest)]
 
 
-def upload_one(store: BlobStore, storage_namespace: str, item: Planned,
-               content_type: str = "", metadata: Mapping[str, str] | None = None
-               ) -> types_pb2.Entry:
+def upload_one(
+    store: BlobStore,
+    storage_namespace: str,
+    item: Planned,
+    content_type: str = "",
+    metadata: Mapping[str, str] | None = None,
+) -> types_pb2.Entry:
     data = item.local.read_bytes()
     stat = item.local.stat()
     key = f"{DATA_PREFIX}{uuid.uuid4().hex}"
     store.put(key, data)
-    guessed = content_type or mimetypes.guess_type(item.local.name)[0] or \
-        "application/octet-stream"
-    return make_entry(item.path, physical_address=object_address(storage_namespace, key),
-                      size_bytes=len(data), checksum=hashlib.sha256(data).hexdigest(),
-                      mtime=stat.st_mtime, content_type=guessed, metadata=metadata)
+    guessed = content_type or mimetypes.guess_type(item.local.name)[0] or "application/octet-stream"
+    return make_entry(
+        item.path,
+        physical_address=object_address(storage_namespace, key),
+        size_bytes=len(data),
+        checksum=hashlib.sha256(data).hexdigest(),
+        mtime=stat.st_mtime,
+        content_type=guessed,
+        metadata=metadata,
+    )
 
 
-def upload_all(store: BlobStore, storage_namespace: str, items: list[Planned],
-               content_type: str = "", metadata: Mapping[str, str] | None = None,
-               on_done: Callable[[types_pb2.Entry], None] | None = None,
-               workers: int = UPLOAD_WORKERS) -> Iterator[types_pb2.Entry]:
-    """Upload in parallel; yields entries in `items` order."""
+def upload_all(
+    store: BlobStore,
+    storage_namespace: str,
+    items: list[Planned],
+    content_type: str = "",
+    metadata: Mapping[str, str] | None = None,
+    on_done: Callable[[types_pb2.Entry], None] | None = None,
+) -> Iterator[types_pb2.Entry]:
+    """Upload in parallel (UPLOAD_WORKERS at most); yields entries in `items` order."""
     if len(items) == 1:
         entry = upload_one(store, storage_namespace, items[0], content_type, metadata)
         if on_done:
             on_done(entry)
         yield entry
         return
-    with futures.ThreadPoolExecutor(max_workers=max(1, min(workers, len(items)))) as pool:
-        pending = [pool.submit(upload_one, store, storage_namespace, item, content_type,
-                               metadata) for item in items]
+    with futures.ThreadPoolExecutor(max_workers=max(1, min(UPLOAD_WORKERS, len(items)))) as pool:
+        pending = [
+            pool.submit(upload_one, store, storage_namespace, item, content_type, metadata)
+            for item in items
+        ]
         try:
             for future in pending:
                 entry = future.result()

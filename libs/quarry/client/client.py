@@ -40,39 +40,36 @@ A Client is thread-safe (gRPC channels are); close it, or use it as a context ma
 
 from __future__ import annotations
 
-import datetime as _dt
-import heapq
 import threading
-import uuid
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import grpc
-from google.protobuf import timestamp_pb2
 
 from quarry import errors
-# Loaded so from_rpc_error can rebuild the core's classes (BranchNotFound, ...) by reason.
-from quarry.graveler import errors as gerrors  # noqa: F401
-from quarry.graveler import records as _records  # noqa: F401 — CORRUPT_RECORD
-from quarry.client.retry import Retrier, RetryPolicy
+from quarry.client.branch_manager import BranchManagerCalls
+from quarry.client.calls import IncompleteListing
+from quarry.client.committer import CommitterCalls
+from quarry.client.entries import (
+    Entry,
+    as_entry,
+    batch_request_id,
+    make_entry,
+    new_request_id,
+    to_timestamp,
+)
+from quarry.client.retry import RetryPolicy
+
+# Client dials through this name (tests reach it as quarry.client.client.open_channel).
 from quarry.runtime.channels import open_channel
 from quarry.runtime.errors import from_rpc_error
-from quarry.v1 import (branch_manager_pb2 as bm, branch_manager_pb2_grpc, committer_pb2 as cm,
-                       committer_pb2_grpc, compactor_sensor_pb2 as cs,
-                       compactor_sensor_pb2_grpc, server_info_pb2, server_info_pb2_grpc,
-                       types_pb2)
-
-# A PutObjects message is closed at this many serialized entry bytes even if it holds
-# fewer than batch_size entries (entries can carry up to 8 KB of metadata each).
-MAX_BATCH_BYTES = 8 * 1024 * 1024
-DELETE_BATCH = 1000
-
-_ENTRY_FIELDS = ("path", "physical_address", "size_bytes", "checksum", "mtime",
-                 "content_type", "metadata")
-
-Entry = types_pb2.Entry
-
-
-# ---- errors -----------------------------------------------------------------------------
+from quarry.v1 import (
+    branch_manager_pb2_grpc,
+    committer_pb2_grpc,
+    compactor_sensor_pb2_grpc,
+    server_info_pb2,
+    server_info_pb2_grpc,
+)
+from quarry.v1 import compactor_sensor_pb2 as cs
 
 DeadlineExceeded = errors.DeadlineExceeded
 Cancelled = errors.Cancelled
@@ -83,201 +80,26 @@ def rebuild_error(error: grpc.RpcError) -> errors.QuarryError:
     return from_rpc_error(error)
 
 
-def new_request_id() -> str:
-    """A fresh request id (AIP-155: a UUID4 string)."""
-    return str(uuid.uuid4())
-
-
-def _request_id(given: str | None) -> str:
-    """The id of one logical call: the caller's, or a fresh one (kept across retries, as
-    the request message is)."""
-    return new_request_id() if given is None else given
-
-
-def batch_request_id(request_id: str, index: int) -> str:
-    """The id of message/call `index` of a multi-message logical call with `request_id`:
-    a UUID derived deterministically, so a replay sends the same ids."""
-    return str(uuid.uuid5(uuid.UUID(request_id), str(index)))
-
-
-# ---- entries ----------------------------------------------------------------------------
-
-def to_timestamp(value: Any) -> timestamp_pb2.Timestamp | None:
-    """A Timestamp from a Timestamp, an aware/naive (UTC) datetime or epoch seconds."""
-    if value is None:
-        return None
-    if isinstance(value, timestamp_pb2.Timestamp):
-        return value
-    ts = timestamp_pb2.Timestamp()
-    if isinstance(value, _dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=_dt.timezone.utc)
-        ts.FromDatetime(value)
-        return ts
-    if isinstance(value, (int, float)):
-        ts.FromNanoseconds(int(round(value * 1e9)))
-        return ts
-    raise TypeError(f"mtime must be a Timestamp, datetime or epoch seconds, not "
-                    f"{type(value).__name__}")
-
-
-def make_entry(path: str, physical_address: str = "", size_bytes: int = 0,
-               checksum: str = "", mtime: Any = None, content_type: str = "",
-               metadata: Mapping[str, str] | None = None) -> types_pb2.Entry:
-    """A quarry.v1.Entry; `mtime` may be a Timestamp, datetime or epoch seconds."""
-    entry = types_pb2.Entry(path=path, physical_address=physical_address,
-                            size_bytes=int(size_bytes), checksum=checksum,
-                            content_type=content_type, metadata=dict(metadata or {}))
-    stamp = to_timestamp(mtime)
-    if stamp is not None:
-        entry.mtime.CopyFrom(stamp)
-    return entry
-
-
-def as_entry(value: types_pb2.Entry | Mapping[str, Any]) -> types_pb2.Entry:
-    if isinstance(value, types_pb2.Entry):
-        return value
-    if isinstance(value, Mapping):
-        unknown = set(value) - set(_ENTRY_FIELDS)
-        if unknown:
-            raise TypeError(f"unknown Entry fields: {', '.join(sorted(unknown))}")
-        return make_entry(**value)
-    raise TypeError(f"expected a quarry.v1.Entry or a mapping of its fields, not "
-                    f"{type(value).__name__}")
-
-
-_STRATEGIES = {
-    "": types_pb2.MERGE_STRATEGY_UNSPECIFIED,
-    "default": types_pb2.MERGE_STRATEGY_UNSPECIFIED,
-    "source-wins": types_pb2.MERGE_STRATEGY_SOURCE_WINS,
-    "source_wins": types_pb2.MERGE_STRATEGY_SOURCE_WINS,
-    "dest-wins": types_pb2.MERGE_STRATEGY_DEST_WINS,
-    "dest_wins": types_pb2.MERGE_STRATEGY_DEST_WINS,
-}
-
-
-def _strategy(value: int | str | None) -> int:
-    if value is None:
-        return types_pb2.MERGE_STRATEGY_UNSPECIFIED
-    if isinstance(value, int):
-        return value
-    try:
-        return _STRATEGIES[value.lower()]
-    except KeyError:
-        return types_pb2.MergeStrategy.Value(value)
-
-
-# ---- the replayable PutObjects stream -----------------------------------------------
-
-class _BatchStream:
-    """Turns entries into PutObjectsRequest batches once, remembering what was sent, so a
-    retry re-sends the same stream (staging is idempotent by entry identity).
-
-    Each attempt iterates `attempt_requests()`; starting a new attempt retires the old
-    iterator, so a gRPC consumer thread left over from a failed attempt cannot pull batches
-    from the source. An exception of the caller's iterable is kept in `error` and cancels
-    the call (instead of surfacing as gRPC's 'Exception iterating requests!')."""
-
-    def __init__(self, repository: str, branch: str, entries: Iterable,
-                 batch_size: int, max_batch_bytes: int, replay: bool,
-                 progress: Callable[[int], None] | None, request_id: str = ""):
-        self._repository = repository
-        self._request_id = request_id
-        self._branch = branch
-        self._source = self._batches(iter(entries), batch_size, max_batch_bytes)
-        self._sent: list[bm.PutObjectsRequest] = []
-        self._replay = replay
-        self._progress = progress
-        self._lock = threading.Lock()
-        self._generation = 0
-        self.pulled = 0  # requests taken from the source
-        self.entries_pulled = 0
-        self.exhausted = False
-        self.error: BaseException | None = None
-        self.call: Any = None
-
-    def _batches(self, entries: Iterator, batch_size: int, max_bytes: int):
-        batch: list[types_pb2.Entry] = []
-        size = 0
-        for item in entries:
-            entry = as_entry(item)
-            entry_size = entry.ByteSize()
-            if batch and (len(batch) >= batch_size or size + entry_size > max_bytes):
-                yield batch
-                batch, size = [], 0
-            batch.append(entry)
-            size += entry_size
-        if batch:
-            yield batch
-
-    @property
-    def replayable(self) -> bool:
-        return self._replay or self.pulled == 0
-
-    def new_attempt(self) -> Iterator[bm.PutObjectsRequest]:
-        with self._lock:
-            self._generation += 1
-            generation = self._generation
-        return self._requests(generation)
-
-    def _requests(self, generation: int) -> Iterator[bm.PutObjectsRequest]:
-        index = 0
-        while True:
-            with self._lock:
-                if generation != self._generation or self.error is not None:
-                    return
-                if index < len(self._sent):
-                    request = self._sent[index]
-                elif self.exhausted:
-                    if index > 0:
-                        return
-                    # An empty stream still names its target (one message, no entries).
-                    request = bm.PutObjectsRequest(repository=self._repository,
-                                                   branch=self._branch)
-                else:
-                    try:
-                        batch = next(self._source)
-                    except StopIteration:
-                        self.exhausted = True
-                        continue
-                    except BaseException as exc:  # the caller's iterable failed
-                        self.error = exc
-                        if self.call is not None:
-                            self.call.cancel()
-                        return
-                    request = bm.PutObjectsRequest(entries=batch)
-                    if self._request_id:
-                        request.request_id = batch_request_id(self._request_id, self.pulled)
-                    if self.pulled == 0:
-                        request.repository = self._repository
-                        request.branch = self._branch
-                    if self._replay:
-                        self._sent.append(request)
-                    self.pulled += 1
-                    self.entries_pulled += len(batch)
-                    if self._progress is not None:
-                        self._progress(self.entries_pulled)
-            index += 1
-            yield request
-
-
 # ---- the client -------------------------------------------------------------------------
 
-class IncompleteListing(errors.DataLoss):
-    """A listing page came back without some records the server could not read."""
 
-    reason = "INCOMPLETE_LISTING"
-
-
-class Client:
+class Client(BranchManagerCalls, CommitterCalls):
     """A client of the BranchManager and Committer services (see the module docstring),
-    and of the CompactorSensor's statistics (`compactor_sensor`, dialed on first use)."""
+    and of the CompactorSensor's statistics (`compactor_sensor`, dialed on first use).
 
-    def __init__(self, branch_manager: str | grpc.Channel = "127.0.0.1:7402",
-                 committer: str | grpc.Channel = "127.0.0.1:7403",
-                 retry: RetryPolicy | None = None, timeout: float | None = 30.0,
-                 compactor_sensor: str | grpc.Channel = "127.0.0.1:7404",
-                 allow_incomplete_listings: bool = False):
+    The calls live by service: quarry.client.branch_manager, quarry.client.committer (over
+    quarry.client.calls); this class dials the channels and adds ServerInfo and the
+    CompactorSensor."""
+
+    def __init__(
+        self,
+        branch_manager: str | grpc.Channel = "127.0.0.1:7402",
+        committer: str | grpc.Channel = "127.0.0.1:7403",
+        retry: RetryPolicy | None = None,
+        timeout: float | None = 30.0,
+        compactor_sensor: str | grpc.Channel = "127.0.0.1:7404",
+        allow_incomplete_listings: bool = False,
+    ) -> None:
         self.retry = retry if retry is not None else RetryPolicy()
         self.timeout = timeout
         # The iter_* helpers refuse a page the server left corrupt records out of
@@ -304,481 +126,41 @@ class Client:
         self._cm_channel = channel(committer)
         self._bm = branch_manager_pb2_grpc.BranchManagerStub(self._bm_channel)
         self._cm = committer_pb2_grpc.CommitterStub(self._cm_channel)
-        self.compactor_sensor_target = (compactor_sensor if isinstance(compactor_sensor, str)
-                                        else "")
+        self.compactor_sensor_target = compactor_sensor if isinstance(compactor_sensor, str) else ""
         self._cs_target = compactor_sensor
         self._cs_channel_factory = channel
         self._cs_stub: compactor_sensor_pb2_grpc.CompactorSensorStub | None = None
         self._cs_lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, settings, **kwargs) -> "Client":
+    def from_settings(cls, settings: Any, **kwargs: Any) -> Client:
         """Dial `settings.branch_manager_address`, `settings.committer_address` (and
         `settings.compactor_sensor_address` when sensor statistics are asked for)."""
         kwargs.setdefault("compactor_sensor", settings.compactor_sensor_address)
-        return cls(branch_manager=settings.branch_manager_address,
-                   committer=settings.committer_address, **kwargs)
+        return cls(
+            branch_manager=settings.branch_manager_address,
+            committer=settings.committer_address,
+            **kwargs,
+        )
 
     def close(self) -> None:
         for channel in self._owned:
             channel.close()
         self._owned.clear()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- plumbing ----
-
-    def _unary(self, stub_method, name: str, request,
-               before_retry: Callable[[errors.QuarryError, Any], None] | None = None):
-        def attempt(_number: int):
-            try:
-                return stub_method(request, timeout=self.timeout)
-            except grpc.RpcError as error:
-                raise rebuild_error(error) from None
-
-        hook = None
-        if before_retry is not None:
-            def hook(exc):
-                before_retry(exc, request)
-                return True
-        return Retrier(self.retry, name).run(attempt, hook)
-
-    def _pages(self, call: Callable[..., Any], page_token: str = "", **kwargs) -> Iterator:
-        token = page_token
-        while True:
-            page = call(page_token=token, **kwargs)
-            # The server left corrupt records out of this page (CORRUPT_RECORD): refuse, or
-            # tally them so a caller (the CLI) can warn; `quarry doctor` names them.
-            skipped = getattr(page, "skipped_corrupt_records", 0)
-            if skipped:
-                self.skipped_corrupt_records += skipped
-                if not self.allow_incomplete_listings:
-                    raise IncompleteListing(
-                        f"the server left {skipped} corrupt record(s) out of this listing; "
-                        f"refusing to go on with an incomplete listing (run `quarry doctor` "
-                        f"to find them)", metadata={"skipped_corrupt_records": str(skipped)})
-            yield page
-            token = page.next_page_token
-            if not token:
-                return
-
-    def server_info(self, service: str = "branch-manager"
-                    ) -> server_info_pb2.GetServerInfoResponse:
+    def server_info(self, service: str = "branch-manager") -> server_info_pb2.GetServerInfoResponse:
         """GetServerInfo of the branch-manager or the committer."""
         channel = self._cm_channel if service == "committer" else self._bm_channel
         stub = server_info_pb2_grpc.ServerInfoStub(channel)
-        return self._unary(stub.GetServerInfo, "ServerInfo/GetServerInfo",
-                           server_info_pb2.GetServerInfoRequest())
-
-    # ==== BranchManager: repositories ======================================================
-
-    def create_repository(self, name: str, storage_namespace: str,
-                          default_branch: str = "main", *, request_id: str | None = None
-                          ) -> types_pb2.Repository:
-        return self._unary(self._bm.CreateRepository, "BranchManager/CreateRepository",
-                           bm.CreateRepositoryRequest(name=name,
-                                                      storage_namespace=storage_namespace,
-                                                      default_branch=default_branch,
-                                                      request_id=_request_id(request_id))
-                           ).repository
-
-    def get_repository(self, name: str) -> types_pb2.Repository:
-        return self._unary(self._bm.GetRepository, "BranchManager/GetRepository",
-                           bm.GetRepositoryRequest(name=name)).repository
-
-    def list_repositories(self, page_size: int = 0, page_token: str = ""
-                          ) -> bm.ListRepositoriesResponse:
-        """One page: `.repositories`, `.next_page_token` ('' on the last page)."""
-        return self._unary(self._bm.ListRepositories, "BranchManager/ListRepositories",
-                           bm.ListRepositoriesRequest(page_size=page_size,
-                                                      page_token=page_token))
-
-    def iter_repositories(self, page_size: int = 0) -> Iterator[types_pb2.Repository]:
-        for page in self._pages(self.list_repositories, page_size=page_size):
-            yield from page.repositories
-
-    def delete_repository(self, name: str, *, request_id: str | None = None) -> None:
-        self._unary(self._bm.DeleteRepository, "BranchManager/DeleteRepository",
-                    bm.DeleteRepositoryRequest(name=name, request_id=_request_id(request_id)))
-
-    # ==== branches =========================================================================
-
-    def create_branch(self, repository: str, name: str, source_ref: str = "", *,
-                      request_id: str | None = None) -> types_pb2.Branch:
-        """`source_ref` empty: the server's default (the repository's default branch)."""
-        return self._unary(self._bm.CreateBranch, "BranchManager/CreateBranch",
-                           bm.CreateBranchRequest(repository=repository, name=name,
-                                                  source_ref=source_ref,
-                                                  request_id=_request_id(request_id))).branch
-
-    def get_branch(self, repository: str, name: str) -> types_pb2.Branch:
-        return self._unary(self._bm.GetBranch, "BranchManager/GetBranch",
-                           bm.GetBranchRequest(repository=repository, name=name)).branch
-
-    def list_branches(self, repository: str, page_size: int = 0, page_token: str = ""
-                      ) -> bm.ListBranchesResponse:
-        return self._unary(self._bm.ListBranches, "BranchManager/ListBranches",
-                           bm.ListBranchesRequest(repository=repository, page_size=page_size,
-                                                  page_token=page_token))
-
-    def iter_branches(self, repository: str, page_size: int = 0) -> Iterator[types_pb2.Branch]:
-        for page in self._pages(self.list_branches, repository=repository,
-                                page_size=page_size):
-            yield from page.branches
-
-    def delete_branch(self, repository: str, name: str, *,
-                      request_id: str | None = None) -> None:
-        self._unary(self._bm.DeleteBranch, "BranchManager/DeleteBranch",
-                    bm.DeleteBranchRequest(repository=repository, name=name,
-                                           request_id=_request_id(request_id)))
-
-    def reset_branch(self, repository: str, branch: str, ref: str, force: bool = False, *,
-                     request_id: str | None = None) -> types_pb2.Branch:
-        """Hard reset to `ref`; DirtyBranch (FAILED_PRECONDITION) on uncommitted changes
-        unless `force`."""
-        return self._unary(self._bm.ResetBranch, "BranchManager/ResetBranch",
-                           bm.ResetBranchRequest(repository=repository, branch=branch, ref=ref,
-                                                 force=force,
-                                                 request_id=_request_id(request_id))).branch
-
-    # ==== tags =============================================================================
-
-    def create_tag(self, repository: str, name: str, ref: str, *,
-                   request_id: str | None = None) -> types_pb2.Tag:
-        return self._unary(self._bm.CreateTag, "BranchManager/CreateTag",
-                           bm.CreateTagRequest(repository=repository, name=name, ref=ref,
-                                               request_id=_request_id(request_id))).tag
-
-    def get_tag(self, repository: str, name: str) -> types_pb2.Tag:
-        return self._unary(self._bm.GetTag, "BranchManager/GetTag",
-                           bm.GetTagRequest(repository=repository, name=name)).tag
-
-    def list_tags(self, repository: str, page_size: int = 0, page_token: str = ""
-                  ) -> bm.ListTagsResponse:
-        return self._unary(self._bm.ListTags, "BranchManager/ListTags",
-                           bm.ListTagsRequest(repository=repository, page_size=page_size,
-                                              page_token=page_token))
-
-    def iter_tags(self, repository: str, page_size: int = 0) -> Iterator[types_pb2.Tag]:
-        for page in self._pages(self.list_tags, repository=repository, page_size=page_size):
-            yield from page.tags
-
-    def delete_tag(self, repository: str, name: str, *, request_id: str | None = None) -> None:
-        self._unary(self._bm.DeleteTag, "BranchManager/DeleteTag",
-                    bm.DeleteTagRequest(repository=repository, name=name,
-                                        request_id=_request_id(request_id)))
-
-    # ==== garbage-collection rules ==========================================================
-
-    def set_gc_rules(self, repository: str, default_retention_days: float,
-                     branch_retention_days: Mapping[str, float] | None = None) -> None:
-        rules = types_pb2.GarbageCollectionRules(
-            default_retention_days=default_retention_days,
-            branch_retention_days=dict(branch_retention_days or {}))
-        self._unary(self._bm.SetGarbageCollectionRules,
-                    "BranchManager/SetGarbageCollectionRules",
-                    bm.SetGarbageCollectionRulesRequest(repository=repository, rules=rules))
-
-    def get_gc_rules(self, repository: str) -> types_pb2.GarbageCollectionRules:
-        """NOT_FOUND (GC_RULES_NOT_FOUND) when the repository has none."""
-        return self._unary(self._bm.GetGarbageCollectionRules,
-                           "BranchManager/GetGarbageCollectionRules",
-                           bm.GetGarbageCollectionRulesRequest(repository=repository)).rules
-
-    def delete_gc_rules(self, repository: str) -> None:
-        self._unary(self._bm.DeleteGarbageCollectionRules,
-                    "BranchManager/DeleteGarbageCollectionRules",
-                    bm.DeleteGarbageCollectionRulesRequest(repository=repository))
-
-    # ==== objects ==========================================================================
-
-    def stat_object(self, repository: str, ref: str, path: str) -> types_pb2.Entry:
-        return self._unary(self._bm.StatObject, "BranchManager/StatObject",
-                           bm.StatObjectRequest(repository=repository, ref=ref,
-                                                path=path)).entry
-
-    def put_object(self, repository: str, branch: str,
-                   entry: types_pb2.Entry | Mapping[str, Any] | None = None, *,
-                   if_absent: bool = False, request_id: str = "", **fields: Any
-                   ) -> types_pb2.Entry:
-        """Stage one entry: an Entry message, a mapping of its fields, or the fields as
-        keyword arguments (`path=..., physical_address=..., size_bytes=..., checksum=...,
-        mtime=datetime|epoch seconds|Timestamp, content_type=..., metadata={...}`).
-        `if_absent`: ObjectExists (ALREADY_EXISTS) when the path already has an entry.
-        `request_id`: none unless given (see the module docstring)."""
-        if entry is None:
-            entry = make_entry(**fields)
-        elif fields:
-            raise TypeError("pass an entry or its fields as keywords, not both")
-        request = bm.PutObjectRequest(repository=repository, branch=branch,
-                                      entry=as_entry(entry), if_absent=if_absent,
-                                      request_id=request_id)
-        return self._unary(self._bm.PutObject, "BranchManager/PutObject", request).entry
-
-    def put_objects(self, repository: str, branch: str,
-                    entries: Iterable[types_pb2.Entry | Mapping[str, Any]],
-                    batch_size: int = 1000, progress: Callable[[int], None] | None = None,
-                    *, replay: bool = True, max_batch_bytes: int = MAX_BATCH_BYTES,
-                    request_id: str = "") -> int:
-        """Stage many entries over one PutObjects stream, `batch_size` entries a message.
-
-        `entries` is consumed lazily, once. `progress(n)` is called with the number of
-        entries handed to the stream so far, after each new batch. Returns the server's
-        count (within one batch the last entry of a path wins, so duplicates count once).
-
-        On a retryable failure the whole stream is sent again (staging is idempotent by
-        entry identity): the batches already sent are kept in memory for that. With
-        `replay=False` they are not kept, and the stream is retried only if it failed
-        before its first batch.
-
-        `request_id` (none unless given): message i carries batch_request_id(request_id, i),
-        so a replayed stream stages no batch twice and answers the first count."""
-        if batch_size <= 0:
-            raise ValueError("batch_size must be positive")
-        if request_id:
-            uuid.UUID(request_id)  # batch ids derive from it
-        stream = _BatchStream(repository, branch, entries, batch_size, max_batch_bytes,
-                              replay, progress, request_id)
-
-        def attempt(_number: int) -> int:
-            requests = stream.new_attempt()
-            call = self._bm.PutObjects.future(requests, timeout=self.timeout)
-            stream.call = call
-            if stream.error is not None:  # failed before the call object was known
-                call.cancel()
-            try:
-                count = call.result().count
-            except grpc.RpcError as error:
-                if stream.error is not None:
-                    raise stream.error from None
-                raise rebuild_error(error) from None
-            except grpc.FutureCancelledError:
-                if stream.error is not None:
-                    raise stream.error from None
-                raise Cancelled("PutObjects was cancelled") from None
-            if stream.error is not None:  # the stream ended early on the caller's error
-                raise stream.error
-            return count
-
-        def before_retry(_exc) -> bool:
-            return stream.replayable
-
-        return Retrier(self.retry, "BranchManager/PutObjects").run(attempt, before_retry)
-
-    def delete_object(self, repository: str, branch: str, path: str, *,
-                      request_id: str = "") -> None:
-        self._unary(self._bm.DeleteObject, "BranchManager/DeleteObject",
-                    bm.DeleteObjectRequest(repository=repository, branch=branch, path=path,
-                                           request_id=request_id))
-
-    def delete_objects(self, repository: str, branch: str, paths: Iterable[str],
-                       batch_size: int = DELETE_BATCH,
-                       progress: Callable[[int], None] | None = None, *,
-                       request_id: str = "") -> int:
-        """Stage tombstones, `batch_size` paths a call. Returns how many existed.
-        `progress(n)` gets the number of paths sent so far after each call. `request_id`
-        (none unless given): call i carries batch_request_id(request_id, i)."""
-        if request_id:
-            uuid.UUID(request_id)
-        calls = 0
-        total = 0
-        done = 0
-        batch: list[str] = []
-
-        def flush() -> int:
-            nonlocal calls
-            call_id = batch_request_id(request_id, calls) if request_id else ""
-            calls += 1
-            response = self._unary(self._bm.DeleteObjects, "BranchManager/DeleteObjects",
-                                   bm.DeleteObjectsRequest(repository=repository,
-                                                           branch=branch, paths=batch,
-                                                           request_id=call_id))
-            return response.deleted
-
-        for path in paths:
-            batch.append(path)
-            if len(batch) >= batch_size:
-                total += flush()
-                done += len(batch)
-                batch = []
-                if progress is not None:
-                    progress(done)
-        if batch:
-            total += flush()
-            done += len(batch)
-            if progress is not None:
-                progress(done)
-        return total
-
-    def list_objects(self, repository: str, ref: str, prefix: str = "", delimiter: str = "",
-                     page_size: int = 0, page_token: str = "") -> bm.ListObjectsResponse:
-        """One page: `.entries`, `.common_prefixes` (with a delimiter), `.next_page_token`."""
-        return self._unary(self._bm.ListObjects, "BranchManager/ListObjects",
-                           bm.ListObjectsRequest(repository=repository, ref=ref, prefix=prefix,
-                                                 delimiter=delimiter, page_size=page_size,
-                                                 page_token=page_token))
-
-    def iter_object_pages(self, repository: str, ref: str, prefix: str = "",
-                          delimiter: str = "", page_size: int = 0
-                          ) -> Iterator[bm.ListObjectsResponse]:
-        return self._pages(self.list_objects, repository=repository, ref=ref, prefix=prefix,
-                           delimiter=delimiter, page_size=page_size)
-
-    def iter_objects(self, repository: str, ref: str, prefix: str = "", delimiter: str = "",
-                     page_size: int = 0) -> Iterator[types_pb2.Entry | str]:
-        """Every entry under `prefix`, in path order, following page tokens. With a
-        delimiter, common prefixes come as `str` items in their place in the order."""
-        for page in self.iter_object_pages(repository, ref, prefix, delimiter, page_size):
-            if not page.common_prefixes:
-                yield from page.entries
-                continue
-            yield from heapq.merge(page.entries, page.common_prefixes,
-                                   key=lambda item: item if isinstance(item, str)
-                                   else item.path)
-
-    def diff_uncommitted(self, repository: str, branch: str, prefix: str = "",
-                         page_size: int = 0, page_token: str = ""
-                         ) -> bm.DiffUncommittedResponse:
-        return self._unary(self._bm.DiffUncommitted, "BranchManager/DiffUncommitted",
-                           bm.DiffUncommittedRequest(repository=repository, branch=branch,
-                                                     prefix=prefix, page_size=page_size,
-                                                     page_token=page_token))
-
-    def iter_uncommitted(self, repository: str, branch: str, prefix: str = "",
-                         page_size: int = 0) -> Iterator[types_pb2.Change]:
-        for page in self._pages(self.diff_uncommitted, repository=repository, branch=branch,
-                                prefix=prefix, page_size=page_size):
-            yield from page.changes
-
-    def discard_changes(self, repository: str, branch: str, path: str = "",
-                        prefix: str = "", *, request_id: str | None = None) -> None:
-        """Drop uncommitted changes of one path, of a prefix, or (neither) of everything."""
-        self._unary(self._bm.DiscardChanges, "BranchManager/DiscardChanges",
-                    bm.DiscardChangesRequest(repository=repository, branch=branch, path=path,
-                                             prefix=prefix,
-                                             request_id=_request_id(request_id)))
-
-    # ==== Committer ========================================================================
-
-    def commit(self, repository: str, branch: str, message: str, committer: str = "",
-               metadata: Mapping[str, str] | None = None, allow_empty: bool = False, *,
-               request_id: str | None = None) -> cm.CommitResponse:
-        """`.commit` and its `.summary` (added/removed/changed). NoChanges
-        (FAILED_PRECONDITION) when nothing is staged and not `allow_empty`."""
-        return self._unary(self._cm.Commit, "Committer/Commit",
-                           cm.CommitRequest(repository=repository, branch=branch,
-                                            message=message, committer=committer,
-                                            metadata=dict(metadata or {}),
-                                            allow_empty=allow_empty,
-                                            request_id=_request_id(request_id)))
-
-    def merge(self, repository: str, source_ref: str, destination_branch: str, *,
-              strategy: int | str | None = None, message: str = "", committer: str = "",
-              metadata: Mapping[str, str] | None = None, squash: bool = False,
-              allow_empty: bool = False, dry_run: bool = False,
-              hint_metarange_id: str = "", request_id: str | None = None
-              ) -> cm.MergeResponse:
-        """`strategy`: a MergeStrategy value or 'source-wins' / 'dest-wins'. Conflicts raise
-        FAILED_PRECONDITION / MERGE_CONFLICT (a MergeConflicts message in `exc.details`).
-        A retry after ABORTED / HEAD_MOVED passes the server's hint_metarange_id back."""
-        request = cm.MergeRequest(repository=repository, source_ref=source_ref,
-                                  destination_branch=destination_branch,
-                                  strategy=_strategy(strategy), message=message,
-                                  committer=committer, metadata=dict(metadata or {}),
-                                  squash=squash, allow_empty=allow_empty, dry_run=dry_run,
-                                  hint_metarange_id=hint_metarange_id,
-                                  request_id=_request_id(request_id))
-
-        def use_hint(exc: errors.QuarryError, req: cm.MergeRequest) -> None:
-            for detail in exc.details:
-                if detail.Is(types_pb2.MergeRetryHint.DESCRIPTOR):
-                    hint = types_pb2.MergeRetryHint()
-                    detail.Unpack(hint)
-                    if hint.hint_metarange_id:
-                        req.hint_metarange_id = hint.hint_metarange_id
-
-        return self._unary(self._cm.Merge, "Committer/Merge", request, before_retry=use_hint)
-
-    def revert(self, repository: str, branch: str, ref: str, parent_number: int = 0,
-               message: str = "", committer: str = "", *, request_id: str | None = None
-               ) -> types_pb2.Commit:
-        return self._unary(self._cm.Revert, "Committer/Revert",
-                           cm.RevertRequest(repository=repository, branch=branch, ref=ref,
-                                            parent_number=parent_number, message=message,
-                                            committer=committer,
-                                            request_id=_request_id(request_id))).commit
-
-    def cherry_pick(self, repository: str, branch: str, ref: str, parent_number: int = 0,
-                    message: str = "", committer: str = "", *, request_id: str | None = None
-                    ) -> types_pb2.Commit:
-        return self._unary(self._cm.CherryPick, "Committer/CherryPick",
-                           cm.CherryPickRequest(repository=repository, branch=branch, ref=ref,
-                                                parent_number=parent_number, message=message,
-                                                committer=committer,
-                                                request_id=_request_id(request_id))).commit
-
-    def diff(self, repository: str, left_ref: str, right_ref: str, prefix: str = "",
-             three_dot: bool = False, page_size: int = 0, page_token: str = ""
-             ) -> cm.DiffResponse:
-        """One page of changes from `left_ref` to `right_ref`."""
-        return self._unary(self._cm.Diff, "Committer/Diff",
-                           cm.DiffRequest(repository=repository, left_ref=left_ref,
-                                          right_ref=right_ref, prefix=prefix,
-                                          three_dot=three_dot, page_size=page_size,
-                                          page_token=page_token))
-
-    def iter_diff(self, repository: str, left_ref: str, right_ref: str, prefix: str = "",
-                  three_dot: bool = False, page_size: int = 0) -> Iterator[types_pb2.Change]:
-        for page in self._pages(self.diff, repository=repository, left_ref=left_ref,
-                                right_ref=right_ref, prefix=prefix, three_dot=three_dot,
-                                page_size=page_size):
-            yield from page.changes
-
-    def get_commit(self, repository: str, ref: str) -> types_pb2.Commit:
-        return self._unary(self._cm.GetCommit, "Committer/GetCommit",
-                           cm.GetCommitRequest(repository=repository, ref=ref)).commit
-
-    def log(self, repository: str, ref: str, first_parent: bool = False, page_size: int = 0,
-            page_token: str = "") -> cm.LogResponse:
-        """One page of history from `ref`, newest first."""
-        return self._unary(self._cm.Log, "Committer/Log",
-                           cm.LogRequest(repository=repository, ref=ref,
-                                         first_parent=first_parent, page_size=page_size,
-                                         page_token=page_token))
-
-    def iter_log(self, repository: str, ref: str, first_parent: bool = False,
-                 limit: int | None = None, page_size: int = 0) -> Iterator[types_pb2.Commit]:
-        """History from `ref`; at most `limit` commits (pages are sized to fit)."""
-        if limit is not None and limit <= 0:
-            return
-        if limit is not None and not page_size:
-            page_size = min(limit, 1000)
-        count = 0
-        for page in self._pages(self.log, repository=repository, ref=ref,
-                                first_parent=first_parent, page_size=page_size):
-            for commit in page.commits:
-                yield commit
-                count += 1
-                if limit is not None and count >= limit:
-                    return
-
-    def find_merge_base(self, repository: str, left_ref: str, right_ref: str
-                        ) -> types_pb2.Commit:
-        return self._unary(self._cm.FindMergeBase, "Committer/FindMergeBase",
-                           cm.FindMergeBaseRequest(repository=repository, left_ref=left_ref,
-                                                   right_ref=right_ref)).commit
-
-    def compact(self, repository: str, branch: str, *, request_id: str | None = None
-                ) -> cm.CompactResponse:
-        """Compact the branch's staging area now: `.compacted_metarange_id` and
-        `.tokens_compacted`."""
-        return self._unary(self._cm.Compact, "Committer/Compact",
-                           cm.CompactRequest(repository=repository, branch=branch,
-                                             request_id=_request_id(request_id)))
+        return self._unary(
+            stub.GetServerInfo, "ServerInfo/GetServerInfo", server_info_pb2.GetServerInfoRequest()
+        )
 
     # ==== CompactorSensor ==================================================================
 
@@ -787,26 +169,43 @@ class Client:
         with self._cs_lock:
             if self._cs_stub is None:
                 self._cs_stub = compactor_sensor_pb2_grpc.CompactorSensorStub(
-                    self._cs_channel_factory(self._cs_target))
+                    self._cs_channel_factory(self._cs_target)
+                )
             return self._cs_stub
 
-    def branch_staging_stats(self, repository: str, branch: str
-                             ) -> cs.GetBranchStagingStatsResponse:
+    def branch_staging_stats(
+        self, repository: str, branch: str
+    ) -> cs.GetBranchStagingStatsResponse:
         """The sensor's view of a branch: staged `.puts`, `.deletes` (tombstones),
         `.sealed_tokens` and `.last_compaction` (start time; unset if never)."""
-        return self._unary(self._cs.GetBranchStagingStats,
-                           "CompactorSensor/GetBranchStagingStats",
-                           cs.GetBranchStagingStatsRequest(repository=repository,
-                                                           branch=branch))
+        return self._unary(
+            self._cs.GetBranchStagingStats,
+            "CompactorSensor/GetBranchStagingStats",
+            cs.GetBranchStagingStatsRequest(repository=repository, branch=branch),
+        )
 
     def compaction_candidates(self, page_size: int = 0) -> list[cs.CompactionCandidate]:
         """Branches past a compaction threshold, with the threshold crossed (`.reason`)."""
-        return list(self._unary(self._cs.ListCompactionCandidates,
-                                "CompactorSensor/ListCompactionCandidates",
-                                cs.ListCompactionCandidatesRequest(page_size=page_size)
-                                ).candidates)
+        return list(
+            self._unary(
+                self._cs.ListCompactionCandidates,
+                "CompactorSensor/ListCompactionCandidates",
+                cs.ListCompactionCandidatesRequest(page_size=page_size),
+            ).candidates
+        )
 
 
-__all__ = ["Client", "RetryPolicy", "DeadlineExceeded", "Cancelled", "make_entry", "as_entry",
-           "to_timestamp", "rebuild_error", "Entry", "IncompleteListing", "new_request_id",
-           "batch_request_id"]
+__all__ = [
+    "Client",
+    "RetryPolicy",
+    "DeadlineExceeded",
+    "Cancelled",
+    "make_entry",
+    "as_entry",
+    "to_timestamp",
+    "rebuild_error",
+    "Entry",
+    "IncompleteListing",
+    "new_request_id",
+    "batch_request_id",
+]

@@ -17,14 +17,17 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, TypeVar
 
 import grpc
 from opentelemetry import trace
 
 from quarry import errors
 from quarry.runtime.errors import RETRYABLE_CODES, is_retryable
+
+T = TypeVar("T")
 
 RETRY_EVENT = "quarry.client.retry"
 
@@ -59,11 +62,11 @@ class RetryPolicy:
             raise ValueError("multiplier must be at least 1")
 
     @classmethod
-    def none(cls) -> "RetryPolicy":
+    def none(cls) -> RetryPolicy:
         """Never retry."""
         return cls(max_attempts=1)
 
-    def replace(self, **changes) -> "RetryPolicy":
+    def replace(self, **changes: Any) -> RetryPolicy:
         return dataclasses.replace(self, **changes)
 
     def backoff(self, retry_number: int, rng: Callable[[], float] = random.random) -> float:
@@ -78,16 +81,23 @@ class RetryPolicy:
 class Retrier:
     """Runs one logical call under a RetryPolicy. `attempt()` raises QuarryError."""
 
-    def __init__(self, policy: RetryPolicy, method: str,
-                 sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        method: str,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.policy = policy
         self.method = method
         self._sleep = sleep
         self._clock = clock
 
-    def run(self, attempt: Callable[[int], object],
-            before_retry: Optional[Callable[[errors.QuarryError], bool]] = None):
+    def run(
+        self,
+        attempt: Callable[[int], T],
+        before_retry: Callable[[errors.QuarryError], bool] | None = None,
+    ) -> T:
         """Call `attempt(attempt_number)` until it returns or fails for good.
 
         `before_retry(exc)` may veto a retry (return False), e.g. when a stream cannot be
@@ -118,20 +128,24 @@ class Retrier:
                 number += 1
 
 
-def _record_retry(method: str, attempt: int, exc: errors.QuarryError, delay: float,
-                  source: str, elapsed: float) -> None:
+def _record_retry(
+    method: str, attempt: int, exc: errors.QuarryError, delay: float, source: str, elapsed: float
+) -> None:
     span = trace.get_current_span()
     code = exc.code.name if isinstance(exc.code, grpc.StatusCode) else str(exc.code)
-    span.add_event(RETRY_EVENT, {
-        "rpc.method": method,
-        "quarry.retry.attempt": attempt,
-        "rpc.grpc.status_code": code,
-        "quarry.error.reason": exc.reason,
-        "quarry.error.message": str(exc)[:500],
-        "quarry.retry.delay_seconds": float(delay),
-        "quarry.retry.delay_source": source,
-        "quarry.retry.elapsed_seconds": float(elapsed),
-    })
+    span.add_event(
+        RETRY_EVENT,
+        {
+            "rpc.method": method,
+            "quarry.retry.attempt": attempt,
+            "rpc.grpc.status_code": code,
+            "quarry.error.reason": exc.reason,
+            "quarry.error.message": str(exc)[:500],
+            "quarry.retry.delay_seconds": float(delay),
+            "quarry.retry.delay_source": source,
+            "quarry.retry.elapsed_seconds": float(elapsed),
+        },
+    )
 
 
 __all__ = ["RetryPolicy", "Retrier", "RETRY_EVENT"]

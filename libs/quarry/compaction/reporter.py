@@ -19,7 +19,7 @@ import threading
 import grpc
 from prometheus_client import Counter
 
-from quarry.runtime.channels import CHANNEL_OPTIONS
+from quarry.runtime.channels import open_channel
 from quarry.runtime.periodic import PeriodicWorker
 from quarry.v1 import compactor_sensor_pb2 as pb
 from quarry.v1 import compactor_sensor_pb2_grpc
@@ -40,7 +40,7 @@ class StagingReporter:
                  timeout_seconds: float = 1.0, max_pending: int = 100_000):
         if isinstance(target, str):
             # Not traced on purpose: background batches belong to no user request.
-            self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+            self._channel = open_channel(target, traced=False)
             self._owns_channel = True
         else:
             self._channel, self._owns_channel = target, False

@@ -155,6 +155,33 @@ class MergeStrategy(enum.IntEnum):
     SOURCE_WINS = 1
     DEST_WINS = 2
 
+    @classmethod
+    def parse(cls, value: MergeStrategy | int | str | None) -> MergeStrategy:
+        """The one parser of merge strategies (CLI, client, servicers). None, "" and
+        "default" are DEFAULT; a number is taken as the wire enum's; a name may be written
+        'source-wins', 'source_wins' (any case) or as the wire enum's
+        'MERGE_STRATEGY_SOURCE_WINS' ('MERGE_STRATEGY_UNSPECIFIED' is DEFAULT). ValueError
+        for anything else."""
+        if value is None:
+            return cls.DEFAULT
+        if isinstance(value, int):  # a member, or a wire number
+            try:
+                return cls(value)
+            except ValueError:
+                raise ValueError(f"unknown merge strategy {value}") from None
+        name = value
+        if name.startswith("MERGE_STRATEGY_"):  # the wire enum's own names
+            name = name.removeprefix("MERGE_STRATEGY_")
+            if name == "UNSPECIFIED":
+                return cls.DEFAULT
+        name = name.lower().replace("-", "_")
+        if name in ("", "default"):
+            return cls.DEFAULT
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            raise ValueError(f"unknown merge strategy {value!r}") from None
+
 
 @dataclass(frozen=True, slots=True)
 class Conflict:

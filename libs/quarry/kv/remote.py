@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import bisect
 import threading
-from typing import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
+from quarry.batching import batches
 from quarry.kv import store as kv
 from quarry.runtime.channels import channel_for
-from quarry.runtime.errors import from_rpc_error
+from quarry.runtime.errors import domain_errors
 from quarry.v1 import kv_pb2, kv_pb2_grpc
 
 # Items per BatchGet/BatchSet/BatchDelete request: keeps messages well under gRPC limits
@@ -40,15 +43,14 @@ class RemoteStore(kv.Store):
         self._stub = kv_pb2_grpc.KVGatewayStub(self._channel)
         self._timeout = timeout
 
-    def _call(self, method, request):
-        try:
+    def _call(self, method: Callable[..., Any], request: Message) -> Any:
+        with domain_errors():
             return method(request, timeout=self._timeout)
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
 
     def get(self, partition: bytes, key: bytes) -> kv.GetResult:
-        response = self._call(self._stub.GetItem,
-                              kv_pb2.GetItemRequest(partition_key=partition, key=key))
+        response = self._call(
+            self._stub.GetItem, kv_pb2.GetItemRequest(partition_key=partition, key=key)
+        )
         return kv.GetResult(value=response.value, predicate=response.predicate)
 
     def set(self, partition: bytes, key: bytes, value: bytes) -> None:
@@ -57,69 +59,78 @@ class RemoteStore(kv.Store):
             request.value = value
         self._call(self._stub.SetItem, request)
 
-    def set_if(self, partition: bytes, key: bytes, value: bytes,
-               predicate: kv.Predicate) -> None:
-        request = kv_pb2.SetItemIfRequest(partition_key=partition, key=key,
-                                          **_predicate_fields(predicate))
+    def set_if(self, partition: bytes, key: bytes, value: bytes, predicate: kv.Predicate) -> None:
+        request = kv_pb2.SetItemIfRequest(
+            partition_key=partition, key=key, **_predicate_fields(predicate)
+        )
         if value is not None:
             request.value = value
         self._call(self._stub.SetItemIf, request)
 
     def delete(self, partition: bytes, key: bytes) -> None:
-        self._call(self._stub.DeleteItem,
-                   kv_pb2.DeleteItemRequest(partition_key=partition, key=key))
+        self._call(
+            self._stub.DeleteItem, kv_pb2.DeleteItemRequest(partition_key=partition, key=key)
+        )
 
-    def scan(self, partition: bytes, start: bytes = b"", end: bytes | None = None,
-             batch_size: int = kv.DEFAULT_SCAN_BATCH_SIZE) -> kv.ScanIterator:
+    def scan(
+        self,
+        partition: bytes,
+        start: bytes = b"",
+        end: bytes | None = None,
+        batch_size: int = kv.DEFAULT_SCAN_BATCH_SIZE,
+    ) -> kv.ScanIterator:
         # Validate eagerly so a bad call fails where it is made, like local backends.
         kv.check_partition(partition)
         return _RemoteScanIterator(self, partition, start, end, batch_size)
 
     def batch_get(self, items: Sequence[tuple[bytes, bytes]]) -> list[kv.GetResult | None]:
         results: list[kv.GetResult | None] = []
-        for offset in range(0, len(items), BATCH_ITEMS):
-            chunk = items[offset:offset + BATCH_ITEMS]
-            response = self._call(self._stub.BatchGetItems, kv_pb2.BatchGetItemsRequest(
-                items=[kv_pb2.ItemKey(partition_key=p, key=k) for p, k in chunk]))
-            results.extend(kv.GetResult(value=r.value, predicate=r.predicate) if r.found
-                           else None for r in response.items)
+        for chunk in batches(items, BATCH_ITEMS):
+            response = self._call(
+                self._stub.BatchGetItems,
+                kv_pb2.BatchGetItemsRequest(
+                    items=[kv_pb2.ItemKey(partition_key=p, key=k) for p, k in chunk]
+                ),
+            )
+            results.extend(
+                kv.GetResult(value=r.value, predicate=r.predicate) if r.found else None
+                for r in response.items
+            )
         return results
 
     def batch_set(self, items: Sequence[tuple[bytes, bytes, bytes]]) -> None:
         for p, k, v in items:
             if v is None:  # proto bytes cannot carry None; fail like local backends
                 kv.check_item(p, k, v)
-        for chunk in _chunks_by_size(items):
-            self._call(self._stub.BatchSetItems, kv_pb2.BatchSetItemsRequest(
-                items=[kv_pb2.Item(partition_key=p, key=k, value=v) for p, k, v in chunk]))
+        for chunk in batches(items, BATCH_ITEMS, BATCH_BYTES, _item_size):
+            self._call(
+                self._stub.BatchSetItems,
+                kv_pb2.BatchSetItemsRequest(
+                    items=[kv_pb2.Item(partition_key=p, key=k, value=v) for p, k, v in chunk]
+                ),
+            )
 
     def batch_delete(self, items: Sequence[tuple[bytes, bytes]]) -> None:
-        for offset in range(0, len(items), BATCH_ITEMS):
-            chunk = items[offset:offset + BATCH_ITEMS]
-            self._call(self._stub.BatchDeleteItems, kv_pb2.BatchDeleteItemsRequest(
-                items=[kv_pb2.ItemKey(partition_key=p, key=k) for p, k in chunk]))
+        for chunk in batches(items, BATCH_ITEMS):
+            self._call(
+                self._stub.BatchDeleteItems,
+                kv_pb2.BatchDeleteItemsRequest(
+                    items=[kv_pb2.ItemKey(partition_key=p, key=k) for p, k in chunk]
+                ),
+            )
 
     def capacity_report(self, top_n: int = 10) -> kv_pb2.GetCapacityReportResponse:
-        return self._call(self._stub.GetCapacityReport,
-                          kv_pb2.GetCapacityReportRequest(top_n=top_n))
+        return self._call(
+            self._stub.GetCapacityReport, kv_pb2.GetCapacityReportRequest(top_n=top_n)
+        )
 
     def close(self) -> None:
         if self._owns_channel:
             self._channel.close()
 
 
-def _chunks_by_size(items: Sequence[tuple[bytes, bytes, bytes]]):
-    chunk: list[tuple[bytes, bytes, bytes]] = []
-    size = 0
-    for item in items:
-        item_bytes = kv.item_size(*item)
-        if chunk and (len(chunk) >= BATCH_ITEMS or size + item_bytes > BATCH_BYTES):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(item)
-        size += item_bytes
-    if chunk:
-        yield chunk
+def _item_size(item: tuple[bytes, bytes, bytes]) -> int:
+    return kv.item_size(*item)
 
 
 class _RemoteScanIterator(kv.ScanIterator):
@@ -129,8 +140,9 @@ class _RemoteScanIterator(kv.ScanIterator):
     abandoned iterator pins no gateway thread. seek_ge repositions inside the current page
     when it can, else the next page starts at the target key."""
 
-    def __init__(self, store: RemoteStore, partition: bytes, start: bytes,
-                 end: bytes | None, batch_size: int):
+    def __init__(
+        self, store: RemoteStore, partition: bytes, start: bytes, end: bytes | None, batch_size: int
+    ):
         self._store = store
         self._partition = partition
         self._end = end
@@ -151,17 +163,19 @@ class _RemoteScanIterator(kv.ScanIterator):
 
     def _fetch_page(self) -> None:
         want = self._batch_size + (1 if self._skip_key is not None else 0)
-        request = kv_pb2.ScanItemsRequest(partition_key=self._partition,
-                                          start_key=self._next_start,
-                                          end_key=self._end or b"", batch_size=want,
-                                          limit=want)
-        try:
-            items = [kv.KeyValue(key=item.key, value=item.value)
-                     for response in self._store._stub.ScanItems(
-                         request, timeout=self._store._timeout)
-                     for item in response.items]
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
+        request = kv_pb2.ScanItemsRequest(
+            partition_key=self._partition,
+            start_key=self._next_start,
+            end_key=self._end or b"",
+            batch_size=want,
+            limit=want,
+        )
+        with domain_errors():
+            items = [
+                kv.KeyValue(key=item.key, value=item.value)
+                for response in self._store._stub.ScanItems(request, timeout=self._store._timeout)
+                for item in response.items
+            ]
         self._exhausted = len(items) < want
         if items and self._skip_key is not None and items[0].key == self._skip_key:
             items = items[1:]

@@ -20,16 +20,19 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def open_channel(target: str) -> grpc.Channel:
-    """An insecure channel to `target` ("host:port"), traced when tracing is on."""
-    return telemetry.instrument_channel(grpc.insecure_channel(target, options=CHANNEL_OPTIONS))
+def open_channel(target: str, *, traced: bool = True) -> grpc.Channel:
+    """An insecure channel to `target` ("host:port"): the one place channels are opened.
+    Traced when tracing is on, unless `traced=False` (background traffic that belongs to
+    no request, such as staging reports and readiness probes)."""
+    channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    return telemetry.instrument_channel(channel) if traced else channel
 
 
 def open_service_channel(target: str) -> tuple[grpc.Channel, grpc.Channel]:
     """(raw, traced) views of ONE channel to another Quarry service: data calls go through
     `traced`; the readiness probe (quarry.runtime.server.service_dependency) uses `raw`, so
     probing makes no spans yet proves the connection the data calls use. Close `raw`."""
-    raw = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    raw = open_channel(target, traced=False)
     return raw, telemetry.instrument_channel(raw)
 
 

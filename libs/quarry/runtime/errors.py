@@ -5,8 +5,9 @@ an ErrorInfo (reason, domain quarry.dev, metadata), optional RetryInfo and the e
 typed details. Anything else becomes INTERNAL with an opaque incident id; the traceback is
 logged, never sent.
 
-Client side: `raise_from_rpc_error` rebuilds the most specific QuarryError subclass from the
-ErrorInfo reason, so remote stores and clients raise the same exceptions as local ones.
+Client side: `from_rpc_error` rebuilds the most specific QuarryError subclass from the
+ErrorInfo reason, so remote stores and clients raise the same exceptions as local ones;
+every client call runs inside `domain_errors`, the context manager that does so.
 
 Message size limits: gRPC itself fails an oversized message with a bare RESOURCE_EXHAUSTED
 ("... message larger than max ..."). The interceptor refuses a response over the server's
@@ -21,7 +22,8 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
@@ -50,10 +52,12 @@ def _cut(text: str, limit: int) -> str:
 
 
 def to_status(exc: errors.QuarryError) -> status_pb2.Status:
-    metadata = {key: _cut(value, MAX_METADATA_VALUE_CHARS)
-                for key, value in (exc.metadata or {}).items()}
-    info = error_details_pb2.ErrorInfo(reason=exc.reason, domain=errors.ERROR_DOMAIN,
-                                       metadata=metadata)
+    metadata = {
+        key: _cut(value, MAX_METADATA_VALUE_CHARS) for key, value in (exc.metadata or {}).items()
+    }
+    info = error_details_pb2.ErrorInfo(
+        reason=exc.reason, domain=errors.ERROR_DOMAIN, metadata=metadata
+    )
     details = [info]
     if exc.retry_delay is not None:
         delay = duration_pb2.Duration()
@@ -76,10 +80,7 @@ def _internal_status(exc: BaseException) -> status_pb2.Status:
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
-    if isinstance(exc, errors.QuarryError):
-        status = to_status(exc)
-    else:
-        status = _internal_status(exc)
+    status = to_status(exc) if isinstance(exc, errors.QuarryError) else _internal_status(exc)
     context.abort_with_status(rpc_status.to_status(status))
 
 
@@ -92,7 +93,11 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         # Wrapped handlers by the handler they wrap: built once per method, not per call.
         self._wrapped: dict[int, tuple[Any, Any]] = {}
 
-    def intercept_service(self, continuation, handler_call_details):
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
         if handler is None:
             return None
@@ -104,7 +109,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         return wrapped
 
     @staticmethod
-    def _wrap(handler, limit: int):
+    def _wrap(handler: Any, limit: int) -> Any:  # a grpc RpcMethodHandler (a namedtuple)
         if handler.unary_unary:
             return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, limit))
         if handler.unary_stream:
@@ -126,7 +131,8 @@ def _checked_size(response: Any, limit: int) -> Any:
             raise errors.MessageTooLarge(
                 f"the response is {size} bytes, over the {limit}-byte message limit; ask "
                 f"for a smaller page or batch",
-                metadata={"size_bytes": str(size), "limit_bytes": str(limit)})
+                metadata={"size_bytes": str(size), "limit_bytes": str(limit)},
+            )
     return response
 
 
@@ -137,7 +143,7 @@ def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
 
 def _wrap_unary(behavior: Callable, limit: int) -> Callable:
     @functools.wraps(behavior)
-    def wrapper(request_or_iterator: Any, context: grpc.ServicerContext):
+    def wrapper(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
         try:
             return _checked_size(behavior(request_or_iterator, context), limit)
         except Exception as exc:  # noqa: BLE001 — every error must become a status
@@ -164,6 +170,7 @@ def _wrap_stream(behavior: Callable, limit: int) -> Callable:
 
 # ---- client side ------------------------------------------------------------------------
 
+
 def _all_error_classes() -> dict[str, type[errors.QuarryError]]:
     found: dict[str, type[errors.QuarryError]] = {}
     stack = [errors.QuarryError]
@@ -175,7 +182,9 @@ def _all_error_classes() -> dict[str, type[errors.QuarryError]]:
     return found
 
 
-def error_info(error: grpc.RpcError) -> tuple[error_details_pb2.ErrorInfo | None, list[any_pb2.Any]]:
+def error_info(
+    error: grpc.RpcError,
+) -> tuple[error_details_pb2.ErrorInfo | None, list[any_pb2.Any]]:
     status = rpc_status.from_call(error) if hasattr(error, "trailing_metadata") else None
     if status is None:
         return None, []
@@ -197,8 +206,11 @@ def from_rpc_error(error: grpc.RpcError) -> errors.QuarryError:
         info, details = None, []
     cls: type[errors.QuarryError] = errors.error_class_for(code)
     metadata: dict[str, str] = {}
-    if (info is None and code == grpc.StatusCode.RESOURCE_EXHAUSTED
-            and _GRPC_SIZE_REFUSAL in (message or "").lower()):
+    if (
+        info is None
+        and code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        and _GRPC_SIZE_REFUSAL in (message or "").lower()
+    ):
         # gRPC's own refusal of an oversized message: permanent, not throttling.
         cls = errors.MessageTooLarge
     if info is not None and info.domain == errors.ERROR_DOMAIN:
@@ -222,9 +234,38 @@ def from_rpc_error(error: grpc.RpcError) -> errors.QuarryError:
     return exc
 
 
+class domain_errors:  # lower case: used like a function, `with domain_errors(): ...`
+    """The one place client code turns a failed call into a domain error: a grpc.RpcError
+    raised inside the block leaves it as the QuarryError it carries (from_rpc_error).
+
+        with domain_errors():
+            response = stub.GetItem(request, timeout=timeout)
+
+    `source_error`: for a request stream fed by the caller's own iterable, a function
+    returning the exception that iterable raised (gRPC reports such a call only as
+    cancelled); when it returns one, that exception is raised instead."""
+
+    __slots__ = ("_source_error",)
+
+    def __init__(self, source_error: Callable[[], BaseException | None] | None = None) -> None:
+        self._source_error = source_error
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, _traceback: object
+    ) -> None:
+        if not isinstance(exc, grpc.RpcError):
+            return
+        cause = self._source_error() if self._source_error is not None else None
+        raise (cause if cause is not None else from_rpc_error(exc)) from None
+
+
 # RESOURCE_EXHAUSTED is retried only with a RetryInfo (throttling): see is_retryable.
-RETRYABLE_CODES = frozenset({grpc.StatusCode.ABORTED, grpc.StatusCode.UNAVAILABLE,
-                             grpc.StatusCode.RESOURCE_EXHAUSTED})
+RETRYABLE_CODES = frozenset(
+    {grpc.StatusCode.ABORTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
+)
 
 
 def is_retryable(exc: errors.QuarryError, codes: frozenset = RETRYABLE_CODES) -> bool:
@@ -238,5 +279,13 @@ def is_retryable(exc: errors.QuarryError, codes: frozenset = RETRYABLE_CODES) ->
         return exc.retry_delay is not None
     return True
 
-__all__ = ["ErrorInterceptor", "to_status", "from_rpc_error", "error_info", "RETRYABLE_CODES",
-           "is_retryable"]
+
+__all__ = [
+    "ErrorInterceptor",
+    "to_status",
+    "from_rpc_error",
+    "domain_errors",
+    "error_info",
+    "RETRYABLE_CODES",
+    "is_retryable",
+]

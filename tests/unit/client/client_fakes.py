@@ -8,13 +8,13 @@ import time
 from concurrent import futures
 
 import grpc
+
 from quarry import errors
 from quarry.client import Client, RetryPolicy
 from quarry.runtime.errors import ErrorInterceptor
 from quarry.v1 import branch_manager_pb2 as bm
-from quarry.v1 import branch_manager_pb2_grpc
+from quarry.v1 import branch_manager_pb2_grpc, committer_pb2_grpc, types_pb2
 from quarry.v1 import committer_pb2 as cm
-from quarry.v1 import committer_pb2_grpc, types_pb2
 
 
 class Script:
@@ -52,8 +52,10 @@ class _Forever(list):
 
 
 def _entries(n: int, prefix: str = "") -> list[types_pb2.Entry]:
-    return [types_pb2.Entry(path=f"{prefix}{i:05d}", physical_address=f"s3://b/{i}",
-                            size_bytes=i) for i in range(n)]
+    return [
+        types_pb2.Entry(path=f"{prefix}{i:05d}", physical_address=f"s3://b/{i}", size_bytes=i)
+        for i in range(n)
+    ]
 
 
 class FakeBranchManager(branch_manager_pb2_grpc.BranchManagerServicer):
@@ -65,15 +67,21 @@ class FakeBranchManager(branch_manager_pb2_grpc.BranchManagerServicer):
         self.stream_failures = 0
         self.fail_after = 2
         self.stream_error: BaseException = errors.Aborted("lost a race")
-        self.objects = [types_pb2.Entry(path=p, size_bytes=1) for p in
-                        ("a.csv", "b/1", "b/2", "c.csv", "d/x", "e.csv")]
+        self.objects = [
+            types_pb2.Entry(path=p, size_bytes=1)
+            for p in ("a.csv", "b/1", "b/2", "c.csv", "d/x", "e.csv")
+        ]
         self.delay = 0.0
 
     def CreateRepository(self, request, context):
         self.script.enter("CreateRepository", request)
-        return bm.CreateRepositoryResponse(repository=types_pb2.Repository(
-            name=request.name, storage_namespace=request.storage_namespace,
-            default_branch=request.default_branch or "main"))
+        return bm.CreateRepositoryResponse(
+            repository=types_pb2.Repository(
+                name=request.name,
+                storage_namespace=request.storage_namespace,
+                default_branch=request.default_branch or "main",
+            )
+        )
 
     def GetRepository(self, request, context):
         self.script.enter("GetRepository", request)
@@ -83,18 +91,18 @@ class FakeBranchManager(branch_manager_pb2_grpc.BranchManagerServicer):
 
     def GetBranch(self, request, context):
         self.script.enter("GetBranch", request)
-        return bm.GetBranchResponse(branch=types_pb2.Branch(name=request.name,
-                                                            commit_id="c1"))
+        return bm.GetBranchResponse(branch=types_pb2.Branch(name=request.name, commit_id="c1"))
 
     def ListBranches(self, request, context):
         self.script.enter("ListBranches", request)
         names = [f"b{i}" for i in range(7)]
         start = int(request.page_token or 0)
         size = request.page_size or 3
-        page = names[start:start + size]
+        page = names[start : start + size]
         token = str(start + size) if start + size < len(names) else ""
-        return bm.ListBranchesResponse(branches=[types_pb2.Branch(name=n) for n in page],
-                                       next_page_token=token)
+        return bm.ListBranchesResponse(
+            branches=[types_pb2.Branch(name=n) for n in page], next_page_token=token
+        )
 
     def PutObject(self, request, context):
         self.script.enter("PutObject", request)
@@ -125,7 +133,7 @@ class FakeBranchManager(branch_manager_pb2_grpc.BranchManagerServicer):
         for entry in self.objects:
             if not entry.path.startswith(request.prefix):
                 continue
-            rest = entry.path[len(request.prefix):]
+            rest = entry.path[len(request.prefix) :]
             if request.delimiter and request.delimiter in rest:
                 common = request.prefix + rest.split(request.delimiter)[0] + request.delimiter
                 if common not in seen:
@@ -135,11 +143,13 @@ class FakeBranchManager(branch_manager_pb2_grpc.BranchManagerServicer):
                 items.append(entry)
         start = int(request.page_token or 0)
         size = request.page_size or 1000
-        page = items[start:start + size]
+        page = items[start : start + size]
         token = str(start + size) if start + size < len(items) else ""
         return bm.ListObjectsResponse(
             entries=[i for i in page if not isinstance(i, str)],
-            common_prefixes=[i for i in page if isinstance(i, str)], next_page_token=token)
+            common_prefixes=[i for i in page if isinstance(i, str)],
+            next_page_token=token,
+        )
 
 
 class FakeCommitter(committer_pb2_grpc.CommitterServicer):
@@ -148,9 +158,10 @@ class FakeCommitter(committer_pb2_grpc.CommitterServicer):
 
     def Commit(self, request, context):
         self.script.enter("Commit", request)
-        return cm.CommitResponse(commit=types_pb2.Commit(id="c2", message=request.message,
-                                                         metadata=request.metadata),
-                                 summary=types_pb2.DiffSummary(added=1))
+        return cm.CommitResponse(
+            commit=types_pb2.Commit(id="c2", message=request.message, metadata=request.metadata),
+            summary=types_pb2.DiffSummary(added=1),
+        )
 
     def Merge(self, request, context):
         self.script.enter("Merge", request)
@@ -161,7 +172,7 @@ class FakeCommitter(committer_pb2_grpc.CommitterServicer):
         commits = [types_pb2.Commit(id=f"c{i}") for i in range(10, 0, -1)]
         start = int(request.page_token or 0)
         size = request.page_size or 4
-        page = commits[start:start + size]
+        page = commits[start : start + size]
         token = str(start + size) if start + size < len(commits) else ""
         return cm.LogResponse(commits=page, next_page_token=token)
 
@@ -171,10 +182,12 @@ class Fake:
         self.script = Script()
         self.branch_manager = FakeBranchManager(self.script)
         self.committer = FakeCommitter(self.script)
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
-                                  interceptors=[ErrorInterceptor()])
-        branch_manager_pb2_grpc.add_BranchManagerServicer_to_server(self.branch_manager,
-                                                                    self.server)
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=8), interceptors=[ErrorInterceptor()]
+        )
+        branch_manager_pb2_grpc.add_BranchManagerServicer_to_server(
+            self.branch_manager, self.server
+        )
         committer_pb2_grpc.add_CommitterServicer_to_server(self.committer, self.server)
         port = self.server.add_insecure_port("127.0.0.1:0")
         self.target = f"127.0.0.1:{port}"

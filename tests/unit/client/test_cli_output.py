@@ -28,8 +28,9 @@ def test_progress_draws_only_when_enabled():
 
 def test_progress_bar_throttles_and_finishes():
     stream, clock = io.StringIO(), Clock()
-    bar = Progress("uploading", 4, unit="files", stream=stream, enabled=True, clock=clock,
-                   min_interval=1.0)
+    bar = Progress(
+        "uploading", 4, unit="files", stream=stream, enabled=True, clock=clock, min_interval=1.0
+    )
     clock.now = 2.0
     bar.advance()  # drawn
     bar.advance()  # throttled
@@ -54,11 +55,14 @@ def test_progress_without_total_and_clear():
 
 def test_table_and_fields():
     out = io.StringIO()
-    output.table(["NAME", "SIZE", "PATH"], [("a", 5, "x/y"), ("long-name", 12345, "z")],
-                 out, right=[1])
-    assert out.getvalue().splitlines() == ["NAME        SIZE  PATH",
-                                           "a              5  x/y",
-                                           "long-name  12345  z"]
+    output.table(
+        ["NAME", "SIZE", "PATH"], [("a", 5, "x/y"), ("long-name", 12345, "z")], out, right=[1]
+    )
+    assert out.getvalue().splitlines() == [
+        "NAME        SIZE  PATH",
+        "a              5  x/y",
+        "long-name  12345  z",
+    ]
     out = io.StringIO()
     output.fields([("path", "a"), ("checksum", "abc")], out)
     assert out.getvalue() == "path:     a\nchecksum: abc\n"

@@ -12,8 +12,9 @@ from quarry.v1 import types_pb2
 
 
 def test_from_settings_and_context_manager(fake):
-    settings = load_settings(env={}, branch_manager_address=fake.target,
-                             committer_address=fake.target)
+    settings = load_settings(
+        env={}, branch_manager_address=fake.target, committer_address=fake.target
+    )
     with Client.from_settings(settings, timeout=5) as client:
         repo = client.create_repository("lake", "/tmp/lake")
         assert (repo.name, repo.default_branch) == ("lake", "main")
@@ -24,15 +25,23 @@ def test_from_settings_and_context_manager(fake):
 
 
 def test_put_object_from_keywords(fake, client):
-    when = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc)
-    entry = client.put_object("repo", "main", path="a/b.csv", physical_address="s3://x/y",
-                              size_bytes=12, checksum="abc", mtime=when,
-                              content_type="text/csv", metadata={"owner": "me"},
-                              if_absent=True)
+    when = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.UTC)
+    entry = client.put_object(
+        "repo",
+        "main",
+        path="a/b.csv",
+        physical_address="s3://x/y",
+        size_bytes=12,
+        checksum="abc",
+        mtime=when,
+        content_type="text/csv",
+        metadata={"owner": "me"},
+        if_absent=True,
+    )
     assert entry.path == "a/b.csv"
     request = fake.script.requests["PutObject"][0]
     assert request.if_absent is True
-    assert request.entry.mtime.ToDatetime(tzinfo=dt.timezone.utc) == when
+    assert request.entry.mtime.ToDatetime(tzinfo=dt.UTC) == when
     assert dict(request.entry.metadata) == {"owner": "me"}
     with pytest.raises(TypeError):
         client.put_object("repo", "main", make_entry("a"), path="b")
@@ -62,8 +71,9 @@ def test_iter_log_limit_sizes_pages(fake, client):
 
 def test_delete_objects_in_batches(fake, client):
     done = []
-    deleted = client.delete_objects("repo", "main", (f"p{i}" for i in range(25)),
-                                    batch_size=10, progress=done.append)
+    deleted = client.delete_objects(
+        "repo", "main", (f"p{i}" for i in range(25)), batch_size=10, progress=done.append
+    )
     assert deleted == 25
     assert [len(r.paths) for r in fake.script.requests["DeleteObjects"]] == [10, 10, 5]
     assert done == [10, 20, 25]
@@ -73,8 +83,7 @@ def test_delete_objects_in_batches(fake, client):
 def test_make_entry_timestamps():
     assert make_entry("p", mtime=None).HasField("mtime") is False
     naive = make_entry("p", mtime=dt.datetime(2024, 1, 1))
-    assert naive.mtime.seconds == int(dt.datetime(2024, 1, 1,
-                                                  tzinfo=dt.timezone.utc).timestamp())
+    assert naive.mtime.seconds == int(dt.datetime(2024, 1, 1, tzinfo=dt.UTC).timestamp())
     stamp = types_pb2.Entry(path="x").mtime
     stamp.seconds = 7
     assert make_entry("p", mtime=stamp).mtime.seconds == 7

@@ -9,16 +9,16 @@ from concurrent import futures
 
 import grpc
 import pytest
-
 from client_fakes import entries
+
 from quarry import errors, telemetry
 from quarry.client import RETRY_EVENT, Client, RetryPolicy
 from quarry.client.retry import Retrier
 from quarry.graveler import errors as gerrors
 from quarry.v1 import types_pb2
 
-
 # ---- the policy on its own (fake clock, no sleeping) -------------------------------------
+
 
 class FakeClock:
     def __init__(self):
@@ -45,8 +45,7 @@ def test_backoff_grows_exponentially_with_jitter_and_caps():
 
 def test_retrier_stops_at_the_budget_without_oversleeping():
     clock = FakeClock()
-    policy = RetryPolicy(base_delay=0.1, max_delay=0.4, jitter=0.0, budget=1.0,
-                         max_attempts=0)
+    policy = RetryPolicy(base_delay=0.1, max_delay=0.4, jitter=0.0, budget=1.0, max_attempts=0)
     attempts = []
 
     def attempt(n):
@@ -69,8 +68,9 @@ def test_retrier_honours_max_attempts():
         raise errors.ResourceExhausted("throttled", retry_delay=0.01)
 
     with pytest.raises(errors.ResourceExhausted):
-        Retrier(RetryPolicy(max_attempts=3, budget=100), "X", sleep=clock.sleep,
-                clock=clock).run(attempt)
+        Retrier(RetryPolicy(max_attempts=3, budget=100), "X", sleep=clock.sleep, clock=clock).run(
+            attempt
+        )
     assert attempts == [1, 2, 3]
 
 
@@ -84,8 +84,10 @@ def test_retrier_uses_the_server_delay():
             raise item
         return item
 
-    assert Retrier(RetryPolicy(base_delay=0.01), "X", sleep=clock.sleep,
-                   clock=clock).run(attempt) == "ok"
+    assert (
+        Retrier(RetryPolicy(base_delay=0.01), "X", sleep=clock.sleep, clock=clock).run(attempt)
+        == "ok"
+    )
     assert clock.sleeps == [0.75]
 
 
@@ -99,6 +101,7 @@ def test_policy_rejects_nonsense():
 
 # ---- against the fake server ---------------------------------------------------------------
 
+
 def test_aborted_is_retried_until_it_succeeds(fake, client):
     fake.script.fail("GetBranch", *(errors.Aborted("lost a race") for _ in range(3)))
     branch = client.get_branch("repo", "main")
@@ -107,17 +110,19 @@ def test_aborted_is_retried_until_it_succeeds(fake, client):
 
 
 def test_domain_subclass_with_retryable_code_is_retried(fake, client):
-    fake.script.fail("Commit", gerrors.BranchContended("kept changing"),
-                     errors.ResourceExhausted("throttled", retry_delay=0.01),
-                     errors.Unavailable("restarting"))
+    fake.script.fail(
+        "Commit",
+        gerrors.BranchContended("kept changing"),
+        errors.ResourceExhausted("throttled", retry_delay=0.01),
+        errors.Unavailable("restarting"),
+    )
     outcome = client.commit("repo", "main", "msg", metadata={"k": "v"})
     assert outcome.commit.id == "c2" and outcome.summary.added == 1
     assert fake.script.calls["Commit"] == 4
 
 
 def test_failed_precondition_is_not_retried(fake, client):
-    fake.script.fail("Commit", gerrors.NoChanges("nothing to commit",
-                                                 metadata={"branch": "main"}))
+    fake.script.fail("Commit", gerrors.NoChanges("nothing to commit", metadata={"branch": "main"}))
     with pytest.raises(errors.FailedPrecondition) as caught:
         client.commit("repo", "main", "msg")
     assert isinstance(caught.value, gerrors.NoChanges)
@@ -141,9 +146,8 @@ def test_gives_up_within_the_budget(fake):
 
 def test_no_retry_policy(fake):
     fake.script.fail("GetBranch", errors.Aborted("lost"))
-    with fake.client(retry=RetryPolicy.none()) as client:
-        with pytest.raises(errors.Aborted):
-            client.get_branch("repo", "main")
+    with fake.client(retry=RetryPolicy.none()) as client, pytest.raises(errors.Aborted):
+        client.get_branch("repo", "main")
     assert fake.script.calls["GetBranch"] == 1
 
 
@@ -174,21 +178,29 @@ def test_unreachable_server_is_unavailable_after_the_budget():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     policy = RetryPolicy(base_delay=0.01, max_delay=0.05, budget=0.3)
-    with Client(f"127.0.0.1:{port}", f"127.0.0.1:{port}", retry=policy, timeout=2) as client:
-        with pytest.raises(errors.Unavailable) as caught:
-            client.get_repository("repo")
+    with (
+        Client(f"127.0.0.1:{port}", f"127.0.0.1:{port}", retry=policy, timeout=2) as client,
+        pytest.raises(errors.Unavailable) as caught,
+    ):
+        client.get_repository("repo")
     assert caught.value.reason == "UNAVAILABLE"
 
 
 def test_each_retry_is_a_span_event(fake, client):
     exporter = telemetry.use_in_memory_exporter()
     exporter.clear()
-    fake.script.fail("GetBranch", errors.Aborted("lost a race"),
-                     errors.ResourceExhausted("throttled", retry_delay=0.01))
+    fake.script.fail(
+        "GetBranch",
+        errors.Aborted("lost a race"),
+        errors.ResourceExhausted("throttled", retry_delay=0.01),
+    )
     with telemetry.tracer("test").start_as_current_span("caller") as span:
         client.get_branch("repo", "main")
-    finished = [s for s in exporter.get_finished_spans()
-                if s.context.span_id == span.get_span_context().span_id]
+    finished = [
+        s
+        for s in exporter.get_finished_spans()
+        if s.context.span_id == span.get_span_context().span_id
+    ]
     events = [e for e in finished[0].events if e.name == RETRY_EVENT]
     assert [e.attributes["quarry.retry.attempt"] for e in events] == [1, 2]
     assert events[0].attributes["rpc.grpc.status_code"] == "ABORTED"
@@ -212,13 +224,13 @@ def test_merge_retry_passes_the_hint_back(fake, client):
 
 # ---- PutObjects ------------------------------------------------------------------------------
 
+
 def test_put_objects_replays_the_whole_stream(fake, client):
     fake.branch_manager.stream_failures = 2
     fake.branch_manager.fail_after = 3
     progress: list[int] = []
     one_shot = (e for e in entries(2500))  # a generator: cannot be re-iterated
-    count = client.put_objects("repo", "main", one_shot, batch_size=500,
-                               progress=progress.append)
+    count = client.put_objects("repo", "main", one_shot, batch_size=500, progress=progress.append)
     assert count == 2500
     streams = fake.branch_manager.streams
     assert len(streams) == 3
@@ -252,16 +264,15 @@ def test_put_objects_surfaces_the_callers_exception(fake, client, caplog):
         yield from entries(25)
         raise ValueError("source broke")
 
-    with caplog.at_level(logging.ERROR):
-        with pytest.raises(ValueError, match="source broke"):
-            client.put_objects("repo", "main", broken(), batch_size=10)
+    with caplog.at_level(logging.ERROR), pytest.raises(ValueError, match="source broke"):
+        client.put_objects("repo", "main", broken(), batch_size=10)
     assert "Exception iterating requests" not in caplog.text
 
 
 def test_put_objects_accepts_mappings_and_checks_them(fake, client):
-    count = client.put_objects("repo", "main",
-                               [{"path": "a", "size_bytes": 3, "mtime": 1.5},
-                                types_pb2.Entry(path="b")])
+    count = client.put_objects(
+        "repo", "main", [{"path": "a", "size_bytes": 3, "mtime": 1.5}, types_pb2.Entry(path="b")]
+    )
     assert count == 2
     sent = fake.branch_manager.streams[0][0].entries
     assert sent[0].mtime.seconds == 1 and sent[0].mtime.nanos == 500_000_000
@@ -283,9 +294,11 @@ def test_put_objects_splits_batches_by_bytes(fake, client):
 
 def test_errors_keep_grpc_codes_without_error_info(fake):
     fake.branch_manager.delay = 0.5
-    with fake.client(timeout=0.1, retry=RetryPolicy.none()) as client:
-        with pytest.raises(errors.QuarryError) as caught:
-            client.get_repository("slow")
+    with (
+        fake.client(timeout=0.1, retry=RetryPolicy.none()) as client,
+        pytest.raises(errors.QuarryError) as caught,
+    ):
+        client.get_repository("slow")
     assert caught.value.reason == "DEADLINE_EXCEEDED"
     assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
     # A server without the service at all: UNIMPLEMENTED, no ErrorInfo.
@@ -293,9 +306,11 @@ def test_errors_keep_grpc_codes_without_error_info(fake):
     port = bare.add_insecure_port("127.0.0.1:0")
     bare.start()
     try:
-        with Client(f"127.0.0.1:{port}", f"127.0.0.1:{port}") as client:
-            with pytest.raises(errors.Unimplemented) as caught:
-                client.get_commit("repo", "main")
+        with (
+            Client(f"127.0.0.1:{port}", f"127.0.0.1:{port}") as client,
+            pytest.raises(errors.Unimplemented) as caught,
+        ):
+            client.get_commit("repo", "main")
         assert caught.value.code == grpc.StatusCode.UNIMPLEMENTED
     finally:
         bare.stop(None)

@@ -1,0 +1,238 @@
+"""What every client subcommand shares: the Context of one run (settings, client, output
+options), the `command` wrapper that turns every failure into one line and exit code 1,
+the connection options, and the helpers that add a subcommand's parser.
+
+Failures print one line, `quarry: <REASON>: <message>`, on stderr and exit with 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from quarry import errors
+from quarry.cli.progress import Progress
+from quarry.client import Client, RetryPolicy
+
+# Interactive use: give up on an unreachable or contended service within seconds.
+CLI_RETRY = RetryPolicy(budget=5.0)
+EXIT_FAILURE = 1
+EXIT_INTERRUPTED = 130
+
+Subparsers = argparse._SubParsersAction
+# Adds one top-level command's parser: (the `quarry` subparsers, the common options).
+Registration = Callable[[Subparsers, argparse.ArgumentParser], None]
+
+
+class CliError(Exception):
+    """A failure detected by the CLI itself (not by a service)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+class Context:
+    """Settings, the client and output options of one command run (built lazily)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.json = bool(getattr(args, "json", False))
+        self._settings: Any = None
+        self._client: Client | None = None
+
+    @property
+    def settings(self) -> Any:
+        if self._settings is None:
+            from quarry.config import load_settings
+
+            overrides = {}
+            if getattr(self.args, "branch_manager", None):
+                overrides["branch_manager_address"] = self.args.branch_manager
+            if getattr(self.args, "committer", None):
+                overrides["committer_address"] = self.args.committer
+            if getattr(self.args, "compactor_sensor", None):
+                overrides["compactor_sensor_address"] = self.args.compactor_sensor
+            self._settings = load_settings(**overrides)
+        return self._settings
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            # Listings that skipped corrupt records are shown, with a warning (warn_skipped).
+            self._client = Client.from_settings(
+                self.settings,
+                retry=CLI_RETRY,
+                timeout=self.args.timeout,
+                allow_incomplete_listings=True,
+            )
+        return self._client
+
+    def progress(self, label: str, total: int | None = None, unit: str = "") -> Progress:
+        forced = bool(getattr(self.args, "progress", False))
+        return Progress(label, total, unit=unit, enabled=True if forced else None)
+
+    def warn_skipped(self) -> None:
+        """Say so on stderr when a listing left out corrupt records."""
+        skipped = self._client.skipped_corrupt_records if self._client is not None else 0
+        if skipped:
+            print(
+                f"quarry: warning: the server skipped {skipped} corrupt record(s) in this "
+                f"listing (CORRUPT_RECORD); run `quarry doctor` to find them",
+                file=sys.stderr,
+            )
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+Handler = Callable[[argparse.Namespace, Context], "int | None"]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def fail(reason: str, message: str) -> int:
+    print(f"quarry: {reason}: {_one_line(message)}", file=sys.stderr)
+    return EXIT_FAILURE
+
+
+def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
+    """Run a handler with a Context; every failure becomes one line and exit code 1."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        ctx = Context(args)
+        try:
+            code = handler(args, ctx) or 0
+            ctx.warn_skipped()
+            return code
+        except errors.QuarryError as exc:
+            return fail(exc.reason, exc.message)
+        except CliError as exc:
+            return fail(exc.reason, exc.message)
+        except KeyboardInterrupt:
+            print("\nquarry: INTERRUPTED: stopped by the user", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except BrokenPipeError:
+            raise  # main() treats `quarry ls ... | head` as success
+        except OSError as exc:
+            where = f": {exc.filename}" if exc.filename else ""
+            return fail("LOCAL_IO_ERROR", f"{exc.strerror or exc}{where}")
+        except Exception as exc:  # noqa: BLE001 — a bug; still no traceback for users
+            if os.environ.get("QUARRY_CLI_TRACEBACK"):
+                raise
+            return fail(
+                "INTERNAL", f"{type(exc).__name__}: {exc} (set QUARRY_CLI_TRACEBACK=1 for details)"
+            )
+        finally:
+            ctx.close()
+
+    return run
+
+
+def key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def confirm(question: str, flag: str) -> None:
+    """Ask on a terminal; elsewhere, refuse: the caller must pass `flag`."""
+    if not sys.stdin.isatty():
+        raise CliError("CONFIRMATION_REQUIRED", f"{question} Pass {flag} to confirm.")
+    answer = input(f"{question} [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise CliError("CANCELLED", "nothing was deleted")
+
+
+def default_author() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 — no user database entry (containers)
+        return ""
+
+
+# ---- parsers -----------------------------------------------------------------------------
+
+
+def common_options() -> argparse.ArgumentParser:
+    """The connection and output options every client subcommand takes."""
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("connection and output")
+    group.add_argument(
+        "--branch-manager",
+        metavar="HOST:PORT",
+        help="branch-manager address (default: QUARRY_BRANCH_MANAGER_ADDRESS)",
+    )
+    group.add_argument(
+        "--committer",
+        metavar="HOST:PORT",
+        help="committer address (default: QUARRY_COMMITTER_ADDRESS)",
+    )
+    group.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="deadline of each call (default: 30)",
+    )
+    group.add_argument("--json", action="store_true", help="machine-readable JSON output")
+    return common
+
+
+def progress_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="draw progress on stderr even when it is not a terminal",
+    )
+
+
+def leaf(
+    common: argparse.ArgumentParser,
+    parent: Subparsers,
+    name: str,
+    handler: Callable[[argparse.Namespace], int],
+    help_text: str,
+) -> argparse.ArgumentParser:
+    """A subcommand that runs `handler`, with the common options."""
+    parser = parent.add_parser(name, help=help_text, description=help_text, parents=[common])
+    parser.set_defaults(func=handler)
+    return parser
+
+
+def group(sub: Subparsers, name: str, help_text: str) -> Subparsers:
+    """A command whose actions are subcommands (`quarry repo create ...`)."""
+    parser = sub.add_parser(name, help=help_text, description=help_text)
+    return parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+
+__all__ = [
+    "CLI_RETRY",
+    "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
+    "CliError",
+    "Context",
+    "command",
+    "fail",
+    "key_value",
+    "confirm",
+    "default_author",
+    "common_options",
+    "progress_option",
+    "leaf",
+    "group",
+    "Registration",
+    "Subparsers",
+]

@@ -1,0 +1,134 @@
+"""`quarry branch create | list | show | delete`, and what moves a branch's state without a
+commit: `quarry reset` (hard reset to a ref) and `quarry discard` (drop uncommitted changes)."""
+
+from __future__ import annotations
+
+import argparse
+
+from quarry.cli import output
+from quarry.cli.base import Context, Subparsers, command, group, leaf
+from quarry.v1 import types_pb2
+
+
+def _dirty_text(branch: types_pb2.Branch) -> str:
+    # An absent flag (records older than the field) reads as dirty.
+    return "yes" if (not branch.HasField("dirty") or branch.dirty) else "no"
+
+
+@command
+def branch_create(args: argparse.Namespace, ctx: Context) -> None:
+    branch = ctx.client.create_branch(args.repo, args.name, args.source or "")
+    if ctx.json:
+        output.print_json(branch)
+    else:
+        source = f" from {args.source}" if args.source else ""
+        print(f"Created branch {branch.name}{source} at {output.short_id(branch.commit_id)}")
+
+
+@command
+def branch_list(args: argparse.Namespace, ctx: Context) -> None:
+    branches = list(ctx.client.iter_branches(args.repo))
+    if ctx.json:
+        output.print_json(branches)
+        return
+    output.table(
+        ["NAME", "COMMIT", "UNCOMMITTED"],
+        [(b.name, output.short_id(b.commit_id), _dirty_text(b)) for b in branches],
+    )
+
+
+@command
+def branch_show(args: argparse.Namespace, ctx: Context) -> None:
+    branch = ctx.client.get_branch(args.repo, args.name)
+    if ctx.json:
+        output.print_json(branch)
+        return
+    rows = [
+        ("name", branch.name),
+        ("commit", branch.commit_id or "-"),
+        ("uncommitted changes", _dirty_text(branch)),
+        ("staging token", branch.staging_token or "-"),
+        ("sealed tokens", ", ".join(branch.sealed_tokens) or "-"),
+    ]
+    if branch.compacted_metarange_id:
+        rows.append(("compacted metarange", branch.compacted_metarange_id))
+    output.fields(rows)
+
+
+@command
+def branch_delete(args: argparse.Namespace, ctx: Context) -> None:
+    ctx.client.delete_branch(args.repo, args.name)
+    if ctx.json:
+        output.print_json({"deleted": args.name})
+    else:
+        print(f"Deleted branch {args.name}")
+
+
+def register_branch(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    branch = group(sub, "branch", "create, list, show and delete branches")
+    p = leaf(common, branch, "create", branch_create, "create a branch")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument(
+        "--source", metavar="REF", help="where it starts (default: the repository's default branch)"
+    )
+    p = leaf(common, branch, "list", branch_list, "list branches")
+    p.add_argument("repo", metavar="REPO")
+    p = leaf(common, branch, "show", branch_show, "show a branch")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("name", metavar="NAME")
+    p = leaf(common, branch, "delete", branch_delete, "delete a branch")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("name", metavar="NAME")
+
+
+# ---- reset and discard ---------------------------------------------------------------------
+
+
+@command
+def reset(args: argparse.Namespace, ctx: Context) -> None:
+    branch = ctx.client.reset_branch(args.repo, args.branch, args.ref, args.force)
+    if ctx.json:
+        output.print_json(branch)
+    else:
+        print(
+            f"Reset {args.repo}/{branch.name or args.branch} to {output.short_id(branch.commit_id)}"
+        )
+
+
+def register_reset(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = leaf(common, sub, "reset", reset, "hard-reset a branch to a ref")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("branch", metavar="BRANCH")
+    p.add_argument("ref", metavar="REF")
+    p.add_argument("--force", action="store_true", help="also drop uncommitted changes")
+
+
+@command
+def discard(args: argparse.Namespace, ctx: Context) -> None:
+    ctx.client.discard_changes(
+        args.repo, args.branch, path=args.path or "", prefix=args.prefix or ""
+    )
+    what = (
+        f"path {args.path}"
+        if args.path
+        else f"prefix {args.prefix}"
+        if args.prefix
+        else "everything"
+    )
+    if ctx.json:
+        output.print_json({"discarded": what})
+    else:
+        print(f"Discarded uncommitted changes on {args.repo}/{args.branch} ({what})")
+
+
+def register_discard(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = leaf(common, sub, "discard", discard, "discard uncommitted changes of a branch")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("branch", metavar="BRANCH")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--path", metavar="P", help="one path only")
+    scope.add_argument("--prefix", metavar="P", help="paths under a prefix only")
+
+
+COMMANDS = {"branch": register_branch, "reset": register_reset, "discard": register_discard}

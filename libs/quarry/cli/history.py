@@ -1,0 +1,133 @@
+"""History: `quarry commit`, `log` and `diff`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from quarry.cli import output
+from quarry.cli.base import CliError, Context, Subparsers, command, default_author, key_value, leaf
+from quarry.v1 import types_pb2
+
+
+@command
+def commit(args: argparse.Namespace, ctx: Context) -> int | None:
+    response = ctx.client.commit(
+        args.repo,
+        args.branch,
+        args.message,
+        args.author or default_author(),
+        dict(args.meta or []),
+        args.allow_empty,
+    )
+    if ctx.json:
+        output.print_json(response)
+        return
+    summary = response.summary
+    print(f"[{args.branch} {output.short_id(response.commit.id)}] {response.commit.message}")
+    print(f" {summary.added} added, {summary.removed} removed, {summary.changed} changed")
+
+
+def register_commit(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = leaf(common, sub, "commit", commit, "commit a branch's staged changes")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("branch", metavar="BRANCH")
+    p.add_argument("-m", "--message", required=True)
+    p.add_argument(
+        "--author",
+        metavar="A",
+        help="the committer recorded in the commit (default: your user name)",
+    )
+    p.add_argument(
+        "--meta",
+        action="append",
+        type=key_value,
+        metavar="K=V",
+        help="commit metadata (repeatable)",
+    )
+    p.add_argument("--allow-empty", action="store_true")
+
+
+def _print_commit(c: types_pb2.Commit, oneline: bool) -> None:
+    if oneline:
+        first = c.message.splitlines()[0] if c.message else ""
+        print(f"{output.short_id(c.id)} {first}")
+        return
+    print(f"commit {c.id}")
+    if len(c.parents) > 1:
+        print("Merge:  " + " ".join(output.short_id(p) for p in c.parents))
+    print(f"Author: {c.committer or '-'}")
+    print(f"Date:   {output.timestamp_text(c.creation_time)}")
+    if c.metadata:
+        print(f"Meta:   {output.metadata_text(c.metadata)}")
+    print()
+    for line in (c.message or "").splitlines() or [""]:
+        print(f"    {line}".rstrip())
+    print()
+
+
+@command
+def log(args: argparse.Namespace, ctx: Context) -> int | None:
+    commits = ctx.client.iter_log(args.repo, args.ref, first_parent=args.first_parent, limit=args.n)
+    if ctx.json:
+        output.print_json(list(commits))
+        return
+    for c in commits:
+        _print_commit(c, args.oneline)
+
+
+def register_log(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = leaf(common, sub, "log", log, "show commit history")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("ref", metavar="REF")
+    p.add_argument("--first-parent", action="store_true")
+    p.add_argument("-n", type=int, default=None, metavar="N", help="at most N commits")
+    p.add_argument("--oneline", action="store_true", help="one short line per commit")
+
+
+@command
+def diff(args: argparse.Namespace, ctx: Context) -> int | None:
+    client = ctx.client
+    if args.uncommitted:
+        if args.right:
+            raise CliError(
+                "INVALID_ARGUMENT",
+                "diff --uncommitted takes one branch: quarry diff REPO BRANCH --uncommitted",
+            )
+        changes = client.iter_uncommitted(args.repo, args.left, prefix=args.prefix)
+    else:
+        if not args.right:
+            raise CliError(
+                "INVALID_ARGUMENT", "diff needs LEFT and RIGHT refs (or BRANCH --uncommitted)"
+            )
+        changes = client.iter_diff(
+            args.repo, args.left, args.right, prefix=args.prefix, three_dot=args.three_dot
+        )
+    if ctx.json:
+        output.print_json(list(changes))
+        return
+    shown = 0
+    for change in changes:
+        print(f"{output.CHANGE_MARKS.get(change.type, '?')} {change.path}")
+        shown += 1
+    if shown == 0 and sys.stderr.isatty():
+        print("no changes", file=sys.stderr)
+
+
+def register_diff(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = leaf(
+        common, sub, "diff", diff, "changes between two refs, or a branch's uncommitted changes"
+    )
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("left", metavar="LEFT|BRANCH")
+    p.add_argument("right", metavar="RIGHT", nargs="?")
+    p.add_argument("--prefix", default="", metavar="P")
+    p.add_argument("--uncommitted", action="store_true", help="uncommitted changes of BRANCH")
+    p.add_argument(
+        "--three-dot",
+        action="store_true",
+        help="changes on RIGHT since the merge base (! = changed on both sides)",
+    )
+
+
+COMMANDS = {"commit": register_commit, "log": register_log, "diff": register_diff}

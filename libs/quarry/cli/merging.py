@@ -1,0 +1,127 @@
+"""Commits made from other commits: `quarry merge`, `revert` and `cherry-pick`."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from quarry.cli import output
+from quarry.cli.base import Context, Subparsers, command, default_author, key_value, leaf
+from quarry.graveler.model import MergeStrategy
+from quarry.v1 import types_pb2
+
+
+@command
+def merge(args: argparse.Namespace, ctx: Context) -> int | None:
+    response = ctx.client.merge(
+        args.repo,
+        args.source,
+        args.destination,
+        strategy=MergeStrategy.parse(args.strategy),
+        message=args.message or "",
+        committer=args.author or default_author(),
+        metadata=dict(args.meta or []),
+        squash=args.squash,
+        allow_empty=args.allow_empty,
+        dry_run=args.dry_run,
+    )
+    if ctx.json:
+        output.print_json(response)
+        return
+    summary = response.summary
+    counts = f"{summary.added} added, {summary.removed} removed, {summary.changed} changed"
+    if args.dry_run:
+        print(f"Dry run: merging {args.source} into {args.destination} would make {counts}")
+        for conflict in response.conflicts:
+            print(f"! {conflict.path}")
+        if response.conflicts:
+            print(f"{len(response.conflicts)} conflict(s)")
+        return
+    print(f"[{args.destination} {output.short_id(response.commit.id)}] {response.commit.message}")
+    print(f" {counts} (attempts: {response.attempts})")
+
+
+def register_merge(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = leaf(common, sub, "merge", merge, "merge a ref into a branch (three-way)")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("source", metavar="SOURCE_REF")
+    p.add_argument("destination", metavar="DEST_BRANCH")
+    p.add_argument(
+        "--strategy",
+        choices=["source-wins", "dest-wins"],
+        default=None,
+        help="resolve conflicts for one side (default: conflicts fail)",
+    )
+    p.add_argument("-m", "--message", default="")
+    p.add_argument("--author", metavar="A")
+    p.add_argument("--meta", action="append", type=key_value, metavar="K=V")
+    p.add_argument("--squash", action="store_true", help="one parent: the destination")
+    p.add_argument("--allow-empty", action="store_true")
+    p.add_argument(
+        "--dry-run", action="store_true", help="report the summary and conflicts without committing"
+    )
+
+
+def _print_new_commit(branch: str, commit: types_pb2.Commit, ctx: Context) -> None:
+    if ctx.json:
+        output.print_json(commit)
+    else:
+        print(f"[{branch} {output.short_id(commit.id)}] {commit.message}")
+
+
+@command
+def revert(args: argparse.Namespace, ctx: Context) -> int | None:
+    commit = ctx.client.revert(
+        args.repo,
+        args.branch,
+        args.ref,
+        args.parent,
+        args.message or "",
+        args.author or default_author(),
+    )
+    _print_new_commit(args.branch, commit, ctx)
+
+
+@command
+def cherry_pick(args: argparse.Namespace, ctx: Context) -> int | None:
+    commit = ctx.client.cherry_pick(
+        args.repo, args.branch, args.ref, args.parent, args.message or "", args.author or ""
+    )
+    _print_new_commit(args.branch, commit, ctx)
+
+
+def _register_onto_branch(
+    sub: Subparsers,
+    common: argparse.ArgumentParser,
+    name: str,
+    handler: Callable[[argparse.Namespace], int],
+    help_text: str,
+) -> None:
+    p = leaf(common, sub, name, handler, help_text)
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("branch", metavar="BRANCH")
+    p.add_argument("ref", metavar="REF")
+    p.add_argument(
+        "--parent",
+        type=int,
+        default=0,
+        metavar="N",
+        help="for a merge commit: the parent (1-based) to compare against",
+    )
+    p.add_argument("-m", "--message", default="")
+    p.add_argument("--author", metavar="A")
+
+
+def register_revert(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    _register_onto_branch(
+        sub, common, "revert", revert, "commit the inverse of a commit onto a branch"
+    )
+
+
+def register_cherry_pick(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    _register_onto_branch(
+        sub, common, "cherry-pick", cherry_pick, "commit a commit's change onto a branch"
+    )
+
+
+COMMANDS = {"merge": register_merge, "revert": register_revert, "cherry-pick": register_cherry_pick}

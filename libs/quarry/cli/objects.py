@@ -1,0 +1,265 @@
+"""`quarry put` (stage an entry, or upload local files and stage them), `rm`, `ls`, `stat`."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import sys
+from pathlib import Path
+
+from quarry.cli import output
+from quarry.cli.base import CliError, Context, Subparsers, command, key_value, leaf, progress_option
+from quarry.cli.progress import human_bytes
+
+
+@command
+def put(args: argparse.Namespace, ctx: Context) -> int | None:
+    metadata = dict(args.meta or [])
+    if args.source is not None:
+        return _put_from(args, ctx, metadata)
+    if not args.address:
+        raise CliError(
+            "INVALID_ARGUMENT",
+            "put needs --address ADDR (an object already in "
+            "storage) or --from LOCAL_FILE_OR_DIR (upload)",
+        )
+    entry = ctx.client.put_object(
+        args.repo,
+        args.branch,
+        path=args.path,
+        physical_address=args.address,
+        size_bytes=args.size,
+        checksum=args.checksum,
+        content_type=args.content_type,
+        metadata=metadata,
+        mtime=_dt.datetime.now(_dt.UTC),
+        if_absent=args.if_absent,
+    )
+    if ctx.json:
+        output.print_json(entry)
+    else:
+        print(f"Staged {entry.path} on {args.repo}/{args.branch}")
+
+
+def _put_from(args: argparse.Namespace, ctx: Context, metadata: dict[str, str]) -> int:
+    from quarry.blob import open_blob_store
+    from quarry.cli import upload
+
+    if args.address:
+        raise CliError("INVALID_ARGUMENT", "--address and --from exclude each other")
+    source = Path(args.source)
+    items = upload.plan(source, args.path)
+    if not items:
+        raise CliError("NOTHING_TO_UPLOAD", f"no files under {source}")
+    if args.if_absent and len(items) != 1:
+        raise CliError("INVALID_ARGUMENT", "--if-absent applies to a single file")
+    client = ctx.client
+    repo = client.get_repository(args.repo)
+    # Fail on a missing branch before any bytes move.
+    client.get_branch(args.repo, args.branch)
+    store = open_blob_store(repo.storage_namespace, ctx.settings)
+    try:
+        if len(items) == 1:
+            (entry,) = upload.upload_all(
+                store, repo.storage_namespace, items, args.content_type, metadata
+            )
+            staged = client.put_object(args.repo, args.branch, entry, if_absent=args.if_absent)
+            entries, count = [staged], 1
+        else:
+            with ctx.progress("uploading", total=len(items), unit="files") as bar:
+                entries = list(
+                    upload.upload_all(
+                        store,
+                        repo.storage_namespace,
+                        items,
+                        args.content_type,
+                        metadata,
+                        on_done=lambda _e: bar.advance(),
+                    )
+                )
+            with ctx.progress("staging", total=len(entries), unit="entries") as bar:
+                count = client.put_objects(args.repo, args.branch, entries, progress=bar.update)
+    finally:
+        store.close()
+    total_bytes = sum(e.size_bytes for e in entries)
+    if ctx.json:
+        output.print_json(
+            {
+                "staged": count,
+                "bytes": total_bytes,
+                "entries": [output.to_jsonable(e) for e in entries],
+            }
+        )
+    else:
+        files = "file" if len(entries) == 1 else "files"
+        where = (
+            entries[0].path
+            if len(entries) == 1
+            else (args.path.strip("/") + "/" if args.path.strip("/") else "/")
+        )
+        print(
+            f"Uploaded {len(entries)} {files} ({human_bytes(total_bytes)}) to "
+            f"{args.repo}/{args.branch}: {where}"
+        )
+    return 0
+
+
+def register_put(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = leaf(
+        common,
+        sub,
+        "put",
+        put,
+        "stage an object already in storage (--address), or upload "
+        "local files into the repository's storage (--from)",
+    )
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("branch", metavar="BRANCH")
+    p.add_argument(
+        "path",
+        help="object path; with --from, the destination (a directory's files go under PATH/)",
+        metavar="PATH",
+    )
+    p.add_argument("--address", metavar="ADDR", help="physical address of the object")
+    p.add_argument(
+        "--from", dest="source", metavar="LOCAL_FILE_OR_DIR", help="upload this file or directory"
+    )
+    p.add_argument("--size", type=int, default=0, metavar="N", help="size in bytes")
+    p.add_argument("--checksum", default="", metavar="C")
+    p.add_argument("--content-type", default="", metavar="T")
+    p.add_argument(
+        "--meta", action="append", type=key_value, metavar="K=V", help="user metadata (repeatable)"
+    )
+    p.add_argument("--if-absent", action="store_true", help="fail if the path already has an entry")
+    progress_option(p)
+
+
+@command
+def rm(args: argparse.Namespace, ctx: Context) -> int | None:
+    client = ctx.client
+    paths = list(args.paths)
+    if args.recursive is None and not paths:
+        raise CliError("INVALID_ARGUMENT", "name the paths to remove, or --recursive PREFIX")
+    if args.recursive is not None:
+        with ctx.progress("listing", unit="objects") as bar:
+            for entry in client.iter_objects(args.repo, args.branch, prefix=args.recursive):
+                paths.append(entry.path)
+                bar.advance()
+    requested = len(set(paths))
+    if not paths:
+        deleted = 0
+    else:
+        with ctx.progress("removing", total=len(paths), unit="paths") as bar:
+            deleted = client.delete_objects(args.repo, args.branch, paths, progress=bar.update)
+    if ctx.json:
+        output.print_json({"removed": deleted, "requested": requested})
+    else:
+        noun = "object" if deleted == 1 else "objects"
+        missing = requested - deleted
+        extra = f" ({missing} did not exist)" if missing else ""
+        print(f"Removed {deleted} {noun} from {args.repo}/{args.branch}{extra}")
+
+
+def register_rm(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = leaf(common, sub, "rm", rm, "stage the removal of objects")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("branch", metavar="BRANCH")
+    p.add_argument("paths", nargs="*", metavar="PATH")
+    p.add_argument("--recursive", "-r", metavar="PREFIX", help="remove every object under PREFIX")
+    progress_option(p)
+
+
+LS_FORMAT = "{mtime:<20}  {size:>12}  {path}"
+
+
+@command
+def ls(args: argparse.Namespace, ctx: Context) -> int | None:
+    delimiter = "" if args.recursive else "/"
+    pages = ctx.client.iter_object_pages(
+        args.repo, args.ref, prefix=args.prefix, delimiter=delimiter, page_size=args.page_size
+    )
+    if ctx.json:
+        entries, prefixes = [], []
+        for page in pages:
+            entries.extend(output.to_jsonable(e) for e in page.entries)
+            prefixes.extend(page.common_prefixes)
+        output.print_json({"entries": entries, "common_prefixes": prefixes})
+        return
+    out = sys.stdout
+    out.write(LS_FORMAT.format(mtime="MODIFIED", size="SIZE", path="PATH") + "\n")
+    # Only long listings get a counter: it appears from the second page on.
+    bar = ctx.progress("listing", unit="entries") if args.recursive else None
+    listed = 0
+    for page in pages:
+        if bar is not None:
+            bar.clear()
+        items = sorted(
+            [(p, None) for p in page.common_prefixes] + [(e.path, e) for e in page.entries],
+            key=lambda item: item[0],
+        )
+        for path, entry in items:
+            if entry is None:
+                out.write(LS_FORMAT.format(mtime="", size="PRE", path=path) + "\n")
+            else:
+                out.write(
+                    LS_FORMAT.format(
+                        mtime=output.timestamp_text(entry.mtime), size=entry.size_bytes, path=path
+                    )
+                    + "\n"
+                )
+        listed += len(items)
+        if bar is not None and page.next_page_token:
+            out.flush()
+            bar.update(listed)
+    if bar is not None:
+        bar.clear()
+
+
+def register_ls(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = leaf(common, sub, "ls", ls, "list objects on a ref")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("ref", metavar="REF")
+    p.add_argument("prefix", nargs="?", default="", metavar="PREFIX")
+    p.add_argument(
+        "--recursive",
+        "-r",
+        action="store_true",
+        help="every object under the prefix (no '/' grouping)",
+    )
+    p.add_argument(
+        "--page-size",
+        type=int,
+        default=0,
+        metavar="N",
+        help="entries per request (default: the server's)",
+    )
+    progress_option(p)
+
+
+@command
+def stat(args: argparse.Namespace, ctx: Context) -> int | None:
+    entry = ctx.client.stat_object(args.repo, args.ref, args.path)
+    if ctx.json:
+        output.print_json(entry)
+        return
+    output.fields(
+        [
+            ("path", entry.path),
+            ("physical address", entry.physical_address),
+            ("size", f"{entry.size_bytes} ({human_bytes(entry.size_bytes)})"),
+            ("checksum", entry.checksum or "-"),
+            ("modified", output.timestamp_text(entry.mtime)),
+            ("content type", entry.content_type or "-"),
+            ("metadata", output.metadata_text(entry.metadata)),
+        ]
+    )
+
+
+def register_stat(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = leaf(common, sub, "stat", stat, "show an object's entry")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("ref", metavar="REF")
+    p.add_argument("path", metavar="PATH")
+
+
+COMMANDS = {"put": register_put, "rm": register_rm, "ls": register_ls, "stat": register_stat}

@@ -1,0 +1,84 @@
+"""`quarry repo create | list | show | delete`."""
+
+from __future__ import annotations
+
+import argparse
+
+from quarry.cli import output
+from quarry.cli.base import Context, Subparsers, command, confirm, group, leaf
+
+
+@command
+def repo_create(args: argparse.Namespace, ctx: Context) -> None:
+    repo = ctx.client.create_repository(args.name, args.namespace, args.default_branch)
+    if ctx.json:
+        output.print_json(repo)
+    else:
+        print(
+            f"Created repository {repo.name} (default branch {repo.default_branch}, "
+            f"storage {repo.storage_namespace})"
+        )
+
+
+@command
+def repo_list(args: argparse.Namespace, ctx: Context) -> None:
+    repos = list(ctx.client.iter_repositories())
+    if ctx.json:
+        output.print_json(repos)
+        return
+    output.table(
+        ["NAME", "DEFAULT BRANCH", "STORAGE NAMESPACE", "CREATED"],
+        [
+            (r.name, r.default_branch, r.storage_namespace, output.timestamp_text(r.creation_time))
+            for r in repos
+        ],
+    )
+
+
+@command
+def repo_show(args: argparse.Namespace, ctx: Context) -> None:
+    repo = ctx.client.get_repository(args.name)
+    if ctx.json:
+        output.print_json(repo)
+        return
+    output.fields(
+        [
+            ("name", repo.name),
+            ("storage namespace", repo.storage_namespace),
+            ("default branch", repo.default_branch),
+            ("created", output.timestamp_text(repo.creation_time)),
+        ]
+    )
+
+
+@command
+def repo_delete(args: argparse.Namespace, ctx: Context) -> None:
+    """Never deletes without --yes or a "y" typed on a terminal (confirm)."""
+    if not args.yes:
+        confirm(f"Delete repository {args.name!r} and all its branches, tags and history?", "--yes")
+    ctx.client.delete_repository(args.name)
+    if ctx.json:
+        output.print_json({"deleted": args.name})
+    else:
+        print(f"Deleted repository {args.name}")
+
+
+def register_repo(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    repo = group(sub, "repo", "create, list, show and delete repositories")
+    p = leaf(common, repo, "create", repo_create, "create a repository")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument(
+        "namespace",
+        help="storage namespace: /abs/dir, file:///abs/dir or s3://bucket/prefix",
+        metavar="NAMESPACE",
+    )
+    p.add_argument("--default-branch", default="main", metavar="B")
+    leaf(common, repo, "list", repo_list, "list repositories")
+    p = leaf(common, repo, "show", repo_show, "show a repository")
+    p.add_argument("name", metavar="NAME")
+    p = leaf(common, repo, "delete", repo_delete, "delete a repository")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+
+
+COMMANDS = {"repo": register_repo}

@@ -1,0 +1,251 @@
+"""Running Quarry on this machine: `quarry up` (every service), `quarry serve SERVICE` (one),
+and describing this installation: `quarry version`, `quarry settings`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+import quarry
+from quarry import errors
+from quarry.cli.base import Subparsers
+from quarry.config import SERVICES, load_settings, settings_table
+
+# The services built so far. Each maps to the module whose `build(settings) -> ServiceSpec`
+# wires it and whose DEPENDS_ON names the services it needs in order to serve.
+SERVICE_MODULES = {
+    "kv-gateway": "kv_gateway.service",
+    "range-writer": "range_writer.service",
+    "branch-manager": "branch_manager.service",
+    "committer": "committer.service",
+    "compactor-sensor": "compactor_sensor.service",
+}
+
+
+def _service_builder(name: str) -> Callable:
+    if name not in SERVICES:
+        raise SystemExit(f"quarry: unknown service {name!r}; services: {', '.join(SERVICES)}")
+    if name not in SERVICE_MODULES:
+        raise SystemExit(
+            f"quarry: service {name!r} is not built yet; available: {', '.join(SERVICE_MODULES)}"
+        )
+    return importlib.import_module(SERVICE_MODULES[name]).build
+
+
+def start_order() -> list[str]:
+    """The services with each after the ones it depends on (SERVICE_MODULES order among
+    equals). Any order works — a service waits for its dependencies, NOT_SERVING — but this
+    one makes `quarry up` ready soonest, and its reverse stops dependents first, so no
+    service is left running without what it needs."""
+    depends_on = {
+        name: tuple(importlib.import_module(module).DEPENDS_ON)
+        for name, module in SERVICE_MODULES.items()
+    }
+    order: list[str] = []
+    while len(order) < len(depends_on):
+        ready = [
+            name
+            for name in depends_on
+            if name not in order and all(d in order for d in depends_on[name] if d in depends_on)
+        ]
+        if not ready:
+            raise RuntimeError(f"dependency cycle among {sorted(set(depends_on) - set(order))}")
+        order.append(ready[0])
+    return order
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from quarry.runtime.server import serve
+
+    settings = load_settings()
+    build = _service_builder(args.service)
+    try:
+        serve(settings, build)
+    except errors.QuarryError as exc:
+        print(f"quarry serve {args.service}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _command(name: str) -> str:
+    """How to type a tool installed next to this Python: its bare name when that is what
+    the PATH finds, else its path (e.g. .venv/bin/quarry after `make run`)."""
+    installed = Path(sys.executable).parent / name
+    found = shutil.which(name)
+    if found and Path(found).resolve() == installed.resolve():
+        return name
+    try:
+        return os.path.relpath(installed)
+    except ValueError:
+        return str(installed)
+
+
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _forward(stream: IO[str]) -> None:
+    """Keep a child's stdout drained (a full pipe would block it) and visible."""
+    for line in stream:
+        sys.stdout.write(line)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    home = Path(settings.home).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, QUARRY_HOME=str(home), PYTHONUNBUFFERED="1")
+    print(f"Quarry {quarry.__version__} (storage format {quarry.FORMAT_VERSION})")
+    print(f"  data:   {home}  (KV: {settings.effective_kv_url})")
+    children: list[tuple[str, subprocess.Popen]] = []
+    # Explicit handlers: a shell that starts us in the background sets SIGINT to "ignore",
+    # which Python would otherwise keep.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
+    # The services have their own process group (below), so a closed terminal's SIGHUP
+    # reaches only us: stop them in order then too.
+    signal.signal(signal.SIGHUP, _interrupt)
+
+    def stop_all() -> None:
+        # Dependents first, one at a time: each drains while what it calls is still up. A
+        # service that outlives its grace period (plus slack) is killed.
+        for name, child in reversed(children):
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(timeout=settings.shutdown_grace_seconds + 5)
+            except subprocess.TimeoutExpired:
+                print(f"  {name} did not stop in time; killing it", file=sys.stderr)
+                child.kill()
+                child.wait()
+            print(f"  {name} stopped (exit {child.returncode})", flush=True)
+
+    try:
+        for name in start_order():
+            # Its own process group: Ctrl-C in the terminal reaches only `quarry up`, which
+            # then stops the services in order (else all would stop at once, the kv-gateway
+            # possibly first).
+            child = subprocess.Popen(
+                [sys.executable, "-m", "quarry.cli.main", "serve", name],
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+                process_group=0,
+            )
+            children.append((name, child))
+            line = child.stdout.readline()
+            if "ready" not in line:
+                child.wait(timeout=10)
+                print(
+                    f"quarry up: {name} failed to start (exit {child.returncode})", file=sys.stderr
+                )
+                stop_all()
+                return 1
+            threading.Thread(target=_forward, args=(child.stdout,), daemon=True).start()
+            port = settings.port_of(name)
+            metrics = settings.metrics_port_of(name)
+            print(
+                f"  {name:<17} {settings.listen_host}:{port}"
+                + (
+                    f"   metrics http://{settings.metrics_host}:{metrics}/metrics"
+                    if metrics
+                    else ""
+                )
+            )
+        host = settings.listen_host
+        lake = home / "lake" / "demo"
+        q, grpcurl = _command("quarry"), _command("grpcurl")
+        print("\nTry it from another terminal:")
+        print(f"  {q} repo create demo {lake}")
+        print(f"  {q} put demo main docs/ --from README.md")
+        print(f"  {q} commit demo main -m 'first commit'")
+        print(f"  {q} ls demo main --recursive && {q} log demo main")
+        print("\nOr with grpcurl (every service serves reflection):")
+        print(f"  {grpcurl} -plaintext {host}:{settings.branch_manager_port} list")
+        print(
+            f'  {grpcurl} -plaintext -d \'{{"repository":"demo","ref":"main"}}\' '
+            f"{host}:{settings.branch_manager_port} quarry.v1.BranchManager/ListObjects"
+        )
+        print(
+            f"  {grpcurl} -plaintext {host}:{settings.kv_gateway_port} "
+            "quarry.v1.ServerInfo/GetServerInfo"
+        )
+        print("\nOr from PySpark (README: Spark), and garbage-collect with Spark:")
+        print(
+            "  import quarry.spark as qs; "
+            "qs.write(df, 'quarry://demo/main/tables/t', mode='append')"
+        )
+        print(f"  {q} gc run demo            # a dry run; --sweep deletes")
+        print("\nPress Ctrl-C to stop.", flush=True)
+        while True:
+            for name, child in children:
+                if child.poll() is not None:
+                    print(f"quarry up: {name} exited with {child.returncode}", file=sys.stderr)
+                    stop_all()
+                    return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("\nstopping...", flush=True)
+        stop_all()
+        print("stopped.")
+        return 0
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    print(f"quarry {quarry.__version__}")
+    print(f"storage format version {quarry.FORMAT_VERSION}")
+    return 0
+
+
+def cmd_settings(args: argparse.Namespace) -> int:
+    rows = settings_table()
+    if args.markdown:
+        print("| variable | default | meaning |")
+        print("|---|---|---|")
+        for env_name, default, description in rows:
+            print(f"| `{env_name}` | `{default}` | {description} |")
+        return 0
+    for env_name, default, description in rows:
+        print(f"{env_name:<42} {default:<18} {description}")
+    return 0
+
+
+def register_up(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    up = sub.add_parser("up", help="start every service on the embedded defaults")
+    up.set_defaults(func=cmd_up)
+
+
+def register_serve(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    serve = sub.add_parser("serve", help="run one service")
+    serve.add_argument("service", choices=SERVICES)
+    serve.set_defaults(func=cmd_serve)
+
+
+def register_version(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    version = sub.add_parser("version", help="print the package and storage format versions")
+    version.set_defaults(func=cmd_version)
+
+
+def register_settings(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    settings = sub.add_parser("settings", help="list every setting with its default")
+    settings.add_argument("--markdown", action="store_true", help="as a Markdown table")
+    settings.set_defaults(func=cmd_settings)
+
+
+COMMANDS = {
+    "up": register_up,
+    "serve": register_serve,
+    "version": register_version,
+    "settings": register_settings,
+}

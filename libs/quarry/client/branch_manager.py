@@ -1,0 +1,433 @@
+"""quarry.client.Client's BranchManager calls: repositories, branches, tags, garbage-collection
+rules, and objects (stat, put, delete, list, uncommitted diff, discard)."""
+
+from __future__ import annotations
+
+import heapq
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from quarry.batching import batches
+from quarry.client.calls import RpcCalls
+from quarry.client.entries import as_entry, batch_request_id, make_entry
+from quarry.client.entries import request_id_or_new as _request_id
+from quarry.client.streams import MAX_BATCH_BYTES, PutObjectsStream, StreamTarget, stage_stream
+from quarry.v1 import branch_manager_pb2 as bm
+from quarry.v1 import types_pb2
+
+DELETE_BATCH = 1000
+
+
+class BranchManagerCalls(RpcCalls):
+    # ==== BranchManager: repositories ======================================================
+
+    def create_repository(
+        self,
+        name: str,
+        storage_namespace: str,
+        default_branch: str = "main",
+        *,
+        request_id: str | None = None,
+    ) -> types_pb2.Repository:
+        return self._unary(
+            self._bm.CreateRepository,
+            "BranchManager/CreateRepository",
+            bm.CreateRepositoryRequest(
+                name=name,
+                storage_namespace=storage_namespace,
+                default_branch=default_branch,
+                request_id=_request_id(request_id),
+            ),
+        ).repository
+
+    def get_repository(self, name: str) -> types_pb2.Repository:
+        return self._unary(
+            self._bm.GetRepository,
+            "BranchManager/GetRepository",
+            bm.GetRepositoryRequest(name=name),
+        ).repository
+
+    def list_repositories(
+        self, page_size: int = 0, page_token: str = ""
+    ) -> bm.ListRepositoriesResponse:
+        """One page: `.repositories`, `.next_page_token` ('' on the last page)."""
+        return self._unary(
+            self._bm.ListRepositories,
+            "BranchManager/ListRepositories",
+            bm.ListRepositoriesRequest(page_size=page_size, page_token=page_token),
+        )
+
+    def iter_repositories(self, page_size: int = 0) -> Iterator[types_pb2.Repository]:
+        for page in self._pages(self.list_repositories, page_size=page_size):
+            yield from page.repositories
+
+    def delete_repository(self, name: str, *, request_id: str | None = None) -> None:
+        self._unary(
+            self._bm.DeleteRepository,
+            "BranchManager/DeleteRepository",
+            bm.DeleteRepositoryRequest(name=name, request_id=_request_id(request_id)),
+        )
+
+    # ==== branches =========================================================================
+
+    def create_branch(
+        self, repository: str, name: str, source_ref: str = "", *, request_id: str | None = None
+    ) -> types_pb2.Branch:
+        """`source_ref` empty: the server's default (the repository's default branch)."""
+        return self._unary(
+            self._bm.CreateBranch,
+            "BranchManager/CreateBranch",
+            bm.CreateBranchRequest(
+                repository=repository,
+                name=name,
+                source_ref=source_ref,
+                request_id=_request_id(request_id),
+            ),
+        ).branch
+
+    def get_branch(self, repository: str, name: str) -> types_pb2.Branch:
+        return self._unary(
+            self._bm.GetBranch,
+            "BranchManager/GetBranch",
+            bm.GetBranchRequest(repository=repository, name=name),
+        ).branch
+
+    def list_branches(
+        self, repository: str, page_size: int = 0, page_token: str = ""
+    ) -> bm.ListBranchesResponse:
+        return self._unary(
+            self._bm.ListBranches,
+            "BranchManager/ListBranches",
+            bm.ListBranchesRequest(
+                repository=repository, page_size=page_size, page_token=page_token
+            ),
+        )
+
+    def iter_branches(self, repository: str, page_size: int = 0) -> Iterator[types_pb2.Branch]:
+        for page in self._pages(self.list_branches, repository=repository, page_size=page_size):
+            yield from page.branches
+
+    def delete_branch(self, repository: str, name: str, *, request_id: str | None = None) -> None:
+        self._unary(
+            self._bm.DeleteBranch,
+            "BranchManager/DeleteBranch",
+            bm.DeleteBranchRequest(
+                repository=repository, name=name, request_id=_request_id(request_id)
+            ),
+        )
+
+    def reset_branch(
+        self,
+        repository: str,
+        branch: str,
+        ref: str,
+        force: bool = False,
+        *,
+        request_id: str | None = None,
+    ) -> types_pb2.Branch:
+        """Hard reset to `ref`; DirtyBranch (FAILED_PRECONDITION) on uncommitted changes
+        unless `force`."""
+        return self._unary(
+            self._bm.ResetBranch,
+            "BranchManager/ResetBranch",
+            bm.ResetBranchRequest(
+                repository=repository,
+                branch=branch,
+                ref=ref,
+                force=force,
+                request_id=_request_id(request_id),
+            ),
+        ).branch
+
+    # ==== tags =============================================================================
+
+    def create_tag(
+        self, repository: str, name: str, ref: str, *, request_id: str | None = None
+    ) -> types_pb2.Tag:
+        return self._unary(
+            self._bm.CreateTag,
+            "BranchManager/CreateTag",
+            bm.CreateTagRequest(
+                repository=repository, name=name, ref=ref, request_id=_request_id(request_id)
+            ),
+        ).tag
+
+    def get_tag(self, repository: str, name: str) -> types_pb2.Tag:
+        return self._unary(
+            self._bm.GetTag,
+            "BranchManager/GetTag",
+            bm.GetTagRequest(repository=repository, name=name),
+        ).tag
+
+    def list_tags(
+        self, repository: str, page_size: int = 0, page_token: str = ""
+    ) -> bm.ListTagsResponse:
+        return self._unary(
+            self._bm.ListTags,
+            "BranchManager/ListTags",
+            bm.ListTagsRequest(repository=repository, page_size=page_size, page_token=page_token),
+        )
+
+    def iter_tags(self, repository: str, page_size: int = 0) -> Iterator[types_pb2.Tag]:
+        for page in self._pages(self.list_tags, repository=repository, page_size=page_size):
+            yield from page.tags
+
+    def delete_tag(self, repository: str, name: str, *, request_id: str | None = None) -> None:
+        self._unary(
+            self._bm.DeleteTag,
+            "BranchManager/DeleteTag",
+            bm.DeleteTagRequest(
+                repository=repository, name=name, request_id=_request_id(request_id)
+            ),
+        )
+
+    # ==== garbage-collection rules ==========================================================
+
+    def set_gc_rules(
+        self,
+        repository: str,
+        default_retention_days: float,
+        branch_retention_days: Mapping[str, float] | None = None,
+    ) -> None:
+        rules = types_pb2.GarbageCollectionRules(
+            default_retention_days=default_retention_days,
+            branch_retention_days=dict(branch_retention_days or {}),
+        )
+        self._unary(
+            self._bm.SetGarbageCollectionRules,
+            "BranchManager/SetGarbageCollectionRules",
+            bm.SetGarbageCollectionRulesRequest(repository=repository, rules=rules),
+        )
+
+    def get_gc_rules(self, repository: str) -> types_pb2.GarbageCollectionRules:
+        """NOT_FOUND (GC_RULES_NOT_FOUND) when the repository has none."""
+        return self._unary(
+            self._bm.GetGarbageCollectionRules,
+            "BranchManager/GetGarbageCollectionRules",
+            bm.GetGarbageCollectionRulesRequest(repository=repository),
+        ).rules
+
+    def delete_gc_rules(self, repository: str) -> None:
+        self._unary(
+            self._bm.DeleteGarbageCollectionRules,
+            "BranchManager/DeleteGarbageCollectionRules",
+            bm.DeleteGarbageCollectionRulesRequest(repository=repository),
+        )
+
+    # ==== objects ==========================================================================
+
+    def stat_object(self, repository: str, ref: str, path: str) -> types_pb2.Entry:
+        return self._unary(
+            self._bm.StatObject,
+            "BranchManager/StatObject",
+            bm.StatObjectRequest(repository=repository, ref=ref, path=path),
+        ).entry
+
+    def put_object(
+        self,
+        repository: str,
+        branch: str,
+        entry: types_pb2.Entry | Mapping[str, Any] | None = None,
+        *,
+        if_absent: bool = False,
+        request_id: str = "",
+        **fields: Any,
+    ) -> types_pb2.Entry:
+        """Stage one entry: an Entry message, a mapping of its fields, or the fields as
+        keyword arguments (`path=..., physical_address=..., size_bytes=..., checksum=...,
+        mtime=datetime|epoch seconds|Timestamp, content_type=..., metadata={...}`).
+        `if_absent`: ObjectExists (ALREADY_EXISTS) when the path already has an entry.
+        `request_id`: none unless given (see the module docstring)."""
+        if entry is None:
+            entry = make_entry(**fields)
+        elif fields:
+            raise TypeError("pass an entry or its fields as keywords, not both")
+        request = bm.PutObjectRequest(
+            repository=repository,
+            branch=branch,
+            entry=as_entry(entry),
+            if_absent=if_absent,
+            request_id=request_id,
+        )
+        return self._unary(self._bm.PutObject, "BranchManager/PutObject", request).entry
+
+    def put_objects(  # noqa: PLR0913 — public keyword API, kept for callers
+        self,
+        repository: str,
+        branch: str,
+        entries: Iterable[types_pb2.Entry | Mapping[str, Any]],
+        batch_size: int = 1000,
+        progress: Callable[[int], None] | None = None,
+        *,
+        replay: bool = True,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
+        request_id: str = "",
+    ) -> int:
+        """Stage many entries over one PutObjects stream, `batch_size` entries a message.
+
+        `entries` is consumed lazily, once. `progress(n)` is called with the number of
+        entries handed to the stream so far, after each new batch. Returns the server's
+        count (within one batch the last entry of a path wins, so duplicates count once).
+
+        On a retryable failure the whole stream is sent again (staging is idempotent by
+        entry identity): the batches already sent are kept in memory for that. With
+        `replay=False` they are not kept, and the stream is retried only if it failed
+        before its first batch.
+
+        `request_id` (none unless given): message i carries batch_request_id(request_id, i),
+        so a replayed stream stages no batch twice and answers the first count."""
+        if batch_size <= 0:
+            raise ValueError("batch_size must be positive")
+        if request_id:
+            uuid.UUID(request_id)  # batch ids derive from it
+        target = StreamTarget(repository, branch, batch_size, max_batch_bytes, request_id)
+        stream = PutObjectsStream(target, entries, replay, progress)
+        return stage_stream(self._bm.PutObjects, stream, self.retry, self.timeout)
+
+    def delete_object(
+        self, repository: str, branch: str, path: str, *, request_id: str = ""
+    ) -> None:
+        self._unary(
+            self._bm.DeleteObject,
+            "BranchManager/DeleteObject",
+            bm.DeleteObjectRequest(
+                repository=repository, branch=branch, path=path, request_id=request_id
+            ),
+        )
+
+    def delete_objects(
+        self,
+        repository: str,
+        branch: str,
+        paths: Iterable[str],
+        batch_size: int = DELETE_BATCH,
+        progress: Callable[[int], None] | None = None,
+        *,
+        request_id: str = "",
+    ) -> int:
+        """Stage tombstones, `batch_size` paths a call. Returns how many existed.
+        `progress(n)` gets the number of paths sent so far after each call. `request_id`
+        (none unless given): call i carries batch_request_id(request_id, i)."""
+        if request_id:
+            uuid.UUID(request_id)
+        total = 0
+        done = 0
+        for call, batch in enumerate(batches(paths, max(1, batch_size))):
+            call_id = batch_request_id(request_id, call) if request_id else ""
+            response = self._unary(
+                self._bm.DeleteObjects,
+                "BranchManager/DeleteObjects",
+                bm.DeleteObjectsRequest(
+                    repository=repository, branch=branch, paths=batch, request_id=call_id
+                ),
+            )
+            total += response.deleted
+            done += len(batch)
+            if progress is not None:
+                progress(done)
+        return total
+
+    def list_objects(
+        self,
+        repository: str,
+        ref: str,
+        prefix: str = "",
+        delimiter: str = "",
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> bm.ListObjectsResponse:
+        """One page: `.entries`, `.common_prefixes` (with a delimiter), `.next_page_token`."""
+        return self._unary(
+            self._bm.ListObjects,
+            "BranchManager/ListObjects",
+            bm.ListObjectsRequest(
+                repository=repository,
+                ref=ref,
+                prefix=prefix,
+                delimiter=delimiter,
+                page_size=page_size,
+                page_token=page_token,
+            ),
+        )
+
+    def iter_object_pages(
+        self, repository: str, ref: str, prefix: str = "", delimiter: str = "", page_size: int = 0
+    ) -> Iterator[bm.ListObjectsResponse]:
+        return self._pages(
+            self.list_objects,
+            repository=repository,
+            ref=ref,
+            prefix=prefix,
+            delimiter=delimiter,
+            page_size=page_size,
+        )
+
+    def iter_objects(
+        self, repository: str, ref: str, prefix: str = "", delimiter: str = "", page_size: int = 0
+    ) -> Iterator[types_pb2.Entry | str]:
+        """Every entry under `prefix`, in path order, following page tokens. With a
+        delimiter, common prefixes come as `str` items in their place in the order."""
+        for page in self.iter_object_pages(repository, ref, prefix, delimiter, page_size):
+            if not page.common_prefixes:
+                yield from page.entries
+                continue
+            yield from heapq.merge(
+                page.entries,
+                page.common_prefixes,
+                key=lambda item: item if isinstance(item, str) else item.path,
+            )
+
+    def diff_uncommitted(
+        self,
+        repository: str,
+        branch: str,
+        prefix: str = "",
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> bm.DiffUncommittedResponse:
+        return self._unary(
+            self._bm.DiffUncommitted,
+            "BranchManager/DiffUncommitted",
+            bm.DiffUncommittedRequest(
+                repository=repository,
+                branch=branch,
+                prefix=prefix,
+                page_size=page_size,
+                page_token=page_token,
+            ),
+        )
+
+    def iter_uncommitted(
+        self, repository: str, branch: str, prefix: str = "", page_size: int = 0
+    ) -> Iterator[types_pb2.Change]:
+        for page in self._pages(
+            self.diff_uncommitted,
+            repository=repository,
+            branch=branch,
+            prefix=prefix,
+            page_size=page_size,
+        ):
+            yield from page.changes
+
+    def discard_changes(
+        self,
+        repository: str,
+        branch: str,
+        path: str = "",
+        prefix: str = "",
+        *,
+        request_id: str | None = None,
+    ) -> None:
+        """Drop uncommitted changes of one path, of a prefix, or (neither) of everything."""
+        self._unary(
+            self._bm.DiscardChanges,
+            "BranchManager/DiscardChanges",
+            bm.DiscardChangesRequest(
+                repository=repository,
+                branch=branch,
+                path=path,
+                prefix=prefix,
+                request_id=_request_id(request_id),
+            ),
+        )
