@@ -12,7 +12,9 @@ from quarry.config import Settings
 from quarry.kv import open_store
 from quarry.kv import store as kv
 from quarry.kv.amortized import AmortizedStore
-from quarry.kv.metering import READ, WRITE, MeteredStore, PartitionLimiter
+from quarry.kv.capacity import READ, WRITE
+from quarry.kv.limiter import PartitionLimiter
+from quarry.kv.metering import MeteredStore
 from quarry.kv.partitions import PartitionValidatingStore
 from quarry.runtime.format_version import ensure_format_version
 from quarry.runtime.format_version import KEY as FORMAT_VERSION_KEY

@@ -10,8 +10,9 @@ from prometheus_client import CollectorRegistry
 
 from quarry.kv import store
 from quarry.kv.memory import MemoryStore
-from quarry.kv.metering import (CapacityTotals, MeteredStore, PartitionLimiter, read_units,
-                                write_units)
+from quarry.kv.capacity import read_units, write_units
+from quarry.kv.limiter import PartitionLimiter
+from quarry.kv.metering import CapacityTotals, MeteredStore
 
 REPO = b"repo/lake/i1"
 STAGING = b"staging/t1"
