@@ -33,6 +33,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry
@@ -111,7 +112,7 @@ class _PrometheusMetrics:
         # the children (hot path: every KV request records two or three samples).
         self._children: dict[tuple, prometheus_client.Counter] = {}
 
-    def child(self, counter: prometheus_client.Counter, *label_values: str):
+    def child(self, counter: prometheus_client.Counter, *label_values: str) -> Any:
         key = (id(counter), label_values)
         found = self._children.get(key)
         if found is None:
@@ -194,7 +195,7 @@ class MeteredStore(store.Store):
             self._count_throttled(items_per_partition)
             raise
         units_per_partition: dict[bytes, int] = collections.Counter()
-        for (partition, key), result in zip(items, results):
+        for (partition, key), result in zip(items, results, strict=True):
             size = store.item_size(partition, key, result.value) if result is not None else 0
             units_per_partition[partition] += read_units(size)
         for partition, units in units_per_partition.items():
@@ -380,7 +381,7 @@ class MeteredStore(store.Store):
         metrics = self._metrics
         if metrics is None:
             return
-        if requests:
+        if requests and op is not None:
             metrics.child(metrics.requests, partition_class, op).inc(requests)
         if units and kind == READ:
             metrics.child(metrics.read_units, partition_class).inc(units)
