@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -33,6 +32,7 @@ from quarry.kv.sqlite import SQLiteStore
 from quarry.runtime import format_version
 from support import format_v1
 from support.processes import REPO_ROOT, VENV_BIN, free_port, quarry_env
+from support.wait import wait_until
 
 SERVICES = ("kv-gateway", "range-writer", "branch-manager", "committer", "compactor-sensor")
 
@@ -56,14 +56,15 @@ def quarry_up(home: Path, kv_db: Path) -> Iterator[dict[str, str]]:
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         seen = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def printed_ready() -> bool:
             line = child.stdout.readline()
             if not line:
                 raise AssertionError(f"quarry up stopped: {''.join(seen)} {child.stderr.read()}")
             seen.append(line)
-            if "Press Ctrl-C" in line:
-                break
+            return "Press Ctrl-C" in line
+
+        wait_until(printed_ready, timeout=60, interval=0, what="quarry up to start")
         yield env
     finally:
         child.send_signal(signal.SIGINT)
