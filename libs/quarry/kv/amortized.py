@@ -1,4 +1,4 @@
-"""Amortized reads: identical concurrent `get`s share one backend read (ARCHITECTURE.md §3).
+"""Amortized reads: identical concurrent `get`s share one backend read (docs/architecture.md §3).
 
 Hot keys (branch records above all: every staged write reads its branch twice) are read by
 many requests at once. Rather than send each of them to the backend, requests for the same

@@ -1,4 +1,4 @@
-"""Typed partition names (ARCHITECTURE.md §2) and the gateway wrapper that enforces them.
+"""Typed partition names (docs/architecture.md §2) and the gateway wrapper that enforces them.
 
 Every partition belongs to exactly one class:
 

@@ -1,4 +1,4 @@
-"""The KV store contract (ARCHITECTURE.md §3), shared by every backend and the remote client.
+"""The KV store contract (docs/architecture.md §3), shared by every backend and the remote client.
 
 Partitions and keys are bytes. Within one partition keys are ordered by unsigned byte
 comparison. There are no transactions and no cross-partition operations: the only

@@ -1,4 +1,4 @@
-"""The KV store contract (ARCHITECTURE.md §3, quarry/kv/store.py), run against every target
+"""The KV store contract (docs/architecture.md §3, quarry/kv/store.py), run against every target
 in conftest.TARGETS: memory, sqlite, dynamodb (real dynalite) and remote (the gateway).
 
 Every test writes to fresh partitions, so targets share one store per session.

@@ -1,4 +1,4 @@
-"""Partition classes (ARCHITECTURE.md §2) and the validating store wrapper."""
+"""Partition classes (docs/architecture.md §2) and the validating store wrapper."""
 
 from __future__ import annotations
 
