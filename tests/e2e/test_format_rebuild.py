@@ -45,13 +45,13 @@ def run_quarry(home: Path, *args: str, **env: str) -> subprocess.CompletedProces
 @contextlib.contextmanager
 def quarry_up(home: Path, kv_db: Path) -> Iterator[dict[str, str]]:
     """`quarry up` on a SQLite store (compaction off, so nothing moves under the reads);
-    yields the environment that points `quarry` commands at it."""
+    yields the environment that points `quarry` commands at it. Only the ports are given:
+    the services and the CLI dial the addresses that follow them."""
     ports = {name: free_port() for name in SERVICES}
     env = quarry_env(home, QUARRY_KV_URL=f"sqlite:///{kv_db}",
                      QUARRY_COMPACTOR_ENABLED="false", **{
-                         f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-                         for name, p in ports.items()
-                         for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))})
+                         f"QUARRY_{name.upper().replace('-', '_')}_PORT": str(p)
+                         for name, p in ports.items()})
     child = subprocess.Popen([str(VENV_BIN / "quarry"), "up"], env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -76,7 +76,8 @@ def quarry_up(home: Path, kv_db: Path) -> Iterator[dict[str, str]]:
 
 
 def client_for(env: dict[str, str]) -> Client:
-    return Client(env["QUARRY_BRANCH_MANAGER_ADDRESS"], env["QUARRY_COMMITTER_ADDRESS"])
+    return Client(f"127.0.0.1:{env['QUARRY_BRANCH_MANAGER_PORT']}",
+                  f"127.0.0.1:{env['QUARRY_COMMITTER_PORT']}")
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
