@@ -147,8 +147,6 @@ class Settings:
     staging_drop_interval_seconds: float = _setting(
         5.0, "How often the background dropper looks at the cleanup queue."
     )
-    # Staging compaction (docs/architecture.md §4). branch-manager reports staged writes to
-    # the compactor-sensor, which asks the committer to compact branches past a threshold.
     compactor_enabled: bool = _setting(
         True,
         "Staging compaction (docs/architecture.md §4): branch-manager reports staged writes "
