@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -18,6 +17,7 @@ from typing import Iterator
 import pytest
 
 from support.processes import free_port
+from support.wait import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DYNALITE = REPO_ROOT / ".tools" / "node_modules" / ".bin" / "dynalite"
@@ -29,22 +29,21 @@ def _http_server(name: str, command: list[str], url: str, probe: str = "",
     """Start a server process, wait until it answers HTTP at url+probe, yield url, stop it.
     Any HTTP answer (even an error status) means it is serving."""
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + timeout
+
+    def answers() -> bool:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            pytest.fail(f"{name} exited with {proc.returncode}: {err}", pytrace=False)
+        try:
+            urllib.request.urlopen(url + probe, timeout=1)
+        except urllib.error.HTTPError:
+            return True  # an error status is an answer
+        except OSError:
+            return False
+        return True
+
     try:
-        while True:
-            if proc.poll() is not None:
-                err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-                pytest.fail(f"{name} exited with {proc.returncode}: {err}", pytrace=False)
-            try:
-                urllib.request.urlopen(url + probe, timeout=1)
-                break
-            except urllib.error.HTTPError:
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"{name} did not answer on {url} within {timeout:.0f}s",
-                                pytrace=False)
-                time.sleep(0.05)
+        wait_until(answers, timeout=timeout, interval=0.05, what=f"{name} to answer on {url}")
         yield url
     finally:
         proc.terminate()

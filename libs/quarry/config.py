@@ -1,9 +1,18 @@
-"""Settings: one frozen object, every setting listed here with its default.
+"""Settings: one frozen object; every setting describes itself where it is declared.
+
+Each field carries its description in its metadata (`_setting(default, description)`); its
+environment variable is `QUARRY_<FIELD>` (upper case) and its type is the field's annotation.
+`describe_settings()` reads exactly that, and the README's settings table is generated from
+it by `quarry settings --markdown` (`settings_markdown`); tests/unit/test_readme.py fails when
+the two disagree.
 
 Sources, later wins: the defaults below → an optional TOML file (path in QUARRY_CONFIG_FILE;
 keys are the field names, e.g. `kv_url = "memory://"`) → `QUARRY_<FIELD>` environment
-variables (upper case, e.g. QUARRY_KV_URL). The README's settings table is generated from
-SETTINGS_DOC by `quarry settings`.
+variables (e.g. QUARRY_KV_URL).
+
+`*_address` settings left empty follow the matching `*_port` (and the listen host, when it
+names one host): changing QUARRY_KV_GATEWAY_PORT moves both the kv-gateway's listener and
+the address every other service and the CLI dial. An address given explicitly is kept.
 """
 
 from __future__ import annotations
@@ -11,112 +20,220 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
-from dataclasses import dataclass
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, NamedTuple
 
 from quarry import errors
 
 SERVICES = ("kv-gateway", "branch-manager", "committer", "compactor-sensor", "range-writer")
 
+ENV_PREFIX = "QUARRY_"
+CONFIG_FILE_ENV = "QUARRY_CONFIG_FILE"
+DEFAULT_DIAL_HOST = "127.0.0.1"
+# Listen hosts that name no single host to dial: a derived address dials DEFAULT_DIAL_HOST.
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
+def _setting(default: Any, description: str, *, shown_default: str | None = None) -> Any:
+    """A settings field: its default and its description (and, for a default computed from
+    other settings, how the table shows it)."""
+    metadata = {"description": description}
+    if shown_default is not None:
+        metadata["shown_default"] = shown_default
+    return field(default=default, metadata=metadata)
+
+
+def _port(service: str, port: int) -> Any:
+    return _setting(
+        port,
+        f"TCP port the {service} listens on (with QUARRY_LISTEN_HOST). "
+        f"Also the port others dial unless QUARRY_{_upper(service)}_ADDRESS is set.",
+    )
+
+
+def _address(service: str, port: int) -> Any:
+    return _setting(
+        "",
+        f"host:port where the CLI, clients and the other services dial the "
+        f"{service}. Empty: QUARRY_LISTEN_HOST (127.0.0.1 when it is a wildcard "
+        f"such as 0.0.0.0) and QUARRY_{_upper(service)}_PORT, so changing the port "
+        "moves both ends.",
+        shown_default=f"{DEFAULT_DIAL_HOST}:{port}",
+    )
+
+
+def _upper(service: str) -> str:
+    return service.upper().replace("-", "_")
+
 
 @dataclass(frozen=True)
 class Settings:
-    # Where the embedded defaults keep their data (SQLite file, local object store, caches).
-    home: str = "./.quarry"
-    # The KV backend the kv-gateway serves: sqlite:///PATH, memory://,
-    # dynamodb://TABLE?region=R&endpoint_url=URL. Empty = sqlite under `home`.
-    kv_url: str = ""
-    # Address services bind to. 0.0.0.0 in a cluster.
-    listen_host: str = "127.0.0.1"
-    kv_gateway_port: int = 7401
-    branch_manager_port: int = 7402
-    committer_port: int = 7403
-    compactor_sensor_port: int = 7404
-    range_writer_port: int = 7405
-    # Where clients and services dial each other.
-    kv_gateway_address: str = "127.0.0.1:7401"
-    branch_manager_address: str = "127.0.0.1:7402"
-    committer_address: str = "127.0.0.1:7403"
-    compactor_sensor_address: str = "127.0.0.1:7404"
-    range_writer_address: str = "127.0.0.1:7405"
-    # Prometheus endpoints: one per service, port = metrics_base_port + service index
-    # (kv-gateway 9401 … range-writer 9405). 0 disables them.
-    metrics_host: str = "127.0.0.1"
-    metrics_base_port: int = 9401
-    # Worker threads per gRPC server.
-    max_workers: int = 32
-    # Seconds in-flight calls get to finish after SIGTERM.
-    shutdown_grace_seconds: float = 10.0
-    # Every paged response (ListObjects, Diff, Log, List*, ...) and every streamed
-    # ScanItems message ends before its encoded size would pass this many bytes and
-    # continues with next_page_token (but always holds at least one item). The default
-    # stays 194,304 bytes under gRPC's 4 MiB default receive limit, so grpcurl and other
-    # default clients can read any page.
-    max_response_bytes: int = 4_000_000
-    # kv-gateway: identical GetItems that arrive while a read of the same key is in flight
-    # share the next backend read.
-    kv_amortize_reads: bool = True
-    # kv-gateway: reproduce DynamoDB hot-partition throttling locally.
-    kv_limiter_enabled: bool = False
-    kv_limiter_read_units_per_second: float = 3000.0
-    kv_limiter_write_units_per_second: float = 1000.0
-    # Local disk cache for immutable ranges and metaranges. Empty = `home`/cache.
-    cache_dir: str = ""
-    # S3 object store: endpoint override (e.g. a local S3-compatible server) and region.
-    s3_endpoint_url: str = ""
-    s3_region: str = "us-east-1"
-    # Skip the staging partition on reads of clean branches (ARCHITECTURE.md §4).
-    experimental_dirty_read_optimization: bool = True
-    # Retired staging tokens wait this long in the cleanup queue before their items are
-    # deleted (readers still holding the old branch record finish first).
-    staging_drop_grace_seconds: float = 10.0
-    # How often the background dropper looks at the cleanup queue.
-    staging_drop_interval_seconds: float = 5.0
-
-    # Staging compaction (ARCHITECTURE.md §4). branch-manager reports staged writes to the
-    # compactor-sensor, which asks the committer to compact branches past a threshold.
-    # Off: branch-manager sends no reports and the sensor never triggers a compaction.
-    compactor_enabled: bool = True
-    # Compact a branch once its staging and sealed tokens hold this many tombstones
-    # (staged deletes). 0 disables this threshold.
-    compaction_tombstones_threshold: int = 100000
-    # Compact a branch once its staging and sealed tokens hold this many staged items
-    # (entries plus tombstones). 0 disables this threshold.
-    compaction_staged_entries_threshold: int = 1000000
-    # Compact a branch once it has this many sealed tokens (a sign commits keep failing).
-    # 0 disables this threshold.
-    compaction_sealed_tokens_threshold: int = 10
-    # At most one compaction per branch within this many seconds, across every sensor
-    # replica (guarded by the branch record's compaction_start_time through SetIf).
-    compaction_min_interval_seconds: float = 60.0
-    # How often the compactor-sensor evaluates branches against the thresholds.
-    compaction_check_interval_seconds: float = 5.0
-    # How often branch-manager sends its batched staging reports to the compactor-sensor
-    # (a batch that cannot be delivered is dropped; writes never wait for the sensor).
-    staging_report_interval_seconds: float = 0.5
-
-    # Request ids (AIP-155): a repeat of a mutating call with the same request_id within
-    # this many seconds returns the first call's result and changes nothing; older records
-    # count as absent (a repeat runs again).
-    request_retention_seconds: float = 86400.0
-    # A call holding a request id renews its in-progress claim while it runs; a claim not
-    # renewed for this many seconds (its process died) may be taken over by a repeat.
-    request_lease_seconds: float = 30.0
-
-    # Python logging level of the services (DEBUG, INFO, WARNING, ERROR).
-    log_level: str = "INFO"
+    home: str = _setting(
+        "./.quarry",
+        "Where the embedded defaults keep their data (SQLite file, local object store, caches).",
+    )
+    kv_url: str = _setting(
+        "",
+        "The KV backend the kv-gateway serves: sqlite:///PATH, memory://, "
+        "dynamodb://TABLE?region=R&endpoint_url=URL. Empty = sqlite under `home`.",
+    )
+    listen_host: str = _setting(
+        "127.0.0.1", "Host (interface address) every service binds to. 0.0.0.0 in a cluster."
+    )
+    kv_gateway_port: int = _port("kv-gateway", 7401)
+    branch_manager_port: int = _port("branch-manager", 7402)
+    committer_port: int = _port("committer", 7403)
+    compactor_sensor_port: int = _port("compactor-sensor", 7404)
+    range_writer_port: int = _port("range-writer", 7405)
+    kv_gateway_address: str = _address("kv-gateway", 7401)
+    branch_manager_address: str = _address("branch-manager", 7402)
+    committer_address: str = _address("committer", 7403)
+    compactor_sensor_address: str = _address("compactor-sensor", 7404)
+    range_writer_address: str = _address("range-writer", 7405)
+    metrics_host: str = _setting("127.0.0.1", "Host the Prometheus endpoints bind to.")
+    metrics_base_port: int = _setting(
+        9401,
+        "Prometheus endpoints: one per service, port = this + service index "
+        "(kv-gateway 9401 … range-writer 9405). 0 disables them.",
+    )
+    max_workers: int = _setting(32, "Worker threads per gRPC server.")
+    shutdown_grace_seconds: float = _setting(
+        10.0, "Seconds in-flight calls get to finish after SIGTERM."
+    )
+    max_response_bytes: int = _setting(
+        4_000_000,
+        "Every paged response (ListObjects, Diff, Log, List*, ...) and every streamed "
+        "ScanItems message ends before its encoded size would pass this many bytes and "
+        "continues with next_page_token (but always holds at least one item). The default "
+        "stays 194,304 bytes under gRPC's 4 MiB default receive limit, so grpcurl and other "
+        "default clients can read any page.",
+    )
+    kv_amortize_reads: bool = _setting(
+        True,
+        "kv-gateway: identical GetItems that arrive while a read of the same key is in "
+        "flight share the next backend read.",
+    )
+    kv_limiter_enabled: bool = _setting(
+        False, "kv-gateway: reproduce DynamoDB hot-partition throttling locally."
+    )
+    kv_limiter_read_units_per_second: float = _setting(
+        3000.0,
+        "kv-gateway limiter: read capacity units per second per partition (DynamoDB's "
+        "per-partition limit) before reads are throttled.",
+    )
+    kv_limiter_write_units_per_second: float = _setting(
+        1000.0,
+        "kv-gateway limiter: write capacity units per second per partition before writes "
+        "are throttled.",
+    )
+    cache_dir: str = _setting(
+        "", "Local disk cache for immutable ranges and metaranges. Empty = `home`/cache."
+    )
+    s3_endpoint_url: str = _setting(
+        "", "S3 object store endpoint override (e.g. a local S3-compatible server)."
+    )
+    s3_region: str = _setting("us-east-1", "S3 object store region.")
+    experimental_dirty_read_optimization: bool = _setting(
+        True, "Skip the staging partition on reads of clean branches (docs/architecture.md §4)."
+    )
+    staging_drop_grace_seconds: float = _setting(
+        10.0,
+        "Retired staging tokens wait this long in the cleanup queue before their items are "
+        "deleted (readers still holding the old branch record finish first).",
+    )
+    staging_drop_interval_seconds: float = _setting(
+        5.0, "How often the background dropper looks at the cleanup queue."
+    )
+    compactor_enabled: bool = _setting(
+        True,
+        "Staging compaction (docs/architecture.md §4): branch-manager reports staged writes "
+        "to the compactor-sensor, which asks the committer to compact branches past a "
+        "threshold. Off: branch-manager sends no reports and the sensor never triggers a "
+        "compaction.",
+    )
+    compaction_tombstones_threshold: int = _setting(
+        100000,
+        "Compact a branch once its staging and sealed tokens hold this many tombstones "
+        "(staged deletes). 0 disables this threshold.",
+    )
+    compaction_staged_entries_threshold: int = _setting(
+        1000000,
+        "Compact a branch once its staging and sealed tokens hold this many staged items "
+        "(entries plus tombstones). 0 disables this threshold.",
+    )
+    compaction_sealed_tokens_threshold: int = _setting(
+        10,
+        "Compact a branch once it has this many sealed tokens (a sign commits keep failing). "
+        "0 disables this threshold.",
+    )
+    compaction_min_interval_seconds: float = _setting(
+        60.0,
+        "At most one compaction per branch within this many seconds, across every sensor "
+        "replica (guarded by the branch record's compaction_start_time through SetIf).",
+    )
+    compaction_check_interval_seconds: float = _setting(
+        5.0, "How often the compactor-sensor evaluates branches against the thresholds."
+    )
+    staging_report_interval_seconds: float = _setting(
+        0.5,
+        "How often branch-manager sends its batched staging reports to the compactor-sensor "
+        "(a batch that cannot be delivered is dropped; writes never wait for the sensor).",
+    )
+    request_retention_seconds: float = _setting(
+        86400.0,
+        "Request ids (AIP-155): a repeat of a mutating call with the same request_id within "
+        "this many seconds returns the first call's result and changes nothing; older "
+        "records count as absent (a repeat runs again).",
+    )
+    request_lease_seconds: float = _setting(
+        30.0,
+        "A call holding a request id renews its in-progress claim while it runs; a claim not "
+        "renewed for this many seconds (its process died) may be taken over by a repeat.",
+    )
+    log_level: str = _setting(
+        "INFO", "Python logging level of the services (DEBUG, INFO, WARNING, ERROR)."
+    )
 
     def __post_init__(self) -> None:
         if self.max_response_bytes < 1:
             raise errors.InvalidArgument(
-                f"setting max_response_bytes must be positive, not {self.max_response_bytes}")
+                f"setting max_response_bytes must be positive, not {self.max_response_bytes}"
+            )
+        derived = []
+        for service in SERVICES:
+            attr = _attr(service, "address")
+            if not getattr(self, attr):
+                object.__setattr__(self, attr, f"{self.dial_host}:{self.port_of(service)}")
+                derived.append(attr)
+        object.__setattr__(self, "_derived_addresses", frozenset(derived))
+
+    @property
+    def dial_host(self) -> str:
+        """The host a derived `*_address` dials: the listen host when it names one host."""
+        host = self.listen_host.strip()
+        if host in _WILDCARD_HOSTS:
+            return DEFAULT_DIAL_HOST
+        if ":" in host and not host.startswith("["):
+            return f"[{host}]"  # an IPv6 literal
+        return host
+
+    def address_follows_port(self, service: str) -> bool:
+        """True when `service`'s address was not given and so follows its port."""
+        # Set by __post_init__ as a plain attribute, not a field: two Settings with the
+        # same values are equal however they were given.
+        derived: frozenset[str] = vars(self).get("_derived_addresses", frozenset())
+        return _attr(service, "address") in derived
 
     def port_of(self, service: str) -> int:
-        return getattr(self, _attr(service, "port"))
+        port: int = getattr(self, _attr(service, "port"))
+        return port
 
     def address_of(self, service: str) -> str:
-        return getattr(self, _attr(service, "address"))
+        address: str = getattr(self, _attr(service, "address"))
+        return address
 
     def metrics_port_of(self, service: str) -> int:
         if self.metrics_base_port <= 0:
@@ -131,7 +248,13 @@ class Settings:
     def effective_cache_dir(self) -> str:
         return self.cache_dir or str(Path(self.home).resolve() / "cache")
 
-    def replace(self, **changes: Any) -> "Settings":
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with `changes`; an address that followed its port keeps following it (so
+        `replace(kv_gateway_port=p)` moves the dialled address too)."""
+        for service in SERVICES:
+            attr = _attr(service, "address")
+            if attr not in changes and self.address_follows_port(service):
+                changes[attr] = ""
         return dataclasses.replace(self, **changes)
 
 
@@ -141,8 +264,60 @@ def _attr(service: str, suffix: str) -> str:
     return f"{service.replace('-', '_')}_{suffix}"
 
 
-ENV_PREFIX = "QUARRY_"
-CONFIG_FILE_ENV = "QUARRY_CONFIG_FILE"
+class SettingInfo(NamedTuple):
+    """One setting as documented: read from its field, never from source text."""
+
+    name: str
+    env: str
+    type: type
+    default: str
+    description: str
+
+
+def describe_settings() -> list[SettingInfo]:
+    """Every setting, in declaration order, from the fields' annotations and metadata."""
+    hints = typing.get_type_hints(Settings)
+    rows = []
+    for f in dataclasses.fields(Settings):
+        shown = f.metadata.get("shown_default")
+        rows.append(
+            SettingInfo(
+                name=f.name,
+                env=ENV_PREFIX + f.name.upper(),
+                type=hints[f.name],
+                default=shown if shown is not None else _display(f.default),
+                description=f.metadata.get("description", ""),
+            )
+        )
+    return rows
+
+
+def settings_table() -> list[tuple[str, str, str]]:
+    """(environment variable, default, description) for every setting, in declaration order."""
+    return [(info.env, info.default, info.description) for info in describe_settings()]
+
+
+def settings_markdown() -> str:
+    """The README's settings table (between its `settings:begin` / `settings:end` marks)."""
+    lines = ["| variable | type | default | meaning |", "|---|---|---|---|"]
+    lines += [
+        f"| `{i.env}` | {i.type.__name__} | `{i.default}` | {i.description} |"
+        for i in describe_settings()
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def settings_text() -> str:
+    """`quarry settings`: one line per setting."""
+    return "".join(f"{i.env:<42} {i.default:<18} {i.description}\n" for i in describe_settings())
+
+
+def _display(default: Any) -> str:
+    if isinstance(default, bool):
+        return "true" if default else "false"
+    if default == "":
+        return "(empty)"
+    return str(default)
 
 
 def _coerce(name: str, raw: Any, kind: type) -> Any:
@@ -164,68 +339,31 @@ def _coerce(name: str, raw: Any, kind: type) -> Any:
         return text
     except ValueError:
         raise errors.InvalidArgument(
-            f"setting {name}: {raw!r} is not a valid {kind.__name__}") from None
+            f"setting {name}: {raw!r} is not a valid {kind.__name__}"
+        ) from None
 
 
 def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """Defaults → TOML file → QUARRY_* environment → explicit overrides (for tests)."""
     env = os.environ if env is None else env
-    fields = {f.name: f for f in dataclasses.fields(Settings)}
-    kinds = {name: type(f.default) for name, f in fields.items()}
+    kinds = {info.name: info.type for info in describe_settings()}
     values: dict[str, Any] = {}
 
     config_file = env.get(CONFIG_FILE_ENV)
     if config_file:
         with open(config_file, "rb") as fh:
             for name, raw in tomllib.load(fh).items():
-                if name not in fields:
+                if name not in kinds:
                     raise errors.InvalidArgument(f"{config_file}: unknown setting {name!r}")
                 values[name] = _coerce(name, raw, kinds[name])
 
-    for name in fields:
+    for name, kind in kinds.items():
         raw = env.get(ENV_PREFIX + name.upper())
         if raw is not None:
-            values[name] = _coerce(ENV_PREFIX + name.upper(), raw, kinds[name])
+            values[name] = _coerce(ENV_PREFIX + name.upper(), raw, kind)
 
     for name, raw in overrides.items():
-        if name not in fields:
+        if name not in kinds:
             raise errors.InvalidArgument(f"unknown setting {name!r}")
         values[name] = raw
     return Settings(**values)
-
-
-def settings_table() -> list[tuple[str, str, str]]:
-    """(environment variable, default, description) for every setting, in declaration order."""
-    import inspect
-
-    source = inspect.getsource(Settings)
-    names = {f.name for f in dataclasses.fields(Settings)}
-    comments: dict[str, str] = {}
-    # A comment block describes every field that follows it until the next comment.
-    block: list[str] = []
-    previous_was_comment = False
-    for line in source.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("#"):
-            if not previous_was_comment:
-                block = []
-            block.append(stripped.lstrip("# "))
-            previous_was_comment = True
-            continue
-        previous_was_comment = False
-        if not stripped:
-            block = []  # a blank line ends a comment block's reach
-            continue
-        head = stripped.split(":", 1)[0]
-        if head in names:
-            comments[head] = " ".join(block)
-    return [(ENV_PREFIX + f.name.upper(), _display(f.default), comments.get(f.name, ""))
-            for f in dataclasses.fields(Settings)]
-
-
-def _display(default: Any) -> str:
-    if isinstance(default, bool):
-        return "true" if default else "false"
-    if default == "":
-        return "(empty)"
-    return str(default)

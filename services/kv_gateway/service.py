@@ -8,19 +8,20 @@ nothing unvalidated reaches any layer.
 
 from __future__ import annotations
 
+from kv_gateway.servicer import KVGatewayServicer
 from quarry.config import Settings
 from quarry.kv import open_store
 from quarry.kv import store as kv
 from quarry.kv.amortized import AmortizedStore
-from quarry.kv.metering import READ, WRITE, MeteredStore, PartitionLimiter
+from quarry.kv.capacity import READ, WRITE
+from quarry.kv.limiter import PartitionLimiter
+from quarry.kv.metering import MeteredStore
 from quarry.kv.partitions import PartitionValidatingStore
-from quarry.runtime.format_version import ensure_format_version
 from quarry.runtime.format_version import KEY as FORMAT_VERSION_KEY
 from quarry.runtime.format_version import PARTITION as FORMAT_VERSION_PARTITION
+from quarry.runtime.format_version import ensure_format_version
 from quarry.runtime.server import Dependency, DependencyUnavailable, ServiceSpec
 from quarry.v1 import kv_pb2, kv_pb2_grpc
-
-from kv_gateway.servicer import KVGatewayServicer
 
 SERVICE_NAME = "kv-gateway"
 # No other Quarry service: the gateway waits only for its KV backend (see backend_dependency).
@@ -43,27 +44,39 @@ def backend_dependency(backend, url: str) -> Dependency:
         except Exception as exc:  # noqa: BLE001 — any failure is "not answering"
             raise DependencyUnavailable(
                 f"the KV backend {shown} does not answer: {getattr(exc, 'message', exc)}",
-                metadata={"dependency": "kv-backend", "address": shown}) from None
+                metadata={"dependency": "kv-backend", "address": shown},
+            ) from None
 
     return Dependency("kv-backend", shown, probe)
 
 
-def capacity_report_to_proto(metered: MeteredStore, limiter: PartitionLimiter | None,
-                             top_n: int) -> kv_pb2.GetCapacityReportResponse:
+def capacity_report_to_proto(
+    metered: MeteredStore, limiter: PartitionLimiter | None, top_n: int
+) -> kv_pb2.GetCapacityReportResponse:
     report = metered.report(top_n)
 
     def usage(u) -> kv_pb2.CapacityUsage:
-        return kv_pb2.CapacityUsage(read_units=u.read_units, write_units=u.write_units,
-                                    reads=u.reads, writes=u.writes, throttled=u.throttled)
+        return kv_pb2.CapacityUsage(
+            read_units=u.read_units,
+            write_units=u.write_units,
+            reads=u.reads,
+            writes=u.writes,
+            throttled=u.throttled,
+        )
 
     response = kv_pb2.GetCapacityReportResponse(
-        classes=[kv_pb2.PartitionClassUsage(partition_class=name, usage=usage(u))
-                 for name, u in sorted(report.by_class.items())],
-        hottest_partitions=[kv_pb2.PartitionUsage(partition_key=p.partition,
-                                                  partition_class=p.partition_class,
-                                                  usage=usage(p.totals))
-                            for p in report.hottest],
-        limiter_enabled=limiter is not None)
+        classes=[
+            kv_pb2.PartitionClassUsage(partition_class=name, usage=usage(u))
+            for name, u in sorted(report.by_class.items())
+        ],
+        hottest_partitions=[
+            kv_pb2.PartitionUsage(
+                partition_key=p.partition, partition_class=p.partition_class, usage=usage(p.totals)
+            )
+            for p in report.hottest
+        ],
+        limiter_enabled=limiter is not None,
+    )
     if limiter is not None:
         response.limiter_read_units_per_second = limiter.rates[READ]
         response.limiter_write_units_per_second = limiter.rates[WRITE]
@@ -81,13 +94,16 @@ def build(settings: Settings, backend=None) -> ServiceSpec:
     if settings.kv_limiter_enabled:
         limiter = PartitionLimiter(
             read_units_per_second=settings.kv_limiter_read_units_per_second,
-            write_units_per_second=settings.kv_limiter_write_units_per_second)
+            write_units_per_second=settings.kv_limiter_write_units_per_second,
+        )
     metered = MeteredStore(backend, limiter=limiter)
     amortized = AmortizedStore(metered) if settings.kv_amortize_reads else metered
     store = PartitionValidatingStore(amortized)
     servicer = KVGatewayServicer(
-        store, lambda top_n: capacity_report_to_proto(metered, limiter, top_n),
-        max_response_bytes=settings.max_response_bytes)
+        store,
+        lambda top_n: capacity_report_to_proto(metered, limiter, top_n),
+        max_response_bytes=settings.max_response_bytes,
+    )
 
     return ServiceSpec(
         name=SERVICE_NAME,

@@ -6,14 +6,12 @@ limiter is on) and amortizes identical reads; see service.py for the composition
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from quarry.config import Settings
 from quarry.kv import store as kv
 from quarry.paging import PageBudget
 from quarry.v1 import kv_pb2, kv_pb2_grpc
-
-MAX_SCAN_BATCH = 10_000
 
 
 def _predicate(request: kv_pb2.SetItemIfRequest) -> kv.Predicate | None:
@@ -33,9 +31,12 @@ def _value(request) -> bytes | None:
 
 
 class KVGatewayServicer(kv_pb2_grpc.KVGatewayServicer):
-    def __init__(self, store: kv.Store,
-                 capacity_report: Callable[[int], kv_pb2.GetCapacityReportResponse],
-                 max_response_bytes: int = Settings.max_response_bytes):
+    def __init__(
+        self,
+        store: kv.Store,
+        capacity_report: Callable[[int], kv_pb2.GetCapacityReportResponse],
+        max_response_bytes: int = Settings.max_response_bytes,
+    ):
         self._store = store
         self._capacity_report = capacity_report
         self._max_response_bytes = max_response_bytes
@@ -46,10 +47,16 @@ class KVGatewayServicer(kv_pb2_grpc.KVGatewayServicer):
 
     def BatchGetItems(self, request, context):
         results = self._store.batch_get([(i.partition_key, i.key) for i in request.items])
-        return kv_pb2.BatchGetItemsResponse(items=[
-            kv_pb2.BatchGetItemsResponse.Result(found=True, value=r.value, predicate=r.predicate)
-            if r is not None else kv_pb2.BatchGetItemsResponse.Result(found=False)
-            for r in results])
+        return kv_pb2.BatchGetItemsResponse(
+            items=[
+                kv_pb2.BatchGetItemsResponse.Result(
+                    found=True, value=r.value, predicate=r.predicate
+                )
+                if r is not None
+                else kv_pb2.BatchGetItemsResponse.Result(found=False)
+                for r in results
+            ]
+        )
 
     def SetItem(self, request, context):
         self._store.set(request.partition_key, request.key, _value(request))
@@ -59,7 +66,8 @@ class KVGatewayServicer(kv_pb2_grpc.KVGatewayServicer):
         predicate = _predicate(request)
         if predicate is None:
             raise kv.MissingPredicate(
-                "set one of if_absent (true), if_exists (true) or if_equals (bytes)")
+                "set one of if_absent (true), if_exists (true) or if_equals (bytes)"
+            )
         self._store.set_if(request.partition_key, request.key, _value(request), predicate)
         return kv_pb2.SetItemIfResponse()
 
@@ -76,9 +84,10 @@ class KVGatewayServicer(kv_pb2_grpc.KVGatewayServicer):
         return kv_pb2.BatchDeleteItemsResponse()
 
     def ScanItems(self, request, context):
-        batch_size = min(request.batch_size or kv.DEFAULT_SCAN_BATCH_SIZE, MAX_SCAN_BATCH)
-        iterator = self._store.scan(request.partition_key, request.start_key,
-                                    request.end_key or None, batch_size=batch_size)
+        batch_size = min(request.batch_size or kv.DEFAULT_SCAN_BATCH_SIZE, kv.MAX_SCAN_BATCH_SIZE)
+        iterator = self._store.scan(
+            request.partition_key, request.start_key, request.end_key or None, batch_size=batch_size
+        )
         remaining = request.limit or -1
         page: list[kv_pb2.KeyValue] = []
         # A streamed message also ends by encoded size: batch_size items of up to 400 KB

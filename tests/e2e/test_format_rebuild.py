@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -33,6 +32,7 @@ from quarry.kv.sqlite import SQLiteStore
 from quarry.runtime import format_version
 from support import format_v1
 from support.processes import REPO_ROOT, VENV_BIN, free_port, quarry_env
+from support.wait import wait_until
 
 SERVICES = ("kv-gateway", "range-writer", "branch-manager", "committer", "compactor-sensor")
 
@@ -45,25 +45,26 @@ def run_quarry(home: Path, *args: str, **env: str) -> subprocess.CompletedProces
 @contextlib.contextmanager
 def quarry_up(home: Path, kv_db: Path) -> Iterator[dict[str, str]]:
     """`quarry up` on a SQLite store (compaction off, so nothing moves under the reads);
-    yields the environment that points `quarry` commands at it."""
+    yields the environment that points `quarry` commands at it. Only the ports are given:
+    the services and the CLI dial the addresses that follow them."""
     ports = {name: free_port() for name in SERVICES}
     env = quarry_env(home, QUARRY_KV_URL=f"sqlite:///{kv_db}",
                      QUARRY_COMPACTOR_ENABLED="false", **{
-                         f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-                         for name, p in ports.items()
-                         for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))})
+                         f"QUARRY_{name.upper().replace('-', '_')}_PORT": str(p)
+                         for name, p in ports.items()})
     child = subprocess.Popen([str(VENV_BIN / "quarry"), "up"], env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         seen = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def printed_ready() -> bool:
             line = child.stdout.readline()
             if not line:
                 raise AssertionError(f"quarry up stopped: {''.join(seen)} {child.stderr.read()}")
             seen.append(line)
-            if "Press Ctrl-C" in line:
-                break
+            return "Press Ctrl-C" in line
+
+        wait_until(printed_ready, timeout=60, interval=0, what="quarry up to start")
         yield env
     finally:
         child.send_signal(signal.SIGINT)
@@ -75,7 +76,8 @@ def quarry_up(home: Path, kv_db: Path) -> Iterator[dict[str, str]]:
 
 
 def client_for(env: dict[str, str]) -> Client:
-    return Client(env["QUARRY_BRANCH_MANAGER_ADDRESS"], env["QUARRY_COMMITTER_ADDRESS"])
+    return Client(f"127.0.0.1:{env['QUARRY_BRANCH_MANAGER_PORT']}",
+                  f"127.0.0.1:{env['QUARRY_COMMITTER_PORT']}")
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:

@@ -4,7 +4,7 @@ Runs the real helm binary (unpacked by `make tools` into .tools/bin/helm): `helm
 `helm template` with default and non-default values, and validates every rendered object
 against the Kubernetes OpenAPI schemas bundled with kubernetes-validate (strict mode: unknown
 fields are errors). The chart invariants checked here are the deployment contract of
-ARCHITECTURE.md §8: one Deployment + Service per service, gRPC health probes, config via
+docs/architecture.md §8: one Deployment + Service per service, gRPC health probes, config via
 values, and only kv-gateway gets the DynamoDB table and its credentials.
 
 A missing helm binary is a FAILURE (run `make tools`), never a skip.

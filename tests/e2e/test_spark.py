@@ -20,6 +20,7 @@ from quarry import errors
 from quarry.spark.common import EPHEMERAL_PREFIX, JOB_DATA_PREFIX
 from quarry.v1 import types_pb2
 from support.suite import running_suite
+from support.wait import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -585,8 +586,6 @@ def _slow():
 
 
 def test_a_cancelled_job_leaves_the_target_unchanged(spark, suite, client, conn, repo):
-    import time
-
     head = client.get_branch(repo, "main").commit_id
     frame = numbers(spark, 0, 100, 2).mapInArrow(_slow(), "id long, doubled long, label string")
     outcome: list = []
@@ -600,11 +599,16 @@ def test_a_cancelled_job_leaves_the_target_unchanged(spark, suite, client, conn,
 
     writer = threading.Thread(target=run)
     writer.start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not [
-            b for b in client.iter_branches(repo) if b.name.startswith(EPHEMERAL_PREFIX)]:
-        time.sleep(0.05)
-    time.sleep(1.0)  # the tasks are running
+    wait_until(lambda: [b for b in client.iter_branches(repo)
+                        if b.name.startswith(EPHEMERAL_PREFIX)],
+               timeout=60, interval=0.05, what="the job's ephemeral branch")
+    tracker = spark.sparkContext.statusTracker()
+
+    def tasks_running() -> bool:
+        stages = (tracker.getStageInfo(stage) for stage in tracker.getActiveStageIds())
+        return any(stage is not None and stage.numActiveTasks > 0 for stage in stages)
+
+    wait_until(tasks_running, timeout=60, interval=0.05, what="the write's tasks to run")
     spark.sparkContext.cancelAllJobs()
     writer.join(60)
     assert not writer.is_alive()
@@ -644,7 +648,6 @@ def test_a_killed_driver_leaves_the_target_unchanged_and_a_sweep_and_gc_clean_up
     import signal
     import subprocess
     import sys
-    import time
 
     from quarry.retention import RetentionRules
     from quarry.spark.gc import collect_garbage
@@ -656,14 +659,13 @@ def test_a_killed_driver_leaves_the_target_unchanged_and_a_sweep_and_gc_clean_up
                                f"quarry://{repo}/main/t"], start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        staged = []
-        while time.monotonic() < deadline and not staged:
+        def staged_on_the_ephemeral_branch() -> list:
             ephemeral = [b.name for b in client.iter_branches(repo)
                          if b.name.startswith(EPHEMERAL_PREFIX)]
-            if ephemeral:
-                staged = list(client.iter_uncommitted(repo, ephemeral[0]))
-            time.sleep(0.2)
+            return list(client.iter_uncommitted(repo, ephemeral[0])) if ephemeral else []
+
+        staged = wait_until(staged_on_the_ephemeral_branch, timeout=120, interval=0.2,
+                            what="the first task to stage its file")
         assert staged, "the first task never staged its file"
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and its workers

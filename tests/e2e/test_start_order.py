@@ -26,6 +26,7 @@ from quarry.v1 import (branch_manager_pb2, branch_manager_pb2_grpc, committer_pb
                        committer_pb2_grpc, compactor_sensor_pb2, compactor_sensor_pb2_grpc,
                        server_info_pb2, server_info_pb2_grpc)
 from support.processes import VENV_BIN, free_port, quarry_env, wait_health
+from support.wait import wait_until
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -162,10 +163,8 @@ def test_services_started_before_the_kv_gateway_wait_for_it_and_follow_it(procs,
         client.put_object("demo", "main", path="t/a.parquet",
                           physical_address="s3://bucket/a.parquet", size_bytes=10)
         # The sensor's statistics (its loop started behind the gate) see the staged write.
-        deadline = time.monotonic() + 20
-        while client.branch_staging_stats("demo", "main").puts < 1:
-            assert time.monotonic() < deadline, "the sensor never counted the write"
-            time.sleep(0.1)
+        wait_until(lambda: client.branch_staging_stats("demo", "main").puts >= 1,
+                   timeout=20, interval=0.1, what="the sensor to count the write")
         first = client.commit("demo", "main", "first").commit
 
     # The kv-gateway dies: health follows, calls are refused with the reason.

@@ -1,4 +1,4 @@
-"""Storage namespaces are owned (ARCHITECTURE.md §2, issue 10 items 2 and 3), through a real
+"""Storage namespaces are owned (docs/architecture.md §2, issue 10 items 2 and 3), through a real
 branch-manager and range-writer over gRPC: namespaces are validated and normalized, a
 repository never claims a namespace that is not empty or overlaps another repository's,
 the ownership marker is written before the repository is visible, and the environment's

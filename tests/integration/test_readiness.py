@@ -18,10 +18,11 @@ from quarry.kv.memory import MemoryStore
 from quarry.kv.remote import RemoteStore
 from quarry.runtime.format_version import FormatVersionMismatch, ensure_format_version
 from quarry.runtime.periodic import PeriodicWorker
-from quarry.runtime.server import create_server, service_dependency
+from quarry.runtime.server import Dependency, create_server, service_dependency
 from quarry.v1 import kv_pb2, kv_pb2_grpc, server_info_pb2, server_info_pb2_grpc
 from support.processes import free_port, health_status, wait_health
 from support.servers import settings_for_tests
+from support.wait import wait_until
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -107,8 +108,11 @@ def test_start_up_work_waits_until_it_can_run_and_runs_once():
     def check_format() -> None:
         runs.append(ensure_format_version(remote))
 
+    probe_rounds = []  # a dependency that always answers: counts B's probe rounds
     spec = gateway_spec()
     spec.on_ready = [check_format]
+    spec.dependencies = [*spec.dependencies,
+                         Dependency("round-counter", "-", lambda timeout: probe_rounds.append(1))]
     b, b_port = start(spec)
     b_target = f"127.0.0.1:{b_port}"
     try:
@@ -121,7 +125,10 @@ def test_start_up_work_waits_until_it_can_run_and_runs_once():
         a, _ = start(gateway_spec(backend), port=a_port)
         try:
             wait_health(b_target, SERVING, timeout=10)
-            time.sleep(0.3)  # several more probe rounds: the work is not run again
+            # Several more probe rounds: the work is not run again.
+            rounds_when_ready = len(probe_rounds)
+            wait_until(lambda: len(probe_rounds) >= rounds_when_ready + 3,
+                       what="three more probe rounds")
             assert runs == [quarry.FORMAT_VERSION]
             assert backend.get(b"quarry", b"format-version").value == \
                 str(quarry.FORMAT_VERSION).encode()
@@ -149,13 +156,10 @@ def test_a_format_version_mismatch_found_later_still_refuses():
     other_build.on_ready.clear()  # a gateway of another build serves that store
     a, _ = start(other_build, port=a_port)
     try:
-        deadline = time.monotonic() + 10
-        while b.failure is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: b.failure is not None, what="the refusal to be recorded")
         assert isinstance(b.failure, FormatVersionMismatch)
         assert "quarry export" in str(b.failure)
-        while b.readiness.worker.running and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: not b.readiness.worker.running, what="the probe loop to end")
         assert not b.readiness.worker.running  # no retry loop on a refusal
         assert health_status(b_target) == NOT_SERVING
     finally:

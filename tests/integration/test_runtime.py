@@ -1,7 +1,6 @@
 """The common service runtime, exercised on a real kv-gateway over loopback."""
 
 import threading
-import time
 
 import grpc
 import pytest
@@ -16,7 +15,9 @@ from quarry.runtime.errors import from_rpc_error
 from quarry.runtime.format_version import FormatVersionMismatch, ensure_format_version
 from quarry.runtime.server import ServiceSpec, create_server
 from quarry.v1 import kv_pb2, kv_pb2_grpc, server_info_pb2, server_info_pb2_grpc
+from support.processes import health_status
 from support.servers import kv_gateway, settings_for_tests
+from support.wait import wait_until
 
 
 def error_info_of(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
@@ -132,24 +133,32 @@ def test_unexpected_exceptions_hide_the_stack_trace():
 
 
 def test_graceful_stop_lets_in_flight_calls_finish():
-    started = threading.Event()
+    started, release = threading.Event(), threading.Event()
 
     def slow(request, context):
         started.set()
-        time.sleep(0.5)
+        # Held until the graceful stop has begun, so the call is in flight during it.
+        assert release.wait(10)
         return b"done"
 
     spec = _spec_with_handlers("kv-gateway", {
         "Slow": grpc.unary_unary_rpc_method_handler(slow, _identity, _identity)})
     server, port = create_server(settings_for_tests(), spec, port=0, host="127.0.0.1")
     results = []
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+    target = f"127.0.0.1:{port}"
+    with grpc.insecure_channel(target) as channel:
         call = threading.Thread(target=lambda: results.append(
             channel.unary_unary("/test.v1.Test/Slow")(b"x", timeout=10)))
         call.start()
         assert started.wait(5)
-        server.stop(grace=5)
+        stopping = threading.Thread(target=server.stop, kwargs={"grace": 5})
+        stopping.start()
+        # The server no longer reports SERVING (or no longer answers): the stop has begun.
+        wait_until(lambda: health_status(target) != health_pb2.HealthCheckResponse.SERVING,
+                   what="the graceful stop to begin")
+        release.set()
         call.join(10)
+        stopping.join(10)
     assert results == [b"done"]
 
 

@@ -7,12 +7,13 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Iterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from support.wait import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -50,26 +51,32 @@ def wait_health(target: str, status: int, service: str = "", timeout: float = 20
                 child: subprocess.Popen | None = None) -> None:
     """Poll until `service` at `target` reports `status` (e.g. NOT_SERVING); fail early if
     `child` (the process serving it) exits meanwhile."""
-    deadline = time.monotonic() + timeout
-    seen = None
+    seen: list[object] = [None]
     with grpc.insecure_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        while True:
+
+        def reached() -> bool:
             try:
-                seen = stub.Check(health_pb2.HealthCheckRequest(service=service),
-                                  timeout=1).status
-                if seen == status:
-                    return
+                seen[0] = stub.Check(health_pb2.HealthCheckRequest(service=service),
+                                     timeout=1).status
             except grpc.RpcError as error:
-                seen = error.code()
+                seen[0] = error.code()
+            if seen[0] == status:
+                return True
             if child is not None and child.poll() is not None:
                 raise AssertionError(f"the process serving {target} exited with "
-                                     f"{child.returncode} (health was {seen})")
-            if time.monotonic() > deadline:
-                name = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
-                raise TimeoutError(f"{target} did not report {name} for {service!r} within "
-                                   f"{timeout}s (last: {seen})")
-            time.sleep(0.05)
+                                     f"{child.returncode} (health was {seen[0]})")
+            return False
+
+        name = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
+        try:
+            wait_until(reached, timeout=timeout, interval=0.05,
+                       what=f"{target} to report {name} for {service!r}")
+        except AssertionError as timed_out:
+            if child is not None and child.poll() is not None:
+                raise
+            raise TimeoutError(f"{target} did not report {name} for {service!r} within "
+                               f"{timeout}s (last: {seen[0]})") from timed_out
 
 
 @contextlib.contextmanager

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from quarry import errors
@@ -15,10 +17,14 @@ def test_defaults_without_environment():
 
 
 def test_environment_overrides_and_types():
-    settings = load_settings(env={"QUARRY_KV_GATEWAY_PORT": "9999",
-                                  "QUARRY_KV_LIMITER_ENABLED": "true",
-                                  "QUARRY_KV_AMORTIZE_READS": "false",
-                                  "QUARRY_KV_URL": "memory://"})
+    settings = load_settings(
+        env={
+            "QUARRY_KV_GATEWAY_PORT": "9999",
+            "QUARRY_KV_LIMITER_ENABLED": "true",
+            "QUARRY_KV_AMORTIZE_READS": "false",
+            "QUARRY_KV_URL": "memory://",
+        }
+    )
     assert settings.kv_gateway_port == 9999
     assert settings.kv_limiter_enabled is True
     assert settings.kv_amortize_reads is False
@@ -28,8 +34,9 @@ def test_environment_overrides_and_types():
 def test_file_then_environment(tmp_path):
     path = tmp_path / "quarry.toml"
     path.write_text('kv_url = "memory://"\nkv_gateway_port = 8000\nlog_level = "DEBUG"\n')
-    settings = load_settings(env={"QUARRY_CONFIG_FILE": str(path),
-                                  "QUARRY_KV_GATEWAY_PORT": "8001"})
+    settings = load_settings(
+        env={"QUARRY_CONFIG_FILE": str(path), "QUARRY_KV_GATEWAY_PORT": "8001"}
+    )
     assert settings.kv_url == "memory://"
     assert settings.log_level == "DEBUG"
     assert settings.kv_gateway_port == 8001  # the environment wins over the file
@@ -41,13 +48,13 @@ def test_bad_values_are_refused_clearly(tmp_path):
     with pytest.raises(errors.InvalidArgument, match="QUARRY_KV_LIMITER_ENABLED"):
         load_settings(env={"QUARRY_KV_LIMITER_ENABLED": "maybe"})
     path = tmp_path / "bad.toml"
-    path.write_text('no_such_setting = 1\n')
+    path.write_text("no_such_setting = 1\n")
     with pytest.raises(errors.InvalidArgument, match="no_such_setting"):
         load_settings(env={"QUARRY_CONFIG_FILE": str(path)})
 
 
 def test_settings_are_frozen():
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         Settings().kv_url = "memory://"  # type: ignore[misc]
 
 
@@ -57,3 +64,57 @@ def test_every_setting_is_documented():
     for env_name, _default, description in rows:
         assert env_name.startswith("QUARRY_")
         assert description, f"{env_name} has no description comment in quarry/config.py"
+
+
+def test_descriptions_live_with_the_fields():
+    from dataclasses import fields
+
+    from quarry.config import describe_settings
+
+    by_name = {f.name: f for f in fields(Settings)}
+    for info in describe_settings():
+        assert info.description == by_name[info.name].metadata["description"]
+        assert info.env == "QUARRY_" + info.name.upper()
+        assert info.type in (str, int, float, bool)
+    # One description per setting: a description copied onto its neighbours (every *_PORT
+    # once said "Address services bind to") is caught here.
+    descriptions = [info.description for info in describe_settings()]
+    assert len(set(descriptions)) == len(descriptions)
+    port = next(i for i in describe_settings() if i.name == "committer_port")
+    assert "port" in port.description and "committer" in port.description
+
+
+def test_addresses_follow_ports_unless_given():
+    settings = load_settings(
+        env={
+            "QUARRY_KV_GATEWAY_PORT": "9999",
+            "QUARRY_COMMITTER_PORT": "9998",
+            "QUARRY_COMMITTER_ADDRESS": "elsewhere:7403",
+        }
+    )
+    assert settings.kv_gateway_address == "127.0.0.1:9999"
+    assert settings.address_of("kv-gateway") == "127.0.0.1:9999"
+    assert settings.address_follows_port("kv-gateway")
+    # Given explicitly: kept, whatever the port.
+    assert settings.committer_address == "elsewhere:7403"
+    assert not settings.address_follows_port("committer")
+    assert Settings().branch_manager_address == "127.0.0.1:7402"
+    # replace() keeps a derived address derived and an explicit one explicit.
+    moved = settings.replace(kv_gateway_port=9000, committer_port=9001)
+    assert moved.kv_gateway_address == "127.0.0.1:9000"
+    assert moved.committer_address == "elsewhere:7403"
+    assert (
+        settings.replace(kv_gateway_address="x:1").replace(kv_gateway_port=2).kv_gateway_address
+        == "x:1"
+    )
+    # The dialled host is the listen host when it names one host, else loopback.
+    assert Settings(listen_host="0.0.0.0").range_writer_address == "127.0.0.1:7405"
+    assert Settings(listen_host="127.0.0.2").range_writer_address == "127.0.0.2:7405"
+    assert Settings(listen_host="::1").range_writer_address == "[::1]:7405"
+
+
+def test_toml_port_moves_the_address(tmp_path):
+    path = tmp_path / "quarry.toml"
+    path.write_text("range_writer_port = 8123\n")
+    settings = load_settings(env={"QUARRY_CONFIG_FILE": str(path)})
+    assert settings.range_writer_address == "127.0.0.1:8123"

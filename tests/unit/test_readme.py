@@ -15,12 +15,13 @@ def test_readme_settings_table_is_current():
         main(["settings", "--markdown"])
     text = README.read_text()
     begin = text.index("<!-- settings:begin")
-    block = text[text.index("\n", begin) + 1:text.index("<!-- settings:end -->")]
+    block = text[text.index("\n", begin) + 1 : text.index("<!-- settings:end -->")]
     assert block == buffer.getvalue(), (
-        "README settings table is stale: regenerate it with `quarry settings --markdown`")
+        "README settings table is stale: regenerate it with `quarry settings --markdown`"
+    )
 
 
 def test_readme_starts_with_the_two_commands():
     text = README.read_text()
-    first_block = text[text.index("```sh"):text.index("```", text.index("```sh") + 5)]
+    first_block = text[text.index("```sh") : text.index("```", text.index("```sh") + 5)]
     assert "make run" in first_block and "make test" in first_block

@@ -20,7 +20,7 @@ from typing import IO
 import quarry
 from quarry import errors
 from quarry.cli.base import Subparsers
-from quarry.config import SERVICES, load_settings, settings_table
+from quarry.config import SERVICES, load_settings, settings_markdown, settings_text
 
 # The services built so far. Each maps to the module whose `build(settings) -> ServiceSpec`
 # wires it and whose DEPENDS_ON names the services it needs in order to serve.
@@ -209,15 +209,7 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 
 def cmd_settings(args: argparse.Namespace) -> int:
-    rows = settings_table()
-    if args.markdown:
-        print("| variable | default | meaning |")
-        print("|---|---|---|")
-        for env_name, default, description in rows:
-            print(f"| `{env_name}` | `{default}` | {description} |")
-        return 0
-    for env_name, default, description in rows:
-        print(f"{env_name:<42} {default:<18} {description}")
+    print(settings_markdown() if args.markdown else settings_text(), end="")
     return 0
 
 

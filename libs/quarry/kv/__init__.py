@@ -16,6 +16,7 @@ from quarry.kv.store import (
     MAX_ITEM_BYTES,
     MAX_KEY_BYTES,
     MAX_PARTITION_KEY_BYTES,
+    MAX_SCAN_BATCH_SIZE,
     BackendUnavailable,
     Equals,
     GetResult,
@@ -37,11 +38,33 @@ from quarry.kv.store import (
 )
 
 __all__ = [
-    "ABSENT", "DEFAULT_SCAN_BATCH_SIZE", "EXISTS", "ITEM_ATTRIBUTE_NAMES", "MAX_ITEM_BYTES",
-    "MAX_KEY_BYTES", "MAX_PARTITION_KEY_BYTES", "BackendUnavailable", "Equals", "GetResult",
-    "ItemTooLarge", "KeyNotFound", "KeyTooLarge", "KeyValue", "MissingKey",
-    "MissingPartitionKey", "MissingPredicate", "MissingValue", "Predicate", "PredicateFailed",
-    "ScanIterator", "Store", "Throttled", "UnknownPartitionClass", "item_size", "open_store",
+    "ABSENT",
+    "DEFAULT_SCAN_BATCH_SIZE",
+    "MAX_SCAN_BATCH_SIZE",
+    "EXISTS",
+    "ITEM_ATTRIBUTE_NAMES",
+    "MAX_ITEM_BYTES",
+    "MAX_KEY_BYTES",
+    "MAX_PARTITION_KEY_BYTES",
+    "BackendUnavailable",
+    "Equals",
+    "GetResult",
+    "ItemTooLarge",
+    "KeyNotFound",
+    "KeyTooLarge",
+    "KeyValue",
+    "MissingKey",
+    "MissingPartitionKey",
+    "MissingPredicate",
+    "MissingValue",
+    "Predicate",
+    "PredicateFailed",
+    "ScanIterator",
+    "Store",
+    "Throttled",
+    "UnknownPartitionClass",
+    "item_size",
+    "open_store",
 ]
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -64,6 +87,7 @@ def open_store(url: str) -> Store:
 
     if scheme == "memory":
         from quarry.kv.memory import MemoryStore
+
         return MemoryStore()
 
     if scheme == "sqlite":
@@ -72,6 +96,7 @@ def open_store(url: str) -> Store:
         if not path:
             raise errors.InvalidArgument(f"sqlite URL needs a file path: {url!r}")
         from quarry.kv.sqlite import SQLiteStore
+
         return SQLiteStore(path)
 
     if scheme == "dynamodb":
@@ -85,16 +110,22 @@ def open_store(url: str) -> Store:
         if create not in _TRUE | _FALSE:
             raise errors.InvalidArgument(f"create_table must be true or false, not {create!r}")
         from quarry.kv.dynamodb import DynamoDBStore
-        return DynamoDBStore(table, endpoint_url=params.get("endpoint_url") or None,
-                             region=params.get("region") or "us-east-1",
-                             create_table=create in _TRUE)
+
+        return DynamoDBStore(
+            table,
+            endpoint_url=params.get("endpoint_url") or None,
+            region=params.get("region") or "us-east-1",
+            create_table=create in _TRUE,
+        )
 
     if scheme == "quarry":
         # The kv-gateway client (quarry.kv.remote), written alongside the gateway service.
         if not parsed.netloc:
             raise errors.InvalidArgument(f"quarry URL needs host:port: {url!r}")
         from quarry.kv.remote import RemoteStore
+
         return RemoteStore(parsed.netloc)
 
-    raise errors.InvalidArgument(f"unknown KV store URL {url!r} (expected memory://, "
-                                 "sqlite://, dynamodb:// or quarry://)")
+    raise errors.InvalidArgument(
+        f"unknown KV store URL {url!r} (expected memory://, sqlite://, dynamodb:// or quarry://)"
+    )

@@ -1,4 +1,4 @@
-"""Amortized reads: identical concurrent `get`s share one backend read (ARCHITECTURE.md §3).
+"""Amortized reads: identical concurrent `get`s share one backend read (docs/architecture.md §3).
 
 Hot keys (branch records above all: every staged write reads its branch twice) are read by
 many requests at once. Rather than send each of them to the backend, requests for the same
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from quarry.kv import store
 
@@ -65,6 +65,7 @@ class _Flight:
             # Each member gets its own copy: raising one exception object from several
             # threads would splice their tracebacks together.
             raise _copy_error(self.error)
+        assert self.result is not None  # a flight that did not fail has its result
         return self.result
 
 
@@ -94,6 +95,11 @@ class AmortizedStore(store.Store):
         with self._lock:
             return AmortizationStats(requests=self._requests, backend_reads=self._backend_reads)
 
+    def keys_in_flight(self) -> int:
+        """Keys with a backend read in progress or queued (0 once every get has returned)."""
+        with self._lock:
+            return len(self._flights)
+
     def get(self, partition: bytes, key: bytes) -> store.GetResult:
         flight_key = (_hashable(partition), _hashable(key))
         with self._lock:
@@ -119,8 +125,9 @@ class AmortizedStore(store.Store):
             self._wait_and_promote(flight_key, flight, previous)
         return self._read(flight_key, flight)
 
-    def _wait_and_promote(self, flight_key: tuple[bytes, bytes], flight: _Flight,
-                          previous: _Flight) -> None:
+    def _wait_and_promote(
+        self, flight_key: tuple[bytes, bytes], flight: _Flight, previous: _Flight
+    ) -> None:
         """As leader of NEXT: wait out the read in progress, then make `flight` the one in
         progress (the caller issues its read). `previous` failing does not matter here."""
         try:
@@ -168,15 +175,21 @@ class AmortizedStore(store.Store):
     def set(self, partition: bytes, key: bytes, value: bytes) -> None:
         self.inner.set(partition, key, value)
 
-    def set_if(self, partition: bytes, key: bytes, value: bytes,
-               predicate: store.Predicate) -> None:
+    def set_if(
+        self, partition: bytes, key: bytes, value: bytes, predicate: store.Predicate
+    ) -> None:
         self.inner.set_if(partition, key, value, predicate)
 
     def delete(self, partition: bytes, key: bytes) -> None:
         self.inner.delete(partition, key)
 
-    def scan(self, partition: bytes, start: bytes = b"", end: bytes | None = None,
-             batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE) -> store.ScanIterator:
+    def scan(
+        self,
+        partition: bytes,
+        start: bytes = b"",
+        end: bytes | None = None,
+        batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE,
+    ) -> store.ScanIterator:
         return self.inner.scan(partition, start, end, batch_size)
 
     def batch_get(self, items: Sequence[tuple[bytes, bytes]]) -> list[store.GetResult | None]:

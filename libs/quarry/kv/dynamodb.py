@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import boto3
 import botocore.config
@@ -35,32 +37,55 @@ PK, K, V = (n.decode() for n in store.ITEM_ATTRIBUTE_NAMES)
 BATCH_GET_MAX_KEYS = 100
 BATCH_WRITE_MAX_ITEMS = 25
 
-_THROTTLE_CODES = frozenset({
-    "ProvisionedThroughputExceededException",
-    "ThrottlingException",
-    "RequestLimitExceeded",
-})
-_UNAVAILABLE_CODES = frozenset({
-    "InternalServerError",
-    "ServiceUnavailable",
-    "ResourceNotFoundException",  # the table is gone (or not created yet)
-})
+_THROTTLE_CODES = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+    }
+)
+_UNAVAILABLE_CODES = frozenset(
+    {
+        "InternalServerError",
+        "ServiceUnavailable",
+        "ResourceNotFoundException",  # the table is gone (or not created yet)
+    }
+)
 
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class DynamoDBOptions:
+    """Credentials, retries and timeouts of a DynamoDBStore (the defaults suit production)."""
+
+    aws_access_key_id: str | None = None
+    aws_secret_access_key: str | None = None
+    # Throttled calls are retried this many times with jittered exponential backoff.
+    max_throttle_retries: int = 8
+    backoff_base: float = 0.05
+    backoff_max: float = 2.0
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    max_pool_connections: int = 64
+
+
 class DynamoDBStore(store.Store):
-    def __init__(self, table_name: str, endpoint_url: str | None = None,
-                 region: str = "us-east-1", create_table: bool = True, *,
-                 aws_access_key_id: str | None = None,
-                 aws_secret_access_key: str | None = None,
-                 max_throttle_retries: int = 8, backoff_base: float = 0.05,
-                 backoff_max: float = 2.0, connect_timeout: float = 5.0,
-                 read_timeout: float = 30.0, max_pool_connections: int = 64):
+    def __init__(
+        self,
+        table_name: str,
+        endpoint_url: str | None = None,
+        region: str = "us-east-1",
+        create_table: bool = True,
+        options: DynamoDBOptions | None = None,
+    ):
+        options = options or DynamoDBOptions()
+        aws_access_key_id = options.aws_access_key_id
+        aws_secret_access_key = options.aws_secret_access_key
         self.table_name = table_name
-        self.max_throttle_retries = max_throttle_retries
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
+        self.max_throttle_retries = options.max_throttle_retries
+        self.backoff_base = options.backoff_base
+        self.backoff_max = options.backoff_max
         if endpoint_url and aws_access_key_id is None:
             # A local endpoint (dynalite) needs some credentials to sign with; do not make
             # boto3 search the environment/instance metadata for them. Real credentials
@@ -70,14 +95,27 @@ class DynamoDBStore(store.Store):
                 aws_access_key_id, aws_secret_access_key = "local", "local"
         config = botocore.config.Config(
             retries={"mode": "standard", "total_max_attempts": 1},
-            connect_timeout=connect_timeout, read_timeout=read_timeout,
-            max_pool_connections=max_pool_connections)
+            connect_timeout=options.connect_timeout,
+            read_timeout=options.read_timeout,
+            max_pool_connections=options.max_pool_connections,
+        )
         # Low-level clients are thread-safe; sessions are not, so build one just for this.
         self._client = boto3.session.Session().client(
-            "dynamodb", endpoint_url=endpoint_url, region_name=region, config=config,
-            aws_access_key_id=aws_access_key_id, aws_secret_access_key=aws_secret_access_key)
+            "dynamodb",
+            endpoint_url=endpoint_url,
+            region_name=region,
+            config=config,
+            aws_access_key_id=aws_access_key_id,
+            aws_secret_access_key=aws_secret_access_key,
+        )
         if create_table:
             self._ensure_table()
+
+    @property
+    def client(self) -> Any:
+        """The boto3 DynamoDB client this store calls (e.g. to inspect its endpoint, or to
+        stub its responses with botocore's Stubber)."""
+        return self._client
 
     # ---- table ----
 
@@ -89,35 +127,44 @@ class DynamoDBStore(store.Store):
                 raise  # the endpoint is down, not the table missing
             try:
                 self._call(
-                    self._client.create_table, TableName=self.table_name,
-                    AttributeDefinitions=[{"AttributeName": PK, "AttributeType": "B"},
-                                          {"AttributeName": K, "AttributeType": "B"}],
-                    KeySchema=[{"AttributeName": PK, "KeyType": "HASH"},
-                               {"AttributeName": K, "KeyType": "RANGE"}],
-                    BillingMode="PAY_PER_REQUEST")
+                    self._client.create_table,
+                    TableName=self.table_name,
+                    AttributeDefinitions=[
+                        {"AttributeName": PK, "AttributeType": "B"},
+                        {"AttributeName": K, "AttributeType": "B"},
+                    ],
+                    KeySchema=[
+                        {"AttributeName": PK, "KeyType": "HASH"},
+                        {"AttributeName": K, "KeyType": "RANGE"},
+                    ],
+                    BillingMode="PAY_PER_REQUEST",
+                )
             except errors.QuarryError as e2:
                 # Another process created it first: fine, wait for it like ours.
                 if _error_code(e2.__cause__) != "ResourceInUseException":
                     raise
             self._client.get_waiter("table_exists").wait(
-                TableName=self.table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 120})
+                TableName=self.table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 120}
+            )
             return
         schema = {(a["AttributeName"], a["KeyType"]) for a in table["KeySchema"]}
         if schema != {(PK, "HASH"), (K, "RANGE")}:
             raise errors.FailedPrecondition(
                 f"DynamoDB table {self.table_name} has key schema {sorted(schema)}; "
-                f"expected {PK} HASH + {K} RANGE")
+                f"expected {PK} HASH + {K} RANGE"
+            )
         if table["TableStatus"] != "ACTIVE":
             self._client.get_waiter("table_exists").wait(
-                TableName=self.table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 120})
+                TableName=self.table_name, WaiterConfig={"Delay": 1, "MaxAttempts": 120}
+            )
 
     # ---- calls, retries and error mapping ----
 
     def _backoff(self, attempt: int) -> float:
         # Full jitter: spreads retries of many clients hitting one hot partition.
-        return random.uniform(0, min(self.backoff_max, self.backoff_base * 2 ** attempt))
+        return random.uniform(0, min(self.backoff_max, self.backoff_base * 2**attempt))
 
-    def _call(self, fn: Callable[..., T], **kwargs) -> T:
+    def _call(self, fn: Callable[..., T], **kwargs: Any) -> T:
         """Call the client; retry throttling with backoff; map every error to a domain one."""
         attempt = 0
         while True:
@@ -132,11 +179,10 @@ class DynamoDBStore(store.Store):
                         continue
                     raise store.Throttled(
                         f"DynamoDB throttled after {attempt + 1} attempts: {code}",
-                        retry_delay=min(self.backoff_max, self.backoff_base * 2 ** attempt)
+                        retry_delay=min(self.backoff_max, self.backoff_base * 2**attempt),
                     ) from e
                 raise _translate(e, code) from e
-            except (botocore.exceptions.ConnectionError,
-                    botocore.exceptions.HTTPClientError) as e:
+            except (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError) as e:
                 raise store.BackendUnavailable(f"DynamoDB unreachable: {e}") from e
 
     def _key(self, partition: bytes, key: bytes) -> dict:
@@ -146,9 +192,13 @@ class DynamoDBStore(store.Store):
 
     def get(self, partition: bytes, key: bytes) -> GetResult:
         store.check_key(partition, key)
-        resp = self._call(self._client.get_item, TableName=self.table_name,
-                          Key=self._key(partition, key), ConsistentRead=True,
-                          ProjectionExpression=V)
+        resp = self._call(
+            self._client.get_item,
+            TableName=self.table_name,
+            Key=self._key(partition, key),
+            ConsistentRead=True,
+            ProjectionExpression=V,
+        )
         item = resp.get("Item")
         if item is None:
             raise store.KeyNotFound("key not found")
@@ -157,11 +207,13 @@ class DynamoDBStore(store.Store):
 
     def set(self, partition: bytes, key: bytes, value: bytes) -> None:
         store.check_item(partition, key, value)
-        self._call(self._client.put_item, TableName=self.table_name,
-                   Item=self._item(partition, key, value))
+        self._call(
+            self._client.put_item, TableName=self.table_name, Item=self._item(partition, key, value)
+        )
 
-    def set_if(self, partition: bytes, key: bytes, value: bytes,
-               predicate: store.Predicate) -> None:
+    def set_if(
+        self, partition: bytes, key: bytes, value: bytes, predicate: store.Predicate
+    ) -> None:
         store.check_item(partition, key, value)
         store.check_predicate(predicate)
         kwargs: dict = {"TableName": self.table_name, "Item": self._item(partition, key, value)}
@@ -170,6 +222,7 @@ class DynamoDBStore(store.Store):
         elif predicate is store.EXISTS:
             kwargs["ConditionExpression"] = f"attribute_exists({PK})"
         else:
+            assert isinstance(predicate, store.Equals)  # check_predicate allows nothing else
             # A comparison with a missing item's attribute is false, so no existence check.
             kwargs["ConditionExpression"] = f"{V} = :prev"
             kwargs["ExpressionAttributeValues"] = {":prev": {"B": predicate.value}}
@@ -177,11 +230,17 @@ class DynamoDBStore(store.Store):
 
     def delete(self, partition: bytes, key: bytes) -> None:
         store.check_key(partition, key)
-        self._call(self._client.delete_item, TableName=self.table_name,
-                   Key=self._key(partition, key))
+        self._call(
+            self._client.delete_item, TableName=self.table_name, Key=self._key(partition, key)
+        )
 
-    def scan(self, partition: bytes, start: bytes = b"", end: bytes | None = None,
-             batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE) -> store.ScanIterator:
+    def scan(
+        self,
+        partition: bytes,
+        start: bytes = b"",
+        end: bytes | None = None,
+        batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE,
+    ) -> store.ScanIterator:
         end = store.normalize_end(end)
         store.check_scan(partition, start, end, batch_size)
         return store.PagedScanIterator(self._page, partition, start, end, batch_size)
@@ -192,12 +251,14 @@ class DynamoDBStore(store.Store):
         found: dict[tuple[bytes, bytes], bytes] = {}
         distinct = list(dict.fromkeys((bytes(p), bytes(k)) for p, k in items))
         for i in range(0, len(distinct), BATCH_GET_MAX_KEYS):
-            chunk = distinct[i:i + BATCH_GET_MAX_KEYS]
-            pending: dict = {self.table_name: {
-                "Keys": [self._key(p, k) for p, k in chunk],
-                "ConsistentRead": True,
-                "ProjectionExpression": f"{PK}, {K}, {V}",
-            }}
+            chunk = distinct[i : i + BATCH_GET_MAX_KEYS]
+            pending: dict = {
+                self.table_name: {
+                    "Keys": [self._key(p, k) for p, k in chunk],
+                    "ConsistentRead": True,
+                    "ProjectionExpression": f"{PK}, {K}, {V}",
+                }
+            }
 
             def send(request: dict) -> dict:
                 resp = self._call(self._client.batch_get_item, RequestItems=request)
@@ -220,8 +281,9 @@ class DynamoDBStore(store.Store):
         for p, k, v in items:
             last.pop((bytes(p), bytes(k)), None)
             last[(bytes(p), bytes(k))] = bytes(v)
-        self._batch_write([{"PutRequest": {"Item": self._item(p, k, v)}}
-                           for (p, k), v in last.items()])
+        self._batch_write(
+            [{"PutRequest": {"Item": self._item(p, k, v)}} for (p, k), v in last.items()]
+        )
 
     def batch_delete(self, items: Sequence[tuple[bytes, bytes]]) -> None:
         store.check_batch_keys(items)
@@ -238,7 +300,7 @@ class DynamoDBStore(store.Store):
 
     def _batch_write(self, requests: list[dict]) -> None:
         for i in range(0, len(requests), BATCH_WRITE_MAX_ITEMS):
-            pending = {self.table_name: requests[i:i + BATCH_WRITE_MAX_ITEMS]}
+            pending = {self.table_name: requests[i : i + BATCH_WRITE_MAX_ITEMS]}
 
             def send(request: dict) -> dict:
                 resp = self._call(self._client.batch_write_item, RequestItems=request)
@@ -246,8 +308,9 @@ class DynamoDBStore(store.Store):
 
             self._drain(pending, send, lambda req: len(req[self.table_name]))
 
-    def _drain(self, request: dict, send: Callable[[dict], dict],
-               count: Callable[[dict], int]) -> None:
+    def _drain(
+        self, request: dict, send: Callable[[dict], dict], count: Callable[[dict], int]
+    ) -> None:
         """Send a batch request until nothing is left unprocessed.
 
         DynamoDB leaves items unprocessed both when throttled and when a response hits its
@@ -264,13 +327,15 @@ class DynamoDBStore(store.Store):
                     raise store.Throttled(
                         f"DynamoDB left {count(left)} batch items unprocessed after "
                         f"{stalled + 1} attempts",
-                        retry_delay=min(self.backoff_max, self.backoff_base * 2 ** stalled))
+                        retry_delay=min(self.backoff_max, self.backoff_base * 2**stalled),
+                    )
                 time.sleep(self._backoff(stalled))
                 stalled += 1
             request = left
 
-    def _page(self, partition: bytes, lower: bytes, after: bytes | None, end: bytes | None,
-              limit: int) -> tuple[list[KeyValue], bytes | None]:
+    def _page(
+        self, partition: bytes, lower: bytes, after: bytes | None, end: bytes | None, limit: int
+    ) -> tuple[list[KeyValue], bytes | None]:
         values: dict = {":p": {"B": partition}}
         # A key condition takes one sort-key comparison. With both bounds, BETWEEN is
         # inclusive of `end`; PagedScanIterator drops a returned `end` key.
@@ -285,9 +350,14 @@ class DynamoDBStore(store.Store):
             values[":lo"] = {"B": lower}
         else:
             condition = f"{PK} = :p"
-        kwargs: dict = {"TableName": self.table_name, "KeyConditionExpression": condition,
-                        "ExpressionAttributeValues": values, "ConsistentRead": True,
-                        "Limit": limit, "ProjectionExpression": f"{K}, {V}"}
+        kwargs: dict = {
+            "TableName": self.table_name,
+            "KeyConditionExpression": condition,
+            "ExpressionAttributeValues": values,
+            "ConsistentRead": True,
+            "Limit": limit,
+            "ProjectionExpression": f"{K}, {V}",
+        }
         if after is not None:
             # `after` was returned under this same condition, so it lies inside the query's
             # bounds (DynamoDB requires that); it need not still exist.

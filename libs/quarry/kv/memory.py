@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 from quarry.kv import store
 from quarry.kv.store import GetResult, KeyValue
@@ -52,8 +52,9 @@ class MemoryStore(store.Store):
         with self._lock:
             self._put(bytes(partition), bytes(key), bytes(value))
 
-    def set_if(self, partition: bytes, key: bytes, value: bytes,
-               predicate: store.Predicate) -> None:
+    def set_if(
+        self, partition: bytes, key: bytes, value: bytes, predicate: store.Predicate
+    ) -> None:
         store.check_item(partition, key, value)
         store.check_predicate(predicate)
         partition, key, value = bytes(partition), bytes(key), bytes(value)
@@ -65,6 +66,7 @@ class MemoryStore(store.Store):
             elif predicate is store.EXISTS:
                 ok = current is not None
             else:
+                assert isinstance(predicate, store.Equals)  # check_predicate allows nothing else
                 ok = current is not None and current == predicate.value
             if not ok:
                 raise store.PredicateFailed(f"predicate {predicate!r} failed")
@@ -75,12 +77,22 @@ class MemoryStore(store.Store):
         with self._lock:
             self._remove(bytes(partition), bytes(key))
 
-    def scan(self, partition: bytes, start: bytes = b"", end: bytes | None = None,
-             batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE) -> store.ScanIterator:
+    def scan(
+        self,
+        partition: bytes,
+        start: bytes = b"",
+        end: bytes | None = None,
+        batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE,
+    ) -> store.ScanIterator:
         end = store.normalize_end(end)
         store.check_scan(partition, start, end, batch_size)
-        return store.PagedScanIterator(self._page, bytes(partition), bytes(start),
-                                   None if end is None else bytes(end), batch_size)
+        return store.PagedScanIterator(
+            self._page,
+            bytes(partition),
+            bytes(start),
+            None if end is None else bytes(end),
+            batch_size,
+        )
 
     def batch_get(self, items: Sequence[tuple[bytes, bytes]]) -> list[GetResult | None]:
         store.check_batch_keys(items)
@@ -121,8 +133,9 @@ class MemoryStore(store.Store):
             # Drop empty partitions so short-lived staging tokens do not accumulate.
             del self._partitions[partition]
 
-    def _page(self, partition: bytes, lower: bytes, after: bytes | None, end: bytes | None,
-              limit: int) -> tuple[list[KeyValue], bytes | None]:
+    def _page(
+        self, partition: bytes, lower: bytes, after: bytes | None, end: bytes | None, limit: int
+    ) -> tuple[list[KeyValue], bytes | None]:
         with self._lock:
             part = self._partitions.get(partition)
             if part is None:
@@ -132,8 +145,6 @@ class MemoryStore(store.Store):
             if after is not None:
                 i = max(i, bisect.bisect_right(keys, after))
             stop = len(keys) if end is None else bisect.bisect_left(keys, end)
-            page = [KeyValue(k, part.values[k]) for k in keys[i:min(stop, i + limit)]]
+            page = [KeyValue(k, part.values[k]) for k in keys[i : min(stop, i + limit)]]
             more = i + limit < stop
         return page, (page[-1].key if more else None)
-
-

@@ -1,4 +1,4 @@
-"""Capacity metering and an optional per-partition limiter (ARCHITECTURE.md §3).
+"""Capacity metering: what DynamoDB would charge for each call (docs/architecture.md §3).
 
 `MeteredStore` computes, whatever the backend, what DynamoDB would charge for each call:
 
@@ -21,53 +21,26 @@ Counting: a *read* or *write* is one request against one partition: `get` = 1, e
 a batch = 1, each scan page = 1. Requests are counted when attempted, including those then
 throttled; `throttled` counts the ones refused, by the local limiter or by the backend.
 
-`PartitionLimiter` reproduces DynamoDB's per-partition throttling locally: a token bucket per
-partition and direction (3,000 read units/s, 1,000 write units/s, burst = one second of
-capacity). Write costs are known before the call and must be available in full. A read's
-cost is known only once the item is seen, so a read is admitted if 1 unit is available, that
-unit is taken up front, and the rest is charged afterwards, possibly into debt; a partition
-in debt refuses further requests until it has refilled. This lets one large read through
-and makes the next ones wait, which is how DynamoDB behaves too.
+The optional `PartitionLimiter` (quarry.kv.limiter) throttles per partition as DynamoDB
+would; metering admits each request through it and charges it what was consumed.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
 import threading
-import time
 import weakref
-import collections
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry
 
 from quarry.kv import partitions, store
-
-READ_UNIT_BYTES = 4 * 1024
-WRITE_UNIT_BYTES = 1024
-
-READ = "read"
-WRITE = "write"
-
-UNKNOWN_CLASS = "unknown"
-
-# How much a bucket holds: one second of capacity, roughly DynamoDB's burst allowance.
-BURST_SECONDS = 1.0
-
-# Float refills (e.g. 0.1 s * 10 units/s) may land a hair below a whole unit.
-_EPSILON = 1e-9
-
-
-def read_units(size_bytes: int) -> int:
-    """Read capacity units of one strongly consistent read of `size_bytes`."""
-    return max(1, -(-size_bytes // READ_UNIT_BYTES))
-
-
-def write_units(size_bytes: int) -> int:
-    """Write capacity units of writing (or deleting) an item of `size_bytes`."""
-    return max(1, -(-size_bytes // WRITE_UNIT_BYTES))
+from quarry.kv.capacity import READ, WRITE, partition_class_or_unknown, read_units, write_units
+from quarry.kv.limiter import PartitionLimiter
 
 
 def _item_size(partition: bytes, key: bytes, value: bytes | None) -> int:
@@ -75,117 +48,8 @@ def _item_size(partition: bytes, key: bytes, value: bytes | None) -> int:
     return store.item_size(partition, key, value if value is not None else b"")
 
 
-def _partition_class_or_unknown(partition: bytes) -> str:
-    try:
-        return partitions.partition_class(partition)
-    except store.UnknownPartitionClass:
-        return UNKNOWN_CLASS
-
-
-# ---- limiter ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why the limiter refused: which partition ran out, and when to try again."""
-
-    partition: bytes
-    kind: str  # READ or WRITE
-    retry_delay: float  # seconds until enough units will have refilled
-
-
-class _Bucket:
-    __slots__ = ("tokens", "updated")
-
-    def __init__(self, tokens: float, updated: float):
-        self.tokens = tokens
-        self.updated = updated
-
-
-class PartitionLimiter:
-    """Token buckets per (partition, READ|WRITE); thread-safe; `clock` is injectable."""
-
-    # Full buckets are indistinguishable from absent ones; forget them this often so the
-    # map does not grow with every staging token ever used.
-    SWEEP_INTERVAL_SECONDS = 10.0
-
-    def __init__(self, read_units_per_second: float = 3000,
-                 write_units_per_second: float = 1000,
-                 clock: Callable[[], float] = time.monotonic):
-        if read_units_per_second <= 0 or write_units_per_second <= 0:
-            raise ValueError("unit rates must be positive")
-        self.rates = {READ: float(read_units_per_second), WRITE: float(write_units_per_second)}
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._buckets: dict[tuple[str, bytes], _Bucket] = {}
-        self._last_sweep = clock()
-
-    def capacity(self, kind: str) -> float:
-        return self.rates[kind] * BURST_SECONDS
-
-    def try_acquire(self, kind: str, units_by_partition: Mapping[bytes, int]) -> Refusal | None:
-        """Take the units from every partition's bucket, or from none of them.
-
-        A cost larger than a whole bucket only needs a full bucket (otherwise it could never
-        pass) and leaves the bucket in debt. Returns None when admitted, else the Refusal
-        with the longest wait, after which the whole request would be admitted.
-        """
-        rate = self.rates[kind]
-        capacity = self.capacity(kind)
-        with self._lock:
-            now = self._clock()
-            self._maybe_sweep(now)
-            refusal: Refusal | None = None
-            admitted: list[tuple[_Bucket, int]] = []
-            for partition, units in units_by_partition.items():
-                bucket = self._refilled_bucket(kind, partition, now)
-                needed = min(units, capacity)
-                if bucket.tokens + _EPSILON < needed:
-                    delay = (needed - bucket.tokens) / rate
-                    if refusal is None or delay > refusal.retry_delay:
-                        refusal = Refusal(partition=partition, kind=kind, retry_delay=delay)
-                admitted.append((bucket, units))
-            if refusal is not None:
-                return refusal
-            for bucket, units in admitted:
-                bucket.tokens -= units
-            return None
-
-    def charge(self, kind: str, partition: bytes, units: int) -> None:
-        """Take `units` unconditionally (the part of a read's cost learnt after the read)."""
-        if units <= 0:
-            return
-        with self._lock:
-            now = self._clock()
-            self._refilled_bucket(kind, partition, now).tokens -= units
-
-    def available(self, kind: str, partition: bytes) -> float:
-        """Units currently in the bucket (negative when in debt); for tests and debugging."""
-        with self._lock:
-            return self._refilled_bucket(kind, partition, self._clock()).tokens
-
-    def _refilled_bucket(self, kind: str, partition: bytes, now: float) -> _Bucket:
-        capacity = self.capacity(kind)
-        bucket = self._buckets.get((kind, partition))
-        if bucket is None:
-            bucket = _Bucket(tokens=capacity, updated=now)
-            self._buckets[(kind, partition)] = bucket
-        elif now > bucket.updated:
-            bucket.tokens = min(capacity,
-                                bucket.tokens + (now - bucket.updated) * self.rates[kind])
-            bucket.updated = now
-        return bucket
-
-    def _maybe_sweep(self, now: float) -> None:
-        if now - self._last_sweep < self.SWEEP_INTERVAL_SECONDS:
-            return
-        self._last_sweep = now
-        for (kind, partition), bucket in list(self._buckets.items()):
-            refilled = bucket.tokens + (now - bucket.updated) * self.rates[kind]
-            if refilled >= self.capacity(kind):
-                del self._buckets[(kind, partition)]
-
-
 # ---- report ----------------------------------------------------------------------------
+
 
 @dataclass
 class CapacityTotals:
@@ -217,25 +81,38 @@ class CapacityReport:
 
 # ---- Prometheus ------------------------------------------------------------------------
 
+
 class _PrometheusMetrics:
     def __init__(self, registry: CollectorRegistry):
         self.read_units = prometheus_client.Counter(
-            "quarry_kv_read_units", "Read capacity units DynamoDB would charge",
-            ["partition_class"], registry=registry)
+            "quarry_kv_read_units",
+            "Read capacity units DynamoDB would charge",
+            ["partition_class"],
+            registry=registry,
+        )
         self.write_units = prometheus_client.Counter(
-            "quarry_kv_write_units", "Write capacity units DynamoDB would charge",
-            ["partition_class"], registry=registry)
+            "quarry_kv_write_units",
+            "Write capacity units DynamoDB would charge",
+            ["partition_class"],
+            registry=registry,
+        )
         self.requests = prometheus_client.Counter(
-            "quarry_kv_requests", "KV requests (per item for batches, per page for scans)",
-            ["partition_class", "op"], registry=registry)
+            "quarry_kv_requests",
+            "KV requests (per item for batches, per page for scans)",
+            ["partition_class", "op"],
+            registry=registry,
+        )
         self.throttled = prometheus_client.Counter(
-            "quarry_kv_throttled", "KV requests refused for capacity (RESOURCE_EXHAUSTED)",
-            ["partition_class"], registry=registry)
+            "quarry_kv_throttled",
+            "KV requests refused for capacity (RESOURCE_EXHAUSTED)",
+            ["partition_class"],
+            registry=registry,
+        )
         # labels() costs a lock and a dict walk per call; the label sets are few, so keep
         # the children (hot path: every KV request records two or three samples).
         self._children: dict[tuple, prometheus_client.Counter] = {}
 
-    def child(self, counter: prometheus_client.Counter, *label_values: str):
+    def child(self, counter: prometheus_client.Counter, *label_values: str) -> Any:
         key = (id(counter), label_values)
         found = self._children.get(key)
         if found is None:
@@ -247,7 +124,8 @@ class _PrometheusMetrics:
 # and several MeteredStores in one process (tests, or several gateways) must share them.
 _metrics_lock = threading.Lock()
 _metrics_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, _PrometheusMetrics] = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 
 
 def _metrics_for(registry: CollectorRegistry) -> _PrometheusMetrics:
@@ -261,6 +139,7 @@ def _metrics_for(registry: CollectorRegistry) -> _PrometheusMetrics:
 
 # ---- the store -------------------------------------------------------------------------
 
+
 class MeteredStore(store.Store):
     """Meters every call (see the module docstring) and, with a limiter, throttles.
 
@@ -270,9 +149,13 @@ class MeteredStore(store.Store):
     recent past of a long-running gateway rather than all of history.
     """
 
-    def __init__(self, inner: store.Store, limiter: PartitionLimiter | None = None,
-                 registry: CollectorRegistry | None = prometheus_client.REGISTRY,
-                 max_tracked_partitions: int = 100_000):
+    def __init__(
+        self,
+        inner: store.Store,
+        limiter: PartitionLimiter | None = None,
+        registry: CollectorRegistry | None = prometheus_client.REGISTRY,
+        max_tracked_partitions: int = 100_000,
+    ):
         if max_tracked_partitions < 2:
             raise ValueError("max_tracked_partitions must be at least 2")
         self.inner = inner
@@ -281,7 +164,8 @@ class MeteredStore(store.Store):
         self._max_tracked_partitions = max_tracked_partitions
         self._lock = threading.Lock()
         self._by_class: dict[str, CapacityTotals] = {
-            name: CapacityTotals() for name in partitions.PARTITION_CLASSES}
+            name: CapacityTotals() for name in partitions.PARTITION_CLASSES
+        }
         self._by_partition: dict[bytes, CapacityTotals] = {}
 
     # ---- reads ---------------------------------------------------------------------------
@@ -311,15 +195,20 @@ class MeteredStore(store.Store):
             self._count_throttled(items_per_partition)
             raise
         units_per_partition: dict[bytes, int] = collections.Counter()
-        for (partition, key), result in zip(items, results):
+        for (partition, key), result in zip(items, results, strict=True):
             size = store.item_size(partition, key, result.value) if result is not None else 0
             units_per_partition[partition] += read_units(size)
         for partition, units in units_per_partition.items():
             self._charge(READ, partition, units=units, prepaid=items_per_partition[partition])
         return results
 
-    def scan(self, partition: bytes, start: bytes = b"", end: bytes | None = None,
-             batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE) -> store.ScanIterator:
+    def scan(
+        self,
+        partition: bytes,
+        start: bytes = b"",
+        end: bytes | None = None,
+        batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE,
+    ) -> store.ScanIterator:
         inner_iterator = self.inner.scan(partition, start, end, batch_size)
         return _MeteredScanIterator(self, partition, inner_iterator, batch_size)
 
@@ -335,8 +224,9 @@ class MeteredStore(store.Store):
             raise
         self._charge(WRITE, partition, units=units, prepaid=units)
 
-    def set_if(self, partition: bytes, key: bytes, value: bytes,
-               predicate: store.Predicate) -> None:
+    def set_if(
+        self, partition: bytes, key: bytes, value: bytes, predicate: store.Predicate
+    ) -> None:
         units = write_units(_item_size(partition, key, value))
         self._admit(WRITE, "set_if", {partition: units}, {partition: 1})
         try:
@@ -361,17 +251,22 @@ class MeteredStore(store.Store):
         self._charge(WRITE, partition, units=units, prepaid=units)
 
     def batch_set(self, items: Sequence[tuple[bytes, bytes, bytes]]) -> None:
-        units_per_item = [(partition, write_units(_item_size(partition, key, value)))
-                          for partition, key, value in items]
+        units_per_item = [
+            (partition, write_units(_item_size(partition, key, value)))
+            for partition, key, value in items
+        ]
         self._batch_write("batch_set", units_per_item, lambda: self.inner.batch_set(items))
 
     def batch_delete(self, items: Sequence[tuple[bytes, bytes]]) -> None:
-        units_per_item = [(partition, write_units(store.item_size(partition, key, b"")))
-                          for partition, key in items]
+        units_per_item = [
+            (partition, write_units(store.item_size(partition, key, b"")))
+            for partition, key in items
+        ]
         self._batch_write("batch_delete", units_per_item, lambda: self.inner.batch_delete(items))
 
-    def _batch_write(self, op: str, units_per_item: list[tuple[bytes, int]],
-                     call: Callable[[], None]) -> None:
+    def _batch_write(
+        self, op: str, units_per_item: list[tuple[bytes, int]], call: Callable[[], None]
+    ) -> None:
         units_per_partition: dict[bytes, int] = collections.Counter()
         items_per_partition: dict[bytes, int] = collections.Counter()
         for partition, units in units_per_item:
@@ -397,18 +292,29 @@ class MeteredStore(store.Store):
         with self._lock:
             by_class = {name: replace(totals) for name, totals in self._by_class.items()}
             hottest_items = heapq.nsmallest(
-                max(0, top_n), self._by_partition.items(),
-                key=lambda item: (-item[1].total_units, item[0]))
-            hottest = [PartitionCapacity(partition=partition,
-                                         partition_class=_partition_class_or_unknown(partition),
-                                         totals=replace(totals))
-                       for partition, totals in hottest_items]
+                max(0, top_n),
+                self._by_partition.items(),
+                key=lambda item: (-item[1].total_units, item[0]),
+            )
+            hottest = [
+                PartitionCapacity(
+                    partition=partition,
+                    partition_class=partition_class_or_unknown(partition),
+                    totals=replace(totals),
+                )
+                for partition, totals in hottest_items
+            ]
         return CapacityReport(by_class=by_class, hottest=hottest)
 
     # ---- bookkeeping ---------------------------------------------------------------------
 
-    def _admit(self, kind: str, op: str, units_by_partition: Mapping[bytes, int],
-               requests_by_partition: Mapping[bytes, int]) -> None:
+    def _admit(
+        self,
+        kind: str,
+        op: str,
+        units_by_partition: Mapping[bytes, int],
+        requests_by_partition: Mapping[bytes, int],
+    ) -> None:
         """Count the requests; with a limiter, take the units or raise Throttled."""
         for partition, count in requests_by_partition.items():
             self._record(partition, kind, requests=count, op=op)
@@ -419,13 +325,17 @@ class MeteredStore(store.Store):
             return
         self._count_throttled([refusal.partition])
         partition_name = refusal.partition.decode("utf-8", "backslashreplace")
-        partition_class = _partition_class_or_unknown(refusal.partition)
+        partition_class = partition_class_or_unknown(refusal.partition)
         raise store.Throttled(
             f"partition {partition_name[:120]!r} is over its {kind} capacity "
             f"({self.limiter.rates[kind]:g} units/s); retry in {refusal.retry_delay:.3f}s",
-            metadata={"partition": partition_name, "partition_class": partition_class,
-                      "capacity": kind},
-            retry_delay=refusal.retry_delay)
+            metadata={
+                "partition": partition_name,
+                "partition_class": partition_class,
+                "capacity": kind,
+            },
+            retry_delay=refusal.retry_delay,
+        )
 
     def _charge(self, kind: str, partition: bytes, units: int, prepaid: int) -> None:
         """Record `units` consumed; take from the limiter whatever admission did not."""
@@ -437,11 +347,19 @@ class MeteredStore(store.Store):
         for partition in partitions_hit:
             self._record(partition, kind=None, throttled=1)
 
-    def _record(self, partition: bytes, kind: str | None, *, requests: int = 0,
-                units: int = 0, throttled: int = 0, op: str | None = None) -> None:
+    def _record(
+        self,
+        partition: bytes,
+        kind: str | None,
+        *,
+        requests: int = 0,
+        units: int = 0,
+        throttled: int = 0,
+        op: str | None = None,
+    ) -> None:
         if isinstance(partition, (bytearray, memoryview)):
             partition = bytes(partition)  # usable as a dict key
-        partition_class = _partition_class_or_unknown(partition)
+        partition_class = partition_class_or_unknown(partition)
         with self._lock:
             class_totals = self._by_class.get(partition_class)
             if class_totals is None:
@@ -463,7 +381,7 @@ class MeteredStore(store.Store):
         metrics = self._metrics
         if metrics is None:
             return
-        if requests:
+        if requests and op is not None:
             metrics.child(metrics.requests, partition_class, op).inc(requests)
         if units and kind == READ:
             metrics.child(metrics.read_units, partition_class).inc(units)
@@ -473,8 +391,11 @@ class MeteredStore(store.Store):
             metrics.child(metrics.throttled, partition_class).inc(throttled)
 
     def _forget_colder_half(self) -> None:
-        keep = heapq.nlargest(self._max_tracked_partitions // 2, self._by_partition.items(),
-                              key=lambda item: item[1].total_units)
+        keep = heapq.nlargest(
+            self._max_tracked_partitions // 2,
+            self._by_partition.items(),
+            key=lambda item: item[1].total_units,
+        )
         self._by_partition = dict(keep)
 
 
@@ -486,8 +407,9 @@ class _MeteredScanIterator(store.ScanIterator):
     abandoned midway has paid for exactly what it received.
     """
 
-    def __init__(self, meter: MeteredStore, partition: bytes, inner: store.ScanIterator,
-                 batch_size: int):
+    def __init__(
+        self, meter: MeteredStore, partition: bytes, inner: store.ScanIterator, batch_size: int
+    ):
         self._meter = meter
         self._partition = partition
         self._inner = inner

@@ -1,4 +1,4 @@
-"""Typed partition names (ARCHITECTURE.md §2) and the gateway wrapper that enforces them.
+"""Typed partition names (docs/architecture.md §2) and the gateway wrapper that enforces them.
 
 Every partition belongs to exactly one class:
 
@@ -19,8 +19,8 @@ is how "staged entries live only in the partition of their staging token" is enf
 from __future__ import annotations
 
 import functools
-
-from typing import Iterable, NoReturn, Sequence
+from collections.abc import Iterable, Sequence
+from typing import NoReturn
 
 from quarry.kv import store
 
@@ -64,26 +64,29 @@ def _cached_partition_class(partition: bytes) -> str:
     return _partition_class(partition)
 
 
-def _partition_class(partition) -> str:
+def _partition_class(partition: object) -> str:
     if not isinstance(partition, bytes):
         raise store.UnknownPartitionClass(
             f"a partition name is bytes, not {type(partition).__name__}; known partition "
-            f"classes: {_KNOWN_FORMS}")
+            f"classes: {_KNOWN_FORMS}"
+        )
     exact = _EXACT_PARTITIONS.get(partition)
     if exact is not None:
         return exact
     if partition.startswith(_REPO_PREFIX):
-        parts = partition[len(_REPO_PREFIX):].split(b"/")
+        parts = partition[len(_REPO_PREFIX) :].split(b"/")
         if len(parts) == 2 and parts[0] and parts[1]:
             return REPO
-        _refuse(partition, "a repo partition is repo/<repo>/<instance-id> with both parts "
-                           "non-empty")
+        _refuse(
+            partition, "a repo partition is repo/<repo>/<instance-id> with both parts non-empty"
+        )
     if partition.startswith(_STAGING_PREFIX):
-        token = partition[len(_STAGING_PREFIX):]
+        token = partition[len(_STAGING_PREFIX) :]
         if token and b"/" not in token:
             return STAGING
-        _refuse(partition, "a staging partition is staging/<token> with a non-empty token "
-                           "without '/'")
+        _refuse(
+            partition, "a staging partition is staging/<token> with a non-empty token without '/'"
+        )
     _refuse(partition, "unknown partition class")
 
 
@@ -94,7 +97,8 @@ def repo_partition(repo: str | bytes, instance_id: str | bytes) -> bytes:
     if not repo_bytes or b"/" in repo_bytes or not instance_bytes or b"/" in instance_bytes:
         raise store.UnknownPartitionClass(
             f"cannot build a repo partition from repo {repo!r} and instance id "
-            f"{instance_id!r}: both must be non-empty and contain no '/'")
+            f"{instance_id!r}: both must be non-empty and contain no '/'"
+        )
     return _REPO_PREFIX + repo_bytes + b"/" + instance_bytes
 
 
@@ -104,7 +108,8 @@ def staging_partition(token: str | bytes) -> bytes:
     if not token_bytes or b"/" in token_bytes:
         raise store.UnknownPartitionClass(
             f"cannot build a staging partition from token {token!r}: it must be non-empty "
-            f"and contain no '/'")
+            f"and contain no '/'"
+        )
     return _STAGING_PREFIX + token_bytes
 
 
@@ -123,7 +128,8 @@ def _refuse(partition: bytes, why: str) -> NoReturn:
     suffix = "..." if len(partition) > _MAX_NAME_IN_MESSAGE else ""
     raise store.UnknownPartitionClass(
         f"invalid partition {shown!r}{suffix}: {why}; known partition classes: {_KNOWN_FORMS}",
-        metadata={"known_classes": ",".join(PARTITION_CLASSES)})
+        metadata={"known_classes": ",".join(PARTITION_CLASSES)},
+    )
 
 
 class PartitionValidatingStore(store.Store):
@@ -144,8 +150,9 @@ class PartitionValidatingStore(store.Store):
         check_partition_name(partition)
         self.inner.set(partition, key, value)
 
-    def set_if(self, partition: bytes, key: bytes, value: bytes,
-               predicate: store.Predicate) -> None:
+    def set_if(
+        self, partition: bytes, key: bytes, value: bytes, predicate: store.Predicate
+    ) -> None:
         check_partition_name(partition)
         self.inner.set_if(partition, key, value, predicate)
 
@@ -153,8 +160,13 @@ class PartitionValidatingStore(store.Store):
         check_partition_name(partition)
         self.inner.delete(partition, key)
 
-    def scan(self, partition: bytes, start: bytes = b"", end: bytes | None = None,
-             batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE) -> store.ScanIterator:
+    def scan(
+        self,
+        partition: bytes,
+        start: bytes = b"",
+        end: bytes | None = None,
+        batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE,
+    ) -> store.ScanIterator:
         check_partition_name(partition)
         return self.inner.scan(partition, start, end, batch_size)
 

@@ -24,7 +24,7 @@ import contextlib
 import os
 import sqlite3
 import threading
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from quarry import errors
 from quarry.kv import store
@@ -47,13 +47,20 @@ class SQLiteStore(store.Store):
     NORMAL is faster and in WAL mode still survives a crash of the process.
     """
 
-    def __init__(self, path: str | os.PathLike, *, busy_timeout: float = 30.0,
-                 synchronous: str = "FULL", max_idle_connections: int = 8):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        busy_timeout: float = 30.0,
+        synchronous: str = "FULL",
+        max_idle_connections: int = 8,
+    ):
         self.path = os.fspath(path)
         if self.path in ("", ":memory:") or self.path.startswith("file:"):
             # Each connection would get its own private database; use MemoryStore instead.
-            raise errors.InvalidArgument("SQLiteStore needs a file path (use memory:// for "
-                                         "an in-memory store)")
+            raise errors.InvalidArgument(
+                "SQLiteStore needs a file path (use memory:// for an in-memory store)"
+            )
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise errors.InvalidArgument(f"bad synchronous mode {synchronous!r}")
         parent = os.path.dirname(os.path.abspath(self.path))
@@ -69,8 +76,9 @@ class SQLiteStore(store.Store):
             # WAL is a property of the file: set once, every later connection inherits it.
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if mode.lower() != "wal":
-                raise store.BackendUnavailable(f"could not enable WAL on {self.path} "
-                                               f"(journal_mode is {mode})")
+                raise store.BackendUnavailable(
+                    f"could not enable WAL on {self.path} (journal_mode is {mode})"
+                )
             conn.execute(_SCHEMA)
 
     # ---- connections ----
@@ -79,8 +87,9 @@ class SQLiteStore(store.Store):
         # isolation_level=None: autocommit; transactions are explicit BEGIN/COMMIT.
         # check_same_thread=False: pooled connections move between threads (never shared
         # by two at once) and close() may run on any thread.
-        conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
-                               check_same_thread=False)
+        conn = sqlite3.connect(
+            self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
+        )
         conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         return conn
@@ -137,8 +146,9 @@ class SQLiteStore(store.Store):
     def get(self, partition: bytes, key: bytes) -> GetResult:
         store.check_key(partition, key)
         with self._connection() as conn:
-            row = conn.execute("SELECT value FROM kv WHERE partition = ? AND key = ?",
-                               (partition, key)).fetchone()
+            row = conn.execute(
+                "SELECT value FROM kv WHERE partition = ? AND key = ?", (partition, key)
+            ).fetchone()
         if row is None:
             raise store.KeyNotFound("key not found")
         return GetResult(value=row[0], predicate=row[0])
@@ -148,18 +158,22 @@ class SQLiteStore(store.Store):
         with self._writer() as conn:
             conn.execute(_UPSERT, (partition, key, value))
 
-    def set_if(self, partition: bytes, key: bytes, value: bytes,
-               predicate: store.Predicate) -> None:
+    def set_if(
+        self, partition: bytes, key: bytes, value: bytes, predicate: store.Predicate
+    ) -> None:
         store.check_item(partition, key, value)
         store.check_predicate(predicate)
         if predicate is store.ABSENT:
-            sql = ("INSERT INTO kv (partition, key, value) VALUES (?, ?, ?) "
-                   "ON CONFLICT (partition, key) DO NOTHING")
+            sql = (
+                "INSERT INTO kv (partition, key, value) VALUES (?, ?, ?) "
+                "ON CONFLICT (partition, key) DO NOTHING"
+            )
             args: tuple = (partition, key, value)
         elif predicate is store.EXISTS:
             sql = "UPDATE kv SET value = ? WHERE partition = ? AND key = ?"
             args = (value, partition, key)
         else:
+            assert isinstance(predicate, store.Equals)  # check_predicate allows nothing else
             sql = "UPDATE kv SET value = ? WHERE partition = ? AND key = ? AND value = ?"
             args = (value, partition, key, predicate.value)
         with self._writer() as conn:
@@ -172,8 +186,13 @@ class SQLiteStore(store.Store):
         with self._writer() as conn:
             conn.execute("DELETE FROM kv WHERE partition = ? AND key = ?", (partition, key))
 
-    def scan(self, partition: bytes, start: bytes = b"", end: bytes | None = None,
-             batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE) -> store.ScanIterator:
+    def scan(
+        self,
+        partition: bytes,
+        start: bytes = b"",
+        end: bytes | None = None,
+        batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE,
+    ) -> store.ScanIterator:
         end = store.normalize_end(end)
         store.check_scan(partition, start, end, batch_size)
         return store.PagedScanIterator(self._page, partition, start, end, batch_size)
@@ -187,8 +206,9 @@ class SQLiteStore(store.Store):
             # One read transaction: the whole batch sees one snapshot.
             conn.execute("BEGIN")
             for partition, key in items:
-                row = conn.execute("SELECT value FROM kv WHERE partition = ? AND key = ?",
-                                   (partition, key)).fetchone()
+                row = conn.execute(
+                    "SELECT value FROM kv WHERE partition = ? AND key = ?", (partition, key)
+                ).fetchone()
                 results.append(None if row is None else GetResult(row[0], row[0]))
             conn.execute("COMMIT")
         return results
@@ -205,8 +225,9 @@ class SQLiteStore(store.Store):
             with self._write_transaction() as conn:
                 conn.executemany("DELETE FROM kv WHERE partition = ? AND key = ?", items)
 
-    def _page(self, partition: bytes, lower: bytes, after: bytes | None, end: bytes | None,
-              limit: int) -> tuple[list[KeyValue], bytes | None]:
+    def _page(
+        self, partition: bytes, lower: bytes, after: bytes | None, end: bytes | None, limit: int
+    ) -> tuple[list[KeyValue], bytes | None]:
         sql = "SELECT key, value FROM kv WHERE partition = ? AND key >= ?"
         args: list = [partition, lower]
         if after is not None:
@@ -223,8 +244,10 @@ class SQLiteStore(store.Store):
         return page, (page[-1].key if len(page) == limit else None)
 
 
-_UPSERT = ("INSERT INTO kv (partition, key, value) VALUES (?, ?, ?) "
-           "ON CONFLICT (partition, key) DO UPDATE SET value = excluded.value")
+_UPSERT = (
+    "INSERT INTO kv (partition, key, value) VALUES (?, ?, ?) "
+    "ON CONFLICT (partition, key) DO UPDATE SET value = excluded.value"
+)
 
 
 def _translate(e: sqlite3.Error) -> errors.QuarryError:
@@ -233,5 +256,3 @@ def _translate(e: sqlite3.Error) -> errors.QuarryError:
     if isinstance(e, sqlite3.OperationalError):
         return store.BackendUnavailable(f"SQLite: {e}")
     return errors.Internal(f"SQLite: {e}")
-
-

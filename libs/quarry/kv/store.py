@@ -1,4 +1,4 @@
-"""The KV store contract (ARCHITECTURE.md §3), shared by every backend and the remote client.
+"""The KV store contract (docs/architecture.md §3), shared by every backend and the remote client.
 
 Partitions and keys are bytes. Within one partition keys are ordered by unsigned byte
 comparison. There are no transactions and no cross-partition operations: the only
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import abc
 import collections
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
 
 from quarry import errors
 
@@ -30,10 +30,14 @@ MAX_KEY_BYTES = 1024
 ITEM_ATTRIBUTE_NAMES = (b"pk", b"k", b"v")
 ITEM_OVERHEAD_BYTES = sum(len(n) for n in ITEM_ATTRIBUTE_NAMES)
 
+# Scan page sizes, in items: the default of every backend and client, and the most the
+# kv-gateway serves per page whatever a caller asks for.
 DEFAULT_SCAN_BATCH_SIZE = 1000
+MAX_SCAN_BATCH_SIZE = 10_000
 
 
 # ---- errors ---------------------------------------------------------------------------
+
 
 class MissingPartitionKey(errors.InvalidArgument):
     reason = "MISSING_PARTITION_KEY"
@@ -83,6 +87,7 @@ class BackendUnavailable(errors.Unavailable):
 
 # ---- predicates -----------------------------------------------------------------------
 
+
 class _Absent:
     __slots__ = ()
 
@@ -113,6 +118,7 @@ Predicate = _Absent | _Exists | Equals
 
 # ---- values ---------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class GetResult:
     value: bytes
@@ -128,12 +134,14 @@ class KeyValue:
 
 # ---- validation shared by every backend -----------------------------------------------
 
+
 def check_partition(partition: bytes) -> None:
     if not partition:
         raise MissingPartitionKey("partition key is required")
     if len(partition) > MAX_PARTITION_KEY_BYTES:
-        raise KeyTooLarge(f"partition key is {len(partition)} bytes; the limit is "
-                          f"{MAX_PARTITION_KEY_BYTES}")
+        raise KeyTooLarge(
+            f"partition key is {len(partition)} bytes; the limit is {MAX_PARTITION_KEY_BYTES}"
+        )
 
 
 def check_key(partition: bytes, key: bytes) -> None:
@@ -159,6 +167,7 @@ def check_item(partition: bytes, key: bytes, value: bytes | None) -> None:
 
 # ---- the interface --------------------------------------------------------------------
 
+
 class ScanIterator(abc.ABC):
     """Iterates KeyValues of ONE partition in ascending key order, fetching pages lazily.
 
@@ -175,7 +184,7 @@ class ScanIterator(abc.ABC):
     @abc.abstractmethod
     def seek_ge(self, key: bytes) -> None: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 — optional hook: most iterators hold nothing
         """Release resources early; iterating after close is an error."""
 
 
@@ -198,8 +207,13 @@ class Store(abc.ABC):
         """Idempotent: deleting a missing key succeeds."""
 
     @abc.abstractmethod
-    def scan(self, partition: bytes, start: bytes = b"", end: bytes | None = None,
-             batch_size: int = DEFAULT_SCAN_BATCH_SIZE) -> ScanIterator:
+    def scan(
+        self,
+        partition: bytes,
+        start: bytes = b"",
+        end: bytes | None = None,
+        batch_size: int = DEFAULT_SCAN_BATCH_SIZE,
+    ) -> ScanIterator:
         """Keys k with start <= k < end (end exclusive, None = to the end of the partition)."""
 
     @abc.abstractmethod
@@ -214,7 +228,7 @@ class Store(abc.ABC):
     def batch_delete(self, items: Sequence[tuple[bytes, bytes]]) -> None:
         """Unconditional, idempotent bulk delete; not atomic as a whole."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 — optional hook: in-memory stores hold nothing
         """Release connections."""
 
 
@@ -222,13 +236,15 @@ class Store(abc.ABC):
 # Added alongside the interface so every backend validates and pages the same way; the
 # remote client may use them too.
 
+
 def check_predicate(predicate: object) -> None:
     if predicate is None:
         raise MissingPredicate("predicate is required: ABSENT, EXISTS or Equals(previous)")
     if not isinstance(predicate, (_Absent, _Exists, Equals)):
         # A common slip is passing GetResult.predicate (bytes) instead of Equals(...).
         raise errors.InvalidArgument(
-            f"predicate must be ABSENT, EXISTS or Equals(bytes), not {type(predicate).__name__}")
+            f"predicate must be ABSENT, EXISTS or Equals(bytes), not {type(predicate).__name__}"
+        )
     if isinstance(predicate, Equals) and predicate.value is None:
         raise MissingPredicate("Equals(previous) needs the previous value")
 
@@ -245,15 +261,17 @@ def check_scan(partition: bytes, start: bytes, end: bytes | None, batch_size: in
     # them everywhere so every backend behaves alike.
     for name, bound in (("start", start), ("end", end)):
         if bound is not None and len(bound) > MAX_KEY_BYTES:
-            raise KeyTooLarge(f"scan {name} key is {len(bound)} bytes; the limit is "
-                              f"{MAX_KEY_BYTES}")
+            raise KeyTooLarge(
+                f"scan {name} key is {len(bound)} bytes; the limit is {MAX_KEY_BYTES}"
+            )
     if batch_size < 1:
         raise errors.InvalidArgument(f"batch_size must be >= 1, got {batch_size}")
 
 
 # A backend's page read: (partition, lower, after, end, limit) -> (KeyValues, resume cursor).
-PageReader = Callable[[bytes, bytes, "bytes | None", "bytes | None", int],
-                      "tuple[list[KeyValue], bytes | None]"]
+PageReader = Callable[
+    [bytes, bytes, "bytes | None", "bytes | None", int], "tuple[list[KeyValue], bytes | None]"
+]
 
 
 class PagedScanIterator(ScanIterator):
@@ -270,8 +288,14 @@ class PagedScanIterator(ScanIterator):
     Seeks are clamped to the scan's [start, end) range.
     """
 
-    def __init__(self, read_page: PageReader, partition: bytes, start: bytes,
-                 end: bytes | None, batch_size: int):
+    def __init__(
+        self,
+        read_page: PageReader,
+        partition: bytes,
+        start: bytes,
+        end: bytes | None,
+        batch_size: int,
+    ):
         self._read_page = read_page
         self._partition = partition
         self.start = start
@@ -283,8 +307,9 @@ class PagedScanIterator(ScanIterator):
         self._done = False
         self._closed = False
 
-    def _fetch_page(self, lower: bytes, after: bytes | None,
-                    limit: int) -> tuple[list[KeyValue], bytes | None]:
+    def _fetch_page(
+        self, lower: bytes, after: bytes | None, limit: int
+    ) -> tuple[list[KeyValue], bytes | None]:
         return self._read_page(self._partition, lower, after, self.end, limit)
 
     def __next__(self) -> KeyValue:

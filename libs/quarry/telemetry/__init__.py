@@ -11,29 +11,37 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Sequence
+from collections.abc import Mapping, Sequence
 
 import grpc
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import (BatchSpanProcessor, ConsoleSpanExporter,
-                                            SimpleSpanProcessor)
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+)
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 _lock = threading.Lock()
 _configured = False
 
 
-def tracing_requested(env=os.environ) -> bool:
+def tracing_requested(env: Mapping[str, str] = os.environ) -> bool:
     exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if exporter in ("none", ""):
-        return bool(exporter == "" and (env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-                                        or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")))
+        return bool(
+            exporter == ""
+            and (
+                env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            )
+        )
     return True
 
 
-def configure_tracing(service: str, env=os.environ) -> bool:
+def configure_tracing(service: str, env: Mapping[str, str] = os.environ) -> bool:
     """Install a global TracerProvider if the OTEL_* variables ask for one. Idempotent."""
     global _configured
     with _lock:
@@ -71,7 +79,7 @@ def use_in_memory_exporter(service: str = "test") -> InMemorySpanExporter:
         return exporter
 
 
-def enable_propagation(service: str, env=os.environ) -> None:
+def enable_propagation(service: str, env: Mapping[str, str] = os.environ) -> None:
     """Make this process's gRPC calls carry the current trace context, exporting its own
     spans only if the OTEL_* variables ask for it. For processes that join a trace started
     elsewhere (Spark executors): without a provider there would be no context to send."""
@@ -83,7 +91,8 @@ def enable_propagation(service: str, env=os.environ) -> None:
             return
         if not isinstance(trace.get_tracer_provider(), TracerProvider):
             trace.set_tracer_provider(
-                TracerProvider(resource=Resource.create({SERVICE_NAME: f"quarry-{service}"})))
+                TracerProvider(resource=Resource.create({SERVICE_NAME: f"quarry-{service}"}))
+            )
         _configured = True
 
 
@@ -98,6 +107,7 @@ def tracing_enabled() -> bool:
 # The interceptors cost ~0.1 ms per call even when spans are not recorded, a large share of
 # a ~0.3 ms RPC; with tracing off they are left out entirely. Configure tracing before
 # creating servers and channels (serve() does).
+
 
 def server_interceptors() -> Sequence[grpc.ServerInterceptor]:
     """The OpenTelemetry server interceptor when tracing is on, else none."""

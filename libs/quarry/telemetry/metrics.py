@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import REGISTRY, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
 log = logging.getLogger(__name__)
 
 
-def start_metrics_endpoint(host: str, port: int, registry=REGISTRY) -> int:
+def start_metrics_endpoint(host: str, port: int, registry: CollectorRegistry = REGISTRY) -> int:
     """Serve /metrics on host:port; port 0 disables it. Returns the bound port (0 if none)."""
     if port <= 0:
         return 0

@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import uuid
-from typing import Callable, ContextManager, Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 import pytest
 
@@ -61,7 +62,7 @@ def _remote(request: pytest.FixtureRequest) -> Iterator[Store]:
     backend.close()
 
 
-TARGETS: dict[str, Callable[[pytest.FixtureRequest], ContextManager[Store]]] = {
+TARGETS: dict[str, Callable[[pytest.FixtureRequest], AbstractContextManager[Store]]] = {
     "memory": _memory,
     "sqlite": _sqlite,
     "dynamodb": _dynamodb,

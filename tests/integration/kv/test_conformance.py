@@ -1,4 +1,4 @@
-"""The KV store contract (ARCHITECTURE.md §3, quarry/kv/store.py), run against every target
+"""The KV store contract (docs/architecture.md §3, quarry/kv/store.py), run against every target
 in conftest.TARGETS: memory, sqlite, dynamodb (real dynalite) and remote (the gateway).
 
 Every test writes to fresh partitions, so targets share one store per session.
@@ -31,6 +31,7 @@ def numbered_keys(n: int) -> list[bytes]:
 
 
 # ---- basic operations ------------------------------------------------------------------
+
 
 def test_get_set_overwrite_delete_round_trip(kv_store, partition):
     with pytest.raises(store.KeyNotFound):
@@ -82,8 +83,13 @@ def test_empty_value_is_distinct_from_missing_key(kv_store, partition):
 
 def test_keys_compared_by_content(kv_store, partition):
     kv_store.set(partition, b"abc", b"1")
-    same = [bytes([97, 98, 99]), b"a" + b"bc", "abc".encode(), bytes(bytearray(b"abc")),
-            b"".join([b"a", b"b", b"c"])]
+    same = [
+        bytes([97, 98, 99]),
+        b"a" + b"bc",
+        b"abc",
+        bytes(bytearray(b"abc")),
+        b"".join([b"a", b"b", b"c"]),
+    ]
     for k in same:
         assert kv_store.get(partition, k).value == b"1"
     kv_store.set_if(bytes(partition), b"ab" + b"c", b"2", EXISTS)
@@ -107,6 +113,7 @@ def test_delete_is_idempotent(kv_store, partition, new_partition):
 
 # ---- partitions ------------------------------------------------------------------------
 
+
 def prefix_partitions() -> tuple[bytes, bytes]:
     token = uuid.uuid4().hex
     # "-m" is a byte prefix of "-ma": a backend that concatenated partition+key, or
@@ -129,7 +136,11 @@ def test_partitions_isolated_for_get_set_delete(kv_store):
         kv_store.set_if(m, b"k", b"x", EXISTS)
     kv_store.set_if(ma, b"k", b"y", Equals(b"in ma"))
     assert kv_store.batch_get([(m, b"k"), (ma, b"k"), (m, b"ak"), (ma, b"ak")]) == [
-        None, store.GetResult(b"y", b"y"), store.GetResult(b"only in m", b"only in m"), None]
+        None,
+        store.GetResult(b"y", b"y"),
+        store.GetResult(b"only in m", b"only in m"),
+        None,
+    ]
 
 
 def test_partitions_isolated_for_scan(kv_store):
@@ -145,10 +156,33 @@ def test_partitions_isolated_for_scan(kv_store):
 # ---- scans -----------------------------------------------------------------------------
 
 ODD_KEYS = [
-    b"\x00", b"\x00\x00", b"\x00\x01", b"\x01", b"\x7f", b"\x80", b"\x80\x00", b"\xfe",
-    b"\xff", b"\xff\x00", b"\xff\xff", b"\xff\xff\xff",
-    b"a", b"a\x00", b"a\x00\x00", b"a\x01", b"ab", b"abc", b"abd", b"b",
-    b"A", b"Z", b"z", b"0", b"9", "é".encode(), "日本".encode(),
+    b"\x00",
+    b"\x00\x00",
+    b"\x00\x01",
+    b"\x01",
+    b"\x7f",
+    b"\x80",
+    b"\x80\x00",
+    b"\xfe",
+    b"\xff",
+    b"\xff\x00",
+    b"\xff\xff",
+    b"\xff\xff\xff",
+    b"a",
+    b"a\x00",
+    b"a\x00\x00",
+    b"a\x01",
+    b"ab",
+    b"abc",
+    b"abd",
+    b"b",
+    b"A",
+    b"Z",
+    b"z",
+    b"0",
+    b"9",
+    "é".encode(),
+    "日本".encode(),
 ]
 
 
@@ -168,27 +202,49 @@ def test_scan_returns_one_partition_in_unsigned_byte_order(kv_store, partition):
 def test_scan_from_start_key(kv_store, partition):
     fill(kv_store, partition, ODD_KEYS)
     expected = sorted(ODD_KEYS)
-    for start in [b"", b"\x00", b"\x00\x00\x00", b"a", b"a\x00\x00\x00", b"ab\xff", b"\x80",
-                  b"\xff\xff", b"\xff\xff\xff"]:
-        assert keys_of(kv_store.scan(partition, start=start)) == \
-            [k for k in expected if k >= start], start
+    for start in [
+        b"",
+        b"\x00",
+        b"\x00\x00\x00",
+        b"a",
+        b"a\x00\x00\x00",
+        b"ab\xff",
+        b"\x80",
+        b"\xff\xff",
+        b"\xff\xff\xff",
+    ]:
+        assert keys_of(kv_store.scan(partition, start=start)) == [
+            k for k in expected if k >= start
+        ], start
 
 
 def test_scan_with_exclusive_end_key(kv_store, partition):
     fill(kv_store, partition, ODD_KEYS)
     expected = sorted(ODD_KEYS)
-    cases = [(b"", b"\x00\x00"), (b"", b"a"), (b"a", b"b"), (b"a", b"a\x00"),
-             (b"\x00", b"\xff"), (b"\x7f", b"\x80\x00"), (b"ab", b"abd"), (b"b", b"\xff\xff\xff"),
-             (b"a", b"a"), (b"b", b"a"), (b"\x00", b"\x00\x00\x01")]
+    cases = [
+        (b"", b"\x00\x00"),
+        (b"", b"a"),
+        (b"a", b"b"),
+        (b"a", b"a\x00"),
+        (b"\x00", b"\xff"),
+        (b"\x7f", b"\x80\x00"),
+        (b"ab", b"abd"),
+        (b"b", b"\xff\xff\xff"),
+        (b"a", b"a"),
+        (b"b", b"a"),
+        (b"\x00", b"\x00\x00\x01"),
+    ]
     for start, end in cases:
         for batch_size in (1, 2, 1000):
             got = keys_of(kv_store.scan(partition, start=start, end=end, batch_size=batch_size))
             assert got == [k for k in expected if start <= k < end], (start, end, batch_size)
     # No end (None), and an empty end, mean "to the end of the partition".
-    assert keys_of(kv_store.scan(partition, start=b"z", end=None)) == \
-        [k for k in expected if k >= b"z"]
-    assert keys_of(kv_store.scan(partition, start=b"z", end=b"")) == \
-        [k for k in expected if k >= b"z"]
+    assert keys_of(kv_store.scan(partition, start=b"z", end=None)) == [
+        k for k in expected if k >= b"z"
+    ]
+    assert keys_of(kv_store.scan(partition, start=b"z", end=b"")) == [
+        k for k in expected if k >= b"z"
+    ]
 
 
 @pytest.mark.parametrize("batch_size", [1, 10])
@@ -199,12 +255,15 @@ def test_scan_tiny_pages(kv_store, partition, batch_size):
     assert [kv.key for kv in got] == keys
     assert all(kv.value == items[kv.key] for kv in got)
     # Bounds that fall on and between page boundaries.
-    assert keys_of(kv_store.scan(partition, start=b"key-010", end=b"key-020",
-                                 batch_size=batch_size)) == keys[10:20]
-    assert keys_of(kv_store.scan(partition, start=b"key-0095", end=b"key-091",
-                                 batch_size=batch_size)) == keys[10:91]
-    assert keys_of(kv_store.scan(partition, start=b"key-085",
-                                 batch_size=batch_size)) == keys[85:]
+    assert (
+        keys_of(kv_store.scan(partition, start=b"key-010", end=b"key-020", batch_size=batch_size))
+        == keys[10:20]
+    )
+    assert (
+        keys_of(kv_store.scan(partition, start=b"key-0095", end=b"key-091", batch_size=batch_size))
+        == keys[10:91]
+    )
+    assert keys_of(kv_store.scan(partition, start=b"key-085", batch_size=batch_size)) == keys[85:]
 
 
 def test_scan_empty_partition_and_start_past_end(kv_store, partition, new_partition):
@@ -240,7 +299,7 @@ def test_scan_with_keys_deleted_while_paging(kv_store, partition):
         i = keys.index(kv.key)
         # Delete the key just returned (it is the cursor the next page resumes after),
         # the next key (possibly already buffered), and a few random ones ahead and behind.
-        victims = {kv.key, *keys[i + 1:i + 2], *rng.sample(keys, 3)}
+        victims = {kv.key, *keys[i + 1 : i + 2], *rng.sample(keys, 3)}
         kv_store.batch_delete([(partition, k) for k in victims])
         deleted |= victims
     assert seen == sorted(set(seen)), "scan returned a key twice or out of order"
@@ -313,6 +372,7 @@ def test_seek_ge_stays_inside_scan_bounds(kv_store, partition):
 
 
 # ---- set_if predicates -----------------------------------------------------------------
+
 
 def test_set_if_absent(kv_store, partition):
     kv_store.set_if(partition, b"k", b"first", ABSENT)
@@ -388,16 +448,18 @@ MISSING_ARGUMENT_CASES = {
     "delete-partition": (lambda s: s.delete(b"", K), store.MissingPartitionKey),
     "delete-key": (lambda s: s.delete(P, b""), store.MissingKey),
     "scan-partition": (lambda s: list(s.scan(b"")), store.MissingPartitionKey),
-    "batch_get-partition": (lambda s: s.batch_get([(P, K), (b"", K)]),
-                            store.MissingPartitionKey),
+    "batch_get-partition": (lambda s: s.batch_get([(P, K), (b"", K)]), store.MissingPartitionKey),
     "batch_get-key": (lambda s: s.batch_get([(P, K), (P, b"")]), store.MissingKey),
-    "batch_set-partition": (lambda s: s.batch_set([(P, K, V), (b"", K, V)]),
-                            store.MissingPartitionKey),
+    "batch_set-partition": (
+        lambda s: s.batch_set([(P, K, V), (b"", K, V)]),
+        store.MissingPartitionKey,
+    ),
     "batch_set-key": (lambda s: s.batch_set([(P, K, V), (P, b"", V)]), store.MissingKey),
-    "batch_set-value": (lambda s: s.batch_set([(P, K, V), (P, b"k2", None)]),
-                        store.MissingValue),
-    "batch_delete-partition": (lambda s: s.batch_delete([(P, K), (b"", K)]),
-                               store.MissingPartitionKey),
+    "batch_set-value": (lambda s: s.batch_set([(P, K, V), (P, b"k2", None)]), store.MissingValue),
+    "batch_delete-partition": (
+        lambda s: s.batch_delete([(P, K), (b"", K)]),
+        store.MissingPartitionKey,
+    ),
     "batch_delete-key": (lambda s: s.batch_delete([(P, K), (P, b"")]), store.MissingKey),
 }
 
@@ -410,6 +472,7 @@ def test_missing_argument(kv_store, case):
 
 
 # ---- concurrency -----------------------------------------------------------------------
+
 
 def test_set_if_absent_race_has_exactly_one_winner(kv_store, partition):
     n = 16
@@ -469,11 +532,13 @@ def test_cas_counter_under_contention(kv_store, partition):
 
 # ---- limits ----------------------------------------------------------------------------
 
+
 def test_value_at_item_size_limit(kv_store, partition):
     key = b"big"
     size = store.MAX_ITEM_BYTES - store.item_size(partition, key, b"")
-    value = bytes(random.Random(5).getrandbits(8) for _ in range(64)) * (size // 64) + \
-        b"\x00" * (size % 64)
+    value = bytes(random.Random(5).getrandbits(8) for _ in range(64)) * (size // 64) + b"\x00" * (
+        size % 64
+    )
     assert store.item_size(partition, key, value) == store.MAX_ITEM_BYTES
     kv_store.set(partition, key, value)
     assert kv_store.get(partition, key).value == value
@@ -499,13 +564,15 @@ def test_key_size_limit(kv_store, partition):
     kv_store.delete(partition, longest)
 
     too_long = longest + b"\x00"
-    for call in (lambda: kv_store.get(partition, too_long),
-                 lambda: kv_store.set(partition, too_long, b"v"),
-                 lambda: kv_store.set_if(partition, too_long, b"v", ABSENT),
-                 lambda: kv_store.delete(partition, too_long),
-                 lambda: kv_store.batch_get([(partition, too_long)]),
-                 lambda: kv_store.batch_set([(partition, too_long, b"v")]),
-                 lambda: kv_store.batch_delete([(partition, too_long)])):
+    for call in (
+        lambda: kv_store.get(partition, too_long),
+        lambda: kv_store.set(partition, too_long, b"v"),
+        lambda: kv_store.set_if(partition, too_long, b"v", ABSENT),
+        lambda: kv_store.delete(partition, too_long),
+        lambda: kv_store.batch_get([(partition, too_long)]),
+        lambda: kv_store.batch_set([(partition, too_long, b"v")]),
+        lambda: kv_store.batch_delete([(partition, too_long)]),
+    ):
         with pytest.raises(store.KeyTooLarge):
             call()
 
@@ -526,6 +593,7 @@ def test_partition_key_size_limit(kv_store):
 
 # ---- batches ---------------------------------------------------------------------------
 
+
 def test_batches_across_chunk_boundaries(kv_store, new_partition):
     # 230 items: more than DynamoDB's 25 per BatchWriteItem and 100 per BatchGetItem, over
     # two partitions, with an empty value in the mix.
@@ -535,7 +603,7 @@ def test_batches_across_chunk_boundaries(kv_store, new_partition):
     kv_store.batch_set(items)
 
     wanted = []
-    for i, (p, k, v) in enumerate(items):
+    for i, (p, k, _v) in enumerate(items):
         wanted.append((p, k))
         if i % 7 == 0:
             wanted.append((p, b"missing-%04d" % i))
@@ -544,7 +612,7 @@ def test_batches_across_chunk_boundaries(kv_store, new_partition):
     results = kv_store.batch_get(wanted)
     by_key = {(p, k): v for p, k, v in items}
     assert len(results) == len(wanted)
-    for (p, k), result in zip(wanted, results):
+    for (p, k), result in zip(wanted, results, strict=True):
         if (p, k) in by_key:
             assert result is not None and result.value == by_key[(p, k)], k
             assert result.predicate is not None
@@ -563,8 +631,9 @@ def test_batches_across_chunk_boundaries(kv_store, new_partition):
 
 def test_batch_set_overwrites_and_last_duplicate_wins(kv_store, partition):
     kv_store.set(partition, b"k", b"old")
-    kv_store.batch_set([(partition, b"k", b"first"), (partition, b"j", b"x"),
-                        (partition, b"k", b"last")])
+    kv_store.batch_set(
+        [(partition, b"k", b"first"), (partition, b"j", b"x"), (partition, b"k", b"last")]
+    )
     assert kv_store.get(partition, b"k").value == b"last"
     assert kv_store.get(partition, b"j").value == b"x"
 

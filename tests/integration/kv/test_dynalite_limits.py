@@ -21,15 +21,21 @@ TABLE = "quarry-dynalite-limits"
 @pytest.fixture(scope="module")
 def client(dynalite):
     DynamoDBStore(TABLE, endpoint_url=dynalite).close()  # creates the table
-    c = boto3.client("dynamodb", endpoint_url=dynalite, region_name="us-east-1",
-                     aws_access_key_id="local", aws_secret_access_key="local")
+    c = boto3.client(
+        "dynamodb",
+        endpoint_url=dynalite,
+        region_name="us-east-1",
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+    )
     yield c
     c.close()
 
 
 def put(client, partition: bytes, key: bytes, value: bytes) -> None:
-    client.put_item(TableName=TABLE, Item={"pk": {"B": partition}, "k": {"B": key},
-                                           "v": {"B": value}})
+    client.put_item(
+        TableName=TABLE, Item={"pk": {"B": partition}, "k": {"B": key}, "v": {"B": value}}
+    )
 
 
 def refused(client, partition: bytes, key: bytes, value: bytes) -> str:
@@ -57,8 +63,11 @@ def test_key_size_boundaries_match_store(client):
 
 def test_empty_binary_value_is_stored_as_is(client):
     put(client, b"staging/limits-m", b"empty", b"")
-    item = client.get_item(TableName=TABLE, ConsistentRead=True,
-                           Key={"pk": {"B": b"staging/limits-m"}, "k": {"B": b"empty"}})["Item"]
+    item = client.get_item(
+        TableName=TABLE,
+        ConsistentRead=True,
+        Key={"pk": {"B": b"staging/limits-m"}, "k": {"B": b"empty"}},
+    )["Item"]
     assert item["v"]["B"] == b""
     # ...whereas an empty key is refused, which is why store.check_key requires one.
     refused(client, b"staging/limits-m", b"", b"v")

@@ -12,6 +12,7 @@ import pytest
 from quarry.kv import store
 from quarry.kv.amortized import AmortizationStats, AmortizedStore
 from quarry.kv.memory import MemoryStore
+from support.wait import wait_until
 
 P = b"repo/lake/i1"
 K = b"branches/main"
@@ -94,17 +95,20 @@ def backend(pool):
 def wait_for_requests(amortized: AmortizedStore, count: int) -> None:
     """Wait until `count` gets have registered with `amortized` (joined or started a flight:
     registering and joining happen in one step under its lock)."""
-    deadline = time.monotonic() + TIMEOUT
-    while amortized.stats().requests < count:
-        assert time.monotonic() < deadline, f"only {amortized.stats()} arrived"
-        time.sleep(0.0005)
+    wait_until(
+        lambda: amortized.stats().requests >= count,
+        timeout=TIMEOUT,
+        interval=0.0005,
+        what=f"{count} gets to register",
+    )
 
 
 def assert_no_flights_left(amortized: AmortizedStore) -> None:
-    assert amortized._flights == {}
+    assert amortized.keys_in_flight() == 0
 
 
 # ---- no added latency when uncontended -------------------------------------------------
+
 
 def test_sequential_gets_each_read_the_backend_at_once(backend):
     backend.set(P, K, b"1")
@@ -140,6 +144,7 @@ def test_sequential_gets_add_no_wait():
 
 
 # ---- sharing under concurrency ---------------------------------------------------------
+
 
 def test_gets_arriving_during_a_read_share_exactly_one_following_read(pool, backend):
     backend.set(P, K, b"v1")
@@ -260,8 +265,10 @@ def test_bytearray_and_bytes_names_share_a_flight(pool, backend):
 
     first = pool.submit(amortized.get, P, K)
     read_1.wait_reached()
-    followers = [pool.submit(amortized.get, bytearray(P), memoryview(K)),
-                 pool.submit(amortized.get, P, K)]
+    followers = [
+        pool.submit(amortized.get, bytearray(P), memoryview(K)),
+        pool.submit(amortized.get, P, K),
+    ]
     wait_for_requests(amortized, 3)
     read_1.release()
 
@@ -271,6 +278,7 @@ def test_bytearray_and_bytes_names_share_a_flight(pool, backend):
 
 
 # ---- failures --------------------------------------------------------------------------
+
 
 def test_a_failing_read_in_progress_does_not_strand_the_next_flight(pool, backend):
     backend.set(P, K, b"v")
@@ -316,6 +324,7 @@ def test_a_failing_shared_read_fails_every_member_and_the_key_recovers(pool, bac
 
 # ---- under load ------------------------------------------------------------------------
 
+
 def test_hammering_one_key_amortizes_and_cleans_up(pool):
     backend = GatedStore(delay=0.002)
     backend.set(P, K, b"hot")
@@ -340,6 +349,7 @@ def test_hammering_one_key_amortizes_and_cleans_up(pool):
 
 # ---- the rest of the Store interface ---------------------------------------------------
 
+
 def test_everything_else_passes_through():
     backend = MemoryStore()
     amortized = AmortizedStore(backend)
@@ -352,5 +362,8 @@ def test_everything_else_passes_through():
     amortized.delete(P, b"a")
     amortized.batch_delete([(P, b"c")])
     assert [r and r.value for r in amortized.batch_get([(P, b"a"), (P, b"b"), (P, b"d")])] == [
-        None, b"2", b"4"]
+        None,
+        b"2",
+        b"4",
+    ]
     assert amortized.stats().backend_reads == 0  # none of these were amortized gets

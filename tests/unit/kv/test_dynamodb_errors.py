@@ -10,7 +10,7 @@ import pytest
 from botocore.stub import ANY, Stubber
 
 from quarry.kv import store
-from quarry.kv.dynamodb import DynamoDBStore
+from quarry.kv.dynamodb import DynamoDBOptions, DynamoDBStore
 
 P = b"staging/unit-m"
 
@@ -18,9 +18,13 @@ P = b"staging/unit-m"
 @pytest.fixture
 def ddb():
     # Port 9 (discard) on loopback: nothing is ever sent while the Stubber is active.
-    s = DynamoDBStore("unit-table", endpoint_url="http://127.0.0.1:9", create_table=False,
-                      max_throttle_retries=3, backoff_base=0.001, backoff_max=0.005)
-    with Stubber(s._client) as stub:
+    s = DynamoDBStore(
+        "unit-table",
+        endpoint_url="http://127.0.0.1:9",
+        create_table=False,
+        options=DynamoDBOptions(max_throttle_retries=3, backoff_base=0.001, backoff_max=0.005),
+    )
+    with Stubber(s.client) as stub:
         yield s, stub
         stub.assert_no_pending_responses()
 
@@ -32,8 +36,9 @@ def _item(k: bytes, v: bytes) -> dict:
 def test_throttling_is_retried_then_succeeds(ddb):
     s, stub = ddb
     stub.add_client_error("put_item", "ThrottlingException", http_status_code=400)
-    stub.add_client_error("put_item", "ProvisionedThroughputExceededException",
-                          http_status_code=400)
+    stub.add_client_error(
+        "put_item", "ProvisionedThroughputExceededException", http_status_code=400
+    )
     stub.add_response("put_item", {})
     s.set(P, b"k", b"v")
 
@@ -50,9 +55,16 @@ def test_persistent_throttling_raises_throttled_with_retry_delay(ddb):
 
 def test_conditional_check_failure_is_predicate_failed(ddb):
     s, stub = ddb
-    stub.add_client_error("put_item", "ConditionalCheckFailedException", http_status_code=400,
-                          expected_params={"TableName": "unit-table", "Item": _item(b"k", b"v"),
-                                           "ConditionExpression": "attribute_not_exists(pk)"})
+    stub.add_client_error(
+        "put_item",
+        "ConditionalCheckFailedException",
+        http_status_code=400,
+        expected_params={
+            "TableName": "unit-table",
+            "Item": _item(b"k", b"v"),
+            "ConditionExpression": "attribute_not_exists(pk)",
+        },
+    )
     with pytest.raises(store.PredicateFailed):
         s.set_if(P, b"k", b"v", store.ABSENT)
 
@@ -70,19 +82,27 @@ def test_unprocessed_batch_items_are_resent_until_done(ddb):
     left = [{"PutRequest": {"Item": _item(k, v)}} for _, k, v in items[20:]]
     stub.add_response("batch_write_item", {"UnprocessedItems": {"unit-table": left}})
     # The resend carries exactly the unprocessed items.
-    stub.add_response("batch_write_item", {"UnprocessedItems": {}},
-                      expected_params={"RequestItems": {"unit-table": left}})
+    stub.add_response(
+        "batch_write_item",
+        {"UnprocessedItems": {}},
+        expected_params={"RequestItems": {"unit-table": left}},
+    )
     s.batch_set(items)
 
 
 def test_batch_get_without_progress_ends_throttled(ddb):
     s, stub = ddb
-    keys = {"Keys": [{"pk": {"B": P}, "k": {"B": b"a"}}], "ConsistentRead": True,
-            "ProjectionExpression": "pk, k, v"}
+    keys = {
+        "Keys": [{"pk": {"B": P}, "k": {"B": b"a"}}],
+        "ConsistentRead": True,
+        "ProjectionExpression": "pk, k, v",
+    }
     for _ in range(4):
-        stub.add_response("batch_get_item", {"Responses": {},
-                                             "UnprocessedKeys": {"unit-table": keys}},
-                          expected_params={"RequestItems": {"unit-table": ANY}})
+        stub.add_response(
+            "batch_get_item",
+            {"Responses": {}, "UnprocessedKeys": {"unit-table": keys}},
+            expected_params={"RequestItems": {"unit-table": ANY}},
+        )
     with pytest.raises(store.Throttled):
         s.batch_get([(P, b"a")])
 
@@ -91,9 +111,17 @@ def test_unreachable_endpoint_is_unavailable():
     with socket.socket() as sock:  # a loopback port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    s = DynamoDBStore("unit-table", endpoint_url=f"http://127.0.0.1:{port}",
-                      create_table=False, connect_timeout=1)
+    s = DynamoDBStore(
+        "unit-table",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        create_table=False,
+        options=DynamoDBOptions(connect_timeout=1),
+    )
     with pytest.raises(store.BackendUnavailable):
         s.get(P, b"k")
     with pytest.raises(store.BackendUnavailable):  # and at construction, creating the table
-        DynamoDBStore("unit-table", endpoint_url=f"http://127.0.0.1:{port}", connect_timeout=1)
+        DynamoDBStore(
+            "unit-table",
+            endpoint_url=f"http://127.0.0.1:{port}",
+            options=DynamoDBOptions(connect_timeout=1),
+        )

@@ -9,9 +9,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from quarry.kv import store
+from quarry.kv.capacity import read_units, write_units
+from quarry.kv.limiter import PartitionLimiter
 from quarry.kv.memory import MemoryStore
-from quarry.kv.metering import (CapacityTotals, MeteredStore, PartitionLimiter, read_units,
-                                write_units)
+from quarry.kv.metering import CapacityTotals, MeteredStore
 
 REPO = b"repo/lake/i1"
 STAGING = b"staging/t1"
@@ -56,6 +57,7 @@ def totals_of(metered: MeteredStore, partition: bytes) -> CapacityTotals:
 
 
 # ---- unit arithmetic -------------------------------------------------------------------
+
 
 def test_unit_functions_at_boundaries():
     assert [read_units(n) for n in (0, 1, 4096, 4097, 8192, 8193)] == [1, 1, 1, 2, 2, 3]
@@ -134,12 +136,15 @@ def test_batches_are_charged_per_item(metered, backend):
     metered.batch_set([(STAGING, b"a", value_for(STAGING, b"a", 1025)), (STAGING, b"b", b"")])
     metered.batch_delete([(STAGING, b"a"), (STAGING, b"b"), (REPO, b"big")])
     assert totals_of(metered, STAGING) == CapacityTotals(
-        read_units=2, reads=2, write_units=3 + 2, writes=2 + 2)
+        read_units=2, reads=2, write_units=3 + 2, writes=2 + 2
+    )
     assert totals_of(metered, REPO) == CapacityTotals(
-        read_units=2, reads=1, write_units=1, writes=1)
+        read_units=2, reads=1, write_units=1, writes=1
+    )
 
 
 # ---- aggregation -----------------------------------------------------------------------
+
 
 def test_totals_per_class_and_hottest_partitions(metered):
     metered.set(b"quarry", b"repos/lake", b"r")
@@ -155,14 +160,18 @@ def test_totals_per_class_and_hottest_partitions(metered):
     assert report.by_class["quarry"] == CapacityTotals(write_units=1, writes=1)
     assert report.by_class["repo"] == CapacityTotals(write_units=3 + 5, writes=4)
     assert report.by_class["staging"] == CapacityTotals(
-        write_units=2, writes=2, read_units=1, reads=1)
+        write_units=2, writes=2, read_units=1, reads=1
+    )
     assert report.by_class["cleanup"] == CapacityTotals()
     assert report.by_class["auth"] == CapacityTotals()
     assert report.by_class["unknown"] == CapacityTotals(write_units=1, writes=1)
 
     # Hottest first by read + write units: 5, then 3, then staging/t1's 1 write + 1 read.
     assert [(h.partition, h.partition_class, h.totals.total_units) for h in report.hottest] == [
-        (b"repo/other/i9", "repo", 5), (REPO, "repo", 3), (STAGING, "staging", 2)]
+        (b"repo/other/i9", "repo", 5),
+        (REPO, "repo", 3),
+        (STAGING, "staging", 2),
+    ]
     # Ties are ordered by name, so the report is stable.
     tied = [h.partition for h in metered.report(top_n=10).hottest if h.totals.total_units == 1]
     assert tied == sorted(tied) == [b"not-a-class", b"quarry", b"staging/t2"]
@@ -194,6 +203,7 @@ def test_tracked_partitions_are_bounded_keeping_the_hottest(backend, registry):
 
 
 # ---- limiter ---------------------------------------------------------------------------
+
 
 def test_limiter_refuses_past_the_rate_and_admits_after_refill(backend, registry):
     clock = FakeClock()
@@ -277,6 +287,7 @@ def test_no_limiter_by_default(metered, backend):
 
 # ---- Prometheus ------------------------------------------------------------------------
 
+
 def test_prometheus_samples_by_partition_class(backend, registry):
     clock = FakeClock()
     limiter = PartitionLimiter(read_units_per_second=10, write_units_per_second=1, clock=clock)
@@ -304,8 +315,9 @@ def test_several_stores_share_a_registry_without_duplicate_collectors(backend, r
     second = MeteredStore(backend, registry=registry)
     first.set(REPO, b"k", b"v")
     second.set(REPO, b"k", b"v")
-    assert registry.get_sample_value(
-        "quarry_kv_write_units_total", {"partition_class": "repo"}) == 2
+    assert (
+        registry.get_sample_value("quarry_kv_write_units_total", {"partition_class": "repo"}) == 2
+    )
     # The default (global) registry too, and no export at all.
     MeteredStore(backend)
     MeteredStore(backend)

@@ -29,16 +29,25 @@ def test_sqlite_absolute_and_relative_paths(tmp_path, monkeypatch):
 
 
 def test_dynamodb_parameters():
-    s = open_store("dynamodb://my-table?endpoint_url=http://127.0.0.1:1&region=eu-west-1"
-                   "&create_table=false")
+    s = open_store(
+        "dynamodb://my-table?endpoint_url=http://127.0.0.1:1&region=eu-west-1&create_table=false"
+    )
     assert isinstance(s, DynamoDBStore) and s.table_name == "my-table"
-    assert s._client.meta.region_name == "eu-west-1"
-    assert s._client.meta.endpoint_url == "http://127.0.0.1:1"
+    assert s.client.meta.region_name == "eu-west-1"
+    assert s.client.meta.endpoint_url == "http://127.0.0.1:1"
 
 
-@pytest.mark.parametrize("url", ["nosuch://x", "sqlite://", "dynamodb://",
-                                 "dynamodb://t?endpont_url=x", "dynamodb://t?create_table=maybe",
-                                 "quarry://"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "nosuch://x",
+        "sqlite://",
+        "dynamodb://",
+        "dynamodb://t?endpont_url=x",
+        "dynamodb://t?create_table=maybe",
+        "quarry://",
+    ],
+)
 def test_bad_urls(url):
     with pytest.raises(errors.InvalidArgument):
         open_store(url)

@@ -1,4 +1,4 @@
-"""Partition classes (ARCHITECTURE.md §2) and the validating store wrapper."""
+"""Partition classes (docs/architecture.md §2) and the validating store wrapper."""
 
 from __future__ import annotations
 
@@ -7,28 +7,52 @@ import pytest
 
 from quarry.kv import store
 from quarry.kv.memory import MemoryStore
-from quarry.kv.partitions import (CLEANUP_PARTITION, QUARRY_PARTITION, PartitionValidatingStore,
-                                  partition_class, repo_partition, staging_partition)
+from quarry.kv.partitions import (
+    CLEANUP_PARTITION,
+    QUARRY_PARTITION,
+    PartitionValidatingStore,
+    partition_class,
+    repo_partition,
+    staging_partition,
+)
 
 
-@pytest.mark.parametrize("partition, expected", [
-    (b"quarry", "quarry"),
-    (b"repo/lake/01HZX", "repo"),
-    (b"repo/a/b", "repo"),
-    (b"staging/tok-123", "staging"),
-    (b"cleanup", "cleanup"),
-    (b"auth", "auth"),
-    (bytearray(b"staging/t"), "staging"),
-])
+@pytest.mark.parametrize(
+    "partition, expected",
+    [
+        (b"quarry", "quarry"),
+        (b"repo/lake/01HZX", "repo"),
+        (b"repo/a/b", "repo"),
+        (b"staging/tok-123", "staging"),
+        (b"cleanup", "cleanup"),
+        (b"auth", "auth"),
+        (bytearray(b"staging/t"), "staging"),
+    ],
+)
 def test_known_partition_classes(partition, expected):
     assert partition_class(partition) == expected
 
 
-@pytest.mark.parametrize("partition", [
-    b"", b"quarry/", b"quarryx", b"Quarry", b"cleanup/x", b"other",
-    b"repo", b"repo/", b"repo/lake", b"repo/lake/", b"repo//id", b"repo/lake/id/extra",
-    b"staging", b"staging/", b"staging/a/b",
-])
+@pytest.mark.parametrize(
+    "partition",
+    [
+        b"",
+        b"quarry/",
+        b"quarryx",
+        b"Quarry",
+        b"cleanup/x",
+        b"other",
+        b"repo",
+        b"repo/",
+        b"repo/lake",
+        b"repo/lake/",
+        b"repo//id",
+        b"repo/lake/id/extra",
+        b"staging",
+        b"staging/",
+        b"staging/a/b",
+    ],
+)
 def test_unknown_partitions_are_refused_with_the_known_classes_listed(partition):
     with pytest.raises(store.UnknownPartitionClass) as caught:
         partition_class(partition)
@@ -89,22 +113,27 @@ def test_valid_calls_pass_through(validating, backend):
     assert validating.get(GOOD, b"a").value == b"1"
     assert [kv.key for kv in validating.scan(GOOD)] == [b"a", b"b", b"c"]
     assert [r.value for r in validating.batch_get([(GOOD, b"b"), (b"quarry", b"repos/x")])] == [
-        b"2", b"r"]
+        b"2",
+        b"r",
+    ]
     validating.delete(GOOD, b"a")
     validating.batch_delete([(GOOD, b"b")])
     assert [kv.key for kv in backend.scan(GOOD)] == [b"c"]
 
 
-@pytest.mark.parametrize("call", [
-    lambda s: s.get(BAD, b"k"),
-    lambda s: s.set(BAD, b"k", b"v"),
-    lambda s: s.set_if(BAD, b"k", b"v", store.ABSENT),
-    lambda s: s.delete(BAD, b"k"),
-    lambda s: s.scan(BAD),
-    lambda s: s.batch_get([(BAD, b"k")]),
-    lambda s: s.batch_set([(BAD, b"k", b"v")]),
-    lambda s: s.batch_delete([(BAD, b"k")]),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: s.get(BAD, b"k"),
+        lambda s: s.set(BAD, b"k", b"v"),
+        lambda s: s.set_if(BAD, b"k", b"v", store.ABSENT),
+        lambda s: s.delete(BAD, b"k"),
+        lambda s: s.scan(BAD),
+        lambda s: s.batch_get([(BAD, b"k")]),
+        lambda s: s.batch_set([(BAD, b"k", b"v")]),
+        lambda s: s.batch_delete([(BAD, b"k")]),
+    ],
+)
 def test_every_call_checks_its_partition(validating, call):
     with pytest.raises(store.UnknownPartitionClass):
         call(validating)

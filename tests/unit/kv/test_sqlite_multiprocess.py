@@ -25,8 +25,9 @@ def _increment(path: str, times: int, barrier, conflicts) -> None:
         while True:
             current = store.get(PARTITION, KEY)
             try:
-                store.set_if(PARTITION, KEY, str(int(current.value) + 1).encode(),
-                             Equals(current.predicate))
+                store.set_if(
+                    PARTITION, KEY, str(int(current.value) + 1).encode(), Equals(current.predicate)
+                )
                 break
             except PredicateFailed:
                 lost += 1
@@ -44,8 +45,10 @@ def test_cas_increments_from_two_processes(tmp_path):
     processes_n, times = 2, 200
     barrier = ctx.Barrier(processes_n)
     conflicts = ctx.Value("i", 0)
-    procs = [ctx.Process(target=_increment, args=(path, times, barrier, conflicts))
-             for _ in range(processes_n)]
+    procs = [
+        ctx.Process(target=_increment, args=(path, times, barrier, conflicts))
+        for _ in range(processes_n)
+    ]
     for p in procs:
         p.start()
     for p in procs:
