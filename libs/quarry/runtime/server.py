@@ -33,7 +33,7 @@ from grpc_reflection.v1alpha import reflection
 import quarry
 from quarry import errors, telemetry
 from quarry.config import Settings
-from quarry.runtime.channels import CHANNEL_OPTIONS, MAX_MESSAGE_BYTES
+from quarry.runtime.channels import MAX_MESSAGE_BYTES, open_channel
 from quarry.runtime.errors import RETRYABLE_CODES, ErrorInterceptor
 from quarry.runtime.periodic import PeriodicWorker
 from quarry.telemetry.metrics import start_metrics_endpoint
@@ -89,7 +89,7 @@ def service_dependency(name: str, address: str,
     owned = channel is None
     if channel is None:
         # Not traced: a probe every second belongs to no request.
-        channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        channel = open_channel(address, traced=False)
     stub = health_pb2_grpc.HealthStub(channel)
 
     def probe(timeout: float) -> None:
