@@ -2,6 +2,8 @@
 
     result = manager.merge_metaranges(namespace, base_id, source_id, destination_id,
                                       strategy=MergeStrategy.DEFAULT)
+    # or, without the facade:
+    result = merge_metaranges(writer, namespace, MergeRequest(base_id, source_id, dest_id))
 
 Semantics, per path (entries compared by identity; an absent entry counts as "deleted"):
 
@@ -69,18 +71,27 @@ destination's entry (and mtime) is kept.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator
 
 from quarry import errors
+from quarry.committed.apply import ApplyOptions, apply_to_ranges
+from quarry.committed.diff import DiffOptions, diff_metaranges
 from quarry.committed.format import metarange_id_of
-from quarry.committed.iterators import diff_metaranges
+from quarry.committed.iterators import LoadRange
+from quarry.committed.loader import RangeLoader, get_entry
 from quarry.committed.rangedata import MetaRange, RangeData
-from quarry.graveler.model import (Change, ChangeType, Conflict, DiffSummary, Entry,
-                                   MergeResult, MergeStrategy, RangeInfo)
-
-if TYPE_CHECKING:
-    from quarry.committed.manager import CommittedManager
+from quarry.committed.writer import RangeWriter
+from quarry.graveler.model import (
+    Change,
+    ChangeType,
+    Conflict,
+    DiffSummary,
+    Entry,
+    MergeResult,
+    MergeStrategy,
+    RangeInfo,
+)
 
 # Ranges loaded ahead in the background by each diff walk.
 MERGE_READAHEAD = 8
@@ -100,22 +111,34 @@ class _Gap:
     source_run: list[RangeInfo]
 
 
-def merge_metaranges(manager: "CommittedManager", namespace: str, base_id: str,
-                     source_id: str, destination_id: str,
-                     strategy: MergeStrategy = MergeStrategy.DEFAULT,
-                     max_conflicts: int = DEFAULT_MAX_CONFLICTS,
-                     dry_run: bool = False) -> MergeResult:
+@dataclass(frozen=True)
+class MergeRequest:
+    """The three metaranges of a merge ("" = the empty metarange) and how to merge them."""
+
+    base_id: str
+    source_id: str
+    destination_id: str
+    strategy: MergeStrategy = MergeStrategy.DEFAULT
+    max_conflicts: int = DEFAULT_MAX_CONFLICTS
+    dry_run: bool = False
+
+
+def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest) -> MergeResult:
+    """Three-way merge of request.source_id into request.destination_id (see the module
+    docstring)."""
     try:
-        strategy = MergeStrategy(int(strategy))
+        strategy = MergeStrategy(int(request.strategy))
     except (TypeError, ValueError):
-        raise errors.InvalidArgument(f"unknown merge strategy {strategy!r}") from None
-    if max_conflicts is None or int(max_conflicts) < 0:
+        raise errors.InvalidArgument(f"unknown merge strategy {request.strategy!r}") from None
+    if request.max_conflicts is None or int(request.max_conflicts) < 0:
         raise errors.InvalidArgument("max_conflicts must be >= 0")
-    max_conflicts = int(max_conflicts)
-    store = manager.store(namespace)  # validates the namespace even if every input is empty
-    base = manager._metarange(namespace, base_id)
-    source = manager._metarange(namespace, source_id)
-    destination = manager._metarange(namespace, destination_id)
+    max_conflicts = int(request.max_conflicts)
+    dry_run = request.dry_run
+    loader = writer.loader
+    loader.store(namespace)  # validates the namespace even if every input is empty
+    base = loader.metarange(namespace, request.base_id)
+    source = loader.metarange(namespace, request.source_id)
+    destination = loader.metarange(namespace, request.destination_id)
 
     # ---- shortcuts ------------------------------------------------------------------------
     if source.id == base.id or source.id == destination.id:
@@ -123,13 +146,13 @@ def merge_metaranges(manager: "CommittedManager", namespace: str, base_id: str,
     if destination.id == base.id:
         summary = DiffSummary()
         for gap in _gaps(destination, source):
-            _count(manager, namespace, gap, summary)
+            _count(loader, namespace, gap, summary)
         return _done(source.id, summary, dry_run, reused=len(source.ranges))
 
     # ---- gaps: source-only ones are spliced, mixed ones merged by entry --------------------
     dest_ranges = destination.ranges
     dest_min_keys = [r.min_key for r in dest_ranges]
-    plan: list[tuple[str, _Gap, int, int]] = []  # (kind, gap, destination ranges over it)
+    plan: list[_Step] = []  # (kind, gap, destination ranges over it)
     for gap in _gaps(base, source):
         first = bisect.bisect_right(destination.max_keys, gap.lo) if gap.lo is not None else 0
         stop = (bisect.bisect_left(dest_min_keys, gap.hi, first) if gap.hi is not None
@@ -145,19 +168,19 @@ def merge_metaranges(manager: "CommittedManager", namespace: str, base_id: str,
     merged = _EntryMerge(strategy, max_conflicts, summary)
     spliced: list[RangeInfo] = []  # the destination's ranges with source-only runs spliced in
     taken = 0  # destination ranges [0, taken) are settled in `spliced`
-    ahead = _ReadAhead(manager, namespace, plan, dest_ranges)
+    ahead = _ReadAhead(loader, namespace, plan, dest_ranges)
     for number, (kind, gap, first, stop) in enumerate(plan):
         ahead.through(number)
         if kind == _SOURCE_ONLY:
-            _count(manager, namespace, gap, summary)
+            _count(loader, namespace, gap, summary)
             spliced.extend(dest_ranges[taken:first])
             spliced.extend(gap.source_run)
             taken = stop
         else:
-            merged.gap(manager, namespace, gap, dest_ranges[first:stop])
+            merged.gap(loader, namespace, gap, dest_ranges[first:stop])
     spliced.extend(dest_ranges[taken:])
     conflicts = tuple(
-        Conflict(path, manager.get_entry(namespace, base.id, path) if in_base else None,
+        Conflict(path, get_entry(loader, namespace, base.id, path) if in_base else None,
                  src_entry, dst_entry)
         for path, src_entry, dst_entry, in_base in merged.conflicts)
     if dry_run or conflicts or merged.more_conflicts:
@@ -167,31 +190,34 @@ def merge_metaranges(manager: "CommittedManager", namespace: str, base_id: str,
     if not merged.changes and len(spliced) == len(dest_ranges) and all(
             a.id == b.id for a, b in zip(spliced, dest_ranges)):
         return MergeResult(destination.id, summary, ranges_reused=len(dest_ranges))
-    out, _applied, written, reused = manager._apply_to_ranges(
-        namespace, MetaRange("", spliced), merged.changes, any_ranges=True,
-        loaded=merged.held)
-    metarange_id = metarange_id_of(out)
+    applied = apply_to_ranges(writer, namespace, MetaRange("", spliced), merged.changes,
+                              ApplyOptions(any_ranges=True, loaded=merged.held))
+    metarange_id = metarange_id_of(applied.ranges)
     if metarange_id != destination.id:
-        metarange_id = manager._write_metarange(namespace, store, out)
-    return MergeResult(metarange_id, summary, ranges_written=written, ranges_reused=reused)
+        metarange_id = writer.write_metarange_file(namespace, applied.ranges)
+    return MergeResult(metarange_id, summary, ranges_written=applied.written,
+                       ranges_reused=applied.reused)
 
 
 _SOURCE_ONLY = "source-only"
 _MIXED = "mixed"
+# A step of a merge's plan: (kind, gap, first, stop) with destination ranges [first, stop)
+# over the gap.
+_Step = tuple[str, _Gap, int, int]
 
 
 class _ReadAhead:
     """Starts loading, in the background, the ranges of the next gaps of the plan: the
     per-gap walks are too short for their own read-ahead to help."""
 
-    def __init__(self, manager: "CommittedManager", namespace: str, plan: list,
-                 dest_ranges: list[RangeInfo]):
-        self._manager = manager
+    def __init__(self, loader: RangeLoader, namespace: str, plan: list[_Step],
+                 dest_ranges: list[RangeInfo]) -> None:
+        self._loader = loader
         self._namespace = namespace
         self._plan = plan
         self._dest_ranges = dest_ranges
         self._next = 0  # the next gap whose ranges are not requested yet
-        self._enabled = manager._read_workers > 0
+        self._enabled = loader.read_workers > 0
 
     def through(self, current: int) -> None:
         """Called before working on gap `current`: keeps MERGE_READAHEAD ranges requested
@@ -202,7 +228,7 @@ class _ReadAhead:
         for kind, gap, first, stop in self._plan[current + 1:self._next]:
             budget -= len(gap.base_run) + len(gap.source_run) + (
                 stop - first if kind == _MIXED else 0)
-        prefetch = self._manager._prefetch
+        prefetch = self._loader.prefetch
         namespace = self._namespace
         while budget > 0 and self._next < len(self._plan):
             kind, gap, first, stop = self._plan[self._next]
@@ -227,7 +253,8 @@ class _EntryMerge:
     """The entry-level three-way merge of mixed gaps: collects the changes to apply to the
     destination, the conflicts (bounded) and the summary."""
 
-    def __init__(self, strategy: MergeStrategy, max_conflicts: int, summary: DiffSummary):
+    def __init__(self, strategy: MergeStrategy, max_conflicts: int,
+                 summary: DiffSummary) -> None:
         self.strategy = strategy
         self.max_conflicts = max_conflicts
         self.summary = summary
@@ -239,7 +266,7 @@ class _EntryMerge:
         self.held: dict[str, RangeData] = {}
         self.held_bytes = 0
 
-    def gap(self, manager: "CommittedManager", namespace: str, gap: _Gap,
+    def gap(self, loader: RangeLoader, namespace: str, gap: _Gap,
             over_gap: list[RangeInfo]) -> None:
         # Base ranges are only compared (a conflict's base entry is read separately). (A
         # range on both sides is skipped unread by the walk; full loads for those anyway.)
@@ -247,10 +274,10 @@ class _EntryMerge:
         dest_ids = {r.id for r in over_gap}
         base_ids -= dest_ids
 
-        def load(info: RangeInfo):
+        def load(info: RangeInfo) -> RangeData:
             if info.id in base_ids:
-                return manager._keys_range(namespace, info)
-            data = manager._range(namespace, info)
+                return loader.keys_range(namespace, info)
+            data = loader.range(namespace, info)
             if info.id in dest_ids and info.id not in self.held \
                     and self.held_bytes < HOLD_BYTES:
                 # The apply below re-reads these unless held: the cache may have let them go.
@@ -259,7 +286,7 @@ class _EntryMerge:
             return data
 
         def prefetch(info: RangeInfo) -> None:
-            manager._prefetch(namespace, info, keys_only=info.id in base_ids)
+            loader.prefetch(namespace, info, keys_only=info.id in base_ids)
 
         base_run = MetaRange("", gap.base_run)
         source_changes = _walk(load, prefetch, base_run, MetaRange("", gap.source_run))
@@ -338,21 +365,20 @@ def _gaps(left: MetaRange, right: MetaRange) -> Iterator[_Gap]:
         prev_left, prev_right = i, j
 
 
-def _count(manager: "CommittedManager", namespace: str, gap: _Gap,
-           summary: DiffSummary) -> None:
+def _count(loader: RangeLoader, namespace: str, gap: _Gap, summary: DiffSummary) -> None:
     """Add the changes from the gap's left run to its right run (by path and identity:
     no entry is built, only those two columns are read)."""
-    for change in _walk(lambda info: manager._keys_range(namespace, info),
-                        lambda info: manager._prefetch(namespace, info, keys_only=True),
+    for change in _walk(lambda info: loader.keys_range(namespace, info),
+                        lambda info: loader.prefetch(namespace, info, keys_only=True),
                         MetaRange("", gap.base_run), MetaRange("", gap.source_run),
                         entries=False):
         summary.count(change.type)
 
 
-def _walk(load: Callable, prefetch: Callable, left: MetaRange, right: MetaRange,
-          entries: bool = True) -> Iterator[Change]:
-    return diff_metaranges(load, left, right, prefetch=prefetch, readahead=MERGE_READAHEAD,
-                           entries=entries)
+def _walk(load: LoadRange, prefetch: Callable[[RangeInfo], None], left: MetaRange,
+          right: MetaRange, entries: bool = True) -> Iterator[Change]:
+    return diff_metaranges(load, left, right,
+                           DiffOptions(readahead=MERGE_READAHEAD, entries=entries), prefetch)
 
 
 def _paired(left: Iterator[Change], right: Iterator[Change]
