@@ -1,22 +1,46 @@
 """Object stores for committed data: a local directory (default) or S3.
 
-    open_blob_store("/abs/dir" | "file:///abs/dir" | "s3://bucket/prefix", settings)
+open_blob_store("/abs/dir" | "file:///abs/dir" | "s3://bucket/prefix", settings)
 """
 
 from __future__ import annotations
 
-from quarry.blob.base import (BlobStore, InvalidObjectKey, InvalidStorageNamespace,
-                              ObjectInfo, ObjectNotFound, StorageUnreachable, check_key)
+from quarry.blob.base import (
+    BlobStore,
+    InvalidObjectKey,
+    InvalidStorageNamespace,
+    ObjectInfo,
+    ObjectNotFound,
+    StorageUnreachable,
+    check_key,
+)
 from quarry.blob.counting import CountingBlobStore
 from quarry.blob.local import LocalBlobStore
-from quarry.blob.namespace import (namespace_location, namespaces_overlap,
-                                   normalize_storage_namespace, parse_storage_namespace)
+from quarry.blob.namespace import (
+    namespace_location,
+    namespaces_overlap,
+    normalize_storage_namespace,
+    parse_storage_namespace,
+)
 
-__all__ = ["BlobStore", "CountingBlobStore", "InvalidObjectKey", "InvalidStorageNamespace",
-           "LocalBlobStore", "ObjectInfo", "ObjectNotFound", "S3BlobStore", "StorageUnreachable",
-           "check_key", "namespace_location", "namespaces_overlap",
-           "normalize_storage_namespace", "object_address", "open_blob_store",
-           "parse_storage_namespace"]
+__all__ = [
+    "BlobStore",
+    "CountingBlobStore",
+    "InvalidObjectKey",
+    "InvalidStorageNamespace",
+    "LocalBlobStore",
+    "ObjectInfo",
+    "ObjectNotFound",
+    "S3BlobStore",
+    "StorageUnreachable",
+    "check_key",
+    "namespace_location",
+    "namespaces_overlap",
+    "normalize_storage_namespace",
+    "object_address",
+    "open_blob_store",
+    "parse_storage_namespace",
+]
 
 
 def __getattr__(name: str):

@@ -7,7 +7,8 @@ namespace; a store instance is bound to one namespace (a local directory or an S
 from __future__ import annotations
 
 import abc
-from typing import Iterator, NamedTuple
+from collections.abc import Iterator
+from typing import NamedTuple
 
 from quarry import errors
 
@@ -87,8 +88,7 @@ class BlobStore(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no conditional replace")
 
     @abc.abstractmethod
-    def exists(self, key: str) -> bool:
-        ...
+    def exists(self, key: str) -> bool: ...
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:

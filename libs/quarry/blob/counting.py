@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 
 from quarry.blob.base import BlobStore, ObjectInfo
 

@@ -7,12 +7,11 @@ import errno
 import fcntl
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
-from quarry.blob.base import (BlobStore, ObjectInfo, ObjectNotFound, StorageUnreachable,
-                              check_key)
+from quarry.blob.base import BlobStore, ObjectInfo, ObjectNotFound, StorageUnreachable, check_key
 
 # Temporary files live next to their target (same filesystem, so os.replace/os.link are
 # atomic) and are never listed.
@@ -47,8 +46,10 @@ class LocalBlobStore(BlobStore):
     def _unreachable(self, exc: OSError) -> StorageUnreachable:
         cause = _CAUSES.get(exc.errno, exc.strerror or type(exc).__name__)
         return StorageUnreachable(
-            f"storage namespace {self.root} is not usable: {cause} "
-            f"({exc.filename or self.root})", cause=cause, location=self.root)
+            f"storage namespace {self.root} is not usable: {cause} ({exc.filename or self.root})",
+            cause=cause,
+            location=self.root,
+        )
 
     def __repr__(self) -> str:
         return f"LocalBlobStore({self.root!r})"
@@ -114,8 +115,7 @@ class LocalBlobStore(BlobStore):
         # A file found already there is synced too: its writer may not have synced it yet.
         path = self._path(key)
         with self._environment():
-            written = self._put(key, data, if_absent=True, sync_directory=False,
-                                sync_file=False)
+            written = self._put(key, data, if_absent=True, sync_directory=False, sync_file=False)
         # Recorded once the file is in place (written now, or found there).
         with self._unsynced_lock:
             self._unsynced_files.add(path)
@@ -178,8 +178,9 @@ class LocalBlobStore(BlobStore):
                         keys.append(rel_dir + name)
         return keys
 
-    def _put(self, key: str, data: bytes, if_absent: bool, sync_directory: bool,
-             sync_file: bool = True) -> bool:
+    def _put(
+        self, key: str, data: bytes, if_absent: bool, sync_directory: bool, sync_file: bool = True
+    ) -> bool:
         path = self._path(key)
         directory = os.path.dirname(path)
         if if_absent and os.path.exists(path):
@@ -195,8 +196,13 @@ class LocalBlobStore(BlobStore):
                 except FileExistsError:
                     return False
                 except OSError as exc:
-                    if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP,
-                                         errno.EXDEV, errno.EMLINK):
+                    if exc.errno not in (
+                        errno.EPERM,
+                        errno.ENOTSUP,
+                        errno.EOPNOTSUPP,
+                        errno.EXDEV,
+                        errno.EMLINK,
+                    ):
                         raise
                     # No hard links here: claim the name exclusively, then swap the
                     # content in (the name is briefly an empty file).
@@ -231,9 +237,11 @@ class LocalBlobStore(BlobStore):
         for dirpath, dirnames, filenames in os.walk(start, onerror=_unless_gone):
             rel_dir = os.path.relpath(dirpath, self.root)
             rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
-            dirnames[:] = [d for d in dirnames
-                           if (rel_dir + d + "/").startswith(prefix)
-                           or prefix.startswith(rel_dir + d + "/")]
+            dirnames[:] = [
+                d
+                for d in dirnames
+                if (rel_dir + d + "/").startswith(prefix) or prefix.startswith(rel_dir + d + "/")
+            ]
             for name in filenames:
                 if name.startswith(TEMP_PREFIX):
                     continue

@@ -48,22 +48,29 @@ class ApplyOptions:
     loaded: dict[str, RangeData] = field(default_factory=dict)
 
 
-def apply_changes(writer: RangeWriter, namespace: str, base_metarange_id: str,
-                  changes: Iterable[ChangeItem]) -> ApplyResult:
+def apply_changes(
+    writer: RangeWriter, namespace: str, base_metarange_id: str, changes: Iterable[ChangeItem]
+) -> ApplyResult:
     """See CommittedManager.apply_changes."""
     base = writer.loader.metarange(namespace, base_metarange_id)
     applied = apply_to_ranges(writer, namespace, base, changes)
     if applied.summary.total == 0 and base.id != EMPTY_METARANGE_ID:
-        return ApplyResult(base.id, applied.summary, ranges_written=0,
-                           ranges_reused=len(base.ranges))
+        return ApplyResult(
+            base.id, applied.summary, ranges_written=0, ranges_reused=len(base.ranges)
+        )
     metarange_id = writer.write_metarange_file(namespace, applied.ranges)
-    return ApplyResult(metarange_id, applied.summary, ranges_written=applied.written,
-                       ranges_reused=applied.reused)
+    return ApplyResult(
+        metarange_id, applied.summary, ranges_written=applied.written, ranges_reused=applied.reused
+    )
 
 
-def apply_to_ranges(writer: RangeWriter, namespace: str, base: MetaRange,
-                    changes: Iterable[ChangeItem],
-                    options: ApplyOptions | None = None) -> AppliedRanges:
+def apply_to_ranges(
+    writer: RangeWriter,
+    namespace: str,
+    base: MetaRange,
+    changes: Iterable[ChangeItem],
+    options: ApplyOptions | None = None,
+) -> AppliedRanges:
     """apply_changes without writing the metarange."""
     options = options or ApplyOptions()
     loaded = options.loaded
@@ -79,9 +86,15 @@ def apply_to_ranges(writer: RangeWriter, namespace: str, base: MetaRange,
         last = len(ranges) - 1
         for i, info in enumerate(ranges):
             following = stream.peek_path()
-            if builder.empty and (following is None or following > info.max_key) and (
-                    (i < last and not options.any_ranges) or (i == last and following is None)
-                    or ends_at_boundary(info)):
+            if (
+                builder.empty
+                and (following is None or following > info.max_key)
+                and (
+                    (i < last and not options.any_ranges)
+                    or (i == last and following is None)
+                    or ends_at_boundary(info)
+                )
+            ):
                 # Aligned and untouched. (The final range may end only because the data
                 # did: it is reusable with entries after it only if it ends at a boundary.)
                 builder.reuse(info)
@@ -99,8 +112,9 @@ def apply_to_ranges(writer: RangeWriter, namespace: str, base: MetaRange,
     return AppliedRanges(out, summary, builder.written, builder.reused)
 
 
-def merge_range(builder: RangeBuilder, data: RangeData, stream: ChangeStream,
-                max_key: str, summary: DiffSummary) -> None:
+def merge_range(
+    builder: RangeBuilder, data: RangeData, stream: ChangeStream, max_key: str, summary: DiffSummary
+) -> None:
     """Hand the builder one base range (ending at max_key) with the changes that fall into
     it applied."""
     paths = data.paths
@@ -197,22 +211,30 @@ def _as_put_or_delete(item: object) -> tuple[str, Entry | None]:
             path, entry = item  # type: ignore[misc]
         except (TypeError, ValueError):
             raise errors.InvalidArgument(
-                "changes must be (path, Entry | None) tuples or Change objects") from None
+                "changes must be (path, Entry | None) tuples or Change objects"
+            ) from None
     checked = check_path(path)
     if entry is not None:
         if not isinstance(entry, Entry):
             raise errors.InvalidArgument(f"change at {checked!r}: expected an Entry")
         if entry.path != checked:
             raise errors.InvalidArgument(
-                f"change at {checked!r} carries an entry for {entry.path!r}")
+                f"change at {checked!r} carries an entry for {entry.path!r}"
+            )
     return checked, entry
 
 
 class Prefetcher:
     """Loads, in the background, the base ranges the upcoming changes fall into."""
 
-    def __init__(self, loader: RangeLoader, namespace: str, base: MetaRange,
-                 stream: ChangeStream, loaded: dict[str, RangeData]) -> None:
+    def __init__(
+        self,
+        loader: RangeLoader,
+        namespace: str,
+        base: MetaRange,
+        stream: ChangeStream,
+        loaded: dict[str, RangeData],
+    ) -> None:
         self._loader = loader
         self._loaded = loaded
         self._namespace = namespace

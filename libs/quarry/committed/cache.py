@@ -9,7 +9,8 @@ import os
 import threading
 import uuid
 from collections import OrderedDict
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 
 class LRUCache:
@@ -45,8 +46,10 @@ class LRUCache:
                 self._bytes -= old[1]
             self._data[key] = (value, size)
             self._bytes += size
-            while self._data and (self._bytes > self.max_bytes or (
-                    self.max_items is not None and len(self._data) > self.max_items)):
+            while self._data and (
+                self._bytes > self.max_bytes
+                or (self.max_items is not None and len(self._data) > self.max_items)
+            ):
                 _key, (_value, old_size) = self._data.popitem(last=False)
                 self._bytes -= old_size
 

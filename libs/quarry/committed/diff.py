@@ -31,26 +31,51 @@ class DiffOptions:
     entries: bool = True
 
 
-def diff(loader: RangeLoader, namespace: str, left_id: str, right_id: str,
-         options: DiffOptions | None = None) -> Iterator[Change]:
+def diff(
+    loader: RangeLoader,
+    namespace: str,
+    left_id: str,
+    right_id: str,
+    options: DiffOptions | None = None,
+) -> Iterator[Change]:
     """Changes from left to right (see CommittedManager.diff)."""
     left = loader.metarange(namespace, left_id)
     right = loader.metarange(namespace, right_id)
     if left.id == right.id:
         return iter(())
-    return diff_metaranges(lambda info: loader.range(namespace, info), left, right, options,
-                           prefetch=lambda info: loader.prefetch(namespace, info))
+    return diff_metaranges(
+        lambda info: loader.range(namespace, info),
+        left,
+        right,
+        options,
+        prefetch=lambda info: loader.prefetch(namespace, info),
+    )
 
 
 class _Side:
     """One side of a diff: a position in a metarange, loading ranges only when needed."""
 
-    __slots__ = ("_load", "ranges", "idx", "data", "pos", "lower", "_prefetch", "_unique",
-                 "_readahead")
+    __slots__ = (
+        "_load",
+        "ranges",
+        "idx",
+        "data",
+        "pos",
+        "lower",
+        "_prefetch",
+        "_unique",
+        "_readahead",
+    )
 
-    def __init__(self, load: LoadRange, metarange: MetaRange, lower: str,
-                 prefetch: Callable[[RangeInfo], None] | None = None,
-                 unique: list[int] | None = None, readahead: int = 0):
+    def __init__(
+        self,
+        load: LoadRange,
+        metarange: MetaRange,
+        lower: str,
+        prefetch: Callable[[RangeInfo], None] | None = None,
+        unique: list[int] | None = None,
+        readahead: int = 0,
+    ):
         self._load = load
         self.ranges = metarange.ranges
         self.idx = metarange.range_index(lower)
@@ -75,7 +100,7 @@ class _Side:
         if self.data is None:
             if self._prefetch is not None:
                 k = bisect.bisect_right(self._unique, self.idx)
-                for idx in self._unique[k:k + self._readahead]:
+                for idx in self._unique[k : k + self._readahead]:
                     self._prefetch(self.ranges[idx])
             data = self.data = self._load(self.ranges[self.idx])
             self.pos = bisect.bisect_left(data.paths, self.lower)
@@ -110,9 +135,13 @@ class _Side:
             self.idx += 1
 
 
-def diff_metaranges(load: LoadRange, left: MetaRange, right: MetaRange,
-                    options: DiffOptions | None = None,
-                    prefetch: Callable[[RangeInfo], None] | None = None) -> Iterator[Change]:
+def diff_metaranges(
+    load: LoadRange,
+    left: MetaRange,
+    right: MetaRange,
+    options: DiffOptions | None = None,
+    prefetch: Callable[[RangeInfo], None] | None = None,
+) -> Iterator[Change]:
     """Changes from left to right by path (see CommittedManager.diff). `options.entries`
     False leaves Change.entry None everywhere: then `load` may return ranges holding only
     their path and identity columns."""
@@ -178,15 +207,16 @@ def _merge_loaded(a: _Side, b: _Side, prefix: str, entries: bool = True) -> Iter
             if ka == kb:
                 if prefix and not ka.startswith(prefix):
                     return
-                if ida[i * 32:i * 32 + 32] != idb[j * 32:j * 32 + 32]:
+                if ida[i * 32 : i * 32 + 32] != idb[j * 32 : j * 32 + 32]:
                     yield Change(ChangeType.CHANGED, kb, db.sparse_entry(j) if entries else None)
                     i += 1
                     j += 1
                 else:
                     # Equal rows come in long runs (a range usually differs in a few rows):
                     # skip the whole run with slice comparisons instead of row by row.
-                    run = 1 + _equal_run((pa, ida), (pb, idb), i + 1, j + 1,
-                                         min(na - i, nb - j) - 1)
+                    run = 1 + _equal_run(
+                        (pa, ida), (pb, idb), i + 1, j + 1, min(na - i, nb - j) - 1
+                    )
                     i += run
                     j += run
             elif ka < kb:
@@ -212,8 +242,10 @@ def _equal_run(a: _Rows, b: _Rows, i: int, j: int, limit: int) -> int:
     pb, idb = b
 
     def equal(lo: int, hi: int) -> bool:  # rows [lo, hi) of the run
-        return (pa[i + lo:i + hi] == pb[j + lo:j + hi]
-                and ida[(i + lo) * 32:(i + hi) * 32] == idb[(j + lo) * 32:(j + hi) * 32])
+        return (
+            pa[i + lo : i + hi] == pb[j + lo : j + hi]
+            and ida[(i + lo) * 32 : (i + hi) * 32] == idb[(j + lo) * 32 : (j + hi) * 32]
+        )
 
     lo, step = 0, 8
     while True:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import bisect
-from typing import Callable, Iterator
+from collections.abc import Callable
 
 from quarry.committed.rangedata import MetaRange, RangeData
 from quarry.graveler.model import Entry, RangeInfo
@@ -20,9 +20,15 @@ class EntryIterator:
     first entry >= path (never before the iterator's start or prefix).
     """
 
-    def __init__(self, load: LoadRange, metarange: MetaRange, start: str = "",
-                 prefix: str = "", prefetch: Callable[[RangeInfo], None] | None = None,
-                 readahead: int = 0):
+    def __init__(
+        self,
+        load: LoadRange,
+        metarange: MetaRange,
+        start: str = "",
+        prefix: str = "",
+        prefetch: Callable[[RangeInfo], None] | None = None,
+        readahead: int = 0,
+    ):
         self._load = load
         self._prefetch = prefetch if readahead > 0 else None
         self._readahead = readahead
@@ -36,7 +42,7 @@ class EntryIterator:
         self._done = False
         self.seek_ge(self._start)
 
-    def __iter__(self) -> "EntryIterator":
+    def __iter__(self) -> EntryIterator:
         return self
 
     def seek_ge(self, path: str) -> None:

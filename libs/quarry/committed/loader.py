@@ -79,15 +79,17 @@ class RangeLoader:
     namespace). Immutable files are cached in memory; for non-local stores also on disk.
     """
 
-    def __init__(self, blob_opener: Callable[[str], BlobStore], options: LoaderOptions,
-                 stats: StatsCounter) -> None:
+    def __init__(
+        self, blob_opener: Callable[[str], BlobStore], options: LoaderOptions, stats: StatsCounter
+    ) -> None:
         self._opener = blob_opener
         self._stores: dict[str, BlobStore] = {}
         self._stores_lock = threading.Lock()
         self._ranges = LRUCache(options.range_cache_bytes)
         self._metaranges = LRUCache(options.metarange_cache_bytes)
-        self._disk = (DiskCache(os.path.join(options.cache_dir, "committed"))
-                      if options.cache_dir else None)
+        self._disk = (
+            DiskCache(os.path.join(options.cache_dir, "committed")) if options.cache_dir else None
+        )
         self.stats = stats
         self.read_workers = max(0, int(options.read_workers))
         self._read_executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -132,7 +134,8 @@ class RangeLoader:
             with self._executor_lock:
                 if self._read_executor is None:
                     self._read_executor = concurrent.futures.ThreadPoolExecutor(
-                        self.read_workers, thread_name_prefix="range-read")
+                        self.read_workers, thread_name_prefix="range-read"
+                    )
         return self._read_executor
 
     # ---- what writers hand over -------------------------------------------------------------
@@ -144,17 +147,23 @@ class RangeLoader:
     def remember_metarange(self, namespace: str, metarange: MetaRange) -> None:
         self._metaranges.put((namespace, metarange.id), metarange, metarange.cache_bytes)
 
-    def keep_written_file(self, namespace: str, store: BlobStore,
-                          kind: str, object_id: str, data: bytes) -> None:
+    def keep_written_file(
+        self, namespace: str, store: BlobStore, kind: str, object_id: str, data: bytes
+    ) -> None:
         """Put a file just written to a non-local store into the disk cache too."""
         if self._disk is not None and not store.is_local:
             self._disk.store(namespace, kind, object_id, data)
 
     # ---- loading ----------------------------------------------------------------------------
 
-    def _fetch(self, namespace: str, kind: str, object_id: str,
-               decode: Callable[[Any], T], not_found: type[errors.QuarryError]
-               ) -> tuple[T, str]:
+    def _fetch(
+        self,
+        namespace: str,
+        kind: str,
+        object_id: str,
+        decode: Callable[[Any], T],
+        not_found: type[errors.QuarryError],
+    ) -> tuple[T, str]:
         """Decode an object: local file in place, else disk cache, else object store."""
         key = range_key(object_id) if kind == "ranges" else metarange_key(object_id)
         store = self.store(namespace)
@@ -190,8 +199,9 @@ class RangeLoader:
         if found is not None:
             self.stats.count("metarange_cache_hits")
             return found
-        ranges, source = self._fetch(namespace, "metaranges", metarange_id, decode_metarange,
-                                     MetaRangeNotFound)
+        ranges, source = self._fetch(
+            namespace, "metaranges", metarange_id, decode_metarange, MetaRangeNotFound
+        )
         self.stats.count("metaranges_read_disk" if source == "disk" else "metaranges_read")
         metarange = MetaRange(metarange_id, ranges)
         self._metaranges.put(cache_key, metarange, metarange.cache_bytes)
@@ -264,8 +274,7 @@ class RangeLoader:
         return self._load_range_keys(namespace, info)
 
     def _load_range_keys(self, namespace: str, info: RangeInfo) -> RangeData:
-        table, source = self._fetch(namespace, "ranges", info.id, decode_range_keys,
-                                    RangeNotFound)
+        table, source = self._fetch(namespace, "ranges", info.id, decode_range_keys, RangeNotFound)
         self.stats.count("ranges_read_disk" if source == "disk" else "ranges_read")
         self.stats.count("ranges_read_keys")
         data = _checked(info, table)
@@ -282,15 +291,16 @@ class RangeLoader:
 
 def _checked(info: RangeInfo, table: Any) -> RangeData:
     if table.num_rows != info.count or table.num_rows == 0:
-        raise RangeCorrupt(f"range {info.id} has {table.num_rows} rows, its metarange "
-                           f"says {info.count}")
+        raise RangeCorrupt(
+            f"range {info.id} has {table.num_rows} rows, its metarange says {info.count}"
+        )
     return RangeData(info, table)
 
 
 # ---- reads ----------------------------------------------------------------------------------
 
-def get_entry(loader: RangeLoader, namespace: str, metarange_id: str,
-              path: str) -> Entry | None:
+
+def get_entry(loader: RangeLoader, namespace: str, metarange_id: str, path: str) -> Entry | None:
     """The entry at `path`, reading at most one range."""
     metarange = loader.metarange(namespace, metarange_id)
     i = metarange.range_index(path)
@@ -301,20 +311,35 @@ def get_entry(loader: RangeLoader, namespace: str, metarange_id: str,
     return data.sparse_entry(j) if j >= 0 else None
 
 
-def iterate(loader: RangeLoader, namespace: str, metarange_id: str,
-            start: str = "", prefix: str = "", readahead: int = 0) -> EntryIterator:
+def iterate(
+    loader: RangeLoader,
+    namespace: str,
+    metarange_id: str,
+    start: str = "",
+    prefix: str = "",
+    readahead: int = 0,
+) -> EntryIterator:
     """Entries with path >= start (and starting with prefix), in path order, read lazily
     (see CommittedManager.iterate)."""
     metarange = loader.metarange(namespace, metarange_id)
-    return EntryIterator(lambda info: loader.range(namespace, info), metarange,
-                         start=start, prefix=prefix,
-                         prefetch=lambda info: loader.prefetch(namespace, info),
-                         readahead=readahead)
+    return EntryIterator(
+        lambda info: loader.range(namespace, info),
+        metarange,
+        start=start,
+        prefix=prefix,
+        prefetch=lambda info: loader.prefetch(namespace, info),
+        readahead=readahead,
+    )
 
 
-def metarange_page(loader: RangeLoader, namespace: str, metarange_id: str,
-                   page_size: int, page_token: str, max_bytes: int
-                   ) -> tuple[list[RangeInfo], str]:
+def metarange_page(
+    loader: RangeLoader,
+    namespace: str,
+    metarange_id: str,
+    page_size: int,
+    page_token: str,
+    max_bytes: int,
+) -> tuple[list[RangeInfo], str]:
     """One page of a metarange's ranges (see CommittedManager.metarange_page)."""
     from quarry.graveler.errors import InvalidPageToken
     from quarry.graveler.iterators import decode_page_token, encode_page_token
@@ -337,5 +362,12 @@ def metarange_page(loader: RangeLoader, namespace: str, metarange_id: str,
     return list(ranges[start:end]), token
 
 
-__all__ = ["CommittedStats", "LoaderOptions", "RangeLoader", "check_metarange_id",
-           "get_entry", "iterate", "metarange_page"]
+__all__ = [
+    "CommittedStats",
+    "LoaderOptions",
+    "RangeLoader",
+    "check_metarange_id",
+    "get_entry",
+    "iterate",
+    "metarange_page",
+]

@@ -50,8 +50,13 @@ from quarry.graveler.model import (
 
 DEFAULT_MAX_RESPONSE_BYTES = Settings.max_response_bytes
 
-__all__ = ["CommittedManager", "CommittedOptions", "CommittedStats",
-           "DEFAULT_MAX_RANGE_BYTES", "DEFAULT_TARGET_RANGE_ENTRIES"]
+__all__ = [
+    "CommittedManager",
+    "CommittedOptions",
+    "CommittedStats",
+    "DEFAULT_MAX_RANGE_BYTES",
+    "DEFAULT_TARGET_RANGE_ENTRIES",
+]
 
 
 @dataclass(frozen=True)
@@ -76,14 +81,26 @@ class CommittedManager:
     keyword arguments (`target_range_entries=32`).
     """
 
-    def __init__(self, blob_opener: Callable[[str], BlobStore], cache_dir: str | None = None,
-                 options: CommittedOptions | None = None, **tuning: int) -> None:
+    def __init__(
+        self,
+        blob_opener: Callable[[str], BlobStore],
+        cache_dir: str | None = None,
+        options: CommittedOptions | None = None,
+        **tuning: int,
+    ) -> None:
         options = CommittedOptions(**tuning) if options is None else options
         chunking = Chunking(int(options.target_range_entries), int(options.max_range_bytes))
         self._stats = StatsCounter()
-        self._loader = RangeLoader(blob_opener, LoaderOptions(
-            cache_dir, options.range_cache_bytes, options.metarange_cache_bytes,
-            options.read_workers), self._stats)
+        self._loader = RangeLoader(
+            blob_opener,
+            LoaderOptions(
+                cache_dir,
+                options.range_cache_bytes,
+                options.metarange_cache_bytes,
+                options.read_workers,
+            ),
+            self._stats,
+        )
         self._writer = RangeWriter(self._loader, chunking, options.write_workers)
         self.target_range_entries = chunking.target_entries
         self.max_range_bytes = chunking.max_bytes
@@ -92,8 +109,7 @@ class CommittedManager:
     def from_settings(cls, settings: Settings, **tuning: int) -> CommittedManager:
         from quarry.blob import open_blob_store
 
-        return cls(lambda ns: open_blob_store(ns, settings), settings.effective_cache_dir,
-                   **tuning)
+        return cls(lambda ns: open_blob_store(ns, settings), settings.effective_cache_dir, **tuning)
 
     # ---- plumbing ---------------------------------------------------------------------------
 
@@ -117,8 +133,9 @@ class CommittedManager:
 
     # ---- namespace ownership ----------------------------------------------------------------
 
-    def claim_namespace(self, namespace: str, marker: bytes,
-                        replace: bytes | None = None) -> NamespaceClaim:
+    def claim_namespace(
+        self, namespace: str, marker: bytes, replace: bytes | None = None
+    ) -> NamespaceClaim:
         """Write a repository's ownership marker into its namespace (see
         quarry.blob.ownership.claim_namespace: if the namespace is empty, or if the current
         marker is exactly `replace`). Reports what it found; decides nothing else. A root
@@ -132,14 +149,20 @@ class CommittedManager:
         """The ranges of a metarange, in key order. "" is the empty metarange."""
         return list(self._loader.metarange(namespace, metarange_id).ranges)
 
-    def metarange_page(self, namespace: str, metarange_id: str, page_size: int = 0,
-                       page_token: str = "", max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
-                       ) -> tuple[list[RangeInfo], str]:
+    def metarange_page(
+        self,
+        namespace: str,
+        metarange_id: str,
+        page_size: int = 0,
+        page_token: str = "",
+        max_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> tuple[list[RangeInfo], str]:
         """One page of get_metarange: at most `page_size` ranges (0 = no count limit) and
         no more than `max_bytes` of encoded response; the token resumes at the next range
         (a metarange is immutable, so a position is stable)."""
-        return loader.metarange_page(self._loader, namespace, metarange_id, page_size,
-                                     page_token, max_bytes)
+        return loader.metarange_page(
+            self._loader, namespace, metarange_id, page_size, page_token, max_bytes
+        )
 
     def count(self, namespace: str, metarange_id: str) -> int:
         """Number of entries in a metarange (from the metarange alone)."""
@@ -149,21 +172,39 @@ class CommittedManager:
         """The entry at `path`, reading at most one range."""
         return loader.get_entry(self._loader, namespace, metarange_id, path)
 
-    def iterate(self, namespace: str, metarange_id: str, start: str = "",
-                prefix: str = "", readahead: int = 0) -> EntryIterator:
+    def iterate(
+        self,
+        namespace: str,
+        metarange_id: str,
+        start: str = "",
+        prefix: str = "",
+        readahead: int = 0,
+    ) -> EntryIterator:
         """Entries with path >= start (and starting with prefix), in path order. Ranges are
         read lazily; ranges before start or outside the prefix are never read.
         `readahead` > 0 loads that many following ranges in the background (for full scans
         over a remote store; it may read ranges a consumer that stops early never needs)."""
         return loader.iterate(self._loader, namespace, metarange_id, start, prefix, readahead)
 
-    def diff(self, namespace: str, left_id: str, right_id: str, prefix: str = "",  # noqa: PLR0913 — CommittedReader's signature
-             start: str = "", readahead: int = 0) -> Iterator[Change]:
+    def diff(
+        self,
+        namespace: str,
+        left_id: str,
+        right_id: str,
+        prefix: str = "",  # noqa: PLR0913 — CommittedReader's signature
+        start: str = "",
+        readahead: int = 0,
+    ) -> Iterator[Change]:
         """Changes from left to right, by path: ADDED / REMOVED (entry None) / CHANGED (the
         right entry), by identity. Ranges with equal ids on both sides are skipped unread.
         `readahead` > 0 loads upcoming ranges that differ in the background (see iterate)."""
-        return diff.diff(self._loader, namespace, left_id, right_id,
-                         diff.DiffOptions(prefix=prefix, start=start, readahead=readahead))
+        return diff.diff(
+            self._loader,
+            namespace,
+            left_id,
+            right_id,
+            diff.DiffOptions(prefix=prefix, start=start, readahead=readahead),
+        )
 
     # ---- writes -----------------------------------------------------------------------------
 
@@ -171,8 +212,9 @@ class CommittedManager:
         """Write a metarange holding exactly `entries` (strictly ascending by path)."""
         return self._writer.write_entries(namespace, entries)
 
-    def apply_changes(self, namespace: str, base_metarange_id: str,
-                      changes: Iterable[apply.ChangeItem]) -> ApplyResult:
+    def apply_changes(
+        self, namespace: str, base_metarange_id: str, changes: Iterable[apply.ChangeItem]
+    ) -> ApplyResult:
         """Apply changes (strictly ascending by path; entry None = delete) to a base
         metarange ("" = empty). Only ranges a change falls into are read (plus following
         ones until the rechunked stream realigns on a base boundary); every other base range
@@ -182,16 +224,27 @@ class CommittedManager:
         change the base id is returned and nothing is written."""
         return apply.apply_changes(self._writer, namespace, base_metarange_id, changes)
 
-    def merge_metaranges(self, namespace: str, base_id: str, source_id: str,  # noqa: PLR0913 — the RangeWriter RPC's signature
-                         destination_id: str, strategy: MergeStrategy = MergeStrategy.DEFAULT,
-                         max_conflicts: int = merge.DEFAULT_MAX_CONFLICTS,
-                         dry_run: bool = False) -> MergeResult:
+    def merge_metaranges(
+        self,
+        namespace: str,
+        base_id: str,
+        source_id: str,  # noqa: PLR0913 — the RangeWriter RPC's signature
+        destination_id: str,
+        strategy: MergeStrategy = MergeStrategy.DEFAULT,
+        max_conflicts: int = merge.DEFAULT_MAX_CONFLICTS,
+        dry_run: bool = False,
+    ) -> MergeResult:
         """Three-way merge of source into destination from their merge base ("" = the
         empty metarange). See quarry.committed.merge for semantics and cost. Conflicts
         (strategy DEFAULT) and dry runs write nothing and return metarange_id ""; the
         summary always counts what the merge changes (or would change) in the destination."""
-        return merge.merge_metaranges(self._writer, namespace, merge.MergeRequest(
-            base_id, source_id, destination_id, strategy, max_conflicts, dry_run))
+        return merge.merge_metaranges(
+            self._writer,
+            namespace,
+            merge.MergeRequest(
+                base_id, source_id, destination_id, strategy, max_conflicts, dry_run
+            ),
+        )
 
     def ensure_empty_metarange(self, namespace: str) -> str:
         """Make sure the empty metarange's file exists (e.g. for a new repository)."""

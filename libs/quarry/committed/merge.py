@@ -155,8 +155,11 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
     plan: list[_Step] = []  # (kind, gap, destination ranges over it)
     for gap in _gaps(base, source):
         first = bisect.bisect_right(destination.max_keys, gap.lo) if gap.lo is not None else 0
-        stop = (bisect.bisect_left(dest_min_keys, gap.hi, first) if gap.hi is not None
-                else len(dest_ranges))
+        stop = (
+            bisect.bisect_left(dest_min_keys, gap.hi, first)
+            if gap.hi is not None
+            else len(dest_ranges)
+        )
         over_gap = dest_ranges[first:stop]  # every destination range with keys in the gap
         if _ids(over_gap) == _ids(gap.base_run) and _inside(over_gap, gap):
             plan.append((_SOURCE_ONLY, gap, first, stop))  # the destination has the base's
@@ -180,23 +183,37 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
             merged.gap(loader, namespace, gap, dest_ranges[first:stop])
     spliced.extend(dest_ranges[taken:])
     conflicts = tuple(
-        Conflict(path, get_entry(loader, namespace, base.id, path) if in_base else None,
-                 src_entry, dst_entry)
-        for path, src_entry, dst_entry, in_base in merged.conflicts)
+        Conflict(
+            path,
+            get_entry(loader, namespace, base.id, path) if in_base else None,
+            src_entry,
+            dst_entry,
+        )
+        for path, src_entry, dst_entry, in_base in merged.conflicts
+    )
     if dry_run or conflicts or merged.more_conflicts:
         return MergeResult("", summary, conflicts, merged.more_conflicts)
 
     # ---- write: apply the mixed-gap changes to the spliced ranges ---------------------------
-    if not merged.changes and len(spliced) == len(dest_ranges) and all(
-            a.id == b.id for a, b in zip(spliced, dest_ranges)):
+    if (
+        not merged.changes
+        and len(spliced) == len(dest_ranges)
+        and all(a.id == b.id for a, b in zip(spliced, dest_ranges))
+    ):
         return MergeResult(destination.id, summary, ranges_reused=len(dest_ranges))
-    applied = apply_to_ranges(writer, namespace, MetaRange("", spliced), merged.changes,
-                              ApplyOptions(any_ranges=True, loaded=merged.held))
+    applied = apply_to_ranges(
+        writer,
+        namespace,
+        MetaRange("", spliced),
+        merged.changes,
+        ApplyOptions(any_ranges=True, loaded=merged.held),
+    )
     metarange_id = metarange_id_of(applied.ranges)
     if metarange_id != destination.id:
         metarange_id = writer.write_metarange_file(namespace, applied.ranges)
-    return MergeResult(metarange_id, summary, ranges_written=applied.written,
-                       ranges_reused=applied.reused)
+    return MergeResult(
+        metarange_id, summary, ranges_written=applied.written, ranges_reused=applied.reused
+    )
 
 
 _SOURCE_ONLY = "source-only"
@@ -210,8 +227,9 @@ class _ReadAhead:
     """Starts loading, in the background, the ranges of the next gaps of the plan: the
     per-gap walks are too short for their own read-ahead to help."""
 
-    def __init__(self, loader: RangeLoader, namespace: str, plan: list[_Step],
-                 dest_ranges: list[RangeInfo]) -> None:
+    def __init__(
+        self, loader: RangeLoader, namespace: str, plan: list[_Step], dest_ranges: list[RangeInfo]
+    ) -> None:
         self._loader = loader
         self._namespace = namespace
         self._plan = plan
@@ -225,9 +243,10 @@ class _ReadAhead:
         if not self._enabled:
             return
         budget = MERGE_READAHEAD
-        for kind, gap, first, stop in self._plan[current + 1:self._next]:
-            budget -= len(gap.base_run) + len(gap.source_run) + (
-                stop - first if kind == _MIXED else 0)
+        for kind, gap, first, stop in self._plan[current + 1 : self._next]:
+            budget -= (
+                len(gap.base_run) + len(gap.source_run) + (stop - first if kind == _MIXED else 0)
+            )
         prefetch = self._loader.prefetch
         namespace = self._namespace
         while budget > 0 and self._next < len(self._plan):
@@ -245,16 +264,16 @@ class _ReadAhead:
                 prefetch(namespace, info, keys_only=kind == _SOURCE_ONLY)
             for info in over_gap:
                 prefetch(namespace, info)
-            budget -= len(gap.base_run) + len(gap.source_run) + (
-                stop - first if kind == _MIXED else 0)
+            budget -= (
+                len(gap.base_run) + len(gap.source_run) + (stop - first if kind == _MIXED else 0)
+            )
 
 
 class _EntryMerge:
     """The entry-level three-way merge of mixed gaps: collects the changes to apply to the
     destination, the conflicts (bounded) and the summary."""
 
-    def __init__(self, strategy: MergeStrategy, max_conflicts: int,
-                 summary: DiffSummary) -> None:
+    def __init__(self, strategy: MergeStrategy, max_conflicts: int, summary: DiffSummary) -> None:
         self.strategy = strategy
         self.max_conflicts = max_conflicts
         self.summary = summary
@@ -266,8 +285,9 @@ class _EntryMerge:
         self.held: dict[str, RangeData] = {}
         self.held_bytes = 0
 
-    def gap(self, loader: RangeLoader, namespace: str, gap: _Gap,
-            over_gap: list[RangeInfo]) -> None:
+    def gap(
+        self, loader: RangeLoader, namespace: str, gap: _Gap, over_gap: list[RangeInfo]
+    ) -> None:
         # Base ranges are only compared (a conflict's base entry is read separately). (A
         # range on both sides is skipped unread by the walk; full loads for those anyway.)
         base_ids = {r.id for r in gap.base_run}
@@ -278,8 +298,7 @@ class _EntryMerge:
             if info.id in base_ids:
                 return loader.keys_range(namespace, info)
             data = loader.range(namespace, info)
-            if info.id in dest_ids and info.id not in self.held \
-                    and self.held_bytes < HOLD_BYTES:
+            if info.id in dest_ids and info.id not in self.held and self.held_bytes < HOLD_BYTES:
                 # The apply below re-reads these unless held: the cache may have let them go.
                 self.held[info.id] = data
                 self.held_bytes += data.cache_bytes
@@ -293,8 +312,9 @@ class _EntryMerge:
         dest_changes = _walk(load, prefetch, base_run, MetaRange("", over_gap))
         lo, hi = gap.lo, gap.hi
         # Destination ranges may stick out of the gap: what lies outside is not ours.
-        dest_changes = (c for c in dest_changes
-                        if (lo is None or c.path > lo) and (hi is None or c.path < hi))
+        dest_changes = (
+            c for c in dest_changes if (lo is None or c.path > lo) and (hi is None or c.path < hi)
+        )
         summary = self.summary
         changes = self.changes
         strategy = self.strategy
@@ -310,12 +330,20 @@ class _EntryMerge:
             dst_entry = dst.entry if dst.type != ChangeType.REMOVED else None
             if src_entry is None and dst_entry is None:
                 continue  # deleted on both sides
-            if (src_entry is not None and dst_entry is not None
-                    and src_entry.identity == dst_entry.identity):
+            if (
+                src_entry is not None
+                and dst_entry is not None
+                and src_entry.identity == dst_entry.identity
+            ):
                 continue  # changed identically on both sides
             if strategy == MergeStrategy.SOURCE_WINS:
-                summary.count(ChangeType.REMOVED if src_entry is None else
-                              ChangeType.ADDED if dst_entry is None else ChangeType.CHANGED)
+                summary.count(
+                    ChangeType.REMOVED
+                    if src_entry is None
+                    else ChangeType.ADDED
+                    if dst_entry is None
+                    else ChangeType.CHANGED
+                )
                 changes.append((path, src_entry))
             elif strategy == MergeStrategy.DEFAULT:
                 if len(self.conflicts) < self.max_conflicts:
@@ -341,8 +369,9 @@ def _inside(ranges: list[RangeInfo], gap: _Gap) -> bool:
     """Whether the ranges lie within the gap's open key interval."""
     if not ranges:
         return True
-    return ((gap.lo is None or ranges[0].min_key > gap.lo)
-            and (gap.hi is None or ranges[-1].max_key < gap.hi))
+    return (gap.lo is None or ranges[0].min_key > gap.lo) and (
+        gap.hi is None or ranges[-1].max_key < gap.hi
+    )
 
 
 def _gaps(left: MetaRange, right: MetaRange) -> Iterator[_Gap]:
@@ -359,30 +388,43 @@ def _gaps(left: MetaRange, right: MetaRange) -> Iterator[_Gap]:
         else:
             j = len(right_ranges)
         if i > prev_left + 1 or j > prev_right + 1:
-            yield _Gap(left_ranges[prev_left].max_key if prev_left >= 0 else None,
-                       left_ranges[i].min_key if i < len(left_ranges) else None,
-                       left_ranges[prev_left + 1:i], right_ranges[prev_right + 1:j])
+            yield _Gap(
+                left_ranges[prev_left].max_key if prev_left >= 0 else None,
+                left_ranges[i].min_key if i < len(left_ranges) else None,
+                left_ranges[prev_left + 1 : i],
+                right_ranges[prev_right + 1 : j],
+            )
         prev_left, prev_right = i, j
 
 
 def _count(loader: RangeLoader, namespace: str, gap: _Gap, summary: DiffSummary) -> None:
     """Add the changes from the gap's left run to its right run (by path and identity:
     no entry is built, only those two columns are read)."""
-    for change in _walk(lambda info: loader.keys_range(namespace, info),
-                        lambda info: loader.prefetch(namespace, info, keys_only=True),
-                        MetaRange("", gap.base_run), MetaRange("", gap.source_run),
-                        entries=False):
+    for change in _walk(
+        lambda info: loader.keys_range(namespace, info),
+        lambda info: loader.prefetch(namespace, info, keys_only=True),
+        MetaRange("", gap.base_run),
+        MetaRange("", gap.source_run),
+        entries=False,
+    ):
         summary.count(change.type)
 
 
-def _walk(load: LoadRange, prefetch: Callable[[RangeInfo], None], left: MetaRange,
-          right: MetaRange, entries: bool = True) -> Iterator[Change]:
-    return diff_metaranges(load, left, right,
-                           DiffOptions(readahead=MERGE_READAHEAD, entries=entries), prefetch)
+def _walk(
+    load: LoadRange,
+    prefetch: Callable[[RangeInfo], None],
+    left: MetaRange,
+    right: MetaRange,
+    entries: bool = True,
+) -> Iterator[Change]:
+    return diff_metaranges(
+        load, left, right, DiffOptions(readahead=MERGE_READAHEAD, entries=entries), prefetch
+    )
 
 
-def _paired(left: Iterator[Change], right: Iterator[Change]
-            ) -> Iterator[tuple[str, Change | None, Change | None]]:
+def _paired(
+    left: Iterator[Change], right: Iterator[Change]
+) -> Iterator[tuple[str, Change | None, Change | None]]:
     """Two change streams sorted by path, joined: (path, left change, right change)."""
     a = next(left, None)
     b = next(right, None)

@@ -22,7 +22,6 @@ from typing import NoReturn
 import pyarrow as pa
 
 from quarry import errors
-from quarry.blob import BlobStore
 from quarry.committed.errors import DuplicatePath, InvalidPath, UnsortedInput
 from quarry.committed.format import (
     RowBuffer,
@@ -61,8 +60,7 @@ class Chunking:
 
     def ends_at_boundary(self, info: RangeInfo) -> bool:
         """Whether a range ends where this chunking would end it (so entries may follow)."""
-        return info.size_bytes >= self.max_bytes or is_boundary(info.max_key,
-                                                                 self.target_entries)
+        return info.size_bytes >= self.max_bytes or is_boundary(info.max_key, self.target_entries)
 
 
 def check_path(path: object) -> str:
@@ -81,8 +79,9 @@ class RangeWriter:
     """Writes ranges and metaranges of many namespaces, through a RangeLoader (stores and
     caches) with its own pool of write threads."""
 
-    def __init__(self, loader: RangeLoader, chunking: Chunking,
-                 write_workers: int = DEFAULT_WRITE_WORKERS) -> None:
+    def __init__(
+        self, loader: RangeLoader, chunking: Chunking, write_workers: int = DEFAULT_WRITE_WORKERS
+    ) -> None:
         self.loader = loader
         self.chunking = chunking
         self.write_workers = max(0, int(write_workers))
@@ -96,7 +95,8 @@ class RangeWriter:
             with self._executor_lock:
                 if self._executor is None:
                     self._executor = concurrent.futures.ThreadPoolExecutor(
-                        self.write_workers, thread_name_prefix="range-write")
+                        self.write_workers, thread_name_prefix="range-write"
+                    )
         return self._executor
 
     def close(self) -> None:
@@ -147,8 +147,12 @@ class RangeWriter:
                 added += 1
             ranges = builder.finish()
         metarange_id = self.write_metarange_file(namespace, ranges)
-        return ApplyResult(metarange_id, DiffSummary(added=added),
-                           ranges_written=builder.written, ranges_reused=builder.reused)
+        return ApplyResult(
+            metarange_id,
+            DiffSummary(added=added),
+            ranges_written=builder.written,
+            ranges_reused=builder.reused,
+        )
 
 
 class RangeSink:
@@ -169,8 +173,12 @@ class RangeSink:
     def __enter__(self) -> RangeSink:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         first: BaseException | None = None
         for future in self._futures:
             try:
@@ -184,8 +192,9 @@ class RangeSink:
     def write(self, table: pa.Table, size_bytes: int) -> RangeInfo:
         range_id = range_id_of(table)
         paths = table.column("path")
-        info = RangeInfo(range_id, paths[0].as_py(), paths[len(paths) - 1].as_py(),
-                         table.num_rows, size_bytes)
+        info = RangeInfo(
+            range_id, paths[0].as_py(), paths[len(paths) - 1].as_py(), table.num_rows, size_bytes
+        )
         if self._pool is None:
             self._put(info, table)
         else:
@@ -326,10 +335,19 @@ def _concat(pieces: list[_Piece], rows_table: pa.Table | None) -> pa.Table:
 
     if len(pieces) == 1 and pieces[0][0] is None:
         return rows_table
-    return pa.concat_tables([source(data).slice(start, stop - start)
-                             for data, start, stop in pieces]).combine_chunks()
+    return pa.concat_tables(
+        [source(data).slice(start, stop - start) for data, start, stop in pieces]
+    ).combine_chunks()
 
 
-__all__ = ["Chunking", "RangeBuilder", "RangeSink", "RangeWriter", "check_path",
-           "raise_unsorted", "DEFAULT_MAX_RANGE_BYTES", "DEFAULT_TARGET_RANGE_ENTRIES",
-           "DEFAULT_WRITE_WORKERS"]
+__all__ = [
+    "Chunking",
+    "RangeBuilder",
+    "RangeSink",
+    "RangeWriter",
+    "check_path",
+    "raise_unsorted",
+    "DEFAULT_MAX_RANGE_BYTES",
+    "DEFAULT_TARGET_RANGE_ENTRIES",
+    "DEFAULT_WRITE_WORKERS",
+]
