@@ -7,6 +7,7 @@ namespace; a store instance is bound to one namespace (a local directory or an S
 from __future__ import annotations
 
 import abc
+import builtins
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -98,10 +99,10 @@ class BlobStore(abc.ABC):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object whose key starts with `prefix`, in key order."""
 
-    def first_keys(self, limit: int) -> list[str]:
+    def first_keys(self, limit: int) -> builtins.list[str]:
         """Up to `limit` keys of the namespace (a bounded listing: an emptiness check must
         not walk a huge directory)."""
-        keys = []
+        keys: builtins.list[str] = []
         for info in self.list(""):
             if len(keys) >= limit:
                 break

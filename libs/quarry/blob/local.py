@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import fcntl
@@ -44,7 +45,7 @@ class LocalBlobStore(BlobStore):
             raise self._unreachable(exc) from exc
 
     def _unreachable(self, exc: OSError) -> StorageUnreachable:
-        cause = _CAUSES.get(exc.errno, exc.strerror or type(exc).__name__)
+        cause = _CAUSES.get(exc.errno or 0, exc.strerror or type(exc).__name__)
         return StorageUnreachable(
             f"storage namespace {self.root} is not usable: {cause} ({exc.filename or self.root})",
             cause=cause,
@@ -161,10 +162,10 @@ class LocalBlobStore(BlobStore):
             finally:
                 os.close(fd)  # releases the lock
 
-    def first_keys(self, limit: int) -> list[str]:
+    def first_keys(self, limit: int) -> builtins.list[str]:
         # Symbolic links to directories are not walked (nor listed, nor ever deleted), but
         # they are something: a namespace holding one is not empty.
-        keys: list[str] = []
+        keys: builtins.list[str] = []
         with self._environment():
             for dirpath, dirnames, filenames in os.walk(self.root, onerror=_unless_gone):
                 dirnames.sort()
@@ -227,13 +228,13 @@ class LocalBlobStore(BlobStore):
         # Walk only the deepest directory the prefix fully names.
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         start = os.path.join(self.root, *base.split("/")) if base else self.root
-        found: list[ObjectInfo] = []
+        found: builtins.list[ObjectInfo] = []
         with self._environment():
             self._walk(start, prefix, found)
         found.sort()
         return iter(found)
 
-    def _walk(self, start: str, prefix: str, found: list[ObjectInfo]) -> None:
+    def _walk(self, start: str, prefix: str, found: builtins.list[ObjectInfo]) -> None:
         for dirpath, dirnames, filenames in os.walk(start, onerror=_unless_gone):
             rel_dir = os.path.relpath(dirpath, self.root)
             rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"

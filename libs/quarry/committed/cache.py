@@ -4,6 +4,7 @@ by id and never changes, so nothing is ever invalidated."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -84,18 +85,16 @@ class DiskCache:
         path = self.path(namespace, kind, object_id)
         if os.path.isfile(path):
             return
+        temp = f"{path}.tmp-{uuid.uuid4().hex}"
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            temp = f"{path}.tmp-{uuid.uuid4().hex}"
             with open(temp, "wb") as fh:
                 fh.write(data)
             os.replace(temp, path)
         except OSError:
             # A cache that cannot be written is only slower.
-            try:
-                os.unlink(temp)  # type: ignore[possibly-undefined]
-            except (OSError, NameError):
-                pass
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
 
     def discard(self, namespace: str, kind: str, object_id: str) -> None:
         try:

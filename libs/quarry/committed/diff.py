@@ -104,18 +104,19 @@ class _Side:
                     self._prefetch(self.ranges[idx])
             data = self.data = self._load(self.ranges[self.idx])
             self.pos = bisect.bisect_left(data.paths, self.lower)
+            return data
         return self.data
 
     def peek(self) -> str | None:
         while True:
-            if self.data is None:
+            data = self.data
+            if data is None:
                 if self.idx >= len(self.ranges):
                     return None
                 info = self.ranges[self.idx]
                 if info.min_key >= self.lower:
                     return info.min_key  # known without reading the range
-                self._ensure_loaded()
-            data = self.data
+                data = self._ensure_loaded()
             if self.pos < data.n:
                 return data.paths[self.pos]
             self.data = None
@@ -176,18 +177,21 @@ def diff_metaranges(
                 b.idx += 1
             continue
         ka, kb = a.peek(), b.peek()
-        if ka is None and kb is None:
-            return
-        key = kb if ka is None or (kb is not None and kb < ka) else ka
-        if prefix and not key.startswith(prefix):
-            return
         if kb is None or (ka is not None and ka < kb):
+            if ka is None:
+                return  # both sides ended
+            if prefix and not ka.startswith(prefix):
+                return
             yield Change(ChangeType.REMOVED, ka)
             a.advance()
         elif ka is None or kb < ka:
+            if prefix and not kb.startswith(prefix):
+                return
             yield Change(ChangeType.ADDED, kb, b.entry() if entries else None)
             b.advance()
         else:
+            if prefix and not kb.startswith(prefix):
+                return
             if a.identity() != b.identity():
                 yield Change(ChangeType.CHANGED, kb, b.entry() if entries else None)
             a.advance()
@@ -198,6 +202,7 @@ def _merge_loaded(a: _Side, b: _Side, prefix: str, entries: bool = True) -> Iter
     """Diff rows of the two loaded ranges from their positions until one range is exhausted
     (or a path leaves the prefix; then both positions stay on that path)."""
     da, db = a.data, b.data
+    assert da is not None and db is not None  # both loaded: the caller checked
     pa, pb = da.paths, db.paths
     ida, idb = da.identity_blob, db.identity_blob
     i, j, na, nb = a.pos, b.pos, da.n, db.n

@@ -98,13 +98,16 @@ class EntryIterator:
         raise StopIteration
 
     def _read_ahead(self) -> None:
+        prefetch = self._prefetch
+        if prefetch is None:
+            return
         ranges = self._metarange.ranges
         prefix = self._prefix
         for idx in range(self._idx + 1, min(len(ranges), self._idx + 1 + self._readahead)):
             info = ranges[idx]
             if prefix and not info.min_key.startswith(prefix):
                 break
-            self._prefetch(info)
+            prefetch(info)
 
     def close(self) -> None:
         self._done = True

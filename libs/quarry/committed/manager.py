@@ -109,7 +109,11 @@ class CommittedManager:
     def from_settings(cls, settings: Settings, **tuning: int) -> CommittedManager:
         from quarry.blob import open_blob_store
 
-        return cls(lambda ns: open_blob_store(ns, settings), settings.effective_cache_dir, **tuning)
+        return cls(
+            lambda ns: open_blob_store(ns, settings),
+            settings.effective_cache_dir,
+            CommittedOptions(**tuning),
+        )
 
     # ---- plumbing ---------------------------------------------------------------------------
 

@@ -321,6 +321,7 @@ class _EntryMerge:
         for path, src, dst in _paired(source_changes, dest_changes):
             if dst is None:
                 # Changed on the source only: the destination still has the base's value.
+                assert src is not None  # _paired yields at least one side
                 summary.count(src.type)
                 changes.append((path, src.entry if src.type != ChangeType.REMOVED else None))
                 continue
@@ -429,13 +430,14 @@ def _paired(
     a = next(left, None)
     b = next(right, None)
     while a is not None or b is not None:
-        if b is None or (a is not None and a.path < b.path):
+        if a is not None and (b is None or a.path < b.path):
             yield a.path, a, None
             a = next(left, None)
-        elif a is None or b.path < a.path:
+        elif b is not None and (a is None or b.path < a.path):
             yield b.path, None, b
             b = next(right, None)
         else:
+            assert a is not None and b is not None  # neither is ahead: the same path
             yield a.path, a, b
             a = next(left, None)
             b = next(right, None)

@@ -132,7 +132,7 @@ class RangeData:
         self._identities: list[bytes] | None = None
         self._identity_blob: bytes | None = None
         self._columns: tuple | None = None
-        self._cum: list[int] | None = None
+        self._cum: CumulativeBytes | None = None
         self._last_boundary: dict[int, bool] = {}
         self._sparse_lookups = 0
 

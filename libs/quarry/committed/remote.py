@@ -34,7 +34,7 @@ from quarry.graveler.model import (
 )
 from quarry.runtime.channels import channel_for
 from quarry.runtime.errors import from_rpc_error
-from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
+from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc, types_pb2
 
 # Changes (or entries) per stream message, and a byte budget per message well under the
 # 64 MiB gRPC limit (an entry may carry up to ~400 KB of metadata).
@@ -224,7 +224,7 @@ class RemoteRangeWriter:
             base=base_id or "",
             source=source_id or "",
             destination=destination_id or "",
-            strategy=int(strategy),
+            strategy=types_pb2.MergeStrategy.ValueType(int(strategy)),
             dry_run=dry_run,
             max_conflicts=min(max(1, int(max_conflicts)), 2**31 - 1),
         )
