@@ -5,6 +5,8 @@ open_blob_store("/abs/dir" | "file:///abs/dir" | "s3://bucket/prefix", settings)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from quarry.blob.base import (
     BlobStore,
     InvalidObjectKey,
@@ -22,6 +24,9 @@ from quarry.blob.namespace import (
     normalize_storage_namespace,
     parse_storage_namespace,
 )
+
+if TYPE_CHECKING:
+    from quarry.config import Settings
 
 __all__ = [
     "BlobStore",
@@ -43,7 +48,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type[BlobStore]:
     # boto3 is imported only when S3 is used.
     if name == "S3BlobStore":
         from quarry.blob.s3 import S3BlobStore
@@ -59,7 +64,7 @@ def object_address(storage_namespace: str, key: str) -> str:
     return storage_namespace.rstrip("/") + "/" + key
 
 
-def open_blob_store(storage_namespace: str, settings=None) -> BlobStore:
+def open_blob_store(storage_namespace: str, settings: Settings | None = None) -> BlobStore:
     """The store for a repository's storage namespace. `settings` (quarry.config.Settings)
     supplies the S3 endpoint and region."""
     kind, where, prefix = parse_storage_namespace(storage_namespace)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import builtins
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple, Self
 
 from quarry import errors
 
@@ -33,7 +33,9 @@ class StorageUnreachable(errors.FailedPrecondition):
 
     reason = "STORAGE_UNREACHABLE"
 
-    def __init__(self, message: str = "", *, cause: str = "", location: str = "", **kwargs):
+    def __init__(
+        self, message: str = "", *, cause: str = "", location: str = "", **kwargs: Any
+    ) -> None:
         metadata = dict(kwargs.pop("metadata", None) or {})
         if cause:
             metadata["cause"] = cause
@@ -80,7 +82,7 @@ class BlobStore(abc.ABC):
         (their metarange). Where every put is durable at once this is just put."""
         return self.put(key, data, if_absent=True)
 
-    def sync(self) -> None:
+    def sync(self) -> None:  # noqa: B027 — optional hook: a no-op where every put is durable
         """Make every put_deferred so far durable (also objects it found already there)."""
 
     def put_if_equals(self, key: str, data: bytes, expected: bytes) -> bool:
@@ -119,11 +121,11 @@ class BlobStore(abc.ABC):
         as pyarrow can open it in place), else None. The file may not exist."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 — optional hook: most stores hold nothing to release
         pass
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

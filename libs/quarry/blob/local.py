@@ -35,7 +35,7 @@ class LocalBlobStore(BlobStore):
             os.makedirs(self.root, exist_ok=True)
 
     @contextlib.contextmanager
-    def _environment(self):
+    def _environment(self) -> Iterator[None]:
         """The one place where the filesystem's refusals (permission denied, a file where a
         directory is expected, a read-only or full disk, a path that cannot be created such
         as /proc/x) become STORAGE_UNREACHABLE instead of an INTERNAL error."""
@@ -278,10 +278,8 @@ def _unless_gone(exc: OSError) -> None:
 
 
 def _unlink(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         os.unlink(path)
-    except (FileNotFoundError, NotADirectoryError):
-        pass
 
 
 def _fsync_file(path: str) -> None:

@@ -212,7 +212,7 @@ _clients: dict[tuple[str | None, str, int], Any] = {}
 _clients_lock = threading.Lock()
 
 
-def shared_client(endpoint_url: str | None, region: str, max_pool_connections: int = 32):
+def shared_client(endpoint_url: str | None, region: str, max_pool_connections: int = 32) -> Any:
     """One boto3 S3 client per (endpoint, region): clients are thread-safe and costly to
     build, and a service may open many repositories' namespaces."""
     key = (endpoint_url, region, max_pool_connections)

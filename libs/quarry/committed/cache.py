@@ -97,7 +97,5 @@ class DiskCache:
                 os.unlink(temp)
 
     def discard(self, namespace: str, kind: str, object_id: str) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self.path(namespace, kind, object_id))
-        except OSError:
-            pass

@@ -44,6 +44,7 @@ import re
 import struct
 import sys
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -53,6 +54,17 @@ from quarry import FORMAT_VERSION, errors
 from quarry.committed.errors import RangeCorrupt
 from quarry.graveler.model import Entry, RangeInfo
 from quarry.runtime.format_version import REBUILD_HINT, FormatVersionMismatch
+
+if TYPE_CHECKING:
+    from quarry.blob.base import BlobStore
+
+# A file's content, or the path of a local file (read in place).
+Source = bytes | str
+
+
+class Hasher(Protocol):
+    def update(self, data: bytes | memoryview, /) -> None: ...
+
 
 FORMAT_TAG = b"quarry.format"
 RANGE_FORMAT = b"range/v%d" % FORMAT_VERSION
@@ -120,7 +132,7 @@ def metarange_key(metarange_id: str) -> str:
     return f"{METARANGES_PREFIX}{metarange_id}.parquet"
 
 
-def _frame(h, parts: Iterable[bytes]) -> None:
+def _frame(h: Hasher, parts: Iterable[bytes]) -> None:
     for part in parts:
         h.update(struct.pack(">I", len(part)))
         h.update(part)
@@ -163,7 +175,7 @@ def _le(view: memoryview, fmt: str) -> bytes | memoryview:
     return values.tobytes()
 
 
-def _hash_strings(h, array: pa.Array) -> None:
+def _hash_strings(h: Hasher, array: pa.Array) -> None:
     lengths = pc.binary_length(array)
     h.update(_le(_fixed_buffer(lengths, 4), "i"))
     n = len(array)
@@ -344,7 +356,7 @@ def encode_range(table: pa.Table, range_id: str) -> bytes:
 
 
 def read_tagged_parquet(
-    source, what: str, tag: bytes, columns: list[str] | None = None
+    source: Source, what: str, tag: bytes, columns: list[str] | None = None
 ) -> pa.Table:
     """Read a whole small Parquet file from bytes or a local path (FileNotFoundError if the
     path is missing), refusing a file whose format tag is not `tag`: FormatVersionMismatch
@@ -386,7 +398,7 @@ def _check_tag(found: bytes | None, tag: bytes, what: str) -> None:
     raise RangeCorrupt(f"not a quarry {what} file (format tag {found!r}, expected {tag!r})")
 
 
-def decode_range(source) -> pa.Table:
+def decode_range(source: Source) -> pa.Table:
     """A range table from bytes or a local file path."""
     table = read_tagged_parquet(source, "range", RANGE_FORMAT)
     if table.schema.names != list(RANGE_COLUMNS):
@@ -394,7 +406,7 @@ def decode_range(source) -> pa.Table:
     return table.replace_schema_metadata(None).combine_chunks()
 
 
-def decode_range_keys(source) -> pa.Table:
+def decode_range_keys(source: Source) -> pa.Table:
     """Only the path and identity columns of a range (from bytes or a local file path):
     what comparing ranges needs, for about a third of a full decode."""
     table = read_tagged_parquet(source, "range", RANGE_FORMAT, ["path", "identity"])
@@ -423,7 +435,7 @@ def encode_metarange(ranges: Sequence[RangeInfo], metarange_id: str) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def read_metarange(store, metarange_id: str) -> list[RangeInfo]:
+def read_metarange(store: BlobStore, metarange_id: str) -> list[RangeInfo]:
     """The ranges of a metarange stored in `store` (a BlobStore of its namespace), without
     CommittedManager's caches: for readers outside the services (Spark jobs). The empty
     metarange ("" too) has no file. ObjectNotFound if the file is missing."""
@@ -432,7 +444,7 @@ def read_metarange(store, metarange_id: str) -> list[RangeInfo]:
     return decode_metarange(store.get(metarange_key(metarange_id)))
 
 
-def decode_metarange(source) -> list[RangeInfo]:
+def decode_metarange(source: Source) -> list[RangeInfo]:
     return metarange_rows(read_tagged_parquet(source, "metarange", METARANGE_FORMAT))
 
 
@@ -440,7 +452,7 @@ def metarange_rows(table: pa.Table) -> list[RangeInfo]:
     if table.schema.names != METARANGE_SCHEMA.names:
         raise RangeCorrupt(f"metarange file has columns {table.schema.names}")
     columns = [table.column(name).to_pylist() for name in METARANGE_SCHEMA.names]
-    return [RangeInfo(*row) for row in zip(*columns)]
+    return [RangeInfo(*row) for row in zip(*columns, strict=True)]
 
 
 __all__ = [

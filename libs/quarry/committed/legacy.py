@@ -157,7 +157,7 @@ def with_current_identities(table: pa.Table) -> pa.Table:
     ]
     identities = [
         entry_identity(address, size, checksum, content_type, metadata)
-        for address, size, checksum, content_type, metadata in zip(*columns)
+        for address, size, checksum, content_type, metadata in zip(*columns, strict=True)
     ]
     index = table.schema.get_field_index("identity")
     return table.set_column(index, table.schema.field(index), pa.array(identities, IDENTITY_TYPE))

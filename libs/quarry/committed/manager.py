@@ -195,7 +195,7 @@ class CommittedManager:
         namespace: str,
         left_id: str,
         right_id: str,
-        prefix: str = "",  # noqa: PLR0913 — CommittedReader's signature
+        prefix: str = "",
         start: str = "",
         readahead: int = 0,
     ) -> Iterator[Change]:
@@ -228,11 +228,11 @@ class CommittedManager:
         change the base id is returned and nothing is written."""
         return apply.apply_changes(self._writer, namespace, base_metarange_id, changes)
 
-    def merge_metaranges(
+    def merge_metaranges(  # noqa: PLR0913 — the CommittedReader protocol's signature
         self,
         namespace: str,
         base_id: str,
-        source_id: str,  # noqa: PLR0913 — the RangeWriter RPC's signature
+        source_id: str,
         destination_id: str,
         strategy: MergeStrategy = MergeStrategy.DEFAULT,
         max_conflicts: int = merge.DEFAULT_MAX_CONFLICTS,

@@ -198,7 +198,7 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
     if (
         not merged.changes
         and len(spliced) == len(dest_ranges)
-        and all(a.id == b.id for a, b in zip(spliced, dest_ranges))
+        and all(a.id == b.id for a, b in zip(spliced, dest_ranges, strict=True))
     ):
         return MergeResult(destination.id, summary, ranges_reused=len(dest_ranges))
     applied = apply_to_ranges(

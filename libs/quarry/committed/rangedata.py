@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
@@ -77,14 +78,14 @@ _FAST_ENTRIES = tuple(getattr(Entry, "__slots__", ())) == _ENTRY_SLOTS
 _new_entry = object.__new__
 
 
-def _make_entry(
+def _make_entry(  # noqa: PLR0913 — Entry's fields, positional: the hot path of reads
     path: str,
     address: str,
     size: int,
     checksum: str,
     mtime_us: int,
     content_type: str,
-    metadata,
+    metadata: Any,
     identity: bytes,
 ) -> Entry:
     if not _FAST_ENTRIES:

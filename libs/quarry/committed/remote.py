@@ -6,7 +6,8 @@ the object store with its own CommittedManager. Only writes go through the range
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import grpc
 
@@ -67,14 +68,16 @@ class RemoteRangeWriter:
     def __enter__(self) -> RemoteRangeWriter:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
         if self._owns_channel:
             self._channel.close()
 
-    def _stream(self, method, requests: Iterator, failure: _Failure):
+    def _stream(
+        self, method: Callable[..., Any], requests: Iterator[Any], failure: _Failure
+    ) -> Any:
         try:
             return method(requests, timeout=self._timeout)
         except grpc.RpcError as error:
@@ -203,7 +206,7 @@ class RemoteRangeWriter:
             keys_truncated=response.keys_truncated,
         )
 
-    def merge_metaranges(
+    def merge_metaranges(  # noqa: PLR0913 — the CommittedReader protocol's signature
         self,
         namespace: str,
         base_id: str,
