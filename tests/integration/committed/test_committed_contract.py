@@ -28,10 +28,16 @@ import pytest
 from quarry import errors
 from quarry.blob import LocalBlobStore, open_blob_store
 from quarry.blob.ownership import MARKER_KEY
-from quarry.committed import (CommittedManager, DuplicatePath, InvalidMetaRangeId,
-                              MetaRangeNotFound, UnsortedInput)
+from quarry.committed import (
+    CommittedManager,
+    DuplicatePath,
+    InvalidMetaRangeId,
+    MetaRangeNotFound,
+    UnsortedInput,
+)
 from quarry.committed.remote import RemoteRangeWriter
 from quarry.graveler.model import Change, ChangeType, Conflict, Entry, MergeStrategy, RangeInfo
+from quarry.runtime.channels import open_channel
 from quarry.runtime.server import create_server
 from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
 from support.servers import settings_for_tests
@@ -85,8 +91,9 @@ def _range_writer(manager: CommittedManager) -> Iterator[str]:
     from range_writer.service import build
 
     settings = settings_for_tests()
-    server, port = create_server(settings, build(settings, manager=manager), port=0,
-                                 host="127.0.0.1")
+    server, port = create_server(
+        settings, build(settings, manager=manager), port=0, host="127.0.0.1"
+    )
     try:
         yield f"127.0.0.1:{port}"
     finally:
@@ -94,8 +101,11 @@ def _range_writer(manager: CommittedManager) -> Iterator[str]:
 
 
 def _local_manager() -> CommittedManager:
-    return CommittedManager(lambda ns: LocalBlobStore(ns, durable=False), None,
-                            target_range_entries=TARGET_RANGE_ENTRIES)
+    return CommittedManager(
+        lambda ns: LocalBlobStore(ns, durable=False),
+        None,
+        target_range_entries=TARGET_RANGE_ENTRIES,
+    )
 
 
 @pytest.fixture
@@ -111,33 +121,54 @@ def committed(request, tmp_path) -> Iterator[Implementation]:
     else:
         # The server's manager opens namespaces as the service does (validating them).
         served = CommittedManager(
-            lambda ns: LocalBlobStore(open_blob_store(ns).root, durable=False), None,
-            target_range_entries=TARGET_RANGE_ENTRIES)
+            lambda ns: LocalBlobStore(open_blob_store(ns).root, durable=False),
+            None,
+            target_range_entries=TARGET_RANGE_ENTRIES,
+        )
         reader = _local_manager()
-        with _range_writer(served) as target, RemoteRangeWriter(target) as remote:
-            stub = range_writer_pb2_grpc.RangeWriterStub(remote._channel)
+        with (
+            _range_writer(served) as target,
+            RemoteRangeWriter(target) as remote,
+            open_channel(target) as channel,
+        ):
+            # Single pages of GetMetaRange: RemoteRangeWriter.get_metarange follows them all.
+            stub = range_writer_pb2_grpc.RangeWriterStub(channel)
 
             def page(ns: str, metarange_id: str, size: int, token: str):
                 from quarry.convert import range_info_from_proto
                 from quarry.runtime.errors import from_rpc_error
 
                 try:
-                    response = stub.GetMetaRange(range_writer_pb2.GetMetaRangeRequest(
-                        storage_namespace=ns, metarange_id=metarange_id, page_size=size,
-                        page_token=token), timeout=30)
+                    response = stub.GetMetaRange(
+                        range_writer_pb2.GetMetaRangeRequest(
+                            storage_namespace=ns,
+                            metarange_id=metarange_id,
+                            page_size=size,
+                            page_token=token,
+                        ),
+                        timeout=30,
+                    )
                 except Exception as error:  # grpc.RpcError -> the domain error
                     raise from_rpc_error(error) from None
-                return ([range_info_from_proto(r) for r in response.ranges],
-                        response.next_page_token)
+                return (
+                    [range_info_from_proto(r) for r in response.ranges],
+                    response.next_page_token,
+                )
 
             yield Implementation("remote", remote, reader, namespace, page=page)
         reader.close()
 
 
 def entry(path: str, version: int = 0, *, mtime_us: int | None = None) -> Entry:
-    return Entry(path, f"s3://lake/{path}#{version}", 100 + version, f"etag-{version}",
-                 1_700_000_000_000_000 + version if mtime_us is None else mtime_us,
-                 "application/octet-stream", {"v": str(version)})
+    return Entry(
+        path,
+        f"s3://lake/{path}#{version}",
+        100 + version,
+        f"etag-{version}",
+        1_700_000_000_000_000 + version if mtime_us is None else mtime_us,
+        "application/octet-stream",
+        {"v": str(version)},
+    )
 
 
 def entries(paths) -> list[Entry]:
@@ -153,6 +184,7 @@ def write(committed: Implementation, items: list[Entry]) -> str:
 
 
 # ---- write_metarange, get_entry, iterate ----------------------------------------------------
+
 
 def test_write_metarange_then_read_back(committed):
     ns = committed.namespace
@@ -171,13 +203,23 @@ def test_the_same_entries_give_the_same_id_and_any_difference_another(committed)
     first = write(committed, items)
     assert write(committed, list(items)) == first
     readdressed = list(items)
-    readdressed[7] = Entry(items[7].path, "s3://elsewhere/x", items[7].size_bytes,
-                           items[7].checksum, items[7].mtime_us, items[7].content_type,
-                           items[7].metadata)
+    readdressed[7] = Entry(
+        items[7].path,
+        "s3://elsewhere/x",
+        items[7].size_bytes,
+        items[7].checksum,
+        items[7].mtime_us,
+        items[7].content_type,
+        items[7].metadata,
+    )
     touched = list(items)
     touched[7] = entry(items[7].path, mtime_us=items[7].mtime_us + 1)  # mtime only
-    ids = {first, write(committed, readdressed), write(committed, touched),
-           write(committed, items[:-1])}
+    ids = {
+        first,
+        write(committed, readdressed),
+        write(committed, touched),
+        write(committed, items[:-1]),
+    }
     assert len(ids) == 4
 
 
@@ -222,23 +264,25 @@ def test_iterate_from_a_start_within_a_prefix_and_seek(committed):
 
 # ---- apply_changes ----------------------------------------------------------------------------
 
+
 def test_apply_changes_counts_only_real_changes(committed):
     ns = committed.namespace
     base_items = entries(f"p/{i:03d}" for i in range(0, 60, 2))
     base = write(committed, base_items)
     same_identity = entry("p/010", mtime_us=5)  # only the mtime differs: not a change
-    changes = [("p/001", entry("p/001")),  # added
-               ("p/004", entry("p/004", 1)),  # changed
-               ("p/007", None),  # deleting a missing path: nothing
-               ("p/010", same_identity),
-               ("p/020", None),  # removed
-               ("q/000", entry("q/000"))]  # added past the last entry
+    changes = [
+        ("p/001", entry("p/001")),  # added
+        ("p/004", entry("p/004", 1)),  # changed
+        ("p/007", None),  # deleting a missing path: nothing
+        ("p/010", same_identity),
+        ("p/020", None),  # removed
+        ("q/000", entry("q/000")),
+    ]  # added past the last entry
     result = committed.writer.apply_changes(ns, base, iter(changes))
     summary = result.summary
     assert (summary.added, summary.removed, summary.changed) == (2, 1, 1)
     expected = {e.path: e for e in base_items}
-    expected.update({"p/001": entry("p/001"), "p/004": entry("p/004", 1),
-                     "q/000": entry("q/000")})
+    expected.update({"p/001": entry("p/001"), "p/004": entry("p/004", 1), "q/000": entry("q/000")})
     del expected["p/020"]
     assert listed(committed, result.metarange_id) == [expected[p] for p in sorted(expected)]
     kept = committed.reader.get_entry(ns, result.metarange_id, "p/010")
@@ -248,17 +292,25 @@ def test_apply_changes_counts_only_real_changes(committed):
 def test_apply_with_no_real_change_returns_the_base(committed):
     base = write(committed, entries(f"n/{i:02d}" for i in range(20)))
     result = committed.writer.apply_changes(
-        committed.namespace, base, [("n/000", None), ("n/05", entry("n/05", mtime_us=1)),
-                                    ("n/051", None)])
+        committed.namespace,
+        base,
+        [("n/000", None), ("n/05", entry("n/05", mtime_us=1)), ("n/051", None)],
+    )
     assert result.summary.total == 0
     assert result.metarange_id == base
 
 
 def test_apply_takes_change_objects_and_an_empty_base(committed):
     ns = committed.namespace
-    result = committed.writer.apply_changes(ns, "", [
-        Change(ChangeType.ADDED, "a", entry("a")), Change(ChangeType.REMOVED, "b"),
-        Change(ChangeType.CHANGED, "c", entry("c", 2))])
+    result = committed.writer.apply_changes(
+        ns,
+        "",
+        [
+            Change(ChangeType.ADDED, "a", entry("a")),
+            Change(ChangeType.REMOVED, "b"),
+            Change(ChangeType.CHANGED, "c", entry("c", 2)),
+        ],
+    )
     assert (result.summary.added, result.summary.removed) == (2, 0)
     assert listed(committed, result.metarange_id) == [entry("a"), entry("c", 2)]
 
@@ -277,6 +329,7 @@ def test_unknown_and_invalid_metarange_ids_are_refused(committed):
 
 
 # ---- diff -------------------------------------------------------------------------------------
+
 
 def test_diff_by_path_and_identity(committed):
     ns = committed.namespace
@@ -298,13 +351,20 @@ def test_diff_by_path_and_identity(committed):
     ]
     assert [c.path for c in committed.reader.diff(ns, left, right, prefix="e/")] == ["e/000"]
     assert [c.path for c in committed.reader.diff(ns, left, right, start="d/011")] == [
-        "d/0305", "e/000"]
+        "d/0305",
+        "e/000",
+    ]
     assert [c.path for c in committed.reader.diff(ns, right, left)] == [
-        "d/003", "d/010", "d/0305", "e/000"]
+        "d/003",
+        "d/010",
+        "d/0305",
+        "e/000",
+    ]
     assert list(committed.reader.diff(ns, left, left)) == []
 
 
 # ---- merge_metaranges -------------------------------------------------------------------------
+
 
 def _three(committed: Implementation) -> tuple[str, str, str]:
     """base: m/000..m/039; source changes m/005 and adds m/0105, removes m/030; destination
@@ -317,8 +377,10 @@ def _three(committed: Implementation) -> tuple[str, str, str]:
     destination = dict(base_items)
     destination["m/020"] = entry("m/020", 2)
     del destination["m/035"]
-    return tuple(write(committed, [items[p] for p in sorted(items)])
-                 for items in (base_items, source, destination))
+    return tuple(
+        write(committed, [items[p] for p in sorted(items)])
+        for items in (base_items, source, destination)
+    )
 
 
 def test_merge_takes_both_sides_changes(committed):
@@ -340,8 +402,11 @@ def test_merge_shortcuts(committed):
     assert nothing.metarange_id == destination and nothing.summary.total == 0
     fast_forward = committed.writer.merge_metaranges(ns, base, source, base)
     assert fast_forward.metarange_id == source
-    assert (fast_forward.summary.added, fast_forward.summary.removed,
-            fast_forward.summary.changed) == (1, 1, 1)
+    assert (
+        fast_forward.summary.added,
+        fast_forward.summary.removed,
+        fast_forward.summary.changed,
+    ) == (1, 1, 1)
 
 
 def _conflicting(committed: Implementation) -> tuple[str, str, str]:
@@ -353,9 +418,11 @@ def _conflicting(committed: Implementation) -> tuple[str, str, str]:
         source[f"x/{i:03d}"] = entry(f"x/{i:03d}", 1)
         destination[f"x/{i:03d}"] = entry(f"x/{i:03d}", 2)
     source["x/100"] = entry("x/100")
-    return (write(committed, base_items),
-            write(committed, [source[p] for p in sorted(source)]),
-            write(committed, [destination[p] for p in sorted(destination)]))
+    return (
+        write(committed, base_items),
+        write(committed, [source[p] for p in sorted(source)]),
+        write(committed, [destination[p] for p in sorted(destination)]),
+    )
 
 
 def test_merge_conflicts_and_strategies(committed):
@@ -365,8 +432,9 @@ def test_merge_conflicts_and_strategies(committed):
     conflicted = merge(ns, base, source, destination)
     assert conflicted.metarange_id == ""  # DEFAULT with conflicts writes nothing
     assert conflicted.conflicts == tuple(
-        Conflict(f"x/{i:03d}", entry(f"x/{i:03d}"), entry(f"x/{i:03d}", 1),
-                 entry(f"x/{i:03d}", 2)) for i in (1, 2, 3))
+        Conflict(f"x/{i:03d}", entry(f"x/{i:03d}"), entry(f"x/{i:03d}", 1), entry(f"x/{i:03d}", 2))
+        for i in (1, 2, 3)
+    )
     bounded = merge(ns, base, source, destination, max_conflicts=1)
     assert len(bounded.conflicts) == 1 and bounded.more_conflicts == 2
     source_wins = merge(ns, base, source, destination, strategy=MergeStrategy.SOURCE_WINS)
@@ -394,6 +462,7 @@ def test_merge_refuses_bad_arguments(committed):
 
 # ---- namespace ownership ----------------------------------------------------------------------
 
+
 def test_claim_namespace(committed):
     ns = committed.namespace
     claim = committed.writer.claim_namespace
@@ -417,6 +486,7 @@ def test_claim_leaves_a_used_namespace_alone(committed, tmp_path):
 
 
 # ---- beyond the fake: ranges --------------------------------------------------------------
+
 
 @needs("ranges")
 def test_get_metarange_lists_disjoint_ranges_in_key_order(committed):

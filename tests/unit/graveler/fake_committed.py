@@ -13,8 +13,12 @@ import re
 
 from quarry.blob import LocalBlobStore, parse_storage_namespace
 from quarry.blob.ownership import claim_namespace
-from quarry.committed.errors import (DuplicatePath, InvalidMetaRangeId, MetaRangeNotFound,
-                                     UnsortedInput)
+from quarry.committed.errors import (
+    DuplicatePath,
+    InvalidMetaRangeId,
+    MetaRangeNotFound,
+    UnsortedInput,
+)
 from quarry.graveler.model import ApplyResult, Change, ChangeType, DiffSummary, Entry
 from support.merge_model import naive_merge
 
