@@ -8,7 +8,6 @@ from quarry.committed import CommittedManager
 from quarry.config import Settings
 from quarry.runtime.server import ServiceSpec
 from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
-
 from range_writer.servicer import RangeWriterServicer
 
 SERVICE_NAME = "range-writer"
@@ -19,13 +18,15 @@ DEPENDS_ON: tuple[str, ...] = ()
 def build(settings: Settings, manager: CommittedManager | None = None) -> ServiceSpec:
     """The range-writer's ServiceSpec. `manager` overrides the default (tests)."""
     if manager is None:
-        manager = CommittedManager(lambda ns: open_blob_store(ns, settings),
-                                   settings.effective_cache_dir)
+        manager = CommittedManager(
+            lambda ns: open_blob_store(ns, settings), settings.effective_cache_dir
+        )
     servicer = RangeWriterServicer(manager, settings.max_response_bytes)
     return ServiceSpec(
         name=SERVICE_NAME,
         register=lambda server: range_writer_pb2_grpc.add_RangeWriterServicer_to_server(
-            servicer, server),
+            servicer, server
+        ),
         grpc_service_names=[range_writer_pb2.DESCRIPTOR.services_by_name["RangeWriter"].full_name],
         on_stop=[manager.close],
     )

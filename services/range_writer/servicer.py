@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from quarry import errors
 from quarry.committed import CommittedManager
 from quarry.committed.errors import InvalidStream
 from quarry.committed.merge import DEFAULT_MAX_CONFLICTS
 from quarry.config import Settings
-from quarry.convert import (conflict_to_proto, entry_from_proto, merge_strategy_from_proto,
-                            put_or_delete_from_proto, range_infos_to_proto, summary_to_proto)
+from quarry.convert import (
+    conflict_to_proto,
+    entry_from_proto,
+    merge_strategy_from_proto,
+    put_or_delete_from_proto,
+    range_infos_to_proto,
+    summary_to_proto,
+)
 from quarry.graveler.model import Entry
 from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
 
@@ -37,14 +43,17 @@ def _parts(request_iterator: Iterator, rpc: str, field: str) -> Iterator:
     for request in request_iterator:
         which = request.WhichOneof("part")
         if which != field:
-            raise InvalidStream(f"{rpc}: after the header, only {field} messages may follow"
-                                f" (got {which or 'an empty message'})")
+            raise InvalidStream(
+                f"{rpc}: after the header, only {field} messages may follow"
+                f" (got {which or 'an empty message'})"
+            )
         yield getattr(request, field)
 
 
 class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
-    def __init__(self, manager: CommittedManager,
-                 max_response_bytes: int = Settings.max_response_bytes):
+    def __init__(
+        self, manager: CommittedManager, max_response_bytes: int = Settings.max_response_bytes
+    ):
         self._manager = manager
         self._max_response_bytes = max_response_bytes
 
@@ -59,11 +68,15 @@ class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
                     except ValueError as exc:
                         raise errors.InvalidArgument(str(exc)) from None
 
-        result = self._manager.apply_changes(header.storage_namespace,
-                                             header.base_metarange_id, changes())
+        result = self._manager.apply_changes(
+            header.storage_namespace, header.base_metarange_id, changes()
+        )
         return range_writer_pb2.ApplyChangesResponse(
-            metarange_id=result.metarange_id, summary=summary_to_proto(result.summary),
-            ranges_written=result.ranges_written, ranges_reused=result.ranges_reused)
+            metarange_id=result.metarange_id,
+            summary=summary_to_proto(result.summary),
+            ranges_written=result.ranges_written,
+            ranges_reused=result.ranges_reused,
+        )
 
     def WriteMetaRange(self, request_iterator, context):
         header = _header(request_iterator, "WriteMetaRange")
@@ -75,17 +88,24 @@ class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
 
         result = self._manager.write_metarange(header.storage_namespace, entries())
         return range_writer_pb2.WriteMetaRangeResponse(
-            metarange_id=result.metarange_id, ranges_written=result.ranges_written,
-            ranges_reused=result.ranges_reused)
+            metarange_id=result.metarange_id,
+            ranges_written=result.ranges_written,
+            ranges_reused=result.ranges_reused,
+        )
 
     def GetMetaRange(self, request, context):
         if not request.storage_namespace:
             raise errors.InvalidArgument("GetMetaRange: storage_namespace is required")
         ranges, token = self._manager.metarange_page(
-            request.storage_namespace, request.metarange_id, request.page_size,
-            request.page_token, self._max_response_bytes)
-        return range_writer_pb2.GetMetaRangeResponse(ranges=range_infos_to_proto(ranges),
-                                                     next_page_token=token)
+            request.storage_namespace,
+            request.metarange_id,
+            request.page_size,
+            request.page_token,
+            self._max_response_bytes,
+        )
+        return range_writer_pb2.GetMetaRangeResponse(
+            ranges=range_infos_to_proto(ranges), next_page_token=token
+        )
 
     def ClaimNamespace(self, request, context):
         if not request.storage_namespace:
@@ -93,10 +113,13 @@ class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
         if not request.marker:
             raise errors.InvalidArgument("ClaimNamespace: marker is required")
         claim = self._manager.claim_namespace(
-            request.storage_namespace, request.marker,
-            request.replace_marker if request.HasField("replace_marker") else None)
+            request.storage_namespace,
+            request.marker,
+            request.replace_marker if request.HasField("replace_marker") else None,
+        )
         response = range_writer_pb2.ClaimNamespaceResponse(
-            claimed=claim.claimed, keys=claim.keys, keys_truncated=claim.keys_truncated)
+            claimed=claim.claimed, keys=claim.keys, keys_truncated=claim.keys_truncated
+        )
         if claim.existing_marker is not None:
             response.existing_marker = claim.existing_marker
         return response
@@ -111,13 +134,21 @@ class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
         if request.max_conflicts < 0:
             raise errors.InvalidArgument("MergeMetaRanges: max_conflicts must be >= 0")
         result = self._manager.merge_metaranges(
-            request.storage_namespace, request.base, request.source, request.destination,
-            strategy=strategy, max_conflicts=request.max_conflicts or DEFAULT_MAX_CONFLICTS,
-            dry_run=request.dry_run)
+            request.storage_namespace,
+            request.base,
+            request.source,
+            request.destination,
+            strategy=strategy,
+            max_conflicts=request.max_conflicts or DEFAULT_MAX_CONFLICTS,
+            dry_run=request.dry_run,
+        )
         response = range_writer_pb2.MergeMetaRangesResponse(
-            metarange_id=result.metarange_id, summary=summary_to_proto(result.summary),
-            ranges_written=result.ranges_written, ranges_reused=result.ranges_reused,
-            more_conflicts=result.more_conflicts)
+            metarange_id=result.metarange_id,
+            summary=summary_to_proto(result.summary),
+            ranges_written=result.ranges_written,
+            ranges_reused=result.ranges_reused,
+            more_conflicts=result.more_conflicts,
+        )
         listed = 0
         for conflict in result.conflicts:
             message = conflict_to_proto(conflict)

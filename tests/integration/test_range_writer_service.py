@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -11,11 +11,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from quarry import errors
 from quarry.blob import CountingBlobStore, LocalBlobStore, open_blob_store
-from quarry.committed import (EMPTY_METARANGE_ID, CommittedManager, DuplicatePath,
-                              MetaRangeNotFound, UnsortedInput)
+from quarry.committed import (
+    EMPTY_METARANGE_ID,
+    CommittedManager,
+    DuplicatePath,
+    MetaRangeNotFound,
+    UnsortedInput,
+)
 from quarry.committed.remote import RemoteRangeWriter
-from quarry.graveler.model import (Change, ChangeType, Conflict, DiffSummary, Entry,
-                                   MergeStrategy)
+from quarry.graveler.model import Change, ChangeType, Conflict, DiffSummary, Entry, MergeStrategy
 from quarry.runtime.errors import error_info, from_rpc_error
 from quarry.runtime.server import create_server
 from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc, types_pb2
@@ -27,8 +31,9 @@ def range_writer(manager: CommittedManager, **overrides) -> Iterator[str]:
     from range_writer.service import build
 
     settings = settings_for_tests(**overrides)
-    server, port = create_server(settings, build(settings, manager=manager), port=0,
-                                 host="127.0.0.1")
+    server, port = create_server(
+        settings, build(settings, manager=manager), port=0, host="127.0.0.1"
+    )
     try:
         yield f"127.0.0.1:{port}"
     finally:
@@ -50,8 +55,15 @@ def served(tmp_path):
 
 
 def entry(path: str, version: int = 0) -> Entry:
-    return Entry(path, f"addr/{path}/{version}", version, f"c{version}",
-                 1_700_000_000_000_000 + version, "text/plain", {"v": str(version)})
+    return Entry(
+        path,
+        f"addr/{path}/{version}",
+        version,
+        f"c{version}",
+        1_700_000_000_000_000 + version,
+        "text/plain",
+        {"v": str(version)},
+    )
 
 
 def test_write_apply_and_read_back(served, tmp_path):
@@ -60,14 +72,20 @@ def test_write_apply_and_read_back(served, tmp_path):
     written = remote.write_metarange(namespace, iter(base_entries))
     assert written.summary.added == 3000 and written.ranges_written > 10
     local = CommittedManager(lambda ns: LocalBlobStore(ns), None, target_range_entries=32)
-    assert local.write_metarange(str(tmp_path / "local"), base_entries).metarange_id == \
-        written.metarange_id  # same content, same id, whoever writes it
-    changes = ([(f"p/{i:05d}", entry(f"p/{i:05d}", 1)) for i in range(0, 3000, 2)]
-               + [(f"p/{i:05d}", None) for i in range(1, 3000, 2)])
+    assert (
+        local.write_metarange(str(tmp_path / "local"), base_entries).metarange_id
+        == written.metarange_id
+    )  # same content, same id, whoever writes it
+    changes = [(f"p/{i:05d}", entry(f"p/{i:05d}", 1)) for i in range(0, 3000, 2)] + [
+        (f"p/{i:05d}", None) for i in range(1, 3000, 2)
+    ]
     changes.sort()
     applied = remote.apply_changes(namespace, written.metarange_id, changes)  # 2 batches
     assert (applied.summary.added, applied.summary.removed, applied.summary.changed) == (
-        0, 1500, 1500)
+        0,
+        1500,
+        1500,
+    )
     listed = list(local.iterate(namespace, applied.metarange_id))
     assert listed == [entry(f"p/{i:05d}", 1) for i in range(0, 3000, 2)]
     ranges = remote.get_metarange(namespace, applied.metarange_id)
@@ -86,21 +104,26 @@ def test_get_metarange_is_paged_by_size(tmp_path):
     """GetMetaRange pages end by encoded size; RemoteRangeWriter follows the tokens."""
     from quarry.paging import PAGE_TOKEN_RESERVE_BYTES
 
-    manager = CommittedManager(lambda ns: LocalBlobStore(ns), str(tmp_path / "cache"),
-                               target_range_entries=8)
+    manager = CommittedManager(
+        lambda ns: LocalBlobStore(ns), str(tmp_path / "cache"), target_range_entries=8
+    )
     namespace = str(tmp_path / "ns")
     # ~600-byte paths: each RangeInfo is over 1 KB, 3 fit in the 4 KB left for items.
-    written = manager.write_metarange(namespace, [entry(f"{i:05d}" + "p" * 600)
-                                                  for i in range(400)])
+    written = manager.write_metarange(
+        namespace, [entry(f"{i:05d}" + "p" * 600) for i in range(400)]
+    )
     expected = manager.get_metarange(namespace, written.metarange_id)
     assert len(expected) > 20
-    with range_writer(manager, max_response_bytes=PAGE_TOKEN_RESERVE_BYTES + 4096) as target, \
-            RemoteRangeWriter(target) as remote:
+    with (
+        range_writer(manager, max_response_bytes=PAGE_TOKEN_RESERVE_BYTES + 4096) as target,
+        RemoteRangeWriter(target) as remote,
+    ):
         assert remote.get_metarange(namespace, written.metarange_id) == expected
         channel = grpc.insecure_channel(target)
         stub = range_writer_pb2_grpc.RangeWriterStub(channel)
-        request = range_writer_pb2.GetMetaRangeRequest(storage_namespace=namespace,
-                                                       metarange_id=written.metarange_id)
+        request = range_writer_pb2.GetMetaRangeRequest(
+            storage_namespace=namespace, metarange_id=written.metarange_id
+        )
         pages = []
         while True:
             response = stub.GetMetaRange(request, timeout=10)
@@ -112,13 +135,20 @@ def test_get_metarange_is_paged_by_size(tmp_path):
         assert all(p.ranges and p.ByteSize() <= PAGE_TOKEN_RESERVE_BYTES + 4096 for p in pages)
         assert [r.id for p in pages for r in p.ranges] == [r.id for r in expected]
         # page_size still limits by count; a token from another metarange is refused.
-        first = stub.GetMetaRange(range_writer_pb2.GetMetaRangeRequest(
-            storage_namespace=namespace, metarange_id=written.metarange_id, page_size=1))
+        first = stub.GetMetaRange(
+            range_writer_pb2.GetMetaRangeRequest(
+                storage_namespace=namespace, metarange_id=written.metarange_id, page_size=1
+            )
+        )
         assert len(first.ranges) == 1
         with pytest.raises(grpc.RpcError) as refused:
-            stub.GetMetaRange(range_writer_pb2.GetMetaRangeRequest(
-                storage_namespace=namespace, metarange_id=EMPTY_METARANGE_ID,
-                page_token=first.next_page_token))
+            stub.GetMetaRange(
+                range_writer_pb2.GetMetaRangeRequest(
+                    storage_namespace=namespace,
+                    metarange_id=EMPTY_METARANGE_ID,
+                    page_token=first.next_page_token,
+                )
+            )
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert error_info(refused.value)[0].reason == "INVALID_PAGE_TOKEN"
         channel.close()
@@ -130,8 +160,7 @@ def test_one_change_costs_over_the_wire(served):
     base = remote.write_metarange(namespace, [entry(f"k/{i:05d}") for i in range(5000)])
     store = stores[namespace]
     store.reset()
-    result = remote.apply_changes(namespace, base.metarange_id,
-                                  [("k/02500", entry("k/02500", 7))])
+    result = remote.apply_changes(namespace, base.metarange_id, [("k/02500", entry("k/02500", 7))])
     assert result.summary.changed == 1
     assert result.ranges_written <= 2 and store.counts["put"] <= 3
     assert store.reads <= 2  # the touched range(s); the metarange is cached in the server
@@ -174,40 +203,55 @@ def test_stream_protocol_is_validated(served):
     with grpc.insecure_channel(target) as channel:
         stub = range_writer_pb2_grpc.RangeWriterStub(channel)
         header = range_writer_pb2.ApplyChangesRequest(
-            header=range_writer_pb2.ApplyChangesHeader(storage_namespace=namespace))
-        batch = range_writer_pb2.ApplyChangesRequest(changes=range_writer_pb2.ChangeBatch(
-            changes=[types_pb2.Change(type=types_pb2.CHANGE_TYPE_REMOVED, path="x")]))
+            header=range_writer_pb2.ApplyChangesHeader(storage_namespace=namespace)
+        )
+        batch = range_writer_pb2.ApplyChangesRequest(
+            changes=range_writer_pb2.ChangeBatch(
+                changes=[types_pb2.Change(type=types_pb2.CHANGE_TYPE_REMOVED, path="x")]
+            )
+        )
         for requests in ([], [batch], [batch, header], [header, header]):
-            code, reason, _ = _raw_status(lambda: stub.ApplyChanges(iter(requests), timeout=10))
+            code, reason, _ = _raw_status(
+                lambda requests=requests: stub.ApplyChanges(iter(requests), timeout=10)
+            )
             assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_STREAM")
         no_namespace = range_writer_pb2.ApplyChangesRequest(
-            header=range_writer_pb2.ApplyChangesHeader())
+            header=range_writer_pb2.ApplyChangesHeader()
+        )
         code, _, _ = _raw_status(lambda: stub.ApplyChanges(iter([no_namespace]), timeout=10))
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         put_without_entry = range_writer_pb2.ApplyChangesRequest(
             changes=range_writer_pb2.ChangeBatch(
-                changes=[types_pb2.Change(type=types_pb2.CHANGE_TYPE_ADDED, path="x")]))
+                changes=[types_pb2.Change(type=types_pb2.CHANGE_TYPE_ADDED, path="x")]
+            )
+        )
         code, _, _ = _raw_status(
-            lambda: stub.ApplyChanges(iter([header, put_without_entry]), timeout=10))
+            lambda: stub.ApplyChanges(iter([header, put_without_entry]), timeout=10)
+        )
         assert code == grpc.StatusCode.INVALID_ARGUMENT
-        unsorted = range_writer_pb2.ApplyChangesRequest(changes=range_writer_pb2.ChangeBatch(
-            changes=[types_pb2.Change(type=types_pb2.CHANGE_TYPE_REMOVED, path=p)
-                     for p in ("b", "a")]))
+        unsorted = range_writer_pb2.ApplyChangesRequest(
+            changes=range_writer_pb2.ChangeBatch(
+                changes=[
+                    types_pb2.Change(type=types_pb2.CHANGE_TYPE_REMOVED, path=p) for p in ("b", "a")
+                ]
+            )
+        )
         code, reason, _ = _raw_status(
-            lambda: stub.ApplyChanges(iter([header, unsorted]), timeout=10))
+            lambda: stub.ApplyChanges(iter([header, unsorted]), timeout=10)
+        )
         assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "UNSORTED_INPUT")
-        wm_first = range_writer_pb2.WriteMetaRangeRequest(
-            entries=range_writer_pb2.EntryBatch())
+        wm_first = range_writer_pb2.WriteMetaRangeRequest(entries=range_writer_pb2.EntryBatch())
         code, reason, _ = _raw_status(lambda: stub.WriteMetaRange(iter([wm_first]), timeout=10))
         assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_STREAM")
-        code, _, _ = _raw_status(lambda: stub.MergeMetaRanges(
-            range_writer_pb2.MergeMetaRangesRequest(), timeout=10))
+        code, _, _ = _raw_status(
+            lambda: stub.MergeMetaRanges(range_writer_pb2.MergeMetaRangesRequest(), timeout=10)
+        )
         assert code == grpc.StatusCode.INVALID_ARGUMENT  # no storage_namespace
-        for bad in (range_writer_pb2.MergeMetaRangesRequest(storage_namespace=namespace,
-                                                            strategy=9),
-                    range_writer_pb2.MergeMetaRangesRequest(storage_namespace=namespace,
-                                                            max_conflicts=-1)):
-            code, _, _ = _raw_status(lambda: stub.MergeMetaRanges(bad, timeout=10))
+        for bad in (
+            range_writer_pb2.MergeMetaRangesRequest(storage_namespace=namespace, strategy=9),
+            range_writer_pb2.MergeMetaRangesRequest(storage_namespace=namespace, max_conflicts=-1),
+        ):
+            code, _, _ = _raw_status(lambda bad=bad: stub.MergeMetaRanges(bad, timeout=10))
             assert code == grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -215,13 +259,15 @@ def test_health_and_server_info(served):
     _remote, target, _namespace, _stores = served
     with grpc.insecure_channel(target) as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        reply = health.Check(health_pb2.HealthCheckRequest(service="quarry.v1.RangeWriter"),
-                             timeout=5)
+        reply = health.Check(
+            health_pb2.HealthCheckRequest(service="quarry.v1.RangeWriter"), timeout=5
+        )
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
         from quarry.v1 import server_info_pb2, server_info_pb2_grpc
 
         info = server_info_pb2_grpc.ServerInfoStub(channel).GetServerInfo(
-            server_info_pb2.GetServerInfoRequest(), timeout=5)
+            server_info_pb2.GetServerInfoRequest(), timeout=5
+        )
         assert info.service == "range-writer"
 
 
@@ -248,7 +294,8 @@ def test_batches_respect_the_byte_budget(served):
         written = small_batches.write_metarange(namespace, big)  # ~13 messages
         assert written.summary.added == 40
         applied = small_batches.apply_changes(
-            namespace, written.metarange_id, [(e.path, None) for e in big[::2]])
+            namespace, written.metarange_id, [(e.path, None) for e in big[::2]]
+        )
     assert applied.summary.removed == 20
     local = CommittedManager(lambda ns: LocalBlobStore(ns), None)
     assert list(local.iterate(namespace, applied.metarange_id)) == big[1::2]
@@ -256,6 +303,7 @@ def test_batches_respect_the_byte_budget(served):
 
 
 # ---- MergeMetaRanges ---------------------------------------------------------------------------
+
 
 def _merge_inputs(remote, namespace):
     """base, source, destination metaranges (as dicts and ids) with clean changes on both
@@ -270,8 +318,10 @@ def _merge_inputs(remote, namespace):
     source["m/0200x"] = entry("m/0200x", 1)
     del source["m/0300"]
     dest["m/0400"] = entry("m/0400", 2)
-    ids = [remote.write_metarange(namespace, [m[p] for p in sorted(m)]).metarange_id
-           for m in (base, source, dest)]
+    ids = [
+        remote.write_metarange(namespace, [m[p] for p in sorted(m)]).metarange_id
+        for m in (base, source, dest)
+    ]
     return (base, source, dest), ids
 
 
@@ -297,8 +347,9 @@ def test_merge_metaranges_over_the_wire(served, tmp_path):
 
     store = stores[namespace]
     store.reset()
-    dry = remote.merge_metaranges(namespace, b, s, d, strategy=MergeStrategy.SOURCE_WINS,
-                                  dry_run=True)
+    dry = remote.merge_metaranges(
+        namespace, b, s, d, strategy=MergeStrategy.SOURCE_WINS, dry_run=True
+    )
     assert dry.metarange_id == "" and store.counts["put"] == 0
     assert dry.summary == DiffSummary(added=1, removed=2, changed=3)
 
@@ -364,11 +415,11 @@ def test_claim_namespace_writes_only_the_marker_and_reports_what_it_found(served
     with grpc.insecure_channel(target) as channel:
         stub = range_writer_pb2_grpc.RangeWriterStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
-            stub.ClaimNamespace(range_writer_pb2.ClaimNamespaceRequest(
-                storage_namespace=namespace))
+            stub.ClaimNamespace(range_writer_pb2.ClaimNamespaceRequest(storage_namespace=namespace))
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         for bad in ("/a/../b", "/", "s3://bucket"):
             with pytest.raises(grpc.RpcError) as caught:
-                stub.ClaimNamespace(range_writer_pb2.ClaimNamespaceRequest(
-                    storage_namespace=bad, marker=b"x"))
+                stub.ClaimNamespace(
+                    range_writer_pb2.ClaimNamespaceRequest(storage_namespace=bad, marker=b"x")
+                )
             assert error_info(caught.value)[0].reason == "INVALID_NAMESPACE"

@@ -9,18 +9,33 @@ from support.suite import running_suite
 
 
 def test_versioning_flows_on_an_s3_namespace(tmp_path, moto_endpoint, s3_bucket):
-    with running_suite(tmp_path, s3_endpoint_url=moto_endpoint) as suite, \
-            suite.client() as client:
+    with running_suite(tmp_path, s3_endpoint_url=moto_endpoint) as suite, suite.client() as client:
         namespace = f"s3://{s3_bucket}/lake/demo"
         client.create_repository("s3-demo", namespace)
-        client.put_objects("s3-demo", "main", [
-            types_pb2.Entry(path=f"data/{i:04d}.parquet", physical_address=f"{namespace}/d/{i}",
-                            size_bytes=i, checksum=f"c{i}") for i in range(2000)])
+        client.put_objects(
+            "s3-demo",
+            "main",
+            [
+                types_pb2.Entry(
+                    path=f"data/{i:04d}.parquet",
+                    physical_address=f"{namespace}/d/{i}",
+                    size_bytes=i,
+                    checksum=f"c{i}",
+                )
+                for i in range(2000)
+            ],
+        )
         first = client.commit("s3-demo", "main", "load")
         assert first.summary.added == 2000 and first.ranges_written >= 1
         client.create_branch("s3-demo", "feature", "main")
-        client.put_object("s3-demo", "feature", path="data/0007.parquet",
-                          physical_address=f"{namespace}/d/7b", size_bytes=7, checksum="new")
+        client.put_object(
+            "s3-demo",
+            "feature",
+            path="data/0007.parquet",
+            physical_address=f"{namespace}/d/7b",
+            size_bytes=7,
+            checksum="new",
+        )
         client.commit("s3-demo", "feature", "change one")
         client.delete_objects("s3-demo", "main", ["data/0001.parquet"])
         client.commit("s3-demo", "main", "delete one")
@@ -31,11 +46,18 @@ def test_versioning_flows_on_an_s3_namespace(tmp_path, moto_endpoint, s3_bucket)
         assert len(listed) == 1999
         diff = list(client.iter_diff("s3-demo", "main~1", "main"))
         assert [(c.path, c.type) for c in diff] == [
-            ("data/0007.parquet", types_pb2.CHANGE_TYPE_CHANGED)]
+            ("data/0007.parquet", types_pb2.CHANGE_TYPE_CHANGED)
+        ]
 
-    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1",
-                      config=Config(s3={"addressing_style": "path"}))
-    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=s3_bucket, Prefix="lake/demo/")
-            .get("Contents", [])]
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}),
+    )
+    keys = [
+        o["Key"]
+        for o in s3.list_objects_v2(Bucket=s3_bucket, Prefix="lake/demo/").get("Contents", [])
+    ]
     assert any(k.startswith("lake/demo/_quarry/ranges/") for k in keys)
     assert any(k.startswith("lake/demo/_quarry/metaranges/") for k in keys)

@@ -1,25 +1,54 @@
 """Object stores for committed data: a local directory (default) or S3.
 
-    open_blob_store("/abs/dir" | "file:///abs/dir" | "s3://bucket/prefix", settings)
+open_blob_store("/abs/dir" | "file:///abs/dir" | "s3://bucket/prefix", settings)
 """
 
 from __future__ import annotations
 
-from quarry.blob.base import (BlobStore, InvalidObjectKey, InvalidStorageNamespace,
-                              ObjectInfo, ObjectNotFound, StorageUnreachable, check_key)
+from typing import TYPE_CHECKING
+
+from quarry.blob.base import (
+    BlobStore,
+    InvalidObjectKey,
+    InvalidStorageNamespace,
+    ObjectInfo,
+    ObjectNotFound,
+    StorageUnreachable,
+    check_key,
+)
 from quarry.blob.counting import CountingBlobStore
 from quarry.blob.local import LocalBlobStore
-from quarry.blob.namespace import (namespace_location, namespaces_overlap,
-                                   normalize_storage_namespace, parse_storage_namespace)
+from quarry.blob.namespace import (
+    namespace_location,
+    namespaces_overlap,
+    normalize_storage_namespace,
+    parse_storage_namespace,
+)
 
-__all__ = ["BlobStore", "CountingBlobStore", "InvalidObjectKey", "InvalidStorageNamespace",
-           "LocalBlobStore", "ObjectInfo", "ObjectNotFound", "S3BlobStore", "StorageUnreachable",
-           "check_key", "namespace_location", "namespaces_overlap",
-           "normalize_storage_namespace", "object_address", "open_blob_store",
-           "parse_storage_namespace"]
+if TYPE_CHECKING:
+    from quarry.config import Settings
+
+__all__ = [
+    "BlobStore",
+    "CountingBlobStore",
+    "InvalidObjectKey",
+    "InvalidStorageNamespace",
+    "LocalBlobStore",
+    "ObjectInfo",
+    "ObjectNotFound",
+    "S3BlobStore",
+    "StorageUnreachable",
+    "check_key",
+    "namespace_location",
+    "namespaces_overlap",
+    "normalize_storage_namespace",
+    "object_address",
+    "open_blob_store",
+    "parse_storage_namespace",
+]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type[BlobStore]:
     # boto3 is imported only when S3 is used.
     if name == "S3BlobStore":
         from quarry.blob.s3 import S3BlobStore
@@ -35,7 +64,7 @@ def object_address(storage_namespace: str, key: str) -> str:
     return storage_namespace.rstrip("/") + "/" + key
 
 
-def open_blob_store(storage_namespace: str, settings=None) -> BlobStore:
+def open_blob_store(storage_namespace: str, settings: Settings | None = None) -> BlobStore:
     """The store for a repository's storage namespace. `settings` (quarry.config.Settings)
     supplies the S3 endpoint and region."""
     kind, where, prefix = parse_storage_namespace(storage_namespace)

@@ -7,7 +7,9 @@ namespace; a store instance is bound to one namespace (a local directory or an S
 from __future__ import annotations
 
 import abc
-from typing import Iterator, NamedTuple
+import builtins
+from collections.abc import Iterator
+from typing import Any, NamedTuple, Self
 
 from quarry import errors
 
@@ -31,7 +33,9 @@ class StorageUnreachable(errors.FailedPrecondition):
 
     reason = "STORAGE_UNREACHABLE"
 
-    def __init__(self, message: str = "", *, cause: str = "", location: str = "", **kwargs):
+    def __init__(
+        self, message: str = "", *, cause: str = "", location: str = "", **kwargs: Any
+    ) -> None:
         metadata = dict(kwargs.pop("metadata", None) or {})
         if cause:
             metadata["cause"] = cause
@@ -78,7 +82,7 @@ class BlobStore(abc.ABC):
         (their metarange). Where every put is durable at once this is just put."""
         return self.put(key, data, if_absent=True)
 
-    def sync(self) -> None:
+    def sync(self) -> None:  # noqa: B027 — optional hook: a no-op where every put is durable
         """Make every put_deferred so far durable (also objects it found already there)."""
 
     def put_if_equals(self, key: str, data: bytes, expected: bytes) -> bool:
@@ -87,8 +91,7 @@ class BlobStore(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} has no conditional replace")
 
     @abc.abstractmethod
-    def exists(self, key: str) -> bool:
-        ...
+    def exists(self, key: str) -> bool: ...
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:
@@ -98,10 +101,10 @@ class BlobStore(abc.ABC):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object whose key starts with `prefix`, in key order."""
 
-    def first_keys(self, limit: int) -> list[str]:
+    def first_keys(self, limit: int) -> builtins.list[str]:
         """Up to `limit` keys of the namespace (a bounded listing: an emptiness check must
         not walk a huge directory)."""
-        keys = []
+        keys: builtins.list[str] = []
         for info in self.list(""):
             if len(keys) >= limit:
                 break
@@ -118,11 +121,11 @@ class BlobStore(abc.ABC):
         as pyarrow can open it in place), else None. The file may not exist."""
         return None
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 — optional hook: most stores hold nothing to release
         pass
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
 import threading
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 
 from quarry.blob.base import BlobStore, ObjectInfo
 
@@ -105,7 +106,7 @@ class CountingBlobStore(BlobStore):
         self._count("list")
         return self.inner.list(prefix)
 
-    def first_keys(self, limit: int) -> list[str]:
+    def first_keys(self, limit: int) -> builtins.list[str]:
         self._count("list")
         return self.inner.first_keys(limit)
 

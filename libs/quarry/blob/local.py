@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import fcntl
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
-from quarry.blob.base import (BlobStore, ObjectInfo, ObjectNotFound, StorageUnreachable,
-                              check_key)
+from quarry.blob.base import BlobStore, ObjectInfo, ObjectNotFound, StorageUnreachable, check_key
 
 # Temporary files live next to their target (same filesystem, so os.replace/os.link are
 # atomic) and are never listed.
@@ -35,7 +35,7 @@ class LocalBlobStore(BlobStore):
             os.makedirs(self.root, exist_ok=True)
 
     @contextlib.contextmanager
-    def _environment(self):
+    def _environment(self) -> Iterator[None]:
         """The one place where the filesystem's refusals (permission denied, a file where a
         directory is expected, a read-only or full disk, a path that cannot be created such
         as /proc/x) become STORAGE_UNREACHABLE instead of an INTERNAL error."""
@@ -45,10 +45,12 @@ class LocalBlobStore(BlobStore):
             raise self._unreachable(exc) from exc
 
     def _unreachable(self, exc: OSError) -> StorageUnreachable:
-        cause = _CAUSES.get(exc.errno, exc.strerror or type(exc).__name__)
+        cause = _CAUSES.get(exc.errno or 0, exc.strerror or type(exc).__name__)
         return StorageUnreachable(
-            f"storage namespace {self.root} is not usable: {cause} "
-            f"({exc.filename or self.root})", cause=cause, location=self.root)
+            f"storage namespace {self.root} is not usable: {cause} ({exc.filename or self.root})",
+            cause=cause,
+            location=self.root,
+        )
 
     def __repr__(self) -> str:
         return f"LocalBlobStore({self.root!r})"
@@ -114,8 +116,7 @@ class LocalBlobStore(BlobStore):
         # A file found already there is synced too: its writer may not have synced it yet.
         path = self._path(key)
         with self._environment():
-            written = self._put(key, data, if_absent=True, sync_directory=False,
-                                sync_file=False)
+            written = self._put(key, data, if_absent=True, sync_directory=False, sync_file=False)
         # Recorded once the file is in place (written now, or found there).
         with self._unsynced_lock:
             self._unsynced_files.add(path)
@@ -161,10 +162,10 @@ class LocalBlobStore(BlobStore):
             finally:
                 os.close(fd)  # releases the lock
 
-    def first_keys(self, limit: int) -> list[str]:
+    def first_keys(self, limit: int) -> builtins.list[str]:
         # Symbolic links to directories are not walked (nor listed, nor ever deleted), but
         # they are something: a namespace holding one is not empty.
-        keys: list[str] = []
+        keys: builtins.list[str] = []
         with self._environment():
             for dirpath, dirnames, filenames in os.walk(self.root, onerror=_unless_gone):
                 dirnames.sort()
@@ -178,8 +179,9 @@ class LocalBlobStore(BlobStore):
                         keys.append(rel_dir + name)
         return keys
 
-    def _put(self, key: str, data: bytes, if_absent: bool, sync_directory: bool,
-             sync_file: bool = True) -> bool:
+    def _put(
+        self, key: str, data: bytes, if_absent: bool, sync_directory: bool, sync_file: bool = True
+    ) -> bool:
         path = self._path(key)
         directory = os.path.dirname(path)
         if if_absent and os.path.exists(path):
@@ -195,8 +197,13 @@ class LocalBlobStore(BlobStore):
                 except FileExistsError:
                     return False
                 except OSError as exc:
-                    if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP,
-                                         errno.EXDEV, errno.EMLINK):
+                    if exc.errno not in (
+                        errno.EPERM,
+                        errno.ENOTSUP,
+                        errno.EOPNOTSUPP,
+                        errno.EXDEV,
+                        errno.EMLINK,
+                    ):
                         raise
                     # No hard links here: claim the name exclusively, then swap the
                     # content in (the name is briefly an empty file).
@@ -221,19 +228,21 @@ class LocalBlobStore(BlobStore):
         # Walk only the deepest directory the prefix fully names.
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         start = os.path.join(self.root, *base.split("/")) if base else self.root
-        found: list[ObjectInfo] = []
+        found: builtins.list[ObjectInfo] = []
         with self._environment():
             self._walk(start, prefix, found)
         found.sort()
         return iter(found)
 
-    def _walk(self, start: str, prefix: str, found: list[ObjectInfo]) -> None:
+    def _walk(self, start: str, prefix: str, found: builtins.list[ObjectInfo]) -> None:
         for dirpath, dirnames, filenames in os.walk(start, onerror=_unless_gone):
             rel_dir = os.path.relpath(dirpath, self.root)
             rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
-            dirnames[:] = [d for d in dirnames
-                           if (rel_dir + d + "/").startswith(prefix)
-                           or prefix.startswith(rel_dir + d + "/")]
+            dirnames[:] = [
+                d
+                for d in dirnames
+                if (rel_dir + d + "/").startswith(prefix) or prefix.startswith(rel_dir + d + "/")
+            ]
             for name in filenames:
                 if name.startswith(TEMP_PREFIX):
                     continue
@@ -269,10 +278,8 @@ def _unless_gone(exc: OSError) -> None:
 
 
 def _unlink(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         os.unlink(path)
-    except (FileNotFoundError, NotADirectoryError):
-        pass
 
 
 def _fsync_file(path: str) -> None:

@@ -52,13 +52,17 @@ def parse_storage_namespace(storage_namespace: str) -> tuple[str, str, str]:
         return "local", "/" + "/".join(_segments(ns, ns)), ""
     scheme, sep, rest = ns.partition("://")
     if not sep and ns.lower().startswith("file:/"):
-        scheme, rest = "file", ns[len("file:"):].lstrip("/")
+        scheme, rest = "file", ns[len("file:") :].lstrip("/")
         rest = "/" + rest
     scheme = scheme.lower()
     if scheme == "file":
         parsed = urllib.parse.urlsplit("file://" + rest)
-        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/") \
-                or parsed.query or parsed.fragment:
+        if (
+            parsed.netloc not in ("", "localhost")
+            or not parsed.path.startswith("/")
+            or parsed.query
+            or parsed.fragment
+        ):
             raise _refuse(ns, "use file:///absolute/path")
         path = urllib.parse.unquote(parsed.path)
         _check_characters(ns, path)
@@ -82,12 +86,15 @@ def normalize_storage_namespace(storage_namespace: str) -> str:
     ns = storage_namespace.strip()
     if kind == "local":
         if where == "/":
-            raise _refuse(ns, "the root directory cannot be a repository's namespace; "
-                              "use a directory of its own")
+            raise _refuse(
+                ns,
+                "the root directory cannot be a repository's namespace; use a directory of its own",
+            )
         return where if ns.startswith("/") else "file://" + where
     if not prefix:
-        raise _refuse(ns, "a whole bucket cannot be a repository's namespace; "
-                          "use s3://bucket/prefix")
+        raise _refuse(
+            ns, "a whole bucket cannot be a repository's namespace; use s3://bucket/prefix"
+        )
     return f"s3://{where}/{prefix}"
 
 

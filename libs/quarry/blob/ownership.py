@@ -57,26 +57,36 @@ class OwnershipMarker:
         return self.repository == repository and self.instance_id == instance_id
 
 
-def build_marker(repository: str, instance_id: str, installation_id: str,
-                 created: _dt.datetime | None = None) -> OwnershipMarker:
-    created = created or _dt.datetime.now(_dt.timezone.utc)
-    return OwnershipMarker(repository=repository, instance_id=instance_id,
-                           installation_id=installation_id, format_version=FORMAT_VERSION,
-                           created=created.astimezone(_dt.timezone.utc).isoformat())
+def build_marker(
+    repository: str, instance_id: str, installation_id: str, created: _dt.datetime | None = None
+) -> OwnershipMarker:
+    created = created or _dt.datetime.now(_dt.UTC)
+    return OwnershipMarker(
+        repository=repository,
+        instance_id=instance_id,
+        installation_id=installation_id,
+        format_version=FORMAT_VERSION,
+        created=created.astimezone(_dt.UTC).isoformat(),
+    )
 
 
 def parse_marker(data: bytes) -> OwnershipMarker:
     """InvalidMarker when the bytes are not a marker Quarry wrote."""
     try:
         doc = json.loads(data.decode())
-        marker = OwnershipMarker(repository=doc["repository"], instance_id=doc["instance_id"],
-                                 installation_id=doc["installation_id"],
-                                 format_version=int(doc["format_version"]),
-                                 created=str(doc.get("created", "")))
+        marker = OwnershipMarker(
+            repository=doc["repository"],
+            instance_id=doc["instance_id"],
+            installation_id=doc["installation_id"],
+            format_version=int(doc["format_version"]),
+            created=str(doc.get("created", "")),
+        )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InvalidMarker(f"not an ownership marker: {exc}") from None
-    if not all(isinstance(v, str) and v for v in (marker.repository, marker.instance_id,
-                                                   marker.installation_id)):
+    if not all(
+        isinstance(v, str) and v
+        for v in (marker.repository, marker.instance_id, marker.installation_id)
+    ):
         raise InvalidMarker("not an ownership marker: empty or non-text names")
     return marker
 
@@ -102,8 +112,9 @@ class NamespaceClaim:
     keys_truncated: bool = False
 
 
-def claim_namespace(store: BlobStore, marker: bytes, replace: bytes | None = None,
-                    limit: int = SCAN_LIMIT) -> NamespaceClaim:
+def claim_namespace(
+    store: BlobStore, marker: bytes, replace: bytes | None = None, limit: int = SCAN_LIMIT
+) -> NamespaceClaim:
     """Write `marker` when the namespace is empty (if absent), or, with `replace`, when the
     current marker is exactly `replace` (if equals). Whether a found marker may be replaced
     is the caller's decision (Graveler.create_repository); this only reports what is there.

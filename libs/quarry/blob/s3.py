@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from quarry import errors
-from quarry.blob.base import (BlobStore, ObjectInfo, ObjectNotFound, StorageUnreachable,
-                              check_key)
+from quarry.blob.base import BlobStore, ObjectInfo, ObjectNotFound, StorageUnreachable, check_key
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,16 @@ def _status(exc: Exception) -> str:
 
 
 class S3BlobStore(BlobStore):
-    def __init__(self, bucket: str, prefix: str = "", endpoint_url: str | None = None,
-                 region: str = "us-east-1", *, client: Any = None,
-                 max_pool_connections: int = 32):
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        region: str = "us-east-1",
+        *,
+        client: Any = None,
+        max_pool_connections: int = 32,
+    ):
         if not bucket:
             raise errors.InvalidArgument("S3 storage namespace needs a bucket")
         self.bucket = bucket
@@ -67,9 +74,11 @@ class S3BlobStore(BlobStore):
             response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
         except (ClientError, BotoCoreError) as exc:
             if _error_code(exc) != "NoSuchBucket" and (
-                    _error_code(exc) in _MISSING_CODES or _status(exc) == "404"):
+                _error_code(exc) in _MISSING_CODES or _status(exc) == "404"
+            ):
                 raise ObjectNotFound(
-                    f"object {key!r} not found in s3://{self.bucket}/{self.prefix}") from None
+                    f"object {key!r} not found in s3://{self.bucket}/{self.prefix}"
+                ) from None
             raise _unavailable(exc, self) from exc
         body = response["Body"]
         try:
@@ -101,8 +110,9 @@ class S3BlobStore(BlobStore):
         if self._conditional_put_supported:
             for attempt in range(5):
                 try:
-                    self._client.put_object(Bucket=self.bucket, Key=full_key, Body=data,
-                                            IfNoneMatch="*")
+                    self._client.put_object(
+                        Bucket=self.bucket, Key=full_key, Body=data, IfNoneMatch="*"
+                    )
                     return True
                 except (ClientError, BotoCoreError) as exc:
                     code = _error_code(exc)
@@ -114,10 +124,16 @@ class S3BlobStore(BlobStore):
                         if self.exists(key):
                             return False
                         continue
-                    if code in _UNSUPPORTED_CODES or _status(exc) == "501" or (
-                            code == "InvalidArgument" and "if-none-match" in str(exc).lower()):
-                        log.info("s3://%s does not support conditional writes; "
-                                 "falling back to HEAD + PUT", self.bucket)
+                    if (
+                        code in _UNSUPPORTED_CODES
+                        or _status(exc) == "501"
+                        or (code == "InvalidArgument" and "if-none-match" in str(exc).lower())
+                    ):
+                        log.info(
+                            "s3://%s does not support conditional writes; "
+                            "falling back to HEAD + PUT",
+                            self.bucket,
+                        )
                         with self._lock:
                             self._conditional_put_supported = False
                         break
@@ -152,12 +168,14 @@ class S3BlobStore(BlobStore):
         if current != expected:
             return False
         try:
-            self._client.put_object(Bucket=self.bucket, Key=full_key, Body=data,
-                                    IfMatch=response["ETag"])
+            self._client.put_object(
+                Bucket=self.bucket, Key=full_key, Body=data, IfMatch=response["ETag"]
+            )
             return True
         except (ClientError, BotoCoreError) as exc:
-            if _error_code(exc) in _EXISTS_CODES | _CONFLICT_CODES | _MISSING_CODES \
-                    or _status(exc) in ("412", "409"):
+            if _error_code(exc) in _EXISTS_CODES | _CONFLICT_CODES | _MISSING_CODES or _status(
+                exc
+            ) in ("412", "409"):
                 return False
             raise _unavailable(exc, self) from exc
 
@@ -178,8 +196,11 @@ class S3BlobStore(BlobStore):
         try:
             for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
                 for item in page.get("Contents", ()):
-                    yield ObjectInfo(item["Key"][len(self.prefix):], int(item["Size"]),
-                                     item["LastModified"].timestamp())
+                    yield ObjectInfo(
+                        item["Key"][len(self.prefix) :],
+                        int(item["Size"]),
+                        item["LastModified"].timestamp(),
+                    )
         except (ClientError, BotoCoreError) as exc:
             raise _unavailable(exc, self) from exc
 
@@ -191,7 +212,7 @@ _clients: dict[tuple[str | None, str, int], Any] = {}
 _clients_lock = threading.Lock()
 
 
-def shared_client(endpoint_url: str | None, region: str, max_pool_connections: int = 32):
+def shared_client(endpoint_url: str | None, region: str, max_pool_connections: int = 32) -> Any:
     """One boto3 S3 client per (endpoint, region): clients are thread-safe and costly to
     build, and a service may open many repositories' namespaces."""
     key = (endpoint_url, region, max_pool_connections)
@@ -209,7 +230,8 @@ def shared_client(endpoint_url: str | None, region: str, max_pool_connections: i
                 s3={"addressing_style": "path"} if endpoint_url else {},
             )
             client = _clients[key] = boto3.session.Session().client(
-                "s3", endpoint_url=endpoint_url, config=config)
+                "s3", endpoint_url=endpoint_url, config=config
+            )
         return client
 
 
@@ -232,7 +254,7 @@ _ENVIRONMENT_CODES = {
 }
 
 
-def _unavailable(exc: Exception, store: "S3BlobStore | None" = None) -> errors.QuarryError:
+def _unavailable(exc: Exception, store: S3BlobStore | None = None) -> errors.QuarryError:
     """The one mapping of boto3/botocore failures to Quarry errors: the environment's
     refusals are FAILED_PRECONDITION / STORAGE_UNREACHABLE naming the cause; anything else
     (throttling, 5xx, timeouts) is UNAVAILABLE, so clients retry it."""
@@ -254,6 +276,9 @@ def _unavailable(exc: Exception, store: "S3BlobStore | None" = None) -> errors.Q
         if not cause and _status(exc) == "403":
             cause = "access denied"
     if cause:
-        return StorageUnreachable(f"S3 storage namespace {location or '?'} is not usable: "
-                                  f"{cause} ({exc})", cause=cause, location=location)
+        return StorageUnreachable(
+            f"S3 storage namespace {location or '?'} is not usable: {cause} ({exc})",
+            cause=cause,
+            location=location,
+        )
     return errors.Unavailable(f"S3 error: {exc}")

@@ -34,19 +34,52 @@ Every put is content-addressed and conditional (put if_absent: S3 If-None-Match)
 a range that exists is a no-op.
 """
 
-from quarry.committed.errors import (DuplicatePath, InvalidMetaRangeId, InvalidPath,
-                                     InvalidStream, MetaRangeNotFound, NotImplementedYet,
-                                     RangeCorrupt, RangeNotFound, UnsortedInput)
-from quarry.committed.format import (EMPTY_METARANGE_ID, METARANGE_SCHEMA, RANGE_SCHEMA,
-                                     entry_bytes, is_boundary, metarange_key, range_key)
+from quarry.committed.errors import (
+    DuplicatePath,
+    InvalidMetaRangeId,
+    InvalidPath,
+    InvalidStream,
+    MetaRangeNotFound,
+    NotImplementedYet,
+    RangeCorrupt,
+    RangeNotFound,
+    UnsortedInput,
+)
+from quarry.committed.format import (
+    EMPTY_METARANGE_ID,
+    METARANGE_SCHEMA,
+    RANGE_SCHEMA,
+    entry_bytes,
+    is_boundary,
+    metarange_key,
+    range_key,
+)
 from quarry.committed.iterators import EntryIterator
-from quarry.committed.manager import (DEFAULT_MAX_RANGE_BYTES, DEFAULT_TARGET_RANGE_ENTRIES,
-                                      CommittedManager, CommittedStats)
+from quarry.committed.manager import CommittedManager, CommittedOptions
+from quarry.committed.stats import CommittedStats
+from quarry.committed.writer import DEFAULT_MAX_RANGE_BYTES, DEFAULT_TARGET_RANGE_ENTRIES
 
 __all__ = [
-    "CommittedManager", "CommittedStats", "DEFAULT_MAX_RANGE_BYTES",
-    "DEFAULT_TARGET_RANGE_ENTRIES", "DuplicatePath", "EMPTY_METARANGE_ID", "EntryIterator",
-    "InvalidMetaRangeId", "InvalidPath", "InvalidStream", "METARANGE_SCHEMA", "MetaRangeNotFound",
-    "NotImplementedYet", "RANGE_SCHEMA", "RangeCorrupt", "RangeNotFound", "UnsortedInput",
-    "entry_bytes", "is_boundary", "metarange_key", "range_key",
+    "CommittedManager",
+    "CommittedOptions",
+    "CommittedStats",
+    "DEFAULT_MAX_RANGE_BYTES",
+    "DEFAULT_TARGET_RANGE_ENTRIES",
+    "DuplicatePath",
+    "EMPTY_METARANGE_ID",
+    "EntryIterator",
+    "InvalidMetaRangeId",
+    "InvalidPath",
+    "InvalidStream",
+    "METARANGE_SCHEMA",
+    "MetaRangeNotFound",
+    "NotImplementedYet",
+    "RANGE_SCHEMA",
+    "RangeCorrupt",
+    "RangeNotFound",
+    "UnsortedInput",
+    "entry_bytes",
+    "is_boundary",
+    "metarange_key",
+    "range_key",
 ]

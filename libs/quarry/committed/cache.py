@@ -4,12 +4,14 @@ by id and never changes, so nothing is ever invalidated."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
 import uuid
 from collections import OrderedDict
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 
 class LRUCache:
@@ -45,8 +47,10 @@ class LRUCache:
                 self._bytes -= old[1]
             self._data[key] = (value, size)
             self._bytes += size
-            while self._data and (self._bytes > self.max_bytes or (
-                    self.max_items is not None and len(self._data) > self.max_items)):
+            while self._data and (
+                self._bytes > self.max_bytes
+                or (self.max_items is not None and len(self._data) > self.max_items)
+            ):
                 _key, (_value, old_size) = self._data.popitem(last=False)
                 self._bytes -= old_size
 
@@ -81,21 +85,17 @@ class DiskCache:
         path = self.path(namespace, kind, object_id)
         if os.path.isfile(path):
             return
+        temp = f"{path}.tmp-{uuid.uuid4().hex}"
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            temp = f"{path}.tmp-{uuid.uuid4().hex}"
             with open(temp, "wb") as fh:
                 fh.write(data)
             os.replace(temp, path)
         except OSError:
             # A cache that cannot be written is only slower.
-            try:
-                os.unlink(temp)  # type: ignore[possibly-undefined]
-            except (OSError, NameError):
-                pass
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
 
     def discard(self, namespace: str, kind: str, object_id: str) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self.path(namespace, kind, object_id))
-        except OSError:
-            pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from quarry import errors
+
 # One class per ErrorInfo reason across the library, so clients rebuild a definite class.
 from quarry.graveler.errors import InvalidPath  # noqa: F401
 

@@ -43,7 +43,8 @@ import hashlib
 import re
 import struct
 import sys
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -53,6 +54,17 @@ from quarry import FORMAT_VERSION, errors
 from quarry.committed.errors import RangeCorrupt
 from quarry.graveler.model import Entry, RangeInfo
 from quarry.runtime.format_version import REBUILD_HINT, FormatVersionMismatch
+
+if TYPE_CHECKING:
+    from quarry.blob.base import BlobStore
+
+# A file's content, or the path of a local file (read in place).
+Source = bytes | str
+
+
+class Hasher(Protocol):
+    def update(self, data: bytes | memoryview, /) -> None: ...
+
 
 FORMAT_TAG = b"quarry.format"
 RANGE_FORMAT = b"range/v%d" % FORMAT_VERSION
@@ -65,25 +77,29 @@ MTIME_TYPE = pa.timestamp("us", tz="UTC")
 IDENTITY_TYPE = pa.binary(32)
 METADATA_TYPE = pa.map_(pa.string(), pa.string())
 
-RANGE_SCHEMA = pa.schema([
-    pa.field("path", pa.string(), nullable=False),
-    pa.field("physical_address", pa.string(), nullable=False),
-    pa.field("size_bytes", pa.int64(), nullable=False),
-    pa.field("checksum", pa.string(), nullable=False),
-    pa.field("mtime", MTIME_TYPE, nullable=False),
-    pa.field("content_type", pa.string(), nullable=False),
-    pa.field("metadata", METADATA_TYPE, nullable=False),
-    pa.field("identity", IDENTITY_TYPE, nullable=False),
-])
+RANGE_SCHEMA = pa.schema(
+    [
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("physical_address", pa.string(), nullable=False),
+        pa.field("size_bytes", pa.int64(), nullable=False),
+        pa.field("checksum", pa.string(), nullable=False),
+        pa.field("mtime", MTIME_TYPE, nullable=False),
+        pa.field("content_type", pa.string(), nullable=False),
+        pa.field("metadata", METADATA_TYPE, nullable=False),
+        pa.field("identity", IDENTITY_TYPE, nullable=False),
+    ]
+)
 RANGE_COLUMNS = tuple(RANGE_SCHEMA.names)
 
-METARANGE_SCHEMA = pa.schema([
-    pa.field("range_id", pa.string(), nullable=False),
-    pa.field("min_key", pa.string(), nullable=False),
-    pa.field("max_key", pa.string(), nullable=False),
-    pa.field("count", pa.int64(), nullable=False),
-    pa.field("size_bytes", pa.int64(), nullable=False),
-])
+METARANGE_SCHEMA = pa.schema(
+    [
+        pa.field("range_id", pa.string(), nullable=False),
+        pa.field("min_key", pa.string(), nullable=False),
+        pa.field("max_key", pa.string(), nullable=False),
+        pa.field("count", pa.int64(), nullable=False),
+        pa.field("size_bytes", pa.int64(), nullable=False),
+    ]
+)
 
 # Fixed per-entry overhead in entry_bytes: identity (32) + size (8) + mtime (8).
 ENTRY_OVERHEAD_BYTES = 48
@@ -116,7 +132,7 @@ def metarange_key(metarange_id: str) -> str:
     return f"{METARANGES_PREFIX}{metarange_id}.parquet"
 
 
-def _frame(h, parts: Iterable[bytes]) -> None:
+def _frame(h: Hasher, parts: Iterable[bytes]) -> None:
     for part in parts:
         h.update(struct.pack(">I", len(part)))
         h.update(part)
@@ -126,8 +142,16 @@ def metarange_id_of(ranges: Sequence[RangeInfo], header: bytes = METARANGE_ID_HE
     """`header`: another version's, only to reproduce that version's ids (legacy, tests)."""
     h = hashlib.sha256(header)
     for r in ranges:
-        _frame(h, (r.id.encode(), r.min_key.encode(), r.max_key.encode(),
-                   str(int(r.count)).encode(), str(int(r.size_bytes)).encode()))
+        _frame(
+            h,
+            (
+                r.id.encode(),
+                r.min_key.encode(),
+                r.max_key.encode(),
+                str(int(r.count)).encode(),
+                str(int(r.size_bytes)).encode(),
+            ),
+        )
     return h.hexdigest()
 
 
@@ -138,7 +162,7 @@ def _fixed_buffer(array: pa.Array, width: int) -> memoryview:
     """The value bytes of a fixed-width array (respecting slice offsets)."""
     buf = array.buffers()[1]
     start = array.offset * width
-    return memoryview(buf)[start:start + len(array) * width]
+    return memoryview(buf)[start : start + len(array) * width]
 
 
 def _le(view: memoryview, fmt: str) -> bytes | memoryview:
@@ -151,7 +175,7 @@ def _le(view: memoryview, fmt: str) -> bytes | memoryview:
     return values.tobytes()
 
 
-def _hash_strings(h, array: pa.Array) -> None:
+def _hash_strings(h: Hasher, array: pa.Array) -> None:
     lengths = pc.binary_length(array)
     h.update(_le(_fixed_buffer(lengths, 4), "i"))
     n = len(array)
@@ -187,6 +211,7 @@ def range_id_of(table: pa.Table, header: bytes = RANGE_ID_HEADER) -> str:
 
 # ---- chunking -----------------------------------------------------------------------------
 
+
 def is_boundary(path: str, target_entries: int) -> bool:
     """A range ends after this path (content-defined, independent of neighbours)."""
     digest = hashlib.sha256(path.encode()).digest()
@@ -198,8 +223,13 @@ def _ulen(text: str) -> int:
 
 
 def entry_bytes(entry: Entry) -> int:
-    size = (ENTRY_OVERHEAD_BYTES + _ulen(entry.path) + _ulen(entry.physical_address)
-            + _ulen(entry.checksum) + _ulen(entry.content_type))
+    size = (
+        ENTRY_OVERHEAD_BYTES
+        + _ulen(entry.path)
+        + _ulen(entry.physical_address)
+        + _ulen(entry.checksum)
+        + _ulen(entry.content_type)
+    )
     for key, value in entry.metadata:
         size += _ulen(key) + _ulen(value)
     return size
@@ -208,18 +238,25 @@ def entry_bytes(entry: Entry) -> int:
 def row_bytes(table: pa.Table) -> pa.Array:
     """entry_bytes of every row, vectorized (int64)."""
     total = pc.add(
-        pc.add(pc.binary_length(_single_chunk(table, "path")).cast(pa.int64()),
-               pc.binary_length(_single_chunk(table, "physical_address")).cast(pa.int64())),
-        pc.add(pc.binary_length(_single_chunk(table, "checksum")).cast(pa.int64()),
-               pc.binary_length(_single_chunk(table, "content_type")).cast(pa.int64())))
+        pc.add(
+            pc.binary_length(_single_chunk(table, "path")).cast(pa.int64()),
+            pc.binary_length(_single_chunk(table, "physical_address")).cast(pa.int64()),
+        ),
+        pc.add(
+            pc.binary_length(_single_chunk(table, "checksum")).cast(pa.int64()),
+            pc.binary_length(_single_chunk(table, "content_type")).cast(pa.int64()),
+        ),
+    )
     metadata = _single_chunk(table, "metadata")
     # Sum of key+value lengths per row: cumulative sum over the flattened pairs, sampled at
     # the list offsets.
     keys = metadata.keys
     items = metadata.items
     if len(keys):
-        pair = pc.add(pc.binary_length(keys).cast(pa.int64()),
-                      pc.fill_null(pc.binary_length(items), 0).cast(pa.int64()))
+        pair = pc.add(
+            pc.binary_length(keys).cast(pa.int64()),
+            pc.fill_null(pc.binary_length(items), 0).cast(pa.int64()),
+        )
         cum = pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(pair)])
         # Offsets index the underlying (unsliced) keys/items, as do `keys` and `items`.
         at = pc.take(cum, metadata.offsets)
@@ -231,11 +268,20 @@ def row_bytes(table: pa.Table) -> pa.Array:
 
 # ---- tables ---------------------------------------------------------------------------------
 
+
 class RowBuffer:
     """Columns of new entries being accumulated before they become a table."""
 
-    __slots__ = ("path", "physical_address", "size_bytes", "checksum", "mtime",
-                 "content_type", "metadata", "identity")
+    __slots__ = (
+        "path",
+        "physical_address",
+        "size_bytes",
+        "checksum",
+        "mtime",
+        "content_type",
+        "metadata",
+        "identity",
+    )
 
     def __init__(self) -> None:
         self.clear()
@@ -268,41 +314,50 @@ class RowBuffer:
         self.content_type.append(content_type)
         self.metadata.append(metadata)
         self.identity.append(entry.identity)
-        size = (ENTRY_OVERHEAD_BYTES + path_bytes
-                + (len(address) if address.isascii() else len(address.encode()))
-                + (len(checksum) if checksum.isascii() else len(checksum.encode()))
-                + (len(content_type) if content_type.isascii() else len(content_type.encode())))
+        size = (
+            ENTRY_OVERHEAD_BYTES
+            + path_bytes
+            + (len(address) if address.isascii() else len(address.encode()))
+            + (len(checksum) if checksum.isascii() else len(checksum.encode()))
+            + (len(content_type) if content_type.isascii() else len(content_type.encode()))
+        )
         for key, value in metadata:
-            size += ((len(key) if key.isascii() else len(key.encode()))
-                     + (len(value) if value.isascii() else len(value.encode())))
+            size += (len(key) if key.isascii() else len(key.encode())) + (
+                len(value) if value.isascii() else len(value.encode())
+            )
         return size
 
     def to_table(self) -> pa.Table:
         try:
-            return pa.Table.from_arrays([
-                pa.array(self.path, pa.string()),
-                pa.array(self.physical_address, pa.string()),
-                pa.array(self.size_bytes, pa.int64()),
-                pa.array(self.checksum, pa.string()),
-                pa.array(self.mtime, MTIME_TYPE),
-                pa.array(self.content_type, pa.string()),
-                pa.array(self.metadata, METADATA_TYPE),
-                pa.array(self.identity, IDENTITY_TYPE),
-            ], schema=RANGE_SCHEMA)
+            return pa.Table.from_arrays(
+                [
+                    pa.array(self.path, pa.string()),
+                    pa.array(self.physical_address, pa.string()),
+                    pa.array(self.size_bytes, pa.int64()),
+                    pa.array(self.checksum, pa.string()),
+                    pa.array(self.mtime, MTIME_TYPE),
+                    pa.array(self.content_type, pa.string()),
+                    pa.array(self.metadata, METADATA_TYPE),
+                    pa.array(self.identity, IDENTITY_TYPE),
+                ],
+                schema=RANGE_SCHEMA,
+            )
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, UnicodeEncodeError) as exc:
             raise errors.InvalidArgument(f"invalid entry: {exc}") from None
 
 
 def encode_range(table: pa.Table, range_id: str) -> bytes:
-    table = table.replace_schema_metadata({FORMAT_TAG: RANGE_FORMAT,
-                                           b"quarry.range_id": range_id.encode()})
+    table = table.replace_schema_metadata(
+        {FORMAT_TAG: RANGE_FORMAT, b"quarry.range_id": range_id.encode()}
+    )
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, row_group_size=max(1, table.num_rows), **_PARQUET_OPTIONS)
     return sink.getvalue().to_pybytes()
 
 
-def read_tagged_parquet(source, what: str, tag: bytes,
-                        columns: list[str] | None = None) -> pa.Table:
+def read_tagged_parquet(
+    source: Source, what: str, tag: bytes, columns: list[str] | None = None
+) -> pa.Table:
     """Read a whole small Parquet file from bytes or a local path (FileNotFoundError if the
     path is missing), refusing a file whose format tag is not `tag`: FormatVersionMismatch
     for a tag of another storage format version, RangeCorrupt for none or a foreign one.
@@ -338,12 +393,12 @@ def _check_tag(found: bytes | None, tag: bytes, what: str) -> None:
             f"this {what} file was written in storage format version "
             f"{found_version.decode()}, but this build of Quarry reads and writes version "
             f"{version.decode()}. {REBUILD_HINT}",
-            metadata={"found": found_version.decode(), "expected": version.decode(),
-                      "file": what})
+            metadata={"found": found_version.decode(), "expected": version.decode(), "file": what},
+        )
     raise RangeCorrupt(f"not a quarry {what} file (format tag {found!r}, expected {tag!r})")
 
 
-def decode_range(source) -> pa.Table:
+def decode_range(source: Source) -> pa.Table:
     """A range table from bytes or a local file path."""
     table = read_tagged_parquet(source, "range", RANGE_FORMAT)
     if table.schema.names != list(RANGE_COLUMNS):
@@ -351,7 +406,7 @@ def decode_range(source) -> pa.Table:
     return table.replace_schema_metadata(None).combine_chunks()
 
 
-def decode_range_keys(source) -> pa.Table:
+def decode_range_keys(source: Source) -> pa.Table:
     """Only the path and identity columns of a range (from bytes or a local file path):
     what comparing ranges needs, for about a third of a full decode."""
     table = read_tagged_parquet(source, "range", RANGE_FORMAT, ["path", "identity"])
@@ -361,21 +416,26 @@ def decode_range_keys(source) -> pa.Table:
 
 
 def encode_metarange(ranges: Sequence[RangeInfo], metarange_id: str) -> bytes:
-    table = pa.Table.from_arrays([
-        pa.array([r.id for r in ranges], pa.string()),
-        pa.array([r.min_key for r in ranges], pa.string()),
-        pa.array([r.max_key for r in ranges], pa.string()),
-        pa.array([r.count for r in ranges], pa.int64()),
-        pa.array([r.size_bytes for r in ranges], pa.int64()),
-    ], schema=METARANGE_SCHEMA.with_metadata({FORMAT_TAG: METARANGE_FORMAT,
-                                               b"quarry.metarange_id": metarange_id.encode()}))
+    table = pa.Table.from_arrays(
+        [
+            pa.array([r.id for r in ranges], pa.string()),
+            pa.array([r.min_key for r in ranges], pa.string()),
+            pa.array([r.max_key for r in ranges], pa.string()),
+            pa.array([r.count for r in ranges], pa.int64()),
+            pa.array([r.size_bytes for r in ranges], pa.int64()),
+        ],
+        schema=METARANGE_SCHEMA.with_metadata(
+            {FORMAT_TAG: METARANGE_FORMAT, b"quarry.metarange_id": metarange_id.encode()}
+        ),
+    )
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, row_group_size=max(1, len(ranges)), compression="zstd",
-                   use_dictionary=False)
+    pq.write_table(
+        table, sink, row_group_size=max(1, len(ranges)), compression="zstd", use_dictionary=False
+    )
     return sink.getvalue().to_pybytes()
 
 
-def read_metarange(store, metarange_id: str) -> list[RangeInfo]:
+def read_metarange(store: BlobStore, metarange_id: str) -> list[RangeInfo]:
     """The ranges of a metarange stored in `store` (a BlobStore of its namespace), without
     CommittedManager's caches: for readers outside the services (Spark jobs). The empty
     metarange ("" too) has no file. ObjectNotFound if the file is missing."""
@@ -384,7 +444,7 @@ def read_metarange(store, metarange_id: str) -> list[RangeInfo]:
     return decode_metarange(store.get(metarange_key(metarange_id)))
 
 
-def decode_metarange(source) -> list[RangeInfo]:
+def decode_metarange(source: Source) -> list[RangeInfo]:
     return metarange_rows(read_tagged_parquet(source, "metarange", METARANGE_FORMAT))
 
 
@@ -392,15 +452,33 @@ def metarange_rows(table: pa.Table) -> list[RangeInfo]:
     if table.schema.names != METARANGE_SCHEMA.names:
         raise RangeCorrupt(f"metarange file has columns {table.schema.names}")
     columns = [table.column(name).to_pylist() for name in METARANGE_SCHEMA.names]
-    return [RangeInfo(*row) for row in zip(*columns)]
+    return [RangeInfo(*row) for row in zip(*columns, strict=True)]
 
 
 __all__ = [
-    "EMPTY_METARANGE_ID", "METARANGE_FORMAT", "METARANGE_SCHEMA", "RANGE_FORMAT", "RANGE_SCHEMA", "RangeCorrupt", "RowBuffer",
-    "decode_metarange", "decode_range", "decode_range_keys", "encode_metarange",
-    "encode_range", "entry_bytes", "format_tag_of", "metarange_rows", "read_metarange",
-    "read_tagged_parquet", "is_boundary", "metarange_id_of", "metarange_key", "METARANGE_KEY",
-    "RANGE_KEY", "range_id_of", "range_key",
+    "EMPTY_METARANGE_ID",
+    "METARANGE_FORMAT",
+    "METARANGE_SCHEMA",
+    "RANGE_FORMAT",
+    "RANGE_SCHEMA",
+    "RangeCorrupt",
+    "RowBuffer",
+    "decode_metarange",
+    "decode_range",
+    "decode_range_keys",
+    "encode_metarange",
+    "encode_range",
+    "entry_bytes",
+    "format_tag_of",
+    "metarange_rows",
+    "read_metarange",
+    "read_tagged_parquet",
+    "is_boundary",
+    "metarange_id_of",
+    "metarange_key",
+    "METARANGE_KEY",
+    "RANGE_KEY",
+    "range_id_of",
+    "range_key",
     "row_bytes",
 ]
-

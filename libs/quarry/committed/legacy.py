@@ -27,11 +27,22 @@ import pyarrow as pa
 from quarry import FORMAT_VERSION
 from quarry.blob import BlobStore, ObjectNotFound
 from quarry.committed.errors import MetaRangeNotFound, RangeCorrupt, RangeNotFound
-from quarry.committed.format import (EMPTY_METARANGE_ID, IDENTITY_TYPE, METARANGE_FORMAT,
-                                     RANGE_COLUMNS, RANGE_FORMAT, encode_metarange,
-                                     encode_range, format_tag_of, metarange_id_of,
-                                     metarange_key, metarange_rows, range_id_of, range_key,
-                                     read_tagged_parquet)
+from quarry.committed.format import (
+    EMPTY_METARANGE_ID,
+    IDENTITY_TYPE,
+    METARANGE_FORMAT,
+    RANGE_COLUMNS,
+    RANGE_FORMAT,
+    encode_metarange,
+    encode_range,
+    format_tag_of,
+    metarange_id_of,
+    metarange_key,
+    metarange_rows,
+    range_id_of,
+    range_key,
+    read_tagged_parquet,
+)
 from quarry.graveler.model import RangeInfo, entry_identity
 
 # Storage format versions whose committed data this build rewrites (same file schemas as
@@ -41,7 +52,8 @@ _LEGACY_RANGE_TAGS = {b"range/v%d" % v for v in LEGACY_VERSIONS}
 _LEGACY_METARANGE_TAGS = {b"metarange/v%d" % v for v in LEGACY_VERSIONS}
 # The empty metarange of each legacy version (it may have no file).
 _LEGACY_EMPTY_METARANGE_IDS = {
-    hashlib.sha256(b"quarry/metarange/v%d\x00" % v).hexdigest() for v in LEGACY_VERSIONS}
+    hashlib.sha256(b"quarry/metarange/v%d\x00" % v).hexdigest() for v in LEGACY_VERSIONS
+}
 assert FORMAT_VERSION not in LEGACY_VERSIONS
 
 
@@ -82,10 +94,12 @@ class CommittedRewriter:
         except ObjectNotFound:
             if metarange_id in _LEGACY_EMPTY_METARANGE_IDS:
                 return self._write_metarange([])
-            raise MetaRangeNotFound(f"metarange {metarange_id} is missing from "
-                                    f"{self._namespace}; the committed data cannot be "
-                                    f"rebuilt", metadata={"metarange_id": metarange_id,
-                                                          "namespace": self._namespace}) from None
+            raise MetaRangeNotFound(
+                f"metarange {metarange_id} is missing from "
+                f"{self._namespace}; the committed data cannot be "
+                f"rebuilt",
+                metadata={"metarange_id": metarange_id, "namespace": self._namespace},
+            ) from None
         tag = format_tag_of(data)
         if tag == METARANGE_FORMAT:
             self.stats.metaranges_kept += 1
@@ -98,8 +112,7 @@ class CommittedRewriter:
     def _write_metarange(self, ranges: list[RangeInfo]) -> str:
         self._store.sync()  # the ranges it names become durable before it can
         new_id = metarange_id_of(ranges)
-        self._store.put(metarange_key(new_id), encode_metarange(ranges, new_id),
-                        if_absent=True)
+        self._store.put(metarange_key(new_id), encode_metarange(ranges, new_id), if_absent=True)
         self.stats.metaranges_rewritten += 1
         return new_id
 
@@ -113,19 +126,22 @@ class CommittedRewriter:
         try:
             data = self._store.get(range_key(info.id))
         except ObjectNotFound:
-            raise RangeNotFound(f"range {info.id} is missing from {self._namespace}; the "
-                                f"committed data cannot be rebuilt",
-                                metadata={"range_id": info.id,
-                                          "namespace": self._namespace}) from None
+            raise RangeNotFound(
+                f"range {info.id} is missing from {self._namespace}; the "
+                f"committed data cannot be rebuilt",
+                metadata={"range_id": info.id, "namespace": self._namespace},
+            ) from None
         tag = format_tag_of(data)
         if tag == RANGE_FORMAT:
             return info
         expected = tag if tag in _LEGACY_RANGE_TAGS else RANGE_FORMAT
         table = read_tagged_parquet(data, "range", expected)
         if table.schema.names != list(RANGE_COLUMNS) or table.num_rows != info.count:
-            raise RangeCorrupt(f"range {info.id} in {self._namespace} has columns "
-                               f"{table.schema.names} and {table.num_rows} rows, its "
-                               f"metarange says {info.count}")
+            raise RangeCorrupt(
+                f"range {info.id} in {self._namespace} has columns "
+                f"{table.schema.names} and {table.num_rows} rows, its "
+                f"metarange says {info.count}"
+            )
         table = with_current_identities(table.replace_schema_metadata(None).combine_chunks())
         new_id = range_id_of(table)
         self._store.put_deferred(range_key(new_id), encode_range(table, new_id))
@@ -135,13 +151,16 @@ class CommittedRewriter:
 
 def with_current_identities(table: pa.Table) -> pa.Table:
     """A range table with its identity column recomputed by this build's rule."""
-    columns = [table.column(name).to_pylist() for name in
-               ("physical_address", "size_bytes", "checksum", "content_type", "metadata")]
-    identities = [entry_identity(address, size, checksum, content_type, metadata)
-                  for address, size, checksum, content_type, metadata in zip(*columns)]
+    columns = [
+        table.column(name).to_pylist()
+        for name in ("physical_address", "size_bytes", "checksum", "content_type", "metadata")
+    ]
+    identities = [
+        entry_identity(address, size, checksum, content_type, metadata)
+        for address, size, checksum, content_type, metadata in zip(*columns, strict=True)
+    ]
     index = table.schema.get_field_index("identity")
-    return table.set_column(index, table.schema.field(index),
-                            pa.array(identities, IDENTITY_TYPE))
+    return table.set_column(index, table.schema.field(index), pa.array(identities, IDENTITY_TYPE))
 
 
 __all__ = ["CommittedRewriter", "LEGACY_VERSIONS", "RewriteStats", "with_current_identities"]

@@ -2,6 +2,8 @@
 
     result = manager.merge_metaranges(namespace, base_id, source_id, destination_id,
                                       strategy=MergeStrategy.DEFAULT)
+    # or, without the facade:
+    result = merge_metaranges(writer, namespace, MergeRequest(base_id, source_id, dest_id))
 
 Semantics, per path (entries compared by identity; an absent entry counts as "deleted"):
 
@@ -69,18 +71,27 @@ destination's entry (and mtime) is kept.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator
 
 from quarry import errors
+from quarry.committed.apply import ApplyOptions, apply_to_ranges
+from quarry.committed.diff import DiffOptions, diff_metaranges
 from quarry.committed.format import metarange_id_of
-from quarry.committed.iterators import diff_metaranges
+from quarry.committed.iterators import LoadRange
+from quarry.committed.loader import RangeLoader, get_entry
 from quarry.committed.rangedata import MetaRange, RangeData
-from quarry.graveler.model import (Change, ChangeType, Conflict, DiffSummary, Entry,
-                                   MergeResult, MergeStrategy, RangeInfo)
-
-if TYPE_CHECKING:
-    from quarry.committed.manager import CommittedManager
+from quarry.committed.writer import RangeWriter
+from quarry.graveler.model import (
+    Change,
+    ChangeType,
+    Conflict,
+    DiffSummary,
+    Entry,
+    MergeResult,
+    MergeStrategy,
+    RangeInfo,
+)
 
 # Ranges loaded ahead in the background by each diff walk.
 MERGE_READAHEAD = 8
@@ -100,22 +111,34 @@ class _Gap:
     source_run: list[RangeInfo]
 
 
-def merge_metaranges(manager: "CommittedManager", namespace: str, base_id: str,
-                     source_id: str, destination_id: str,
-                     strategy: MergeStrategy = MergeStrategy.DEFAULT,
-                     max_conflicts: int = DEFAULT_MAX_CONFLICTS,
-                     dry_run: bool = False) -> MergeResult:
+@dataclass(frozen=True)
+class MergeRequest:
+    """The three metaranges of a merge ("" = the empty metarange) and how to merge them."""
+
+    base_id: str
+    source_id: str
+    destination_id: str
+    strategy: MergeStrategy = MergeStrategy.DEFAULT
+    max_conflicts: int = DEFAULT_MAX_CONFLICTS
+    dry_run: bool = False
+
+
+def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest) -> MergeResult:
+    """Three-way merge of request.source_id into request.destination_id (see the module
+    docstring)."""
     try:
-        strategy = MergeStrategy(int(strategy))
+        strategy = MergeStrategy(int(request.strategy))
     except (TypeError, ValueError):
-        raise errors.InvalidArgument(f"unknown merge strategy {strategy!r}") from None
-    if max_conflicts is None or int(max_conflicts) < 0:
+        raise errors.InvalidArgument(f"unknown merge strategy {request.strategy!r}") from None
+    if request.max_conflicts is None or int(request.max_conflicts) < 0:
         raise errors.InvalidArgument("max_conflicts must be >= 0")
-    max_conflicts = int(max_conflicts)
-    store = manager.store(namespace)  # validates the namespace even if every input is empty
-    base = manager._metarange(namespace, base_id)
-    source = manager._metarange(namespace, source_id)
-    destination = manager._metarange(namespace, destination_id)
+    max_conflicts = int(request.max_conflicts)
+    dry_run = request.dry_run
+    loader = writer.loader
+    loader.store(namespace)  # validates the namespace even if every input is empty
+    base = loader.metarange(namespace, request.base_id)
+    source = loader.metarange(namespace, request.source_id)
+    destination = loader.metarange(namespace, request.destination_id)
 
     # ---- shortcuts ------------------------------------------------------------------------
     if source.id == base.id or source.id == destination.id:
@@ -123,17 +146,20 @@ def merge_metaranges(manager: "CommittedManager", namespace: str, base_id: str,
     if destination.id == base.id:
         summary = DiffSummary()
         for gap in _gaps(destination, source):
-            _count(manager, namespace, gap, summary)
+            _count(loader, namespace, gap, summary)
         return _done(source.id, summary, dry_run, reused=len(source.ranges))
 
     # ---- gaps: source-only ones are spliced, mixed ones merged by entry --------------------
     dest_ranges = destination.ranges
     dest_min_keys = [r.min_key for r in dest_ranges]
-    plan: list[tuple[str, _Gap, int, int]] = []  # (kind, gap, destination ranges over it)
+    plan: list[_Step] = []  # (kind, gap, destination ranges over it)
     for gap in _gaps(base, source):
         first = bisect.bisect_right(destination.max_keys, gap.lo) if gap.lo is not None else 0
-        stop = (bisect.bisect_left(dest_min_keys, gap.hi, first) if gap.hi is not None
-                else len(dest_ranges))
+        stop = (
+            bisect.bisect_left(dest_min_keys, gap.hi, first)
+            if gap.hi is not None
+            else len(dest_ranges)
+        )
         over_gap = dest_ranges[first:stop]  # every destination range with keys in the gap
         if _ids(over_gap) == _ids(gap.base_run) and _inside(over_gap, gap):
             plan.append((_SOURCE_ONLY, gap, first, stop))  # the destination has the base's
@@ -145,53 +171,71 @@ def merge_metaranges(manager: "CommittedManager", namespace: str, base_id: str,
     merged = _EntryMerge(strategy, max_conflicts, summary)
     spliced: list[RangeInfo] = []  # the destination's ranges with source-only runs spliced in
     taken = 0  # destination ranges [0, taken) are settled in `spliced`
-    ahead = _ReadAhead(manager, namespace, plan, dest_ranges)
+    ahead = _ReadAhead(loader, namespace, plan, dest_ranges)
     for number, (kind, gap, first, stop) in enumerate(plan):
         ahead.through(number)
         if kind == _SOURCE_ONLY:
-            _count(manager, namespace, gap, summary)
+            _count(loader, namespace, gap, summary)
             spliced.extend(dest_ranges[taken:first])
             spliced.extend(gap.source_run)
             taken = stop
         else:
-            merged.gap(manager, namespace, gap, dest_ranges[first:stop])
+            merged.gap(loader, namespace, gap, dest_ranges[first:stop])
     spliced.extend(dest_ranges[taken:])
     conflicts = tuple(
-        Conflict(path, manager.get_entry(namespace, base.id, path) if in_base else None,
-                 src_entry, dst_entry)
-        for path, src_entry, dst_entry, in_base in merged.conflicts)
+        Conflict(
+            path,
+            get_entry(loader, namespace, base.id, path) if in_base else None,
+            src_entry,
+            dst_entry,
+        )
+        for path, src_entry, dst_entry, in_base in merged.conflicts
+    )
     if dry_run or conflicts or merged.more_conflicts:
         return MergeResult("", summary, conflicts, merged.more_conflicts)
 
     # ---- write: apply the mixed-gap changes to the spliced ranges ---------------------------
-    if not merged.changes and len(spliced) == len(dest_ranges) and all(
-            a.id == b.id for a, b in zip(spliced, dest_ranges)):
+    if (
+        not merged.changes
+        and len(spliced) == len(dest_ranges)
+        and all(a.id == b.id for a, b in zip(spliced, dest_ranges, strict=True))
+    ):
         return MergeResult(destination.id, summary, ranges_reused=len(dest_ranges))
-    out, _applied, written, reused = manager._apply_to_ranges(
-        namespace, MetaRange("", spliced), merged.changes, any_ranges=True,
-        loaded=merged.held)
-    metarange_id = metarange_id_of(out)
+    applied = apply_to_ranges(
+        writer,
+        namespace,
+        MetaRange("", spliced),
+        merged.changes,
+        ApplyOptions(any_ranges=True, loaded=merged.held),
+    )
+    metarange_id = metarange_id_of(applied.ranges)
     if metarange_id != destination.id:
-        metarange_id = manager._write_metarange(namespace, store, out)
-    return MergeResult(metarange_id, summary, ranges_written=written, ranges_reused=reused)
+        metarange_id = writer.write_metarange_file(namespace, applied.ranges)
+    return MergeResult(
+        metarange_id, summary, ranges_written=applied.written, ranges_reused=applied.reused
+    )
 
 
 _SOURCE_ONLY = "source-only"
 _MIXED = "mixed"
+# A step of a merge's plan: (kind, gap, first, stop) with destination ranges [first, stop)
+# over the gap.
+_Step = tuple[str, _Gap, int, int]
 
 
 class _ReadAhead:
     """Starts loading, in the background, the ranges of the next gaps of the plan: the
     per-gap walks are too short for their own read-ahead to help."""
 
-    def __init__(self, manager: "CommittedManager", namespace: str, plan: list,
-                 dest_ranges: list[RangeInfo]):
-        self._manager = manager
+    def __init__(
+        self, loader: RangeLoader, namespace: str, plan: list[_Step], dest_ranges: list[RangeInfo]
+    ) -> None:
+        self._loader = loader
         self._namespace = namespace
         self._plan = plan
         self._dest_ranges = dest_ranges
         self._next = 0  # the next gap whose ranges are not requested yet
-        self._enabled = manager._read_workers > 0
+        self._enabled = loader.read_workers > 0
 
     def through(self, current: int) -> None:
         """Called before working on gap `current`: keeps MERGE_READAHEAD ranges requested
@@ -199,10 +243,11 @@ class _ReadAhead:
         if not self._enabled:
             return
         budget = MERGE_READAHEAD
-        for kind, gap, first, stop in self._plan[current + 1:self._next]:
-            budget -= len(gap.base_run) + len(gap.source_run) + (
-                stop - first if kind == _MIXED else 0)
-        prefetch = self._manager._prefetch
+        for kind, gap, first, stop in self._plan[current + 1 : self._next]:
+            budget -= (
+                len(gap.base_run) + len(gap.source_run) + (stop - first if kind == _MIXED else 0)
+            )
+        prefetch = self._loader.prefetch
         namespace = self._namespace
         while budget > 0 and self._next < len(self._plan):
             kind, gap, first, stop = self._plan[self._next]
@@ -219,15 +264,16 @@ class _ReadAhead:
                 prefetch(namespace, info, keys_only=kind == _SOURCE_ONLY)
             for info in over_gap:
                 prefetch(namespace, info)
-            budget -= len(gap.base_run) + len(gap.source_run) + (
-                stop - first if kind == _MIXED else 0)
+            budget -= (
+                len(gap.base_run) + len(gap.source_run) + (stop - first if kind == _MIXED else 0)
+            )
 
 
 class _EntryMerge:
     """The entry-level three-way merge of mixed gaps: collects the changes to apply to the
     destination, the conflicts (bounded) and the summary."""
 
-    def __init__(self, strategy: MergeStrategy, max_conflicts: int, summary: DiffSummary):
+    def __init__(self, strategy: MergeStrategy, max_conflicts: int, summary: DiffSummary) -> None:
         self.strategy = strategy
         self.max_conflicts = max_conflicts
         self.summary = summary
@@ -239,41 +285,43 @@ class _EntryMerge:
         self.held: dict[str, RangeData] = {}
         self.held_bytes = 0
 
-    def gap(self, manager: "CommittedManager", namespace: str, gap: _Gap,
-            over_gap: list[RangeInfo]) -> None:
+    def gap(
+        self, loader: RangeLoader, namespace: str, gap: _Gap, over_gap: list[RangeInfo]
+    ) -> None:
         # Base ranges are only compared (a conflict's base entry is read separately). (A
         # range on both sides is skipped unread by the walk; full loads for those anyway.)
         base_ids = {r.id for r in gap.base_run}
         dest_ids = {r.id for r in over_gap}
         base_ids -= dest_ids
 
-        def load(info: RangeInfo):
+        def load(info: RangeInfo) -> RangeData:
             if info.id in base_ids:
-                return manager._keys_range(namespace, info)
-            data = manager._range(namespace, info)
-            if info.id in dest_ids and info.id not in self.held \
-                    and self.held_bytes < HOLD_BYTES:
+                return loader.keys_range(namespace, info)
+            data = loader.range(namespace, info)
+            if info.id in dest_ids and info.id not in self.held and self.held_bytes < HOLD_BYTES:
                 # The apply below re-reads these unless held: the cache may have let them go.
                 self.held[info.id] = data
                 self.held_bytes += data.cache_bytes
             return data
 
         def prefetch(info: RangeInfo) -> None:
-            manager._prefetch(namespace, info, keys_only=info.id in base_ids)
+            loader.prefetch(namespace, info, keys_only=info.id in base_ids)
 
         base_run = MetaRange("", gap.base_run)
         source_changes = _walk(load, prefetch, base_run, MetaRange("", gap.source_run))
         dest_changes = _walk(load, prefetch, base_run, MetaRange("", over_gap))
         lo, hi = gap.lo, gap.hi
         # Destination ranges may stick out of the gap: what lies outside is not ours.
-        dest_changes = (c for c in dest_changes
-                        if (lo is None or c.path > lo) and (hi is None or c.path < hi))
+        dest_changes = (
+            c for c in dest_changes if (lo is None or c.path > lo) and (hi is None or c.path < hi)
+        )
         summary = self.summary
         changes = self.changes
         strategy = self.strategy
         for path, src, dst in _paired(source_changes, dest_changes):
             if dst is None:
                 # Changed on the source only: the destination still has the base's value.
+                assert src is not None  # _paired yields at least one side
                 summary.count(src.type)
                 changes.append((path, src.entry if src.type != ChangeType.REMOVED else None))
                 continue
@@ -283,12 +331,20 @@ class _EntryMerge:
             dst_entry = dst.entry if dst.type != ChangeType.REMOVED else None
             if src_entry is None and dst_entry is None:
                 continue  # deleted on both sides
-            if (src_entry is not None and dst_entry is not None
-                    and src_entry.identity == dst_entry.identity):
+            if (
+                src_entry is not None
+                and dst_entry is not None
+                and src_entry.identity == dst_entry.identity
+            ):
                 continue  # changed identically on both sides
             if strategy == MergeStrategy.SOURCE_WINS:
-                summary.count(ChangeType.REMOVED if src_entry is None else
-                              ChangeType.ADDED if dst_entry is None else ChangeType.CHANGED)
+                summary.count(
+                    ChangeType.REMOVED
+                    if src_entry is None
+                    else ChangeType.ADDED
+                    if dst_entry is None
+                    else ChangeType.CHANGED
+                )
                 changes.append((path, src_entry))
             elif strategy == MergeStrategy.DEFAULT:
                 if len(self.conflicts) < self.max_conflicts:
@@ -314,8 +370,9 @@ def _inside(ranges: list[RangeInfo], gap: _Gap) -> bool:
     """Whether the ranges lie within the gap's open key interval."""
     if not ranges:
         return True
-    return ((gap.lo is None or ranges[0].min_key > gap.lo)
-            and (gap.hi is None or ranges[-1].max_key < gap.hi))
+    return (gap.lo is None or ranges[0].min_key > gap.lo) and (
+        gap.hi is None or ranges[-1].max_key < gap.hi
+    )
 
 
 def _gaps(left: MetaRange, right: MetaRange) -> Iterator[_Gap]:
@@ -332,42 +389,55 @@ def _gaps(left: MetaRange, right: MetaRange) -> Iterator[_Gap]:
         else:
             j = len(right_ranges)
         if i > prev_left + 1 or j > prev_right + 1:
-            yield _Gap(left_ranges[prev_left].max_key if prev_left >= 0 else None,
-                       left_ranges[i].min_key if i < len(left_ranges) else None,
-                       left_ranges[prev_left + 1:i], right_ranges[prev_right + 1:j])
+            yield _Gap(
+                left_ranges[prev_left].max_key if prev_left >= 0 else None,
+                left_ranges[i].min_key if i < len(left_ranges) else None,
+                left_ranges[prev_left + 1 : i],
+                right_ranges[prev_right + 1 : j],
+            )
         prev_left, prev_right = i, j
 
 
-def _count(manager: "CommittedManager", namespace: str, gap: _Gap,
-           summary: DiffSummary) -> None:
+def _count(loader: RangeLoader, namespace: str, gap: _Gap, summary: DiffSummary) -> None:
     """Add the changes from the gap's left run to its right run (by path and identity:
     no entry is built, only those two columns are read)."""
-    for change in _walk(lambda info: manager._keys_range(namespace, info),
-                        lambda info: manager._prefetch(namespace, info, keys_only=True),
-                        MetaRange("", gap.base_run), MetaRange("", gap.source_run),
-                        entries=False):
+    for change in _walk(
+        lambda info: loader.keys_range(namespace, info),
+        lambda info: loader.prefetch(namespace, info, keys_only=True),
+        MetaRange("", gap.base_run),
+        MetaRange("", gap.source_run),
+        entries=False,
+    ):
         summary.count(change.type)
 
 
-def _walk(load: Callable, prefetch: Callable, left: MetaRange, right: MetaRange,
-          entries: bool = True) -> Iterator[Change]:
-    return diff_metaranges(load, left, right, prefetch=prefetch, readahead=MERGE_READAHEAD,
-                           entries=entries)
+def _walk(
+    load: LoadRange,
+    prefetch: Callable[[RangeInfo], None],
+    left: MetaRange,
+    right: MetaRange,
+    entries: bool = True,
+) -> Iterator[Change]:
+    return diff_metaranges(
+        load, left, right, DiffOptions(readahead=MERGE_READAHEAD, entries=entries), prefetch
+    )
 
 
-def _paired(left: Iterator[Change], right: Iterator[Change]
-            ) -> Iterator[tuple[str, Change | None, Change | None]]:
+def _paired(
+    left: Iterator[Change], right: Iterator[Change]
+) -> Iterator[tuple[str, Change | None, Change | None]]:
     """Two change streams sorted by path, joined: (path, left change, right change)."""
     a = next(left, None)
     b = next(right, None)
     while a is not None or b is not None:
-        if b is None or (a is not None and a.path < b.path):
+        if a is not None and (b is None or a.path < b.path):
             yield a.path, a, None
             a = next(left, None)
-        elif a is None or b.path < a.path:
+        elif b is not None and (a is None or b.path < a.path):
             yield b.path, None, b
             b = next(right, None)
         else:
+            assert a is not None and b is not None  # neither is ahead: the same path
             yield a.path, a, b
             a = next(left, None)
             b = next(right, None)

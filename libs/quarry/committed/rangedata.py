@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
@@ -32,8 +33,10 @@ class CumulativeBytes:
 
     def __init__(self, table: pa.Table):
         self._n = table.num_rows
-        self._strings = [_offsets(_chunk(table, name)) for name in
-                         ("path", "physical_address", "checksum", "content_type")]
+        self._strings = [
+            _offsets(_chunk(table, name))
+            for name in ("path", "physical_address", "checksum", "content_type")
+        ]
         metadata = _chunk(table, "metadata")
         self._map = _offsets(metadata)
         # Map offsets index the underlying keys/items arrays (absolute, even when sliced).
@@ -61,17 +64,34 @@ class CumulativeBytes:
 # Entries decoded from a range are built without Entry.__init__'s coercions (the columns
 # are already typed and the metadata pairs are stored in Entry's canonical sorted order),
 # when Entry's layout is the one this code knows; otherwise through the constructor.
-_ENTRY_SLOTS = ("path", "physical_address", "size_bytes", "checksum", "mtime_us",
-                "content_type", "metadata", "_identity")
+_ENTRY_SLOTS = (
+    "path",
+    "physical_address",
+    "size_bytes",
+    "checksum",
+    "mtime_us",
+    "content_type",
+    "metadata",
+    "_identity",
+)
 _FAST_ENTRIES = tuple(getattr(Entry, "__slots__", ())) == _ENTRY_SLOTS
 _new_entry = object.__new__
 
 
-def _make_entry(path: str, address: str, size: int, checksum: str, mtime_us: int,
-                content_type: str, metadata, identity: bytes) -> Entry:
+def _make_entry(  # noqa: PLR0913 — Entry's fields, positional: the hot path of reads
+    path: str,
+    address: str,
+    size: int,
+    checksum: str,
+    mtime_us: int,
+    content_type: str,
+    metadata: Any,
+    identity: bytes,
+) -> Entry:
     if not _FAST_ENTRIES:
-        return Entry(path, address, size, checksum, mtime_us, content_type, metadata or (),
-                     identity)
+        return Entry(
+            path, address, size, checksum, mtime_us, content_type, metadata or (), identity
+        )
     entry = _new_entry(Entry)
     entry.path = path
     entry.physical_address = address
@@ -92,8 +112,18 @@ def _make_entry(path: str, address: str, size: int, checksum: str, mtime_us: int
 class RangeData:
     """One range: its RangeInfo and its Arrow table, with lazily derived Python columns."""
 
-    __slots__ = ("info", "table", "n", "_paths", "_identities", "_identity_blob", "_columns",
-                 "_cum", "_last_boundary", "_sparse_lookups")
+    __slots__ = (
+        "info",
+        "table",
+        "n",
+        "_paths",
+        "_identities",
+        "_identity_blob",
+        "_columns",
+        "_cum",
+        "_last_boundary",
+        "_sparse_lookups",
+    )
 
     def __init__(self, info: RangeInfo, table: pa.Table):
         self.info = info
@@ -103,7 +133,7 @@ class RangeData:
         self._identities: list[bytes] | None = None
         self._identity_blob: bytes | None = None
         self._columns: tuple | None = None
-        self._cum: list[int] | None = None
+        self._cum: CumulativeBytes | None = None
         self._last_boundary: dict[int, bool] = {}
         self._sparse_lookups = 0
 
@@ -132,7 +162,7 @@ class RangeData:
         blob = self._identity_blob
         if blob is None:
             blob = self.identity_blob
-        return blob[i * 32:i * 32 + 32]
+        return blob[i * 32 : i * 32 + 32]
 
     def find(self, path: str) -> int:
         """Row index of `path`, or -1."""
@@ -141,7 +171,7 @@ class RangeData:
         return i if i < self.n and paths[i] == path else -1
 
     @property
-    def cum_bytes(self) -> "CumulativeBytes":
+    def cum_bytes(self) -> CumulativeBytes:
         """cum_bytes[i] = entry_bytes of rows [0, i), for 0 <= i <= n (a sequence: bisect
         works on it). O(1) to build and to index: read off the Arrow offset buffers."""
         if self._cum is None:
@@ -173,8 +203,16 @@ class RangeData:
     def entry(self, i: int) -> Entry:
         """Row i as an Entry (builds the Python columns once: for iteration)."""
         columns = self._columns or self._all_columns()
-        return _make_entry(columns[0][i], columns[1][i], columns[2][i], columns[3][i],
-                           columns[4][i], columns[5][i], columns[6][i], columns[7][i])
+        return _make_entry(
+            columns[0][i],
+            columns[1][i],
+            columns[2][i],
+            columns[3][i],
+            columns[4][i],
+            columns[5][i],
+            columns[6][i],
+            columns[7][i],
+        )
 
     def sparse_entry(self, i: int) -> Entry:
         """Row i as an Entry when only a few rows of the range will be needed: point reads
@@ -192,7 +230,8 @@ class RangeData:
             column = _chunk(self.table, "identity")
             start = column.offset * 32
             self._identity_blob = bytes(
-                memoryview(column.buffers()[1])[start:start + self.n * 32])
+                memoryview(column.buffers()[1])[start : start + self.n * 32]
+            )
         return self._identity_blob
 
     def entry_at(self, i: int) -> Entry:
@@ -200,14 +239,16 @@ class RangeData:
         if self._columns is not None:
             return self.entry(i)
         t = self.table
-        return _make_entry(t.column("path")[i].as_py(),
-                           t.column("physical_address")[i].as_py(),
-                           t.column("size_bytes")[i].as_py(),
-                           t.column("checksum")[i].as_py(),
-                           t.column("mtime")[i].value,  # int us: no cast
-                           t.column("content_type")[i].as_py(),
-                           t.column("metadata")[i].as_py() or (),
-                           t.column("identity")[i].as_py())
+        return _make_entry(
+            t.column("path")[i].as_py(),
+            t.column("physical_address")[i].as_py(),
+            t.column("size_bytes")[i].as_py(),
+            t.column("checksum")[i].as_py(),
+            t.column("mtime")[i].value,  # int us: no cast
+            t.column("content_type")[i].as_py(),
+            t.column("metadata")[i].as_py() or (),
+            t.column("identity")[i].as_py(),
+        )
 
 
 @dataclass

@@ -6,7 +6,8 @@ the object store with its own CommittedManager. Only writes go through the range
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import grpc
 
@@ -15,13 +16,26 @@ from quarry.blob import ownership as _ownership  # noqa: F401 — error reasons
 from quarry.blob.ownership import NamespaceClaim
 from quarry.committed import errors as _committed_errors  # noqa: F401 — error reasons
 from quarry.committed.format import entry_bytes
-from quarry.convert import (conflict_from_proto, entry_to_proto, put_or_delete_to_proto,
-                            range_info_from_proto, summary_from_proto)
-from quarry.graveler.model import (ApplyResult, Change, ChangeType, DiffSummary, Entry,
-                                   MergeResult, MergeStrategy, RangeInfo)
+from quarry.convert import (
+    conflict_from_proto,
+    entry_to_proto,
+    put_or_delete_to_proto,
+    range_info_from_proto,
+    summary_from_proto,
+)
+from quarry.graveler.model import (
+    ApplyResult,
+    Change,
+    ChangeType,
+    DiffSummary,
+    Entry,
+    MergeResult,
+    MergeStrategy,
+    RangeInfo,
+)
 from quarry.runtime.channels import channel_for
 from quarry.runtime.errors import from_rpc_error
-from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
+from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc, types_pb2
 
 # Changes (or entries) per stream message, and a byte budget per message well under the
 # 64 MiB gRPC limit (an entry may carry up to ~400 KB of metadata).
@@ -38,25 +52,32 @@ class _Failure:
 
 
 class RemoteRangeWriter:
-    def __init__(self, target: str | grpc.Channel, timeout: float = 3600.0,
-                 batch_items: int = BATCH_ITEMS, batch_bytes: int = BATCH_BYTES):
+    def __init__(
+        self,
+        target: str | grpc.Channel,
+        timeout: float = 3600.0,
+        batch_items: int = BATCH_ITEMS,
+        batch_bytes: int = BATCH_BYTES,
+    ):
         self._channel, self._owns_channel = channel_for(target)
         self._stub = range_writer_pb2_grpc.RangeWriterStub(self._channel)
         self._timeout = timeout
         self._batch_items = max(1, batch_items)
         self._batch_bytes = max(1, batch_bytes)
 
-    def __enter__(self) -> "RemoteRangeWriter":
+    def __enter__(self) -> RemoteRangeWriter:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
         if self._owns_channel:
             self._channel.close()
 
-    def _stream(self, method, requests: Iterator, failure: _Failure):
+    def _stream(
+        self, method: Callable[..., Any], requests: Iterator[Any], failure: _Failure
+    ) -> Any:
         try:
             return method(requests, timeout=self._timeout)
         except grpc.RpcError as error:
@@ -84,8 +105,12 @@ class RemoteRangeWriter:
             failure.error = exc
             raise
 
-    def apply_changes(self, namespace: str, base_metarange_id: str,
-                      changes: Iterable[tuple[str, Entry | None] | Change]) -> ApplyResult:
+    def apply_changes(
+        self,
+        namespace: str,
+        base_metarange_id: str,
+        changes: Iterable[tuple[str, Entry | None] | Change],
+    ) -> ApplyResult:
         """Same contract as CommittedManager.apply_changes, executed by the range-writer."""
         failure = _Failure()
 
@@ -101,14 +126,19 @@ class RemoteRangeWriter:
         def requests():
             yield range_writer_pb2.ApplyChangesRequest(
                 header=range_writer_pb2.ApplyChangesHeader(
-                    storage_namespace=namespace, base_metarange_id=base_metarange_id or ""))
+                    storage_namespace=namespace, base_metarange_id=base_metarange_id or ""
+                )
+            )
             for batch in self._batches(changes, add, range_writer_pb2.ChangeBatch, failure):
                 yield range_writer_pb2.ApplyChangesRequest(changes=batch)
 
         response = self._stream(self._stub.ApplyChanges, requests(), failure)
-        return ApplyResult(response.metarange_id, summary_from_proto(response.summary),
-                           ranges_written=response.ranges_written,
-                           ranges_reused=response.ranges_reused)
+        return ApplyResult(
+            response.metarange_id,
+            summary_from_proto(response.summary),
+            ranges_written=response.ranges_written,
+            ranges_reused=response.ranges_reused,
+        )
 
     def write_metarange(self, namespace: str, entries: Iterable[Entry]) -> ApplyResult:
         """Same contract as CommittedManager.write_metarange (summary.added = entries sent)."""
@@ -123,14 +153,18 @@ class RemoteRangeWriter:
 
         def requests():
             yield range_writer_pb2.WriteMetaRangeRequest(
-                header=range_writer_pb2.WriteMetaRangeHeader(storage_namespace=namespace))
+                header=range_writer_pb2.WriteMetaRangeHeader(storage_namespace=namespace)
+            )
             for batch in self._batches(entries, add, range_writer_pb2.EntryBatch, failure):
                 yield range_writer_pb2.WriteMetaRangeRequest(entries=batch)
 
         response = self._stream(self._stub.WriteMetaRange, requests(), failure)
-        return ApplyResult(response.metarange_id, DiffSummary(added=count),
-                           ranges_written=response.ranges_written,
-                           ranges_reused=response.ranges_reused)
+        return ApplyResult(
+            response.metarange_id,
+            DiffSummary(added=count),
+            ranges_written=response.ranges_written,
+            ranges_reused=response.ranges_reused,
+        )
 
     def get_metarange(self, namespace: str, metarange_id: str) -> list[RangeInfo]:
         """Every range: the pages of GetMetaRange, followed to the end."""
@@ -138,9 +172,12 @@ class RemoteRangeWriter:
         token = ""
         while True:
             try:
-                response = self._stub.GetMetaRange(range_writer_pb2.GetMetaRangeRequest(
-                    storage_namespace=namespace, metarange_id=metarange_id, page_token=token),
-                    timeout=self._timeout)
+                response = self._stub.GetMetaRange(
+                    range_writer_pb2.GetMetaRangeRequest(
+                        storage_namespace=namespace, metarange_id=metarange_id, page_token=token
+                    ),
+                    timeout=self._timeout,
+                )
             except grpc.RpcError as error:
                 raise from_rpc_error(error) from None
             ranges.extend(range_info_from_proto(r) for r in response.ranges)
@@ -148,12 +185,12 @@ class RemoteRangeWriter:
             if not token:
                 return ranges
 
-    def claim_namespace(self, namespace: str, marker: bytes,
-                        replace: bytes | None = None) -> NamespaceClaim:
+    def claim_namespace(
+        self, namespace: str, marker: bytes, replace: bytes | None = None
+    ) -> NamespaceClaim:
         """Same contract as CommittedManager.claim_namespace, executed by the range-writer
         (the writer of namespaces)."""
-        request = range_writer_pb2.ClaimNamespaceRequest(storage_namespace=namespace,
-                                                         marker=marker)
+        request = range_writer_pb2.ClaimNamespaceRequest(storage_namespace=namespace, marker=marker)
         if replace is not None:
             request.replace_marker = replace
         try:
@@ -162,13 +199,23 @@ class RemoteRangeWriter:
             raise from_rpc_error(error) from None
         return NamespaceClaim(
             claimed=response.claimed,
-            existing_marker=(response.existing_marker
-                             if response.HasField("existing_marker") else None),
-            keys=tuple(response.keys), keys_truncated=response.keys_truncated)
+            existing_marker=(
+                response.existing_marker if response.HasField("existing_marker") else None
+            ),
+            keys=tuple(response.keys),
+            keys_truncated=response.keys_truncated,
+        )
 
-    def merge_metaranges(self, namespace: str, base_id: str, source_id: str,
-                         destination_id: str, strategy: MergeStrategy = MergeStrategy.DEFAULT,
-                         max_conflicts: int = 100, dry_run: bool = False) -> MergeResult:
+    def merge_metaranges(  # noqa: PLR0913 — the CommittedReader protocol's signature
+        self,
+        namespace: str,
+        base_id: str,
+        source_id: str,
+        destination_id: str,
+        strategy: MergeStrategy = MergeStrategy.DEFAULT,
+        max_conflicts: int = 100,
+        dry_run: bool = False,
+    ) -> MergeResult:
         """Same contract as CommittedManager.merge_metaranges, executed by the range-writer.
         (The server may list fewer conflicts than asked when they are very large; the rest
         are always counted in more_conflicts.)"""
@@ -176,9 +223,14 @@ class RemoteRangeWriter:
             raise errors.InvalidArgument("max_conflicts must be >= 0")
         # On the wire 0 means "the server's default": ask for one and drop it instead.
         request = range_writer_pb2.MergeMetaRangesRequest(
-            storage_namespace=namespace, base=base_id or "", source=source_id or "",
-            destination=destination_id or "", strategy=int(strategy), dry_run=dry_run,
-            max_conflicts=min(max(1, int(max_conflicts)), 2**31 - 1))
+            storage_namespace=namespace,
+            base=base_id or "",
+            source=source_id or "",
+            destination=destination_id or "",
+            strategy=types_pb2.MergeStrategy.ValueType(int(strategy)),
+            dry_run=dry_run,
+            max_conflicts=min(max(1, int(max_conflicts)), 2**31 - 1),
+        )
         try:
             response = self._stub.MergeMetaRanges(request, timeout=self._timeout)
         except grpc.RpcError as error:
@@ -187,6 +239,11 @@ class RemoteRangeWriter:
         more = response.more_conflicts
         if max_conflicts == 0:
             conflicts, more = (), more + len(conflicts)
-        return MergeResult(response.metarange_id, summary_from_proto(response.summary),
-                           conflicts, more, ranges_written=response.ranges_written,
-                           ranges_reused=response.ranges_reused)
+        return MergeResult(
+            response.metarange_id,
+            summary_from_proto(response.summary),
+            conflicts,
+            more,
+            ranges_written=response.ranges_written,
+            ranges_reused=response.ranges_reused,
+        )

@@ -15,9 +15,18 @@ from quarry.graveler.model import Entry
 
 
 def entries(n: int, tag: str = "") -> list[Entry]:
-    return [Entry(f"data/{i:05d}.parquet", f"s3://lake/{tag}{i}", i, f"etag{tag}{i}",
-                  1_700_000_000_000_000 + i, "application/parquet",
-                  {"writer": "spark"} if i % 3 == 0 else None) for i in range(n)]
+    return [
+        Entry(
+            f"data/{i:05d}.parquet",
+            f"s3://lake/{tag}{i}",
+            i,
+            f"etag{tag}{i}",
+            1_700_000_000_000_000 + i,
+            "application/parquet",
+            {"writer": "spark"} if i % 3 == 0 else None,
+        )
+        for i in range(n)
+    ]
 
 
 def test_s3_blob_store_round_trip(s3_bucket, moto_endpoint):
@@ -51,8 +60,13 @@ class _NoConditionalWrites:
     def put_object(self, **kwargs):
         if "IfNoneMatch" in kwargs:
             self.rejected += 1
-            raise ClientError({"Error": {"Code": "NotImplemented", "Message": "nope"},
-                               "ResponseMetadata": {"HTTPStatusCode": 501}}, "PutObject")
+            raise ClientError(
+                {
+                    "Error": {"Code": "NotImplemented", "Message": "nope"},
+                    "ResponseMetadata": {"HTTPStatusCode": 501},
+                },
+                "PutObject",
+            )
         return self.inner.put_object(**kwargs)
 
     def __getattr__(self, name):
@@ -83,8 +97,11 @@ def test_manager_over_s3_with_disk_cache(s3_bucket, moto_endpoint, tmp_path):
     writer = CommittedManager(opener, cache, target_range_entries=64)
     data = entries(2000)
     written = writer.write_metarange(namespace, data)
-    changed = writer.apply_changes(namespace, written.metarange_id, [
-        (data[10].path, None), ("data/zz", Entry("data/zz", "x", 1, "y"))])
+    changed = writer.apply_changes(
+        namespace,
+        written.metarange_id,
+        [(data[10].path, None), ("data/zz", Entry("data/zz", "x", 1, "y"))],
+    )
     assert changed.summary.removed == 1 and changed.summary.added == 1
     keys = [k for k, *_ in stores[namespace].inner.list("_quarry/")]
     assert metarange_key(written.metarange_id) in keys

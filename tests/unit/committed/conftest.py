@@ -9,13 +9,24 @@ from quarry.committed import CommittedManager
 from quarry.graveler.model import Entry
 
 
-def entry(path: str, version: int = 0, *, address: str | None = None, metadata=None,
-          mtime_us: int | None = None, size: int | None = None) -> Entry:
-    return Entry(path, address if address is not None else f"s3://data/{path}#{version}",
-                 size if size is not None else 100 + version, f"etag-{version}",
-                 mtime_us if mtime_us is not None else 1_700_000_000_000_000 + version,
-                 "application/octet-stream",
-                 metadata if metadata is not None else {"v": str(version)})
+def entry(
+    path: str,
+    version: int = 0,
+    *,
+    address: str | None = None,
+    metadata=None,
+    mtime_us: int | None = None,
+    size: int | None = None,
+) -> Entry:
+    return Entry(
+        path,
+        address if address is not None else f"s3://data/{path}#{version}",
+        size if size is not None else 100 + version,
+        f"etag-{version}",
+        mtime_us if mtime_us is not None else 1_700_000_000_000_000 + version,
+        "application/octet-stream",
+        metadata if metadata is not None else {"v": str(version)},
+    )
 
 
 class Stores:
@@ -29,7 +40,8 @@ class Stores:
         store = self.by_namespace.get(namespace)
         if store is None:
             store = self.by_namespace[namespace] = CountingBlobStore(
-                LocalBlobStore(namespace, durable=self.durable))
+                LocalBlobStore(namespace, durable=self.durable)
+            )
         return store
 
 

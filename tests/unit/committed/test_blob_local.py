@@ -8,9 +8,15 @@ import threading
 import pytest
 
 from quarry import errors
-from quarry.blob import (CountingBlobStore, InvalidObjectKey, InvalidStorageNamespace,
-                         LocalBlobStore, ObjectNotFound, open_blob_store,
-                         parse_storage_namespace)
+from quarry.blob import (
+    CountingBlobStore,
+    InvalidObjectKey,
+    InvalidStorageNamespace,
+    LocalBlobStore,
+    ObjectNotFound,
+    open_blob_store,
+    parse_storage_namespace,
+)
 from quarry.config import load_settings
 
 
@@ -46,14 +52,24 @@ def test_durable_store_and_empty_object(tmp_path):
 
 def test_list_by_prefix_skips_temporaries(tmp_path):
     store = LocalBlobStore(tmp_path)
-    for key in ("_quarry/ranges/a.parquet", "_quarry/ranges/b.parquet",
-                "_quarry/metaranges/m.parquet", "_quarry/rangesX", "top"):
+    for key in (
+        "_quarry/ranges/a.parquet",
+        "_quarry/ranges/b.parquet",
+        "_quarry/metaranges/m.parquet",
+        "_quarry/rangesX",
+        "top",
+    ):
         store.put(key, key.encode())
     (tmp_path / "_quarry" / "ranges" / ".quarry-tmp-leftover").write_bytes(b"x")
     assert [k for k, *_ in store.list("_quarry/ranges/")] == [
-        "_quarry/ranges/a.parquet", "_quarry/ranges/b.parquet"]
+        "_quarry/ranges/a.parquet",
+        "_quarry/ranges/b.parquet",
+    ]
     assert [k for k, *_ in store.list("_quarry/ranges")] == [
-        "_quarry/ranges/a.parquet", "_quarry/ranges/b.parquet", "_quarry/rangesX"]
+        "_quarry/ranges/a.parquet",
+        "_quarry/ranges/b.parquet",
+        "_quarry/rangesX",
+    ]
     assert {o.key: o.size for o in store.list("")}["top"] == 3
     assert len(list(store.list(""))) == 5
     assert list(store.list("nothing/")) == []
@@ -103,7 +119,11 @@ def test_s3_store_from_settings_uses_endpoint_and_region():
     settings = load_settings(env={}, s3_endpoint_url="http://127.0.0.1:1", s3_region="eu-west-1")
     store = open_blob_store("s3://bucket/pre/fix", settings)
     assert (store.bucket, store.prefix, store.endpoint_url, store.region) == (
-        "bucket", "pre/fix/", "http://127.0.0.1:1", "eu-west-1")
+        "bucket",
+        "pre/fix/",
+        "http://127.0.0.1:1",
+        "eu-west-1",
+    )
 
 
 def test_counting_store_counts_by_kind(tmp_path):
@@ -115,8 +135,14 @@ def test_counting_store_counts_by_kind(tmp_path):
     list(store.list(""))
     store.delete("k")
     assert store.local_path("k") is not None
-    assert store.counts == {"get": 1, "put": 2, "exists": 1, "delete": 1, "list": 1,
-                            "local_path": 1}
+    assert store.counts == {
+        "get": 1,
+        "put": 2,
+        "exists": 1,
+        "delete": 1,
+        "list": 1,
+        "local_path": 1,
+    }
     assert store.reads == 2  # a get and a local_path handed to a reader
     assert store.bytes_written == 5 and store.bytes_read == 5
     store.reset()

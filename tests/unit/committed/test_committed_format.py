@@ -10,10 +10,19 @@ import pyarrow.parquet as pq
 import pytest
 
 from quarry.committed import EMPTY_METARANGE_ID, metarange_key, range_key
-from quarry.committed.format import (FORMAT_TAG, RANGE_FORMAT, RANGE_SCHEMA, RowBuffer,
-                                     decode_range, encode_range,
-                                     entry_bytes, is_boundary, metarange_id_of, range_id_of,
-                                     row_bytes)
+from quarry.committed.format import (
+    FORMAT_TAG,
+    RANGE_FORMAT,
+    RANGE_SCHEMA,
+    RowBuffer,
+    decode_range,
+    encode_range,
+    entry_bytes,
+    is_boundary,
+    metarange_id_of,
+    range_id_of,
+    row_bytes,
+)
 from quarry.committed.rangedata import CumulativeBytes, RangeData
 from quarry.graveler.model import Entry, RangeInfo
 
@@ -26,21 +35,26 @@ def table_of(entries) -> pa.Table:
 
 
 def sample_entries(make_entry, n=20):
-    return [make_entry(f"dir/é{i:03d}", i, metadata={"k" * (i % 4): "v" * i} if i % 3 else {})
-            for i in range(n)]
+    return [
+        make_entry(f"dir/é{i:03d}", i, metadata={"k" * (i % 4): "v" * i} if i % 3 else {})
+        for i in range(n)
+    ]
 
 
 def test_empty_metarange_id_is_fixed():
     # Storage format 2 (the identity covers the address): the id header says v2.
-    assert EMPTY_METARANGE_ID == hashlib.sha256(b"quarry/metarange/v2\x00").hexdigest()
+    assert hashlib.sha256(b"quarry/metarange/v2\x00").hexdigest() == EMPTY_METARANGE_ID
     assert metarange_id_of([]) == EMPTY_METARANGE_ID
 
 
 def test_metarange_id_covers_ids_bounds_and_counts():
     r = RangeInfo("a" * 64, "a", "b", 2, 100)
     base = metarange_id_of([r])
-    for other in (RangeInfo("b" * 64, "a", "b", 2, 100), RangeInfo("a" * 64, "a", "c", 2, 100),
-                  RangeInfo("a" * 64, "a", "b", 3, 100)):
+    for other in (
+        RangeInfo("b" * 64, "a", "b", 2, 100),
+        RangeInfo("a" * 64, "a", "c", 2, 100),
+        RangeInfo("a" * 64, "a", "b", 3, 100),
+    ):
         assert metarange_id_of([other]) != base
     assert metarange_id_of([r, r]) != base
 
@@ -61,12 +75,15 @@ def test_range_id_is_logical_not_file_bytes(make_entry):
     # Every identity-relevant field and the address/mtime change the id.
     changed = [
         entries[:5] + [entries[5].with_path("dir/é005x")] + entries[6:],
-        entries[:5] + [make_entry("dir/é005", 5, address="elsewhere",
-                                  metadata=dict(entries[5].metadata))] + entries[6:],
-        entries[:5] + [make_entry("dir/é005", 5, mtime_us=1,
-                                  metadata=dict(entries[5].metadata))] + entries[6:],
-        entries[:5] + [make_entry("dir/é005", 5, size=1,
-                                  metadata=dict(entries[5].metadata))] + entries[6:],
+        entries[:5]
+        + [make_entry("dir/é005", 5, address="elsewhere", metadata=dict(entries[5].metadata))]
+        + entries[6:],
+        entries[:5]
+        + [make_entry("dir/é005", 5, mtime_us=1, metadata=dict(entries[5].metadata))]
+        + entries[6:],
+        entries[:5]
+        + [make_entry("dir/é005", 5, size=1, metadata=dict(entries[5].metadata))]
+        + entries[6:],
         entries[:5] + [make_entry("dir/é005", 5, metadata={"other": "x"})] + entries[6:],
         entries[:-1],
     ]
@@ -91,8 +108,9 @@ def test_range_file_is_plain_parquet_spark_can_read(make_entry, tmp_path):
     assert schema.field("metadata").type == pa.map_(pa.string(), pa.string())
     assert schema.field("identity").type == pa.binary(32)
     # The Parquet-level types Spark maps: INT64 TIMESTAMP(MICROS, UTC), FIXED_LEN_BYTE_ARRAY.
-    columns = {parquet.schema.column(i).path: parquet.schema.column(i)
-               for i in range(len(parquet.schema))}
+    columns = {
+        parquet.schema.column(i).path: parquet.schema.column(i) for i in range(len(parquet.schema))
+    }
     assert columns["mtime"].physical_type == "INT64"
     assert "isAdjustedToUTC=true, timeUnit=microseconds" in str(columns["mtime"].logical_type)
     assert columns["mtime"].converted_type == "TIMESTAMP_MICROS"  # what older readers use
@@ -103,7 +121,8 @@ def test_range_file_is_plain_parquet_spark_can_read(make_entry, tmp_path):
     assert read.column("identity").to_pylist() == [e.identity for e in entries]
     assert read.column("mtime").cast(pa.int64()).to_pylist() == [e.mtime_us for e in entries]
     assert [dict(m) for m in read.column("metadata").to_pylist()] == [
-        dict(e.metadata) for e in entries]
+        dict(e.metadata) for e in entries
+    ]
     assert schema.remove_metadata().equals(RANGE_SCHEMA)
 
 
@@ -113,8 +132,9 @@ def test_layout_keys():
 
 
 def test_byte_accounting_agrees_everywhere(make_entry):
-    entries = sample_entries(make_entry, 30) + [Entry("ü/€", "адрес", 1, "ß", 0, "тип",
-                                                       {"ключ": "значение", "": ""})]
+    entries = sample_entries(make_entry, 30) + [
+        Entry("ü/€", "адрес", 1, "ß", 0, "тип", {"ключ": "значение", "": ""})
+    ]
     entries.sort(key=lambda e: e.path)
     table = table_of(entries)
     expected = [entry_bytes(e) for e in entries]
@@ -130,8 +150,9 @@ def test_byte_accounting_agrees_everywhere(make_entry):
 def test_range_data_point_and_full_access_agree(make_entry):
     entries = sample_entries(make_entry)
     table = table_of(entries)
-    data = RangeData(RangeInfo(range_id_of(table), entries[0].path, entries[-1].path,
-                               len(entries), 0), table)
+    data = RangeData(
+        RangeInfo(range_id_of(table), entries[0].path, entries[-1].path, len(entries), 0), table
+    )
     for i, e in enumerate(entries):
         assert data.entry_at(i) == e and data.entry_at(i).identity == e.identity
         assert data.identity(i) == e.identity

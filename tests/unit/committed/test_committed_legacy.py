@@ -13,11 +13,23 @@ import pytest
 from quarry.blob import CountingBlobStore, LocalBlobStore
 from quarry.committed import CommittedManager
 from quarry.committed.errors import MetaRangeNotFound, RangeCorrupt
-from quarry.committed.format import (EMPTY_METARANGE_ID, FORMAT_TAG, IDENTITY_TYPE,
-                                     METARANGE_FORMAT, RANGE_FORMAT, RowBuffer,
-                                     decode_metarange, decode_range, decode_range_keys,
-                                     encode_metarange, encode_range, metarange_id_of,
-                                     metarange_key, range_id_of, range_key)
+from quarry.committed.format import (
+    EMPTY_METARANGE_ID,
+    FORMAT_TAG,
+    IDENTITY_TYPE,
+    METARANGE_FORMAT,
+    RANGE_FORMAT,
+    RowBuffer,
+    decode_metarange,
+    decode_range,
+    decode_range_keys,
+    encode_metarange,
+    encode_range,
+    metarange_id_of,
+    metarange_key,
+    range_id_of,
+    range_key,
+)
 from quarry.committed.legacy import CommittedRewriter
 from quarry.graveler.model import Entry, RangeInfo
 from quarry.runtime.format_version import FormatVersionMismatch
@@ -29,9 +41,18 @@ V1_EMPTY_METARANGE_ID = hashlib.sha256(V1_METARANGE_HEADER).hexdigest()
 
 
 def entries(prefix: str, n: int) -> list[Entry]:
-    return [Entry(f"{prefix}/{i:03d}", f"s3://b/{prefix}/{i}", 10 + i, "" if i % 2 else f"c{i}",
-                  1_700_000_000_000_000 + i, "text/csv", {"k": str(i)} if i % 3 else {})
-            for i in range(n)]
+    return [
+        Entry(
+            f"{prefix}/{i:03d}",
+            f"s3://b/{prefix}/{i}",
+            10 + i,
+            "" if i % 2 else f"c{i}",
+            1_700_000_000_000_000 + i,
+            "text/csv",
+            {"k": str(i)} if i % 3 else {},
+        )
+        for i in range(n)
+    ]
 
 
 def v1_range(store, batch: list[Entry]) -> RangeInfo:
@@ -40,21 +61,27 @@ def v1_range(store, batch: list[Entry]) -> RangeInfo:
     for e in batch:
         rows.append(e, len(e.path.encode()))
     table = rows.to_table()
-    identities = pa.array([v1_entry_identity(e.physical_address, e.size_bytes, e.checksum,
-                                             e.content_type, e.metadata) for e in batch],
-                          IDENTITY_TYPE)
+    identities = pa.array(
+        [
+            v1_entry_identity(
+                e.physical_address, e.size_bytes, e.checksum, e.content_type, e.metadata
+            )
+            for e in batch
+        ],
+        IDENTITY_TYPE,
+    )
     table = table.set_column(table.schema.get_field_index("identity"), "identity", identities)
     range_id = range_id_of(table, header=V1_RANGE_HEADER)
     data = encode_range(table, range_id)
     store.put(range_key(range_id), _retag(data, b"range/v1"))
-    return RangeInfo(range_id, batch[0].path, batch[-1].path, len(batch),
-                     100 * len(batch))
+    return RangeInfo(range_id, batch[0].path, batch[-1].path, len(batch), 100 * len(batch))
 
 
 def v1_metarange(store, ranges: list[RangeInfo]) -> str:
     metarange_id = metarange_id_of(ranges, header=V1_METARANGE_HEADER)
-    store.put(metarange_key(metarange_id),
-              _retag(encode_metarange(ranges, metarange_id), b"metarange/v1"))
+    store.put(
+        metarange_key(metarange_id), _retag(encode_metarange(ranges, metarange_id), b"metarange/v1")
+    )
     return metarange_id
 
 
@@ -78,9 +105,11 @@ def store(tmp_path):
 def test_a_file_of_another_format_version_is_refused(store):
     info = v1_range(store, entries("a", 5))
     metarange_id = v1_metarange(store, [info])
-    for decode, data in ((decode_range, store.get(range_key(info.id))),
-                         (decode_range_keys, store.get(range_key(info.id))),
-                         (decode_metarange, store.get(metarange_key(metarange_id)))):
+    for decode, data in (
+        (decode_range, store.get(range_key(info.id))),
+        (decode_range_keys, store.get(range_key(info.id))),
+        (decode_metarange, store.get(metarange_key(metarange_id))),
+    ):
         with pytest.raises(FormatVersionMismatch) as caught:
             decode(data)
         assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
@@ -117,14 +146,15 @@ def test_the_rewriter_recomputes_identities_once_per_range(store, tmp_path):
     assert (rewriter.stats.ranges_rewritten, rewriter.stats.metaranges_rewritten) == (3, 2)
     assert store.counts["get"] == 2 + 3
     manager = CommittedManager(lambda ns: LocalBlobStore(str(tmp_path / "ns")), None)
-    for new_id, old_ranges, expected in ((new_one, (shared, first), entries("a", 6)
-                                          + entries("b", 4)),
-                                         (new_two, (shared, second), entries("a", 6)
-                                          + entries("c", 5))):
+    for new_id, old_ranges, expected in (
+        (new_one, (shared, first), entries("a", 6) + entries("b", 4)),
+        (new_two, (shared, second), entries("a", 6) + entries("c", 5)),
+    ):
         new_ranges = manager.get_metarange("ns", new_id)
         # Same bounds, counts and sizes; new range ids.
-        assert [(r.min_key, r.max_key, r.count, r.size_bytes) for r in new_ranges] == \
-            [(r.min_key, r.max_key, r.count, r.size_bytes) for r in old_ranges]
+        assert [(r.min_key, r.max_key, r.count, r.size_bytes) for r in new_ranges] == [
+            (r.min_key, r.max_key, r.count, r.size_bytes) for r in old_ranges
+        ]
         assert not {r.id for r in new_ranges} & {r.id for r in old_ranges}
         read = list(manager.iterate("ns", new_id))
         assert read == expected  # every field
@@ -145,8 +175,7 @@ def test_the_rewriter_never_overwrites_and_refuses_unknown_files(store):
     with pytest.raises(MetaRangeNotFound):
         CommittedRewriter(store, "ns").metarange("f" * 64)
     future = metarange_id_of([info], header=b"quarry/metarange/v9\x00")
-    store.put(metarange_key(future),
-              _retag(encode_metarange([info], future), b"metarange/v9"))
+    store.put(metarange_key(future), _retag(encode_metarange([info], future), b"metarange/v9"))
     with pytest.raises(FormatVersionMismatch):
         CommittedRewriter(store, "ns").metarange(future)
     assert RANGE_FORMAT == b"range/v2" and METARANGE_FORMAT == b"metarange/v2"

@@ -9,16 +9,43 @@ import threading
 import pytest
 
 from quarry import errors
-from quarry.committed import (EMPTY_METARANGE_ID, DuplicatePath, InvalidMetaRangeId,
-                              InvalidPath, MetaRangeNotFound, RangeNotFound, UnsortedInput,
-                              metarange_key, range_key)
+from quarry.committed import (
+    EMPTY_METARANGE_ID,
+    DuplicatePath,
+    InvalidMetaRangeId,
+    InvalidPath,
+    MetaRangeNotFound,
+    RangeNotFound,
+    UnsortedInput,
+    metarange_key,
+    range_key,
+)
 from quarry.graveler.model import Change, ChangeType, Entry
 
-TRICKY_PATHS = sorted([
-    "a", "a/", "a/b", "a/b/", "a/b/c", "a/bc", "a0", "ab", "a\u00e9", "a\u00e9/x", "a\uffff",
-    "a\U0001f600", "a\U0001f600/z", "b", "b/" + "x" * 300, "é", "€/1", "\U0001f600",
-    "日本/データ", "日本語",
-])
+TRICKY_PATHS = sorted(
+    [
+        "a",
+        "a/",
+        "a/b",
+        "a/b/",
+        "a/b/c",
+        "a/bc",
+        "a0",
+        "ab",
+        "a\u00e9",
+        "a\u00e9/x",
+        "a\uffff",
+        "a\U0001f600",
+        "a\U0001f600/z",
+        "b",
+        "b/" + "x" * 300,
+        "é",
+        "€/1",
+        "\U0001f600",
+        "日本/データ",
+        "日本語",
+    ]
+)
 
 
 def model_apply(model: dict[str, Entry], changes) -> dict[str, Entry]:
@@ -37,6 +64,7 @@ def ids_of(manager, namespace, metarange_id):
 
 # ---- reads ------------------------------------------------------------------------------------
 
+
 def test_write_then_read_everything(new_manager, namespace, make_entry):
     manager = new_manager(target_range_entries=4)
     entries = [make_entry(p, i) for i, p in enumerate(TRICKY_PATHS)]
@@ -44,9 +72,12 @@ def test_write_then_read_everything(new_manager, namespace, make_entry):
     assert result.summary.added == len(entries) and result.ranges_reused == 0
     ranges = manager.get_metarange(namespace, result.metarange_id)
     assert len(ranges) == result.ranges_written > 1
-    assert sum(r.count for r in ranges) == len(entries) == manager.count(namespace,
-                                                                         result.metarange_id)
-    assert all(a.max_key < b.min_key for a, b in zip(ranges, ranges[1:]))
+    assert (
+        sum(r.count for r in ranges)
+        == len(entries)
+        == manager.count(namespace, result.metarange_id)
+    )
+    assert all(a.max_key < b.min_key for a, b in zip(ranges, ranges[1:], strict=False))
     listed = list(manager.iterate(namespace, result.metarange_id))
     assert listed == entries
     assert [e.identity for e in listed] == [e.identity for e in entries]
@@ -70,7 +101,10 @@ def test_prefix_and_start_match_a_sorted_model(new_manager, namespace, make_entr
         assert [e.path for e in manager.iterate(namespace, mr, start=start)] == expected, start
     # start and prefix together: the later bound wins.
     assert [e.path for e in manager.iterate(namespace, mr, start="a/b/", prefix="a/")] == [
-        "a/b/", "a/b/c", "a/bc"]
+        "a/b/",
+        "a/b/c",
+        "a/bc",
+    ]
 
 
 def test_seek_ge(new_manager, namespace, make_entry):
@@ -139,6 +173,7 @@ def test_empty_metarange(new_manager, namespace, stores):
 
 # ---- apply semantics ---------------------------------------------------------------------
 
+
 def test_apply_summary_counts_only_real_changes(new_manager, namespace, make_entry):
     manager = new_manager(target_range_entries=4)
     base_entries = [make_entry(f"p{i:02d}", 1) for i in range(20)]
@@ -148,44 +183,59 @@ def test_apply_summary_counts_only_real_changes(new_manager, namespace, make_ent
     assert same_content.identity == base_entries[3].identity
     repointed = make_entry("p04", 1, address="somewhere/else")
     assert repointed.identity != base_entries[4].identity
-    result = manager.apply_changes(namespace, base, [
-        ("p00", None),               # removed
-        ("p03", same_content),       # identity equal: nothing, base entry kept
-        ("p04", repointed),          # another address, nothing else: a change
-        ("p05", make_entry("p05", 2)),  # changed
-        ("p05a", make_entry("p05a", 1)),  # added
-        ("p07x", None),              # delete of a missing path: nothing
-        ("zz", make_entry("zz", 1)),  # added after the last range
-    ])
+    result = manager.apply_changes(
+        namespace,
+        base,
+        [
+            ("p00", None),  # removed
+            ("p03", same_content),  # identity equal: nothing, base entry kept
+            ("p04", repointed),  # another address, nothing else: a change
+            ("p05", make_entry("p05", 2)),  # changed
+            ("p05a", make_entry("p05a", 1)),  # added
+            ("p07x", None),  # delete of a missing path: nothing
+            ("zz", make_entry("zz", 1)),  # added after the last range
+        ],
+    )
     assert (result.summary.added, result.summary.removed, result.summary.changed) == (2, 1, 2)
-    assert manager.get_entry(namespace, result.metarange_id, "p03").mtime_us == \
-        base_entries[3].mtime_us
-    assert manager.get_entry(namespace, result.metarange_id, "p04").physical_address == \
-        "somewhere/else"
+    assert (
+        manager.get_entry(namespace, result.metarange_id, "p03").mtime_us
+        == base_entries[3].mtime_us
+    )
+    assert (
+        manager.get_entry(namespace, result.metarange_id, "p04").physical_address
+        == "somewhere/else"
+    )
     assert manager.get_entry(namespace, result.metarange_id, "p00") is None
     assert manager.get_entry(namespace, result.metarange_id, "p05").checksum == "etag-2"
     assert [e.path for e in manager.iterate(namespace, result.metarange_id)] == sorted(
-        [e.path for e in base_entries[1:]] + ["p05a", "zz"])
+        [e.path for e in base_entries[1:]] + ["p05a", "zz"]
+    )
 
 
-def test_no_op_applies_return_the_base_and_write_nothing(new_manager, namespace, make_entry,
-                                                          stores):
+def test_no_op_applies_return_the_base_and_write_nothing(
+    new_manager, namespace, make_entry, stores
+):
     manager = new_manager(target_range_entries=4)
     entries = [make_entry(f"p{i:02d}", 1) for i in range(30)]
     base = manager.write_metarange(namespace, entries).metarange_id
     store = stores(namespace)
     store.reset()
-    result = manager.apply_changes(namespace, base, [
-        ("p04", make_entry("p04", 1)),
-        ("p10x", None),
-        ("p20", make_entry("p20", 1, mtime_us=42)),
-    ])
+    result = manager.apply_changes(
+        namespace,
+        base,
+        [
+            ("p04", make_entry("p04", 1)),
+            ("p10x", None),
+            ("p20", make_entry("p20", 1, mtime_us=42)),
+        ],
+    )
     assert result.metarange_id == base
     assert result.summary.total == 0 and result.ranges_written == 0
     assert store.counts["put"] == 0
     # Re-pointing an entry at another address is never a no-op (format 2).
-    moved = manager.apply_changes(namespace, base, [
-        ("p04", make_entry("p04", 1, address="new/address"))])
+    moved = manager.apply_changes(
+        namespace, base, [("p04", make_entry("p04", 1, address="new/address"))]
+    )
     assert moved.metarange_id != base and moved.summary.changed == 1
     assert manager.apply_changes(namespace, base, []).metarange_id == base
 
@@ -193,19 +243,25 @@ def test_no_op_applies_return_the_base_and_write_nothing(new_manager, namespace,
 def test_changes_may_be_change_objects(new_manager, namespace, make_entry):
     manager = new_manager()
     base = manager.write_metarange(namespace, [make_entry("a"), make_entry("b")]).metarange_id
-    result = manager.apply_changes(namespace, base, [
-        Change(ChangeType.REMOVED, "a"), Change(ChangeType.ADDED, "c", make_entry("c"))])
+    result = manager.apply_changes(
+        namespace,
+        base,
+        [Change(ChangeType.REMOVED, "a"), Change(ChangeType.ADDED, "c", make_entry("c"))],
+    )
     assert [e.path for e in manager.iterate(namespace, result.metarange_id)] == ["b", "c"]
 
 
-@pytest.mark.parametrize("changes,error", [
-    ([("b", None), ("a", None)], UnsortedInput),
-    ([("a", None), ("a", None)], DuplicatePath),
-    ([("", None)], InvalidPath),
-    ([("a", Entry("b"))], errors.InvalidArgument),
-    ([("a", "not an entry")], errors.InvalidArgument),
-    ([("a\ud800", Entry("a\ud800"))], InvalidPath),
-])
+@pytest.mark.parametrize(
+    "changes,error",
+    [
+        ([("b", None), ("a", None)], UnsortedInput),
+        ([("a", None), ("a", None)], DuplicatePath),
+        ([("", None)], InvalidPath),
+        ([("a", Entry("b"))], errors.InvalidArgument),
+        ([("a", "not an entry")], errors.InvalidArgument),
+        ([("a\ud800", Entry("a\ud800"))], InvalidPath),
+    ],
+)
 def test_apply_rejects_bad_input(new_manager, namespace, changes, error):
     manager = new_manager()
     with pytest.raises(error) as caught:
@@ -239,6 +295,7 @@ def test_bad_and_missing_ids(new_manager, namespace, make_entry):
 
 # ---- content addressing and history independence ----------------------------------------
 
+
 def random_history(rnd: random.Random, universe: list[str], make_entry, steps: int):
     """Batches of sorted changes over `universe`, with deletes and re-adds."""
     for _ in range(steps):
@@ -255,11 +312,13 @@ def random_history(rnd: random.Random, universe: list[str], make_entry, steps: i
 
 
 @pytest.mark.parametrize("target,max_bytes", [(8, 1 << 30), (6, 2_000)])
-def test_same_entries_same_ids_whatever_the_history(new_manager, namespace, make_entry,
-                                                    target, max_bytes):
+def test_same_entries_same_ids_whatever_the_history(
+    new_manager, namespace, make_entry, target, max_bytes
+):
     rnd = random.Random(target)
-    universe = sorted({f"t/{rnd.randint(0, 999):04d}" + rnd.choice(["", "/x", "é", "/€"])
-                       for _ in range(500)})
+    universe = sorted(
+        {f"t/{rnd.randint(0, 999):04d}" + rnd.choice(["", "/x", "é", "/€"]) for _ in range(500)}
+    )
     first = new_manager(target_range_entries=target, max_range_bytes=max_bytes)
     second = new_manager(target_range_entries=target, max_range_bytes=max_bytes)
     model: dict[str, Entry] = {}
@@ -284,8 +343,9 @@ def test_same_entries_same_ids_whatever_the_history(new_manager, namespace, make
     for k in range(5, -1, -1):
         chunk = paths[k::6]
         junk = [(p + "~junk", make_entry(p + "~junk")) for p in chunk[:3]]
-        other = third.apply_changes(namespace, other, sorted(
-            [(p, make_entry(p, 9)) for p in chunk] + junk)).metarange_id
+        other = third.apply_changes(
+            namespace, other, sorted([(p, make_entry(p, 9)) for p in chunk] + junk)
+        ).metarange_id
         other = third.apply_changes(namespace, other, [(p, None) for p, _ in junk]).metarange_id
     other = third.apply_changes(namespace, other, [(p, model[p]) for p in paths]).metarange_id
     # Puts equal in identity keep the base entry (its mtime); rewrite those exactly.
@@ -301,16 +361,21 @@ def test_existing_files_are_not_rewritten(new_manager, namespace, make_entry, st
     manager = new_manager(target_range_entries=4)
     entries = [make_entry(f"p{i:03d}") for i in range(100)]
     first = manager.write_metarange(namespace, entries)
-    mtimes = {k: os.stat(os.path.join(namespace, k)).st_mtime_ns
-              for k, *_ in stores(namespace).list("_quarry/")}
+    mtimes = {
+        k: os.stat(os.path.join(namespace, k)).st_mtime_ns
+        for k, *_ in stores(namespace).list("_quarry/")
+    }
     manager.reset_stats()
     again = new_manager(target_range_entries=4).write_metarange(namespace, entries)
     assert again.metarange_id == first.metarange_id
-    assert {k: os.stat(os.path.join(namespace, k)).st_mtime_ns
-            for k, *_ in stores(namespace).list("_quarry/")} == mtimes
+    assert {
+        k: os.stat(os.path.join(namespace, k)).st_mtime_ns
+        for k, *_ in stores(namespace).list("_quarry/")
+    } == mtimes
 
 
 # ---- costs ----------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def big_repo(tmp_path_factory):
@@ -332,8 +397,9 @@ def _range_reads(store) -> list[str]:
     return [k for k in store.keys_read if k.startswith("_quarry/ranges/")]
 
 
-@pytest.mark.parametrize("kind", ["change", "insert", "delete", "delete_range_end",
-                                  "insert_after_end"])
+@pytest.mark.parametrize(
+    "kind", ["change", "insert", "delete", "delete_range_end", "insert_after_end"]
+)
 def test_apply_one_change_touches_at_most_two_ranges(big_repo, new_manager, stores, kind):
     namespace, mr, entries = big_repo
     ranges = new_manager(target_range_entries=1024).get_metarange(namespace, mr)
@@ -342,7 +408,7 @@ def test_apply_one_change_touches_at_most_two_ranges(big_repo, new_manager, stor
     store = stores(namespace)
     store.reset()
     middle = ranges[len(ranges) // 2]
-    victim = entries[sum(r.count for r in ranges[:len(ranges) // 2]) + 5]
+    victim = entries[sum(r.count for r in ranges[: len(ranges) // 2]) + 5]
     if kind == "change":
         change = (victim.path, Entry(victim.path, "new", 1, "new", 1, "y"))
     elif kind == "insert":
@@ -367,8 +433,15 @@ def test_apply_one_change_touches_at_most_two_ranges(big_repo, new_manager, stor
     assert manager.get_entry(namespace, result.metarange_id, path) == entry
     diff = list(manager.diff(namespace, mr, result.metarange_id))
     assert [(c.path, c.type) for c in diff] == [
-        (path, ChangeType.REMOVED if entry is None else
-         ChangeType.CHANGED if kind == "change" else ChangeType.ADDED)]
+        (
+            path,
+            ChangeType.REMOVED
+            if entry is None
+            else ChangeType.CHANGED
+            if kind == "change"
+            else ChangeType.ADDED,
+        )
+    ]
 
 
 def test_apply_reads_only_ranges_changes_fall_into(big_repo, new_manager, stores):
@@ -390,24 +463,34 @@ def test_diff_skips_equal_ranges(big_repo, new_manager, stores):
     namespace, mr, entries = big_repo
     writer = new_manager(target_range_entries=1024)
     picks = [entries[i] for i in (1000, 1001, 70_000)]
-    result = writer.apply_changes(namespace, mr, [
-        (picks[0].path, None), (picks[1].path, Entry(picks[1].path, "n", 1, "n", 1, "n")),
-        (picks[2].path + "+", Entry(picks[2].path + "+", "n", 1, "n", 1, "n"))])
+    result = writer.apply_changes(
+        namespace,
+        mr,
+        [
+            (picks[0].path, None),
+            (picks[1].path, Entry(picks[1].path, "n", 1, "n", 1, "n")),
+            (picks[2].path + "+", Entry(picks[2].path + "+", "n", 1, "n", 1, "n")),
+        ],
+    )
     reader = new_manager(target_range_entries=1024)
     store = stores(namespace)
     store.reset()
     changes = list(reader.diff(namespace, mr, result.metarange_id))
     assert [(c.type, c.path) for c in changes] == [
-        (ChangeType.REMOVED, picks[0].path), (ChangeType.CHANGED, picks[1].path),
-        (ChangeType.ADDED, picks[2].path + "+")]
+        (ChangeType.REMOVED, picks[0].path),
+        (ChangeType.CHANGED, picks[1].path),
+        (ChangeType.ADDED, picks[2].path + "+"),
+    ]
     assert changes[0].entry is None and changes[1].entry.checksum == "n"
     assert len(_range_reads(store)) <= 4  # the changed ranges on each side, never the rest
     reverse = list(reader.diff(namespace, result.metarange_id, mr))
     assert [(c.type, c.path) for c in reverse] == [
-        (ChangeType.ADDED, picks[0].path), (ChangeType.CHANGED, picks[1].path),
-        (ChangeType.REMOVED, picks[2].path + "+")]
+        (ChangeType.ADDED, picks[0].path),
+        (ChangeType.CHANGED, picks[1].path),
+        (ChangeType.REMOVED, picks[2].path + "+"),
+    ]
     assert list(reader.diff(namespace, mr, mr)) == []
-    prefix = picks[2].path[:len("tables/tN/")]
+    prefix = picks[2].path[: len("tables/tN/")]
     only = list(reader.diff(namespace, mr, result.metarange_id, prefix=prefix))
     expected = [c.path for c in changes if c.path.startswith(prefix)]
     assert expected and [c.path for c in only] == expected
@@ -436,13 +519,16 @@ def test_diff_matches_a_model(new_manager, namespace, make_entry):
                     expected.append((ChangeType.REMOVED, p, None))
                 elif a.identity != b.identity:
                     expected.append((ChangeType.CHANGED, p, b))
-            got = [(c.type, c.path, c.entry) for c in manager.diff(
-                namespace, left.metarange_id, right.metarange_id, prefix=prefix)]
+            got = [
+                (c.type, c.path, c.entry)
+                for c in manager.diff(
+                    namespace, left.metarange_id, right.metarange_id, prefix=prefix
+                )
+            ]
             assert got == expected
 
 
-def test_written_ranges_are_cached_for_the_next_apply(new_manager, namespace, make_entry,
-                                                      stores):
+def test_written_ranges_are_cached_for_the_next_apply(new_manager, namespace, make_entry, stores):
     manager = new_manager(target_range_entries=8)
     base = manager.write_metarange(namespace, [make_entry(f"p{i:04d}") for i in range(500)])
     first = manager.apply_changes(namespace, base.metarange_id, [("p0100", None)])
@@ -469,8 +555,10 @@ def test_concurrent_applies_share_a_manager(new_manager, namespace, make_entry):
     assert len(results) == 4
     for k, mr in results.items():
         expected = new_manager(target_range_entries=8).apply_changes(
-            namespace, base.metarange_id,
-            [(f"p{i:04d}", make_entry(f"p{i:04d}", 1)) for i in range(k, 2000, 97)])
+            namespace,
+            base.metarange_id,
+            [(f"p{i:04d}", make_entry(f"p{i:04d}", 1)) for i in range(k, 2000, 97)],
+        )
         assert expected.metarange_id == mr
 
 
@@ -478,8 +566,9 @@ def test_readahead_reads_the_same_ranges(big_repo, new_manager, stores):
     namespace, mr, entries = big_repo
     writer = new_manager(target_range_entries=1024)
     picks = [entries[i] for i in range(0, 100_000, 9_000)]
-    changed = writer.apply_changes(namespace, mr, [
-        (e.path, Entry(e.path, "ra", 3, "ra", 3, "ra")) for e in picks])
+    changed = writer.apply_changes(
+        namespace, mr, [(e.path, Entry(e.path, "ra", 3, "ra", 3, "ra")) for e in picks]
+    )
     store = stores(namespace)
     results = {}
     for readahead in (0, 4):

@@ -15,17 +15,20 @@ from support.merge_model import naive_merge
 STRATEGIES = list(MergeStrategy)
 
 
-def ent(path: str, version: int, address: str | None = None,
-        mtime_us: int | None = None) -> Entry:
-    return Entry(path, address if address is not None else f"s3://d/{path}#{version}",
-                 100 + version, f"etag-{version}",
-                 mtime_us if mtime_us is not None else 1_700_000_000_000_000 + version,
-                 "application/octet-stream", {"v": str(version)})
+def ent(path: str, version: int, address: str | None = None, mtime_us: int | None = None) -> Entry:
+    return Entry(
+        path,
+        address if address is not None else f"s3://d/{path}#{version}",
+        100 + version,
+        f"etag-{version}",
+        mtime_us if mtime_us is not None else 1_700_000_000_000_000 + version,
+        "application/octet-stream",
+        {"v": str(version)},
+    )
 
 
 def write(manager, namespace, model: dict[str, Entry]) -> str:
-    return manager.write_metarange(
-        namespace, [model[p] for p in sorted(model)]).metarange_id
+    return manager.write_metarange(namespace, [model[p] for p in sorted(model)]).metarange_id
 
 
 def read(manager, namespace, metarange_id) -> dict[str, Entry]:
@@ -51,15 +54,16 @@ def filler(n: int = 200, version: int = 0) -> dict[str, Entry]:
 SEED_TABLE = [
     ("A", "B", "A", "B", "A", "B"),
     ("A", "A", "B", "B", "B", "B"),
-    ("A", "A", "A", "A", "B", "B"),      # (only) dst changed during the race
-    ("A", "B", "C", None, None, None),   # conflicts never proceed
-    ("A", "B", "A", "B", "C", None),     # conflict with the updated dst
+    ("A", "A", "A", "A", "B", "B"),  # (only) dst changed during the race
+    ("A", "B", "C", None, None, None),  # conflicts never proceed
+    ("A", "B", "A", "B", "C", None),  # conflict with the updated dst
     ("A", "A", "B", "B", "C", "C"),
 ]
 
 
-@pytest.mark.parametrize("deleted", [None, "A", "B", "C"],
-                         ids=["all-present", "A-absent", "B-absent", "C-absent"])
+@pytest.mark.parametrize(
+    "deleted", [None, "A", "B", "C"], ids=["all-present", "A-absent", "B-absent", "C-absent"]
+)
 @pytest.mark.parametrize("row", range(len(SEED_TABLE)), ids=lambda i: f"row{i + 1}")
 def test_seed_retry_table(manager, namespace, row, deleted):
     """Row by row: merge, then retry onto dst' with base' = dst and src' = the result. A
@@ -81,8 +85,9 @@ def test_seed_retry_table(manager, namespace, row, deleted):
         found = manager.get_entry(namespace, metarange_id, path)
         return None if found is None else found.size_bytes - 100
 
-    base, src, dst, dst2 = (write(manager, namespace, tree(x))
-                            for x in (base_v, src_v, dst_v, dst2_v or "C"))
+    base, src, dst, dst2 = (
+        write(manager, namespace, tree(x)) for x in (base_v, src_v, dst_v, dst2_v or "C")
+    )
     first = manager.merge_metaranges(namespace, base, src, dst)
     if result_v is None:
         assert first.metarange_id == "" and [c.path for c in first.conflicts] == [path]
@@ -98,33 +103,36 @@ def test_seed_retry_table(manager, namespace, row, deleted):
     assert value(retry.metarange_id) == content(final_v)
     # Same content as merging the original inputs onto the new destination: same id.
     assert retry.metarange_id == direct.metarange_id
-    assert read(manager, namespace, retry.metarange_id) == read(manager, namespace,
-                                                                direct.metarange_id)
+    assert read(manager, namespace, retry.metarange_id) == read(
+        manager, namespace, direct.metarange_id
+    )
 
 
 # ---- semantics ---------------------------------------------------------------------------------
 
+
 def test_conflicts_are_listed_in_path_order_bounded_and_nothing_is_written(
-        manager, namespace, stores):
+    manager, namespace, stores
+):
     base = filler(300)
     source, dest = dict(base), dict(base)
     for i in range(0, 300, 10):  # 30 conflicting paths, 3 kinds
         p = f"f/{i:04d}"
         if i % 30 == 0:
-            source[p], dest[p] = ent(p, 1), ent(p, 2)      # changed differently
+            source[p], dest[p] = ent(p, 1), ent(p, 2)  # changed differently
         elif i % 30 == 10:
             source.pop(p)
-            dest[p] = ent(p, 2)                            # delete vs change
+            dest[p] = ent(p, 2)  # delete vs change
         else:
             source[p] = ent(p, 1)
-            dest.pop(p)                                    # change vs delete
+            dest.pop(p)  # change vs delete
     source["g/new"], dest["g/new"] = ent("g/new", 1), ent("g/new", 2)  # add vs add
-    source["f/0005"] = ent("f/0005", 1)                    # clean source change
-    source["f/0007x"] = ent("f/0007x", 1)                  # clean source add
-    source.pop("f/0009")                                   # clean source delete
-    dest["f/0011"] = ent("f/0011", 3)                      # destination-only change
-    source["f/0013"] = dest["f/0013"] = ent("f/0013", 4)   # identical change: no conflict
-    source.pop("f/0015"), dest.pop("f/0015")               # identical delete: no conflict
+    source["f/0005"] = ent("f/0005", 1)  # clean source change
+    source["f/0007x"] = ent("f/0007x", 1)  # clean source add
+    source.pop("f/0009")  # clean source delete
+    dest["f/0011"] = ent("f/0011", 3)  # destination-only change
+    source["f/0013"] = dest["f/0013"] = ent("f/0013", 4)  # identical change: no conflict
+    source.pop("f/0015"), dest.pop("f/0015")  # identical delete: no conflict
     b, s, d = (write(manager, namespace, m) for m in (base, source, dest))
     store = stores(namespace)
     store.reset()
@@ -137,7 +145,10 @@ def test_conflicts_are_listed_in_path_order_bounded_and_nothing_is_written(
     assert [c.path for c in result.conflicts] == sorted(c.path for c in result.conflicts)
     first = result.conflicts[0]
     assert (first.base, first.source, first.destination) == (
-        base["f/0000"], source["f/0000"], dest["f/0000"])
+        base["f/0000"],
+        source["f/0000"],
+        dest["f/0000"],
+    )
     assert result.conflicts[1].source is None and result.conflicts[1].destination is not None
     assert result.conflicts[2].destination is None
     # The summary counts what would apply without the conflicts.
@@ -173,7 +184,10 @@ def test_dry_run_reports_the_same_and_writes_nothing(manager, namespace, stores)
         assert dry.metarange_id == "" and dry.ranges_written == 0
         real = manager.merge_metaranges(namespace, b, s, d, strategy=strategy)
         assert (dry.summary, dry.conflicts, dry.more_conflicts) == (
-            real.summary, real.conflicts, real.more_conflicts)
+            real.summary,
+            real.conflicts,
+            real.more_conflicts,
+        )
     # Dry-run shortcuts too.
     for args in ((b, b, d), (b, s, b), (b, s, s)):
         store.reset()
@@ -240,6 +254,7 @@ def test_invalid_arguments(manager, namespace):
 
 # ---- randomized, against the naive model -------------------------------------------------------
 
+
 def _random_case(rng: random.Random):
     universe = [f"{rng.choice('abc')}/{i:04d}" for i in range(rng.randrange(50, 400))]
     universe = sorted(set(universe))
@@ -253,19 +268,23 @@ def _random_case(rng: random.Random):
                 continue
             roll = rng.random()
             if p not in out:
-                out[p] = ent(p, version)                          # add
+                out[p] = ent(p, version)  # add
             elif roll < 0.4:
-                del out[p]                                        # delete
+                del out[p]  # delete
             elif roll < 0.75:
-                out[p] = ent(p, version)                          # change
+                out[p] = ent(p, version)  # change
             elif roll < 0.9:
                 # Re-pointed at another address, nothing else: a change (format 2).
                 out[p] = ent(p, out[p].size_bytes - 100, address=f"moved{version}/{p}")
             else:
                 # Same identity (every field but mtime): not a change.
                 same = out[p]
-                out[p] = ent(p, same.size_bytes - 100, address=same.physical_address,
-                             mtime_us=same.mtime_us + version)
+                out[p] = ent(
+                    p,
+                    same.size_bytes - 100,
+                    address=same.physical_address,
+                    mtime_us=same.mtime_us + version,
+                )
         return out
 
     source = mutate(base, 1)
@@ -288,12 +307,13 @@ def test_random_merges_match_the_naive_model(new_manager, namespace, seed):
     b, s, d = (write(manager, namespace, m) for m in (base, source, dest))
     max_conflicts = rng.choice([0, 3, 100])
     for strategy in STRATEGIES:
-        merged, summary, conflicts, more = naive_merge(base, source, dest, strategy,
-                                                       max_conflicts)
-        dry = manager.merge_metaranges(namespace, b, s, d, strategy=strategy,
-                                       max_conflicts=max_conflicts, dry_run=True)
-        result = manager.merge_metaranges(namespace, b, s, d, strategy=strategy,
-                                          max_conflicts=max_conflicts)
+        merged, summary, conflicts, more = naive_merge(base, source, dest, strategy, max_conflicts)
+        dry = manager.merge_metaranges(
+            namespace, b, s, d, strategy=strategy, max_conflicts=max_conflicts, dry_run=True
+        )
+        result = manager.merge_metaranges(
+            namespace, b, s, d, strategy=strategy, max_conflicts=max_conflicts
+        )
         context = f"seed={seed} strategy={strategy.name}"
         assert result.summary == summary == dry.summary, context
         assert result.conflicts == tuple(conflicts) == dry.conflicts, context
@@ -313,6 +333,7 @@ def test_random_merges_match_the_naive_model(new_manager, namespace, seed):
 
 
 # ---- cost --------------------------------------------------------------------------------------
+
 
 def _scattered(rng, paths, count, version):
     return sorted((p, ent(p, version)) for p in rng.sample(paths, count))
@@ -341,7 +362,8 @@ def test_work_is_proportional_to_the_change(new_manager, namespace, stores):
     assert store.counts["put"] == 1  # the metarange
     merged = read(manager, namespace, result.metarange_id)
     assert merged[paths[100]] == ent(paths[100], 1) and merged[paths[15_000]] == ent(
-        paths[15_000], 2)
+        paths[15_000], 2
+    )
     # Both sides change the same range: it is merged by entry and re-derived.
     dst2 = manager.apply_changes(namespace, base, [(paths[101], ent(paths[101], 2))])
     manager.clear_memory_cache()
@@ -354,7 +376,8 @@ def test_work_is_proportional_to_the_change(new_manager, namespace, stores):
 
 
 def test_retry_onto_a_moved_destination_rewrites_only_what_the_new_head_changed(
-        new_manager, namespace, stores):
+    new_manager, namespace, stores
+):
     """seeds/merge-retry-metarange-reuse.md: merging branch A into main loses the race
     against B's merge; retrying with base' = old main, source' = the merged metarange,
     destination' = new main gives the same result as merging A from scratch onto new main,
@@ -366,11 +389,13 @@ def test_retry_onto_a_moved_destination_rewrites_only_what_the_new_head_changed(
     a_paths = rng.sample(paths[:4000], 200)
     rest = sorted(set(paths) - set(a_paths))
     branch_a = manager.apply_changes(
-        namespace, base, sorted((p, ent(p, 1)) for p in a_paths)).metarange_id
+        namespace, base, sorted((p, ent(p, 1)) for p in a_paths)
+    ).metarange_id
     # main moved since A branched: 200 other changes in the same half. The first attempt
     # writes new files for the ranges both changed (A-only ranges are A's own files again).
-    main_0 = manager.apply_changes(namespace, base,
-                                   _scattered(rng, rest[:3800], 200, 2)).metarange_id
+    main_0 = manager.apply_changes(
+        namespace, base, _scattered(rng, rest[:3800], 200, 2)
+    ).metarange_id
     store = stores(namespace)
 
     manager.clear_memory_cache()
@@ -384,18 +409,19 @@ def test_retry_onto_a_moved_destination_rewrites_only_what_the_new_head_changed(
     assert first_written >= 50
 
     # Meanwhile B's merge moved main: 20 changes scattered everywhere.
-    main_1 = manager.apply_changes(namespace, main_0,
-                                   _scattered(rng, rest, 20, 3)).metarange_id
+    main_1 = manager.apply_changes(namespace, main_0, _scattered(rng, rest, 20, 3)).metarange_id
     manager.clear_memory_cache()
     manager.reset_stats()
     store.reset()
     retry = manager.merge_metaranges(namespace, main_0, attempt.metarange_id, main_1)
     retry_stats = manager.stats
     retry_keys = set(store.keys_written)
-    print(f"first attempt: read {first_stats.ranges_read} ({first_stats.ranges_read_keys} keys "
-          f"only), wrote {first_written} ranges; retry: read {retry_stats.ranges_read} "
-          f"({retry_stats.ranges_read_keys} keys only), wrote {retry_stats.ranges_written}, "
-          f"found {retry_stats.ranges_existing} already written")
+    print(
+        f"first attempt: read {first_stats.ranges_read} ({first_stats.ranges_read_keys} keys "
+        f"only), wrote {first_written} ranges; retry: read {retry_stats.ranges_read} "
+        f"({retry_stats.ranges_read_keys} keys only), wrote {retry_stats.ranges_written}, "
+        f"found {retry_stats.ranges_existing} already written"
+    )
     assert retry.summary == DiffSummary(changed=200)
     # New range files only where A's and B's changes share a range.
     assert not first_keys & retry_keys
@@ -417,11 +443,14 @@ def test_conflicts_convert_to_proto_and_back(make_entry):
 
     full = Conflict("p", make_entry("p", 0), make_entry("p", 1), make_entry("p", 2))
     assert conflict_from_proto(conflict_to_proto(full)) == full
-    for sides in ((None, make_entry("p", 1), make_entry("p", 2)),
-                  (make_entry("p", 0), None, make_entry("p", 2)),
-                  (make_entry("p", 0), make_entry("p", 1), None)):
+    for sides in (
+        (None, make_entry("p", 1), make_entry("p", 2)),
+        (make_entry("p", 0), None, make_entry("p", 2)),
+        (make_entry("p", 0), make_entry("p", 1), None),
+    ):
         conflict = Conflict("p", *sides)
         message = conflict_to_proto(conflict)
         assert [message.HasField(f) for f in ("base", "source", "destination")] == [
-            side is not None for side in sides]
+            side is not None for side in sides
+        ]
         assert conflict_from_proto(message) == conflict

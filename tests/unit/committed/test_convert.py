@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from quarry.convert import (change_from_proto, change_to_proto, entry_from_proto,
-                            entry_to_proto, put_or_delete_from_proto, put_or_delete_to_proto,
-                            range_info_from_proto, range_info_to_proto, summary_from_proto,
-                            summary_to_proto)
+from quarry.convert import (
+    change_from_proto,
+    change_to_proto,
+    entry_from_proto,
+    entry_to_proto,
+    put_or_delete_from_proto,
+    put_or_delete_to_proto,
+    range_info_from_proto,
+    range_info_to_proto,
+    summary_from_proto,
+    summary_to_proto,
+)
 from quarry.graveler.model import Change, ChangeType, DiffSummary, Entry, RangeInfo
 from quarry.v1 import types_pb2
 
@@ -38,20 +46,27 @@ def test_entry_with_an_invalid_mtime_is_the_callers_mistake(seconds, nanos):
 
 def test_change_round_trip():
     entry = Entry("p", "a", 1, "c")
-    for change in (Change(ChangeType.ADDED, "p", entry), Change(ChangeType.CHANGED, "p", entry),
-                   Change(ChangeType.REMOVED, "p")):
+    for change in (
+        Change(ChangeType.ADDED, "p", entry),
+        Change(ChangeType.CHANGED, "p", entry),
+        Change(ChangeType.REMOVED, "p"),
+    ):
         message = change_to_proto(change)
         assert message.HasField("entry") == (change.type != ChangeType.REMOVED)
         assert change_from_proto(message) == change
     # An entry without a path takes the change's path.
-    message = types_pb2.Change(type=types_pb2.CHANGE_TYPE_ADDED, path="q",
-                               entry=types_pb2.Entry(physical_address="x"))
+    message = types_pb2.Change(
+        type=types_pb2.CHANGE_TYPE_ADDED, path="q", entry=types_pb2.Entry(physical_address="x")
+    )
     assert change_from_proto(message).entry.path == "q"
     with pytest.raises(ValueError):
         change_from_proto(types_pb2.Change(path="p"))  # no type
     with pytest.raises(ValueError):
-        change_from_proto(types_pb2.Change(type=types_pb2.CHANGE_TYPE_ADDED, path="p",
-                                           entry=types_pb2.Entry(path="other")))
+        change_from_proto(
+            types_pb2.Change(
+                type=types_pb2.CHANGE_TYPE_ADDED, path="p", entry=types_pb2.Entry(path="other")
+            )
+        )
 
 
 def test_put_or_delete():

@@ -1,14 +1,24 @@
 """A dict-backed committed store for unit speed (the real one is quarry.committed, tested
 on its own and under the core in tests/integration). Same contract: content-addressed
-metaranges, sorted entries, seekable iterators, diffs by identity."""
+metaranges, sorted entries, seekable iterators, diffs by identity; input the real writer
+refuses (unsorted or duplicate paths, unknown metarange ids) is refused here too. The
+committed-storage contract suite (tests/integration/committed/test_committed_contract.py)
+runs against this fake and the real implementations alike."""
 
 from __future__ import annotations
 
 import bisect
 import hashlib
+import re
 
 from quarry.blob import LocalBlobStore, parse_storage_namespace
 from quarry.blob.ownership import claim_namespace
+from quarry.committed.errors import (
+    DuplicatePath,
+    InvalidMetaRangeId,
+    MetaRangeNotFound,
+    UnsortedInput,
+)
 from quarry.graveler.model import ApplyResult, Change, ChangeType, DiffSummary, Entry
 from support.merge_model import naive_merge
 
@@ -39,6 +49,27 @@ class _Iterator:
         pass
 
 
+_ID = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _check_sorted(what: str, paths):
+    """Yields the paths, refusing what the real writer refuses (quarry.committed.writer)."""
+    last = None
+    for path in paths:
+        if last is not None and not path > last:
+            if path == last:
+                raise DuplicatePath(f"{what}: duplicate path {path!r}")
+            raise UnsortedInput(f"{what} must be sorted by path: {path!r} after {last!r}")
+        last = path
+        yield path
+
+
+def _put_or_delete(item) -> tuple[str, Entry | None]:
+    if isinstance(item, Change):
+        return item.path, None if item.type == ChangeType.REMOVED else item.entry
+    return item
+
+
 class FakeCommitted:
     def __init__(self):
         self.metaranges: dict[str, list[Entry]] = {"": []}  # "" = the empty metarange
@@ -47,7 +78,9 @@ class FakeCommitted:
     def _store(self, entries: list[Entry]) -> str:
         h = hashlib.sha256()
         for e in entries:
-            h.update(e.path.encode() + b"\0" + e.identity + e.physical_address.encode() + b"\0")
+            # Like the real ids (quarry.committed.format.range_id_of): mtimes count too.
+            h.update(e.path.encode() + b"\0" + e.identity + e.physical_address.encode() + b"\0"
+                     + str(e.mtime_us).encode() + b"\0")
         metarange_id = h.hexdigest()
         self.metaranges[metarange_id] = entries
         return metarange_id
@@ -57,12 +90,24 @@ class FakeCommitted:
         return claim_namespace(LocalBlobStore(parse_storage_namespace(namespace)[1]), marker,
                                replace)
 
+    def _entries(self, metarange_id: str) -> list[Entry]:
+        found = self.metaranges.get(metarange_id or "")
+        if found is None:
+            if not _ID.match(metarange_id):
+                raise InvalidMetaRangeId(f"invalid metarange id {metarange_id!r}")
+            raise MetaRangeNotFound(f"metarange {metarange_id} not found")
+        return found
+
     def write_metarange(self, namespace, entries) -> ApplyResult:
-        return ApplyResult(self._store(sorted(entries, key=lambda e: e.path)))
+        entries = list(entries)
+        list(_check_sorted("entries", (e.path for e in entries)))
+        return ApplyResult(self._store(entries), DiffSummary(added=len(entries)))
 
     def apply_changes(self, namespace, base_metarange_id, changes) -> ApplyResult:
         self.applies += 1
-        current = {e.path: e for e in self.metaranges[base_metarange_id]}
+        current = {e.path: e for e in self._entries(base_metarange_id)}
+        changes = [_put_or_delete(item) for item in changes]
+        list(_check_sorted("changes", (path for path, _entry in changes)))  # before any effect
         summary = DiffSummary()
         for path, entry in changes:
             before = current.get(path)
@@ -79,16 +124,21 @@ class FakeCommitted:
         return ApplyResult(self._store(sorted(current.values(), key=lambda e: e.path)), summary)
 
     def get_entry(self, namespace, metarange_id, path):
-        entries = self.metaranges[metarange_id]
+        entries = self._entries(metarange_id)
         i = bisect.bisect_left([e.path for e in entries], path)
         return entries[i] if i < len(entries) and entries[i].path == path else None
 
     def iterate(self, namespace, metarange_id, start="", prefix=""):
-        return _Iterator(self.metaranges[metarange_id], start, prefix)
+        return _Iterator(self._entries(metarange_id), start, prefix)
 
     def diff(self, namespace, left_id, right_id, prefix="", start=""):
-        left = {e.path: e for e in self.metaranges[left_id]}
-        right = {e.path: e for e in self.metaranges[right_id]}
+        # Both metaranges are resolved before the first change, as the real diff does.
+        left = {e.path: e for e in self._entries(left_id)}
+        right = {e.path: e for e in self._entries(right_id)}
+        return self._changes(left, right, prefix, start)
+
+    @staticmethod
+    def _changes(left, right, prefix, start):
         for path in sorted(set(left) | set(right)):
             if not path.startswith(prefix) or path < start:
                 continue
@@ -103,10 +153,13 @@ class FakeCommitted:
 
 def _merge_metaranges(self, namespace, base_id, source_id, destination_id, strategy=0,
                       max_conflicts=100, dry_run=False):
+    from quarry import errors
     from quarry.graveler.model import MergeResult, MergeStrategy
 
+    if max_conflicts is None or max_conflicts < 0:
+        raise errors.InvalidArgument("max_conflicts must be >= 0")  # as the real merge
     def as_dict(mr):
-        return {e.path: e for e in self.metaranges[mr]}
+        return {e.path: e for e in self._entries(mr)}
 
     dest = as_dict(destination_id)
     merged, summary, conflicts, more = naive_merge(as_dict(base_id), as_dict(source_id), dest,

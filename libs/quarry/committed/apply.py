@@ -1,0 +1,271 @@
+"""Applying a sorted change stream onto a base metarange (docs/architecture.md §5).
+
+Only ranges a change falls into are read (plus following ones until the rechunked stream
+realigns on a base boundary); every other base range is reused by id. Merge (merge.py) uses
+apply_to_ranges over a spliced list of ranges.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from quarry import errors
+from quarry.committed.format import EMPTY_METARANGE_ID
+from quarry.committed.loader import RangeLoader
+from quarry.committed.rangedata import MetaRange, RangeData
+from quarry.committed.writer import RangeBuilder, RangeWriter, check_path, raise_unsorted
+from quarry.graveler.model import ApplyResult, Change, ChangeType, DiffSummary, Entry, RangeInfo
+
+# apply prefetches the ranges the next changes fall into: up to this many ranges ahead,
+# looking at most this many changes ahead.
+PREFETCH_RANGES = 8
+PREFETCH_MAX_CHANGES = 10_000
+
+ChangeItem = tuple[str, Entry | None] | Change
+
+
+@dataclass
+class AppliedRanges:
+    """What apply_to_ranges produced: the new ranges (no metarange written yet)."""
+
+    ranges: list[RangeInfo]
+    summary: DiffSummary
+    written: int
+    reused: int
+
+
+@dataclass
+class ApplyOptions:
+    """`any_ranges`: the base is a sorted, disjoint list of ranges that need not come from
+    one metarange (merge splices ranges of two), so a range that does not end at a chunk
+    boundary may sit before others; such a range is never reused with entries after it.
+    `loaded`: ranges the caller holds already (by id)."""
+
+    any_ranges: bool = False
+    loaded: dict[str, RangeData] = field(default_factory=dict)
+
+
+def apply_changes(
+    writer: RangeWriter, namespace: str, base_metarange_id: str, changes: Iterable[ChangeItem]
+) -> ApplyResult:
+    """See CommittedManager.apply_changes."""
+    base = writer.loader.metarange(namespace, base_metarange_id)
+    applied = apply_to_ranges(writer, namespace, base, changes)
+    if applied.summary.total == 0 and base.id != EMPTY_METARANGE_ID:
+        return ApplyResult(
+            base.id, applied.summary, ranges_written=0, ranges_reused=len(base.ranges)
+        )
+    metarange_id = writer.write_metarange_file(namespace, applied.ranges)
+    return ApplyResult(
+        metarange_id, applied.summary, ranges_written=applied.written, ranges_reused=applied.reused
+    )
+
+
+def apply_to_ranges(
+    writer: RangeWriter,
+    namespace: str,
+    base: MetaRange,
+    changes: Iterable[ChangeItem],
+    options: ApplyOptions | None = None,
+) -> AppliedRanges:
+    """apply_changes without writing the metarange."""
+    options = options or ApplyOptions()
+    loaded = options.loaded
+    loader = writer.loader
+    summary = DiffSummary()
+    sink = writer.sink(namespace, cache_written=True)
+    builder = writer.builder(sink)
+    stream = ChangeStream(changes)
+    ranges = base.ranges
+    prefetch = Prefetcher(loader, namespace, base, stream, loaded)
+    ends_at_boundary = writer.chunking.ends_at_boundary
+    with sink:
+        last = len(ranges) - 1
+        for i, info in enumerate(ranges):
+            following = stream.peek_path()
+            if (
+                builder.empty
+                and (following is None or following > info.max_key)
+                and (
+                    (i < last and not options.any_ranges)
+                    or (i == last and following is None)
+                    or ends_at_boundary(info)
+                )
+            ):
+                # Aligned and untouched. (The final range may end only because the data
+                # did: it is reusable with entries after it only if it ends at a boundary.)
+                builder.reuse(info)
+                continue
+            prefetch.ahead_of(i)
+            data = loaded.get(info.id) or loader.range(namespace, info)
+            merge_range(builder, data, stream, info.max_key, summary)
+        # Changes after the last base range.
+        while stream.peek_path() is not None:
+            _path, entry = stream.next()
+            if entry is not None:
+                summary.added += 1
+                builder.add_entry(entry)
+        out = builder.finish()
+    return AppliedRanges(out, summary, builder.written, builder.reused)
+
+
+def merge_range(
+    builder: RangeBuilder, data: RangeData, stream: ChangeStream, max_key: str, summary: DiffSummary
+) -> None:
+    """Hand the builder one base range (ending at max_key) with the changes that fall into
+    it applied."""
+    paths = data.paths
+    n = data.n
+    pos = 0  # rows [pos, ...) of the base range are not yet handed to the builder
+    while True:
+        path = stream.peek_path()
+        if path is None or path > max_key:
+            break
+        _path, entry = stream.next()
+        j = bisect.bisect_left(paths, path, pos)
+        exists = j < n and paths[j] == path
+        if entry is None:
+            if not exists:
+                continue  # deleting a missing path: nothing
+            builder.add_slice(data, pos, j)
+            pos = j + 1
+            summary.removed += 1
+        elif exists:
+            if data.identity(j) == entry.identity:
+                continue  # same identity (only mtime may differ): keep the base entry
+            builder.add_slice(data, pos, j)
+            builder.add_entry(entry)
+            pos = j + 1
+            summary.changed += 1
+        else:
+            builder.add_slice(data, pos, j)
+            builder.add_entry(entry)
+            pos = j
+            summary.added += 1
+    builder.add_slice(data, pos, n)
+
+
+class ChangeStream:
+    """A validated stream of (path, entry | None) with lookahead."""
+
+    __slots__ = ("_it", "_buffer", "_last", "_ended", "consumed")
+
+    def __init__(self, changes: Iterable[ChangeItem]) -> None:
+        self._it = iter(changes)
+        self._buffer: collections.deque[tuple[str, Entry | None]] = collections.deque()
+        self._last: str | None = None
+        self._ended = False
+        self.consumed = 0  # items handed out by next()
+
+    def _fill(self) -> bool:
+        if self._ended:
+            return False
+        try:
+            item = next(self._it)
+        except StopIteration:
+            self._ended = True
+            return False
+        path, entry = _as_put_or_delete(item)
+        last = self._last
+        if last is not None and not path > last:
+            raise_unsorted("changes", last, path)
+        self._last = path
+        self._buffer.append((path, entry))
+        return True
+
+    def peek_path(self) -> str | None:
+        if not self._buffer and not self._fill():
+            return None
+        return self._buffer[0][0]
+
+    def next(self) -> tuple[str, Entry | None]:
+        if not self._buffer and not self._fill():
+            raise StopIteration
+        self.consumed += 1
+        return self._buffer.popleft()
+
+    def path_at(self, index: int, limit: int) -> str | None:
+        """The path of the change at absolute position `index` (>= consumed), reading ahead
+        at most `limit` changes past the consumed ones; None past the end or the limit."""
+        offset = index - self.consumed
+        if offset >= limit:
+            return None
+        while len(self._buffer) <= offset:
+            if not self._fill():
+                return None
+        return self._buffer[offset][0]
+
+
+def _as_put_or_delete(item: object) -> tuple[str, Entry | None]:
+    entry: object
+    if isinstance(item, Change):
+        path: object = item.path
+        entry = None if item.type == ChangeType.REMOVED else item.entry
+        if item.type != ChangeType.REMOVED and entry is None:
+            raise errors.InvalidArgument(f"change at {path!r} has no entry")
+    else:
+        try:
+            path, entry = item  # type: ignore[misc]
+        except (TypeError, ValueError):
+            raise errors.InvalidArgument(
+                "changes must be (path, Entry | None) tuples or Change objects"
+            ) from None
+    checked = check_path(path)
+    if entry is not None:
+        if not isinstance(entry, Entry):
+            raise errors.InvalidArgument(f"change at {checked!r}: expected an Entry")
+        if entry.path != checked:
+            raise errors.InvalidArgument(
+                f"change at {checked!r} carries an entry for {entry.path!r}"
+            )
+    return checked, entry
+
+
+class Prefetcher:
+    """Loads, in the background, the base ranges the upcoming changes fall into."""
+
+    def __init__(
+        self,
+        loader: RangeLoader,
+        namespace: str,
+        base: MetaRange,
+        stream: ChangeStream,
+        loaded: dict[str, RangeData],
+    ) -> None:
+        self._loader = loader
+        self._loaded = loaded
+        self._namespace = namespace
+        self._base = base
+        self._stream = stream
+        self._enabled = loader.read_workers > 0 and len(base.ranges) > 1
+        self._scheduled: collections.deque[int] = collections.deque()
+        self._last = -1  # highest range index scheduled
+        self._scan = 0  # absolute index of the next change to look at
+
+    def ahead_of(self, current: int) -> None:
+        if not self._enabled:
+            return
+        scheduled = self._scheduled
+        while scheduled and scheduled[0] <= current:
+            scheduled.popleft()
+        ranges = self._base.ranges
+        max_keys = self._base.max_keys
+        stream = self._stream
+        self._scan = max(self._scan, stream.consumed)
+        while len(scheduled) < PREFETCH_RANGES:
+            path = stream.path_at(self._scan, PREFETCH_MAX_CHANGES)
+            if path is None:
+                return
+            self._scan += 1
+            j = bisect.bisect_left(max_keys, path, max(current, self._last, 0))
+            if j >= len(ranges):
+                self._enabled = False  # every further change is past the last range
+                return
+            if j > current and j > self._last:
+                self._last = j
+                scheduled.append(j)
+                if ranges[j].id not in self._loaded:
+                    self._loader.prefetch(self._namespace, ranges[j])

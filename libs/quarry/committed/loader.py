@@ -1,0 +1,373 @@
+"""Reading committed storage: the blob stores of namespaces, the range and metarange caches
+(memory, and disk for remote stores), background prefetch, and the read operations over
+them (get_entry, iterate, metarange pages). See docs/architecture.md §5.
+
+Writers (writer.py) put what they write into these caches through the public `remember_*`
+and `keep_written_file` methods; nothing outside this module touches the caches directly.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from quarry import errors
+from quarry.blob import BlobStore, ObjectNotFound
+from quarry.committed.cache import DiskCache, LRUCache
+from quarry.committed.errors import (
+    InvalidMetaRangeId,
+    MetaRangeNotFound,
+    RangeCorrupt,
+    RangeNotFound,
+)
+from quarry.committed.format import (
+    EMPTY_METARANGE_ID,
+    decode_metarange,
+    decode_range,
+    decode_range_keys,
+    metarange_key,
+    range_key,
+)
+from quarry.committed.iterators import EntryIterator
+from quarry.committed.rangedata import MetaRange, RangeData
+from quarry.committed.stats import CommittedStats, StatsCounter
+from quarry.graveler.model import Entry, RangeInfo
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RANGE_CACHE_BYTES = 256 * 1024 * 1024
+DEFAULT_METARANGE_CACHE_BYTES = 64 * 1024 * 1024
+DEFAULT_READ_WORKERS = 4
+
+_ID_RE = re.compile(r"^[0-9a-f]{64}$")
+# Cache key suffix of ranges loaded with their path and identity columns only.
+_KEYS = "keys"
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """Cache sizes and read parallelism of a RangeLoader. `cache_dir` holds the disk cache
+    used for stores that are not local directories (None disables it)."""
+
+    cache_dir: str | None = None
+    range_cache_bytes: int = DEFAULT_RANGE_CACHE_BYTES
+    metarange_cache_bytes: int = DEFAULT_METARANGE_CACHE_BYTES
+    read_workers: int = DEFAULT_READ_WORKERS
+
+
+def check_metarange_id(metarange_id: str) -> str:
+    """The metarange id, "" mapped to the empty metarange; InvalidMetaRangeId otherwise."""
+    if not metarange_id:
+        return EMPTY_METARANGE_ID
+    if not _ID_RE.match(metarange_id):
+        raise InvalidMetaRangeId(f"invalid metarange id {metarange_id!r}")
+    return metarange_id
+
+
+class RangeLoader:
+    """Ranges and metaranges of many storage namespaces, read through shared caches.
+
+    `blob_opener(storage_namespace) -> BlobStore` opens a namespace's store (called once per
+    namespace). Immutable files are cached in memory; for non-local stores also on disk.
+    """
+
+    def __init__(
+        self, blob_opener: Callable[[str], BlobStore], options: LoaderOptions, stats: StatsCounter
+    ) -> None:
+        self._opener = blob_opener
+        self._stores: dict[str, BlobStore] = {}
+        self._stores_lock = threading.Lock()
+        self._ranges = LRUCache(options.range_cache_bytes)
+        self._metaranges = LRUCache(options.metarange_cache_bytes)
+        self._disk = (
+            DiskCache(os.path.join(options.cache_dir, "committed")) if options.cache_dir else None
+        )
+        self.stats = stats
+        self.read_workers = max(0, int(options.read_workers))
+        self._read_executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor_lock = threading.Lock()
+        # Range loads in flight (prefetches), so a reader waits instead of reading twice.
+        self._inflight: dict[tuple[str, ...], concurrent.futures.Future[RangeData]] = {}
+        self._inflight_lock = threading.Lock()
+
+    # ---- plumbing ---------------------------------------------------------------------------
+
+    def store(self, namespace: str) -> BlobStore:
+        """The (cached) blob store of a storage namespace."""
+        store = self._stores.get(namespace)
+        if store is None:
+            with self._stores_lock:
+                store = self._stores.get(namespace)
+                if store is None:
+                    store = self._stores[namespace] = self._opener(namespace)
+        return store
+
+    def clear_memory_cache(self) -> None:
+        self._ranges.clear()
+        self._metaranges.clear()
+
+    def close(self) -> None:
+        with self._executor_lock:
+            if self._read_executor is not None:
+                self._read_executor.shutdown(wait=True)
+            self._read_executor = None
+        with self._stores_lock:
+            for store in self._stores.values():
+                try:
+                    store.close()
+                except Exception:
+                    log.exception("closing %r", store)
+            self._stores.clear()
+
+    def _read_pool(self) -> concurrent.futures.ThreadPoolExecutor | None:
+        if not self.read_workers:
+            return None
+        if self._read_executor is None:
+            with self._executor_lock:
+                if self._read_executor is None:
+                    self._read_executor = concurrent.futures.ThreadPoolExecutor(
+                        self.read_workers, thread_name_prefix="range-read"
+                    )
+        return self._read_executor
+
+    # ---- what writers hand over -------------------------------------------------------------
+
+    def remember_range(self, namespace: str, data: RangeData) -> None:
+        """Cache a range just written (its table is at hand: a later read is free)."""
+        self._ranges.put((namespace, data.info.id), data, data.cache_bytes)
+
+    def remember_metarange(self, namespace: str, metarange: MetaRange) -> None:
+        self._metaranges.put((namespace, metarange.id), metarange, metarange.cache_bytes)
+
+    def keep_written_file(
+        self, namespace: str, store: BlobStore, kind: str, object_id: str, data: bytes
+    ) -> None:
+        """Put a file just written to a non-local store into the disk cache too."""
+        if self._disk is not None and not store.is_local:
+            self._disk.store(namespace, kind, object_id, data)
+
+    # ---- loading ----------------------------------------------------------------------------
+
+    def _fetch(
+        self,
+        namespace: str,
+        kind: str,
+        object_id: str,
+        decode: Callable[[Any], T],
+        not_found: type[errors.QuarryError],
+    ) -> tuple[T, str]:
+        """Decode an object: local file in place, else disk cache, else object store."""
+        key = range_key(object_id) if kind == "ranges" else metarange_key(object_id)
+        store = self.store(namespace)
+        local = store.local_path(key) if store.is_local else None
+        if local is not None:
+            try:
+                return decode(local), "store"
+            except FileNotFoundError:
+                raise not_found(f"{kind[:-1]} {object_id} not found in {namespace}") from None
+        if self._disk is not None:
+            cached = self._disk.lookup(namespace, kind, object_id)
+            if cached is not None:
+                try:
+                    return decode(cached), "disk"
+                except (RangeCorrupt, FileNotFoundError):
+                    self._disk.discard(namespace, kind, object_id)
+        try:
+            data = store.get(key)
+        except ObjectNotFound:
+            raise not_found(f"{kind[:-1]} {object_id} not found in {namespace}") from None
+        value = decode(data)
+        if self._disk is not None:
+            self._disk.store(namespace, kind, object_id, data)
+        return value, "store"
+
+    def metarange(self, namespace: str, metarange_id: str) -> MetaRange:
+        """A metarange ("" = the empty one), from the cache or read once."""
+        metarange_id = check_metarange_id(metarange_id)
+        if metarange_id == EMPTY_METARANGE_ID:
+            return MetaRange(EMPTY_METARANGE_ID, [])
+        cache_key = (namespace, metarange_id)
+        found = self._metaranges.get(cache_key)
+        if found is not None:
+            self.stats.count("metarange_cache_hits")
+            return found
+        ranges, source = self._fetch(
+            namespace, "metaranges", metarange_id, decode_metarange, MetaRangeNotFound
+        )
+        self.stats.count("metaranges_read_disk" if source == "disk" else "metaranges_read")
+        metarange = MetaRange(metarange_id, ranges)
+        self._metaranges.put(cache_key, metarange, metarange.cache_bytes)
+        return metarange
+
+    def range(self, namespace: str, info: RangeInfo) -> RangeData:
+        """A range with every column, from the cache, a prefetch in flight, or read once."""
+        cache_key = (namespace, info.id)
+        found = self._ranges.get(cache_key)
+        if found is not None:
+            self.stats.count("range_cache_hits")
+            return found
+        with self._inflight_lock:
+            future = self._inflight.get(cache_key)
+        if future is not None:
+            return future.result()
+        found = self._ranges.get(cache_key)  # a prefetch may have finished meanwhile
+        if found is not None:
+            self.stats.count("range_cache_hits")
+            return found
+        return self._load_range(namespace, info)
+
+    def prefetch(self, namespace: str, info: RangeInfo, keys_only: bool = False) -> None:
+        """Start loading a range in the background (no-op if cached or already loading).
+        `keys_only`: only what keys_range needs."""
+        pool = self._read_pool()
+        cache_key: tuple[str, ...] = (namespace, info.id)
+        if pool is None or self._ranges.peek(cache_key) is not None:
+            return
+        if keys_only:
+            keys_key = (namespace, info.id, _KEYS)
+            with self._inflight_lock:
+                if cache_key in self._inflight or keys_key in self._inflight:
+                    return
+            if self._ranges.peek(keys_key) is not None:
+                return
+            cache_key = keys_key
+        with self._inflight_lock:
+            if cache_key in self._inflight:
+                return
+            loader = self._load_range_keys if keys_only else self._load_range
+            future = self._inflight[cache_key] = pool.submit(loader, namespace, info)
+
+        def forget(_f: object, key: tuple[str, ...] = cache_key) -> None:
+            with self._inflight_lock:
+                if self._inflight.get(key) is future:
+                    del self._inflight[key]
+
+        future.add_done_callback(forget)
+
+    def keys_range(self, namespace: str, info: RangeInfo) -> RangeData:
+        """A range with only its path and identity columns (paths, identity, identity_blob
+        work; entries do not), for comparisons that need no entry. A cached full load
+        serves too."""
+        full_key = (namespace, info.id)
+        keys_key = (namespace, info.id, _KEYS)
+        for cache_key in (full_key, keys_key):
+            found = self._ranges.get(cache_key)
+            if found is not None:
+                self.stats.count("range_cache_hits")
+                return found
+        with self._inflight_lock:
+            future = self._inflight.get(full_key) or self._inflight.get(keys_key)
+        if future is not None:
+            return future.result()
+        found = self._ranges.get(keys_key)  # a prefetch may have finished meanwhile
+        if found is not None:
+            self.stats.count("range_cache_hits")
+            return found
+        return self._load_range_keys(namespace, info)
+
+    def _load_range_keys(self, namespace: str, info: RangeInfo) -> RangeData:
+        table, source = self._fetch(namespace, "ranges", info.id, decode_range_keys, RangeNotFound)
+        self.stats.count("ranges_read_disk" if source == "disk" else "ranges_read")
+        self.stats.count("ranges_read_keys")
+        data = _checked(info, table)
+        self._ranges.put((namespace, info.id, _KEYS), data, data.cache_bytes)
+        return data
+
+    def _load_range(self, namespace: str, info: RangeInfo) -> RangeData:
+        table, source = self._fetch(namespace, "ranges", info.id, decode_range, RangeNotFound)
+        self.stats.count("ranges_read_disk" if source == "disk" else "ranges_read")
+        data = _checked(info, table)
+        self._ranges.put((namespace, info.id), data, data.cache_bytes)
+        return data
+
+
+def _checked(info: RangeInfo, table: Any) -> RangeData:
+    if table.num_rows != info.count or table.num_rows == 0:
+        raise RangeCorrupt(
+            f"range {info.id} has {table.num_rows} rows, its metarange says {info.count}"
+        )
+    return RangeData(info, table)
+
+
+# ---- reads ----------------------------------------------------------------------------------
+
+
+def get_entry(loader: RangeLoader, namespace: str, metarange_id: str, path: str) -> Entry | None:
+    """The entry at `path`, reading at most one range."""
+    metarange = loader.metarange(namespace, metarange_id)
+    i = metarange.range_index(path)
+    if i >= len(metarange.ranges) or path < metarange.ranges[i].min_key:
+        return None
+    data = loader.range(namespace, metarange.ranges[i])
+    j = data.find(path)
+    return data.sparse_entry(j) if j >= 0 else None
+
+
+def iterate(
+    loader: RangeLoader,
+    namespace: str,
+    metarange_id: str,
+    start: str = "",
+    prefix: str = "",
+    readahead: int = 0,
+) -> EntryIterator:
+    """Entries with path >= start (and starting with prefix), in path order, read lazily
+    (see CommittedManager.iterate)."""
+    metarange = loader.metarange(namespace, metarange_id)
+    return EntryIterator(
+        lambda info: loader.range(namespace, info),
+        metarange,
+        start=start,
+        prefix=prefix,
+        prefetch=lambda info: loader.prefetch(namespace, info),
+        readahead=readahead,
+    )
+
+
+def metarange_page(
+    loader: RangeLoader,
+    namespace: str,
+    metarange_id: str,
+    page_size: int,
+    page_token: str,
+    max_bytes: int,
+) -> tuple[list[RangeInfo], str]:
+    """One page of a metarange's ranges (see CommittedManager.metarange_page)."""
+    from quarry.graveler.errors import InvalidPageToken
+    from quarry.graveler.iterators import decode_page_token, encode_page_token
+    from quarry.paging import PageBudget
+
+    if page_size < 0:
+        raise errors.InvalidArgument("page_size may not be negative")
+    state = decode_page_token(page_token, "metarange", "index")
+    start = 0
+    if state:
+        start = state["index"]
+        if state["metarange"] != metarange_id or not isinstance(start, int) or start < 0:
+            raise InvalidPageToken("page_token belongs to another metarange")
+    ranges = loader.metarange(namespace, metarange_id).ranges
+    budget = PageBudget.for_response(page_size or max(1, len(ranges)), max_bytes)
+    end = start
+    while end < len(ranges) and budget.admit(ranges[end]):
+        end += 1
+    token = encode_page_token(metarange=metarange_id, index=end) if end < len(ranges) else ""
+    return list(ranges[start:end]), token
+
+
+__all__ = [
+    "CommittedStats",
+    "LoaderOptions",
+    "RangeLoader",
+    "check_metarange_id",
+    "get_entry",
+    "iterate",
+    "metarange_page",
+]

@@ -1,0 +1,353 @@
+"""Writing committed storage: content-defined chunking (RangeBuilder), the sink that writes
+range files (RangeSink, in a thread pool), and metarange files (RangeWriter). See
+docs/architecture.md §5.
+
+Every put is content-addressed and conditional (if_absent), so writing a file that exists is
+a no-op: a writer never overwrites a range or a metarange. Ranges are synced before the
+metarange naming them is put (write_metarange_file), so a metarange never names a range that
+could be lost.
+"""
+
+from __future__ import annotations
+
+import bisect
+import concurrent.futures
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from hashlib import sha256 as _sha256
+from types import TracebackType
+from typing import NoReturn
+
+import pyarrow as pa
+
+from quarry import errors
+from quarry.committed.errors import DuplicatePath, InvalidPath, UnsortedInput
+from quarry.committed.format import (
+    RowBuffer,
+    encode_metarange,
+    encode_range,
+    is_boundary,
+    metarange_id_of,
+    metarange_key,
+    range_id_of,
+    range_key,
+)
+from quarry.committed.loader import RangeLoader
+from quarry.committed.rangedata import MetaRange, RangeData
+from quarry.graveler.model import ApplyResult, DiffSummary, Entry, RangeInfo
+
+# Content-defined chunking parameters. They are part of the storage format: the same entry
+# set yields the same ranges only under the same parameters.
+DEFAULT_TARGET_RANGE_ENTRIES = 1024
+DEFAULT_MAX_RANGE_BYTES = 4 * 1024 * 1024
+DEFAULT_WRITE_WORKERS = 4
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """Where ranges end: after a path with is_boundary(path, target_entries), or once a
+    range's entries reach max_bytes."""
+
+    target_entries: int = DEFAULT_TARGET_RANGE_ENTRIES
+    max_bytes: int = DEFAULT_MAX_RANGE_BYTES
+
+    def __post_init__(self) -> None:
+        if self.target_entries < 1:
+            raise errors.InvalidArgument("target_range_entries must be >= 1")
+        if self.max_bytes < 1:
+            raise errors.InvalidArgument("max_range_bytes must be >= 1")
+
+    def ends_at_boundary(self, info: RangeInfo) -> bool:
+        """Whether a range ends where this chunking would end it (so entries may follow)."""
+        return info.size_bytes >= self.max_bytes or is_boundary(info.max_key, self.target_entries)
+
+
+def check_path(path: object) -> str:
+    if not isinstance(path, str) or not path:
+        raise InvalidPath(f"invalid path {path!r}: must be a non-empty string")
+    return path
+
+
+def raise_unsorted(what: str, last: str, path: str) -> NoReturn:
+    if path == last:
+        raise DuplicatePath(f"{what}: duplicate path {path!r}")
+    raise UnsortedInput(f"{what} must be sorted by path: {path!r} after {last!r}")
+
+
+class RangeWriter:
+    """Writes ranges and metaranges of many namespaces, through a RangeLoader (stores and
+    caches) with its own pool of write threads."""
+
+    def __init__(
+        self, loader: RangeLoader, chunking: Chunking, write_workers: int = DEFAULT_WRITE_WORKERS
+    ) -> None:
+        self.loader = loader
+        self.chunking = chunking
+        self.write_workers = max(0, int(write_workers))
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._executor_lock = threading.Lock()
+
+    def pool(self) -> concurrent.futures.ThreadPoolExecutor | None:
+        if not self.write_workers:
+            return None
+        if self._executor is None:
+            with self._executor_lock:
+                if self._executor is None:
+                    self._executor = concurrent.futures.ThreadPoolExecutor(
+                        self.write_workers, thread_name_prefix="range-write"
+                    )
+        return self._executor
+
+    def close(self) -> None:
+        with self._executor_lock:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def sink(self, namespace: str, cache_written: bool) -> RangeSink:
+        return RangeSink(self, namespace, cache_written)
+
+    def builder(self, sink: RangeSink) -> RangeBuilder:
+        return RangeBuilder(sink, self.chunking)
+
+    def write_metarange_file(self, namespace: str, ranges: list[RangeInfo]) -> str:
+        """Put the metarange of `ranges` (if absent) and return its id."""
+        loader = self.loader
+        store = loader.store(namespace)
+        # The ranges it names become durable before the metarange can.
+        store.sync()
+        metarange_id = metarange_id_of(ranges)
+        data = encode_metarange(ranges, metarange_id)
+        if store.put(metarange_key(metarange_id), data, if_absent=True):
+            loader.stats.count("metaranges_written")
+        else:
+            loader.stats.count("metaranges_existing")
+        loader.keep_written_file(namespace, store, "metaranges", metarange_id, data)
+        loader.remember_metarange(namespace, MetaRange(metarange_id, list(ranges)))
+        return metarange_id
+
+    def write_entries(self, namespace: str, entries: Iterable[Entry]) -> ApplyResult:
+        """Write a metarange holding exactly `entries` (strictly ascending by path)."""
+        sink = self.sink(namespace, cache_written=False)
+        builder = self.builder(sink)
+        added = 0
+        with sink:
+            last: str | None = None
+            for entry in entries:
+                if not isinstance(entry, Entry):
+                    raise errors.InvalidArgument(f"expected an Entry, got {type(entry).__name__}")
+                path = entry.path
+                if last is not None and not path > last:
+                    raise_unsorted("entries", last, path)
+                if last is None:
+                    check_path(path)
+                last = path
+                builder.add_entry(entry)
+                added += 1
+            ranges = builder.finish()
+        metarange_id = self.write_metarange_file(namespace, ranges)
+        return ApplyResult(
+            metarange_id,
+            DiffSummary(added=added),
+            ranges_written=builder.written,
+            ranges_reused=builder.reused,
+        )
+
+
+class RangeSink:
+    """Turns finished range tables into RangeInfo (id computed here) and writes the files,
+    in the writer's thread pool when it has one. Use as a context manager: leaving it waits
+    for every write and raises the first failure."""
+
+    def __init__(self, writer: RangeWriter, namespace: str, cache_written: bool) -> None:
+        self._loader = writer.loader
+        self._namespace = namespace
+        self._store = writer.loader.store(namespace)
+        self._cache_written = cache_written
+        self._pool = writer.pool()
+        self._futures: list[concurrent.futures.Future[None]] = []
+        # Bounds the tables held in memory while their writes are queued.
+        self._slots = threading.BoundedSemaphore(max(2, 2 * writer.write_workers))
+
+    def __enter__(self) -> RangeSink:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        first: BaseException | None = None
+        for future in self._futures:
+            try:
+                future.result()
+            except BaseException as error:
+                first = first or error
+        self._futures.clear()
+        if first is not None and exc is None:
+            raise first
+
+    def write(self, table: pa.Table, size_bytes: int) -> RangeInfo:
+        range_id = range_id_of(table)
+        paths = table.column("path")
+        info = RangeInfo(
+            range_id, paths[0].as_py(), paths[len(paths) - 1].as_py(), table.num_rows, size_bytes
+        )
+        if self._pool is None:
+            self._put(info, table)
+        else:
+            self._slots.acquire()
+            try:
+                future = self._pool.submit(self._put, info, table)
+            except BaseException:
+                self._slots.release()
+                raise
+            future.add_done_callback(lambda _f: self._slots.release())
+            self._futures.append(future)
+        return info
+
+    def _put(self, info: RangeInfo, table: pa.Table) -> None:
+        loader = self._loader
+        data = encode_range(table, info.id)
+        if self._store.put_deferred(range_key(info.id), data):
+            loader.stats.count("ranges_written")
+        else:
+            loader.stats.count("ranges_existing")
+        loader.keep_written_file(self._namespace, self._store, "ranges", info.id, data)
+        if self._cache_written:
+            loader.remember_range(self._namespace, RangeData(info, table))
+
+
+# A pending piece of the range being built: rows [start, stop) of a base range, or of the
+# row buffer when the RangeData is None.
+_Piece = tuple[RangeData | None, int, int]
+
+
+class RangeBuilder:
+    """Content-defined chunking over a stream of new entries and slices of base ranges.
+
+    A range ends after a path p with is_boundary(p), or as soon as its entries reach
+    max_bytes. Slices of a base range are added without hashing their paths: a base range
+    written by this chunker has no boundary path before its last row (it would have ended
+    there), so only its last row is checked.
+    """
+
+    def __init__(self, sink: RangeSink, chunking: Chunking) -> None:
+        self._sink = sink
+        self._target = chunking.target_entries
+        self._max_bytes = chunking.max_bytes
+        self._out: list[RangeInfo] = []
+        self._pieces: list[_Piece] = []
+        self._rows = RowBuffer()
+        self._rows_mark = 0  # rows before this index already belong to a piece
+        self._count = 0
+        self._bytes = 0
+        self.written = 0
+        self.reused = 0
+
+    @property
+    def empty(self) -> bool:
+        return self._count == 0
+
+    def add_entry(self, entry: Entry) -> None:
+        # is_boundary and entry_bytes, inlined (the hot loop of bulk writes).
+        try:
+            encoded = entry.path.encode()
+        except UnicodeEncodeError:
+            raise InvalidPath(f"path {entry.path!r} is not valid UTF-8") from None
+        boundary = int.from_bytes(_sha256(encoded).digest()[:8], "big") % self._target == 0
+        self._bytes += self._rows.append(entry, len(encoded))
+        self._count += 1
+        if boundary or self._bytes >= self._max_bytes:
+            self._cut()
+
+    def add_slice(self, data: RangeData, start: int, stop: int) -> None:
+        if start >= stop:
+            return
+        self._close_rows_piece()
+        cum = data.cum_bytes
+        while start < stop:
+            limit = cum[start] + (self._max_bytes - self._bytes)
+            if cum[stop] >= limit:
+                # The byte cap falls inside: cut after the first row that reaches it.
+                k = bisect.bisect_left(cum, limit, start + 1, stop + 1)
+                self._add_piece(data, start, k, cum[k] - cum[start])
+                self._cut()
+                start = k
+                continue
+            self._add_piece(data, start, stop, cum[stop] - cum[start])
+            if stop == data.n and data.last_is_boundary(self._target):
+                self._cut()
+            break
+
+    def _add_piece(self, data: RangeData, start: int, stop: int, size: int) -> None:
+        self._pieces.append((data, start, stop))
+        self._count += stop - start
+        self._bytes += size
+
+    def _close_rows_piece(self) -> None:
+        # New rows since the last piece become a piece referring to rows [start, stop) of
+        # the row buffer, which turns into one table per range at the cut.
+        stop = len(self._rows)
+        if stop > self._rows_mark:
+            self._pieces.append((None, self._rows_mark, stop))
+            self._rows_mark = stop
+
+    def reuse(self, info: RangeInfo) -> None:
+        assert self.empty
+        self._out.append(info)
+        self.reused += 1
+
+    def _cut(self) -> None:
+        self._close_rows_piece()
+        pieces = self._pieces
+        size = self._bytes
+        rows = self._rows
+        self._pieces = []
+        self._count = 0
+        self._bytes = 0
+        if len(rows):
+            self._rows = RowBuffer()
+            self._rows_mark = 0
+        if len(pieces) == 1:
+            data, start, stop = pieces[0]
+            if data is not None and start == 0 and stop == data.n:
+                # Exactly a base range again (e.g. only no-op changes fell into it).
+                self._out.append(data.info)
+                self.reused += 1
+                return
+        rows_table = rows.to_table() if len(rows) else None
+        table = _concat(pieces, rows_table)
+        self._out.append(self._sink.write(table, size))
+        self.written += 1
+
+    def finish(self) -> list[RangeInfo]:
+        if not self.empty:
+            self._cut()
+        return self._out
+
+
+def _concat(pieces: list[_Piece], rows_table: pa.Table | None) -> pa.Table:
+    def source(data: RangeData | None) -> pa.Table:
+        return rows_table if data is None else data.table
+
+    if len(pieces) == 1 and pieces[0][0] is None:
+        return rows_table
+    return pa.concat_tables(
+        [source(data).slice(start, stop - start) for data, start, stop in pieces]
+    ).combine_chunks()
+
+
+__all__ = [
+    "Chunking",
+    "RangeBuilder",
+    "RangeSink",
+    "RangeWriter",
+    "check_path",
+    "raise_unsorted",
+    "DEFAULT_MAX_RANGE_BYTES",
+    "DEFAULT_TARGET_RANGE_ENTRIES",
+    "DEFAULT_WRITE_WORKERS",
+]

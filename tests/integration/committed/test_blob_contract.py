@@ -1,0 +1,239 @@
+"""The BlobStore contract (libs/quarry/blob/base.py), one suite run against every store:
+the local directory, S3 (a real S3 API: the session moto_server) and the counting wrapper
+(around a local store). Like lakeFS pkg/block/blocktest: a store that passes this suite can
+back committed storage and namespace ownership; a fake cannot drift from the real ones.
+
+Each store is opened by a factory for a namespace name; two names are two namespaces (two
+directories, or two prefixes of one bucket)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from quarry import errors
+from quarry.blob import CountingBlobStore, LocalBlobStore, ObjectNotFound
+from quarry.blob.base import BlobStore, InvalidObjectKey
+from quarry.blob.ownership import MARKER_KEY, claim_namespace
+from quarry.blob.s3 import S3BlobStore
+
+
+@dataclass
+class StoreKind:
+    """How to open a store of one kind for a namespace name. `atomic_if_absent`: concurrent
+    put(if_absent) calls have exactly one winner (moto_server lacks If-None-Match, where
+    S3BlobStore falls back to HEAD then PUT: that is checked against real S3 only)."""
+
+    name: str
+    open: Callable[[str], BlobStore]
+    atomic_if_absent: bool = True
+
+
+def _kinds(tmp_path, request) -> Iterator[StoreKind]:
+    if request.param == "local":
+        yield StoreKind("local", lambda ns: LocalBlobStore(tmp_path / ns))
+    elif request.param == "counting":
+        yield StoreKind("counting", lambda ns: CountingBlobStore(LocalBlobStore(tmp_path / ns)))
+    else:
+        bucket = request.getfixturevalue("s3_bucket")
+        endpoint = request.getfixturevalue("moto_endpoint")
+        root = f"contract-{uuid.uuid4().hex[:8]}"
+        yield StoreKind(
+            "s3",
+            lambda ns: S3BlobStore(bucket, f"{root}/{ns}", endpoint_url=endpoint),
+            atomic_if_absent=False,
+        )
+
+
+@pytest.fixture(params=["local", "s3", "counting"])
+def kind(tmp_path, request) -> Iterator[StoreKind]:
+    yield from _kinds(tmp_path, request)
+
+
+@pytest.fixture
+def store(kind) -> Iterator[BlobStore]:
+    with kind.open("ns") as opened:
+        yield opened
+
+
+def test_put_then_get_returns_the_same_bytes(store):
+    payloads = {"a": b"one", "dir/b": bytes(range(256)) * 64, "dir/sub/empty": b""}
+    for key, data in payloads.items():
+        assert store.put(key, data) is True
+    for key, data in payloads.items():
+        assert store.get(key) == data
+        assert store.exists(key)
+
+
+def test_get_of_a_missing_key_is_object_not_found(store):
+    with pytest.raises(ObjectNotFound) as caught:
+        store.get("missing/key")
+    assert isinstance(caught.value, errors.NotFound)
+    assert caught.value.reason == "STORAGE_OBJECT_NOT_FOUND"
+    assert not store.exists("missing/key")
+
+
+def test_put_replaces_but_if_absent_never_overwrites(store):
+    assert store.put("k", b"first") is True
+    assert store.put("k", b"second") is True  # a plain put replaces
+    assert store.get("k") == b"second"
+    assert store.put("k", b"third", if_absent=True) is False  # must never overwrite
+    assert store.get("k") == b"second"
+    assert store.put("fresh", b"new", if_absent=True) is True
+    assert store.get("fresh") == b"new"
+
+
+def test_if_absent_has_exactly_one_winner(kind):
+    if not kind.atomic_if_absent:
+        # Declared by the kind, not guessed: moto's conditional put is a HEAD then PUT.
+        return
+    store = kind.open("race")
+    wins: list[bytes] = []
+    barrier = threading.Barrier(8)
+
+    def contend(i: int) -> None:
+        barrier.wait()
+        if store.put("once", b"writer-%d" % i, if_absent=True):
+            wins.append(b"writer-%d" % i)
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(wins) == 1
+    assert store.get("once") == wins[0]
+
+
+def test_put_deferred_is_if_absent_and_visible_after_sync(store):
+    assert store.put_deferred("ranges/r1", b"range one") is True
+    assert store.put_deferred("ranges/r2", b"range two") is True
+    assert store.put_deferred("ranges/r1", b"other bytes") is False  # never overwrites
+    store.sync()
+    assert store.get("ranges/r1") == b"range one"
+    assert store.get("ranges/r2") == b"range two"
+    store.sync()  # nothing pending: still fine
+
+
+def test_delete_is_idempotent_and_touches_only_its_key(store):
+    store.put("d/one", b"1")
+    store.put("d/two", b"2")
+    store.delete("d/one")
+    store.delete("d/one")  # deleting a missing object is not an error
+    store.delete("never/there")
+    assert not store.exists("d/one")
+    assert store.get("d/two") == b"2"
+    assert [info.key for info in store.list("d/")] == ["d/two"]
+
+
+def test_list_by_prefix_in_key_order(store):
+    # (No key is also a "directory" of others: a filesystem cannot hold both "a" and "a/0".)
+    keys = ["b/2", "a/1", "ab", "a/0", "b/1/deep", "a-", "c"]
+    for key in keys:
+        store.put(key, key.encode())
+    assert [info.key for info in store.list("")] == sorted(keys)
+    assert [info.key for info in store.list()] == sorted(keys)
+    assert [info.key for info in store.list("a/")] == ["a/0", "a/1"]
+    assert [info.key for info in store.list("a")] == ["a-", "a/0", "a/1", "ab"]
+    assert [info.key for info in store.list("b/1")] == ["b/1/deep"]
+    assert list(store.list("zzz")) == []
+
+
+def test_object_info_reports_sizes_and_modification_times(store):
+    before = time.time()
+    store.put("sized/small", b"x" * 3)
+    store.put("sized/large", b"y" * 70_000)
+    store.put("sized/empty", b"")
+    after = time.time()
+    infos = {info.key: info for info in store.list("sized/")}
+    assert {key: info.size for key, info in infos.items()} == {
+        "sized/empty": 0,
+        "sized/large": 70_000,
+        "sized/small": 3,
+    }
+    for info in infos.values():
+        # S3 reports whole seconds: allow that rounding, nothing more.
+        assert before - 1.0 <= info.modified <= after + 1.0
+
+
+def test_first_keys_is_a_bounded_listing(store):
+    assert store.first_keys(5) == []
+    keys = [f"k/{i:02d}" for i in range(12)]
+    for key in keys:
+        store.put(key, b".")
+    some = store.first_keys(4)
+    assert len(some) == 4 and set(some) <= set(keys) and len(set(some)) == 4
+    assert sorted(store.first_keys(100)) == keys
+    assert store.first_keys(0) == []
+
+
+def test_namespaces_do_not_see_each_other(kind):
+    one, two = kind.open("one"), kind.open("two")
+    one.put("shared/key", b"from one")
+    assert not two.exists("shared/key")
+    assert list(two.list("")) == []
+    assert two.first_keys(10) == []
+    two.put("shared/key", b"from two")
+    assert one.get("shared/key") == b"from one"
+    two.delete("shared/key")
+    assert one.get("shared/key") == b"from one"
+
+
+def test_conditional_replace_only_replaces_the_expected_bytes(store):
+    # put_if_equals must never create an object, nor replace one holding other bytes.
+    assert store.put_if_equals("m", b"new", expected=b"old") is False
+    assert not store.exists("m")
+    store.put("m", b"current")
+    assert store.put_if_equals("m", b"new", expected=b"old") is False
+    assert store.get("m") == b"current"
+    assert store.put_if_equals("m", b"new", expected=b"current") is True
+    assert store.get("m") == b"new"
+
+
+def test_ownership_claims_go_through_the_store(store):
+    """The marker protocol rides on put(if_absent) and put_if_equals: an empty namespace is
+    claimed once, a claimed one is never taken over without naming its marker, and a
+    namespace holding other objects is reported, never written."""
+    first = claim_namespace(store, b"marker-one")
+    assert first.claimed and first.existing_marker is None
+    second = claim_namespace(store, b"marker-two")
+    assert not second.claimed and second.existing_marker == b"marker-one"
+    assert store.get(MARKER_KEY) == b"marker-one"
+    wrong = claim_namespace(store, b"marker-two", replace=b"not-the-marker")
+    assert not wrong.claimed and store.get(MARKER_KEY) == b"marker-one"
+    replaced = claim_namespace(store, b"marker-two", replace=b"marker-one")
+    assert replaced.claimed and store.get(MARKER_KEY) == b"marker-two"
+
+
+def test_ownership_claim_leaves_a_used_namespace_alone(kind):
+    store = kind.open("used")
+    store.put("someone/else.parquet", b"data")
+    claim = claim_namespace(store, b"marker")
+    assert not claim.claimed and claim.keys == ("someone/else.parquet",)
+    assert not store.exists(MARKER_KEY)
+    assert [info.key for info in store.list("")] == ["someone/else.parquet"]
+
+
+@pytest.mark.parametrize(
+    "key", ["", "/abs", "../up", "a/../b", "a//b", "a/./b", ".", "a\\b", "nul\x00", "trailing/"]
+)
+def test_invalid_keys_are_refused_before_any_access(store, key):
+    for operation in (
+        lambda: store.get(key),
+        lambda: store.put(key, b"x"),
+        lambda: store.put(key, b"x", if_absent=True),
+        lambda: store.put_deferred(key, b"x"),
+        lambda: store.put_if_equals(key, b"x", b"y"),
+        lambda: store.exists(key),
+        lambda: store.delete(key),
+    ):
+        with pytest.raises(InvalidObjectKey) as caught:
+            operation()
+        assert isinstance(caught.value, errors.InvalidArgument)
+        assert caught.value.reason == "INVALID_OBJECT_KEY"
+    assert list(store.list("")) == []  # nothing was written under any spelling
