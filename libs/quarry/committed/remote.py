@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 
 from quarry import errors
+from quarry.batching import batches
 from quarry.blob import ownership as _ownership  # noqa: F401 — error reasons
 from quarry.blob.ownership import NamespaceClaim
 from quarry.committed import errors as _committed_errors  # noqa: F401 — error reasons
@@ -34,7 +35,7 @@ from quarry.graveler.model import (
     RangeInfo,
 )
 from quarry.runtime.channels import channel_for
-from quarry.runtime.errors import from_rpc_error
+from quarry.runtime.errors import domain_errors
 from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc, types_pb2
 
 # Changes (or entries) per stream message, and a byte budget per message well under the
@@ -78,29 +79,26 @@ class RemoteRangeWriter:
     def _stream(
         self, method: Callable[..., Any], requests: Iterator[Any], failure: _Failure
     ) -> Any:
-        try:
+        with domain_errors(lambda: failure.error):
             return method(requests, timeout=self._timeout)
-        except grpc.RpcError as error:
-            if failure.error is not None:
-                raise failure.error from None
-            raise from_rpc_error(error) from None
 
-    def _batches(self, items: Iterable, add, wrap, failure: _Failure) -> Iterator:
-        """Group items into messages of at most batch_items / ~batch_bytes. `add(batch,
-        item)` appends one item and returns its approximate size."""
+    def _batches(
+        self,
+        items: Iterable[Any],
+        add: Callable[[Any, Any], None],
+        wrap: Callable[[], Any],
+        size: Callable[[Any], int],
+        failure: _Failure,
+    ) -> Iterator[Any]:
+        """Stream messages of at most batch_items / batch_bytes (by `size`, the one batcher
+        quarry.batching); `add(message, item)` puts one item into a message made by `wrap`.
+        An exception of `items` is remembered: gRPC reports the call only as cancelled."""
         try:
-            batch = None
-            size = count = 0
-            for item in items:
-                if batch is None:
-                    batch, size, count = wrap(), 0, 0
-                size += add(batch, item)
-                count += 1
-                if count >= self._batch_items or size >= self._batch_bytes:
-                    yield batch
-                    batch = None
-            if batch is not None:
-                yield batch
+            for chunk in batches(items, self._batch_items, self._batch_bytes, size):
+                message = wrap()
+                for item in chunk:
+                    add(message, item)
+                yield message
         except BaseException as exc:
             failure.error = exc
             raise
@@ -114,22 +112,26 @@ class RemoteRangeWriter:
         """Same contract as CommittedManager.apply_changes, executed by the range-writer."""
         failure = _Failure()
 
-        def add(batch, item) -> int:
+        def path_and_entry(item: tuple[str, Entry | None] | Change) -> tuple[str, Entry | None]:
             if isinstance(item, Change):
-                path = item.path
-                entry = None if item.type == ChangeType.REMOVED else item.entry
-            else:
-                path, entry = item
-            put_or_delete_to_proto(path, entry, batch.changes.add())
+                return item.path, None if item.type == ChangeType.REMOVED else item.entry
+            return item
+
+        def size(item: tuple[str, Entry | None] | Change) -> int:
+            path, entry = path_and_entry(item)
             return entry_bytes(entry) if entry is not None else len(path) + 16
 
-        def requests():
+        def add(batch: Any, item: tuple[str, Entry | None] | Change) -> None:
+            path, entry = path_and_entry(item)
+            put_or_delete_to_proto(path, entry, batch.changes.add())
+
+        def requests() -> Iterator[Any]:
             yield range_writer_pb2.ApplyChangesRequest(
                 header=range_writer_pb2.ApplyChangesHeader(
                     storage_namespace=namespace, base_metarange_id=base_metarange_id or ""
                 )
             )
-            for batch in self._batches(changes, add, range_writer_pb2.ChangeBatch, failure):
+            for batch in self._batches(changes, add, range_writer_pb2.ChangeBatch, size, failure):
                 yield range_writer_pb2.ApplyChangesRequest(changes=batch)
 
         response = self._stream(self._stub.ApplyChanges, requests(), failure)
@@ -145,17 +147,18 @@ class RemoteRangeWriter:
         failure = _Failure()
         count = 0
 
-        def add(batch, entry: Entry) -> int:
+        def add(batch: Any, entry: Entry) -> None:
             nonlocal count
             entry_to_proto(entry, batch.entries.add())
             count += 1
-            return entry_bytes(entry)
 
-        def requests():
+        def requests() -> Iterator[Any]:
             yield range_writer_pb2.WriteMetaRangeRequest(
                 header=range_writer_pb2.WriteMetaRangeHeader(storage_namespace=namespace)
             )
-            for batch in self._batches(entries, add, range_writer_pb2.EntryBatch, failure):
+            for batch in self._batches(
+                entries, add, range_writer_pb2.EntryBatch, entry_bytes, failure
+            ):
                 yield range_writer_pb2.WriteMetaRangeRequest(entries=batch)
 
         response = self._stream(self._stub.WriteMetaRange, requests(), failure)
@@ -171,15 +174,13 @@ class RemoteRangeWriter:
         ranges: list[RangeInfo] = []
         token = ""
         while True:
-            try:
+            with domain_errors():
                 response = self._stub.GetMetaRange(
                     range_writer_pb2.GetMetaRangeRequest(
                         storage_namespace=namespace, metarange_id=metarange_id, page_token=token
                     ),
                     timeout=self._timeout,
                 )
-            except grpc.RpcError as error:
-                raise from_rpc_error(error) from None
             ranges.extend(range_info_from_proto(r) for r in response.ranges)
             token = response.next_page_token
             if not token:
@@ -193,10 +194,8 @@ class RemoteRangeWriter:
         request = range_writer_pb2.ClaimNamespaceRequest(storage_namespace=namespace, marker=marker)
         if replace is not None:
             request.replace_marker = replace
-        try:
+        with domain_errors():
             response = self._stub.ClaimNamespace(request, timeout=self._timeout)
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
         return NamespaceClaim(
             claimed=response.claimed,
             existing_marker=(
@@ -231,10 +230,8 @@ class RemoteRangeWriter:
             dry_run=dry_run,
             max_conflicts=min(max(1, int(max_conflicts)), 2**31 - 1),
         )
-        try:
+        with domain_errors():
             response = self._stub.MergeMetaRanges(request, timeout=self._timeout)
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
         conflicts = tuple(conflict_from_proto(c) for c in response.conflicts)
         more = response.more_conflicts
         if max_conflicts == 0:
