@@ -253,6 +253,8 @@ def decide(policies: Iterable[Policy], action: str, resources: Sequence[str],
     """The decision for `action` on EVERY one of `resources`, and the resource that decided
     a refusal ("" when allowed). Deny wins; default deny."""
     policies = tuple(policies)
+    if not resources:
+        return Decision.NO_GRANT, ""  # naming nothing is not "allowed on everything"
     for resource in resources:
         allowed = False
         for policy in policies:
