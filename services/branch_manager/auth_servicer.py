@@ -25,8 +25,7 @@ def user_to_proto(record: records.UserRecord) -> pb.User:
 
 
 def group_to_proto(record: records.GroupRecord) -> pb.Group:
-    return pb.Group(id=record.id, created_at=record.created_at,
-                    description=record.description)
+    return pb.Group(id=record.id, created_at=record.created_at, description=record.description)
 
 
 def policy_to_proto(record: records.PolicyRecord) -> pb.Policy:
@@ -35,13 +34,19 @@ def policy_to_proto(record: records.PolicyRecord) -> pb.Policy:
 
 def credentials_to_proto(record: records.CredentialRecord) -> pb.Credentials:
     # Never the hash: only the key id, its owner and when it was made.
-    return pb.Credentials(access_key_id=record.access_key_id, user_id=record.user_id,
-                          created_at=record.created_at)
+    return pb.Credentials(
+        access_key_id=record.access_key_id, user_id=record.user_id, created_at=record.created_at
+    )
 
 
 class AuthServicer(auth_pb2_grpc.AuthServicer):
-    def __init__(self, iam: IamStore, tokens: TokenAuthority, authorizer: Authorizer,
-                 token_lifetime: float = DEFAULT_LIFETIME_SECONDS):
+    def __init__(
+        self,
+        iam: IamStore,
+        tokens: TokenAuthority,
+        authorizer: Authorizer,
+        token_lifetime: float = DEFAULT_LIFETIME_SECONDS,
+    ):
         self._iam = iam
         self._tokens = tokens
         self._authorizer = authorizer
@@ -52,7 +57,8 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
     def Login(self, request, context):
         credential = self._iam.authenticate(request.access_key_id, request.secret_access_key)
         token, expires_at = self._tokens.issue_user_token(
-            credential.user_id, self._lifetime, access_key_id=credential.access_key_id)
+            credential.user_id, self._lifetime, access_key_id=credential.access_key_id
+        )
         stamp = Timestamp()
         stamp.FromSeconds(int(expires_at))
         return pb.LoginResponse(token=token, expires_at=stamp)
@@ -70,15 +76,15 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
 
     def CreateUser(self, request, context):
         return pb.CreateUserResponse(
-            user=user_to_proto(self._iam.create_user(request.user_id, request.email)))
+            user=user_to_proto(self._iam.create_user(request.user_id, request.email))
+        )
 
     def GetUser(self, request, context):
         return pb.GetUserResponse(user=user_to_proto(self._iam.get_user(request.user_id)))
 
     def ListUsers(self, request, context):
         users, token = self._iam.list_users(request.page_size, request.page_token)
-        return pb.ListUsersResponse(users=[user_to_proto(u) for u in users],
-                                    next_page_token=token)
+        return pb.ListUsersResponse(users=[user_to_proto(u) for u in users], next_page_token=token)
 
     def DeleteUser(self, request, context):
         self._iam.delete_user(request.user_id)
@@ -89,18 +95,21 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
 
     def CreateCredentials(self, request, context):
         record, secret = self._iam.create_credentials(request.user_id)
-        return pb.CreateCredentialsResponse(credentials=credentials_to_proto(record),
-                                            secret_access_key=secret)
+        return pb.CreateCredentialsResponse(
+            credentials=credentials_to_proto(record), secret_access_key=secret
+        )
 
     def GetCredentials(self, request, context):
         record = self._iam.get_user_credentials(request.user_id, request.access_key_id)
         return pb.GetCredentialsResponse(credentials=credentials_to_proto(record))
 
     def ListCredentials(self, request, context):
-        found, token = self._iam.list_credentials(request.user_id, request.page_size,
-                                                  request.page_token)
-        return pb.ListCredentialsResponse(credentials=[credentials_to_proto(c) for c in found],
-                                          next_page_token=token)
+        found, token = self._iam.list_credentials(
+            request.user_id, request.page_size, request.page_token
+        )
+        return pb.ListCredentialsResponse(
+            credentials=[credentials_to_proto(c) for c in found], next_page_token=token
+        )
 
     def DeleteCredentials(self, request, context):
         self._iam.delete_credentials(request.user_id, request.access_key_id)
@@ -110,16 +119,18 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
     # ---- groups ----
 
     def CreateGroup(self, request, context):
-        return pb.CreateGroupResponse(group=group_to_proto(
-            self._iam.create_group(request.group_id, request.description)))
+        return pb.CreateGroupResponse(
+            group=group_to_proto(self._iam.create_group(request.group_id, request.description))
+        )
 
     def GetGroup(self, request, context):
         return pb.GetGroupResponse(group=group_to_proto(self._iam.get_group(request.group_id)))
 
     def ListGroups(self, request, context):
         groups, token = self._iam.list_groups(request.page_size, request.page_token)
-        return pb.ListGroupsResponse(groups=[group_to_proto(g) for g in groups],
-                                     next_page_token=token)
+        return pb.ListGroupsResponse(
+            groups=[group_to_proto(g) for g in groups], next_page_token=token
+        )
 
     def DeleteGroup(self, request, context):
         self._iam.delete_group(request.group_id)
@@ -137,31 +148,36 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.RemoveGroupMemberResponse()
 
     def ListGroupMembers(self, request, context):
-        users, token = self._iam.list_group_members(request.group_id, request.page_size,
-                                                    request.page_token)
-        return pb.ListGroupMembersResponse(users=[user_to_proto(u) for u in users],
-                                           next_page_token=token)
+        users, token = self._iam.list_group_members(
+            request.group_id, request.page_size, request.page_token
+        )
+        return pb.ListGroupMembersResponse(
+            users=[user_to_proto(u) for u in users], next_page_token=token
+        )
 
     def ListUserGroups(self, request, context):
-        groups, token = self._iam.list_user_groups(request.user_id, request.page_size,
-                                                   request.page_token)
-        return pb.ListUserGroupsResponse(groups=[group_to_proto(g) for g in groups],
-                                         next_page_token=token)
+        groups, token = self._iam.list_user_groups(
+            request.user_id, request.page_size, request.page_token
+        )
+        return pb.ListUserGroupsResponse(
+            groups=[group_to_proto(g) for g in groups], next_page_token=token
+        )
 
     # ---- policies ----
 
     def CreatePolicy(self, request, context):
-        return pb.CreatePolicyResponse(policy=policy_to_proto(
-            self._iam.create_policy(request.policy_id, request.document)))
+        return pb.CreatePolicyResponse(
+            policy=policy_to_proto(self._iam.create_policy(request.policy_id, request.document))
+        )
 
     def GetPolicy(self, request, context):
-        return pb.GetPolicyResponse(
-            policy=policy_to_proto(self._iam.get_policy(request.policy_id)))
+        return pb.GetPolicyResponse(policy=policy_to_proto(self._iam.get_policy(request.policy_id)))
 
     def ListPolicies(self, request, context):
         found, token = self._iam.list_policies(request.page_size, request.page_token)
-        return pb.ListPoliciesResponse(policies=[policy_to_proto(p) for p in found],
-                                       next_page_token=token)
+        return pb.ListPoliciesResponse(
+            policies=[policy_to_proto(p) for p in found], next_page_token=token
+        )
 
     def DeletePolicy(self, request, context):
         self._iam.delete_policy(request.policy_id)
@@ -189,16 +205,20 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.DetachPolicyFromGroupResponse()
 
     def ListUserPolicies(self, request, context):
-        found, token = self._iam.list_user_policies(request.user_id, request.page_size,
-                                                    request.page_token)
-        return pb.ListUserPoliciesResponse(policies=[policy_to_proto(p) for p in found],
-                                           next_page_token=token)
+        found, token = self._iam.list_user_policies(
+            request.user_id, request.page_size, request.page_token
+        )
+        return pb.ListUserPoliciesResponse(
+            policies=[policy_to_proto(p) for p in found], next_page_token=token
+        )
 
     def ListGroupPolicies(self, request, context):
-        found, token = self._iam.list_group_policies(request.group_id, request.page_size,
-                                                     request.page_token)
-        return pb.ListGroupPoliciesResponse(policies=[policy_to_proto(p) for p in found],
-                                            next_page_token=token)
+        found, token = self._iam.list_group_policies(
+            request.group_id, request.page_size, request.page_token
+        )
+        return pb.ListGroupPoliciesResponse(
+            policies=[policy_to_proto(p) for p in found], next_page_token=token
+        )
 
     def ListEffectivePolicies(self, request, context):
         found = self._iam.effective_policy_records(request.user_id)

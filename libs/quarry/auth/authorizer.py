@@ -35,8 +35,12 @@ class _Cached:
 
 
 class Authorizer:
-    def __init__(self, iam: IamStore, cache_seconds: float = DEFAULT_CACHE_SECONDS,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        iam: IamStore,
+        cache_seconds: float = DEFAULT_CACHE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._iam = iam
         self._cache_seconds = cache_seconds
         self._clock = clock
@@ -52,12 +56,13 @@ class Authorizer:
         if not self._user(principal.id).exists:
             raise auth_errors.PrincipalUnknown(
                 f"user {principal.id!r} of this token does not exist (any more)",
-                metadata={"principal": str(principal)})
+                metadata={"principal": str(principal)},
+            )
         if principal.access_key_id and not self._key_of(principal).exists:
             raise auth_errors.CredentialRevoked(
                 f"access key {principal.access_key_id!r} of this token was revoked",
-                metadata={"principal": str(principal),
-                          "access_key_id": principal.access_key_id})
+                metadata={"principal": str(principal), "access_key_id": principal.access_key_id},
+            )
 
     def authorize(self, principal: Principal, action: str, resources: Sequence[str]) -> None:
         """Return if allowed; PermissionDenied naming the action and resource otherwise."""
@@ -71,8 +76,13 @@ class Authorizer:
         why = "an explicit Deny" if decision is Decision.DENY else "no policy allows it"
         raise auth_errors.PermissionDenied(
             f"{principal} may not {action} on {resource} ({why})",
-            metadata={"principal": str(principal), "action": action, "resource": resource,
-                      "decision": decision.value})
+            metadata={
+                "principal": str(principal),
+                "action": action,
+                "resource": resource,
+                "decision": decision.value,
+            },
+        )
 
     def effective_policies(self, user_id: str) -> tuple[Policy, ...]:
         return self._user(user_id).policies

@@ -35,20 +35,48 @@ _OWN_USER = "arn:quarry:auth:::user/${user}"
 
 BUILTIN_POLICIES: dict[str, str] = {
     "FSFullAccess": document({"Effect": "Allow", "Action": ["fs:*"], "Resource": _ALL}),
-    "FSReadWriteAll": document({"Effect": "Allow", "Action": [
-        "fs:Read*", "fs:List*", "fs:WriteObject", "fs:DeleteObject", "fs:CreateBranch",
-        "fs:DeleteBranch", "fs:RevertBranch", "fs:CompactBranch", "fs:CreateCommit",
-        "fs:CreateTag", "fs:DeleteTag", "fs:GetBranchProtectionRules"], "Resource": _ALL}),
-    "FSReadAll": document({"Effect": "Allow", "Action": ["fs:Read*", "fs:List*"],
-                           "Resource": _ALL}),
+    "FSReadWriteAll": document(
+        {
+            "Effect": "Allow",
+            "Action": [
+                "fs:Read*",
+                "fs:List*",
+                "fs:WriteObject",
+                "fs:DeleteObject",
+                "fs:CreateBranch",
+                "fs:DeleteBranch",
+                "fs:RevertBranch",
+                "fs:CompactBranch",
+                "fs:CreateCommit",
+                "fs:CreateTag",
+                "fs:DeleteTag",
+                "fs:GetBranchProtectionRules",
+            ],
+            "Resource": _ALL,
+        }
+    ),
+    "FSReadAll": document(
+        {"Effect": "Allow", "Action": ["fs:Read*", "fs:List*"], "Resource": _ALL}
+    ),
     "AuthFullAccess": document({"Effect": "Allow", "Action": ["auth:*"], "Resource": _ALL}),
-    "AuthManageOwnCredentials": document({"Effect": "Allow", "Action": [
-        "auth:CreateCredentials", "auth:DeleteCredentials", "auth:ListCredentials",
-        "auth:ReadCredentials"], "Resource": _OWN_USER}),
-    "RetentionFullAccess": document({"Effect": "Allow", "Action": ["retention:*"],
-                                     "Resource": _ALL}),
-    "RetentionReadAll": document({"Effect": "Allow",
-                                  "Action": ["retention:Get*"], "Resource": _ALL}),
+    "AuthManageOwnCredentials": document(
+        {
+            "Effect": "Allow",
+            "Action": [
+                "auth:CreateCredentials",
+                "auth:DeleteCredentials",
+                "auth:ListCredentials",
+                "auth:ReadCredentials",
+            ],
+            "Resource": _OWN_USER,
+        }
+    ),
+    "RetentionFullAccess": document(
+        {"Effect": "Allow", "Action": ["retention:*"], "Resource": _ALL}
+    ),
+    "RetentionReadAll": document(
+        {"Effect": "Allow", "Action": ["retention:Get*"], "Resource": _ALL}
+    ),
     "KVReadAll": document({"Effect": "Allow", "Action": ["kv:Read"], "Resource": _ALL}),
 }
 
@@ -82,14 +110,16 @@ def has_admin(iam: IamStore) -> bool:
     return bool(members)
 
 
-def setup_admin(iam: IamStore, user_id: str = "admin", email: str = ""
-                ) -> tuple[records.UserRecord, records.CredentialRecord, str]:
+def setup_admin(
+    iam: IamStore, user_id: str = "admin", email: str = ""
+) -> tuple[records.UserRecord, records.CredentialRecord, str]:
     """The first admin of an empty installation and its credential (the secret returned
     here once). FAILED_PRECONDITION / ADMIN_EXISTS once the Admins group has a member."""
     if has_admin(iam):
         raise auth_errors.AdminExists(
             "this installation already has an admin; log in with its credentials",
-            metadata={"group": ADMINS})
+            metadata={"group": ADMINS},
+        )
     ensure_builtins(iam)
     user = iam.create_user(user_id, email=email)
     iam.add_group_member(ADMINS, user_id)

@@ -73,6 +73,7 @@ def _act(action: str, resources: Resources, mutating: bool = False) -> Rule:
 
 # ---- resource builders ------------------------------------------------------------------
 
+
 def _all(_: Any) -> tuple[str, ...]:
     return (ALL_RESOURCES,)
 
@@ -163,15 +164,18 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
         "GetTag": _act("fs:ReadTag", _tag_named),
         "ListTags": _act("fs:ListTags", _repo),
         "DeleteTag": _act("fs:DeleteTag", _tag_named, mutating=True),
-        "SetGarbageCollectionRules": _act("retention:SetGarbageCollectionRules", _repo,
-                                          mutating=True),
+        "SetGarbageCollectionRules": _act(
+            "retention:SetGarbageCollectionRules", _repo, mutating=True
+        ),
         "GetGarbageCollectionRules": _act("retention:GetGarbageCollectionRules", _repo),
-        "DeleteGarbageCollectionRules": _act("retention:DeleteGarbageCollectionRules", _repo,
-                                             mutating=True),
+        "DeleteGarbageCollectionRules": _act(
+            "retention:DeleteGarbageCollectionRules", _repo, mutating=True
+        ),
         "StatObject": _act("fs:ReadObject", _object),
         "PutObject": _act("fs:WriteObject", _put_object, mutating=True),
-        "PutObjects": Rule(Access.ACTION, "fs:WriteObject", _put_objects, mutating=True,
-                           client_stream=True),
+        "PutObjects": Rule(
+            Access.ACTION, "fs:WriteObject", _put_objects, mutating=True, client_stream=True
+        ),
         "DeleteObject": _act("fs:DeleteObject", _object, mutating=True),
         "DeleteObjects": _act("fs:DeleteObject", _delete_objects, mutating=True),
         "ListObjects": _act("fs:ListObjects", _repo),
@@ -248,7 +252,8 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
 
 RULES: dict[str, Rule] = {
     f"/{PACKAGE}.{service}/{method}": rule
-    for service, methods in _BY_SERVICE.items() for method, rule in methods.items()
+    for service, methods in _BY_SERVICE.items()
+    for method, rule in methods.items()
 }
 
 

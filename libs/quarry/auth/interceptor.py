@@ -47,7 +47,8 @@ REQUEST_ID_HEADER = "x-request-id"
 _BEARER = "bearer "
 
 _principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
-    "quarry_principal", default=None)
+    "quarry_principal", default=None
+)
 
 
 def current_principal() -> Principal | None:
@@ -63,9 +64,8 @@ def bearer_token(metadata: Any) -> str | None:
             continue
         text = value.decode("latin-1") if isinstance(value, bytes) else str(value)
         if not text.lower().startswith(_BEARER):
-            raise auth_errors.TokenMalformed(
-                "the authorization header must be `Bearer <token>`")
-        return text[len(_BEARER):].strip()
+            raise auth_errors.TokenMalformed("the authorization header must be `Bearer <token>`")
+        return text[len(_BEARER) :].strip()
     return None
 
 
@@ -90,30 +90,38 @@ class _Audit:
             self.resource = exc.metadata.get("resource", self.resource)
         else:
             self.outcome = "failed"
-        self.code = (exc.code.name if isinstance(exc, errors.QuarryError)
-                     else grpc.StatusCode.UNKNOWN.name)
+        self.code = (
+            exc.code.name if isinstance(exc, errors.QuarryError) else grpc.StatusCode.UNKNOWN.name
+        )
 
     def write(self) -> None:
         if not self.rule.mutating:
             return
-        line = {"principal": self.principal or "anonymous", "method": self.method,
-                "action": self.rule.action or self.rule.access.value,
-                "resource": self.resource, "outcome": self.outcome, "code": self.code,
-                "request_id": self.request_id}
+        line = {
+            "principal": self.principal or "anonymous",
+            "method": self.method,
+            "action": self.rule.action or self.rule.access.value,
+            "resource": self.resource,
+            "outcome": self.outcome,
+            "code": self.code,
+            "request_id": self.request_id,
+        }
         audit_log.info(json.dumps(line, separators=(",", ":"), sort_keys=True))
 
 
 class AuthInterceptor(grpc.ServerInterceptor):
-    def __init__(self, tokens: TokenAuthority, authorizer: Authorizer,
-                 rules: dict[str, Rule] = RULES):
+    def __init__(
+        self, tokens: TokenAuthority, authorizer: Authorizer, rules: dict[str, Rule] = RULES
+    ):
         self._tokens = tokens
         self._authorizer = authorizer
         self._rules = rules
         # Wrapped handlers by the handler they wrap: built once per method, not per call.
         self._wrapped: dict[int, tuple[Any, Any]] = {}
 
-    def intercept_service(self, continuation: Callable[[Any], Any],
-                          handler_call_details: Any) -> Any:
+    def intercept_service(
+        self, continuation: Callable[[Any], Any], handler_call_details: Any
+    ) -> Any:
         handler = continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or not is_quarry_method(method):
@@ -132,8 +140,14 @@ class AuthInterceptor(grpc.ServerInterceptor):
         self._authorizer.check_principal(principal)
         return principal
 
-    def _admit(self, rule: Rule, principal: Principal | None, request: Any,
-               audit: _Audit, first: Any = None) -> None:
+    def _admit(
+        self,
+        rule: Rule,
+        principal: Principal | None,
+        request: Any,
+        audit: _Audit,
+        first: Any = None,
+    ) -> None:
         """Authorize one request (or one message of a client stream)."""
         if rule.access in (Access.OPEN, Access.AUTHENTICATED):
             return
@@ -143,22 +157,25 @@ class AuthInterceptor(grpc.ServerInterceptor):
             if not principal.is_service:
                 raise auth_errors.ServicePrincipalRequired(
                     f"{audit.method} is internal: only Quarry's own services may call it",
-                    metadata={"principal": str(principal), "method": audit.method})
+                    metadata={"principal": str(principal), "method": audit.method},
+                )
             return
         if rule.resources is None:
             raise auth_errors.PermissionDenied(f"{audit.method} declares no resources")
-        resources = (rule.resources(request, first) if rule.client_stream
-                     else rule.resources(request))
+        resources = (
+            rule.resources(request, first) if rule.client_stream else rule.resources(request)
+        )
         audit.resource = audit.resource or resources[0]
         self._authorizer.authorize(principal, rule.action, resources)
 
-    def _begin(self, rule: Rule | None, method: str, context: grpc.ServicerContext,
-               audit: _Audit) -> tuple[Rule, Principal | None]:
+    def _begin(
+        self, rule: Rule | None, method: str, context: grpc.ServicerContext, audit: _Audit
+    ) -> tuple[Rule, Principal | None]:
         audit.request_id = _metadata_value(context, REQUEST_ID_HEADER) or ""
         if rule is None:
             raise auth_errors.PermissionDenied(
-                f"{method} has no access declaration; refused",
-                metadata={"method": method})
+                f"{method} has no access declaration; refused", metadata={"method": method}
+            )
         if rule.access is Access.OPEN:
             return rule, None
         principal = self._authenticate(context)
@@ -194,6 +211,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 finally:
                     audit.request_id = audit.request_id or uuid.uuid4().hex
                     audit.write()
+
             return wrapper
 
         def unary_request_stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
@@ -216,10 +234,12 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 finally:
                     audit.request_id = audit.request_id or uuid.uuid4().hex
                     audit.write()
+
             return wrapper
 
-        def checked_messages(checked: Rule, principal: Principal | None, requests: Any,
-                             audit: _Audit) -> Iterator[Any]:
+        def checked_messages(
+            checked: Rule, principal: Principal | None, requests: Any, audit: _Audit
+        ) -> Iterator[Any]:
             first = None
             for message in requests:
                 if first is None:
@@ -237,7 +257,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
                     token = _principal.set(principal)
                     try:
                         response = behavior(
-                            checked_messages(checked, principal, requests, audit), context)
+                            checked_messages(checked, principal, requests, audit), context
+                        )
                     finally:
                         _principal.reset(token)
                 except BaseException as exc:
@@ -249,6 +270,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 finally:
                     audit.request_id = audit.request_id or uuid.uuid4().hex
                     audit.write()
+
             return wrapper
 
         if handler.unary_unary:

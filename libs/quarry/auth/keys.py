@@ -31,8 +31,9 @@ DIGEST_BYTES = 32
 
 
 def new_access_key_id() -> str:
-    tail = "".join(secrets.choice(_KEY_ALPHABET)
-                   for _ in range(ACCESS_KEY_LENGTH - len(ACCESS_KEY_PREFIX)))
+    tail = "".join(
+        secrets.choice(_KEY_ALPHABET) for _ in range(ACCESS_KEY_LENGTH - len(ACCESS_KEY_PREFIX))
+    )
     return ACCESS_KEY_PREFIX + tail
 
 
@@ -44,8 +45,9 @@ def hash_secret(secret: str, *, n: int = SCRYPT_N) -> auth_records_pb2.SecretHas
     """A fresh per-credential salt and the scrypt digest of `secret` under it."""
     salt = secrets.token_bytes(SALT_BYTES)
     digest = _scrypt(secret, salt, n, SCRYPT_R, SCRYPT_P)
-    return auth_records_pb2.SecretHash(algorithm=SCRYPT, salt=salt, digest=digest, n=n,
-                                       r=SCRYPT_R, p=SCRYPT_P)
+    return auth_records_pb2.SecretHash(
+        algorithm=SCRYPT, salt=salt, digest=digest, n=n, r=SCRYPT_R, p=SCRYPT_P
+    )
 
 
 def secret_matches(secret: str, stored: auth_records_pb2.SecretHash) -> bool:
@@ -57,5 +59,12 @@ def secret_matches(secret: str, stored: auth_records_pb2.SecretHash) -> bool:
 
 
 def _scrypt(secret: str, salt: bytes, n: int, r: int, p: int) -> bytes:
-    return hashlib.scrypt(secret.encode("utf-8"), salt=salt, n=n, r=r, p=p,
-                          maxmem=64 * 1024 * 1024, dklen=DIGEST_BYTES)
+    return hashlib.scrypt(
+        secret.encode("utf-8"),
+        salt=salt,
+        n=n,
+        r=r,
+        p=p,
+        maxmem=64 * 1024 * 1024,
+        dklen=DIGEST_BYTES,
+    )

@@ -26,27 +26,56 @@ from quarry.auth.errors import InvalidPolicy
 # ---- actions --------------------------------------------------------------------------
 
 FS_ACTIONS = (
-    "fs:ReadRepository", "fs:CreateRepository", "fs:DeleteRepository", "fs:ListRepositories",
-    "fs:ReadObject", "fs:ListObjects", "fs:WriteObject", "fs:DeleteObject",
+    "fs:ReadRepository",
+    "fs:CreateRepository",
+    "fs:DeleteRepository",
+    "fs:ListRepositories",
+    "fs:ReadObject",
+    "fs:ListObjects",
+    "fs:WriteObject",
+    "fs:DeleteObject",
     "fs:ImportFromStorage",
-    "fs:CreateBranch", "fs:DeleteBranch", "fs:ReadBranch", "fs:ListBranches",
-    "fs:RevertBranch", "fs:CompactBranch",
-    "fs:CreateCommit", "fs:ReadCommit",
-    "fs:CreateTag", "fs:DeleteTag", "fs:ReadTag", "fs:ListTags",
-    "fs:SetBranchProtectionRules", "fs:GetBranchProtectionRules",
+    "fs:CreateBranch",
+    "fs:DeleteBranch",
+    "fs:ReadBranch",
+    "fs:ListBranches",
+    "fs:RevertBranch",
+    "fs:CompactBranch",
+    "fs:CreateCommit",
+    "fs:ReadCommit",
+    "fs:CreateTag",
+    "fs:DeleteTag",
+    "fs:ReadTag",
+    "fs:ListTags",
+    "fs:SetBranchProtectionRules",
+    "fs:GetBranchProtectionRules",
 )
 RETENTION_ACTIONS = (
-    "retention:GetGarbageCollectionRules", "retention:SetGarbageCollectionRules",
+    "retention:GetGarbageCollectionRules",
+    "retention:SetGarbageCollectionRules",
     "retention:DeleteGarbageCollectionRules",
 )
 AUTH_ACTIONS = (
-    "auth:CreateUser", "auth:ReadUser", "auth:ListUsers", "auth:DeleteUser",
-    "auth:CreateCredentials", "auth:ReadCredentials", "auth:ListCredentials",
+    "auth:CreateUser",
+    "auth:ReadUser",
+    "auth:ListUsers",
+    "auth:DeleteUser",
+    "auth:CreateCredentials",
+    "auth:ReadCredentials",
+    "auth:ListCredentials",
     "auth:DeleteCredentials",
-    "auth:CreateGroup", "auth:ReadGroup", "auth:ListGroups", "auth:DeleteGroup",
-    "auth:AddGroupMember", "auth:RemoveGroupMember",
-    "auth:CreatePolicy", "auth:ReadPolicy", "auth:ListPolicies", "auth:DeletePolicy",
-    "auth:AttachPolicy", "auth:DetachPolicy",
+    "auth:CreateGroup",
+    "auth:ReadGroup",
+    "auth:ListGroups",
+    "auth:DeleteGroup",
+    "auth:AddGroupMember",
+    "auth:RemoveGroupMember",
+    "auth:CreatePolicy",
+    "auth:ReadPolicy",
+    "auth:ListPolicies",
+    "auth:DeletePolicy",
+    "auth:AttachPolicy",
+    "auth:DetachPolicy",
 )
 KV_ACTIONS = ("kv:Read",)
 ACTIONS: tuple[str, ...] = FS_ACTIONS + RETENTION_ACTIONS + AUTH_ACTIONS + KV_ACTIONS
@@ -61,10 +90,12 @@ ALL_RESOURCES = "*"
 USER_VARIABLE = "${user}"
 _RESOURCE_FORMS = (
     "*, arn:quarry:fs:::repository/<repo>[/branch/<b>|/object/<path>|/tag/<t>], "
-    "arn:quarry:auth:::user|group|policy/<id>, arn:quarry:kv:::partition/<partition>")
+    "arn:quarry:auth:::user|group|policy/<id>, arn:quarry:kv:::partition/<partition>"
+)
 _RESOURCE_SHAPE = re.compile(
     r"^arn:quarry:(?:fs:::repository/.+|auth:::(?:user|group|policy)/.+|kv:::partition/.+"
-    r"|(?:fs|auth|kv):::\*)$")
+    r"|(?:fs|auth|kv):::\*)$"
+)
 
 
 def repository_arn(repo: str) -> str:
@@ -101,6 +132,7 @@ def kv_partition_arn(partition: bytes) -> str:
 
 # ---- wildcards ------------------------------------------------------------------------
 
+
 @functools.lru_cache(maxsize=8192)
 def _compiled(pattern: str) -> re.Pattern[str]:
     parts = []
@@ -124,6 +156,7 @@ def wildcard_match(pattern: str, value: str) -> bool:
 
 
 # ---- documents ------------------------------------------------------------------------
+
 
 class Effect(enum.Enum):
     ALLOW = "Allow"
@@ -164,8 +197,8 @@ def parse_policy(policy_id: str, document: str) -> Policy:
         raise InvalidPolicy(
             f"policy {policy_id!r} is not valid JSON: {exc.msg} at line {exc.lineno} "
             f"column {exc.colno}",
-            metadata={"policy": policy_id, "line": str(exc.lineno),
-                      "column": str(exc.colno)}) from None
+            metadata={"policy": policy_id, "line": str(exc.lineno), "column": str(exc.colno)},
+        ) from None
     if not isinstance(raw, dict):
         _invalid(policy_id, "", "a policy document is a JSON object with a Statement list")
     top = _keys(policy_id, "", raw, {"statement", "version", "id"})
@@ -186,21 +219,29 @@ def _parse_statement(policy_id: str, index: int, raw: Any) -> Statement:
             _invalid(policy_id, f"{where}.{name.capitalize()}", "is missing")
     effect_raw = fields["effect"]
     effect = {"allow": Effect.ALLOW, "deny": Effect.DENY}.get(
-        effect_raw.lower() if isinstance(effect_raw, str) else "")
+        effect_raw.lower() if isinstance(effect_raw, str) else ""
+    )
     if effect is None:
-        _invalid(policy_id, f"{where}.Effect",
-                 f"must be \"Allow\" or \"Deny\", not {json.dumps(effect_raw)}")
+        _invalid(
+            policy_id, f"{where}.Effect", f'must be "Allow" or "Deny", not {json.dumps(effect_raw)}'
+        )
     actions = _strings(policy_id, f"{where}.Action", fields["action"])
     for j, action in enumerate(actions):
         if not _known_action(action):
-            _invalid(policy_id, f"{where}.Action[{j}]",
-                     f"{action!r} is not a known action (nor a wildcard matching one); known "
-                     f"services: fs, retention, auth, kv")
+            _invalid(
+                policy_id,
+                f"{where}.Action[{j}]",
+                f"{action!r} is not a known action (nor a wildcard matching one); known "
+                f"services: fs, retention, auth, kv",
+            )
     resources = _strings(policy_id, f"{where}.Resource", fields["resource"])
     for j, resource in enumerate(resources):
         if resource != ALL_RESOURCES and not _RESOURCE_SHAPE.match(resource):
-            _invalid(policy_id, f"{where}.Resource[{j}]",
-                     f"{resource!r} is not a Quarry resource; forms: {_RESOURCE_FORMS}")
+            _invalid(
+                policy_id,
+                f"{where}.Resource[{j}]",
+                f"{resource!r} is not a Quarry resource; forms: {_RESOURCE_FORMS}",
+            )
     return Statement(effect, tuple(actions), tuple(resources))
 
 
@@ -216,8 +257,11 @@ def _keys(policy_id: str, where: str, raw: dict[str, Any], allowed: set[str]) ->
         lower = key.lower() if isinstance(key, str) else key
         path = f"{where}.{key}" if where else key
         if lower not in allowed:
-            _invalid(policy_id, path, f"unknown field; allowed: "
-                                      f"{', '.join(sorted(a.capitalize() for a in allowed))}")
+            _invalid(
+                policy_id,
+                path,
+                f"unknown field; allowed: {', '.join(sorted(a.capitalize() for a in allowed))}",
+            )
         if lower in fields:
             _invalid(policy_id, path, "given twice (field names are case-insensitive)")
         fields[lower] = value
@@ -236,11 +280,14 @@ def _strings(policy_id: str, where: str, raw: Any) -> list[str]:
 
 def _invalid(policy_id: str, where: str, why: str) -> Any:
     position = where or "document"
-    raise InvalidPolicy(f"policy {policy_id!r}: {position}: {why}",
-                        metadata={"policy": policy_id, "position": position})
+    raise InvalidPolicy(
+        f"policy {policy_id!r}: {position}: {why}",
+        metadata={"policy": policy_id, "position": position},
+    )
 
 
 # ---- evaluation -----------------------------------------------------------------------
+
 
 class Decision(enum.Enum):
     ALLOW = "allow"
@@ -248,8 +295,9 @@ class Decision(enum.Enum):
     NO_GRANT = "no_grant"  # nothing matched: denied by default
 
 
-def decide(policies: Iterable[Policy], action: str, resources: Sequence[str],
-           user_id: str | None) -> tuple[Decision, str]:
+def decide(
+    policies: Iterable[Policy], action: str, resources: Sequence[str], user_id: str | None
+) -> tuple[Decision, str]:
     """The decision for `action` on EVERY one of `resources`, and the resource that decided
     a refusal ("" when allowed). Deny wins; default deny."""
     policies = tuple(policies)

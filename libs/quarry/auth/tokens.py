@@ -55,31 +55,41 @@ class TokenAuthority:
         self._key = key
         self._clock = clock
 
-    def issue_user_token(self, user_id: str, lifetime: float = DEFAULT_LIFETIME_SECONDS,
-                         access_key_id: str = "") -> tuple[str, float]:
+    def issue_user_token(
+        self, user_id: str, lifetime: float = DEFAULT_LIFETIME_SECONDS, access_key_id: str = ""
+    ) -> tuple[str, float]:
         """(token, expires_at in epoch seconds)."""
         extra = {"akid": access_key_id} if access_key_id else {}
         return self._issue(USER, user_id, lifetime, extra)
 
-    def issue_service_token(self, service_name: str,
-                            lifetime: float = DEFAULT_LIFETIME_SECONDS) -> tuple[str, float]:
+    def issue_service_token(
+        self, service_name: str, lifetime: float = DEFAULT_LIFETIME_SECONDS
+    ) -> tuple[str, float]:
         return self._issue(SERVICE, service_name, lifetime, {})
 
-    def _issue(self, kind: str, subject: str, lifetime: float,
-               extra: dict[str, str]) -> tuple[str, float]:
+    def _issue(
+        self, kind: str, subject: str, lifetime: float, extra: dict[str, str]
+    ) -> tuple[str, float]:
         if not subject:
             raise ValueError("a token needs a subject")
         now = self._clock()
         expires_at = now + lifetime
-        claims = {"iss": ISSUER, "sub": subject, "typ": kind, "iat": int(now),
-                  "exp": int(expires_at), **extra}
+        claims = {
+            "iss": ISSUER,
+            "sub": subject,
+            "typ": kind,
+            "iat": int(now),
+            "exp": int(expires_at),
+            **extra,
+        }
         return jwt.encode(claims, self._key, algorithm=ALGORITHM), float(int(expires_at))
 
     def verify(self, token: str | None) -> Principal:
         """The principal of a valid token; an Unauthenticated subclass naming why not."""
         if not token:
             raise auth_errors.TokenMissing(
-                "no bearer token: send `authorization: Bearer <token>` (Auth/Login issues one)")
+                "no bearer token: send `authorization: Bearer <token>` (Auth/Login issues one)"
+            )
         try:
             header = jwt.get_unverified_header(token)
         except jwt.DecodeError:
@@ -88,16 +98,25 @@ class TokenAuthority:
         if algorithm != ALGORITHM:
             raise auth_errors.TokenAlgorithm(
                 f"token algorithm {str(algorithm)[:20]!r} refused; only {ALGORITHM} is accepted",
-                metadata={"algorithm": str(algorithm)[:20]})
+                metadata={"algorithm": str(algorithm)[:20]},
+            )
         try:
             # Expiry is checked below against our clock (PyJWT would read the wall clock).
             claims = jwt.decode(
-                token, self._key, algorithms=[ALGORITHM], issuer=ISSUER,
-                options={"require": ["exp", "iat", "sub", "iss"], "verify_exp": False,
-                         "verify_iat": False})
+                token,
+                self._key,
+                algorithms=[ALGORITHM],
+                issuer=ISSUER,
+                options={
+                    "require": ["exp", "iat", "sub", "iss"],
+                    "verify_exp": False,
+                    "verify_iat": False,
+                },
+            )
         except jwt.InvalidSignatureError:
             raise auth_errors.TokenInvalidSignature(
-                "the bearer token's signature does not verify") from None
+                "the bearer token's signature does not verify"
+            ) from None
         except jwt.InvalidAlgorithmError:
             raise auth_errors.TokenAlgorithm(f"only {ALGORITHM} tokens are accepted") from None
         except jwt.PyJWTError as exc:
@@ -111,7 +130,8 @@ class TokenAuthority:
         if kind not in TOKEN_TYPES:
             raise auth_errors.TokenTypeUnknown(
                 f"token type {str(kind)[:20]!r} is not one of {', '.join(TOKEN_TYPES)}",
-                metadata={"type": str(kind)[:20]})
+                metadata={"type": str(kind)[:20]},
+            )
         subject = claims["sub"]
         access_key_id = claims.get("akid", "")
         if not isinstance(subject, str) or not subject or not isinstance(access_key_id, str):

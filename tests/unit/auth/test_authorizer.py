@@ -71,8 +71,12 @@ def allowed(authorizer, principal, action, *resources) -> bool:
 def test_builtin_groups_mean_what_lakefs_groups_mean(iam):
     authorizer = Authorizer(iam, cache_seconds=0)
     admin, superuser, developer, viewer, nobody = (
-        user(iam, "admin", ADMINS), user(iam, "su", SUPER_USERS),
-        user(iam, "dev", DEVELOPERS), user(iam, "viewer", VIEWERS), user(iam, "nobody"))
+        user(iam, "admin", ADMINS),
+        user(iam, "su", SUPER_USERS),
+        user(iam, "dev", DEVELOPERS),
+        user(iam, "viewer", VIEWERS),
+        user(iam, "nobody"),
+    )
     repo, obj, main = repository_arn("r"), object_arn("r", "a/b"), branch_arn("r", "main")
     cases = [
         # action, resource, admin, superuser, developer, viewer
@@ -91,8 +95,9 @@ def test_builtin_groups_mean_what_lakefs_groups_mean(iam):
         ("kv:Read", kv_partition_arn(b"quarry"), True, False, False, False),
     ]
     for action, resource, *expected in cases:
-        got = [allowed(authorizer, p, action, resource)
-               for p in (admin, superuser, developer, viewer)]
+        got = [
+            allowed(authorizer, p, action, resource) for p in (admin, superuser, developer, viewer)
+        ]
         assert got == expected, action
         assert not allowed(authorizer, nobody, action, resource)
     # Everyone but nobody manages their OWN credentials, and only their own.
@@ -116,8 +121,16 @@ def test_permission_denied_names_action_and_resource(iam):
 def test_explicit_deny_overrides_a_group_grant(iam):
     authorizer = Authorizer(iam, cache_seconds=0)
     dev = user(iam, "dev", DEVELOPERS)
-    iam.create_policy("NoProd", document({"Effect": "Deny", "Action": "fs:WriteObject",
-                                          "Resource": "arn:quarry:fs:::repository/prod*"}))
+    iam.create_policy(
+        "NoProd",
+        document(
+            {
+                "Effect": "Deny",
+                "Action": "fs:WriteObject",
+                "Resource": "arn:quarry:fs:::repository/prod*",
+            }
+        ),
+    )
     iam.attach_user_policy("dev", "NoProd")
     assert not allowed(authorizer, dev, "fs:WriteObject", object_arn("prod", "a"))
     assert allowed(authorizer, dev, "fs:WriteObject", object_arn("staging", "a"))
@@ -195,8 +208,12 @@ def test_setup_admin_once(iam):
     user_record, credential, secret = setup_admin(iam, "root")
     assert credential.user_id == "root" and len(secret) == 40
     assert iam.authenticate(credential.access_key_id, secret).user_id == "root"
-    assert allowed(Authorizer(iam, cache_seconds=0), Principal("user", "root"),
-                   "auth:CreateUser", user_arn("x"))
+    assert allowed(
+        Authorizer(iam, cache_seconds=0),
+        Principal("user", "root"),
+        "auth:CreateUser",
+        user_arn("x"),
+    )
     with pytest.raises(auth_errors.AdminExists) as caught:
         setup_admin(iam, "second")
     assert caught.value.code.name == "FAILED_PRECONDITION"

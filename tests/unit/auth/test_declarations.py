@@ -15,11 +15,19 @@ from quarry.auth.policy import ACTIONS
 PROTOS = Path(__file__).resolve().parents[3] / "protos" / "quarry" / "v1"
 READ_ONLY_PREFIXES = ("Get", "List", "Stat", "Diff", "Log", "Find", "Scan", "BatchGet")
 READ_ONLY_NAMES = {"Login", "WhoAmI"}
-INTERNAL = {"KVGateway/SetItem", "KVGateway/SetItemIf", "KVGateway/DeleteItem",
-            "KVGateway/BatchSetItems", "KVGateway/BatchDeleteItems",
-            "CompactorSensor/ReportStagingActivity", "RangeWriter/ApplyChanges",
-            "RangeWriter/MergeMetaRanges", "RangeWriter/WriteMetaRange",
-            "RangeWriter/GetMetaRange", "RangeWriter/ClaimNamespace"}
+INTERNAL = {
+    "KVGateway/SetItem",
+    "KVGateway/SetItemIf",
+    "KVGateway/DeleteItem",
+    "KVGateway/BatchSetItems",
+    "KVGateway/BatchDeleteItems",
+    "CompactorSensor/ReportStagingActivity",
+    "RangeWriter/ApplyChanges",
+    "RangeWriter/MergeMetaRanges",
+    "RangeWriter/WriteMetaRange",
+    "RangeWriter/GetMetaRange",
+    "RangeWriter/ClaimNamespace",
+}
 
 
 def proto_rpcs() -> dict[str, str]:
@@ -51,14 +59,19 @@ def test_no_declaration_names_a_missing_rpc():
 
 
 def test_internal_rpcs_are_service_only_and_nothing_else_is():
-    service_only = {name.removeprefix("/quarry.v1.") for name, rule in RULES.items()
-                    if rule.access is Access.SERVICE_ONLY}
+    service_only = {
+        name.removeprefix("/quarry.v1.")
+        for name, rule in RULES.items()
+        if rule.access is Access.SERVICE_ONLY
+    }
     assert service_only == INTERNAL
 
 
 def test_only_serverinfo_and_login_are_open():
     assert {n for n, r in RULES.items() if r.access is Access.OPEN} == {
-        "/quarry.v1.ServerInfo/GetServerInfo", "/quarry.v1.Auth/Login"}
+        "/quarry.v1.ServerInfo/GetServerInfo",
+        "/quarry.v1.Auth/Login",
+    }
 
 
 def test_mutating_flags_follow_the_names():
@@ -96,14 +109,12 @@ def _sample_request(descriptor):
     return request
 
 
-@pytest.mark.parametrize("name", sorted(n for n, r in RULES.items()
-                                        if r.access is Access.ACTION))
+@pytest.mark.parametrize("name", sorted(n for n, r in RULES.items() if r.access is Access.ACTION))
 def test_every_action_rule_evaluates_on_a_real_request(name):
     rule = RULES[name]
     assert rule.action in ACTIONS, f"{name}: {rule.action} is not a known action"
     request = _sample_request(_method_descriptor(name))
-    resources = (rule.resources(request, request) if rule.client_stream
-                 else rule.resources(request))
+    resources = rule.resources(request, request) if rule.client_stream else rule.resources(request)
     assert resources
     for resource in resources:
         assert resource == "*" or resource.startswith("arn:quarry:"), resource

@@ -55,14 +55,22 @@ def test_layout_is_the_seeds_one_item_per_entity_and_auxiliary_keys(iam, backend
     found = {key.decode() for key in all_keys(backend)}
     akid = iam.list_credentials("bob")[0][0].access_key_id
     expected_present = {
-        "iam/users/bob", "iam/groups/eng", "iam/policies/p1", f"iam/credentials/{akid}",
-        f"iam/user_credentials/bob/{akid}", "iam/user_groups/bob/eng",
-        "iam/user_groups/bob/ops", "iam/user_policies/bob/p1", "iam/group_policies/eng/p1"}
+        "iam/users/bob",
+        "iam/groups/eng",
+        "iam/policies/p1",
+        f"iam/credentials/{akid}",
+        f"iam/user_credentials/bob/{akid}",
+        "iam/user_groups/bob/eng",
+        "iam/user_groups/bob/ops",
+        "iam/user_policies/bob/p1",
+        "iam/group_policies/eng/p1",
+    }
     assert expected_present <= found
     # No reverse index (the seed: a scan and a filter is enough for a small keyspace).
     assert not any(k.startswith("iam/group_users/") for k in found)
     stored = records.MembershipRecord.FromString(
-        backend.get(AUTH_PARTITION, b"iam/user_groups/bob/eng").value)
+        backend.get(AUTH_PARTITION, b"iam/user_groups/bob/eng").value
+    )
     assert (stored.user_id, stored.group_id) == ("bob", "eng")
 
 
@@ -226,7 +234,8 @@ def dangling(backend) -> list[str]:
             need(f"iam/users/{parts[2]}", key)
         elif parts[1] == "credentials":
             record = records.CredentialRecord.FromString(
-                backend.get(AUTH_PARTITION, key.encode()).value)
+                backend.get(AUTH_PARTITION, key.encode()).value
+            )
             need(f"iam/users/{record.user_id}", key)
             need(f"iam/user_credentials/{record.user_id}/{parts[2]}", key)
     return problems
@@ -236,9 +245,11 @@ def dangling(backend) -> list[str]:
 def test_a_crash_at_any_step_of_a_delete_leaves_nothing_dangling(entity):
     """Crash after the 0th, 1st, 2nd, ... delete: whatever was done, no relationship names
     a missing entity; a retried delete then finishes the job."""
-    delete = {"user": lambda s: s.delete_user("bob"),
-              "group": lambda s: s.delete_group("eng"),
-              "policy": lambda s: s.delete_policy("p1")}[entity]
+    delete = {
+        "user": lambda s: s.delete_user("bob"),
+        "group": lambda s: s.delete_group("eng"),
+        "policy": lambda s: s.delete_policy("p1"),
+    }[entity]
     crash_at, crashed_somewhere = 0, False
     while True:
         backend = MemoryStore()
@@ -270,15 +281,16 @@ def test_a_crash_while_creating_credentials_leaves_no_invisible_key():
     backend = MemoryStore()
     IamStore(backend, hash_cost=FAST_HASH).create_user("bob")
     with pytest.raises(Crash):
-        IamStore(CrashOnCredential(backend, 10**6), hash_cost=FAST_HASH).create_credentials(
-            "bob")
+        IamStore(CrashOnCredential(backend, 10**6), hash_cost=FAST_HASH).create_credentials("bob")
     assert dangling(backend) == []
     assert IamStore(backend).list_credentials("bob")[0] == []
 
 
 def test_secrets_are_never_stored_in_plaintext(iam, backend):
-    secrets_ = [iam.create_credentials(user)[1]
-                for user in (iam.create_user(u).id for u in ("alice", "bob"))]
+    secrets_ = [
+        iam.create_credentials(user)[1]
+        for user in (iam.create_user(u).id for u in ("alice", "bob"))
+    ]
     for secret in secrets_:
         assert len(secret) == keys.SECRET_LENGTH
         for item in backend.scan(AUTH_PARTITION):
@@ -292,9 +304,12 @@ def test_authenticate(iam):
     record, secret = iam.create_credentials("alice")
     assert record.access_key_id.startswith("AKIAQ") and len(record.access_key_id) == 20
     assert iam.authenticate(record.access_key_id, secret).user_id == "alice"
-    for key_id, guess in [(record.access_key_id, secret[:-1] + "x"),
-                          (record.access_key_id, ""), ("AKIAQNOSUCHKEY000000", secret),
-                          ("../../etc", secret)]:
+    for key_id, guess in [
+        (record.access_key_id, secret[:-1] + "x"),
+        (record.access_key_id, ""),
+        ("AKIAQNOSUCHKEY000000", secret),
+        ("../../etc", secret),
+    ]:
         with pytest.raises(auth_errors.InvalidCredentials):
             iam.authenticate(key_id, guess)
     iam.delete_credentials("alice", record.access_key_id)

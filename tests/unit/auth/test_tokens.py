@@ -68,8 +68,13 @@ def test_wrong_signature():
     # A tampered payload with the original signature.
     good, _ = TokenAuthority(KEY).issue_user_token("alice")
     header, _payload, signature = good.split(".")
-    forged = ".".join([header, b64({"sub": "admin", "typ": "user", "iss": "quarry",
-                                    "iat": 1, "exp": 2**40}), signature])
+    forged = ".".join(
+        [
+            header,
+            b64({"sub": "admin", "typ": "user", "iss": "quarry", "iat": 1, "exp": 2**40}),
+            signature,
+        ]
+    )
     refused(TokenAuthority(KEY), forged, "TOKEN_INVALID_SIGNATURE")
 
 
@@ -88,14 +93,19 @@ def test_alg_none_and_other_algorithms():
 def test_unknown_type_and_missing_claims():
     authority = TokenAuthority(KEY)
     base = {"sub": "alice", "iss": "quarry", "iat": 1, "exp": 2**40}
-    refused(authority, jwt.encode({**base, "typ": "root"}, KEY, algorithm="HS256"),
-            "TOKEN_TYPE_UNKNOWN")
+    refused(
+        authority, jwt.encode({**base, "typ": "root"}, KEY, algorithm="HS256"), "TOKEN_TYPE_UNKNOWN"
+    )
     refused(authority, jwt.encode(base, KEY, algorithm="HS256"), "TOKEN_TYPE_UNKNOWN")
     no_exp = {k: v for k, v in base.items() if k != "exp"}
-    refused(authority, jwt.encode({**no_exp, "typ": "user"}, KEY, algorithm="HS256"),
-            "TOKEN_MALFORMED")
-    refused(authority, jwt.encode({**base, "typ": "user", "iss": "lakefs"}, KEY,
-                                  algorithm="HS256"), "TOKEN_MALFORMED")
+    refused(
+        authority, jwt.encode({**no_exp, "typ": "user"}, KEY, algorithm="HS256"), "TOKEN_MALFORMED"
+    )
+    refused(
+        authority,
+        jwt.encode({**base, "typ": "user", "iss": "lakefs"}, KEY, algorithm="HS256"),
+        "TOKEN_MALFORMED",
+    )
 
 
 def test_short_signing_keys_are_refused():
