@@ -19,7 +19,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from quarry.auth.errors import InvalidPolicy
 
@@ -278,7 +278,7 @@ def _strings(policy_id: str, where: str, raw: Any) -> list[str]:
     return list(values)
 
 
-def _invalid(policy_id: str, where: str, why: str) -> Any:
+def _invalid(policy_id: str, where: str, why: str) -> NoReturn:
     position = where or "document"
     raise InvalidPolicy(
         f"policy {policy_id!r}: {position}: {why}",
