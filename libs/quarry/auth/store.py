@@ -209,10 +209,18 @@ class IamStore:
         return found, token
 
     def delete_credentials(self, user_id: str, access_key_id: str) -> None:
-        """The credential first (it stops working at once), then the user's link."""
-        self.get_user_credentials(user_id, access_key_id)
-        self._kv.delete(AUTH_PARTITION, _key(CREDENTIALS, access_key_id))
-        self._kv.delete(AUTH_PARTITION, _key(USER_CREDENTIALS, user_id, access_key_id))
+        """The credential first (it stops working at once), then the user's link. Never
+        touches a credential of another user."""
+        link = _key(USER_CREDENTIALS, check_id("user", user_id), access_key_id)
+        try:
+            self.get_user_credentials(user_id, access_key_id)
+        except auth_errors.CredentialsNotFound:
+            if not self._exists(link):
+                raise
+            # A previous delete stopped between the credential and its link: finish it.
+        else:
+            self._kv.delete(AUTH_PARTITION, _key(CREDENTIALS, access_key_id))
+        self._kv.delete(AUTH_PARTITION, link)
 
     def authenticate(self, access_key_id: str, secret: str) -> records.CredentialRecord:
         """The credential whose secret this is; InvalidCredentials (the same answer for an

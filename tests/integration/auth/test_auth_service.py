@@ -466,7 +466,7 @@ def test_a_stream_is_authorized_message_by_message(secured, admin):
         document(
             {
                 "Effect": "Deny",
-                "Action": "fs:WriteObject",
+                "Action": ["fs:WriteObject", "fs:DeleteObject"],
                 "Resource": "arn:quarry:fs:::repository/demo/object/locked/*",
             }
         ),
@@ -485,6 +485,12 @@ def test_a_stream_is_authorized_message_by_message(secured, admin):
     error = failure(secured.bm().PutObjects, iter(messages), metadata=bearer(token))
     assert error.code.name == "PERMISSION_DENIED"
     assert error.metadata["resource"].endswith("/object/locked/3")
+    bulk_delete = failure(
+        secured.bm().DeleteObjects,
+        bmp.DeleteObjectsRequest(repository="demo", branch="main", paths=["a/one", "locked/9"]),
+        metadata=bearer(token),
+    )
+    assert bulk_delete.metadata["resource"].endswith("/object/locked/9")
     missing = failure(
         secured.bm().StatObject,
         bmp.StatObjectRequest(repository="demo", ref="main", path="locked/3"),
