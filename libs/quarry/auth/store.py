@@ -97,6 +97,7 @@ class IamStore:
         self._kv = store
         self._clock = clock
         self._hash_cost = hash_cost
+        self._decoy = keys.hash_secret(keys.new_secret(), n=hash_cost)
 
     # ---- users ------------------------------------------------------------------------
 
@@ -231,6 +232,8 @@ class IamStore:
         try:
             record = self.get_credentials(access_key_id)
         except auth_errors.CredentialsNotFound:
+            # Hash anyway, so an unknown key id takes as long as a wrong secret.
+            keys.secret_matches(secret, self._decoy)
             raise refused from None
         if not keys.secret_matches(secret, record.secret_hash):
             raise refused

@@ -424,6 +424,9 @@ def _calls(secured):
         "Auth/CreateUser": lambda md: auth.CreateUser(
             auth_pb2.CreateUserRequest(user_id=f"m-{uuid.uuid4().hex[:8]}"), metadata=md
         ),
+        "KVGateway/ScanItems": lambda md: list(
+            kv.ScanItems(kv_pb2.ScanItemsRequest(partition_key=b"quarry"), metadata=md)
+        ),
         "KVGateway/GetItem": lambda md: kv.GetItem(
             kv_pb2.GetItemRequest(partition_key=b"quarry", key=b"format-version"), metadata=md
         ),
@@ -443,6 +446,7 @@ def _calls(secured):
             "Committer/Commit",
             "Auth/CreateUser",
             "KVGateway/GetItem",
+            "KVGateway/ScanItems",
         ]
     ),
 )
