@@ -52,8 +52,9 @@ from quarry.v1 import (
     server_info_pb2_grpc,
     types_pb2,
 )
+from support.counting import CountingStore
 
-CACHE_SECONDS = 0.5
+CACHE_SECONDS = 2.0
 FAST_HASH = 2**10
 
 
@@ -65,6 +66,7 @@ class Secured:
     authorizer: Authorizer
     channel: grpc.Channel
     namespace_root: str
+    backend: CountingStore
 
     def auth(self):
         return auth_pb2_grpc.AuthStub(self.channel)
@@ -105,7 +107,7 @@ def secured(tmp_path_factory):
     from range_writer.service import build as build_range_writer
 
     home = tmp_path_factory.mktemp("auth-home")
-    backend = MemoryStore()
+    backend = CountingStore(MemoryStore())
     settings = load_settings(env={}, home=str(home), metrics_base_port=0, compactor_enabled=False)
     with contextlib.ExitStack() as stack:
         kv_server, kv_port = create_server(
@@ -149,7 +151,7 @@ def secured(tmp_path_factory):
         stack.callback(channel.close)
         root = home / "lake"
         root.mkdir()
-        yield Secured(f"127.0.0.1:{port}", iam, tokens, authorizer, channel, str(root))
+        yield Secured(f"127.0.0.1:{port}", iam, tokens, authorizer, channel, str(root), backend)
 
 
 @pytest.fixture(scope="module")
@@ -542,3 +544,25 @@ def test_one_audit_line_per_mutating_call(secured, matrix, caplog):
     }
     assert denied["outcome"] == "denied" and denied["code"] == "PERMISSION_DENIED"
     assert denied["principal"] == "user:m-nogrant" and denied["request_id"]
+
+
+def test_steady_state_calls_read_nothing_from_the_auth_partition(secured, matrix):
+    """The hot path: once a user's permissions are cached, StatObject and PutObject add no
+    KV read of IAM data (the seed's read optimization is not paid for by security)."""
+    bmp = branch_manager_pb2
+    md = bearer(matrix["m-allowed"])
+    stat = bmp.StatObjectRequest(repository="demo", ref="main", path="a/one")
+    secured.bm().StatObject(stat, metadata=md)  # warm the cache
+    secured.backend.reset()
+    for i in range(10):
+        secured.bm().StatObject(stat, metadata=md)
+        secured.bm().PutObject(
+            bmp.PutObjectRequest(
+                repository="demo",
+                branch="main",
+                entry=types_pb2.Entry(path=f"hot/{i}", physical_address="s3://b/h", size_bytes=1),
+            ),
+            metadata=md,
+        )
+    assert secured.backend.total(cls="auth") == 0
+    assert secured.backend.total() > 0  # the calls themselves did read and write
