@@ -57,7 +57,8 @@ def test_list_from_the_proto_files_shows_the_whole_contract():
     assert result.returncode == 0, result.stderr
     assert set(result.stdout.split()) == {
         "quarry.v1.KVGateway", "quarry.v1.BranchManager", "quarry.v1.Committer",
-        "quarry.v1.CompactorSensor", "quarry.v1.RangeWriter", "quarry.v1.ServerInfo"}
+        "quarry.v1.CompactorSensor", "quarry.v1.RangeWriter", "quarry.v1.ServerInfo",
+        "quarry.v1.Auth"}
 
 
 def test_describe_and_server_info(gateway):

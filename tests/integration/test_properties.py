@@ -321,8 +321,10 @@ def test_rpc_never_internal_and_errors_change_nothing(world, method_name):
 def test_every_public_rpc_is_covered(world):
     """Every RPC a public service declares in protos/ is fuzzed above (and its request
     strategy draws). Fails when an RPC is added without coverage."""
+    # Auth (issue 12) is in the contract but not served until branch-manager registers it
+    # behind the auth interceptor; it joins the fuzzed services then.
     declared = {f"{service}/{rpc}" for service, rpcs in rpcs_declared_in_protos().items()
-                if service != "RangeWriter" for rpc in rpcs}
+                if service not in ("RangeWriter", "Auth") for rpc in rpcs}
     assert {"BranchManager/PutObject", "Committer/Commit",
             "CompactorSensor/GetBranchStagingStats"} <= declared
     missing = declared - set(METHODS)

@@ -1,0 +1,131 @@
+"""The authorizer: is this principal still valid, and may it do this action on these
+resources?
+
+A user's effective policies (its own attachments and its groups') are cached per user for
+`cache_seconds`, and so are "does this user exist" and "does this access key exist", so a
+steady stream of calls by one user costs no KV read. The price is the cache lifetime: a
+deleted user, a revoked credential or a detached policy takes effect within it (and at once
+on this process after `invalidate`).
+
+Safety rule: nothing here allows by default. An unknown user, a revoked credential, a
+matching Deny or the absence of any matching Allow is a refusal; only a service principal
+(holder of a token minted with the signing key) skips policy evaluation.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from quarry.auth import errors as auth_errors
+from quarry.auth.policy import Decision, Policy, decide
+from quarry.auth.store import IamStore
+from quarry.auth.tokens import Principal
+
+DEFAULT_CACHE_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class _Cached:
+    loaded_at: float
+    exists: bool
+    policies: tuple[Policy, ...] = ()
+
+
+class Authorizer:
+    def __init__(
+        self,
+        iam: IamStore,
+        cache_seconds: float = DEFAULT_CACHE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._iam = iam
+        self._cache_seconds = cache_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._users: dict[str, _Cached] = {}
+        self._keys: dict[str, _Cached] = {}
+
+    def check_principal(self, principal: Principal) -> None:
+        """PrincipalUnknown for a user that no longer exists; CredentialRevoked for a token
+        issued against an access key that was deleted (or now belongs to someone else)."""
+        if principal.is_service:
+            return
+        if not self._user(principal.id).exists:
+            raise auth_errors.PrincipalUnknown(
+                f"user {principal.id!r} of this token does not exist (any more)",
+                metadata={"principal": str(principal)},
+            )
+        if principal.access_key_id and not self._key_of(principal).exists:
+            raise auth_errors.CredentialRevoked(
+                f"access key {principal.access_key_id!r} of this token was revoked",
+                metadata={"principal": str(principal), "access_key_id": principal.access_key_id},
+            )
+
+    def authorize(self, principal: Principal, action: str, resources: Sequence[str]) -> None:
+        """Return if allowed; PermissionDenied naming the action and resource otherwise."""
+        self.check_principal(principal)
+        if principal.is_service:
+            return
+        policies = self._user(principal.id).policies
+        decision, resource = decide(policies, action, resources, principal.id)
+        if decision is Decision.ALLOW:
+            return
+        why = "an explicit Deny" if decision is Decision.DENY else "no policy allows it"
+        raise auth_errors.PermissionDenied(
+            f"{principal} may not {action} on {resource} ({why})",
+            metadata={
+                "principal": str(principal),
+                "action": action,
+                "resource": resource,
+                "decision": decision.value,
+            },
+        )
+
+    def effective_policies(self, user_id: str) -> tuple[Policy, ...]:
+        return self._user(user_id).policies
+
+    def invalidate(self, user_id: str | None = None) -> None:
+        """Forget cached answers (all, or one user's): IAM changes made through this process
+        take effect here at once."""
+        with self._lock:
+            if user_id is None:
+                self._users.clear()
+                self._keys.clear()
+            else:
+                self._users.pop(user_id, None)
+
+    def _fresh(self, cached: _Cached | None) -> bool:
+        return cached is not None and self._clock() - cached.loaded_at < self._cache_seconds
+
+    def _user(self, user_id: str) -> _Cached:
+        with self._lock:
+            cached = self._users.get(user_id)
+        if cached is not None and self._fresh(cached):
+            return cached
+        now = self._clock()
+        try:
+            loaded = _Cached(now, True, tuple(self._iam.effective_policies(user_id)))
+        except (auth_errors.UserNotFound, auth_errors.InvalidIamId):
+            loaded = _Cached(now, False)
+        with self._lock:
+            self._users[user_id] = loaded
+        return loaded
+
+    def _key_of(self, principal: Principal) -> _Cached:
+        key_id = principal.access_key_id
+        with self._lock:
+            cached = self._keys.get(key_id)
+        if cached is not None and self._fresh(cached):
+            return cached
+        now = self._clock()
+        try:
+            record = self._iam.get_credentials(key_id)
+            loaded = _Cached(now, record.user_id == principal.id)
+        except (auth_errors.CredentialsNotFound, auth_errors.InvalidIamId):
+            loaded = _Cached(now, False)
+        with self._lock:
+            self._keys[key_id] = loaded
+        return loaded

@@ -1,0 +1,127 @@
+"""Built-in policies and groups with lakeFS's meanings, and `setup_admin`, the first-run
+bootstrap (what `quarry setup` / `quarry up` / the Helm Job will call).
+
+| group      | policies                                                         |
+|------------|------------------------------------------------------------------|
+| Admins     | AuthFullAccess, FSFullAccess, RetentionFullAccess, KVReadAll      |
+| SuperUsers | FSFullAccess, AuthManageOwnCredentials, RetentionReadAll          |
+| Developers | FSReadWriteAll, AuthManageOwnCredentials, RetentionReadAll        |
+| Viewers    | FSReadAll, AuthManageOwnCredentials                               |
+
+Developers read and write data (objects, branches, tags, commits) but cannot create or
+delete repositories, import from outside a namespace, set branch protection or manage IAM.
+
+Safety rule: setup_admin never creates a second admin and never replaces an existing
+policy or group: it is refused (ADMIN_EXISTS) once the Admins group has a member.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from quarry import errors
+from quarry.auth import errors as auth_errors
+from quarry.auth.policy import document
+from quarry.auth.store import IamStore
+from quarry.storage.v1 import auth_records_pb2 as records
+
+ADMINS = "Admins"
+SUPER_USERS = "SuperUsers"
+DEVELOPERS = "Developers"
+VIEWERS = "Viewers"
+
+_ALL = "*"
+_OWN_USER = "arn:quarry:auth:::user/${user}"
+
+BUILTIN_POLICIES: dict[str, str] = {
+    "FSFullAccess": document({"Effect": "Allow", "Action": ["fs:*"], "Resource": _ALL}),
+    "FSReadWriteAll": document(
+        {
+            "Effect": "Allow",
+            "Action": [
+                "fs:Read*",
+                "fs:List*",
+                "fs:WriteObject",
+                "fs:DeleteObject",
+                "fs:CreateBranch",
+                "fs:DeleteBranch",
+                "fs:RevertBranch",
+                "fs:CompactBranch",
+                "fs:CreateCommit",
+                "fs:CreateTag",
+                "fs:DeleteTag",
+                "fs:GetBranchProtectionRules",
+            ],
+            "Resource": _ALL,
+        }
+    ),
+    "FSReadAll": document(
+        {"Effect": "Allow", "Action": ["fs:Read*", "fs:List*"], "Resource": _ALL}
+    ),
+    "AuthFullAccess": document({"Effect": "Allow", "Action": ["auth:*"], "Resource": _ALL}),
+    "AuthManageOwnCredentials": document(
+        {
+            "Effect": "Allow",
+            "Action": [
+                "auth:CreateCredentials",
+                "auth:DeleteCredentials",
+                "auth:ListCredentials",
+                "auth:ReadCredentials",
+            ],
+            "Resource": _OWN_USER,
+        }
+    ),
+    "RetentionFullAccess": document(
+        {"Effect": "Allow", "Action": ["retention:*"], "Resource": _ALL}
+    ),
+    "RetentionReadAll": document(
+        {"Effect": "Allow", "Action": ["retention:Get*"], "Resource": _ALL}
+    ),
+    "KVReadAll": document({"Effect": "Allow", "Action": ["kv:Read"], "Resource": _ALL}),
+}
+
+BUILTIN_GROUPS: dict[str, tuple[str, ...]] = {
+    ADMINS: ("AuthFullAccess", "FSFullAccess", "RetentionFullAccess", "KVReadAll"),
+    SUPER_USERS: ("FSFullAccess", "AuthManageOwnCredentials", "RetentionReadAll"),
+    DEVELOPERS: ("FSReadWriteAll", "AuthManageOwnCredentials", "RetentionReadAll"),
+    VIEWERS: ("FSReadAll", "AuthManageOwnCredentials"),
+}
+
+
+def ensure_builtins(iam: IamStore) -> None:
+    """Create the built-in policies and groups that are missing; never overwrite one."""
+    for policy_id, text in BUILTIN_POLICIES.items():
+        with contextlib.suppress(errors.AlreadyExists):
+            iam.create_policy(policy_id, text)
+    for group_id, policy_ids in BUILTIN_GROUPS.items():
+        try:
+            iam.create_group(group_id, description=f"built-in: {', '.join(policy_ids)}")
+        except errors.AlreadyExists:
+            continue  # an operator may have changed its attachments on purpose
+        for policy_id in policy_ids:
+            iam.attach_group_policy(group_id, policy_id)
+
+
+def has_admin(iam: IamStore) -> bool:
+    try:
+        members, _ = iam.list_group_members(ADMINS, page_size=1)
+    except auth_errors.GroupNotFound:
+        return False
+    return bool(members)
+
+
+def setup_admin(
+    iam: IamStore, user_id: str = "admin", email: str = ""
+) -> tuple[records.UserRecord, records.CredentialRecord, str]:
+    """The first admin of an empty installation and its credential (the secret returned
+    here once). FAILED_PRECONDITION / ADMIN_EXISTS once the Admins group has a member."""
+    if has_admin(iam):
+        raise auth_errors.AdminExists(
+            "this installation already has an admin; log in with its credentials",
+            metadata={"group": ADMINS},
+        )
+    ensure_builtins(iam)
+    user = iam.create_user(user_id, email=email)
+    iam.add_group_member(ADMINS, user_id)
+    credential, secret = iam.create_credentials(user_id)
+    return user, credential, secret

@@ -1,0 +1,266 @@
+"""THE declaration table: for every RPC of protos/quarry/v1, who may call it and, for user
+calls, the action and resources it checks (ARCHITECTURE.md §9). The interceptor enforces
+exactly this table; a test parses the protos and fails when an RPC has no entry.
+
+Access kinds:
+  * OPEN: no token needed (ServerInfo, Auth/Login; health and reflection are outside
+    quarry.v1 and always open).
+  * AUTHENTICATED: any valid principal (Auth/WhoAmI).
+  * ACTION: a user whose policies allow `action` on every resource the request names, or a
+    service principal.
+  * SERVICE_ONLY: the suite's own services only (raw KV writes, the range-writer, staging
+    reports). A user is refused whatever its policies say, even an admin.
+
+Safety rule: an RPC of quarry.v1 with no entry here is refused (never open by default), and
+a request naming several objects (PutObjects, DeleteObjects, BatchGetItems) is checked for
+EVERY object it names, so a Deny on one path cannot be bypassed by batching.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from quarry.auth.policy import (
+    ALL_RESOURCES,
+    KV_ARN,
+    branch_arn,
+    group_arn,
+    kv_partition_arn,
+    object_arn,
+    policy_arn,
+    repository_arn,
+    tag_arn,
+    user_arn,
+)
+
+PACKAGE = "quarry.v1"
+
+Resources = Callable[[Any], tuple[str, ...]]
+
+
+class Access(enum.Enum):
+    OPEN = "open"
+    AUTHENTICATED = "authenticated"
+    ACTION = "action"
+    SERVICE_ONLY = "service_only"
+
+
+@dataclass(frozen=True)
+class Rule:
+    access: Access
+    action: str = ""
+    # The resources a request names; for a client stream, called on every message with
+    # the first message of the stream (later ones may leave repository/branch empty).
+    resources: Callable[..., tuple[str, ...]] | None = None
+    mutating: bool = False
+    client_stream: bool = False
+
+
+def _open(mutating: bool = False) -> Rule:
+    return Rule(Access.OPEN, mutating=mutating)
+
+
+def _service(mutating: bool = True, client_stream: bool = False) -> Rule:
+    return Rule(Access.SERVICE_ONLY, mutating=mutating, client_stream=client_stream)
+
+
+def _act(action: str, resources: Resources, mutating: bool = False) -> Rule:
+    return Rule(Access.ACTION, action, resources, mutating)
+
+
+# ---- resource builders ------------------------------------------------------------------
+
+
+def _all(_: Any) -> tuple[str, ...]:
+    return (ALL_RESOURCES,)
+
+
+def _repo_named(request: Any) -> tuple[str, ...]:
+    return (repository_arn(request.name),)
+
+
+def _repo(request: Any) -> tuple[str, ...]:
+    return (repository_arn(request.repository),)
+
+
+def _branch_named(request: Any) -> tuple[str, ...]:
+    return (branch_arn(request.repository, request.name),)
+
+
+def _branch(request: Any) -> tuple[str, ...]:
+    return (branch_arn(request.repository, request.branch),)
+
+
+def _destination(request: Any) -> tuple[str, ...]:
+    return (branch_arn(request.repository, request.destination_branch),)
+
+
+def _tag_named(request: Any) -> tuple[str, ...]:
+    return (tag_arn(request.repository, request.name),)
+
+
+def _object(request: Any) -> tuple[str, ...]:
+    return (object_arn(request.repository, request.path),)
+
+
+def _put_object(request: Any) -> tuple[str, ...]:
+    return (object_arn(request.repository, request.entry.path),)
+
+
+def _put_objects(message: Any, first: Any) -> tuple[str, ...]:
+    repository = message.repository or first.repository
+    paths = [entry.path for entry in message.entries] or [""]
+    return tuple(object_arn(repository, path) for path in paths)
+
+
+def _delete_objects(request: Any) -> tuple[str, ...]:
+    paths = list(request.paths) or [""]
+    return tuple(object_arn(request.repository, path) for path in paths)
+
+
+def _partition(request: Any) -> tuple[str, ...]:
+    return (kv_partition_arn(request.partition_key),)
+
+
+def _partitions(request: Any) -> tuple[str, ...]:
+    names = sorted({item.partition_key for item in request.items}) or [b""]
+    return tuple(kv_partition_arn(name) for name in names)
+
+
+def _capacity(_: Any) -> tuple[str, ...]:
+    return (f"{KV_ARN}capacity-report",)
+
+
+def _user(request: Any) -> tuple[str, ...]:
+    return (user_arn(request.user_id),)
+
+
+def _group(request: Any) -> tuple[str, ...]:
+    return (group_arn(request.group_id),)
+
+
+def _policy(request: Any) -> tuple[str, ...]:
+    return (policy_arn(request.policy_id),)
+
+
+# ---- the table --------------------------------------------------------------------------
+
+_BY_SERVICE: dict[str, dict[str, Rule]] = {
+    "ServerInfo": {"GetServerInfo": _open()},
+    "BranchManager": {
+        "CreateRepository": _act("fs:CreateRepository", _repo_named, mutating=True),
+        "GetRepository": _act("fs:ReadRepository", _repo_named),
+        "ListRepositories": _act("fs:ListRepositories", _all),
+        "DeleteRepository": _act("fs:DeleteRepository", _repo_named, mutating=True),
+        "CreateBranch": _act("fs:CreateBranch", _branch_named, mutating=True),
+        "GetBranch": _act("fs:ReadBranch", _branch_named),
+        "ListBranches": _act("fs:ListBranches", _repo),
+        "DeleteBranch": _act("fs:DeleteBranch", _branch_named, mutating=True),
+        "ResetBranch": _act("fs:RevertBranch", _branch, mutating=True),
+        "CreateTag": _act("fs:CreateTag", _tag_named, mutating=True),
+        "GetTag": _act("fs:ReadTag", _tag_named),
+        "ListTags": _act("fs:ListTags", _repo),
+        "DeleteTag": _act("fs:DeleteTag", _tag_named, mutating=True),
+        "SetGarbageCollectionRules": _act(
+            "retention:SetGarbageCollectionRules", _repo, mutating=True
+        ),
+        "GetGarbageCollectionRules": _act("retention:GetGarbageCollectionRules", _repo),
+        "DeleteGarbageCollectionRules": _act(
+            "retention:DeleteGarbageCollectionRules", _repo, mutating=True
+        ),
+        "StatObject": _act("fs:ReadObject", _object),
+        "PutObject": _act("fs:WriteObject", _put_object, mutating=True),
+        "PutObjects": Rule(
+            Access.ACTION, "fs:WriteObject", _put_objects, mutating=True, client_stream=True
+        ),
+        "DeleteObject": _act("fs:DeleteObject", _object, mutating=True),
+        "DeleteObjects": _act("fs:DeleteObject", _delete_objects, mutating=True),
+        "ListObjects": _act("fs:ListObjects", _repo),
+        "DiffUncommitted": _act("fs:ListObjects", _repo),
+        "DiscardChanges": _act("fs:RevertBranch", _branch, mutating=True),
+    },
+    "Committer": {
+        "Commit": _act("fs:CreateCommit", _branch, mutating=True),
+        "Merge": _act("fs:CreateCommit", _destination, mutating=True),
+        "Revert": _act("fs:RevertBranch", _branch, mutating=True),
+        "CherryPick": _act("fs:CreateCommit", _branch, mutating=True),
+        "Diff": _act("fs:ListObjects", _repo),
+        "GetCommit": _act("fs:ReadCommit", _repo),
+        "Log": _act("fs:ReadCommit", _repo),
+        "FindMergeBase": _act("fs:ReadCommit", _repo),
+        # The compactor-sensor calls it as a service; `quarry compact` as a user.
+        "Compact": _act("fs:CompactBranch", _branch, mutating=True),
+    },
+    "CompactorSensor": {
+        "ReportStagingActivity": _service(),
+        "GetBranchStagingStats": _act("fs:ReadBranch", _branch),
+        "ListCompactionCandidates": _act("fs:ReadBranch", _all),
+    },
+    "KVGateway": {
+        "GetItem": _act("kv:Read", _partition),
+        "BatchGetItems": _act("kv:Read", _partitions),
+        "SetItem": _service(),
+        "SetItemIf": _service(),
+        "DeleteItem": _service(),
+        "BatchSetItems": _service(),
+        "BatchDeleteItems": _service(),
+        "ScanItems": _act("kv:Read", _partition),
+        "GetCapacityReport": _act("kv:Read", _capacity),
+    },
+    "RangeWriter": {
+        "ApplyChanges": _service(client_stream=True),
+        "MergeMetaRanges": _service(),
+        "WriteMetaRange": _service(client_stream=True),
+        "GetMetaRange": _service(mutating=False),
+        "ClaimNamespace": _service(),
+    },
+    "Auth": {
+        "Login": _open(),
+        "WhoAmI": Rule(Access.AUTHENTICATED),
+        "CreateUser": _act("auth:CreateUser", _user, mutating=True),
+        "GetUser": _act("auth:ReadUser", _user),
+        "ListUsers": _act("auth:ListUsers", _all),
+        "DeleteUser": _act("auth:DeleteUser", _user, mutating=True),
+        "CreateCredentials": _act("auth:CreateCredentials", _user, mutating=True),
+        "GetCredentials": _act("auth:ReadCredentials", _user),
+        "ListCredentials": _act("auth:ListCredentials", _user),
+        "DeleteCredentials": _act("auth:DeleteCredentials", _user, mutating=True),
+        "CreateGroup": _act("auth:CreateGroup", _group, mutating=True),
+        "GetGroup": _act("auth:ReadGroup", _group),
+        "ListGroups": _act("auth:ListGroups", _all),
+        "DeleteGroup": _act("auth:DeleteGroup", _group, mutating=True),
+        "AddGroupMember": _act("auth:AddGroupMember", _group, mutating=True),
+        "RemoveGroupMember": _act("auth:RemoveGroupMember", _group, mutating=True),
+        "ListGroupMembers": _act("auth:ReadGroup", _group),
+        "ListUserGroups": _act("auth:ReadUser", _user),
+        "CreatePolicy": _act("auth:CreatePolicy", _policy, mutating=True),
+        "GetPolicy": _act("auth:ReadPolicy", _policy),
+        "ListPolicies": _act("auth:ListPolicies", _all),
+        "DeletePolicy": _act("auth:DeletePolicy", _policy, mutating=True),
+        "AttachPolicyToUser": _act("auth:AttachPolicy", _user, mutating=True),
+        "DetachPolicyFromUser": _act("auth:DetachPolicy", _user, mutating=True),
+        "AttachPolicyToGroup": _act("auth:AttachPolicy", _group, mutating=True),
+        "DetachPolicyFromGroup": _act("auth:DetachPolicy", _group, mutating=True),
+        "ListUserPolicies": _act("auth:ReadUser", _user),
+        "ListGroupPolicies": _act("auth:ReadGroup", _group),
+        "ListEffectivePolicies": _act("auth:ReadUser", _user),
+    },
+}
+
+RULES: dict[str, Rule] = {
+    f"/{PACKAGE}.{service}/{method}": rule
+    for service, methods in _BY_SERVICE.items()
+    for method, rule in methods.items()
+}
+
+
+def rule_for(method: str) -> Rule | None:
+    """The rule of a full method name (`/quarry.v1.Service/Method`), None if undeclared."""
+    return RULES.get(method)
+
+
+def is_quarry_method(method: str) -> bool:
+    return method.startswith(f"/{PACKAGE}.")

@@ -1,0 +1,1 @@
+"""Stored records (generated from protos/quarry/storage/v1): KV values, not API messages."""

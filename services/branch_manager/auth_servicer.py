@@ -1,0 +1,225 @@
+"""Auth servicer (quarry.v1.Auth): proto ⇄ the IAM domain (quarry.auth), nothing else.
+
+Branch-manager will register it (no sixth process). Authorization of every call is the
+AuthInterceptor's job, by the declaration table; this servicer trusts it and only converts.
+IAM changes made here invalidate this process's authorizer cache at once; other processes
+see them within the cache lifetime.
+"""
+
+from __future__ import annotations
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from quarry.auth import errors as auth_errors
+from quarry.auth.authorizer import Authorizer
+from quarry.auth.interceptor import current_principal
+from quarry.auth.store import IamStore
+from quarry.auth.tokens import DEFAULT_LIFETIME_SECONDS, TokenAuthority
+from quarry.storage.v1 import auth_records_pb2 as records
+from quarry.v1 import auth_pb2 as pb
+from quarry.v1 import auth_pb2_grpc
+
+
+def user_to_proto(record: records.UserRecord) -> pb.User:
+    return pb.User(id=record.id, created_at=record.created_at, email=record.email)
+
+
+def group_to_proto(record: records.GroupRecord) -> pb.Group:
+    return pb.Group(id=record.id, created_at=record.created_at, description=record.description)
+
+
+def policy_to_proto(record: records.PolicyRecord) -> pb.Policy:
+    return pb.Policy(id=record.id, created_at=record.created_at, document=record.document)
+
+
+def credentials_to_proto(record: records.CredentialRecord) -> pb.Credentials:
+    # Never the hash: only the key id, its owner and when it was made.
+    return pb.Credentials(
+        access_key_id=record.access_key_id, user_id=record.user_id, created_at=record.created_at
+    )
+
+
+class AuthServicer(auth_pb2_grpc.AuthServicer):
+    def __init__(
+        self,
+        iam: IamStore,
+        tokens: TokenAuthority,
+        authorizer: Authorizer,
+        token_lifetime: float = DEFAULT_LIFETIME_SECONDS,
+    ):
+        self._iam = iam
+        self._tokens = tokens
+        self._authorizer = authorizer
+        self._lifetime = token_lifetime
+
+    # ---- sessions ----
+
+    def Login(self, request, context):
+        credential = self._iam.authenticate(request.access_key_id, request.secret_access_key)
+        token, expires_at = self._tokens.issue_user_token(
+            credential.user_id, self._lifetime, access_key_id=credential.access_key_id
+        )
+        stamp = Timestamp()
+        stamp.FromSeconds(int(expires_at))
+        return pb.LoginResponse(token=token, expires_at=stamp)
+
+    def WhoAmI(self, request, context):
+        principal = current_principal()
+        if principal is None:
+            raise auth_errors.TokenMissing("WhoAmI needs a bearer token")
+        response = pb.WhoAmIResponse(principal_kind=principal.kind, principal_id=principal.id)
+        if not principal.is_service:
+            response.user.CopyFrom(user_to_proto(self._iam.get_user(principal.id)))
+        return response
+
+    # ---- users ----
+
+    def CreateUser(self, request, context):
+        return pb.CreateUserResponse(
+            user=user_to_proto(self._iam.create_user(request.user_id, request.email))
+        )
+
+    def GetUser(self, request, context):
+        return pb.GetUserResponse(user=user_to_proto(self._iam.get_user(request.user_id)))
+
+    def ListUsers(self, request, context):
+        users, token = self._iam.list_users(request.page_size, request.page_token)
+        return pb.ListUsersResponse(users=[user_to_proto(u) for u in users], next_page_token=token)
+
+    def DeleteUser(self, request, context):
+        self._iam.delete_user(request.user_id)
+        self._authorizer.invalidate(request.user_id)
+        return pb.DeleteUserResponse()
+
+    # ---- credentials ----
+
+    def CreateCredentials(self, request, context):
+        record, secret = self._iam.create_credentials(request.user_id)
+        return pb.CreateCredentialsResponse(
+            credentials=credentials_to_proto(record), secret_access_key=secret
+        )
+
+    def GetCredentials(self, request, context):
+        record = self._iam.get_user_credentials(request.user_id, request.access_key_id)
+        return pb.GetCredentialsResponse(credentials=credentials_to_proto(record))
+
+    def ListCredentials(self, request, context):
+        found, token = self._iam.list_credentials(
+            request.user_id, request.page_size, request.page_token
+        )
+        return pb.ListCredentialsResponse(
+            credentials=[credentials_to_proto(c) for c in found], next_page_token=token
+        )
+
+    def DeleteCredentials(self, request, context):
+        self._iam.delete_credentials(request.user_id, request.access_key_id)
+        self._authorizer.invalidate()
+        return pb.DeleteCredentialsResponse()
+
+    # ---- groups ----
+
+    def CreateGroup(self, request, context):
+        return pb.CreateGroupResponse(
+            group=group_to_proto(self._iam.create_group(request.group_id, request.description))
+        )
+
+    def GetGroup(self, request, context):
+        return pb.GetGroupResponse(group=group_to_proto(self._iam.get_group(request.group_id)))
+
+    def ListGroups(self, request, context):
+        groups, token = self._iam.list_groups(request.page_size, request.page_token)
+        return pb.ListGroupsResponse(
+            groups=[group_to_proto(g) for g in groups], next_page_token=token
+        )
+
+    def DeleteGroup(self, request, context):
+        self._iam.delete_group(request.group_id)
+        self._authorizer.invalidate()
+        return pb.DeleteGroupResponse()
+
+    def AddGroupMember(self, request, context):
+        self._iam.add_group_member(request.group_id, request.user_id)
+        self._authorizer.invalidate(request.user_id)
+        return pb.AddGroupMemberResponse()
+
+    def RemoveGroupMember(self, request, context):
+        self._iam.remove_group_member(request.group_id, request.user_id)
+        self._authorizer.invalidate(request.user_id)
+        return pb.RemoveGroupMemberResponse()
+
+    def ListGroupMembers(self, request, context):
+        users, token = self._iam.list_group_members(
+            request.group_id, request.page_size, request.page_token
+        )
+        return pb.ListGroupMembersResponse(
+            users=[user_to_proto(u) for u in users], next_page_token=token
+        )
+
+    def ListUserGroups(self, request, context):
+        groups, token = self._iam.list_user_groups(
+            request.user_id, request.page_size, request.page_token
+        )
+        return pb.ListUserGroupsResponse(
+            groups=[group_to_proto(g) for g in groups], next_page_token=token
+        )
+
+    # ---- policies ----
+
+    def CreatePolicy(self, request, context):
+        return pb.CreatePolicyResponse(
+            policy=policy_to_proto(self._iam.create_policy(request.policy_id, request.document))
+        )
+
+    def GetPolicy(self, request, context):
+        return pb.GetPolicyResponse(policy=policy_to_proto(self._iam.get_policy(request.policy_id)))
+
+    def ListPolicies(self, request, context):
+        found, token = self._iam.list_policies(request.page_size, request.page_token)
+        return pb.ListPoliciesResponse(
+            policies=[policy_to_proto(p) for p in found], next_page_token=token
+        )
+
+    def DeletePolicy(self, request, context):
+        self._iam.delete_policy(request.policy_id)
+        self._authorizer.invalidate()
+        return pb.DeletePolicyResponse()
+
+    def AttachPolicyToUser(self, request, context):
+        self._iam.attach_user_policy(request.user_id, request.policy_id)
+        self._authorizer.invalidate(request.user_id)
+        return pb.AttachPolicyToUserResponse()
+
+    def DetachPolicyFromUser(self, request, context):
+        self._iam.detach_user_policy(request.user_id, request.policy_id)
+        self._authorizer.invalidate(request.user_id)
+        return pb.DetachPolicyFromUserResponse()
+
+    def AttachPolicyToGroup(self, request, context):
+        self._iam.attach_group_policy(request.group_id, request.policy_id)
+        self._authorizer.invalidate()
+        return pb.AttachPolicyToGroupResponse()
+
+    def DetachPolicyFromGroup(self, request, context):
+        self._iam.detach_group_policy(request.group_id, request.policy_id)
+        self._authorizer.invalidate()
+        return pb.DetachPolicyFromGroupResponse()
+
+    def ListUserPolicies(self, request, context):
+        found, token = self._iam.list_user_policies(
+            request.user_id, request.page_size, request.page_token
+        )
+        return pb.ListUserPoliciesResponse(
+            policies=[policy_to_proto(p) for p in found], next_page_token=token
+        )
+
+    def ListGroupPolicies(self, request, context):
+        found, token = self._iam.list_group_policies(
+            request.group_id, request.page_size, request.page_token
+        )
+        return pb.ListGroupPoliciesResponse(
+            policies=[policy_to_proto(p) for p in found], next_page_token=token
+        )
+
+    def ListEffectivePolicies(self, request, context):
+        found = self._iam.effective_policy_records(request.user_id)
+        return pb.ListEffectivePoliciesResponse(policies=[policy_to_proto(p) for p in found])
