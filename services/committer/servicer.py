@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from quarry.convert import change_to_proto, conflict_to_proto, summary_to_proto
-from quarry.graveler.graveler import Graveler
+from quarry.graveler.graveler import Graveler, MergeParams
 from quarry.graveler.requests import RequestLog
 from quarry.runtime.idempotency import idempotent
 from quarry.v1 import committer_pb2 as pb
@@ -42,11 +42,13 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
 
     @idempotent(pb.MergeResponse, ignore=("hint_metarange_id",))
     def Merge(self, request, context):
+        params = MergeParams(strategy=request.strategy, message=request.message,
+                             committer=request.committer, metadata=dict(request.metadata),
+                             squash=request.squash, allow_empty=request.allow_empty,
+                             dry_run=request.dry_run,
+                             hint_metarange_id=request.hint_metarange_id)
         outcome = self._g.merge(request.repository, request.source_ref,
-                                request.destination_branch, request.strategy,
-                                request.message, request.committer, dict(request.metadata),
-                                request.squash, request.allow_empty, request.dry_run,
-                                request.hint_metarange_id)
+                                request.destination_branch, params)
         response = pb.MergeResponse(summary=summary_to_proto(outcome.summary),
                                     conflicts=[conflict_to_proto(c) for c in outcome.conflicts],
                                     attempts=outcome.attempts,

@@ -42,11 +42,13 @@ from prometheus_client import Counter, Gauge, Histogram
 from quarry import errors
 from quarry.config import Settings
 from quarry.graveler import errors as gerrors
-from quarry.graveler import records
+from quarry.graveler import layout, records
+from quarry.graveler.retry import ONCE
 from quarry.graveler.refs import RefManager, Repository, is_dirty
 from quarry.kv import store as kv
-from quarry.kv.partitions import staging_partition
-from quarry.paging import PageBudget
+from quarry.graveler.layout import staging_partition
+from quarry.graveler.staging import SCAN_BATCH
+from quarry.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, PageBudget
 from quarry.runtime.periodic import PeriodicWorker
 from quarry.v1 import compactor_sensor_pb2, types_pb2
 
@@ -82,9 +84,6 @@ REASON_TOMBSTONES = "tombstones"
 REASON_STAGED_ENTRIES = "staged_entries"
 REASON_SEALED_TOKENS = "sealed_tokens"
 
-DEFAULT_PAGE_SIZE = 100
-MAX_PAGE_SIZE = 10_000
-SCAN_BATCH = 1000
 LIST_PAGE = 100
 
 
@@ -482,12 +481,12 @@ class CompactionSensor:
         try:
             for item in iterator:
                 try:
-                    value = records.decode_record(types_pb2.StagedValue, partition, item.key,
-                                                  item.value)
+                    value = layout.decode(types_pb2.StagedValue, partition, item.key,
+                                          item.value)
                 except records.CorruptRecord as exc:
                     records.note_skipped(exc)  # uncounted; the rest of the token still is
                     continue
-                index = 0 if value.WhichOneof("value") == "entry" else 1
+                index = 0 if layout.is_staged_entry(value) else 1
                 counts[index] += 1
                 total[index] += 1
                 items += 1
@@ -550,12 +549,7 @@ class CompactionSensor:
             return False
         if self.compactor is None:
             return False
-        claimed = types_pb2.Branch()
-        claimed.CopyFrom(branch)
-        claimed.compaction_start_time.FromNanoseconds(int(now * 1e9))
-        try:
-            self.refs.set_branch_if(snapshot.repo, claimed, kv.Equals(snapshot.predicate))
-        except kv.PredicateFailed:
+        if not self._claim(snapshot, now):
             COMPACTIONS_SKIPPED.labels("race").inc()
             log.debug("compactor-sensor: %s/%s changed before the claim; skipping",
                       candidate.repository, candidate.branch)
@@ -597,6 +591,22 @@ class CompactionSensor:
         log.info("compactor-sensor: compacted %s/%s into metarange %s (%d token(s)) in %.2fs",
                  candidate.repository, candidate.branch, result.compacted_metarange_id,
                  result.tokens_compacted, time.monotonic() - started)
+        return True
+
+    def _claim(self, snapshot: _Snapshot, now: float) -> bool:
+        """Set compaction_start_time = now if the branch record is still the one evaluated
+        (one compare-and-swap through the branch update: only the winner compacts)."""
+
+        def claim(branch: types_pb2.Branch) -> types_pb2.Branch:
+            branch.compaction_start_time.FromNanoseconds(int(now * 1e9))
+            return branch
+
+        try:
+            self.refs.update_branch(snapshot.repo, snapshot.branch.name, claim,
+                                    step="compaction_claim", policy=ONCE,
+                                    expect=(snapshot.branch, snapshot.predicate))
+        except gerrors.BranchContended:
+            return False
         return True
 
     # ---- the background loop ---------------------------------------------------------------

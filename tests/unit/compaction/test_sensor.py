@@ -96,7 +96,7 @@ def test_sealed_tokens_threshold_reads_the_branch_record(graveler, repo, make_se
         put(graveler, sensor, repo, "main", [f"a/{i}"])
         sensor.evaluate_once()
         assert compactor.calls == []
-        graveler._seal(repository, "main")  # a commit that sealed and then failed
+        graveler.commits.seal(repository, "main")  # a commit that sealed and then failed
     sensor.record([StagingStats(repo, "main", "", 1, 0)])  # any activity: re-read the record
     assert sensor.evaluate_once() == [(repo, "main")]
     assert compactor.calls == [(repo, "main")]
@@ -106,7 +106,7 @@ def test_sealed_tokens_threshold_reads_the_branch_record(graveler, repo, make_se
 def test_sealed_tokens_candidate_reason_and_stats(graveler, repo, make_sensor):
     sensor = make_sensor(sealed_tokens=1, compactor_=FakeCompactor(None, "noop"))
     put(graveler, sensor, repo, "main", ["a"])
-    graveler._seal(graveler.refs.get_repository(repo), "main")
+    graveler.commits.seal(graveler.refs.get_repository(repo), "main")
     stats = sensor.get_branch_stats(repo, "main")
     assert (stats.puts, stats.deletes, stats.sealed_tokens) == (1, 0, 1)
     assert metric("quarry_branch_sealed_tokens", repo=repo, branch="main") == 1
@@ -293,7 +293,7 @@ def test_rebuild_after_restart_counts_staged_items_from_kv(graveler, repo, make_
     paths = committed_files(graveler, repo, 5)
     put(graveler, None, repo, "main", [f"new/{i}" for i in range(7)])
     delete(graveler, None, repo, "main", paths[:2])
-    graveler._seal(graveler.refs.get_repository(repo), "main")  # now a sealed token
+    graveler.commits.seal(graveler.refs.get_repository(repo), "main")  # now a sealed token
     put(graveler, None, repo, "main", ["later/1", "later/2"])
     delete(graveler, None, repo, "main", [paths[2]])
 
@@ -364,11 +364,11 @@ def test_background_loop_triggers_and_stops(graveler, repo, store):
 
 
 def test_rebuild_is_bounded_per_branch(graveler, repo, make_sensor):
-    graveler._seal(graveler.refs.get_repository(repo), "main")
+    graveler.commits.seal(graveler.refs.get_repository(repo), "main")
     for batch in range(3):  # three tokens of 40 entries: two sealed, one staging
         put(graveler, None, repo, "main", [f"b{batch}/{i}" for i in range(40)])
         if batch < 2:
-            graveler._seal(graveler.refs.get_repository(repo), "main")
+            graveler.commits.seal(graveler.refs.get_repository(repo), "main")
     sensor = make_sensor(tombstones=1000, rebuild_max_items_per_branch=50)
     stats = sensor.get_branch_stats(repo, "main")
     assert stats.puts == 50 and stats.sealed_tokens == 2

@@ -10,7 +10,7 @@ import pytest
 
 from quarry import errors
 from quarry.blob.ownership import MARKER_KEY, NamespaceInUse, parse_marker
-from quarry.graveler import graveler as graveler_module
+from quarry.graveler import repositories as graveler_module
 from quarry.graveler.refs import Repository
 
 
@@ -48,7 +48,7 @@ def test_a_creation_slower_than_half_the_ttl_never_becomes_visible(graveler, tmp
                                                                    monkeypatch):
     calls = iter(range(1000))
     # The first reading (the announcement) is now; every later one is far later.
-    monkeypatch.setattr(graveler_module, "_wall_clock",
+    monkeypatch.setattr(graveler_module, "wall_clock",
                         lambda: time.time() + (0 if next(calls) == 0 else
                                                graveler_module.CREATION_TTL_SECONDS))
     with pytest.raises(Exception) as caught:
