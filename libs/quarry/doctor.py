@@ -28,14 +28,23 @@ from typing import Callable, Iterator
 from quarry import errors
 from quarry.blob.base import BlobStore
 from quarry.committed import format as rformat
-from quarry.graveler import records
-from quarry.graveler.refs import (BRANCHES_PREFIX, COMMITS_PREFIX, GC_RULES_KEY, REPOS_PREFIX,
-                                  TAGS_PREFIX, Repository, prefix_end)
-from quarry.graveler.staging import PARKED_PREFIX
+from quarry.graveler import layout, records
+from quarry.graveler.layout import (
+    BRANCHES_PREFIX,
+    CLEANUP_PARTITION,
+    COMMITS_PREFIX,
+    GC_RULES_KEY,
+    PARKED_PREFIX,
+    QUARRY_PARTITION,
+    REPOS_PREFIX,
+    TAGS_PREFIX,
+    prefix_end,
+    staging_partition,
+)
+from quarry.graveler.refs import Repository
 from quarry.kv import store as kv
-from quarry.kv.partitions import (CLEANUP_PARTITION, QUARRY_PARTITION, STAGING,
-                                  partition_class, staging_partition)
-from quarry.v1 import records_pb2, types_pb2
+from quarry.kv.partitions import STAGING, partition_class
+from quarry.v1 import types_pb2
 
 # Finding kinds.
 CORRUPT_RECORD = "corrupt_record"
@@ -141,7 +150,7 @@ class Doctor:
 
     def _repositories(self, report: Report, only: str) -> Iterator[tuple[str, Repository]]:
         if only:
-            key = REPOS_PREFIX + only.encode()
+            key = layout.repository_key(only)
             try:
                 value = self.kv.get(QUARRY_PARTITION, key).value
             except kv.KeyNotFound:
@@ -187,7 +196,7 @@ class Doctor:
         metaranges = _MetarangeChecker(self, report, repo)
         for branch in branches:
             where = {"repository": repo.name, "partition": records.show(partition),
-                     "key": (BRANCHES_PREFIX + branch.name.encode()).decode()}
+                     "key": layout.branch_key(branch.name).decode()}
             if branch.commit_id not in known:
                 report.findings.append(Finding(
                     BRANCH_MISSING_COMMIT, f"branch {branch.name!r} points at commit "
@@ -203,9 +212,9 @@ class Doctor:
                 report.findings.append(Finding(
                     TAG_MISSING_COMMIT, f"tag {tag.name!r} points at commit "
                     f"{tag.commit_id!r}, which does not exist", repo.name,
-                    records.show(partition), (TAGS_PREFIX + tag.name.encode()).decode()))
+                    records.show(partition), layout.tag_key(tag.name).decode()))
         for commit_id, commit in commits.items():
-            key = (COMMITS_PREFIX + commit_id.encode()).decode()
+            key = layout.commit_key(commit_id).decode()
             for parent in commit.parents:
                 if parent not in known:
                     report.findings.append(Finding(
@@ -237,13 +246,12 @@ class Doctor:
                     "partition was not dropped", "", records.show(CLEANUP_PARTITION),
                     records.show(item.key)))
                 continue
-            record = self._decode_record(report, records_pb2.CleanupRecord, CLEANUP_PARTITION,
-                                         item, "")
+            record = self._decode(report, lambda value, key: layout.decode_cleanup(key, value),
+                                  CLEANUP_PARTITION, item, "")
             if record is None:
                 continue
             queued.add(item.key)
-            token = item.key[len(b"staging/"):].decode() \
-                if _is_staging(item.key) else None
+            token = layout.staging_token_of(item.key) if _is_staging(item.key) else None
             if token is not None and token in used_tokens:
                 report.findings.append(Finding(
                     QUEUED_TOKEN_IN_USE, f"staging token {token} is queued for dropping but "
@@ -286,7 +294,7 @@ class Doctor:
 
     def _decode_record(self, report: Report, message_type, partition: bytes,
                        item: kv.KeyValue, repository: str):
-        return self._decode(report, lambda value, key: records.decode_record(
+        return self._decode(report, lambda value, key: layout.decode(
             message_type, partition, key, value), partition, item, repository)
 
     @staticmethod

@@ -64,18 +64,21 @@ from typing import Callable, Iterator, TextIO
 import quarry
 from quarry import FORMAT_VERSION, errors
 from quarry.blob import BlobStore
-from quarry.graveler import records
-from quarry.graveler.graveler import MERGE_HINTS_PREFIX
-from quarry.graveler.refs import (BRANCHES_PREFIX, COMMITS_PREFIX, DELETED_INSTANCES_PREFIX,
-                                  REPOS_PREFIX, Repository)
-from quarry.kv import store as kv
-from quarry.kv.partitions import (
+from quarry.graveler import layout, records
+from quarry.graveler.layout import (
+    BRANCHES_PREFIX,
+    COMMITS_PREFIX,
+    DELETED_INSTANCES_PREFIX,
+    INSTALLATION_ID_KEY,
+    MERGE_HINTS_PREFIX,
     QUARRY_PARTITION,
-    REPO,
-    STAGING,
-    partition_class,
+    REPOS_PREFIX,
+    prefix_end,
     staging_partition,
 )
+from quarry.graveler.refs import Repository
+from quarry.kv import store as kv
+from quarry.kv.partitions import REPO, STAGING, partition_class
 from quarry.runtime import format_version
 from quarry.v1 import types_pb2
 
@@ -113,36 +116,32 @@ def _line(obj: dict) -> str:
     return json.dumps(obj, separators=(",", ":")) + "\n"
 
 
-def _prefix_end(prefix: bytes) -> bytes:
-    return prefix[:-1] + bytes([prefix[-1] + 1])
-
-
 def read_format_stamp(store: kv.Store) -> str | None:
     try:
-        return store.get(format_version.PARTITION, format_version.KEY).value.decode(
+        return store.get(QUARRY_PARTITION, layout.FORMAT_VERSION_KEY).value.decode(
             errors="replace")
     except kv.KeyNotFound:
         return None
 
 
 def _repositories(store: kv.Store) -> Iterator[tuple[str, bytes]]:
-    for item in store.scan(QUARRY_PARTITION, REPOS_PREFIX, _prefix_end(REPOS_PREFIX)):
-        yield item.key[len(REPOS_PREFIX):].decode(), item.value
+    for item in store.scan(QUARRY_PARTITION, REPOS_PREFIX, prefix_end(REPOS_PREFIX)):
+        yield layout.name_of(item.key, REPOS_PREFIX), item.value
 
 
 def _is_installation_key(key: bytes) -> bool:
-    return key == format_version.INSTALLATION_KEY or key.startswith(DELETED_INSTANCES_PREFIX)
+    return key == INSTALLATION_ID_KEY or key.startswith(DELETED_INSTANCES_PREFIX)
 
 
 def _installation_items(store: kv.Store) -> Iterator[kv.KeyValue]:
     """The `quarry` partition items that carry the installation's identity across a rebuild."""
     try:
-        yield kv.KeyValue(format_version.INSTALLATION_KEY,
-                          store.get(QUARRY_PARTITION, format_version.INSTALLATION_KEY).value)
+        yield kv.KeyValue(INSTALLATION_ID_KEY,
+                          store.get(QUARRY_PARTITION, INSTALLATION_ID_KEY).value)
     except kv.KeyNotFound:
         pass  # written by a build from before installation ids
     yield from store.scan(QUARRY_PARTITION, DELETED_INSTANCES_PREFIX,
-                          _prefix_end(DELETED_INSTANCES_PREFIX))
+                          prefix_end(DELETED_INSTANCES_PREFIX))
 
 
 # ---- export -----------------------------------------------------------------------------
@@ -174,7 +173,7 @@ def export_store(store: kv.Store, out: TextIO, progress: Progress | None = None)
 
     for name, record in _repositories(store):
         try:
-            repo = Repository.from_record(record, REPOS_PREFIX + name.encode())
+            repo = Repository.from_record(record, layout.repository_key(name))
         except records.CorruptRecord as exc:
             raise CorruptExport(f"repository record {name!r} cannot be read: {exc}") from None
         out.write(_line({"type": "repository", "name": name, "value": _b64(record)}))
@@ -182,8 +181,8 @@ def export_store(store: kv.Store, out: TextIO, progress: Progress | None = None)
         tokens: dict[str, None] = {}
         for branch_item in emit(repo.partition):
             try:
-                branch = records.decode_record(types_pb2.Branch, repo.partition,
-                                               branch_item.key, branch_item.value)
+                branch = layout.decode(types_pb2.Branch, repo.partition, branch_item.key,
+                                       branch_item.value)
             except records.CorruptRecord as exc:
                 raise CorruptExport(f"repository {name!r}: branch record "
                                     f"{branch_item.key!r} cannot be read: {exc}") from None
@@ -279,7 +278,7 @@ def _import(store: kv.Store, lines: TextIO, progress: Progress | None,
                 raise CorruptExport(f"{where}: repository without a name")
             value = _decode(obj, "value", where)
             try:
-                repo = Repository.from_record(value, REPOS_PREFIX + name.encode())
+                repo = Repository.from_record(value, layout.repository_key(name))
             except records.CorruptRecord:
                 raise CorruptExport(f"{where}: repository record cannot be read") from None
             if repo.name != name or name in repositories:
@@ -329,7 +328,7 @@ def _import(store: kv.Store, lines: TextIO, progress: Progress | None,
     # Repository records last: until here no imported repository is visible.
     for name, value in repositories.items():
         try:
-            store.set_if(QUARRY_PARTITION, REPOS_PREFIX + name.encode(), value, kv.ABSENT)
+            store.set_if(QUARRY_PARTITION, layout.repository_key(name), value, kv.ABSENT)
         except kv.PredicateFailed:
             raise StoreNotEmpty(f"repository {name!r} appeared in the target store during "
                                 f"the import") from None
@@ -384,14 +383,14 @@ class _Rebuilder:
             new_id = self._metarange(record.metarange_id)
             if new_id != record.metarange_id:
                 record.metarange_id = new_id
-                value = record.SerializeToString(deterministic=True)
+                value = layout.encode_commit(record)
         elif key.startswith(BRANCHES_PREFIX):
             record = _parse(types_pb2.Branch, self._repo.partition, key, value, where)
             if record.compacted_metarange_id:
                 new_id = self._metarange(record.compacted_metarange_id)
                 if new_id != record.compacted_metarange_id:
                     record.compacted_metarange_id = new_id
-                    value = record.SerializeToString(deterministic=True)
+                    value = layout.encode_branch(record)
         return value
 
     def write_ownership_marker(self, installation_id: str) -> None:
@@ -416,14 +415,14 @@ class _Rebuilder:
 
 def _parse(message_type, partition: bytes, key: bytes, value: bytes, where: str):
     try:
-        return records.decode_record(message_type, partition, key, value)
+        return layout.decode(message_type, partition, key, value)
     except records.CorruptRecord:
         raise CorruptExport(f"{where}: {message_type.__name__} record cannot be read") from None
 
 
 def _stamp(store: kv.Store) -> None:
     try:
-        store.set_if(format_version.PARTITION, format_version.KEY,
+        store.set_if(QUARRY_PARTITION, layout.FORMAT_VERSION_KEY,
                      str(FORMAT_VERSION).encode(), kv.ABSENT)
     except kv.PredicateFailed:
         stamp = read_format_stamp(store)

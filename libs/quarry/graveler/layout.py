@@ -29,7 +29,7 @@ import hashlib
 import json
 from typing import TypeVar
 
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from quarry.convert import entry_from_proto, entry_to_proto
 from quarry.graveler import records
@@ -242,6 +242,19 @@ def decode_creation(value: bytes) -> tuple[str, str, float] | None:
         doc = json.loads(value)
         return str(doc["repository"]), str(doc["storage_namespace"]), float(doc["started"])
     except (ValueError, KeyError, TypeError):
+        return None
+
+
+def encode_request(record: records_pb2.RequestRecord) -> bytes:
+    # Deterministic: the bytes are the predicate of the claim's next update.
+    return record.SerializeToString(deterministic=True)
+
+
+def decode_request(value: bytes) -> records_pb2.RequestRecord | None:
+    """A request record; None if the bytes do not parse (kept for a person to look at)."""
+    try:
+        return records_pb2.RequestRecord.FromString(value)
+    except DecodeError:
         return None
 
 

@@ -57,14 +57,15 @@ from opentelemetry import trace
 from prometheus_client import Counter
 
 from quarry import errors
-from quarry.graveler import names
+from quarry.graveler import layout, names
+from quarry.graveler.layout import QUARRY_PARTITION, REQUESTS_PREFIX
 from quarry.kv import store as kv
-from quarry.kv.partitions import QUARRY_PARTITION
+from quarry.runtime.periodic import PeriodicWorker
 from quarry.v1 import records_pb2
 
 log = logging.getLogger(__name__)
 
-KEY_PREFIX = b"requests/"
+KEY_PREFIX = REQUESTS_PREFIX  # the storage layout's (quarry.graveler.layout)
 DEFAULT_RETENTION_SECONDS = 24 * 3600.0
 DEFAULT_LEASE_SECONDS = 30.0
 PURGE_INTERVAL_SECONDS = 3600.0
@@ -167,8 +168,11 @@ class RequestLog:
         self._clock = clock
         self._claims: set[_Claim] = set()  # guarded by _claims_lock; renewed in background
         self._claims_lock = threading.Lock()
-        self._renewer: threading.Thread | None = None
-        self._stop = threading.Event()
+        # Renews live claims and purges expired records (a PeriodicWorker, started with
+        # the first claim).
+        self._renewer = PeriodicWorker("request-claim-renewer", self._renew_step,
+                                       lease_seconds / 6)
+        self._closed = threading.Event()
         # Partitions this process wrote records to since its last purge pass: the background
         # thread purges them every PURGE_INTERVAL_SECONDS (each process cleans up after the
         # calls it served; a partition nobody writes to any more holds only what its last
@@ -193,7 +197,7 @@ class RequestLog:
             decode: Callable[[bytes], T]) -> T:
         """`call()` at most once for `request_id` (see the module docstring): its result, or
         the decoded result of the first successful call with this id and fingerprint."""
-        key = KEY_PREFIX + check_request_id(request_id).encode()
+        key = layout.request_key(check_request_id(request_id))
         claim = self._claim(partition, key, request_fingerprint)
         if isinstance(claim, _Recorded):
             CALLS.labels("replayed").inc()
@@ -219,7 +223,7 @@ class RequestLog:
         for _ in range(MAX_CLAIM_ATTEMPTS):
             now = self._clock()
             record.updated_at_ms = int(now * 1000)
-            value = record.SerializeToString(deterministic=True)
+            value = layout.encode_request(record)
             try:
                 self.kv.set_if(partition, key, value, predicate)
                 return _Claim(partition, key, value, record, now, threading.Lock())
@@ -238,9 +242,9 @@ class RequestLog:
                 if existing.fingerprint != request_fingerprint:
                     CALLS.labels("reused").inc()
                     raise RequestIdReused(
-                        f"request_id {key[len(KEY_PREFIX):].decode()} was used for a "
-                        f"different request", metadata={"request_id": key[len(KEY_PREFIX):]
-                                                        .decode()})
+                        f"request_id {layout.name_of(key, KEY_PREFIX)} was used for a "
+                        f"different request",
+                        metadata={"request_id": layout.name_of(key, KEY_PREFIX)})
                 if existing.state == DONE:
                     return _Recorded(existing.response)
                 raise self._in_progress(key, age)
@@ -250,7 +254,7 @@ class RequestLog:
 
     def _in_progress(self, key: bytes, age: float) -> RequestInProgress:
         CALLS.labels("in_progress").inc()
-        request_id = key[len(KEY_PREFIX):].decode()
+        request_id = layout.name_of(key, KEY_PREFIX)
         return RequestInProgress(
             f"a call with request_id {request_id} is in progress; retry to get its result",
             metadata={"request_id": request_id},
@@ -263,7 +267,7 @@ class RequestLog:
             record = records_pb2.RequestRecord(state=state, fingerprint=claim.record.fingerprint,
                                                response=response, owner=claim.record.owner,
                                                updated_at_ms=int(self._clock() * 1000))
-            value = record.SerializeToString(deterministic=True)
+            value = layout.encode_request(record)
             try:
                 self.kv.set_if(claim.partition, claim.key, value, kv.Equals(claim.value))
             except kv.PredicateFailed:
@@ -284,7 +288,7 @@ class RequestLog:
                                            updated_at_ms=int(self._clock() * 1000))
         try:
             self.kv.set_if(claim.partition, claim.key,
-                           record.SerializeToString(deterministic=True), kv.Equals(claim.value))
+                           layout.encode_request(record), kv.Equals(claim.value))
         except Exception:  # noqa: BLE001 — the lease expires anyway
             log.warning("request %s: releasing the claim failed", claim.key.decode(),
                         exc_info=True)
@@ -295,25 +299,24 @@ class RequestLog:
         with self._claims_lock:
             self._claims.add(claim)
             self._used.add(claim.partition)
-            if self._renewer is None and not self._stop.is_set():
-                self._renewer = threading.Thread(target=self._renew_loop, daemon=True,
-                                                 name="request-claim-renewer")
+            if not self._renewer.running and not self._closed.is_set():
                 self._renewer.start()
 
     def _untrack(self, claim: _Claim) -> None:
         with self._claims_lock:
             self._claims.discard(claim)
 
-    def _renew_loop(self) -> None:
+    def _renew_step(self) -> None:
+        """One pass of the renewer: renew claims older than a third of the lease, and purge
+        expired records every PURGE_INTERVAL_SECONDS."""
         interval = self.lease_seconds / 3
-        while not self._stop.wait(interval / 2):
-            with self._claims_lock:
-                claims = list(self._claims)
-            for claim in claims:
-                if self._clock() - claim.renewed_at >= interval:
-                    self.renew(claim)
-            if self._clock() - self._last_purge >= PURGE_INTERVAL_SECONDS:
-                self.purge_used()
+        with self._claims_lock:
+            claims = list(self._claims)
+        for claim in claims:
+            if self._clock() - claim.renewed_at >= interval:
+                self.renew(claim)
+        if self._clock() - self._last_purge >= PURGE_INTERVAL_SECONDS:
+            self.purge_used()
 
     def purge_used(self) -> int:
         """purge_expired over the partitions this process wrote records to; a partition is
@@ -345,7 +348,7 @@ class RequestLog:
             record = records_pb2.RequestRecord()
             record.CopyFrom(claim.record)
             record.updated_at_ms = int(now * 1000)
-            value = record.SerializeToString(deterministic=True)
+            value = layout.encode_request(record)
             try:
                 self.kv.set_if(claim.partition, claim.key, value, kv.Equals(claim.value))
             except kv.PredicateFailed:
@@ -360,10 +363,9 @@ class RequestLog:
             claim.value, claim.record, claim.renewed_at = value, record, now
 
     def close(self) -> None:
-        self._stop.set()
-        renewer = self._renewer
-        if renewer is not None:
-            renewer.join(timeout=5)
+        with self._claims_lock:
+            self._closed.set()
+        self._renewer.stop(timeout=5)
 
     # ---- cleanup -----------------------------------------------------------------------
 
@@ -381,7 +383,7 @@ class RequestLog:
         now = self._clock()
         doomed = []
         kept = False
-        iterator = self.kv.scan(partition, KEY_PREFIX, _prefix_end(KEY_PREFIX),
+        iterator = self.kv.scan(partition, KEY_PREFIX, layout.prefix_end(KEY_PREFIX),
                                 batch_size=min(limit, 1000))
         try:
             for item in iterator:
@@ -408,9 +410,8 @@ class RequestLog:
         return deleted, kept
 
     def _expired(self, value: bytes, now: float) -> bool:
-        try:
-            record = records_pb2.RequestRecord.FromString(value)
-        except pb_message.DecodeError:
+        record = layout.decode_request(value)
+        if record is None:
             return False  # left for a person to look at; never read as a result
         age = now - record.updated_at_ms / 1000.0
         if record.state == DONE:
@@ -422,10 +423,7 @@ class RequestLog:
 
 
 def _parse(partition: bytes, key: bytes, value: bytes) -> records_pb2.RequestRecord:
-    try:
-        record = records_pb2.RequestRecord.FromString(value)
-    except pb_message.DecodeError:
-        record = None
+    record = layout.decode_request(value)
     if record is None or record.state not in (PENDING, DONE, RELEASED):
         raise CorruptRequestRecord(
             f"the request record {key.decode(errors='replace')!r} in partition "
@@ -433,7 +431,3 @@ def _parse(partition: bytes, key: bytes, value: bytes) -> records_pb2.RequestRec
             metadata={"partition": partition.decode(errors="replace"),
                       "key": key.decode(errors="replace")})
     return record
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    return prefix[:-1] + bytes([prefix[-1] + 1])
