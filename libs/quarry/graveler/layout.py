@@ -20,18 +20,20 @@ prefix or a decoded record; nobody builds a key or parses a stored value by hand
   cleanup                  <partition>               → CleanupRecord
                            parked/<key>[@<unique>]   → a corrupt cleanup item, set aside
 
-Stored bytes are those of the quarry.v1 messages named above (records.proto / types.proto).
+Records are stored as quarry.storage.v1 messages (protos/quarry/storage/v1/records.proto), with
+the field numbers of the quarry.v1 messages they were first written as; see "record codecs".
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 from google.protobuf.message import DecodeError, Message
 
-from quarry.convert import entry_from_proto, entry_to_proto
+from quarry.convert import entry_to_proto
 from quarry.graveler import records
 from quarry.graveler.model import Entry
 from quarry.kv.store import MAX_KEY_BYTES
@@ -42,7 +44,8 @@ from quarry.kv.partitions import (
     repo_partition,
     staging_partition,
 )
-from quarry.v1 import records_pb2, types_pb2
+from quarry.storage.v1 import records_pb2 as stored
+from quarry.v1 import types_pb2
 
 M = TypeVar("M", bound=Message)
 
@@ -142,22 +145,179 @@ def staging_token_of(partition: bytes) -> str | None:
     return partition[len(STAGING_PARTITION_PREFIX) :].decode("utf-8", "backslashreplace")
 
 
-# ---- record codecs -------------------------------------------------------------------------------
+# ---- record codecs ---------------------------------------------------------------------------
+#
+# Records are stored as the messages of quarry.storage.v1 (protos/quarry/storage/v1), never as
+# API messages. The core works with the API messages it also sends on the wire (Branch,
+# Commit, Tag, GarbageCollectionRules) and with domain Entries; the converters below are the
+# one place where the two meet. Field numbers are those of the quarry.v1 messages the records
+# were first written as, so the stored bytes did not change (tests/unit/graveler/test_layout.py).
+
+
+def _copy_time(source: Message, target: Message, name: str) -> None:
+    if source.HasField(name):
+        getattr(target, name).CopyFrom(getattr(source, name))
+
+
+def branch_to_stored(branch: types_pb2.Branch) -> stored.Branch:
+    out = stored.Branch(
+        name=branch.name,
+        commit_id=branch.commit_id,
+        staging_token=branch.staging_token,
+        sealed_tokens=list(branch.sealed_tokens),
+        compacted_metarange_id=branch.compacted_metarange_id,
+    )
+    if branch.HasField("dirty"):
+        out.dirty = branch.dirty
+    _copy_time(branch, out, "compaction_start_time")
+    return out
+
+
+def branch_from_stored(record: stored.Branch) -> types_pb2.Branch:
+    out = types_pb2.Branch(
+        name=record.name,
+        commit_id=record.commit_id,
+        staging_token=record.staging_token,
+        sealed_tokens=list(record.sealed_tokens),
+        compacted_metarange_id=record.compacted_metarange_id,
+    )
+    if record.HasField("dirty"):
+        out.dirty = record.dirty
+    _copy_time(record, out, "compaction_start_time")
+    return out
+
+
+def commit_to_stored(commit: types_pb2.Commit) -> stored.Commit:
+    out = stored.Commit(
+        id=commit.id,
+        parents=list(commit.parents),
+        metarange_id=commit.metarange_id,
+        message=commit.message,
+        committer=commit.committer,
+        metadata=dict(commit.metadata),
+        generation=commit.generation,
+    )
+    _copy_time(commit, out, "creation_time")
+    return out
+
+
+def commit_from_stored(record: stored.Commit) -> types_pb2.Commit:
+    out = types_pb2.Commit(
+        id=record.id,
+        parents=list(record.parents),
+        metarange_id=record.metarange_id,
+        message=record.message,
+        committer=record.committer,
+        metadata=dict(record.metadata),
+        generation=record.generation,
+    )
+    _copy_time(record, out, "creation_time")
+    return out
+
+
+def tag_to_stored(tag: types_pb2.Tag) -> stored.Tag:
+    return stored.Tag(name=tag.name, commit_id=tag.commit_id)
+
+
+def tag_from_stored(record: stored.Tag) -> types_pb2.Tag:
+    return types_pb2.Tag(name=record.name, commit_id=record.commit_id)
+
+
+def gc_rules_to_stored(rules: types_pb2.GarbageCollectionRules) -> stored.GarbageCollectionRules:
+    return stored.GarbageCollectionRules(
+        default_retention_days=rules.default_retention_days,
+        branch_retention_days=dict(rules.branch_retention_days),
+    )
+
+
+def gc_rules_from_stored(
+    record: stored.GarbageCollectionRules,
+) -> types_pb2.GarbageCollectionRules:
+    return types_pb2.GarbageCollectionRules(
+        default_retention_days=record.default_retention_days,
+        branch_retention_days=dict(record.branch_retention_days),
+    )
+
+
+def entry_to_stored(entry: Entry) -> stored.Entry:
+    out = stored.Entry(
+        path=entry.path,
+        physical_address=entry.physical_address,
+        size_bytes=entry.size_bytes,
+        checksum=entry.checksum,
+        content_type=entry.content_type,
+    )
+    if entry.metadata:
+        out.metadata.update(entry.metadata)
+    if entry.mtime_us:
+        out.mtime.FromMicroseconds(entry.mtime_us)
+    return out
+
+
+def entry_from_stored(record: stored.Entry, path: str) -> Entry:
+    mtime_us = record.mtime.ToMicroseconds() if record.HasField("mtime") else 0
+    return Entry(
+        path,
+        record.physical_address,
+        record.size_bytes,
+        record.checksum,
+        mtime_us,
+        record.content_type,
+        dict(record.metadata),
+    )
+
+
+def staged_value_from_stored(record: stored.StagedValue) -> types_pb2.StagedValue:
+    if record.WhichOneof("value") == "entry":
+        entry = entry_from_stored(record.entry, record.entry.path)
+        return types_pb2.StagedValue(entry=entry_to_proto(entry))
+    return types_pb2.StagedValue(tombstone=record.tombstone)
+
+
+def repository_to_stored(repository: types_pb2.Repository) -> stored.Repository:
+    out = stored.Repository(
+        name=repository.name,
+        storage_namespace=repository.storage_namespace,
+        default_branch=repository.default_branch,
+        instance_id=repository.instance_id,
+    )
+    _copy_time(repository, out, "creation_time")
+    return out
+
+
+# API message type → (stored message type, conversion of a decoded record to the API type).
+_STORED: dict[type, tuple[type, Callable[[Any], Any]]] = {
+    types_pb2.Branch: (stored.Branch, branch_from_stored),
+    types_pb2.Commit: (stored.Commit, commit_from_stored),
+    types_pb2.Tag: (stored.Tag, tag_from_stored),
+    types_pb2.GarbageCollectionRules: (stored.GarbageCollectionRules, gc_rules_from_stored),
+    types_pb2.StagedValue: (stored.StagedValue, staged_value_from_stored),
+}
 
 
 def decode(message_type: type[M], partition: bytes, key: bytes, value: bytes) -> M:
-    """A stored record (CorruptRecord if unreadable or inconsistent with its key)."""
-    return records.decode_record(message_type, partition, key, value)
+    """The record stored at partition/key as `message_type` (an API message: Branch, Commit,
+    Tag, GarbageCollectionRules, StagedValue; or a quarry.storage.v1 message). CorruptRecord
+    if unreadable or inconsistent with its key."""
+    found = _STORED.get(message_type)
+    if found is None:
+        return records.decode_record(message_type, partition, key, value)
+    stored_type, to_api = found
+    return cast(M, to_api(records.decode_record(stored_type, partition, key, value)))
 
 
 def decode_or_skip(message_type: type[M], partition: bytes, key: bytes, value: bytes) -> M | None:
     """decode, but None (skipped and counted) for a corrupt record in a listing scope."""
-    return records.decode_or_skip(message_type, partition, key, value)
+    try:
+        return decode(message_type, partition, key, value)
+    except records.CorruptRecord as exc:
+        records.skip(exc)
+        return None
 
 
 def encode_branch(branch: types_pb2.Branch) -> bytes:
     # Deterministic: the bytes are the compare-and-swap predicate of the next update.
-    return branch.SerializeToString(deterministic=True)
+    return branch_to_stored(branch).SerializeToString(deterministic=True)
 
 
 def decode_branch(partition: bytes, name: str, value: bytes) -> types_pb2.Branch:
@@ -165,42 +325,49 @@ def decode_branch(partition: bytes, name: str, value: bytes) -> types_pb2.Branch
 
 
 def encode_tag(tag: types_pb2.Tag) -> bytes:
-    return tag.SerializeToString()
+    return tag_to_stored(tag).SerializeToString()
 
 
 def encode_commit(commit: types_pb2.Commit) -> bytes:
-    return commit.SerializeToString(deterministic=True)
+    return commit_to_stored(commit).SerializeToString(deterministic=True)
 
 
 def encode_gc_rules(rules: types_pb2.GarbageCollectionRules) -> bytes:
-    return rules.SerializeToString()
+    return gc_rules_to_stored(rules).SerializeToString()
 
 
 def encode_staged(entry: Entry | None) -> bytes:
     """A staged value: the entry, or a tombstone for None."""
     if entry is None:
-        return types_pb2.StagedValue(tombstone=True).SerializeToString()
-    return types_pb2.StagedValue(entry=entry_to_proto(entry)).SerializeToString(
-        deterministic=True
-    )
+        return stored.StagedValue(tombstone=True).SerializeToString()
+    return stored.StagedValue(entry=entry_to_stored(entry)).SerializeToString(deterministic=True)
 
 
-def staged_entry(path: str, value: types_pb2.StagedValue) -> Entry | None:
+def decode_staged_value(partition: bytes, key: bytes, value: bytes) -> stored.StagedValue:
+    """A staged value as stored (CorruptRecord if unreadable)."""
+    return records.decode_record(stored.StagedValue, partition, key, value)
+
+
+def staged_or_skip(partition: bytes, key: bytes, value: bytes) -> stored.StagedValue | None:
+    """decode_staged_value, but None (skipped and counted) in a listing scope."""
+    return records.decode_or_skip(stored.StagedValue, partition, key, value)
+
+
+def staged_entry(path: str, value: stored.StagedValue) -> Entry | None:
     """The domain value of a decoded staged value (None: a tombstone)."""
     if value.WhichOneof("value") == "entry":
-        entry = entry_from_proto(value.entry)
-        return entry if entry.path == path else entry.with_path(path)
+        return entry_from_stored(value.entry, path)
     return None
 
 
-def is_staged_entry(value: types_pb2.StagedValue) -> bool:
+def is_staged_entry(value: stored.StagedValue) -> bool:
     """True for an entry, False for a tombstone."""
     return value.WhichOneof("value") == "entry"
 
 
 def decode_staged(token: str, path: str, data: bytes) -> Entry | None:
     """The staged value of `path` under `token` (CorruptRecord if unreadable)."""
-    value = decode(types_pb2.StagedValue, staging_partition(token), staged_key(path), data)
+    value = decode_staged_value(staging_partition(token), staged_key(path), data)
     return staged_entry(path, value)
 
 
@@ -217,13 +384,13 @@ def decode_merge_hint(data: bytes) -> tuple[str, str, str] | None:
 
 
 def encode_repository(repository: types_pb2.Repository, instance_id: str) -> bytes:
-    return records_pb2.RepositoryRecord(
-        repository=repository, instance_id=instance_id
+    return stored.RepositoryRecord(
+        repository=repository_to_stored(repository), instance_id=instance_id
     ).SerializeToString()
 
 
-def decode_repository(key: bytes, value: bytes) -> records_pb2.RepositoryRecord:
-    return decode(records_pb2.RepositoryRecord, QUARRY_PARTITION, key, value)
+def decode_repository(key: bytes, value: bytes) -> stored.RepositoryRecord:
+    return records.decode_record(stored.RepositoryRecord, QUARRY_PARTITION, key, value)
 
 
 def encode_deleted_instance(repository: str) -> bytes:
@@ -245,27 +412,27 @@ def decode_creation(value: bytes) -> tuple[str, str, float] | None:
         return None
 
 
-def encode_request(record: records_pb2.RequestRecord) -> bytes:
+def encode_request(record: stored.RequestRecord) -> bytes:
     # Deterministic: the bytes are the predicate of the claim's next update.
     return record.SerializeToString(deterministic=True)
 
 
-def decode_request(value: bytes) -> records_pb2.RequestRecord | None:
+def decode_request(value: bytes) -> stored.RequestRecord | None:
     """A request record; None if the bytes do not parse (kept for a person to look at)."""
     try:
-        return records_pb2.RequestRecord.FromString(value)
+        return stored.RequestRecord.FromString(value)
     except DecodeError:
         return None
 
 
 def encode_cleanup(partition: bytes, queued_at: int) -> bytes:
-    return records_pb2.CleanupRecord(
+    return stored.CleanupRecord(
         partition_key=partition.decode(), queued_at=queued_at
     ).SerializeToString()
 
 
-def decode_cleanup(key: bytes, value: bytes) -> records_pb2.CleanupRecord:
-    return decode(records_pb2.CleanupRecord, CLEANUP_PARTITION, key, value)
+def decode_cleanup(key: bytes, value: bytes) -> stored.CleanupRecord:
+    return records.decode_record(stored.CleanupRecord, CLEANUP_PARTITION, key, value)
 
 
 def parked_key(key: bytes, unique: str = "") -> bytes:

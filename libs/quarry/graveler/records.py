@@ -24,6 +24,7 @@ from prometheus_client import Counter
 
 from quarry import errors
 from quarry.kv.partitions import REPO, STAGING, partition_class
+from quarry.storage.v1 import records_pb2 as stored
 from quarry.v1 import records_pb2, types_pb2
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,13 @@ _CHECKS: dict[type, Callable] = {
     types_pb2.Commit: _check_commit,
     types_pb2.StagedValue: _check_staged_value,
     records_pb2.CleanupRecord: _check_cleanup,
+    # The stored messages (quarry.graveler.layout decodes through these).
+    stored.RepositoryRecord: _check_repository,
+    stored.Branch: _check_branch,
+    stored.Tag: _check_tag,
+    stored.Commit: _check_commit,
+    stored.StagedValue: _check_staged_value,
+    stored.CleanupRecord: _check_cleanup,
 }
 
 M = TypeVar("M")

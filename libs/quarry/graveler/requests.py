@@ -61,7 +61,7 @@ from quarry.graveler import layout, names
 from quarry.graveler.layout import QUARRY_PARTITION, REQUESTS_PREFIX
 from quarry.kv import store as kv
 from quarry.runtime.periodic import PeriodicWorker
-from quarry.v1 import records_pb2
+from quarry.storage.v1 import records_pb2
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ from quarry.graveler.model import Entry
 from quarry.kv import store as kv
 from quarry.graveler.layout import CLEANUP_PARTITION, PARKED_PREFIX, staging_partition
 from quarry.runtime.periodic import PeriodicWorker
-from quarry.v1 import types_pb2
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +48,7 @@ class StagedIterator:
     def __next__(self) -> tuple[str, Entry | None]:
         while True:
             item = next(self._scan)
-            value = layout.decode_or_skip(types_pb2.StagedValue, self._partition, item.key,
-                                          item.value)
+            value = layout.staged_or_skip(self._partition, item.key, item.value)
             if value is not None:  # None: corrupt, skipped by a listing (records.listing)
                 path = item.key.decode()
                 return path, entry_of(path, value)

@@ -1,0 +1,1 @@
+"""Internal storage messages (not the gRPC contract): see quarry.graveler.layout."""
