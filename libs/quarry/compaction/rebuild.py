@@ -60,20 +60,24 @@ class RebuildMixin(_SensorParts):
             if state.rebuilt:
                 return 0
             branch = snapshot.branch
-            tokens = ([branch.staging_token] if is_dirty(branch) else []) + \
-                list(branch.sealed_tokens)
+            tokens = ([branch.staging_token] if is_dirty(branch) else []) + list(
+                branch.sealed_tokens
+            )
             with self._lock:
                 before = {t: tuple(c) for t, c in state.tokens.items()}
             scanned: dict[str, list[int]] = {}
             total = [0, 0]
             items = 0
             for token in tokens:
-                if self.thresholds.staged_decided(*total) or \
-                        items >= self.rebuild_max_items_per_branch:
+                if (
+                    self.thresholds.staged_decided(*total)
+                    or items >= self.rebuild_max_items_per_branch
+                ):
                     break
                 counts = scanned[token] = [0, 0]
-                items += self._count_token(token, counts, total,
-                                           self.rebuild_max_items_per_branch - items)
+                items += self._count_token(
+                    token, counts, total, self.rebuild_max_items_per_branch - items
+                )
             with self._lock:
                 if self._branches.get(key) is not state:
                     return items  # forgotten meanwhile
@@ -86,12 +90,17 @@ class RebuildMixin(_SensorParts):
                         del state.tokens[token]
                 state.rebuilt = True
             if items:
-                log.info("compactor-sensor: rebuilt %s/%s from the KV store: %d staged items "
-                         "in %d token(s)", key[0], key[1], items, len(scanned))
+                log.info(
+                    "compactor-sensor: rebuilt %s/%s from the KV store: %d staged items "
+                    "in %d token(s)",
+                    key[0],
+                    key[1],
+                    items,
+                    len(scanned),
+                )
             return items
 
-    def _count_token(self, token: str, counts: list[int], total: list[int],
-                     limit: int) -> int:
+    def _count_token(self, token: str, counts: list[int], total: list[int], limit: int) -> int:
         items = 0
         partition = staging_partition(token)
         iterator = self.kv.scan(partition, batch_size=SCAN_BATCH)
@@ -106,8 +115,9 @@ class RebuildMixin(_SensorParts):
                 counts[index] += 1
                 total[index] += 1
                 items += 1
-                if items >= limit or (items % SCAN_BATCH == 0
-                                      and self.thresholds.staged_decided(*total)):
+                if items >= limit or (
+                    items % SCAN_BATCH == 0 and self.thresholds.staged_decided(*total)
+                ):
                     break
         finally:
             iterator.close()
@@ -117,8 +127,10 @@ class RebuildMixin(_SensorParts):
         """Find the branches with staged or sealed data that this process has not heard of
         (after a restart): they are refreshed and rebuilt like reported ones."""
         now = time.monotonic()
-        if self._discovered_at is not None and \
-                now - self._discovered_at < self.discovery_interval_seconds:
+        if (
+            self._discovered_at is not None
+            and now - self._discovered_at < self.discovery_interval_seconds
+        ):
             return
         self._discovered_at = now
         with records.listing():  # corrupt repository/branch records: skipped, counted
@@ -149,4 +161,3 @@ class RebuildMixin(_SensorParts):
                 break
             after = repos[-1].name
         return found
-

@@ -31,10 +31,13 @@ that SetIf (a loser counts reason="race") calls the committer's Compact. A faili
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Unpack
 
 from quarry import errors
 from quarry.compaction.rebuild import RebuildMixin
@@ -54,9 +57,11 @@ from quarry.compaction.state import (
     Candidate,
     CompactionResult,
     Compactor,
+    SensorTuning,
     Snapshot,
     StagingStats,
     Thresholds,
+    TuningOptions,
     seconds,
 )
 from quarry.compaction.trigger import TriggerMixin
@@ -70,49 +75,63 @@ from quarry.runtime.periodic import PeriodicWorker
 
 log = logging.getLogger(__name__)
 
+
 class CompactionSensor(RebuildMixin, TriggerMixin):
     """Thread-safe. `record` is the report path (memory only); everything that reads the KV
     store or calls the committer runs in `evaluate_once` (the background loop) or in
     `get_branch_stats`."""
 
-    def __init__(self, store: kv.Store, compactor: Compactor | None,
-                 thresholds: Thresholds | None = None, *,
-                 min_interval_seconds: float = 60.0,
-                 check_interval_seconds: float = 5.0,
-                 rebuild_items_per_cycle: int = 200_000,
-                 rebuild_max_items_per_branch: int = 2_000_000,
-                 discovery_interval_seconds: float = 600.0,
-                 stale_after_seconds: float = 60.0,
-                 max_response_bytes: int = Settings.max_response_bytes,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        store: kv.Store,
+        compactor: Compactor | None,
+        thresholds: Thresholds | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        **options: Unpack[TuningOptions],
+    ) -> None:
+        """`options`: the fields of SensorTuning (intervals and rebuild budgets)."""
+        tuning = replace(SensorTuning(), **options)
+        check_interval_seconds = tuning.check_interval_seconds
         self.kv = store
-        self.max_response_bytes = max_response_bytes
+        self.max_response_bytes = tuning.max_response_bytes
         self.refs = RefManager(store)
         self.compactor = compactor
         self.thresholds = thresholds or Thresholds()
-        self.min_interval_seconds = min_interval_seconds
+        self.min_interval_seconds = tuning.min_interval_seconds
         self.check_interval_seconds = check_interval_seconds
-        self.rebuild_items_per_cycle = rebuild_items_per_cycle
-        self.rebuild_max_items_per_branch = rebuild_max_items_per_branch
-        self.discovery_interval_seconds = discovery_interval_seconds
-        self.stale_after_seconds = stale_after_seconds
+        self.rebuild_items_per_cycle = tuning.rebuild_items_per_cycle
+        self.rebuild_max_items_per_branch = tuning.rebuild_max_items_per_branch
+        self.discovery_interval_seconds = tuning.discovery_interval_seconds
+        self.stale_after_seconds = tuning.stale_after_seconds
         self._clock = clock
         self._lock = threading.Lock()
         self._branches: dict[tuple[str, str], BranchState] = {}
         self._discovered_at: float | None = None
         # Evaluates at once, then every check interval; a failed pass (e.g. the kv-gateway
         # is away) is logged once per streak and the next one comes at the same interval.
-        self._worker = PeriodicWorker("compactor-sensor", self.evaluate_once,
-                                      check_interval_seconds,
-                                      retry_initial=check_interval_seconds)
+        self._worker = PeriodicWorker(
+            "compactor-sensor",
+            self.evaluate_once,
+            check_interval_seconds,
+            retry_initial=check_interval_seconds,
+        )
 
     @classmethod
-    def from_settings(cls, settings, store: kv.Store, compactor: Compactor | None,
-                      **kwargs) -> "CompactionSensor":
-        return cls(store, compactor, Thresholds.from_settings(settings),
-                   min_interval_seconds=settings.compaction_min_interval_seconds,
-                   check_interval_seconds=settings.compaction_check_interval_seconds,
-                   max_response_bytes=settings.max_response_bytes, **kwargs)
+    def from_settings(
+        cls,
+        settings: Settings,
+        store: kv.Store,
+        compactor: Compactor | None,
+        **options: Unpack[TuningOptions],
+    ) -> CompactionSensor:
+        tuning: TuningOptions = {
+            "min_interval_seconds": settings.compaction_min_interval_seconds,
+            "check_interval_seconds": settings.compaction_check_interval_seconds,
+            "max_response_bytes": settings.max_response_bytes,
+        }
+        tuning.update(options)
+        return cls(store, compactor, Thresholds.from_settings(settings), **tuning)
 
     # ---- the report path (memory only) --------------------------------------------------------
 
@@ -154,8 +173,9 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
         response past max_response_bytes."""
         if page_size < 0:
             raise errors.InvalidArgument("page_size may not be negative")
-        budget = PageBudget(min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE),
-                            self.max_response_bytes)
+        budget = PageBudget(
+            min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE), self.max_response_bytes
+        )
         out = []
         for candidate in self._candidates():
             if not budget.admit(candidate):
@@ -170,10 +190,25 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
                 puts, deletes = state.totals()
                 reasons = self.thresholds.reasons(puts, deletes, state.sealed_tokens)
                 if reasons:
-                    out.append(Candidate(repository, branch, puts, deletes,
-                                         state.sealed_tokens, ",".join(reasons)))
-        out.sort(key=lambda c: (-c.deletes, -(c.puts + c.deletes), -c.sealed_tokens,
-                                c.repository, c.branch))
+                    out.append(
+                        Candidate(
+                            repository,
+                            branch,
+                            puts,
+                            deletes,
+                            state.sealed_tokens,
+                            ",".join(reasons),
+                        )
+                    )
+        out.sort(
+            key=lambda c: (
+                -c.deletes,
+                -(c.puts + c.deletes),
+                -c.sealed_tokens,
+                c.repository,
+                c.branch,
+            )
+        )
         return out
 
     def _stats(self, key: tuple[str, str]) -> BranchStats:
@@ -182,10 +217,12 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
             if state is None:
                 return BranchStats(key[0], key[1], 0, 0, 0, None)
             puts, deletes = state.totals()
-            tokens = tuple(StagingStats(key[0], key[1], token, c[0], c[1])
-                           for token, c in state.tokens.items())
-            return BranchStats(key[0], key[1], puts, deletes, state.sealed_tokens,
-                               state.last_compaction, tokens)
+            tokens = tuple(
+                StagingStats(key[0], key[1], token, c[0], c[1]) for token, c in state.tokens.items()
+            )
+            return BranchStats(
+                key[0], key[1], puts, deletes, state.sealed_tokens, state.last_compaction, tokens
+            )
 
     # ---- evaluation ------------------------------------------------------------------------
 
@@ -229,10 +266,15 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
         with self._lock:
             for key, state in self._branches.items():
                 puts, deletes = state.totals()
-                if (state.reports != state.refreshed_reports or not state.rebuilt
-                        or self.thresholds.reasons(puts, deletes, state.sealed_tokens)
-                        or ((puts or deletes or state.sealed_tokens)
-                            and now - state.refreshed_at >= self.stale_after_seconds)):
+                if (
+                    state.reports != state.refreshed_reports
+                    or not state.rebuilt
+                    or self.thresholds.reasons(puts, deletes, state.sealed_tokens)
+                    or (
+                        (puts or deletes or state.sealed_tokens)
+                        and now - state.refreshed_at >= self.stale_after_seconds
+                    )
+                ):
                     due.append(key)
         return due
 
@@ -255,14 +297,22 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
             # is not re-read (and logged) every cycle; the other branches carry on.
             self._forget(key)
             records.CORRUPT_RECORDS_PARKED.labels(exc.record).inc()
-            log.warning("compactor-sensor: parked %s/%s (corrupt record partition=%s key=%s)",
-                        key[0], key[1], records.show(exc.partition), records.show(exc.key))
+            log.warning(
+                "compactor-sensor: parked %s/%s (corrupt record partition=%s key=%s)",
+                key[0],
+                key[1],
+                records.show(exc.partition),
+                records.show(exc.key),
+            )
             if missing_ok:
                 return None
             raise
         live = {branch.staging_token, *branch.sealed_tokens}
-        last = (seconds(branch.compaction_start_time)
-                if branch.HasField("compaction_start_time") else None)
+        last = (
+            seconds(branch.compaction_start_time)
+            if branch.HasField("compaction_start_time")
+            else None
+        )
         with self._lock:
             state = self._branches.get(key)
             if state is None:
@@ -290,14 +340,12 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
     def _forget(self, key: tuple[str, str]) -> None:
         with self._lock:
             self._branches.pop(key, None)
-        try:
+        with contextlib.suppress(KeyError):
             SEALED_TOKENS.remove(key[0], key[1])
-        except KeyError:
-            pass
 
     # ---- the background loop ---------------------------------------------------------------
 
-    def start(self) -> "CompactionSensor":
+    def start(self) -> CompactionSensor:
         self._worker.start(first_delay=0)
         return self
 
@@ -305,7 +353,22 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
         self._worker.stop(timeout)
 
 
-__all__ = ["COMPACTION_DURATION", "COMPACTIONS", "COMPACTIONS_SKIPPED", "ENTRIES_COMPACTED",
-           "LIST_PAGE", "REASON_SEALED_TOKENS", "REASON_STAGED_ENTRIES", "REASON_TOMBSTONES",
-           "SEALED_TOKENS", "TOMBSTONES_COMPACTED", "BranchStats", "Candidate",
-           "CompactionResult", "CompactionSensor", "Compactor", "StagingStats", "Thresholds"]
+__all__ = [
+    "COMPACTION_DURATION",
+    "COMPACTIONS",
+    "COMPACTIONS_SKIPPED",
+    "ENTRIES_COMPACTED",
+    "LIST_PAGE",
+    "REASON_SEALED_TOKENS",
+    "REASON_STAGED_ENTRIES",
+    "REASON_TOMBSTONES",
+    "SEALED_TOKENS",
+    "TOMBSTONES_COMPACTED",
+    "BranchStats",
+    "Candidate",
+    "CompactionResult",
+    "CompactionSensor",
+    "Compactor",
+    "StagingStats",
+    "Thresholds",
+]

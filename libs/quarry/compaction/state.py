@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypedDict
 
+from google.protobuf import timestamp_pb2
 from prometheus_client import Counter, Gauge, Histogram
 
+from quarry.config import Settings
 from quarry.graveler.refs import Repository
 from quarry.v1 import compactor_sensor_pb2, types_pb2
 
@@ -17,24 +19,30 @@ from quarry.v1 import compactor_sensor_pb2, types_pb2
 COMPACTION_DURATION = Histogram(
     "quarry_compaction_duration_seconds",
     "Duration of the committer's Compact calls made by the compactor-sensor",
-    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)
 ENTRIES_COMPACTED = Counter(
     "quarry_compaction_entries_compacted",
-    "Staged entries (puts) counted on the tokens of successfully compacted branches")
+    "Staged entries (puts) counted on the tokens of successfully compacted branches",
+)
 TOMBSTONES_COMPACTED = Counter(
     "quarry_compaction_tombstones_compacted",
-    "Staged tombstones (deletes) counted on the tokens of successfully compacted branches")
+    "Staged tombstones (deletes) counted on the tokens of successfully compacted branches",
+)
 SEALED_TOKENS = Gauge(
-    "quarry_branch_sealed_tokens", "Sealed staging tokens of a branch (from its record)",
-    ["repo", "branch"])
+    "quarry_branch_sealed_tokens",
+    "Sealed staging tokens of a branch (from its record)",
+    ["repo", "branch"],
+)
 COMPACTIONS_SKIPPED = Counter(
     "quarry_compactions_skipped",
     "Candidate branches not compacted: guard = a compaction started within the minimum "
     "interval; race = another writer or sensor changed the branch record first",
-    ["reason"])
+    ["reason"],
+)
 COMPACTIONS = Counter(
-    "quarry_compactions", "Compact calls made by the compactor-sensor, by outcome",
-    ["outcome"])
+    "quarry_compactions", "Compact calls made by the compactor-sensor, by outcome", ["outcome"]
+)
 
 # ---- reasons -------------------------------------------------------------------------------
 
@@ -46,6 +54,7 @@ LIST_PAGE = 100
 
 
 # ---- values --------------------------------------------------------------------------------
+
 
 @dataclass
 class StagingStats:
@@ -82,8 +91,13 @@ class Candidate:
 
     def to_proto(self) -> compactor_sensor_pb2.CompactionCandidate:
         return compactor_sensor_pb2.CompactionCandidate(
-            repository=self.repository, branch=self.branch, puts=self.puts,
-            deletes=self.deletes, sealed_tokens=self.sealed_tokens, reason=self.reason)
+            repository=self.repository,
+            branch=self.branch,
+            puts=self.puts,
+            deletes=self.deletes,
+            sealed_tokens=self.sealed_tokens,
+            reason=self.reason,
+        )
 
 
 @dataclass(frozen=True)
@@ -107,10 +121,12 @@ class Thresholds:
     sealed_tokens: int = 10
 
     @classmethod
-    def from_settings(cls, settings) -> "Thresholds":
-        return cls(tombstones=settings.compaction_tombstones_threshold,
-                   staged_entries=settings.compaction_staged_entries_threshold,
-                   sealed_tokens=settings.compaction_sealed_tokens_threshold)
+    def from_settings(cls, settings: Settings) -> Thresholds:
+        return cls(
+            tombstones=settings.compaction_tombstones_threshold,
+            staged_entries=settings.compaction_staged_entries_threshold,
+            sealed_tokens=settings.compaction_sealed_tokens_threshold,
+        )
 
     def reasons(self, puts: int, deletes: int, sealed_tokens: int) -> list[str]:
         found = []
@@ -158,9 +174,33 @@ class Snapshot:
     predicate: bytes
 
 
-def seconds(ts) -> float:
+def seconds(ts: timestamp_pb2.Timestamp) -> float:
     return ts.seconds + ts.nanos / 1e9
 
 
 # ---- the sensor ----------------------------------------------------------------------------
 
+
+@dataclass(frozen=True)
+class SensorTuning:
+    """The sensor's intervals and rebuild budgets (CompactionSensor's keyword options)."""
+
+    min_interval_seconds: float = 60.0
+    check_interval_seconds: float = 5.0
+    rebuild_items_per_cycle: int = 200_000
+    rebuild_max_items_per_branch: int = 2_000_000
+    discovery_interval_seconds: float = 600.0
+    stale_after_seconds: float = 60.0
+    max_response_bytes: int = Settings.max_response_bytes
+
+
+class TuningOptions(TypedDict, total=False):
+    """SensorTuning's fields as keyword options."""
+
+    min_interval_seconds: float
+    check_interval_seconds: float
+    rebuild_items_per_cycle: int
+    rebuild_max_items_per_branch: int
+    discovery_interval_seconds: float
+    stale_after_seconds: float
+    max_response_bytes: int

@@ -61,18 +61,26 @@ class TriggerMixin(_SensorParts):
         called (whatever its outcome)."""
         branch = snapshot.branch
         now = self._clock()
-        if branch.HasField("compaction_start_time") and \
-                abs(now - seconds(branch.compaction_start_time)) < self.min_interval_seconds:
+        if (
+            branch.HasField("compaction_start_time")
+            and abs(now - seconds(branch.compaction_start_time)) < self.min_interval_seconds
+        ):
             COMPACTIONS_SKIPPED.labels("guard").inc()
-            log.debug("compactor-sensor: %s/%s compacted recently; skipping",
-                      candidate.repository, candidate.branch)
+            log.debug(
+                "compactor-sensor: %s/%s compacted recently; skipping",
+                candidate.repository,
+                candidate.branch,
+            )
             return False
         if self.compactor is None:
             return False
         if not self._claim(snapshot, now):
             COMPACTIONS_SKIPPED.labels("race").inc()
-            log.debug("compactor-sensor: %s/%s changed before the claim; skipping",
-                      candidate.repository, candidate.branch)
+            log.debug(
+                "compactor-sensor: %s/%s changed before the claim; skipping",
+                candidate.repository,
+                candidate.branch,
+            )
             return False
         key = (candidate.repository, candidate.branch)
         tokens = {branch.staging_token, *branch.sealed_tokens}
@@ -84,16 +92,27 @@ class TriggerMixin(_SensorParts):
                 puts, deletes = sum(c[0] for c in counted), sum(c[1] for c in counted)
             else:
                 puts = deletes = 0
-        log.info("compactor-sensor: compacting %s/%s (%s: %d puts, %d tombstones, %d sealed "
-                 "tokens)", candidate.repository, candidate.branch, candidate.reason, puts,
-                 deletes, candidate.sealed_tokens)
+        log.info(
+            "compactor-sensor: compacting %s/%s (%s: %d puts, %d tombstones, %d sealed tokens)",
+            candidate.repository,
+            candidate.branch,
+            candidate.reason,
+            puts,
+            deletes,
+            candidate.sealed_tokens,
+        )
         started = time.monotonic()
         try:
             result = self.compactor.compact(candidate.repository, candidate.branch)
         except Exception as exc:  # noqa: BLE001 — log and carry on; retried after the interval
             COMPACTIONS.labels("error").inc()
-            log.warning("compactor-sensor: Compact(%s/%s) failed: %s: %s", candidate.repository,
-                        candidate.branch, getattr(exc, "reason", type(exc).__name__), exc)
+            log.warning(
+                "compactor-sensor: Compact(%s/%s) failed: %s: %s",
+                candidate.repository,
+                candidate.branch,
+                getattr(exc, "reason", type(exc).__name__),
+                exc,
+            )
             return True
         COMPACTION_DURATION.observe(time.monotonic() - started)
         COMPACTIONS.labels("ok").inc()
@@ -108,9 +127,14 @@ class TriggerMixin(_SensorParts):
             self._refresh(key, missing_ok=True)  # the compacted record: sealed tokens, gauge
         except Exception:  # noqa: BLE001 — the next cycle reads it again
             log.debug("compactor-sensor: re-reading %s/%s failed", *key, exc_info=True)
-        log.info("compactor-sensor: compacted %s/%s into metarange %s (%d token(s)) in %.2fs",
-                 candidate.repository, candidate.branch, result.compacted_metarange_id,
-                 result.tokens_compacted, time.monotonic() - started)
+        log.info(
+            "compactor-sensor: compacted %s/%s into metarange %s (%d token(s)) in %.2fs",
+            candidate.repository,
+            candidate.branch,
+            result.compacted_metarange_id,
+            result.tokens_compacted,
+            time.monotonic() - started,
+        )
         return True
 
     def _claim(self, snapshot: Snapshot, now: float) -> bool:
@@ -122,10 +146,14 @@ class TriggerMixin(_SensorParts):
             return branch
 
         try:
-            self.refs.update_branch(snapshot.repo, snapshot.branch.name, claim,
-                                    step="compaction_claim", policy=ONCE,
-                                    expect=(snapshot.branch, snapshot.predicate))
+            self.refs.update_branch(
+                snapshot.repo,
+                snapshot.branch.name,
+                claim,
+                step="compaction_claim",
+                policy=ONCE,
+                expect=(snapshot.branch, snapshot.predicate),
+            )
         except gerrors.BranchContended:
             return False
         return True
-

@@ -110,8 +110,7 @@ class Commits:
 
             def exhausted() -> gerrors.BranchContended:
                 return gerrors.BranchContended(
-                    f"commit on {branch_name!r} lost the race {DEFAULT_RETRY.budget} times; "
-                    f"retry",
+                    f"commit on {branch_name!r} lost the race {DEFAULT_RETRY.budget} times; retry",
                     metadata={"repository": repo.name, "branch": branch_name},
                 )
 

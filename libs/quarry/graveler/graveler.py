@@ -17,7 +17,7 @@ quarry.graveler.layout.
 
 from __future__ import annotations
 
-from typing_extensions import Unpack
+from typing import Unpack
 
 from quarry.graveler.commits import CommitOutcome, CommitParams, Commits, Retirement
 from quarry.graveler.core import (

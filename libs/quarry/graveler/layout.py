@@ -36,7 +36,6 @@ from google.protobuf.message import DecodeError, Message
 from quarry.convert import entry_to_proto
 from quarry.graveler import records
 from quarry.graveler.model import Entry
-from quarry.kv.store import MAX_KEY_BYTES
 from quarry.kv.partitions import (
     AUTH_PARTITION,
     CLEANUP_PARTITION,
@@ -44,6 +43,7 @@ from quarry.kv.partitions import (
     repo_partition,
     staging_partition,
 )
+from quarry.kv.store import MAX_KEY_BYTES
 from quarry.storage.v1 import records_pb2 as stored
 from quarry.v1 import types_pb2
 

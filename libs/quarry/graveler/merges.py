@@ -233,8 +233,7 @@ class Merges:
             branch, predicate = self.core.branch(repo, branch_name)
             if self.reads.has_uncommitted(repo, branch):
                 raise gerrors.DirtyBranch(
-                    f"branch {branch_name!r} has uncommitted changes; commit or discard them "
-                    f"first",
+                    f"branch {branch_name!r} has uncommitted changes; commit or discard them first",
                     metadata={"repository": repo.name, "branch": branch_name},
                 )
             head = self.refs.get_commit(repo, branch.commit_id)
@@ -267,9 +266,7 @@ class Merges:
                     )
                 raise self._conflict_error(result, work.base_commit_id)
             if work.dry_run:
-                return MergeOutcome(
-                    None, result.summary, work.base_commit_id, attempts=attempt + 1
-                )
+                return MergeOutcome(None, result.summary, work.base_commit_id, attempts=attempt + 1)
             if (
                 result.summary.total == 0
                 and not work.allow_empty

@@ -8,14 +8,17 @@ quarry.graveler.resolution (mixed in). Every change of a branch record goes thro
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from google.protobuf import timestamp_pb2
+from google.protobuf.message import Message
 
 from quarry.graveler import errors as gerrors
 from quarry.graveler import layout, records
@@ -43,6 +46,8 @@ from quarry.graveler.resolution import (
 from quarry.graveler.retry import DEFAULT_RETRY, RetryPolicy, cas_retry
 from quarry.kv import store as kv
 from quarry.v1 import types_pb2
+
+M = TypeVar("M", bound=Message)
 
 # A function applied to a copy of a branch record by RefManager.update_branch: it returns
 # the record to store (usually the copy it was given, changed) or None for "no change"; it
@@ -81,22 +86,29 @@ class Repository:
         return repo_partition(self.name, self.instance_id)
 
     def to_proto(self) -> types_pb2.Repository:
-        return types_pb2.Repository(name=self.name, storage_namespace=self.storage_namespace,
-                                    default_branch=self.default_branch,
-                                    creation_time=timestamp_pb2.Timestamp(
-                                        seconds=self.creation_time),
-                                    instance_id=self.instance_id)
+        return types_pb2.Repository(
+            name=self.name,
+            storage_namespace=self.storage_namespace,
+            default_branch=self.default_branch,
+            creation_time=timestamp_pb2.Timestamp(seconds=self.creation_time),
+            instance_id=self.instance_id,
+        )
 
     def to_record(self) -> bytes:
         return layout.encode_repository(self.to_proto(), self.instance_id)
 
     @staticmethod
-    def from_record(data: bytes, key: bytes) -> "Repository":
+    def from_record(data: bytes, key: bytes) -> Repository:
         """The repository stored at `quarry`/`key` (CorruptRecord if unreadable)."""
         record = layout.decode_repository(key, data)
         r = record.repository
-        return Repository(r.name, r.storage_namespace, r.default_branch, record.instance_id,
-                          r.creation_time.seconds)
+        return Repository(
+            r.name,
+            r.storage_namespace,
+            r.default_branch,
+            record.instance_id,
+            r.creation_time.seconds,
+        )
 
 
 def is_dirty(branch: types_pb2.Branch) -> bool:
@@ -104,8 +116,14 @@ def is_dirty(branch: types_pb2.Branch) -> bool:
     return branch.dirty if branch.HasField("dirty") else True
 
 
-def commit_id_for(parents: list[str], metarange_id: str, message: str, committer: str,
-                  creation_seconds: int, metadata: dict[str, str]) -> str:
+def commit_id_for(
+    parents: list[str],
+    metarange_id: str,
+    message: str,
+    committer: str,
+    creation_seconds: int,
+    metadata: dict[str, str],
+) -> str:
     """Content address of a commit: identical content gives the identical id."""
     h = hashlib.sha256()
 
@@ -133,14 +151,14 @@ class _LRU:
         self._data: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key):
+    def get(self, key: Hashable) -> Any:
         with self._lock:
             value = self._data.get(key)
             if value is not None:
                 self._data.move_to_end(key)
             return value
 
-    def put(self, key, value) -> None:
+    def put(self, key: Hashable, value: Any) -> None:
         with self._lock:
             self._data[key] = value
             self._data.move_to_end(key)
@@ -173,8 +191,9 @@ class RefManager(RefResolution):
             data = self.kv.get(QUARRY_PARTITION, layout.repository_key(name)).value
         except kv.KeyNotFound:
             self._repos.pop(name, None)
-            raise gerrors.RepositoryNotFound(f"repository {name!r} not found",
-                                             metadata={"repository": name}) from None
+            raise gerrors.RepositoryNotFound(
+                f"repository {name!r} not found", metadata={"repository": name}
+            ) from None
         repo = Repository.from_record(data, layout.repository_key(name))
         self._repos[name] = (now, repo)
         return repo
@@ -184,11 +203,13 @@ class RefManager(RefResolution):
 
     def insert_repository(self, repo: Repository) -> None:
         try:
-            self.kv.set_if(QUARRY_PARTITION, layout.repository_key(repo.name),
-                           repo.to_record(), kv.ABSENT)
+            self.kv.set_if(
+                QUARRY_PARTITION, layout.repository_key(repo.name), repo.to_record(), kv.ABSENT
+            )
         except kv.PredicateFailed:
-            raise gerrors.RepositoryExists(f"repository {repo.name!r} already exists",
-                                           metadata={"repository": repo.name}) from None
+            raise gerrors.RepositoryExists(
+                f"repository {repo.name!r} already exists", metadata={"repository": repo.name}
+            ) from None
         self.remember_repository(repo)
 
     def remember_repository(self, repo: Repository) -> None:
@@ -198,8 +219,11 @@ class RefManager(RefResolution):
     def record_deleted_instance(self, repo: Repository) -> None:
         """Remember that this repository instance is gone for good (deleted, or its
         creation failed): only then may a new repository take over its namespace."""
-        self.kv.set(QUARRY_PARTITION, layout.deleted_instance_key(repo.instance_id),
-                    layout.encode_deleted_instance(repo.name))
+        self.kv.set(
+            QUARRY_PARTITION,
+            layout.deleted_instance_key(repo.instance_id),
+            layout.encode_deleted_instance(repo.name),
+        )
 
     def is_deleted_instance(self, instance_id: str) -> bool:
         try:
@@ -209,8 +233,11 @@ class RefManager(RefResolution):
             return False
 
     def add_creation(self, repo: Repository, started: float) -> None:
-        self.kv.set(QUARRY_PARTITION, layout.creation_key(repo.instance_id),
-                    layout.encode_creation(repo.name, repo.storage_namespace, started))
+        self.kv.set(
+            QUARRY_PARTITION,
+            layout.creation_key(repo.instance_id),
+            layout.encode_creation(repo.name, repo.storage_namespace, started),
+        )
 
     def remove_creation(self, repo: Repository) -> None:
         self.kv.delete(QUARRY_PARTITION, layout.creation_key(repo.instance_id))
@@ -218,16 +245,21 @@ class RefManager(RefResolution):
     def list_creations(self) -> list[Creation]:
         """Repository creations in progress (or interrupted: see Graveler.CREATION_TTL)."""
         found = []
-        iterator = self.kv.scan(QUARRY_PARTITION, CREATING_PREFIX,
-                                prefix_end(CREATING_PREFIX))
+        iterator = self.kv.scan(QUARRY_PARTITION, CREATING_PREFIX, prefix_end(CREATING_PREFIX))
         try:
             for item in iterator:
                 decoded = layout.decode_creation(item.value)
                 if decoded is None:
                     continue  # not one of ours: it cannot name a namespace
                 repository, storage_namespace, started = decoded
-                found.append(Creation(layout.name_of(item.key, CREATING_PREFIX), repository,
-                                      storage_namespace, started))
+                found.append(
+                    Creation(
+                        layout.name_of(item.key, CREATING_PREFIX),
+                        repository,
+                        storage_namespace,
+                        started,
+                    )
+                )
         finally:
             iterator.close()
         return found
@@ -241,8 +273,9 @@ class RefManager(RefResolution):
         listing scope (records.listing) and raise CorruptRecord outside one."""
         start = layout.scan_start(REPOS_PREFIX, after)
         out = []
-        iterator = self.kv.scan(QUARRY_PARTITION, start, prefix_end(REPOS_PREFIX),
-                                batch_size=limit + 1)
+        iterator = self.kv.scan(
+            QUARRY_PARTITION, start, prefix_end(REPOS_PREFIX), batch_size=limit + 1
+        )
         try:
             for item in iterator:
                 try:
@@ -262,17 +295,18 @@ class RefManager(RefResolution):
         try:
             result = self.kv.get(repo.partition, layout.branch_key(name))
         except kv.KeyNotFound:
-            raise gerrors.BranchNotFound(f"branch {name!r} not found in repository "
-                                         f"{repo.name!r}",
-                                         metadata={"repository": repo.name,
-                                                   "branch": name}) from None
+            raise gerrors.BranchNotFound(
+                f"branch {name!r} not found in repository {repo.name!r}",
+                metadata={"repository": repo.name, "branch": name},
+            ) from None
         return layout.decode_branch(repo.partition, name, result.value), result.predicate
 
     def branch_key(self, repo: Repository, name: str) -> tuple[bytes, bytes]:
         return repo.partition, layout.branch_key(name)
 
-    def set_branch_if(self, repo: Repository, branch: types_pb2.Branch,
-                      predicate: kv.Predicate) -> bytes:
+    def set_branch_if(
+        self, repo: Repository, branch: types_pb2.Branch, predicate: kv.Predicate
+    ) -> bytes:
         """The raw conditional write of a branch record; returns the new predicate. Only
         insert_branch and update_branch call it (tests may wrap it to stage races)."""
         data = layout.encode_branch(branch)
@@ -284,13 +318,21 @@ class RefManager(RefResolution):
         try:
             return self.set_branch_if(repo, branch, kv.ABSENT)
         except kv.PredicateFailed:
-            raise gerrors.BranchExists(f"branch {branch.name!r} already exists",
-                                       metadata={"repository": repo.name,
-                                                 "branch": branch.name}) from None
+            raise gerrors.BranchExists(
+                f"branch {branch.name!r} already exists",
+                metadata={"repository": repo.name, "branch": branch.name},
+            ) from None
 
-    def update_branch(self, repo: Repository, name: str, fn: BranchFn, *,
-                      step: str = "update_branch", policy: RetryPolicy = DEFAULT_RETRY,
-                      expect: tuple[types_pb2.Branch, bytes] | None = None) -> BranchUpdate:
+    def update_branch(
+        self,
+        repo: Repository,
+        name: str,
+        fn: BranchFn,
+        *,
+        step: str = "update_branch",
+        policy: RetryPolicy = DEFAULT_RETRY,
+        expect: tuple[types_pb2.Branch, bytes] | None = None,
+    ) -> BranchUpdate:
         """The one way to change a branch record: read it (or start from `expect`, a
         record and predicate read earlier), apply `fn` to a copy, and store the result if
         the record is still what was read. A lost swap re-reads and re-applies `fn` after
@@ -302,7 +344,8 @@ class RefManager(RefResolution):
         def exhausted() -> gerrors.BranchContended:
             return gerrors.BranchContended(
                 f"branch {name!r} kept changing ({step}); retry",
-                metadata={"repository": repo.name, "branch": name})
+                metadata={"repository": repo.name, "branch": name},
+            )
 
         for attempt in policy.attempts(exhausted):
             if attempt == 0 and expect is not None:
@@ -325,10 +368,10 @@ class RefManager(RefResolution):
     def delete_branch_record(self, repo: Repository, name: str) -> None:
         self.kv.delete(repo.partition, layout.branch_key(name))
 
-    def list_branches(self, repo: Repository, after: str = "",
-                      limit: int = 100) -> list[types_pb2.Branch]:
-        return self._scan_records(types_pb2.Branch, repo.partition, BRANCHES_PREFIX, after,
-                                  limit)
+    def list_branches(
+        self, repo: Repository, after: str = "", limit: int = 100
+    ) -> list[types_pb2.Branch]:
+        return self._scan_records(types_pb2.Branch, repo.partition, BRANCHES_PREFIX, after, limit)
 
     # ---- tags --------------------------------------------------------------------------
 
@@ -336,17 +379,22 @@ class RefManager(RefResolution):
         try:
             data = self.kv.get(repo.partition, layout.tag_key(name)).value
         except kv.KeyNotFound:
-            raise gerrors.TagNotFound(f"tag {name!r} not found in repository {repo.name!r}",
-                                      metadata={"repository": repo.name, "tag": name}) from None
+            raise gerrors.TagNotFound(
+                f"tag {name!r} not found in repository {repo.name!r}",
+                metadata={"repository": repo.name, "tag": name},
+            ) from None
         return layout.decode(types_pb2.Tag, repo.partition, layout.tag_key(name), data)
 
     def insert_tag(self, repo: Repository, tag: types_pb2.Tag) -> None:
         try:
-            self.kv.set_if(repo.partition, layout.tag_key(tag.name), layout.encode_tag(tag),
-                           kv.ABSENT)
+            self.kv.set_if(
+                repo.partition, layout.tag_key(tag.name), layout.encode_tag(tag), kv.ABSENT
+            )
         except kv.PredicateFailed:
-            raise gerrors.TagExists(f"tag {tag.name!r} already exists (tags are immutable)",
-                                    metadata={"repository": repo.name, "tag": tag.name}) from None
+            raise gerrors.TagExists(
+                f"tag {tag.name!r} already exists (tags are immutable)",
+                metadata={"repository": repo.name, "tag": tag.name},
+            ) from None
 
     def delete_tag(self, repo: Repository, name: str) -> None:
         self.get_tag(repo, name)  # NOT_FOUND for a missing tag
@@ -363,9 +411,9 @@ class RefManager(RefResolution):
         except kv.KeyNotFound:
             raise gerrors.GarbageCollectionRulesNotFound(
                 f"repository {repo.name!r} has no garbage-collection rules",
-                metadata={"repository": repo.name}) from None
-        return layout.decode(types_pb2.GarbageCollectionRules, repo.partition, GC_RULES_KEY,
-                             data)
+                metadata={"repository": repo.name},
+            ) from None
+        return layout.decode(types_pb2.GarbageCollectionRules, repo.partition, GC_RULES_KEY, data)
 
     def set_gc_rules(self, repo: Repository, rules: types_pb2.GarbageCollectionRules) -> None:
         self.kv.set(repo.partition, GC_RULES_KEY, layout.encode_gc_rules(rules))
@@ -384,21 +432,23 @@ class RefManager(RefResolution):
         try:
             data = self.kv.get(repo.partition, layout.commit_key(commit_id)).value
         except kv.KeyNotFound:
-            raise gerrors.CommitNotFound(f"commit {commit_id!r} not found",
-                                         metadata={"repository": repo.name,
-                                                   "commit": commit_id}) from None
-        commit = layout.decode(types_pb2.Commit, repo.partition, layout.commit_key(commit_id),
-                               data)
+            raise gerrors.CommitNotFound(
+                f"commit {commit_id!r} not found",
+                metadata={"repository": repo.name, "commit": commit_id},
+            ) from None
+        commit = layout.decode(types_pb2.Commit, repo.partition, layout.commit_key(commit_id), data)
         self._commits.put(cache_key, commit)
         return commit
 
     def insert_commit(self, repo: Repository, commit: types_pb2.Commit) -> None:
         """Commits are content-addressed: writing an existing id again is a no-op."""
-        try:
-            self.kv.set_if(repo.partition, layout.commit_key(commit.id),
-                           layout.encode_commit(commit), kv.ABSENT)
-        except kv.PredicateFailed:
-            pass
+        with contextlib.suppress(kv.PredicateFailed):
+            self.kv.set_if(
+                repo.partition,
+                layout.commit_key(commit.id),
+                layout.encode_commit(commit),
+                kv.ABSENT,
+            )
         self._commits.put((repo.instance_id, commit.id), commit)
 
     def commit_ids_with_prefix(self, repo: Repository, prefix: str, limit: int = 2) -> list[str]:
@@ -416,8 +466,9 @@ class RefManager(RefResolution):
 
     # ---- helpers ---------------------------------------------------------------------------
 
-    def _scan_records(self, message_type, partition: bytes, prefix: bytes, after: str,
-                      limit: int) -> list:
+    def _scan_records(
+        self, message_type: type[M], partition: bytes, prefix: bytes, after: str, limit: int
+    ) -> list[M]:
         """Up to `limit` records under `prefix` named after `after`, decoded; a corrupt one
         is skipped in a listing scope and raises CorruptRecord outside one."""
         start = layout.scan_start(prefix, after)
@@ -438,7 +489,23 @@ class RefManager(RefResolution):
 
 _prefix_end = prefix_end
 
-__all__ = ["BRANCHES_PREFIX", "COMMITS_PREFIX", "COMMIT_ID_HEX", "DELETED_INSTANCES_PREFIX",
-           "GC_RULES_KEY", "MIN_COMMIT_PREFIX", "REPOS_PREFIX", "TAGS_PREFIX", "BranchUpdate",
-           "LogWalk", "ParsedRef", "RefManager", "Repository", "ResolvedRef", "commit_id_for",
-           "is_dirty", "parse_ref", "prefix_end"]
+__all__ = [
+    "BRANCHES_PREFIX",
+    "COMMITS_PREFIX",
+    "COMMIT_ID_HEX",
+    "DELETED_INSTANCES_PREFIX",
+    "GC_RULES_KEY",
+    "MIN_COMMIT_PREFIX",
+    "REPOS_PREFIX",
+    "TAGS_PREFIX",
+    "BranchUpdate",
+    "LogWalk",
+    "ParsedRef",
+    "RefManager",
+    "Repository",
+    "ResolvedRef",
+    "commit_id_for",
+    "is_dirty",
+    "parse_ref",
+    "prefix_end",
+]

@@ -11,7 +11,11 @@ from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar
 
 from quarry import errors
-from quarry.blob.namespace import namespace_location, namespaces_overlap, normalize_storage_namespace
+from quarry.blob.namespace import (
+    namespace_location,
+    namespaces_overlap,
+    normalize_storage_namespace,
+)
 from quarry.blob.ownership import (
     MARKER_KEY,
     InvalidMarker,
@@ -92,9 +96,7 @@ class Repositories:
             try:
                 self.refs.remove_creation(repo)
             except Exception:  # noqa: BLE001 — it expires (CREATION_TTL_SECONDS)
-                log.warning(
-                    "could not remove the creation record of %s", repo.name, exc_info=True
-                )
+                log.warning("could not remove the creation record of %s", repo.name, exc_info=True)
         return repo
 
     def _create_instance(self, repo: Repository, started: float) -> None:
@@ -105,7 +107,9 @@ class Repositories:
             self._claim_namespace(repo)
             empty = self.core.range_writer.write_metarange(repo.storage_namespace, [])
             initial = make_commit(
-                CommitRecord([], empty.metarange_id, INITIAL_COMMIT_MESSAGE, SYSTEM_COMMITTER, {}, 1)
+                CommitRecord(
+                    [], empty.metarange_id, INITIAL_COMMIT_MESSAGE, SYSTEM_COMMITTER, {}, 1
+                )
             )
             self.refs.insert_commit(repo, initial)
             branch = types_pb2.Branch(
@@ -119,8 +123,7 @@ class Repositories:
                 # Others ignore announcements older than CREATION_TTL_SECONDS: never
                 # become visible that late.
                 raise errors.Aborted(
-                    f"creating repository {repo.name!r} took too long; nothing was created, "
-                    f"retry"
+                    f"creating repository {repo.name!r} took too long; nothing was created, retry"
                 )
             self.refs.insert_repository(repo)
         except BaseException as exc:
@@ -131,9 +134,7 @@ class Repositories:
             try:
                 self.refs.record_deleted_instance(repo)
             except Exception:  # noqa: BLE001 — the original error is the one to report
-                log.warning(
-                    "could not record the failed creation of %s", repo.name, exc_info=True
-                )
+                log.warning("could not record the failed creation of %s", repo.name, exc_info=True)
             if isinstance(exc, gerrors.RepositoryExists):
                 self.staging.queue_drop([repo.partition])
             raise
@@ -180,9 +181,7 @@ class Repositories:
                     raise gerrors.RepositoryExists(
                         f"repository {name!r} already exists", metadata={"repository": name}
                     )
-                if self._overlaps(
-                    storage_namespace, other_repo.storage_namespace, other_repo.name
-                ):
+                if self._overlaps(storage_namespace, other_repo.storage_namespace, other_repo.name):
                     raise NamespaceInUse(
                         f"storage namespace {storage_namespace} overlaps the namespace "
                         f"{other_repo.storage_namespace} of repository {other_repo.name!r}: a "
@@ -224,9 +223,7 @@ class Repositories:
                 metadata={"storage_namespace": ns, "example_key": claim.keys[0]},
             )
         self._check_reusable(ns, claim)
-        claim = self.core.range_writer.claim_namespace(
-            ns, marker, replace=claim.existing_marker
-        )
+        claim = self.core.range_writer.claim_namespace(ns, marker, replace=claim.existing_marker)
         if not claim.claimed:
             raise NamespaceInUse(
                 f"storage namespace {ns} was just claimed by another repository",

@@ -48,8 +48,9 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable, TypeVar
+from typing import TypeVar
 
 import grpc
 from google.protobuf import message as pb_message
@@ -72,8 +73,10 @@ PURGE_INTERVAL_SECONDS = 3600.0
 # Claim attempts when the record keeps changing under us (takeovers racing each other).
 MAX_CLAIM_ATTEMPTS = 5
 
-_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
-                   r"[0-9a-fA-F]{12}$")
+_UUID = re.compile(
+    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
+    r"[0-9a-fA-F]{12}$"
+)
 
 PENDING = records_pb2.REQUEST_STATE_PENDING
 DONE = records_pb2.REQUEST_STATE_DONE
@@ -84,8 +87,7 @@ T = TypeVar("T")
 # run: the call ran under a claim; replayed: answered from the record; in_progress /
 # reused: refused; unrecorded: the call ran but its outcome could not be recorded (see
 # "remaining windows").
-CALLS = Counter("graveler_request_id_calls", "Calls carrying a request id, by outcome",
-                ["outcome"])
+CALLS = Counter("graveler_request_id_calls", "Calls carrying a request id, by outcome", ["outcome"])
 
 
 class InvalidRequestId(errors.InvalidArgument):
@@ -113,9 +115,10 @@ def check_request_id(request_id: str) -> str:
     """The id in canonical form (lower case); InvalidRequestId unless a 36-character UUID."""
     if not _UUID.match(request_id):
         shown = request_id[:80] + ("..." if len(request_id) > 80 else "")
-        raise InvalidRequestId(f"request_id {shown!r} is not a UUID "
-                               f"(8-4-4-4-12 hex digits, e.g. {uuid.uuid4()})",
-                               metadata={"request_id": shown})
+        raise InvalidRequestId(
+            f"request_id {shown!r} is not a UUID (8-4-4-4-12 hex digits, e.g. {uuid.uuid4()})",
+            metadata={"request_id": shown},
+        )
     return request_id.lower()
 
 
@@ -153,10 +156,14 @@ class _Recorded:
 class RequestLog:
     """The request log over a KV store (see the module docstring). Thread-safe."""
 
-    def __init__(self, store: kv.Store, repository_partition: Callable[[str], bytes],
-                 retention_seconds: float = DEFAULT_RETENTION_SECONDS,
-                 lease_seconds: float = DEFAULT_LEASE_SECONDS,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        store: kv.Store,
+        repository_partition: Callable[[str], bytes],
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ):
         """`repository_partition(name)`: the partition of an existing repository
         (NOT_FOUND otherwise), e.g. `lambda n: refs.get_repository(n).partition`."""
         if retention_seconds < 0 or lease_seconds <= 0:
@@ -170,8 +177,7 @@ class RequestLog:
         self._claims_lock = threading.Lock()
         # Renews live claims and purges expired records (a PeriodicWorker, started with
         # the first claim).
-        self._renewer = PeriodicWorker("request-claim-renewer", self._renew_step,
-                                       lease_seconds / 6)
+        self._renewer = PeriodicWorker("request-claim-renewer", self._renew_step, lease_seconds / 6)
         self._closed = threading.Event()
         # Partitions this process wrote records to since its last purge pass: the background
         # thread purges them every PURGE_INTERVAL_SECONDS (each process cleans up after the
@@ -192,9 +198,15 @@ class RequestLog:
 
     # ---- the one entry point -----------------------------------------------------------
 
-    def run(self, partition: bytes, request_id: str, request_fingerprint: bytes,
-            call: Callable[[], T], encode: Callable[[T], bytes],
-            decode: Callable[[bytes], T]) -> T:
+    def run(
+        self,
+        partition: bytes,
+        request_id: str,
+        request_fingerprint: bytes,
+        call: Callable[[], T],
+        encode: Callable[[T], bytes],
+        decode: Callable[[bytes], T],
+    ) -> T:
         """`call()` at most once for `request_id` (see the module docstring): its result, or
         the decoded result of the first successful call with this id and fingerprint."""
         key = layout.request_key(check_request_id(request_id))
@@ -215,10 +227,12 @@ class RequestLog:
         self._finish(claim, DONE, encode(result))
         return result
 
-    def _claim(self, partition: bytes, key: bytes, request_fingerprint: bytes
-               ) -> _Claim | _Recorded:
-        record = records_pb2.RequestRecord(state=PENDING, fingerprint=request_fingerprint,
-                                           owner=uuid.uuid4().hex)
+    def _claim(
+        self, partition: bytes, key: bytes, request_fingerprint: bytes
+    ) -> _Claim | _Recorded:
+        record = records_pb2.RequestRecord(
+            state=PENDING, fingerprint=request_fingerprint, owner=uuid.uuid4().hex
+        )
         predicate: kv.Predicate = kv.ABSENT
         for _ in range(MAX_CLAIM_ATTEMPTS):
             now = self._clock()
@@ -236,15 +250,17 @@ class RequestLog:
                 continue
             existing = _parse(partition, key, current.value)
             age = now - existing.updated_at_ms / 1000.0
-            live = ((existing.state == DONE and age <= self.retention_seconds)
-                    or (existing.state == PENDING and age <= self.lease_seconds))
+            live = (existing.state == DONE and age <= self.retention_seconds) or (
+                existing.state == PENDING and age <= self.lease_seconds
+            )
             if live:
                 if existing.fingerprint != request_fingerprint:
                     CALLS.labels("reused").inc()
                     raise RequestIdReused(
                         f"request_id {layout.name_of(key, KEY_PREFIX)} was used for a "
                         f"different request",
-                        metadata={"request_id": layout.name_of(key, KEY_PREFIX)})
+                        metadata={"request_id": layout.name_of(key, KEY_PREFIX)},
+                    )
                 if existing.state == DONE:
                     return _Recorded(existing.response)
                 raise self._in_progress(key, age)
@@ -258,40 +274,55 @@ class RequestLog:
         return RequestInProgress(
             f"a call with request_id {request_id} is in progress; retry to get its result",
             metadata={"request_id": request_id},
-            retry_delay=min(0.5, max(0.05, (self.lease_seconds - age) / 10)))
+            retry_delay=min(0.5, max(0.05, (self.lease_seconds - age) / 10)),
+        )
 
-    def _finish(self, claim: _Claim, state: int, response: bytes) -> None:
+    def _finish(
+        self, claim: _Claim, state: records_pb2.RequestState.ValueType, response: bytes
+    ) -> None:
         """Record the outcome over our own PENDING value only. Never raises: the call's
         answer (or error) matters more than its record (see "remaining windows")."""
         with claim.lock:
-            record = records_pb2.RequestRecord(state=state, fingerprint=claim.record.fingerprint,
-                                               response=response, owner=claim.record.owner,
-                                               updated_at_ms=int(self._clock() * 1000))
+            record = records_pb2.RequestRecord(
+                state=state,
+                fingerprint=claim.record.fingerprint,
+                response=response,
+                owner=claim.record.owner,
+                updated_at_ms=int(self._clock() * 1000),
+            )
             value = layout.encode_request(record)
             try:
                 self.kv.set_if(claim.partition, claim.key, value, kv.Equals(claim.value))
             except kv.PredicateFailed:
                 CALLS.labels("unrecorded").inc()
-                log.warning("request %s: the claim was taken over while the call ran; its "
-                            "outcome is not recorded", claim.key.decode())
+                log.warning(
+                    "request %s: the claim was taken over while the call ran; its "
+                    "outcome is not recorded",
+                    claim.key.decode(),
+                )
             except kv.ItemTooLarge:
                 # A response too large to keep (a dry-run merge with huge conflicts): let a
                 # repeat run again rather than block the id.
                 self._release_quietly(claim)
             except Exception:  # noqa: BLE001 — see the docstring
                 CALLS.labels("unrecorded").inc()
-                log.warning("request %s: recording the outcome failed; a repeat after the "
-                            "lease may run again", claim.key.decode(), exc_info=True)
+                log.warning(
+                    "request %s: recording the outcome failed; a repeat after the "
+                    "lease may run again",
+                    claim.key.decode(),
+                    exc_info=True,
+                )
 
     def _release_quietly(self, claim: _Claim) -> None:
-        record = records_pb2.RequestRecord(state=RELEASED, owner=claim.record.owner,
-                                           updated_at_ms=int(self._clock() * 1000))
+        record = records_pb2.RequestRecord(
+            state=RELEASED, owner=claim.record.owner, updated_at_ms=int(self._clock() * 1000)
+        )
         try:
-            self.kv.set_if(claim.partition, claim.key,
-                           layout.encode_request(record), kv.Equals(claim.value))
+            self.kv.set_if(
+                claim.partition, claim.key, layout.encode_request(record), kv.Equals(claim.value)
+            )
         except Exception:  # noqa: BLE001 — the lease expires anyway
-            log.warning("request %s: releasing the claim failed", claim.key.decode(),
-                        exc_info=True)
+            log.warning("request %s: releasing the claim failed", claim.key.decode(), exc_info=True)
 
     # ---- keeping live claims alive -----------------------------------------------------
 
@@ -329,8 +360,9 @@ class RequestLog:
             try:
                 count, kept = self._purge(partition, limit=10_000)
             except Exception:  # noqa: BLE001 — the next pass tries again
-                log.warning("purging expired request records of %r failed", partition,
-                            exc_info=True)
+                log.warning(
+                    "purging expired request records of %r failed", partition, exc_info=True
+                )
                 continue
             deleted += count
             if not kept:
@@ -353,12 +385,14 @@ class RequestLog:
                 self.kv.set_if(claim.partition, claim.key, value, kv.Equals(claim.value))
             except kv.PredicateFailed:
                 claim.lost = True
-                log.warning("request %s: the claim was taken over while the call runs",
-                            claim.key.decode())
+                log.warning(
+                    "request %s: the claim was taken over while the call runs", claim.key.decode()
+                )
                 return
             except Exception:  # noqa: BLE001 — retried on the next round
-                log.warning("request %s: renewing the claim failed", claim.key.decode(),
-                            exc_info=True)
+                log.warning(
+                    "request %s: renewing the claim failed", claim.key.decode(), exc_info=True
+                )
                 return
             claim.value, claim.record, claim.renewed_at = value, record, now
 
@@ -381,10 +415,11 @@ class RequestLog:
     def _purge(self, partition: bytes, limit: int) -> tuple[int, bool]:
         """(records deleted, whether any record was kept or left unread)."""
         now = self._clock()
-        doomed = []
+        doomed: list[bytes] = []
         kept = False
-        iterator = self.kv.scan(partition, KEY_PREFIX, layout.prefix_end(KEY_PREFIX),
-                                batch_size=min(limit, 1000))
+        iterator = self.kv.scan(
+            partition, KEY_PREFIX, layout.prefix_end(KEY_PREFIX), batch_size=min(limit, 1000)
+        )
         try:
             for item in iterator:
                 if len(doomed) >= limit:
@@ -428,6 +463,9 @@ def _parse(partition: bytes, key: bytes, value: bytes) -> records_pb2.RequestRec
         raise CorruptRequestRecord(
             f"the request record {key.decode(errors='replace')!r} in partition "
             f"{partition.decode(errors='replace')!r} cannot be read",
-            metadata={"partition": partition.decode(errors="replace"),
-                      "key": key.decode(errors="replace")})
+            metadata={
+                "partition": partition.decode(errors="replace"),
+                "key": key.decode(errors="replace"),
+            },
+        )
     return record

@@ -6,6 +6,7 @@ access it needs (get_branch, get_tag, get_commit, commit_ids_with_prefix).
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import re
 from dataclasses import dataclass
@@ -52,8 +53,9 @@ def parse_ref(ref: str) -> ParsedRef:
     while position < len(rest):
         match = _MODIFIER.match(rest, position)
         if not match:
-            raise gerrors.InvalidRef(f"invalid ref {ref!r}: after the name only ~N and ^N "
-                                     f"are allowed")
+            raise gerrors.InvalidRef(
+                f"invalid ref {ref!r}: after the name only ~N and ^N are allowed"
+            )
         count = int(match.group(2)) if match.group(2) else 1
         modifiers.append((match.group(1), count))
         position = match.end()
@@ -70,8 +72,6 @@ class ResolvedRef:
     branch_predicate: bytes | None = None
 
 
-
-
 class RefResolution:
     """Resolution and history over the record access of a RefManager."""
 
@@ -84,8 +84,7 @@ class RefResolution:
     def get_commit(self, repo: Repository, commit_id: str) -> types_pb2.Commit:
         raise NotImplementedError
 
-    def commit_ids_with_prefix(self, repo: Repository, prefix: str, limit: int = 2
-                               ) -> list[str]:
+    def commit_ids_with_prefix(self, repo: Repository, prefix: str, limit: int = 2) -> list[str]:
         raise NotImplementedError
 
     # ---- ref resolution ------------------------------------------------------------------
@@ -104,10 +103,8 @@ class RefResolution:
         except gerrors.BranchNotFound:
             pass
         if commit_id is None:
-            try:
+            with contextlib.suppress(gerrors.TagNotFound):
                 commit_id = self.get_tag(repo, parsed.base).commit_id
-            except gerrors.TagNotFound:
-                pass
         if commit_id is None:
             commit_id = self._resolve_commit_id(repo, parsed.base, ref)
         for kind, count in parsed.modifiers:
@@ -120,9 +117,12 @@ class RefResolution:
 
     def _resolve_commit_id(self, repo: Repository, base: str, ref: str) -> str:
         if not re.fullmatch(r"[0-9a-f]+", base) or len(base) < MIN_COMMIT_PREFIX:
-            raise gerrors.RefNotFound(f"ref {ref!r} is not a branch, tag or commit id (a commit "
-                                      f"id prefix needs at least {MIN_COMMIT_PREFIX} hex "
-                                      f"characters)", metadata={"ref": ref})
+            raise gerrors.RefNotFound(
+                f"ref {ref!r} is not a branch, tag or commit id (a commit "
+                f"id prefix needs at least {MIN_COMMIT_PREFIX} hex "
+                f"characters)",
+                metadata={"ref": ref},
+            )
         if len(base) == COMMIT_ID_HEX:
             self.get_commit(repo, base)
             return base
@@ -130,8 +130,9 @@ class RefResolution:
         if not ids:
             raise gerrors.RefNotFound(f"no commit starts with {base!r}", metadata={"ref": ref})
         if len(ids) > 1:
-            raise gerrors.AmbiguousRef(f"commit prefix {base!r} is ambiguous; use more "
-                                       f"characters", metadata={"ref": ref})
+            raise gerrors.AmbiguousRef(
+                f"commit prefix {base!r} is ambiguous; use more characters", metadata={"ref": ref}
+            )
         return ids[0]
 
     def _walk(self, repo: Repository, commit_id: str, kind: str, count: int, ref: str) -> str:
@@ -139,22 +140,24 @@ class RefResolution:
             for _ in range(count):
                 parents = self.get_commit(repo, commit_id).parents
                 if not parents:
-                    raise gerrors.RefNotFound(f"ref {ref!r}: history is shorter than that",
-                                              metadata={"ref": ref})
+                    raise gerrors.RefNotFound(
+                        f"ref {ref!r}: history is shorter than that", metadata={"ref": ref}
+                    )
                 commit_id = parents[0]
             return commit_id
         if count == 0:
             return commit_id
         parents = self.get_commit(repo, commit_id).parents
         if count > len(parents):
-            raise gerrors.RefNotFound(f"ref {ref!r}: commit {commit_id[:12]} has "
-                                      f"{len(parents)} parent(s)", metadata={"ref": ref})
+            raise gerrors.RefNotFound(
+                f"ref {ref!r}: commit {commit_id[:12]} has {len(parents)} parent(s)",
+                metadata={"ref": ref},
+            )
         return parents[count - 1]
 
     # ---- history ---------------------------------------------------------------------------
 
-    def log(self, repo: Repository, frontier: list[str], first_parent: bool = False
-            ) -> "LogWalk":
+    def log(self, repo: Repository, frontier: list[str], first_parent: bool = False) -> LogWalk:
         """Commits reachable from `frontier`, newest first (see LogWalk)."""
         return LogWalk(self, repo, frontier, first_parent)
 
@@ -212,8 +215,9 @@ class LogWalk:
     the resumable state for paging (computed only when a page ends).
     """
 
-    def __init__(self, refs: RefResolution, repo: Repository, frontier: list[str],
-                 first_parent: bool):
+    def __init__(
+        self, refs: RefResolution, repo: Repository, frontier: list[str], first_parent: bool
+    ):
         self._refs = refs
         self._repo = repo
         self._first_parent = first_parent
@@ -227,10 +231,9 @@ class LogWalk:
             return
         commit = self._refs.get_commit(self._repo, commit_id)
         self._queued.add(commit_id)
-        heapq.heappush(self._heap, (-commit.generation, -commit.creation_time.seconds,
-                                    commit_id))
+        heapq.heappush(self._heap, (-commit.generation, -commit.creation_time.seconds, commit_id))
 
-    def __iter__(self) -> "LogWalk":
+    def __iter__(self) -> LogWalk:
         return self
 
     def __next__(self) -> types_pb2.Commit:
@@ -239,7 +242,7 @@ class LogWalk:
         _, _, commit_id = heapq.heappop(self._heap)
         self._queued.discard(commit_id)
         commit = self._refs.get_commit(self._repo, commit_id)
-        for parent in (commit.parents[:1] if self._first_parent else commit.parents):
+        for parent in commit.parents[:1] if self._first_parent else commit.parents:
             self._push(parent)
         return commit
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 from quarry.graveler import layout, records
+from quarry.graveler.layout import CLEANUP_PARTITION, PARKED_PREFIX, staging_partition
 from quarry.graveler.model import Entry
 from quarry.kv import store as kv
-from quarry.graveler.layout import CLEANUP_PARTITION, PARKED_PREFIX, staging_partition
 from quarry.runtime.periodic import PeriodicWorker
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class StagedIterator:
         self._partition = staging_partition(token)
         self._scan = store.scan(self._partition, start.encode(), end, batch_size=SCAN_BATCH)
 
-    def __iter__(self):
+    def __iter__(self) -> StagedIterator:
         return self
 
     def __next__(self) -> tuple[str, Entry | None]:
@@ -78,13 +78,14 @@ class StagingManager:
             path, entry = items[0]
             self.kv.set(partition, layout.staged_key(path), encode_value(entry))
             return
-        self.kv.batch_set([(partition, layout.staged_key(path), encode_value(entry))
-                           for path, entry in items])
+        self.kv.batch_set(
+            [(partition, layout.staged_key(path), encode_value(entry)) for path, entry in items]
+        )
 
-    def set_if(self, token: str, path: str, entry: Entry | None,
-               predicate: kv.Predicate) -> None:
-        self.kv.set_if(staging_partition(token), layout.staged_key(path), encode_value(entry),
-                       predicate)
+    def set_if(self, token: str, path: str, entry: Entry | None, predicate: kv.Predicate) -> None:
+        self.kv.set_if(
+            staging_partition(token), layout.staged_key(path), encode_value(entry), predicate
+        )
 
     def scan(self, token: str, start: str = "", end: bytes | None = None) -> StagedIterator:
         return StagedIterator(self.kv, token, start, end)
@@ -96,9 +97,12 @@ class StagingManager:
         if not partitions:
             return
         now = int(time.time())
-        self.kv.batch_set([
-            (CLEANUP_PARTITION, partition, layout.encode_cleanup(partition, now))
-            for partition in partitions])
+        self.kv.batch_set(
+            [
+                (CLEANUP_PARTITION, partition, layout.encode_cleanup(partition, now))
+                for partition in partitions
+            ]
+        )
 
     def queue_drop_tokens(self, tokens: Sequence[str]) -> None:
         self.queue_drop([staging_partition(t) for t in tokens if t])
@@ -156,16 +160,20 @@ class StagingManager:
                 self.kv.set_if(CLEANUP_PARTITION, parked, value, kv.ABSENT)
         self.kv.delete(CLEANUP_PARTITION, key)
         records.CORRUPT_RECORDS_PARKED.labels(why.record).inc()
-        log.warning("parked corrupt cleanup item: partition=%s key=%s moved to key=%s: %s",
-                    records.show(CLEANUP_PARTITION), records.show(key), records.show(parked),
-                    why.message)
+        log.warning(
+            "parked corrupt cleanup item: partition=%s key=%s moved to key=%s: %s",
+            records.show(CLEANUP_PARTITION),
+            records.show(key),
+            records.show(parked),
+            why.message,
+        )
         return parked
 
     def _delete_partition(self, partition: bytes) -> None:
         while True:
             iterator = self.kv.scan(partition, batch_size=SCAN_BATCH)
             try:
-                keys = [item.key for _, item in zip(range(SCAN_BATCH), iterator)]
+                keys = [item.key for _, item in zip(range(SCAN_BATCH), iterator, strict=False)]
             finally:
                 iterator.close()
             if not keys:
@@ -178,14 +186,19 @@ class Dropper:
     it backs off while the KV store is unreachable and stops between partitions when asked,
     so a dead kv-gateway never holds up a shutdown)."""
 
-    def __init__(self, staging: StagingManager, interval_seconds: float = 5.0,
-                 grace_seconds: float = 10.0):
+    def __init__(
+        self, staging: StagingManager, interval_seconds: float = 5.0, grace_seconds: float = 10.0
+    ):
         self._staging = staging
         self._grace = grace_seconds
-        self._worker = PeriodicWorker("staging-dropper", self._drop_due, interval_seconds,
-                                      retry_max=max(interval_seconds, 30.0))
+        self._worker = PeriodicWorker(
+            "staging-dropper",
+            self._drop_due,
+            interval_seconds,
+            retry_max=max(interval_seconds, 30.0),
+        )
 
-    def start(self) -> "Dropper":
+    def start(self) -> Dropper:
         self._worker.start()
         return self
 

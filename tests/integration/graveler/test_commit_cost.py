@@ -13,8 +13,12 @@ M = 100_000
 
 
 def entry(i: int, version: int = 0) -> Entry:
-    return Entry(f"dir{i // 1000:04d}/file{i % 1000:04d}", f"s3://lake/{i}@{version}", 100,
-                 f"sum-{i}-{version}")
+    return Entry(
+        f"dir{i // 1000:04d}/file{i % 1000:04d}",
+        f"s3://lake/{i}@{version}",
+        100,
+        f"sum-{i}-{version}",
+    )
 
 
 def test_one_change_into_100k_entries(tmp_path):

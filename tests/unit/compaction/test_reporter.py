@@ -35,8 +35,10 @@ def sensor_server():
         spec = ServiceSpec(
             name="compactor-sensor",
             register=lambda s: compactor_sensor_pb2_grpc.add_CompactorSensorServicer_to_server(
-                servicer, s),
-            grpc_service_names=[pb.DESCRIPTOR.services_by_name["CompactorSensor"].full_name])
+                servicer, s
+            ),
+            grpc_service_names=[pb.DESCRIPTOR.services_by_name["CompactorSensor"].full_name],
+        )
         server, port = create_server(settings_for_tests(), spec, port=0, host="127.0.0.1")
         servers.append(server)
         return server, f"127.0.0.1:{port}"
@@ -51,8 +53,9 @@ def dropped():
 
 
 def lines(request):
-    return sorted((r.repository, r.branch, r.staging_token, r.puts, r.deletes)
-                  for r in request.reports)
+    return sorted(
+        (r.repository, r.branch, r.staging_token, r.puts, r.deletes) for r in request.reports
+    )
 
 
 def test_records_are_aggregated_into_one_call_per_flush(sensor_server):
@@ -72,8 +75,11 @@ def test_records_are_aggregated_into_one_call_per_flush(sensor_server):
     finally:
         reporter.stop()
     [request] = sensor.requests
-    assert lines(request) == [("lake", "dev", "t3", 0, 1), ("lake", "main", "t1", 100, 3),
-                              ("lake", "main", "t2", 2, 0)]
+    assert lines(request) == [
+        ("lake", "dev", "t3", 0, 1),
+        ("lake", "main", "t1", 100, 3),
+        ("lake", "main", "t2", 2, 0),
+    ]
     assert reporter.sent == 3 and reporter.dropped == 0
 
 
