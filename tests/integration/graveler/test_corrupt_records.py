@@ -17,6 +17,7 @@ from quarry.runtime.errors import error_info
 from quarry.v1 import branch_manager_pb2 as bm
 from quarry.v1 import committer_pb2 as cm
 from quarry.v1 import records_pb2, types_pb2
+from support.wait import wait_until
 
 GARBAGE = b"\xff\xfe not a protobuf \x00\x01"
 
@@ -249,12 +250,11 @@ def test_dropper_parks_a_corrupt_cleanup_item_and_keeps_dropping(stubs, suite, k
     stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="m"))
     real = f"staging/{token}".encode()
 
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def dropped() -> bool:
         queued = [item.key for item in kv.scan(b"cleanup")]
-        if not list(kv.scan(real)) and real not in queued:
-            break
-        time.sleep(0.05)
+        return not list(kv.scan(real)) and real not in queued
+
+    wait_until(dropped, timeout=30, interval=0.05, what="the real token dropped")
     assert list(kv.scan(real)) == [], "the real token was not dropped"
     assert real not in [item.key for item in kv.scan(b"cleanup")]
 
@@ -379,9 +379,11 @@ def test_skips_and_parks_are_counted_and_logged(stubs, suite, kv, caplog):
     with caplog.at_level("WARNING", logger="quarry.graveler"):
         assert stubs.bm.ListTags(bm.ListTagsRequest(repository=repo)).skipped_corrupt_records == 1
         kv.set(b"cleanup", key, GARBAGE)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and key in [item.key for item in kv.scan(b"cleanup")]:
-            time.sleep(0.05)
+        wait_until(
+            lambda: key not in [item.key for item in kv.scan(b"cleanup")],
+            interval=0.05,
+            what="the corrupt cleanup item parked",
+        )
     assert sample("quarry_corrupt_records_skipped_total", "Tag") == skipped_before + 1
     assert sample("quarry_corrupt_records_parked_total", "CleanupRecord") >= parked_before + 1
     text = caplog.text

@@ -1,7 +1,6 @@
 """branch-manager and committer over gRPC, wired to kv-gateway and range-writer: statuses
 with ErrorInfo reasons, nothing half-applied, concurrency, cost counts, token cleanup."""
 
-import time
 import uuid
 
 import grpc
@@ -13,6 +12,7 @@ from quarry.v1 import branch_manager_pb2 as bm
 from quarry.v1 import committer_pb2 as cm
 from quarry.v1 import types_pb2
 from support.hammer import hammer
+from support.wait import wait_until
 
 
 def reason_of(error: grpc.RpcError) -> str:
@@ -337,12 +337,11 @@ def test_retired_staging_tokens_are_dropped(stubs, suite, counting_backend):
         return any(item.key == f"staging/{token}".encode() for item in backend.scan(b"cleanup"))
 
     # The dropper empties the partition, then removes its cleanup record: wait for both.
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        left = list(backend.scan(f"staging/{token}".encode()))
-        if not left and not queued():
-            break
-        time.sleep(0.05)
+    def dropped() -> bool:
+        return not list(backend.scan(f"staging/{token}".encode())) and not queued()
+
+    wait_until(dropped, timeout=30, interval=0.05, what="the token dropped")
+    left = list(backend.scan(f"staging/{token}".encode()))
     assert left == []
     assert list(backend.scan(b"cleanup")) == [] or all(
         item.key != f"staging/{token}".encode() for item in backend.scan(b"cleanup")

@@ -11,6 +11,7 @@ from quarry.runtime.server import ServiceSpec, create_server
 from quarry.v1 import compactor_sensor_pb2 as pb
 from quarry.v1 import compactor_sensor_pb2_grpc
 from support.servers import settings_for_tests
+from support.wait import wait_until
 
 
 class RecordingSensor(compactor_sensor_pb2_grpc.CompactorSensorServicer):
@@ -18,8 +19,10 @@ class RecordingSensor(compactor_sensor_pb2_grpc.CompactorSensorServicer):
         self.delay = delay
         self.requests: list[pb.ReportStagingActivityRequest] = []
         self.received = threading.Event()
+        self.started = threading.Event()  # a report reached the servicer
 
     def ReportStagingActivity(self, request, context):
+        self.started.set()
         if self.delay:
             time.sleep(self.delay)
         self.requests.append(request)
@@ -125,7 +128,7 @@ def test_record_never_waits_for_a_slow_sensor(sensor_server):
         reporter.record("lake", "main", "t", 1, 0)
         flusher = threading.Thread(target=reporter.flush)
         flusher.start()
-        time.sleep(0.05)  # the flush is now waiting for the sensor
+        wait_until(slow.started.is_set, what="the flush waiting for the sensor")
         worst = 0.0
         for _ in range(1000):
             started = time.perf_counter()

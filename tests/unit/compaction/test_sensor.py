@@ -6,7 +6,6 @@ write's counts and staging token to `sensor.record`.
 """
 
 import threading
-import time
 
 import pytest
 from compaction_fakes import FakeCompactor
@@ -23,6 +22,7 @@ from quarry.compaction.sensor import (
 )
 from quarry.graveler import errors as gerrors
 from quarry.graveler.model import Entry
+from support.wait import wait_until
 
 
 def entry(path, checksum="c1"):
@@ -373,9 +373,7 @@ def test_background_loop_triggers_and_stops(graveler, repo, store):
     delete(graveler, sensor, repo, "main", paths)
     sensor.start()
     try:
-        deadline = time.monotonic() + 5
-        while not compactor.calls and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: compactor.calls, timeout=5, what="a compaction")
     finally:
         sensor.stop()
     assert compactor.calls == [(repo, "main")]
