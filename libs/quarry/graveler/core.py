@@ -7,6 +7,7 @@ facade (quarry.graveler.graveler) composes them.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from quarry.config import Settings
 from quarry.graveler import errors as gerrors
 from quarry.graveler import names
 from quarry.graveler.model import ApplyResult, Change, Entry, MergeResult, MergeStrategy
-from quarry.graveler.refs import RefManager, Repository, commit_id_for
+from quarry.graveler.refs import RefManager, Repository
 from quarry.graveler.staging import StagingManager
 from quarry.kv import store as kv
 from quarry.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, PageBudget
@@ -82,6 +83,35 @@ def check_page_size(requested: int) -> int:
 
 def now_seconds() -> int:
     return int(time.time())
+
+
+def commit_id_for(
+    parents: list[str],
+    metarange_id: str,
+    message: str,
+    committer: str,
+    creation_seconds: int,
+    metadata: dict[str, str],
+) -> str:
+    """Content address of a commit: identical content gives the identical id."""
+    h = hashlib.sha256()
+
+    def part(value: str) -> None:
+        data = value.encode()
+        h.update(len(data).to_bytes(4, "big"))
+        h.update(data)
+
+    part(str(len(parents)))
+    for parent in parents:
+        part(parent)
+    part(metarange_id)
+    part(message)
+    part(committer)
+    part(str(creation_seconds))
+    for key in sorted(metadata):
+        part(key)
+        part(metadata[key])
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -196,4 +226,11 @@ class Core:
         self._write_cache.pop((repo.name, repo.instance_id, name), None)
 
 
-__all__ = ["CommitRecord", "CommittedReader", "Core", "RangeWriterClient", "make_commit"]
+__all__ = [
+    "CommitRecord",
+    "commit_id_for",
+    "CommittedReader",
+    "Core",
+    "RangeWriterClient",
+    "make_commit",
+]

@@ -9,7 +9,6 @@ quarry.graveler.resolution (mixed in). Every change of a branch record goes thro
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import threading
 import time
 from collections import OrderedDict
@@ -114,35 +113,6 @@ class Repository:
 def is_dirty(branch: types_pb2.Branch) -> bool:
     """Records written before the field existed read as dirty (the safe default)."""
     return branch.dirty if branch.HasField("dirty") else True
-
-
-def commit_id_for(
-    parents: list[str],
-    metarange_id: str,
-    message: str,
-    committer: str,
-    creation_seconds: int,
-    metadata: dict[str, str],
-) -> str:
-    """Content address of a commit: identical content gives the identical id."""
-    h = hashlib.sha256()
-
-    def part(value: str) -> None:
-        data = value.encode()
-        h.update(len(data).to_bytes(4, "big"))
-        h.update(data)
-
-    part(str(len(parents)))
-    for parent in parents:
-        part(parent)
-    part(metarange_id)
-    part(message)
-    part(committer)
-    part(str(creation_seconds))
-    for key in sorted(metadata):
-        part(key)
-        part(metadata[key])
-    return h.hexdigest()
 
 
 class _LRU:
@@ -504,7 +474,6 @@ __all__ = [
     "RefManager",
     "Repository",
     "ResolvedRef",
-    "commit_id_for",
     "is_dirty",
     "parse_ref",
     "prefix_end",
