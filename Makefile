@@ -87,4 +87,5 @@ lint-strict: install
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) $(TOOLS) libs/quarry/v1/*_pb2*.py libs/quarry/v1/*_pb2*.pyi libs/quarry/v1/.generated
+	rm -rf $(VENV) $(TOOLS) libs/quarry/v1/*_pb2*.py libs/quarry/v1/*_pb2*.pyi libs/quarry/v1/.generated \
+		libs/quarry/storage/v1/*_pb2*.py libs/quarry/storage/v1/*_pb2*.pyi

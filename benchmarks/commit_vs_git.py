@@ -23,7 +23,7 @@ from pathlib import Path
 
 from quarry.committed import CommittedManager
 from quarry.blob import LocalBlobStore
-from quarry.graveler.graveler import Graveler
+from quarry.graveler.graveler import CommitRecord, Graveler, make_commit
 from quarry.graveler.model import Entry
 from quarry.kv.memory import MemoryStore
 
@@ -58,8 +58,8 @@ class QuarrySide:
         result = self.committed.write_metarange(self.namespace,
                                                 (entry(path_of(i), 0) for i in range(m)))
         head = self.g.get_commit("bench", "main")
-        commit = self.g._make_commit([head.id], result.metarange_id, "import", "bench", {},
-                                     head.generation + 1)
+        commit = make_commit(CommitRecord([head.id], result.metarange_id, "import", "bench",
+                                              {}, head.generation + 1))
         self.g.refs.insert_commit(repo, commit)
         self.g.reset_branch("bench", "main", commit.id, force=True)
         self.version = 0

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from quarry.blob import LocalBlobStore
 from quarry.committed import CommittedManager
-from quarry.graveler.graveler import Graveler
+from quarry.graveler.graveler import CommitRecord, Graveler, make_commit
 from quarry.graveler.model import Entry
 from quarry.kv.memory import MemoryStore
 from quarry.kv.remote import RemoteStore
@@ -51,8 +51,8 @@ def import_branch(g: Graveler, committed, namespace: str, branch: str, indexes) 
     repo = g.refs.get_repository("bench")
     result = committed.write_metarange(namespace, (entry(i) for i in indexes))
     head = g.get_commit("bench", "main")
-    commit = g._make_commit([head.id], result.metarange_id, f"import {branch}", "b", {},
-                            head.generation + 1)
+    commit = make_commit(CommitRecord([head.id], result.metarange_id, f"import {branch}", "b",
+                                       {}, head.generation + 1))
     g.refs.insert_commit(repo, commit)
     if branch != "main":
         g.create_branch("bench", branch, "main")
@@ -109,8 +109,8 @@ def main() -> None:
             # write, validation) — the existence checks of DeleteObjects are skipped to keep
             # the setup short; every path exists.
             for offset in range(0, len(deleted), 10_000):
-                g._write(repo, branch, [(path_of(i), None)
-                                        for i in deleted[offset:offset + 10_000]])
+                g.writes.write(repo, branch, [(path_of(i), None)
+                                              for i in deleted[offset:offset + 10_000]])
         expected = M - TOMBSTONES
 
         def measure(branch: str) -> tuple[float, float]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from quarry.blob import LocalBlobStore
 from quarry.committed import CommittedManager
-from quarry.graveler.graveler import Graveler
+from quarry.graveler.graveler import CommitRecord, Graveler, make_commit
 from quarry.graveler.model import Entry, MergeStrategy
 from quarry.kv.memory import MemoryStore
 
@@ -79,7 +79,7 @@ def main() -> None:
         repo = g.refs.get_repository("bench")
         base = committed.write_metarange(namespace, (entry(i, "base") for i in range(M)))
         head = g.get_commit("bench", "main")
-        commit = g._make_commit([head.id], base.metarange_id, "import", "b", {}, 2)
+        commit = make_commit(CommitRecord([head.id], base.metarange_id, "import", "b", {}, 2))
         g.refs.insert_commit(repo, commit)
         g.reset_branch("bench", "main", commit.id, force=True)
 

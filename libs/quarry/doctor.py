@@ -22,20 +22,32 @@ refuse, and the storage namespaces are only read (exists/get).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator
+from typing import Any, NoReturn
+
+from google.protobuf.message import Message
 
 from quarry import errors
 from quarry.blob.base import BlobStore
 from quarry.committed import format as rformat
-from quarry.graveler import records
-from quarry.graveler.refs import (BRANCHES_PREFIX, COMMITS_PREFIX, GC_RULES_KEY, REPOS_PREFIX,
-                                  TAGS_PREFIX, Repository, prefix_end)
-from quarry.graveler.staging import PARKED_PREFIX
+from quarry.graveler import layout, records
+from quarry.graveler.layout import (
+    BRANCHES_PREFIX,
+    CLEANUP_PARTITION,
+    COMMITS_PREFIX,
+    GC_RULES_KEY,
+    PARKED_PREFIX,
+    QUARRY_PARTITION,
+    REPOS_PREFIX,
+    TAGS_PREFIX,
+    prefix_end,
+    staging_partition,
+)
+from quarry.graveler.refs import Repository
 from quarry.kv import store as kv
-from quarry.kv.partitions import (CLEANUP_PARTITION, QUARRY_PARTITION, STAGING,
-                                  partition_class, staging_partition)
-from quarry.v1 import records_pb2, types_pb2
+from quarry.kv.partitions import STAGING, partition_class
+from quarry.v1 import types_pb2
 
 # Finding kinds.
 CORRUPT_RECORD = "corrupt_record"
@@ -85,8 +97,13 @@ class Report:
         self.checked[what] = self.checked.get(what, 0) + n
 
     def to_json(self) -> dict:
-        return {"ok": self.ok, "scope": self.scope or "*", "checked": dict(self.checked),
-                "findings": [asdict(f) for f in self.findings], "notes": list(self.notes)}
+        return {
+            "ok": self.ok,
+            "scope": self.scope or "*",
+            "checked": dict(self.checked),
+            "findings": [asdict(f) for f in self.findings],
+            "notes": list(self.notes),
+        }
 
 
 class ReadOnlyStore(kv.Store):
@@ -98,14 +115,19 @@ class ReadOnlyStore(kv.Store):
     def get(self, partition: bytes, key: bytes) -> kv.GetResult:
         return self.inner.get(partition, key)
 
-    def scan(self, partition: bytes, start: bytes = b"", end: bytes | None = None,
-             batch_size: int = kv.DEFAULT_SCAN_BATCH_SIZE) -> kv.ScanIterator:
+    def scan(
+        self,
+        partition: bytes,
+        start: bytes = b"",
+        end: bytes | None = None,
+        batch_size: int = kv.DEFAULT_SCAN_BATCH_SIZE,
+    ) -> kv.ScanIterator:
         return self.inner.scan(partition, start, end, batch_size)
 
-    def batch_get(self, items):
+    def batch_get(self, items: Sequence[tuple[bytes, bytes]]) -> list[kv.GetResult | None]:
         return self.inner.batch_get(items)
 
-    def _refuse(self, *_args, **_kwargs):
+    def _refuse(self, *_args: object, **_kwargs: object) -> NoReturn:
         raise errors.FailedPrecondition("quarry doctor is read-only: it never writes")
 
     set = set_if = delete = batch_set = batch_delete = _refuse
@@ -115,8 +137,12 @@ class ReadOnlyStore(kv.Store):
 
 
 class Doctor:
-    def __init__(self, store: kv.Store, open_namespace: Callable[[str], BlobStore],
-                 staging_candidates: Callable[[], list[bytes]] = lambda: []):
+    def __init__(
+        self,
+        store: kv.Store,
+        open_namespace: Callable[[str], BlobStore],
+        staging_candidates: Callable[[], list[bytes]] = lambda: [],
+    ):
         """`open_namespace` opens a repository's storage namespace for reading;
         `staging_candidates` lists staging partitions worth checking for orphans."""
         self.kv = ReadOnlyStore(store)
@@ -141,79 +167,112 @@ class Doctor:
 
     def _repositories(self, report: Report, only: str) -> Iterator[tuple[str, Repository]]:
         if only:
-            key = REPOS_PREFIX + only.encode()
+            key = layout.repository_key(only)
             try:
                 value = self.kv.get(QUARRY_PARTITION, key).value
             except kv.KeyNotFound:
-                raise errors.NotFound(f"repository {only!r} not found",
-                                      metadata={"repository": only}) from None
+                raise errors.NotFound(
+                    f"repository {only!r} not found", metadata={"repository": only}
+                ) from None
             items = [kv.KeyValue(key, value)]
         else:
             items = self._scan(QUARRY_PARTITION, REPOS_PREFIX)
         for item in items:
-            name = item.key[len(REPOS_PREFIX):].decode("utf-8", "backslashreplace")
+            name = item.key[len(REPOS_PREFIX) :].decode("utf-8", "backslashreplace")
             report.count("repositories")
             repo = self._decode(report, Repository.from_record, QUARRY_PARTITION, item, name)
             if repo is not None:
                 yield name, repo
 
-    def _check_repository(self, report: Report, repo: Repository,
-                          used_tokens: dict[str, str]) -> None:
+    def _check_repository(
+        self, report: Report, repo: Repository, used_tokens: dict[str, str]
+    ) -> None:
         partition = repo.partition
         branches: list[types_pb2.Branch] = []
         tags: list[types_pb2.Tag] = []
         commits: dict[str, types_pb2.Commit] = {}
-        decoders = ((BRANCHES_PREFIX, types_pb2.Branch, branches.append),
-                    (TAGS_PREFIX, types_pb2.Tag, tags.append),
-                    (COMMITS_PREFIX, types_pb2.Commit, lambda c: commits.setdefault(c.id, c)))
+        decoders = (
+            (BRANCHES_PREFIX, types_pb2.Branch, branches.append),
+            (TAGS_PREFIX, types_pb2.Tag, tags.append),
+            (COMMITS_PREFIX, types_pb2.Commit, lambda c: commits.setdefault(c.id, c)),
+        )
         for item in self._scan(partition):
             for prefix, message_type, keep in decoders:
                 if item.key.startswith(prefix):
                     report.count(prefix.decode().rstrip("/"))
-                    value = self._decode_record(report, message_type, partition, item,
-                                                repo.name)
+                    value = self._decode_record(report, message_type, partition, item, repo.name)
                     if value is not None:
                         keep(value)
                     break
             else:
                 if item.key == GC_RULES_KEY:
-                    self._decode_record(report, types_pb2.GarbageCollectionRules, partition,
-                                        item, repo.name)
+                    self._decode_record(
+                        report, types_pb2.GarbageCollectionRules, partition, item, repo.name
+                    )
         # Commits whose record is corrupt are reported once as corrupt, not again as missing.
-        corrupt_commits = {f.key[len(COMMITS_PREFIX):] for f in report.findings
-                           if f.kind == CORRUPT_RECORD and f.partition == records.show(partition)
-                           and f.key.startswith(COMMITS_PREFIX.decode())}
+        corrupt_commits = {
+            f.key[len(COMMITS_PREFIX) :]
+            for f in report.findings
+            if f.kind == CORRUPT_RECORD
+            and f.partition == records.show(partition)
+            and f.key.startswith(COMMITS_PREFIX.decode())
+        }
         known = set(commits) | corrupt_commits
         metaranges = _MetarangeChecker(self, report, repo)
         for branch in branches:
-            where = {"repository": repo.name, "partition": records.show(partition),
-                     "key": (BRANCHES_PREFIX + branch.name.encode()).decode()}
+            where = {
+                "repository": repo.name,
+                "partition": records.show(partition),
+                "key": layout.branch_key(branch.name).decode(),
+            }
             if branch.commit_id not in known:
-                report.findings.append(Finding(
-                    BRANCH_MISSING_COMMIT, f"branch {branch.name!r} points at commit "
-                    f"{branch.commit_id!r}, which does not exist", **where))
+                report.findings.append(
+                    Finding(
+                        BRANCH_MISSING_COMMIT,
+                        f"branch {branch.name!r} points at commit "
+                        f"{branch.commit_id!r}, which does not exist",
+                        **where,
+                    )
+                )
             if branch.compacted_metarange_id:
-                metaranges.check(branch.compacted_metarange_id,
-                                 f"the compacted metarange of branch {branch.name!r}")
+                metaranges.check(
+                    branch.compacted_metarange_id,
+                    f"the compacted metarange of branch {branch.name!r}",
+                )
             for token in (branch.staging_token, *branch.sealed_tokens):
                 used_tokens[token] = f"{repo.name}/{branch.name}"
                 self._check_staged_values(report, token, repo.name)
         for tag in tags:
             if tag.commit_id not in known:
-                report.findings.append(Finding(
-                    TAG_MISSING_COMMIT, f"tag {tag.name!r} points at commit "
-                    f"{tag.commit_id!r}, which does not exist", repo.name,
-                    records.show(partition), (TAGS_PREFIX + tag.name.encode()).decode()))
+                report.findings.append(
+                    Finding(
+                        TAG_MISSING_COMMIT,
+                        f"tag {tag.name!r} points at commit "
+                        f"{tag.commit_id!r}, which does not exist",
+                        repo.name,
+                        records.show(partition),
+                        layout.tag_key(tag.name).decode(),
+                    )
+                )
         for commit_id, commit in commits.items():
-            key = (COMMITS_PREFIX + commit_id.encode()).decode()
+            key = layout.commit_key(commit_id).decode()
             for parent in commit.parents:
                 if parent not in known:
-                    report.findings.append(Finding(
-                        COMMIT_MISSING_PARENT, f"commit {commit_id[:12]} has parent "
-                        f"{parent!r}, which does not exist", repo.name,
-                        records.show(partition), key))
-            metaranges.check(commit.metarange_id, f"commit {commit_id[:12]}",
-                             partition=records.show(partition), key=key)
+                    report.findings.append(
+                        Finding(
+                            COMMIT_MISSING_PARENT,
+                            f"commit {commit_id[:12]} has parent {parent!r}, which does not exist",
+                            repo.name,
+                            records.show(partition),
+                            key,
+                        )
+                    )
+            metaranges.check(
+                commit.metarange_id,
+                f"commit {commit_id[:12]}",
+                partition=records.show(partition),
+                key=key,
+            )
         metaranges.close()
 
     def _check_staged_values(self, report: Report, token: str, repository: str) -> None:
@@ -232,33 +291,49 @@ class Doctor:
         for item in self._scan(CLEANUP_PARTITION):
             report.count("cleanup items")
             if item.key.startswith(PARKED_PREFIX):
-                report.findings.append(Finding(
-                    PARKED_ITEM, "a corrupt cleanup item the dropper moved aside; its "
-                    "partition was not dropped", "", records.show(CLEANUP_PARTITION),
-                    records.show(item.key)))
+                report.findings.append(
+                    Finding(
+                        PARKED_ITEM,
+                        "a corrupt cleanup item the dropper moved aside; its "
+                        "partition was not dropped",
+                        "",
+                        records.show(CLEANUP_PARTITION),
+                        records.show(item.key),
+                    )
+                )
                 continue
-            record = self._decode_record(report, records_pb2.CleanupRecord, CLEANUP_PARTITION,
-                                         item, "")
+            record = self._decode(
+                report,
+                lambda value, key: layout.decode_cleanup(key, value),
+                CLEANUP_PARTITION,
+                item,
+                "",
+            )
             if record is None:
                 continue
             queued.add(item.key)
-            token = item.key[len(b"staging/"):].decode() \
-                if _is_staging(item.key) else None
+            token = layout.staging_token_of(item.key) if _is_staging(item.key) else None
             if token is not None and token in used_tokens:
-                report.findings.append(Finding(
-                    QUEUED_TOKEN_IN_USE, f"staging token {token} is queued for dropping but "
-                    f"branch {used_tokens[token]} still uses it", "",
-                    records.show(CLEANUP_PARTITION), records.show(item.key)))
+                report.findings.append(
+                    Finding(
+                        QUEUED_TOKEN_IN_USE,
+                        f"staging token {token} is queued for dropping but "
+                        f"branch {used_tokens[token]} still uses it",
+                        "",
+                        records.show(CLEANUP_PARTITION),
+                        records.show(item.key),
+                    )
+                )
         return queued
 
-    def _check_orphans(self, report: Report, used_tokens: dict[str, str],
-                       queued: set[bytes]) -> None:
+    def _check_orphans(
+        self, report: Report, used_tokens: dict[str, str], queued: set[bytes]
+    ) -> None:
         used = {staging_partition(t) for t in used_tokens if t and "/" not in t}
         try:
             candidates = set(self._staging_candidates())
         except errors.QuarryError as exc:
-            report.notes.append(f"orphan staging tokens not checked: {exc.reason}: "
-                                f"{exc.message}")
+            report.notes.append(f"orphan staging tokens not checked: {exc.reason}: {exc.message}")
             return
         for partition in sorted(candidates):
             if not _is_staging(partition) or partition in used or partition in queued:
@@ -270,10 +345,16 @@ class Doctor:
             finally:
                 iterator.close()
             if has_items:
-                report.findings.append(Finding(
-                    ORPHAN_STAGING_TOKEN, "a staging partition with items that no branch "
-                    "references and that is not queued for dropping", "",
-                    records.show(partition), ""))
+                report.findings.append(
+                    Finding(
+                        ORPHAN_STAGING_TOKEN,
+                        "a staging partition with items that no branch "
+                        "references and that is not queued for dropping",
+                        "",
+                        records.show(partition),
+                        "",
+                    )
+                )
 
     # ---- helpers -------------------------------------------------------------------------
 
@@ -284,19 +365,43 @@ class Doctor:
         finally:
             iterator.close()
 
-    def _decode_record(self, report: Report, message_type, partition: bytes,
-                       item: kv.KeyValue, repository: str):
-        return self._decode(report, lambda value, key: records.decode_record(
-            message_type, partition, key, value), partition, item, repository)
+    def _decode_record(  # noqa: PLR0913 — one finding's context, field for field
+        self,
+        report: Report,
+        message_type: type[Message],
+        partition: bytes,
+        item: kv.KeyValue,
+        repository: str,
+    ) -> Any:
+        return self._decode(
+            report,
+            lambda value, key: layout.decode(message_type, partition, key, value),
+            partition,
+            item,
+            repository,
+        )
 
     @staticmethod
-    def _decode(report: Report, decode, partition: bytes, item: kv.KeyValue, repository: str):
+    def _decode(
+        report: Report,
+        decode: Callable[[bytes, bytes], Any],
+        partition: bytes,
+        item: kv.KeyValue,
+        repository: str,
+    ) -> Any:
         """decode(value, key), or None with a corrupt_record finding."""
         try:
             return decode(item.value, item.key)
         except records.CorruptRecord as exc:
-            report.findings.append(Finding(CORRUPT_RECORD, exc.message, repository,
-                                           records.show(partition), records.show(item.key)))
+            report.findings.append(
+                Finding(
+                    CORRUPT_RECORD,
+                    exc.message,
+                    repository,
+                    records.show(partition),
+                    records.show(item.key),
+                )
+            )
             return None
 
 
@@ -314,8 +419,7 @@ class _MetarangeChecker:
     def _object(self, key: str) -> str:
         return f"{self._repo.storage_namespace.rstrip('/')}/{key}"
 
-    def check(self, metarange_id: str, referrer: str, partition: str = "",
-              key: str = "") -> None:
+    def check(self, metarange_id: str, referrer: str, partition: str = "", key: str = "") -> None:
         if metarange_id in ("", rformat.EMPTY_METARANGE_ID) or metarange_id in self._seen:
             return
         self._seen.add(metarange_id)
@@ -327,14 +431,29 @@ class _MetarangeChecker:
         try:
             ranges = rformat.read_metarange(self._store, metarange_id)
         except errors.NotFound:
-            report.findings.append(Finding(
-                MISSING_METARANGE, f"{referrer} uses metarange {metarange_id[:12]}, whose "
-                f"file is missing", self._repo.name, partition, key, where))
+            report.findings.append(
+                Finding(
+                    MISSING_METARANGE,
+                    f"{referrer} uses metarange {metarange_id[:12]}, whose file is missing",
+                    self._repo.name,
+                    partition,
+                    key,
+                    where,
+                )
+            )
             return
         except errors.QuarryError as exc:
-            report.findings.append(Finding(
-                UNREADABLE_METARANGE, f"{referrer} uses metarange {metarange_id[:12]}, whose "
-                f"file cannot be read: {exc.message}", self._repo.name, partition, key, where))
+            report.findings.append(
+                Finding(
+                    UNREADABLE_METARANGE,
+                    f"{referrer} uses metarange {metarange_id[:12]}, whose "
+                    f"file cannot be read: {exc.message}",
+                    self._repo.name,
+                    partition,
+                    key,
+                    where,
+                )
+            )
             return
         for info in ranges:
             if info.id in self._ranges:
@@ -342,10 +461,15 @@ class _MetarangeChecker:
             self._ranges.add(info.id)
             report.count("ranges")
             if not self._store.exists(rformat.range_key(info.id)):
-                report.findings.append(Finding(
-                    METARANGE_MISSING_RANGE, f"metarange {metarange_id[:12]} lists range "
-                    f"{info.id[:12]}, whose file is missing", self._repo.name,
-                    object=self._object(rformat.range_key(info.id))))
+                report.findings.append(
+                    Finding(
+                        METARANGE_MISSING_RANGE,
+                        f"metarange {metarange_id[:12]} lists range "
+                        f"{info.id[:12]}, whose file is missing",
+                        self._repo.name,
+                        object=self._object(rformat.range_key(info.id)),
+                    )
+                )
 
     def close(self) -> None:
         if self._store is not None:
@@ -359,12 +483,15 @@ def _is_staging(partition: bytes) -> bool:
         return False
 
 
-def gateway_staging_partitions(store) -> list[bytes]:
+def gateway_staging_partitions(store: Any) -> list[bytes]:
     """The staging partitions a kv-gateway (quarry.kv.remote.RemoteStore) has served since
     it started, from its capacity report."""
     report = store.capacity_report(top_n=_CAPACITY_REPORT_PARTITIONS)
-    return [bytes(p.partition_key) for p in report.hottest_partitions
-            if _is_staging(bytes(p.partition_key))]
+    return [
+        bytes(p.partition_key)
+        for p in report.hottest_partitions
+        if _is_staging(bytes(p.partition_key))
+    ]
 
 
 __all__ = ["Doctor", "Finding", "Report", "ReadOnlyStore", "gateway_staging_partitions"]

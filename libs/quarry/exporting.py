@@ -58,26 +58,34 @@ import base64
 import binascii
 import datetime
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator, TextIO
+from typing import TextIO, TypeVar
+
+from google.protobuf.message import Message
 
 import quarry
 from quarry import FORMAT_VERSION, errors
 from quarry.blob import BlobStore
-from quarry.graveler import records
-from quarry.graveler.graveler import MERGE_HINTS_PREFIX
-from quarry.graveler.refs import (BRANCHES_PREFIX, COMMITS_PREFIX, DELETED_INSTANCES_PREFIX,
-                                  REPOS_PREFIX, Repository)
-from quarry.kv import store as kv
-from quarry.kv.partitions import (
+from quarry.graveler import layout, records
+from quarry.graveler.layout import (
+    BRANCHES_PREFIX,
+    COMMITS_PREFIX,
+    DELETED_INSTANCES_PREFIX,
+    INSTALLATION_ID_KEY,
+    MERGE_HINTS_PREFIX,
     QUARRY_PARTITION,
-    REPO,
-    STAGING,
-    partition_class,
+    REPOS_PREFIX,
+    prefix_end,
     staging_partition,
 )
+from quarry.graveler.refs import Repository
+from quarry.kv import store as kv
+from quarry.kv.partitions import REPO, STAGING, partition_class
 from quarry.runtime import format_version
 from quarry.v1 import types_pb2
+
+M = TypeVar("M", bound=Message)
 
 EXPORT_VERSION = 1
 BATCH_SIZE = 100
@@ -113,58 +121,80 @@ def _line(obj: dict) -> str:
     return json.dumps(obj, separators=(",", ":")) + "\n"
 
 
-def _prefix_end(prefix: bytes) -> bytes:
-    return prefix[:-1] + bytes([prefix[-1] + 1])
-
-
 def read_format_stamp(store: kv.Store) -> str | None:
     try:
-        return store.get(format_version.PARTITION, format_version.KEY).value.decode(
-            errors="replace")
+        return store.get(QUARRY_PARTITION, layout.FORMAT_VERSION_KEY).value.decode(errors="replace")
     except kv.KeyNotFound:
         return None
 
 
 def _repositories(store: kv.Store) -> Iterator[tuple[str, bytes]]:
-    for item in store.scan(QUARRY_PARTITION, REPOS_PREFIX, _prefix_end(REPOS_PREFIX)):
-        yield item.key[len(REPOS_PREFIX):].decode(), item.value
+    for item in store.scan(QUARRY_PARTITION, REPOS_PREFIX, prefix_end(REPOS_PREFIX)):
+        yield layout.name_of(item.key, REPOS_PREFIX), item.value
 
 
 def _is_installation_key(key: bytes) -> bool:
-    return key == format_version.INSTALLATION_KEY or key.startswith(DELETED_INSTANCES_PREFIX)
+    return key == INSTALLATION_ID_KEY or key.startswith(DELETED_INSTANCES_PREFIX)
 
 
 def _installation_items(store: kv.Store) -> Iterator[kv.KeyValue]:
     """The `quarry` partition items that carry the installation's identity across a rebuild."""
-    try:
-        yield kv.KeyValue(format_version.INSTALLATION_KEY,
-                          store.get(QUARRY_PARTITION, format_version.INSTALLATION_KEY).value)
+    try:  # noqa: SIM105 — a generator: the yield must stay inside the try
+        yield kv.KeyValue(
+            INSTALLATION_ID_KEY, store.get(QUARRY_PARTITION, INSTALLATION_ID_KEY).value
+        )
     except kv.KeyNotFound:
         pass  # written by a build from before installation ids
-    yield from store.scan(QUARRY_PARTITION, DELETED_INSTANCES_PREFIX,
-                          _prefix_end(DELETED_INSTANCES_PREFIX))
+    yield from store.scan(
+        QUARRY_PARTITION, DELETED_INSTANCES_PREFIX, prefix_end(DELETED_INSTANCES_PREFIX)
+    )
 
 
 # ---- export -----------------------------------------------------------------------------
 
+
 def export_store(store: kv.Store, out: TextIO, progress: Progress | None = None) -> Summary:
     """Write every repository of `store` to `out` (see the module docstring)."""
     stamp = read_format_stamp(store)
-    created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    out.write(_line({"quarry_export": EXPORT_VERSION, "format_version": stamp,
-                     "created": created, "quarry_version": quarry.__version__}))
+    created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    out.write(
+        _line(
+            {
+                "quarry_export": EXPORT_VERSION,
+                "format_version": stamp,
+                "created": created,
+                "quarry_version": quarry.__version__,
+            }
+        )
+    )
     repositories = items = 0
     for kv_item in _installation_items(store):
-        out.write(_line({"type": "item", "partition": _b64(QUARRY_PARTITION),
-                         "key": _b64(kv_item.key), "value": _b64(kv_item.value)}))
+        out.write(
+            _line(
+                {
+                    "type": "item",
+                    "partition": _b64(QUARRY_PARTITION),
+                    "key": _b64(kv_item.key),
+                    "value": _b64(kv_item.value),
+                }
+            )
+        )
         items += 1
 
     def emit(partition: bytes) -> list[kv.KeyValue]:
         nonlocal items
         written = []
         for kv_item in store.scan(partition):
-            out.write(_line({"type": "item", "partition": _b64(partition),
-                             "key": _b64(kv_item.key), "value": _b64(kv_item.value)}))
+            out.write(
+                _line(
+                    {
+                        "type": "item",
+                        "partition": _b64(partition),
+                        "key": _b64(kv_item.key),
+                        "value": _b64(kv_item.value),
+                    }
+                )
+            )
             items += 1
             if progress and items % PROGRESS_EVERY == 0:
                 progress(items)
@@ -174,7 +204,7 @@ def export_store(store: kv.Store, out: TextIO, progress: Progress | None = None)
 
     for name, record in _repositories(store):
         try:
-            repo = Repository.from_record(record, REPOS_PREFIX + name.encode())
+            repo = Repository.from_record(record, layout.repository_key(name))
         except records.CorruptRecord as exc:
             raise CorruptExport(f"repository record {name!r} cannot be read: {exc}") from None
         out.write(_line({"type": "repository", "name": name, "value": _b64(record)}))
@@ -182,11 +212,13 @@ def export_store(store: kv.Store, out: TextIO, progress: Progress | None = None)
         tokens: dict[str, None] = {}
         for branch_item in emit(repo.partition):
             try:
-                branch = records.decode_record(types_pb2.Branch, repo.partition,
-                                               branch_item.key, branch_item.value)
+                branch = layout.decode(
+                    types_pb2.Branch, repo.partition, branch_item.key, branch_item.value
+                )
             except records.CorruptRecord as exc:
-                raise CorruptExport(f"repository {name!r}: branch record "
-                                    f"{branch_item.key!r} cannot be read: {exc}") from None
+                raise CorruptExport(
+                    f"repository {name!r}: branch record {branch_item.key!r} cannot be read: {exc}"
+                ) from None
             for token in (branch.staging_token, *branch.sealed_tokens):
                 if token:
                     tokens.setdefault(token, None)
@@ -197,6 +229,7 @@ def export_store(store: kv.Store, out: TextIO, progress: Progress | None = None)
 
 
 # ---- import -----------------------------------------------------------------------------
+
 
 def _decode(obj: dict, field: str, where: str) -> bytes:
     value = obj.get(field)
@@ -224,17 +257,23 @@ def _records(lines: TextIO) -> Iterator[tuple[int, dict]]:
 def check_importable(store: kv.Store) -> None:
     """Refuse a store that already holds a repository or another format version."""
     for name, _ in _repositories(store):
-        raise StoreNotEmpty(f"the target KV store already holds repository {name!r}; "
-                            f"import needs an empty store")
+        raise StoreNotEmpty(
+            f"the target KV store already holds repository {name!r}; import needs an empty store"
+        )
     stamp = read_format_stamp(store)
     if stamp is not None and stamp != str(FORMAT_VERSION):
         raise format_version.FormatVersionMismatch(
             f"the target KV store is stamped with storage format version {stamp!r}, not "
-            f"{FORMAT_VERSION}; import needs an empty store")
+            f"{FORMAT_VERSION}; import needs an empty store"
+        )
 
 
-def import_store(store: kv.Store, lines: TextIO, progress: Progress | None = None,
-                 open_namespace: Callable[[str], BlobStore] | None = None) -> Summary:
+def import_store(
+    store: kv.Store,
+    lines: TextIO,
+    progress: Progress | None = None,
+    open_namespace: Callable[[str], BlobStore] | None = None,
+) -> Summary:
     """Write an export file into an empty `store`, rebuilding committed data of an earlier
     storage format in the repositories' namespaces (opened with `open_namespace`, default
     quarry.blob.open_blob_store), and stamp this build's format version."""
@@ -246,9 +285,13 @@ def import_store(store: kv.Store, lines: TextIO, progress: Progress | None = Non
             rebuilder.close()
 
 
-def _import(store: kv.Store, lines: TextIO, progress: Progress | None,
-            open_namespace: Callable[[str], BlobStore] | None,
-            rebuilders: dict[bytes, "_Rebuilder"]) -> Summary:
+def _import(
+    store: kv.Store,
+    lines: TextIO,
+    progress: Progress | None,
+    open_namespace: Callable[[str], BlobStore] | None,
+    rebuilders: dict[bytes, _Rebuilder],
+) -> Summary:
     check_importable(store)
     records = _records(lines)
     try:
@@ -256,8 +299,10 @@ def _import(store: kv.Store, lines: TextIO, progress: Progress | None,
     except StopIteration:
         raise CorruptExport("the file is empty, not a quarry export") from None
     if header.get("quarry_export") != EXPORT_VERSION:
-        raise CorruptExport(f"not a quarry export file of version {EXPORT_VERSION} "
-                            f"(header {json.dumps(header)[:80]})")
+        raise CorruptExport(
+            f"not a quarry export file of version {EXPORT_VERSION} "
+            f"(header {json.dumps(header)[:80]})"
+        )
     found_format = header.get("format_version")
     # An export of a store stamped with this build's version holds no older committed data:
     # its records are imported as they are, without reading the namespaces. Any other
@@ -279,12 +324,11 @@ def _import(store: kv.Store, lines: TextIO, progress: Progress | None,
                 raise CorruptExport(f"{where}: repository without a name")
             value = _decode(obj, "value", where)
             try:
-                repo = Repository.from_record(value, REPOS_PREFIX + name.encode())
+                repo = Repository.from_record(value, layout.repository_key(name))
             except records.CorruptRecord:
                 raise CorruptExport(f"{where}: repository record cannot be read") from None
             if repo.name != name or name in repositories:
-                raise CorruptExport(f"{where}: repository {name!r} is inconsistent or "
-                                    f"duplicated")
+                raise CorruptExport(f"{where}: repository {name!r} is inconsistent or duplicated")
             repositories[name] = value
             rebuilders[repo.partition] = _Rebuilder(repo, open_namespace, rebuild)
         elif kind == "item":
@@ -295,8 +339,11 @@ def _import(store: kv.Store, lines: TextIO, progress: Progress | None,
                 cls = partition_class(partition)
             except errors.QuarryError:
                 cls = None
-            if not (cls == STAGING or (cls == REPO and partition in rebuilders)
-                    or (partition == QUARRY_PARTITION and _is_installation_key(key))):
+            if not (
+                cls == STAGING
+                or (cls == REPO and partition in rebuilders)
+                or (partition == QUARRY_PARTITION and _is_installation_key(key))
+            ):
                 raise CorruptExport(f"{where}: unexpected partition {partition[:80]!r}")
             items += 1
             if cls == REPO:
@@ -315,9 +362,11 @@ def _import(store: kv.Store, lines: TextIO, progress: Progress | None,
     if end is None:
         raise CorruptExport("the file has no end line (truncated?)")
     if end.get("repositories") != len(repositories) or end.get("items") != items:
-        raise CorruptExport(f"the end line announces {end.get('repositories')} repositories "
-                            f"and {end.get('items')} items, the file holds "
-                            f"{len(repositories)} and {items}")
+        raise CorruptExport(
+            f"the end line announces {end.get('repositories')} repositories "
+            f"and {end.get('items')} items, the file holds "
+            f"{len(repositories)} and {items}"
+        )
     for rebuilder in rebuilders.values():
         batch.extend(rebuilder.merge_hints_to_keep())
     if batch:
@@ -329,17 +378,21 @@ def _import(store: kv.Store, lines: TextIO, progress: Progress | None,
     # Repository records last: until here no imported repository is visible.
     for name, value in repositories.items():
         try:
-            store.set_if(QUARRY_PARTITION, REPOS_PREFIX + name.encode(), value, kv.ABSENT)
+            store.set_if(QUARRY_PARTITION, layout.repository_key(name), value, kv.ABSENT)
         except kv.PredicateFailed:
-            raise StoreNotEmpty(f"repository {name!r} appeared in the target store during "
-                                f"the import") from None
+            raise StoreNotEmpty(
+                f"repository {name!r} appeared in the target store during the import"
+            ) from None
     _stamp(store)
     stats = [r.rewriter.stats for r in rebuilders.values() if r.rewriter is not None]
-    return Summary(len(repositories), items,
-                   None if found_format is None else str(found_format),
-                   ranges_rewritten=sum(s.ranges_rewritten for s in stats),
-                   metaranges_rewritten=sum(s.metaranges_rewritten for s in stats),
-                   merge_hints_dropped=sum(r.merge_hints_dropped for r in rebuilders.values()))
+    return Summary(
+        len(repositories),
+        items,
+        None if found_format is None else str(found_format),
+        ranges_rewritten=sum(s.ranges_rewritten for s in stats),
+        metaranges_rewritten=sum(s.metaranges_rewritten for s in stats),
+        merge_hints_dropped=sum(r.merge_hints_dropped for r in rebuilders.values()),
+    )
 
 
 class _Rebuilder:
@@ -347,8 +400,9 @@ class _Rebuilder:
     one place an import changes a record (see the module docstring). Today: metarange ids
     of an earlier format replaced by their rebuilt ones, stale merge hints dropped."""
 
-    def __init__(self, repo: Repository, open_namespace: Callable[[str], BlobStore] | None,
-                 rebuild: bool):
+    def __init__(
+        self, repo: Repository, open_namespace: Callable[[str], BlobStore] | None, rebuild: bool
+    ):
         self._repo = repo
         self._rebuild = rebuild
         self._open = open_namespace
@@ -368,8 +422,7 @@ class _Rebuilder:
         if self.rewriter is None:
             from quarry.committed.legacy import CommittedRewriter
 
-            self.rewriter = CommittedRewriter(self._namespace_store(),
-                                              self._repo.storage_namespace)
+            self.rewriter = CommittedRewriter(self._namespace_store(), self._repo.storage_namespace)
         return self.rewriter.metarange(metarange_id)
 
     def item(self, key: bytes, value: bytes, where: str) -> bytes | None:
@@ -384,22 +437,24 @@ class _Rebuilder:
             new_id = self._metarange(record.metarange_id)
             if new_id != record.metarange_id:
                 record.metarange_id = new_id
-                value = record.SerializeToString(deterministic=True)
+                value = layout.encode_commit(record)
         elif key.startswith(BRANCHES_PREFIX):
             record = _parse(types_pb2.Branch, self._repo.partition, key, value, where)
             if record.compacted_metarange_id:
                 new_id = self._metarange(record.compacted_metarange_id)
                 if new_id != record.compacted_metarange_id:
                     record.compacted_metarange_id = new_id
-                    value = record.SerializeToString(deterministic=True)
+                    value = layout.encode_branch(record)
         return value
 
     def write_ownership_marker(self, installation_id: str) -> None:
         """The marker an earlier format did not write; one already there is left alone."""
         from quarry.blob.ownership import build_marker, write_marker
 
-        write_marker(self._namespace_store(),
-                     build_marker(self._repo.name, self._repo.instance_id, installation_id))
+        write_marker(
+            self._namespace_store(),
+            build_marker(self._repo.name, self._repo.instance_id, installation_id),
+        )
 
     def merge_hints_to_keep(self) -> list[tuple[bytes, bytes, bytes]]:
         """A hint names a merge result by metarange id: stale once the repository's
@@ -414,20 +469,22 @@ class _Rebuilder:
             self._store.close()
 
 
-def _parse(message_type, partition: bytes, key: bytes, value: bytes, where: str):
+def _parse(message_type: type[M], partition: bytes, key: bytes, value: bytes, where: str) -> M:
     try:
-        return records.decode_record(message_type, partition, key, value)
+        return layout.decode(message_type, partition, key, value)
     except records.CorruptRecord:
         raise CorruptExport(f"{where}: {message_type.__name__} record cannot be read") from None
 
 
 def _stamp(store: kv.Store) -> None:
     try:
-        store.set_if(format_version.PARTITION, format_version.KEY,
-                     str(FORMAT_VERSION).encode(), kv.ABSENT)
+        store.set_if(
+            QUARRY_PARTITION, layout.FORMAT_VERSION_KEY, str(FORMAT_VERSION).encode(), kv.ABSENT
+        )
     except kv.PredicateFailed:
         stamp = read_format_stamp(store)
         if stamp != str(FORMAT_VERSION):
             raise format_version.FormatVersionMismatch(
                 f"the target KV store was stamped with storage format version {stamp!r} "
-                f"during the import; this build writes {FORMAT_VERSION}") from None
+                f"during the import; this build writes {FORMAT_VERSION}"
+            ) from None

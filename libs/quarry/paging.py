@@ -18,6 +18,9 @@ from typing import Any, Callable
 
 from google.protobuf.message import Message
 
+# Items per page when a request gives no page_size, and the most any request gets.
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 10_000
 # A repeated field's element costs its tag (1 byte for field numbers below 16) and a length
 # varint (at most 5 bytes) on top of its own encoding.
 ELEMENT_OVERHEAD_BYTES = 6

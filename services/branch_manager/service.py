@@ -5,11 +5,10 @@ that sends staged-write counts to the compactor-sensor."""
 
 from __future__ import annotations
 
+from branch_manager.servicer import BranchManagerServicer
 from quarry.config import Settings
 from quarry.runtime.server import ServiceSpec
 from quarry.v1 import branch_manager_pb2, branch_manager_pb2_grpc
-
-from branch_manager.servicer import BranchManagerServicer
 
 SERVICE_NAME = "branch-manager"
 # What must answer before branch-manager serves. Not the compactor-sensor: its reports are
@@ -18,8 +17,9 @@ SERVICE_NAME = "branch-manager"
 DEPENDS_ON = ("kv-gateway",)
 
 
-def build(settings: Settings, kv_store=None, committed=None, range_writer=None,
-          reporter=None) -> ServiceSpec:
+def build(
+    settings: Settings, kv_store=None, committed=None, range_writer=None, reporter=None
+) -> ServiceSpec:
     """`reporter`: a started StagingReporter to use instead of one dialing
     settings.compactor_sensor_address (tests); the spec stops it either way."""
     from quarry.graveler.wiring import core_dependencies
@@ -29,20 +29,24 @@ def build(settings: Settings, kv_store=None, committed=None, range_writer=None,
     if reporter is None and settings.compactor_enabled:
         from quarry.compaction.reporter import StagingReporter
 
-        reporter = StagingReporter(settings.compactor_sensor_address,
-                                   interval_seconds=settings.staging_report_interval_seconds
-                                   ).start()
+        reporter = StagingReporter(
+            settings.compactor_sensor_address,
+            interval_seconds=settings.staging_report_interval_seconds,
+        ).start()
     if reporter is not None:
         # After the server has drained: the last acknowledged writes are reported too.
         closers.insert(0, reporter.stop)
-    servicer = BranchManagerServicer(deps.graveler, deps.requests,
-                                     on_staged=reporter.record if reporter is not None else None)
+    servicer = BranchManagerServicer(
+        deps.graveler, deps.requests, on_staged=reporter.record if reporter is not None else None
+    )
     return ServiceSpec(
         name=SERVICE_NAME,
         register=lambda server: branch_manager_pb2_grpc.add_BranchManagerServicer_to_server(
-            servicer, server),
+            servicer, server
+        ),
         grpc_service_names=[
-            branch_manager_pb2.DESCRIPTOR.services_by_name["BranchManager"].full_name],
+            branch_manager_pb2.DESCRIPTOR.services_by_name["BranchManager"].full_name
+        ],
         on_stop=closers,
         dependencies=deps.needed(DEPENDS_ON),
         on_ready=deps.on_ready,

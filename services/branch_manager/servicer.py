@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from quarry import errors
@@ -31,8 +32,9 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         # in-memory only) hooks in here. It must never block or fail the write.
         self._on_staged = on_staged or (lambda *_: None)
 
-    def _report_staged(self, repository: str, branch: str, staging_token: str, puts: int,
-                       deletes: int) -> None:
+    def _report_staged(
+        self, repository: str, branch: str, staging_token: str, puts: int, deletes: int
+    ) -> None:
         if not puts and not deletes:
             return
         try:
@@ -44,8 +46,9 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
 
     @idempotent(pb.CreateRepositoryResponse, repository=INSTALLATION)
     def CreateRepository(self, request, context):
-        repo = self._g.create_repository(request.name, request.storage_namespace,
-                                         request.default_branch)
+        repo = self._g.create_repository(
+            request.name, request.storage_namespace, request.default_branch
+        )
         return pb.CreateRepositoryResponse(repository=repo.to_proto())
 
     def GetRepository(self, request, context):
@@ -54,9 +57,11 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
     def ListRepositories(self, request, context):
         with records.listing() as skipped:
             repos, token = self._g.list_repositories(request.page_size, request.page_token)
-        return pb.ListRepositoriesResponse(repositories=[r.to_proto() for r in repos],
-                                           next_page_token=token,
-                                           skipped_corrupt_records=skipped.count)
+        return pb.ListRepositoriesResponse(
+            repositories=[r.to_proto() for r in repos],
+            next_page_token=token,
+            skipped_corrupt_records=skipped.count,
+        )
 
     @idempotent(pb.DeleteRepositoryResponse, repository=INSTALLATION)
     def DeleteRepository(self, request, context):
@@ -75,10 +80,12 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
 
     def ListBranches(self, request, context):
         with records.listing() as skipped:
-            branches, token = self._g.list_branches(request.repository, request.page_size,
-                                                    request.page_token)
-        return pb.ListBranchesResponse(branches=branches, next_page_token=token,
-                                       skipped_corrupt_records=skipped.count)
+            branches, token = self._g.list_branches(
+                request.repository, request.page_size, request.page_token
+            )
+        return pb.ListBranchesResponse(
+            branches=branches, next_page_token=token, skipped_corrupt_records=skipped.count
+        )
 
     @idempotent(pb.DeleteBranchResponse)
     def DeleteBranch(self, request, context):
@@ -87,26 +94,30 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
 
     @idempotent(pb.ResetBranchResponse)
     def ResetBranch(self, request, context):
-        branch = self._g.reset_branch(request.repository, request.branch, request.ref,
-                                      request.force)
+        branch = self._g.reset_branch(
+            request.repository, request.branch, request.ref, request.force
+        )
         return pb.ResetBranchResponse(branch=branch)
 
     # ---- tags ----
 
     @idempotent(pb.CreateTagResponse)
     def CreateTag(self, request, context):
-        return pb.CreateTagResponse(tag=self._g.create_tag(request.repository, request.name,
-                                                           request.ref))
+        return pb.CreateTagResponse(
+            tag=self._g.create_tag(request.repository, request.name, request.ref)
+        )
 
     def GetTag(self, request, context):
         return pb.GetTagResponse(tag=self._g.get_tag(request.repository, request.name))
 
     def ListTags(self, request, context):
         with records.listing() as skipped:
-            tags, token = self._g.list_tags(request.repository, request.page_size,
-                                            request.page_token)
-        return pb.ListTagsResponse(tags=tags, next_page_token=token,
-                                   skipped_corrupt_records=skipped.count)
+            tags, token = self._g.list_tags(
+                request.repository, request.page_size, request.page_token
+            )
+        return pb.ListTagsResponse(
+            tags=tags, next_page_token=token, skipped_corrupt_records=skipped.count
+        )
 
     @idempotent(pb.DeleteTagResponse)
     def DeleteTag(self, request, context):
@@ -135,10 +146,8 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
     @idempotent(pb.PutObjectResponse)
     def PutObject(self, request, context):
         entry = entry_from_proto(request.entry)
-        staged = self._g.put_objects(request.repository, request.branch, [entry],
-                                     request.if_absent)
-        self._report_staged(request.repository, request.branch, _token_of(staged),
-                            int(staged), 0)
+        staged = self._g.put_objects(request.repository, request.branch, [entry], request.if_absent)
+        self._report_staged(request.repository, request.branch, _token_of(staged), int(staged), 0)
         return pb.PutObjectResponse(entry=entry_to_proto(entry))
 
     def PutObjects(self, request_iterator, context):
@@ -149,20 +158,27 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
                 repository, branch = request.repository, request.branch
                 if not repository or not branch:
                     raise errors.InvalidArgument(
-                        "the first PutObjects message must name repository and branch")
-            elif (request.repository and request.repository != repository) or \
-                    (request.branch and request.branch != branch):
-                raise errors.InvalidArgument("all PutObjects messages must target the same "
-                                             "repository and branch")
+                        "the first PutObjects message must name repository and branch"
+                    )
+            elif (request.repository and request.repository != repository) or (
+                request.branch and request.branch != branch
+            ):
+                raise errors.InvalidArgument(
+                    "all PutObjects messages must target the same repository and branch"
+                )
             if request.request_id:
                 # A message with a request_id is its own idempotent unit: its batch, with
                 # the stream's repository and branch, is staged at most once.
                 unit = pb.PutObjectsRequest()
                 unit.CopyFrom(request)
                 unit.repository, unit.branch = repository, branch
-                total += run_once(self._requests, unit, repository,
-                                  lambda: self._stage_batch(repository, branch, request),
-                                  pb.PutObjectsResponse).count
+                total += run_once(
+                    self._requests,
+                    unit,
+                    repository,
+                    functools.partial(self._stage_batch, repository, branch, request),
+                    pb.PutObjectsResponse,
+                ).count
             else:
                 total += self._stage_batch(repository, branch, request).count
         return pb.PutObjectsResponse(count=total)
@@ -178,37 +194,48 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
     @idempotent(pb.DeleteObjectResponse)
     def DeleteObject(self, request, context):
         deleted = self._g.delete_objects(request.repository, request.branch, [request.path])
-        self._report_staged(request.repository, request.branch, _token_of(deleted), 0,
-                            int(deleted))
+        self._report_staged(request.repository, request.branch, _token_of(deleted), 0, int(deleted))
         return pb.DeleteObjectResponse()
 
     @idempotent(pb.DeleteObjectsResponse)
     def DeleteObjects(self, request, context):
         deleted = self._g.delete_objects(request.repository, request.branch, request.paths)
-        self._report_staged(request.repository, request.branch, _token_of(deleted), 0,
-                            int(deleted))
+        self._report_staged(request.repository, request.branch, _token_of(deleted), 0, int(deleted))
         return pb.DeleteObjectsResponse(deleted=int(deleted))
 
     def ListObjects(self, request, context):
         with records.listing() as skipped:
             entries, prefixes, token = self._g.list_objects(
-                request.repository, request.ref, request.prefix, request.delimiter,
-                request.page_size, request.page_token)
-        return pb.ListObjectsResponse(entries=[entry_to_proto(e) for e in entries],
-                                      common_prefixes=prefixes, next_page_token=token,
-                                      skipped_corrupt_records=skipped.count)
+                request.repository,
+                request.ref,
+                request.prefix,
+                request.delimiter,
+                request.page_size,
+                request.page_token,
+            )
+        return pb.ListObjectsResponse(
+            entries=[entry_to_proto(e) for e in entries],
+            common_prefixes=prefixes,
+            next_page_token=token,
+            skipped_corrupt_records=skipped.count,
+        )
 
     def DiffUncommitted(self, request, context):
         with records.listing() as skipped:
-            changes, token = self._g.diff_uncommitted(request.repository, request.branch,
-                                                      request.prefix, request.page_size,
-                                                      request.page_token)
-        return pb.DiffUncommittedResponse(changes=[change_to_proto(c) for c in changes],
-                                          next_page_token=token,
-                                          skipped_corrupt_records=skipped.count)
+            changes, token = self._g.diff_uncommitted(
+                request.repository,
+                request.branch,
+                request.prefix,
+                request.page_size,
+                request.page_token,
+            )
+        return pb.DiffUncommittedResponse(
+            changes=[change_to_proto(c) for c in changes],
+            next_page_token=token,
+            skipped_corrupt_records=skipped.count,
+        )
 
     @idempotent(pb.DiscardChangesResponse)
     def DiscardChanges(self, request, context):
-        self._g.discard_changes(request.repository, request.branch, request.path,
-                                request.prefix)
+        self._g.discard_changes(request.repository, request.branch, request.path, request.prefix)
         return pb.DiscardChangesResponse()

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from committer.servicer import CommitterServicer
 from quarry.config import Settings
 from quarry.runtime.server import ServiceSpec
 from quarry.v1 import committer_pb2, committer_pb2_grpc
-
-from committer.servicer import CommitterServicer
 
 SERVICE_NAME = "committer"
 # What must answer before the committer serves (every commit writes ranges and KV records).
@@ -21,7 +20,8 @@ def build(settings: Settings, kv_store=None, committed=None, range_writer=None) 
     return ServiceSpec(
         name=SERVICE_NAME,
         register=lambda server: committer_pb2_grpc.add_CommitterServicer_to_server(
-            servicer, server),
+            servicer, server
+        ),
         grpc_service_names=[committer_pb2.DESCRIPTOR.services_by_name["Committer"].full_name],
         on_stop=deps.closers,
         dependencies=deps.needed(DEPENDS_ON),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from quarry.convert import change_to_proto, conflict_to_proto, summary_to_proto
-from quarry.graveler.graveler import Graveler
+from quarry.graveler.graveler import Graveler, MergeParams
 from quarry.graveler.requests import RequestLog
 from quarry.runtime.idempotency import idempotent
 from quarry.v1 import committer_pb2 as pb
@@ -18,60 +18,100 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
 
     @idempotent(pb.CommitResponse)
     def Commit(self, request, context):
-        outcome = self._g.commit(request.repository, request.branch, request.message,
-                                 request.committer, dict(request.metadata),
-                                 request.allow_empty)
-        return pb.CommitResponse(commit=outcome.commit, summary=summary_to_proto(outcome.summary),
-                                 ranges_written=outcome.ranges_written,
-                                 ranges_reused=outcome.ranges_reused)
+        outcome = self._g.commit(
+            request.repository,
+            request.branch,
+            request.message,
+            request.committer,
+            dict(request.metadata),
+            request.allow_empty,
+        )
+        return pb.CommitResponse(
+            commit=outcome.commit,
+            summary=summary_to_proto(outcome.summary),
+            ranges_written=outcome.ranges_written,
+            ranges_reused=outcome.ranges_reused,
+        )
 
     def GetCommit(self, request, context):
         return pb.GetCommitResponse(commit=self._g.get_commit(request.repository, request.ref))
 
     def Log(self, request, context):
-        commits, token = self._g.log(request.repository, request.ref, request.first_parent,
-                                     request.page_size, request.page_token)
+        commits, token = self._g.log(
+            request.repository,
+            request.ref,
+            request.first_parent,
+            request.page_size,
+            request.page_token,
+        )
         return pb.LogResponse(commits=commits, next_page_token=token)
 
     def Diff(self, request, context):
-        changes, token = self._g.diff(request.repository, request.left_ref, request.right_ref,
-                                      request.prefix, request.page_size, request.page_token,
-                                      three_dot=request.three_dot)
-        return pb.DiffResponse(changes=[change_to_proto(c) for c in changes],
-                               next_page_token=token)
+        changes, token = self._g.diff(
+            request.repository,
+            request.left_ref,
+            request.right_ref,
+            request.prefix,
+            request.page_size,
+            request.page_token,
+            three_dot=request.three_dot,
+        )
+        return pb.DiffResponse(changes=[change_to_proto(c) for c in changes], next_page_token=token)
 
     @idempotent(pb.MergeResponse, ignore=("hint_metarange_id",))
     def Merge(self, request, context):
-        outcome = self._g.merge(request.repository, request.source_ref,
-                                request.destination_branch, request.strategy,
-                                request.message, request.committer, dict(request.metadata),
-                                request.squash, request.allow_empty, request.dry_run,
-                                request.hint_metarange_id)
-        response = pb.MergeResponse(summary=summary_to_proto(outcome.summary),
-                                    conflicts=[conflict_to_proto(c) for c in outcome.conflicts],
-                                    attempts=outcome.attempts,
-                                    ranges_written=outcome.ranges_written,
-                                    ranges_reused=outcome.ranges_reused)
+        params = MergeParams(
+            strategy=request.strategy,
+            message=request.message,
+            committer=request.committer,
+            metadata=dict(request.metadata),
+            squash=request.squash,
+            allow_empty=request.allow_empty,
+            dry_run=request.dry_run,
+            hint_metarange_id=request.hint_metarange_id,
+        )
+        outcome = self._g.merge(
+            request.repository, request.source_ref, request.destination_branch, params
+        )
+        response = pb.MergeResponse(
+            summary=summary_to_proto(outcome.summary),
+            conflicts=[conflict_to_proto(c) for c in outcome.conflicts],
+            attempts=outcome.attempts,
+            ranges_written=outcome.ranges_written,
+            ranges_reused=outcome.ranges_reused,
+        )
         if outcome.commit is not None:
             response.commit.CopyFrom(outcome.commit)
         return response
 
     @idempotent(pb.RevertResponse)
     def Revert(self, request, context):
-        outcome = self._g.revert(request.repository, request.branch, request.ref,
-                                 request.parent_number, request.message, request.committer)
+        outcome = self._g.revert(
+            request.repository,
+            request.branch,
+            request.ref,
+            request.parent_number,
+            request.message,
+            request.committer,
+        )
         return pb.RevertResponse(commit=outcome.commit)
 
     @idempotent(pb.CherryPickResponse)
     def CherryPick(self, request, context):
-        outcome = self._g.cherry_pick(request.repository, request.branch, request.ref,
-                                      request.parent_number, request.message,
-                                      request.committer)
+        outcome = self._g.cherry_pick(
+            request.repository,
+            request.branch,
+            request.ref,
+            request.parent_number,
+            request.message,
+            request.committer,
+        )
         return pb.CherryPickResponse(commit=outcome.commit)
 
     def FindMergeBase(self, request, context):
-        return pb.FindMergeBaseResponse(commit=self._g.find_merge_base(
-            request.repository, request.left_ref, request.right_ref))
+        return pb.FindMergeBaseResponse(
+            commit=self._g.find_merge_base(request.repository, request.left_ref, request.right_ref)
+        )
 
     @idempotent(pb.CompactResponse)
     def Compact(self, request, context):

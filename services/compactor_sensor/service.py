@@ -9,16 +9,19 @@ from dataclasses import dataclass
 
 import grpc
 
+from compactor_sensor.servicer import CompactorSensorServicer
 from quarry.compaction.sensor import CompactionResult, CompactionSensor
 from quarry.config import Settings
 from quarry.runtime.channels import channel_for, open_service_channel
 from quarry.runtime.errors import from_rpc_error
 from quarry.runtime.format_version import ensure_format_version
 from quarry.runtime.server import ServiceSpec, service_dependency
-from quarry.v1 import (committer_pb2, committer_pb2_grpc, compactor_sensor_pb2,
-                       compactor_sensor_pb2_grpc)
-
-from compactor_sensor.servicer import CompactorSensorServicer
+from quarry.v1 import (
+    committer_pb2,
+    committer_pb2_grpc,
+    compactor_sensor_pb2,
+    compactor_sensor_pb2_grpc,
+)
 
 SERVICE_NAME = "compactor-sensor"
 # What must answer before the sensor serves: it reads branch records and staging partitions
@@ -40,7 +43,8 @@ class CommitterCompactor:
         try:
             response = self._stub.Compact(
                 committer_pb2.CompactRequest(repository=repository, branch=branch),
-                timeout=self._timeout)
+                timeout=self._timeout,
+            )
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
         return CompactionResult(response.compacted_metarange_id, response.tokens_compacted)
@@ -66,14 +70,14 @@ def assemble(settings: Settings, kv_store=None, compactor=None) -> Assembled:
 
         raw, traced = open_service_channel(settings.kv_gateway_address)
         kv_store = RemoteStore(traced)
-        dependencies["kv-gateway"] = service_dependency("kv-gateway",
-                                                        settings.kv_gateway_address, raw)
+        dependencies["kv-gateway"] = service_dependency(
+            "kv-gateway", settings.kv_gateway_address, raw
+        )
         closers.append(raw.close)
     if compactor is None:
         raw, traced = open_service_channel(settings.committer_address)
         compactor = CommitterCompactor(traced)
-        dependencies["committer"] = service_dependency("committer", settings.committer_address,
-                                                       raw)
+        dependencies["committer"] = service_dependency("committer", settings.committer_address, raw)
         closers.append(raw.close)  # also cancels a Compact still running at shutdown
     sensor = CompactionSensor.from_settings(settings, kv_store, compactor)
     # Behind the readiness gate: the format check and the loop (whose first passes rebuild
@@ -86,9 +90,11 @@ def assemble(settings: Settings, kv_store=None, compactor=None) -> Assembled:
     spec = ServiceSpec(
         name=SERVICE_NAME,
         register=lambda server: compactor_sensor_pb2_grpc.add_CompactorSensorServicer_to_server(
-            servicer, server),
+            servicer, server
+        ),
         grpc_service_names=[
-            compactor_sensor_pb2.DESCRIPTOR.services_by_name["CompactorSensor"].full_name],
+            compactor_sensor_pb2.DESCRIPTOR.services_by_name["CompactorSensor"].full_name
+        ],
         on_stop=closers,
         dependencies=[dependencies[name] for name in DEPENDS_ON if name in dependencies],
         on_ready=on_ready,

@@ -14,21 +14,23 @@ class CompactorSensorServicer(compactor_sensor_pb2_grpc.CompactorSensorServicer)
 
     def ReportStagingActivity(self, request, context):
         # Memory only: the sender (branch-manager's reporter) waits for this answer.
-        self._sensor.record(StagingStats(r.repository, r.branch, r.staging_token, r.puts,
-                                         r.deletes) for r in request.reports)
+        self._sensor.record(
+            StagingStats(r.repository, r.branch, r.staging_token, r.puts, r.deletes)
+            for r in request.reports
+        )
         return pb.ReportStagingActivityResponse()
 
     def GetBranchStagingStats(self, request, context):
         if not request.repository or not request.branch:
             raise errors.InvalidArgument("repository and branch are required")
         stats = self._sensor.get_branch_stats(request.repository, request.branch)
-        response = pb.GetBranchStagingStatsResponse(puts=stats.puts, deletes=stats.deletes,
-                                                    sealed_tokens=stats.sealed_tokens)
+        response = pb.GetBranchStagingStatsResponse(
+            puts=stats.puts, deletes=stats.deletes, sealed_tokens=stats.sealed_tokens
+        )
         if stats.last_compaction is not None:
             response.last_compaction.FromNanoseconds(int(stats.last_compaction * 1e9))
         return response
 
     def ListCompactionCandidates(self, request, context):
         candidates = self._sensor.list_candidates(request.page_size)
-        return pb.ListCompactionCandidatesResponse(
-            candidates=[c.to_proto() for c in candidates])
+        return pb.ListCompactionCandidatesResponse(candidates=[c.to_proto() for c in candidates])

@@ -53,10 +53,10 @@ def build_source(tmp_path):
     # and a delete in the fresh staging token.
     repo = g.refs.get_repository("demo")
     g.put_objects("demo", "main", [entry("sealed/a.parquet"), entry("data/001.parquet", 7)])
-    g._seal(repo, "main")
+    g.commits.seal(repo, "main")
     g.put_objects("demo", "main", [entry("staged/b.parquet", 2)])
     g.delete_objects("demo", "main", ["data/002.parquet"])
-    g._remember_merge_hint(repo, "metarange-x", "source", "base", "onto")
+    g.merges.remember_hint(repo, "metarange-x", ("source", "base", "onto"))
     g.create_repository("empty", str(tmp_path / "lake2"))
     branch = g.get_branch("demo", "main")
     assert branch.sealed_tokens and branch.staging_token

@@ -20,13 +20,24 @@ from support.suite import running_suite
 from support.wait import wait_until
 
 # Small intervals keep the tests fast; the thresholds are tiny so a few writes cross them.
-FAST = dict(staging_report_interval_seconds=0.05, compaction_check_interval_seconds=0.05,
-            compaction_tombstones_threshold=5, compaction_min_interval_seconds=60.0)
+FAST = dict(
+    staging_report_interval_seconds=0.05,
+    compaction_check_interval_seconds=0.05,
+    compaction_tombstones_threshold=5,
+    compaction_min_interval_seconds=60.0,
+)
 
 
 def files(n, prefix="f"):
-    return [{"path": f"{prefix}/{i:04d}", "physical_address": f"s3://b/{prefix}/{i}",
-             "size_bytes": i + 1, "checksum": f"c{i}"} for i in range(n)]
+    return [
+        {
+            "path": f"{prefix}/{i:04d}",
+            "physical_address": f"s3://b/{prefix}/{i}",
+            "size_bytes": i + 1,
+            "checksum": f"c{i}",
+        }
+        for i in range(n)
+    ]
 
 
 def dropped_reports():
@@ -41,8 +52,9 @@ def closed_port():
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
-    with running_suite(tmp_path_factory.mktemp("sensor-suite"), compactor_sensor=True,
-                       **FAST) as running:
+    with running_suite(
+        tmp_path_factory.mktemp("sensor-suite"), compactor_sensor=True, **FAST
+    ) as running:
         yield running
 
 
@@ -53,6 +65,7 @@ def client(suite):
 
 
 # ---- reports and statistics ---------------------------------------------------------------------
+
 
 def test_writes_are_reported_and_stats_show_them(suite, client):
     client.create_repository("reported", suite.namespace("reported"))
@@ -109,9 +122,10 @@ def test_candidates_are_served_over_grpc(tmp_path):
             for branch in ("main", "dev"):
                 client.branch_staging_stats("cands", branch)
             candidates = client.compaction_candidates()
-            assert [(c.repository, c.branch, c.puts, c.deletes, c.reason)
-                    for c in candidates] == [("cands", "dev", 0, 8, "tombstones"),
-                                             ("cands", "main", 3, 6, "tombstones")]
+            assert [(c.repository, c.branch, c.puts, c.deletes, c.reason) for c in candidates] == [
+                ("cands", "dev", 0, 8, "tombstones"),
+                ("cands", "main", 3, 6, "tombstones"),
+            ]
             assert len(client.compaction_candidates(page_size=1)) == 1
 
 
@@ -120,8 +134,9 @@ def test_stats_command(suite, client):
     client.put_objects("cli-stats", "main", files(2))
     out = io.StringIO()
     with redirect_stdout(out):
-        code = quarry_main(["stats", "cli-stats", "main", "--compactor-sensor",
-                            suite.targets["compactor-sensor"]])
+        code = quarry_main(
+            ["stats", "cli-stats", "main", "--compactor-sensor", suite.targets["compactor-sensor"]]
+        )
     assert code == 0, out.getvalue()
     fields = dict(line.split(":", 1) for line in out.getvalue().splitlines())
     assert fields["staged entries"].strip() == "2"
@@ -131,28 +146,35 @@ def test_stats_command(suite, client):
 
 # ---- writes never depend on the sensor ----------------------------------------------------------
 
+
 def test_writes_do_not_slow_down_or_fail_without_the_sensor(tmp_path):
     """200 PutObject calls on each of three suites, interleaved so drift hits all alike:
     no reporter at all, a reporter dialing an address nobody listens on, and a reporter
     whose sensor was stopped."""
     calls = 200
-    with running_suite(tmp_path / "none") as plain, \
-            running_suite(tmp_path / "wrong", compactor_enabled=True,
-                          compactor_sensor_address=f"127.0.0.1:{closed_port()}",
-                          staging_report_interval_seconds=0.05) as wrong, \
-            running_suite(tmp_path / "stopped", compactor_sensor=True, **FAST) as stopped:
+    with (
+        running_suite(tmp_path / "none") as plain,
+        running_suite(
+            tmp_path / "wrong",
+            compactor_enabled=True,
+            compactor_sensor_address=f"127.0.0.1:{closed_port()}",
+            staging_report_interval_seconds=0.05,
+        ) as wrong,
+        running_suite(tmp_path / "stopped", compactor_sensor=True, **FAST) as stopped,
+    ):
         stopped.stop("compactor-sensor")
         dropped_before = dropped_reports()
         suites = {"none": plain, "wrong address": wrong, "sensor stopped": stopped}
-        clients = {name: s.client(retry=RetryPolicy(budget=0.0), timeout=10)
-                   for name, s in suites.items()}
+        clients = {
+            name: s.client(retry=RetryPolicy(budget=0.0), timeout=10) for name, s in suites.items()
+        }
         try:
             for name, client in clients.items():
                 client.create_repository("lat", suites[name].namespace("lat"))
                 for warmup in files(20, "warmup"):
                     client.put_object("lat", "main", **warmup)
             latencies = {name: [] for name in clients}
-            for i, f in enumerate(files(calls)):
+            for f in files(calls):
                 for name, client in clients.items():
                     started = time.perf_counter()
                     client.put_object("lat", "main", **f)  # any failure fails the test
@@ -161,9 +183,15 @@ def test_writes_do_not_slow_down_or_fail_without_the_sensor(tmp_path):
         finally:
             for client in clients.values():
                 client.close()
-        for name, client_suite in suites.items():
-            assert len(client_suite.client().list_objects("lat", "main", prefix="f/",
-                                                          page_size=1000).entries) == calls
+        for client_suite in suites.values():
+            assert (
+                len(
+                    client_suite.client()
+                    .list_objects("lat", "main", prefix="f/", page_size=1000)
+                    .entries
+                )
+                == calls
+            )
         assert dropped_reports() > dropped_before  # the reporters did try, and dropped
 
     base = statistics.median(latencies["none"])
@@ -174,22 +202,29 @@ def test_writes_do_not_slow_down_or_fail_without_the_sensor(tmp_path):
 
 # ---- the end-to-end trigger -------------------------------------------------------------------
 
+
 def test_sensor_triggers_a_real_compaction(suite, client):
     client.create_repository("e2e", suite.namespace("e2e"))
     client.put_objects("e2e", "main", files(10))
     client.commit("e2e", "main", "ten files")
     client.delete_objects("e2e", "main", [f["path"] for f in files(6)])
 
-    branch = wait_until(lambda: (b := client.get_branch("e2e", "main")).compacted_metarange_id
-                      and b, what="the compaction")
+    branch = wait_until(
+        lambda: (b := client.get_branch("e2e", "main")).compacted_metarange_id and b,
+        what="the compaction",
+    )
     assert branch.compaction_start_time.seconds > 0
-    assert [e.path for e in client.iter_objects("e2e", "main", prefix="f/")] == \
-        [f["path"] for f in files(10)[6:]]
-    stats = wait_until(lambda: (s := client.branch_staging_stats("e2e", "main")).deletes == 0
-                     and s, what="the counters to reset")
+    assert [e.path for e in client.iter_objects("e2e", "main", prefix="f/")] == [
+        f["path"] for f in files(10)[6:]
+    ]
+    stats = wait_until(
+        lambda: (s := client.branch_staging_stats("e2e", "main")).deletes == 0 and s,
+        what="the counters to reset",
+    )
     assert stats.last_compaction.seconds > 0
     assert client.compaction_candidates() == [] or all(
-        c.repository != "e2e" for c in client.compaction_candidates())
+        c.repository != "e2e" for c in client.compaction_candidates()
+    )
     # Uncommitted changes survive compaction and commit as usual.
     summary = client.commit("e2e", "main", "six removed").summary
     assert summary.removed == 6
@@ -200,9 +235,17 @@ def test_compact_command(suite, client):
     client.put_objects("cli-compact", "main", files(3))
     out = io.StringIO()
     with redirect_stdout(out):
-        code = quarry_main(["compact", "cli-compact", "main",
-                            "--committer", suite.targets["committer"],
-                            "--branch-manager", suite.targets["branch-manager"]])
+        code = quarry_main(
+            [
+                "compact",
+                "cli-compact",
+                "main",
+                "--committer",
+                suite.targets["committer"],
+                "--branch-manager",
+                suite.targets["branch-manager"],
+            ]
+        )
     assert code == 0, out.getvalue()
     branch = client.get_branch("cli-compact", "main")
     assert branch.compacted_metarange_id

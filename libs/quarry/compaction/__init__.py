@@ -5,11 +5,28 @@ guard) and the reporter branch-manager uses to feed it (ARCHITECTURE.md §4).
     StagingReporter    branch-manager side: batches staged-write counts, fire-and-forget
 """
 
-from quarry.compaction.sensor import (REASON_SEALED_TOKENS, REASON_STAGED_ENTRIES,
-                                      REASON_TOMBSTONES, BranchStats, Candidate,
-                                      CompactionResult, CompactionSensor, Compactor,
-                                      StagingStats, Thresholds)
+from quarry.compaction.sensor import (
+    REASON_SEALED_TOKENS,
+    REASON_STAGED_ENTRIES,
+    REASON_TOMBSTONES,
+    BranchStats,
+    Candidate,
+    CompactionResult,
+    CompactionSensor,
+    Compactor,
+    StagingStats,
+    Thresholds,
+)
 
-__all__ = ["CompactionSensor", "Thresholds", "StagingStats", "BranchStats", "Candidate",
-           "CompactionResult", "Compactor", "REASON_TOMBSTONES", "REASON_STAGED_ENTRIES",
-           "REASON_SEALED_TOKENS"]
+__all__ = [
+    "CompactionSensor",
+    "Thresholds",
+    "StagingStats",
+    "BranchStats",
+    "Candidate",
+    "CompactionResult",
+    "Compactor",
+    "REASON_TOMBSTONES",
+    "REASON_STAGED_ENTRIES",
+    "REASON_SEALED_TOKENS",
+]

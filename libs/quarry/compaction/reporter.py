@@ -29,15 +29,21 @@ log = logging.getLogger(__name__)
 REPORTS_DROPPED = Counter(
     "quarry_staging_reports_dropped",
     "Staging activity report lines (repository, branch, staging token) branch-manager could "
-    "not deliver to the compactor-sensor")
+    "not deliver to the compactor-sensor",
+)
 REPORTS_SENT = Counter(
-    "quarry_staging_reports_sent",
-    "Staging activity report lines delivered to the compactor-sensor")
+    "quarry_staging_reports_sent", "Staging activity report lines delivered to the compactor-sensor"
+)
 
 
 class StagingReporter:
-    def __init__(self, target: str | grpc.Channel, interval_seconds: float = 0.5,
-                 timeout_seconds: float = 1.0, max_pending: int = 100_000):
+    def __init__(
+        self,
+        target: str | grpc.Channel,
+        interval_seconds: float = 0.5,
+        timeout_seconds: float = 1.0,
+        max_pending: int = 100_000,
+    ):
         if isinstance(target, str):
             # Not traced on purpose: background batches belong to no user request.
             self._channel = open_channel(target, traced=False)
@@ -53,16 +59,18 @@ class StagingReporter:
         self._pending: dict[tuple[str, str, str], list[int]] = {}
         self._flush_lock = threading.Lock()  # one flush at a time (loop and stop)
         # An undelivered batch is dropped and logged by flush itself: keep the interval.
-        self._worker = PeriodicWorker("staging-reporter", self._flush_step, interval_seconds,
-                                      retry_initial=interval_seconds)
+        self._worker = PeriodicWorker(
+            "staging-reporter", self._flush_step, interval_seconds, retry_initial=interval_seconds
+        )
         self._failing = False
         self.sent = 0  # report lines delivered / dropped by this reporter (tests, logs)
         self.dropped = 0
 
     # ---- the write path -------------------------------------------------------------------
 
-    def record(self, repository: str, branch: str, staging_token: str, puts: int,
-               deletes: int) -> None:
+    def record(
+        self, repository: str, branch: str, staging_token: str, puts: int, deletes: int
+    ) -> None:
         """Add a write's counts to the next batch. Memory only; never blocks on the sensor."""
         if not puts and not deletes:
             return
@@ -93,11 +101,18 @@ class StagingReporter:
                 batch, self._pending = self._pending, {}
             if not batch:
                 return True
-            request = pb.ReportStagingActivityRequest(reports=[
-                pb.StagingActivityReport(repository=repository, branch=branch,
-                                         staging_token=token, puts=counts[0],
-                                         deletes=counts[1])
-                for (repository, branch, token), counts in batch.items()])
+            request = pb.ReportStagingActivityRequest(
+                reports=[
+                    pb.StagingActivityReport(
+                        repository=repository,
+                        branch=branch,
+                        staging_token=token,
+                        puts=counts[0],
+                        deletes=counts[1],
+                    )
+                    for (repository, branch, token), counts in batch.items()
+                ]
+            )
             try:
                 self._stub.ReportStagingActivity(request, timeout=self.timeout_seconds)
             except grpc.RpcError as error:
@@ -106,20 +121,24 @@ class StagingReporter:
                     self.dropped += len(batch)
                 if not self._failing:
                     self._failing = True
-                    log.warning("compactor-sensor at %s did not take staging reports (%s); "
-                                "dropping them until it does", self.target or "channel",
-                                error.code() if hasattr(error, "code") else error)
+                    log.warning(
+                        "compactor-sensor at %s did not take staging reports (%s); "
+                        "dropping them until it does",
+                        self.target or "channel",
+                        error.code() if hasattr(error, "code") else error,
+                    )
                 return False
             REPORTS_SENT.inc(len(batch))
             with self._lock:
                 self.sent += len(batch)
             if self._failing:
                 self._failing = False
-                log.info("compactor-sensor at %s takes staging reports again",
-                         self.target or "channel")
+                log.info(
+                    "compactor-sensor at %s takes staging reports again", self.target or "channel"
+                )
             return True
 
-    def start(self) -> "StagingReporter":
+    def start(self) -> StagingReporter:
         self._worker.start()
         return self
 

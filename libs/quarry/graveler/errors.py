@@ -1,10 +1,13 @@
 """Errors of the versioning core, each with its gRPC code and ErrorInfo reason."""
 
 from quarry import errors
-from quarry.blob.base import InvalidStorageNamespace  # noqa: F401 — one class per reason
-from quarry.blob.base import StorageUnreachable  # noqa: F401
-from quarry.blob.ownership import (NamespaceInUse, NamespaceNotEmpty,  # noqa: F401
-                                   NamespaceNotOwned)
+from quarry.blob.base import (
+    InvalidStorageNamespace,  # noqa: F401 — one class per reason
+    StorageUnreachable,  # noqa: F401
+)
+from quarry.blob.ownership import (
+    NamespaceNotEmpty,  # noqa: F401
+)
 
 
 class InvalidName(errors.InvalidArgument):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import base64
 import heapq
 import json
-from typing import Iterator, Protocol
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
 from quarry.graveler import errors as gerrors
 from quarry.graveler.model import Entry
@@ -25,10 +26,10 @@ class Source(Protocol):
 class CommittedSource:
     """Adapts a committed EntryIterator (yielding Entry) to a Source."""
 
-    def __init__(self, iterator):
+    def __init__(self, iterator: Any) -> None:
         self._iterator = iterator
 
-    def __iter__(self):
+    def __iter__(self) -> CommittedSource:
         return self
 
     def __next__(self) -> tuple[str, Entry | None]:
@@ -61,7 +62,7 @@ class LayeredIterator:
             return
         heapq.heappush(self._heap, (path, index, value))
 
-    def __iter__(self):
+    def __iter__(self) -> LayeredIterator:
         return self
 
     def __next__(self) -> tuple[str, Entry | None]:
@@ -88,7 +89,7 @@ class LayeredIterator:
                 close()
 
 
-def visible(iterator) -> Iterator[Entry]:
+def visible(iterator: Iterable[tuple[str, Entry | None]]) -> Iterator[Entry]:
     """Entries only: tombstones hide whatever lay below them."""
     for _path, value in iterator:
         if value is not None:
@@ -105,7 +106,8 @@ def string_after_prefix(prefix: str) -> str | None:
 
 # ---- page tokens ---------------------------------------------------------------------------
 
-def encode_page_token(**state) -> str:
+
+def encode_page_token(**state: Any) -> str:
     raw = json.dumps(state, separators=(",", ":"), sort_keys=True).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
@@ -131,5 +133,6 @@ def decode_page_token(token: str, *required: str) -> dict:
             raise ValueError
         return state
     except (ValueError, UnicodeDecodeError):
-        raise gerrors.InvalidPageToken("page_token is not one this server issued; pass back "
-                                       "next_page_token unchanged") from None
+        raise gerrors.InvalidPageToken(
+            "page_token is not one this server issued; pass back next_page_token unchanged"
+        ) from None

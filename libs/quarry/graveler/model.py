@@ -17,8 +17,8 @@ from __future__ import annotations
 import enum
 import hashlib
 import struct
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 
 def _frame(parts: Iterable[bytes]) -> bytes:
@@ -33,13 +33,28 @@ def _frame(parts: Iterable[bytes]) -> bytes:
 class Entry:
     """An object's metadata at a path. Immutable; identity is computed once, lazily."""
 
-    __slots__ = ("path", "physical_address", "size_bytes", "checksum", "mtime_us",
-                 "content_type", "metadata", "_identity")
+    __slots__ = (
+        "path",
+        "physical_address",
+        "size_bytes",
+        "checksum",
+        "mtime_us",
+        "content_type",
+        "metadata",
+        "_identity",
+    )
 
-    def __init__(self, path: str, physical_address: str = "", size_bytes: int = 0,
-                 checksum: str = "", mtime_us: int = 0, content_type: str = "",
-                 metadata: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
-                 identity: bytes | None = None):
+    def __init__(  # noqa: PLR0913 — a value object: its fields, positional as ever
+        self,
+        path: str,
+        physical_address: str = "",
+        size_bytes: int = 0,
+        checksum: str = "",
+        mtime_us: int = 0,
+        content_type: str = "",
+        metadata: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
+        identity: bytes | None = None,
+    ):
         self.path = path
         self.physical_address = physical_address
         self.size_bytes = int(size_bytes)
@@ -55,40 +70,77 @@ class Entry:
     @property
     def identity(self) -> bytes:
         if self._identity is None:
-            self._identity = entry_identity(self.physical_address, self.size_bytes,
-                                            self.checksum, self.content_type, self.metadata)
+            self._identity = entry_identity(
+                self.physical_address,
+                self.size_bytes,
+                self.checksum,
+                self.content_type,
+                self.metadata,
+            )
         return self._identity
 
-    def with_path(self, path: str) -> "Entry":
-        return Entry(path, self.physical_address, self.size_bytes, self.checksum,
-                     self.mtime_us, self.content_type, self.metadata, self._identity)
+    def with_path(self, path: str) -> Entry:
+        return Entry(
+            path,
+            self.physical_address,
+            self.size_bytes,
+            self.checksum,
+            self.mtime_us,
+            self.content_type,
+            self.metadata,
+            self._identity,
+        )
 
-    def same_content(self, other: "Entry | None") -> bool:
+    def same_content(self, other: Entry | None) -> bool:
         """Same identity: every field but path and mtime equal (the address included)."""
         return other is not None and self.identity == other.identity
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Entry):
             return NotImplemented
-        return (self.path, self.physical_address, self.size_bytes, self.checksum,
-                self.mtime_us, self.content_type, self.metadata) == (
-            other.path, other.physical_address, other.size_bytes, other.checksum,
-            other.mtime_us, other.content_type, other.metadata)
+        return (
+            self.path,
+            self.physical_address,
+            self.size_bytes,
+            self.checksum,
+            self.mtime_us,
+            self.content_type,
+            self.metadata,
+        ) == (
+            other.path,
+            other.physical_address,
+            other.size_bytes,
+            other.checksum,
+            other.mtime_us,
+            other.content_type,
+            other.metadata,
+        )
 
     def __hash__(self) -> int:
         return hash((self.path, self.identity))
 
     def __repr__(self) -> str:
-        return (f"Entry({self.path!r}, address={self.physical_address!r}, "
-                f"size={self.size_bytes}, checksum={self.checksum!r})")
+        return (
+            f"Entry({self.path!r}, address={self.physical_address!r}, "
+            f"size={self.size_bytes}, checksum={self.checksum!r})"
+        )
 
 
-def entry_identity(physical_address: str, size_bytes: int, checksum: str, content_type: str,
-                   metadata: Iterable[tuple[str, str]]) -> bytes:
+def entry_identity(
+    physical_address: str,
+    size_bytes: int,
+    checksum: str,
+    content_type: str,
+    metadata: Iterable[tuple[str, str]],
+) -> bytes:
     """SHA-256 over the length-prefixed fields (address, size in decimal, checksum, content
     type, then every metadata key and value in key order). Not mtime."""
-    parts = [physical_address.encode(), str(int(size_bytes)).encode(), checksum.encode(),
-             content_type.encode()]
+    parts = [
+        physical_address.encode(),
+        str(int(size_bytes)).encode(),
+        checksum.encode(),
+        content_type.encode(),
+    ]
     for key, value in sorted(metadata):
         parts.append(key.encode())
         parts.append(value.encode())

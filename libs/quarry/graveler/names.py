@@ -8,13 +8,15 @@ from quarry.graveler import errors as gerrors
 from quarry.graveler.model import Entry
 
 REPOSITORY_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
-REPOSITORY_RULE = ("3-63 characters: lower-case letters, digits and '-', starting with a "
-                   "letter or digit")
+REPOSITORY_RULE = (
+    "3-63 characters: lower-case letters, digits and '-', starting with a letter or digit"
+)
 # Branches and tags: like lakeFS, word characters and '-', starting with a word character;
 # no '/', '~', '^', '@' or ':' so they never clash with ref syntax.
 REF_NAME = re.compile(r"^\w[-\w.]{0,254}$", re.ASCII)
-REF_RULE = ("1-255 characters: letters, digits, '_', '-' and '.', starting with a letter, "
-            "digit or '_'")
+REF_RULE = (
+    "1-255 characters: letters, digits, '_', '-' and '.', starting with a letter, digit or '_'"
+)
 # Object paths become KV keys in staging partitions: at most 1,024 bytes (DynamoDB's sort
 # key limit), UTF-8, no NUL.
 MAX_PATH_BYTES = 1024
@@ -26,8 +28,9 @@ MAX_FIELD_BYTES = 2048
 
 def check_repository_name(name: str) -> str:
     if not isinstance(name, str) or not REPOSITORY_NAME.match(name):
-        raise gerrors.InvalidName(f"invalid repository name {name!r}: {REPOSITORY_RULE}",
-                                  metadata={"kind": "repository"})
+        raise gerrors.InvalidName(
+            f"invalid repository name {name!r}: {REPOSITORY_RULE}", metadata={"kind": "repository"}
+        )
     return name
 
 
@@ -40,14 +43,16 @@ def check_tag_name(name: str) -> str:
 
 
 def _check_ref_name(name: str, kind: str) -> str:
-    if not isinstance(name, str) or not REF_NAME.match(name) or name.endswith(".") \
-            or ".." in name:
-        raise gerrors.InvalidName(f"invalid {kind} name {name!r}: {REF_RULE} (no '..', not "
-                                  f"ending in '.')", metadata={"kind": kind})
+    if not isinstance(name, str) or not REF_NAME.match(name) or name.endswith(".") or ".." in name:
+        raise gerrors.InvalidName(
+            f"invalid {kind} name {name!r}: {REF_RULE} (no '..', not ending in '.')",
+            metadata={"kind": kind},
+        )
     if re.fullmatch(r"[0-9a-f]{6,64}", name):
         # Would be indistinguishable from a commit id prefix in a ref.
-        raise gerrors.InvalidName(f"invalid {kind} name {name!r}: it looks like a commit id",
-                                  metadata={"kind": kind})
+        raise gerrors.InvalidName(
+            f"invalid {kind} name {name!r}: it looks like a commit id", metadata={"kind": kind}
+        )
     return name
 
 
@@ -56,8 +61,10 @@ def check_path(path: str) -> str:
         raise gerrors.InvalidPath("object path is required", metadata={"path": ""})
     encoded = path.encode("utf-8", "surrogatepass")
     if len(encoded) > MAX_PATH_BYTES:
-        raise gerrors.InvalidPath(f"object path is {len(encoded)} bytes; the limit is "
-                                  f"{MAX_PATH_BYTES}", metadata={"path": path[:200]})
+        raise gerrors.InvalidPath(
+            f"object path is {len(encoded)} bytes; the limit is {MAX_PATH_BYTES}",
+            metadata={"path": path[:200]},
+        )
     if "\x00" in path:
         raise gerrors.InvalidPath("object path may not contain NUL", metadata={"path": path})
     return path
@@ -66,20 +73,28 @@ def check_path(path: str) -> str:
 def check_entry(entry: Entry) -> Entry:
     check_path(entry.path)
     if entry.size_bytes < 0:
-        raise gerrors.InvalidEntry(f"{entry.path}: size_bytes may not be negative",
-                                   metadata={"path": entry.path})
+        raise gerrors.InvalidEntry(
+            f"{entry.path}: size_bytes may not be negative", metadata={"path": entry.path}
+        )
     for field_name in ("physical_address", "checksum", "content_type"):
         value = getattr(entry, field_name)
         if len(value.encode()) > MAX_FIELD_BYTES:
-            raise gerrors.InvalidEntry(f"{entry.path}: {field_name} is longer than "
-                                       f"{MAX_FIELD_BYTES} bytes", metadata={"path": entry.path})
+            raise gerrors.InvalidEntry(
+                f"{entry.path}: {field_name} is longer than {MAX_FIELD_BYTES} bytes",
+                metadata={"path": entry.path},
+            )
     if len(entry.metadata) > MAX_METADATA_PAIRS:
-        raise gerrors.InvalidEntry(f"{entry.path}: {len(entry.metadata)} metadata pairs; the "
-                                   f"limit is {MAX_METADATA_PAIRS}", metadata={"path": entry.path})
+        raise gerrors.InvalidEntry(
+            f"{entry.path}: {len(entry.metadata)} metadata pairs; the "
+            f"limit is {MAX_METADATA_PAIRS}",
+            metadata={"path": entry.path},
+        )
     size = sum(len(k.encode()) + len(v.encode()) for k, v in entry.metadata)
     if size > MAX_METADATA_BYTES:
-        raise gerrors.InvalidEntry(f"{entry.path}: metadata is {size} bytes; the limit is "
-                                   f"{MAX_METADATA_BYTES}", metadata={"path": entry.path})
+        raise gerrors.InvalidEntry(
+            f"{entry.path}: metadata is {size} bytes; the limit is {MAX_METADATA_BYTES}",
+            metadata={"path": entry.path},
+        )
     return entry
 
 
@@ -88,5 +103,6 @@ def check_commit_metadata(message: str, metadata: dict[str, str]) -> None:
         raise gerrors.InvalidEntry(f"commit message is longer than {MAX_MESSAGE_BYTES} bytes")
     size = sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items())
     if size > MAX_METADATA_BYTES:
-        raise gerrors.InvalidEntry(f"commit metadata is {size} bytes; the limit is "
-                                   f"{MAX_METADATA_BYTES}")
+        raise gerrors.InvalidEntry(
+            f"commit metadata is {size} bytes; the limit is {MAX_METADATA_BYTES}"
+        )

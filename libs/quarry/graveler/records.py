@@ -18,12 +18,15 @@ import contextlib
 import contextvars
 import functools
 import logging
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
+from google.protobuf.message import Message
 from prometheus_client import Counter
 
 from quarry import errors
 from quarry.kv.partitions import REPO, STAGING, partition_class
+from quarry.storage.v1 import records_pb2 as stored
 from quarry.v1 import records_pb2, types_pb2
 
 log = logging.getLogger(__name__)
@@ -31,11 +34,13 @@ log = logging.getLogger(__name__)
 CORRUPT_RECORDS_SKIPPED = Counter(
     "quarry_corrupt_records_skipped",
     "Stored KV records a listing or background scan skipped because they cannot be decoded",
-    ["record"])
+    ["record"],
+)
 CORRUPT_RECORDS_PARKED = Counter(
     "quarry_corrupt_records_parked",
     "Corrupt work items a background loop moved aside (parked) so it could carry on",
-    ["record"])
+    ["record"],
+)
 
 # Keys stored in the KV that are not partition names (at most 2 KB) may be anything; keep
 # messages and metadata readable.
@@ -47,8 +52,16 @@ class CorruptRecord(errors.DataLoss):
 
     reason = "CORRUPT_RECORD"
 
-    def __init__(self, message: str = "", *, partition: bytes = b"", key: bytes = b"",
-                 record: str = "", metadata: dict[str, str] | None = None, **kwargs):
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        partition: bytes = b"",
+        key: bytes = b"",
+        record: str = "",
+        metadata: dict[str, str] | None = None,
+        **kwargs: Any,
+    ):
         shown = {"partition": show(partition), "key": show(key), "record": record}
         super().__init__(message, metadata={**shown, **(metadata or {})}, **kwargs)
         self.partition = partition
@@ -64,11 +77,12 @@ def show(raw: bytes) -> str:
 
 # ---- what each record must hold ---------------------------------------------------------------
 
+
 def _suffix(key: bytes, prefix: bytes) -> str | None:
     if not key.startswith(prefix):
         return None
     try:
-        return key[len(prefix):].decode()
+        return key[len(prefix) :].decode()
     except UnicodeDecodeError:
         return None
 
@@ -142,9 +156,16 @@ _CHECKS: dict[type, Callable] = {
     types_pb2.Commit: _check_commit,
     types_pb2.StagedValue: _check_staged_value,
     records_pb2.CleanupRecord: _check_cleanup,
+    # The stored messages (quarry.graveler.layout decodes through these).
+    stored.RepositoryRecord: _check_repository,
+    stored.Branch: _check_branch,
+    stored.Tag: _check_tag,
+    stored.Commit: _check_commit,
+    stored.StagedValue: _check_staged_value,
+    stored.CleanupRecord: _check_cleanup,
 }
 
-M = TypeVar("M")
+M = TypeVar("M", bound=Message)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -155,18 +176,27 @@ def decode_record(message_type: type[M], partition: bytes, key: bytes, value: by
     try:
         message = message_type.FromString(value)
     except Exception as exc:  # noqa: BLE001 — DecodeError, and whatever else a parser raises
-        raise CorruptRecord(f"corrupt {record} at {show(partition)}/{show(key)}: it cannot "
-                            f"be decoded ({type(exc).__name__})", partition=partition,
-                            key=key, record=record) from None
+        raise CorruptRecord(
+            f"corrupt {record} at {show(partition)}/{show(key)}: it cannot "
+            f"be decoded ({type(exc).__name__})",
+            partition=partition,
+            key=key,
+            record=record,
+        ) from None
     check = _CHECKS.get(message_type)
     problem = check(message, bytes(key)) if check is not None else None
     if problem:
-        raise CorruptRecord(f"corrupt {record} at {show(partition)}/{show(key)}: {problem}",
-                            partition=partition, key=key, record=record)
+        raise CorruptRecord(
+            f"corrupt {record} at {show(partition)}/{show(key)}: {problem}",
+            partition=partition,
+            key=key,
+            record=record,
+        )
     return message
 
 
 # ---- listings skip ------------------------------------------------------------------------------
+
 
 class SkippedRecords:
     """The corrupt records a listing skipped (each counted once, however often re-read)."""
@@ -183,7 +213,8 @@ class SkippedRecords:
 
 
 _LISTING: contextvars.ContextVar[SkippedRecords | None] = contextvars.ContextVar(
-    "quarry_listing_skips", default=None)
+    "quarry_listing_skips", default=None
+)
 
 
 @contextlib.contextmanager
@@ -206,7 +237,7 @@ def skips_corrupt_records(method: F) -> F:
     """Run a listing method in a listing() scope (joining the caller's, if any)."""
 
     @functools.wraps(method)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         with listing():
             return method(*args, **kwargs)
 
@@ -235,12 +266,15 @@ def next_page_starts_at(start_key: bytes) -> None:
 def note_skipped(exc: CorruptRecord) -> None:
     """Metric and log line for a corrupt record a listing or background scan skipped."""
     CORRUPT_RECORDS_SKIPPED.labels(exc.record).inc()
-    log.warning("skipping corrupt record: partition=%s key=%s: %s",
-                show(exc.partition), show(exc.key), exc.message)
+    log.warning(
+        "skipping corrupt record: partition=%s key=%s: %s",
+        show(exc.partition),
+        show(exc.key),
+        exc.message,
+    )
 
 
-def decode_or_skip(message_type: type[M], partition: bytes, key: bytes,
-                   value: bytes) -> M | None:
+def decode_or_skip(message_type: type[M], partition: bytes, key: bytes, value: bytes) -> M | None:
     """decode_record, but None (skipped and counted) for a corrupt record in a listing."""
     try:
         return decode_record(message_type, partition, key, value)
@@ -249,6 +283,17 @@ def decode_or_skip(message_type: type[M], partition: bytes, key: bytes,
         return None
 
 
-__all__ = ["CorruptRecord", "decode_record", "decode_or_skip", "listing",
-           "skips_corrupt_records", "next_page_starts_at", "skip", "note_skipped",
-           "SkippedRecords", "show", "CORRUPT_RECORDS_SKIPPED", "CORRUPT_RECORDS_PARKED"]
+__all__ = [
+    "CorruptRecord",
+    "decode_record",
+    "decode_or_skip",
+    "listing",
+    "skips_corrupt_records",
+    "next_page_starts_at",
+    "skip",
+    "note_skipped",
+    "SkippedRecords",
+    "show",
+    "CORRUPT_RECORDS_SKIPPED",
+    "CORRUPT_RECORDS_PARKED",
+]

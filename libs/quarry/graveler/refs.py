@@ -1,40 +1,57 @@
-"""RefManager: repositories, branches, tags and commits in the KV store, and ref parsing.
+"""RefManager: repositories, branches, tags and commits in the KV store.
 
-KV layout (ARCHITECTURE.md §2):
-  quarry                   repos/<repo>            → RepositoryRecord
-                           requests/<id>           → RequestRecord (Create/DeleteRepository)
-  repo/<repo>/<instance>   branches/<b>            → Branch   (the CAS point of a branch)
-                           tags/<t>                → Tag
-                           commits/<id>            → Commit   (immutable, content-addressed)
-                           settings/gc_rules       → GarbageCollectionRules
-                           requests/<id>           → RequestRecord (quarry.graveler.requests)
+The keys and record codecs are in quarry.graveler.layout (the one owner of the storage
+layout, docs/architecture.md §2); ref parsing, resolution and history walks are in
+quarry.graveler.resolution (mixed in). Every change of a branch record goes through
+`RefManager.update_branch` (read, apply a function to a copy, compare-and-swap, retry).
 """
 
 from __future__ import annotations
 
-import hashlib
-import heapq
-import json
-import re
+import contextlib
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from google.protobuf import timestamp_pb2
+from google.protobuf.message import Message
 
 from quarry.graveler import errors as gerrors
-from quarry.graveler import records
+from quarry.graveler import layout, records
+from quarry.graveler.layout import (
+    BRANCHES_PREFIX,
+    COMMITS_PREFIX,
+    CREATING_PREFIX,
+    DELETED_INSTANCES_PREFIX,
+    GC_RULES_KEY,
+    QUARRY_PARTITION,
+    REPOS_PREFIX,
+    TAGS_PREFIX,
+    prefix_end,
+    repo_partition,
+)
+from quarry.graveler.resolution import (
+    COMMIT_ID_HEX,
+    MIN_COMMIT_PREFIX,
+    LogWalk,
+    ParsedRef,
+    RefResolution,
+    ResolvedRef,
+    parse_ref,
+)
+from quarry.graveler.retry import DEFAULT_RETRY, RetryPolicy, cas_retry
 from quarry.kv import store as kv
-from quarry.kv.partitions import QUARRY_PARTITION, repo_partition
-from quarry.v1 import records_pb2, types_pb2
+from quarry.v1 import types_pb2
 
-REPOS_PREFIX = b"repos/"
-# Instance ids of deleted repositories (value: the name): their namespaces may be reused.
-DELETED_INSTANCES_PREFIX = b"deleted-instances/"
-# Repositories being created (key: instance id; value: JSON name, namespace, time), so that
-# two creations of overlapping namespaces see each other before either is visible.
-CREATING_PREFIX = b"creating/"
+M = TypeVar("M", bound=Message)
+
+# A function applied to a copy of a branch record by RefManager.update_branch: it returns
+# the record to store (usually the copy it was given, changed) or None for "no change"; it
+# may raise to abort the update.
+BranchFn = Callable[[types_pb2.Branch], "types_pb2.Branch | None"]
 
 
 @dataclass(frozen=True)
@@ -43,12 +60,16 @@ class Creation:
     repository: str
     storage_namespace: str
     started: float  # unix seconds
-BRANCHES_PREFIX = b"branches/"
-TAGS_PREFIX = b"tags/"
-GC_RULES_KEY = b"settings/gc_rules"
-COMMITS_PREFIX = b"commits/"
-COMMIT_ID_HEX = 64
-MIN_COMMIT_PREFIX = 6
+
+
+@dataclass(frozen=True)
+class BranchUpdate:
+    """The outcome of RefManager.update_branch."""
+
+    before: types_pb2.Branch  # the record the function was applied to
+    branch: types_pb2.Branch  # the record stored now (`before` when unchanged)
+    predicate: bytes  # the stored bytes: the predicate of the next compare-and-swap
+    changed: bool
 
 
 @dataclass(frozen=True)
@@ -64,102 +85,34 @@ class Repository:
         return repo_partition(self.name, self.instance_id)
 
     def to_proto(self) -> types_pb2.Repository:
-        return types_pb2.Repository(name=self.name, storage_namespace=self.storage_namespace,
-                                    default_branch=self.default_branch,
-                                    creation_time=timestamp_pb2.Timestamp(
-                                        seconds=self.creation_time),
-                                    instance_id=self.instance_id)
+        return types_pb2.Repository(
+            name=self.name,
+            storage_namespace=self.storage_namespace,
+            default_branch=self.default_branch,
+            creation_time=timestamp_pb2.Timestamp(seconds=self.creation_time),
+            instance_id=self.instance_id,
+        )
 
     def to_record(self) -> bytes:
-        return records_pb2.RepositoryRecord(repository=self.to_proto(),
-                                            instance_id=self.instance_id).SerializeToString()
+        return layout.encode_repository(self.to_proto(), self.instance_id)
 
     @staticmethod
-    def from_record(data: bytes, key: bytes) -> "Repository":
+    def from_record(data: bytes, key: bytes) -> Repository:
         """The repository stored at `quarry`/`key` (CorruptRecord if unreadable)."""
-        record = records.decode_record(records_pb2.RepositoryRecord, QUARRY_PARTITION, key,
-                                       data)
+        record = layout.decode_repository(key, data)
         r = record.repository
-        return Repository(r.name, r.storage_namespace, r.default_branch, record.instance_id,
-                          r.creation_time.seconds)
+        return Repository(
+            r.name,
+            r.storage_namespace,
+            r.default_branch,
+            record.instance_id,
+            r.creation_time.seconds,
+        )
 
 
 def is_dirty(branch: types_pb2.Branch) -> bool:
     """Records written before the field existed read as dirty (the safe default)."""
     return branch.dirty if branch.HasField("dirty") else True
-
-
-def commit_id_for(parents: list[str], metarange_id: str, message: str, committer: str,
-                  creation_seconds: int, metadata: dict[str, str]) -> str:
-    """Content address of a commit: identical content gives the identical id."""
-    h = hashlib.sha256()
-
-    def part(value: str) -> None:
-        data = value.encode()
-        h.update(len(data).to_bytes(4, "big"))
-        h.update(data)
-
-    part(str(len(parents)))
-    for parent in parents:
-        part(parent)
-    part(metarange_id)
-    part(message)
-    part(committer)
-    part(str(creation_seconds))
-    for key in sorted(metadata):
-        part(key)
-        part(metadata[key])
-    return h.hexdigest()
-
-
-# ---- refs -------------------------------------------------------------------------------
-
-_MODIFIER = re.compile(r"([~^])(\d*)")
-
-
-@dataclass(frozen=True)
-class ParsedRef:
-    base: str
-    # ("~", n) = n-th first-parent ancestor; ("^", n) = n-th parent (1-based).
-    modifiers: tuple[tuple[str, int], ...]
-    committed_only: bool  # `branch@`
-
-
-def parse_ref(ref: str) -> ParsedRef:
-    if not ref:
-        raise gerrors.InvalidRef("ref is required")
-    cut = len(ref)
-    for i, ch in enumerate(ref):
-        if ch in "~^":
-            cut = i
-            break
-    base, rest = ref[:cut], ref[cut:]
-    committed_only = base.endswith("@")
-    if committed_only:
-        base = base[:-1]
-    if not base:
-        raise gerrors.InvalidRef(f"invalid ref {ref!r}: nothing before the modifiers")
-    modifiers = []
-    position = 0
-    while position < len(rest):
-        match = _MODIFIER.match(rest, position)
-        if not match:
-            raise gerrors.InvalidRef(f"invalid ref {ref!r}: after the name only ~N and ^N "
-                                     f"are allowed")
-        count = int(match.group(2)) if match.group(2) else 1
-        modifiers.append((match.group(1), count))
-        position = match.end()
-    return ParsedRef(base, tuple(modifiers), committed_only)
-
-
-@dataclass(frozen=True)
-class ResolvedRef:
-    commit_id: str
-    # Set when the ref names a branch with no modifiers and without '@': reads include
-    # the branch's uncommitted changes.
-    branch: str | None = None
-    branch_record: types_pb2.Branch | None = None
-    branch_predicate: bytes | None = None
 
 
 class _LRU:
@@ -168,14 +121,14 @@ class _LRU:
         self._data: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key):
+    def get(self, key: Hashable) -> Any:
         with self._lock:
             value = self._data.get(key)
             if value is not None:
                 self._data.move_to_end(key)
             return value
 
-    def put(self, key, value) -> None:
+    def put(self, key: Hashable, value: Any) -> None:
         with self._lock:
             self._data[key] = value
             self._data.move_to_end(key)
@@ -183,7 +136,7 @@ class _LRU:
                 self._data.popitem(last=False)
 
 
-class RefManager:
+class RefManager(RefResolution):
     # Repository records change only by deletion; a short cache saves one KV read per call.
     # Writers re-validate the record together with the branch (see Graveler._write), so a
     # stale entry can at worst serve a read of a repository deleted within this window. It
@@ -205,25 +158,28 @@ class RefManager:
             if cached is not None and now - cached[0] < self.REPOSITORY_TTL_SECONDS:
                 return cached[1]
         try:
-            data = self.kv.get(QUARRY_PARTITION, REPOS_PREFIX + name.encode()).value
+            data = self.kv.get(QUARRY_PARTITION, layout.repository_key(name)).value
         except kv.KeyNotFound:
             self._repos.pop(name, None)
-            raise gerrors.RepositoryNotFound(f"repository {name!r} not found",
-                                             metadata={"repository": name}) from None
-        repo = Repository.from_record(data, REPOS_PREFIX + name.encode())
+            raise gerrors.RepositoryNotFound(
+                f"repository {name!r} not found", metadata={"repository": name}
+            ) from None
+        repo = Repository.from_record(data, layout.repository_key(name))
         self._repos[name] = (now, repo)
         return repo
 
     def repository_key(self, name: str) -> tuple[bytes, bytes]:
-        return QUARRY_PARTITION, REPOS_PREFIX + name.encode()
+        return QUARRY_PARTITION, layout.repository_key(name)
 
     def insert_repository(self, repo: Repository) -> None:
         try:
-            self.kv.set_if(QUARRY_PARTITION, REPOS_PREFIX + repo.name.encode(),
-                           repo.to_record(), kv.ABSENT)
+            self.kv.set_if(
+                QUARRY_PARTITION, layout.repository_key(repo.name), repo.to_record(), kv.ABSENT
+            )
         except kv.PredicateFailed:
-            raise gerrors.RepositoryExists(f"repository {repo.name!r} already exists",
-                                           metadata={"repository": repo.name}) from None
+            raise gerrors.RepositoryExists(
+                f"repository {repo.name!r} already exists", metadata={"repository": repo.name}
+            ) from None
         self.remember_repository(repo)
 
     def remember_repository(self, repo: Repository) -> None:
@@ -233,54 +189,63 @@ class RefManager:
     def record_deleted_instance(self, repo: Repository) -> None:
         """Remember that this repository instance is gone for good (deleted, or its
         creation failed): only then may a new repository take over its namespace."""
-        self.kv.set(QUARRY_PARTITION, DELETED_INSTANCES_PREFIX + repo.instance_id.encode(),
-                    repo.name.encode())
+        self.kv.set(
+            QUARRY_PARTITION,
+            layout.deleted_instance_key(repo.instance_id),
+            layout.encode_deleted_instance(repo.name),
+        )
 
     def is_deleted_instance(self, instance_id: str) -> bool:
         try:
-            self.kv.get(QUARRY_PARTITION, DELETED_INSTANCES_PREFIX + instance_id.encode())
+            self.kv.get(QUARRY_PARTITION, layout.deleted_instance_key(instance_id))
             return True
         except kv.KeyNotFound:
             return False
 
     def add_creation(self, repo: Repository, started: float) -> None:
-        self.kv.set(QUARRY_PARTITION, CREATING_PREFIX + repo.instance_id.encode(),
-                    json.dumps({"repository": repo.name, "started": started,
-                                "storage_namespace": repo.storage_namespace}).encode())
+        self.kv.set(
+            QUARRY_PARTITION,
+            layout.creation_key(repo.instance_id),
+            layout.encode_creation(repo.name, repo.storage_namespace, started),
+        )
 
     def remove_creation(self, repo: Repository) -> None:
-        self.kv.delete(QUARRY_PARTITION, CREATING_PREFIX + repo.instance_id.encode())
+        self.kv.delete(QUARRY_PARTITION, layout.creation_key(repo.instance_id))
 
     def list_creations(self) -> list[Creation]:
         """Repository creations in progress (or interrupted: see Graveler.CREATION_TTL)."""
         found = []
-        iterator = self.kv.scan(QUARRY_PARTITION, CREATING_PREFIX,
-                                _prefix_end(CREATING_PREFIX))
+        iterator = self.kv.scan(QUARRY_PARTITION, CREATING_PREFIX, prefix_end(CREATING_PREFIX))
         try:
             for item in iterator:
-                try:
-                    doc = json.loads(item.value)
-                    found.append(Creation(item.key[len(CREATING_PREFIX):].decode(),
-                                          str(doc["repository"]),
-                                          str(doc["storage_namespace"]),
-                                          float(doc["started"])))
-                except (ValueError, KeyError, TypeError):
+                decoded = layout.decode_creation(item.value)
+                if decoded is None:
                     continue  # not one of ours: it cannot name a namespace
+                repository, storage_namespace, started = decoded
+                found.append(
+                    Creation(
+                        layout.name_of(item.key, CREATING_PREFIX),
+                        repository,
+                        storage_namespace,
+                        started,
+                    )
+                )
         finally:
             iterator.close()
         return found
 
     def delete_repository_record(self, name: str) -> None:
-        self.kv.delete(QUARRY_PARTITION, REPOS_PREFIX + name.encode())
+        self.kv.delete(QUARRY_PARTITION, layout.repository_key(name))
         self._repos.pop(name, None)
 
     def list_repositories(self, after: str = "", limit: int = 100) -> list[Repository]:
         """Up to `limit` repositories named after `after`. Corrupt records are skipped in a
         listing scope (records.listing) and raise CorruptRecord outside one."""
-        start = REPOS_PREFIX + (after.encode() + b"\x00" if after else b"")
+        start = layout.scan_start(REPOS_PREFIX, after)
         out = []
-        iterator = self.kv.scan(QUARRY_PARTITION, start, _prefix_end(REPOS_PREFIX),
-                                batch_size=limit + 1)
+        iterator = self.kv.scan(
+            QUARRY_PARTITION, start, prefix_end(REPOS_PREFIX), batch_size=limit + 1
+        )
         try:
             for item in iterator:
                 try:
@@ -298,56 +263,112 @@ class RefManager:
 
     def get_branch(self, repo: Repository, name: str) -> tuple[types_pb2.Branch, bytes]:
         try:
-            result = self.kv.get(repo.partition, BRANCHES_PREFIX + name.encode())
+            result = self.kv.get(repo.partition, layout.branch_key(name))
         except kv.KeyNotFound:
-            raise gerrors.BranchNotFound(f"branch {name!r} not found in repository "
-                                         f"{repo.name!r}",
-                                         metadata={"repository": repo.name,
-                                                   "branch": name}) from None
-        return (records.decode_record(types_pb2.Branch, repo.partition,
-                                      BRANCHES_PREFIX + name.encode(), result.value),
-                result.predicate)
+            raise gerrors.BranchNotFound(
+                f"branch {name!r} not found in repository {repo.name!r}",
+                metadata={"repository": repo.name, "branch": name},
+            ) from None
+        return layout.decode_branch(repo.partition, name, result.value), result.predicate
 
     def branch_key(self, repo: Repository, name: str) -> tuple[bytes, bytes]:
-        return repo.partition, BRANCHES_PREFIX + name.encode()
+        return repo.partition, layout.branch_key(name)
 
-    def set_branch_if(self, repo: Repository, branch: types_pb2.Branch,
-                      predicate: kv.Predicate) -> bytes:
-        """Compare-and-swap the branch record; returns the new predicate."""
-        data = branch.SerializeToString(deterministic=True)
-        self.kv.set_if(repo.partition, BRANCHES_PREFIX + branch.name.encode(), data, predicate)
+    def set_branch_if(
+        self, repo: Repository, branch: types_pb2.Branch, predicate: kv.Predicate
+    ) -> bytes:
+        """The raw conditional write of a branch record; returns the new predicate. Only
+        insert_branch and update_branch call it (tests may wrap it to stage races)."""
+        data = layout.encode_branch(branch)
+        self.kv.set_if(repo.partition, layout.branch_key(branch.name), data, predicate)
         return data
 
-    def delete_branch_record(self, repo: Repository, name: str) -> None:
-        self.kv.delete(repo.partition, BRANCHES_PREFIX + name.encode())
+    def insert_branch(self, repo: Repository, branch: types_pb2.Branch) -> bytes:
+        """Create a branch record (set if absent); BranchExists if the name is taken."""
+        try:
+            return self.set_branch_if(repo, branch, kv.ABSENT)
+        except kv.PredicateFailed:
+            raise gerrors.BranchExists(
+                f"branch {branch.name!r} already exists",
+                metadata={"repository": repo.name, "branch": branch.name},
+            ) from None
 
-    def list_branches(self, repo: Repository, after: str = "",
-                      limit: int = 100) -> list[types_pb2.Branch]:
-        return self._scan_records(types_pb2.Branch, repo.partition, BRANCHES_PREFIX, after,
-                                  limit)
+    def update_branch(
+        self,
+        repo: Repository,
+        name: str,
+        fn: BranchFn,
+        *,
+        step: str = "update_branch",
+        policy: RetryPolicy = DEFAULT_RETRY,
+        expect: tuple[types_pb2.Branch, bytes] | None = None,
+    ) -> BranchUpdate:
+        """The one way to change a branch record: read it (or start from `expect`, a
+        record and predicate read earlier), apply `fn` to a copy, and store the result if
+        the record is still what was read. A lost swap re-reads and re-applies `fn` after
+        a jittered backoff (a `cas.retry` span event {step, attempt}); after the policy's
+        budget, BranchContended. `fn` may raise to abort, or return None for "no change"
+        (nothing is written). Never writes a record `fn` did not produce from the record
+        it replaces."""
+
+        def exhausted() -> gerrors.BranchContended:
+            return gerrors.BranchContended(
+                f"branch {name!r} kept changing ({step}); retry",
+                metadata={"repository": repo.name, "branch": name},
+            )
+
+        for attempt in policy.attempts(exhausted):
+            if attempt == 0 and expect is not None:
+                current, predicate = expect
+            else:
+                current, predicate = self.get_branch(repo, name)
+            copy = types_pb2.Branch()
+            copy.CopyFrom(current)
+            updated = fn(copy)
+            if updated is None:
+                return BranchUpdate(current, current, predicate, False)
+            try:
+                stored = self.set_branch_if(repo, updated, kv.Equals(predicate))
+            except kv.PredicateFailed:
+                cas_retry(step, attempt + 1)
+                continue
+            return BranchUpdate(current, updated, stored, True)
+        raise AssertionError("unreachable: the policy raises when exhausted")
+
+    def delete_branch_record(self, repo: Repository, name: str) -> None:
+        self.kv.delete(repo.partition, layout.branch_key(name))
+
+    def list_branches(
+        self, repo: Repository, after: str = "", limit: int = 100
+    ) -> list[types_pb2.Branch]:
+        return self._scan_records(types_pb2.Branch, repo.partition, BRANCHES_PREFIX, after, limit)
 
     # ---- tags --------------------------------------------------------------------------
 
     def get_tag(self, repo: Repository, name: str) -> types_pb2.Tag:
         try:
-            data = self.kv.get(repo.partition, TAGS_PREFIX + name.encode()).value
+            data = self.kv.get(repo.partition, layout.tag_key(name)).value
         except kv.KeyNotFound:
-            raise gerrors.TagNotFound(f"tag {name!r} not found in repository {repo.name!r}",
-                                      metadata={"repository": repo.name, "tag": name}) from None
-        return records.decode_record(types_pb2.Tag, repo.partition,
-                                     TAGS_PREFIX + name.encode(), data)
+            raise gerrors.TagNotFound(
+                f"tag {name!r} not found in repository {repo.name!r}",
+                metadata={"repository": repo.name, "tag": name},
+            ) from None
+        return layout.decode(types_pb2.Tag, repo.partition, layout.tag_key(name), data)
 
     def insert_tag(self, repo: Repository, tag: types_pb2.Tag) -> None:
         try:
-            self.kv.set_if(repo.partition, TAGS_PREFIX + tag.name.encode(),
-                           tag.SerializeToString(), kv.ABSENT)
+            self.kv.set_if(
+                repo.partition, layout.tag_key(tag.name), layout.encode_tag(tag), kv.ABSENT
+            )
         except kv.PredicateFailed:
-            raise gerrors.TagExists(f"tag {tag.name!r} already exists (tags are immutable)",
-                                    metadata={"repository": repo.name, "tag": tag.name}) from None
+            raise gerrors.TagExists(
+                f"tag {tag.name!r} already exists (tags are immutable)",
+                metadata={"repository": repo.name, "tag": tag.name},
+            ) from None
 
     def delete_tag(self, repo: Repository, name: str) -> None:
         self.get_tag(repo, name)  # NOT_FOUND for a missing tag
-        self.kv.delete(repo.partition, TAGS_PREFIX + name.encode())
+        self.kv.delete(repo.partition, layout.tag_key(name))
 
     def list_tags(self, repo: Repository, after: str = "", limit: int = 100) -> list[types_pb2.Tag]:
         return self._scan_records(types_pb2.Tag, repo.partition, TAGS_PREFIX, after, limit)
@@ -360,12 +381,12 @@ class RefManager:
         except kv.KeyNotFound:
             raise gerrors.GarbageCollectionRulesNotFound(
                 f"repository {repo.name!r} has no garbage-collection rules",
-                metadata={"repository": repo.name}) from None
-        return records.decode_record(types_pb2.GarbageCollectionRules, repo.partition,
-                                     GC_RULES_KEY, data)
+                metadata={"repository": repo.name},
+            ) from None
+        return layout.decode(types_pb2.GarbageCollectionRules, repo.partition, GC_RULES_KEY, data)
 
     def set_gc_rules(self, repo: Repository, rules: types_pb2.GarbageCollectionRules) -> None:
-        self.kv.set(repo.partition, GC_RULES_KEY, rules.SerializeToString())
+        self.kv.set(repo.partition, GC_RULES_KEY, layout.encode_gc_rules(rules))
 
     def delete_gc_rules(self, repo: Repository) -> None:
         self.get_gc_rules(repo)  # NOT_FOUND when there are none
@@ -379,165 +400,53 @@ class RefManager:
         if cached is not None:
             return cached
         try:
-            data = self.kv.get(repo.partition, COMMITS_PREFIX + commit_id.encode()).value
+            data = self.kv.get(repo.partition, layout.commit_key(commit_id)).value
         except kv.KeyNotFound:
-            raise gerrors.CommitNotFound(f"commit {commit_id!r} not found",
-                                         metadata={"repository": repo.name,
-                                                   "commit": commit_id}) from None
-        commit = records.decode_record(types_pb2.Commit, repo.partition,
-                                       COMMITS_PREFIX + commit_id.encode(), data)
+            raise gerrors.CommitNotFound(
+                f"commit {commit_id!r} not found",
+                metadata={"repository": repo.name, "commit": commit_id},
+            ) from None
+        commit = layout.decode(types_pb2.Commit, repo.partition, layout.commit_key(commit_id), data)
         self._commits.put(cache_key, commit)
         return commit
 
     def insert_commit(self, repo: Repository, commit: types_pb2.Commit) -> None:
         """Commits are content-addressed: writing an existing id again is a no-op."""
-        try:
-            self.kv.set_if(repo.partition, COMMITS_PREFIX + commit.id.encode(),
-                           commit.SerializeToString(deterministic=True), kv.ABSENT)
-        except kv.PredicateFailed:
-            pass
+        with contextlib.suppress(kv.PredicateFailed):
+            self.kv.set_if(
+                repo.partition,
+                layout.commit_key(commit.id),
+                layout.encode_commit(commit),
+                kv.ABSENT,
+            )
         self._commits.put((repo.instance_id, commit.id), commit)
 
     def commit_ids_with_prefix(self, repo: Repository, prefix: str, limit: int = 2) -> list[str]:
-        start = COMMITS_PREFIX + prefix.encode()
-        iterator = self.kv.scan(repo.partition, start, _prefix_end(start), batch_size=limit)
+        start = layout.commit_key(prefix)
+        iterator = self.kv.scan(repo.partition, start, prefix_end(start), batch_size=limit)
         try:
             ids = []
             for item in iterator:
-                ids.append(item.key[len(COMMITS_PREFIX):].decode())
+                ids.append(layout.name_of(item.key, COMMITS_PREFIX))
                 if len(ids) >= limit:
                     break
             return ids
         finally:
             iterator.close()
 
-    # ---- ref resolution ------------------------------------------------------------------
-
-    def resolve(self, repo: Repository, ref: str) -> ResolvedRef:
-        """branch (with uncommitted changes), branch@, tag, full or 6+ hex prefix commit id,
-        each optionally followed by ~N / ^N. Precedence: branch, tag, commit."""
-        parsed = parse_ref(ref)
-        branch_name = None
-        record = predicate = None
-        commit_id = None
-        try:
-            record, predicate = self.get_branch(repo, parsed.base)
-            branch_name = parsed.base
-            commit_id = record.commit_id
-        except gerrors.BranchNotFound:
-            pass
-        if commit_id is None:
-            try:
-                commit_id = self.get_tag(repo, parsed.base).commit_id
-            except gerrors.TagNotFound:
-                pass
-        if commit_id is None:
-            commit_id = self._resolve_commit_id(repo, parsed.base, ref)
-        for kind, count in parsed.modifiers:
-            commit_id = self._walk(repo, commit_id, kind, count, ref)
-        if branch_name is not None and not parsed.modifiers and not parsed.committed_only:
-            return ResolvedRef(commit_id, branch_name, record, predicate)
-        if parsed.committed_only and branch_name is None:
-            raise gerrors.InvalidRef(f"invalid ref {ref!r}: '@' applies to branches only")
-        return ResolvedRef(commit_id)
-
-    def _resolve_commit_id(self, repo: Repository, base: str, ref: str) -> str:
-        if not re.fullmatch(r"[0-9a-f]+", base) or len(base) < MIN_COMMIT_PREFIX:
-            raise gerrors.RefNotFound(f"ref {ref!r} is not a branch, tag or commit id (a commit "
-                                      f"id prefix needs at least {MIN_COMMIT_PREFIX} hex "
-                                      f"characters)", metadata={"ref": ref})
-        if len(base) == COMMIT_ID_HEX:
-            self.get_commit(repo, base)
-            return base
-        ids = self.commit_ids_with_prefix(repo, base)
-        if not ids:
-            raise gerrors.RefNotFound(f"no commit starts with {base!r}", metadata={"ref": ref})
-        if len(ids) > 1:
-            raise gerrors.AmbiguousRef(f"commit prefix {base!r} is ambiguous; use more "
-                                       f"characters", metadata={"ref": ref})
-        return ids[0]
-
-    def _walk(self, repo: Repository, commit_id: str, kind: str, count: int, ref: str) -> str:
-        if kind == "~":
-            for _ in range(count):
-                parents = self.get_commit(repo, commit_id).parents
-                if not parents:
-                    raise gerrors.RefNotFound(f"ref {ref!r}: history is shorter than that",
-                                              metadata={"ref": ref})
-                commit_id = parents[0]
-            return commit_id
-        if count == 0:
-            return commit_id
-        parents = self.get_commit(repo, commit_id).parents
-        if count > len(parents):
-            raise gerrors.RefNotFound(f"ref {ref!r}: commit {commit_id[:12]} has "
-                                      f"{len(parents)} parent(s)", metadata={"ref": ref})
-        return parents[count - 1]
-
-    # ---- history ---------------------------------------------------------------------------
-
-    def log(self, repo: Repository, frontier: list[str], first_parent: bool = False
-            ) -> "LogWalk":
-        """Commits reachable from `frontier`, newest first (see LogWalk)."""
-        return LogWalk(self, repo, frontier, first_parent)
-
-    def merge_base(self, repo: Repository, left_id: str, right_id: str) -> str | None:
-        """The best common ancestor of two commits, or None if they share no history.
-
-        Walks both histories together, newest generation first, painting each commit with
-        the side(s) it is reachable from. The first commits painted by both sides are
-        common ancestors; their own ancestors are marked stale so only the best ones (not
-        ancestors of another) are kept. On criss-cross histories several remain: the one
-        with the highest generation wins, then the smallest id — deterministic, and the
-        choice is recorded by callers in the merge commit's metadata.
-        Cost grows with the commits since the fork point, not with the whole history.
-        """
-        if left_id == right_id:
-            return left_id
-        LEFT, RIGHT, STALE = 1, 2, 4
-        flags: dict[str, int] = {}
-        heap: list[tuple[int, str]] = []
-
-        def paint(commit_id: str, flag: int) -> None:
-            before = flags.get(commit_id, 0)
-            if before | flag == before:
-                return
-            if before == 0:
-                heapq.heappush(heap, (-self.get_commit(repo, commit_id).generation, commit_id))
-            flags[commit_id] = before | flag
-
-        paint(left_id, LEFT)
-        paint(right_id, RIGHT)
-        candidates: list[str] = []
-        while heap:
-            if all(flags[c] & STALE for _, c in heap):
-                break
-            _, commit_id = heapq.heappop(heap)
-            flag = flags[commit_id]
-            if flag & (LEFT | RIGHT) == LEFT | RIGHT and not flag & STALE:
-                candidates.append(commit_id)
-                flag |= STALE
-            for parent in self.get_commit(repo, commit_id).parents:
-                paint(parent, flag)
-        if not candidates:
-            return None
-        return min(candidates, key=lambda c: (-self.get_commit(repo, c).generation, c))
-
-    def is_ancestor(self, repo: Repository, ancestor_id: str, descendant_id: str) -> bool:
-        return self.merge_base(repo, ancestor_id, descendant_id) == ancestor_id
-
     # ---- helpers ---------------------------------------------------------------------------
 
-    def _scan_records(self, message_type, partition: bytes, prefix: bytes, after: str,
-                      limit: int) -> list:
+    def _scan_records(
+        self, message_type: type[M], partition: bytes, prefix: bytes, after: str, limit: int
+    ) -> list[M]:
         """Up to `limit` records under `prefix` named after `after`, decoded; a corrupt one
         is skipped in a listing scope and raises CorruptRecord outside one."""
-        start = prefix + (after.encode() + b"\x00" if after else b"")
-        iterator = self.kv.scan(partition, start, _prefix_end(prefix), batch_size=limit + 1)
+        start = layout.scan_start(prefix, after)
+        iterator = self.kv.scan(partition, start, prefix_end(prefix), batch_size=limit + 1)
         try:
             out = []
             for item in iterator:
-                record = records.decode_or_skip(message_type, partition, item.key, item.value)
+                record = layout.decode_or_skip(message_type, partition, item.key, item.value)
                 if record is None:
                     continue
                 out.append(record)
@@ -548,56 +457,24 @@ class RefManager:
             iterator.close()
 
 
-class LogWalk:
-    """Iterates commits reachable from a frontier, newest first by (generation, time, id).
+_prefix_end = prefix_end
 
-    A commit's children all have higher generations, so when a commit is popped every path
-    to it has been walked: no `seen` set is needed beyond the queue itself. `frontier()` is
-    the resumable state for paging (computed only when a page ends).
-    """
-
-    def __init__(self, refs: "RefManager", repo: Repository, frontier: list[str],
-                 first_parent: bool):
-        self._refs = refs
-        self._repo = repo
-        self._first_parent = first_parent
-        self._heap: list[tuple[int, int, str]] = []
-        self._queued: set[str] = set()
-        for commit_id in frontier:
-            self._push(commit_id)
-
-    def _push(self, commit_id: str) -> None:
-        if commit_id in self._queued:
-            return
-        commit = self._refs.get_commit(self._repo, commit_id)
-        self._queued.add(commit_id)
-        heapq.heappush(self._heap, (-commit.generation, -commit.creation_time.seconds,
-                                    commit_id))
-
-    def __iter__(self) -> "LogWalk":
-        return self
-
-    def __next__(self) -> types_pb2.Commit:
-        if not self._heap:
-            raise StopIteration
-        _, _, commit_id = heapq.heappop(self._heap)
-        self._queued.discard(commit_id)
-        commit = self._refs.get_commit(self._repo, commit_id)
-        for parent in (commit.parents[:1] if self._first_parent else commit.parents):
-            self._push(parent)
-        return commit
-
-    def frontier(self) -> list[str]:
-        """The commits still to walk, in walk order."""
-        return [entry[2] for entry in sorted(self._heap)]
-
-
-def _prefix_end(prefix: bytes) -> bytes | None:
-    """The smallest key greater than every key starting with `prefix` (None: no bound)."""
-    stripped = prefix.rstrip(b"\xff")
-    if not stripped:
-        return None
-    return stripped[:-1] + bytes([stripped[-1] + 1])
-
-
-prefix_end = _prefix_end
+__all__ = [
+    "BRANCHES_PREFIX",
+    "COMMITS_PREFIX",
+    "COMMIT_ID_HEX",
+    "DELETED_INSTANCES_PREFIX",
+    "GC_RULES_KEY",
+    "MIN_COMMIT_PREFIX",
+    "REPOS_PREFIX",
+    "TAGS_PREFIX",
+    "BranchUpdate",
+    "LogWalk",
+    "ParsedRef",
+    "RefManager",
+    "Repository",
+    "ResolvedRef",
+    "is_dirty",
+    "parse_ref",
+    "prefix_end",
+]

@@ -48,8 +48,9 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable, TypeVar
+from typing import TypeVar
 
 import grpc
 from google.protobuf import message as pb_message
@@ -57,22 +58,25 @@ from opentelemetry import trace
 from prometheus_client import Counter
 
 from quarry import errors
-from quarry.graveler import names
+from quarry.graveler import layout, names
+from quarry.graveler.layout import QUARRY_PARTITION, REQUESTS_PREFIX
 from quarry.kv import store as kv
-from quarry.kv.partitions import QUARRY_PARTITION
-from quarry.v1 import records_pb2
+from quarry.runtime.periodic import PeriodicWorker
+from quarry.storage.v1 import records_pb2
 
 log = logging.getLogger(__name__)
 
-KEY_PREFIX = b"requests/"
+KEY_PREFIX = REQUESTS_PREFIX  # the storage layout's (quarry.graveler.layout)
 DEFAULT_RETENTION_SECONDS = 24 * 3600.0
 DEFAULT_LEASE_SECONDS = 30.0
 PURGE_INTERVAL_SECONDS = 3600.0
 # Claim attempts when the record keeps changing under us (takeovers racing each other).
 MAX_CLAIM_ATTEMPTS = 5
 
-_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
-                   r"[0-9a-fA-F]{12}$")
+_UUID = re.compile(
+    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
+    r"[0-9a-fA-F]{12}$"
+)
 
 PENDING = records_pb2.REQUEST_STATE_PENDING
 DONE = records_pb2.REQUEST_STATE_DONE
@@ -83,8 +87,7 @@ T = TypeVar("T")
 # run: the call ran under a claim; replayed: answered from the record; in_progress /
 # reused: refused; unrecorded: the call ran but its outcome could not be recorded (see
 # "remaining windows").
-CALLS = Counter("graveler_request_id_calls", "Calls carrying a request id, by outcome",
-                ["outcome"])
+CALLS = Counter("graveler_request_id_calls", "Calls carrying a request id, by outcome", ["outcome"])
 
 
 class InvalidRequestId(errors.InvalidArgument):
@@ -112,9 +115,10 @@ def check_request_id(request_id: str) -> str:
     """The id in canonical form (lower case); InvalidRequestId unless a 36-character UUID."""
     if not _UUID.match(request_id):
         shown = request_id[:80] + ("..." if len(request_id) > 80 else "")
-        raise InvalidRequestId(f"request_id {shown!r} is not a UUID "
-                               f"(8-4-4-4-12 hex digits, e.g. {uuid.uuid4()})",
-                               metadata={"request_id": shown})
+        raise InvalidRequestId(
+            f"request_id {shown!r} is not a UUID (8-4-4-4-12 hex digits, e.g. {uuid.uuid4()})",
+            metadata={"request_id": shown},
+        )
     return request_id.lower()
 
 
@@ -152,10 +156,14 @@ class _Recorded:
 class RequestLog:
     """The request log over a KV store (see the module docstring). Thread-safe."""
 
-    def __init__(self, store: kv.Store, repository_partition: Callable[[str], bytes],
-                 retention_seconds: float = DEFAULT_RETENTION_SECONDS,
-                 lease_seconds: float = DEFAULT_LEASE_SECONDS,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        store: kv.Store,
+        repository_partition: Callable[[str], bytes],
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ):
         """`repository_partition(name)`: the partition of an existing repository
         (NOT_FOUND otherwise), e.g. `lambda n: refs.get_repository(n).partition`."""
         if retention_seconds < 0 or lease_seconds <= 0:
@@ -167,8 +175,10 @@ class RequestLog:
         self._clock = clock
         self._claims: set[_Claim] = set()  # guarded by _claims_lock; renewed in background
         self._claims_lock = threading.Lock()
-        self._renewer: threading.Thread | None = None
-        self._stop = threading.Event()
+        # Renews live claims and purges expired records (a PeriodicWorker, started with
+        # the first claim).
+        self._renewer = PeriodicWorker("request-claim-renewer", self._renew_step, lease_seconds / 6)
+        self._closed = threading.Event()
         # Partitions this process wrote records to since its last purge pass: the background
         # thread purges them every PURGE_INTERVAL_SECONDS (each process cleans up after the
         # calls it served; a partition nobody writes to any more holds only what its last
@@ -188,12 +198,18 @@ class RequestLog:
 
     # ---- the one entry point -----------------------------------------------------------
 
-    def run(self, partition: bytes, request_id: str, request_fingerprint: bytes,
-            call: Callable[[], T], encode: Callable[[T], bytes],
-            decode: Callable[[bytes], T]) -> T:
+    def run(
+        self,
+        partition: bytes,
+        request_id: str,
+        request_fingerprint: bytes,
+        call: Callable[[], T],
+        encode: Callable[[T], bytes],
+        decode: Callable[[bytes], T],
+    ) -> T:
         """`call()` at most once for `request_id` (see the module docstring): its result, or
         the decoded result of the first successful call with this id and fingerprint."""
-        key = KEY_PREFIX + check_request_id(request_id).encode()
+        key = layout.request_key(check_request_id(request_id))
         claim = self._claim(partition, key, request_fingerprint)
         if isinstance(claim, _Recorded):
             CALLS.labels("replayed").inc()
@@ -211,15 +227,17 @@ class RequestLog:
         self._finish(claim, DONE, encode(result))
         return result
 
-    def _claim(self, partition: bytes, key: bytes, request_fingerprint: bytes
-               ) -> _Claim | _Recorded:
-        record = records_pb2.RequestRecord(state=PENDING, fingerprint=request_fingerprint,
-                                           owner=uuid.uuid4().hex)
+    def _claim(
+        self, partition: bytes, key: bytes, request_fingerprint: bytes
+    ) -> _Claim | _Recorded:
+        record = records_pb2.RequestRecord(
+            state=PENDING, fingerprint=request_fingerprint, owner=uuid.uuid4().hex
+        )
         predicate: kv.Predicate = kv.ABSENT
         for _ in range(MAX_CLAIM_ATTEMPTS):
             now = self._clock()
             record.updated_at_ms = int(now * 1000)
-            value = record.SerializeToString(deterministic=True)
+            value = layout.encode_request(record)
             try:
                 self.kv.set_if(partition, key, value, predicate)
                 return _Claim(partition, key, value, record, now, threading.Lock())
@@ -232,15 +250,17 @@ class RequestLog:
                 continue
             existing = _parse(partition, key, current.value)
             age = now - existing.updated_at_ms / 1000.0
-            live = ((existing.state == DONE and age <= self.retention_seconds)
-                    or (existing.state == PENDING and age <= self.lease_seconds))
+            live = (existing.state == DONE and age <= self.retention_seconds) or (
+                existing.state == PENDING and age <= self.lease_seconds
+            )
             if live:
                 if existing.fingerprint != request_fingerprint:
                     CALLS.labels("reused").inc()
                     raise RequestIdReused(
-                        f"request_id {key[len(KEY_PREFIX):].decode()} was used for a "
-                        f"different request", metadata={"request_id": key[len(KEY_PREFIX):]
-                                                        .decode()})
+                        f"request_id {layout.name_of(key, KEY_PREFIX)} was used for a "
+                        f"different request",
+                        metadata={"request_id": layout.name_of(key, KEY_PREFIX)},
+                    )
                 if existing.state == DONE:
                     return _Recorded(existing.response)
                 raise self._in_progress(key, age)
@@ -250,44 +270,59 @@ class RequestLog:
 
     def _in_progress(self, key: bytes, age: float) -> RequestInProgress:
         CALLS.labels("in_progress").inc()
-        request_id = key[len(KEY_PREFIX):].decode()
+        request_id = layout.name_of(key, KEY_PREFIX)
         return RequestInProgress(
             f"a call with request_id {request_id} is in progress; retry to get its result",
             metadata={"request_id": request_id},
-            retry_delay=min(0.5, max(0.05, (self.lease_seconds - age) / 10)))
+            retry_delay=min(0.5, max(0.05, (self.lease_seconds - age) / 10)),
+        )
 
-    def _finish(self, claim: _Claim, state: int, response: bytes) -> None:
+    def _finish(
+        self, claim: _Claim, state: records_pb2.RequestState.ValueType, response: bytes
+    ) -> None:
         """Record the outcome over our own PENDING value only. Never raises: the call's
         answer (or error) matters more than its record (see "remaining windows")."""
         with claim.lock:
-            record = records_pb2.RequestRecord(state=state, fingerprint=claim.record.fingerprint,
-                                               response=response, owner=claim.record.owner,
-                                               updated_at_ms=int(self._clock() * 1000))
-            value = record.SerializeToString(deterministic=True)
+            record = records_pb2.RequestRecord(
+                state=state,
+                fingerprint=claim.record.fingerprint,
+                response=response,
+                owner=claim.record.owner,
+                updated_at_ms=int(self._clock() * 1000),
+            )
+            value = layout.encode_request(record)
             try:
                 self.kv.set_if(claim.partition, claim.key, value, kv.Equals(claim.value))
             except kv.PredicateFailed:
                 CALLS.labels("unrecorded").inc()
-                log.warning("request %s: the claim was taken over while the call ran; its "
-                            "outcome is not recorded", claim.key.decode())
+                log.warning(
+                    "request %s: the claim was taken over while the call ran; its "
+                    "outcome is not recorded",
+                    claim.key.decode(),
+                )
             except kv.ItemTooLarge:
                 # A response too large to keep (a dry-run merge with huge conflicts): let a
                 # repeat run again rather than block the id.
                 self._release_quietly(claim)
             except Exception:  # noqa: BLE001 — see the docstring
                 CALLS.labels("unrecorded").inc()
-                log.warning("request %s: recording the outcome failed; a repeat after the "
-                            "lease may run again", claim.key.decode(), exc_info=True)
+                log.warning(
+                    "request %s: recording the outcome failed; a repeat after the "
+                    "lease may run again",
+                    claim.key.decode(),
+                    exc_info=True,
+                )
 
     def _release_quietly(self, claim: _Claim) -> None:
-        record = records_pb2.RequestRecord(state=RELEASED, owner=claim.record.owner,
-                                           updated_at_ms=int(self._clock() * 1000))
+        record = records_pb2.RequestRecord(
+            state=RELEASED, owner=claim.record.owner, updated_at_ms=int(self._clock() * 1000)
+        )
         try:
-            self.kv.set_if(claim.partition, claim.key,
-                           record.SerializeToString(deterministic=True), kv.Equals(claim.value))
+            self.kv.set_if(
+                claim.partition, claim.key, layout.encode_request(record), kv.Equals(claim.value)
+            )
         except Exception:  # noqa: BLE001 — the lease expires anyway
-            log.warning("request %s: releasing the claim failed", claim.key.decode(),
-                        exc_info=True)
+            log.warning("request %s: releasing the claim failed", claim.key.decode(), exc_info=True)
 
     # ---- keeping live claims alive -----------------------------------------------------
 
@@ -295,25 +330,24 @@ class RequestLog:
         with self._claims_lock:
             self._claims.add(claim)
             self._used.add(claim.partition)
-            if self._renewer is None and not self._stop.is_set():
-                self._renewer = threading.Thread(target=self._renew_loop, daemon=True,
-                                                 name="request-claim-renewer")
+            if not self._renewer.running and not self._closed.is_set():
                 self._renewer.start()
 
     def _untrack(self, claim: _Claim) -> None:
         with self._claims_lock:
             self._claims.discard(claim)
 
-    def _renew_loop(self) -> None:
+    def _renew_step(self) -> None:
+        """One pass of the renewer: renew claims older than a third of the lease, and purge
+        expired records every PURGE_INTERVAL_SECONDS."""
         interval = self.lease_seconds / 3
-        while not self._stop.wait(interval / 2):
-            with self._claims_lock:
-                claims = list(self._claims)
-            for claim in claims:
-                if self._clock() - claim.renewed_at >= interval:
-                    self.renew(claim)
-            if self._clock() - self._last_purge >= PURGE_INTERVAL_SECONDS:
-                self.purge_used()
+        with self._claims_lock:
+            claims = list(self._claims)
+        for claim in claims:
+            if self._clock() - claim.renewed_at >= interval:
+                self.renew(claim)
+        if self._clock() - self._last_purge >= PURGE_INTERVAL_SECONDS:
+            self.purge_used()
 
     def purge_used(self) -> int:
         """purge_expired over the partitions this process wrote records to; a partition is
@@ -326,8 +360,9 @@ class RequestLog:
             try:
                 count, kept = self._purge(partition, limit=10_000)
             except Exception:  # noqa: BLE001 — the next pass tries again
-                log.warning("purging expired request records of %r failed", partition,
-                            exc_info=True)
+                log.warning(
+                    "purging expired request records of %r failed", partition, exc_info=True
+                )
                 continue
             deleted += count
             if not kept:
@@ -345,25 +380,26 @@ class RequestLog:
             record = records_pb2.RequestRecord()
             record.CopyFrom(claim.record)
             record.updated_at_ms = int(now * 1000)
-            value = record.SerializeToString(deterministic=True)
+            value = layout.encode_request(record)
             try:
                 self.kv.set_if(claim.partition, claim.key, value, kv.Equals(claim.value))
             except kv.PredicateFailed:
                 claim.lost = True
-                log.warning("request %s: the claim was taken over while the call runs",
-                            claim.key.decode())
+                log.warning(
+                    "request %s: the claim was taken over while the call runs", claim.key.decode()
+                )
                 return
             except Exception:  # noqa: BLE001 — retried on the next round
-                log.warning("request %s: renewing the claim failed", claim.key.decode(),
-                            exc_info=True)
+                log.warning(
+                    "request %s: renewing the claim failed", claim.key.decode(), exc_info=True
+                )
                 return
             claim.value, claim.record, claim.renewed_at = value, record, now
 
     def close(self) -> None:
-        self._stop.set()
-        renewer = self._renewer
-        if renewer is not None:
-            renewer.join(timeout=5)
+        with self._claims_lock:
+            self._closed.set()
+        self._renewer.stop(timeout=5)
 
     # ---- cleanup -----------------------------------------------------------------------
 
@@ -379,10 +415,11 @@ class RequestLog:
     def _purge(self, partition: bytes, limit: int) -> tuple[int, bool]:
         """(records deleted, whether any record was kept or left unread)."""
         now = self._clock()
-        doomed = []
+        doomed: list[bytes] = []
         kept = False
-        iterator = self.kv.scan(partition, KEY_PREFIX, _prefix_end(KEY_PREFIX),
-                                batch_size=min(limit, 1000))
+        iterator = self.kv.scan(
+            partition, KEY_PREFIX, layout.prefix_end(KEY_PREFIX), batch_size=min(limit, 1000)
+        )
         try:
             for item in iterator:
                 if len(doomed) >= limit:
@@ -408,9 +445,8 @@ class RequestLog:
         return deleted, kept
 
     def _expired(self, value: bytes, now: float) -> bool:
-        try:
-            record = records_pb2.RequestRecord.FromString(value)
-        except pb_message.DecodeError:
+        record = layout.decode_request(value)
+        if record is None:
             return False  # left for a person to look at; never read as a result
         age = now - record.updated_at_ms / 1000.0
         if record.state == DONE:
@@ -422,18 +458,14 @@ class RequestLog:
 
 
 def _parse(partition: bytes, key: bytes, value: bytes) -> records_pb2.RequestRecord:
-    try:
-        record = records_pb2.RequestRecord.FromString(value)
-    except pb_message.DecodeError:
-        record = None
+    record = layout.decode_request(value)
     if record is None or record.state not in (PENDING, DONE, RELEASED):
         raise CorruptRequestRecord(
             f"the request record {key.decode(errors='replace')!r} in partition "
             f"{partition.decode(errors='replace')!r} cannot be read",
-            metadata={"partition": partition.decode(errors="replace"),
-                      "key": key.decode(errors="replace")})
+            metadata={
+                "partition": partition.decode(errors="replace"),
+                "key": key.decode(errors="replace"),
+            },
+        )
     return record
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    return prefix[:-1] + bytes([prefix[-1] + 1])

@@ -8,52 +8,31 @@ period, so staging partitions do not accumulate.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
-from quarry.convert import entry_from_proto, entry_to_proto
-from quarry.graveler import records
+from quarry.graveler import layout, records
+from quarry.graveler.layout import CLEANUP_PARTITION, PARKED_PREFIX, staging_partition
 from quarry.graveler.model import Entry
 from quarry.kv import store as kv
-from quarry.kv.partitions import CLEANUP_PARTITION, staging_partition
 from quarry.runtime.periodic import PeriodicWorker
-from quarry.v1 import records_pb2, types_pb2
 
 log = logging.getLogger(__name__)
 
 TOMBSTONE = None  # a staged deletion, as seen by domain code
 SCAN_BATCH = 1000
-# Corrupt items of the cleanup partition are moved under this key prefix (no partition name
-# starts with it, so a parked key is never taken for a partition to drop).
-PARKED_PREFIX = b"parked/"
 
 
 def new_token() -> str:
     return uuid.uuid4().hex
 
 
-def encode_value(entry: Entry | None) -> bytes:
-    if entry is None:
-        return types_pb2.StagedValue(tombstone=True).SerializeToString()
-    return types_pb2.StagedValue(entry=entry_to_proto(entry)).SerializeToString(
-        deterministic=True)
-
-
-def decode_value(token: str, path: str, data: bytes) -> Entry | None:
-    """The staged value of `path` under `token` (CorruptRecord if unreadable)."""
-    value = records.decode_record(types_pb2.StagedValue, staging_partition(token),
-                                  path.encode(), data)
-    return entry_of(path, value)
-
-
-def entry_of(path: str, value: types_pb2.StagedValue) -> Entry | None:
-    if value.WhichOneof("value") == "entry":
-        entry = entry_from_proto(value.entry)
-        return entry if entry.path == path else entry.with_path(path)
-    return TOMBSTONE
+# The codecs live in the layout module (kept here under their old names).
+encode_value = layout.encode_staged
+decode_value = layout.decode_staged
+entry_of = layout.staged_entry
 
 
 class StagedIterator:
@@ -63,14 +42,13 @@ class StagedIterator:
         self._partition = staging_partition(token)
         self._scan = store.scan(self._partition, start.encode(), end, batch_size=SCAN_BATCH)
 
-    def __iter__(self):
+    def __iter__(self) -> StagedIterator:
         return self
 
     def __next__(self) -> tuple[str, Entry | None]:
         while True:
             item = next(self._scan)
-            value = records.decode_or_skip(types_pb2.StagedValue, self._partition, item.key,
-                                           item.value)
+            value = layout.staged_or_skip(self._partition, item.key, item.value)
             if value is not None:  # None: corrupt, skipped by a listing (records.listing)
                 path = item.key.decode()
                 return path, entry_of(path, value)
@@ -89,7 +67,7 @@ class StagingManager:
     def get(self, token: str, path: str) -> tuple[bool, Entry | None, bytes | None]:
         """(found, entry-or-tombstone, predicate)."""
         try:
-            result = self.kv.get(staging_partition(token), path.encode())
+            result = self.kv.get(staging_partition(token), layout.staged_key(path))
         except kv.KeyNotFound:
             return False, None, None
         return True, decode_value(token, path, result.value), result.predicate
@@ -98,14 +76,16 @@ class StagingManager:
         partition = staging_partition(token)
         if len(items) == 1:
             path, entry = items[0]
-            self.kv.set(partition, path.encode(), encode_value(entry))
+            self.kv.set(partition, layout.staged_key(path), encode_value(entry))
             return
-        self.kv.batch_set([(partition, path.encode(), encode_value(entry))
-                           for path, entry in items])
+        self.kv.batch_set(
+            [(partition, layout.staged_key(path), encode_value(entry)) for path, entry in items]
+        )
 
-    def set_if(self, token: str, path: str, entry: Entry | None,
-               predicate: kv.Predicate) -> None:
-        self.kv.set_if(staging_partition(token), path.encode(), encode_value(entry), predicate)
+    def set_if(self, token: str, path: str, entry: Entry | None, predicate: kv.Predicate) -> None:
+        self.kv.set_if(
+            staging_partition(token), layout.staged_key(path), encode_value(entry), predicate
+        )
 
     def scan(self, token: str, start: str = "", end: bytes | None = None) -> StagedIterator:
         return StagedIterator(self.kv, token, start, end)
@@ -117,11 +97,12 @@ class StagingManager:
         if not partitions:
             return
         now = int(time.time())
-        self.kv.batch_set([
-            (CLEANUP_PARTITION, partition,
-             records_pb2.CleanupRecord(partition_key=partition.decode(),
-                                       queued_at=now).SerializeToString())
-            for partition in partitions])
+        self.kv.batch_set(
+            [
+                (CLEANUP_PARTITION, partition, layout.encode_cleanup(partition, now))
+                for partition in partitions
+            ]
+        )
 
     def queue_drop_tokens(self, tokens: Sequence[str]) -> None:
         self.queue_drop([staging_partition(t) for t in tokens if t])
@@ -143,8 +124,7 @@ class StagingManager:
                 if item.key.startswith(PARKED_PREFIX):
                     continue  # parked earlier: kept for a human, never dropped
                 try:
-                    record = records.decode_record(records_pb2.CleanupRecord,
-                                                   CLEANUP_PARTITION, item.key, item.value)
+                    record = layout.decode_cleanup(item.key, item.value)
                 except records.CorruptRecord as exc:
                     self.park_cleanup_item(item.key, item.value, exc)
                     continue
@@ -167,7 +147,7 @@ class StagingManager:
         Never loses it: the copy is written (set-if-absent) before the original is deleted;
         an existing parked copy with other bytes is never overwritten (the new one gets a
         unique suffix). `quarry doctor` lists parked items."""
-        parked = _parked_key(key)
+        parked = layout.parked_key(key)
         try:
             self.kv.set_if(CLEANUP_PARTITION, parked, value, kv.ABSENT)
         except kv.PredicateFailed:
@@ -176,20 +156,24 @@ class StagingManager:
             except kv.KeyNotFound:
                 same = False
             if not same:
-                parked = _parked_key(key, unique=str(time.time_ns()))
+                parked = layout.parked_key(key, unique=str(time.time_ns()))
                 self.kv.set_if(CLEANUP_PARTITION, parked, value, kv.ABSENT)
         self.kv.delete(CLEANUP_PARTITION, key)
         records.CORRUPT_RECORDS_PARKED.labels(why.record).inc()
-        log.warning("parked corrupt cleanup item: partition=%s key=%s moved to key=%s: %s",
-                    records.show(CLEANUP_PARTITION), records.show(key), records.show(parked),
-                    why.message)
+        log.warning(
+            "parked corrupt cleanup item: partition=%s key=%s moved to key=%s: %s",
+            records.show(CLEANUP_PARTITION),
+            records.show(key),
+            records.show(parked),
+            why.message,
+        )
         return parked
 
     def _delete_partition(self, partition: bytes) -> None:
         while True:
             iterator = self.kv.scan(partition, batch_size=SCAN_BATCH)
             try:
-                keys = [item.key for _, item in zip(range(SCAN_BATCH), iterator)]
+                keys = [item.key for _, item in zip(range(SCAN_BATCH), iterator, strict=False)]
             finally:
                 iterator.close()
             if not keys:
@@ -197,28 +181,24 @@ class StagingManager:
             self.kv.batch_delete([(partition, key) for key in keys])
 
 
-def _parked_key(key: bytes, unique: str = "") -> bytes:
-    """`parked/<key>[@unique]`; a key too long for that is replaced by its SHA-256."""
-    suffix = b"@" + unique.encode() if unique else b""
-    parked = PARKED_PREFIX + key + suffix
-    if len(parked) > kv.MAX_KEY_BYTES:
-        parked = PARKED_PREFIX + b"sha256:" + hashlib.sha256(key).hexdigest().encode() + suffix
-    return parked
-
-
 class Dropper:
     """Background worker running StagingManager.drop_queued periodically (a PeriodicWorker:
     it backs off while the KV store is unreachable and stops between partitions when asked,
     so a dead kv-gateway never holds up a shutdown)."""
 
-    def __init__(self, staging: StagingManager, interval_seconds: float = 5.0,
-                 grace_seconds: float = 10.0):
+    def __init__(
+        self, staging: StagingManager, interval_seconds: float = 5.0, grace_seconds: float = 10.0
+    ):
         self._staging = staging
         self._grace = grace_seconds
-        self._worker = PeriodicWorker("staging-dropper", self._drop_due, interval_seconds,
-                                      retry_max=max(interval_seconds, 30.0))
+        self._worker = PeriodicWorker(
+            "staging-dropper",
+            self._drop_due,
+            interval_seconds,
+            retry_max=max(interval_seconds, 30.0),
+        )
 
-    def start(self) -> "Dropper":
+    def start(self) -> Dropper:
         self._worker.start()
         return self
 

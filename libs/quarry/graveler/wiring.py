@@ -12,13 +12,15 @@ runs once they answer (quarry.runtime.server).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from quarry.config import Settings
+from quarry.graveler.core import CommittedReader, RangeWriterClient
 from quarry.graveler.graveler import Graveler
 from quarry.graveler.requests import RequestLog
 from quarry.graveler.staging import Dropper, StagingManager
+from quarry.kv import store as kv
 from quarry.runtime.channels import open_service_channel
 from quarry.runtime.format_version import ensure_format_version
 from quarry.runtime.server import Dependency, service_dependency
@@ -39,13 +41,18 @@ class CoreDependencies:
     # Start-up work that needs the KV store, for ServiceSpec.on_ready.
     on_ready: list[Callable[[], None]] = field(default_factory=list)
 
-    def needed(self, names) -> list[Dependency]:
+    def needed(self, names: Iterable[str]) -> list[Dependency]:
         """The dependencies among `names` (a service's DEPENDS_ON) that this wiring dialed."""
         return [self.dependencies[name] for name in names if name in self.dependencies]
 
 
-def core_dependencies(settings: Settings, kv_store=None, committed=None, range_writer=None,
-                      start_dropper: bool = True) -> CoreDependencies:
+def core_dependencies(
+    settings: Settings,
+    kv_store: kv.Store | None = None,
+    committed: CommittedReader | None = None,
+    range_writer: RangeWriterClient | None = None,
+    start_dropper: bool = True,
+) -> CoreDependencies:
     closers: list[Callable[[], None]] = []
     dependencies: dict[str, Dependency] = {}
     dropper_store = kv_store
@@ -56,8 +63,9 @@ def core_dependencies(settings: Settings, kv_store=None, committed=None, range_w
         kv_store = RemoteStore(traced)
         # Same connection, shorter deadlines: background work never blocks for long.
         dropper_store = RemoteStore(traced, timeout=DROPPER_CALL_TIMEOUT_SECONDS)
-        dependencies["kv-gateway"] = service_dependency("kv-gateway",
-                                                        settings.kv_gateway_address, raw)
+        dependencies["kv-gateway"] = service_dependency(
+            "kv-gateway", settings.kv_gateway_address, raw
+        )
         closers.append(raw.close)  # also cancels calls still blocked on a dead gateway
     if committed is None:
         from quarry.committed import CommittedManager
@@ -68,28 +76,51 @@ def core_dependencies(settings: Settings, kv_store=None, committed=None, range_w
 
         raw, traced = open_service_channel(settings.range_writer_address)
         range_writer = RemoteRangeWriter(traced)
-        dependencies["range-writer"] = service_dependency("range-writer",
-                                                          settings.range_writer_address, raw)
+        dependencies["range-writer"] = service_dependency(
+            "range-writer", settings.range_writer_address, raw
+        )
         closers.append(raw.close)
-    graveler = Graveler(kv_store, committed, range_writer,
-                        dirty_read_optimization=settings.experimental_dirty_read_optimization,
-                        max_response_bytes=settings.max_response_bytes)
+    graveler = Graveler(
+        kv_store,
+        committed,
+        range_writer,
+        dirty_read_optimization=settings.experimental_dirty_read_optimization,
+        max_response_bytes=settings.max_response_bytes,
+    )
     requests = request_log(graveler, settings)
     closers.insert(0, requests.close)
-    on_ready: list[Callable[[], None]] = [lambda: ensure_format_version(kv_store)]
+    store = kv_store
+
+    def check_format() -> None:
+        ensure_format_version(store)
+
+    on_ready: list[Callable[[], None]] = [check_format]
     if start_dropper:
-        dropper = Dropper(StagingManager(dropper_store),
-                          interval_seconds=settings.staging_drop_interval_seconds,
-                          grace_seconds=settings.staging_drop_grace_seconds)
-        on_ready.append(dropper.start)
-        # Not waited for long: a pass still blocked on the gateway is cancelled when the
-        # channel closes below, and its thread then ends.
-        closers.insert(0, lambda: dropper.stop(timeout=0.2))
+        assert dropper_store is not None
+        dropper = Dropper(
+            StagingManager(dropper_store),
+            interval_seconds=settings.staging_drop_interval_seconds,
+            grace_seconds=settings.staging_drop_grace_seconds,
+        )
+
+        def start_dropping() -> None:
+            dropper.start()
+
+        def stop_dropping() -> None:
+            # Not waited for long: a pass still blocked on the gateway is cancelled when the
+            # channel closes below, and its thread then ends.
+            dropper.stop(timeout=0.2)
+
+        on_ready.append(start_dropping)
+        closers.insert(0, stop_dropping)
     return CoreDependencies(graveler, closers, requests, dependencies, on_ready)
 
 
 def request_log(graveler: Graveler, settings: Settings) -> RequestLog:
     """The RequestLog over the core's KV store and repositories."""
-    return RequestLog(graveler.kv, lambda name: graveler.refs.get_repository(name).partition,
-                      retention_seconds=settings.request_retention_seconds,
-                      lease_seconds=settings.request_lease_seconds)
+    return RequestLog(
+        graveler.kv,
+        lambda name: graveler.refs.get_repository(name).partition,
+        retention_seconds=settings.request_retention_seconds,
+        lease_seconds=settings.request_lease_seconds,
+    )

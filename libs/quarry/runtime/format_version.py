@@ -9,10 +9,12 @@ quarry.committed.format). Data of another version is refused with FormatVersionM
 from __future__ import annotations
 
 from quarry import FORMAT_VERSION, errors
+from quarry.graveler.layout import FORMAT_VERSION_KEY, INSTALLATION_ID_KEY, QUARRY_PARTITION
 from quarry.kv import store as kv
 
-PARTITION = b"quarry"
-KEY = b"format-version"
+# The keys are the storage layout's (quarry.graveler.layout).
+PARTITION = QUARRY_PARTITION
+KEY = FORMAT_VERSION_KEY
 
 
 # The rebuild path, named by every refusal of data written in another storage format.
@@ -58,7 +60,7 @@ def ensure_format_version(store: kv.Store, expected: int = FORMAT_VERSION) -> in
     raise errors.Unavailable("could not read the storage format version")
 
 
-INSTALLATION_KEY = b"installation-id"
+INSTALLATION_KEY = INSTALLATION_ID_KEY
 
 
 def ensure_installation_id(store: kv.Store) -> str:

@@ -1,1 +1,2 @@
-"""Stored records (generated from protos/quarry/storage/v1): KV values, not API messages."""
+"""Internal storage messages, generated from protos/quarry/storage/v1: KV values and object
+records, not the gRPC contract (see quarry.graveler.layout)."""

@@ -10,8 +10,10 @@ from support.suite import running_suite
 class Stubs:
     def __init__(self, suite):
         self.suite = suite
-        self._channels = [grpc.insecure_channel(suite.targets["branch-manager"]),
-                          grpc.insecure_channel(suite.targets["committer"])]
+        self._channels = [
+            grpc.insecure_channel(suite.targets["branch-manager"]),
+            grpc.insecure_channel(suite.targets["committer"]),
+        ]
         self.bm = branch_manager_pb2_grpc.BranchManagerStub(self._channels[0])
         self.cm = committer_pb2_grpc.CommitterStub(self._channels[1])
 
@@ -27,9 +29,12 @@ def counting_backend():
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory, counting_backend):
-    with running_suite(tmp_path_factory.mktemp("suite"), backend=counting_backend,
-                       staging_drop_grace_seconds=0.0,
-                       staging_drop_interval_seconds=0.05) as suite:
+    with running_suite(
+        tmp_path_factory.mktemp("suite"),
+        backend=counting_backend,
+        staging_drop_grace_seconds=0.0,
+        staging_drop_interval_seconds=0.05,
+    ) as suite:
         yield suite
 
 

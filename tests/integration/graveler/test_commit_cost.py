@@ -4,7 +4,7 @@ directory, counted): committing one change into 100,000 entries writes at most 2
 
 from quarry.blob import CountingBlobStore, LocalBlobStore
 from quarry.committed import CommittedManager
-from quarry.graveler.graveler import Graveler
+from quarry.graveler.graveler import CommitRecord, Graveler, make_commit
 from quarry.graveler.model import Entry
 from quarry.kv.memory import MemoryStore
 from support.counting import CountingStore
@@ -13,8 +13,12 @@ M = 100_000
 
 
 def entry(i: int, version: int = 0) -> Entry:
-    return Entry(f"dir{i // 1000:04d}/file{i % 1000:04d}", f"s3://lake/{i}@{version}", 100,
-                 f"sum-{i}-{version}")
+    return Entry(
+        f"dir{i // 1000:04d}/file{i % 1000:04d}",
+        f"s3://lake/{i}@{version}",
+        100,
+        f"sum-{i}-{version}",
+    )
 
 
 def test_one_change_into_100k_entries(tmp_path):
@@ -31,7 +35,7 @@ def test_one_change_into_100k_entries(tmp_path):
     repo = g.refs.get_repository("cost")
     imported = committed.write_metarange(namespace, (entry(i) for i in range(M)))
     head = g.get_commit("cost", "main")
-    commit = g._make_commit([head.id], imported.metarange_id, "import", "test", {}, 2)
+    commit = make_commit(CommitRecord([head.id], imported.metarange_id, "import", "test", {}, 2))
     g.refs.insert_commit(repo, commit)
     g.reset_branch("cost", "main", commit.id, force=True)
     total_ranges = len(committed.get_metarange(namespace, imported.metarange_id))

@@ -17,6 +17,7 @@ from quarry.runtime.errors import error_info
 from quarry.v1 import branch_manager_pb2 as bm
 from quarry.v1 import committer_pb2 as cm
 from quarry.v1 import records_pb2, types_pb2
+from support.wait import wait_until
 
 GARBAGE = b"\xff\xfe not a protobuf \x00\x01"
 
@@ -30,19 +31,28 @@ def kv(suite):
 
 def new_repo(stubs, suite) -> str:
     name = f"r-{uuid.uuid4().hex[:10]}"
-    stubs.bm.CreateRepository(bm.CreateRepositoryRequest(
-        name=name, storage_namespace=suite.namespace(name)))
+    stubs.bm.CreateRepository(
+        bm.CreateRepositoryRequest(name=name, storage_namespace=suite.namespace(name))
+    )
     return name
 
 
 def put(stubs, repo, path, branch="main"):
-    stubs.bm.PutObject(bm.PutObjectRequest(repository=repo, branch=branch, entry=types_pb2.Entry(
-        path=path, physical_address=f"data/{path}", size_bytes=1, checksum="c")))
+    stubs.bm.PutObject(
+        bm.PutObjectRequest(
+            repository=repo,
+            branch=branch,
+            entry=types_pb2.Entry(
+                path=path, physical_address=f"data/{path}", size_bytes=1, checksum="c"
+            ),
+        )
+    )
 
 
 def repo_partition(kv, name: str) -> bytes:
-    return Repository.from_record(kv.get(b"quarry", b"repos/" + name.encode()).value,
-                                  b"repos/" + name.encode()).partition
+    return Repository.from_record(
+        kv.get(b"quarry", b"repos/" + name.encode()).value, b"repos/" + name.encode()
+    ).partition
 
 
 def expect_corrupt(call, partition: bytes, key: bytes) -> None:
@@ -59,8 +69,9 @@ def test_corrupt_repository_record_fails_only_that_repository(stubs, suite, kv):
     names = sorted(new_repo(stubs, suite) for _ in range(3))
     kv.set(b"quarry", b"repos/zzz", GARBAGE)
     # protobuf parses many byte strings: a well-formed record under the wrong key is corrupt.
-    decoy = records_pb2.RepositoryRecord(repository=types_pb2.Repository(name="elsewhere"),
-                                         instance_id="x").SerializeToString()
+    decoy = records_pb2.RepositoryRecord(
+        repository=types_pb2.Repository(name="elsewhere"), instance_id="x"
+    ).SerializeToString()
     # Between the first and second repository: page 1 (page_size=1) reads past it to find
     # the look-ahead item, page 2 starts before it; only page 2 may count it.
     decoy_key = f"repos/{names[0]}-decoy".encode()
@@ -72,18 +83,25 @@ def test_corrupt_repository_record_fails_only_that_repository(stubs, suite, kv):
         # Paging goes past a corrupt record too.
         seen, token, skipped = [], "", []
         while True:
-            page = stubs.bm.ListRepositories(bm.ListRepositoriesRequest(page_size=1,
-                                                                        page_token=token))
+            page = stubs.bm.ListRepositories(
+                bm.ListRepositoriesRequest(page_size=1, page_token=token)
+            )
             seen += [r.name for r in page.repositories]
             skipped.append(page.skipped_corrupt_records)
             token = page.next_page_token
             if not token:
                 break
         assert seen == names and skipped == [0, 1, 1]
-        expect_corrupt(lambda: stubs.bm.GetRepository(bm.GetRepositoryRequest(name="zzz")),
-                       b"quarry", b"repos/zzz")
-        expect_corrupt(lambda: stubs.bm.ListBranches(bm.ListBranchesRequest(
-            repository=f"{names[0]}-decoy")), b"quarry", decoy_key)
+        expect_corrupt(
+            lambda: stubs.bm.GetRepository(bm.GetRepositoryRequest(name="zzz")),
+            b"quarry",
+            b"repos/zzz",
+        )
+        expect_corrupt(
+            lambda: stubs.bm.ListBranches(bm.ListBranchesRequest(repository=f"{names[0]}-decoy")),
+            b"quarry",
+            decoy_key,
+        )
         # Every other tenant works.
         put(stubs, names[0], "a")
         stubs.cm.Commit(cm.CommitRequest(repository=names[0], branch="main", message="m"))
@@ -103,33 +121,39 @@ def test_corrupt_branch_record_fails_only_that_branch(stubs, suite, kv):
     assert [b.name for b in listed.branches] == ["good", "main"]
     assert listed.skipped_corrupt_records == 1
     for call in (
-            lambda: stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="bad")),
-            lambda: put(stubs, repo, "x", branch="bad"),
-            lambda: stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo, ref="bad")),
-            lambda: stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="bad",
-                                                     message="m", allow_empty=True)),
-            lambda: stubs.cm.Log(cm.LogRequest(repository=repo, ref="bad"))):
+        lambda: stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="bad")),
+        lambda: put(stubs, repo, "x", branch="bad"),
+        lambda: stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo, ref="bad")),
+        lambda: stubs.cm.Commit(
+            cm.CommitRequest(repository=repo, branch="bad", message="m", allow_empty=True)
+        ),
+        lambda: stubs.cm.Log(cm.LogRequest(repository=repo, ref="bad")),
+    ):
         expect_corrupt(call, partition, b"branches/bad")
     # The repository's other branches work.
     put(stubs, repo, "x", branch="good")
     stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="good", message="m"))
-    assert [e.path for e in stubs.bm.ListObjects(bm.ListObjectsRequest(
-        repository=repo, ref="good")).entries] == ["x"]
+    assert [
+        e.path
+        for e in stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo, ref="good")).entries
+    ] == ["x"]
     # Tags: the same.
     stubs.bm.CreateTag(bm.CreateTagRequest(repository=repo, name="v1", ref="good"))
     kv.set(partition, b"tags/v0", GARBAGE)
     tags = stubs.bm.ListTags(bm.ListTagsRequest(repository=repo))
     assert [t.name for t in tags.tags] == ["v1"] and tags.skipped_corrupt_records == 1
-    expect_corrupt(lambda: stubs.bm.GetTag(bm.GetTagRequest(repository=repo, name="v0")),
-                   partition, b"tags/v0")
+    expect_corrupt(
+        lambda: stubs.bm.GetTag(bm.GetTagRequest(repository=repo, name="v0")), partition, b"tags/v0"
+    )
 
 
 def test_corrupt_staged_value_is_skipped_by_listings_and_fails_what_needs_it(stubs, suite, kv):
     repo = new_repo(stubs, suite)
     for path in ("d/1", "d/2", "d/3"):
         put(stubs, repo, path)
-    token = stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="main")) \
-        .branch.staging_token
+    token = stubs.bm.GetBranch(
+        bm.GetBranchRequest(repository=repo, name="main")
+    ).branch.staging_token
     partition = f"staging/{token}".encode()
     kv.set(partition, b"d/2", GARBAGE)
     # An empty StagedValue parses: it must not pass as a value either.
@@ -138,9 +162,11 @@ def test_corrupt_staged_value_is_skipped_by_listings_and_fails_what_needs_it(stu
     listed = stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo, ref="main"))
     assert [e.path for e in listed.entries] == ["d/1", "d/3"]
     assert listed.skipped_corrupt_records == 2
-    prefixes = stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo, ref="main",
-                                                          delimiter="/"))
+    prefixes = stubs.bm.ListObjects(
+        bm.ListObjectsRequest(repository=repo, ref="main", delimiter="/")
+    )
     assert list(prefixes.common_prefixes) == ["d/"]
+
     def skipped_per_page(call, request, **fields) -> list[int]:
         token, counts = "", []
         while True:
@@ -150,37 +176,56 @@ def test_corrupt_staged_value_is_skipped_by_listings_and_fails_what_needs_it(stu
             if not token:
                 return counts
 
-    pages = [skipped_per_page(stubs.bm.ListObjects, bm.ListObjectsRequest, repository=repo,
-                              ref="main"),
-             skipped_per_page(stubs.bm.DiffUncommitted, bm.DiffUncommittedRequest,
-                              repository=repo, branch="main")]
+    pages = [
+        skipped_per_page(stubs.bm.ListObjects, bm.ListObjectsRequest, repository=repo, ref="main"),
+        skipped_per_page(
+            stubs.bm.DiffUncommitted, bm.DiffUncommittedRequest, repository=repo, branch="main"
+        ),
+    ]
     # Page 1 (d/1) reads d/2 looking for its end: d/2 is page 2's, counted once.
     assert pages == [[0, 2], [0, 2]]
     diff = stubs.bm.DiffUncommitted(bm.DiffUncommittedRequest(repository=repo, branch="main"))
     assert [c.path for c in diff.changes] == ["d/1", "d/3"]
     assert diff.skipped_corrupt_records == 2
-    expect_corrupt(lambda: stubs.bm.StatObject(bm.StatObjectRequest(repository=repo, ref="main",
-                                                                    path="d/2")),
-                   partition, b"d/2")
+    expect_corrupt(
+        lambda: stubs.bm.StatObject(bm.StatObjectRequest(repository=repo, ref="main", path="d/2")),
+        partition,
+        b"d/2",
+    )
     # A commit needs every staged value: it fails, and changes nothing a reader sees.
-    expect_corrupt(lambda: stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main",
-                                                            message="m")), partition, b"d/2")
-    assert [c.message for c in stubs.cm.Log(cm.LogRequest(repository=repo, ref="main"))
-            .commits] == ["Repository created"]
-    assert [e.path for e in stubs.bm.ListObjects(bm.ListObjectsRequest(
-        repository=repo, ref="main")).entries] == ["d/1", "d/3"]
+    expect_corrupt(
+        lambda: stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="m")),
+        partition,
+        b"d/2",
+    )
+    assert [
+        c.message for c in stubs.cm.Log(cm.LogRequest(repository=repo, ref="main")).commits
+    ] == ["Repository created"]
+    assert [
+        e.path
+        for e in stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo, ref="main")).entries
+    ] == ["d/1", "d/3"]
     # Discarding one path needs its staged value: DATA_LOSS. Discarding everything does
     # not read staged values: the way out, and the branch reads clean again.
-    expect_corrupt(lambda: stubs.bm.DiscardChanges(bm.DiscardChangesRequest(
-        repository=repo, branch="main", path="d/2")), partition, b"d/2")
+    expect_corrupt(
+        lambda: stubs.bm.DiscardChanges(
+            bm.DiscardChangesRequest(repository=repo, branch="main", path="d/2")
+        ),
+        partition,
+        b"d/2",
+    )
     stubs.bm.DiscardChanges(bm.DiscardChangesRequest(repository=repo, branch="main"))
     after = stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo, ref="main"))
     assert list(after.entries) == [] and after.skipped_corrupt_records == 0
     # A clean listing says nothing was skipped.
     other = new_repo(stubs, suite)
     put(stubs, other, "ok")
-    assert stubs.bm.ListObjects(bm.ListObjectsRequest(
-        repository=other, ref="main")).skipped_corrupt_records == 0
+    assert (
+        stubs.bm.ListObjects(
+            bm.ListObjectsRequest(repository=other, ref="main")
+        ).skipped_corrupt_records
+        == 0
+    )
 
 
 def test_dropper_parks_a_corrupt_cleanup_item_and_keeps_dropping(stubs, suite, kv):
@@ -190,25 +235,26 @@ def test_dropper_parks_a_corrupt_cleanup_item_and_keeps_dropping(stubs, suite, k
     # well-formed record naming another partition than its key.
     victim = f"staging/victim-{uuid.uuid4().hex}".encode()
     kv.set(victim, b"keep/me", types_pb2.StagedValue(tombstone=True).SerializeToString())
-    mismatched = records_pb2.CleanupRecord(partition_key="staging/elsewhere",
-                                           queued_at=1).SerializeToString()
+    mismatched = records_pb2.CleanupRecord(
+        partition_key="staging/elsewhere", queued_at=1
+    ).SerializeToString()
     kv.set(b"cleanup", b"staging/garbage-item", GARBAGE)
     kv.set(b"cleanup", victim, mismatched)
 
     repo = new_repo(stubs, suite)
-    token = stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="main")) \
-        .branch.staging_token
+    token = stubs.bm.GetBranch(
+        bm.GetBranchRequest(repository=repo, name="main")
+    ).branch.staging_token
     for i in range(5):
         put(stubs, repo, f"f{i}")
     stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="m"))
     real = f"staging/{token}".encode()
 
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def dropped() -> bool:
         queued = [item.key for item in kv.scan(b"cleanup")]
-        if not list(kv.scan(real)) and real not in queued:
-            break
-        time.sleep(0.05)
+        return not list(kv.scan(real)) and real not in queued
+
+    wait_until(dropped, timeout=30, interval=0.05, what="the real token dropped")
     assert list(kv.scan(real)) == [], "the real token was not dropped"
     assert real not in [item.key for item in kv.scan(b"cleanup")]
 
@@ -219,9 +265,9 @@ def test_dropper_parks_a_corrupt_cleanup_item_and_keeps_dropping(stubs, suite, k
     assert [item.key for item in kv.scan(victim)] == [b"keep/me"]
     # Parked items stay parked on later passes.
     time.sleep(0.3)
-    assert {k: v for k, v in ((i.key, i.value) for i in kv.scan(b"cleanup"))
-            if k.startswith(b"parked/")} == {b"parked/staging/garbage-item": GARBAGE,
-                                             b"parked/" + victim: mismatched}
+    assert {
+        k: v for k, v in ((i.key, i.value) for i in kv.scan(b"cleanup")) if k.startswith(b"parked/")
+    } == {b"parked/staging/garbage-item": GARBAGE, b"parked/" + victim: mismatched}
 
 
 def test_sensor_rebuild_skips_corrupt_records_and_counts_the_rest(stubs, suite, kv):
@@ -235,21 +281,27 @@ def test_sensor_rebuild_skips_corrupt_records_and_counts_the_rest(stubs, suite, 
     for i in range(3):
         put(stubs, repo, f"g{i}", branch="good")
     put(stubs, repo, "b0", branch="bad")
-    token = stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="good")) \
-        .branch.staging_token
+    token = stubs.bm.GetBranch(
+        bm.GetBranchRequest(repository=repo, name="good")
+    ).branch.staging_token
     kv.set(f"staging/{token}".encode(), b"g9", GARBAGE)
     partition = repo_partition(kv, repo)
     kv.set(partition, b"branches/bad", GARBAGE)
     # A corrupt record in another repository's listing position must not hide this one.
     kv.set(b"quarry", b"repos/a-corrupt", GARBAGE)
     try:
-        sensor = CompactionSensor(kv, compactor=None,
-                                  thresholds=Thresholds(staged_entries=3, tombstones=0,
-                                                        sealed_tokens=0))
+        sensor = CompactionSensor(
+            kv,
+            compactor=None,
+            thresholds=Thresholds(staged_entries=3, tombstones=0, sealed_tokens=0),
+        )
         sensor.evaluate_once()
         # Discovery found the good branch by itself, and counted it (not the garbage).
-        assert [(c.repository, c.branch, c.puts) for c in sensor.list_candidates()
-                if c.repository == repo] == [(repo, "good", 3)]
+        assert [
+            (c.repository, c.branch, c.puts)
+            for c in sensor.list_candidates()
+            if c.repository == repo
+        ] == [(repo, "good", 3)]
         stats = sensor.get_branch_stats(repo, "good")
         assert (stats.puts, stats.deletes) == (3, 0)
         # The corrupt branch: its own stats fail with DATA_LOSS, the sensor carries on.
@@ -290,15 +342,26 @@ def test_log_over_a_corrupt_commit_is_data_loss(stubs, suite, kv):
     partition = repo_partition(kv, repo)
     commit_id = "e" * 64
     kv.set(partition, f"commits/{commit_id}".encode(), GARBAGE)
-    kv.set(partition, b"branches/broken", types_pb2.Branch(
-        name="broken", commit_id=commit_id, staging_token=uuid.uuid4().hex).SerializeToString())
-    expect_corrupt(lambda: stubs.cm.Log(cm.LogRequest(repository=repo, ref="broken")),
-                   partition, f"commits/{commit_id}".encode())
-    expect_corrupt(lambda: stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo,
-                                                                      ref="broken")),
-                   partition, f"commits/{commit_id}".encode())
-    assert [c.message for c in stubs.cm.Log(cm.LogRequest(repository=repo, ref="main"))
-            .commits] == ["Repository created"]
+    kv.set(
+        partition,
+        b"branches/broken",
+        types_pb2.Branch(
+            name="broken", commit_id=commit_id, staging_token=uuid.uuid4().hex
+        ).SerializeToString(),
+    )
+    expect_corrupt(
+        lambda: stubs.cm.Log(cm.LogRequest(repository=repo, ref="broken")),
+        partition,
+        f"commits/{commit_id}".encode(),
+    )
+    expect_corrupt(
+        lambda: stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo, ref="broken")),
+        partition,
+        f"commits/{commit_id}".encode(),
+    )
+    assert [
+        c.message for c in stubs.cm.Log(cm.LogRequest(repository=repo, ref="main")).commits
+    ] == ["Repository created"]
 
 
 def test_skips_and_parks_are_counted_and_logged(stubs, suite, kv, caplog):
@@ -314,13 +377,13 @@ def test_skips_and_parks_are_counted_and_logged(stubs, suite, kv, caplog):
     kv.set(partition, b"tags/broken", GARBAGE)
     key = f"staging/garbage-{uuid.uuid4().hex}".encode()
     with caplog.at_level("WARNING", logger="quarry.graveler"):
-        assert stubs.bm.ListTags(bm.ListTagsRequest(repository=repo)) \
-            .skipped_corrupt_records == 1
+        assert stubs.bm.ListTags(bm.ListTagsRequest(repository=repo)).skipped_corrupt_records == 1
         kv.set(b"cleanup", key, GARBAGE)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and \
-                key in [item.key for item in kv.scan(b"cleanup")]:
-            time.sleep(0.05)
+        wait_until(
+            lambda: key not in [item.key for item in kv.scan(b"cleanup")],
+            interval=0.05,
+            what="the corrupt cleanup item parked",
+        )
     assert sample("quarry_corrupt_records_skipped_total", "Tag") == skipped_before + 1
     assert sample("quarry_corrupt_records_parked_total", "CleanupRecord") >= parked_before + 1
     text = caplog.text

@@ -43,8 +43,14 @@ def repo(suite, client, request):
 
 
 def fields(entry: types_pb2.Entry) -> tuple:
-    return (entry.path, entry.physical_address, entry.size_bytes, entry.checksum,
-            entry.content_type, dict(entry.metadata))
+    return (
+        entry.path,
+        entry.physical_address,
+        entry.size_bytes,
+        entry.checksum,
+        entry.content_type,
+        dict(entry.metadata),
+    )
 
 
 def test_a_repointed_address_is_committed(client, repo):
@@ -53,7 +59,8 @@ def test_a_repointed_address_is_committed(client, repo):
     assert client.stat_object(repo, "main", "t.parquet").physical_address == NEW
     changes = list(client.iter_uncommitted(repo, "main"))
     assert [(c.type, c.path, c.entry.physical_address) for c in changes] == [
-        (types_pb2.CHANGE_TYPE_CHANGED, "t.parquet", NEW)]
+        (types_pb2.CHANGE_TYPE_CHANGED, "t.parquet", NEW)
+    ]
     response = client.commit(repo, "main", "re-point")
     assert response.summary.changed == 1
     assert client.stat_object(repo, "main", "t.parquet").physical_address == NEW
@@ -62,13 +69,21 @@ def test_a_repointed_address_is_committed(client, repo):
     log = [c.id for c in client.iter_log(repo, "main")]
     diff = list(client.iter_diff(repo, log[1], log[0]))
     assert [(c.type, c.path, c.entry.physical_address) for c in diff] == [
-        (types_pb2.CHANGE_TYPE_CHANGED, "t.parquet", NEW)]
+        (types_pb2.CHANGE_TYPE_CHANGED, "t.parquet", NEW)
+    ]
     assert client.stat_object(repo, log[1], "t.parquet").physical_address == OLD
 
 
-@pytest.mark.parametrize("field,value", [
-    ("physical_address", NEW), ("size_bytes", 101), ("checksum", "c"),
-    ("content_type", "text/csv"), ("metadata", {"k": "v"})])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("physical_address", NEW),
+        ("size_bytes", 101),
+        ("checksum", "c"),
+        ("content_type", "text/csv"),
+        ("metadata", {"k": "v"}),
+    ],
+)
 def test_every_field_a_user_reads_back_is_part_of_the_identity(client, repo, field, value):
     entry = dict(path="t.parquet", physical_address=OLD, size_bytes=100)
     entry[field] = value
@@ -78,8 +93,9 @@ def test_every_field_a_user_reads_back_is_part_of_the_identity(client, repo, fie
 
 
 def test_restaging_the_same_fields_is_no_change_even_with_another_mtime(client, repo):
-    client.put_object(repo, "main", path="t.parquet", physical_address=OLD, size_bytes=100,
-                      mtime=1_800_000_000)
+    client.put_object(
+        repo, "main", path="t.parquet", physical_address=OLD, size_bytes=100, mtime=1_800_000_000
+    )
     assert list(client.iter_uncommitted(repo, "main")) == []
     with pytest.raises(NoChanges):
         client.commit(repo, "main", "nothing")
@@ -95,15 +111,15 @@ def test_merge_takes_a_repointed_address_and_conflicts_on_two(client, repo):
     assert merged.summary.changed == 1
     assert client.stat_object(repo, "main", "t.parquet").physical_address == NEW
     # dev and other re-pointed it at different addresses: a conflict, not a silent pick.
-    client.put_object(repo, "other", path="t.parquet", physical_address="s3://b/third.parquet",
-                      size_bytes=100)
+    client.put_object(
+        repo, "other", path="t.parquet", physical_address="s3://b/third.parquet", size_bytes=100
+    )
     client.commit(repo, "other", "re-point elsewhere")
     with pytest.raises(MergeConflict):
         client.merge(repo, "other", "main")
     assert client.stat_object(repo, "main", "t.parquet").physical_address == NEW
     client.merge(repo, "other", "main", strategy="source-wins")
-    assert client.stat_object(repo, "main", "t.parquet").physical_address == \
-        "s3://b/third.parquet"
+    assert client.stat_object(repo, "main", "t.parquet").physical_address == "s3://b/third.parquet"
 
 
 def test_compaction_keeps_a_repointed_address(client, repo):
@@ -112,8 +128,8 @@ def test_compaction_keeps_a_repointed_address(client, repo):
     compacted = client.compact(repo, "main")
     assert compacted.compacted_metarange_id
     assert client.stat_object(repo, "main", "t.parquet").physical_address == NEW
-    assert sorted((c.path, c.entry.physical_address)
-                  for c in client.iter_uncommitted(repo, "main")) == [
-        ("t.parquet", NEW), ("u.parquet", OLD)]
+    assert sorted(
+        (c.path, c.entry.physical_address) for c in client.iter_uncommitted(repo, "main")
+    ) == [("t.parquet", NEW), ("u.parquet", OLD)]
     assert client.commit(repo, "main", "after compaction").summary.changed == 1
     assert client.stat_object(repo, "main@", "t.parquet").physical_address == NEW

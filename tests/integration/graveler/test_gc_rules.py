@@ -44,14 +44,16 @@ def test_rules_round_trip_replace_and_delete(client, repo):
         client.delete_gc_rules(repo)
 
 
-@pytest.mark.parametrize("default, branches, reason", [
-    (-1, {}, "INVALID_RETENTION_RULES"),
-    (float("nan"), {}, "INVALID_RETENTION_RULES"),
-    (7, {"main": 1e9}, "INVALID_RETENTION_RULES"),
-    (7, {"no/slashes": 3}, "INVALID_NAME"),
-])
-def test_invalid_rules_are_refused_and_nothing_is_stored(client, repo, default, branches,
-                                                         reason):
+@pytest.mark.parametrize(
+    "default, branches, reason",
+    [
+        (-1, {}, "INVALID_RETENTION_RULES"),
+        (float("nan"), {}, "INVALID_RETENTION_RULES"),
+        (7, {"main": 1e9}, "INVALID_RETENTION_RULES"),
+        (7, {"no/slashes": 3}, "INVALID_NAME"),
+    ],
+)
+def test_invalid_rules_are_refused_and_nothing_is_stored(client, repo, default, branches, reason):
     client.set_gc_rules(repo, 21)
     with pytest.raises(errors.InvalidArgument) as failure:
         client.set_gc_rules(repo, default, branches)

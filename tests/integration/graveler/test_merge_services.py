@@ -18,8 +18,11 @@ def details_of(error):
     status = rpc_status.from_call(error)
     out = {}
     for detail in status.details:
-        for cls in (error_details_pb2.ErrorInfo, types_pb2.MergeConflicts,
-                    types_pb2.MergeRetryHint):
+        for cls in (
+            error_details_pb2.ErrorInfo,
+            types_pb2.MergeConflicts,
+            types_pb2.MergeRetryHint,
+        ):
             if detail.Is(cls.DESCRIPTOR):
                 message = cls()
                 detail.Unpack(message)
@@ -29,24 +32,39 @@ def details_of(error):
 
 def setup_repo(stubs, suite, files):
     name = f"m-{uuid.uuid4().hex[:10]}"
-    stubs.bm.CreateRepository(bm.CreateRepositoryRequest(name=name,
-                                                        storage_namespace=suite.namespace(name)))
+    stubs.bm.CreateRepository(
+        bm.CreateRepositoryRequest(name=name, storage_namespace=suite.namespace(name))
+    )
     stage(stubs, name, "main", files)
     stubs.cm.Commit(cm.CommitRequest(repository=name, branch="main", message="base"))
     return name
 
 
 def stage(stubs, repo, branch, files):
-    stubs.bm.PutObjects(iter([bm.PutObjectsRequest(repository=repo, branch=branch, entries=[
-        types_pb2.Entry(path=p, physical_address=f"s3://x/{p}/{c}", size_bytes=1, checksum=c)
-        for p, c in files.items()])]))
+    stubs.bm.PutObjects(
+        iter(
+            [
+                bm.PutObjectsRequest(
+                    repository=repo,
+                    branch=branch,
+                    entries=[
+                        types_pb2.Entry(
+                            path=p, physical_address=f"s3://x/{p}/{c}", size_bytes=1, checksum=c
+                        )
+                        for p, c in files.items()
+                    ],
+                )
+            ]
+        )
+    )
 
 
 def listing(stubs, repo, ref):
     out, token = {}, ""
     while True:
-        page = stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo, ref=ref,
-                                                          page_size=1000, page_token=token))
+        page = stubs.bm.ListObjects(
+            bm.ListObjectsRequest(repository=repo, ref=ref, page_size=1000, page_token=token)
+        )
         out.update({e.path: e.checksum for e in page.entries})
         token = page.next_page_token
         if not token:
@@ -61,26 +79,38 @@ def test_conflicts_travel_as_a_typed_detail(stubs, suite):
     stage(stubs, repo, "main", {"a": "m"})
     stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="m"))
     with pytest.raises(grpc.RpcError) as caught:
-        stubs.cm.Merge(cm.MergeRequest(repository=repo, source_ref="f",
-                                       destination_branch="main"))
+        stubs.cm.Merge(cm.MergeRequest(repository=repo, source_ref="f", destination_branch="main"))
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     details = details_of(caught.value)
     assert details["ErrorInfo"].reason == "MERGE_CONFLICT"
     conflict = details["MergeConflicts"].conflicts[0]
-    assert (conflict.path, conflict.base.checksum, conflict.source.checksum,
-            conflict.destination.checksum) == ("a", "0", "f", "m")
-    dry = stubs.cm.Merge(cm.MergeRequest(repository=repo, source_ref="f",
-                                         destination_branch="main", dry_run=True))
+    assert (
+        conflict.path,
+        conflict.base.checksum,
+        conflict.source.checksum,
+        conflict.destination.checksum,
+    ) == ("a", "0", "f", "m")
+    dry = stubs.cm.Merge(
+        cm.MergeRequest(repository=repo, source_ref="f", destination_branch="main", dry_run=True)
+    )
     assert [c.path for c in dry.conflicts] == ["a"] and not dry.HasField("commit")
-    merged = stubs.cm.Merge(cm.MergeRequest(
-        repository=repo, source_ref="f", destination_branch="main",
-        strategy=types_pb2.MERGE_STRATEGY_SOURCE_WINS))
+    merged = stubs.cm.Merge(
+        cm.MergeRequest(
+            repository=repo,
+            source_ref="f",
+            destination_branch="main",
+            strategy=types_pb2.MERGE_STRATEGY_SOURCE_WINS,
+        )
+    )
     assert merged.commit.metadata["quarry.merge.strategy"] == "source-wins"
     assert listing(stubs, repo, "main")["a"] == "f"
-    base = stubs.cm.FindMergeBase(cm.FindMergeBaseRequest(repository=repo, left_ref="main",
-                                                          right_ref="f"))
-    assert base.commit.id == stubs.cm.GetCommit(cm.GetCommitRequest(repository=repo,
-                                                                    ref="f")).commit.id
+    base = stubs.cm.FindMergeBase(
+        cm.FindMergeBaseRequest(repository=repo, left_ref="main", right_ref="f")
+    )
+    assert (
+        base.commit.id
+        == stubs.cm.GetCommit(cm.GetCommitRequest(repository=repo, ref="f")).commit.id
+    )
 
 
 def test_concurrent_merges_of_disjoint_branches(stubs, suite):
@@ -89,8 +119,9 @@ def test_concurrent_merges_of_disjoint_branches(stubs, suite):
     expected = listing(stubs, repo, "main")
     for b in range(n):
         branch = f"b{b}"
-        stubs.bm.CreateBranch(bm.CreateBranchRequest(repository=repo, name=branch,
-                                                     source_ref="main"))
+        stubs.bm.CreateBranch(
+            bm.CreateBranchRequest(repository=repo, name=branch, source_ref="main")
+        )
         files = {f"branch{b}/{i:03d}": str(b) for i in range(50)}
         files[f"base/{b * 7:03d}"] = f"changed-by-{b}"
         stage(stubs, repo, branch, files)
@@ -104,9 +135,14 @@ def test_concurrent_merges_of_disjoint_branches(stubs, suite):
         hint = ""
         for _ in range(10):
             try:
-                outcomes[b] = stubs.cm.Merge(cm.MergeRequest(
-                    repository=repo, source_ref=f"b{b}", destination_branch="main",
-                    hint_metarange_id=hint))
+                outcomes[b] = stubs.cm.Merge(
+                    cm.MergeRequest(
+                        repository=repo,
+                        source_ref=f"b{b}",
+                        destination_branch="main",
+                        hint_metarange_id=hint,
+                    )
+                )
                 return
             except grpc.RpcError as error:
                 if error.code() != grpc.StatusCode.ABORTED:

@@ -33,34 +33,48 @@ def reason(error: grpc.RpcError) -> str:
 @pytest.fixture
 def repo(stubs, suite):
     name = f"rid-{uuid.uuid4().hex[:8]}"
-    stubs.bm.CreateRepository(bm.CreateRepositoryRequest(
-        name=name, storage_namespace=suite.namespace(name)))
+    stubs.bm.CreateRepository(
+        bm.CreateRepositoryRequest(name=name, storage_namespace=suite.namespace(name))
+    )
     return name
 
 
 def put(stubs, repo, path, address="s3://b/x", branch="main"):
-    stubs.bm.PutObject(bm.PutObjectRequest(repository=repo, branch=branch, entry=types_pb2.Entry(
-        path=path, physical_address=address, checksum=address, size_bytes=1)))
+    stubs.bm.PutObject(
+        bm.PutObjectRequest(
+            repository=repo,
+            branch=branch,
+            entry=types_pb2.Entry(
+                path=path, physical_address=address, checksum=address, size_bytes=1
+            ),
+        )
+    )
 
 
 def log_ids(stubs, repo, ref="main", first_parent=False) -> list[str]:
-    return [c.id for c in stubs.cm.Log(cm.LogRequest(repository=repo, ref=ref,
-                                                     first_parent=first_parent,
-                                                     page_size=1000)).commits]
+    return [
+        c.id
+        for c in stubs.cm.Log(
+            cm.LogRequest(repository=repo, ref=ref, first_parent=first_parent, page_size=1000)
+        ).commits
+    ]
 
 
 def uncommitted(stubs, repo, branch="main") -> list[str]:
-    return [c.path for c in stubs.bm.DiffUncommitted(bm.DiffUncommittedRequest(
-        repository=repo, branch=branch)).changes]
+    return [
+        c.path
+        for c in stubs.bm.DiffUncommitted(
+            bm.DiffUncommittedRequest(repository=repo, branch=branch)
+        ).changes
+    ]
 
 
 # ---- repeats return the first result and change nothing ----------------------------------
 
-def test_a_repeated_commit_returns_the_first_commit_and_commits_nothing_staged_since(
-        stubs, repo):
+
+def test_a_repeated_commit_returns_the_first_commit_and_commits_nothing_staged_since(stubs, repo):
     put(stubs, repo, "a")
-    request = cm.CommitRequest(repository=repo, branch="main", message="one",
-                               request_id=rid())
+    request = cm.CommitRequest(repository=repo, branch="main", message="one", request_id=rid())
     first = stubs.cm.Commit(request)
     put(stubs, repo, "b")  # staged after the first commit: the repeat must not commit it
     again = stubs.cm.Commit(request)
@@ -77,22 +91,31 @@ def test_a_repeated_merge_makes_one_merge_commit(stubs, repo):
     stubs.bm.CreateBranch(bm.CreateBranchRequest(repository=repo, name="feature"))
     put(stubs, repo, "f", branch="feature")
     stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="feature", message="f"))
-    request = cm.MergeRequest(repository=repo, source_ref="feature",
-                              destination_branch="main", allow_empty=True, request_id=rid())
+    request = cm.MergeRequest(
+        repository=repo,
+        source_ref="feature",
+        destination_branch="main",
+        allow_empty=True,
+        request_id=rid(),
+    )
     first = stubs.cm.Merge(request)
     # A hint changes nothing the merge does: the repeat still matches.
     request.hint_metarange_id = "not-a-hint"
     again = stubs.cm.Merge(request)
     assert again.commit.id == first.commit.id
-    merges = [c for c in stubs.cm.Log(cm.LogRequest(repository=repo, ref="main")).commits
-              if len(c.parents) == 2]
+    merges = [
+        c
+        for c in stubs.cm.Log(cm.LogRequest(repository=repo, ref="main")).commits
+        if len(c.parents) == 2
+    ]
     assert [c.id for c in merges] == [first.commit.id]
 
 
 def test_repeated_creates_and_deletes_succeed_instead_of_exists_or_not_found(stubs, suite):
     name = f"rid-{uuid.uuid4().hex[:8]}"
-    create_repo = bm.CreateRepositoryRequest(name=name, storage_namespace=suite.namespace(name),
-                                             request_id=rid())
+    create_repo = bm.CreateRepositoryRequest(
+        name=name, storage_namespace=suite.namespace(name), request_id=rid()
+    )
     assert stubs.bm.CreateRepository(create_repo) == stubs.bm.CreateRepository(create_repo)
 
     create_branch = bm.CreateBranchRequest(repository=name, name="dev", request_id=rid())
@@ -126,12 +149,12 @@ def test_repeated_creates_and_deletes_succeed_instead_of_exists_or_not_found(stu
 def test_repeated_reset_revert_cherry_pick_and_compact_change_nothing_more(stubs, repo):
     put(stubs, repo, "a")
     first = stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="a"))
-    revert = cm.RevertRequest(repository=repo, branch="main", ref=first.commit.id,
-                              request_id=rid())
+    revert = cm.RevertRequest(repository=repo, branch="main", ref=first.commit.id, request_id=rid())
     reverted = stubs.cm.Revert(revert)
     assert stubs.cm.Revert(revert) == reverted
-    pick = cm.CherryPickRequest(repository=repo, branch="main", ref=first.commit.id,
-                                request_id=rid())
+    pick = cm.CherryPickRequest(
+        repository=repo, branch="main", ref=first.commit.id, request_id=rid()
+    )
     picked = stubs.cm.CherryPick(pick)
     assert stubs.cm.CherryPick(pick) == picked
     assert log_ids(stubs, repo)[:3] == [picked.commit.id, reverted.commit.id, first.commit.id]
@@ -145,8 +168,9 @@ def test_repeated_reset_revert_cherry_pick_and_compact_change_nothing_more(stubs
     branch = stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="main")).branch
     assert branch.dirty and branch.compacted_metarange_id == compacted.compacted_metarange_id
 
-    reset = bm.ResetBranchRequest(repository=repo, branch="main", ref=first.commit.id,
-                                  force=True, request_id=rid())
+    reset = bm.ResetBranchRequest(
+        repository=repo, branch="main", ref=first.commit.id, force=True, request_id=rid()
+    )
     stubs.bm.ResetBranch(reset)
     put(stubs, repo, "e")
     stubs.bm.ResetBranch(reset)  # the repeat does not drop what was staged since
@@ -154,8 +178,12 @@ def test_repeated_reset_revert_cherry_pick_and_compact_change_nothing_more(stubs
 
 
 def test_repeated_staging_writes_and_discards_change_nothing_after_a_commit(stubs, repo):
-    put_request = bm.PutObjectRequest(repository=repo, branch="main", request_id=rid(),
-                                      entry=types_pb2.Entry(path="p", physical_address="s3://1"))
+    put_request = bm.PutObjectRequest(
+        repository=repo,
+        branch="main",
+        request_id=rid(),
+        entry=types_pb2.Entry(path="p", physical_address="s3://1"),
+    )
     stubs.bm.PutObject(put_request)
     stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="p"))
     put(stubs, repo, "p", address="s3://2")  # a later write of the same path
@@ -165,8 +193,9 @@ def test_repeated_staging_writes_and_discards_change_nothing_after_a_commit(stub
     entry = stubs.bm.StatObject(bm.StatObjectRequest(repository=repo, ref="main", path="p"))
     assert entry.entry.physical_address == "s3://2"
 
-    delete = bm.DeleteObjectsRequest(repository=repo, branch="main", paths=["p", "q"],
-                                     request_id=rid())
+    delete = bm.DeleteObjectsRequest(
+        repository=repo, branch="main", paths=["p", "q"], request_id=rid()
+    )
     assert stubs.bm.DeleteObjects(delete).deleted == 1
     stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="rm"))
     put(stubs, repo, "p", address="s3://3")
@@ -184,11 +213,18 @@ def test_put_objects_messages_with_ids_are_staged_once_when_a_stream_is_replayed
     ids = [rid(), rid()]
 
     def stream(address):
-        yield bm.PutObjectsRequest(repository=repo, branch="main", request_id=ids[0],
-                                   entries=[types_pb2.Entry(path="s/1", physical_address=address),
-                                            types_pb2.Entry(path="s/2", physical_address=address)])
-        yield bm.PutObjectsRequest(request_id=ids[1], entries=[
-            types_pb2.Entry(path="s/3", physical_address=address)])
+        yield bm.PutObjectsRequest(
+            repository=repo,
+            branch="main",
+            request_id=ids[0],
+            entries=[
+                types_pb2.Entry(path="s/1", physical_address=address),
+                types_pb2.Entry(path="s/2", physical_address=address),
+            ],
+        )
+        yield bm.PutObjectsRequest(
+            request_id=ids[1], entries=[types_pb2.Entry(path="s/3", physical_address=address)]
+        )
 
     assert stubs.bm.PutObjects(stream("s3://v1")).count == 3
     stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="s"))
@@ -203,40 +239,55 @@ def test_put_objects_messages_with_ids_are_staged_once_when_a_stream_is_replayed
 
 # ---- misuse ------------------------------------------------------------------------------
 
-def test_reusing_an_id_for_another_request_is_request_id_reused_and_changes_nothing(
-        stubs, repo):
+
+def test_reusing_an_id_for_another_request_is_request_id_reused_and_changes_nothing(stubs, repo):
     request_id = rid()
     put(stubs, repo, "a")
-    stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="one",
-                                     request_id=request_id))
+    stubs.cm.Commit(
+        cm.CommitRequest(repository=repo, branch="main", message="one", request_id=request_id)
+    )
     put(stubs, repo, "b")
     before = log_ids(stubs, repo)
-    for other in (cm.CommitRequest(repository=repo, branch="main", message="two",
-                                   request_id=request_id),
-                  cm.CommitRequest(repository=repo, branch="main", message="one",
-                                   allow_empty=True, request_id=request_id)):
+    for other in (
+        cm.CommitRequest(repository=repo, branch="main", message="two", request_id=request_id),
+        cm.CommitRequest(
+            repository=repo, branch="main", message="one", allow_empty=True, request_id=request_id
+        ),
+    ):
         with pytest.raises(grpc.RpcError) as caught:
             stubs.cm.Commit(other)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert reason(caught.value) == "REQUEST_ID_REUSED"
     # Another RPC with the same id (same repository partition) is a different request too.
     with pytest.raises(grpc.RpcError) as caught:
-        stubs.bm.CreateBranch(bm.CreateBranchRequest(repository=repo, name="x",
-                                                     request_id=request_id))
+        stubs.bm.CreateBranch(
+            bm.CreateBranchRequest(repository=repo, name="x", request_id=request_id)
+        )
     assert reason(caught.value) == "REQUEST_ID_REUSED"
     assert log_ids(stubs, repo) == before and uncommitted(stubs, repo) == ["b"]
-    assert [b.name for b in stubs.bm.ListBranches(
-        bm.ListBranchesRequest(repository=repo)).branches] == ["main"]
+    assert [
+        b.name for b in stubs.bm.ListBranches(bm.ListBranchesRequest(repository=repo)).branches
+    ] == ["main"]
 
 
-@pytest.mark.parametrize("bad", ["x", "not-a-uuid", "123e4567e89b12d3a456426614174000",
-                                 "{123e4567-e89b-12d3-a456-426614174000}", " " + "a" * 36,
-                                 "123e4567-e89b-12d3-a456-42661417400g", "é" * 36])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "x",
+        "not-a-uuid",
+        "123e4567e89b12d3a456426614174000",
+        "{123e4567-e89b-12d3-a456-426614174000}",
+        " " + "a" * 36,
+        "123e4567-e89b-12d3-a456-42661417400g",
+        "é" * 36,
+    ],
+)
 def test_a_malformed_id_is_invalid_argument_and_changes_nothing(stubs, repo, bad):
     put(stubs, repo, "a")
     with pytest.raises(grpc.RpcError) as caught:
-        stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="m",
-                                         request_id=bad))
+        stubs.cm.Commit(
+            cm.CommitRequest(repository=repo, branch="main", message="m", request_id=bad)
+        )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert reason(caught.value) == "INVALID_REQUEST_ID"
     assert len(log_ids(stubs, repo)) == 1 and uncommitted(stubs, repo) == ["a"]
@@ -254,14 +305,17 @@ def test_a_failed_call_is_not_remembered_and_its_retry_runs(stubs, repo):
 def test_an_uppercase_id_is_the_same_id(stubs, repo):
     put(stubs, repo, "a")
     request_id = rid()
-    first = stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="m",
-                                             request_id=request_id))
-    again = stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="m",
-                                             request_id=request_id.upper()))
+    first = stubs.cm.Commit(
+        cm.CommitRequest(repository=repo, branch="main", message="m", request_id=request_id)
+    )
+    again = stubs.cm.Commit(
+        cm.CommitRequest(repository=repo, branch="main", message="m", request_id=request_id.upper())
+    )
     assert again.commit.id == first.commit.id
 
 
 # ---- concurrency -------------------------------------------------------------------------
+
 
 def test_concurrent_duplicates_take_effect_once(suite, repo, stubs, monkeypatch):
     """Two clients send the same commit at once (with many staged entries the first is still
@@ -280,15 +334,31 @@ def test_concurrent_duplicates_take_effect_once(suite, repo, stubs, monkeypatch)
     for round_number in range(3):
         branch = f"src{round_number}"
         stubs.bm.CreateBranch(bm.CreateBranchRequest(repository=repo, name=branch))
-        stubs.bm.PutObjects(iter([bm.PutObjectsRequest(
-            repository=repo, branch=branch,
-            entries=[types_pb2.Entry(path=f"{branch}/{i:05d}", physical_address="s3://x")
-                     for i in range(3000)])]))
+        stubs.bm.PutObjects(
+            iter(
+                [
+                    bm.PutObjectsRequest(
+                        repository=repo,
+                        branch=branch,
+                        entries=[
+                            types_pb2.Entry(path=f"{branch}/{i:05d}", physical_address="s3://x")
+                            for i in range(3000)
+                        ],
+                    )
+                ]
+            )
+        )
         request_id = rid()
         barrier = threading.Barrier(2)
         results, failures = [], []
 
-        def send():
+        def send(
+            barrier=barrier,
+            results=results,
+            failures=failures,
+            branch=branch,
+            request_id=request_id,
+        ):
             with suite.client(retry=RetryPolicy(budget=60.0, max_attempts=0)) as client:
                 barrier.wait()
                 try:
@@ -312,14 +382,17 @@ def test_concurrent_duplicates_take_effect_once(suite, repo, stubs, monkeypatch)
 
 # ---- lost answers: the client's own retry ------------------------------------------------
 
+
 @pytest.mark.parametrize("method", ["Commit", "Merge"])
-def test_a_lost_answer_is_recovered_by_the_clients_retry_with_the_same_id(suite, stubs, repo,
-                                                                          method):
+def test_a_lost_answer_is_recovered_by_the_clients_retry_with_the_same_id(
+    suite, stubs, repo, method
+):
     dropper = DropAnswers(f"/quarry.v1.Committer/{method}")
     channel = lossy_channel(suite.targets["committer"], dropper)
     try:
-        client = Client(suite.targets["branch-manager"], channel,
-                        retry=RetryPolicy(base_delay=0.01))
+        client = Client(
+            suite.targets["branch-manager"], channel, retry=RetryPolicy(base_delay=0.01)
+        )
         if method == "Commit":
             put(stubs, repo, "a")
             result = client.commit(repo, "main", "lost answer").commit
@@ -340,8 +413,10 @@ def test_a_lost_answer_is_recovered_by_the_clients_retry_with_the_same_id(suite,
 
 def test_the_client_sends_an_id_per_logical_call_except_on_staging_writes(suite, repo):
     recorder = RecordRequests()
-    channels = [grpc.intercept_channel(grpc.insecure_channel(suite.targets[name]), recorder)
-                for name in ("branch-manager", "committer")]
+    channels = [
+        grpc.intercept_channel(grpc.insecure_channel(suite.targets[name]), recorder)
+        for name in ("branch-manager", "committer")
+    ]
     try:
         with Client(*channels) as client:
             client.put_object(repo, "main", path="a", physical_address="s3://a")
@@ -362,14 +437,22 @@ def test_the_client_sends_an_id_per_logical_call_except_on_staging_writes(suite,
     finally:
         for channel in channels:
             channel.close()
-    with_id = {method for method, request in recorder.calls
-               if getattr(request, "request_id", "")}
-    without = {method for method, request in recorder.calls
-               if not getattr(request, "request_id", "")}
-    assert with_id == {"Commit", "CreateBranch", "CreateTag", "ResetBranch", "Compact",
-                       "DiscardChanges", "Merge", "DeleteTag", "DeleteBranch"}
-    assert without == {"PutObject", "PutObjects", "DeleteObject", "DeleteObjects",
-                       "GetBranch"}
+    with_id = {method for method, request in recorder.calls if getattr(request, "request_id", "")}
+    without = {
+        method for method, request in recorder.calls if not getattr(request, "request_id", "")
+    }
+    assert with_id == {
+        "Commit",
+        "CreateBranch",
+        "CreateTag",
+        "ResetBranch",
+        "Compact",
+        "DiscardChanges",
+        "Merge",
+        "DeleteTag",
+        "DeleteBranch",
+    }
+    assert without == {"PutObject", "PutObjects", "DeleteObject", "DeleteObjects", "GetBranch"}
     ids = [request.request_id for _, request in recorder.calls if request_id_of(request)]
     assert len(set(ids)) == len(ids)  # a fresh id per logical call
 
@@ -381,42 +464,41 @@ def request_id_of(request) -> str:
 def test_staging_writes_with_a_caller_id_are_staged_once_across_replays(suite, stubs, repo):
     with suite.client() as client:
         # (checksums too: until identity covers the address, issue 10 item 1)
-        entries = [{"path": f"s/{i:03d}", "physical_address": "s3://v1", "checksum": "v1"}
-                   for i in range(25)]
+        entries = [
+            {"path": f"s/{i:03d}", "physical_address": "s3://v1", "checksum": "v1"}
+            for i in range(25)
+        ]
         put_id, delete_id = rid(), rid()
-        assert client.put_objects(repo, "main", entries, batch_size=10,
-                                  request_id=put_id) == 25
+        assert client.put_objects(repo, "main", entries, batch_size=10, request_id=put_id) == 25
         client.commit(repo, "main", "v1")
-        client.put_object(repo, "main", path="s/000", physical_address="s3://v2",
-                          checksum="v2")
+        client.put_object(repo, "main", path="s/000", physical_address="s3://v2", checksum="v2")
         client.commit(repo, "main", "v2")
         # A replay (a driver retrying the whole call) stages nothing: s/000 stays v2.
-        assert client.put_objects(repo, "main", entries, batch_size=10,
-                                  request_id=put_id) == 25
+        assert client.put_objects(repo, "main", entries, batch_size=10, request_id=put_id) == 25
         assert uncommitted(stubs, repo) == []
         assert client.stat_object(repo, "main", "s/000").physical_address == "s3://v2"
         paths = [f"s/{i:03d}" for i in range(25)]
-        assert client.delete_objects(repo, "main", paths, batch_size=10,
-                                     request_id=delete_id) == 25
+        assert client.delete_objects(repo, "main", paths, batch_size=10, request_id=delete_id) == 25
         client.commit(repo, "main", "rm")
         client.put_object(repo, "main", path="s/001", physical_address="s3://v3")
-        assert client.delete_objects(repo, "main", paths, batch_size=10,
-                                     request_id=delete_id) == 25
+        assert client.delete_objects(repo, "main", paths, batch_size=10, request_id=delete_id) == 25
         assert uncommitted(stubs, repo) == ["s/001"]
 
 
 # ---- retention ---------------------------------------------------------------------------
 
+
 def test_after_the_retention_window_a_repeat_runs_again(tmp_path):
     import time
 
-    with running_suite(tmp_path, request_retention_seconds=0.3) as suite, \
-            suite.client() as client:
+    with running_suite(tmp_path, request_retention_seconds=0.3) as suite, suite.client() as client:
         client.create_repository("rep", suite.namespace("rep"))
         request_id = rid()
         first = client.commit("rep", "main", "m", allow_empty=True, request_id=request_id)
-        assert client.commit("rep", "main", "m", allow_empty=True,
-                             request_id=request_id).commit.id == first.commit.id
+        assert (
+            client.commit("rep", "main", "m", allow_empty=True, request_id=request_id).commit.id
+            == first.commit.id
+        )
         time.sleep(0.5)
         again = client.commit("rep", "main", "m", allow_empty=True, request_id=request_id)
         assert again.commit.id != first.commit.id
@@ -425,8 +507,8 @@ def test_after_the_retention_window_a_repeat_runs_again(tmp_path):
 
 # ---- cost ----------------------------------------------------------------------------------
 
-def test_an_id_costs_two_conditional_writes_and_nothing_without_one(stubs, repo,
-                                                                    counting_backend):
+
+def test_an_id_costs_two_conditional_writes_and_nothing_without_one(stubs, repo, counting_backend):
     """The measured price of an id (the figures in the client's docstring): a fresh id costs
     two conditional writes in the call's partition; a repeat one failed conditional write and
     one read, and nothing else; a call without an id costs what it did before."""
@@ -437,15 +519,23 @@ def test_an_id_costs_two_conditional_writes_and_nothing_without_one(stubs, repo,
         staging dropper's scans and deletes, a refresh of the cached repository record)."""
         counting_backend.reset()
         call()
-        return {(op, cls): n for (op, cls), n in counting_backend.snapshot().items()
-                if n and op not in ("scan", "batch_delete")
-                and (cls, op) not in (("cleanup", "delete"), ("quarry", "get"),
-                                      ("quarry", "batch_get"))}
+        return {
+            (op, cls): n
+            for (op, cls), n in counting_backend.snapshot().items()
+            if n
+            and op not in ("scan", "batch_delete")
+            and (cls, op) not in (("cleanup", "delete"), ("quarry", "get"), ("quarry", "batch_get"))
+        }
 
     def put_call(request_id):
-        return lambda: stubs.bm.PutObject(bm.PutObjectRequest(
-            repository=repo, branch="main", request_id=request_id,
-            entry=types_pb2.Entry(path="p", physical_address="s3://p")))
+        return lambda: stubs.bm.PutObject(
+            bm.PutObjectRequest(
+                repository=repo,
+                branch="main",
+                request_id=request_id,
+                entry=types_pb2.Entry(path="p", physical_address="s3://p"),
+            )
+        )
 
     plain = cost(put_call(""))
     request_id = rid()
@@ -456,8 +546,17 @@ def test_an_id_costs_two_conditional_writes_and_nothing_without_one(stubs, repo,
     assert cost(put_call(request_id)) == {("set_if", "repo"): 1, ("get", "repo"): 1}
 
     # Installation-wide calls keep their record in the quarry partition.
-    assert cost(lambda: stubs.bm.DeleteRepository(bm.DeleteRepositoryRequest(
-        name=repo, request_id=request_id)))[("set_if", "quarry")] == 2
-    assert cost(lambda: stubs.bm.DeleteRepository(bm.DeleteRepositoryRequest(
-        name=repo, request_id=request_id))) == {("set_if", "quarry"): 1}  # + its get
+    assert (
+        cost(
+            lambda: stubs.bm.DeleteRepository(
+                bm.DeleteRepositoryRequest(name=repo, request_id=request_id)
+            )
+        )[("set_if", "quarry")]
+        == 2
+    )
+    assert cost(
+        lambda: stubs.bm.DeleteRepository(
+            bm.DeleteRepositoryRequest(name=repo, request_id=request_id)
+        )
+    ) == {("set_if", "quarry"): 1}  # + its get
     assert counting_backend.inner.get(QUARRY_PARTITION, b"requests/" + request_id.encode())

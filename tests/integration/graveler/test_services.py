@@ -1,7 +1,6 @@
 """branch-manager and committer over gRPC, wired to kv-gateway and range-writer: statuses
 with ErrorInfo reasons, nothing half-applied, concurrency, cost counts, token cleanup."""
 
-import time
 import uuid
 
 import grpc
@@ -13,6 +12,7 @@ from quarry.v1 import branch_manager_pb2 as bm
 from quarry.v1 import committer_pb2 as cm
 from quarry.v1 import types_pb2
 from support.hammer import hammer
+from support.wait import wait_until
 
 
 def reason_of(error: grpc.RpcError) -> str:
@@ -27,77 +27,166 @@ def reason_of(error: grpc.RpcError) -> str:
 
 def new_repo(stubs, suite) -> str:
     name = f"r-{uuid.uuid4().hex[:10]}"
-    stubs.bm.CreateRepository(bm.CreateRepositoryRequest(
-        name=name, storage_namespace=suite.namespace(name)))
+    stubs.bm.CreateRepository(
+        bm.CreateRepositoryRequest(name=name, storage_namespace=suite.namespace(name))
+    )
     return name
 
 
 def put(stubs, repo, path, checksum="c", branch="main"):
-    stubs.bm.PutObject(bm.PutObjectRequest(repository=repo, branch=branch, entry=types_pb2.Entry(
-        path=path, physical_address=f"data/{path}/{checksum}", size_bytes=1, checksum=checksum)))
+    stubs.bm.PutObject(
+        bm.PutObjectRequest(
+            repository=repo,
+            branch=branch,
+            entry=types_pb2.Entry(
+                path=path,
+                physical_address=f"data/{path}/{checksum}",
+                size_bytes=1,
+                checksum=checksum,
+            ),
+        )
+    )
 
 
 def test_workflow_over_grpc(stubs, suite):
     repo = new_repo(stubs, suite)
-    batches = [bm.PutObjectsRequest(repository=repo, branch="main", entries=[
-        types_pb2.Entry(path=f"dir{b}/f{i}", physical_address=f"a/{b}/{i}", size_bytes=i,
-                        checksum=f"{b}-{i}") for i in range(100)]) for b in range(5)]
+    batches = [
+        bm.PutObjectsRequest(
+            repository=repo,
+            branch="main",
+            entries=[
+                types_pb2.Entry(
+                    path=f"dir{b}/f{i}",
+                    physical_address=f"a/{b}/{i}",
+                    size_bytes=i,
+                    checksum=f"{b}-{i}",
+                )
+                for i in range(100)
+            ],
+        )
+        for b in range(5)
+    ]
     assert stubs.bm.PutObjects(iter(batches)).count == 500
-    listing = stubs.bm.ListObjects(bm.ListObjectsRequest(repository=repo, ref="main",
-                                                         delimiter="/"))
+    listing = stubs.bm.ListObjects(
+        bm.ListObjectsRequest(repository=repo, ref="main", delimiter="/")
+    )
     assert list(listing.common_prefixes) == [f"dir{b}/" for b in range(5)]
-    commit = stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="load",
-                                              committer="test"))
+    commit = stubs.cm.Commit(
+        cm.CommitRequest(repository=repo, branch="main", message="load", committer="test")
+    )
     assert commit.summary.added == 500 and commit.ranges_written >= 1
-    stat = stubs.bm.StatObject(bm.StatObjectRequest(repository=repo, ref="main@",
-                                                    path="dir3/f7"))
+    stat = stubs.bm.StatObject(bm.StatObjectRequest(repository=repo, ref="main@", path="dir3/f7"))
     assert stat.entry.checksum == "3-7"
     log = stubs.cm.Log(cm.LogRequest(repository=repo, ref="main"))
     assert [c.message for c in log.commits] == ["load", "Repository created"]
 
 
-@pytest.mark.parametrize("call, code, reason", [
-    (lambda s, r: s.bm.CreateBranch(bm.CreateBranchRequest(repository=r, name="bad/name",
-                                                           source_ref="main")),
-     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_NAME"),
-    (lambda s, r: s.bm.PutObject(bm.PutObjectRequest(repository=r, branch="main",
-                                                     entry=types_pb2.Entry(path="x" * 1100))),
-     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PATH"),
-    (lambda s, r: s.bm.PutObject(bm.PutObjectRequest(
-        repository=r, branch="main",
-        entry=types_pb2.Entry(path="m", metadata={"k": "v" * 10000}))),
-     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ENTRY"),
-    (lambda s, r: s.bm.PutObject(bm.PutObjectRequest(repository=r, branch="nope",
-                                                     entry=types_pb2.Entry(path="a"))),
-     grpc.StatusCode.NOT_FOUND, "BRANCH_NOT_FOUND"),
-    (lambda s, r: s.bm.StatObject(bm.StatObjectRequest(repository=r, ref="unknown-ref",
-                                                       path="a")),
-     grpc.StatusCode.NOT_FOUND, "REF_NOT_FOUND"),
-    (lambda s, r: s.bm.StatObject(bm.StatObjectRequest(repository=r, ref="main", path="a")),
-     grpc.StatusCode.NOT_FOUND, "OBJECT_NOT_FOUND"),
-    (lambda s, r: s.bm.GetRepository(bm.GetRepositoryRequest(name="missing-repo")),
-     grpc.StatusCode.NOT_FOUND, "REPOSITORY_NOT_FOUND"),
-    (lambda s, r: s.cm.Commit(cm.CommitRequest(repository=r, branch="main", message="x")),
-     grpc.StatusCode.FAILED_PRECONDITION, "NO_CHANGES"),
-    (lambda s, r: s.bm.DeleteBranch(bm.DeleteBranchRequest(repository=r, name="main")),
-     grpc.StatusCode.FAILED_PRECONDITION, "PROTECTED_BRANCH"),
-    (lambda s, r: s.bm.ListObjects(bm.ListObjectsRequest(repository=r, ref="main",
-                                                         page_token="%%%")),
-     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN"),
-    (lambda s, r: s.bm.CreateRepository(bm.CreateRepositoryRequest(name=r,
-                                                                   storage_namespace="/tmp/x")),
-     grpc.StatusCode.ALREADY_EXISTS, "REPOSITORY_EXISTS"),
-    (lambda s, r: s.cm.Merge(cm.MergeRequest(repository=r, source_ref="main",
-                                             destination_branch="main")),
-     grpc.StatusCode.FAILED_PRECONDITION, "NO_CHANGES"),
-    (lambda s, r: s.cm.Merge(cm.MergeRequest(repository=r, source_ref="main",
-                                             destination_branch="main", strategy=9)),
-     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT"),
-    (lambda s, r: s.cm.Revert(cm.RevertRequest(repository=r, branch="main", ref="main")),
-     grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PARENT"),
-    (lambda s, r: s.cm.Compact(cm.CompactRequest(repository=r, branch="nope")),
-     grpc.StatusCode.NOT_FOUND, "BRANCH_NOT_FOUND"),
-])
+@pytest.mark.parametrize(
+    "call, code, reason",
+    [
+        (
+            lambda s, r: s.bm.CreateBranch(
+                bm.CreateBranchRequest(repository=r, name="bad/name", source_ref="main")
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_NAME",
+        ),
+        (
+            lambda s, r: s.bm.PutObject(
+                bm.PutObjectRequest(
+                    repository=r, branch="main", entry=types_pb2.Entry(path="x" * 1100)
+                )
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_PATH",
+        ),
+        (
+            lambda s, r: s.bm.PutObject(
+                bm.PutObjectRequest(
+                    repository=r,
+                    branch="main",
+                    entry=types_pb2.Entry(path="m", metadata={"k": "v" * 10000}),
+                )
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_ENTRY",
+        ),
+        (
+            lambda s, r: s.bm.PutObject(
+                bm.PutObjectRequest(repository=r, branch="nope", entry=types_pb2.Entry(path="a"))
+            ),
+            grpc.StatusCode.NOT_FOUND,
+            "BRANCH_NOT_FOUND",
+        ),
+        (
+            lambda s, r: s.bm.StatObject(
+                bm.StatObjectRequest(repository=r, ref="unknown-ref", path="a")
+            ),
+            grpc.StatusCode.NOT_FOUND,
+            "REF_NOT_FOUND",
+        ),
+        (
+            lambda s, r: s.bm.StatObject(bm.StatObjectRequest(repository=r, ref="main", path="a")),
+            grpc.StatusCode.NOT_FOUND,
+            "OBJECT_NOT_FOUND",
+        ),
+        (
+            lambda s, r: s.bm.GetRepository(bm.GetRepositoryRequest(name="missing-repo")),
+            grpc.StatusCode.NOT_FOUND,
+            "REPOSITORY_NOT_FOUND",
+        ),
+        (
+            lambda s, r: s.cm.Commit(cm.CommitRequest(repository=r, branch="main", message="x")),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "NO_CHANGES",
+        ),
+        (
+            lambda s, r: s.bm.DeleteBranch(bm.DeleteBranchRequest(repository=r, name="main")),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "PROTECTED_BRANCH",
+        ),
+        (
+            lambda s, r: s.bm.ListObjects(
+                bm.ListObjectsRequest(repository=r, ref="main", page_token="%%%")
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_PAGE_TOKEN",
+        ),
+        (
+            lambda s, r: s.bm.CreateRepository(
+                bm.CreateRepositoryRequest(name=r, storage_namespace="/tmp/x")
+            ),
+            grpc.StatusCode.ALREADY_EXISTS,
+            "REPOSITORY_EXISTS",
+        ),
+        (
+            lambda s, r: s.cm.Merge(
+                cm.MergeRequest(repository=r, source_ref="main", destination_branch="main")
+            ),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "NO_CHANGES",
+        ),
+        (
+            lambda s, r: s.cm.Merge(
+                cm.MergeRequest(
+                    repository=r, source_ref="main", destination_branch="main", strategy=9
+                )
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_ARGUMENT",
+        ),
+        (
+            lambda s, r: s.cm.Revert(cm.RevertRequest(repository=r, branch="main", ref="main")),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_PARENT",
+        ),
+        (
+            lambda s, r: s.cm.Compact(cm.CompactRequest(repository=r, branch="nope")),
+            grpc.StatusCode.NOT_FOUND,
+            "BRANCH_NOT_FOUND",
+        ),
+    ],
+)
 def test_bad_input_gets_a_clear_status_and_changes_nothing(stubs, suite, call, code, reason):
     repo = new_repo(stubs, suite)
     before = stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="main")).branch
@@ -114,15 +203,24 @@ def test_concurrent_writers_readers_committers_over_grpc(stubs, suite):
     repo = new_repo(stubs, suite)
 
     def do_put(path, version):
-        stubs.bm.PutObject(bm.PutObjectRequest(repository=repo, branch="main",
-                                               entry=types_pb2.Entry(
-                                                   path=path, physical_address=f"{path}/{version}",
-                                                   size_bytes=version, checksum=f"v{version}")))
+        stubs.bm.PutObject(
+            bm.PutObjectRequest(
+                repository=repo,
+                branch="main",
+                entry=types_pb2.Entry(
+                    path=path,
+                    physical_address=f"{path}/{version}",
+                    size_bytes=version,
+                    checksum=f"v{version}",
+                ),
+            )
+        )
 
     def do_read(path):
         try:
-            entry = stubs.bm.StatObject(bm.StatObjectRequest(repository=repo, ref="main",
-                                                             path=path)).entry
+            entry = stubs.bm.StatObject(
+                bm.StatObjectRequest(repository=repo, ref="main", path=path)
+            ).entry
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.NOT_FOUND:
                 return None
@@ -150,24 +248,39 @@ def test_concurrent_writers_readers_committers_over_grpc(stubs, suite):
                 if error.code() == grpc.StatusCode.ABORTED:
                     raise aborted() from None
                 raise
+
         return call
 
-    result = hammer(retrying(do_put), retrying(do_read), retrying(do_commit), writers=4,
-                    readers=2, committers=2, seconds=3.0, retryable=(aborted,))
+    result = hammer(
+        retrying(do_put),
+        retrying(do_read),
+        retrying(do_commit),
+        writers=4,
+        readers=2,
+        committers=2,
+        seconds=3.0,
+        retryable=(aborted,),
+    )
     assert not result.errors, result.errors[:5]
     assert not result.stale_reads, result.stale_reads[:5]
     assert result.commits >= 2 and result.writes >= 50 and result.reads >= 50
     do_commit()
     for path, version in result.acked.items():
-        entry = stubs.bm.StatObject(bm.StatObjectRequest(repository=repo, ref="main@",
-                                                         path=path)).entry
+        entry = stubs.bm.StatObject(
+            bm.StatObjectRequest(repository=repo, ref="main@", path=path)
+        ).entry
         assert entry.checksum == f"v{version}", path
 
 
 # The background dropper (fast in this suite) scans the cleanup queue and deletes retired
 # staging partitions at any moment; its operations are not part of the call measured.
-DROPPER_OPS = {("scan", "cleanup"), ("get", "cleanup"), ("delete", "cleanup"),
-               ("scan", "staging"), ("batch_delete", "staging")}
+DROPPER_OPS = {
+    ("scan", "cleanup"),
+    ("get", "cleanup"),
+    ("delete", "cleanup"),
+    ("scan", "staging"),
+    ("batch_delete", "staging"),
+}
 
 
 def _costs(counting_backend, action) -> dict:
@@ -183,10 +296,18 @@ def test_costs_do_not_grow_with_history(stubs, suite, counting_backend):
     stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="first"))
 
     def measure():
-        stat = _costs(counting_backend, lambda: stubs.bm.StatObject(
-            bm.StatObjectRequest(repository=repo, ref="main", path="data/a")))
-        listing = _costs(counting_backend, lambda: stubs.bm.ListObjects(
-            bm.ListObjectsRequest(repository=repo, ref="main", page_size=10)))
+        stat = _costs(
+            counting_backend,
+            lambda: stubs.bm.StatObject(
+                bm.StatObjectRequest(repository=repo, ref="main", path="data/a")
+            ),
+        )
+        listing = _costs(
+            counting_backend,
+            lambda: stubs.bm.ListObjects(
+                bm.ListObjectsRequest(repository=repo, ref="main", page_size=10)
+            ),
+        )
         write = _costs(counting_backend, lambda: put(stubs, repo, "data/b", "same"))
         return stat, listing, write
 
@@ -204,8 +325,9 @@ def test_costs_do_not_grow_with_history(stubs, suite, counting_backend):
 
 def test_retired_staging_tokens_are_dropped(stubs, suite, counting_backend):
     repo = new_repo(stubs, suite)
-    token = stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="main")).branch \
-        .staging_token
+    token = stubs.bm.GetBranch(
+        bm.GetBranchRequest(repository=repo, name="main")
+    ).branch.staging_token
     for i in range(20):
         put(stubs, repo, f"f{i}")
     stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="c"))
@@ -215,12 +337,12 @@ def test_retired_staging_tokens_are_dropped(stubs, suite, counting_backend):
         return any(item.key == f"staging/{token}".encode() for item in backend.scan(b"cleanup"))
 
     # The dropper empties the partition, then removes its cleanup record: wait for both.
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        left = list(backend.scan(f"staging/{token}".encode()))
-        if not left and not queued():
-            break
-        time.sleep(0.05)
+    def dropped() -> bool:
+        return not list(backend.scan(f"staging/{token}".encode())) and not queued()
+
+    wait_until(dropped, timeout=30, interval=0.05, what="the token dropped")
+    left = list(backend.scan(f"staging/{token}".encode()))
     assert left == []
     assert list(backend.scan(b"cleanup")) == [] or all(
-        item.key != f"staging/{token}".encode() for item in backend.scan(b"cleanup"))
+        item.key != f"staging/{token}".encode() for item in backend.scan(b"cleanup")
+    )

@@ -2,8 +2,6 @@
 
 from quarry.compaction.sensor import CompactionResult
 from quarry.graveler.staging import new_token
-from quarry.kv import store as kv
-from quarry.v1 import types_pb2
 
 
 class FakeCompactor:
@@ -26,16 +24,17 @@ class FakeCompactor:
 
         refs = RefManager(self.store)
         repo = refs.get_repository(repository)
-        record, predicate = refs.get_branch(repo, branch)
-        compacted = types_pb2.Branch()
-        compacted.CopyFrom(record)
-        tokens = [record.staging_token, *record.sealed_tokens]
-        del compacted.sealed_tokens[:]
-        compacted.staging_token = new_token()
-        compacted.dirty = False
-        compacted.compacted_metarange_id = "compacted-" + record.staging_token[:8]
-        refs.set_branch_if(repo, compacted, kv.Equals(predicate))
-        return CompactionResult(compacted.compacted_metarange_id, len(tokens))
+
+        def compact(record):
+            record.compacted_metarange_id = "compacted-" + record.staging_token[:8]
+            del record.sealed_tokens[:]
+            record.staging_token = new_token()
+            record.dirty = False
+            return record
+
+        update = refs.update_branch(repo, branch, compact, step="fake-compact")
+        tokens = [update.before.staging_token, *update.before.sealed_tokens]
+        return CompactionResult(update.branch.compacted_metarange_id, len(tokens))
 
 
 class Clock:

@@ -8,6 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graveler"))
 
 from compaction_fakes import Clock, FakeCompactor  # noqa: E402
 from fake_committed import FakeCommitted  # noqa: E402
+
 from quarry.compaction.sensor import CompactionSensor, Thresholds  # noqa: E402
 from quarry.graveler.graveler import Graveler  # noqa: E402
 from quarry.kv.memory import MemoryStore  # noqa: E402
@@ -41,9 +42,21 @@ def clock():
 
 @pytest.fixture
 def make_sensor(store, compactor, clock):
-    def make(tombstones=0, staged_entries=0, sealed_tokens=0, min_interval=60.0,
-             compactor_=None, **kwargs):
-        return CompactionSensor(store, compactor_ or compactor,
-                                Thresholds(tombstones, staged_entries, sealed_tokens),
-                                min_interval_seconds=min_interval, clock=clock, **kwargs)
+    def make(
+        tombstones=0,
+        staged_entries=0,
+        sealed_tokens=0,
+        min_interval=60.0,
+        compactor_=None,
+        **kwargs,
+    ):
+        return CompactionSensor(
+            store,
+            compactor_ or compactor,
+            Thresholds(tombstones, staged_entries, sealed_tokens),
+            min_interval_seconds=min_interval,
+            clock=clock,
+            **kwargs,
+        )
+
     return make

@@ -11,6 +11,7 @@ from quarry.runtime.server import ServiceSpec, create_server
 from quarry.v1 import compactor_sensor_pb2 as pb
 from quarry.v1 import compactor_sensor_pb2_grpc
 from support.servers import settings_for_tests
+from support.wait import wait_until
 
 
 class RecordingSensor(compactor_sensor_pb2_grpc.CompactorSensorServicer):
@@ -18,8 +19,10 @@ class RecordingSensor(compactor_sensor_pb2_grpc.CompactorSensorServicer):
         self.delay = delay
         self.requests: list[pb.ReportStagingActivityRequest] = []
         self.received = threading.Event()
+        self.started = threading.Event()  # a report reached the servicer
 
     def ReportStagingActivity(self, request, context):
+        self.started.set()
         if self.delay:
             time.sleep(self.delay)
         self.requests.append(request)
@@ -35,8 +38,10 @@ def sensor_server():
         spec = ServiceSpec(
             name="compactor-sensor",
             register=lambda s: compactor_sensor_pb2_grpc.add_CompactorSensorServicer_to_server(
-                servicer, s),
-            grpc_service_names=[pb.DESCRIPTOR.services_by_name["CompactorSensor"].full_name])
+                servicer, s
+            ),
+            grpc_service_names=[pb.DESCRIPTOR.services_by_name["CompactorSensor"].full_name],
+        )
         server, port = create_server(settings_for_tests(), spec, port=0, host="127.0.0.1")
         servers.append(server)
         return server, f"127.0.0.1:{port}"
@@ -51,8 +56,9 @@ def dropped():
 
 
 def lines(request):
-    return sorted((r.repository, r.branch, r.staging_token, r.puts, r.deletes)
-                  for r in request.reports)
+    return sorted(
+        (r.repository, r.branch, r.staging_token, r.puts, r.deletes) for r in request.reports
+    )
 
 
 def test_records_are_aggregated_into_one_call_per_flush(sensor_server):
@@ -72,8 +78,11 @@ def test_records_are_aggregated_into_one_call_per_flush(sensor_server):
     finally:
         reporter.stop()
     [request] = sensor.requests
-    assert lines(request) == [("lake", "dev", "t3", 0, 1), ("lake", "main", "t1", 100, 3),
-                              ("lake", "main", "t2", 2, 0)]
+    assert lines(request) == [
+        ("lake", "dev", "t3", 0, 1),
+        ("lake", "main", "t1", 100, 3),
+        ("lake", "main", "t2", 2, 0),
+    ]
     assert reporter.sent == 3 and reporter.dropped == 0
 
 
@@ -119,7 +128,7 @@ def test_record_never_waits_for_a_slow_sensor(sensor_server):
         reporter.record("lake", "main", "t", 1, 0)
         flusher = threading.Thread(target=reporter.flush)
         flusher.start()
-        time.sleep(0.05)  # the flush is now waiting for the sensor
+        wait_until(slow.started.is_set, what="the flush waiting for the sensor")
         worst = 0.0
         for _ in range(1000):
             started = time.perf_counter()

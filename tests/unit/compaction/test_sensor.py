@@ -6,19 +6,23 @@ write's counts and staging token to `sensor.record`.
 """
 
 import threading
-import time
 
 import pytest
+from compaction_fakes import FakeCompactor
 from prometheus_client import REGISTRY
 
 from quarry import errors
-from quarry.compaction.sensor import (REASON_SEALED_TOKENS, REASON_STAGED_ENTRIES,
-                                      REASON_TOMBSTONES, CompactionSensor, StagingStats,
-                                      Thresholds)
+from quarry.compaction.sensor import (
+    REASON_SEALED_TOKENS,
+    REASON_STAGED_ENTRIES,
+    REASON_TOMBSTONES,
+    CompactionSensor,
+    StagingStats,
+    Thresholds,
+)
 from quarry.graveler import errors as gerrors
 from quarry.graveler.model import Entry
-
-from compaction_fakes import FakeCompactor
+from support.wait import wait_until
 
 
 def entry(path, checksum="c1"):
@@ -52,8 +56,8 @@ def metric(name, **labels):
 
 # ---- thresholds -------------------------------------------------------------------------------
 
-def test_tombstone_threshold_triggers_exactly_as_configured(graveler, repo, make_sensor,
-                                                            compactor):
+
+def test_tombstone_threshold_triggers_exactly_as_configured(graveler, repo, make_sensor, compactor):
     sensor = make_sensor(tombstones=5)
     paths = committed_files(graveler, repo, 10)
     for path in paths[:4]:
@@ -73,8 +77,7 @@ def test_tombstone_threshold_triggers_exactly_as_configured(graveler, repo, make
     assert graveler.get_branch(repo, "main").compacted_metarange_id
 
 
-def test_staged_entries_threshold_counts_puts_and_deletes(graveler, repo, make_sensor,
-                                                          compactor):
+def test_staged_entries_threshold_counts_puts_and_deletes(graveler, repo, make_sensor, compactor):
     sensor = make_sensor(staged_entries=6)
     paths = committed_files(graveler, repo, 3)
     put(graveler, sensor, repo, "main", ["new/a", "new/b"])
@@ -88,15 +91,14 @@ def test_staged_entries_threshold_counts_puts_and_deletes(graveler, repo, make_s
     assert sensor.evaluate_once() == [(repo, "main")]
 
 
-def test_sealed_tokens_threshold_reads_the_branch_record(graveler, repo, make_sensor,
-                                                         compactor):
+def test_sealed_tokens_threshold_reads_the_branch_record(graveler, repo, make_sensor, compactor):
     sensor = make_sensor(sealed_tokens=2)
     repository = graveler.refs.get_repository(repo)
     for i in range(2):
         put(graveler, sensor, repo, "main", [f"a/{i}"])
         sensor.evaluate_once()
         assert compactor.calls == []
-        graveler._seal(repository, "main")  # a commit that sealed and then failed
+        graveler.commits.seal(repository, "main")  # a commit that sealed and then failed
     sensor.record([StagingStats(repo, "main", "", 1, 0)])  # any activity: re-read the record
     assert sensor.evaluate_once() == [(repo, "main")]
     assert compactor.calls == [(repo, "main")]
@@ -106,7 +108,7 @@ def test_sealed_tokens_threshold_reads_the_branch_record(graveler, repo, make_se
 def test_sealed_tokens_candidate_reason_and_stats(graveler, repo, make_sensor):
     sensor = make_sensor(sealed_tokens=1, compactor_=FakeCompactor(None, "noop"))
     put(graveler, sensor, repo, "main", ["a"])
-    graveler._seal(graveler.refs.get_repository(repo), "main")
+    graveler.commits.seal(graveler.refs.get_repository(repo), "main")
     stats = sensor.get_branch_stats(repo, "main")
     assert (stats.puts, stats.deletes, stats.sealed_tokens) == (1, 0, 1)
     assert metric("quarry_branch_sealed_tokens", repo=repo, branch="main") == 1
@@ -126,10 +128,13 @@ def test_zero_disables_a_threshold(graveler, repo, make_sensor, compactor):
 def test_thresholds_come_from_settings():
     from quarry.config import load_settings
 
-    settings = load_settings(env={}, compaction_tombstones_threshold=7,
-                             compaction_staged_entries_threshold=8,
-                             compaction_sealed_tokens_threshold=9,
-                             compaction_min_interval_seconds=3.0)
+    settings = load_settings(
+        env={},
+        compaction_tombstones_threshold=7,
+        compaction_staged_entries_threshold=8,
+        compaction_sealed_tokens_threshold=9,
+        compaction_min_interval_seconds=3.0,
+    )
     sensor = CompactionSensor.from_settings(settings, None, None)
     assert sensor.thresholds == Thresholds(7, 8, 9)
     assert sensor.min_interval_seconds == 3.0
@@ -138,8 +143,10 @@ def test_thresholds_come_from_settings():
 
 # ---- the guard --------------------------------------------------------------------------------
 
-def test_guard_prevents_a_second_trigger_within_the_interval(graveler, repo, make_sensor,
-                                                             store, clock):
+
+def test_guard_prevents_a_second_trigger_within_the_interval(
+    graveler, repo, make_sensor, store, clock
+):
     failing = FakeCompactor(store, errors.Unimplemented("Compact is not built yet"))
     sensor = make_sensor(tombstones=2, min_interval=60.0, compactor_=failing)
     paths = committed_files(graveler, repo, 2)
@@ -218,6 +225,7 @@ def test_a_failing_branch_does_not_stop_the_others(graveler, repo, make_sensor, 
 
 # ---- counters follow the branch record -------------------------------------------------------
 
+
 def test_counters_reset_when_the_token_is_committed(graveler, repo, make_sensor):
     sensor = make_sensor(tombstones=100)
     paths = committed_files(graveler, repo, 4)
@@ -235,8 +243,7 @@ def test_counters_reset_when_the_token_is_committed(graveler, repo, make_sensor)
     assert sensor.get_branch_stats(repo, "main").deletes == 1
 
 
-def test_counters_reset_when_the_token_is_compacted_elsewhere(graveler, repo, make_sensor,
-                                                              store):
+def test_counters_reset_when_the_token_is_compacted_elsewhere(graveler, repo, make_sensor, store):
     sensor = make_sensor(tombstones=3)
     paths = committed_files(graveler, repo, 3)
     delete(graveler, sensor, repo, "main", paths)
@@ -271,9 +278,16 @@ def test_deleted_branches_are_forgotten(graveler, repo, make_sensor):
 
 def test_reports_without_repository_or_counts_are_ignored(make_sensor):
     sensor = make_sensor(tombstones=1)
-    assert sensor.record([StagingStats("", "main", "t", 1, 1),
-                          StagingStats("lake", "", "t", 1, 1),
-                          StagingStats("lake", "main", "t", 0, 0)]) == 0
+    assert (
+        sensor.record(
+            [
+                StagingStats("", "main", "t", 1, 1),
+                StagingStats("lake", "", "t", 1, 1),
+                StagingStats("lake", "main", "t", 0, 0),
+            ]
+        )
+        == 0
+    )
     assert sensor.list_candidates() == []
 
 
@@ -289,11 +303,12 @@ def test_list_candidates_orders_and_pages(graveler, repo, make_sensor):
 
 # ---- rebuilding after a restart --------------------------------------------------------------
 
+
 def test_rebuild_after_restart_counts_staged_items_from_kv(graveler, repo, make_sensor):
     paths = committed_files(graveler, repo, 5)
     put(graveler, None, repo, "main", [f"new/{i}" for i in range(7)])
     delete(graveler, None, repo, "main", paths[:2])
-    graveler._seal(graveler.refs.get_repository(repo), "main")  # now a sealed token
+    graveler.commits.seal(graveler.refs.get_repository(repo), "main")  # now a sealed token
     put(graveler, None, repo, "main", ["later/1", "later/2"])
     delete(graveler, None, repo, "main", [paths[2]])
 
@@ -302,8 +317,9 @@ def test_rebuild_after_restart_counts_staged_items_from_kv(graveler, repo, make_
     assert (stats.puts, stats.deletes, stats.sealed_tokens) == (9, 3, 1)
 
 
-def test_rebuild_on_first_evaluation_finds_branches_and_triggers(graveler, repo, make_sensor,
-                                                                 compactor):
+def test_rebuild_on_first_evaluation_finds_branches_and_triggers(
+    graveler, repo, make_sensor, compactor
+):
     paths = committed_files(graveler, repo, 4)
     graveler.create_branch(repo, "clean", "main")
     delete(graveler, None, repo, "main", paths)
@@ -347,28 +363,28 @@ def test_rebuild_budget_per_cycle(graveler, repo, make_sensor):
 
 # ---- the loop -----------------------------------------------------------------------------------
 
+
 def test_background_loop_triggers_and_stops(graveler, repo, store):
     compactor = FakeCompactor(store)
-    sensor = CompactionSensor(store, compactor, Thresholds(tombstones=2),
-                              check_interval_seconds=0.02)
+    sensor = CompactionSensor(
+        store, compactor, Thresholds(tombstones=2), check_interval_seconds=0.02
+    )
     paths = committed_files(graveler, repo, 2)
     delete(graveler, sensor, repo, "main", paths)
     sensor.start()
     try:
-        deadline = time.monotonic() + 5
-        while not compactor.calls and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: compactor.calls, timeout=5, what="a compaction")
     finally:
         sensor.stop()
     assert compactor.calls == [(repo, "main")]
 
 
 def test_rebuild_is_bounded_per_branch(graveler, repo, make_sensor):
-    graveler._seal(graveler.refs.get_repository(repo), "main")
+    graveler.commits.seal(graveler.refs.get_repository(repo), "main")
     for batch in range(3):  # three tokens of 40 entries: two sealed, one staging
         put(graveler, None, repo, "main", [f"b{batch}/{i}" for i in range(40)])
         if batch < 2:
-            graveler._seal(graveler.refs.get_repository(repo), "main")
+            graveler.commits.seal(graveler.refs.get_repository(repo), "main")
     sensor = make_sensor(tombstones=1000, rebuild_max_items_per_branch=50)
     stats = sensor.get_branch_stats(repo, "main")
     assert stats.puts == 50 and stats.sealed_tokens == 2

@@ -1,6 +1,6 @@
 import pytest
-
 from fake_committed import FakeCommitted
+
 from quarry.graveler.graveler import Graveler
 from quarry.kv.memory import MemoryStore
 from support.counting import CountingStore

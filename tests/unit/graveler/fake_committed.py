@@ -87,8 +87,9 @@ class FakeCommitted:
 
     def claim_namespace(self, namespace, marker, replace=None):
         # The real claim (marker written into the real directory): ownership is not faked.
-        return claim_namespace(LocalBlobStore(parse_storage_namespace(namespace)[1]), marker,
-                               replace)
+        return claim_namespace(
+            LocalBlobStore(parse_storage_namespace(namespace)[1]), marker, replace
+        )
 
     def _entries(self, metarange_id: str) -> list[Entry]:
         found = self.metaranges.get(metarange_id or "")
@@ -151,19 +152,29 @@ class FakeCommitted:
                 yield Change(ChangeType.CHANGED, path, b)
 
 
-def _merge_metaranges(self, namespace, base_id, source_id, destination_id, strategy=0,
-                      max_conflicts=100, dry_run=False):
+def _merge_metaranges(
+    self,
+    namespace,
+    base_id,
+    source_id,
+    destination_id,
+    strategy=0,
+    max_conflicts=100,
+    dry_run=False,
+):
     from quarry import errors
     from quarry.graveler.model import MergeResult, MergeStrategy
 
     if max_conflicts is None or max_conflicts < 0:
         raise errors.InvalidArgument("max_conflicts must be >= 0")  # as the real merge
+
     def as_dict(mr):
         return {e.path: e for e in self._entries(mr)}
 
     dest = as_dict(destination_id)
-    merged, summary, conflicts, more = naive_merge(as_dict(base_id), as_dict(source_id), dest,
-                                                   MergeStrategy(strategy), max_conflicts)
+    merged, summary, conflicts, more = naive_merge(
+        as_dict(base_id), as_dict(source_id), dest, MergeStrategy(strategy), max_conflicts
+    )
     if conflicts or more or dry_run:
         return MergeResult("", summary, tuple(conflicts), more)
     new_id = self._store(sorted(merged.values(), key=lambda e: e.path))

@@ -10,8 +10,9 @@ from quarry.v1 import types_pb2
 
 
 def entry(path, checksum="c1", address=None, size=10, **metadata):
-    return Entry(path, address or f"data/{path}-{checksum}", size, checksum, 0, "text/plain",
-                 metadata)
+    return Entry(
+        path, address or f"data/{path}-{checksum}", size, checksum, 0, "text/plain", metadata
+    )
 
 
 def paths(entries):
@@ -19,6 +20,7 @@ def paths(entries):
 
 
 # ---- repositories -----------------------------------------------------------------------
+
 
 def test_create_repository_has_initial_commit_and_default_branch(graveler, tmp_path):
     repo = graveler.create_repository("lake-one", str(tmp_path / "ns"), "trunk")
@@ -98,6 +100,7 @@ def test_delete_repository_then_recreate_is_empty(graveler, repo, tmp_path):
 
 # ---- branches and tags -------------------------------------------------------------------
 
+
 def test_branch_lifecycle(graveler, repo):
     graveler.put_objects(repo, "main", [entry("a")])
     graveler.commit(repo, "main", "one")
@@ -170,6 +173,7 @@ def test_branch_at_reads_committed_state_only(graveler, repo):
 
 # ---- staging, reads and commits ------------------------------------------------------------
 
+
 def test_put_stat_list_commit_round_trip(graveler, repo):
     graveler.put_objects(repo, "main", [entry("b/2"), entry("a/1"), entry("b/1")])
     assert is_dirty(graveler.get_branch(repo, "main"))
@@ -192,8 +196,20 @@ def test_restaging_identical_content_is_no_change(graveler, repo):
     graveler.commit(repo, "main", "one")
     # Every field a user reads back equal, only mtime differs: no change.
     again = entry("a", address="first")
-    graveler.put_objects(repo, "main", [Entry("a", again.physical_address, again.size_bytes,
-                                              again.checksum, 123, again.content_type)])
+    graveler.put_objects(
+        repo,
+        "main",
+        [
+            Entry(
+                "a",
+                again.physical_address,
+                again.size_bytes,
+                again.checksum,
+                123,
+                again.content_type,
+            )
+        ],
+    )
     assert graveler.diff_uncommitted(repo, "main")[0] == []
     with pytest.raises(gerrors.NoChanges):
         graveler.commit(repo, "main", "same content")
@@ -207,7 +223,8 @@ def test_a_new_address_alone_is_a_change(graveler, repo):
     graveler.put_objects(repo, "main", [entry("a", address="second-copy")])
     changes = graveler.diff_uncommitted(repo, "main")[0]
     assert [(c.type, c.entry.physical_address) for c in changes] == [
-        (ChangeType.CHANGED, "second-copy")]
+        (ChangeType.CHANGED, "second-copy")
+    ]
     assert graveler.commit(repo, "main", "moved").summary.changed == 1
     assert graveler.stat_object(repo, "main@", "a").physical_address == "second-copy"
 
@@ -269,8 +286,9 @@ def test_listing_with_delimiter_and_pages(graveler, repo):
     assert paths(entries) == ["top1", "top2"]
     seen, token = [], ""
     while True:
-        entries, prefixes, token = graveler.list_objects(repo, "main", page_size=3,
-                                                         page_token=token)
+        entries, prefixes, token = graveler.list_objects(
+            repo, "main", page_size=3, page_token=token
+        )
         assert len(entries) <= 3
         seen += paths(entries)
         if not token:
@@ -278,21 +296,24 @@ def test_listing_with_delimiter_and_pages(graveler, repo):
     assert seen == sorted(set(files) - {f"d1/f{i}" for i in range(4)})
     got, pfx, token = graveler.list_objects(repo, "main", prefix="d2/", page_size=2)
     assert paths(got) == ["d2/f0", "d2/f1"] and token
-    got, pfx, token = graveler.list_objects(repo, "main", prefix="d2/", page_size=2,
-                                            page_token=token)
+    got, pfx, token = graveler.list_objects(
+        repo, "main", prefix="d2/", page_size=2, page_token=token
+    )
     assert paths(got) == ["d2/f2", "d2/f3"]
     out, prefixes, token = graveler.list_objects(repo, "main", delimiter="/", page_size=1)
     assert prefixes == ["d0/"] and token
-    out, prefixes, token = graveler.list_objects(repo, "main", delimiter="/", page_size=1,
-                                                 page_token=token)
+    out, prefixes, token = graveler.list_objects(
+        repo, "main", delimiter="/", page_size=1, page_token=token
+    )
     assert prefixes == ["d2/"]
 
 
 def test_discard_path_prefix_and_everything(graveler, repo):
     graveler.put_objects(repo, "main", [entry("a/1"), entry("a/2"), entry("b/1")])
     graveler.commit(repo, "main", "base")
-    graveler.put_objects(repo, "main", [entry("a/1", "new"), entry("a/3"), entry("b/1", "new"),
-                                        entry("c")])
+    graveler.put_objects(
+        repo, "main", [entry("a/1", "new"), entry("a/3"), entry("b/1", "new"), entry("c")]
+    )
     graveler.delete_objects(repo, "main", ["a/2"])
     graveler.discard_changes(repo, "main", path="b/1")
     assert graveler.stat_object(repo, "main", "b/1").checksum == "c1"
@@ -326,7 +347,10 @@ def test_diff_between_refs_and_log(graveler, repo):
     c2 = graveler.commit(repo, "main", "two").commit
     changes, token = graveler.diff(repo, c1.id, "main")
     assert [(c.type, c.path) for c in changes] == [
-        (ChangeType.CHANGED, "a"), (ChangeType.REMOVED, "b"), (ChangeType.ADDED, "c")]
+        (ChangeType.CHANGED, "a"),
+        (ChangeType.REMOVED, "b"),
+        (ChangeType.ADDED, "c"),
+    ]
     page, token = graveler.diff(repo, c1.id, "main", page_size=2)
     rest, token2 = graveler.diff(repo, c1.id, "main", page_size=2, page_token=token)
     assert [c.path for c in page + rest] == ["a", "b", "c"] and token2 == ""
@@ -339,8 +363,9 @@ def test_diff_between_refs_and_log(graveler, repo):
 def test_record_without_dirty_field_reads_as_dirty(graveler, repo, kv_store):
     r = graveler.refs.get_repository(repo)
     branch, predicate = graveler.refs.get_branch(r, "main")
-    legacy = types_pb2.Branch(name=branch.name, commit_id=branch.commit_id,
-                              staging_token=branch.staging_token)
+    legacy = types_pb2.Branch(
+        name=branch.name, commit_id=branch.commit_id, staging_token=branch.staging_token
+    )
     from quarry.kv.store import Equals
 
     graveler.refs.set_branch_if(r, legacy, Equals(predicate))
@@ -350,6 +375,7 @@ def test_record_without_dirty_field_reads_as_dirty(graveler, repo, kv_store):
 
 
 # ---- cost model (KV side) ------------------------------------------------------------------
+
 
 def test_stat_on_clean_branch_reads_no_staging(graveler, repo, kv_store):
     graveler.put_objects(repo, "main", [entry("a")])
@@ -391,8 +417,9 @@ def test_bad_input_is_refused_without_change(graveler, repo):
     with pytest.raises(gerrors.InvalidPath):
         graveler.put_objects(repo, "main", [entry("x" * 1025)])
     with pytest.raises(gerrors.InvalidEntry):
-        graveler.put_objects(repo, "main", [entry("ok"), Entry("big", "a", 1, "c",
-                                                               metadata={"k": "v" * 9000})])
+        graveler.put_objects(
+            repo, "main", [entry("ok"), Entry("big", "a", 1, "c", metadata={"k": "v" * 9000})]
+        )
     with pytest.raises(gerrors.BranchNotFound):
         graveler.put_objects(repo, "nope", [entry("a")])
     with pytest.raises(gerrors.RepositoryNotFound):
@@ -413,8 +440,9 @@ def test_writing_to_a_tag_says_it_is_not_a_branch(graveler, repo):
         graveler.list_objects(repo, "main", page_size=-1)
 
 
-def test_writes_right_after_delete_and_recreate_land_in_the_new_repository(graveler, repo,
-                                                                           tmp_path):
+def test_writes_right_after_delete_and_recreate_land_in_the_new_repository(
+    graveler, repo, tmp_path
+):
     from quarry.graveler.graveler import Graveler
 
     # A second process's core has the old repository record cached.

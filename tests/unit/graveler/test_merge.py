@@ -41,8 +41,10 @@ def test_merge_combines_both_sides(forked):
     assert content(g, repo, "main") == {"a": "2", "b": "2", "d": "1"}
     assert (outcome.summary.added, outcome.summary.changed) == (1, 1)
     main_head = g.get_commit(repo, "main")
-    assert list(main_head.parents) == [g.get_commit(repo, "main~1").id,
-                                       g.get_commit(repo, "feature").id]
+    assert list(main_head.parents) == [
+        g.get_commit(repo, "main~1").id,
+        g.get_commit(repo, "feature").id,
+    ]
     assert main_head.metadata["quarry.merge.strategy"] == "default"
     assert main_head.metadata["quarry.merge.base"] == outcome.base_commit_id
     # Merging again: the source is now an ancestor of the destination.
@@ -122,8 +124,11 @@ def _race_merges(g, repo, monkeypatch, times):
     state = {"left": times, "busy": False}
 
     def racing_set(repo_, branch, predicate):
-        is_our_merge = branch.name == "main" and isinstance(predicate, kv.Equals) and \
-            "quarry.merge.source" in g.refs.get_commit(repo_, branch.commit_id).metadata
+        is_our_merge = (
+            branch.name == "main"
+            and isinstance(predicate, kv.Equals)
+            and "quarry.merge.source" in g.refs.get_commit(repo_, branch.commit_id).metadata
+        )
         if is_our_merge and state["left"] and not state["busy"]:
             state["left"] -= 1
             state["busy"] = True
@@ -151,13 +156,19 @@ def test_retry_reuses_the_merged_metarange_when_head_moves(forked, committed, mo
     monkeypatch.setattr(committed, "merge_metaranges", spy)
     outcome = g.merge(repo, "feature", "main")
     assert outcome.attempts == 3
-    assert content(g, repo, "main") == {"a": "1", "b": "1", "c": "1", "f": "1", "race0": "1",
-                                        "race1": "1"}
+    assert content(g, repo, "main") == {
+        "a": "1",
+        "b": "1",
+        "c": "1",
+        "f": "1",
+        "race0": "1",
+        "race1": "1",
+    }
     feature_metarange = g.get_commit(repo, "feature").metarange_id
     assert calls[0][1] == feature_metarange
     # Each retry merged the previous attempt's result (source) from the HEAD it was merged
     # onto (base) onto the new HEAD (destination).
-    for before, after in zip(calls, calls[1:]):
+    for before, after in zip(calls, calls[1:], strict=False):
         assert after[0] == before[2]
         assert after[2] != before[2]  # the new HEAD
 

@@ -10,7 +10,7 @@ import pytest
 
 from quarry import errors
 from quarry.blob.ownership import MARKER_KEY, NamespaceInUse, parse_marker
-from quarry.graveler import graveler as graveler_module
+from quarry.graveler import repositories as graveler_module
 from quarry.graveler.refs import Repository
 
 
@@ -32,8 +32,12 @@ def test_a_namespace_around_or_inside_one_being_created_is_in_use(graveler, tmp_
 
 
 def test_an_interrupted_creation_stops_blocking_after_its_ttl(graveler, tmp_path):
-    announce(graveler, "crashed", f"{tmp_path}/lake/inner",
-             time.time() - graveler_module.CREATION_TTL_SECONDS - 1)
+    announce(
+        graveler,
+        "crashed",
+        f"{tmp_path}/lake/inner",
+        time.time() - graveler_module.CREATION_TTL_SECONDS - 1,
+    )
     graveler.create_repository("other", f"{tmp_path}/lake")
 
 
@@ -44,13 +48,14 @@ def test_announcements_are_removed_after_success_and_failure(graveler, tmp_path)
     assert graveler.refs.list_creations() == []
 
 
-def test_a_creation_slower_than_half_the_ttl_never_becomes_visible(graveler, tmp_path,
-                                                                   monkeypatch):
+def test_a_creation_slower_than_half_the_ttl_never_becomes_visible(graveler, tmp_path, monkeypatch):
     calls = iter(range(1000))
     # The first reading (the announcement) is now; every later one is far later.
-    monkeypatch.setattr(graveler_module, "_wall_clock",
-                        lambda: time.time() + (0 if next(calls) == 0 else
-                                               graveler_module.CREATION_TTL_SECONDS))
+    monkeypatch.setattr(
+        graveler_module,
+        "wall_clock",
+        lambda: time.time() + (0 if next(calls) == 0 else graveler_module.CREATION_TTL_SECONDS),
+    )
     with pytest.raises(Exception) as caught:
         graveler.create_repository("slow", str(tmp_path / "slow"))
     assert caught.value.reason == "ABORTED"
@@ -59,8 +64,9 @@ def test_a_creation_slower_than_half_the_ttl_never_becomes_visible(graveler, tmp
     graveler.create_repository("fast", str(tmp_path / "slow"))  # its namespace is reusable
 
 
-def test_a_retry_after_the_claims_answer_was_lost_succeeds(graveler, committed, tmp_path,
-                                                          monkeypatch):
+def test_a_retry_after_the_claims_answer_was_lost_succeeds(
+    graveler, committed, tmp_path, monkeypatch
+):
     real = committed.claim_namespace
 
     def claim_then_lose_the_answer(*args, **kwargs):
@@ -74,4 +80,5 @@ def test_a_retry_after_the_claims_answer_was_lost_succeeds(graveler, committed, 
     monkeypatch.undo()
     repo = graveler.create_repository("lake", str(tmp_path / "lake"))  # the client's retry
     assert parse_marker((tmp_path / "lake" / MARKER_KEY).read_bytes()).owns(
-        "lake", repo.instance_id)
+        "lake", repo.instance_id
+    )

@@ -8,7 +8,8 @@ from quarry.convert import change_to_proto, entry_to_proto
 from quarry.graveler.graveler import Graveler
 from quarry.graveler.model import Entry
 from quarry.paging import PAGE_TOKEN_RESERVE_BYTES
-from quarry.v1 import branch_manager_pb2 as bm, committer_pb2 as cm
+from quarry.v1 import branch_manager_pb2 as bm
+from quarry.v1 import committer_pb2 as cm
 
 LIMIT = 20_000
 
@@ -38,8 +39,9 @@ def assert_bounded(pages, items_of):
 
 
 def big_entry(i: int) -> Entry:
-    return Entry(f"data/{i:04d}.parquet", f"s3://bucket/{i}", 10, f"sum{i}",
-                 metadata={"k": "x" * 1000})
+    return Entry(
+        f"data/{i:04d}.parquet", f"s3://bucket/{i}", 10, f"sum{i}", metadata={"k": "x" * 1000}
+    )
 
 
 def test_objects_and_uncommitted_changes_are_paged_by_size(small, repo):
@@ -47,10 +49,14 @@ def test_objects_and_uncommitted_changes_are_paged_by_size(small, repo):
     expected = [f"data/{i:04d}.parquet" for i in range(60)]
 
     def list_page(token):
-        entries, prefixes, nxt = small.list_objects(repo, "main", page_size=10_000,
-                                                    page_token=token)
-        return bm.ListObjectsResponse(entries=[entry_to_proto(e) for e in entries],
-                                      common_prefixes=prefixes, next_page_token=nxt), nxt
+        entries, prefixes, nxt = small.list_objects(
+            repo, "main", page_size=10_000, page_token=token
+        )
+        return bm.ListObjectsResponse(
+            entries=[entry_to_proto(e) for e in entries],
+            common_prefixes=prefixes,
+            next_page_token=nxt,
+        ), nxt
 
     pages = follow(list_page)
     assert_bounded(pages, lambda p: p.entries)
@@ -58,8 +64,9 @@ def test_objects_and_uncommitted_changes_are_paged_by_size(small, repo):
 
     def uncommitted_page(token):
         changes, nxt = small.diff_uncommitted(repo, "main", page_size=10_000, page_token=token)
-        return bm.DiffUncommittedResponse(changes=[change_to_proto(c) for c in changes],
-                                          next_page_token=nxt), nxt
+        return bm.DiffUncommittedResponse(
+            changes=[change_to_proto(c) for c in changes], next_page_token=nxt
+        ), nxt
 
     pages = follow(uncommitted_page)
     assert_bounded(pages, lambda p: p.changes)
@@ -70,8 +77,9 @@ def test_objects_and_uncommitted_changes_are_paged_by_size(small, repo):
 
     def diff_page(token):
         changes, nxt = small.diff(repo, first, "main", page_size=10_000, page_token=token)
-        return cm.DiffResponse(changes=[change_to_proto(c) for c in changes],
-                               next_page_token=nxt), nxt
+        return cm.DiffResponse(
+            changes=[change_to_proto(c) for c in changes], next_page_token=nxt
+        ), nxt
 
     pages = follow(diff_page)
     assert_bounded(pages, lambda p: p.changes)
@@ -84,10 +92,14 @@ def test_common_prefixes_count_toward_the_size(small, repo):
     small.put_objects(repo, "main", [Entry(f"{d}/file", "s3://b/x", 1) for d in dirs])
 
     def page(token):
-        entries, prefixes, nxt = small.list_objects(repo, "main", delimiter="/",
-                                                    page_size=10_000, page_token=token)
-        return bm.ListObjectsResponse(entries=[entry_to_proto(e) for e in entries],
-                                      common_prefixes=prefixes, next_page_token=nxt), nxt
+        entries, prefixes, nxt = small.list_objects(
+            repo, "main", delimiter="/", page_size=10_000, page_token=token
+        )
+        return bm.ListObjectsResponse(
+            entries=[entry_to_proto(e) for e in entries],
+            common_prefixes=prefixes,
+            next_page_token=nxt,
+        ), nxt
 
     pages = follow(page)
     assert_bounded(pages, lambda p: p.common_prefixes)
@@ -103,8 +115,12 @@ def test_log_is_paged_by_size_and_walks_each_commit_once(small, repo):
     small.put_objects(repo, "side", [Entry("side-file", "s3://b/y", 1)])
     small.commit(repo, "side", "side " + "s" * 6000)
     small.merge(repo, "side", "main", message="merge " + "g" * 6000)
-    expected = [c.id for c in Graveler(small.kv, small.committed, small.range_writer)
-                .log(repo, "main", page_size=1000)[0]]
+    expected = [
+        c.id
+        for c in Graveler(small.kv, small.committed, small.range_writer).log(
+            repo, "main", page_size=1000
+        )[0]
+    ]
 
     def page(token):
         commits, nxt = small.log(repo, "main", page_size=10_000, page_token=token)
@@ -118,13 +134,15 @@ def test_log_is_paged_by_size_and_walks_each_commit_once(small, repo):
 
 def test_branches_tags_and_repositories_are_paged_by_size(kv_store, committed, tmp_path):
     # 2,000 bytes for the items once the page token's reserve is kept.
-    tiny = Graveler(kv_store, committed, committed,
-                    max_response_bytes=PAGE_TOKEN_RESERVE_BYTES + 2_000)
+    tiny = Graveler(
+        kv_store, committed, committed, max_response_bytes=PAGE_TOKEN_RESERVE_BYTES + 2_000
+    )
     names = []
     for i in range(4):
         name = f"repo-{i}-" + "r" * 50
         tiny.create_repository(
-            name, str(tmp_path / ("n" * 200) / ("n" * 200) / ("n" * 200) / str(i)))
+            name, str(tmp_path / ("n" * 200) / ("n" * 200) / ("n" * 200) / str(i))
+        )
         names.append(name)
     repo = names[0]
     branches = sorted(["main"] + [f"b{i:02d}" + "b" * 200 for i in range(20)])
@@ -135,9 +153,10 @@ def test_branches_tags_and_repositories_are_paged_by_size(kv_store, committed, t
         tiny.create_tag(repo, name, "main")
 
     for listing, expected in (
-            (lambda token: tiny.list_branches(repo, 10_000, token), branches),
-            (lambda token: tiny.list_tags(repo, 10_000, token), tags),
-            (lambda token: tiny.list_repositories(10_000, token), names)):
+        (lambda token: tiny.list_branches(repo, 10_000, token), branches),
+        (lambda token: tiny.list_tags(repo, 10_000, token), tags),
+        (lambda token: tiny.list_repositories(10_000, token), names),
+    ):
         pages, token = [], ""
         while True:
             items, token = listing(token)

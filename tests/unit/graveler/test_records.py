@@ -13,22 +13,28 @@ GARBAGE = b"\xff\xfe not a protobuf \x00\x01"
 COMMIT = "a" * 64
 
 
-@pytest.mark.parametrize("message_type, key", [
-    (records_pb2.RepositoryRecord, b"repos/demo"),
-    (types_pb2.Branch, b"branches/main"),
-    (types_pb2.Tag, b"tags/v1"),
-    (types_pb2.Commit, f"commits/{COMMIT}".encode()),
-    (types_pb2.StagedValue, b"some/path"),
-    (records_pb2.CleanupRecord, b"staging/abc"),
-])
+@pytest.mark.parametrize(
+    "message_type, key",
+    [
+        (records_pb2.RepositoryRecord, b"repos/demo"),
+        (types_pb2.Branch, b"branches/main"),
+        (types_pb2.Tag, b"tags/v1"),
+        (types_pb2.Commit, f"commits/{COMMIT}".encode()),
+        (types_pb2.StagedValue, b"some/path"),
+        (records_pb2.CleanupRecord, b"staging/abc"),
+    ],
+)
 @pytest.mark.parametrize("value", [GARBAGE, b""], ids=["garbage", "empty"])
 def test_garbage_and_empty_records_are_corrupt(message_type, key, value):
     with pytest.raises(CorruptRecord) as caught:
         decode_record(message_type, b"part/x", key, value)
     error = caught.value
     assert error.code == grpc.StatusCode.DATA_LOSS and error.reason == "CORRUPT_RECORD"
-    assert error.metadata == {"partition": "part/x", "key": key.decode(),
-                              "record": message_type.__name__}
+    assert error.metadata == {
+        "partition": "part/x",
+        "key": key.decode(),
+        "record": message_type.__name__,
+    }
 
 
 def test_well_formed_records_that_contradict_their_key_are_corrupt():
@@ -42,11 +48,9 @@ def test_well_formed_records_that_contradict_their_key_are_corrupt():
     for key in (b"quarry", b"cleanup", b"nonsense"):
         record = records_pb2.CleanupRecord(partition_key=key.decode(), queued_at=1)
         with pytest.raises(CorruptRecord):
-            decode_record(records_pb2.CleanupRecord, b"cleanup", key,
-                          record.SerializeToString())
+            decode_record(records_pb2.CleanupRecord, b"cleanup", key, record.SerializeToString())
     good = types_pb2.Branch(name="main", commit_id=COMMIT, staging_token="t")
-    assert decode_record(types_pb2.Branch, b"p", b"branches/main",
-                         good.SerializeToString()) == good
+    assert decode_record(types_pb2.Branch, b"p", b"branches/main", good.SerializeToString()) == good
 
 
 def test_only_a_listing_skips_and_each_record_counts_once():

@@ -36,8 +36,9 @@ def store():
 
 @pytest.fixture
 def log(store, clock):
-    request_log = rq.RequestLog(store, lambda name: PARTITION, retention_seconds=100,
-                                lease_seconds=10, clock=clock)
+    request_log = rq.RequestLog(
+        store, lambda name: PARTITION, retention_seconds=100, lease_seconds=10, clock=clock
+    )
     yield request_log
     request_log.close()
 
@@ -59,7 +60,8 @@ def run(log, request_id, call, fingerprint=b"f1"):
 
 def record(store, request_id) -> records_pb2.RequestRecord:
     return records_pb2.RequestRecord.FromString(
-        store.inner.get(PARTITION, b"requests/" + request_id.encode()).value)
+        store.inner.get(PARTITION, b"requests/" + request_id.encode()).value
+    )
 
 
 def test_a_repeat_returns_the_first_result_without_running(log, store):
@@ -84,9 +86,17 @@ def test_the_same_id_with_another_fingerprint_is_reused_and_runs_nothing(log):
     assert call.runs == 1
 
 
-@pytest.mark.parametrize("bad", ["", "abc", str(uuid.uuid4())[:-1], str(uuid.uuid4()) + "0",
-                                 "urn:uuid:" + str(uuid.uuid4()), str(uuid.uuid4()).replace(
-                                     "-", "")])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "abc",
+        str(uuid.uuid4())[:-1],
+        str(uuid.uuid4()) + "0",
+        "urn:uuid:" + str(uuid.uuid4()),
+        str(uuid.uuid4()).replace("-", ""),
+    ],
+)
 def test_a_malformed_id_is_refused_before_anything_runs(log, store, bad):
     call = Calls()
     store.reset()
@@ -142,8 +152,9 @@ def test_a_repeat_while_the_first_runs_is_in_progress_and_does_not_run(log):
 
 def test_a_dead_claim_is_taken_over_after_the_lease(log, store, clock):
     request_id = str(uuid.uuid4())
-    dead = records_pb2.RequestRecord(state=rq.PENDING, fingerprint=b"f1", owner="dead",
-                                     updated_at_ms=int(clock.now * 1000))
+    dead = records_pb2.RequestRecord(
+        state=rq.PENDING, fingerprint=b"f1", owner="dead", updated_at_ms=int(clock.now * 1000)
+    )
     store.inner.set(PARTITION, b"requests/" + request_id.encode(), dead.SerializeToString())
     call = Calls()
     clock.now += 9

@@ -1,0 +1,1 @@
+"""Generated code of the internal storage records (protos/quarry/storage/v1, make proto)."""

@@ -1,0 +1,408 @@
+"""Merges, reverts and cherry-picks: three-way merges of metaranges committed onto a branch,
+with retry reuse and merge hints (docs/architecture.md §4 "Merge", "Revert / cherry-pick").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TypedDict
+
+from opentelemetry import trace
+
+from quarry import errors
+from quarry.graveler import errors as gerrors
+from quarry.graveler import layout, names
+from quarry.graveler.core import CommitRecord, Core, make_commit, tracer
+from quarry.graveler.model import Conflict, DiffSummary, MergeResult, MergeStrategy
+from quarry.graveler.reads import Reads
+from quarry.graveler.refs import Repository
+from quarry.graveler.retry import MAX_MERGE_ATTEMPTS, ONCE, RetryPolicy
+from quarry.kv import store as kv
+from quarry.v1 import types_pb2
+
+MAX_CONFLICTS_REPORTED = 100
+
+
+@dataclass
+class MergeOutcome:
+    commit: types_pb2.Commit | None  # None on a dry run
+    summary: DiffSummary
+    base_commit_id: str
+    conflicts: tuple[Conflict, ...] = ()
+    more_conflicts: int = 0
+    attempts: int = 1
+    ranges_written: int = 0
+    ranges_reused: int = 0
+
+
+class MergeOptions(TypedDict, total=False):
+    """Graveler.merge's keyword options (the fields of MergeParams)."""
+
+    strategy: MergeStrategy
+    message: str
+    committer: str
+    metadata: dict[str, str] | None
+    squash: bool
+    allow_empty: bool
+    dry_run: bool
+    hint_metarange_id: str
+
+
+@dataclass(frozen=True)
+class MergeParams:
+    strategy: MergeStrategy = MergeStrategy.DEFAULT
+    message: str = ""
+    committer: str = ""
+    metadata: dict[str, str] | None = None
+    squash: bool = False
+    allow_empty: bool = False
+    dry_run: bool = False
+    hint_metarange_id: str = ""
+
+
+@dataclass(frozen=True)
+class ThreeWay:
+    """A three-way merge committed onto a branch: (base → source) applied onto its HEAD."""
+
+    base_metarange: str
+    source_metarange: str
+    base_commit_id: str
+    source_commit_id: str
+    message: str
+    committer: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+    strategy: MergeStrategy = MergeStrategy.DEFAULT
+    parents_after_head: list[str] = field(default_factory=list)
+    allow_empty: bool = False
+    dry_run: bool = False
+    # (merged metarange, destination commit it was merged onto): an earlier attempt's work.
+    resume: tuple[str, str] | None = None
+
+
+# The merge's retry budget: each retry merges the previous result onto the new HEAD.
+MERGE_RETRY = RetryPolicy(budget=MAX_MERGE_ATTEMPTS)
+
+
+class Merges:
+    def __init__(self, core: Core, reads: Reads) -> None:
+        self.core = core
+        self.reads = reads
+        self.refs = core.refs
+
+    def merge(
+        self, repo_name: str, source_ref: str, destination_branch: str, params: MergeParams
+    ) -> MergeOutcome:
+        """Three-way merge of `source_ref` into a branch: when the final swap loses to a
+        moved HEAD, the retry merges the result just produced onto the new HEAD instead of
+        starting over."""
+        repo = self.core.repo(repo_name)
+        names.check_branch_name(destination_branch)
+        metadata = dict(params.metadata or {})
+        names.check_commit_metadata(params.message, metadata)
+        try:
+            strategy = MergeStrategy(params.strategy)
+        except ValueError:
+            raise errors.InvalidArgument(f"unknown merge strategy {params.strategy!r}") from None
+        source = self.refs.get_commit(repo, self.refs.resolve(repo, source_ref).commit_id)
+        branch, _ = self.core.branch(repo, destination_branch)
+        head = self.refs.get_commit(repo, branch.commit_id)
+        base_id = self.refs.merge_base(repo, source.id, head.id)
+        base_metarange = self.refs.get_commit(repo, base_id).metarange_id if base_id else ""
+        if base_id == source.id and not params.allow_empty:
+            raise gerrors.NoChanges(
+                f"{source_ref!r} is already merged into {destination_branch!r}",
+                metadata={"repository": repo.name, "source": source.id},
+            )
+        resume = self._usable_hint(
+            repo, params.hint_metarange_id, (source.id, base_id or "", head.id)
+        )
+        message = params.message or f"Merge {source_ref!r} into {destination_branch!r}"
+        metadata.update(
+            {
+                "quarry.merge.strategy": strategy.name.lower().replace("_", "-"),
+                "quarry.merge.source": source.id,
+                "quarry.merge.base": base_id or "",
+            }
+        )
+        work = ThreeWay(
+            base_metarange,
+            source.metarange_id,
+            base_id or "",
+            source.id,
+            message,
+            params.committer,
+            metadata,
+            strategy,
+            [] if params.squash else [source.id],
+            params.allow_empty,
+            params.dry_run,
+            resume,
+        )
+        attributes = {
+            "quarry.repository": repo.name,
+            "quarry.branch": destination_branch,
+            "quarry.source": source.id,
+            "quarry.base": base_id or "",
+        }
+        with tracer.start_as_current_span("graveler.merge", attributes=attributes):
+            return self.three_way_commit(repo, destination_branch, work)
+
+    def revert(  # noqa: PLR0913 — the Revert request, field for field
+        self,
+        repo_name: str,
+        branch_name: str,
+        ref: str,
+        parent_number: int = 0,
+        message: str = "",
+        committer: str = "",
+    ) -> MergeOutcome:
+        """A commit undoing `ref`: the three-way merge (base = ref, source = its parent)."""
+        repo = self.core.repo(repo_name)
+        names.check_branch_name(branch_name)
+        commit = self.refs.get_commit(repo, self.refs.resolve(repo, ref).commit_id)
+        parent = self._chosen_parent(repo, commit, parent_number, "revert")
+        work = ThreeWay(
+            commit.metarange_id,
+            parent.metarange_id,
+            commit.id,
+            parent.id,
+            message or f"Revert {commit.message!r}",
+            committer,
+            {"quarry.revert": commit.id},
+        )
+        return self.three_way_commit(repo, branch_name, work)
+
+    def cherry_pick(  # noqa: PLR0913 — the CherryPick request, field for field
+        self,
+        repo_name: str,
+        branch_name: str,
+        ref: str,
+        parent_number: int = 0,
+        message: str = "",
+        committer: str = "",
+    ) -> MergeOutcome:
+        """A commit repeating `ref`'s change: the three-way merge (base = its parent)."""
+        repo = self.core.repo(repo_name)
+        names.check_branch_name(branch_name)
+        commit = self.refs.get_commit(repo, self.refs.resolve(repo, ref).commit_id)
+        parent = self._chosen_parent(repo, commit, parent_number, "cherry-pick")
+        work = ThreeWay(
+            parent.metarange_id,
+            commit.metarange_id,
+            parent.id,
+            commit.id,
+            message or commit.message,
+            committer or commit.committer,
+            {"quarry.cherry-pick": commit.id},
+        )
+        return self.three_way_commit(repo, branch_name, work)
+
+    def _chosen_parent(
+        self, repo: Repository, commit: types_pb2.Commit, parent_number: int, action: str
+    ) -> types_pb2.Commit:
+        parents = list(commit.parents)
+        if not parents:
+            raise gerrors.InvalidParent(f"cannot {action} {commit.id[:12]}: it has no parent")
+        if len(parents) > 1 and parent_number == 0:
+            raise gerrors.InvalidParent(
+                f"{commit.id[:12]} is a merge commit: choose the "
+                f"parent_number (1..{len(parents)}) to {action} against"
+            )
+        number = parent_number or 1
+        if not 1 <= number <= len(parents):
+            raise gerrors.InvalidParent(
+                f"{commit.id[:12]} has {len(parents)} parent(s); "
+                f"parent_number {number} is out of range"
+            )
+        return self.refs.get_commit(repo, parents[number - 1])
+
+    def three_way_commit(self, repo: Repository, branch_name: str, work: ThreeWay) -> MergeOutcome:
+        """Merge (base → source) onto the branch HEAD and commit it.
+
+        `work.resume` = (merged metarange, destination commit it was merged onto): the work
+        of an earlier attempt. Retrying with base' = that destination, source' = that
+        result, destination' = the new HEAD gives the results of a merge from scratch, and
+        ranges only the earlier attempt touched are not rewritten. (One difference from a
+        merge from scratch is documented in quarry.committed.merge: a path both sides changed
+        identically and the new HEAD changed again keeps the new HEAD's value.)"""
+        written = reused = 0
+        resume = work.resume
+        for attempt in range(MERGE_RETRY.budget):
+            if attempt:
+                MERGE_RETRY.backoff(attempt - 1)
+            branch, predicate = self.core.branch(repo, branch_name)
+            if self.reads.has_uncommitted(repo, branch):
+                raise gerrors.DirtyBranch(
+                    f"branch {branch_name!r} has uncommitted changes; commit or discard them first",
+                    metadata={"repository": repo.name, "branch": branch_name},
+                )
+            head = self.refs.get_commit(repo, branch.commit_id)
+            if resume is None:
+                inputs = (work.base_metarange, work.source_metarange, head.metarange_id)
+            else:
+                merged_before, merged_onto = resume
+                onto = self.refs.get_commit(repo, merged_onto).metarange_id
+                inputs = (onto, merged_before, head.metarange_id)
+            attributes = {"quarry.attempt": attempt + 1, "quarry.resumed": resume is not None}
+            with tracer.start_as_current_span("graveler.merge_metaranges", attributes=attributes):
+                result = self.core.range_writer.merge_metaranges(
+                    repo.storage_namespace,
+                    *inputs,
+                    strategy=work.strategy,
+                    max_conflicts=MAX_CONFLICTS_REPORTED,
+                    dry_run=work.dry_run,
+                )
+            written += result.ranges_written
+            reused += result.ranges_reused
+            if result.conflicts or result.more_conflicts:
+                if work.dry_run:
+                    return MergeOutcome(
+                        None,
+                        result.summary,
+                        work.base_commit_id,
+                        result.conflicts,
+                        result.more_conflicts,
+                        attempt + 1,
+                    )
+                raise self._conflict_error(result, work.base_commit_id)
+            if work.dry_run:
+                return MergeOutcome(None, result.summary, work.base_commit_id, attempts=attempt + 1)
+            if (
+                result.summary.total == 0
+                and not work.allow_empty
+                and result.metarange_id == head.metarange_id
+            ):
+                raise gerrors.NoChanges(
+                    "the merge changes nothing on the destination",
+                    metadata={"repository": repo.name, "branch": branch_name},
+                )
+            parents = [head.id, *work.parents_after_head]
+            generation = 1 + max(self.refs.get_commit(repo, p).generation for p in parents)
+            commit = make_commit(
+                CommitRecord(
+                    parents,
+                    result.metarange_id,
+                    work.message,
+                    work.committer,
+                    work.metadata,
+                    generation,
+                )
+            )
+            self.refs.insert_commit(repo, commit)
+            if not self._move_head(repo, (branch, predicate), commit.id):
+                # HEAD moved (or a write made the branch dirty): keep this attempt's work.
+                trace.get_current_span().add_event(
+                    "merge.retry",
+                    {
+                        "attempt": attempt + 1,
+                        "branch": branch_name,
+                        "merged_metarange": result.metarange_id,
+                    },
+                )
+                resume = (result.metarange_id, head.id)
+                continue
+            self.core.forget_branch(repo, branch_name)
+            return MergeOutcome(
+                commit,
+                result.summary,
+                work.base_commit_id,
+                attempts=attempt + 1,
+                ranges_written=written,
+                ranges_reused=reused,
+            )
+        assert resume is not None
+        merged, onto = resume
+        self.remember_hint(repo, merged, (work.source_commit_id, work.base_commit_id, onto))
+        raise gerrors.HeadMoved(
+            f"{branch_name!r} kept moving: the merge lost the race {MAX_MERGE_ATTEMPTS} times; "
+            f"retry with hint_metarange_id to resume from the merged metarange",
+            metadata={"hint_metarange_id": merged},
+            details=[
+                types_pb2.MergeRetryHint(
+                    hint_metarange_id=merged,
+                    source_commit_id=work.source_commit_id,
+                    base_commit_id=work.base_commit_id,
+                    attempts=MAX_MERGE_ATTEMPTS,
+                )
+            ],
+        )
+
+    def _move_head(
+        self, repo: Repository, read: tuple[types_pb2.Branch, bytes], commit_id: str
+    ) -> bool:
+        """Point the branch at the merge commit if its record is still the one the merge
+        started from (one compare-and-swap: a loss means HEAD moved or the branch got
+        dirty, and the merge is redone on top of its own result)."""
+
+        def move(branch: types_pb2.Branch) -> types_pb2.Branch:
+            branch.commit_id = commit_id
+            return branch
+
+        try:
+            self.refs.update_branch(
+                repo, read[0].name, move, step="merge", policy=ONCE, expect=read
+            )
+        except gerrors.BranchContended:
+            return False
+        return True
+
+    def _conflict_error(self, result: MergeResult, base_commit_id: str) -> gerrors.MergeConflict:
+        from quarry.convert import conflict_to_proto
+
+        total = len(result.conflicts) + result.more_conflicts
+        shown = ", ".join(c.path for c in result.conflicts[:5])
+        detail = types_pb2.MergeConflicts(
+            conflicts=[conflict_to_proto(c) for c in result.conflicts],
+            more=result.more_conflicts,
+            base_commit_id=base_commit_id,
+        )
+        return gerrors.MergeConflict(
+            f"{total} conflicting path(s): {shown}" + (", ..." if total > 5 else ""),
+            metadata={"conflicts": str(total)},
+            details=[detail],
+        )
+
+    # ---- merge hints ----------------------------------------------------------------------
+
+    def remember_hint(
+        self, repo: Repository, metarange_id: str, made_by: tuple[str, str, str]
+    ) -> None:
+        """Record that `metarange_id` is the merge of source from base onto a destination
+        commit: made_by = (source, base, onto). A later merge may resume from it."""
+        source, base, onto = made_by
+        self.core.kv.set(
+            repo.partition,
+            layout.merge_hint_key(metarange_id),
+            layout.encode_merge_hint(source, base, onto),
+        )
+
+    def _usable_hint(
+        self, repo: Repository, hint: str, merge: tuple[str, str, str]
+    ) -> tuple[str, str] | None:
+        """A hint is used only if it was produced by merging this same source from this same
+        base onto an ancestor of the current HEAD; otherwise it is ignored. merge = (source,
+        base, head)."""
+        if not hint:
+            return None
+        source, base, head = merge
+        try:
+            record = self.core.kv.get(repo.partition, layout.merge_hint_key(hint)).value
+        except kv.KeyNotFound:
+            return None
+        decoded = layout.decode_merge_hint(record)  # garbage: an unusable hint
+        if decoded is None:
+            return None
+        hinted_source, hinted_base, merged_onto = decoded
+        if hinted_source != source or hinted_base != base:
+            return None
+        if not self.refs.is_ancestor(repo, merged_onto, head):
+            return None
+        return hint, merged_onto
+
+
+def merge_params(params: MergeParams | None, options: MergeOptions) -> MergeParams:
+    """MergeParams from a params object and/or keyword options (options win)."""
+    return replace(params or MergeParams(), **options)
+
+
+__all__ = ["MergeOptions", "MergeOutcome", "MergeParams", "Merges", "ThreeWay", "merge_params"]

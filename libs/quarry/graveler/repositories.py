@@ -1,0 +1,453 @@
+"""Repositories, branches, tags and settings (docs/architecture.md §4 "Repositories /
+branches", "Hard reset"): creation with namespace ownership, listing, deletion, reset.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Protocol, TypeVar
+
+from quarry import errors
+from quarry.blob.namespace import (
+    namespace_location,
+    namespaces_overlap,
+    normalize_storage_namespace,
+)
+from quarry.blob.ownership import (
+    MARKER_KEY,
+    InvalidMarker,
+    NamespaceClaim,
+    NamespaceInUse,
+    NamespaceNotEmpty,
+    build_marker,
+    parse_marker,
+)
+from quarry.graveler import errors as gerrors
+from quarry.graveler import layout, names, records
+from quarry.graveler.core import CommitRecord, Core, make_commit, now_seconds
+from quarry.graveler.iterators import decode_page_token, encode_page_token
+from quarry.graveler.layout import BRANCHES_PREFIX, REPOS_PREFIX, TAGS_PREFIX, staging_partition
+from quarry.graveler.reads import Reads
+from quarry.graveler.refs import Repository
+from quarry.graveler.staging import new_token
+from quarry.paging import PageBudget
+from quarry.runtime.format_version import ensure_installation_id
+from quarry.v1 import types_pb2
+
+log = logging.getLogger(__name__)
+
+INITIAL_COMMIT_MESSAGE = "Repository created"
+# A repository creation announced longer ago than this is taken as interrupted (creations
+# take well under a second; one that passes half of this gives up before becoming visible).
+CREATION_TTL_SECONDS = 600.0
+SYSTEM_COMMITTER = "quarry"
+LIST_PAGE = 1000
+
+
+class Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+N = TypeVar("N", bound=Named)
+
+
+def wall_clock() -> float:
+    """Seconds since the epoch, comparable across processes (creation announcements)."""
+    return time.time()
+
+
+class Repositories:
+    def __init__(self, core: Core, reads: Reads) -> None:
+        self.core = core
+        self.reads = reads
+        self.refs = core.refs
+        self.staging = core.staging
+        self._installation_id: str | None = None
+
+    # ---- repositories ---------------------------------------------------------------------
+
+    def create_repository(
+        self, name: str, storage_namespace: str, default_branch: str = "main"
+    ) -> Repository:
+        names.check_repository_name(name)
+        default_branch = default_branch or "main"
+        names.check_branch_name(default_branch)
+        storage_namespace = normalize_storage_namespace(storage_namespace)
+        repo = Repository(
+            name=name,
+            storage_namespace=storage_namespace,
+            default_branch=default_branch,
+            instance_id=uuid.uuid4().hex,
+            creation_time=now_seconds(),
+        )
+        # Announce the creation BEFORE looking for overlapping namespaces: of two creations
+        # of nested namespaces racing, the later look sees the other (its announcement, or
+        # its record once visible: an announcement is removed only after the record exists).
+        started = wall_clock()
+        self.refs.add_creation(repo, started)
+        try:
+            self._check_namespace_free(repo)
+            self._create_instance(repo, started)
+        finally:
+            try:
+                self.refs.remove_creation(repo)
+            except Exception:  # noqa: BLE001 — it expires (CREATION_TTL_SECONDS)
+                log.warning("could not remove the creation record of %s", repo.name, exc_info=True)
+        return repo
+
+    def _create_instance(self, repo: Repository, started: float) -> None:
+        """Order: the ownership marker claims the namespace, then everything the repository
+        needs exists, all BEFORE the repository record that makes it visible. A failure
+        leaves only an unreachable instance partition and a marker of a deleted instance."""
+        try:
+            self._claim_namespace(repo)
+            empty = self.core.range_writer.write_metarange(repo.storage_namespace, [])
+            initial = make_commit(
+                CommitRecord(
+                    [], empty.metarange_id, INITIAL_COMMIT_MESSAGE, SYSTEM_COMMITTER, {}, 1
+                )
+            )
+            self.refs.insert_commit(repo, initial)
+            branch = types_pb2.Branch(
+                name=repo.default_branch,
+                commit_id=initial.id,
+                staging_token=new_token(),
+                dirty=False,
+            )
+            self.refs.insert_branch(repo, branch)
+            if wall_clock() - started > CREATION_TTL_SECONDS / 2:
+                # Others ignore announcements older than CREATION_TTL_SECONDS: never
+                # become visible that late.
+                raise errors.Aborted(
+                    f"creating repository {repo.name!r} took too long; nothing was created, retry"
+                )
+            self.refs.insert_repository(repo)
+        except BaseException as exc:
+            # The marker may now name an instance that will never become visible (even
+            # when the claim itself failed: its answer may be what was lost): let a
+            # later creation reuse the namespace (a live record still wins, see
+            # _check_reusable).
+            try:
+                self.refs.record_deleted_instance(repo)
+            except Exception:  # noqa: BLE001 — the original error is the one to report
+                log.warning("could not record the failed creation of %s", repo.name, exc_info=True)
+            if isinstance(exc, gerrors.RepositoryExists):
+                self.staging.queue_drop([repo.partition])
+            raise
+
+    def installation_id(self) -> str:
+        if self._installation_id is None:
+            self._installation_id = ensure_installation_id(self.core.kv)
+        return self._installation_id
+
+    def _check_namespace_free(self, repo: Repository) -> None:
+        """A namespace may not contain or lie inside the namespace of another repository
+        being created, nor equal, contain or lie inside that of an existing one. A taken
+        name is ALREADY_EXISTS as before. (Two creations of the SAME namespace are settled
+        by the marker instead: exactly one claims it.)"""
+        name, storage_namespace = repo.name, repo.storage_namespace
+        now = wall_clock()
+        for other in self.refs.list_creations():
+            if other.instance_id == repo.instance_id or other.started < now - CREATION_TTL_SECONDS:
+                continue  # ours, or interrupted long ago
+            if self._overlaps(
+                storage_namespace, other.storage_namespace, other.repository
+            ) and namespace_location(storage_namespace) != namespace_location(
+                other.storage_namespace
+            ):
+                raise NamespaceInUse(
+                    f"storage namespace {storage_namespace} overlaps the namespace "
+                    f"{other.storage_namespace} of repository {other.repository!r}, being "
+                    f"created",
+                    metadata={
+                        "storage_namespace": storage_namespace,
+                        "other_repository": other.repository,
+                        "other_storage_namespace": other.storage_namespace,
+                    },
+                )
+        after = ""
+        while True:
+            # A corrupt repository record is skipped (logged and counted), so it cannot block
+            # every creation; its namespace still holds its marker, which refuses an equal
+            # namespace, and `quarry doctor` names the record.
+            with records.listing():
+                repos = self.refs.list_repositories(after, LIST_PAGE)
+            for other_repo in repos:
+                if other_repo.name == name:
+                    raise gerrors.RepositoryExists(
+                        f"repository {name!r} already exists", metadata={"repository": name}
+                    )
+                if self._overlaps(storage_namespace, other_repo.storage_namespace, other_repo.name):
+                    raise NamespaceInUse(
+                        f"storage namespace {storage_namespace} overlaps the namespace "
+                        f"{other_repo.storage_namespace} of repository {other_repo.name!r}: a "
+                        f"namespace may not equal, contain or lie inside another repository's",
+                        metadata={
+                            "storage_namespace": storage_namespace,
+                            "other_repository": other_repo.name,
+                            "other_storage_namespace": other_repo.storage_namespace,
+                        },
+                    )
+            if len(repos) < LIST_PAGE:
+                return
+            after = repos[-1].name
+
+    @staticmethod
+    def _overlaps(storage_namespace: str, other: str, other_name: str) -> bool:
+        try:
+            return namespaces_overlap(storage_namespace, other)
+        except gerrors.InvalidStorageNamespace:
+            log.warning("repository %s has an unparsable namespace %r", other_name, other)
+            return False
+
+    def _claim_namespace(self, repo: Repository) -> None:
+        """Write the ownership marker through the range-writer: into an empty namespace, or
+        over the marker of a deleted repository of this installation (only then, and only
+        if nothing but Quarry's own files is there). Never claims a namespace holding
+        anyone else's files, and of two creations racing for one namespace exactly one
+        wins (the marker is written if absent / if equal)."""
+        ns = repo.storage_namespace
+        marker = build_marker(repo.name, repo.instance_id, self.installation_id()).to_bytes()
+        claim = self.core.range_writer.claim_namespace(ns, marker)
+        if claim.claimed:
+            return
+        if claim.existing_marker is None:
+            raise NamespaceNotEmpty(
+                f"storage namespace {ns} is not empty (it holds {claim.keys[0]!r}"
+                f"{' and more' if len(claim.keys) > 1 else ''}): a repository needs an empty "
+                f"namespace, or one left by a deleted repository of this installation",
+                metadata={"storage_namespace": ns, "example_key": claim.keys[0]},
+            )
+        self._check_reusable(ns, claim)
+        claim = self.core.range_writer.claim_namespace(ns, marker, replace=claim.existing_marker)
+        if not claim.claimed:
+            raise NamespaceInUse(
+                f"storage namespace {ns} was just claimed by another repository",
+                metadata={"storage_namespace": ns},
+            )
+
+    def _check_reusable(self, ns: str, claim: NamespaceClaim) -> None:
+        """Raise unless the marker found is that of a deleted repository of this
+        installation and the namespace holds nothing but Quarry's own files."""
+        from quarry.retention import FOREIGN, classify
+
+        assert claim.existing_marker is not None
+        try:
+            found = parse_marker(claim.existing_marker)
+        except InvalidMarker as exc:
+            raise NamespaceNotEmpty(
+                f"storage namespace {ns} holds an unreadable ownership marker ({exc})",
+                metadata={"storage_namespace": ns},
+            ) from None
+        meta = {
+            "storage_namespace": ns,
+            "other_repository": found.repository,
+            "other_instance_id": found.instance_id,
+        }
+        if found.installation_id != self.installation_id():
+            raise NamespaceNotEmpty(
+                f"storage namespace {ns} belongs to repository {found.repository!r} of "
+                f"another Quarry installation",
+                metadata=meta,
+            )
+        try:
+            live: Repository | None = self.refs.get_repository(found.repository, fresh=True)
+        except gerrors.RepositoryNotFound:
+            live = None
+        if live is not None and live.instance_id == found.instance_id:
+            raise NamespaceInUse(
+                f"storage namespace {ns} is used by repository {found.repository!r}",
+                metadata=meta,
+            )
+        if not self.refs.is_deleted_instance(found.instance_id):
+            raise NamespaceInUse(
+                f"storage namespace {ns} is being claimed by repository {found.repository!r} "
+                f"(or its creation was interrupted: if no repository uses the namespace, "
+                f"remove {MARKER_KEY} there)",
+                metadata=meta,
+            )
+        foreign = [k for k in claim.keys if classify(k).kind == FOREIGN]
+        if foreign or claim.keys_truncated:
+            example = foreign[0] if foreign else claim.keys[-1]
+            raise NamespaceNotEmpty(
+                f"storage namespace {ns} was left by deleted repository {found.repository!r} "
+                f"but holds "
+                + (
+                    f"files Quarry did not write (e.g. {example!r})"
+                    if foreign
+                    else "too many files to check; empty it first"
+                ),
+                metadata={**meta, "example_key": example},
+            )
+
+    def get_repository(self, name: str) -> Repository:
+        names.check_repository_name(name)
+        return self.refs.get_repository(name, fresh=True)
+
+    @records.skips_corrupt_records
+    def list_repositories(
+        self, page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[Repository], str]:
+        return page_by_name(
+            self.refs.list_repositories, self.core.budget(page_size), page_token, REPOS_PREFIX
+        )
+
+    @records.skips_corrupt_records  # a corrupt branch record is dropped with the partition
+    def delete_repository(self, name: str) -> None:
+        repo = self.get_repository(name)
+        tokens = []
+        after = ""
+        while True:
+            branches = self.refs.list_branches(repo, after, LIST_PAGE)
+            for branch in branches:
+                tokens.append(branch.staging_token)
+                tokens.extend(branch.sealed_tokens)
+            if len(branches) < LIST_PAGE:
+                break
+            after = branches[-1].name
+        # Recorded before the record goes: its namespace may then be reused (ownership).
+        self.refs.record_deleted_instance(repo)
+        self.refs.delete_repository_record(name)
+        self.staging.queue_drop([repo.partition, *_staging_partitions(tokens)])
+
+    # ---- branches ---------------------------------------------------------------------------
+
+    def create_branch(self, repo_name: str, name: str, source_ref: str) -> types_pb2.Branch:
+        repo = self.core.repo(repo_name)
+        names.check_branch_name(name)
+        resolved = self.refs.resolve(repo, source_ref or repo.default_branch)
+        branch = types_pb2.Branch(
+            name=name, commit_id=resolved.commit_id, staging_token=new_token(), dirty=False
+        )
+        self.refs.insert_branch(repo, branch)
+        return branch
+
+    def get_branch(self, repo_name: str, name: str) -> types_pb2.Branch:
+        repo = self.core.repo(repo_name)
+        names.check_branch_name(name)
+        return self.refs.get_branch(repo, name)[0]
+
+    @records.skips_corrupt_records
+    def list_branches(
+        self, repo_name: str, page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[types_pb2.Branch], str]:
+        repo = self.core.repo(repo_name)
+        return page_by_name(
+            lambda after, limit: self.refs.list_branches(repo, after, limit),
+            self.core.budget(page_size),
+            page_token,
+            BRANCHES_PREFIX,
+        )
+
+    def delete_branch(self, repo_name: str, name: str) -> None:
+        repo = self.core.repo(repo_name)
+        names.check_branch_name(name)
+        if name == repo.default_branch:
+            raise gerrors.ProtectedBranch(
+                f"{name!r} is the default branch of {repo.name!r} and cannot be deleted",
+                metadata={"repository": repo.name, "branch": name},
+            )
+        branch, _ = self.refs.get_branch(repo, name)
+        self.refs.delete_branch_record(repo, name)
+        self.core.forget_branch(repo, name)
+        self.staging.queue_drop_tokens([branch.staging_token, *branch.sealed_tokens])
+
+    def reset_branch(
+        self, repo_name: str, name: str, ref: str, force: bool = False
+    ) -> types_pb2.Branch:
+        """Hard reset: the branch points at `ref` with no uncommitted changes."""
+        repo = self.core.repo(repo_name)
+        names.check_branch_name(name)
+        target = self.refs.resolve(repo, ref).commit_id
+
+        def reset(branch: types_pb2.Branch) -> types_pb2.Branch:
+            if not force and self.reads.has_uncommitted(repo, branch):
+                raise gerrors.DirtyBranch(
+                    f"branch {name!r} has uncommitted changes; commit or discard them, or "
+                    f"reset with force",
+                    metadata={"repository": repo.name, "branch": name},
+                )
+            return types_pb2.Branch(
+                name=name, commit_id=target, staging_token=new_token(), dirty=False
+            )
+
+        update = self.refs.update_branch(repo, name, reset, step="reset")
+        self.core.forget_branch(repo, name)
+        old = update.before
+        self.staging.queue_drop_tokens([old.staging_token, *old.sealed_tokens])
+        return update.branch
+
+    # ---- tags -------------------------------------------------------------------------------
+
+    def create_tag(self, repo_name: str, name: str, ref: str) -> types_pb2.Tag:
+        repo = self.core.repo(repo_name)
+        names.check_tag_name(name)
+        tag = types_pb2.Tag(name=name, commit_id=self.refs.resolve(repo, ref).commit_id)
+        self.refs.insert_tag(repo, tag)
+        return tag
+
+    def get_tag(self, repo_name: str, name: str) -> types_pb2.Tag:
+        repo = self.core.repo(repo_name)
+        names.check_tag_name(name)
+        return self.refs.get_tag(repo, name)
+
+    @records.skips_corrupt_records
+    def list_tags(
+        self, repo_name: str, page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[types_pb2.Tag], str]:
+        repo = self.core.repo(repo_name)
+        return page_by_name(
+            lambda after, limit: self.refs.list_tags(repo, after, limit),
+            self.core.budget(page_size),
+            page_token,
+            TAGS_PREFIX,
+        )
+
+    def delete_tag(self, repo_name: str, name: str) -> None:
+        repo = self.core.repo(repo_name)
+        names.check_tag_name(name)
+        self.refs.delete_tag(repo, name)
+
+    # ---- settings ---------------------------------------------------------------------------
+
+    def set_gc_rules(self, repo_name: str, rules: types_pb2.GarbageCollectionRules) -> None:
+        from quarry.retention import RetentionRules
+
+        repo = self.core.repo(repo_name)
+        for branch in rules.branch_retention_days:
+            names.check_branch_name(branch)
+        RetentionRules.from_proto(rules)  # INVALID_ARGUMENT for days out of range
+        self.refs.set_gc_rules(repo, rules)
+
+    def get_gc_rules(self, repo_name: str) -> types_pb2.GarbageCollectionRules:
+        return self.refs.get_gc_rules(self.core.repo(repo_name))
+
+    def delete_gc_rules(self, repo_name: str) -> None:
+        self.refs.delete_gc_rules(self.core.repo(repo_name))
+
+
+def page_by_name(
+    fetch: Callable[[str, int], list[N]], budget: PageBudget, page_token: str, key_prefix: bytes
+) -> tuple[list[N], str]:
+    """One page of a listing ordered by name: `fetch(after, limit)` returns up to `limit`
+    items named after `after` (stored at key_prefix + name); one extra item tells whether
+    another page follows. The page ends early when the budget's byte limit is reached."""
+    after = decode_page_token(page_token, "after").get("after", "")
+    items = fetch(after, budget.max_items + 1)
+    for index, item in enumerate(items):
+        if not budget.admit(item):
+            last = items[index - 1].name
+            records.next_page_starts_at(layout.scan_start(key_prefix, last))
+            return items[:index], encode_page_token(after=last)
+    return items, ""
+
+
+def _staging_partitions(tokens: Iterable[str]) -> list[bytes]:
+    return [staging_partition(t) for t in tokens if t]
+
+
+__all__ = ["CREATION_TTL_SECONDS", "Repositories", "page_by_name"]

@@ -1,0 +1,58 @@
+"""The one retry policy of the core: a budget of attempts and a jittered exponential backoff.
+
+Every loop that redoes work because the branch record (the only compare-and-swap point,
+docs/architecture.md §4) changed under it runs through `RetryPolicy.attempts`, and every
+compare-and-swap of a branch record through `RefManager.update_branch`, which uses it too.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from opentelemetry import trace
+
+from quarry.errors import QuarryError
+
+MAX_ATTEMPTS = 10
+MAX_MERGE_ATTEMPTS = 5
+
+
+def cas_retry(step: str, attempt: int) -> None:
+    """A lost compare-and-swap (or a read invalidated by one), as an event on the current
+    span: `cas.retry` {step, attempt}."""
+    trace.get_current_span().add_event("cas.retry", {"step": step, "attempt": attempt})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """`budget` attempts; before attempt n+1 sleep min(cap, base * 2**n) times U(0.5, 1)."""
+
+    budget: int = MAX_ATTEMPTS
+    base_seconds: float = 0.002
+    cap_seconds: float = 0.2
+
+    def backoff(self, attempt: int) -> None:
+        """Sleep before the retry that follows failed attempt number `attempt` (0-based)."""
+        delay = min(self.cap_seconds, self.base_seconds * (2**attempt))
+        time.sleep(delay * random.uniform(0.5, 1.0))
+
+    def attempts(self, exhausted: Callable[[], QuarryError]) -> Iterator[int]:
+        """Attempt numbers 0..budget-1, backing off between them; when the caller asks for
+        one more after the last, raises `exhausted()` (typically BranchContended). The
+        caller leaves the loop (return/break) on success."""
+        for attempt in range(self.budget):
+            if attempt:
+                self.backoff(attempt - 1)
+            yield attempt
+        raise exhausted()
+
+
+DEFAULT_RETRY = RetryPolicy()
+# A single compare-and-swap against a record read earlier: the caller decides what a loss
+# means (a merge resumes from its result, the sensor skips the branch).
+ONCE = RetryPolicy(budget=1)
+
+__all__ = ["DEFAULT_RETRY", "MAX_ATTEMPTS", "MAX_MERGE_ATTEMPTS", "ONCE", "RetryPolicy"]

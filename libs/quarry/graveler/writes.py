@@ -1,0 +1,266 @@
+"""Writes: put, delete and discard, through the writer flow (docs/architecture.md §4 "Write").
+
+The writer flow: mark the branch dirty (a branch update, only when it is clean), write to
+its staging token, then read the repository and branch records in one batch and
+acknowledge only if the token is unchanged; otherwise write again to the new token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from quarry.graveler import errors as gerrors
+from quarry.graveler import layout, names
+from quarry.graveler.core import Core
+from quarry.graveler.model import Entry
+from quarry.graveler.reads import Reads, change_against, contended
+from quarry.graveler.refs import Repository, is_dirty
+from quarry.graveler.retry import DEFAULT_RETRY
+from quarry.graveler.staging import new_token
+from quarry.kv import store as kv
+from quarry.v1 import types_pb2
+
+StagedItems = Sequence[tuple[str, Entry | None]]
+
+
+class StagedCount(int):
+    """What put_objects / delete_objects return: the number of paths staged (an int, as
+    before) carrying `staging_token`, the token the write was acknowledged on ("" when
+    nothing was written), so branch-manager can report staging activity per token to the
+    compactor-sensor without another branch read."""
+
+    staging_token: str
+
+    def __new__(cls, count: int, staging_token: str = "") -> StagedCount:
+        value = super().__new__(cls, count)
+        value.staging_token = staging_token
+        return value
+
+
+class TokenMoved(Exception):
+    """Internal: a conditional staged write must be re-decided on the new token."""
+
+
+def _mark_dirty(branch: types_pb2.Branch) -> types_pb2.Branch | None:
+    if is_dirty(branch):
+        return None
+    branch.dirty = True
+    return branch
+
+
+class Writes:
+    def __init__(self, core: Core, reads: Reads) -> None:
+        self.core = core
+        self.reads = reads
+        self.refs = core.refs
+        self.staging = core.staging
+
+    def put_objects(
+        self, repo_name: str, branch_name: str, entries: Sequence[Entry], if_absent: bool = False
+    ) -> StagedCount:
+        repo = self.core.repo(repo_name)
+        names.check_branch_name(branch_name)
+        seen = {}
+        for entry in entries:
+            names.check_entry(entry)
+            seen[entry.path] = entry  # the last write of a path in one batch wins
+        items = sorted(seen.items())
+        if not items:
+            return StagedCount(0)
+        if if_absent:
+            if len(items) != 1:
+                raise gerrors.InvalidEntry("if_absent applies to a single object")
+            token = self._put_if_absent(repo, branch_name, items[0][1])
+        else:
+            token = self.write(repo, branch_name, items)
+        return StagedCount(len(items), token)
+
+    def delete_objects(self, repo_name: str, branch_name: str, paths: Sequence[str]) -> StagedCount:
+        """Stage tombstones for the paths that exist on the branch; others are no-ops."""
+        repo = self.core.repo(repo_name)
+        names.check_branch_name(branch_name)
+        for path in paths:
+            names.check_path(path)
+        unique = sorted(set(paths))
+        if not unique:
+            return StagedCount(0)
+        message = f"branch {branch_name!r} kept changing"
+        for _ in DEFAULT_RETRY.attempts(lambda: contended(message)):
+            branch, _ = self.core.branch(repo, branch_name)
+            layers = self.reads.branch_layers(repo, branch, "delete")
+            existing = [path for path in unique if self.reads.lookup(layers, path)[1] is not None]
+            if self.reads.still_valid(layers):
+                break
+        token = ""
+        if existing:
+            token = self.write(repo, branch_name, [(path, None) for path in existing])
+        return StagedCount(len(existing), token)
+
+    def _put_if_absent(self, repo: Repository, branch_name: str, entry: Entry) -> str:
+        """Returns the staging token written to ("" if the entry was already there)."""
+        message = f"branch {branch_name!r} kept changing"
+        for _ in DEFAULT_RETRY.attempts(lambda: contended(message)):
+            repo = self.core.repo(repo.name)  # the current instance (see write)
+            branch, _ = self.core.branch(repo, branch_name)
+            layers = self.reads.branch_layers(repo, branch, "put")
+            # The staging token is consulted even on a clean branch: the conditional write
+            # below targets it.
+            found, value, staged_predicate = self.staging.get(branch.staging_token, entry.path)
+            if not found:
+                found, value = self.reads.lookup(layers, entry.path)
+            if value is not None and value == entry:
+                return ""  # our own write from an attempt whose token was sealed meanwhile
+            if value is not None:
+                raise gerrors.ObjectExists(
+                    f"{entry.path!r} already exists on {branch_name!r}",
+                    metadata={"repository": repo.name, "branch": branch_name, "path": entry.path},
+                )
+            predicate = kv.Equals(staged_predicate) if staged_predicate is not None else kv.ABSENT
+            try:
+                return self.write(
+                    repo,
+                    branch_name,
+                    [(entry.path, entry)],
+                    conditional=(predicate, branch.staging_token),
+                )
+            except TokenMoved:
+                continue
+            except kv.PredicateFailed:
+                raise gerrors.ObjectExists(
+                    f"{entry.path!r} was written concurrently", metadata={"path": entry.path}
+                ) from None
+        raise AssertionError("unreachable")
+
+    def write(
+        self,
+        repo: Repository,
+        branch_name: str,
+        items: StagedItems,
+        conditional: tuple[kv.Predicate, str] | None = None,
+    ) -> str:
+        """The writer flow: dirty first, then staging, then validate the token. Returns the
+        staging token the write was acknowledged on. `conditional` = (predicate of the one
+        staged item, the token it must be written to): a write for put-if-absent."""
+        expected_token = conditional[1] if conditional is not None else None
+        for _ in range(DEFAULT_RETRY.budget):  # no sleep: a moved token is retried at once
+            branch, branch_predicate = self.core.cached_branch(repo, branch_name)
+            if expected_token is not None and branch.staging_token != expected_token:
+                self.core.forget_branch(repo, branch_name)
+                raise TokenMoved()
+            if not is_dirty(branch):
+                branch = self._mark_dirty(repo, branch, branch_predicate)
+                if expected_token is not None and branch.staging_token != expected_token:
+                    raise TokenMoved()
+            if conditional is None:
+                self.staging.set_many(branch.staging_token, items)
+            else:
+                path, entry = items[0]
+                self.staging.set_if(branch.staging_token, path, entry, conditional[0])
+            current_repo, current = self._validation_read(repo, branch_name)
+            if current_repo.instance_id != repo.instance_id:
+                # Deleted and re-created since our cached record: what we wrote went to the
+                # dead instance (its partitions are queued for dropping). Write again into
+                # the repository as it is now.
+                self.refs.remember_repository(current_repo)
+                if expected_token is not None:
+                    raise TokenMoved()
+                repo = current_repo
+                continue
+            if current.staging_token == branch.staging_token:
+                return branch.staging_token
+            # A commit sealed our token while we wrote: write again to the new token (the
+            # same entry again is idempotent, whichever token the commit took).
+            if expected_token is not None:
+                raise TokenMoved()
+        raise gerrors.BranchContended(
+            f"branch {branch_name!r} kept changing staging token during the write; retry",
+            metadata={"repository": repo.name, "branch": branch_name},
+        )
+
+    def _mark_dirty(
+        self, repo: Repository, cached: types_pb2.Branch, predicate: bytes
+    ) -> types_pb2.Branch:
+        """Set `dirty` before writing (invariant 1), starting from the cached record; a
+        stale cache or a concurrent change is re-read by the branch update."""
+        try:
+            update = self.refs.update_branch(
+                repo, cached.name, _mark_dirty, step="mark_dirty", expect=(cached, predicate)
+            )
+        except gerrors.BranchNotFound as missing:
+            self.core.forget_branch(repo, cached.name)
+            raise self.core.not_a_branch(repo, cached.name, missing) from None
+        self.core.remember_branch(repo, update.branch, update.predicate)
+        return update.branch
+
+    def _validation_read(
+        self, repo: Repository, branch_name: str
+    ) -> tuple[Repository, types_pb2.Branch]:
+        """A fresh read of the repository and branch records in one batch (not a
+        compare-and-swap: it only checks which token the write landed on)."""
+        repo_key = self.refs.repository_key(repo.name)
+        branch_key = self.refs.branch_key(repo, branch_name)
+        repo_now, branch_now = self.core.kv.batch_get([repo_key, branch_key])
+        if repo_now is None:
+            raise gerrors.RepositoryNotFound(
+                f"repository {repo.name!r} was deleted", metadata={"repository": repo.name}
+            )
+        current_repo = Repository.from_record(repo_now.value, repo_key[1])
+        if current_repo.instance_id != repo.instance_id:
+            return current_repo, types_pb2.Branch()
+        if branch_now is None:
+            self.core.forget_branch(repo, branch_name)
+            raise gerrors.BranchNotFound(
+                f"branch {branch_name!r} not found",
+                metadata={"repository": repo.name, "branch": branch_name},
+            )
+        current = layout.decode_branch(repo.partition, branch_name, branch_now.value)
+        self.core.remember_branch(repo, current, branch_now.predicate)
+        return current_repo, current
+
+    # ---- discard ------------------------------------------------------------------------
+
+    def discard_changes(
+        self, repo_name: str, branch_name: str, path: str = "", prefix: str = ""
+    ) -> int:
+        """Discard uncommitted changes to one path, a prefix, or everything."""
+        repo = self.core.repo(repo_name)
+        names.check_branch_name(branch_name)
+        if path and prefix:
+            raise gerrors.InvalidPath("give a path or a prefix, not both")
+        if path:
+            names.check_path(path)
+        if not path and not prefix:
+            self.discard_all(repo, branch_name)
+            return -1
+        # Stage the committed value back (or a tombstone where nothing is committed) for
+        # every uncommitted change in scope, through the writer flow: safe against a
+        # concurrent commit taking the token, unlike deleting staged keys.
+        branch, _ = self.core.branch(repo, branch_name)
+        head = self.refs.get_commit(repo, branch.commit_id).metarange_id
+        reverts: list[tuple[str, Entry | None]] = []
+        scope = path if path else prefix
+        for staged_path, value in self.reads.uncommitted_values(repo, branch, head, scope, ""):
+            if path and staged_path != path:
+                break
+            committed = self.core.committed.get_entry(repo.storage_namespace, head, staged_path)
+            if change_against(staged_path, value, committed) is not None:
+                reverts.append((staged_path, committed))
+        if reverts:
+            self.write(repo, branch_name, reverts)
+        return len(reverts)
+
+    def discard_all(self, repo: Repository, branch_name: str) -> None:
+        """A fresh token, no sealed tokens, no compacted metarange, same HEAD."""
+
+        def clean(branch: types_pb2.Branch) -> types_pb2.Branch:
+            return types_pb2.Branch(
+                name=branch_name, commit_id=branch.commit_id, staging_token=new_token(), dirty=False
+            )
+
+        update = self.refs.update_branch(repo, branch_name, clean, step="discard")
+        self.core.forget_branch(repo, branch_name)
+        old = update.before
+        self.staging.queue_drop_tokens([old.staging_token, *old.sealed_tokens])
+
+
+__all__ = ["StagedCount", "TokenMoved", "Writes"]
