@@ -19,8 +19,14 @@ from pathlib import Path
 import grpc
 
 from quarry.v1 import branch_manager_pb2 as bm
-from quarry.v1 import branch_manager_pb2_grpc, committer_pb2, committer_pb2_grpc
-from quarry.v1 import kv_pb2, kv_pb2_grpc, types_pb2
+from quarry.v1 import (
+    branch_manager_pb2_grpc,
+    committer_pb2,
+    committer_pb2_grpc,
+    kv_pb2,
+    kv_pb2_grpc,
+    types_pb2,
+)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))

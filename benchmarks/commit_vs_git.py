@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from quarry.committed import CommittedManager
 from quarry.blob import LocalBlobStore
+from quarry.committed import CommittedManager
 from quarry.graveler.graveler import Graveler
 from quarry.graveler.model import Entry
 from quarry.kv.memory import MemoryStore

@@ -6,11 +6,18 @@ Timestamp is 0, and 0 is sent as an unset Timestamp).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from quarry.graveler.errors import InvalidEntry
-from quarry.graveler.model import (Change, ChangeType, Conflict, DiffSummary, Entry,
-                                   MergeStrategy, RangeInfo)
+from quarry.graveler.model import (
+    Change,
+    ChangeType,
+    Conflict,
+    DiffSummary,
+    Entry,
+    MergeStrategy,
+    RangeInfo,
+)
 from quarry.v1 import types_pb2
 
 

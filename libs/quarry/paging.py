@@ -14,7 +14,8 @@ entry, paths of 1 KB).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from google.protobuf.message import Message
 
@@ -84,7 +85,7 @@ class PageBudget:
         return True
 
     @classmethod
-    def for_response(cls, max_items: int, max_response_bytes: int) -> "PageBudget":
+    def for_response(cls, max_items: int, max_response_bytes: int) -> PageBudget:
         """The budget of a paged response: its items leave PAGE_TOKEN_RESERVE_BYTES of
         `max_response_bytes` for the next_page_token."""
         return cls(max_items, max(1, max_response_bytes - PAGE_TOKEN_RESERVE_BYTES))

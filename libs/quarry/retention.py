@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 from quarry import errors
 from quarry.cli.upload import UPLOAD_KEY
@@ -49,7 +49,7 @@ class RetentionRules:
         return self.branch_retention_days.get(branch, self.default_retention_days)
 
     @classmethod
-    def from_json(cls, text: str) -> "RetentionRules":
+    def from_json(cls, text: str) -> RetentionRules:
         """lakeFS's format: {"default_retention_days": 21,
         "branches": [{"branch_id": "main", "retention_days": 28}]}."""
         try:
@@ -60,7 +60,7 @@ class RetentionRules:
             raise InvalidRetentionRules(f"invalid retention rules: {exc}") from None
 
     @classmethod
-    def from_proto(cls, rules) -> "RetentionRules":
+    def from_proto(cls, rules) -> RetentionRules:
         """From quarry.v1.GarbageCollectionRules (what a repository stores)."""
         return cls(rules.default_retention_days, dict(rules.branch_retention_days))
 

@@ -26,8 +26,7 @@ from quarry.v1 import branch_manager_pb2 as bm
 from quarry.v1 import branch_manager_pb2_grpc, committer_pb2_grpc, types_pb2
 from quarry.v1 import committer_pb2 as cm
 from support.chaos import FAST_RECONNECT, Cluster, History, Op, env_int, run_logged
-from support.history_check import (REPOINT_SIZE, Timeline, Violation, check_final,
-                                   check_observation)
+from support.history_check import REPOINT_SIZE, Timeline, Violation, check_final, check_observation
 from support.reporting import report_lines
 
 REPO = "chaos"

@@ -19,8 +19,8 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow.parquet as pq
 import pytest

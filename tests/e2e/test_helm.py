@@ -121,7 +121,7 @@ def run_helm(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _template(release: str, args: tuple[str, ...]) -> tuple[dict, ...]:
     proc = run_helm("template", release, str(CHART), "--namespace", NAMESPACE, *args)
     if proc.returncode != 0:

@@ -17,9 +17,9 @@ import pytest
 import quarry.spark as qs
 from quarry import errors
 from quarry.blob import open_blob_store
+from quarry.blob.ownership import MARKER_KEY
 from quarry.committed import format as rformat
 from quarry.retention import RetentionRules
-from quarry.blob.ownership import MARKER_KEY
 from quarry.spark.common import EPHEMERAL_PREFIX, new_job_id
 from quarry.spark.gc import DEFAULT_GRACE, collect_garbage
 from support.foreign_files import FOREIGN_KEYS
@@ -115,7 +115,7 @@ class History:
 
 
 def run_gc(spark, history: History, sweep: bool, days: float = 7.0, **kwargs):
-    now = dt.datetime.now(dt.timezone.utc) + LATER
+    now = dt.datetime.now(dt.UTC) + LATER
     return collect_garbage(spark, history.repo, rules=RetentionRules(days), sweep=sweep,
                            now=now, grace=kwargs.pop("grace", dt.timedelta(0)),
                            connection=history.conn, **kwargs)
@@ -179,7 +179,7 @@ def test_branch_override_keeps_its_history(spark, suite, conn):
     report = run_gc(spark, history, sweep=False, days=7)
     overridden = collect_garbage(
         spark, history.repo, rules=RetentionRules(7, {"main": 60}), sweep=False,
-        now=dt.datetime.now(dt.timezone.utc) + LATER, grace=dt.timedelta(0), connection=conn)
+        now=dt.datetime.now(dt.UTC) + LATER, grace=dt.timedelta(0), connection=conn)
     assert set(history.a_files[2:]) <= set(report.collectable["data"].sample)
     assert not set(history.a_files) & set(overridden.collectable["data"].sample)
 
@@ -189,7 +189,7 @@ def test_gc_command_line_dry_run_and_sweep(spark, suite, conn, tmp_path):
     rules = tmp_path / "rules.json"
     rules.write_text(json.dumps({"default_retention_days": 7,
                                  "branches": [{"branch_id": "other", "retention_days": 90}]}))
-    now = (dt.datetime.now(dt.timezone.utc) + LATER).isoformat()
+    now = (dt.datetime.now(dt.UTC) + LATER).isoformat()
     env = {**os.environ, "QUARRY_HOME": str(tmp_path / "home")}
     connect = ["--branch-manager", conn.branch_manager, "--committer", conn.committer]
 
@@ -282,14 +282,14 @@ def test_a_repository_nested_in_or_sharing_the_namespace_cannot_be_created(spark
             assert failure.value.reason == "NAMESPACE_IN_USE"
             assert failure.value.metadata["other_repository"] == outer
         qs.write(numbers(spark, 0, 40, 2), f"quarry://{outer}/main/t", connection=conn)
-        later = dt.datetime.now(dt.timezone.utc) + LATER
+        later = dt.datetime.now(dt.UTC) + LATER
         report = collect_garbage(spark, outer, rules=RetentionRules(7), now=later,
                                  grace=dt.timedelta(0), sweep=True, connection=conn)
         assert report.objects_scanned > 0
 
 
 def age(root, keys, seconds: float) -> None:
-    when = dt.datetime.now(dt.timezone.utc).timestamp() - seconds
+    when = dt.datetime.now(dt.UTC).timestamp() - seconds
     for key in keys:
         os.utime(os.path.join(root, *key.split("/")), (when, when))
 

@@ -52,7 +52,7 @@ def test_write_entries_and_gc_on_an_s3_namespace(spark, tmp_path, moto_endpoint,
                                           connection=conn).collect()}
         assert len(old) == 3 and not old & set(rows)
 
-        later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=30)
+        later = dt.datetime.now(dt.UTC) + dt.timedelta(days=30)
         report = collect_garbage(spark, "sparky", rules=RetentionRules(7), now=later,
                                  grace=dt.timedelta(0), connection=conn)
         assert report.collectable["data"].count == 3  # the first write's files

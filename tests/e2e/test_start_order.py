@@ -22,9 +22,16 @@ from grpc_status import rpc_status
 from quarry.cli.main import SERVICE_MODULES, start_order
 from quarry.client import Client
 from quarry.client.retry import RetryPolicy
-from quarry.v1 import (branch_manager_pb2, branch_manager_pb2_grpc, committer_pb2,
-                       committer_pb2_grpc, compactor_sensor_pb2, compactor_sensor_pb2_grpc,
-                       server_info_pb2, server_info_pb2_grpc)
+from quarry.v1 import (
+    branch_manager_pb2,
+    branch_manager_pb2_grpc,
+    committer_pb2,
+    committer_pb2_grpc,
+    compactor_sensor_pb2,
+    compactor_sensor_pb2_grpc,
+    server_info_pb2,
+    server_info_pb2_grpc,
+)
 from support.processes import VENV_BIN, free_port, quarry_env, wait_health
 from support.wait import wait_until
 
@@ -248,11 +255,11 @@ def test_a_dependent_service_still_refuses_another_format_version(procs):
     """branch-manager starts before the kv-gateway; the gateway that then appears (another
     build) serves a store of another format version: branch-manager exits non-zero with the
     export/import message instead of waiting forever."""
-    from quarry.kv.memory import MemoryStore
-    from support.servers import settings_for_tests
-
     from kv_gateway.service import build
+
+    from quarry.kv.memory import MemoryStore
     from quarry.runtime.server import create_server
+    from support.servers import settings_for_tests
 
     branch_manager = procs.start("branch-manager")
     wait_health(procs.target("branch-manager"), NOT_SERVING, child=branch_manager)

@@ -17,8 +17,13 @@ import pytest
 
 from quarry import errors
 from quarry.blob import LocalBlobStore, namespaces_overlap, open_blob_store
-from quarry.blob.ownership import (MARKER_KEY, NamespaceInUse, build_marker, parse_marker,
-                                   write_marker)
+from quarry.blob.ownership import (
+    MARKER_KEY,
+    NamespaceInUse,
+    build_marker,
+    parse_marker,
+    write_marker,
+)
 from quarry.client import RetryPolicy
 from support.processes import free_port
 from support.suite import running_suite

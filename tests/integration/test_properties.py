@@ -30,9 +30,15 @@ from hypothesis import strategies as st
 
 from quarry.graveler.refs import RefManager
 from support.processes import free_port
+from support.proto_fuzz import (
+    KV_SERVICE,
+    Pools,
+    call,
+    public_methods,
+    request_strategy,
+    rpcs_declared_in_protos,
+)
 from support.reporting import report_lines
-from support.proto_fuzz import (KV_SERVICE, Pools, call, public_methods, request_strategy,
-                                rpcs_declared_in_protos)
 from support.suite import running_suite
 
 # Not one of items 1-7 (found by this test): a PutObjects stream whose later message is

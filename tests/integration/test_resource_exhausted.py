@@ -17,7 +17,8 @@ import pytest
 from quarry import errors
 from quarry.client import Client, RetryPolicy
 from quarry.runtime.errors import ErrorInterceptor, error_info, from_rpc_error
-from quarry.v1 import branch_manager_pb2 as bm, branch_manager_pb2_grpc, types_pb2
+from quarry.v1 import branch_manager_pb2 as bm
+from quarry.v1 import branch_manager_pb2_grpc, types_pb2
 from support.suite import running_suite
 
 # A generous policy: only the rule under test may stop a retry.
@@ -136,9 +137,8 @@ def test_response_over_the_server_send_limit_carries_error_info(serve):
     assert info is not None and info.reason == "MESSAGE_TOO_LARGE"
     assert info.metadata["limit_bytes"] == "4096"
     assert isinstance(from_rpc_error(raw.value), errors.MessageTooLarge)
-    with Client(target, target, retry=PATIENT) as client:
-        with pytest.raises(errors.MessageTooLarge):
-            client.get_branch("repo", "main")
+    with Client(target, target, retry=PATIENT) as client, pytest.raises(errors.MessageTooLarge):
+        client.get_branch("repo", "main")
     assert attempts.calls["GetBranch"] == 2  # one raw call, one client call: no retry
 
 

@@ -17,8 +17,9 @@ import grpc
 import pytest
 
 from quarry.config import Settings
-from quarry.v1 import (branch_manager_pb2 as bm, branch_manager_pb2_grpc, committer_pb2 as cm,
-                       committer_pb2_grpc, types_pb2)
+from quarry.v1 import branch_manager_pb2 as bm
+from quarry.v1 import branch_manager_pb2_grpc, committer_pb2_grpc, types_pb2
+from quarry.v1 import committer_pb2 as cm
 from support.suite import running_suite
 
 N = 10_000

@@ -23,8 +23,8 @@ import hashlib
 import json
 import struct
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 REPOSITORIES = ("demo", "second", "empty")
 MAIN_ENTRIES = 3000  # about three ranges of the default target size

@@ -7,8 +7,8 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc

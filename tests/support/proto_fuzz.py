@@ -18,17 +18,23 @@ import itertools
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message_factory
 from hypothesis import strategies as st
 
-from quarry.v1 import (branch_manager_pb2, committer_pb2, compactor_sensor_pb2, kv_pb2,
-                       server_info_pb2)
+from quarry.v1 import (
+    branch_manager_pb2,
+    committer_pb2,
+    compactor_sensor_pb2,
+    kv_pb2,
+    server_info_pb2,
+)
 
 PROTO_DIR = Path(__file__).resolve().parents[2] / "protos" / "quarry" / "v1"
 PACKAGE = "quarry.v1"

@@ -9,9 +9,9 @@ Without `compactor_sensor=True` branch-manager sends no staging reports
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from quarry.config import load_settings
 from quarry.kv.store import Store
@@ -59,8 +59,9 @@ def running_suite(home: Path, backend: Store | None = None, compactor_sensor: bo
     from branch_manager.service import build as build_branch_manager
     from committer.service import build as build_committer
     from kv_gateway.service import build as build_kv_gateway
-    from quarry.kv.memory import MemoryStore
     from range_writer.service import build as build_range_writer
+
+    from quarry.kv.memory import MemoryStore
 
     backend = backend if backend is not None else MemoryStore()
     if not compactor_sensor:

@@ -5,7 +5,8 @@ Never sleep a fixed time to order events; wait for the observable effect instead
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 

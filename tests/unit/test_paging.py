@@ -5,8 +5,7 @@ import pytest
 
 from quarry.convert import change_to_proto, entry_to_proto
 from quarry.graveler.model import Change, ChangeType, Entry, RangeInfo
-from quarry.paging import (ELEMENT_OVERHEAD_BYTES, PAGE_TOKEN_RESERVE_BYTES, PageBudget,
-                           encoded_size)
+from quarry.paging import ELEMENT_OVERHEAD_BYTES, PAGE_TOKEN_RESERVE_BYTES, PageBudget, encoded_size
 from quarry.v1 import branch_manager_pb2, committer_pb2, range_writer_pb2, types_pb2
 
 

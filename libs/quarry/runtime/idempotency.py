@@ -14,7 +14,8 @@ per id, a repeat answered with the first successful response.
 from __future__ import annotations
 
 import functools
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from google.protobuf import message as pb_message
 

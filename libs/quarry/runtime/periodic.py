@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class PeriodicWorker:
         backoff = min(self.retry_max, self.retry_initial * 2 ** (self._failures - 1))
         return backoff * random.uniform(0.5, 1.0)
 
-    def start(self, first_delay: float | None = None) -> "PeriodicWorker":
+    def start(self, first_delay: float | None = None) -> PeriodicWorker:
         """Start the loop; its first step runs after `first_delay` (default: the one given
         at construction, else the interval)."""
         if self._thread is None:

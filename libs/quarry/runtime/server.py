@@ -22,9 +22,10 @@ import functools
 import logging
 import signal
 import threading
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc

@@ -73,7 +73,7 @@ class Connection:
     timeout: float = 60.0
 
     @classmethod
-    def from_settings(cls, settings=None) -> "Connection":
+    def from_settings(cls, settings=None) -> Connection:
         from quarry.config import load_settings
 
         settings = settings if settings is not None else load_settings()
@@ -81,7 +81,7 @@ class Connection:
                    settings.s3_endpoint_url, settings.s3_region)
 
     @classmethod
-    def resolve(cls, spark=None, connection: "Connection | None" = None) -> "Connection":
+    def resolve(cls, spark=None, connection: Connection | None = None) -> Connection:
         """An explicit connection; else the session's `spark.quarry.branchManager` /
         `spark.quarry.committer` (and `spark.quarry.s3EndpointUrl`); else the QUARRY_*
         settings of this process."""
@@ -118,7 +118,7 @@ def client_for(connection: Connection):
 
 
 def new_job_id(now: _dt.datetime | None = None) -> str:
-    now = (now or _dt.datetime.now(_dt.timezone.utc)).astimezone(_dt.timezone.utc)
+    now = (now or _dt.datetime.now(_dt.UTC)).astimezone(_dt.UTC)
     return f"{now.strftime(_JOB_TIME)}-{secrets.token_hex(6)}"
 
 
@@ -132,7 +132,7 @@ def ephemeral_created_at(branch: str) -> _dt.datetime | None:
     if not match:
         return None
     try:
-        return _dt.datetime.strptime(match.group(1), _JOB_TIME).replace(tzinfo=_dt.timezone.utc)
+        return _dt.datetime.strptime(match.group(1), _JOB_TIME).replace(tzinfo=_dt.UTC)
     except ValueError:  # shaped like one but not a real time: a user's branch, not ours
         return None
 

@@ -26,8 +26,8 @@ import hashlib
 import io
 import json
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import pyarrow as pa
 
@@ -264,7 +264,7 @@ def _write_and_stage(spec: WriteSpec, batches, partition: int,
                    "physical_address": object_address(spec.storage_namespace, key),
                    "size_bytes": len(data),
                    "checksum": hashlib.sha256(data).hexdigest(),
-                   "mtime_us": int(_dt.datetime.now(_dt.timezone.utc).timestamp() * 1e6),
+                   "mtime_us": int(_dt.datetime.now(_dt.UTC).timestamp() * 1e6),
                    "rows": table.num_rows, "partition": partition}
             rows.append(row)
             entries.append(file_entry(spec, row))

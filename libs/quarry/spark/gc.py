@@ -32,8 +32,14 @@ import secrets
 from dataclasses import asdict, dataclass, field
 
 from quarry import errors, telemetry
-from quarry.retention import (COLLECTABLE, FOREIGN, CommitNode, RetentionRules, classify,
-                              retained_commits)
+from quarry.retention import (
+    COLLECTABLE,
+    FOREIGN,
+    CommitNode,
+    RetentionRules,
+    classify,
+    retained_commits,
+)
 from quarry.spark.common import Connection
 from quarry.spark.reader import ranges_dataframe
 from quarry.spark.sweep import DEFAULT_EPHEMERAL_TTL, sweep_ephemeral_branches
@@ -111,7 +117,7 @@ def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = No
     from quarry.client import Client
 
     connection = Connection.resolve(spark, connection)
-    started = _dt.datetime.now(_dt.timezone.utc)
+    started = _dt.datetime.now(_dt.UTC)
     policy_time = now or started
     with Client(connection.branch_manager, connection.committer,
                 timeout=connection.timeout) as client, \
@@ -176,8 +182,13 @@ def check_ownership(repo, connection: Connection) -> None:
     (_quarry/repository.json) names this repository and instance: never a namespace that
     another repository, an earlier repository of the same name or nobody claimed."""
     from quarry.blob import open_blob_store
-    from quarry.blob.ownership import (MARKER_KEY, InvalidMarker, NamespaceNotOwned,
-                                       parse_marker, read_marker)
+    from quarry.blob.ownership import (
+        MARKER_KEY,
+        InvalidMarker,
+        NamespaceNotOwned,
+        parse_marker,
+        read_marker,
+    )
 
     ns = repo.storage_namespace
     meta = {"repository": repo.name, "storage_namespace": ns}
@@ -301,11 +312,11 @@ class _References:
                     continue
                 self.commits[commit.id] = CommitNode(
                     commit.id, tuple(commit.parents),
-                    commit.creation_time.ToDatetime(tzinfo=_dt.timezone.utc),
+                    commit.creation_time.ToDatetime(tzinfo=_dt.UTC),
                     commit.generation, commit.metarange_id)
 
 
-def _recheck(references: "_References", kept: set[str], doomed_metaranges: set[str],
+def _recheck(references: _References, kept: set[str], doomed_metaranges: set[str],
              doomed_ranges: set[str], storage_namespace: str, connection: Connection) -> None:
     """Just before deleting: the commits made since the references were read must not
     use a range or metarange about to go (content addressing lets a new commit reuse an old

@@ -19,6 +19,7 @@ from quarry import errors
 from quarry.spark.common import Connection, QuarryUri, parse_uri
 from quarry.v1 import types_pb2
 
+
 class NothingToRead(errors.NotFound):
     reason = "NO_OBJECTS_UNDER_PATH"
 
@@ -104,10 +105,10 @@ def ranges_dataframe(spark, storage_namespace: str, range_ids: list[str],
 
 def _range_reader(storage_namespace: str, connection: Connection):
     def run(batches):
+        import pyarrow as pa
+
         from quarry.blob import open_blob_store
         from quarry.committed import format as rformat
-
-        import pyarrow as pa
 
         # Spark's Arrow bridge has no fixed-size binary: identity goes over as plain binary,
         # the type Spark's Parquet reader gives it too.
@@ -153,8 +154,8 @@ def _entries(spark, target: QuarryUri, prefix: str, connection: Connection | Non
 
 
 def _entry_row(entry: types_pb2.Entry) -> tuple:
-    mtime = (entry.mtime.ToDatetime(tzinfo=_dt.timezone.utc) if entry.HasField("mtime")
-             else _dt.datetime.fromtimestamp(0, _dt.timezone.utc))
+    mtime = (entry.mtime.ToDatetime(tzinfo=_dt.UTC) if entry.HasField("mtime")
+             else _dt.datetime.fromtimestamp(0, _dt.UTC))
     return (entry.path, entry.physical_address, entry.size_bytes, entry.checksum, mtime,
             entry.content_type, dict(entry.metadata))
 

@@ -16,7 +16,7 @@ DEFAULT_EPHEMERAL_TTL = _dt.timedelta(hours=24)
 def stale_ephemeral_branches(client, repository: str,
                              older_than: _dt.timedelta = DEFAULT_EPHEMERAL_TTL,
                              now: _dt.datetime | None = None) -> list[str]:
-    now = now or _dt.datetime.now(_dt.timezone.utc)
+    now = now or _dt.datetime.now(_dt.UTC)
     stale = []
     for branch in client.iter_branches(repository):
         created = ephemeral_created_at(branch.name)

@@ -28,14 +28,28 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from quarry import errors, telemetry
 from quarry.convert import entry_from_proto
-from quarry.spark.common import (JOB_DATA_PREFIX, Connection, QuarryUri, ephemeral_branch,
-                                 new_job_id, parse_uri)
-from quarry.spark.executor import (FORMATS, JOB_FILE_KEY, RESULT_SCHEMA, WriteSpec, file_entry,
-                                   is_job_file, job_path_prefix, write_task)
+from quarry.spark.common import (
+    JOB_DATA_PREFIX,
+    Connection,
+    QuarryUri,
+    ephemeral_branch,
+    new_job_id,
+    parse_uri,
+)
+from quarry.spark.executor import (
+    FORMATS,
+    JOB_FILE_KEY,
+    RESULT_SCHEMA,
+    WriteSpec,
+    file_entry,
+    is_job_file,
+    job_path_prefix,
+    write_task,
+)
 from quarry.v1 import types_pb2
 
 log = logging.getLogger("quarry.spark")

@@ -11,11 +11,19 @@ import pytest
 
 from quarry import errors
 from quarry.committed.format import METARANGES_PREFIX, RANGES_PREFIX
-from quarry.retention import (COLLECTABLE, DEFAULT_RETENTION_DAYS, Classified, CommitNode,
-                              InvalidRetentionRules, RetentionRules, classify, retained_commits)
+from quarry.retention import (
+    COLLECTABLE,
+    DEFAULT_RETENTION_DAYS,
+    Classified,
+    CommitNode,
+    InvalidRetentionRules,
+    RetentionRules,
+    classify,
+    retained_commits,
+)
 from support.foreign_files import FOREIGN_KEYS
 
-NOW = dt.datetime(2024, 6, 1, 12, 0, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2024, 6, 1, 12, 0, tzinfo=dt.UTC)
 
 
 def ago(days: float) -> dt.datetime:

@@ -13,11 +13,20 @@ import pytest
 from quarry import errors
 from quarry.config import load_settings
 from quarry.graveler.names import check_branch_name
-from quarry.spark.common import (EPHEMERAL_PREFIX, SCHEME, Connection, InvalidQuarryUri,
-                                 QuarryUri, ephemeral_branch, ephemeral_created_at,
-                                 job_of_branch, new_job_id, parse_uri)
+from quarry.spark.common import (
+    EPHEMERAL_PREFIX,
+    SCHEME,
+    Connection,
+    InvalidQuarryUri,
+    QuarryUri,
+    ephemeral_branch,
+    ephemeral_created_at,
+    job_of_branch,
+    new_job_id,
+    parse_uri,
+)
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 # --- parse_uri -----------------------------------------------------------------------------
 
@@ -264,4 +273,4 @@ def test_job_ids_are_in_utc_whatever_the_given_zone():
 
     local = dt.datetime(2026, 11, 26, 3, 0, tzinfo=dt.timezone(dt.timedelta(hours=3)))
     created = ephemeral_created_at(ephemeral_branch(new_job_id(local)))
-    assert created == dt.datetime(2026, 11, 26, 0, 0, tzinfo=dt.timezone.utc)
+    assert created == dt.datetime(2026, 11, 26, 0, 0, tzinfo=dt.UTC)

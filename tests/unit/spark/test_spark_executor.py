@@ -16,11 +16,22 @@ import pytest
 
 from quarry.graveler.names import check_path
 from quarry.spark.common import JOB_DATA_PREFIX, Connection
-from quarry.spark.executor import (FORMATS, HIVE_NULL, WriteSpec, _files, _partitions,
-                                   _tables, encode_file, file_entry, file_key,
-                                   job_path_prefix, object_path, partition_value_text)
+from quarry.spark.executor import (
+    FORMATS,
+    HIVE_NULL,
+    WriteSpec,
+    _files,
+    _partitions,
+    _tables,
+    encode_file,
+    file_entry,
+    file_key,
+    job_path_prefix,
+    object_path,
+    partition_value_text,
+)
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 
 
