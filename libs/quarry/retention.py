@@ -14,11 +14,15 @@ import datetime as _dt
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from quarry import errors
 from quarry.cli.upload import UPLOAD_KEY
 from quarry.committed.format import METARANGE_KEY, RANGE_KEY
 from quarry.spark.executor import JOB_FILE_KEY
+
+if TYPE_CHECKING:
+    from quarry.v1 import types_pb2
 
 DEFAULT_RETENTION_DAYS = 21.0
 MAX_RETENTION_DAYS = 36500  # a century: "keep forever" without overflowing date arithmetic
@@ -37,7 +41,7 @@ class RetentionRules:
     default_retention_days: float = DEFAULT_RETENTION_DAYS
     branch_retention_days: Mapping[str, float] = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         days = [self.default_retention_days, *self.branch_retention_days.values()]
         for d in days:
             if isinstance(d, bool) or not isinstance(d, (int, float)) \
@@ -60,11 +64,11 @@ class RetentionRules:
             raise InvalidRetentionRules(f"invalid retention rules: {exc}") from None
 
     @classmethod
-    def from_proto(cls, rules) -> RetentionRules:
+    def from_proto(cls, rules: types_pb2.GarbageCollectionRules) -> RetentionRules:
         """From quarry.v1.GarbageCollectionRules (what a repository stores)."""
         return cls(rules.default_retention_days, dict(rules.branch_retention_days))
 
-    def to_proto(self):
+    def to_proto(self) -> types_pb2.GarbageCollectionRules:
         from quarry.v1 import types_pb2
 
         return types_pb2.GarbageCollectionRules(

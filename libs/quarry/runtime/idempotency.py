@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import grpc
 from google.protobuf import message as pb_message
 
 from quarry.graveler.requests import RequestLog, check_request_id, fingerprint
@@ -38,7 +39,7 @@ def idempotent(response_type: type[M], *, repository: str | None = "repository",
 
     def decorate(method: Callable) -> Callable:
         @functools.wraps(method)
-        def wrapper(self, request, context):
+        def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
             if not request.request_id:
                 return method(self, request, context)
             name = getattr(request, repository) if repository is not None else None

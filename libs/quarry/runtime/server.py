@@ -22,9 +22,10 @@ import functools
 import logging
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import grpc
@@ -132,21 +133,29 @@ def _is_retryable(exc: BaseException) -> bool:
         exc.code in RETRYABLE_CODES or exc.code == grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
+@dataclass(frozen=True)
+class ReadinessTiming:
+    """How Readiness probes: each probe bounded by `probe_timeout`; every `interval` while
+    ready; while not, retrying from `retry_initial` backing off to `retry_max` (seconds)."""
+
+    probe_timeout: float = PROBE_TIMEOUT_SECONDS
+    interval: float = READINESS_INTERVAL_SECONDS
+    retry_initial: float = READINESS_RETRY_INITIAL_SECONDS
+    retry_max: float = READINESS_RETRY_MAX_SECONDS
+
+
 class Readiness:
     """Health follows the dependencies (see the module docstring). `check()` is one probe
     round; a PeriodicWorker repeats it."""
 
     def __init__(self, spec: ServiceSpec, health_servicer: health.HealthServicer,
-                 health_names: Sequence[str], probe_timeout: float = PROBE_TIMEOUT_SECONDS,
-                 interval: float = READINESS_INTERVAL_SECONDS,
-                 retry_initial: float = READINESS_RETRY_INITIAL_SECONDS,
-                 retry_max: float = READINESS_RETRY_MAX_SECONDS):
+                 health_names: Sequence[str], timing: ReadinessTiming = ReadinessTiming()):
         self._service = spec.name
         self._dependencies = list(spec.dependencies)
         self._pending_work = list(spec.on_ready)
         self._health = health_servicer
         self._health_names = list(health_names)
-        self._probe_timeout = probe_timeout
+        self._probe_timeout = timing.probe_timeout
         self._lock = threading.Lock()  # one probe round at a time
         names = ",".join(d.name for d in self._dependencies)
         self._waiting_for = names or spec.name
@@ -156,8 +165,9 @@ class Readiness:
         self._logged: str | None = None
         self._failed_rounds = 0  # consecutive failed probe rounds while ready
         self.failure: BaseException | None = None  # start-up work refused: stop the service
-        self.worker = PeriodicWorker(f"{spec.name}-readiness", self.check, interval,
-                                     retry_initial=retry_initial, retry_max=retry_max)
+        self.worker = PeriodicWorker(f"{spec.name}-readiness", self.check, timing.interval,
+                                     retry_initial=timing.retry_initial,
+                                     retry_max=timing.retry_max)
 
     @property
     def ready(self) -> bool:
@@ -235,7 +245,7 @@ class Readiness:
                      f" (dependencies answer: {', '.join(d.name for d in self._dependencies)})"
                      if self._dependencies else "")
 
-    def _set_health(self, status) -> None:
+    def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
         for name in ["", *self._health_names]:
             self._health.set(name, status)
 
@@ -258,7 +268,10 @@ class ReadinessGate(grpc.ServerInterceptor):
         # Wrapped handlers by the handler they wrap: built once per method, not per call.
         self._wrapped: dict[int, tuple[Any, Any]] = {}
 
-    def intercept_service(self, continuation, handler_call_details):
+    def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
         if handler is None or not handler_call_details.method.startswith(self._prefixes):
             return handler
@@ -269,19 +282,20 @@ class ReadinessGate(grpc.ServerInterceptor):
         self._wrapped[id(handler)] = (handler, wrapped)
         return wrapped
 
-    def _wrap(self, handler):
+    def _wrap(self, handler: Any) -> Any:
+        """`handler`: a grpc RpcMethodHandler (a namedtuple in grpc's implementation)."""
         gate = self._readiness.refuse_unless_ready
 
-        def unary(behavior):
+        def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(behavior)
-            def wrapper(request, context):
+            def wrapper(request: Any, context: grpc.ServicerContext) -> Any:
                 gate()
                 return behavior(request, context)
             return wrapper
 
-        def streaming(behavior):
+        def streaming(behavior: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
             @functools.wraps(behavior)
-            def wrapper(request, context):
+            def wrapper(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 gate()
                 yield from behavior(request, context)
             return wrapper
@@ -298,7 +312,8 @@ class ServerInfoServicer(server_info_pb2_grpc.ServerInfoServicer):
     def __init__(self, service: str):
         self._service = service
 
-    def GetServerInfo(self, request, context):
+    def GetServerInfo(self, request: server_info_pb2.GetServerInfoRequest,
+                      context: grpc.ServicerContext) -> server_info_pb2.GetServerInfoResponse:
         return server_info_pb2.GetServerInfoResponse(
             service=self._service, version=quarry.__version__,
             format_version=quarry.FORMAT_VERSION)
@@ -345,10 +360,11 @@ def create_server(settings: Settings, spec: ServiceSpec, port: int | None = None
     Returns once the port is bound and one readiness round has run: a server whose
     dependencies already answer is SERVING on return; otherwise it keeps probing in the
     background. Raises the error of start-up work that refuses (e.g. FormatVersionMismatch).
-    `readiness_options` tune the probing (Readiness keyword arguments; tests)."""
+    `readiness_options` tune the probing (ReadinessTiming fields; tests)."""
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     info_name = server_info_pb2.DESCRIPTOR.services_by_name["ServerInfo"].full_name
-    readiness = Readiness(spec, health_servicer, spec.grpc_service_names, **readiness_options)
+    readiness = Readiness(spec, health_servicer, spec.grpc_service_names,
+                          ReadinessTiming(**readiness_options))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.max_workers,
                                    thread_name_prefix=spec.name),
@@ -410,7 +426,7 @@ def serve(settings: Settings, spec_factory: Callable[[Settings], ServiceSpec]) -
 
     stop_requested = threading.Event()
 
-    def request_stop(signum, _frame):
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
         log.info("%s: signal %d, draining (grace %.1fs)", spec.name, signum,
                  settings.shutdown_grace_seconds)
         stop_requested.set()
