@@ -10,8 +10,15 @@ import secrets
 import threading
 import urllib.parse
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from quarry import errors
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from quarry.client import Client
+    from quarry.config import Settings
 
 SCHEME = "quarry://"
 # Ephemeral branches of Spark writes: `_quarry-spark-<UTC time>-<random>`. The time in the
@@ -73,7 +80,7 @@ class Connection:
     timeout: float = 60.0
 
     @classmethod
-    def from_settings(cls, settings=None) -> Connection:
+    def from_settings(cls, settings: Settings | None = None) -> Connection:
         from quarry.config import load_settings
 
         settings = settings if settings is not None else load_settings()
@@ -81,7 +88,7 @@ class Connection:
                    settings.s3_endpoint_url, settings.s3_region)
 
     @classmethod
-    def resolve(cls, spark=None, connection: Connection | None = None) -> Connection:
+    def resolve(cls, spark: SparkSession | None = None, connection: Connection | None = None) -> Connection:
         """An explicit connection; else the session's `spark.quarry.branchManager` /
         `spark.quarry.committer` (and `spark.quarry.s3EndpointUrl`); else the QUARRY_*
         settings of this process."""
@@ -97,11 +104,11 @@ class Connection:
                    conf.get("spark.quarry.s3Region", base.s3_region))
 
 
-_clients: dict = {}
+_clients: dict[tuple[Connection, bool], Client] = {}
 _clients_lock = threading.Lock()
 
 
-def client_for(connection: Connection):
+def client_for(connection: Connection) -> Client:
     """One Client (so one channel per service) per process and connection: executors'
     Python workers are reused across tasks, so every task of a worker shares it."""
     from quarry import telemetry

@@ -28,10 +28,14 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from quarry.spark.common import JOB_DATA_PREFIX, JOB_ID_PATTERN, Connection, client_for
+
+if TYPE_CHECKING:
+    from quarry.v1 import types_pb2
 
 FORMATS = {
     # format: (file extension, content type)
@@ -96,7 +100,7 @@ HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _HIVE_ESCAPED = set('"#%\'*/:=?\\\x7f{[]^')
 
 
-def partition_value_text(value) -> str:
+def partition_value_text(value: Any) -> str:
     """A partition column value as Hive writes it in a folder name."""
     if value is None:
         return HIVE_NULL
@@ -158,7 +162,7 @@ def _files(spec: WriteSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple
             yield folder, table
 
 
-def file_entry(spec: WriteSpec, row: dict):
+def file_entry(spec: WriteSpec, row: dict) -> types_pb2.Entry:
     """The entry staged for a written file, from its result row (executor and driver)."""
     from quarry.client import make_entry
 
@@ -205,7 +209,7 @@ def encode_file(table: pa.Table, fmt: str) -> bytes:
     raise ValueError(f"unsupported format {fmt!r}")
 
 
-def _json_value(value):
+def _json_value(value: Any) -> str:
     if isinstance(value, (_dt.datetime, _dt.date)):
         return value.isoformat()
     if isinstance(value, bytes):
@@ -248,7 +252,7 @@ def write_task(spec: WriteSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator
     return run
 
 
-def _write_and_stage(spec: WriteSpec, batches, partition: int,
+def _write_and_stage(spec: WriteSpec, batches: Iterator[pa.RecordBatch], partition: int,
                      task_attempt_id: int) -> list[dict]:
     from quarry.blob import object_address, open_blob_store
 
@@ -279,7 +283,7 @@ def _write_and_stage(spec: WriteSpec, batches, partition: int,
 
 
 @contextlib.contextmanager
-def _task_span(spec: WriteSpec, partition: int, attempt: int):
+def _task_span(spec: WriteSpec, partition: int, attempt: int) -> Iterator[None]:
     """A span for the task, child of the driver's write span when the driver sent its trace
     context; nothing at all when it did not."""
     if not spec.trace_carrier:

@@ -29,7 +29,9 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import secrets
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from quarry import errors, telemetry
 from quarry.retention import (
@@ -44,6 +46,12 @@ from quarry.spark.common import Connection
 from quarry.spark.reader import ranges_dataframe
 from quarry.spark.sweep import DEFAULT_EPHEMERAL_TTL, sweep_ephemeral_branches
 from quarry.v1 import types_pb2
+
+if TYPE_CHECKING:
+    from pyspark.sql import Row, SparkSession
+
+    from quarry.blob import BlobStore, ObjectInfo
+    from quarry.client import Client
 
 DEFAULT_GRACE = _dt.timedelta(hours=6)
 REPORTS_PREFIX = "_quarry/gc/reports/"
@@ -104,7 +112,8 @@ class GCReport:
         return doc
 
 
-def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = None,
+def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC jobs and tests
+        spark: SparkSession, repository: str, *, rules: RetentionRules | None = None,
                     sweep: bool = False, now: _dt.datetime | None = None,
                     grace: _dt.timedelta = DEFAULT_GRACE,
                     ephemeral_ttl: _dt.timedelta = DEFAULT_EPHEMERAL_TTL,
@@ -177,7 +186,7 @@ def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = No
         return report
 
 
-def check_ownership(repo, connection: Connection) -> None:
+def check_ownership(repo: types_pb2.Repository, connection: Connection) -> None:
     """GC reads, reports into and deletes from a namespace only when its ownership marker
     (_quarry/repository.json) names this repository and instance: never a namespace that
     another repository, an earlier repository of the same name or nobody claimed."""
@@ -213,7 +222,7 @@ def check_ownership(repo, connection: Connection) -> None:
                       marker.instance_id})
 
 
-def _foreign_prefixes(client, repository: str, storage_namespace: str) -> tuple[str, ...]:
+def _foreign_prefixes(client: Client, repository: str, storage_namespace: str) -> tuple[str, ...]:
     """Key prefixes, inside this repository's namespace, of other repositories' namespaces
     (a namespace inside another is fine for the inner one: nothing of the outer one is in
     it). A namespace shared with another repository cannot be collected at all."""
@@ -235,7 +244,7 @@ def _foreign_prefixes(client, repository: str, storage_namespace: str) -> tuple[
     return tuple(prefixes)
 
 
-def stored_rules(client, repository: str) -> RetentionRules:
+def stored_rules(client: Client, repository: str) -> RetentionRules:
     """The repository's rules (SetGarbageCollectionRules), else the defaults."""
     try:
         return RetentionRules.from_proto(client.get_gc_rules(repository))
@@ -248,7 +257,7 @@ def stored_rules(client, repository: str) -> RetentionRules:
 class _References:
     """What a repository's branches and tags refer to, read in the safe order."""
 
-    def __init__(self, client, repository: str, ignored_branches: set[str]):
+    def __init__(self, client: Client, repository: str, ignored_branches: set[str]) -> None:
         self.client, self.repository, self.ignored = client, repository, ignored_branches
         self.staged_addresses: set[str] = set()
         self.compacted: set[str] = set()
@@ -338,7 +347,7 @@ def _recheck(references: _References, kept: set[str], doomed_metaranges: set[str
                     metadata={"metarange_id": metarange_id})
 
 
-def _ranges_of(store, metarange_ids: set[str], existing_keys: set[str]) -> set[str]:
+def _ranges_of(store: BlobStore, metarange_ids: set[str], existing_keys: set[str]) -> set[str]:
     """The range ids of the metaranges, checked against the namespace's listing: if a
     referenced file is missing, the references are not trustworthy and GC stops."""
     from quarry.blob import ObjectNotFound
@@ -361,7 +370,7 @@ def _ranges_of(store, metarange_ids: set[str], existing_keys: set[str]) -> set[s
     return range_ids
 
 
-def _candidates(listing, older_than: _dt.datetime, report: GCReport) -> list[tuple]:
+def _candidates(listing: Iterable[ObjectInfo], older_than: _dt.datetime, report: GCReport) -> list[tuple]:
     """(key, size, kind, id) of every listed object GC may consider, i.e. not internal and
     older than the grace period."""
     limit = older_than.timestamp()
@@ -380,7 +389,7 @@ def _candidates(listing, older_than: _dt.datetime, report: GCReport) -> list[tup
     return found
 
 
-def _unreferenced_data_keys(spark, storage_namespace: str, range_ids: list[str],
+def _unreferenced_data_keys(spark: SparkSession, storage_namespace: str, range_ids: list[str],
                             staged_addresses: set[str], data_candidates: list[tuple],
                             connection: Connection) -> set[str]:
     """The candidate data keys that no retained range and no staged entry refers to: the
@@ -416,13 +425,13 @@ def _unreferenced_data_keys(spark, storage_namespace: str, range_ids: list[str],
     return {row.key for row in orphans}
 
 
-def _delete(spark, storage_namespace: str, keys: list[str], connection: Connection) -> int:
+def _delete(spark: SparkSession, storage_namespace: str, keys: list[str], connection: Connection) -> int:
     """Delete `keys` from the namespace in executors; returns how many."""
     if not keys:
         return 0
     slices = max(1, min(len(keys) // 1000 + 1, spark.sparkContext.defaultParallelism * 4))
 
-    def delete_partition(rows):
+    def delete_partition(rows: Iterator[Row]) -> None:
         from quarry.blob import open_blob_store
 
         with open_blob_store(storage_namespace, connection) as store:

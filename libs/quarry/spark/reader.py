@@ -13,11 +13,19 @@ entries with Spark's own reader: time travel by commit id, tag or `branch@`.
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from quarry import errors
 from quarry.spark.common import Connection, QuarryUri, parse_uri
 from quarry.v1 import types_pb2
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+    from quarry.client import Client
 
 
 class NothingToRead(errors.NotFound):
@@ -43,7 +51,7 @@ class Snapshot:
     changes: tuple  # uncommitted quarry.v1.Change under the prefix (branches only)
 
 
-def snapshot(client, repository: str, ref: str, prefix: str = "") -> Snapshot:
+def snapshot(client: Client, repository: str, ref: str, prefix: str = "") -> Snapshot:
     """The committed base and (for a branch) the uncommitted changes of `ref`. The branch
     is read again after its changes: if a commit moved it meanwhile, the snapshot is taken
     again, so base and changes always belong together."""
@@ -79,8 +87,8 @@ def range_ids_under(storage_namespace: str, metarange_id: str, prefix: str,
             if r.max_key >= prefix and (not prefix or r.min_key < prefix + "\U0010ffff")]
 
 
-def ranges_dataframe(spark, storage_namespace: str, range_ids: list[str],
-                     connection: Connection):
+def ranges_dataframe(spark: SparkSession, storage_namespace: str, range_ids: list[str],
+                     connection: Connection) -> DataFrame:
     """Every row of the given range files (columns RANGE_DDL). A local namespace is read
     by Spark's Parquet reader in place; other stores by executors through the object
     store (range files are small Parquet files, read whole). The ids come from a metarange
@@ -103,8 +111,9 @@ def ranges_dataframe(spark, storage_namespace: str, range_ids: list[str],
                                               RANGE_DDL)
 
 
-def _range_reader(storage_namespace: str, connection: Connection):
-    def run(batches):
+def _range_reader(storage_namespace: str, connection: Connection
+                  ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
         from quarry.blob import open_blob_store
@@ -123,14 +132,16 @@ def _range_reader(storage_namespace: str, connection: Connection):
     return run
 
 
-def entries(spark, uri: str, *, connection: Connection | None = None):
+def entries(spark: SparkSession, uri: str, *, connection: Connection | None = None
+            ) -> DataFrame:
     """A DataFrame (ENTRY_COLUMNS) of the entries under PATH at REF of
     `quarry://REPO/REF/PATH`, with a branch's uncommitted changes."""
     target = parse_uri(uri)
     return _entries(spark, target, target.path, connection)  # a plain prefix, like ListObjects
 
 
-def _entries(spark, target: QuarryUri, prefix: str, connection: Connection | None):
+def _entries(spark: SparkSession, target: QuarryUri, prefix: str,
+             connection: Connection | None) -> DataFrame:
     from pyspark.sql import functions as F
 
     from quarry.client import Client
@@ -167,8 +178,8 @@ def spark_location(physical_address: str) -> str:
     return physical_address
 
 
-def read(spark, uri: str, format: str = "parquet", *, connection: Connection | None = None,
-         **options):
+def read(spark: SparkSession, uri: str, format: str = "parquet", *,
+         connection: Connection | None = None, **options: Any) -> DataFrame:
     """The data under PATH at REF of `quarry://REPO/REF/PATH`. PATH is a folder: its files
     are read. Local files are read by Spark's `format` reader (`options` are passed to
     it); Parquet files in S3 by executors through the object store (no Hadoop S3 connector
@@ -196,7 +207,8 @@ def _object(address: str, stores: dict, connection: Connection) -> bytes:
     return stores[bucket].get(key)
 
 
-def _read_parquet_objects(spark, addresses: list[str], connection: Connection):
+def _read_parquet_objects(spark: SparkSession, addresses: list[str], connection: Connection
+                          ) -> DataFrame:
     """Parquet files in S3 read by executors with pyarrow; the schema is the first file's
     (later files are cast to it)."""
     import io
@@ -207,7 +219,7 @@ def _read_parquet_objects(spark, addresses: list[str], connection: Connection):
     schema = pq.read_schema(io.BytesIO(_object(addresses[0], {}, connection)))
     schema = schema.remove_metadata()
 
-    def run(batches):
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         stores: dict = {}
         for batch in batches:
             for address in batch.column(0).to_pylist():

@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
-def local_session(master: str = "local[2]", app_name: str = "quarry", **conf: str):
+def local_session(master: str = "local[2]", app_name: str = "quarry", **conf: str
+                  ) -> SparkSession:
     """getOrCreate a SparkSession on `master` with Quarry's local settings plus `conf`."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

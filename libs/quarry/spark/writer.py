@@ -29,6 +29,8 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from quarry import errors, telemetry
 from quarry.convert import entry_from_proto
@@ -51,6 +53,11 @@ from quarry.spark.executor import (
     write_task,
 )
 from quarry.v1 import types_pb2
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from quarry.client import Client
 
 log = logging.getLogger("quarry.spark")
 
@@ -85,7 +92,8 @@ def _identity(entry: types_pb2.Entry) -> bytes:
     return entry_from_proto(entry).identity
 
 
-def write(df, uri: str, format: str = "parquet", mode: str = "append", message: str = "",
+def write(  # noqa: PLR0913 — the public keyword API (DataFrameWriter's options), used by jobs
+          df: DataFrame, uri: str, format: str = "parquet", mode: str = "append", message: str = "",
           metadata: Mapping[str, str] | None = None, *, committer: str = "",
           max_records_per_file: int = 0, partition_by: str | Sequence[str] = (),
           connection: Connection | None = None) -> types_pb2.Commit:
@@ -125,30 +133,45 @@ def write(df, uri: str, format: str = "parquet", mode: str = "append", message: 
                                                   "quarry.branch": target.ref,
                                                   "quarry.path": target.path,
                                                   "quarry.spark.mode": mode}) as span:
-        job = _Job(client, spark, connection, target, format, mode, message,
-                   dict(metadata or {}), committer or spark.sparkContext.sparkUser(),
-                   max_records_per_file, partition_by)
+        job = _Job(client, spark, connection, _JobOptions(
+            target, format, mode, message, dict(metadata or {}),
+            committer or spark.sparkContext.sparkUser(), max_records_per_file, partition_by))
         span.set_attribute("quarry.spark.job", job.job_id)
         return job.run(df)
 
 
+@dataclass(frozen=True)
+class _JobOptions:
+    """What `write` was asked to do, validated."""
+
+    target: QuarryUri
+    format: str
+    mode: str
+    message: str
+    metadata: dict[str, str]
+    committer: str
+    max_records_per_file: int
+    partition_by: tuple[str, ...] = ()
+
+
 class _Job:
-    def __init__(self, client, spark, connection: Connection, target: QuarryUri, fmt: str,
-                 mode: str, message: str, metadata: dict, committer: str,
-                 max_records_per_file: int, partition_by: tuple = ()):
-        self.client, self.spark, self.connection, self.target = client, spark, connection, target
-        self.format, self.mode, self.committer = fmt, mode, committer
-        self.max_records_per_file = max_records_per_file
-        self.partition_by = partition_by
+    def __init__(self, client: Client, spark: SparkSession, connection: Connection,
+                 options: _JobOptions):
+        self.client, self.spark, self.connection = client, spark, connection
+        self.target = options.target
+        self.format, self.mode, self.committer = options.format, options.mode, options.committer
+        self.max_records_per_file = options.max_records_per_file
+        self.partition_by = options.partition_by
         self.job_id = new_job_id()
         self.branch = ephemeral_branch(self.job_id)
-        self.message = message or f"Spark {mode} of {target.prefix or '/'} ({fmt})"
-        self.metadata = {**metadata, "quarry.spark.job": self.job_id,
-                         "quarry.spark.mode": mode}
+        self.message = options.message or \
+            f"Spark {self.mode} of {self.target.prefix or '/'} ({self.format})"
+        self.metadata = {**options.metadata, "quarry.spark.job": self.job_id,
+                         "quarry.spark.mode": self.mode}
         self.ephemeral_commit = ""
         self.merge_attempted = False
 
-    def run(self, df) -> types_pb2.Commit:
+    def run(self, df: DataFrame) -> types_pb2.Commit:
         repo = self.target.repository
         repository = self.client.get_repository(repo)
         self.storage_namespace = repository.storage_namespace
@@ -171,7 +194,7 @@ class _Job:
         self._delete_branch()
         return result
 
-    def _write_commit_merge(self, df, head: types_pb2.Branch) -> types_pb2.Commit:
+    def _write_commit_merge(self, df: DataFrame, head: types_pb2.Branch) -> types_pb2.Commit:
         repo, prefix = self.target.repository, self.target.prefix
         removed = 0
         # Like Spark: with spark.sql.sources.partitionOverwriteMode=dynamic, an overwrite
@@ -254,7 +277,7 @@ class _Job:
                               metadata={"repository": self.target.repository,
                                         "branch": self.target.ref})
 
-    def _run_tasks(self, df) -> list[dict]:
+    def _run_tasks(self, df: DataFrame) -> list[dict]:
         from opentelemetry.propagate import inject
         from pyspark.sql.pandas.types import from_arrow_schema
 
