@@ -60,7 +60,7 @@ def side_by_side(*writes) -> list[float]:
     """Alternate the writes: one warm-up each, then ROUNDS each; median seconds of each."""
     times: list[list[float]] = [[] for _ in writes]
     for round_ in range(ROUNDS + 1):
-        for fn, spent in zip(writes, times):
+        for fn, spent in zip(writes, times, strict=True):
             start = time.perf_counter()
             fn(round_)
             if round_:  # round 0 is the warm-up

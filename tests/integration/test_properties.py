@@ -298,7 +298,7 @@ def test_rpc_never_internal_and_errors_change_nothing(world, method_name):
                                         f"ErrorInfo: {exc.details()[:120]!r}"] += 1
                     else:
                         raise AssertionError(f"{method_name} answered {code.name} without an "
-                                             f"ErrorInfo reason: {exc.details()!r}")
+                                             f"ErrorInfo reason: {exc.details()!r}") from exc
             if checks_state:
                 after = snapshot(world)
                 changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
@@ -335,5 +335,5 @@ def test_every_public_rpc_is_covered(world):
             "CompactorSensor/GetBranchStagingStats"} <= declared
     missing = declared - set(METHODS)
     assert not missing, f"public RPCs not covered by the property test: {sorted(missing)}"
-    for name, method in METHODS.items():
+    for method in METHODS.values():
         request_strategy(method, world.pools, world.scratch).validate()

@@ -182,7 +182,7 @@ def test_periodic_worker_backs_off_with_jitter_and_resets():
     worker = PeriodicWorker("test", lambda: None, interval=1.0, retry_initial=0.1,
                             retry_max=0.8)
     delays = [worker.next_delay(False) for _ in range(6)]
-    for delay, ceiling in zip(delays, [0.1, 0.2, 0.4, 0.8, 0.8, 0.8]):
+    for delay, ceiling in zip(delays, [0.1, 0.2, 0.4, 0.8, 0.8, 0.8], strict=True):
         assert ceiling / 2 <= delay <= ceiling
     assert worker.next_delay(True) == 1.0
     assert worker.next_delay(False) <= 0.1
