@@ -64,8 +64,9 @@ class PageBudget:
     the page is full: the item then starts the next page. The first item is always
     admitted, even one larger than `max_bytes` on its own."""
 
-    def __init__(self, max_items: int, max_bytes: int,
-                 size_of: Callable[[Any], int] = encoded_size):
+    def __init__(
+        self, max_items: int, max_bytes: int, size_of: Callable[[Any], int] = encoded_size
+    ):
         if max_items < 1 or max_bytes < 1:
             raise ValueError("a page holds at least one item and one byte")
         self.max_items = max_items

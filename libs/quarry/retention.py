@@ -44,10 +44,14 @@ class RetentionRules:
     def __post_init__(self) -> None:
         days = [self.default_retention_days, *self.branch_retention_days.values()]
         for d in days:
-            if isinstance(d, bool) or not isinstance(d, (int, float)) \
-                    or not 0 <= d <= MAX_RETENTION_DAYS:  # also rejects NaN
+            if (
+                isinstance(d, bool)
+                or not isinstance(d, (int, float))
+                or not 0 <= d <= MAX_RETENTION_DAYS
+            ):  # also rejects NaN
                 raise InvalidRetentionRules(
-                    f"retention days must be numbers from 0 to {MAX_RETENTION_DAYS}, not {d!r}")
+                    f"retention days must be numbers from 0 to {MAX_RETENTION_DAYS}, not {d!r}"
+                )
 
     def days_for(self, branch: str) -> float:
         return self.branch_retention_days.get(branch, self.default_retention_days)
@@ -73,12 +77,19 @@ class RetentionRules:
 
         return types_pb2.GarbageCollectionRules(
             default_retention_days=self.default_retention_days,
-            branch_retention_days=dict(self.branch_retention_days))
+            branch_retention_days=dict(self.branch_retention_days),
+        )
 
     def to_json(self) -> str:
-        return json.dumps({"default_retention_days": self.default_retention_days,
-                           "branches": [{"branch_id": b, "retention_days": d}
-                                        for b, d in sorted(self.branch_retention_days.items())]})
+        return json.dumps(
+            {
+                "default_retention_days": self.default_retention_days,
+                "branches": [
+                    {"branch_id": b, "retention_days": d}
+                    for b, d in sorted(self.branch_retention_days.items())
+                ],
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -90,9 +101,13 @@ class CommitNode:
     metarange_id: str
 
 
-def retained_commits(commits: Mapping[str, CommitNode], heads: Mapping[str, str],
-                     tagged: Iterable[str], rules: RetentionRules,
-                     now: _dt.datetime) -> set[str]:
+def retained_commits(
+    commits: Mapping[str, CommitNode],
+    heads: Mapping[str, str],
+    tagged: Iterable[str],
+    rules: RetentionRules,
+    now: _dt.datetime,
+) -> set[str]:
     """Ids of the commits to keep. `commits` must hold every commit reachable from `heads`.
 
     A commit is kept if its creation time is within the window of at least one branch it

@@ -18,9 +18,15 @@ log = logging.getLogger(__name__)
 
 
 class PeriodicWorker:
-    def __init__(self, name: str, step: Callable[[], bool | None], interval: float,
-                 retry_initial: float | None = None, retry_max: float | None = None,
-                 first_delay: float | None = None):
+    def __init__(
+        self,
+        name: str,
+        step: Callable[[], bool | None],
+        interval: float,
+        retry_initial: float | None = None,
+        retry_max: float | None = None,
+        first_delay: float | None = None,
+    ):
         self.name = name
         self._step = step
         self.interval = interval
@@ -66,8 +72,9 @@ class PeriodicWorker:
                 succeeded = False
             else:
                 if succeeded and self._failures:
-                    log.info("%s: working again after %d failed pass(es)", self.name,
-                             self._failures)
+                    log.info(
+                        "%s: working again after %d failed pass(es)", self.name, self._failures
+                    )
             delay = self.next_delay(succeeded)
 
     def _log_failure(self, exc: Exception) -> None:
@@ -79,8 +86,12 @@ class PeriodicWorker:
         from quarry import errors
 
         expected = isinstance(exc, errors.QuarryError)
-        log.warning("%s: pass failed; retrying with backoff: %s", self.name,
-                    getattr(exc, "message", None) or exc, exc_info=not expected)
+        log.warning(
+            "%s: pass failed; retrying with backoff: %s",
+            self.name,
+            getattr(exc, "message", None) or exc,
+            exc_info=not expected,
+        )
 
     def stop(self, timeout: float = 5.0) -> bool:
         """Ask the loop to end and wait up to `timeout` seconds. True if it ended (a step

@@ -51,8 +51,10 @@ class QuarryUri:
 
     def __str__(self) -> str:
         quote = urllib.parse.quote
-        return f"{SCHEME}{quote(self.repository, safe='')}/{quote(self.ref, safe='')}/" \
-               f"{quote(self.path)}"
+        return (
+            f"{SCHEME}{quote(self.repository, safe='')}/{quote(self.ref, safe='')}/"
+            f"{quote(self.path)}"
+        )
 
 
 def parse_uri(uri: str) -> QuarryUri:
@@ -61,7 +63,7 @@ def parse_uri(uri: str) -> QuarryUri:
     if not isinstance(uri, str) or not uri.startswith(SCHEME):
         raise InvalidQuarryUri(f"{uri!r} is not a quarry:// URI (quarry://REPO/REF/PATH)")
     # Split first, then decode each part: an escaped '/' (%2F) never becomes a separator.
-    repository, _, rest = uri[len(SCHEME):].partition("/")
+    repository, _, rest = uri[len(SCHEME) :].partition("/")
     ref, _, path = rest.partition("/")
     repository, ref, path = (urllib.parse.unquote(part) for part in (repository, ref, path))
     if not repository or not ref:
@@ -84,11 +86,17 @@ class Connection:
         from quarry.config import load_settings
 
         settings = settings if settings is not None else load_settings()
-        return cls(settings.branch_manager_address, settings.committer_address,
-                   settings.s3_endpoint_url, settings.s3_region)
+        return cls(
+            settings.branch_manager_address,
+            settings.committer_address,
+            settings.s3_endpoint_url,
+            settings.s3_region,
+        )
 
     @classmethod
-    def resolve(cls, spark: SparkSession | None = None, connection: Connection | None = None) -> Connection:
+    def resolve(
+        cls, spark: SparkSession | None = None, connection: Connection | None = None
+    ) -> Connection:
         """An explicit connection; else the session's `spark.quarry.branchManager` /
         `spark.quarry.committer` (and `spark.quarry.s3EndpointUrl`); else the QUARRY_*
         settings of this process."""
@@ -98,10 +106,12 @@ class Connection:
         if spark is None:
             return base
         conf = spark.conf
-        return cls(conf.get("spark.quarry.branchManager", base.branch_manager),
-                   conf.get("spark.quarry.committer", base.committer),
-                   conf.get("spark.quarry.s3EndpointUrl", base.s3_endpoint_url),
-                   conf.get("spark.quarry.s3Region", base.s3_region))
+        return cls(
+            conf.get("spark.quarry.branchManager", base.branch_manager),
+            conf.get("spark.quarry.committer", base.committer),
+            conf.get("spark.quarry.s3EndpointUrl", base.s3_endpoint_url),
+            conf.get("spark.quarry.s3Region", base.s3_region),
+        )
 
 
 _clients: dict[tuple[Connection, bool], Client] = {}
@@ -118,8 +128,9 @@ def client_for(connection: Connection) -> Client:
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = Client(connection.branch_manager, connection.committer,
-                            timeout=connection.timeout)
+            client = Client(
+                connection.branch_manager, connection.committer, timeout=connection.timeout
+            )
             _clients[key] = client
         return client
 
@@ -145,4 +156,4 @@ def ephemeral_created_at(branch: str) -> _dt.datetime | None:
 
 
 def job_of_branch(branch: str) -> str:
-    return branch[len(EPHEMERAL_PREFIX):]
+    return branch[len(EPHEMERAL_PREFIX) :]

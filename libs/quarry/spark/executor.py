@@ -46,15 +46,17 @@ FORMATS = {
 
 # One row per file a task wrote: the staged entry's fields (the driver rebuilds the exact
 # entry from them, see file_entry) and the row count.
-RESULT_SCHEMA = pa.schema([
-    pa.field("path", pa.string(), nullable=False),
-    pa.field("physical_address", pa.string(), nullable=False),
-    pa.field("size_bytes", pa.int64(), nullable=False),
-    pa.field("checksum", pa.string(), nullable=False),
-    pa.field("mtime_us", pa.int64(), nullable=False),
-    pa.field("rows", pa.int64(), nullable=False),
-    pa.field("partition", pa.int32(), nullable=False),
-])
+RESULT_SCHEMA = pa.schema(
+    [
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("physical_address", pa.string(), nullable=False),
+        pa.field("size_bytes", pa.int64(), nullable=False),
+        pa.field("checksum", pa.string(), nullable=False),
+        pa.field("mtime_us", pa.int64(), nullable=False),
+        pa.field("rows", pa.int64(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -87,8 +89,7 @@ def job_path_prefix(spec: WriteSpec) -> str:
 def object_path(spec: WriteSpec, partition: int, index: int, folder: str = "") -> str:
     """`folder` is the Hive partition folder ("k=v/") of a partitioned write."""
     extension = FORMATS[spec.format][0]
-    return (f"{spec.prefix}{folder}part-{spec.job_id}-{partition:05d}-c{index:03d}"
-            f".{extension}")
+    return f"{spec.prefix}{folder}part-{spec.job_id}-{partition:05d}-c{index:03d}.{extension}"
 
 
 def is_job_file(spec: WriteSpec, path: str) -> bool:
@@ -97,7 +98,7 @@ def is_job_file(spec: WriteSpec, path: str) -> bool:
 
 # Hive's escaping of partition values in folder names (and its name for null).
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-_HIVE_ESCAPED = set('"#%\'*/:=?\\\x7f{[]^')
+_HIVE_ESCAPED = set("\"#%'*/:=?\\\x7f{[]^")
 
 
 def partition_value_text(value: Any) -> str:
@@ -114,8 +115,7 @@ def partition_value_text(value: Any) -> str:
         text = str(value)
     if text == "":
         return HIVE_NULL
-    return "".join(f"%{ord(c):02X}" if c in _HIVE_ESCAPED or ord(c) < 0x20 else c
-                   for c in text)
+    return "".join(f"%{ord(c):02X}" if c in _HIVE_ESCAPED or ord(c) < 0x20 else c for c in text)
 
 
 def _partitions(table: pa.Table, columns: tuple) -> Iterator[tuple[str, pa.Table]]:
@@ -167,24 +167,36 @@ def file_entry(spec: WriteSpec, row: dict) -> types_pb2.Entry:
     from quarry.client import make_entry
 
     metadata = {**spec.metadata, "quarry.spark.rows": str(row["rows"])}
-    return make_entry(row["path"], physical_address=row["physical_address"],
-                      size_bytes=row["size_bytes"], checksum=row["checksum"],
-                      mtime=row["mtime_us"] / 1e6, content_type=FORMATS[spec.format][1],
-                      metadata=metadata)
+    return make_entry(
+        row["path"],
+        physical_address=row["physical_address"],
+        size_bytes=row["size_bytes"],
+        checksum=row["checksum"],
+        mtime=row["mtime_us"] / 1e6,
+        content_type=FORMATS[spec.format][1],
+        metadata=metadata,
+    )
 
 
 # The exact keys file_key writes: what GC may recognize as a Spark job's data file
 # (quarry.retention.classify).
 JOB_FILE_KEY = re.compile(
-    re.escape(JOB_DATA_PREFIX) + JOB_ID_PATTERN + r"/part-\d{5,}-c\d{3,}-t\d+\."
-    + "(?:" + "|".join(re.escape(ext) for ext, _ in FORMATS.values()) + ")")
+    re.escape(JOB_DATA_PREFIX)
+    + JOB_ID_PATTERN
+    + r"/part-\d{5,}-c\d{3,}-t\d+\."
+    + "(?:"
+    + "|".join(re.escape(ext) for ext, _ in FORMATS.values())
+    + ")"
+)
 
 
 def file_key(spec: WriteSpec, partition: int, index: int, task_attempt_id: int) -> str:
     """`task_attempt_id` is unique per task attempt in the Spark application."""
     extension = FORMATS[spec.format][0]
-    return (f"{JOB_DATA_PREFIX}{spec.job_id}/part-{partition:05d}-c{index:03d}"
-            f"-t{task_attempt_id}.{extension}")
+    return (
+        f"{JOB_DATA_PREFIX}{spec.job_id}/part-{partition:05d}-c{index:03d}"
+        f"-t{task_attempt_id}.{extension}"
+    )
 
 
 def encode_file(table: pa.Table, fmt: str) -> bytes:
@@ -252,8 +264,9 @@ def write_task(spec: WriteSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator
     return run
 
 
-def _write_and_stage(spec: WriteSpec, batches: Iterator[pa.RecordBatch], partition: int,
-                     task_attempt_id: int) -> list[dict]:
+def _write_and_stage(
+    spec: WriteSpec, batches: Iterator[pa.RecordBatch], partition: int, task_attempt_id: int
+) -> list[dict]:
     from quarry.blob import object_address, open_blob_store
 
     store = open_blob_store(spec.storage_namespace, spec.connection)
@@ -264,12 +277,15 @@ def _write_and_stage(spec: WriteSpec, batches: Iterator[pa.RecordBatch], partiti
             data = encode_file(table, spec.format)
             key = file_key(spec, partition, index, task_attempt_id)
             store.put(key, data)
-            row = {"path": object_path(spec, partition, index, folder),
-                   "physical_address": object_address(spec.storage_namespace, key),
-                   "size_bytes": len(data),
-                   "checksum": hashlib.sha256(data).hexdigest(),
-                   "mtime_us": int(_dt.datetime.now(_dt.UTC).timestamp() * 1e6),
-                   "rows": table.num_rows, "partition": partition}
+            row = {
+                "path": object_path(spec, partition, index, folder),
+                "physical_address": object_address(spec.storage_namespace, key),
+                "size_bytes": len(data),
+                "checksum": hashlib.sha256(data).hexdigest(),
+                "mtime_us": int(_dt.datetime.now(_dt.UTC).timestamp() * 1e6),
+                "rows": table.num_rows,
+                "partition": partition,
+            }
             rows.append(row)
             entries.append(file_entry(spec, row))
             if len(entries) >= spec.stage_batch_files:
@@ -295,7 +311,13 @@ def _task_span(spec: WriteSpec, partition: int, attempt: int) -> Iterator[None]:
 
     telemetry.enable_propagation("spark-executor")
     with telemetry.tracer("quarry.spark").start_as_current_span(
-            "quarry.spark.write_task", context=extract(spec.trace_carrier),
-            attributes={"quarry.repository": spec.repository, "quarry.spark.job": spec.job_id,
-                        "quarry.spark.partition": partition, "quarry.spark.attempt": attempt}):
+        "quarry.spark.write_task",
+        context=extract(spec.trace_carrier),
+        attributes={
+            "quarry.repository": spec.repository,
+            "quarry.spark.job": spec.job_id,
+            "quarry.spark.partition": partition,
+            "quarry.spark.attempt": attempt,
+        },
+    ):
         yield

@@ -18,9 +18,12 @@ if TYPE_CHECKING:
 DEFAULT_EPHEMERAL_TTL = _dt.timedelta(hours=24)
 
 
-def stale_ephemeral_branches(client: Client, repository: str,
-                             older_than: _dt.timedelta = DEFAULT_EPHEMERAL_TTL,
-                             now: _dt.datetime | None = None) -> list[str]:
+def stale_ephemeral_branches(
+    client: Client,
+    repository: str,
+    older_than: _dt.timedelta = DEFAULT_EPHEMERAL_TTL,
+    now: _dt.datetime | None = None,
+) -> list[str]:
     now = now or _dt.datetime.now(_dt.UTC)
     stale = []
     for branch in client.iter_branches(repository):
@@ -30,10 +33,13 @@ def stale_ephemeral_branches(client: Client, repository: str,
     return stale
 
 
-def sweep_ephemeral_branches(client: Client, repository: str,
-                             older_than: _dt.timedelta = DEFAULT_EPHEMERAL_TTL,
-                             now: _dt.datetime | None = None,
-                             dry_run: bool = False) -> list[str]:
+def sweep_ephemeral_branches(
+    client: Client,
+    repository: str,
+    older_than: _dt.timedelta = DEFAULT_EPHEMERAL_TTL,
+    now: _dt.datetime | None = None,
+    dry_run: bool = False,
+) -> list[str]:
     """Delete the ephemeral branches of `repository` created at least `older_than` ago
     (a job running longer than that would fail at its merge, target untouched). Returns
     their names (what would be deleted, with dry_run)."""
