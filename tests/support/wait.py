@@ -11,8 +11,12 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02,
-               what: str = "condition") -> T:
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    what: str = "condition",
+) -> T:
     """Call `predicate` until it returns a truthy value and return that value; AssertionError
     naming `what` after `timeout` seconds. Exceptions from `predicate` propagate."""
     deadline = time.monotonic() + timeout
