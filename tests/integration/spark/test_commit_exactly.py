@@ -10,7 +10,7 @@ import pytest
 from quarry.client import make_entry
 from quarry.spark.common import Connection, QuarryUri
 from quarry.spark.executor import WriteSpec, file_entry, object_path
-from quarry.spark.writer import WriteIncomplete, _Job
+from quarry.spark.writer import WriteIncomplete, _Job, _JobOptions
 from support.suite import running_suite
 
 
@@ -26,18 +26,8 @@ def job(suite, request):
     repo = "exact-" + request.node.name.replace("_", "-")[5:40].strip("-")
     client.create_repository(repo, suite.namespace(repo))
     connection = Connection(suite.targets["branch-manager"], suite.targets["committer"])
-    job = _Job(
-        client,
-        None,
-        connection,
-        QuarryUri(repo, "main", "t"),
-        "parquet",
-        "append",
-        "test",
-        {},
-        "",
-        0,
-    )
+    options = _JobOptions(QuarryUri(repo, "main", "t"), "parquet", "append", "test", {}, "", 0)
+    job = _Job(client, None, connection, options)
     job.spec = WriteSpec(connection, repo, job.branch, suite.namespace(repo), "t/", job.job_id)
     client.create_branch(repo, job.branch, "main")
     yield job
