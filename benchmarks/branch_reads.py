@@ -19,8 +19,14 @@ from pathlib import Path
 import grpc
 
 from quarry.v1 import branch_manager_pb2 as bm
-from quarry.v1 import branch_manager_pb2_grpc, committer_pb2, committer_pb2_grpc
-from quarry.v1 import kv_pb2, kv_pb2_grpc, types_pb2
+from quarry.v1 import (
+    branch_manager_pb2_grpc,
+    committer_pb2,
+    committer_pb2_grpc,
+    kv_pb2,
+    kv_pb2_grpc,
+    types_pb2,
+)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
@@ -51,44 +57,82 @@ def staging_reads(kv) -> float:
 def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="quarry-bench-reads-"))
     ports = {name: free_port() for name in SERVICES}
-    env = quarry_env(home, **{f"QUARRY_{n.upper().replace('-', '_')}_PORT": str(p)
-                              for n, p in ports.items()},
-                     **{f"QUARRY_{n.upper().replace('-', '_')}_ADDRESS": f"127.0.0.1:{p}"
-                        for n, p in ports.items()})
+    env = quarry_env(
+        home,
+        **{f"QUARRY_{n.upper().replace('-', '_')}_PORT": str(p) for n, p in ports.items()},
+        **{
+            f"QUARRY_{n.upper().replace('-', '_')}_ADDRESS": f"127.0.0.1:{p}"
+            for n, p in ports.items()
+        },
+    )
     children = []
-    echo = subprocess.Popen([sys.executable, str(HERE / "echo_server.py")],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    echo = subprocess.Popen(
+        [sys.executable, str(HERE / "echo_server.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     echo_port = int(echo.stdout.readline())
-    relay = subprocess.Popen([sys.executable, str(HERE / "echo_server.py"), "--forward",
-                              str(echo_port)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    relay = subprocess.Popen(
+        [sys.executable, str(HERE / "echo_server.py"), "--forward", str(echo_port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         for name in SERVICES:
-            children.append(subprocess.Popen(
-                [sys.executable, "-m", "quarry.cli.main", "serve", name], env=env,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "quarry.cli.main", "serve", name],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
             wait_serving(f"127.0.0.1:{ports[name]}")
         echo_call = grpc.insecure_channel(f"127.0.0.1:{echo_port}").unary_unary("/bench.Echo/Echo")
         relay_port = int(relay.stdout.readline())
         relay_call = grpc.insecure_channel(f"127.0.0.1:{relay_port}").unary_unary(
-            "/bench.Echo/Echo")
+            "/bench.Echo/Echo"
+        )
         bm_stub = branch_manager_pb2_grpc.BranchManagerStub(
-            grpc.insecure_channel(f"127.0.0.1:{ports['branch-manager']}"))
+            grpc.insecure_channel(f"127.0.0.1:{ports['branch-manager']}")
+        )
         cm_stub = committer_pb2_grpc.CommitterStub(
-            grpc.insecure_channel(f"127.0.0.1:{ports['committer']}"))
+            grpc.insecure_channel(f"127.0.0.1:{ports['committer']}")
+        )
         kv = kv_pb2_grpc.KVGatewayStub(grpc.insecure_channel(f"127.0.0.1:{ports['kv-gateway']}"))
 
         namespace = home / "lake"
-        bm_stub.CreateRepository(bm.CreateRepositoryRequest(name="bench",
-                                                            storage_namespace=str(namespace)))
-        bm_stub.PutObjects(iter([bm.PutObjectsRequest(
-            repository="bench", branch="main",
-            entries=[types_pb2.Entry(path=f"data/f{i:05d}", physical_address=f"a/{i}",
-                                     size_bytes=i, checksum=f"c{i}") for i in range(1000)])]))
-        cm_stub.Commit(committer_pb2.CommitRequest(repository="bench", branch="main",
-                                                   message="load"))
-        stat_requests = [bm.StatObjectRequest(repository="bench", ref="main",
-                                              path=f"data/f{i % 1000:05d}") for i in range(CALLS)]
+        bm_stub.CreateRepository(
+            bm.CreateRepositoryRequest(name="bench", storage_namespace=str(namespace))
+        )
+        bm_stub.PutObjects(
+            iter(
+                [
+                    bm.PutObjectsRequest(
+                        repository="bench",
+                        branch="main",
+                        entries=[
+                            types_pb2.Entry(
+                                path=f"data/f{i:05d}",
+                                physical_address=f"a/{i}",
+                                size_bytes=i,
+                                checksum=f"c{i}",
+                            )
+                            for i in range(1000)
+                        ],
+                    )
+                ]
+            )
+        )
+        cm_stub.Commit(
+            committer_pb2.CommitRequest(repository="bench", branch="main", message="load")
+        )
+        stat_requests = [
+            bm.StatObjectRequest(repository="bench", ref="main", path=f"data/f{i % 1000:05d}")
+            for i in range(CALLS)
+        ]
         payload = stat_requests[0].SerializeToString()
 
         def do_echo(i):
@@ -110,41 +154,70 @@ def main() -> None:
         clean_staging = (staging_reads(kv) - before) / (CALLS * ROUNDS) * 1000
 
         # Dirty the branch (one staged object elsewhere) and measure again.
-        bm_stub.PutObject(bm.PutObjectRequest(repository="bench", branch="main",
-                                              entry=types_pb2.Entry(path="other/x",
-                                                                    checksum="x")))
+        bm_stub.PutObject(
+            bm.PutObjectRequest(
+                repository="bench",
+                branch="main",
+                entry=types_pb2.Entry(path="other/x", checksum="x"),
+            )
+        )
         before = staging_reads(kv)
         dirty_rate = median(do_stat, CALLS)
         dirty_staging = (staging_reads(kv) - before) / (CALLS * ROUNDS) * 1000
 
         # PutObjects: entries staged per second, batches of 1,000, vs raw SetItem writes.
-        batches = [bm.PutObjectsRequest(repository="bench", branch="main", entries=[
-            types_pb2.Entry(path=f"bulk/{b:03d}/{i:04d}", physical_address=f"s3://x/{b}/{i}",
-                            size_bytes=1000, checksum=f"{b}-{i}")
-            for i in range(1000)]) for b in range(ENTRIES // 1000)]
+        batches = [
+            bm.PutObjectsRequest(
+                repository="bench",
+                branch="main",
+                entries=[
+                    types_pb2.Entry(
+                        path=f"bulk/{b:03d}/{i:04d}",
+                        physical_address=f"s3://x/{b}/{i}",
+                        size_bytes=1000,
+                        checksum=f"{b}-{i}",
+                    )
+                    for i in range(1000)
+                ],
+            )
+            for b in range(ENTRIES // 1000)
+        ]
         start = time.perf_counter()
         bm_stub.PutObjects(iter(batches))
         put_rate = ENTRIES / (time.perf_counter() - start)
         value = batches[0].entries[0].SerializeToString()
-        set_requests = [kv_pb2.SetItemRequest(partition_key=b"staging/bench-raw",
-                                              key=f"k{i:06d}".encode(), value=value)
-                        for i in range(CALLS)]
+        set_requests = [
+            kv_pb2.SetItemRequest(
+                partition_key=b"staging/bench-raw", key=f"k{i:06d}".encode(), value=value
+            )
+            for i in range(CALLS)
+        ]
         set_rate = median(lambda i: kv.SetItem(set_requests[i]), CALLS)
 
         print(f"branch reads and writes through the services (median of {ROUNDS} x {CALLS})")
         print(f"  bare echo RPC                {echo_rate:>9,.0f} calls/s   1.00")
-        print(f"  echo with one downstream hop {relay_rate:>9,.0f} calls/s   "
-              f"{relay_rate / echo_rate:.2f} of echo   (the floor for a call that needs one "
-              f"KV read)")
-        print(f"  StatObject, clean branch     {clean_rate:>9,.0f} calls/s   "
-              f"{clean_rate / echo_rate:.2f} of echo, {clean_rate / relay_rate:.2f} of the "
-              f"one-hop floor   (target >= 0.50 of echo)")
-        print(f"  StatObject, dirty branch     {dirty_rate:>9,.0f} calls/s   "
-              f"{dirty_rate / echo_rate:.2f} of echo")
-        print(f"  staging reads per 1,000 StatObjects: clean {clean_staging:.0f}, "
-              f"dirty {dirty_staging:.0f}  (saved on clean: {dirty_staging - clean_staging:.0f})")
-        print(f"  PutObjects (batches of 1,000) {put_rate:>9,.0f} entries/s  "
-              f"{put_rate / set_rate:.1f}x raw SetItem ({set_rate:,.0f} items/s)")
+        print(
+            f"  echo with one downstream hop {relay_rate:>9,.0f} calls/s   "
+            f"{relay_rate / echo_rate:.2f} of echo   (the floor for a call that needs one "
+            f"KV read)"
+        )
+        print(
+            f"  StatObject, clean branch     {clean_rate:>9,.0f} calls/s   "
+            f"{clean_rate / echo_rate:.2f} of echo, {clean_rate / relay_rate:.2f} of the "
+            f"one-hop floor   (target >= 0.50 of echo)"
+        )
+        print(
+            f"  StatObject, dirty branch     {dirty_rate:>9,.0f} calls/s   "
+            f"{dirty_rate / echo_rate:.2f} of echo"
+        )
+        print(
+            f"  staging reads per 1,000 StatObjects: clean {clean_staging:.0f}, "
+            f"dirty {dirty_staging:.0f}  (saved on clean: {dirty_staging - clean_staging:.0f})"
+        )
+        print(
+            f"  PutObjects (batches of 1,000) {put_rate:>9,.0f} entries/s  "
+            f"{put_rate / set_rate:.1f}x raw SetItem ({set_rate:,.0f} items/s)"
+        )
     finally:
         for child in reversed(children):
             child.terminate()

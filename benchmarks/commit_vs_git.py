@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from quarry.committed import CommittedManager
 from quarry.blob import LocalBlobStore
+from quarry.committed import CommittedManager
 from quarry.graveler.graveler import CommitRecord, Graveler, make_commit
 from quarry.graveler.model import Entry
 from quarry.kv.memory import MemoryStore
@@ -44,8 +44,11 @@ def entry(path: str, version: int) -> Entry:
 def change_sets(m: int, rng: random.Random) -> dict[str, list[int]]:
     directory = rng.randrange(m // FILES_PER_DIR)
     localized = [directory * FILES_PER_DIR + f for f in range(min(1000, FILES_PER_DIR))]
-    return {"1": [rng.randrange(m)], "1000 localized": localized,
-            "1000 scattered": rng.sample(range(m), 1000)}
+    return {
+        "1": [rng.randrange(m)],
+        "1000 localized": localized,
+        "1000 scattered": rng.sample(range(m), 1000),
+    }
 
 
 class QuarrySide:
@@ -55,11 +58,13 @@ class QuarrySide:
         self.g = Graveler(MemoryStore(), self.committed, self.committed)
         self.g.create_repository("bench", self.namespace)
         repo = self.g.refs.get_repository("bench")
-        result = self.committed.write_metarange(self.namespace,
-                                                (entry(path_of(i), 0) for i in range(m)))
+        result = self.committed.write_metarange(
+            self.namespace, (entry(path_of(i), 0) for i in range(m))
+        )
         head = self.g.get_commit("bench", "main")
-        commit = make_commit(CommitRecord([head.id], result.metarange_id, "import", "bench",
-                                              {}, head.generation + 1))
+        commit = make_commit(
+            CommitRecord([head.id], result.metarange_id, "import", "bench", {}, head.generation + 1)
+        )
         self.g.refs.insert_commit(repo, commit)
         self.g.reset_branch("bench", "main", commit.id, force=True)
         self.version = 0
@@ -79,8 +84,9 @@ class GitSide:
     def __init__(self, root: Path, m: int):
         self.dir = root / "git"
         self.dir.mkdir()
-        self.env = dict(os.environ, GIT_DIR=str(self.dir / ".git"),
-                        GIT_INDEX_FILE=str(self.dir / "index"))
+        self.env = dict(
+            os.environ, GIT_DIR=str(self.dir / ".git"), GIT_INDEX_FILE=str(self.dir / "index")
+        )
         subprocess.run(["git", "init", "-q", str(self.dir)], check=True, env=self.env)
         lines = "".join(f"100644 {BLOB}\t{path_of(i)}\n" for i in range(m))
         self._update(lines)
@@ -88,12 +94,22 @@ class GitSide:
         self.version = 0
 
     def _update(self, lines: str) -> None:
-        subprocess.run(["git", "update-index", "--add", "--index-info"], input=lines.encode(),
-                       check=True, env=self.env, cwd=self.dir)
+        subprocess.run(
+            ["git", "update-index", "--add", "--index-info"],
+            input=lines.encode(),
+            check=True,
+            env=self.env,
+            cwd=self.dir,
+        )
 
     def _write_tree(self) -> None:
-        subprocess.run(["git", "write-tree", "--missing-ok"], check=True, env=self.env,
-                       cwd=self.dir, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["git", "write-tree", "--missing-ok"],
+            check=True,
+            env=self.env,
+            cwd=self.dir,
+            stdout=subprocess.DEVNULL,
+        )
 
     def run(self, indexes: list[int]) -> float:
         self.version += 1
@@ -118,8 +134,10 @@ def main() -> None:
             t0 = time.perf_counter()
             git = GitSide(root, m)
             build_git = time.perf_counter() - t0
-            print(f"  M={m:>9,}: built in {build_quarry:.1f}s (quarry) / {build_git:.1f}s (git)",
-                  flush=True)
+            print(
+                f"  M={m:>9,}: built in {build_quarry:.1f}s (quarry) / {build_git:.1f}s (git)",
+                flush=True,
+            )
             for label, _ in change_sets(m, rng).items():
                 q_total, q_commit, g_total, written = [], [], [], []
                 for _ in range(ROUNDS):
@@ -129,17 +147,29 @@ def main() -> None:
                     q_commit.append(commit_only)
                     written.append(ranges)
                     g_total.append(git.run(indexes))
-                rows.append((m, label, statistics.median(q_total), statistics.median(q_commit),
-                             statistics.median(g_total), max(written)))
+                rows.append(
+                    (
+                        m,
+                        label,
+                        statistics.median(q_total),
+                        statistics.median(q_commit),
+                        statistics.median(g_total),
+                        max(written),
+                    )
+                )
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
     print(f"\n  commit of C changes into M entries (median of {ROUNDS}; quarry = stage + commit)")
-    print(f"  {'M':>9} {'C':<16}{'quarry ms':>10}{'commit ms':>10}{'git ms':>9}"
-          f"{'quarry/git':>11}{'ranges':>8}")
+    print(
+        f"  {'M':>9} {'C':<16}{'quarry ms':>10}{'commit ms':>10}{'git ms':>9}"
+        f"{'quarry/git':>11}{'ranges':>8}"
+    )
     for m, label, q, qc, g, written in rows:
-        print(f"  {m:>9,} {label:<16}{q * 1e3:>10.1f}{qc * 1e3:>10.1f}{g * 1e3:>9.1f}"
-              f"{q / g:>11.2f}{written:>8}")
+        print(
+            f"  {m:>9,} {label:<16}{q * 1e3:>10.1f}{qc * 1e3:>10.1f}{g * 1e3:>9.1f}"
+            f"{q / g:>11.2f}{written:>8}"
+        )
     by = {(m, label): q for m, label, q, _, _, _ in rows}
     if 10000 in SIZES and 1000000 in SIZES:
         for label in ("1", "1000 localized"):

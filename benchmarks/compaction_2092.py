@@ -51,8 +51,11 @@ def import_branch(g: Graveler, committed, namespace: str, branch: str, indexes) 
     repo = g.refs.get_repository("bench")
     result = committed.write_metarange(namespace, (entry(i) for i in indexes))
     head = g.get_commit("bench", "main")
-    commit = make_commit(CommitRecord([head.id], result.metarange_id, f"import {branch}", "b",
-                                       {}, head.generation + 1))
+    commit = make_commit(
+        CommitRecord(
+            [head.id], result.metarange_id, f"import {branch}", "b", {}, head.generation + 1
+        )
+    )
     g.refs.insert_commit(repo, commit)
     if branch != "main":
         g.create_branch("bench", branch, "main")
@@ -70,8 +73,9 @@ def whole_prefix(g: Graveler, branch: str, expected: int) -> float:
     start = time.perf_counter()
     token, seen = "", 0
     while True:
-        entries, _, token = g.list_objects("bench", branch, prefix="table/", page_size=PAGE,
-                                           page_token=token)
+        entries, _, token = g.list_objects(
+            "bench", branch, prefix="table/", page_size=PAGE, page_token=token
+        )
         seen += len(entries)
         if not token:
             break
@@ -91,7 +95,9 @@ def main() -> None:
             gateway = subprocess.Popen(
                 [sys.executable, "-m", "quarry.cli.main", "serve", "kv-gateway"],
                 env=quarry_env(root / "home", QUARRY_KV_GATEWAY_PORT=str(port)),
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             wait_serving(f"127.0.0.1:{port}")
             kv_store = RemoteStore(f"127.0.0.1:{port}")
         namespace = str(root / "lake")
@@ -109,15 +115,17 @@ def main() -> None:
             # write, validation) — the existence checks of DeleteObjects are skipped to keep
             # the setup short; every path exists.
             for offset in range(0, len(deleted), 10_000):
-                g.writes.write(repo, branch, [(path_of(i), None)
-                                              for i in deleted[offset:offset + 10_000]])
+                g.writes.write(
+                    repo, branch, [(path_of(i), None) for i in deleted[offset : offset + 10_000]]
+                )
         expected = M - TOMBSTONES
 
         def measure(branch: str) -> tuple[float, float]:
             whole_prefix(g, branch, expected)  # warm the range caches: compare read paths
             page = statistics.median(first_page(g, branch) for _ in range(ROUNDS))
-            whole = statistics.median(whole_prefix(g, branch, expected)
-                                      for _ in range(max(1, ROUNDS - 1)))
+            whole = statistics.median(
+                whole_prefix(g, branch, expected) for _ in range(max(1, ROUNDS - 1))
+            )
             return page, whole
 
         before = measure("main")
@@ -130,19 +138,30 @@ def main() -> None:
         g.commit("bench", "commit-me", "the same tombstones")
         commit_time = time.perf_counter() - start
 
-        print(f"  lakeFS #2092: {M:,} committed entries, {TOMBSTONES:,} staged tombstones "
-              f"(median of {ROUNDS}; KV: {type(kv_store).__name__})")
+        print(
+            f"  lakeFS #2092: {M:,} committed entries, {TOMBSTONES:,} staged tombstones "
+            f"(median of {ROUNDS}; KV: {type(kv_store).__name__})"
+        )
         print(f"  {'':<22}{'first page ms':>14}{'whole prefix s':>16}")
-        for label, (page, whole) in (("before compaction", before),
-                                     ("after compaction", after), ("clean branch", clean)):
+        for label, (page, whole) in (
+            ("before compaction", before),
+            ("after compaction", after),
+            ("clean branch", clean),
+        ):
             print(f"  {label:<22}{page * 1e3:>14.1f}{whole:>16.2f}")
-        print(f"  after / clean:  first page {after[0] / clean[0]:.2f}, whole prefix "
-              f"{after[1] / clean[1]:.2f}   (target <= 1.3 on both)")
-        print(f"  before / after: first page {before[0] / after[0]:.1f}x, whole prefix "
-              f"{before[1] / after[1]:.1f}x")
-        print(f"  compaction run {compaction_time:.2f}s vs commit of the same changes "
-              f"{commit_time:.2f}s (ratio {compaction_time / commit_time:.2f}); "
-              f"{tokens} token(s) compacted")
+        print(
+            f"  after / clean:  first page {after[0] / clean[0]:.2f}, whole prefix "
+            f"{after[1] / clean[1]:.2f}   (target <= 1.3 on both)"
+        )
+        print(
+            f"  before / after: first page {before[0] / after[0]:.1f}x, whole prefix "
+            f"{before[1] / after[1]:.1f}x"
+        )
+        print(
+            f"  compaction run {compaction_time:.2f}s vs commit of the same changes "
+            f"{commit_time:.2f}s (ratio {compaction_time / commit_time:.2f}); "
+            f"{tokens} token(s) compacted"
+        )
     finally:
         if gateway is not None:
             gateway.terminate()

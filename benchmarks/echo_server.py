@@ -20,9 +20,12 @@ def main() -> None:
         return forward(request) if forward is not None else request
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
-    handler = grpc.method_handlers_generic_handler("bench.Echo", {
-        "Echo": grpc.unary_unary_rpc_method_handler(echo),
-    })
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Echo",
+        {
+            "Echo": grpc.unary_unary_rpc_method_handler(echo),
+        },
+    )
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()

@@ -64,13 +64,20 @@ def median_rate(fn, calls: int, threads: int = 1) -> float:
 
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="quarry-bench-"))
-    echo = subprocess.Popen([sys.executable, str(HERE / "echo_server.py")],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    echo = subprocess.Popen(
+        [sys.executable, str(HERE / "echo_server.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     echo_port = int(echo.stdout.readline())
     gw_port = free_port()
-    gateway = subprocess.Popen([sys.executable, "-m", "quarry.cli.main", "serve", "kv-gateway"],
-                               env=quarry_env(tmp, QUARRY_KV_GATEWAY_PORT=str(gw_port)),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "quarry.cli.main", "serve", "kv-gateway"],
+        env=quarry_env(tmp, QUARRY_KV_GATEWAY_PORT=str(gw_port)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_serving(f"127.0.0.1:{gw_port}")
         echo_channel = grpc.insecure_channel(f"127.0.0.1:{echo_port}")
@@ -91,11 +98,13 @@ def main() -> None:
             stub.GetItem(get_requests[i % len(keys)])
 
         def do_set(i):
-            stub.SetItem(kv_pb2.SetItemRequest(partition_key=PARTITION,
-                                               key=keys[i % len(keys)], value=VALUE))
+            stub.SetItem(
+                kv_pb2.SetItemRequest(partition_key=PARTITION, key=keys[i % len(keys)], value=VALUE)
+            )
 
         batch = kv_pb2.BatchGetItemsRequest(
-            items=[kv_pb2.ItemKey(partition_key=PARTITION, key=k) for k in keys[:100]])
+            items=[kv_pb2.ItemKey(partition_key=PARTITION, key=k) for k in keys[:100]]
+        )
 
         def do_batch(i):
             stub.BatchGetItems(batch)
@@ -105,9 +114,14 @@ def main() -> None:
 
         # Rounds alternate echo and gateway calls, and each ratio is taken within a round,
         # so a slow spell of this shared machine hits both sides of a ratio alike.
-        plan = [("echo", do_echo, 1), ("GetItem", do_get, 1), ("SetItem", do_set, 1),
-                ("echo x8", do_echo, THREADS), ("GetItem x8", do_get, THREADS),
-                ("SetItem x8", do_set, THREADS)]
+        plan = [
+            ("echo", do_echo, 1),
+            ("GetItem", do_get, 1),
+            ("SetItem", do_set, 1),
+            ("echo x8", do_echo, THREADS),
+            ("GetItem x8", do_get, THREADS),
+            ("SetItem x8", do_set, THREADS),
+        ]
         samples: dict[str, list[float]] = {label: [] for label, _, _ in plan}
         ratios: dict[str, list[float]] = {label: [] for label, _, _ in plan}
         for _ in range(ROUNDS):
@@ -124,26 +138,33 @@ def main() -> None:
         for key in keys:
             sqlite.set(PARTITION, key, VALUE)
         raw_get = median_rate(lambda i: sqlite.get(PARTITION, keys[i % len(keys)]), CALLS * 5)
-        raw_set = median_rate(lambda i: sqlite.set(PARTITION, keys[i % len(keys)], VALUE),
-                              CALLS)
+        raw_set = median_rate(lambda i: sqlite.set(PARTITION, keys[i % len(keys)], VALUE), CALLS)
         sqlite.close()
 
-        print(f"kv-gateway vs the gRPC floor  (median of {ROUNDS} alternating rounds of {CALLS} "
-              f"calls; ratios within a round; SQLite backend)")
+        print(
+            f"kv-gateway vs the gRPC floor  (median of {ROUNDS} alternating rounds of {CALLS} "
+            f"calls; ratios within a round; SQLite backend)"
+        )
         print(f"  {'':<24}{'calls/s':>10}{'vs echo':>10}")
         for label in ("echo", "GetItem", "SetItem"):
             print(f"  {label + ' (1 thread)':<24}{results[label]:>10,.0f}{ratio[label]:>10.2f}")
         for label in ("echo x8", "GetItem x8", "SetItem x8"):
-            print(f"  {label.replace(' x8', '') + f' ({THREADS} threads)':<24}"
-                  f"{results[label]:>10,.0f}{ratio[label]:>10.2f}")
+            print(
+                f"  {label.replace(' x8', '') + f' ({THREADS} threads)':<24}"
+                f"{results[label]:>10,.0f}{ratio[label]:>10.2f}"
+            )
         per_item_us = 1e6 / (batch_rate * 100)
         get_us = 1e6 / results["GetItem"]
-        print(f"  BatchGetItems(100)      {batch_rate * 100:>10,.0f} items/s  "
-              f"{per_item_us:.1f} µs/item = {per_item_us / get_us:.3f} of one GetItem")
+        print(
+            f"  BatchGetItems(100)      {batch_rate * 100:>10,.0f} items/s  "
+            f"{per_item_us:.1f} µs/item = {per_item_us / get_us:.3f} of one GetItem"
+        )
         print(f"  raw SQLite get          {raw_get:>10,.0f} ops/s  (in process, no gRPC)")
         print(f"  raw SQLite set          {raw_set:>10,.0f} ops/s")
-        print(f"  target: GetItem >= 0.70 of echo -> "
-              f"{'MET' if ratio['GetItem'] >= 0.70 else 'MISSED'}")
+        print(
+            f"  target: GetItem >= 0.70 of echo -> "
+            f"{'MET' if ratio['GetItem'] >= 0.70 else 'MISSED'}"
+        )
     finally:
         echo.stdin.close()
         echo.wait(5)

@@ -41,21 +41,35 @@ class Git:
     def __init__(self, root: Path):
         self.dir = root / "git"
         self.dir.mkdir()
-        self.env = dict(os.environ, GIT_DIR=str(self.dir / ".git"),
-                        GIT_INDEX_FILE=str(self.dir / "index"),
-                        GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@x", GIT_COMMITTER_NAME="b",
-                        GIT_COMMITTER_EMAIL="b@x")
+        self.env = dict(
+            os.environ,
+            GIT_DIR=str(self.dir / ".git"),
+            GIT_INDEX_FILE=str(self.dir / "index"),
+            GIT_AUTHOR_NAME="b",
+            GIT_AUTHOR_EMAIL="b@x",
+            GIT_COMMITTER_NAME="b",
+            GIT_COMMITTER_EMAIL="b@x",
+        )
         self.git("init", "-q", str(self.dir))
         self.blobs = {}
 
     def git(self, *args, stdin: bytes | None = None) -> str:
-        return subprocess.run(["git", *args], input=stdin, check=True, env=self.env,
-                              cwd=self.dir, capture_output=True).stdout.decode().strip()
+        return (
+            subprocess.run(
+                ["git", *args],
+                input=stdin,
+                check=True,
+                env=self.env,
+                cwd=self.dir,
+                capture_output=True,
+            )
+            .stdout.decode()
+            .strip()
+        )
 
     def blob(self, content: str) -> str:
         if content not in self.blobs:
-            self.blobs[content] = self.git("hash-object", "-w", "--stdin",
-                                           stdin=content.encode())
+            self.blobs[content] = self.git("hash-object", "-w", "--stdin", stdin=content.encode())
         return self.blobs[content]
 
     def commit(self, lines: str, parent: str | None) -> str:
@@ -85,8 +99,9 @@ def main() -> None:
 
         git = Git(root)
         base_blob = git.blob("base")
-        base_commit = git.commit("".join(f"100644 {base_blob}\t{path_of(i)}\n"
-                                         for i in range(M)), None)
+        base_commit = git.commit(
+            "".join(f"100644 {base_blob}\t{path_of(i)}\n" for i in range(M)), None
+        )
 
         q_times, g_times, retry_ratio, retry_ranges = [], [], [], []
         for r in range(ROUNDS):
@@ -102,41 +117,55 @@ def main() -> None:
             source = g.get_commit("bench", a)
             base_mr = g.get_commit("bench", main_head).metarange_id
             start = time.perf_counter()
-            first = committed.merge_metaranges(namespace, base_mr, source.metarange_id,
-                                               dest_before.metarange_id, MergeStrategy.DEFAULT)
+            first = committed.merge_metaranges(
+                namespace,
+                base_mr,
+                source.metarange_id,
+                dest_before.metarange_id,
+                MergeStrategy.DEFAULT,
+            )
             q_times.append(time.perf_counter() - start)
             # The retry: the destination moved (one more commit) before the swap.
             g.put_objects("bench", b, [entry(rng.randrange(M), f"race{r}")])
             g.commit("bench", b, "race")
             dest_after = g.get_commit("bench", b)
             start = time.perf_counter()
-            retry = committed.merge_metaranges(namespace, dest_before.metarange_id,
-                                               first.metarange_id, dest_after.metarange_id,
-                                               MergeStrategy.DEFAULT)
+            retry = committed.merge_metaranges(
+                namespace,
+                dest_before.metarange_id,
+                first.metarange_id,
+                dest_after.metarange_id,
+                MergeStrategy.DEFAULT,
+            )
             retry_time = time.perf_counter() - start
             retry_ratio.append(retry_time / q_times[-1])
             retry_ranges.append((retry.ranges_written, first.ranges_written))
 
             # git: the same trees as commits, then merge-tree.
             git.reset_index(base_commit)
-            a_commit = git.commit("".join(f"100644 {git.blob(a)}\t{path_of(i)}\n"
-                                          for i in side_a), base_commit)
+            a_commit = git.commit(
+                "".join(f"100644 {git.blob(a)}\t{path_of(i)}\n" for i in side_a), base_commit
+            )
             git.reset_index(base_commit)
-            b_commit = git.commit("".join(f"100644 {git.blob(b)}\t{path_of(i)}\n"
-                                          for i in side_b), base_commit)
+            b_commit = git.commit(
+                "".join(f"100644 {git.blob(b)}\t{path_of(i)}\n" for i in side_b), base_commit
+            )
             start = time.perf_counter()
             git.git("merge-tree", "--write-tree", a_commit, b_commit)
             g_times.append(time.perf_counter() - start)
 
         q, gt = statistics.median(q_times), statistics.median(g_times)
-        print(f"  merge of 2 x {CHANGES:,} scattered changes over {M:,} entries "
-              f"(median of {ROUNDS})")
+        print(
+            f"  merge of 2 x {CHANGES:,} scattered changes over {M:,} entries (median of {ROUNDS})"
+        )
         print(f"  quarry merge_metaranges   {q * 1e3:8.1f} ms")
         print(f"  git merge-tree            {gt * 1e3:8.1f} ms")
         print(f"  quarry / git              {q / gt:8.2f}   (target < 1.0)")
-        print(f"  retry / first attempt     {statistics.median(retry_ratio):8.2f} of the time "
-              f"(target <= 0.3); ranges written retry/first: "
-              + ", ".join(f"{w}/{f}" for w, f in retry_ranges))
+        print(
+            f"  retry / first attempt     {statistics.median(retry_ratio):8.2f} of the time "
+            f"(target <= 0.3); ranges written retry/first: "
+            + ", ".join(f"{w}/{f}" for w, f in retry_ranges)
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

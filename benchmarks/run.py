@@ -5,8 +5,14 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["kv_gateway.py", "branch_reads.py", "commit_vs_git.py", "merge_vs_git.py",
-              "compaction_2092.py", "spark_write.py"]
+BENCHMARKS = [
+    "kv_gateway.py",
+    "branch_reads.py",
+    "commit_vs_git.py",
+    "merge_vs_git.py",
+    "compaction_2092.py",
+    "spark_write.py",
+]
 
 if __name__ == "__main__":
     selected = sys.argv[1:] or BENCHMARKS

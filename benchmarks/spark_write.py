@@ -29,10 +29,9 @@ HERE = Path(__file__).resolve().parent
 # benchmarks/kv_gateway.py would shadow the kv_gateway service package the suite imports.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent / "tests"))
-from support.suite import running_suite  # noqa: E402
-
 import quarry.spark as qs  # noqa: E402
 from quarry.spark.session import local_session  # noqa: E402
+from support.suite import running_suite  # noqa: E402
 
 ROUNDS = int(os.environ.get("BENCH_SPARK_ROUNDS", "3"))
 A_FILES = int(os.environ.get("BENCH_SPARK_FILES", "64"))
@@ -46,22 +45,26 @@ C_ENTRIES_PER_TASK = int(os.environ.get("BENCH_SPARK_STAGE_ENTRIES", "25000"))
 
 def frame(spark, rows: int, partitions: int):
     df = spark.range(0, rows, numPartitions=partitions).selectExpr(
-        "id", "id * 2 as doubled", "concat('row-', cast(id as string)) as label")
+        "id", "id * 2 as doubled", "concat('row-', cast(id as string)) as label"
+    )
     df.cache()
     assert df.count() == rows
     return df
 
 
 def parquet_files(directory: str) -> int:
-    return sum(1 for p in Path(directory).iterdir()
-               if p.name.startswith("part-") and p.name.endswith(".parquet"))
+    return sum(
+        1
+        for p in Path(directory).iterdir()
+        if p.name.startswith("part-") and p.name.endswith(".parquet")
+    )
 
 
 def side_by_side(*writes) -> list[float]:
     """Alternate the writes: one warm-up each, then ROUNDS each; median seconds of each."""
     times: list[list[float]] = [[] for _ in writes]
     for round_ in range(ROUNDS + 1):
-        for fn, spent in zip(writes, times):
+        for fn, spent in zip(writes, times, strict=True):
             start = time.perf_counter()
             fn(round_)
             if round_:  # round 0 is the warm-up
@@ -91,9 +94,14 @@ def stage_task(conn, repo: str, branch: str, per_task: int):
         for _ in batches:  # the input rows only decide the partition
             pass
         partition = TaskContext.get().partitionId()
-        entries = ({"path": f"staged/p{partition:03d}/e{i:06d}",
-                    "physical_address": f"data/staged/p{partition:03d}/{i}",
-                    "size_bytes": 1000 + i} for i in range(per_task))
+        entries = (
+            {
+                "path": f"staged/p{partition:03d}/e{i:06d}",
+                "physical_address": f"data/staged/p{partition:03d}/{i}",
+                "size_bytes": 1000 + i,
+            }
+            for i in range(per_task)
+        )
         count = client_for(conn).put_objects(repo, branch, entries)
         yield pa.RecordBatch.from_pylist([{"n": count}], schema=pa.schema([("n", pa.int64())]))
 
@@ -102,8 +110,7 @@ def stage_task(conn, repo: str, branch: str, per_task: int):
 
 def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="quarry-bench-spark-"))
-    spark = local_session("local[2]", "quarry-bench",
-                          **{"spark.ui.showConsoleProgress": "false"})
+    spark = local_session("local[2]", "quarry-bench", **{"spark.ui.showConsoleProgress": "false"})
     spark.sparkContext.setLogLevel("ERROR")
     started = time.perf_counter()
     try:
@@ -131,8 +138,9 @@ def main() -> None:
                 counted = big.mapInArrow(count_rows, "n long").collect()
                 assert sum(row.n for row in counted) == a_rows
 
-            quarry_a_time, plain_a_time, floor_a_time = side_by_side(quarry_a, plain_a,
-                                                                     python_floor_a)
+            quarry_a_time, plain_a_time, floor_a_time = side_by_side(
+                quarry_a, plain_a, python_floor_a
+            )
             big.unpersist()
 
             # B: many small files, one staged entry each.
@@ -140,14 +148,21 @@ def main() -> None:
             small = frame(spark, B_ROWS, B_PARTITIONS)
 
             def quarry_b(i):
-                commit = qs.write(small, f"quarry://{repo}/main/bench/b{i}", connection=conn,
-                                  max_records_per_file=B_RECORDS_PER_FILE)
+                commit = qs.write(
+                    small,
+                    f"quarry://{repo}/main/bench/b{i}",
+                    connection=conn,
+                    max_records_per_file=B_RECORDS_PER_FILE,
+                )
                 assert int(commit.metadata["quarry.spark.files"]) == b_files, commit.metadata
 
             def plain_b(i):
                 target = f"{namespace}/plain/b{i}"
-                (small.write.mode("overwrite").option("maxRecordsPerFile", B_RECORDS_PER_FILE)
-                 .parquet(target))
+                (
+                    small.write.mode("overwrite")
+                    .option("maxRecordsPerFile", B_RECORDS_PER_FILE)
+                    .parquet(target)
+                )
                 assert parquet_files(target) == b_files
 
             quarry_b_time, plain_b_time = side_by_side(quarry_b, plain_b)
@@ -161,8 +176,9 @@ def main() -> None:
                 branch = f"stage-executors-{i}"
                 client.create_branch(repo, branch, "main")
                 start = time.perf_counter()
-                counts = seeds.mapInArrow(stage_task(conn, repo, branch, C_ENTRIES_PER_TASK),
-                                          "n long").collect()
+                counts = seeds.mapInArrow(
+                    stage_task(conn, repo, branch, C_ENTRIES_PER_TASK), "n long"
+                ).collect()
                 elapsed = time.perf_counter() - start
                 assert sum(row.n for row in counts) == c_entries, counts
                 return elapsed
@@ -170,10 +186,15 @@ def main() -> None:
             def driver_c(i):
                 branch = f"stage-driver-{i}"
                 client.create_branch(repo, branch, "main")
-                entries = ({"path": f"staged/p{k // C_ENTRIES_PER_TASK:03d}/"
-                                    f"e{k % C_ENTRIES_PER_TASK:06d}",
-                            "physical_address": f"data/staged/{k}",
-                            "size_bytes": 1000 + k} for k in range(c_entries))
+                entries = (
+                    {
+                        "path": f"staged/p{k // C_ENTRIES_PER_TASK:03d}/"
+                        f"e{k % C_ENTRIES_PER_TASK:06d}",
+                        "physical_address": f"data/staged/{k}",
+                        "size_bytes": 1000 + k,
+                    }
+                    for k in range(c_entries)
+                )
                 start = time.perf_counter()
                 count = client.put_objects(repo, branch, entries)
                 elapsed = time.perf_counter() - start
@@ -190,33 +211,42 @@ def main() -> None:
             driver_time = statistics.median(driver_times)
 
         total = time.perf_counter() - started
-        print(f"  Spark writes on local[2], services in-process (median of {ROUNDS}, "
-              f"after one warm-up each; {total:.0f}s in all)")
+        print(
+            f"  Spark writes on local[2], services in-process (median of {ROUNDS}, "
+            f"after one warm-up each; {total:.0f}s in all)"
+        )
         print(f"  {'':<40}{'seconds':>9}{'rows/s':>12}{'files/s':>10}{'vs plain':>10}")
 
         def line(label, seconds, rows, files, baseline):
-            print(f"  {label:<40}{seconds:>9.2f}{rows / seconds:>12,.0f}"
-                  f"{files / seconds:>10,.0f}{seconds / baseline:>9.2f}x")
+            print(
+                f"  {label:<40}{seconds:>9.2f}{rows / seconds:>12,.0f}"
+                f"{files / seconds:>10,.0f}{seconds / baseline:>9.2f}x"
+            )
 
         a_label = f"{A_FILES} files x {A_ROWS_PER_FILE:,} rows"
         line(f"A {a_label}: plain Spark", plain_a_time, a_rows, A_FILES, plain_a_time)
         line(f"A {a_label}: Quarry", quarry_a_time, a_rows, A_FILES, plain_a_time)
-        line("A rows to Python workers only (floor)", floor_a_time, a_rows, A_FILES,
-             plain_a_time)
+        line("A rows to Python workers only (floor)", floor_a_time, a_rows, A_FILES, plain_a_time)
         b_label = f"{b_files:,} files x {B_RECORDS_PER_FILE} rows"
         line(f"B {b_label}: plain Spark", plain_b_time, B_ROWS, b_files, plain_b_time)
         line(f"B {b_label}: Quarry", quarry_b_time, B_ROWS, b_files, plain_b_time)
         print(f"  C staging {c_entries:,} synthetic entries (no data files):")
-        for label, seconds in ((f"from {C_TASKS} executor tasks (one Spark job)", executors_time),
-                               ("from the driver (one PutObjects call)", driver_time)):
+        for label, seconds in (
+            (f"from {C_TASKS} executor tasks (one Spark job)", executors_time),
+            ("from the driver (one PutObjects call)", driver_time),
+        ):
             print(f"    {label:<38}{seconds:>9.2f}{c_entries / seconds:>12,.0f} entries/s")
-        print(f"  Quarry / plain Spark time: large files {quarry_a_time / plain_a_time:.2f} "
-              f"(of which handing the rows to Python {floor_a_time / plain_a_time:.2f}; "
-              f"Quarry / that floor {quarry_a_time / floor_a_time:.2f}), "
-              f"small files {quarry_b_time / plain_b_time:.2f}")
-        print(f"  entries staged from executors: {b_files / quarry_b_time:,.0f}/s in a write (B); "
-              f"staging alone (C) {c_entries / executors_time:,.0f}/s = "
-              f"{driver_time / executors_time:.2f}x the driver's one stream")
+        print(
+            f"  Quarry / plain Spark time: large files {quarry_a_time / plain_a_time:.2f} "
+            f"(of which handing the rows to Python {floor_a_time / plain_a_time:.2f}; "
+            f"Quarry / that floor {quarry_a_time / floor_a_time:.2f}), "
+            f"small files {quarry_b_time / plain_b_time:.2f}"
+        )
+        print(
+            f"  entries staged from executors: {b_files / quarry_b_time:,.0f}/s in a write (B); "
+            f"staging alone (C) {c_entries / executors_time:,.0f}/s = "
+            f"{driver_time / executors_time:.2f}x the driver's one stream"
+        )
     finally:
         spark.stop()
         shutil.rmtree(home, ignore_errors=True)

@@ -11,8 +11,8 @@ import sys
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -24,8 +24,9 @@ DEFAULT_DYNALITE = REPO_ROOT / ".tools" / "node_modules" / ".bin" / "dynalite"
 
 
 @contextlib.contextmanager
-def _http_server(name: str, command: list[str], url: str, probe: str = "",
-                 timeout: float = 30.0) -> Iterator[str]:
+def _http_server(
+    name: str, command: list[str], url: str, probe: str = "", timeout: float = 30.0
+) -> Iterator[str]:
     """Start a server process, wait until it answers HTTP at url+probe, yield url, stop it.
     Any HTTP answer (even an error status) means it is serving."""
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -62,11 +63,25 @@ def dynalite() -> Iterator[str]:
     binary = Path(os.environ.get("QUARRY_DYNALITE", DEFAULT_DYNALITE))
     if not binary.exists():
         # A missing tool must not quietly turn DynamoDB coverage off.
-        pytest.fail(f"dynalite not found at {binary}: run `make tools` "
-                    "(or set QUARRY_DYNALITE to the dynalite binary)", pytrace=False)
+        pytest.fail(
+            f"dynalite not found at {binary}: run `make tools` "
+            "(or set QUARRY_DYNALITE to the dynalite binary)",
+            pytrace=False,
+        )
     port = free_port()
-    command = [str(binary), "--host", "127.0.0.1", "--port", str(port),
-               "--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"]
+    command = [
+        str(binary),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--createTableMs",
+        "0",
+        "--deleteTableMs",
+        "0",
+        "--updateTableMs",
+        "0",
+    ]
     with _http_server("dynalite", command, f"http://127.0.0.1:{port}") as url:
         yield url
 
@@ -84,11 +99,14 @@ def moto_endpoint() -> Iterator[str]:
     binary = _moto_binary()
     if binary is None:
         # A missing tool must not quietly turn S3 coverage off.
-        pytest.fail("moto_server not found: install the dev extras (`make install`)",
-                    pytrace=False)
+        pytest.fail("moto_server not found: install the dev extras (`make install`)", pytrace=False)
     port = free_port()
-    with _http_server("moto_server", [binary, "-H", "127.0.0.1", "-p", str(port)],
-                      f"http://127.0.0.1:{port}", probe="/moto-api/") as url:
+    with _http_server(
+        "moto_server",
+        [binary, "-H", "127.0.0.1", "-p", str(port)],
+        f"http://127.0.0.1:{port}",
+        probe="/moto-api/",
+    ) as url:
         yield url
 
 
@@ -98,12 +116,15 @@ def moto_endpoint_checking_credentials(monkeypatch) -> Iterator[str]:
     no made-up access key is valid there."""
     binary = _moto_binary()
     if binary is None:
-        pytest.fail("moto_server not found: install the dev extras (`make install`)",
-                    pytrace=False)
+        pytest.fail("moto_server not found: install the dev extras (`make install`)", pytrace=False)
     port = free_port()
     monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "0")  # read by the child at start
-    with _http_server("moto_server", [binary, "-H", "127.0.0.1", "-p", str(port)],
-                      f"http://127.0.0.1:{port}", probe="/moto-api/") as url:
+    with _http_server(
+        "moto_server",
+        [binary, "-H", "127.0.0.1", "-p", str(port)],
+        f"http://127.0.0.1:{port}",
+        probe="/moto-api/",
+    ) as url:
         monkeypatch.delenv("INITIAL_NO_AUTH_ACTION_COUNT")
         yield url
 
@@ -118,8 +139,12 @@ def s3_bucket(moto_endpoint, monkeypatch) -> str:
     import boto3
     from botocore.config import Config
 
-    client = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1",
-                          config=Config(s3={"addressing_style": "path"}))
+    client = boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}),
+    )
     name = f"quarry-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=name)
     return name
@@ -133,8 +158,11 @@ def spark():
 
     # Executors inherit the JVM's environment, fixed when it starts: the dummy credentials
     # the S3 tests use (s3_bucket) must be there already.
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                        ("AWS_DEFAULT_REGION", "us-east-1")):
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
         os.environ.setdefault(name, value)
     session = local_session("local[2,3]", "quarry-tests")
     session.sparkContext.setLogLevel("ERROR")

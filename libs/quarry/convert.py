@@ -6,11 +6,18 @@ Timestamp is 0, and 0 is sent as an unset Timestamp).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from quarry.graveler.errors import InvalidEntry
-from quarry.graveler.model import (Change, ChangeType, Conflict, DiffSummary, Entry,
-                                   MergeStrategy, RangeInfo)
+from quarry.graveler.model import (
+    Change,
+    ChangeType,
+    Conflict,
+    DiffSummary,
+    Entry,
+    MergeStrategy,
+    RangeInfo,
+)
 from quarry.v1 import types_pb2
 
 
@@ -34,11 +41,18 @@ def entry_from_proto(message: types_pb2.Entry, path: str | None = None) -> Entry
     try:
         mtime_us = message.mtime.ToMicroseconds() if message.HasField("mtime") else 0
     except ValueError as exc:
-        raise InvalidEntry(f"{message.path}: invalid mtime: {exc}",
-                           metadata={"path": message.path}) from None
-    return Entry(path if path is not None else message.path, message.physical_address,
-                 message.size_bytes, message.checksum, mtime_us, message.content_type,
-                 dict(message.metadata))
+        raise InvalidEntry(
+            f"{message.path}: invalid mtime: {exc}", metadata={"path": message.path}
+        ) from None
+    return Entry(
+        path if path is not None else message.path,
+        message.physical_address,
+        message.size_bytes,
+        message.checksum,
+        mtime_us,
+        message.content_type,
+        dict(message.metadata),
+    )
 
 
 def change_to_proto(change: Change, out: types_pb2.Change | None = None) -> types_pb2.Change:
@@ -65,8 +79,9 @@ def change_from_proto(message: types_pb2.Change) -> Change:
     return Change(change_type, message.path, entry_from_proto(entry, path=message.path))
 
 
-def put_or_delete_to_proto(path: str, entry: Entry | None,
-                           out: types_pb2.Change | None = None) -> types_pb2.Change:
+def put_or_delete_to_proto(
+    path: str, entry: Entry | None, out: types_pb2.Change | None = None
+) -> types_pb2.Change:
     """A (path, entry | None) apply input as a Change message (CHANGED for a put: the
     range-writer works out what really changed)."""
     message = out if out is not None else types_pb2.Change()
@@ -89,8 +104,9 @@ def put_or_delete_from_proto(message: types_pb2.Change) -> tuple[str, Entry | No
     return change.path, change.entry
 
 
-def conflict_to_proto(conflict: Conflict,
-                      out: types_pb2.Conflict | None = None) -> types_pb2.Conflict:
+def conflict_to_proto(
+    conflict: Conflict, out: types_pb2.Conflict | None = None
+) -> types_pb2.Conflict:
     """A merge conflict; a side where the path is absent (deleted) leaves its field unset."""
     message = out if out is not None else types_pb2.Conflict()
     message.path = conflict.path
@@ -103,6 +119,7 @@ def conflict_to_proto(conflict: Conflict,
 
 def conflict_from_proto(message: types_pb2.Conflict) -> Conflict:
     """Unset sides are None; entries take the conflict's path."""
+
     def side(name: str) -> Entry | None:
         if not message.HasField(name):
             return None
@@ -119,8 +136,9 @@ def merge_strategy_from_proto(value: int) -> MergeStrategy:
         raise ValueError(f"unknown merge strategy {value}") from None
 
 
-def summary_to_proto(summary: DiffSummary,
-                     out: types_pb2.DiffSummary | None = None) -> types_pb2.DiffSummary:
+def summary_to_proto(
+    summary: DiffSummary, out: types_pb2.DiffSummary | None = None
+) -> types_pb2.DiffSummary:
     message = out if out is not None else types_pb2.DiffSummary()
     message.added = summary.added
     message.removed = summary.removed
@@ -132,8 +150,9 @@ def summary_from_proto(message: types_pb2.DiffSummary) -> DiffSummary:
     return DiffSummary(added=message.added, removed=message.removed, changed=message.changed)
 
 
-def range_info_to_proto(info: RangeInfo,
-                        out: types_pb2.RangeInfo | None = None) -> types_pb2.RangeInfo:
+def range_info_to_proto(
+    info: RangeInfo, out: types_pb2.RangeInfo | None = None
+) -> types_pb2.RangeInfo:
     message = out if out is not None else types_pb2.RangeInfo()
     message.id = info.id
     message.min_key = info.min_key
@@ -144,8 +163,9 @@ def range_info_to_proto(info: RangeInfo,
 
 
 def range_info_from_proto(message: types_pb2.RangeInfo) -> RangeInfo:
-    return RangeInfo(message.id, message.min_key, message.max_key, message.count,
-                     message.size_bytes)
+    return RangeInfo(
+        message.id, message.min_key, message.max_key, message.count, message.size_bytes
+    )
 
 
 def range_infos_to_proto(infos: Iterable[RangeInfo]) -> list[types_pb2.RangeInfo]:
@@ -153,8 +173,18 @@ def range_infos_to_proto(infos: Iterable[RangeInfo]) -> list[types_pb2.RangeInfo
 
 
 __all__ = [
-    "change_from_proto", "change_to_proto", "conflict_from_proto", "conflict_to_proto",
-    "entry_from_proto", "entry_to_proto", "merge_strategy_from_proto",
-    "put_or_delete_from_proto", "put_or_delete_to_proto", "range_info_from_proto",
-    "range_info_to_proto", "range_infos_to_proto", "summary_from_proto", "summary_to_proto",
+    "change_from_proto",
+    "change_to_proto",
+    "conflict_from_proto",
+    "conflict_to_proto",
+    "entry_from_proto",
+    "entry_to_proto",
+    "merge_strategy_from_proto",
+    "put_or_delete_from_proto",
+    "put_or_delete_to_proto",
+    "range_info_from_proto",
+    "range_info_to_proto",
+    "range_infos_to_proto",
+    "summary_from_proto",
+    "summary_to_proto",
 ]

@@ -19,8 +19,14 @@ class QuarryError(Exception):
     code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     reason: str = "INTERNAL"
 
-    def __init__(self, message: str = "", *, metadata: dict[str, str] | None = None,
-                 details: list | None = None, retry_delay: float | None = None):
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        metadata: dict[str, str] | None = None,
+        details: list | None = None,
+        retry_delay: float | None = None,
+    ):
         super().__init__(message or self.reason)
         self.message = message or self.reason
         # Extra ErrorInfo metadata (string → string), shown to the client.
@@ -93,9 +99,19 @@ class Internal(QuarryError):
 
 def error_class_for(code: grpc.StatusCode) -> type[QuarryError]:
     """The generic QuarryError subclass for a status code (used when rebuilding remote errors)."""
-    for cls in (InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Aborted,
-                ResourceExhausted, Unavailable, Unimplemented, DeadlineExceeded, Cancelled,
-                DataLoss):
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        AlreadyExists,
+        FailedPrecondition,
+        Aborted,
+        ResourceExhausted,
+        Unavailable,
+        Unimplemented,
+        DeadlineExceeded,
+        Cancelled,
+        DataLoss,
+    ):
         if cls.code == code:
             return cls
     return Internal

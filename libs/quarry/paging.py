@@ -14,7 +14,8 @@ entry, paths of 1 KB).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from google.protobuf.message import Message
 
@@ -66,8 +67,9 @@ class PageBudget:
     the page is full: the item then starts the next page. The first item is always
     admitted, even one larger than `max_bytes` on its own."""
 
-    def __init__(self, max_items: int, max_bytes: int,
-                 size_of: Callable[[Any], int] = encoded_size):
+    def __init__(
+        self, max_items: int, max_bytes: int, size_of: Callable[[Any], int] = encoded_size
+    ):
         if max_items < 1 or max_bytes < 1:
             raise ValueError("a page holds at least one item and one byte")
         self.max_items = max_items
@@ -87,7 +89,7 @@ class PageBudget:
         return True
 
     @classmethod
-    def for_response(cls, max_items: int, max_response_bytes: int) -> "PageBudget":
+    def for_response(cls, max_items: int, max_response_bytes: int) -> PageBudget:
         """The budget of a paged response: its items leave PAGE_TOKEN_RESERVE_BYTES of
         `max_response_bytes` for the next_page_token."""
         return cls(max_items, max(1, max_response_bytes - PAGE_TOKEN_RESERVE_BYTES))

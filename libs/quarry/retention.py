@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from quarry import errors
 from quarry.cli.upload import UPLOAD_KEY
 from quarry.committed.format import METARANGE_KEY, RANGE_KEY
 from quarry.spark.executor import JOB_FILE_KEY
+
+if TYPE_CHECKING:
+    from quarry.v1 import types_pb2
 
 DEFAULT_RETENTION_DAYS = 21.0
 MAX_RETENTION_DAYS = 36500  # a century: "keep forever" without overflowing date arithmetic
@@ -37,19 +41,23 @@ class RetentionRules:
     default_retention_days: float = DEFAULT_RETENTION_DAYS
     branch_retention_days: Mapping[str, float] = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         days = [self.default_retention_days, *self.branch_retention_days.values()]
         for d in days:
-            if isinstance(d, bool) or not isinstance(d, (int, float)) \
-                    or not 0 <= d <= MAX_RETENTION_DAYS:  # also rejects NaN
+            if (
+                isinstance(d, bool)
+                or not isinstance(d, (int, float))
+                or not 0 <= d <= MAX_RETENTION_DAYS
+            ):  # also rejects NaN
                 raise InvalidRetentionRules(
-                    f"retention days must be numbers from 0 to {MAX_RETENTION_DAYS}, not {d!r}")
+                    f"retention days must be numbers from 0 to {MAX_RETENTION_DAYS}, not {d!r}"
+                )
 
     def days_for(self, branch: str) -> float:
         return self.branch_retention_days.get(branch, self.default_retention_days)
 
     @classmethod
-    def from_json(cls, text: str) -> "RetentionRules":
+    def from_json(cls, text: str) -> RetentionRules:
         """lakeFS's format: {"default_retention_days": 21,
         "branches": [{"branch_id": "main", "retention_days": 28}]}."""
         try:
@@ -60,21 +68,28 @@ class RetentionRules:
             raise InvalidRetentionRules(f"invalid retention rules: {exc}") from None
 
     @classmethod
-    def from_proto(cls, rules) -> "RetentionRules":
+    def from_proto(cls, rules: types_pb2.GarbageCollectionRules) -> RetentionRules:
         """From quarry.v1.GarbageCollectionRules (what a repository stores)."""
         return cls(rules.default_retention_days, dict(rules.branch_retention_days))
 
-    def to_proto(self):
+    def to_proto(self) -> types_pb2.GarbageCollectionRules:
         from quarry.v1 import types_pb2
 
         return types_pb2.GarbageCollectionRules(
             default_retention_days=self.default_retention_days,
-            branch_retention_days=dict(self.branch_retention_days))
+            branch_retention_days=dict(self.branch_retention_days),
+        )
 
     def to_json(self) -> str:
-        return json.dumps({"default_retention_days": self.default_retention_days,
-                           "branches": [{"branch_id": b, "retention_days": d}
-                                        for b, d in sorted(self.branch_retention_days.items())]})
+        return json.dumps(
+            {
+                "default_retention_days": self.default_retention_days,
+                "branches": [
+                    {"branch_id": b, "retention_days": d}
+                    for b, d in sorted(self.branch_retention_days.items())
+                ],
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -86,9 +101,13 @@ class CommitNode:
     metarange_id: str
 
 
-def retained_commits(commits: Mapping[str, CommitNode], heads: Mapping[str, str],
-                     tagged: Iterable[str], rules: RetentionRules,
-                     now: _dt.datetime) -> set[str]:
+def retained_commits(
+    commits: Mapping[str, CommitNode],
+    heads: Mapping[str, str],
+    tagged: Iterable[str],
+    rules: RetentionRules,
+    now: _dt.datetime,
+) -> set[str]:
     """Ids of the commits to keep. `commits` must hold every commit reachable from `heads`.
 
     A commit is kept if its creation time is within the window of at least one branch it

@@ -39,9 +39,19 @@ def doctor(suite, tmp_path_factory):
     env = quarry_env(tmp_path_factory.mktemp("cli-home"))
 
     def run(*args: str, expect: int) -> subprocess.CompletedProcess:
-        result = subprocess.run([str(VENV_BIN / "quarry"), "doctor", *args,
-                                 "--kv-gateway", suite.targets["kv-gateway"]],
-                                env=env, capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [
+                str(VENV_BIN / "quarry"),
+                "doctor",
+                *args,
+                "--kv-gateway",
+                suite.targets["kv-gateway"],
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == expect, (args, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr
         return result
@@ -76,8 +86,13 @@ def test_doctor_clean_then_planted_problems(suite, kv, doctor):
     alpha = Repository.from_record(record, b"repos/alpha").partition
     missing = "f" * 64
     kv.set(b"quarry", b"repos/zzz", GARBAGE)
-    kv.set(alpha, b"branches/lost", types_pb2.Branch(
-        name="lost", commit_id=missing, staging_token=uuid.uuid4().hex).SerializeToString())
+    kv.set(
+        alpha,
+        b"branches/lost",
+        types_pb2.Branch(
+            name="lost", commit_id=missing, staging_token=uuid.uuid4().hex
+        ).SerializeToString(),
+    )
     kv.set(alpha, b"tags/v0", types_pb2.Tag(name="v0", commit_id=missing).SerializeToString())
     dev_token = client.get_branch("alpha", "dev").staging_token
     kv.set(f"staging/{dev_token}".encode(), b"a/9", GARBAGE)
@@ -128,21 +143,35 @@ def test_doctor_reports_a_corrupt_or_parked_cleanup_item(kv, doctor):
     report = json.loads(doctor("--json", expect=1).stdout)
     # Depending on whether a dropper pass ran meanwhile: still queued (corrupt) or parked.
     assert {(f["kind"], f["key"]) for f in report["findings"]} & {
-        ("corrupt_record", key), ("parked_cleanup_item", f"parked/{key}")}
+        ("corrupt_record", key),
+        ("parked_cleanup_item", f"parked/{key}"),
+    }
 
 
 def test_listing_commands_warn_about_skipped_records(suite, kv, tmp_path):
     client = suite.client()
     client.create_repository("gamma", suite.namespace("gamma"))
     client.create_branch("gamma", "ok", "main")
-    partition = Repository.from_record(kv.get(b"quarry", b"repos/gamma").value,
-                                       b"repos/gamma").partition
+    partition = Repository.from_record(
+        kv.get(b"quarry", b"repos/gamma").value, b"repos/gamma"
+    ).partition
     kv.set(partition, b"branches/broken", GARBAGE)
     result = subprocess.run(
-        [str(VENV_BIN / "quarry"), "branch", "list", "gamma",
-         "--branch-manager", suite.targets["branch-manager"],
-         "--committer", suite.targets["committer"]],
-        env=quarry_env(tmp_path), capture_output=True, text=True, timeout=60)
+        [
+            str(VENV_BIN / "quarry"),
+            "branch",
+            "list",
+            "gamma",
+            "--branch-manager",
+            suite.targets["branch-manager"],
+            "--committer",
+            suite.targets["committer"],
+        ],
+        env=quarry_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert [line.split()[0] for line in result.stdout.splitlines()[1:]] == ["main", "ok"]
     assert "skipped 1 corrupt record" in result.stderr and "quarry doctor" in result.stderr
@@ -155,24 +184,36 @@ def test_doctor_finds_broken_history_and_a_live_token_queued_for_drop(suite, kv,
 
     client = suite.client()
     client.create_repository("delta", suite.namespace("delta"))
-    partition = Repository.from_record(kv.get(b"quarry", b"repos/delta").value,
-                                       b"repos/delta").partition
+    partition = Repository.from_record(
+        kv.get(b"quarry", b"repos/delta").value, b"repos/delta"
+    ).partition
     orphan_commit, missing_parent, missing_metarange = "1" * 64, "2" * 64, "3" * 64
-    kv.set(partition, f"commits/{orphan_commit}".encode(), types_pb2.Commit(
-        id=orphan_commit, parents=[missing_parent], metarange_id=missing_metarange,
-        generation=2).SerializeToString())
+    kv.set(
+        partition,
+        f"commits/{orphan_commit}".encode(),
+        types_pb2.Commit(
+            id=orphan_commit, parents=[missing_parent], metarange_id=missing_metarange, generation=2
+        ).SerializeToString(),
+    )
     token = client.get_branch("delta", "main").staging_token
     # Queued far in the future, so this suite's dropper leaves it alone during the test.
-    kv.set(b"cleanup", f"staging/{token}".encode(), records_pb2.CleanupRecord(
-        partition_key=f"staging/{token}", queued_at=int(time.time()) + 3600)
-        .SerializeToString())
+    kv.set(
+        b"cleanup",
+        f"staging/{token}".encode(),
+        records_pb2.CleanupRecord(
+            partition_key=f"staging/{token}", queued_at=int(time.time()) + 3600
+        ).SerializeToString(),
+    )
     try:
         report = json.loads(doctor("delta", "--json", expect=1).stdout)
         kinds = {(f["kind"], f["key"]) for f in report["findings"]}
-        assert kinds == {("commit_missing_parent", f"commits/{orphan_commit}"),
-                         ("missing_metarange", f"commits/{orphan_commit}")}
+        assert kinds == {
+            ("commit_missing_parent", f"commits/{orphan_commit}"),
+            ("missing_metarange", f"commits/{orphan_commit}"),
+        }
         everything = json.loads(doctor("--json", expect=1).stdout)
-        assert ("staging_token_in_use_but_queued_for_drop", f"staging/{token}") in \
-            {(f["kind"], f["key"]) for f in everything["findings"]}
+        assert ("staging_token_in_use_but_queued_for_drop", f"staging/{token}") in {
+            (f["kind"], f["key"]) for f in everything["findings"]
+        }
     finally:
         kv.delete(b"cleanup", f"staging/{token}".encode())

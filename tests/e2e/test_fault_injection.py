@@ -26,8 +26,7 @@ from quarry.v1 import branch_manager_pb2 as bm
 from quarry.v1 import branch_manager_pb2_grpc, committer_pb2_grpc, types_pb2
 from quarry.v1 import committer_pb2 as cm
 from support.chaos import FAST_RECONNECT, Cluster, History, Op, env_int, run_logged
-from support.history_check import (REPOINT_SIZE, Timeline, Violation, check_final,
-                                   check_observation)
+from support.history_check import REPOINT_SIZE, Timeline, Violation, check_final, check_observation
 from support.reporting import report_lines
 
 REPO = "chaos"
@@ -50,13 +49,13 @@ class Run:
     history: History
     cluster: Cluster
     timelines: dict = field(default_factory=lambda: defaultdict(Timeline))
-    reads: list = field(default_factory=list)      # (op, branch, path, address | None)
-    listings: list = field(default_factory=list)   # (first op, last op, branch, {path: addr})
-    commits: list = field(default_factory=list)    # ok commit ops (result: id)
-    merges: list = field(default_factory=list)     # ok merge ops
+    reads: list = field(default_factory=list)  # (op, branch, path, address | None)
+    listings: list = field(default_factory=list)  # (first op, last op, branch, {path: addr})
+    commits: list = field(default_factory=list)  # ok commit ops (result: id)
+    merges: list = field(default_factory=list)  # ok merge ops
     kills: Counter = field(default_factory=Counter)
     unexpected_exits: dict = field(default_factory=dict)
-    recovery: dict = field(default_factory=dict)   # branch -> seconds to a write + commit
+    recovery: dict = field(default_factory=dict)  # branch -> seconds to a write + commit
     stuck: list = field(default_factory=list)
     violations: list = field(default_factory=list)
     final: dict = field(default_factory=dict)
@@ -69,10 +68,10 @@ class Run:
 
 class Stubs:
     def __init__(self, cluster: Cluster):
-        self.bm_channel = grpc.insecure_channel(cluster.target("branch-manager"),
-                                                options=FAST_RECONNECT)
-        self.cm_channel = grpc.insecure_channel(cluster.target("committer"),
-                                                options=FAST_RECONNECT)
+        self.bm_channel = grpc.insecure_channel(
+            cluster.target("branch-manager"), options=FAST_RECONNECT
+        )
+        self.cm_channel = grpc.insecure_channel(cluster.target("committer"), options=FAST_RECONNECT)
         self.bm = branch_manager_pb2_grpc.BranchManagerStub(self.bm_channel)
         self.cm = committer_pb2_grpc.CommitterStub(self.cm_channel)
 
@@ -84,9 +83,10 @@ class Stubs:
 def _list_all(stubs: Stubs, ref: str, timeout: float = CALL_TIMEOUT) -> dict[str, str]:
     out, token = {}, ""
     while True:
-        reply = stubs.bm.ListObjects(bm.ListObjectsRequest(repository=REPO, ref=ref,
-                                                           page_size=1000, page_token=token),
-                                     timeout=timeout)
+        reply = stubs.bm.ListObjects(
+            bm.ListObjectsRequest(repository=REPO, ref=ref, page_size=1000, page_token=token),
+            timeout=timeout,
+        )
         out.update({e.path: e.physical_address for e in reply.entries})
         token = reply.next_page_token
         if not token:
@@ -96,8 +96,10 @@ def _list_all(stubs: Stubs, ref: str, timeout: float = CALL_TIMEOUT) -> dict[str
 def _log_ids(stubs: Stubs, ref: str) -> set[str]:
     ids, token = set(), ""
     while True:
-        reply = stubs.cm.Log(cm.LogRequest(repository=REPO, ref=ref, page_size=1000,
-                                           page_token=token), timeout=CALL_TIMEOUT)
+        reply = stubs.cm.Log(
+            cm.LogRequest(repository=REPO, ref=ref, page_size=1000, page_token=token),
+            timeout=CALL_TIMEOUT,
+        )
         ids.update(c.id for c in reply.commits)
         token = reply.next_page_token
         if not token:
@@ -111,13 +113,16 @@ def _retry(fn, deadline: float):
             return fn()
         except grpc.RpcError as exc:
             if time.monotonic() > deadline or exc.code() not in (
-                    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED,
-                    grpc.StatusCode.DEADLINE_EXCEEDED):
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.ABORTED,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+            ):
                 raise
             time.sleep(0.2)
 
 
 # ------------------------------------------------------------------------------ workload
+
 
 def writer(run: Run, stubs: Stubs, stop: threading.Event, branch: str, n: int) -> None:
     """Owns PATHS_PER_WRITER paths; writes new versions (normal or re-pointed: same size, no
@@ -136,18 +141,34 @@ def writer(run: Run, stubs: Stubs, stop: threading.Event, branch: str, n: int) -
             version[path] += 1
             v = version[path]
             if roll < 0.5:
-                entry, kind = types_pb2.Entry(path=path, physical_address=address(branch, path, v),
-                                              size_bytes=REPOINT_SIZE), "repoint"
+                entry, kind = (
+                    types_pb2.Entry(
+                        path=path,
+                        physical_address=address(branch, path, v),
+                        size_bytes=REPOINT_SIZE,
+                    ),
+                    "repoint",
+                )
             else:
-                entry, kind = types_pb2.Entry(path=path, physical_address=address(branch, path, v),
-                                              size_bytes=1000 + v, checksum=f"c{v}"), "put"
+                entry, kind = (
+                    types_pb2.Entry(
+                        path=path,
+                        physical_address=address(branch, path, v),
+                        size_bytes=1000 + v,
+                        checksum=f"c{v}",
+                    ),
+                    "put",
+                )
         last[path] = entry
         op = run.history.invoke(actor, kind, branch, path=path, address=entry.physical_address)
-        run.timelines[(branch, path)].add(entry.physical_address, entry.checksum,
-                                          entry.size_bytes, op)
+        run.timelines[(branch, path)].add(
+            entry.physical_address, entry.checksum, entry.size_bytes, op
+        )
         try:
-            stubs.bm.PutObject(bm.PutObjectRequest(repository=REPO, branch=branch, entry=entry),
-                               timeout=CALL_TIMEOUT)
+            stubs.bm.PutObject(
+                bm.PutObjectRequest(repository=REPO, branch=branch, entry=entry),
+                timeout=CALL_TIMEOUT,
+            )
         except grpc.RpcError as exc:
             run.history.complete(op, exc.code().name, details=(exc.details() or "")[:200])
             time.sleep(0.05)
@@ -161,16 +182,23 @@ def writer(run: Run, stubs: Stubs, stop: threading.Event, branch: str, n: int) -
 def read_back(run: Run, stubs: Stubs, actor: str, branch: str, path: str) -> None:
     def stat():
         try:
-            return stubs.bm.StatObject(bm.StatObjectRequest(repository=REPO, ref=branch,
-                                                            path=path), timeout=CALL_TIMEOUT)
+            return stubs.bm.StatObject(
+                bm.StatObjectRequest(repository=REPO, ref=branch, path=path), timeout=CALL_TIMEOUT
+            )
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 return None
             raise
 
-    op, reply = run_logged(run.history, actor, "read", branch, stat,
-                           lambda r: {"address": r.entry.physical_address if r else None},
-                           path=path)
+    op, reply = run_logged(
+        run.history,
+        actor,
+        "read",
+        branch,
+        stat,
+        lambda r: {"address": r.entry.physical_address if r else None},
+        path=path,
+    )
     if op.ok:
         run.reads.append((op, branch, path, op.result["address"]))
 
@@ -183,13 +211,22 @@ def bulk_writer(run: Run, stubs: Stubs, stop: threading.Event, branch: str) -> N
     while not stop.is_set():
         v += 1
         chosen = sorted(rng.sample(paths, 10))
-        entries = [types_pb2.Entry(path=p, physical_address=address(branch, p, v),
-                                   size_bytes=1000 + v, checksum=f"c{v}") for p in chosen]
+        entries = [
+            types_pb2.Entry(
+                path=p,
+                physical_address=address(branch, p, v),
+                size_bytes=1000 + v,
+                checksum=f"c{v}",
+            )
+            for p in chosen
+        ]
         op = run.history.invoke("bulk-writer", "puts", branch, version=v, paths=chosen)
         for e in entries:
             run.timelines[(branch, e.path)].add(e.physical_address, e.checksum, e.size_bytes, op)
-        requests = [bm.PutObjectsRequest(repository=REPO, branch=branch, entries=entries[:5]),
-                    bm.PutObjectsRequest(repository=REPO, branch=branch, entries=entries[5:])]
+        requests = [
+            bm.PutObjectsRequest(repository=REPO, branch=branch, entries=entries[:5]),
+            bm.PutObjectsRequest(repository=REPO, branch=branch, entries=entries[5:]),
+        ]
         try:
             reply = stubs.bm.PutObjects(iter(requests), timeout=CALL_TIMEOUT)
         except grpc.RpcError as exc:
@@ -203,9 +240,14 @@ def bulk_writer(run: Run, stubs: Stubs, stop: threading.Event, branch: str) -> N
 def lister(run: Run, stubs: Stubs, stop: threading.Event) -> None:
     while not stop.is_set():
         for branch in BRANCHES:
-            op, listing = run_logged(run.history, "lister", "list", branch,
-                                     lambda b=branch: _list_all(stubs, b),
-                                     lambda r: {"entries": len(r)})
+            op, listing = run_logged(
+                run.history,
+                "lister",
+                "list",
+                branch,
+                lambda b=branch: _list_all(stubs, b),
+                lambda r: {"entries": len(r)},
+            )
             if op.ok:
                 run.listings.append((op, branch, listing))
         time.sleep(0.2)
@@ -218,20 +260,31 @@ def committer(run: Run, stubs: Stubs, stop: threading.Event, compact_at: list[fl
         for branch in BRANCHES:
             n += 1
             op, reply = run_logged(
-                run.history, "committer", "commit", branch,
-                lambda b=branch, i=n: stubs.cm.Commit(cm.CommitRequest(
-                    repository=REPO, branch=b, message=f"chaos {i}"), timeout=CALL_TIMEOUT),
-                lambda r: {"id": r.commit.id})
+                run.history,
+                "committer",
+                "commit",
+                branch,
+                lambda b=branch, i=n: stubs.cm.Commit(
+                    cm.CommitRequest(repository=REPO, branch=b, message=f"chaos {i}"),
+                    timeout=CALL_TIMEOUT,
+                ),
+                lambda r: {"id": r.commit.id},
+            )
             if op.ok:
                 run.commits.append(op)
         if compact_at and time.monotonic() >= compact_at[0]:
             compact_at.pop(0)
             for branch in BRANCHES:
-                run_logged(run.history, "committer", "compact", branch,
-                           lambda b=branch: stubs.cm.Compact(cm.CompactRequest(
-                               repository=REPO, branch=b), timeout=30),
-                           lambda r: {"metarange": r.compacted_metarange_id,
-                                      "tokens": r.tokens_compacted})
+                run_logged(
+                    run.history,
+                    "committer",
+                    "compact",
+                    branch,
+                    lambda b=branch: stubs.cm.Compact(
+                        cm.CompactRequest(repository=REPO, branch=b), timeout=30
+                    ),
+                    lambda r: {"metarange": r.compacted_metarange_id, "tokens": r.tokens_compacted},
+                )
         time.sleep(0.3)
 
 
@@ -241,12 +294,22 @@ def merger(run: Run, stubs: Stubs, stop: threading.Event) -> None:
         for branch in BRANCHES:
             n += 1
             op, reply = run_logged(
-                run.history, "merger", "merge", "main",
-                lambda b=branch, i=n: stubs.cm.Merge(cm.MergeRequest(
-                    repository=REPO, source_ref=b, destination_branch="main",
-                    message=f"merge {i}"), timeout=CALL_TIMEOUT),
+                run.history,
+                "merger",
+                "merge",
+                "main",
+                lambda b=branch, i=n: stubs.cm.Merge(
+                    cm.MergeRequest(
+                        repository=REPO,
+                        source_ref=b,
+                        destination_branch="main",
+                        message=f"merge {i}",
+                    ),
+                    timeout=CALL_TIMEOUT,
+                ),
                 lambda r: {"id": r.commit.id, "parents": list(r.commit.parents)},
-                source=branch)
+                source=branch,
+            )
             if op.ok:
                 run.merges.append(op)
         time.sleep(0.7)
@@ -276,19 +339,36 @@ def chaos(run: Run, stop: threading.Event, seconds_between: float) -> None:
 
 # ------------------------------------------------------------------------------- the run
 
+
 def unstick(run: Run, stubs: Stubs) -> None:
     """After chaos: on every branch a write and a commit must succeed within STUCK_TIMEOUT."""
     for branch in ("main", *BRANCHES):
         started = time.monotonic()
         deadline = started + STUCK_TIMEOUT
         try:
-            _retry(lambda b=branch: stubs.bm.PutObject(bm.PutObjectRequest(
-                repository=REPO, branch=b, entry=types_pb2.Entry(
-                    path=f"probe/{b}", physical_address=f"s3://chaos-lake/probe/{b}",
-                    size_bytes=1, checksum="probe")), timeout=CALL_TIMEOUT), deadline)
-            reply = _retry(lambda b=branch: stubs.cm.Commit(cm.CommitRequest(
-                repository=REPO, branch=b, message="after chaos"), timeout=CALL_TIMEOUT),
-                deadline)
+            _retry(
+                lambda b=branch: stubs.bm.PutObject(
+                    bm.PutObjectRequest(
+                        repository=REPO,
+                        branch=b,
+                        entry=types_pb2.Entry(
+                            path=f"probe/{b}",
+                            physical_address=f"s3://chaos-lake/probe/{b}",
+                            size_bytes=1,
+                            checksum="probe",
+                        ),
+                    ),
+                    timeout=CALL_TIMEOUT,
+                ),
+                deadline,
+            )
+            reply = _retry(
+                lambda b=branch: stubs.cm.Commit(
+                    cm.CommitRequest(repository=REPO, branch=b, message="after chaos"),
+                    timeout=CALL_TIMEOUT,
+                ),
+                deadline,
+            )
             run.commits.append(_synthetic_commit(run, branch, reply.commit.id, started))
             run.recovery[branch] = time.monotonic() - started
         except grpc.RpcError as exc:
@@ -305,21 +385,32 @@ def _synthetic_commit(run: Run, branch: str, commit_id: str, started: float) -> 
 def check(run: Run, stubs: Stubs) -> None:
     deadline = time.monotonic() + 60
     owned = defaultdict(list)
-    for (branch, path) in run.timelines:
+    for branch, path in run.timelines:
         owned[branch].append(path)
     violations = run.violations
 
     # Reads and listings made during the run.
     for op, branch, path, seen in run.reads:
-        v = check_observation(run.timelines[(branch, path)], seen, op.t_invoke, op.t_complete,
-                              f"{op.actor} read {branch}:{path}", "stale-read")
+        v = check_observation(
+            run.timelines[(branch, path)],
+            seen,
+            op.t_invoke,
+            op.t_complete,
+            f"{op.actor} read {branch}:{path}",
+            "stale-read",
+        )
         if v:
             violations.append(v)
     for op, branch, listing in run.listings:
         for path in owned[branch]:
-            v = check_observation(run.timelines[(branch, path)], listing.get(path),
-                                  op.t_invoke, op.t_complete, f"listing of {branch}:{path}",
-                                  "stale-listing")
+            v = check_observation(
+                run.timelines[(branch, path)],
+                listing.get(path),
+                op.t_invoke,
+                op.t_complete,
+                f"listing of {branch}:{path}",
+                "stale-listing",
+            )
             if v:
                 violations.append(v)
 
@@ -328,8 +419,9 @@ def check(run: Run, stubs: Stubs) -> None:
         final = _retry(lambda b=branch: _list_all(stubs, b), deadline)
         run.final[branch] = final
         for path in owned[branch]:
-            v = check_final(run.timelines[(branch, path)], final.get(path),
-                            f"final {branch}:{path}")
+            v = check_final(
+                run.timelines[(branch, path)], final.get(path), f"final {branch}:{path}"
+            )
             if v:
                 violations.append(v)
 
@@ -337,14 +429,22 @@ def check(run: Run, stubs: Stubs) -> None:
     logs = {b: _retry(lambda b=b: _log_ids(stubs, b), deadline) for b in ("main", *BRANCHES)}
     for op in run.commits:
         if op.result["id"] not in logs[op.branch]:
-            violations.append(Violation("log", f"commit {op.result['id']} on {op.branch} "
-                                               f"(acknowledged) is not in its log"))
+            violations.append(
+                Violation(
+                    "log",
+                    f"commit {op.result['id']} on {op.branch} (acknowledged) is not in its log",
+                )
+            )
         content = _retry(lambda c=op.result["id"]: _list_all(stubs, c), deadline)
         for path in owned[op.branch]:
-            v = check_observation(run.timelines[(op.branch, path)], content.get(path),
-                                  op.t_invoke, op.t_complete,
-                                  f"commit {op.result['id'][:12]} of {op.branch}:{path}",
-                                  "commit-content")
+            v = check_observation(
+                run.timelines[(op.branch, path)],
+                content.get(path),
+                op.t_invoke,
+                op.t_complete,
+                f"commit {op.result['id'][:12]} of {op.branch}:{path}",
+                "commit-content",
+            )
             if v:
                 violations.append(v)
 
@@ -353,31 +453,43 @@ def check(run: Run, stubs: Stubs) -> None:
         merge_id, parents = op.result["id"], op.result["parents"]
         source = op.args["source"]
         if merge_id not in logs["main"]:
-            violations.append(Violation("log", f"merge {merge_id} (acknowledged) is not in "
-                                               f"main's log"))
+            violations.append(
+                Violation("log", f"merge {merge_id} (acknowledged) is not in main's log")
+            )
         if len(parents) != 2 or parents[1] not in logs[source]:
-            violations.append(Violation("merge", f"merge {merge_id}: parents {parents}, the "
-                                                 f"second not a commit of {source}"))
+            violations.append(
+                Violation(
+                    "merge",
+                    f"merge {merge_id}: parents {parents}, the second not a commit of {source}",
+                )
+            )
             continue
         merged = _retry(lambda c=merge_id: _list_all(stubs, c), deadline)
         source_content = _retry(lambda c=parents[1]: _list_all(stubs, c), deadline)
         for path in owned[source]:
             if merged.get(path) != source_content.get(path):
-                violations.append(Violation(
-                    "merge", f"merge {merge_id[:12]}: {source}:{path} is {merged.get(path)} "
-                             f"but the source commit has {source_content.get(path)}"))
+                violations.append(
+                    Violation(
+                        "merge",
+                        f"merge {merge_id[:12]}: {source}:{path} is {merged.get(path)} "
+                        f"but the source commit has {source_content.get(path)}",
+                    )
+                )
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, request):
     home = tmp_path_factory.mktemp("chaos")
     (home / "lake").mkdir()
-    cluster = Cluster(home, QUARRY_STAGING_DROP_GRACE_SECONDS="2",
-                      QUARRY_STAGING_DROP_INTERVAL_SECONDS="1",
-                      QUARRY_SHUTDOWN_GRACE_SECONDS="2",
-                      QUARRY_COMPACTION_STAGED_ENTRIES_THRESHOLD="300",
-                      QUARRY_COMPACTION_MIN_INTERVAL_SECONDS="5",
-                      QUARRY_COMPACTION_CHECK_INTERVAL_SECONDS="1")
+    cluster = Cluster(
+        home,
+        QUARRY_STAGING_DROP_GRACE_SECONDS="2",
+        QUARRY_STAGING_DROP_INTERVAL_SECONDS="1",
+        QUARRY_SHUTDOWN_GRACE_SECONDS="2",
+        QUARRY_COMPACTION_STAGED_ENTRIES_THRESHOLD="300",
+        QUARRY_COMPACTION_MIN_INTERVAL_SECONDS="5",
+        QUARRY_COMPACTION_CHECK_INTERVAL_SECONDS="1",
+    )
     history = History(home / "logs" / "history.jsonl")
     result = Run(history=history, cluster=cluster)
     started = time.monotonic()
@@ -386,25 +498,40 @@ def run(tmp_path_factory, request):
         cluster.start()
         stubs = Stubs(cluster)
         setup_deadline = time.monotonic() + 30
-        _retry(lambda: stubs.bm.CreateRepository(bm.CreateRepositoryRequest(
-            name=REPO, storage_namespace=str(home / "lake" / REPO), default_branch="main"),
-            timeout=CALL_TIMEOUT), setup_deadline)
+        _retry(
+            lambda: stubs.bm.CreateRepository(
+                bm.CreateRepositoryRequest(
+                    name=REPO, storage_namespace=str(home / "lake" / REPO), default_branch="main"
+                ),
+                timeout=CALL_TIMEOUT,
+            ),
+            setup_deadline,
+        )
         for branch in BRANCHES:
-            _retry(lambda b=branch: stubs.bm.CreateBranch(bm.CreateBranchRequest(
-                repository=REPO, name=b, source_ref="main"), timeout=CALL_TIMEOUT),
-                setup_deadline)
+            _retry(
+                lambda b=branch: stubs.bm.CreateBranch(
+                    bm.CreateBranchRequest(repository=REPO, name=b, source_ref="main"),
+                    timeout=CALL_TIMEOUT,
+                ),
+                setup_deadline,
+            )
         seconds_between = float(env_int("QUARRY_CHAOS_SECONDS_BETWEEN_KILLS", 3))
         stop = threading.Event()
         chaos_started = time.monotonic()
         expected = ROUNDS * len(KILLED) * seconds_between * 0.75
         compact_at = [chaos_started + expected / 3, chaos_started + 2 * expected / 3]
-        threads = [threading.Thread(target=writer, args=(result, stubs, stop, b, n))
-                   for b in BRANCHES for n in range(WRITERS_PER_BRANCH)]
-        threads += [threading.Thread(target=bulk_writer, args=(result, stubs, stop, "b1")),
-                    threading.Thread(target=lister, args=(result, stubs, stop)),
-                    threading.Thread(target=committer, args=(result, stubs, stop, compact_at)),
-                    threading.Thread(target=merger, args=(result, stubs, stop)),
-                    threading.Thread(target=chaos, args=(result, stop, seconds_between))]
+        threads = [
+            threading.Thread(target=writer, args=(result, stubs, stop, b, n))
+            for b in BRANCHES
+            for n in range(WRITERS_PER_BRANCH)
+        ]
+        threads += [
+            threading.Thread(target=bulk_writer, args=(result, stubs, stop, "b1")),
+            threading.Thread(target=lister, args=(result, stubs, stop)),
+            threading.Thread(target=committer, args=(result, stubs, stop, compact_at)),
+            threading.Thread(target=merger, args=(result, stubs, stop)),
+            threading.Thread(target=chaos, args=(result, stop, seconds_between)),
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -420,8 +547,11 @@ def run(tmp_path_factory, request):
         history.close()
         cluster.stop()
     (home / "logs" / "violations.txt").write_text("".join(f"{v}\n" for v in result.violations))
-    report_lines(request.config, summary(result, time.monotonic() - started)
-                 + [f"  history and service logs: {home / 'logs'}"])
+    report_lines(
+        request.config,
+        summary(result, time.monotonic() - started)
+        + [f"  history and service logs: {home / 'logs'}"],
+    )
     return result
 
 
@@ -430,7 +560,8 @@ def summary(run: Run, total_seconds: float) -> list[str]:
     writes = [op for op in ops if op.kind in ("put", "repoint", "identical")]
     bulk = [op for op in ops if op.kind == "puts"]
     acked_entries = sum(1 for op in writes if op.ok) + sum(
-        len(op.args["paths"]) for op in bulk if op.ok)
+        len(op.args["paths"]) for op in bulk if op.ok
+    )
     outcomes = Counter(op.outcome for op in ops if op.kind not in ("kill",))
     compactions = [op for op in ops if op.kind == "compact"]
     kinds = Counter(op.kind for op in writes if op.ok)
@@ -443,12 +574,13 @@ def summary(run: Run, total_seconds: float) -> list[str]:
         f"commits {len(run.commits)}, merges {len(run.merges)}, compactions "
         f"{sum(1 for op in compactions if op.ok)}/{len(compactions)}, reads "
         f"{len(run.reads)}, listings {len(run.listings)}",
-        "  kills: " + ", ".join(f"{name}={run.kills[name]}" for name in KILLED)
+        "  kills: "
+        + ", ".join(f"{name}={run.kills[name]}" for name in KILLED)
         + f"; unexpected exits: {run.unexpected_exits or 'none'}",
         "  outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(outcomes.items())),
-        "  recovery after chaos (write + commit): " + ", ".join(
-            f"{b}={s:.1f}s" for b, s in run.recovery.items()) + (
-            f"; STUCK: {run.stuck}" if run.stuck else ""),
+        "  recovery after chaos (write + commit): "
+        + ", ".join(f"{b}={s:.1f}s" for b, s in run.recovery.items())
+        + (f"; STUCK: {run.stuck}" if run.stuck else ""),
         f"  lost = {len(run.lost(item1=False))}; explained by issue 10 item 1 (re-pointed "
         f"address lost at commit) = {len(run.lost(item1=True))}",
     ]
@@ -463,6 +595,7 @@ def summary(run: Run, total_seconds: float) -> list[str]:
 
 
 # --------------------------------------------------------------------------------- tests
+
 
 def _of(run: Run, *categories: str) -> list[str]:
     """Violations of these categories (re-pointed writes included: see
@@ -487,8 +620,7 @@ def test_chaos_really_happened(run):
 
 
 def test_no_service_died_on_its_own(run):
-    assert not run.unexpected_exits, (
-        f"services exited without being killed: {run.unexpected_exits}")
+    assert not run.unexpected_exits, f"services exited without being killed: {run.unexpected_exits}"
 
 
 def test_every_acknowledged_write_is_committed_or_staged(run):

@@ -19,8 +19,8 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow.parquet as pq
 import pytest
@@ -38,8 +38,13 @@ SERVICES = ("kv-gateway", "range-writer", "branch-manager", "committer", "compac
 
 
 def run_quarry(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(VENV_BIN / "quarry"), *args], capture_output=True, text=True,
-                          timeout=120, env=quarry_env(home, **env))
+    return subprocess.run(
+        [str(VENV_BIN / "quarry"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=quarry_env(home, **env),
+    )
 
 
 @contextlib.contextmanager
@@ -48,12 +53,19 @@ def quarry_up(home: Path, kv_db: Path) -> Iterator[dict[str, str]]:
     yields the environment that points `quarry` commands at it. Only the ports are given:
     the services and the CLI dial the addresses that follow them."""
     ports = {name: free_port() for name in SERVICES}
-    env = quarry_env(home, QUARRY_KV_URL=f"sqlite:///{kv_db}",
-                     QUARRY_COMPACTOR_ENABLED="false", **{
-                         f"QUARRY_{name.upper().replace('-', '_')}_PORT": str(p)
-                         for name, p in ports.items()})
-    child = subprocess.Popen([str(VENV_BIN / "quarry"), "up"], env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env = quarry_env(
+        home,
+        QUARRY_KV_URL=f"sqlite:///{kv_db}",
+        QUARRY_COMPACTOR_ENABLED="false",
+        **{f"QUARRY_{name.upper().replace('-', '_')}_PORT": str(p) for name, p in ports.items()},
+    )
+    child = subprocess.Popen(
+        [str(VENV_BIN / "quarry"), "up"],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         seen = []
 
@@ -76,19 +88,24 @@ def quarry_up(home: Path, kv_db: Path) -> Iterator[dict[str, str]]:
 
 
 def client_for(env: dict[str, str]) -> Client:
-    return Client(f"127.0.0.1:{env['QUARRY_BRANCH_MANAGER_PORT']}",
-                  f"127.0.0.1:{env['QUARRY_COMMITTER_PORT']}")
+    return Client(
+        f"127.0.0.1:{env['QUARRY_BRANCH_MANAGER_PORT']}",
+        f"127.0.0.1:{env['QUARRY_COMMITTER_PORT']}",
+    )
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(VENV_BIN / "quarry"), *args], capture_output=True, text=True,
-                          timeout=60, env=env)
+    return subprocess.run(
+        [str(VENV_BIN / "quarry"), *args], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def tags_of(pattern: str) -> dict[str, bytes]:
     """file name (id) -> format tag, for the files matching a glob."""
-    return {Path(f).stem: pq.ParquetFile(f).metadata.metadata.get(b"quarry.format")
-            for f in glob.glob(pattern)}
+    return {
+        Path(f).stem: pq.ParquetFile(f).metadata.metadata.get(b"quarry.format")
+        for f in glob.glob(pattern)
+    }
 
 
 def range_ids_in(metarange_files: Iterator[str]) -> set[str]:
@@ -99,8 +116,10 @@ def range_ids_in(metarange_files: Iterator[str]) -> set[str]:
 
 
 def _repo_partitions(store) -> list[bytes]:
-    return [Repository.from_record(item.value, item.key).partition
-            for item in store.scan(b"quarry", REPOS_PREFIX, REPOS_PREFIX[:-1] + b"0")]
+    return [
+        Repository.from_record(item.value, item.key).partition
+        for item in store.scan(b"quarry", REPOS_PREFIX, REPOS_PREFIX[:-1] + b"0")
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -109,13 +128,28 @@ def v1(tmp_path_factory):
     KV file when they change it, and never change the namespaces' format-1 files)."""
     root = tmp_path_factory.mktemp("format-v1")
     db, home, snap = root / "v1.db", root / "home", root / "snapshot.json"
-    result = subprocess.run([sys.executable, str(REPO_ROOT / "tests/support/format_v1.py"),
-                             str(db), str(home), str(snap)], capture_output=True, text=True,
-                            timeout=300, env=quarry_env(root / "writer-home"))
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "tests/support/format_v1.py"),
+            str(db),
+            str(home),
+            str(snap),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=quarry_env(root / "writer-home"),
+    )
     assert result.returncode == 0, result.stderr
     written = json.loads(snap.read_text())
-    return {"db": db, "home": home, "lake": home / "lake", "snapshot": written["snapshot"],
-            "metaranges": written["metaranges"]}
+    return {
+        "db": db,
+        "home": home,
+        "lake": home / "lake",
+        "snapshot": written["snapshot"],
+        "metaranges": written["metaranges"],
+    }
 
 
 def test_the_writer_leaves_genuine_format_1_data(v1):
@@ -131,15 +165,20 @@ def test_the_writer_leaves_genuine_format_1_data(v1):
         assert set(ranges.values()) <= {b"range/v1"}
     assert len(tags_of(f"{v1['lake']}/demo/_quarry/ranges/*.parquet")) > 3
     # A format-1 identity leaves the address out: two entries that differ only there match.
-    assert format_v1.v1_entry_identity("a", 1, "", "", ()) == \
-        format_v1.v1_entry_identity("b", 1, "", "", ())
+    assert format_v1.v1_entry_identity("a", 1, "", "", ()) == format_v1.v1_entry_identity(
+        "b", 1, "", "", ()
+    )
 
 
 def test_this_build_refuses_format_1_with_the_rebuild_message(v1, tmp_path):
     # The KV store: no service starts on it.
-    result = run_quarry(tmp_path / "home", "serve", "kv-gateway",
-                        QUARRY_KV_URL=f"sqlite:///{v1['db']}",
-                        QUARRY_KV_GATEWAY_PORT=str(free_port()))
+    result = run_quarry(
+        tmp_path / "home",
+        "serve",
+        "kv-gateway",
+        QUARRY_KV_URL=f"sqlite:///{v1['db']}",
+        QUARRY_KV_GATEWAY_PORT=str(free_port()),
+    )
     assert result.returncode != 0
     assert "storage format version '1'" in result.stderr
     assert "quarry export" in result.stderr and "quarry import" in result.stderr
@@ -154,8 +193,12 @@ def test_this_build_refuses_format_1_with_the_rebuild_message(v1, tmp_path):
     store.set(format_version.PARTITION, format_version.KEY, b"2")
     store.close()
     with quarry_up(tmp_path / "home", restamped) as env:
-        for args in (("ls", "demo", "v1", "-r"), ("stat", "demo", "main@", "data/00003.parquet"),
-                     ("diff", "demo", "v1", "main"), ("commit", "demo", "main", "-m", "x")):
+        for args in (
+            ("ls", "demo", "v1", "-r"),
+            ("stat", "demo", "main@", "data/00003.parquet"),
+            ("diff", "demo", "v1", "main"),
+            ("commit", "demo", "main", "-m", "x"),
+        ):
             result = cli(env, *args)
             assert result.returncode == 1, (args, result.stdout)
             assert result.stderr.startswith("quarry: FORMAT_VERSION_MISMATCH: "), result.stderr
@@ -163,44 +206,53 @@ def test_this_build_refuses_format_1_with_the_rebuild_message(v1, tmp_path):
             assert "quarry export" in result.stderr and "quarry import" in result.stderr
         with client_for(env) as client:
             # The failed commit changed nothing a user sees.
-            assert [c.id for c in client.iter_log("demo", "main")] == \
-                v1["snapshot"]["demo"]["log main"]
+            assert [c.id for c in client.iter_log("demo", "main")] == v1["snapshot"]["demo"][
+                "log main"
+            ]
 
 
 def test_export_import_rebuilds_and_reads_back_every_entry(v1, tmp_path):
     before = {f: os.stat(f).st_mtime_ns for f in glob.glob(f"{v1['lake']}/*/_quarry/*/*")}
     dump, target = tmp_path / "dump.jsonl", tmp_path / "v2.db"
-    result = run_quarry(tmp_path / "home", "export", str(dump), "--kv-url",
-                        f"sqlite:///{v1['db']}")
+    result = run_quarry(tmp_path / "home", "export", str(dump), "--kv-url", f"sqlite:///{v1['db']}")
     assert result.returncode == 0, result.stderr
     assert "storage format 1" in result.stderr
-    result = run_quarry(tmp_path / "home", "import", str(dump), "--kv-url",
-                        f"sqlite:///{target}")
+    result = run_quarry(tmp_path / "home", "import", str(dump), "--kv-url", f"sqlite:///{target}")
     assert result.returncode == 0, result.stderr
     assert "imported 3 repositories" in result.stderr and "stamped 2" in result.stderr
 
     # Each distinct format-1 range referenced is rewritten exactly once.
-    referenced = {repo: range_ids_in(f"{v1['lake']}/{repo}/_quarry/metaranges/{m}.parquet"
-                                     for m in ids
-                                     if os.path.exists(f"{v1['lake']}/{repo}/_quarry/"
-                                                       f"metaranges/{m}.parquet"))
-                  for repo, ids in v1["metaranges"].items()}
+    referenced = {
+        repo: range_ids_in(
+            f"{v1['lake']}/{repo}/_quarry/metaranges/{m}.parquet"
+            for m in ids
+            if os.path.exists(f"{v1['lake']}/{repo}/_quarry/metaranges/{m}.parquet")
+        )
+        for repo, ids in v1["metaranges"].items()
+    }
     rewritten = sum(len(ids) for ids in referenced.values())
     assert f"in storage format 2: {rewritten} ranges," in result.stderr, result.stderr
     # The merge hint named a format-1 metarange id: dropped, not translated.
     assert "; 1 merge hints dropped" in result.stderr
     store = SQLiteStore(target)
     try:
-        assert [item.key for partition in _repo_partitions(store)
-                for item in store.scan(partition) if item.key.startswith(b"mergehints/")] == []
+        assert [
+            item.key
+            for partition in _repo_partitions(store)
+            for item in store.scan(partition)
+            if item.key.startswith(b"mergehints/")
+        ] == []
         # Format 1 wrote no ownership markers: the rebuild gives every namespace the marker
         # of its repository, instance and this installation (GC refuses a namespace without).
         installation = store.get(b"quarry", b"installation-id").value.decode()
         for item in store.scan(b"quarry", REPOS_PREFIX, REPOS_PREFIX[:-1] + b"0"):
             repo = Repository.from_record(item.value, item.key)
             marker = parse_marker(Path(repo.storage_namespace, MARKER_KEY).read_bytes())
-            assert (marker.repository, marker.instance_id, marker.installation_id) == \
-                (repo.name, repo.instance_id, installation)
+            assert (marker.repository, marker.instance_id, marker.installation_id) == (
+                repo.name,
+                repo.instance_id,
+                installation,
+            )
     finally:
         store.close()
 
@@ -217,8 +269,11 @@ def test_export_import_rebuilds_and_reads_back_every_entry(v1, tmp_path):
         for repo, ids in new_ids.items():
             assert not set(ids) & set(v1["metaranges"][repo])
             lake = f"{v1['lake']}/{repo}/_quarry"
-            files = [f"{lake}/metaranges/{m}.parquet" for m in ids
-                     if os.path.exists(f"{lake}/metaranges/{m}.parquet")]
+            files = [
+                f"{lake}/metaranges/{m}.parquet"
+                for m in ids
+                if os.path.exists(f"{lake}/metaranges/{m}.parquet")
+            ]
             assert {tags_of(f)[Path(f).stem] for f in files} == {b"metarange/v2"}
             used = range_ids_in(files)
             assert not used & referenced[repo]
@@ -233,16 +288,22 @@ def test_export_import_rebuilds_and_reads_back_every_entry(v1, tmp_path):
         # ...a re-pointed address is committed, and the compacted branch commits what it
         # holds.
         staged = client.stat_object("demo", "compacted", "data/00150.parquet")
-        client.put_object("demo", "main", path="data/00020.parquet",
-                          physical_address="s3://lake/moved.parquet",
-                          size_bytes=client.stat_object("demo", "main",
-                                                        "data/00020.parquet").size_bytes)
+        client.put_object(
+            "demo",
+            "main",
+            path="data/00020.parquet",
+            physical_address="s3://lake/moved.parquet",
+            size_bytes=client.stat_object("demo", "main", "data/00020.parquet").size_bytes,
+        )
         client.commit("demo", "main", "after the rebuild")
-        assert client.stat_object("demo", "main@", "data/00020.parquet").physical_address \
+        assert (
+            client.stat_object("demo", "main@", "data/00020.parquet").physical_address
             == "s3://lake/moved.parquet"
+        )
         client.commit("demo", "compacted", "compacted after the rebuild")
-        assert format_v1.entry_fields(client.stat_object(
-            "demo", "compacted@", "data/00150.parquet")) == format_v1.entry_fields(staged)
+        assert format_v1.entry_fields(
+            client.stat_object("demo", "compacted@", "data/00150.parquet")
+        ) == format_v1.entry_fields(staged)
 
     # The format-1 files are all still there, untouched (the old build can still use its
     # store); the new ones sit next to them, and GC may collect the old ones.

@@ -23,8 +23,9 @@ def gateway(tmp_path_factory):
     if not GRPCURL.exists():
         pytest.fail(f"grpcurl not found at {GRPCURL}: run `make install`")
     port = free_port()
-    env = quarry_env(tmp_path_factory.mktemp("home"), QUARRY_KV_URL="memory://",
-                     QUARRY_KV_GATEWAY_PORT=str(port))
+    env = quarry_env(
+        tmp_path_factory.mktemp("home"), QUARRY_KV_URL="memory://", QUARRY_KV_GATEWAY_PORT=str(port)
+    )
     with quarry_serve("kv-gateway", env) as child:
         target = f"127.0.0.1:{port}"
         wait_serving(target)
@@ -43,8 +44,12 @@ def test_list_by_reflection_shows_the_gateway_services(gateway):
     result = grpcurl(gateway, "list")
     assert result.returncode == 0, result.stderr
     listed = set(result.stdout.split())
-    assert {"quarry.v1.KVGateway", "quarry.v1.ServerInfo", "grpc.health.v1.Health",
-            "grpc.reflection.v1alpha.ServerReflection"} <= listed
+    assert {
+        "quarry.v1.KVGateway",
+        "quarry.v1.ServerInfo",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    } <= listed
 
 
 def test_list_from_the_proto_files_shows_the_whole_contract():
@@ -52,13 +57,19 @@ def test_list_from_the_proto_files_shows_the_whole_contract():
     args = ["-import-path", str(REPO_ROOT / "protos")]
     for name in protos:
         args += ["-proto", f"quarry/v1/{name}"]
-    result = subprocess.run([str(GRPCURL), *args, "list"], capture_output=True, text=True,
-                            timeout=30)
+    result = subprocess.run(
+        [str(GRPCURL), *args, "list"], capture_output=True, text=True, timeout=30
+    )
     assert result.returncode == 0, result.stderr
     assert set(result.stdout.split()) == {
-        "quarry.v1.KVGateway", "quarry.v1.BranchManager", "quarry.v1.Committer",
-        "quarry.v1.CompactorSensor", "quarry.v1.RangeWriter", "quarry.v1.ServerInfo",
-        "quarry.v1.Auth"}
+        "quarry.v1.KVGateway",
+        "quarry.v1.BranchManager",
+        "quarry.v1.Committer",
+        "quarry.v1.CompactorSensor",
+        "quarry.v1.RangeWriter",
+        "quarry.v1.ServerInfo",
+        "quarry.v1.Auth",
+    }
 
 
 def test_describe_and_server_info(gateway):
@@ -82,43 +93,59 @@ def test_set_get_set_if_round_trip(gateway):
     reply = json.loads(got.stdout)
     assert base64.b64decode(reply["value"]) == b"v1"
 
-    swapped = grpcurl(gateway, "quarry.v1.KVGateway/SetItemIf",
-                      data={**item, "value": b64(b"v2"), "ifEquals": reply["predicate"]})
+    swapped = grpcurl(
+        gateway,
+        "quarry.v1.KVGateway/SetItemIf",
+        data={**item, "value": b64(b"v2"), "ifEquals": reply["predicate"]},
+    )
     assert swapped.returncode == 0, swapped.stderr
     got = json.loads(grpcurl(gateway, "quarry.v1.KVGateway/GetItem", data=item).stdout)
     assert base64.b64decode(got["value"]) == b"v2"
 
     # The old predicate is stale now: ABORTED with reason PREDICATE_FAILED.
-    stale = grpcurl(gateway, "quarry.v1.KVGateway/SetItemIf",
-                    data={**item, "value": b64(b"v3"), "ifEquals": reply["predicate"]})
+    stale = grpcurl(
+        gateway,
+        "quarry.v1.KVGateway/SetItemIf",
+        data={**item, "value": b64(b"v3"), "ifEquals": reply["predicate"]},
+    )
     assert stale.returncode != 0
     error = json.loads(stale.stdout or stale.stderr)
     assert error["code"] == 10  # ABORTED
     assert "PREDICATE_FAILED" in json.dumps(error)
     assert "quarry.dev" in json.dumps(error)
 
-    absent = grpcurl(gateway, "quarry.v1.KVGateway/SetItemIf",
-                     data={**item, "value": b64(b"v3"), "ifAbsent": True})
+    absent = grpcurl(
+        gateway,
+        "quarry.v1.KVGateway/SetItemIf",
+        data={**item, "value": b64(b"v3"), "ifAbsent": True},
+    )
     assert json.loads(absent.stdout or absent.stderr)["code"] == 10
 
 
 def test_invalid_argument_cases(gateway):
-    unknown = grpcurl(gateway, "quarry.v1.KVGateway/SetItem",
-                      data={"partitionKey": b64(b"elsewhere"), "key": b64(b"k"),
-                            "value": b64(b"v")})
+    unknown = grpcurl(
+        gateway,
+        "quarry.v1.KVGateway/SetItem",
+        data={"partitionKey": b64(b"elsewhere"), "key": b64(b"k"), "value": b64(b"v")},
+    )
     error = json.loads(unknown.stdout or unknown.stderr)
     assert error["code"] == 3  # INVALID_ARGUMENT
     assert "UNKNOWN_PARTITION_CLASS" in json.dumps(error)
 
-    too_large = grpcurl(gateway, "quarry.v1.KVGateway/SetItem",
-                        data={"partitionKey": b64(b"cleanup"), "key": b64(b"k" * 1025),
-                              "value": b64(b"v")})
+    too_large = grpcurl(
+        gateway,
+        "quarry.v1.KVGateway/SetItem",
+        data={"partitionKey": b64(b"cleanup"), "key": b64(b"k" * 1025), "value": b64(b"v")},
+    )
     error = json.loads(too_large.stdout or too_large.stderr)
     assert error["code"] == 3
     assert "KEY_TOO_LARGE" in json.dumps(error)
 
-    missing = grpcurl(gateway, "quarry.v1.KVGateway/GetItem",
-                      data={"partitionKey": b64(b"cleanup"), "key": b64(b"absent")})
+    missing = grpcurl(
+        gateway,
+        "quarry.v1.KVGateway/GetItem",
+        data={"partitionKey": b64(b"cleanup"), "key": b64(b"absent")},
+    )
     error = json.loads(missing.stdout or missing.stderr)
     assert error["code"] == 5  # NOT_FOUND
     assert "KEY_NOT_FOUND" in json.dumps(error)
@@ -133,24 +160,51 @@ def test_versioning_workflow_with_grpcurl(tmp_path):
         cm = suite.targets["committer"]
         listed = grpcurl(bm, "list")
         assert "quarry.v1.BranchManager" in listed.stdout, listed.stderr
-        created = grpcurl(bm, "quarry.v1.BranchManager/CreateRepository",
-                          data={"name": "demo", "storage_namespace": suite.namespace("demo")})
+        created = grpcurl(
+            bm,
+            "quarry.v1.BranchManager/CreateRepository",
+            data={"name": "demo", "storage_namespace": suite.namespace("demo")},
+        )
         assert created.returncode == 0, created.stderr
-        put = grpcurl(bm, "quarry.v1.BranchManager/PutObject", data={
-            "repository": "demo", "branch": "main",
-            "entry": {"path": "a/b.parquet", "physical_address": "s3://bucket/x",
-                      "size_bytes": "42", "checksum": "abc"}})
+        put = grpcurl(
+            bm,
+            "quarry.v1.BranchManager/PutObject",
+            data={
+                "repository": "demo",
+                "branch": "main",
+                "entry": {
+                    "path": "a/b.parquet",
+                    "physical_address": "s3://bucket/x",
+                    "size_bytes": "42",
+                    "checksum": "abc",
+                },
+            },
+        )
         assert put.returncode == 0, put.stderr
-        commit = grpcurl(cm, "quarry.v1.Committer/Commit",
-                         data={"repository": "demo", "branch": "main", "message": "first"})
+        commit = grpcurl(
+            cm,
+            "quarry.v1.Committer/Commit",
+            data={"repository": "demo", "branch": "main", "message": "first"},
+        )
         assert json.loads(commit.stdout)["summary"]["added"] == "1"
-        listing = json.loads(grpcurl(bm, "quarry.v1.BranchManager/ListObjects", data={
-            "repository": "demo", "ref": "main", "delimiter": "/"}).stdout)
+        listing = json.loads(
+            grpcurl(
+                bm,
+                "quarry.v1.BranchManager/ListObjects",
+                data={"repository": "demo", "ref": "main", "delimiter": "/"},
+            ).stdout
+        )
         assert listing.get("commonPrefixes", listing.get("common_prefixes")) == ["a/"], listing
-        log = json.loads(grpcurl(cm, "quarry.v1.Committer/Log",
-                                 data={"repository": "demo", "ref": "main"}).stdout)
+        log = json.loads(
+            grpcurl(
+                cm, "quarry.v1.Committer/Log", data={"repository": "demo", "ref": "main"}
+            ).stdout
+        )
         assert [c["message"] for c in log["commits"]] == ["first", "Repository created"]
-        missing = grpcurl(bm, "quarry.v1.BranchManager/StatObject",
-                          data={"repository": "demo", "ref": "main", "path": "nope"})
+        missing = grpcurl(
+            bm,
+            "quarry.v1.BranchManager/StatObject",
+            data={"repository": "demo", "ref": "main", "path": "nope"},
+        )
         error = json.loads(missing.stdout or missing.stderr)
         assert error["code"] == 5 and "OBJECT_NOT_FOUND" in json.dumps(error)

@@ -56,35 +56,58 @@ CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 
 # Everything optional switched on at once (used for lint and schema validation).
 FULL_VALUES = (
-    "--set", "serviceMonitor.enabled=true",
-    "--set", "serviceMonitor.labels.release=kube-prometheus",
-    "--set", "telemetry.otlpEndpoint=http://otel-collector.observability:4317",
-    "--set", "telemetry.resourceAttributes.deployment\\.environment=test",
-    "--set", "kv.dynamodb.table=quarry-meta",
-    "--set", "kv.dynamodb.region=eu-west-1",
-    "--set", "kv.dynamodb.endpointUrl=http://dynalite:4567",
-    "--set", "kv.dynamodb.credentialsSecret=quarry-dynamodb",
-    "--set-string", "kv.dynamodb.serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn="
-                    "arn:aws:iam::123456789012:role/quarry-dynamodb",
-    "--set", "objectStore.s3.endpointUrl=http://minio:9000",
-    "--set", "objectStore.s3.region=eu-west-1",
-    "--set-string", "services.rangeWriter.serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn="
-                    "arn:aws:iam::123456789012:role/quarry-s3-rw",
-    "--set", "extraEnv.QUARRY_MAX_WORKERS=64",
-    "--set", "logLevel=DEBUG",
-    "--set", "services.compactorSensor.replicas=2",
-    "--set", "image.tag=0.1.0-rc1",
-    "--set", "gc.enabled=true",
-    "--set-string", "gc.serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn="
-                    "arn:aws:iam::123456789012:role/quarry-s3-gc",
-    "--set", "gc.podAnnotations.example\\.com/team=lake",
+    "--set",
+    "serviceMonitor.enabled=true",
+    "--set",
+    "serviceMonitor.labels.release=kube-prometheus",
+    "--set",
+    "telemetry.otlpEndpoint=http://otel-collector.observability:4317",
+    "--set",
+    "telemetry.resourceAttributes.deployment\\.environment=test",
+    "--set",
+    "kv.dynamodb.table=quarry-meta",
+    "--set",
+    "kv.dynamodb.region=eu-west-1",
+    "--set",
+    "kv.dynamodb.endpointUrl=http://dynalite:4567",
+    "--set",
+    "kv.dynamodb.credentialsSecret=quarry-dynamodb",
+    "--set-string",
+    "kv.dynamodb.serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn="
+    "arn:aws:iam::123456789012:role/quarry-dynamodb",
+    "--set",
+    "objectStore.s3.endpointUrl=http://minio:9000",
+    "--set",
+    "objectStore.s3.region=eu-west-1",
+    "--set-string",
+    "services.rangeWriter.serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn="
+    "arn:aws:iam::123456789012:role/quarry-s3-rw",
+    "--set",
+    "extraEnv.QUARRY_MAX_WORKERS=64",
+    "--set",
+    "logLevel=DEBUG",
+    "--set",
+    "services.compactorSensor.replicas=2",
+    "--set",
+    "image.tag=0.1.0-rc1",
+    "--set",
+    "gc.enabled=true",
+    "--set-string",
+    "gc.serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn="
+    "arn:aws:iam::123456789012:role/quarry-s3-gc",
+    "--set",
+    "gc.podAnnotations.example\\.com/team=lake",
 )
 # The gc CronJob with a repository list and dry runs (the other command shape).
 GC_REPOSITORY_VALUES = (
-    "--set", "gc.enabled=true",
-    "--set", "gc.repositories={lake-a,lake-b,lake-c}",
-    "--set", "gc.sweep=false",
-    "--set", "objectStore.s3.endpointUrl=http://minio:9000",
+    "--set",
+    "gc.enabled=true",
+    "--set",
+    "gc.repositories={lake-a,lake-b,lake-c}",
+    "--set",
+    "gc.sweep=false",
+    "--set",
+    "objectStore.s3.endpointUrl=http://minio:9000",
 )
 
 
@@ -121,7 +144,7 @@ def run_helm(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _template(release: str, args: tuple[str, ...]) -> tuple[dict, ...]:
     proc = run_helm("template", release, str(CHART), "--namespace", NAMESPACE, *args)
     if proc.returncode != 0:
@@ -147,7 +170,9 @@ def render_error(*args: str) -> str:
 def objects(docs: list[dict], kind: str) -> dict[str, dict]:
     found = [d for d in docs if d["kind"] == kind]
     by_name = {d["metadata"]["name"]: d for d in found}
-    assert len(by_name) == len(found), f"duplicate {kind} names: {[d['metadata']['name'] for d in found]}"
+    assert len(by_name) == len(found), (
+        f"duplicate {kind} names: {[d['metadata']['name'] for d in found]}"
+    )
     return by_name
 
 
@@ -200,7 +225,9 @@ def container_env(docs: list[dict], container: dict) -> dict[str, str]:
         else:  # a whole Secret as env: its keys are unknown, treat as carrying credentials
             env[prefix + "<secret:" + source["secretRef"]["name"] + ">"] = "<from secret>"
     for name, entry in env_of(container).items():
-        env[name] = entry["value"] if "value" in entry else f"<from {sorted(entry['valueFrom'])[0]}>"
+        env[name] = (
+            entry["value"] if "value" in entry else f"<from {sorted(entry['valueFrom'])[0]}>"
+        )
     return env
 
 
@@ -221,7 +248,9 @@ def configmap_data(docs: list[dict]) -> dict[str, str]:
 def grpc_probe_port(container: dict, probe: str) -> int:
     spec = container.get(probe)
     assert spec, f"{container['name']}: no {probe}"
-    assert set(spec) & {"httpGet", "tcpSocket", "exec"} == set(), f"{probe} is not a gRPC probe: {spec}"
+    assert set(spec) & {"httpGet", "tcpSocket", "exec"} == set(), (
+        f"{probe} is not a gRPC probe: {spec}"
+    )
     assert "grpc" in spec, f"{container['name']}: {probe} is not a native gRPC probe: {spec}"
     return spec["grpc"]["port"]
 
@@ -369,7 +398,9 @@ def test_default_shared_configmap():
         "OTEL_TRACES_EXPORTER": "none",
     }
     for service, (_, port, _, _) in SERVICES.items():
-        expected[f"QUARRY_{service.upper().replace('-', '_')}_ADDRESS"] = f"{RELEASE}-{service}:{port}"
+        expected[f"QUARRY_{service.upper().replace('-', '_')}_ADDRESS"] = (
+            f"{RELEASE}-{service}:{port}"
+        )
         expected[f"QUARRY_{service.upper().replace('-', '_')}_PORT"] = str(port)
     assert data == expected
 
@@ -418,7 +449,8 @@ def test_services_load_the_rendered_configuration(values):
         c = main_container(dep)
         env = container_env(docs, c)
         stray = {k for k in env if k.startswith("QUARRY_")} - {
-            config.ENV_PREFIX + f.name.upper() for f in dataclasses.fields(config.Settings)}
+            config.ENV_PREFIX + f.name.upper() for f in dataclasses.fields(config.Settings)
+        }
         assert not stray, f"{service}: QUARRY_ variables unknown to quarry.config: {sorted(stray)}"
         settings = config.load_settings(env=env)
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
@@ -428,7 +460,10 @@ def test_services_load_the_rendered_configuration(values):
         assert settings.effective_cache_dir == "/var/cache/quarry"
         mounts = {m["mountPath"] for m in c["volumeMounts"]}
         assert settings.effective_cache_dir in mounts
-        assert settings.shutdown_grace_seconds < dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert (
+            settings.shutdown_grace_seconds
+            < dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        )
         for other in SERVICES:
             host, port = settings.address_of(other).rsplit(":", 1)
             target = service_objs.get(host)
@@ -445,8 +480,11 @@ def test_services_load_the_rendered_configuration(values):
 
 
 @pytest.mark.parametrize("k8s_version", [K8S_FLOOR, K8S_LATEST])
-@pytest.mark.parametrize("values", [(), FULL_VALUES, GC_REPOSITORY_VALUES],
-                         ids=["defaults", "all-options", "gc-repositories"])
+@pytest.mark.parametrize(
+    "values",
+    [(), FULL_VALUES, GC_REPOSITORY_VALUES],
+    ids=["defaults", "all-options", "gc-repositories"],
+)
 def test_rendered_documents_are_valid_kubernetes(values, k8s_version):
     docs = render(*values)
     validated = 0
@@ -457,11 +495,17 @@ def test_rendered_documents_are_valid_kubernetes(values, k8s_version):
         try:
             kubernetes_validate.validate(doc, k8s_version, strict=True)
         except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{where} is invalid for Kubernetes {k8s_version}: {e.message} "
-                        f"at {'/'.join(map(str, e.absolute_path))}", pytrace=False)
+            pytest.fail(
+                f"{where} is invalid for Kubernetes {k8s_version}: {e.message} "
+                f"at {'/'.join(map(str, e.absolute_path))}",
+                pytrace=False,
+            )
         except kubernetes_validate.SchemaNotFoundError:
-            pytest.fail(f"{where}: {doc['apiVersion']} {doc['kind']} does not exist in "
-                        f"Kubernetes {k8s_version}", pytrace=False)
+            pytest.fail(
+                f"{where}: {doc['apiVersion']} {doc['kind']} does not exist in "
+                f"Kubernetes {k8s_version}",
+                pytrace=False,
+            )
         validated += 1
     assert validated >= 20, validated
 
@@ -487,15 +531,20 @@ def test_only_kv_gateway_gets_kv_url_and_aws_credentials(values, kv_gateway_aws_
         dep = deployment(docs, service)
         names = effective_env_names(docs, dep)
         aws = {n for n in names if n.startswith("AWS_") or n.startswith("<secret:")}
-        secret_volumes = [v for v in dep["spec"]["template"]["spec"]["volumes"]
-                          if "secret" in v or "projected" in v]
+        secret_volumes = [
+            v
+            for v in dep["spec"]["template"]["spec"]["volumes"]
+            if "secret" in v or "projected" in v
+        ]
         if service == "kv-gateway":
             assert "QUARRY_KV_URL" in names
             assert aws == kv_gateway_aws_env, aws
         else:
             assert "QUARRY_KV_URL" not in names, f"{service} gets QUARRY_KV_URL"
             assert aws == set(), f"{service} gets AWS credentials: {aws}"
-            assert not any("dynamodb" in str(v).lower() for v in env_of(main_container(dep)).values())
+            assert not any(
+                "dynamodb" in str(v).lower() for v in env_of(main_container(dep)).values()
+            )
         assert secret_volumes == [], f"{service} mounts secrets: {secret_volumes}"
     data = configmap_data(docs)
     assert not [k for k in data if k.startswith("AWS_") or k == "QUARRY_KV_URL"], data
@@ -514,13 +563,19 @@ def test_irsa_annotation_only_on_kv_gateway_service_account():
     docs = render(*FULL_VALUES)
     accounts = objects(docs, "ServiceAccount")
     role = "arn:aws:iam::123456789012:role/quarry-dynamodb"
-    holders = [n for n, sa in accounts.items()
-               if role in (sa["metadata"].get("annotations") or {}).values()]
+    holders = [
+        n
+        for n, sa in accounts.items()
+        if role in (sa["metadata"].get("annotations") or {}).values()
+    ]
     assert holders == [full_name("kv-gateway")], holders
     for service in SERVICES:
         pod = deployment(docs, service)["spec"]["template"]["spec"]
         uses_dynamodb_identity = pod["serviceAccountName"] == full_name("kv-gateway")
-        assert uses_dynamodb_identity == (service == "kv-gateway"), (service, pod["serviceAccountName"])
+        assert uses_dynamodb_identity == (service == "kv-gateway"), (
+            service,
+            pod["serviceAccountName"],
+        )
 
 
 def test_kv_url():
@@ -545,7 +600,9 @@ def test_object_store_settings_only_for_range_writer_and_branch_manager():
     # Without an endpoint only the region is set.
     for service in OBJECT_STORE_USERS:
         env = env_of(main_container(deployment(render(), service)))
-        assert "QUARRY_S3_ENDPOINT_URL" not in env and env["QUARRY_S3_REGION"]["value"] == "us-east-1"
+        assert (
+            "QUARRY_S3_ENDPOINT_URL" not in env and env["QUARRY_S3_REGION"]["value"] == "us-east-1"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -554,12 +611,17 @@ def test_object_store_settings_only_for_range_writer_and_branch_manager():
 
 def test_service_monitor_and_otlp_when_enabled():
     docs = render(
-        "--set", "serviceMonitor.enabled=true",
-        "--set", "serviceMonitor.interval=15s",
-        "--set", "telemetry.otlpEndpoint=http://otel-collector:4317",
+        "--set",
+        "serviceMonitor.enabled=true",
+        "--set",
+        "serviceMonitor.interval=15s",
+        "--set",
+        "telemetry.otlpEndpoint=http://otel-collector:4317",
     )
     kinds = collections.Counter(d["kind"] for d in docs)
-    assert kinds["Deployment"] == 5 and kinds["Service"] == 5 and kinds["ServiceMonitor"] == 1, kinds
+    assert kinds["Deployment"] == 5 and kinds["Service"] == 5 and kinds["ServiceMonitor"] == 1, (
+        kinds
+    )
     (sm,) = objects(docs, "ServiceMonitor").values()
     assert sm["apiVersion"] == "monitoring.coreos.com/v1"
     assert sm["metadata"]["namespace"] == NAMESPACE
@@ -583,8 +645,11 @@ def test_service_monitor_and_otlp_when_enabled():
     assert data["OTEL_TRACES_EXPORTER"] == "otlp"
     for service in SERVICES:
         dep = deployment(docs, service)
-        assert {"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME"} <= \
-            effective_env_names(docs, dep)
+        assert {
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_TRACES_EXPORTER",
+            "OTEL_SERVICE_NAME",
+        } <= effective_env_names(docs, dep)
         assert env_value(main_container(dep), "OTEL_SERVICE_NAME") == f"quarry-{service}"
 
 
@@ -593,18 +658,28 @@ def test_defaults_have_no_service_monitor_and_no_otlp_endpoint():
     assert not objects(docs, "ServiceMonitor")
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in configmap_data(docs)
     for service in SERVICES:
-        assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in effective_env_names(docs, deployment(docs, service))
+        assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in effective_env_names(
+            docs, deployment(docs, service)
+        )
 
 
 def test_replicas_drive_pod_disruption_budgets():
     docs = render(
-        "--set", "services.kvGateway.replicas=1",
-        "--set", "services.compactorSensor.replicas=3",
-        "--set", "services.rangeWriter.replicas=0",
+        "--set",
+        "services.kvGateway.replicas=1",
+        "--set",
+        "services.compactorSensor.replicas=3",
+        "--set",
+        "services.rangeWriter.replicas=0",
     )
     replicas = {s: deployment(docs, s)["spec"]["replicas"] for s in SERVICES}
-    assert replicas == {"kv-gateway": 1, "branch-manager": 2, "committer": 2,
-                        "compactor-sensor": 3, "range-writer": 0}
+    assert replicas == {
+        "kv-gateway": 1,
+        "branch-manager": 2,
+        "committer": 2,
+        "compactor-sensor": 3,
+        "range-writer": 0,
+    }
     pdbs = objects(docs, "PodDisruptionBudget")
     assert set(pdbs) == {full_name(s) for s in ("branch-manager", "committer", "compactor-sensor")}
     for name, pdb in pdbs.items():
@@ -615,7 +690,9 @@ def test_replicas_drive_pod_disruption_budgets():
 
 
 def test_ports_are_configurable_everywhere():
-    docs = render("--set", "services.kvGateway.port=8401", "--set", "services.kvGateway.metricsPort=9501")
+    docs = render(
+        "--set", "services.kvGateway.port=8401", "--set", "services.kvGateway.metricsPort=9501"
+    )
     dep = deployment(docs, "kv-gateway")
     c = main_container(dep)
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"grpc": 8401, "metrics": 9501}
@@ -639,10 +716,17 @@ def test_release_name_prefixes_names_and_addresses():
 
 
 def test_values_reach_the_pods():
-    docs = render(*FULL_VALUES, "--set", "terminationGracePeriodSeconds=120",
-                  "--set", "services.committer.terminationGracePeriodSeconds=300",
-                  "--set", "image.repository=registry.example.com/quarry",
-                  "--set", "image.pullPolicy=Always")
+    docs = render(
+        *FULL_VALUES,
+        "--set",
+        "terminationGracePeriodSeconds=120",
+        "--set",
+        "services.committer.terminationGracePeriodSeconds=300",
+        "--set",
+        "image.repository=registry.example.com/quarry",
+        "--set",
+        "image.pullPolicy=Always",
+    )
     data = configmap_data(docs)
     assert data["QUARRY_MAX_WORKERS"] == "64"  # extraEnv
     assert data["QUARRY_LOG_LEVEL"] == "DEBUG"
@@ -659,8 +743,10 @@ def test_values_reach_the_pods():
 def test_config_change_rolls_the_pods():
     def checksums(*args):
         docs = render(*args)
-        return {s: deployment(docs, s)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-                for s in SERVICES}
+        return {
+            s: deployment(docs, s)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+            for s in SERVICES
+        }
 
     before, after = checksums(), checksums("--set", "logLevel=DEBUG")
     assert all(before[s] != after[s] for s in SERVICES), (before, after)
@@ -693,8 +779,9 @@ def gc_invocations(container: dict) -> list[list[str]]:
     if command[0] == "quarry":
         return [command]
     assert command[:2] == ["/bin/sh", "-c"] and len(command) == 3, command
-    lines = [ln.split("||", 1)[0] for ln in command[2].splitlines()
-             if ln.strip().startswith("quarry ")]
+    lines = [
+        ln.split("||", 1)[0] for ln in command[2].splitlines() if ln.strip().startswith("quarry ")
+    ]
     return [shlex.split(ln) for ln in lines]
 
 
@@ -708,7 +795,9 @@ def test_no_gc_cronjob_by_default():
 def test_gc_cronjob_defaults():
     docs = render("--set", "gc.enabled=true")
     kinds = collections.Counter(d["kind"] for d in docs)
-    assert kinds["CronJob"] == 1 and kinds["ServiceAccount"] == 6 and kinds["Deployment"] == 5, kinds
+    assert kinds["CronJob"] == 1 and kinds["ServiceAccount"] == 6 and kinds["Deployment"] == 5, (
+        kinds
+    )
     cj = gc_cronjob(docs)
     assert cj["apiVersion"] == "batch/v1" and cj["metadata"]["namespace"] == NAMESPACE
     spec = cj["spec"]
@@ -745,47 +834,90 @@ def test_gc_cronjob_defaults():
 
 @pytest.mark.parametrize("sweep", [True, False], ids=["sweep", "dry-run"])
 def test_gc_command_for_all_repositories(sweep):
-    c = gc_container(gc_cronjob(render("--set", "gc.enabled=true", "--set", f"gc.sweep={str(sweep).lower()}",
-                                       "--set", "gc.graceHours=12", "--set", "gc.sparkMaster=local[2]")))
-    expected = ["quarry", "gc", "run", "--all"] + (["--sweep"] if sweep else []) + [
-        "--grace-hours", "12", "--ephemeral-ttl-hours", "24", "--master", "local[2]"]
+    c = gc_container(
+        gc_cronjob(
+            render(
+                "--set",
+                "gc.enabled=true",
+                "--set",
+                f"gc.sweep={str(sweep).lower()}",
+                "--set",
+                "gc.graceHours=12",
+                "--set",
+                "gc.sparkMaster=local[2]",
+            )
+        )
+    )
+    expected = (
+        ["quarry", "gc", "run", "--all"]
+        + (["--sweep"] if sweep else [])
+        + ["--grace-hours", "12", "--ephemeral-ttl-hours", "24", "--master", "local[2]"]
+    )
     assert c["command"] == expected
     assert gc_invocations(c) == [expected]
 
 
 @pytest.mark.parametrize("sweep", [True, False], ids=["sweep", "dry-run"])
 def test_gc_command_per_repository(sweep):
-    c = gc_container(gc_cronjob(render("--set", "gc.enabled=true",
-                                       "--set", "gc.repositories={lake-a,lake-b}",
-                                       "--set", f"gc.sweep={str(sweep).lower()}")))
+    c = gc_container(
+        gc_cronjob(
+            render(
+                "--set",
+                "gc.enabled=true",
+                "--set",
+                "gc.repositories={lake-a,lake-b}",
+                "--set",
+                f"gc.sweep={str(sweep).lower()}",
+            )
+        )
+    )
     options = (["--sweep"] if sweep else []) + GC_DEFAULT_OPTIONS
-    assert gc_invocations(c) == [["quarry", "gc", "run", "lake-a", *options],
-                                 ["quarry", "gc", "run", "lake-b", *options]]
+    assert gc_invocations(c) == [
+        ["quarry", "gc", "run", "lake-a", *options],
+        ["quarry", "gc", "run", "lake-b", *options],
+    ]
     assert "--all" not in c["command"][2]
 
 
-@pytest.mark.parametrize("failing", [(), ("lake-a",), ("lake-a", "lake-c")], ids=["none", "first", "two"])
+@pytest.mark.parametrize(
+    "failing", [(), ("lake-a",), ("lake-a", "lake-c")], ids=["none", "first", "two"]
+)
 def test_gc_repository_script_runs_every_repository_and_fails_if_any_failed(tmp_path, failing):
     """Run the rendered script with a stub `quarry`: every repository is collected in order,
     a failure does not stop the others, and the script exits non-zero if any failed."""
     c = gc_container(gc_cronjob(render(*GC_REPOSITORY_VALUES)))
     log = tmp_path / "calls"
     stub = tmp_path / "quarry"
-    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$*" >> "$QUARRY_STUB_LOG"\n'
-                    'case " $QUARRY_STUB_FAIL " in *" $3 "*) exit 1;; esac\n')
+    stub.write_text(
+        '#!/bin/sh\nprintf "%s\\n" "$*" >> "$QUARRY_STUB_LOG"\n'
+        'case " $QUARRY_STUB_FAIL " in *" $3 "*) exit 1;; esac\n'
+    )
     stub.chmod(0o755)
-    proc = subprocess.run(c["command"], capture_output=True, text=True, timeout=30,
-                          env={"PATH": f"{tmp_path}:/usr/bin:/bin", "QUARRY_STUB_LOG": str(log),
-                               "QUARRY_STUB_FAIL": " ".join(failing)})
+    proc = subprocess.run(
+        c["command"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={
+            "PATH": f"{tmp_path}:/usr/bin:/bin",
+            "QUARRY_STUB_LOG": str(log),
+            "QUARRY_STUB_FAIL": " ".join(failing),
+        },
+    )
     options = " ".join(GC_DEFAULT_OPTIONS)  # gc.sweep=false in GC_REPOSITORY_VALUES: no --sweep
-    assert log.read_text().splitlines() == [f"gc run {r} {options}" for r in ("lake-a", "lake-b", "lake-c")]
+    assert log.read_text().splitlines() == [
+        f"gc run {r} {options}" for r in ("lake-a", "lake-b", "lake-c")
+    ]
     assert (proc.returncode != 0) == bool(failing), (proc.returncode, proc.stderr)
     for repo in failing:
         assert repo in proc.stderr
 
 
-@pytest.mark.parametrize("values", [("--set", "gc.enabled=true"), FULL_VALUES, GC_REPOSITORY_VALUES],
-                         ids=["defaults", "all-options", "repositories"])
+@pytest.mark.parametrize(
+    "values",
+    [("--set", "gc.enabled=true"), FULL_VALUES, GC_REPOSITORY_VALUES],
+    ids=["defaults", "all-options", "repositories"],
+)
 def test_gc_gets_service_addresses_and_object_store_settings(values):
     """The gc container reaches branch-manager and committer the way the services reach each
     other, gets range-writer's object-store settings, and nothing of the KV backend."""
@@ -800,7 +932,9 @@ def test_gc_gets_service_addresses_and_object_store_settings(values):
         prefix = f"QUARRY_{service.upper().replace('-', '_')}_ADDRESS"
         assert env[prefix] == f"{full_name(service)}:{SERVICES[service][1]}"
         host, port = settings.address_of(service).rsplit(":", 1)
-        assert int(port) in {p["port"] for p in service_objs[host]["spec"]["ports"] if p["name"] == "grpc"}
+        assert int(port) in {
+            p["port"] for p in service_objs[host]["spec"]["ports"] if p["name"] == "grpc"
+        }
     writer_env = container_env(docs, main_container(deployment(docs, "range-writer")))
     s3 = {k: v for k, v in env.items() if k.startswith("QUARRY_S3_")}
     assert s3 == {k: v for k, v in writer_env.items() if k.startswith("QUARRY_S3_")}
@@ -809,7 +943,8 @@ def test_gc_gets_service_addresses_and_object_store_settings(values):
     assert "QUARRY_KV_URL" not in env and settings.kv_url == ""
     assert not [k for k in env if k.startswith("AWS_") or k.startswith("<secret:")], sorted(env)
     stray = {k for k in env if k.startswith("QUARRY_")} - {
-        config.ENV_PREFIX + f.name.upper() for f in dataclasses.fields(config.Settings)}
+        config.ENV_PREFIX + f.name.upper() for f in dataclasses.fields(config.Settings)
+    }
     assert not stray, f"QUARRY_ variables unknown to quarry.config: {sorted(stray)}"
     assert not [v for v in gc_pod(gc_cronjob(docs))["volumes"] if "secret" in v or "projected" in v]
 
@@ -825,20 +960,32 @@ def test_gc_service_account_annotation_only_on_gc_service_account():
     docs = render(*FULL_VALUES)
     accounts = objects(docs, "ServiceAccount")
     role = "arn:aws:iam::123456789012:role/quarry-s3-gc"
-    holders = [n for n, sa in accounts.items() if role in (sa["metadata"].get("annotations") or {}).values()]
+    holders = [
+        n
+        for n, sa in accounts.items()
+        if role in (sa["metadata"].get("annotations") or {}).values()
+    ]
     assert holders == [full_name(GC)], holders
     assert accounts[full_name(GC)]["automountServiceAccountToken"] is False
     cj = gc_cronjob(docs)
     assert gc_pod(cj)["serviceAccountName"] == full_name(GC)
     for service in SERVICES:
-        assert deployment(docs, service)["spec"]["template"]["spec"]["serviceAccountName"] != full_name(GC)
+        assert deployment(docs, service)["spec"]["template"]["spec"][
+            "serviceAccountName"
+        ] != full_name(GC)
     annotations = cj["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["annotations"]
     assert annotations == {"example.com/team": "lake"}
 
 
 def test_gc_existing_service_account():
-    docs = render("--set", "gc.enabled=true", "--set", "gc.serviceAccount.create=false",
-                  "--set", "gc.serviceAccount.name=lake-gc")
+    docs = render(
+        "--set",
+        "gc.enabled=true",
+        "--set",
+        "gc.serviceAccount.create=false",
+        "--set",
+        "gc.serviceAccount.name=lake-gc",
+    )
     assert full_name(GC) not in objects(docs, "ServiceAccount")
     assert gc_pod(gc_cronjob(docs))["serviceAccountName"] == "lake-gc"
     docs = render("--set", "gc.enabled=true", "--set", "gc.serviceAccount.create=false")
@@ -846,13 +993,34 @@ def test_gc_existing_service_account():
 
 
 def test_gc_values_reach_the_cronjob():
-    docs = render("--set", "gc.enabled=true", "--set", "gc.schedule=@hourly",
-                  "--set", "gc.concurrencyPolicy=Replace", "--set", "gc.successfulJobsHistoryLimit=1",
-                  "--set", "gc.failedJobsHistoryLimit=5", "--set", "gc.backoffLimit=2",
-                  "--set", "gc.activeDeadlineSeconds=3600", "--set", "gc.ephemeralTtlHours=48",
-                  "--set", "gc.tmpSizeLimit=8Gi", "--set", "gc.resources.limits.memory=6Gi",
-                  "--set", "image.repository=registry.example.com/quarry",
-                  "--set", "imagePullSecrets[0].name=regcred", "--set", "nodeSelector.pool=batch")
+    docs = render(
+        "--set",
+        "gc.enabled=true",
+        "--set",
+        "gc.schedule=@hourly",
+        "--set",
+        "gc.concurrencyPolicy=Replace",
+        "--set",
+        "gc.successfulJobsHistoryLimit=1",
+        "--set",
+        "gc.failedJobsHistoryLimit=5",
+        "--set",
+        "gc.backoffLimit=2",
+        "--set",
+        "gc.activeDeadlineSeconds=3600",
+        "--set",
+        "gc.ephemeralTtlHours=48",
+        "--set",
+        "gc.tmpSizeLimit=8Gi",
+        "--set",
+        "gc.resources.limits.memory=6Gi",
+        "--set",
+        "image.repository=registry.example.com/quarry",
+        "--set",
+        "imagePullSecrets[0].name=regcred",
+        "--set",
+        "nodeSelector.pool=batch",
+    )
     cj = gc_cronjob(docs)
     spec, job = cj["spec"], cj["spec"]["jobTemplate"]["spec"]
     assert (spec["schedule"], spec["concurrencyPolicy"]) == ("@hourly", "Replace")
@@ -860,7 +1028,9 @@ def test_gc_values_reach_the_cronjob():
     assert (job["backoffLimit"], job["activeDeadlineSeconds"]) == (2, 3600)
     pod, c = gc_pod(cj), gc_container(cj)
     assert c["image"] == f"registry.example.com/quarry:{APP_VERSION}"
-    assert pod["imagePullSecrets"] == [{"name": "regcred"}] and pod["nodeSelector"] == {"pool": "batch"}
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}] and pod["nodeSelector"] == {
+        "pool": "batch"
+    }
     assert c["command"][c["command"].index("--ephemeral-ttl-hours") + 1] == "48"
     assert c["resources"]["limits"]["memory"] == "6Gi"
     tmp = next(v for v in pod["volumes"] if v["name"] == "tmp")
@@ -900,8 +1070,10 @@ def test_gc_values_reach_the_cronjob():
         (("--set", "gc.enabled=true", "--set-string", "gc.schedule=  "), "/gc/schedule"),
         (("--set", "gc.enabled=true", "--set", "gc.schedule=null"), "schedule"),
         (("--set", "gc.enabled=true", "--set", "gc.retentionDays=7"), "/gc"),  # unknown key
-        (("--set", "gc.enabled=true", "--set", "gc.concurrencyPolicy=Sometimes"),
-         "/gc/concurrencyPolicy"),
+        (
+            ("--set", "gc.enabled=true", "--set", "gc.concurrencyPolicy=Sometimes"),
+            "/gc/concurrencyPolicy",
+        ),
         (("--set", "gc.enabled=true", "--set", "gc.sweep=yes"), "/gc/sweep"),
         (("--set", "gc.enabled=true", "--set", "gc.graceHours=-1"), "/gc/graceHours"),
         (("--set", "gc.enabled=true", "--set", "gc.sparkMaster="), "/gc/sparkMaster"),
@@ -931,12 +1103,15 @@ def test_notes_explain_grpcurl_via_port_forward():
 
 def test_notes_mention_gc_when_enabled():
     def notes(*args):
-        proc = run_helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE,
-                        "--dry-run=client", *args)
+        proc = run_helm(
+            "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *args
+        )
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.split("NOTES:", 1)[1]
 
-    (line,) = [ln for ln in notes("--set", "gc.enabled=true").splitlines() if "Garbage collection" in ln]
+    (line,) = [
+        ln for ln in notes("--set", "gc.enabled=true").splitlines() if "Garbage collection" in ln
+    ]
     assert f'"{RELEASE}-gc"' in line and "all repositories" in line and "30 3 * * *" in line, line
     assert "sweep" in line
     (line,) = [ln for ln in notes(*GC_REPOSITORY_VALUES).splitlines() if "Garbage collection" in ln]

@@ -51,7 +51,8 @@ def repo(suite, client):
 
 def numbers(spark, start: int, stop: int, partitions: int = 4):
     return spark.range(start, stop, numPartitions=partitions).selectExpr(
-        "id", "id * 2 as doubled", "concat('row-', cast(id as string)) as label")
+        "id", "id * 2 as doubled", "concat('row-', cast(id as string)) as label"
+    )
 
 
 def ids(frame) -> list[int]:
@@ -72,21 +73,29 @@ def namespace_keys(suite, repo: str, prefix: str) -> list[str]:
 def stray_job_files(suite, client, repo: str) -> set[str]:
     """Data files of Spark jobs that did not land on main."""
     landed = {c.metadata.get("quarry.spark.job") for c in client.iter_log(repo, "main")}
-    return {key for key in namespace_keys(suite, repo, JOB_DATA_PREFIX)
-            if key.split("/")[2] not in landed}
+    return {
+        key
+        for key in namespace_keys(suite, repo, JOB_DATA_PREFIX)
+        if key.split("/")[2] not in landed
+    }
 
 
 def no_ephemeral_branches(client, repo: str) -> bool:
-    return not [b.name for b in client.iter_branches(repo)
-                if b.name.startswith(EPHEMERAL_PREFIX)]
+    return not [b.name for b in client.iter_branches(repo) if b.name.startswith(EPHEMERAL_PREFIX)]
 
 
 # ---- writes ---------------------------------------------------------------------------
 
+
 def test_append_is_one_commit_on_the_target_and_reads_back(spark, suite, client, conn, repo):
     before = client.get_branch(repo, "main").commit_id
-    commit = qs.write(numbers(spark, 0, 1000), f"quarry://{repo}/main/tables/numbers",
-                      message="load numbers", metadata={"source": "test"}, connection=conn)
+    commit = qs.write(
+        numbers(spark, 0, 1000),
+        f"quarry://{repo}/main/tables/numbers",
+        message="load numbers",
+        metadata={"source": "test"},
+        connection=conn,
+    )
 
     head = client.get_branch(repo, "main")
     assert head.commit_id == commit.id and commit.parents[0] == before
@@ -97,9 +106,12 @@ def test_append_is_one_commit_on_the_target_and_reads_back(spark, suite, client,
     assert commit.metadata["quarry.spark.files"] == "4"
     files = list(client.iter_objects(repo, "main", prefix="tables/numbers/"))
     assert len(files) == 4
-    assert all(f.content_type == "application/vnd.apache.parquet" and f.size_bytes > 0
-               and f.physical_address.startswith(suite.namespace(repo) + "/" + JOB_DATA_PREFIX)
-               for f in files)
+    assert all(
+        f.content_type == "application/vnd.apache.parquet"
+        and f.size_bytes > 0
+        and f.physical_address.startswith(suite.namespace(repo) + "/" + JOB_DATA_PREFIX)
+        for f in files
+    )
     assert not head.dirty and no_ephemeral_branches(client, repo)
 
     back = qs.read(spark, f"quarry://{repo}/main/tables/numbers", connection=conn)
@@ -116,14 +128,17 @@ def test_second_append_adds_files_and_keeps_the_first(spark, client, conn, repo)
 
 
 def test_overwrite_replaces_the_folder_in_one_commit_and_time_travel_sees_the_old(
-        spark, client, conn, repo):
+    spark, client, conn, repo
+):
     uri = f"quarry://{repo}/main/t"
     first = qs.write(numbers(spark, 0, 100), uri, connection=conn)
-    client.put_object(repo, "main", path="other/keep.txt", physical_address="/elsewhere",
-                      size_bytes=1)
+    client.put_object(
+        repo, "main", path="other/keep.txt", physical_address="/elsewhere", size_bytes=1
+    )
     client.commit(repo, "main", "unrelated")
-    second = qs.write(numbers(spark, 500, 550, 2), uri, mode="overwrite", message="replace",
-                      connection=conn)
+    second = qs.write(
+        numbers(spark, 500, 550, 2), uri, mode="overwrite", message="replace", connection=conn
+    )
 
     assert ids(qs.read(spark, uri, connection=conn)) == list(range(500, 550))
     assert len(paths(client, repo, "main", "t/")) == 2
@@ -132,8 +147,7 @@ def test_overwrite_replaces_the_folder_in_one_commit_and_time_travel_sees_the_ol
     kinds = sorted(types_pb2.ChangeType.Name(c.type) for c in changes)
     assert kinds == ["CHANGE_TYPE_ADDED"] * 2 + ["CHANGE_TYPE_REMOVED"] * 4
     # The previous commit still reads the previous data.
-    assert ids(qs.read(spark, f"quarry://{repo}/{first.id}/t", connection=conn)) == \
-        list(range(100))
+    assert ids(qs.read(spark, f"quarry://{repo}/{first.id}/t", connection=conn)) == list(range(100))
 
 
 def test_empty_append_commits_nothing(spark, client, conn, repo):
@@ -144,39 +158,49 @@ def test_empty_append_commits_nothing(spark, client, conn, repo):
 
 
 def test_csv_and_json_formats(spark, client, conn, repo):
-    qs.write(numbers(spark, 0, 50, 2), f"quarry://{repo}/main/csv", format="csv",
-             connection=conn)
-    qs.write(numbers(spark, 0, 50, 2), f"quarry://{repo}/main/json", format="json",
-             connection=conn)
-    as_csv = qs.read(spark, f"quarry://{repo}/main/csv", format="csv", connection=conn,
-                     header="true", inferSchema="true")
+    qs.write(numbers(spark, 0, 50, 2), f"quarry://{repo}/main/csv", format="csv", connection=conn)
+    qs.write(numbers(spark, 0, 50, 2), f"quarry://{repo}/main/json", format="json", connection=conn)
+    as_csv = qs.read(
+        spark,
+        f"quarry://{repo}/main/csv",
+        format="csv",
+        connection=conn,
+        header="true",
+        inferSchema="true",
+    )
     as_json = qs.read(spark, f"quarry://{repo}/main/json", format="json", connection=conn)
     assert ids(as_csv) == ids(as_json) == list(range(50))
-    assert {e.content_type for e in client.iter_objects(repo, "main", prefix="csv/")} == \
-        {"text/csv"}
+    assert {e.content_type for e in client.iter_objects(repo, "main", prefix="csv/")} == {
+        "text/csv"
+    }
 
 
 def test_max_records_per_file_splits_task_output(spark, client, conn, repo):
-    commit = qs.write(numbers(spark, 0, 100, 2), f"quarry://{repo}/main/t",
-                      max_records_per_file=20, connection=conn)
+    commit = qs.write(
+        numbers(spark, 0, 100, 2),
+        f"quarry://{repo}/main/t",
+        max_records_per_file=20,
+        connection=conn,
+    )
     assert commit.metadata["quarry.spark.files"] == "6"  # 50 rows a task → 20+20+10
     assert len(paths(client, repo, "main", "t/")) == 6
     assert ids(qs.read(spark, f"quarry://{repo}/main/t", connection=conn)) == list(range(100))
 
 
-def test_partition_by_makes_hive_folders_and_reads_back_with_the_columns(spark, client,
-                                                                          conn, repo):
+def test_partition_by_makes_hive_folders_and_reads_back_with_the_columns(spark, client, conn, repo):
     frame = numbers(spark, 0, 300, 2).selectExpr(
-        "id", "label", "cast(id % 3 as int) as k",
-        "case when id % 10 = 0 then null else concat('g/', cast(id % 2 as string)) end as g")
+        "id",
+        "label",
+        "cast(id % 3 as int) as k",
+        "case when id % 10 = 0 then null else concat('g/', cast(id % 2 as string)) end as g",
+    )
     uri = f"quarry://{repo}/main/t"
-    commit = qs.write(frame, uri, partition_by=["k", "g"], max_records_per_file=40,
-                      connection=conn)
+    commit = qs.write(frame, uri, partition_by=["k", "g"], max_records_per_file=40, connection=conn)
     files = paths(client, repo, "main", "t/")
     assert int(commit.metadata["quarry.spark.files"]) == len(files)
     assert {f.rsplit("/", 1)[0] for f in files} == {
-        f"t/k={k}/g={g}" for k in range(3)
-        for g in ("g%2F0", "g%2F1", "__HIVE_DEFAULT_PARTITION__")}
+        f"t/k={k}/g={g}" for k in range(3) for g in ("g%2F0", "g%2F1", "__HIVE_DEFAULT_PARTITION__")
+    }
 
     back = qs.read(spark, uri, connection=conn)
     assert back.count() == 300 and {"k", "g"} <= set(back.columns)
@@ -188,8 +212,11 @@ def test_partition_by_makes_hive_folders_and_reads_back_with_the_columns(spark, 
     assert {(r.k, r.g) for r in cell.select("k", "g").collect()} == {(2, "g/1")}
     # An overwrite of the partitioned folder replaces every partition.
     qs.write(frame.where("id < 30"), uri, mode="overwrite", partition_by="k", connection=conn)
-    assert {f.rsplit("/", 1)[0] for f in paths(client, repo, "main", "t/")} == \
-        {"t/k=0", "t/k=1", "t/k=2"}
+    assert {f.rsplit("/", 1)[0] for f in paths(client, repo, "main", "t/")} == {
+        "t/k=0",
+        "t/k=1",
+        "t/k=2",
+    }
     assert ids(qs.read(spark, uri, connection=conn)) == list(range(30))
     # Dynamic partition overwrite (Spark's setting): only the partitions written change.
     spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
@@ -198,8 +225,9 @@ def test_partition_by_makes_hive_folders_and_reads_back_with_the_columns(spark, 
         qs.write(replaced, uri, mode="overwrite", partition_by="k", connection=conn)
     finally:
         spark.conf.unset("spark.sql.sources.partitionOverwriteMode")
-    assert ids(qs.read(spark, uri, connection=conn)) == \
-        [i for i in range(30) if i % 3 != 1] + list(range(100, 110))
+    assert ids(qs.read(spark, uri, connection=conn)) == [i for i in range(30) if i % 3 != 1] + list(
+        range(100, 110)
+    )
 
 
 def _fail_after_partition_zero_wrote(namespace: str, earlier_jobs: set[str]):
@@ -214,8 +242,10 @@ def _fail_after_partition_zero_wrote(namespace: str, earlier_jobs: set[str]):
         from pyspark import TaskContext
 
         def written() -> bool:
-            return any(os.path.basename(os.path.dirname(f)) not in earlier_jobs
-                       for f in glob.glob(f"{namespace}/data/spark/*/part-00000-*"))
+            return any(
+                os.path.basename(os.path.dirname(f)) not in earlier_jobs
+                for f in glob.glob(f"{namespace}/data/spark/*/part-00000-*")
+            )
 
         if TaskContext.get().partitionId() == 1:
             deadline = time.monotonic() + 60
@@ -223,18 +253,20 @@ def _fail_after_partition_zero_wrote(namespace: str, earlier_jobs: set[str]):
                 time.sleep(0.02)
             raise RuntimeError("injected task failure")
         yield from batches
+
     return run
 
 
-def test_a_task_failing_for_good_leaves_the_target_unchanged(spark, suite, client, conn,
-                                                              repo):
+def test_a_task_failing_for_good_leaves_the_target_unchanged(spark, suite, client, conn, repo):
     qs.write(numbers(spark, 0, 10, 1), f"quarry://{repo}/main/t", connection=conn)
     head = client.get_branch(repo, "main")
     frame = numbers(spark, 0, 400, 2).mapInArrow(
         _fail_after_partition_zero_wrote(
             suite.namespace(repo),
-            {key.split("/")[2] for key in namespace_keys(suite, repo, JOB_DATA_PREFIX)}),
-        "id long, doubled long, label string")
+            {key.split("/")[2] for key in namespace_keys(suite, repo, JOB_DATA_PREFIX)},
+        ),
+        "id long, doubled long, label string",
+    )
     with pytest.raises(Exception, match="injected task failure"):
         qs.write(frame, f"quarry://{repo}/main/t", connection=conn)
 
@@ -264,35 +296,47 @@ def _fewer_rows_on_retry(fail_partition: int, branch_manager: str, repo: str):
         table = pa.Table.from_batches(list(batches))
         if mine and context.attemptNumber() == 0:
             with Client(branch_manager, "127.0.0.1:1") as c:
-                (branch,) = [b.name for b in c.iter_branches(repo)
-                             if b.name.startswith("_quarry-spark-")]
-                job = branch[len("_quarry-spark-"):]
-                c.put_objects(repo, branch, [
-                    {"path": f"t/part-{job}-{fail_partition:05d}-c{i:03d}.snappy.parquet",
-                     "physical_address": f"/dead/attempt/{i}", "size_bytes": 1}
-                    for i in range(100)])
+                (branch,) = [
+                    b.name for b in c.iter_branches(repo) if b.name.startswith("_quarry-spark-")
+                ]
+                job = branch[len("_quarry-spark-") :]
+                c.put_objects(
+                    repo,
+                    branch,
+                    [
+                        {
+                            "path": f"t/part-{job}-{fail_partition:05d}-c{i:03d}.snappy.parquet",
+                            "physical_address": f"/dead/attempt/{i}",
+                            "size_bytes": 1,
+                        }
+                        for i in range(100)
+                    ],
+                )
             raise RuntimeError("task died after staging")
         yield from (table.slice(0, 40) if mine else table).to_batches()
+
     return run
 
 
 def test_retried_tasks_never_leave_duplicate_or_stray_entries(spark, client, conn, repo):
     frame = numbers(spark, 0, 300, 2).mapInArrow(
-        _fewer_rows_on_retry(1, conn.branch_manager, repo), "id long, doubled long, label string")
-    commit = qs.write(frame, f"quarry://{repo}/main/t", max_records_per_file=1,
-                      connection=conn)
+        _fewer_rows_on_retry(1, conn.branch_manager, repo), "id long, doubled long, label string"
+    )
+    commit = qs.write(frame, f"quarry://{repo}/main/t", max_records_per_file=1, connection=conn)
     files = paths(client, repo, "main", "t/")
     # Partition 0: 150 files; partition 1's retry: 40, which replaced 40 of the dead
     # attempt's entries; its other 60 were discarded before the commit.
     assert len(files) == len(set(files)) == 190 == int(commit.metadata["quarry.spark.files"])
-    assert not [e for e in client.iter_objects(repo, "main", prefix="t/")
-                if e.physical_address.startswith("/dead/")]
+    assert not [
+        e
+        for e in client.iter_objects(repo, "main", prefix="t/")
+        if e.physical_address.startswith("/dead/")
+    ]
     back = ids(qs.read(spark, f"quarry://{repo}/main/t", connection=conn))
     assert back == list(range(150)) + list(range(150, 190))
 
 
-def _commit_on_target_from_an_executor(branch_manager: str, committer: str, repo: str,
-                                       path: str):
+def _commit_on_target_from_an_executor(branch_manager: str, committer: str, repo: str, path: str):
     """A concurrent writer: while the job runs, someone changes `path` on main."""
 
     def run(batches):
@@ -303,20 +347,22 @@ def _commit_on_target_from_an_executor(branch_manager: str, committer: str, repo
         context = TaskContext.get()
         if context.partitionId() == 0 and context.attemptNumber() == 0:
             with Client(branch_manager, committer) as c:
-                c.put_object(repo, "main", path=path, physical_address="/changed",
-                             size_bytes=7)
+                c.put_object(repo, "main", path=path, physical_address="/changed", size_bytes=7)
                 c.commit(repo, "main", "concurrent change")
         yield from batches
+
     return run
 
 
-def test_a_merge_conflict_leaves_the_target_as_the_other_writer_left_it(spark, suite, client,
-                                                                          conn, repo):
+def test_a_merge_conflict_leaves_the_target_as_the_other_writer_left_it(
+    spark, suite, client, conn, repo
+):
     first = qs.write(numbers(spark, 0, 10, 1), f"quarry://{repo}/main/t", connection=conn)
     (old_path,) = paths(client, repo, "main", "t/")
     frame = numbers(spark, 100, 200, 2).mapInArrow(
         _commit_on_target_from_an_executor(conn.branch_manager, conn.committer, repo, old_path),
-        "id long, doubled long, label string")
+        "id long, doubled long, label string",
+    )
     with pytest.raises(errors.FailedPrecondition) as failure:
         qs.write(frame, f"quarry://{repo}/main/t", mode="overwrite", connection=conn)
     assert failure.value.reason == "MERGE_CONFLICT"
@@ -334,30 +380,36 @@ def test_two_jobs_on_one_branch_at_once_both_land(spark, client, conn, repo):
 
     def job(name: str, start: int):
         try:
-            results[name] = qs.write(numbers(spark, start, start + 200),
-                                     f"quarry://{repo}/main/{name}", message=name,
-                                     connection=conn)
+            results[name] = qs.write(
+                numbers(spark, start, start + 200),
+                f"quarry://{repo}/main/{name}",
+                message=name,
+                connection=conn,
+            )
         except Exception as exc:  # noqa: BLE001 - reported below
             failures.append(exc)
 
-    threads = [threading.Thread(target=job, args=(name, start))
-               for name, start in (("left", 0), ("right", 1000))]
+    threads = [
+        threading.Thread(target=job, args=(name, start))
+        for name, start in (("left", 0), ("right", 1000))
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not failures
-    assert ids(qs.read(spark, f"quarry://{repo}/main/left", connection=conn)) == \
-        list(range(200))
-    assert ids(qs.read(spark, f"quarry://{repo}/main/right", connection=conn)) == \
-        list(range(1000, 1200))
+    assert ids(qs.read(spark, f"quarry://{repo}/main/left", connection=conn)) == list(range(200))
+    assert ids(qs.read(spark, f"quarry://{repo}/main/right", connection=conn)) == list(
+        range(1000, 1200)
+    )
     messages = [c.message for c in client.iter_log(repo, "main", first_parent=True)]
     assert sorted(messages[:2]) == ["left", "right"]
     assert no_ephemeral_branches(client, repo)
 
 
 def test_a_merge_whose_answer_is_lost_still_succeeds_and_keeps_its_files(
-        spark, suite, client, conn, repo, monkeypatch):
+    spark, suite, client, conn, repo, monkeypatch
+):
     from quarry.client import Client
 
     real_merge = Client.merge
@@ -378,7 +430,8 @@ def test_a_merge_whose_answer_is_lost_still_succeeds_and_keeps_its_files(
 
 
 def test_a_merge_answer_lost_on_the_wire_is_retried_with_the_same_id_and_merges_once(
-        spark, suite, client, conn, repo, monkeypatch):
+    spark, suite, client, conn, repo, monkeypatch
+):
     """The committer merges, the answer is lost on the way back (UNAVAILABLE), and the
     client's own retry resends the merge: its job-derived request id makes the committer
     answer with the first merge instead of merging again (allow_empty would otherwise make
@@ -408,6 +461,7 @@ def test_a_merge_answer_lost_on_the_wire_is_retried_with_the_same_id_and_merges_
 
 # ---- reads ----------------------------------------------------------------------------
 
+
 def test_entries_and_reads_by_branch_commit_tag_and_committed_state(spark, client, conn, repo):
     first = qs.write(numbers(spark, 0, 100, 2), f"quarry://{repo}/main/t", connection=conn)
     client.create_tag(repo, "v1", first.id)
@@ -415,13 +469,16 @@ def test_entries_and_reads_by_branch_commit_tag_and_committed_state(spark, clien
     # Uncommitted on main: one entry removed, one added.
     removed = paths(client, repo, "main", "t/")[0]
     client.delete_object(repo, "main", removed)
-    client.put_object(repo, "main", path="t/extra.txt", physical_address="/x", size_bytes=3,
-                      checksum="abc")
+    client.put_object(
+        repo, "main", path="t/extra.txt", physical_address="/x", size_bytes=3, checksum="abc"
+    )
 
-    on_branch = {r.path: r for r in qs.entries(spark, f"quarry://{repo}/main/t/",
-                                               connection=conn).collect()}
-    committed = {r.path for r in qs.entries(spark, f"quarry://{repo}/main@/t/",
-                                            connection=conn).collect()}
+    on_branch = {
+        r.path: r for r in qs.entries(spark, f"quarry://{repo}/main/t/", connection=conn).collect()
+    }
+    committed = {
+        r.path for r in qs.entries(spark, f"quarry://{repo}/main@/t/", connection=conn).collect()
+    }
     listed = {e.path: e for e in client.iter_objects(repo, "main", prefix="t/")}
     assert set(on_branch) == set(listed)
     assert removed not in on_branch and "t/extra.txt" in on_branch
@@ -433,17 +490,30 @@ def test_entries_and_reads_by_branch_commit_tag_and_committed_state(spark, clien
     assert removed in committed and "t/extra.txt" not in committed
 
     assert ids(qs.read(spark, f"quarry://{repo}/v1/t", connection=conn)) == list(range(100))
-    assert ids(qs.read(spark, f"quarry://{repo}/{first.id[:12]}/t", connection=conn)) == \
-        list(range(100))
+    assert ids(qs.read(spark, f"quarry://{repo}/{first.id[:12]}/t", connection=conn)) == list(
+        range(100)
+    )
     assert len(ids(qs.read(spark, f"quarry://{repo}/main@/t", connection=conn))) == 200
     assert qs.entries(spark, f"quarry://{repo}/v1/nothing/", connection=conn).count() == 0
 
 
 def test_entries_of_a_large_committed_listing_prune_ranges_by_prefix(spark, client, conn, repo):
-    client.put_objects(repo, "main", ({"path": f"a/{i:06d}", "physical_address": f"/p/{i}",
-                                       "size_bytes": i} for i in range(20000)))
-    client.put_objects(repo, "main", ({"path": f"b/{i:06d}", "physical_address": f"/q/{i}",
-                                       "size_bytes": i} for i in range(5000)))
+    client.put_objects(
+        repo,
+        "main",
+        (
+            {"path": f"a/{i:06d}", "physical_address": f"/p/{i}", "size_bytes": i}
+            for i in range(20000)
+        ),
+    )
+    client.put_objects(
+        repo,
+        "main",
+        (
+            {"path": f"b/{i:06d}", "physical_address": f"/q/{i}", "size_bytes": i}
+            for i in range(5000)
+        ),
+    )
     client.commit(repo, "main", "many")
     frame = qs.entries(spark, f"quarry://{repo}/main/b/", connection=conn)
     assert frame.count() == 5000
@@ -452,6 +522,7 @@ def test_entries_of_a_large_committed_listing_prune_ranges_by_prefix(spark, clie
 
 
 # ---- bad input ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("uri", ["s3://bucket/x", "quarry://", "quarry://repo-only"])
 def test_a_bad_uri_is_invalid_argument(spark, conn, uri):
@@ -492,6 +563,7 @@ def test_bad_options_and_missing_branch(spark, client, conn, repo):
 
 # ---- sweep of a dead driver's branch --------------------------------------------------
 
+
 def test_sweep_drops_only_stale_ephemeral_branches(spark, client, conn, repo):
     stale = f"{EPHEMERAL_PREFIX}20200101T000000-0123456789ab"
     client.create_branch(repo, stale, "main")
@@ -509,6 +581,7 @@ def test_sweep_drops_only_stale_ephemeral_branches(spark, client, conn, repo):
 
 # ---- tracing --------------------------------------------------------------------------
 
+
 def test_one_trace_covers_the_driver_and_the_executors_calls(spark, tmp_path):
     from quarry import telemetry
 
@@ -516,15 +589,15 @@ def test_one_trace_covers_the_driver_and_the_executors_calls(spark, tmp_path):
     with running_suite(tmp_path) as traced:  # created after tracing is on: interceptors
         with traced.client() as c:
             c.create_repository("traced", traced.namespace("traced"))
-        connection = qs.Connection(traced.targets["branch-manager"],
-                                   traced.targets["committer"])
+        connection = qs.Connection(traced.targets["branch-manager"], traced.targets["committer"])
         exporter.clear()
         qs.write(numbers(spark, 0, 100, 2), "quarry://traced/main/t", connection=connection)
     spans = exporter.get_finished_spans()
     (root,) = [s for s in spans if s.name == "quarry.spark.write"]
     trace_id = root.context.trace_id
-    puts = [s for s in spans if s.name.endswith("BranchManager/PutObjects")
-            and s.kind.name == "SERVER"]
+    puts = [
+        s for s in spans if s.name.endswith("BranchManager/PutObjects") and s.kind.name == "SERVER"
+    ]
     assert len(puts) == 2  # one stream per task
     assert all(s.context.trace_id == trace_id for s in puts)
     # Their parents are the executors' task spans (exported in the executor processes),
@@ -537,8 +610,10 @@ def test_one_trace_covers_the_driver_and_the_executors_calls(spark, tmp_path):
 
 # ---- cost of entries() and a cancelled job --------------------------------------------
 
+
 def test_entries_cost_one_metarange_read_and_the_same_rpcs_whatever_the_size(
-        spark, suite, client, conn, monkeypatch):
+    spark, suite, client, conn, monkeypatch
+):
     """The driver reads the ref (a fixed number of RPCs) and one metarange file; the range
     files are read by Spark's executors. Nothing grows with the number of entries."""
     import quarry.blob
@@ -563,8 +638,14 @@ def test_entries_cost_one_metarange_read_and_the_same_rpcs_whatever_the_size(
     for size in (1_000, 30_000):
         repo = f"sp-{uuid.uuid4().hex[:10]}"
         client.create_repository(repo, suite.namespace(repo))
-        client.put_objects(repo, "main", ({"path": f"p/{i:06d}", "physical_address": f"/a/{i}",
-                                           "size_bytes": 1} for i in range(size)))
+        client.put_objects(
+            repo,
+            "main",
+            (
+                {"path": f"p/{i:06d}", "physical_address": f"/a/{i}", "size_bytes": 1}
+                for i in range(size)
+            ),
+        )
         client.commit(repo, "main", "load")
         calls.clear()
         stores.clear()
@@ -582,6 +663,7 @@ def _slow():
         for batch in batches:
             time.sleep(30)
             yield batch
+
     return run
 
 
@@ -599,9 +681,12 @@ def test_a_cancelled_job_leaves_the_target_unchanged(spark, suite, client, conn,
 
     writer = threading.Thread(target=run)
     writer.start()
-    wait_until(lambda: [b for b in client.iter_branches(repo)
-                        if b.name.startswith(EPHEMERAL_PREFIX)],
-               timeout=60, interval=0.05, what="the job's ephemeral branch")
+    wait_until(
+        lambda: [b for b in client.iter_branches(repo) if b.name.startswith(EPHEMERAL_PREFIX)],
+        timeout=60,
+        interval=0.05,
+        what="the job's ephemeral branch",
+    )
     tracker = spark.sparkContext.statusTracker()
 
     def tasks_running() -> bool:
@@ -620,7 +705,7 @@ def test_a_cancelled_job_leaves_the_target_unchanged(spark, suite, client, conn,
 
 # ---- a driver that dies ---------------------------------------------------------------
 
-DOOMED_DRIVER = '''
+DOOMED_DRIVER = """
 import sys
 import quarry.spark as qs
 from quarry.spark.session import local_session
@@ -638,11 +723,12 @@ def second_partition_hangs(batches):
 
 frame = spark.range(0, 100, numPartitions=2).mapInArrow(second_partition_hangs, "id long")
 qs.write(frame, uri, connection=qs.Connection(branch_manager, committer))
-'''
+"""
 
 
 def test_a_killed_driver_leaves_the_target_unchanged_and_a_sweep_and_gc_clean_up(
-        spark, suite, client, conn, repo, tmp_path):
+    spark, suite, client, conn, repo, tmp_path
+):
     import datetime as dt
     import os
     import signal
@@ -655,17 +741,32 @@ def test_a_killed_driver_leaves_the_target_unchanged_and_a_sweep_and_gc_clean_up
     head = client.get_branch(repo, "main").commit_id
     script = tmp_path / "driver.py"
     script.write_text(DOOMED_DRIVER)
-    driver = subprocess.Popen([sys.executable, str(script), conn.branch_manager, conn.committer,
-                               f"quarry://{repo}/main/t"], start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            str(script),
+            conn.branch_manager,
+            conn.committer,
+            f"quarry://{repo}/main/t",
+        ],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
+
         def staged_on_the_ephemeral_branch() -> list:
-            ephemeral = [b.name for b in client.iter_branches(repo)
-                         if b.name.startswith(EPHEMERAL_PREFIX)]
+            ephemeral = [
+                b.name for b in client.iter_branches(repo) if b.name.startswith(EPHEMERAL_PREFIX)
+            ]
             return list(client.iter_uncommitted(repo, ephemeral[0])) if ephemeral else []
 
-        staged = wait_until(staged_on_the_ephemeral_branch, timeout=120, interval=0.2,
-                            what="the first task to stage its file")
+        staged = wait_until(
+            staged_on_the_ephemeral_branch,
+            timeout=120,
+            interval=0.2,
+            what="the first task to stage its file",
+        )
         assert staged, "the first task never staged its file"
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and its workers
@@ -675,14 +776,16 @@ def test_a_killed_driver_leaves_the_target_unchanged_and_a_sweep_and_gc_clean_up
     assert client.get_branch(repo, "main").commit_id == head
     assert not list(client.iter_uncommitted(repo, "main"))
     (left,) = [b.name for b in client.iter_branches(repo) if b.name.startswith(EPHEMERAL_PREFIX)]
-    dead_file = staged[0].entry.physical_address[len(suite.namespace(repo)) + 1:]
+    dead_file = staged[0].entry.physical_address[len(suite.namespace(repo)) + 1 :]
     # ...GC keeps the file while the branch stages it (the job might still be running)...
-    report = collect_garbage(spark, repo, rules=RetentionRules(7), grace=dt.timedelta(0),
-                             connection=conn)
+    report = collect_garbage(
+        spark, repo, rules=RetentionRules(7), grace=dt.timedelta(0), connection=conn
+    )
     assert dead_file not in report.collectable["data"].sample
     # ...the sweep drops the stale branch, and then GC collects the file.
     assert qs.sweep_ephemeral_branches(client, repo, older_than=dt.timedelta(0)) == [left]
-    swept = collect_garbage(spark, repo, rules=RetentionRules(7), grace=dt.timedelta(0),
-                            sweep=True, connection=conn)
+    swept = collect_garbage(
+        spark, repo, rules=RetentionRules(7), grace=dt.timedelta(0), sweep=True, connection=conn
+    )
     assert dead_file in swept.collectable["data"].sample
     assert dead_file not in namespace_keys(suite, repo, JOB_DATA_PREFIX)

@@ -17,9 +17,9 @@ import pytest
 import quarry.spark as qs
 from quarry import errors
 from quarry.blob import open_blob_store
+from quarry.blob.ownership import MARKER_KEY
 from quarry.committed import format as rformat
 from quarry.retention import RetentionRules
-from quarry.blob.ownership import MARKER_KEY
 from quarry.spark.common import EPHEMERAL_PREFIX, new_job_id
 from quarry.spark.gc import DEFAULT_GRACE, collect_garbage
 from support.foreign_files import FOREIGN_KEYS
@@ -46,7 +46,7 @@ def numbers(spark, start: int, stop: int, partitions: int):
 
 
 def key_of(suite, repo: str, address: str) -> str:
-    return address[len(suite.namespace(repo)) + 1:]
+    return address[len(suite.namespace(repo)) + 1 :]
 
 
 class History:
@@ -62,23 +62,32 @@ class History:
             uri = f"quarry://{self.repo}/main/t"
             self.a = qs.write(numbers(spark, 0, 400, 4), uri, connection=conn)
             self.a_files = self.addresses(c, self.a.id)
-            self.b = qs.write(numbers(spark, 400, 600, 2), uri, mode="overwrite",
-                              connection=conn)
+            self.b = qs.write(numbers(spark, 400, 600, 2), uri, mode="overwrite", connection=conn)
             c.create_tag(self.repo, "b", self.b.id)
             self.b_files = self.addresses(c, self.b.id)
-            self.c = qs.write(numbers(spark, 600, 900, 3), uri, mode="overwrite",
-                              connection=conn)
+            self.c = qs.write(numbers(spark, 600, 900, 3), uri, mode="overwrite", connection=conn)
             self.c_files = self.addresses(c, self.c.id)
             # An uncommitted entry on main pointing at one of A's files protects it.
             self.restaged = self.a_files[0]
-            c.put_object(self.repo, "main", path="restaged/a0",
-                         physical_address=suite.namespace(self.repo) + "/" + self.restaged,
-                         size_bytes=1)
+            c.put_object(
+                self.repo,
+                "main",
+                path="restaged/a0",
+                physical_address=suite.namespace(self.repo) + "/" + self.restaged,
+                size_bytes=1,
+            )
             # The same protection whatever the notation of the address.
             self.restaged_as_uri = self.a_files[1]
-            c.put_object(self.repo, "main", path="restaged/a1", size_bytes=1,
-                         physical_address="file://" + suite.namespace(self.repo) + "//./"
-                         + self.restaged_as_uri)
+            c.put_object(
+                self.repo,
+                "main",
+                path="restaged/a1",
+                size_bytes=1,
+                physical_address="file://"
+                + suite.namespace(self.repo)
+                + "//./"
+                + self.restaged_as_uri,
+            )
             with open_blob_store(suite.namespace(self.repo)) as store:
                 # Orphans in Quarry's own layouts (only those are ever collected).
                 self.dead_file = f"data/spark/{new_job_id()}/part-00000-c000-t7.snappy.parquet"
@@ -93,21 +102,30 @@ class History:
                 store.put(self.internal, b"internal")
             # A compaction whose metarange the next commit replaces: a real orphan.
             c.create_branch(self.repo, "dev", "main@")
-            c.put_objects(self.repo, "dev", [{"path": f"dev/{i}", "physical_address": "/x",
-                                              "size_bytes": i} for i in range(3)])
+            c.put_objects(
+                self.repo,
+                "dev",
+                [{"path": f"dev/{i}", "physical_address": "/x", "size_bytes": i} for i in range(3)],
+            )
             compacted = c.compact(self.repo, "dev").compacted_metarange_id
             c.put_object(self.repo, "dev", path="dev/late", physical_address="/y", size_bytes=1)
             c.commit(self.repo, "dev", "after the compaction")
             self.old_compaction = rformat.metarange_key(compacted)
             self.stale_branch = f"{EPHEMERAL_PREFIX}20200101T000000-0123456789ab"
             c.create_branch(self.repo, self.stale_branch, "main@")
-            c.put_object(self.repo, self.stale_branch, path="t/dead",
-                         physical_address=suite.namespace(self.repo) + "/" + self.dead_file,
-                         size_bytes=10)
+            c.put_object(
+                self.repo,
+                self.stale_branch,
+                path="t/dead",
+                physical_address=suite.namespace(self.repo) + "/" + self.dead_file,
+                size_bytes=10,
+            )
 
     def addresses(self, client, ref: str) -> list[str]:
-        return sorted(key_of(self.suite, self.repo, e.physical_address)
-                      for e in client.iter_objects(self.repo, ref, prefix="t/"))
+        return sorted(
+            key_of(self.suite, self.repo, e.physical_address)
+            for e in client.iter_objects(self.repo, ref, prefix="t/")
+        )
 
     def keys(self) -> set[str]:
         with open_blob_store(self.suite.namespace(self.repo)) as store:
@@ -115,10 +133,17 @@ class History:
 
 
 def run_gc(spark, history: History, sweep: bool, days: float = 7.0, **kwargs):
-    now = dt.datetime.now(dt.timezone.utc) + LATER
-    return collect_garbage(spark, history.repo, rules=RetentionRules(days), sweep=sweep,
-                           now=now, grace=kwargs.pop("grace", dt.timedelta(0)),
-                           connection=history.conn, **kwargs)
+    now = dt.datetime.now(dt.UTC) + LATER
+    return collect_garbage(
+        spark,
+        history.repo,
+        rules=RetentionRules(days),
+        sweep=sweep,
+        now=now,
+        grace=kwargs.pop("grace", dt.timedelta(0)),
+        connection=history.conn,
+        **kwargs,
+    )
 
 
 def test_dry_run_reports_and_sweep_deletes_exactly_the_unreferenced(spark, suite, conn):
@@ -147,14 +172,20 @@ def test_dry_run_reports_and_sweep_deletes_exactly_the_unreferenced(spark, suite
     assert expected_data <= gone
     assert {history.orphan_range, history.orphan_metarange, history.old_compaction} <= gone
     # Never deleted: data of the head and the tag, the staged file, internal files.
-    assert set(history.b_files) | set(history.c_files) | {
-        history.restaged, history.restaged_as_uri, history.internal} <= after
+    assert (
+        set(history.b_files)
+        | set(history.c_files)
+        | {history.restaged, history.restaged_as_uri, history.internal}
+        <= after
+    )
     with suite.client() as c:
         assert history.stale_branch not in [b.name for b in c.iter_branches(history.repo)]
 
     def ids(ref):
-        return sorted(r.id for r in qs.read(spark, f"quarry://{history.repo}/{ref}/t",
-                                            connection=conn).collect())
+        return sorted(
+            r.id
+            for r in qs.read(spark, f"quarry://{history.repo}/{ref}/t", connection=conn).collect()
+        )
 
     assert ids("main") == list(range(600, 900))
     assert ids("b") == list(range(400, 600))
@@ -178,8 +209,14 @@ def test_branch_override_keeps_its_history(spark, suite, conn):
     history = History(spark, suite, conn)
     report = run_gc(spark, history, sweep=False, days=7)
     overridden = collect_garbage(
-        spark, history.repo, rules=RetentionRules(7, {"main": 60}), sweep=False,
-        now=dt.datetime.now(dt.timezone.utc) + LATER, grace=dt.timedelta(0), connection=conn)
+        spark,
+        history.repo,
+        rules=RetentionRules(7, {"main": 60}),
+        sweep=False,
+        now=dt.datetime.now(dt.UTC) + LATER,
+        grace=dt.timedelta(0),
+        connection=conn,
+    )
     assert set(history.a_files[2:]) <= set(report.collectable["data"].sample)
     assert not set(history.a_files) & set(overridden.collectable["data"].sample)
 
@@ -187,25 +224,45 @@ def test_branch_override_keeps_its_history(spark, suite, conn):
 def test_gc_command_line_dry_run_and_sweep(spark, suite, conn, tmp_path):
     history = History(spark, suite, conn)
     rules = tmp_path / "rules.json"
-    rules.write_text(json.dumps({"default_retention_days": 7,
-                                 "branches": [{"branch_id": "other", "retention_days": 90}]}))
-    now = (dt.datetime.now(dt.timezone.utc) + LATER).isoformat()
+    rules.write_text(
+        json.dumps(
+            {
+                "default_retention_days": 7,
+                "branches": [{"branch_id": "other", "retention_days": 90}],
+            }
+        )
+    )
+    now = (dt.datetime.now(dt.UTC) + LATER).isoformat()
     env = {**os.environ, "QUARRY_HOME": str(tmp_path / "home")}
     connect = ["--branch-manager", conn.branch_manager, "--committer", conn.committer]
 
     def quarry(*args, timeout=300):
-        return subprocess.run([sys.executable, "-m", "quarry.cli.main", *args, *connect],
-                              capture_output=True, text=True, env=env, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "quarry.cli.main", *args, *connect],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+        )
 
     run = ["gc", "run", history.repo, "--now", now, "--grace-hours", "0", "--master", "local[1]"]
     # The repository's stored rules (60 days) keep A; a rules file given to the run wins.
-    stored = quarry("gc", "set-rules", history.repo, "--retention-days", "60",
-                    "--branch-retention", "main=61", timeout=60)
+    stored = quarry(
+        "gc",
+        "set-rules",
+        history.repo,
+        "--retention-days",
+        "60",
+        "--branch-retention",
+        "main=61",
+        timeout=60,
+    )
     assert stored.returncode == 0, stored.stderr
     shown = quarry("gc", "show-rules", history.repo, "--json", timeout=60)
-    assert json.loads(shown.stdout) == {"default_retention_days": 60.0,
-                                        "branches": [{"branch_id": "main",
-                                                      "retention_days": 61.0}]}
+    assert json.loads(shown.stdout) == {
+        "default_retention_days": 60.0,
+        "branches": [{"branch_id": "main", "retention_days": 61.0}],
+    }
     kept = quarry(*run, "--json")
     assert kept.returncode == 0, kept.stderr[-2000:]
     assert json.loads(kept.stdout)["rules"]["default_retention_days"] == 60
@@ -224,8 +281,9 @@ def test_gc_command_line_dry_run_and_sweep(spark, suite, conn, tmp_path):
     assert "Deleted" in swept.stdout and "sweep" in swept.stdout
     assert not set(history.a_files[2:]) & history.keys()
 
-    every = quarry("gc", "run", "--all", "--now", now, "--grace-hours", "0", "--master",
-                   "local[1]", "--json")
+    every = quarry(
+        "gc", "run", "--all", "--now", now, "--grace-hours", "0", "--master", "local[1]", "--json"
+    )
     assert every.returncode == 0, every.stderr[-2000:]
     reports = {r["repository"]: r for r in json.loads(every.stdout)}
     assert history.repo in reports and reports[history.repo]["sweep"] is False
@@ -236,13 +294,15 @@ def test_gc_command_line_dry_run_and_sweep(spark, suite, conn, tmp_path):
     assert bad.returncode != 0 and "negative" in bad.stderr
     missing = quarry("gc", "show-rules", history.repo, timeout=60)
     assert missing.returncode == 1 and "GC_RULES_NOT_FOUND" in missing.stderr
-    invalid = quarry("gc", "set-rules", history.repo, "--branch-retention", "bad/name=3",
-                     timeout=60)
+    invalid = quarry(
+        "gc", "set-rules", history.repo, "--branch-retention", "bad/name=3", timeout=60
+    )
     assert invalid.returncode == 1 and "INVALID_NAME" in invalid.stderr, invalid.stderr
 
 
-def test_a_branch_made_on_an_expired_commit_during_the_sweep_stops_it(spark, suite, conn,
-                                                                      monkeypatch):
+def test_a_branch_made_on_an_expired_commit_during_the_sweep_stops_it(
+    spark, suite, conn, monkeypatch
+):
     """Content addressing lets history made during a GC run reuse files GC judged
     unreferenced: the sweep re-reads the heads first and deletes nothing if so."""
     import quarry.spark.gc as gc_module
@@ -264,32 +324,42 @@ def test_a_branch_made_on_an_expired_commit_during_the_sweep_stops_it(spark, sui
     again = run_gc(spark, history, sweep=True)  # the next run keeps the revived commit's data
     assert again.deleted > 0
     assert set(history.a_files) <= history.keys()
-    assert sorted(r.id for r in qs.read(spark, f"quarry://{history.repo}/revived/t",
-                                        connection=conn).collect()) == list(range(400))
+    assert sorted(
+        r.id
+        for r in qs.read(spark, f"quarry://{history.repo}/revived/t", connection=conn).collect()
+    ) == list(range(400))
 
 
-def test_a_repository_nested_in_or_sharing_the_namespace_cannot_be_created(spark, suite,
-                                                                          conn):
+def test_a_repository_nested_in_or_sharing_the_namespace_cannot_be_created(spark, suite, conn):
     """Before namespaces were owned, GC had to leave nested repositories' files alone and
     refuse shared namespaces; now such repositories cannot be created at all (issue 10)."""
     outer = f"gc-{uuid.uuid4().hex[:10]}"
     with suite.client() as c:
         c.create_repository(outer, suite.namespace(outer))
-        for name, namespace in ((outer + "-in", suite.namespace(outer) + "/nested/inner"),
-                                (outer + "-twin", suite.namespace(outer))):
+        for name, namespace in (
+            (outer + "-in", suite.namespace(outer) + "/nested/inner"),
+            (outer + "-twin", suite.namespace(outer)),
+        ):
             with pytest.raises(errors.FailedPrecondition) as failure:
                 c.create_repository(name, namespace)
             assert failure.value.reason == "NAMESPACE_IN_USE"
             assert failure.value.metadata["other_repository"] == outer
         qs.write(numbers(spark, 0, 40, 2), f"quarry://{outer}/main/t", connection=conn)
-        later = dt.datetime.now(dt.timezone.utc) + LATER
-        report = collect_garbage(spark, outer, rules=RetentionRules(7), now=later,
-                                 grace=dt.timedelta(0), sweep=True, connection=conn)
+        later = dt.datetime.now(dt.UTC) + LATER
+        report = collect_garbage(
+            spark,
+            outer,
+            rules=RetentionRules(7),
+            now=later,
+            grace=dt.timedelta(0),
+            sweep=True,
+            connection=conn,
+        )
         assert report.objects_scanned > 0
 
 
 def age(root, keys, seconds: float) -> None:
-    when = dt.datetime.now(dt.timezone.utc).timestamp() - seconds
+    when = dt.datetime.now(dt.UTC).timestamp() - seconds
     for key in keys:
         os.utime(os.path.join(root, *key.split("/")), (when, when))
 
@@ -311,11 +381,15 @@ def test_a_sweep_never_deletes_a_file_quarry_did_not_write(spark, suite, conn):
         with open_blob_store(root) as store:
             assert store.get(key) == f"not Quarry's: {key}".encode(), key
     # Counted as foreign, except those under _quarry/ (Quarry's internal files, kept too).
-    assert report.objects_foreign == len([k for k in FOREIGN_KEYS
-                                          if not k.startswith("_quarry/")])
+    assert report.objects_foreign == len([k for k in FOREIGN_KEYS if not k.startswith("_quarry/")])
     # The real orphans went (so the sweep did run over these files).
-    assert {history.dead_file, history.orphan_data, history.orphan_range,
-            history.orphan_metarange, history.old_compaction} <= gone
+    assert {
+        history.dead_file,
+        history.orphan_data,
+        history.orphan_range,
+        history.orphan_metarange,
+        history.old_compaction,
+    } <= gone
     assert set(history.a_files[2:]) <= gone
     assert report.deleted == len(gone) > 0
     assert MARKER_KEY in after and history.internal in after
@@ -329,9 +403,12 @@ def test_gc_deletes_nothing_unless_the_marker_names_this_repository(spark, suite
         original = fh.read()
     before = history.keys()
     try:
-        for tampered in (original.replace(history.repo.encode(), b"someone-else"),
-                         original.replace(b'"instance_id": "', b'"instance_id": "0'),
-                         b"garbage", None):
+        for tampered in (
+            original.replace(history.repo.encode(), b"someone-else"),
+            original.replace(b'"instance_id": "', b'"instance_id": "0'),
+            b"garbage",
+            None,
+        ):
             if tampered is None:
                 os.unlink(marker)
             else:

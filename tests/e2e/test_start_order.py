@@ -22,9 +22,16 @@ from grpc_status import rpc_status
 from quarry.cli.main import SERVICE_MODULES, start_order
 from quarry.client import Client
 from quarry.client.retry import RetryPolicy
-from quarry.v1 import (branch_manager_pb2, branch_manager_pb2_grpc, committer_pb2,
-                       committer_pb2_grpc, compactor_sensor_pb2, compactor_sensor_pb2_grpc,
-                       server_info_pb2, server_info_pb2_grpc)
+from quarry.v1 import (
+    branch_manager_pb2,
+    branch_manager_pb2_grpc,
+    committer_pb2,
+    committer_pb2_grpc,
+    compactor_sensor_pb2,
+    compactor_sensor_pb2_grpc,
+    server_info_pb2,
+    server_info_pb2_grpc,
+)
 from support.processes import VENV_BIN, free_port, quarry_env, wait_health
 from support.wait import wait_until
 
@@ -40,13 +47,17 @@ class Processes:
 
     def __init__(self, home: Path, **extra: str):
         self.ports = {name: free_port() for name in SERVICES}
-        settings = {f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-                    for name, port in self.ports.items()
-                    for what, value in (("PORT", str(port)), ("ADDRESS", f"127.0.0.1:{port}"))}
-        settings.update(QUARRY_SHUTDOWN_GRACE_SECONDS=str(GRACE),
-                        # The dropper polls the (dead) gateway while we stop things.
-                        QUARRY_STAGING_DROP_INTERVAL_SECONDS="0.2",
-                        QUARRY_COMPACTION_CHECK_INTERVAL_SECONDS="0.2")
+        settings = {
+            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
+            for name, port in self.ports.items()
+            for what, value in (("PORT", str(port)), ("ADDRESS", f"127.0.0.1:{port}"))
+        }
+        settings.update(
+            QUARRY_SHUTDOWN_GRACE_SECONDS=str(GRACE),
+            # The dropper polls the (dead) gateway while we stop things.
+            QUARRY_STAGING_DROP_INTERVAL_SECONDS="0.2",
+            QUARRY_COMPACTION_CHECK_INTERVAL_SECONDS="0.2",
+        )
         settings.update(extra)
         self.env = quarry_env(home, **settings)
         self.children: dict[str, subprocess.Popen] = {}
@@ -57,8 +68,13 @@ class Processes:
 
     def start(self, name: str) -> subprocess.Popen:
         log = open(self.home / f"{name}.log", "a")  # noqa: SIM115 — closed with the child
-        child = subprocess.Popen([str(VENV_BIN / "quarry"), "serve", name], env=self.env,
-                                 stdout=log, stderr=subprocess.STDOUT, text=True)
+        child = subprocess.Popen(
+            [str(VENV_BIN / "quarry"), "serve", name],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         log.close()
         self.children[name] = child
         return child
@@ -101,16 +117,21 @@ def refusal(call) -> tuple[grpc.StatusCode, error_details_pb2.ErrorInfo]:
 def assert_waits_for(procs: Processes, dependency: str) -> None:
     """branch-manager and committer answer, NOT_SERVING, and refuse calls naming it."""
     with grpc.insecure_channel(procs.target("branch-manager")) as channel:
-        code, info = refusal(lambda: branch_manager_pb2_grpc.BranchManagerStub(channel)
-                             .ListRepositories(branch_manager_pb2.ListRepositoriesRequest(),
-                                               timeout=5))
+        code, info = refusal(
+            lambda: branch_manager_pb2_grpc.BranchManagerStub(channel).ListRepositories(
+                branch_manager_pb2.ListRepositoriesRequest(), timeout=5
+            )
+        )
         assert code == grpc.StatusCode.UNAVAILABLE
         assert info.reason == "DEPENDENCY_UNAVAILABLE"
         assert dependency in info.metadata["dependency"].split(",")
         assert procs.target(dependency) in info.metadata["address"]
     with grpc.insecure_channel(procs.target("committer")) as channel:
-        code, info = refusal(lambda: committer_pb2_grpc.CommitterStub(channel).Log(
-            committer_pb2.LogRequest(repository="demo", ref="main"), timeout=5))
+        code, info = refusal(
+            lambda: committer_pb2_grpc.CommitterStub(channel).Log(
+                committer_pb2.LogRequest(repository="demo", ref="main"), timeout=5
+            )
+        )
         assert code == grpc.StatusCode.UNAVAILABLE
         assert info.reason == "DEPENDENCY_UNAVAILABLE"
         assert dependency in info.metadata["dependency"].split(",")
@@ -129,26 +150,33 @@ def test_services_started_before_the_kv_gateway_wait_for_it_and_follow_it(procs,
         procs.start(name)
     # Up, listening and NOT_SERVING (overall and per service) — not exited.
     wait_all(procs, DEPENDENTS, NOT_SERVING)
-    for name, service in (("branch-manager", "quarry.v1.BranchManager"),
-                          ("committer", "quarry.v1.Committer"),
-                          ("compactor-sensor", "quarry.v1.CompactorSensor")):
+    for name, service in (
+        ("branch-manager", "quarry.v1.BranchManager"),
+        ("committer", "quarry.v1.Committer"),
+        ("compactor-sensor", "quarry.v1.CompactorSensor"),
+    ):
         wait_health(procs.target(name), NOT_SERVING, service=service)
         with grpc.insecure_channel(procs.target(name)) as channel:
             info = server_info_pb2_grpc.ServerInfoStub(channel).GetServerInfo(
-                server_info_pb2.GetServerInfoRequest(), timeout=5)
+                server_info_pb2.GetServerInfoRequest(), timeout=5
+            )
         assert info.service == name
     assert_waits_for(procs, "kv-gateway")
     with grpc.insecure_channel(procs.target("committer")) as channel:
-        _code, info = refusal(lambda: committer_pb2_grpc.CommitterStub(channel).Log(
-            committer_pb2.LogRequest(repository="demo", ref="main"), timeout=5))
+        _code, info = refusal(
+            lambda: committer_pb2_grpc.CommitterStub(channel).Log(
+                committer_pb2.LogRequest(repository="demo", ref="main"), timeout=5
+            )
+        )
     assert set(info.metadata["dependency"].split(",")) == {"kv-gateway", "range-writer"}
     # The sensor waits for the committer too, which answers but is NOT_SERVING.
     with grpc.insecure_channel(procs.target("compactor-sensor")) as channel:
-        code, info = refusal(lambda: compactor_sensor_pb2_grpc.CompactorSensorStub(channel)
-                             .GetBranchStagingStats(compactor_sensor_pb2.
-                                                    GetBranchStagingStatsRequest(
-                                                        repository="demo", branch="main"),
-                                                    timeout=5))
+        code, info = refusal(
+            lambda: compactor_sensor_pb2_grpc.CompactorSensorStub(channel).GetBranchStagingStats(
+                compactor_sensor_pb2.GetBranchStagingStatsRequest(repository="demo", branch="main"),
+                timeout=5,
+            )
+        )
     assert (code, info.reason) == (grpc.StatusCode.UNAVAILABLE, "DEPENDENCY_UNAVAILABLE")
     assert set(info.metadata["dependency"].split(",")) == {"kv-gateway", "committer"}
 
@@ -157,14 +185,26 @@ def test_services_started_before_the_kv_gateway_wait_for_it_and_follow_it(procs,
     wait_all(procs, DEPENDENTS, SERVING)
     assert all(procs.children[name].poll() is None for name in DEPENDENTS)
     namespace = tmp_path / "lake" / "demo"
-    with Client(procs.target("branch-manager"), procs.target("committer"),
-                compactor_sensor=procs.target("compactor-sensor")) as client:
+    with Client(
+        procs.target("branch-manager"),
+        procs.target("committer"),
+        compactor_sensor=procs.target("compactor-sensor"),
+    ) as client:
         client.create_repository("demo", str(namespace))
-        client.put_object("demo", "main", path="t/a.parquet",
-                          physical_address="s3://bucket/a.parquet", size_bytes=10)
+        client.put_object(
+            "demo",
+            "main",
+            path="t/a.parquet",
+            physical_address="s3://bucket/a.parquet",
+            size_bytes=10,
+        )
         # The sensor's statistics (its loop started behind the gate) see the staged write.
-        wait_until(lambda: client.branch_staging_stats("demo", "main").puts >= 1,
-                   timeout=20, interval=0.1, what="the sensor to count the write")
+        wait_until(
+            lambda: client.branch_staging_stats("demo", "main").puts >= 1,
+            timeout=20,
+            interval=0.1,
+            what="the sensor to count the write",
+        )
         first = client.commit("demo", "main", "first").commit
 
     # The kv-gateway dies: health follows, calls are refused with the reason.
@@ -177,10 +217,17 @@ def test_services_started_before_the_kv_gateway_wait_for_it_and_follow_it(procs,
     procs.start("kv-gateway")
     wait_all(procs, DEPENDENTS, SERVING)
     with Client(procs.target("branch-manager"), procs.target("committer")) as client:
-        assert client.stat_object("demo", "main", "t/a.parquet").physical_address == \
-            "s3://bucket/a.parquet"
-        client.put_object("demo", "main", path="t/b.parquet",
-                          physical_address="s3://bucket/b.parquet", size_bytes=20)
+        assert (
+            client.stat_object("demo", "main", "t/a.parquet").physical_address
+            == "s3://bucket/a.parquet"
+        )
+        client.put_object(
+            "demo",
+            "main",
+            path="t/b.parquet",
+            physical_address="s3://bucket/b.parquet",
+            size_bytes=20,
+        )
         second = client.commit("demo", "main", "second").commit
         assert list(second.parents) == [first.id]
 
@@ -222,9 +269,12 @@ def test_a_service_stops_within_its_grace_period_while_its_dependency_hangs(proc
             try:
                 branch_manager_pb2_grpc.BranchManagerStub(channel).PutObject(
                     branch_manager_pb2.PutObjectRequest(
-                        repository="demo", branch="main",
-                        entry={"path": "x", "physical_address": "s3://b/x", "size_bytes": 1}),
-                    timeout=60)
+                        repository="demo",
+                        branch="main",
+                        entry={"path": "x", "physical_address": "s3://b/x", "size_bytes": 1},
+                    ),
+                    timeout=60,
+                )
                 outcome.append("ok")
             except grpc.RpcError as error:
                 outcome.append(error.code())
@@ -248,11 +298,11 @@ def test_a_dependent_service_still_refuses_another_format_version(procs):
     """branch-manager starts before the kv-gateway; the gateway that then appears (another
     build) serves a store of another format version: branch-manager exits non-zero with the
     export/import message instead of waiting forever."""
-    from quarry.kv.memory import MemoryStore
-    from support.servers import settings_for_tests
-
     from kv_gateway.service import build
+
+    from quarry.kv.memory import MemoryStore
     from quarry.runtime.server import create_server
+    from support.servers import settings_for_tests
 
     branch_manager = procs.start("branch-manager")
     wait_health(procs.target("branch-manager"), NOT_SERVING, child=branch_manager)
@@ -260,8 +310,9 @@ def test_a_dependent_service_still_refuses_another_format_version(procs):
     backend.set(b"quarry", b"format-version", b"999")
     other_build = build(settings_for_tests(), backend=backend)
     other_build.on_ready.clear()  # a gateway of another build: it serves that store
-    gateway, _ = create_server(settings_for_tests(), other_build,
-                               port=procs.ports["kv-gateway"], host="127.0.0.1")
+    gateway, _ = create_server(
+        settings_for_tests(), other_build, port=procs.ports["kv-gateway"], host="127.0.0.1"
+    )
     try:
         branch_manager.wait(timeout=30)
     finally:
@@ -274,8 +325,11 @@ def test_a_dependent_service_still_refuses_another_format_version(procs):
 
 def _stop_times(stderr: str) -> tuple[dict[str, datetime], dict[str, datetime]]:
     """When each service began draining and when it had stopped, from its own log lines."""
-    pattern = re.compile(r"^(\S+ \S+) \S+ INFO quarry\.runtime\.server: (\S+)(: signal \d+, "
-                         r"draining| stopped)", re.M)
+    pattern = re.compile(
+        r"^(\S+ \S+) \S+ INFO quarry\.runtime\.server: (\S+)(: signal \d+, "
+        r"draining| stopped)",
+        re.M,
+    )
     began, ended = {}, {}
     for stamp, name, what in pattern.findall(stderr):
         when = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f")
@@ -285,27 +339,38 @@ def _stop_times(stderr: str) -> tuple[dict[str, datetime], dict[str, datetime]]:
 
 def test_up_stops_dependents_first_and_promptly_on_ctrl_c(tmp_path):
     ports = {name: free_port() for name in SERVICE_MODULES}
-    env = quarry_env(tmp_path / "home", QUARRY_SHUTDOWN_GRACE_SECONDS=str(GRACE), **{
-        f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-        for name, p in ports.items()
-        for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))})
+    env = quarry_env(
+        tmp_path / "home",
+        QUARRY_SHUTDOWN_GRACE_SECONDS=str(GRACE),
+        **{
+            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
+            for name, p in ports.items()
+            for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
+        },
+    )
     # A session of its own, so Ctrl-C can be sent the way a terminal sends it: to the whole
     # foreground process group.
-    up = subprocess.Popen([str(VENV_BIN / "quarry"), "up"], env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          start_new_session=True)
+    up = subprocess.Popen(
+        [str(VENV_BIN / "quarry"), "up"],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         seen = []
         while not any("Press Ctrl-C" in line for line in seen):
             line = up.stdout.readline()
             assert line, "".join(seen)
             seen.append(line)
-        with Client(f"127.0.0.1:{ports['branch-manager']}",
-                    f"127.0.0.1:{ports['committer']}",
-                    retry=RetryPolicy(budget=20)) as client:
+        with Client(
+            f"127.0.0.1:{ports['branch-manager']}",
+            f"127.0.0.1:{ports['committer']}",
+            retry=RetryPolicy(budget=20),
+        ) as client:
             client.create_repository("demo", str(tmp_path / "lake" / "demo"))
-            client.put_object("demo", "main", path="a", physical_address="s3://b/a",
-                              size_bytes=1)
+            client.put_object("demo", "main", path="a", physical_address="s3://b/a", size_bytes=1)
             client.commit("demo", "main", "one")
         started = time.monotonic()
         os.killpg(up.pid, signal.SIGINT)

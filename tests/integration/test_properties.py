@@ -30,9 +30,15 @@ from hypothesis import strategies as st
 
 from quarry.graveler.refs import RefManager
 from support.processes import free_port
+from support.proto_fuzz import (
+    KV_SERVICE,
+    Pools,
+    call,
+    public_methods,
+    request_strategy,
+    rpcs_declared_in_protos,
+)
 from support.reporting import report_lines
-from support.proto_fuzz import (KV_SERVICE, Pools, call, public_methods, request_strategy,
-                                rpcs_declared_in_protos)
 from support.suite import running_suite
 
 # Not one of items 1-7 (found by this test): a PutObjects stream whose later message is
@@ -58,13 +64,21 @@ def is_mutating(rpc_name: str) -> bool:
 
 # Codes that say "this server is broken", not "your request was wrong". DEADLINE_EXCEEDED
 # and UNAVAILABLE on loopback to a running server mean a hang or a crash, just as bad.
-FORBIDDEN = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
-             grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE}
+FORBIDDEN = {
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNAVAILABLE,
+}
 
 REPO, OTHER = "demo", "other"
-SERVICE_TARGET = {"BranchManager": "branch-manager", "Committer": "committer",
-                  "CompactorSensor": "compactor-sensor", "KVGateway": "kv-gateway",
-                  "ServerInfo": "branch-manager"}
+SERVICE_TARGET = {
+    "BranchManager": "branch-manager",
+    "Committer": "committer",
+    "CompactorSensor": "compactor-sensor",
+    "KVGateway": "kv-gateway",
+    "ServerInfo": "branch-manager",
+}
 METHODS = {f"{m.containing_service.name}/{m.name}": m for m in public_methods()}
 
 
@@ -102,8 +116,7 @@ def _input(name: str):
 def _entry(path: str, address: str, size: int, checksum: str = ""):
     from quarry.v1 import types_pb2
 
-    return types_pb2.Entry(path=path, physical_address=address, size_bytes=size,
-                           checksum=checksum)
+    return types_pb2.Entry(path=path, physical_address=address, size_bytes=size, checksum=checksum)
 
 
 def error_info(exc: grpc.RpcError):
@@ -144,8 +157,13 @@ def ensure_fixture(world: World) -> None:
 
     for name in (REPO, OTHER):
         if not exists("GetRepository", name=name):
-            _bm(world, "CreateRepository", _input(bm + "CreateRepository")(
-                name=name, storage_namespace=world.scratch(name), default_branch="main"))
+            _bm(
+                world,
+                "CreateRepository",
+                _input(bm + "CreateRepository")(
+                    name=name, storage_namespace=world.scratch(name), default_branch="main"
+                ),
+            )
             if name == REPO:
                 # Services cache a repository record for RefManager.REPOSITORY_TTL_SECONDS;
                 # until it expires the committer still sees the deleted instance.
@@ -154,27 +172,61 @@ def ensure_fixture(world: World) -> None:
     log = _cm(world, "Log", _input("Committer/Log")(repository=REPO, ref="main", page_size=5))
     if len(log.commits) < 3:  # the repository's first commit + two of ours
         for i, paths in enumerate((["a/1.parquet", "a/2.parquet"], ["b/c.csv"])):
-            _bm(world, "PutObjects", [_input(bm + "PutObjects")(
-                repository=REPO, branch="main",
-                entries=[_entry(p, f"s3://bucket/{p}.{i}", 10 + i, f"c{i}") for p in paths])])
-            _cm(world, "Commit", _input("Committer/Commit")(
-                repository=REPO, branch="main", message=f"fixture {i}", allow_empty=True))
-        main = _bm(world, "GetBranch",
-                   _input(bm + "GetBranch")(repository=REPO, name="main")).branch
+            _bm(
+                world,
+                "PutObjects",
+                [
+                    _input(bm + "PutObjects")(
+                        repository=REPO,
+                        branch="main",
+                        entries=[_entry(p, f"s3://bucket/{p}.{i}", 10 + i, f"c{i}") for p in paths],
+                    )
+                ],
+            )
+            _cm(
+                world,
+                "Commit",
+                _input("Committer/Commit")(
+                    repository=REPO, branch="main", message=f"fixture {i}", allow_empty=True
+                ),
+            )
+        main = _bm(
+            world, "GetBranch", _input(bm + "GetBranch")(repository=REPO, name="main")
+        ).branch
     if not exists("GetBranch", repository=REPO, name="dev"):
-        _bm(world, "CreateBranch", _input(bm + "CreateBranch")(
-            repository=REPO, name="dev", source_ref="main"))
-    staged = _bm(world, "DiffUncommitted", _input(bm + "DiffUncommitted")(
-        repository=REPO, branch="dev", page_size=1))
+        _bm(
+            world,
+            "CreateBranch",
+            _input(bm + "CreateBranch")(repository=REPO, name="dev", source_ref="main"),
+        )
+    staged = _bm(
+        world,
+        "DiffUncommitted",
+        _input(bm + "DiffUncommitted")(repository=REPO, branch="dev", page_size=1),
+    )
     if not staged.changes:
-        _bm(world, "PutObject", _input(bm + "PutObject")(
-            repository=REPO, branch="dev",
-            entry=_entry("a/1.parquet", "s3://bucket/dev-a1", 11, "d1")))
-        _bm(world, "PutObject", _input(bm + "PutObject")(
-            repository=REPO, branch="dev", entry=_entry("x/new.parquet", "s3://bucket/x", 5)))
+        _bm(
+            world,
+            "PutObject",
+            _input(bm + "PutObject")(
+                repository=REPO,
+                branch="dev",
+                entry=_entry("a/1.parquet", "s3://bucket/dev-a1", 11, "d1"),
+            ),
+        )
+        _bm(
+            world,
+            "PutObject",
+            _input(bm + "PutObject")(
+                repository=REPO, branch="dev", entry=_entry("x/new.parquet", "s3://bucket/x", 5)
+            ),
+        )
     if not exists("GetTag", repository=REPO, name="v1"):
-        _bm(world, "CreateTag", _input(bm + "CreateTag")(repository=REPO, name="v1",
-                                                         ref=main.commit_id))
+        _bm(
+            world,
+            "CreateTag",
+            _input(bm + "CreateTag")(repository=REPO, name="v1", ref=main.commit_id),
+        )
     # Pools: what exists now, so the next example can name it.
     log = _cm(world, "Log", _input("Committer/Log")(repository=REPO, ref="main", page_size=5))
     world.pools.commit_ids[:] = [c.id for c in log.commits]
@@ -195,31 +247,81 @@ def snapshot(world: World) -> dict:
             return f"error {_code(exc).name}"
 
     def entries(ref):
-        reply = _bm(world, "ListObjects", _input(bm + "ListObjects")(
-            repository=REPO, ref=ref, page_size=1000))
-        return [(e.path, e.physical_address, e.size_bytes, e.checksum, e.content_type,
-                 sorted(e.metadata.items())) for e in reply.entries]
+        reply = _bm(
+            world,
+            "ListObjects",
+            _input(bm + "ListObjects")(repository=REPO, ref=ref, page_size=1000),
+        )
+        return [
+            (
+                e.path,
+                e.physical_address,
+                e.size_bytes,
+                e.checksum,
+                e.content_type,
+                sorted(e.metadata.items()),
+            )
+            for e in reply.entries
+        ]
 
     return {
-        "repositories": attempt(lambda: sorted(
-            (r.name, r.storage_namespace) for r in _bm(
-                world, "ListRepositories",
-                _input(bm + "ListRepositories")(page_size=1000)).repositories)),
-        "branches": attempt(lambda: sorted((b.name, b.commit_id) for b in _bm(
-            world, "ListBranches", _input(bm + "ListBranches")(
-                repository=REPO, page_size=1000)).branches)),
-        "other_branches": attempt(lambda: sorted((b.name, b.commit_id) for b in _bm(
-            world, "ListBranches", _input(bm + "ListBranches")(
-                repository=OTHER, page_size=1000)).branches)),
-        "tags": attempt(lambda: sorted((t.name, t.commit_id) for t in _bm(
-            world, "ListTags", _input(bm + "ListTags")(repository=REPO,
-                                                      page_size=1000)).tags)),
+        "repositories": attempt(
+            lambda: sorted(
+                (r.name, r.storage_namespace)
+                for r in _bm(
+                    world, "ListRepositories", _input(bm + "ListRepositories")(page_size=1000)
+                ).repositories
+            )
+        ),
+        "branches": attempt(
+            lambda: sorted(
+                (b.name, b.commit_id)
+                for b in _bm(
+                    world,
+                    "ListBranches",
+                    _input(bm + "ListBranches")(repository=REPO, page_size=1000),
+                ).branches
+            )
+        ),
+        "other_branches": attempt(
+            lambda: sorted(
+                (b.name, b.commit_id)
+                for b in _bm(
+                    world,
+                    "ListBranches",
+                    _input(bm + "ListBranches")(repository=OTHER, page_size=1000),
+                ).branches
+            )
+        ),
+        "tags": attempt(
+            lambda: sorted(
+                (t.name, t.commit_id)
+                for t in _bm(
+                    world, "ListTags", _input(bm + "ListTags")(repository=REPO, page_size=1000)
+                ).tags
+            )
+        ),
         "main": attempt(lambda: entries("main")),
         "dev": attempt(lambda: entries("dev")),
-        "log": attempt(lambda: [c.id for c in _cm(world, "Log", _input("Committer/Log")(
-            repository=REPO, ref="main", page_size=1000)).commits]),
-        "gc_rules": attempt(lambda: str(_bm(world, "GetGarbageCollectionRules", _input(
-            bm + "GetGarbageCollectionRules")(repository=REPO)))),
+        "log": attempt(
+            lambda: [
+                c.id
+                for c in _cm(
+                    world,
+                    "Log",
+                    _input("Committer/Log")(repository=REPO, ref="main", page_size=1000),
+                ).commits
+            ]
+        ),
+        "gc_rules": attempt(
+            lambda: str(
+                _bm(
+                    world,
+                    "GetGarbageCollectionRules",
+                    _input(bm + "GetGarbageCollectionRules")(repository=REPO),
+                )
+            )
+        ),
     }
 
 
@@ -228,13 +330,19 @@ def world(tmp_path_factory, request):
     home = tmp_path_factory.mktemp("proptest")
     # An S3 endpoint nobody listens on: s3:// namespaces fail fast and never leave the host.
     dead_s3 = f"http://127.0.0.1:{free_port()}"
-    with running_suite(home, compactor_sensor=True, s3_endpoint_url=dead_s3,
-                       staging_drop_grace_seconds=0.2) as suite:
-        channels = {name: grpc.insecure_channel(target)
-                    for name, target in suite.targets.items()}
-        w = World(suite=suite, channels=channels, pools=Pools(namespaces=[]),
-                  scratch_counter=itertools.count(), examples=Counter(), tolerated=Counter(),
-                  codes={})
+    with running_suite(
+        home, compactor_sensor=True, s3_endpoint_url=dead_s3, staging_drop_grace_seconds=0.2
+    ) as suite:
+        channels = {name: grpc.insecure_channel(target) for name, target in suite.targets.items()}
+        w = World(
+            suite=suite,
+            channels=channels,
+            pools=Pools(namespaces=[]),
+            scratch_counter=itertools.count(),
+            examples=Counter(),
+            tolerated=Counter(),
+            codes={},
+        )
         w.pools.namespaces.append(str(home / "lake" / "demo-ns"))
         ensure_fixture(w)
         yield w
@@ -263,8 +371,14 @@ def test_rpc_never_internal_and_errors_change_nothing(world, method_name):
 
     strategy = request_strategy(method, world.pools, world.scratch)
 
-    @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck), print_blob=False)
+    @settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+    )
     @given(data=st.data())
     def run(data):
         request = data.draw(strategy, label="request")
@@ -283,28 +397,40 @@ def test_rpc_never_internal_and_errors_change_nothing(world, method_name):
                 world.tolerated[known] += 1
             else:
                 assert code not in FORBIDDEN, (
-                    f"{method_name} answered {code.name}: {exc.details()!r}")
+                    f"{method_name} answered {code.name}: {exc.details()!r}"
+                )
                 # Every error says why in an ErrorInfo reason (a huge input quoted in the
                 # message once pushed the trailers over gRPC's limit and lost it).
                 if error_info(exc) is None:
                     if DISCOVER:
-                        world.tolerated[f"DISCOVER {method_name} {code.name} without "
-                                        f"ErrorInfo: {exc.details()[:120]!r}"] += 1
+                        world.tolerated[
+                            f"DISCOVER {method_name} {code.name} without "
+                            f"ErrorInfo: {exc.details()[:120]!r}"
+                        ] += 1
                     else:
-                        raise AssertionError(f"{method_name} answered {code.name} without an "
-                                             f"ErrorInfo reason: {exc.details()!r}")
+                        raise AssertionError(
+                            f"{method_name} answered {code.name} without an "
+                            f"ErrorInfo reason: {exc.details()!r}"
+                        ) from exc
             if checks_state:
                 after = snapshot(world)
                 changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
-                if (changed and KNOWN_BUG_PUTOBJECTS_PARTIAL_APPLY
-                        and method.name == "PutObjects" and len(request) > 1
-                        and set(changed) <= {"main", "dev"}):
-                    world.tolerated["PutObjects applied the messages before the refused one "
-                                    "(found here, not in items 1-7)"] += 1
+                if (
+                    changed
+                    and KNOWN_BUG_PUTOBJECTS_PARTIAL_APPLY
+                    and method.name == "PutObjects"
+                    and len(request) > 1
+                    and set(changed) <= {"main", "dev"}
+                ):
+                    world.tolerated[
+                        "PutObjects applied the messages before the refused one "
+                        "(found here, not in items 1-7)"
+                    ] += 1
                     changed = {}
                 assert not changed, (
                     f"{method_name} failed with {code.name} ({exc.details()!r}) but changed "
-                    f"the observable state: {changed}")
+                    f"the observable state: {changed}"
+                )
             return
         codes["OK"] += 1
         if method.name == "CreateRepository" and len(world.pools.repositories) < 8:
@@ -323,11 +449,18 @@ def test_every_public_rpc_is_covered(world):
     strategy draws). Fails when an RPC is added without coverage."""
     # Auth (issue 12) is in the contract but not served until branch-manager registers it
     # behind the auth interceptor; it joins the fuzzed services then.
-    declared = {f"{service}/{rpc}" for service, rpcs in rpcs_declared_in_protos().items()
-                if service not in ("RangeWriter", "Auth") for rpc in rpcs}
-    assert {"BranchManager/PutObject", "Committer/Commit",
-            "CompactorSensor/GetBranchStagingStats"} <= declared
+    declared = {
+        f"{service}/{rpc}"
+        for service, rpcs in rpcs_declared_in_protos().items()
+        if service not in ("RangeWriter", "Auth")
+        for rpc in rpcs
+    }
+    assert {
+        "BranchManager/PutObject",
+        "Committer/Commit",
+        "CompactorSensor/GetBranchStagingStats",
+    } <= declared
     missing = declared - set(METHODS)
     assert not missing, f"public RPCs not covered by the property test: {sorted(missing)}"
-    for name, method in METHODS.items():
+    for method in METHODS.values():
         request_strategy(method, world.pools, world.scratch).validate()

@@ -52,8 +52,11 @@ def reason_of(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
 
 def scan(target: str) -> list:
     with grpc.insecure_channel(target) as channel:
-        return list(kv_pb2_grpc.KVGatewayStub(channel).ScanItems(
-            kv_pb2.ScanItemsRequest(partition_key=b"cleanup"), timeout=5))
+        return list(
+            kv_pb2_grpc.KVGatewayStub(channel).ScanItems(
+                kv_pb2.ScanItemsRequest(partition_key=b"cleanup"), timeout=5
+            )
+        )
 
 
 def test_health_and_calls_follow_a_dependency_that_comes_and_goes():
@@ -69,8 +72,12 @@ def test_health_and_calls_follow_a_dependency_that_comes_and_goes():
             assert health_status(b_target, name) == NOT_SERVING
         assert health_status(b_target, "quarry.v1.ServerInfo") == SERVING
         with grpc.insecure_channel(b_target) as channel:
-            assert server_info_pb2_grpc.ServerInfoStub(channel).GetServerInfo(
-                server_info_pb2.GetServerInfoRequest(), timeout=5).service == "kv-gateway"
+            assert (
+                server_info_pb2_grpc.ServerInfoStub(channel)
+                .GetServerInfo(server_info_pb2.GetServerInfoRequest(), timeout=5)
+                .service
+                == "kv-gateway"
+            )
         with pytest.raises(grpc.RpcError) as caught:
             scan(b_target)
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -111,8 +118,10 @@ def test_start_up_work_waits_until_it_can_run_and_runs_once():
     probe_rounds = []  # a dependency that always answers: counts B's probe rounds
     spec = gateway_spec()
     spec.on_ready = [check_format]
-    spec.dependencies = [*spec.dependencies,
-                         Dependency("round-counter", "-", lambda timeout: probe_rounds.append(1))]
+    spec.dependencies = [
+        *spec.dependencies,
+        Dependency("round-counter", "-", lambda timeout: probe_rounds.append(1)),
+    ]
     b, b_port = start(spec)
     b_target = f"127.0.0.1:{b_port}"
     try:
@@ -127,11 +136,14 @@ def test_start_up_work_waits_until_it_can_run_and_runs_once():
             wait_health(b_target, SERVING, timeout=10)
             # Several more probe rounds: the work is not run again.
             rounds_when_ready = len(probe_rounds)
-            wait_until(lambda: len(probe_rounds) >= rounds_when_ready + 3,
-                       what="three more probe rounds")
+            wait_until(
+                lambda: len(probe_rounds) >= rounds_when_ready + 3, what="three more probe rounds"
+            )
             assert runs == [quarry.FORMAT_VERSION]
-            assert backend.get(b"quarry", b"format-version").value == \
-                str(quarry.FORMAT_VERSION).encode()
+            assert (
+                backend.get(b"quarry", b"format-version").value
+                == str(quarry.FORMAT_VERSION).encode()
+            )
         finally:
             a.stop(grace=0)
     finally:
@@ -179,10 +191,9 @@ def test_a_mismatch_at_start_refuses_and_frees_the_port():
 
 
 def test_periodic_worker_backs_off_with_jitter_and_resets():
-    worker = PeriodicWorker("test", lambda: None, interval=1.0, retry_initial=0.1,
-                            retry_max=0.8)
+    worker = PeriodicWorker("test", lambda: None, interval=1.0, retry_initial=0.1, retry_max=0.8)
     delays = [worker.next_delay(False) for _ in range(6)]
-    for delay, ceiling in zip(delays, [0.1, 0.2, 0.4, 0.8, 0.8, 0.8]):
+    for delay, ceiling in zip(delays, [0.1, 0.2, 0.4, 0.8, 0.8, 0.8], strict=True):
         assert ceiling / 2 <= delay <= ceiling
     assert worker.next_delay(True) == 1.0
     assert worker.next_delay(False) <= 0.1

@@ -17,7 +17,8 @@ import pytest
 from quarry import errors
 from quarry.client import Client, RetryPolicy
 from quarry.runtime.errors import ErrorInterceptor, error_info, from_rpc_error
-from quarry.v1 import branch_manager_pb2 as bm, branch_manager_pb2_grpc, types_pb2
+from quarry.v1 import branch_manager_pb2 as bm
+from quarry.v1 import branch_manager_pb2_grpc, types_pb2
 from support.suite import running_suite
 
 # A generous policy: only the rule under test may stop a retry.
@@ -56,10 +57,14 @@ def serve():
 
     def start(get_branch, options=(), max_message_bytes=None):
         attempts = Attempts()
-        interceptors = [attempts] + ([ErrorInterceptor(max_message_bytes)]
-                                     if max_message_bytes else [ErrorInterceptor()])
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4),
-                             interceptors=interceptors, options=list(options))
+        interceptors = [attempts] + (
+            [ErrorInterceptor(max_message_bytes)] if max_message_bytes else [ErrorInterceptor()]
+        )
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=4),
+            interceptors=interceptors,
+            options=list(options),
+        )
         branch_manager_pb2_grpc.add_BranchManagerServicer_to_server(Scripted(get_branch), server)
         port = server.add_insecure_port("127.0.0.1:0")
         server.start()
@@ -87,8 +92,12 @@ def test_resource_exhausted_without_retry_info_fails_at_once(serve):
 
 
 def test_resource_exhausted_with_retry_info_is_retried(serve):
-    answers = iter([errors.ResourceExhausted("slow down", retry_delay=0.05),
-                    errors.ResourceExhausted("slow down", retry_delay=0.05)])
+    answers = iter(
+        [
+            errors.ResourceExhausted("slow down", retry_delay=0.05),
+            errors.ResourceExhausted("slow down", retry_delay=0.05),
+        ]
+    )
 
     def throttled_twice(request, context):
         answer = next(answers, None)
@@ -128,7 +137,8 @@ def test_response_over_the_server_send_limit_carries_error_info(serve):
     try:
         with pytest.raises(grpc.RpcError) as raw:
             branch_manager_pb2_grpc.BranchManagerStub(channel).GetBranch(
-                bm.GetBranchRequest(repository="repo", name="main"), timeout=5)
+                bm.GetBranchRequest(repository="repo", name="main"), timeout=5
+            )
     finally:
         channel.close()
     assert raw.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -136,17 +146,17 @@ def test_response_over_the_server_send_limit_carries_error_info(serve):
     assert info is not None and info.reason == "MESSAGE_TOO_LARGE"
     assert info.metadata["limit_bytes"] == "4096"
     assert isinstance(from_rpc_error(raw.value), errors.MessageTooLarge)
-    with Client(target, target, retry=PATIENT) as client:
-        with pytest.raises(errors.MessageTooLarge):
-            client.get_branch("repo", "main")
+    with Client(target, target, retry=PATIENT) as client, pytest.raises(errors.MessageTooLarge):
+        client.get_branch("repo", "main")
     assert attempts.calls["GetBranch"] == 2  # one raw call, one client call: no retry
 
 
 def test_kv_throttling_reaches_the_client_with_retry_info_and_is_retried(tmp_path):
     """kv-gateway limiter → Throttled with RetryInfo → branch-manager's RemoteStore → the
     same error re-sent by branch-manager → the client retries it."""
-    with running_suite(tmp_path, kv_limiter_enabled=True,
-                       kv_limiter_write_units_per_second=40.0) as suite:
+    with running_suite(
+        tmp_path, kv_limiter_enabled=True, kv_limiter_write_units_per_second=40.0
+    ) as suite:
         with suite.client(retry=PATIENT) as client:
             client.create_repository("throttled", suite.namespace("throttled"))
         metadata = {"k": "v" * 4000}  # ~5 write units per staged entry
@@ -156,9 +166,14 @@ def test_kv_throttling_reaches_the_client_with_retry_info_and_is_retried(tmp_pat
         try:
             for i in range(200):
                 try:
-                    stub.PutObject(bm.PutObjectRequest(
-                        repository="throttled", branch="main",
-                        entry=types_pb2.Entry(path=f"raw/{i}", metadata=metadata)), timeout=10)
+                    stub.PutObject(
+                        bm.PutObjectRequest(
+                            repository="throttled",
+                            branch="main",
+                            entry=types_pb2.Entry(path=f"raw/{i}", metadata=metadata),
+                        ),
+                        timeout=10,
+                    )
                 except grpc.RpcError as error:
                     refused = error
                     break
@@ -171,8 +186,8 @@ def test_kv_throttling_reaches_the_client_with_retry_info_and_is_retried(tmp_pat
 
         with suite.client(retry=PATIENT) as client:
             for i in range(30):
-                client.put_object("throttled", "main",
-                                  {"path": f"client/{i:02d}", "metadata": metadata})
-            listed = [e.path for e in client.iter_objects("throttled", "main",
-                                                          prefix="client/")]
+                client.put_object(
+                    "throttled", "main", {"path": f"client/{i:02d}", "metadata": metadata}
+                )
+            listed = [e.path for e in client.iter_objects("throttled", "main", prefix="client/")]
         assert listed == [f"client/{i:02d}" for i in range(30)]

@@ -17,8 +17,9 @@ import grpc
 import pytest
 
 from quarry.config import Settings
-from quarry.v1 import (branch_manager_pb2 as bm, branch_manager_pb2_grpc, committer_pb2 as cm,
-                       committer_pb2_grpc, types_pb2)
+from quarry.v1 import branch_manager_pb2 as bm
+from quarry.v1 import branch_manager_pb2_grpc, committer_pb2_grpc, types_pb2
+from quarry.v1 import committer_pb2 as cm
 from support.suite import running_suite
 
 N = 10_000
@@ -34,9 +35,13 @@ def path(i: int) -> str:
 
 def entries(version: str):
     for i in range(N):
-        yield types_pb2.Entry(path=path(i), physical_address=f"s3://lake/{version}/{i}",
-                              size_bytes=1000 + i, checksum=f"{version}-{i}",
-                              metadata={"blob": version[0] * 8000})
+        yield types_pb2.Entry(
+            path=path(i),
+            physical_address=f"s3://lake/{version}/{i}",
+            size_bytes=1000 + i,
+            checksum=f"{version}-{i}",
+            metadata={"blob": version[0] * 8000},
+        )
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +60,13 @@ def loaded(tmp_path_factory):
         channel = grpc.insecure_channel(suite.targets["branch-manager"])
         committer_channel = grpc.insecure_channel(suite.targets["committer"])
         try:
-            yield (suite, branch_manager_pb2_grpc.BranchManagerStub(channel),
-                   committer_pb2_grpc.CommitterStub(committer_channel), initial, loaded)
+            yield (
+                suite,
+                branch_manager_pb2_grpc.BranchManagerStub(channel),
+                committer_pb2_grpc.CommitterStub(committer_channel),
+                initial,
+                loaded,
+            )
         finally:
             channel.close()
             committer_channel.close()
@@ -84,8 +94,11 @@ def assert_pages_bounded(pages):
 
 def test_list_objects_at_page_size_10000(loaded):
     _, stub, _, _, _ = loaded
-    pages, items = follow(stub.ListObjects, bm.ListObjectsRequest(
-        repository=REPO, ref="main", page_size=10_000), lambda r: r.entries)
+    pages, items = follow(
+        stub.ListObjects,
+        bm.ListObjectsRequest(repository=REPO, ref="main", page_size=10_000),
+        lambda r: r.entries,
+    )
     assert_pages_bounded(pages)
     assert [e.path for e in items] == [path(i) for i in range(N)]
     assert {e.checksum for e in items} == {f"second-{i}" for i in range(N)}
@@ -93,8 +106,11 @@ def test_list_objects_at_page_size_10000(loaded):
 
 def test_diff_uncommitted_at_page_size_10000(loaded):
     _, stub, _, _, _ = loaded
-    pages, items = follow(stub.DiffUncommitted, bm.DiffUncommittedRequest(
-        repository=REPO, branch="main", page_size=10_000), lambda r: r.changes)
+    pages, items = follow(
+        stub.DiffUncommitted,
+        bm.DiffUncommittedRequest(repository=REPO, branch="main", page_size=10_000),
+        lambda r: r.changes,
+    )
     assert_pages_bounded(pages)
     assert [c.path for c in items] == [path(i) for i in range(N)]
     assert {c.type for c in items} == {types_pb2.CHANGE_TYPE_CHANGED}
@@ -102,9 +118,11 @@ def test_diff_uncommitted_at_page_size_10000(loaded):
 
 def test_diff_between_refs_at_page_size_10000(loaded):
     _, _, committer, initial, commit = loaded
-    pages, items = follow(committer.Diff, cm.DiffRequest(
-        repository=REPO, left_ref=initial, right_ref=commit, page_size=10_000),
-        lambda r: r.changes)
+    pages, items = follow(
+        committer.Diff,
+        cm.DiffRequest(repository=REPO, left_ref=initial, right_ref=commit, page_size=10_000),
+        lambda r: r.changes,
+    )
     assert_pages_bounded(pages)
     assert [c.path for c in items] == [path(i) for i in range(N)]
     assert {c.type for c in items} == {types_pb2.CHANGE_TYPE_ADDED}
@@ -115,10 +133,15 @@ def test_log_with_large_commit_messages(loaded):
     suite, _, committer, _, _ = loaded
     with suite.client(timeout=60) as client:
         client.create_branch(REPO, "history", "main")
-        made = [client.commit(REPO, "history", f"{i:03d} " + "m" * 60_000,
-                              allow_empty=True).commit.id for i in range(80)]
-    pages, items = follow(committer.Log, cm.LogRequest(
-        repository=REPO, ref="history", page_size=10_000), lambda r: r.commits)
+        made = [
+            client.commit(REPO, "history", f"{i:03d} " + "m" * 60_000, allow_empty=True).commit.id
+            for i in range(80)
+        ]
+    pages, items = follow(
+        committer.Log,
+        cm.LogRequest(repository=REPO, ref="history", page_size=10_000),
+        lambda r: r.commits,
+    )
     assert len(pages) >= 2  # 80 × 60 KB = 4.8 MB
     for page in pages:
         assert 0 < page.ByteSize() <= LIMIT
@@ -138,9 +161,19 @@ def test_grpcurl_lists_page_size_1000_with_its_default_limits(loaded):
         if token:
             request["page_token"] = token
         result = subprocess.run(
-            [str(GRPCURL), "-plaintext", "-format-error", "-d", json.dumps(request),
-             suite.targets["branch-manager"], "quarry.v1.BranchManager/ListObjects"],
-            capture_output=True, text=True, timeout=60)
+            [
+                str(GRPCURL),
+                "-plaintext",
+                "-format-error",
+                "-d",
+                json.dumps(request),
+                suite.targets["branch-manager"],
+                "quarry.v1.BranchManager/ListObjects",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert result.returncode == 0, result.stderr
         page = json.loads(result.stdout)
         assert 0 < len(page["entries"]) < 1000  # 1,000 entries would be 8 MB
@@ -162,14 +195,18 @@ def test_kv_scan_messages_are_cut_by_size():
         store = RemoteStore(target)
         try:
             store.batch_set(items)
-            assert [(i.key, i.value) for i in store.scan(partition)] == \
-                [(k, v) for _, k, v in items]
+            assert [(i.key, i.value) for i in store.scan(partition)] == [
+                (k, v) for _, k, v in items
+            ]
         finally:
             store.close()
         channel = grpc.insecure_channel(target)
         try:
-            messages = list(kv_pb2_grpc.KVGatewayStub(channel).ScanItems(
-                kv_pb2.ScanItemsRequest(partition_key=partition, batch_size=1000), timeout=10))
+            messages = list(
+                kv_pb2_grpc.KVGatewayStub(channel).ScanItems(
+                    kv_pb2.ScanItemsRequest(partition_key=partition, batch_size=1000), timeout=10
+                )
+            )
         finally:
             channel.close()
     assert len(messages) >= 6  # 60 KB in messages of at most 10 KB

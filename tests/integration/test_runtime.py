@@ -38,18 +38,27 @@ def test_health_server_info_and_reflection():
             reply = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         info = server_info_pb2_grpc.ServerInfoStub(channel).GetServerInfo(
-            server_info_pb2.GetServerInfoRequest(), timeout=5)
+            server_info_pb2.GetServerInfoRequest(), timeout=5
+        )
         assert (info.service, info.version, info.format_version) == (
-            "kv-gateway", quarry.__version__, quarry.FORMAT_VERSION)
+            "kv-gateway",
+            quarry.__version__,
+            quarry.FORMAT_VERSION,
+        )
 
         from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         responses = stub.ServerReflectionInfo(
-            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+        )
         names = {s.name for r in responses for s in r.list_services_response.service}
-        assert {"quarry.v1.KVGateway", "quarry.v1.ServerInfo", "grpc.health.v1.Health",
-                "grpc.reflection.v1alpha.ServerReflection"} <= names
+        assert {
+            "quarry.v1.KVGateway",
+            "quarry.v1.ServerInfo",
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1alpha.ServerReflection",
+        } <= names
 
 
 def test_domain_errors_become_rich_statuses():
@@ -62,16 +71,22 @@ def test_domain_errors_become_rich_statuses():
         assert (info.reason, info.domain) == ("KEY_NOT_FOUND", "quarry.dev")
 
         with pytest.raises(grpc.RpcError) as caught:
-            stub.SetItem(kv_pb2.SetItemRequest(partition_key=b"nonsense/x", key=b"k", value=b""),
-                         timeout=5)
+            stub.SetItem(
+                kv_pb2.SetItemRequest(partition_key=b"nonsense/x", key=b"k", value=b""), timeout=5
+            )
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert error_info_of(caught.value).reason == "UNKNOWN_PARTITION_CLASS"
 
-        stub.SetItem(kv_pb2.SetItemRequest(partition_key=b"cleanup", key=b"k", value=b"1"),
-                     timeout=5)
+        stub.SetItem(
+            kv_pb2.SetItemRequest(partition_key=b"cleanup", key=b"k", value=b"1"), timeout=5
+        )
         with pytest.raises(grpc.RpcError) as caught:
-            stub.SetItemIf(kv_pb2.SetItemIfRequest(partition_key=b"cleanup", key=b"k",
-                                                   value=b"2", if_absent=True), timeout=5)
+            stub.SetItemIf(
+                kv_pb2.SetItemIfRequest(
+                    partition_key=b"cleanup", key=b"k", value=b"2", if_absent=True
+                ),
+                timeout=5,
+            )
         assert caught.value.code() == grpc.StatusCode.ABORTED
         assert error_info_of(caught.value).reason == "PREDICATE_FAILED"
         # The client side rebuilds the same domain exception class.
@@ -80,8 +95,9 @@ def test_domain_errors_become_rich_statuses():
         assert isinstance(from_rpc_error(caught.value), PredicateFailed)
 
         with pytest.raises(grpc.RpcError) as caught:
-            stub.SetItemIf(kv_pb2.SetItemIfRequest(partition_key=b"cleanup", key=b"k",
-                                                   value=b"2"), timeout=5)
+            stub.SetItemIf(
+                kv_pb2.SetItemIfRequest(partition_key=b"cleanup", key=b"k", value=b"2"), timeout=5
+            )
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert error_info_of(caught.value).reason == "MISSING_PREDICATE"
 
@@ -92,8 +108,11 @@ def test_domain_errors_become_rich_statuses():
 
 def _spec_with_handlers(name: str, handlers: dict) -> ServiceSpec:
     generic = grpc.method_handlers_generic_handler("test.v1.Test", handlers)
-    return ServiceSpec(name=name, register=lambda s: s.add_generic_rpc_handlers((generic,)),
-                       grpc_service_names=["test.v1.Test"])
+    return ServiceSpec(
+        name=name,
+        register=lambda s: s.add_generic_rpc_handlers((generic,)),
+        grpc_service_names=["test.v1.Test"],
+    )
 
 
 def _identity(data: bytes) -> bytes:
@@ -108,10 +127,13 @@ def test_unexpected_exceptions_hide_the_stack_trace():
         yield b"one"
         raise RuntimeError("secret stream detail")
 
-    spec = _spec_with_handlers("kv-gateway", {
-        "Boom": grpc.unary_unary_rpc_method_handler(boom, _identity, _identity),
-        "StreamBoom": grpc.unary_stream_rpc_method_handler(stream_boom, _identity, _identity),
-    })
+    spec = _spec_with_handlers(
+        "kv-gateway",
+        {
+            "Boom": grpc.unary_unary_rpc_method_handler(boom, _identity, _identity),
+            "StreamBoom": grpc.unary_stream_rpc_method_handler(stream_boom, _identity, _identity),
+        },
+    )
     server, port = create_server(settings_for_tests(), spec, port=0, host="127.0.0.1")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -141,21 +163,27 @@ def test_graceful_stop_lets_in_flight_calls_finish():
         assert release.wait(10)
         return b"done"
 
-    spec = _spec_with_handlers("kv-gateway", {
-        "Slow": grpc.unary_unary_rpc_method_handler(slow, _identity, _identity)})
+    spec = _spec_with_handlers(
+        "kv-gateway", {"Slow": grpc.unary_unary_rpc_method_handler(slow, _identity, _identity)}
+    )
     server, port = create_server(settings_for_tests(), spec, port=0, host="127.0.0.1")
     results = []
     target = f"127.0.0.1:{port}"
     with grpc.insecure_channel(target) as channel:
-        call = threading.Thread(target=lambda: results.append(
-            channel.unary_unary("/test.v1.Test/Slow")(b"x", timeout=10)))
+        call = threading.Thread(
+            target=lambda: results.append(
+                channel.unary_unary("/test.v1.Test/Slow")(b"x", timeout=10)
+            )
+        )
         call.start()
         assert started.wait(5)
         stopping = threading.Thread(target=server.stop, kwargs={"grace": 5})
         stopping.start()
         # The server no longer reports SERVING (or no longer answers): the stop has begun.
-        wait_until(lambda: health_status(target) != health_pb2.HealthCheckResponse.SERVING,
-                   what="the graceful stop to begin")
+        wait_until(
+            lambda: health_status(target) != health_pb2.HealthCheckResponse.SERVING,
+            what="the graceful stop to begin",
+        )
         release.set()
         call.join(10)
         stopping.join(10)
@@ -178,8 +206,12 @@ def test_format_version_stamped_once_and_mismatch_refused():
 
     # The check runs behind the readiness gate, in create_server's first round: still refused.
     with pytest.raises(FormatVersionMismatch):
-        create_server(settings_for_tests(), build(settings_for_tests(), backend=backend),
-                      port=0, host="127.0.0.1")
+        create_server(
+            settings_for_tests(),
+            build(settings_for_tests(), backend=backend),
+            port=0,
+            host="127.0.0.1",
+        )
 
 
 def test_format_version_racing_first_starts_agree():

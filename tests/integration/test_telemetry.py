@@ -31,18 +31,27 @@ def test_one_trace_spans_client_and_server():
 
 def test_prometheus_endpoint_per_service(tmp_path):
     port, metrics_port = free_port(), free_port()
-    env = quarry_env(tmp_path, QUARRY_KV_URL="memory://", QUARRY_KV_GATEWAY_PORT=str(port),
-                     QUARRY_METRICS_BASE_PORT=str(metrics_port))
+    env = quarry_env(
+        tmp_path,
+        QUARRY_KV_URL="memory://",
+        QUARRY_KV_GATEWAY_PORT=str(port),
+        QUARRY_METRICS_BASE_PORT=str(metrics_port),
+    )
     with quarry_serve("kv-gateway", env):
         target = f"127.0.0.1:{port}"
         wait_serving(target)
         with grpc.insecure_channel(target) as channel:
             stub = kv_pb2_grpc.KVGatewayStub(channel)
-            stub.SetItem(kv_pb2.SetItemRequest(partition_key=b"staging/t1", key=b"a",
-                                               value=b"x" * 3000), timeout=5)
+            stub.SetItem(
+                kv_pb2.SetItemRequest(partition_key=b"staging/t1", key=b"a", value=b"x" * 3000),
+                timeout=5,
+            )
             report = stub.GetCapacityReport(kv_pb2.GetCapacityReportRequest(top_n=3), timeout=5)
-        body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
-                                      timeout=5).read().decode()
+        body = (
+            urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
+            .read()
+            .decode()
+        )
     assert 'quarry_kv_write_units_total{partition_class="staging"} 3.0' in body
     classes = {c.partition_class: c.usage for c in report.classes}
     assert classes["staging"].write_units == 3  # 3,000-byte value + key overhead → 3 WCU
@@ -63,8 +72,13 @@ def test_a_commit_is_one_trace_with_a_span_per_step(tmp_path):
     trace_id = user.get_span_context().trace_id
     spans = [s for s in exporter.get_finished_spans() if s.context.trace_id == trace_id]
     names = {s.name for s in spans}
-    assert {"graveler.commit", "graveler.seal", "graveler.apply", "graveler.write_commit",
-            "graveler.swap_branch"} <= names
+    assert {
+        "graveler.commit",
+        "graveler.seal",
+        "graveler.apply",
+        "graveler.write_commit",
+        "graveler.swap_branch",
+    } <= names
     assert "/quarry.v1.Committer/Commit" in names
     assert "/quarry.v1.RangeWriter/ApplyChanges" in names
     assert "/quarry.v1.KVGateway/SetItemIf" in names

@@ -16,9 +16,10 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 
@@ -27,9 +28,11 @@ from support.processes import VENV_BIN, free_port, quarry_env, wait_serving
 START_ORDER = ("kv-gateway", "range-writer", "committer", "compactor-sensor", "branch-manager")
 
 # Client channels reconnect quickly after a restart (the default backoff grows to minutes).
-FAST_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 100),
-                  ("grpc.min_reconnect_backoff_ms", 100),
-                  ("grpc.max_reconnect_backoff_ms", 500)]
+FAST_RECONNECT = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
 
 
 class ServiceProcess:
@@ -50,15 +53,21 @@ class ServiceProcess:
         with open(self.log_path, "a") as log:
             log.write(f"\n==== start {self.starts + 1} at {time.time():.3f}\n")
             log.flush()
-            self.child = subprocess.Popen([str(VENV_BIN / "quarry"), "serve", self.name],
-                                          env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            self.child = subprocess.Popen(
+                [str(VENV_BIN / "quarry"), "serve", self.name],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self.starts += 1
         try:
             wait_serving(self.target, timeout=timeout)
         except TimeoutError:
-            raise TimeoutError(f"{self.name} did not serve within {timeout}s after start "
-                               f"{self.starts}; exit code {self.child.poll()}; see "
-                               f"{self.log_path}") from None
+            raise TimeoutError(
+                f"{self.name} did not serve within {timeout}s after start "
+                f"{self.starts}; exit code {self.child.poll()}; see "
+                f"{self.log_path}"
+            ) from None
 
     def alive(self) -> bool:
         return self.child is not None and self.child.poll() is None
@@ -86,8 +95,7 @@ class Cluster:
     def __init__(self, home: Path, **extra_env: str):
         self.home = home
         ports = {name: free_port() for name in START_ORDER}
-        env_vars = {"QUARRY_KV_URL": f"sqlite:///{home / 'kv.db'}",
-                    "QUARRY_LOG_LEVEL": "WARNING"}
+        env_vars = {"QUARRY_KV_URL": f"sqlite:///{home / 'kv.db'}", "QUARRY_LOG_LEVEL": "WARNING"}
         for name, port in ports.items():
             key = name.upper().replace("-", "_")
             env_vars[f"QUARRY_{key}_PORT"] = str(port)
@@ -165,16 +173,29 @@ class History:
         self._lock = threading.Lock()
         self._next = 0
         self.ops: list[Op] = []
-        self._file = open(path, "w")
+        # Open for the History's life (appended as calls happen), closed by close().
+        self._file = open(path, "w")  # noqa: SIM115
 
     def invoke(self, actor: str, kind: str, branch: str, **args: Any) -> Op:
         with self._lock:
             op = Op(self._next, actor, kind, branch, args, time.monotonic())
             self._next += 1
             self.ops.append(op)
-            self._file.write(json.dumps({"event": "invoke", "id": op.id, "actor": actor,
-                                         "kind": kind, "branch": branch, "t": op.t_invoke,
-                                         "args": args}, default=str) + "\n")
+            self._file.write(
+                json.dumps(
+                    {
+                        "event": "invoke",
+                        "id": op.id,
+                        "actor": actor,
+                        "kind": kind,
+                        "branch": branch,
+                        "t": op.t_invoke,
+                        "args": args,
+                    },
+                    default=str,
+                )
+                + "\n"
+            )
         return op
 
     def complete(self, op: Op, outcome: str, **result: Any) -> None:
@@ -182,9 +203,19 @@ class History:
             op.t_complete = time.monotonic()
             op.outcome = outcome
             op.result = result
-            self._file.write(json.dumps({"event": "complete", "id": op.id, "t": op.t_complete,
-                                         "outcome": outcome, "result": result},
-                                        default=str) + "\n")
+            self._file.write(
+                json.dumps(
+                    {
+                        "event": "complete",
+                        "id": op.id,
+                        "t": op.t_complete,
+                        "outcome": outcome,
+                        "result": result,
+                    },
+                    default=str,
+                )
+                + "\n"
+            )
 
     def close(self) -> None:
         self._file.close()
@@ -193,9 +224,15 @@ class History:
         return [asdict(op) for op in self.ops]
 
 
-def run_logged(history: History, actor: str, kind: str, branch: str,
-               rpc: Callable[[], Any], summarize: Callable[[Any], dict] = lambda _: {},
-               **args: Any) -> tuple[Op, Any]:
+def run_logged(
+    history: History,
+    actor: str,
+    kind: str,
+    branch: str,
+    rpc: Callable[[], Any],
+    summarize: Callable[[Any], dict] = lambda _: {},
+    **args: Any,
+) -> tuple[Op, Any]:
     """Invoke `rpc()`, logging invocation and completion; (op, response or None)."""
     op = history.invoke(actor, kind, branch, **args)
     try:

@@ -29,8 +29,11 @@ class CountingStore(kv.Store):
             self.counts.clear()
 
     def total(self, cls: str | None = None, op: str | None = None) -> int:
-        return sum(n for (o, c), n in self.counts.items()
-                   if (cls is None or c == cls) and (op is None or o == op))
+        return sum(
+            n
+            for (o, c), n in self.counts.items()
+            if (cls is None or c == cls) and (op is None or o == op)
+        )
 
     def snapshot(self) -> dict:
         return dict(self.counts)

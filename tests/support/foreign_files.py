@@ -13,7 +13,10 @@ FOREIGN_KEYS = [
     "data/spark/x/readme",
     "_quarry/other",
     # almost upload data (data/<32 hex>)
-    f"data/{HEX32}.bak", "data/" + "ABCDEF01" * 4, f"data/{HEX32}/x", f"x/data/{HEX32}",
+    f"data/{HEX32}.bak",
+    "data/" + "ABCDEF01" * 4,
+    f"data/{HEX32}/x",
+    f"x/data/{HEX32}",
     # almost ranges (content ids: 64 lowercase hex)
     "_quarry/ranges/" + "ab" * 31 + ".parquet",
     "_quarry/ranges/" + "ab" * 32 + ".parquet.old",

@@ -23,15 +23,20 @@ import hashlib
 import json
 import struct
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 REPOSITORIES = ("demo", "second", "empty")
 MAIN_ENTRIES = 3000  # about three ranges of the default target size
 
 
-def v1_entry_identity(physical_address: str, size_bytes: int, checksum: str,
-                      content_type: str, metadata: Iterable[tuple[str, str]]) -> bytes:
+def v1_entry_identity(
+    physical_address: str,
+    size_bytes: int,
+    checksum: str,
+    content_type: str,
+    metadata: Iterable[tuple[str, str]],
+) -> bytes:
     """Format 1's identity: SHA-256 over size, checksum, content type and sorted metadata —
     NOT the physical address (the rule that lost re-pointed writes)."""
     parts = [str(int(size_bytes)).encode(), checksum.encode(), content_type.encode()]
@@ -55,10 +60,17 @@ def become_format_v1() -> None:
 
 # ---- what a user reads back ---------------------------------------------------------------
 
+
 def entry_fields(entry) -> list:
-    return [entry.path, entry.physical_address, entry.size_bytes, entry.checksum,
-            entry.mtime.ToMicroseconds() if entry.HasField("mtime") else 0,
-            entry.content_type, dict(sorted(entry.metadata.items()))]
+    return [
+        entry.path,
+        entry.physical_address,
+        entry.size_bytes,
+        entry.checksum,
+        entry.mtime.ToMicroseconds() if entry.HasField("mtime") else 0,
+        entry.content_type,
+        dict(sorted(entry.metadata.items())),
+    ]
 
 
 def snapshot(client) -> dict:
@@ -69,25 +81,42 @@ def snapshot(client) -> dict:
     out: dict = {}
     for repo in REPOSITORIES:
         r = client.get_repository(repo)
-        data: dict = {"repository": [r.name, r.storage_namespace, r.default_branch,
-                                     r.creation_time.ToMicroseconds()]}
-        data["branches"] = {b.name: [b.commit_id, b.staging_token, list(b.sealed_tokens),
-                                     bool(b.compacted_metarange_id)]
-                            for b in client.iter_branches(repo)}
+        data: dict = {
+            "repository": [
+                r.name,
+                r.storage_namespace,
+                r.default_branch,
+                r.creation_time.ToMicroseconds(),
+            ]
+        }
+        data["branches"] = {
+            b.name: [
+                b.commit_id,
+                b.staging_token,
+                list(b.sealed_tokens),
+                bool(b.compacted_metarange_id),
+            ]
+            for b in client.iter_branches(repo)
+        }
         data["tags"] = {t.name: t.commit_id for t in client.iter_tags(repo)}
         commits: dict = {}
         for branch in data["branches"]:
             data[f"log {branch}"] = [c.id for c in client.iter_log(repo, branch)]
             for c in client.iter_log(repo, branch):
-                commits[c.id] = [list(c.parents), c.message, c.committer,
-                                 c.creation_time.ToMicroseconds(), dict(c.metadata),
-                                 c.generation]
+                commits[c.id] = [
+                    list(c.parents),
+                    c.message,
+                    c.committer,
+                    c.creation_time.ToMicroseconds(),
+                    dict(c.metadata),
+                    c.generation,
+                ]
             data[f"uncommitted {branch}"] = [
                 [c.type, c.path, entry_fields(c.entry) if c.HasField("entry") else None]
-                for c in client.iter_uncommitted(repo, branch)]
+                for c in client.iter_uncommitted(repo, branch)
+            ]
         data["commits"] = commits
-        refs = [*data["branches"], *(f"{b}@" for b in data["branches"]), *data["tags"],
-                *commits]
+        refs = [*data["branches"], *(f"{b}@" for b in data["branches"]), *data["tags"], *commits]
         for ref in refs:
             data[f"ls {ref}"] = [entry_fields(e) for e in client.iter_objects(repo, ref)]
         out[repo] = data
@@ -109,16 +138,21 @@ def metarange_ids(client) -> dict:
 
 # ---- the history ----------------------------------------------------------------------------
 
+
 def main_entry(i: int, version: int = 0) -> dict:
     """Every field varied across entries: empty and non-empty checksums, content types,
     metadata of zero to two keys, mtimes."""
-    return dict(path=f"data/{i:05d}.parquet",
-                physical_address=f"s3://lake/data/{i:05d}-v{version}.parquet",
-                size_bytes=1000 + i + version, checksum="" if i % 3 == 0 else f"sum{i}-{version}",
-                mtime=1_700_000_000 + i + version * 1000,
-                content_type=("application/parquet", "", "text/csv")[i % 3],
-                metadata={} if i % 4 == 0 else {"part": str(i % 7), **(
-                    {"é-key": f"v{version}"} if i % 4 == 3 else {})})
+    return dict(
+        path=f"data/{i:05d}.parquet",
+        physical_address=f"s3://lake/data/{i:05d}-v{version}.parquet",
+        size_bytes=1000 + i + version,
+        checksum="" if i % 3 == 0 else f"sum{i}-{version}",
+        mtime=1_700_000_000 + i + version * 1000,
+        content_type=("application/parquet", "", "text/csv")[i % 3],
+        metadata={}
+        if i % 4 == 0
+        else {"part": str(i % 7), **({"é-key": f"v{version}"} if i % 4 == 3 else {})},
+    )
 
 
 def write_history(client, home: Path) -> None:
@@ -131,10 +165,15 @@ def write_history(client, home: Path) -> None:
     client.put_objects("demo", "main", [main_entry(i) for i in range(MAIN_ENTRIES)])
     client.commit("demo", "main", "first", committer="alice", metadata={"k": "v"})
     client.create_branch("demo", "dev", "main")
-    client.put_objects("demo", "dev", [main_entry(5, 1), main_entry(2500, 1),
-                                       dict(path="dev/only.parquet",
-                                            physical_address="s3://lake/dev/only",
-                                            size_bytes=7)])
+    client.put_objects(
+        "demo",
+        "dev",
+        [
+            main_entry(5, 1),
+            main_entry(2500, 1),
+            dict(path="dev/only.parquet", physical_address="s3://lake/dev/only", size_bytes=7),
+        ],
+    )
     client.commit("demo", "dev", "on dev", committer="bob")
     client.create_tag("demo", "v1", "main")
     client.put_objects("demo", "main", [main_entry(MAIN_ENTRIES + 1)])
@@ -144,15 +183,24 @@ def write_history(client, home: Path) -> None:
     # A compacted branch: changes folded into a compacted metarange, then more staged.
     client.create_branch("demo", "compacted", "main")
     client.put_objects("demo", "compacted", [main_entry(i, 2) for i in range(100, 160)])
-    client.delete_objects("demo", "compacted", [f"data/{i:05d}.parquet"
-                                                for i in range(200, 220)])
+    client.delete_objects("demo", "compacted", [f"data/{i:05d}.parquet" for i in range(200, 220)])
     assert client.compact("demo", "compacted").compacted_metarange_id
     client.put_objects("demo", "compacted", [main_entry(150, 3), main_entry(9999)])
     client.delete_objects("demo", "compacted", ["data/00101.parquet"])
     # Uncommitted on main: a changed, an added and a deleted entry.
-    client.put_objects("demo", "main", [main_entry(1, 4), dict(
-        path="staged/b.parquet", physical_address="s3://lake/staged/b", size_bytes=3,
-        metadata={"staged": "yes"})])
+    client.put_objects(
+        "demo",
+        "main",
+        [
+            main_entry(1, 4),
+            dict(
+                path="staged/b.parquet",
+                physical_address="s3://lake/staged/b",
+                size_bytes=3,
+                metadata={"staged": "yes"},
+            ),
+        ],
+    )
     client.delete_objects("demo", "main", ["data/00002.parquet"])
 
     client.create_repository("second", namespace("second"), default_branch="trunk")
@@ -170,11 +218,11 @@ def plant_merge_hint(backend, client) -> None:
     from quarry.graveler.graveler import MERGE_HINTS_PREFIX
     from quarry.graveler.refs import REPOS_PREFIX, Repository
 
-    repo = Repository.from_record(backend.get(b"quarry", REPOS_PREFIX + b"demo").value,
-                                  REPOS_PREFIX + b"demo")
+    repo = Repository.from_record(
+        backend.get(b"quarry", REPOS_PREFIX + b"demo").value, REPOS_PREFIX + b"demo"
+    )
     head = client.get_commit("demo", "main")
-    backend.set(repo.partition, MERGE_HINTS_PREFIX + head.metarange_id.encode(),
-                MERGE_HINT_VALUE)
+    backend.set(repo.partition, MERGE_HINTS_PREFIX + head.metarange_id.encode(), MERGE_HINT_VALUE)
 
 
 def main(argv: list[str]) -> int:
@@ -193,8 +241,9 @@ def main(argv: list[str]) -> int:
             try:
                 write_history(client, Path(home))
                 plant_merge_hint(backend, client)
-                Path(snapshot_path).write_text(json.dumps(
-                    {"snapshot": snapshot(client), "metaranges": metarange_ids(client)}))
+                Path(snapshot_path).write_text(
+                    json.dumps({"snapshot": snapshot(client), "metaranges": metarange_ids(client)})
+                )
             finally:
                 client.close()
     finally:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 
 @dataclass
@@ -26,10 +26,17 @@ class HammerResult:
     writes: int = 0
 
 
-def hammer(put: Callable[[str, int], None], read: Callable[[str], int | None],
-           commit: Callable[[], bool], writers: int = 4, readers: int = 2,
-           committers: int = 2, seconds: float = 3.0, paths_per_writer: int = 5,
-           retryable: tuple[type[BaseException], ...] = ()) -> HammerResult:
+def hammer(
+    put: Callable[[str, int], None],
+    read: Callable[[str], int | None],
+    commit: Callable[[], bool],
+    writers: int = 4,
+    readers: int = 2,
+    committers: int = 2,
+    seconds: float = 3.0,
+    paths_per_writer: int = 5,
+    retryable: tuple[type[BaseException], ...] = (),
+) -> HammerResult:
     result = HammerResult()
     lock = threading.Lock()
     stop = threading.Event()
@@ -84,9 +91,11 @@ def hammer(put: Callable[[str, int], None], read: Callable[[str], int | None],
                     result.errors.append(f"commit: {exc!r}")
             time.sleep(0.005)
 
-    threads = ([threading.Thread(target=writer, args=(i,)) for i in range(writers)]
-               + [threading.Thread(target=reader, args=(i,)) for i in range(readers)]
-               + [threading.Thread(target=committer, args=(i,)) for i in range(committers)])
+    threads = (
+        [threading.Thread(target=writer, args=(i,)) for i in range(writers)]
+        + [threading.Thread(target=reader, args=(i,)) for i in range(readers)]
+        + [threading.Thread(target=committer, args=(i,)) for i in range(committers)]
+    )
     for t in threads:
         t.start()
     time.sleep(seconds)

@@ -81,19 +81,28 @@ class Timeline:
     def may_apply_late(self, address: str) -> bool:
         """Some attempt of `address` timed out: the server may still have been applying it
         after the client gave up, so it is concurrent with everything after it."""
-        return any(a.address == address and a.op.outcome in ("DEADLINE_EXCEEDED", "CANCELLED")
-                   for a in self.attempts)
+        return any(
+            a.address == address and a.op.outcome in ("DEADLINE_EXCEEDED", "CANCELLED")
+            for a in self.attempts
+        )
 
 
-def check_observation(timeline: Timeline, seen: str | None, t_invoke: float,
-                      t_complete: float, what: str, category: str) -> Violation | None:
+def check_observation(
+    timeline: Timeline,
+    seen: str | None,
+    t_invoke: float,
+    t_complete: float,
+    what: str,
+    category: str,
+) -> Violation | None:
     """A value `seen` (None = absent) by an observation running in [t_invoke, t_complete]."""
     floor = timeline.floor(t_invoke)
     if seen is None:
         if floor is None:
             return None
-        return Violation(category, f"{what}: absent, but {floor.address} was acknowledged "
-                                   f"before", item1=False)
+        return Violation(
+            category, f"{what}: absent, but {floor.address} was acknowledged before", item1=False
+        )
     source = timeline.source(seen, t_complete)
     if source is None:
         return Violation(category, f"{what}: saw {seen}, which no write had sent yet")
@@ -101,9 +110,12 @@ def check_observation(timeline: Timeline, seen: str | None, t_invoke: float,
         return None
     if timeline.may_apply_late(seen):
         return None
-    return Violation(category, f"{what}: saw {seen} (attempt {source.index}) after "
-                               f"{floor.address} (attempt {floor.index}) was acknowledged",
-                     item1=_item1_explains(timeline, source, floor.index, t_complete))
+    return Violation(
+        category,
+        f"{what}: saw {seen} (attempt {source.index}) after "
+        f"{floor.address} (attempt {floor.index}) was acknowledged",
+        item1=_item1_explains(timeline, source, floor.index, t_complete),
+    )
 
 
 def check_final(timeline: Timeline, seen: str | None, what: str) -> Violation | None:
@@ -112,19 +124,23 @@ def check_final(timeline: Timeline, seen: str | None, what: str) -> Violation | 
     if not acked:
         return None
     last = acked[-1]
-    allowed = {last.address} | {a.address for a in timeline.attempts[last.index + 1:]}
+    allowed = {last.address} | {a.address for a in timeline.attempts[last.index + 1 :]}
     if seen in allowed:
         return None
     if seen is not None and timeline.may_apply_late(seen):
         return None
     source = timeline.source(seen, float("inf")) if seen else None
-    return Violation("lost", f"{what}: holds {seen} but {last.address} (attempt {last.index}, "
-                             f"{last.op.kind}) was acknowledged and nothing after it was",
-                     item1=_item1_explains(timeline, source, last.index, float("inf")))
+    return Violation(
+        "lost",
+        f"{what}: holds {seen} but {last.address} (attempt {last.index}, "
+        f"{last.op.kind}) was acknowledged and nothing after it was",
+        item1=_item1_explains(timeline, source, last.index, float("inf")),
+    )
 
 
-def _item1_explains(timeline: Timeline, source: Attempt | None, first_allowed: int,
-                    before: float) -> bool:
+def _item1_explains(
+    timeline: Timeline, source: Attempt | None, first_allowed: int, before: float
+) -> bool:
     """The older value seen and one the observation was allowed to see (the floor or a
     write sent during the observation) are both re-pointed: same size, no checksum, so
     today's identity (without the address) cannot tell them apart and a commit keeps the

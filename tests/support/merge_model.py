@@ -13,8 +13,9 @@ def same(a: Entry | None, b: Entry | None) -> bool:
     return a.identity == b.identity
 
 
-def naive_merge(base: dict, source: dict, dest: dict, strategy: MergeStrategy,
-                max_conflicts: int = 100):
+def naive_merge(
+    base: dict, source: dict, dest: dict, strategy: MergeStrategy, max_conflicts: int = 100
+):
     """(merged, summary of the changes to dest, conflicts[:max_conflicts], more)."""
     merged = dict(dest)
     conflicts: list[Conflict] = []

@@ -7,8 +7,8 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -26,8 +26,11 @@ def free_port() -> int:
 
 
 def quarry_env(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("QUARRY_") and not k.startswith("OTEL_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("QUARRY_") and not k.startswith("OTEL_")
+    }
     env.update(QUARRY_HOME=str(home), QUARRY_METRICS_BASE_PORT="0", PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
@@ -41,14 +44,22 @@ def health_status(target: str, service: str = "") -> int | None:
     """grpc.health.v1 status of `service` ("" = overall) at `target`; None if no answer."""
     with grpc.insecure_channel(target) as channel:
         try:
-            return health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=1).status
+            return (
+                health_pb2_grpc.HealthStub(channel)
+                .Check(health_pb2.HealthCheckRequest(service=service), timeout=1)
+                .status
+            )
         except grpc.RpcError:
             return None
 
 
-def wait_health(target: str, status: int, service: str = "", timeout: float = 20.0,
-                child: subprocess.Popen | None = None) -> None:
+def wait_health(
+    target: str,
+    status: int,
+    service: str = "",
+    timeout: float = 20.0,
+    child: subprocess.Popen | None = None,
+) -> None:
     """Poll until `service` at `target` reports `status` (e.g. NOT_SERVING); fail early if
     `child` (the process serving it) exits meanwhile."""
     seen: list[object] = [None]
@@ -57,33 +68,47 @@ def wait_health(target: str, status: int, service: str = "", timeout: float = 20
 
         def reached() -> bool:
             try:
-                seen[0] = stub.Check(health_pb2.HealthCheckRequest(service=service),
-                                     timeout=1).status
+                seen[0] = stub.Check(
+                    health_pb2.HealthCheckRequest(service=service), timeout=1
+                ).status
             except grpc.RpcError as error:
                 seen[0] = error.code()
             if seen[0] == status:
                 return True
             if child is not None and child.poll() is not None:
-                raise AssertionError(f"the process serving {target} exited with "
-                                     f"{child.returncode} (health was {seen[0]})")
+                raise AssertionError(
+                    f"the process serving {target} exited with "
+                    f"{child.returncode} (health was {seen[0]})"
+                )
             return False
 
         name = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
         try:
-            wait_until(reached, timeout=timeout, interval=0.05,
-                       what=f"{target} to report {name} for {service!r}")
+            wait_until(
+                reached,
+                timeout=timeout,
+                interval=0.05,
+                what=f"{target} to report {name} for {service!r}",
+            )
         except AssertionError as timed_out:
             if child is not None and child.poll() is not None:
                 raise
-            raise TimeoutError(f"{target} did not report {name} for {service!r} within "
-                               f"{timeout}s (last: {seen[0]})") from timed_out
+            raise TimeoutError(
+                f"{target} did not report {name} for {service!r} within "
+                f"{timeout}s (last: {seen[0]})"
+            ) from timed_out
 
 
 @contextlib.contextmanager
 def quarry_serve(service: str, env: dict[str, str]) -> Iterator[subprocess.Popen]:
     """`quarry serve SERVICE` in a child process; SIGTERM and wait on exit."""
-    child = subprocess.Popen([str(VENV_BIN / "quarry"), "serve", service], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [str(VENV_BIN / "quarry"), "serve", service],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         yield child
     finally:

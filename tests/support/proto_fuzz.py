@@ -18,17 +18,23 @@ import itertools
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import grpc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message_factory
 from hypothesis import strategies as st
 
-from quarry.v1 import (branch_manager_pb2, committer_pb2, compactor_sensor_pb2, kv_pb2,
-                       server_info_pb2)
+from quarry.v1 import (
+    branch_manager_pb2,
+    committer_pb2,
+    compactor_sensor_pb2,
+    kv_pb2,
+    server_info_pb2,
+)
 
 PROTO_DIR = Path(__file__).resolve().parents[2] / "protos" / "quarry" / "v1"
 PACKAGE = "quarry.v1"
@@ -79,27 +85,32 @@ def message_class(desc: _descriptor.Descriptor):
     return message_factory.GetMessageClass(desc)
 
 
-def call(channel: grpc.Channel, method: _descriptor.MethodDescriptor, request: Any,
-         timeout: float = 20.0) -> Any:
+def call(
+    channel: grpc.Channel, method: _descriptor.MethodDescriptor, request: Any, timeout: float = 20.0
+) -> Any:
     """Invoke `method` with `request` (a list of messages for a client stream); return the
     response (a list for a server stream)."""
     path = f"/{method.containing_service.full_name}/{method.name}"
     serialize = message_class(method.input_type).SerializeToString
     deserialize = message_class(method.output_type).FromString
     if method.client_streaming:
-        stub = channel.stream_unary(path, request_serializer=serialize,
-                                    response_deserializer=deserialize)
+        stub = channel.stream_unary(
+            path, request_serializer=serialize, response_deserializer=deserialize
+        )
         return stub(iter(request), timeout=timeout)
     if method.server_streaming:
-        stub = channel.unary_stream(path, request_serializer=serialize,
-                                    response_deserializer=deserialize)
+        stub = channel.unary_stream(
+            path, request_serializer=serialize, response_deserializer=deserialize
+        )
         return list(stub(request, timeout=timeout))
-    stub = channel.unary_unary(path, request_serializer=serialize,
-                               response_deserializer=deserialize)
+    stub = channel.unary_unary(
+        path, request_serializer=serialize, response_deserializer=deserialize
+    )
     return stub(request, timeout=timeout)
 
 
 # ---------------------------------------------------------------- value pools
+
 
 @dataclass
 class Pools:
@@ -123,6 +134,7 @@ def _pick(values: Callable[[], list[str]], fallback: str) -> st.SearchStrategy:
     """One of the values a pool holds at draw time. The draw is an index in a fixed range,
     so the strategy's shape does not change when the pool does (Hypothesis replays and
     shrinks by shape); the pool is read when the example is generated."""
+
     def choose(i: int) -> str:
         current = values() or [fallback]
         return current[i % len(current)]
@@ -135,8 +147,9 @@ def _pick(values: Callable[[], list[str]], fallback: str) -> st.SearchStrategy:
 _VALID_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("valid_only", default=False)
 
 
-def _weighted(valid: st.SearchStrategy, garbage: st.SearchStrategy,
-              valid_share: int = 3) -> st.SearchStrategy:
+def _weighted(
+    valid: st.SearchStrategy, garbage: st.SearchStrategy, valid_share: int = 3
+) -> st.SearchStrategy:
     """`valid` about valid_share/(valid_share+1) of the time; it also shrinks toward it.
     Only `valid` while the valid variant is built."""
     if _VALID_ONLY.get():
@@ -144,14 +157,50 @@ def _weighted(valid: st.SearchStrategy, garbage: st.SearchStrategy,
     return st.one_of(*([valid] * valid_share), garbage)
 
 
-_NASTY_TEXT = st.sampled_from([
-    "", " ", ".", "..", "/", "//", "../..", "a/../../b", "\x00", "a\x00b", "~", "^", "@",
-    "~1", "^1", "main~", "main^", "main@@", "-", "_", "é", "日本語", "🙂", "\u202e", "\ud7ff",
-    "a" * 300, "x/" * 200, "%00", "$(id)", "'; drop", "\n", "\t", "CON", ".quarry",
-    "_quarry", "branches/main", "repos/demo",
-])
-_TEXT = st.one_of(_NASTY_TEXT, st.text(max_size=40),
-                  st.text(alphabet=st.characters(codec="utf-8"), max_size=20))
+_NASTY_TEXT = st.sampled_from(
+    [
+        "",
+        " ",
+        ".",
+        "..",
+        "/",
+        "//",
+        "../..",
+        "a/../../b",
+        "\x00",
+        "a\x00b",
+        "~",
+        "^",
+        "@",
+        "~1",
+        "^1",
+        "main~",
+        "main^",
+        "main@@",
+        "-",
+        "_",
+        "é",
+        "日本語",
+        "🙂",
+        "\u202e",
+        "\ud7ff",
+        "a" * 300,
+        "x/" * 200,
+        "%00",
+        "$(id)",
+        "'; drop",
+        "\n",
+        "\t",
+        "CON",
+        ".quarry",
+        "_quarry",
+        "branches/main",
+        "repos/demo",
+    ]
+)
+_TEXT = st.one_of(
+    _NASTY_TEXT, st.text(max_size=40), st.text(alphabet=st.characters(codec="utf-8"), max_size=20)
+)
 _HUGE_TEXT = st.sampled_from([4_000, 70_000, 300_000]).map(lambda n: "h" * n)
 _GARBAGE_TEXT = st.one_of(_TEXT, _TEXT, _TEXT, _HUGE_TEXT)
 _FRESH_NAMES = itertools.count()
@@ -159,18 +208,25 @@ _PLAIN_TEXT = st.text(alphabet="abcdefghij0123456789-_ ./", max_size=20)
 
 
 def _ref_strategy(pools: Pools) -> st.SearchStrategy:
-    base = st.one_of(_pick(lambda: pools.branches, "main"), _pick(lambda: pools.tags, "v1"),
-                     st.tuples(_pick(lambda: pools.commit_ids, "0" * 64),
-                               st.sampled_from([4, 8, 64])).map(lambda t: t[0][:t[1]]))
-    suffixed = st.tuples(base, st.sampled_from(["", "~", "^", "@", "~~", "^^"]),
-                         st.sampled_from(["", "0", "1", "2", "9", "99999999999999999999",
-                                          "-1"])).map("".join)
+    base = st.one_of(
+        _pick(lambda: pools.branches, "main"),
+        _pick(lambda: pools.tags, "v1"),
+        st.tuples(_pick(lambda: pools.commit_ids, "0" * 64), st.sampled_from([4, 8, 64])).map(
+            lambda t: t[0][: t[1]]
+        ),
+    )
+    suffixed = st.tuples(
+        base,
+        st.sampled_from(["", "~", "^", "@", "~~", "^^"]),
+        st.sampled_from(["", "0", "1", "2", "9", "99999999999999999999", "-1"]),
+    ).map("".join)
     return _weighted(st.one_of(base, suffixed), _GARBAGE_TEXT)
 
 
 def _path_strategy(pools: Pools) -> st.SearchStrategy:
-    pieces = st.sampled_from(["a", "b", "x", "1.parquet", "é", "..", ".", "", " ", "\x00",
-                              "日本", "a" * 100])
+    pieces = st.sampled_from(
+        ["a", "b", "x", "1.parquet", "é", "..", ".", "", " ", "\x00", "日本", "a" * 100]
+    )
     built = st.lists(pieces, min_size=1, max_size=4).map("/".join)
     return _weighted(st.one_of(_pick(lambda: pools.paths, "a/1.parquet"), built), _GARBAGE_TEXT, 2)
 
@@ -178,20 +234,33 @@ def _path_strategy(pools: Pools) -> st.SearchStrategy:
 def _page_token_strategy() -> st.SearchStrategy:
     json_values = st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
-        lambda children: st.lists(children, max_size=3)
-        | st.dictionaries(st.text(max_size=5), children, max_size=3), max_leaves=6)
-    state = st.dictionaries(st.sampled_from(["after", "skip_prefix", "frontier", "x"]),
-                            json_values, max_size=3)
+        lambda children: (
+            st.lists(children, max_size=3)
+            | st.dictionaries(st.text(max_size=5), children, max_size=3)
+        ),
+        max_leaves=6,
+    )
+    state = st.dictionaries(
+        st.sampled_from(["after", "skip_prefix", "frontier", "x"]), json_values, max_size=3
+    )
     b64 = st.one_of(state.map(json.dumps), st.text(max_size=30), st.binary(max_size=30)).map(
-        lambda v: base64.urlsafe_b64encode(v if isinstance(v, bytes) else v.encode())
-        .decode().rstrip("="))
+        lambda v: (
+            base64.urlsafe_b64encode(v if isinstance(v, bytes) else v.encode()).decode().rstrip("=")
+        )
+    )
     return _weighted(st.just(""), st.one_of(b64, _TEXT), 1)
 
 
 def _request_id_strategy() -> st.SearchStrategy:
-    return _weighted(st.one_of(st.just(""), st.uuids().map(str)),
-                     st.one_of(st.uuids().map(lambda u: u.hex),
-                               st.sampled_from([str(uuid.UUID(int=0)), "not-a-uuid"]), _TEXT), 1)
+    return _weighted(
+        st.one_of(st.just(""), st.uuids().map(str)),
+        st.one_of(
+            st.uuids().map(lambda u: u.hex),
+            st.sampled_from([str(uuid.UUID(int=0)), "not-a-uuid"]),
+            _TEXT,
+        ),
+        1,
+    )
 
 
 def _namespace_strategy(pools: Pools, scratch: Callable[[str], str]) -> st.SearchStrategy:
@@ -200,17 +269,33 @@ def _namespace_strategy(pools: Pools, scratch: Callable[[str], str]) -> st.Searc
     repository from being created there."""
     fresh = st.text(alphabet="abcdefgh", min_size=1, max_size=8).map(scratch)
     garbage = st.one_of(
-        st.sampled_from(["", "relative-only-in-name\x00", "/proc/quarry-x", "/sys/quarry-x",
-                         "/dev/null/x", "s3://", "s3:///x", "s3://no-such-bucket/x",
-                         "s3://b/../x", "gs://bucket/x", "file:///dev/null/x", "\x00"]),
+        st.sampled_from(
+            [
+                "",
+                "relative-only-in-name\x00",
+                "/proc/quarry-x",
+                "/sys/quarry-x",
+                "/dev/null/x",
+                "s3://",
+                "s3:///x",
+                "s3://no-such-bucket/x",
+                "s3://b/../x",
+                "gs://bucket/x",
+                "file:///dev/null/x",
+                "\x00",
+            ]
+        ),
         _pick(lambda: pools.namespaces, "/proc/quarry-x"),
-        fresh.map(lambda p: p + "/a/../b"), fresh.map(lambda p: p + "\x00x"),
-        fresh.map(lambda p: p + "/" + "n" * 300))
+        fresh.map(lambda p: p + "/a/../b"),
+        fresh.map(lambda p: p + "\x00x"),
+        fresh.map(lambda p: p + "/" + "n" * 300),
+    )
     return _weighted(fresh, garbage, 1)
 
 
-def _string_strategy(name: str, method: str, pools: Pools,
-                     scratch: Callable[[str], str]) -> st.SearchStrategy:
+def _string_strategy(
+    name: str, method: str, pools: Pools, scratch: Callable[[str], str]
+) -> st.SearchStrategy:
     repo = _weighted(_pick(lambda: pools.repositories, "demo"), _GARBAGE_TEXT)
     branch = _weighted(_pick(lambda: pools.branches, "main"), _GARBAGE_TEXT)
     if name in ("repository",):
@@ -219,12 +304,12 @@ def _string_strategy(name: str, method: str, pools: Pools,
         if method == "CreateRepository":
             # A name never used before (a counter: Hypothesis would keep drawing "aaa").
             fresh = st.just(None).map(lambda _: f"fz-{next(_FRESH_NAMES)}")
-            return _weighted(st.one_of(fresh, fresh, fresh,
-                                       _pick(lambda: pools.repositories, "demo")),
-                             _GARBAGE_TEXT)
+            return _weighted(
+                st.one_of(fresh, fresh, fresh, _pick(lambda: pools.repositories, "demo")),
+                _GARBAGE_TEXT,
+            )
         if method == "DeleteRepository":
-            return _weighted(_pick(lambda: pools.disposable_repositories, "other"),
-                             _GARBAGE_TEXT)
+            return _weighted(_pick(lambda: pools.disposable_repositories, "other"), _GARBAGE_TEXT)
         if "Repositor" in method:
             return repo
         if "Tag" in method:
@@ -235,8 +320,11 @@ def _string_strategy(name: str, method: str, pools: Pools,
     if name in ("ref", "source_ref", "left_ref", "right_ref"):
         return _ref_strategy(pools)
     if name in ("path", "prefix"):
-        return _path_strategy(pools) if name == "path" else st.one_of(
-            st.just(""), _path_strategy(pools))
+        return (
+            _path_strategy(pools)
+            if name == "path"
+            else st.one_of(st.just(""), _path_strategy(pools))
+        )
     if name == "paths":
         return _path_strategy(pools)
     if name == "delimiter":
@@ -248,8 +336,12 @@ def _string_strategy(name: str, method: str, pools: Pools,
     if name == "storage_namespace":
         return _namespace_strategy(pools, scratch)
     if name == "physical_address":
-        return _weighted(_pick(lambda: pools.addresses, "s3://b/x") | st.text(max_size=8).map(
-            lambda s: f"s3://bucket/{s}"), _GARBAGE_TEXT, 2)
+        return _weighted(
+            _pick(lambda: pools.addresses, "s3://b/x")
+            | st.text(max_size=8).map(lambda s: f"s3://bucket/{s}"),
+            _GARBAGE_TEXT,
+            2,
+        )
     if name in ("commit_id", "hint_metarange_id", "metarange_id", "id"):
         return _weighted(_pick(lambda: pools.commit_ids, "0" * 64), _GARBAGE_TEXT, 1)
     if name == "staging_token":
@@ -264,19 +356,24 @@ def _bytes_strategy(name: str) -> st.SearchStrategy:
     return st.one_of(st.binary(max_size=40), st.sampled_from([b"", b"\x00", b"x" * 500_000]))
 
 
-_INT64 = st.one_of(st.integers(-(2**63), 2**63 - 1),
-                   st.sampled_from([0, -1, 1, 2, 10, 1000, 2**31 - 1, -(2**31), 2**63 - 1,
-                                    -(2**63)]))
-_INT32 = st.one_of(st.integers(-(2**31), 2**31 - 1),
-                   st.sampled_from([0, -1, 1, 2, 3, 100, 10_000, 2**31 - 1, -(2**31)]))
+_INT64 = st.one_of(
+    st.integers(-(2**63), 2**63 - 1),
+    st.sampled_from([0, -1, 1, 2, 10, 1000, 2**31 - 1, -(2**31), 2**63 - 1, -(2**63)]),
+)
+_INT32 = st.one_of(
+    st.integers(-(2**31), 2**31 - 1),
+    st.sampled_from([0, -1, 1, 2, 3, 100, 10_000, 2**31 - 1, -(2**31)]),
+)
 _UINT32 = st.integers(0, 2**32 - 1)
 _UINT64 = st.integers(0, 2**64 - 1)
-_DOUBLE = st.one_of(st.floats(), st.sampled_from([0.0, -1.0, 1.0, 1e308, float("inf"),
-                                                  float("nan"), -0.0]))
+_DOUBLE = st.one_of(
+    st.floats(), st.sampled_from([0.0, -1.0, 1.0, 1e308, float("inf"), float("nan"), -0.0])
+)
 
 
-def _scalar_strategy(fd: _descriptor.FieldDescriptor, method: str, pools: Pools,
-                     scratch: Callable[[str], str]) -> st.SearchStrategy:
+def _scalar_strategy(
+    fd: _descriptor.FieldDescriptor, method: str, pools: Pools, scratch: Callable[[str], str]
+) -> st.SearchStrategy:
     t = fd.type
     if t == Type.TYPE_STRING:
         return _string_strategy(fd.name, method, pools, scratch)
@@ -301,16 +398,22 @@ def _scalar_strategy(fd: _descriptor.FieldDescriptor, method: str, pools: Pools,
     if t in (Type.TYPE_UINT64, Type.TYPE_FIXED64):
         return _UINT64
     if t in (Type.TYPE_DOUBLE, Type.TYPE_FLOAT):
-        return _weighted(st.floats(0, 1000), _DOUBLE if t == Type.TYPE_DOUBLE
-                         else st.floats(width=32), 2)
+        return _weighted(
+            st.floats(0, 1000), _DOUBLE if t == Type.TYPE_DOUBLE else st.floats(width=32), 2
+        )
     if t == Type.TYPE_ENUM:
         known = [v.number for v in fd.enum_type.values]
         return _weighted(st.sampled_from(known), st.integers(-5, 1000), 3)
     raise TypeError(f"no strategy for field {fd.full_name} of type {t}")
 
 
-def message_strategy(desc: _descriptor.Descriptor, method: str, pools: Pools,
-                     scratch: Callable[[str], str], depth: int = 0) -> st.SearchStrategy:
+def message_strategy(
+    desc: _descriptor.Descriptor,
+    method: str,
+    pools: Pools,
+    scratch: Callable[[str], str],
+    depth: int = 0,
+) -> st.SearchStrategy:
     """Any message of type `desc`: each field present or absent, with a value from the
     strategy its name and type select."""
     cls = message_class(desc)
@@ -321,14 +424,19 @@ def message_strategy(desc: _descriptor.Descriptor, method: str, pools: Pools,
         if fd.type == Type.TYPE_MESSAGE and fd.message_type.GetOptions().map_entry:
             key_fd = fd.message_type.fields_by_name["key"]
             value_fd = fd.message_type.fields_by_name["value"]
-            keys = _scalar_strategy(key_fd, method, pools, scratch) if key_fd.name != "key" \
-                or key_fd.type != Type.TYPE_STRING else _weighted(
-                    _pick(lambda: pools.branches + ["owner", "run"], "main"), _TEXT, 1)
-            values = _scalar_strategy(value_fd, method, pools, scratch) \
-                if value_fd.type != Type.TYPE_MESSAGE else message_strategy(
-                    value_fd.message_type, method, pools, scratch, depth + 1)
-            per_field[fd.name] = st.dictionaries(keys, values,
-                                                 max_size=1 if _VALID_ONLY.get() else 3)
+            keys = (
+                _scalar_strategy(key_fd, method, pools, scratch)
+                if key_fd.name != "key" or key_fd.type != Type.TYPE_STRING
+                else _weighted(_pick(lambda: pools.branches + ["owner", "run"], "main"), _TEXT, 1)
+            )
+            values = (
+                _scalar_strategy(value_fd, method, pools, scratch)
+                if value_fd.type != Type.TYPE_MESSAGE
+                else message_strategy(value_fd.message_type, method, pools, scratch, depth + 1)
+            )
+            per_field[fd.name] = st.dictionaries(
+                keys, values, max_size=1 if _VALID_ONLY.get() else 3
+            )
             continue
         if fd.type == Type.TYPE_MESSAGE:
             if depth > 3:
@@ -337,11 +445,13 @@ def message_strategy(desc: _descriptor.Descriptor, method: str, pools: Pools,
         else:
             one = _scalar_strategy(fd, method, pools, scratch)
         if fd.is_repeated:
-            per_field[fd.name] = st.lists(one, min_size=1 if _VALID_ONLY.get() else 0,
-                                          max_size=4)
+            per_field[fd.name] = st.lists(one, min_size=1 if _VALID_ONLY.get() else 0, max_size=4)
         else:
-            per_field[fd.name] = st.one_of(st.none(), one) if fd.type == Type.TYPE_MESSAGE \
-                or fd.has_presence else one
+            per_field[fd.name] = (
+                st.one_of(st.none(), one)
+                if fd.type == Type.TYPE_MESSAGE or fd.has_presence
+                else one
+            )
 
     def build(values: dict) -> Any:
         msg = cls()
@@ -367,8 +477,9 @@ def message_strategy(desc: _descriptor.Descriptor, method: str, pools: Pools,
     return st.fixed_dictionaries(per_field).map(build)
 
 
-def request_strategy(method: _descriptor.MethodDescriptor, pools: Pools,
-                     scratch: Callable[[str], str]) -> st.SearchStrategy:
+def request_strategy(
+    method: _descriptor.MethodDescriptor, pools: Pools, scratch: Callable[[str], str]
+) -> st.SearchStrategy:
     """A request for `method` (a list of 1-3 requests for a client-streaming RPC): about a
     quarter all valid-looking, half valid-looking but for one top-level field drawn from the
     garbage-mixed strategy, a quarter garbage-mixed throughout — so most calls get past

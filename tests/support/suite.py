@@ -9,9 +9,9 @@ Without `compactor_sensor=True` branch-manager sends no staging reports
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from quarry.config import load_settings
 from quarry.kv.store import Store
@@ -32,8 +32,11 @@ class Suite:
 
         if "compactor-sensor" in self.targets:
             kwargs.setdefault("compactor_sensor", self.targets["compactor-sensor"])
-        return Client(branch_manager=self.targets["branch-manager"],
-                      committer=self.targets["committer"], **kwargs)
+        return Client(
+            branch_manager=self.targets["branch-manager"],
+            committer=self.targets["committer"],
+            **kwargs,
+        )
 
     def stop(self, name: str) -> None:
         """Stop one service now (e.g. the compactor-sensor, to see writes go on)."""
@@ -53,14 +56,16 @@ def _start(settings, spec) -> tuple[QuarryServer, str]:
 
 
 @contextlib.contextmanager
-def running_suite(home: Path, backend: Store | None = None, compactor_sensor: bool = False,
-                  **overrides) -> Iterator[Suite]:
+def running_suite(
+    home: Path, backend: Store | None = None, compactor_sensor: bool = False, **overrides
+) -> Iterator[Suite]:
     """Start the services in dependency order; stop them in reverse."""
     from branch_manager.service import build as build_branch_manager
     from committer.service import build as build_committer
     from kv_gateway.service import build as build_kv_gateway
-    from quarry.kv.memory import MemoryStore
     from range_writer.service import build as build_range_writer
+
+    from quarry.kv.memory import MemoryStore
 
     backend = backend if backend is not None else MemoryStore()
     if not compactor_sensor:
@@ -91,12 +96,16 @@ def running_suite(home: Path, backend: Store | None = None, compactor_sensor: bo
             server, target = _start(settings, build_branch_manager(settings))
             suite.servers["branch-manager"], suite.targets["branch-manager"] = server, target
         else:
-            for name, build in (("branch-manager", build_branch_manager),
-                                ("committer", build_committer)):
+            for name, build in (
+                ("branch-manager", build_branch_manager),
+                ("committer", build_committer),
+            ):
                 server, target = _start(settings, build(settings))
                 suite.servers[name], suite.targets[name] = server, target
-        suite.settings = settings.replace(branch_manager_address=suite.targets["branch-manager"],
-                                          committer_address=suite.targets["committer"])
+        suite.settings = settings.replace(
+            branch_manager_address=suite.targets["branch-manager"],
+            committer_address=suite.targets["committer"],
+        )
         yield suite
     finally:
         for name in reversed(list(suite.servers)):

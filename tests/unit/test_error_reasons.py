@@ -25,8 +25,9 @@ def test_reasons_are_unique_and_upper_snake_case():
             continue
         assert cls.reason.isupper() and " " not in cls.reason, cls
         other = owners.setdefault(cls.reason, cls)
-        assert other is cls, f"{cls.reason}: {other.__module__}.{other.__name__} and " \
-                             f"{cls.__module__}.{cls.__name__}"
+        assert other is cls, (
+            f"{cls.reason}: {other.__module__}.{other.__name__} and {cls.__module__}.{cls.__name__}"
+        )
 
 
 def test_a_status_quoting_a_huge_input_stays_within_the_trailer_limit():
@@ -39,8 +40,9 @@ def test_a_status_quoting_a_huge_input_stays_within_the_trailer_limit():
     from quarry.runtime.errors import to_status
 
     huge = "h" * 70_000
-    status = to_status(errors.InvalidArgument(f"invalid name {huge!r}",
-                                              metadata={"name": huge, "short": "kept"}))
+    status = to_status(
+        errors.InvalidArgument(f"invalid name {huge!r}", metadata={"name": huge, "short": "kept"})
+    )
     assert status.ByteSize() < 8_000
     assert status.message.startswith("invalid name 'hhh") and "70015 characters" in status.message
     info = error_details_pb2.ErrorInfo()

@@ -5,14 +5,20 @@ import pytest
 
 from quarry.convert import change_to_proto, entry_to_proto
 from quarry.graveler.model import Change, ChangeType, Entry, RangeInfo
-from quarry.paging import (ELEMENT_OVERHEAD_BYTES, PAGE_TOKEN_RESERVE_BYTES, PageBudget,
-                           encoded_size)
+from quarry.paging import ELEMENT_OVERHEAD_BYTES, PAGE_TOKEN_RESERVE_BYTES, PageBudget, encoded_size
 from quarry.v1 import branch_manager_pb2, committer_pb2, range_writer_pb2, types_pb2
 
 
 def entry(i: int, metadata_bytes: int = 0) -> Entry:
-    return Entry(f"data/{i:05d}.parquet", f"s3://b/{i}", 10, "c", 1_700_000_000_000_000,
-                 "application/x-parquet", {"k": "v" * metadata_bytes} if metadata_bytes else {})
+    return Entry(
+        f"data/{i:05d}.parquet",
+        f"s3://b/{i}",
+        10,
+        "c",
+        1_700_000_000_000_000,
+        "application/x-parquet",
+        {"k": "v" * metadata_bytes} if metadata_bytes else {},
+    )
 
 
 def take(budget: PageBudget, items) -> list:
@@ -54,22 +60,39 @@ def test_budget_refuses_an_empty_page():
 
 def test_encoded_size_bounds_the_real_response_tightly():
     entries = [entry(i, metadata_bytes=100 * i) for i in range(50)]
-    changes = [Change(ChangeType.ADDED, e.path, e) for e in entries[:25]] + \
-              [Change(ChangeType.REMOVED, e.path) for e in entries[25:]]
+    changes = [Change(ChangeType.ADDED, e.path, e) for e in entries[:25]] + [
+        Change(ChangeType.REMOVED, e.path) for e in entries[25:]
+    ]
     prefixes = [f"dir-{i}/" for i in range(20)]
-    commits = [types_pb2.Commit(id="c" * 64, message="m" * (i * 300), metadata={"a": "b"})
-               for i in range(10)]
+    commits = [
+        types_pb2.Commit(id="c" * 64, message="m" * (i * 300), metadata={"a": "b"})
+        for i in range(10)
+    ]
     ranges = [RangeInfo(f"{i:064x}", f"a{i}", f"b{i}", 7, 1000) for i in range(30)]
     cases = [
-        (branch_manager_pb2.ListObjectsResponse(
-            entries=[entry_to_proto(e) for e in entries], common_prefixes=prefixes),
-         [*entries, *prefixes]),
+        (
+            branch_manager_pb2.ListObjectsResponse(
+                entries=[entry_to_proto(e) for e in entries], common_prefixes=prefixes
+            ),
+            [*entries, *prefixes],
+        ),
         (committer_pb2.DiffResponse(changes=[change_to_proto(c) for c in changes]), changes),
         (committer_pb2.LogResponse(commits=commits), commits),
-        (range_writer_pb2.GetMetaRangeResponse(
-            ranges=[types_pb2.RangeInfo(id=r.id, min_key=r.min_key, max_key=r.max_key,
-                                        count=r.count, size_bytes=r.size_bytes)
-                    for r in ranges]), ranges),
+        (
+            range_writer_pb2.GetMetaRangeResponse(
+                ranges=[
+                    types_pb2.RangeInfo(
+                        id=r.id,
+                        min_key=r.min_key,
+                        max_key=r.max_key,
+                        count=r.count,
+                        size_bytes=r.size_bytes,
+                    )
+                    for r in ranges
+                ]
+            ),
+            ranges,
+        ),
     ]
     for response, items in cases:
         estimated = sum(encoded_size(item) for item in items)

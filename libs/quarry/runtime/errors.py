@@ -69,8 +69,9 @@ def to_status(exc: errors.QuarryError) -> status_pb2.Status:
         any_msg = any_pb2.Any()
         any_msg.Pack(message)
         packed.append(any_msg)
-    return status_pb2.Status(code=exc.code.value[0],
-                             message=_cut(exc.message, MAX_MESSAGE_CHARS), details=packed)
+    return status_pb2.Status(
+        code=exc.code.value[0], message=_cut(exc.message, MAX_MESSAGE_CHARS), details=packed
+    )
 
 
 def _internal_status(exc: BaseException) -> status_pb2.Status:

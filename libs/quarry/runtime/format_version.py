@@ -22,7 +22,8 @@ REBUILD_HINT = (
     "Rebuild the data: stop the services, run `quarry export FILE --kv-url <this store>` "
     "(export reads a store of any format version) and `quarry import FILE --kv-url <an "
     "empty store>` with this build; import also rewrites the committed data (ranges and "
-    "metaranges) of every repository in this build's format.")
+    "metaranges) of every repository in this build's format."
+)
 
 
 class FormatVersionMismatch(errors.FailedPrecondition):
@@ -55,7 +56,8 @@ def ensure_format_version(store: kv.Store, expected: int = FORMAT_VERSION) -> in
                 f"the KV store holds storage format version {found.decode(errors='replace')!r} "
                 f"but this build of Quarry reads and writes version {expected}. "
                 f"{REBUILD_HINT}",
-                metadata={"found": found.decode(errors="replace"), "expected": str(expected)})
+                metadata={"found": found.decode(errors="replace"), "expected": str(expected)},
+            )
         return version
     raise errors.Unavailable("could not read the storage format version")
 

@@ -14,8 +14,10 @@ per id, a repeat answered with the first successful response.
 from __future__ import annotations
 
 import functools
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+import grpc
 from google.protobuf import message as pb_message
 
 from quarry.graveler.requests import RequestLog, check_request_id, fingerprint
@@ -26,8 +28,9 @@ M = TypeVar("M", bound=pb_message.Message)
 INSTALLATION = None
 
 
-def idempotent(response_type: type[M], *, repository: str | None = "repository",
-               ignore: tuple[str, ...] = ()) -> Callable:
+def idempotent(
+    response_type: type[M], *, repository: str | None = "repository", ignore: tuple[str, ...] = ()
+) -> Callable:
     """Decorate a unary servicer method whose request has a `request_id` field.
 
     `repository`: the request field naming the repository whose partition keeps the record,
@@ -37,24 +40,40 @@ def idempotent(response_type: type[M], *, repository: str | None = "repository",
 
     def decorate(method: Callable) -> Callable:
         @functools.wraps(method)
-        def wrapper(self, request, context):
+        def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
             if not request.request_id:
                 return method(self, request, context)
             name = getattr(request, repository) if repository is not None else None
-            return run_once(self._requests, request, name,
-                            lambda: method(self, request, context), response_type, ignore)
+            return run_once(
+                self._requests,
+                request,
+                name,
+                lambda: method(self, request, context),
+                response_type,
+                ignore,
+            )
 
         return wrapper
 
     return decorate
 
 
-def run_once(requests: RequestLog, request: pb_message.Message, repository: str | None,
-             call: Callable[[], M], response_type: type[M], ignore: tuple[str, ...] = ()
-             ) -> M:
+def run_once(
+    requests: RequestLog,
+    request: pb_message.Message,
+    repository: str | None,
+    call: Callable[[], M],
+    response_type: type[M],
+    ignore: tuple[str, ...] = (),
+) -> M:
     """`call()` at most once for `request.request_id` (which must be set)."""
     request_id = check_request_id(request.request_id)
     partition = requests.partition_for(repository)
-    return requests.run(partition, request_id, fingerprint(request, ignore), call,
-                        lambda response: response.SerializeToString(deterministic=True),
-                        response_type.FromString)
+    return requests.run(
+        partition,
+        request_id,
+        fingerprint(request, ignore),
+        call,
+        lambda response: response.SerializeToString(deterministic=True),
+        response_type.FromString,
+    )

@@ -12,15 +12,21 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
 
 class PeriodicWorker:
-    def __init__(self, name: str, step: Callable[[], bool | None], interval: float,
-                 retry_initial: float | None = None, retry_max: float | None = None,
-                 first_delay: float | None = None):
+    def __init__(
+        self,
+        name: str,
+        step: Callable[[], bool | None],
+        interval: float,
+        retry_initial: float | None = None,
+        retry_max: float | None = None,
+        first_delay: float | None = None,
+    ):
         self.name = name
         self._step = step
         self.interval = interval
@@ -41,7 +47,7 @@ class PeriodicWorker:
         backoff = min(self.retry_max, self.retry_initial * 2 ** (self._failures - 1))
         return backoff * random.uniform(0.5, 1.0)
 
-    def start(self, first_delay: float | None = None) -> "PeriodicWorker":
+    def start(self, first_delay: float | None = None) -> PeriodicWorker:
         """Start the loop; its first step runs after `first_delay` (default: the one given
         at construction, else the interval)."""
         if self._thread is None:
@@ -66,8 +72,9 @@ class PeriodicWorker:
                 succeeded = False
             else:
                 if succeeded and self._failures:
-                    log.info("%s: working again after %d failed pass(es)", self.name,
-                             self._failures)
+                    log.info(
+                        "%s: working again after %d failed pass(es)", self.name, self._failures
+                    )
             delay = self.next_delay(succeeded)
 
     def _log_failure(self, exc: Exception) -> None:
@@ -79,8 +86,12 @@ class PeriodicWorker:
         from quarry import errors
 
         expected = isinstance(exc, errors.QuarryError)
-        log.warning("%s: pass failed; retrying with backoff: %s", self.name,
-                    getattr(exc, "message", None) or exc, exc_info=not expected)
+        log.warning(
+            "%s: pass failed; retrying with backoff: %s",
+            self.name,
+            getattr(exc, "message", None) or exc,
+            exc_info=not expected,
+        )
 
     def stop(self, timeout: float = 5.0) -> bool:
         """Ask the loop to end and wait up to `timeout` seconds. True if it ended (a step

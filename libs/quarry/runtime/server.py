@@ -22,9 +22,11 @@ import functools
 import logging
 import signal
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from types import FrameType
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -80,8 +82,7 @@ class Dependency:
     close: Callable[[], None] = lambda: None
 
 
-def service_dependency(name: str, address: str,
-                       channel: grpc.Channel | None = None) -> Dependency:
+def service_dependency(name: str, address: str, channel: grpc.Channel | None = None) -> Dependency:
     """Another Quarry service: it answers when its overall grpc.health.v1 status is SERVING,
     so readiness chains (the compactor-sensor waits for a committer that waits for the
     kv-gateway). Probed on `channel` — pass the untraced channel the data calls use, so a
@@ -97,13 +98,16 @@ def service_dependency(name: str, address: str,
             reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
         except grpc.RpcError as error:
             code = error.code().name if hasattr(error, "code") else "UNKNOWN"
-            raise DependencyUnavailable(f"{name} at {address} does not answer ({code})",
-                                        metadata={"dependency": name, "address": address}
-                                        ) from None
+            raise DependencyUnavailable(
+                f"{name} at {address} does not answer ({code})",
+                metadata={"dependency": name, "address": address},
+            ) from None
         if reply.status != health_pb2.HealthCheckResponse.SERVING:
             status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-            raise DependencyUnavailable(f"{name} at {address} is {status}",
-                                        metadata={"dependency": name, "address": address})
+            raise DependencyUnavailable(
+                f"{name} at {address} is {status}",
+                metadata={"dependency": name, "address": address},
+            )
 
     return Dependency(name, address, probe, channel.close if owned else (lambda: None))
 
@@ -128,35 +132,55 @@ class ServiceSpec:
 
 def _is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, errors.QuarryError) and (
-        exc.code in RETRYABLE_CODES or exc.code == grpc.StatusCode.DEADLINE_EXCEEDED)
+        exc.code in RETRYABLE_CODES or exc.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    )
+
+
+@dataclass(frozen=True)
+class ReadinessTiming:
+    """How Readiness probes: each probe bounded by `probe_timeout`; every `interval` while
+    ready; while not, retrying from `retry_initial` backing off to `retry_max` (seconds)."""
+
+    probe_timeout: float = PROBE_TIMEOUT_SECONDS
+    interval: float = READINESS_INTERVAL_SECONDS
+    retry_initial: float = READINESS_RETRY_INITIAL_SECONDS
+    retry_max: float = READINESS_RETRY_MAX_SECONDS
 
 
 class Readiness:
     """Health follows the dependencies (see the module docstring). `check()` is one probe
     round; a PeriodicWorker repeats it."""
 
-    def __init__(self, spec: ServiceSpec, health_servicer: health.HealthServicer,
-                 health_names: Sequence[str], probe_timeout: float = PROBE_TIMEOUT_SECONDS,
-                 interval: float = READINESS_INTERVAL_SECONDS,
-                 retry_initial: float = READINESS_RETRY_INITIAL_SECONDS,
-                 retry_max: float = READINESS_RETRY_MAX_SECONDS):
+    def __init__(
+        self,
+        spec: ServiceSpec,
+        health_servicer: health.HealthServicer,
+        health_names: Sequence[str],
+        timing: ReadinessTiming = ReadinessTiming(),
+    ):
         self._service = spec.name
         self._dependencies = list(spec.dependencies)
         self._pending_work = list(spec.on_ready)
         self._health = health_servicer
         self._health_names = list(health_names)
-        self._probe_timeout = probe_timeout
+        self._probe_timeout = timing.probe_timeout
         self._lock = threading.Lock()  # one probe round at a time
         names = ",".join(d.name for d in self._dependencies)
         self._waiting_for = names or spec.name
         self._not_ready: DependencyUnavailable | None = DependencyUnavailable(
-            f"{spec.name} is starting", metadata={"service": spec.name,
-                                                  "dependency": self._waiting_for})
+            f"{spec.name} is starting",
+            metadata={"service": spec.name, "dependency": self._waiting_for},
+        )
         self._logged: str | None = None
         self._failed_rounds = 0  # consecutive failed probe rounds while ready
         self.failure: BaseException | None = None  # start-up work refused: stop the service
-        self.worker = PeriodicWorker(f"{spec.name}-readiness", self.check, interval,
-                                     retry_initial=retry_initial, retry_max=retry_max)
+        self.worker = PeriodicWorker(
+            f"{spec.name}-readiness",
+            self.check,
+            timing.interval,
+            retry_initial=timing.retry_initial,
+            retry_max=timing.retry_max,
+        )
 
     @property
     def ready(self) -> bool:
@@ -182,18 +206,28 @@ class Readiness:
                     missing.append((dependency, exc))
             if missing and self.ready and self._failed_rounds + 1 < LOST_AFTER_FAILED_ROUNDS:
                 self._failed_rounds += 1
-                log.debug("%s: probe round failed (%s); still SERVING", self._service,
-                          ", ".join(d.name for d, _ in missing))
+                log.debug(
+                    "%s: probe round failed (%s); still SERVING",
+                    self._service,
+                    ", ".join(d.name for d, _ in missing),
+                )
                 return False  # probed again soon, on the backoff schedule
             if missing:
-                self._set_not_ready(DependencyUnavailable(
-                    f"{self._service} is waiting for its dependencies: "
-                    + "; ".join(getattr(exc, "message", None) or f"{d.name} ({exc})"
-                                for d, exc in missing),
-                    metadata={"service": self._service,
-                              "dependency": ",".join(d.name for d, _ in missing),
-                              "address": ",".join(d.address for d, _ in missing)}),
-                    key="waiting for " + ",".join(d.name for d, _ in missing))
+                self._set_not_ready(
+                    DependencyUnavailable(
+                        f"{self._service} is waiting for its dependencies: "
+                        + "; ".join(
+                            getattr(exc, "message", None) or f"{d.name} ({exc})"
+                            for d, exc in missing
+                        ),
+                        metadata={
+                            "service": self._service,
+                            "dependency": ",".join(d.name for d, _ in missing),
+                            "address": ",".join(d.address for d, _ in missing),
+                        },
+                    ),
+                    key="waiting for " + ",".join(d.name for d, _ in missing),
+                )
                 return False
             while self._pending_work:
                 try:
@@ -202,16 +236,25 @@ class Readiness:
                     if not _is_retryable(exc):
                         self.failure = exc
                         self.worker.stopping.set()
-                        self._set_not_ready(DependencyUnavailable(
-                            f"{self._service} refused to start: {exc}",
-                            metadata={"service": self._service,
-                                      "dependency": self._waiting_for}), key="failed")
+                        self._set_not_ready(
+                            DependencyUnavailable(
+                                f"{self._service} refused to start: {exc}",
+                                metadata={
+                                    "service": self._service,
+                                    "dependency": self._waiting_for,
+                                },
+                            ),
+                            key="failed",
+                        )
                         log.error("%s: start-up refused: %s", self._service, exc)
                         return False
-                    self._set_not_ready(DependencyUnavailable(
-                        f"{self._service} is starting: {getattr(exc, 'message', exc)}",
-                        metadata={"service": self._service,
-                                  "dependency": self._waiting_for}), key="starting")
+                    self._set_not_ready(
+                        DependencyUnavailable(
+                            f"{self._service} is starting: {getattr(exc, 'message', exc)}",
+                            metadata={"service": self._service, "dependency": self._waiting_for},
+                        ),
+                        key="starting",
+                    )
                     return False
                 self._pending_work.pop(0)
             self._set_ready()
@@ -230,11 +273,15 @@ class Readiness:
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
         if self._logged != "ready":
             self._logged = "ready"
-            log.info("%s: SERVING%s", self._service,
-                     f" (dependencies answer: {', '.join(d.name for d in self._dependencies)})"
-                     if self._dependencies else "")
+            log.info(
+                "%s: SERVING%s",
+                self._service,
+                f" (dependencies answer: {', '.join(d.name for d in self._dependencies)})"
+                if self._dependencies
+                else "",
+            )
 
-    def _set_health(self, status) -> None:
+    def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
         for name in ["", *self._health_names]:
             self._health.set(name, status)
 
@@ -257,7 +304,11 @@ class ReadinessGate(grpc.ServerInterceptor):
         # Wrapped handlers by the handler they wrap: built once per method, not per call.
         self._wrapped: dict[int, tuple[Any, Any]] = {}
 
-    def intercept_service(self, continuation, handler_call_details):
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
         if handler is None or not handler_call_details.method.startswith(self._prefixes):
             return handler
@@ -268,25 +319,32 @@ class ReadinessGate(grpc.ServerInterceptor):
         self._wrapped[id(handler)] = (handler, wrapped)
         return wrapped
 
-    def _wrap(self, handler):
+    def _wrap(self, handler: Any) -> Any:
+        """`handler`: a grpc RpcMethodHandler (a namedtuple in grpc's implementation)."""
         gate = self._readiness.refuse_unless_ready
 
-        def unary(behavior):
+        def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(behavior)
-            def wrapper(request, context):
+            def wrapper(request: Any, context: grpc.ServicerContext) -> Any:
                 gate()
                 return behavior(request, context)
+
             return wrapper
 
-        def streaming(behavior):
+        def streaming(behavior: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
             @functools.wraps(behavior)
-            def wrapper(request, context):
+            def wrapper(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 gate()
                 yield from behavior(request, context)
+
             return wrapper
 
-        for kind, wrap in (("unary_unary", unary), ("stream_unary", unary),
-                           ("unary_stream", streaming), ("stream_stream", streaming)):
+        for kind, wrap in (
+            ("unary_unary", unary),
+            ("stream_unary", unary),
+            ("unary_stream", streaming),
+            ("stream_stream", streaming),
+        ):
             behavior = getattr(handler, kind)
             if behavior:
                 return handler._replace(**{kind: wrap(behavior)})
@@ -297,10 +355,12 @@ class ServerInfoServicer(server_info_pb2_grpc.ServerInfoServicer):
     def __init__(self, service: str):
         self._service = service
 
-    def GetServerInfo(self, request, context):
+    def GetServerInfo(
+        self, request: server_info_pb2.GetServerInfoRequest, context: grpc.ServicerContext
+    ) -> server_info_pb2.GetServerInfoResponse:
         return server_info_pb2.GetServerInfoResponse(
-            service=self._service, version=quarry.__version__,
-            format_version=quarry.FORMAT_VERSION)
+            service=self._service, version=quarry.__version__, format_version=quarry.FORMAT_VERSION
+        )
 
 
 @dataclass
@@ -336,24 +396,31 @@ class QuarryServer:
                 log.exception("error while stopping %s", self.spec.name)
 
 
-def create_server(settings: Settings, spec: ServiceSpec, port: int | None = None,
-                  host: str | None = None, **readiness_options: float
-                  ) -> tuple[QuarryServer, int]:
+def create_server(
+    settings: Settings,
+    spec: ServiceSpec,
+    port: int | None = None,
+    host: str | None = None,
+    **readiness_options: float,
+) -> tuple[QuarryServer, int]:
     """Build and start a server. `port=0` picks a free port (tests); None = the setting.
 
     Returns once the port is bound and one readiness round has run: a server whose
     dependencies already answer is SERVING on return; otherwise it keeps probing in the
     background. Raises the error of start-up work that refuses (e.g. FormatVersionMismatch).
-    `readiness_options` tune the probing (Readiness keyword arguments; tests)."""
+    `readiness_options` tune the probing (ReadinessTiming fields; tests)."""
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     info_name = server_info_pb2.DESCRIPTOR.services_by_name["ServerInfo"].full_name
-    readiness = Readiness(spec, health_servicer, spec.grpc_service_names, **readiness_options)
+    readiness = Readiness(
+        spec, health_servicer, spec.grpc_service_names, ReadinessTiming(**readiness_options)
+    )
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=settings.max_workers,
-                                   thread_name_prefix=spec.name),
-        interceptors=[*telemetry.server_interceptors(),
-                      ErrorInterceptor(MAX_MESSAGE_BYTES),
-                      ReadinessGate(readiness, spec.grpc_service_names)],
+        futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix=spec.name),
+        interceptors=[
+            *telemetry.server_interceptors(),
+            ErrorInterceptor(MAX_MESSAGE_BYTES),
+            ReadinessGate(readiness, spec.grpc_service_names),
+        ],
         options=SERVER_OPTIONS,
     )
     spec.register(server)
@@ -361,7 +428,8 @@ def create_server(settings: Settings, spec: ServiceSpec, port: int | None = None
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [*spec.grpc_service_names, info_name]
     reflection.enable_server_reflection(
-        [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+        [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+    )
 
     bind_host = host if host is not None else settings.listen_host
     bind_port = settings.port_of(spec.name) if port is None else port
@@ -373,14 +441,16 @@ def create_server(settings: Settings, spec: ServiceSpec, port: int | None = None
         raise errors.Unavailable(
             f"{spec.name} cannot listen on {bind_host}:{bind_port} (address in use?); "
             f"choose another with QUARRY_{spec.name.upper().replace('-', '_')}_PORT",
-            metadata={"address": f"{bind_host}:{bind_port}"})
+            metadata={"address": f"{bind_host}:{bind_port}"},
+        )
     # ServerInfo always answers; "" and the service's own names follow readiness.
     health_servicer.set(info_name, health_pb2.HealthCheckResponse.SERVING)
     for name in ["", *spec.grpc_service_names]:
         health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     server.start()
-    started = QuarryServer(grpc_server=server, port=bound, health=health_servicer, spec=spec,
-                           readiness=readiness)
+    started = QuarryServer(
+        grpc_server=server, port=bound, health=health_servicer, spec=spec, readiness=readiness
+    )
     ready = readiness.check()
     if readiness.failure is not None:
         started.stop(0)
@@ -391,27 +461,44 @@ def create_server(settings: Settings, spec: ServiceSpec, port: int | None = None
 
 def serve(settings: Settings, spec_factory: Callable[[Settings], ServiceSpec]) -> None:
     """Run one service until SIGTERM/SIGINT, then drain in-flight calls and exit."""
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format=f"%(asctime)s {spec_factory.__module__.split('.')[0]} "
-                               "%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format=f"%(asctime)s {spec_factory.__module__.split('.')[0]} "
+        "%(levelname)s %(name)s: %(message)s",
+    )
     spec = spec_factory(settings)
     telemetry.configure_tracing(spec.name)
     server, port = create_server(settings, spec)
-    metrics_port = start_metrics_endpoint(settings.metrics_host,
-                                          settings.metrics_port_of(spec.name))
-    log.info("%s listening on %s:%d (metrics port %s)", spec.name, settings.listen_host, port,
-             metrics_port or "off")
+    metrics_port = start_metrics_endpoint(
+        settings.metrics_host, settings.metrics_port_of(spec.name)
+    )
+    log.info(
+        "%s listening on %s:%d (metrics port %s)",
+        spec.name,
+        settings.listen_host,
+        port,
+        metrics_port or "off",
+    )
     # `quarry up` reads this line: the port is bound (health tells whether it is SERVING).
-    print(f"{spec.name} ready on {settings.listen_host}:{port}"
-          + ("" if server.readiness.ready else
-             f" (NOT_SERVING until {', '.join(d.name for d in spec.dependencies)} answer)"),
-          flush=True)
+    print(
+        f"{spec.name} ready on {settings.listen_host}:{port}"
+        + (
+            ""
+            if server.readiness.ready
+            else f" (NOT_SERVING until {', '.join(d.name for d in spec.dependencies)} answer)"
+        ),
+        flush=True,
+    )
 
     stop_requested = threading.Event()
 
-    def request_stop(signum, _frame):
-        log.info("%s: signal %d, draining (grace %.1fs)", spec.name, signum,
-                 settings.shutdown_grace_seconds)
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        log.info(
+            "%s: signal %d, draining (grace %.1fs)",
+            spec.name,
+            signum,
+            settings.shutdown_grace_seconds,
+        )
         stop_requested.set()
 
     signal.signal(signal.SIGTERM, request_stop)

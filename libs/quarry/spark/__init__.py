@@ -18,5 +18,12 @@ from quarry.spark.reader import entries, read
 from quarry.spark.sweep import sweep_ephemeral_branches
 from quarry.spark.writer import write
 
-__all__ = ["Connection", "QuarryUri", "entries", "parse_uri", "read",
-           "sweep_ephemeral_branches", "write"]
+__all__ = [
+    "Connection",
+    "QuarryUri",
+    "entries",
+    "parse_uri",
+    "read",
+    "sweep_ephemeral_branches",
+    "write",
+]

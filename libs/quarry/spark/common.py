@@ -10,8 +10,15 @@ import secrets
 import threading
 import urllib.parse
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from quarry import errors
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from quarry.client import Client
+    from quarry.config import Settings
 
 SCHEME = "quarry://"
 # Ephemeral branches of Spark writes: `_quarry-spark-<UTC time>-<random>`. The time in the
@@ -44,8 +51,10 @@ class QuarryUri:
 
     def __str__(self) -> str:
         quote = urllib.parse.quote
-        return f"{SCHEME}{quote(self.repository, safe='')}/{quote(self.ref, safe='')}/" \
-               f"{quote(self.path)}"
+        return (
+            f"{SCHEME}{quote(self.repository, safe='')}/{quote(self.ref, safe='')}/"
+            f"{quote(self.path)}"
+        )
 
 
 def parse_uri(uri: str) -> QuarryUri:
@@ -54,7 +63,7 @@ def parse_uri(uri: str) -> QuarryUri:
     if not isinstance(uri, str) or not uri.startswith(SCHEME):
         raise InvalidQuarryUri(f"{uri!r} is not a quarry:// URI (quarry://REPO/REF/PATH)")
     # Split first, then decode each part: an escaped '/' (%2F) never becomes a separator.
-    repository, _, rest = uri[len(SCHEME):].partition("/")
+    repository, _, rest = uri[len(SCHEME) :].partition("/")
     ref, _, path = rest.partition("/")
     repository, ref, path = (urllib.parse.unquote(part) for part in (repository, ref, path))
     if not repository or not ref:
@@ -73,15 +82,21 @@ class Connection:
     timeout: float = 60.0
 
     @classmethod
-    def from_settings(cls, settings=None) -> "Connection":
+    def from_settings(cls, settings: Settings | None = None) -> Connection:
         from quarry.config import load_settings
 
         settings = settings if settings is not None else load_settings()
-        return cls(settings.branch_manager_address, settings.committer_address,
-                   settings.s3_endpoint_url, settings.s3_region)
+        return cls(
+            settings.branch_manager_address,
+            settings.committer_address,
+            settings.s3_endpoint_url,
+            settings.s3_region,
+        )
 
     @classmethod
-    def resolve(cls, spark=None, connection: "Connection | None" = None) -> "Connection":
+    def resolve(
+        cls, spark: SparkSession | None = None, connection: Connection | None = None
+    ) -> Connection:
         """An explicit connection; else the session's `spark.quarry.branchManager` /
         `spark.quarry.committer` (and `spark.quarry.s3EndpointUrl`); else the QUARRY_*
         settings of this process."""
@@ -91,17 +106,19 @@ class Connection:
         if spark is None:
             return base
         conf = spark.conf
-        return cls(conf.get("spark.quarry.branchManager", base.branch_manager),
-                   conf.get("spark.quarry.committer", base.committer),
-                   conf.get("spark.quarry.s3EndpointUrl", base.s3_endpoint_url),
-                   conf.get("spark.quarry.s3Region", base.s3_region))
+        return cls(
+            conf.get("spark.quarry.branchManager", base.branch_manager),
+            conf.get("spark.quarry.committer", base.committer),
+            conf.get("spark.quarry.s3EndpointUrl", base.s3_endpoint_url),
+            conf.get("spark.quarry.s3Region", base.s3_region),
+        )
 
 
-_clients: dict = {}
+_clients: dict[tuple[Connection, bool], Client] = {}
 _clients_lock = threading.Lock()
 
 
-def client_for(connection: Connection):
+def client_for(connection: Connection) -> Client:
     """One Client (so one channel per service) per process and connection: executors'
     Python workers are reused across tasks, so every task of a worker shares it."""
     from quarry import telemetry
@@ -111,14 +128,15 @@ def client_for(connection: Connection):
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = Client(connection.branch_manager, connection.committer,
-                            timeout=connection.timeout)
+            client = Client(
+                connection.branch_manager, connection.committer, timeout=connection.timeout
+            )
             _clients[key] = client
         return client
 
 
 def new_job_id(now: _dt.datetime | None = None) -> str:
-    now = (now or _dt.datetime.now(_dt.timezone.utc)).astimezone(_dt.timezone.utc)
+    now = (now or _dt.datetime.now(_dt.UTC)).astimezone(_dt.UTC)
     return f"{now.strftime(_JOB_TIME)}-{secrets.token_hex(6)}"
 
 
@@ -132,10 +150,10 @@ def ephemeral_created_at(branch: str) -> _dt.datetime | None:
     if not match:
         return None
     try:
-        return _dt.datetime.strptime(match.group(1), _JOB_TIME).replace(tzinfo=_dt.timezone.utc)
+        return _dt.datetime.strptime(match.group(1), _JOB_TIME).replace(tzinfo=_dt.UTC)
     except ValueError:  # shaped like one but not a real time: a user's branch, not ours
         return None
 
 
 def job_of_branch(branch: str) -> str:
-    return branch[len(EPHEMERAL_PREFIX):]
+    return branch[len(EPHEMERAL_PREFIX) :]

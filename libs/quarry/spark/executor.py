@@ -26,12 +26,16 @@ import hashlib
 import io
 import json
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from quarry.spark.common import JOB_DATA_PREFIX, JOB_ID_PATTERN, Connection, client_for
+
+if TYPE_CHECKING:
+    from quarry.v1 import types_pb2
 
 FORMATS = {
     # format: (file extension, content type)
@@ -42,15 +46,17 @@ FORMATS = {
 
 # One row per file a task wrote: the staged entry's fields (the driver rebuilds the exact
 # entry from them, see file_entry) and the row count.
-RESULT_SCHEMA = pa.schema([
-    pa.field("path", pa.string(), nullable=False),
-    pa.field("physical_address", pa.string(), nullable=False),
-    pa.field("size_bytes", pa.int64(), nullable=False),
-    pa.field("checksum", pa.string(), nullable=False),
-    pa.field("mtime_us", pa.int64(), nullable=False),
-    pa.field("rows", pa.int64(), nullable=False),
-    pa.field("partition", pa.int32(), nullable=False),
-])
+RESULT_SCHEMA = pa.schema(
+    [
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("physical_address", pa.string(), nullable=False),
+        pa.field("size_bytes", pa.int64(), nullable=False),
+        pa.field("checksum", pa.string(), nullable=False),
+        pa.field("mtime_us", pa.int64(), nullable=False),
+        pa.field("rows", pa.int64(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -83,8 +89,7 @@ def job_path_prefix(spec: WriteSpec) -> str:
 def object_path(spec: WriteSpec, partition: int, index: int, folder: str = "") -> str:
     """`folder` is the Hive partition folder ("k=v/") of a partitioned write."""
     extension = FORMATS[spec.format][0]
-    return (f"{spec.prefix}{folder}part-{spec.job_id}-{partition:05d}-c{index:03d}"
-            f".{extension}")
+    return f"{spec.prefix}{folder}part-{spec.job_id}-{partition:05d}-c{index:03d}.{extension}"
 
 
 def is_job_file(spec: WriteSpec, path: str) -> bool:
@@ -93,10 +98,10 @@ def is_job_file(spec: WriteSpec, path: str) -> bool:
 
 # Hive's escaping of partition values in folder names (and its name for null).
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-_HIVE_ESCAPED = set('"#%\'*/:=?\\\x7f{[]^')
+_HIVE_ESCAPED = set("\"#%'*/:=?\\\x7f{[]^")
 
 
-def partition_value_text(value) -> str:
+def partition_value_text(value: Any) -> str:
     """A partition column value as Hive writes it in a folder name."""
     if value is None:
         return HIVE_NULL
@@ -110,8 +115,7 @@ def partition_value_text(value) -> str:
         text = str(value)
     if text == "":
         return HIVE_NULL
-    return "".join(f"%{ord(c):02X}" if c in _HIVE_ESCAPED or ord(c) < 0x20 else c
-                   for c in text)
+    return "".join(f"%{ord(c):02X}" if c in _HIVE_ESCAPED or ord(c) < 0x20 else c for c in text)
 
 
 def _partitions(table: pa.Table, columns: tuple) -> Iterator[tuple[str, pa.Table]]:
@@ -158,29 +162,41 @@ def _files(spec: WriteSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple
             yield folder, table
 
 
-def file_entry(spec: WriteSpec, row: dict):
+def file_entry(spec: WriteSpec, row: dict) -> types_pb2.Entry:
     """The entry staged for a written file, from its result row (executor and driver)."""
     from quarry.client import make_entry
 
     metadata = {**spec.metadata, "quarry.spark.rows": str(row["rows"])}
-    return make_entry(row["path"], physical_address=row["physical_address"],
-                      size_bytes=row["size_bytes"], checksum=row["checksum"],
-                      mtime=row["mtime_us"] / 1e6, content_type=FORMATS[spec.format][1],
-                      metadata=metadata)
+    return make_entry(
+        row["path"],
+        physical_address=row["physical_address"],
+        size_bytes=row["size_bytes"],
+        checksum=row["checksum"],
+        mtime=row["mtime_us"] / 1e6,
+        content_type=FORMATS[spec.format][1],
+        metadata=metadata,
+    )
 
 
 # The exact keys file_key writes: what GC may recognize as a Spark job's data file
 # (quarry.retention.classify).
 JOB_FILE_KEY = re.compile(
-    re.escape(JOB_DATA_PREFIX) + JOB_ID_PATTERN + r"/part-\d{5,}-c\d{3,}-t\d+\."
-    + "(?:" + "|".join(re.escape(ext) for ext, _ in FORMATS.values()) + ")")
+    re.escape(JOB_DATA_PREFIX)
+    + JOB_ID_PATTERN
+    + r"/part-\d{5,}-c\d{3,}-t\d+\."
+    + "(?:"
+    + "|".join(re.escape(ext) for ext, _ in FORMATS.values())
+    + ")"
+)
 
 
 def file_key(spec: WriteSpec, partition: int, index: int, task_attempt_id: int) -> str:
     """`task_attempt_id` is unique per task attempt in the Spark application."""
     extension = FORMATS[spec.format][0]
-    return (f"{JOB_DATA_PREFIX}{spec.job_id}/part-{partition:05d}-c{index:03d}"
-            f"-t{task_attempt_id}.{extension}")
+    return (
+        f"{JOB_DATA_PREFIX}{spec.job_id}/part-{partition:05d}-c{index:03d}"
+        f"-t{task_attempt_id}.{extension}"
+    )
 
 
 def encode_file(table: pa.Table, fmt: str) -> bytes:
@@ -205,7 +221,7 @@ def encode_file(table: pa.Table, fmt: str) -> bytes:
     raise ValueError(f"unsupported format {fmt!r}")
 
 
-def _json_value(value):
+def _json_value(value: Any) -> str:
     if isinstance(value, (_dt.datetime, _dt.date)):
         return value.isoformat()
     if isinstance(value, bytes):
@@ -248,8 +264,9 @@ def write_task(spec: WriteSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator
     return run
 
 
-def _write_and_stage(spec: WriteSpec, batches, partition: int,
-                     task_attempt_id: int) -> list[dict]:
+def _write_and_stage(
+    spec: WriteSpec, batches: Iterator[pa.RecordBatch], partition: int, task_attempt_id: int
+) -> list[dict]:
     from quarry.blob import object_address, open_blob_store
 
     store = open_blob_store(spec.storage_namespace, spec.connection)
@@ -260,12 +277,15 @@ def _write_and_stage(spec: WriteSpec, batches, partition: int,
             data = encode_file(table, spec.format)
             key = file_key(spec, partition, index, task_attempt_id)
             store.put(key, data)
-            row = {"path": object_path(spec, partition, index, folder),
-                   "physical_address": object_address(spec.storage_namespace, key),
-                   "size_bytes": len(data),
-                   "checksum": hashlib.sha256(data).hexdigest(),
-                   "mtime_us": int(_dt.datetime.now(_dt.timezone.utc).timestamp() * 1e6),
-                   "rows": table.num_rows, "partition": partition}
+            row = {
+                "path": object_path(spec, partition, index, folder),
+                "physical_address": object_address(spec.storage_namespace, key),
+                "size_bytes": len(data),
+                "checksum": hashlib.sha256(data).hexdigest(),
+                "mtime_us": int(_dt.datetime.now(_dt.UTC).timestamp() * 1e6),
+                "rows": table.num_rows,
+                "partition": partition,
+            }
             rows.append(row)
             entries.append(file_entry(spec, row))
             if len(entries) >= spec.stage_batch_files:
@@ -279,7 +299,7 @@ def _write_and_stage(spec: WriteSpec, batches, partition: int,
 
 
 @contextlib.contextmanager
-def _task_span(spec: WriteSpec, partition: int, attempt: int):
+def _task_span(spec: WriteSpec, partition: int, attempt: int) -> Iterator[None]:
     """A span for the task, child of the driver's write span when the driver sent its trace
     context; nothing at all when it did not."""
     if not spec.trace_carrier:
@@ -291,7 +311,13 @@ def _task_span(spec: WriteSpec, partition: int, attempt: int):
 
     telemetry.enable_propagation("spark-executor")
     with telemetry.tracer("quarry.spark").start_as_current_span(
-            "quarry.spark.write_task", context=extract(spec.trace_carrier),
-            attributes={"quarry.repository": spec.repository, "quarry.spark.job": spec.job_id,
-                        "quarry.spark.partition": partition, "quarry.spark.attempt": attempt}):
+        "quarry.spark.write_task",
+        context=extract(spec.trace_carrier),
+        attributes={
+            "quarry.repository": spec.repository,
+            "quarry.spark.job": spec.job_id,
+            "quarry.spark.partition": partition,
+            "quarry.spark.attempt": attempt,
+        },
+    ):
         yield

@@ -29,15 +29,29 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import secrets
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from quarry import errors, telemetry
-from quarry.retention import (COLLECTABLE, FOREIGN, CommitNode, RetentionRules, classify,
-                              retained_commits)
+from quarry.retention import (
+    COLLECTABLE,
+    FOREIGN,
+    CommitNode,
+    RetentionRules,
+    classify,
+    retained_commits,
+)
 from quarry.spark.common import Connection
 from quarry.spark.reader import ranges_dataframe
 from quarry.spark.sweep import DEFAULT_EPHEMERAL_TTL, sweep_ephemeral_branches
 from quarry.v1 import types_pb2
+
+if TYPE_CHECKING:
+    from pyspark.sql import Row, SparkSession
+
+    from quarry.blob import BlobStore, ObjectInfo
+    from quarry.client import Client
 
 DEFAULT_GRACE = _dt.timedelta(hours=6)
 REPORTS_PREFIX = "_quarry/gc/reports/"
@@ -98,11 +112,17 @@ class GCReport:
         return doc
 
 
-def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = None,
-                    sweep: bool = False, now: _dt.datetime | None = None,
-                    grace: _dt.timedelta = DEFAULT_GRACE,
-                    ephemeral_ttl: _dt.timedelta = DEFAULT_EPHEMERAL_TTL,
-                    connection: Connection | None = None) -> GCReport:
+def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC jobs and tests
+    spark: SparkSession,
+    repository: str,
+    *,
+    rules: RetentionRules | None = None,
+    sweep: bool = False,
+    now: _dt.datetime | None = None,
+    grace: _dt.timedelta = DEFAULT_GRACE,
+    ephemeral_ttl: _dt.timedelta = DEFAULT_EPHEMERAL_TTL,
+    connection: Connection | None = None,
+) -> GCReport:
     """Find (and with `sweep`, delete) what no retained commit or staged entry references.
     `rules` default to the repository's stored rules (or 21 days when it has none). `now`
     is the policy time retention is measured from (default: the real time); the grace
@@ -111,35 +131,46 @@ def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = No
     from quarry.client import Client
 
     connection = Connection.resolve(spark, connection)
-    started = _dt.datetime.now(_dt.timezone.utc)
+    started = _dt.datetime.now(_dt.UTC)
     policy_time = now or started
-    with Client(connection.branch_manager, connection.committer,
-                timeout=connection.timeout) as client, \
-            telemetry.tracer("quarry.spark").start_as_current_span(
-                "quarry.gc", attributes={"quarry.repository": repository,
-                                         "quarry.gc.sweep": sweep}):
+    with (
+        Client(
+            connection.branch_manager, connection.committer, timeout=connection.timeout
+        ) as client,
+        telemetry.tracer("quarry.spark").start_as_current_span(
+            "quarry.gc", attributes={"quarry.repository": repository, "quarry.gc.sweep": sweep}
+        ),
+    ):
         repo = client.get_repository(repository)
         check_ownership(repo, connection)
         rules = rules or stored_rules(client, repository)
-        report = GCReport(run_id=f"{started.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}",
-                          repository=repository, storage_namespace=repo.storage_namespace,
-                          started_at=started.isoformat(), policy_time=policy_time.isoformat(),
-                          sweep=sweep, rules=json.loads(rules.to_json()),
-                          grace_seconds=grace.total_seconds())
+        report = GCReport(
+            run_id=f"{started.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}",
+            repository=repository,
+            storage_namespace=repo.storage_namespace,
+            started_at=started.isoformat(),
+            policy_time=policy_time.isoformat(),
+            sweep=sweep,
+            rules=json.loads(rules.to_json()),
+            grace_seconds=grace.total_seconds(),
+        )
         # A dry run treats the stale branches as gone too: it reports what a sweep does.
-        stale = sweep_ephemeral_branches(client, repository, ephemeral_ttl, policy_time,
-                                         dry_run=not sweep)
+        stale = sweep_ephemeral_branches(
+            client, repository, ephemeral_ttl, policy_time, dry_run=not sweep
+        )
         report.ephemeral_branches = stale
         references = _References(client, repository, set(stale))
         references.read_staging()
         references.read_heads_and_commits()
-        kept = retained_commits(references.commits, references.heads, references.tagged,
-                                rules, policy_time)
+        kept = retained_commits(
+            references.commits, references.heads, references.tagged, rules, policy_time
+        )
         report.commits_scanned = len(references.commits)
         report.commits_retained = len(kept & set(references.commits))
         report.commits_expired = report.commits_scanned - report.commits_retained
-        metaranges = {references.commits[c].metarange_id for c in kept
-                      if c in references.commits} | references.compacted
+        metaranges = {
+            references.commits[c].metarange_id for c in kept if c in references.commits
+        } | references.compacted
         foreign = _foreign_prefixes(client, repository, repo.storage_namespace)
         with open_blob_store(repo.storage_namespace, connection) as store:
             # Objects of other repositories whose namespaces lie inside this one are theirs.
@@ -148,36 +179,55 @@ def collect_garbage(spark, repository: str, *, rules: RetentionRules | None = No
             report.referenced_metaranges, report.referenced_ranges = len(metaranges), len(range_ids)
             candidates = _candidates(listing, started - grace, report)
         data_keys = [c for c in candidates if c[2] == "data"]
-        orphan_data = _unreferenced_data_keys(spark, repo.storage_namespace, sorted(range_ids),
-                                              references.staged_addresses, data_keys,
-                                              connection)
+        orphan_data = _unreferenced_data_keys(
+            spark,
+            repo.storage_namespace,
+            sorted(range_ids),
+            references.staged_addresses,
+            data_keys,
+            connection,
+        )
         # kind -> {key: id} of what goes (id: the range or metarange id; "" for data)
         doomed: dict[str, dict[str, str]] = {k: {} for k in KINDS}
         for key, size, kind, ident in sorted(candidates):
-            if ((kind == "metarange" and ident not in metaranges)
-                    or (kind == "range" and ident not in range_ids)
-                    or (kind == "data" and key in orphan_data)):
+            if (
+                (kind == "metarange" and ident not in metaranges)
+                or (kind == "range" and ident not in range_ids)
+                or (kind == "data" and key in orphan_data)
+            ):
                 report.collectable[kind].add(key, size)
                 doomed[kind][key] = ident
         if sweep:
-            _recheck(references, kept, set(doomed["metarange"].values()),
-                     set(doomed["range"].values()), repo.storage_namespace, connection)
+            _recheck(
+                references,
+                kept,
+                set(doomed["metarange"].values()),
+                set(doomed["range"].values()),
+                repo.storage_namespace,
+                connection,
+            )
             for kind in KINDS:  # metaranges before the ranges they list, data last
-                report.deleted += _delete(spark, repo.storage_namespace, list(doomed[kind]),
-                                          connection)
+                report.deleted += _delete(
+                    spark, repo.storage_namespace, list(doomed[kind]), connection
+                )
         report.report_key = f"{REPORTS_PREFIX}{report.run_id}.json"
         with open_blob_store(repo.storage_namespace, connection) as store:
             store.put(report.report_key, json.dumps(report.to_dict(), indent=2).encode())
         return report
 
 
-def check_ownership(repo, connection: Connection) -> None:
+def check_ownership(repo: types_pb2.Repository, connection: Connection) -> None:
     """GC reads, reports into and deletes from a namespace only when its ownership marker
     (_quarry/repository.json) names this repository and instance: never a namespace that
     another repository, an earlier repository of the same name or nobody claimed."""
     from quarry.blob import open_blob_store
-    from quarry.blob.ownership import (MARKER_KEY, InvalidMarker, NamespaceNotOwned,
-                                       parse_marker, read_marker)
+    from quarry.blob.ownership import (
+        MARKER_KEY,
+        InvalidMarker,
+        NamespaceNotOwned,
+        parse_marker,
+        read_marker,
+    )
 
     ns = repo.storage_namespace
     meta = {"repository": repo.name, "storage_namespace": ns}
@@ -187,22 +237,25 @@ def check_ownership(repo, connection: Connection) -> None:
         raise NamespaceNotOwned(
             f"storage namespace {ns} has no ownership marker ({MARKER_KEY}): GC deletes "
             f"nothing where repository {repo.name!r} is not recorded as the owner",
-            metadata=meta)
+            metadata=meta,
+        )
     try:
         marker = parse_marker(data)
     except InvalidMarker as exc:
-        raise NamespaceNotOwned(f"storage namespace {ns}: unreadable ownership marker "
-                                f"({exc}); GC deletes nothing", metadata=meta) from None
+        raise NamespaceNotOwned(
+            f"storage namespace {ns}: unreadable ownership marker ({exc}); GC deletes nothing",
+            metadata=meta,
+        ) from None
     if not marker.owns(repo.name, repo.instance_id):
         raise NamespaceNotOwned(
             f"storage namespace {ns} is owned by repository {marker.repository!r} "
             f"(instance {marker.instance_id}), not by {repo.name!r} (instance "
             f"{repo.instance_id}); GC deletes nothing",
-            metadata={**meta, "owner": marker.repository, "owner_instance_id":
-                      marker.instance_id})
+            metadata={**meta, "owner": marker.repository, "owner_instance_id": marker.instance_id},
+        )
 
 
-def _foreign_prefixes(client, repository: str, storage_namespace: str) -> tuple[str, ...]:
+def _foreign_prefixes(client: Client, repository: str, storage_namespace: str) -> tuple[str, ...]:
     """Key prefixes, inside this repository's namespace, of other repositories' namespaces
     (a namespace inside another is fine for the inner one: nothing of the outer one is in
     it). A namespace shared with another repository cannot be collected at all."""
@@ -218,13 +271,14 @@ def _foreign_prefixes(client, repository: str, storage_namespace: str) -> tuple[
             raise GarbageCollectionUnsafe(
                 f"the storage namespace of {repository!r} is shared with repository "
                 f"{other.name!r}: GC cannot tell whose objects are whose",
-                metadata={"repository": repository, "other_repository": other.name})
+                metadata={"repository": repository, "other_repository": other.name},
+            )
         if theirs[0] == mine[0] and theirs[1].startswith(mine[1]):
-            prefixes.append(theirs[1][len(mine[1]):])
+            prefixes.append(theirs[1][len(mine[1]) :])
     return tuple(prefixes)
 
 
-def stored_rules(client, repository: str) -> RetentionRules:
+def stored_rules(client: Client, repository: str) -> RetentionRules:
     """The repository's rules (SetGarbageCollectionRules), else the defaults."""
     try:
         return RetentionRules.from_proto(client.get_gc_rules(repository))
@@ -237,7 +291,7 @@ def stored_rules(client, repository: str) -> RetentionRules:
 class _References:
     """What a repository's branches and tags refer to, read in the safe order."""
 
-    def __init__(self, client, repository: str, ignored_branches: set[str]):
+    def __init__(self, client: Client, repository: str, ignored_branches: set[str]) -> None:
         self.client, self.repository, self.ignored = client, repository, ignored_branches
         self.staged_addresses: set[str] = set()
         self.compacted: set[str] = set()
@@ -265,8 +319,10 @@ class _References:
         starts = []
         for branch in self.client.iter_branches(self.repository):
             starts.append(branch.commit_id)
-            if branch.compacted_metarange_id and \
-                    branch.compacted_metarange_id not in self.compacted:
+            if (
+                branch.compacted_metarange_id
+                and branch.compacted_metarange_id not in self.compacted
+            ):
                 found.add(branch.compacted_metarange_id)
         starts += [tag.commit_id for tag in self.client.iter_tags(self.repository)]
         seen: set[str] = set()
@@ -282,8 +338,7 @@ class _References:
                 commit = self.client.get_commit(self.repository, frontier.pop())
                 seen.add(commit.id)
                 found.add(commit.metarange_id)
-                frontier += [p for p in commit.parents
-                             if p not in self.commits and p not in seen]
+                frontier += [p for p in commit.parents if p not in self.commits and p not in seen]
         return found
 
     def read_heads_and_commits(self) -> None:
@@ -300,13 +355,22 @@ class _References:
                 if commit.id in self.commits:
                     continue
                 self.commits[commit.id] = CommitNode(
-                    commit.id, tuple(commit.parents),
-                    commit.creation_time.ToDatetime(tzinfo=_dt.timezone.utc),
-                    commit.generation, commit.metarange_id)
+                    commit.id,
+                    tuple(commit.parents),
+                    commit.creation_time.ToDatetime(tzinfo=_dt.UTC),
+                    commit.generation,
+                    commit.metarange_id,
+                )
 
 
-def _recheck(references: "_References", kept: set[str], doomed_metaranges: set[str],
-             doomed_ranges: set[str], storage_namespace: str, connection: Connection) -> None:
+def _recheck(
+    references: _References,
+    kept: set[str],
+    doomed_metaranges: set[str],
+    doomed_ranges: set[str],
+    storage_namespace: str,
+    connection: Connection,
+) -> None:
     """Just before deleting: the commits made since the references were read must not
     use a range or metarange about to go (content addressing lets a new commit reuse an old
     file without rewriting it, e.g. on a branch created from an expired commit). If one
@@ -324,10 +388,11 @@ def _recheck(references: "_References", kept: set[str], doomed_metaranges: set[s
                 raise GarbageCollectionUnsafe(
                     f"a commit made during this run uses files GC was about to delete "
                     f"(metarange {metarange_id}); nothing deleted, run again",
-                    metadata={"metarange_id": metarange_id})
+                    metadata={"metarange_id": metarange_id},
+                )
 
 
-def _ranges_of(store, metarange_ids: set[str], existing_keys: set[str]) -> set[str]:
+def _ranges_of(store: BlobStore, metarange_ids: set[str], existing_keys: set[str]) -> set[str]:
     """The range ids of the metaranges, checked against the namespace's listing: if a
     referenced file is missing, the references are not trustworthy and GC stops."""
     from quarry.blob import ObjectNotFound
@@ -340,17 +405,22 @@ def _ranges_of(store, metarange_ids: set[str], existing_keys: set[str]) -> set[s
         except ObjectNotFound:
             raise GarbageCollectionUnsafe(
                 f"metarange {metarange_id} of a retained commit is missing; nothing deleted",
-                metadata={"metarange_id": metarange_id}) from None
+                metadata={"metarange_id": metarange_id},
+            ) from None
         range_ids.update(r.id for r in ranges)
     missing = [rid for rid in range_ids if rformat.range_key(rid) not in existing_keys]
     if missing:
         raise GarbageCollectionUnsafe(
             f"{len(missing)} ranges of retained commits are missing (e.g. {missing[0]}); "
-            f"nothing deleted", metadata={"range_id": missing[0]})
+            f"nothing deleted",
+            metadata={"range_id": missing[0]},
+        )
     return range_ids
 
 
-def _candidates(listing, older_than: _dt.datetime, report: GCReport) -> list[tuple]:
+def _candidates(
+    listing: Iterable[ObjectInfo], older_than: _dt.datetime, report: GCReport
+) -> list[tuple]:
     """(key, size, kind, id) of every listed object GC may consider, i.e. not internal and
     older than the grace period."""
     limit = older_than.timestamp()
@@ -369,9 +439,14 @@ def _candidates(listing, older_than: _dt.datetime, report: GCReport) -> list[tup
     return found
 
 
-def _unreferenced_data_keys(spark, storage_namespace: str, range_ids: list[str],
-                            staged_addresses: set[str], data_candidates: list[tuple],
-                            connection: Connection) -> set[str]:
+def _unreferenced_data_keys(
+    spark: SparkSession,
+    storage_namespace: str,
+    range_ids: list[str],
+    staged_addresses: set[str],
+    data_candidates: list[tuple],
+    connection: Connection,
+) -> set[str]:
     """The candidate data keys that no retained range and no staged entry refers to: the
     addresses are read from the range files in Spark, normalized to namespace keys, and
     anti-joined with the candidates there."""
@@ -393,11 +468,15 @@ def _unreferenced_data_keys(spark, storage_namespace: str, range_ids: list[str],
     else:
         address = F.regexp_replace(address, "^s3[an]?://", "s3://")
         base = f"s3://{root}/{prefix + '/' if prefix else ''}"
-    addresses = ranges_dataframe(spark, storage_namespace, range_ids, connection) \
-        .select("physical_address")
+    addresses = ranges_dataframe(spark, storage_namespace, range_ids, connection).select(
+        "physical_address"
+    )
     if staged_addresses:
-        addresses = addresses.unionByName(spark.createDataFrame(
-            [(a,) for a in sorted(staged_addresses)], "physical_address string"))
+        addresses = addresses.unionByName(
+            spark.createDataFrame(
+                [(a,) for a in sorted(staged_addresses)], "physical_address string"
+            )
+        )
     key = F.when(address.startswith(base), address.substr(len(base) + 1, 1 << 30))
     referenced = addresses.select(key.alias("key")).where(F.col("key").isNotNull()).distinct()
     candidates = spark.createDataFrame([(c[0],) for c in data_candidates], "key string")
@@ -405,13 +484,15 @@ def _unreferenced_data_keys(spark, storage_namespace: str, range_ids: list[str],
     return {row.key for row in orphans}
 
 
-def _delete(spark, storage_namespace: str, keys: list[str], connection: Connection) -> int:
+def _delete(
+    spark: SparkSession, storage_namespace: str, keys: list[str], connection: Connection
+) -> int:
     """Delete `keys` from the namespace in executors; returns how many."""
     if not keys:
         return 0
     slices = max(1, min(len(keys) // 1000 + 1, spark.sparkContext.defaultParallelism * 4))
 
-    def delete_partition(rows):
+    def delete_partition(rows: Iterator[Row]) -> None:
         from quarry.blob import open_blob_store
 
         with open_blob_store(storage_namespace, connection) as store:

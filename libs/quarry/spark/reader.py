@@ -13,21 +13,39 @@ entries with Spark's own reader: time travel by commit id, tag or `branch@`.
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from quarry import errors
 from quarry.spark.common import Connection, QuarryUri, parse_uri
 from quarry.v1 import types_pb2
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+    from quarry.client import Client
+
 
 class NothingToRead(errors.NotFound):
     reason = "NO_OBJECTS_UNDER_PATH"
 
 
 # The columns of an entries DataFrame: quarry.v1.Entry's fields.
-ENTRY_COLUMNS = ("path", "physical_address", "size_bytes", "checksum", "mtime",
-                 "content_type", "metadata")
-ENTRIES_DDL = ("path string, physical_address string, size_bytes long, checksum string, "
-               "mtime timestamp, content_type string, metadata map<string,string>")
+ENTRY_COLUMNS = (
+    "path",
+    "physical_address",
+    "size_bytes",
+    "checksum",
+    "mtime",
+    "content_type",
+    "metadata",
+)
+ENTRIES_DDL = (
+    "path string, physical_address string, size_bytes long, checksum string, "
+    "mtime timestamp, content_type string, metadata map<string,string>"
+)
 # How Spark reads a range file (identity is FIXED_LEN_BYTE_ARRAY(32): binary).
 RANGE_DDL = ENTRIES_DDL + ", identity binary"
 
@@ -42,7 +60,7 @@ class Snapshot:
     changes: tuple  # uncommitted quarry.v1.Change under the prefix (branches only)
 
 
-def snapshot(client, repository: str, ref: str, prefix: str = "") -> Snapshot:
+def snapshot(client: Client, repository: str, ref: str, prefix: str = "") -> Snapshot:
     """The committed base and (for a branch) the uncommitted changes of `ref`. The branch
     is read again after its changes: if a commit moved it meanwhile, the snapshot is taken
     again, so base and changes always belong together."""
@@ -62,24 +80,31 @@ def snapshot(client, repository: str, ref: str, prefix: str = "") -> Snapshot:
             return Snapshot(repo.storage_namespace, commit.id, commit.metarange_id, changes)
     from quarry.graveler.errors import BranchContended
 
-    raise BranchContended(f"branch {ref!r} kept moving while it was read",
-                          metadata={"repository": repository, "branch": ref})
+    raise BranchContended(
+        f"branch {ref!r} kept moving while it was read",
+        metadata={"repository": repository, "branch": ref},
+    )
 
 
-def range_ids_under(storage_namespace: str, metarange_id: str, prefix: str,
-                    connection: Connection) -> list[str]:
+def range_ids_under(
+    storage_namespace: str, metarange_id: str, prefix: str, connection: Connection
+) -> list[str]:
     """The ranges of a metarange that can hold paths under `prefix` (by their bounds)."""
     from quarry.blob import open_blob_store
     from quarry.committed import format as rformat
 
     with open_blob_store(storage_namespace, connection) as store:
         ranges = rformat.read_metarange(store, metarange_id)
-    return [r.id for r in ranges
-            if r.max_key >= prefix and (not prefix or r.min_key < prefix + "\U0010ffff")]
+    return [
+        r.id
+        for r in ranges
+        if r.max_key >= prefix and (not prefix or r.min_key < prefix + "\U0010ffff")
+    ]
 
 
-def ranges_dataframe(spark, storage_namespace: str, range_ids: list[str],
-                     connection: Connection):
+def ranges_dataframe(
+    spark: SparkSession, storage_namespace: str, range_ids: list[str], connection: Connection
+) -> DataFrame:
     """Every row of the given range files (columns RANGE_DDL). A local namespace is read
     by Spark's Parquet reader in place; other stores by executors through the object
     store (range files are small Parquet files, read whole). The ids come from a metarange
@@ -98,21 +123,26 @@ def ranges_dataframe(spark, storage_namespace: str, range_ids: list[str],
         return spark.read.schema(RANGE_DDL).parquet(*paths)
     slices = max(1, min(len(range_ids), spark.sparkContext.defaultParallelism * 4))
     ids = spark.createDataFrame([(rid,) for rid in range_ids], "range_id string")
-    return ids.repartition(slices).mapInArrow(_range_reader(storage_namespace, connection),
-                                              RANGE_DDL)
+    return ids.repartition(slices).mapInArrow(
+        _range_reader(storage_namespace, connection), RANGE_DDL
+    )
 
 
-def _range_reader(storage_namespace: str, connection: Connection):
-    def run(batches):
+def _range_reader(
+    storage_namespace: str, connection: Connection
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
         from quarry.blob import open_blob_store
         from quarry.committed import format as rformat
 
-        import pyarrow as pa
-
         # Spark's Arrow bridge has no fixed-size binary: identity goes over as plain binary,
         # the type Spark's Parquet reader gives it too.
-        schema = rformat.RANGE_SCHEMA.set(rformat.RANGE_SCHEMA.get_field_index("identity"),
-                                          pa.field("identity", pa.binary(), nullable=False))
+        schema = rformat.RANGE_SCHEMA.set(
+            rformat.RANGE_SCHEMA.get_field_index("identity"),
+            pa.field("identity", pa.binary(), nullable=False),
+        )
         with open_blob_store(storage_namespace, connection) as store:
             for batch in batches:
                 for rid in batch.column(0).to_pylist():
@@ -122,21 +152,24 @@ def _range_reader(storage_namespace: str, connection: Connection):
     return run
 
 
-def entries(spark, uri: str, *, connection: Connection | None = None):
+def entries(spark: SparkSession, uri: str, *, connection: Connection | None = None) -> DataFrame:
     """A DataFrame (ENTRY_COLUMNS) of the entries under PATH at REF of
     `quarry://REPO/REF/PATH`, with a branch's uncommitted changes."""
     target = parse_uri(uri)
     return _entries(spark, target, target.path, connection)  # a plain prefix, like ListObjects
 
 
-def _entries(spark, target: QuarryUri, prefix: str, connection: Connection | None):
+def _entries(
+    spark: SparkSession, target: QuarryUri, prefix: str, connection: Connection | None
+) -> DataFrame:
     from pyspark.sql import functions as F
 
     from quarry.client import Client
 
     connection = Connection.resolve(spark, connection)
-    with Client(connection.branch_manager, connection.committer,
-                timeout=connection.timeout) as client:
+    with Client(
+        connection.branch_manager, connection.committer, timeout=connection.timeout
+    ) as client:
         snap = snapshot(client, target.repository, target.ref, prefix)
     range_ids = range_ids_under(snap.storage_namespace, snap.metarange_id, prefix, connection)
     committed = ranges_dataframe(spark, snap.storage_namespace, range_ids, connection)
@@ -147,27 +180,44 @@ def _entries(spark, target: QuarryUri, prefix: str, connection: Connection | Non
         return committed
     touched = spark.createDataFrame([(c.path,) for c in snap.changes], "path string")
     staged = spark.createDataFrame(
-        [_entry_row(c.entry) for c in snap.changes
-         if c.type != types_pb2.CHANGE_TYPE_REMOVED], ENTRIES_DDL)
+        [_entry_row(c.entry) for c in snap.changes if c.type != types_pb2.CHANGE_TYPE_REMOVED],
+        ENTRIES_DDL,
+    )
     return committed.join(F.broadcast(touched), "path", "left_anti").unionByName(staged)
 
 
 def _entry_row(entry: types_pb2.Entry) -> tuple:
-    mtime = (entry.mtime.ToDatetime(tzinfo=_dt.timezone.utc) if entry.HasField("mtime")
-             else _dt.datetime.fromtimestamp(0, _dt.timezone.utc))
-    return (entry.path, entry.physical_address, entry.size_bytes, entry.checksum, mtime,
-            entry.content_type, dict(entry.metadata))
+    mtime = (
+        entry.mtime.ToDatetime(tzinfo=_dt.UTC)
+        if entry.HasField("mtime")
+        else _dt.datetime.fromtimestamp(0, _dt.UTC)
+    )
+    return (
+        entry.path,
+        entry.physical_address,
+        entry.size_bytes,
+        entry.checksum,
+        mtime,
+        entry.content_type,
+        dict(entry.metadata),
+    )
 
 
 def spark_location(physical_address: str) -> str:
     """Where Spark's readers find a physical address (s3:// is Hadoop's s3a://)."""
     if physical_address.startswith("s3://"):
-        return "s3a://" + physical_address[len("s3://"):]
+        return "s3a://" + physical_address[len("s3://") :]
     return physical_address
 
 
-def read(spark, uri: str, format: str = "parquet", *, connection: Connection | None = None,
-         **options):
+def read(
+    spark: SparkSession,
+    uri: str,
+    format: str = "parquet",
+    *,
+    connection: Connection | None = None,
+    **options: Any,
+) -> DataFrame:
     """The data under PATH at REF of `quarry://REPO/REF/PATH`. PATH is a folder: its files
     are read. Local files are read by Spark's `format` reader (`options` are passed to
     it); Parquet files in S3 by executors through the object store (no Hadoop S3 connector
@@ -175,27 +225,29 @@ def read(spark, uri: str, format: str = "parquet", *, connection: Connection | N
     target = parse_uri(uri)
     connection = Connection.resolve(spark, connection)
     listing = _entries(spark, target, target.prefix, connection)
-    addresses = [row.physical_address for row in
-                 listing.select("physical_address").orderBy("path").collect()]
+    addresses = [
+        row.physical_address for row in listing.select("physical_address").orderBy("path").collect()
+    ]
     if not addresses:
         raise NothingToRead(f"no objects under {uri}", metadata={"uri": uri})
     if format == "parquet" and not options and all(a.startswith("s3://") for a in addresses):
         return _read_parquet_objects(spark, addresses, connection)
-    return spark.read.format(format).options(**options).load(
-        [spark_location(a) for a in addresses])
+    return spark.read.format(format).options(**options).load([spark_location(a) for a in addresses])
 
 
 def _object(address: str, stores: dict, connection: Connection) -> bytes:
     """The bytes at an s3:// address (one store per bucket, kept in `stores`)."""
     from quarry.blob import open_blob_store
 
-    bucket, _, key = address[len("s3://"):].partition("/")
+    bucket, _, key = address[len("s3://") :].partition("/")
     if bucket not in stores:
         stores[bucket] = open_blob_store(f"s3://{bucket}", connection)
     return stores[bucket].get(key)
 
 
-def _read_parquet_objects(spark, addresses: list[str], connection: Connection):
+def _read_parquet_objects(
+    spark: SparkSession, addresses: list[str], connection: Connection
+) -> DataFrame:
     """Parquet files in S3 read by executors with pyarrow; the schema is the first file's
     (later files are cast to it)."""
     import io
@@ -206,7 +258,7 @@ def _read_parquet_objects(spark, addresses: list[str], connection: Connection):
     schema = pq.read_schema(io.BytesIO(_object(addresses[0], {}, connection)))
     schema = schema.remove_metadata()
 
-    def run(batches):
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         stores: dict = {}
         for batch in batches:
             for address in batch.column(0).to_pylist():

@@ -28,15 +28,36 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from quarry import errors, telemetry
 from quarry.convert import entry_from_proto
-from quarry.spark.common import (JOB_DATA_PREFIX, Connection, QuarryUri, ephemeral_branch,
-                                 new_job_id, parse_uri)
-from quarry.spark.executor import (FORMATS, JOB_FILE_KEY, RESULT_SCHEMA, WriteSpec, file_entry,
-                                   is_job_file, job_path_prefix, write_task)
+from quarry.spark.common import (
+    JOB_DATA_PREFIX,
+    Connection,
+    QuarryUri,
+    ephemeral_branch,
+    new_job_id,
+    parse_uri,
+)
+from quarry.spark.executor import (
+    FORMATS,
+    JOB_FILE_KEY,
+    RESULT_SCHEMA,
+    WriteSpec,
+    file_entry,
+    is_job_file,
+    job_path_prefix,
+    write_task,
+)
 from quarry.v1 import types_pb2
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from quarry.client import Client
 
 log = logging.getLogger("quarry.spark")
 
@@ -71,10 +92,19 @@ def _identity(entry: types_pb2.Entry) -> bytes:
     return entry_from_proto(entry).identity
 
 
-def write(df, uri: str, format: str = "parquet", mode: str = "append", message: str = "",
-          metadata: Mapping[str, str] | None = None, *, committer: str = "",
-          max_records_per_file: int = 0, partition_by: str | Sequence[str] = (),
-          connection: Connection | None = None) -> types_pb2.Commit:
+def write(  # noqa: PLR0913 — the public keyword API (DataFrameWriter's options), used by jobs
+    df: DataFrame,
+    uri: str,
+    format: str = "parquet",
+    mode: str = "append",
+    message: str = "",
+    metadata: Mapping[str, str] | None = None,
+    *,
+    committer: str = "",
+    max_records_per_file: int = 0,
+    partition_by: str | Sequence[str] = (),
+    connection: Connection | None = None,
+) -> types_pb2.Commit:
     """Write `df` under PATH of `quarry://REPO/BRANCH/PATH` in one commit on BRANCH and
     return that commit (the merge commit on the target branch). With nothing to write in
     append mode, nothing is committed and the branch's HEAD commit is returned. The
@@ -92,49 +122,93 @@ def write(df, uri: str, format: str = "parquet", mode: str = "append", message: 
         raise InvalidWriteOptions("max_records_per_file may not be negative")
     partition_by = (partition_by,) if isinstance(partition_by, str) else tuple(partition_by)
     unknown = [c for c in partition_by if c not in df.columns]
-    if unknown or len(set(partition_by)) != len(partition_by) or \
-            len(partition_by) >= len(df.columns) > 0:
+    if (
+        unknown
+        or len(set(partition_by)) != len(partition_by)
+        or len(partition_by) >= len(df.columns) > 0
+    ):
         raise InvalidWriteOptions(
             f"partition_by {list(partition_by)}: needs distinct columns of the DataFrame "
-            f"({', '.join(df.columns)}) and at least one column left for the data")
+            f"({', '.join(df.columns)}) and at least one column left for the data"
+        )
     if mode == "overwrite" and not target.prefix:
-        raise InvalidWriteOptions("overwrite needs a PATH: it would replace the whole "
-                                  "repository", metadata={"uri": uri})
+        raise InvalidWriteOptions(
+            "overwrite needs a PATH: it would replace the whole repository", metadata={"uri": uri}
+        )
     spark = df.sparkSession
     connection = Connection.resolve(spark, connection)
     from quarry.client import Client
 
-    with Client(connection.branch_manager, connection.committer,
-                timeout=connection.timeout) as client, \
-            telemetry.tracer("quarry.spark").start_as_current_span(
-                "quarry.spark.write", attributes={"quarry.repository": target.repository,
-                                                  "quarry.branch": target.ref,
-                                                  "quarry.path": target.path,
-                                                  "quarry.spark.mode": mode}) as span:
-        job = _Job(client, spark, connection, target, format, mode, message,
-                   dict(metadata or {}), committer or spark.sparkContext.sparkUser(),
-                   max_records_per_file, partition_by)
+    with (
+        Client(
+            connection.branch_manager, connection.committer, timeout=connection.timeout
+        ) as client,
+        telemetry.tracer("quarry.spark").start_as_current_span(
+            "quarry.spark.write",
+            attributes={
+                "quarry.repository": target.repository,
+                "quarry.branch": target.ref,
+                "quarry.path": target.path,
+                "quarry.spark.mode": mode,
+            },
+        ) as span,
+    ):
+        job = _Job(
+            client,
+            spark,
+            connection,
+            _JobOptions(
+                target,
+                format,
+                mode,
+                message,
+                dict(metadata or {}),
+                committer or spark.sparkContext.sparkUser(),
+                max_records_per_file,
+                partition_by,
+            ),
+        )
         span.set_attribute("quarry.spark.job", job.job_id)
         return job.run(df)
 
 
+@dataclass(frozen=True)
+class _JobOptions:
+    """What `write` was asked to do, validated."""
+
+    target: QuarryUri
+    format: str
+    mode: str
+    message: str
+    metadata: dict[str, str]
+    committer: str
+    max_records_per_file: int
+    partition_by: tuple[str, ...] = ()
+
+
 class _Job:
-    def __init__(self, client, spark, connection: Connection, target: QuarryUri, fmt: str,
-                 mode: str, message: str, metadata: dict, committer: str,
-                 max_records_per_file: int, partition_by: tuple = ()):
-        self.client, self.spark, self.connection, self.target = client, spark, connection, target
-        self.format, self.mode, self.committer = fmt, mode, committer
-        self.max_records_per_file = max_records_per_file
-        self.partition_by = partition_by
+    def __init__(
+        self, client: Client, spark: SparkSession, connection: Connection, options: _JobOptions
+    ):
+        self.client, self.spark, self.connection = client, spark, connection
+        self.target = options.target
+        self.format, self.mode, self.committer = options.format, options.mode, options.committer
+        self.max_records_per_file = options.max_records_per_file
+        self.partition_by = options.partition_by
         self.job_id = new_job_id()
         self.branch = ephemeral_branch(self.job_id)
-        self.message = message or f"Spark {mode} of {target.prefix or '/'} ({fmt})"
-        self.metadata = {**metadata, "quarry.spark.job": self.job_id,
-                         "quarry.spark.mode": mode}
+        self.message = (
+            options.message or f"Spark {self.mode} of {self.target.prefix or '/'} ({self.format})"
+        )
+        self.metadata = {
+            **options.metadata,
+            "quarry.spark.job": self.job_id,
+            "quarry.spark.mode": self.mode,
+        }
         self.ephemeral_commit = ""
         self.merge_attempted = False
 
-    def run(self, df) -> types_pb2.Commit:
+    def run(self, df: DataFrame) -> types_pb2.Commit:
         repo = self.target.repository
         repository = self.client.get_repository(repo)
         self.storage_namespace = repository.storage_namespace
@@ -157,37 +231,54 @@ class _Job:
         self._delete_branch()
         return result
 
-    def _write_commit_merge(self, df, head: types_pb2.Branch) -> types_pb2.Commit:
+    def _write_commit_merge(self, df: DataFrame, head: types_pb2.Branch) -> types_pb2.Commit:
         repo, prefix = self.target.repository, self.target.prefix
         removed = 0
         # Like Spark: with spark.sql.sources.partitionOverwriteMode=dynamic, an overwrite
         # of a partitioned write replaces only the partitions it writes.
-        dynamic = self.mode == "overwrite" and bool(self.partition_by) and self.spark.conf.get(
-            "spark.sql.sources.partitionOverwriteMode", "static").lower() == "dynamic"
+        dynamic = (
+            self.mode == "overwrite"
+            and bool(self.partition_by)
+            and self.spark.conf.get("spark.sql.sources.partitionOverwriteMode", "static").lower()
+            == "dynamic"
+        )
         if self.mode == "overwrite" and not dynamic:
             old = (e.path for e in self.client.iter_objects(repo, self.branch, prefix=prefix))
             removed = self.client.delete_objects(repo, self.branch, old)
         files = self._run_tasks(df)
         if dynamic:
             folders = sorted({f["path"].rsplit("/", 1)[0] + "/" for f in files})
-            old = (e.path for folder in folders
-                   for e in self.client.iter_objects(repo, self.branch, prefix=folder)
-                   if not is_job_file(self.spec, e.path))
+            old = (
+                e.path
+                for folder in folders
+                for e in self.client.iter_objects(repo, self.branch, prefix=folder)
+                if not is_job_file(self.spec, e.path)
+            )
             removed = self.client.delete_objects(repo, self.branch, old)
         if not files and not removed:
             return self.client.get_commit(repo, head.commit_id)
         rows = sum(f["rows"] for f in files)
-        metadata = {**self.metadata, "quarry.spark.files": str(len(files)),
-                    "quarry.spark.rows": str(rows)}
-        commit = self._commit_exactly({f["path"]: file_entry(self.spec, f) for f in files},
-                                      metadata)
+        metadata = {
+            **self.metadata,
+            "quarry.spark.files": str(len(files)),
+            "quarry.spark.rows": str(rows),
+        }
+        commit = self._commit_exactly(
+            {f["path"]: file_entry(self.spec, f) for f in files}, metadata
+        )
         self.ephemeral_commit = commit.id
         self.merge_attempted = True
         # Merge the verified commit, not the branch: a late write there changes nothing.
-        merged = self.client.merge(repo, commit.id, self.target.ref, message=self.message,
-                                   committer=self.committer, metadata=metadata,
-                                   allow_empty=True,
-                                   request_id=job_request_id(self.job_id, "merge"))
+        merged = self.client.merge(
+            repo,
+            commit.id,
+            self.target.ref,
+            message=self.message,
+            committer=self.committer,
+            metadata=metadata,
+            allow_empty=True,
+            request_id=job_request_id(self.job_id, "merge"),
+        )
         return merged.commit
 
     def _commit_exactly(self, reported: dict, metadata: dict) -> types_pb2.Commit:
@@ -203,60 +294,82 @@ class _Job:
         for round_number in range(RECONCILE_ROUNDS):
             self._stage_exactly(self.branch, reported)
             commit = self.client.commit(
-                repo, self.branch, self.message, committer=self.committer, metadata=metadata,
+                repo,
+                self.branch,
+                self.message,
+                committer=self.committer,
+                metadata=metadata,
                 allow_empty=True,
-                request_id=job_request_id(self.job_id, f"commit-{round_number}")).commit
+                request_id=job_request_id(self.job_id, f"commit-{round_number}"),
+            ).commit
             if self._job_files(commit.id) == {p: _identity(e) for p, e in reported.items()}:
                 return commit
-        raise WriteIncomplete(f"the files of job {self.job_id} kept changing on "
-                              f"{self.branch} after the job ended")
+        raise WriteIncomplete(
+            f"the files of job {self.job_id} kept changing on {self.branch} after the job ended"
+        )
 
     def _job_files(self, ref: str) -> dict[str, bytes]:
         """path → entry identity of this job's files at `ref` (staging included)."""
-        return {e.path: _identity(e) for e in self.client.iter_objects(
-            self.target.repository, ref, prefix=job_path_prefix(self.spec))
-            if is_job_file(self.spec, e.path)}
+        return {
+            e.path: _identity(e)
+            for e in self.client.iter_objects(
+                self.target.repository, ref, prefix=job_path_prefix(self.spec)
+            )
+            if is_job_file(self.spec, e.path)
+        }
 
     def _stage_exactly(self, branch: str, reported: dict) -> None:
         current = self._job_files(branch)
         extra = sorted(set(current) - set(reported))
         if extra:
             self.client.delete_objects(self.target.repository, branch, extra)
-        wrong = [entry for path, entry in sorted(reported.items())
-                 if current.get(path) != _identity(entry)]
+        wrong = [
+            entry
+            for path, entry in sorted(reported.items())
+            if current.get(path) != _identity(entry)
+        ]
         if wrong:
             self.client.put_objects(self.target.repository, branch, wrong)
 
     def _require_clean_target(self) -> None:
         """The merge at the end needs a target without uncommitted changes: fail before the
         job runs rather than after (one call; free on a clean branch)."""
-        page = self.client.diff_uncommitted(self.target.repository, self.target.ref,
-                                            page_size=1)
+        page = self.client.diff_uncommitted(self.target.repository, self.target.ref, page_size=1)
         if page.changes or page.skipped_corrupt_records:  # a corrupt staged value: dirty
             from quarry.graveler.errors import DirtyBranch
 
-            raise DirtyBranch(f"branch {self.target.ref!r} has uncommitted changes; commit or "
-                              f"discard them before writing to it from Spark",
-                              metadata={"repository": self.target.repository,
-                                        "branch": self.target.ref})
+            raise DirtyBranch(
+                f"branch {self.target.ref!r} has uncommitted changes; commit or "
+                f"discard them before writing to it from Spark",
+                metadata={"repository": self.target.repository, "branch": self.target.ref},
+            )
 
-    def _run_tasks(self, df) -> list[dict]:
+    def _run_tasks(self, df: DataFrame) -> list[dict]:
         from opentelemetry.propagate import inject
         from pyspark.sql.pandas.types import from_arrow_schema
 
         carrier: dict = {}
         if telemetry.tracing_enabled():
             inject(carrier)
-        self.spec = WriteSpec(self.connection, self.target.repository, self.branch,
-                              self.storage_namespace, self.target.prefix, self.job_id,
-                              self.format, self.max_records_per_file, carrier,
-                              {"quarry.spark.job": self.job_id},
-                              partition_by=self.partition_by)
+        self.spec = WriteSpec(
+            self.connection,
+            self.target.repository,
+            self.branch,
+            self.storage_namespace,
+            self.target.prefix,
+            self.job_id,
+            self.format,
+            self.max_records_per_file,
+            carrier,
+            {"quarry.spark.job": self.job_id},
+            partition_by=self.partition_by,
+        )
         context = self.spark.sparkContext
         context.setJobDescription(f"quarry write {self.target} ({self.mode})")
         try:
-            collected = df.mapInArrow(write_task(self.spec),
-                                      from_arrow_schema(RESULT_SCHEMA)).collect()
+            collected = df.mapInArrow(
+                write_task(self.spec), from_arrow_schema(RESULT_SCHEMA)
+            ).collect()
         finally:
             context.setJobDescription(None)
         return [row.asDict() for row in collected]
@@ -267,8 +380,9 @@ class _Job:
         if not self.ephemeral_commit:
             return False
         try:
-            base = self.client.find_merge_base(self.target.repository, self.ephemeral_commit,
-                                               self.target.ref)
+            base = self.client.find_merge_base(
+                self.target.repository, self.ephemeral_commit, self.target.ref
+            )
             return base.id == self.ephemeral_commit
         except errors.NotFound:
             return False
@@ -278,8 +392,7 @@ class _Job:
     def _merge_commit(self) -> types_pb2.Commit:
         """The target's commit that merged the ephemeral commit (looked for among the
         latest first-parent commits; the target's HEAD if others merged many since)."""
-        log_walk = self.client.iter_log(self.target.repository, self.target.ref,
-                                        first_parent=True)
+        log_walk = self.client.iter_log(self.target.repository, self.target.ref, first_parent=True)
         for index, commit in enumerate(log_walk):
             if self.ephemeral_commit in commit.parents:
                 return commit
@@ -293,8 +406,7 @@ class _Job:
         except errors.NotFound:
             pass
         except Exception as exc:  # noqa: BLE001 - a later sweep removes it
-            log.warning("could not delete ephemeral branch %s (a sweep will): %s",
-                        self.branch, exc)
+            log.warning("could not delete ephemeral branch %s (a sweep will): %s", self.branch, exc)
 
     def _delete_job_files(self) -> None:
         """Remove the data files of this job. Only after the job failed: no retained commit

@@ -10,7 +10,7 @@ import pytest
 from quarry.client import make_entry
 from quarry.spark.common import Connection, QuarryUri
 from quarry.spark.executor import WriteSpec, file_entry, object_path
-from quarry.spark.writer import WriteIncomplete, _Job
+from quarry.spark.writer import WriteIncomplete, _Job, _JobOptions
 from support.suite import running_suite
 
 
@@ -26,8 +26,8 @@ def job(suite, request):
     repo = "exact-" + request.node.name.replace("_", "-")[5:40].strip("-")
     client.create_repository(repo, suite.namespace(repo))
     connection = Connection(suite.targets["branch-manager"], suite.targets["committer"])
-    job = _Job(client, None, connection, QuarryUri(repo, "main", "t"), "parquet", "append",
-               "test", {}, "", 0)
+    options = _JobOptions(QuarryUri(repo, "main", "t"), "parquet", "append", "test", {}, "", 0)
+    job = _Job(client, None, connection, options)
     job.spec = WriteSpec(connection, repo, job.branch, suite.namespace(repo), "t/", job.job_id)
     client.create_branch(repo, job.branch, "main")
     yield job
@@ -35,10 +35,15 @@ def job(suite, request):
 
 
 def row(job, partition: int, attempt: int) -> dict:
-    return {"path": object_path(job.spec, partition, 0),
-            "physical_address": f"/ns/data/p{partition}-t{attempt}", "size_bytes": 5,
-            "checksum": f"c{partition}-{attempt}", "mtime_us": 1_700_000_000_000_000,
-            "rows": 3, "partition": partition}
+    return {
+        "path": object_path(job.spec, partition, 0),
+        "physical_address": f"/ns/data/p{partition}-t{attempt}",
+        "size_bytes": 5,
+        "checksum": f"c{partition}-{attempt}",
+        "mtime_us": 1_700_000_000_000_000,
+        "rows": 3,
+        "partition": partition,
+    }
 
 
 def reported_of(job, rows):
@@ -46,8 +51,10 @@ def reported_of(job, rows):
 
 
 def committed(job, commit_id: str) -> dict:
-    return {e.path: e.physical_address for e in job.client.iter_objects(
-        job.target.repository, commit_id, prefix="t/")}
+    return {
+        e.path: e.physical_address
+        for e in job.client.iter_objects(job.target.repository, commit_id, prefix="t/")
+    }
 
 
 def test_stray_and_wrong_attempt_entries_are_fixed_before_the_commit(job):
@@ -55,9 +62,15 @@ def test_stray_and_wrong_attempt_entries_are_fixed_before_the_commit(job):
     repo = job.target.repository
     # Staged by attempts: partition 0's winning entry, partition 1 from a losing attempt
     # (another file), and partition 2 that no successful attempt reported.
-    job.client.put_objects(repo, job.branch, [file_entry(job.spec, good[0]),
-                                              file_entry(job.spec, row(job, 1, 0)),
-                                              file_entry(job.spec, row(job, 2, 0))])
+    job.client.put_objects(
+        repo,
+        job.branch,
+        [
+            file_entry(job.spec, good[0]),
+            file_entry(job.spec, row(job, 1, 0)),
+            file_entry(job.spec, row(job, 2, 0)),
+        ],
+    )
     commit = job._commit_exactly(reported_of(job, good), {})
     assert committed(job, commit.id) == {r["path"]: r["physical_address"] for r in good}
     assert commit.parents  # one commit on top of main
@@ -71,8 +84,11 @@ def test_a_write_landing_during_the_commit_is_fixed_by_another_round(job, monkey
 
     def commit_with_a_late_attempt(*args, **kwargs):
         if not rounds:  # a speculative attempt stages just before the first commit seals
-            job.client.put_objects(repo, job.branch, [file_entry(job.spec, row(job, 0, 7)),
-                                                      file_entry(job.spec, row(job, 5, 7))])
+            job.client.put_objects(
+                repo,
+                job.branch,
+                [file_entry(job.spec, row(job, 0, 7)), file_entry(job.spec, row(job, 5, 7))],
+            )
         rounds.append(1)
         return real_commit(*args, **kwargs)
 
@@ -88,8 +104,11 @@ def test_attempts_that_never_stop_changing_the_files_end_the_write(job, monkeypa
     real_commit = job.client.commit
 
     def always_late(*args, **kwargs):
-        job.client.put_object(repo, job.branch, entry=make_entry(
-            object_path(job.spec, 9, 0), physical_address="/late", size_bytes=1))
+        job.client.put_object(
+            repo,
+            job.branch,
+            entry=make_entry(object_path(job.spec, 9, 0), physical_address="/late", size_bytes=1),
+        )
         return real_commit(*args, **kwargs)
 
     monkeypatch.setattr(job.client, "commit", always_late)
@@ -104,8 +123,11 @@ def test_unrelated_paths_on_the_branch_are_left_alone(job):
     another_job = "t/part-20200101T000000-000000000000-00000-c000.snappy.parquet"
     job.client.put_object(repo, job.branch, entry=make_entry(another_job, "/x", 1))
     commit = job._commit_exactly(reported_of(job, [row(job, 0, 1)]), {})
-    assert set(committed(job, commit.id)) == {"t/other-file", another_job,
-                                              object_path(job.spec, 0, 0)}
+    assert set(committed(job, commit.id)) == {
+        "t/other-file",
+        another_job,
+        object_path(job.spec, 0, 0),
+    }
 
 
 def test_a_committed_attempt_with_the_same_content_at_another_address_is_replaced(job):

@@ -32,8 +32,9 @@ def test_entry_round_trip(mtime_us):
     assert entry_from_proto(message, path="other").path == "other"
 
 
-@pytest.mark.parametrize("seconds, nanos", [(0, -1), (0, 2**31 - 1), (-(2**63), 0),
-                                            (253402300800, 0)])
+@pytest.mark.parametrize(
+    "seconds, nanos", [(0, -1), (0, 2**31 - 1), (-(2**63), 0), (253402300800, 0)]
+)
 def test_entry_with_an_invalid_mtime_is_the_callers_mistake(seconds, nanos):
     """Found by tests/integration/test_properties.py: it was INTERNAL (a ValueError)."""
     from quarry.graveler.errors import InvalidEntry

@@ -11,11 +11,19 @@ import pytest
 
 from quarry import errors
 from quarry.committed.format import METARANGES_PREFIX, RANGES_PREFIX
-from quarry.retention import (COLLECTABLE, DEFAULT_RETENTION_DAYS, Classified, CommitNode,
-                              InvalidRetentionRules, RetentionRules, classify, retained_commits)
+from quarry.retention import (
+    COLLECTABLE,
+    DEFAULT_RETENTION_DAYS,
+    Classified,
+    CommitNode,
+    InvalidRetentionRules,
+    RetentionRules,
+    classify,
+    retained_commits,
+)
 from support.foreign_files import FOREIGN_KEYS
 
-NOW = dt.datetime(2024, 6, 1, 12, 0, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2024, 6, 1, 12, 0, tzinfo=dt.UTC)
 
 
 def ago(days: float) -> dt.datetime:
@@ -28,8 +36,9 @@ def graph(*specs) -> dict[str, CommitNode]:
     commits: dict[str, CommitNode] = {}
     for commit_id, parents, age in specs:
         generation = 1 + max((commits[p].generation for p in parents), default=0)
-        commits[commit_id] = CommitNode(commit_id, tuple(parents), ago(age), generation,
-                                        f"mr-{commit_id}")
+        commits[commit_id] = CommitNode(
+            commit_id, tuple(parents), ago(age), generation, f"mr-{commit_id}"
+        )
     return commits
 
 
@@ -64,12 +73,15 @@ def test_days_for_uses_the_branch_override_else_the_default():
     assert rules.days_for("Main") == 7  # branch names are case-sensitive
 
 
-@pytest.mark.parametrize("default, branches", [
-    (-1, {}),
-    (-0.001, {}),
-    (21, {"main": -1}),
-    (21, {"main": 3, "dev": -0.5}),
-])
+@pytest.mark.parametrize(
+    "default, branches",
+    [
+        (-1, {}),
+        (-0.001, {}),
+        (21, {"main": -1}),
+        (21, {"main": 3, "dev": -0.5}),
+    ],
+)
 def test_negative_days_are_invalid(default, branches):
     with pytest.raises(InvalidRetentionRules) as info:
         RetentionRules(default, branches)
@@ -77,10 +89,19 @@ def test_negative_days_are_invalid(default, branches):
     assert isinstance(info.value, errors.InvalidArgument)
 
 
-@pytest.mark.parametrize("default, branches", [
-    ("7", {}), (None, {}), (7, {"main": "30"}), (True, {}), (float("nan"), {}),
-    (float("inf"), {}), (1e12, {}), (7, {"main": 36501}),
-])
+@pytest.mark.parametrize(
+    "default, branches",
+    [
+        ("7", {}),
+        (None, {}),
+        (7, {"main": "30"}),
+        (True, {}),
+        (float("nan"), {}),
+        (float("inf"), {}),
+        (1e12, {}),
+        (7, {"main": 36501}),
+    ],
+)
 def test_non_numeric_days_are_invalid(default, branches):
     with pytest.raises(InvalidRetentionRules):
         RetentionRules(default, branches)
@@ -92,10 +113,17 @@ def test_zero_days_are_valid():
 
 
 def test_from_json_lakefs_format():
-    rules = RetentionRules.from_json(json.dumps({
-        "default_retention_days": 14,
-        "branches": [{"branch_id": "main", "retention_days": 28},
-                     {"branch_id": "dev", "retention_days": 1.5}]}))
+    rules = RetentionRules.from_json(
+        json.dumps(
+            {
+                "default_retention_days": 14,
+                "branches": [
+                    {"branch_id": "main", "retention_days": 28},
+                    {"branch_id": "dev", "retention_days": 1.5},
+                ],
+            }
+        )
+    )
     assert rules.default_retention_days == 14.0
     assert dict(rules.branch_retention_days) == {"main": 28.0, "dev": 1.5}
     assert rules.days_for("main") == 28.0
@@ -116,38 +144,44 @@ def test_from_json_branches_without_default():
     assert rules.days_for("main") == 3.0
 
 
-@pytest.mark.parametrize("text", [
-    "",
-    "not json",
-    "{",
-    "[]",
-    '"rules"',
-    "42",
-    "null",
-    '{"default_retention_days": "abc"}',
-    '{"default_retention_days": null}',
-    '{"default_retention_days": [1]}',
-    '{"branches": 5}',
-    '{"branches": null}',
-    '{"branches": ["main"]}',
-    '{"branches": [{"retention_days": 3}]}',
-    '{"branches": [{"branch_id": "main"}]}',
-    '{"branches": [{"branch_id": "main", "retention_days": "soon"}]}',
-    '{"branches": [{"branch_id": "main", "retention_days": null}]}',
-    '{"default_retention_days": -1}',
-    '{"branches": [{"branch_id": "main", "retention_days": -2}]}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "not json",
+        "{",
+        "[]",
+        '"rules"',
+        "42",
+        "null",
+        '{"default_retention_days": "abc"}',
+        '{"default_retention_days": null}',
+        '{"default_retention_days": [1]}',
+        '{"branches": 5}',
+        '{"branches": null}',
+        '{"branches": ["main"]}',
+        '{"branches": [{"retention_days": 3}]}',
+        '{"branches": [{"branch_id": "main"}]}',
+        '{"branches": [{"branch_id": "main", "retention_days": "soon"}]}',
+        '{"branches": [{"branch_id": "main", "retention_days": null}]}',
+        '{"default_retention_days": -1}',
+        '{"branches": [{"branch_id": "main", "retention_days": -2}]}',
+    ],
+)
 def test_from_json_malformed(text):
     with pytest.raises(InvalidRetentionRules) as info:
         RetentionRules.from_json(text)
     assert info.value.reason == "INVALID_RETENTION_RULES"
 
 
-@pytest.mark.parametrize("rules", [
-    RetentionRules(),
-    RetentionRules(0),
-    RetentionRules(7.5, {"main": 30, "dev": 0, "release-1.0": 365}),
-])
+@pytest.mark.parametrize(
+    "rules",
+    [
+        RetentionRules(),
+        RetentionRules(0),
+        RetentionRules(7.5, {"main": 30, "dev": 0, "release-1.0": 365}),
+    ],
+)
 def test_to_json_round_trip(rules):
     text = rules.to_json()
     again = RetentionRules.from_json(text)
@@ -158,17 +192,20 @@ def test_to_json_round_trip(rules):
 
 def test_to_json_is_the_lakefs_format_sorted_by_branch():
     doc = json.loads(RetentionRules(7, {"zeta": 1, "alpha": 30}).to_json())
-    assert doc == {"default_retention_days": 7,
-                   "branches": [{"branch_id": "alpha", "retention_days": 30},
-                                {"branch_id": "zeta", "retention_days": 1}]}
+    assert doc == {
+        "default_retention_days": 7,
+        "branches": [
+            {"branch_id": "alpha", "retention_days": 30},
+            {"branch_id": "zeta", "retention_days": 1},
+        ],
+    }
 
 
 # --- retained_commits ----------------------------------------------------------------------
 
 
 def test_linear_history_keeps_the_window_and_the_head():
-    commits = graph(("c1", [], 40), ("c2", ["c1"], 25), ("c3", ["c2"], 10),
-                    ("c4", ["c3"], 2))
+    commits = graph(("c1", [], 40), ("c2", ["c1"], 25), ("c3", ["c2"], 10), ("c4", ["c3"], 2))
     for ordered in orders(commits):
         assert keep(ordered, {"main": "c4"}) == {"c3", "c4"}
     assert keep(commits, {"main": "c4"}, rules=RetentionRules(30)) == {"c2", "c3", "c4"}
@@ -232,8 +269,11 @@ def test_tag_keeps_exactly_the_tagged_commit():
 
 
 def test_tag_off_any_branch_keeps_the_tag_but_not_its_ancestors():
-    commits = graph(("c1", [], 100), ("t1", ["c1"], 1),   # only tagged, not on a branch
-                    ("main", [], 1))
+    commits = graph(
+        ("c1", [], 100),
+        ("t1", ["c1"], 1),  # only tagged, not on a branch
+        ("main", [], 1),
+    )
     kept = keep(commits, {"main": "main"}, tagged={"t1"})
     assert kept == {"t1", "main"}
     assert "c1" not in kept  # a tag gives no retention window to its history
@@ -256,20 +296,17 @@ def test_no_heads_keeps_only_tags():
 def test_merge_second_parent_history_is_kept_on_a_long_window():
     # main: a (80d) <- merge (5d); the merged feature: a <- f1 (45d) <- f2 (44d).
     # f1 and f2 are only on main through the merge's SECOND parent.
-    commits = graph(("a", [], 80), ("f1", ["a"], 45), ("f2", ["f1"], 44),
-                    ("merge", ["a", "f2"], 5))
+    commits = graph(("a", [], 80), ("f1", ["a"], 45), ("f2", ["f1"], 44), ("merge", ["a", "f2"], 5))
     rules = RetentionRules(7, {"main": 60})
     for ordered in orders(commits):
         assert keep(ordered, {"main": "merge"}, rules=rules) == {"merge", "f2", "f1"}
     assert keep(commits, {"main": "merge"}, rules=RetentionRules(7)) == {"merge"}
     # A short-window branch still pointing at the feature does not shorten main's window.
-    assert keep(commits, {"main": "merge", "feature": "f2"}, rules=rules) == \
-        {"merge", "f2", "f1"}
+    assert keep(commits, {"main": "merge", "feature": "f2"}, rules=rules) == {"merge", "f2", "f1"}
 
 
 def test_merge_first_parent_history_is_kept_too():
-    commits = graph(("a", [], 80), ("m1", ["a"], 45), ("f1", ["a"], 3),
-                    ("merge", ["m1", "f1"], 2))
+    commits = graph(("a", [], 80), ("m1", ["a"], 45), ("f1", ["a"], 3), ("merge", ["m1", "f1"], 2))
     assert keep(commits, {"main": "merge"}, rules=RetentionRules(60)) == {"merge", "m1", "f1"}
 
 
@@ -277,15 +314,24 @@ def _long_path_graph(b_path_ages):
     """x is the parent of A's head directly, and of B's head through a path of 3 commits.
     w and v are x's ancestors."""
     b1, b2, b3 = b_path_ages
-    return graph(("v", [], 40), ("w", ["v"], 20), ("x", ["w"], 10),
-                 ("a1", ["x"], 0.5),
-                 ("b1", ["x"], b1), ("b2", ["b1"], b2), ("b3", ["b2"], b3))
+    return graph(
+        ("v", [], 40),
+        ("w", ["v"], 20),
+        ("x", ["w"], 10),
+        ("a1", ["x"], 0.5),
+        ("b1", ["x"], b1),
+        ("b2", ["b1"], b2),
+        ("b3", ["b2"], b3),
+    )
 
 
-@pytest.mark.parametrize("b_path_ages", [
-    (0.4, 0.3, 0.2),   # ordinary times
-    (12, 11, 0.2),     # clock skew: b1 and b2 claim to be older than their parent x
-])
+@pytest.mark.parametrize(
+    "b_path_ages",
+    [
+        (0.4, 0.3, 0.2),  # ordinary times
+        (12, 11, 0.2),  # clock skew: b1 and b2 claim to be older than their parent x
+    ],
+)
 def test_earliest_cutoff_reaches_a_commit_through_the_longer_path(b_path_ages):
     """x is 1 hop from A's head (1-day window) and 3 hops from B's head (30 days). It must
     get B's cutoff although A reaches it first, and pass it on to its own ancestors."""
@@ -303,27 +349,46 @@ def test_earliest_cutoff_reaches_a_commit_through_the_longer_path(b_path_ages):
 def test_every_mapping_order_gives_the_same_answer():
     commits = _long_path_graph((12, 11, 0.2))
     rules = RetentionRules(21, {"A": 1, "B": 30})
-    results = {frozenset(keep(dict(perm), {"A": "a1", "B": "b3"}, rules=rules))
-               for perm in itertools.islice(itertools.permutations(commits.items()), 0, None,
-                                            97)}
+    results = {
+        frozenset(keep(dict(perm), {"A": "a1", "B": "b3"}, rules=rules))
+        for perm in itertools.islice(itertools.permutations(commits.items()), 0, None, 97)
+    }
     assert results == {frozenset({"a1", "b1", "b2", "b3", "x", "w"})}
 
 
 def test_criss_cross_merges():
     # r <- x1, r <- y1; A's head merges (x1, y1), B's head merges (y1, x1).
-    commits = graph(("r", [], 40), ("x1", ["r"], 25), ("y1", ["r"], 25),
-                    ("x2", ["x1", "y1"], 3), ("y2", ["y1", "x1"], 3))
+    commits = graph(
+        ("r", [], 40),
+        ("x1", ["r"], 25),
+        ("y1", ["r"], 25),
+        ("x2", ["x1", "y1"], 3),
+        ("y2", ["y1", "x1"], 3),
+    )
     heads = {"A": "x2", "B": "y2"}
-    assert keep(commits, heads, rules=RetentionRules(21, {"A": 1, "B": 30})) == \
-        {"x2", "y2", "x1", "y1"}
-    assert keep(commits, heads, rules=RetentionRules(21, {"A": 1, "B": 50})) == \
-        {"x2", "y2", "x1", "y1", "r"}
+    assert keep(commits, heads, rules=RetentionRules(21, {"A": 1, "B": 30})) == {
+        "x2",
+        "y2",
+        "x1",
+        "y1",
+    }
+    assert keep(commits, heads, rules=RetentionRules(21, {"A": 1, "B": 50})) == {
+        "x2",
+        "y2",
+        "x1",
+        "y1",
+        "r",
+    }
     assert keep(commits, heads, rules=RetentionRules(21, {"A": 1, "B": 2})) == {"x2", "y2"}
 
 
 def test_diamond_keeps_both_sides_and_the_base_in_the_window():
-    commits = graph(("base", [], 9), ("left", ["base"], 8), ("right", ["base"], 30),
-                    ("top", ["left", "right"], 1))
+    commits = graph(
+        ("base", [], 9),
+        ("left", ["base"], 8),
+        ("right", ["base"], 30),
+        ("top", ["left", "right"], 1),
+    )
     assert keep(commits, {"main": "top"}, rules=RetentionRules(10)) == {"top", "left", "base"}
 
 
@@ -336,37 +401,42 @@ def test_old_commit_does_not_stop_the_walk():
 # --- classify ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key, expected", [
-    (f"{RANGES_PREFIX}{'ab' * 32}.parquet", Classified("range", "ab" * 32)),
-    (f"{METARANGES_PREFIX}{'0f' * 32}.parquet", Classified("metarange", "0f" * 32)),
-    # only content ids (64 lower-case hex) are Quarry's files; anything else is left alone
-    (f"{RANGES_PREFIX}abc123.parquet", Classified("internal")),
-    ("_quarry/ranges/r.1.parquet", Classified("internal")),
-    ("_quarry/ranges/.parquet", Classified("internal")),
-    (f"{RANGES_PREFIX}{'AB' * 32}.parquet", Classified("internal")),
-    # nested or not parquet under the range prefixes: internal, never collected
-    (f"{RANGES_PREFIX}nested/abc.parquet", Classified("internal")),
-    (f"{METARANGES_PREFIX}a/b/c.parquet", Classified("internal")),
-    (f"{RANGES_PREFIX}abc.json", Classified("internal")),
-    (f"{RANGES_PREFIX}abc.parquet.tmp", Classified("internal")),
-    (f"{METARANGES_PREFIX}abc", Classified("internal")),
-    ("_quarry/gc/reports/x.json", Classified("internal")),
-    ("_quarry/anything", Classified("internal")),
-    ("_quarry/", Classified("internal")),
-    # Quarry's own data layout: upload data and Spark job files, exactly as written
-    ("data/" + "0123456789abcdef" * 2, Classified("data")),
-    ("data/spark/20240501T120000-0123456789ab/part-00003-c001-t42.snappy.parquet",
-     Classified("data")),
-    ("data/spark/20240501T120000-0123456789ab/part-00003-c001-t42.csv", Classified("data")),
-    # everything else is foreign (ISSUE 10: GC never deletes a file Quarry did not write)
-    ("data/spark/job/part-00000.parquet", Classified("foreign")),
-    ("tables/t1/x.parquet", Classified("foreign")),
-    ("abc.parquet", Classified("foreign")),
-    ("_quarry", Classified("foreign")),
-    ("_quarryx/ranges/a.parquet", Classified("foreign")),
-    ("data/_quarry/ranges/a.parquet", Classified("foreign")),
-    ("_Quarry/ranges/a.parquet", Classified("foreign")),
-])
+@pytest.mark.parametrize(
+    "key, expected",
+    [
+        (f"{RANGES_PREFIX}{'ab' * 32}.parquet", Classified("range", "ab" * 32)),
+        (f"{METARANGES_PREFIX}{'0f' * 32}.parquet", Classified("metarange", "0f" * 32)),
+        # only content ids (64 lower-case hex) are Quarry's files; anything else is left alone
+        (f"{RANGES_PREFIX}abc123.parquet", Classified("internal")),
+        ("_quarry/ranges/r.1.parquet", Classified("internal")),
+        ("_quarry/ranges/.parquet", Classified("internal")),
+        (f"{RANGES_PREFIX}{'AB' * 32}.parquet", Classified("internal")),
+        # nested or not parquet under the range prefixes: internal, never collected
+        (f"{RANGES_PREFIX}nested/abc.parquet", Classified("internal")),
+        (f"{METARANGES_PREFIX}a/b/c.parquet", Classified("internal")),
+        (f"{RANGES_PREFIX}abc.json", Classified("internal")),
+        (f"{RANGES_PREFIX}abc.parquet.tmp", Classified("internal")),
+        (f"{METARANGES_PREFIX}abc", Classified("internal")),
+        ("_quarry/gc/reports/x.json", Classified("internal")),
+        ("_quarry/anything", Classified("internal")),
+        ("_quarry/", Classified("internal")),
+        # Quarry's own data layout: upload data and Spark job files, exactly as written
+        ("data/" + "0123456789abcdef" * 2, Classified("data")),
+        (
+            "data/spark/20240501T120000-0123456789ab/part-00003-c001-t42.snappy.parquet",
+            Classified("data"),
+        ),
+        ("data/spark/20240501T120000-0123456789ab/part-00003-c001-t42.csv", Classified("data")),
+        # everything else is foreign (ISSUE 10: GC never deletes a file Quarry did not write)
+        ("data/spark/job/part-00000.parquet", Classified("foreign")),
+        ("tables/t1/x.parquet", Classified("foreign")),
+        ("abc.parquet", Classified("foreign")),
+        ("_quarry", Classified("foreign")),
+        ("_quarryx/ranges/a.parquet", Classified("foreign")),
+        ("data/_quarry/ranges/a.parquet", Classified("foreign")),
+        ("_Quarry/ranges/a.parquet", Classified("foreign")),
+    ],
+)
 def test_classify(key, expected):
     assert classify(key) == expected
 
@@ -386,7 +456,8 @@ def test_the_keys_quarry_writes_are_collectable():
 
     assert classify(f"{DATA_PREFIX}{uuid.uuid4().hex}").kind == "data"
     for fmt in FORMATS:
-        spec = WriteSpec(Connection("a:1", "b:2"), "repo", "br", "/ns", "t/", new_job_id(),
-                         format=fmt)
+        spec = WriteSpec(
+            Connection("a:1", "b:2"), "repo", "br", "/ns", "t/", new_job_id(), format=fmt
+        )
         assert classify(file_key(spec, 123456, 1234, 7)).kind == "data"
         assert classify(file_key(spec, 0, 0, 0)).kind == "data"

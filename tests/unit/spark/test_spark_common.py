@@ -13,53 +13,68 @@ import pytest
 from quarry import errors
 from quarry.config import load_settings
 from quarry.graveler.names import check_branch_name
-from quarry.spark.common import (EPHEMERAL_PREFIX, SCHEME, Connection, InvalidQuarryUri,
-                                 QuarryUri, ephemeral_branch, ephemeral_created_at,
-                                 job_of_branch, new_job_id, parse_uri)
+from quarry.spark.common import (
+    EPHEMERAL_PREFIX,
+    SCHEME,
+    Connection,
+    InvalidQuarryUri,
+    QuarryUri,
+    ephemeral_branch,
+    ephemeral_created_at,
+    job_of_branch,
+    new_job_id,
+    parse_uri,
+)
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 # --- parse_uri -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("uri, repository, ref, path", [
-    ("quarry://lake/main/tables/t1", "lake", "main", "tables/t1"),
-    ("quarry://lake/main/tables/t1/", "lake", "main", "tables/t1/"),
-    ("quarry://lake/main", "lake", "main", ""),
-    ("quarry://lake/main/", "lake", "main", ""),
-    ("quarry://lake/main/a/b/c/part-0.parquet", "lake", "main", "a/b/c/part-0.parquet"),
-    ("quarry://lake/main//tables", "lake", "main", "tables"),
-    ("quarry://lake/v1.0/x", "lake", "v1.0", "x"),
-    ("quarry://lake/main~1/x", "lake", "main~1", "x"),
-    ("quarry://lake/main~2/", "lake", "main~2", ""),
-    ("quarry://lake/main@/x", "lake", "main@", "x"),
-    ("quarry://lake/a1b2c3d4e5f6/x", "lake", "a1b2c3d4e5f6", "x"),
-    ("quarry://lake/main/my%20table/a%2Bb.csv", "lake", "main", "my table/a+b.csv"),
-    ("quarry://lake/main/caf%C3%A9/x", "lake", "main", "café/x"),
-    ("quarry://lake/main%7E1/x", "lake", "main~1", "x"),
-])
+@pytest.mark.parametrize(
+    "uri, repository, ref, path",
+    [
+        ("quarry://lake/main/tables/t1", "lake", "main", "tables/t1"),
+        ("quarry://lake/main/tables/t1/", "lake", "main", "tables/t1/"),
+        ("quarry://lake/main", "lake", "main", ""),
+        ("quarry://lake/main/", "lake", "main", ""),
+        ("quarry://lake/main/a/b/c/part-0.parquet", "lake", "main", "a/b/c/part-0.parquet"),
+        ("quarry://lake/main//tables", "lake", "main", "tables"),
+        ("quarry://lake/v1.0/x", "lake", "v1.0", "x"),
+        ("quarry://lake/main~1/x", "lake", "main~1", "x"),
+        ("quarry://lake/main~2/", "lake", "main~2", ""),
+        ("quarry://lake/main@/x", "lake", "main@", "x"),
+        ("quarry://lake/a1b2c3d4e5f6/x", "lake", "a1b2c3d4e5f6", "x"),
+        ("quarry://lake/main/my%20table/a%2Bb.csv", "lake", "main", "my table/a+b.csv"),
+        ("quarry://lake/main/caf%C3%A9/x", "lake", "main", "café/x"),
+        ("quarry://lake/main%7E1/x", "lake", "main~1", "x"),
+    ],
+)
 def test_parse_uri(uri, repository, ref, path):
     parsed = parse_uri(uri)
     assert parsed == QuarryUri(repository, ref, path)
     assert (parsed.repository, parsed.ref, parsed.path) == (repository, ref, path)
 
 
-@pytest.mark.parametrize("uri", [
-    "",
-    "lake/main/x",
-    "s3://lake/main/x",
-    "quarry:/lake/main/x",
-    "quarry:lake/main/x",
-    "quarry://",
-    "quarry://lake",
-    "quarry://lake/",
-    "quarry://lake//x",
-    "quarry:///main/x",
-    "quarry:////",
-    None,
-    42,
-    b"quarry://lake/main/x",
-])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "",
+        "lake/main/x",
+        "s3://lake/main/x",
+        "quarry:/lake/main/x",
+        "quarry:lake/main/x",
+        "quarry://",
+        "quarry://lake",
+        "quarry://lake/",
+        "quarry://lake//x",
+        "quarry:///main/x",
+        "quarry:////",
+        None,
+        42,
+        b"quarry://lake/main/x",
+    ],
+)
 def test_parse_uri_rejects(uri):
     with pytest.raises(InvalidQuarryUri) as info:
         parse_uri(uri)
@@ -67,14 +82,17 @@ def test_parse_uri_rejects(uri):
     assert isinstance(info.value, errors.InvalidArgument)
 
 
-@pytest.mark.parametrize("path, prefix", [
-    ("", ""),
-    ("/", ""),
-    ("tables/t1", "tables/t1/"),
-    ("tables/t1/", "tables/t1/"),
-    ("/tables/t1//", "tables/t1/"),
-    ("x", "x/"),
-])
+@pytest.mark.parametrize(
+    "path, prefix",
+    [
+        ("", ""),
+        ("/", ""),
+        ("tables/t1", "tables/t1/"),
+        ("tables/t1/", "tables/t1/"),
+        ("/tables/t1//", "tables/t1/"),
+        ("x", "x/"),
+    ],
+)
 def test_prefix(path, prefix):
     assert QuarryUri("lake", "main", path).prefix == prefix
 
@@ -85,8 +103,10 @@ def test_prefix_from_parsed_uris():
     assert parse_uri("quarry://lake/main/tables/t1/").prefix == "tables/t1/"
 
 
-@pytest.mark.parametrize("uri", ["quarry://lake/main/tables/t1", "quarry://lake/main~1/",
-                                 "quarry://lake/v1.0/a/b.parquet"])
+@pytest.mark.parametrize(
+    "uri",
+    ["quarry://lake/main/tables/t1", "quarry://lake/main~1/", "quarry://lake/v1.0/a/b.parquet"],
+)
 def test_str_round_trip(uri):
     parsed = parse_uri(uri)
     assert str(parsed) == uri
@@ -127,11 +147,14 @@ def test_new_job_id_defaults_to_utc_now():
     assert created.utcoffset() == dt.timedelta(0)
 
 
-@pytest.mark.parametrize("now", [
-    dt.datetime(2024, 3, 5, 7, 8, 9, 999999, tzinfo=UTC),
-    dt.datetime(1999, 12, 31, 23, 59, 59, tzinfo=UTC),
-    dt.datetime(2030, 1, 1, tzinfo=UTC),
-])
+@pytest.mark.parametrize(
+    "now",
+    [
+        dt.datetime(2024, 3, 5, 7, 8, 9, 999999, tzinfo=UTC),
+        dt.datetime(1999, 12, 31, 23, 59, 59, tzinfo=UTC),
+        dt.datetime(2030, 1, 1, tzinfo=UTC),
+    ],
+)
 def test_ephemeral_branch_round_trip(now):
     job = new_job_id(now)
     branch = ephemeral_branch(job)
@@ -141,26 +164,30 @@ def test_ephemeral_branch_round_trip(now):
     assert job_of_branch(branch) == job
 
 
-@pytest.mark.parametrize("name", [
-    "main",
-    "",
-    "_quarry-spark-",
-    "quarry-spark-20240305T070809-0123456789ab",
-    "_quarry-spark-20240305T070809",
-    "_quarry-spark-20240305T070809-0123456789a",     # 11 hex digits
-    "_quarry-spark-20240305T070809-0123456789abc",   # 13 hex digits
-    "_quarry-spark-20240305T070809-0123456789AB",    # upper case
-    "_quarry-spark-20240305T070809-0123456789ag",
-    "_quarry-spark-20240305-070809-0123456789ab",
-    "_quarry-spark-20240305T070809-0123456789ab-x",
-    "x_quarry-spark-20240305T070809-0123456789ab",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "main",
+        "",
+        "_quarry-spark-",
+        "quarry-spark-20240305T070809-0123456789ab",
+        "_quarry-spark-20240305T070809",
+        "_quarry-spark-20240305T070809-0123456789a",  # 11 hex digits
+        "_quarry-spark-20240305T070809-0123456789abc",  # 13 hex digits
+        "_quarry-spark-20240305T070809-0123456789AB",  # upper case
+        "_quarry-spark-20240305T070809-0123456789ag",
+        "_quarry-spark-20240305-070809-0123456789ab",
+        "_quarry-spark-20240305T070809-0123456789ab-x",
+        "x_quarry-spark-20240305T070809-0123456789ab",
+    ],
+)
 def test_ephemeral_created_at_of_other_names_is_none(name):
     assert ephemeral_created_at(name) is None
 
 
-@pytest.mark.parametrize("now", [dt.datetime(2024, 3, 5, 7, 8, 9, tzinfo=UTC),
-                                 dt.datetime(2000, 1, 1, tzinfo=UTC)])
+@pytest.mark.parametrize(
+    "now", [dt.datetime(2024, 3, 5, 7, 8, 9, tzinfo=UTC), dt.datetime(2000, 1, 1, tzinfo=UTC)]
+)
 def test_ephemeral_branch_names_are_valid_branch_names(now):
     for _ in range(50):
         name = ephemeral_branch(new_job_id(now))
@@ -171,8 +198,13 @@ def test_ephemeral_branch_names_are_valid_branch_names(now):
 
 
 def test_connection_pickles():
-    connection = Connection("bm.example:7402", "committer.example:7403",
-                            "http://s3.example:9000", "eu-west-1", timeout=12.5)
+    connection = Connection(
+        "bm.example:7402",
+        "committer.example:7403",
+        "http://s3.example:9000",
+        "eu-west-1",
+        timeout=12.5,
+    )
     again = pickle.loads(pickle.dumps(connection))
     assert again == connection
     assert again.timeout == 12.5 and again.s3_region == "eu-west-1"
@@ -190,26 +222,38 @@ def test_connection_is_frozen():
 def test_connection_from_settings_defaults():
     settings = load_settings(env={})
     connection = Connection.from_settings(settings)
-    assert connection == Connection(settings.branch_manager_address, settings.committer_address,
-                                    settings.s3_endpoint_url, settings.s3_region)
+    assert connection == Connection(
+        settings.branch_manager_address,
+        settings.committer_address,
+        settings.s3_endpoint_url,
+        settings.s3_region,
+    )
     assert connection.branch_manager == "127.0.0.1:7402"
     assert connection.committer == "127.0.0.1:7403"
 
 
 def test_connection_from_settings_takes_the_settings_addresses():
-    settings = load_settings(env={}, branch_manager_address="bm.svc:1234",
-                             committer_address="committer.svc:5678",
-                             s3_endpoint_url="http://minio:9000", s3_region="eu-central-1")
+    settings = load_settings(
+        env={},
+        branch_manager_address="bm.svc:1234",
+        committer_address="committer.svc:5678",
+        s3_endpoint_url="http://minio:9000",
+        s3_region="eu-central-1",
+    )
     assert Connection.from_settings(settings) == Connection(
-        "bm.svc:1234", "committer.svc:5678", "http://minio:9000", "eu-central-1")
+        "bm.svc:1234", "committer.svc:5678", "http://minio:9000", "eu-central-1"
+    )
 
 
 def test_connection_from_settings_environment():
-    settings = load_settings(env={"QUARRY_BRANCH_MANAGER_ADDRESS": "10.0.0.1:7402",
-                                  "QUARRY_COMMITTER_ADDRESS": "10.0.0.2:7403"})
+    settings = load_settings(
+        env={
+            "QUARRY_BRANCH_MANAGER_ADDRESS": "10.0.0.1:7402",
+            "QUARRY_COMMITTER_ADDRESS": "10.0.0.2:7403",
+        }
+    )
     connection = Connection.from_settings(settings)
-    assert (connection.branch_manager, connection.committer) == ("10.0.0.1:7402",
-                                                                 "10.0.0.2:7403")
+    assert (connection.branch_manager, connection.committer) == ("10.0.0.1:7402", "10.0.0.2:7403")
 
 
 class _FakeConf:
@@ -235,15 +279,20 @@ def _clear_quarry_env(monkeypatch):
 
 def test_resolve_prefers_the_explicit_connection():
     connection = Connection("x:1", "y:2")
-    assert Connection.resolve(_FakeSpark({"spark.quarry.branchManager": "z:3"}),
-                              connection) is connection
+    assert (
+        Connection.resolve(_FakeSpark({"spark.quarry.branchManager": "z:3"}), connection)
+        is connection
+    )
 
 
 def test_resolve_reads_the_session_conf_over_the_settings(monkeypatch):
     _clear_quarry_env(monkeypatch)
     monkeypatch.setenv("QUARRY_COMMITTER_ADDRESS", "env-committer:9")
-    resolved = Connection.resolve(_FakeSpark({"spark.quarry.branchManager": "conf-bm:1",
-                                              "spark.quarry.s3Region": "ap-south-1"}))
+    resolved = Connection.resolve(
+        _FakeSpark(
+            {"spark.quarry.branchManager": "conf-bm:1", "spark.quarry.s3Region": "ap-south-1"}
+        )
+    )
     assert resolved == Connection("conf-bm:1", "env-committer:9", "", "ap-south-1")
     assert Connection.resolve() == Connection("127.0.0.1:7402", "env-committer:9")
 
@@ -251,8 +300,9 @@ def test_resolve_reads_the_session_conf_over_the_settings(monkeypatch):
 def test_an_escaped_slash_stays_inside_its_segment():
     uri = parse_uri("quarry://r/main%2Fx/p%2Fq/r")
     assert (uri.ref, uri.path) == ("main/x", "p/q/r")
-    assert parse_uri(str(parse_uri("quarry://repo/a%2541/x%20y"))) == \
-        parse_uri("quarry://repo/a%2541/x%20y")
+    assert parse_uri(str(parse_uri("quarry://repo/a%2541/x%20y"))) == parse_uri(
+        "quarry://repo/a%2541/x%20y"
+    )
 
 
 def test_a_branch_shaped_like_an_ephemeral_one_with_an_impossible_time_is_not_one():
@@ -264,4 +314,4 @@ def test_job_ids_are_in_utc_whatever_the_given_zone():
 
     local = dt.datetime(2026, 11, 26, 3, 0, tzinfo=dt.timezone(dt.timedelta(hours=3)))
     created = ephemeral_created_at(ephemeral_branch(new_job_id(local)))
-    assert created == dt.datetime(2026, 11, 26, 0, 0, tzinfo=dt.timezone.utc)
+    assert created == dt.datetime(2026, 11, 26, 0, 0, tzinfo=dt.UTC)

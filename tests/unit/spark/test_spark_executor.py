@@ -16,18 +16,28 @@ import pytest
 
 from quarry.graveler.names import check_path
 from quarry.spark.common import JOB_DATA_PREFIX, Connection
-from quarry.spark.executor import (FORMATS, HIVE_NULL, WriteSpec, _files, _partitions,
-                                   _tables, encode_file, file_entry, file_key,
-                                   job_path_prefix, object_path, partition_value_text)
+from quarry.spark.executor import (
+    FORMATS,
+    HIVE_NULL,
+    WriteSpec,
+    _files,
+    _partitions,
+    _tables,
+    encode_file,
+    file_entry,
+    file_key,
+    job_path_prefix,
+    object_path,
+    partition_value_text,
+)
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 
 
 def batch(start: int, count: int) -> pa.RecordBatch:
     ids = list(range(start, start + count))
-    return pa.RecordBatch.from_pydict({"id": ids, "name": [f"n{i}" for i in ids]},
-                                      schema=SCHEMA)
+    return pa.RecordBatch.from_pydict({"id": ids, "name": [f"n{i}" for i in ids]}, schema=SCHEMA)
 
 
 def batches(*sizes: int) -> list[pa.RecordBatch]:
@@ -93,8 +103,9 @@ def test_empty_batches_are_skipped():
     assert all(t.num_rows for t in split([0, 2, 0], 0))
 
 
-@pytest.mark.parametrize("sizes", [[1], [5], [1, 1, 1, 1, 1], [10, 3, 0, 7], [2, 9, 4, 1, 6],
-                                   [100], [0, 33, 0, 34]])
+@pytest.mark.parametrize(
+    "sizes", [[1], [5], [1, 1, 1, 1, 1], [10, 3, 0, 7], [2, 9, 4, 1, 6], [100], [0, 33, 0, 34]]
+)
 @pytest.mark.parametrize("max_rows", [0, 1, 2, 3, 5, 7, 10, 1000])
 def test_split_properties(sizes, max_rows):
     tables = split(sizes, max_rows)
@@ -130,8 +141,14 @@ def test_tables_are_yielded_as_soon_as_full():
 
 
 def spec(**changes) -> WriteSpec:
-    base = WriteSpec(Connection("bm:1", "committer:2"), "lake", "_quarry-spark-x",
-                     "s3://bucket/ns", "tables/t1/", "20240305T070809-0123456789ab")
+    base = WriteSpec(
+        Connection("bm:1", "committer:2"),
+        "lake",
+        "_quarry-spark-x",
+        "s3://bucket/ns",
+        "tables/t1/",
+        "20240305T070809-0123456789ab",
+    )
     return dataclasses.replace(base, **changes)
 
 
@@ -141,7 +158,7 @@ def test_object_path_is_deterministic_and_under_the_prefix(fmt):
     path = object_path(s, 3, 7)
     assert path == object_path(spec(format=fmt), 3, 7)
     assert path.startswith("tables/t1/")
-    assert "/" not in path[len("tables/t1/"):]
+    assert "/" not in path[len("tables/t1/") :]
     assert s.job_id in path
     assert path.endswith("." + FORMATS[fmt][0])
     assert check_path(path) == path
@@ -169,18 +186,30 @@ def test_object_path_at_the_root():
 
 def test_every_object_path_of_a_job_shares_the_job_prefix_and_no_other_job_does():
     s, other = spec(), spec(job_id="20261126T000000-ffffffffffff")
-    assert all(object_path(s, p, i).startswith(job_path_prefix(s))
-               for p in range(3) for i in range(3))
+    assert all(
+        object_path(s, p, i).startswith(job_path_prefix(s)) for p in range(3) for i in range(3)
+    )
     assert not object_path(other, 0, 0).startswith(job_path_prefix(s))
 
 
 def test_file_entry_is_what_the_driver_rebuilds_from_the_result_row():
     s = spec()
-    row = {"path": object_path(s, 0, 0), "physical_address": "/ns/data/x", "size_bytes": 10,
-           "checksum": "abc", "mtime_us": 1_700_000_000_123_456, "rows": 7, "partition": 0}
+    row = {
+        "path": object_path(s, 0, 0),
+        "physical_address": "/ns/data/x",
+        "size_bytes": 10,
+        "checksum": "abc",
+        "mtime_us": 1_700_000_000_123_456,
+        "rows": 7,
+        "partition": 0,
+    }
     entry = file_entry(s, row)
-    assert (entry.path, entry.physical_address, entry.size_bytes, entry.checksum) == \
-        (row["path"], "/ns/data/x", 10, "abc")
+    assert (entry.path, entry.physical_address, entry.size_bytes, entry.checksum) == (
+        row["path"],
+        "/ns/data/x",
+        10,
+        "abc",
+    )
     assert entry.mtime.ToMicroseconds() == row["mtime_us"]
     assert entry.metadata["quarry.spark.rows"] == "7"
     assert entry.content_type == "application/vnd.apache.parquet"
@@ -215,15 +244,22 @@ def test_file_keys_differ_per_partition_index_attempt_and_job():
 
 
 def sample() -> pa.Table:
-    return pa.table({
-        "id": pa.array([1, 2, 3], pa.int64()),
-        "name": pa.array(["plain", 'comma, "quote"', None], pa.string()),
-        "score": pa.array([1.5, None, -2.25], pa.float64()),
-        "flag": pa.array([True, False, None], pa.bool_()),
-        "at": pa.array([dt.datetime(2024, 3, 5, 7, 8, 9, tzinfo=UTC),
-                        dt.datetime(2000, 1, 1, tzinfo=UTC), None],
-                       pa.timestamp("us", tz="UTC")),
-    })
+    return pa.table(
+        {
+            "id": pa.array([1, 2, 3], pa.int64()),
+            "name": pa.array(["plain", 'comma, "quote"', None], pa.string()),
+            "score": pa.array([1.5, None, -2.25], pa.float64()),
+            "flag": pa.array([True, False, None], pa.bool_()),
+            "at": pa.array(
+                [
+                    dt.datetime(2024, 3, 5, 7, 8, 9, tzinfo=UTC),
+                    dt.datetime(2000, 1, 1, tzinfo=UTC),
+                    None,
+                ],
+                pa.timestamp("us", tz="UTC"),
+            ),
+        }
+    )
 
 
 def test_encode_parquet_round_trip():
@@ -254,8 +290,9 @@ def test_encode_csv_timestamps():
     table = sample().select(["id", "at"])
     back = pcsv.read_csv(pa.BufferReader(encode_file(table, "csv")))
     assert pa.types.is_timestamp(back.schema.field("at").type)
-    assert [v and v.astimezone(UTC) for v in back.column("at").to_pylist()] == \
-        table.column("at").to_pylist()
+    assert [v and v.astimezone(UTC) for v in back.column("at").to_pylist()] == table.column(
+        "at"
+    ).to_pylist()
 
 
 def json_rows(data: bytes) -> list[dict]:
@@ -268,10 +305,14 @@ def test_encode_json_lines():
     table = sample()
     rows = json_rows(encode_file(table, "json"))
     assert rows == [
-        {"id": 1, "name": "plain", "score": 1.5, "flag": True,
-         "at": "2024-03-05T07:08:09+00:00"},
-        {"id": 2, "name": 'comma, "quote"', "score": None, "flag": False,
-         "at": "2000-01-01T00:00:00+00:00"},
+        {"id": 1, "name": "plain", "score": 1.5, "flag": True, "at": "2024-03-05T07:08:09+00:00"},
+        {
+            "id": 2,
+            "name": 'comma, "quote"',
+            "score": None,
+            "flag": False,
+            "at": "2000-01-01T00:00:00+00:00",
+        },
         {"id": 3, "name": None, "score": -2.25, "flag": None, "at": None},
     ]
     for row in rows[:2]:
@@ -279,21 +320,29 @@ def test_encode_json_lines():
 
 
 def test_encode_json_other_types():
-    table = pa.table({
-        "day": pa.array([dt.date(2024, 2, 29)], pa.date32()),
-        "naive": pa.array([dt.datetime(2024, 1, 2, 3, 4, 5, 6)], pa.timestamp("us")),
-        "blob": pa.array([b"\x00\xffab"], pa.binary()),
-        "text": pa.array(["café ✓"], pa.string()),
-        "items": pa.array([[1, 2]], pa.list_(pa.int32())),
-        "nested": pa.array([{"a": 1, "b": "x"}],
-                           pa.struct([("a", pa.int32()), ("b", pa.string())])),
-    })
+    table = pa.table(
+        {
+            "day": pa.array([dt.date(2024, 2, 29)], pa.date32()),
+            "naive": pa.array([dt.datetime(2024, 1, 2, 3, 4, 5, 6)], pa.timestamp("us")),
+            "blob": pa.array([b"\x00\xffab"], pa.binary()),
+            "text": pa.array(["café ✓"], pa.string()),
+            "items": pa.array([[1, 2]], pa.list_(pa.int32())),
+            "nested": pa.array(
+                [{"a": 1, "b": "x"}], pa.struct([("a", pa.int32()), ("b", pa.string())])
+            ),
+        }
+    )
     data = encode_file(table, "json")
     assert "café ✓".encode() in data  # UTF-8, not \u escapes
     (row,) = json_rows(data)
-    assert row == {"day": "2024-02-29", "naive": "2024-01-02T03:04:05.000006",
-                   "blob": base64.b64encode(b"\x00\xffab").decode(), "text": "café ✓",
-                   "items": [1, 2], "nested": {"a": 1, "b": "x"}}
+    assert row == {
+        "day": "2024-02-29",
+        "naive": "2024-01-02T03:04:05.000006",
+        "blob": base64.b64encode(b"\x00\xffab").decode(),
+        "text": "café ✓",
+        "items": [1, 2],
+        "nested": {"a": 1, "b": "x"},
+    }
 
 
 def test_encode_json_one_line_per_row():
@@ -323,25 +372,47 @@ def test_unsupported_format(fmt):
 
 # ---- partition_by -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value, text", [
-    (None, HIVE_NULL), ("", HIVE_NULL), (3, "3"), (True, "true"), ("plain", "plain"),
-    ("a/b", "a%2Fb"), ("k=v", "k%3Dv"), ("50%", "50%25"), ("tab\there", "tab%09here"),
-    ("what?#", "what%3F%23"), ("spaces stay", "spaces stay"), ("é", "é"),
-    (dt.date(2026, 11, 26), "2026-11-26"),
-    (dt.datetime(2026, 11, 26, 1, 2, 3), "2026-11-26 01%3A02%3A03"),
-])
+
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (None, HIVE_NULL),
+        ("", HIVE_NULL),
+        (3, "3"),
+        (True, "true"),
+        ("plain", "plain"),
+        ("a/b", "a%2Fb"),
+        ("k=v", "k%3Dv"),
+        ("50%", "50%25"),
+        ("tab\there", "tab%09here"),
+        ("what?#", "what%3F%23"),
+        ("spaces stay", "spaces stay"),
+        ("é", "é"),
+        (dt.date(2026, 11, 26), "2026-11-26"),
+        (dt.datetime(2026, 11, 26, 1, 2, 3), "2026-11-26 01%3A02%3A03"),
+    ],
+)
 def test_partition_values_are_written_as_hive_does(value, text):
     assert partition_value_text(value) == text
 
 
 def test_partitions_place_every_row_once_in_its_folder_in_folder_order():
-    table = pa.table({"k": pa.array([2, 1, None, 1, 2], pa.int64()),
-                      "s": pa.array(["x", "a/b", "x", "a/b", "y"]),
-                      "v": pa.array([1.0, float("nan"), 3.0, float("nan"), 5.0])})
-    got = [(folder, rows.column("k").to_pylist()) for folder, rows in
-           _partitions(table, ("k", "s"))]
-    assert got == [("k=1/s=a%2Fb/", [1, 1]), ("k=2/s=x/", [2]), ("k=2/s=y/", [2]),
-                   (f"k={HIVE_NULL}/s=x/", [None])]
+    table = pa.table(
+        {
+            "k": pa.array([2, 1, None, 1, 2], pa.int64()),
+            "s": pa.array(["x", "a/b", "x", "a/b", "y"]),
+            "v": pa.array([1.0, float("nan"), 3.0, float("nan"), 5.0]),
+        }
+    )
+    got = [
+        (folder, rows.column("k").to_pylist()) for folder, rows in _partitions(table, ("k", "s"))
+    ]
+    assert got == [
+        ("k=1/s=a%2Fb/", [1, 1]),
+        ("k=2/s=x/", [2]),
+        ("k=2/s=y/", [2]),
+        (f"k={HIVE_NULL}/s=x/", [None]),
+    ]
     by_v = {folder: rows.num_rows for folder, rows in _partitions(table, ("v",))}
     assert by_v == {"v=1.0/": 1, "v=3.0/": 1, "v=5.0/": 1, "v=nan/": 2}
     # The partition columns stay in the data.
@@ -349,12 +420,23 @@ def test_partitions_place_every_row_once_in_its_folder_in_folder_order():
 
 
 def test_files_of_a_partitioned_task_split_each_folder_by_max_records():
-    table = pa.table({"k": pa.array([i % 2 for i in range(7)], pa.int64()),
-                      "x": pa.array(range(7), pa.int64())})
-    spec = WriteSpec(Connection("a:1", "b:2"), "r", "b", "/ns", "t/", "job",
-                     max_records_per_file=2, partition_by=("k",))
-    files = [(folder, t.column("x").to_pylist()) for folder, t in
-             _files(spec, iter(table.to_batches(max_chunksize=3)))]
+    table = pa.table(
+        {"k": pa.array([i % 2 for i in range(7)], pa.int64()), "x": pa.array(range(7), pa.int64())}
+    )
+    spec = WriteSpec(
+        Connection("a:1", "b:2"),
+        "r",
+        "b",
+        "/ns",
+        "t/",
+        "job",
+        max_records_per_file=2,
+        partition_by=("k",),
+    )
+    files = [
+        (folder, t.column("x").to_pylist())
+        for folder, t in _files(spec, iter(table.to_batches(max_chunksize=3)))
+    ]
     assert files == [("k=0/", [0, 2]), ("k=0/", [4, 6]), ("k=1/", [1, 3]), ("k=1/", [5])]
     assert list(_files(spec, iter([]))) == []
     assert object_path(spec, 3, 1, "k=0/") == "t/k=0/part-job-00003-c001.snappy.parquet"
