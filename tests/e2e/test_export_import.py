@@ -10,9 +10,9 @@ import subprocess
 import pytest
 
 from quarry import FORMAT_VERSION, exporting
-from quarry.errors import QuarryError
 from quarry.blob import LocalBlobStore
 from quarry.committed import CommittedManager
+from quarry.errors import QuarryError
 from quarry.graveler.graveler import MERGE_HINTS_PREFIX, Graveler
 from quarry.graveler.model import Entry
 from quarry.kv.memory import MemoryStore
@@ -23,13 +23,23 @@ from support.processes import VENV_BIN, quarry_env
 
 
 def run_quarry(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(VENV_BIN / "quarry"), *args], capture_output=True, text=True,
-                          timeout=60, env=quarry_env(tmp_path / "home"))
+    return subprocess.run(
+        [str(VENV_BIN / "quarry"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=quarry_env(tmp_path / "home"),
+    )
 
 
 def entry(path: str, version: int = 0) -> Entry:
-    return Entry(path, f"s3://lake/{path}@{version}", 10 + version, f"sum-{path}-{version}",
-                 metadata={"v": str(version)})
+    return Entry(
+        path,
+        f"s3://lake/{path}@{version}",
+        10 + version,
+        f"sum-{path}-{version}",
+        metadata={"v": str(version)},
+    )
 
 
 def graveler_over(path) -> tuple[Graveler, SQLiteStore]:
@@ -65,28 +75,41 @@ def build_source(tmp_path):
 
 def snapshot(g: Graveler) -> dict:
     def entries(items):
-        return [(e.path, e.physical_address, e.size_bytes, e.checksum, dict(e.metadata))
-                for e in items]
+        return [
+            (e.path, e.physical_address, e.size_bytes, e.checksum, dict(e.metadata)) for e in items
+        ]
 
-    result: dict = {"repos": sorted((r.name, r.storage_namespace, r.default_branch,
-                                     r.instance_id, r.creation_time)
-                                    for r in g.list_repositories(page_size=1000)[0])}
+    result: dict = {
+        "repos": sorted(
+            (r.name, r.storage_namespace, r.default_branch, r.instance_id, r.creation_time)
+            for r in g.list_repositories(page_size=1000)[0]
+        )
+    }
     for name in ("demo", "empty"):
         branches = g.list_branches(name, page_size=1000)[0]
         result[name, "branches"] = [b.SerializeToString(deterministic=True) for b in branches]
-        result[name, "tags"] = [t.SerializeToString(deterministic=True)
-                                for t in g.list_tags(name, page_size=1000)[0]]
+        result[name, "tags"] = [
+            t.SerializeToString(deterministic=True) for t in g.list_tags(name, page_size=1000)[0]
+        ]
         for b in branches:
             objects, prefixes, _ = g.list_objects(name, b.name, page_size=10_000)
             result[name, b.name, "ls"] = entries(objects)
             result[name, b.name, "ls/"] = g.list_objects(name, b.name, delimiter="/")[1]
-            result[name, b.name, "log"] = [c.SerializeToString(deterministic=True)
-                                           for c in g.log(name, b.name, page_size=1000)[0]]
+            result[name, b.name, "log"] = [
+                c.SerializeToString(deterministic=True)
+                for c in g.log(name, b.name, page_size=1000)[0]
+            ]
             changes = g.diff_uncommitted(name, b.name, page_size=1000)[0]
             result[name, b.name, "uncommitted"] = [
-                (c.type, c.path, entries([c.entry]) if c.entry else None) for c in changes]
-    for path in ("sealed/a.parquet", "staged/b.parquet", "data/001.parquet",
-                 "data/005.parquet", "data/100.parquet"):
+                (c.type, c.path, entries([c.entry]) if c.entry else None) for c in changes
+            ]
+    for path in (
+        "sealed/a.parquet",
+        "staged/b.parquet",
+        "data/001.parquet",
+        "data/005.parquet",
+        "data/100.parquet",
+    ):
         for ref in ("main", "dev", "v1", "main@"):
             try:
                 result["stat", ref, path] = entries([g.stat_object("demo", ref, path)])
@@ -103,8 +126,9 @@ def test_export_import_round_trip(tmp_path):
     store.close()
 
     dump = tmp_path / "dump.jsonl"
-    result = run_quarry(tmp_path, "export", str(dump), "--kv-url",
-                        f"sqlite:///{tmp_path / 'source.db'}")
+    result = run_quarry(
+        tmp_path, "export", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'source.db'}"
+    )
     assert result.returncode == 0, result.stderr
     lines = dump.read_text().splitlines()
     header = json.loads(lines[0])
@@ -118,19 +142,22 @@ def test_export_import_round_trip(tmp_path):
 
     g2, store2 = graveler_over(target)
     assert snapshot(g2) == before
-    assert store2.get(format_version.PARTITION, format_version.KEY).value == \
-        str(FORMAT_VERSION).encode()
+    assert (
+        store2.get(format_version.PARTITION, format_version.KEY).value
+        == str(FORMAT_VERSION).encode()
+    )
     repo = g2.refs.get_repository("demo")
-    assert store2.get(repo.partition, MERGE_HINTS_PREFIX + b"metarange-x").value == \
-        b"source\nbase\nonto"
+    assert (
+        store2.get(repo.partition, MERGE_HINTS_PREFIX + b"metarange-x").value
+        == b"source\nbase\nonto"
+    )
     branch = g2.get_branch("demo", "main")
     sealed = list(store2.scan(staging_partition(branch.sealed_tokens[0])))
     assert sealed
     # The imported store is live: writes and commits work on it.
     g2.put_objects("demo", "main", [entry("after/import.parquet")])
     g2.commit("demo", "main", "after import")
-    assert g2.stat_object("demo", "main@", "sealed/a.parquet").checksum == \
-        "sum-sealed/a.parquet-0"
+    assert g2.stat_object("demo", "main@", "sealed/a.parquet").checksum == "sum-sealed/a.parquet-0"
 
 
 def test_export_reads_a_store_of_another_format_version(tmp_path):
@@ -138,8 +165,9 @@ def test_export_reads_a_store_of_another_format_version(tmp_path):
     store.set(format_version.PARTITION, format_version.KEY, b"999")
     store.close()
     dump = tmp_path / "dump.jsonl"
-    result = run_quarry(tmp_path, "export", str(dump), "--kv-url",
-                        f"sqlite:///{tmp_path / 'source.db'}")
+    result = run_quarry(
+        tmp_path, "export", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'source.db'}"
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(dump.read_text().splitlines()[0])["format_version"] == "999"
     assert "storage format 999" in result.stderr
@@ -155,20 +183,26 @@ def test_import_refuses_a_non_empty_store(tmp_path):
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         "quarry import: STORE_NOT_EMPTY: the target KV store already holds repository "
-        "'demo'; import needs an empty store"]
+        "'demo'; import needs an empty store"
+    ]
 
 
 def test_import_refuses_a_store_stamped_with_another_version(tmp_path):
     g, store = build_source(tmp_path)
     store.close()
     dump = tmp_path / "dump.jsonl"
-    assert run_quarry(tmp_path, "export", str(dump), "--kv-url",
-                      f"sqlite:///{tmp_path / 'source.db'}").returncode == 0
+    assert (
+        run_quarry(
+            tmp_path, "export", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'source.db'}"
+        ).returncode
+        == 0
+    )
     other = SQLiteStore(tmp_path / "other.db")
     other.set(format_version.PARTITION, format_version.KEY, b"999")
     other.close()
-    result = run_quarry(tmp_path, "import", str(dump), "--kv-url",
-                        f"sqlite:///{tmp_path / 'other.db'}")
+    result = run_quarry(
+        tmp_path, "import", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'other.db'}"
+    )
     assert result.returncode == 1
     assert len(result.stderr.strip().splitlines()) == 1
     assert "FORMAT_VERSION_MISMATCH" in result.stderr
@@ -179,8 +213,12 @@ def test_a_corrupt_file_gives_a_one_line_error(tmp_path, damage):
     g, store = build_source(tmp_path)
     store.close()
     dump = tmp_path / "dump.jsonl"
-    assert run_quarry(tmp_path, "export", str(dump), "--kv-url",
-                      f"sqlite:///{tmp_path / 'source.db'}").returncode == 0
+    assert (
+        run_quarry(
+            tmp_path, "export", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'source.db'}"
+        ).returncode
+        == 0
+    )
     lines = dump.read_text().splitlines(keepends=True)
     if damage == "garbage":
         lines.insert(3, "{not json\n")
@@ -237,8 +275,12 @@ def test_the_installation_survives_a_rebuild(tmp_path):
     store.close()
 
     dump = tmp_path / "dump.jsonl"
-    assert run_quarry(tmp_path, "export", str(dump), "--kv-url",
-                      f"sqlite:///{tmp_path / 'source.db'}").returncode == 0
+    assert (
+        run_quarry(
+            tmp_path, "export", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'source.db'}"
+        ).returncode
+        == 0
+    )
     target = tmp_path / "target.db"
     result = run_quarry(tmp_path, "import", str(dump), "--kv-url", f"sqlite:///{target}")
     assert result.returncode == 0, result.stderr

@@ -79,8 +79,15 @@ class FakeCommitted:
         h = hashlib.sha256()
         for e in entries:
             # Like the real ids (quarry.committed.format.range_id_of): mtimes count too.
-            h.update(e.path.encode() + b"\0" + e.identity + e.physical_address.encode() + b"\0"
-                     + str(e.mtime_us).encode() + b"\0")
+            h.update(
+                e.path.encode()
+                + b"\0"
+                + e.identity
+                + e.physical_address.encode()
+                + b"\0"
+                + str(e.mtime_us).encode()
+                + b"\0"
+            )
         metarange_id = h.hexdigest()
         self.metaranges[metarange_id] = entries
         return metarange_id

@@ -67,19 +67,29 @@ def test_list_repositories_pages(graveler, tmp_path):
         graveler.list_repositories(page_token="garbage!")
 
 
-@pytest.mark.parametrize("state", [{"after": True}, {"after": ["x"]}, {"after": 5},
-                                   {"after": "a", "skip_prefix": "yes"}, {"frontier": "c1"},
-                                   {"frontier": [1, 2]}])
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"after": True},
+        {"after": ["x"]},
+        {"after": 5},
+        {"after": "a", "skip_prefix": "yes"},
+        {"frontier": "c1"},
+        {"frontier": [1, 2]},
+    ],
+)
 def test_a_page_token_of_the_wrong_shape_is_refused(graveler, repo, state):
     """Found by tests/integration/test_properties.py: these were INTERNAL (AttributeError)."""
     import base64
     import json
 
     token = base64.urlsafe_b64encode(json.dumps(state).encode()).decode()
-    for call in (lambda: graveler.list_repositories(page_token=token),
-                 lambda: graveler.list_branches(repo, page_token=token),
-                 lambda: graveler.list_objects(repo, "main", page_token=token),
-                 lambda: graveler.log(repo, "main", page_token=token)):
+    for call in (
+        lambda: graveler.list_repositories(page_token=token),
+        lambda: graveler.list_branches(repo, page_token=token),
+        lambda: graveler.list_objects(repo, "main", page_token=token),
+        lambda: graveler.log(repo, "main", page_token=token),
+    ):
         try:
             call()
         except gerrors.InvalidPageToken:
