@@ -38,9 +38,9 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
-	@# Put both source roots on the path, so a service package added later imports
-	@# without reinstalling (the editable finder only maps packages present at install).
-	$(PY) -c "import site,pathlib; pathlib.Path(site.getsitepackages()[0],'quarry-source-roots.pth').write_text('$(CURDIR)/libs\n$(CURDIR)/services\n')"
+	@# One package, quarry (services/ is quarry.services): no extra path entries. Remove the
+	@# .pth file earlier versions of this Makefile wrote into existing venvs.
+	rm -f $(VENV)/lib/python*/site-packages/quarry-source-roots.pth
 	touch $@
 
 proto: $(VENV)/.installed libs/quarry/v1/.generated

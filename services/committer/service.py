@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from committer.servicer import CommitterServicer
+from quarry.services.committer.servicer import CommitterServicer
 from quarry.config import Settings
 from quarry.runtime.server import ServiceSpec
 from quarry.v1 import committer_pb2, committer_pb2_grpc

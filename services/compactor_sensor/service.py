@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from compactor_sensor.servicer import CompactorSensorServicer
+from quarry.services.compactor_sensor.servicer import CompactorSensorServicer
 from quarry.compaction.sensor import CompactionResult, CompactionSensor
 from quarry.config import Settings
 from quarry.runtime.channels import channel_for, open_service_channel

@@ -8,7 +8,7 @@ nothing unvalidated reaches any layer.
 
 from __future__ import annotations
 
-from kv_gateway.servicer import KVGatewayServicer
+from quarry.services.kv_gateway.servicer import KVGatewayServicer
 from quarry.config import Settings
 from quarry.kv import open_store
 from quarry.kv import store as kv

@@ -28,7 +28,7 @@ from support.servers import settings_for_tests
 
 @contextlib.contextmanager
 def range_writer(manager: CommittedManager, **overrides) -> Iterator[str]:
-    from range_writer.service import build
+    from quarry.services.range_writer.service import build
 
     settings = settings_for_tests(**overrides)
     server, port = create_server(
@@ -272,7 +272,7 @@ def test_health_and_server_info(served):
 
 
 def test_default_build_uses_settings(tmp_path):
-    from range_writer.service import build
+    from quarry.services.range_writer.service import build
 
     settings = settings_for_tests(home=str(tmp_path / "home"))
     spec = build(settings)

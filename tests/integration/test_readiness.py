@@ -30,7 +30,7 @@ FAST = dict(interval=0.1, retry_initial=0.02, retry_max=0.1, probe_timeout=0.5)
 
 
 def gateway_spec(backend=None):
-    from kv_gateway.service import build
+    from quarry.services.kv_gateway.service import build
 
     return build(settings_for_tests(), backend=backend if backend is not None else MemoryStore())
 

@@ -202,7 +202,7 @@ def test_format_version_stamped_once_and_mismatch_refused():
     assert "quarry export" in str(caught.value) and "quarry import" in str(caught.value)
     assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
 
-    from kv_gateway.service import build
+    from quarry.services.kv_gateway.service import build
 
     # The check runs behind the readiness gate, in create_server's first round: still refused.
     with pytest.raises(FormatVersionMismatch):

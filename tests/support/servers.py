@@ -21,7 +21,7 @@ def settings_for_tests(**overrides):
 @contextlib.contextmanager
 def kv_gateway(backend: Store | None = None, **overrides) -> Iterator[tuple[QuarryServer, str]]:
     """A kv-gateway over `backend` (default: a fresh MemoryStore); yields (server, target)."""
-    from kv_gateway.service import build
+    from quarry.services.kv_gateway.service import build
 
     settings = settings_for_tests(**overrides)
     spec = build(settings, backend=backend if backend is not None else MemoryStore())

@@ -60,10 +60,10 @@ def running_suite(
     home: Path, backend: Store | None = None, compactor_sensor: bool = False, **overrides
 ) -> Iterator[Suite]:
     """Start the services in dependency order; stop them in reverse."""
-    from branch_manager.service import build as build_branch_manager
-    from committer.service import build as build_committer
-    from kv_gateway.service import build as build_kv_gateway
-    from range_writer.service import build as build_range_writer
+    from quarry.services.branch_manager.service import build as build_branch_manager
+    from quarry.services.committer.service import build as build_committer
+    from quarry.services.kv_gateway.service import build as build_kv_gateway
+    from quarry.services.range_writer.service import build as build_range_writer
 
     from quarry.kv.memory import MemoryStore
 
@@ -83,7 +83,7 @@ def running_suite(
 
         if compactor_sensor:
             # The sensor dials the committer; branch-manager's reporter dials the sensor.
-            from compactor_sensor.service import assemble
+            from quarry.services.compactor_sensor.service import assemble
 
             server, target = _start(settings, build_committer(settings))
             suite.servers["committer"], suite.targets["committer"] = server, target

@@ -25,11 +25,11 @@ from quarry.config import SERVICES, load_settings, settings_markdown, settings_t
 # The services built so far. Each maps to the module whose `build(settings) -> ServiceSpec`
 # wires it and whose DEPENDS_ON names the services it needs in order to serve.
 SERVICE_MODULES = {
-    "kv-gateway": "kv_gateway.service",
-    "range-writer": "range_writer.service",
-    "branch-manager": "branch_manager.service",
-    "committer": "committer.service",
-    "compactor-sensor": "compactor_sensor.service",
+    "kv-gateway": "quarry.services.kv_gateway.service",
+    "range-writer": "quarry.services.range_writer.service",
+    "branch-manager": "quarry.services.branch_manager.service",
+    "committer": "quarry.services.committer.service",
+    "compactor-sensor": "quarry.services.compactor_sensor.service",
 }
 
 

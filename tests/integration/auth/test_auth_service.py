@@ -100,11 +100,11 @@ def failure(call, *args, **kwargs):
 
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
-    from branch_manager.auth_servicer import AuthServicer
-    from branch_manager.service import build as build_branch_manager
-    from committer.service import build as build_committer
-    from kv_gateway.service import build as build_kv_gateway
-    from range_writer.service import build as build_range_writer
+    from quarry.services.branch_manager.auth_servicer import AuthServicer
+    from quarry.services.branch_manager.service import build as build_branch_manager
+    from quarry.services.committer.service import build as build_committer
+    from quarry.services.kv_gateway.service import build as build_kv_gateway
+    from quarry.services.range_writer.service import build as build_range_writer
 
     home = tmp_path_factory.mktemp("auth-home")
     backend = CountingStore(MemoryStore())

@@ -88,7 +88,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @contextlib.contextmanager
 def _range_writer(manager: CommittedManager) -> Iterator[str]:
-    from range_writer.service import build
+    from quarry.services.range_writer.service import build
 
     settings = settings_for_tests()
     server, port = create_server(
