@@ -133,7 +133,7 @@ class Writes:
 
     def delete_objects(self, repo_name: str, branch_name: str, paths: Sequence[str]) -> StagedCount:
         """Stage tombstones for the paths that exist on the branch; others are no-ops."""
-        repo = self.core.repo(repo_name)
+        repo = self.core.live_repo(repo_name)
         names.check_branch_name(branch_name)
         for path in paths:
             names.check_path(path)
@@ -279,7 +279,7 @@ class Writes:
         self, repo_name: str, branch_name: str, path: str = "", prefix: str = ""
     ) -> int:
         """Discard uncommitted changes to one path, a prefix, or everything."""
-        repo = self.core.repo(repo_name)
+        repo = self.core.live_repo(repo_name)
         names.check_branch_name(branch_name)
         if path and prefix:
             raise gerrors.InvalidPath("give a path or a prefix, not both")
