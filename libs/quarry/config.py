@@ -111,6 +111,18 @@ class Settings:
         "stays 194,304 bytes under gRPC's 4 MiB default receive limit, so grpcurl and other "
         "default clients can read any page.",
     )
+    max_put_objects_stream_entries: int = _setting(
+        1_000_000,
+        "branch-manager: a PutObjects stream is checked whole before any of it is staged "
+        "(all or nothing), so it is held in memory until it ends (~270 bytes per typical "
+        "entry); a stream with more entries is refused with PUT_STREAM_TOO_LARGE before "
+        "anything is staged. Larger loads take several calls.",
+    )
+    max_put_objects_stream_bytes: int = _setting(
+        512 * 1024 * 1024,
+        "branch-manager: the same bound on a PutObjects stream's encoded size (it caps the "
+        "memory of a stream of entries with large metadata).",
+    )
     kv_amortize_reads: bool = _setting(
         True,
         "kv-gateway: identical GetItems that arrive while a read of the same key is in "
@@ -198,6 +210,11 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
+        for name in ("max_put_objects_stream_entries", "max_put_objects_stream_bytes"):
+            if getattr(self, name) < 1:
+                raise errors.InvalidArgument(
+                    f"setting {name} must be positive, not {getattr(self, name)}"
+                )
         if self.max_response_bytes < 1:
             raise errors.InvalidArgument(
                 f"setting max_response_bytes must be positive, not {self.max_response_bytes}"

@@ -9,7 +9,7 @@ from quarry import errors
 from quarry.convert import change_to_proto, entry_from_proto, entry_to_proto
 from quarry.graveler import records
 from quarry.graveler.graveler import Graveler
-from quarry.graveler.requests import RequestLog
+from quarry.graveler.requests import RequestIdReused, RequestLog, check_request_id, fingerprint
 from quarry.runtime.idempotency import INSTALLATION, idempotent, run_once
 from quarry.v1 import branch_manager_pb2 as pb
 from quarry.v1 import branch_manager_pb2_grpc
@@ -151,10 +151,54 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         return pb.PutObjectResponse(entry=entry_to_proto(entry))
 
     def PutObjects(self, request_iterator, context):
-        repository = branch = None
+        """All or nothing with respect to the caller's mistakes: the whole stream is read
+        and checked first (the targets, every entry through the writer's own checks, the
+        request ids), and a stream with any refused message stages NOTHING and changes no
+        branch. Only then is it staged, batch by batch through the writer flow as before
+        (per message: one branch read, one batch write, one validation read).
+
+        Memory: the checked messages are held until the stream ends, bounded by
+        Writes.stream_limits (Settings.max_put_objects_stream_entries / _bytes): a longer
+        stream is refused (INVALID_ARGUMENT / PUT_STREAM_TOO_LARGE) as soon as it passes
+        the bound, before anything is staged.
+
+        request_id: a message carrying one is still its own idempotent unit (staged at most
+        once; a repeat adds the first call's count and stages nothing). Its id is checked
+        up front too: malformed, or used within this stream or in the request log for a
+        different batch, refuses the whole stream. (A different request claiming the same id
+        concurrently, between that check and this message's turn, is refused when its turn
+        comes, after earlier batches were staged.)
+
+        An environment failure while staging (KV store unreachable, the branch contended)
+        may leave earlier batches staged: that is a retryable failure of an idempotent
+        write (staging the same entries again changes nothing; with request ids a replay
+        skips the batches already staged), never a caller's mistake half applied."""
+        repository, branch, messages = self._checked_put_stream(request_iterator)
         total = 0
+        for request in messages:
+            if request.request_id:
+                # A message with a request_id is its own idempotent unit: its batch, with
+                # the stream's repository and branch, is staged at most once.
+                total += run_once(
+                    self._requests,
+                    self._put_unit(request, repository, branch),
+                    repository,
+                    functools.partial(self._stage_batch, repository, branch, request),
+                    pb.PutObjectsResponse,
+                ).count
+            else:
+                total += self._stage_batch(repository, branch, request).count
+        return pb.PutObjectsResponse(count=total)
+
+    def _checked_put_stream(self, request_iterator) -> tuple[str, str, list]:
+        """(repository, branch, messages) of a PutObjects stream read whole, every message
+        checked as the writer would check it; raises on the first refused one."""
+        repository = branch = ""
+        messages = []
+        entries = encoded = 0
+        ids: dict[str, bytes] = {}  # request id -> fingerprint, within this stream
         for request in request_iterator:
-            if repository is None:
+            if not messages:
                 repository, branch = request.repository, request.branch
                 if not repository or not branch:
                     raise errors.InvalidArgument(
@@ -166,22 +210,36 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
                 raise errors.InvalidArgument(
                     "all PutObjects messages must target the same repository and branch"
                 )
+            entries += len(request.entries)
+            encoded += request.ByteSize()
+            self._g.writes.stream_limits.check(entries, encoded)
+            self._g.writes.check_put(
+                repository, branch, (entry_from_proto(e) for e in request.entries)
+            )
             if request.request_id:
-                # A message with a request_id is its own idempotent unit: its batch, with
-                # the stream's repository and branch, is staged at most once.
-                unit = pb.PutObjectsRequest()
-                unit.CopyFrom(request)
-                unit.repository, unit.branch = repository, branch
-                total += run_once(
-                    self._requests,
-                    unit,
-                    repository,
-                    functools.partial(self._stage_batch, repository, branch, request),
-                    pb.PutObjectsResponse,
-                ).count
-            else:
-                total += self._stage_batch(repository, branch, request).count
-        return pb.PutObjectsResponse(count=total)
+                unit = self._put_unit(request, repository, branch)
+                request_id = check_request_id(request.request_id)
+                unit_fingerprint = fingerprint(unit)
+                if ids.setdefault(request_id, unit_fingerprint) != unit_fingerprint:
+                    raise RequestIdReused(
+                        f"request_id {request_id} is used by two different messages of "
+                        f"this stream",
+                        metadata={"request_id": request_id},
+                    )
+                self._requests.check_not_reused(
+                    self._requests.partition_for(repository), request_id, unit_fingerprint
+                )
+            messages.append(request)
+        return repository, branch, messages
+
+    @staticmethod
+    def _put_unit(request, repository: str, branch: str) -> pb.PutObjectsRequest:
+        """The idempotent unit of a message with a request_id: its batch, with the stream's
+        repository and branch."""
+        unit = pb.PutObjectsRequest()
+        unit.CopyFrom(request)
+        unit.repository, unit.branch = repository, branch
+        return unit
 
     def _stage_batch(self, repository: str, branch: str, request) -> pb.PutObjectsResponse:
         entries = [entry_from_proto(e) for e in request.entries]

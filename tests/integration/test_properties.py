@@ -10,9 +10,8 @@ fails when a public RPC is missing from the run. The suite is started once for t
 after a call that succeeded (it may have deleted or moved things) the fixture repository is
 put back into shape, so later examples still reach deep code paths.
 
-Known bugs of issue 10 that other branches fix are tolerated behind the KNOWN_BUG_* flags
-below (each tolerated occurrence is counted and printed); flip a flag to False once its fix
-is merged.
+No known bug is tolerated any more (the last flag, KNOWN_BUG_PUTOBJECTS_PARTIAL_APPLY, went
+with the all-or-nothing PutObjects); only QUARRY_PROPTEST_DISCOVER=1 records instead of failing.
 """
 
 from __future__ import annotations
@@ -40,12 +39,6 @@ from support.proto_fuzz import (
 )
 from support.reporting import report_lines
 from support.suite import running_suite
-
-# Not one of items 1-7 (found by this test): a PutObjects stream whose later message is
-# refused (e.g. it names another branch) keeps the entries of the messages before it, so the
-# call fails INVALID_ARGUMENT yet changed the branch. Flip to False once PutObjects applies
-# all or nothing.
-KNOWN_BUG_PUTOBJECTS_PARTIAL_APPLY = True
 
 # QUARRY_PROPTEST_DISCOVER=1: record forbidden codes instead of failing (to survey a branch).
 DISCOVER = os.environ.get("QUARRY_PROPTEST_DISCOVER") == "1"
@@ -415,18 +408,6 @@ def test_rpc_never_internal_and_errors_change_nothing(world, method_name):
             if checks_state:
                 after = snapshot(world)
                 changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
-                if (
-                    changed
-                    and KNOWN_BUG_PUTOBJECTS_PARTIAL_APPLY
-                    and method.name == "PutObjects"
-                    and len(request) > 1
-                    and set(changed) <= {"main", "dev"}
-                ):
-                    world.tolerated[
-                        "PutObjects applied the messages before the refused one "
-                        "(found here, not in items 1-7)"
-                    ] += 1
-                    changed = {}
                 assert not changed, (
                     f"{method_name} failed with {code.name} ({exc.details()!r}) but changed "
                     f"the observable state: {changed}"

@@ -101,7 +101,7 @@ class Commits:
         metadata: dict[str, str] | None = None,
         allow_empty: bool = False,
     ) -> CommitOutcome:
-        repo = self.core.repo(repo_name)
+        repo = self.core.live_repo(repo_name)
         names.check_branch_name(branch_name)
         params = CommitParams(message, committer, dict(metadata or {}), allow_empty)
         names.check_commit_metadata(params.message, params.metadata)
@@ -231,7 +231,7 @@ class Commits:
         new, drop exactly those tokens}. Reads then find those changes in one metarange
         instead of scanning staging partitions (a million tombstones cost nothing to list
         any more). Returns (compacted metarange id, number of tokens compacted)."""
-        repo = self.core.repo(repo_name)
+        repo = self.core.live_repo(repo_name)
         names.check_branch_name(branch_name)
         attributes = {"quarry.repository": repo.name, "quarry.branch": branch_name}
         with tracer.start_as_current_span("graveler.compact", attributes=attributes):

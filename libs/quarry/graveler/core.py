@@ -175,8 +175,22 @@ class Core:
         self._write_cache: dict[tuple[str, str, str], tuple[float, types_pb2.Branch, bytes]] = {}
 
     def repo(self, name: str) -> Repository:
+        """The repository record, possibly cached (RefManager.REPOSITORY_TTL_SECONDS): for
+        reads, and for the writer flow, whose validation read re-checks the instance."""
         names.check_repository_name(name)
         return self.refs.get_repository(name)
+
+    def live_repo(self, name: str) -> Repository:
+        """The repository record read fresh (one KV get), for every flow that changes refs
+        (commit, merge, revert, cherry-pick, compact, reset, discard, deletes, branches,
+        tags, settings). A cached record may name an instance deleted and re-created within
+        the cache window, whose records still exist until its partition is dropped: such a
+        flow must NEVER act on that dead instance (a commit would answer NO_CHANGES, or
+        commit into it, while the write it should take sits in the new repository). A flow
+        that starts after the re-creation so always acts on the new instance; one that read
+        the record before the deletion acts as if it had finished before it."""
+        names.check_repository_name(name)
+        return self.refs.get_repository(name, fresh=True)
 
     def budget(self, requested: int) -> PageBudget:
         """One page's budget: the requested (or default) number of items, and no more

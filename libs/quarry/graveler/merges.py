@@ -95,7 +95,7 @@ class Merges:
         """Three-way merge of `source_ref` into a branch: when the final swap loses to a
         moved HEAD, the retry merges the result just produced onto the new HEAD instead of
         starting over."""
-        repo = self.core.repo(repo_name)
+        repo = self.core.live_repo(repo_name)
         names.check_branch_name(destination_branch)
         metadata = dict(params.metadata or {})
         names.check_commit_metadata(params.message, metadata)
@@ -157,7 +157,7 @@ class Merges:
         committer: str = "",
     ) -> MergeOutcome:
         """A commit undoing `ref`: the three-way merge (base = ref, source = its parent)."""
-        repo = self.core.repo(repo_name)
+        repo = self.core.live_repo(repo_name)
         names.check_branch_name(branch_name)
         commit = self.refs.get_commit(repo, self.refs.resolve(repo, ref).commit_id)
         parent = self._chosen_parent(repo, commit, parent_number, "revert")
@@ -182,7 +182,7 @@ class Merges:
         committer: str = "",
     ) -> MergeOutcome:
         """A commit repeating `ref`'s change: the three-way merge (base = its parent)."""
-        repo = self.core.repo(repo_name)
+        repo = self.core.live_repo(repo_name)
         names.check_branch_name(branch_name)
         commit = self.refs.get_commit(repo, self.refs.resolve(repo, ref).commit_id)
         parent = self._chosen_parent(repo, commit, parent_number, "cherry-pick")

@@ -138,8 +138,9 @@ class _LRU:
 
 class RefManager(RefResolution):
     # Repository records change only by deletion; a short cache saves one KV read per call.
-    # Writers re-validate the record together with the branch (see Graveler._write), so a
-    # stale entry can at worst serve a read of a repository deleted within this window. It
+    # Writers re-validate the record together with the branch (Writes.write), and every other
+    # flow that changes refs reads it fresh (Core.live_repo), so a stale entry can at worst
+    # serve a read of a repository deleted within this window. It
     # must stay shorter than the dropper's grace period (staging_drop_grace_seconds), so a
     # dead instance's branch records are still there while a stale entry can point at them.
     REPOSITORY_TTL_SECONDS = 2.0

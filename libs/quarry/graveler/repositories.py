@@ -317,7 +317,7 @@ class Repositories:
     # ---- branches ---------------------------------------------------------------------------
 
     def create_branch(self, repo_name: str, name: str, source_ref: str) -> types_pb2.Branch:
-        repo = self.core.repo(repo_name)
+        repo = self.core.live_repo(repo_name)
         names.check_branch_name(name)
         resolved = self.refs.resolve(repo, source_ref or repo.default_branch)
         branch = types_pb2.Branch(
@@ -344,7 +344,7 @@ class Repositories:
         )
 
     def delete_branch(self, repo_name: str, name: str) -> None:
-        repo = self.core.repo(repo_name)
+        repo = self.core.live_repo(repo_name)
         names.check_branch_name(name)
         if name == repo.default_branch:
             raise gerrors.ProtectedBranch(
@@ -360,7 +360,7 @@ class Repositories:
         self, repo_name: str, name: str, ref: str, force: bool = False
     ) -> types_pb2.Branch:
         """Hard reset: the branch points at `ref` with no uncommitted changes."""
-        repo = self.core.repo(repo_name)
+        repo = self.core.live_repo(repo_name)
         names.check_branch_name(name)
         target = self.refs.resolve(repo, ref).commit_id
 
@@ -384,7 +384,7 @@ class Repositories:
     # ---- tags -------------------------------------------------------------------------------
 
     def create_tag(self, repo_name: str, name: str, ref: str) -> types_pb2.Tag:
-        repo = self.core.repo(repo_name)
+        repo = self.core.live_repo(repo_name)
         names.check_tag_name(name)
         tag = types_pb2.Tag(name=name, commit_id=self.refs.resolve(repo, ref).commit_id)
         self.refs.insert_tag(repo, tag)
@@ -408,7 +408,7 @@ class Repositories:
         )
 
     def delete_tag(self, repo_name: str, name: str) -> None:
-        repo = self.core.repo(repo_name)
+        repo = self.core.live_repo(repo_name)
         names.check_tag_name(name)
         self.refs.delete_tag(repo, name)
 
@@ -417,7 +417,7 @@ class Repositories:
     def set_gc_rules(self, repo_name: str, rules: types_pb2.GarbageCollectionRules) -> None:
         from quarry.retention import RetentionRules
 
-        repo = self.core.repo(repo_name)
+        repo = self.core.live_repo(repo_name)
         for branch in rules.branch_retention_days:
             names.check_branch_name(branch)
         RetentionRules.from_proto(rules)  # INVALID_ARGUMENT for days out of range
@@ -427,7 +427,7 @@ class Repositories:
         return self.refs.get_gc_rules(self.core.repo(repo_name))
 
     def delete_gc_rules(self, repo_name: str) -> None:
-        self.refs.delete_gc_rules(self.core.repo(repo_name))
+        self.refs.delete_gc_rules(self.core.live_repo(repo_name))
 
 
 def page_by_name(

@@ -250,23 +250,39 @@ class RequestLog:
                 continue
             existing = _parse(partition, key, current.value)
             age = now - existing.updated_at_ms / 1000.0
-            live = (existing.state == DONE and age <= self.retention_seconds) or (
-                existing.state == PENDING and age <= self.lease_seconds
-            )
-            if live:
+            if self._live(existing, age):
                 if existing.fingerprint != request_fingerprint:
-                    CALLS.labels("reused").inc()
-                    raise RequestIdReused(
-                        f"request_id {layout.name_of(key, KEY_PREFIX)} was used for a "
-                        f"different request",
-                        metadata={"request_id": layout.name_of(key, KEY_PREFIX)},
-                    )
+                    raise _reused(key)
                 if existing.state == DONE:
                     return _Recorded(existing.response)
                 raise self._in_progress(key, age)
             # Released, expired, or a dead claim: take it over, unless someone else does.
             predicate = kv.Equals(current.predicate)
         raise self._in_progress(key, 0.0)
+
+    def check_not_reused(
+        self, partition: bytes, request_id: str, request_fingerprint: bytes
+    ) -> None:
+        """RequestIdReused if `run` would refuse this id now because it is live for a
+        different request; nothing is claimed (one read, no write). For a call made of
+        several units of work with ids of their own (PutObjects messages), so a reused id
+        is refused before any unit runs; a reuse racing the call is still refused by `run`."""
+        key = layout.request_key(check_request_id(request_id))
+        try:
+            current = self.kv.get(partition, key)
+        except kv.KeyNotFound:
+            return
+        existing = _parse(partition, key, current.value)
+        age = self._clock() - existing.updated_at_ms / 1000.0
+        if self._live(existing, age) and existing.fingerprint != request_fingerprint:
+            raise _reused(key)
+
+    def _live(self, record: records_pb2.RequestRecord, age: float) -> bool:
+        """A record that answers or blocks its id: DONE within the retention window, or a
+        PENDING claim within its lease."""
+        return (record.state == DONE and age <= self.retention_seconds) or (
+            record.state == PENDING and age <= self.lease_seconds
+        )
 
     def _in_progress(self, key: bytes, age: float) -> RequestInProgress:
         CALLS.labels("in_progress").inc()
@@ -455,6 +471,15 @@ class RequestLog:
             # A dead claim: well past any lease.
             return age > max(self.retention_seconds, self.lease_seconds)
         return record.state == RELEASED and age > self.lease_seconds
+
+
+def _reused(key: bytes) -> RequestIdReused:
+    CALLS.labels("reused").inc()
+    request_id = layout.name_of(key, KEY_PREFIX)
+    return RequestIdReused(
+        f"request_id {request_id} was used for a different request",
+        metadata={"request_id": request_id},
+    )
 
 
 def _parse(partition: bytes, key: bytes, value: bytes) -> records_pb2.RequestRecord:

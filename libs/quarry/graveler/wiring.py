@@ -20,6 +20,7 @@ from quarry.graveler.core import CommittedReader, RangeWriterClient
 from quarry.graveler.graveler import Graveler
 from quarry.graveler.requests import RequestLog
 from quarry.graveler.staging import Dropper, StagingManager
+from quarry.graveler.writes import PutStreamLimits
 from quarry.kv import store as kv
 from quarry.runtime.channels import open_service_channel
 from quarry.runtime.format_version import ensure_format_version
@@ -86,6 +87,9 @@ def core_dependencies(
         range_writer,
         dirty_read_optimization=settings.experimental_dirty_read_optimization,
         max_response_bytes=settings.max_response_bytes,
+    )
+    graveler.writes.stream_limits = PutStreamLimits(
+        settings.max_put_objects_stream_entries, settings.max_put_objects_stream_bytes
     )
     requests = request_log(graveler, settings)
     closers.insert(0, requests.close)
