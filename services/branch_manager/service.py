@@ -5,9 +5,9 @@ that sends staged-write counts to the compactor-sensor."""
 
 from __future__ import annotations
 
-from quarry.services.branch_manager.servicer import BranchManagerServicer
 from quarry.config import Settings
 from quarry.runtime.server import ServiceSpec
+from quarry.services.branch_manager.servicer import BranchManagerServicer
 from quarry.v1 import branch_manager_pb2, branch_manager_pb2_grpc
 
 SERVICE_NAME = "branch-manager"

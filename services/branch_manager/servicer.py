@@ -222,8 +222,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
                 unit_fingerprint = fingerprint(unit)
                 if ids.setdefault(request_id, unit_fingerprint) != unit_fingerprint:
                     raise RequestIdReused(
-                        f"request_id {request_id} is used by two different messages of "
-                        f"this stream",
+                        f"request_id {request_id} is used by two different messages of this stream",
                         metadata={"request_id": request_id},
                     )
                 self._requests.check_not_reused(

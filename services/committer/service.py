@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from quarry.services.committer.servicer import CommitterServicer
 from quarry.config import Settings
 from quarry.runtime.server import ServiceSpec
+from quarry.services.committer.servicer import CommitterServicer
 from quarry.v1 import committer_pb2, committer_pb2_grpc
 
 SERVICE_NAME = "committer"

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import grpc
 
-from quarry.services.compactor_sensor.servicer import CompactorSensorServicer
 from quarry.compaction.sensor import CompactionResult, CompactionSensor
 from quarry.config import Settings
 from quarry.runtime.channels import channel_for, open_service_channel
 from quarry.runtime.errors import from_rpc_error
 from quarry.runtime.format_version import ensure_format_version
 from quarry.runtime.server import ServiceSpec, service_dependency
+from quarry.services.compactor_sensor.servicer import CompactorSensorServicer
 from quarry.v1 import (
     committer_pb2,
     committer_pb2_grpc,

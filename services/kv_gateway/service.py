@@ -8,7 +8,6 @@ nothing unvalidated reaches any layer.
 
 from __future__ import annotations
 
-from quarry.services.kv_gateway.servicer import KVGatewayServicer
 from quarry.config import Settings
 from quarry.kv import open_store
 from quarry.kv import store as kv
@@ -21,6 +20,7 @@ from quarry.runtime.format_version import KEY as FORMAT_VERSION_KEY
 from quarry.runtime.format_version import PARTITION as FORMAT_VERSION_PARTITION
 from quarry.runtime.format_version import ensure_format_version
 from quarry.runtime.server import Dependency, DependencyUnavailable, ServiceSpec
+from quarry.services.kv_gateway.servicer import KVGatewayServicer
 from quarry.v1 import kv_pb2, kv_pb2_grpc
 
 SERVICE_NAME = "kv-gateway"

@@ -7,8 +7,8 @@ from quarry.blob import open_blob_store
 from quarry.committed import CommittedManager
 from quarry.config import Settings
 from quarry.runtime.server import ServiceSpec
-from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
 from quarry.services.range_writer.servicer import RangeWriterServicer
+from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
 
 SERVICE_NAME = "range-writer"
 # Writes only to object stores, opened per namespace per call: no service to wait for.

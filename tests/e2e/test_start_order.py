@@ -298,10 +298,9 @@ def test_a_dependent_service_still_refuses_another_format_version(procs):
     """branch-manager starts before the kv-gateway; the gateway that then appears (another
     build) serves a store of another format version: branch-manager exits non-zero with the
     export/import message instead of waiting forever."""
-    from quarry.services.kv_gateway.service import build
-
     from quarry.kv.memory import MemoryStore
     from quarry.runtime.server import create_server
+    from quarry.services.kv_gateway.service import build
     from support.servers import settings_for_tests
 
     branch_manager = procs.start("branch-manager")

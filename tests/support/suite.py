@@ -60,12 +60,11 @@ def running_suite(
     home: Path, backend: Store | None = None, compactor_sensor: bool = False, **overrides
 ) -> Iterator[Suite]:
     """Start the services in dependency order; stop them in reverse."""
+    from quarry.kv.memory import MemoryStore
     from quarry.services.branch_manager.service import build as build_branch_manager
     from quarry.services.committer.service import build as build_committer
     from quarry.services.kv_gateway.service import build as build_kv_gateway
     from quarry.services.range_writer.service import build as build_range_writer
-
-    from quarry.kv.memory import MemoryStore
 
     backend = backend if backend is not None else MemoryStore()
     if not compactor_sensor:
