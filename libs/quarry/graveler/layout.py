@@ -33,6 +33,7 @@ from typing import Any, TypeVar, cast
 
 from google.protobuf.message import DecodeError, Message
 
+from quarry import errors
 from quarry.convert import entry_to_proto
 from quarry.graveler import records
 from quarry.graveler.model import Entry
@@ -40,12 +41,15 @@ from quarry.kv.partitions import (
     AUTH_PARTITION,
     CLEANUP_PARTITION,
     QUARRY_PARTITION,
+    REPO,
+    STAGING,
+    partition_class,
     repo_partition,
     staging_partition,
 )
 from quarry.kv.store import MAX_KEY_BYTES
 from quarry.storage.v1 import records_pb2 as stored
-from quarry.v1 import types_pb2
+from quarry.v1 import records_pb2, types_pb2
 
 M = TypeVar("M", bound=Message)
 
@@ -79,6 +83,97 @@ MERGE_HINTS_PREFIX = b"mergehints/"
 # Corrupt items of the cleanup partition are moved under this key prefix (no partition name
 # starts with it, so a parked key is never taken for a partition to drop).
 PARKED_PREFIX = b"parked/"
+
+
+# ---- what a record stored at a key must hold (garbage that protobuf parses is refused) ----
+
+
+def _suffix(key: bytes, prefix: bytes) -> str | None:
+    if not key.startswith(prefix):
+        return None
+    try:
+        return key[len(prefix) :].decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _check_repository(record: records_pb2.RepositoryRecord, key: bytes) -> str | None:
+    name = _suffix(key, REPOS_PREFIX)
+    if record.repository.name != name:
+        return f"its name {record.repository.name!r} does not match its key"
+    if not record.instance_id or "/" in record.instance_id:
+        return "it has no valid instance id"
+    if not record.repository.storage_namespace or not record.repository.default_branch:
+        return "it has no storage namespace or default branch"
+    return None
+
+
+def _check_branch(branch: types_pb2.Branch, key: bytes) -> str | None:
+    if branch.name != _suffix(key, BRANCHES_PREFIX):
+        return f"its name {branch.name!r} does not match its key"
+    if not branch.commit_id:
+        return "it has no commit id"
+    if not branch.staging_token or "/" in branch.staging_token:
+        return "it has no valid staging token"
+    return None
+
+
+def _check_tag(tag: types_pb2.Tag, key: bytes) -> str | None:
+    if tag.name != _suffix(key, TAGS_PREFIX):
+        return f"its name {tag.name!r} does not match its key"
+    if not tag.commit_id:
+        return "it has no commit id"
+    return None
+
+
+def _check_commit(commit: types_pb2.Commit, key: bytes) -> str | None:
+    # Commits are content-addressed: the id is the key, so garbage cannot match it.
+    if commit.id != _suffix(key, COMMITS_PREFIX):
+        return f"its id {commit.id[:80]!r} does not match its key"
+    return None
+
+
+def _check_staged_value(value: types_pb2.StagedValue, key: bytes) -> str | None:
+    if value.WhichOneof("value") is None:
+        return "it is neither an entry nor a tombstone"
+    try:
+        key.decode()
+    except UnicodeDecodeError:
+        return "its path is not UTF-8"
+    return None
+
+
+def _check_cleanup(record: records_pb2.CleanupRecord, key: bytes) -> str | None:
+    # The dropper deletes the partition named by the key: it must be a staging or repo
+    # partition, and the record must name the same one.
+    if record.partition_key.encode() != key:
+        return "it names another partition than its key"
+    try:
+        cls = partition_class(bytes(key))
+    except errors.QuarryError:
+        return "its key is not a partition name"
+    if cls not in (STAGING, REPO):
+        return f"its key names a {cls} partition, which is never dropped"
+    if record.queued_at <= 0:
+        return "it has no queue time"
+    return None
+
+
+RECORD_CHECKS: dict[type, Callable[[Any, bytes], str | None]] = {
+    records_pb2.RepositoryRecord: _check_repository,
+    types_pb2.Branch: _check_branch,
+    types_pb2.Tag: _check_tag,
+    types_pb2.Commit: _check_commit,
+    types_pb2.StagedValue: _check_staged_value,
+    records_pb2.CleanupRecord: _check_cleanup,
+    # The stored messages (quarry.graveler.layout decodes through these).
+    stored.RepositoryRecord: _check_repository,
+    stored.Branch: _check_branch,
+    stored.Tag: _check_tag,
+    stored.Commit: _check_commit,
+    stored.StagedValue: _check_staged_value,
+    stored.CleanupRecord: _check_cleanup,
+}
 
 
 def prefix_end(prefix: bytes) -> bytes | None:
@@ -301,9 +396,18 @@ def decode(message_type: type[M], partition: bytes, key: bytes, value: bytes) ->
     if unreadable or inconsistent with its key."""
     found = _STORED.get(message_type)
     if found is None:
-        return records.decode_record(message_type, partition, key, value)
+        return records.decode_record(
+            message_type, partition, key, value, RECORD_CHECKS.get(message_type)
+        )
     stored_type, to_api = found
-    return cast(M, to_api(records.decode_record(stored_type, partition, key, value)))
+    return cast(
+        M,
+        to_api(
+            records.decode_record(
+                stored_type, partition, key, value, RECORD_CHECKS.get(stored_type)
+            )
+        ),
+    )
 
 
 def decode_or_skip(message_type: type[M], partition: bytes, key: bytes, value: bytes) -> M | None:
@@ -345,12 +449,16 @@ def encode_staged(entry: Entry | None) -> bytes:
 
 def decode_staged_value(partition: bytes, key: bytes, value: bytes) -> stored.StagedValue:
     """A staged value as stored (CorruptRecord if unreadable)."""
-    return records.decode_record(stored.StagedValue, partition, key, value)
+    return records.decode_record(
+        stored.StagedValue, partition, key, value, RECORD_CHECKS[stored.StagedValue]
+    )
 
 
 def staged_or_skip(partition: bytes, key: bytes, value: bytes) -> stored.StagedValue | None:
     """decode_staged_value, but None (skipped and counted) in a listing scope."""
-    return records.decode_or_skip(stored.StagedValue, partition, key, value)
+    return records.decode_or_skip(
+        stored.StagedValue, partition, key, value, RECORD_CHECKS[stored.StagedValue]
+    )
 
 
 def staged_entry(path: str, value: stored.StagedValue) -> Entry | None:
@@ -390,7 +498,13 @@ def encode_repository(repository: types_pb2.Repository, instance_id: str) -> byt
 
 
 def decode_repository(key: bytes, value: bytes) -> stored.RepositoryRecord:
-    return records.decode_record(stored.RepositoryRecord, QUARRY_PARTITION, key, value)
+    return records.decode_record(
+        stored.RepositoryRecord,
+        QUARRY_PARTITION,
+        key,
+        value,
+        RECORD_CHECKS[stored.RepositoryRecord],
+    )
 
 
 def encode_deleted_instance(repository: str) -> bytes:
@@ -432,7 +546,9 @@ def encode_cleanup(partition: bytes, queued_at: int) -> bytes:
 
 
 def decode_cleanup(key: bytes, value: bytes) -> stored.CleanupRecord:
-    return records.decode_record(stored.CleanupRecord, CLEANUP_PARTITION, key, value)
+    return records.decode_record(
+        stored.CleanupRecord, CLEANUP_PARTITION, key, value, RECORD_CHECKS[stored.CleanupRecord]
+    )
 
 
 def parked_key(key: bytes, unique: str = "") -> bytes:

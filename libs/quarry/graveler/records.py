@@ -25,9 +25,6 @@ from google.protobuf.message import Message
 from prometheus_client import Counter
 
 from quarry import errors
-from quarry.kv.partitions import REPO, STAGING, partition_class
-from quarry.storage.v1 import records_pb2 as stored
-from quarry.v1 import records_pb2, types_pb2
 
 log = logging.getLogger(__name__)
 
@@ -78,100 +75,20 @@ def show(raw: bytes) -> str:
 # ---- what each record must hold ---------------------------------------------------------------
 
 
-def _suffix(key: bytes, prefix: bytes) -> str | None:
-    if not key.startswith(prefix):
-        return None
-    try:
-        return key[len(prefix) :].decode()
-    except UnicodeDecodeError:
-        return None
-
-
-def _check_repository(record: records_pb2.RepositoryRecord, key: bytes) -> str | None:
-    name = _suffix(key, b"repos/")
-    if record.repository.name != name:
-        return f"its name {record.repository.name!r} does not match its key"
-    if not record.instance_id or "/" in record.instance_id:
-        return "it has no valid instance id"
-    if not record.repository.storage_namespace or not record.repository.default_branch:
-        return "it has no storage namespace or default branch"
-    return None
-
-
-def _check_branch(branch: types_pb2.Branch, key: bytes) -> str | None:
-    if branch.name != _suffix(key, b"branches/"):
-        return f"its name {branch.name!r} does not match its key"
-    if not branch.commit_id:
-        return "it has no commit id"
-    if not branch.staging_token or "/" in branch.staging_token:
-        return "it has no valid staging token"
-    return None
-
-
-def _check_tag(tag: types_pb2.Tag, key: bytes) -> str | None:
-    if tag.name != _suffix(key, b"tags/"):
-        return f"its name {tag.name!r} does not match its key"
-    if not tag.commit_id:
-        return "it has no commit id"
-    return None
-
-
-def _check_commit(commit: types_pb2.Commit, key: bytes) -> str | None:
-    # Commits are content-addressed: the id is the key, so garbage cannot match it.
-    if commit.id != _suffix(key, b"commits/"):
-        return f"its id {commit.id[:80]!r} does not match its key"
-    return None
-
-
-def _check_staged_value(value: types_pb2.StagedValue, key: bytes) -> str | None:
-    if value.WhichOneof("value") is None:
-        return "it is neither an entry nor a tombstone"
-    try:
-        key.decode()
-    except UnicodeDecodeError:
-        return "its path is not UTF-8"
-    return None
-
-
-def _check_cleanup(record: records_pb2.CleanupRecord, key: bytes) -> str | None:
-    # The dropper deletes the partition named by the key: it must be a staging or repo
-    # partition, and the record must name the same one.
-    if record.partition_key.encode() != key:
-        return "it names another partition than its key"
-    try:
-        cls = partition_class(bytes(key))
-    except errors.QuarryError:
-        return "its key is not a partition name"
-    if cls not in (STAGING, REPO):
-        return f"its key names a {cls} partition, which is never dropped"
-    if record.queued_at <= 0:
-        return "it has no queue time"
-    return None
-
-
-_CHECKS: dict[type, Callable] = {
-    records_pb2.RepositoryRecord: _check_repository,
-    types_pb2.Branch: _check_branch,
-    types_pb2.Tag: _check_tag,
-    types_pb2.Commit: _check_commit,
-    types_pb2.StagedValue: _check_staged_value,
-    records_pb2.CleanupRecord: _check_cleanup,
-    # The stored messages (quarry.graveler.layout decodes through these).
-    stored.RepositoryRecord: _check_repository,
-    stored.Branch: _check_branch,
-    stored.Tag: _check_tag,
-    stored.Commit: _check_commit,
-    stored.StagedValue: _check_staged_value,
-    stored.CleanupRecord: _check_cleanup,
-}
-
 M = TypeVar("M", bound=Message)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def decode_record(message_type: type[M], partition: bytes, key: bytes, value: bytes) -> M:
-    """Parse `value` (stored at partition/key) as `message_type` and check what a record of
-    that type must hold. CorruptRecord if either fails."""
+def decode_record(
+    message_type: type[M],
+    partition: bytes,
+    key: bytes,
+    value: bytes,
+    check: Callable[[Any, bytes], str | None] | None = None,
+) -> M:
+    """Parse `value` (stored at partition/key) as `message_type` and `check` what a record
+    of that type must hold (quarry.graveler.layout knows that: it returns the problem, or
+    None). CorruptRecord if either fails."""
     record = message_type.__name__
     try:
         message = message_type.FromString(value)
@@ -183,7 +100,6 @@ def decode_record(message_type: type[M], partition: bytes, key: bytes, value: by
             key=key,
             record=record,
         ) from None
-    check = _CHECKS.get(message_type)
     problem = check(message, bytes(key)) if check is not None else None
     if problem:
         raise CorruptRecord(
@@ -274,10 +190,16 @@ def note_skipped(exc: CorruptRecord) -> None:
     )
 
 
-def decode_or_skip(message_type: type[M], partition: bytes, key: bytes, value: bytes) -> M | None:
+def decode_or_skip(
+    message_type: type[M],
+    partition: bytes,
+    key: bytes,
+    value: bytes,
+    check: Callable[[Any, bytes], str | None] | None = None,
+) -> M | None:
     """decode_record, but None (skipped and counted) for a corrupt record in a listing."""
     try:
-        return decode_record(message_type, partition, key, value)
+        return decode_record(message_type, partition, key, value, check)
     except CorruptRecord as exc:
         skip(exc)
         return None

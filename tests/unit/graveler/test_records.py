@@ -1,10 +1,11 @@
-"""records.decode_record: garbage never passes as a record; listings skip, the rest fail."""
+"""layout.decode (records.decode_record with the layout's record checks): garbage never passes as a record; listings skip, the rest fail."""
 
 import grpc
 import pytest
 
-from quarry.graveler import records
-from quarry.graveler.records import CorruptRecord, decode_record
+from quarry.graveler import layout, records
+from quarry.graveler.layout import decode as decode_record
+from quarry.graveler.records import CorruptRecord
 from quarry.graveler.refs import BRANCHES_PREFIX
 from quarry.graveler.staging import StagingManager
 from quarry.v1 import records_pb2, types_pb2
@@ -55,18 +56,18 @@ def test_well_formed_records_that_contradict_their_key_are_corrupt():
 
 def test_only_a_listing_skips_and_each_record_counts_once():
     with pytest.raises(CorruptRecord):
-        records.decode_or_skip(types_pb2.Tag, b"p", b"tags/x", GARBAGE)
+        layout.decode_or_skip(types_pb2.Tag, b"p", b"tags/x", GARBAGE)
     with records.listing() as tally:
         with records.listing() as inner:  # nested scopes share the tally
             assert inner is tally
             for _ in range(3):  # a retried read of the same record
-                assert records.decode_or_skip(types_pb2.Tag, b"p", b"tags/x", GARBAGE) is None
-            assert records.decode_or_skip(types_pb2.Tag, b"p", b"tags/y", GARBAGE) is None
+                assert layout.decode_or_skip(types_pb2.Tag, b"p", b"tags/x", GARBAGE) is None
+            assert layout.decode_or_skip(types_pb2.Tag, b"p", b"tags/y", GARBAGE) is None
         assert tally.count == 2
         records.next_page_starts_at(b"tags/y")
         assert tally.count == 1
     with pytest.raises(CorruptRecord):
-        records.decode_or_skip(types_pb2.Tag, b"p", b"tags/x", GARBAGE)
+        layout.decode_or_skip(types_pb2.Tag, b"p", b"tags/x", GARBAGE)
 
 
 def test_graveler_listings_skip_and_reads_fail(graveler, repo, kv_store):
