@@ -136,6 +136,13 @@ class AuthCalls(RpcCalls):
         for page in pages:
             yield from page.users
 
+    def iter_user_groups(self, user_id: str, page_size: int = 0) -> Iterator[pb.Group]:
+        pages = self._pages(
+            self._list, method="ListUserGroups", user_id=user_id, page_size=page_size
+        )
+        for page in pages:
+            yield from page.groups
+
     # ---- policies ----
 
     def create_policy(self, policy_id: str, document: str) -> pb.Policy:

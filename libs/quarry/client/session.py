@@ -150,7 +150,9 @@ class BearerTokenInterceptor(
     def __init__(self, source: TokenSource) -> None:
         self._source = source
 
-    def intercept_unary_unary(self, continuation, client_call_details, request):
+    def intercept_unary_unary(
+        self, continuation: Any, client_call_details: grpc.ClientCallDetails, request: Any
+    ) -> Any:
         token = self._source.token()
         outcome = continuation(_with_token(client_call_details, token), request)
         if self._source.can_refresh and _refused_as_expired(outcome):
@@ -158,17 +160,23 @@ class BearerTokenInterceptor(
             outcome = continuation(_with_token(client_call_details, self._source.token()), request)
         return outcome
 
-    def intercept_unary_stream(self, continuation, client_call_details, request):
+    def intercept_unary_stream(
+        self, continuation: Any, client_call_details: grpc.ClientCallDetails, request: Any
+    ) -> Any:
         return continuation(_with_token(client_call_details, self._source.token()), request)
 
-    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+    def intercept_stream_unary(
+        self, continuation: Any, client_call_details: grpc.ClientCallDetails, request_iterator: Any
+    ) -> Any:
         token = self._source.token()
         outcome = continuation(_with_token(client_call_details, token), request_iterator)
         if self._source.can_refresh and _refused_as_expired(outcome):
             self._source.expired(token)  # not replayed: the request stream is consumed
         return outcome
 
-    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+    def intercept_stream_stream(
+        self, continuation: Any, client_call_details: grpc.ClientCallDetails, request_iterator: Any
+    ) -> Any:
         return continuation(
             _with_token(client_call_details, self._source.token()), request_iterator
         )

@@ -1,6 +1,12 @@
 """What the driver and the executors of a Quarry Spark job share: `quarry://` URIs, the
 connection to the services (picklable, so it travels in task closures), and the naming of
-ephemeral branches and job files."""
+ephemeral branches and job files.
+
+Credentials: the driver's (quarry.client.load_credentials) ride in the Connection, so
+executors log in themselves without a credentials file or environment of their own. Safety
+rule: they travel only inside the pickled task closure, never in a Spark conf, an option or
+any string Spark logs or shows in a plan, and the Connection's repr leaves them out.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +15,13 @@ import re
 import secrets
 import threading
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from quarry import errors
+
+if TYPE_CHECKING:
+    from quarry.client.credentials import Credentials
 
 SCHEME = "quarry://"
 # Ephemeral branches of Spark writes: `_quarry-spark-<UTC time>-<random>`. The time in the
@@ -71,14 +81,19 @@ class Connection:
     s3_endpoint_url: str = ""
     s3_region: str = "us-east-1"
     timeout: float = 60.0
+    # The driver's credentials for the executors (module docstring); None: each process
+    # finds its own (environment, QUARRY_HOME), as the Client does.
+    credentials: "Credentials | None" = field(default=None, repr=False)
 
     @classmethod
     def from_settings(cls, settings=None) -> "Connection":
+        from quarry.client.credentials import load_credentials
         from quarry.config import load_settings
 
         settings = settings if settings is not None else load_settings()
         return cls(settings.branch_manager_address, settings.committer_address,
-                   settings.s3_endpoint_url, settings.s3_region)
+                   settings.s3_endpoint_url, settings.s3_region,
+                   credentials=load_credentials(settings.home))
 
     @classmethod
     def resolve(cls, spark=None, connection: "Connection | None" = None) -> "Connection":
@@ -94,7 +109,8 @@ class Connection:
         return cls(conf.get("spark.quarry.branchManager", base.branch_manager),
                    conf.get("spark.quarry.committer", base.committer),
                    conf.get("spark.quarry.s3EndpointUrl", base.s3_endpoint_url),
-                   conf.get("spark.quarry.s3Region", base.s3_region))
+                   conf.get("spark.quarry.s3Region", base.s3_region),
+                   credentials=base.credentials)
 
 
 _clients: dict = {}
@@ -112,7 +128,7 @@ def client_for(connection: Connection):
         client = _clients.get(key)
         if client is None:
             client = Client(connection.branch_manager, connection.committer,
-                            timeout=connection.timeout)
+                            timeout=connection.timeout, credentials=connection.credentials)
             _clients[key] = client
         return client
 
