@@ -90,9 +90,9 @@ def test_without_credentials_no_header_and_unauthenticated_with_a_reason(server,
 
 def test_wrong_credentials_fail_the_call_with_invalid_credentials(server, admin):
     wrong = Credentials(admin.access_key_id, admin.secret_access_key[::-1])
-    with Client(server.target, server.target, credentials=wrong, retry=NO_RETRY) as client:
-        with pytest.raises(errors.QuarryError) as caught:
-            client.whoami()
+    client = Client(server.target, server.target, credentials=wrong, retry=NO_RETRY)
+    with client, pytest.raises(errors.QuarryError) as caught:
+        client.whoami()
     assert caught.value.reason == "INVALID_CREDENTIALS"
     assert wrong.secret_access_key not in str(caught.value)
 
