@@ -83,7 +83,7 @@ class Connection:
     timeout: float = 60.0
     # The driver's credentials for the executors (module docstring); None: each process
     # finds its own (environment, QUARRY_HOME), as the Client does.
-    credentials: "Credentials | None" = field(default=None, repr=False)
+    credentials: Credentials | None = field(default=None, repr=False)
 
     @classmethod
     def from_settings(cls, settings=None) -> "Connection":

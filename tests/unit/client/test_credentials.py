@@ -75,3 +75,13 @@ def test_the_secret_stays_out_of_reprs_but_travels_pickled():
     assert "very-secret-value" not in repr(creds)
     assert "very-secret-value" not in repr(connection) and "very-secret" not in str(connection)
     assert pickle.loads(pickle.dumps(connection)).credentials == creds
+
+
+def test_the_drivers_connection_carries_its_credentials(tmp_path, monkeypatch):
+    from quarry.config import load_settings
+
+    for name in ENV:
+        monkeypatch.delenv(name, raising=False)
+    write_credentials(Credentials("AKIAQDRIVER", "driver-secret"), tmp_path)
+    connection = Connection.from_settings(load_settings(env={}, home=str(tmp_path)))
+    assert connection.credentials == Credentials("AKIAQDRIVER", "driver-secret")

@@ -184,3 +184,25 @@ def test_a_server_without_the_auth_service_gets_no_header(fake):
     with fake.client(credentials=CREDS) as client:
         client.create_repository("plain", "/tmp/plain")
         assert client.get_repository("plain").name == "plain"
+
+
+def test_spark_executors_log_in_with_the_drivers_credentials(scripted, monkeypatch, tmp_path):
+    """An executor has no credentials of its own (no env, empty home): the Connection the
+    driver pickled into the task brings them."""
+    import pickle
+
+    from quarry.spark import common
+
+    monkeypatch.delenv("QUARRY_ACCESS_KEY_ID", raising=False)
+    monkeypatch.delenv("QUARRY_SECRET_ACCESS_KEY", raising=False)
+    monkeypatch.setenv("QUARRY_HOME", str(tmp_path))
+    shipped = pickle.dumps(common.Connection(scripted.target, scripted.target, credentials=CREDS))
+    connection = pickle.loads(shipped)
+    client = common.client_for(connection)
+    try:
+        client.whoami()
+    finally:
+        with common._clients_lock:
+            common._clients.clear()
+        client.close()
+    assert scripted.seen == ["Bearer token-1"] and scripted.logins == 1
