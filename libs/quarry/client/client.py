@@ -162,6 +162,7 @@ class Client(BranchManagerCalls, CommitterCalls, AuthCalls):
         self.compactor_sensor_target = compactor_sensor if isinstance(compactor_sensor, str) else ""
         self._cs_target = compactor_sensor
         self._cs_channel_factory = channel
+        self._channel_for = channel
         self._cs_stub: compactor_sensor_pb2_grpc.CompactorSensorStub | None = None
         self._cs_lock = threading.Lock()
 
@@ -186,6 +187,11 @@ class Client(BranchManagerCalls, CommitterCalls, AuthCalls):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def authenticated_channel(self, target: str) -> grpc.Channel:
+        """A channel to another Quarry service (e.g. the kv-gateway for `quarry doctor`)
+        whose calls carry this client's token; closed with the client."""
+        return self._channel_for(target)
 
     def server_info(self, service: str = "branch-manager") -> server_info_pb2.GetServerInfoResponse:
         """GetServerInfo of the branch-manager or the committer."""

@@ -1,6 +1,7 @@
 """One loopback gRPC server with authentication on, for the client-side auth tests: the
-ErrorInterceptor and the AuthInterceptor in front of the REAL Auth, BranchManager and
-Committer servicers (and the KVGateway they call, plus a range-writer), built the way
+ErrorInterceptor and the AuthInterceptor in front of the REAL Auth, BranchManager, Committer
+and KVGateway servicers (the first two call a kv-gateway and a range-writer of their own on
+the same KV backend), built the way
 test_auth_service.py's `secured` fixture builds them.
 
 Until the server side of AUTH_CONTRACT.md lands, the AuthServicer here gets `Setup` from
@@ -116,7 +117,12 @@ def auth_server(
         auth_pb2_grpc.add_AuthServicer_to_server(
             servicer_class(iam, tokens, authorizer, token_lifetime=token_lifetime), server
         )
-        for spec in (build_branch_manager(settings), build_committer(settings)):
+        specs = (
+            build_branch_manager(settings),
+            build_committer(settings),
+            build_kv_gateway(settings, backend=backend),
+        )
+        for spec in specs:
             spec.register(server)
             for work in spec.on_ready:
                 work()

@@ -125,8 +125,15 @@ def test_groups_and_policies(server, admin_home, tmp_path):
 def test_without_credentials_the_cli_says_how_to_get_them(server, admin_home, tmp_path):
     err = run(server, tmp_path, "repo", "list", expect=1).stderr
     assert "TOKEN_MISSING" in err and "quarry setup" in err
+    doctor = ("doctor", "--kv-gateway", server.target)
+    assert "TOKEN_MISSING" in run(server, tmp_path, *doctor, expect=1).stderr
     err = run(server, tmp_path, "auth", "token", expect=1).stderr
     assert "NO_CREDENTIALS" in err and "QUARRY_ACCESS_KEY_ID" in err
+
+
+def test_doctor_reads_the_kv_gateway_with_the_callers_token(server, admin_home):
+    out = run(server, admin_home, "doctor", "--kv-gateway", server.target).stdout
+    assert "no problems found" in out
 
 
 def test_tokens_for_grpcurl_and_for_services(server, admin_home):
