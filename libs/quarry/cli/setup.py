@@ -44,10 +44,11 @@ def run_setup(
     return credentials
 
 
-def first_start_setup(client: Client, home: Path, out: TextIO = sys.stdout) -> None:
+def first_start_setup(client: Client, home: Path, out: TextIO | None = None) -> None:
     """What `quarry up` does once the services are SERVING: with no credentials file, create
     the admin and store its credentials; if an admin exists already, say how to get some.
     Never fails `quarry up` (the services run either way)."""
+    out = out if out is not None else sys.stdout
     path = credentials_path(home)
     if path.exists():
         print(f"  credentials: {path}", file=out)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health, health_pb2_grpc
 
 from quarry.auth.authorizer import Authorizer
 from quarry.auth.bootstrap import setup_admin
@@ -129,6 +130,7 @@ def auth_server(
             for closer in spec.on_stop:
                 stack.callback(closer)
         server_info_pb2_grpc.add_ServerInfoServicer_to_server(ServerInfoServicer("test"), server)
+        health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
         port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         stack.callback(lambda: server.stop(1.0).wait())

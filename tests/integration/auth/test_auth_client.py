@@ -220,3 +220,21 @@ def test_auth_wrappers_manage_users_credentials_groups_and_policies(server, admi
         client.delete_user("wrap-user")
         with pytest.raises(errors.NotFound):
             client.get_user("wrap-user")
+
+
+def test_quarry_up_first_start_waits_for_branch_manager_then_stores_credentials(tmp_path, capsys):
+    """`quarry up`'s step after the services start (cli.services._first_start_setup)."""
+    from quarry.cli.services import _first_start_setup
+    from quarry.config import load_settings
+
+    home = tmp_path / "home"
+    with auth_server(tmp_path / "srv") as srv:
+        settings = load_settings(
+            env={}, home=str(home), branch_manager_address=srv.target, committer_address=srv.target
+        )
+        _first_start_setup(settings, home)
+        stored = load_credentials(home)
+        assert stored is not None and stored.access_key_id in capsys.readouterr().out
+        _first_start_setup(settings, home)  # second start: the file is kept
+        assert load_credentials(home) == stored
+        assert srv.setup_requests == ["admin"]
