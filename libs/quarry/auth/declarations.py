@@ -219,6 +219,7 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
     },
     "Auth": {
         "Login": _open(),
+        "Setup": _open(mutating=True),
         "WhoAmI": Rule(Access.AUTHENTICATED),
         "CreateUser": _act("auth:CreateUser", _user, mutating=True),
         "GetUser": _act("auth:ReadUser", _user),

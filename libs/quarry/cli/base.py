@@ -104,6 +104,18 @@ def fail(reason: str, message: str) -> int:
     return EXIT_FAILURE
 
 
+# Refusals that mean "this CLI has no credentials": say how to get them.
+_NO_CREDENTIALS_REASONS = ("TOKEN_MISSING",)
+
+
+def _with_hint(exc: errors.QuarryError) -> str:
+    if exc.reason in _NO_CREDENTIALS_REASONS:
+        from quarry.client.session import HOW_TO_GET_CREDENTIALS
+
+        return f"{exc.message} — {HOW_TO_GET_CREDENTIALS}"
+    return exc.message
+
+
 def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
     """Run a handler with a Context; every failure becomes one line and exit code 1."""
 
@@ -115,7 +127,7 @@ def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
             ctx.warn_skipped()
             return code
         except errors.QuarryError as exc:
-            return fail(exc.reason, exc.message)
+            return fail(exc.reason, _with_hint(exc))
         except CliError as exc:
             return fail(exc.reason, exc.message)
         except KeyboardInterrupt:

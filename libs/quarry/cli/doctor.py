@@ -15,7 +15,9 @@ def doctor(args: argparse.Namespace, ctx: Context) -> int | None:
     from quarry.blob import open_blob_store
     from quarry.kv.remote import RemoteStore
 
-    store = RemoteStore(args.kv_gateway or ctx.settings.kv_gateway_address, timeout=args.timeout)
+    # Through the client's channel factory: the kv-gateway needs the caller's token (kv:Read).
+    address = args.kv_gateway or ctx.settings.kv_gateway_address
+    store = RemoteStore(ctx.client.authenticated_channel(address), timeout=args.timeout)
     try:
         report = checkup.Doctor(
             store,

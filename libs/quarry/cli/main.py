@@ -14,6 +14,9 @@ adds its parser (`COMMANDS`: command name -> registration):
     quarry.cli.compaction  compact, stats
     quarry.cli.doctor      doctor
     quarry.cli.gc          gc run | set-rules | show-rules | delete-rules
+    quarry.cli.setup       setup (the first admin and its credentials file)
+    quarry.cli.auth        auth token | whoami, and under it one module per resource:
+                           auth_users, auth_credentials, auth_groups, auth_policies
 
 quarry.cli.base holds what the client commands share (Context, the `command` wrapper that
 turns failures into `quarry: <REASON>: <message>` and exit code 1, the common options).
@@ -26,6 +29,7 @@ import argparse
 import sys
 
 from quarry.cli import (
+    auth,
     base,
     branches,
     compaction,
@@ -36,6 +40,7 @@ from quarry.cli import (
     objects,
     repos,
     services,
+    setup,
     tags,
     transfer,
 )
@@ -57,6 +62,8 @@ _REGISTRATIONS: dict[str, base.Registration] = {
         compaction,
         doctor,
         gc,
+        setup,
+        auth,
     )
     for name, register in module.COMMANDS.items()
 }
@@ -88,6 +95,8 @@ COMMAND_ORDER = (
     "stats",
     "doctor",
     "gc",
+    "setup",
+    "auth",
 )
 
 

@@ -101,6 +101,37 @@ def _forward(stream: IO[str]) -> None:
         sys.stdout.write(line)
 
 
+def _first_start_setup(settings: object, home: Path, wait_seconds: float = 30.0) -> None:
+    """Once branch-manager is SERVING: the first admin and its credentials file, unless the
+    file exists (quarry.cli.setup.first_start_setup). Never stops `quarry up`."""
+    from quarry.cli.base import CLI_RETRY
+    from quarry.cli.setup import first_start_setup
+    from quarry.client import Client
+    from quarry.client.credentials import credentials_path
+    from quarry.runtime.server import service_dependency
+
+    if credentials_path(home).exists():
+        print(f"  credentials: {credentials_path(home)}")
+        return
+    address = settings.branch_manager_address  # type: ignore[attr-defined]
+    branch_manager = service_dependency("branch-manager", address)
+    deadline = time.monotonic() + wait_seconds
+    try:
+        while True:
+            try:
+                branch_manager.probe(2.0)
+                break
+            except errors.QuarryError as exc:
+                if time.monotonic() > deadline:
+                    print(f"  admin setup skipped: {exc.message}", file=sys.stderr)
+                    return
+                time.sleep(0.2)
+    finally:
+        branch_manager.close()
+    with Client(address, settings.committer_address, retry=CLI_RETRY) as client:  # type: ignore[attr-defined]
+        first_start_setup(client, home)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     settings = load_settings()
     home = Path(settings.home).resolve()
@@ -163,6 +194,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                     else ""
                 )
             )
+        _first_start_setup(settings, home)
         host = settings.listen_host
         lake = home / "lake" / "demo"
         q, grpcurl = _command("quarry"), _command("grpcurl")

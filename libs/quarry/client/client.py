@@ -35,6 +35,14 @@ and two gateway round trips) — too much for the bulk path to pay by default. T
 also land in the repository's partition, not the staging one: ids on every staging write
 would cap a repository at ~500 such calls/s under DynamoDB's 1,000 WCU/s per partition.
 
+Authentication: with `credentials=` (quarry.client.Credentials), or with neither
+credentials nor `token=` given, those load_credentials() finds (QUARRY_ACCESS_KEY_ID +
+QUARRY_SECRET_ACCESS_KEY, else $QUARRY_HOME/credentials.json), the client logs in
+(Auth/Login on the branch-manager) before its first call and sends
+`authorization: Bearer <token>` on every call of every channel it opens, renewing the token
+before it expires (quarry.client.session). With none at all it sends no header: a server
+with auth on answers UNAUTHENTICATED, one with auth off as before.
+
 A Client is thread-safe (gRPC channels are); close it, or use it as a context manager.
 """
 
@@ -46,9 +54,11 @@ from typing import Any
 import grpc
 
 from quarry import errors
+from quarry.client.auth import AuthCalls
 from quarry.client.branch_manager import BranchManagerCalls
 from quarry.client.calls import IncompleteListing
 from quarry.client.committer import CommitterCalls
+from quarry.client.credentials import Credentials, load_credentials
 from quarry.client.entries import (
     Entry,
     as_entry,
@@ -58,11 +68,13 @@ from quarry.client.entries import (
     to_timestamp,
 )
 from quarry.client.retry import RetryPolicy
+from quarry.client.session import BearerTokenInterceptor, TokenSource, login_over
 
 # Client dials through this name (tests reach it as quarry.client.client.open_channel).
 from quarry.runtime.channels import open_channel
 from quarry.runtime.errors import from_rpc_error
 from quarry.v1 import (
+    auth_pb2_grpc,
     branch_manager_pb2_grpc,
     committer_pb2_grpc,
     compactor_sensor_pb2_grpc,
@@ -83,15 +95,15 @@ def rebuild_error(error: grpc.RpcError) -> errors.QuarryError:
 # ---- the client -------------------------------------------------------------------------
 
 
-class Client(BranchManagerCalls, CommitterCalls):
+class Client(BranchManagerCalls, CommitterCalls, AuthCalls):
     """A client of the BranchManager and Committer services (see the module docstring),
     and of the CompactorSensor's statistics (`compactor_sensor`, dialed on first use).
 
     The calls live by service: quarry.client.branch_manager, quarry.client.committer (over
     quarry.client.calls); this class dials the channels and adds ServerInfo and the
-    CompactorSensor."""
+    CompactorSensor, and authenticates every call (module docstring)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 — the contract's keyword options (AUTH_CONTRACT.md)
         self,
         branch_manager: str | grpc.Channel = "127.0.0.1:7402",
         committer: str | grpc.Channel = "127.0.0.1:7403",
@@ -99,6 +111,8 @@ class Client(BranchManagerCalls, CommitterCalls):
         timeout: float | None = 30.0,
         compactor_sensor: str | grpc.Channel = "127.0.0.1:7404",
         allow_incomplete_listings: bool = False,
+        credentials: Credentials | None = None,
+        token: str | None = None,
     ) -> None:
         self.retry = retry if retry is not None else RetryPolicy()
         self.timeout = timeout
@@ -110,25 +124,45 @@ class Client(BranchManagerCalls, CommitterCalls):
         # Corrupt records the server left out of the pages this client walked (see _pages).
         self.skipped_corrupt_records = 0
         self._owned: list[grpc.Channel] = []
-        channels: dict[str, grpc.Channel] = {}
+        plain: dict[str, grpc.Channel] = {}
 
-        def channel(target: str | grpc.Channel) -> grpc.Channel:
+        def plain_channel(target: str | grpc.Channel) -> grpc.Channel:
             if not isinstance(target, str):
                 return target
-            if target not in channels:
-                channels[target] = open_channel(target)
-                self._owned.append(channels[target])
-            return channels[target]
+            if target not in plain:
+                plain[target] = open_channel(target)
+                self._owned.append(plain[target])
+            return plain[target]
+
+        if credentials is None and token is None:
+            credentials = load_credentials()
+        bm_plain = plain_channel(branch_manager)
+        # Login (open) goes over the plain channel; every other call through the interceptor.
+        source = TokenSource(login_over(bm_plain, timeout), credentials, token)
+        self._token_source: TokenSource | None = source if source.active else None
+        interceptor = BearerTokenInterceptor(source) if source.active else None
+        intercepted: dict[int, grpc.Channel] = {}
+
+        def channel(target: str | grpc.Channel) -> grpc.Channel:
+            raw = plain_channel(target)
+            if interceptor is None:
+                return raw
+            if id(raw) not in intercepted:
+                intercepted[id(raw)] = grpc.intercept_channel(raw, interceptor)
+            return intercepted[id(raw)]
 
         self.branch_manager_target = branch_manager if isinstance(branch_manager, str) else ""
         self.committer_target = committer if isinstance(committer, str) else ""
         self._bm_channel = channel(branch_manager)
+        self._auth = auth_pb2_grpc.AuthStub(self._bm_channel)
+        self._auth_open = auth_pb2_grpc.AuthStub(bm_plain)
         self._cm_channel = channel(committer)
         self._bm = branch_manager_pb2_grpc.BranchManagerStub(self._bm_channel)
         self._cm = committer_pb2_grpc.CommitterStub(self._cm_channel)
         self.compactor_sensor_target = compactor_sensor if isinstance(compactor_sensor, str) else ""
         self._cs_target = compactor_sensor
         self._cs_channel_factory = channel
+        self._channel_for = channel
         self._cs_stub: compactor_sensor_pb2_grpc.CompactorSensorStub | None = None
         self._cs_lock = threading.Lock()
 
@@ -153,6 +187,11 @@ class Client(BranchManagerCalls, CommitterCalls):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def authenticated_channel(self, target: str) -> grpc.Channel:
+        """A channel to another Quarry service (e.g. the kv-gateway for `quarry doctor`)
+        whose calls carry this client's token; closed with the client."""
+        return self._channel_for(target)
 
     def server_info(self, service: str = "branch-manager") -> server_info_pb2.GetServerInfoResponse:
         """GetServerInfo of the branch-manager or the committer."""

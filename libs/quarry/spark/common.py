@@ -1,6 +1,12 @@
 """What the driver and the executors of a Quarry Spark job share: `quarry://` URIs, the
 connection to the services (picklable, so it travels in task closures), and the naming of
-ephemeral branches and job files."""
+ephemeral branches and job files.
+
+Credentials: the driver's (quarry.client.load_credentials) ride in the Connection, so
+executors log in themselves without a credentials file or environment of their own. Safety
+rule: they travel only inside the pickled task closure, never in a Spark conf, an option or
+any string Spark logs or shows in a plan, and the Connection's repr leaves them out.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ import re
 import secrets
 import threading
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from quarry import errors
@@ -18,6 +24,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from quarry.client import Client
+    from quarry.client.credentials import Credentials
     from quarry.config import Settings
 
 SCHEME = "quarry://"
@@ -80,9 +87,13 @@ class Connection:
     s3_endpoint_url: str = ""
     s3_region: str = "us-east-1"
     timeout: float = 60.0
+    # The driver's credentials for the executors (module docstring); None: each process
+    # finds its own (environment, QUARRY_HOME), as the Client does.
+    credentials: Credentials | None = field(default=None, repr=False)
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Connection:
+        from quarry.client.credentials import load_credentials
         from quarry.config import load_settings
 
         settings = settings if settings is not None else load_settings()
@@ -91,6 +102,7 @@ class Connection:
             settings.committer_address,
             settings.s3_endpoint_url,
             settings.s3_region,
+            credentials=load_credentials(settings.home),
         )
 
     @classmethod
@@ -111,6 +123,7 @@ class Connection:
             conf.get("spark.quarry.committer", base.committer),
             conf.get("spark.quarry.s3EndpointUrl", base.s3_endpoint_url),
             conf.get("spark.quarry.s3Region", base.s3_region),
+            credentials=base.credentials,
         )
 
 
@@ -129,7 +142,10 @@ def client_for(connection: Connection) -> Client:
         client = _clients.get(key)
         if client is None:
             client = Client(
-                connection.branch_manager, connection.committer, timeout=connection.timeout
+                connection.branch_manager,
+                connection.committer,
+                timeout=connection.timeout,
+                credentials=connection.credentials,
             )
             _clients[key] = client
         return client

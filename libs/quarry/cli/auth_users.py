@@ -1,0 +1,73 @@
+"""`quarry auth users create | list | show | delete`."""
+
+from __future__ import annotations
+
+import argparse
+
+from quarry.cli import output
+from quarry.cli.base import Context, Subparsers, command, confirm, group, leaf
+
+
+@command
+def users_create(args: argparse.Namespace, ctx: Context) -> None:
+    user = ctx.client.create_user(args.user, args.email)
+    if ctx.json:
+        output.print_json(user)
+    else:
+        print(f"Created user {user.id}")
+
+
+@command
+def users_list(args: argparse.Namespace, ctx: Context) -> None:
+    users = list(ctx.client.iter_users())
+    if ctx.json:
+        output.print_json(users)
+        return
+    output.table(
+        ["ID", "EMAIL", "CREATED"],
+        [(u.id, u.email or "-", output.timestamp_text(u.created_at)) for u in users],
+    )
+
+
+@command
+def users_show(args: argparse.Namespace, ctx: Context) -> None:
+    user = ctx.client.get_user(args.user)
+    groups = [g.id for g in ctx.client.iter_user_groups(args.user)]
+    policies = [p.id for p in ctx.client.iter_user_policies(args.user, effective=True)]
+    if ctx.json:
+        output.print_json({"user": user, "groups": groups, "effective_policies": policies})
+        return
+    output.fields(
+        [
+            ("id", user.id),
+            ("email", user.email or "-"),
+            ("created", output.timestamp_text(user.created_at)),
+            ("groups", ", ".join(groups) or "-"),
+            ("effective policies", ", ".join(policies) or "-"),
+        ]
+    )
+
+
+@command
+def users_delete(args: argparse.Namespace, ctx: Context) -> None:
+    """Never deletes without --yes or a "y" typed on a terminal (confirm)."""
+    if not args.yes:
+        confirm(f"Delete user {args.user!r} with its credentials and memberships?", "--yes")
+    ctx.client.delete_user(args.user)
+    if ctx.json:
+        output.print_json({"deleted": args.user})
+    else:
+        print(f"Deleted user {args.user}")
+
+
+def register(auth: Subparsers, common: argparse.ArgumentParser) -> None:
+    users = group(auth, "users", "create, list, show and delete users")
+    p = leaf(common, users, "create", users_create, "create a user")
+    p.add_argument("user", metavar="USER")
+    p.add_argument("--email", default="", metavar="EMAIL")
+    leaf(common, users, "list", users_list, "list users")
+    p = leaf(common, users, "show", users_show, "show a user, its groups and policies")
+    p.add_argument("user", metavar="USER")
+    p = leaf(common, users, "delete", users_delete, "delete a user")
+    p.add_argument("user", metavar="USER")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")

@@ -1,0 +1,216 @@
+"""A client's bearer token: obtained by Auth/Login with the client's credentials, attached to
+every call on every channel the client opens (one client interceptor), and refreshed.
+
+Refresh: before a call, when the token expires within REFRESH_MARGIN_SECONDS; and once
+after a unary call the server refused with UNAUTHENTICATED / TOKEN_EXPIRED (clock skew, a
+server-side lifetime shorter than ours), which is then retried once with the new token.
+Any other UNAUTHENTICATED (revoked credential, deleted user, wrong signature...) is final:
+logging in again would not help, or would hide the revocation. Streaming calls carry the
+token too; one refused as expired is not replayed here (its request stream is consumed),
+but the next call logs in again.
+
+Safety rule: the secret only ever travels in the Login request; the token is never logged
+and never sent on a call when there are neither credentials nor a token (a server with
+auth off sees exactly the calls it saw before).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import namedtuple
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from quarry import errors
+from quarry.auth import errors as auth_errors
+from quarry.client.credentials import ACCESS_KEY_ENV, SECRET_KEY_ENV, Credentials
+from quarry.runtime.errors import from_rpc_error
+
+AUTHORIZATION_HEADER = "authorization"
+REFRESH_MARGIN_SECONDS = 60.0
+TOKEN_EXPIRED = auth_errors.TokenExpired.reason
+
+# (token, expires_at in epoch seconds) for the credentials: Auth/Login.
+Login = Callable[[Credentials], tuple[str, float]]
+
+HOW_TO_GET_CREDENTIALS = (
+    f"run `quarry setup` on a new installation (or `quarry up`, which runs it), or set "
+    f"{ACCESS_KEY_ENV} and {SECRET_KEY_ENV} (`quarry auth credentials create USER` makes them)"
+)
+
+
+class NoCredentials(auth_errors.Unauthenticated):
+    """A token was asked for, but the client has neither credentials nor a token."""
+
+    reason = "NO_CREDENTIALS"
+
+
+class TokenSource:
+    """The current bearer token: a fixed one given by the caller, or one from Login with the
+    credentials, renewed when it is about to expire. Thread-safe; logs in at most once at a
+    time."""
+
+    def __init__(
+        self,
+        login: Login,
+        credentials: Credentials | None = None,
+        token: str | None = None,
+        clock: Callable[[], float] = time.time,
+        margin: float = REFRESH_MARGIN_SECONDS,
+    ) -> None:
+        self._login = login
+        self._credentials = credentials
+        self._token = token or ""
+        # A given token's expiry is unknown: used as is, never renewed without credentials.
+        self._expires_at = float("inf") if token else 0.0
+        self._clock = clock
+        self._margin = margin
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        """Whether calls carry a token at all."""
+        return self._credentials is not None or bool(self._token)
+
+    @property
+    def can_refresh(self) -> bool:
+        return self._credentials is not None
+
+    def token(self) -> str:
+        """The token to send now, logging in first when there is none or it expires soon."""
+        with self._lock:
+            if self._credentials is None:
+                if not self._token:
+                    raise NoCredentials(f"no credentials: {HOW_TO_GET_CREDENTIALS}")
+            elif not self._expires_at or self._expires_at - self._clock() < self._margin:
+                self._token, self._expires_at = self._login(self._credentials)
+            return self._token  # "" only when the server has no Auth service (auth off)
+
+    def expired(self, token: str) -> None:
+        """The server said `token` expired: log in again on the next call (unless another
+        thread already did)."""
+        with self._lock:
+            if self._credentials is not None and self._token == token:
+                self._token, self._expires_at = "", 0.0
+
+
+class _CallDetails(
+    namedtuple(
+        "_CallDetails",
+        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
+    ),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+def _with_token(details: grpc.ClientCallDetails, token: str) -> grpc.ClientCallDetails:
+    if not token:
+        return details
+    metadata = [
+        (key, value)
+        for key, value in (details.metadata or ())
+        if key.lower() != AUTHORIZATION_HEADER
+    ]
+    metadata.append((AUTHORIZATION_HEADER, f"Bearer {token}"))
+    return _CallDetails(
+        details.method,
+        details.timeout,
+        metadata,
+        details.credentials,
+        getattr(details, "wait_for_ready", None),
+        getattr(details, "compression", None),
+    )
+
+
+def _refused_as_expired(outcome: Any) -> bool:
+    """Whether a finished unary call failed with UNAUTHENTICATED / TOKEN_EXPIRED."""
+    try:
+        if outcome.code() != grpc.StatusCode.UNAUTHENTICATED:
+            return False
+        error = outcome.exception()
+    except grpc.RpcError as raised:  # some call objects raise instead of answering
+        error = raised
+    if error is None or error.code() != grpc.StatusCode.UNAUTHENTICATED:
+        return False
+    return from_rpc_error(error).reason == TOKEN_EXPIRED
+
+
+class BearerTokenInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds `authorization: Bearer <token>` to every call (see the module docstring)."""
+
+    def __init__(self, source: TokenSource) -> None:
+        self._source = source
+
+    def intercept_unary_unary(
+        self, continuation: Any, client_call_details: grpc.ClientCallDetails, request: Any
+    ) -> Any:
+        token = self._source.token()
+        outcome = continuation(_with_token(client_call_details, token), request)
+        if self._source.can_refresh and _refused_as_expired(outcome):
+            self._source.expired(token)
+            outcome = continuation(_with_token(client_call_details, self._source.token()), request)
+        return outcome
+
+    def intercept_unary_stream(
+        self, continuation: Any, client_call_details: grpc.ClientCallDetails, request: Any
+    ) -> Any:
+        return continuation(_with_token(client_call_details, self._source.token()), request)
+
+    def intercept_stream_unary(
+        self, continuation: Any, client_call_details: grpc.ClientCallDetails, request_iterator: Any
+    ) -> Any:
+        token = self._source.token()
+        outcome = continuation(_with_token(client_call_details, token), request_iterator)
+        if self._source.can_refresh and _refused_as_expired(outcome):
+            self._source.expired(token)  # not replayed: the request stream is consumed
+        return outcome
+
+    def intercept_stream_stream(
+        self, continuation: Any, client_call_details: grpc.ClientCallDetails, request_iterator: Any
+    ) -> Any:
+        return continuation(
+            _with_token(client_call_details, self._source.token()), request_iterator
+        )
+
+
+def login_over(channel: grpc.Channel, timeout: float | None) -> Login:
+    """Auth/Login on `channel` (a channel WITHOUT the interceptor: Login is open)."""
+    from quarry.runtime.errors import domain_errors
+    from quarry.v1 import auth_pb2, auth_pb2_grpc
+
+    stub = auth_pb2_grpc.AuthStub(channel)
+
+    def login(credentials: Credentials) -> tuple[str, float]:
+        request = auth_pb2.LoginRequest(
+            access_key_id=credentials.access_key_id,
+            secret_access_key=credentials.secret_access_key,
+        )
+        try:
+            with domain_errors():
+                reply = stub.Login(request, timeout=timeout)
+        except errors.Unimplemented:
+            # A server without the Auth service has auth off: calls go without a header.
+            return "", float("inf")
+        return reply.token, float(reply.expires_at.seconds)
+
+    return login
+
+
+__all__ = [
+    "AUTHORIZATION_HEADER",
+    "REFRESH_MARGIN_SECONDS",
+    "HOW_TO_GET_CREDENTIALS",
+    "NoCredentials",
+    "TokenSource",
+    "BearerTokenInterceptor",
+    "login_over",
+]
