@@ -4,50 +4,23 @@ branches with staged data, and counting the staged items of their tokens."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 from quarry.compaction.state import (
     LIST_PAGE,
     BranchState,
-    Compactor,
+    SensorParts,
     Snapshot,
-    Thresholds,
 )
 from quarry.graveler import layout, records
 from quarry.graveler.layout import staging_partition
-from quarry.graveler.refs import RefManager, is_dirty
+from quarry.graveler.refs import is_dirty
 from quarry.graveler.staging import SCAN_BATCH
-from quarry.kv import store as kv
 
 log = logging.getLogger("quarry.compaction.sensor")
 
 
-class _SensorParts:
-    """What the sensor's parts share (set by CompactionSensor.__init__)."""
-
-    kv: kv.Store
-    refs: RefManager
-    thresholds: Thresholds
-    compactor: Compactor | None
-    min_interval_seconds: float
-    rebuild_max_items_per_branch: int
-    discovery_interval_seconds: float
-    _lock: threading.Lock
-    _branches: dict[tuple[str, str], BranchState]
-    _discovered_at: float | None
-
-    def _forget(self, key: tuple[str, str]) -> None:
-        raise NotImplementedError
-
-    def _refresh(self, key: tuple[str, str], missing_ok: bool) -> Snapshot | None:
-        raise NotImplementedError
-
-    def _clock(self) -> float:
-        raise NotImplementedError
-
-
-class RebuildMixin(_SensorParts):
+class RebuildMixin(SensorParts):
     # ---- rebuild from the KV store -------------------------------------------------------------
 
     def _rebuild(self, key: tuple[str, str], snapshot: Snapshot) -> int:

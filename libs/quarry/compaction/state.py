@@ -11,7 +11,8 @@ from google.protobuf import timestamp_pb2
 from prometheus_client import Counter, Gauge, Histogram
 
 from quarry.config import Settings
-from quarry.graveler.refs import Repository
+from quarry.graveler.refs import RefManager, Repository
+from quarry.kv import store as kv
 from quarry.v1 import compactor_sensor_pb2, types_pb2
 
 # ---- metrics (global registry) --------------------------------------------------------------
@@ -204,3 +205,27 @@ class TuningOptions(TypedDict, total=False):
     discovery_interval_seconds: float
     stale_after_seconds: float
     max_response_bytes: int
+
+
+class SensorParts:
+    """What the sensor's mixins (rebuild, trigger) share: set by CompactionSensor.__init__."""
+
+    kv: kv.Store
+    refs: RefManager
+    thresholds: Thresholds
+    compactor: Compactor | None
+    min_interval_seconds: float
+    rebuild_max_items_per_branch: int
+    discovery_interval_seconds: float
+    _lock: threading.Lock
+    _branches: dict[tuple[str, str], BranchState]
+    _discovered_at: float | None
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        raise NotImplementedError
+
+    def _refresh(self, key: tuple[str, str], missing_ok: bool) -> Snapshot | None:
+        raise NotImplementedError
+
+    def _clock(self) -> float:
+        raise NotImplementedError

@@ -4,7 +4,6 @@ the claim (one branch update: only the winner compacts) and the Compact call."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 from quarry.compaction.state import (
@@ -13,47 +12,19 @@ from quarry.compaction.state import (
     COMPACTIONS_SKIPPED,
     ENTRIES_COMPACTED,
     TOMBSTONES_COMPACTED,
-    BranchState,
     Candidate,
-    Compactor,
+    SensorParts,
     Snapshot,
-    Thresholds,
     seconds,
 )
 from quarry.graveler import errors as gerrors
-from quarry.graveler.refs import RefManager
 from quarry.graveler.retry import ONCE
-from quarry.kv import store as kv
 from quarry.v1 import types_pb2
 
 log = logging.getLogger("quarry.compaction.sensor")
 
 
-class _SensorParts:
-    """What the sensor's parts share (set by CompactionSensor.__init__)."""
-
-    kv: kv.Store
-    refs: RefManager
-    thresholds: Thresholds
-    compactor: Compactor | None
-    min_interval_seconds: float
-    rebuild_max_items_per_branch: int
-    discovery_interval_seconds: float
-    _lock: threading.Lock
-    _branches: dict[tuple[str, str], BranchState]
-    _discovered_at: float | None
-
-    def _forget(self, key: tuple[str, str]) -> None:
-        raise NotImplementedError
-
-    def _refresh(self, key: tuple[str, str], missing_ok: bool) -> Snapshot | None:
-        raise NotImplementedError
-
-    def _clock(self) -> float:
-        raise NotImplementedError
-
-
-class TriggerMixin(_SensorParts):
+class TriggerMixin(SensorParts):
     # ---- triggering ------------------------------------------------------------------------
 
     def _trigger(self, candidate: Candidate, snapshot: Snapshot) -> bool:

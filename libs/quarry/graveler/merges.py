@@ -157,10 +157,9 @@ class Merges:
         committer: str = "",
     ) -> MergeOutcome:
         """A commit undoing `ref`: the three-way merge (base = ref, source = its parent)."""
-        repo = self.core.live_repo(repo_name)
-        names.check_branch_name(branch_name)
-        commit = self.refs.get_commit(repo, self.refs.resolve(repo, ref).commit_id)
-        parent = self._chosen_parent(repo, commit, parent_number, "revert")
+        repo, commit, parent = self._commit_and_parent(
+            repo_name, branch_name, ref, parent_number, "revert"
+        )
         work = ThreeWay(
             commit.metarange_id,
             parent.metarange_id,
@@ -182,10 +181,9 @@ class Merges:
         committer: str = "",
     ) -> MergeOutcome:
         """A commit repeating `ref`'s change: the three-way merge (base = its parent)."""
-        repo = self.core.live_repo(repo_name)
-        names.check_branch_name(branch_name)
-        commit = self.refs.get_commit(repo, self.refs.resolve(repo, ref).commit_id)
-        parent = self._chosen_parent(repo, commit, parent_number, "cherry-pick")
+        repo, commit, parent = self._commit_and_parent(
+            repo_name, branch_name, ref, parent_number, "cherry-pick"
+        )
         work = ThreeWay(
             parent.metarange_id,
             commit.metarange_id,
@@ -196,6 +194,16 @@ class Merges:
             {"quarry.cherry-pick": commit.id},
         )
         return self.three_way_commit(repo, branch_name, work)
+
+    def _commit_and_parent(
+        self, repo_name: str, branch_name: str, ref: str, parent_number: int, operation: str
+    ) -> tuple[Repository, types_pb2.Commit, types_pb2.Commit]:
+        """What revert and cherry-pick start from: the live repository, the commit `ref`
+        names and its chosen parent."""
+        repo = self.core.live_repo(repo_name)
+        names.check_branch_name(branch_name)
+        commit = self.refs.get_commit(repo, self.refs.resolve(repo, ref).commit_id)
+        return repo, commit, self._chosen_parent(repo, commit, parent_number, operation)
 
     def _chosen_parent(
         self, repo: Repository, commit: types_pb2.Commit, parent_number: int, action: str
