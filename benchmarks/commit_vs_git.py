@@ -1,5 +1,5 @@
 """Commit of C changes into a repository of M entries, against git plumbing doing the same
-in the same run (ARCHITECTURE.md §6: commit cost grows with the change, not the repository).
+in the same run (docs/architecture.md §6: commit cost grows with the change, not the repository).
 
 Quarry: the core in process (memory KV, ranges as Parquet in a local directory, the real
 CommittedManager), so the figure is the engine's, not the gRPC hops'. The M entries are

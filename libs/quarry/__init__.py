@@ -10,6 +10,6 @@ __version__ = "0.1.0"
 # (import converts records in exporting._Rebuilder, committed files in
 # quarry.committed.legacy: add the old number to its LEGACY_VERSIONS).
 #   1: entry identity without the physical address.
-#   2: entry identity covers the physical address (ARCHITECTURE.md §2); ranges,
+#   2: entry identity covers the physical address (docs/architecture.md §2); ranges,
 #      metaranges and their ids rewritten by import.
 FORMAT_VERSION = 2

@@ -1,5 +1,5 @@
 """Checks a fault-injection history (support/chaos.History) against the guarantees of
-../shared/seeds/kv-metadata-design.md "Consistency guarantees" and issue 10:
+docs/architecture.md §4 (the consistency guarantees of the KV design) and issue 10:
 
 * If a write succeeds, successive reads and listings return that write or another that did
   not happen before it (read-your-writes for its writer; a floor for everyone after it).

@@ -1,4 +1,4 @@
-"""Identity and access (ARCHITECTURE.md §9): the IAM store in the KV `auth` partition,
+"""Identity and access (docs/architecture.md §9): the IAM store in the KV `auth` partition,
 credentials, lakeFS-compatible policies, bearer tokens, the authorizer, the declaration
 table of every RPC and the gRPC interceptor that enforces it.
 

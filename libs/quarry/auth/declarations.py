@@ -1,5 +1,5 @@
 """THE declaration table: for every RPC of protos/quarry/v1, who may call it and, for user
-calls, the action and resources it checks (ARCHITECTURE.md §9). The interceptor enforces
+calls, the action and resources it checks (docs/architecture.md §9). The interceptor enforces
 exactly this table; a test parses the protos and fails when an RPC has no entry.
 
 Access kinds:

@@ -1,5 +1,5 @@
 """The IAM store: users, groups, policies, credentials and their relationships in the KV
-`auth` partition, modeled as seeds/kv-metadata-design.md "Data Modeling: IAM" does.
+`auth` partition, modeled as docs/architecture.md §12 does.
 
 One item per entity, relationships as auxiliary keys (no reverse index: the keyspace is
 small, so "members of a group" and "who has this policy" are a scan and a filter):

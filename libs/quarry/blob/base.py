@@ -21,7 +21,7 @@ class ObjectNotFound(errors.NotFound):
 
 
 class InvalidStorageNamespace(errors.InvalidArgument):
-    """A storage namespace that is not a valid, normalized location (ARCHITECTURE.md §2)."""
+    """A storage namespace that is not a valid, normalized location (docs/architecture.md §2)."""
 
     reason = "INVALID_NAMESPACE"
 

@@ -1,4 +1,4 @@
-"""Storage namespaces: parsing, normalization and overlap (ARCHITECTURE.md §2).
+"""Storage namespaces: parsing, normalization and overlap (docs/architecture.md §2).
 
 A namespace is an absolute local directory (`/abs/dir` or `file:///abs/dir`) or
 `s3://bucket/prefix`. Normalized: doubled slashes collapsed, the trailing slash dropped,

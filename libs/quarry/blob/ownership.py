@@ -1,4 +1,4 @@
-"""Namespace ownership (ARCHITECTURE.md §2, "Storage namespaces are owned").
+"""Namespace ownership (docs/architecture.md §2, "Storage namespaces are owned").
 
 A repository's namespace holds `_quarry/repository.json`, the ownership marker: which
 repository (name, instance id) of which installation (the KV store's installation id)

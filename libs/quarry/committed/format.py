@@ -1,4 +1,4 @@
-"""On-storage format of ranges and metaranges (ARCHITECTURE.md §5) and their content ids.
+"""On-storage format of ranges and metaranges (docs/architecture.md §5) and their content ids.
 
 Range file (`_quarry/ranges/<id>.parquet`): one row group, rows sorted by path, columns
     path string, physical_address string, size_bytes int64, checksum string,

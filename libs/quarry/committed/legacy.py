@@ -2,7 +2,7 @@
 `quarry import` (quarry.exporting). This is the one place that reads a range or metarange
 file of another format version; everything else refuses one (quarry.committed.format).
 
-Format 1 → 2 (ARCHITECTURE.md §2): the Parquet schemas are the same, but format 1's identity
+Format 1 → 2 (docs/architecture.md §2): the Parquet schemas are the same, but format 1's identity
 column left the physical address out. Rewriting a range recomputes every row's identity
 (quarry.graveler.model.entry_identity), which gives it a new range id; a metarange is
 rewritten with the same bounds, counts and sizes and the new range ids, which gives it a

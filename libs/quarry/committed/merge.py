@@ -1,4 +1,4 @@
-"""Three-way merge of metaranges (ARCHITECTURE.md §4 Merge, §5).
+"""Three-way merge of metaranges (docs/architecture.md §4 Merge, §5).
 
     result = manager.merge_metaranges(namespace, base_id, source_id, destination_id,
                                       strategy=MergeStrategy.DEFAULT)
@@ -20,7 +20,7 @@ in path order, at most `max_conflicts`; `more_conflicts` counts the rest. A DEFA
 with conflicts, and every dry run, write nothing and return metarange_id "" (with the
 summary of what the merge applies, or would apply without the conflicts).
 
-Retries (seeds/merge-retry-metarange-reuse.md): a merge that lost the race for the
+Retries (docs/architecture.md §4, merge retry reuse): a merge that lost the race for the
 destination HEAD is retried as merge(base' = the old destination, source' = its own result,
 destination' = the new HEAD). That gives the seed's table, with one difference from a merge
 from scratch onto the new HEAD: a path that source and old destination changed identically
@@ -52,7 +52,7 @@ Algorithm: at range granularity first, entries only where both sides changed.
      content-defined chunking. Chunking being a pure function of the entry set, the result
      is the same metarange whatever the path to it.
 
-Retry (seeds/merge-retry-metarange-reuse.md): merging again with base' = the old
+Retry (docs/architecture.md §4, merge retry reuse): merging again with base' = the old
 destination, source' = the previous result and destination' = the new destination gives the
 same content as merging the original inputs onto the new destination. Ranges only the first
 merge touched are source-only gaps on the retry: reused, neither read nor written again;
@@ -60,7 +60,7 @@ ranges both changed are re-derived, and what the first attempt already wrote exi
 absent is a no-op).
 
 Identity covers every field a user writes and reads back — the physical address included,
-not mtime (ARCHITECTURE.md §2) — so an entry re-pointed at another address is a change like
+not mtime (docs/architecture.md §2) — so an entry re-pointed at another address is a change like
 any other: taken when only one side made it, a conflict (or resolved by the strategy) when
 the other side changed the path differently. The only difference identity ignores is mtime:
 in a source-only gap the source's entries are taken as they are, so an entry the source

@@ -1,5 +1,5 @@
 """Staging compaction: the compactor-sensor's domain (statistics, thresholds, the trigger
-guard) and the reporter branch-manager uses to feed it (ARCHITECTURE.md §4).
+guard) and the reporter branch-manager uses to feed it (docs/architecture.md §4).
 
     CompactionSensor   per-branch staging statistics; decides and triggers compactions
     StagingReporter    branch-manager side: batches staged-write counts, fire-and-forget

@@ -1,6 +1,6 @@
 """CompactionSensor: per-branch staging statistics and the decision to compact.
 
-What it knows (ARCHITECTURE.md §4 "Staging compaction", seeds/staging-compaction.md):
+What it knows (docs/architecture.md §4 "Staging compaction"):
 
 * `StagingStats` per (repository, branch, staging token): staged puts and deletes, as
   reported by branch-manager (`record`, in memory only — the report path does no I/O).

@@ -2,7 +2,7 @@
 
 `Entry` is the in-process form of quarry.v1.Entry. Its *identity* is a SHA-256 over every
 field a user writes and reads back — physical address, size, checksum, content type and
-sorted metadata — but not mtime (ARCHITECTURE.md §2). Every comparison of entries (commit,
+sorted metadata — but not mtime (docs/architecture.md §2). Every comparison of entries (commit,
 uncommitted diff, diffs, merge, compaction, Spark's commit check) goes by identity, so
 re-pointing a path at another address is a change, never silently dropped, and re-staging
 exactly the same fields is not one.

@@ -1,4 +1,4 @@
-"""The storage format version, stamped once in the KV store (ARCHITECTURE.md §7).
+"""The storage format version, stamped once in the KV store (docs/architecture.md §7).
 
 quarry.FORMAT_VERSION is the one number for the whole storage format: the KV stamp, the KV
 records and the range/metarange files (their format tags and id headers derive from it,

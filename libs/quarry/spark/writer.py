@@ -87,7 +87,7 @@ class WriteIncomplete(errors.Aborted):
 
 
 def _identity(entry: types_pb2.Entry) -> bytes:
-    """The entry's identity (ARCHITECTURE.md §2: every field a user reads back but mtime,
+    """The entry's identity (docs/architecture.md §2: every field a user reads back but mtime,
     the physical address included), the rule every other comparison of entries uses."""
     return entry_from_proto(entry).identity
 

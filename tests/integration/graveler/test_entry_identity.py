@@ -1,5 +1,5 @@
 """Issue 10.1 over real gRPC servers: an entry's identity covers every field a user writes
-and reads back — the physical address included, not mtime (ARCHITECTURE.md §2). Whatever a
+and reads back — the physical address included, not mtime (docs/architecture.md §2). Whatever a
 user last staged and read back before a commit is what they read after it: re-pointing a
 path at another address (same size, no checksum) is a change for the uncommitted diff,
 commit, diff, merge and compaction; re-staging exactly the same fields is not."""

@@ -1,5 +1,5 @@
 """CommittedManager.merge_metaranges on real files: semantics against a naive model, the
-seed's retry table (seeds/merge-retry-metarange-reuse.md), shortcuts and costs."""
+seed's retry table (docs/architecture.md §4, merge retry reuse), shortcuts and costs."""
 
 from __future__ import annotations
 
@@ -378,7 +378,7 @@ def test_work_is_proportional_to_the_change(new_manager, namespace, stores):
 def test_retry_onto_a_moved_destination_rewrites_only_what_the_new_head_changed(
     new_manager, namespace, stores
 ):
-    """seeds/merge-retry-metarange-reuse.md: merging branch A into main loses the race
+    """docs/architecture.md §4, merge retry reuse: merging branch A into main loses the race
     against B's merge; retrying with base' = old main, source' = the merged metarange,
     destination' = new main gives the same result as merging A from scratch onto new main,
     and writes again none of the ranges only A's merge touched."""
