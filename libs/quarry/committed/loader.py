@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from quarry import errors
 from quarry.blob import BlobStore, ObjectNotFound
-from quarry.committed.cache import DiskCache, LRUCache
+from quarry.committed.cache import DiskCache
 from quarry.committed.errors import (
     InvalidMetaRangeId,
     MetaRangeNotFound,
@@ -38,6 +38,7 @@ from quarry.committed.iterators import EntryIterator
 from quarry.committed.rangedata import MetaRange, RangeData
 from quarry.committed.stats import CommittedStats, StatsCounter
 from quarry.graveler.model import Entry, RangeInfo
+from quarry.lru import LRUCache
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,10 @@ quarry.graveler.resolution (mixed in). Every change of a branch record goes thro
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
@@ -44,6 +42,7 @@ from quarry.graveler.resolution import (
 )
 from quarry.graveler.retry import DEFAULT_RETRY, RetryPolicy, cas_retry
 from quarry.kv import store as kv
+from quarry.lru import LRUCache
 from quarry.v1 import types_pb2
 
 M = TypeVar("M", bound=Message)
@@ -115,27 +114,6 @@ def is_dirty(branch: types_pb2.Branch) -> bool:
     return branch.dirty if branch.HasField("dirty") else True
 
 
-class _LRU:
-    def __init__(self, capacity: int):
-        self._capacity = capacity
-        self._data: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable) -> Any:
-        with self._lock:
-            value = self._data.get(key)
-            if value is not None:
-                self._data.move_to_end(key)
-            return value
-
-    def put(self, key: Hashable, value: Any) -> None:
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self._capacity:
-                self._data.popitem(last=False)
-
-
 class RefManager(RefResolution):
     # Repository records change only by deletion; a short cache saves one KV read per call.
     # Writers re-validate the record together with the branch (Writes.write), and every other
@@ -148,7 +126,8 @@ class RefManager(RefResolution):
     def __init__(self, store: kv.Store, commit_cache_size: int = 100_000):
         self.kv = store
         self._repos: dict[str, tuple[float, Repository]] = {}
-        self._commits = _LRU(commit_cache_size)
+        # Commits are immutable: bounded by count only.
+        self._commits = LRUCache(max_bytes=1 << 62, max_items=commit_cache_size)
 
     # ---- repositories ------------------------------------------------------------------
 
@@ -408,7 +387,7 @@ class RefManager(RefResolution):
                 metadata={"repository": repo.name, "commit": commit_id},
             ) from None
         commit = layout.decode(types_pb2.Commit, repo.partition, layout.commit_key(commit_id), data)
-        self._commits.put(cache_key, commit)
+        self._commits.put(cache_key, commit, 0)
         return commit
 
     def insert_commit(self, repo: Repository, commit: types_pb2.Commit) -> None:
@@ -420,7 +399,7 @@ class RefManager(RefResolution):
                 layout.encode_commit(commit),
                 kv.ABSENT,
             )
-        self._commits.put((repo.instance_id, commit.id), commit)
+        self._commits.put((repo.instance_id, commit.id), commit, 0)
 
     def commit_ids_with_prefix(self, repo: Repository, prefix: str, limit: int = 2) -> list[str]:
         start = layout.commit_key(prefix)
