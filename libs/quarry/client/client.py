@@ -103,7 +103,7 @@ class Client(BranchManagerCalls, CommitterCalls, AuthCalls):
     quarry.client.calls); this class dials the channels and adds ServerInfo and the
     CompactorSensor, and authenticates every call (module docstring)."""
 
-    def __init__(  # noqa: PLR0913 — the contract's keyword options (AUTH_CONTRACT.md)
+    def __init__(  # noqa: PLR0913 — public keyword options (addresses, timeout, credentials or token)
         self,
         branch_manager: str | grpc.Channel = "127.0.0.1:7402",
         committer: str | grpc.Channel = "127.0.0.1:7403",

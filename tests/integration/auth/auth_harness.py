@@ -4,7 +4,7 @@ and KVGateway servicers (the first two call a kv-gateway and a range-writer of t
 the same KV backend), built the way
 test_auth_service.py's `secured` fixture builds them.
 
-Until the server side of AUTH_CONTRACT.md lands, the AuthServicer here gets `Setup` from
+Until the server side of the auth wiring lands, the AuthServicer here gets `Setup` from
 `WithSetup` below (setup_admin, as the contract says the real one runs it); the integrator
 drops it once branch_manager.auth_servicer.AuthServicer has its own.
 """

@@ -69,7 +69,7 @@ def test_only_serverinfo_and_login_are_open():
     assert {n for n, r in RULES.items() if r.access is Access.OPEN} == {
         "/quarry.v1.ServerInfo/GetServerInfo",
         "/quarry.v1.Auth/Login",
-        "/quarry.v1.Auth/Setup",  # AUTH_CONTRACT.md: open, refused once an admin exists
+        "/quarry.v1.Auth/Setup",  # open: refused once an admin exists
     }
 
 
