@@ -6,6 +6,7 @@ import functools
 import logging
 
 from quarry import errors
+from quarry.auth.checks import check_import, needs_namespace
 from quarry.convert import change_to_proto, entry_from_proto, entry_to_proto
 from quarry.graveler import records
 from quarry.graveler.graveler import Graveler
@@ -23,8 +24,10 @@ def _token_of(staged: int) -> str:
 
 
 class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
-    def __init__(self, graveler: Graveler, requests: RequestLog, on_staged=None):
+    def __init__(self, graveler: Graveler, requests: RequestLog, on_staged=None, authorizer=None):
         self._g = graveler
+        # Auth on: checks fs:ImportFromStorage for addresses outside the namespace.
+        self._authorizer = authorizer
         # Calls with a request_id run at most once (quarry.runtime.idempotency).
         self._requests = requests
         # Called with (repository, branch, staging token, staged puts, staged deletes) after
@@ -145,6 +148,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
 
     @idempotent(pb.PutObjectResponse)
     def PutObject(self, request, context):
+        self._check_import(request.repository, [request.entry])
         entry = entry_from_proto(request.entry)
         staged = self._g.put_objects(request.repository, request.branch, [entry], request.if_absent)
         self._report_staged(request.repository, request.branch, _token_of(staged), int(staged), 0)
@@ -166,6 +170,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
                 raise errors.InvalidArgument(
                     "all PutObjects messages must target the same repository and branch"
                 )
+            self._check_import(repository, request.entries)
             if request.request_id:
                 # A message with a request_id is its own idempotent unit: its batch, with
                 # the stream's repository and branch, is staged at most once.
@@ -182,6 +187,15 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
             else:
                 total += self._stage_batch(repository, branch, request).count
         return pb.PutObjectsResponse(count=total)
+
+    def _check_import(self, repository: str, entries) -> None:
+        """fs:ImportFromStorage for a user staging addresses outside the repository's
+        namespace (the repository record is cached: no KV read in steady state)."""
+        pairs = [(e.path, e.physical_address) for e in entries]
+        if not needs_namespace(pairs):
+            return
+        namespace = self._g.refs.get_repository(repository).storage_namespace
+        check_import(self._authorizer, repository, namespace, pairs)
 
     def _stage_batch(self, repository: str, branch: str, request) -> pb.PutObjectsResponse:
         entries = [entry_from_proto(e) for e in request.entries]

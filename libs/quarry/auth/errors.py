@@ -6,14 +6,11 @@ tell an expired token from a forged one; PERMISSION_DENIED names the action and 
 
 from __future__ import annotations
 
-import grpc
-
 from quarry import errors
 
 
-class Unauthenticated(errors.QuarryError):
-    code = grpc.StatusCode.UNAUTHENTICATED
-    reason = "UNAUTHENTICATED"
+class Unauthenticated(errors.Unauthenticated):
+    pass
 
 
 class TokenMissing(Unauthenticated):
@@ -58,9 +55,8 @@ class InvalidCredentials(Unauthenticated):
     reason = "INVALID_CREDENTIALS"
 
 
-class PermissionDenied(errors.QuarryError):
-    code = grpc.StatusCode.PERMISSION_DENIED
-    reason = "PERMISSION_DENIED"
+class PermissionDenied(errors.PermissionDenied):
+    pass
 
 
 class ServicePrincipalRequired(PermissionDenied):

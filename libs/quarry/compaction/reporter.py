@@ -43,13 +43,16 @@ class StagingReporter:
         interval_seconds: float = 0.5,
         timeout_seconds: float = 1.0,
         max_pending: int = 100_000,
+        owns_channel: bool = False,
     ):
+        """`owns_channel`: close a channel passed as `target` on stop (as one opened here
+        for an address is)."""
         if isinstance(target, str):
             # Not traced on purpose: background batches belong to no user request.
             self._channel = open_channel(target, traced=False)
             self._owns_channel = True
         else:
-            self._channel, self._owns_channel = target, False
+            self._channel, self._owns_channel = target, owns_channel
         self.target = target if isinstance(target, str) else ""
         self._stub = compactor_sensor_pb2_grpc.CompactorSensorStub(self._channel)
         self.interval_seconds = interval_seconds
