@@ -23,29 +23,14 @@ from support.wait import wait_until
 # Auth is on in every test (the default): the fixed test signing key and admin credentials
 # (support.auth) for code that reads the environment (the CLI in process, child processes).
 os.environ.update(AUTH_ENV)
+# Interim, until Client logs in with those credentials itself: test code's channels carry
+# the test admin's token (RemoteStore/RemoteRangeWriter on an address: a service token).
+# For the whole session, so module- and session-scoped fixtures' channels have it too.
+# Tests of authentication itself dial with support.auth.raw_channel.
+install_client_tokens(setattr)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DYNALITE = REPO_ROOT / ".tools" / "node_modules" / ".bin" / "dynalite"
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "raw_channels: test code dials without the test admin's token (auth tests)"
-    )
-
-
-@pytest.fixture(autouse=True)
-def _test_client_tokens(request, monkeypatch):
-    """Test code's channels carry the test admin's token (support.auth.install_client_tokens)
-    — interim, until Client logs in itself; tests of authentication itself (under an `auth`
-    directory, or marked raw_channels) dial bare."""
-    if "auth" in request.node.path.parent.parts or request.node.get_closest_marker(
-        "raw_channels"
-    ):
-        yield
-        return
-    install_client_tokens(monkeypatch.setattr)
-    yield
 
 
 @contextlib.contextmanager
