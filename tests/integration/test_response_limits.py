@@ -17,8 +17,10 @@ import grpc
 import pytest
 
 from quarry.config import Settings
-from quarry.v1 import (branch_manager_pb2 as bm, branch_manager_pb2_grpc, committer_pb2 as cm,
-                       committer_pb2_grpc, types_pb2)
+from quarry.v1 import branch_manager_pb2 as bm
+from quarry.v1 import branch_manager_pb2_grpc, committer_pb2_grpc, types_pb2
+from quarry.v1 import committer_pb2 as cm
+from support.auth import admin_token_source, service_channel
 from support.suite import running_suite
 
 N = 10_000
@@ -138,7 +140,8 @@ def test_grpcurl_lists_page_size_1000_with_its_default_limits(loaded):
         if token:
             request["page_token"] = token
         result = subprocess.run(
-            [str(GRPCURL), "-plaintext", "-format-error", "-d", json.dumps(request),
+            [str(GRPCURL), "-plaintext", "-format-error",
+             "-H", f"authorization: Bearer {admin_token_source()()}", "-d", json.dumps(request),
              suite.targets["branch-manager"], "quarry.v1.BranchManager/ListObjects"],
             capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
@@ -166,7 +169,7 @@ def test_kv_scan_messages_are_cut_by_size():
                 [(k, v) for _, k, v in items]
         finally:
             store.close()
-        channel = grpc.insecure_channel(target)
+        channel = service_channel(target)
         try:
             messages = list(kv_pb2_grpc.KVGatewayStub(channel).ScanItems(
                 kv_pb2.ScanItemsRequest(partition_key=partition, batch_size=1000), timeout=10))
