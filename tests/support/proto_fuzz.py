@@ -27,8 +27,8 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message_factory
 from hypothesis import strategies as st
 
-from quarry.v1 import (branch_manager_pb2, committer_pb2, compactor_sensor_pb2, kv_pb2,
-                       server_info_pb2)
+from quarry.v1 import (auth_pb2, branch_manager_pb2, committer_pb2, compactor_sensor_pb2,
+                       kv_pb2, server_info_pb2)
 
 PROTO_DIR = Path(__file__).resolve().parents[2] / "protos" / "quarry" / "v1"
 PACKAGE = "quarry.v1"
@@ -40,7 +40,8 @@ INTERNAL_SERVICES = frozenset({"RangeWriter"})
 KV_SERVICE = "KVGateway"
 KV_FUZZ_PARTITION_PREFIX = b"staging/proptest-fuzz-"
 
-_MODULES = (branch_manager_pb2, committer_pb2, compactor_sensor_pb2, kv_pb2, server_info_pb2)
+_MODULES = (auth_pb2, branch_manager_pb2, committer_pb2, compactor_sensor_pb2, kv_pb2,
+            server_info_pb2)
 
 Type = _descriptor.FieldDescriptor
 
