@@ -4,8 +4,9 @@ signing key from the environment. Put on PYTHONPATH by support.processes.quarry_
 QUARRY_TEST_CLIENT_TOKENS=1. To be removed when Client logs in with QUARRY_ACCESS_KEY_ID /
 QUARRY_SECRET_ACCESS_KEY itself (the client side of the auth contract).
 
-Only quarry.client's channels are patched, after that module is imported: the services'
-own channels (and so their wiring of service tokens) are never touched."""
+Only the channels quarry.client and quarry.kv.remote open on an ADDRESS are patched, after
+those modules are imported: the services pass their own (service-token) channels as
+objects, so their wiring is never touched."""
 
 import os
 import sys
@@ -14,7 +15,8 @@ if os.environ.get("QUARRY_TEST_CLIENT_TOKENS") == "1":
     import importlib.abc
     import importlib.util
 
-    _TARGET = "quarry.client.client"
+    # Modules whose channels to a service the CLI opens on an address get the token.
+    _TARGETS = ("quarry.client.client", "quarry.kv.remote")
 
     def _patch(module):
         from quarry.auth.tokens import TokenAuthority
@@ -32,11 +34,20 @@ if os.environ.get("QUARRY_TEST_CLIENT_TOKENS") == "1":
                 target, traced=traced, token_source=token_source or (lambda: token)
             )
 
-        module.open_channel = open_channel
+        if hasattr(module, "open_channel"):
+            module.open_channel = open_channel
+        if hasattr(module, "channel_for"):  # quarry.kv.remote (`quarry doctor` reads KV)
+
+            def channel_for(target):
+                if isinstance(target, str):
+                    return open_channel(target), True
+                return target, False
+
+            module.channel_for = channel_for
 
     class _Finder(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
-            if name != _TARGET:
+            if name not in _TARGETS:
                 return None
             sys.meta_path.remove(self)
             try:
