@@ -25,6 +25,7 @@ from quarry.client.retry import RetryPolicy
 from quarry.v1 import (branch_manager_pb2, branch_manager_pb2_grpc, committer_pb2,
                        committer_pb2_grpc, compactor_sensor_pb2, compactor_sensor_pb2_grpc,
                        server_info_pb2, server_info_pb2_grpc)
+from support.auth import setup_admin_over_grpc
 from support.processes import VENV_BIN, free_port, quarry_env, wait_health
 from support.wait import wait_until
 
@@ -156,6 +157,7 @@ def test_services_started_before_the_kv_gateway_wait_for_it_and_follow_it(procs,
     procs.start("range-writer")
     wait_all(procs, DEPENDENTS, SERVING)
     assert all(procs.children[name].poll() is None for name in DEPENDENTS)
+    setup_admin_over_grpc(procs.target("branch-manager"))  # the test admin (support.auth)
     namespace = tmp_path / "lake" / "demo"
     with Client(procs.target("branch-manager"), procs.target("committer"),
                 compactor_sensor=procs.target("compactor-sensor")) as client:
@@ -211,6 +213,7 @@ def test_a_service_stops_within_its_grace_period_while_its_dependency_hangs(proc
     branch_manager = procs.start("branch-manager")
     wait_all(procs, ["branch-manager"], SERVING)
     target = procs.target("branch-manager")
+    setup_admin_over_grpc(target)  # the test admin (support.auth)
     with Client(target, procs.target("committer")) as client:
         client.create_repository("demo", str(tmp_path / "lake" / "demo"))
     gateway = procs.children["kv-gateway"]
@@ -300,6 +303,8 @@ def test_up_stops_dependents_first_and_promptly_on_ctrl_c(tmp_path):
             line = up.stdout.readline()
             assert line, "".join(seen)
             seen.append(line)
+        # The test admin (support.auth); refused harmlessly if `quarry up` made one.
+        setup_admin_over_grpc(f"127.0.0.1:{ports['branch-manager']}")
         with Client(f"127.0.0.1:{ports['branch-manager']}",
                     f"127.0.0.1:{ports['committer']}",
                     retry=RetryPolicy(budget=20)) as client:
