@@ -69,3 +69,18 @@ def test_service_tokens_are_reused_then_renewed_before_they_expire():
     renewed = tokens()
     assert renewed != first
     assert authority.verify(renewed).expires_at > principal.expires_at
+
+
+def test_a_service_without_an_iam_store_refuses_every_user():
+    from quarry.auth.authorizer import ServicesOnlyAuthorizer
+    from quarry.auth.errors import ServicePrincipalRequired
+    from quarry.auth.tokens import Principal
+
+    authorizer = ServicesOnlyAuthorizer()
+    for check in (
+        lambda p: authorizer.check_principal(p),
+        lambda p: authorizer.authorize(p, "fs:ReadObject", ("*",)),
+    ):
+        with pytest.raises(ServicePrincipalRequired):
+            check(Principal("user", "admin"))
+        check(Principal("service", "committer"))
