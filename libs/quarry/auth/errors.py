@@ -9,8 +9,8 @@ from __future__ import annotations
 from quarry import errors
 
 
-class Unauthenticated(errors.Unauthenticated):
-    pass
+# The bases live in quarry.errors (clients rebuild them by code); the same classes here.
+Unauthenticated = errors.Unauthenticated
 
 
 class TokenMissing(Unauthenticated):
@@ -55,8 +55,7 @@ class InvalidCredentials(Unauthenticated):
     reason = "INVALID_CREDENTIALS"
 
 
-class PermissionDenied(errors.PermissionDenied):
-    pass
+PermissionDenied = errors.PermissionDenied
 
 
 class ServicePrincipalRequired(PermissionDenied):
