@@ -88,15 +88,13 @@ def bearer(token: str) -> tuple[tuple[str, str]]:
 def setup_test_admin(store: Any) -> None:
     """The fixed admin (member of Admins, with the fixed access key) on `store`, a KV store
     holding the suite's IAM data; nothing when it is there already."""
-    try:
+    with contextlib.suppress(errors.FailedPrecondition):  # ADMIN_EXISTS: a reused store
         setup_admin(
             IamStore(store),
             TEST_ADMIN,
             access_key_id=TEST_ACCESS_KEY_ID,
             secret_access_key=TEST_SECRET_ACCESS_KEY,
         )
-    except errors.FailedPrecondition:
-        pass  # ADMIN_EXISTS: a store reused by a second suite
 
 
 def setup_admin_over_grpc(branch_manager: str, timeout: float = 10.0) -> None:

@@ -21,8 +21,8 @@ import contextlib
 
 from quarry import errors
 from quarry.auth import errors as auth_errors
-from quarry.auth.policy import document
 from quarry.auth.keys import MIN_CHOSEN_SECRET_LENGTH
+from quarry.auth.policy import document
 from quarry.auth.store import IamStore, check_id
 from quarry.storage.v1 import auth_records_pb2 as records
 

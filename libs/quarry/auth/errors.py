@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from quarry import errors
 
-
 # The bases live in quarry.errors (clients rebuild them by code); the same classes here.
 Unauthenticated = errors.Unauthenticated
 
