@@ -32,13 +32,11 @@ def build(
     closers = list(deps.closers)
     if reporter is None and settings.compactor_enabled:
         from quarry.compaction.reporter import StagingReporter
-        from quarry.runtime.channels import open_channel
 
-        # Not traced on purpose: background batches belong to no user request.
         reporter = StagingReporter(
-            open_channel(settings.compactor_sensor_address, traced=False, token_source=tokens),
+            settings.compactor_sensor_address,
             interval_seconds=settings.staging_report_interval_seconds,
-            owns_channel=True,
+            token_source=tokens,
         ).start()
     if reporter is not None:
         # After the server has drained: the last acknowledged writes are reported too.

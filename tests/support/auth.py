@@ -137,13 +137,12 @@ def raw_channel(target: str) -> grpc.Channel:
 def install_client_tokens(module_patch: Callable[[Any, str, Any], None]) -> None:
     """Patch (via `module_patch`, e.g. monkeypatch.setattr) how test code dials: every
     grpc.insecure_channel carries the fixed admin's user token (Client, CLI in process, the
-    tests' own stubs); RemoteStore, RemoteRangeWriter and StagingReporter opened on an address (test code
+    tests' own stubs); RemoteStore and RemoteRangeWriter opened on an address (test code
     talking to a kv-gateway or range-writer directly, as a service would) carry a service
     token. A call that already has a token keeps it, so the services' own service tokens
     win on their channels — and a service that forgot its token reaches the kv-gateway and
     range-writer only as the admin user, which may not write there: it still fails."""
     import quarry.committed.remote as committed_remote
-    import quarry.compaction.reporter as reporter_module
     import quarry.kv.remote as kv_remote
     from quarry.runtime import channels
 
@@ -158,12 +157,7 @@ def install_client_tokens(module_patch: Callable[[Any, str, Any], None]) -> None
             return channels.open_channel(target, token_source=service), True
         return target, False
 
-    def reporter_open_channel(target: str, *, traced: bool = True, token_source=None):
-        return channels.open_channel(target, traced=traced, token_source=token_source or service)
-
     module_patch(grpc, "insecure_channel", insecure_channel)
-    # A StagingReporter opened on an address: test code standing in for branch-manager.
-    module_patch(reporter_module, "open_channel", reporter_open_channel)
     module_patch(kv_remote, "channel_for", service_channel_for)
     module_patch(committed_remote, "channel_for", service_channel_for)
 
