@@ -57,8 +57,10 @@ def staging_reads(kv) -> float:
 def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="quarry-bench-reads-"))
     ports = {name: free_port() for name in SERVICES}
+    # Auth off: these numbers stay comparable with earlier runs (auth on vs off: issue 12).
     env = quarry_env(
         home,
+        QUARRY_AUTH_ENABLED="false",
         **{f"QUARRY_{n.upper().replace('-', '_')}_PORT": str(p) for n, p in ports.items()},
         **{
             f"QUARRY_{n.upper().replace('-', '_')}_ADDRESS": f"127.0.0.1:{p}"

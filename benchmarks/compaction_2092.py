@@ -94,7 +94,9 @@ def main() -> None:
             port = free_port()
             gateway = subprocess.Popen(
                 [sys.executable, "-m", "quarry.cli.main", "serve", "kv-gateway"],
-                env=quarry_env(root / "home", QUARRY_KV_GATEWAY_PORT=str(port)),
+                env=quarry_env(
+                    root / "home", QUARRY_KV_GATEWAY_PORT=str(port), QUARRY_AUTH_ENABLED="false"
+                ),  # raw KV writes: no service token
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )

@@ -74,7 +74,9 @@ def main() -> None:
     gw_port = free_port()
     gateway = subprocess.Popen(
         [sys.executable, "-m", "quarry.cli.main", "serve", "kv-gateway"],
-        env=quarry_env(tmp, QUARRY_KV_GATEWAY_PORT=str(gw_port)),
+        env=quarry_env(
+            tmp, QUARRY_KV_GATEWAY_PORT=str(gw_port), QUARRY_AUTH_ENABLED="false"
+        ),  # raw KV
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

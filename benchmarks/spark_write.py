@@ -114,7 +114,7 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     started = time.perf_counter()
     try:
-        with running_suite(home) as suite, suite.client() as client:
+        with running_suite(home, auth_enabled=False) as suite, suite.client() as client:
             repo = "bench"
             namespace = suite.namespace(repo)
             client.create_repository(repo, namespace)

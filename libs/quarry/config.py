@@ -205,6 +205,32 @@ class Settings:
         "A call holding a request id renews its in-progress claim while it runs; a claim not "
         "renewed for this many seconds (its process died) may be taken over by a repeat.",
     )
+    auth_enabled: bool = _setting(
+        True,
+        "Authentication and authorization on every public RPC (`authorization: Bearer "
+        "<token>`, policies of the IAM store). Off only for benchmarks or a trusted dev box.",
+    )
+    auth_signing_key: str = _setting(
+        "",
+        "HS256 key (at least 32 bytes) that signs user and service tokens; the same on every "
+        "service. Empty: read QUARRY_AUTH_SIGNING_KEY_FILE.",
+    )
+    auth_signing_key_file: str = _setting(
+        "",
+        "File holding the signing key when QUARRY_AUTH_SIGNING_KEY is empty. `quarry up` "
+        "creates it (mode 0600, 32 random bytes as hex) when missing; `quarry serve` refuses "
+        "to start with auth on and no key.",
+        shown_default="`home`/signing.key",
+    )
+    auth_token_lifetime_seconds: int = _setting(
+        3600, "Lifetime of the tokens Auth/Login issues and of the services' own tokens."
+    )
+    auth_cache_seconds: float = _setting(
+        5.0,
+        "Each process caches a user's effective policies (and that its user and access key "
+        "exist) this long: a deleted user, revoked credential or detached policy takes "
+        "effect within it.",
+    )
     log_level: str = _setting(
         "INFO", "Python logging level of the services (DEBUG, INFO, WARNING, ERROR)."
     )
@@ -260,6 +286,10 @@ class Settings:
     @property
     def effective_kv_url(self) -> str:
         return self.kv_url or f"sqlite:///{Path(self.home).resolve() / 'kv.db'}"
+
+    @property
+    def effective_signing_key_file(self) -> str:
+        return self.auth_signing_key_file or str(Path(self.home).resolve() / "signing.key")
 
     @property
     def effective_cache_dir(self) -> str:

@@ -97,6 +97,20 @@ class Internal(QuarryError):
     reason = "INTERNAL"
 
 
+class Unauthenticated(QuarryError):
+    """No valid identity: a missing, malformed, expired or forged token, or a bad login."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+    reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(QuarryError):
+    """A known principal that may not do this (metadata names the action and resource)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+    reason = "PERMISSION_DENIED"
+
+
 def error_class_for(code: grpc.StatusCode) -> type[QuarryError]:
     """The generic QuarryError subclass for a status code (used when rebuilding remote errors)."""
     for cls in (
@@ -111,6 +125,8 @@ def error_class_for(code: grpc.StatusCode) -> type[QuarryError]:
         DeadlineExceeded,
         Cancelled,
         DataLoss,
+        Unauthenticated,
+        PermissionDenied,
     ):
         if cls.code == code:
             return cls

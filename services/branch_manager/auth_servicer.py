@@ -1,6 +1,6 @@
 """Auth servicer (quarry.v1.Auth): proto ⇄ the IAM domain (quarry.auth), nothing else.
 
-Branch-manager will register it (no sixth process). Authorization of every call is the
+Branch-manager registers it (no sixth process). Authorization of every call is the
 AuthInterceptor's job, by the declaration table; this servicer trusts it and only converts.
 IAM changes made here invalidate this process's authorizer cache at once; other processes
 see them within the cache lifetime.
@@ -12,12 +12,15 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from quarry.auth import errors as auth_errors
 from quarry.auth.authorizer import Authorizer
+from quarry.auth.bootstrap import setup_admin
 from quarry.auth.interceptor import current_principal
 from quarry.auth.store import IamStore
 from quarry.auth.tokens import DEFAULT_LIFETIME_SECONDS, TokenAuthority
 from quarry.storage.v1 import auth_records_pb2 as records
 from quarry.v1 import auth_pb2 as pb
 from quarry.v1 import auth_pb2_grpc
+
+DEFAULT_ADMIN = "admin"
 
 
 def user_to_proto(record: records.UserRecord) -> pb.User:
@@ -62,6 +65,22 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         stamp = Timestamp()
         stamp.FromSeconds(int(expires_at))
         return pb.LoginResponse(token=token, expires_at=stamp)
+
+    def Setup(self, request, context):
+        # Open (no token exists yet); setup_admin refuses once an admin exists.
+        user, credential, secret = setup_admin(
+            self._iam,
+            request.user_id or DEFAULT_ADMIN,
+            access_key_id=request.access_key_id,
+            secret_access_key=request.secret_access_key,
+        )
+        self._authorizer.invalidate()
+        return pb.SetupResponse(
+            user=user_to_proto(user),
+            credentials=pb.SetupCredentials(
+                access_key_id=credential.access_key_id, secret_access_key=secret
+            ),
+        )
 
     def WhoAmI(self, request, context):
         principal = current_principal()

@@ -1,14 +1,15 @@
 """branch-manager wiring: KV through the kv-gateway, committed reads from object storage,
 range-writer for the one metarange it writes (a new repository's empty one), the
 background dropper of retired staging tokens, and (when compactor_enabled) the reporter
-that sends staged-write counts to the compactor-sensor."""
+that sends staged-write counts to the compactor-sensor; with auth on, also the Auth service
+(IAM over the same KV store) and the service token on every outgoing call."""
 
 from __future__ import annotations
 
 from quarry.config import Settings
 from quarry.runtime.server import ServiceSpec
 from quarry.services.branch_manager.servicer import BranchManagerServicer
-from quarry.v1 import branch_manager_pb2, branch_manager_pb2_grpc
+from quarry.v1 import auth_pb2, auth_pb2_grpc, branch_manager_pb2, branch_manager_pb2_grpc
 
 SERVICE_NAME = "branch-manager"
 # What must answer before branch-manager serves. Not the compactor-sensor: its reports are
@@ -22,9 +23,12 @@ def build(
 ) -> ServiceSpec:
     """`reporter`: a started StagingReporter to use instead of one dialing
     settings.compactor_sensor_address (tests); the spec stops it either way."""
+    from quarry.auth.service_tokens import service_auth
     from quarry.graveler.wiring import core_dependencies
 
-    deps = core_dependencies(settings, kv_store, committed, range_writer)
+    auth = service_auth(settings, SERVICE_NAME)
+    tokens = auth.tokens if auth is not None else None
+    deps = core_dependencies(settings, kv_store, committed, range_writer, tokens=tokens)
     closers = list(deps.closers)
     if reporter is None and settings.compactor_enabled:
         from quarry.compaction.reporter import StagingReporter
@@ -32,22 +36,48 @@ def build(
         reporter = StagingReporter(
             settings.compactor_sensor_address,
             interval_seconds=settings.staging_report_interval_seconds,
+            token_source=tokens,
         ).start()
     if reporter is not None:
         # After the server has drained: the last acknowledged writes are reported too.
         closers.insert(0, reporter.stop)
+    authorizer = None
+    auth_servicer = None
+    if auth is not None:
+        from quarry.auth.authorizer import Authorizer
+        from quarry.auth.store import IamStore
+        from quarry.services.branch_manager.auth_servicer import AuthServicer
+
+        # One IAM store and authorizer for the Auth service and the interceptor, so an IAM
+        # change made here invalidates this process's cache at once.
+        iam = IamStore(deps.graveler.kv)
+        authorizer = Authorizer(iam, settings.auth_cache_seconds)
+        auth_servicer = AuthServicer(
+            iam, auth.authority, authorizer, float(settings.auth_token_lifetime_seconds)
+        )
+
     servicer = BranchManagerServicer(
-        deps.graveler, deps.requests, on_staged=reporter.record if reporter is not None else None
+        deps.graveler,
+        deps.requests,
+        on_staged=reporter.record if reporter is not None else None,
+        authorizer=authorizer,
     )
+
+    def register(server) -> None:
+        branch_manager_pb2_grpc.add_BranchManagerServicer_to_server(servicer, server)
+        if auth_servicer is not None:
+            auth_pb2_grpc.add_AuthServicer_to_server(auth_servicer, server)
+
+    names = [branch_manager_pb2.DESCRIPTOR.services_by_name["BranchManager"].full_name]
+    if auth_servicer is not None:
+        names.append(auth_pb2.DESCRIPTOR.services_by_name["Auth"].full_name)
     return ServiceSpec(
         name=SERVICE_NAME,
-        register=lambda server: branch_manager_pb2_grpc.add_BranchManagerServicer_to_server(
-            servicer, server
-        ),
-        grpc_service_names=[
-            branch_manager_pb2.DESCRIPTOR.services_by_name["BranchManager"].full_name
-        ],
+        register=register,
+        grpc_service_names=names,
         on_stop=closers,
         dependencies=deps.needed(DEPENDS_ON),
         on_ready=deps.on_ready,
+        iam_kv=deps.graveler.kv,
+        authorizer=authorizer,
     )

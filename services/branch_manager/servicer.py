@@ -6,6 +6,7 @@ import functools
 import logging
 
 from quarry import errors
+from quarry.auth.checks import check_import, needs_namespace
 from quarry.convert import change_to_proto, entry_from_proto, entry_to_proto
 from quarry.graveler import records
 from quarry.graveler.graveler import Graveler
@@ -23,8 +24,10 @@ def _token_of(staged: int) -> str:
 
 
 class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
-    def __init__(self, graveler: Graveler, requests: RequestLog, on_staged=None):
+    def __init__(self, graveler: Graveler, requests: RequestLog, on_staged=None, authorizer=None):
         self._g = graveler
+        # Auth on: checks fs:ImportFromStorage for addresses outside the namespace.
+        self._authorizer = authorizer
         # Calls with a request_id run at most once (quarry.runtime.idempotency).
         self._requests = requests
         # Called with (repository, branch, staging token, staged puts, staged deletes) after
@@ -145,6 +148,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
 
     @idempotent(pb.PutObjectResponse)
     def PutObject(self, request, context):
+        self._check_import(request.repository, [request.entry])
         entry = entry_from_proto(request.entry)
         staged = self._g.put_objects(request.repository, request.branch, [entry], request.if_absent)
         self._report_staged(request.repository, request.branch, _token_of(staged), int(staged), 0)
@@ -216,6 +220,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
             self._g.writes.check_put(
                 repository, branch, (entry_from_proto(e) for e in request.entries)
             )
+            self._check_import(repository, request.entries)
             if request.request_id:
                 unit = self._put_unit(request, repository, branch)
                 request_id = check_request_id(request.request_id)
@@ -239,6 +244,15 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         unit.CopyFrom(request)
         unit.repository, unit.branch = repository, branch
         return unit
+
+    def _check_import(self, repository: str, entries) -> None:
+        """fs:ImportFromStorage for a user staging addresses outside the repository's
+        namespace (the repository record is cached: no KV read in steady state)."""
+        pairs = [(e.path, e.physical_address) for e in entries]
+        if not needs_namespace(pairs):
+            return
+        namespace = self._g.refs.get_repository(repository).storage_namespace
+        check_import(self._authorizer, repository, namespace, pairs)
 
     def _stage_batch(self, repository: str, branch: str, request) -> pb.PutObjectsResponse:
         entries = [entry_from_proto(e) for e in request.entries]

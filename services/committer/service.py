@@ -13,10 +13,20 @@ DEPENDS_ON = ("kv-gateway", "range-writer")
 
 
 def build(settings: Settings, kv_store=None, committed=None, range_writer=None) -> ServiceSpec:
+    from quarry.auth.service_tokens import token_source
     from quarry.graveler.wiring import core_dependencies
 
-    deps = core_dependencies(settings, kv_store, committed, range_writer)
-    servicer = CommitterServicer(deps.graveler, deps.requests)
+    deps = core_dependencies(
+        settings, kv_store, committed, range_writer, tokens=token_source(settings, SERVICE_NAME)
+    )
+    authorizer = None
+    if settings.auth_enabled:
+        from quarry.auth.authorizer import Authorizer
+        from quarry.auth.store import IamStore
+
+        # Shared by the interceptor and the servicer's committer check: one cache.
+        authorizer = Authorizer(IamStore(deps.graveler.kv), settings.auth_cache_seconds)
+    servicer = CommitterServicer(deps.graveler, deps.requests, authorizer)
     return ServiceSpec(
         name=SERVICE_NAME,
         register=lambda server: committer_pb2_grpc.add_CommitterServicer_to_server(
@@ -26,4 +36,6 @@ def build(settings: Settings, kv_store=None, committed=None, range_writer=None) 
         on_stop=deps.closers,
         dependencies=deps.needed(DEPENDS_ON),
         on_ready=deps.on_ready,
+        iam_kv=deps.graveler.kv,
+        authorizer=authorizer,
     )

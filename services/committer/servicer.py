@@ -1,7 +1,8 @@
-"""Committer servicer: proto ⇄ Graveler calls, nothing else."""
+"""Committer servicer: proto ⇄ Graveler calls, and who the committer is (quarry.auth.checks)."""
 
 from __future__ import annotations
 
+from quarry.auth.checks import committer_for
 from quarry.convert import change_to_proto, conflict_to_proto, summary_to_proto
 from quarry.graveler.graveler import Graveler, MergeParams
 from quarry.graveler.requests import RequestLog
@@ -11,8 +12,10 @@ from quarry.v1 import committer_pb2_grpc
 
 
 class CommitterServicer(committer_pb2_grpc.CommitterServicer):
-    def __init__(self, graveler: Graveler, requests: RequestLog):
+    def __init__(self, graveler: Graveler, requests: RequestLog, authorizer=None):
         self._g = graveler
+        # Auth on: the committer recorded is the calling user (quarry.auth.checks).
+        self._authorizer = authorizer
         # Calls with a request_id run at most once (quarry.runtime.idempotency).
         self._requests = requests
 
@@ -22,7 +25,7 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
             request.repository,
             request.branch,
             request.message,
-            request.committer,
+            committer_for(request.committer, self._authorizer),
             dict(request.metadata),
             request.allow_empty,
         )
@@ -63,7 +66,7 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
         params = MergeParams(
             strategy=request.strategy,
             message=request.message,
-            committer=request.committer,
+            committer=committer_for(request.committer, self._authorizer),
             metadata=dict(request.metadata),
             squash=request.squash,
             allow_empty=request.allow_empty,
@@ -92,7 +95,7 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
             request.ref,
             request.parent_number,
             request.message,
-            request.committer,
+            committer_for(request.committer, self._authorizer),
         )
         return pb.RevertResponse(commit=outcome.commit)
 
@@ -104,7 +107,7 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
             request.ref,
             request.parent_number,
             request.message,
-            request.committer,
+            committer_for(request.committer, self._authorizer),
         )
         return pb.CherryPickResponse(commit=outcome.commit)
 

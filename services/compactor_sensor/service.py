@@ -63,19 +63,22 @@ class Assembled:
 def assemble(settings: Settings, kv_store=None, compactor=None) -> Assembled:
     """The ServiceSpec and its sensor (tests reach the sensor). `kv_store` and `compactor`
     override the kv-gateway and committer clients."""
+    from quarry.auth.service_tokens import token_source
+
+    tokens = token_source(settings, SERVICE_NAME)
     closers = []
     dependencies = {}
     if kv_store is None:
         from quarry.kv.remote import RemoteStore
 
-        raw, traced = open_service_channel(settings.kv_gateway_address)
+        raw, traced = open_service_channel(settings.kv_gateway_address, tokens)
         kv_store = RemoteStore(traced)
         dependencies["kv-gateway"] = service_dependency(
             "kv-gateway", settings.kv_gateway_address, raw
         )
         closers.append(raw.close)
     if compactor is None:
-        raw, traced = open_service_channel(settings.committer_address)
+        raw, traced = open_service_channel(settings.committer_address, tokens)
         compactor = CommitterCompactor(traced)
         dependencies["committer"] = service_dependency("committer", settings.committer_address, raw)
         closers.append(raw.close)  # also cancels a Compact still running at shutdown
@@ -98,6 +101,7 @@ def assemble(settings: Settings, kv_store=None, compactor=None) -> Assembled:
         on_stop=closers,
         dependencies=[dependencies[name] for name in DEPENDS_ON if name in dependencies],
         on_ready=on_ready,
+        iam_kv=kv_store,
     )
     return Assembled(spec, sensor)
 

@@ -114,4 +114,7 @@ def build(settings: Settings, backend=None) -> ServiceSpec:
         # Behind the readiness gate: stamp or check the storage format version once the
         # backend answers; another version stops the gateway (export/import message).
         on_ready=[lambda: ensure_format_version(backend)],
+        # IAM reads of the auth check go to the backend directly: not metered as client
+        # traffic, not limited, and cached per user by the authorizer.
+        iam_kv=backend,
     )

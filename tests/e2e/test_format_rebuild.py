@@ -31,6 +31,7 @@ from quarry.graveler.refs import REPOS_PREFIX, Repository
 from quarry.kv.sqlite import SQLiteStore
 from quarry.runtime import format_version
 from support import format_v1
+from support.auth import setup_admin_over_grpc
 from support.processes import REPO_ROOT, VENV_BIN, free_port, quarry_env
 from support.wait import wait_until
 
@@ -77,6 +78,8 @@ def quarry_up(home: Path, kv_db: Path) -> Iterator[dict[str, str]]:
             return "Press Ctrl-C" in line
 
         wait_until(printed_ready, timeout=60, interval=0, what="quarry up to start")
+        # The test admin (support.auth); refused harmlessly if `quarry up` made one.
+        setup_admin_over_grpc(f"127.0.0.1:{ports['branch-manager']}")
         yield env
     finally:
         child.send_signal(signal.SIGINT)

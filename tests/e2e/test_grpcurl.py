@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from support.auth import admin_token_source, service_token
 from support.processes import REPO_ROOT, free_port, quarry_env, quarry_serve, wait_serving
 
 GRPCURL = Path(sys.executable).parent / "grpcurl"
@@ -33,11 +34,28 @@ def gateway(tmp_path_factory):
         assert child.poll() is None, child.stderr.read()
 
 
-def grpcurl(*args: str, data: dict | None = None) -> subprocess.CompletedProcess:
+def grpcurl(
+    *args: str, data: dict | None = None, token: str | None = None
+) -> subprocess.CompletedProcess:
+    """grpcurl ARGS; with `token`, as `grpcurl -H "authorization: Bearer <token>"` (health,
+    reflection and ServerInfo need none)."""
     command = [str(GRPCURL), "-plaintext", "-format-error"]
+    if token is not None:
+        command += ["-H", f"authorization: Bearer {token}"]
     if data is not None:
         command += ["-d", json.dumps(data)]
     return subprocess.run(command + list(args), capture_output=True, text=True, timeout=30)
+
+
+def kv_grpcurl(*args: str, data: dict | None = None) -> subprocess.CompletedProcess:
+    """grpcurl with a service token: the kv-gateway's writes are for Quarry's services only
+    (an operator mints one with `quarry auth token --service NAME`)."""
+    return grpcurl(*args, data=data, token=service_token("operator"))
+
+
+def admin_grpcurl(*args: str, data: dict | None = None) -> subprocess.CompletedProcess:
+    """grpcurl with the test admin's token (`quarry auth token`)."""
+    return grpcurl(*args, data=data, token=admin_token_source()())
 
 
 def test_list_by_reflection_shows_the_gateway_services(gateway):
@@ -85,25 +103,25 @@ def test_describe_and_server_info(gateway):
 
 def test_set_get_set_if_round_trip(gateway):
     item = {"partitionKey": b64(b"repo/demo/1"), "key": b64(b"branches/main")}
-    result = grpcurl(gateway, "quarry.v1.KVGateway/SetItem", data={**item, "value": b64(b"v1")})
+    result = kv_grpcurl(gateway, "quarry.v1.KVGateway/SetItem", data={**item, "value": b64(b"v1")})
     assert result.returncode == 0, result.stderr
 
-    got = grpcurl(gateway, "quarry.v1.KVGateway/GetItem", data=item)
+    got = kv_grpcurl(gateway, "quarry.v1.KVGateway/GetItem", data=item)
     assert got.returncode == 0, got.stderr
     reply = json.loads(got.stdout)
     assert base64.b64decode(reply["value"]) == b"v1"
 
-    swapped = grpcurl(
+    swapped = kv_grpcurl(
         gateway,
         "quarry.v1.KVGateway/SetItemIf",
         data={**item, "value": b64(b"v2"), "ifEquals": reply["predicate"]},
     )
     assert swapped.returncode == 0, swapped.stderr
-    got = json.loads(grpcurl(gateway, "quarry.v1.KVGateway/GetItem", data=item).stdout)
+    got = json.loads(kv_grpcurl(gateway, "quarry.v1.KVGateway/GetItem", data=item).stdout)
     assert base64.b64decode(got["value"]) == b"v2"
 
     # The old predicate is stale now: ABORTED with reason PREDICATE_FAILED.
-    stale = grpcurl(
+    stale = kv_grpcurl(
         gateway,
         "quarry.v1.KVGateway/SetItemIf",
         data={**item, "value": b64(b"v3"), "ifEquals": reply["predicate"]},
@@ -114,7 +132,7 @@ def test_set_get_set_if_round_trip(gateway):
     assert "PREDICATE_FAILED" in json.dumps(error)
     assert "quarry.dev" in json.dumps(error)
 
-    absent = grpcurl(
+    absent = kv_grpcurl(
         gateway,
         "quarry.v1.KVGateway/SetItemIf",
         data={**item, "value": b64(b"v3"), "ifAbsent": True},
@@ -123,7 +141,7 @@ def test_set_get_set_if_round_trip(gateway):
 
 
 def test_invalid_argument_cases(gateway):
-    unknown = grpcurl(
+    unknown = kv_grpcurl(
         gateway,
         "quarry.v1.KVGateway/SetItem",
         data={"partitionKey": b64(b"elsewhere"), "key": b64(b"k"), "value": b64(b"v")},
@@ -132,7 +150,7 @@ def test_invalid_argument_cases(gateway):
     assert error["code"] == 3  # INVALID_ARGUMENT
     assert "UNKNOWN_PARTITION_CLASS" in json.dumps(error)
 
-    too_large = grpcurl(
+    too_large = kv_grpcurl(
         gateway,
         "quarry.v1.KVGateway/SetItem",
         data={"partitionKey": b64(b"cleanup"), "key": b64(b"k" * 1025), "value": b64(b"v")},
@@ -141,7 +159,7 @@ def test_invalid_argument_cases(gateway):
     assert error["code"] == 3
     assert "KEY_TOO_LARGE" in json.dumps(error)
 
-    missing = grpcurl(
+    missing = kv_grpcurl(
         gateway,
         "quarry.v1.KVGateway/GetItem",
         data={"partitionKey": b64(b"cleanup"), "key": b64(b"absent")},
@@ -160,13 +178,13 @@ def test_versioning_workflow_with_grpcurl(tmp_path):
         cm = suite.targets["committer"]
         listed = grpcurl(bm, "list")
         assert "quarry.v1.BranchManager" in listed.stdout, listed.stderr
-        created = grpcurl(
+        created = admin_grpcurl(
             bm,
             "quarry.v1.BranchManager/CreateRepository",
             data={"name": "demo", "storage_namespace": suite.namespace("demo")},
         )
         assert created.returncode == 0, created.stderr
-        put = grpcurl(
+        put = admin_grpcurl(
             bm,
             "quarry.v1.BranchManager/PutObject",
             data={
@@ -181,14 +199,14 @@ def test_versioning_workflow_with_grpcurl(tmp_path):
             },
         )
         assert put.returncode == 0, put.stderr
-        commit = grpcurl(
+        commit = admin_grpcurl(
             cm,
             "quarry.v1.Committer/Commit",
             data={"repository": "demo", "branch": "main", "message": "first"},
         )
         assert json.loads(commit.stdout)["summary"]["added"] == "1"
         listing = json.loads(
-            grpcurl(
+            admin_grpcurl(
                 bm,
                 "quarry.v1.BranchManager/ListObjects",
                 data={"repository": "demo", "ref": "main", "delimiter": "/"},
@@ -196,15 +214,31 @@ def test_versioning_workflow_with_grpcurl(tmp_path):
         )
         assert listing.get("commonPrefixes", listing.get("common_prefixes")) == ["a/"], listing
         log = json.loads(
-            grpcurl(
+            admin_grpcurl(
                 cm, "quarry.v1.Committer/Log", data={"repository": "demo", "ref": "main"}
             ).stdout
         )
         assert [c["message"] for c in log["commits"]] == ["first", "Repository created"]
-        missing = grpcurl(
+        missing = admin_grpcurl(
             bm,
             "quarry.v1.BranchManager/StatObject",
             data={"repository": "demo", "ref": "main", "path": "nope"},
         )
         error = json.loads(missing.stdout or missing.stderr)
         assert error["code"] == 5 and "OBJECT_NOT_FOUND" in json.dumps(error)
+
+
+def test_without_a_token_grpcurl_gets_unauthenticated_with_the_reason(gateway):
+    result = grpcurl(
+        gateway,
+        "quarry.v1.KVGateway/GetItem",
+        data={"partition_key": b64(b"quarry"), "key": b64(b"format-version")},
+    )
+    error = json.loads(result.stdout or result.stderr)
+    assert error["code"] == 16 and "TOKEN_MISSING" in json.dumps(error), error
+    with_token = kv_grpcurl(
+        gateway,
+        "quarry.v1.KVGateway/GetItem",
+        data={"partition_key": b64(b"quarry"), "key": b64(b"format-version")},
+    )
+    assert with_token.returncode == 0, with_token.stdout + with_token.stderr

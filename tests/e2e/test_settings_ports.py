@@ -8,6 +8,7 @@ import contextlib
 import subprocess
 
 from quarry.kv import open_store
+from support.auth import setup_admin_over_grpc
 from support.processes import VENV_BIN, free_port, quarry_env, quarry_serve, wait_serving
 
 SERVICES = ("kv-gateway", "range-writer", "branch-manager", "committer", "compactor-sensor")
@@ -34,6 +35,7 @@ def test_a_port_alone_moves_the_listener_and_the_dialled_address(tmp_path):
         # derived from QUARRY_KV_GATEWAY_PORT, since no address was given.
         for name in STARTED:
             wait_serving(f"127.0.0.1:{ports[name]}", timeout=60)
+        setup_admin_over_grpc(f"127.0.0.1:{ports['branch-manager']}")  # support.auth
 
         def quarry(*args: str) -> str:
             result = subprocess.run(

@@ -32,6 +32,7 @@ from quarry.v1 import (
     server_info_pb2,
     server_info_pb2_grpc,
 )
+from support.auth import setup_admin_over_grpc
 from support.processes import VENV_BIN, free_port, quarry_env, wait_health
 from support.wait import wait_until
 
@@ -184,6 +185,7 @@ def test_services_started_before_the_kv_gateway_wait_for_it_and_follow_it(procs,
     procs.start("range-writer")
     wait_all(procs, DEPENDENTS, SERVING)
     assert all(procs.children[name].poll() is None for name in DEPENDENTS)
+    setup_admin_over_grpc(procs.target("branch-manager"))  # the test admin (support.auth)
     namespace = tmp_path / "lake" / "demo"
     with Client(
         procs.target("branch-manager"),
@@ -258,6 +260,7 @@ def test_a_service_stops_within_its_grace_period_while_its_dependency_hangs(proc
     branch_manager = procs.start("branch-manager")
     wait_all(procs, ["branch-manager"], SERVING)
     target = procs.target("branch-manager")
+    setup_admin_over_grpc(target)  # the test admin (support.auth)
     with Client(target, procs.target("committer")) as client:
         client.create_repository("demo", str(tmp_path / "lake" / "demo"))
     gateway = procs.children["kv-gateway"]
@@ -363,6 +366,8 @@ def test_up_stops_dependents_first_and_promptly_on_ctrl_c(tmp_path):
             line = up.stdout.readline()
             assert line, "".join(seen)
             seen.append(line)
+        # The test admin (support.auth); refused harmlessly if `quarry up` made one.
+        setup_admin_over_grpc(f"127.0.0.1:{ports['branch-manager']}")
         with Client(
             f"127.0.0.1:{ports['branch-manager']}",
             f"127.0.0.1:{ports['committer']}",

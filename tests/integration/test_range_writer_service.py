@@ -23,6 +23,7 @@ from quarry.graveler.model import Change, ChangeType, Conflict, DiffSummary, Ent
 from quarry.runtime.errors import error_info, from_rpc_error
 from quarry.runtime.server import create_server
 from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc, types_pb2
+from support.auth import service_channel
 from support.servers import settings_for_tests
 
 
@@ -119,7 +120,7 @@ def test_get_metarange_is_paged_by_size(tmp_path):
         RemoteRangeWriter(target) as remote,
     ):
         assert remote.get_metarange(namespace, written.metarange_id) == expected
-        channel = grpc.insecure_channel(target)
+        channel = service_channel(target)
         stub = range_writer_pb2_grpc.RangeWriterStub(channel)
         request = range_writer_pb2.GetMetaRangeRequest(
             storage_namespace=namespace, metarange_id=written.metarange_id
@@ -200,7 +201,7 @@ def _raw_status(call):
 
 def test_stream_protocol_is_validated(served):
     _remote, target, namespace, _stores = served
-    with grpc.insecure_channel(target) as channel:
+    with service_channel(target) as channel:
         stub = range_writer_pb2_grpc.RangeWriterStub(channel)
         header = range_writer_pb2.ApplyChangesRequest(
             header=range_writer_pb2.ApplyChangesHeader(storage_namespace=namespace)
@@ -257,7 +258,7 @@ def test_stream_protocol_is_validated(served):
 
 def test_health_and_server_info(served):
     _remote, target, _namespace, _stores = served
-    with grpc.insecure_channel(target) as channel:
+    with service_channel(target) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         reply = health.Check(
             health_pb2.HealthCheckRequest(service="quarry.v1.RangeWriter"), timeout=5
@@ -412,7 +413,7 @@ def test_claim_namespace_writes_only_the_marker_and_reports_what_it_found(served
     assert len(found.keys) == SCAN_LIMIT and found.keys_truncated
     assert not (crowded / "_quarry").exists()
 
-    with grpc.insecure_channel(target) as channel:
+    with service_channel(target) as channel:
         stub = range_writer_pb2_grpc.RangeWriterStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
             stub.ClaimNamespace(range_writer_pb2.ClaimNamespaceRequest(storage_namespace=namespace))

@@ -20,6 +20,7 @@ from quarry.runtime.format_version import FormatVersionMismatch, ensure_format_v
 from quarry.runtime.periodic import PeriodicWorker
 from quarry.runtime.server import Dependency, create_server, service_dependency
 from quarry.v1 import kv_pb2, kv_pb2_grpc, server_info_pb2, server_info_pb2_grpc
+from support.auth import service_channel
 from support.processes import free_port, health_status, wait_health
 from support.servers import settings_for_tests
 from support.wait import wait_until
@@ -51,7 +52,7 @@ def reason_of(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
 
 
 def scan(target: str) -> list:
-    with grpc.insecure_channel(target) as channel:
+    with service_channel(target) as channel:
         return list(
             kv_pb2_grpc.KVGatewayStub(channel).ScanItems(
                 kv_pb2.ScanItemsRequest(partition_key=b"cleanup"), timeout=5

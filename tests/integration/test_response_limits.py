@@ -20,6 +20,7 @@ from quarry.config import Settings
 from quarry.v1 import branch_manager_pb2 as bm
 from quarry.v1 import branch_manager_pb2_grpc, committer_pb2_grpc, types_pb2
 from quarry.v1 import committer_pb2 as cm
+from support.auth import admin_token_source, service_channel
 from support.suite import running_suite
 
 N = 10_000
@@ -165,6 +166,8 @@ def test_grpcurl_lists_page_size_1000_with_its_default_limits(loaded):
                 str(GRPCURL),
                 "-plaintext",
                 "-format-error",
+                "-H",
+                f"authorization: Bearer {admin_token_source()()}",
                 "-d",
                 json.dumps(request),
                 suite.targets["branch-manager"],
@@ -200,7 +203,7 @@ def test_kv_scan_messages_are_cut_by_size():
             ]
         finally:
             store.close()
-        channel = grpc.insecure_channel(target)
+        channel = service_channel(target)
         try:
             messages = list(
                 kv_pb2_grpc.KVGatewayStub(channel).ScanItems(

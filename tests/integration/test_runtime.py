@@ -15,6 +15,7 @@ from quarry.runtime.errors import from_rpc_error
 from quarry.runtime.format_version import FormatVersionMismatch, ensure_format_version
 from quarry.runtime.server import ServiceSpec, create_server
 from quarry.v1 import kv_pb2, kv_pb2_grpc, server_info_pb2, server_info_pb2_grpc
+from support.auth import service_channel
 from support.processes import health_status
 from support.servers import kv_gateway, settings_for_tests
 from support.wait import wait_until
@@ -32,7 +33,7 @@ def error_info_of(error: grpc.RpcError) -> error_details_pb2.ErrorInfo:
 
 
 def test_health_server_info_and_reflection():
-    with kv_gateway() as (_server, target), grpc.insecure_channel(target) as channel:
+    with kv_gateway() as (_server, target), service_channel(target) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         for name in ("", "quarry.v1.KVGateway", "quarry.v1.ServerInfo"):
             reply = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
@@ -62,7 +63,7 @@ def test_health_server_info_and_reflection():
 
 
 def test_domain_errors_become_rich_statuses():
-    with kv_gateway() as (_server, target), grpc.insecure_channel(target) as channel:
+    with kv_gateway() as (_server, target), service_channel(target) as channel:
         stub = kv_pb2_grpc.KVGatewayStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
             stub.GetItem(kv_pb2.GetItemRequest(partition_key=b"cleanup", key=b"nope"), timeout=5)

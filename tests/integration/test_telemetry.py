@@ -2,11 +2,10 @@
 
 import urllib.request
 
-import grpc
-
 from quarry import telemetry
 from quarry.kv.remote import RemoteStore
 from quarry.v1 import kv_pb2, kv_pb2_grpc
+from support.auth import service_channel
 from support.processes import free_port, quarry_env, quarry_serve, wait_serving
 from support.servers import kv_gateway
 
@@ -40,7 +39,7 @@ def test_prometheus_endpoint_per_service(tmp_path):
     with quarry_serve("kv-gateway", env):
         target = f"127.0.0.1:{port}"
         wait_serving(target)
-        with grpc.insecure_channel(target) as channel:
+        with service_channel(target) as channel:
             stub = kv_pb2_grpc.KVGatewayStub(channel)
             stub.SetItem(
                 kv_pb2.SetItemRequest(partition_key=b"staging/t1", key=b"a", value=b"x" * 3000),

@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from support.auth import setup_admin_over_grpc
 from support.processes import VENV_BIN, free_port, quarry_env, wait_serving
 
 START_ORDER = ("kv-gateway", "range-writer", "committer", "compactor-sensor", "branch-manager")
@@ -112,6 +113,8 @@ class Cluster:
     def start(self) -> None:
         for name in START_ORDER:
             self.services[name].start()
+        # Auth is on: the test admin (support.auth) on this cluster's own store.
+        setup_admin_over_grpc(self.target("branch-manager"))
 
     def stop(self) -> None:
         for name in reversed(START_ORDER):

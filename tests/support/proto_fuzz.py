@@ -29,6 +29,7 @@ from google.protobuf import message_factory
 from hypothesis import strategies as st
 
 from quarry.v1 import (
+    auth_pb2,
     branch_manager_pb2,
     committer_pb2,
     compactor_sensor_pb2,
@@ -46,7 +47,14 @@ INTERNAL_SERVICES = frozenset({"RangeWriter"})
 KV_SERVICE = "KVGateway"
 KV_FUZZ_PARTITION_PREFIX = b"staging/proptest-fuzz-"
 
-_MODULES = (branch_manager_pb2, committer_pb2, compactor_sensor_pb2, kv_pb2, server_info_pb2)
+_MODULES = (
+    auth_pb2,
+    branch_manager_pb2,
+    committer_pb2,
+    compactor_sensor_pb2,
+    kv_pb2,
+    server_info_pb2,
+)
 
 Type = _descriptor.FieldDescriptor
 

@@ -11,10 +11,13 @@ from quarry.config import load_settings
 from quarry.kv.memory import MemoryStore
 from quarry.kv.store import Store
 from quarry.runtime.server import QuarryServer, create_server
+from support.auth import TEST_SIGNING_KEY, service_channel, setup_test_admin
 
 
 def settings_for_tests(**overrides):
-    """Settings isolated from the developer's environment."""
+    """Settings isolated from the developer's environment; auth on with the test signing
+    key (support.auth)."""
+    overrides.setdefault("auth_signing_key", TEST_SIGNING_KEY)
     return load_settings(env={}, metrics_base_port=0, **overrides)
 
 
@@ -24,7 +27,9 @@ def kv_gateway(backend: Store | None = None, **overrides) -> Iterator[tuple[Quar
     from quarry.services.kv_gateway.service import build
 
     settings = settings_for_tests(**overrides)
-    spec = build(settings, backend=backend if backend is not None else MemoryStore())
+    backend = backend if backend is not None else MemoryStore()
+    setup_test_admin(backend)
+    spec = build(settings, backend=backend)
     server, port = create_server(settings, spec, port=0, host="127.0.0.1")
     try:
         yield server, f"127.0.0.1:{port}"
@@ -33,4 +38,5 @@ def kv_gateway(backend: Store | None = None, **overrides) -> Iterator[tuple[Quar
 
 
 def channel(target: str) -> grpc.Channel:
-    return grpc.insecure_channel(target)
+    """A channel whose calls carry a service token (test code standing in for a service)."""
+    return service_channel(target)

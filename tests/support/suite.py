@@ -16,6 +16,7 @@ from pathlib import Path
 from quarry.config import load_settings
 from quarry.kv.store import Store
 from quarry.runtime.server import QuarryServer, create_server
+from support.auth import TEST_SIGNING_KEY, setup_test_admin
 
 
 @dataclass
@@ -69,8 +70,12 @@ def running_suite(
     backend = backend if backend is not None else MemoryStore()
     if not compactor_sensor:
         overrides.setdefault("compactor_enabled", False)
+    # Auth on (the default) with the test key; the fixed admin on the suite's own store.
+    overrides.setdefault("auth_signing_key", TEST_SIGNING_KEY)
     settings = load_settings(env={}, home=str(home), metrics_base_port=0, **overrides)
     suite = Suite(home=home, settings=settings, backend=backend)
+    if settings.auth_enabled:
+        setup_test_admin(backend)
     try:
         server, target = _start(settings, build_kv_gateway(settings, backend=backend))
         suite.servers["kv-gateway"], suite.targets["kv-gateway"] = server, target

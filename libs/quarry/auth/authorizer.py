@@ -129,3 +129,26 @@ class Authorizer:
         with self._lock:
             self._keys[key_id] = loaded
         return loaded
+
+
+class ServicesOnlyAuthorizer(Authorizer):
+    """The authorizer of a service that holds no IAM store (the range-writer): it serves
+    only the suite's services, so any user principal is refused before anything is read.
+
+    Safety rule: never allows a user, whatever the rule of the method says."""
+
+    def __init__(self) -> None:  # no IAM store, no cache
+        pass
+
+    def check_principal(self, principal: Principal) -> None:
+        if not principal.is_service:
+            raise auth_errors.ServicePrincipalRequired(
+                "this service is internal: only Quarry's own services may call it",
+                metadata={"principal": str(principal)},
+            )
+
+    def authorize(self, principal: Principal, action: str, resources: Sequence[str]) -> None:
+        self.check_principal(principal)
+
+    def invalidate(self, user_id: str | None = None) -> None:
+        pass

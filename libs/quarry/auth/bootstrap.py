@@ -21,8 +21,9 @@ import contextlib
 
 from quarry import errors
 from quarry.auth import errors as auth_errors
+from quarry.auth.keys import MIN_CHOSEN_SECRET_LENGTH
 from quarry.auth.policy import document
-from quarry.auth.store import IamStore
+from quarry.auth.store import IamStore, check_id
 from quarry.storage.v1 import auth_records_pb2 as records
 
 ADMINS = "Admins"
@@ -111,17 +112,32 @@ def has_admin(iam: IamStore) -> bool:
 
 
 def setup_admin(
-    iam: IamStore, user_id: str = "admin", email: str = ""
+    iam: IamStore,
+    user_id: str = "admin",
+    email: str = "",
+    access_key_id: str = "",
+    secret_access_key: str = "",
 ) -> tuple[records.UserRecord, records.CredentialRecord, str]:
     """The first admin of an empty installation and its credential (the secret returned
-    here once). FAILED_PRECONDITION / ADMIN_EXISTS once the Admins group has a member."""
+    here once; `access_key_id`/`secret_access_key` when the operator chooses them).
+    FAILED_PRECONDITION / ADMIN_EXISTS once the Admins group has a member."""
     if has_admin(iam):
         raise auth_errors.AdminExists(
             "this installation already has an admin; log in with its credentials",
             metadata={"group": ADMINS},
         )
+    # Checked before anything is written: a refused setup leaves the installation as it was.
+    check_id("user", user_id)
+    if access_key_id:
+        check_id("access key", access_key_id)
+    if bool(access_key_id) != bool(secret_access_key):
+        raise errors.InvalidArgument("give both the access key id and the secret, or neither")
+    if secret_access_key and len(secret_access_key) < MIN_CHOSEN_SECRET_LENGTH:
+        raise errors.InvalidArgument(
+            f"a chosen secret access key must be at least {MIN_CHOSEN_SECRET_LENGTH} characters"
+        )
     ensure_builtins(iam)
     user = iam.create_user(user_id, email=email)
     iam.add_group_member(ADMINS, user_id)
-    credential, secret = iam.create_credentials(user_id)
+    credential, secret = iam.create_credentials(user_id, access_key_id, secret_access_key)
     return user, credential, secret

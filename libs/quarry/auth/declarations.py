@@ -3,7 +3,7 @@ calls, the action and resources it checks (docs/architecture.md §9). The interc
 exactly this table; a test parses the protos and fails when an RPC has no entry.
 
 Access kinds:
-  * OPEN: no token needed (ServerInfo, Auth/Login; health and reflection are outside
+  * OPEN: no token needed (ServerInfo, Auth/Login, Auth/Setup; health and reflection are outside
     quarry.v1 and always open).
   * AUTHENTICATED: any valid principal (Auth/WhoAmI).
   * ACTION: a user whose policies allow `action` on every resource the request names, or a
@@ -219,6 +219,8 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
     },
     "Auth": {
         "Login": _open(),
+        # Refused (ADMIN_EXISTS) once an admin exists, so open is safe: only the first
+        # caller of an empty installation gets anything.
         "Setup": _open(mutating=True),
         "WhoAmI": Rule(Access.AUTHENTICATED),
         "CreateUser": _act("auth:CreateUser", _user, mutating=True),

@@ -6,14 +6,10 @@ tell an expired token from a forged one; PERMISSION_DENIED names the action and 
 
 from __future__ import annotations
 
-import grpc
-
 from quarry import errors
 
-
-class Unauthenticated(errors.QuarryError):
-    code = grpc.StatusCode.UNAUTHENTICATED
-    reason = "UNAUTHENTICATED"
+# The bases live in quarry.errors (clients rebuild them by code); the same classes here.
+Unauthenticated = errors.Unauthenticated
 
 
 class TokenMissing(Unauthenticated):
@@ -58,9 +54,7 @@ class InvalidCredentials(Unauthenticated):
     reason = "INVALID_CREDENTIALS"
 
 
-class PermissionDenied(errors.QuarryError):
-    code = grpc.StatusCode.PERMISSION_DENIED
-    reason = "PERMISSION_DENIED"
+PermissionDenied = errors.PermissionDenied
 
 
 class ServicePrincipalRequired(PermissionDenied):

@@ -8,7 +8,7 @@ the method (declarations.RULES). Health, reflection (outside quarry.v1) and the 
 servicer through `current_principal()`.
 
 Audit: one structured line (JSON) on the `quarry.audit` logger per MUTATING call, whatever
-its outcome: principal, method, action, resource, outcome (ok / failed / denied /
+its outcome (but not a service's successful internal calls, e.g. KV writes): principal, method, action, resource, outcome (ok / failed / denied /
 unauthenticated), status code and request id.
 
 Install inside the ErrorInterceptor (which turns the refusals into statuses with an
@@ -37,7 +37,7 @@ from quarry import errors
 from quarry.auth import errors as auth_errors
 from quarry.auth.authorizer import Authorizer
 from quarry.auth.declarations import RULES, Access, Rule, is_quarry_method
-from quarry.auth.tokens import Principal, TokenAuthority
+from quarry.auth.tokens import SERVICE, Principal, TokenAuthority
 
 AUDIT_LOGGER = "quarry.audit"
 audit_log = logging.getLogger(AUDIT_LOGGER)
@@ -96,6 +96,15 @@ class _Audit:
 
     def write(self) -> None:
         if not self.rule.mutating:
+            return
+        if (
+            self.rule.access is Access.SERVICE_ONLY
+            and self.outcome == "ok"
+            and self.principal.startswith(f"{SERVICE}:")
+        ):
+            # A service's own internal call (a KV write, a range write) made while serving
+            # a user call that the public service audits already: no line per KV write.
+            # Refusals of internal calls are still audited.
             return
         line = {
             "principal": self.principal or "anonymous",

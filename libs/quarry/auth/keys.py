@@ -1,6 +1,8 @@
 """Access keys: ids like AWS/lakeFS (`AKIAQ…`, 20 characters), 40-character secrets, and the
 salted slow hash that is all the store ever keeps of a secret.
 
+Also the suite's token signing key (resolve_signing_key / ensure_signing_key).
+
 Safety rule: a secret is returned once, at creation, and never stored, logged or put in an
 exception message; only `hash_secret`'s output is persisted, and `secret_matches` compares
 in constant time.
@@ -10,14 +12,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import secrets
 import string
+from pathlib import Path
 
+from quarry import errors
+from quarry.auth.tokens import MIN_KEY_BYTES
+from quarry.config import Settings
 from quarry.storage.v1 import auth_records_pb2
 
 ACCESS_KEY_PREFIX = "AKIAQ"
 ACCESS_KEY_LENGTH = 20
 SECRET_LENGTH = 40
+# A secret an operator chooses (setup with given keys) is at least this long.
+MIN_CHOSEN_SECRET_LENGTH = 16
 _KEY_ALPHABET = string.ascii_uppercase + string.digits
 _SECRET_ALPHABET = string.ascii_letters + string.digits + "+/"
 
@@ -68,3 +77,63 @@ def _scrypt(secret: str, salt: bytes, n: int, r: int, p: int) -> bytes:
         maxmem=64 * 1024 * 1024,
         dklen=DIGEST_BYTES,
     )
+
+
+# ---- the signing key of the suite's tokens -----------------------------------------------
+
+SIGNING_KEY_RANDOM_BYTES = 32
+
+
+class SigningKeyMissing(errors.FailedPrecondition):
+    """Auth is on and no signing key is configured: a service refuses to start."""
+
+    reason = "SIGNING_KEY_MISSING"
+
+
+def resolve_signing_key(settings: Settings) -> bytes:
+    """The signing key of `settings`: QUARRY_AUTH_SIGNING_KEY, else the contents of the key
+    file (QUARRY_AUTH_SIGNING_KEY_FILE, default `home`/signing.key), stripped.
+
+    Never invents a key: a service that made up its own would reject every other service's
+    tokens. SigningKeyMissing (with how to fix it) when neither gives one, or it is short."""
+    if settings.auth_signing_key:
+        key = settings.auth_signing_key.encode("utf-8")
+        source = "QUARRY_AUTH_SIGNING_KEY"
+    else:
+        path = Path(settings.effective_signing_key_file)
+        source = str(path)
+        try:
+            key = path.read_bytes().strip()
+        except FileNotFoundError:
+            raise SigningKeyMissing(
+                f"auth is on but there is no signing key: set QUARRY_AUTH_SIGNING_KEY, or put "
+                f"one in {path} (QUARRY_AUTH_SIGNING_KEY_FILE; `quarry up` creates it), or turn "
+                "auth off with QUARRY_AUTH_ENABLED=false (trusted development only)",
+                metadata={"file": str(path)},
+            ) from None
+    if len(key) < MIN_KEY_BYTES:
+        raise SigningKeyMissing(
+            f"the signing key from {source} is {len(key)} bytes; it must be at least "
+            f"{MIN_KEY_BYTES}",
+            metadata={"source": source},
+        )
+    return key
+
+
+def ensure_signing_key(settings: Settings) -> bytes:
+    """The signing key, creating the key file (mode 0600, 32 random bytes as hex) when no
+    key is configured and the file is missing (`quarry up`). Never overwrites a key file."""
+    if not settings.auth_signing_key:
+        path = Path(settings.effective_signing_key_file)
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            key = secrets.token_hex(SIGNING_KEY_RANDOM_BYTES).encode("ascii")
+            try:
+                # O_EXCL: a file created meanwhile by another `quarry up` is kept, not replaced.
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                pass
+            else:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(key + b"\n")
+    return resolve_signing_key(settings)

@@ -76,6 +76,9 @@ AUTH_ACTIONS = (
     "auth:DeletePolicy",
     "auth:AttachPolicy",
     "auth:DetachPolicy",
+    # Record another user's id as the committer of a commit, merge, revert or cherry-pick
+    # (Admins, through auth:*); everyone else commits as themselves.
+    "auth:CommitAsOtherUser",
 )
 KV_ACTIONS = ("kv:Read",)
 ACTIONS: tuple[str, ...] = FS_ACTIONS + RETENTION_ACTIONS + AUTH_ACTIONS + KV_ACTIONS

@@ -141,14 +141,26 @@ class IamStore:
 
     # ---- credentials ------------------------------------------------------------------
 
-    def create_credentials(self, user_id: str) -> tuple[records.CredentialRecord, str]:
+    def create_credentials(
+        self, user_id: str, access_key_id: str = "", secret: str = ""
+    ) -> tuple[records.CredentialRecord, str]:
         """A new access key for the user and its secret: the only time the secret exists
-        outside the caller's hands. Only its hash is stored."""
+        outside the caller's hands. Only its hash is stored. `access_key_id` and `secret`
+        chosen by the caller (setup with given keys, like `lakefs setup`) are used as given;
+        a chosen id already in use is refused (ALREADY_EXISTS), never taken over."""
         self.get_user(user_id)
-        secret = keys.new_secret()
+        chosen = access_key_id
+        if chosen:
+            check_id("access key", chosen)
+        if secret and len(secret) < keys.MIN_CHOSEN_SECRET_LENGTH:
+            raise errors.InvalidArgument(
+                f"a chosen secret access key must be at least {keys.MIN_CHOSEN_SECRET_LENGTH} "
+                "characters"
+            )
+        secret = secret or keys.new_secret()
         hashed = keys.hash_secret(secret, n=self._hash_cost)
-        for _ in range(_NEW_KEY_ATTEMPTS):
-            access_key_id = keys.new_access_key_id()
+        for _ in range(1 if chosen else _NEW_KEY_ATTEMPTS):
+            access_key_id = chosen or keys.new_access_key_id()
             record = records.CredentialRecord(
                 access_key_id=access_key_id,
                 user_id=user_id,
@@ -172,6 +184,11 @@ class IamStore:
             except kv.PredicateFailed:
                 # Another credential has this id (1 in 36^15): drop our link, try another.
                 self._kv.delete(AUTH_PARTITION, _key(USER_CREDENTIALS, user_id, access_key_id))
+                if chosen:
+                    raise errors.AlreadyExists(
+                        f"access key id {chosen!r} is already in use",
+                        metadata={"access_key_id": chosen},
+                    ) from None
                 continue
             return record, secret
         raise errors.Aborted("could not find a free access key id; retry")

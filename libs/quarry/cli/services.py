@@ -136,6 +136,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     settings = load_settings()
     home = Path(settings.home).resolve()
     home.mkdir(parents=True, exist_ok=True)
+    if settings.auth_enabled:
+        from quarry.auth.keys import ensure_signing_key
+
+        ensure_signing_key(settings)  # the key file (0600) every service reads, once
     env = dict(os.environ, QUARRY_HOME=str(home), PYTHONUNBUFFERED="1")
     print(f"Quarry {quarry.__version__} (storage format {quarry.FORMAT_VERSION})")
     print(f"  data:   {home}  (KV: {settings.effective_kv_url})")

@@ -22,7 +22,7 @@ from quarry.graveler.requests import RequestLog
 from quarry.graveler.staging import Dropper, StagingManager
 from quarry.graveler.writes import PutStreamLimits
 from quarry.kv import store as kv
-from quarry.runtime.channels import open_service_channel
+from quarry.runtime.channels import TokenSource, open_service_channel
 from quarry.runtime.format_version import ensure_format_version
 from quarry.runtime.server import Dependency, service_dependency
 
@@ -53,14 +53,17 @@ def core_dependencies(
     committed: CommittedReader | None = None,
     range_writer: RangeWriterClient | None = None,
     start_dropper: bool = True,
+    tokens: TokenSource | None = None,
 ) -> CoreDependencies:
+    """`tokens`: the service's token source (quarry.auth.service_tokens), attached to every
+    call it makes to the kv-gateway and the range-writer; None when auth is off."""
     closers: list[Callable[[], None]] = []
     dependencies: dict[str, Dependency] = {}
     dropper_store = kv_store
     if kv_store is None:
         from quarry.kv.remote import RemoteStore
 
-        raw, traced = open_service_channel(settings.kv_gateway_address)
+        raw, traced = open_service_channel(settings.kv_gateway_address, tokens)
         kv_store = RemoteStore(traced)
         # Same connection, shorter deadlines: background work never blocks for long.
         dropper_store = RemoteStore(traced, timeout=DROPPER_CALL_TIMEOUT_SECONDS)
@@ -75,7 +78,7 @@ def core_dependencies(
     if range_writer is None:
         from quarry.committed.remote import RemoteRangeWriter
 
-        raw, traced = open_service_channel(settings.range_writer_address)
+        raw, traced = open_service_channel(settings.range_writer_address, tokens)
         range_writer = RemoteRangeWriter(traced)
         dependencies["range-writer"] = service_dependency(
             "range-writer", settings.range_writer_address, raw

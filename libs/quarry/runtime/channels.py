@@ -1,6 +1,10 @@
-"""Client channels to Quarry services: one place for message limits and tracing."""
+"""Client channels to Quarry services: one place for message limits, tracing and the bearer
+token every call carries."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -20,20 +24,98 @@ CHANNEL_OPTIONS = [
 ]
 
 
-def open_channel(target: str, *, traced: bool = True) -> grpc.Channel:
+AUTHORIZATION_HEADER = "authorization"
+
+# Returns the current bearer token (fresh: the source renews it before it expires).
+TokenSource = Callable[[], str]
+
+
+class BearerToken(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds `authorization: Bearer <token>` to every call, asking `token_source` each time
+    (it caches; asking is cheap). A call that already carries an authorization header keeps
+    its own."""
+
+    def __init__(self, token_source: TokenSource):
+        self._token_source = token_source
+
+    def _with_token(self, details: Any) -> Any:
+        metadata = list(details.metadata or ())
+        if not any(key.lower() == AUTHORIZATION_HEADER for key, _ in metadata):
+            metadata.append((AUTHORIZATION_HEADER, f"Bearer {self._token_source()}"))
+        return _CallDetails(
+            details.method,
+            details.timeout,
+            metadata,
+            details.credentials,
+            getattr(details, "wait_for_ready", None),
+            getattr(details, "compression", None),
+        )
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):  # noqa: ANN001, ANN201
+        return continuation(self._with_token(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):  # noqa: ANN001, ANN201
+        return continuation(self._with_token(client_call_details), request)
+
+    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # noqa: ANN001, ANN201
+        return continuation(self._with_token(client_call_details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # noqa: ANN001, ANN201
+        return continuation(self._with_token(client_call_details), request_iterator)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(  # noqa: PLR0913 — grpc's ClientCallDetails fields
+        self,
+        method: str,
+        timeout: float | None,
+        metadata: Any,
+        credentials: Any,
+        wait_for_ready: Any,
+        compression: Any,
+    ):
+        self.method = method
+        self.timeout = timeout
+        self.metadata = metadata
+        self.credentials = credentials
+        self.wait_for_ready = wait_for_ready
+        self.compression = compression
+
+
+def with_token(channel: grpc.Channel, token_source: TokenSource | None) -> grpc.Channel:
+    """`channel` with every call carrying the bearer token of `token_source` (as is when
+    None). Closing the result closes `channel`."""
+    if token_source is None:
+        return channel
+    return grpc.intercept_channel(channel, BearerToken(token_source))
+
+
+def open_channel(
+    target: str, *, traced: bool = True, token_source: TokenSource | None = None
+) -> grpc.Channel:
     """An insecure channel to `target` ("host:port"): the one place channels are opened.
     Traced when tracing is on, unless `traced=False` (background traffic that belongs to
-    no request, such as staging reports and readiness probes)."""
+    no request, such as staging reports and readiness probes). With `token_source`, every
+    call carries `authorization: Bearer <token>`."""
     channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
-    return telemetry.instrument_channel(channel) if traced else channel
+    channel = telemetry.instrument_channel(channel) if traced else channel
+    return with_token(channel, token_source)
 
 
-def open_service_channel(target: str) -> tuple[grpc.Channel, grpc.Channel]:
+def open_service_channel(
+    target: str, token_source: TokenSource | None = None
+) -> tuple[grpc.Channel, grpc.Channel]:
     """(raw, traced) views of ONE channel to another Quarry service: data calls go through
-    `traced`; the readiness probe (quarry.runtime.server.service_dependency) uses `raw`, so
+    `traced` (carrying the service's token when `token_source` is given); the readiness
+    probe (quarry.runtime.server.service_dependency) uses `raw` — health is open — so
     probing makes no spans yet proves the connection the data calls use. Close `raw`."""
     raw = open_channel(target, traced=False)
-    return raw, telemetry.instrument_channel(raw)
+    return raw, with_token(telemetry.instrument_channel(raw), token_source)
 
 
 def channel_for(target: str | grpc.Channel) -> tuple[grpc.Channel, bool]:

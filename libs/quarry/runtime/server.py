@@ -128,6 +128,12 @@ class ServiceSpec:
     # run once, in order, the first time they all answer. A retryable error (UNAVAILABLE,
     # ABORTED, ...) is tried again on the next probe; any other error stops the service.
     on_ready: list[Callable[[], None]] = field(default_factory=list)
+    # Auth (when settings.auth_enabled): the KV store holding the IAM data (users, policies)
+    # the service checks user calls against; None for a service only services may call.
+    iam_kv: Any = None
+    # An authorizer the service shares with its own servicers (branch-manager's Auth
+    # service invalidates its cache on IAM changes); None: one over `iam_kv`.
+    authorizer: Any = None
 
 
 def _is_retryable(exc: BaseException) -> bool:
@@ -396,6 +402,30 @@ class QuarryServer:
                 log.exception("error while stopping %s", self.spec.name)
 
 
+def auth_interceptors(settings: Settings, spec: ServiceSpec) -> list[grpc.ServerInterceptor]:
+    """[AuthInterceptor] when auth is on (every quarry.v1 call authenticated and authorized
+    by the declaration table; health, reflection, ServerInfo, Login and Setup open), [] when
+    off. SigningKeyMissing when auth is on and no signing key is configured: the service
+    refuses to start rather than serve unauthenticated."""
+    if not settings.auth_enabled:
+        return []
+    from quarry.auth.authorizer import Authorizer, ServicesOnlyAuthorizer
+    from quarry.auth.interceptor import AuthInterceptor
+    from quarry.auth.keys import resolve_signing_key
+    from quarry.auth.store import IamStore
+    from quarry.auth.tokens import TokenAuthority
+
+    authority = TokenAuthority(resolve_signing_key(settings))
+    authorizer = spec.authorizer
+    if authorizer is None:
+        authorizer = (
+            Authorizer(IamStore(spec.iam_kv), settings.auth_cache_seconds)
+            if spec.iam_kv is not None
+            else ServicesOnlyAuthorizer()
+        )
+    return [AuthInterceptor(authority, authorizer)]
+
+
 def create_server(
     settings: Settings,
     spec: ServiceSpec,
@@ -420,6 +450,7 @@ def create_server(
             *telemetry.server_interceptors(),
             ErrorInterceptor(MAX_MESSAGE_BYTES),
             ReadinessGate(readiness, spec.grpc_service_names),
+            *auth_interceptors(settings, spec),
         ],
         options=SERVER_OPTIONS,
     )

@@ -5,7 +5,7 @@ AuthInterceptor in front of the REAL Auth, BranchManager, Committer and KVGatewa
 (branch-manager and committer talk to a real kv-gateway and range-writer): Login → token →
 WhoAmI, every bad token, open methods, service-only RPCs, the audit log, revocation, and an
 authorization matrix (allowed / explicit deny / no grant) over representative RPCs of the
-declaration table. (runtime/server.py does not install the interceptor yet.)
+declaration table. (The full matrix over the running suite: test_authorization_matrix.py.)
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import secrets
 import time
 import uuid
 from concurrent import futures
@@ -52,6 +51,7 @@ from quarry.v1 import (
     server_info_pb2_grpc,
     types_pb2,
 )
+from support.auth import TEST_SIGNING_KEY, raw_channel, service_channel
 from support.counting import CountingStore
 
 CACHE_SECONDS = 2.0
@@ -108,7 +108,13 @@ def secured(tmp_path_factory):
 
     home = tmp_path_factory.mktemp("auth-home")
     backend = CountingStore(MemoryStore())
-    settings = load_settings(env={}, home=str(home), metrics_base_port=0, compactor_enabled=False)
+    settings = load_settings(
+        env={},
+        home=str(home),
+        metrics_base_port=0,
+        compactor_enabled=False,
+        auth_signing_key=TEST_SIGNING_KEY,
+    )
     with contextlib.ExitStack() as stack:
         kv_server, kv_port = create_server(
             settings, build_kv_gateway(settings, backend=backend), port=0, host="127.0.0.1"
@@ -121,14 +127,16 @@ def secured(tmp_path_factory):
         stack.callback(rw_server.stop, 1.0)
         settings = settings.replace(range_writer_address=f"127.0.0.1:{rw_port}")
 
-        iam = IamStore(RemoteStore(settings.kv_gateway_address), hash_cost=FAST_HASH)
-        tokens = TokenAuthority(secrets.token_bytes(32))
+        # The IAM store talks to the kv-gateway as a service would (writes are service-only).
+        iam = IamStore(
+            RemoteStore(service_channel(settings.kv_gateway_address)), hash_cost=FAST_HASH
+        )
+        tokens = TokenAuthority(TEST_SIGNING_KEY)
         authorizer = Authorizer(iam, cache_seconds=CACHE_SECONDS)
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=8),
             interceptors=[ErrorInterceptor(), AuthInterceptor(tokens, authorizer)],
         )
-        auth_pb2_grpc.add_AuthServicer_to_server(AuthServicer(iam, tokens, authorizer), server)
         specs = [
             build_branch_manager(settings),
             build_committer(settings),
@@ -140,6 +148,9 @@ def secured(tmp_path_factory):
                 work()
             for closer in spec.on_stop:
                 stack.callback(closer)
+        # After the specs: this Auth servicer (sharing the interceptor's authorizer) replaces
+        # the one branch-manager's spec registers.
+        auth_pb2_grpc.add_AuthServicer_to_server(AuthServicer(iam, tokens, authorizer), server)
         server_info_pb2_grpc.add_ServerInfoServicer_to_server(ServerInfoServicer("test"), server)
         health_servicer = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -147,7 +158,7 @@ def secured(tmp_path_factory):
         port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         stack.callback(lambda: server.stop(1.0).wait())
-        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        channel = raw_channel(f"127.0.0.1:{port}")  # no test token
         stack.callback(channel.close)
         root = home / "lake"
         root.mkdir()
@@ -482,7 +493,9 @@ def test_a_stream_is_authorized_message_by_message(secured, admin):
     bmp = branch_manager_pb2
 
     def entry(path):
-        return types_pb2.Entry(path=path, physical_address=f"s3://b/{path}", size_bytes=1)
+        # Inside demo's namespace: staging there needs no fs:ImportFromStorage.
+        address = f"{secured.namespace_root}/demo/{path}"
+        return types_pb2.Entry(path=path, physical_address=address, size_bytes=1)
 
     messages = [
         bmp.PutObjectsRequest(repository="demo", branch="main", entries=[entry("open/1")]),

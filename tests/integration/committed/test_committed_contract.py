@@ -37,9 +37,9 @@ from quarry.committed import (
 )
 from quarry.committed.remote import RemoteRangeWriter
 from quarry.graveler.model import Change, ChangeType, Conflict, Entry, MergeStrategy, RangeInfo
-from quarry.runtime.channels import open_channel
 from quarry.runtime.server import create_server
 from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
+from support.auth import service_channel
 from support.servers import settings_for_tests
 
 # The dict-backed fake lives beside the graveler unit tests that use it.
@@ -129,7 +129,7 @@ def committed(request, tmp_path) -> Iterator[Implementation]:
         with (
             _range_writer(served) as target,
             RemoteRangeWriter(target) as remote,
-            open_channel(target) as channel,
+            service_channel(target) as channel,  # as the services call it
         ):
             # Single pages of GetMetaRange: RemoteRangeWriter.get_metarange follows them all.
             stub = range_writer_pb2_grpc.RangeWriterStub(channel)

@@ -65,11 +65,12 @@ def test_internal_rpcs_are_service_only_and_nothing_else_is():
     assert service_only == INTERNAL
 
 
-def test_only_serverinfo_and_login_are_open():
+def test_only_serverinfo_login_and_setup_are_open():
+    # Setup is open by the auth contract: it refuses (ADMIN_EXISTS) once an admin exists.
     assert {n for n, r in RULES.items() if r.access is Access.OPEN} == {
         "/quarry.v1.ServerInfo/GetServerInfo",
         "/quarry.v1.Auth/Login",
-        "/quarry.v1.Auth/Setup",  # open: refused once an admin exists
+        "/quarry.v1.Auth/Setup",
     }
 
 

@@ -18,6 +18,7 @@ from quarry.kv.memory import MemoryStore
 from quarry.runtime.errors import ErrorInterceptor, from_rpc_error
 from quarry.runtime.server import ServerInfoServicer
 from quarry.v1 import server_info_pb2, server_info_pb2_grpc
+from support.auth import raw_channel
 
 
 def serve(rules):
@@ -30,7 +31,8 @@ def serve(rules):
     server_info_pb2_grpc.add_ServerInfoServicer_to_server(ServerInfoServicer("t"), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    return server, grpc.insecure_channel(f"127.0.0.1:{port}"), tokens
+    # raw_channel: no test token (support.auth)
+    return server, raw_channel(f"127.0.0.1:{port}"), tokens
 
 
 @pytest.mark.parametrize("declared", [True, False])

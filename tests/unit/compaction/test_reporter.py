@@ -10,6 +10,7 @@ from quarry.compaction.reporter import StagingReporter
 from quarry.runtime.server import ServiceSpec, create_server
 from quarry.v1 import compactor_sensor_pb2 as pb
 from quarry.v1 import compactor_sensor_pb2_grpc
+from support.auth import service_token_source
 from support.servers import settings_for_tests
 from support.wait import wait_until
 
@@ -51,6 +52,10 @@ def sensor_server():
         server.stop(grace=0)
 
 
+# The sensor takes reports from Quarry's services only: a reporter carries a service token.
+AS_BRANCH_MANAGER = service_token_source("branch-manager")
+
+
 def dropped():
     return REGISTRY.get_sample_value("quarry_staging_reports_dropped_total") or 0.0
 
@@ -64,7 +69,9 @@ def lines(request):
 def test_records_are_aggregated_into_one_call_per_flush(sensor_server):
     sensor = RecordingSensor()
     _, target = sensor_server(sensor)
-    reporter = StagingReporter(target, interval_seconds=60)  # flushed by hand
+    reporter = StagingReporter(
+        target, interval_seconds=60, token_source=AS_BRANCH_MANAGER
+    )  # flushed by hand
     try:
         for _ in range(100):
             reporter.record("lake", "main", "t1", 1, 0)
@@ -89,7 +96,9 @@ def test_records_are_aggregated_into_one_call_per_flush(sensor_server):
 def test_background_thread_flushes_on_its_interval(sensor_server):
     sensor = RecordingSensor()
     _, target = sensor_server(sensor)
-    reporter = StagingReporter(target, interval_seconds=0.05).start()
+    reporter = StagingReporter(
+        target, interval_seconds=0.05, token_source=AS_BRANCH_MANAGER
+    ).start()
     try:
         reporter.record("lake", "main", "t", 1, 0)
         assert sensor.received.wait(5)
@@ -106,7 +115,12 @@ def test_sensor_down_drops_the_batch_and_counts_it():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    reporter = StagingReporter(f"127.0.0.1:{port}", interval_seconds=60, timeout_seconds=0.5)
+    reporter = StagingReporter(
+        f"127.0.0.1:{port}",
+        interval_seconds=60,
+        timeout_seconds=0.5,
+        token_source=AS_BRANCH_MANAGER,
+    )
     try:
         reporter.record("lake", "main", "t", 1, 0)
         reporter.record("lake", "dev", "t", 0, 1)
@@ -123,7 +137,9 @@ def test_sensor_down_drops_the_batch_and_counts_it():
 def test_record_never_waits_for_a_slow_sensor(sensor_server):
     slow = RecordingSensor(delay=1.0)
     _, target = sensor_server(slow)
-    reporter = StagingReporter(target, interval_seconds=60, timeout_seconds=0.3)
+    reporter = StagingReporter(
+        target, interval_seconds=60, timeout_seconds=0.3, token_source=AS_BRANCH_MANAGER
+    )
     try:
         reporter.record("lake", "main", "t", 1, 0)
         flusher = threading.Thread(target=reporter.flush)
@@ -143,7 +159,9 @@ def test_record_never_waits_for_a_slow_sensor(sensor_server):
 
 
 def test_pending_lines_are_bounded():
-    reporter = StagingReporter("127.0.0.1:1", interval_seconds=60, max_pending=10)
+    reporter = StagingReporter(
+        "127.0.0.1:1", interval_seconds=60, max_pending=10, token_source=AS_BRANCH_MANAGER
+    )
     try:
         for i in range(15):
             reporter.record("lake", f"b{i}", "t", 1, 0)

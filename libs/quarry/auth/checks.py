@@ -1,0 +1,70 @@
+"""Authorization checks that need what the servicer knows (the declaration table checks
+only what a request names): who the committer is, and whether staged addresses lie outside
+the repository's storage namespace.
+
+Both act on the principal of the call being served (interceptor.current_principal()); with
+auth off there is none and the request is taken as it is.
+
+Safety rules: a user never records another user as committer without
+`auth:CommitAsOtherUser` (Admins have it); a user never stages an address outside the
+repository's namespace without `fs:ImportFromStorage` on every such object. Neither check
+is ever skipped for a user principal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from quarry.auth.authorizer import Authorizer
+from quarry.auth.interceptor import current_principal
+from quarry.auth.policy import object_arn, user_arn
+
+COMMIT_AS_OTHER_USER = "auth:CommitAsOtherUser"
+IMPORT_FROM_STORAGE = "fs:ImportFromStorage"
+
+
+def committer_for(requested: str, authorizer: Authorizer | None) -> str:
+    """The committer to record: the calling user when the request names none or names the
+    caller; another user's id only when the caller may `auth:CommitAsOtherUser` on that user
+    (PERMISSION_DENIED naming action and resource otherwise). A service (or no auth) keeps
+    the request's value."""
+    principal = current_principal()
+    if principal is None or principal.is_service or authorizer is None:
+        return requested
+    if not requested or requested == principal.id:
+        return principal.id
+    authorizer.authorize(principal, COMMIT_AS_OTHER_USER, (user_arn(requested),))
+    return requested
+
+
+def inside_namespace(address: str, storage_namespace: str) -> bool:
+    root = storage_namespace.rstrip("/")
+    return address == root or address.startswith(root + "/")
+
+
+def check_import(
+    authorizer: Authorizer | None,
+    repository: str,
+    storage_namespace: str,
+    entries: Iterable[tuple[str, str]],
+) -> None:
+    """`fs:ImportFromStorage` on every (path, physical address) of `entries` whose address
+    is outside `storage_namespace`, for a user caller (PERMISSION_DENIED otherwise)."""
+    principal = current_principal()
+    if principal is None or principal.is_service or authorizer is None:
+        return
+    outside = tuple(
+        object_arn(repository, path)
+        for path, address in entries
+        if address and not inside_namespace(address, storage_namespace)
+    )
+    if outside:
+        authorizer.authorize(principal, IMPORT_FROM_STORAGE, outside)
+
+
+def needs_namespace(entries: Iterable[tuple[str, str]]) -> bool:
+    """Whether check_import has anything to look at (a user call staging addresses)."""
+    principal = current_principal()
+    if principal is None or principal.is_service:
+        return False
+    return any(address for _, address in entries)

@@ -1,0 +1,176 @@
+"""The authorization matrix over the REAL running suite (every service its own gRPC server
+built by create_server with auth on, as `quarry serve` runs it), for EVERY RPC of the
+declaration table — generated from the table, so an RPC added there is covered here:
+
+  * ACTION rules: a user allowed exactly that action passes the check; a user allowed
+    everything but with an explicit Deny of the action, and a user with no grant at all,
+    are PERMISSION_DENIED naming the action (decision deny / no_grant).
+  * SERVICE_ONLY rules: the admin user is refused (SERVICE_PRINCIPAL_REQUIRED); a service
+    token passes.
+  * AUTHENTICATED: any valid user passes; OPEN: no token needed.
+  * Every non-OPEN rule: no token is UNAUTHENTICATED / TOKEN_MISSING.
+
+"Passes" means the call is not refused by auth (it may then fail on its own terms, e.g.
+INVALID_ARGUMENT for the empty request) — requests are empty messages, so nothing here
+changes the suite's data.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.protobuf import descriptor_pool
+
+from quarry.auth.declarations import RULES, Access
+from quarry.auth.policy import document
+from quarry.auth.store import IamStore
+from quarry.kv.memory import MemoryStore
+from quarry.runtime.errors import from_rpc_error
+from quarry.v1 import (  # noqa: F401 — registers every service's descriptors
+    auth_pb2,
+    branch_manager_pb2,
+    committer_pb2,
+    compactor_sensor_pb2,
+    kv_pb2,
+    range_writer_pb2,
+    server_info_pb2,
+)
+from support.auth import FAST_HASH, TEST_ADMIN, bearer, raw_channel, service_token, user_token
+from support.proto_fuzz import message_class
+from support.suite import running_suite
+
+TARGET_OF_SERVICE = {
+    "Auth": "branch-manager",
+    "BranchManager": "branch-manager",
+    "ServerInfo": "branch-manager",
+    "Committer": "committer",
+    "CompactorSensor": "compactor-sensor",
+    "KVGateway": "kv-gateway",
+    "RangeWriter": "range-writer",
+}
+AUTH_REFUSALS = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
+ACTIONS = sorted({rule.action for rule in RULES.values() if rule.access is Access.ACTION})
+NO_GRANT = "matrix-nogrant"
+
+
+def allowed_user(action: str) -> str:
+    return f"matrix-allow-{ACTIONS.index(action)}"
+
+
+def denied_user(action: str) -> str:
+    return f"matrix-deny-{ACTIONS.index(action)}"
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    backend = MemoryStore()
+    iam = IamStore(backend, hash_cost=FAST_HASH)
+    iam.create_user(NO_GRANT)
+    for i, action in enumerate(ACTIONS):
+        iam.create_policy(
+            f"matrix-allow-{i}", document({"Effect": "Allow", "Action": [action], "Resource": "*"})
+        )
+        iam.create_policy(
+            f"matrix-deny-{i}",
+            document(
+                {"Effect": "Allow", "Action": ["*"], "Resource": "*"},
+                {"Effect": "Deny", "Action": [action], "Resource": "*"},
+            ),
+        )
+        iam.create_user(allowed_user(action))
+        iam.attach_user_policy(allowed_user(action), f"matrix-allow-{i}")
+        iam.create_user(denied_user(action))
+        iam.attach_user_policy(denied_user(action), f"matrix-deny-{i}")
+    with running_suite(
+        tmp_path_factory.mktemp("matrix"), backend=backend, compactor_sensor=True
+    ) as suite:
+        channels = {name: raw_channel(target) for name, target in suite.targets.items()}
+        suite.raw_channels = channels
+        yield suite
+        for channel in channels.values():
+            channel.close()
+
+
+def invoke(suite, method: str, token: str | None) -> grpc.StatusCode:
+    """Call `method` with an empty request (a one-message stream for a client stream) and
+    `token`; the status code (OK when it succeeded)."""
+    full = method.lstrip("/").replace("/", ".")
+    descriptor = descriptor_pool.Default().FindMethodByName(full)
+    channel = suite.raw_channels[TARGET_OF_SERVICE[descriptor.containing_service.name]]
+    request_type = message_class(descriptor.input_type)
+    response_type = message_class(descriptor.output_type)
+    kinds = {
+        (False, False): channel.unary_unary,
+        (False, True): channel.unary_stream,
+        (True, False): channel.stream_unary,
+        (True, True): channel.stream_stream,
+    }
+    stub = kinds[(descriptor.client_streaming, descriptor.server_streaming)](
+        method,
+        request_serializer=request_type.SerializeToString,
+        response_deserializer=response_type.FromString,
+    )
+    request = iter([request_type()]) if descriptor.client_streaming else request_type()
+    metadata = bearer(token) if token else ()
+    try:
+        reply = stub(request, metadata=metadata, timeout=20)
+        if descriptor.server_streaming:
+            list(reply)
+    except grpc.RpcError as error:
+        refused = from_rpc_error(error)
+        invoke.last_error = refused
+        return error.code()
+    return grpc.StatusCode.OK
+
+
+def refusal(suite, method: str, token: str | None):
+    code = invoke(suite, method, token)
+    assert code in AUTH_REFUSALS, f"{method} was not refused ({code.name})"
+    return invoke.last_error
+
+
+def passes(suite, method: str, token: str | None) -> None:
+    code = invoke(suite, method, token)
+    if code in AUTH_REFUSALS:
+        error = invoke.last_error
+        raise AssertionError(f"{method} refused by auth: {code.name} {error.reason}: {error}")
+
+
+@pytest.mark.parametrize("method", sorted(RULES))
+def test_every_declared_rpc_admits_exactly_whom_its_rule_says(suite, method):
+    rule = RULES[method]
+    if rule.access is Access.OPEN:
+        code = invoke(suite, method, None)
+        if code in AUTH_REFUSALS:  # Login with an empty key: its own answer, not a token's
+            error = invoke.last_error
+            assert (error.code.name, error.reason) == ("UNAUTHENTICATED", "INVALID_CREDENTIALS")
+        return
+    missing = refusal(suite, method, None)
+    assert (missing.code.name, missing.reason) == ("UNAUTHENTICATED", "TOKEN_MISSING")
+    if rule.access is Access.AUTHENTICATED:
+        passes(suite, method, user_token(NO_GRANT))
+    elif rule.access is Access.SERVICE_ONLY:
+        for user in (TEST_ADMIN, NO_GRANT):
+            error = refusal(suite, method, user_token(user))
+            assert (error.code.name, error.reason) == (
+                "PERMISSION_DENIED",
+                "SERVICE_PRINCIPAL_REQUIRED",
+            ), method
+        passes(suite, method, service_token("branch-manager"))
+    else:
+        assert rule.access is Access.ACTION
+        passes(suite, method, user_token(allowed_user(rule.action)))
+        passes(suite, method, service_token("compactor-sensor"))
+        for user, decision in ((denied_user(rule.action), "deny"), (NO_GRANT, "no_grant")):
+            error = refusal(suite, method, user_token(user))
+            assert (error.code.name, error.reason) == ("PERMISSION_DENIED", "PERMISSION_DENIED")
+            assert (error.metadata["action"], error.metadata["decision"]) == (
+                rule.action,
+                decision,
+            ), method
+            assert rule.action in error.message
+
+
+def test_the_matrix_covers_every_service_of_the_suite():
+    services = {m.split("/")[1].removeprefix("quarry.v1.") for m in RULES}
+    assert services == set(TARGET_OF_SERVICE)

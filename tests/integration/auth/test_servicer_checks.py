@@ -1,0 +1,167 @@
+"""The checks servicers make with the caller's identity, over the real running suite:
+
+* Who did it: the committer of a commit, merge, revert or cherry-pick is the calling user
+  (filled in when the request names none); naming someone else needs
+  auth:CommitAsOtherUser (Admins), else PERMISSION_DENIED and nothing is committed.
+* fs:ImportFromStorage: staging an address outside the repository's storage namespace
+  (PutObject, PutObjects) needs it; inside the namespace fs:WriteObject is enough.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from quarry.auth.bootstrap import DEVELOPERS, SUPER_USERS
+from quarry.auth.store import IamStore
+from quarry.kv.memory import MemoryStore
+from quarry.runtime.errors import from_rpc_error
+from quarry.v1 import (
+    branch_manager_pb2,
+    branch_manager_pb2_grpc,
+    committer_pb2,
+    committer_pb2_grpc,
+    types_pb2,
+)
+from support.auth import FAST_HASH, TEST_ADMIN, bearer, raw_channel, user_token
+from support.suite import running_suite
+
+REPO = "checked"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    backend = MemoryStore()
+    with running_suite(tmp_path_factory.mktemp("checks"), backend=backend) as suite:
+        iam = IamStore(backend, hash_cost=FAST_HASH)
+        iam.create_user("dev")
+        iam.add_group_member(DEVELOPERS, "dev")
+        iam.create_user("super")
+        iam.add_group_member(SUPER_USERS, "super")
+        with (
+            raw_channel(suite.targets["branch-manager"]) as bm_channel,
+            raw_channel(suite.targets["committer"]) as cm_channel,
+        ):
+            bm = branch_manager_pb2_grpc.BranchManagerStub(bm_channel)
+            cm = committer_pb2_grpc.CommitterStub(cm_channel)
+            bm.CreateRepository(
+                branch_manager_pb2.CreateRepositoryRequest(
+                    name=REPO, storage_namespace=suite.namespace(REPO)
+                ),
+                metadata=bearer(user_token(TEST_ADMIN)),
+            )
+            yield suite, bm, cm
+
+
+def refused(call, *args, **kwargs):
+    with pytest.raises(grpc.RpcError) as caught:
+        call(*args, **kwargs)
+    return from_rpc_error(caught.value)
+
+
+def put(bm, token: str, path: str, address: str):
+    return bm.PutObject(
+        branch_manager_pb2.PutObjectRequest(
+            repository=REPO,
+            branch="main",
+            entry=types_pb2.Entry(path=path, physical_address=address, size_bytes=1),
+        ),
+        metadata=bearer(token),
+        timeout=20,
+    )
+
+
+def head(bm) -> str:
+    return bm.GetBranch(
+        branch_manager_pb2.GetBranchRequest(repository=REPO, name="main"),
+        metadata=bearer(user_token(TEST_ADMIN)),
+    ).branch.commit_id
+
+
+def test_the_committer_is_the_caller_and_naming_someone_else_is_refused(world):
+    suite, bm, cm = world
+    dev = user_token("dev")
+    put(bm, dev, "c/1", f"{suite.namespace(REPO)}/c/1")
+    before = head(bm)
+    error = refused(
+        cm.Commit,
+        committer_pb2.CommitRequest(repository=REPO, branch="main", message="m", committer="ceo"),
+        metadata=bearer(dev),
+    )
+    assert (error.code.name, error.metadata["action"]) == (
+        "PERMISSION_DENIED",
+        "auth:CommitAsOtherUser",
+    )
+    assert error.metadata["resource"] == "arn:quarry:auth:::user/ceo"
+    assert head(bm) == before  # nothing committed
+    # The same call naming no one (or the caller) is recorded as the caller.
+    commit = cm.Commit(
+        committer_pb2.CommitRequest(repository=REPO, branch="main", message="m"),
+        metadata=bearer(dev),
+    ).commit
+    assert commit.committer == "dev"
+    put(bm, dev, "c/2", f"{suite.namespace(REPO)}/c/2")
+    commit = cm.Commit(
+        committer_pb2.CommitRequest(repository=REPO, branch="main", message="m", committer="dev"),
+        metadata=bearer(dev),
+    ).commit
+    assert commit.committer == "dev"
+    # Revert and cherry-pick follow the same rule.
+    for call, request in (
+        (cm.Revert, committer_pb2.RevertRequest),
+        (cm.CherryPick, committer_pb2.CherryPickRequest),
+    ):
+        error = refused(
+            call,
+            request(repository=REPO, branch="main", ref=commit.id, committer="ceo"),
+            metadata=bearer(dev),
+        )
+        assert error.metadata["action"] == "auth:CommitAsOtherUser"
+    # Merge too.
+    error = refused(
+        cm.Merge,
+        committer_pb2.MergeRequest(
+            repository=REPO, source_ref="main", destination_branch="main", committer="ceo"
+        ),
+        metadata=bearer(dev),
+    )
+    assert error.metadata["action"] == "auth:CommitAsOtherUser"
+    # An admin may record another name (an ETL job's, as before auth).
+    put(bm, dev, "c/3", f"{suite.namespace(REPO)}/c/3")
+    commit = cm.Commit(
+        committer_pb2.CommitRequest(repository=REPO, branch="main", message="m", committer="etl"),
+        metadata=bearer(user_token(TEST_ADMIN)),
+    ).commit
+    assert commit.committer == "etl"
+
+
+def test_staging_outside_the_namespace_needs_import_from_storage(world):
+    suite, bm, _ = world
+    dev, superuser = user_token("dev"), user_token("super")
+    inside = f"{suite.namespace(REPO)}/i/1"
+    assert put(bm, dev, "i/1", inside).entry.physical_address == inside
+    for outside in ("s3://elsewhere/i/2", f"{suite.namespace(REPO)}-sibling/i/2"):
+        error = refused(put, bm, dev, "i/2", outside)
+        assert (error.code.name, error.metadata["action"]) == (
+            "PERMISSION_DENIED",
+            "fs:ImportFromStorage",
+        )
+        assert error.metadata["resource"].endswith("/object/i/2")
+    stat = refused(
+        bm.StatObject,
+        branch_manager_pb2.StatObjectRequest(repository=REPO, ref="main", path="i/2"),
+        metadata=bearer(dev),
+    )
+    assert stat.code.name == "NOT_FOUND"  # nothing was staged
+    # A stream with one outside address is refused for that message.
+    messages = [
+        branch_manager_pb2.PutObjectsRequest(
+            repository=REPO,
+            branch="main",
+            entries=[types_pb2.Entry(path="i/3", physical_address="s3://elsewhere/i/3")],
+        )
+    ]
+    error = refused(bm.PutObjects, iter(messages), metadata=bearer(dev))
+    assert error.metadata["action"] == "fs:ImportFromStorage"
+    # SuperUsers (fs:*) may import.
+    assert put(bm, superuser, "i/2", "s3://elsewhere/i/2").entry.path == "i/2"
