@@ -17,22 +17,17 @@ from pathlib import Path
 import pytest
 
 from support.auth import AUTH_ENV, install_client_tokens
-from support.processes import AUTH_SHIM, free_port
+from support.processes import free_port
 from support.wait import wait_until
 
 # Auth is on in every test (the default): the fixed test signing key and admin credentials
 # (support.auth) for code that reads the environment (the CLI in process, child processes).
 os.environ.update(AUTH_ENV)
-# Python children that do not go through quarry_env (Spark's Python workers) load the same
-# interim token shim (support/auth_shim) for their clients.
-os.environ["QUARRY_TEST_CLIENT_TOKENS"] = "1"
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (str(AUTH_SHIM), os.environ.get("PYTHONPATH", "")) if p
-)
-# Interim, until Client logs in with those credentials itself: test code's channels carry
-# the test admin's token (RemoteStore/RemoteRangeWriter on an address: a service token).
-# For the whole session, so module- and session-scoped fixtures' channels have it too.
-# Tests of authentication itself dial with support.auth.raw_channel.
+# Child processes (the CLI, services, Spark's Python workers) log in themselves with those
+# credentials, as users' processes do. Test code's own bare stubs carry the test admin's
+# token (RemoteStore/RemoteRangeWriter on an address: a service token), for the whole
+# session; a Client's own login header wins. Tests of authentication itself dial with
+# support.auth.raw_channel.
 install_client_tokens(setattr)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

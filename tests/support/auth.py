@@ -5,12 +5,11 @@ Every test suite runs with auth ON (the default). `QUARRY_AUTH_SIGNING_KEY`,
 `QUARRY_ACCESS_KEY_ID` and `QUARRY_SECRET_ACCESS_KEY` hold the values below in the test
 process (tests/conftest.py) and in every `quarry` child process (processes.quarry_env).
 
-Until the client side of issue 12 (Client(credentials=...) logging in with those env vars)
-is merged, test clients get their token from `install_client_tokens` (an autouse fixture in
-tests/conftest.py): a user token of the fixed admin minted with the test key, attached by
-quarry.runtime.channels.BearerToken to the channels test code opens. At integration that
-patch (and auth_shim/, its twin for child processes) is replaced by the client's own login;
-tests that dial with bare stubs then use admin_channel().
+Clients (in the test process and in child processes: the CLI, Spark's Python workers) log
+in with those env vars themselves (quarry.client.Credentials). Test code's own bare stubs
+get a token from `install_client_tokens` (installed for the session in tests/conftest.py):
+a user token of the fixed admin minted with the test key, attached by
+quarry.runtime.channels.BearerToken; a header the Client's own login adds wins over it.
 """
 
 from __future__ import annotations

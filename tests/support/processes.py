@@ -26,9 +26,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-AUTH_SHIM = Path(__file__).resolve().parent / "auth_shim"
-
-
 def quarry_env(home: Path, **extra: str) -> dict[str, str]:
     """The environment of a `quarry` child process: the developer's QUARRY_*/OTEL_* removed,
     auth on with the fixed test signing key and admin credentials (support.auth)."""
@@ -39,11 +36,6 @@ def quarry_env(home: Path, **extra: str) -> dict[str, str]:
     }
     env.update(QUARRY_HOME=str(home), QUARRY_METRICS_BASE_PORT="0", PYTHONUNBUFFERED="1")
     env.update(AUTH_ENV)
-    # Interim (support/auth_shim): the child's clients carry the test admin's token.
-    env["QUARRY_TEST_CLIENT_TOKENS"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(AUTH_SHIM), os.environ.get("PYTHONPATH", "")) if p
-    )
     env.update(extra)
     return env
 

@@ -167,12 +167,9 @@ def confirm(question: str, flag: str) -> None:
 
 
 def default_author() -> str:
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 — no user database entry (containers)
-        return ""
+    """The committer the CLI names when --author is not given: none, so the server records
+    the authenticated principal (naming anyone else needs auth:CommitAsOtherUser)."""
+    return ""
 
 
 # ---- parsers -----------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def register_commit(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--author",
         metavar="A",
-        help="the committer recorded in the commit (default: your user name)",
+        help="the committer recorded in the commit (default: the authenticated user)",
     )
     p.add_argument(
         "--meta",

@@ -53,7 +53,18 @@ def first_start_setup(client: Client, home: Path, out: TextIO | None = None) -> 
     if path.exists():
         print(f"  credentials: {path}", file=out)
         return
+    given = _credentials_from_environment()
     try:
+        if given is not None:
+            # The operator chose the admin's key (QUARRY_ACCESS_KEY_ID / _SECRET_ACCESS_KEY):
+            # the admin gets exactly that key, and nothing is written (the env holds it).
+            client.setup("admin", given.access_key_id, given.secret_access_key)
+            print(
+                f"  admin user created with access key id {given.access_key_id} "
+                f"(from QUARRY_ACCESS_KEY_ID)",
+                file=out,
+            )
+            return
         credentials = run_setup(client, home)
     except errors.Unimplemented:
         return  # no Auth service: this installation runs without authentication
@@ -73,6 +84,14 @@ def first_start_setup(client: Client, home: Path, out: TextIO | None = None) -> 
         f"stored in {path} (mode 0600)",
         file=out,
     )
+
+
+def _credentials_from_environment() -> Credentials | None:
+    import os
+
+    key_id = os.environ.get("QUARRY_ACCESS_KEY_ID", "")
+    secret = os.environ.get("QUARRY_SECRET_ACCESS_KEY", "")
+    return Credentials(key_id, secret) if key_id and secret else None
 
 
 @command
