@@ -36,7 +36,11 @@ def kv(suite):
 
 @pytest.fixture(scope="module")
 def doctor(suite, tmp_path_factory):
-    env = quarry_env(tmp_path_factory.mktemp("cli-home"))
+    # doctor reads the KV store through the kv-gateway, logged in at the branch-manager.
+    env = quarry_env(
+        tmp_path_factory.mktemp("cli-home"),
+        QUARRY_BRANCH_MANAGER_ADDRESS=suite.targets["branch-manager"],
+    )
 
     def run(*args: str, expect: int) -> subprocess.CompletedProcess:
         result = subprocess.run(

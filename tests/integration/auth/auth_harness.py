@@ -23,7 +23,6 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
 from quarry.auth.authorizer import Authorizer
-from quarry.auth.bootstrap import setup_admin
 from quarry.auth.interceptor import AuthInterceptor
 from quarry.auth.store import IamStore
 from quarry.auth.tokens import TokenAuthority
@@ -32,7 +31,7 @@ from quarry.kv.memory import MemoryStore
 from quarry.kv.remote import RemoteStore
 from quarry.runtime.errors import ErrorInterceptor
 from quarry.runtime.server import ServerInfoServicer, create_server
-from quarry.v1 import auth_pb2, auth_pb2_grpc, server_info_pb2_grpc
+from quarry.v1 import auth_pb2_grpc, server_info_pb2_grpc
 
 FAST_HASH = 2**10
 
@@ -61,21 +60,11 @@ def _servicer_class():
             self.harness.logins.append(request.access_key_id)
             return super().Login(request, context)
 
-    if "Setup" in AuthServicer.__dict__:
-        return Counting
-
-    class WithSetup(Counting):
         def Setup(self, request, context):
             self.harness.setup_requests.append(request.user_id)
-            user, credential, secret = setup_admin(self._iam, request.user_id or "admin")
-            return auth_pb2.SetupResponse(
-                user=auth_pb2.User(id=user.id, created_at=user.created_at),
-                credentials=auth_pb2.SetupCredentials(
-                    access_key_id=credential.access_key_id, secret_access_key=secret
-                ),
-            )
+            return super().Setup(request, context)
 
-    return WithSetup
+    return Counting
 
 
 @contextlib.contextmanager
@@ -90,7 +79,11 @@ def auth_server(
     from quarry.services.range_writer.service import build as build_range_writer
 
     backend = MemoryStore()
-    settings = load_settings(env={}, home=str(home), metrics_base_port=0, compactor_enabled=False)
+    # The front server below authenticates itself (its own AuthInterceptor); the back-end
+    # servers it builds run with auth off.
+    settings = load_settings(
+        env={}, home=str(home), metrics_base_port=0, compactor_enabled=False, auth_enabled=False
+    )
     with contextlib.ExitStack() as stack:
         kv_server, kv_port = create_server(
             settings, build_kv_gateway(settings, backend=backend), port=0, host="127.0.0.1"

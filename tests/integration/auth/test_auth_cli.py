@@ -27,9 +27,15 @@ def home(tmp_path_factory):
 
 
 def run(server, home, *args: str, expect: int = 0, **env: str) -> subprocess.CompletedProcess:
+    child_env = quarry_env(home, QUARRY_COMMITTER_ADDRESS=server.target)
+    # This server's admin is made by `quarry setup` here and its key is its own: not the
+    # suite-wide test admin and key.
+    for name in ("QUARRY_ACCESS_KEY_ID", "QUARRY_SECRET_ACCESS_KEY", "QUARRY_AUTH_SIGNING_KEY"):
+        child_env.pop(name, None)
+    child_env.update(env)
     result = subprocess.run(
         [str(VENV_BIN / "quarry"), *args, "--branch-manager", server.target],
-        env=quarry_env(home, QUARRY_COMMITTER_ADDRESS=server.target, **env),
+        env=child_env,
         capture_output=True,
         text=True,
         timeout=60,
@@ -161,3 +167,13 @@ def test_tokens_for_grpcurl_and_for_services(server, admin_home):
     key_file.unlink()
     err = run(server, admin_home, "auth", "token", "--service", "kv-gateway", expect=1).stderr
     assert "NO_SIGNING_KEY" in err
+
+
+@pytest.fixture(autouse=True)
+def _clients_send_only_their_own_tokens(monkeypatch):
+    """These tests are about the client's own login: no test-wide token on its channels."""
+    import grpc
+
+    from support.auth import RAW_INSECURE_CHANNEL
+
+    monkeypatch.setattr(grpc, "insecure_channel", RAW_INSECURE_CHANNEL)

@@ -238,3 +238,13 @@ def test_quarry_up_first_start_waits_for_branch_manager_then_stores_credentials(
         _first_start_setup(settings, home)  # second start: the file is kept
         assert load_credentials(home) == stored
         assert srv.setup_requests == ["admin"]
+
+
+@pytest.fixture(autouse=True)
+def _clients_send_only_their_own_tokens(monkeypatch):
+    """These tests are about the client's own login: no test-wide token on its channels."""
+    import grpc
+
+    from support.auth import RAW_INSECURE_CHANNEL
+
+    monkeypatch.setattr(grpc, "insecure_channel", RAW_INSECURE_CHANNEL)
