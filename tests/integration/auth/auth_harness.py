@@ -3,10 +3,7 @@ ErrorInterceptor and the AuthInterceptor in front of the REAL Auth, BranchManage
 and KVGateway servicers (the first two call a kv-gateway and a range-writer of their own on
 the same KV backend), built the way
 test_auth_service.py's `secured` fixture builds them.
-
-Until the server side of the auth wiring lands, the AuthServicer here gets `Setup` from
-`WithSetup` below (setup_admin, as the contract says the real one runs it); the integrator
-drops it once branch_manager.auth_servicer.AuthServicer has its own.
+The servicer is the real AuthServicer, counting logins and Setup calls for the tests.
 """
 
 from __future__ import annotations
