@@ -25,6 +25,41 @@ class LostAnswer(grpc.RpcError):
     def initial_metadata(self):
         return ()
 
+    # grpc hands an RpcError raised by an inner client interceptor to the outer ones as the
+    # call's outcome (a grpc.Call and grpc.Future): behave like a failed call.
+    def result(self, timeout=None):
+        raise self
+
+    def exception(self, timeout=None):
+        return self
+
+    def traceback(self, timeout=None):
+        return None
+
+    def done(self):
+        return True
+
+    def running(self):
+        return False
+
+    def cancelled(self):
+        return False
+
+    def cancel(self):
+        return False
+
+    def is_active(self):
+        return False
+
+    def time_remaining(self):
+        return None
+
+    def add_done_callback(self, fn):
+        fn(self)
+
+    def add_callback(self, callback):
+        return False
+
 
 class DropAnswers(grpc.UnaryUnaryClientInterceptor):
     """Drops the answers of the first `count` successful calls of `method` (a full method

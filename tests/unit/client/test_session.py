@@ -17,6 +17,7 @@ from quarry.client import Client, Credentials, RetryPolicy
 from quarry.client.session import NoCredentials, TokenSource
 from quarry.runtime.errors import ErrorInterceptor
 from quarry.v1 import auth_pb2, auth_pb2_grpc
+from support.auth import RAW_INSECURE_CHANNEL
 
 CREDS = Credentials("AKIAQTEST", "secret-of-the-test")
 
@@ -173,6 +174,7 @@ def test_no_credentials_sends_no_header(scripted, monkeypatch, tmp_path):
     monkeypatch.delenv("QUARRY_ACCESS_KEY_ID", raising=False)
     monkeypatch.delenv("QUARRY_SECRET_ACCESS_KEY", raising=False)
     monkeypatch.setenv("QUARRY_HOME", str(tmp_path))
+    monkeypatch.setattr(grpc, "insecure_channel", RAW_INSECURE_CHANNEL)  # no test-wide token
     with client_of(scripted) as client:
         client.whoami()
     assert scripted.seen == [None] and scripted.logins == 0

@@ -219,7 +219,9 @@ def test_connection_is_frozen():
     assert connection.timeout == 60.0
 
 
-def test_connection_from_settings_defaults():
+def test_connection_from_settings_defaults(monkeypatch):
+    monkeypatch.delenv("QUARRY_ACCESS_KEY_ID", raising=False)  # no credentials anywhere
+    monkeypatch.delenv("QUARRY_SECRET_ACCESS_KEY", raising=False)
     settings = load_settings(env={})
     connection = Connection.from_settings(settings)
     assert connection == Connection(
@@ -232,7 +234,9 @@ def test_connection_from_settings_defaults():
     assert connection.committer == "127.0.0.1:7403"
 
 
-def test_connection_from_settings_takes_the_settings_addresses():
+def test_connection_from_settings_takes_the_settings_addresses(monkeypatch):
+    monkeypatch.delenv("QUARRY_ACCESS_KEY_ID", raising=False)  # no credentials anywhere
+    monkeypatch.delenv("QUARRY_SECRET_ACCESS_KEY", raising=False)
     settings = load_settings(
         env={},
         branch_manager_address="bm.svc:1234",
