@@ -135,7 +135,15 @@ def test_stats_command(suite, client):
     out = io.StringIO()
     with redirect_stdout(out):
         code = quarry_main(
-            ["stats", "cli-stats", "main", "--compactor-sensor", suite.targets["compactor-sensor"]]
+            [
+                "stats",
+                "cli-stats",
+                "main",
+                "--compactor-sensor",
+                suite.targets["compactor-sensor"],
+                "--branch-manager",  # where the CLI logs in
+                suite.targets["branch-manager"],
+            ]
         )
     assert code == 0, out.getvalue()
     fields = dict(line.split(":", 1) for line in out.getvalue().splitlines())
