@@ -258,7 +258,7 @@ def test_concurrent_writers_readers_committers_over_grpc(stubs, suite):
         writers=4,
         readers=2,
         committers=2,
-        seconds=3.0,
+        seconds=5.0,  # long enough for the work floor below on a loaded 2-core machine
         retryable=(aborted,),
     )
     assert not result.errors, result.errors[:5]
