@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from quarry.auth import errors as auth_errors
 from quarry.auth.policy import Decision, Policy, decide
@@ -25,6 +25,9 @@ from quarry.auth.store import IamStore
 from quarry.auth.tokens import Principal
 
 DEFAULT_CACHE_SECONDS = 5.0
+# Allowed (action, resources) remembered per cached policy snapshot; cleared when it would
+# grow past this (object paths make the resources of a hot path many).
+ALLOWED_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,10 @@ class _Cached:
     loaded_at: float
     exists: bool
     policies: tuple[Policy, ...] = ()
+    # (action, resources) that these policies allow: decide() is a pure function of the
+    # policies and the request, so its ALLOW holds for as long as this snapshot does (and
+    # goes with it). Refusals are not remembered: they are decided again, and named.
+    allowed: set[tuple[str, tuple[str, ...]]] = field(default_factory=set, compare=False)
 
 
 class Authorizer:
@@ -69,9 +76,15 @@ class Authorizer:
         self.check_principal(principal)
         if principal.is_service:
             return
-        policies = self._user(principal.id).policies
-        decision, resource = decide(policies, action, resources, principal.id)
+        cached = self._user(principal.id)
+        request = (action, tuple(resources))
+        if request in cached.allowed:
+            return
+        decision, resource = decide(cached.policies, action, resources, principal.id)
         if decision is Decision.ALLOW:
+            if len(cached.allowed) >= ALLOWED_MAX:
+                cached.allowed.clear()
+            cached.allowed.add(request)
             return
         why = "an explicit Deny" if decision is Decision.DENY else "no policy allows it"
         raise auth_errors.PermissionDenied(
