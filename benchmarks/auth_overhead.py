@@ -34,7 +34,7 @@ from support.processes import free_port, quarry_env, wait_serving  # noqa: E402
 
 CALLS = int(os.environ.get("BENCH_CALLS", "2000"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
-PUT_ENTRIES = int(os.environ.get("BENCH_AUTH_PUT_ENTRIES", "5000"))  # per round
+PUT_ENTRIES = int(os.environ.get("BENCH_AUTH_PUT_ENTRIES", "20000"))  # per round
 SERVICES = ["kv-gateway", "range-writer", "branch-manager", "committer"]
 TARGET = 0.9
 

@@ -25,8 +25,8 @@ from quarry.auth.store import IamStore
 from quarry.auth.tokens import Principal
 
 DEFAULT_CACHE_SECONDS = 5.0
-# Allowed (action, resources) remembered per cached policy snapshot; cleared when it would
-# grow past this (object paths make the resources of a hot path many).
+# Allowed (action, resource) pairs remembered per cached policy snapshot; cleared when it
+# would grow past this (object paths make the resources of a hot path many).
 ALLOWED_MAX = 4096
 
 
@@ -35,10 +35,10 @@ class _Cached:
     loaded_at: float
     exists: bool
     policies: tuple[Policy, ...] = ()
-    # (action, resources) that these policies allow: decide() is a pure function of the
+    # (action, resource) pairs these policies allow: decide() is a pure function of the
     # policies and the request, so its ALLOW holds for as long as this snapshot does (and
     # goes with it). Refusals are not remembered: they are decided again, and named.
-    allowed: set[tuple[str, tuple[str, ...]]] = field(default_factory=set, compare=False)
+    allowed: set[tuple[str, str]] = field(default_factory=set, compare=False)
 
 
 class Authorizer:
@@ -77,14 +77,17 @@ class Authorizer:
         if principal.is_service:
             return
         cached = self._user(principal.id)
-        request = (action, tuple(resources))
-        if request in cached.allowed:
+        # Only single-resource requests are remembered: a batch names many distinct objects
+        # (PutObjects: 1,000 a message) that would never repeat.
+        single = (action, resources[0]) if len(resources) == 1 else None
+        if single is not None and single in cached.allowed:
             return
         decision, resource = decide(cached.policies, action, resources, principal.id)
         if decision is Decision.ALLOW:
-            if len(cached.allowed) >= ALLOWED_MAX:
-                cached.allowed.clear()
-            cached.allowed.add(request)
+            if single is not None:
+                if len(cached.allowed) >= ALLOWED_MAX:
+                    cached.allowed.clear()
+                cached.allowed.add(single)
             return
         why = "an explicit Deny" if decision is Decision.DENY else "no policy allows it"
         raise auth_errors.PermissionDenied(
