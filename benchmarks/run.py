@@ -8,6 +8,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = [
     "kv_gateway.py",
     "branch_reads.py",
+    "auth_overhead.py",
     "commit_vs_git.py",
     "merge_vs_git.py",
     "compaction_2092.py",

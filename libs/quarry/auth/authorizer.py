@@ -17,14 +17,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from quarry.auth import errors as auth_errors
-from quarry.auth.policy import Decision, Policy, decide
+from quarry.auth.policy import Decision, Policy, decide, wildcard_match
 from quarry.auth.store import IamStore
 from quarry.auth.tokens import Principal
 
 DEFAULT_CACHE_SECONDS = 5.0
+# Allowed (action, resource) pairs remembered per cached policy snapshot; cleared when it
+# would grow past this (object paths make the resources of a hot path many).
+ALLOWED_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,31 @@ class _Cached:
     loaded_at: float
     exists: bool
     policies: tuple[Policy, ...] = ()
+    # (action, resource) pairs these policies allow: decide() is a pure function of the
+    # policies and the request, so its ALLOW holds for as long as this snapshot does (and
+    # goes with it). Refusals are not remembered: they are decided again, and named.
+    allowed: set[tuple[str, str]] = field(default_factory=set, compare=False)
+    # The policies narrowed to the statements whose actions match, by action: a statement
+    # for another action matches no resource, so decide() gives the same answer on these,
+    # and a batch's 1,000 resources are matched against few statements, not all.
+    by_action: dict[str, tuple[Policy, ...]] = field(default_factory=dict, compare=False)
+
+    def policies_for(self, action: str) -> tuple[Policy, ...]:
+        narrowed = self.by_action.get(action)
+        if narrowed is None:
+            narrowed = tuple(
+                Policy(
+                    policy.id,
+                    tuple(
+                        statement
+                        for statement in policy.statements
+                        if any(wildcard_match(pattern, action) for pattern in statement.actions)
+                    ),
+                )
+                for policy in self.policies
+            )
+            self.by_action[action] = narrowed
+        return narrowed
 
 
 class Authorizer:
@@ -69,9 +97,19 @@ class Authorizer:
         self.check_principal(principal)
         if principal.is_service:
             return
-        policies = self._user(principal.id).policies
+        cached = self._user(principal.id)
+        # Only single-resource requests are remembered: a batch names many distinct objects
+        # (PutObjects: 1,000 a message) that would never repeat.
+        single = (action, resources[0]) if len(resources) == 1 else None
+        if single is not None and single in cached.allowed:
+            return
+        policies = cached.policies_for(action)
         decision, resource = decide(policies, action, resources, principal.id)
         if decision is Decision.ALLOW:
+            if single is not None:
+                if len(cached.allowed) >= ALLOWED_MAX:
+                    cached.allowed.clear()
+                cached.allowed.add(single)
             return
         why = "an explicit Deny" if decision is Decision.DENY else "no policy allows it"
         raise auth_errors.PermissionDenied(

@@ -226,3 +226,28 @@ def test_ensure_builtins_never_overwrites(iam):
     ensure_builtins(iam)
     assert [p.id for p in iam.list_group_policies(VIEWERS)[0]] == ["AuthManageOwnCredentials"]
     assert set(BUILTIN_GROUPS) <= {g.id for g in iam.list_groups()[0]}
+
+
+def test_a_remembered_allow_ends_with_its_policy_snapshot(iam):
+    """Allowed requests are remembered per cached policy snapshot: an explicit Deny attached
+    later must refuse the very request allowed before, once the cache expires (another
+    process) or at once after invalidate (this one), never stay allowed."""
+    clock = Clock()
+    authorizer = Authorizer(iam, cache_seconds=5, clock=clock)
+    dev = user(iam, "dev", DEVELOPERS)
+    resource = object_arn("prod", "a")
+    for _ in range(3):
+        assert allowed(authorizer, dev, "fs:WriteObject", resource)
+    iam.create_policy(
+        "NoProd",
+        document({"Effect": "Deny", "Action": "fs:*", "Resource": "arn:quarry:fs:::*"}),
+    )
+    IamStore(iam._kv).attach_user_policy("dev", "NoProd")
+    clock.now += 5
+    assert not allowed(authorizer, dev, "fs:WriteObject", resource)
+    iam.detach_user_policy("dev", "NoProd")
+    authorizer.invalidate("dev")
+    assert allowed(authorizer, dev, "fs:WriteObject", resource)
+    iam.attach_user_policy("dev", "NoProd")
+    authorizer.invalidate("dev")
+    assert not allowed(authorizer, dev, "fs:WriteObject", resource)

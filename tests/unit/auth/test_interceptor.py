@@ -66,3 +66,24 @@ def test_bearer_header_parsing():
     with pytest.raises(Exception) as caught:
         bearer_token([("authorization", "Basic abc")])
     assert caught.value.reason == "TOKEN_MALFORMED"
+
+
+def test_a_remembered_token_is_refused_once_expired_and_a_bad_one_never_remembered():
+    """The verified-token memory must never accept what TokenAuthority.verify refuses: a
+    token past its expiry (by the authority's clock, here moved on purpose) and a token
+    signed with another key, however often it is sent."""
+    now = [1_000_000.0]
+    tokens = TokenAuthority(secrets.token_bytes(32), clock=lambda: now[0])
+    interceptor = AuthInterceptor(tokens, Authorizer(IamStore(MemoryStore()), cache_seconds=0))
+    token, expires_at = tokens.issue_service_token("committer", lifetime=60)
+    assert interceptor._verify(token).id == "committer"
+    assert interceptor._verify(token).id == "committer"  # remembered
+    now[0] = expires_at + 1
+    with pytest.raises(Exception) as caught:
+        interceptor._verify(token)
+    assert caught.value.reason == "TOKEN_EXPIRED"
+    forged = TokenAuthority(secrets.token_bytes(32)).issue_service_token("committer")[0]
+    for _ in range(2):
+        with pytest.raises(Exception) as caught:
+            interceptor._verify(forged)
+        assert caught.value.reason == "TOKEN_INVALID_SIGNATURE"
