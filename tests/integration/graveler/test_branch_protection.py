@@ -169,3 +169,74 @@ def test_patterns_match_whole_branch_names(client, repo):
         assert exc.metadata["branch"] == branch
     for branch in ("release", "main", "main2", "v10", "xrelease-1"):
         client.put_object(repo, branch, entry("p"))
+
+
+class RacingClient:
+    """A real client whose first read of the rules is followed, before the caller writes,
+    by another writer's change (`competing`): the lost race the CLI must not overwrite."""
+
+    def __init__(self, client, competing, races=1):
+        self._client = client
+        self._competing = competing
+        self.races = races
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def get_branch_protection_rules(self, repository):
+        read = self._client.get_branch_protection_rules(repository)
+        if self.races:
+            self.races -= 1
+            rules, checksum = read
+            self._client.set_branch_protection_rules(
+                repository, [*rules, self._competing], if_checksum=checksum
+            )
+        return read
+
+
+def test_cli_read_modify_write_retries_a_lost_race_once(client, repo):
+    from types import SimpleNamespace
+
+    from quarry.cli.protect import _update
+
+    client.set_branch_protection_rules(repo, [rule("main", COMMIT)])
+
+    def add_third(rules):
+        return [*rules, rule("third", STAGING_WRITE)]
+
+    racing = RacingClient(client, rule("other", COMMIT))
+    _update(SimpleNamespace(client=racing), repo, add_third)
+    # The competing rule survives: the CLI re-read and applied its change on top.
+    assert [r.pattern for r in client.get_branch_protection_rules(repo)[0]] == [
+        "main",
+        "other",
+        "third",
+    ]
+
+    # Losing twice in a row is reported, and the winners' rules stay.
+    def add_fifth(rules):
+        return [*rules, rule("fifth", STAGING_WRITE)]
+
+    with pytest.raises(errors.FailedPrecondition) as caught:
+        _update(SimpleNamespace(client=_Twice(client)), repo, add_fifth)
+    assert caught.value.reason == "PRECONDITION_FAILED"
+    assert [r.pattern for r in client.get_branch_protection_rules(repo)[0]][3:] == ["w1", "w2"]
+
+
+class _Twice(RacingClient):
+    """Another writer wins both of the CLI's attempts."""
+
+    def __init__(self, client):
+        super().__init__(client, None, races=2)
+        self._n = 0
+
+    def get_branch_protection_rules(self, repository):
+        read = self._client.get_branch_protection_rules(repository)
+        if self.races:
+            self.races -= 1
+            self._n += 1
+            rules, checksum = read
+            self._client.set_branch_protection_rules(
+                repository, [*rules, rule(f"w{self._n}", COMMIT)], if_checksum=checksum
+            )
+        return read
