@@ -18,6 +18,7 @@ import fnmatch
 import hashlib
 import time
 from collections.abc import Sequence
+from typing import TypeAlias
 
 from quarry.graveler import errors as gerrors
 from quarry.graveler import layout, names
@@ -32,6 +33,7 @@ MAX_RULES = 100
 MAX_PATTERN_LENGTH = 256
 
 Rules = list[bm.BranchProtectionRule]
+Action: TypeAlias = bm.BranchProtectionBlockedAction.ValueType
 
 
 def checksum_of(stored: bytes | None) -> str:
@@ -40,7 +42,7 @@ def checksum_of(stored: bytes | None) -> str:
 
 
 def matching_rule(
-    rules: Sequence[bm.BranchProtectionRule], branch: str, action: int
+    rules: Sequence[bm.BranchProtectionRule], branch: str, action: Action
 ) -> bm.BranchProtectionRule | None:
     """The first rule whose pattern matches the whole branch name and that blocks `action`."""
     for rule in rules:
@@ -118,7 +120,7 @@ class BranchProtection:
         self._cache[(repo.name, repo.instance_id)] = (time.monotonic(), checked)
         return checksum_of(value)
 
-    def check(self, repo: Repository, branch: str, action: int) -> None:
+    def check(self, repo: Repository, branch: str, action: Action) -> None:
         """FAILED_PRECONDITION / BRANCH_PROTECTED when a rule blocks `action` on `branch`
         (the rules as cached: at most CACHE_SECONDS old)."""
         names.check_branch_name(branch)

@@ -439,9 +439,7 @@ class Repositories:
         """Replace the rules (quarry.graveler.protection); returns their new checksum."""
         return self.core.protection.set(self.core.live_repo(repo_name), rules, if_checksum)
 
-    def get_branch_protection_rules(
-        self, repo_name: str
-    ) -> tuple[list[BranchProtectionRule], str]:
+    def get_branch_protection_rules(self, repo_name: str) -> tuple[list[BranchProtectionRule], str]:
         """The rules and their checksum (no rules: an empty list and its checksum)."""
         return self.core.protection.get(self.core.live_repo(repo_name))
 
