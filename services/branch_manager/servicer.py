@@ -140,6 +140,17 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         self._g.delete_gc_rules(request.repository)
         return pb.DeleteGarbageCollectionRulesResponse()
 
+    @idempotent(pb.SetBranchProtectionRulesResponse)
+    def SetBranchProtectionRules(self, request, context):
+        checksum = self._g.set_branch_protection_rules(
+            request.repository, request.rules, request.if_checksum
+        )
+        return pb.SetBranchProtectionRulesResponse(checksum=checksum)
+
+    def GetBranchProtectionRules(self, request, context):
+        rules, checksum = self._g.get_branch_protection_rules(request.repository)
+        return pb.GetBranchProtectionRulesResponse(rules=rules, checksum=checksum)
+
     # ---- objects ----
 
     def StatObject(self, request, context):

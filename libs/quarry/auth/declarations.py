@@ -171,6 +171,8 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
         "DeleteGarbageCollectionRules": _act(
             "retention:DeleteGarbageCollectionRules", _repo, mutating=True
         ),
+        "SetBranchProtectionRules": _act("fs:SetBranchProtectionRules", _repo, mutating=True),
+        "GetBranchProtectionRules": _act("fs:GetBranchProtectionRules", _repo),
         "StatObject": _act("fs:ReadObject", _object),
         "PutObject": _act("fs:WriteObject", _put_object, mutating=True),
         "PutObjects": Rule(

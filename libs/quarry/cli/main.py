@@ -38,6 +38,7 @@ from quarry.cli import (
     history,
     merging,
     objects,
+    protect,
     repos,
     services,
     setup,
@@ -64,6 +65,7 @@ _REGISTRATIONS: dict[str, base.Registration] = {
         gc,
         setup,
         auth,
+        protect,
     )
     for name, register in module.COMMANDS.items()
 }
@@ -97,6 +99,7 @@ COMMAND_ORDER = (
     "gc",
     "setup",
     "auth",
+    "branch-protect",
 )
 
 

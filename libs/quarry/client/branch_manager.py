@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import heapq
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from quarry.batching import batches
@@ -214,6 +214,41 @@ class BranchManagerCalls(RpcCalls):
             "BranchManager/DeleteGarbageCollectionRules",
             bm.DeleteGarbageCollectionRulesRequest(repository=repository),
         )
+
+    # ==== branch protection =================================================================
+
+    def set_branch_protection_rules(
+        self,
+        repository: str,
+        rules: Sequence[bm.BranchProtectionRule],
+        if_checksum: str = "",
+        *,
+        request_id: str | None = None,
+    ) -> str:
+        """Replace the repository's branch protection rules; returns their checksum. With
+        if_checksum (from get_branch_protection_rules) only if they are unchanged, else
+        FAILED_PRECONDITION / PRECONDITION_FAILED."""
+        return self._unary(
+            self._bm.SetBranchProtectionRules,
+            "BranchManager/SetBranchProtectionRules",
+            bm.SetBranchProtectionRulesRequest(
+                repository=repository,
+                rules=list(rules),
+                if_checksum=if_checksum,
+                request_id=_request_id(request_id),
+            ),
+        ).checksum
+
+    def get_branch_protection_rules(
+        self, repository: str
+    ) -> tuple[list[bm.BranchProtectionRule], str]:
+        """The rules and their checksum (none: an empty list)."""
+        response = self._unary(
+            self._bm.GetBranchProtectionRules,
+            "BranchManager/GetBranchProtectionRules",
+            bm.GetBranchProtectionRulesRequest(repository=repository),
+        )
+        return list(response.rules), response.checksum
 
     # ==== objects ==========================================================================
 

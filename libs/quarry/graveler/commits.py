@@ -12,6 +12,7 @@ from quarry.graveler import errors as gerrors
 from quarry.graveler import names
 from quarry.graveler.core import CommitRecord, Core, make_commit, tracer
 from quarry.graveler.model import ApplyResult, DiffSummary
+from quarry.graveler.protection import COMMIT
 from quarry.graveler.reads import Reads
 from quarry.graveler.refs import Repository, is_dirty
 from quarry.graveler.retry import DEFAULT_RETRY, cas_retry
@@ -103,6 +104,7 @@ class Commits:
     ) -> CommitOutcome:
         repo = self.core.live_repo(repo_name)
         names.check_branch_name(branch_name)
+        self.core.protection.check(repo, branch_name, COMMIT)
         params = CommitParams(message, committer, dict(metadata or {}), allow_empty)
         names.check_commit_metadata(params.message, params.metadata)
         attributes = {"quarry.repository": repo.name, "quarry.branch": branch_name}

@@ -22,6 +22,7 @@ from quarry.config import Settings
 from quarry.graveler import errors as gerrors
 from quarry.graveler import names
 from quarry.graveler.model import ApplyResult, Change, Entry, MergeResult, MergeStrategy
+from quarry.graveler.protection import BranchProtection
 from quarry.graveler.refs import RefManager, Repository
 from quarry.graveler.staging import StagingManager
 from quarry.kv import store as kv
@@ -164,6 +165,7 @@ class Core:
         self.kv = store
         self.refs = RefManager(store)
         self.staging = StagingManager(store)
+        self.protection = BranchProtection(store)
         self.committed = committed
         self.range_writer = range_writer
         self.dirty_read_optimization = dirty_read_optimization

@@ -90,6 +90,18 @@ class ProtectedBranch(errors.FailedPrecondition):
     reason = "PROTECTED_BRANCH"
 
 
+class BranchProtected(errors.FailedPrecondition):
+    """A staging write or commit on a branch a branch protection rule blocks it on."""
+
+    reason = "BRANCH_PROTECTED"
+
+
+class ProtectionRulesChanged(errors.FailedPrecondition):
+    """SetBranchProtectionRules with an if_checksum that is no longer the stored rules'."""
+
+    reason = "PRECONDITION_FAILED"
+
+
 class NotABranch(errors.FailedPrecondition):
     reason = "NOT_A_BRANCH"
 

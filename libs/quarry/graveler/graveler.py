@@ -92,6 +92,8 @@ class Graveler(Core):
         self.set_gc_rules = self.repositories.set_gc_rules
         self.get_gc_rules = self.repositories.get_gc_rules
         self.delete_gc_rules = self.repositories.delete_gc_rules
+        self.set_branch_protection_rules = self.repositories.set_branch_protection_rules
+        self.get_branch_protection_rules = self.repositories.get_branch_protection_rules
         # reads
         self.stat_object = self.reads.stat_object
         self.list_objects = self.reads.list_objects

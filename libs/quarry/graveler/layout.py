@@ -14,6 +14,7 @@ prefix or a decoded record; nobody builds a key or parses a stored value by hand
                            tags/<t>                  → Tag
                            commits/<id>              → Commit (immutable, content-addressed)
                            settings/gc_rules         → GarbageCollectionRules
+                           settings/branch_protection → BranchProtectionRules
                            mergehints/<metarange>    → "source\\nbase\\nonto" (text)
                            requests/<id>             → RequestRecord
   staging/<token>          <path>                    → StagedValue (entry or tombstone)
@@ -49,7 +50,7 @@ from quarry.kv.partitions import (
 )
 from quarry.kv.store import MAX_KEY_BYTES
 from quarry.storage.v1 import records_pb2 as stored
-from quarry.v1 import records_pb2, types_pb2
+from quarry.v1 import branch_manager_pb2, records_pb2, types_pb2
 
 M = TypeVar("M", bound=Message)
 
@@ -76,6 +77,7 @@ BRANCHES_PREFIX = b"branches/"
 TAGS_PREFIX = b"tags/"
 COMMITS_PREFIX = b"commits/"
 GC_RULES_KEY = b"settings/gc_rules"
+BRANCH_PROTECTION_KEY = b"settings/branch_protection"
 MERGE_HINTS_PREFIX = b"mergehints/"
 
 # ---- the `cleanup` partition ----------------------------------------------------------------------
@@ -159,6 +161,13 @@ def _check_cleanup(record: records_pb2.CleanupRecord, key: bytes) -> str | None:
     return None
 
 
+def _check_branch_protection(record: stored.BranchProtectionRules, key: bytes) -> str | None:
+    for rule in record.rules:
+        if not rule.pattern or not (rule.block_staging_write or rule.block_commit):
+            return f"its rule {rule.pattern!r} has no pattern or blocks nothing"
+    return None
+
+
 RECORD_CHECKS: dict[type, Callable[[Any, bytes], str | None]] = {
     records_pb2.RepositoryRecord: _check_repository,
     types_pb2.Branch: _check_branch,
@@ -173,6 +182,7 @@ RECORD_CHECKS: dict[type, Callable[[Any, bytes], str | None]] = {
     stored.Commit: _check_commit,
     stored.StagedValue: _check_staged_value,
     stored.CleanupRecord: _check_cleanup,
+    stored.BranchProtectionRules: _check_branch_protection,
 }
 
 
@@ -332,6 +342,57 @@ def gc_rules_from_stored(
         default_retention_days=record.default_retention_days,
         branch_retention_days=dict(record.branch_retention_days),
     )
+
+
+_STAGING_WRITE = branch_manager_pb2.BRANCH_PROTECTION_BLOCKED_ACTION_STAGING_WRITE
+_COMMIT = branch_manager_pb2.BRANCH_PROTECTION_BLOCKED_ACTION_COMMIT
+
+
+def branch_protection_to_stored(
+    rules: list[branch_manager_pb2.BranchProtectionRule],
+) -> stored.BranchProtectionRules:
+    return stored.BranchProtectionRules(
+        rules=[
+            stored.BranchProtectionRule(
+                pattern=rule.pattern,
+                block_staging_write=_STAGING_WRITE in rule.blocked_actions,
+                block_commit=_COMMIT in rule.blocked_actions,
+            )
+            for rule in rules
+        ]
+    )
+
+
+def branch_protection_from_stored(
+    record: stored.BranchProtectionRules,
+) -> list[branch_manager_pb2.BranchProtectionRule]:
+    out = []
+    for rule in record.rules:
+        actions = [_STAGING_WRITE] if rule.block_staging_write else []
+        actions += [_COMMIT] if rule.block_commit else []
+        out.append(
+            branch_manager_pb2.BranchProtectionRule(pattern=rule.pattern, blocked_actions=actions)
+        )
+    return out
+
+
+def encode_branch_protection(rules: list[branch_manager_pb2.BranchProtectionRule]) -> bytes:
+    # Deterministic: the bytes are the checksum's input and the compare-and-swap predicate.
+    return branch_protection_to_stored(rules).SerializeToString(deterministic=True)
+
+
+def decode_branch_protection(
+    partition: bytes, value: bytes
+) -> list[branch_manager_pb2.BranchProtectionRule]:
+    """The rules stored at `settings/branch_protection` (CorruptRecord if unreadable)."""
+    record = records.decode_record(
+        stored.BranchProtectionRules,
+        partition,
+        BRANCH_PROTECTION_KEY,
+        value,
+        RECORD_CHECKS[stored.BranchProtectionRules],
+    )
+    return branch_protection_from_stored(record)
 
 
 def entry_to_stored(entry: Entry) -> stored.Entry:

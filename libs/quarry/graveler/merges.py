@@ -14,6 +14,7 @@ from quarry.graveler import errors as gerrors
 from quarry.graveler import layout, names
 from quarry.graveler.core import CommitRecord, Core, make_commit, tracer
 from quarry.graveler.model import Conflict, DiffSummary, MergeResult, MergeStrategy
+from quarry.graveler.protection import COMMIT
 from quarry.graveler.reads import Reads
 from quarry.graveler.refs import Repository
 from quarry.graveler.retry import MAX_MERGE_ATTEMPTS, ONCE, RetryPolicy
@@ -202,6 +203,8 @@ class Merges:
         names and its chosen parent."""
         repo = self.core.live_repo(repo_name)
         names.check_branch_name(branch_name)
+        # Revert and cherry-pick are commits onto the branch (a merge into it is not).
+        self.core.protection.check(repo, branch_name, COMMIT)
         commit = self.refs.get_commit(repo, self.refs.resolve(repo, ref).commit_id)
         return repo, commit, self._chosen_parent(repo, commit, parent_number, operation)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, TypeVar
 
 from quarry import errors
@@ -30,12 +30,14 @@ from quarry.graveler import layout, names, records
 from quarry.graveler.core import CommitRecord, Core, make_commit, now_seconds
 from quarry.graveler.iterators import decode_page_token, encode_page_token
 from quarry.graveler.layout import BRANCHES_PREFIX, REPOS_PREFIX, TAGS_PREFIX, staging_partition
+from quarry.graveler.protection import COMMIT
 from quarry.graveler.reads import Reads
 from quarry.graveler.refs import Repository
 from quarry.graveler.staging import new_token
 from quarry.paging import PageBudget
 from quarry.runtime.format_version import ensure_installation_id
 from quarry.v1 import types_pb2
+from quarry.v1.branch_manager_pb2 import BranchProtectionRule
 
 log = logging.getLogger(__name__)
 
@@ -362,6 +364,8 @@ class Repositories:
         """Hard reset: the branch points at `ref` with no uncommitted changes."""
         repo = self.core.live_repo(repo_name)
         names.check_branch_name(name)
+        # A hard reset moves the branch's HEAD as a commit does (lakeFS blocks it with commit).
+        self.core.protection.check(repo, name, COMMIT)
         target = self.refs.resolve(repo, ref).commit_id
 
         def reset(branch: types_pb2.Branch) -> types_pb2.Branch:
@@ -428,6 +432,16 @@ class Repositories:
 
     def delete_gc_rules(self, repo_name: str) -> None:
         self.refs.delete_gc_rules(self.core.live_repo(repo_name))
+
+    def set_branch_protection_rules(
+        self, repo_name: str, rules: Sequence[BranchProtectionRule], if_checksum: str = ""
+    ) -> str:
+        """Replace the rules (quarry.graveler.protection); returns their new checksum."""
+        return self.core.protection.set(self.core.live_repo(repo_name), rules, if_checksum)
+
+    def get_branch_protection_rules(self, repo_name: str) -> tuple[list[BranchProtectionRule], str]:
+        """The rules and their checksum (no rules: an empty list and its checksum)."""
+        return self.core.protection.get(self.core.live_repo(repo_name))
 
 
 def page_by_name(

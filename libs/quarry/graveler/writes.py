@@ -15,6 +15,7 @@ from quarry.graveler import errors as gerrors
 from quarry.graveler import layout, names
 from quarry.graveler.core import Core
 from quarry.graveler.model import Entry
+from quarry.graveler.protection import STAGING_WRITE
 from quarry.graveler.reads import Reads, change_against, contended
 from quarry.graveler.refs import Repository, is_dirty
 from quarry.graveler.retry import DEFAULT_RETRY
@@ -123,6 +124,7 @@ class Writes:
         items = batch_items(entries)
         if not items:
             return StagedCount(0)
+        self.core.protection.check(repo, branch_name, STAGING_WRITE)
         if if_absent:
             if len(items) != 1:
                 raise gerrors.InvalidEntry("if_absent applies to a single object")
@@ -140,6 +142,7 @@ class Writes:
         unique = sorted(set(paths))
         if not unique:
             return StagedCount(0)
+        self.core.protection.check(repo, branch_name, STAGING_WRITE)
         message = f"branch {branch_name!r} kept changing"
         for _ in DEFAULT_RETRY.attempts(lambda: contended(message)):
             branch, _ = self.core.branch(repo, branch_name)
@@ -285,6 +288,7 @@ class Writes:
             raise gerrors.InvalidPath("give a path or a prefix, not both")
         if path:
             names.check_path(path)
+        self.core.protection.check(repo, branch_name, STAGING_WRITE)
         if not path and not prefix:
             self.discard_all(repo, branch_name)
             return -1

@@ -1,0 +1,86 @@
+"""`quarry branch-protect add | list | delete` as a user runs them: the real console script in
+a child process, against the whole suite running in this test process; what it stores is
+enforced by the servers (a protected branch refuses writes, other branches do not)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from support.processes import VENV_BIN, quarry_env
+from support.suite import running_suite
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    with running_suite(tmp_path_factory.mktemp("suite")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def quarry(suite, tmp_path_factory):
+    env = quarry_env(tmp_path_factory.mktemp("cli-home"))
+    targets = [
+        "--branch-manager",
+        suite.targets["branch-manager"],
+        "--committer",
+        suite.targets["committer"],
+    ]
+
+    def run(*args: str, expect: int = 0) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [str(VENV_BIN / "quarry"), *args, *targets],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            input="",
+        )
+        assert result.returncode == expect, (args, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr
+        return result
+
+    return run
+
+
+def rows(text: str) -> list[list[str]]:
+    return [line.split() for line in text.splitlines() if line.strip()]
+
+
+def test_add_list_delete_and_enforcement(suite, quarry, tmp_path):
+    quarry("repo", "create", "cli-protect", suite.namespace("cli-protect"))
+    assert rows(quarry("branch-protect", "list", "cli-protect").stdout) == [["PATTERN", "BLOCKED"]]
+
+    quarry("branch-protect", "add", "cli-protect", "main")
+    quarry("branch-protect", "add", "cli-protect", "release-*", "--block", "commit")
+    assert rows(quarry("branch-protect", "list", "cli-protect").stdout)[1:] == [
+        ["main", "staging-write,commit"],
+        ["release-*", "commit"],
+    ]
+    listed = json.loads(quarry("branch-protect", "list", "cli-protect", "--json").stdout)
+    assert [r["pattern"] for r in listed] == ["main", "release-*"]
+
+    # Adding a pattern again replaces its rule.
+    quarry("branch-protect", "add", "cli-protect", "release-*", "--block", "staging-write")
+    assert rows(quarry("branch-protect", "list", "cli-protect").stdout)[1:] == [
+        ["main", "staging-write,commit"],
+        ["release-*", "staging-write"],
+    ]
+
+    data = tmp_path / "data.txt"
+    data.write_text("hello")
+    refused = quarry("put", "cli-protect", "main", "a.txt", "--from", str(data), expect=1)
+    assert refused.stderr.startswith("quarry: BRANCH_PROTECTED: "), refused.stderr
+    quarry("branch", "create", "cli-protect", "dev", "--source", "main")
+    quarry("put", "cli-protect", "dev", "a.txt", "--from", str(data))
+
+    quarry("branch-protect", "delete", "cli-protect", "main")
+    assert rows(quarry("branch-protect", "list", "cli-protect").stdout)[1:] == [
+        ["release-*", "staging-write"]
+    ]
+    missing = quarry("branch-protect", "delete", "cli-protect", "main", expect=1)
+    assert missing.stderr.startswith("quarry: RULE_NOT_FOUND: ")
+    bad = quarry("branch-protect", "add", "cli-protect", "x", "--block", "push", expect=2)
+    assert "staging-write, commit" in bad.stderr
