@@ -12,7 +12,7 @@ import grpc
 from quarry.compaction.sensor import CompactionResult, CompactionSensor
 from quarry.config import Settings
 from quarry.runtime.channels import channel_for, open_service_channel
-from quarry.runtime.errors import from_rpc_error
+from quarry.runtime.errors import domain_errors
 from quarry.runtime.format_version import ensure_format_version
 from quarry.runtime.server import ServiceSpec, service_dependency
 from quarry.services.compactor_sensor.servicer import CompactorSensorServicer
@@ -40,13 +40,11 @@ class CommitterCompactor:
         self._timeout = timeout
 
     def compact(self, repository: str, branch: str) -> CompactionResult:
-        try:
+        with domain_errors():
             response = self._stub.Compact(
                 committer_pb2.CompactRequest(repository=repository, branch=branch),
                 timeout=self._timeout,
             )
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
         return CompactionResult(response.compacted_metarange_id, response.tokens_compacted)
 
     def close(self) -> None:
