@@ -12,6 +12,7 @@ A missing helm binary is a FAILURE (run `make tools`), never a skip.
 
 from __future__ import annotations
 
+import base64
 import collections
 import dataclasses
 import functools
@@ -293,6 +294,7 @@ def test_default_render_objects():
         "ServiceAccount": 5,
         "ConfigMap": 1,
         "PodDisruptionBudget": 4,  # every service but compactor-sensor (1 replica)
+        "Secret": 1,  # the auth signing key the chart generates (auth.signingKeySecret empty)
     }, kinds
     expected = {full_name(s) for s in SERVICES}
     assert set(objects(docs, "Deployment")) == expected
@@ -1144,3 +1146,28 @@ def test_every_values_key_is_documented():
     missing = [lines[i].strip() for i in documented if not ok(i)]
     assert not missing, f"undocumented values.yaml keys: {missing}"
     assert (CHART / "values.schema.json").is_file()
+
+
+def test_every_service_gets_auth_on_and_the_signing_key_from_a_secret():
+    docs = render()
+    secret_name = full_name("auth")
+    secrets = objects(docs, "Secret")
+    assert list(secrets) == [secret_name], list(secrets)
+    key = base64.b64decode(secrets[secret_name]["data"]["QUARRY_AUTH_SIGNING_KEY"])
+    assert len(key) >= 32
+    for dep in objects(docs, "Deployment").values():
+        for container in containers(dep):
+            env = env_of(container)
+            assert env["QUARRY_AUTH_ENABLED"]["value"] == "true"
+            assert env["QUARRY_AUTH_SIGNING_KEY"]["valueFrom"] == {
+                "secretKeyRef": {"name": secret_name, "key": "QUARRY_AUTH_SIGNING_KEY"}
+            }
+
+
+def test_a_named_signing_key_secret_is_used_and_none_is_generated():
+    docs = render("--set", "auth.signingKeySecret=my-quarry-key")
+    assert "Secret" not in {d["kind"] for d in docs}
+    for dep in objects(docs, "Deployment").values():
+        for container in containers(dep):
+            ref = env_of(container)["QUARRY_AUTH_SIGNING_KEY"]["valueFrom"]["secretKeyRef"]
+            assert ref["name"] == "my-quarry-key"

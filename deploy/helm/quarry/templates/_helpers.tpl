@@ -68,6 +68,24 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .name }}
 {{- end }}
 
+{{/* The Secret holding the auth signing key: the named one, or the chart's own. */}}
+{{- define "quarry.authSecretName" -}}
+{{- default (printf "%s-auth" (include "quarry.fullname" .)) .Values.auth.signingKeySecret }}
+{{- end }}
+
+{{/* Auth settings every service gets: on/off and the signing key from its Secret. */}}
+{{- define "quarry.authEnv" -}}
+- name: QUARRY_AUTH_ENABLED
+  value: {{ .Values.auth.enabled | quote }}
+{{- if .Values.auth.enabled }}
+- name: QUARRY_AUTH_SIGNING_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "quarry.authSecretName" . }}
+      key: QUARRY_AUTH_SIGNING_KEY
+{{- end }}
+{{- end }}
+
 {{- define "quarry.configMapName" -}}
 {{- printf "%s-config" (include "quarry.fullname" .) }}
 {{- end }}
@@ -271,6 +289,7 @@ spec:
                   fieldPath: metadata.namespace
             - name: OTEL_RESOURCE_ATTRIBUTES
               value: {{ include "quarry.resourceAttributes" $root | quote }}
+            {{- include "quarry.authEnv" $root | nindent 12 }}
             {{- if $isKvGateway }}
             - name: QUARRY_KV_URL
               value: {{ include "quarry.kvUrl" $root | quote }}
