@@ -27,7 +27,6 @@ import functools
 import json
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -136,7 +135,6 @@ class AuthInterceptor(grpc.ServerInterceptor):
         # a token's signature and claims verify the same way every time, only its expiry
         # changes, so a verified token is remembered and its expiry checked on every call
         # against the authority's own clock (a test's moved clock included).
-        self._clock: Callable[[], float] = getattr(tokens, "_clock", time.time)
         self._verified: dict[str, Principal] = {}
         self._verified_lock = threading.Lock()
 
@@ -171,7 +169,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         if not token:
             return self._tokens.verify(token)
         principal = self._verified.get(token)
-        if principal is not None and principal.expires_at > self._clock():
+        if principal is not None and principal.expires_at > self._tokens.now():
             return principal
         principal = self._tokens.verify(token)
         with self._verified_lock:

@@ -55,6 +55,10 @@ class TokenAuthority:
         self._key = key
         self._clock = clock
 
+    def now(self) -> float:
+        """The clock tokens' issue and expiry times are read against (tests may move it)."""
+        return self._clock()
+
     def issue_user_token(
         self, user_id: str, lifetime: float = DEFAULT_LIFETIME_SECONDS, access_key_id: str = ""
     ) -> tuple[str, float]:
