@@ -22,7 +22,7 @@ HELM_STAMP := $(TOOLS)/.helm-$(HELM_LAYER_VERSION)
 run: install
 	$(VENV)/bin/quarry up
 
-test: install tools
+test: install tools image
 	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -q -p no:cacheprovider tests
 

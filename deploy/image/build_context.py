@@ -80,8 +80,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH)
         subprocess.run(
-            [python, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-             "--wheel-dir", tmp, str(REPO)],
+            [
+                python,
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-deps",
+                "--no-build-isolation",
+                "--wheel-dir",
+                tmp,
+                str(REPO),
+            ],
             check=True,
             env=env,
         )
