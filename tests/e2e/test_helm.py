@@ -1558,8 +1558,8 @@ def run_bootstrap_script(
     tmp_path: Path, outcomes: list[tuple[int, str]]
 ) -> subprocess.CompletedProcess:
     """The rendered bootstrap script with a stub `quarry` answering `outcomes` in turn
-    ((exit code, stderr line)); on success the stub prints the secret on stdout, like
-    `quarry setup` does. A stub `sleep` keeps the retries instant."""
+    ((exit code, stderr line)), printing the secret on stdout as `quarry setup` does. A stub
+    `sleep` keeps the retries instant."""
     c = bootstrap_job(render())["spec"]["template"]["spec"]["containers"][0]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -1572,7 +1572,9 @@ def run_bootstrap_script(
     ]
     script.append("case $n in")
     for i, (code, err) in enumerate(outcomes):
-        body = f'echo "secret access key: {SECRET}"; ' if code == 0 else f"echo '{err}' >&2; "
+        # The secret on stdout every time (a stricter adversary than setup, which prints it
+        # only on success): whatever the outcome, the script must keep stdout out of the log.
+        body = f'echo "secret access key: {SECRET}"; ' + (f"echo '{err}' >&2; " if err else "")
         script.append(f"  {i}) {body}exit {code} ;;")
     script.append("esac")
     script.append("exit 99")
