@@ -1212,9 +1212,24 @@ def test_notes_explain_grpcurl_via_port_forward():
     notes = proc.stdout.split("NOTES:", 1)[1]
     for service, (_, port, _, _) in SERVICES.items():
         assert f"kubectl -n {NAMESPACE} port-forward svc/{RELEASE}-{service} {port}:{port}" in notes
-    assert re.search(r"grpcurl -plaintext localhost:\d+ list", notes), notes
+    # TLS is on by default: grpcurl verifies against the CA from the TLS Secret.
+    assert re.search(r"grpcurl -cacert quarry-ca.crt localhost:\d+ list", notes), notes
+    assert f"get secret {RELEASE}-tls" in notes
     assert "grpc.health.v1.Health/Check" in notes
     assert "Garbage collection" not in notes
+    # How to use the bootstrapped admin's credentials, without printing them.
+    assert f"get secret {RELEASE}-admin" in notes and "QUARRY_SECRET_ACCESS_KEY=$(" in notes
+    proc = run_helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--dry-run=client",
+        "--set",
+        "tls.enabled=false",
+    )
+    assert re.search(r"grpcurl -plaintext localhost:\d+ list", proc.stdout), proc.stdout
 
 
 def test_notes_mention_gc_when_enabled():
