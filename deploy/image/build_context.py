@@ -34,8 +34,18 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
-def _pip(python: str, *args: str) -> None:
-    subprocess.run([python, "-m", "pip", *args], check=True, cwd=REPO)
+# The host's pip configuration may name index folders that do not exist for every package;
+# pip warns once per package and missing folder. Not our concern: keep the output readable.
+_NOISE = "is ignored: it is neither a file nor a directory"
+
+
+def _pip(python: str, *args: str, env: dict[str, str] | None = None) -> None:
+    proc = subprocess.run(
+        [python, "-m", "pip", *args], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True
+    )
+    sys.stderr.write("".join(line for line in proc.stderr.splitlines(True) if _NOISE not in line))
+    if proc.returncode != 0:
+        raise SystemExit(f"pip {args[0]} failed ({proc.returncode})")
 
 
 def main() -> int:
@@ -79,20 +89,15 @@ def main() -> int:
             shutil.rmtree(stale)
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH)
-        subprocess.run(
-            [
-                python,
-                "-m",
-                "pip",
-                "wheel",
-                "-q",
-                "--no-deps",
-                "--no-build-isolation",
-                "--wheel-dir",
-                tmp,
-                str(REPO),
-            ],
-            check=True,
+        _pip(
+            python,
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            tmp,
+            str(REPO),
             env=env,
         )
         built = list(Path(tmp).glob(f"quarry-{version}-*.whl"))
