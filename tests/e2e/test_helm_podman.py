@@ -6,8 +6,9 @@ create-repository / put / commit / merge / log round trip against the pods with 
 credentials from the rendered Secret. `podman kube down` always runs at the end.
 
 podman here is Debian bookworm's 4.3, which plays the rendered objects with a few gaps; the
-test adapts the rendered YAML for exactly those, each documented in `for_podman` (a cluster
-needs none of it): Secrets are created with `podman secret create`, Jobs run as Pods,
+test adapts the rendered YAML for exactly those, each documented in `for_podman` and
+`create_secrets` (a cluster needs none of it): Secrets are created with `podman secret
+create` in the form each use needs, Jobs run as Pods,
 host-network pods lose their `ports` list, `metadata.namespace` env entries become literals,
 and emptyDir volumes get per-pod names. podman schedules no probes without systemd, so the
 test runs each container's rendered probe command in the container itself.
@@ -179,13 +180,31 @@ def for_podman(docs: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
     return secrets, services, bootstrap
 
 
-def create_secrets(secrets: list[dict]) -> None:
-    # podman 4.3 stores a played Secret in a form its own secretKeyRef lookup cannot read
-    # ("is not valid JSON"); it reads a secret whose content is the Secret's data as JSON.
+def create_secrets(secrets: list[dict], workloads: list[dict]) -> None:
+    """podman 4.3 stores a played Secret in a form its own secretKeyRef lookup cannot read
+    ("is not valid JSON"), and reads the two uses differently: an env secretKeyRef wants the
+    Secret's data as a JSON map (base64 values), a secret volume wants a Secret object whose
+    data values it writes verbatim (so decoded). Each rendered Secret is created in the form
+    its use needs (the chart uses none both ways). A secret volume becomes a named volume
+    (the Secret's name) that outlives `podman kube down`: removed before and after."""
+    mounted = {
+        v["secret"]["secretName"]
+        for doc in workloads
+        if doc["kind"] in {"Deployment", "Pod"}
+        for v in pod_spec_of(doc).get("volumes", [])
+        if "secret" in v
+    }
     for secret in secrets:
         name = secret["metadata"]["name"]
+        if name in mounted:
+            decoded = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+            content = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}}
+            content["data"] = decoded
+        else:
+            content = secret["data"]
         podman("secret", "rm", name, check=False)
-        podman("secret", "create", name, "-", input=json.dumps(secret["data"]).encode())
+        podman("volume", "rm", "-f", name, check=False)
+        podman("secret", "create", name, "-", input=json.dumps(content).encode())
 
 
 def secret_value(docs: list[dict], name: str, key: str) -> str:
@@ -277,7 +296,7 @@ def test_chart_runs_the_image_under_podman(image):
     services_file = play_file(work / "services.yaml", services)
     started = time.monotonic()
     try:
-        create_secrets(secrets)
+        create_secrets(secrets, services + bootstrap)
         podman("kube", "play", str(services_file))
 
         # Every service answers its own rendered probes (startup/liveness: ServerInfo;
@@ -363,5 +382,6 @@ def test_chart_runs_the_image_under_podman(image):
             podman("pod", "rm", "-f", pod, check=False)
         for secret_doc in secrets:
             podman("secret", "rm", secret_doc["metadata"]["name"], check=False)
+            podman("volume", "rm", "-f", secret_doc["metadata"]["name"], check=False)
         with contextlib.suppress(OSError):
             shutil.rmtree(work)

@@ -205,6 +205,8 @@ QUARRY_ALLOW_INSECURE_LISTEN: "true"
     secretName: {{ include "quarry.tlsSecretName" . }}
     # Group-readable: the pod's fsGroup owns the files, the key stays private to the pod.
     defaultMode: 0440
+    # Kubernetes' default, said explicitly: podman 4.3's kube play crashes when it is unset.
+    optional: false
 {{- end }}
 {{- end }}
 
