@@ -118,9 +118,7 @@ class TestCA:
             )
             .sign(self._key, hashes.SHA256())
         )
-        leaf = Leaf(
-            self.directory / f"{common_name}.crt", self.directory / f"{common_name}.key"
-        )
+        leaf = Leaf(self.directory / f"{common_name}.crt", self.directory / f"{common_name}.key")
         leaf.cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         leaf.key_file.write_bytes(_pem_key(key))
         leaf.key_file.chmod(0o600)

@@ -186,8 +186,11 @@ def _ca_bundle(settings: Any) -> bytes | None:
 
 def server_tls(settings: Any) -> ServerTls | None:
     """The server's TLS material, or None to serve plaintext (no certificate configured).
-    Raises TlsMisconfigured for unusable settings, client auth without a CA among them."""
+    Raises TlsMisconfigured for unusable settings, client auth without a CA among them, and
+    for an unusable CA bundle even when only the process's own calls would use it: a service
+    refuses at start rather than at its first call."""
     pair = _certificate_pair(settings)
+    ca = _ca_bundle(settings)
     if pair is None:
         if settings.tls_client_auth:
             raise TlsMisconfigured(
@@ -197,7 +200,7 @@ def server_tls(settings: Any) -> ServerTls | None:
         return None
     client_ca = None
     if settings.tls_client_auth:
-        client_ca = _ca_bundle(settings)
+        client_ca = ca
         if client_ca is None:
             raise TlsMisconfigured(
                 f"{CLIENT_AUTH_ENV} needs {CA_FILE_ENV}: the CA bundle client certificates "
