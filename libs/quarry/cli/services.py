@@ -72,7 +72,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         serve(load_settings(), build)
     except errors.QuarryError as exc:
-        print(f"quarry serve {args.service}: {exc}", file=sys.stderr)
+        print(f"quarry serve {args.service}: {exc.reason}: {exc}", file=sys.stderr)
         return 2
     return 0
 
