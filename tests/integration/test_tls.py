@@ -26,7 +26,12 @@ from quarry.runtime.tls import (
     channel_security,
 )
 from quarry.v1 import kv_pb2, kv_pb2_grpc
-from support.auth import service_token_source, setup_test_admin
+from support.auth import (
+    TEST_ACCESS_KEY_ID,
+    TEST_SECRET_ACCESS_KEY,
+    service_token_source,
+    setup_test_admin,
+)
 from support.processes import free_port
 from support.servers import kv_gateway, settings_for_tests
 from support.suite import running_suite
@@ -186,7 +191,11 @@ def test_the_whole_suite_in_process_over_tls(pki, client_auth):
     """Every service's channels to the others verify TLS (and under mTLS present the shared
     certificate: the kv-gateway and range-writer would refuse them otherwise); a Client
     with the CA (and under mTLS its own certificate) does a full round trip."""
+    import pickle
+
     from quarry.client import Client
+    from quarry.client.credentials import Credentials
+    from quarry.spark.common import Connection, client_for
 
     cert = pki.client if client_auth else None
     sent_before = reports_sent()
@@ -220,6 +229,20 @@ def test_the_whole_suite_in_process_over_tls(pki, client_auth):
         assert client.branch_staging_stats("tls-repo", "main").puts >= 1
         commit = client.commit("tls-repo", "main", "over TLS").commit
         assert [c.id for c in client.log("tls-repo", "main").commits][0] == commit.id
+        # A Spark executor's client: the driver's credentials and TLS material, pickled.
+        executor = client_for(
+            pickle.loads(
+                pickle.dumps(
+                    Connection(
+                        suite.targets["branch-manager"],
+                        suite.targets["committer"],
+                        credentials=Credentials(TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY),
+                        security=client_security(pki.ca.ca_file, cert),
+                    )
+                )
+            )
+        )
+        assert [r.name for r in executor.list_repositories().repositories] == ["tls-repo"]
         if client_auth:
             # The same call without a client certificate never reaches the server.
             with (

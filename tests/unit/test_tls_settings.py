@@ -330,3 +330,20 @@ def test_from_rpc_error_maps_only_grpcs_own_unavailable():
     assert refused.reason == "UNAVAILABLE" and is_retryable(refused)
     other = from_rpc_error(_FakeRpcError(grpc.StatusCode.INTERNAL, WRONG_CA))
     assert not isinstance(other, TlsHandshakeFailed)
+
+
+def test_a_spark_connection_carries_the_drivers_tls_to_executors(pki, monkeypatch):
+    import pickle
+
+    from quarry.spark.common import Connection
+
+    monkeypatch.delenv("QUARRY_ACCESS_KEY_ID", raising=False)
+    monkeypatch.delenv("QUARRY_SECRET_ACCESS_KEY", raising=False)
+    s = settings(**_service_env(pki))
+    connection = Connection.from_settings(s)
+    assert connection.security == channel_security(s) and connection.security.tls
+    assert pki.server.key.decode().splitlines()[1] not in repr(connection)
+    again = pickle.loads(pickle.dumps(connection))
+    assert again == connection and hash(again) == hash(connection)
+    # A plaintext driver sends none: each executor reads its own settings.
+    assert Connection.from_settings(settings()).security is None

@@ -92,7 +92,8 @@ class Connection:
     # finds its own (environment, QUARRY_HOME), as the Client does.
     credentials: Credentials | None = field(default=None, repr=False)
     # The driver's TLS material (CA bundle, client certificate and key) for the executors,
-    # like the credentials; None: each process reads its own QUARRY_TLS_* settings.
+    # like the credentials, when the driver uses TLS; None: each process reads its own
+    # QUARRY_TLS_* settings.
     security: ChannelSecurity | None = field(default=None, repr=False)
 
     @classmethod
@@ -102,13 +103,14 @@ class Connection:
         from quarry.runtime.tls import channel_security
 
         settings = settings if settings is not None else load_settings()
+        security = channel_security(settings)
         return cls(
             settings.branch_manager_address,
             settings.committer_address,
             settings.s3_endpoint_url,
             settings.s3_region,
             credentials=load_credentials(settings.home),
-            security=channel_security(settings),
+            security=security if security.tls else None,
         )
 
     @classmethod
