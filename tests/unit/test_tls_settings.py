@@ -347,3 +347,20 @@ def test_a_spark_connection_carries_the_drivers_tls_to_executors(pki, monkeypatc
     assert again == connection and hash(again) == hash(connection)
     # A plaintext driver sends none: each executor reads its own settings.
     assert Connection.from_settings(settings()).security is None
+
+
+def test_user_clients_follow_the_environment_and_the_config_file(pki, monkeypatch, tmp_path):
+    from quarry.runtime.tls import environment_channel_security
+
+    for name in ("QUARRY_TLS_CERT_FILE", "QUARRY_TLS_KEY_FILE", "QUARRY_TLS_CA_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("QUARRY_CONFIG_FILE", raising=False)
+    assert environment_channel_security() == PLAINTEXT
+    monkeypatch.setenv("QUARRY_TLS_CA_FILE", str(pki.ca.ca_file))
+    assert environment_channel_security().root_certificates == pki.ca.ca
+    monkeypatch.delenv("QUARRY_TLS_CA_FILE")
+    config = tmp_path / "quarry.toml"
+    config.write_text(f'tls_ca_file = "{pki.ca.ca_file}"\n')
+    monkeypatch.setenv("QUARRY_CONFIG_FILE", str(config))
+    security = environment_channel_security()
+    assert security.tls and security.root_certificates == pki.ca.ca

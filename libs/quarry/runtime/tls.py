@@ -23,6 +23,7 @@ kept out of every repr.
 from __future__ import annotations
 
 import ipaddress
+import os
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
@@ -224,8 +225,14 @@ def channel_security(settings: Any) -> ChannelSecurity:
 def environment_channel_security() -> ChannelSecurity:
     """channel_security of the settings this process's environment (and config file) give:
     what a user's client (CLI, Python client, Spark driver) dials with unless told."""
-    from quarry.config import load_settings
+    from quarry.config import CONFIG_FILE_ENV, load_settings
 
+    # Neither a config file nor a QUARRY_TLS_* variable: the defaults, plaintext, without
+    # the millisecond of resolving every setting.
+    if not os.environ.get(CONFIG_FILE_ENV) and not any(
+        os.environ.get(name) for name in (CERT_FILE_ENV, KEY_FILE_ENV, CA_FILE_ENV)
+    ):
+        return PLAINTEXT
     return channel_security(load_settings())
 
 
