@@ -324,3 +324,25 @@ def test_a_misconfigured_server_refuses_to_start_and_binds_nothing(pki):
         assert setting in caught.value.message
         assert stopped == [True]
         assert _bindable(port)
+
+
+def test_a_dependency_failing_the_handshake_is_reported_as_a_tls_failure(pki):
+    """What an operator reads in a service's log and DEPENDENCY_UNAVAILABLE refusals when
+    its CA does not match its dependency's certificate."""
+    from quarry.runtime.server import DependencyUnavailable, service_dependency
+
+    with kv_gateway(**server_tls_settings(pki)) as (_server, target):
+        wrong = service_dependency(
+            "kv-gateway", target, security=client_security(pki.other_ca.ca_file)
+        )
+        try:
+            with pytest.raises(DependencyUnavailable) as caught:
+                wrong.probe(2.0)
+        finally:
+            wrong.close()
+        assert "TLS handshake failed" in caught.value.message
+        right = service_dependency("kv-gateway", target, security=client_security(pki.ca.ca_file))
+        try:
+            right.probe(2.0)
+        finally:
+            right.close()
