@@ -231,6 +231,37 @@ class Settings:
         "exist) this long: a deleted user, revoked credential or detached policy takes "
         "effect within it.",
     )
+    tls_cert_file: str = _setting(
+        "",
+        "PEM certificate (chain) of this process. Set with QUARRY_TLS_KEY_FILE: every server "
+        "of the process serves TLS, and its client channels use TLS and present it as their "
+        "client certificate (mTLS). Empty: plaintext (docs/tls.md).",
+    )
+    tls_key_file: str = _setting(
+        "", "PEM private key (unencrypted) of QUARRY_TLS_CERT_FILE; both or neither."
+    )
+    tls_ca_file: str = _setting(
+        "",
+        "PEM bundle of the CA certificates servers are verified against; set, every client "
+        "channel uses TLS (CLI, Python client, Spark, the services' own calls). With "
+        "QUARRY_TLS_CLIENT_AUTH, also the CAs client certificates must chain to. Empty with "
+        "QUARRY_TLS_CERT_FILE set: gRPC's built-in public roots.",
+    )
+    tls_client_auth: bool = _setting(
+        False,
+        "mTLS: servers require a client certificate signed by a CA of QUARRY_TLS_CA_FILE "
+        "(needs QUARRY_TLS_CERT_FILE, QUARRY_TLS_KEY_FILE and QUARRY_TLS_CA_FILE).",
+    )
+    tls_server_name: str = _setting(
+        "",
+        "The name server certificates are verified against when it differs from the host "
+        "dialed (gRPC's ssl_target_name_override). Empty: the host of the address.",
+    )
+    allow_insecure_listen: bool = _setting(
+        False,
+        "Let a server listen without TLS on a non-loopback address (anything but "
+        "127.0.0.0/8, ::1, localhost). Off: such a server refuses to start.",
+    )
     log_level: str = _setting(
         "INFO", "Python logging level of the services (DEBUG, INFO, WARNING, ERROR)."
     )

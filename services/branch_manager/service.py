@@ -32,11 +32,13 @@ def build(
     closers = list(deps.closers)
     if reporter is None and settings.compactor_enabled:
         from quarry.compaction.reporter import StagingReporter
+        from quarry.runtime.tls import channel_security
 
         reporter = StagingReporter(
             settings.compactor_sensor_address,
             interval_seconds=settings.staging_report_interval_seconds,
             token_source=tokens,
+            security=channel_security(settings),
         ).start()
     if reporter is not None:
         # After the server has drained: the last acknowledged writes are reported too.

@@ -15,6 +15,7 @@ from quarry.runtime.channels import channel_for, open_service_channel
 from quarry.runtime.errors import domain_errors
 from quarry.runtime.format_version import ensure_format_version
 from quarry.runtime.server import ServiceSpec, service_dependency
+from quarry.runtime.tls import channel_security
 from quarry.services.compactor_sensor.servicer import CompactorSensorServicer
 from quarry.v1 import (
     committer_pb2,
@@ -64,19 +65,20 @@ def assemble(settings: Settings, kv_store=None, compactor=None) -> Assembled:
     from quarry.auth.service_tokens import token_source
 
     tokens = token_source(settings, SERVICE_NAME)
+    security = channel_security(settings)
     closers = []
     dependencies = {}
     if kv_store is None:
         from quarry.kv.remote import RemoteStore
 
-        raw, traced = open_service_channel(settings.kv_gateway_address, tokens)
+        raw, traced = open_service_channel(settings.kv_gateway_address, tokens, security)
         kv_store = RemoteStore(traced)
         dependencies["kv-gateway"] = service_dependency(
             "kv-gateway", settings.kv_gateway_address, raw
         )
         closers.append(raw.close)
     if compactor is None:
-        raw, traced = open_service_channel(settings.committer_address, tokens)
+        raw, traced = open_service_channel(settings.committer_address, tokens, security)
         compactor = CommitterCompactor(traced)
         dependencies["committer"] = service_dependency("committer", settings.committer_address, raw)
         closers.append(raw.close)  # also cancels a Compact still running at shutdown

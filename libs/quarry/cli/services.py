@@ -68,12 +68,11 @@ def start_order() -> list[str]:
 def cmd_serve(args: argparse.Namespace) -> int:
     from quarry.runtime.server import serve
 
-    settings = load_settings()
     build = _service_builder(args.service)
     try:
-        serve(settings, build)
+        serve(load_settings(), build)
     except errors.QuarryError as exc:
-        print(f"quarry serve {args.service}: {exc}", file=sys.stderr)
+        print(f"quarry serve {args.service}: {exc.reason}: {exc}", file=sys.stderr)
         return 2
     return 0
 
@@ -109,12 +108,15 @@ def _first_start_setup(settings: object, home: Path, wait_seconds: float = 30.0)
     from quarry.client import Client
     from quarry.client.credentials import credentials_path
     from quarry.runtime.server import service_dependency
+    from quarry.runtime.tls import channel_security
 
     if credentials_path(home).exists():
         print(f"  credentials: {credentials_path(home)}")
         return
     address = settings.branch_manager_address  # type: ignore[attr-defined]
-    branch_manager = service_dependency("branch-manager", address)
+    branch_manager = service_dependency(
+        "branch-manager", address, security=channel_security(settings)
+    )
     deadline = time.monotonic() + wait_seconds
     try:
         while True:

@@ -43,6 +43,11 @@ QUARRY_SECRET_ACCESS_KEY, else $QUARRY_HOME/credentials.json), the client logs i
 before it expires (quarry.client.session). With none at all it sends no header: a server
 with auth on answers UNAUTHENTICATED, one with auth off as before.
 
+Transport: channels opened on addresses use TLS as `security=` says
+(quarry.runtime.tls.ChannelSecurity; `Client.from_settings` passes the settings'), else as
+the environment's QUARRY_TLS_* settings say (plaintext when none is set). A failed TLS
+handshake is UNAVAILABLE / TLS_HANDSHAKE_FAILED and not retried (docs/tls.md).
+
 A Client is thread-safe (gRPC channels are); close it, or use it as a context manager.
 """
 
@@ -73,6 +78,7 @@ from quarry.client.session import BearerTokenInterceptor, TokenSource, login_ove
 # Client dials through this name (tests reach it as quarry.client.client.open_channel).
 from quarry.runtime.channels import open_channel
 from quarry.runtime.errors import from_rpc_error
+from quarry.runtime.tls import ChannelSecurity, channel_security
 from quarry.v1 import (
     auth_pb2_grpc,
     branch_manager_pb2_grpc,
@@ -113,6 +119,7 @@ class Client(BranchManagerCalls, CommitterCalls, AuthCalls):
         allow_incomplete_listings: bool = False,
         credentials: Credentials | None = None,
         token: str | None = None,
+        security: ChannelSecurity | None = None,
     ) -> None:
         self.retry = retry if retry is not None else RetryPolicy()
         self.timeout = timeout
@@ -130,7 +137,7 @@ class Client(BranchManagerCalls, CommitterCalls, AuthCalls):
             if not isinstance(target, str):
                 return target
             if target not in plain:
-                plain[target] = open_channel(target)
+                plain[target] = open_channel(target, security=security)
                 self._owned.append(plain[target])
             return plain[target]
 
@@ -169,8 +176,10 @@ class Client(BranchManagerCalls, CommitterCalls, AuthCalls):
     @classmethod
     def from_settings(cls, settings: Any, **kwargs: Any) -> Client:
         """Dial `settings.branch_manager_address`, `settings.committer_address` (and
-        `settings.compactor_sensor_address` when sensor statistics are asked for)."""
+        `settings.compactor_sensor_address` when sensor statistics are asked for), secured as
+        `settings` say (QUARRY_TLS_*)."""
         kwargs.setdefault("compactor_sensor", settings.compactor_sensor_address)
+        kwargs.setdefault("security", channel_security(settings))
         return cls(
             branch_manager=settings.branch_manager_address,
             committer=settings.committer_address,

@@ -21,6 +21,7 @@ from prometheus_client import Counter
 
 from quarry.runtime.channels import TokenSource, open_channel
 from quarry.runtime.periodic import PeriodicWorker
+from quarry.runtime.tls import ChannelSecurity
 from quarry.v1 import compactor_sensor_pb2 as pb
 from quarry.v1 import compactor_sensor_pb2_grpc
 
@@ -44,12 +45,16 @@ class StagingReporter:
         timeout_seconds: float = 1.0,
         max_pending: int = 100_000,
         token_source: TokenSource | None = None,
+        security: ChannelSecurity | None = None,
     ):
-        """`token_source`: branch-manager's service token, for a reporter opened on an
-        address (the sensor takes reports from Quarry's services only)."""
+        """`token_source`: branch-manager's service token, and `security` its channel
+        security (open_channel), for a reporter opened on an address (the sensor takes
+        reports from Quarry's services only)."""
         if isinstance(target, str):
             # Not traced on purpose: background batches belong to no user request.
-            self._channel = open_channel(target, traced=False, token_source=token_source)
+            self._channel = open_channel(
+                target, traced=False, token_source=token_source, security=security
+            )
             self._owns_channel = True
         else:
             self._channel, self._owns_channel = target, False

@@ -25,6 +25,7 @@ from quarry.kv import store as kv
 from quarry.runtime.channels import TokenSource, open_service_channel
 from quarry.runtime.format_version import ensure_format_version
 from quarry.runtime.server import Dependency, service_dependency
+from quarry.runtime.tls import channel_security
 
 # Deadline of each KV call the background dropper makes: a stalled kv-gateway holds it (and
 # a shutdown waiting for it) this long at most.
@@ -60,10 +61,11 @@ def core_dependencies(
     closers: list[Callable[[], None]] = []
     dependencies: dict[str, Dependency] = {}
     dropper_store = kv_store
+    security = channel_security(settings)
     if kv_store is None:
         from quarry.kv.remote import RemoteStore
 
-        raw, traced = open_service_channel(settings.kv_gateway_address, tokens)
+        raw, traced = open_service_channel(settings.kv_gateway_address, tokens, security)
         kv_store = RemoteStore(traced)
         # Same connection, shorter deadlines: background work never blocks for long.
         dropper_store = RemoteStore(traced, timeout=DROPPER_CALL_TIMEOUT_SECONDS)
@@ -78,7 +80,7 @@ def core_dependencies(
     if range_writer is None:
         from quarry.committed.remote import RemoteRangeWriter
 
-        raw, traced = open_service_channel(settings.range_writer_address, tokens)
+        raw, traced = open_service_channel(settings.range_writer_address, tokens, security)
         range_writer = RemoteRangeWriter(traced)
         dependencies["range-writer"] = service_dependency(
             "range-writer", settings.range_writer_address, raw

@@ -1,5 +1,5 @@
-"""Client channels to Quarry services: one place for message limits, tracing and the bearer
-token every call carries."""
+"""Client channels to Quarry services: one place for message limits, tracing, transport
+security (TLS, mTLS: quarry.runtime.tls) and the bearer token every call carries."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 
 from quarry import telemetry
+from quarry.runtime.tls import ChannelSecurity, environment_channel_security
 
 # Large enough for batch RPCs of staged entries and streamed range changes; single items
 # are capped far lower (400 KB KV items).
@@ -96,25 +97,41 @@ def with_token(channel: grpc.Channel, token_source: TokenSource | None) -> grpc.
 
 
 def open_channel(
-    target: str, *, traced: bool = True, token_source: TokenSource | None = None
+    target: str,
+    *,
+    traced: bool = True,
+    token_source: TokenSource | None = None,
+    security: ChannelSecurity | None = None,
 ) -> grpc.Channel:
-    """An insecure channel to `target` ("host:port"): the one place channels are opened.
-    Traced when tracing is on, unless `traced=False` (background traffic that belongs to
-    no request, such as staging reports and readiness probes). With `token_source`, every
-    call carries `authorization: Bearer <token>`."""
-    channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    """A channel to `target` ("host:port"): the one place channels are opened. Secured as
+    `security` says — a service passes channel_security(its settings); None: as the
+    environment's settings say (QUARRY_TLS_*; plaintext when none is set), which is what
+    a user's client wants. Traced when tracing is on, unless `traced=False` (background
+    traffic that belongs to no request, such as staging reports and readiness probes). With
+    `token_source`, every call carries `authorization: Bearer <token>`."""
+    if security is None:
+        security = environment_channel_security()
+    if security.tls:
+        channel = grpc.secure_channel(
+            target, security.credentials(), options=CHANNEL_OPTIONS + security.options()
+        )
+    else:
+        channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
     channel = telemetry.instrument_channel(channel) if traced else channel
     return with_token(channel, token_source)
 
 
 def open_service_channel(
-    target: str, token_source: TokenSource | None = None
+    target: str,
+    token_source: TokenSource | None = None,
+    security: ChannelSecurity | None = None,
 ) -> tuple[grpc.Channel, grpc.Channel]:
     """(raw, traced) views of ONE channel to another Quarry service: data calls go through
     `traced` (carrying the service's token when `token_source` is given); the readiness
     probe (quarry.runtime.server.service_dependency) uses `raw` — health is open — so
-    probing makes no spans yet proves the connection the data calls use. Close `raw`."""
-    raw = open_channel(target, traced=False)
+    probing makes no spans yet proves the connection the data calls use. Close `raw`.
+    `security`: as for open_channel (services pass channel_security(settings))."""
+    raw = open_channel(target, traced=False, security=security)
     return raw, with_token(telemetry.instrument_channel(raw), token_source)
 
 

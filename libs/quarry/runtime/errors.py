@@ -32,6 +32,7 @@ from grpc_status import rpc_status
 
 from quarry import errors
 from quarry.runtime.channels import MAX_MESSAGE_BYTES
+from quarry.runtime.tls import connection_error
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +215,12 @@ def from_rpc_error(error: grpc.RpcError) -> errors.QuarryError:
     ):
         # gRPC's own refusal of an oversized message: permanent, not throttling.
         cls = errors.MessageTooLarge
+    if info is None and code == grpc.StatusCode.UNAVAILABLE:
+        # gRPC's own report of a connection that failed to set up: name TLS when it is
+        # about TLS (a wrong CA, plaintext against TLS, a missing client certificate).
+        connection = connection_error(message or "")
+        if connection is not None:
+            return connection
     if info is not None and info.domain == errors.ERROR_DOMAIN:
         candidate = _all_error_classes().get(info.reason)
         if candidate is not None and candidate.code == code:
@@ -270,11 +277,12 @@ RETRYABLE_CODES = frozenset(
 
 
 def is_retryable(exc: errors.QuarryError, codes: frozenset = RETRYABLE_CODES) -> bool:
-    """Whether a failed call may succeed when repeated: ABORTED and UNAVAILABLE always;
+    """Whether a failed call may succeed when repeated: ABORTED and UNAVAILABLE (except a
+    failed TLS handshake, marked `permanent`: the same certificates fail the same way);
     RESOURCE_EXHAUSTED only when the server said when to come back (RetryInfo, i.e.
     throttling). A RESOURCE_EXHAUSTED without it (a message over a size limit, a quota)
     fails the same way every time."""
-    if exc.code not in codes:
+    if exc.code not in codes or getattr(exc, "permanent", False):
         return False
     if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return exc.retry_delay is not None

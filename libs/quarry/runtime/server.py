@@ -36,8 +36,15 @@ import quarry
 from quarry import errors, telemetry
 from quarry.config import Settings
 from quarry.runtime.channels import MAX_MESSAGE_BYTES, open_channel
-from quarry.runtime.errors import RETRYABLE_CODES, ErrorInterceptor
+from quarry.runtime.errors import RETRYABLE_CODES, ErrorInterceptor, from_rpc_error
 from quarry.runtime.periodic import PeriodicWorker
+from quarry.runtime.tls import (
+    ChannelSecurity,
+    ConnectionClosedAtSetup,
+    TlsHandshakeFailed,
+    check_listen,
+    server_tls,
+)
 from quarry.telemetry.metrics import start_metrics_endpoint
 from quarry.v1 import server_info_pb2, server_info_pb2_grpc
 
@@ -82,15 +89,21 @@ class Dependency:
     close: Callable[[], None] = lambda: None
 
 
-def service_dependency(name: str, address: str, channel: grpc.Channel | None = None) -> Dependency:
+def service_dependency(
+    name: str,
+    address: str,
+    channel: grpc.Channel | None = None,
+    security: ChannelSecurity | None = None,
+) -> Dependency:
     """Another Quarry service: it answers when its overall grpc.health.v1 status is SERVING,
     so readiness chains (the compactor-sensor waits for a committer that waits for the
     kv-gateway). Probed on `channel` — pass the untraced channel the data calls use, so a
-    successful probe also means that very channel is connected — or on a channel of its own."""
+    successful probe also means that very channel is connected — or on a channel of its own
+    secured as `security` says (open_channel)."""
     owned = channel is None
     if channel is None:
         # Not traced: a probe every second belongs to no request.
-        channel = open_channel(address, traced=False)
+        channel = open_channel(address, traced=False, security=security)
     stub = health_pb2_grpc.HealthStub(channel)
 
     def probe(timeout: float) -> None:
@@ -98,6 +111,10 @@ def service_dependency(name: str, address: str, channel: grpc.Channel | None = N
             reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=timeout)
         except grpc.RpcError as error:
             code = error.code().name if hasattr(error, "code") else "UNKNOWN"
+            # A TLS failure says so (a wrong CA, a missing client certificate), else the code.
+            cause = from_rpc_error(error)
+            if isinstance(cause, TlsHandshakeFailed | ConnectionClosedAtSetup):
+                code = f"{code}: {cause.message}"
             raise DependencyUnavailable(
                 f"{name} at {address} does not answer ({code})",
                 metadata={"dependency": name, "address": address},
@@ -395,11 +412,15 @@ class QuarryServer:
         self.readiness.worker.stop(timeout=0.1)
         self.health.enter_graceful_shutdown()
         self.grpc_server.stop(grace).wait()
-        for callback in [*self.spec.on_stop, self.readiness.close]:
-            try:
-                callback()
-            except Exception:  # noqa: BLE001 — shutdown must go on
-                log.exception("error while stopping %s", self.spec.name)
+        _run_stop_callbacks(self.spec.name, [*self.spec.on_stop, self.readiness.close])
+
+
+def _run_stop_callbacks(service: str, callbacks: Sequence[Callable[[], None]]) -> None:
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:  # noqa: BLE001 — shutdown must go on
+            log.exception("error while stopping %s", service)
 
 
 def auth_interceptors(settings: Settings, spec: ServiceSpec) -> list[grpc.ServerInterceptor]:
@@ -439,6 +460,16 @@ def create_server(
     dependencies already answer is SERVING on return; otherwise it keeps probing in the
     background. Raises the error of start-up work that refuses (e.g. FormatVersionMismatch).
     `readiness_options` tune the probing (ReadinessTiming fields; tests)."""
+    bind_host = host if host is not None else settings.listen_host
+    bind_port = settings.port_of(spec.name) if port is None else port
+    # Before anything starts: unusable TLS settings, or plaintext beyond loopback, refuse
+    # (and release what the spec holds, as stop() would).
+    try:
+        tls = server_tls(settings)
+        check_listen(settings, spec.name, bind_host, tls)
+    except errors.QuarryError:
+        _run_stop_callbacks(spec.name, spec.on_stop)
+        raise
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     info_name = server_info_pb2.DESCRIPTOR.services_by_name["ServerInfo"].full_name
     readiness = Readiness(
@@ -462,10 +493,12 @@ def create_server(
         [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
     )
 
-    bind_host = host if host is not None else settings.listen_host
-    bind_port = settings.port_of(spec.name) if port is None else port
+    address = f"{bind_host}:{bind_port}"
     try:
-        bound = server.add_insecure_port(f"{bind_host}:{bind_port}")
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, tls.credentials())
     except RuntimeError:
         bound = 0
     if bound == 0:
@@ -503,11 +536,13 @@ def serve(settings: Settings, spec_factory: Callable[[Settings], ServiceSpec]) -
     metrics_port = start_metrics_endpoint(
         settings.metrics_host, settings.metrics_port_of(spec.name)
     )
+    tls = server_tls(settings)
     log.info(
-        "%s listening on %s:%d (metrics port %s)",
+        "%s listening on %s:%d, %s (metrics port %s)",
         spec.name,
         settings.listen_host,
         port,
+        "plaintext" if tls is None else ("mTLS" if tls.requires_client_auth else "TLS"),
         metrics_port or "off",
     )
     # `quarry up` reads this line: the port is bound (health tells whether it is SERVING).

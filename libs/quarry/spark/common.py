@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from quarry.client import Client
     from quarry.client.credentials import Credentials
     from quarry.config import Settings
+    from quarry.runtime.tls import ChannelSecurity
 
 SCHEME = "quarry://"
 # Ephemeral branches of Spark writes: `_quarry-spark-<UTC time>-<random>`. The time in the
@@ -90,19 +91,26 @@ class Connection:
     # The driver's credentials for the executors (module docstring); None: each process
     # finds its own (environment, QUARRY_HOME), as the Client does.
     credentials: Credentials | None = field(default=None, repr=False)
+    # The driver's TLS material (CA bundle, client certificate and key) for the executors,
+    # like the credentials, when the driver uses TLS; None: each process reads its own
+    # QUARRY_TLS_* settings.
+    security: ChannelSecurity | None = field(default=None, repr=False)
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Connection:
         from quarry.client.credentials import load_credentials
         from quarry.config import load_settings
+        from quarry.runtime.tls import channel_security
 
         settings = settings if settings is not None else load_settings()
+        security = channel_security(settings)
         return cls(
             settings.branch_manager_address,
             settings.committer_address,
             settings.s3_endpoint_url,
             settings.s3_region,
             credentials=load_credentials(settings.home),
+            security=security if security.tls else None,
         )
 
     @classmethod
@@ -124,6 +132,7 @@ class Connection:
             conf.get("spark.quarry.s3EndpointUrl", base.s3_endpoint_url),
             conf.get("spark.quarry.s3Region", base.s3_region),
             credentials=base.credentials,
+            security=base.security,
         )
 
 
@@ -146,6 +155,7 @@ def client_for(connection: Connection) -> Client:
                 connection.committer,
                 timeout=connection.timeout,
                 credentials=connection.credentials,
+                security=connection.security,
             )
             _clients[key] = client
         return client

@@ -135,7 +135,10 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
     policy_time = now or started
     with (
         Client(
-            connection.branch_manager, connection.committer, timeout=connection.timeout
+            connection.branch_manager,
+            connection.committer,
+            timeout=connection.timeout,
+            security=connection.security,
         ) as client,
         telemetry.tracer("quarry.spark").start_as_current_span(
             "quarry.gc", attributes={"quarry.repository": repository, "quarry.gc.sweep": sweep}

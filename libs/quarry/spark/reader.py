@@ -168,7 +168,10 @@ def _entries(
 
     connection = Connection.resolve(spark, connection)
     with Client(
-        connection.branch_manager, connection.committer, timeout=connection.timeout
+        connection.branch_manager,
+        connection.committer,
+        timeout=connection.timeout,
+        security=connection.security,
     ) as client:
         snap = snapshot(client, target.repository, target.ref, prefix)
     range_ids = range_ids_under(snap.storage_namespace, snap.metarange_id, prefix, connection)

@@ -141,7 +141,10 @@ def write(  # noqa: PLR0913 — the public keyword API (DataFrameWriter's option
 
     with (
         Client(
-            connection.branch_manager, connection.committer, timeout=connection.timeout
+            connection.branch_manager,
+            connection.committer,
+            timeout=connection.timeout,
+            security=connection.security,
         ) as client,
         telemetry.tracer("quarry.spark").start_as_current_span(
             "quarry.spark.write",
