@@ -33,8 +33,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quarry.config import Settings
-from support.processes import free_port
+from support.processes import free_port, health_status
 from support.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,8 +50,6 @@ SERVICES = {  # name -> values key, in quarry.config.SERVICES order
     "compactor-sensor": "compactorSensor",
     "range-writer": "rangeWriter",
 }
-# TLS on once the services serve it (the QUARRY_TLS_* settings exist), as the chart defaults.
-TLS_SUPPORTED = "tls_cert_file" in Settings.__dataclass_fields__
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -272,8 +269,11 @@ def cli(env: dict[str, str], *args: str) -> str:
     return proc.stdout
 
 
-def test_chart_runs_the_image_under_podman(image):
-    release = f"pq{os.getpid() % 100000}"
+@pytest.mark.parametrize("client_auth", [False, True], ids=["tls", "mtls"])
+def test_chart_runs_the_image_under_podman(image, client_auth):
+    """TLS on, as the chart defaults (its generated CA and certificate); with mTLS the
+    services present their certificate to each other, and the host's CLI presents it too."""
+    release = f"pq{os.getpid() % 10000}{int(client_auth)}"
     ports = {name: (free_port(), free_port()) for name in SERVICES}
     work = Path(tempfile.mkdtemp(prefix="quarry-podman-"))
     data = work / "data"
@@ -283,7 +283,9 @@ def test_chart_runs_the_image_under_podman(image):
         "--set",
         f"localData.hostPath={data}",
         "--set",
-        f"tls.enabled={str(TLS_SUPPORTED).lower()}",
+        "tls.enabled=true",
+        "--set",
+        f"tls.clientAuth={str(client_auth).lower()}",
     ]
     for name, key in SERVICES.items():
         grpc_port, metrics_port = ports[name]
@@ -335,10 +337,40 @@ def test_chart_runs_the_image_under_podman(image):
             QUARRY_BRANCH_MANAGER_ADDRESS=f"127.0.0.1:{ports['branch-manager'][0]}",
             QUARRY_COMMITTER_ADDRESS=f"127.0.0.1:{ports['committer'][0]}",
         )
-        if TLS_SUPPORTED:
-            ca = home / "ca.crt"
-            ca.write_text(secret_value(docs, f"{release}-tls", "ca.crt"))
-            env["QUARRY_TLS_CA_FILE"] = str(ca)
+        # The services speak TLS only: a plaintext health check gets no answer, and the
+        # CLI without the CA cannot connect.
+        assert health_status(f"127.0.0.1:{ports['branch-manager'][0]}") is None
+        no_ca = subprocess.run(
+            [str(QUARRY), "repo", "list"], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert no_ca.returncode != 0, no_ca.stdout
+        tls_secret = f"{release}-tls"
+        for key, var in (
+            ("ca.crt", "QUARRY_TLS_CA_FILE"),
+            *(
+                (("tls.crt", "QUARRY_TLS_CERT_FILE"), ("tls.key", "QUARRY_TLS_KEY_FILE"))
+                if client_auth
+                else ()
+            ),
+        ):
+            path = home / key
+            path.write_text(secret_value(docs, tls_secret, key))
+            path.chmod(0o600)
+            env[var] = str(path)
+        if client_auth:  # the servers ask for a client certificate: the CA alone is refused
+            no_cert = {
+                k: v
+                for k, v in env.items()
+                if k not in {"QUARRY_TLS_CERT_FILE", "QUARRY_TLS_KEY_FILE"}
+            }
+            refused = subprocess.run(
+                [str(QUARRY), "repo", "list"],
+                capture_output=True,
+                text=True,
+                env=no_cert,
+                timeout=120,
+            )
+            assert refused.returncode != 0, refused.stdout
         mount_path = yaml.safe_load((CHART / "values.yaml").read_text())["localData"]["mountPath"]
         namespace = f"{mount_path}/lake/demo"
         cli(env, "repo", "create", "demo", namespace)
