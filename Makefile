@@ -22,7 +22,7 @@ HELM_STAMP := $(TOOLS)/.helm-$(HELM_LAYER_VERSION)
 run: install
 	$(VENV)/bin/quarry up
 
-test: install tools
+test: install tools image
 	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
@@ -84,3 +84,84 @@ lint: install tools
 clean:
 	rm -rf $(VENV) $(TOOLS) libs/quarry/v1/*_pb2*.py libs/quarry/v1/*_pb2*.pyi libs/quarry/v1/.generated \
 		libs/quarry/storage/v1/*_pb2*.py libs/quarry/storage/v1/*_pb2*.pyi
+
+# ---------------------------------------------------------------------------------------------
+# Container images, built offline with podman (docs/deploy.md). No registry: a Debian bookworm
+# root filesystem made by mmdebstrap from this machine's own apt sources, `podman import`ed as
+# the base; the project's wheel and its dependencies come from a host-built wheelhouse.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+IMAGE := localhost/quarry:$(VERSION)
+IMAGE_GC := localhost/quarry-gc:$(VERSION)
+IMAGE_BASE := localhost/quarry-base:bookworm
+IMAGE_DIR := build/image
+IMAGE_CONTEXT := $(IMAGE_DIR)/context
+ROOTFS := $(IMAGE_DIR)/rootfs-bookworm.tar
+# podman's settings for this kind of host (runc; crun and `--ulimit host` fail here):
+# every podman call of the Makefile and of tests/e2e/test_helm_podman.py uses this file.
+CONTAINERS_CONF_FILE := $(IMAGE_DIR)/containers.conf
+PODMAN := CONTAINERS_CONF=$(abspath $(CONTAINERS_CONF_FILE)) podman
+# The apt sources mmdebstrap reads: the machine's own enabled ones (no mirror host is named here).
+APT_SOURCES := $(wildcard /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources)
+IMAGE_INPUTS := pyproject.toml deploy/image/Containerfile deploy/image/build_context.py \
+	$(shell find libs services -name '*.py' -not -path '*/__pycache__/*' 2>/dev/null) \
+	libs/quarry/v1/.generated
+
+.PHONY: image image-gc image-tools
+
+image-tools: $(IMAGE_DIR)/.tools
+
+# Installed with apt-get only when one of them is missing.
+$(IMAGE_DIR)/.tools:
+	@mkdir -p $(IMAGE_DIR)
+	@if ! command -v podman >/dev/null || ! command -v buildah >/dev/null \
+		|| ! command -v mmdebstrap >/dev/null || ! command -v runc >/dev/null; then \
+		echo "installing podman buildah mmdebstrap runc (apt-get)"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get install -y podman buildah mmdebstrap runc || \
+		{ $$SUDO apt-get update && $$SUDO apt-get install -y podman buildah mmdebstrap runc; }; \
+	fi
+	touch $@
+
+$(CONTAINERS_CONF_FILE): deploy/image/containers.conf.in
+	@mkdir -p $(IMAGE_DIR)
+	sed "s/@NOFILE@/$$(ulimit -Hn)/g" $< > $@.tmp && mv $@.tmp $@
+
+# The base root filesystem: built once (stamped by the tarball), imported once.
+$(ROOTFS): | $(IMAGE_DIR)/.tools
+	@mkdir -p $(IMAGE_DIR)
+	@test -n "$(APT_SOURCES)" || { echo "no apt sources in /etc/apt"; exit 1; }
+	mmdebstrap --variant=apt --format=tar --include=python3,python3-venv,ca-certificates \
+		--dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+		--dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*' \
+		bookworm $@.tmp $(APT_SOURCES)
+	mv $@.tmp $@
+
+$(IMAGE_DIR)/.base-imported: $(ROOTFS) $(CONTAINERS_CONF_FILE)
+	$(PODMAN) import --change 'CMD ["/bin/bash"]' $(ROOTFS) $(IMAGE_BASE)
+	touch $@
+
+# The build context (wheel, pinned requirements, wheelhouse), then the image. Skipped when
+# nothing it is made of changed and the image still exists.
+$(IMAGE_DIR)/.image: $(IMAGE_INPUTS) $(IMAGE_DIR)/.base-imported $(VENV)/.installed
+	$(PY) deploy/image/build_context.py $(IMAGE_CONTEXT)
+	$(PODMAN) build --runtime runc --network none --layers --build-arg VERSION=$(VERSION) \
+		--build-arg BASE=$(IMAGE_BASE) -f deploy/image/Containerfile -t $(IMAGE) $(IMAGE_CONTEXT)
+	touch $@
+
+image: install $(IMAGE_DIR)/.tools $(CONTAINERS_CONF_FILE)
+	@if [ -f $(IMAGE_DIR)/.image ] && ! $(PODMAN) image exists $(IMAGE); then rm -f $(IMAGE_DIR)/.image; fi
+	@if [ -f $(IMAGE_DIR)/.base-imported ] && ! $(PODMAN) image exists $(IMAGE_BASE); then rm -f $(IMAGE_DIR)/.base-imported; fi
+	@$(MAKE) --no-print-directory $(IMAGE_DIR)/.image
+	@echo "$(IMAGE): $$($(PODMAN) image inspect --format '{{.Size}}' $(IMAGE) | numfmt --to=iec) ($$($(PODMAN) image inspect --format '{{.Size}}' $(IMAGE)) bytes)"
+
+# The GC image: the Quarry image plus Java 17 (apt, from the base's Debian sources) and PySpark.
+$(IMAGE_DIR)/.image-gc: $(IMAGE_DIR)/.image deploy/image/Containerfile.gc
+	$(PY) deploy/image/build_context.py --spark $(IMAGE_CONTEXT)
+	$(PODMAN) build --runtime runc --layers --build-arg BASE=$(IMAGE) \
+		-f deploy/image/Containerfile.gc -t $(IMAGE_GC) $(IMAGE_CONTEXT)
+	touch $@
+
+image-gc: image
+	@if [ -f $(IMAGE_DIR)/.image-gc ] && ! $(PODMAN) image exists $(IMAGE_GC); then rm -f $(IMAGE_DIR)/.image-gc; fi
+	@$(MAKE) --no-print-directory $(IMAGE_DIR)/.image-gc
+	@echo "$(IMAGE_GC): $$($(PODMAN) image inspect --format '{{.Size}}' $(IMAGE_GC) | numfmt --to=iec) ($$($(PODMAN) image inspect --format '{{.Size}}' $(IMAGE_GC)) bytes)"

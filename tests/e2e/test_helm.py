@@ -112,6 +112,42 @@ GC_REPOSITORY_VALUES = (
 )
 
 
+# TLS from a named Secret with mTLS, named admin Secret, HPAs, NetworkPolicy extras.
+SECURITY_AND_SCALING_VALUES = (
+    "--set",
+    "tls.existingSecret=quarry-tls",
+    "--set",
+    "tls.clientAuth=true",
+    "--set",
+    "tls.serverName=quarry.internal",
+    "--set",
+    "bootstrap.adminSecret=quarry-admin",
+    "--set",
+    "bootstrap.adminUser=ops@example.com",
+    "--set",
+    "services.branchManager.autoscaling.enabled=true",
+    "--set",
+    "services.committer.autoscaling.enabled=true",
+    "--set",
+    "services.rangeWriter.autoscaling.enabled=true",
+    "--set",
+    "services.rangeWriter.autoscaling.maxReplicas=10",
+    "--set",
+    "networkPolicy.extraInternalFrom[0].podSelector.matchLabels.app=toolbox",
+    "--set",
+    "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.name=monitoring",
+    "--set",
+    "gc.enabled=true",
+)
+# What tests/e2e/test_helm_podman.py renders (deploy/helm/ci-values.yaml).
+CI_PODMAN_VALUES = (
+    "-f",
+    str(REPO / "deploy" / "helm" / "ci-values.yaml"),
+    "--set",
+    "localData.hostPath=/tmp/quarry-ci",
+)
+
+
 # ---------------------------------------------------------------------------------------------
 # helpers
 
@@ -256,6 +292,22 @@ def grpc_probe_port(container: dict, probe: str) -> int:
     return spec["grpc"]["port"]
 
 
+def health_probe(container: dict, probe: str) -> tuple[int, str]:
+    """(port, grpc.health.v1 service name) a probe checks, native gRPC or the image's exec
+    probe (quarry.runtime.health_probe, what TLS needs: Kubernetes' gRPC probes are plaintext)."""
+    spec = container.get(probe)
+    assert spec, f"{container['name']}: no {probe}"
+    assert set(spec) & {"httpGet", "tcpSocket"} == set(), f"{probe} is not a health probe: {spec}"
+    if "grpc" in spec:
+        return spec["grpc"]["port"], spec["grpc"].get("service", "")
+    command = spec["exec"]["command"]
+    assert command[:3] == ["python", "-m", "quarry.runtime.health_probe"], command
+    host, port = command[3].rsplit(":", 1)
+    assert host == "127.0.0.1", command  # the pod's own server (the certificate names it)
+    service = command[command.index("--service") + 1] if "--service" in command else ""
+    return int(port), service
+
+
 # ---------------------------------------------------------------------------------------------
 # helm itself and lint
 
@@ -294,7 +346,10 @@ def test_default_render_objects():
         "ServiceAccount": 5,
         "ConfigMap": 1,
         "PodDisruptionBudget": 4,  # every service but compactor-sensor (1 replica)
-        "Secret": 1,  # the auth signing key the chart generates (auth.signingKeySecret empty)
+        # the auth signing key, the TLS CA and certificate, the first admin's credentials
+        "Secret": 3,
+        "NetworkPolicy": 2,  # kv-gateway and range-writer
+        "Job": 1,  # the admin bootstrap (quarry setup)
     }, kinds
     expected = {full_name(s) for s in SERVICES}
     assert set(objects(docs, "Deployment")) == expected
@@ -322,21 +377,23 @@ def test_default_deployment(service):
 
     assert c["name"] == service
     assert c["command"] == ["quarry", "serve", service]
-    assert c["image"] == f"quarry:{APP_VERSION}"
+    assert c["image"] == f"localhost/quarry:{APP_VERSION}"
     assert c["imagePullPolicy"] == "IfNotPresent"
 
     ports = {p["name"]: p for p in c["ports"]}
     assert ports["grpc"]["containerPort"] == port and ports["grpc"].get("protocol", "TCP") == "TCP"
     assert ports["metrics"]["containerPort"] == metrics_port
+    # TLS is on by default, so the probes are exec probes (Kubernetes' gRPC probes speak
+    # plaintext only); test_probes_are_native_grpc_without_tls covers the other kind.
+    assert "exec" in c["livenessProbe"] and "exec" in c["readinessProbe"]
     for probe in ("livenessProbe", "readinessProbe"):
-        assert grpc_probe_port(c, probe) == port, probe
+        assert health_probe(c, probe)[0] == port, probe
     if "startupProbe" in c:
-        assert grpc_probe_port(c, "startupProbe") == port
-        assert c["startupProbe"]["grpc"]["service"] == "quarry.v1.ServerInfo"
+        assert health_probe(c, "startupProbe") == (port, "quarry.v1.ServerInfo")
     # A service waiting for a dependency is NOT_SERVING overall: it must leave the endpoints
     # (readiness on "") but not be restarted (liveness on ServerInfo, SERVING while it runs).
-    assert c["livenessProbe"]["grpc"]["service"] == "quarry.v1.ServerInfo"
-    assert c["readinessProbe"]["grpc"].get("service", "") == ""
+    assert health_probe(c, "livenessProbe")[1] == "quarry.v1.ServerInfo"
+    assert health_probe(c, "readinessProbe")[1] == ""
 
     assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
     assert c["resources"]["limits"]["memory"]
@@ -398,6 +455,11 @@ def test_default_shared_configmap():
         "QUARRY_CACHE_DIR": "/var/cache/quarry",
         "QUARRY_LOG_LEVEL": "INFO",
         "OTEL_TRACES_EXPORTER": "none",
+        # TLS on by default: the files of the mounted TLS Secret.
+        "QUARRY_TLS_CERT_FILE": "/etc/quarry/tls/tls.crt",
+        "QUARRY_TLS_KEY_FILE": "/etc/quarry/tls/tls.key",
+        "QUARRY_TLS_CA_FILE": "/etc/quarry/tls/ca.crt",
+        "QUARRY_TLS_CLIENT_AUTH": "false",
     }
     for service, (_, port, _, _) in SERVICES.items():
         expected[f"QUARRY_{service.upper().replace('-', '_')}_ADDRESS"] = (
@@ -484,8 +546,8 @@ def test_services_load_the_rendered_configuration(values):
 @pytest.mark.parametrize("k8s_version", [K8S_FLOOR, K8S_LATEST])
 @pytest.mark.parametrize(
     "values",
-    [(), FULL_VALUES, GC_REPOSITORY_VALUES],
-    ids=["defaults", "all-options", "gc-repositories"],
+    [(), FULL_VALUES, GC_REPOSITORY_VALUES, SECURITY_AND_SCALING_VALUES, CI_PODMAN_VALUES],
+    ids=["defaults", "all-options", "gc-repositories", "security-and-scaling", "ci-podman"],
 )
 def test_rendered_documents_are_valid_kubernetes(values, k8s_version):
     docs = render(*values)
@@ -533,10 +595,11 @@ def test_only_kv_gateway_gets_kv_url_and_aws_credentials(values, kv_gateway_aws_
         dep = deployment(docs, service)
         names = effective_env_names(docs, dep)
         aws = {n for n in names if n.startswith("AWS_") or n.startswith("<secret:")}
+        # The only Secret a pod mounts is the TLS one (certificate, key, CA).
         secret_volumes = [
             v
             for v in dep["spec"]["template"]["spec"]["volumes"]
-            if "secret" in v or "projected" in v
+            if ("secret" in v and v["secret"]["secretName"] != full_name("tls")) or "projected" in v
         ]
         if service == "kv-gateway":
             assert "QUARRY_KV_URL" in names
@@ -698,7 +761,7 @@ def test_ports_are_configurable_everywhere():
     dep = deployment(docs, "kv-gateway")
     c = main_container(dep)
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"grpc": 8401, "metrics": 9501}
-    assert grpc_probe_port(c, "livenessProbe") == grpc_probe_port(c, "readinessProbe") == 8401
+    assert health_probe(c, "livenessProbe")[0] == health_probe(c, "readinessProbe")[0] == 8401
     assert container_env(docs, c)["QUARRY_KV_GATEWAY_PORT"] == "8401"
     assert env_value(c, "QUARRY_METRICS_BASE_PORT") == "9501"  # kv-gateway has index 0
     svc = objects(docs, "Service")[full_name("kv-gateway")]
@@ -789,7 +852,7 @@ def gc_invocations(container: dict) -> list[list[str]]:
 
 def test_no_gc_cronjob_by_default():
     docs = render()
-    assert not objects(docs, "CronJob") and not objects(docs, "Job")
+    assert not objects(docs, "CronJob") and set(objects(docs, "Job")) == {full_name("bootstrap")}
     assert full_name(GC) not in objects(docs, "ServiceAccount")  # gc.serviceAccount.create is true
     assert not objects(render("--set-string", "gc.serviceAccount.annotations.a=b"), "CronJob")
 
@@ -817,10 +880,12 @@ def test_gc_cronjob_defaults():
     c = gc_container(cj)
     assert c["command"] == ["quarry", "gc", "run", "--all", "--sweep", *GC_DEFAULT_OPTIONS]
     assert "--json" not in c["command"]
-    # Same image and security conventions as the Deployments.
+    # The services' image with Java and PySpark (`make image-gc`), and the same security
+    # conventions as the Deployments.
     dep_c = main_container(deployment(docs, "range-writer"))
     dep_pod = deployment(docs, "range-writer")["spec"]["template"]["spec"]
-    assert (c["image"], c["imagePullPolicy"]) == (dep_c["image"], dep_c["imagePullPolicy"])
+    assert c["image"] == f"localhost/quarry-gc:{APP_VERSION}"
+    assert c["imagePullPolicy"] == dep_c["imagePullPolicy"]
     assert c["securityContext"] == dep_c["securityContext"]
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["securityContext"] == dep_pod["securityContext"]
@@ -948,7 +1013,11 @@ def test_gc_gets_service_addresses_and_object_store_settings(values):
         config.ENV_PREFIX + f.name.upper() for f in dataclasses.fields(config.Settings)
     }
     assert not stray, f"QUARRY_ variables unknown to quarry.config: {sorted(stray)}"
-    assert not [v for v in gc_pod(gc_cronjob(docs))["volumes"] if "secret" in v or "projected" in v]
+    assert not [
+        v
+        for v in gc_pod(gc_cronjob(docs))["volumes"]
+        if ("secret" in v and v["secret"]["secretName"] != full_name("tls")) or "projected" in v
+    ]
 
 
 def test_gc_object_store_endpoint():
@@ -1029,7 +1098,7 @@ def test_gc_values_reach_the_cronjob():
     assert (spec["successfulJobsHistoryLimit"], spec["failedJobsHistoryLimit"]) == (1, 5)
     assert (job["backoffLimit"], job["activeDeadlineSeconds"]) == (2, 3600)
     pod, c = gc_pod(cj), gc_container(cj)
-    assert c["image"] == f"registry.example.com/quarry:{APP_VERSION}"
+    assert c["image"] == f"registry.example.com/quarry-gc:{APP_VERSION}"
     assert pod["imagePullSecrets"] == [{"name": "regcred"}] and pod["nodeSelector"] == {
         "pool": "batch"
     }
@@ -1064,6 +1133,51 @@ def test_gc_values_reach_the_cronjob():
         (("--set", "extraEnv.QUARRY_METRICS_BASE_PORT=1"), "managed by the chart"),
         (("--set", "services.rangeWriter.metricsPort=3"), "services.rangeWriter.metricsPort"),
         (("--set", "logLevel=verbose"), "/logLevel"),
+        (("--set", "probes.type=tcp"), "/probes/type"),
+        (("--set", "probes.type=grpc"), "gRPC probes speak plaintext"),  # TLS is on
+        (("--set", "kv.backend=etcd"), "/kv/backend"),
+        (("--set", "kv.backend=sqlite"), "localData.enabled"),
+        (
+            (
+                "--set",
+                "kv.backend=sqlite",
+                "--set",
+                "localData.enabled=true",
+                "--set",
+                "services.kvGateway.replicas=1",
+            ),
+            "localData.hostPath or localData.persistentVolumeClaim",
+        ),
+        (
+            (
+                "--set",
+                "kv.backend=sqlite",
+                "--set",
+                "localData.enabled=true",
+                "--set",
+                "localData.hostPath=/srv/quarry",
+            ),
+            "replicas must be 1",  # kvGateway.replicas defaults to 2: one SQLite owner only
+        ),
+        (("--set", "services.kvGateway.autoscaling.enabled=true"), "autoscaling"),
+        (("--set", "services.compactorSensor.autoscaling.enabled=true"), "autoscaling"),
+        (
+            (
+                "--set",
+                "services.committer.autoscaling.enabled=true",
+                "--set",
+                "services.committer.autoscaling.minReplicas=5",
+                "--set",
+                "services.committer.autoscaling.maxReplicas=3",
+            ),
+            "must not exceed maxReplicas",
+        ),
+        (("--set", "tls.validityDays=0"), "/tls/validityDays"),
+        (("--set", "tls.existingSecret=Not_A_Name"), "/tls/existingSecret"),
+        (("--set", "extraEnv.QUARRY_TLS_CA_FILE=/x"), "managed by the chart"),
+        (("--set", "extraEnv.QUARRY_ALLOW_INSECURE_LISTEN=true"), "managed by the chart"),
+        (("--set", "bootstrap.adminUser=a b"), "/bootstrap/adminUser"),
+        (("--set", "localData.mountPath=relative"), "/localData/mountPath"),
         (("--set", "telemetry.otlpEndpoint=otel:4317"), "/telemetry/otlpEndpoint"),
         (("--set", "cache.dir=/tmp"), "cache.dir"),
         (("--set", "gc.enabled=true", "--set", "gc.repositories={Bad_Repo}"), "/gc/repositories/0"),
@@ -1098,9 +1212,24 @@ def test_notes_explain_grpcurl_via_port_forward():
     notes = proc.stdout.split("NOTES:", 1)[1]
     for service, (_, port, _, _) in SERVICES.items():
         assert f"kubectl -n {NAMESPACE} port-forward svc/{RELEASE}-{service} {port}:{port}" in notes
-    assert re.search(r"grpcurl -plaintext localhost:\d+ list", notes), notes
+    # TLS is on by default: grpcurl verifies against the CA from the TLS Secret.
+    assert re.search(r"grpcurl -cacert quarry-ca.crt localhost:\d+ list", notes), notes
+    assert f"get secret {RELEASE}-tls" in notes
     assert "grpc.health.v1.Health/Check" in notes
     assert "Garbage collection" not in notes
+    # How to use the bootstrapped admin's credentials, without printing them.
+    assert f"get secret {RELEASE}-admin" in notes and "QUARRY_SECRET_ACCESS_KEY=$(" in notes
+    proc = run_helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--dry-run=client",
+        "--set",
+        "tls.enabled=false",
+    )
+    assert re.search(r"grpcurl -plaintext localhost:\d+ list", proc.stdout), proc.stdout
 
 
 def test_notes_mention_gc_when_enabled():
@@ -1152,7 +1281,9 @@ def test_every_service_gets_auth_on_and_the_signing_key_from_a_secret():
     docs = render()
     secret_name = full_name("auth")
     secrets = objects(docs, "Secret")
-    assert list(secrets) == [secret_name], list(secrets)
+    assert sorted(secrets) == sorted([secret_name, full_name("tls"), full_name("admin")]), list(
+        secrets
+    )
     key = base64.b64decode(secrets[secret_name]["data"]["QUARRY_AUTH_SIGNING_KEY"])
     assert len(key) >= 32
     for dep in objects(docs, "Deployment").values():
@@ -1166,8 +1297,384 @@ def test_every_service_gets_auth_on_and_the_signing_key_from_a_secret():
 
 def test_a_named_signing_key_secret_is_used_and_none_is_generated():
     docs = render("--set", "auth.signingKeySecret=my-quarry-key")
-    assert "Secret" not in {d["kind"] for d in docs}
+    assert full_name("auth") not in objects(docs, "Secret")
     for dep in objects(docs, "Deployment").values():
         for container in containers(dep):
             ref = env_of(container)["QUARRY_AUTH_SIGNING_KEY"]["valueFrom"]["secretKeyRef"]
             assert ref["name"] == "my-quarry-key"
+
+
+# ---------------------------------------------------------------------------------------------
+# TLS (on by default), probes, NetworkPolicy, HPA, the admin bootstrap, single-node data
+
+
+def pod_templates(docs: list[dict]) -> dict[str, dict]:
+    """Every rendered pod template by its owner's name (Deployments, Jobs, CronJobs)."""
+    pods = {}
+    for doc in docs:
+        if doc["kind"] in {"Deployment", "Job"}:
+            pods[doc["metadata"]["name"]] = doc["spec"]["template"]
+        elif doc["kind"] == "CronJob":
+            pods[doc["metadata"]["name"]] = doc["spec"]["jobTemplate"]["spec"]["template"]
+    return pods
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """Kubernetes label selector semantics (matchLabels and In/NotIn/Exists/DoesNotExist)."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def test_generated_tls_certificate_names_every_service_and_the_probe_address():
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import padding
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    docs = render()
+    secret = objects(docs, "Secret")[full_name("tls")]
+    assert secret["type"] == "kubernetes.io/tls"
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    cert = x509.load_pem_x509_certificate(data["tls.crt"])
+    ca = x509.load_pem_x509_certificate(data["ca.crt"])
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    names = set(sans.get_values_for_type(x509.DNSName))
+    ips = {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
+    for service in SERVICES:
+        svc = full_name(service)
+        for name in (svc, f"{svc}.{NAMESPACE}", f"{svc}.{NAMESPACE}.svc"):
+            assert name in names, (name, sorted(names))
+    assert "127.0.0.1" in ips, ips  # the exec probes and the podman CI dial it
+    # Signed by the CA the clients verify against; usable as server and (mTLS) client cert.
+    ca.public_key().verify(
+        cert.signature,
+        cert.tbs_certificate_bytes,
+        padding.PKCS1v15(),
+        cert.signature_hash_algorithm,
+    )
+    usages = set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    assert {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH} <= usages
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(data["tls.key"], password=None)
+    assert key.public_key().public_numbers() == cert.public_key().public_numbers()
+
+
+def test_tls_material_is_mounted_read_only_in_every_pod():
+    docs = render("--set", "gc.enabled=true")
+    for owner, template in pod_templates(docs).items():
+        pod = template["spec"]
+        volume = next(v for v in pod["volumes"] if v["name"] == "tls")
+        assert volume["secret"]["secretName"] == full_name("tls"), owner
+        assert volume["secret"]["defaultMode"] == 0o440, owner  # no world-readable key
+        for c in pod["containers"]:
+            mount = next(m for m in c["volumeMounts"] if m["name"] == "tls")
+            assert mount == {"name": "tls", "mountPath": "/etc/quarry/tls", "readOnly": True}
+    data = configmap_data(docs)
+    assert "QUARRY_ALLOW_INSECURE_LISTEN" not in data  # TLS on: plaintext stays refused
+
+
+def test_named_tls_secret_and_mtls_settings():
+    docs = render(*SECURITY_AND_SCALING_VALUES)
+    assert full_name("tls") not in objects(docs, "Secret")
+    assert full_name("admin") not in objects(docs, "Secret")
+    data = configmap_data(docs)
+    assert data["QUARRY_TLS_CLIENT_AUTH"] == "true"
+    assert data["QUARRY_TLS_SERVER_NAME"] == "quarry.internal"
+    for template in pod_templates(docs).values():
+        tls = next(v for v in template["spec"]["volumes"] if v["name"] == "tls")
+        assert tls["secret"]["secretName"] == "quarry-tls"
+
+
+def test_probes_are_native_grpc_without_tls():
+    docs = render("--set", "tls.enabled=false")
+    assert full_name("tls") not in objects(docs, "Secret")
+    data = configmap_data(docs)
+    # Plaintext on 0.0.0.0 is the operator's explicit choice (tls.enabled=false).
+    assert data["QUARRY_ALLOW_INSECURE_LISTEN"] == "true"
+    assert not [k for k in data if k.startswith("QUARRY_TLS_")]
+    for service, (_, port, _, _) in SERVICES.items():
+        c = main_container(deployment(docs, service))
+        assert grpc_probe_port(c, "livenessProbe") == grpc_probe_port(c, "readinessProbe") == port
+        assert c["startupProbe"]["grpc"]["service"] == "quarry.v1.ServerInfo"
+        assert c["livenessProbe"]["grpc"]["service"] == "quarry.v1.ServerInfo"
+        assert c["readinessProbe"]["grpc"].get("service", "") == ""
+        assert not [m for m in c["volumeMounts"] if m["name"] == "tls"]
+
+
+def test_exec_probe_command_runs_against_a_real_server():
+    """The rendered exec probe's module, run against a real gRPC health server: 0 when
+    SERVING, 1 when NOT_SERVING or unreachable (what the kubelet acts on)."""
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    from support.processes import free_port
+
+    c = main_container(deployment(render(), "kv-gateway"))
+    command = c["readinessProbe"]["exec"]["command"]
+    port = free_port()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    try:
+        probe = [sys.executable, *command[1:3], f"127.0.0.1:{port}", *command[4:]]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("QUARRY_")}
+        servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        assert subprocess.run(probe, env=env, timeout=60).returncode == 0
+        servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        failed = subprocess.run(probe, env=env, timeout=60, capture_output=True, text=True)
+        assert failed.returncode == 1 and "NOT_SERVING" in failed.stderr
+    finally:
+        server.stop(None)
+    gone = subprocess.run(probe, env=env, timeout=60, capture_output=True, text=True)
+    assert gone.returncode == 1 and "UNREACHABLE" in gone.stderr
+
+
+def test_network_policy_lets_only_the_suite_reach_kv_gateway_and_range_writer():
+    docs = render("--set", "gc.enabled=true")
+    policies = objects(docs, "NetworkPolicy")
+    assert set(policies) == {full_name("kv-gateway"), full_name("range-writer")}
+    templates = pod_templates(docs)
+    for service in ("kv-gateway", "range-writer"):
+        _, port, metrics_port, _ = SERVICES[service]
+        spec = policies[full_name(service)]["spec"]
+        assert spec["policyTypes"] == ["Ingress"]
+        # It selects exactly this service's pods.
+        selected = {
+            o for o, t in templates.items() if selects(spec["podSelector"], t["metadata"]["labels"])
+        }
+        assert selected == {full_name(service)}, selected
+        grpc_rules = [r for r in spec["ingress"] if {p["port"] for p in r["ports"]} == {port}]
+        assert len(grpc_rules) == 1, spec["ingress"]
+        # Every rendered pod the gRPC rule admits: branch-manager, committer, compactor-sensor
+        # only — not range-writer, not kv-gateway, not the gc or bootstrap jobs.
+        admitted = {
+            owner
+            for owner, t in templates.items()
+            for peer in grpc_rules[0]["from"]
+            if "podSelector" in peer
+            and "namespaceSelector" not in peer
+            and selects(peer["podSelector"], t["metadata"]["labels"])
+        }
+        assert admitted == {
+            full_name(s) for s in ("branch-manager", "committer", "compactor-sensor")
+        }, admitted
+        assert all(set(peer) == {"podSelector"} for peer in grpc_rules[0]["from"])
+        # No other rule opens the gRPC port.
+        others = [r for r in spec["ingress"] if r is not grpc_rules[0]]
+        assert [p["port"] for r in others for p in r["ports"]] == [metrics_port]
+    # Public services get no policy (users reach them); disabled → none at all.
+    assert not objects(render("--set", "networkPolicy.enabled=false"), "NetworkPolicy")
+
+
+def test_network_policy_extra_peers():
+    docs = render(*SECURITY_AND_SCALING_VALUES)
+    spec = objects(docs, "NetworkPolicy")[full_name("kv-gateway")]["spec"]
+    grpc_rule = next(r for r in spec["ingress"] if r["ports"][0]["port"] == 7401)
+    assert {"podSelector": {"matchLabels": {"app": "toolbox"}}} in grpc_rule["from"]
+    metrics_rule = next(r for r in spec["ingress"] if r["ports"][0]["port"] == 9401)
+    assert metrics_rule["from"] == [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
+
+
+def test_hpa_option_for_branch_manager_committer_and_range_writer():
+    assert not objects(render(), "HorizontalPodAutoscaler")  # off by default
+    docs = render(*SECURITY_AND_SCALING_VALUES)
+    hpas = objects(docs, "HorizontalPodAutoscaler")
+    scaled = {"branch-manager", "committer", "range-writer"}
+    assert set(hpas) == {full_name(s) for s in scaled}
+    for service in SERVICES:
+        dep = deployment(docs, service)
+        if service in scaled:
+            hpa = hpas[full_name(service)]["spec"]
+            assert hpa["scaleTargetRef"] == {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": full_name(service),
+            }
+            assert hpa["minReplicas"] == 2
+            assert hpa["maxReplicas"] == (10 if service == "range-writer" else 6)
+            assert hpa["metrics"][0]["resource"]["target"]["averageUtilization"] == 70
+            # The HPA owns the replica count: the Deployment must not reset it on upgrade.
+            assert "replicas" not in dep["spec"]
+        else:
+            assert "replicas" in dep["spec"]
+    # PodDisruptionBudgets follow minReplicas.
+    one = render(
+        "--set",
+        "services.committer.autoscaling.enabled=true",
+        "--set",
+        "services.committer.autoscaling.minReplicas=1",
+    )
+    assert full_name("committer") not in objects(one, "PodDisruptionBudget")
+
+
+def bootstrap_job(docs: list[dict]) -> dict:
+    return objects(docs, "Job")[full_name("bootstrap")]
+
+
+def test_bootstrap_job_runs_quarry_setup_with_the_admin_secret():
+    docs = render()
+    job = bootstrap_job(docs)
+    hooks = job["metadata"]["annotations"]
+    assert hooks["helm.sh/hook"] == "post-install,post-upgrade"
+    assert hooks["helm.sh/hook-delete-policy"] == "before-hook-creation"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["automountServiceAccountToken"] is False
+    c = pod["containers"][0]
+    assert c["image"] == f"localhost/quarry:{APP_VERSION}"
+    assert c["command"][:2] == ["/bin/sh", "-c"] and "quarry setup" in c["command"][2]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    env = env_of(c)
+    admin = full_name("admin")
+    for var, key in (
+        ("QUARRY_BOOTSTRAP_ACCESS_KEY_ID", "QUARRY_ACCESS_KEY_ID"),
+        ("QUARRY_BOOTSTRAP_SECRET_ACCESS_KEY", "QUARRY_SECRET_ACCESS_KEY"),
+    ):
+        assert env[var]["valueFrom"] == {"secretKeyRef": {"name": admin, "key": key}}
+    assert env["QUARRY_BOOTSTRAP_ADMIN_USER"]["value"] == "admin"
+    # The client must not log in with the admin key before setup made it.
+    assert "QUARRY_ACCESS_KEY_ID" not in env and "QUARRY_SECRET_ACCESS_KEY" not in env
+    secret = objects(docs, "Secret")[admin]
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    key_id = base64.b64decode(secret["data"]["QUARRY_ACCESS_KEY_ID"]).decode()
+    value = base64.b64decode(secret["data"]["QUARRY_SECRET_ACCESS_KEY"]).decode()
+    assert re.fullmatch(r"AKIAQ[A-Z0-9]{15}", key_id) and len(value) >= 16
+    # A named Secret is used as is; auth off or bootstrap off → no Job, no admin Secret.
+    named = render("--set", "bootstrap.adminSecret=quarry-admin")
+    ref = env_of(bootstrap_job(named)["spec"]["template"]["spec"]["containers"][0])
+    assert ref["QUARRY_BOOTSTRAP_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == (
+        "quarry-admin"
+    )
+    assert admin not in objects(named, "Secret")
+    for off in ("auth.enabled=false", "bootstrap.enabled=false"):
+        docs_off = render("--set", off)
+        assert not objects(docs_off, "Job") and admin not in objects(docs_off, "Secret")
+
+
+SECRET = "s3cr3t-Value-0123456789abcdef"
+
+
+def run_bootstrap_script(
+    tmp_path: Path, outcomes: list[tuple[int, str]]
+) -> subprocess.CompletedProcess:
+    """The rendered bootstrap script with a stub `quarry` answering `outcomes` in turn
+    ((exit code, stderr line)), printing the secret on stdout as `quarry setup` does. A stub
+    `sleep` keeps the retries instant."""
+    c = bootstrap_job(render())["spec"]["template"]["spec"]["containers"][0]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    state = tmp_path / "calls"
+    state.write_text("0")
+    script = [
+        "#!/bin/sh",
+        f"n=$(cat {state}); echo $((n + 1)) > {state}",
+        'echo "$@" >> ' + str(tmp_path / "args"),
+    ]
+    script.append("case $n in")
+    for i, (code, err) in enumerate(outcomes):
+        # The secret on stdout every time (a stricter adversary than setup, which prints it
+        # only on success): whatever the outcome, the script must keep stdout out of the log.
+        body = f'echo "secret access key: {SECRET}"; ' + (f"echo '{err}' >&2; " if err else "")
+        script.append(f"  {i}) {body}exit {code} ;;")
+    script.append("esac")
+    script.append("exit 99")
+    (bin_dir / "quarry").write_text("\n".join(script) + "\n")
+    (bin_dir / "sleep").write_text("#!/bin/sh\nexit 0\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "QUARRY_BOOTSTRAP_ADMIN_USER": "admin",
+        "QUARRY_BOOTSTRAP_ACCESS_KEY_ID": "AKIAQEXAMPLE00000000",
+        "QUARRY_BOOTSTRAP_SECRET_ACCESS_KEY": SECRET,
+    }
+    return subprocess.run(c["command"], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_bootstrap_script_creates_the_admin_without_printing_the_secret(tmp_path):
+    proc = run_bootstrap_script(tmp_path, [(0, "")])
+    assert proc.returncode == 0, proc.stderr
+    assert "created with access key id AKIAQEXAMPLE00000000" in proc.stdout
+    # Safety rule: the secret never reaches the pod's log (setup's stdout shows it).
+    assert SECRET not in proc.stdout + proc.stderr
+    args = (tmp_path / "args").read_text().split()
+    assert args[:3] == ["setup", "--user-id", "admin"]
+    assert args[args.index("--access-key-id") + 1] == "AKIAQEXAMPLE00000000"
+
+
+def test_bootstrap_script_is_idempotent_once_an_admin_exists(tmp_path):
+    proc = run_bootstrap_script(
+        tmp_path, [(1, "quarry: ADMIN_EXISTS: this installation already has an admin")]
+    )
+    assert proc.returncode == 0 and "has an admin already" in proc.stdout, proc
+    assert int((tmp_path / "calls").read_text()) == 1  # asked once, nothing retried
+
+
+def test_bootstrap_script_waits_for_branch_manager_and_fails_on_bad_input(tmp_path):
+    waiting = [(1, "quarry: UNAVAILABLE: branch-manager at x:7402 does not answer")] * 3
+    proc = run_bootstrap_script(tmp_path, [*waiting, (0, "")])
+    assert proc.returncode == 0 and "created" in proc.stdout, proc
+    assert proc.stderr.count("waiting for branch-manager") == 3
+    assert SECRET not in proc.stdout + proc.stderr
+    (tmp_path / "bad").mkdir()
+    bad = run_bootstrap_script(
+        tmp_path / "bad",
+        [(1, "quarry: INVALID_ARGUMENT: a chosen secret access key must be at least 16")],
+    )
+    assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr
+    assert SECRET not in bad.stdout + bad.stderr
+
+
+def test_single_node_sqlite_and_local_data():
+    docs = render(*CI_PODMAN_VALUES, "--set", "tls.enabled=true")
+    data = configmap_data(docs)
+    for service, (_, port, _, _) in SERVICES.items():
+        # No Services under podman: every address is 127.0.0.1:<port>.
+        assert data[f"QUARRY_{service.upper().replace('-', '_')}_ADDRESS"] == f"127.0.0.1:{port}"
+    uses_data = {"kv-gateway", "range-writer", "branch-manager"}
+    for service in SERVICES:
+        dep = deployment(docs, service)
+        pod = dep["spec"]["template"]["spec"]
+        assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+        c = main_container(dep)
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        if service in uses_data:
+            assert mounts["data"] == "/var/lib/quarry/data"
+            volume = next(v for v in pod["volumes"] if v["name"] == "data")
+            assert volume["hostPath"] == {"path": "/tmp/quarry-ci", "type": "Directory"}
+        else:
+            assert "data" not in mounts, service
+        assert "exec" in c["readinessProbe"]
+    kv = env_of(main_container(deployment(docs, "kv-gateway")))["QUARRY_KV_URL"]["value"]
+    assert kv == "sqlite:///var/lib/quarry/data/kv.db"
+    pvc = render(
+        "--set",
+        "kv.backend=sqlite",
+        "--set",
+        "services.kvGateway.replicas=1",
+        "--set",
+        "localData.enabled=true",
+        "--set",
+        "localData.persistentVolumeClaim=quarry-data",
+    )
+    volume = next(
+        v
+        for v in deployment(pvc, "range-writer")["spec"]["template"]["spec"]["volumes"]
+        if v["name"] == "data"
+    )
+    assert volume["persistentVolumeClaim"] == {"claimName": "quarry-data"}

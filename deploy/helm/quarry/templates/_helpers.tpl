@@ -90,10 +90,11 @@ app.kubernetes.io/component: {{ .name }}
 {{- printf "%s-config" (include "quarry.fullname" .) }}
 {{- end }}
 
-{{/* gRPC address of one service as the other services dial it: "<fullname>-<name>:<port>". */}}
+{{/* gRPC address of one service as the other services dial it: "<fullname>-<name>:<port>"
+(or "<dialHost>:<port>" when dialHost is set). */}}
 {{- define "quarry.address" -}}
 {{- $svc := index .root.Values.services .key -}}
-{{- printf "%s:%d" (include "quarry.componentName" .) (int $svc.port) }}
+{{- printf "%s:%d" (default (include "quarry.componentName" .) .root.Values.dialHost) (int $svc.port) }}
 {{- end }}
 
 {{/*
@@ -161,6 +162,116 @@ S3 credentials come from the pods' ServiceAccounts (IRSA), never from env vars.
   value: {{ .Values.objectStore.s3.region | quote }}
 {{- end }}
 
+{{/* The Secret holding the TLS material (tls.crt, tls.key, ca.crt): the named one, or the chart's own. */}}
+{{- define "quarry.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "quarry.fullname" .)) .Values.tls.existingSecret }}
+{{- end }}
+
+{{/* The Secret holding the admin's credentials: the named one, or the chart's own. */}}
+{{- define "quarry.adminSecretName" -}}
+{{- default (printf "%s-admin" (include "quarry.fullname" .)) .Values.bootstrap.adminSecret }}
+{{- end }}
+
+{{- define "quarry.tlsDir" -}}
+/etc/quarry/tls
+{{- end }}
+
+{{/*
+TLS settings of the services and the CLI (in the shared ConfigMap: file paths, nothing
+secret), as a dict in YAML: the files come from the TLS Secret mounted at quarry.tlsDir.
+Without TLS, QUARRY_ALLOW_INSECURE_LISTEN=true: tls.enabled=false is the operator's explicit
+choice of plaintext on the pod network.
+*/}}
+{{- define "quarry.tlsEnv" -}}
+{{- if .Values.tls.enabled -}}
+{{- $dir := include "quarry.tlsDir" . -}}
+QUARRY_TLS_CERT_FILE: {{ printf "%s/tls.crt" $dir | quote }}
+QUARRY_TLS_KEY_FILE: {{ printf "%s/tls.key" $dir | quote }}
+QUARRY_TLS_CA_FILE: {{ printf "%s/ca.crt" $dir | quote }}
+QUARRY_TLS_CLIENT_AUTH: {{ .Values.tls.clientAuth | toString | quote }}
+{{- with .Values.tls.serverName }}
+QUARRY_TLS_SERVER_NAME: {{ . | quote }}
+{{- end }}
+{{- else -}}
+QUARRY_ALLOW_INSECURE_LISTEN: "true"
+{{- end }}
+{{- end }}
+
+{{/* Volume (YAML list entry) of the TLS Secret, when TLS is on. Call with the root context. */}}
+{{- define "quarry.tlsVolume" -}}
+{{- if .Values.tls.enabled -}}
+- name: tls
+  secret:
+    secretName: {{ include "quarry.tlsSecretName" . }}
+    # Group-readable: the pod's fsGroup owns the files, the key stays private to the pod.
+    defaultMode: 0440
+    # Kubernetes' default, said explicitly: podman 4.3's kube play crashes when it is unset.
+    optional: false
+{{- end }}
+{{- end }}
+
+{{- define "quarry.tlsVolumeMount" -}}
+{{- if .Values.tls.enabled -}}
+- name: tls
+  mountPath: {{ include "quarry.tlsDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* Volume (YAML list entry) of localData. Call with the root context. */}}
+{{- define "quarry.localDataVolume" -}}
+{{- $d := .Values.localData -}}
+- name: data
+{{- if $d.hostPath }}
+  hostPath:
+    path: {{ $d.hostPath }}
+    type: Directory
+{{- else if $d.persistentVolumeClaim }}
+  persistentVolumeClaim:
+    claimName: {{ $d.persistentVolumeClaim }}
+{{- else }}
+{{- fail "localData.enabled needs localData.hostPath or localData.persistentVolumeClaim (the pods share it)" }}
+{{- end }}
+{{- end }}
+
+{{- define "quarry.localDataVolumeMount" -}}
+- name: data
+  mountPath: {{ .Values.localData.mountPath }}
+{{- end }}
+
+{{/*
+Probe handler (YAML) of one service: a native gRPC probe, or an exec probe running the
+image's quarry.runtime.health_probe against 127.0.0.1 (TLS needs it: Kubernetes' gRPC probes
+speak plaintext only). Call with (dict "root" $ "port" 7401 "service" "quarry.v1.ServerInfo").
+*/}}
+{{- define "quarry.probeHandler" -}}
+{{- $type := .root.Values.probes.type -}}
+{{- if eq $type "auto" -}}
+{{- $type = ternary "exec" "grpc" .root.Values.tls.enabled -}}
+{{- end -}}
+{{- if and (eq $type "grpc") .root.Values.tls.enabled -}}
+{{- fail "probes.type grpc cannot check a TLS port (Kubernetes' gRPC probes speak plaintext): use exec or auto" -}}
+{{- end -}}
+{{- if eq $type "grpc" -}}
+grpc:
+  port: {{ .port }}
+  {{- with .service }}
+  service: {{ . }}
+  {{- end }}
+{{- else -}}
+exec:
+  command:
+    - python
+    - -m
+    - quarry.runtime.health_probe
+    - {{ printf "127.0.0.1:%d" (int .port) | quote }}
+    {{- with .service }}
+    - --service
+    - {{ . }}
+    {{- end }}
+{{- end }}
+{{- end }}
+
 {{/* Image reference: repository:tag, tag defaulting to the chart appVersion. */}}
 {{- define "quarry.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
@@ -168,6 +279,15 @@ S3 credentials come from the pods' ServiceAccounts (IRSA), never from env vars.
 
 {{/* QUARRY_KV_URL for kv-gateway: dynamodb://<table>?region=<region>[&endpoint_url=<url>]. */}}
 {{- define "quarry.kvUrl" -}}
+{{- if eq .Values.kv.backend "sqlite" -}}
+{{- if not .Values.localData.enabled -}}
+{{- fail "kv.backend sqlite keeps the KV file in localData: set localData.enabled (and localData.hostPath or localData.persistentVolumeClaim)" -}}
+{{- end -}}
+{{- if gt (int .Values.services.kvGateway.replicas) 1 -}}
+{{- fail "kv.backend sqlite: services.kvGateway.replicas must be 1 (one process owns the SQLite file)" -}}
+{{- end -}}
+{{- printf "sqlite://%s/kv.db" (trimSuffix "/" .Values.localData.mountPath) }}
+{{- else -}}
 {{- $d := .Values.kv.dynamodb -}}
 {{- $table := required "kv.dynamodb.table is required: the DynamoDB table kv-gateway stores Quarry's metadata in" $d.table -}}
 {{- $region := required "kv.dynamodb.region is required: the AWS region of the DynamoDB table" $d.region -}}
@@ -176,6 +296,7 @@ S3 credentials come from the pods' ServiceAccounts (IRSA), never from env vars.
 {{- $url = printf "%s&endpoint_url=%s" $url (urlquery $d.endpointUrl) -}}
 {{- end -}}
 {{- $url }}
+{{- end -}}
 {{- end }}
 
 {{/*
@@ -190,6 +311,8 @@ get the object-store settings.
 {{- $V := $root.Values -}}
 {{- $isKvGateway := eq $name "kv-gateway" -}}
 {{- $usesObjectStore := has $name (list "range-writer" "branch-manager") -}}
+{{- /* localData: the SQLite file (kv-gateway, with kv.backend sqlite) and local namespaces. */ -}}
+{{- $usesLocalData := and $V.localData.enabled (or $usesObjectStore (and $isKvGateway (eq $V.kv.backend "sqlite"))) -}}
 {{- $sa := include "quarry.serviceAccount" . | fromYaml -}}
 {{- if eq (int $svc.port) (int $svc.metricsPort) -}}
 {{- fail (printf "services.%s: port and metricsPort must differ (both are %d)" .key (int $svc.port)) -}}
@@ -216,7 +339,9 @@ metadata:
   labels:
     {{- include "quarry.labels" . | nindent 4 }}
 spec:
+  {{- if not (and $svc.autoscaling $svc.autoscaling.enabled) }}
   replicas: {{ $svc.replicas }}
+  {{- end }}
   revisionHistoryLimit: {{ $V.revisionHistoryLimit }}
   strategy:
     {{- toYaml $V.updateStrategy | nindent 4 }}
@@ -247,6 +372,10 @@ spec:
       # the QUARRY_ namespace (e.g. QUARRY_KV_GATEWAY_PORT=tcp://...).
       enableServiceLinks: false
       terminationGracePeriodSeconds: {{ $grace }}
+      {{- if $V.hostNetwork }}
+      hostNetwork: true
+      dnsPolicy: ClusterFirstWithHostNet
+      {{- end }}
       {{- with $V.imagePullSecrets }}
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
@@ -313,18 +442,13 @@ spec:
           SERVING from bind to shutdown); readiness asks the overall status, NOT_SERVING while
           a dependency is away: such a pod leaves the endpoints but is not restarted. */}}
           startupProbe:
-            grpc:
-              port: {{ $svc.port }}
-              service: quarry.v1.ServerInfo
+            {{- include "quarry.probeHandler" (dict "root" $root "port" $svc.port "service" "quarry.v1.ServerInfo") | nindent 12 }}
             {{- toYaml $V.probes.startup | nindent 12 }}
           livenessProbe:
-            grpc:
-              port: {{ $svc.port }}
-              service: quarry.v1.ServerInfo
+            {{- include "quarry.probeHandler" (dict "root" $root "port" $svc.port "service" "quarry.v1.ServerInfo") | nindent 12 }}
             {{- toYaml $V.probes.liveness | nindent 12 }}
           readinessProbe:
-            grpc:
-              port: {{ $svc.port }}
+            {{- include "quarry.probeHandler" (dict "root" $root "port" $svc.port "service" "") | nindent 12 }}
             {{- toYaml $V.probes.readiness | nindent 12 }}
           {{- with $svc.resources }}
           resources:
@@ -337,6 +461,10 @@ spec:
               mountPath: /tmp
             - name: cache
               mountPath: {{ $V.cache.dir }}
+            {{- include "quarry.tlsVolumeMount" $root | nindent 12 }}
+            {{- if $usesLocalData }}
+            {{- include "quarry.localDataVolumeMount" $root | nindent 12 }}
+            {{- end }}
       volumes:
         - name: tmp
           emptyDir:
@@ -344,6 +472,10 @@ spec:
         - name: cache
           emptyDir:
             sizeLimit: {{ $V.cache.sizeLimit }}
+        {{- include "quarry.tlsVolume" $root | nindent 8 }}
+        {{- if $usesLocalData }}
+        {{- include "quarry.localDataVolume" $root | nindent 8 }}
+        {{- end }}
       {{- if $V.topologySpread.enabled }}
       topologySpreadConstraints:
         - maxSkew: {{ $V.topologySpread.maxSkew }}
