@@ -191,7 +191,7 @@ def test_colours_on_a_terminal_off_in_pipes_and_with_no_color(suite, quarry, env
     argv = [str(VENV_BIN / "quarry"), "diff", "colours", "main", "f", *_targets(suite)]
 
     coloured = on_a_terminal(argv, env)
-    assert f"{ESC}31;1m!{ESC}0m a" in coloured  # a conflict mark, red and bold
+    assert f"{ESC}33m~{ESC}0m a" in coloured  # a change, yellow
     assert f"{ESC}32m+{ESC}0m b" in coloured  # an addition, green
 
     assert ESC not in on_a_terminal(argv, {**env, "NO_COLOR": "1"})
@@ -201,9 +201,9 @@ def test_colours_on_a_terminal_off_in_pipes_and_with_no_color(suite, quarry, env
     forced = quarry("log", "colours", "main", "--oneline", "--color", "always").stdout.decode()
     assert forced.startswith(f"{ESC}33m")
     terminal_never = on_a_terminal([*argv, "--color", "never"], env)
-    assert ESC not in terminal_never and "! a" in terminal_never
+    assert ESC not in terminal_never and "~ a" in terminal_never
     refused = quarry("repo", "show", "nope", "--color", "always", expect=1).stderr.decode()
-    assert refused.startswith(f"{ESC}31;1mquarry: NOT_FOUND:{ESC}0m ")
+    assert refused.startswith(f"{ESC}31;1mquarry: REPOSITORY_NOT_FOUND:{ESC}0m ")
 
 
 # ---- errors ---------------------------------------------------------------------------------

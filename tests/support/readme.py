@@ -3,9 +3,9 @@
 A fenced block of shell or Python (```sh, ```bash, ```python) carries a marker in the HTML
 comment on the line right above its fence, so which examples run is explicit:
 
-    <!-- readme-runner: run -->            run in order by tests/e2e/test_readme_runner.py
-    <!-- readme-runner: run spark (...) --> run by that file's Spark test (a session is slow)
-    <!-- readme-runner: skip (why) -->      never run (e.g. `make run` itself, a cluster)
+    <!-- readme-runner: run -->          run in order by tests/e2e/test_readme_runner.py
+    <!-- readme-runner: run (note) -->   the same, with a note for the reader
+    <!-- readme-runner: skip (why) -->   never run (e.g. `make run` itself, a cluster)
 
 tests/unit/test_readme.py fails on a shell or Python block without a marker.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 RUNNABLE_LANGUAGES = {"sh": "sh", "bash": "sh", "shell": "sh", "python": "python"}
-_MARKER = re.compile(r"<!--\s*readme-runner:\s*(run|skip)\b\s*(\w+)?(.*?)-->")
+_MARKER = re.compile(r"<!--\s*readme-runner:\s*(run|skip)\b(.*?)-->")
 _FENCE = re.compile(r"^```(\S*)")
 
 
@@ -28,7 +28,6 @@ class Block:
     line: int  # the README line of the block's first code line (1-based)
     code: str
     action: str | None  # "run", "skip" or None (no marker)
-    group: str  # after "run": "" (the main runner) or a name such as "spark"
 
 
 def blocks(text: str | None = None) -> list[Block]:
@@ -47,19 +46,17 @@ def blocks(text: str | None = None) -> list[Block]:
         while end < len(lines) and not lines[end].startswith("```"):
             end += 1
         action = marker.group(1) if marker else None
-        group = (marker.group(2) or "") if marker and action == "run" else ""
         found.append(
             Block(
                 language=RUNNABLE_LANGUAGES.get(info, info),
                 line=index + 2,
                 code="\n".join(lines[index + 1 : end]) + "\n",
                 action=action,
-                group=group,
             )
         )
         index = end + 1
     return found
 
 
-def runnable(group: str = "") -> list[Block]:
-    return [b for b in blocks() if b.action == "run" and b.group == group]
+def runnable() -> list[Block]:
+    return [b for b in blocks() if b.action == "run"]
