@@ -209,10 +209,15 @@ def _held_stdout() -> Any:
 def _release(held: io.TextIOWrapper) -> None:
     held.flush()
     data = held.buffer.getvalue()  # type: ignore[attr-defined]
-    if data:
-        sys.stdout.flush()
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
+    if not data:
+        return
+    sys.stdout.flush()
+    binary = getattr(sys.stdout, "buffer", None)
+    if binary is not None:
+        binary.write(data)
+    else:  # a text-only stream (a caller's io.StringIO)
+        sys.stdout.write(data.decode("utf-8", errors="replace"))
+    sys.stdout.flush()
 
 
 def command(handler: Handler) -> Callable[[argparse.Namespace], int]:

@@ -149,6 +149,8 @@ class QuarryParser(argparse.ArgumentParser):
         else:
             # A subcommand's usage is one or two lines; the top level's lists every command.
             usage = "" if names and self.prog == "quarry" else self.format_usage()
+            if not usage:
+                message += f". See '{self.prog} --help'."
         if self.json_errors:
             error = {"code": "INVALID_ARGUMENT", "reason": "USAGE", "message": message}
             self.exit(EXIT_USAGE, json.dumps({"error": {**error, "metadata": {}}}) + "\n")
