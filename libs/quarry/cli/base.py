@@ -123,8 +123,7 @@ REQUEST_FIELD_FLAGS = {
     "dry_run": "--dry-run",
     "default_branch": "--default-branch",
     "content_type": "--content-type",
-    "retention_days": "--retention-days",
-    "if_checksum": "--if-checksum",
+    "default_retention_days": "--retention-days",
 }
 _FIELD_WORDS = re.compile(r"\b(" + "|".join(map(re.escape, REQUEST_FIELD_FLAGS)) + r")\b")
 
