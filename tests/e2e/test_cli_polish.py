@@ -7,6 +7,7 @@ the storage namespace (local and S3)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -356,3 +357,43 @@ def test_cat_reads_from_an_s3_namespace(tmp_path, moto_endpoint, s3_bucket):
         assert entry["physical_address"].startswith(f"s3://{s3_bucket}/lake/s3cat/data/")
         (tmp_path / "part.bin").unlink()
         assert run("cat", "s3cat", "main", "tables/part.bin") == payload
+
+
+def test_a_mistyped_flag_gets_the_closest_flag_of_its_command(env):
+    result = bare("merge", "repo", "f", "main", "--dryrun", env=env)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "quarry: error: unrecognized arguments: --dryrun. See 'quarry merge --help'. "
+        "Did you mean '--dry-run'?"
+    )
+    nested = bare("repo", "create", "r", "/abs", "--default-brnch", "trunk", env=env)
+    assert "Did you mean '--default-branch'?" in nested.stderr
+    assert "usage:" not in nested.stderr
+
+
+def test_the_confirmation_prompt_shows_while_stdout_is_held(suite, quarry, env):
+    """stdout is held until a command succeeds, so questions go to stderr (a regression
+    here would leave the user answering an invisible prompt)."""
+    quarry("repo", "create", "asked", suite.namespace("asked"))
+    argv = [str(VENV_BIN / "quarry"), "repo", "delete", "asked", *_targets(suite)]
+    controller, terminal = pty.openpty()
+    child = subprocess.Popen(argv, stdin=terminal, stdout=terminal, stderr=terminal, env=env)
+    os.close(terminal)
+    seen = b""
+    try:
+        while b"[y/N]" not in seen:
+            ready, _, _ = select.select([controller], [], [], 60)
+            assert ready, f"no prompt within 60 s: {seen!r}"
+            seen += os.read(controller, 4096)
+        os.write(controller, b"n\n")
+        child.wait(timeout=60)
+        with contextlib.suppress(OSError):
+            while chunk := os.read(controller, 4096):
+                seen += chunk
+    finally:
+        os.close(controller)
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 1
+    assert b"CANCELLED" in seen
+    quarry("repo", "show", "asked")  # still there

@@ -125,32 +125,58 @@ _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)'")
 
 
 class QuarryParser(argparse.ArgumentParser):
-    """argparse, with usage errors as git reports them: a mistyped command gets the closest
-    commands ("did you mean"), not the whole usage; under --json, one JSON object."""
+    """argparse, with usage errors as git reports them: a mistyped command or flag gets the
+    closest names ("did you mean"), not the whole usage; under --json, one JSON object."""
 
     json_errors = False  # set by main() when the command line asks for --json
+    argv: tuple[str, ...] = ()  # set by main(): finds the subcommand of an unknown flag
 
-    def _command_names(self) -> list[str]:
+    def _commands(self) -> dict[str, argparse.ArgumentParser]:
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
-                return list(action.choices)
-        return []
+                return dict(action.choices)
+        return {}
+
+    def _innermost(self) -> argparse.ArgumentParser:
+        """The (sub)command parser the command line reached."""
+        parser: argparse.ArgumentParser = self
+        for token in self.argv:
+            commands = parser._commands() if isinstance(parser, QuarryParser) else {}
+            if token in commands:
+                parser = commands[token]
+        return parser
+
+    def _flag_hint(self, message: str) -> str:
+        unknown = message.split(":", 1)[1].split()
+        parser = self._innermost()
+        flags = [o for action in parser._actions for o in action.option_strings]
+        hints = [
+            f"'{close[0]}'"
+            for token in unknown
+            if token.startswith("--")
+            for close in [difflib.get_close_matches(token.split("=")[0], flags, n=1)]
+            if close
+        ]
+        hint = f" See '{parser.prog} --help'."
+        return hint + (" Did you mean " + ", ".join(hints) + "?" if hints else "")
 
     def error(self, message: str) -> NoReturn:
-        names = self._command_names()
+        names = list(self._commands())
         typo = _INVALID_CHOICE.search(message)
+        usage = ""
         if typo and names:
             typed = typo.group(1)
             close = difflib.get_close_matches(typed, names, n=3, cutoff=0.6)
             message = f"'{typed}' is not a {self.prog} command. See '{self.prog} --help'."
             if close:
                 message += " Did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
-            usage = ""
+        elif message.startswith("unrecognized arguments:"):
+            message += "." + self._flag_hint(message)
+        elif names and self.prog == "quarry":
+            # The top level's usage lists every command: point at --help instead.
+            message += f". See '{self.prog} --help'."
         else:
-            # A subcommand's usage is one or two lines; the top level's lists every command.
-            usage = "" if names and self.prog == "quarry" else self.format_usage()
-            if not usage:
-                message += f". See '{self.prog} --help'."
+            usage = self.format_usage()  # a subcommand's: one to three lines
         if self.json_errors:
             error = {"code": "INVALID_ARGUMENT", "reason": "USAGE", "message": message}
             self.exit(EXIT_USAGE, json.dumps({"error": {**error, "metadata": {}}}) + "\n")
@@ -178,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     completion.autocomplete(parser)
-    QuarryParser.json_errors = "--json" in (sys.argv[1:] if argv is None else argv)
+    QuarryParser.argv = tuple(sys.argv[1:] if argv is None else argv)
+    QuarryParser.json_errors = "--json" in QuarryParser.argv
     args = parser.parse_args(argv)
     try:
         return args.func(args)
