@@ -19,7 +19,7 @@ HELM_STAMP := $(TOOLS)/.helm-$(HELM_LAYER_VERSION)
 
 .PHONY: run test bench proto lint install tools clean unit
 
-run: install
+run: install tools
 	$(VENV)/bin/quarry up
 
 test: install tools image

@@ -311,7 +311,8 @@ def test_merge_conflict_revert_and_cherry_pick(suite, quarry):
     quarry("put", "cli-merge", "main", "a", "--address", "s3://x/am", "--checksum", "am")
     quarry("commit", "cli-merge", "main", "-m", "main change")
 
-    dry = quarry("merge", "cli-merge", "f", "main", "--dry-run").stdout
+    # Conflicts found by a dry run exit 1 (issue 13: scripts can test it), report printed.
+    dry = quarry("merge", "cli-merge", "f", "main", "--dry-run", expect=1).stdout
     assert "! a" in dry and "1 conflict(s)" in dry
     failed = quarry("merge", "cli-merge", "f", "main", expect=1)
     assert failed.stderr.startswith("quarry: MERGE_CONFLICT:")

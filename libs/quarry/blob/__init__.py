@@ -5,6 +5,7 @@ open_blob_store("/abs/dir" | "file:///abs/dir" | "s3://bucket/prefix", settings)
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from quarry.blob.base import (
@@ -45,6 +46,7 @@ __all__ = [
     "object_address",
     "open_blob_store",
     "parse_storage_namespace",
+    "read_object",
 ]
 
 
@@ -75,3 +77,20 @@ def open_blob_store(storage_namespace: str, settings: Settings | None = None) ->
     endpoint = getattr(settings, "s3_endpoint_url", "") or None
     region = getattr(settings, "s3_region", "") or "us-east-1"
     return S3BlobStore(where, prefix, endpoint_url=endpoint, region=region)
+
+
+def read_object(physical_address: str, settings: Settings | None = None) -> bytes:
+    """The bytes at an entry's physical address: /abs/path, file:///abs/path or
+    s3://bucket/key, inside a repository's namespace or not (an imported object).
+    ObjectNotFound when nothing is there, StorageUnreachable when the environment stops it."""
+    kind, where, key = parse_storage_namespace(physical_address)
+    if kind == "local":
+        where, _, key = where.rpartition("/")
+        where = where or "/"
+        if not os.path.isdir(where):  # opening a local store creates its root: not for a read
+            raise ObjectNotFound(f"object {physical_address!r} not found")
+    store = open_blob_store(where if kind == "local" else f"s3://{where}", settings)
+    try:
+        return store.get(check_key(key))
+    finally:
+        store.close()

@@ -2,19 +2,31 @@
 options), the `command` wrapper that turns every failure into one line and exit code 1,
 the connection options, and the helpers that add a subcommand's parser.
 
-Failures print one line, `quarry: <REASON>: <message>`, on stderr and exit with 1.
+Failures print one line, `quarry: <REASON>: <message>`, on stderr and exit with 1. Under
+`--json` they print one JSON object on stderr instead (stdout stays empty, so it only ever
+holds a success's JSON): `{"error": {"code", "reason", "message", "metadata"}}`, `code`
+being the gRPC status name (NOT_FOUND, FAILED_PRECONDITION, ...).
+
+Nothing reaches stdout before a command has succeeded: the wrapper buffers it and writes it
+out once the handler returns (an error leaves stdout empty, never a header or half a list).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import functools
+import io
+import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from quarry import errors
+from quarry.cli import style
 from quarry.cli.progress import Progress
 from quarry.client import Client, RetryPolicy
 
@@ -29,12 +41,14 @@ Registration = Callable[[Subparsers, argparse.ArgumentParser], None]
 
 
 class CliError(Exception):
-    """A failure detected by the CLI itself (not by a service)."""
+    """A failure detected by the CLI itself (not by a service); `code` is the gRPC status
+    name it would have had (shown under --json)."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, code: str = "INVALID_ARGUMENT") -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
+        self.code = code
 
 
 class Context:
@@ -99,8 +113,42 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def fail(reason: str, message: str) -> int:
-    print(f"quarry: {reason}: {_one_line(message)}", file=sys.stderr)
+# Request fields that errors name (the servers speak the protos' field names) and the CLI
+# flag a user sets them with: error messages say the flag. The one place for the mapping.
+REQUEST_FIELD_FLAGS = {
+    "parent_number": "--parent",
+    "page_size": "--page-size",
+    "if_absent": "--if-absent",
+    "allow_empty": "--allow-empty",
+    "dry_run": "--dry-run",
+    "default_branch": "--default-branch",
+    "content_type": "--content-type",
+    "default_retention_days": "--retention-days",
+}
+_FIELD_WORDS = re.compile(r"\b(" + "|".join(map(re.escape, REQUEST_FIELD_FLAGS)) + r")\b")
+
+
+def flag_names(message: str) -> str:
+    """`message` with each request field name it mentions replaced by the CLI flag."""
+    return _FIELD_WORDS.sub(lambda m: REQUEST_FIELD_FLAGS[m.group(1)], message)
+
+
+def fail(
+    reason: str,
+    message: str,
+    *,
+    code: str = "INVALID_ARGUMENT",
+    metadata: dict[str, str] | None = None,
+    as_json: bool = False,
+) -> int:
+    """Report a failure on stderr (one line, or one JSON object) and return exit code 1."""
+    if as_json:
+        error = {"code": code, "reason": reason, "message": message, "metadata": metadata or {}}
+        json.dump({"error": error}, sys.stderr, sort_keys=False)
+        sys.stderr.write("\n")
+    else:
+        prefix = style.err(f"quarry: {reason}:", "red", "bold")
+        print(f"{prefix} {_one_line(message)}", file=sys.stderr)
     return EXIT_FAILURE
 
 
@@ -109,41 +157,93 @@ _NO_CREDENTIALS_REASONS = ("TOKEN_MISSING",)
 
 
 def _with_hint(exc: errors.QuarryError) -> str:
+    message = flag_names(exc.message)
     if exc.reason in _NO_CREDENTIALS_REASONS:
         from quarry.client.session import HOW_TO_GET_CREDENTIALS
 
-        return f"{exc.message} — {HOW_TO_GET_CREDENTIALS}"
-    return exc.message
+        return f"{message} — {HOW_TO_GET_CREDENTIALS}"
+    return message
+
+
+_ERRNO_CODES = {
+    errno.ENOENT: "NOT_FOUND",
+    errno.EACCES: "PERMISSION_DENIED",
+    errno.EPERM: "PERMISSION_DENIED",
+    errno.EEXIST: "ALREADY_EXISTS",
+}
+
+
+def _report(exc: BaseException, as_json: bool) -> int:
+    """One failure, as one line or one JSON object on stderr; exit code 1."""
+    if isinstance(exc, errors.QuarryError):
+        return fail(
+            exc.reason,
+            _with_hint(exc),
+            code=exc.code.name,
+            metadata=exc.metadata,
+            as_json=as_json,
+        )
+    if isinstance(exc, CliError):
+        return fail(exc.reason, exc.message, code=exc.code, as_json=as_json)
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        code = _ERRNO_CODES.get(exc.errno or 0, "UNKNOWN")
+        return fail("LOCAL_IO_ERROR", f"{exc.strerror or exc}{where}", code=code, as_json=as_json)
+    return fail(
+        "INTERNAL",
+        f"{type(exc).__name__}: {exc} (set QUARRY_CLI_TRACEBACK=1 for details)",
+        code="INTERNAL",
+        as_json=as_json,
+    )
+
+
+@contextlib.contextmanager
+def _held_stdout() -> Any:
+    """stdout goes to a buffer (text, and bytes through .buffer) while the handler runs."""
+    held = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
+    with contextlib.redirect_stdout(held):
+        yield held
+
+
+def _release(held: io.TextIOWrapper) -> None:
+    held.flush()
+    data = held.buffer.getvalue()  # type: ignore[attr-defined]
+    if not data:
+        return
+    sys.stdout.flush()
+    binary = getattr(sys.stdout, "buffer", None)
+    if binary is not None:
+        binary.write(data)
+    else:  # a text-only stream (a caller's io.StringIO)
+        sys.stdout.write(data.decode("utf-8", errors="replace"))
+    sys.stdout.flush()
 
 
 def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
-    """Run a handler with a Context; every failure becomes one line and exit code 1."""
+    """Run a handler with a Context; every failure becomes one line (or one JSON object)
+    on stderr and exit code 1, and stdout shows nothing of a command that failed."""
 
     @functools.wraps(handler)
     def run(args: argparse.Namespace) -> int:
+        style.configure(getattr(args, "color", None), sys.stdout, sys.stderr)
         ctx = Context(args)
         try:
-            code = handler(args, ctx) or 0
+            with _held_stdout() as held:
+                code = handler(args, ctx) or 0
+            _release(held)
             ctx.warn_skipped()
             return code
-        except errors.QuarryError as exc:
-            return fail(exc.reason, _with_hint(exc))
-        except CliError as exc:
-            return fail(exc.reason, exc.message)
         except KeyboardInterrupt:
             print("\nquarry: INTERRUPTED: stopped by the user", file=sys.stderr)
             return EXIT_INTERRUPTED
         except BrokenPipeError:
             raise  # main() treats `quarry ls ... | head` as success
-        except OSError as exc:
-            where = f": {exc.filename}" if exc.filename else ""
-            return fail("LOCAL_IO_ERROR", f"{exc.strerror or exc}{where}")
+        except (errors.QuarryError, CliError, OSError) as exc:
+            return _report(exc, ctx.json)
         except Exception as exc:  # noqa: BLE001 — a bug; still no traceback for users
             if os.environ.get("QUARRY_CLI_TRACEBACK"):
                 raise
-            return fail(
-                "INTERNAL", f"{type(exc).__name__}: {exc} (set QUARRY_CLI_TRACEBACK=1 for details)"
-            )
+            return _report(exc, ctx.json)
         finally:
             ctx.close()
 
@@ -160,10 +260,15 @@ def key_value(text: str) -> tuple[str, str]:
 def confirm(question: str, flag: str) -> None:
     """Ask on a terminal; elsewhere, refuse: the caller must pass `flag`."""
     if not sys.stdin.isatty():
-        raise CliError("CONFIRMATION_REQUIRED", f"{question} Pass {flag} to confirm.")
-    answer = input(f"{question} [y/N] ").strip().lower()
+        raise CliError(
+            "CONFIRMATION_REQUIRED", f"{question} Pass {flag} to confirm.", "FAILED_PRECONDITION"
+        )
+    # The question goes to stderr: stdout is held until the command succeeds.
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline().strip().lower()
     if answer not in ("y", "yes"):
-        raise CliError("CANCELLED", "nothing was deleted")
+        raise CliError("CANCELLED", "nothing was deleted", "CANCELLED")
 
 
 def default_author() -> str:
@@ -196,7 +301,18 @@ def common_options() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="deadline of each call (default: 30)",
     )
-    group.add_argument("--json", action="store_true", help="machine-readable JSON output")
+    group.add_argument(
+        "--json",
+        action="store_true",
+        help="machine-readable JSON output; a failure is one JSON object on stderr",
+    )
+    group.add_argument(
+        "--color",
+        choices=style.WHEN,
+        default="auto",
+        metavar="WHEN",
+        help="colours: auto (terminals, unless NO_COLOR is set), always, never",
+    )
     return common
 
 
@@ -235,6 +351,8 @@ __all__ = [
     "Context",
     "command",
     "fail",
+    "flag_names",
+    "REQUEST_FIELD_FLAGS",
     "key_value",
     "confirm",
     "default_author",

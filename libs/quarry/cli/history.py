@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from quarry.cli import output
+from quarry.cli import output, style
 from quarry.cli.base import CliError, Context, Subparsers, command, default_author, key_value, leaf
 from quarry.v1 import types_pb2
 
@@ -24,7 +24,8 @@ def commit(args: argparse.Namespace, ctx: Context) -> int | None:
         output.print_json(response)
         return
     summary = response.summary
-    print(f"[{args.branch} {output.short_id(response.commit.id)}] {response.commit.message}")
+    short = style.commit_id(output.short_id(response.commit.id))
+    print(f"[{args.branch} {short}] {response.commit.message}")
     print(f" {summary.added} added, {summary.removed} removed, {summary.changed} changed")
 
 
@@ -51,9 +52,9 @@ def register_commit(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 def _print_commit(c: types_pb2.Commit, oneline: bool) -> None:
     if oneline:
         first = c.message.splitlines()[0] if c.message else ""
-        print(f"{output.short_id(c.id)} {first}")
+        print(f"{style.commit_id(output.short_id(c.id))} {first}")
         return
-    print(f"commit {c.id}")
+    print(style.commit_id(f"commit {c.id}"))
     if len(c.parents) > 1:
         print("Merge:  " + " ".join(output.short_id(p) for p in c.parents))
     print(f"Author: {c.committer or '-'}")
@@ -108,7 +109,7 @@ def diff(args: argparse.Namespace, ctx: Context) -> int | None:
         return
     shown = 0
     for change in changes:
-        print(f"{output.CHANGE_MARKS.get(change.type, '?')} {change.path}")
+        print(f"{style.mark(output.CHANGE_MARKS.get(change.type, '?'))} {change.path}")
         shown += 1
     if shown == 0 and sys.stderr.isatty():
         print("no changes", file=sys.stderr)

@@ -8,7 +8,7 @@ adds its parser (`COMMANDS`: command name -> registration):
     quarry.cli.repos       repo create | list | show | delete
     quarry.cli.branches    branch create | list | show | delete; reset; discard
     quarry.cli.tags        tag create | list | show | delete
-    quarry.cli.objects     put, rm, ls, stat
+    quarry.cli.objects     put, rm, ls, stat, cat, get
     quarry.cli.history     commit, log, diff
     quarry.cli.merging     merge, revert, cherry-pick
     quarry.cli.compaction  compact, stats
@@ -18,21 +18,34 @@ adds its parser (`COMMANDS`: command name -> registration):
     quarry.cli.auth        auth token | whoami, and under it one module per resource:
                            auth_users, auth_credentials, auth_groups, auth_policies
 
+    quarry.cli.completion  completion bash | zsh | fish
+
 quarry.cli.base holds what the client commands share (Context, the `command` wrapper that
 turns failures into `quarry: <REASON>: <message>` and exit code 1, the common options).
-This module only builds the parser from those modules and dispatches.
+This module only builds the parser from those modules and dispatches; its parser answers a
+mistyped command with the closest commands (as git does) instead of the whole usage.
+
+Argument parsing stays on the standard library's argparse (with argcomplete for shell
+completion): the commands, their help and tests are built on it, and it does what click or
+typer would add here.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import json
+import re
 import sys
+from typing import NoReturn
 
+import quarry
 from quarry.cli import (
     auth,
     base,
     branches,
     compaction,
+    completion,
     doctor,
     gc,
     history,
@@ -66,6 +79,7 @@ _REGISTRATIONS: dict[str, base.Registration] = {
         setup,
         auth,
         protect,
+        completion,
     )
     for name, register in module.COMMANDS.items()
 }
@@ -85,6 +99,8 @@ COMMAND_ORDER = (
     "rm",
     "ls",
     "stat",
+    "cat",
+    "get",
     "commit",
     "log",
     "diff",
@@ -100,7 +116,71 @@ COMMAND_ORDER = (
     "setup",
     "auth",
     "branch-protect",
+    "completion",
 )
+
+VERSION_TEXT = f"quarry {quarry.__version__} (storage format version {quarry.FORMAT_VERSION})"
+EXIT_USAGE = 2
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)'")
+
+
+class QuarryParser(argparse.ArgumentParser):
+    """argparse, with usage errors as git reports them: a mistyped command or flag gets the
+    closest names ("did you mean"), not the whole usage; under --json, one JSON object."""
+
+    json_errors = False  # set by main() when the command line asks for --json
+    argv: tuple[str, ...] = ()  # set by main(): finds the subcommand of an unknown flag
+
+    def _commands(self) -> dict[str, argparse.ArgumentParser]:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
+
+    def _innermost(self) -> argparse.ArgumentParser:
+        """The (sub)command parser the command line reached."""
+        parser: argparse.ArgumentParser = self
+        for token in self.argv:
+            commands = parser._commands() if isinstance(parser, QuarryParser) else {}
+            if token in commands:
+                parser = commands[token]
+        return parser
+
+    def _flag_hint(self, message: str) -> str:
+        unknown = message.split(":", 1)[1].split()
+        parser = self._innermost()
+        flags = [o for action in parser._actions for o in action.option_strings]
+        hints = [
+            f"'{close[0]}'"
+            for token in unknown
+            if token.startswith("--")
+            for close in [difflib.get_close_matches(token.split("=")[0], flags, n=1)]
+            if close
+        ]
+        hint = f" See '{parser.prog} --help'."
+        return hint + (" Did you mean " + ", ".join(hints) + "?" if hints else "")
+
+    def error(self, message: str) -> NoReturn:
+        names = list(self._commands())
+        typo = _INVALID_CHOICE.search(message)
+        usage = ""
+        if typo and names:
+            typed = typo.group(1)
+            close = difflib.get_close_matches(typed, names, n=3, cutoff=0.6)
+            message = f"'{typed}' is not a {self.prog} command. See '{self.prog} --help'."
+            if close:
+                message += " Did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
+        elif message.startswith("unrecognized arguments:"):
+            message += "." + self._flag_hint(message)
+        elif names and self.prog == "quarry":
+            # The top level's usage lists every command: point at --help instead.
+            message += f". See '{self.prog} --help'."
+        else:
+            usage = self.format_usage()  # a subcommand's: one to three lines
+        if self.json_errors:
+            error = {"code": "INVALID_ARGUMENT", "reason": "USAGE", "message": message}
+            self.exit(EXIT_USAGE, json.dumps({"error": {**error, "metadata": {}}}) + "\n")
+        self.exit(EXIT_USAGE, f"{usage}{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,11 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
             f"commands without a place in COMMAND_ORDER, or the reverse: "
             f"{sorted(set(COMMAND_ORDER) ^ set(_REGISTRATIONS))}"
         )
-    parser = argparse.ArgumentParser(
+    parser = QuarryParser(
         prog="quarry",
         description=__doc__.split("\n")[0] or "Quarry: version control for data-lake metadata",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=VERSION_TEXT)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = base.common_options()
     for name in COMMAND_ORDER:
         _REGISTRATIONS[name](sub, common)
@@ -121,7 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    completion.autocomplete(parser)
+    QuarryParser.argv = tuple(sys.argv[1:] if argv is None else argv)
+    QuarryParser.json_errors = "--json" in QuarryParser.argv
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
     except BrokenPipeError:  # e.g. `quarry settings | head`

@@ -5,8 +5,16 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from quarry.cli import output
-from quarry.cli.base import Context, Subparsers, command, default_author, key_value, leaf
+from quarry.cli import output, style
+from quarry.cli.base import (
+    EXIT_FAILURE,
+    Context,
+    Subparsers,
+    command,
+    default_author,
+    key_value,
+    leaf,
+)
 from quarry.graveler.model import MergeStrategy
 from quarry.v1 import types_pb2
 
@@ -25,19 +33,23 @@ def merge(args: argparse.Namespace, ctx: Context) -> int | None:
         allow_empty=args.allow_empty,
         dry_run=args.dry_run,
     )
+    # A dry run that finds conflicts exits 1 (as `git merge` does on conflicts): scripts
+    # can test it; the report is printed either way.
+    code = EXIT_FAILURE if args.dry_run and response.conflicts else 0
     if ctx.json:
         output.print_json(response)
-        return
+        return code
     summary = response.summary
     counts = f"{summary.added} added, {summary.removed} removed, {summary.changed} changed"
     if args.dry_run:
         print(f"Dry run: merging {args.source} into {args.destination} would make {counts}")
         for conflict in response.conflicts:
-            print(f"! {conflict.path}")
+            print(f"{style.mark('!')} {conflict.path}")
         if response.conflicts:
-            print(f"{len(response.conflicts)} conflict(s)")
-        return
-    print(f"[{args.destination} {output.short_id(response.commit.id)}] {response.commit.message}")
+            print(style.paint(f"{len(response.conflicts)} conflict(s)", "red"))
+        return code
+    short = style.commit_id(output.short_id(response.commit.id))
+    print(f"[{args.destination} {short}] {response.commit.message}")
     print(f" {counts} (attempts: {response.attempts})")
 
 
@@ -58,7 +70,9 @@ def register_merge(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--squash", action="store_true", help="one parent: the destination")
     p.add_argument("--allow-empty", action="store_true")
     p.add_argument(
-        "--dry-run", action="store_true", help="report the summary and conflicts without committing"
+        "--dry-run",
+        action="store_true",
+        help="report the summary and conflicts without committing (exit 1 on conflicts)",
     )
 
 
@@ -66,7 +80,7 @@ def _print_new_commit(branch: str, commit: types_pb2.Commit, ctx: Context) -> No
     if ctx.json:
         output.print_json(commit)
     else:
-        print(f"[{branch} {output.short_id(commit.id)}] {commit.message}")
+        print(f"[{branch} {style.commit_id(output.short_id(commit.id))}] {commit.message}")
 
 
 @command

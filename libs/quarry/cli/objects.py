@@ -7,7 +7,7 @@ import datetime as _dt
 import sys
 from pathlib import Path
 
-from quarry.cli import output
+from quarry.cli import output, style
 from quarry.cli.base import CliError, Context, Subparsers, command, key_value, leaf, progress_option
 from quarry.cli.progress import human_bytes
 
@@ -186,7 +186,9 @@ def ls(args: argparse.Namespace, ctx: Context) -> int | None:
         output.print_json({"entries": entries, "common_prefixes": prefixes})
         return
     out = sys.stdout
-    out.write(LS_FORMAT.format(mtime="MODIFIED", size="SIZE", path="PATH") + "\n")
+    # stdout is held until the command succeeds (quarry.cli.base.command): an error on a
+    # later page leaves no header or half a listing behind.
+    out.write(style.header(LS_FORMAT.format(mtime="MODIFIED", size="SIZE", path="PATH")) + "\n")
     # Only long listings get a counter: it appears from the second page on.
     bar = ctx.progress("listing", unit="entries") if args.recursive else None
     listed = 0
@@ -199,7 +201,8 @@ def ls(args: argparse.Namespace, ctx: Context) -> int | None:
         )
         for path, entry in items:
             if entry is None:
-                out.write(LS_FORMAT.format(mtime="", size="PRE", path=path) + "\n")
+                folder = style.paint(path, "blue", "bold")  # the last column: no padding
+                out.write(LS_FORMAT.format(mtime="", size="PRE", path=folder) + "\n")
             else:
                 out.write(
                     LS_FORMAT.format(
@@ -262,4 +265,89 @@ def register_stat(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH")
 
 
-COMMANDS = {"put": register_put, "rm": register_rm, "ls": register_ls, "stat": register_stat}
+def _object_bytes(args: argparse.Namespace, ctx: Context) -> bytes:
+    """The bytes of PATH at REF, read from where its entry points (the repository's storage
+    namespace, local or S3, or an imported object's own address)."""
+    from quarry.blob import read_object
+
+    entry = ctx.client.stat_object(args.repo, args.ref, args.path)
+    return read_object(entry.physical_address, ctx.settings)
+
+
+@command
+def cat(args: argparse.Namespace, ctx: Context) -> int | None:
+    data = _object_bytes(args, ctx)
+    sys.stdout.buffer.write(data)  # held with the rest of stdout until the read succeeded
+
+
+@command
+def get(args: argparse.Namespace, ctx: Context) -> int | None:
+    """Write the object to FILE. Never overwrites an existing FILE without --force, and
+    never leaves a partial FILE: the bytes go to a temporary file beside it, renamed into
+    place once complete."""
+    import contextlib
+    import os
+    import tempfile
+
+    target = Path(args.output or Path(args.path).name)
+    if target.is_dir():
+        target = target / Path(args.path).name
+    if target.exists() and not args.force:
+        raise CliError(
+            "FILE_EXISTS", f"{target} exists; pass --force to overwrite it", "ALREADY_EXISTS"
+        )
+    data = _object_bytes(args, ctx)
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        if args.force:
+            os.replace(temporary, target)
+        else:
+            # link() refuses an existing target: a file created since the check above stays.
+            try:
+                os.link(temporary, target)
+            except FileExistsError:
+                raise CliError(
+                    "FILE_EXISTS",
+                    f"{target} exists; pass --force to overwrite it",
+                    "ALREADY_EXISTS",
+                ) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+    if ctx.json:
+        output.print_json({"path": args.path, "file": str(target), "bytes": len(data)})
+    else:
+        print(f"Wrote {args.repo}/{args.ref}: {args.path} to {target} ({human_bytes(len(data))})")
+
+
+def register_cat(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = leaf(common, sub, "cat", cat, "write an object's bytes to stdout")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("ref", metavar="REF")
+    p.add_argument("path", metavar="PATH")
+
+
+def register_get(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    p = leaf(common, sub, "get", get, "download an object's bytes into a local file")
+    p.add_argument("repo", metavar="REPO")
+    p.add_argument("ref", metavar="REF")
+    p.add_argument("path", metavar="PATH")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="the file (or directory) to write (default: PATH's name in this directory)",
+    )
+    p.add_argument("--force", "-f", action="store_true", help="overwrite FILE if it exists")
+
+
+COMMANDS = {
+    "put": register_put,
+    "rm": register_rm,
+    "ls": register_ls,
+    "stat": register_stat,
+    "cat": register_cat,
+    "get": register_get,
+}

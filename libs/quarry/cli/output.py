@@ -11,6 +11,7 @@ from typing import Any, TextIO
 from google.protobuf import descriptor, timestamp_pb2
 from google.protobuf.message import Message
 
+from quarry.cli import style
 from quarry.v1 import types_pb2
 
 _FD = descriptor.FieldDescriptor
@@ -89,7 +90,7 @@ def table(
     stream = stream or sys.stdout
     cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    for row in cells:
+    for number, row in enumerate(cells):
         parts = []
         for i, cell in enumerate(row):
             last = i == len(row) - 1
@@ -97,7 +98,8 @@ def table(
                 parts.append(cell.rjust(widths[i]))
             else:
                 parts.append(cell if last else cell.ljust(widths[i]))
-        stream.write("  ".join(parts).rstrip() + "\n")
+        line = "  ".join(parts).rstrip()
+        stream.write((style.header(line) if number == 0 else line) + "\n")
 
 
 def fields(pairs: Iterable[tuple[str, Any]], stream: TextIO | None = None) -> None:
