@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from support.processes import free_port, quarry_env, wait_serving  # noqa: E402
 
 CALLS = int(os.environ.get("BENCH_CALLS", "2000"))
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 ENTRIES = int(os.environ.get("BENCH_PUT_ENTRIES", "20000"))
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "16"))
 # Issue 14, target 4.
@@ -77,10 +77,6 @@ def concurrent_rate(fn, n: int, clients: int = CONCURRENCY) -> float:
     for thread in threads:
         thread.join()
     return n / (time.perf_counter() - start)
-
-
-def concurrent_median(fn, n: int) -> float:
-    return statistics.median(concurrent_rate(fn, n) for _ in range(ROUNDS))
 
 
 def class_reads(kv, partition_class: str) -> float:
@@ -191,21 +187,34 @@ def main() -> None:
         timed_rate(do_echo, 200)
         timed_rate(do_relay, 200)
         timed_rate(do_stat, 200)
-        echo_rate = median(do_echo, CALLS)
-        relay_rate = median(do_relay, CALLS)
+        # Rounds alternate between the figures compared (so the noise of a shared machine
+        # falls on both alike); each ratio is the median of its per-round ratios.
+        echo_rates, relay_rates, clean_rates = [], [], []
         before = staging_reads(kv)
-        clean_rate = median(do_stat, CALLS)
+        for _ in range(ROUNDS):
+            echo_rates.append(timed_rate(do_echo, CALLS))
+            relay_rates.append(timed_rate(do_relay, CALLS))
+            clean_rates.append(timed_rate(do_stat, CALLS))
         clean_staging = (staging_reads(kv) - before) / (CALLS * ROUNDS) * 1000
+        echo_rate, relay_rate, clean_rate = (
+            statistics.median(rates) for rates in (echo_rates, relay_rates, clean_rates)
+        )
+        single = statistics.median(s / r for s, r in zip(clean_rates, relay_rates, strict=True))
 
         # Hot branch: CONCURRENCY clients at once. The repository partition holds the
         # branch record (commits are cached: the only other reads there), so its metered
         # reads per StatObject are the branch-record reads per StatObject.
         concurrent_rate(do_echo, 400)
         concurrent_rate(do_stat, 400)
-        hot_echo_rate = concurrent_median(do_echo, CALLS)
-        before = class_reads(kv, "repo")
-        hot_rate = concurrent_median(do_stat, CALLS)
-        hot_branch_reads = (class_reads(kv, "repo") - before) / (CALLS * ROUNDS)
+        hot_echo_rates, hot_rates, hot_reads = [], [], 0.0
+        for _ in range(ROUNDS):
+            hot_echo_rates.append(concurrent_rate(do_echo, CALLS))
+            before = class_reads(kv, "repo")
+            hot_rates.append(concurrent_rate(do_stat, CALLS))
+            hot_reads += class_reads(kv, "repo") - before
+        hot_echo_rate, hot_rate = statistics.median(hot_echo_rates), statistics.median(hot_rates)
+        hot = statistics.median(s / e for s, e in zip(hot_rates, hot_echo_rates, strict=True))
+        hot_branch_reads = hot_reads / (CALLS * ROUNDS)
 
         # Dirty the branch (one staged object elsewhere) and measure again.
         bm_stub.PutObject(
@@ -255,7 +264,6 @@ def main() -> None:
             f"{relay_rate / echo_rate:.2f} of echo   (the floor for a call that needs one "
             f"KV read)"
         )
-        single = clean_rate / relay_rate
         print(
             f"  StatObject, clean branch     {clean_rate:>9,.0f} calls/s   "
             f"{clean_rate / echo_rate:.2f} of echo, {single:.2f} of the one-hop floor   "
@@ -269,7 +277,6 @@ def main() -> None:
             f"  staging reads per 1,000 StatObjects: clean {clean_staging:.0f}, "
             f"dirty {dirty_staging:.0f}  (saved on clean: {dirty_staging - clean_staging:.0f})"
         )
-        hot = hot_rate / hot_echo_rate
         print(f"  hot branch, {CONCURRENCY} concurrent clients:")
         print(f"    bare echo RPC              {hot_echo_rate:>9,.0f} calls/s   1.00")
         print(

@@ -9,6 +9,7 @@ quarry.graveler.resolution (mixed in). Every change of a branch record goes thro
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,8 +81,9 @@ class Repository:
     instance_id: str
     creation_time: int  # unix seconds
 
-    @property
+    @functools.cached_property
     def partition(self) -> bytes:
+        # Computed once per record (every read of the repository's records names it).
         return repo_partition(self.name, self.instance_id)
 
     def to_proto(self) -> types_pb2.Repository:
