@@ -178,7 +178,8 @@ def test_sequential_reads_each_read_the_branch_record_once(stubs, clean_repo, co
     for _ in range(10):
         stubs.bm.StatObject(bm.StatObjectRequest(repository=clean_repo, ref="main", path="a"))
     assert counting_backend.total(cls="repo", op="get") == 10
-    assert counting_backend.total(cls="staging") == 0
+    # Gets only: the suite's staging dropper scans and deletes retired tokens meanwhile.
+    assert counting_backend.total(cls="staging", op="get") == 0
 
 
 def test_read_after_write_under_concurrency(stubs, clean_repo):
