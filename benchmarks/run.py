@@ -9,6 +9,7 @@ BENCHMARKS = [
     "kv_gateway.py",
     "branch_reads.py",
     "auth_overhead.py",
+    "cost_table.py",
     "commit_vs_git.py",
     "merge_vs_git.py",
     "compaction_2092.py",

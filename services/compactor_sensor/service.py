@@ -71,8 +71,8 @@ def assemble(settings: Settings, kv_store=None, compactor=None) -> Assembled:
     if kv_store is None:
         from quarry.kv.remote import RemoteStore
 
-        raw, traced = open_service_channel(settings.kv_gateway_address, tokens, security)
-        kv_store = RemoteStore(traced)
+        raw, traced = open_service_channel(settings.kv_gateway_address, security=security)
+        kv_store = RemoteStore(traced, token_source=tokens)
         dependencies["kv-gateway"] = service_dependency(
             "kv-gateway", settings.kv_gateway_address, raw
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import Counter
 
@@ -42,6 +43,24 @@ STAGING_READ_ATTEMPTS = Counter(
     "Reads that looked into a staging token",
     ["repo", "branch", "op"],
 )
+
+
+# The counters' children by (repo, branch, dirty, op): looking a child up by its labels on
+# every read costs more than the rest of a clean StatObject's bookkeeping. Same cardinality
+# as the metrics themselves.
+_COUNTERS: dict[tuple[str, str, bool, str], tuple[Any, Any]] = {}
+
+
+def _read_counters(repo: str, branch: str, dirty: bool, op: str) -> tuple[Any, Any]:
+    """(graveler_branch_reads, graveler_staging_read_attempts) children of one read."""
+    key = (repo, branch, dirty, op)
+    counters = _COUNTERS.get(key)
+    if counters is None:
+        counters = _COUNTERS[key] = (
+            BRANCH_READS.labels(repo, branch, str(dirty).lower(), op),
+            STAGING_READ_ATTEMPTS.labels(repo, branch, op),
+        )
+    return counters
 
 
 @dataclass
@@ -84,11 +103,12 @@ class Reads:
             return Layers(repo, [], commit.metarange_id)
         branch = resolved.branch_record
         dirty = is_dirty(branch)
-        BRANCH_READS.labels(repo.name, branch.name, str(dirty).lower(), op).inc()
+        counters = _read_counters(repo.name, branch.name, dirty, op)
+        counters[0].inc()
         tokens = list(branch.sealed_tokens)
         if dirty or not self.core.dirty_read_optimization:
             tokens.insert(0, branch.staging_token)
-            STAGING_READ_ATTEMPTS.labels(repo.name, branch.name, op).inc()
+            counters[1].inc()
         base = (
             branch.compacted_metarange_id
             or self.refs.get_commit(repo, branch.commit_id).metarange_id

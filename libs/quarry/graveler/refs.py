@@ -9,6 +9,7 @@ quarry.graveler.resolution (mixed in). Every change of a branch record goes thro
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from quarry.graveler.resolution import (
 )
 from quarry.graveler.retry import DEFAULT_RETRY, RetryPolicy, cas_retry
 from quarry.kv import store as kv
+from quarry.kv.amortized import AmortizationStats, AmortizedStore
 from quarry.lru import LRUCache
 from quarry.v1 import types_pb2
 
@@ -79,8 +81,9 @@ class Repository:
     instance_id: str
     creation_time: int  # unix seconds
 
-    @property
+    @functools.cached_property
     def partition(self) -> bytes:
+        # Computed once per record (every read of the repository's records names it).
         return repo_partition(self.name, self.instance_id)
 
     def to_proto(self) -> types_pb2.Repository:
@@ -126,6 +129,14 @@ class RefManager(RefResolution):
     def __init__(self, store: kv.Store, commit_cache_size: int = 100_000):
         self.kv = store
         self._repos: dict[str, tuple[float, Repository]] = {}
+        # Branch records are read through a single flight per key (seeds/branch-read-
+        # optimization.md, issue 14): concurrent reads of one branch share one KV read, so
+        # a hot branch costs about one read per read latency however many requests read it.
+        # It must NEVER answer a request with a read issued before that request arrived: a
+        # write acknowledged before the request started would be missed (read-after-write,
+        # on which the reader flow's validation and the writer flow's re-read rely). A
+        # request only joins a flight whose read it saw start later (quarry.kv.amortized).
+        self._branch_reads = AmortizedStore(store)
         # Commits are immutable: bounded by count only.
         self._commits = LRUCache(max_bytes=1 << 62, max_items=commit_cache_size)
 
@@ -241,9 +252,16 @@ class RefManager(RefResolution):
 
     # ---- branches ----------------------------------------------------------------------
 
+    def branch_read_stats(self) -> AmortizationStats:
+        """Branch-record reads asked for (`requests`) and sent to the KV store
+        (`backend_reads`) by this manager since it was created."""
+        return self._branch_reads.stats()
+
     def get_branch(self, repo: Repository, name: str) -> tuple[types_pb2.Branch, bytes]:
+        """The branch record as stored when the call started or later (never older: see
+        `_branch_reads`), with its predicate for a compare-and-swap."""
         try:
-            result = self.kv.get(repo.partition, layout.branch_key(name))
+            result = self._branch_reads.get(repo.partition, layout.branch_key(name))
         except kv.KeyNotFound:
             raise gerrors.BranchNotFound(
                 f"branch {name!r} not found in repository {repo.name!r}",

@@ -37,6 +37,8 @@ class ParsedRef:
 def parse_ref(ref: str) -> ParsedRef:
     if not ref:
         raise gerrors.InvalidRef("ref is required")
+    if "~" not in ref and "^" not in ref and not ref.endswith("@"):
+        return ParsedRef(ref, (), False)  # the common case: a bare name (every read's ref)
     cut = len(ref)
     for i, ch in enumerate(ref):
         if ch in "~^":

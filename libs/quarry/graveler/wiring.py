@@ -65,10 +65,14 @@ def core_dependencies(
     if kv_store is None:
         from quarry.kv.remote import RemoteStore
 
-        raw, traced = open_service_channel(settings.kv_gateway_address, tokens, security)
-        kv_store = RemoteStore(traced)
+        # The token goes on each KV call as metadata (RemoteStore), not through a channel
+        # interceptor: cheaper on the hot path of every read and write.
+        raw, traced = open_service_channel(settings.kv_gateway_address, security=security)
+        kv_store = RemoteStore(traced, token_source=tokens)
         # Same connection, shorter deadlines: background work never blocks for long.
-        dropper_store = RemoteStore(traced, timeout=DROPPER_CALL_TIMEOUT_SECONDS)
+        dropper_store = RemoteStore(
+            traced, timeout=DROPPER_CALL_TIMEOUT_SECONDS, token_source=tokens
+        )
         dependencies["kv-gateway"] = service_dependency(
             "kv-gateway", settings.kv_gateway_address, raw
         )

@@ -52,15 +52,25 @@ class _Flight:
     __slots__ = ("done", "finished", "result", "error")
 
     def __init__(self) -> None:
-        self.done = threading.Event()
+        # Created (under the store's lock) by the first request that waits for this flight:
+        # an uncontended get, the common case, allocates no Event and wakes no one.
+        self.done: threading.Event | None = None
         # Set under the store's lock when the flight ends (before `done` is set).
         self.finished = False
         self.result: store.GetResult | None = None
         self.error: BaseException | None = None
 
-    def outcome(self) -> store.GetResult:
-        """For members: wait for the flight and return its result or raise its error."""
-        self.done.wait()
+    def waiter(self) -> threading.Event:
+        """The event set when this flight ends. Call under the store's lock, before the
+        flight can have finished (a flight still reachable from the map has not)."""
+        if self.done is None:
+            self.done = threading.Event()
+        return self.done
+
+    def outcome(self, done: threading.Event) -> store.GetResult:
+        """For members: wait for the flight (`done`: its waiter()) and return its result or
+        raise its error."""
+        done.wait()
         if self.error is not None:
             # Each member gets its own copy: raising one exception object from several
             # threads would splice their tracebacks together.
@@ -110,28 +120,30 @@ class AmortizedStore(store.Store):
                 flight = _Flight()
                 self._flights[flight_key] = _KeyFlights(flight)
                 self._backend_reads += 1
-                leads, previous = True, None
+                leads, wait_for = True, None
             elif flights.next is None:
                 # A read is in progress, issued before we arrived: lead the next one.
                 flight = flights.next = _Flight()
-                leads, previous = True, flights.in_progress
+                leads, wait_for = True, flights.in_progress.waiter()
             else:
                 flight = flights.next
-                leads, previous = False, None
+                leads, wait_for = False, flight.waiter()
 
         if not leads:
-            return flight.outcome()
-        if previous is not None:
-            self._wait_and_promote(flight_key, flight, previous)
+            assert wait_for is not None
+            return flight.outcome(wait_for)
+        if wait_for is not None:
+            self._wait_and_promote(flight_key, flight, wait_for)
         return self._read(flight_key, flight)
 
     def _wait_and_promote(
-        self, flight_key: tuple[bytes, bytes], flight: _Flight, previous: _Flight
+        self, flight_key: tuple[bytes, bytes], flight: _Flight, previous_done: threading.Event
     ) -> None:
-        """As leader of NEXT: wait out the read in progress, then make `flight` the one in
-        progress (the caller issues its read). `previous` failing does not matter here."""
+        """As leader of NEXT: wait out the read in progress (`previous_done`: its waiter),
+        then make `flight` the one in progress (the caller issues its read). The previous
+        read failing does not matter here."""
         try:
-            previous.done.wait()
+            previous_done.wait()
             with self._lock:
                 flights = self._flights[flight_key]
                 flights.in_progress = flight
@@ -157,9 +169,12 @@ class AmortizedStore(store.Store):
     def _finish(self, flight_key: tuple[bytes, bytes], flight: _Flight) -> None:
         """End `flight` (in progress, or a NEXT abandoned before its read) and wake its
         members; forget the key once nothing is in progress or queued for it."""
+        done = None
         try:
             with self._lock:
                 flight.finished = True
+                # Every waiter registered under this lock before now; none can after.
+                done = flight.done
                 flights = self._flights.get(flight_key)
                 if flights is not None:
                     if flights.next is flight:
@@ -168,7 +183,9 @@ class AmortizedStore(store.Store):
                         del self._flights[flight_key]
         finally:
             # Also wakes the leader of the NEXT flight, if any, which then promotes it.
-            flight.done.set()
+            done = done or flight.done
+            if done is not None:
+                done.set()
 
     # ---- pass-through ----------------------------------------------------------------
 
