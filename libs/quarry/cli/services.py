@@ -71,7 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = load_settings()
     build = _service_builder(args.service)
     try:
-        serve(settings, build)
+        serve(settings, build, args.service)
     except errors.QuarryError as exc:
         print(f"quarry serve {args.service}: {exc}", file=sys.stderr)
         return 2

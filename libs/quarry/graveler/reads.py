@@ -29,11 +29,14 @@ from quarry.graveler.model import Change, ChangeType, DiffSummary, Entry
 from quarry.graveler.refs import Repository, ResolvedRef, is_dirty
 from quarry.graveler.retry import DEFAULT_RETRY
 from quarry.paging import PageBudget
+from quarry.telemetry.metrics import branch_labels
 from quarry.v1 import types_pb2
 
 # A layer of a read: (path, entry or None for a tombstone) in path order.
 LayerSource = Iterator[tuple[str, Entry | None]]
 
+# Branch labels are capped (quarry.telemetry.metrics.BranchLabels): ephemeral branches share
+# one value, branches past the first MAX_BRANCH_LABELS are "other".
 BRANCH_READS = Counter(
     "graveler_branch_reads", "Reads (stat/list) on branches", ["repo", "branch", "dirty", "op"]
 )
@@ -84,11 +87,12 @@ class Reads:
             return Layers(repo, [], commit.metarange_id)
         branch = resolved.branch_record
         dirty = is_dirty(branch)
-        BRANCH_READS.labels(repo.name, branch.name, str(dirty).lower(), op).inc()
+        repo_label, branch_label = branch_labels(repo.name, branch.name)
+        BRANCH_READS.labels(repo_label, branch_label, str(dirty).lower(), op).inc()
         tokens = list(branch.sealed_tokens)
         if dirty or not self.core.dirty_read_optimization:
             tokens.insert(0, branch.staging_token)
-            STAGING_READ_ATTEMPTS.labels(repo.name, branch.name, op).inc()
+            STAGING_READ_ATTEMPTS.labels(repo_label, branch_label, op).inc()
         base = (
             branch.compacted_metarange_id
             or self.refs.get_commit(repo, branch.commit_id).metarange_id
