@@ -134,9 +134,11 @@ class _PrometheusMetrics:
         )
         # labels() costs a lock and a dict walk per call; the label sets are few, so keep
         # the children (hot path: every KV request records two or three samples).
-        self._children: dict[tuple, prometheus_client.Counter] = {}
+        self._children: dict[tuple, Any] = {}
 
-    def child(self, counter: prometheus_client.Counter, *label_values: str) -> Any:
+    def child(
+        self, counter: prometheus_client.Counter | prometheus_client.Histogram, *label_values: str
+    ) -> Any:
         key = (id(counter), label_values)
         found = self._children.get(key)
         if found is None:
