@@ -1,0 +1,363 @@
+"""Observability over real processes (issue 13): one `quarry serve` process per service,
+started the way users start them, each exporting traces with the real OTLP exporter to a
+receiver this test runs (support.otlp), serving Prometheus /metrics, logging JSON.
+
+  * a Commit, a Merge and a Compact made by the Python client here are each ONE trace with
+    spans from the client, committer, range-writer and kv-gateway (graveler steps included,
+    CAS retries as `cas.retry` events);
+  * idle background loops (readiness probes, the sensor's scans, the dropper, staging
+    reports) export no spans;
+  * every service counts and times its RPCs; each exposes only its own metrics; branch
+    labels are capped (no `_quarry-spark-*` series);
+  * JSON log lines carry the trace id of the request they belong to;
+  * the Grafana dashboard only queries metrics the services export.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from quarry.client import Client
+from quarry.errors import QuarryError
+from support.auth import setup_admin_over_grpc
+from support.otlp import OtlpReceiver, ReceivedSpan, exporting_to, otlp_receiver, tree
+from support.processes import VENV_BIN, free_port, quarry_env, wait_serving
+from support.wait import wait_until
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "quarry.json"
+# Start order as `quarry up` (any order works; this one is SERVING soonest).
+SERVICES = ("kv-gateway", "range-writer", "committer", "compactor-sensor", "branch-manager")
+# As the services name themselves in traces (OTEL_SERVICE_NAME default: quarry-<service>).
+TRACED = {name: f"quarry-{name}" for name in SERVICES}
+EPHEMERAL = "_quarry-spark-20260101T000000-0123456789ab"  # a Spark write's branch name
+
+
+def _metrics_base_port() -> int:
+    """A base port with the four ports after it free too (port = base + service index)."""
+    import socket
+
+    for _ in range(50):
+        base = free_port()
+        try:
+            for offset in range(1, 5):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no five consecutive free ports")
+
+
+@dataclass
+class Observed:
+    home: Path
+    receiver: OtlpReceiver
+    targets: dict[str, str]
+    metrics_urls: dict[str, str]
+    client_service: str = ""
+    children: dict[str, subprocess.Popen] = field(default_factory=dict)
+    traces: dict[str, str] = field(default_factory=dict)  # what -> trace id
+
+    def client(self) -> Client:
+        return Client(
+            self.targets["branch-manager"],
+            self.targets["committer"],
+            compactor_sensor=self.targets["compactor-sensor"],
+        )
+
+    def log(self, name: str) -> str:
+        return (self.home / f"{name}.log").read_text()
+
+    def scrape(self, name: str) -> str:
+        return urllib.request.urlopen(self.metrics_urls[name], timeout=5).read().decode()
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory) -> Iterator[Observed]:
+    home = tmp_path_factory.mktemp("observed")
+    ports = {name: free_port() for name in SERVICES}
+    base = _metrics_base_port()
+    from quarry.config import SERVICES as ORDER  # the metrics port index of each service
+
+    with otlp_receiver() as receiver, exporting_to(receiver) as client_service:
+        env = quarry_env(
+            home,
+            **{f"QUARRY_{n.upper().replace('-', '_')}_PORT": str(p) for n, p in ports.items()},
+            **{
+                f"QUARRY_{n.upper().replace('-', '_')}_ADDRESS": f"127.0.0.1:{p}"
+                for n, p in ports.items()
+            },
+            QUARRY_METRICS_BASE_PORT=str(base),
+            QUARRY_LOG_FORMAT="json",
+            # Busy background loops: any span they made would show within seconds.
+            QUARRY_COMPACTION_CHECK_INTERVAL_SECONDS="0.3",
+            QUARRY_STAGING_DROP_INTERVAL_SECONDS="0.3",
+            QUARRY_STAGING_REPORT_INTERVAL_SECONDS="0.2",
+            OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+            OTEL_BSP_SCHEDULE_DELAY="100",
+        )
+        observed = Observed(
+            home=home,
+            receiver=receiver,
+            targets={n: f"127.0.0.1:{p}" for n, p in ports.items()},
+            metrics_urls={n: f"http://127.0.0.1:{base + ORDER.index(n)}/metrics" for n in SERVICES},
+            client_service=client_service,
+        )
+        try:
+            for name in SERVICES:
+                with open(home / f"{name}.log", "w") as log:
+                    observed.children[name] = subprocess.Popen(
+                        [str(VENV_BIN / "quarry"), "serve", name],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+            for name in SERVICES:
+                wait_serving(observed.targets[name], timeout=60)
+            setup_admin_over_grpc(observed.targets["branch-manager"])
+            _workload(observed)
+            yield observed
+        finally:
+            for child in observed.children.values():
+                child.send_signal(signal.SIGTERM)
+            for child in observed.children.values():
+                try:
+                    child.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+
+
+def _client_trace(observed: Observed, method: str, since: int) -> str:
+    """The trace id of the newest client span of `method` ("/quarry.v1.Committer/Commit")
+    this process started after `since` (ns) — the root of what that call caused."""
+    found: list[ReceivedSpan] = []
+
+    def arrived() -> bool:
+        found[:] = [
+            s
+            for s in observed.receiver.spans()
+            if s.service == observed.client_service
+            and s.name == method
+            and s.kind == "CLIENT"
+            and s.start >= since
+        ]
+        return bool(found)
+
+    wait_until(arrived, timeout=20, what=f"the client span of {method}")
+    return max(found, key=lambda s: s.start).trace_id
+
+
+def _workload(observed: Observed) -> None:
+    """Commits (one racing a concurrent writer, for CAS retries), a merge, a compaction,
+    clean and dirty reads, a read of an ephemeral branch and a NOT_FOUND."""
+    with observed.client() as client:
+        client.create_repository("lake", str(observed.home / "lake"))
+        for i in range(20):
+            client.put_object("lake", "main", path=f"t/{i:03d}", physical_address=f"a/{i}")
+        since = time.time_ns()
+        client.commit("lake", "main", "first")
+        observed.traces["commit"] = _client_trace(observed, "/quarry.v1.Committer/Commit", since)
+
+        # Commits racing a writer: each staged write marks the fresh staging token dirty,
+        # which moves the branch record under the commit's swap (a CAS retry).
+        stop = threading.Event()
+
+        def writer() -> None:
+            with observed.client() as other:
+                n = 0
+                while not stop.is_set():
+                    other.put_object("lake", "main", path=f"w/{n:05d}", physical_address="w")
+                    n += 1
+
+        thread = threading.Thread(target=writer, daemon=True)
+        thread.start()
+        retried: list[str] = []
+        try:
+            for attempt in range(15):
+                since = time.time_ns()
+                try:
+                    client.commit("lake", "main", f"racing {attempt}")
+                except QuarryError:
+                    continue  # nothing staged yet, or contended: try again
+                trace_id = _client_trace(observed, "/quarry.v1.Committer/Commit", since)
+                time.sleep(0.3)  # the services' exporters batch every 100 ms
+                if any(
+                    name == "cas.retry"
+                    for s in observed.receiver.trace(trace_id)
+                    for name, _ in s.events
+                ):
+                    retried.append(trace_id)
+                    break
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+        if retried:
+            observed.traces["retried commit"] = retried[0]
+        with contextlib.suppress(QuarryError):  # what the writer staged last
+            client.commit("lake", "main", "after the race")
+
+        client.create_branch("lake", "feature", "main")
+        for i in range(5):
+            client.put_object("lake", "feature", path=f"f/{i}", physical_address=f"f/{i}")
+        client.commit("lake", "feature", "feature work")
+        since = time.time_ns()
+        client.merge("lake", "feature", "main", message="merge feature")
+        observed.traces["merge"] = _client_trace(observed, "/quarry.v1.Committer/Merge", since)
+
+        for i in range(5):
+            client.put_object("lake", "main", path=f"c/{i}", physical_address=f"c/{i}")
+        since = time.time_ns()
+        client.compact("lake", "main")
+        observed.traces["compact"] = _client_trace(observed, "/quarry.v1.Committer/Compact", since)
+
+        client.commit("lake", "main", "clean again")
+        client.stat_object("lake", "main", "t/001")  # a clean branch
+        client.put_object("lake", "main", path="d/0", physical_address="d")
+        client.stat_object("lake", "main", "t/001")  # a dirty one
+        client.create_branch("lake", EPHEMERAL, "main")
+        client.stat_object("lake", EPHEMERAL, "t/001")
+        with pytest.raises(QuarryError):
+            client.stat_object("lake", "main", "no/such/object")
+
+
+# ---- traces ---------------------------------------------------------------------------------
+
+
+def _assert_one_trace(observed: Observed, what: str, server_method: str, steps: set[str]) -> None:
+    trace_id = observed.traces[what]
+    services = {observed.client_service, *(TRACED[n] for n in ("committer", "range-writer"))}
+    services.add(TRACED["kv-gateway"])
+    observed.receiver.wait_for(trace_id, services)
+    time.sleep(0.5)  # the rest of the batches
+    spans = observed.receiver.trace(trace_id)
+    shown = f"{what} trace:\n{tree(spans)}"
+    print(shown)
+    roots = [s for s in spans if not s.parent_id]
+    assert len(roots) == 1, shown
+    (root,) = roots
+    assert (root.service, root.name, root.kind) == (
+        observed.client_service,
+        server_method,
+        "CLIENT",
+    ), shown
+    # Every span hangs off the client's call: no orphans, no second trace.
+    ids = {s.span_id for s in spans}
+    assert all(s.parent_id in ids for s in spans if s is not root), shown
+    by_service = {s.service for s in spans}
+    assert services <= by_service, shown
+    names = {(s.service, s.name, s.kind) for s in spans}
+    assert (TRACED["committer"], server_method, "SERVER") in names, shown
+    assert {n for s, n, _ in names if s == TRACED["committer"]} >= steps, shown
+    assert any(
+        s == TRACED["kv-gateway"] and n.startswith("/quarry.v1.KVGateway/") and k == "SERVER"
+        for s, n, k in names
+    ), shown
+    assert any(
+        s == TRACED["range-writer"] and n.startswith("/quarry.v1.RangeWriter/") and k == "SERVER"
+        for s, n, k in names
+    ), shown
+
+
+def test_a_commit_is_one_trace_across_client_committer_range_writer_and_kv_gateway(observed):
+    _assert_one_trace(
+        observed,
+        "commit",
+        "/quarry.v1.Committer/Commit",
+        {
+            "graveler.commit",
+            "graveler.seal",
+            "graveler.apply",
+            "graveler.write_commit",
+            "graveler.swap_branch",
+            "/quarry.v1.RangeWriter/ApplyChanges",
+            "/quarry.v1.KVGateway/SetItemIf",
+        },
+    )
+
+
+def test_a_commit_racing_a_writer_records_its_cas_retries(observed):
+    assert "retried commit" in observed.traces, "no commit lost a CAS race to the writer"
+    _assert_one_trace(
+        observed,
+        "retried commit",
+        "/quarry.v1.Committer/Commit",
+        {"graveler.commit", "graveler.swap_branch"},
+    )
+    events = [
+        (span.name, attributes)
+        for span in observed.receiver.trace(observed.traces["retried commit"])
+        for name, attributes in span.events
+        if name == "cas.retry"
+    ]
+    assert events and all(a["step"] and a["attempt"] >= 1 for _, a in events), events
+
+
+def test_a_merge_is_one_trace(observed):
+    _assert_one_trace(
+        observed,
+        "merge",
+        "/quarry.v1.Committer/Merge",
+        {"graveler.merge", "/quarry.v1.RangeWriter/MergeMetaRanges"},
+    )
+
+
+def test_a_compaction_is_one_trace(observed):
+    _assert_one_trace(
+        observed,
+        "compact",
+        "/quarry.v1.Committer/Compact",
+        {"graveler.compact", "graveler.seal", "graveler.swap_branch"},
+    )
+
+
+def test_idle_background_loops_emit_no_spans(observed):
+    """Readiness probes every second, the sensor's scans and the dropper every 0.3 s, the
+    reporter every 0.2 s: over four idle seconds, not one span from any service."""
+    receiver = observed.receiver
+
+    def quiet() -> bool:  # what the workload caused has been exported
+        before = len(receiver.spans())
+        time.sleep(1.0)
+        return len(receiver.spans()) == before
+
+    wait_until(quiet, timeout=30, what="the workload's spans to be exported")
+    receiver.clear()
+    time.sleep(4.0)
+    spans = receiver.spans()
+    assert not spans, tree(spans)
+
+
+# ---- logs -----------------------------------------------------------------------------------
+
+
+def test_json_log_lines_carry_the_trace_id_of_their_request(observed):
+    commit_trace = observed.traces["commit"]
+    lines = [line for line in observed.log("committer").splitlines() if line.startswith("{")]
+    records = [json.loads(line) for line in lines]
+    assert records and all(
+        {"time", "level", "service", "logger", "message"} <= r.keys() for r in records
+    )
+    assert {r["service"] for r in records} == {"committer"}
+    in_commit = [r for r in records if r.get("trace_id") == commit_trace]
+    # The audit line of the Commit call is written while serving it.
+    assert any(r["logger"] == "quarry.audit" and "Commit" in r["message"] for r in in_commit), (
+        records[-20:]
+    )
+    assert all(re.fullmatch(r"[0-9a-f]{16}", r["span_id"]) for r in in_commit)
+    # Every audit line is written within a traced request: every one has its trace id.
+    audit = [r for r in records if r["logger"] == "quarry.audit"]
+    assert audit and all("trace_id" in r for r in audit), audit
