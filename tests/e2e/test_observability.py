@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from quarry.client import Client
 from quarry.errors import QuarryError
@@ -172,22 +173,34 @@ def _workload(observed: Observed) -> None:
         client.commit("lake", "main", "first")
         observed.traces["commit"] = _client_trace(observed, "/quarry.v1.Committer/Commit", since)
 
-        # Commits racing a writer: each staged write marks the fresh staging token dirty,
-        # which moves the branch record under the commit's swap (a CAS retry).
+        # Commits racing writers and compactions of the same branch: a staged write marks
+        # the fresh staging token dirty and a compaction seals and swaps, each moving the
+        # branch record under the commit's seal or swap (a CAS retry).
         stop = threading.Event()
 
-        def writer() -> None:
+        def writer(prefix: str) -> None:
             with observed.client() as other:
                 n = 0
                 while not stop.is_set():
-                    other.put_object("lake", "main", path=f"w/{n:05d}", physical_address="w")
+                    other.put_object("lake", "main", path=f"{prefix}/{n:05d}", physical_address="w")
                     n += 1
 
-        thread = threading.Thread(target=writer, daemon=True)
-        thread.start()
+        def compactor() -> None:
+            with observed.client() as other:
+                while not stop.is_set():
+                    with contextlib.suppress(QuarryError):
+                        other.compact("lake", "main")
+
+        threads = [
+            threading.Thread(target=writer, args=("w1",), daemon=True),
+            threading.Thread(target=writer, args=("w2",), daemon=True),
+            threading.Thread(target=compactor, daemon=True),
+        ]
+        for thread in threads:
+            thread.start()
         retried: list[str] = []
         try:
-            for attempt in range(15):
+            for attempt in range(30):
                 since = time.time_ns()
                 try:
                     client.commit("lake", "main", f"racing {attempt}")
@@ -204,7 +217,8 @@ def _workload(observed: Observed) -> None:
                     break
         finally:
             stop.set()
-            thread.join(timeout=10)
+            for thread in threads:
+                thread.join(timeout=10)
         if retried:
             observed.traces["retried commit"] = retried[0]
         with contextlib.suppress(QuarryError):  # what the writer staged last
@@ -361,3 +375,158 @@ def test_json_log_lines_carry_the_trace_id_of_their_request(observed):
     # Every audit line is written within a traced request: every one has its trace id.
     audit = [r for r in records if r["logger"] == "quarry.audit"]
     assert audit and all("trace_id" in r for r in audit), audit
+
+
+# ---- metrics --------------------------------------------------------------------------------
+
+# Families only one service may expose (prefix -> the service).
+OWNED_PREFIXES = {
+    "quarry_kv_": "kv-gateway",
+    "quarry_range_writer_": "range-writer",
+    "quarry_compaction": "compactor-sensor",
+    "quarry_compactions": "compactor-sensor",
+    "quarry_branch_sealed_tokens": "compactor-sensor",
+    "quarry_staging_reports_": "branch-manager",
+}
+
+
+@dataclass
+class Scrape:
+    families: dict[str, object]  # family name -> prometheus_client Metric
+    samples: list[tuple[str, dict[str, str], float]]
+
+    def value(self, name: str, **labels: str) -> float:
+        """Sum of the samples named `name` whose labels include `labels`."""
+        return sum(
+            v
+            for n, sample_labels, v in self.samples
+            if n == name and labels.items() <= sample_labels.items()
+        )
+
+    def label_values(self, name: str, label: str) -> set[str]:
+        return {ls[label] for n, ls, _ in self.samples if n == name and label in ls}
+
+    def exported_names(self) -> set[str]:
+        """Every series name a query may use, samples or not yet (a labelled family with no
+        children yet is declared by its HELP/TYPE lines)."""
+        names = {n for n, _, _ in self.samples}
+        for name, family in self.families.items():
+            kind = family.type
+            if kind == "counter":
+                names |= {f"{name}_total", f"{name}_created"}
+            elif kind == "histogram":
+                names |= {f"{name}_bucket", f"{name}_count", f"{name}_sum", f"{name}_created"}
+            else:
+                names.add(name)
+        return names
+
+
+def scrape(observed: Observed, name: str) -> Scrape:
+    families = {f.name: f for f in text_string_to_metric_families(observed.scrape(name))}
+    samples = [(s.name, dict(s.labels), s.value) for f in families.values() for s in f.samples]
+    return Scrape(families, samples)
+
+
+@pytest.fixture(scope="module")
+def scrapes(observed) -> dict[str, Scrape]:
+    return {name: scrape(observed, name) for name in SERVICES}
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_every_service_counts_and_times_its_rpcs_by_method_and_code(scrapes, service):
+    got = scrapes[service]
+    assert got.label_values("quarry_rpc_requests_total", "service") == {service}
+    methods = got.label_values("quarry_rpc_requests_total", "method")
+    # Its own gRPC service's calls (health probes of its dependents count too).
+    own = {
+        "kv-gateway": "quarry.v1.KVGateway/",
+        "range-writer": "quarry.v1.RangeWriter/",
+        "committer": "quarry.v1.Committer/",
+        "compactor-sensor": "quarry.v1.CompactorSensor/",
+        "branch-manager": "quarry.v1.BranchManager/",
+    }[service]
+    assert any(m.startswith(own) for m in methods), methods
+    for method in methods:
+        count = got.value("quarry_rpc_requests_total", service=service, method=method)
+        timed = got.value("quarry_rpc_duration_seconds_count", service=service, method=method)
+        assert count == timed > 0, method
+
+
+def test_status_codes_are_labels(scrapes):
+    bm = scrapes["branch-manager"]
+    stat = "quarry.v1.BranchManager/StatObject"
+    assert bm.value("quarry_rpc_requests_total", method=stat, code="OK") >= 3
+    assert bm.value("quarry_rpc_requests_total", method=stat, code="NOT_FOUND") == 1
+    # The committer's Commit latency (the dashboard's commit/merge panel).
+    cm = scrapes["committer"]
+    assert cm.value("quarry_rpc_duration_seconds_count", method="quarry.v1.Committer/Commit") >= 3
+    assert cm.value("quarry_rpc_duration_seconds_count", method="quarry.v1.Committer/Merge") == 1
+
+
+def test_kv_latency_by_operation_and_partition_class(scrapes):
+    kv = scrapes["kv-gateway"]
+    name = "quarry_kv_operation_duration_seconds_count"
+    ops = kv.label_values(name, "op")
+    assert {"get", "set_if", "scan_page", "batch_set"} <= ops, ops
+    classes = kv.label_values(name, "partition_class")
+    assert {"repo", "staging"} <= classes, classes
+    assert kv.value(name, op="get", partition_class="repo") > 0
+    assert kv.value("quarry_kv_read_units_total", partition_class="staging") > 0
+
+
+def test_range_writer_ranges_bytes_and_latency(scrapes):
+    rw = scrapes["range-writer"]
+    assert rw.value("quarry_range_writer_ranges_total", op="apply", kind="written") >= 1
+    # Reuse needs a base of several ranges (this lake is one range): the series is there.
+    assert rw.label_values("quarry_range_writer_ranges_total", "kind") == {"written", "reused"}
+    assert rw.value("quarry_range_writer_bytes_written_total") > 0
+    assert rw.value("quarry_range_writer_range_files_total", result="written") >= 1
+    for op in ("apply", "merge", "write_metarange"):
+        assert (
+            rw.value("quarry_range_writer_operation_duration_seconds_count", op=op, outcome="ok")
+            >= 1
+        ), op
+
+
+def test_each_service_exposes_only_its_own_metrics(scrapes):
+    for service, got in scrapes.items():
+        for family in got.families:
+            for prefix, owner in OWNED_PREFIXES.items():
+                if family.startswith(prefix):
+                    assert service == owner, f"{family} on {service}"
+    sensor = scrapes["compactor-sensor"]
+    assert "quarry_compaction_entries_compacted" in sensor.families
+    assert "quarry_kv_read_units" in scrapes["kv-gateway"].families
+    assert "quarry_staging_reports_sent" in scrapes["branch-manager"].families
+
+
+def test_branch_labels_leave_out_ephemeral_branches(scrapes):
+    bm = scrapes["branch-manager"]
+    branches = bm.label_values("graveler_branch_reads_total", "branch")
+    assert "main" in branches and "_ephemeral" in branches, branches
+    assert not any(b.startswith("_quarry-") for b in branches), branches
+    # The branch read optimization: clean reads skip staging, dirty ones look into it.
+    assert bm.value("graveler_branch_reads_total", branch="main", dirty="false") >= 1
+    assert bm.value("graveler_branch_reads_total", branch="main", dirty="true") >= 1
+    assert bm.value("graveler_staging_read_attempts_total", branch="main") >= 1
+    for got in scrapes.values():
+        for _name, labels, _value in got.samples:
+            assert not labels.get("branch", "").startswith("_quarry-"), labels
+
+
+# ---- the Grafana dashboard ------------------------------------------------------------------
+
+METRIC_NAME = re.compile(r"\b((?:quarry|graveler)_[a-z0-9_]+)\b")
+
+
+def test_the_dashboard_queries_only_metrics_the_services_export(scrapes):
+    dashboard = json.loads(DASHBOARD.read_text())
+    exported = set().union(*(got.exported_names() for got in scrapes.values()))
+    used: dict[str, str] = {}
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            for name in METRIC_NAME.findall(target["expr"]):
+                used[name] = panel["title"]
+    assert used, "the dashboard queries nothing"
+    missing = {name: title for name, title in used.items() if name not in exported}
+    assert not missing, missing
