@@ -348,7 +348,7 @@ def test_idle_background_loops_emit_no_spans(observed):
         time.sleep(1.0)
         return len(receiver.spans()) == before
 
-    wait_until(quiet, timeout=30, what="the workload's spans to be exported")
+    wait_until(quiet, timeout=30, what="the spans to stop arriving (do background loops trace?)")
     receiver.clear()
     time.sleep(4.0)
     spans = receiver.spans()
