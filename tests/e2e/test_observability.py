@@ -530,3 +530,79 @@ def test_the_dashboard_queries_only_metrics_the_services_export(scrapes):
     assert used, "the dashboard queries nothing"
     missing = {name: title for name, title in used.items() if name not in exported}
     assert not missing, missing
+
+
+# ---- a Spark write --------------------------------------------------------------------------
+
+
+def test_a_spark_write_is_one_trace_from_driver_and_executors(observed, spark):
+    """The driver (this process) and the executors' Python workers (their own processes,
+    exporting as quarry-spark-executor) and every service they call: one trace."""
+    import quarry.spark as qs
+
+    context = spark.sparkContext
+    # Executors' Python workers get this environment (new workers: a new environment).
+    executor_env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": observed.receiver.endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    saved = dict(context.environment)
+    context.environment.update(executor_env)
+    try:
+        df = spark.range(0, 100, numPartitions=2).selectExpr("id", "id * 2 AS doubled")
+        connection = qs.Connection(
+            observed.targets["branch-manager"], observed.targets["committer"]
+        )
+        with observed.client() as client:
+            client.create_repository("sparked", str(observed.home / "sparked"))
+        qs.write(df, "quarry://sparked/main/t", connection=connection)
+    finally:
+        context.environment.clear()
+        context.environment.update(saved)
+
+    def driver_spans() -> list[ReceivedSpan]:
+        return [
+            s
+            for s in observed.receiver.spans()
+            if s.name == "quarry.spark.write" and s.service == observed.client_service
+        ]
+
+    (root,) = wait_until(driver_spans, timeout=20, what="the driver's write span")
+    executor = "quarry-spark-executor"
+    observed.receiver.wait_for(
+        root.trace_id,
+        {
+            observed.client_service,
+            executor,
+            TRACED["branch-manager"],
+            TRACED["committer"],
+            TRACED["range-writer"],
+            TRACED["kv-gateway"],
+        },
+        timeout=60,
+    )
+    time.sleep(0.5)
+    spans = observed.receiver.trace(root.trace_id)
+    shown = tree(spans)
+    print(f"spark write trace:\n{shown}")
+    assert [s for s in spans if not s.parent_id] == [root], shown
+    tasks = [s for s in spans if s.service == executor and s.name == "quarry.spark.write_task"]
+    assert len(tasks) == 2, shown  # one per partition
+    puts = [
+        s
+        for s in spans
+        if s.service == TRACED["branch-manager"]
+        and s.name.endswith("/PutObjects")
+        and s.kind == "SERVER"
+    ]
+    task_ids = {t.span_id for t in tasks}
+    # The staged writes are the executors' calls, under their task spans.
+    client_puts = {
+        s.span_id: s.parent_id
+        for s in spans
+        if s.service == executor and s.name.endswith("/PutObjects") and s.kind == "CLIENT"
+    }
+    assert puts and all(client_puts.get(p.parent_id) in task_ids for p in puts), shown
+    assert any(
+        s.service == TRACED["committer"] and s.name == "/quarry.v1.Committer/Merge" for s in spans
+    ), shown
