@@ -486,7 +486,8 @@ def create_server(
     started = QuarryServer(
         grpc_server=server, port=bound, health=health_servicer, spec=spec, readiness=readiness
     )
-    ready = readiness.check()
+    with telemetry.background():  # as every later round (a PeriodicWorker): no spans
+        ready = readiness.check()
     if readiness.failure is not None:
         started.stop(0)
         raise readiness.failure
