@@ -30,6 +30,7 @@ from quarry import errors
 
 SERVICES = ("kv-gateway", "branch-manager", "committer", "compactor-sensor", "range-writer")
 
+LOG_FORMATS = ("text", "json")
 ENV_PREFIX = "QUARRY_"
 CONFIG_FILE_ENV = "QUARRY_CONFIG_FILE"
 DEFAULT_DIAL_HOST = "127.0.0.1"
@@ -265,8 +266,19 @@ class Settings:
     log_level: str = _setting(
         "INFO", "Python logging level of the services (DEBUG, INFO, WARNING, ERROR)."
     )
+    log_format: str = _setting(
+        "text",
+        "Log lines of the services: `text` (human-readable) or `json` (one object per line "
+        "with time, level, service, logger, message, and the trace_id and span_id of the "
+        "traced request it belongs to).",
+    )
 
     def __post_init__(self) -> None:
+        if self.log_format not in LOG_FORMATS:
+            raise errors.InvalidArgument(
+                f"setting log_format must be one of {', '.join(LOG_FORMATS)}, "
+                f"not {self.log_format!r}"
+            )
         for name in ("max_put_objects_stream_entries", "max_put_objects_stream_bytes"):
             if getattr(self, name) < 1:
                 raise errors.InvalidArgument(

@@ -18,6 +18,7 @@ from quarry.convert import (
     summary_to_proto,
 )
 from quarry.graveler.model import Entry
+from quarry.services.range_writer.metrics import RangeWriterMetrics
 from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
 
 # Byte budget of the conflicts listed in one MergeMetaRangesResponse (well under the gRPC
@@ -56,6 +57,7 @@ class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
     ):
         self._manager = manager
         self._max_response_bytes = max_response_bytes
+        self._metrics = RangeWriterMetrics(manager)
 
     def ApplyChanges(self, request_iterator, context):
         header = _header(request_iterator, "ApplyChanges")
@@ -68,9 +70,11 @@ class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
                     except ValueError as exc:
                         raise errors.InvalidArgument(str(exc)) from None
 
-        result = self._manager.apply_changes(
-            header.storage_namespace, header.base_metarange_id, changes()
-        )
+        with self._metrics.operation("apply") as done:
+            result = self._manager.apply_changes(
+                header.storage_namespace, header.base_metarange_id, changes()
+            )
+            done(result.ranges_written, result.ranges_reused)
         return range_writer_pb2.ApplyChangesResponse(
             metarange_id=result.metarange_id,
             summary=summary_to_proto(result.summary),
@@ -86,7 +90,9 @@ class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
                 for message in batch.entries:
                     yield entry_from_proto(message)
 
-        result = self._manager.write_metarange(header.storage_namespace, entries())
+        with self._metrics.operation("write_metarange") as done:
+            result = self._manager.write_metarange(header.storage_namespace, entries())
+            done(result.ranges_written, result.ranges_reused)
         return range_writer_pb2.WriteMetaRangeResponse(
             metarange_id=result.metarange_id,
             ranges_written=result.ranges_written,
@@ -133,15 +139,17 @@ class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
             raise errors.InvalidArgument(f"MergeMetaRanges: {exc}") from None
         if request.max_conflicts < 0:
             raise errors.InvalidArgument("MergeMetaRanges: max_conflicts must be >= 0")
-        result = self._manager.merge_metaranges(
-            request.storage_namespace,
-            request.base,
-            request.source,
-            request.destination,
-            strategy=strategy,
-            max_conflicts=request.max_conflicts or DEFAULT_MAX_CONFLICTS,
-            dry_run=request.dry_run,
-        )
+        with self._metrics.operation("merge") as done:
+            result = self._manager.merge_metaranges(
+                request.storage_namespace,
+                request.base,
+                request.source,
+                request.destination,
+                strategy=strategy,
+                max_conflicts=request.max_conflicts or DEFAULT_MAX_CONFLICTS,
+                dry_run=request.dry_run,
+            )
+            done(result.ranges_written, result.ranges_reused)
         response = range_writer_pb2.MergeMetaRangesResponse(
             metarange_id=result.metarange_id,
             summary=summary_to_proto(result.summary),

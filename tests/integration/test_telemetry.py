@@ -2,6 +2,8 @@
 
 import urllib.request
 
+import pytest
+
 from quarry import telemetry
 from quarry.kv.remote import RemoteStore
 from quarry.v1 import kv_pb2, kv_pb2_grpc
@@ -83,3 +85,84 @@ def test_a_commit_is_one_trace_with_a_span_per_step(tmp_path):
     assert "/quarry.v1.KVGateway/SetItemIf" in names
     commit_span = next(s for s in spans if s.name == "graveler.commit")
     assert commit_span.attributes["quarry.attempts"] == 1
+
+
+def test_a_channel_opened_before_tracing_was_configured_is_traced(monkeypatch):
+    """The bug of issue 13: serve() built its channels before configuring tracing, and the
+    channels decided at creation. Now they decide per call."""
+    exporter = telemetry.use_in_memory_exporter()
+    with kv_gateway() as (_server, target):
+        monkeypatch.setattr(telemetry, "_configured", False)
+        store = RemoteStore(target)  # opened while tracing is off
+        store.set(b"cleanup", b"k", b"v")
+        monkeypatch.setattr(telemetry, "_configured", True)  # then turned on
+        exporter.clear()
+        with telemetry.tracer("test").start_as_current_span("caller") as caller:
+            store.get(b"cleanup", b"k")
+        store.close()
+    trace_id = caller.get_span_context().trace_id
+    names = {
+        (s.name, s.kind.name)
+        for s in exporter.get_finished_spans()
+        if s.context.trace_id == trace_id
+    }
+    assert ("/quarry.v1.KVGateway/GetItem", "CLIENT") in names
+    assert ("/quarry.v1.KVGateway/GetItem", "SERVER") in names
+
+
+def test_background_calls_record_no_span_on_either_side_and_root_span_starts_a_trace():
+    exporter = telemetry.use_in_memory_exporter()
+    with kv_gateway() as (_server, target):
+        store = RemoteStore(target)
+        store.set(b"cleanup", b"k", b"v")
+        exporter.clear()
+        with telemetry.background():
+            store.get(b"cleanup", b"k")  # a background loop's read
+            assert not exporter.get_finished_spans()
+            with telemetry.root_span("work") as work:  # work worth a trace of its own
+                store.get(b"cleanup", b"k")
+        store.close()
+    spans = exporter.get_finished_spans()
+    assert {s.context.trace_id for s in spans} == {work.get_span_context().trace_id}
+    assert {(s.name, s.kind.name) for s in spans} == {
+        ("work", "INTERNAL"),
+        ("/quarry.v1.KVGateway/GetItem", "CLIENT"),
+        ("/quarry.v1.KVGateway/GetItem", "SERVER"),
+    }
+
+
+def test_health_checks_make_no_server_spans():
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from quarry.runtime.channels import open_channel
+
+    exporter = telemetry.use_in_memory_exporter()
+    with kv_gateway() as (_server, target):
+        exporter.clear()
+        with open_channel(target, traced=False) as channel:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    assert not exporter.get_finished_spans()
+
+
+def test_every_call_is_counted_and_timed_with_its_status_code():
+    from prometheus_client import REGISTRY
+
+    from quarry.kv.store import KeyNotFound
+
+    def sample(name: str, code: str) -> float:
+        labels = {"service": "kv-gateway", "method": "quarry.v1.KVGateway/GetItem", "code": code}
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = {c: sample("quarry_rpc_requests_total", c) for c in ("OK", "NOT_FOUND")}
+    timed = sample("quarry_rpc_duration_seconds_count", "NOT_FOUND")
+    with kv_gateway() as (_server, target):
+        store = RemoteStore(target)
+        store.set(b"cleanup", b"k", b"v")
+        store.get(b"cleanup", b"k")
+        store.get(b"cleanup", b"k")
+        with pytest.raises(KeyNotFound):
+            store.get(b"cleanup", b"missing")
+        store.close()
+    assert sample("quarry_rpc_requests_total", "OK") == before["OK"] + 2
+    assert sample("quarry_rpc_requests_total", "NOT_FOUND") == before["NOT_FOUND"] + 1
+    assert sample("quarry_rpc_duration_seconds_count", "NOT_FOUND") == timed + 1

@@ -70,7 +70,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     build = _service_builder(args.service)
     try:
-        serve(load_settings(), build)
+        serve(load_settings(), build, args.service)
     except errors.QuarryError as exc:
         print(f"quarry serve {args.service}: {exc.reason}: {exc}", file=sys.stderr)
         return 2

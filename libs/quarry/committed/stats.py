@@ -21,6 +21,7 @@ class CommittedStats:
     metarange_cache_hits: int = 0
     metaranges_written: int = 0
     metaranges_existing: int = 0
+    bytes_written: int = 0  # encoded bytes of the range and metarange files put
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -121,6 +121,7 @@ class RangeWriter:
         data = encode_metarange(ranges, metarange_id)
         if store.put(metarange_key(metarange_id), data, if_absent=True):
             loader.stats.count("metaranges_written")
+            loader.stats.count("bytes_written", len(data))
         else:
             loader.stats.count("metaranges_existing")
         loader.keep_written_file(namespace, store, "metaranges", metarange_id, data)
@@ -213,6 +214,7 @@ class RangeSink:
         data = encode_range(table, info.id)
         if self._store.put_deferred(range_key(info.id), data):
             loader.stats.count("ranges_written")
+            loader.stats.count("bytes_written", len(data))
         else:
             loader.stats.count("ranges_existing")
         loader.keep_written_file(self._namespace, self._store, "ranges", info.id, data)

@@ -19,9 +19,11 @@ import threading
 import grpc
 from prometheus_client import Counter
 
+from quarry import telemetry
 from quarry.runtime.channels import TokenSource, open_channel
 from quarry.runtime.periodic import PeriodicWorker
 from quarry.runtime.tls import ChannelSecurity
+from quarry.telemetry.metrics import expose
 from quarry.v1 import compactor_sensor_pb2 as pb
 from quarry.v1 import compactor_sensor_pb2_grpc
 
@@ -31,9 +33,12 @@ REPORTS_DROPPED = Counter(
     "quarry_staging_reports_dropped",
     "Staging activity report lines (repository, branch, staging token) branch-manager could "
     "not deliver to the compactor-sensor",
+    registry=None,
 )
 REPORTS_SENT = Counter(
-    "quarry_staging_reports_sent", "Staging activity report lines delivered to the compactor-sensor"
+    "quarry_staging_reports_sent",
+    "Staging activity report lines delivered to the compactor-sensor",
+    registry=None,
 )
 
 
@@ -50,11 +55,11 @@ class StagingReporter:
         """`token_source`: branch-manager's service token, and `security` its channel
         security (open_channel), for a reporter opened on an address (the sensor takes
         reports from Quarry's services only)."""
+        expose(REPORTS_DROPPED, REPORTS_SENT)
         if isinstance(target, str):
-            # Not traced on purpose: background batches belong to no user request.
-            self._channel = open_channel(
-                target, traced=False, token_source=token_source, security=security
-            )
+            # Flushed by a PeriodicWorker, i.e. under an unsampled context: background
+            # batches belong to no user request, and neither end records a span for them.
+            self._channel = open_channel(target, token_source=token_source, security=security)
             self._owns_channel = True
         else:
             self._channel, self._owns_channel = target, False
@@ -122,7 +127,8 @@ class StagingReporter:
                 ]
             )
             try:
-                self._stub.ReportStagingActivity(request, timeout=self.timeout_seconds)
+                with telemetry.background():  # also when stop() flushes from another thread
+                    self._stub.ReportStagingActivity(request, timeout=self.timeout_seconds)
             except grpc.RpcError as error:
                 REPORTS_DROPPED.inc(len(batch))
                 with self._lock:

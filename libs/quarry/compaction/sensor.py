@@ -51,6 +51,7 @@ from quarry.compaction.state import (
     REASON_STAGED_ENTRIES,
     REASON_TOMBSTONES,
     SEALED_TOKENS,
+    SENSOR_METRICS,
     TOMBSTONES_COMPACTED,
     BranchState,
     BranchStats,
@@ -72,6 +73,7 @@ from quarry.graveler.refs import RefManager, is_dirty
 from quarry.kv import store as kv
 from quarry.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, PageBudget
 from quarry.runtime.periodic import PeriodicWorker
+from quarry.telemetry.metrics import branch_labels, expose
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,7 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
         **options: Unpack[TuningOptions],
     ) -> None:
         """`options`: the fields of SensorTuning (intervals and rebuild budgets)."""
+        expose(*SENSOR_METRICS)
         tuning = replace(SensorTuning(), **options)
         check_interval_seconds = tuning.check_interval_seconds
         self.kv = store
@@ -334,7 +337,7 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
             state.refreshed_at = time.monotonic()
             if not state.rebuilt and not is_dirty(branch) and not branch.sealed_tokens:
                 state.rebuilt = True  # nothing acknowledged is staged: nothing to count
-        SEALED_TOKENS.labels(key[0], key[1]).set(len(branch.sealed_tokens))
+        SEALED_TOKENS.labels(*branch_labels(key[0], key[1])).set(len(branch.sealed_tokens))
         return Snapshot(repo, branch, predicate)
 
     def _forget(self, key: tuple[str, str]) -> None:

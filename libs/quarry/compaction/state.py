@@ -15,34 +15,53 @@ from quarry.graveler.refs import RefManager, Repository
 from quarry.kv import store as kv
 from quarry.v1 import compactor_sensor_pb2, types_pb2
 
-# ---- metrics (global registry) --------------------------------------------------------------
+# ---- metrics ---------------------------------------------------------------------------------
+# The compactor-sensor's own: exposed when a CompactionSensor is built (SENSOR_METRICS), not
+# on import (branch-manager imports this package for its reporter). Branch labels are capped
+# (quarry.telemetry.metrics.branch_labels).
 
 COMPACTION_DURATION = Histogram(
     "quarry_compaction_duration_seconds",
     "Duration of the committer's Compact calls made by the compactor-sensor",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+    registry=None,
 )
 ENTRIES_COMPACTED = Counter(
     "quarry_compaction_entries_compacted",
     "Staged entries (puts) counted on the tokens of successfully compacted branches",
+    registry=None,
 )
 TOMBSTONES_COMPACTED = Counter(
     "quarry_compaction_tombstones_compacted",
     "Staged tombstones (deletes) counted on the tokens of successfully compacted branches",
+    registry=None,
 )
 SEALED_TOKENS = Gauge(
     "quarry_branch_sealed_tokens",
     "Sealed staging tokens of a branch (from its record)",
     ["repo", "branch"],
+    registry=None,
 )
 COMPACTIONS_SKIPPED = Counter(
     "quarry_compactions_skipped",
     "Candidate branches not compacted: guard = a compaction started within the minimum "
     "interval; race = another writer or sensor changed the branch record first",
     ["reason"],
+    registry=None,
 )
 COMPACTIONS = Counter(
-    "quarry_compactions", "Compact calls made by the compactor-sensor, by outcome", ["outcome"]
+    "quarry_compactions",
+    "Compact calls made by the compactor-sensor, by outcome",
+    ["outcome"],
+    registry=None,
+)
+SENSOR_METRICS = (
+    COMPACTION_DURATION,
+    ENTRIES_COMPACTED,
+    TOMBSTONES_COMPACTED,
+    SEALED_TOKENS,
+    COMPACTIONS_SKIPPED,
+    COMPACTIONS,
 )
 
 # ---- reasons -------------------------------------------------------------------------------

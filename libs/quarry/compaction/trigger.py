@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
+from quarry import telemetry
 from quarry.compaction.state import (
     COMPACTION_DURATION,
     COMPACTIONS,
@@ -45,6 +46,16 @@ class TriggerMixin(SensorParts):
             return False
         if self.compactor is None:
             return False
+        # The sensor's loop runs unsampled (no spans while idle); a compaction is real work
+        # and gets a trace of its own: claim, Compact and what the committer does for it.
+        with telemetry.root_span(
+            "compaction.trigger",
+            {"quarry.repository": candidate.repository, "quarry.branch": candidate.branch},
+        ):
+            return self._claim_and_compact(candidate, snapshot, now)
+
+    def _claim_and_compact(self, candidate: Candidate, snapshot: Snapshot, now: float) -> bool:
+        branch = snapshot.branch
         if not self._claim(snapshot, now):
             COMPACTIONS_SKIPPED.labels("race").inc()
             log.debug(

@@ -30,11 +30,14 @@ from quarry.graveler.model import Change, ChangeType, DiffSummary, Entry
 from quarry.graveler.refs import Repository, ResolvedRef, is_dirty
 from quarry.graveler.retry import DEFAULT_RETRY
 from quarry.paging import PageBudget
+from quarry.telemetry.metrics import branch_labels
 from quarry.v1 import types_pb2
 
 # A layer of a read: (path, entry or None for a tombstone) in path order.
 LayerSource = Iterator[tuple[str, Entry | None]]
 
+# Branch labels are capped (quarry.telemetry.metrics.BranchLabels): ephemeral branches share
+# one value, branches past the first MAX_BRANCH_LABELS are "other".
 BRANCH_READS = Counter(
     "graveler_branch_reads", "Reads (stat/list) on branches", ["repo", "branch", "dirty", "op"]
 )
@@ -103,7 +106,9 @@ class Reads:
             return Layers(repo, [], commit.metarange_id)
         branch = resolved.branch_record
         dirty = is_dirty(branch)
-        counters = _read_counters(repo.name, branch.name, dirty, op)
+        # Capped labels first (ephemeral branches share one), so the children cache stays
+        # as bounded as the metrics.
+        counters = _read_counters(*branch_labels(repo.name, branch.name), dirty, op)
         counters[0].inc()
         tokens = list(branch.sealed_tokens)
         if dirty or not self.core.dirty_read_optimization:

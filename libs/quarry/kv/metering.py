@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import heapq
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -108,11 +109,36 @@ class _PrometheusMetrics:
             ["partition_class"],
             registry=registry,
         )
+        self.latency = prometheus_client.Histogram(
+            "quarry_kv_operation_duration_seconds",
+            "Backend time of a KV operation (scans: per page fetched), by operation and "
+            "partition class (batches spanning several classes: 'mixed')",
+            ["op", "partition_class"],
+            buckets=(
+                0.0001,
+                0.00025,
+                0.0005,
+                0.001,
+                0.0025,
+                0.005,
+                0.01,
+                0.025,
+                0.05,
+                0.1,
+                0.25,
+                0.5,
+                1,
+                2.5,
+            ),
+            registry=registry,
+        )
         # labels() costs a lock and a dict walk per call; the label sets are few, so keep
         # the children (hot path: every KV request records two or three samples).
-        self._children: dict[tuple, prometheus_client.Counter] = {}
+        self._children: dict[tuple, Any] = {}
 
-    def child(self, counter: prometheus_client.Counter, *label_values: str) -> Any:
+    def child(
+        self, counter: prometheus_client.Counter | prometheus_client.Histogram, *label_values: str
+    ) -> Any:
         key = (id(counter), label_values)
         found = self._children.get(key)
         if found is None:
@@ -172,15 +198,18 @@ class MeteredStore(store.Store):
 
     def get(self, partition: bytes, key: bytes) -> store.GetResult:
         self._admit(READ, "get", {partition: 1}, {partition: 1})
+        started = time.perf_counter()
         try:
             result = self.inner.get(partition, key)
         except store.KeyNotFound:
+            self._time("get", partition, started)
             # A read that finds nothing costs the 1-unit minimum, already taken at admission.
             self._charge(READ, partition, units=1, prepaid=1)
             raise
         except store.Throttled:
             self._count_throttled([partition])
             raise
+        self._time("get", partition, started)
         units = read_units(store.item_size(partition, key, result.value))
         self._charge(READ, partition, units=units, prepaid=1)
         return result
@@ -189,11 +218,13 @@ class MeteredStore(store.Store):
         items_per_partition = collections.Counter(partition for partition, _ in items)
         # Estimate 1 unit per item up front; reconcile once the sizes are known.
         self._admit(READ, "batch_get", items_per_partition, items_per_partition)
+        started = time.perf_counter()
         try:
             results = self.inner.batch_get(items)
         except store.Throttled:
             self._count_throttled(items_per_partition)
             raise
+        self._time("batch_get", items_per_partition, started)
         units_per_partition: dict[bytes, int] = collections.Counter()
         for (partition, key), result in zip(items, results, strict=True):
             size = store.item_size(partition, key, result.value) if result is not None else 0
@@ -217,11 +248,13 @@ class MeteredStore(store.Store):
     def set(self, partition: bytes, key: bytes, value: bytes) -> None:
         units = write_units(_item_size(partition, key, value))
         self._admit(WRITE, "set", {partition: units}, {partition: 1})
+        started = time.perf_counter()
         try:
             self.inner.set(partition, key, value)
         except store.Throttled:
             self._count_throttled([partition])
             raise
+        self._time("set", partition, started)
         self._charge(WRITE, partition, units=units, prepaid=units)
 
     def set_if(
@@ -229,25 +262,30 @@ class MeteredStore(store.Store):
     ) -> None:
         units = write_units(_item_size(partition, key, value))
         self._admit(WRITE, "set_if", {partition: units}, {partition: 1})
+        started = time.perf_counter()
         try:
             self.inner.set_if(partition, key, value, predicate)
         except store.PredicateFailed:
+            self._time("set_if", partition, started)
             # DynamoDB charges a failed condition check as the write it would have been.
             self._charge(WRITE, partition, units=units, prepaid=units)
             raise
         except store.Throttled:
             self._count_throttled([partition])
             raise
+        self._time("set_if", partition, started)
         self._charge(WRITE, partition, units=units, prepaid=units)
 
     def delete(self, partition: bytes, key: bytes) -> None:
         units = write_units(store.item_size(partition, key, b""))
         self._admit(WRITE, "delete", {partition: units}, {partition: 1})
+        started = time.perf_counter()
         try:
             self.inner.delete(partition, key)
         except store.Throttled:
             self._count_throttled([partition])
             raise
+        self._time("delete", partition, started)
         self._charge(WRITE, partition, units=units, prepaid=units)
 
     def batch_set(self, items: Sequence[tuple[bytes, bytes, bytes]]) -> None:
@@ -275,11 +313,13 @@ class MeteredStore(store.Store):
         # A batch is refused as a whole if any of its partitions is out of capacity
         # (DynamoDB would return the items of that partition as unprocessed instead).
         self._admit(WRITE, op, units_per_partition, items_per_partition)
+        started = time.perf_counter()
         try:
             call()
         except store.Throttled:
             self._count_throttled(units_per_partition)
             raise
+        self._time(op, units_per_partition, started)
         for partition, units in units_per_partition.items():
             self._charge(WRITE, partition, units=units, prepaid=units)
 
@@ -342,6 +382,20 @@ class MeteredStore(store.Store):
         self._record(partition, kind, units=units)
         if self.limiter is not None and units > prepaid:
             self.limiter.charge(kind, partition, units - prepaid)
+
+    def _time(self, op: str, partitions_used: bytes | Iterable[bytes], started: float) -> None:
+        """Observe the backend time of `op` since `started` (perf_counter), under the
+        partition class of `partitions_used` (one partition, or the partitions of a batch)."""
+        metrics = self._metrics
+        if metrics is None:
+            return
+        elapsed = time.perf_counter() - started
+        if isinstance(partitions_used, (bytes, bytearray, memoryview)):
+            partition_class = partition_class_or_unknown(bytes(partitions_used))
+        else:
+            classes = {partition_class_or_unknown(p) for p in partitions_used}
+            partition_class = classes.pop() if len(classes) == 1 else "mixed"
+        metrics.child(metrics.latency, op, partition_class).observe(elapsed)
 
     def _count_throttled(self, partitions_hit: Iterable[bytes]) -> None:
         for partition in partitions_hit:
@@ -431,6 +485,8 @@ class _MeteredScanIterator(store.ScanIterator):
             self._page_items = 0
             self._page_bytes = 0
             self._page_units = 1
+        # The first item of a page is when the backend fetches it: time that.
+        started = time.perf_counter() if self._page_items == 0 else None
         try:
             item = next(self._inner)
         except StopIteration:
@@ -441,6 +497,8 @@ class _MeteredScanIterator(store.ScanIterator):
             self._page_open = False
             self._meter._count_throttled([self._partition])
             raise
+        if started is not None:
+            self._meter._time("scan_page", self._partition, started)
         self._page_items += 1
         self._page_bytes += store.item_size(self._partition, item.key, item.value)
         units = read_units(self._page_bytes)

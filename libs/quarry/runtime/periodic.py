@@ -4,7 +4,9 @@ A daemon thread calls `step()` every `interval` seconds until `stop()`. A step t
 (raises, or returns False for "not yet") is retried sooner, after a jittered exponential
 backoff from `retry_initial` up to `retry_max` seconds, and a step that succeeds resets the
 backoff. `stop()` sets `stopping` (long steps check it between units of work) and waits a
-bounded time for the thread: a worker never keeps its process from exiting.
+bounded time for the thread: a worker never keeps its process from exiting. Steps run under
+`telemetry.background()`: a loop's calls belong to no request and emit no spans (work worth
+a trace of its own starts one with `telemetry.root_span`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import logging
 import random
 import threading
 from collections.abc import Callable
+
+from quarry import telemetry
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +70,8 @@ class PeriodicWorker:
         delay = self._first_delay
         while not self.stopping.wait(delay):
             try:
-                succeeded = self._step() is not False
+                with telemetry.background():
+                    succeeded = self._step() is not False
             except Exception as exc:  # noqa: BLE001 — a background loop outlives any failure
                 self._log_failure(exc)
                 succeeded = False

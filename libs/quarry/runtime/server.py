@@ -1,8 +1,8 @@
 """create_server / serve: the gRPC server every Quarry service runs on.
 
-Every server gets: the error interceptor (domain exceptions → google.rpc.Status), the
-OpenTelemetry interceptor, grpc.health.v1 health, server reflection (for grpcurl) and
-quarry.v1.ServerInfo. A service plugs in through a `ServiceSpec`: its name, a function that
+Every server gets: per-RPC metrics (quarry.telemetry.metrics.RpcMetrics), the
+OpenTelemetry interceptor, the error interceptor (domain exceptions → google.rpc.Status),
+grpc.health.v1 health, server reflection (for grpcurl) and quarry.v1.ServerInfo. A service plugs in through a `ServiceSpec`: its name, a function that
 registers its servicers on the server, the full names of the gRPC services it adds, the
 dependencies it needs in order to serve and the start-up work that needs them.
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
@@ -45,7 +46,8 @@ from quarry.runtime.tls import (
     check_listen,
     server_tls,
 )
-from quarry.telemetry.metrics import start_metrics_endpoint
+from quarry.telemetry.logs import configure_logging
+from quarry.telemetry.metrics import RpcMetrics, start_metrics_endpoint
 from quarry.v1 import server_info_pb2, server_info_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -478,6 +480,8 @@ def create_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=settings.max_workers, thread_name_prefix=spec.name),
         interceptors=[
+            # Outermost: every call counted and timed with the code it ends with.
+            RpcMetrics(spec.name),
             *telemetry.server_interceptors(),
             ErrorInterceptor(MAX_MESSAGE_BYTES),
             ReadinessGate(readiness, spec.grpc_service_names),
@@ -515,7 +519,8 @@ def create_server(
     started = QuarryServer(
         grpc_server=server, port=bound, health=health_servicer, spec=spec, readiness=readiness
     )
-    ready = readiness.check()
+    with telemetry.background():  # as every later round (a PeriodicWorker): no spans
+        ready = readiness.check()
     if readiness.failure is not None:
         started.stop(0)
         raise readiness.failure
@@ -523,15 +528,17 @@ def create_server(
     return started, bound
 
 
-def serve(settings: Settings, spec_factory: Callable[[Settings], ServiceSpec]) -> None:
-    """Run one service until SIGTERM/SIGINT, then drain in-flight calls and exit."""
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format=f"%(asctime)s {spec_factory.__module__.split('.')[0]} "
-        "%(levelname)s %(name)s: %(message)s",
-    )
+def serve(
+    settings: Settings, spec_factory: Callable[[Settings], ServiceSpec], service: str = ""
+) -> None:
+    """Run one service until SIGTERM/SIGINT, then drain in-flight calls and exit.
+    `service`: its name (default: the SERVICE_NAME of `spec_factory`'s module)."""
+    service = service or getattr(sys.modules[spec_factory.__module__], "SERVICE_NAME", "quarry")
+    configure_logging(service, settings.log_level, settings.log_format)
+    # Before the spec builds its outgoing channels and background loops (the channels would
+    # trace anyway: they decide per call; see quarry.telemetry).
+    telemetry.configure_tracing(service)
     spec = spec_factory(settings)
-    telemetry.configure_tracing(spec.name)
     server, port = create_server(settings, spec)
     metrics_port = start_metrics_endpoint(
         settings.metrics_host, settings.metrics_port_of(spec.name)

@@ -4,16 +4,22 @@ Tracing is off unless configured by the standard variables: OTEL_TRACES_EXPORTER
 (`otlp` or `console`) or OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT.
 OTEL_SERVICE_NAME names the service (default: quarry-<service>). Tests call
 `use_in_memory_exporter()` to capture spans. Trace context crosses processes in gRPC
-metadata through the interceptors returned by `server_interceptors()` / `instrument_channel()`.
+metadata through the interceptors returned by `server_interceptors()` / `instrument_channel()`,
+which decide per call (tracing may be configured after a channel is made). Background loops
+run under `background()` and emit no spans.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import random
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import grpc
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -23,9 +29,11 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
 )
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 _lock = threading.Lock()
 _configured = False
+_random = random.Random()
 
 
 def tracing_requested(env: Mapping[str, str] = os.environ) -> bool:
@@ -104,25 +112,155 @@ def tracing_enabled() -> bool:
     return _configured
 
 
-# The interceptors cost ~0.1 ms per call even when spans are not recorded, a large share of
-# a ~0.3 ms RPC; with tracing off they are left out entirely. Configure tracing before
-# creating servers and channels (serve() does).
+# ---- calls that belong to no request ------------------------------------------------------
+
+
+@contextlib.contextmanager
+def background() -> Iterator[None]:
+    """Run background work (readiness probes, the sensor's scans, the dropper, staging
+    reports) under an UNSAMPLED span context: the gRPC calls it makes carry
+    `traceparent ...-00`, so neither this process nor any service it calls records a span
+    for them (the default ParentBased sampler follows the caller). An idle suite exports
+    nothing. Work worth a trace of its own starts one with `root_span`."""
+    if not _configured:
+        yield
+        return
+    unsampled = NonRecordingSpan(
+        SpanContext(
+            trace_id=_random.getrandbits(128) or 1,
+            span_id=_random.getrandbits(64) or 1,
+            is_remote=False,
+            trace_flags=TraceFlags(TraceFlags.DEFAULT),
+        )
+    )
+    token = otel_context.attach(trace.set_span_in_context(unsampled))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+def root_span(name: str, attributes: Mapping[str, str] | None = None) -> Any:
+    """A span that starts a new trace whatever is current (e.g. a compaction the sensor
+    triggers from its unsampled background loop). A context manager."""
+    return tracer("quarry").start_as_current_span(
+        name, context=otel_context.Context(), attributes=attributes
+    )
+
+
+# ---- gRPC -----------------------------------------------------------------------------------
+#
+# OpenTelemetry's interceptors cost ~0.1 ms per call even when spans are not recorded, a large
+# share of a ~0.3 ms RPC. So every server and channel gets a switch that asks, per call, whether
+# tracing is on (a module global): off, the call goes straight through (one Python call more);
+# on, through OpenTelemetry's interceptor, built on first use. Whether a call is traced thus
+# never depends on whether tracing was configured before or after the channel was made.
+
+# Not traced on the server: probes (readiness, kubelet) and grpcurl's reflection.
+_UNTRACED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+
+class _TracingServerSwitch(grpc.ServerInterceptor):
+    def __init__(self) -> None:
+        self._otel: grpc.ServerInterceptor | None = None
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        if not _configured or handler_call_details.method.startswith(_UNTRACED_PREFIXES):
+            return continuation(handler_call_details)
+        otel = self._otel
+        if otel is None:
+            from opentelemetry.instrumentation.grpc import server_interceptor
+
+            otel = self._otel = server_interceptor()
+        return otel.intercept_service(continuation, handler_call_details)
 
 
 def server_interceptors() -> Sequence[grpc.ServerInterceptor]:
-    """The OpenTelemetry server interceptor when tracing is on, else none."""
-    if not _configured:
-        return []
-    from opentelemetry.instrumentation.grpc import server_interceptor
+    """The tracing interceptor: OpenTelemetry's server interceptor whenever tracing is on
+    (decided per call), a pass-through otherwise."""
+    return [_TracingServerSwitch()]
 
-    return [server_interceptor()]
+
+class _MultiCallableSwitch:
+    """A stub's multicallable: OpenTelemetry's while tracing is on, the plain one otherwise."""
+
+    __slots__ = ("_plain", "_make_traced", "_traced")
+
+    def __init__(self, plain: Any, make_traced: Callable[[], Any]) -> None:
+        self._plain = plain
+        self._make_traced = make_traced
+        self._traced: Any = None
+
+    def _pick(self) -> Any:
+        if not _configured:
+            return self._plain
+        traced = self._traced
+        if traced is None:
+            traced = self._traced = self._make_traced()
+        return traced
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._pick()(*args, **kwargs)
+
+    def with_call(self, *args: Any, **kwargs: Any) -> Any:
+        return self._pick().with_call(*args, **kwargs)
+
+    def future(self, *args: Any, **kwargs: Any) -> Any:
+        return self._pick().future(*args, **kwargs)
+
+
+class _TracingChannel(grpc.Channel):
+    """`channel` with the per-call tracing switch on every method (see above)."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self._channel = channel
+        self._traced_channel: Any = None
+
+    def _traced(self) -> Any:
+        if self._traced_channel is None:
+            # OpenTelemetry's own channel wrapper (it also covers streams).
+            from opentelemetry.instrumentation.grpc import client_interceptor, intercept_channel
+
+            self._traced_channel = intercept_channel(self._channel, client_interceptor())
+        return self._traced_channel
+
+    def _switch(self, kind: str, args: tuple, kwargs: dict[str, Any]) -> _MultiCallableSwitch:
+        plain = getattr(self._channel, kind)(*args, **kwargs)
+        return _MultiCallableSwitch(plain, lambda: getattr(self._traced(), kind)(*args, **kwargs))
+
+    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._switch("unary_unary", args, kwargs)
+
+    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._switch("unary_stream", args, kwargs)
+
+    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._switch("stream_unary", args, kwargs)
+
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._switch("stream_stream", args, kwargs)
+
+    def subscribe(self, *args: Any, **kwargs: Any) -> None:
+        self._channel.subscribe(*args, **kwargs)
+
+    def unsubscribe(self, *args: Any, **kwargs: Any) -> None:
+        self._channel.unsubscribe(*args, **kwargs)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> _TracingChannel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def instrument_channel(channel: grpc.Channel) -> grpc.Channel:
-    """Propagate trace context on every call made through `channel` (when tracing is on)."""
-    if not _configured:
-        return channel
-    # OpenTelemetry's interceptor has its own channel wrapper (it also covers streams).
-    from opentelemetry.instrumentation.grpc import client_interceptor, intercept_channel
-
-    return intercept_channel(channel, client_interceptor())
+    """`channel` propagating trace context on every call made while tracing is on (whenever
+    it was turned on). Closing the result closes `channel`."""
+    return _TracingChannel(channel)
