@@ -442,8 +442,8 @@ def test_a_merge_answer_lost_on_the_wire_is_retried_with_the_same_id_and_merges_
     dropper = DropAnswers("/quarry.v1.Committer/Merge")
     real_open = client_module.open_channel
 
-    def open_lossy(target):
-        channel = real_open(target)
+    def open_lossy(target, **options):
+        channel = real_open(target, **options)
         if target == suite.targets["committer"]:
             return grpc.intercept_channel(channel, dropper)
         return channel
