@@ -117,7 +117,7 @@ def merge_range(
 ) -> None:
     """Hand the builder one base range (ending at max_key) with the changes that fall into
     it applied."""
-    paths = data.paths
+    paths = data.sorted_paths
     n = data.n
     pos = 0  # rows [pos, ...) of the base range are not yet handed to the builder
     while True:

@@ -166,7 +166,7 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
         elif _ids(over_gap) == _ids(gap.source_run) and _inside(over_gap, gap):
             continue  # the destination already holds the source's ranges: nothing to do
         else:
-            plan.append((_MIXED, gap, first, stop))
+            plan.extend(_split_mixed(gap, over_gap, first))
     summary = DiffSummary()
     merged = _EntryMerge(strategy, max_conflicts, summary)
     spliced: list[RangeInfo] = []  # the destination's ranges with source-only runs spliced in
@@ -360,6 +360,51 @@ def _done(metarange_id: str, summary: DiffSummary, dry_run: bool, reused: int) -
     if dry_run:
         return MergeResult("", summary)
     return MergeResult(metarange_id, summary, ranges_reused=reused)
+
+
+def _split_mixed(gap: _Gap, over_gap: list[RangeInfo], first: int) -> list[_Step]:
+    """A gap the destination touched, cut where base, source and destination all end a
+    range at the same key: each piece between cuts covers the same keys on all three sides,
+    so it is merged on its own, and a piece the destination left as the base's is
+    source-only (spliced, never read or written) even when a neighbouring piece is mixed.
+    (Scattered changes make gaps of several ranges where the destination touched one.)"""
+    base_run, source_run = gap.base_run, gap.source_run
+    cuts: list[tuple[int, int, int]] = []  # exclusive ends (base, source, destination)
+    i = j = k = 0
+    while i < len(base_run) and j < len(source_run) and k < len(over_gap):
+        kb, ks, kd = base_run[i].max_key, source_run[j].max_key, over_gap[k].max_key
+        if kb == ks == kd:
+            i, j, k = i + 1, j + 1, k + 1
+            cuts.append((i, j, k))
+            continue
+        top = max(kb, ks, kd)
+        i += kb < top
+        j += ks < top
+        k += kd < top
+    if not cuts:
+        return [(_MIXED, gap, first, first + len(over_gap))]
+    if cuts[-1] != (len(base_run), len(source_run), len(over_gap)):
+        cuts.append((len(base_run), len(source_run), len(over_gap)))
+    steps: list[_Step] = []
+    pb = ps = pd = 0
+    for number, (eb, es, ed) in enumerate(cuts):
+        piece_base, piece_source = base_run[pb:eb], source_run[ps:es]
+        piece_dest = over_gap[pd:ed]
+        # Keys outside the gap can only be in the destination's first and last pieces.
+        piece = _Gap(
+            gap.lo if number == 0 else None,
+            gap.hi if number == len(cuts) - 1 else None,
+            piece_base,
+            piece_source,
+        )
+        if _ids(piece_source) == _ids(piece_base):
+            pass  # the source did not change these keys: the destination's value stays
+        elif _ids(piece_dest) == _ids(piece_base):
+            steps.append((_SOURCE_ONLY, piece, first + pd, first + ed))
+        elif _ids(piece_dest) != _ids(piece_source):
+            steps.append((_MIXED, piece, first + pd, first + ed))
+        pb, ps, pd = eb, es, ed
+    return steps
 
 
 def _ids(ranges: list[RangeInfo]) -> list[str]:

@@ -61,6 +61,29 @@ class CumulativeBytes:
         return total
 
 
+class PathColumn:
+    """The paths of a range as a read-only sequence decoded one at a time from the Arrow
+    buffers: for binary searches, which look at ~log2(n) paths of a range and would
+    otherwise build a Python string for every row. (str order is UTF-8 byte order.)"""
+
+    __slots__ = ("_offsets", "_base", "_data", "_n")
+
+    def __init__(self, array: pa.Array):
+        self._offsets, self._base = _offsets(array)
+        data = array.buffers()[2]
+        self._data = memoryview(data) if data is not None else memoryview(b"")
+        self._n = len(array)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> str:
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        at = self._base + i
+        return str(self._data[self._offsets[at] : self._offsets[at + 1]], "utf-8")
+
+
 # Entries decoded from a range are built without Entry.__init__'s coercions (the columns
 # are already typed and the metadata pairs are stored in Entry's canonical sorted order),
 # when Entry's layout is the one this code knows; otherwise through the constructor.
@@ -117,6 +140,7 @@ class RangeData:
         "table",
         "n",
         "_paths",
+        "_path_column",
         "_identities",
         "_identity_blob",
         "_columns",
@@ -130,6 +154,7 @@ class RangeData:
         self.table = table
         self.n = table.num_rows
         self._paths: list[str] | None = None
+        self._path_column: PathColumn | None = None
         self._identities: list[bytes] | None = None
         self._identity_blob: bytes | None = None
         self._columns: tuple | None = None
@@ -143,13 +168,24 @@ class RangeData:
 
     @property
     def cache_bytes(self) -> int:
-        return self.table.nbytes + self.n * (_PY_BYTES_PER_ROW + 32)
+        # The logical size stands for the table's (Table.nbytes walks every buffer).
+        return self.info.size_bytes + self.n * (_PY_BYTES_PER_ROW + 32)
 
     @property
     def paths(self) -> list[str]:
         if self._paths is None:
             self._paths = self.table.column("path").to_pylist()
         return self._paths
+
+    @property
+    def sorted_paths(self) -> list[str] | PathColumn:
+        """The paths for a binary search: the list if it is built already, else a
+        PathColumn (no per-row objects)."""
+        if self._paths is not None:
+            return self._paths
+        if self._path_column is None:
+            self._path_column = PathColumn(_chunk(self.table, "path"))
+        return self._path_column
 
     @property
     def identities(self) -> list[bytes]:
@@ -166,7 +202,7 @@ class RangeData:
 
     def find(self, path: str) -> int:
         """Row index of `path`, or -1."""
-        paths = self.paths
+        paths = self.sorted_paths
         i = bisect.bisect_left(paths, path)
         return i if i < self.n and paths[i] == path else -1
 

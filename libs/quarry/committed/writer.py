@@ -335,9 +335,11 @@ def _concat(pieces: list[_Piece], rows_table: pa.Table | None) -> pa.Table:
 
     if len(pieces) == 1 and pieces[0][0] is None:
         return rows_table
+    # Left in chunks: hashing and encoding take them as they are, and combining would copy
+    # every column of the range once more.
     return pa.concat_tables(
         [source(data).slice(start, stop - start) for data, start, stop in pieces]
-    ).combine_chunks()
+    )
 
 
 __all__ = [
