@@ -43,7 +43,7 @@ import hashlib
 import re
 import struct
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
@@ -133,27 +133,28 @@ def metarange_key(metarange_id: str) -> str:
     return f"{METARANGES_PREFIX}{metarange_id}.parquet"
 
 
-def _frame(h: Hasher, parts: Iterable[bytes]) -> None:
-    for part in parts:
-        h.update(struct.pack(">I", len(part)))
-        h.update(part)
+# The framed fields of recently hashed RangeInfo objects, by object id (with the object, so
+# the id cannot be reused while cached): a commit hashes every range of the repository into
+# the new metarange id, and nearly all are the same objects as in the base metarange.
+_FRAMES: dict[int, tuple[RangeInfo, bytes]] = {}
+_FRAMES_MAX = 65536
+
+
+def _framed(r: RangeInfo) -> bytes:
+    cached = _FRAMES.get(id(r))
+    if cached is not None and cached[0] is r:
+        return cached[1]
+    parts = (r.id, r.min_key, r.max_key, str(int(r.count)), str(int(r.size_bytes)))
+    framed = b"".join(struct.pack(">I", len(b)) + b for b in (part.encode() for part in parts))
+    if len(_FRAMES) >= _FRAMES_MAX:
+        _FRAMES.clear()
+    _FRAMES[id(r)] = (r, framed)
+    return framed
 
 
 def metarange_id_of(ranges: Sequence[RangeInfo], header: bytes = METARANGE_ID_HEADER) -> str:
     """`header`: another version's, only to reproduce that version's ids (legacy, tests)."""
-    h = hashlib.sha256(header)
-    for r in ranges:
-        _frame(
-            h,
-            (
-                r.id.encode(),
-                r.min_key.encode(),
-                r.max_key.encode(),
-                str(int(r.count)).encode(),
-                str(int(r.size_bytes)).encode(),
-            ),
-        )
-    return h.hexdigest()
+    return hashlib.sha256(header + b"".join([_framed(r) for r in ranges])).hexdigest()
 
 
 EMPTY_METARANGE_ID = metarange_id_of(())
@@ -174,11 +175,6 @@ def _le(view: memoryview, fmt: str) -> bytes | memoryview:
     values = _array.array(fmt, bytes(view))
     values.byteswap()
     return values.tobytes()
-
-
-def _chunks(table: pa.Table, name: str) -> list[pa.Array]:
-    """A column's chunks (a table concatenated from slices of ranges has several)."""
-    return table.column(name).chunks
 
 
 def _hash_strings(h: Hasher, column: pa.ChunkedArray) -> None:
@@ -211,9 +207,9 @@ def range_id_of(table: pa.Table, header: bytes = RANGE_ID_HEADER) -> str:
     h.update(struct.pack("<Q", n))
     _hash_strings(h, table.column("path"))
     _hash_strings(h, table.column("physical_address"))
-    for chunk in _chunks(table, "identity"):
+    for chunk in table.column("identity").chunks:
         h.update(_fixed_buffer(chunk, 32))
-    for chunk in _chunks(table, "mtime"):
+    for chunk in table.column("mtime").chunks:
         h.update(_le(_fixed_buffer(chunk.view(pa.int64()), 8), "q"))
     return h.hexdigest()
 

@@ -300,6 +300,11 @@ class RangeBuilder:
         self._out.append(info)
         self.reused += 1
 
+    def reuse_run(self, infos: list[RangeInfo]) -> None:
+        assert self.empty
+        self._out.extend(infos)
+        self.reused += len(infos)
+
     def _cut(self) -> None:
         self._close_rows_piece()
         pieces = self._pieces
