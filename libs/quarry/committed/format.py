@@ -39,6 +39,7 @@ metadata key and value. It never depends on the file encoding.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import struct
@@ -217,8 +218,10 @@ def range_id_of(table: pa.Table, header: bytes = RANGE_ID_HEADER) -> str:
 # ---- chunking -----------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=65536)
 def is_boundary(path: str, target_entries: int) -> bool:
-    """A range ends after this path (content-defined, independent of neighbours)."""
+    """A range ends after this path (content-defined, independent of neighbours). Cached:
+    apply and merge ask it of the last path of every range they reuse."""
     digest = hashlib.sha256(path.encode()).digest()
     return int.from_bytes(digest[:8], "big") % target_entries == 0
 

@@ -80,7 +80,7 @@ from quarry.committed.diff import DiffOptions, diff_metaranges
 from quarry.committed.format import metarange_id_of
 from quarry.committed.iterators import LoadRange
 from quarry.committed.loader import RangeLoader, get_entry
-from quarry.committed.rangedata import MetaRange, RangeData
+from quarry.committed.rangedata import MetaRange, RangeData, common_prefix_length
 from quarry.committed.writer import RangeWriter
 from quarry.graveler.model import (
     Change,
@@ -423,10 +423,17 @@ def _inside(ranges: list[RangeInfo], gap: _Gap) -> bool:
 def _gaps(left: MetaRange, right: MetaRange) -> Iterator[_Gap]:
     """The key intervals where two metaranges may differ: between consecutive ranges they
     share by id (which hold the same entries), with each side's ranges there."""
-    right_index = {r.id: i for i, r in enumerate(right.ranges)}
     left_ranges, right_ranges = left.ranges, right.ranges
-    prev_left = prev_right = -1
-    for i in range(len(left_ranges) + 1):
+    # Leading and trailing runs of the same ranges are anchors without gaps: only the
+    # middle is walked (a localized change leaves almost every range of both in place).
+    left_ids, right_ids = _ids(left_ranges), _ids(right_ranges)
+    head = common_prefix_length(left_ids, right_ids)
+    tail = common_prefix_length(left_ids[head:][::-1], right_ids[head:][::-1])
+    right_stop = len(right_ids) - tail + (1 if tail else 0)
+    right_index = {right_ids[j]: j for j in range(head, right_stop)}
+    prev_left = prev_right = head - 1
+    end = len(left_ranges) - tail + (1 if tail else 0)  # through the first trailing anchor
+    for i in range(head, min(end, len(left_ranges)) if tail else len(left_ranges) + 1):
         if i < len(left_ranges):
             j = right_index.get(left_ranges[i].id)
             if j is None or j <= prev_right:

@@ -309,3 +309,22 @@ class MetaRange:
     def range_index(self, key: str) -> int:
         """Index of the first range whose max_key >= key (len(ranges) if none)."""
         return bisect.bisect_left(self.max_keys, key)
+
+
+def common_prefix_length(left: list[str], right: list[str]) -> int:
+    """The length of the longest common prefix of two lists, by slice comparisons (C
+    speed: merge compares the range ids of two metaranges)."""
+    limit = min(len(left), len(right))
+    lo, step = 0, 64
+    while lo < limit:
+        hi = min(lo + step, limit)
+        if left[lo:hi] != right[lo:hi]:
+            while hi - lo > 1:  # left[:lo] == right[:lo]; the first difference is in [lo, hi)
+                mid = (lo + hi) // 2
+                if left[lo:mid] == right[lo:mid]:
+                    lo = mid
+                else:
+                    hi = mid
+            return lo
+        lo, step = hi, step * 2
+    return limit

@@ -1,0 +1,96 @@
+"""Splitting an apply into disjoint key spans that separate writers can apply in parallel
+(docs/performance.md, scale-out).
+
+A span is a run of base ranges [first, stop) with the changes whose paths fall into its keys.
+Spans are cut only after a base range whose last path is a chunk boundary by hash
+(is_boundary, not the byte cap) and that no change deletes: the whole apply cuts a range
+after that path whatever comes before it, so its builder is empty there, and applying each
+span on its own and concatenating the ranges gives exactly the ranges of the whole apply
+(the same metarange id). Applying a span writes and syncs its ranges but no metarange; the
+coordinator writes the one metarange naming all of them once every span has returned.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from quarry.committed.apply import AppliedRanges, apply_to_ranges
+from quarry.committed.format import is_boundary
+from quarry.committed.rangedata import MetaRange
+from quarry.committed.writer import RangeWriter
+from quarry.graveler.model import DiffSummary, Entry, RangeInfo
+
+PutOrDelete = tuple[str, Entry | None]
+
+
+@dataclass(frozen=True)
+class Span:
+    """Base ranges [first, stop) and the changes within their keys (the last span also
+    takes every change after the last range)."""
+
+    first: int
+    stop: int
+    changes: Sequence[PutOrDelete]
+
+
+def plan_spans(
+    ranges: Sequence[RangeInfo], changes: Sequence[PutOrDelete], parts: int, target_entries: int
+) -> list[Span]:
+    """At most `parts` spans with about as many changes each, cut where it is safe (see the
+    module docstring). `changes` sorted by path. Fewer spans when there are no safe cuts."""
+    if parts <= 1 or len(ranges) <= 1 or not changes:
+        return [Span(0, len(ranges), changes)]
+    paths = [path for path, _ in changes]
+    deleted = {path for path, entry in changes if entry is None}
+    max_keys = [r.max_key for r in ranges]
+    cuts: list[int] = []  # cut after base range i: spans end at i + 1
+    for k in range(1, parts):
+        at = bisect.bisect_left(max_keys, paths[len(paths) * k // parts])
+        i = max(at, cuts[-1] + 1 if cuts else 0)
+        while i < len(ranges) - 1 and not (
+            is_boundary(max_keys[i], target_entries) and max_keys[i] not in deleted
+        ):
+            i += 1
+        if i >= len(ranges) - 1:
+            break
+        cuts.append(i)
+    spans: list[Span] = []
+    first = 0
+    lo = 0  # changes [lo, ...) are not yet in a span
+    for i in cuts:
+        hi = bisect.bisect_right(paths, max_keys[i], lo)
+        spans.append(Span(first, i + 1, changes[lo:hi]))
+        first, lo = i + 1, hi
+    spans.append(Span(first, len(ranges), changes[lo:]))
+    return spans
+
+
+def apply_span(
+    writer: RangeWriter, namespace: str, ranges: Sequence[RangeInfo], span: Span
+) -> AppliedRanges:
+    """Apply one span's changes to its base ranges: its ranges are written and durable
+    (synced) when this returns; no metarange is written."""
+    applied = apply_to_ranges(
+        writer, namespace, MetaRange("", list(ranges[span.first : span.stop])), span.changes
+    )
+    writer.loader.store(namespace).sync()
+    return applied
+
+
+def combine(spans: Sequence[AppliedRanges]) -> AppliedRanges:
+    """The spans' results, in key order, as one apply's."""
+    summary = DiffSummary()
+    ranges: list[RangeInfo] = []
+    for applied in spans:
+        ranges.extend(applied.ranges)
+        summary.added += applied.summary.added
+        summary.removed += applied.summary.removed
+        summary.changed += applied.summary.changed
+    return AppliedRanges(
+        ranges,
+        summary,
+        sum(a.written for a in spans),
+        sum(a.reused for a in spans),
+    )
