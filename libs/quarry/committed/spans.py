@@ -13,14 +13,17 @@ coordinator writes the one metarange naming all of them once every span has retu
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+import concurrent.futures
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from quarry.committed.apply import AppliedRanges, apply_to_ranges
 from quarry.committed.format import is_boundary
 from quarry.committed.rangedata import MetaRange
 from quarry.committed.writer import RangeWriter
-from quarry.graveler.model import DiffSummary, Entry, RangeInfo
+from quarry.graveler.model import ApplyResult, DiffSummary, Entry, RangeInfo
 
 PutOrDelete = tuple[str, Entry | None]
 
@@ -94,3 +97,61 @@ def combine(spans: Sequence[AppliedRanges]) -> AppliedRanges:
         sum(a.written for a in spans),
         sum(a.reused for a in spans),
     )
+
+
+# Applies one span (first, stop over the base metarange) somewhere: here or on a peer.
+SpanApplier = Callable[[str, str, Span], AppliedRanges]
+
+# Changes held in memory to plan spans; a longer stream is applied here whole.
+FAN_OUT_MAX_CHANGES = 200_000
+
+
+class FanOut:
+    """An apply split into spans: the first applied by `local`, the others by `peers` in
+    turn (each on its own thread), and the one metarange written by `manager` once every
+    span has returned (their ranges are durable by then). Streams shorter than
+    `min_changes` or longer than FAN_OUT_MAX_CHANGES, and applies with no safe cut, run
+    whole in `manager`."""
+
+    def __init__(
+        self,
+        manager: Any,
+        peers: Sequence[SpanApplier],
+        spans: int = 0,
+        min_changes: int = 2000,
+    ) -> None:
+        self._manager = manager
+        self._peers = list(peers)
+        self._spans = spans or len(self._peers) + 1
+        self._min_changes = max(1, min_changes)
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max(1, self._spans), thread_name_prefix="span"
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def apply_changes(
+        self, namespace: str, base_metarange_id: str, changes: Iterable[PutOrDelete]
+    ) -> ApplyResult:
+        iterator = iter(changes)
+        held = list(itertools.islice(iterator, FAN_OUT_MAX_CHANGES + 1))
+        manager = self._manager
+        if not self._peers or not self._min_changes <= len(held) <= FAN_OUT_MAX_CHANGES:
+            return manager.apply_changes(
+                namespace, base_metarange_id, itertools.chain(held, iterator)
+            )
+        spans = manager.plan_spans(namespace, base_metarange_id, held, self._spans)
+        if len(spans) == 1:
+            return manager.apply_changes(namespace, base_metarange_id, held)
+        futures = [
+            self._pool.submit(
+                self._peers[(k - 1) % len(self._peers)], namespace, base_metarange_id, span
+            )
+            for k, span in enumerate(spans)
+            if k > 0
+        ]
+        first = manager.apply_span(namespace, base_metarange_id, spans[0])
+        # Every span must have returned before the metarange names their ranges.
+        applied = [first] + [future.result() for future in futures]
+        return manager.put_metarange(namespace, base_metarange_id, applied)

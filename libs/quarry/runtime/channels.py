@@ -102,7 +102,11 @@ def open_channel(
     Traced when tracing is on, unless `traced=False` (background traffic that belongs to
     no request, such as staging reports and readiness probes). With `token_source`, every
     call carries `authorization: Bearer <token>`."""
-    channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    options = CHANNEL_OPTIONS
+    if target.startswith("dns:///"):
+        # A name with several addresses (a headless Service's pods): calls spread over all.
+        options = [*CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
+    channel = grpc.insecure_channel(target, options=options)
     channel = telemetry.instrument_channel(channel) if traced else channel
     return with_token(channel, token_source)
 
