@@ -80,7 +80,7 @@ def cached_base(m: int) -> tuple[Path, str, float]:
     return root / "lake", metarange_id, elapsed
 
 
-def _link_tree(source: Path, target: Path, prefix: str) -> None:
+def link_tree(source: Path, target: Path, prefix: str) -> None:
     src_dir = source / prefix
     dst_dir = target / prefix
     dst_dir.mkdir(parents=True, exist_ok=True)
@@ -106,7 +106,7 @@ class BenchRepo:
         if m >= CACHE_FROM:
             lake, metarange_id, built = cached_base(m)
             for prefix in (RANGES_PREFIX, METARANGES_PREFIX):
-                _link_tree(lake, Path(self.namespace), prefix.rstrip("/"))
+                link_tree(lake, Path(self.namespace), prefix.rstrip("/"))
             self.build_seconds = built
         else:
             metarange_id = self.committed.write_metarange(

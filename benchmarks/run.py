@@ -11,6 +11,7 @@ BENCHMARKS = [
     "auth_overhead.py",
     "commit_vs_git.py",
     "merge_vs_git.py",
+    "range_writer_scale.py",
     "compaction_2092.py",
     "spark_write.py",
 ]
