@@ -210,7 +210,7 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
     )
     metarange_id = metarange_id_of(applied.ranges)
     if metarange_id != destination.id:
-        metarange_id = writer.write_metarange_file(namespace, applied.ranges)
+        metarange_id = writer.write_metarange_file(namespace, applied.ranges, metarange_id)
     return MergeResult(
         metarange_id, summary, ranges_written=applied.written, ranges_reused=applied.reused
     )

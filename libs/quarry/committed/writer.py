@@ -111,13 +111,16 @@ class RangeWriter:
     def builder(self, sink: RangeSink) -> RangeBuilder:
         return RangeBuilder(sink, self.chunking)
 
-    def write_metarange_file(self, namespace: str, ranges: list[RangeInfo]) -> str:
-        """Put the metarange of `ranges` (if absent) and return its id."""
+    def write_metarange_file(
+        self, namespace: str, ranges: list[RangeInfo], metarange_id: str = ""
+    ) -> str:
+        """Put the metarange of `ranges` (if absent) and return its id (`metarange_id`:
+        metarange_id_of(ranges) when the caller has it already)."""
         loader = self.loader
         store = loader.store(namespace)
         # The ranges it names become durable before the metarange can.
         store.sync()
-        metarange_id = metarange_id_of(ranges)
+        metarange_id = metarange_id or metarange_id_of(ranges)
         data = encode_metarange(ranges, metarange_id)
         if store.put(metarange_key(metarange_id), data, if_absent=True):
             loader.stats.count("metaranges_written")
