@@ -80,7 +80,7 @@ from quarry.committed.diff import DiffOptions, diff_metaranges
 from quarry.committed.format import metarange_id_of
 from quarry.committed.iterators import LoadRange
 from quarry.committed.loader import RangeLoader, get_entry
-from quarry.committed.rangedata import MetaRange, RangeData, common_prefix_length
+from quarry.committed.rangedata import MetaRange, RangeData, changed_rows, common_prefix_length
 from quarry.committed.writer import RangeWriter
 from quarry.graveler.model import (
     Change,
@@ -364,10 +364,8 @@ def _done(metarange_id: str, summary: DiffSummary, dry_run: bool, reused: int) -
 
 def _split_mixed(gap: _Gap, over_gap: list[RangeInfo], first: int) -> list[_Step]:
     """A gap the destination touched, cut where base, source and destination all end a
-    range at the same key: each piece between cuts covers the same keys on all three sides,
-    so it is merged on its own, and a piece the destination left as the base's is
-    source-only (spliced, never read or written) even when a neighbouring piece is mixed.
-    (Scattered changes make gaps of several ranges where the destination touched one.)"""
+    range at the same key: each piece covers the same keys on all three sides, and a piece
+    the destination left as the base's is source-only (spliced, never read or written)."""
     base_run, source_run = gap.base_run, gap.source_run
     cuts: list[tuple[int, int, int]] = []  # exclusive ends (base, source, destination)
     i = j = k = 0
@@ -453,6 +451,13 @@ def _gaps(left: MetaRange, right: MetaRange) -> Iterator[_Gap]:
 def _count(loader: RangeLoader, namespace: str, gap: _Gap, summary: DiffSummary) -> None:
     """Add the changes from the gap's left run to its right run (by path and identity:
     no entry is built, only those two columns are read)."""
+    runs = gap.base_run, gap.source_run
+    if len(runs[0]) == len(runs[1]) == 1 and runs[0][0].count == runs[1][0].count:
+        left, right = (loader.keys_range(namespace, run[0]) for run in runs)
+        changed = changed_rows(left, right)
+        if changed is not None:  # the same paths: a range changed in place (the usual case)
+            summary.changed += changed
+            return
     for change in _walk(
         lambda info: loader.keys_range(namespace, info),
         lambda info: loader.prefetch(namespace, info, keys_only=True),

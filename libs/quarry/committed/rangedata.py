@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from quarry.committed.format import ENTRY_OVERHEAD_BYTES, is_boundary
 from quarry.graveler.model import Entry, RangeInfo
@@ -168,8 +169,7 @@ class RangeData:
 
     @property
     def cache_bytes(self) -> int:
-        # The logical size stands for the table's (Table.nbytes walks every buffer).
-        return self.info.size_bytes + self.n * (_PY_BYTES_PER_ROW + 32)
+        return self.table.nbytes + self.n * (_PY_BYTES_PER_ROW + 32)
 
     @property
     def paths(self) -> list[str]:
@@ -328,3 +328,13 @@ def common_prefix_length(left: list[str], right: list[str]) -> int:
             return lo
         lo, step = hi, step * 2
     return limit
+
+
+def changed_rows(left: RangeData, right: RangeData) -> int | None:
+    """The number of rows whose identity differs between two ranges holding the same paths
+    in the same order (compared as Arrow columns, without a Python object per row); None
+    when their paths differ (then only a walk by path tells the changes)."""
+    if left.n != right.n or not left.table.column("path").equals(right.table.column("path")):
+        return None
+    differ = pc.sum(pc.not_equal(left.table.column("identity"), right.table.column("identity")))
+    return int(differ.as_py() or 0)
