@@ -474,3 +474,35 @@ def test_a_large_apply_fans_out_in_spans_to_a_peer_with_the_same_result(tmp_path
         with pytest.raises(grpc.RpcError) as raised:
             stub.ApplyChanges(iter([range_writer_pb2.ApplyChangesRequest(header=header)]))
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_span_a_peer_cannot_apply_is_applied_by_the_coordinator(tmp_path):
+    # The configured peer is down (nothing listens there): the apply still succeeds, the
+    # coordinator applying every span itself, with the same result as one apply.
+    from support.processes import free_port
+
+    manager = CommittedManager(
+        lambda ns: LocalBlobStore(ns, durable=False), None, target_range_entries=32
+    )
+    namespace = str(tmp_path / "ns")
+    entries = [entry(f"p/{i:05d}") for i in range(3000)]
+    base = manager.write_metarange(namespace, entries).metarange_id
+    changes = [(e.path, entry(e.path, 1)) for e in entries[::7]]
+    other = str(tmp_path / "other")
+    reference = CommittedManager(
+        lambda ns: LocalBlobStore(ns, durable=False), None, target_range_entries=32
+    )
+    expected = reference.apply_changes(
+        other, reference.write_metarange(other, entries).metarange_id, changes
+    )
+    with (
+        range_writer(
+            manager,
+            range_writer_peers=f"127.0.0.1:{free_port()}",
+            range_writer_fan_out_min_changes=100,
+        ) as coordinator,
+        RemoteRangeWriter(coordinator, timeout=30) as remote,
+    ):
+        result = remote.apply_changes(namespace, base, changes)
+    assert result.metarange_id == expected.metarange_id
+    assert result.summary == expected.summary

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import concurrent.futures
 import itertools
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,8 @@ from quarry.committed.writer import RangeWriter
 from quarry.graveler.model import ApplyResult, DiffSummary, Entry, RangeInfo
 
 PutOrDelete = tuple[str, Entry | None]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,19 @@ class FanOut:
             for k, span in enumerate(spans)
             if k > 0
         ]
-        first = manager.apply_span(namespace, base_metarange_id, spans[0])
-        # Every span must have returned before the metarange names their ranges.
-        applied = [first] + [future.result() for future in futures]
+        applied = [manager.apply_span(namespace, base_metarange_id, spans[0])]
+        # Every span must have returned before the metarange names their ranges. A span a
+        # peer could not apply (down, overloaded, restarting) is applied here: a peer is
+        # capacity, never a dependency (bad input fails here the same way).
+        for future, span in zip(futures, spans[1:], strict=True):
+            try:
+                applied.append(future.result())
+            except Exception:
+                log.warning(
+                    "span %d..%d failed on a peer, applying it here",
+                    span.first,
+                    span.stop,
+                    exc_info=True,
+                )
+                applied.append(manager.apply_span(namespace, base_metarange_id, span))
         return manager.put_metarange(namespace, base_metarange_id, applied)
