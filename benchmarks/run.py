@@ -12,6 +12,7 @@ BENCHMARKS = [
     "cost_table.py",
     "commit_vs_git.py",
     "merge_vs_git.py",
+    "range_writer_scale.py",
     "compaction_2092.py",
     "spark_write.py",
 ]

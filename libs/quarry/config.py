@@ -149,6 +149,24 @@ class Settings:
         "", "S3 object store endpoint override (e.g. a local S3-compatible server)."
     )
     s3_region: str = _setting("us-east-1", "S3 object store region.")
+    range_writer_peers: str = _setting(
+        "",
+        "range-writer: other range-writer replicas a large apply is fanned out to, in key "
+        "spans applied in parallel (docs/performance.md, scale-out): comma-separated "
+        "host:port, or one dns:///NAME:PORT of a headless Service (gRPC round_robin spreads "
+        "the spans over its pods; set QUARRY_RANGE_WRITER_SPANS). Empty: every apply runs "
+        "in the range-writer that receives it.",
+    )
+    range_writer_spans: int = _setting(
+        0,
+        "range-writer: spans per fanned-out apply, one applied here and the others by the "
+        "peers. 0 = one per peer address plus one.",
+    )
+    range_writer_fan_out_min_changes: int = _setting(
+        2000,
+        "range-writer: applies with fewer changes run here whole (a span's round trip "
+        "costs more than it saves).",
+    )
     experimental_dirty_read_optimization: bool = _setting(
         True, "Skip the staging partition on reads of clean branches (docs/architecture.md §4)."
     )

@@ -3,8 +3,11 @@ asked about (local directories or S3, see quarry.blob.open_blob_store) -> servic
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from quarry.blob import open_blob_store
 from quarry.committed import CommittedManager
+from quarry.committed.spans import FanOut
 from quarry.config import Settings
 from quarry.runtime.server import ServiceSpec
 from quarry.services.range_writer.servicer import RangeWriterServicer
@@ -21,12 +24,42 @@ def build(settings: Settings, manager: CommittedManager | None = None) -> Servic
         manager = CommittedManager(
             lambda ns: open_blob_store(ns, settings), settings.effective_cache_dir
         )
-    servicer = RangeWriterServicer(manager, settings.max_response_bytes)
+    fan_out, closers = _fan_out(settings, manager)
+    servicer = RangeWriterServicer(manager, settings.max_response_bytes, fan_out)
     return ServiceSpec(
         name=SERVICE_NAME,
         register=lambda server: range_writer_pb2_grpc.add_RangeWriterServicer_to_server(
             servicer, server
         ),
         grpc_service_names=[range_writer_pb2.DESCRIPTOR.services_by_name["RangeWriter"].full_name],
-        on_stop=[manager.close],
+        on_stop=[*closers, manager.close],
     )
+
+
+def _fan_out(
+    settings: Settings, manager: CommittedManager
+) -> tuple[FanOut | None, list[Callable[[], None]]]:
+    """Peers for spans of large applies (QUARRY_RANGE_WRITER_PEERS): one channel each (a
+    dns:/// name is one channel whose calls gRPC's round_robin spreads over the pods)."""
+    targets = [t.strip() for t in settings.range_writer_peers.split(",") if t.strip()]
+    if not targets:
+        return None, []
+    from quarry.auth.service_tokens import token_source
+    from quarry.committed.remote import RemoteRangeWriter
+    from quarry.runtime.channels import open_service_channel
+    from quarry.runtime.tls import channel_security
+
+    tokens = token_source(settings, SERVICE_NAME)
+    security = channel_security(settings)
+    writers, closers = [], []
+    for target in targets:
+        raw, traced = open_service_channel(target, tokens, security)
+        writers.append(RemoteRangeWriter(traced))
+        closers.append(raw.close)
+    fan_out = FanOut(
+        manager,
+        [writer.apply_span for writer in writers],
+        spans=settings.range_writer_spans,
+        min_changes=settings.range_writer_fan_out_min_changes,
+    )
+    return fan_out, [fan_out.close, *closers]

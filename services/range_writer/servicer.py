@@ -8,6 +8,7 @@ from quarry import errors
 from quarry.committed import CommittedManager
 from quarry.committed.errors import InvalidStream
 from quarry.committed.merge import DEFAULT_MAX_CONFLICTS
+from quarry.committed.spans import FanOut, Span
 from quarry.config import Settings
 from quarry.convert import (
     conflict_to_proto,
@@ -53,11 +54,16 @@ def _parts(request_iterator: Iterator, rpc: str, field: str) -> Iterator:
 
 class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
     def __init__(
-        self, manager: CommittedManager, max_response_bytes: int = Settings.max_response_bytes
+        self,
+        manager: CommittedManager,
+        max_response_bytes: int = Settings.max_response_bytes,
+        fan_out: FanOut | None = None,
     ):
         self._manager = manager
         self._max_response_bytes = max_response_bytes
         self._metrics = RangeWriterMetrics(manager)
+        # Large applies split into spans for peer range-writers (scale-out), if configured.
+        self._apply = fan_out or manager
 
     def ApplyChanges(self, request_iterator, context):
         header = _header(request_iterator, "ApplyChanges")
@@ -70,8 +76,25 @@ class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
                     except ValueError as exc:
                         raise errors.InvalidArgument(str(exc)) from None
 
+        if header.HasField("span"):
+            span = header.span
+            if not 0 <= span.first_range <= span.stop_range:
+                raise errors.InvalidArgument("ApplyChanges: invalid span")
+            with self._metrics.operation("apply_span") as done:
+                applied = self._manager.apply_span(
+                    header.storage_namespace,
+                    header.base_metarange_id,
+                    Span(span.first_range, span.stop_range, list(changes())),
+                )
+                done(applied.written, applied.reused)
+            return range_writer_pb2.ApplyChangesResponse(
+                summary=summary_to_proto(applied.summary),
+                ranges_written=applied.written,
+                ranges_reused=applied.reused,
+                ranges=range_infos_to_proto(applied.ranges),
+            )
         with self._metrics.operation("apply") as done:
-            result = self._manager.apply_changes(
+            result = self._apply.apply_changes(
                 header.storage_namespace, header.base_metarange_id, changes()
             )
             done(result.ranges_written, result.ranges_reused)

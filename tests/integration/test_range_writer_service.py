@@ -424,3 +424,85 @@ def test_claim_namespace_writes_only_the_marker_and_reports_what_it_found(served
                     range_writer_pb2.ClaimNamespaceRequest(storage_namespace=bad, marker=b"x")
                 )
             assert error_info(caught.value)[0].reason == "INVALID_NAMESPACE"
+
+
+def test_a_large_apply_fans_out_in_spans_to_a_peer_with_the_same_result(tmp_path):
+    # Two range-writers on one namespace: A, configured with B as its peer, splits the
+    # apply into key spans, applies one and has B apply the other over gRPC, then writes
+    # the one metarange: the same metarange as one apply, B having written ranges too.
+    def manager() -> CommittedManager:
+        return CommittedManager(
+            lambda ns: LocalBlobStore(ns, durable=False), None, target_range_entries=32
+        )
+
+    namespace = str(tmp_path / "ns")
+    local, a_manager, b_manager = manager(), manager(), manager()
+    entries = [entry(f"p/{i:05d}") for i in range(5000)]
+    base = local.write_metarange(namespace, entries).metarange_id
+    changes = [(e.path, entry(e.path, 1)) for e in entries[::10]] + [("z/after", entry("z/after"))]
+    # The reference apply runs in another namespace (ids do not depend on it).
+    other = str(tmp_path / "other")
+    expected = manager().apply_changes(
+        other, manager().write_metarange(other, entries).metarange_id, changes
+    )
+    with (
+        range_writer(b_manager) as peer,
+        range_writer(
+            a_manager, range_writer_peers=peer, range_writer_fan_out_min_changes=100
+        ) as coordinator,
+        RemoteRangeWriter(coordinator) as remote,
+    ):
+        result = remote.apply_changes(namespace, base, changes)
+        assert result.metarange_id == expected.metarange_id
+        assert result.summary == expected.summary == DiffSummary(added=1, changed=500)
+        assert a_manager.stats.ranges_written > 0 and b_manager.stats.ranges_written > 0
+        assert b_manager.stats.metaranges_written == 0  # only the coordinator names them
+        # Below the threshold the coordinator applies alone.
+        written_by_b = b_manager.stats.ranges_written
+        few = [(e.path, entry(e.path, 2)) for e in entries[:50]]
+        assert remote.apply_changes(namespace, base, few).metarange_id == (
+            manager().apply_changes(other, base, few).metarange_id
+        )
+        assert b_manager.stats.ranges_written == written_by_b
+        # A span with its bounds reversed is refused.
+        stub = range_writer_pb2_grpc.RangeWriterStub(service_channel(peer))
+        header = range_writer_pb2.ApplyChangesHeader(
+            storage_namespace=namespace,
+            base_metarange_id=base,
+            span=range_writer_pb2.ApplySpan(first_range=5, stop_range=2),
+        )
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.ApplyChanges(iter([range_writer_pb2.ApplyChangesRequest(header=header)]))
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_span_a_peer_cannot_apply_is_applied_by_the_coordinator(tmp_path):
+    # The configured peer is down (nothing listens there): the apply still succeeds, the
+    # coordinator applying every span itself, with the same result as one apply.
+    from support.processes import free_port
+
+    manager = CommittedManager(
+        lambda ns: LocalBlobStore(ns, durable=False), None, target_range_entries=32
+    )
+    namespace = str(tmp_path / "ns")
+    entries = [entry(f"p/{i:05d}") for i in range(3000)]
+    base = manager.write_metarange(namespace, entries).metarange_id
+    changes = [(e.path, entry(e.path, 1)) for e in entries[::7]]
+    other = str(tmp_path / "other")
+    reference = CommittedManager(
+        lambda ns: LocalBlobStore(ns, durable=False), None, target_range_entries=32
+    )
+    expected = reference.apply_changes(
+        other, reference.write_metarange(other, entries).metarange_id, changes
+    )
+    with (
+        range_writer(
+            manager,
+            range_writer_peers=f"127.0.0.1:{free_port()}",
+            range_writer_fan_out_min_changes=100,
+        ) as coordinator,
+        RemoteRangeWriter(coordinator, timeout=30) as remote,
+    ):
+        result = remote.apply_changes(namespace, base, changes)
+    assert result.metarange_id == expected.metarange_id
+    assert result.summary == expected.summary

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import collections
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from quarry import errors
@@ -82,10 +82,22 @@ def apply_to_ranges(
     ranges = base.ranges
     prefetch = Prefetcher(loader, namespace, base, stream, loaded)
     ends_at_boundary = writer.chunking.ends_at_boundary
+    max_keys = base.max_keys
     with sink:
         last = len(ranges) - 1
-        for i, info in enumerate(ranges):
+        i = 0
+        while i <= last:
             following = stream.peek_path()
+            if builder.empty:
+                # The run of ranges before the next change, reused in one step (a commit
+                # would otherwise spend a Python loop step on every range of the
+                # repository).
+                stop = _untouched_run(ranges, max_keys, i, following, options, ends_at_boundary)
+                if stop > i:
+                    builder.reuse_run(ranges[i:stop])
+                    i = stop
+                    continue
+            info = ranges[i]
             if (
                 builder.empty
                 and (following is None or following > info.max_key)
@@ -98,10 +110,12 @@ def apply_to_ranges(
                 # Aligned and untouched. (The final range may end only because the data
                 # did: it is reusable with entries after it only if it ends at a boundary.)
                 builder.reuse(info)
+                i += 1
                 continue
             prefetch.ahead_of(i)
             data = loaded.get(info.id) or loader.range(namespace, info)
             merge_range(builder, data, stream, info.max_key, summary)
+            i += 1
         # Changes after the last base range.
         while stream.peek_path() is not None:
             _path, entry = stream.next()
@@ -112,12 +126,37 @@ def apply_to_ranges(
     return AppliedRanges(out, summary, builder.written, builder.reused)
 
 
+def _untouched_run(  # noqa: PLR0913 — the loop state of apply_to_ranges
+    ranges: list[RangeInfo],
+    max_keys: list[str],
+    start: int,
+    following: str | None,
+    options: ApplyOptions,
+    ends_at_boundary: Callable[[RangeInfo], bool],
+) -> int:
+    """The end of the run of ranges from `start` that apply reuses as they are, the builder
+    being empty: no change falls into them (their max_key is below the next change), and
+    each may have entries after it (it is not the last range with changes still to come;
+    with `any_ranges`, it ends at a chunk boundary)."""
+    last = len(ranges) - 1
+    if following is None:
+        stop = last + 1
+    else:
+        stop = min(bisect.bisect_left(max_keys, following, start), last)
+    if not options.any_ranges:
+        return stop
+    for k in range(start, stop):
+        if not ends_at_boundary(ranges[k]):
+            return k
+    return stop
+
+
 def merge_range(
     builder: RangeBuilder, data: RangeData, stream: ChangeStream, max_key: str, summary: DiffSummary
 ) -> None:
     """Hand the builder one base range (ending at max_key) with the changes that fall into
     it applied."""
-    paths = data.paths
+    paths = data.sorted_paths
     n = data.n
     pos = 0  # rows [pos, ...) of the base range are not yet handed to the builder
     while True:

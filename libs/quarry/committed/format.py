@@ -39,16 +39,18 @@ metadata key and value. It never depends on the file encoding.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import struct
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from pyarrow._parquet import ParquetReader as _ParquetReader
 
 from quarry import FORMAT_VERSION, errors
 from quarry.committed.errors import RangeCorrupt
@@ -132,27 +134,28 @@ def metarange_key(metarange_id: str) -> str:
     return f"{METARANGES_PREFIX}{metarange_id}.parquet"
 
 
-def _frame(h: Hasher, parts: Iterable[bytes]) -> None:
-    for part in parts:
-        h.update(struct.pack(">I", len(part)))
-        h.update(part)
+# The framed fields of recently hashed RangeInfo objects, by object id (with the object, so
+# the id cannot be reused while cached): a commit hashes every range of the repository into
+# the new metarange id, and nearly all are the same objects as in the base metarange.
+_FRAMES: dict[int, tuple[RangeInfo, bytes]] = {}
+_FRAMES_MAX = 65536
+
+
+def _framed(r: RangeInfo) -> bytes:
+    cached = _FRAMES.get(id(r))
+    if cached is not None and cached[0] is r:
+        return cached[1]
+    parts = (r.id, r.min_key, r.max_key, str(int(r.count)), str(int(r.size_bytes)))
+    framed = b"".join(struct.pack(">I", len(b)) + b for b in (part.encode() for part in parts))
+    if len(_FRAMES) >= _FRAMES_MAX:
+        _FRAMES.clear()
+    _FRAMES[id(r)] = (r, framed)
+    return framed
 
 
 def metarange_id_of(ranges: Sequence[RangeInfo], header: bytes = METARANGE_ID_HEADER) -> str:
     """`header`: another version's, only to reproduce that version's ids (legacy, tests)."""
-    h = hashlib.sha256(header)
-    for r in ranges:
-        _frame(
-            h,
-            (
-                r.id.encode(),
-                r.min_key.encode(),
-                r.max_key.encode(),
-                str(int(r.count)).encode(),
-                str(int(r.size_bytes)).encode(),
-            ),
-        )
-    return h.hexdigest()
+    return hashlib.sha256(header + b"".join([_framed(r) for r in ranges])).hexdigest()
 
 
 EMPTY_METARANGE_ID = metarange_id_of(())
@@ -175,17 +178,19 @@ def _le(view: memoryview, fmt: str) -> bytes | memoryview:
     return values.tobytes()
 
 
-def _hash_strings(h: Hasher, array: pa.Array) -> None:
-    lengths = pc.binary_length(array)
-    h.update(_le(_fixed_buffer(lengths, 4), "i"))
-    n = len(array)
-    if n == 0:
-        return
-    _validity, offsets_buf, data_buf = array.buffers()
-    offsets = memoryview(offsets_buf).cast("B").cast("i")  # native int32 (Arrow layout)
-    first, last = offsets[array.offset], offsets[array.offset + n]
-    if data_buf is not None:
-        h.update(memoryview(data_buf)[first:last])
+def _hash_strings(h: Hasher, column: pa.ChunkedArray) -> None:
+    """u32le length of every string, then the bytes of every string: fed chunk by chunk,
+    the same stream as for the column in one piece."""
+    for lengths in pc.binary_length(column).chunks:
+        if len(lengths):
+            h.update(_le(_fixed_buffer(lengths, 4), "i"))
+    for array in column.chunks:
+        n = len(array)
+        _validity, offsets_buf, data_buf = array.buffers()
+        if n == 0 or data_buf is None:
+            continue
+        offsets = memoryview(offsets_buf).cast("B").cast("i")  # native int32 (Arrow layout)
+        h.update(memoryview(data_buf)[offsets[array.offset] : offsets[array.offset + n]])
 
 
 def _single_chunk(table: pa.Table, name: str) -> pa.Array:
@@ -196,24 +201,27 @@ def _single_chunk(table: pa.Table, name: str) -> pa.Array:
 
 
 def range_id_of(table: pa.Table, header: bytes = RANGE_ID_HEADER) -> str:
-    """The content id of a range table (see the module docstring). `header`: another
-    version's, only to reproduce that version's ids (legacy, tests)."""
+    """The content id of a range table (see the module docstring), whatever its chunking.
+    `header`: another version's, only to reproduce that version's ids (legacy, tests)."""
     n = table.num_rows
     h = hashlib.sha256(header)
     h.update(struct.pack("<Q", n))
-    _hash_strings(h, _single_chunk(table, "path"))
-    _hash_strings(h, _single_chunk(table, "physical_address"))
-    h.update(_fixed_buffer(_single_chunk(table, "identity"), 32))
-    mtimes = _single_chunk(table, "mtime").cast(pa.int64())
-    h.update(_le(_fixed_buffer(mtimes, 8), "q"))
+    _hash_strings(h, table.column("path"))
+    _hash_strings(h, table.column("physical_address"))
+    for chunk in table.column("identity").chunks:
+        h.update(_fixed_buffer(chunk, 32))
+    for chunk in table.column("mtime").chunks:
+        h.update(_le(_fixed_buffer(chunk.view(pa.int64()), 8), "q"))
     return h.hexdigest()
 
 
 # ---- chunking -----------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=65536)
 def is_boundary(path: str, target_entries: int) -> bool:
-    """A range ends after this path (content-defined, independent of neighbours)."""
+    """A range ends after this path (content-defined, independent of neighbours). Cached:
+    apply and merge ask it of the last path of every range they reuse."""
     digest = hashlib.sha256(path.encode()).digest()
     return int.from_bytes(digest[:8], "big") % target_entries == 0
 
@@ -367,10 +375,16 @@ def read_tagged_parquet(
         with open(source, "rb") as fh:
             source = fh.read()
     try:
-        parquet = pq.ParquetFile(pa.BufferReader(source))
-        _check_tag((parquet.metadata.metadata or {}).get(FORMAT_TAG), tag, what)
-        return parquet.read(columns=columns, use_threads=False)
-    except (pa.ArrowInvalid, OSError) as exc:
+        # The reader under pq.ParquetFile, without its per-file Python set-up (a third of
+        # the time of decoding a range).
+        reader = _ParquetReader()
+        reader.open(pa.BufferReader(source))
+        _check_tag((reader.metadata.metadata or {}).get(FORMAT_TAG), tag, what)
+        indices = None
+        if columns is not None:
+            indices = [reader.column_name_idx(name) for name in columns]
+        return reader.read_all(column_indices=indices, use_threads=False)
+    except (pa.ArrowInvalid, OSError, KeyError) as exc:
         raise RangeCorrupt(f"unreadable {what} file: {exc}") from None
 
 

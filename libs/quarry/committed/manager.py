@@ -16,12 +16,13 @@ the object store through the caches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from quarry.blob import BlobStore, normalize_storage_namespace
 from quarry.blob.ownership import NamespaceClaim, claim_namespace
-from quarry.committed import apply, diff, loader, merge
+from quarry.committed import apply, diff, loader, merge, spans
+from quarry.committed.format import EMPTY_METARANGE_ID
 from quarry.committed.iterators import EntryIterator
 from quarry.committed.loader import (
     DEFAULT_METARANGE_CACHE_BYTES,
@@ -249,6 +250,42 @@ class CommittedManager:
                 base_id, source_id, destination_id, strategy, max_conflicts, dry_run
             ),
         )
+
+    # ---- scale-out: an apply split into key spans (quarry.committed.spans) ---------------
+
+    def plan_spans(
+        self,
+        namespace: str,
+        base_metarange_id: str,
+        changes: Sequence[spans.PutOrDelete],
+        parts: int,
+    ) -> list[spans.Span]:
+        """Split applying `changes` (sorted by path) to a base metarange into at most
+        `parts` spans that separate writers apply in parallel (apply_span) and whose ranges,
+        concatenated, are those of apply_changes (put_metarange names them)."""
+        base = self._loader.metarange(namespace, base_metarange_id)
+        return spans.plan_spans(base.ranges, changes, parts, self.target_range_entries)
+
+    def apply_span(
+        self, namespace: str, base_metarange_id: str, span: spans.Span
+    ) -> apply.AppliedRanges:
+        """Apply one span of plan_spans: its ranges written and synced, no metarange."""
+        base = self._loader.metarange(namespace, base_metarange_id)
+        return spans.apply_span(self._writer, namespace, base.ranges, span)
+
+    def put_metarange(
+        self, namespace: str, base_metarange_id: str, applied: Sequence[apply.AppliedRanges]
+    ) -> ApplyResult:
+        """The metarange of the spans' ranges (in key order), as apply_changes would return
+        it: the base's id when nothing changed. Every span must have returned (its ranges
+        are durable) before this is called: a metarange never names a range that could be
+        lost."""
+        combined = spans.combine(applied)
+        base = self._loader.metarange(namespace, base_metarange_id)
+        if combined.summary.total == 0 and base.id != EMPTY_METARANGE_ID:
+            return ApplyResult(base.id, combined.summary, 0, len(base.ranges))
+        metarange_id = self._writer.write_metarange_file(namespace, combined.ranges)
+        return ApplyResult(metarange_id, combined.summary, combined.written, combined.reused)
 
     def ensure_empty_metarange(self, namespace: str) -> str:
         """Make sure the empty metarange's file exists (e.g. for a new repository)."""

@@ -80,7 +80,7 @@ from quarry.committed.diff import DiffOptions, diff_metaranges
 from quarry.committed.format import metarange_id_of
 from quarry.committed.iterators import LoadRange
 from quarry.committed.loader import RangeLoader, get_entry
-from quarry.committed.rangedata import MetaRange, RangeData
+from quarry.committed.rangedata import MetaRange, RangeData, changed_rows, common_prefix_length
 from quarry.committed.writer import RangeWriter
 from quarry.graveler.model import (
     Change,
@@ -166,7 +166,7 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
         elif _ids(over_gap) == _ids(gap.source_run) and _inside(over_gap, gap):
             continue  # the destination already holds the source's ranges: nothing to do
         else:
-            plan.append((_MIXED, gap, first, stop))
+            plan.extend(_split_mixed(gap, over_gap, first))
     summary = DiffSummary()
     merged = _EntryMerge(strategy, max_conflicts, summary)
     spliced: list[RangeInfo] = []  # the destination's ranges with source-only runs spliced in
@@ -210,7 +210,7 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
     )
     metarange_id = metarange_id_of(applied.ranges)
     if metarange_id != destination.id:
-        metarange_id = writer.write_metarange_file(namespace, applied.ranges)
+        metarange_id = writer.write_metarange_file(namespace, applied.ranges, metarange_id)
     return MergeResult(
         metarange_id, summary, ranges_written=applied.written, ranges_reused=applied.reused
     )
@@ -362,6 +362,49 @@ def _done(metarange_id: str, summary: DiffSummary, dry_run: bool, reused: int) -
     return MergeResult(metarange_id, summary, ranges_reused=reused)
 
 
+def _split_mixed(gap: _Gap, over_gap: list[RangeInfo], first: int) -> list[_Step]:
+    """A gap the destination touched, cut where base, source and destination all end a
+    range at the same key: each piece covers the same keys on all three sides, and a piece
+    the destination left as the base's is source-only (spliced, never read or written)."""
+    base_run, source_run = gap.base_run, gap.source_run
+    cuts: list[tuple[int, int, int]] = []  # exclusive ends (base, source, destination)
+    i = j = k = 0
+    while i < len(base_run) and j < len(source_run) and k < len(over_gap):
+        kb, ks, kd = base_run[i].max_key, source_run[j].max_key, over_gap[k].max_key
+        if kb == ks == kd:
+            i, j, k = i + 1, j + 1, k + 1
+            cuts.append((i, j, k))
+            continue
+        top = max(kb, ks, kd)
+        i += kb < top
+        j += ks < top
+        k += kd < top
+    if not cuts:
+        return [(_MIXED, gap, first, first + len(over_gap))]
+    if cuts[-1] != (len(base_run), len(source_run), len(over_gap)):
+        cuts.append((len(base_run), len(source_run), len(over_gap)))
+    steps: list[_Step] = []
+    pb = ps = pd = 0
+    for number, (eb, es, ed) in enumerate(cuts):
+        piece_base, piece_source = base_run[pb:eb], source_run[ps:es]
+        piece_dest = over_gap[pd:ed]
+        # Keys outside the gap can only be in the destination's first and last pieces.
+        piece = _Gap(
+            gap.lo if number == 0 else None,
+            gap.hi if number == len(cuts) - 1 else None,
+            piece_base,
+            piece_source,
+        )
+        if _ids(piece_source) == _ids(piece_base):
+            pass  # the source did not change these keys: the destination's value stays
+        elif _ids(piece_dest) == _ids(piece_base):
+            steps.append((_SOURCE_ONLY, piece, first + pd, first + ed))
+        elif _ids(piece_dest) != _ids(piece_source):
+            steps.append((_MIXED, piece, first + pd, first + ed))
+        pb, ps, pd = eb, es, ed
+    return steps
+
+
 def _ids(ranges: list[RangeInfo]) -> list[str]:
     return [r.id for r in ranges]
 
@@ -378,10 +421,17 @@ def _inside(ranges: list[RangeInfo], gap: _Gap) -> bool:
 def _gaps(left: MetaRange, right: MetaRange) -> Iterator[_Gap]:
     """The key intervals where two metaranges may differ: between consecutive ranges they
     share by id (which hold the same entries), with each side's ranges there."""
-    right_index = {r.id: i for i, r in enumerate(right.ranges)}
     left_ranges, right_ranges = left.ranges, right.ranges
-    prev_left = prev_right = -1
-    for i in range(len(left_ranges) + 1):
+    # Leading and trailing runs of the same ranges are anchors without gaps: only the
+    # middle is walked (a localized change leaves almost every range of both in place).
+    left_ids, right_ids = _ids(left_ranges), _ids(right_ranges)
+    head = common_prefix_length(left_ids, right_ids)
+    tail = common_prefix_length(left_ids[head:][::-1], right_ids[head:][::-1])
+    right_stop = len(right_ids) - tail + (1 if tail else 0)
+    right_index = {right_ids[j]: j for j in range(head, right_stop)}
+    prev_left = prev_right = head - 1
+    end = len(left_ranges) - tail + (1 if tail else 0)  # through the first trailing anchor
+    for i in range(head, min(end, len(left_ranges)) if tail else len(left_ranges) + 1):
         if i < len(left_ranges):
             j = right_index.get(left_ranges[i].id)
             if j is None or j <= prev_right:
@@ -401,6 +451,13 @@ def _gaps(left: MetaRange, right: MetaRange) -> Iterator[_Gap]:
 def _count(loader: RangeLoader, namespace: str, gap: _Gap, summary: DiffSummary) -> None:
     """Add the changes from the gap's left run to its right run (by path and identity:
     no entry is built, only those two columns are read)."""
+    runs = gap.base_run, gap.source_run
+    if len(runs[0]) == len(runs[1]) == 1 and runs[0][0].count == runs[1][0].count:
+        left, right = (loader.keys_range(namespace, run[0]) for run in runs)
+        changed = changed_rows(left, right)
+        if changed is not None:  # the same paths: a range changed in place (the usual case)
+            summary.changed += changed
+            return
     for change in _walk(
         lambda info: loader.keys_range(namespace, info),
         lambda info: loader.prefetch(namespace, info, keys_only=True),

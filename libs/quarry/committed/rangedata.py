@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from quarry.committed.format import ENTRY_OVERHEAD_BYTES, is_boundary
 from quarry.graveler.model import Entry, RangeInfo
@@ -59,6 +60,29 @@ class CumulativeBytes:
         for offsets, base in (self._keys, self._items):
             total += offsets[base + last] - offsets[base + first]
         return total
+
+
+class PathColumn:
+    """The paths of a range as a read-only sequence decoded one at a time from the Arrow
+    buffers: for binary searches, which look at ~log2(n) paths of a range and would
+    otherwise build a Python string for every row. (str order is UTF-8 byte order.)"""
+
+    __slots__ = ("_offsets", "_base", "_data", "_n")
+
+    def __init__(self, array: pa.Array):
+        self._offsets, self._base = _offsets(array)
+        data = array.buffers()[2]
+        self._data = memoryview(data) if data is not None else memoryview(b"")
+        self._n = len(array)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> str:
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        at = self._base + i
+        return str(self._data[self._offsets[at] : self._offsets[at + 1]], "utf-8")
 
 
 # Entries decoded from a range are built without Entry.__init__'s coercions (the columns
@@ -117,6 +141,7 @@ class RangeData:
         "table",
         "n",
         "_paths",
+        "_path_column",
         "_identities",
         "_identity_blob",
         "_columns",
@@ -130,6 +155,7 @@ class RangeData:
         self.table = table
         self.n = table.num_rows
         self._paths: list[str] | None = None
+        self._path_column: PathColumn | None = None
         self._identities: list[bytes] | None = None
         self._identity_blob: bytes | None = None
         self._columns: tuple | None = None
@@ -152,6 +178,16 @@ class RangeData:
         return self._paths
 
     @property
+    def sorted_paths(self) -> list[str] | PathColumn:
+        """The paths for a binary search: the list if it is built already, else a
+        PathColumn (no per-row objects)."""
+        if self._paths is not None:
+            return self._paths
+        if self._path_column is None:
+            self._path_column = PathColumn(_chunk(self.table, "path"))
+        return self._path_column
+
+    @property
     def identities(self) -> list[bytes]:
         if self._identities is None:
             self._identities = self.table.column("identity").to_pylist()
@@ -166,7 +202,7 @@ class RangeData:
 
     def find(self, path: str) -> int:
         """Row index of `path`, or -1."""
-        paths = self.paths
+        paths = self.sorted_paths
         i = bisect.bisect_left(paths, path)
         return i if i < self.n and paths[i] == path else -1
 
@@ -263,7 +299,8 @@ class MetaRange:
 
     @property
     def cache_bytes(self) -> int:
-        return 256 + sum(200 + len(r.min_key) + len(r.max_key) for r in self.ranges)
+        # (Computed once per metarange a commit writes: min and max keys are about as long.)
+        return 256 + 200 * len(self.ranges) + 2 * sum(map(len, self.max_keys))
 
     @property
     def count(self) -> int:
@@ -272,3 +309,32 @@ class MetaRange:
     def range_index(self, key: str) -> int:
         """Index of the first range whose max_key >= key (len(ranges) if none)."""
         return bisect.bisect_left(self.max_keys, key)
+
+
+def common_prefix_length(left: list[str], right: list[str]) -> int:
+    """The length of the longest common prefix of two lists, by slice comparisons (C
+    speed: merge compares the range ids of two metaranges)."""
+    limit = min(len(left), len(right))
+    lo, step = 0, 64
+    while lo < limit:
+        hi = min(lo + step, limit)
+        if left[lo:hi] != right[lo:hi]:
+            while hi - lo > 1:  # left[:lo] == right[:lo]; the first difference is in [lo, hi)
+                mid = (lo + hi) // 2
+                if left[lo:mid] == right[lo:mid]:
+                    lo = mid
+                else:
+                    hi = mid
+            return lo
+        lo, step = hi, step * 2
+    return limit
+
+
+def changed_rows(left: RangeData, right: RangeData) -> int | None:
+    """The number of rows whose identity differs between two ranges holding the same paths
+    in the same order (compared as Arrow columns, without a Python object per row); None
+    when their paths differ (then only a walk by path tells the changes)."""
+    if left.n != right.n or not left.table.column("path").equals(right.table.column("path")):
+        return None
+    differ = pc.sum(pc.not_equal(left.table.column("identity"), right.table.column("identity")))
+    return int(differ.as_py() or 0)

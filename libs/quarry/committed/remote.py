@@ -16,7 +16,9 @@ from quarry.batching import batches
 from quarry.blob import ownership as _ownership  # noqa: F401 — error reasons
 from quarry.blob.ownership import NamespaceClaim
 from quarry.committed import errors as _committed_errors  # noqa: F401 — error reasons
+from quarry.committed.apply import AppliedRanges
 from quarry.committed.format import entry_bytes
+from quarry.committed.spans import Span
 from quarry.convert import (
     conflict_from_proto,
     entry_to_proto,
@@ -140,6 +142,38 @@ class RemoteRangeWriter:
             summary_from_proto(response.summary),
             ranges_written=response.ranges_written,
             ranges_reused=response.ranges_reused,
+        )
+
+    def apply_span(self, namespace: str, base_metarange_id: str, span: Span) -> AppliedRanges:
+        """CommittedManager.apply_span on the range-writer: the span's ranges, durable when
+        this returns; no metarange (quarry.committed.spans.FanOut calls this on peers)."""
+        failure = _Failure()
+
+        def add(batch: Any, item: tuple[str, Entry | None]) -> None:
+            put_or_delete_to_proto(item[0], item[1], batch.changes.add())
+
+        def size(item: tuple[str, Entry | None]) -> int:
+            return entry_bytes(item[1]) if item[1] is not None else len(item[0]) + 16
+
+        def requests() -> Iterator[Any]:
+            yield range_writer_pb2.ApplyChangesRequest(
+                header=range_writer_pb2.ApplyChangesHeader(
+                    storage_namespace=namespace,
+                    base_metarange_id=base_metarange_id or "",
+                    span=range_writer_pb2.ApplySpan(first_range=span.first, stop_range=span.stop),
+                )
+            )
+            for batch in self._batches(
+                span.changes, add, range_writer_pb2.ChangeBatch, size, failure
+            ):
+                yield range_writer_pb2.ApplyChangesRequest(changes=batch)
+
+        response = self._stream(self._stub.ApplyChanges, requests(), failure)
+        return AppliedRanges(
+            [range_info_from_proto(r) for r in response.ranges],
+            summary_from_proto(response.summary),
+            response.ranges_written,
+            response.ranges_reused,
         )
 
     def write_metarange(self, namespace: str, entries: Iterable[Entry]) -> ApplyResult:

@@ -111,13 +111,16 @@ class RangeWriter:
     def builder(self, sink: RangeSink) -> RangeBuilder:
         return RangeBuilder(sink, self.chunking)
 
-    def write_metarange_file(self, namespace: str, ranges: list[RangeInfo]) -> str:
-        """Put the metarange of `ranges` (if absent) and return its id."""
+    def write_metarange_file(
+        self, namespace: str, ranges: list[RangeInfo], metarange_id: str = ""
+    ) -> str:
+        """Put the metarange of `ranges` (if absent) and return its id (`metarange_id`:
+        metarange_id_of(ranges) when the caller has it already)."""
         loader = self.loader
         store = loader.store(namespace)
         # The ranges it names become durable before the metarange can.
         store.sync()
-        metarange_id = metarange_id_of(ranges)
+        metarange_id = metarange_id or metarange_id_of(ranges)
         data = encode_metarange(ranges, metarange_id)
         if store.put(metarange_key(metarange_id), data, if_absent=True):
             loader.stats.count("metaranges_written")
@@ -302,6 +305,11 @@ class RangeBuilder:
         self._out.append(info)
         self.reused += 1
 
+    def reuse_run(self, infos: list[RangeInfo]) -> None:
+        assert self.empty
+        self._out.extend(infos)
+        self.reused += len(infos)
+
     def _cut(self) -> None:
         self._close_rows_piece()
         pieces = self._pieces
@@ -337,9 +345,11 @@ def _concat(pieces: list[_Piece], rows_table: pa.Table | None) -> pa.Table:
 
     if len(pieces) == 1 and pieces[0][0] is None:
         return rows_table
+    # Left in chunks: hashing and encoding take them as they are, and combining would copy
+    # every column of the range once more.
     return pa.concat_tables(
         [source(data).slice(start, stop - start) for data, start, stop in pieces]
-    ).combine_chunks()
+    )
 
 
 __all__ = [

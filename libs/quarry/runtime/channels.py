@@ -103,20 +103,25 @@ def open_channel(
     token_source: TokenSource | None = None,
     security: ChannelSecurity | None = None,
 ) -> grpc.Channel:
-    """A channel to `target` ("host:port"): the one place channels are opened. Secured as
-    `security` says — a service passes channel_security(its settings); None: as the
-    environment's settings say (QUARRY_TLS_*; plaintext when none is set), which is what
-    a user's client wants. Traced when tracing is on, unless `traced=False` (background
-    traffic that belongs to no request, such as staging reports and readiness probes). With
-    `token_source`, every call carries `authorization: Bearer <token>`."""
+    """A channel to `target` ("host:port", or "dns:///name:port" for a name with several
+    addresses): the one place channels are opened. Secured as `security` says — a service
+    passes channel_security(its settings); None: as the environment's settings say
+    (QUARRY_TLS_*; plaintext when none is set), which is what a user's client wants. Traced
+    when tracing is on, unless `traced=False` (background traffic that belongs to no request,
+    such as staging reports and readiness probes). With `token_source`, every call carries
+    `authorization: Bearer <token>`."""
     if security is None:
         security = environment_channel_security()
+    options = CHANNEL_OPTIONS
+    if target.startswith("dns:///"):
+        # A name with several addresses (a headless Service's pods): calls spread over all.
+        options = [*CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin")]
     if security.tls:
         channel = grpc.secure_channel(
-            target, security.credentials(), options=CHANNEL_OPTIONS + security.options()
+            target, security.credentials(), options=options + security.options()
         )
     else:
-        channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        channel = grpc.insecure_channel(target, options=options)
     channel = telemetry.instrument_channel(channel) if traced else channel
     return with_token(channel, token_source)
 

@@ -173,3 +173,24 @@ def test_decode_rejects_garbage():
 
     with pytest.raises(RangeCorrupt):
         decode_range(b"not parquet at all")
+
+
+def test_a_range_written_from_slices_is_one_row_group_any_parquet_reader_reads(
+    make_entry, tmp_path
+):
+    # Ranges rebuilt from slices of others are encoded from a table in chunks: the file
+    # is the same plain Parquet (one row group, the same rows), read by pyarrow's own
+    # reader (as main's reader and Spark do) with the same id.
+    table = table_of(sample_entries(make_entry, 40))
+    pieces = pa.concat_tables([table.slice(0, 13), table.slice(13, 1), table.slice(14)])
+    assert pieces.column("path").num_chunks == 3
+    rid = range_id_of(pieces)
+    assert rid == range_id_of(table)
+    path = tmp_path / "r.parquet"
+    path.write_bytes(encode_range(pieces, rid))
+    parquet = pq.ParquetFile(path)
+    assert parquet.metadata.num_row_groups == 1
+    assert parquet.metadata.metadata[FORMAT_TAG] == RANGE_FORMAT
+    plain = parquet.read().replace_schema_metadata(None).combine_chunks()
+    assert plain.equals(table)
+    assert decode_range(str(path)).equals(table)

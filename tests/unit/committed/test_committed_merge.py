@@ -375,6 +375,40 @@ def test_work_is_proportional_to_the_change(new_manager, namespace, stores):
     assert manager.stats.ranges_read <= 6 and store.counts["put"] <= 3
 
 
+def test_a_gap_the_destination_touched_in_one_range_splices_the_source_elsewhere(
+    new_manager, namespace, stores
+):
+    # The source changes three neighbouring ranges (one gap between anchors); the
+    # destination changes only the middle one. Only that range is merged by entry and
+    # rewritten; the source's other two are spliced in by id, never rewritten.
+    manager = new_manager(target_range_entries=64)
+    paths = [f"k/{i:06d}" for i in range(20_000)]
+    base = manager.write_metarange(namespace, [ent(p, 0) for p in paths]).metarange_id
+    ranges = manager.get_metarange(namespace, base)
+    first, middle, last = (ranges[i] for i in (10, 11, 12))
+    src_paths = [first.min_key, middle.min_key, last.min_key]
+    src = manager.apply_changes(namespace, base, [(p, ent(p, 1)) for p in src_paths])
+    dst = manager.apply_changes(namespace, base, [(middle.max_key, ent(middle.max_key, 2))])
+    src_ranges = {r.id for r in manager.get_metarange(namespace, src.metarange_id)}
+    manager.clear_memory_cache()
+    manager.reset_stats()
+    store = stores(namespace)
+    store.reset()
+    result = manager.merge_metaranges(namespace, base, src.metarange_id, dst.metarange_id)
+    assert result.summary == DiffSummary(changed=3)
+    assert result.ranges_written == 1 and manager.stats.ranges_written == 1
+    assert store.counts["put"] == 2  # the merged range and the metarange
+    merged_ranges = manager.get_metarange(namespace, result.metarange_id)
+    spliced = [r for r in merged_ranges if r.min_key in (first.min_key, last.min_key)]
+    assert len(spliced) == 2 and all(r.id in src_ranges for r in spliced)
+    merged = read(manager, namespace, result.metarange_id)
+    for p in src_paths:
+        assert merged[p] == ent(p, 1)
+    assert merged[middle.max_key] == ent(middle.max_key, 2)
+    # The same content as merging without the split: chunking is a pure function of it.
+    assert result.metarange_id == write(manager, namespace, merged)
+
+
 def test_retry_onto_a_moved_destination_rewrites_only_what_the_new_head_changed(
     new_manager, namespace, stores
 ):
