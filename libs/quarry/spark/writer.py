@@ -381,12 +381,13 @@ class _Job:
         context = self.spark.sparkContext
         context.setJobDescription(f"quarry write {self.target} ({self.mode})")
         try:
-            collected = df.mapInArrow(
+            # The tasks' result rows come back as Arrow batches (no per-row pickling).
+            reported = df.mapInArrow(
                 write_task(self.spec), from_arrow_schema(RESULT_SCHEMA)
-            ).collect()
+            ).toArrow()
         finally:
             context.setJobDescription(None)
-        return [row.asDict() for row in collected]
+        return reported.to_pylist()
 
     def _merged(self) -> bool | None:
         """Whether the ephemeral commit is in the target's history; None if that cannot be
