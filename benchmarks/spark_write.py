@@ -40,6 +40,9 @@ B_ROWS = int(os.environ.get("BENCH_SPARK_SMALL_ROWS", "20000"))
 B_PARTITIONS = 4
 B_RECORDS_PER_FILE = int(os.environ.get("BENCH_SPARK_RECORDS_PER_FILE", "10"))
 C_TASKS = 4
+# Issue 14: Quarry / plain Spark time, at most (large files: target 6; small files: keep).
+TARGET_LARGE = 1.3
+TARGET_SMALL = 0.17
 C_ENTRIES_PER_TASK = int(os.environ.get("BENCH_SPARK_STAGE_ENTRIES", "25000"))
 
 
@@ -242,6 +245,14 @@ def main() -> None:
             f"Quarry / that floor {quarry_a_time / floor_a_time:.2f}), "
             f"small files {quarry_b_time / plain_b_time:.2f}"
         )
+        for label, ratio, target in (
+            ("large files", quarry_a_time / plain_a_time, TARGET_LARGE),
+            ("small files", quarry_b_time / plain_b_time, TARGET_SMALL),
+        ):
+            print(
+                f"  {label}: Quarry / plain Spark {ratio:.2f} "
+                f"(target <= {target}: {'MET' if ratio <= target else 'MISSED'})"
+            )
         print(
             f"  entries staged from executors: {b_files / quarry_b_time:,.0f}/s in a write (B); "
             f"staging alone (C) {c_entries / executors_time:,.0f}/s = "

@@ -119,6 +119,33 @@ def test_append_is_one_commit_on_the_target_and_reads_back(spark, suite, client,
     assert back.where("doubled != id * 2").count() == 0
 
 
+def test_a_write_leaves_one_commit_per_message_the_users_on_the_merge(spark, client, conn, repo):
+    """A full log shows the job's own commit and the merge commit: never one message twice.
+    The user's message (or the default) is on the merge commit, the one `write` returns."""
+    named = qs.write(
+        numbers(spark, 0, 100, 2), f"quarry://{repo}/main/t", message="load", connection=conn
+    )
+    unnamed = qs.write(numbers(spark, 100, 130, 3), f"quarry://{repo}/main/u", connection=conn)
+
+    log = list(client.iter_log(repo, "main"))
+    messages = [c.message for c in log]
+    assert len(messages) == len(set(messages)), messages
+    for commit, files, message in (
+        (named, 2, "load"),
+        (unnamed, 3, "Spark append of u/ (parquet)"),
+    ):
+        job = commit.metadata["quarry.spark.job"]
+        of_job = [c for c in log if c.metadata.get("quarry.spark.job") == job]
+        assert sorted(c.id for c in of_job) == sorted([commit.id, commit.parents[1]])
+        assert commit.message == message
+        (files_commit,) = [c for c in of_job if c.id == commit.parents[1]]
+        assert files_commit.message == f"Files of Spark job {job} ({files} files): {message}"
+    assert [c.id for c in client.iter_log(repo, "main", first_parent=True)][:2] == [
+        unnamed.id,
+        named.id,
+    ]
+
+
 def test_second_append_adds_files_and_keeps_the_first(spark, client, conn, repo):
     uri = f"quarry://{repo}/main/t"
     qs.write(numbers(spark, 0, 100, 2), uri, connection=conn)

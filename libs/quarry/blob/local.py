@@ -132,7 +132,9 @@ class LocalBlobStore(BlobStore):
                 directories, self._unsynced_dirs = self._unsynced_dirs, set()
             if not self.durable:
                 return
-            if files:
+            if len(files) == 1:  # no thread to start for one file (a Spark task's)
+                _fsync_file(next(iter(files)))
+            elif files:
                 with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
                     list(pool.map(_fsync_file, files))
             for directory in sorted(directories):

@@ -11,8 +11,10 @@ Idempotence under task retries and speculative execution:
 - the physical file KEY also names the task attempt (Spark's unique task attempt id), so
   two attempts never write the same file (a slower attempt cannot overwrite bytes another
   attempt's entry points to);
-- a file is written completely before its entry is staged, so no entry points at a partial
-  file. Files of attempts whose entries lost are unreferenced and left to `quarry gc`;
+- a file is written completely, and made durable, before its entry is staged, so no entry
+  points at a partial or lost file (a batch's files are synced together, just before the
+  batch is staged). Files of attempts whose entries lost are unreferenced and left to
+  `quarry gc`;
 - an attempt that failed, or a speculative attempt that lost (and may still be running),
   can stage entries the successful attempts did not report: the driver makes the committed
   files exactly the reported ones (quarry.spark.writer).
@@ -272,11 +274,20 @@ def _write_and_stage(
     store = open_blob_store(spec.storage_namespace, spec.connection)
     client = client_for(spec.connection)
     entries, rows = [], []
+
+    def stage() -> None:
+        # Durable first (one parallel sync for the whole batch instead of two fsyncs per
+        # file): an entry must never outlive, across a crash, the file it points to.
+        store.sync()
+        client.put_objects(spec.repository, spec.branch, entries)
+
     try:
         for index, (folder, table) in enumerate(_files(spec, batches)):
             data = encode_file(table, spec.format)
             key = file_key(spec, partition, index, task_attempt_id)
-            store.put(key, data)
+            if not store.put_deferred(key, data):
+                # Keys are unique per task attempt: an existing one is not this file.
+                raise FileExistsError(f"{key} already exists in {spec.storage_namespace}")
             row = {
                 "path": object_path(spec, partition, index, folder),
                 "physical_address": object_address(spec.storage_namespace, key),
@@ -289,12 +300,12 @@ def _write_and_stage(
             rows.append(row)
             entries.append(file_entry(spec, row))
             if len(entries) >= spec.stage_batch_files:
-                client.put_objects(spec.repository, spec.branch, entries)
+                stage()
                 entries = []
+        if entries:
+            stage()
     finally:
         store.close()
-    if entries:
-        client.put_objects(spec.repository, spec.branch, entries)
     return rows
 
 

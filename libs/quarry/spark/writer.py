@@ -12,7 +12,12 @@ The driver
    their entries on the ephemeral branch (quarry.spark.executor);
 4. commits exactly the files the successful task attempts reported (what failed or losing
    speculative attempts staged is removed or replaced first, and the commit is checked);
-5. merges that commit into the target — the committer retries a merge that lost a race by
+   its message names the job ("Files of Spark job <job> (N files): <message>");
+5. merges that commit into the target with the write's message: that merge commit is what
+   `write` returns and what a first-parent log of the target shows, one per write (a full
+   log also shows the job's commit, under its own message). A merge rather than a squash
+   keeps the job's exact files as one commit and makes "did the merge land?" an exact
+   ancestry check after a lost answer. The committer retries a merge that lost a race by
    merging its previous result onto the new HEAD;
    the commits and the merge carry request ids derived from the job id (job_request_id),
    so a retry after a lost answer gets the first result and never merges twice;
@@ -299,7 +304,7 @@ class _Job:
             commit = self.client.commit(
                 repo,
                 self.branch,
-                self.message,
+                self._files_commit_message(len(reported)),
                 committer=self.committer,
                 metadata=metadata,
                 allow_empty=True,
@@ -309,6 +314,15 @@ class _Job:
                 return commit
         raise WriteIncomplete(
             f"the files of job {self.job_id} kept changing on {self.branch} after the job ended"
+        )
+
+    def _files_commit_message(self, files: int) -> str:
+        """The message of the job's own commit, the merge's second parent. Distinct from
+        the merge commit's (the user's message): a full log shows two commits per write,
+        and they must say which is which."""
+        return (
+            f"Files of Spark job {self.job_id} ({files} file{'' if files == 1 else 's'}): "
+            f"{self.message}"
         )
 
     def _job_files(self, ref: str) -> dict[str, bytes]:
@@ -370,12 +384,13 @@ class _Job:
         context = self.spark.sparkContext
         context.setJobDescription(f"quarry write {self.target} ({self.mode})")
         try:
-            collected = df.mapInArrow(
+            # The tasks' result rows come back as Arrow batches (no per-row pickling).
+            reported = df.mapInArrow(
                 write_task(self.spec), from_arrow_schema(RESULT_SCHEMA)
-            ).collect()
+            ).toArrow()
         finally:
             context.setJobDescription(None)
-        return [row.asDict() for row in collected]
+        return reported.to_pylist()
 
     def _merged(self) -> bool | None:
         """Whether the ephemeral commit is in the target's history; None if that cannot be
