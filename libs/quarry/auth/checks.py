@@ -53,10 +53,12 @@ def check_import(
     principal = current_principal()
     if principal is None or principal.is_service or authorizer is None:
         return
+    root = storage_namespace.rstrip("/")
+    prefix = root + "/"  # inside_namespace, hoisted out of the per-entry loop
     outside = tuple(
         object_arn(repository, path)
         for path, address in entries
-        if address and not inside_namespace(address, storage_namespace)
+        if address and address != root and not address.startswith(prefix)
     )
     if outside:
         authorizer.authorize(principal, IMPORT_FROM_STORAGE, outside)

@@ -172,9 +172,13 @@ class Statement:
     actions: tuple[str, ...]
     resources: tuple[str, ...]
 
-    def matches(self, action: str, resource: str, user_id: str | None) -> bool:
-        if not any(wildcard_match(pattern, action) for pattern in self.actions):
-            return False
+    def names_action(self, action: str) -> bool:
+        return any(wildcard_match(pattern, action) for pattern in self.actions)
+
+    def names_every_resource(self) -> bool:
+        return "*" in self.resources
+
+    def names_resource(self, resource: str, user_id: str | None) -> bool:
         for pattern in self.resources:
             if USER_VARIABLE in pattern:
                 if user_id is None:
@@ -303,18 +307,30 @@ def decide(
 ) -> tuple[Decision, str]:
     """The decision for `action` on EVERY one of `resources`, and the resource that decided
     a refusal ("" when allowed). Deny wins; default deny."""
-    policies = tuple(policies)
     if not resources:
         return Decision.NO_GRANT, ""  # naming nothing is not "allowed on everything"
+    # The action is the same for every resource: match it once.
+    statements = [
+        statement
+        for policy in policies
+        for statement in policy.statements
+        if statement.names_action(action)
+    ]
+    # A bulk request (PutObjects: 1,000 objects) under an Allow on "*" with no Deny naming
+    # the action at all is allowed as a whole. Never taken when any Deny names the action:
+    # then every resource is checked against it (deny wins).
+    if not any(s.effect is Effect.DENY for s in statements) and any(
+        s.names_every_resource() for s in statements
+    ):
+        return Decision.ALLOW, ""
     for resource in resources:
         allowed = False
-        for policy in policies:
-            for statement in policy.statements:
-                if not statement.matches(action, resource, user_id):
-                    continue
-                if statement.effect is Effect.DENY:
-                    return Decision.DENY, resource
-                allowed = True
+        for statement in statements:
+            if not statement.names_resource(resource, user_id):
+                continue
+            if statement.effect is Effect.DENY:
+                return Decision.DENY, resource
+            allowed = True
         if not allowed:
             return Decision.NO_GRANT, resource
     return Decision.ALLOW, ""

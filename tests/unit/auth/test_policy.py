@@ -185,3 +185,19 @@ def test_wildcard_match_basics():
     assert wildcard_match("a*c", "a/b/c")
     assert not wildcard_match("a?c", "ac")
     assert not wildcard_match("abc", "abcd")
+
+
+def test_a_bulk_request_under_an_allow_on_everything_is_decided_once_deny_still_wins():
+    """decide() allows a whole batch at once under an Allow on "*" — only while no Deny names
+    the action; a Deny on any one object still refuses the batch, naming that object."""
+    resources = [object_arn("r", f"in/{i}") for i in range(1000)]
+    everything = [allow(["fs:*"]), deny(["fs:DeleteObject"])]  # a Deny of another action
+    assert verdict(everything, "fs:ImportFromStorage", resources) is Decision.ALLOW
+    locked = [*everything, deny(["fs:Import*"], "arn:quarry:fs:::repository/r/object/in/999")]
+    policy = parse_policy("p", document(*locked))
+    assert decide([policy], "fs:ImportFromStorage", resources, "u") == (
+        Decision.DENY,
+        resources[-1],
+    )
+    other_action = [allow(["fs:ReadObject"])]
+    assert verdict(other_action, "fs:ImportFromStorage", resources) is Decision.NO_GRANT
