@@ -397,3 +397,22 @@ def test_the_confirmation_prompt_shows_while_stdout_is_held(suite, quarry, env):
     assert child.returncode == 1
     assert b"CANCELLED" in seen
     quarry("repo", "show", "asked")  # still there
+
+
+def test_gc_without_a_usable_java_is_a_clear_precondition_not_internal(suite, quarry, tmp_path):
+    """The machine's mistake (no Java where JAVA_HOME points) is FAILED_PRECONDITION /
+    SPARK_UNAVAILABLE naming JAVA_HOME, never INTERNAL or a traceback."""
+    quarry("repo", "create", "nojava", suite.namespace("nojava"))
+    result = quarry(
+        "gc",
+        "run",
+        "nojava",
+        "--json",
+        expect=1,
+        extra_env={"JAVA_HOME": str(tmp_path / "no-java-here")},
+    )
+    assert result.stdout == b""
+    error = json.loads(result.stderr.decode().strip().splitlines()[-1])["error"]
+    assert (error["code"], error["reason"]) == ("FAILED_PRECONDITION", "SPARK_UNAVAILABLE")
+    assert "JAVA_HOME" in error["message"]
+    assert error["metadata"]["java_home"] == str(tmp_path / "no-java-here")

@@ -8,12 +8,22 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from quarry import errors
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+class SparkUnavailable(errors.FailedPrecondition):
+    """Spark could not start here (no usable Java, the JVM died at start): the machine's
+    environment, not a bug, so a clear status rather than INTERNAL."""
+
+    reason = "SPARK_UNAVAILABLE"
+
+
 def local_session(master: str = "local[2]", app_name: str = "quarry", **conf: str) -> SparkSession:
-    """getOrCreate a SparkSession on `master` with Quarry's local settings plus `conf`."""
+    """getOrCreate a SparkSession on `master` with Quarry's local settings plus `conf`.
+    SparkUnavailable when the JVM cannot start (JAVA_HOME, java on PATH, memory)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -32,4 +42,14 @@ def local_session(master: str = "local[2]", app_name: str = "quarry", **conf: st
     )
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    try:
+        return builder.getOrCreate()
+    except Exception as exc:
+        if "JAVA_GATEWAY_EXITED" not in str(exc):
+            raise
+        java = os.environ.get("JAVA_HOME") or "java on PATH"
+        raise SparkUnavailable(
+            f"Spark's JVM exited at start ({java}): check that Java 17+ is installed and "
+            "that JAVA_HOME points at it, and that the machine has memory to spare",
+            metadata={"java_home": os.environ.get("JAVA_HOME", "")},
+        ) from None
