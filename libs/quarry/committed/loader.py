@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 DEFAULT_RANGE_CACHE_BYTES = 256 * 1024 * 1024
 DEFAULT_METARANGE_CACHE_BYTES = 64 * 1024 * 1024
 DEFAULT_READ_WORKERS = 4
+# Diff counts between two metaranges kept (see RangeLoader.remember_diff_counts).
+DIFF_COUNTS_KEPT = 4096
 
 _ID_RE = re.compile(r"^[0-9a-f]{64}$")
 # Cache key suffix of ranges loaded with their path and identity columns only.
@@ -98,6 +100,9 @@ class RangeLoader:
         # Range loads in flight (prefetches), so a reader waits instead of reading twice.
         self._inflight: dict[tuple[str, ...], concurrent.futures.Future[RangeData]] = {}
         self._inflight_lock = threading.Lock()
+        # (added, removed, changed) from one metarange to another, by id, as merges found
+        # them: a pure function of two content-addressed ids, so never stale.
+        self._diff_counts = LRUCache(DIFF_COUNTS_KEPT, DIFF_COUNTS_KEPT)
 
     # ---- plumbing ---------------------------------------------------------------------------
 
@@ -147,6 +152,23 @@ class RangeLoader:
 
     def remember_metarange(self, namespace: str, metarange: MetaRange) -> None:
         self._metaranges.put((namespace, metarange.id), metarange, metarange.cache_bytes)
+
+    def remember_diff_counts(
+        self, namespace: str, left_id: str, right_id: str, counts: tuple[int, int, int]
+    ) -> None:
+        """Remember what a diff from metarange `left_id` to `right_id` counts (added,
+        removed, changed): a merge knows it of its destination and result, and its retry
+        (base' = that destination, source' = that result) needs it. Only exact counts may
+        be remembered: every later summary built on them would be wrong by the same."""
+        self._diff_counts.put((namespace, left_id, right_id), counts, 1)
+
+    def diff_counts(
+        self, namespace: str, left_id: str, right_id: str
+    ) -> tuple[int, int, int] | None:
+        """Counts remembered by remember_diff_counts, or None. (Not cleared with the memory
+        cache: they are not file contents, and a few thousand tuples.)"""
+        counts: tuple[int, int, int] | None = self._diff_counts.get((namespace, left_id, right_id))
+        return counts
 
     def keep_written_file(
         self, namespace: str, store: BlobStore, kind: str, object_id: str, data: bytes

@@ -57,7 +57,10 @@ destination, source' = the previous result and destination' = the new destinatio
 same content as merging the original inputs onto the new destination. Ranges only the first
 merge touched are source-only gaps on the retry: reused, neither read nor written again;
 ranges both changed are re-derived, and what the first attempt already wrote exists (put if
-absent is a no-op).
+absent is a no-op). The retry's summary needs no read of those reused ranges either: a merge
+that writes a result remembers its summary, which is exactly the diff destination -> result,
+i.e. the retry's diff base' -> source' (RangeLoader.diff_counts, by metarange ids); the
+source-only gaps' share is that diff less what the other gaps hold (_add_source_only_share).
 
 Identity covers every field a user writes and reads back — the physical address included,
 not mtime (docs/architecture.md §2) — so an entry re-pointed at another address is a change like
@@ -71,19 +74,26 @@ destination's entry (and mtime) is kept.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterator
+import logging
 from dataclasses import dataclass
 
 from quarry import errors
 from quarry.committed.apply import ApplyOptions, apply_to_ranges
-from quarry.committed.diff import DiffOptions, diff_metaranges
 from quarry.committed.format import metarange_id_of
-from quarry.committed.iterators import LoadRange
+from quarry.committed.gaps import (
+    MERGE_READAHEAD,
+    Gap,
+    count_gap,
+    find_gaps,
+    inside,
+    paired,
+    range_ids,
+    walk,
+)
 from quarry.committed.loader import RangeLoader, get_entry
-from quarry.committed.rangedata import MetaRange, RangeData, changed_rows, common_prefix_length
+from quarry.committed.rangedata import MetaRange, RangeData
 from quarry.committed.writer import RangeWriter
 from quarry.graveler.model import (
-    Change,
     ChangeType,
     Conflict,
     DiffSummary,
@@ -93,22 +103,12 @@ from quarry.graveler.model import (
     RangeInfo,
 )
 
-# Ranges loaded ahead in the background by each diff walk.
-MERGE_READAHEAD = 8
+log = logging.getLogger(__name__)
+
 # Destination ranges a merge keeps in hand between its walk and its apply (beyond what the
 # shared range cache keeps).
 HOLD_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_CONFLICTS = 100
-
-
-@dataclass(slots=True)
-class _Gap:
-    """Keys strictly between two anchors (None = unbounded), where base and source differ."""
-
-    lo: str | None
-    hi: str | None
-    base_run: list[RangeInfo]
-    source_run: list[RangeInfo]
 
 
 @dataclass(frozen=True)
@@ -144,16 +144,22 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
     if source.id == base.id or source.id == destination.id:
         return _done(destination.id, DiffSummary(), dry_run, reused=len(destination.ranges))
     if destination.id == base.id:
-        summary = DiffSummary()
-        for gap in _gaps(destination, source):
-            _count(loader, namespace, gap, summary)
+        known = loader.diff_counts(namespace, destination.id, source.id)
+        if known is not None:
+            summary = DiffSummary(*known)
+        else:
+            summary = DiffSummary()
+            for gap in find_gaps(destination, source):
+                count_gap(loader, namespace, gap, summary)
+            _remember(loader, namespace, destination.id, source.id, summary)
         return _done(source.id, summary, dry_run, reused=len(source.ranges))
 
     # ---- gaps: source-only ones are spliced, mixed ones merged by entry --------------------
     dest_ranges = destination.ranges
     dest_min_keys = [r.min_key for r in dest_ranges]
     plan: list[_Step] = []  # (kind, gap, destination ranges over it)
-    for gap in _gaps(base, source):
+    settled: list[Gap] = []  # gaps (and pieces) where the destination has the source's ranges
+    for gap in find_gaps(base, source):
         first = bisect.bisect_right(destination.max_keys, gap.lo) if gap.lo is not None else 0
         stop = (
             bisect.bisect_left(dest_min_keys, gap.hi, first)
@@ -161,27 +167,34 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
             else len(dest_ranges)
         )
         over_gap = dest_ranges[first:stop]  # every destination range with keys in the gap
-        if _ids(over_gap) == _ids(gap.base_run) and _inside(over_gap, gap):
+        if range_ids(over_gap) == range_ids(gap.base_run) and inside(over_gap, gap):
             plan.append((_SOURCE_ONLY, gap, first, stop))  # the destination has the base's
-        elif _ids(over_gap) == _ids(gap.source_run) and _inside(over_gap, gap):
-            continue  # the destination already holds the source's ranges: nothing to do
+        elif range_ids(over_gap) == range_ids(gap.source_run) and inside(over_gap, gap):
+            settled.append(gap)  # the destination already holds the source's ranges
         else:
-            plan.extend(_split_mixed(gap, over_gap, first))
+            plan.extend(_split_mixed(gap, over_gap, first, settled))
+    # A retry (base' = an earlier attempt's destination, source' = its result) knows the
+    # diff base' -> source' from that attempt: then the source-only gaps are counted as
+    # what remains of it once the other gaps' share is taken out, instead of being read.
+    known = loader.diff_counts(namespace, base.id, source.id)
     summary = DiffSummary()
     merged = _EntryMerge(strategy, max_conflicts, summary)
     spliced: list[RangeInfo] = []  # the destination's ranges with source-only runs spliced in
     taken = 0  # destination ranges [0, taken) are settled in `spliced`
-    ahead = _ReadAhead(loader, namespace, plan, dest_ranges)
+    ahead = _ReadAhead(loader, namespace, plan, dest_ranges, source_only_read=known is None)
     for number, (kind, gap, first, stop) in enumerate(plan):
         ahead.through(number)
         if kind == _SOURCE_ONLY:
-            _count(loader, namespace, gap, summary)
+            if known is None:
+                count_gap(loader, namespace, gap, summary)
             spliced.extend(dest_ranges[taken:first])
             spliced.extend(gap.source_run)
             taken = stop
         else:
             merged.gap(loader, namespace, gap, dest_ranges[first:stop])
     spliced.extend(dest_ranges[taken:])
+    if known is not None:
+        _add_source_only_share(loader, namespace, (known, plan, settled), merged)
     conflicts = tuple(
         Conflict(
             path,
@@ -211,6 +224,9 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
     metarange_id = metarange_id_of(applied.ranges)
     if metarange_id != destination.id:
         metarange_id = writer.write_metarange_file(namespace, applied.ranges, metarange_id)
+    # The summary is exactly the diff destination -> result (module docstring): a retry of
+    # this merge starts from it.
+    _remember(loader, namespace, destination.id, metarange_id, summary)
     return MergeResult(
         metarange_id, summary, ranges_written=applied.written, ranges_reused=applied.reused
     )
@@ -220,19 +236,67 @@ _SOURCE_ONLY = "source-only"
 _MIXED = "mixed"
 # A step of a merge's plan: (kind, gap, first, stop) with destination ranges [first, stop)
 # over the gap.
-_Step = tuple[str, _Gap, int, int]
+_Step = tuple[str, Gap, int, int]
+
+
+def _remember(
+    loader: RangeLoader, namespace: str, left_id: str, right_id: str, summary: DiffSummary
+) -> None:
+    loader.remember_diff_counts(
+        namespace, left_id, right_id, (summary.added, summary.removed, summary.changed)
+    )
+
+
+def _add_source_only_share(
+    loader: RangeLoader,
+    namespace: str,
+    work: tuple[tuple[int, int, int], list[_Step], list[Gap]],
+    merged: _EntryMerge,
+) -> None:
+    """Add the source-only gaps' changes to merged.summary without reading them: the gaps
+    (and pieces) partition the keys where base and source differ, so the source-only share
+    of the known diff base -> source is that diff less what the mixed gaps' walks saw
+    (merged.source_diff) and less the gaps the destination already holds (counted here,
+    by reading: rare). Counts that come out negative cannot be exact: those gaps are then
+    counted by reading, as without the known diff."""
+    known, plan, settled = work
+    covered = DiffSummary(
+        merged.source_diff.added, merged.source_diff.removed, merged.source_diff.changed
+    )
+    for gap in settled:
+        count_gap(loader, namespace, gap, covered)
+    share = (known[0] - covered.added, known[1] - covered.removed, known[2] - covered.changed)
+    summary = merged.summary
+    if min(share) < 0:
+        log.warning(
+            "merge: remembered diff counts %s below the walked %s: recounting", known, covered
+        )
+        for kind, gap, _first, _stop in plan:
+            if kind == _SOURCE_ONLY:
+                count_gap(loader, namespace, gap, summary)
+        return
+    summary.added += share[0]
+    summary.removed += share[1]
+    summary.changed += share[2]
 
 
 class _ReadAhead:
     """Starts loading, in the background, the ranges of the next gaps of the plan: the
-    per-gap walks are too short for their own read-ahead to help."""
+    per-gap walks are too short for their own read-ahead to help. `source_only_read` False:
+    source-only gaps are not read (their summary share is known), so not loaded either."""
 
     def __init__(
-        self, loader: RangeLoader, namespace: str, plan: list[_Step], dest_ranges: list[RangeInfo]
+        self,
+        loader: RangeLoader,
+        namespace: str,
+        plan: list[_Step],
+        dest_ranges: list[RangeInfo],
+        source_only_read: bool = True,
     ) -> None:
         self._loader = loader
         self._namespace = namespace
         self._plan = plan
+        self._source_only_read = source_only_read
         self._dest_ranges = dest_ranges
         self._next = 0  # the next gap whose ranges are not requested yet
         self._enabled = loader.read_workers > 0
@@ -244,6 +308,8 @@ class _ReadAhead:
             return
         budget = MERGE_READAHEAD
         for kind, gap, first, stop in self._plan[current + 1 : self._next]:
+            if kind == _SOURCE_ONLY and not self._source_only_read:
+                continue
             budget -= (
                 len(gap.base_run) + len(gap.source_run) + (stop - first if kind == _MIXED else 0)
             )
@@ -254,6 +320,8 @@ class _ReadAhead:
             self._next += 1
             if self._next <= current + 1:
                 continue  # the current gap loads its own first ranges
+            if kind == _SOURCE_ONLY and not self._source_only_read:
+                continue
             over_gap = self._dest_ranges[first:stop] if kind == _MIXED else []
             # As the walks will load them (see _EntryMerge.gap): base ranges keys only,
             # unless the destination has them too.
@@ -281,13 +349,13 @@ class _EntryMerge:
         # (path, source entry, destination entry, whether the base had the path)
         self.conflicts: list[tuple[str, Entry | None, Entry | None, bool]] = []
         self.more_conflicts = 0
+        # The diff base -> source over the gaps walked (whatever became of each change).
+        self.source_diff = DiffSummary()
         # Destination ranges the walk loaded, for the apply (up to HOLD_BYTES).
         self.held: dict[str, RangeData] = {}
         self.held_bytes = 0
 
-    def gap(
-        self, loader: RangeLoader, namespace: str, gap: _Gap, over_gap: list[RangeInfo]
-    ) -> None:
+    def gap(self, loader: RangeLoader, namespace: str, gap: Gap, over_gap: list[RangeInfo]) -> None:
         # Base ranges are only compared (a conflict's base entry is read separately). (A
         # range on both sides is skipped unread by the walk; full loads for those anyway.)
         base_ids = {r.id for r in gap.base_run}
@@ -308,8 +376,8 @@ class _EntryMerge:
             loader.prefetch(namespace, info, keys_only=info.id in base_ids)
 
         base_run = MetaRange("", gap.base_run)
-        source_changes = _walk(load, prefetch, base_run, MetaRange("", gap.source_run))
-        dest_changes = _walk(load, prefetch, base_run, MetaRange("", over_gap))
+        source_changes = walk(load, prefetch, base_run, MetaRange("", gap.source_run))
+        dest_changes = walk(load, prefetch, base_run, MetaRange("", over_gap))
         lo, hi = gap.lo, gap.hi
         # Destination ranges may stick out of the gap: what lies outside is not ours.
         dest_changes = (
@@ -318,7 +386,10 @@ class _EntryMerge:
         summary = self.summary
         changes = self.changes
         strategy = self.strategy
-        for path, src, dst in _paired(source_changes, dest_changes):
+        source_diff = self.source_diff
+        for path, src, dst in paired(source_changes, dest_changes):
+            if src is not None:
+                source_diff.count(src.type)
             if dst is None:
                 # Changed on the source only: the destination still has the base's value.
                 assert src is not None  # _paired yields at least one side
@@ -362,10 +433,13 @@ def _done(metarange_id: str, summary: DiffSummary, dry_run: bool, reused: int) -
     return MergeResult(metarange_id, summary, ranges_reused=reused)
 
 
-def _split_mixed(gap: _Gap, over_gap: list[RangeInfo], first: int) -> list[_Step]:
+def _split_mixed(
+    gap: Gap, over_gap: list[RangeInfo], first: int, settled: list[Gap]
+) -> list[_Step]:
     """A gap the destination touched, cut where base, source and destination all end a
     range at the same key: each piece covers the same keys on all three sides, and a piece
-    the destination left as the base's is source-only (spliced, never read or written)."""
+    the destination left as the base's is source-only (spliced, never read or written).
+    Pieces where the destination holds the source's ranges go to `settled`."""
     base_run, source_run = gap.base_run, gap.source_run
     cuts: list[tuple[int, int, int]] = []  # exclusive ends (base, source, destination)
     i = j = k = 0
@@ -389,112 +463,19 @@ def _split_mixed(gap: _Gap, over_gap: list[RangeInfo], first: int) -> list[_Step
         piece_base, piece_source = base_run[pb:eb], source_run[ps:es]
         piece_dest = over_gap[pd:ed]
         # Keys outside the gap can only be in the destination's first and last pieces.
-        piece = _Gap(
+        piece = Gap(
             gap.lo if number == 0 else None,
             gap.hi if number == len(cuts) - 1 else None,
             piece_base,
             piece_source,
         )
-        if _ids(piece_source) == _ids(piece_base):
+        if range_ids(piece_source) == range_ids(piece_base):
             pass  # the source did not change these keys: the destination's value stays
-        elif _ids(piece_dest) == _ids(piece_base):
+        elif range_ids(piece_dest) == range_ids(piece_base):
             steps.append((_SOURCE_ONLY, piece, first + pd, first + ed))
-        elif _ids(piece_dest) != _ids(piece_source):
+        elif range_ids(piece_dest) != range_ids(piece_source):
             steps.append((_MIXED, piece, first + pd, first + ed))
+        else:
+            settled.append(piece)
         pb, ps, pd = eb, es, ed
     return steps
-
-
-def _ids(ranges: list[RangeInfo]) -> list[str]:
-    return [r.id for r in ranges]
-
-
-def _inside(ranges: list[RangeInfo], gap: _Gap) -> bool:
-    """Whether the ranges lie within the gap's open key interval."""
-    if not ranges:
-        return True
-    return (gap.lo is None or ranges[0].min_key > gap.lo) and (
-        gap.hi is None or ranges[-1].max_key < gap.hi
-    )
-
-
-def _gaps(left: MetaRange, right: MetaRange) -> Iterator[_Gap]:
-    """The key intervals where two metaranges may differ: between consecutive ranges they
-    share by id (which hold the same entries), with each side's ranges there."""
-    left_ranges, right_ranges = left.ranges, right.ranges
-    # Leading and trailing runs of the same ranges are anchors without gaps: only the
-    # middle is walked (a localized change leaves almost every range of both in place).
-    left_ids, right_ids = _ids(left_ranges), _ids(right_ranges)
-    head = common_prefix_length(left_ids, right_ids)
-    tail = common_prefix_length(left_ids[head:][::-1], right_ids[head:][::-1])
-    right_stop = len(right_ids) - tail + (1 if tail else 0)
-    right_index = {right_ids[j]: j for j in range(head, right_stop)}
-    prev_left = prev_right = head - 1
-    end = len(left_ranges) - tail + (1 if tail else 0)  # through the first trailing anchor
-    for i in range(head, min(end, len(left_ranges)) if tail else len(left_ranges) + 1):
-        if i < len(left_ranges):
-            j = right_index.get(left_ranges[i].id)
-            if j is None or j <= prev_right:
-                continue
-        else:
-            j = len(right_ranges)
-        if i > prev_left + 1 or j > prev_right + 1:
-            yield _Gap(
-                left_ranges[prev_left].max_key if prev_left >= 0 else None,
-                left_ranges[i].min_key if i < len(left_ranges) else None,
-                left_ranges[prev_left + 1 : i],
-                right_ranges[prev_right + 1 : j],
-            )
-        prev_left, prev_right = i, j
-
-
-def _count(loader: RangeLoader, namespace: str, gap: _Gap, summary: DiffSummary) -> None:
-    """Add the changes from the gap's left run to its right run (by path and identity:
-    no entry is built, only those two columns are read)."""
-    runs = gap.base_run, gap.source_run
-    if len(runs[0]) == len(runs[1]) == 1 and runs[0][0].count == runs[1][0].count:
-        left, right = (loader.keys_range(namespace, run[0]) for run in runs)
-        changed = changed_rows(left, right)
-        if changed is not None:  # the same paths: a range changed in place (the usual case)
-            summary.changed += changed
-            return
-    for change in _walk(
-        lambda info: loader.keys_range(namespace, info),
-        lambda info: loader.prefetch(namespace, info, keys_only=True),
-        MetaRange("", gap.base_run),
-        MetaRange("", gap.source_run),
-        entries=False,
-    ):
-        summary.count(change.type)
-
-
-def _walk(
-    load: LoadRange,
-    prefetch: Callable[[RangeInfo], None],
-    left: MetaRange,
-    right: MetaRange,
-    entries: bool = True,
-) -> Iterator[Change]:
-    return diff_metaranges(
-        load, left, right, DiffOptions(readahead=MERGE_READAHEAD, entries=entries), prefetch
-    )
-
-
-def _paired(
-    left: Iterator[Change], right: Iterator[Change]
-) -> Iterator[tuple[str, Change | None, Change | None]]:
-    """Two change streams sorted by path, joined: (path, left change, right change)."""
-    a = next(left, None)
-    b = next(right, None)
-    while a is not None or b is not None:
-        if a is not None and (b is None or a.path < b.path):
-            yield a.path, a, None
-            a = next(left, None)
-        elif b is not None and (a is None or b.path < a.path):
-            yield b.path, None, b
-            b = next(right, None)
-        else:
-            assert a is not None and b is not None  # neither is ahead: the same path
-            yield a.path, a, b
-            a = next(left, None)
-            b = next(right, None)

@@ -472,6 +472,85 @@ def test_retry_onto_a_moved_destination_rewrites_only_what_the_new_head_changed(
     assert retry.summary == direct.summary
 
 
+def test_retry_counts_its_summary_without_reading_what_only_the_first_attempt_touched(
+    new_manager, namespace
+):
+    """The retry's summary (what it changes on the new HEAD) comes from the first attempt's
+    summary, remembered by metarange ids: the ranges only A's merge touched are not read
+    again, even with the range cache cold. A manager that never saw the first attempt
+    reads them and finds the same summary and result."""
+    manager = new_manager(target_range_entries=16)
+    rng = random.Random(8)
+    paths = [f"data/{i:06d}" for i in range(8_000)]
+    base = manager.write_metarange(namespace, [ent(p, 0) for p in paths]).metarange_id
+    a_changes = _scattered(rng, paths[:4000], 200, 1)
+    branch_a = manager.apply_changes(namespace, base, a_changes).metarange_id
+    main_0 = manager.apply_changes(
+        namespace, base, _scattered(rng, paths[4000:], 200, 2)
+    ).metarange_id
+    attempt = manager.merge_metaranges(namespace, base, branch_a, main_0)
+    assert attempt.summary == DiffSummary(changed=200)
+    # The race: one more change on main, away from A's ranges.
+    main_1 = manager.apply_changes(
+        namespace, main_0, [(paths[7_000], ent(paths[7_000], 3))]
+    ).metarange_id
+    manager.clear_memory_cache()
+    manager.reset_stats()
+    retry = manager.merge_metaranges(namespace, main_0, attempt.metarange_id, main_1)
+    assert retry.summary == DiffSummary(changed=200)
+    assert manager.stats.ranges_read == 0, manager.stats
+    cold = new_manager(target_range_entries=16)
+    recounted = cold.merge_metaranges(namespace, main_0, attempt.metarange_id, main_1)
+    assert cold.stats.ranges_read >= 20  # the summary read the long way
+    assert recounted.summary == retry.summary
+    assert recounted.metarange_id == retry.metarange_id
+    merged = read(manager, namespace, retry.metarange_id)
+    assert all(merged[p] == e for p, e in a_changes)
+    assert merged[paths[7_000]] == ent(paths[7_000], 3)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_retry_summaries_from_remembered_counts_match_the_naive_model(new_manager, namespace, seed):
+    """Random first attempts and moved destinations (random changes, and a block where the
+    new HEAD already holds the merged values): every retry, which starts from the first
+    attempt's remembered summary, reports exactly the naive model's summary and conflicts,
+    and the same as a manager that counts everything by reading."""
+    rng = random.Random(1000 + seed)
+    manager = new_manager(target_range_entries=8)
+    fresh = new_manager(target_range_entries=8)
+    base, source, dest = _random_case(rng)
+    b, s, d = (write(manager, namespace, m) for m in (base, source, dest))
+    first = manager.merge_metaranges(
+        namespace,
+        b,
+        s,
+        d,
+        strategy=rng.choice([MergeStrategy.SOURCE_WINS, MergeStrategy.DEST_WINS]),
+    )
+    assert first.metarange_id
+    result = read(manager, namespace, first.metarange_id)
+    dest_after = dict(dest)
+    universe = sorted(set(base) | set(source) | set(dest))
+    for p in rng.sample(universe, len(universe) // 20):
+        dest_after[p] = ent(p, 4)
+    start = rng.randrange(len(universe))
+    for p in universe[start : start + len(universe) // 3]:  # the merged values already
+        if p in result:
+            dest_after[p] = result[p]
+        else:
+            dest_after.pop(p, None)
+    d2 = write(manager, namespace, dest_after)
+    for strategy in STRATEGIES:
+        context = f"seed={seed} strategy={strategy.name}"
+        _merged, summary, conflicts, more = naive_merge(dest, result, dest_after, strategy)
+        retry = manager.merge_metaranges(namespace, d, first.metarange_id, d2, strategy=strategy)
+        recount = fresh.merge_metaranges(namespace, d, first.metarange_id, d2, strategy=strategy)
+        assert retry.summary == summary == recount.summary, context
+        assert retry.conflicts == tuple(conflicts) == recount.conflicts, context
+        assert retry.more_conflicts == more == recount.more_conflicts, context
+        assert retry.metarange_id == recount.metarange_id, context
+
+
 def test_conflicts_convert_to_proto_and_back(make_entry):
     from quarry.convert import conflict_from_proto, conflict_to_proto
 
