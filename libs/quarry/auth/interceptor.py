@@ -203,6 +203,12 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return
         if rule.resources is None:
             raise auth_errors.PermissionDenied(f"{audit.method} declares no resources")
+        if principal.is_service and not rule.mutating:
+            # A service skips policy evaluation (the authorizer's rule), and the resources
+            # would only name a mutating call's audit line: a service's KV read (the hot
+            # path of every user read) does not build them.
+            self._authorizer.authorize(principal, rule.action, ())
+            return
         resources = (
             rule.resources(request, first) if rule.client_stream else rule.resources(request)
         )
@@ -213,7 +219,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
         self, rule: Rule | None, method: str, context: grpc.ServicerContext, audit: _Audit
     ) -> tuple[Rule, Principal | None]:
         metadata = context.invocation_metadata()
-        audit.request_id = _metadata_value(metadata, REQUEST_ID_HEADER) or ""
+        if audit.rule.mutating:  # the request id only ever appears in an audit line
+            audit.request_id = _metadata_value(metadata, REQUEST_ID_HEADER) or ""
         if rule is None:
             raise auth_errors.PermissionDenied(
                 f"{method} has no access declaration; refused", metadata={"method": method}
@@ -237,7 +244,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 audit = _Audit(method, audit_rule)
                 try:
                     checked, principal = interceptor._begin(rule, method, context, audit)
-                    audit.request_id = getattr(request, "request_id", "") or audit.request_id
+                    if audit_rule.mutating:
+                        audit.request_id = getattr(request, "request_id", "") or audit.request_id
                     interceptor._admit(checked, principal, request, audit)
                     token = _principal.set(principal)
                     try:
