@@ -79,9 +79,13 @@ class Authorizer:
     def check_principal(self, principal: Principal) -> None:
         """PrincipalUnknown for a user that no longer exists; CredentialRevoked for a token
         issued against an access key that was deleted (or now belongs to someone else)."""
-        if principal.is_service:
-            return
-        if not self._user(principal.id).exists:
+        if not principal.is_service:
+            self._checked_user(principal)
+
+    def _checked_user(self, principal: Principal) -> _Cached:
+        """check_principal of a user principal; its cached entry (policies) when it passes."""
+        cached = self._user(principal.id)
+        if not cached.exists:
             raise auth_errors.PrincipalUnknown(
                 f"user {principal.id!r} of this token does not exist (any more)",
                 metadata={"principal": str(principal)},
@@ -91,13 +95,15 @@ class Authorizer:
                 f"access key {principal.access_key_id!r} of this token was revoked",
                 metadata={"principal": str(principal), "access_key_id": principal.access_key_id},
             )
+        return cached
 
     def authorize(self, principal: Principal, action: str, resources: Sequence[str]) -> None:
-        """Return if allowed; PermissionDenied naming the action and resource otherwise."""
-        self.check_principal(principal)
+        """Return if allowed; PermissionDenied naming the action and resource otherwise.
+        Checks the principal first (check_principal), whoever called before."""
         if principal.is_service:
             return
-        cached = self._user(principal.id)
+        # The principal's check and its policies from one look-up of its cache entry.
+        cached = self._checked_user(principal)
         # Only single-resource requests are remembered: a batch names many distinct objects
         # (PutObjects: 1,000 a message) that would never repeat.
         single = (action, resources[0]) if len(resources) == 1 else None

@@ -29,7 +29,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -73,9 +73,10 @@ def bearer_token(metadata: Any) -> str | None:
     return None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Audit:
-    """What one mutating call's audit line says; filled in as the call proceeds."""
+    """What one mutating call's audit line says; filled in as the call proceeds (a slotted
+    object: one is made on every call)."""
 
     method: str
     rule: Rule
@@ -84,7 +85,6 @@ class _Audit:
     resource: str = ""
     outcome: str = "failed"
     code: str = grpc.StatusCode.UNKNOWN.name
-    extra: dict[str, str] = field(default_factory=dict)
 
     def refused(self, exc: BaseException) -> None:
         if isinstance(exc, auth_errors.Unauthenticated):
@@ -110,6 +110,9 @@ class _Audit:
             # a user call that the public service audits already: no line per KV write.
             # Refusals of internal calls are still audited.
             return
+        # A call that named no request id gets one here, only when a line is written (a
+        # read's audit object is never written: no random id drawn for it).
+        self.request_id = self.request_id or uuid.uuid4().hex
         line = {
             "principal": self.principal or "anonymous",
             "method": self.method,
@@ -154,8 +157,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
     # ---- the checks -------------------------------------------------------------------
 
-    def _authenticate(self, context: grpc.ServicerContext) -> Principal:
-        principal = self._verify(bearer_token(context.invocation_metadata()))
+    def _authenticate(self, metadata: Any) -> Principal:
+        principal = self._verify(bearer_token(metadata))
         self._authorizer.check_principal(principal)
         return principal
 
@@ -200,6 +203,12 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return
         if rule.resources is None:
             raise auth_errors.PermissionDenied(f"{audit.method} declares no resources")
+        if principal.is_service and not rule.mutating:
+            # A service skips policy evaluation (the authorizer's rule), and the resources
+            # would only name a mutating call's audit line: a service's KV read (the hot
+            # path of every user read) does not build them.
+            self._authorizer.authorize(principal, rule.action, ())
+            return
         resources = (
             rule.resources(request, first) if rule.client_stream else rule.resources(request)
         )
@@ -209,14 +218,16 @@ class AuthInterceptor(grpc.ServerInterceptor):
     def _begin(
         self, rule: Rule | None, method: str, context: grpc.ServicerContext, audit: _Audit
     ) -> tuple[Rule, Principal | None]:
-        audit.request_id = _metadata_value(context, REQUEST_ID_HEADER) or ""
+        metadata = context.invocation_metadata()
+        if audit.rule.mutating:  # the request id only ever appears in an audit line
+            audit.request_id = _metadata_value(metadata, REQUEST_ID_HEADER) or ""
         if rule is None:
             raise auth_errors.PermissionDenied(
                 f"{method} has no access declaration; refused", metadata={"method": method}
             )
         if rule.access is Access.OPEN:
             return rule, None
-        principal = self._authenticate(context)
+        principal = self._authenticate(metadata)
         audit.principal = str(principal)
         return rule, principal
 
@@ -233,7 +244,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 audit = _Audit(method, audit_rule)
                 try:
                     checked, principal = interceptor._begin(rule, method, context, audit)
-                    audit.request_id = getattr(request, "request_id", "") or audit.request_id
+                    if audit_rule.mutating:
+                        audit.request_id = getattr(request, "request_id", "") or audit.request_id
                     interceptor._admit(checked, principal, request, audit)
                     token = _principal.set(principal)
                     try:
@@ -247,7 +259,6 @@ class AuthInterceptor(grpc.ServerInterceptor):
                     audit.outcome, audit.code = "ok", grpc.StatusCode.OK.name
                     return response
                 finally:
-                    audit.request_id = audit.request_id or uuid.uuid4().hex
                     audit.write()
 
             return wrapper
@@ -270,7 +281,6 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 else:
                     audit.outcome, audit.code = "ok", grpc.StatusCode.OK.name
                 finally:
-                    audit.request_id = audit.request_id or uuid.uuid4().hex
                     audit.write()
 
             return wrapper
@@ -306,7 +316,6 @@ class AuthInterceptor(grpc.ServerInterceptor):
                     audit.outcome, audit.code = "ok", grpc.StatusCode.OK.name
                     return response
                 finally:
-                    audit.request_id = audit.request_id or uuid.uuid4().hex
                     audit.write()
 
             return wrapper
@@ -334,8 +343,8 @@ def refuse(behavior: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _metadata_value(context: grpc.ServicerContext, name: str) -> str | None:
-    for key, value in context.invocation_metadata() or ():
+def _metadata_value(metadata: Any, name: str) -> str | None:
+    for key, value in metadata or ():
         if key.lower() == name:
             return value.decode("latin-1") if isinstance(value, bytes) else str(value)
     return None

@@ -73,15 +73,18 @@ from quarry.client.entries import (
     to_timestamp,
 )
 from quarry.client.retry import RetryPolicy
-from quarry.client.session import BearerTokenInterceptor, TokenSource, login_over
+from quarry.client.session import BearerTokenInterceptor, TokenSource, TokenStub, login_over
 
 # Client dials through this name (tests reach it as quarry.client.client.open_channel).
 from quarry.runtime.channels import open_channel
 from quarry.runtime.errors import from_rpc_error
 from quarry.runtime.tls import ChannelSecurity, channel_security
 from quarry.v1 import (
+    auth_pb2,
     auth_pb2_grpc,
+    branch_manager_pb2,
     branch_manager_pb2_grpc,
+    committer_pb2,
     committer_pb2_grpc,
     compactor_sensor_pb2_grpc,
     server_info_pb2,
@@ -161,11 +164,24 @@ class Client(BranchManagerCalls, CommitterCalls, AuthCalls):
         self.branch_manager_target = branch_manager if isinstance(branch_manager, str) else ""
         self.committer_target = committer if isinstance(committer, str) else ""
         self._bm_channel = channel(branch_manager)
-        self._auth = auth_pb2_grpc.AuthStub(self._bm_channel)
         self._auth_open = auth_pb2_grpc.AuthStub(bm_plain)
         self._cm_channel = channel(committer)
-        self._bm = branch_manager_pb2_grpc.BranchManagerStub(self._bm_channel)
-        self._cm = committer_pb2_grpc.CommitterStub(self._cm_channel)
+        cm_plain = plain_channel(committer)
+
+        def stub(kind: Any, module: Any, name: str, plain: grpc.Channel) -> Any:
+            # Unary calls carry the token as call metadata (TokenStub: no interceptor on
+            # the hot path); streams go through the interceptor.
+            intercepted = channel(plain)
+            if not source.active:
+                return kind(intercepted)
+            service = module.DESCRIPTOR.services_by_name[name]
+            return TokenStub(source, service, kind(plain), kind(intercepted))
+
+        self._auth = stub(auth_pb2_grpc.AuthStub, auth_pb2, "Auth", bm_plain)
+        self._bm = stub(
+            branch_manager_pb2_grpc.BranchManagerStub, branch_manager_pb2, "BranchManager", bm_plain
+        )
+        self._cm = stub(committer_pb2_grpc.CommitterStub, committer_pb2, "Committer", cm_plain)
         self.compactor_sensor_target = compactor_sensor if isinstance(compactor_sensor, str) else ""
         self._cs_target = compactor_sensor
         self._cs_channel_factory = channel

@@ -72,6 +72,8 @@ class FakeBranchManager(branch_manager_pb2_grpc.BranchManagerServicer):
             for p in ("a.csv", "b/1", "b/2", "c.csv", "d/x", "e.csv")
         ]
         self.delay = 0.0
+        # The authorization header of each GetRepository call (None: none sent).
+        self.authorization: list[str | None] = []
 
     def CreateRepository(self, request, context):
         self.script.enter("CreateRepository", request)
@@ -85,6 +87,7 @@ class FakeBranchManager(branch_manager_pb2_grpc.BranchManagerServicer):
 
     def GetRepository(self, request, context):
         self.script.enter("GetRepository", request)
+        self.authorization.append(dict(context.invocation_metadata()).get("authorization"))
         if self.delay:
             time.sleep(self.delay)
         return bm.GetRepositoryResponse(repository=types_pb2.Repository(name=request.name))

@@ -188,6 +188,17 @@ def test_a_server_without_the_auth_service_gets_no_header(fake):
         assert client.get_repository("plain").name == "plain"
 
 
+def test_no_header_on_unary_calls_while_the_login_gave_no_token(fake, monkeypatch):
+    """Safety: with credentials against a server without the Auth service (auth off), the
+    unary calls that carry the token as call metadata (TokenStub) send no header at all,
+    not an empty `Bearer `."""
+    monkeypatch.setattr(grpc, "insecure_channel", RAW_INSECURE_CHANNEL)  # no test-wide token
+    with fake.client(credentials=CREDS) as client:
+        client.get_repository("plain")
+        client.get_repository("plain")
+    assert fake.branch_manager.authorization == [None, None]
+
+
 def test_spark_executors_log_in_with_the_drivers_credentials(scripted, monkeypatch, tmp_path):
     """An executor has no credentials of its own (no env, empty home): the Connection the
     driver pickled into the task brings them."""
