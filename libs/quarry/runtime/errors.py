@@ -32,6 +32,7 @@ from grpc_status import rpc_status
 
 from quarry import errors
 from quarry.runtime.channels import MAX_MESSAGE_BYTES
+from quarry.runtime.handlers import wrap_behavior
 from quarry.runtime.tls import connection_error
 
 log = logging.getLogger(__name__)
@@ -112,15 +113,11 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 
     @staticmethod
     def _wrap(handler: Any, limit: int) -> Any:  # a grpc RpcMethodHandler (a namedtuple)
-        if handler.unary_unary:
-            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, limit))
-        if handler.unary_stream:
-            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream, limit))
-        if handler.stream_unary:
-            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary, limit))
-        if handler.stream_stream:
-            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream, limit))
-        return handler
+        return wrap_behavior(
+            handler,
+            lambda behavior: _wrap_unary(behavior, limit),
+            lambda behavior: _wrap_stream(behavior, limit),
+        )
 
 
 def _checked_size(response: Any, limit: int) -> Any:

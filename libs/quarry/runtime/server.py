@@ -38,6 +38,7 @@ from quarry import errors, telemetry
 from quarry.config import Settings
 from quarry.runtime.channels import MAX_MESSAGE_BYTES, open_channel
 from quarry.runtime.errors import RETRYABLE_CODES, ErrorInterceptor, from_rpc_error
+from quarry.runtime.handlers import wrap_behavior
 from quarry.runtime.periodic import PeriodicWorker
 from quarry.runtime.tls import (
     ChannelSecurity,
@@ -364,16 +365,7 @@ class ReadinessGate(grpc.ServerInterceptor):
 
             return wrapper
 
-        for kind, wrap in (
-            ("unary_unary", unary),
-            ("stream_unary", unary),
-            ("unary_stream", streaming),
-            ("stream_stream", streaming),
-        ):
-            behavior = getattr(handler, kind)
-            if behavior:
-                return handler._replace(**{kind: wrap(behavior)})
-        return handler
+        return wrap_behavior(handler, unary, streaming)
 
 
 class ServerInfoServicer(server_info_pb2_grpc.ServerInfoServicer):

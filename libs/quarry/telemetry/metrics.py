@@ -26,6 +26,8 @@ import grpc
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.registry import Collector
 
+from quarry.runtime.handlers import wrap_behavior
+
 log = logging.getLogger(__name__)
 
 
@@ -186,16 +188,7 @@ class RpcMetrics(grpc.ServerInterceptor):
 
             return wrapper
 
-        for kind, wrap in (
-            ("unary_unary", unary),
-            ("stream_unary", unary),
-            ("unary_stream", streaming),
-            ("stream_stream", streaming),
-        ):
-            behavior = getattr(handler, kind)
-            if behavior:
-                return handler._replace(**{kind: wrap(behavior)})
-        return handler
+        return wrap_behavior(handler, unary, streaming)
 
 
 def _code_of(context: grpc.ServicerContext) -> grpc.StatusCode:

@@ -1,0 +1,25 @@
+"""One way to wrap a gRPC method handler's behaviour, for the server interceptors that do
+(errors, readiness, per-RPC metrics)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def wrap_behavior(handler: Any, unary: Wrap, streaming: Wrap) -> Any:
+    """`handler` (a grpc RpcMethodHandler, a namedtuple in grpc's implementation) with its
+    behaviour wrapped: by `unary` for methods answering one message (unary-unary and
+    stream-unary), by `streaming` for methods answering a stream."""
+    for kind, wrap in (
+        ("unary_unary", unary),
+        ("stream_unary", unary),
+        ("unary_stream", streaming),
+        ("stream_stream", streaming),
+    ):
+        behavior = getattr(handler, kind)
+        if behavior:
+            return handler._replace(**{kind: wrap(behavior)})
+    return handler
