@@ -233,6 +233,33 @@ def run_probe(docs: list[dict], service: str, release: str, probe: str) -> bool:
     return podman("exec", name, *command, check=False, timeout=60).returncode == 0
 
 
+def wait_for_probe(docs: list[dict], service: str, release: str, probe: str) -> None:
+    """Wait for the rendered probe to pass; on a timeout the error carries the probe's own
+    output and every service container's log tail, so a CI failure explains itself."""
+    try:
+        wait_until(
+            lambda: run_probe(docs, service, release, probe),
+            timeout=180,
+            interval=1.0,
+            what=f"{service} {probe}",
+        )
+    except AssertionError as timeout:
+        dep = next(
+            d
+            for d in docs
+            if d["kind"] == "Deployment" and d["metadata"]["name"] == f"{release}-{service}"
+        )
+        command = pod_spec_of(dep)["containers"][0][probe]["exec"]["command"]
+        name = container_name(f"{release}-{service}-pod-0", service)
+        last = podman("exec", name, *command, check=False, timeout=60)
+        report = [f"{timeout}", f"probe {command}: exit {last.returncode}"]
+        report.append((last.stdout + last.stderr).decode(errors="replace"))
+        for other in SERVICES:
+            other_name = container_name(f"{release}-{other}-pod-0", other)
+            report.append(f"--- podman logs {other_name} ---\n{logs(other_name)}")
+        raise AssertionError("\n".join(report)) from None
+
+
 def play_file(path: Path, docs: list[dict]) -> Path:
     path.write_text(yaml.safe_dump_all(docs))
     return path
@@ -305,12 +332,7 @@ def test_chart_runs_the_image_under_podman(image, client_auth):
         # readiness: overall SERVING, i.e. its dependencies answer too).
         for name in SERVICES:
             for probe in ("livenessProbe", "readinessProbe"):
-                wait_until(
-                    lambda name=name, probe=probe: run_probe(docs, name, release, probe),
-                    timeout=180,
-                    interval=1.0,
-                    what=f"{name} {probe}",
-                )
+                wait_for_probe(docs, name, release, probe)
         ready = time.monotonic() - started
 
         # The bootstrap Job: creates the admin with the key from the admin Secret, never
