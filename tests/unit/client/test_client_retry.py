@@ -169,7 +169,7 @@ def test_server_retry_delay_beyond_the_budget_fails_at_once(fake):
         started = time.monotonic()
         with pytest.raises(errors.ResourceExhausted) as caught:
             client.get_branch("repo", "main")
-        assert time.monotonic() - started < 0.5
+        assert time.monotonic() - started < 5  # not the 30 s it was told to wait
     assert caught.value.retry_delay == pytest.approx(30)
     assert fake.script.calls["GetBranch"] == 1
 
