@@ -14,6 +14,7 @@ from quarry.auth import errors as auth_errors
 from quarry.auth.authorizer import Authorizer
 from quarry.auth.bootstrap import setup_admin
 from quarry.auth.interceptor import current_principal
+from quarry.auth.policy import FlatStatement, document_of, flat_statements, parse_policy
 from quarry.auth.store import IamStore
 from quarry.auth.tokens import DEFAULT_LIFETIME_SECONDS, TokenAuthority
 from quarry.storage.v1 import auth_records_pb2 as records
@@ -32,7 +33,22 @@ def group_to_proto(record: records.GroupRecord) -> pb.Group:
 
 
 def policy_to_proto(record: records.PolicyRecord) -> pb.Policy:
-    return pb.Policy(id=record.id, created_at=record.created_at, document=record.document)
+    statements = flat_statements(parse_policy(record.id, record.document))
+    return pb.Policy(
+        id=record.id,
+        created_at=record.created_at,
+        document=record.document,
+        statements=[
+            pb.PolicyStatement(effect=s.effect, actions=s.actions, resource=s.resource)
+            for s in statements
+        ],
+    )
+
+
+def requested_document(request: pb.CreatePolicyRequest | pb.UpdatePolicyRequest) -> str:
+    """The policy document of a create or update request (its JSON or its statements)."""
+    statements = [FlatStatement(s.effect, tuple(s.actions), s.resource) for s in request.statements]
+    return document_of(request.policy_id, request.document, statements)
 
 
 def credentials_to_proto(record: records.CredentialRecord) -> pb.Credentials:
@@ -185,9 +201,8 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
     # ---- policies ----
 
     def CreatePolicy(self, request, context):
-        return pb.CreatePolicyResponse(
-            policy=policy_to_proto(self._iam.create_policy(request.policy_id, request.document))
-        )
+        record = self._iam.create_policy(request.policy_id, requested_document(request))
+        return pb.CreatePolicyResponse(policy=policy_to_proto(record))
 
     def GetPolicy(self, request, context):
         return pb.GetPolicyResponse(policy=policy_to_proto(self._iam.get_policy(request.policy_id)))
@@ -197,6 +212,12 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.ListPoliciesResponse(
             policies=[policy_to_proto(p) for p in found], next_page_token=token
         )
+
+    def UpdatePolicy(self, request, context):
+        record = self._iam.update_policy(request.policy_id, requested_document(request))
+        # Every user the policy applies to (directly or through a group) decides anew.
+        self._authorizer.invalidate()
+        return pb.UpdatePolicyResponse(policy=policy_to_proto(record))
 
     def DeletePolicy(self, request, context):
         self._iam.delete_policy(request.policy_id)
@@ -222,6 +243,17 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         self._iam.detach_group_policy(request.group_id, request.policy_id)
         self._authorizer.invalidate()
         return pb.DetachPolicyFromGroupResponse()
+
+    def AttachPolicy(self, request, context):
+        self._iam.attach_policy(request.policy_id, request.user_id, request.group_id)
+        # As AttachPolicyToUser / AttachPolicyToGroup: the user, or every member of the group.
+        self._authorizer.invalidate(request.user_id or None)
+        return pb.AttachPolicyResponse()
+
+    def DetachPolicy(self, request, context):
+        self._iam.detach_policy(request.policy_id, request.user_id, request.group_id)
+        self._authorizer.invalidate(request.user_id or None)
+        return pb.DetachPolicyResponse()
 
     def ListUserPolicies(self, request, context):
         found, token = self._iam.list_user_policies(

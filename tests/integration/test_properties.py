@@ -221,12 +221,39 @@ def ensure_fixture(world: World) -> None:
             "CreateTag",
             _input(bm + "CreateTag")(repository=REPO, name="v1", ref=main.commit_id),
         )
+    ensure_iam_fixture(world)
     # Pools: what exists now, so the next example can name it.
     log = _cm(world, "Log", _input("Committer/Log")(repository=REPO, ref="main", page_size=5))
     world.pools.commit_ids[:] = [c.id for c in log.commits]
     branches = _bm(world, "ListBranches", _input(bm + "ListBranches")(repository=REPO))
     world.pools.branches[:] = sorted({b.name for b in branches.branches} | {"main", "dev"})
     world.pools.staging_tokens[:] = [b.staging_token for b in branches.branches]
+
+
+def ensure_iam_fixture(world: World) -> None:
+    """The IAM ids of the pools exist (a fuzzed DeleteUser/Group/Policy may have removed
+    them): one create each, ALREADY_EXISTS when nothing is missing."""
+    creates = [("CreateUser", {"user_id": u}) for u in world.pools.iam_users] + [
+        ("CreateGroup", {"group_id": g}) for g in world.pools.iam_groups
+    ]
+    creates += [
+        (
+            "CreatePolicy",
+            {
+                "policy_id": p,
+                "document": '{"Statement":[{"Effect":"Allow","Action":"fs:ReadObject",'
+                '"Resource":"*"}]}',
+            },
+        )
+        for p in world.pools.iam_policies
+    ]
+    for rpc, fields in creates:
+        name = f"Auth/{rpc}"
+        try:
+            call(world.channel("Auth"), METHODS[name], _input(name)(**fields))
+        except grpc.RpcError as exc:
+            if _code(exc) != grpc.StatusCode.ALREADY_EXISTS:
+                raise
 
 
 def snapshot(world: World) -> dict:

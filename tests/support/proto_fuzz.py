@@ -136,6 +136,11 @@ class Pools:
     namespaces: list[str] = field(default_factory=list)
     addresses: list[str] = field(default_factory=lambda: ["s3://bucket/x.parquet"])
     staging_tokens: list[str] = field(default_factory=list)
+    # IAM ids the fixture keeps in existence (fuzz-only: never the admin the test calls as,
+    # never a built-in policy or group, so no fuzzed change takes the test's rights away).
+    iam_users: list[str] = field(default_factory=lambda: ["fz-user"])
+    iam_groups: list[str] = field(default_factory=lambda: ["fz-group"])
+    iam_policies: list[str] = field(default_factory=lambda: ["fz-policy"])
 
 
 def _pick(values: Callable[[], list[str]], fallback: str) -> st.SearchStrategy:
@@ -301,6 +306,39 @@ def _namespace_strategy(pools: Pools, scratch: Callable[[str], str]) -> st.Searc
     return _weighted(fresh, garbage, 1)
 
 
+# Valid-looking policy parts (the Auth policy RPCs' statements and documents).
+_EFFECTS = st.sampled_from(["Allow", "Deny", "allow"])
+_ACTIONS = st.sampled_from(["fs:ReadObject", "fs:List*", "fs:*", "auth:UpdatePolicy"])
+_RESOURCES = st.sampled_from(
+    ["*", "arn:quarry:fs:::repository/demo/*", "arn:quarry:auth:::user/${user}"]
+)
+_DOCUMENTS = st.sampled_from(
+    [
+        '{"Statement":[{"Effect":"Allow","Action":["fs:Read*"],"Resource":"*"}]}',
+        '{"statement":[{"effect":"deny","action":"fs:WriteObject",'
+        '"resource":["arn:quarry:fs:::repository/demo/object/x"]}]}',
+    ]
+)
+_PRINCIPAL_CHOICE_METHODS = ("AttachPolicy", "DetachPolicy")
+
+
+def _iam_strategy(name: str, method: str, pools: Pools) -> st.SearchStrategy:
+    """user_id / group_id / policy_id: an id the fixture keeps, a fresh one for a create,
+    and for AttachPolicy/DetachPolicy often "" (they take exactly one of user and group)."""
+    pool = {
+        "user_id": lambda: pools.iam_users,
+        "group_id": lambda: pools.iam_groups,
+        "policy_id": lambda: pools.iam_policies,
+    }[name]
+    valid = _pick(pool, "fz-none")
+    if method.startswith("Create"):
+        fresh = st.just(None).map(lambda _: f"fz-{next(_FRESH_NAMES)}")
+        valid = st.one_of(valid, fresh)
+    if method in _PRINCIPAL_CHOICE_METHODS and name != "policy_id":
+        valid = st.one_of(valid, st.just(""))
+    return _weighted(valid, _GARBAGE_TEXT)
+
+
 def _string_strategy(
     name: str, method: str, pools: Pools, scratch: Callable[[str], str]
 ) -> st.SearchStrategy:
@@ -354,6 +392,16 @@ def _string_strategy(
         return _weighted(_pick(lambda: pools.commit_ids, "0" * 64), _GARBAGE_TEXT, 1)
     if name == "staging_token":
         return _weighted(_pick(lambda: pools.staging_tokens, "t"), _GARBAGE_TEXT, 1)
+    if name in ("user_id", "group_id", "policy_id"):
+        return _iam_strategy(name, method, pools)
+    if name == "document":  # a policy's: sometimes none, so `statements` alone is valid
+        return _weighted(st.one_of(_DOCUMENTS, st.just("")), _GARBAGE_TEXT)
+    if name == "effect":
+        return _weighted(_EFFECTS, _GARBAGE_TEXT)
+    if name == "actions":
+        return _weighted(_ACTIONS, _GARBAGE_TEXT)
+    if name == "resource":
+        return _weighted(_RESOURCES, _GARBAGE_TEXT)
     # message, committer, checksum, content_type, reason, ...: plain text mostly.
     return _weighted(_PLAIN_TEXT, _GARBAGE_TEXT)
 

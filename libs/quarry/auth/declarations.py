@@ -142,6 +142,19 @@ def _group(request: Any) -> tuple[str, ...]:
     return (group_arn(request.group_id),)
 
 
+def _attachment_principals(request: Any) -> tuple[str, ...]:
+    """The user and/or group an AttachPolicy/DetachPolicy request names, as the
+    ...ToUser/...ToGroup RPCs check them. Both when both are named (the call is refused
+    afterwards, but never authorized on one of them only); an empty user id when neither is,
+    as AttachPolicyToUser's empty request."""
+    named = []
+    if request.user_id:
+        named.append(user_arn(request.user_id))
+    if request.group_id:
+        named.append(group_arn(request.group_id))
+    return tuple(named) or (user_arn(""),)
+
+
 def _policy(request: Any) -> tuple[str, ...]:
     return (policy_arn(request.policy_id),)
 
@@ -244,7 +257,10 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
         "CreatePolicy": _act("auth:CreatePolicy", _policy, mutating=True),
         "GetPolicy": _act("auth:ReadPolicy", _policy),
         "ListPolicies": _act("auth:ListPolicies", _all),
+        "UpdatePolicy": _act("auth:UpdatePolicy", _policy, mutating=True),
         "DeletePolicy": _act("auth:DeletePolicy", _policy, mutating=True),
+        "AttachPolicy": _act("auth:AttachPolicy", _attachment_principals, mutating=True),
+        "DetachPolicy": _act("auth:DetachPolicy", _attachment_principals, mutating=True),
         "AttachPolicyToUser": _act("auth:AttachPolicy", _user, mutating=True),
         "DetachPolicyFromUser": _act("auth:DetachPolicy", _user, mutating=True),
         "AttachPolicyToGroup": _act("auth:AttachPolicy", _group, mutating=True),

@@ -71,6 +71,12 @@ class InvalidIamId(errors.InvalidArgument):
     reason = "INVALID_IAM_ID"
 
 
+class OnePrincipalRequired(errors.InvalidArgument):
+    """AttachPolicy / DetachPolicy naming neither or both of a user and a group."""
+
+    reason = "ONE_PRINCIPAL_REQUIRED"
+
+
 class UserNotFound(errors.NotFound):
     reason = "USER_NOT_FOUND"
 
@@ -97,6 +103,12 @@ class GroupExists(errors.AlreadyExists):
 
 class PolicyExists(errors.AlreadyExists):
     reason = "POLICY_EXISTS"
+
+
+class PolicyChanged(errors.Aborted):
+    """UpdatePolicy raced another update or a delete of the same policy: read and retry."""
+
+    reason = "POLICY_CHANGED"
 
 
 class AdminExists(errors.FailedPrecondition):

@@ -73,6 +73,7 @@ AUTH_ACTIONS = (
     "auth:CreatePolicy",
     "auth:ReadPolicy",
     "auth:ListPolicies",
+    "auth:UpdatePolicy",
     "auth:DeletePolicy",
     "auth:AttachPolicy",
     "auth:DetachPolicy",
@@ -334,6 +335,52 @@ def decide(
         if not allowed:
             return Decision.NO_GRANT, resource
     return Decision.ALLOW, ""
+
+
+# ---- the structured form (API.md's statements[{effect, actions[], resource}]) ----------
+
+
+@dataclass(frozen=True)
+class FlatStatement:
+    """One statement with exactly one resource: the structured form of the gRPC contract.
+    Its fields are taken as given; parse_policy validates them."""
+
+    effect: str
+    actions: tuple[str, ...]
+    resource: str
+
+
+def document_of(policy_id: str, text: str, statements: Sequence[FlatStatement]) -> str:
+    """The policy document of a create or update request that gives either a JSON document
+    (`text`) or structured statements, never both and never neither (INVALID_POLICY). The
+    statements become Statement[i] of the document, so parse_policy names the same position
+    (statements[i].actions[j] is Statement[i].Action[j])."""
+    if bool(text) == bool(statements):
+        _invalid(
+            policy_id,
+            "",
+            f"give either a JSON document or structured statements, not "
+            f"{'both' if text else 'neither'}",
+        )
+    if text:
+        return text
+    return document(
+        *(
+            {"Effect": s.effect, "Action": list(s.actions), "Resource": s.resource}
+            for s in statements
+        )
+    )
+
+
+def flat_statements(policy: Policy) -> list[FlatStatement]:
+    """The statements of a parsed policy, one per resource: a statement naming resources
+    [a, b] matches a request exactly when one of [a] or [b] does, so the decisions are the
+    same (decide() checks each resource against every statement)."""
+    return [
+        FlatStatement(statement.effect.value, statement.actions, resource)
+        for statement in policy.statements
+        for resource in statement.resources
+    ]
 
 
 def document(*statements: dict[str, Any]) -> str:

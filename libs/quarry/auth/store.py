@@ -366,6 +366,35 @@ class IamStore:
     ) -> tuple[list[records.PolicyRecord], str]:
         return self._page(POLICIES, records.PolicyRecord, page_size, page_token)
 
+    def update_policy(self, policy_id: str, document: str) -> records.PolicyRecord:
+        """Replace the document of an existing policy (validated as create_policy does); its
+        id, creation time and attachments stay. The write is conditional on the record read:
+        it never recreates a policy deleted meanwhile (PolicyNotFound when it is missing,
+        PolicyChanged when another update or a delete came in between), never overwrites
+        another update unseen."""
+        key = _key(POLICIES, check_id("policy", policy_id))
+        parse_policy(policy_id, document)
+        try:
+            got = self._kv.get(AUTH_PARTITION, key)
+        except kv.KeyNotFound:
+            raise auth_errors.PolicyNotFound(
+                f"no policy {policy_id!r}", metadata={"policy": policy_id}
+            ) from None
+        current = _decode(kv.KeyValue(key, got.value), records.PolicyRecord)
+        record = records.PolicyRecord(
+            id=policy_id, created_at=current.created_at, document=document
+        )
+        try:
+            self._kv.set_if(
+                AUTH_PARTITION, key, record.SerializeToString(), kv.Equals(got.predicate)
+            )
+        except kv.PredicateFailed:
+            raise auth_errors.PolicyChanged(
+                f"policy {policy_id!r} was changed or deleted meanwhile; read it and retry",
+                metadata={"policy": policy_id},
+            ) from None
+        return record
+
     def delete_policy(self, policy_id: str) -> None:
         """Every attachment of the policy (users' and groups'), then the policy."""
         self.get_policy(policy_id)
@@ -395,6 +424,21 @@ class IamStore:
         self._detach(
             GROUP_POLICIES, "group", check_id("group", group_id), check_id("policy", policy_id)
         )
+
+    def attach_policy(self, policy_id: str, user_id: str = "", group_id: str = "") -> None:
+        """attach_user_policy or attach_group_policy, whichever one principal is named;
+        OnePrincipalRequired (nothing written) for neither or both."""
+        if _one_principal("attach", policy_id, user_id, group_id) == "user":
+            self.attach_user_policy(user_id, policy_id)
+        else:
+            self.attach_group_policy(group_id, policy_id)
+
+    def detach_policy(self, policy_id: str, user_id: str = "", group_id: str = "") -> None:
+        """detach_user_policy or detach_group_policy, as attach_policy."""
+        if _one_principal("detach", policy_id, user_id, group_id) == "user":
+            self.detach_user_policy(user_id, policy_id)
+        else:
+            self.detach_group_policy(group_id, policy_id)
 
     def list_user_policies(
         self, user_id: str, page_size: int = 0, page_token: str = ""
@@ -531,6 +575,17 @@ class IamStore:
             found.append(_decode(item, cls))
             last = item.key[len(prefix) :].decode()
         return found, ""
+
+
+def _one_principal(verb: str, policy_id: str, user_id: str, group_id: str) -> str:
+    """ "user" or "group": the kind of the one principal an attachment request names."""
+    if bool(user_id) == bool(group_id):
+        raise auth_errors.OnePrincipalRequired(
+            f"{verb} policy {policy_id!r}: name exactly one of a user and a group, not "
+            f"{'both' if user_id else 'neither'}",
+            metadata={"policy": policy_id, "user": user_id, "group": group_id},
+        )
+    return "user" if user_id else "group"
 
 
 def _page_size(page_size: int) -> int:

@@ -1,5 +1,5 @@
-"""`quarry auth policies create NAME --file POLICY.json | list | show | delete | attach |
-detach` (`--user U` or `--group G`)."""
+"""`quarry auth policies create NAME --file POLICY.json | update NAME --file POLICY.json |
+list | show | delete | attach | detach` (`--user U` or `--group G`)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,17 @@ def policies_create(args: argparse.Namespace, ctx: Context) -> None:
         output.print_json(policy)
     else:
         print(f"Created policy {policy.id}")
+
+
+@command
+def policies_update(args: argparse.Namespace, ctx: Context) -> None:
+    """Replaces the policy's document (it must exist); validated by the server as create."""
+    document = Path(args.file).read_text()
+    policy = ctx.client.update_policy(args.name, document)
+    if ctx.json:
+        output.print_json(policy)
+    else:
+        print(f"Updated policy {policy.id}")
 
 
 @command
@@ -85,8 +96,13 @@ def _principal(parser: argparse.ArgumentParser, required: bool) -> None:
 
 
 def register(auth: Subparsers, common: argparse.ArgumentParser) -> None:
-    policies = group(auth, "policies", "create, list, show, delete, attach and detach policies")
+    policies = group(
+        auth, "policies", "create, update, list, show, delete, attach and detach policies"
+    )
     p = leaf(common, policies, "create", policies_create, "create a policy from a JSON file")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--file", required=True, metavar="POLICY.json")
+    p = leaf(common, policies, "update", policies_update, "replace a policy's document from a file")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--file", required=True, metavar="POLICY.json")
     p = leaf(common, policies, "list", policies_list, "list policies (of a user or group)")

@@ -158,6 +158,12 @@ class AuthCalls(RpcCalls):
         for page in self._pages(self._list, method="ListPolicies", page_size=page_size):
             yield from page.policies
 
+    def update_policy(self, policy_id: str, document: str) -> pb.Policy:
+        """Replace the document of an existing policy (NOT_FOUND when there is none; validated
+        as create_policy). Takes effect at once for everyone it applies to."""
+        request = pb.UpdatePolicyRequest(policy_id=policy_id, document=document)
+        return self._unary(self._auth.UpdatePolicy, "Auth/UpdatePolicy", request).policy
+
     def delete_policy(self, policy_id: str) -> None:
         request = pb.DeletePolicyRequest(policy_id=policy_id)
         self._unary(self._auth.DeletePolicy, "Auth/DeletePolicy", request)
@@ -173,12 +179,8 @@ class AuthCalls(RpcCalls):
     def _attachment(self, verb: str, policy_id: str, user: str, group: str) -> None:
         if bool(user) == bool(group):
             raise errors.InvalidArgument(f"{verb.lower()} a policy to a user or a group, not both")
-        if user:
-            method = f"{verb}PolicyFromUser" if verb == "Detach" else f"{verb}PolicyToUser"
-            request = getattr(pb, f"{method}Request")(user_id=user, policy_id=policy_id)
-        else:
-            method = f"{verb}PolicyFromGroup" if verb == "Detach" else f"{verb}PolicyToGroup"
-            request = getattr(pb, f"{method}Request")(group_id=group, policy_id=policy_id)
+        method = f"{verb}Policy"
+        request = getattr(pb, f"{method}Request")(policy_id=policy_id, user_id=user, group_id=group)
         self._unary(getattr(self._auth, method), f"Auth/{method}", request)
 
     def iter_user_policies(self, user_id: str, effective: bool = False) -> Iterator[pb.Policy]:

@@ -66,10 +66,13 @@ def _servicer_class():
 
 @contextlib.contextmanager
 def auth_server(
-    home: Path, token_lifetime: float = 3600, clock: Callable[[], float] = time.time
+    home: Path,
+    token_lifetime: float = 3600,
+    clock: Callable[[], float] = time.time,
+    cache_seconds: float = 0.5,
 ) -> Iterator[AuthServer]:
     """The server (module docstring); `clock` is the token authority's (tests move it to
-    expire tokens)."""
+    expire tokens); `cache_seconds` the authorizer's cache lifetime."""
     from quarry.services.branch_manager.service import build as build_branch_manager
     from quarry.services.committer.service import build as build_committer
     from quarry.services.kv_gateway.service import build as build_kv_gateway
@@ -95,7 +98,7 @@ def auth_server(
 
         iam = IamStore(RemoteStore(settings.kv_gateway_address), hash_cost=FAST_HASH)
         tokens = TokenAuthority(secrets.token_hex(32), clock=clock)
-        authorizer = Authorizer(iam, cache_seconds=0.5)
+        authorizer = Authorizer(iam, cache_seconds=cache_seconds)
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=8),
             interceptors=[ErrorInterceptor(), AuthInterceptor(tokens, authorizer)],

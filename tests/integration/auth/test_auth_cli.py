@@ -128,6 +128,38 @@ def test_groups_and_policies(server, admin_home, tmp_path):
     assert "read-all" not in run(server, admin_home, "auth", "policies", "list").stdout
 
 
+def test_policies_update_and_attach_to_a_user(server, admin_home, tmp_path):
+    run(server, admin_home, "auth", "users", "create", "dave")
+    policy = tmp_path / "policy.json"
+    policy.write_text(
+        json.dumps({"Statement": [{"Effect": "Allow", "Action": ["fs:Read*"], "Resource": "*"}]})
+    )
+    run(server, admin_home, "auth", "policies", "create", "dave-p", "--file", str(policy))
+    run(server, admin_home, "auth", "policies", "attach", "dave-p", "--user", "dave")
+    assert "dave-p" in run(server, admin_home, "auth", "policies", "list", "--user", "dave").stdout
+    policy.write_text(
+        json.dumps({"Statement": [{"Effect": "Deny", "Action": ["fs:*"], "Resource": "*"}]})
+    )
+    out = run(server, admin_home, "auth", "policies", "update", "dave-p", "--file", str(policy))
+    assert "Updated policy dave-p" in out.stdout
+    shown = run(server, admin_home, "auth", "policies", "show", "dave-p").stdout
+    assert "Deny" in shown and "fs:Read*" not in shown
+    err = run(
+        server, admin_home, "auth", "policies", "update", "nobody", "--file", str(policy), expect=1
+    ).stderr
+    assert "POLICY_NOT_FOUND" in err
+    policy.write_text('{"Statement": [{"Effect": "Allow", "Action": ["fs:Nope"]}]}')
+    err = run(
+        server, admin_home, "auth", "policies", "update", "dave-p", "--file", str(policy), expect=1
+    ).stderr
+    assert "INVALID_POLICY" in err
+    assert "Deny" in run(server, admin_home, "auth", "policies", "show", "dave-p").stdout
+    run(server, admin_home, "auth", "policies", "detach", "dave-p", "--user", "dave")
+    assert (
+        "dave-p" not in run(server, admin_home, "auth", "policies", "list", "--user", "dave").stdout
+    )
+
+
 def test_without_credentials_the_cli_says_how_to_get_them(server, admin_home, tmp_path):
     err = run(server, tmp_path, "repo", "list", expect=1).stderr
     assert "TOKEN_MISSING" in err and "quarry setup" in err

@@ -222,6 +222,34 @@ def test_auth_wrappers_manage_users_credentials_groups_and_policies(server, admi
             client.get_user("wrap-user")
 
 
+def test_policy_wrappers_attach_to_a_user_and_update(server, admin):
+    """attach_policy/detach_policy (Auth/AttachPolicy, DetachPolicy) to a user, and
+    update_policy: the user's rights follow at once."""
+    read = '{"Statement":[{"Effect":"Allow","Action":["fs:ListRepositories"],"Resource":"*"}]}'
+    other = '{"Statement":[{"Effect":"Allow","Action":["fs:ReadRepository"],"Resource":"*"}]}'
+    with Client(server.target, server.target, credentials=admin, retry=NO_RETRY) as client:
+        client.create_user("upd-user")
+        created = client.create_credentials("upd-user")
+        client.create_policy("upd-read", read)
+        client.attach_policy("upd-read", user="upd-user")
+        assert [p.id for p in client.iter_user_policies("upd-user")] == ["upd-read"]
+        user = Credentials(created.credentials.access_key_id, created.secret_access_key)
+        with Client(server.target, server.target, credentials=user, retry=NO_RETRY) as theirs:
+            theirs.list_repositories()
+            updated = client.update_policy("upd-read", other)
+            assert (updated.document, updated.statements[0].actions) == (
+                other,
+                ["fs:ReadRepository"],
+            )
+            with pytest.raises(errors.QuarryError) as caught:
+                theirs.list_repositories()
+            assert caught.value.code == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(errors.NotFound):
+            client.update_policy("upd-ghost", other)
+        client.detach_policy("upd-read", user="upd-user")
+        assert list(client.iter_user_policies("upd-user")) == []
+
+
 def test_quarry_up_first_start_waits_for_branch_manager_then_stores_credentials(tmp_path, capsys):
     """`quarry up`'s step after the services start (cli.services._first_start_setup)."""
     from quarry.cli.services import _first_start_setup

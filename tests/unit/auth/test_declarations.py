@@ -124,3 +124,21 @@ def test_every_action_rule_evaluates_on_a_real_request(name):
             assert resource.startswith(f"arn:quarry:fs:::repository/{named}"), resource
         elif resource.startswith("arn:quarry:auth:::"):
             assert resource.rsplit("/", 1)[1].startswith("s-"), resource
+
+
+@pytest.mark.parametrize("method", ["AttachPolicy", "DetachPolicy"])
+def test_attach_policy_is_checked_on_every_principal_it_names(method):
+    """As ...ToUser/...ToGroup: the user or the group; both when both are named, so naming
+    an allowed group cannot carry a user the caller may not touch."""
+    from quarry.v1 import auth_pb2
+
+    rule = RULES[f"/quarry.v1.Auth/{method}"]
+    request = getattr(auth_pb2, f"{method}Request")
+    assert rule.action == f"auth:{method}"
+    assert rule.resources(request(policy_id="p", user_id="u")) == ("arn:quarry:auth:::user/u",)
+    assert rule.resources(request(policy_id="p", group_id="g")) == ("arn:quarry:auth:::group/g",)
+    assert rule.resources(request(policy_id="p", user_id="u", group_id="g")) == (
+        "arn:quarry:auth:::user/u",
+        "arn:quarry:auth:::group/g",
+    )
+    assert rule.resources(request(policy_id="p")) == ("arn:quarry:auth:::user/",)
