@@ -169,7 +169,10 @@ class RangeData:
 
     @property
     def cache_bytes(self) -> int:
-        return self.table.nbytes + self.n * (_PY_BYTES_PER_ROW + 32)
+        # The buffers the table keeps alive, summed (what the cache really holds: a slice keeps
+        # its whole buffers). Not Table.nbytes: it works out which bytes each slice references,
+        # ~0.5 ms per decoded range, a sixth of a scattered merge's main-thread time.
+        return self.table.get_total_buffer_size() + self.n * (_PY_BYTES_PER_ROW + 32)
 
     @property
     def paths(self) -> list[str]:
