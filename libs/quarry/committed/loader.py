@@ -290,10 +290,13 @@ class RangeLoader:
             future = self._inflight.get(full_key) or self._inflight.get(keys_key)
         if future is not None:
             return future.result()
-        found = self._ranges.get(keys_key)  # a prefetch may have finished meanwhile
-        if found is not None:
-            self.stats.count("range_cache_hits")
-            return found
+        # A prefetch (full or keys only) may have finished between the cache lookup and the
+        # in-flight lookup: look again at both before reading the file a second time.
+        for cache_key in (full_key, keys_key):
+            found = self._ranges.get(cache_key)
+            if found is not None:
+                self.stats.count("range_cache_hits")
+                return found
         return self._load_range_keys(namespace, info)
 
     def _load_range_keys(self, namespace: str, info: RangeInfo) -> RangeData:
