@@ -118,11 +118,10 @@ class RangeWriter:
         metarange_id_of(ranges) when the caller has it already)."""
         loader = self.loader
         store = loader.store(namespace)
-        # The ranges it names become durable before the metarange can.
-        store.sync()
         metarange_id = metarange_id or metarange_id_of(ranges)
         data = encode_metarange(ranges, metarange_id)
-        if store.put(metarange_key(metarange_id), data, if_absent=True):
+        # The ranges it names become durable before the metarange can become visible.
+        if store.put_after_sync(metarange_key(metarange_id), data):
             loader.stats.count("metaranges_written")
             loader.stats.count("bytes_written", len(data))
         else:
@@ -222,6 +221,11 @@ class RangeSink:
             loader.stats.count("ranges_existing")
         loader.keep_written_file(self._namespace, self._store, "ranges", info.id, data)
         if self._cache_written:
+            # Cached in one chunk: a range rewritten from its cached self would otherwise
+            # gain chunks with every commit (slices of slices), and every later read of
+            # it combine them again.
+            if table.column(0).num_chunks > 1:
+                table = table.combine_chunks()
             loader.remember_range(self._namespace, RangeData(info, table))
 
 

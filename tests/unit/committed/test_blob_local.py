@@ -130,6 +130,7 @@ def test_counting_store_counts_by_kind(tmp_path):
     store = CountingBlobStore(LocalBlobStore(tmp_path))
     store.put("k", b"12345")
     store.put("k", b"x", if_absent=True)
+    store.put_after_sync("k", b"y")  # a put (of the object naming the deferred ones)
     store.get("k")
     store.exists("k")
     list(store.list(""))
@@ -137,7 +138,7 @@ def test_counting_store_counts_by_kind(tmp_path):
     assert store.local_path("k") is not None
     assert store.counts == {
         "get": 1,
-        "put": 2,
+        "put": 3,
         "exists": 1,
         "delete": 1,
         "list": 1,
@@ -189,3 +190,43 @@ def test_sync_never_returns_before_the_callers_files_are_durable(tmp_path, monke
     b.join(10)
     assert b_done.is_set()
     assert store.local_path("_quarry/ranges/b.parquet") in synced
+
+
+def test_put_after_sync_never_shows_the_object_before_the_pending_files_are_durable(
+    tmp_path, monkeypatch
+):
+    """The metarange (put_after_sync) must never become visible, not even for a moment,
+    while a range it names (put_deferred) or its own bytes are not yet fsynced: every fsync
+    of the batch is held until the test has looked for the object."""
+    import threading
+
+    import quarry.blob.local as local
+
+    store = local.LocalBlobStore(tmp_path)
+    metarange = "_quarry/metaranges/m.parquet"
+    synced: list[str] = []
+    seen_early: list[str] = []
+    started = threading.Barrier(3, timeout=10)  # the range, the metarange's bytes, the test
+    release = threading.Event()
+    real_fsync = local._fsync_file
+
+    def held_fsync(path):
+        started.wait()
+        assert release.wait(10)
+        if store.exists(metarange):
+            seen_early.append(path)
+        real_fsync(path)
+        synced.append(path)
+
+    monkeypatch.setattr(local, "_fsync_file", held_fsync)
+    store.put_deferred("_quarry/ranges/r.parquet", b"range")
+    writer = threading.Thread(target=store.put_after_sync, args=(metarange, b"names r"))
+    writer.start()
+    started.wait()  # both fsyncs are under way (at once), neither has finished
+    assert not store.exists(metarange), "the metarange is visible before its range is durable"
+    release.set()
+    writer.join(10)
+    assert not seen_early
+    assert store.get(metarange) == b"names r"
+    assert store.local_path("_quarry/ranges/r.parquet") in synced
+    assert len(synced) == 2  # the range and the metarange's bytes (before they took its name)
