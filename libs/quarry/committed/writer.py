@@ -160,8 +160,11 @@ class RangeWriter:
 
 class RangeSink:
     """Turns finished range tables into RangeInfo (id computed here) and writes the files,
-    in the writer's thread pool when it has one. Use as a context manager: leaving it waits
-    for every write and raises the first failure."""
+    in the writer's thread pool when it has one: each range goes to the pool once the next
+    one is ready, and the last one is written on the calling thread when it leaves (it would
+    only wait otherwise; a commit of one range then hands nothing to another thread). Use as
+    a context manager: leaving it writes the last range, waits for every write and raises
+    the first failure."""
 
     def __init__(self, writer: RangeWriter, namespace: str, cache_written: bool) -> None:
         self._loader = writer.loader
@@ -170,6 +173,7 @@ class RangeSink:
         self._cache_written = cache_written
         self._pool = writer.pool()
         self._futures: list[concurrent.futures.Future[None]] = []
+        self._last: tuple[RangeInfo, pa.Table] | None = None  # not yet handed to the pool
         # Bounds the tables held in memory while their writes are queued.
         self._slots = threading.BoundedSemaphore(max(2, 2 * writer.write_workers))
 
@@ -183,6 +187,12 @@ class RangeSink:
         tb: TracebackType | None,
     ) -> None:
         first: BaseException | None = None
+        last, self._last = self._last, None
+        if last is not None and exc is None:
+            try:
+                self._put(*last)
+            except BaseException as error:
+                first = error
         for future in self._futures:
             try:
                 future.result()
@@ -201,15 +211,21 @@ class RangeSink:
         if self._pool is None:
             self._put(info, table)
         else:
-            self._slots.acquire()
-            try:
-                future = self._pool.submit(self._put, info, table)
-            except BaseException:
-                self._slots.release()
-                raise
-            future.add_done_callback(lambda _f: self._slots.release())
-            self._futures.append(future)
+            if self._last is not None:
+                self._submit(*self._last)
+            self._last = (info, table)
         return info
+
+    def _submit(self, info: RangeInfo, table: pa.Table) -> None:
+        assert self._pool is not None
+        self._slots.acquire()
+        try:
+            future = self._pool.submit(self._put, info, table)
+        except BaseException:
+            self._slots.release()
+            raise
+        future.add_done_callback(lambda _f: self._slots.release())
+        self._futures.append(future)
 
     def _put(self, info: RangeInfo, table: pa.Table) -> None:
         loader = self._loader
