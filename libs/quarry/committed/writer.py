@@ -42,6 +42,8 @@ from quarry.graveler.model import ApplyResult, DiffSummary, Entry, RangeInfo
 DEFAULT_TARGET_RANGE_ENTRIES = 1024
 DEFAULT_MAX_RANGE_BYTES = 4 * 1024 * 1024
 DEFAULT_WRITE_WORKERS = 4
+# A range table with more chunks than this is combined into one before it is cached.
+MAX_CACHED_CHUNKS = 16
 
 
 @dataclass(frozen=True)
@@ -237,10 +239,11 @@ class RangeSink:
             loader.stats.count("ranges_existing")
         loader.keep_written_file(self._namespace, self._store, "ranges", info.id, data)
         if self._cache_written:
-            # Cached in one chunk: a range rewritten from its cached self would otherwise
-            # gain chunks with every commit (slices of slices), and every later read of
-            # it combine them again.
-            if table.column(0).num_chunks > 1:
+            # A range rewritten from its cached self gains chunks with every commit (slices
+            # of slices: a hot range had hundreds), and every read of it pays per chunk.
+            # Combining every range written would cost a scattered commit a twentieth more
+            # (a range with one change has 3 chunks, rarely more than 16).
+            if table.column(0).num_chunks > MAX_CACHED_CHUNKS:
                 table = table.combine_chunks()
             loader.remember_range(self._namespace, RangeData(info, table))
 
