@@ -85,6 +85,14 @@ class BlobStore(abc.ABC):
     def sync(self) -> None:  # noqa: B027 — optional hook: a no-op where every put is durable
         """Make every put_deferred so far durable (also objects it found already there)."""
 
+    def put_after_sync(self, key: str, data: bytes) -> bool:
+        """sync(), then put(key, data, if_absent=True): the object that names a batch of
+        put_deferred objects (their metarange). It must never become visible before every
+        put_deferred so far is durable; a store may prepare it out of sight (write and flush
+        its bytes) while it syncs them."""
+        self.sync()
+        return self.put(key, data, if_absent=True)
+
     def put_if_equals(self, key: str, data: bytes, expected: bytes) -> bool:
         """Replace the object only if its current bytes are `expected` (atomically with
         respect to other put_if_equals and put(if_absent) calls); False otherwise."""

@@ -94,6 +94,15 @@ class CountingBlobStore(BlobStore):
     def sync(self) -> None:
         self.inner.sync()  # a barrier, not an object operation: not counted
 
+    def put_after_sync(self, key: str, data: bytes) -> bool:
+        self._count("put")
+        written = self.inner.put_after_sync(key, data)
+        if written:
+            with self._lock:
+                self.bytes_written += len(data)
+            self._note(self.keys_written, key)
+        return written
+
     def exists(self, key: str) -> bool:
         self._count("exists")
         return self.inner.exists(key)

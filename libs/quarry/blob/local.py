@@ -6,10 +6,11 @@ import builtins
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from quarry.blob.base import BlobStore, ObjectInfo, ObjectNotFound, StorageUnreachable, check_key
@@ -124,6 +125,12 @@ class LocalBlobStore(BlobStore):
         return written
 
     def sync(self) -> None:
+        self._sync_pending()
+
+    def _sync_pending(self, also: str = "") -> None:
+        """fsync every put_deferred file so far and their directories, and the file `also`
+        (a temporary file not yet visible), all at once: the filesystem groups concurrent
+        fsyncs into one journal commit, where one after another each waits for its own."""
         # One sync at a time: a caller must not return while another thread is still
         # syncing files this caller wrote (it took them from the shared set).
         with self._sync_lock:
@@ -132,13 +139,33 @@ class LocalBlobStore(BlobStore):
                 directories, self._unsynced_dirs = self._unsynced_dirs, set()
             if not self.durable:
                 return
-            if len(files) == 1:  # no thread to start for one file (a Spark task's)
-                _fsync_file(next(iter(files)))
-            elif files:
-                with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-                    list(pool.map(_fsync_file, files))
-            for directory in sorted(directories):
-                self._sync_dir(directory)
+            paths = sorted(files)
+            if also:
+                paths.append(also)
+            # _fsync_file looked up at call time (tests replace it).
+            tasks: list[Callable[[], None]] = [
+                functools.partial(_fsync_file, path) for path in paths
+            ]
+            tasks += [functools.partial(self._sync_dir, d) for d in sorted(directories)]
+            _run_all(tasks)
+
+    def put_after_sync(self, key: str, data: bytes) -> bool:
+        # The object's bytes go to a temporary file (invisible) and are fsynced together
+        # with the pending files and directories; only then is it linked in place and its
+        # directory fsynced: two rounds of fsyncs instead of four one after another. It
+        # must never be linked before _sync_pending has returned.
+        with self._environment():
+            written = self._put(
+                key,
+                data,
+                if_absent=True,
+                sync_directory=True,
+                sync_file=False,
+                before_link=lambda temp: self._sync_pending(also=temp),
+            )
+        if not written:
+            self.sync()  # it was there already: the pending files still become durable
+        return written
 
     def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
         with self._environment():
@@ -181,15 +208,25 @@ class LocalBlobStore(BlobStore):
                         keys.append(rel_dir + name)
         return keys
 
-    def _put(
-        self, key: str, data: bytes, if_absent: bool, sync_directory: bool, sync_file: bool = True
+    def _put(  # noqa: PLR0913 — the put variants' switches
+        self,
+        key: str,
+        data: bytes,
+        if_absent: bool,
+        sync_directory: bool,
+        sync_file: bool = True,
+        before_link: Callable[[str], None] | None = None,
     ) -> bool:
+        """`before_link(temp)`: called with the written temporary file before it takes its
+        name (a failure leaves nothing visible)."""
         path = self._path(key)
         directory = os.path.dirname(path)
         if if_absent and os.path.exists(path):
             return False  # cheap early exit; the link below is the real check
         temp = self._write_temp(directory, data, sync_file)
         try:
+            if before_link is not None:
+                before_link(temp)
             if not if_absent:
                 os.replace(temp, path)
                 temp = ""
@@ -290,3 +327,48 @@ def _fsync_file(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# fsyncs of one sync run at once, on threads shared by every store (each task is a single
+# fsync that starts nothing else, so sharing cannot deadlock); a process forked from one
+# that has them starts its own.
+_SYNC_THREADS = 16
+_sync_pool: ThreadPoolExecutor | None = None
+_sync_pool_lock = threading.Lock()
+
+
+def _shared_sync_pool() -> ThreadPoolExecutor:
+    global _sync_pool
+    with _sync_pool_lock:
+        if _sync_pool is None:
+            _sync_pool = ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="blob-sync")
+        return _sync_pool
+
+
+def _forget_sync_pool() -> None:
+    global _sync_pool, _sync_pool_lock
+    _sync_pool = None  # its threads did not survive the fork
+    _sync_pool_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_sync_pool)
+
+
+def _run_all(tasks: Sequence[Callable[[], None]]) -> None:
+    """Run the tasks at once (the calling thread takes the first); return once every one
+    has finished, raising the first failure."""
+    if not tasks:
+        return
+    futures = [] if len(tasks) == 1 else [_shared_sync_pool().submit(t) for t in tasks[1:]]
+    first: BaseException | None = None
+    try:
+        tasks[0]()
+    except BaseException as error:
+        first = error
+    for future in futures:
+        try:
+            future.result()
+        except BaseException as error:
+            first = first or error
+    if first is not None:
+        raise first

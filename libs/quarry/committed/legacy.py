@@ -110,9 +110,9 @@ class CommittedRewriter:
         return self._write_metarange([self._range(info) for info in ranges])
 
     def _write_metarange(self, ranges: list[RangeInfo]) -> str:
-        self._store.sync()  # the ranges it names become durable before it can
         new_id = metarange_id_of(ranges)
-        self._store.put(metarange_key(new_id), encode_metarange(ranges, new_id), if_absent=True)
+        # The ranges it names become durable before it can become visible.
+        self._store.put_after_sync(metarange_key(new_id), encode_metarange(ranges, new_id))
         self.stats.metaranges_rewritten += 1
         return new_id
 

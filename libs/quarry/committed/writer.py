@@ -42,6 +42,8 @@ from quarry.graveler.model import ApplyResult, DiffSummary, Entry, RangeInfo
 DEFAULT_TARGET_RANGE_ENTRIES = 1024
 DEFAULT_MAX_RANGE_BYTES = 4 * 1024 * 1024
 DEFAULT_WRITE_WORKERS = 4
+# A range table with more chunks than this is combined into one before it is cached.
+MAX_CACHED_CHUNKS = 16
 
 
 @dataclass(frozen=True)
@@ -118,11 +120,10 @@ class RangeWriter:
         metarange_id_of(ranges) when the caller has it already)."""
         loader = self.loader
         store = loader.store(namespace)
-        # The ranges it names become durable before the metarange can.
-        store.sync()
         metarange_id = metarange_id or metarange_id_of(ranges)
         data = encode_metarange(ranges, metarange_id)
-        if store.put(metarange_key(metarange_id), data, if_absent=True):
+        # The ranges it names become durable before the metarange can become visible.
+        if store.put_after_sync(metarange_key(metarange_id), data):
             loader.stats.count("metaranges_written")
             loader.stats.count("bytes_written", len(data))
         else:
@@ -161,8 +162,11 @@ class RangeWriter:
 
 class RangeSink:
     """Turns finished range tables into RangeInfo (id computed here) and writes the files,
-    in the writer's thread pool when it has one. Use as a context manager: leaving it waits
-    for every write and raises the first failure."""
+    in the writer's thread pool when it has one: each range goes to the pool once the next
+    one is ready, and the last one is written on the calling thread when it leaves (it would
+    only wait otherwise; a commit of one range then hands nothing to another thread). Use as
+    a context manager: leaving it writes the last range, waits for every write and raises
+    the first failure."""
 
     def __init__(self, writer: RangeWriter, namespace: str, cache_written: bool) -> None:
         self._loader = writer.loader
@@ -171,6 +175,7 @@ class RangeSink:
         self._cache_written = cache_written
         self._pool = writer.pool()
         self._futures: list[concurrent.futures.Future[None]] = []
+        self._last: tuple[RangeInfo, pa.Table] | None = None  # not yet handed to the pool
         # Bounds the tables held in memory while their writes are queued.
         self._slots = threading.BoundedSemaphore(max(2, 2 * writer.write_workers))
 
@@ -184,6 +189,12 @@ class RangeSink:
         tb: TracebackType | None,
     ) -> None:
         first: BaseException | None = None
+        last, self._last = self._last, None
+        if last is not None and exc is None:
+            try:
+                self._put(*last)
+            except BaseException as error:
+                first = error
         for future in self._futures:
             try:
                 future.result()
@@ -202,15 +213,21 @@ class RangeSink:
         if self._pool is None:
             self._put(info, table)
         else:
-            self._slots.acquire()
-            try:
-                future = self._pool.submit(self._put, info, table)
-            except BaseException:
-                self._slots.release()
-                raise
-            future.add_done_callback(lambda _f: self._slots.release())
-            self._futures.append(future)
+            if self._last is not None:
+                self._submit(*self._last)
+            self._last = (info, table)
         return info
+
+    def _submit(self, info: RangeInfo, table: pa.Table) -> None:
+        assert self._pool is not None
+        self._slots.acquire()
+        try:
+            future = self._pool.submit(self._put, info, table)
+        except BaseException:
+            self._slots.release()
+            raise
+        future.add_done_callback(lambda _f: self._slots.release())
+        self._futures.append(future)
 
     def _put(self, info: RangeInfo, table: pa.Table) -> None:
         loader = self._loader
@@ -222,6 +239,12 @@ class RangeSink:
             loader.stats.count("ranges_existing")
         loader.keep_written_file(self._namespace, self._store, "ranges", info.id, data)
         if self._cache_written:
+            # A range rewritten from its cached self gains chunks with every commit (slices
+            # of slices: a hot range had hundreds), and every read of it pays per chunk.
+            # Combining every range written would cost a scattered commit a twentieth more
+            # (a range with one change has 3 chunks, rarely more than 16).
+            if table.column(0).num_chunks > MAX_CACHED_CHUNKS:
+                table = table.combine_chunks()
             loader.remember_range(self._namespace, RangeData(info, table))
 
 

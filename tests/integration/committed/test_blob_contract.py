@@ -120,6 +120,19 @@ def test_put_deferred_is_if_absent_and_visible_after_sync(store):
     store.sync()  # nothing pending: still fine
 
 
+def test_put_after_sync_is_if_absent_and_syncs_the_pending_objects(store):
+    assert store.put_deferred("ranges/r1", b"range one") is True
+    assert store.put_after_sync("metaranges/m1", b"names r1") is True
+    assert store.get("metaranges/m1") == b"names r1"
+    assert store.get("ranges/r1") == b"range one"
+    assert store.put_deferred("ranges/r2", b"range two") is True
+    # An existing object is never overwritten; the pending one is still synced.
+    assert store.put_after_sync("metaranges/m1", b"other bytes") is False
+    assert store.get("metaranges/m1") == b"names r1"
+    assert store.get("ranges/r2") == b"range two"
+    store.sync()  # nothing pending: still fine
+
+
 def test_delete_is_idempotent_and_touches_only_its_key(store):
     store.put("d/one", b"1")
     store.put("d/two", b"2")

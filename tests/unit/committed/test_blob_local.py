@@ -149,6 +149,15 @@ def test_counting_store_counts_by_kind(tmp_path):
     assert sum(store.counts.values()) == 0 and store.reads == 0
 
 
+def test_counting_store_counts_put_after_sync_as_a_put(tmp_path):
+    store = CountingBlobStore(LocalBlobStore(tmp_path))
+    store.put_deferred("r", b"12")
+    assert store.put_after_sync("m", b"345") is True
+    assert store.put_after_sync("m", b"x") is False  # never overwrites
+    assert store.counts["put"] == 3
+    assert store.bytes_written == 5 and store.keys_written == ["r", "m"]
+
+
 def test_is_local_is_not_an_operation(tmp_path):
     store = CountingBlobStore(LocalBlobStore(tmp_path))
     assert store.is_local and LocalBlobStore(tmp_path).is_local
@@ -189,3 +198,43 @@ def test_sync_never_returns_before_the_callers_files_are_durable(tmp_path, monke
     b.join(10)
     assert b_done.is_set()
     assert store.local_path("_quarry/ranges/b.parquet") in synced
+
+
+def test_put_after_sync_never_shows_the_object_before_the_pending_files_are_durable(
+    tmp_path, monkeypatch
+):
+    """The metarange (put_after_sync) must never become visible, not even for a moment,
+    while a range it names (put_deferred) or its own bytes are not yet fsynced: every fsync
+    of the batch is held until the test has looked for the object."""
+    import threading
+
+    import quarry.blob.local as local
+
+    store = local.LocalBlobStore(tmp_path)
+    metarange = "_quarry/metaranges/m.parquet"
+    synced: list[str] = []
+    seen_early: list[str] = []
+    started = threading.Barrier(3, timeout=10)  # the range, the metarange's bytes, the test
+    release = threading.Event()
+    real_fsync = local._fsync_file
+
+    def held_fsync(path):
+        started.wait()
+        assert release.wait(10)
+        if store.exists(metarange):
+            seen_early.append(path)
+        real_fsync(path)
+        synced.append(path)
+
+    monkeypatch.setattr(local, "_fsync_file", held_fsync)
+    store.put_deferred("_quarry/ranges/r.parquet", b"range")
+    writer = threading.Thread(target=store.put_after_sync, args=(metarange, b"names r"))
+    writer.start()
+    started.wait()  # both fsyncs are under way (at once), neither has finished
+    assert not store.exists(metarange), "the metarange is visible before its range is durable"
+    release.set()
+    writer.join(10)
+    assert not seen_early
+    assert store.get(metarange) == b"names r"
+    assert store.local_path("_quarry/ranges/r.parquet") in synced
+    assert len(synced) == 2  # the range and the metarange's bytes (before they took its name)

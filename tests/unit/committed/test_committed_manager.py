@@ -538,6 +538,66 @@ def test_written_ranges_are_cached_for_the_next_apply(new_manager, namespace, ma
     assert store.reads == 0  # the range written by the first apply came from memory
 
 
+def test_a_range_rewritten_from_its_cached_self_keeps_few_chunks(
+    new_manager, namespace, make_entry, stores
+):
+    """Each apply builds the new range from slices of the cached one: without a bound, a
+    range changed commit after commit gains chunks every time (every read of it paying per
+    chunk). The cached range stays within MAX_CACHED_CHUNKS, and its content is exact."""
+    from quarry.committed.writer import MAX_CACHED_CHUNKS
+
+    manager = new_manager(target_range_entries=100_000)  # one range
+    model = {f"p{i:04d}": make_entry(f"p{i:04d}") for i in range(200)}
+    metarange_id = manager.write_metarange(namespace, list(model.values())).metarange_id
+    for version in range(1, 41):
+        path = f"p{(version * 37) % 200:04d}"
+        model[path] = make_entry(path, version)
+        applied = manager.apply_changes(namespace, metarange_id, [(path, model[path])])
+        metarange_id = applied.metarange_id
+        (info,) = manager.get_metarange(namespace, metarange_id)
+        store = stores(namespace)
+        store.reset()
+        cached = manager._loader.range(namespace, info)
+        assert store.reads == 0  # the range just written, from memory
+        assert cached.table.column("path").num_chunks <= MAX_CACHED_CHUNKS
+    assert [e.identity for e in manager.iterate(namespace, metarange_id)] == [
+        model[p].identity for p in sorted(model)
+    ]
+
+
+@pytest.mark.parametrize("changed", [1, 400], ids=["one-range", "many-ranges"])
+def test_a_failed_range_write_fails_the_apply_and_publishes_no_metarange(
+    namespace, make_entry, changed
+):
+    """Whether the failing range is written on a pool thread or (the last one) on the
+    calling thread, the apply raises the store's error and never writes a metarange."""
+    from quarry.blob import LocalBlobStore
+    from quarry.blob.base import StorageUnreachable
+    from quarry.committed import CommittedManager
+    from quarry.committed.format import METARANGES_PREFIX
+
+    class FullDisk(LocalBlobStore):
+        refuse = False
+
+        def put_deferred(self, key: str, data: bytes) -> bool:
+            if self.refuse:
+                raise StorageUnreachable("no space left on device", cause="full")
+            return super().put_deferred(key, data)
+
+    store = FullDisk(namespace, durable=False)
+    manager = CommittedManager(lambda ns: store, None, target_range_entries=8)
+    try:
+        base = manager.write_metarange(namespace, [make_entry(f"p{i:04d}") for i in range(400)])
+        before = sorted(info.key for info in store.list(METARANGES_PREFIX))
+        store.refuse = True
+        changes = [(f"p{i:04d}", make_entry(f"p{i:04d}", 1)) for i in range(changed)]
+        with pytest.raises(StorageUnreachable):
+            manager.apply_changes(namespace, base.metarange_id, changes)
+        assert sorted(info.key for info in store.list(METARANGES_PREFIX)) == before
+    finally:
+        manager.close()
+
+
 def test_concurrent_applies_share_a_manager(new_manager, namespace, make_entry):
     manager = new_manager(target_range_entries=8)
     base = manager.write_metarange(namespace, [make_entry(f"p{i:04d}") for i in range(2000)])
