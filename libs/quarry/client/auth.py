@@ -160,7 +160,8 @@ class AuthCalls(RpcCalls):
 
     def update_policy(self, policy_id: str, document: str) -> pb.Policy:
         """Replace the document of an existing policy (NOT_FOUND when there is none; validated
-        as create_policy). Takes effect at once for everyone it applies to."""
+        as create_policy). Takes effect at once on branch-manager; the other services see it
+        when their permission cache expires (QUARRY_AUTH_CACHE_SECONDS)."""
         request = pb.UpdatePolicyRequest(policy_id=policy_id, document=document)
         return self._unary(self._auth.UpdatePolicy, "Auth/UpdatePolicy", request).policy
 
