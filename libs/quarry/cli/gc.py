@@ -133,7 +133,15 @@ def gc_run(args: argparse.Namespace, ctx: Context) -> int | None:
             if not args.all:
                 raise
             failures.append(repo)  # the other repositories are still collected
-            fail(exc.reason, f"{repo}: {exc.message}")
+            # One line (or, with --json, one JSON object) on stderr per failed repository,
+            # naming it; the reports of the others still go to stdout.
+            fail(
+                exc.reason,
+                f"{repo}: {exc.message}",
+                code=exc.code.name,
+                metadata={**exc.metadata, "repository": repo},
+                as_json=ctx.json,
+            )
             continue
         reports.append(report)
         if not ctx.json:
