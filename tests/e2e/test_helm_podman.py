@@ -218,14 +218,19 @@ def logs(name: str) -> str:
     return (proc.stdout + proc.stderr).decode(errors="replace")[-3000:]
 
 
-def run_probe(docs: list[dict], service: str, release: str, probe: str) -> bool:
-    """The container's rendered probe command, run in the container (what a kubelet does)."""
+def probe_command(docs: list[dict], service: str, release: str, probe: str) -> list[str]:
+    """The exec command of the service container's rendered `probe`."""
     dep = next(
         d
         for d in docs
         if d["kind"] == "Deployment" and d["metadata"]["name"] == f"{release}-{service}"
     )
-    command = pod_spec_of(dep)["containers"][0][probe]["exec"]["command"]
+    return pod_spec_of(dep)["containers"][0][probe]["exec"]["command"]
+
+
+def run_probe(docs: list[dict], service: str, release: str, probe: str) -> bool:
+    """The container's rendered probe command, run in the container (what a kubelet does)."""
+    command = probe_command(docs, service, release, probe)
     name = container_name(f"{release}-{service}-pod-0", service)
     state = podman("inspect", "--format", "{{.State.Status}}", name, check=False)
     if state.stdout.decode().strip() not in ("running", "created", "configured"):
@@ -244,12 +249,7 @@ def wait_for_probe(docs: list[dict], service: str, release: str, probe: str) -> 
             what=f"{service} {probe}",
         )
     except AssertionError as timeout:
-        dep = next(
-            d
-            for d in docs
-            if d["kind"] == "Deployment" and d["metadata"]["name"] == f"{release}-{service}"
-        )
-        command = pod_spec_of(dep)["containers"][0][probe]["exec"]["command"]
+        command = probe_command(docs, service, release, probe)
         name = container_name(f"{release}-{service}-pod-0", service)
         last = podman("exec", name, *command, check=False, timeout=60)
         report = [f"{timeout}", f"probe {command}: exit {last.returncode}"]

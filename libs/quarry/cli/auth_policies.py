@@ -4,7 +4,9 @@ list | show | delete | attach | detach` (`--user U` or `--group G`)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from quarry.cli import output
 from quarry.cli.base import Context, Subparsers, command, confirm, group, leaf
@@ -14,23 +16,23 @@ from quarry.cli.base import Context, Subparsers, command, confirm, group, leaf
 def policies_create(args: argparse.Namespace, ctx: Context) -> None:
     """The document is sent as written; the server validates it (INVALID_POLICY naming the
     statement and field)."""
-    document = Path(args.file).read_text()
-    policy = ctx.client.create_policy(args.name, document)
-    if ctx.json:
-        output.print_json(policy)
-    else:
-        print(f"Created policy {policy.id}")
+    _send_document(args, ctx, ctx.client.create_policy, "Created")
 
 
 @command
 def policies_update(args: argparse.Namespace, ctx: Context) -> None:
     """Replaces the policy's document (it must exist); validated by the server as create."""
-    document = Path(args.file).read_text()
-    policy = ctx.client.update_policy(args.name, document)
+    _send_document(args, ctx, ctx.client.update_policy, "Updated")
+
+
+def _send_document(
+    args: argparse.Namespace, ctx: Context, send: Callable[[str, str], Any], done: str
+) -> None:
+    policy = send(args.name, Path(args.file).read_text())
     if ctx.json:
         output.print_json(policy)
     else:
-        print(f"Updated policy {policy.id}")
+        print(f"{done} policy {policy.id}")
 
 
 @command

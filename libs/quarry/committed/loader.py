@@ -232,20 +232,36 @@ class RangeLoader:
 
     def range(self, namespace: str, info: RangeInfo) -> RangeData:
         """A range with every column, from the cache, a prefetch in flight, or read once."""
-        cache_key = (namespace, info.id)
-        found = self._ranges.get(cache_key)
+        return self._cached_or_load(((namespace, info.id),), self._load_range, namespace, info)
+
+    def _cached_or_load(
+        self,
+        cache_keys: tuple[tuple[str, ...], ...],
+        load: Callable[[str, RangeInfo], RangeData],
+        namespace: str,
+        info: RangeInfo,
+    ) -> RangeData:
+        """What the cache holds under the first of `cache_keys` it has, else what a prefetch
+        in flight under one of them returns, else load(namespace, info). The cache is looked
+        at again after the in-flight lookup: a prefetch may have finished between the two,
+        and the file must not be read a second time."""
+        found = self._cached(cache_keys)
         if found is not None:
-            self.stats.count("range_cache_hits")
             return found
         with self._inflight_lock:
-            future = self._inflight.get(cache_key)
+            future = next((f for f in map(self._inflight.get, cache_keys) if f is not None), None)
         if future is not None:
             return future.result()
-        found = self._ranges.get(cache_key)  # a prefetch may have finished meanwhile
-        if found is not None:
-            self.stats.count("range_cache_hits")
-            return found
-        return self._load_range(namespace, info)
+        found = self._cached(cache_keys)
+        return found if found is not None else load(namespace, info)
+
+    def _cached(self, cache_keys: tuple[tuple[str, ...], ...]) -> RangeData | None:
+        for cache_key in cache_keys:
+            found = self._ranges.get(cache_key)
+            if found is not None:
+                self.stats.count("range_cache_hits")
+                return found
+        return None
 
     def prefetch(self, namespace: str, info: RangeInfo, keys_only: bool = False) -> None:
         """Start loading a range in the background (no-op if cached or already loading).
@@ -279,25 +295,8 @@ class RangeLoader:
         """A range with only its path and identity columns (paths, identity, identity_blob
         work; entries do not), for comparisons that need no entry. A cached full load
         serves too."""
-        full_key = (namespace, info.id)
-        keys_key = (namespace, info.id, _KEYS)
-        for cache_key in (full_key, keys_key):
-            found = self._ranges.get(cache_key)
-            if found is not None:
-                self.stats.count("range_cache_hits")
-                return found
-        with self._inflight_lock:
-            future = self._inflight.get(full_key) or self._inflight.get(keys_key)
-        if future is not None:
-            return future.result()
-        # A prefetch (full or keys only) may have finished between the cache lookup and the
-        # in-flight lookup: look again at both before reading the file a second time.
-        for cache_key in (full_key, keys_key):
-            found = self._ranges.get(cache_key)
-            if found is not None:
-                self.stats.count("range_cache_hits")
-                return found
-        return self._load_range_keys(namespace, info)
+        cache_keys = ((namespace, info.id), (namespace, info.id, _KEYS))
+        return self._cached_or_load(cache_keys, self._load_range_keys, namespace, info)
 
     def _load_range_keys(self, namespace: str, info: RangeInfo) -> RangeData:
         table, source = self._fetch(namespace, "ranges", info.id, decode_range_keys, RangeNotFound)
