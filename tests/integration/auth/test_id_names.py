@@ -230,9 +230,11 @@ def test_a_user_allowed_on_one_cannot_act_on_another_through_either_field(
     victim = (NEW_VICTIM if rpc.startswith("Create") else VICTIM)[field]
     before = iam_state(server)
     attacks = [
+        # First the one a split reading would let through: authorized on the allowed id (in
+        # one field), acting on the victim (in the other).
+        ({"id": victim, field: allowed}, "CONFLICTING_IDS"),
         ({"id": victim}, "PERMISSION_DENIED"),
         ({field: victim}, "PERMISSION_DENIED"),
-        ({"id": victim, field: allowed}, "CONFLICTING_IDS"),
         ({"id": allowed, field: victim}, "CONFLICTING_IDS"),
     ]
     for fields, reason in attacks:
