@@ -2,6 +2,9 @@
 
 Branch-manager registers it (no sixth process). Authorization of every call is the
 AuthInterceptor's job, by the declaration table; this servicer trusts it and only converts.
+So the user, group or policy a request names is read with request_ids.requested_id, exactly
+as the declarations read it, never from `id` or `*_id` directly: what is acted on is what
+was authorized.
 IAM changes made here invalidate this process's authorizer cache at once; other processes
 see them within the cache lifetime.
 """
@@ -15,6 +18,7 @@ from quarry.auth.authorizer import Authorizer
 from quarry.auth.bootstrap import setup_admin
 from quarry.auth.interceptor import current_principal
 from quarry.auth.policy import FlatStatement, document_of, flat_statements, parse_policy
+from quarry.auth.request_ids import requested_id
 from quarry.auth.store import IamStore
 from quarry.auth.tokens import DEFAULT_LIFETIME_SECONDS, TokenAuthority
 from quarry.storage.v1 import auth_records_pb2 as records
@@ -48,7 +52,7 @@ def policy_to_proto(record: records.PolicyRecord) -> pb.Policy:
 def requested_document(request: pb.CreatePolicyRequest | pb.UpdatePolicyRequest) -> str:
     """The policy document of a create or update request (its JSON or its statements)."""
     statements = [FlatStatement(s.effect, tuple(s.actions), s.resource) for s in request.statements]
-    return document_of(request.policy_id, request.document, statements)
+    return document_of(requested_id(request, "policy_id"), request.document, statements)
 
 
 def credentials_to_proto(record: records.CredentialRecord) -> pb.Credentials:
@@ -111,19 +115,23 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
 
     def CreateUser(self, request, context):
         return pb.CreateUserResponse(
-            user=user_to_proto(self._iam.create_user(request.user_id, request.email))
+            user=user_to_proto(
+                self._iam.create_user(requested_id(request, "user_id"), request.email)
+            )
         )
 
     def GetUser(self, request, context):
-        return pb.GetUserResponse(user=user_to_proto(self._iam.get_user(request.user_id)))
+        user = self._iam.get_user(requested_id(request, "user_id"))
+        return pb.GetUserResponse(user=user_to_proto(user))
 
     def ListUsers(self, request, context):
         users, token = self._iam.list_users(request.page_size, request.page_token)
         return pb.ListUsersResponse(users=[user_to_proto(u) for u in users], next_page_token=token)
 
     def DeleteUser(self, request, context):
-        self._iam.delete_user(request.user_id)
-        self._authorizer.invalidate(request.user_id)
+        user_id = requested_id(request, "user_id")
+        self._iam.delete_user(user_id)
+        self._authorizer.invalidate(user_id)
         return pb.DeleteUserResponse()
 
     # ---- credentials ----
@@ -155,11 +163,14 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
 
     def CreateGroup(self, request, context):
         return pb.CreateGroupResponse(
-            group=group_to_proto(self._iam.create_group(request.group_id, request.description))
+            group=group_to_proto(
+                self._iam.create_group(requested_id(request, "group_id"), request.description)
+            )
         )
 
     def GetGroup(self, request, context):
-        return pb.GetGroupResponse(group=group_to_proto(self._iam.get_group(request.group_id)))
+        group = self._iam.get_group(requested_id(request, "group_id"))
+        return pb.GetGroupResponse(group=group_to_proto(group))
 
     def ListGroups(self, request, context):
         groups, token = self._iam.list_groups(request.page_size, request.page_token)
@@ -168,7 +179,7 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         )
 
     def DeleteGroup(self, request, context):
-        self._iam.delete_group(request.group_id)
+        self._iam.delete_group(requested_id(request, "group_id"))
         self._authorizer.invalidate()
         return pb.DeleteGroupResponse()
 
@@ -201,11 +212,14 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
     # ---- policies ----
 
     def CreatePolicy(self, request, context):
-        record = self._iam.create_policy(request.policy_id, requested_document(request))
+        record = self._iam.create_policy(
+            requested_id(request, "policy_id"), requested_document(request)
+        )
         return pb.CreatePolicyResponse(policy=policy_to_proto(record))
 
     def GetPolicy(self, request, context):
-        return pb.GetPolicyResponse(policy=policy_to_proto(self._iam.get_policy(request.policy_id)))
+        policy = self._iam.get_policy(requested_id(request, "policy_id"))
+        return pb.GetPolicyResponse(policy=policy_to_proto(policy))
 
     def ListPolicies(self, request, context):
         found, token = self._iam.list_policies(request.page_size, request.page_token)
@@ -214,13 +228,15 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         )
 
     def UpdatePolicy(self, request, context):
-        record = self._iam.update_policy(request.policy_id, requested_document(request))
+        record = self._iam.update_policy(
+            requested_id(request, "policy_id"), requested_document(request)
+        )
         # Every user the policy applies to (directly or through a group) decides anew.
         self._authorizer.invalidate()
         return pb.UpdatePolicyResponse(policy=policy_to_proto(record))
 
     def DeletePolicy(self, request, context):
-        self._iam.delete_policy(request.policy_id)
+        self._iam.delete_policy(requested_id(request, "policy_id"))
         self._authorizer.invalidate()
         return pb.DeletePolicyResponse()
 

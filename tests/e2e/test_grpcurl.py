@@ -4,15 +4,12 @@ base64, error statuses as a grpcurl user sees them)."""
 import base64
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from support.auth import admin_token_source, service_token
-from support.processes import REPO_ROOT, free_port, quarry_env, quarry_serve, wait_serving
-
-GRPCURL = Path(sys.executable).parent / "grpcurl"
+from support.grpcurl import GRPCURL, grpcurl, proto_args
+from support.processes import free_port, quarry_env, quarry_serve, wait_serving
 
 
 def b64(data: bytes) -> str:
@@ -32,19 +29,6 @@ def gateway(tmp_path_factory):
         wait_serving(target)
         yield target
         assert child.poll() is None, child.stderr.read()
-
-
-def grpcurl(
-    *args: str, data: dict | None = None, token: str | None = None
-) -> subprocess.CompletedProcess:
-    """grpcurl ARGS; with `token`, as `grpcurl -H "authorization: Bearer <token>"` (health,
-    reflection and ServerInfo need none)."""
-    command = [str(GRPCURL), "-plaintext", "-format-error"]
-    if token is not None:
-        command += ["-H", f"authorization: Bearer {token}"]
-    if data is not None:
-        command += ["-d", json.dumps(data)]
-    return subprocess.run(command + list(args), capture_output=True, text=True, timeout=30)
 
 
 def kv_grpcurl(*args: str, data: dict | None = None) -> subprocess.CompletedProcess:
@@ -71,12 +55,8 @@ def test_list_by_reflection_shows_the_gateway_services(gateway):
 
 
 def test_list_from_the_proto_files_shows_the_whole_contract():
-    protos = sorted(p.name for p in (REPO_ROOT / "protos/quarry/v1").glob("*.proto"))
-    args = ["-import-path", str(REPO_ROOT / "protos")]
-    for name in protos:
-        args += ["-proto", f"quarry/v1/{name}"]
     result = subprocess.run(
-        [str(GRPCURL), *args, "list"], capture_output=True, text=True, timeout=30
+        [str(GRPCURL), *proto_args(), "list"], capture_output=True, text=True, timeout=30
     )
     assert result.returncode == 0, result.stderr
     assert set(result.stdout.split()) == {

@@ -27,6 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from quarry.auth.request_ids import ID_ALIASES
 from quarry.graveler.refs import RefManager
 from support.processes import free_port
 from support.proto_fuzz import (
@@ -391,6 +392,10 @@ def test_rpc_never_internal_and_errors_change_nothing(world, method_name):
     max_examples = EXAMPLES_MUTATE if is_mutating(method.name) else EXAMPLES_READ
 
     strategy = request_strategy(method, world.pools, world.scratch)
+    # A request naming its IAM id by `id` and/or its older name: how it named it, and the
+    # codes each way got (every way must be drawn and reach the servicer; see below).
+    alias = ID_ALIASES.get(method.input_type.full_name)
+    id_outcomes: set[tuple[str, str]] = set()
 
     @settings(
         max_examples=max_examples,
@@ -406,11 +411,15 @@ def test_rpc_never_internal_and_errors_change_nothing(world, method_name):
         before = snapshot(world) if checks_state else None
         world.examples[method_name] += 1
         codes = world.codes.setdefault(method_name, Counter())
+        naming = id_naming(request, alias) if alias else ""
         try:
             call(world.channel(service), method, request)
         except grpc.RpcError as exc:
             code = _code(exc)
             codes[code.name] += 1
+            if alias:
+                info = error_info(exc)
+                id_outcomes.add((naming, info.reason if info else code.name))
             known = None
             if DISCOVER and code in FORBIDDEN:
                 known = f"DISCOVER {method_name} {code.name}: {exc.details()[:160]!r}"
@@ -442,6 +451,8 @@ def test_rpc_never_internal_and_errors_change_nothing(world, method_name):
                 )
             return
         codes["OK"] += 1
+        if alias:
+            id_outcomes.add((naming, "OK"))
         if method.name == "CreateRepository" and len(world.pools.repositories) < 8:
             world.pools.repositories.append(request.name)
             world.pools.disposable_repositories.append(request.name)
@@ -451,6 +462,25 @@ def test_rpc_never_internal_and_errors_change_nothing(world, method_name):
     run()
     # A request without fields has one possible value; every other RPC runs its full count.
     assert world.examples[method_name] >= (max_examples if method.input_type.fields else 1)
+    if alias:
+        # Each way of naming the id was drawn; two different ids were CONFLICTING_IDS and
+        # `id` alone got an answer about that id (done, exists, not found: not INVALID_IAM_ID
+        # as for no id at all).
+        assert {"id", "old", "same", "different"} <= {n for n, _ in id_outcomes}, id_outcomes
+        assert ("different", "CONFLICTING_IDS") in id_outcomes, id_outcomes
+        about_the_id = {r for n, r in id_outcomes if n == "id"}
+        assert any(r == "OK" or r.endswith(("_EXISTS", "_NOT_FOUND")) for r in about_the_id), (
+            id_outcomes
+        )
+
+
+def id_naming(request, alias: str) -> str:
+    """How a request names its IAM id: by `id`, by the old name, both the same, two
+    different ids, or neither."""
+    named, old = request.id, getattr(request, alias)
+    if named and old:
+        return "same" if named == old else "different"
+    return "id" if named else "old" if old else "neither"
 
 
 def test_every_public_rpc_is_covered(world):

@@ -28,6 +28,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message_factory
 from hypothesis import strategies as st
 
+from quarry.auth.request_ids import ID_ALIASES
 from quarry.v1 import (
     auth_pb2,
     branch_manager_pb2,
@@ -322,9 +323,14 @@ _DOCUMENTS = st.sampled_from(
 _PRINCIPAL_CHOICE_METHODS = ("AttachPolicy", "DetachPolicy")
 
 
-def _iam_strategy(name: str, method: str, pools: Pools) -> st.SearchStrategy:
+def _iam_strategy(
+    name: str, method: str, pools: Pools, either_name: bool = False
+) -> st.SearchStrategy:
     """user_id / group_id / policy_id: an id the fixture keeps, a fresh one for a create,
-    and for AttachPolicy/DetachPolicy often "" (they take exactly one of user and group)."""
+    and for AttachPolicy/DetachPolicy often "" (they take exactly one of user and group).
+    `either_name`: a field of a request that names the same id by `id` and by `name`
+    (request_ids.ID_ALIASES), often "" too, so one, the other, both the same (the one kept
+    id) and two different ids (two fresh ones) are all drawn."""
     pool = {
         "user_id": lambda: pools.iam_users,
         "group_id": lambda: pools.iam_groups,
@@ -334,7 +340,7 @@ def _iam_strategy(name: str, method: str, pools: Pools) -> st.SearchStrategy:
     if method.startswith("Create"):
         fresh = st.just(None).map(lambda _: f"fz-{next(_FRESH_NAMES)}")
         valid = st.one_of(valid, fresh)
-    if method in _PRINCIPAL_CHOICE_METHODS and name != "policy_id":
+    if either_name or (method in _PRINCIPAL_CHOICE_METHODS and name != "policy_id"):
         valid = st.one_of(valid, st.just(""))
     return _weighted(valid, _GARBAGE_TEXT)
 
@@ -431,6 +437,9 @@ def _scalar_strategy(
     fd: _descriptor.FieldDescriptor, method: str, pools: Pools, scratch: Callable[[str], str]
 ) -> st.SearchStrategy:
     t = fd.type
+    alias = ID_ALIASES.get(fd.containing_type.full_name)
+    if t == Type.TYPE_STRING and alias and fd.name in ("id", alias):
+        return _iam_strategy(alias, method, pools, either_name=True)
     if t == Type.TYPE_STRING:
         return _string_strategy(fd.name, method, pools, scratch)
     if t == Type.TYPE_BYTES:

@@ -35,6 +35,7 @@ from quarry.auth.policy import (
     tag_arn,
     user_arn,
 )
+from quarry.auth.request_ids import requested_id
 
 PACKAGE = "quarry.v1"
 
@@ -134,12 +135,16 @@ def _capacity(_: Any) -> tuple[str, ...]:
     return (f"{KV_ARN}capacity-report",)
 
 
+# The user, group and policy a request names come from request_ids.requested_id, the one
+# reader the servicer uses too (a request naming them by `id` is authorized on that id).
+
+
 def _user(request: Any) -> tuple[str, ...]:
-    return (user_arn(request.user_id),)
+    return (user_arn(requested_id(request, "user_id")),)
 
 
 def _group(request: Any) -> tuple[str, ...]:
-    return (group_arn(request.group_id),)
+    return (group_arn(requested_id(request, "group_id")),)
 
 
 def _attachment_principals(request: Any) -> tuple[str, ...]:
@@ -156,7 +161,7 @@ def _attachment_principals(request: Any) -> tuple[str, ...]:
 
 
 def _policy(request: Any) -> tuple[str, ...]:
-    return (policy_arn(request.policy_id),)
+    return (policy_arn(requested_id(request, "policy_id")),)
 
 
 # ---- the table --------------------------------------------------------------------------

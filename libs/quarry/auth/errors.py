@@ -77,6 +77,13 @@ class OnePrincipalRequired(errors.InvalidArgument):
     reason = "ONE_PRINCIPAL_REQUIRED"
 
 
+class ConflictingIds(errors.InvalidArgument):
+    """A request naming its user, group or policy twice, by `id` and by `<kind>_id`, with
+    two different ids (quarry.auth.request_ids)."""
+
+    reason = "CONFLICTING_IDS"
+
+
 class UserNotFound(errors.NotFound):
     reason = "USER_NOT_FOUND"
 

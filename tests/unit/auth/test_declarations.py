@@ -10,6 +10,7 @@ import pytest
 
 from quarry.auth.declarations import RULES, Access
 from quarry.auth.policy import ACTIONS
+from quarry.auth.request_ids import ID_ALIASES
 from support.proto_fuzz import rpcs_declared_in_protos
 
 PROTOS = Path(__file__).resolve().parents[3] / "protos" / "quarry" / "v1"
@@ -98,6 +99,9 @@ def _sample_request(descriptor):
     for field in descriptor.input_type.fields:
         if field.type == field.TYPE_STRING and isinstance(getattr(request, field.name), str):
             setattr(request, field.name, f"s-{field.name}")
+    alias = ID_ALIASES.get(descriptor.input_type.full_name)
+    if alias:  # `id` is another name for `alias`: both set name the same id
+        request.id = getattr(request, alias)
     if hasattr(request, "entry"):
         request.entry.path = "s-path"
     if hasattr(request, "entries"):
