@@ -99,7 +99,7 @@ class Context:
         fails later."""
         self._stdout.flush()
         binary = getattr(self._stdout, "buffer", None)
-        return binary if binary is not None else _TextSink(self._stdout)
+        return _BinarySink(binary) if binary is not None else _TextSink(self._stdout)
 
     def progress(self, label: str, total: int | None = None, unit: str = "") -> Progress:
         forced = bool(getattr(self.args, "progress", False))
@@ -118,6 +118,24 @@ class Context:
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+
+class _BinarySink:
+    """Every byte onto a binary stream: under `python -u` (PYTHONUNBUFFERED) stdout's binary
+    layer is the raw file, whose write() may take only part of a chunk."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        while view:
+            written = self._stream.write(view)  # None: a non-blocking stream took nothing
+            view = view[written or 0 :]
+        return len(data)
+
+    def flush(self) -> None:
+        self._stream.flush()
 
 
 class _TextSink:
