@@ -533,15 +533,15 @@ def test_cat_reads_from_an_s3_namespace(tmp_path, moto_endpoint, s3_bucket):
             AWS_DEFAULT_REGION="us-east-1",
         )
 
-        def run(*args: str) -> bytes:
+        def run(*args: str, expect: int = 0) -> bytes:
             result = subprocess.run(
                 [str(VENV_BIN / "quarry"), *args, *_targets(s3_suite)],
                 env=env,
                 capture_output=True,
                 timeout=60,
             )
-            assert result.returncode == 0, (args, result.stderr)
-            return result.stdout
+            assert result.returncode == expect, (args, result.stderr)
+            return result.stderr if expect else result.stdout
 
         payload = b"parquet-ish\x00\x01" * 100
         (tmp_path / "part.bin").write_bytes(payload)
@@ -551,6 +551,38 @@ def test_cat_reads_from_an_s3_namespace(tmp_path, moto_endpoint, s3_bucket):
         assert entry["physical_address"].startswith(f"s3://{s3_bucket}/lake/s3cat/data/")
         (tmp_path / "part.bin").unlink()
         assert run("cat", "s3cat", "main", "tables/part.bin") == payload
+
+        # Streamed from get_object's body in chunks, and checked against the entry.
+        large = tmp_path / "large.bin"
+        _write_random(large, 3 * MiB + 5, seed=4)
+        run("put", "s3cat", "main", "large.bin", "--from", str(large))
+        assert run("cat", "s3cat", "main", "large.bin") == large.read_bytes()
+        run("get", "s3cat", "main", "large.bin", "-o", str(tmp_path / "got.bin"))
+        assert filecmp.cmp(tmp_path / "got.bin", large, shallow=False)
+
+        address = json.loads(run("stat", "s3cat", "main", "large.bin", "--json"))
+        bucket, _, key = address["physical_address"].removeprefix("s3://").partition("/")
+        tampered = bytearray(large.read_bytes())
+        tampered[-1] ^= 0x01
+        _s3_client(moto_endpoint).put_object(Bucket=bucket, Key=key, Body=bytes(tampered))
+        refused = run("get", "s3cat", "main", "large.bin", "-o", str(tmp_path / "bad"), expect=1)
+        assert refused.decode().startswith("quarry: CHECKSUM_MISMATCH: ")
+        assert not (tmp_path / "bad").exists()
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bad.")]  # no temp
+
+
+def _s3_client(endpoint: str):
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        config=Config(s3={"addressing_style": "path"}),
+    )
 
 
 def test_a_mistyped_flag_gets_the_closest_flag_of_its_command(env):
