@@ -126,7 +126,9 @@ def register_put(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--from", dest="source", metavar="LOCAL_FILE_OR_DIR", help="upload this file or directory"
     )
-    p.add_argument("--size", type=int, default=0, metavar="N", help="size in bytes")
+    p.add_argument(
+        "--size", type=int, default=0, metavar="N", help="size in bytes (cat/get check it)"
+    )
     p.add_argument("--checksum", default="", metavar="C")
     p.add_argument("--content-type", default="", metavar="T")
     p.add_argument(
