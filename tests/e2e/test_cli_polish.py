@@ -407,19 +407,24 @@ def test_cat_and_get_stream_a_large_object_without_holding_it(suite, quarry, env
         assert grew < LARGE_OBJECT_BYTES // 4, (command, peaks)
 
 
-def test_cat_into_a_closed_pipe_is_a_success(suite, quarry, env, tmp_path):
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_cat_into_a_closed_pipe_is_a_success(suite, quarry, env, tmp_path, buffered):
     """`quarry cat ... | head -c 10`: head leaves after 10 bytes of a 4 MiB object; quarry
-    exits 0 with nothing on stderr, like `cat | head`."""
-    quarry("repo", "create", "piped", suite.namespace("piped"))
+    exits 0 with nothing on stderr, like `cat | head` — with stdout buffered (a user's
+    shell) or not (PYTHONUNBUFFERED, as the other tests run it)."""
+    name = f"piped-{buffered}".lower()
+    quarry("repo", "create", name, suite.namespace(name))
     source = tmp_path / "piped.bin"
     _write_random(source, 4 * MiB, seed=2)
-    quarry("put", "piped", "main", "piped.bin", "--from", str(source))
+    quarry("put", name, "main", "piped.bin", "--from", str(source))
+    if buffered:
+        env = {k: v for k, v in env.items() if k != "PYTHONUNBUFFERED"}
     argv = " ".join(
         shlex.quote(part)
         for part in [
             str(VENV_BIN / "quarry"),
             "cat",
-            "piped",
+            name,
             "main",
             "piped.bin",
             *_targets(suite),
