@@ -8,11 +8,15 @@ the storage namespace (local and S3)."""
 from __future__ import annotations
 
 import contextlib
+import filecmp
 import json
 import os
 import pty
+import random
 import select
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -329,6 +333,201 @@ def test_get_never_overwrites_a_file_without_force(suite, quarry, tmp_path):
     assert precious.read_bytes() == b"from the lake\n"
 
 
+# ---- cat / get stream, and refuse bytes that differ from the entry ---------------------------
+
+MiB = 1 << 20
+LARGE_OBJECT_BYTES = 64 * MiB
+
+
+def _write_random(path: Path, size: int, seed: int) -> None:
+    generator = random.Random(seed)
+    with open(path, "wb") as out:
+        for start in range(0, size, MiB):
+            out.write(generator.randbytes(min(MiB, size - start)))
+
+
+# Runs argv (after the report file's path) and writes its peak resident memory there. The
+# measuring happens in this small process, not in the test process: a child forked from the
+# test process would count the test process's memory, held at the fork, as its own peak.
+_MEASURE = """
+import resource, subprocess, sys
+code = subprocess.call(sys.argv[2:])
+with open(sys.argv[1], "w") as report:
+    report.write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))
+sys.exit(code)
+"""
+
+
+def run_measured(argv: list[str], env: dict[str, str], stdout: Path) -> tuple[int, bytes, int]:
+    """Run argv with stdout into a file: its exit code, stderr and peak resident memory in
+    bytes (Linux reports ru_maxrss in kilobytes)."""
+    report = stdout.with_name(stdout.name + ".maxrss")
+    with open(stdout, "wb") as out:
+        result = subprocess.run(
+            [sys.executable, "-c", _MEASURE, str(report), *argv],
+            env=env,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            timeout=120,
+        )
+    return result.returncode, result.stderr, int(report.read_text()) * 1024
+
+
+def test_cat_and_get_stream_a_large_object_without_holding_it(suite, quarry, env, tmp_path):
+    """A 64 MiB object through `quarry cat` and `quarry get` as real processes: the bytes
+    arrive whole, and the process's peak memory grows far less than the object over the
+    same command reading a 100-byte object (holding it would add at least 64 MiB)."""
+    quarry("repo", "create", "large", suite.namespace("large"))
+    large, small = tmp_path / "large.bin", tmp_path / "small.bin"
+    _write_random(large, LARGE_OBJECT_BYTES, seed=1)
+    small.write_bytes(b"s" * 100)
+    quarry("put", "large", "main", "large.bin", "--from", str(large))
+    quarry("put", "large", "main", "small.bin", "--from", str(small))
+    quarry("commit", "large", "main", "-m", "large and small")
+    binary = str(VENV_BIN / "quarry")
+
+    def peak(*args: str, stdout: Path) -> int:
+        code, err, rss = run_measured([binary, *args, *_targets(suite)], env, stdout)
+        assert code == 0, (args, err)
+        assert err == b""
+        return rss
+
+    for command in ("cat", "get"):
+        outputs = {name: tmp_path / f"{command}-{name}" for name in ("large", "small")}
+        peaks = {}
+        for name, written in outputs.items():
+            extra = ("-o", str(written)) if command == "get" else ()
+            report = tmp_path / f"{command}-{name}.stdout"
+            into = report if command == "get" else written
+            peaks[name] = peak(command, "large", "main", f"{name}.bin", *extra, stdout=into)
+        assert filecmp.cmp(outputs["large"], large, shallow=False), command
+        assert outputs["small"].read_bytes() == small.read_bytes()
+        grew = peaks["large"] - peaks["small"]
+        assert grew < LARGE_OBJECT_BYTES // 4, (command, peaks)
+
+
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])
+def test_cat_into_a_closed_pipe_is_a_success(suite, quarry, env, tmp_path, buffered):
+    """`quarry cat ... | head -c 10`: head leaves after 10 bytes of a 4 MiB object; quarry
+    exits 0 with nothing on stderr, like `cat | head` — with stdout buffered (a user's
+    shell) or not (PYTHONUNBUFFERED, as the other tests run it)."""
+    name = f"piped-{buffered}".lower()
+    quarry("repo", "create", name, suite.namespace(name))
+    source = tmp_path / "piped.bin"
+    _write_random(source, 4 * MiB, seed=2)
+    quarry("put", name, "main", "piped.bin", "--from", str(source))
+    if buffered:
+        env = {k: v for k, v in env.items() if k != "PYTHONUNBUFFERED"}
+    argv = " ".join(
+        shlex.quote(part)
+        for part in [
+            str(VENV_BIN / "quarry"),
+            "cat",
+            name,
+            "main",
+            "piped.bin",
+            *_targets(suite),
+        ]
+    )
+    result = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {argv} | head -c 10"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == source.read_bytes()[:10]
+    assert result.stderr == b""
+
+
+def _json_error(result: subprocess.CompletedProcess) -> dict:
+    return json.loads(result.stderr.decode().strip().splitlines()[-1])["error"]
+
+
+def test_get_and_cat_refuse_an_object_that_differs_from_its_entry(suite, quarry, tmp_path):
+    """Safety: `get` must never leave a FILE whose bytes differ from the entry (nor replace
+    an existing one with them, even with --force), and `cat` must not exit 0 on them. The
+    object in the namespace is overwritten after the commit: same size other bytes
+    (CHECKSUM_MISMATCH), longer and shorter (OBJECT_CHANGED); all DATA_LOSS."""
+    quarry("repo", "create", "tamper", suite.namespace("tamper"))
+    source = tmp_path / "t.bin"
+    _write_random(source, 3 * MiB + 17, seed=3)  # several chunks
+    original = source.read_bytes()
+    quarry("put", "tamper", "main", "t.bin", "--from", str(source))
+    quarry("commit", "tamper", "main", "-m", "t")
+    entry = json.loads(quarry("stat", "tamper", "main", "t.bin", "--json").stdout)
+    stored = Path(entry["physical_address"])
+    assert stored.read_bytes() == original
+
+    flipped = bytearray(original)
+    flipped[2 * MiB + 5] ^= 0xFF
+    cases = {
+        "CHECKSUM_MISMATCH": bytes(flipped),
+        "OBJECT_CHANGED": original + b"more",
+    }
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    precious = downloads / "precious.bin"
+    for reason, tampered in [*cases.items(), ("OBJECT_CHANGED", original[:-1])]:
+        stored.write_bytes(tampered)
+        target = downloads / "t.bin"
+        refused = quarry("get", "tamper", "main", "t.bin", "-o", str(target), "--json", expect=1)
+        error = _json_error(refused)
+        assert (error["code"], error["reason"]) == ("DATA_LOSS", reason), error
+        assert error["metadata"]["physical_address"] == str(stored)
+        assert refused.stdout == b""
+        assert not target.exists()
+        precious.write_bytes(b"my local work")
+        quarry("get", "tamper", "main", "t.bin", "-o", str(precious), "--force", expect=1)
+        assert precious.read_bytes() == b"my local work"
+        assert sorted(p.name for p in downloads.iterdir()) == ["precious.bin"]  # no temp file
+
+        # cat has written the bytes as it read them; the check at the end fails it.
+        shown = quarry("cat", "tamper", "main", "t.bin", expect=1)
+        assert shown.stdout == tampered
+        assert shown.stderr.decode().startswith(f"quarry: {reason}: ")
+        assert "changed after the entry was recorded" in shown.stderr.decode()
+
+    stored.write_bytes(original)  # the entry's own bytes pass again
+    quarry("get", "tamper", "main", "t.bin", "-o", str(downloads / "t.bin"))
+    assert (downloads / "t.bin").read_bytes() == original
+    assert quarry("cat", "tamper", "main", "t.bin").stdout == original
+
+    # Gone: NOT_FOUND, no file, no temp file.
+    stored.unlink()
+    (downloads / "t.bin").unlink()
+    gone = quarry(
+        "get", "tamper", "main", "t.bin", "-o", str(downloads / "t.bin"), "--json", expect=1
+    )
+    assert (_json_error(gone)["code"], _json_error(gone)["reason"]) == (
+        "NOT_FOUND",
+        "STORAGE_OBJECT_NOT_FOUND",
+    )
+    assert sorted(p.name for p in downloads.iterdir()) == ["precious.bin"]
+
+
+def test_a_checksum_that_is_not_a_sha256_is_checked_by_size_only(suite, quarry, tmp_path):
+    """An entry staged with --address and an S3-ETag-like checksum: its bytes cannot be
+    hashed to that form, so only the size is checked (as `quarry get --help` says)."""
+    quarry("repo", "create", "etag", suite.namespace("etag"))
+    imported = tmp_path / "imported.bin"
+    imported.write_bytes(b"imported bytes\n")
+    etag = '"9b2cf535f27731c974343645a3985328-2"'
+    quarry(
+        "put", "etag", "main", "i.bin", "--address", str(imported), "--size", "15",
+        "--checksum", etag,
+    )  # fmt: skip
+    assert quarry("cat", "etag", "main", "i.bin").stdout == b"imported bytes\n"
+    imported.write_bytes(b"other  bytes!!\n")  # same size: not detectable by size
+    assert quarry("cat", "etag", "main", "i.bin").stdout == b"other  bytes!!\n"
+    imported.write_bytes(b"longer bytes now\n")
+    wrong = quarry("get", "etag", "main", "i.bin", "-o", str(tmp_path / "out"), "--json", expect=1)
+    assert _json_error(wrong)["reason"] == "OBJECT_CHANGED"
+    assert _json_error(wrong)["metadata"]["expected_size"] == "15"
+    assert not (tmp_path / "out").exists()
+
+
 def test_cat_reads_from_an_s3_namespace(tmp_path, moto_endpoint, s3_bucket):
     with running_suite(tmp_path / "suite", s3_endpoint_url=moto_endpoint) as s3_suite:
         env = quarry_env(
@@ -339,15 +538,15 @@ def test_cat_reads_from_an_s3_namespace(tmp_path, moto_endpoint, s3_bucket):
             AWS_DEFAULT_REGION="us-east-1",
         )
 
-        def run(*args: str) -> bytes:
+        def run(*args: str, expect: int = 0) -> bytes:
             result = subprocess.run(
                 [str(VENV_BIN / "quarry"), *args, *_targets(s3_suite)],
                 env=env,
                 capture_output=True,
                 timeout=60,
             )
-            assert result.returncode == 0, (args, result.stderr)
-            return result.stdout
+            assert result.returncode == expect, (args, result.stderr)
+            return result.stderr if expect else result.stdout
 
         payload = b"parquet-ish\x00\x01" * 100
         (tmp_path / "part.bin").write_bytes(payload)
@@ -357,6 +556,38 @@ def test_cat_reads_from_an_s3_namespace(tmp_path, moto_endpoint, s3_bucket):
         assert entry["physical_address"].startswith(f"s3://{s3_bucket}/lake/s3cat/data/")
         (tmp_path / "part.bin").unlink()
         assert run("cat", "s3cat", "main", "tables/part.bin") == payload
+
+        # Streamed from get_object's body in chunks, and checked against the entry.
+        large = tmp_path / "large.bin"
+        _write_random(large, 3 * MiB + 5, seed=4)
+        run("put", "s3cat", "main", "large.bin", "--from", str(large))
+        assert run("cat", "s3cat", "main", "large.bin") == large.read_bytes()
+        run("get", "s3cat", "main", "large.bin", "-o", str(tmp_path / "got.bin"))
+        assert filecmp.cmp(tmp_path / "got.bin", large, shallow=False)
+
+        address = json.loads(run("stat", "s3cat", "main", "large.bin", "--json"))
+        bucket, _, key = address["physical_address"].removeprefix("s3://").partition("/")
+        tampered = bytearray(large.read_bytes())
+        tampered[-1] ^= 0x01
+        _s3_client(moto_endpoint).put_object(Bucket=bucket, Key=key, Body=bytes(tampered))
+        refused = run("get", "s3cat", "main", "large.bin", "-o", str(tmp_path / "bad"), expect=1)
+        assert refused.decode().startswith("quarry: CHECKSUM_MISMATCH: ")
+        assert not (tmp_path / "bad").exists()
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bad.")]  # no temp
+
+
+def _s3_client(endpoint: str):
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        config=Config(s3={"addressing_style": "path"}),
+    )
 
 
 def test_a_mistyped_flag_gets_the_closest_flag_of_its_command(env):

@@ -1,19 +1,29 @@
 """Object stores for committed data: a local directory (default) or S3.
 
 open_blob_store("/abs/dir" | "file:///abs/dir" | "s3://bucket/prefix", settings)
+
+An entry's bytes, by physical address: read_object (whole), open_object (a stream) and
+copy_object (streamed through a writer, then checked against the entry's size and SHA-256).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import re
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from quarry.blob.base import (
     BlobStore,
+    ChecksumMismatch,
     InvalidObjectKey,
     InvalidStorageNamespace,
+    ObjectChanged,
     ObjectInfo,
     ObjectNotFound,
+    ObjectReader,
     StorageUnreachable,
     check_key,
 )
@@ -31,20 +41,25 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BlobStore",
+    "ChecksumMismatch",
     "CountingBlobStore",
     "InvalidObjectKey",
     "InvalidStorageNamespace",
     "LocalBlobStore",
+    "ObjectChanged",
     "ObjectInfo",
     "ObjectNotFound",
+    "ObjectReader",
     "S3BlobStore",
     "StorageUnreachable",
     "check_key",
     "namespace_location",
     "namespaces_overlap",
     "normalize_storage_namespace",
+    "copy_object",
     "object_address",
     "open_blob_store",
+    "open_object",
     "parse_storage_namespace",
     "read_object",
 ]
@@ -79,10 +94,13 @@ def open_blob_store(storage_namespace: str, settings: Settings | None = None) ->
     return S3BlobStore(where, prefix, endpoint_url=endpoint, region=region)
 
 
-def read_object(physical_address: str, settings: Settings | None = None) -> bytes:
-    """The bytes at an entry's physical address: /abs/path, file:///abs/path or
-    s3://bucket/key, inside a repository's namespace or not (an imported object).
-    ObjectNotFound when nothing is there, StorageUnreachable when the environment stops it."""
+@contextlib.contextmanager
+def open_object(physical_address: str, settings: Settings | None = None) -> Iterator[ObjectReader]:
+    """The bytes at an entry's physical address as a stream (read(n) in pieces, never whole
+    unless asked): /abs/path, file:///abs/path or s3://bucket/key, inside a repository's
+    namespace or not (an imported object). ObjectNotFound when nothing is there,
+    StorageUnreachable or Unavailable when the environment stops it, while opening or
+    while reading. A local read never creates a directory."""
     kind, where, key = parse_storage_namespace(physical_address)
     if kind == "local":
         where, _, key = where.rpartition("/")
@@ -91,6 +109,65 @@ def read_object(physical_address: str, settings: Settings | None = None) -> byte
             raise ObjectNotFound(f"object {physical_address!r} not found")
     store = open_blob_store(where if kind == "local" else f"s3://{where}", settings)
     try:
-        return store.get(check_key(key))
+        with store.open_read(check_key(key)) as reader:
+            yield reader
     finally:
         store.close()
+
+
+def read_object(physical_address: str, settings: Settings | None = None) -> bytes:
+    """The whole object at a physical address (open_object, read at once)."""
+    with open_object(physical_address, settings) as reader:
+        return reader.read()
+
+
+# What Quarry's own uploads (`quarry put --from`) and Spark writes record as an entry's
+# checksum. Other forms (an S3 ETag of an imported object, a user's own string) are not a
+# hash of the bytes that can be recomputed here: only the size is checked for them.
+_SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
+COPY_CHUNK_BYTES = 1 << 20
+
+
+def copy_object(
+    physical_address: str,
+    write: Callable[[bytes], object],
+    settings: Settings | None = None,
+    *,
+    size_bytes: int,
+    checksum: str,
+) -> int:
+    """Stream the object at `physical_address` through `write` in chunks of at most
+    COPY_CHUNK_BYTES, then check that it is the object its entry describes; the number of
+    bytes copied.
+
+    Safety: a copy must never pass as the entry's object when its bytes differ from what the
+    entry records: ObjectChanged (DATA_LOSS) when the size is not `size_bytes`,
+    ChecksumMismatch (DATA_LOSS) when `checksum` is a SHA-256 (64 hex digits) and the bytes'
+    is another. Other checksum forms are checked by size only. The check comes after the
+    last byte: what was already passed to `write` stays written, the caller decides what to
+    do with it (`quarry get` removes its temporary file, `quarry cat` has printed it)."""
+    digest = hashlib.sha256()
+    copied = 0
+    with open_object(physical_address, settings) as reader:
+        while chunk := reader.read(COPY_CHUNK_BYTES):
+            digest.update(chunk)
+            copied += len(chunk)
+            write(chunk)
+    where = {"physical_address": physical_address}
+    if copied != size_bytes:
+        raise ObjectChanged(
+            f"the object at {physical_address} has {copied} bytes, its entry records "
+            f"{size_bytes}: it changed after the entry was recorded",
+            metadata={**where, "expected_size": str(size_bytes), "actual_size": str(copied)},
+        )
+    if _SHA256_HEX.fullmatch(checksum) and digest.hexdigest() != checksum.lower():
+        raise ChecksumMismatch(
+            f"the object at {physical_address} has SHA-256 {digest.hexdigest()}, its entry "
+            f"records {checksum.lower()}: it changed after the entry was recorded",
+            metadata={
+                **where,
+                "expected_sha256": checksum.lower(),
+                "actual_sha256": digest.hexdigest(),
+            },
+        )
+    return copied

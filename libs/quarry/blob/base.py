@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import abc
 import builtins
-from collections.abc import Iterator
-from typing import Any, NamedTuple, Self
+import io
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, Protocol, Self
 
 from quarry import errors
 
@@ -44,6 +45,19 @@ class StorageUnreachable(errors.FailedPrecondition):
         super().__init__(message, metadata=metadata, **kwargs)
 
 
+class ObjectChanged(errors.DataLoss):
+    """The object an entry points to does not have the entry's size: it was replaced,
+    truncated or corrupted after the entry was recorded."""
+
+    reason = "OBJECT_CHANGED"
+
+
+class ChecksumMismatch(errors.DataLoss):
+    """The object an entry points to does not have the entry's SHA-256."""
+
+    reason = "CHECKSUM_MISMATCH"
+
+
 class InvalidObjectKey(errors.InvalidArgument):
     reason = "INVALID_OBJECT_KEY"
 
@@ -64,12 +78,57 @@ class ObjectInfo(NamedTuple):
     modified: float  # last modification, seconds since the epoch
 
 
+class _RawReader(Protocol):
+    def read(self, size: int = ..., /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class ObjectReader:
+    """An object's bytes, read front to back in pieces (BlobStore.open_read): read(n) returns
+    up to n bytes, b"" at the end (read() the rest). A failure while reading is the store's
+    error (StorageUnreachable, Unavailable), mapped by `translate` like a failure to open it,
+    never a bare OSError or botocore error. Close it, or use it as a context manager."""
+
+    def __init__(
+        self,
+        raw: _RawReader,
+        translate: Callable[[Any], Exception],
+        failures: tuple[type[BaseException], ...] = (OSError,),
+    ) -> None:
+        self._raw = raw
+        self._translate = translate
+        self._failures = failures
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            # Some streams (boto3's StreamingBody) read everything only when given no size.
+            return self._raw.read(size) if size >= 0 else self._raw.read()
+        except self._failures as exc:
+            raise self._translate(exc) from exc
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class BlobStore(abc.ABC):
     """An object store bound to one storage namespace."""
 
     @abc.abstractmethod
     def get(self, key: str) -> bytes:
         """The object's bytes; ObjectNotFound (NOT_FOUND / STORAGE_OBJECT_NOT_FOUND) if missing."""
+
+    def open_read(self, key: str) -> ObjectReader:
+        """The object's bytes as a stream, for objects too large to hold in memory (`quarry
+        cat`/`get`); ObjectNotFound if missing. The local and S3 stores stream; this
+        fallback, for stores that only have get(), reads the object whole first."""
+        return ObjectReader(io.BytesIO(self.get(key)), lambda exc: exc, failures=())
 
     @abc.abstractmethod
     def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:

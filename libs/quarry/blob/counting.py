@@ -7,7 +7,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 
-from quarry.blob.base import BlobStore, ObjectInfo
+from quarry.blob.base import BlobStore, ObjectInfo, ObjectReader
 
 KINDS = ("get", "put", "exists", "delete", "list", "local_path")
 
@@ -65,6 +65,17 @@ class CountingBlobStore(BlobStore):
             self.bytes_read += len(data)
         self._note(self.keys_read, key)
         return data
+
+    def open_read(self, key: str) -> ObjectReader:
+        """One object read, counted as a get; its bytes are added as they are read."""
+        self._count("get")
+        reader = self.inner.open_read(key)
+        self._note(self.keys_read, key)
+        return ObjectReader(_CountedReader(reader, self), lambda exc: exc, failures=())
+
+    def _add_read(self, size: int) -> None:
+        with self._lock:
+            self.bytes_read += size
 
     def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
         self._count("put")
@@ -133,3 +144,17 @@ class CountingBlobStore(BlobStore):
 
     def close(self) -> None:
         self.inner.close()
+
+
+class _CountedReader:
+    def __init__(self, inner: ObjectReader, store: CountingBlobStore) -> None:
+        self._inner = inner
+        self._store = store
+
+    def read(self, size: int = -1, /) -> bytes:
+        data = self._inner.read(size)
+        self._store._add_read(len(data))
+        return data
+
+    def close(self) -> None:
+        self._inner.close()

@@ -13,7 +13,14 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from quarry.blob.base import BlobStore, ObjectInfo, ObjectNotFound, StorageUnreachable, check_key
+from quarry.blob.base import (
+    BlobStore,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectReader,
+    StorageUnreachable,
+    check_key,
+)
 
 # Temporary files live next to their target (same filesystem, so os.replace/os.link are
 # atomic) and are never listed.
@@ -67,14 +74,18 @@ class LocalBlobStore(BlobStore):
         return self._path(key)
 
     def get(self, key: str) -> bytes:
+        with self.open_read(key) as reader:
+            return reader.read()
+
+    def open_read(self, key: str) -> ObjectReader:
         path = self._path(key)
         try:
-            with open(path, "rb") as fh:
-                return fh.read()
+            fh = open(path, "rb")  # noqa: SIM115 — the reader closes it
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise ObjectNotFound(f"object {key!r} not found in {self.root}") from None
         except OSError as exc:
             raise self._unreachable(exc) from exc
+        return ObjectReader(fh, self._unreachable)
 
     def exists(self, key: str) -> bool:
         return os.path.isfile(self._path(key))

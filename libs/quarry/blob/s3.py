@@ -15,7 +15,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from quarry import errors
-from quarry.blob.base import BlobStore, ObjectInfo, ObjectNotFound, StorageUnreachable, check_key
+from quarry.blob.base import (
+    BlobStore,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectReader,
+    StorageUnreachable,
+    check_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +75,14 @@ class S3BlobStore(BlobStore):
         return self.prefix + check_key(key)
 
     def get(self, key: str) -> bytes:
+        with self.open_read(key) as reader:
+            return reader.read()
+
+    def open_read(self, key: str) -> ObjectReader:
+        """get_object's Body, read as the caller asks (never whole unless asked); the
+        connection goes back to the pool when the reader is closed."""
         from botocore.exceptions import BotoCoreError, ClientError
+        from urllib3.exceptions import HTTPError
 
         try:
             response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
@@ -80,11 +94,12 @@ class S3BlobStore(BlobStore):
                     f"object {key!r} not found in s3://{self.bucket}/{self.prefix}"
                 ) from None
             raise _unavailable(exc, self) from exc
-        body = response["Body"]
-        try:
-            return body.read()
-        finally:
-            body.close()
+        # A connection dropped or timing out mid-body is UNAVAILABLE like any S3 failure.
+        return ObjectReader(
+            response["Body"],
+            lambda exc: _unavailable(exc, self),
+            failures=(ClientError, BotoCoreError, HTTPError, OSError),
+        )
 
     def exists(self, key: str) -> bool:
         from botocore.exceptions import BotoCoreError, ClientError

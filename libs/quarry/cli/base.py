@@ -9,11 +9,15 @@ being the gRPC status name (NOT_FOUND, FAILED_PRECONDITION, ...).
 
 Nothing reaches stdout before a command has succeeded: the wrapper buffers it and writes it
 out once the handler returns (an error leaves stdout empty, never a header or half a list).
+The one exception is output too large to hold, an object's bytes (`quarry cat`): it goes
+straight to the real stdout (Context.unheld_stdout), and a failure after the first byte
+leaves what was written, as with curl.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import errno
 import functools
@@ -59,6 +63,8 @@ class Context:
         self.json = bool(getattr(args, "json", False))
         self._settings: Any = None
         self._client: Client | None = None
+        # The real stdout: the Context is built before the wrapper holds stdout.
+        self._stdout = sys.stdout
 
     @property
     def settings(self) -> Any:
@@ -87,6 +93,14 @@ class Context:
             )
         return self._client
 
+    def unheld_stdout(self) -> Any:
+        """The real stdout as a binary stream (write, flush), past the hold: for output too
+        large to hold (an object's bytes). What it gets stays written even if the command
+        fails later."""
+        self._stdout.flush()
+        binary = getattr(self._stdout, "buffer", None)
+        return _BinarySink(binary) if binary is not None else _TextSink(self._stdout)
+
     def progress(self, label: str, total: int | None = None, unit: str = "") -> Progress:
         forced = bool(getattr(self.args, "progress", False))
         return Progress(label, total, unit=unit, enabled=True if forced else None)
@@ -104,6 +118,40 @@ class Context:
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+
+class _BinarySink:
+    """Every byte onto a binary stream: under `python -u` (PYTHONUNBUFFERED) stdout's binary
+    layer is the raw file, whose write() may take only part of a chunk."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        while view:
+            written = self._stream.write(view)  # None: a non-blocking stream took nothing
+            view = view[written or 0 :]
+        return len(data)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+
+class _TextSink:
+    """Bytes onto a text-only stream (a caller's io.StringIO), decoded as _release does."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def write(self, data: bytes) -> int:
+        self._stream.write(self._decoder.decode(data))
+        return len(data)
+
+    def flush(self) -> None:
+        self._stream.write(self._decoder.decode(b"", final=True))
+        self._stream.flush()
 
 
 Handler = Callable[[argparse.Namespace, Context], "int | None"]

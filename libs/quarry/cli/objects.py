@@ -1,10 +1,12 @@
-"""`quarry put` (stage an entry, or upload local files and stage them), `rm`, `ls`, `stat`."""
+"""`quarry put` (stage an entry, or upload local files and stage them), `rm`, `ls`, `stat`,
+`cat` and `get` (an object's bytes, streamed and checked against its entry)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from quarry.cli import output, style
@@ -124,7 +126,9 @@ def register_put(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--from", dest="source", metavar="LOCAL_FILE_OR_DIR", help="upload this file or directory"
     )
-    p.add_argument("--size", type=int, default=0, metavar="N", help="size in bytes")
+    p.add_argument(
+        "--size", type=int, default=0, metavar="N", help="size in bytes (cat/get check it)"
+    )
     p.add_argument("--checksum", default="", metavar="C")
     p.add_argument("--content-type", default="", metavar="T")
     p.add_argument(
@@ -265,26 +269,41 @@ def register_stat(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH")
 
 
-def _object_bytes(args: argparse.Namespace, ctx: Context) -> bytes:
-    """The bytes of PATH at REF, read from where its entry points (the repository's storage
-    namespace, local or S3, or an imported object's own address)."""
-    from quarry.blob import read_object
+def _copy_object(args: argparse.Namespace, ctx: Context, write: Callable[[bytes], object]) -> int:
+    """Stream the bytes of PATH at REF through `write`, read from where its entry points (the
+    repository's storage namespace, local or S3, or an imported object's own address), then
+    check them against the entry (quarry.blob.copy_object: DATA_LOSS / OBJECT_CHANGED when
+    the size differs, CHECKSUM_MISMATCH when a SHA-256 checksum differs). The byte count."""
+    from quarry.blob import copy_object
 
     entry = ctx.client.stat_object(args.repo, args.ref, args.path)
-    return read_object(entry.physical_address, ctx.settings)
+    return copy_object(
+        entry.physical_address,
+        write,
+        ctx.settings,
+        size_bytes=entry.size_bytes,
+        checksum=entry.checksum,
+    )
 
 
 @command
 def cat(args: argparse.Namespace, ctx: Context) -> int | None:
-    data = _object_bytes(args, ctx)
-    sys.stdout.buffer.write(data)  # held with the rest of stdout until the read succeeded
+    """Stream the object to stdout as it is read: its bytes are never held in memory, nor
+    behind the CLI's usual hold of stdout until success. A failure while reading, or at the
+    end a size or checksum that is not the entry's, exits 1 with the error on stderr; the
+    bytes already written stay written (as with curl or `aws s3 cp - `)."""
+    out = ctx.unheld_stdout()
+    _copy_object(args, ctx, out.write)
+    out.flush()  # a closed pipe (`| head -c 10`) shows here, still a success (main)
 
 
 @command
 def get(args: argparse.Namespace, ctx: Context) -> int | None:
-    """Write the object to FILE. Never overwrites an existing FILE without --force, and
-    never leaves a partial FILE: the bytes go to a temporary file beside it, renamed into
-    place once complete."""
+    """Write the object to FILE. Safety: never overwrites an existing FILE without --force,
+    never leaves a partial FILE, and never leaves a FILE whose bytes differ from the entry:
+    the bytes stream into a temporary file beside FILE, which takes FILE's name only once
+    complete and checked against the entry (size, and SHA-256 where the entry records one);
+    on any failure it is removed."""
     import contextlib
     import os
     import tempfile
@@ -296,11 +315,10 @@ def get(args: argparse.Namespace, ctx: Context) -> int | None:
         raise CliError(
             "FILE_EXISTS", f"{target} exists; pass --force to overwrite it", "ALREADY_EXISTS"
         )
-    data = _object_bytes(args, ctx)
     fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            size = _copy_object(args, ctx, fh.write)
         if args.force:
             os.replace(temporary, target)
         else:
@@ -317,13 +335,28 @@ def get(args: argparse.Namespace, ctx: Context) -> int | None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
     if ctx.json:
-        output.print_json({"path": args.path, "file": str(target), "bytes": len(data)})
+        output.print_json({"path": args.path, "file": str(target), "bytes": size})
     else:
-        print(f"Wrote {args.repo}/{args.ref}: {args.path} to {target} ({human_bytes(len(data))})")
+        print(f"Wrote {args.repo}/{args.ref}: {args.path} to {target} ({human_bytes(size)})")
+
+
+# Shown by `quarry cat --help` and `quarry get --help`.
+INTEGRITY_HELP = (
+    "The bytes are streamed (never held in memory) and checked against the entry: a size "
+    "other than the entry's fails with DATA_LOSS / OBJECT_CHANGED, and where the entry's "
+    "checksum is a SHA-256 (what `quarry put --from` and Spark writes record) a different "
+    "hash fails with DATA_LOSS / CHECKSUM_MISMATCH. Other checksum forms (an S3 ETag of an "
+    "imported object) are checked by size only."
+)
 
 
 def register_cat(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p = leaf(common, sub, "cat", cat, "write an object's bytes to stdout")
+    p.epilog = (
+        f"{INTEGRITY_HELP} The bytes go to stdout as they are read: on a failure midway, or "
+        "a failed check at the end, what was written stays written and the command exits 1 "
+        "with the error on stderr. A closed pipe (`| head -c 10`) is a success."
+    )
     p.add_argument("repo", metavar="REPO")
     p.add_argument("ref", metavar="REF")
     p.add_argument("path", metavar="PATH")
@@ -331,6 +364,10 @@ def register_cat(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 def register_get(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p = leaf(common, sub, "get", get, "download an object's bytes into a local file")
+    p.epilog = (
+        f"{INTEGRITY_HELP} FILE appears only once its bytes are complete and checked; on any "
+        "failure no FILE is left (and an existing one is only replaced with --force)."
+    )
     p.add_argument("repo", metavar="REPO")
     p.add_argument("ref", metavar="REF")
     p.add_argument("path", metavar="PATH")

@@ -78,6 +78,30 @@ def test_get_of_a_missing_key_is_object_not_found(store):
     assert not store.exists("missing/key")
 
 
+def test_open_read_streams_the_bytes_in_the_pieces_asked_for(store):
+    data = bytes(range(256)) * 9000 + b"tail"  # 2.2 MiB: several reads of 1 MiB
+    store.put("big/object", data)
+    pieces = []
+    with store.open_read("big/object") as reader:
+        while piece := reader.read(1 << 20):
+            assert len(piece) <= 1 << 20
+            pieces.append(piece)
+        assert reader.read(1 << 20) == b""  # stays at the end
+    assert b"".join(pieces) == data and len(pieces) >= 3
+    with store.open_read("big/object") as reader:
+        assert reader.read(4) == data[:4]
+        assert reader.read() == data[4:]  # the rest
+    store.put("empty", b"")
+    with store.open_read("empty") as reader:
+        assert reader.read(10) == b""
+
+
+def test_open_read_of_a_missing_key_is_object_not_found(store):
+    with pytest.raises(ObjectNotFound) as caught:
+        store.open_read("missing/key")
+    assert caught.value.reason == "STORAGE_OBJECT_NOT_FOUND"
+
+
 def test_put_replaces_but_if_absent_never_overwrites(store):
     assert store.put("k", b"first") is True
     assert store.put("k", b"second") is True  # a plain put replaces

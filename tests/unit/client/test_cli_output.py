@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import io
 import json
 
-from quarry.cli import output
+from quarry.cli import base, output
 from quarry.cli.progress import Progress, human_bytes
 from quarry.cli.upload import plan
 from quarry.v1 import types_pb2
@@ -96,3 +98,47 @@ def test_upload_plan(tmp_path):
     assert plan(single, "x/y.txt")[0].path == "x/y.txt"
     assert plan(single, "x/")[0].path == "x/b.txt"
     assert plan(single, "")[0].path == "b.txt"
+
+
+def _context() -> base.Context:
+    return base.Context(argparse.Namespace(json=False))
+
+
+def test_unheld_stdout_writes_every_byte_to_the_real_stdout_past_the_hold():
+    """`quarry cat` writes past the hold to the stdout the command started with; a raw
+    binary stdout (PYTHONUNBUFFERED) that takes part of a chunk still gets all of it."""
+
+    class Raw(io.RawIOBase):
+        def __init__(self):
+            self.got = bytearray()
+
+        def writable(self):
+            return True
+
+        def write(self, data):
+            taken = bytes(data[:3])  # a pipe that took only part of the chunk
+            self.got += taken
+            return len(taken)
+
+    raw = Raw()
+    real = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)
+    with contextlib.redirect_stdout(real):
+        ctx = _context()
+        with base._held_stdout():
+            out = ctx.unheld_stdout()
+            out.write(b"0123456789")
+            out.flush()
+    assert bytes(raw.got) == b"0123456789"
+
+
+def test_unheld_stdout_onto_a_text_only_stream_decodes_across_chunks():
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        ctx = _context()
+        with base._held_stdout():
+            out = ctx.unheld_stdout()
+            encoded = "café ☕".encode()
+            out.write(encoded[:4])  # the é split across two writes
+            out.write(encoded[4:])
+            out.flush()
+    assert text.getvalue() == "café ☕"

@@ -1,0 +1,211 @@
+"""Streaming reads of an entry's bytes by physical address (quarry.blob.open_object,
+copy_object; `quarry cat` / `quarry get` use them): every address form (local path,
+file://, s3:// on a real S3 API, the session moto_server), the error mapping while opening
+and while reading (NOT_FOUND, STORAGE_UNREACHABLE, UNAVAILABLE; never a bare OSError or
+botocore error), S3 bodies always closed, and the check of the copied bytes against the
+entry's size and SHA-256."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+from typing import Any
+
+import pytest
+from botocore.exceptions import ReadTimeoutError, ResponseStreamingError
+from urllib3.exceptions import ProtocolError
+
+import quarry.blob.local as local_module
+from quarry import errors
+from quarry.blob import (
+    ChecksumMismatch,
+    CountingBlobStore,
+    LocalBlobStore,
+    ObjectChanged,
+    ObjectNotFound,
+    StorageUnreachable,
+    copy_object,
+    open_object,
+    read_object,
+)
+from quarry.blob.s3 import S3BlobStore, shared_client
+from quarry.config import load_settings
+
+MiB = 1 << 20
+DATA = bytes(range(256)) * 10_000 + b"end"  # 2.4 MiB
+
+
+def _read_in_pieces(address: str, settings: Any = None) -> list[bytes]:
+    pieces = []
+    with open_object(address, settings) as reader:
+        while piece := reader.read(MiB):
+            pieces.append(piece)
+    return pieces
+
+
+def test_open_object_reads_every_address_form(tmp_path, s3_bucket, moto_endpoint):
+    LocalBlobStore(tmp_path / "ns").put("data/a", DATA)
+    S3BlobStore(s3_bucket, "lake", endpoint_url=moto_endpoint).put("data/a", DATA)
+    settings = load_settings(env={}, s3_endpoint_url=moto_endpoint)
+    for address in (
+        f"{tmp_path}/ns/data/a",
+        f"file://{tmp_path}/ns/data/a",
+        f"s3://{s3_bucket}/lake/data/a",
+    ):
+        pieces = _read_in_pieces(address, settings)
+        assert b"".join(pieces) == DATA, address
+        assert len(pieces) == 3 and all(len(p) <= MiB for p in pieces), address
+        assert read_object(address, settings) == DATA  # the whole-object read, on top
+
+
+def test_a_missing_object_is_not_found_and_a_local_read_creates_no_directory(
+    tmp_path, s3_bucket, moto_endpoint
+):
+    settings = load_settings(env={}, s3_endpoint_url=moto_endpoint)
+    for address in (
+        f"{tmp_path}/nowhere/deeper/key",
+        f"file://{tmp_path}/nowhere/key",
+        f"{tmp_path}/key-of-a-missing-file",
+        f"s3://{s3_bucket}/lake/missing",
+    ):
+        with pytest.raises(ObjectNotFound) as caught, open_object(address, settings):
+            pass
+        assert caught.value.code.name == "NOT_FOUND", address
+    assert not (tmp_path / "nowhere").exists()
+    # A bucket that does not exist is the environment's problem, not a missing object.
+    with (
+        pytest.raises(StorageUnreachable) as caught,
+        open_object("s3://no-such-bucket/k", settings),
+    ):
+        pass
+    assert caught.value.metadata["cause"] == "no such bucket"
+
+
+def test_a_local_read_failing_midway_is_storage_unreachable(tmp_path, monkeypatch):
+    LocalBlobStore(tmp_path).put("a", DATA)
+
+    class FailingFile(io.BufferedReader):
+        def read(self, size: int | None = -1, /) -> bytes:
+            if self.tell() >= MiB:
+                raise OSError(errno.EIO, "Input/output error")
+            return super().read(size)
+
+    def failing_open(path: str, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        return FailingFile(io.FileIO(path, mode))
+
+    monkeypatch.setattr(local_module, "open", failing_open, raising=False)
+    written = []
+    with pytest.raises(StorageUnreachable) as caught:
+        copy_object(f"{tmp_path}/a", written.append, size_bytes=len(DATA), checksum="")
+    assert caught.value.code.name == "FAILED_PRECONDITION"
+    assert "Input/output error" in caught.value.metadata["cause"]
+    assert sum(map(len, written)) == MiB  # what came before the failure
+
+
+class _TrackedBody:
+    """A real get_object Body that records its closing, and can fail after some bytes."""
+
+    def __init__(self, body: Any, fail_after: int | None, failure: Exception) -> None:
+        self.body, self.fail_after, self.failure = body, fail_after, failure
+        self.served = 0
+        self.closed = False
+
+    def read(self, amt: int | None = None) -> bytes:
+        if self.fail_after is not None and self.served >= self.fail_after:
+            raise self.failure
+        data = self.body.read(amt)
+        self.served += len(data)
+        return data
+
+    def close(self) -> None:
+        self.closed = True
+        self.body.close()
+
+
+class _TrackingClient:
+    """The real boto3 client; get_object's Body is a _TrackedBody."""
+
+    def __init__(self, real: Any, fail_after: int | None = None, failure: Exception = None):
+        self.real, self.fail_after, self.failure = real, fail_after, failure
+        self.bodies: list[_TrackedBody] = []
+
+    def get_object(self, **kwargs: Any) -> dict:
+        response = self.real.get_object(**kwargs)
+        response["Body"] = _TrackedBody(response["Body"], self.fail_after, self.failure)
+        self.bodies.append(response["Body"])
+        return response
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        ResponseStreamingError(error=ProtocolError("Connection broken")),
+        ReadTimeoutError(endpoint_url="http://s3"),
+        ProtocolError("Connection broken: IncompleteRead"),
+        ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"),
+    ],
+    ids=["streaming-error", "read-timeout", "urllib3-protocol", "connection-reset"],
+)
+def test_an_s3_body_failing_midway_is_unavailable_and_closed(s3_bucket, moto_endpoint, failure):
+    client = _TrackingClient(shared_client(moto_endpoint, "us-east-1"), MiB, failure)
+    store = S3BlobStore(s3_bucket, "lake", client=client)
+    store.put("a", DATA)
+    with pytest.raises(errors.Unavailable), store.open_read("a") as reader:
+        while reader.read(MiB):
+            pass
+    assert [body.closed for body in client.bodies] == [True]
+
+
+def test_an_s3_body_is_closed_when_read_whole_or_left_early(s3_bucket, moto_endpoint):
+    client = _TrackingClient(shared_client(moto_endpoint, "us-east-1"))
+    store = S3BlobStore(s3_bucket, "lake", client=client)
+    store.put("a", DATA)
+    assert store.get("a") == DATA
+    with store.open_read("a") as reader:
+        assert reader.read(10) == DATA[:10]  # then left
+    with pytest.raises(ZeroDivisionError), store.open_read("a") as reader:
+        reader.read(10)
+        raise ZeroDivisionError  # the caller's own failure
+    assert [body.closed for body in client.bodies] == [True, True, True]
+
+
+def test_copy_object_checks_the_bytes_against_the_entry(tmp_path):
+    """Safety: a copy whose bytes differ from the entry's size or SHA-256 never passes."""
+    LocalBlobStore(tmp_path).put("a", DATA)
+    address = f"{tmp_path}/a"
+    sha = hashlib.sha256(DATA).hexdigest()
+    copied = []
+    assert copy_object(address, copied.append, size_bytes=len(DATA), checksum=sha) == len(DATA)
+    assert b"".join(copied) == DATA and max(map(len, copied)) <= MiB
+    copy_object(address, [].append, size_bytes=len(DATA), checksum=sha.upper())
+
+    with pytest.raises(ChecksumMismatch) as caught:
+        copy_object(address, [].append, size_bytes=len(DATA), checksum="0" * 64)
+    assert (caught.value.code.name, caught.value.reason) == ("DATA_LOSS", "CHECKSUM_MISMATCH")
+    assert caught.value.metadata["actual_sha256"] == sha
+
+    for recorded in (len(DATA) - 1, len(DATA) + 1, 0):
+        with pytest.raises(ObjectChanged) as changed:
+            copy_object(address, [].append, size_bytes=recorded, checksum=sha)
+        assert changed.value.reason == "OBJECT_CHANGED"
+        assert changed.value.metadata["actual_size"] == str(len(DATA))
+        assert changed.value.metadata["expected_size"] == str(recorded)
+
+    # Not a SHA-256 (an S3 ETag, a user's string): checked by size only.
+    for other in ('"d41d8cd98f00b204e9800998ecf8427e-3"', "etag1", "", "z" * 64):
+        copy_object(address, [].append, size_bytes=len(DATA), checksum=other)
+
+
+def test_the_counting_store_counts_a_streamed_read_as_one_get(tmp_path):
+    store = CountingBlobStore(LocalBlobStore(tmp_path))
+    store.put("a", DATA)
+    store.reset()
+    with store.open_read("a") as reader:
+        while reader.read(MiB):
+            pass
+    assert store.counts["get"] == 1 and store.reads == 1
+    assert store.bytes_read == len(DATA) and store.keys_read == ["a"]
