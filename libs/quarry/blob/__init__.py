@@ -143,7 +143,8 @@ def copy_object(
     Safety: a copy must never pass as the entry's object when its bytes differ from what the
     entry records: ObjectChanged (DATA_LOSS) when the size is not `size_bytes`,
     ChecksumMismatch (DATA_LOSS) when `checksum` is a SHA-256 (64 hex digits) and the bytes'
-    is another. Other checksum forms are checked by size only. The check comes after the
+    is another. Other checksum forms are checked by size only. An entry with size 0 and no
+    checksum records neither (`quarry put --address` without `--size`): nothing to check. The check comes after the
     last byte: what was already passed to `write` stays written, the caller decides what to
     do with it (`quarry get` removes its temporary file, `quarry cat` has printed it)."""
     digest = hashlib.sha256()
@@ -154,7 +155,8 @@ def copy_object(
             copied += len(chunk)
             write(chunk)
     where = {"physical_address": physical_address}
-    if copied != size_bytes:
+    size_recorded = size_bytes != 0 or bool(checksum)
+    if size_recorded and copied != size_bytes:
         raise ObjectChanged(
             f"the object at {physical_address} has {copied} bytes, its entry records "
             f"{size_bytes}: it changed after the entry was recorded",

@@ -127,7 +127,11 @@ def register_put(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         "--from", dest="source", metavar="LOCAL_FILE_OR_DIR", help="upload this file or directory"
     )
     p.add_argument(
-        "--size", type=int, default=0, metavar="N", help="size in bytes (cat/get check it)"
+        "--size",
+        type=int,
+        default=0,
+        metavar="N",
+        help="size in bytes (cat/get check it; 0 with no --checksum: unknown, not checked)",
     )
     p.add_argument("--checksum", default="", metavar="C")
     p.add_argument("--content-type", default="", metavar="T")

@@ -200,6 +200,20 @@ def test_copy_object_checks_the_bytes_against_the_entry(tmp_path):
         copy_object(address, [].append, size_bytes=len(DATA), checksum=other)
 
 
+def test_an_entry_recording_neither_size_nor_checksum_is_not_checked(tmp_path):
+    """`quarry put --address` without --size stages size 0 and no checksum: unknown, so the
+    bytes are passed on as they are. Size 0 WITH a checksum is a recorded empty object and
+    stays checked (the guard must not open up for every size-0 entry)."""
+    LocalBlobStore(tmp_path).put("a", DATA)
+    address = f"{tmp_path}/a"
+    copied = []
+    assert copy_object(address, copied.append, size_bytes=0, checksum="") == len(DATA)
+    assert b"".join(copied) == DATA
+    for recorded in ("etag1", hashlib.sha256(b"").hexdigest()):
+        with pytest.raises(ObjectChanged):
+            copy_object(address, [].append, size_bytes=0, checksum=recorded)
+
+
 def test_the_counting_store_counts_a_streamed_read_as_one_get(tmp_path):
     store = CountingBlobStore(LocalBlobStore(tmp_path))
     store.put("a", DATA)
