@@ -314,7 +314,7 @@ class MetaRange:
         return bisect.bisect_left(self.max_keys, key)
 
 
-def common_prefix_length(left: list[str], right: list[str]) -> int:
+def common_prefix_length(left: list[Any], right: list[Any]) -> int:
     """The length of the longest common prefix of two lists, by slice comparisons (C
     speed: merge compares the range ids of two metaranges)."""
     limit = min(len(left), len(right))
