@@ -60,7 +60,7 @@ def apply_changes(
         return ApplyResult(
             base.id, applied.summary, ranges_written=0, ranges_reused=len(base.ranges)
         )
-    metarange_id = writer.write_metarange_file(namespace, applied.ranges)
+    metarange_id = writer.write_metarange_file(namespace, applied.ranges, base)
     return ApplyResult(
         metarange_id, applied.summary, ranges_written=applied.written, ranges_reused=applied.reused
     )

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from quarry.committed.diff import DiffOptions, diff_metaranges
 from quarry.committed.iterators import LoadRange
 from quarry.committed.loader import RangeLoader
-from quarry.committed.rangedata import MetaRange, changed_rows, common_prefix_length
+from quarry.committed.metaranges import common_prefix_length
+from quarry.committed.rangedata import MetaRange, changed_rows
 from quarry.graveler.model import Change, DiffSummary, RangeInfo
 
 # Ranges loaded ahead in the background by each diff walk.

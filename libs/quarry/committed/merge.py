@@ -79,7 +79,6 @@ from dataclasses import dataclass
 
 from quarry import errors
 from quarry.committed.apply import ApplyOptions, apply_to_ranges
-from quarry.committed.format import metarange_id_of
 from quarry.committed.gaps import (
     MERGE_READAHEAD,
     Gap,
@@ -212,9 +211,10 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
         merged.changes,
         ApplyOptions(open_ends=spliced.open_ends, loaded=merged.held),
     )
-    metarange_id = metarange_id_of(applied.ranges)
+    encoding = writer.metarange_encoding(namespace, applied.ranges, destination)
+    metarange_id = encoding.id
     if metarange_id != destination.id:
-        metarange_id = writer.write_metarange_file(namespace, applied.ranges, metarange_id)
+        writer.write_metarange_file(namespace, applied.ranges, encoding=encoding)
     # The summary is exactly the diff destination -> result (module docstring): a retry of
     # this merge starts from it.
     _remember(loader, namespace, destination.id, metarange_id, summary)
