@@ -30,6 +30,9 @@ from quarry.committed.format import (
 )
 from quarry.graveler.model import RangeInfo
 
+# Ranges between two kept states of the id's hash (MetaRangeEncoding.checkpoints).
+CHECKPOINT_RANGES = 1024
+
 
 def common_prefix_length(left: list[Any], right: list[Any]) -> int:
     """The length of the longest common prefix of two lists, by slice comparisons (C
@@ -60,10 +63,19 @@ class MetaRangeEncoding:
     table: pa.Table
     frames: bytes
     ends: pa.Array  # int64
+    # The id's hash state after the header and the frames of ranges [0, j * CHECKPOINT_RANGES)
+    # for j = 0, 1, ...: a derived metarange hashes on from the last one its prefix covers.
+    # (Never updated: copied first.)
+    checkpoints: tuple[Any, ...] = ()
 
     @property
     def nbytes(self) -> int:
-        return 256 + self.table.nbytes + len(self.frames) + self.ends.nbytes
+        return (
+            256 * (1 + len(self.checkpoints))
+            + self.table.nbytes
+            + len(self.frames)
+            + (self.ends.nbytes)
+        )
 
     def frame_start(self, i: int) -> int:
         return 0 if i == 0 else int(self.ends[i - 1].as_py())
@@ -98,10 +110,21 @@ def encode_metarange_table(table: pa.Table, metarange_id: str) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _frames_id(frames: bytes | memoryview) -> str:
-    h = hashlib.sha256(METARANGE_ID_HEADER)
-    h.update(frames)
-    return h.hexdigest()
+def _hash_on(frames: bytes, ends: pa.Array, start: int, state: Any) -> tuple[str, list[Any]]:
+    """The id of a metarange whose frames are `frames`, hashing on from `state` (the hash
+    after the frames of ranges [0, start), start a multiple of CHECKPOINT_RANGES), and the
+    checkpoints after `start`'s."""
+    h = state.copy()
+    view = memoryview(frames)
+    position = 0 if start == 0 else int(ends[start - 1].as_py())
+    checkpoints = []
+    for stop in range(start + CHECKPOINT_RANGES, len(ends) + 1, CHECKPOINT_RANGES):
+        end = int(ends[stop - 1].as_py())
+        h.update(view[position:end])
+        position = end
+        checkpoints.append(h.copy())
+    h.update(view[position:])
+    return h.hexdigest(), checkpoints
 
 
 def _frames(ranges: Sequence[RangeInfo]) -> tuple[bytes, pa.Array]:
@@ -112,7 +135,11 @@ def _frames(ranges: Sequence[RangeInfo]) -> tuple[bytes, pa.Array]:
 def metarange_encoding(ranges: Sequence[RangeInfo]) -> MetaRangeEncoding:
     """The encoding of `ranges` built row by row."""
     frames, ends = _frames(ranges)
-    return MetaRangeEncoding(_frames_id(frames), metarange_table(ranges), frames, ends)
+    first = hashlib.sha256(METARANGE_ID_HEADER)
+    metarange_id, checkpoints = _hash_on(frames, ends, 0, first)
+    return MetaRangeEncoding(
+        metarange_id, metarange_table(ranges), frames, ends, (first, *checkpoints)
+    )
 
 
 def derive_metarange_encoding(
@@ -140,7 +167,14 @@ def derive_metarange_encoding(
     table = pa.concat_tables(
         [base.table.slice(0, head), metarange_table(middle), base.table.slice(n_base - tail)]
     ).combine_chunks()
-    return MetaRangeEncoding(_frames_id(frames), table, frames, ends)
+    # The prefix's checkpoints hold for these frames too.
+    kept = min(head // CHECKPOINT_RANGES, len(base.checkpoints) - 1)
+    metarange_id, checkpoints = _hash_on(
+        frames, ends, kept * CHECKPOINT_RANGES, base.checkpoints[kept]
+    )
+    return MetaRangeEncoding(
+        metarange_id, table, frames, ends, (*base.checkpoints[: kept + 1], *checkpoints)
+    )
 
 
 __all__ = [

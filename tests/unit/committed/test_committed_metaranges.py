@@ -10,11 +10,14 @@ import random
 import pytest
 
 from quarry.blob import LocalBlobStore
+from quarry.committed import metaranges
 from quarry.committed.format import (
     EMPTY_METARANGE_ID,
+    METARANGE_ID_HEADER,
     decode_metarange,
     metarange_id_of,
     metarange_key,
+    range_frame,
 )
 from quarry.committed.loader import LoaderOptions, RangeLoader
 from quarry.committed.metaranges import (
@@ -65,6 +68,12 @@ def _edit(rng: random.Random, ranges: list[RangeInfo], step: int) -> list[RangeI
 def _assert_same_as_row_by_row(derived, ranges: list[RangeInfo]) -> None:
     scratch = metarange_encoding(ranges)
     assert derived.id == scratch.id == metarange_id_of(ranges)
+    # Every kept hash state is the hash of the frames before its range.
+    every = metaranges.CHECKPOINT_RANGES
+    assert len(derived.checkpoints) == len(ranges) // every + 1
+    for j, state in enumerate(derived.checkpoints):
+        before = b"".join(range_frame(r) for r in ranges[: j * every])
+        assert state.hexdigest() == hashlib.sha256(METARANGE_ID_HEADER + before).hexdigest()
     assert derived.frames == scratch.frames
     assert derived.ends.equals(scratch.ends)
     assert derived.table.equals(metarange_table(ranges))
@@ -74,10 +83,13 @@ def _assert_same_as_row_by_row(derived, ranges: list[RangeInfo]) -> None:
     assert decode_metarange(data) == ranges
 
 
+@pytest.mark.parametrize("every", [1024, 7, 1])
 @pytest.mark.parametrize("seed", range(30))
-def test_a_derived_encoding_is_the_row_by_row_one(seed):
+def test_a_derived_encoding_is_the_row_by_row_one(seed, every, monkeypatch):
     """A chain of edits, each derived from the previous encoding (as commits on a branch
-    do): table, id frames, id and file bytes equal those built row by row."""
+    do): table, id frames, id and file bytes equal those built row by row, with hash
+    checkpoints every `every` ranges."""
+    monkeypatch.setattr(metaranges, "CHECKPOINT_RANGES", every)
     rng = random.Random(seed)
     ranges = sorted(
         (_info(rng, k, "0") for k in rng.sample(range(10**6), rng.randrange(0, 300))),
