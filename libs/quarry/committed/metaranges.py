@@ -98,14 +98,21 @@ def encode_metarange(ranges: Sequence[RangeInfo], metarange_id: str) -> bytes:
     return encode_metarange_table(metarange_table(ranges), metarange_id)
 
 
-def encode_metarange_table(table: pa.Table, metarange_id: str) -> bytes:
-    """The file of a metarange whose rows are `table` (METARANGE_SCHEMA)."""
+def encode_metarange_table(table: pa.Table, metarange_id: str, compress: bool = True) -> bytes:
+    """The file of a metarange whose rows are `table` (METARANGE_SCHEMA). `compress`: zstd,
+    else uncompressed (see RangeWriter.write_metarange_file); readers take either, and the
+    id does not depend on it. No column statistics: readers read the whole file."""
     table = table.replace_schema_metadata(
         {FORMAT_TAG: METARANGE_FORMAT, b"quarry.metarange_id": metarange_id.encode()}
     )
     sink = pa.BufferOutputStream()
     pq.write_table(
-        table, sink, row_group_size=max(1, table.num_rows), compression="zstd", use_dictionary=False
+        table,
+        sink,
+        row_group_size=max(1, table.num_rows),
+        compression="zstd" if compress else "none",
+        use_dictionary=False,
+        write_statistics=False,
     )
     return sink.getvalue().to_pybytes()
 

@@ -142,7 +142,11 @@ class RangeWriter:
         if encoding is None:
             encoding = self.metarange_encoding(namespace, ranges, base)
         metarange_id = encoding.id
-        data = encode_metarange_table(encoding.table, metarange_id)
+        # A flat metarange names every range of the repository (1.2 MB of rows at 10M
+        # entries): zstd takes it to ~40% in ~2.5 ms, ten times the uncompressed encode.
+        # Into a local directory the CPU is the cost and the bytes are cheap; over the
+        # network to an object store the bytes cost more than the CPU (docs/performance.md).
+        data = encode_metarange_table(encoding.table, metarange_id, compress=not store.is_local)
         # The ranges it names become durable before the metarange can become visible.
         if store.put_after_sync(metarange_key(metarange_id), data):
             loader.stats.count("metaranges_written")

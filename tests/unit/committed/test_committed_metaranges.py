@@ -7,10 +7,12 @@ from __future__ import annotations
 import hashlib
 import random
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from quarry.blob import LocalBlobStore
-from quarry.committed import metaranges
+from quarry.committed import CommittedManager, metaranges
 from quarry.committed.format import (
     EMPTY_METARANGE_ID,
     METARANGE_ID_HEADER,
@@ -110,24 +112,47 @@ def test_the_empty_metarange_encoding_has_the_fixed_id():
     assert derive_metarange_encoding(one, metarange_encoding(one), []).id == EMPTY_METARANGE_ID
 
 
-def test_commits_and_merges_write_the_row_by_row_metarange(new_manager, namespace, make_entry):
+class _RemoteDirectory(LocalBlobStore):
+    """A directory the loader reads as it reads an object store (no local paths)."""
+
+    @property
+    def is_local(self) -> bool:
+        return False
+
+    def local_path(self, key: str) -> str | None:
+        return None
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
+def test_commits_and_merges_write_the_row_by_row_metarange(tmp_path, make_entry, remote):
     """Through the manager: every metarange written from a base's encoding is, in the
-    store, the file the row-by-row path writes for its ranges, under that path's id."""
-    manager = new_manager(target_range_entries=8)
-    paths = [f"d/{i:05d}" for i in range(2000)]
-    base = manager.write_metarange(namespace, [make_entry(p) for p in paths]).metarange_id
-    store = manager.store(namespace)
-    rng = random.Random(3)
-    heads = [base]
-    for version in range(1, 8):
-        start = rng.randrange(len(paths) - 40)
-        changes = [(p, make_entry(p, version)) for p in paths[start : start + 30 : 3]]
-        heads.append(manager.apply_changes(namespace, heads[-1], changes).metarange_id)
-    merged = manager.merge_metaranges(namespace, heads[2], heads[-1], heads[3]).metarange_id
-    for metarange_id in [*heads, merged]:
-        ranges = manager.get_metarange(namespace, metarange_id)
-        assert metarange_id == metarange_id_of(ranges)
-        assert store.get(metarange_key(metarange_id)) == encode_metarange(ranges, metarange_id)
+    store, the file the row-by-row path writes for its ranges, under that path's id:
+    zstd-compressed for a remote store, uncompressed into a local directory."""
+    namespace = str(tmp_path / "ns")
+    opener = _RemoteDirectory if remote else LocalBlobStore
+    manager = CommittedManager(opener, None, target_range_entries=8)
+    try:
+        paths = [f"d/{i:05d}" for i in range(2000)]
+        base = manager.write_metarange(namespace, [make_entry(p) for p in paths]).metarange_id
+        store = manager.store(namespace)
+        rng = random.Random(3)
+        heads = [base]
+        for version in range(1, 8):
+            start = rng.randrange(len(paths) - 40)
+            changes = [(p, make_entry(p, version)) for p in paths[start : start + 30 : 3]]
+            heads.append(manager.apply_changes(namespace, heads[-1], changes).metarange_id)
+        merged = manager.merge_metaranges(namespace, heads[2], heads[-1], heads[3])
+        for metarange_id in [*heads, merged.metarange_id]:
+            ranges = manager.get_metarange(namespace, metarange_id)
+            assert metarange_id == metarange_id_of(ranges)
+            data = store.get(metarange_key(metarange_id))
+            expected = encode_metarange_table(metarange_table(ranges), metarange_id, remote)
+            assert data == expected
+            assert decode_metarange(data) == ranges
+            codec = pq.ParquetFile(pa.BufferReader(data)).metadata.row_group(0).column(0)
+            assert codec.compression == ("ZSTD" if remote else "UNCOMPRESSED")
+    finally:
+        manager.close()
 
 
 def test_encodings_are_counted_within_the_metarange_cache_bound(tmp_path, make_entry):
