@@ -167,6 +167,8 @@ class RangeLoader:
         derives the encoding of a metarange made from it from: remembered when it was
         written, else built from its ranges once and kept (in the metarange cache, which
         bounds their bytes with the metaranges')."""
+XX
+            return metarange_encoding(metarange.ranges)
         key = (namespace, metarange.id, _ENCODING)
         found: MetaRangeEncoding | None = self._metaranges.get(key)
         if found is None:

@@ -194,3 +194,17 @@ def test_encodings_are_counted_within_the_metarange_cache_bound(tmp_path, make_e
     finally:
         writer.close()
         loader.close()
+
+
+def test_ranges_under_no_id_never_share_a_kept_encoding(tmp_path):
+    """Lists of ranges without a metarange id (a merge's splice) are encoded as they are:
+    one such list's encoding is never served for another."""
+    loader = RangeLoader(LocalBlobStore, LoaderOptions(), StatsCounter())
+    namespace = str(tmp_path / "ns")
+    one = [RangeInfo("a" * 64, "a", "b", 1, 10)]
+    two = [RangeInfo("b" * 64, "c", "d", 2, 20)]
+    try:
+        assert loader.metarange_encoding(namespace, MetaRange("", one)).id == metarange_id_of(one)
+        assert loader.metarange_encoding(namespace, MetaRange("", two)).id == metarange_id_of(two)
+    finally:
+        loader.close()
