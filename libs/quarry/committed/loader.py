@@ -167,7 +167,7 @@ class RangeLoader:
         derives the encoding of a metarange made from it from: remembered when it was
         written, else built from its ranges once and kept (in the metarange cache, which
         bounds their bytes with the metaranges')."""
-XX
+        if not metarange.id:  # a list of ranges under no id (merge's splice): not kept
             return metarange_encoding(metarange.ranges)
         key = (namespace, metarange.id, _ENCODING)
         found: MetaRangeEncoding | None = self._metaranges.get(key)
