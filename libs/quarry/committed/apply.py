@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import collections
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from quarry import errors
@@ -39,12 +39,14 @@ class AppliedRanges:
 
 @dataclass
 class ApplyOptions:
-    """`any_ranges`: the base is a sorted, disjoint list of ranges that need not come from
-    one metarange (merge splices ranges of two), so a range that does not end at a chunk
-    boundary may sit before others; such a range is never reused with entries after it.
+    """`open_ends`: positions of base ranges that may not end at a chunk boundary although
+    others follow them. Every range of a metarange this chunker wrote ends at one except its
+    last; a base spliced from runs of several metaranges (merge) may hold such a last range
+    before others, and names it here. Such a range is reused with entries after it only if
+    it does end at a boundary (checked); every other range but the base's last is taken to.
     `loaded`: ranges the caller holds already (by id)."""
 
-    any_ranges: bool = False
+    open_ends: Sequence[int] = ()
     loaded: dict[str, RangeData] = field(default_factory=dict)
 
 
@@ -58,7 +60,7 @@ def apply_changes(
         return ApplyResult(
             base.id, applied.summary, ranges_written=0, ranges_reused=len(base.ranges)
         )
-    metarange_id = writer.write_metarange_file(namespace, applied.ranges)
+    metarange_id = writer.write_metarange_file(namespace, applied.ranges, base)
     return ApplyResult(
         metarange_id, applied.summary, ranges_written=applied.written, ranges_reused=applied.reused
     )
@@ -83,6 +85,8 @@ def apply_to_ranges(
     prefetch = Prefetcher(loader, namespace, base, stream, loaded)
     ends_at_boundary = writer.chunking.ends_at_boundary
     max_keys = base.max_keys
+    open_ends = sorted(options.open_ends)
+    open_set = set(open_ends)
     with sink:
         last = len(ranges) - 1
         i = 0
@@ -92,7 +96,7 @@ def apply_to_ranges(
                 # The run of ranges before the next change, reused in one step (a commit
                 # would otherwise spend a Python loop step on every range of the
                 # repository).
-                stop = _untouched_run(ranges, max_keys, i, following, options, ends_at_boundary)
+                stop = _untouched_run(ranges, max_keys, i, following, open_ends, ends_at_boundary)
                 if stop > i:
                     builder.reuse_run(ranges[i:stop])
                     i = stop
@@ -102,7 +106,7 @@ def apply_to_ranges(
                 builder.empty
                 and (following is None or following > info.max_key)
                 and (
-                    (i < last and not options.any_ranges)
+                    (i < last and i not in open_set)
                     or (i == last and following is None)
                     or ends_at_boundary(info)
                 )
@@ -131,21 +135,22 @@ def _untouched_run(  # noqa: PLR0913 — the loop state of apply_to_ranges
     max_keys: list[str],
     start: int,
     following: str | None,
-    options: ApplyOptions,
+    open_ends: list[int],
     ends_at_boundary: Callable[[RangeInfo], bool],
 ) -> int:
     """The end of the run of ranges from `start` that apply reuses as they are, the builder
     being empty: no change falls into them (their max_key is below the next change), and
     each may have entries after it (it is not the last range with changes still to come;
-    with `any_ranges`, it ends at a chunk boundary)."""
+    one of `open_ends` (sorted) must end at a chunk boundary). Only the open ends are
+    looked at, not every range of the run: a merge's base names 10k ranges at 10M entries."""
     last = len(ranges) - 1
     if following is None:
         stop = last + 1
     else:
         stop = min(bisect.bisect_left(max_keys, following, start), last)
-    if not options.any_ranges:
-        return stop
-    for k in range(start, stop):
+    for k in open_ends[bisect.bisect_left(open_ends, start) :]:
+        if k >= stop:
+            break
         if not ends_at_boundary(ranges[k]):
             return k
     return stop

@@ -141,7 +141,8 @@ _FRAMES: dict[int, tuple[RangeInfo, bytes]] = {}
 _FRAMES_MAX = 65536
 
 
-def _framed(r: RangeInfo) -> bytes:
+def range_frame(r: RangeInfo) -> bytes:
+    """What metarange_id_of hashes of one range (its fields, length-prefixed)."""
     cached = _FRAMES.get(id(r))
     if cached is not None and cached[0] is r:
         return cached[1]
@@ -155,7 +156,7 @@ def _framed(r: RangeInfo) -> bytes:
 
 def metarange_id_of(ranges: Sequence[RangeInfo], header: bytes = METARANGE_ID_HEADER) -> str:
     """`header`: another version's, only to reproduce that version's ids (legacy, tests)."""
-    return hashlib.sha256(header + b"".join([_framed(r) for r in ranges])).hexdigest()
+    return hashlib.sha256(header + b"".join([range_frame(r) for r in ranges])).hexdigest()
 
 
 EMPTY_METARANGE_ID = metarange_id_of(())
@@ -429,26 +430,6 @@ def decode_range_keys(source: Source) -> pa.Table:
     return table.replace_schema_metadata(None).combine_chunks()
 
 
-def encode_metarange(ranges: Sequence[RangeInfo], metarange_id: str) -> bytes:
-    table = pa.Table.from_arrays(
-        [
-            pa.array([r.id for r in ranges], pa.string()),
-            pa.array([r.min_key for r in ranges], pa.string()),
-            pa.array([r.max_key for r in ranges], pa.string()),
-            pa.array([r.count for r in ranges], pa.int64()),
-            pa.array([r.size_bytes for r in ranges], pa.int64()),
-        ],
-        schema=METARANGE_SCHEMA.with_metadata(
-            {FORMAT_TAG: METARANGE_FORMAT, b"quarry.metarange_id": metarange_id.encode()}
-        ),
-    )
-    sink = pa.BufferOutputStream()
-    pq.write_table(
-        table, sink, row_group_size=max(1, len(ranges)), compression="zstd", use_dictionary=False
-    )
-    return sink.getvalue().to_pybytes()
-
-
 def read_metarange(store: BlobStore, metarange_id: str) -> list[RangeInfo]:
     """The ranges of a metarange stored in `store` (a BlobStore of its namespace), without
     CommittedManager's caches: for readers outside the services (Spark jobs). The empty
@@ -471,6 +452,7 @@ def metarange_rows(table: pa.Table) -> list[RangeInfo]:
 
 __all__ = [
     "EMPTY_METARANGE_ID",
+    "range_frame",
     "METARANGE_FORMAT",
     "METARANGE_SCHEMA",
     "RANGE_FORMAT",
@@ -480,7 +462,6 @@ __all__ = [
     "decode_metarange",
     "decode_range",
     "decode_range_keys",
-    "encode_metarange",
     "encode_range",
     "entry_bytes",
     "format_tag_of",

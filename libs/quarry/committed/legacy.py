@@ -33,7 +33,6 @@ from quarry.committed.format import (
     METARANGE_FORMAT,
     RANGE_COLUMNS,
     RANGE_FORMAT,
-    encode_metarange,
     encode_range,
     format_tag_of,
     metarange_id_of,
@@ -43,6 +42,7 @@ from quarry.committed.format import (
     range_key,
     read_tagged_parquet,
 )
+from quarry.committed.metaranges import encode_metarange
 from quarry.graveler.model import RangeInfo, entry_identity
 
 # Storage format versions whose committed data this build rewrites (same file schemas as

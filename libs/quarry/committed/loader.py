@@ -35,6 +35,7 @@ from quarry.committed.format import (
     range_key,
 )
 from quarry.committed.iterators import EntryIterator
+from quarry.committed.metaranges import MetaRangeEncoding, metarange_encoding
 from quarry.committed.rangedata import MetaRange, RangeData
 from quarry.committed.stats import CommittedStats, StatsCounter
 from quarry.graveler.model import Entry, RangeInfo
@@ -51,6 +52,8 @@ DIFF_COUNTS_KEPT = 4096
 _ID_RE = re.compile(r"^[0-9a-f]{64}$")
 # Cache key suffix of ranges loaded with their path and identity columns only.
 _KEYS = "keys"
+# Cache key suffix of a metarange's encoding (in the metarange cache).
+_ENCODING = "encoding"
 
 T = TypeVar("T")
 
@@ -152,6 +155,32 @@ class RangeLoader:
 
     def remember_metarange(self, namespace: str, metarange: MetaRange) -> None:
         self._metaranges.put((namespace, metarange.id), metarange, metarange.cache_bytes)
+
+    def remember_metarange_encoding(self, namespace: str, encoding: MetaRangeEncoding) -> None:
+        """Keep a metarange's encoding (see metarange_encoding) next to it, within the
+        metarange cache's bytes."""
+        key = (namespace, encoding.id, _ENCODING)
+        self._metaranges.put(key, encoding, encoding.nbytes)
+
+    def metarange_encoding(self, namespace: str, metarange: MetaRange) -> MetaRangeEncoding:
+        """The encoding of a metarange (its file's rows and id frames), what the writer
+        derives the encoding of a metarange made from it from: remembered when it was
+        written, else built from its ranges once and kept (in the metarange cache, which
+        bounds their bytes with the metaranges')."""
+        if not metarange.id:  # a list of ranges under no id (merge's splice): not kept
+            return metarange_encoding(metarange.ranges)
+        key = (namespace, metarange.id, _ENCODING)
+        found: MetaRangeEncoding | None = self._metaranges.get(key)
+        if found is None:
+            found = metarange_encoding(metarange.ranges)
+            self._metaranges.put(key, found, found.nbytes)
+        return found
+
+    @property
+    def metarange_cache_bytes(self) -> int:
+        """The bytes the metarange cache holds (metaranges and their encodings), at most
+        LoaderOptions.metarange_cache_bytes."""
+        return self._metaranges.size_bytes
 
     def remember_diff_counts(
         self, namespace: str, left_id: str, right_id: str, counts: tuple[int, int, int]

@@ -284,7 +284,7 @@ class CommittedManager:
         base = self._loader.metarange(namespace, base_metarange_id)
         if combined.summary.total == 0 and base.id != EMPTY_METARANGE_ID:
             return ApplyResult(base.id, combined.summary, 0, len(base.ranges))
-        metarange_id = self._writer.write_metarange_file(namespace, combined.ranges)
+        metarange_id = self._writer.write_metarange_file(namespace, combined.ranges, base)
         return ApplyResult(metarange_id, combined.summary, combined.written, combined.reused)
 
     def ensure_empty_metarange(self, namespace: str) -> str:

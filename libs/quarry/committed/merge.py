@@ -79,7 +79,6 @@ from dataclasses import dataclass
 
 from quarry import errors
 from quarry.committed.apply import ApplyOptions, apply_to_ranges
-from quarry.committed.format import metarange_id_of
 from quarry.committed.gaps import (
     MERGE_READAHEAD,
     Gap,
@@ -156,16 +155,11 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
 
     # ---- gaps: source-only ones are spliced, mixed ones merged by entry --------------------
     dest_ranges = destination.ranges
-    dest_min_keys = [r.min_key for r in dest_ranges]
     plan: list[_Step] = []  # (kind, gap, destination ranges over it)
     settled: list[Gap] = []  # gaps (and pieces) where the destination has the source's ranges
     for gap in find_gaps(base, source):
         first = bisect.bisect_right(destination.max_keys, gap.lo) if gap.lo is not None else 0
-        stop = (
-            bisect.bisect_left(dest_min_keys, gap.hi, first)
-            if gap.hi is not None
-            else len(dest_ranges)
-        )
+        stop = _first_at_or_after(destination, gap.hi, first)
         over_gap = dest_ranges[first:stop]  # every destination range with keys in the gap
         if range_ids(over_gap) == range_ids(gap.base_run) and inside(over_gap, gap):
             plan.append((_SOURCE_ONLY, gap, first, stop))  # the destination has the base's
@@ -179,7 +173,7 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
     known = loader.diff_counts(namespace, base.id, source.id)
     summary = DiffSummary()
     merged = _EntryMerge(strategy, max_conflicts, summary)
-    spliced: list[RangeInfo] = []  # the destination's ranges with source-only runs spliced in
+    spliced = _Spliced(destination, source)
     taken = 0  # destination ranges [0, taken) are settled in `spliced`
     ahead = _ReadAhead(loader, namespace, plan, dest_ranges, source_only_read=known is None)
     for number, (kind, gap, first, stop) in enumerate(plan):
@@ -208,28 +202,53 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
         return MergeResult("", summary, conflicts, merged.more_conflicts)
 
     # ---- write: apply the mixed-gap changes to the spliced ranges ---------------------------
-    if (
-        not merged.changes
-        and len(spliced) == len(dest_ranges)
-        and all(a.id == b.id for a, b in zip(spliced, dest_ranges, strict=True))
-    ):
+    if not merged.changes and spliced.ranges == dest_ranges:
         return MergeResult(destination.id, summary, ranges_reused=len(dest_ranges))
     applied = apply_to_ranges(
         writer,
         namespace,
-        MetaRange("", spliced),
+        MetaRange("", spliced.ranges),
         merged.changes,
-        ApplyOptions(any_ranges=True, loaded=merged.held),
+        ApplyOptions(open_ends=spliced.open_ends, loaded=merged.held),
     )
-    metarange_id = metarange_id_of(applied.ranges)
+    encoding = writer.metarange_encoding(namespace, applied.ranges, destination)
+    metarange_id = encoding.id
     if metarange_id != destination.id:
-        metarange_id = writer.write_metarange_file(namespace, applied.ranges, metarange_id)
+        writer.write_metarange_file(namespace, applied.ranges, encoding=encoding)
     # The summary is exactly the diff destination -> result (module docstring): a retry of
     # this merge starts from it.
     _remember(loader, namespace, destination.id, metarange_id, summary)
     return MergeResult(
         metarange_id, summary, ranges_written=applied.written, ranges_reused=applied.reused
     )
+
+
+def _first_at_or_after(metarange: MetaRange, key: str | None, start: int) -> int:
+    """The index of the first range from `start` whose keys all lie at or after `key`
+    (len(ranges) for None): ranges are disjoint and sorted, so it is the range that may
+    hold `key` or the one after it, found on the max keys the metarange has at hand."""
+    ranges = metarange.ranges
+    if key is None:
+        return len(ranges)
+    i = bisect.bisect_left(metarange.max_keys, key, start)
+    return i if i == len(ranges) or ranges[i].min_key >= key else i + 1
+
+
+class _Spliced:
+    """The destination's ranges with source-only runs spliced in, and the positions of the
+    ranges that were the last of their metarange (the only ones that may not end at a chunk
+    boundary: ApplyOptions.open_ends)."""
+
+    def __init__(self, destination: MetaRange, source: MetaRange) -> None:
+        self.ranges: list[RangeInfo] = []
+        self.open_ends: list[int] = []
+        self._lasts = [m.ranges[-1] for m in (destination, source) if m.ranges]
+
+    def extend(self, run: list[RangeInfo]) -> None:
+        self.ranges.extend(run)
+        # A run is a slice of one metarange: only its final range can be that one's last.
+        if run and run[-1] in self._lasts:
+            self.open_ends.append(len(self.ranges) - 1)
 
 
 _SOURCE_ONLY = "source-only"

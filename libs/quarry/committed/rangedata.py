@@ -314,25 +314,6 @@ class MetaRange:
         return bisect.bisect_left(self.max_keys, key)
 
 
-def common_prefix_length(left: list[str], right: list[str]) -> int:
-    """The length of the longest common prefix of two lists, by slice comparisons (C
-    speed: merge compares the range ids of two metaranges)."""
-    limit = min(len(left), len(right))
-    lo, step = 0, 64
-    while lo < limit:
-        hi = min(lo + step, limit)
-        if left[lo:hi] != right[lo:hi]:
-            while hi - lo > 1:  # left[:lo] == right[:lo]; the first difference is in [lo, hi)
-                mid = (lo + hi) // 2
-                if left[lo:mid] == right[lo:mid]:
-                    lo = mid
-                else:
-                    hi = mid
-            return lo
-        lo, step = hi, step * 2
-    return limit
-
-
 def changed_rows(left: RangeData, right: RangeData) -> int | None:
     """The number of rows whose identity differs between two ranges holding the same paths
     in the same order (compared as Arrow columns, without a Python object per row); None

@@ -23,7 +23,6 @@ from quarry.committed.format import (
     decode_metarange,
     decode_range,
     decode_range_keys,
-    encode_metarange,
     encode_range,
     metarange_id_of,
     metarange_key,
@@ -31,6 +30,7 @@ from quarry.committed.format import (
     range_key,
 )
 from quarry.committed.legacy import CommittedRewriter
+from quarry.committed.metaranges import encode_metarange
 from quarry.graveler.model import Entry, RangeInfo
 from quarry.runtime.format_version import FormatVersionMismatch
 from support.format_v1 import v1_entry_identity

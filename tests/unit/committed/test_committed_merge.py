@@ -567,3 +567,27 @@ def test_conflicts_convert_to_proto_and_back(make_entry):
             side is not None for side in sides
         ]
         assert conflict_from_proto(message) == conflict
+
+
+def test_the_destinations_last_range_is_rechunked_when_the_source_appends_after_it(
+    manager, namespace
+):
+    """The destination deletes the base's last path (a chunk boundary), so its last range
+    ends where chunking would not end one; the source appends ranges after the base's end.
+    Those are spliced in after the destination's last range, which must then be re-derived
+    with them (ApplyOptions.open_ends), not reused: the result is the metarange of the
+    merged entries written afresh."""
+    from quarry.committed.format import is_boundary
+
+    model = filler()
+    last = max(p for p in model if is_boundary(p, manager.target_range_entries))
+    base = {p: e for p, e in model.items() if p <= last}
+    source = dict(base, **{f"g/{i:04d}": ent(f"g/{i:04d}", 1) for i in range(40)})
+    dest = {p: e for p, e in base.items() if p != last}
+    b, s, d = (write(manager, namespace, m) for m in (base, source, dest))
+    dest_last = manager.get_metarange(namespace, d)[-1].max_key
+    assert not is_boundary(dest_last, manager.target_range_entries)
+    result = manager.merge_metaranges(namespace, b, s, d)
+    merged = {p: e for p, e in source.items() if p != last}
+    assert _identities(read(manager, namespace, result.metarange_id)) == _identities(merged)
+    assert result.metarange_id == write(manager, namespace, merged)
