@@ -9,9 +9,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graveler"))
 from compaction_fakes import Clock, FakeCompactor  # noqa: E402
 from fake_committed import FakeCommitted  # noqa: E402
 
+import quarry.compaction.sensor as sensor_module  # noqa: E402
 from quarry.compaction.sensor import CompactionSensor, Thresholds  # noqa: E402
 from quarry.graveler.graveler import Graveler  # noqa: E402
 from quarry.kv.memory import MemoryStore  # noqa: E402
+from quarry.telemetry.metrics import BranchLabels  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def fresh_branch_labels(monkeypatch):
+    """The sensor's per-branch gauges name only the first MAX_BRANCH_LABELS branches a
+    process sees (the rest are "other"); in one pytest process every earlier test's branches
+    count, so each test here starts from a label set of its own."""
+    monkeypatch.setattr(sensor_module, "branch_labels", BranchLabels())
 
 
 @pytest.fixture
