@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+# Before anything imports grpc: importing quarry turns gRPC's fork support off
+# (quarry/__init__.py); Spark sessions start their JVM from this process.
+import quarry  # noqa: F401
 from support.auth import AUTH_ENV, install_client_tokens
 from support.processes import free_port
 from support.wait import wait_until
