@@ -50,6 +50,17 @@ def repo(suite, client):
 
 
 @pytest.fixture
+def spark_writer(spark):
+    """Spark's own file writer wherever it can write (also for small files, which "auto"
+    leaves to the Python workers)."""
+    from quarry.spark.native import FILE_WRITER_CONF
+
+    spark.conf.set(FILE_WRITER_CONF, "spark")
+    yield
+    spark.conf.unset(FILE_WRITER_CONF)
+
+
+@pytest.fixture
 def python_writer(spark):
     """The Python workers' file writer (quarry.spark.executor) for this test: a local
     namespace's Parquet writes otherwise go through Spark's own writer (quarry.spark.native),
@@ -887,7 +898,7 @@ def test_both_writers_give_the_same_paths_rows_and_partition_folders(spark, clie
         "id", "label", "cast(id % 3 as int) as k", "concat('g/', cast(id % 2 as string)) as g"
     )
     written = {}
-    for writer in ("auto", "python"):
+    for writer in ("spark", "python"):
         spark.conf.set(FILE_WRITER_CONF, writer)
         try:
             commit = qs.write(
@@ -901,7 +912,7 @@ def test_both_writers_give_the_same_paths_rows_and_partition_folders(spark, clie
             spark.conf.unset(FILE_WRITER_CONF)
         job = commit.metadata["quarry.spark.job"]
         entries = list(client.iter_objects(repo, "main", prefix=f"{writer}/"))
-        assert {spark_written(e.physical_address) for e in entries} == {writer == "auto"}
+        assert {spark_written(e.physical_address) for e in entries} == {writer == "spark"}
         written[writer] = {
             e.path.removeprefix(f"{writer}/").replace(job, "JOB"): int(
                 e.metadata["quarry.spark.rows"]
@@ -911,16 +922,32 @@ def test_both_writers_give_the_same_paths_rows_and_partition_folders(spark, clie
         back = qs.read(spark, f"quarry://{repo}/main/{writer}/k=1/g=g%252F0", connection=conn)
         assert ids(back) == [i for i in range(300) if i % 3 == 1 and i % 2 == 0]
         assert {(r.k, r.g) for r in back.select("k", "g").collect()} == {(1, "g/0")}
-    assert written["auto"] == written["python"]
-    assert len(written["auto"]) == 3 * 6 * 2  # 3 tasks x 6 folders x (10 + 6 or 7 rows)
+    assert written["spark"] == written["python"]
+    assert len(written["spark"]) == 3 * 6 * 2  # 3 tasks x 6 folders x (10 + 6 or 7 rows)
 
 
-def test_csv_and_odd_partition_types_stay_with_the_python_writer(spark, client, conn, repo):
+def test_csv_odd_partition_types_and_small_files_go_to_the_python_writer(spark, client, conn, repo):
+    from quarry.spark.native import SPARK_WRITER_MIN_RECORDS_PER_FILE
+
     qs.write(numbers(spark, 0, 20, 2), f"quarry://{repo}/main/csv", format="csv", connection=conn)
+    small = SPARK_WRITER_MIN_RECORDS_PER_FILE - 1
+    qs.write(
+        numbers(spark, 0, 20, 2),
+        f"quarry://{repo}/main/s",
+        max_records_per_file=small,
+        connection=conn,
+    )
     frame = numbers(spark, 0, 20, 2).selectExpr("id", "cast(id % 2 as double) as x")
     qs.write(frame, f"quarry://{repo}/main/x", partition_by="x", connection=conn)
+    qs.write(
+        numbers(spark, 0, 20, 2),
+        f"quarry://{repo}/main/large",
+        max_records_per_file=small + 1,
+        connection=conn,
+    )
     entries = list(client.iter_objects(repo, "main"))
-    assert entries and not [e for e in entries if spark_written(e.physical_address)]
+    assert {e.path.split("/")[0] for e in entries if spark_written(e.physical_address)} == {"large"}
+    assert len(entries) == 2 + 2 + 4 + 2  # csv, s, x (2 tasks x 2 folders), large
     assert {e.path.split("/")[1] for e in entries if e.path.startswith("x/")} == {
         "x=0.0",
         "x=1.0",
@@ -1022,7 +1049,9 @@ def _partial_first_attempt(fail_partition: int):
     return run
 
 
-def test_only_the_committed_task_attempts_files_become_entries(spark, suite, client, conn, repo):
+def test_only_the_committed_task_attempts_files_become_entries(
+    spark, suite, client, conn, repo, spark_writer
+):
     frame = numbers(spark, 0, 300, 2).mapInArrow(
         _partial_first_attempt(1), "id long, doubled long, label string"
     )
@@ -1039,7 +1068,7 @@ def test_only_the_committed_task_attempts_files_become_entries(spark, suite, cli
 
 
 def test_many_files_are_described_on_the_executors_alike(
-    spark, suite, client, conn, repo, monkeypatch
+    spark, suite, client, conn, repo, monkeypatch, spark_writer
 ):
     import quarry.spark.native as native
 

@@ -227,7 +227,12 @@ class _Job:
         repository = self.client.get_repository(repo)
         self.storage_namespace = repository.storage_namespace
         self.spark_writes_files = spark_writes_files(
-            self.spark, df, self.storage_namespace, self.format, self.partition_by
+            self.spark,
+            df,
+            self.storage_namespace,
+            self.format,
+            self.partition_by,
+            self.max_records_per_file,
         )
         head = self.client.get_branch(repo, self.target.ref)
         self._require_clean_target()
