@@ -9,6 +9,7 @@ the executors' calls."""
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 
@@ -1171,3 +1172,33 @@ def test_a_killed_driver_of_a_spark_written_job_leaves_files_that_sweep_and_gc_c
     )
     assert set(left) <= set(swept.collectable["data"].sample)
     assert namespace_keys(suite, repo, JOB_DATA_PREFIX) == []
+
+
+def test_leftovers_of_sparks_protocol_are_deleted_and_foreign_files_left_alone(
+    spark, suite, client, conn, repo, monkeypatch
+):
+    """What Spark's protocol might leave in the job's folder (a task attempt's file under
+    _temporary/) never becomes an entry and is deleted; a file of any other shape there is
+    neither an entry nor deleted (Quarry deletes only what it writes)."""
+    import quarry.spark.native as native
+
+    planted: list = []
+    real = native.describe_files
+
+    def plant_then_describe(spark_, spec, root):
+        folder = f"{root}/{JOB_DATA_PREFIX}{spec.job_id}"
+        (name,) = [n for n in os.listdir(folder) if n.startswith("part-00000-")]
+        for relative in (f"_temporary/0/task_20261126_0001_m_000000/{name}", "notes.txt"):
+            os.makedirs(os.path.dirname(f"{folder}/{relative}"), exist_ok=True)
+            with open(f"{folder}/{relative}", "wb") as fh:
+                fh.write(b"x")
+            planted.append(f"{JOB_DATA_PREFIX}{spec.job_id}/{relative}")
+        return real(spark_, spec, root)
+
+    monkeypatch.setattr(native, "describe_files", plant_then_describe)
+    commit = qs.write(numbers(spark, 0, 100, 2), f"quarry://{repo}/main/t", connection=conn)
+    leftover, foreign = planted
+    keys = job_folder_keys(suite, repo, commit.metadata["quarry.spark.job"])
+    assert leftover not in keys and foreign in keys
+    entries = list(client.iter_objects(repo, "main", prefix="t/"))
+    assert len(entries) == 2 and all(spark_written(e.physical_address) for e in entries)
