@@ -946,9 +946,16 @@ def test_csv_odd_partition_types_and_small_files_go_to_the_python_writer(spark, 
         max_records_per_file=small + 1,
         connection=conn,
     )
+    # A column named like Spark's writer's hidden partition columns is never replaced.
+    hidden = numbers(spark, 0, 20, 2).selectExpr(
+        "id", "id % 2 as k", "'mine' as __quarry_partition_0"
+    )
+    qs.write(hidden, f"quarry://{repo}/main/h", partition_by="k", connection=conn)
+    back = qs.read(spark, f"quarry://{repo}/main/h", connection=conn)
+    assert {r[0] for r in back.select("__quarry_partition_0").collect()} == {"mine"}
     entries = list(client.iter_objects(repo, "main"))
     assert {e.path.split("/")[0] for e in entries if spark_written(e.physical_address)} == {"large"}
-    assert len(entries) == 2 + 2 + 4 + 2  # csv, s, x (2 tasks x 2 folders), large
+    assert len(entries) == 2 + 2 + 4 + 2 + 4  # csv, s, x (2 tasks x 2 folders), large, h
     assert {e.path.split("/")[1] for e in entries if e.path.startswith("x/")} == {
         "x=0.0",
         "x=1.0",

@@ -158,6 +158,8 @@ def spark_writes_files(  # noqa: PLR0913 — what the choice depends on, from wr
         odd = [c for c in partition_by if types.get(c) not in _FOLDER_TYPES]
         if odd:
             why_not = f"partition columns {odd} of types Spark names folders differently"
+        elif partition_by and any(c.startswith(SPARK_PARTITION_COLUMN) for c in types):
+            why_not = "a column is named like the hidden partition columns"  # never replace it
     if why_not:
         log.debug("Python workers write the files: %s", why_not)
     return not why_not
