@@ -167,7 +167,8 @@ def spark_writes_files(  # noqa: PLR0913 — what the choice depends on, from wr
 
 def write_files(spark: SparkSession, df: DataFrame, spec: WriteSpec) -> list[dict]:
     """Write `df` with Spark's Parquet writer into the job's folder; the result rows of its
-    files (executor.RESULT_SCHEMA's fields), files without rows left out and deleted."""
+    files (executor.RESULT_SCHEMA's fields), files without rows left out and deleted. Never
+    writes into a folder that exists (mode errorifexists): the job's folder is new, its own."""
     from pyspark.sql import functions as F
 
     from quarry.blob import parse_storage_namespace
@@ -195,7 +196,9 @@ def job_folder(spec: WriteSpec) -> str:
 
 def describe_files(spark: SparkSession, spec: WriteSpec, root: str) -> list[dict]:
     """The result rows of the committed files in the job's folder (bytes read, never rows).
-    Leftovers of Spark's protocol (`_temporary/`) are deleted: they never become entries."""
+    Leftovers of Spark's protocol (`_temporary/`) are deleted: they never become entries.
+    Never deletes a key of another shape than JOB_FILE_KEY's (a file Quarry did not write
+    stays, and is no entry either)."""
     from quarry.blob import open_blob_store
 
     folder = job_folder(spec) + "/"
