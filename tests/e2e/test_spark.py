@@ -1173,6 +1173,13 @@ def test_a_killed_driver_of_a_spark_written_job_leaves_files_that_sweep_and_gc_c
     left = namespace_keys(suite, repo, JOB_DATA_PREFIX)
     assert left and all("/_temporary/" in k for k in left)
     assert client.get_branch(repo, "main").commit_id == head
+    # While the job's branch is there (it might still be running) GC keeps its files, though
+    # nothing stages them yet...
+    report = collect_garbage(
+        spark, repo, rules=RetentionRules(7), grace=dt.timedelta(0), connection=conn
+    )
+    assert not set(left) & set(report.collectable["data"].sample)
+    # ...the sweep drops the stale branch, and then GC collects them.
     assert qs.sweep_ephemeral_branches(client, repo, older_than=dt.timedelta(0))
     swept = collect_garbage(
         spark, repo, rules=RetentionRules(7), grace=dt.timedelta(0), sweep=True, connection=conn
@@ -1209,3 +1216,20 @@ def test_leftovers_of_sparks_protocol_are_deleted_and_foreign_files_left_alone(
     assert leftover not in keys and foreign in keys
     entries = list(client.iter_objects(repo, "main", prefix="t/"))
     assert len(entries) == 2 and all(spark_written(e.physical_address) for e in entries)
+
+
+def test_an_unknown_file_writer_setting_is_refused_before_anything_is_written(
+    spark, client, conn, repo
+):
+    from quarry.spark.native import FILE_WRITER_CONF
+
+    head = client.get_branch(repo, "main").commit_id
+    spark.conf.set(FILE_WRITER_CONF, "jvm")
+    try:
+        with pytest.raises(errors.InvalidArgument) as refused:
+            qs.write(numbers(spark, 0, 10, 1), f"quarry://{repo}/main/t", connection=conn)
+    finally:
+        spark.conf.unset(FILE_WRITER_CONF)
+    assert refused.value.reason == "INVALID_WRITE_OPTIONS"
+    assert FILE_WRITER_CONF in str(refused.value)
+    assert client.get_branch(repo, "main").commit_id == head and no_ephemeral_branches(client, repo)
