@@ -9,6 +9,7 @@ the executors' calls."""
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 
@@ -47,6 +48,29 @@ def repo(suite, client):
     name = f"sp-{uuid.uuid4().hex[:10]}"
     client.create_repository(name, suite.namespace(name))
     return name
+
+
+@pytest.fixture
+def spark_writer(spark):
+    """Spark's own file writer wherever it can write (also for small files, which "auto"
+    leaves to the Python workers)."""
+    from quarry.spark.native import FILE_WRITER_CONF
+
+    spark.conf.set(FILE_WRITER_CONF, "spark")
+    yield
+    spark.conf.unset(FILE_WRITER_CONF)
+
+
+@pytest.fixture
+def python_writer(spark):
+    """The Python workers' file writer (quarry.spark.executor) for this test: a local
+    namespace's Parquet writes otherwise go through Spark's own writer (quarry.spark.native),
+    and some tests inject failures that only the Python path's task-by-task staging has."""
+    from quarry.spark.native import FILE_WRITER_CONF
+
+    spark.conf.set(FILE_WRITER_CONF, "python")
+    yield
+    spark.conf.unset(FILE_WRITER_CONF)
 
 
 def numbers(spark, start: int, stop: int, partitions: int = 4):
@@ -284,7 +308,9 @@ def _fail_after_partition_zero_wrote(namespace: str, earlier_jobs: set[str]):
     return run
 
 
-def test_a_task_failing_for_good_leaves_the_target_unchanged(spark, suite, client, conn, repo):
+def test_a_task_failing_for_good_leaves_the_target_unchanged(
+    spark, suite, client, conn, repo, python_writer
+):
     qs.write(numbers(spark, 0, 10, 1), f"quarry://{repo}/main/t", connection=conn)
     head = client.get_branch(repo, "main")
     frame = numbers(spark, 0, 400, 2).mapInArrow(
@@ -609,7 +635,7 @@ def test_sweep_drops_only_stale_ephemeral_branches(spark, client, conn, repo):
 # ---- tracing --------------------------------------------------------------------------
 
 
-def test_one_trace_covers_the_driver_and_the_executors_calls(spark, tmp_path):
+def test_one_trace_covers_the_driver_and_the_executors_calls(spark, tmp_path, python_writer):
     from quarry import telemetry
 
     exporter = telemetry.use_in_memory_exporter()
@@ -738,7 +764,8 @@ import quarry.spark as qs
 from quarry.spark.session import local_session
 
 branch_manager, committer, uri = sys.argv[1:4]
-spark = local_session("local[1]", "doomed-driver")
+# The Python workers' writer: its first task stages its file while the job runs.
+spark = local_session("local[1]", "doomed-driver", **{"spark.quarry.fileWriter": "python"})
 spark.sparkContext.setLogLevel("ERROR")
 
 def second_partition_hangs(batches):
@@ -816,3 +843,393 @@ def test_a_killed_driver_leaves_the_target_unchanged_and_a_sweep_and_gc_clean_up
     )
     assert dead_file in swept.collectable["data"].sample
     assert dead_file not in namespace_keys(suite, repo, JOB_DATA_PREFIX)
+
+
+# ---- Spark's own file writer (quarry.spark.native) ----------------------------------
+# On a local namespace, Parquet files are written by Spark's writer (the rows never reach
+# Python); `spark.quarry.fileWriter=python` forces the Python workers' writer.
+
+
+def spark_written(address: str) -> bool:
+    """A physical address of Spark's writer (its file names carry the write's UUID), not of
+    the Python workers' (`-t<task attempt>` names)."""
+    import re
+
+    from quarry.spark.executor import SPARK_WRITER_FILE_NAME
+
+    return re.search("/" + SPARK_WRITER_FILE_NAME + "$", address) is not None
+
+
+def job_folder_keys(suite, repo: str, job: str) -> list[str]:
+    return namespace_keys(suite, repo, f"{JOB_DATA_PREFIX}{job}/")
+
+
+def test_spark_writes_the_files_and_its_job_folder_holds_exactly_the_committed_ones(
+    spark, suite, client, conn, repo
+):
+    import hashlib
+
+    from quarry.blob import read_object
+
+    commit = qs.write(numbers(spark, 0, 1000), f"quarry://{repo}/main/t", connection=conn)
+    job = commit.metadata["quarry.spark.job"]
+    files = list(client.iter_objects(repo, "main", prefix="t/"))
+    assert len(files) == 4 and all(spark_written(f.physical_address) for f in files)
+    assert sorted(f.path for f in files) == [
+        f"t/part-{job}-{p:05d}-c000.snappy.parquet" for p in range(4)
+    ]
+    # No _temporary/, _SUCCESS, .crc or summary file: the folder holds the entries' files.
+    root = suite.namespace(repo) + "/"
+    assert job_folder_keys(suite, repo, job) == sorted(
+        f.physical_address[len(root) :] for f in files
+    )
+    for f in files:  # the entry describes the file's bytes
+        data = read_object(f.physical_address)
+        assert f.size_bytes == len(data) and f.checksum == hashlib.sha256(data).hexdigest()
+        assert f.content_type == "application/vnd.apache.parquet"
+    assert sum(int(f.metadata["quarry.spark.rows"]) for f in files) == 1000
+    assert commit.metadata["quarry.spark.rows"] == "1000"
+    assert ids(qs.read(spark, f"quarry://{repo}/main/t", connection=conn)) == list(range(1000))
+
+
+def test_both_writers_give_the_same_paths_rows_and_partition_folders(spark, client, conn, repo):
+    from quarry.spark.native import FILE_WRITER_CONF
+
+    frame = numbers(spark, 0, 300, 3).selectExpr(
+        "id", "label", "cast(id % 3 as int) as k", "concat('g/', cast(id % 2 as string)) as g"
+    )
+    written = {}
+    for writer in ("spark", "python"):
+        spark.conf.set(FILE_WRITER_CONF, writer)
+        try:
+            commit = qs.write(
+                frame,
+                f"quarry://{repo}/main/{writer}",
+                partition_by=["k", "g"],
+                max_records_per_file=10,
+                connection=conn,
+            )
+        finally:
+            spark.conf.unset(FILE_WRITER_CONF)
+        job = commit.metadata["quarry.spark.job"]
+        entries = list(client.iter_objects(repo, "main", prefix=f"{writer}/"))
+        assert {spark_written(e.physical_address) for e in entries} == {writer == "spark"}
+        written[writer] = {
+            e.path.removeprefix(f"{writer}/").replace(job, "JOB"): int(
+                e.metadata["quarry.spark.rows"]
+            )
+            for e in entries
+        }
+        back = qs.read(spark, f"quarry://{repo}/main/{writer}/k=1/g=g%252F0", connection=conn)
+        assert ids(back) == [i for i in range(300) if i % 3 == 1 and i % 2 == 0]
+        assert {(r.k, r.g) for r in back.select("k", "g").collect()} == {(1, "g/0")}
+    assert written["spark"] == written["python"]
+    assert len(written["spark"]) == 3 * 6 * 2  # 3 tasks x 6 folders x (10 + 6 or 7 rows)
+
+
+def test_csv_odd_partition_types_and_small_files_go_to_the_python_writer(spark, client, conn, repo):
+    from quarry.spark.native import SPARK_WRITER_MIN_RECORDS_PER_FILE
+
+    qs.write(numbers(spark, 0, 20, 2), f"quarry://{repo}/main/csv", format="csv", connection=conn)
+    small = SPARK_WRITER_MIN_RECORDS_PER_FILE - 1
+    qs.write(
+        numbers(spark, 0, 20, 2),
+        f"quarry://{repo}/main/s",
+        max_records_per_file=small,
+        connection=conn,
+    )
+    frame = numbers(spark, 0, 20, 2).selectExpr("id", "cast(id % 2 as double) as x")
+    qs.write(frame, f"quarry://{repo}/main/x", partition_by="x", connection=conn)
+    qs.write(
+        numbers(spark, 0, 20, 2),
+        f"quarry://{repo}/main/large",
+        max_records_per_file=small + 1,
+        connection=conn,
+    )
+    # A column named like Spark's writer's hidden partition columns is never replaced.
+    hidden = numbers(spark, 0, 20, 2).selectExpr(
+        "id", "id % 2 as k", "'mine' as __quarry_partition_0"
+    )
+    qs.write(hidden, f"quarry://{repo}/main/h", partition_by="k", connection=conn)
+    back = qs.read(spark, f"quarry://{repo}/main/h", connection=conn)
+    assert {r[0] for r in back.select("__quarry_partition_0").collect()} == {"mine"}
+    entries = list(client.iter_objects(repo, "main"))
+    assert {e.path.split("/")[0] for e in entries if spark_written(e.physical_address)} == {"large"}
+    assert len(entries) == 2 + 2 + 4 + 2 + 4  # csv, s, x (2 tasks x 2 folders), large, h
+    assert {e.path.split("/")[1] for e in entries if e.path.startswith("x/")} == {
+        "x=0.0",
+        "x=1.0",
+    }
+
+
+def test_spark_written_overwrite_replaces_the_folder_and_keeps_the_old_in_history(
+    spark, suite, client, conn, repo
+):
+    first = qs.write(numbers(spark, 0, 100, 2), f"quarry://{repo}/main/t", connection=conn)
+    second = qs.write(
+        numbers(spark, 500, 530, 3), f"quarry://{repo}/main/t", mode="overwrite", connection=conn
+    )
+    entries = list(client.iter_objects(repo, "main", prefix="t/"))
+    assert len(entries) == 3 and all(spark_written(e.physical_address) for e in entries)
+    assert all(second.metadata["quarry.spark.job"] in e.path for e in entries)
+    assert ids(qs.read(spark, f"quarry://{repo}/main/t", connection=conn)) == list(range(500, 530))
+    assert ids(qs.read(spark, f"quarry://{repo}/{first.id}/t", connection=conn)) == list(range(100))
+    assert stray_job_files(suite, client, repo) == set()
+
+
+def _fail_once_partition_zero_committed(namespace: str):
+    """Partition 1 fails for good, but only once partition 0's task attempt has committed
+    its file (into the job folder's _temporary/), so the job fails with a committed task's
+    file on disk."""
+
+    def run(batches):
+        import glob
+        import time
+
+        from pyspark import TaskContext
+
+        if TaskContext.get().partitionId() == 1:
+            deadline = time.monotonic() + 60
+            pattern = f"{namespace}/data/spark/*/_temporary/*/task_*/part-00000-*"
+            while time.monotonic() < deadline and not glob.glob(pattern):
+                time.sleep(0.02)
+            raise RuntimeError("injected task failure")
+        yield from batches
+
+    return run
+
+
+def test_a_failing_spark_written_job_leaves_the_target_no_entry_and_no_file(
+    spark, suite, client, conn, repo
+):
+    qs.write(numbers(spark, 0, 10, 1), f"quarry://{repo}/main/t", connection=conn)
+    head = client.get_branch(repo, "main")
+    before = namespace_keys(suite, repo, JOB_DATA_PREFIX)
+    frame = numbers(spark, 0, 400, 2).mapInArrow(
+        _fail_once_partition_zero_committed(suite.namespace(repo)),
+        "id long, doubled long, label string",
+    )
+    with pytest.raises(Exception, match="injected task failure"):
+        qs.write(frame, f"quarry://{repo}/main/t", connection=conn)
+
+    after = client.get_branch(repo, "main")
+    assert after.commit_id == head.commit_id and not after.dirty
+    assert len(paths(client, repo, "main", "t/")) == 1 and no_ephemeral_branches(client, repo)
+    assert namespace_keys(suite, repo, JOB_DATA_PREFIX) == before
+
+
+def test_a_failure_after_spark_committed_its_files_deletes_them(
+    spark, suite, client, conn, repo, monkeypatch
+):
+    import quarry.spark.native as native
+
+    before = namespace_keys(suite, repo, JOB_DATA_PREFIX)
+    seen: list[str] = []
+
+    def describe_then_fail(spec, root, key):
+        seen.append(key)
+        raise OSError("disk went away while describing")
+
+    monkeypatch.setattr(native, "describe_file", describe_then_fail)
+    with pytest.raises(OSError, match="disk went away"):
+        qs.write(numbers(spark, 0, 100, 2), f"quarry://{repo}/main/t", connection=conn)
+    assert seen and all(spark_written("/" + key) for key in seen)  # Spark had committed them
+    assert namespace_keys(suite, repo, JOB_DATA_PREFIX) == before
+    assert paths(client, repo, "main") == [] and no_ephemeral_branches(client, repo)
+
+
+def _partial_first_attempt(fail_partition: int):
+    """Attempt 0 of one task hands Spark's writer some rows and then dies (its attempt file
+    is half written); the retry sends only the first 40 rows."""
+
+    def run(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        mine = context.partitionId() == fail_partition
+        table = pa.Table.from_batches(list(batches))
+        if mine and context.attemptNumber() == 0:
+            yield from table.slice(0, 100).to_batches()
+            raise RuntimeError("task died while writing")
+        yield from (table.slice(0, 40) if mine else table).to_batches()
+
+    return run
+
+
+def test_only_the_committed_task_attempts_files_become_entries(
+    spark, suite, client, conn, repo, spark_writer
+):
+    frame = numbers(spark, 0, 300, 2).mapInArrow(
+        _partial_first_attempt(1), "id long, doubled long, label string"
+    )
+    commit = qs.write(frame, f"quarry://{repo}/main/t", max_records_per_file=30, connection=conn)
+    entries = list(client.iter_objects(repo, "main", prefix="t/"))
+    # Partition 0: 150 rows in 5 files; partition 1's retry: 40 rows in 2.
+    assert len(entries) == 7 == int(commit.metadata["quarry.spark.files"])
+    assert all(spark_written(e.physical_address) for e in entries)
+    assert ids(qs.read(spark, f"quarry://{repo}/main/t", connection=conn)) == list(
+        range(150)
+    ) + list(range(150, 190))
+    job = commit.metadata["quarry.spark.job"]
+    assert len(job_folder_keys(suite, repo, job)) == 7  # the dead attempt's file is gone
+
+
+def test_many_files_are_described_on_the_executors_alike(
+    spark, suite, client, conn, repo, monkeypatch, spark_writer
+):
+    import quarry.spark.native as native
+
+    frame = numbers(spark, 0, 200, 2)
+    on_driver = qs.write(frame, f"quarry://{repo}/main/d", max_records_per_file=10, connection=conn)
+    monkeypatch.setattr(native, "DESCRIBE_ON_EXECUTORS_FILES", 1)
+    jobs: list = []
+    real = native._describe_on_executors
+    monkeypatch.setattr(native, "_describe_on_executors", lambda *a: jobs.append(1) or real(*a))
+    on_executors = qs.write(
+        frame, f"quarry://{repo}/main/e", max_records_per_file=10, connection=conn
+    )
+    assert jobs == [1]
+
+    def described(prefix: str, commit) -> dict:
+        job = commit.metadata["quarry.spark.job"]
+        return {
+            e.path.removeprefix(prefix).replace(job, "JOB"): (
+                e.size_bytes,
+                e.metadata["quarry.spark.rows"],
+                spark_written(e.physical_address),
+            )
+            for e in client.iter_objects(repo, "main", prefix=prefix)
+        }
+
+    assert described("d/", on_driver) == described("e/", on_executors)
+    assert len(described("e/", on_executors)) == 20
+    assert ids(qs.read(spark, f"quarry://{repo}/main/e", connection=conn)) == list(range(200))
+
+
+DOOMED_SPARK_WRITER_DRIVER = """
+import sys
+import quarry.spark as qs
+from quarry.spark.session import local_session
+
+branch_manager, committer, uri = sys.argv[1:4]
+spark = local_session("local[2]", "doomed-driver")
+spark.sparkContext.setLogLevel("ERROR")
+
+def second_partition_hangs(batches):
+    import time
+    from pyspark import TaskContext
+    if TaskContext.get().partitionId() == 1:
+        time.sleep(600)
+    yield from batches
+
+frame = spark.range(0, 100, numPartitions=2).mapInArrow(second_partition_hangs, "id long")
+qs.write(frame, uri, connection=qs.Connection(branch_manager, committer))
+"""
+
+
+def test_a_killed_driver_of_a_spark_written_job_leaves_files_that_sweep_and_gc_clean(
+    spark, suite, client, conn, repo, tmp_path
+):
+    import datetime as dt
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from quarry.retention import RetentionRules
+    from quarry.spark.gc import collect_garbage
+
+    head = client.get_branch(repo, "main").commit_id
+    script = tmp_path / "driver.py"
+    script.write_text(DOOMED_SPARK_WRITER_DRIVER)
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            str(script),
+            conn.branch_manager,
+            conn.committer,
+            f"quarry://{repo}/main/t",
+        ],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(
+            lambda: [
+                k
+                for k in namespace_keys(suite, repo, JOB_DATA_PREFIX)
+                if "/_temporary/0/task_" in k
+            ],
+            timeout=120,
+            interval=0.2,
+            what="partition 0's committed task file under the job's _temporary/",
+        )
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and its workers
+        driver.wait(30)
+
+    left = namespace_keys(suite, repo, JOB_DATA_PREFIX)
+    assert left and all("/_temporary/" in k for k in left)
+    assert client.get_branch(repo, "main").commit_id == head
+    # While the job's branch is there (it might still be running) GC keeps its files, though
+    # nothing stages them yet...
+    report = collect_garbage(
+        spark, repo, rules=RetentionRules(7), grace=dt.timedelta(0), connection=conn
+    )
+    assert not set(left) & set(report.collectable["data"].sample)
+    # ...the sweep drops the stale branch, and then GC collects them.
+    assert qs.sweep_ephemeral_branches(client, repo, older_than=dt.timedelta(0))
+    swept = collect_garbage(
+        spark, repo, rules=RetentionRules(7), grace=dt.timedelta(0), sweep=True, connection=conn
+    )
+    assert set(left) <= set(swept.collectable["data"].sample)
+    assert namespace_keys(suite, repo, JOB_DATA_PREFIX) == []
+
+
+def test_leftovers_of_sparks_protocol_are_deleted_and_foreign_files_left_alone(
+    spark, suite, client, conn, repo, monkeypatch
+):
+    """What Spark's protocol might leave in the job's folder (a task attempt's file under
+    _temporary/) never becomes an entry and is deleted; a file of any other shape there is
+    neither an entry nor deleted (Quarry deletes only what it writes)."""
+    import quarry.spark.native as native
+
+    planted: list = []
+    real = native.describe_files
+
+    def plant_then_describe(spark_, spec, root):
+        folder = f"{root}/{JOB_DATA_PREFIX}{spec.job_id}"
+        (name,) = [n for n in os.listdir(folder) if n.startswith("part-00000-")]
+        for relative in (f"_temporary/0/task_20261126_0001_m_000000/{name}", "notes.txt"):
+            os.makedirs(os.path.dirname(f"{folder}/{relative}"), exist_ok=True)
+            with open(f"{folder}/{relative}", "wb") as fh:
+                fh.write(b"x")
+            planted.append(f"{JOB_DATA_PREFIX}{spec.job_id}/{relative}")
+        return real(spark_, spec, root)
+
+    monkeypatch.setattr(native, "describe_files", plant_then_describe)
+    commit = qs.write(numbers(spark, 0, 100, 2), f"quarry://{repo}/main/t", connection=conn)
+    leftover, foreign = planted
+    keys = job_folder_keys(suite, repo, commit.metadata["quarry.spark.job"])
+    assert leftover not in keys and foreign in keys
+    entries = list(client.iter_objects(repo, "main", prefix="t/"))
+    assert len(entries) == 2 and all(spark_written(e.physical_address) for e in entries)
+
+
+def test_an_unknown_file_writer_setting_is_refused_before_anything_is_written(
+    spark, client, conn, repo
+):
+    from quarry.spark.native import FILE_WRITER_CONF
+
+    head = client.get_branch(repo, "main").commit_id
+    spark.conf.set(FILE_WRITER_CONF, "jvm")
+    try:
+        with pytest.raises(errors.InvalidArgument) as refused:
+            qs.write(numbers(spark, 0, 10, 1), f"quarry://{repo}/main/t", connection=conn)
+    finally:
+        spark.conf.unset(FILE_WRITER_CONF)
+    assert refused.value.reason == "INVALID_WRITE_OPTIONS"
+    assert FILE_WRITER_CONF in str(refused.value)
+    assert client.get_branch(repo, "main").commit_id == head and no_ephemeral_branches(client, repo)

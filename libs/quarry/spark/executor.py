@@ -180,14 +180,34 @@ def file_entry(spec: WriteSpec, row: dict) -> types_pb2.Entry:
     )
 
 
-# The exact keys file_key writes: what GC may recognize as a Spark job's data file
-# (quarry.retention.classify).
+# Spark's writer (quarry.spark.native) partitions by hidden copies of the partition
+# columns named so; their folders exist only in the physical keys of the job's folder.
+SPARK_PARTITION_COLUMN = "__quarry_partition_"
+# The name Spark's writer gives a Parquet file: part-<Spark partition>-<write UUID>-c<file
+# counter> ('.' before the counter in a partitioned write).
+SPARK_WRITER_FILE_NAME = (
+    r"part-(?P<partition>\d{5,})-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+    r"[-.]c(?P<counter>\d{3,})\.snappy\.parquet"
+)
+# The exact keys Spark jobs write in their folder: what GC may recognize as a Spark job's
+# data file (quarry.retention.classify) and what a failed job's cleanup deletes. Either
+# file_key's (the Python workers' files), or Spark's writer's: committed files, under its
+# hidden partition folders, and its task attempts' files under _temporary/ (left there by
+# a job whose driver died).
 JOB_FILE_KEY = re.compile(
     re.escape(JOB_DATA_PREFIX)
     + JOB_ID_PATTERN
-    + r"/part-\d{5,}-c\d{3,}-t\d+\."
+    + "/(?:"
+    + r"part-\d{5,}-c\d{3,}-t\d+\."
     + "(?:"
     + "|".join(re.escape(ext) for ext, _ in FORMATS.values())
+    + ")"
+    + "|"
+    + r"(?:_temporary/\d+/(?:_temporary/attempt_[0-9a-z_]+/|task_[0-9a-z_]+/)?)?"
+    + r"(?:"
+    + re.escape(SPARK_PARTITION_COLUMN)
+    + r"\d+=[^/]+/)*"
+    + SPARK_WRITER_FILE_NAME
     + ")"
 )
 

@@ -42,7 +42,12 @@ from quarry.retention import (
     classify,
     retained_commits,
 )
-from quarry.spark.common import Connection
+from quarry.spark.common import (
+    JOB_DATA_PREFIX,
+    Connection,
+    ephemeral_created_at,
+    job_of_branch,
+)
 from quarry.spark.reader import ranges_dataframe
 from quarry.spark.sweep import DEFAULT_EPHEMERAL_TTL, sweep_ephemeral_branches
 from quarry.v1 import types_pb2
@@ -181,7 +186,14 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
             range_ids = _ranges_of(store, metaranges, {o.key for o in listing})
             report.referenced_metaranges, report.referenced_ranges = len(metaranges), len(range_ids)
             candidates = _candidates(listing, started - grace, report)
-        data_keys = [c for c in candidates if c[2] == "data"]
+        # A running Spark job's files are kept whatever their age, staged or not: Spark's
+        # writer stages nothing until its job has committed, and a file GC took from its
+        # folder before then would be silently missing from the write.
+        data_keys = [
+            c
+            for c in candidates
+            if c[2] == "data" and not _of_running_job(c[0], references.running_jobs)
+        ]
         orphan_data = _unreferenced_data_keys(
             spark,
             repo.storage_namespace,
@@ -217,6 +229,13 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
         with open_blob_store(repo.storage_namespace, connection) as store:
             store.put(report.report_key, json.dumps(report.to_dict(), indent=2).encode())
         return report
+
+
+def _of_running_job(key: str, running_jobs: set[str]) -> bool:
+    """Whether `key` lies in the folder of a Spark job whose ephemeral branch exists."""
+    if not key.startswith(JOB_DATA_PREFIX):
+        return False
+    return key[len(JOB_DATA_PREFIX) :].split("/", 1)[0] in running_jobs
 
 
 def check_ownership(repo: types_pb2.Repository, connection: Connection) -> None:
@@ -297,6 +316,8 @@ class _References:
     def __init__(self, client: Client, repository: str, ignored_branches: set[str]) -> None:
         self.client, self.repository, self.ignored = client, repository, ignored_branches
         self.staged_addresses: set[str] = set()
+        # Spark jobs whose ephemeral branch is still there (running, or not yet swept).
+        self.running_jobs: set[str] = set()
         self.compacted: set[str] = set()
         self.heads: dict[str, str] = {}
         self.tagged: set[str] = set()
@@ -306,6 +327,8 @@ class _References:
         for branch in self.client.iter_branches(self.repository):
             if branch.name in self.ignored:
                 continue
+            if ephemeral_created_at(branch.name) is not None:
+                self.running_jobs.add(job_of_branch(branch.name))
             if branch.compacted_metarange_id:
                 self.compacted.add(branch.compacted_metarange_id)
             try:

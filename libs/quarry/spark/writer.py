@@ -8,8 +8,12 @@ The driver
    an ephemeral branch `_quarry-spark-<time>-<random>` at the target's HEAD;
 2. (overwrite) stages the removal of everything under PATH on it (with dynamic partition
    overwrite: after the job, of the partition folders it wrote);
-3. runs one Spark job whose tasks write data files into the storage namespace and stage
-   their entries on the ephemeral branch (quarry.spark.executor);
+3. runs one Spark job that writes the data files into the job's folder of the storage
+   namespace: Spark's own Parquet writer where it can (quarry.spark.native: the rows never
+   leave the JVM; the driver then describes the committed files), else tasks in the Python
+   workers that write the files and stage their entries on the ephemeral branch
+   (quarry.spark.executor). The choice is native.spark_writes_files; what follows is one
+   flow for both;
 4. commits exactly the files the successful task attempts reported (what failed or losing
    speculative attempts staged is removed or replaced first, and the commit is checked);
    its message names the job ("Files of Spark job <job> (N files): <message>");
@@ -57,6 +61,7 @@ from quarry.spark.executor import (
     job_path_prefix,
     write_task,
 )
+from quarry.spark.native import spark_writes_files, write_files
 from quarry.v1 import types_pb2
 
 if TYPE_CHECKING:
@@ -215,11 +220,20 @@ class _Job:
         }
         self.ephemeral_commit = ""
         self.merge_attempted = False
+        self.spark_writes_files = False
 
     def run(self, df: DataFrame) -> types_pb2.Commit:
         repo = self.target.repository
         repository = self.client.get_repository(repo)
         self.storage_namespace = repository.storage_namespace
+        self.spark_writes_files = spark_writes_files(
+            self.spark,
+            df,
+            self.storage_namespace,
+            self.format,
+            self.partition_by,
+            self.max_records_per_file,
+        )
         head = self.client.get_branch(repo, self.target.ref)
         self._require_clean_target()
         self.client.create_branch(repo, self.branch, head.commit_id)
@@ -384,6 +398,8 @@ class _Job:
         context = self.spark.sparkContext
         context.setJobDescription(f"quarry write {self.target} ({self.mode})")
         try:
+            if self.spark_writes_files:
+                return write_files(self.spark, df, self.spec)
             # The tasks' result rows come back as Arrow batches (no per-row pickling).
             reported = df.mapInArrow(
                 write_task(self.spec), from_arrow_schema(RESULT_SCHEMA)
@@ -428,8 +444,10 @@ class _Job:
 
     def _delete_job_files(self) -> None:
         """Remove the data files of this job. Only after the job failed: no retained commit
-        or staged entry refers to them (the ephemeral branch is gone). Only keys of the shape
-        file_key writes: never another file that happens to lie in the job's folder."""
+        or staged entry refers to them (the ephemeral branch is gone). Only keys of the shapes
+        the job's writers write (JOB_FILE_KEY: the Python workers' files, Spark's committed
+        files and its `_temporary/` attempts): never another file that happens to lie in the
+        job's folder."""
         from quarry.blob import open_blob_store
 
         try:

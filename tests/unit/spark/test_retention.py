@@ -24,6 +24,9 @@ from quarry.retention import (
 from support.foreign_files import FOREIGN_KEYS
 
 NOW = dt.datetime(2024, 6, 1, 12, 0, tzinfo=dt.UTC)
+# A Spark job's folder and a write UUID as Spark's writer names its files.
+SPARK_JOB = "data/spark/20240501T120000-0123456789ab/"
+SPARK_UUID = "8e025301-1de7-4f73-ac88-9ee76d72844d"
 
 
 def ago(days: float) -> dt.datetime:
@@ -427,6 +430,32 @@ def test_old_commit_does_not_stop_the_walk():
             Classified("data"),
         ),
         ("data/spark/20240501T120000-0123456789ab/part-00003-c001-t42.csv", Classified("data")),
+        # ... and Spark's writer's: committed, in hidden partition folders, task attempts'
+        (f"{SPARK_JOB}part-00003-{SPARK_UUID}-c001.snappy.parquet", Classified("data")),
+        (
+            f"{SPARK_JOB}__quarry_partition_0=a%2Fb/__quarry_partition_1=1/"
+            f"part-00003-{SPARK_UUID}.c000.snappy.parquet",
+            Classified("data"),
+        ),
+        (
+            f"{SPARK_JOB}_temporary/0/_temporary/attempt_202611261350012345_0004_m_000003_7/"
+            f"part-00003-{SPARK_UUID}-c000.snappy.parquet",
+            Classified("data"),
+        ),
+        (
+            f"{SPARK_JOB}_temporary/0/task_202611261350012345_0004_m_000003/"
+            f"__quarry_partition_0=1/part-00003-{SPARK_UUID}.c000.snappy.parquet",
+            Classified("data"),
+        ),
+        # (not what Quarry's Spark writer leaves: marker, checksum, foreign folder or format)
+        (f"{SPARK_JOB}_SUCCESS", Classified("foreign")),
+        (f"{SPARK_JOB}.part-00003-{SPARK_UUID}-c001.snappy.parquet.crc", Classified("foreign")),
+        (f"{SPARK_JOB}k=1/part-00003-{SPARK_UUID}.c000.snappy.parquet", Classified("foreign")),
+        (f"{SPARK_JOB}part-00003-{SPARK_UUID}-c001.csv", Classified("foreign")),
+        (
+            f"{SPARK_JOB}_temporary/x/part-00003-{SPARK_UUID}-c001.snappy.parquet",
+            Classified("foreign"),
+        ),
         # everything else is foreign (ISSUE 10: GC never deletes a file Quarry did not write)
         ("data/spark/job/part-00000.parquet", Classified("foreign")),
         ("tables/t1/x.parquet", Classified("foreign")),
