@@ -182,3 +182,16 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def python_writer(spark):
+    """The Python workers' file writer (quarry.spark.executor) for this test: a local
+    namespace's Parquet writes otherwise go through Spark's own writer (quarry.spark.native),
+    where the executors make no Quarry calls; some tests inject failures, or follow traces,
+    that only the Python path's task-by-task staging has."""
+    from quarry.spark.native import FILE_WRITER_CONF
+
+    spark.conf.set(FILE_WRITER_CONF, "python")
+    yield
+    spark.conf.unset(FILE_WRITER_CONF)

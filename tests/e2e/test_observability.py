@@ -535,7 +535,7 @@ def test_the_dashboard_queries_only_metrics_the_services_export(scrapes):
 # ---- a Spark write --------------------------------------------------------------------------
 
 
-def test_a_spark_write_is_one_trace_from_driver_and_executors(observed, spark):
+def test_a_spark_write_is_one_trace_from_driver_and_executors(observed, spark, python_writer):
     """The driver (this process) and the executors' Python workers (their own processes,
     exporting as quarry-spark-executor) and every service they call: one trace."""
     import quarry.spark as qs
@@ -606,3 +606,55 @@ def test_a_spark_write_is_one_trace_from_driver_and_executors(observed, spark):
     assert any(
         s.service == TRACED["committer"] and s.name == "/quarry.v1.Committer/Merge" for s in spans
     ), shown
+
+
+def test_a_write_through_sparks_own_writer_is_one_trace(observed, spark):
+    """With Spark's own file writer (quarry.spark.native: the rows never reach Python, so the
+    executors make no Quarry calls) the driver's write and every service call it makes for
+    the files Spark committed are still one trace under the driver's write span."""
+    import quarry.spark as qs
+    from quarry.spark.native import FILE_WRITER_CONF
+
+    spark.conf.set(FILE_WRITER_CONF, "spark")
+    try:
+        df = spark.range(0, 100, numPartitions=2).selectExpr("id", "id * 2 AS doubled")
+        connection = qs.Connection(
+            observed.targets["branch-manager"], observed.targets["committer"]
+        )
+        with observed.client() as client:
+            client.create_repository("sparked-native", str(observed.home / "sparked-native"))
+        qs.write(df, "quarry://sparked-native/main/t", connection=connection)
+    finally:
+        spark.conf.unset(FILE_WRITER_CONF)
+
+    def driver_spans() -> list[ReceivedSpan]:
+        return [
+            s
+            for s in observed.receiver.spans()
+            if s.name == "quarry.spark.write"
+            and s.service == observed.client_service
+            and s.trace_id not in seen_before
+        ]
+
+    seen_before = {s.trace_id for s in observed.receiver.spans() if s.name == "quarry.spark.write"}
+    (root,) = wait_until(driver_spans, timeout=20, what="the driver's write span")
+    observed.receiver.wait_for(
+        root.trace_id,
+        {
+            observed.client_service,
+            TRACED["branch-manager"],
+            TRACED["committer"],
+            TRACED["range-writer"],
+            TRACED["kv-gateway"],
+        },
+        timeout=60,
+    )
+    time.sleep(0.5)
+    spans = observed.receiver.trace(root.trace_id)
+    shown = tree(spans)
+    assert [s for s in spans if not s.parent_id] == [root], shown
+    assert not [s for s in spans if s.service == "quarry-spark-executor"], shown
+    staged = [
+        s for s in spans if s.service == TRACED["branch-manager"] and s.name.endswith("/PutObjects")
+    ]
+    assert staged, shown  # the committed files were staged inside the write's trace

@@ -61,18 +61,6 @@ def spark_writer(spark):
     spark.conf.unset(FILE_WRITER_CONF)
 
 
-@pytest.fixture
-def python_writer(spark):
-    """The Python workers' file writer (quarry.spark.executor) for this test: a local
-    namespace's Parquet writes otherwise go through Spark's own writer (quarry.spark.native),
-    and some tests inject failures that only the Python path's task-by-task staging has."""
-    from quarry.spark.native import FILE_WRITER_CONF
-
-    spark.conf.set(FILE_WRITER_CONF, "python")
-    yield
-    spark.conf.unset(FILE_WRITER_CONF)
-
-
 def numbers(spark, start: int, stop: int, partitions: int = 4):
     return spark.range(start, stop, numPartitions=partitions).selectExpr(
         "id", "id * 2 as doubled", "concat('row-', cast(id as string)) as label"
