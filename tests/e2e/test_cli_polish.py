@@ -442,17 +442,20 @@ def test_put_from_streams_a_large_file_without_holding_it(suite, quarry, env, tm
     assert filecmp.cmp(back, large, shallow=False)
 
 
+@pytest.mark.parametrize("change", ["grows", "rewritten-in-place"])
 def test_put_from_refuses_a_file_that_changes_while_uploaded(
-    suite, quarry, env, tmp_path, monkeypatch
+    suite, quarry, env, tmp_path, monkeypatch, change
 ):
-    """Safety: an entry must never record bytes other than the ones uploaded. The file grows
-    while its bytes are read (after the first piece): `quarry put --from` fails with
+    """Safety: an entry must never record bytes other than the ones uploaded. The file
+    changes while its bytes are read (after the first piece): it grows, or its last bytes
+    are rewritten in place (same size, a new mtime). `quarry put --from` fails with
     LOCAL_FILE_CHANGED (ABORTED) and stages nothing; the uploaded object stays unreferenced.
     Run in-process so the upload's reads can be interleaved with a write."""
     from quarry.blob.local import LocalBlobStore
     from quarry.cli.main import main as quarry_main
 
-    quarry("repo", "create", "changing", suite.namespace("changing"))
+    repo = f"changing-{change}"
+    quarry("repo", "create", repo, suite.namespace(repo))
     source = tmp_path / "growing.bin"
     _write_random(source, 3 * MiB, seed=4)
     put_stream = LocalBlobStore.put_stream
@@ -465,9 +468,15 @@ def test_put_from_refuses_a_file_that_changes_while_uploaded(
 
         def read(self, size=-1, /):
             self.reads += 1
-            if self.reads == 2:
+            if self.reads == 2 and change == "grows":
                 with open(source, "ab") as writer:
                     writer.write(b"appended meanwhile")
+            elif self.reads == 2:
+                mtime = os.stat(source).st_mtime_ns
+                with open(source, "r+b") as writer:
+                    writer.seek(-8, os.SEEK_END)
+                    writer.write(b"rewrite!")
+                os.utime(source, ns=(mtime, mtime + 1_000_000_000))  # a coarse clock too
             return self.raw.read(size)
 
     monkeypatch.setattr(
@@ -482,17 +491,17 @@ def test_put_from_refuses_a_file_that_changes_while_uploaded(
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
         code = quarry_main(
-            ["put", "changing", "main", "g.bin", "--from", str(source), "--json", *_targets(suite)]
+            ["put", repo, "main", "g.bin", "--from", str(source), "--json", *_targets(suite)]
         )
     assert code == 1, stderr.getvalue()
     failure = json.loads(stderr.getvalue())["error"]
     assert failure["reason"] == "LOCAL_FILE_CHANGED" and failure["code"] == "ABORTED", failure
     assert "growing.bin" in failure["message"]
     # Nothing staged; the bytes uploaded stay in the namespace, unreferenced.
-    missing = quarry("stat", "changing", "main", "g.bin", "--json", expect=1)
+    missing = quarry("stat", repo, "main", "g.bin", "--json", expect=1)
     assert json.loads(missing.stderr)["error"]["code"] == "NOT_FOUND"
-    assert json.loads(quarry("ls", "changing", "main", "--json").stdout)["entries"] == []
-    uploaded = list(Path(suite.namespace("changing")).joinpath("data").iterdir())
+    assert json.loads(quarry("ls", repo, "main", "--json").stdout)["entries"] == []
+    uploaded = list(Path(suite.namespace(repo)).joinpath("data").iterdir())
     assert len(uploaded) == 1
 
 
