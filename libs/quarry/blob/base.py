@@ -148,9 +148,16 @@ class HashingReader:
         self._raw = raw
         self._digest = hashlib.sha256()
         self._size = 0
+        # The source's own failure, if reading it failed: a store must report it as the
+        # source's (an unreadable local file), not as its namespace's.
+        self.failure: BaseException | None = None
 
     def read(self, size: int = -1, /) -> bytes:
-        data = self._raw.read(size)
+        try:
+            data = self._raw.read(size)
+        except BaseException as exc:
+            self.failure = exc
+            raise
         self._digest.update(data)
         self._size += len(data)
         return data

@@ -193,9 +193,14 @@ class LocalBlobStore(BlobStore):
         # The same path as put(if_absent=True): a temporary file, fsynced, then linked under
         # its name and the directory fsynced; it never replaces an object already there.
         reader = HashingReader(source)
-        with self._environment():
-            if not self._put(key, reader.chunks(), if_absent=True, sync_directory=True):
-                raise ObjectExists(f"object {key!r} already exists in {self.root}")
+        try:
+            with self._environment():
+                if not self._put(key, reader.chunks(), if_absent=True, sync_directory=True):
+                    raise ObjectExists(f"object {key!r} already exists in {self.root}")
+        except StorageUnreachable:
+            if reader.failure is not None:
+                raise reader.failure from None  # the source's OSError, not the namespace's
+            raise
         return reader.written
 
     def put_if_equals(self, key: str, data: bytes, expected: bytes) -> bool:

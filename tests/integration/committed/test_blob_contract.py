@@ -120,8 +120,8 @@ class _Source:
         return self._data.read(size)
 
 
-class _SourceBroke(Exception):
-    pass
+class _SourceBroke(OSError):
+    """An OSError: the source's failure, not the store's (never STORAGE_UNREACHABLE)."""
 
 
 def test_put_stream_writes_in_pieces_and_reports_what_it_wrote(store, kind):
@@ -147,7 +147,8 @@ def test_put_stream_writes_in_pieces_and_reports_what_it_wrote(store, kind):
 
 @pytest.mark.parametrize("fail_after", [3 << 20, 17 << 20], ids=["one-part", "multipart"])
 def test_put_stream_that_fails_leaves_nothing_under_the_key(store, kind, tmp_path, fail_after):
-    """A source failing mid-way: its error, and nothing visible or left behind — no object,
+    """A source failing mid-way: its own error (an OSError reading a local file is not the
+    namespace's), and nothing visible or left behind — no object,
     no temporary file, no unfinished multipart upload on S3 (aborted)."""
     data = b"x" * (20 << 20)
     with pytest.raises(_SourceBroke):
