@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import filecmp
+import hashlib
+import io
 import json
 import os
 import pty
@@ -405,6 +407,102 @@ def test_cat_and_get_stream_a_large_object_without_holding_it(suite, quarry, env
         assert outputs["small"].read_bytes() == small.read_bytes()
         grew = peaks["large"] - peaks["small"]
         assert grew < LARGE_OBJECT_BYTES // 4, (command, peaks)
+
+
+def test_put_from_streams_a_large_file_without_holding_it(suite, quarry, env, tmp_path):
+    """`quarry put --from` of a 64 MiB file as a real process: its peak memory grows far
+    less than the file over the same command uploading a 100-byte file (reading it whole
+    would add at least 64 MiB); the entry records the file's size and SHA-256, and `quarry
+    get` gives back the same bytes."""
+    quarry("repo", "create", "upload", suite.namespace("upload"))
+    large, small = tmp_path / "large.bin", tmp_path / "small.bin"
+    _write_random(large, LARGE_OBJECT_BYTES, seed=3)
+    small.write_bytes(b"s" * 100)
+    binary = str(VENV_BIN / "quarry")
+    peaks = {}
+    for name, source in (("large", large), ("small", small)):
+        code, err, peaks[name] = run_measured(
+            [binary, "put", "upload", "main", source.name, "--from", str(source), *_targets(suite)],
+            env,
+            tmp_path / f"put-{name}.stdout",
+        )
+        assert code == 0 and err == b"", (name, err)
+    grew = peaks["large"] - peaks["small"]
+    assert grew < LARGE_OBJECT_BYTES // 4, peaks
+
+    entry = json.loads(quarry("stat", "upload", "main", "large.bin", "--json").stdout)
+    digest = hashlib.sha256()
+    with open(large, "rb") as fh:
+        while chunk := fh.read(MiB):
+            digest.update(chunk)
+    assert entry["checksum"] == digest.hexdigest()
+    assert int(entry["size_bytes"]) == LARGE_OBJECT_BYTES
+    back = tmp_path / "back.bin"
+    quarry("get", "upload", "main", "large.bin", "-o", str(back))
+    assert filecmp.cmp(back, large, shallow=False)
+
+
+@pytest.mark.parametrize("change", ["grows", "rewritten-in-place"])
+def test_put_from_refuses_a_file_that_changes_while_uploaded(
+    suite, quarry, env, tmp_path, monkeypatch, change
+):
+    """Safety: an entry must never record bytes other than the ones uploaded. The file
+    changes while its bytes are read (after the first piece): it grows, or its last bytes
+    are rewritten in place (same size, a new mtime). `quarry put --from` fails with
+    LOCAL_FILE_CHANGED (ABORTED) and stages nothing; the uploaded object stays unreferenced.
+    Run in-process so the upload's reads can be interleaved with a write."""
+    from quarry.blob.local import LocalBlobStore
+    from quarry.cli.main import main as quarry_main
+
+    repo = f"changing-{change}"
+    quarry("repo", "create", repo, suite.namespace(repo))
+    source = tmp_path / "growing.bin"
+    _write_random(source, 3 * MiB, seed=4)
+    put_stream = LocalBlobStore.put_stream
+
+    class AppendingSource:
+        """The opened file, with another writer appending to it after the first read."""
+
+        def __init__(self, raw):
+            self.raw, self.reads = raw, 0
+
+        def read(self, size=-1, /):
+            self.reads += 1
+            if self.reads == 2 and change == "grows":
+                with open(source, "ab") as writer:
+                    writer.write(b"appended meanwhile")
+            elif self.reads == 2:
+                mtime = os.stat(source).st_mtime_ns
+                with open(source, "r+b") as writer:
+                    writer.seek(-8, os.SEEK_END)
+                    writer.write(b"rewrite!")
+                os.utime(source, ns=(mtime, mtime + 1_000_000_000))  # a coarse clock too
+            return self.raw.read(size)
+
+    monkeypatch.setattr(
+        LocalBlobStore,
+        "put_stream",
+        lambda store, key, raw: put_stream(store, key, AppendingSource(raw)),
+    )
+    for key in [k for k in os.environ if k.startswith(("QUARRY_", "OTEL_"))]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        code = quarry_main(
+            ["put", repo, "main", "g.bin", "--from", str(source), "--json", *_targets(suite)]
+        )
+    assert code == 1, stderr.getvalue()
+    failure = json.loads(stderr.getvalue())["error"]
+    assert failure["reason"] == "LOCAL_FILE_CHANGED" and failure["code"] == "ABORTED", failure
+    assert "growing.bin" in failure["message"]
+    # Nothing staged; the bytes uploaded stay in the namespace, unreferenced.
+    missing = quarry("stat", repo, "main", "g.bin", "--json", expect=1)
+    assert json.loads(missing.stderr)["error"]["code"] == "NOT_FOUND"
+    assert json.loads(quarry("ls", repo, "main", "--json").stdout)["entries"] == []
+    uploaded = list(Path(suite.namespace(repo)).joinpath("data").iterdir())
+    assert len(uploaded) == 1
 
 
 @pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "unbuffered"])

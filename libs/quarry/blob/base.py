@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import builtins
+import hashlib
 import io
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol, Self
@@ -56,6 +57,12 @@ class ChecksumMismatch(errors.DataLoss):
     """The object an entry points to does not have the entry's SHA-256."""
 
     reason = "CHECKSUM_MISMATCH"
+
+
+class ObjectExists(errors.AlreadyExists):
+    """put_stream of a key that already has an object (it writes new keys only)."""
+
+    reason = "STORAGE_OBJECT_EXISTS"
 
 
 class InvalidObjectKey(errors.InvalidArgument):
@@ -117,6 +124,54 @@ class ObjectReader:
         self.close()
 
 
+# The piece put_stream reads from its source and writes at a time.
+STREAM_CHUNK_BYTES = 1 << 20
+
+
+class Readable(Protocol):
+    def read(self, size: int = ..., /) -> bytes: ...
+
+
+class Written(NamedTuple):
+    """What put_stream wrote: its size and SHA-256, counted from the bytes as they went by."""
+
+    size: int
+    sha256: str
+
+
+class HashingReader:
+    """Reads `raw` as asked and keeps the count and SHA-256 of every byte it returned: what
+    put_stream reports is what was written, never a separate read of the source. It has no
+    seek or tell, so a consumer (boto3's transfer manager) reads it front to back once."""
+
+    def __init__(self, raw: Readable) -> None:
+        self._raw = raw
+        self._digest = hashlib.sha256()
+        self._size = 0
+        # The source's own failure, if reading it failed: a store must report it as the
+        # source's (an unreadable local file), not as its namespace's.
+        self.failure: BaseException | None = None
+
+    def read(self, size: int = -1, /) -> bytes:
+        try:
+            data = self._raw.read(size)
+        except BaseException as exc:
+            self.failure = exc
+            raise
+        self._digest.update(data)
+        self._size += len(data)
+        return data
+
+    def chunks(self) -> Iterator[bytes]:
+        """The rest, STREAM_CHUNK_BYTES at a time."""
+        while chunk := self.read(STREAM_CHUNK_BYTES):
+            yield chunk
+
+    @property
+    def written(self) -> Written:
+        return Written(self._size, self._digest.hexdigest())
+
+
 class BlobStore(abc.ABC):
     """An object store bound to one storage namespace."""
 
@@ -134,6 +189,18 @@ class BlobStore(abc.ABC):
     def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
         """Write atomically (readers see the old object, none, or the whole new one).
         With if_absent, an existing object is left alone and False is returned."""
+
+    def put_stream(self, key: str, source: Readable) -> Written:
+        """Write a NEW object from `source`, read in pieces of STREAM_CHUNK_BYTES (never
+        whole), for objects too large to hold in memory (`quarry put --from`); its size and
+        SHA-256 as the bytes went by. `key` must be one no one else writes (a fresh uuid):
+        it is written once and never replaced. Like put, nothing is visible under the key
+        until every byte is written; a failure leaves nothing there. The local and S3
+        stores stream; this fallback, for stores that only have put(), reads it whole."""
+        reader = HashingReader(source)
+        if not self.put(key, reader.read(), if_absent=True):
+            raise ObjectExists(f"object {key!r} already exists: put_stream never replaces one")
+        return reader.written
 
     def put_deferred(self, key: str, data: bytes) -> bool:
         """put(if_absent=True) whose durability may wait for the next sync(): for a batch of

@@ -7,7 +7,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 
-from quarry.blob.base import BlobStore, ObjectInfo, ObjectReader
+from quarry.blob.base import BlobStore, ObjectInfo, ObjectReader, Readable, Written
 
 KINDS = ("get", "put", "exists", "delete", "list", "local_path")
 
@@ -84,6 +84,15 @@ class CountingBlobStore(BlobStore):
             with self._lock:
                 self.bytes_written += len(data)
             self._note(self.keys_written, key)
+        return written
+
+    def put_stream(self, key: str, source: Readable) -> Written:
+        """One put, of the bytes it wrote."""
+        self._count("put")
+        written = self.inner.put_stream(key, source)
+        with self._lock:
+            self.bytes_written += written.size
+        self._note(self.keys_written, key)
         return written
 
     def put_deferred(self, key: str, data: bytes) -> bool:

@@ -10,15 +10,19 @@ import functools
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from quarry.blob.base import (
     BlobStore,
+    HashingReader,
+    ObjectExists,
     ObjectInfo,
     ObjectNotFound,
     ObjectReader,
+    Readable,
     StorageUnreachable,
+    Written,
     check_key,
 )
 
@@ -90,15 +94,18 @@ class LocalBlobStore(BlobStore):
     def exists(self, key: str) -> bool:
         return os.path.isfile(self._path(key))
 
-    def _write_temp(self, directory: str, data: bytes, sync_file: bool = True) -> str:
+    def _write_temp(self, directory: str, chunks: Iterable[bytes], sync_file: bool = True) -> str:
+        """The chunks (a put's bytes, or a put_stream's source piece by piece) in a new
+        temporary file, fsynced unless told not to; a failure (also the source's) removes it."""
         os.makedirs(directory, exist_ok=True)
         temp = os.path.join(directory, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
             if self.durable and sync_file:
                 os.fsync(fd)
         except BaseException:
@@ -128,7 +135,7 @@ class LocalBlobStore(BlobStore):
         # A file found already there is synced too: its writer may not have synced it yet.
         path = self._path(key)
         with self._environment():
-            written = self._put(key, data, if_absent=True, sync_directory=False, sync_file=False)
+            written = self._put(key, (data,), if_absent=True, sync_directory=False, sync_file=False)
         # Recorded once the file is in place (written now, or found there).
         with self._unsynced_lock:
             self._unsynced_files.add(path)
@@ -168,7 +175,7 @@ class LocalBlobStore(BlobStore):
         with self._environment():
             written = self._put(
                 key,
-                data,
+                (data,),
                 if_absent=True,
                 sync_directory=True,
                 sync_file=False,
@@ -180,7 +187,21 @@ class LocalBlobStore(BlobStore):
 
     def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
         with self._environment():
-            return self._put(key, data, if_absent, sync_directory=True)
+            return self._put(key, (data,), if_absent, sync_directory=True)
+
+    def put_stream(self, key: str, source: Readable) -> Written:
+        # The same path as put(if_absent=True): a temporary file, fsynced, then linked under
+        # its name and the directory fsynced; it never replaces an object already there.
+        reader = HashingReader(source)
+        try:
+            with self._environment():
+                if not self._put(key, reader.chunks(), if_absent=True, sync_directory=True):
+                    raise ObjectExists(f"object {key!r} already exists in {self.root}")
+        except StorageUnreachable:
+            if reader.failure is not None:
+                raise reader.failure from None  # the source's OSError, not the namespace's
+            raise
+        return reader.written
 
     def put_if_equals(self, key: str, data: bytes, expected: bytes) -> bool:
         # Replacers of one key serialize on an exclusive lock of its directory (flock works
@@ -197,7 +218,7 @@ class LocalBlobStore(BlobStore):
                             return False
                 except (FileNotFoundError, NotADirectoryError):
                     return False
-                self._put(key, data, if_absent=False, sync_directory=True)
+                self._put(key, (data,), if_absent=False, sync_directory=True)
                 return True
             finally:
                 os.close(fd)  # releases the lock
@@ -222,7 +243,7 @@ class LocalBlobStore(BlobStore):
     def _put(  # noqa: PLR0913 — the put variants' switches
         self,
         key: str,
-        data: bytes,
+        chunks: Iterable[bytes],
         if_absent: bool,
         sync_directory: bool,
         sync_file: bool = True,
@@ -234,7 +255,7 @@ class LocalBlobStore(BlobStore):
         directory = os.path.dirname(path)
         if if_absent and os.path.exists(path):
             return False  # cheap early exit; the link below is the real check
-        temp = self._write_temp(directory, data, sync_file)
+        temp = self._write_temp(directory, chunks, sync_file)
         try:
             if before_link is not None:
                 before_link(temp)

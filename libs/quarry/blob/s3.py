@@ -17,10 +17,13 @@ from typing import Any
 from quarry import errors
 from quarry.blob.base import (
     BlobStore,
+    HashingReader,
     ObjectInfo,
     ObjectNotFound,
     ObjectReader,
+    Readable,
     StorageUnreachable,
+    Written,
     check_key,
 )
 
@@ -31,6 +34,12 @@ _EXISTS_CODES = {"412", "PreconditionFailed"}
 # Another conditional write of the same key is in flight.
 _CONFLICT_CODES = {"409", "ConditionalRequestConflict"}
 _UNSUPPORTED_CODES = {"501", "NotImplemented"}
+
+# put_stream: one PUT below the threshold, a multipart upload of parts of this size above it.
+# The source is read front to back and each part held in memory until sent: at most
+# STREAM_PARTS_IN_MEMORY parts (32 MiB) per upload, whatever the object's size.
+STREAM_PART_BYTES = 8 << 20
+STREAM_PARTS_IN_MEMORY = 4
 
 
 def _error_code(exc: Exception) -> str:
@@ -162,6 +171,31 @@ class S3BlobStore(BlobStore):
         except (ClientError, BotoCoreError) as exc:
             raise _unavailable(exc, self) from exc
         return True
+
+    def put_stream(self, key: str, source: Readable) -> Written:
+        """boto3's managed upload, through a reader that hashes what it hands out. Nothing is
+        visible under the key unless complete: a PUT is atomic, a multipart upload's object
+        appears only at CompleteMultipartUpload, and on any failure (also the source's) the
+        transfer manager aborts the multipart upload (s3transfer registers
+        abort_multipart_upload as its failure cleanup), so no parts are left billed. The
+        key is not checked for an object already there (this s3transfer cannot send
+        If-None-Match on an upload): callers give a fresh key (`data/<uuid>`)."""
+        from boto3.s3.transfer import TransferConfig
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        reader = HashingReader(source)
+        config = TransferConfig(
+            multipart_threshold=STREAM_PART_BYTES,
+            multipart_chunksize=STREAM_PART_BYTES,
+            max_concurrency=STREAM_PARTS_IN_MEMORY,
+        )
+        # s3transfer's own setting (boto3's constructor does not take it; default 10 parts).
+        config.max_in_memory_upload_chunks = STREAM_PARTS_IN_MEMORY
+        try:
+            self._client.upload_fileobj(reader, self.bucket, self._key(key), Config=config)
+        except (ClientError, BotoCoreError) as exc:
+            raise _unavailable(exc, self) from exc
+        return reader.written
 
     def put_if_equals(self, key: str, data: bytes, expected: bytes) -> bool:
         # S3's `If-Match: <etag>` makes the replace atomic: the ETag read with the expected

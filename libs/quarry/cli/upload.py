@@ -2,15 +2,15 @@
 entries that stage them.
 
 Each file is written once, under `data/<uuid>` in the namespace (never overwritten: a new
-key per upload, so a re-upload never changes bytes a committed entry points to). Its entry
-carries the SHA-256 of the bytes as checksum, the size, the file's mtime and a guessed
-content type. Bytes uploaded for entries that are then not staged (staging failed) stay
-in the namespace, unreferenced.
+key per upload, so a re-upload never changes bytes a committed entry points to), streamed
+in pieces (BlobStore.put_stream: a file of any size, never held in memory). Its entry
+carries the SHA-256 and size of the bytes as they were written, the file's mtime and a
+guessed content type. Bytes uploaded for entries that are then not staged (staging failed,
+or the file changed while it was read) stay in the namespace, unreferenced.
 """
 
 from __future__ import annotations
 
-import hashlib
 import mimetypes
 import os
 import re
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quarry.blob import BlobStore, object_address
+from quarry.cli.base import CliError
 from quarry.client import make_entry
 from quarry.v1 import types_pb2
 
@@ -71,17 +72,36 @@ def upload_one(
     content_type: str = "",
     metadata: Mapping[str, str] | None = None,
 ) -> types_pb2.Entry:
-    data = item.local.read_bytes()
-    stat = item.local.stat()
+    """Stream the file into a new key and build its entry from what was written.
+
+    Safety: never return an entry whose bytes differ from what it records. Size and
+    SHA-256 come from the stream itself (never a separate read of the file), and a file
+    that changed while it was read (its size or mtime on the open file differ after the
+    upload from before, or the bytes read are not its size) is refused with
+    LOCAL_FILE_CHANGED: its upload is left unreferenced and no entry is made for it."""
     key = f"{DATA_PREFIX}{uuid.uuid4().hex}"
-    store.put(key, data)
+    with open(item.local, "rb") as source:
+        before = os.fstat(source.fileno())
+        written = store.put_stream(key, source)
+        after = os.fstat(source.fileno())
+    if (before.st_size, before.st_mtime_ns) != (
+        after.st_size,
+        after.st_mtime_ns,
+    ) or written.size != after.st_size:
+        raise CliError(
+            "LOCAL_FILE_CHANGED",
+            f"{item.local} changed while it was uploaded ({before.st_size} bytes before, "
+            f"{after.st_size} after, {written.size} read): nothing staged for it; retry "
+            "once it is no longer being written",
+            code="ABORTED",
+        )
     guessed = content_type or mimetypes.guess_type(item.local.name)[0] or "application/octet-stream"
     return make_entry(
         item.path,
         physical_address=object_address(storage_namespace, key),
-        size_bytes=len(data),
-        checksum=hashlib.sha256(data).hexdigest(),
-        mtime=stat.st_mtime,
+        size_bytes=written.size,
+        checksum=written.sha256,
+        mtime=after.st_mtime,
         content_type=guessed,
         metadata=metadata,
     )

@@ -8,6 +8,8 @@ directories, or two prefixes of one bucket)."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import threading
 import time
 import uuid
@@ -18,7 +20,7 @@ import pytest
 
 from quarry import errors
 from quarry.blob import CountingBlobStore, LocalBlobStore, ObjectNotFound
-from quarry.blob.base import BlobStore, InvalidObjectKey
+from quarry.blob.base import BlobStore, InvalidObjectKey, ObjectExists
 from quarry.blob.ownership import MARKER_KEY, claim_namespace
 from quarry.blob.s3 import S3BlobStore
 
@@ -100,6 +102,75 @@ def test_open_read_of_a_missing_key_is_object_not_found(store):
     with pytest.raises(ObjectNotFound) as caught:
         store.open_read("missing/key")
     assert caught.value.reason == "STORAGE_OBJECT_NOT_FOUND"
+
+
+class _Source:
+    """A file-like source that records the sizes it is asked for, and fails (like a disk
+    error) once `fail_after` bytes have been read."""
+
+    def __init__(self, data: bytes, fail_after: int | None = None) -> None:
+        self._data = io.BytesIO(data)
+        self.asked: list[int] = []
+        self._fail_after = fail_after
+
+    def read(self, size: int = -1, /) -> bytes:
+        self.asked.append(size)
+        if self._fail_after is not None and self._data.tell() >= self._fail_after:
+            raise _SourceBroke("the source broke")
+        return self._data.read(size)
+
+
+class _SourceBroke(OSError):
+    """An OSError: the source's failure, not the store's (never STORAGE_UNREACHABLE)."""
+
+
+def test_put_stream_writes_in_pieces_and_reports_what_it_wrote(store, kind):
+    # 20 MiB: above S3BlobStore's multipart threshold (parts of 8 MiB); 20 pieces of 1 MiB
+    # through the local store's temporary file.
+    data = hashlib.sha256(b"seed").digest() * (20 * 32768) + b"tail"
+    source = _Source(data)
+    written = store.put_stream("data/streamed", source)
+    assert written == (len(data), hashlib.sha256(data).hexdigest())
+    assert written.size == len(data) and written.sha256 == hashlib.sha256(data).hexdigest()
+    # Never read whole: every read asks for a bounded piece (1 MiB locally, a part on S3).
+    assert source.asked and all(0 <= size <= 8 << 20 for size in source.asked)
+    if kind.name != "s3":
+        assert max(source.asked) == 1 << 20
+    assert store.get("data/streamed") == data
+    assert [info.key for info in store.list("data/")] == ["data/streamed"]
+    assert store.put_stream("data/empty", _Source(b"")) == (0, hashlib.sha256(b"").hexdigest())
+    assert store.get("data/empty") == b""
+    if isinstance(store, CountingBlobStore):
+        assert store.counts["put"] == 2 and store.bytes_written == len(data)
+        assert store.keys_written == ["data/streamed", "data/empty"]
+
+
+@pytest.mark.parametrize("fail_after", [3 << 20, 17 << 20], ids=["one-part", "multipart"])
+def test_put_stream_that_fails_leaves_nothing_under_the_key(store, kind, tmp_path, fail_after):
+    """A source failing mid-way: its own error (an OSError reading a local file is not the
+    namespace's), and nothing visible or left behind — no object,
+    no temporary file, no unfinished multipart upload on S3 (aborted)."""
+    data = b"x" * (20 << 20)
+    with pytest.raises(_SourceBroke):
+        store.put_stream("data/broken", _Source(data, fail_after=fail_after))
+    assert not store.exists("data/broken")
+    assert list(store.list("")) == []
+    if kind.name == "s3":
+        pending = store._client.list_multipart_uploads(Bucket=store.bucket, Prefix=store.prefix)
+        assert pending.get("Uploads", []) == []
+    else:
+        # No temporary file either (the directory it was made in may stay, as for put).
+        assert [p for p in (tmp_path / "ns").rglob("*") if not p.is_dir()] == []
+
+
+def test_put_stream_never_replaces_an_object(store, kind):
+    if kind.name == "s3":
+        pytest.skip("S3 put_stream relies on fresh keys (no If-None-Match on an upload)")
+    store.put("data/taken", b"first")
+    with pytest.raises(ObjectExists) as caught:
+        store.put_stream("data/taken", _Source(b"second"))
+    assert caught.value.reason == "STORAGE_OBJECT_EXISTS"
+    assert store.get("data/taken") == b"first"
 
 
 def test_put_replaces_but_if_absent_never_overwrites(store):
