@@ -751,9 +751,8 @@ import sys
 import quarry.spark as qs
 from quarry.spark.session import local_session
 
-branch_manager, committer, uri = sys.argv[1:4]
-# The Python workers' writer: its first task stages its file while the job runs.
-spark = local_session("local[1]", "doomed-driver", **{"spark.quarry.fileWriter": "python"})
+branch_manager, committer, uri, master, writer = sys.argv[1:6]
+spark = local_session(master, "doomed-driver", **{"spark.quarry.fileWriter": writer})
 spark.sparkContext.setLogLevel("ERROR")
 
 def second_partition_hangs(batches):
@@ -768,33 +767,44 @@ qs.write(frame, uri, connection=qs.Connection(branch_manager, committer))
 """
 
 
-def test_a_killed_driver_leaves_the_target_unchanged_and_a_sweep_and_gc_clean_up(
-    spark, suite, client, conn, repo, tmp_path
-):
-    import datetime as dt
-    import os
-    import signal
+def start_doomed_driver(tmp_path, conn, repo, master, writer):
+    """A Spark driver process (its own session group, so a test can kill it with its JVM and
+    workers) writing 2 partitions into REPO/main/t, the second of which never ends.
+    `writer`: spark.quarry.fileWriter ("python": its first task stages its file while the
+    job runs; "auto": Spark's writer, which stages nothing before the job commits)."""
     import subprocess
     import sys
 
-    from quarry.retention import RetentionRules
-    from quarry.spark.gc import collect_garbage
-
-    head = client.get_branch(repo, "main").commit_id
     script = tmp_path / "driver.py"
     script.write_text(DOOMED_DRIVER)
-    driver = subprocess.Popen(
+    return subprocess.Popen(
         [
             sys.executable,
             str(script),
             conn.branch_manager,
             conn.committer,
             f"quarry://{repo}/main/t",
+            master,
+            writer,
         ],
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def test_a_killed_driver_leaves_the_target_unchanged_and_a_sweep_and_gc_clean_up(
+    spark, suite, client, conn, repo, tmp_path
+):
+    import datetime as dt
+    import os
+    import signal
+
+    from quarry.retention import RetentionRules
+    from quarry.spark.gc import collect_garbage
+
+    head = client.get_branch(repo, "main").commit_id
+    driver = start_doomed_driver(tmp_path, conn, repo, master="local[1]", writer="python")
     try:
 
         def staged_on_the_ephemeral_branch() -> list:
@@ -1095,54 +1105,18 @@ def test_many_files_are_described_on_the_executors_alike(
     assert ids(qs.read(spark, f"quarry://{repo}/main/e", connection=conn)) == list(range(200))
 
 
-DOOMED_SPARK_WRITER_DRIVER = """
-import sys
-import quarry.spark as qs
-from quarry.spark.session import local_session
-
-branch_manager, committer, uri = sys.argv[1:4]
-spark = local_session("local[2]", "doomed-driver")
-spark.sparkContext.setLogLevel("ERROR")
-
-def second_partition_hangs(batches):
-    import time
-    from pyspark import TaskContext
-    if TaskContext.get().partitionId() == 1:
-        time.sleep(600)
-    yield from batches
-
-frame = spark.range(0, 100, numPartitions=2).mapInArrow(second_partition_hangs, "id long")
-qs.write(frame, uri, connection=qs.Connection(branch_manager, committer))
-"""
-
-
 def test_a_killed_driver_of_a_spark_written_job_leaves_files_that_sweep_and_gc_clean(
     spark, suite, client, conn, repo, tmp_path
 ):
     import datetime as dt
     import os
     import signal
-    import subprocess
-    import sys
 
     from quarry.retention import RetentionRules
     from quarry.spark.gc import collect_garbage
 
     head = client.get_branch(repo, "main").commit_id
-    script = tmp_path / "driver.py"
-    script.write_text(DOOMED_SPARK_WRITER_DRIVER)
-    driver = subprocess.Popen(
-        [
-            sys.executable,
-            str(script),
-            conn.branch_manager,
-            conn.committer,
-            f"quarry://{repo}/main/t",
-        ],
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    driver = start_doomed_driver(tmp_path, conn, repo, master="local[2]", writer="auto")
     try:
         wait_until(
             lambda: [
