@@ -538,51 +538,20 @@ def test_the_dashboard_queries_only_metrics_the_services_export(scrapes):
 def test_a_spark_write_is_one_trace_from_driver_and_executors(observed, spark, python_writer):
     """The driver (this process) and the executors' Python workers (their own processes,
     exporting as quarry-spark-executor) and every service they call: one trace."""
-    import quarry.spark as qs
-
     context = spark.sparkContext
     # Executors' Python workers get this environment (new workers: a new environment).
     executor_env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": observed.receiver.endpoint,
         "OTEL_BSP_SCHEDULE_DELAY": "100",
     }
+    executor = "quarry-spark-executor"
     saved = dict(context.environment)
     context.environment.update(executor_env)
     try:
-        df = spark.range(0, 100, numPartitions=2).selectExpr("id", "id * 2 AS doubled")
-        connection = qs.Connection(
-            observed.targets["branch-manager"], observed.targets["committer"]
-        )
-        with observed.client() as client:
-            client.create_repository("sparked", str(observed.home / "sparked"))
-        qs.write(df, "quarry://sparked/main/t", connection=connection)
+        root, spans = traced_spark_write(observed, spark, "sparked", also={executor})
     finally:
         context.environment.clear()
         context.environment.update(saved)
-
-    def driver_spans() -> list[ReceivedSpan]:
-        return [
-            s
-            for s in observed.receiver.spans()
-            if s.name == "quarry.spark.write" and s.service == observed.client_service
-        ]
-
-    (root,) = wait_until(driver_spans, timeout=20, what="the driver's write span")
-    executor = "quarry-spark-executor"
-    observed.receiver.wait_for(
-        root.trace_id,
-        {
-            observed.client_service,
-            executor,
-            TRACED["branch-manager"],
-            TRACED["committer"],
-            TRACED["range-writer"],
-            TRACED["kv-gateway"],
-        },
-        timeout=60,
-    )
-    time.sleep(0.5)
-    spans = observed.receiver.trace(root.trace_id)
     shown = tree(spans)
     print(f"spark write trace:\n{shown}")
     assert [s for s in spans if not s.parent_id] == [root], shown
@@ -612,32 +581,47 @@ def test_a_write_through_sparks_own_writer_is_one_trace(observed, spark):
     """With Spark's own file writer (quarry.spark.native: the rows never reach Python, so the
     executors make no Quarry calls) the driver's write and every service call it makes for
     the files Spark committed are still one trace under the driver's write span."""
-    import quarry.spark as qs
     from quarry.spark.native import FILE_WRITER_CONF
 
     spark.conf.set(FILE_WRITER_CONF, "spark")
     try:
-        df = spark.range(0, 100, numPartitions=2).selectExpr("id", "id * 2 AS doubled")
-        connection = qs.Connection(
-            observed.targets["branch-manager"], observed.targets["committer"]
-        )
-        with observed.client() as client:
-            client.create_repository("sparked-native", str(observed.home / "sparked-native"))
-        qs.write(df, "quarry://sparked-native/main/t", connection=connection)
+        root, spans = traced_spark_write(observed, spark, "sparked-native")
     finally:
         spark.conf.unset(FILE_WRITER_CONF)
+    shown = tree(spans)
+    assert [s for s in spans if not s.parent_id] == [root], shown
+    assert not [s for s in spans if s.service == "quarry-spark-executor"], shown
+    staged = [
+        s for s in spans if s.service == TRACED["branch-manager"] and s.name.endswith("/PutObjects")
+    ]
+    assert staged, shown  # the committed files were staged inside the write's trace
 
-    def driver_spans() -> list[ReceivedSpan]:
-        return [
-            s
+
+def traced_spark_write(observed, spark, repo, also=frozenset()):
+    """quarry.spark.write of a small DataFrame into a new repository REPO; the driver's write
+    span (the one this write started) and its trace, once spans of the test process, every
+    service the write calls and the services in `also` have arrived."""
+    import quarry.spark as qs
+
+    def write_spans() -> set[str]:
+        return {
+            s.span_id
             for s in observed.receiver.spans()
-            if s.name == "quarry.spark.write"
-            and s.service == observed.client_service
-            and s.trace_id not in seen_before
-        ]
+            if s.name == "quarry.spark.write" and s.service == observed.client_service
+        }
 
-    seen_before = {s.trace_id for s in observed.receiver.spans() if s.name == "quarry.spark.write"}
-    (root,) = wait_until(driver_spans, timeout=20, what="the driver's write span")
+    before = write_spans()
+    df = spark.range(0, 100, numPartitions=2).selectExpr("id", "id * 2 AS doubled")
+    connection = qs.Connection(observed.targets["branch-manager"], observed.targets["committer"])
+    with observed.client() as client:
+        client.create_repository(repo, str(observed.home / repo))
+    qs.write(df, f"quarry://{repo}/main/t", connection=connection)
+
+    def this_write() -> list[ReceivedSpan]:
+        new = write_spans() - before
+        return [s for s in observed.receiver.spans() if s.span_id in new]
+
+    (root,) = wait_until(this_write, timeout=20, what="the driver's write span")
     observed.receiver.wait_for(
         root.trace_id,
         {
@@ -646,15 +630,9 @@ def test_a_write_through_sparks_own_writer_is_one_trace(observed, spark):
             TRACED["committer"],
             TRACED["range-writer"],
             TRACED["kv-gateway"],
+            *also,
         },
         timeout=60,
     )
     time.sleep(0.5)
-    spans = observed.receiver.trace(root.trace_id)
-    shown = tree(spans)
-    assert [s for s in spans if not s.parent_id] == [root], shown
-    assert not [s for s in spans if s.service == "quarry-spark-executor"], shown
-    staged = [
-        s for s in spans if s.service == TRACED["branch-manager"] and s.name.endswith("/PutObjects")
-    ]
-    assert staged, shown  # the committed files were staged inside the write's trace
+    return root, observed.receiver.trace(root.trace_id)
