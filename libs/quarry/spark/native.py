@@ -70,6 +70,7 @@ SPARK_WRITER_MIN_RECORDS_PER_FILE = 2000
 DESCRIBE_ON_EXECUTORS_FILES = 4096
 DESCRIBE_ON_EXECUTORS_BYTES = 1 << 30
 _DRIVER_THREADS = 16
+_HASH_CHUNK_BYTES = 1 << 20
 
 # What Spark's writer is told (write options reach the Hadoop configuration of the job, on
 # the driver and in every task): see the module docstring.
@@ -252,16 +253,20 @@ def _name_files(spec: WriteSpec, rows: list[dict]) -> list[dict]:
 
 def describe_file(spec: WriteSpec, root: str, key: str) -> dict:
     """A committed file's result row, from its bytes; the file is fsynced first."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from quarry.blob import object_address
 
     path = os.path.join(root, *key.split("/"))
+    # Hashed piece by piece (a data file may be far larger than a worker should hold; up to
+    # _DRIVER_THREADS are described at once) and its row count from the footer alone.
+    digest, size = hashlib.sha256(), 0
     fd = os.open(path, os.O_RDONLY)
     try:
         with os.fdopen(os.dup(fd), "rb") as fh:
-            data = fh.read()
+            while chunk := fh.read(_HASH_CHUNK_BYTES):
+                digest.update(chunk)
+                size += len(chunk)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -278,10 +283,10 @@ def describe_file(spec: WriteSpec, root: str, key: str) -> dict:
         "folder": folder,
         "counter": counter,
         "physical_address": object_address(spec.storage_namespace, key),
-        "size_bytes": len(data),
-        "checksum": hashlib.sha256(data).hexdigest(),
+        "size_bytes": size,
+        "checksum": digest.hexdigest(),
         "mtime_us": int(_dt.datetime.now(_dt.UTC).timestamp() * 1e6),
-        "rows": pq.read_metadata(pa.BufferReader(data)).num_rows,
+        "rows": pq.read_metadata(path).num_rows,
         "partition": partition,
     }
 
