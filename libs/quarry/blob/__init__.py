@@ -9,7 +9,6 @@ copy_object (streamed through a writer, then checked against the entry's size an
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING
 from quarry.blob.base import (
     BlobStore,
     ChecksumMismatch,
+    HashingReader,
     InvalidObjectKey,
     InvalidStorageNamespace,
     ObjectChanged,
@@ -125,7 +125,6 @@ def read_object(physical_address: str, settings: Settings | None = None) -> byte
 # checksum. Other forms (an S3 ETag of an imported object, a user's own string) are not a
 # hash of the bytes that can be recomputed here: only the size is checked for them.
 _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
-COPY_CHUNK_BYTES = 1 << 20
 
 
 def copy_object(
@@ -137,23 +136,22 @@ def copy_object(
     checksum: str,
 ) -> int:
     """Stream the object at `physical_address` through `write` in chunks of at most
-    COPY_CHUNK_BYTES, then check that it is the object its entry describes; the number of
+    STREAM_CHUNK_BYTES (counted and hashed by HashingReader, as put_stream does), then check that it is the object its entry describes; the number of
     bytes copied.
 
     Safety: a copy must never pass as the entry's object when its bytes differ from what the
     entry records: ObjectChanged (DATA_LOSS) when the size is not `size_bytes`,
     ChecksumMismatch (DATA_LOSS) when `checksum` is a SHA-256 (64 hex digits) and the bytes'
     is another. Other checksum forms are checked by size only. An entry with size 0 and no
-    checksum records neither (`quarry put --address` without `--size`): nothing to check. The check comes after the
-    last byte: what was already passed to `write` stays written, the caller decides what to
-    do with it (`quarry get` removes its temporary file, `quarry cat` has printed it)."""
-    digest = hashlib.sha256()
-    copied = 0
+    checksum records neither (`quarry put --address` without `--size`): nothing to check.
+    The check comes after the last byte: what was already passed to `write` stays written,
+    the caller decides what to do with it (`quarry get` removes its temporary file, `quarry
+    cat` has printed it)."""
     with open_object(physical_address, settings) as reader:
-        while chunk := reader.read(COPY_CHUNK_BYTES):
-            digest.update(chunk)
-            copied += len(chunk)
+        hashing = HashingReader(reader)
+        for chunk in hashing.chunks():
             write(chunk)
+    copied, sha256 = hashing.written
     where = {"physical_address": physical_address}
     size_recorded = size_bytes != 0 or bool(checksum)
     if size_recorded and copied != size_bytes:
@@ -162,14 +160,14 @@ def copy_object(
             f"{size_bytes}: it changed after the entry was recorded",
             metadata={**where, "expected_size": str(size_bytes), "actual_size": str(copied)},
         )
-    if _SHA256_HEX.fullmatch(checksum) and digest.hexdigest() != checksum.lower():
+    if _SHA256_HEX.fullmatch(checksum) and sha256 != checksum.lower():
         raise ChecksumMismatch(
-            f"the object at {physical_address} has SHA-256 {digest.hexdigest()}, its entry "
+            f"the object at {physical_address} has SHA-256 {sha256}, its entry "
             f"records {checksum.lower()}: it changed after the entry was recorded",
             metadata={
                 **where,
                 "expected_sha256": checksum.lower(),
-                "actual_sha256": digest.hexdigest(),
+                "actual_sha256": sha256,
             },
         )
     return copied
