@@ -41,12 +41,27 @@ class LRUCache:
                 self._bytes -= old[1]
             self._data[key] = (value, size)
             self._bytes += size
-            while self._data and (
-                self._bytes > self.max_bytes
-                or (self.max_items is not None and len(self._data) > self.max_items)
-            ):
-                _key, (_value, old_size) = self._data.popitem(last=False)
-                self._bytes -= old_size
+            self._evict()
+
+    def grow(self, key: Hashable, value: Any, delta: int) -> None:
+        """Add `delta` to the size of `key`'s entry if it still holds `value` (a value that
+        grew after it was cached), evicting the oldest entries past the bound (this one too,
+        if it is the oldest)."""
+        with self._lock:
+            item = self._data.get(key)
+            if item is None or item[0] is not value:
+                return
+            self._data[key] = (value, item[1] + delta)
+            self._bytes += delta
+            self._evict()
+
+    def _evict(self) -> None:
+        while self._data and (
+            self._bytes > self.max_bytes
+            or (self.max_items is not None and len(self._data) > self.max_items)
+        ):
+            _key, (_value, old_size) = self._data.popitem(last=False)
+            self._bytes -= old_size
 
     def clear(self) -> None:
         with self._lock:

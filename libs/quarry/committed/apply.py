@@ -61,6 +61,12 @@ def apply_changes(
             base.id, applied.summary, ranges_written=0, ranges_reused=len(base.ranges)
         )
     metarange_id = writer.write_metarange_file(namespace, applied.ranges, base)
+    # The summary counts exactly what differs from the base: a merge of the result (a
+    # branch's commit into another) counts its untouched ranges from it instead of reading.
+    summary = applied.summary
+    writer.loader.remember_diff_counts(
+        namespace, base.id, metarange_id, (summary.added, summary.removed, summary.changed)
+    )
     return ApplyResult(
         metarange_id, applied.summary, ranges_written=applied.written, ranges_reused=applied.reused
     )
@@ -284,7 +290,7 @@ class Prefetcher:
         self._namespace = namespace
         self._base = base
         self._stream = stream
-        self._enabled = loader.read_workers > 0 and len(base.ranges) > 1
+        self._enabled = loader.reads_ahead(namespace) and len(base.ranges) > 1
         self._scheduled: collections.deque[int] = collections.deque()
         self._last = -1  # highest range index scheduled
         self._scan = 0  # absolute index of the next change to look at

@@ -151,7 +151,13 @@ class RangeLoader:
 
     def remember_range(self, namespace: str, data: RangeData) -> None:
         """Cache a range just written (its table is at hand: a later read is free)."""
-        self._ranges.put((namespace, data.info.id), data, data.cache_bytes)
+        self._cache_range((namespace, data.info.id), data)
+
+    def _cache_range(self, key: tuple[str, ...], data: RangeData) -> None:
+        """Cache a range, charged for its Python columns as it builds them."""
+        ranges = self._ranges
+        data.on_growth(lambda grown, delta: ranges.grow(key, grown, delta))
+        ranges.put(key, data, data.cache_bytes)
 
     def remember_metarange(self, namespace: str, metarange: MetaRange) -> None:
         self._metaranges.put((namespace, metarange.id), metarange, metarange.cache_bytes)
@@ -186,9 +192,11 @@ class RangeLoader:
         self, namespace: str, left_id: str, right_id: str, counts: tuple[int, int, int]
     ) -> None:
         """Remember what a diff from metarange `left_id` to `right_id` counts (added,
-        removed, changed): a merge knows it of its destination and result, and its retry
-        (base' = that destination, source' = that result) needs it. Only exact counts may
-        be remembered: every later summary built on them would be wrong by the same."""
+        removed, changed): a commit knows it of its parent and result, a merge of its
+        destination and result; a merge with those as base and source (a branch's commit
+        merged, a merge's retry: base' = that destination, source' = that result) needs
+        it. Only exact counts may be remembered: every later summary built on them would
+        be wrong by the same."""
         self._diff_counts.put((namespace, left_id, right_id), counts, 1)
 
     def diff_counts(
@@ -295,6 +303,8 @@ class RangeLoader:
     def prefetch(self, namespace: str, info: RangeInfo, keys_only: bool = False) -> None:
         """Start loading a range in the background (no-op if cached or already loading).
         `keys_only`: only what keys_range needs."""
+        if not self.reads_ahead(namespace):
+            return
         pool = self._read_pool()
         cache_key: tuple[str, ...] = (namespace, info.id)
         if pool is None or self._ranges.peek(cache_key) is not None:
@@ -320,6 +330,15 @@ class RangeLoader:
 
         future.add_done_callback(forget)
 
+    def reads_ahead(self, namespace: str) -> bool:
+        """Whether prefetches of this namespace's ranges load anything. Reading ahead hides
+        a remote store's latency; a local directory has none worth hiding (its files are
+        read from the page cache in ~50 us), and handing the decodes to the pool only made
+        the threads contend for the GIL: a scattered commit into 1M entries took 0.80 s
+        with read-ahead and 0.56 s without (and half the system time), measured side by
+        side."""
+        return self.read_workers > 0 and not self.store(namespace).is_local
+
     def keys_range(self, namespace: str, info: RangeInfo) -> RangeData:
         """A range with only its path and identity columns (paths, identity, identity_blob
         work; entries do not), for comparisons that need no entry. A cached full load
@@ -332,14 +351,14 @@ class RangeLoader:
         self.stats.count("ranges_read_disk" if source == "disk" else "ranges_read")
         self.stats.count("ranges_read_keys")
         data = _checked(info, table)
-        self._ranges.put((namespace, info.id, _KEYS), data, data.cache_bytes)
+        self._cache_range((namespace, info.id, _KEYS), data)
         return data
 
     def _load_range(self, namespace: str, info: RangeInfo) -> RangeData:
         table, source = self._fetch(namespace, "ranges", info.id, decode_range, RangeNotFound)
         self.stats.count("ranges_read_disk" if source == "disk" else "ranges_read")
         data = _checked(info, table)
-        self._ranges.put((namespace, info.id), data, data.cache_bytes)
+        self._cache_range((namespace, info.id), data)
         return data
 
 

@@ -18,7 +18,7 @@ The summary counts what the merge changes in the DESTINATION (added / removed / 
 a path whose merged value equals the destination's is not a change. Conflicts are listed
 in path order, at most `max_conflicts`; `more_conflicts` counts the rest. A DEFAULT merge
 with conflicts, and every dry run, write nothing and return metarange_id "" (with the
-summary of what the merge applies, or would apply without the conflicts).
+summary of what the merge applies, or would apply without the conflicts): no file at all.
 
 Retries (docs/architecture.md §4, merge retry reuse): a merge that lost the race for the
 destination HEAD is retried as merge(base' = the old destination, source' = its own result,
@@ -85,18 +85,15 @@ from quarry.committed.gaps import (
     count_gap,
     find_gaps,
     inside,
-    paired,
     range_ids,
-    walk,
 )
 from quarry.committed.loader import RangeLoader, get_entry
-from quarry.committed.rangedata import MetaRange, RangeData
+from quarry.committed.pieces import MixedMerge
+from quarry.committed.rangedata import MetaRange
 from quarry.committed.writer import RangeWriter
 from quarry.graveler.model import (
-    ChangeType,
     Conflict,
     DiffSummary,
-    Entry,
     MergeResult,
     MergeStrategy,
     RangeInfo,
@@ -104,9 +101,6 @@ from quarry.graveler.model import (
 
 log = logging.getLogger(__name__)
 
-# Destination ranges a merge keeps in hand between its walk and its apply (beyond what the
-# shared range cache keeps).
-HOLD_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_CONFLICTS = 100
 
 
@@ -172,7 +166,7 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
     # what remains of it once the other gaps' share is taken out, instead of being read.
     known = loader.diff_counts(namespace, base.id, source.id)
     summary = DiffSummary()
-    merged = _EntryMerge(strategy, max_conflicts, summary)
+    merged = MixedMerge(strategy, max_conflicts, summary)
     spliced = _Spliced(destination, source)
     taken = 0  # destination ranges [0, taken) are settled in `spliced`
     ahead = _ReadAhead(loader, namespace, plan, dest_ranges, source_only_read=known is None)
@@ -183,6 +177,10 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
                 count_gap(loader, namespace, gap, summary)
             spliced.extend(dest_ranges[taken:first])
             spliced.extend(gap.source_run)
+            taken = stop
+        elif aligned := merged.aligned(writer, namespace, gap, dest_ranges[first:stop]):
+            spliced.extend(dest_ranges[taken:first])
+            spliced.extend([aligned])
             taken = stop
         else:
             merged.gap(loader, namespace, gap, dest_ranges[first:stop])
@@ -204,6 +202,12 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
     # ---- write: apply the mixed-gap changes to the spliced ranges ---------------------------
     if not merged.changes and spliced.ranges == dest_ranges:
         return MergeResult(destination.id, summary, ranges_reused=len(dest_ranges))
+    # The ranges merged column-wise, written only now that the merge has a result (on the
+    # write pool, with nothing else to do here: writing them during the walk was slower,
+    # the threads contending for the GIL).
+    with writer.sink(namespace, cache_written=True) as sink:
+        for data in merged.aligned_ranges:
+            sink.put(data.info, data.table)
     applied = apply_to_ranges(
         writer,
         namespace,
@@ -218,9 +222,8 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
     # The summary is exactly the diff destination -> result (module docstring): a retry of
     # this merge starts from it.
     _remember(loader, namespace, destination.id, metarange_id, summary)
-    return MergeResult(
-        metarange_id, summary, ranges_written=applied.written, ranges_reused=applied.reused
-    )
+    written = applied.written + len(merged.aligned_ranges)
+    return MergeResult(metarange_id, summary, ranges_written=written, ranges_reused=applied.reused)
 
 
 def _first_at_or_after(metarange: MetaRange, key: str | None, start: int) -> int:
@@ -270,7 +273,7 @@ def _add_source_only_share(
     loader: RangeLoader,
     namespace: str,
     work: tuple[tuple[int, int, int], list[_Step], list[Gap]],
-    merged: _EntryMerge,
+    merged: MixedMerge,
 ) -> None:
     """Add the source-only gaps' changes to merged.summary without reading them: the gaps
     (and pieces) partition the keys where base and source differ, so the source-only share
@@ -318,7 +321,7 @@ class _ReadAhead:
         self._source_only_read = source_only_read
         self._dest_ranges = dest_ranges
         self._next = 0  # the next gap whose ranges are not requested yet
-        self._enabled = loader.read_workers > 0
+        self._enabled = loader.reads_ahead(namespace)
 
     def through(self, current: int) -> None:
         """Called before working on gap `current`: keeps MERGE_READAHEAD ranges requested
@@ -342,7 +345,7 @@ class _ReadAhead:
             if kind == _SOURCE_ONLY and not self._source_only_read:
                 continue
             over_gap = self._dest_ranges[first:stop] if kind == _MIXED else []
-            # As the walks will load them (see _EntryMerge.gap): base ranges keys only,
+            # As the walks will load them (see MixedMerge.gap): base ranges keys only,
             # unless the destination has them too.
             dest_ids = {r.id for r in over_gap}
             for info in gap.base_run:
@@ -354,96 +357,6 @@ class _ReadAhead:
             budget -= (
                 len(gap.base_run) + len(gap.source_run) + (stop - first if kind == _MIXED else 0)
             )
-
-
-class _EntryMerge:
-    """The entry-level three-way merge of mixed gaps: collects the changes to apply to the
-    destination, the conflicts (bounded) and the summary."""
-
-    def __init__(self, strategy: MergeStrategy, max_conflicts: int, summary: DiffSummary) -> None:
-        self.strategy = strategy
-        self.max_conflicts = max_conflicts
-        self.summary = summary
-        self.changes: list[tuple[str, Entry | None]] = []
-        # (path, source entry, destination entry, whether the base had the path)
-        self.conflicts: list[tuple[str, Entry | None, Entry | None, bool]] = []
-        self.more_conflicts = 0
-        # The diff base -> source over the gaps walked (whatever became of each change).
-        self.source_diff = DiffSummary()
-        # Destination ranges the walk loaded, for the apply (up to HOLD_BYTES).
-        self.held: dict[str, RangeData] = {}
-        self.held_bytes = 0
-
-    def gap(self, loader: RangeLoader, namespace: str, gap: Gap, over_gap: list[RangeInfo]) -> None:
-        # Base ranges are only compared (a conflict's base entry is read separately). (A
-        # range on both sides is skipped unread by the walk; full loads for those anyway.)
-        base_ids = {r.id for r in gap.base_run}
-        dest_ids = {r.id for r in over_gap}
-        base_ids -= dest_ids
-
-        def load(info: RangeInfo) -> RangeData:
-            if info.id in base_ids:
-                return loader.keys_range(namespace, info)
-            data = loader.range(namespace, info)
-            if info.id in dest_ids and info.id not in self.held and self.held_bytes < HOLD_BYTES:
-                # The apply below re-reads these unless held: the cache may have let them go.
-                self.held[info.id] = data
-                self.held_bytes += data.cache_bytes
-            return data
-
-        def prefetch(info: RangeInfo) -> None:
-            loader.prefetch(namespace, info, keys_only=info.id in base_ids)
-
-        base_run = MetaRange("", gap.base_run)
-        source_changes = walk(load, prefetch, base_run, MetaRange("", gap.source_run))
-        dest_changes = walk(load, prefetch, base_run, MetaRange("", over_gap))
-        lo, hi = gap.lo, gap.hi
-        # Destination ranges may stick out of the gap: what lies outside is not ours.
-        dest_changes = (
-            c for c in dest_changes if (lo is None or c.path > lo) and (hi is None or c.path < hi)
-        )
-        summary = self.summary
-        changes = self.changes
-        strategy = self.strategy
-        source_diff = self.source_diff
-        for path, src, dst in paired(source_changes, dest_changes):
-            if src is not None:
-                source_diff.count(src.type)
-            if dst is None:
-                # Changed on the source only: the destination still has the base's value.
-                assert src is not None  # _paired yields at least one side
-                summary.count(src.type)
-                changes.append((path, src.entry if src.type != ChangeType.REMOVED else None))
-                continue
-            if src is None:
-                continue  # changed on the destination only: keep it
-            src_entry = src.entry if src.type != ChangeType.REMOVED else None
-            dst_entry = dst.entry if dst.type != ChangeType.REMOVED else None
-            if src_entry is None and dst_entry is None:
-                continue  # deleted on both sides
-            if (
-                src_entry is not None
-                and dst_entry is not None
-                and src_entry.identity == dst_entry.identity
-            ):
-                continue  # changed identically on both sides
-            if strategy == MergeStrategy.SOURCE_WINS:
-                summary.count(
-                    ChangeType.REMOVED
-                    if src_entry is None
-                    else ChangeType.ADDED
-                    if dst_entry is None
-                    else ChangeType.CHANGED
-                )
-                changes.append((path, src_entry))
-            elif strategy == MergeStrategy.DEFAULT:
-                if len(self.conflicts) < self.max_conflicts:
-                    # The base had the path unless a side reports it ADDED.
-                    in_base = src.type != ChangeType.ADDED and dst.type != ChangeType.ADDED
-                    self.conflicts.append((path, src_entry, dst_entry, in_base))
-                else:
-                    self.more_conflicts += 1
-            # DEST_WINS: keep the destination's value.
 
 
 def _done(metarange_id: str, summary: DiffSummary, dry_run: bool, reused: int) -> MergeResult:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,8 +13,10 @@ import pyarrow.compute as pc
 from quarry.committed.format import ENTRY_OVERHEAD_BYTES, is_boundary
 from quarry.graveler.model import Entry, RangeInfo
 
-# Rough per-row cost of the Python lists a range usually grows (paths, some identities).
-_PY_BYTES_PER_ROW = 150
+# Rough per-row cost of the Python objects a range grows on demand (a list entry and the
+# object): a path or identity list, and the rest of the columns for entries.
+_PY_BYTES_PER_LIST_ROW = 80
+_PY_BYTES_PER_ENTRY_ROW = 400
 
 
 def _offsets(array: pa.Array) -> tuple[memoryview, int]:
@@ -148,6 +151,7 @@ class RangeData:
         "_cum",
         "_last_boundary",
         "_sparse_lookups",
+        "_grown",
     )
 
     def __init__(self, info: RangeInfo, table: pa.Table):
@@ -162,6 +166,17 @@ class RangeData:
         self._cum: CumulativeBytes | None = None
         self._last_boundary: dict[int, bool] = {}
         self._sparse_lookups = 0
+        self._grown: Callable[[RangeData, int], None] | None = None
+
+    def on_growth(self, grown: Callable[[RangeData, int], None] | None) -> None:
+        """`grown(self, bytes)` is told what each Python column built later adds (the cache
+        that holds this range charges it then: most ranges never build any). Handed the
+        range rather than holding it: no reference cycle keeps a range alive."""
+        self._grown = grown
+
+    def _grew(self, rows_bytes: int) -> None:
+        if self._grown is not None:
+            self._grown(self, rows_bytes * self.n)
 
     @property
     def id(self) -> str:
@@ -172,12 +187,23 @@ class RangeData:
         # The buffers the table keeps alive, summed (what the cache really holds: a slice keeps
         # its whole buffers). Not Table.nbytes: it works out which bytes each slice references,
         # ~0.5 ms per decoded range, a sixth of a scattered merge's main-thread time.
-        return self.table.get_total_buffer_size() + self.n * (_PY_BYTES_PER_ROW + 32)
+        return self.table.get_total_buffer_size() + self._python_bytes()
+
+    def _python_bytes(self) -> int:
+        """What the Python columns built so far hold (estimated)."""
+        per_row = 32 if self._identity_blob is not None else 0
+        if self._columns is not None:
+            per_row += _PY_BYTES_PER_ENTRY_ROW
+        per_row += _PY_BYTES_PER_LIST_ROW * (
+            (self._paths is not None) + (self._identities is not None)
+        )
+        return per_row * self.n
 
     @property
     def paths(self) -> list[str]:
         if self._paths is None:
             self._paths = self.table.column("path").to_pylist()
+            self._grew(_PY_BYTES_PER_LIST_ROW)
         return self._paths
 
     @property
@@ -194,6 +220,7 @@ class RangeData:
     def identities(self) -> list[bytes]:
         if self._identities is None:
             self._identities = self.table.column("identity").to_pylist()
+            self._grew(_PY_BYTES_PER_LIST_ROW)
         return self._identities
 
     def identity(self, i: int) -> bytes:
@@ -237,6 +264,7 @@ class RangeData:
                 t.column("metadata").to_pylist(),
                 self.identities,
             )
+            self._grew(_PY_BYTES_PER_ENTRY_ROW)
         return self._columns
 
     def entry(self, i: int) -> Entry:
@@ -271,6 +299,7 @@ class RangeData:
             self._identity_blob = bytes(
                 memoryview(column.buffers()[1])[start : start + self.n * 32]
             )
+            self._grew(32)
         return self._identity_blob
 
     def entry_at(self, i: int) -> Entry:

@@ -203,7 +203,9 @@ class RangeSink:
         self._futures: list[concurrent.futures.Future[None]] = []
         self._last: tuple[RangeInfo, pa.Table] | None = None  # not yet handed to the pool
         # Bounds the tables held in memory while their writes are queued.
-        self._slots = threading.BoundedSemaphore(max(2, 2 * writer.write_workers))
+        self._slots = threading.BoundedSemaphore(
+            2 if self._store.is_local else max(2, 2 * writer.write_workers)
+        )
 
     def __enter__(self) -> RangeSink:
         return self
@@ -236,13 +238,17 @@ class RangeSink:
         info = RangeInfo(
             range_id, paths[0].as_py(), paths[len(paths) - 1].as_py(), table.num_rows, size_bytes
         )
+        self.put(info, table)
+        return info
+
+    def put(self, info: RangeInfo, table: pa.Table) -> None:
+        """Write a range whose RangeInfo (id included) is known already."""
         if self._pool is None:
             self._put(info, table)
         else:
             if self._last is not None:
                 self._submit(*self._last)
             self._last = (info, table)
-        return info
 
     def _submit(self, info: RangeInfo, table: pa.Table) -> None:
         assert self._pool is not None

@@ -591,3 +591,29 @@ def test_the_destinations_last_range_is_rechunked_when_the_source_appends_after_
     merged = {p: e for p, e in source.items() if p != last}
     assert _identities(read(manager, namespace, result.metarange_id)) == _identities(merged)
     assert result.metarange_id == write(manager, namespace, merged)
+
+
+def test_a_branch_commit_merged_counts_its_summary_without_reading_its_own_ranges(
+    new_manager, namespace
+):
+    """A commit remembers its diff counts (parent -> result): merging that commit (base =
+    its parent) counts the ranges only the source changed from them, unread, even with a
+    cold range cache. A manager that never saw the commit reads them, for the same summary
+    and result."""
+    manager = new_manager(target_range_entries=16)
+    rng = random.Random(11)
+    paths = [f"data/{i:06d}" for i in range(8_000)]
+    base = manager.write_metarange(namespace, [ent(p, 0) for p in paths]).metarange_id
+    a_changes = _scattered(rng, paths[:4000], 150, 1) + [("data/0000005x", ent("data/0000005x", 1))]
+    a_changes.sort(key=lambda change: change[0])
+    branch_a = manager.apply_changes(namespace, base, a_changes).metarange_id
+    main = manager.apply_changes(namespace, base, _scattered(rng, paths[4000:], 150, 2))
+    manager.clear_memory_cache()
+    manager.reset_stats()
+    merged = manager.merge_metaranges(namespace, base, branch_a, main.metarange_id)
+    assert merged.summary == DiffSummary(added=1, changed=150)
+    assert manager.stats.ranges_read == 0, manager.stats  # no gap both sides touched
+    cold = new_manager(target_range_entries=16)
+    recounted = cold.merge_metaranges(namespace, base, branch_a, main.metarange_id)
+    assert cold.stats.ranges_read >= 20
+    assert (recounted.summary, recounted.metarange_id) == (merged.summary, merged.metarange_id)
