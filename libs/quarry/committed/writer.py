@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from hashlib import sha256 as _sha256
 from types import TracebackType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import pyarrow as pa
 
@@ -41,11 +41,19 @@ from quarry.committed.metaranges import (
 from quarry.committed.rangedata import MetaRange, RangeData
 from quarry.graveler.model import ApplyResult, DiffSummary, Entry, RangeInfo
 
+if TYPE_CHECKING:
+    from quarry.blob.base import BlobStore
+
 # Content-defined chunking parameters. They are part of the storage format: the same entry
 # set yields the same ranges only under the same parameters.
 DEFAULT_TARGET_RANGE_ENTRIES = 1024
 DEFAULT_MAX_RANGE_BYTES = 4 * 1024 * 1024
 DEFAULT_WRITE_WORKERS = 4
+# Range writes of one commit or merge running at once into a local directory: its writes
+# take no time worth overlapping, and more threads only contend for the GIL (a scattered
+# commit into 1M entries: 0.80 s with 4 at once, 0.56-0.65 s with 1-2, measured side by
+# side). Remote stores use every write worker (their latency is what the threads hide).
+LOCAL_WRITE_LANES = 2
 # A range table with more chunks than this is combined into one before it is cached.
 MAX_CACHED_CHUNKS = 16
 
@@ -110,6 +118,11 @@ class RangeWriter:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
             self._executor = None
+
+    def write_lanes(self, store: BlobStore) -> int:
+        """How many range writes of one commit or merge run at once into `store`."""
+        lanes = LOCAL_WRITE_LANES if store.is_local else self.write_workers
+        return max(1, min(lanes, self.write_workers))
 
     def sink(self, namespace: str, cache_written: bool) -> RangeSink:
         return RangeSink(self, namespace, cache_written)
@@ -203,9 +216,8 @@ class RangeSink:
         self._futures: list[concurrent.futures.Future[None]] = []
         self._last: tuple[RangeInfo, pa.Table] | None = None  # not yet handed to the pool
         # Bounds the tables held in memory while their writes are queued.
-        self._slots = threading.BoundedSemaphore(
-            2 if self._store.is_local else max(2, 2 * writer.write_workers)
-        )
+        lanes = writer.write_lanes(self._store)
+        self._slots = threading.BoundedSemaphore(lanes if self._store.is_local else 2 * lanes)
 
     def __enter__(self) -> RangeSink:
         return self
@@ -249,6 +261,15 @@ class RangeSink:
             if self._last is not None:
                 self._submit(*self._last)
             self._last = (info, table)
+
+    @property
+    def store(self) -> BlobStore:
+        return self._store
+
+    def write_now(self, info: RangeInfo, table: pa.Table) -> None:
+        """Write a range on the calling thread (thread-safe: for callers that run their own
+        write threads)."""
+        self._put(info, table)
 
     def _submit(self, info: RangeInfo, table: pa.Table) -> None:
         assert self._pool is not None
