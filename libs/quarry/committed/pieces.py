@@ -1,8 +1,8 @@
-"""The entry-level three-way merge of a merge's mixed pieces (merge.py): the pieces both
-sides changed, merged column-wise when each side holds one range of the same paths
-(aligned.plan_aligned; written by write_aligned), else walked entry by entry (the diffs base -> source and base ->
-destination, paired by path). Collects the changes to apply to the destination, the
-conflicts (bounded) and the summary."""
+"""The entry-level three-way merge of a merge's mixed pieces (merge.py), the pieces both
+sides changed: column-wise when each side holds one range of the same paths
+(aligned.plan_aligned, then write_aligned once the merge has a result), else walked entry
+by entry (the diffs base -> source and base -> destination, paired by path). Collects the
+changes to apply to the destination, the conflicts (bounded) and the summary."""
 
 from __future__ import annotations
 
