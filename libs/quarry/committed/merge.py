@@ -149,7 +149,7 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
         return _done(source.id, summary, dry_run, reused=len(source.ranges))
 
     # ---- gaps: source-only ones are spliced, mixed ones merged by entry --------------------
-    dest_ranges = destination.ranges
+    dest_ranges, dest_keys = destination.ranges, destination.max_keys
     plan: list[_Step] = []  # (kind, gap, destination ranges over it)
     settled: list[Gap] = []  # gaps (and pieces) where the destination has the source's ranges
     for gap in find_gaps(base, source):
@@ -177,11 +177,11 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
         if kind == _SOURCE_ONLY:
             if known is None:
                 count_gap(loader, namespace, gap, summary)
-            spliced.extend(dest_ranges[taken:first])
+            spliced.extend(dest_ranges[taken:first], dest_keys[taken:first])
             spliced.extend(gap.source_run)
             taken = stop
         elif column_wise := merged.aligned(writer, namespace, gap, dest_ranges[first:stop]):
-            spliced.extend(dest_ranges[taken:first])
+            spliced.extend(dest_ranges[taken:first], dest_keys[taken:first])
             # The destination's range holds the place of the merged one until it is written.
             spliced.extend([column_wise.destination.info])
             if column_wise.rows:
@@ -189,7 +189,7 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
             taken = stop
         else:
             merged.gap(loader, namespace, gap, dest_ranges[first:stop])
-    spliced.extend(dest_ranges[taken:])
+    spliced.extend(dest_ranges[taken:], dest_keys[taken:])
     if known is not None:
         _add_source_only_share(loader, namespace, (known, plan, settled), merged)
     conflicts = tuple(
@@ -216,14 +216,16 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
     applied = apply_to_ranges(
         writer,
         namespace,
-        MetaRange("", spliced.ranges),
+        MetaRange("", spliced.ranges, spliced.max_keys),
         merged.changes,
         ApplyOptions(open_ends=spliced.open_ends, loaded=merged.held),
     )
     encoding = writer.metarange_encoding(namespace, applied.ranges, destination)
     metarange_id = encoding.id
     if metarange_id != destination.id:
-        writer.write_metarange_file(namespace, applied.ranges, encoding=encoding)
+        writer.write_metarange_file(
+            namespace, applied.ranges, encoding=encoding, max_keys=applied.max_keys
+        )
     # The summary is exactly the diff destination -> result (module docstring): a retry of
     # this merge starts from it.
     _remember(loader, namespace, destination.id, metarange_id, summary)
@@ -253,11 +255,14 @@ class _Spliced:
 
     def __init__(self, destination: MetaRange, source: MetaRange) -> None:
         self.ranges: list[RangeInfo] = []
+        self.max_keys: list[str] = []
         self.open_ends: list[int] = []
         self._lasts = [m.ranges[-1] for m in (destination, source) if m.ranges]
 
-    def extend(self, run: list[RangeInfo]) -> None:
+    def extend(self, run: list[RangeInfo], max_keys: list[str] | None = None) -> None:
+        """`max_keys`: those of `run` when the caller has them (a slice of a metarange's)."""
         self.ranges.extend(run)
+        self.max_keys.extend([r.max_key for r in run] if max_keys is None else max_keys)
         # A run is a slice of one metarange: only its final range can be that one's last.
         if run and run[-1] in self._lasts:
             self.open_ends.append(len(self.ranges) - 1)
