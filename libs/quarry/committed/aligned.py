@@ -7,7 +7,9 @@ the source changed taken from the source. That is decided on the identity column
 Arrow arrays, and the result is built from slices of the two tables: no per-row Python
 object, no diff walk, no re-chunking.
 
-It gives exactly what merge.py's entry walk and apply give (tests/unit/committed/
+plan_aligned decides (on the merge's thread, before anything is written); build_aligned
+makes the range (on a write thread, once the merge is known to have a result). Together
+they give exactly what merge.py's entry walk and apply give (tests/unit/committed/
 test_committed_aligned.py compares the two on random edits), and declines (None) whatever
 it does not decide the same way:
   - the paths differ on any side (an add or a delete moves rows and maybe boundaries);
@@ -30,26 +32,29 @@ from quarry.graveler.model import RangeInfo
 
 
 @dataclass(frozen=True)
-class AlignedMerge:
-    """A merged range (its table not yet written), and the counts merge.py keeps: rows
-    taken from the source (changes to the destination) and rows the source changed
-    (its diff from the base, whatever became of them)."""
+class AlignedPlan:
+    """What merging one piece column-wise takes: the destination's range with the source's
+    `rows` swapped in (none: the destination's range as it is), its entry_bytes, and the
+    rows the source changed from the base (its diff, whatever became of each change).
+    Deciding is cheap; build_aligned makes the table and its id (on a write thread)."""
 
-    data: RangeData
-    taken: int
+    source: RangeData
+    destination: RangeData
+    rows: list[int]
+    size_bytes: int
     source_changed: int
 
 
-def merge_aligned(
+def plan_aligned(
     base: RangeData,
     source: RangeData,
     destination: RangeData,
     target_entries: int,
     max_bytes: int,
-) -> AlignedMerge | None:
-    """The merge of one range piece, or None when the entry walk must decide (see the
-    module docstring). `base` may be a keys-only load (path and identity); source and
-    destination are full."""
+) -> AlignedPlan | None:
+    """How to merge one range piece column-wise, or None when the entry walk must decide
+    (see the module docstring). `base` may be a keys-only load (path and identity); source
+    and destination are full."""
     n = destination.n
     if base.n != n or source.n != n or n == 0:
         return None
@@ -64,39 +69,41 @@ def merge_aligned(
     source_changed = pc.not_equal(source_ids, base_ids)
     dest_changed = pc.not_equal(dest_ids, base_ids)
     # Changed on both sides, to different values: a conflict (or a strategy's call).
-    if pc.any(
-        pc.and_(pc.and_(source_changed, dest_changed), pc.not_equal(source_ids, dest_ids))
-    ).as_py():
+    both = pc.and_(source_changed, dest_changed)
+    if pc.any(pc.and_(both, pc.not_equal(source_ids, dest_ids))).as_py():
         return None
     take = pc.and_(source_changed, pc.invert(dest_changed))
     rows = pc.indices_nonzero(take).to_pylist()
     changed = int(pc.sum(source_changed).as_py() or 0)
-    if not rows:
-        return AlignedMerge(destination, 0, changed)
     # The destination's size with the taken rows' entry_bytes swapped (a few rows: built as
     # entries; a range's cumulative sizes would combine every column of a chunked table).
     size = destination.info.size_bytes
-    pieces: list[pa.Table] = []
-    start = 0
     for row in rows:
         size += entry_bytes(source.entry_at(row)) - entry_bytes(destination.entry_at(row))
-        if row > start:
-            pieces.append(destination.table.slice(start, row - start))
-        pieces.append(source.table.slice(row, 1))
-        start = row + 1
     if size >= max_bytes:
         return None
-    if start < n:
-        pieces.append(destination.table.slice(start, n - start))
+    return AlignedPlan(source, destination, rows, size, changed)
+
+
+def build_aligned(plan: AlignedPlan) -> RangeData:
+    """The merged range of a plan: slices of the destination's table around the source's
+    rows (no copy), and its id."""
+    if not plan.rows:
+        return plan.destination
+    destination, source = plan.destination.table, plan.source.table
+    pieces: list[pa.Table] = []
+    start = 0
+    for row in plan.rows:
+        if row > start:
+            pieces.append(destination.slice(start, row - start))
+        pieces.append(source.slice(row, 1))
+        start = row + 1
+    if start < len(destination):
+        pieces.append(destination.slice(start, len(destination) - start))
     table = pa.concat_tables(pieces)
-    info = RangeInfo(
-        range_id_of(table),
-        destination.info.min_key,
-        destination.info.max_key,
-        n,
-        size,
-    )
-    return AlignedMerge(RangeData(info, table), len(rows), changed)
+    info = plan.destination.info
+    merged = RangeInfo(range_id_of(table), info.min_key, info.max_key, info.count, plan.size_bytes)
+    return RangeData(merged, table)
 
 
-__all__ = ["AlignedMerge", "merge_aligned"]
+__all__ = ["AlignedPlan", "build_aligned", "plan_aligned"]

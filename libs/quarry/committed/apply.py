@@ -35,6 +35,7 @@ class AppliedRanges:
     summary: DiffSummary
     written: int
     reused: int
+    max_keys: list[str] | None = None  # of `ranges`, when the producer kept them
 
 
 @dataclass
@@ -60,7 +61,9 @@ def apply_changes(
         return ApplyResult(
             base.id, applied.summary, ranges_written=0, ranges_reused=len(base.ranges)
         )
-    metarange_id = writer.write_metarange_file(namespace, applied.ranges, base)
+    metarange_id = writer.write_metarange_file(
+        namespace, applied.ranges, base, max_keys=applied.max_keys
+    )
     # The summary counts exactly what differs from the base: a merge of the result (a
     # branch's commit into another) counts its untouched ranges from it instead of reading.
     summary = applied.summary
@@ -104,7 +107,7 @@ def apply_to_ranges(
                 # repository).
                 stop = _untouched_run(ranges, max_keys, i, following, open_ends, ends_at_boundary)
                 if stop > i:
-                    builder.reuse_run(ranges[i:stop])
+                    builder.reuse_run(ranges[i:stop], max_keys[i:stop])
                     i = stop
                     continue
             info = ranges[i]
@@ -133,7 +136,7 @@ def apply_to_ranges(
                 summary.added += 1
                 builder.add_entry(entry)
         out = builder.finish()
-    return AppliedRanges(out, summary, builder.written, builder.reused)
+    return AppliedRanges(out, summary, builder.written, builder.reused, builder.max_keys)
 
 
 def _untouched_run(  # noqa: PLR0913 — the loop state of apply_to_ranges

@@ -78,6 +78,7 @@ import logging
 from dataclasses import dataclass
 
 from quarry import errors
+from quarry.committed.aligned import AlignedPlan
 from quarry.committed.apply import ApplyOptions, apply_to_ranges
 from quarry.committed.gaps import (
     MERGE_READAHEAD,
@@ -88,7 +89,7 @@ from quarry.committed.gaps import (
     range_ids,
 )
 from quarry.committed.loader import RangeLoader, get_entry
-from quarry.committed.pieces import MixedMerge
+from quarry.committed.pieces import MixedMerge, write_aligned
 from quarry.committed.rangedata import MetaRange
 from quarry.committed.writer import RangeWriter
 from quarry.graveler.model import (
@@ -148,7 +149,7 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
         return _done(source.id, summary, dry_run, reused=len(source.ranges))
 
     # ---- gaps: source-only ones are spliced, mixed ones merged by entry --------------------
-    dest_ranges = destination.ranges
+    dest_ranges, dest_keys = destination.ranges, destination.max_keys
     plan: list[_Step] = []  # (kind, gap, destination ranges over it)
     settled: list[Gap] = []  # gaps (and pieces) where the destination has the source's ranges
     for gap in find_gaps(base, source):
@@ -168,6 +169,7 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
     summary = DiffSummary()
     merged = MixedMerge(strategy, max_conflicts, summary)
     spliced = _Spliced(destination, source)
+    aligned: list[tuple[int, AlignedPlan]] = []  # (position in spliced.ranges, plan)
     taken = 0  # destination ranges [0, taken) are settled in `spliced`
     ahead = _ReadAhead(loader, namespace, plan, dest_ranges, source_only_read=known is None)
     for number, (kind, gap, first, stop) in enumerate(plan):
@@ -175,16 +177,19 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
         if kind == _SOURCE_ONLY:
             if known is None:
                 count_gap(loader, namespace, gap, summary)
-            spliced.extend(dest_ranges[taken:first])
+            spliced.extend(dest_ranges[taken:first], dest_keys[taken:first])
             spliced.extend(gap.source_run)
             taken = stop
-        elif aligned := merged.aligned(writer, namespace, gap, dest_ranges[first:stop]):
-            spliced.extend(dest_ranges[taken:first])
-            spliced.extend([aligned])
+        elif column_wise := merged.aligned(writer, namespace, gap, dest_ranges[first:stop]):
+            spliced.extend(dest_ranges[taken:first], dest_keys[taken:first])
+            # The destination's range holds the place of the merged one until it is written.
+            spliced.extend([column_wise.destination.info])
+            if column_wise.rows:
+                aligned.append((len(spliced.ranges) - 1, column_wise))
             taken = stop
         else:
             merged.gap(loader, namespace, gap, dest_ranges[first:stop])
-    spliced.extend(dest_ranges[taken:])
+    spliced.extend(dest_ranges[taken:], dest_keys[taken:])
     if known is not None:
         _add_source_only_share(loader, namespace, (known, plan, settled), merged)
     conflicts = tuple(
@@ -200,30 +205,36 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
         return MergeResult("", summary, conflicts, merged.more_conflicts)
 
     # ---- write: apply the mixed-gap changes to the spliced ranges ---------------------------
+    # The ranges merged column-wise, built and written only now that the merge has a
+    # result, on the write lanes (writing them during the walk was slower: the threads
+    # contended for the GIL with it). Until now the destination's range held their place.
+    written = write_aligned(writer, namespace, [plan for _position, plan in aligned])
+    for (position, _plan), info in zip(aligned, written, strict=True):
+        spliced.ranges[position] = info
     if not merged.changes and spliced.ranges == dest_ranges:
         return MergeResult(destination.id, summary, ranges_reused=len(dest_ranges))
-    # The ranges merged column-wise, written only now that the merge has a result (on the
-    # write pool, with nothing else to do here: writing them during the walk was slower,
-    # the threads contending for the GIL).
-    with writer.sink(namespace, cache_written=True) as sink:
-        for data in merged.aligned_ranges:
-            sink.put(data.info, data.table)
     applied = apply_to_ranges(
         writer,
         namespace,
-        MetaRange("", spliced.ranges),
+        MetaRange("", spliced.ranges, spliced.max_keys),
         merged.changes,
         ApplyOptions(open_ends=spliced.open_ends, loaded=merged.held),
     )
     encoding = writer.metarange_encoding(namespace, applied.ranges, destination)
     metarange_id = encoding.id
     if metarange_id != destination.id:
-        writer.write_metarange_file(namespace, applied.ranges, encoding=encoding)
+        writer.write_metarange_file(
+            namespace, applied.ranges, encoding=encoding, max_keys=applied.max_keys
+        )
     # The summary is exactly the diff destination -> result (module docstring): a retry of
     # this merge starts from it.
     _remember(loader, namespace, destination.id, metarange_id, summary)
-    written = applied.written + len(merged.aligned_ranges)
-    return MergeResult(metarange_id, summary, ranges_written=written, ranges_reused=applied.reused)
+    return MergeResult(
+        metarange_id,
+        summary,
+        ranges_written=applied.written + len(written),
+        ranges_reused=applied.reused,
+    )
 
 
 def _first_at_or_after(metarange: MetaRange, key: str | None, start: int) -> int:
@@ -244,11 +255,14 @@ class _Spliced:
 
     def __init__(self, destination: MetaRange, source: MetaRange) -> None:
         self.ranges: list[RangeInfo] = []
+        self.max_keys: list[str] = []
         self.open_ends: list[int] = []
         self._lasts = [m.ranges[-1] for m in (destination, source) if m.ranges]
 
-    def extend(self, run: list[RangeInfo]) -> None:
+    def extend(self, run: list[RangeInfo], max_keys: list[str] | None = None) -> None:
+        """`max_keys`: those of `run` when the caller has them (a slice of a metarange's)."""
         self.ranges.extend(run)
+        self.max_keys.extend([r.max_key for r in run] if max_keys is None else max_keys)
         # A run is a slice of one metarange: only its final range can be that one's last.
         if run and run[-1] in self._lasts:
             self.open_ends.append(len(self.ranges) - 1)

@@ -1,12 +1,12 @@
-"""The entry-level three-way merge of a merge's mixed pieces (merge.py): the pieces both
-sides changed, merged column-wise when each side holds one range of the same paths
-(aligned.merge_aligned), else walked entry by entry (the diffs base -> source and base ->
-destination, paired by path). Collects the changes to apply to the destination, the
-conflicts (bounded) and the summary."""
+"""The entry-level three-way merge of a merge's mixed pieces (merge.py), the pieces both
+sides changed: column-wise when each side holds one range of the same paths
+(aligned.plan_aligned, then write_aligned once the merge has a result), else walked entry
+by entry (the diffs base -> source and base -> destination, paired by path). Collects the
+changes to apply to the destination, the conflicts (bounded) and the summary."""
 
 from __future__ import annotations
 
-from quarry.committed.aligned import merge_aligned
+from quarry.committed.aligned import AlignedPlan, build_aligned, plan_aligned
 from quarry.committed.gaps import Gap, paired, walk
 from quarry.committed.loader import RangeLoader
 from quarry.committed.rangedata import MetaRange, RangeData
@@ -14,7 +14,7 @@ from quarry.committed.writer import RangeWriter
 from quarry.graveler.model import ChangeType, DiffSummary, Entry, MergeStrategy, RangeInfo
 
 # Ranges a merge keeps in hand between its walk and its write (beyond what the shared range
-# cache keeps): destination ranges the walks loaded and the ranges merge_aligned built.
+# cache keeps): destination ranges the walks loaded and the ranges of aligned plans.
 HOLD_BYTES = 256 * 1024 * 1024
 
 
@@ -37,39 +37,37 @@ class MixedMerge:
         self.more_conflicts = 0
         # The diff base -> source over the gaps walked (whatever became of each change).
         self.source_diff = DiffSummary()
-        # Destination ranges the walk loaded and ranges merge_aligned built, for the write
-        # and the apply (up to HOLD_BYTES: past it, pieces are walked).
+        # Destination ranges the walk loaded (for the apply), and the ranges aligned plans
+        # hold (for their write): up to HOLD_BYTES, past it pieces are walked.
         self.held: dict[str, RangeData] = {}
         self.held_bytes = 0
-        self.aligned_ranges: list[RangeData] = []
 
     def aligned(
         self, writer: RangeWriter, namespace: str, gap: Gap, over_gap: list[RangeInfo]
-    ) -> RangeInfo | None:
-        """The merged range of a piece that is one range on every side, by merge_aligned
-        (column-wise), or None: then `gap` walks the piece entry by entry."""
+    ) -> AlignedPlan | None:
+        """The plan of a piece that is one range on every side, merged column-wise
+        (plan_aligned; counted in the summary), or None: then `gap` walks it entry by entry."""
         if len(over_gap) != 1 or len(gap.base_run) != 1 or len(gap.source_run) != 1:
             return None
         if self.held_bytes >= HOLD_BYTES:
             return None
         loader, chunking = writer.loader, writer.chunking
+        source = loader.range(namespace, gap.source_run[0])
         destination = loader.range(namespace, over_gap[0])
-        result = merge_aligned(
+        plan = plan_aligned(
             loader.keys_range(namespace, gap.base_run[0]),
-            loader.range(namespace, gap.source_run[0]),
+            source,
             destination,
             chunking.target_entries,
             chunking.max_bytes,
         )
-        if result is None:
+        if plan is None:
             return None
-        self.summary.changed += result.taken
-        self.source_diff.changed += result.source_changed
-        if result.data is not destination:
-            self.held[result.data.id] = result.data
-            self.held_bytes += result.data.cache_bytes
-            self.aligned_ranges.append(result.data)
-        return result.data.info
+        self.summary.changed += len(plan.rows)
+        self.source_diff.changed += plan.source_changed
+        if plan.rows:
+            self.held_bytes += source.cache_bytes + destination.cache_bytes
+        return plan
 
     def gap(self, loader: RangeLoader, namespace: str, gap: Gap, over_gap: list[RangeInfo]) -> None:
         # Base ranges are only compared (a conflict's base entry is read separately). (A
@@ -143,4 +141,42 @@ class MixedMerge:
             # DEST_WINS: keep the destination's value.
 
 
-__all__ = ["HOLD_BYTES", "MixedMerge"]
+def write_aligned(writer: RangeWriter, namespace: str, plans: list[AlignedPlan]) -> list[RangeInfo]:
+    """Build and write the ranges of aligned plans (each with rows to take), in order: on
+    the write lanes of the store, the calling thread taking one of them (it would only
+    wait). Every lane finishes before the first failure is raised."""
+    sink = writer.sink(namespace, cache_written=True)
+    lanes = min(writer.write_lanes(sink.store), len(plans))
+    pool = writer.pool()
+
+    def lane(k: int) -> list[RangeInfo]:
+        written = []
+        for plan in plans[k::lanes]:
+            data = build_aligned(plan)
+            sink.write_now(data.info, data.table)
+            written.append(data.info)
+        return written
+
+    if pool is None or lanes <= 1:
+        return lane(0) if plans else []
+    futures = [pool.submit(lane, k) for k in range(1, lanes)]
+    results: list[list[RangeInfo]] = []
+    failure: BaseException | None = None
+    try:
+        results.append(lane(0))
+    except BaseException as error:
+        failure = error
+    for future in futures:
+        try:
+            results.append(future.result())
+        except BaseException as error:
+            failure = failure or error
+    if failure is not None:
+        raise failure
+    ordered: list[RangeInfo] = [None] * len(plans)  # type: ignore[list-item]
+    for k, written in enumerate(results):
+        ordered[k::lanes] = written
+    return ordered
+
+
+__all__ = ["HOLD_BYTES", "MixedMerge", "write_aligned"]

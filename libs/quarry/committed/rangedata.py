@@ -323,7 +323,10 @@ class RangeData:
 class MetaRange:
     id: str
     ranges: list[RangeInfo]
+    # Every range's max_key (for bisect); built here unless given (writers splice them).
     max_keys: list[str] = field(default_factory=list)
+    # The max keys' summed UTF-8 length, when the caller knows it (see cache_bytes).
+    key_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not self.max_keys:
@@ -332,7 +335,8 @@ class MetaRange:
     @property
     def cache_bytes(self) -> int:
         # (Computed once per metarange a commit writes: min and max keys are about as long.)
-        return 256 + 200 * len(self.ranges) + 2 * sum(map(len, self.max_keys))
+        chars = sum(map(len, self.max_keys)) if self.key_bytes is None else self.key_bytes
+        return 256 + 200 * len(self.ranges) + 2 * chars
 
     @property
     def count(self) -> int:

@@ -17,9 +17,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from hashlib import sha256 as _sha256
 from types import TracebackType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from quarry import errors
 from quarry.committed.errors import DuplicatePath, InvalidPath, UnsortedInput
@@ -41,11 +42,19 @@ from quarry.committed.metaranges import (
 from quarry.committed.rangedata import MetaRange, RangeData
 from quarry.graveler.model import ApplyResult, DiffSummary, Entry, RangeInfo
 
+if TYPE_CHECKING:
+    from quarry.blob.base import BlobStore
+
 # Content-defined chunking parameters. They are part of the storage format: the same entry
 # set yields the same ranges only under the same parameters.
 DEFAULT_TARGET_RANGE_ENTRIES = 1024
 DEFAULT_MAX_RANGE_BYTES = 4 * 1024 * 1024
 DEFAULT_WRITE_WORKERS = 4
+# Range writes of one commit or merge running at once into a local directory: its writes
+# take no time worth overlapping, and more threads only contend for the GIL (a scattered
+# commit into 1M entries: 0.80 s with 4 at once, 0.56-0.65 s with 1-2, measured side by
+# side). Remote stores use every write worker (their latency is what the threads hide).
+LOCAL_WRITE_LANES = 2
 # A range table with more chunks than this is combined into one before it is cached.
 MAX_CACHED_CHUNKS = 16
 
@@ -111,6 +120,11 @@ class RangeWriter:
                 self._executor.shutdown(wait=True)
             self._executor = None
 
+    def write_lanes(self, store: BlobStore) -> int:
+        """How many range writes of one commit or merge run at once into `store`."""
+        lanes = LOCAL_WRITE_LANES if store.is_local else self.write_workers
+        return max(1, min(lanes, self.write_workers))
+
     def sink(self, namespace: str, cache_written: bool) -> RangeSink:
         return RangeSink(self, namespace, cache_written)
 
@@ -134,9 +148,11 @@ class RangeWriter:
         ranges: list[RangeInfo],
         base: MetaRange | None = None,
         encoding: MetaRangeEncoding | None = None,
+        max_keys: list[str] | None = None,
     ) -> str:
         """Put the metarange of `ranges` (if absent) and return its id. `base`: see
-        metarange_encoding; `encoding`: that of `ranges` when the caller has it already."""
+        metarange_encoding; `encoding`: that of `ranges` when the caller has it already;
+        `max_keys`: those of `ranges` when the caller has them (else built)."""
         loader = self.loader
         store = loader.store(namespace)
         if encoding is None:
@@ -154,7 +170,11 @@ class RangeWriter:
         else:
             loader.stats.count("metaranges_existing")
         loader.keep_written_file(namespace, store, "metaranges", metarange_id, data)
-        loader.remember_metarange(namespace, MetaRange(metarange_id, list(ranges)))
+        # The keys' length from the file's column (summing 10k Python strings: 0.3 ms).
+        key_bytes = pc.sum(pc.binary_length(encoding.table.column("max_key"))).as_py() or 0
+        loader.remember_metarange(
+            namespace, MetaRange(metarange_id, list(ranges), list(max_keys or ()), key_bytes)
+        )
         loader.remember_metarange_encoding(namespace, encoding)
         return metarange_id
 
@@ -177,7 +197,7 @@ class RangeWriter:
                 builder.add_entry(entry)
                 added += 1
             ranges = builder.finish()
-        metarange_id = self.write_metarange_file(namespace, ranges)
+        metarange_id = self.write_metarange_file(namespace, ranges, max_keys=builder.max_keys)
         return ApplyResult(
             metarange_id,
             DiffSummary(added=added),
@@ -203,9 +223,8 @@ class RangeSink:
         self._futures: list[concurrent.futures.Future[None]] = []
         self._last: tuple[RangeInfo, pa.Table] | None = None  # not yet handed to the pool
         # Bounds the tables held in memory while their writes are queued.
-        self._slots = threading.BoundedSemaphore(
-            2 if self._store.is_local else max(2, 2 * writer.write_workers)
-        )
+        lanes = writer.write_lanes(self._store)
+        self._slots = threading.BoundedSemaphore(lanes if self._store.is_local else 2 * lanes)
 
     def __enter__(self) -> RangeSink:
         return self
@@ -249,6 +268,15 @@ class RangeSink:
             if self._last is not None:
                 self._submit(*self._last)
             self._last = (info, table)
+
+    @property
+    def store(self) -> BlobStore:
+        return self._store
+
+    def write_now(self, info: RangeInfo, table: pa.Table) -> None:
+        """Write a range on the calling thread (thread-safe: for callers that run their own
+        write threads)."""
+        self._put(info, table)
 
     def _submit(self, info: RangeInfo, table: pa.Table) -> None:
         assert self._pool is not None
@@ -299,6 +327,7 @@ class RangeBuilder:
         self._target = chunking.target_entries
         self._max_bytes = chunking.max_bytes
         self._out: list[RangeInfo] = []
+        self.max_keys: list[str] = []  # of the ranges out so far (a metarange's bisect keys)
         self._pieces: list[_Piece] = []
         self._rows = RowBuffer()
         self._rows_mark = 0  # rows before this index already belong to a piece
@@ -358,11 +387,14 @@ class RangeBuilder:
     def reuse(self, info: RangeInfo) -> None:
         assert self.empty
         self._out.append(info)
+        self.max_keys.append(info.max_key)
         self.reused += 1
 
-    def reuse_run(self, infos: list[RangeInfo]) -> None:
+    def reuse_run(self, infos: list[RangeInfo], max_keys: list[str]) -> None:
+        """`max_keys`: those of `infos` (a slice of the base's: no loop over 10k ranges)."""
         assert self.empty
         self._out.extend(infos)
+        self.max_keys.extend(max_keys)
         self.reused += len(infos)
 
     def _cut(self) -> None:
@@ -381,11 +413,14 @@ class RangeBuilder:
             if data is not None and start == 0 and stop == data.n:
                 # Exactly a base range again (e.g. only no-op changes fell into it).
                 self._out.append(data.info)
+                self.max_keys.append(data.info.max_key)
                 self.reused += 1
                 return
         rows_table = rows.to_table() if len(rows) else None
         table = _concat(pieces, rows_table)
-        self._out.append(self._sink.write(table, size))
+        info = self._sink.write(table, size)
+        self._out.append(info)
+        self.max_keys.append(info.max_key)
         self.written += 1
 
     def finish(self) -> list[RangeInfo]:

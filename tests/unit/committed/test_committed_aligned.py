@@ -1,4 +1,4 @@
-"""merge_aligned (the column-wise merge of a range both sides changed) gives exactly what the
+"""plan_aligned and build_aligned (the column-wise merge of a range both sides changed) gives exactly what the
 entry walk gives: the same metarange, summary and conflicts, on real files; it is really
 used where it applies and declines where it must (conflicts, moved paths, the byte cap)."""
 
@@ -9,6 +9,7 @@ import random
 import pytest
 
 from quarry.committed import aligned, pieces
+from quarry.committed.writer import RangeSink
 from quarry.graveler.model import Entry, MergeStrategy
 from support.merge_model import naive_merge
 
@@ -33,11 +34,11 @@ def write(manager, namespace, model: dict[str, Entry]) -> str:
 
 
 class Spy:
-    """Counts what merge_aligned decided (merged / declined)."""
+    """Counts what plan_aligned decided (merged / declined)."""
 
     def __init__(self, monkeypatch, decline: bool = False):
         self.merged = self.declined = 0
-        real = aligned.merge_aligned
+        real = aligned.plan_aligned
 
         def spy(*args, **kwargs):
             result = None if decline else real(*args, **kwargs)
@@ -47,7 +48,7 @@ class Spy:
                 self.merged += 1
             return result
 
-        monkeypatch.setattr(pieces, "merge_aligned", spy)
+        monkeypatch.setattr(pieces, "plan_aligned", spy)
 
 
 def _update_only_case(rng: random.Random, n: int, conflicts: bool):
@@ -73,7 +74,7 @@ def _update_only_case(rng: random.Random, n: int, conflicts: bool):
 
 
 def _merge_both_ways(new_manager, namespace, monkeypatch, models, strategy, **tuning):
-    """The merge with merge_aligned and with every piece walked, each on a fresh manager
+    """The merge with plan_aligned and with every piece walked, each on a fresh manager
     (its own caches) over the same files: (column-wise result, walked result, spy)."""
     results = []
     spy = None
@@ -164,9 +165,10 @@ def test_moved_paths_and_the_byte_cap_are_left_to_the_walk(new_manager, namespac
         assert (fast.metarange_id, fast.summary) == (walked.metarange_id, walked.summary), cap
 
 
-def test_merge_aligned_declines_what_it_must(new_manager, namespace):
-    """The function itself: None for different paths, a conflict, a range not ending at a
-    chunk boundary, a merged size at the cap; the destination itself when nothing is taken."""
+def test_plan_aligned_declines_what_it_must(new_manager, namespace):
+    """The functions themselves: None for different paths, a conflict, a range not ending at
+    a chunk boundary, a merged size at the cap; the destination itself when nothing is
+    taken; the built range has the destination's rows with the source's taken one."""
     manager = new_manager(target_range_entries=1_000_000)  # one range, no boundary inside
     loader = manager._loader
 
@@ -179,17 +181,51 @@ def test_merge_aligned_declines_what_it_must(new_manager, namespace):
     b = data(base)
     # The only range of a metarange rarely ends at a boundary: find a target that makes it.
     target = next(t for t in range(2, 500) if b.last_is_boundary(t))
-    s = data(dict(base, **{"p/010": ent("p/010", 1)}))
+    source_model = dict(base, **{"p/010": ent("p/010", 1)})
+    s = data(source_model)
     d = data(dict(base, **{"p/020": ent("p/020", 2)}))
-    merged = aligned.merge_aligned(b, s, d, target, 1 << 20)
-    assert merged is not None and (merged.taken, merged.source_changed) == (1, 1)
-    assert merged.data.info.size_bytes == d.info.size_bytes  # "#0" -> "#1": the same lengths
-    assert aligned.merge_aligned(b, s, d, target, merged.data.info.size_bytes) is None  # cap
+    plan = aligned.plan_aligned(b, s, d, target, 1 << 20)
+    assert plan is not None and (plan.rows, plan.source_changed) == ([10], 1)
+    assert plan.size_bytes == d.info.size_bytes  # "#0" -> "#1": the same lengths
+    built = aligned.build_aligned(plan)
+    expected = dict(source_model, **{"p/020": ent("p/020", 2)})
+    # The same range (id, keys, count, size) as writing the merged entries afresh.
+    assert built.info == loader.metarange(namespace, write(manager, namespace, expected)).ranges[0]
+    assert aligned.plan_aligned(b, s, d, target, plan.size_bytes) is None  # the byte cap
     non_boundary = next(t for t in range(2, 500) if not b.last_is_boundary(t))
-    assert aligned.merge_aligned(b, s, d, non_boundary, 1 << 20) is None
+    assert aligned.plan_aligned(b, s, d, non_boundary, 1 << 20) is None
     conflict = data(dict(base, **{"p/010": ent("p/010", 2)}))
-    assert aligned.merge_aligned(b, s, conflict, target, 1 << 20) is None
+    assert aligned.plan_aligned(b, s, conflict, target, 1 << 20) is None
     moved = data({**{p: e for p, e in base.items() if p != "p/030"}, "p/0305": ent("p/0305", 0)})
-    assert aligned.merge_aligned(b, s, moved, target, 1 << 20) is None
-    same = aligned.merge_aligned(b, d, d, target, 1 << 20)  # changed identically
-    assert same is not None and same.data is d and same.taken == 0
+    assert aligned.plan_aligned(b, s, moved, target, 1 << 20) is None
+    same = aligned.plan_aligned(b, d, d, target, 1 << 20)  # changed identically
+    assert same is not None and same.rows == [] and aligned.build_aligned(same) is d
+
+
+def test_a_failed_range_write_fails_the_merge_and_nothing_names_its_ranges(
+    new_manager, namespace, monkeypatch
+):
+    """write_aligned writes on several lanes: a failure in one fails the merge, no
+    metarange is written, and the same merge succeeds afterwards."""
+    rng = random.Random(5)
+    base, source, dest = _update_only_case(rng, 900, conflicts=False)
+    manager = new_manager(target_range_entries=16)
+    b, s, d = (write(manager, namespace, m) for m in (base, source, dest))
+    calls = []
+    real = RangeSink.write_now
+
+    def failing(self, info, table):
+        calls.append(info.id)
+        if len(calls) == 3:
+            raise OSError("disk full")
+        real(self, info, table)
+
+    monkeypatch.setattr(RangeSink, "write_now", failing)
+    metaranges_before = manager.stats.metaranges_written
+    with pytest.raises(OSError, match="disk full"):
+        manager.merge_metaranges(namespace, b, s, d)
+    assert manager.stats.metaranges_written == metaranges_before
+    monkeypatch.setattr(RangeSink, "write_now", real)
+    again = manager.merge_metaranges(namespace, b, s, d)
+    _merged, summary, _conflicts, _more = naive_merge(base, source, dest, MergeStrategy.DEFAULT)
+    assert again.summary == summary and again.metarange_id

@@ -330,6 +330,9 @@ def test_same_entries_same_ids_whatever_the_history(
         listed = list(first.iterate(namespace, mr))
         assert [e.path for e in listed] == sorted(model)
         assert all(e == model[e.path] for e in listed)
+        # The bisect keys the writer spliced for the cached metarange are its ranges'.
+        cached = first._loader.metarange(namespace, mr)
+        assert cached.max_keys == [r.max_key for r in cached.ranges]
         # The same set written from scratch: identical metarange (and so identical ranges).
         scratch = second.write_metarange(namespace, [model[p] for p in sorted(model)])
         assert scratch.metarange_id == mr

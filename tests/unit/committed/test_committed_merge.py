@@ -324,6 +324,9 @@ def test_random_merges_match_the_naive_model(new_manager, namespace, seed):
             continue
         actual = read(manager, namespace, result.metarange_id)
         assert _identities(actual) == _identities(merged), context
+        # The cached metarange's bisect keys (spliced by the writers) are its ranges'.
+        cached = manager._loader.metarange(namespace, result.metarange_id)
+        assert cached.max_keys == [r.max_key for r in cached.ranges], context
         for path, got in actual.items():
             # Exactly the model's entry; or, where the source re-staged the same content
             # (same identity, another mtime) in a range only it changed, the source's.
