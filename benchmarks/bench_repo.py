@@ -130,5 +130,12 @@ def scratch_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=CACHE_DIR))
 
 
+def settle() -> None:
+    """Write back every dirty page before a timed operation (untimed): a journal commit
+    (Quarry's fsyncs) otherwise also writes what another process left dirty — git's 70 MB
+    index at 1M entries, in the same run — and each side should pay only for its own work."""
+    os.sync()
+
+
 def verdict(value: float, target: float) -> str:
     return "MET" if value <= target else "MISSED"

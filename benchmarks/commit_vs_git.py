@@ -13,6 +13,8 @@ configuration changes them (GIT_CONFIG_NOSYSTEM, an empty HOME): index version 2
 index, core.fsync at its default (git 2.36+: neither the index nor loose objects are
 fsynced — Quarry's range files are), no untracked cache; update-index and write-tree never
 run an automatic gc. The 10M point is Quarry only (flatness: 10M against 1M).
+Before each timed operation, on both sides, every dirty page is written back (os.sync,
+untimed: bench_repo.settle), so neither pays for the other's writeback.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_repo import FILES_PER_DIR, BenchRepo, entry, path_of, scratch_dir, verdict
+from bench_repo import FILES_PER_DIR, BenchRepo, entry, path_of, scratch_dir, settle, verdict
 
 SIZES = [
     int(x) for x in os.environ.get("BENCH_COMMIT_SIZES", "10000,100000,1000000,10000000").split(",")
@@ -62,6 +64,7 @@ class QuarrySide:
     def run(self, indexes: list[int]) -> tuple[float, float, int]:
         self.version += 1
         entries = [entry(path_of(i), self.version) for i in indexes]
+        settle()
         start = time.perf_counter()
         self.g.put_objects("bench", "main", entries)
         staged = time.perf_counter()
@@ -123,6 +126,7 @@ class GitSide:
         if durable:
             self.env = dict(env, **DURABLE_GIT)
         try:
+            settle()
             start = time.perf_counter()
             self._update(lines)
             self._write_tree()

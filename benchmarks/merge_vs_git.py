@@ -9,6 +9,8 @@ directory, fsynced before the metarange naming them); the base is written straig
 the committed writer (bench_repo, cached on disk). git: real blobs and trees (1,000 files
 per directory), commits for base, A, B; git's defaults, pinned (GIT_CONFIG_NOSYSTEM, an
 empty HOME): merge-tree writes loose tree objects, not fsynced (core.fsync's default).
+Before each timed operation, on both sides, every dirty page is written back (os.sync,
+untimed: bench_repo.settle), so neither pays for the other's writeback.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench_repo import FILES_PER_DIR, BenchRepo, entry, path_of, scratch_dir, verdict
+from bench_repo import FILES_PER_DIR, BenchRepo, entry, path_of, scratch_dir, settle, verdict
 
 from quarry.graveler.model import MergeStrategy
 
@@ -107,6 +109,7 @@ def scattered(root: Path, rng: random.Random) -> None:
         a, b = f"a{r}", f"b{r}"
         source_mr = branch(repo, a, main_head, side_a)
         dest_before = branch(repo, b, main_head, side_b)
+        settle()
         start = time.perf_counter()
         first = committed.merge_metaranges(
             namespace, base_mr, source_mr, dest_before, MergeStrategy.DEFAULT
@@ -116,6 +119,7 @@ def scattered(root: Path, rng: random.Random) -> None:
         g.put_objects("bench", b, [entry(path_of(rng.randrange(M)), f"race{r}")])
         g.commit("bench", b, "race")
         dest_after = g.get_commit("bench", b).metarange_id
+        settle()
         start = time.perf_counter()
         retry = committed.merge_metaranges(
             namespace, dest_before, first.metarange_id, dest_after, MergeStrategy.DEFAULT
@@ -133,6 +137,7 @@ def scattered(root: Path, rng: random.Random) -> None:
         b_commit = git.commit(
             "".join(f"100644 {git.blob(b)}\t{path_of(i)}\n" for i in side_b), base_commit
         )
+        settle()
         start = time.perf_counter()
         git.git("merge-tree", "--write-tree", a_commit, b_commit)
         g_times.append(time.perf_counter() - start)
@@ -165,6 +170,7 @@ def localized(m: int, rng: random.Random) -> float:
             dest = branch(
                 repo, f"lb{r}", main_head, [dir_b * FILES_PER_DIR + f for f in range(CHANGES)]
             )
+            settle()
             start = time.perf_counter()
             repo.committed.merge_metaranges(
                 repo.namespace, repo.base_metarange_id, source, dest, MergeStrategy.DEFAULT
