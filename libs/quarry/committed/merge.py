@@ -18,7 +18,7 @@ The summary counts what the merge changes in the DESTINATION (added / removed / 
 a path whose merged value equals the destination's is not a change. Conflicts are listed
 in path order, at most `max_conflicts`; `more_conflicts` counts the rest. A DEFAULT merge
 with conflicts, and every dry run, write nothing and return metarange_id "" (with the
-summary of what the merge applies, or would apply without the conflicts): no file at all.
+summary of what the merge applies, or would apply without the conflicts).
 
 Retries (docs/architecture.md §4, merge retry reuse): a merge that lost the race for the
 destination HEAD is retried as merge(base' = the old destination, source' = its own result,
@@ -45,7 +45,10 @@ Algorithm: at range granularity first, entries only where both sides changed.
      and diff(base -> destination) within the gap, walked together by path, give the
      conflicts and the source changes the destination lacks. (A gap whose source and
      destination runs are the same ranges is skipped unread.) The destination's changes
-     outside every gap are never read at all.
+     outside every gap are never read at all. A piece that is one range on every side
+     over the same paths (both sides re-pointed existing entries: the common case) is
+     merged column-wise instead (committed/aligned.py: the same result, decided on the
+     identity columns; its range is built and written after the walk).
   4. The destination's ranges, with the source-only runs spliced in, and the mixed-gap
      changes go through apply (apply_changes' walk): every range no change falls into is
      reused by id when it sits on a chunk boundary; the others are re-derived with
@@ -148,7 +151,7 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
             _remember(loader, namespace, destination.id, source.id, summary)
         return _done(source.id, summary, dry_run, reused=len(source.ranges))
 
-    # ---- gaps: source-only ones are spliced, mixed ones merged by entry --------------------
+    # ---- gaps: source-only ones spliced, mixed ones merged column-wise or by entry ----------
     dest_ranges, dest_keys = destination.ranges, destination.max_keys
     plan: list[_Step] = []  # (kind, gap, destination ranges over it)
     settled: list[Gap] = []  # gaps (and pieces) where the destination has the source's ranges

@@ -51,9 +51,10 @@ DEFAULT_TARGET_RANGE_ENTRIES = 1024
 DEFAULT_MAX_RANGE_BYTES = 4 * 1024 * 1024
 DEFAULT_WRITE_WORKERS = 4
 # Range writes of one commit or merge running at once into a local directory: its writes
-# take no time worth overlapping, and more threads only contend for the GIL (a scattered
-# commit into 1M entries: 0.80 s with 4 at once, 0.56-0.65 s with 1-2, measured side by
-# side). Remote stores use every write worker (their latency is what the threads hide).
+# have no latency worth overlapping, only CPU (2 cores here), and more threads contend for
+# the GIL (a scattered commit into 1M entries was no faster with 3 than with 1 or 2,
+# measured alternately). Remote stores use every write worker: their latency is what the
+# threads hide.
 LOCAL_WRITE_LANES = 2
 # A range table with more chunks than this is combined into one before it is cached.
 MAX_CACHED_CHUNKS = 16
@@ -257,17 +258,13 @@ class RangeSink:
         info = RangeInfo(
             range_id, paths[0].as_py(), paths[len(paths) - 1].as_py(), table.num_rows, size_bytes
         )
-        self.put(info, table)
-        return info
-
-    def put(self, info: RangeInfo, table: pa.Table) -> None:
-        """Write a range whose RangeInfo (id included) is known already."""
         if self._pool is None:
             self._put(info, table)
         else:
             if self._last is not None:
                 self._submit(*self._last)
             self._last = (info, table)
+        return info
 
     @property
     def store(self) -> BlobStore:
