@@ -118,16 +118,8 @@ class LocalBlobStore(BlobStore):
     def _sync_dir(self, directory: str) -> None:
         if not self.durable:
             return
-        try:
-            fd = os.open(directory, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        with contextlib.suppress(OSError):
+            fsync_directory(directory)
 
     def put_deferred(self, key: str, data: bytes) -> bool:
         # Neither the bytes nor the directory entry are fsynced here: sync() does all of a
@@ -351,6 +343,19 @@ def _unless_gone(exc: OSError) -> None:
 def _unlink(path: str) -> None:
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         os.unlink(path)
+
+
+def fsync_directory(directory: str) -> None:
+    """fsync a directory (its entries become durable); a missing one has nothing to sync.
+    Other errors raise."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _fsync_file(path: str) -> None:

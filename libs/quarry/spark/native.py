@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from quarry.blob.local import fsync_directory
 from quarry.spark.common import JOB_DATA_PREFIX
 from quarry.spark.executor import (
     JOB_FILE_KEY,
@@ -226,7 +227,7 @@ def describe_files(spark: SparkSession, spec: WriteSpec, root: str) -> list[dict
             ancestor = ancestor.rpartition("/")[0]
         folders.add(root)
         for directory in sorted(folders):
-            _fsync_directory(directory)
+            fsync_directory(directory)
         empty = [row for row in rows if not row["rows"]]
         for row in empty:  # Spark writes one file without rows for an empty DataFrame
             store.delete(row["key"])
@@ -301,14 +302,3 @@ def _describe_on_executors(
         return [describe_file(spec, root, key) for key in part]
 
     return context.parallelize(keys, slices).mapPartitions(describe).collect()
-
-
-def _fsync_directory(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except FileNotFoundError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
