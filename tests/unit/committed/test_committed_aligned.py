@@ -4,6 +4,7 @@ used where it applies and declines where it must (conflicts, moved paths, the by
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -229,3 +230,26 @@ def test_a_failed_range_write_fails_the_merge_and_nothing_names_its_ranges(
     again = manager.merge_metaranges(namespace, b, s, d)
     _merged, summary, _conflicts, _more = naive_merge(base, source, dest, MergeStrategy.DEFAULT)
     assert again.summary == summary and again.metarange_id
+
+
+def test_a_conflicting_merge_and_a_dry_run_write_no_range(new_manager, namespace, monkeypatch):
+    """Ranges merged column-wise are written only once the merge has a result: a DEFAULT
+    merge that finds a conflict elsewhere, and any dry run, leave no new file."""
+
+    rng = random.Random(9)
+    base, source, dest = _update_only_case(rng, 900, conflicts=True)
+    _merged, _summary, conflicts, _more = naive_merge(base, source, dest, MergeStrategy.DEFAULT)
+    assert conflicts
+    manager = new_manager(target_range_entries=16)
+    b, s, d = (write(manager, namespace, m) for m in (base, source, dest))
+    ranges_dir = os.path.join(namespace, "_quarry", "ranges")
+    before = sorted(os.listdir(ranges_dir))
+    spy = Spy(monkeypatch)
+    conflicted = manager.merge_metaranges(namespace, b, s, d)
+    assert conflicted.metarange_id == "" and conflicted.conflicts
+    assert spy.merged > 0  # pieces were merged column-wise before the walk met the conflict
+    dry = manager.merge_metaranges(
+        namespace, b, s, d, strategy=MergeStrategy.SOURCE_WINS, dry_run=True
+    )
+    assert dry.metarange_id == "" and dry.summary.total > 0
+    assert sorted(os.listdir(ranges_dir)) == before
