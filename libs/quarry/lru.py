@@ -4,17 +4,29 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from typing import Any
+
+_NO_SHARED: Mapping[int, int] = {}
 
 
 class LRUCache:
-    """Thread-safe LRU bounded by the summed `size` of its values (and optionally a count)."""
+    """Thread-safe LRU bounded by the summed size of its values (and optionally a count).
+
+    A value's charge is its own `size` plus the `shared` memory it holds: blocks (Arrow
+    buffers, by address) that several values may hold at once, charged once while any cached
+    value holds them. A range a commit rewrote is slices of its old version's buffers and a
+    few new rows: charging it the whole buffers again counted the same memory twice, and a
+    merge after two branch commits found its ranges evicted by memory that did not exist.
+    Evicting a value frees only what no other cached value holds.
+    """
 
     def __init__(self, max_bytes: int, max_items: int | None = None):
         self.max_bytes = max(0, int(max_bytes))
         self.max_items = max_items
-        self._data: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        # key -> (value, own size, shared blocks: address -> bytes)
+        self._data: OrderedDict[Hashable, tuple[Any, int, Mapping[int, int]]] = OrderedDict()
+        self._holders: dict[int, int] = {}  # shared block address -> cached values holding it
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -32,40 +44,64 @@ class LRUCache:
             item = self._data.get(key)
             return None if item is None else item[0]
 
-    def put(self, key: Hashable, value: Any, size: int) -> None:
-        if size > self.max_bytes:
+    def put(
+        self, key: Hashable, value: Any, size: int, shared: Mapping[int, int] = _NO_SHARED
+    ) -> None:
+        """Cache `value`, charged `size` plus each block of `shared` (address -> bytes) that
+        no cached value holds yet. A value that could never fit (size and all its blocks
+        above the bound) is not cached."""
+        if size + sum(shared.values()) > self.max_bytes:
             return
         with self._lock:
             old = self._data.pop(key, None)
             if old is not None:
-                self._bytes -= old[1]
-            self._data[key] = (value, size)
+                self._release(old)
+            self._data[key] = (value, size, shared)
             self._bytes += size
+            holders = self._holders
+            for address, nbytes in shared.items():
+                count = holders.get(address, 0)
+                if not count:
+                    self._bytes += nbytes
+                holders[address] = count + 1
             self._evict()
 
     def grow(self, key: Hashable, value: Any, delta: int) -> None:
-        """Add `delta` to the size of `key`'s entry if it still holds `value` (a value that
-        grew after it was cached), evicting the oldest entries past the bound (this one too,
-        if it is the oldest)."""
+        """Add `delta` to the own size of `key`'s entry if it still holds `value` (a value
+        that grew after it was cached), evicting the oldest entries past the bound (this one
+        too, if it is the oldest)."""
         with self._lock:
             item = self._data.get(key)
             if item is None or item[0] is not value:
                 return
-            self._data[key] = (value, item[1] + delta)
+            self._data[key] = (value, item[1] + delta, item[2])
             self._bytes += delta
             self._evict()
+
+    def _release(self, item: tuple[Any, int, Mapping[int, int]]) -> None:
+        _value, size, shared = item
+        self._bytes -= size
+        holders = self._holders
+        for address, nbytes in shared.items():
+            count = holders[address] - 1
+            if count:
+                holders[address] = count
+            else:
+                del holders[address]
+                self._bytes -= nbytes
 
     def _evict(self) -> None:
         while self._data and (
             self._bytes > self.max_bytes
             or (self.max_items is not None and len(self._data) > self.max_items)
         ):
-            _key, (_value, old_size) = self._data.popitem(last=False)
-            self._bytes -= old_size
+            _key, item = self._data.popitem(last=False)
+            self._release(item)
 
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
+            self._holders.clear()
             self._bytes = 0
 
     def __len__(self) -> int:

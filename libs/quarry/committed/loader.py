@@ -154,10 +154,11 @@ class RangeLoader:
         self._cache_range((namespace, data.info.id), data)
 
     def _cache_range(self, key: tuple[str, ...], data: RangeData) -> None:
-        """Cache a range, charged for its Python columns as it builds them."""
+        """Cache a range, charged for its Arrow buffers (once, however many cached ranges
+        hold them) and for its Python columns as it builds them."""
         ranges = self._ranges
         data.on_growth(lambda grown, delta: ranges.grow(key, grown, delta))
-        ranges.put(key, data, data.cache_bytes)
+        ranges.put(key, data, data.python_bytes(), data.buffers())
 
     def remember_metarange(self, namespace: str, metarange: MetaRange) -> None:
         self._metaranges.put((namespace, metarange.id), metarange, metarange.cache_bytes)

@@ -1,5 +1,6 @@
 """The range cache's accounting (ranges are charged for the Python columns they build, when
-they build them) and where ranges are read ahead (remote stores only)."""
+they build them, and for Arrow buffers once however many cached ranges hold them) and where
+ranges are read ahead (remote stores only)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,55 @@ def test_lru_grow_charges_an_entry_and_evicts_past_the_bound():
     assert cache.get("b") is None and cache.get("a") is a and cache.size_bytes == 70
     cache.grow("missing", a, 1000)
     assert cache.size_bytes == 70
+
+
+def test_lru_charges_a_shared_block_once_while_any_holder_is_cached():
+    cache = LRUCache(1000)
+    base, rewritten, other = object(), object(), object()
+    cache.put("base", base, 10, {1: 300, 2: 200})
+    cache.put("rewritten", rewritten, 20, {1: 300, 2: 200, 3: 5})  # slices of base + 1 row
+    assert cache.size_bytes == 10 + 20 + 500 + 5
+    cache.get("rewritten")  # "base" is now the oldest
+    cache.put("other", other, 470)  # 1005 > 1000: "base" goes, its blocks stay held
+    assert cache.peek("base") is None and cache.peek("rewritten") is rewritten
+    assert cache.size_bytes == 20 + 505 + 470  # never less than what is still held
+    cache.put("rewritten", rewritten, 20, {3: 5})  # re-put under the key: old blocks released
+    assert cache.size_bytes == 20 + 5 + 470
+    cache.put("huge", object(), 1, {9: 1000})  # could never fit: not cached, nothing evicted
+    assert cache.peek("huge") is None and len(cache) == 2
+    cache.clear()
+    assert cache.size_bytes == 0 and len(cache) == 0
+    cache.put("base", base, 0, {3: 5})  # a block held before the clear is charged again
+    assert cache.size_bytes == 5
+
+
+def test_a_rewritten_range_is_charged_its_new_rows_not_its_base_again(
+    new_manager, namespace, make_entry
+):
+    manager = new_manager(target_range_entries=1_000_000)
+    base = manager.write_metarange(namespace, [make_entry(f"k/{i:04d}") for i in range(2000)])
+    loader = manager._loader
+    loader.clear_memory_cache()
+    (base_info,) = loader.metarange(namespace, base.metarange_id).ranges
+    base_data = loader.range(namespace, base_info)
+    cache = loader._ranges
+    base_charge = cache.size_bytes
+    assert base_charge == base_data.table.get_total_buffer_size() > 100_000
+    result = manager.apply_changes(
+        namespace, base.metarange_id, [("k/1000", make_entry("k/1000", 1))]
+    )
+    (info,) = loader.metarange(namespace, result.metarange_id).ranges
+    rewritten = loader._ranges.peek((namespace, info.id))
+    assert rewritten is not None and rewritten.table.num_rows == 2000
+    # The rewritten range holds slices of the base's buffers and one new row (and the apply
+    # built the base's identity column).
+    grown = base_data.python_bytes() + rewritten.python_bytes()
+    assert 0 < cache.size_bytes - base_charge - grown < 5_000
+    # Evicting the base frees nothing the rewritten range still holds: the charge never
+    # falls below the memory the cached ranges keep alive.
+    cache.put((namespace, base_info.id), object(), 0)  # the base's entry replaced: released
+    assert cache.peek((namespace, info.id)) is rewritten
+    assert cache.size_bytes >= rewritten.table.get_total_buffer_size() > 100_000
 
 
 def test_a_cached_range_is_charged_for_the_python_columns_it_builds(
