@@ -145,6 +145,18 @@ class Settings:
     cache_dir: str = _setting(
         "", "Local disk cache for immutable ranges and metaranges. Empty = `home`/cache."
     )
+    range_cache_bytes: int = _setting(
+        256 * 1024 * 1024,
+        "Memory cache of decoded ranges, per process that reads or writes committed data "
+        "(branch-manager, committer, range-writer): a read, commit or merge whose ranges "
+        "are cached reads no file. Arrow buffers are counted once however many cached "
+        "ranges share them. Size the pods' memory limits to hold it. 0 disables it.",
+    )
+    metarange_cache_bytes: int = _setting(
+        64 * 1024 * 1024,
+        "Memory cache of decoded metaranges (and their encodings), per process like "
+        "range_cache_bytes. 0 disables it.",
+    )
     s3_endpoint_url: str = _setting(
         "", "S3 object store endpoint override (e.g. a local S3-compatible server)."
     )
@@ -301,6 +313,11 @@ class Settings:
             if getattr(self, name) < 1:
                 raise errors.InvalidArgument(
                     f"setting {name} must be positive, not {getattr(self, name)}"
+                )
+        for name in ("range_cache_bytes", "metarange_cache_bytes"):
+            if getattr(self, name) < 0:
+                raise errors.InvalidArgument(
+                    f"setting {name} must be 0 or more, not {getattr(self, name)}"
                 )
         if self.max_response_bytes < 1:
             raise errors.InvalidArgument(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from quarry.blob import open_blob_store
 from quarry.committed import CommittedManager
 from quarry.committed.spans import FanOut
 from quarry.config import Settings
@@ -21,9 +20,7 @@ DEPENDS_ON: tuple[str, ...] = ()
 def build(settings: Settings, manager: CommittedManager | None = None) -> ServiceSpec:
     """The range-writer's ServiceSpec. `manager` overrides the default (tests)."""
     if manager is None:
-        manager = CommittedManager(
-            lambda ns: open_blob_store(ns, settings), settings.effective_cache_dir
-        )
+        manager = CommittedManager.from_settings(settings)
     fan_out, closers = _fan_out(settings, manager)
     servicer = RangeWriterServicer(manager, settings.max_response_bytes, fan_out)
     return ServiceSpec(

@@ -453,6 +453,8 @@ def test_default_shared_configmap():
         "QUARRY_LISTEN_HOST": "0.0.0.0",
         "QUARRY_METRICS_HOST": "0.0.0.0",
         "QUARRY_CACHE_DIR": "/var/cache/quarry",
+        "QUARRY_RANGE_CACHE_BYTES": str(256 * 1024 * 1024),
+        "QUARRY_METARANGE_CACHE_BYTES": str(64 * 1024 * 1024),
         "QUARRY_LOG_LEVEL": "INFO",
         "OTEL_TRACES_EXPORTER": "none",
         # TLS on by default: the files of the mounted TLS Secret.
@@ -791,9 +793,15 @@ def test_values_reach_the_pods():
         "image.repository=registry.example.com/quarry",
         "--set",
         "image.pullPolicy=Always",
+        "--set",
+        "cache.rangeMemoryBytes=1073741824",
+        "--set",
+        "cache.metarangeMemoryBytes=0",
     )
     data = configmap_data(docs)
     assert data["QUARRY_MAX_WORKERS"] == "64"  # extraEnv
+    assert data["QUARRY_RANGE_CACHE_BYTES"] == "1073741824"
+    assert data["QUARRY_METARANGE_CACHE_BYTES"] == "0"
     assert data["QUARRY_LOG_LEVEL"] == "DEBUG"
     for service in SERVICES:
         dep = deployment(docs, service)

@@ -118,3 +118,23 @@ def test_toml_port_moves_the_address(tmp_path):
     path.write_text("range_writer_port = 8123\n")
     settings = load_settings(env={"QUARRY_CONFIG_FILE": str(path)})
     assert settings.range_writer_address == "127.0.0.1:8123"
+
+
+def test_cache_sizes_reach_the_committed_caches(tmp_path):
+    from quarry.committed import CommittedManager
+
+    settings = load_settings(
+        env={
+            "QUARRY_HOME": str(tmp_path),
+            "QUARRY_RANGE_CACHE_BYTES": "1000",
+            "QUARRY_METARANGE_CACHE_BYTES": "0",
+        }
+    )
+    manager = CommittedManager.from_settings(settings)
+    try:
+        assert manager._loader._ranges.max_bytes == 1000
+        assert manager._loader._metaranges.max_bytes == 0
+    finally:
+        manager.close()
+    with pytest.raises(errors.InvalidArgument, match="range_cache_bytes must be 0 or more"):
+        load_settings(env={"QUARRY_RANGE_CACHE_BYTES": "-1"})

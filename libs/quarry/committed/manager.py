@@ -110,10 +110,14 @@ class CommittedManager:
     def from_settings(cls, settings: Settings, **tuning: int) -> CommittedManager:
         from quarry.blob import open_blob_store
 
+        sizes = {
+            "range_cache_bytes": settings.range_cache_bytes,
+            "metarange_cache_bytes": settings.metarange_cache_bytes,
+        }
         return cls(
             lambda ns: open_blob_store(ns, settings),
             settings.effective_cache_dir,
-            CommittedOptions(**tuning),
+            CommittedOptions(**{**sizes, **tuning}),
         )
 
     # ---- plumbing ---------------------------------------------------------------------------
