@@ -8,6 +8,9 @@ race is harmless: both writers write the same logical content.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
@@ -16,8 +19,10 @@ from typing import Any
 
 from quarry import errors
 from quarry.blob.base import (
+    STREAM_CHUNK_BYTES,
     BlobStore,
     HashingReader,
+    ObjectExists,
     ObjectInfo,
     ObjectNotFound,
     ObjectReader,
@@ -37,7 +42,8 @@ _UNSUPPORTED_CODES = {"501", "NotImplemented"}
 
 # put_stream: one PUT below the threshold, a multipart upload of parts of this size above it.
 # The source is read front to back and each part held in memory until sent: at most
-# STREAM_PARTS_IN_MEMORY parts (32 MiB) per upload, whatever the object's size.
+# STREAM_PARTS_IN_MEMORY parts in flight and the one being read (40 MiB) per upload, whatever
+# the object's size.
 STREAM_PART_BYTES = 8 << 20
 STREAM_PARTS_IN_MEMORY = 4
 
@@ -47,6 +53,28 @@ def _error_code(exc: Exception) -> str:
     code = str(response.get("Error", {}).get("Code", ""))
     status = str(response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
     return code or status
+
+
+def _conditional_writes_unsupported(exc: Exception) -> bool:
+    """The server refused `If-None-Match` itself (an older S3-compatible store)."""
+    code = _error_code(exc)
+    return (
+        code in _UNSUPPORTED_CODES
+        or _status(exc) == "501"
+        or (code == "InvalidArgument" and "if-none-match" in str(exc).lower())
+    )
+
+
+def _read_part(reader: HashingReader) -> bytes:
+    """The next STREAM_PART_BYTES of the source (fewer at its end), read STREAM_CHUNK_BYTES
+    at a time."""
+    part = bytearray()
+    while len(part) < STREAM_PART_BYTES:
+        chunk = reader.read(min(STREAM_CHUNK_BYTES, STREAM_PART_BYTES - len(part)))
+        if not chunk:
+            break
+        part += chunk
+    return bytes(part)
 
 
 def _status(exc: Exception) -> str:
@@ -148,18 +176,8 @@ class S3BlobStore(BlobStore):
                         if self.exists(key):
                             return False
                         continue
-                    if (
-                        code in _UNSUPPORTED_CODES
-                        or _status(exc) == "501"
-                        or (code == "InvalidArgument" and "if-none-match" in str(exc).lower())
-                    ):
-                        log.info(
-                            "s3://%s does not support conditional writes; "
-                            "falling back to HEAD + PUT",
-                            self.bucket,
-                        )
-                        with self._lock:
-                            self._conditional_put_supported = False
+                    if _conditional_writes_unsupported(exc):
+                        self._no_conditional_writes()
                         break
                     raise _unavailable(exc, self) from exc
             else:
@@ -172,30 +190,115 @@ class S3BlobStore(BlobStore):
             raise _unavailable(exc, self) from exc
         return True
 
+    def _no_conditional_writes(self) -> None:
+        log.info(
+            "s3://%s does not support conditional writes; falling back to HEAD + PUT",
+            self.bucket,
+        )
+        with self._lock:
+            self._conditional_put_supported = False
+
     def put_stream(self, key: str, source: Readable) -> Written:
-        """boto3's managed upload, through a reader that hashes what it hands out. Nothing is
-        visible under the key unless complete: a PUT is atomic, a multipart upload's object
-        appears only at CompleteMultipartUpload, and on any failure (also the source's) the
-        transfer manager aborts the multipart upload (s3transfer registers
-        abort_multipart_upload as its failure cleanup), so no parts are left billed. The
-        key is not checked for an object already there (this s3transfer cannot send
-        If-None-Match on an upload): callers give a fresh key (`data/<uuid>`)."""
-        from boto3.s3.transfer import TransferConfig
+        """A NEW object from `source`, read a part at a time: one PUT when it fits in one
+        part, else a multipart upload of parts of STREAM_PART_BYTES, at most
+        STREAM_PARTS_IN_MEMORY of them in flight.
+
+        Never replaces an object: the PUT and the CompleteMultipartUpload carry
+        `If-None-Match: *` (a HEAD first where the server has no conditional writes), and
+        an object found there is ObjectExists, the one already there left as it was.
+        Nothing is visible under the key unless complete (a PUT is atomic; a multipart
+        upload's object appears only at its completion), and on any failure, also the
+        source's, the multipart upload is aborted: no parts are left billed."""
         from botocore.exceptions import BotoCoreError, ClientError
 
+        full_key = self._key(key)  # an invalid key is refused before the source is read
         reader = HashingReader(source)
-        config = TransferConfig(
-            multipart_threshold=STREAM_PART_BYTES,
-            multipart_chunksize=STREAM_PART_BYTES,
-            max_concurrency=STREAM_PARTS_IN_MEMORY,
-        )
-        # s3transfer's own setting (boto3's constructor does not take it; default 10 parts).
-        config.max_in_memory_upload_chunks = STREAM_PARTS_IN_MEMORY
+        first = _read_part(reader)
+        if len(first) < STREAM_PART_BYTES:
+            if not self.put(key, first, if_absent=True):
+                raise ObjectExists(f"object {key!r} already exists: put_stream never replaces one")
+            return reader.written
         try:
-            self._client.upload_fileobj(reader, self.bucket, self._key(key), Config=config)
+            upload_id = self._client.create_multipart_upload(Bucket=self.bucket, Key=full_key)[
+                "UploadId"
+            ]
         except (ClientError, BotoCoreError) as exc:
             raise _unavailable(exc, self) from exc
+        try:
+            parts = self._upload_parts(full_key, upload_id, reader, first)
+            self._complete_new(key, upload_id, parts)
+        except BaseException:
+            with contextlib.suppress(ClientError, BotoCoreError):
+                self._client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=full_key, UploadId=upload_id
+                )
+            raise
         return reader.written
+
+    def _upload_parts(
+        self, full_key: str, upload_id: str, reader: HashingReader, first: bytes
+    ) -> list[dict[str, Any]]:
+        """Every part of the source (`first` already read), uploaded STREAM_PARTS_IN_MEMORY
+        at a time while the next is read; their numbers and ETags in order."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        def upload(number: int, body: bytes) -> dict[str, Any]:
+            try:
+                response = self._client.upload_part(
+                    Bucket=self.bucket,
+                    Key=full_key,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    Body=body,
+                )
+            except (ClientError, BotoCoreError) as exc:
+                raise _unavailable(exc, self) from exc
+            return {"PartNumber": number, "ETag": response["ETag"]}
+
+        parts: list[dict[str, Any]] = []
+        in_flight: collections.deque[concurrent.futures.Future[dict[str, Any]]]
+        in_flight = collections.deque()
+        with concurrent.futures.ThreadPoolExecutor(STREAM_PARTS_IN_MEMORY) as pool:
+            part, number = first, 1
+            while part:
+                if len(in_flight) == STREAM_PARTS_IN_MEMORY:
+                    parts.append(in_flight.popleft().result())
+                in_flight.append(pool.submit(upload, number, part))
+                part, number = _read_part(reader), number + 1
+            parts.extend(future.result() for future in in_flight)
+        return parts
+
+    def _complete_new(self, key: str, upload_id: str, parts: list[dict[str, Any]]) -> None:
+        """Complete a multipart upload only if no object is under `key` (ObjectExists)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        request: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": self._key(key),
+            "UploadId": upload_id,
+            "MultipartUpload": {"Parts": parts},
+        }
+        exists = ObjectExists(f"object {key!r} already exists: put_stream never replaces one")
+        if self._conditional_put_supported:
+            try:
+                self._client.complete_multipart_upload(**request, IfNoneMatch="*")
+                return
+            except (ClientError, BotoCoreError) as exc:
+                code = _error_code(exc)
+                if code in _EXISTS_CODES or _status(exc) == "412":
+                    raise exists from None
+                if code in _CONFLICT_CODES or _status(exc) == "409":
+                    # A concurrent conditional write of the key: whoever wins, not us.
+                    raise (exists if self.exists(key) else _unavailable(exc, self)) from None
+                if not _conditional_writes_unsupported(exc):
+                    raise _unavailable(exc, self) from exc
+                self._no_conditional_writes()
+        if self.exists(key):
+            raise exists
+        try:
+            self._client.complete_multipart_upload(**request)
+        except (ClientError, BotoCoreError) as exc:
+            raise _unavailable(exc, self) from exc
 
     def put_if_equals(self, key: str, data: bytes, expected: bytes) -> bool:
         # S3's `If-Match: <etag>` makes the replace atomic: the ETag read with the expected

@@ -163,14 +163,19 @@ def test_put_stream_that_fails_leaves_nothing_under_the_key(store, kind, tmp_pat
         assert [p for p in (tmp_path / "ns").rglob("*") if not p.is_dir()] == []
 
 
-def test_put_stream_never_replaces_an_object(store, kind):
-    if kind.name == "s3":
-        pytest.skip("S3 put_stream relies on fresh keys (no If-None-Match on an upload)")
+@pytest.mark.parametrize("size", [6, 20 << 20], ids=["one-part", "multipart"])
+def test_put_stream_never_replaces_an_object(store, kind, size):
+    """Also on S3 (If-None-Match on the PUT and on CompleteMultipartUpload), and a refused
+    multipart upload is aborted: no parts left billed."""
     store.put("data/taken", b"first")
     with pytest.raises(ObjectExists) as caught:
-        store.put_stream("data/taken", _Source(b"second"))
+        store.put_stream("data/taken", _Source(b"s" * size))
     assert caught.value.reason == "STORAGE_OBJECT_EXISTS"
     assert store.get("data/taken") == b"first"
+    assert [info.key for info in store.list("")] == ["data/taken"]
+    if kind.name == "s3":
+        pending = store._client.list_multipart_uploads(Bucket=store.bucket, Prefix=store.prefix)
+        assert pending.get("Uploads", []) == []
 
 
 def test_put_replaces_but_if_absent_never_overwrites(store):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import os
 
 import pytest
 from botocore.exceptions import ClientError
 
 from quarry.blob import CountingBlobStore, ObjectNotFound, open_blob_store
+from quarry.blob.base import ObjectExists
 from quarry.blob.s3 import S3BlobStore
 from quarry.committed import CommittedManager, metarange_key
 from quarry.config import load_settings
@@ -57,17 +59,25 @@ class _NoConditionalWrites:
         self.inner = inner
         self.rejected = 0
 
+    def _refuse(self, operation):
+        self.rejected += 1
+        raise ClientError(
+            {
+                "Error": {"Code": "NotImplemented", "Message": "nope"},
+                "ResponseMetadata": {"HTTPStatusCode": 501},
+            },
+            operation,
+        )
+
     def put_object(self, **kwargs):
         if "IfNoneMatch" in kwargs:
-            self.rejected += 1
-            raise ClientError(
-                {
-                    "Error": {"Code": "NotImplemented", "Message": "nope"},
-                    "ResponseMetadata": {"HTTPStatusCode": 501},
-                },
-                "PutObject",
-            )
+            self._refuse("PutObject")
         return self.inner.put_object(**kwargs)
+
+    def complete_multipart_upload(self, **kwargs):
+        if "IfNoneMatch" in kwargs:
+            self._refuse("CompleteMultipartUpload")
+        return self.inner.complete_multipart_upload(**kwargs)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -82,6 +92,22 @@ def test_conditional_put_falls_back_to_head_then_put(s3_bucket, moto_endpoint):
     assert store.put("j", b"3", if_absent=True) is True
     assert client.rejected == 1  # remembered: asked once
     assert store.get("k") == b"1" and store.get("j") == b"3"
+
+
+@pytest.mark.parametrize("size", [6, 20 << 20], ids=["one-part", "multipart"])
+def test_put_stream_without_conditional_writes_checks_first(s3_bucket, moto_endpoint, size):
+    real = S3BlobStore(s3_bucket, "fallback-stream", endpoint_url=moto_endpoint)
+    client = _NoConditionalWrites(real._client)
+    store = S3BlobStore(s3_bucket, "fallback-stream", client=client)
+    body = b"b" * size
+    assert store.put_stream("data/new", io.BytesIO(body)).size == size
+    assert store.get("data/new") == body
+    with pytest.raises(ObjectExists):
+        store.put_stream("data/new", io.BytesIO(b"x" * size))
+    assert store.get("data/new") == body
+    assert client.rejected == 1  # remembered: asked once
+    pending = client.list_multipart_uploads(Bucket=s3_bucket, Prefix="fallback-stream/")
+    assert pending.get("Uploads", []) == []
 
 
 def test_manager_over_s3_with_disk_cache(s3_bucket, moto_endpoint, tmp_path):
