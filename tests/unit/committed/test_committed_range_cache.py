@@ -44,21 +44,27 @@ def test_lru_charges_a_shared_block_once_while_any_holder_is_cached():
     assert cache.size_bytes == 5
 
 
+def one_cold_range(manager, namespace, make_entry, rows):
+    """A metarange of one range of `rows` entries, written and then read back from its file
+    into an empty cache: (its id, the range)."""
+    written = manager.write_metarange(namespace, [make_entry(f"k/{i:04d}") for i in range(rows)])
+    loader = manager._loader
+    loader.clear_memory_cache()
+    (info,) = loader.metarange(namespace, written.metarange_id).ranges
+    return written.metarange_id, loader.range(namespace, info)
+
+
 def test_a_rewritten_range_is_charged_its_new_rows_not_its_base_again(
     new_manager, namespace, make_entry
 ):
     manager = new_manager(target_range_entries=1_000_000)
-    base = manager.write_metarange(namespace, [make_entry(f"k/{i:04d}") for i in range(2000)])
+    base_id, base_data = one_cold_range(manager, namespace, make_entry, 2000)
+    base_info = base_data.info
     loader = manager._loader
-    loader.clear_memory_cache()
-    (base_info,) = loader.metarange(namespace, base.metarange_id).ranges
-    base_data = loader.range(namespace, base_info)
     cache = loader._ranges
     base_charge = cache.size_bytes
     assert base_charge == base_data.table.get_total_buffer_size() > 100_000
-    result = manager.apply_changes(
-        namespace, base.metarange_id, [("k/1000", make_entry("k/1000", 1))]
-    )
+    result = manager.apply_changes(namespace, base_id, [("k/1000", make_entry("k/1000", 1))])
     (info,) = loader.metarange(namespace, result.metarange_id).ranges
     rewritten = loader._ranges.peek((namespace, info.id))
     assert rewritten is not None and rewritten.table.num_rows == 2000
@@ -77,12 +83,8 @@ def test_a_cached_range_is_charged_for_the_python_columns_it_builds(
     new_manager, namespace, make_entry
 ):
     manager = new_manager(target_range_entries=1_000_000)
-    result = manager.write_metarange(namespace, [make_entry(f"k/{i:04d}") for i in range(500)])
-    loader = manager._loader
-    loader.clear_memory_cache()
-    (info,) = loader.metarange(namespace, result.metarange_id).ranges
-    data = loader.range(namespace, info)
-    cache = loader._ranges
+    _, data = one_cold_range(manager, namespace, make_entry, 500)
+    cache = manager._loader._ranges
     table_only = cache.size_bytes
     assert table_only == data.table.get_total_buffer_size()  # nothing built yet
     data.paths  # noqa: B018 — builds the path list
