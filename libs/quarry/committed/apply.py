@@ -23,6 +23,9 @@ from quarry.graveler.model import ApplyResult, Change, ChangeType, DiffSummary, 
 # looking at most this many changes ahead.
 PREFETCH_RANGES = 8
 PREFETCH_MAX_CHANGES = 10_000
+# merge_range searches a range's paths in place (PathColumn) for its first changes, and in a
+# list of them from this many on (building it costs about as much as 16 searches in place).
+LIST_PATHS_AFTER = 16
 
 ChangeItem = tuple[str, Entry | None] | Change
 
@@ -173,11 +176,17 @@ def merge_range(
     paths = data.sorted_paths
     n = data.n
     pos = 0  # rows [pos, ...) of the base range are not yet handed to the builder
+    looked_up = 0
     while True:
         path = stream.peek_path()
         if path is None or path > max_key:
             break
         _path, entry = stream.next()
+        looked_up += 1
+        if looked_up == LIST_PATHS_AFTER:
+            # Many changes in this range (a localized commit): each binary search would decode
+            # ~log2(n) paths from Arrow again; the list is built once and searched in C.
+            paths = data.paths
         j = bisect.bisect_left(paths, path, pos)
         exists = j < n and paths[j] == path
         if entry is None:

@@ -20,6 +20,7 @@ from quarry.committed import (
     metarange_key,
     range_key,
 )
+from quarry.committed.apply import LIST_PATHS_AFTER
 from quarry.graveler.model import Change, ChangeType, Entry
 
 TRICKY_PATHS = sorted(
@@ -309,6 +310,36 @@ def random_history(rnd: random.Random, universe: list[str], make_entry, steps: i
                 big = {"blob": "x" * rnd.randint(50, 400)} if rnd.random() < 0.15 else None
                 batch[path] = make_entry(path, version, metadata=big or {"v": str(version)})
         yield sorted(batch.items())
+
+
+@pytest.mark.parametrize("changes_in_range", [3, LIST_PATHS_AFTER - 1, LIST_PATHS_AFTER, 300])
+def test_many_changes_in_one_range_apply_as_few(
+    new_manager, namespace, make_entry, changes_in_range
+):
+    """apply searches a range's paths in place for its first changes and in a list after
+    LIST_PATHS_AFTER of them (a localized commit): the same result either way."""
+    manager = new_manager(target_range_entries=1_000_000)
+    base = {f"k/{i:04d}": make_entry(f"k/{i:04d}") for i in range(0, 800, 2)}
+    mr = manager.write_metarange(namespace, list(base.values())).metarange_id
+    manager.clear_memory_cache()
+    rnd = random.Random(changes_in_range)
+    picked = sorted(rnd.sample(range(800), changes_in_range))
+    changes = []
+    for i in picked:
+        path = f"k/{i:04d}"
+        kind = rnd.choice(["put", "same", "delete"])
+        if kind == "delete":
+            changes.append((path, None))  # also of paths that are not there
+        else:
+            changes.append((path, make_entry(path, 0 if kind == "same" else 1)))
+    result = manager.apply_changes(namespace, mr, changes)
+    expected = model_apply(base, changes)
+    listed = list(manager.iterate(namespace, result.metarange_id))
+    assert [e.path for e in listed] == sorted(expected)
+    assert all(e == expected[e.path] for e in listed)
+    (info,) = manager.get_metarange(namespace, mr)
+    data = manager._loader.range(namespace, info)
+    assert (data._paths is not None) == (changes_in_range >= LIST_PATHS_AFTER)
 
 
 @pytest.mark.parametrize("target,max_bytes", [(8, 1 << 30), (6, 2_000)])
