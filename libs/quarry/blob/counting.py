@@ -7,7 +7,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 
-from quarry.blob.base import BlobStore, ObjectInfo, ObjectReader, Readable, Written
+from quarry.blob.base import BlobBytes, BlobStore, ObjectInfo, ObjectReader, Readable, Written
 
 KINDS = ("get", "put", "exists", "delete", "list", "local_path")
 
@@ -77,7 +77,7 @@ class CountingBlobStore(BlobStore):
         with self._lock:
             self.bytes_read += size
 
-    def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
+    def put(self, key: str, data: BlobBytes, if_absent: bool = False) -> bool:
         self._count("put")
         written = self.inner.put(key, data, if_absent=if_absent)
         if written:
@@ -95,7 +95,7 @@ class CountingBlobStore(BlobStore):
         self._note(self.keys_written, key)
         return written
 
-    def put_deferred(self, key: str, data: bytes) -> bool:
+    def put_deferred(self, key: str, data: BlobBytes) -> bool:
         self._count("put")
         written = self.inner.put_deferred(key, data)
         if written:
@@ -114,7 +114,7 @@ class CountingBlobStore(BlobStore):
     def sync(self) -> None:
         self.inner.sync()  # a barrier, not an object operation: not counted
 
-    def put_after_sync(self, key: str, data: bytes) -> bool:
+    def put_after_sync(self, key: str, data: BlobBytes) -> bool:
         self._count("put")
         written = self.inner.put_after_sync(key, data)
         if written:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from quarry.blob.base import (
+    BlobBytes,
     BlobStore,
     HashingReader,
     ObjectExists,
@@ -94,7 +95,7 @@ class LocalBlobStore(BlobStore):
     def exists(self, key: str) -> bool:
         return os.path.isfile(self._path(key))
 
-    def _write_temp(self, directory: str, chunks: Iterable[bytes], sync_file: bool = True) -> str:
+    def _write_temp(self, directory: str, chunks: Iterable[BlobBytes], sync_file: bool = True) -> str:
         """The chunks (a put's bytes, or a put_stream's source piece by piece) in a new
         temporary file, fsynced unless told not to; a failure (also the source's) removes it."""
         os.makedirs(directory, exist_ok=True)
@@ -121,7 +122,7 @@ class LocalBlobStore(BlobStore):
         with contextlib.suppress(OSError):
             fsync_directory(directory)
 
-    def put_deferred(self, key: str, data: bytes) -> bool:
+    def put_deferred(self, key: str, data: BlobBytes) -> bool:
         # Neither the bytes nor the directory entry are fsynced here: sync() does all of a
         # batch at once, in parallel (the filesystem groups them into few journal commits).
         # A file found already there is synced too: its writer may not have synced it yet.
@@ -159,7 +160,7 @@ class LocalBlobStore(BlobStore):
             tasks += [functools.partial(self._sync_dir, d) for d in sorted(directories)]
             _run_all(tasks)
 
-    def put_after_sync(self, key: str, data: bytes) -> bool:
+    def put_after_sync(self, key: str, data: BlobBytes) -> bool:
         # The object's bytes go to a temporary file (invisible) and are fsynced together
         # with the pending files and directories; only then is it linked in place and its
         # directory fsynced: two rounds of fsyncs instead of four one after another. It
@@ -177,7 +178,7 @@ class LocalBlobStore(BlobStore):
             self.sync()  # it was there already: the pending files still become durable
         return written
 
-    def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
+    def put(self, key: str, data: BlobBytes, if_absent: bool = False) -> bool:
         with self._environment():
             return self._put(key, (data,), if_absent, sync_directory=True)
 
@@ -235,7 +236,7 @@ class LocalBlobStore(BlobStore):
     def _put(  # noqa: PLR0913 — the put variants' switches
         self,
         key: str,
-        chunks: Iterable[bytes],
+        chunks: Iterable[BlobBytes],
         if_absent: bool,
         sync_directory: bool,
         sync_file: bool = True,

@@ -20,6 +20,7 @@ from typing import Any
 from quarry import errors
 from quarry.blob.base import (
     STREAM_CHUNK_BYTES,
+    BlobBytes,
     BlobStore,
     HashingReader,
     ObjectExists,
@@ -149,10 +150,11 @@ class S3BlobStore(BlobStore):
                 return False
             raise _unavailable(exc, self) from exc
 
-    def put(self, key: str, data: bytes, if_absent: bool = False) -> bool:
+    def put(self, key: str, data: BlobBytes, if_absent: bool = False) -> bool:
         from botocore.exceptions import BotoCoreError, ClientError
 
         full_key = self._key(key)
+        data = bytes(data)  # boto3 takes bytes (a view is copied: the network costs more)
         if not if_absent:
             try:
                 self._client.put_object(Bucket=self.bucket, Key=full_key, Body=data)

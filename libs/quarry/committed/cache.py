@@ -9,6 +9,8 @@ import hashlib
 import os
 import uuid
 
+from quarry.blob.base import BlobBytes
+
 
 class DiskCache:
     """Files under `<root>/<namespace hash>/<kind>/<id>.parquet`, written atomically."""
@@ -24,7 +26,7 @@ class DiskCache:
         path = self.path(namespace, kind, object_id)
         return path if os.path.isfile(path) else None
 
-    def store(self, namespace: str, kind: str, object_id: str, data: bytes) -> None:
+    def store(self, namespace: str, kind: str, object_id: str, data: BlobBytes) -> None:
         path = self.path(namespace, kind, object_id)
         if os.path.isfile(path):
             return

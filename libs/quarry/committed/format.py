@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from quarry.blob.base import BlobStore
 
 # A file's content, or the path of a local file (read in place).
-Source = bytes | str
+Source = bytes | memoryview | str
 
 
 class Hasher(Protocol):
@@ -355,13 +355,18 @@ class RowBuffer:
             raise errors.InvalidArgument(f"invalid entry: {exc}") from None
 
 
-def encode_range(table: pa.Table, range_id: str) -> bytes:
+def encode_range(table: pa.Table, range_id: str) -> memoryview:
     table = table.replace_schema_metadata(
         {FORMAT_TAG: RANGE_FORMAT, b"quarry.range_id": range_id.encode()}
     )
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, row_group_size=max(1, table.num_rows), **_PARQUET_OPTIONS)
-    return sink.getvalue().to_pybytes()
+    return file_bytes(sink)
+
+
+def file_bytes(sink: pa.BufferOutputStream) -> memoryview:
+    """What a sink holds, as bytes without a copy (see quarry.blob.base.BlobBytes)."""
+    return memoryview(sink.getvalue()).cast("B")
 
 
 def read_tagged_parquet(

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from quarry import errors
 from quarry.blob import BlobStore, ObjectNotFound
+from quarry.blob.base import BlobBytes
 from quarry.committed.cache import DiskCache
 from quarry.committed.errors import (
     InvalidMetaRangeId,
@@ -209,7 +210,7 @@ class RangeLoader:
         return counts
 
     def keep_written_file(
-        self, namespace: str, store: BlobStore, kind: str, object_id: str, data: bytes
+        self, namespace: str, store: BlobStore, kind: str, object_id: str, data: BlobBytes
     ) -> None:
         """Put a file just written to a non-local store into the disk cache too."""
         if self._disk is not None and not store.is_local:

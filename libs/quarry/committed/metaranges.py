@@ -26,6 +26,7 @@ from quarry.committed.format import (
     METARANGE_FORMAT,
     METARANGE_ID_HEADER,
     METARANGE_SCHEMA,
+    file_bytes,
     range_frame,
 )
 from quarry.graveler.model import RangeInfo
@@ -94,11 +95,11 @@ def metarange_table(ranges: Sequence[RangeInfo]) -> pa.Table:
     )
 
 
-def encode_metarange(ranges: Sequence[RangeInfo], metarange_id: str) -> bytes:
+def encode_metarange(ranges: Sequence[RangeInfo], metarange_id: str) -> memoryview:
     return encode_metarange_table(metarange_table(ranges), metarange_id)
 
 
-def encode_metarange_table(table: pa.Table, metarange_id: str, compress: bool = True) -> bytes:
+def encode_metarange_table(table: pa.Table, metarange_id: str, compress: bool = True) -> memoryview:
     """The file of a metarange whose rows are `table` (METARANGE_SCHEMA). `compress`: zstd,
     else uncompressed (see RangeWriter.write_metarange_file); readers take either, and the
     id does not depend on it. No column statistics: readers read the whole file."""
@@ -114,7 +115,7 @@ def encode_metarange_table(table: pa.Table, metarange_id: str, compress: bool = 
         use_dictionary=False,
         write_statistics=False,
     )
-    return sink.getvalue().to_pybytes()
+    return file_bytes(sink)
 
 
 def _hash_on(frames: bytes, ends: pa.Array, start: int, state: Any) -> tuple[str, list[Any]]:
