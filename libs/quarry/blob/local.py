@@ -95,7 +95,9 @@ class LocalBlobStore(BlobStore):
     def exists(self, key: str) -> bool:
         return os.path.isfile(self._path(key))
 
-    def _write_temp(self, directory: str, chunks: Iterable[BlobBytes], sync_file: bool = True) -> str:
+    def _write_temp(
+        self, directory: str, chunks: Iterable[BlobBytes], sync_file: bool = True
+    ) -> str:
         """The chunks (a put's bytes, or a put_stream's source piece by piece) in a new
         temporary file, fsynced unless told not to; a failure (also the source's) removes it."""
         os.makedirs(directory, exist_ok=True)
