@@ -26,7 +26,9 @@ class LRUCache:
         self.max_items = max_items
         # key -> (value, own size, shared blocks: address -> bytes)
         self._data: OrderedDict[Hashable, tuple[Any, int, Mapping[int, int]]] = OrderedDict()
-        self._holders: dict[int, int] = {}  # shared block address -> cached values holding it
+        # shared block address -> [cached values holding it, bytes charged for it (the
+        # largest size it was given with: a buffer and its prefix share an address)]
+        self._holders: dict[int, list[int]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -60,10 +62,15 @@ class LRUCache:
             self._bytes += size
             holders = self._holders
             for address, nbytes in shared.items():
-                count = holders.get(address, 0)
-                if not count:
+                held = holders.get(address)
+                if held is None:
+                    holders[address] = [1, nbytes]
                     self._bytes += nbytes
-                holders[address] = count + 1
+                else:
+                    held[0] += 1
+                    if nbytes > held[1]:
+                        self._bytes += nbytes - held[1]
+                        held[1] = nbytes
             self._evict()
 
     def grow(self, key: Hashable, value: Any, delta: int) -> None:
@@ -82,13 +89,12 @@ class LRUCache:
         _value, size, shared = item
         self._bytes -= size
         holders = self._holders
-        for address, nbytes in shared.items():
-            count = holders[address] - 1
-            if count:
-                holders[address] = count
-            else:
+        for address in shared:
+            held = holders[address]
+            held[0] -= 1
+            if not held[0]:
                 del holders[address]
-                self._bytes -= nbytes
+                self._bytes -= held[1]
 
     def _evict(self) -> None:
         while self._data and (

@@ -54,6 +54,20 @@ def one_cold_range(manager, namespace, make_entry, rows):
     return written.metarange_id, loader.range(namespace, info)
 
 
+def test_lru_charges_a_block_at_the_largest_size_it_was_given_with():
+    """A buffer and a prefix of it share an address: released in any order, the charge
+    never drops below what is still held, and returns to zero."""
+    for order in (("a", "b"), ("b", "a")):
+        cache = LRUCache(1000)
+        cache.put("a", object(), 0, {7: 100})  # the prefix
+        cache.put("b", object(), 0, {7: 300})  # the whole buffer
+        assert cache.size_bytes == 300
+        cache.put(order[0], object(), 0)  # released: the other still holds the block
+        assert cache.size_bytes == 300
+        cache.put(order[1], object(), 0)
+        assert cache.size_bytes == 0
+
+
 def test_a_rewritten_range_is_charged_its_new_rows_not_its_base_again(
     new_manager, namespace, make_entry
 ):
