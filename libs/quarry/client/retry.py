@@ -15,7 +15,6 @@ retried here, while the first attempt still runs).
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import grpc
 from opentelemetry import trace
 
 from quarry import errors
+from quarry.jitter import fraction as random_fraction
 from quarry.runtime.errors import RETRYABLE_CODES, is_retryable
 
 T = TypeVar("T")
@@ -69,7 +69,7 @@ class RetryPolicy:
     def replace(self, **changes: Any) -> RetryPolicy:
         return dataclasses.replace(self, **changes)
 
-    def backoff(self, retry_number: int, rng: Callable[[], float] = random.random) -> float:
+    def backoff(self, retry_number: int, rng: Callable[[], float] = random_fraction) -> float:
         """The jittered delay before retry `retry_number` (1-based)."""
         delay = min(self.max_delay, self.base_delay * self.multiplier ** (retry_number - 1))
         return delay * (1.0 - self.jitter * rng())

@@ -7,13 +7,13 @@ compare-and-swap of a branch record through `RefManager.update_branch`, which us
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from opentelemetry import trace
 
+from quarry import jitter
 from quarry.errors import QuarryError
 
 MAX_ATTEMPTS = 10
@@ -37,7 +37,7 @@ class RetryPolicy:
     def backoff(self, attempt: int) -> None:
         """Sleep before the retry that follows failed attempt number `attempt` (0-based)."""
         delay = min(self.cap_seconds, self.base_seconds * (2**attempt))
-        time.sleep(delay * random.uniform(0.5, 1.0))
+        time.sleep(delay * jitter.uniform(0.5, 1.0))
 
     def attempts(self, exhausted: Callable[[], QuarryError]) -> Iterator[int]:
         """Attempt numbers 0..budget-1, backing off between them; when the caller asks for

@@ -17,7 +17,6 @@ conditional put is never silently re-sent).
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from quarry import errors
+from quarry import errors, jitter
 from quarry.kv import store
 from quarry.kv.store import GetResult, KeyValue
 
@@ -162,7 +161,7 @@ class DynamoDBStore(store.Store):
 
     def _backoff(self, attempt: int) -> float:
         # Full jitter: spreads retries of many clients hitting one hot partition.
-        return random.uniform(0, min(self.backoff_max, self.backoff_base * 2**attempt))
+        return jitter.uniform(0, min(self.backoff_max, self.backoff_base * 2**attempt))
 
     def _call(self, fn: Callable[..., T], **kwargs: Any) -> T:
         """Call the client; retry throttling with backoff; map every error to a domain one."""

@@ -12,11 +12,10 @@ a trace of its own starts one with `telemetry.root_span`).
 from __future__ import annotations
 
 import logging
-import random
 import threading
 from collections.abc import Callable
 
-from quarry import telemetry
+from quarry import jitter, telemetry
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +48,7 @@ class PeriodicWorker:
             return self.interval
         self._failures += 1
         backoff = min(self.retry_max, self.retry_initial * 2 ** (self._failures - 1))
-        return backoff * random.uniform(0.5, 1.0)
+        return backoff * jitter.uniform(0.5, 1.0)
 
     def start(self, first_delay: float | None = None) -> PeriodicWorker:
         """Start the loop; its first step runs after `first_delay` (default: the one given
