@@ -64,6 +64,10 @@ class ObjectExists(errors.AlreadyExists):
 
     reason = "STORAGE_OBJECT_EXISTS"
 
+    @classmethod
+    def for_stream(cls, key: str) -> ObjectExists:
+        return cls(f"object {key!r} already exists: put_stream never replaces one")
+
 
 class InvalidObjectKey(errors.InvalidArgument):
     reason = "INVALID_OBJECT_KEY"
@@ -204,7 +208,7 @@ class BlobStore(abc.ABC):
         stores stream; this fallback, for stores that only have put(), reads it whole."""
         reader = HashingReader(source)
         if not self.put(key, reader.read(), if_absent=True):
-            raise ObjectExists(f"object {key!r} already exists: put_stream never replaces one")
+            raise ObjectExists.for_stream(key)
         return reader.written
 
     def put_deferred(self, key: str, data: BlobBytes) -> bool:

@@ -56,14 +56,23 @@ def _error_code(exc: Exception) -> str:
     return code or status
 
 
-def _conditional_writes_unsupported(exc: Exception) -> bool:
-    """The server refused `If-None-Match` itself (an older S3-compatible store)."""
-    code = _error_code(exc)
-    return (
+def _refusal(exc: Exception) -> str | None:
+    """Why S3 refused a write carrying `If-None-Match: *`: "exists" (an object is there),
+    "conflict" (another conditional write of the key is in flight), "unsupported" (the
+    server refused the condition itself: an older S3-compatible store), or None (another
+    failure)."""
+    code, status = _error_code(exc), _status(exc)
+    if code in _EXISTS_CODES or status == "412":
+        return "exists"
+    if code in _CONFLICT_CODES or status == "409":
+        return "conflict"
+    if (
         code in _UNSUPPORTED_CODES
-        or _status(exc) == "501"
+        or status == "501"
         or (code == "InvalidArgument" and "if-none-match" in str(exc).lower())
-    )
+    ):
+        return "unsupported"
+    return None
 
 
 def _read_part(reader: HashingReader) -> bytes:
@@ -169,16 +178,16 @@ class S3BlobStore(BlobStore):
                     )
                     return True
                 except (ClientError, BotoCoreError) as exc:
-                    code = _error_code(exc)
-                    if code in _EXISTS_CODES or _status(exc) == "412":
+                    refusal = _refusal(exc)
+                    if refusal == "exists":
                         return False
-                    if code in _CONFLICT_CODES or _status(exc) == "409":
+                    if refusal == "conflict":
                         # A concurrent conditional write of the same key: wait for it.
                         time.sleep(0.05 * (attempt + 1))
                         if self.exists(key):
                             return False
                         continue
-                    if _conditional_writes_unsupported(exc):
+                    if refusal == "unsupported":
                         self._no_conditional_writes()
                         break
                     raise _unavailable(exc, self) from exc
@@ -218,7 +227,7 @@ class S3BlobStore(BlobStore):
         first = _read_part(reader)
         if len(first) < STREAM_PART_BYTES:
             if not self.put(key, first, if_absent=True):
-                raise ObjectExists(f"object {key!r} already exists: put_stream never replaces one")
+                raise ObjectExists.for_stream(key)
             return reader.written
         try:
             upload_id = self._client.create_multipart_upload(Bucket=self.bucket, Key=full_key)[
@@ -280,19 +289,19 @@ class S3BlobStore(BlobStore):
             "UploadId": upload_id,
             "MultipartUpload": {"Parts": parts},
         }
-        exists = ObjectExists(f"object {key!r} already exists: put_stream never replaces one")
+        exists = ObjectExists.for_stream(key)
         if self._conditional_put_supported:
             try:
                 self._client.complete_multipart_upload(**request, IfNoneMatch="*")
                 return
             except (ClientError, BotoCoreError) as exc:
-                code = _error_code(exc)
-                if code in _EXISTS_CODES or _status(exc) == "412":
+                refusal = _refusal(exc)
+                if refusal == "exists":
                     raise exists from None
-                if code in _CONFLICT_CODES or _status(exc) == "409":
+                if refusal == "conflict":
                     # A concurrent conditional write of the key: whoever wins, not us.
                     raise (exists if self.exists(key) else _unavailable(exc, self)) from None
-                if not _conditional_writes_unsupported(exc):
+                if refusal != "unsupported":
                     raise _unavailable(exc, self) from exc
                 self._no_conditional_writes()
         if self.exists(key):
