@@ -66,6 +66,7 @@ def quarry_up(home: Path, kv_db: Path) -> Iterator[dict[str, str]]:
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        start_new_session=True,  # its services share its group: a kill leaves none behind
     )
     try:
         seen = []
@@ -86,7 +87,7 @@ def quarry_up(home: Path, kv_db: Path) -> Iterator[dict[str, str]]:
         try:
             child.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            child.kill()
+            os.killpg(child.pid, signal.SIGKILL)
             child.communicate()
 
 
