@@ -367,3 +367,26 @@ def test_everything_else_passes_through():
         b"4",
     ]
     assert amortized.stats().backend_reads == 0  # none of these were amortized gets
+
+
+def test_gate_holds_every_waiter_until_opened_then_lets_all_through() -> None:
+    """The flights' one-shot signal: a chain of lock hand-offs, so one waiter that did not
+    pass the lock on would strand the rest (that is what this catches)."""
+    from quarry.kv.amortized import _Gate
+
+    gate = _Gate()
+    passed: list[int] = []
+    waiters = [
+        threading.Thread(target=lambda k=k: (gate.wait(), passed.append(k)), daemon=True)
+        for k in range(8)
+    ]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(0.05)
+    assert passed == []
+    gate.open()
+    deadline = time.monotonic() + TIMEOUT
+    for waiter in waiters:
+        waiter.join(max(0.0, deadline - time.monotonic()))
+    assert sorted(passed) == list(range(8))
+    gate.wait()  # after opening, a wait returns at once
