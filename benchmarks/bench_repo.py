@@ -22,6 +22,8 @@ from quarry import FORMAT_VERSION
 from quarry.blob import LocalBlobStore
 from quarry.committed import CommittedManager
 from quarry.committed.format import METARANGES_PREFIX, RANGES_PREFIX
+from quarry.committed.processes import ProcessSpanWorkers
+from quarry.committed.spans import FanOut
 from quarry.committed.writer import DEFAULT_MAX_RANGE_BYTES, DEFAULT_TARGET_RANGE_ENTRIES
 from quarry.graveler.graveler import CommitRecord, Graveler, make_commit
 from quarry.graveler.model import Entry
@@ -35,6 +37,9 @@ CACHE_DIR = Path(
 )
 # Sizes at or above this are cached on disk (smaller ones build faster than they copy).
 CACHE_FROM = int(os.environ.get("BENCH_CACHE_FROM", "1000000"))
+# A range-writer with worker processes fans out applies of at least this many changes
+# (QUARRY_RANGE_WRITER_FAN_OUT_MIN_CHANGES, as the benches run it).
+FAN_OUT_MIN_CHANGES = int(os.environ.get("BENCH_FAN_OUT_MIN_CHANGES", "500"))
 
 
 def path_of(i: int) -> str:
@@ -93,13 +98,46 @@ def link_tree(source: Path, target: Path, prefix: str) -> None:
             shutil.copyfile(src_dir / name, dst_dir / name)
 
 
-class BenchRepo:
-    """A Graveler over a memory KV and a local namespace whose `main` holds M entries."""
+def local_manager() -> CommittedManager:
+    """The benches' CommittedManager: local directories, no disk cache (module level, so a
+    span worker process can build its own)."""
+    return CommittedManager(LocalBlobStore, None)
 
-    def __init__(self, root: Path, m: int, name: str = "bench"):
+
+class FannedOutWriter:
+    """The manager as the range writer, with large applies fanned out to span worker
+    processes, as a range-writer with QUARRY_RANGE_WRITER_PROCESSES does."""
+
+    def __init__(self, manager: CommittedManager, processes: int, min_changes: int) -> None:
+        self.manager = manager
+        self.workers = ProcessSpanWorkers(processes, local_manager)
+        self.fan_out = FanOut(
+            manager, [self.workers.apply_span] * processes, min_changes=min_changes
+        )
+        self.workers.wait_ready()
+
+    def apply_changes(self, namespace, base_metarange_id, changes):  # noqa: ANN001, ANN201
+        return self.fan_out.apply_changes(namespace, base_metarange_id, changes)
+
+    def __getattr__(self, name: str):  # noqa: ANN204 — everything else is the manager's
+        return getattr(self.manager, name)
+
+    def close(self) -> None:
+        self.fan_out.close()
+        self.workers.close()
+
+
+class BenchRepo:
+    """A Graveler over a memory KV and a local namespace whose `main` holds M entries.
+    `processes`: span worker processes next to this one (0: the apply runs here whole)."""
+
+    def __init__(self, root: Path, m: int, name: str = "bench", processes: int = 0):
         self.namespace = str(root / "lake")
-        self.committed = CommittedManager(lambda ns: LocalBlobStore(ns), None)
-        self.g = Graveler(MemoryStore(), self.committed, self.committed)
+        self.committed = local_manager()
+        self.writer = (
+            FannedOutWriter(self.committed, processes, FAN_OUT_MIN_CHANGES) if processes else None
+        )
+        self.g = Graveler(MemoryStore(), self.committed, self.writer or self.committed)
         self.g.create_repository(name, self.namespace)
         self.name = name
         start = time.perf_counter()
@@ -122,6 +160,11 @@ class BenchRepo:
         self.g.refs.insert_commit(repo, commit)
         self.g.reset_branch(name, "main", commit.id, force=True)
         self.base_metarange_id = metarange_id
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.committed.close()
 
 
 def scratch_dir(prefix: str) -> Path:

@@ -36,6 +36,10 @@ SIZES = [
 # Sizes without the git side (building a 10M-entry git index takes minutes and ~1 GB).
 QUARRY_ONLY_FROM = int(os.environ.get("BENCH_COMMIT_QUARRY_ONLY_FROM", "10000000"))
 ROUNDS = int(os.environ.get("BENCH_COMMIT_ROUNDS", "3"))
+# The scattered commit at 1M also runs with this many span worker processes next to the
+# committing one (QUARRY_RANGE_WRITER_PROCESSES), alternating with the one-process side.
+PROCESSES = int(os.environ.get("BENCH_COMMIT_PROCESSES", "1"))
+SCATTERED = "1000 scattered"
 BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"  # any id: --missing-ok
 DURABLE_GIT = {
     "GIT_CONFIG_COUNT": "2",
@@ -51,13 +55,13 @@ def change_sets(m: int, rng: random.Random) -> dict[str, list[int]]:
     localized = [directory * FILES_PER_DIR + f for f in range(min(1000, FILES_PER_DIR))]
     sets = {"1": [rng.randrange(m)], "1000 localized": localized}
     if m < QUARRY_ONLY_FROM:
-        sets["1000 scattered"] = rng.sample(range(m), 1000)
+        sets[SCATTERED] = rng.sample(range(m), 1000)
     return sets
 
 
 class QuarrySide:
-    def __init__(self, root: Path, m: int):
-        self.repo = BenchRepo(root, m)
+    def __init__(self, root: Path, m: int, processes: int = 0):
+        self.repo = BenchRepo(root, m, processes=processes)
         self.g = self.repo.g
         self.version = 0
 
@@ -73,7 +77,7 @@ class QuarrySide:
         return end - start, end - staged, outcome.ranges_written
 
     def close(self) -> None:
-        self.repo.committed.close()
+        self.repo.close()
 
 
 class GitSide:
@@ -138,15 +142,20 @@ class GitSide:
 def main() -> None:
     rng = random.Random(7)
     rows = []
+    fanned_rows: list[tuple[int, float, float]] = []
     version = subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.strip()
     print(f"  {version}, default settings (see the module docstring)", flush=True)
     for m in SIZES:
         root = scratch_dir(f"commit-{m}-") if m >= 1_000_000 else Path(tempfile.mkdtemp())
-        quarry = None
+        quarry = fanned = None
         try:
             t0 = time.perf_counter()
             quarry = QuarrySide(root, m)
             setup_quarry = time.perf_counter() - t0
+            if PROCESSES and 1_000_000 <= m < QUARRY_ONLY_FROM:
+                fanned_root = root / "fanned"
+                fanned_root.mkdir()
+                fanned = QuarrySide(fanned_root, m, processes=PROCESSES)
             git = None
             build_git = 0.0
             if m < QUARRY_ONLY_FROM:
@@ -167,8 +176,12 @@ def main() -> None:
             quarry.run(warm_up)
             if git is not None:
                 git.run(warm_up)
+            if fanned is not None:
+                # Its worker's first span reads the base's ranges (its caches start empty).
+                fanned.run(change_sets(m, rng)[SCATTERED])
             for label in change_sets(m, rng):
                 q_total, q_commit, g_total, g_durable, written = [], [], [], [], []
+                f_total, f_commit = [], []
                 for _ in range(ROUNDS):
                     indexes = change_sets(m, rng)[label]
                     total, commit_only, ranges = quarry.run(indexes)
@@ -178,6 +191,12 @@ def main() -> None:
                     if git is not None:
                         g_total.append(git.run(indexes))
                         g_durable.append(git.run(change_sets(m, rng)[label], durable=True))
+                    if fanned is not None and label == SCATTERED:
+                        total, commit_only, _ = fanned.run(change_sets(m, rng)[label])
+                        f_total.append(total)
+                        f_commit.append(commit_only)
+                if f_total:
+                    fanned_rows.append((m, statistics.median(f_total), statistics.median(f_commit)))
                 rows.append(
                     (
                         m,
@@ -190,8 +209,9 @@ def main() -> None:
                     )
                 )
         finally:
-            if quarry is not None:
-                quarry.close()
+            for side in (quarry, fanned):
+                if side is not None:
+                    side.close()
             shutil.rmtree(root, ignore_errors=True)
 
     print(f"\n  commit of C changes into M entries (median of {ROUNDS}; quarry = stage + commit)")
@@ -208,14 +228,33 @@ def main() -> None:
             f"  {m:>10,} {label:<16}{q * 1e3:>10.1f}{qc * 1e3:>10.1f}{git_ms}{ratio}"
             f"{durable_ms}{durable_ratio}{written:>8}"
         )
+    by = {(m, label): (q, g) for m, label, q, _, g, _, _ in rows}
+    durable = {(m, label): gd for m, label, _, _, _, gd, _ in rows}
+    for m, q, qc in fanned_rows:
+        g, gd = by[(m, SCATTERED)][1], durable[(m, SCATTERED)]
+        label = f"{SCATTERED} +{PROCESSES}p"
+        print(
+            f"  {m:>10,} {label:<16}{q * 1e3:>10.1f}{qc * 1e3:>10.1f}{g * 1e3:>9.1f}"
+            f"{q / g:>11.2f}{gd * 1e3:>13.1f}{q / gd:>12.2f}{'':>8}"
+        )
     print(
         "  (targets against git's defaults; 'git fsync' = git with Quarry's durability, "
-        "for information)"
+        f"for information; '+{PROCESSES}p' = with {PROCESSES} span worker process(es), "
+        f"QUARRY_RANGE_WRITER_PROCESSES={PROCESSES}, alternating with the rows above)"
     )
-    by = {(m, label): (q, g) for m, label, q, _, g, _, _ in rows}
-    if (1_000_000, "1000 scattered") in by:
-        q, g = by[(1_000_000, "1000 scattered")]
-        print(f"  target: 1000 scattered into 1M <= 0.8 x git: {q / g:.2f}  {verdict(q / g, 0.8)}")
+    if (1_000_000, SCATTERED) in by:
+        q, g = by[(1_000_000, SCATTERED)]
+        print(
+            f"  target: 1000 scattered into 1M <= 0.8 x git: {q / g:.2f}  {verdict(q / g, 0.8)}"
+            " (one process)"
+        )
+    for m, q, _ in fanned_rows:
+        if m == 1_000_000:
+            g = by[(m, SCATTERED)][1]
+            print(
+                f"  target: 1000 scattered into 1M <= 0.8 x git: {q / g:.2f}  "
+                f"{verdict(q / g, 0.8)} (+{PROCESSES} span worker process)"
+            )
     if (10_000, "1") in by:
         q, g = by[(10_000, "1")]
         print(f"  target: 1 change into 10k <= 1.0 x git: {q / g:.2f}  {verdict(q / g, 1.0)}")

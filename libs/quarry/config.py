@@ -172,12 +172,20 @@ class Settings:
     range_writer_spans: int = _setting(
         0,
         "range-writer: spans per fanned-out apply, one applied here and the others by the "
-        "peers. 0 = one per peer address plus one.",
+        "worker processes and peers. 0 = one per worker process and peer address, plus one.",
+    )
+    range_writer_processes: int = _setting(
+        0,
+        "range-writer: worker processes on this machine that apply spans of large applies "
+        "alongside the range-writer (an apply's range work holds one core per process; "
+        "docs/performance.md, scale-out). Each has its own caches of the sizes above. "
+        "0: none.",
     )
     range_writer_fan_out_min_changes: int = _setting(
-        2000,
-        "range-writer: applies with fewer changes run here whole (a span's round trip "
-        "costs more than it saves).",
+        500,
+        "range-writer: applies with fewer changes run here whole, as do applies whose "
+        "changes fall into fewer than 32 ranges per span (a span's round trip costs more "
+        "than it saves).",
     )
     experimental_dirty_read_optimization: bool = _setting(
         True, "Skip the staging partition on reads of clean branches (docs/architecture.md §4)."
@@ -314,7 +322,7 @@ class Settings:
                 raise errors.InvalidArgument(
                     f"setting {name} must be positive, not {getattr(self, name)}"
                 )
-        for name in ("range_cache_bytes", "metarange_cache_bytes"):
+        for name in ("range_cache_bytes", "metarange_cache_bytes", "range_writer_processes"):
             if getattr(self, name) < 0:
                 raise errors.InvalidArgument(
                     f"setting {name} must be 0 or more, not {getattr(self, name)}"

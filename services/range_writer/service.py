@@ -3,10 +3,12 @@ asked about (local directories or S3, see quarry.blob.open_blob_store) -> servic
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from quarry.committed import CommittedManager
-from quarry.committed.spans import FanOut
+from quarry.committed.processes import ProcessSpanWorkers
+from quarry.committed.spans import FanOut, SpanApplier
 from quarry.config import Settings
 from quarry.runtime.server import ServiceSpec
 from quarry.services.range_writer.servicer import RangeWriterServicer
@@ -36,11 +38,21 @@ def build(settings: Settings, manager: CommittedManager | None = None) -> Servic
 def _fan_out(
     settings: Settings, manager: CommittedManager
 ) -> tuple[FanOut | None, list[Callable[[], None]]]:
-    """Peers for spans of large applies (QUARRY_RANGE_WRITER_PEERS): one channel each (a
+    """Peers for spans of large applies: local worker processes (QUARRY_RANGE_WRITER_
+    PROCESSES), then other range-writers (QUARRY_RANGE_WRITER_PEERS), one channel each (a
     dns:/// name is one channel whose calls gRPC's round_robin spreads over the pods)."""
     targets = [t.strip() for t in settings.range_writer_peers.split(",") if t.strip()]
-    if not targets:
+    if not targets and not settings.range_writer_processes:
         return None, []
+    peers: list[SpanApplier] = []
+    closers: list[Callable[[], None]] = []
+    if settings.range_writer_processes:
+        workers = ProcessSpanWorkers(
+            settings.range_writer_processes,
+            functools.partial(CommittedManager.from_settings, settings),
+        )
+        peers += [workers.apply_span] * workers.count
+        closers.append(workers.close)
     from quarry.auth.service_tokens import token_source
     from quarry.committed.remote import RemoteRangeWriter
     from quarry.runtime.channels import open_service_channel
@@ -48,14 +60,13 @@ def _fan_out(
 
     tokens = token_source(settings, SERVICE_NAME)
     security = channel_security(settings)
-    writers, closers = [], []
     for target in targets:
         raw, traced = open_service_channel(target, tokens, security)
-        writers.append(RemoteRangeWriter(traced))
+        peers.append(RemoteRangeWriter(traced).apply_span)
         closers.append(raw.close)
     fan_out = FanOut(
         manager,
-        [writer.apply_span for writer in writers],
+        peers,
         spans=settings.range_writer_spans,
         min_changes=settings.range_writer_fan_out_min_changes,
     )

@@ -263,12 +263,16 @@ class CommittedManager:
         base_metarange_id: str,
         changes: Sequence[spans.PutOrDelete],
         parts: int,
+        min_ranges_per_span: int = 0,
     ) -> list[spans.Span]:
         """Split applying `changes` (sorted by path) to a base metarange into at most
         `parts` spans that separate writers apply in parallel (apply_span) and whose ranges,
-        concatenated, are those of apply_changes (put_metarange names them)."""
+        concatenated, are those of apply_changes (put_metarange names them); see
+        spans.plan_spans for `min_ranges_per_span`."""
         base = self._loader.metarange(namespace, base_metarange_id)
-        return spans.plan_spans(base.ranges, changes, parts, self.target_range_entries)
+        return spans.plan_spans(
+            base.ranges, changes, parts, self.target_range_entries, min_ranges_per_span
+        )
 
     def apply_span(
         self, namespace: str, base_metarange_id: str, span: spans.Span

@@ -42,15 +42,25 @@ class Span:
 
 
 def plan_spans(
-    ranges: Sequence[RangeInfo], changes: Sequence[PutOrDelete], parts: int, target_entries: int
+    ranges: Sequence[RangeInfo],
+    changes: Sequence[PutOrDelete],
+    parts: int,
+    target_entries: int,
+    min_ranges_per_span: int = 0,
 ) -> list[Span]:
     """At most `parts` spans with about as many changes each, cut where it is safe (see the
-    module docstring). `changes` sorted by path. Fewer spans when there are no safe cuts."""
+    module docstring). `changes` sorted by path. Fewer spans when there are no safe cuts,
+    and, with `min_ranges_per_span`, when the changes fall into fewer than that many base
+    ranges per span (a span's round trip would cost more than rewriting them here)."""
     if parts <= 1 or len(ranges) <= 1 or not changes:
         return [Span(0, len(ranges), changes)]
     paths = [path for path, _ in changes]
-    deleted = {path for path, entry in changes if entry is None}
     max_keys = [r.max_key for r in ranges]
+    if min_ranges_per_span > 0:
+        parts = min(parts, ranges_touched(max_keys, paths) // min_ranges_per_span)
+        if parts <= 1:
+            return [Span(0, len(ranges), changes)]
+    deleted = {path for path, entry in changes if entry is None}
     cuts: list[int] = []  # cut after base range i: spans end at i + 1
     for k in range(1, parts):
         at = bisect.bisect_left(max_keys, paths[len(paths) * k // parts])
@@ -71,6 +81,19 @@ def plan_spans(
         first, lo = i + 1, hi
     spans.append(Span(first, len(ranges), changes[lo:]))
     return spans
+
+
+def ranges_touched(max_keys: Sequence[str], paths: Sequence[str]) -> int:
+    """How many base ranges (by their last keys, ascending) the sorted `paths` fall into;
+    paths after the last range count as one more."""
+    touched = 0
+    at = -1
+    for path in paths:
+        i = bisect.bisect_left(max_keys, path, max(at, 0))
+        if i != at:
+            touched += 1
+            at = i
+    return touched
 
 
 def apply_span(
@@ -107,6 +130,11 @@ SpanApplier = Callable[[str, str, Span], AppliedRanges]
 
 # Changes held in memory to plan spans; a longer stream is applied here whole.
 FAN_OUT_MAX_CHANGES = 200_000
+# A span is worth its round trip (pickling or sending its changes, a worker's reads of
+# ranges it has not cached) only if it rewrites a few dozen ranges: 1,000 changes in one
+# directory rewrite ~4 ranges, and fanning them out measured 1.5x slower than applying
+# them here.
+MIN_RANGES_PER_SPAN = 32
 
 
 class FanOut:
@@ -144,7 +172,9 @@ class FanOut:
             return manager.apply_changes(
                 namespace, base_metarange_id, itertools.chain(held, iterator)
             )
-        spans = manager.plan_spans(namespace, base_metarange_id, held, self._spans)
+        spans = manager.plan_spans(
+            namespace, base_metarange_id, held, self._spans, MIN_RANGES_PER_SPAN
+        )
         if len(spans) == 1:
             return manager.apply_changes(namespace, base_metarange_id, held)
         futures = [

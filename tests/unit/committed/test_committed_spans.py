@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from quarry.committed import spans as spans_mod
 from quarry.committed.format import is_boundary
 from quarry.graveler.model import DiffSummary
 
@@ -104,3 +105,31 @@ def test_ranges_ended_by_the_byte_cap_are_never_cut_after(new_manager, namespace
         for span in spans
     ]
     assert manager.put_metarange(namespace, base, applied).metarange_id == expected.metarange_id
+
+
+def test_changes_in_few_ranges_are_not_split(new_manager, namespace, make_entry):
+    # A span is worth its round trip only if it rewrites enough ranges: 300 changes in
+    # 3 neighbouring ranges stay one span, the same number spread over every range split.
+    manager = new_manager()
+    entries = [make_entry(f"p/{i:05d}", 0) for i in range(6000)]
+    base = manager.write_metarange(namespace, entries).metarange_id
+    ranges = manager.get_metarange(namespace, base)
+    first = sum(r.count for r in ranges[:10])
+    localized = [(e.path, make_entry(e.path, 1)) for e in entries[first : first + 40]]
+    assert spans_mod.ranges_touched([r.max_key for r in ranges], [p for p, _ in localized]) <= 4
+    assert len(manager.plan_spans(namespace, base, localized, 4)) > 1  # no floor: split
+    assert len(manager.plan_spans(namespace, base, localized, 4, min_ranges_per_span=8)) == 1
+    spread = [(e.path, make_entry(e.path, 1)) for e in entries[:: len(entries) // 40]]
+    touched = spans_mod.ranges_touched([r.max_key for r in ranges], [p for p, _ in spread])
+    assert touched >= 32
+    planned = manager.plan_spans(namespace, base, spread, 4, min_ranges_per_span=8)
+    assert 2 <= len(planned) <= min(4, touched // 8)
+
+
+def test_ranges_touched_counts_each_range_once_and_paths_after_the_last():
+    max_keys = ["b", "d", "f"]
+    assert spans_mod.ranges_touched(max_keys, []) == 0
+    assert spans_mod.ranges_touched(max_keys, ["a", "b"]) == 1
+    assert spans_mod.ranges_touched(max_keys, ["a", "c", "d", "e"]) == 3
+    assert spans_mod.ranges_touched(max_keys, ["g", "h"]) == 1  # after the last range
+    assert spans_mod.ranges_touched(max_keys, ["b", "f", "z"]) == 3

@@ -1,0 +1,87 @@
+"""A real `quarry serve range-writer` with QUARRY_RANGE_WRITER_PROCESSES: it starts its span
+worker processes, a large apply sent to it gives the metarange of one apply, and its workers
+end with it, whether it stops cleanly (SIGTERM) or is killed (SIGKILL)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from quarry.blob import LocalBlobStore
+from quarry.committed import CommittedManager
+from quarry.committed.remote import RemoteRangeWriter
+from quarry.graveler.model import Entry
+from support.processes import free_port, quarry_env, quarry_serve, wait_serving
+
+
+def workers_of(pid: int) -> list[int]:
+    """The span worker processes whose parent is `pid` (not its resource tracker)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z" and b"spawn_main" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids: list[int], timeout: float = 15) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [pid for pid in pids if running(pid)]
+
+
+def entry(path: str, version: int = 0) -> Entry:
+    return Entry(path, f"/data/{path}@{version}", len(path) + version, f"{version:032x}")
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
+def test_range_writer_worker_processes(tmp_path, stop):
+    port = free_port()
+    env = quarry_env(
+        tmp_path / "home",
+        QUARRY_AUTH_ENABLED="false",
+        QUARRY_RANGE_WRITER_PORT=str(port),
+        QUARRY_RANGE_WRITER_PROCESSES="2",
+        QUARRY_RANGE_WRITER_FAN_OUT_MIN_CHANGES="100",
+    )
+    namespace = str(tmp_path / "lake")
+    entries = [entry(f"d{i // 1000:03d}/f{i:06d}") for i in range(120_000)]
+    changes = [(e.path, entry(e.path, 1)) for e in entries[::40]]
+    reference = CommittedManager(LocalBlobStore, None)
+    other = str(tmp_path / "other")
+    expected = reference.apply_changes(
+        other, reference.write_metarange(other, entries).metarange_id, changes
+    )
+    base = reference.write_metarange(namespace, entries).metarange_id
+    with quarry_serve("range-writer", env) as server:
+        wait_serving(f"127.0.0.1:{port}", timeout=60)
+        deadline = time.monotonic() + 60
+        while len(workers_of(server.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        workers = workers_of(server.pid)
+        assert len(workers) == 2, "the range-writer did not start its 2 worker processes"
+        with RemoteRangeWriter(f"127.0.0.1:{port}", timeout=120) as remote:
+            result = remote.apply_changes(namespace, base, changes)
+        assert result.metarange_id == expected.metarange_id
+        assert result.summary == expected.summary
+        assert workers_of(server.pid) == workers  # the workers served it, none was lost
+        os.kill(server.pid, stop)
+        server.wait(30)
+        assert wait_gone(workers) == [], f"workers outlived a range-writer stopped by {stop!r}"

@@ -1,0 +1,156 @@
+"""Span worker processes (quarry.committed.processes): real spawned processes apply spans of
+a large apply with the result of one apply; a worker that dies costs only its span; a
+worker never outlives the process that started it."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from quarry.blob import LocalBlobStore
+from quarry.committed import CommittedManager
+from quarry.committed.processes import ProcessSpanWorkers
+from quarry.committed.spans import FanOut
+from quarry.graveler.model import Entry
+
+TARGET = 16
+# A worker builds its manager with this (pickled to the spawned process): the same chunking
+# as the coordinator's, or the spans' ranges would not be those of one apply.
+MAKE_MANAGER = functools.partial(
+    CommittedManager, LocalBlobStore, None, target_range_entries=TARGET
+)
+
+
+def entry(path: str, version: int = 0) -> Entry:
+    return Entry(path, f"/data/{path}@{version}", len(path) + version, f"{version:032x}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) is gone for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def workers():
+    pool = ProcessSpanWorkers(1, MAKE_MANAGER)
+    pool.wait_ready(60)
+    yield pool
+    pool.close()
+
+
+def reference(where, entries: list[Entry], changes):  # noqa: ANN001, ANN201
+    """One apply of `changes` by one manager, in a namespace of its own (ids do not depend
+    on the namespace)."""
+    manager = MAKE_MANAGER()
+    base = manager.write_metarange(str(where), entries).metarange_id
+    return manager.apply_changes(str(where), base, changes)
+
+
+def scattered(entries: list[Entry], version: int, step: int = 10) -> list[tuple[str, Entry]]:
+    return [(e.path, entry(e.path, version)) for e in entries[::step]]
+
+
+def test_a_worker_process_applies_a_span_with_the_result_of_one_apply(tmp_path, workers):
+    namespace = str(tmp_path / "ns")
+    coordinator = MAKE_MANAGER()
+    entries = [entry(f"p/{i:05d}") for i in range(8000)]
+    base = coordinator.write_metarange(namespace, entries).metarange_id
+    coordinator.reset_stats()
+    changes = scattered(entries, 1)
+    expected = reference(tmp_path / "other", entries, changes)
+    written_alone = expected.ranges_written
+
+    fan_out = FanOut(coordinator, [workers.apply_span], min_changes=1)
+    try:
+        result = fan_out.apply_changes(namespace, base, changes)
+    finally:
+        fan_out.close()
+    assert result.metarange_id == expected.metarange_id
+    assert result.summary == expected.summary
+    # The worker wrote part of the ranges: the coordinator wrote fewer than one apply does.
+    assert 0 < coordinator.stats.ranges_written < written_alone
+    # Every range the metarange names is in the namespace (the worker's are durable).
+    for info in coordinator.get_metarange(namespace, result.metarange_id):
+        assert os.path.exists(os.path.join(namespace, "_quarry", "ranges", f"{info.id}.parquet"))
+
+
+def test_a_worker_that_dies_costs_only_its_span(tmp_path, workers):
+    namespace = str(tmp_path / "ns")
+    coordinator = MAKE_MANAGER()
+    entries = [entry(f"p/{i:05d}") for i in range(8000)]
+    base = coordinator.write_metarange(namespace, entries).metarange_id
+    fan_out = FanOut(coordinator, [workers.apply_span], min_changes=1)
+    try:
+        for pid in workers.pids():
+            os.kill(pid, signal.SIGKILL)
+        changes = scattered(entries, 1)
+        expected = reference(tmp_path / "a", entries, changes)
+        # The span the dead worker held is applied by the coordinator: same result.
+        assert fan_out.apply_changes(namespace, base, changes).metarange_id == (
+            expected.metarange_id
+        )
+        # The next apply gets a fresh worker, which takes its span again.
+        workers.wait_ready(60)
+        before = coordinator.stats.ranges_written
+        changes = scattered(entries, 2)
+        expected = reference(tmp_path / "b", entries, changes)
+        assert fan_out.apply_changes(namespace, base, changes).metarange_id == (
+            expected.metarange_id
+        )
+        assert coordinator.stats.ranges_written - before < expected.ranges_written
+    finally:
+        fan_out.close()
+
+
+def test_workers_end_with_the_process_that_started_them(tmp_path):
+    # Never outlive the range-writer: its workers are killed with it, even by SIGKILL
+    # (nothing in the parent runs then).
+    script = textwrap.dedent(
+        """
+        import functools, sys, time
+        from quarry.blob import LocalBlobStore
+        from quarry.committed import CommittedManager
+        from quarry.committed.processes import ProcessSpanWorkers
+
+        if __name__ == "__main__":
+            workers = ProcessSpanWorkers(
+                2, functools.partial(CommittedManager, LocalBlobStore, None)
+            )
+            workers.wait_ready(60)
+            print(*workers.pids(), flush=True)
+            time.sleep(600)
+        """
+    )
+    path = tmp_path / "parent.py"
+    path.write_text(script)
+    parent = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(pid) for pid in parent.stdout.readline().split()]
+        assert len(pids) == 2 and all(alive(pid) for pid in pids)
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(alive(pid) for pid in pids), "a worker outlived its parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        for pid in pids if "pids" in locals() else []:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
