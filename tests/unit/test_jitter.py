@@ -24,3 +24,19 @@ def test_backoffs_leave_the_global_random_state_alone():
     delays |= {dynamodb._backoff(3) for _ in range(20)}
     assert len(delays) > 30  # jittered: they do draw random numbers...
     assert [random.random() for _ in range(3)] == expected  # ...but not from this state
+
+
+def test_trace_and_span_ids_leave_the_global_random_state_alone():
+    # With tracing on, every call's span draws ids: from Quarry's generator, not this state.
+    from quarry import telemetry
+
+    telemetry.use_in_memory_exporter()
+    random.seed(99)
+    expected = [random.random() for _ in range(3)]
+    random.seed(99)
+    ids = set()
+    for _ in range(20):
+        with telemetry.tracer().start_as_current_span("s") as span:
+            ids.add((span.get_span_context().trace_id, span.get_span_context().span_id))
+    assert len(ids) == 20 and all(trace_id and span_id for trace_id, span_id in ids)
+    assert [random.random() for _ in range(3)] == expected

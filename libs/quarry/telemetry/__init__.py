@@ -29,11 +29,30 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
 )
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 _lock = threading.Lock()
 _configured = False
 _random = random.Random()
+
+
+class _PrivateIdGenerator(IdGenerator):
+    """Trace and span ids from Quarry's own generator. OpenTelemetry's default draws them
+    from the global `random` state, which belongs to the application (a seeded Spark job,
+    a test's Hypothesis): every span would move it."""
+
+    def generate_span_id(self) -> int:
+        return _random.getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        return _random.getrandbits(128) or 1
+
+
+def _provider(service_name: str) -> TracerProvider:
+    return TracerProvider(
+        resource=Resource.create({SERVICE_NAME: service_name}), id_generator=_PrivateIdGenerator()
+    )
 
 
 def tracing_requested(env: Mapping[str, str] = os.environ) -> bool:
@@ -56,7 +75,7 @@ def configure_tracing(service: str, env: Mapping[str, str] = os.environ) -> bool
         if _configured or not tracing_requested(env):
             return _configured
         name = env.get("OTEL_SERVICE_NAME") or f"quarry-{service}"
-        provider = TracerProvider(resource=Resource.create({SERVICE_NAME: name}))
+        provider = _provider(name)
         exporters = env.get("OTEL_TRACES_EXPORTER", "otlp").lower().split(",")
         for exporter in exporters:
             exporter = exporter.strip()
@@ -80,7 +99,7 @@ def use_in_memory_exporter(service: str = "test") -> InMemorySpanExporter:
         if isinstance(current, TracerProvider):
             current.add_span_processor(SimpleSpanProcessor(exporter))
         else:
-            provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service}))
+            provider = _provider(service)
             provider.add_span_processor(SimpleSpanProcessor(exporter))
             trace.set_tracer_provider(provider)
         _configured = True
@@ -98,9 +117,7 @@ def enable_propagation(service: str, env: Mapping[str, str] = os.environ) -> Non
         if _configured:
             return
         if not isinstance(trace.get_tracer_provider(), TracerProvider):
-            trace.set_tracer_provider(
-                TracerProvider(resource=Resource.create({SERVICE_NAME: f"quarry-{service}"}))
-            )
+            trace.set_tracer_provider(_provider(f"quarry-{service}"))
         _configured = True
 
 
