@@ -672,6 +672,21 @@ def test_object_store_settings_only_for_range_writer_and_branch_manager():
         )
 
 
+def test_range_writer_processes_only_on_the_range_writer():
+    # Default: none; a value reaches the range-writer's container and no other service's.
+    for docs, expected in (
+        (render(), "0"),
+        (render("--set", "services.rangeWriter.processes=3"), "3"),
+    ):
+        for service in SERVICES:
+            env = env_of(main_container(deployment(docs, service)))
+            if service == "range-writer":
+                assert env["QUARRY_RANGE_WRITER_PROCESSES"]["value"] == expected
+            else:
+                assert "QUARRY_RANGE_WRITER_PROCESSES" not in env, service
+    assert "minimum" in render_error("--set", "services.rangeWriter.processes=-1")
+
+
 # ---------------------------------------------------------------------------------------------
 # optional features
 

@@ -438,6 +438,10 @@ spec:
             {{- if $usesObjectStore }}
             {{- include "quarry.objectStoreEnv" $root | nindent 12 }}
             {{- end }}
+            {{- if eq $name "range-writer" }}
+            - name: QUARRY_RANGE_WRITER_PROCESSES
+              value: {{ int (default 0 $svc.processes) | quote }}
+            {{- end }}
           {{- /* Startup and liveness ask whether the process serves at all (ServerInfo is
           SERVING from bind to shutdown); readiness asks the overall status, NOT_SERVING while
           a dependency is away: such a pod leaves the endpoints but is not restarted. */}}
