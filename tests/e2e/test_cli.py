@@ -3,6 +3,7 @@
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import grpc
 
@@ -11,6 +12,8 @@ from quarry.cli.main import SERVICE_MODULES
 from quarry.kv.sqlite import SQLiteStore
 from quarry.v1 import server_info_pb2, server_info_pb2_grpc
 from support.processes import VENV_BIN, free_port, quarry_env, quarry_serve, wait_serving
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def read_until(child: subprocess.Popen, marker: str, timeout: float = 30.0) -> str:
@@ -49,6 +52,7 @@ def test_up_starts_the_suite_on_embedded_defaults_and_stops_on_ctrl_c(tmp_path):
     child = subprocess.Popen(
         [str(VENV_BIN / "quarry"), "up"],
         env=env,
+        cwd=REPO,
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -58,6 +62,27 @@ def test_up_starts_the_suite_on_embedded_defaults_and_stops_on_ctrl_c(tmp_path):
         for name, p in ports.items():
             assert f"{name:<17} 127.0.0.1:{p}" in banner, banner
         assert "grpcurl -plaintext" in banner
+        # Every shell command the banner offers works as printed, from another terminal
+        # in the same directory (the Python line is for a PySpark session: not run here).
+        commands = [
+            line.strip()
+            for line in banner.split("Try it from another terminal:", 1)[1].splitlines()
+            if line.startswith("  ") and not line.strip().startswith("import ")
+        ]
+        assert len(commands) >= 8, banner
+        for command in commands:
+            ran = subprocess.run(
+                ["bash", "-c", command],
+                env=env,
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert ran.returncode == 0, (command, ran.stdout, ran.stderr)
+            assert "Traceback" not in ran.stderr, (command, ran.stderr)
+            if "ListObjects" in command:
+                assert "docs/README.md" in ran.stdout, (command, ran.stdout)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             info = server_info_pb2_grpc.ServerInfoStub(channel).GetServerInfo(
                 server_info_pb2.GetServerInfoRequest(), timeout=5

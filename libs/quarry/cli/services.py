@@ -209,10 +209,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"  {q} put demo main docs/ --from README.md")
         print(f"  {q} commit demo main -m 'first commit'")
         print(f"  {q} ls demo main --recursive && {q} log demo main")
-        print("\nOr with grpcurl (every service serves reflection):")
+        print("\nOr with grpcurl (every service serves reflection; other calls need a token):")
         print(f"  {grpcurl} -plaintext {host}:{settings.branch_manager_port} list")
+        auth = f'-H "authorization: Bearer $({q} auth token)" ' if settings.auth_enabled else ""
         print(
-            f'  {grpcurl} -plaintext -d \'{{"repository":"demo","ref":"main"}}\' '
+            f"  {grpcurl} -plaintext {auth}"
+            f'-d \'{{"repository":"demo","ref":"main"}}\' '
             f"{host}:{settings.branch_manager_port} quarry.v1.BranchManager/ListObjects"
         )
         print(
