@@ -111,9 +111,7 @@ class FannedOutWriter:
     def __init__(self, manager: CommittedManager, processes: int, min_changes: int) -> None:
         self.manager = manager
         self.workers = ProcessSpanWorkers(processes, local_manager)
-        self.fan_out = FanOut(
-            manager, [self.workers.apply_span] * processes, min_changes=min_changes
-        )
+        self.fan_out = FanOut(manager, self.workers.peers(), min_changes=min_changes)
         self.workers.wait_ready()
 
     def apply_changes(self, namespace, base_metarange_id, changes):  # noqa: ANN001, ANN201

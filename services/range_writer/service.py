@@ -51,7 +51,7 @@ def _fan_out(
             settings.range_writer_processes,
             functools.partial(CommittedManager.from_settings, settings),
         )
-        peers += [workers.apply_span] * workers.count
+        peers += workers.peers()
         closers.append(workers.close)
     from quarry.auth.service_tokens import token_source
     from quarry.committed.remote import RemoteRangeWriter

@@ -15,7 +15,13 @@ from quarry.blob import LocalBlobStore
 from quarry.committed import CommittedManager
 from quarry.committed.remote import RemoteRangeWriter
 from quarry.graveler.model import Entry
-from support.processes import free_port, quarry_env, quarry_serve, wait_serving
+from support.processes import (
+    free_port,
+    process_running,
+    quarry_env,
+    quarry_serve,
+    wait_serving,
+)
 
 
 def workers_of(pid: int) -> list[int]:
@@ -32,19 +38,11 @@ def workers_of(pid: int) -> list[int]:
     return found
 
 
-def running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def wait_gone(pids: list[int], timeout: float = 15) -> list[int]:
     deadline = time.monotonic() + timeout
-    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(process_running(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return [pid for pid in pids if running(pid)]
+    return [pid for pid in pids if process_running(pid)]
 
 
 def entry(path: str, version: int = 0) -> Entry:

@@ -19,6 +19,7 @@ from quarry.committed import CommittedManager
 from quarry.committed.processes import ProcessSpanWorkers
 from quarry.committed.spans import FanOut
 from quarry.graveler.model import Entry
+from support.processes import process_running
 
 TARGET = 16
 # A worker builds its manager with this (pickled to the spawned process): the same chunking
@@ -30,19 +31,6 @@ MAKE_MANAGER = functools.partial(
 
 def entry(path: str, version: int = 0) -> Entry:
     return Entry(path, f"/data/{path}@{version}", len(path) + version, f"{version:032x}")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (exited, not yet reaped by its parent) is gone for our purposes.
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture
@@ -139,18 +127,19 @@ def test_workers_end_with_the_process_that_started_them(tmp_path):
     path = tmp_path / "parent.py"
     path.write_text(script)
     parent = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
     try:
         pids = [int(pid) for pid in parent.stdout.readline().split()]
-        assert len(pids) == 2 and all(alive(pid) for pid in pids)
+        assert len(pids) == 2 and all(process_running(pid) for pid in pids)
         parent.kill()
         parent.wait(10)
         deadline = time.monotonic() + 10
-        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        while any(process_running(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(alive(pid) for pid in pids), "a worker outlived its parent"
+        assert not any(process_running(pid) for pid in pids), "a worker outlived its parent"
     finally:
         if parent.poll() is None:
             parent.kill()
-        for pid in pids if "pids" in locals() else []:
-            if alive(pid):
+        for pid in pids:
+            if process_running(pid):
                 os.kill(pid, signal.SIGKILL)

@@ -28,7 +28,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from quarry.committed.apply import AppliedRanges
-from quarry.committed.spans import PutOrDelete, Span
+from quarry.committed.spans import PutOrDelete, Span, SpanApplier
 
 # Spawned, never forked: the range-writer is a gRPC server with threads, and a forked child
 # would inherit its locks in whatever state they were in.
@@ -115,6 +115,10 @@ class ProcessSpanWorkers:
             pool = self._pool
         # ProcessPoolExecutor keeps its processes by pid; it has no public accessor.
         return sorted(getattr(pool, "_processes", None) or {})
+
+    def peers(self) -> list[SpanApplier]:
+        """FanOut's peers: one per worker process, so each can hold a span at once."""
+        return [self.apply_span] * self.count
 
     def apply_span(self, namespace: str, base_metarange_id: str, span: Span) -> AppliedRanges:
         with self._lock:

@@ -49,10 +49,12 @@ class _PrivateIdGenerator(IdGenerator):
         return _random.getrandbits(128) or 1
 
 
+# Every id Quarry makes: its tracer providers' and the background work's unsampled context.
+_IDS = _PrivateIdGenerator()
+
+
 def _provider(service_name: str) -> TracerProvider:
-    return TracerProvider(
-        resource=Resource.create({SERVICE_NAME: service_name}), id_generator=_PrivateIdGenerator()
-    )
+    return TracerProvider(resource=Resource.create({SERVICE_NAME: service_name}), id_generator=_IDS)
 
 
 def tracing_requested(env: Mapping[str, str] = os.environ) -> bool:
@@ -144,8 +146,8 @@ def background() -> Iterator[None]:
         return
     unsampled = NonRecordingSpan(
         SpanContext(
-            trace_id=_random.getrandbits(128) or 1,
-            span_id=_random.getrandbits(64) or 1,
+            trace_id=_IDS.generate_trace_id(),
+            span_id=_IDS.generate_span_id(),
             is_remote=False,
             trace_flags=TraceFlags(TraceFlags.DEFAULT),
         )
