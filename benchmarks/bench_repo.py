@@ -110,7 +110,7 @@ class FannedOutWriter:
 
     def __init__(self, manager: CommittedManager, processes: int, min_changes: int) -> None:
         self.manager = manager
-        self.workers = ProcessSpanWorkers(processes, local_manager)
+        self.workers = ProcessSpanWorkers(processes, local_manager, add_stats=manager.add_stats)
         self.fan_out = FanOut(manager, self.workers.peers(), min_changes=min_changes)
         self.workers.wait_ready()
 

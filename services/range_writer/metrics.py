@@ -38,7 +38,8 @@ RANGES = Counter(
 class CommittedStatsCollector(Collector):
     """quarry_range_writer_{range,metarange}_files_total{result} and
     quarry_range_writer_bytes_written_total, summed over the process's live managers (one in
-    a `quarry serve range-writer` process; several in in-process test suites) at scrape time."""
+    a `quarry serve range-writer` process; several in in-process test suites) at scrape time.
+    A manager's stats include its span worker processes' files (CommittedManager.add_stats)."""
 
     def __init__(self) -> None:
         self.managers: weakref.WeakSet[CommittedManager] = weakref.WeakSet()

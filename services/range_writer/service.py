@@ -50,6 +50,7 @@ def _fan_out(
         workers = ProcessSpanWorkers(
             settings.range_writer_processes,
             functools.partial(CommittedManager.from_settings, settings),
+            add_stats=manager.add_stats,
         )
         peers += workers.peers()
         closers.append(workers.close)

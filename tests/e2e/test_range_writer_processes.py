@@ -5,8 +5,10 @@ end with it, whether it stops cleanly (SIGTERM) or is killed (SIGKILL)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from quarry.blob import LocalBlobStore
 from quarry.committed import CommittedManager
 from quarry.committed.remote import RemoteRangeWriter
+from quarry.config import SERVICES
 from quarry.graveler.model import Entry
 from support.processes import (
     free_port,
@@ -49,12 +52,28 @@ def entry(path: str, version: int = 0) -> Entry:
     return Entry(path, f"/data/{path}@{version}", len(path) + version, f"{version:032x}")
 
 
+def range_files(namespace: str) -> set[str]:
+    return set(os.listdir(os.path.join(namespace, "_quarry", "ranges")))
+
+
+def written_range_files_metric(metrics_port: int) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read()
+    found = re.search(
+        rb'^quarry_range_writer_range_files_total\{result="written"\} (\S+)$', text, re.M
+    )
+    assert found, "the range-writer exports no quarry_range_writer_range_files_total"
+    return float(found.group(1))
+
+
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
 def test_range_writer_worker_processes(tmp_path, stop):
     port = free_port()
+    # The range-writer listens for metrics on QUARRY_METRICS_BASE_PORT + its service index.
+    metrics_port = free_port()
     env = quarry_env(
         tmp_path / "home",
         QUARRY_AUTH_ENABLED="false",
+        QUARRY_METRICS_BASE_PORT=str(metrics_port - SERVICES.index("range-writer")),
         QUARRY_RANGE_WRITER_PORT=str(port),
         QUARRY_RANGE_WRITER_PROCESSES="2",
         QUARRY_RANGE_WRITER_FAN_OUT_MIN_CHANGES="100",
@@ -75,10 +94,15 @@ def test_range_writer_worker_processes(tmp_path, stop):
             time.sleep(0.1)
         workers = workers_of(server.pid)
         assert len(workers) == 2, "the range-writer did not start its 2 worker processes"
+        before = range_files(namespace)
         with RemoteRangeWriter(f"127.0.0.1:{port}", timeout=120) as remote:
             result = remote.apply_changes(namespace, base, changes)
         assert result.metarange_id == expected.metarange_id
         assert result.summary == expected.summary
+        # Its metrics count every range file the apply wrote, the workers' included.
+        new_files = len(range_files(namespace) - before)
+        assert new_files == result.ranges_written > 0
+        assert written_range_files_metric(metrics_port) == new_files
         assert workers_of(server.pid) == workers  # the workers served it, none was lost
         os.kill(server.pid, stop)
         server.wait(30)

@@ -77,6 +77,38 @@ def test_a_worker_process_applies_a_span_with_the_result_of_one_apply(tmp_path, 
         assert os.path.exists(os.path.join(namespace, "_quarry", "ranges", f"{info.id}.parquet"))
 
 
+def test_a_workers_files_count_in_the_coordinators_stats(tmp_path):
+    """The range-writer's file metrics read its manager's stats: the spans its workers
+    wrote must be counted there too (add_stats)."""
+    namespace = str(tmp_path / "ns")
+    coordinator = MAKE_MANAGER()
+    entries = [entry(f"p/{i:05d}") for i in range(8000)]
+    base = coordinator.write_metarange(namespace, entries).metarange_id
+    coordinator.reset_stats()
+    changes = scattered(entries, 1)
+    written_alone = reference(tmp_path / "other", entries, changes).ranges_written
+    pool = ProcessSpanWorkers(1, MAKE_MANAGER, add_stats=coordinator.add_stats)
+    fan_out = FanOut(coordinator, pool.peers(), min_changes=1)
+    try:
+        pool.wait_ready(60)
+        result = fan_out.apply_changes(namespace, base, changes)
+    finally:
+        fan_out.close()
+        pool.close()
+    assert result.ranges_written == written_alone
+    stats = coordinator.stats
+    # Every range file of the apply is counted once: the coordinator's and the worker's.
+    assert stats.ranges_written == written_alone
+    assert stats.metaranges_written == 1
+    ranges_dir = os.path.join(namespace, "_quarry", "ranges")
+    new_ids = {i.id for i in coordinator.get_metarange(namespace, result.metarange_id)} - {
+        i.id for i in coordinator.get_metarange(namespace, base)
+    }
+    new_bytes = sum(os.path.getsize(os.path.join(ranges_dir, f"{i}.parquet")) for i in new_ids)
+    # ... and their bytes (the metarange's on top).
+    assert new_bytes < stats.bytes_written
+
+
 def test_a_worker_that_dies_costs_only_its_span(tmp_path, workers):
     namespace = str(tmp_path / "ns")
     coordinator = MAKE_MANAGER()

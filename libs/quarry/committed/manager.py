@@ -133,6 +133,13 @@ class CommittedManager:
     def reset_stats(self) -> None:
         self._stats.reset()
 
+    def add_stats(self, counts: dict[str, int]) -> None:
+        """Count work done for this manager elsewhere: its span worker processes' files and
+        reads (processes.ProcessSpanWorkers), so the range-writer's metrics include them."""
+        for name, n in counts.items():
+            if n:
+                self._stats.count(name, n)
+
     def clear_memory_cache(self) -> None:
         self._loader.clear_memory_cache()
 

@@ -73,8 +73,13 @@ def _ready() -> bool:
 
 def _apply_span(
     namespace: str, base_metarange_id: str, first: int, stop: int, changes: list[PutOrDelete]
-) -> AppliedRanges:
-    return _manager.apply_span(namespace, base_metarange_id, Span(first, stop, changes))
+) -> tuple[AppliedRanges, dict[str, int]]:
+    """The span applied, and what it cost this worker (its CommittedManager.stats counts:
+    files written, reads): a worker runs one call at a time, so the difference is the span's."""
+    before = _manager.stats.as_dict()
+    applied = _manager.apply_span(namespace, base_metarange_id, Span(first, stop, changes))
+    after = _manager.stats.as_dict()
+    return applied, {name: after[name] - before[name] for name in after}
 
 
 class ProcessSpanWorkers:
@@ -82,13 +87,21 @@ class ProcessSpanWorkers:
 
     `make_manager` builds a worker's CommittedManager in the worker: it is pickled to the
     spawned process, so it must be a module-level function or a functools.partial of one
-    (CommittedManager.from_settings with the range-writer's settings)."""
+    (CommittedManager.from_settings with the range-writer's settings). `add_stats` is given
+    what each span cost its worker (CommittedStats counts: files written, reads), for the
+    coordinator's manager (CommittedManager.add_stats) and so its metrics."""
 
-    def __init__(self, count: int, make_manager: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        count: int,
+        make_manager: Callable[[], Any],
+        add_stats: Callable[[dict[str, int]], None] | None = None,
+    ) -> None:
         if count < 1:
             raise ValueError("ProcessSpanWorkers needs at least one process")
         self.count = count
         self._make_manager = make_manager
+        self._add_stats = add_stats
         self._lock = threading.Lock()
         self._closed = False
         self._pool = self._start()
@@ -129,7 +142,7 @@ class ProcessSpanWorkers:
             future = pool.submit(
                 _apply_span, namespace, base_metarange_id, span.first, span.stop, list(span.changes)
             )
-            return future.result()
+            applied, counts = future.result()
         except BrokenProcessPool:
             # A worker died (killed, out of memory): this span fails (FanOut applies it in
             # the coordinator) and the next apply gets a fresh pool.
@@ -138,6 +151,9 @@ class ProcessSpanWorkers:
                     self._pool = self._start()
             pool.shutdown(wait=False)
             raise
+        if self._add_stats is not None:
+            self._add_stats(counts)
+        return applied
 
     def close(self) -> None:
         with self._lock:
