@@ -181,6 +181,13 @@ class Settings:
         "docs/performance.md, scale-out). Each has its own caches of the sizes above. "
         "0: none.",
     )
+    range_writer_span_timeout_seconds: float = _setting(
+        600.0,
+        "range-writer: how long it waits for a worker process to return a span before it "
+        "kills its worker processes (stopped, deadlocked, stuck on storage), applies the span "
+        "itself and starts fresh ones. A worker is capacity, never something a commit waits "
+        "on forever.",
+    )
     range_writer_fan_out_min_changes: int = _setting(
         500,
         "range-writer: applies with fewer changes run here whole, as do applies whose "
@@ -327,6 +334,11 @@ class Settings:
                 raise errors.InvalidArgument(
                     f"setting {name} must be 0 or more, not {getattr(self, name)}"
                 )
+        if not self.range_writer_span_timeout_seconds > 0:
+            raise errors.InvalidArgument(
+                "setting range_writer_span_timeout_seconds must be positive, "
+                f"not {self.range_writer_span_timeout_seconds}"
+            )
         if self.max_response_bytes < 1:
             raise errors.InvalidArgument(
                 f"setting max_response_bytes must be positive, not {self.max_response_bytes}"

@@ -51,6 +51,7 @@ def _fan_out(
             settings.range_writer_processes,
             functools.partial(CommittedManager.from_settings, settings),
             add_stats=manager.add_stats,
+            span_timeout=settings.range_writer_span_timeout_seconds,
         )
         peers += workers.peers()
         closers.append(workers.close)

@@ -1,9 +1,12 @@
 """A real `quarry serve range-writer` with QUARRY_RANGE_WRITER_PROCESSES: it starts its span
-worker processes, a large apply sent to it gives the metarange of one apply, and its workers
-end with it, whether it stops cleanly (SIGTERM) or is killed (SIGKILL)."""
+worker processes, a large apply sent to it gives the metarange of one apply (and its metrics
+count the workers' files), its workers end with it, whether it stops cleanly (SIGTERM) or is
+killed (SIGKILL), and a worker that stops answering holds an apply no longer than
+QUARRY_RANGE_WRITER_SPAN_TIMEOUT_SECONDS."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -38,7 +41,7 @@ def workers_of(pid: int) -> list[int]:
             continue
         if int(fields[1]) == pid and fields[0] != "Z" and b"spawn_main" in cmdline:
             found.append(int(stat.parent.name))
-    return found
+    return sorted(found)
 
 
 def wait_gone(pids: list[int], timeout: float = 15) -> list[int]:
@@ -107,3 +110,59 @@ def test_range_writer_worker_processes(tmp_path, stop):
         os.kill(server.pid, stop)
         server.wait(30)
         assert wait_gone(workers) == [], f"workers outlived a range-writer stopped by {stop!r}"
+
+
+def test_a_stopped_worker_does_not_hold_a_commit(tmp_path):
+    """A worker that stops answering (SIGSTOP) costs a large apply only the span timeout: the
+    range-writer applies that span itself, kills its workers and starts fresh ones, which
+    take the next apply's spans."""
+    port = free_port()
+    env = quarry_env(
+        tmp_path / "home",
+        QUARRY_AUTH_ENABLED="false",
+        QUARRY_RANGE_WRITER_PORT=str(port),
+        QUARRY_RANGE_WRITER_PROCESSES="2",
+        QUARRY_RANGE_WRITER_FAN_OUT_MIN_CHANGES="100",
+        QUARRY_RANGE_WRITER_SPAN_TIMEOUT_SECONDS="3",
+    )
+    namespace = str(tmp_path / "lake")
+    entries = [entry(f"d{i // 1000:03d}/f{i:06d}") for i in range(120_000)]
+    reference = CommittedManager(LocalBlobStore, None)
+    base = reference.write_metarange(namespace, entries).metarange_id
+    stopped: list[int] = []
+    with quarry_serve("range-writer", env) as server:
+        wait_serving(f"127.0.0.1:{port}", timeout=60)
+        deadline = time.monotonic() + 60
+        while len(workers_of(server.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        workers = workers_of(server.pid)
+        assert len(workers) == 2
+        try:
+            os.kill(workers[0], signal.SIGSTOP)
+            stopped.append(workers[0])
+            with RemoteRangeWriter(f"127.0.0.1:{port}", timeout=120) as remote:
+                for version in (1, 2):
+                    changes = [(e.path, entry(e.path, version)) for e in entries[::40]]
+                    other = str(tmp_path / f"other{version}")
+                    expected = reference.apply_changes(
+                        other, reference.write_metarange(other, entries).metarange_id, changes
+                    )
+                    started = time.monotonic()
+                    result = remote.apply_changes(namespace, base, changes)
+                    assert result.metarange_id == expected.metarange_id
+                    assert time.monotonic() - started < 60
+                    if version == 1:
+                        # The stopped worker was killed (its healthy sibling with it) and
+                        # two fresh workers started.
+                        assert wait_gone(workers) == [], "the stopped worker was left behind"
+                        deadline = time.monotonic() + 60
+                        while len(workers_of(server.pid)) < 2 and time.monotonic() < deadline:
+                            time.sleep(0.1)
+                        fresh = workers_of(server.pid)
+                        assert len(fresh) == 2 and not set(fresh) & set(workers)
+            # The fresh workers served the second apply: none was replaced again.
+            assert workers_of(server.pid) == fresh
+        finally:
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)

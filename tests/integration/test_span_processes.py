@@ -1,9 +1,10 @@
 """Span worker processes (quarry.committed.processes): real spawned processes apply spans of
-a large apply with the result of one apply; a worker that dies costs only its span; a
-worker never outlives the process that started it."""
+a large apply with the result of one apply; a worker that dies, or stops answering, costs
+only its span; a worker never outlives the process that started it."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -135,6 +136,50 @@ def test_a_worker_that_dies_costs_only_its_span(tmp_path, workers):
         assert coordinator.stats.ranges_written - before < expected.ranges_written
     finally:
         fan_out.close()
+
+
+def test_a_worker_that_stops_answering_is_killed_and_its_span_applied_here(tmp_path):
+    """A stopped (SIGSTOP: ignores SIGTERM, answers nothing) or deadlocked worker must not
+    hold a commit: past span_timeout the span is applied by the coordinator, the worker is
+    killed and a fresh one takes the next apply's span."""
+    namespace = str(tmp_path / "ns")
+    coordinator = MAKE_MANAGER()
+    entries = [entry(f"p/{i:05d}") for i in range(8000)]
+    base = coordinator.write_metarange(namespace, entries).metarange_id
+    pool = ProcessSpanWorkers(1, MAKE_MANAGER, span_timeout=2)
+    fan_out = FanOut(coordinator, pool.peers(), min_changes=1)
+    stopped = 0
+    try:
+        pool.wait_ready(60)
+        [stopped] = pool.pids()
+        os.kill(stopped, signal.SIGSTOP)
+        changes = scattered(entries, 1)
+        expected = reference(tmp_path / "a", entries, changes)
+        started = time.monotonic()
+        assert fan_out.apply_changes(namespace, base, changes).metarange_id == (
+            expected.metarange_id
+        )
+        assert time.monotonic() - started < 30
+        deadline = time.monotonic() + 15
+        while process_running(stopped) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not process_running(stopped), "the stopped worker was left behind"
+        # A fresh worker takes its span of the next apply.
+        pool.wait_ready(60)
+        assert pool.pids() and stopped not in pool.pids()
+        before = coordinator.stats.ranges_written
+        changes = scattered(entries, 2)
+        expected = reference(tmp_path / "b", entries, changes)
+        assert fan_out.apply_changes(namespace, base, changes).metarange_id == (
+            expected.metarange_id
+        )
+        assert coordinator.stats.ranges_written - before < expected.ranges_written
+    finally:
+        fan_out.close()
+        pool.close()
+        if stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGKILL)
 
 
 def test_workers_end_with_the_process_that_started_them(tmp_path):

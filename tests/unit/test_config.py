@@ -138,3 +138,11 @@ def test_cache_sizes_reach_the_committed_caches(tmp_path):
         manager.close()
     with pytest.raises(errors.InvalidArgument, match="range_cache_bytes must be 0 or more"):
         load_settings(env={"QUARRY_RANGE_CACHE_BYTES": "-1"})
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_a_span_timeout_must_be_positive(value):
+    # 0 would give every span to the coordinator after killing the workers it just started.
+    with pytest.raises(errors.InvalidArgument, match="range_writer_span_timeout_seconds"):
+        load_settings(env={"QUARRY_RANGE_WRITER_SPAN_TIMEOUT_SECONDS": value})
+    assert load_settings(env={}).range_writer_span_timeout_seconds == 600.0

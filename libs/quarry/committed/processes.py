@@ -9,15 +9,18 @@ object stores, and hands them spans exactly as it hands spans to peer range-writ
 them; the coordinator writes the one metarange once every span has returned.
 
 What a worker must never do: outlive its range-writer, or leave an apply waiting on a
-process that died. A worker watches its parent and exits once it is gone (even after a
-SIGKILL, when nothing in the parent runs), a worker that dies breaks only the spans it held
-(FanOut applies those here, and the pool is started afresh for the next apply), and closing
-the pool waits for the spans in flight.
+process that died or stopped answering. A worker watches its parent and exits once it is
+gone (even after a SIGKILL, when nothing in the parent runs); a worker that dies breaks only
+the spans it held (FanOut applies those here, and the pool is started afresh for the next
+apply); a span not back within `span_timeout` seconds (a worker stopped, deadlocked, stuck
+on storage) gets the pool's processes killed and started afresh, and is applied here; and
+closing the pool waits for the spans in flight.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import multiprocessing
 import os
 import signal
@@ -35,6 +38,10 @@ from quarry.committed.spans import PutOrDelete, Span, SpanApplier
 _CONTEXT = multiprocessing.get_context("spawn")
 # How often a worker checks that its parent is still there.
 PARENT_CHECK_SECONDS = 0.5
+# Settings.range_writer_span_timeout_seconds' default.
+DEFAULT_SPAN_TIMEOUT_SECONDS = 600.0
+
+log = logging.getLogger(__name__)
 
 # The worker process's manager and the pool's start barrier, set once by _start_worker.
 _manager: Any = None
@@ -96,12 +103,14 @@ class ProcessSpanWorkers:
         count: int,
         make_manager: Callable[[], Any],
         add_stats: Callable[[dict[str, int]], None] | None = None,
+        span_timeout: float = DEFAULT_SPAN_TIMEOUT_SECONDS,
     ) -> None:
         if count < 1:
             raise ValueError("ProcessSpanWorkers needs at least one process")
         self.count = count
         self._make_manager = make_manager
         self._add_stats = add_stats
+        self._span_timeout = span_timeout
         self._lock = threading.Lock()
         self._closed = False
         self._pool = self._start()
@@ -126,8 +135,26 @@ class ProcessSpanWorkers:
         """The worker processes' ids (tests and diagnostics)."""
         with self._lock:
             pool = self._pool
+        return self._pids(pool)
+
+    @staticmethod
+    def _processes(pool: concurrent.futures.ProcessPoolExecutor) -> dict[int, Any]:
         # ProcessPoolExecutor keeps its processes by pid; it has no public accessor.
-        return sorted(getattr(pool, "_processes", None) or {})
+        return dict(getattr(pool, "_processes", None) or {})
+
+    def _pids(self, pool: concurrent.futures.ProcessPoolExecutor) -> list[int]:
+        return sorted(self._processes(pool))
+
+    def _replace(self, pool: concurrent.futures.ProcessPoolExecutor, kill: bool = False) -> None:
+        """Start a fresh pool in place of `pool` (once, however many spans saw it fail) and
+        let `pool` go; `kill`: its processes first (they did not answer)."""
+        with self._lock:
+            if self._pool is pool and not self._closed:
+                self._pool = self._start()
+        if kill:
+            for process in self._processes(pool).values():
+                process.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
 
     def peers(self) -> list[SpanApplier]:
         """FanOut's peers: one per worker process, so each can hold a span at once."""
@@ -142,14 +169,24 @@ class ProcessSpanWorkers:
             future = pool.submit(
                 _apply_span, namespace, base_metarange_id, span.first, span.stop, list(span.changes)
             )
-            applied, counts = future.result()
+            applied, counts = future.result(timeout=self._span_timeout)
         except BrokenProcessPool:
             # A worker died (killed, out of memory): this span fails (FanOut applies it in
             # the coordinator) and the next apply gets a fresh pool.
-            with self._lock:
-                if self._pool is pool and not self._closed:
-                    self._pool = self._start()
-            pool.shutdown(wait=False)
+            self._replace(pool)
+            raise
+        except concurrent.futures.TimeoutError:
+            # A worker that does not answer would hold this span, and every span queued
+            # behind it, forever: its processes are killed (a stopped process ignores
+            # SIGTERM until continued), the span fails (FanOut applies it here) and the next
+            # apply gets a fresh pool. A span another worker of the pool held fails too.
+            log.warning(
+                "a span worker process did not return a span in %.0f s: killing the span "
+                "workers (pids %s) and starting new ones",
+                self._span_timeout,
+                self._pids(pool),
+            )
+            self._replace(pool, kill=True)
             raise
         if self._add_stats is not None:
             self._add_stats(counts)
