@@ -183,10 +183,10 @@ class Settings:
     )
     range_writer_span_timeout_seconds: float = _setting(
         600.0,
-        "range-writer: how long it waits for a worker process to return a span before it "
-        "kills its worker processes (stopped, deadlocked, stuck on storage), applies the span "
-        "itself and starts fresh ones. A worker is capacity, never something a commit waits "
-        "on forever.",
+        "range-writer: how long it waits for a worker process or a peer to return a span "
+        "before it applies the span itself; worker processes that did not answer (stopped, "
+        "deadlocked, stuck on storage) are then killed and started afresh. Workers and peers "
+        "are capacity, never something a commit waits on forever.",
     )
     range_writer_fan_out_min_changes: int = _setting(
         500,

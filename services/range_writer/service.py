@@ -64,7 +64,11 @@ def _fan_out(
     security = channel_security(settings)
     for target in targets:
         raw, traced = open_service_channel(target, tokens, security)
-        peers.append(RemoteRangeWriter(traced).apply_span)
+        # A peer that does not answer (partitioned away, stopped) holds a span no longer
+        # than a worker process would: then the coordinator applies it.
+        peers.append(
+            RemoteRangeWriter(traced, timeout=settings.range_writer_span_timeout_seconds).apply_span
+        )
         closers.append(raw.close)
     fan_out = FanOut(
         manager,

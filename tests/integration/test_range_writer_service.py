@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -506,3 +508,49 @@ def test_a_span_a_peer_cannot_apply_is_applied_by_the_coordinator(tmp_path):
         result = remote.apply_changes(namespace, base, changes)
     assert result.metarange_id == expected.metarange_id
     assert result.summary == expected.summary
+
+
+def test_a_peer_that_does_not_answer_holds_a_span_only_until_the_span_timeout(tmp_path):
+    # The peer takes the span and never returns it (a stuck or partitioned pod): past
+    # range_writer_span_timeout_seconds the coordinator applies that span itself.
+    released = threading.Event()
+
+    class StuckManager(CommittedManager):
+        def apply_span(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            released.wait(120)
+            raise RuntimeError("released")
+
+    def manager(cls: type[CommittedManager] = CommittedManager) -> CommittedManager:
+        return cls(lambda ns: LocalBlobStore(ns, durable=False), None, target_range_entries=32)
+
+    namespace = str(tmp_path / "ns")
+    coordinator_manager = manager()
+    entries = [entry(f"p/{i:05d}") for i in range(3000)]
+    base = coordinator_manager.write_metarange(namespace, entries).metarange_id
+    changes = [(e.path, entry(e.path, 1)) for e in entries[::7]]
+    other = str(tmp_path / "other")
+    reference = manager()
+    expected = reference.apply_changes(
+        other, reference.write_metarange(other, entries).metarange_id, changes
+    )
+    stuck = manager(StuckManager)
+    try:
+        with (
+            range_writer(stuck) as peer,
+            range_writer(
+                coordinator_manager,
+                range_writer_peers=peer,
+                range_writer_fan_out_min_changes=100,
+                range_writer_span_timeout_seconds=2.0,
+            ) as coordinator,
+            RemoteRangeWriter(coordinator, timeout=60) as remote,
+        ):
+            started = time.monotonic()
+            result = remote.apply_changes(namespace, base, changes)
+            assert time.monotonic() - started < 30
+            released.set()
+    finally:
+        released.set()
+    assert result.metarange_id == expected.metarange_id
+    assert result.summary == expected.summary
+    assert stuck.stats.ranges_written == 0  # the peer wrote nothing: the coordinator did it all
