@@ -182,6 +182,23 @@ def test_a_worker_that_stops_answering_is_killed_and_its_span_applied_here(tmp_p
                 os.kill(stopped, signal.SIGKILL)
 
 
+def test_closing_does_not_wait_for_a_worker_that_stopped_answering():
+    """A worker stopped (or deadlocked) when the range-writer shuts down must not hold the
+    shutdown: close() waits at most span_timeout, then kills it."""
+    pool = ProcessSpanWorkers(1, MAKE_MANAGER, span_timeout=2)
+    pool.wait_ready(60)
+    [stopped] = pool.pids()
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        pool.close()
+        assert time.monotonic() - started < 20
+        assert not process_running(stopped), "the stopped worker was left behind"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stopped, signal.SIGKILL)
+
+
 def test_workers_end_with_the_process_that_started_them(tmp_path):
     # Never outlive the range-writer: its workers are killed with it, even by SIGKILL
     # (nothing in the parent runs then).

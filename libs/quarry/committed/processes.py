@@ -14,7 +14,8 @@ gone (even after a SIGKILL, when nothing in the parent runs); a worker that dies
 the spans it held (FanOut applies those here, and the pool is started afresh for the next
 apply); a span not back within `span_timeout` seconds (a worker stopped, deadlocked, stuck
 on storage) gets the pool's processes killed and started afresh, and is applied here; and
-closing the pool waits for the spans in flight.
+closing the pool waits for the spans in flight, as long as a span may take, then kills
+the workers still busy.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import threading
@@ -193,7 +195,21 @@ class ProcessSpanWorkers:
         return applied
 
     def close(self) -> None:
+        """Stop the workers once the spans in flight have finished, waiting for them no
+        longer than a span may take (span_timeout): a worker still busy then (stopped,
+        deadlocked) is killed rather than holding the range-writer's shutdown."""
         with self._lock:
             self._closed = True
             pool = self._pool
-        pool.shutdown(wait=True, cancel_futures=True)
+        processes = self._processes(pool)
+        pool.shutdown(wait=False, cancel_futures=True)
+        # Waiting on the sentinels reaps nothing: the pool's own thread joins its processes.
+        multiprocessing.connection.wait(
+            [process.sentinel for process in processes.values()], self._span_timeout
+        )
+        stuck = [pid for pid, process in processes.items() if process.is_alive()]
+        if stuck:
+            log.warning("span worker processes %s did not stop in time: killing them", stuck)
+            for pid in stuck:
+                processes[pid].kill()
+        pool.shutdown(wait=True)
