@@ -193,10 +193,26 @@ def test_closing_does_not_wait_for_a_worker_that_stopped_answering():
         started = time.monotonic()
         pool.close()
         assert time.monotonic() - started < 20
+        deadline = time.monotonic() + 15
+        while process_running(stopped) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert not process_running(stopped), "the stopped worker was left behind"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(stopped, signal.SIGKILL)
+
+
+def test_closing_a_pool_whose_workers_all_died_returns_at_once():
+    pool = ProcessSpanWorkers(1, MAKE_MANAGER, span_timeout=30)
+    pool.wait_ready(60)
+    for pid in pool.pids():
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 15
+    while pool.pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = time.monotonic()
+    pool.close()
+    assert time.monotonic() - started < 10
 
 
 def test_workers_end_with_the_process_that_started_them(tmp_path):

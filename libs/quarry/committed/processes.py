@@ -204,9 +204,11 @@ class ProcessSpanWorkers:
         processes = self._processes(pool)
         pool.shutdown(wait=False, cancel_futures=True)
         # Waiting on the sentinels reaps nothing: the pool's own thread joins its processes.
-        multiprocessing.connection.wait(
-            [process.sentinel for process in processes.values()], self._span_timeout
-        )
+        # (With no process listed, waiting on nothing would sleep the whole timeout.)
+        if processes:
+            multiprocessing.connection.wait(
+                [process.sentinel for process in processes.values()], self._span_timeout
+            )
         stuck = [pid for pid, process in processes.items() if process.is_alive()]
         if stuck:
             log.warning("span worker processes %s did not stop in time: killing them", stuck)
