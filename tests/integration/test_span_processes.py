@@ -54,11 +54,38 @@ def scattered(entries: list[Entry], version: int, step: int = 10) -> list[tuple[
     return [(e.path, entry(e.path, version)) for e in entries[::step]]
 
 
-def test_a_worker_process_applies_a_span_with_the_result_of_one_apply(tmp_path, workers):
+def repository(tmp_path):  # noqa: ANN001, ANN201
+    """A namespace holding a metarange of 8,000 entries, and the coordinator's manager."""
     namespace = str(tmp_path / "ns")
     coordinator = MAKE_MANAGER()
     entries = [entry(f"p/{i:05d}") for i in range(8000)]
-    base = coordinator.write_metarange(namespace, entries).metarange_id
+    return (
+        namespace,
+        coordinator,
+        entries,
+        coordinator.write_metarange(namespace, entries).metarange_id,
+    )
+
+
+def gone(pid: int, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while process_running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not process_running(pid)
+
+
+def assert_a_worker_takes_part(where, coordinator, fan_out, namespace, base, entries) -> None:  # noqa: ANN001, PLR0913
+    """A fan-out apply has the result of one apply, and a worker wrote part of its ranges
+    (the coordinator wrote fewer than one apply does)."""
+    before = coordinator.stats.ranges_written
+    changes = scattered(entries, 2)
+    expected = reference(where, entries, changes)
+    assert fan_out.apply_changes(namespace, base, changes).metarange_id == expected.metarange_id
+    assert coordinator.stats.ranges_written - before < expected.ranges_written
+
+
+def test_a_worker_process_applies_a_span_with_the_result_of_one_apply(tmp_path, workers):
+    namespace, coordinator, entries, base = repository(tmp_path)
     coordinator.reset_stats()
     changes = scattered(entries, 1)
     expected = reference(tmp_path / "other", entries, changes)
@@ -81,10 +108,7 @@ def test_a_worker_process_applies_a_span_with_the_result_of_one_apply(tmp_path, 
 def test_a_workers_files_count_in_the_coordinators_stats(tmp_path):
     """The range-writer's file metrics read its manager's stats: the spans its workers
     wrote must be counted there too (add_stats)."""
-    namespace = str(tmp_path / "ns")
-    coordinator = MAKE_MANAGER()
-    entries = [entry(f"p/{i:05d}") for i in range(8000)]
-    base = coordinator.write_metarange(namespace, entries).metarange_id
+    namespace, coordinator, entries, base = repository(tmp_path)
     coordinator.reset_stats()
     changes = scattered(entries, 1)
     written_alone = reference(tmp_path / "other", entries, changes).ranges_written
@@ -111,10 +135,7 @@ def test_a_workers_files_count_in_the_coordinators_stats(tmp_path):
 
 
 def test_a_worker_that_dies_costs_only_its_span(tmp_path, workers):
-    namespace = str(tmp_path / "ns")
-    coordinator = MAKE_MANAGER()
-    entries = [entry(f"p/{i:05d}") for i in range(8000)]
-    base = coordinator.write_metarange(namespace, entries).metarange_id
+    namespace, coordinator, entries, base = repository(tmp_path)
     fan_out = FanOut(coordinator, [workers.apply_span], min_changes=1)
     try:
         for pid in workers.pids():
@@ -127,13 +148,7 @@ def test_a_worker_that_dies_costs_only_its_span(tmp_path, workers):
         )
         # The next apply gets a fresh worker, which takes its span again.
         workers.wait_ready(60)
-        before = coordinator.stats.ranges_written
-        changes = scattered(entries, 2)
-        expected = reference(tmp_path / "b", entries, changes)
-        assert fan_out.apply_changes(namespace, base, changes).metarange_id == (
-            expected.metarange_id
-        )
-        assert coordinator.stats.ranges_written - before < expected.ranges_written
+        assert_a_worker_takes_part(tmp_path / "b", coordinator, fan_out, namespace, base, entries)
     finally:
         fan_out.close()
 
@@ -142,10 +157,7 @@ def test_a_worker_that_stops_answering_is_killed_and_its_span_applied_here(tmp_p
     """A stopped (SIGSTOP: ignores SIGTERM, answers nothing) or deadlocked worker must not
     hold a commit: past span_timeout the span is applied by the coordinator, the worker is
     killed and a fresh one takes the next apply's span."""
-    namespace = str(tmp_path / "ns")
-    coordinator = MAKE_MANAGER()
-    entries = [entry(f"p/{i:05d}") for i in range(8000)]
-    base = coordinator.write_metarange(namespace, entries).metarange_id
+    namespace, coordinator, entries, base = repository(tmp_path)
     pool = ProcessSpanWorkers(1, MAKE_MANAGER, span_timeout=2)
     fan_out = FanOut(coordinator, pool.peers(), min_changes=1)
     stopped = 0
@@ -160,20 +172,11 @@ def test_a_worker_that_stops_answering_is_killed_and_its_span_applied_here(tmp_p
             expected.metarange_id
         )
         assert time.monotonic() - started < 30
-        deadline = time.monotonic() + 15
-        while process_running(stopped) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not process_running(stopped), "the stopped worker was left behind"
+        assert gone(stopped), "the stopped worker was left behind"
         # A fresh worker takes its span of the next apply.
         pool.wait_ready(60)
         assert pool.pids() and stopped not in pool.pids()
-        before = coordinator.stats.ranges_written
-        changes = scattered(entries, 2)
-        expected = reference(tmp_path / "b", entries, changes)
-        assert fan_out.apply_changes(namespace, base, changes).metarange_id == (
-            expected.metarange_id
-        )
-        assert coordinator.stats.ranges_written - before < expected.ranges_written
+        assert_a_worker_takes_part(tmp_path / "b", coordinator, fan_out, namespace, base, entries)
     finally:
         fan_out.close()
         pool.close()
@@ -193,10 +196,7 @@ def test_closing_does_not_wait_for_a_worker_that_stopped_answering():
         started = time.monotonic()
         pool.close()
         assert time.monotonic() - started < 20
-        deadline = time.monotonic() + 15
-        while process_running(stopped) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not process_running(stopped), "the stopped worker was left behind"
+        assert gone(stopped), "the stopped worker was left behind"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(stopped, signal.SIGKILL)
