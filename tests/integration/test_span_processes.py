@@ -20,7 +20,7 @@ from quarry.committed import CommittedManager
 from quarry.committed.processes import ProcessSpanWorkers
 from quarry.committed.spans import FanOut
 from quarry.graveler.model import Entry
-from support.processes import process_running
+from support.processes import process_running, wait_gone
 
 TARGET = 16
 # A worker builds its manager with this (pickled to the spawned process): the same chunking
@@ -65,13 +65,6 @@ def repository(tmp_path):  # noqa: ANN001, ANN201
         entries,
         coordinator.write_metarange(namespace, entries).metarange_id,
     )
-
-
-def gone(pid: int, timeout: float = 15) -> bool:
-    deadline = time.monotonic() + timeout
-    while process_running(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not process_running(pid)
 
 
 def assert_a_worker_takes_part(where, coordinator, fan_out, namespace, base, entries) -> None:  # noqa: ANN001, PLR0913
@@ -172,7 +165,7 @@ def test_a_worker_that_stops_answering_is_killed_and_its_span_applied_here(tmp_p
             expected.metarange_id
         )
         assert time.monotonic() - started < 30
-        assert gone(stopped), "the stopped worker was left behind"
+        assert wait_gone([stopped]) == [], "the stopped worker was left behind"
         # A fresh worker takes its span of the next apply.
         pool.wait_ready(60)
         assert pool.pids() and stopped not in pool.pids()
@@ -196,7 +189,7 @@ def test_closing_does_not_wait_for_a_worker_that_stopped_answering():
         started = time.monotonic()
         pool.close()
         assert time.monotonic() - started < 20
-        assert gone(stopped), "the stopped worker was left behind"
+        assert wait_gone([stopped]) == [], "the stopped worker was left behind"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(stopped, signal.SIGKILL)
@@ -243,10 +236,7 @@ def test_workers_end_with_the_process_that_started_them(tmp_path):
         assert len(pids) == 2 and all(process_running(pid) for pid in pids)
         parent.kill()
         parent.wait(10)
-        deadline = time.monotonic() + 10
-        while any(process_running(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not any(process_running(pid) for pid in pids), "a worker outlived its parent"
+        assert wait_gone(pids, 10) == [], "a worker outlived its parent"
     finally:
         if parent.poll() is None:
             parent.kill()

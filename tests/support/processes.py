@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,14 @@ def process_running(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def wait_gone(pids: list[int], timeout: float = 15) -> list[int]:
+    """Wait up to `timeout` for every process of `pids` to end; those still running."""
+    deadline = time.monotonic() + timeout
+    while any(process_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [pid for pid in pids if process_running(pid)]
 
 
 def free_port() -> int:

@@ -34,15 +34,13 @@ from typing import Any
 
 from quarry.committed.apply import AppliedRanges
 from quarry.committed.spans import PutOrDelete, Span, SpanApplier
+from quarry.config import Settings
 
 # Spawned, never forked: the range-writer is a gRPC server with threads, and a forked child
 # would inherit its locks in whatever state they were in.
 _CONTEXT = multiprocessing.get_context("spawn")
 # How often a worker checks that its parent is still there.
 PARENT_CHECK_SECONDS = 0.5
-# Settings.range_writer_span_timeout_seconds' default.
-DEFAULT_SPAN_TIMEOUT_SECONDS = 600.0
-
 log = logging.getLogger(__name__)
 
 # The worker process's manager and the pool's start barrier, set once by _start_worker.
@@ -105,7 +103,7 @@ class ProcessSpanWorkers:
         count: int,
         make_manager: Callable[[], Any],
         add_stats: Callable[[dict[str, int]], None] | None = None,
-        span_timeout: float = DEFAULT_SPAN_TIMEOUT_SECONDS,
+        span_timeout: float = Settings.range_writer_span_timeout_seconds,
     ) -> None:
         if count < 1:
             raise ValueError("ProcessSpanWorkers needs at least one process")
@@ -144,8 +142,9 @@ class ProcessSpanWorkers:
         # ProcessPoolExecutor keeps its processes by pid; it has no public accessor.
         return dict(getattr(pool, "_processes", None) or {})
 
-    def _pids(self, pool: concurrent.futures.ProcessPoolExecutor) -> list[int]:
-        return sorted(self._processes(pool))
+    @staticmethod
+    def _pids(pool: concurrent.futures.ProcessPoolExecutor) -> list[int]:
+        return sorted(ProcessSpanWorkers._processes(pool))
 
     def _replace(self, pool: concurrent.futures.ProcessPoolExecutor, kill: bool = False) -> None:
         """Start a fresh pool in place of `pool` (once, however many spans saw it fail) and
