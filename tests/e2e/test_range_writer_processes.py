@@ -23,9 +23,9 @@ from quarry.config import SERVICES
 from quarry.graveler.model import Entry
 from support.processes import (
     free_port,
-    process_running,
     quarry_env,
     quarry_serve,
+    wait_gone,
     wait_serving,
 )
 
@@ -42,13 +42,6 @@ def workers_of(pid: int) -> list[int]:
         if int(fields[1]) == pid and fields[0] != "Z" and b"spawn_main" in cmdline:
             found.append(int(stat.parent.name))
     return sorted(found)
-
-
-def wait_gone(pids: list[int], timeout: float = 15) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while any(process_running(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [pid for pid in pids if process_running(pid)]
 
 
 def entry(path: str, version: int = 0) -> Entry:
@@ -166,3 +159,47 @@ def test_a_stopped_worker_does_not_hold_a_commit(tmp_path):
             for pid in stopped:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stopped_peer_range_writer_does_not_hold_a_commit(tmp_path):
+    """Two real range-writers, A with B as its peer (QUARRY_RANGE_WRITER_PEERS). B takes a
+    span of a first large apply, then is stopped (SIGSTOP: a frozen or partitioned pod, the
+    connection still open). A second large apply through A still returns the metarange of
+    one apply, in about QUARRY_RANGE_WRITER_SPAN_TIMEOUT_SECONDS."""
+    a_port, b_port = free_port(), free_port()
+    common = {
+        "QUARRY_AUTH_ENABLED": "false",
+        "QUARRY_RANGE_WRITER_FAN_OUT_MIN_CHANGES": "100",
+        "QUARRY_RANGE_WRITER_SPAN_TIMEOUT_SECONDS": "3",
+    }
+    env_b = quarry_env(tmp_path / "b", QUARRY_RANGE_WRITER_PORT=str(b_port), **common)
+    env_a = quarry_env(
+        tmp_path / "a",
+        QUARRY_RANGE_WRITER_PORT=str(a_port),
+        QUARRY_RANGE_WRITER_PEERS=f"127.0.0.1:{b_port}",
+        **common,
+    )
+    namespace = str(tmp_path / "lake")
+    entries = [entry(f"d{i // 1000:03d}/f{i:06d}") for i in range(120_000)]
+    reference = CommittedManager(LocalBlobStore, None)
+    base = reference.write_metarange(namespace, entries).metarange_id
+    with quarry_serve("range-writer", env_b) as peer, quarry_serve("range-writer", env_a):
+        wait_serving(f"127.0.0.1:{b_port}", timeout=60)
+        wait_serving(f"127.0.0.1:{a_port}", timeout=60)
+        try:
+            with RemoteRangeWriter(f"127.0.0.1:{a_port}", timeout=120) as remote:
+                for version in (1, 2):
+                    if version == 2:
+                        os.kill(peer.pid, signal.SIGSTOP)
+                    changes = [(e.path, entry(e.path, version)) for e in entries[::40]]
+                    other = str(tmp_path / f"other{version}")
+                    expected = reference.apply_changes(
+                        other, reference.write_metarange(other, entries).metarange_id, changes
+                    )
+                    started = time.monotonic()
+                    result = remote.apply_changes(namespace, base, changes)
+                    assert time.monotonic() - started < 60
+                    assert result.metarange_id == expected.metarange_id
+                    assert result.summary == expected.summary
+        finally:
+            os.kill(peer.pid, signal.SIGCONT)
