@@ -48,6 +48,15 @@ def entry(path: str, version: int = 0) -> Entry:
     return Entry(path, f"/data/{path}@{version}", len(path) + version, f"{version:032x}")
 
 
+def one_apply(reference, tmp_path, entries, version):  # noqa: ANN001, ANN201
+    """Changes to every 40th entry, and their result applied in one apply by `reference` (in
+    a namespace of its own: ids do not depend on it)."""
+    changes = [(e.path, entry(e.path, version)) for e in entries[::40]]
+    other = str(tmp_path / f"other{version}")
+    base = reference.write_metarange(other, entries).metarange_id
+    return changes, reference.apply_changes(other, base, changes)
+
+
 def range_files(namespace: str) -> set[str]:
     return set(os.listdir(os.path.join(namespace, "_quarry", "ranges")))
 
@@ -76,12 +85,8 @@ def test_range_writer_worker_processes(tmp_path, stop):
     )
     namespace = str(tmp_path / "lake")
     entries = [entry(f"d{i // 1000:03d}/f{i:06d}") for i in range(120_000)]
-    changes = [(e.path, entry(e.path, 1)) for e in entries[::40]]
     reference = CommittedManager(LocalBlobStore, None)
-    other = str(tmp_path / "other")
-    expected = reference.apply_changes(
-        other, reference.write_metarange(other, entries).metarange_id, changes
-    )
+    changes, expected = one_apply(reference, tmp_path, entries, 1)
     base = reference.write_metarange(namespace, entries).metarange_id
     with quarry_serve("range-writer", env) as server:
         wait_serving(f"127.0.0.1:{port}", timeout=60)
@@ -136,11 +141,7 @@ def test_a_stopped_worker_does_not_hold_a_commit(tmp_path):
             stopped.append(workers[0])
             with RemoteRangeWriter(f"127.0.0.1:{port}", timeout=120) as remote:
                 for version in (1, 2):
-                    changes = [(e.path, entry(e.path, version)) for e in entries[::40]]
-                    other = str(tmp_path / f"other{version}")
-                    expected = reference.apply_changes(
-                        other, reference.write_metarange(other, entries).metarange_id, changes
-                    )
+                    changes, expected = one_apply(reference, tmp_path, entries, version)
                     started = time.monotonic()
                     result = remote.apply_changes(namespace, base, changes)
                     assert result.metarange_id == expected.metarange_id
@@ -191,11 +192,7 @@ def test_a_stopped_peer_range_writer_does_not_hold_a_commit(tmp_path):
                 for version in (1, 2):
                     if version == 2:
                         os.kill(peer.pid, signal.SIGSTOP)
-                    changes = [(e.path, entry(e.path, version)) for e in entries[::40]]
-                    other = str(tmp_path / f"other{version}")
-                    expected = reference.apply_changes(
-                        other, reference.write_metarange(other, entries).metarange_id, changes
-                    )
+                    changes, expected = one_apply(reference, tmp_path, entries, version)
                     started = time.monotonic()
                     result = remote.apply_changes(namespace, base, changes)
                     assert time.monotonic() - started < 60
