@@ -142,9 +142,8 @@ class ProcessSpanWorkers:
         # ProcessPoolExecutor keeps its processes by pid; it has no public accessor.
         return dict(getattr(pool, "_processes", None) or {})
 
-    @staticmethod
-    def _pids(pool: concurrent.futures.ProcessPoolExecutor) -> list[int]:
-        return sorted(ProcessSpanWorkers._processes(pool))
+    def _pids(self, pool: concurrent.futures.ProcessPoolExecutor) -> list[int]:
+        return sorted(self._processes(pool))
 
     def _replace(self, pool: concurrent.futures.ProcessPoolExecutor, kill: bool = False) -> None:
         """Start a fresh pool in place of `pool` (once, however many spans saw it fail) and
