@@ -70,10 +70,11 @@ $(HELM_STAMP):
 	rm -rf $(TOOLS)/helm-pack
 	touch $@
 
-# Every rule of pyproject.toml, formatting, and mypy on the typed packages; then the protos.
+# Every rule of pyproject.toml, formatting, and mypy on the typed packages (and deploy/local/
+# kube.py); then the protos.
 lint: install tools
-	$(VENV)/bin/ruff check libs services tests benchmarks
-	$(VENV)/bin/ruff format --check libs services tests benchmarks
+	$(VENV)/bin/ruff check libs services tests benchmarks deploy
+	$(VENV)/bin/ruff format --check libs services tests benchmarks deploy
 	$(VENV)/bin/mypy
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
@@ -106,7 +107,7 @@ IMAGE_INPUTS := pyproject.toml deploy/image/Containerfile deploy/image/build_con
 	$(shell find libs services -name '*.py' -not -path '*/__pycache__/*' 2>/dev/null) \
 	libs/quarry/v1/.generated
 
-.PHONY: image image-gc image-tools
+.PHONY: image image-gc image-tools kube-up kube-down
 
 image-tools: $(IMAGE_DIR)/.tools
 
@@ -165,3 +166,16 @@ image-gc: image
 	@if [ -f $(IMAGE_DIR)/.image-gc ] && ! $(PODMAN) image exists $(IMAGE_GC); then rm -f $(IMAGE_DIR)/.image-gc; fi
 	@$(MAKE) --no-print-directory $(IMAGE_DIR)/.image-gc
 	@echo "$(IMAGE_GC): $$($(PODMAN) image inspect --format '{{.Size}}' $(IMAGE_GC) | numfmt --to=iec) ($$($(PODMAN) image inspect --format '{{.Size}}' $(IMAGE_GC)) bytes)"
+
+# ---------------------------------------------------------------------------------------------
+# The chart on this machine under podman (docs/deploy.md "Run the chart locally"): renders
+# deploy/helm/quarry with deploy/local/values.yaml, plays it, waits for health, prints the
+# endpoints and the CLI's settings; kube-down removes every pod, secret and volume it made.
+# Options go in KUBE_ARGS, e.g. make kube-up KUBE_ARGS="--free-ports --set tls.clientAuth=true".
+KUBE_ARGS ?=
+
+kube-up: install tools image
+	$(PY) deploy/local/kube.py up $(KUBE_ARGS)
+
+kube-down: install tools $(CONTAINERS_CONF_FILE)
+	$(PY) deploy/local/kube.py down $(KUBE_ARGS)

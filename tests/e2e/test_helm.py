@@ -21,6 +21,7 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import kubernetes_validate
@@ -139,12 +140,14 @@ SECURITY_AND_SCALING_VALUES = (
     "--set",
     "gc.enabled=true",
 )
-# What tests/e2e/test_helm_podman.py renders (deploy/helm/ci-values.yaml).
+# What `make kube-up` (deploy/local/kube.py) and tests/e2e/test_helm_podman.py render.
 CI_PODMAN_VALUES = (
     "-f",
-    str(REPO / "deploy" / "helm" / "ci-values.yaml"),
+    str(REPO / "deploy" / "local" / "values.yaml"),
     "--set",
     "localData.hostPath=/tmp/quarry-ci",
+    "--set",
+    "localData.mountPath=/tmp/quarry-ci",
 )
 
 
@@ -1677,14 +1680,14 @@ def test_single_node_sqlite_and_local_data():
         c = main_container(dep)
         mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
         if service in uses_data:
-            assert mounts["data"] == "/var/lib/quarry/data"
+            assert mounts["data"] == "/tmp/quarry-ci"  # the host's path (kube.py sets both)
             volume = next(v for v in pod["volumes"] if v["name"] == "data")
             assert volume["hostPath"] == {"path": "/tmp/quarry-ci", "type": "Directory"}
         else:
             assert "data" not in mounts, service
         assert "exec" in c["readinessProbe"]
     kv = env_of(main_container(deployment(docs, "kv-gateway")))["QUARRY_KV_URL"]["value"]
-    assert kv == "sqlite:///var/lib/quarry/data/kv.db"
+    assert kv == "sqlite:///tmp/quarry-ci/kv.db"
     pvc = render(
         "--set",
         "kv.backend=sqlite",
@@ -1701,3 +1704,70 @@ def test_single_node_sqlite_and_local_data():
         if v["name"] == "data"
     )
     assert volume["persistentVolumeClaim"] == {"claimName": "quarry-data"}
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/deploy.md's cluster install values
+
+
+def docs_deploy_values() -> str:
+    """The YAML block after docs/deploy.md's `<!-- deploy-values` marker, dedented."""
+    text = (REPO / "docs" / "deploy.md").read_text()
+    assert "<!-- deploy-values" in text, "docs/deploy.md lost its deploy-values block"
+    block = re.search(r"```yaml\n(.*?)\n[ ]*```", text.split("<!-- deploy-values", 1)[1], re.S)
+    assert block is not None, "no ```yaml block after the deploy-values marker"
+    return textwrap.dedent(block.group(1))
+
+
+def test_docs_cluster_values_render_where_the_doc_says(tmp_path):
+    """Every key of the doc's values exists (the schema refuses unknown ones, so a renamed
+    value fails here) and lands where the doc says it does."""
+    values = yaml.safe_load(docs_deploy_values())
+    path = tmp_path / "quarry-values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    docs = render("-f", str(path))
+    for doc in docs:  # valid Kubernetes objects, as the other renderings
+        if (doc["apiVersion"], doc["kind"]) not in CRD_KINDS:
+            kubernetes_validate.validate(doc, K8S_LATEST, strict=True)
+    image = f"{values['image']['repository']}:{CHART_META['appVersion']}"
+    kv = env_of(main_container(deployment(docs, "kv-gateway")))
+    dynamodb = values["kv"]["dynamodb"]
+    assert kv["QUARRY_KV_URL"]["value"] == (
+        f"dynamodb://{dynamodb['table']}?region={dynamodb['region']}"
+    )
+    accounts = objects(docs, "ServiceAccount")
+    for service, expected in (
+        ("kv-gateway", dynamodb["serviceAccount"]["annotations"]),
+        ("range-writer", values["services"]["rangeWriter"]["serviceAccount"]["annotations"]),
+        ("branch-manager", values["services"]["branchManager"]["serviceAccount"]["annotations"]),
+    ):
+        assert accounts[full_name(service)]["metadata"]["annotations"] == expected, service
+    for service in ("range-writer", "branch-manager"):
+        env = env_of(main_container(deployment(docs, service)))
+        assert env["QUARRY_S3_REGION"]["value"] == values["objectStore"]["s3"]["region"]
+        assert "QUARRY_S3_ENDPOINT_URL" not in env  # empty: AWS S3
+    config = configmap_data(docs)
+    assert config["QUARRY_TLS_SERVER_NAME"] == values["tls"]["serverName"]
+    assert config["QUARRY_TLS_CLIENT_AUTH"] == "true"
+    for dep in objects(docs, "Deployment").values():
+        container = main_container(dep)
+        assert container["image"] == image
+        tls = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
+        assert tls["secret"]["secretName"] == values["tls"]["existingSecret"]
+        signing = env_of(container)["QUARRY_AUTH_SIGNING_KEY"]["valueFrom"]["secretKeyRef"]
+        assert signing == {
+            "name": values["auth"]["signingKeySecret"],
+            "key": "QUARRY_AUTH_SIGNING_KEY",
+        }
+    job = objects(docs, "Job")[full_name("bootstrap")]
+    setup = env_of(job["spec"]["template"]["spec"]["containers"][0])
+    assert setup["QUARRY_BOOTSTRAP_ADMIN_USER"]["value"] == values["bootstrap"]["adminUser"]
+    for variable, key in (
+        ("QUARRY_BOOTSTRAP_ACCESS_KEY_ID", "QUARRY_ACCESS_KEY_ID"),
+        ("QUARRY_BOOTSTRAP_SECRET_ACCESS_KEY", "QUARRY_SECRET_ACCESS_KEY"),
+    ):
+        ref = setup[variable]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": values["bootstrap"]["adminSecret"], "key": key}
+    # The signing key, the admin's key and the TLS material are the operator's Secrets: the
+    # chart generates none of them.
+    assert objects(docs, "Secret") == {}

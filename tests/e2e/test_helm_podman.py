@@ -1,82 +1,72 @@
-"""The Helm chart runs the image, for real: `make image` builds localhost/quarry:<version>,
-`helm template` renders deploy/helm/quarry with deploy/helm/ci-values.yaml, `podman kube play`
-runs the rendered Deployments, ConfigMaps and Secrets in the host's network, the rendered
-bootstrap Job creates the admin (`quarry setup`), and the CLI on the host does a
-create-repository / put / commit / merge / log round trip against the pods with the admin's
-credentials from the rendered Secret. `podman kube down` always runs at the end.
+"""The Helm chart runs the image, for real, the way a user runs it: `make kube-up` (deploy/
+local/kube.py: `helm template` of deploy/helm/quarry with deploy/local/values.yaml, adapted for
+podman 4.3, `podman kube play`, the rendered probes run until they pass, the rendered bootstrap
+Job creating the admin), then the host's `quarry` CLI pointed at the pods only through the
+QUARRY_CONFIG_FILE that kube-up printed (repo create, put --from, commit, merge, log, ls,
+cat), then `make kube-down`, after which no pod, secret, volume, container or network of the
+run is left. The same after a failed start (a setting every service refuses). `make kube-down`
+removes only what the chart names for the release: a decoy sharing the release's prefix stays.
 
-podman here is Debian bookworm's 4.3, which plays the rendered objects with a few gaps; the
-test adapts the rendered YAML for exactly those, each documented in `for_podman` and
-`create_secrets` (a cluster needs none of it): Secrets are created with `podman secret
-create` in the form each use needs, Jobs run as Pods,
-host-network pods lose their `ports` list, `metadata.namespace` env entries become literals,
-and emptyDir volumes get per-pod names. podman schedules no probes without systemd, so the
-test runs each container's rendered probe command in the container itself.
-
+The image is `make test`'s (built before pytest): the fixture's `make image` is a no-op then.
 Skipped only when podman is missing and cannot be installed (`make image-tools` needs root or
-sudo for apt-get); on CI and on this kind of machine it runs.
+sudo for apt-get); on CI and on this kind of machine it runs. The podman tests share the host's
+podman: they never run concurrently (xdist group "podman").
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import copy
 import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
-from support.processes import free_port, health_status
-from support.wait import wait_until
+from support.processes import health_status
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "quarry"
-CI_VALUES = REPO / "deploy" / "helm" / "ci-values.yaml"
-HELM = REPO / ".tools" / "bin" / "helm"
 CONTAINERS_CONF = REPO / "build" / "image" / "containers.conf"
 QUARRY = REPO / ".venv" / "bin" / "quarry"
-NAMESPACE = "default"
-SERVICES = {  # name -> values key, in quarry.config.SERVICES order
-    "kv-gateway": "kvGateway",
-    "branch-manager": "branchManager",
-    "committer": "committer",
-    "compactor-sensor": "compactorSensor",
-    "range-writer": "rangeWriter",
-}
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("podman")]
 
 
-def podman_env() -> dict[str, str]:
-    return dict(os.environ, CONTAINERS_CONF=str(CONTAINERS_CONF))
-
-
-def podman(*args: str, check: bool = True, input: bytes | None = None, timeout: float = 120):
+def podman(*args: str, check: bool = True, stdin: str | None = None):
     proc = subprocess.run(
         ["podman", *args],
         capture_output=True,
-        env=podman_env(),
-        input=input,
-        timeout=timeout,
+        text=True,
+        input=stdin,
+        env=dict(os.environ, CONTAINERS_CONF=str(CONTAINERS_CONF)),
+        timeout=300,
     )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"podman {' '.join(args)} failed ({proc.returncode}):\n"
-            f"{proc.stdout.decode(errors='replace')}\n{proc.stderr.decode(errors='replace')}"
-        )
+    assert not check or proc.returncode == 0, f"podman {args}: {proc.stdout}{proc.stderr}"
     return proc
+
+
+def podman_objects() -> set[str]:
+    """Every pod, container, secret, volume and network podman has, as "kind name"."""
+    found = set()
+    for kind, args, field in (
+        ("pod", ("pod", "ps"), "{{.Name}}"),
+        ("container", ("ps", "-a"), "{{.Names}}"),
+        ("secret", ("secret", "ls"), "{{.Name}}"),
+        ("volume", ("volume", "ls"), "{{.Name}}"),
+        ("network", ("network", "ls"), "{{.Name}}"),
+    ):
+        listing = podman(*args, "--format", field).stdout
+        found |= {f"{kind} {name}" for name in listing.split()}
+    return found
 
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    """`make image` (quick when nothing changed); the image reference it built."""
+    """`make image` (a no-op after `make test` built it); the image reference."""
     if shutil.which("podman") is None:
         tools = subprocess.run(
             ["make", "--no-print-directory", "image-tools"], cwd=REPO, capture_output=True
@@ -100,342 +90,189 @@ def image() -> str:
     return f"localhost/quarry:{version}"
 
 
-def render(release: str, values: list[str]) -> list[dict]:
-    proc = subprocess.run(
-        [
-            str(HELM),
-            "template",
-            release,
-            str(CHART),
-            "--namespace",
-            NAMESPACE,
-            "-f",
-            str(CI_VALUES),
-            *values,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(REPO / ".tools"),
-            "KUBECONFIG": os.devnull,
-        },
-    )
-    assert proc.returncode == 0, proc.stderr
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+class Kube:
+    """`make kube-up` / `make kube-down` of one release with its own state directory and
+    free ports, exactly as a user runs them (KUBE_ARGS)."""
 
+    def __init__(self, release: str, state: Path, *values: str) -> None:
+        self.release = release
+        self.state = state
+        self.args = ["--release", release, "--state-dir", str(state), "--free-ports", *values]
 
-def pod_spec_of(doc: dict) -> dict:
-    return doc["spec"] if doc["kind"] == "Pod" else doc["spec"]["template"]["spec"]
-
-
-def for_podman(docs: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
-    """(Secrets, what `podman kube play` plays for the services, the bootstrap Job as a Pod),
-    adapted to podman 4.3's gaps — each change says which:"""
-    secrets = [d for d in docs if d["kind"] == "Secret"]
-    configmaps = [d for d in docs if d["kind"] == "ConfigMap"]
-    workloads = []
-    for doc in docs:
-        if doc["kind"] == "Deployment":
-            workloads.append(copy.deepcopy(doc))
-        elif doc["kind"] == "Job":
-            # podman 4.3 plays no Jobs: the Job's pod template as a Pod of the Job's name.
-            template = copy.deepcopy(doc["spec"]["template"])
-            workloads.append(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "metadata": {"name": doc["metadata"]["name"], **template["metadata"]},
-                    "spec": template["spec"],
-                }
-            )
-    for doc in workloads:
-        pod = pod_spec_of(doc)
-        name = doc["metadata"]["name"]
-        for container in pod["containers"]:
-            # Host network: podman 4.3 turns containerPorts into port mappings, which host
-            # networking refuses (they only document the ports of a host-network pod).
-            container.pop("ports", None)
-            for entry in container.get("env", []):
-                field = entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-                if field == "metadata.namespace":  # podman 4.3 resolves metadata.name only
-                    entry.pop("valueFrom")
-                    entry["value"] = NAMESPACE
-        # podman 4.3 plays an emptyDir as a named volume shared by every pod that uses the
-        # same volume name: make each pod's its own.
-        renamed = {
-            v["name"]: f"{name}-{v['name']}" for v in pod.get("volumes", []) if "emptyDir" in v
-        }
-        for volume in pod.get("volumes", []):
-            volume["name"] = renamed.get(volume["name"], volume["name"])
-        for container in pod["containers"]:
-            for mount in container.get("volumeMounts", []):
-                mount["name"] = renamed.get(mount["name"], mount["name"])
-    services = configmaps + [d for d in workloads if d["kind"] == "Deployment"]
-    bootstrap = configmaps + [d for d in workloads if d["kind"] == "Pod"]
-    return secrets, services, bootstrap
-
-
-def create_secrets(secrets: list[dict], workloads: list[dict]) -> None:
-    """podman 4.3 stores a played Secret in a form its own secretKeyRef lookup cannot read
-    ("is not valid JSON"), and reads the two uses differently: an env secretKeyRef wants the
-    Secret's data as a JSON map (base64 values), a secret volume wants a Secret object whose
-    data values it writes verbatim (so decoded). Each rendered Secret is created in the form
-    its use needs (the chart uses none both ways). A secret volume becomes a named volume
-    (the Secret's name) that outlives `podman kube down`: removed before and after."""
-    mounted = {
-        v["secret"]["secretName"]
-        for doc in workloads
-        if doc["kind"] in {"Deployment", "Pod"}
-        for v in pod_spec_of(doc).get("volumes", [])
-        if "secret" in v
-    }
-    for secret in secrets:
-        name = secret["metadata"]["name"]
-        if name in mounted:
-            decoded = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
-            content = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}}
-            content["data"] = decoded
-        else:
-            content = secret["data"]
-        podman("secret", "rm", name, check=False)
-        podman("volume", "rm", "-f", name, check=False)
-        podman("secret", "create", name, "-", input=json.dumps(content).encode())
-
-
-def secret_value(docs: list[dict], name: str, key: str) -> str:
-    secret = next(d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == name)
-    return base64.b64decode(secret["data"][key]).decode()
-
-
-def container_name(pod: str, container: str) -> str:
-    return f"{pod}-{container}"
-
-
-def logs(name: str) -> str:
-    proc = podman("logs", name, check=False)
-    return (proc.stdout + proc.stderr).decode(errors="replace")[-3000:]
-
-
-def probe_command(docs: list[dict], service: str, release: str, probe: str) -> list[str]:
-    """The exec command of the service container's rendered `probe`."""
-    dep = next(
-        d
-        for d in docs
-        if d["kind"] == "Deployment" and d["metadata"]["name"] == f"{release}-{service}"
-    )
-    return pod_spec_of(dep)["containers"][0][probe]["exec"]["command"]
-
-
-def run_probe(docs: list[dict], service: str, release: str, probe: str) -> bool:
-    """The container's rendered probe command, run in the container (what a kubelet does)."""
-    command = probe_command(docs, service, release, probe)
-    name = container_name(f"{release}-{service}-pod-0", service)
-    state = podman("inspect", "--format", "{{.State.Status}}", name, check=False)
-    if state.stdout.decode().strip() not in ("running", "created", "configured"):
-        raise AssertionError(f"{name} is {state.stdout.decode().strip()}:\n{logs(name)}")
-    return podman("exec", name, *command, check=False, timeout=60).returncode == 0
-
-
-def wait_for_probe(docs: list[dict], service: str, release: str, probe: str) -> None:
-    """Wait for the rendered probe to pass; on a timeout the error carries the probe's own
-    output and every service container's log tail, so a CI failure explains itself."""
-    try:
-        wait_until(
-            lambda: run_probe(docs, service, release, probe),
-            timeout=180,
-            interval=1.0,
-            what=f"{service} {probe}",
+    def make(self, target: str) -> subprocess.CompletedProcess[str]:
+        started = time.monotonic()
+        proc = subprocess.run(
+            ["make", "--no-print-directory", target, f"KUBE_ARGS={' '.join(self.args)}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env={k: v for k, v in os.environ.items() if not k.startswith(("QUARRY_", "OTEL_"))},
+            timeout=600,
         )
-    except AssertionError as timeout:
-        command = probe_command(docs, service, release, probe)
-        name = container_name(f"{release}-{service}-pod-0", service)
-        last = podman("exec", name, *command, check=False, timeout=60)
-        report = [f"{timeout}", f"probe {command}: exit {last.returncode}"]
-        report.append((last.stdout + last.stderr).decode(errors="replace"))
-        for other in SERVICES:
-            other_name = container_name(f"{release}-{other}-pod-0", other)
-            report.append(f"--- podman logs {other_name} ---\n{logs(other_name)}")
-        raise AssertionError("\n".join(report)) from None
+        print(f"make {target}: exit {proc.returncode} after {time.monotonic() - started:.1f}s")
+        return proc
+
+    def up(self) -> subprocess.CompletedProcess[str]:
+        return self.make("kube-up")
+
+    def down(self) -> subprocess.CompletedProcess[str]:
+        return self.make("kube-down")
 
 
-def play_file(path: Path, docs: list[dict]) -> Path:
-    path.write_text(yaml.safe_dump_all(docs))
-    return path
+def output(proc: subprocess.CompletedProcess[str]) -> str:
+    return proc.stdout + proc.stderr
 
 
-def run_bootstrap(work: Path, bootstrap: list[dict], release: str, attempt: int) -> tuple[int, str]:
-    """Play the bootstrap Job's pod, wait for it to finish; (exit code, log)."""
-    docs = copy.deepcopy(bootstrap)
-    pod = docs[-1]
-    pod["metadata"]["name"] = f"{release}-bootstrap-{attempt}"
-    path = play_file(work / f"bootstrap-{attempt}.yaml", docs)
-    podman("kube", "play", str(path))
-    name = container_name(pod["metadata"]["name"], "setup")
-    try:
-        wait_until(
-            lambda: (
-                podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip() == b"exited"
-            ),
-            timeout=180,
-            interval=0.5,
-            what=f"{name} to finish",
-        )
-        code = int(podman("inspect", "--format", "{{.State.ExitCode}}", name).stdout.strip())
-        return code, logs(name)
-    finally:
-        podman("kube", "down", str(path), check=False)
+def cli_env(config: Path, **overrides: str) -> dict[str, str]:
+    """The user's environment after `export QUARRY_CONFIG_FILE=...` (and nothing else)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QUARRY_", "OTEL_"))}
+    return dict(env, QUARRY_CONFIG_FILE=str(config), NO_COLOR="1", **overrides)
 
 
-def cli(env: dict[str, str], *args: str) -> str:
+def cli(env: dict[str, str], *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [str(QUARRY), *args], capture_output=True, text=True, env=env, timeout=120
     )
-    assert proc.returncode == 0, f"quarry {' '.join(args)}: {proc.stdout}{proc.stderr}"
-    return proc.stdout
+    if ok:
+        assert proc.returncode == 0, f"quarry {' '.join(args)}: {output(proc)}"
+    return proc
 
 
 @pytest.mark.parametrize("client_auth", [False, True], ids=["tls", "mtls"])
-def test_chart_runs_the_image_under_podman(image, client_auth):
-    """TLS on, as the chart defaults (its generated CA and certificate); with mTLS the
-    services present their certificate to each other, and the host's CLI presents it too."""
-    release = f"pq{os.getpid() % 10000}{int(client_auth)}"
-    ports = {name: (free_port(), free_port()) for name in SERVICES}
-    work = Path(tempfile.mkdtemp(prefix="quarry-podman-"))
-    data = work / "data"
-    data.mkdir()
-    os.chmod(data, 0o777)  # the pods run as uid 10001
-    values = [
-        "--set",
-        f"localData.hostPath={data}",
-        "--set",
-        "tls.enabled=true",
-        "--set",
-        f"tls.clientAuth={str(client_auth).lower()}",
-    ]
-    for name, key in SERVICES.items():
-        grpc_port, metrics_port = ports[name]
-        values += ["--set", f"services.{key}.port={grpc_port}"]
-        values += ["--set", f"services.{key}.metricsPort={metrics_port}"]
-    docs = render(release, values)
-    deployments = [d for d in docs if d["kind"] == "Deployment"]
-    assert {c["image"] for d in deployments for c in pod_spec_of(d)["containers"]} == {image}
-    secrets, services, bootstrap = for_podman(docs)
-    services_file = play_file(work / "services.yaml", services)
-    started = time.monotonic()
+def test_kube_up_round_trip_and_down(image, tmp_path, client_auth):
+    """TLS on as the chart defaults (its generated CA); with mTLS the services present their
+    certificate to each other and the host's CLI presents it too."""
+    before = podman_objects()
+    release = f"kt{os.getpid() % 10000}{int(client_auth)}"
+    kube = Kube(release, tmp_path / "state", *(["--set", "tls.clientAuth=true"] * client_auth))
     try:
-        create_secrets(secrets, services + bootstrap)
-        podman("kube", "play", str(services_file))
+        # Down on nothing is a success.
+        nothing = kube.down()
+        assert nothing.returncode == 0 and "to remove" in output(nothing), output(nothing)
 
-        # Every service answers its own rendered probes (startup/liveness: ServerInfo;
-        # readiness: overall SERVING, i.e. its dependencies answer too).
-        for name in SERVICES:
-            for probe in ("livenessProbe", "readinessProbe"):
-                wait_for_probe(docs, name, release, probe)
-        ready = time.monotonic() - started
+        started = time.monotonic()
+        first = kube.up()
+        assert first.returncode == 0, output(first)
+        up_seconds = time.monotonic() - started
+        config_path = kube.state / "quarry.toml"
+        config_text = config_path.read_text()
+        assert f"export QUARRY_CONFIG_FILE={config_path}" in first.stdout, first.stdout
+        config = tomllib.loads(config_text)
+        credentials_file = Path(config["home"]) / "credentials.json"
+        assert f"Admin credentials: {credentials_file}" in first.stdout
+        assert credentials_file.stat().st_mode & 0o077 == 0
+        secret = json.loads(credentials_file.read_text())["secret_access_key"]
+        assert secret not in output(first)  # the bootstrap's log is shown, the secret never
+        assert "created with access key id" in output(first)
+        branch_manager = config["branch_manager_address"]
+        assert f"grpc {branch_manager}" in first.stdout
 
-        # The bootstrap Job: creates the admin with the key from the admin Secret, never
-        # printing the secret; a second run changes nothing and succeeds.
-        admin_secret = f"{release}-admin"
-        key_id = secret_value(docs, admin_secret, "QUARRY_ACCESS_KEY_ID")
-        secret = secret_value(docs, admin_secret, "QUARRY_SECRET_ACCESS_KEY")
-        code, log = run_bootstrap(work, bootstrap, release, 1)
-        assert code == 0 and f"created with access key id {key_id}" in log, log
-        assert secret not in log
-        code, log = run_bootstrap(work, bootstrap, release, 2)
-        assert code == 0 and "has an admin already" in log, log
-        assert secret not in log
-
-        # The CLI on the host, as an operator with the admin's credentials.
-        home = work / "home"
-        home.mkdir()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("QUARRY_", "OTEL_"))}
-        env.update(
-            QUARRY_HOME=str(home),
-            QUARRY_ACCESS_KEY_ID=key_id,
-            QUARRY_SECRET_ACCESS_KEY=secret,
-            QUARRY_KV_GATEWAY_ADDRESS=f"127.0.0.1:{ports['kv-gateway'][0]}",
-            QUARRY_BRANCH_MANAGER_ADDRESS=f"127.0.0.1:{ports['branch-manager'][0]}",
-            QUARRY_COMMITTER_ADDRESS=f"127.0.0.1:{ports['committer'][0]}",
-        )
         # The services speak TLS only: a plaintext health check gets no answer, and the
-        # CLI without the CA cannot connect.
-        assert health_status(f"127.0.0.1:{ports['branch-manager'][0]}") is None
-        no_ca = subprocess.run(
-            [str(QUARRY), "repo", "list"], capture_output=True, text=True, env=env, timeout=120
-        )
-        assert no_ca.returncode != 0, no_ca.stdout
-        tls_secret = f"{release}-tls"
-        for key, var in (
-            ("ca.crt", "QUARRY_TLS_CA_FILE"),
-            *(
-                (("tls.crt", "QUARRY_TLS_CERT_FILE"), ("tls.key", "QUARRY_TLS_KEY_FILE"))
-                if client_auth
-                else ()
-            ),
-        ):
-            path = home / key
-            path.write_text(secret_value(docs, tls_secret, key))
-            path.chmod(0o600)
-            env[var] = str(path)
-        if client_auth:  # the servers ask for a client certificate: the CA alone is refused
-            no_cert = {
-                k: v
-                for k, v in env.items()
-                if k not in {"QUARRY_TLS_CERT_FILE", "QUARRY_TLS_KEY_FILE"}
-            }
-            refused = subprocess.run(
-                [str(QUARRY), "repo", "list"],
-                capture_output=True,
-                text=True,
-                env=no_cert,
-                timeout=120,
-            )
-            assert refused.returncode != 0, refused.stdout
-        mount_path = yaml.safe_load((CHART / "values.yaml").read_text())["localData"]["mountPath"]
-        namespace = f"{mount_path}/lake/demo"
+        # CLI without the CA (under mTLS: without a client certificate) cannot connect.
+        env = cli_env(config_path)
+        assert health_status(branch_manager) is None
+        no_ca = cli_env(config_path, QUARRY_TLS_CA_FILE="")
+        assert cli(no_ca, "repo", "list", ok=False).returncode != 0
+        if client_auth:
+            no_cert = cli_env(config_path, QUARRY_TLS_CERT_FILE="", QUARRY_TLS_KEY_FILE="")
+            assert cli(no_cert, "repo", "list", ok=False).returncode != 0
+
+        # The round trip, as docs/deploy.md shows it: the storage namespace is a path the
+        # host's CLI (put --from, cat) and the pods (range-writer) share.
+        data = kube.state / "data"
+        namespace = f"{data}/lake/demo"
+        assert f"quarry repo create demo {namespace}" in first.stdout
+        table = tmp_path / "part-0.csv"
+        table.write_text("id,name\n1,alpha\n2,beta\n")
         cli(env, "repo", "create", "demo", namespace)
         cli(env, "branch", "create", "demo", "feature", "--source", "main")
-        cli(
-            env,
-            "put",
-            "demo",
-            "feature",
-            "tables/a/part-0.parquet",
-            "--address",
-            f"{namespace}/data/part-0.parquet",
-            "--size",
-            "123",
-        )
+        cli(env, "put", "demo", "feature", "tables/a/part-0.csv", "--from", str(table))
         cli(env, "commit", "demo", "feature", "-m", "add part-0")
         cli(env, "merge", "demo", "feature", "main", "-m", "merge feature")
-        messages = [c["message"] for c in json.loads(cli(env, "log", "demo", "main", "--json"))]
-        assert messages[:2] == ["merge feature", "add part-0"], messages
-        listing = cli(env, "ls", "demo", "main", "tables/a/")
-        assert "part-0.parquet" in listing, listing
-        # range-writer wrote the commit's ranges into the shared directory, kv-gateway its
-        # SQLite file: the pods really used the chart's volumes.
+        log = json.loads(cli(env, "log", "demo", "main", "--json").stdout)
+        assert [c["message"] for c in log][:2] == ["merge feature", "add part-0"], log
+        assert "part-0.csv" in cli(env, "ls", "demo", "main", "tables/a/").stdout
+        assert cli(env, "cat", "demo", "main", "tables/a/part-0.csv").stdout == table.read_text()
+        # kv-gateway's SQLite file and range-writer's ranges are in the data directory: the
+        # pods really used the chart's volume.
         assert (data / "kv.db").is_file()
-        assert any((data / "lake" / "demo").rglob("*")), list((data / "lake").rglob("*"))
-
+        assert any((data / "lake" / "demo" / "_quarry").rglob("*"))
         # Auth is on in the pods: a wrong secret is refused.
-        bad = dict(env, QUARRY_SECRET_ACCESS_KEY="not-the-secret-0123456789")
-        proc = subprocess.run(
-            [str(QUARRY), "repo", "list"], capture_output=True, text=True, env=bad, timeout=120
+        bad = cli_env(
+            config_path,
+            QUARRY_ACCESS_KEY_ID=json.loads(credentials_file.read_text())["access_key_id"],
+            QUARRY_SECRET_ACCESS_KEY="not-the-secret-0123456789",
         )
-        assert proc.returncode != 0 and "INVALID_CREDENTIALS" in proc.stderr, proc.stderr
-        print(
-            f"pods ready after {ready:.1f}s; round trip done after {time.monotonic() - started:.1f}s"
-        )
+        refused = cli(bad, "repo", "list", ok=False)
+        assert refused.returncode != 0 and "INVALID_CREDENTIALS" in refused.stderr, refused
+
+        if not client_auth:
+            # kube-up twice: the release is up, so nothing is recreated; the bootstrap Job
+            # runs again (as on `helm upgrade`), finds the admin and changes nothing.
+            again = kube.up()
+            assert again.returncode == 0, output(again)
+            assert "up already" in output(again) and "has an admin already" in output(again)
+            assert secret not in output(again)
+            assert config_path.read_text() == config_text
+            assert cli(env, "cat", "demo", "main", "tables/a/part-0.csv").stdout
+
+        gone = kube.down()
+        assert gone.returncode == 0, output(gone)
+        assert podman_objects() - before == set()
+        assert not kube.state.exists()
+        print(f"kube-up: {up_seconds:.1f}s")
     finally:
-        podman("kube", "down", str(services_file), check=False)
-        for pod in [f"{release}-{name}-pod-0" for name in SERVICES] + [
-            f"{release}-bootstrap-{n}" for n in (1, 2)
-        ]:
-            podman("pod", "rm", "-f", pod, check=False)
-        for secret_doc in secrets:
-            podman("secret", "rm", secret_doc["metadata"]["name"], check=False)
-            podman("volume", "rm", "-f", secret_doc["metadata"]["name"], check=False)
-        with contextlib.suppress(OSError):
-            shutil.rmtree(work)
+        kube.down()
+
+
+def test_failed_start_leaves_nothing(image, tmp_path):
+    """A setting every service refuses: the containers crash-loop, kube-up fails fast with
+    their logs, and everything it had created (secrets, pods, volumes, the state directory)
+    is removed; a second kube-down finds nothing."""
+    before = podman_objects()
+    kube = Kube(
+        f"kf{os.getpid() % 10000}",
+        tmp_path / "state",
+        "--set-string",
+        "extraEnv.QUARRY_MAX_WORKERS=many",
+    )
+    try:
+        failed = kube.up()
+        assert failed.returncode != 0, output(failed)
+        text = output(failed)
+        assert "QUARRY_MAX_WORKERS: 'many' is not a valid int" in text, text
+        assert "did not start; everything it created is removed" in text, text
+        assert podman_objects() - before == set()
+        assert not kube.state.exists()
+        again = kube.down()
+        assert again.returncode == 0 and "to remove" in output(again), output(again)
+    finally:
+        kube.down()
+
+
+def test_kube_down_removes_only_what_the_chart_names(image, tmp_path):
+    """Safety rule of kube.py: down removes pods, secrets and volumes by the exact names the
+    chart renders for the release, never another one sharing the release's prefix, and
+    deletes a state directory only when it holds kube.py's marker."""
+    release = f"kd{os.getpid() % 10000}"
+    state = tmp_path / "mine"
+    state.mkdir()
+    (state / "notes.txt").write_text("not kube.py's")
+    decoys = [
+        ("secret", f"{release}-admin-backup"),
+        ("volume", f"{release}-data"),
+        ("pod", f"{release}-kv-gateway-pod-9"),
+    ]
+    try:
+        podman("secret", "create", decoys[0][1], "-", stdin="keep me")
+        podman("volume", "create", decoys[1][1])
+        podman("pod", "create", "--infra=false", "--name", decoys[2][1])
+        proc = Kube(release, state).down()
+        assert proc.returncode == 0, output(proc)
+        assert {f"{kind} {name}" for kind, name in decoys} <= podman_objects()
+        assert (state / "notes.txt").read_text() == "not kube.py's"
+        assert "kept" in output(proc), output(proc)
+    finally:
+        podman("secret", "rm", decoys[0][1], check=False)
+        podman("volume", "rm", "-f", decoys[1][1], check=False)
+        podman("pod", "rm", "-f", decoys[2][1], check=False)
