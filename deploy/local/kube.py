@@ -46,7 +46,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,8 @@ MARKER = ".quarry-kube-state"
 STATE_FILE = "state.json"
 RENDERED_FILE = "rendered.yaml"
 LOG_TAIL = 40
+# Seconds a Job's pod may run (the chart's bootstrap.activeDeadlineSeconds default).
+JOB_TIMEOUT = 900
 # Probe kinds, in the order a kubelet applies them, and the handlers `run_probe` runs.
 PROBES = ("startupProbe", "livenessProbe", "readinessProbe")
 PROBE_HANDLERS = ("exec", "httpGet", "grpc", "tcpSocket")
@@ -323,14 +325,6 @@ def env_secret_ref(doc: dict[str, Any], name: str) -> tuple[str, str] | None:
     return None
 
 
-def env_value(doc: dict[str, Any], name: str) -> str | None:
-    for container in pod_spec_of(doc)["containers"]:
-        for entry in container.get("env", []):
-            if entry["name"] == name and "value" in entry:
-                return str(entry["value"])
-    return None
-
-
 # ---------------------------------------------------------------------------------------------
 # Probes: what a kubelet would run, run by us
 
@@ -439,19 +433,24 @@ def service_containers(adapted: Adapted, rendered: list[dict[str, Any]]) -> list
 
 
 def wait_healthy(
-    containers: list[ServiceContainer], timeout: float, log: Callable[[str], None]
+    containers: list[ServiceContainer],
+    timeout: float,
+    log: Callable[[str], None],
+    fresh: bool = True,
 ) -> None:
     """Every container's rendered probes pass, run the way a kubelet runs them; the
     containers are probed side by side. Fails at once when a container exits or restarts
-    (podman restarts a crashed Deployment container: it would crash-loop)."""
+    (podman restarts a crashed Deployment container: it would crash-loop): any restart of a
+    `fresh` start, a new one of a running release."""
     deadline = time.monotonic() + timeout
     failed = threading.Event()
 
     def wait_one(container: ServiceContainer) -> None:
+        allowed = 0 if fresh else container_state(container.name)[1]
         for kind, probe in container.probes():
             while not failed.is_set():
                 status, restarts = container_state(container.name)
-                if status not in RUNNING or restarts:
+                if status not in RUNNING or restarts > allowed:
                     raise KubeError(
                         f"{container.name} crashed ({status}, {restarts} restarts) before "
                         f"its {kind} passed (its log is above)"
@@ -481,6 +480,8 @@ def wait_healthy(
 
 @dataclass
 class State:
+    """What `up` creates, saved in the state directory before it creates anything."""
+
     release: str
     directory: Path
     args: list[str] = field(default_factory=list)
@@ -488,22 +489,14 @@ class State:
     secrets: list[str] = field(default_factory=list)
     volumes: list[str] = field(default_factory=list)
     network_created: bool = False
-    up: bool = False
+    up: bool = False  # the start finished
 
     @property
     def data(self) -> Path:
         return self.directory / "data"
 
     def save(self) -> None:
-        doc = {
-            "release": self.release,
-            "args": self.args,
-            "pods": self.pods,
-            "secrets": self.secrets,
-            "volumes": self.volumes,
-            "network_created": self.network_created,
-            "up": self.up,
-        }
+        doc = {k: v for k, v in asdict(self).items() if k != "directory"}
         write_private(self.directory / STATE_FILE, json.dumps(doc, indent=2) + "\n")
 
     @classmethod
@@ -512,16 +505,8 @@ class State:
             doc = json.loads((directory / STATE_FILE).read_text())
         except (OSError, ValueError):
             return None
-        return cls(
-            release=release,
-            directory=directory,
-            args=list(doc.get("args", [])),
-            pods=list(doc.get("pods", [])),
-            secrets=list(doc.get("secrets", [])),
-            volumes=list(doc.get("volumes", [])),
-            network_created=bool(doc.get("network_created", False)),
-            up=bool(doc.get("up", False)),
-        )
+        known = {f.name for f in fields(cls)} - {"release", "directory"}
+        return cls(release, directory, **{k: v for k, v in doc.items() if k in known})
 
 
 def write_private(path: Path, text: str) -> None:
@@ -729,6 +714,7 @@ def client_config(state: State, docs: list[dict[str, Any]]) -> dict[str, str]:
             secret = secret_value(docs, *secret_ref)
             if key_id and secret:
                 write_credentials(Credentials(key_id, secret), home)
+    # A JSON string is a TOML basic string (the same quotes and escapes).
     lines = [f"{k} = {json.dumps(v)}" for k, v in settings.items()]
     write_private(state.directory / "quarry.toml", "\n".join(lines) + "\n")
     return settings
@@ -745,11 +731,11 @@ def run_job(
         container_name(pod["metadata"]["name"], c["name"]) for c in pod_spec_of(pod)["containers"]
     ]
     try:
-        deadline = time.monotonic() + 900
+        deadline = time.monotonic() + JOB_TIMEOUT
         for name in names:
             while container_state(name)[0] not in ("exited", "stopped", "missing"):
                 if time.monotonic() > deadline:
-                    raise KubeError(f"{name} has not finished after 900s:\n{logs(name)}")
+                    raise KubeError(f"{name} has not finished after {JOB_TIMEOUT}s")
                 time.sleep(0.5)
             code = podman("inspect", "--format", "{{.State.ExitCode}}", name).stdout.decode()
             output = logs(name).strip()
@@ -809,9 +795,13 @@ def print_endpoints(state: State, docs: list[dict[str, Any]], settings: dict[str
 
 
 def is_up(state: State, adapted: Adapted) -> bool:
-    """The release started (`up` finished) and every service pod still exists."""
-    pods = podman_names("pod", "ps")
-    return state.up and all(p in pods for d in adapted.deployments for p in pod_names(d))
+    """The release's start finished and every service pod is still running (after a reboot
+    podman keeps the pods, stopped)."""
+    proc = podman("pod", "ps", "--format", "{{.Name}} {{.Status}}")
+    status = dict(line.split(" ", 1) for line in proc.stdout.decode().splitlines() if " " in line)
+    return state.up and all(
+        status.get(p) == "Running" for d in adapted.deployments for p in pod_names(d)
+    )
 
 
 def up(options: Options, log: Callable[[str], None]) -> int:
@@ -935,7 +925,7 @@ def already_up(
         )
     log(f"release {options.release} is up already: checking health, re-running its jobs")
     try:
-        wait_healthy(service_containers(adapted, docs), options.timeout, log)
+        wait_healthy(service_containers(adapted, docs), options.timeout, log, fresh=False)
         for pod in adapted.jobs:
             run_job(state, adapted, pod, log)
     except KubeError as exc:

@@ -118,6 +118,11 @@ class Kube:
     def down(self) -> subprocess.CompletedProcess[str]:
         return self.make("kube-down")
 
+    def cleanup(self) -> None:
+        """After a failed test: kube-down, unless the test's own kube-down left nothing."""
+        if self.state.exists() or any(self.release in o for o in podman_objects()):
+            self.down()
+
 
 def output(proc: subprocess.CompletedProcess[str]) -> str:
     return proc.stdout + proc.stderr
@@ -222,7 +227,7 @@ def test_kube_up_round_trip_and_down(image, tmp_path, client_auth):
         assert not kube.state.exists()
         print(f"kube-up: {up_seconds:.1f}s")
     finally:
-        kube.down()
+        kube.cleanup()
 
 
 def test_failed_start_leaves_nothing(image, tmp_path):
@@ -247,7 +252,7 @@ def test_failed_start_leaves_nothing(image, tmp_path):
         again = kube.down()
         assert again.returncode == 0 and "to remove" in output(again), output(again)
     finally:
-        kube.down()
+        kube.cleanup()
 
 
 def test_kube_down_removes_only_what_the_chart_names(image, tmp_path):
