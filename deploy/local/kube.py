@@ -789,9 +789,10 @@ def print_endpoints(state: State, docs: list[dict[str, Any]], settings: dict[str
                     f" -cert {settings.get('tls_cert_file')} -key {settings.get('tls_key_file')}"
                 )
         print(f"  grpcurl {flags} {branch_manager} list")
-    print(
-        "Stop and remove everything (pods, secrets, volumes, this state directory): make kube-down"
-    )
+    down = "make kube-down"
+    if state.release != DEFAULT_RELEASE or state.directory != DEFAULT_STATE_ROOT / state.release:
+        down += f' KUBE_ARGS="--release {state.release} --state-dir {state.directory}"'
+    print(f"Stop and remove everything (pods, secrets, volumes, this state directory): {down}")
 
 
 def is_up(state: State, adapted: Adapted) -> bool:

@@ -171,6 +171,9 @@ def test_kube_up_round_trip_and_down(image, tmp_path, client_auth):
         assert "created with access key id" in output(first)
         branch_manager = config["branch_manager_address"]
         assert f"grpc {branch_manager}" in first.stdout
+        assert f'make kube-down KUBE_ARGS="--release {release} --state-dir {kube.state}"' in (
+            first.stdout
+        )
 
         # The services speak TLS only: a plaintext health check gets no answer, and the
         # CLI without the CA (under mTLS: without a client certificate) cannot connect.
