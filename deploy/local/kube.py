@@ -1,8 +1,8 @@
 """Run the Helm chart on this machine with podman: `make kube-up` / `make kube-down`.
 
     .venv/bin/python deploy/local/kube.py up   [--release R] [--state-dir D] [-f V] [--set K=V]
-                                               [--free-ports] [--timeout S]
-    .venv/bin/python deploy/local/kube.py down [--release R] [--state-dir D] [-f V] [--set K=V]
+                                               [--set-string K=V] [--free-ports] [--timeout S]
+    .venv/bin/python deploy/local/kube.py down [--release R] [--state-dir D] [same values]
 
 `up` renders deploy/helm/quarry with deploy/local/values.yaml (host network, SQLite and local
 storage namespaces in the state directory's `data/`, TLS on with the chart's generated CA),
@@ -18,8 +18,8 @@ A failed start prints what failed (the failing probe's output, every container's
 and removes everything it created. `up` on a release that is up and healthy changes nothing
 but re-runs the Jobs (as `helm upgrade` re-runs its post-upgrade hooks: the bootstrap finds
 its admin and does nothing) and prints the endpoints again; a release left half-up is removed
-first. `down` removes the pods, Secrets, volumes, the kube network podman made for them, and
-the state directory; with nothing to remove it succeeds.
+first. `down` removes the pods, Secrets, volumes (and a kube network, should podman have made
+one for them) and the state directory; with nothing to remove it succeeds.
 
 Safety rule: `down` (and `up`'s clean-up) removes only podman objects the chart renders for
 this release, by their exact names (recorded in the state directory before `up` creates
@@ -61,7 +61,9 @@ CONTAINERS_CONF = REPO / "build" / "image" / "containers.conf"
 DEFAULT_STATE_ROOT = REPO / "build" / "kube"
 DEFAULT_RELEASE = "quarry"
 NAMESPACE = "default"
-# The network `podman kube play` creates for its pods when none exists (podman >= 4.3).
+# The network `podman kube play` creates for its pods when none exists. `up` plays with
+# `--network host`, so podman 4.3 creates none; should another podman create it anyway,
+# `down` removes it when `up` created it (and no container uses it).
 KUBE_NETWORK = "podman-default-kube-network"
 MARKER = ".quarry-kube-state"
 STATE_FILE = "state.json"
