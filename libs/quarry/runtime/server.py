@@ -39,6 +39,7 @@ from quarry.config import Settings
 from quarry.runtime.channels import MAX_MESSAGE_BYTES, open_channel
 from quarry.runtime.errors import RETRYABLE_CODES, ErrorInterceptor, from_rpc_error
 from quarry.runtime.handlers import wrap_behavior
+from quarry.runtime.lifeline import watch_lifeline
 from quarry.runtime.periodic import PeriodicWorker
 from quarry.runtime.tls import (
     ChannelSecurity,
@@ -530,6 +531,9 @@ def serve(
     # Before the spec builds its outgoing channels and background loops (the channels would
     # trace anyway: they decide per call; see quarry.telemetry).
     telemetry.configure_tracing(service)
+    stop_requested = threading.Event()
+    # Started by `quarry up`: stop, as on SIGTERM, once it is gone (even killed outright).
+    watch_lifeline(stop_requested.set)
     spec = spec_factory(settings)
     server, port = create_server(settings, spec)
     metrics_port = start_metrics_endpoint(
@@ -554,8 +558,6 @@ def serve(
         ),
         flush=True,
     )
-
-    stop_requested = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
         log.info(
