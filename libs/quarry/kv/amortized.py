@@ -224,6 +224,9 @@ class AmortizedStore(store.Store):
     def delete(self, partition: bytes, key: bytes) -> None:
         self.inner.delete(partition, key)
 
+    def delete_if(self, partition: bytes, key: bytes, predicate: store.Equals) -> None:
+        self.inner.delete_if(partition, key, predicate)
+
     def scan(
         self,
         partition: bytes,

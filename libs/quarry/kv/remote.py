@@ -99,6 +99,13 @@ class RemoteStore(kv.Store):
             self._stub.DeleteItem, kv_pb2.DeleteItemRequest(partition_key=partition, key=key)
         )
 
+    def delete_if(self, partition: bytes, key: bytes, predicate: kv.Equals) -> None:
+        kv.check_delete_predicate(predicate)
+        self._call(
+            self._stub.DeleteItem,
+            kv_pb2.DeleteItemRequest(partition_key=partition, key=key, if_equals=predicate.value),
+        )
+
     def scan(
         self,
         partition: bytes,
