@@ -37,6 +37,7 @@ import quarry
 from quarry import errors, telemetry
 from quarry.config import Settings
 from quarry.runtime.channels import MAX_MESSAGE_BYTES, open_channel
+from quarry.runtime.deadlines import DeadlineInterceptor
 from quarry.runtime.errors import RETRYABLE_CODES, ErrorInterceptor, from_rpc_error
 from quarry.runtime.handlers import wrap_behavior
 from quarry.runtime.lifeline import watch_lifeline
@@ -477,6 +478,9 @@ def create_server(
             RpcMetrics(spec.name),
             *telemetry.server_interceptors(),
             ErrorInterceptor(MAX_MESSAGE_BYTES),
+            # The call's deadline and cancellation, for every call the handler makes and
+            # the loops of its long work (quarry.runtime.deadlines).
+            DeadlineInterceptor(),
             ReadinessGate(readiness, spec.grpc_service_names),
             *auth_interceptors(settings, spec),
         ],
