@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import time
@@ -119,6 +120,12 @@ class Up:
             self.leader.wait()
 
 
+def reported_stopped(out: str) -> list[str]:
+    """The services `quarry up` reported stopped, in order. (Their exit codes vary: on a
+    loaded machine the repeated signal may come late enough to hurry the stop.)"""
+    return re.findall(r"^  (\S+) stopped \(exit -?\d+\)$", out, re.M)
+
+
 def _argv(pid: int) -> list[str]:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
@@ -156,9 +163,7 @@ def test_sigterm_to_make_runs_process_group_stops_every_service(up, tmp_path):
     up.assert_nothing_left()
     out = up.out.read_text()
     # The orderly stop ran to its end: every service reported, dependents first.
-    assert [line.split()[0] for line in out.splitlines() if line.endswith("stopped (exit 0)")] == [
-        *reversed(start_order())
-    ], up.output()
+    assert reported_stopped(out) == [*reversed(start_order())], up.output()
     assert "stopped." in out, up.output()
 
 
@@ -172,9 +177,7 @@ def test_double_ctrl_c_stops_every_service_in_order(up):
     up.wait_up_gone(timeout=60)
     up.assert_nothing_left()
     out = up.out.read_text()
-    assert [line.split()[0] for line in out.splitlines() if line.endswith("stopped (exit 0)")] == [
-        *reversed(start_order())
-    ], up.output()
+    assert reported_stopped(out) == [*reversed(start_order())], up.output()
 
 
 def test_a_repeated_ctrl_c_hurries_a_stuck_stop_and_leaves_nothing(tmp_path):
