@@ -34,6 +34,10 @@ LOG_FORMATS = ("text", "json")
 ENV_PREFIX = "QUARRY_"
 CONFIG_FILE_ENV = "QUARRY_CONFIG_FILE"
 DEFAULT_DIAL_HOST = "127.0.0.1"
+# How long a process may use a repository record it read earlier (RefManager's cache): a
+# reader holding a stale one can still read the staging tokens of that repository instance,
+# so retired tokens must outlive it (staging_drop_grace_seconds, checked below).
+REPOSITORY_CACHE_SECONDS = 2.0
 # Listen hosts that name no single host to dial: a derived address dials DEFAULT_DIAL_HOST.
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
@@ -200,7 +204,8 @@ class Settings:
     staging_drop_grace_seconds: float = _setting(
         10.0,
         "Retired staging tokens wait this long in the cleanup queue before their items are "
-        "deleted (readers still holding the old branch record finish first).",
+        "deleted (readers still holding the old branch record finish first). Must be longer "
+        "than the 2 s repository cache: a shorter grace refuses to start.",
     )
     staging_drop_interval_seconds: float = _setting(
         5.0, "How often the background dropper looks at the cleanup queue."
@@ -338,6 +343,16 @@ class Settings:
             raise errors.InvalidArgument(
                 "setting range_writer_span_timeout_seconds must be positive, "
                 f"not {self.range_writer_span_timeout_seconds}"
+            )
+        if not self.staging_drop_grace_seconds > REPOSITORY_CACHE_SECONDS:
+            # The dropper may delete a retired token's items only after every reader that
+            # could still hold a record naming it is done; a shorter grace loses staged data
+            # those readers should see.
+            raise errors.InvalidArgument(
+                "setting staging_drop_grace_seconds (QUARRY_STAGING_DROP_GRACE_SECONDS) must "
+                f"be longer than the repository cache ({REPOSITORY_CACHE_SECONDS:g} s): "
+                "retired staging tokens must outlive every cached record that names them, "
+                f"not {self.staging_drop_grace_seconds:g}"
             )
         if self.max_response_bytes < 1:
             raise errors.InvalidArgument(

@@ -130,7 +130,7 @@ class ReadOnlyStore(kv.Store):
     def _refuse(self, *_args: object, **_kwargs: object) -> NoReturn:
         raise errors.FailedPrecondition("quarry doctor is read-only: it never writes")
 
-    set = set_if = delete = batch_set = batch_delete = _refuse
+    set = set_if = delete = delete_if = batch_set = batch_delete = _refuse
 
     def close(self) -> None:
         self.inner.close()

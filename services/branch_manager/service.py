@@ -6,6 +6,8 @@ that sends staged-write counts to the compactor-sensor; with auth on, also the A
 
 from __future__ import annotations
 
+import time
+
 from quarry.config import Settings
 from quarry.runtime.server import ServiceSpec
 from quarry.services.branch_manager.servicer import BranchManagerServicer
@@ -19,16 +21,24 @@ DEPENDS_ON = ("kv-gateway",)
 
 
 def build(
-    settings: Settings, kv_store=None, committed=None, range_writer=None, reporter=None
+    settings: Settings,
+    kv_store=None,
+    committed=None,
+    range_writer=None,
+    reporter=None,
+    dropper_clock=time.time,
 ) -> ServiceSpec:
     """`reporter`: a started StagingReporter to use instead of one dialing
-    settings.compactor_sensor_address (tests); the spec stops it either way."""
+    settings.compactor_sensor_address (tests); the spec stops it either way.
+    `dropper_clock`: the staging dropper's wall clock (core_dependencies; tests)."""
     from quarry.auth.service_tokens import service_auth
     from quarry.graveler.wiring import core_dependencies
 
     auth = service_auth(settings, SERVICE_NAME)
     tokens = auth.tokens if auth is not None else None
-    deps = core_dependencies(settings, kv_store, committed, range_writer, tokens=tokens)
+    deps = core_dependencies(
+        settings, kv_store, committed, range_writer, tokens=tokens, dropper_clock=dropper_clock
+    )
     closers = list(deps.closers)
     if reporter is None and settings.compactor_enabled:
         from quarry.compaction.reporter import StagingReporter

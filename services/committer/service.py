@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from quarry.config import Settings
 from quarry.runtime.server import ServiceSpec
 from quarry.services.committer.servicer import CommitterServicer
@@ -12,12 +14,20 @@ SERVICE_NAME = "committer"
 DEPENDS_ON = ("kv-gateway", "range-writer")
 
 
-def build(settings: Settings, kv_store=None, committed=None, range_writer=None) -> ServiceSpec:
+def build(
+    settings: Settings, kv_store=None, committed=None, range_writer=None, dropper_clock=time.time
+) -> ServiceSpec:
+    """`dropper_clock`: the staging dropper's wall clock (core_dependencies; tests)."""
     from quarry.auth.service_tokens import token_source
     from quarry.graveler.wiring import core_dependencies
 
     deps = core_dependencies(
-        settings, kv_store, committed, range_writer, tokens=token_source(settings, SERVICE_NAME)
+        settings,
+        kv_store,
+        committed,
+        range_writer,
+        tokens=token_source(settings, SERVICE_NAME),
+        dropper_clock=dropper_clock,
     )
     authorizer = None
     if settings.auth_enabled:

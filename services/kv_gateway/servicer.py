@@ -72,7 +72,10 @@ class KVGatewayServicer(kv_pb2_grpc.KVGatewayServicer):
         return kv_pb2.SetItemIfResponse()
 
     def DeleteItem(self, request, context):
-        self._store.delete(request.partition_key, request.key)
+        if request.HasField("if_equals"):
+            self._store.delete_if(request.partition_key, request.key, kv.Equals(request.if_equals))
+        else:
+            self._store.delete(request.partition_key, request.key)
         return kv_pb2.DeleteItemResponse()
 
     def BatchSetItems(self, request, context):

@@ -14,6 +14,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from quarry import errors
 from quarry.committed import CommittedManager
 from quarry.committed.stats import CommittedStats
 from quarry.telemetry.metrics import expose
@@ -21,9 +22,18 @@ from quarry.telemetry.metrics import expose
 OPERATION_DURATION = Histogram(
     "quarry_range_writer_operation_duration_seconds",
     "Time of an ApplyChanges (apply), WriteMetaRange (write_metarange) or MergeMetaRanges "
-    "(merge) on the range-writer, by operation and outcome (ok, error)",
+    "(merge) on the range-writer, by operation and outcome (ok, error, stopped: the caller's "
+    "deadline passed or it cancelled)",
     ["op", "outcome"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+    registry=None,
+)
+STOPPED = Counter(
+    "quarry_range_writer_operations_stopped",
+    "Operations the range-writer stopped before finishing because their caller's deadline "
+    "passed (deadline_exceeded) or the caller cancelled (cancelled): their ranges written so "
+    "far are unreferenced (garbage for GC), no metarange was written",
+    ["op", "reason"],
     registry=None,
 )
 RANGES = Counter(
@@ -82,7 +92,7 @@ class RangeWriterMetrics:
     """What the range-writer servicer records, over `manager`."""
 
     def __init__(self, manager: CommittedManager) -> None:
-        expose(OPERATION_DURATION, RANGES, _STATS)
+        expose(OPERATION_DURATION, RANGES, STOPPED, _STATS)
         _STATS.managers.add(manager)
 
     @contextlib.contextmanager
@@ -97,6 +107,10 @@ class RangeWriterMetrics:
 
         try:
             yield done
+        except (errors.DeadlineExceeded, errors.Cancelled) as stopped:
+            OPERATION_DURATION.labels(op, "stopped").observe(time.perf_counter() - started)
+            STOPPED.labels(op, stopped.reason.lower()).inc()
+            raise
         except BaseException:
             OPERATION_DURATION.labels(op, "error").observe(time.perf_counter() - started)
             raise

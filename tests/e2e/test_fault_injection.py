@@ -483,7 +483,7 @@ def run(tmp_path_factory, request):
     (home / "lake").mkdir()
     cluster = Cluster(
         home,
-        QUARRY_STAGING_DROP_GRACE_SECONDS="2",
+        QUARRY_STAGING_DROP_GRACE_SECONDS="3",
         QUARRY_STAGING_DROP_INTERVAL_SECONDS="1",
         QUARRY_SHUTDOWN_GRACE_SECONDS="2",
         QUARRY_COMPACTION_STAGED_ENTRIES_THRESHOLD="300",

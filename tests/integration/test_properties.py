@@ -353,7 +353,7 @@ def world(tmp_path_factory, request):
     # An S3 endpoint nobody listens on: s3:// namespaces fail fast and never leave the host.
     dead_s3 = f"http://127.0.0.1:{free_port()}"
     with running_suite(
-        home, compactor_sensor=True, s3_endpoint_url=dead_s3, staging_drop_grace_seconds=0.2
+        home, compactor_sensor=True, s3_endpoint_url=dead_s3, staging_drop_grace_seconds=3.0
     ) as suite:
         channels = {name: grpc.insecure_channel(target) for name, target in suite.targets.items()}
         w = World(

@@ -54,6 +54,10 @@ class CountingStore(kv.Store):
         self._count("delete", partition)
         return self.inner.delete(partition, key)
 
+    def delete_if(self, partition, key, predicate):
+        self._count("delete_if", partition)
+        return self.inner.delete_if(partition, key, predicate)
+
     def scan(self, partition, start=b"", end=None, batch_size=kv.DEFAULT_SCAN_BATCH_SIZE):
         self._count("scan", partition)
         return self.inner.scan(partition, start, end, batch_size)

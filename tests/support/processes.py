@@ -141,3 +141,31 @@ def quarry_serve(service: str, env: dict[str, str]) -> Iterator[subprocess.Popen
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+
+
+def children_of(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def port_listened(port: int) -> bool:
+    """Whether some process still listens on 127.0.0.1:`port`: a new listener (with
+    SO_REUSEADDR, as every server sets it; connections in TIME_WAIT do not block it) cannot
+    bind it."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False

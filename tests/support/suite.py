@@ -9,6 +9,7 @@ Without `compactor_sensor=True` branch-manager sends no staging reports
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,20 @@ from quarry.runtime.server import QuarryServer, create_server
 from support.auth import TEST_SIGNING_KEY, setup_test_admin
 
 
+class DropperClock:
+    """The staging droppers' wall clock in a suite: real time plus what a test added with
+    `advance` — a test moves it past the grace period instead of waiting the grace out."""
+
+    def __init__(self) -> None:
+        self._offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self._offset
+
+    def advance(self, seconds: float) -> None:
+        self._offset += seconds
+
+
 @dataclass
 class Suite:
     home: Path
@@ -27,6 +42,11 @@ class Suite:
     targets: dict[str, str] = field(default_factory=dict)
     backend: Store | None = None
     sensor: object | None = None  # the CompactionSensor, when started
+    dropper_clock: DropperClock = field(default_factory=DropperClock)
+
+    def age_cleanup_queue(self) -> None:
+        """Let the droppers see every retired token as past its grace period."""
+        self.dropper_clock.advance(self.settings.staging_drop_grace_seconds)  # type: ignore[attr-defined]
 
     def client(self, **kwargs):
         from quarry.client import Client
@@ -89,7 +109,9 @@ def running_suite(
             # The sensor dials the committer; branch-manager's reporter dials the sensor.
             from quarry.services.compactor_sensor.service import assemble
 
-            server, target = _start(settings, build_committer(settings))
+            server, target = _start(
+                settings, build_committer(settings, dropper_clock=suite.dropper_clock)
+            )
             suite.servers["committer"], suite.targets["committer"] = server, target
             settings = settings.replace(committer_address=target)
             assembled = assemble(settings)
@@ -97,14 +119,18 @@ def running_suite(
             server, target = _start(settings, assembled.spec)
             suite.servers["compactor-sensor"], suite.targets["compactor-sensor"] = server, target
             settings = settings.replace(compactor_sensor_address=target)
-            server, target = _start(settings, build_branch_manager(settings))
+            server, target = _start(
+                settings, build_branch_manager(settings, dropper_clock=suite.dropper_clock)
+            )
             suite.servers["branch-manager"], suite.targets["branch-manager"] = server, target
         else:
             for name, build in (
                 ("branch-manager", build_branch_manager),
                 ("committer", build_committer),
             ):
-                server, target = _start(settings, build(settings))
+                server, target = _start(
+                    settings, build(settings, dropper_clock=suite.dropper_clock)
+                )
                 suite.servers[name], suite.targets[name] = server, target
         suite.settings = settings.replace(
             branch_manager_address=suite.targets["branch-manager"],

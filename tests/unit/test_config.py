@@ -3,7 +3,8 @@ import dataclasses
 import pytest
 
 from quarry import errors
-from quarry.config import Settings, load_settings, settings_table
+from quarry.config import REPOSITORY_CACHE_SECONDS, Settings, load_settings, settings_table
+from quarry.graveler.refs import RefManager
 
 
 def test_defaults_without_environment():
@@ -146,3 +147,15 @@ def test_a_span_timeout_must_be_positive(value):
     with pytest.raises(errors.InvalidArgument, match="range_writer_span_timeout_seconds"):
         load_settings(env={"QUARRY_RANGE_WRITER_SPAN_TIMEOUT_SECONDS": value})
     assert load_settings(env={}).range_writer_span_timeout_seconds == 600.0
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "2"])
+def test_a_drop_grace_within_the_repository_cache_refuses_to_start(value):
+    # A reader may hold a repository record this long (REPOSITORY_CACHE_SECONDS) and still
+    # read the staging tokens it names: the dropper must not delete them before.
+    with pytest.raises(errors.InvalidArgument) as refused:
+        load_settings(env={"QUARRY_STAGING_DROP_GRACE_SECONDS": value})
+    assert "QUARRY_STAGING_DROP_GRACE_SECONDS" in refused.value.message
+    assert f"{REPOSITORY_CACHE_SECONDS:g} s" in refused.value.message
+    assert load_settings(env={"QUARRY_STAGING_DROP_GRACE_SECONDS": "2.5"})
+    assert RefManager.REPOSITORY_TTL_SECONDS == REPOSITORY_CACHE_SECONDS

@@ -4,6 +4,7 @@ and describing this installation: `quarry version`, `quarry settings`."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import shutil
@@ -21,6 +22,7 @@ import quarry
 from quarry import errors
 from quarry.cli.base import Subparsers
 from quarry.config import SERVICES, load_settings, settings_markdown, settings_text
+from quarry.runtime.lifeline import LIFELINE_FD_ENV
 
 # The services built so far. Each maps to the module whose `build(settings) -> ServiceSpec`
 # wires it and whose DEPENDS_ON names the services it needs in order to serve.
@@ -90,8 +92,84 @@ def _command(name: str) -> str:
         return str(installed)
 
 
-def _interrupt(_signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+# A second stop signal within this many seconds of the first is the same request delivered
+# twice (make forwards its group's SIGTERM to `quarry up`, which got it already): ignored.
+# A later one hurries the stop: every service still running gets SIGTERM at once and is
+# killed after HURRIED_GRACE_SECONDS.
+REPEATED_SIGNAL_SECONDS = 1.0
+HURRIED_GRACE_SECONDS = 2.0
+
+
+class StopSignals:
+    """`quarry up`'s SIGINT/SIGTERM/SIGHUP handler. The first signal raises
+    KeyboardInterrupt (the orderly stop begins); later ones never raise — a second
+    KeyboardInterrupt inside the stop would abandon it and orphan the services — but a
+    repeated signal (past REPEATED_SIGNAL_SECONDS) sets `hurried`, which the stop obeys."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self.stopping_since: float | None = None
+        self.hurried = threading.Event()
+
+    def begin_stop(self) -> None:
+        """The stop has begun (on a signal or otherwise): later signals only hurry it."""
+        if self.stopping_since is None:
+            self.stopping_since = self._clock()
+
+    def __call__(self, _signum: int, _frame: FrameType | None) -> None:
+        if self.stopping_since is None:
+            self.begin_stop()
+            raise KeyboardInterrupt
+        if self._clock() - self.stopping_since >= REPEATED_SIGNAL_SECONDS:
+            self.hurried.set()
+
+
+def _say(text: str, stream: IO[str] | None = None) -> None:
+    """Print a line of the stop; a closed terminal or pipe (EIO, EPIPE) never interrupts
+    stopping the services."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=stream or sys.stdout, flush=True)
+
+
+def stop_services(
+    children: list[tuple[str, subprocess.Popen]],
+    grace_seconds: float,
+    signals: StopSignals,
+    poll_seconds: float = 0.05,
+) -> None:
+    """Stop every child still running, dependents first (reverse start order), one at a
+    time: each drains while what it calls is still up; one that outlives `grace_seconds`
+    (plus slack) is killed. Once `signals.hurried`, every child still running gets SIGTERM
+    at once and SIGKILL after HURRIED_GRACE_SECONDS.
+
+    Never returns with a child running: it runs to the end whatever signals arrive
+    (StopSignals never raises once the stop began) and kills what will not stop."""
+    signals.begin_stop()
+    kill_at: dict[int, float] = {}
+    hurried_at: float | None = None
+    for name, child in reversed(children):
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+        kill_at.setdefault(child.pid, time.monotonic() + grace_seconds + 5)
+        while child.poll() is None:
+            if signals.hurried.is_set() and hurried_at is None:
+                hurried_at = time.monotonic()
+                _say("  hurrying: stopping every service now", sys.stderr)
+                for _, other in children:
+                    if other.poll() is None:
+                        other.send_signal(signal.SIGTERM)
+                        kill_at[other.pid] = min(
+                            kill_at.get(other.pid, float("inf")),
+                            hurried_at + HURRIED_GRACE_SECONDS,
+                        )
+            if time.monotonic() >= kill_at[child.pid]:
+                _say(f"  {name} did not stop in time; killing it", sys.stderr)
+                child.kill()
+                child.wait()
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=poll_seconds)
+        _say(f"  {name} stopped (exit {child.returncode})")
 
 
 def _forward(stream: IO[str]) -> None:
@@ -147,26 +225,24 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"  data:   {home}  (KV: {settings.effective_kv_url})")
     children: list[tuple[str, subprocess.Popen]] = []
     # Explicit handlers: a shell that starts us in the background sets SIGINT to "ignore",
-    # which Python would otherwise keep.
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)
-    # The services have their own process group (below), so a closed terminal's SIGHUP
-    # reaches only us: stop them in order then too.
-    signal.signal(signal.SIGHUP, _interrupt)
+    # which Python would otherwise keep. The services have their own process group (below),
+    # so a closed terminal's SIGHUP reaches only us: stop them in order then too.
+    signals = StopSignals()
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signals)
+    # The lifeline: every service holds the read end, only we hold the write end. When we
+    # die outright (SIGKILL, OOM), the kernel closes it and each service, reading EOF, stops
+    # (quarry.runtime.lifeline): a dead `quarry up` never leaves services serving.
+    lifeline, lifeline_held = os.pipe()
+    env[LIFELINE_FD_ENV] = str(lifeline)
+    stopped = False
 
     def stop_all() -> None:
-        # Dependents first, one at a time: each drains while what it calls is still up. A
-        # service that outlives its grace period (plus slack) is killed.
-        for name, child in reversed(children):
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-            try:
-                child.wait(timeout=settings.shutdown_grace_seconds + 5)
-            except subprocess.TimeoutExpired:
-                print(f"  {name} did not stop in time; killing it", file=sys.stderr)
-                child.kill()
-                child.wait()
-            print(f"  {name} stopped (exit {child.returncode})", flush=True)
+        nonlocal stopped
+        signals.begin_stop()  # first: from here on a signal only hurries the stop
+        if not stopped:
+            stopped = True
+            stop_services(children, settings.shutdown_grace_seconds, signals)
 
     try:
         for name in start_order():
@@ -179,6 +255,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 stdout=subprocess.PIPE,
                 text=True,
                 process_group=0,
+                pass_fds=(lifeline,),
             )
             children.append((name, child))
             line = child.stdout.readline()
@@ -236,10 +313,14 @@ def cmd_up(args: argparse.Namespace) -> int:
                     return 1
             time.sleep(0.5)
     except KeyboardInterrupt:
-        print("\nstopping...", flush=True)
+        _say("\nstopping...")
         stop_all()
-        print("stopped.")
+        _say("stopped.")
         return 0
+    finally:
+        stop_all()  # whatever ended the run (an error included); a no-op after a stop
+        os.close(lifeline)
+        os.close(lifeline_held)
 
 
 def cmd_version(args: argparse.Namespace) -> int:

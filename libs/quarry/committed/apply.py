@@ -18,10 +18,14 @@ from quarry.committed.loader import RangeLoader
 from quarry.committed.rangedata import MetaRange, RangeData
 from quarry.committed.writer import RangeBuilder, RangeWriter, check_path, raise_unsorted
 from quarry.graveler.model import ApplyResult, Change, ChangeType, DiffSummary, Entry, RangeInfo
+from quarry.runtime import deadlines
 
 # apply prefetches the ranges the next changes fall into: up to this many ranges ahead,
 # looking at most this many changes ahead.
 PREFETCH_RANGES = 8
+# Changes added after the base's last range between two deadline checks (each base range
+# is a check of its own).
+CHECK_EVERY_CHANGES = 1024
 PREFETCH_MAX_CHANGES = 10_000
 # merge_range searches a range's paths in place (PathColumn) for its first changes, and in a
 # list of them from this many on (building it costs about as much as 16 searches in place).
@@ -103,6 +107,8 @@ def apply_to_ranges(
         last = len(ranges) - 1
         i = 0
         while i <= last:
+            # A loop point: stop once the caller's deadline passed or it cancelled.
+            deadlines.check()
             following = stream.peek_path()
             if builder.empty:
                 # The run of ranges before the next change, reused in one step (a commit
@@ -133,7 +139,11 @@ def apply_to_ranges(
             merge_range(builder, data, stream, info.max_key, summary)
             i += 1
         # Changes after the last base range.
+        added = 0
         while stream.peek_path() is not None:
+            added += 1
+            if added % CHECK_EVERY_CHANGES == 0:
+                deadlines.check()
             _path, entry = stream.next()
             if entry is not None:
                 summary.added += 1

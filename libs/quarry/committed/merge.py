@@ -102,6 +102,7 @@ from quarry.graveler.model import (
     MergeStrategy,
     RangeInfo,
 )
+from quarry.runtime import deadlines
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,8 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
     taken = 0  # destination ranges [0, taken) are settled in `spliced`
     ahead = _ReadAhead(loader, namespace, plan, dest_ranges, source_only_read=known is None)
     for number, (kind, gap, first, stop) in enumerate(plan):
+        # A loop point: stop once the caller's deadline passed or it cancelled.
+        deadlines.check()
         ahead.through(number)
         if kind == _SOURCE_ONLY:
             if known is None:

@@ -36,6 +36,7 @@ from quarry.graveler.model import (
     MergeStrategy,
     RangeInfo,
 )
+from quarry.runtime import deadlines
 from quarry.runtime.channels import channel_for
 from quarry.runtime.errors import domain_errors
 from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc, types_pb2
@@ -58,6 +59,8 @@ class RemoteRangeWriter:
     def __init__(
         self,
         target: str | grpc.Channel,
+        # Each call's own bound; serving a call, the smaller of it and what remains of that
+        # call's deadline (quarry.runtime.deadlines).
         timeout: float = 3600.0,
         batch_items: int = BATCH_ITEMS,
         batch_bytes: int = BATCH_BYTES,
@@ -81,8 +84,24 @@ class RemoteRangeWriter:
     def _stream(
         self, method: Callable[..., Any], requests: Iterator[Any], failure: _Failure
     ) -> Any:
+        # The request stream is produced on a thread gRPC runs for it: it works for the
+        # incoming call too (its KV reads carry its deadline) and stops once that call
+        # expired or was cancelled, which cancels this call and so the range-writer's work.
+        call = deadlines.current()
+
+        def carried() -> Iterator[Any]:
+            with deadlines.serving(call):
+                try:
+                    for request in requests:
+                        deadlines.check()
+                        yield request
+                except BaseException as exc:
+                    if failure.error is None:
+                        failure.error = exc
+                    raise
+
         with domain_errors(lambda: failure.error):
-            return method(requests, timeout=self._timeout)
+            return method(carried(), timeout=deadlines.timeout(self._timeout))
 
     def _batches(
         self,
@@ -213,7 +232,7 @@ class RemoteRangeWriter:
                     range_writer_pb2.GetMetaRangeRequest(
                         storage_namespace=namespace, metarange_id=metarange_id, page_token=token
                     ),
-                    timeout=self._timeout,
+                    timeout=deadlines.timeout(self._timeout),
                 )
             ranges.extend(range_info_from_proto(r) for r in response.ranges)
             token = response.next_page_token
@@ -229,7 +248,7 @@ class RemoteRangeWriter:
         if replace is not None:
             request.replace_marker = replace
         with domain_errors():
-            response = self._stub.ClaimNamespace(request, timeout=self._timeout)
+            response = self._stub.ClaimNamespace(request, timeout=deadlines.timeout(self._timeout))
         return NamespaceClaim(
             claimed=response.claimed,
             existing_marker=(
@@ -265,7 +284,7 @@ class RemoteRangeWriter:
             max_conflicts=min(max(1, int(max_conflicts)), 2**31 - 1),
         )
         with domain_errors():
-            response = self._stub.MergeMetaRanges(request, timeout=self._timeout)
+            response = self._stub.MergeMetaRanges(request, timeout=deadlines.timeout(self._timeout))
         conflicts = tuple(conflict_from_proto(c) for c in response.conflicts)
         more = response.more_conflicts
         if max_conflicts == 0:

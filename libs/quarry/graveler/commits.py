@@ -17,6 +17,7 @@ from quarry.graveler.reads import Reads
 from quarry.graveler.refs import Repository, is_dirty
 from quarry.graveler.retry import DEFAULT_RETRY, cas_retry
 from quarry.graveler.staging import new_token
+from quarry.runtime import deadlines
 from quarry.v1 import types_pb2
 
 
@@ -129,6 +130,7 @@ class Commits:
         self, repo: Repository, branch_name: str, params: CommitParams
     ) -> CommitOutcome | None:
         """One attempt; None means "lost a race, start over"."""
+        deadlines.check()  # an expired or cancelled commit seals nothing
         branch = self.seal(repo, branch_name)
         if branch is None:
             return None
@@ -214,6 +216,9 @@ class Commits:
         it dirty, a new seal in front, the sensor's guard). False if HEAD or the base moved,
         or the sealed list lost the tokens: the work must be redone."""
         with tracer.start_as_current_span("graveler.swap_branch"):
+            # The last point to stop: a call that expired or was cancelled moves no branch
+            # (its ranges and commit record are only unreferenced garbage for GC).
+            deadlines.check()
             try:
                 self.refs.update_branch(
                     repo, branch_name, _retire(expected, retirement), step="swap_branch"

@@ -19,6 +19,7 @@ from quarry.graveler.reads import Reads
 from quarry.graveler.refs import Repository
 from quarry.graveler.retry import MAX_MERGE_ATTEMPTS, ONCE, RetryPolicy
 from quarry.kv import store as kv
+from quarry.runtime import deadlines
 from quarry.v1 import types_pb2
 
 MAX_CONFLICTS_REPORTED = 100
@@ -349,6 +350,8 @@ class Merges:
             branch.commit_id = commit_id
             return branch
 
+        # The last point to stop: an expired or cancelled merge moves no branch.
+        deadlines.check()
         try:
             self.refs.update_branch(
                 repo, read[0].name, move, step="merge", policy=ONCE, expect=read

@@ -18,6 +18,7 @@ from typing import TypeVar
 from google.protobuf import timestamp_pb2
 from google.protobuf.message import Message
 
+from quarry.config import REPOSITORY_CACHE_SECONDS
 from quarry.graveler import errors as gerrors
 from quarry.graveler import layout, records
 from quarry.graveler.layout import (
@@ -122,9 +123,10 @@ class RefManager(RefResolution):
     # Writers re-validate the record together with the branch (Writes.write), and every other
     # flow that changes refs reads it fresh (Core.live_repo), so a stale entry can at worst
     # serve a read of a repository deleted within this window. It
-    # must stay shorter than the dropper's grace period (staging_drop_grace_seconds), so a
-    # dead instance's branch records are still there while a stale entry can point at them.
-    REPOSITORY_TTL_SECONDS = 2.0
+    # must stay shorter than the dropper's grace period (staging_drop_grace_seconds, which
+    # Settings refuses otherwise), so a dead instance's branch records are still there while
+    # a stale entry can point at them.
+    REPOSITORY_TTL_SECONDS = REPOSITORY_CACHE_SECONDS
 
     def __init__(self, store: kv.Store, commit_cache_size: int = 100_000):
         self.kv = store
@@ -333,8 +335,43 @@ class RefManager(RefResolution):
             return BranchUpdate(current, updated, stored, True)
         raise AssertionError("unreachable: the policy raises when exhausted")
 
-    def delete_branch_record(self, repo: Repository, name: str) -> None:
-        self.kv.delete(repo.partition, layout.branch_key(name))
+    def delete_branch(
+        self,
+        repo: Repository,
+        name: str,
+        check: Callable[[types_pb2.Branch], None] = lambda branch: None,
+        *,
+        policy: RetryPolicy = DEFAULT_RETRY,
+    ) -> types_pb2.Branch:
+        """Delete the branch record through compare-and-delete; returns the record deleted,
+        whose tokens the caller retires. `check` sees each record read and may raise to
+        refuse. Never deletes a record it did not read: a change landing between the read
+        and the delete (a seal installing a fresh staging token, a commit) makes the delete
+        fail and start over from the new record, so the tokens returned are exactly those
+        the deleted record held and none is orphaned. BranchNotFound once it is gone;
+        BranchContended after the policy's budget."""
+
+        def exhausted() -> gerrors.BranchContended:
+            return gerrors.BranchContended(
+                f"branch {name!r} kept changing (delete_branch); retry",
+                metadata={"repository": repo.name, "branch": name},
+            )
+
+        for attempt in policy.attempts(exhausted):
+            current, predicate = self.get_branch(repo, name)
+            check(current)
+            try:
+                self.delete_branch_if(repo, name, kv.Equals(predicate))
+            except kv.PredicateFailed:
+                cas_retry("delete_branch", attempt + 1)
+                continue
+            return current
+        raise AssertionError("unreachable: the policy raises when exhausted")
+
+    def delete_branch_if(self, repo: Repository, name: str, predicate: kv.Equals) -> None:
+        """The raw compare-and-delete of a branch record. Only delete_branch calls it (tests
+        may wrap it to stage races)."""
+        self.kv.delete_if(repo.partition, layout.branch_key(name), predicate)
 
     def list_branches(
         self, repo: Repository, after: str = "", limit: int = 100

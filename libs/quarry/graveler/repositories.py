@@ -353,8 +353,9 @@ class Repositories:
                 f"{name!r} is the default branch of {repo.name!r} and cannot be deleted",
                 metadata={"repository": repo.name, "branch": name},
             )
-        branch, _ = self.refs.get_branch(repo, name)
-        self.refs.delete_branch_record(repo, name)
+        # Compare-and-delete: the tokens retired are those of the record deleted, even when
+        # a seal or commit changed the branch since it was first read.
+        branch = self.refs.delete_branch(repo, name)
         self.core.forget_branch(repo, name)
         self.staging.queue_drop_tokens([branch.staging_token, *branch.sealed_tokens])
 

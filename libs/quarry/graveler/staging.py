@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from quarry.graveler import layout, records
 from quarry.graveler.layout import CLEANUP_PARTITION, PARKED_PREFIX, staging_partition
@@ -61,8 +61,11 @@ class StagedIterator:
 
 
 class StagingManager:
-    def __init__(self, store: kv.Store):
+    def __init__(self, store: kv.Store, clock: Callable[[], float] = time.time):
+        """`clock`: wall-clock seconds, for the cleanup queue's timestamps and the dropper's
+        grace period (tests pass one they move forward instead of waiting)."""
         self.kv = store
+        self._clock = clock
 
     def get(self, token: str, path: str) -> tuple[bool, Entry | None, bytes | None]:
         """(found, entry-or-tombstone, predicate)."""
@@ -96,7 +99,7 @@ class StagingManager:
         """Queue whole partitions (staging tokens, dead repository instances) for deletion."""
         if not partitions:
             return
-        now = int(time.time())
+        now = int(self._clock())
         self.kv.batch_set(
             [
                 (CLEANUP_PARTITION, partition, layout.encode_cleanup(partition, now))
@@ -116,7 +119,7 @@ class StagingManager:
         names another partition than its key, or that is not a staging or repo partition:
         such an item is parked (see park_cleanup_item) and the pass carries on."""
         dropped = 0
-        now = time.time()
+        now = self._clock()
         iterator = self.kv.scan(CLEANUP_PARTITION, batch_size=limit)
         try:
             due = []

@@ -12,6 +12,7 @@ runs once they answer (quarry.runtime.server).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -48,16 +49,19 @@ class CoreDependencies:
         return [self.dependencies[name] for name in names if name in self.dependencies]
 
 
-def core_dependencies(
+def core_dependencies(  # noqa: PLR0913 — the parts a caller may supply, each optional
     settings: Settings,
     kv_store: kv.Store | None = None,
     committed: CommittedReader | None = None,
     range_writer: RangeWriterClient | None = None,
     start_dropper: bool = True,
     tokens: TokenSource | None = None,
+    dropper_clock: Callable[[], float] = time.time,
 ) -> CoreDependencies:
     """`tokens`: the service's token source (quarry.auth.service_tokens), attached to every
-    call it makes to the kv-gateway and the range-writer; None when auth is off."""
+    call it makes to the kv-gateway and the range-writer; None when auth is off.
+    `dropper_clock`: the wall clock the staging dropper measures its grace period by (tests
+    move one forward rather than wait out the grace)."""
     closers: list[Callable[[], None]] = []
     dependencies: dict[str, Dependency] = {}
     dropper_store = kv_store
@@ -111,7 +115,7 @@ def core_dependencies(
     if start_dropper:
         assert dropper_store is not None
         dropper = Dropper(
-            StagingManager(dropper_store),
+            StagingManager(dropper_store, clock=dropper_clock),
             interval_seconds=settings.staging_drop_interval_seconds,
             grace_seconds=settings.staging_drop_grace_seconds,
         )

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from quarry.kv import store
+from quarry.runtime import deadlines
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,11 @@ class AmortizedStore(store.Store):
 
     def _read(self, flight_key: tuple[bytes, bytes], flight: _Flight) -> store.GetResult:
         try:
-            flight.result = self.inner.get(*flight_key)
+            # Shared by every member of the flight, so it works for none of their calls: its
+            # timeout is the store's own, never one caller's deadline, and one caller's
+            # cancelling never fails the others (quarry.runtime.deadlines).
+            with deadlines.serving(None):
+                flight.result = self.inner.get(*flight_key)
             return flight.result
         except BaseException as error:
             # Whatever happened, the members waiting on this flight must hear about it.
@@ -223,6 +228,9 @@ class AmortizedStore(store.Store):
 
     def delete(self, partition: bytes, key: bytes) -> None:
         self.inner.delete(partition, key)
+
+    def delete_if(self, partition: bytes, key: bytes, predicate: store.Equals) -> None:
+        self.inner.delete_if(partition, key, predicate)
 
     def scan(
         self,

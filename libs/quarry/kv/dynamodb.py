@@ -233,6 +233,18 @@ class DynamoDBStore(store.Store):
             self._client.delete_item, TableName=self.table_name, Key=self._key(partition, key)
         )
 
+    def delete_if(self, partition: bytes, key: bytes, predicate: store.Equals) -> None:
+        store.check_key(partition, key)
+        store.check_delete_predicate(predicate)
+        # A comparison with a missing item's attribute is false: a missing key fails too.
+        self._call(
+            self._client.delete_item,
+            TableName=self.table_name,
+            Key=self._key(partition, key),
+            ConditionExpression=f"{V} = :prev",
+            ExpressionAttributeValues={":prev": {"B": predicate.value}},
+        )
+
     def scan(
         self,
         partition: bytes,

@@ -77,6 +77,17 @@ class MemoryStore(store.Store):
         with self._lock:
             self._remove(bytes(partition), bytes(key))
 
+    def delete_if(self, partition: bytes, key: bytes, predicate: store.Equals) -> None:
+        store.check_key(partition, key)
+        store.check_delete_predicate(predicate)
+        partition, key = bytes(partition), bytes(key)
+        with self._lock:
+            part = self._partitions.get(partition)
+            current = part.values.get(key) if part else None
+            if current is None or current != predicate.value:
+                raise store.PredicateFailed(f"predicate {predicate!r} failed")
+            self._remove(partition, key)
+
     def scan(
         self,
         partition: bytes,

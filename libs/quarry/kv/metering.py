@@ -288,6 +288,23 @@ class MeteredStore(store.Store):
         self._time("delete", partition, started)
         self._charge(WRITE, partition, units=units, prepaid=units)
 
+    def delete_if(self, partition: bytes, key: bytes, predicate: store.Equals) -> None:
+        units = write_units(store.item_size(partition, key, b""))
+        self._admit(WRITE, "delete_if", {partition: units}, {partition: 1})
+        started = time.perf_counter()
+        try:
+            self.inner.delete_if(partition, key, predicate)
+        except store.PredicateFailed:
+            self._time("delete_if", partition, started)
+            # As set_if: DynamoDB charges a failed condition check as the write.
+            self._charge(WRITE, partition, units=units, prepaid=units)
+            raise
+        except store.Throttled:
+            self._count_throttled([partition])
+            raise
+        self._time("delete_if", partition, started)
+        self._charge(WRITE, partition, units=units, prepaid=units)
+
     def batch_set(self, items: Sequence[tuple[bytes, bytes, bytes]]) -> None:
         units_per_item = [
             (partition, write_units(_item_size(partition, key, value)))

@@ -160,6 +160,10 @@ class PartitionValidatingStore(store.Store):
         check_partition_name(partition)
         self.inner.delete(partition, key)
 
+    def delete_if(self, partition: bytes, key: bytes, predicate: store.Equals) -> None:
+        check_partition_name(partition)
+        self.inner.delete_if(partition, key, predicate)
+
     def scan(
         self,
         partition: bytes,

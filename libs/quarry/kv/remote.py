@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 
 from quarry.batching import batches
 from quarry.kv import store as kv
+from quarry.runtime import deadlines
 from quarry.runtime.channels import AUTHORIZATION_HEADER, TokenSource, channel_for
 from quarry.runtime.errors import domain_errors
 from quarry.v1 import kv_pb2, kv_pb2_grpc
@@ -49,6 +50,8 @@ class RemoteStore(kv.Store):
     def __init__(
         self,
         target: str | grpc.Channel,
+        # Each call's own bound; serving a call, the smaller of it and what remains of that
+        # call's deadline (quarry.runtime.deadlines).
         timeout: float = 30.0,
         token_source: TokenSource | None = None,
     ):
@@ -72,7 +75,9 @@ class RemoteStore(kv.Store):
 
     def _call(self, method: Callable[..., Any], request: Message) -> Any:
         with domain_errors():
-            return method(request, timeout=self._timeout, metadata=self.call_metadata())
+            return method(
+                request, timeout=deadlines.timeout(self._timeout), metadata=self.call_metadata()
+            )
 
     def get(self, partition: bytes, key: bytes) -> kv.GetResult:
         response = self._call(
@@ -97,6 +102,13 @@ class RemoteStore(kv.Store):
     def delete(self, partition: bytes, key: bytes) -> None:
         self._call(
             self._stub.DeleteItem, kv_pb2.DeleteItemRequest(partition_key=partition, key=key)
+        )
+
+    def delete_if(self, partition: bytes, key: bytes, predicate: kv.Equals) -> None:
+        kv.check_delete_predicate(predicate)
+        self._call(
+            self._stub.DeleteItem,
+            kv_pb2.DeleteItemRequest(partition_key=partition, key=key, if_equals=predicate.value),
         )
 
     def scan(
@@ -201,7 +213,9 @@ class _RemoteScanIterator(kv.ScanIterator):
             items = [
                 kv.KeyValue(key=item.key, value=item.value)
                 for response in self._store._stub.ScanItems(
-                    request, timeout=self._store._timeout, metadata=self._store.call_metadata()
+                    request,
+                    timeout=deadlines.timeout(self._store._timeout),
+                    metadata=self._store.call_metadata(),
                 )
                 for item in response.items
             ]

@@ -186,6 +186,17 @@ class SQLiteStore(store.Store):
         with self._writer() as conn:
             conn.execute("DELETE FROM kv WHERE partition = ? AND key = ?", (partition, key))
 
+    def delete_if(self, partition: bytes, key: bytes, predicate: store.Equals) -> None:
+        store.check_key(partition, key)
+        store.check_delete_predicate(predicate)
+        with self._writer() as conn:
+            changed = conn.execute(
+                "DELETE FROM kv WHERE partition = ? AND key = ? AND value = ?",
+                (partition, key, predicate.value),
+            ).rowcount
+        if changed != 1:
+            raise store.PredicateFailed(f"predicate {predicate!r} failed")
+
     def scan(
         self,
         partition: bytes,

@@ -2,7 +2,7 @@
 
 Partitions and keys are bytes. Within one partition keys are ordered by unsigned byte
 comparison. There are no transactions and no cross-partition operations: the only
-conditional write is `set_if` on a single key.
+conditional writes are `set_if` and `delete_if` on a single key.
 
 Predicates for `set_if`:
   * `ABSENT`             – succeed only if the key does not exist;
@@ -207,6 +207,12 @@ class Store(abc.ABC):
         """Idempotent: deleting a missing key succeeds."""
 
     @abc.abstractmethod
+    def delete_if(self, partition: bytes, key: bytes, predicate: Equals) -> None:
+        """Compare-and-delete: delete the key only if its stored value equals the predicate's
+        (the `predicate` of an earlier get). PredicateFailed if it differs or the key is
+        missing; MissingPredicate if None."""
+
+    @abc.abstractmethod
     def scan(
         self,
         partition: bytes,
@@ -247,6 +253,18 @@ def check_predicate(predicate: object) -> None:
         )
     if isinstance(predicate, Equals) and predicate.value is None:
         raise MissingPredicate("Equals(previous) needs the previous value")
+
+
+def check_delete_predicate(predicate: object) -> None:
+    """delete_if takes Equals(previous) only (ABSENT would delete nothing, EXISTS is an
+    unconditional delete)."""
+    if predicate is None:
+        raise MissingPredicate("delete_if needs a predicate: Equals(previous)")
+    if not isinstance(predicate, Equals):
+        raise errors.InvalidArgument(
+            f"delete_if predicate must be Equals(bytes), not {predicate!r}"
+        )
+    check_predicate(predicate)
 
 
 def normalize_end(end: bytes | None) -> bytes | None:

@@ -37,8 +37,10 @@ import quarry
 from quarry import errors, telemetry
 from quarry.config import Settings
 from quarry.runtime.channels import MAX_MESSAGE_BYTES, open_channel
+from quarry.runtime.deadlines import DeadlineInterceptor
 from quarry.runtime.errors import RETRYABLE_CODES, ErrorInterceptor, from_rpc_error
 from quarry.runtime.handlers import wrap_behavior
+from quarry.runtime.lifeline import watch_lifeline
 from quarry.runtime.periodic import PeriodicWorker
 from quarry.runtime.tls import (
     ChannelSecurity,
@@ -476,6 +478,9 @@ def create_server(
             RpcMetrics(spec.name),
             *telemetry.server_interceptors(),
             ErrorInterceptor(MAX_MESSAGE_BYTES),
+            # The call's deadline and cancellation, for every call the handler makes and
+            # the loops of its long work (quarry.runtime.deadlines).
+            DeadlineInterceptor(),
             ReadinessGate(readiness, spec.grpc_service_names),
             *auth_interceptors(settings, spec),
         ],
@@ -530,6 +535,9 @@ def serve(
     # Before the spec builds its outgoing channels and background loops (the channels would
     # trace anyway: they decide per call; see quarry.telemetry).
     telemetry.configure_tracing(service)
+    stop_requested = threading.Event()
+    # Started by `quarry up`: stop, as on SIGTERM, once it is gone (even killed outright).
+    watch_lifeline(stop_requested.set)
     spec = spec_factory(settings)
     server, port = create_server(settings, spec)
     metrics_port = start_metrics_endpoint(
@@ -554,8 +562,6 @@ def serve(
         ),
         flush=True,
     )
-
-    stop_requested = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
         log.info(

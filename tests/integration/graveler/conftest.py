@@ -32,7 +32,9 @@ def suite(tmp_path_factory, counting_backend):
     with running_suite(
         tmp_path_factory.mktemp("suite"),
         backend=counting_backend,
-        staging_drop_grace_seconds=0.0,
+        # A valid grace (Settings refuses one within the repository cache); tests that wait
+        # for a drop move the droppers' clock past it (Suite.age_cleanup_queue).
+        staging_drop_grace_seconds=3.0,
         staging_drop_interval_seconds=0.05,
     ) as suite:
         yield suite

@@ -249,6 +249,7 @@ def test_dropper_parks_a_corrupt_cleanup_item_and_keeps_dropping(stubs, suite, k
         put(stubs, repo, f"f{i}")
     stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="m"))
     real = f"staging/{token}".encode()
+    suite.age_cleanup_queue()
 
     def dropped() -> bool:
         queued = [item.key for item in kv.scan(b"cleanup")]

@@ -332,6 +332,7 @@ def test_retired_staging_tokens_are_dropped(stubs, suite, counting_backend):
         put(stubs, repo, f"f{i}")
     stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="c"))
     backend = counting_backend.inner
+    suite.age_cleanup_queue()
 
     def queued() -> bool:
         return any(item.key == f"staging/{token}".encode() for item in backend.scan(b"cleanup"))

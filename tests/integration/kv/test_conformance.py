@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from quarry import errors
 from quarry.kv import store
 from quarry.kv.store import ABSENT, EXISTS, Equals, KeyValue
 
@@ -422,6 +423,64 @@ def test_set_if_equals_stale_after_someone_else_wrote_the_same_length(kv_store, 
     with pytest.raises(store.PredicateFailed):
         kv_store.set_if(partition, b"k", b"cccc", Equals(mine.predicate))
     assert kv_store.get(partition, b"k").value == b"bbbb"
+
+
+def test_delete_if_equals(kv_store, partition):
+    # Compare-and-delete: never deletes a value other than the one the caller read.
+    with pytest.raises(store.PredicateFailed):  # a missing key equals nothing
+        kv_store.delete_if(partition, b"k", Equals(b"anything"))
+    kv_store.set(partition, b"k", b"v1")
+    first = kv_store.get(partition, b"k")
+    kv_store.set(partition, b"k", b"v2")  # another writer
+    with pytest.raises(store.PredicateFailed):  # `first` is stale: kept
+        kv_store.delete_if(partition, b"k", Equals(first.predicate))
+    with pytest.raises(store.PredicateFailed):  # a prefix of the value is not equal
+        kv_store.delete_if(partition, b"k", Equals(b"v"))
+    assert kv_store.get(partition, b"k").value == b"v2"
+    kv_store.delete_if(partition, b"k", Equals(kv_store.get(partition, b"k").predicate))
+    with pytest.raises(store.KeyNotFound):
+        kv_store.get(partition, b"k")
+    with pytest.raises(store.PredicateFailed):  # deleted: a second delete_if fails
+        kv_store.delete_if(partition, b"k", Equals(b"v2"))
+    # An empty value is a real value, also here.
+    kv_store.set(partition, b"empty", b"")
+    with pytest.raises(store.PredicateFailed):
+        kv_store.delete_if(partition, b"empty", Equals(b"x"))
+    kv_store.delete_if(partition, b"empty", Equals(b""))
+    with pytest.raises(store.KeyNotFound):
+        kv_store.get(partition, b"empty")
+
+
+def test_delete_if_needs_an_equals_predicate(kv_store, partition):
+    kv_store.set(partition, b"k", b"v")
+    with pytest.raises(store.MissingPredicate):
+        kv_store.delete_if(partition, b"k", None)
+    for predicate in (ABSENT, EXISTS, b"v"):
+        with pytest.raises(errors.InvalidArgument):
+            kv_store.delete_if(partition, b"k", predicate)
+    assert kv_store.get(partition, b"k").value == b"v"
+
+
+def test_delete_if_race_has_exactly_one_winner(kv_store, partition):
+    kv_store.set(partition, b"k", b"v")
+    read = kv_store.get(partition, b"k").predicate
+    outcomes: list[str] = []
+    barrier = threading.Barrier(8)
+
+    def delete() -> None:
+        barrier.wait()
+        try:
+            kv_store.delete_if(partition, b"k", Equals(read))
+            outcomes.append("deleted")
+        except store.PredicateFailed:
+            outcomes.append("failed")
+
+    threads = [threading.Thread(target=delete) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["deleted"] + ["failed"] * 7
 
 
 def test_set_if_without_predicate(kv_store, partition):

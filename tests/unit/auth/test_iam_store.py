@@ -184,6 +184,10 @@ class CrashingStore(kv.Store):
         self._tick()
         self.inner.delete(partition, key)
 
+    def delete_if(self, partition, key, predicate):
+        self._tick()
+        self.inner.delete_if(partition, key, predicate)
+
     def batch_delete(self, items):
         # A batch is not atomic: apply what fits before the crash, then crash.
         allowed = max(0, self.crash_at - self.deletes)

@@ -169,6 +169,9 @@ class RaceBeforeWrite(kv.Store):
     def delete(self, partition, key):
         self.inner.delete(partition, key)
 
+    def delete_if(self, partition, key, predicate):
+        self.inner.delete_if(partition, key, predicate)
+
     def scan(self, partition, start=b"", end=None, batch_size=kv.DEFAULT_SCAN_BATCH_SIZE):
         return self.inner.scan(partition, start, end, batch_size)
 

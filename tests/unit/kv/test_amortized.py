@@ -390,3 +390,25 @@ def test_gate_holds_every_waiter_until_opened_then_lets_all_through() -> None:
         waiter.join(max(0.0, deadline - time.monotonic()))
     assert sorted(passed) == list(range(8))
     gate.wait()  # after opening, a wait returns at once
+
+
+def test_a_shared_read_works_for_no_one_callers_deadline():
+    """A flight's read is shared by every member: it must never take its leader's deadline
+    or cancellation (quarry.runtime.deadlines), which would fail the other members with the
+    leader's DEADLINE_EXCEEDED / CANCELLED. It runs with the store's own timeout."""
+    from quarry.runtime import deadlines
+
+    seen = []
+
+    class Recording(MemoryStore):
+        def get(self, partition, key):
+            seen.append((deadlines.current(), deadlines.timeout(30.0)))
+            return super().get(partition, key)
+
+    inner = Recording()
+    inner.set(P, K, b"v")
+    leader = deadlines.IncomingCall("/test/Leader", time.monotonic() + 0.5, lambda: True)
+    with deadlines.serving(leader):
+        assert deadlines.timeout(30.0) <= 0.5  # the leader's own calls carry its deadline
+        assert AmortizedStore(inner).get(P, K).value == b"v"
+    assert seen == [(None, 30.0)]
