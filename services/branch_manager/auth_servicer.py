@@ -87,12 +87,13 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.LoginResponse(token=token, expires_at=stamp)
 
     def Setup(self, request, context):
-        # Open (no token exists yet); setup_admin refuses once an admin exists.
+        # Open (no token exists yet); setup_admin succeeds once per installation.
         user, credential, secret = setup_admin(
             self._iam,
             request.user_id or DEFAULT_ADMIN,
             access_key_id=request.access_key_id,
             secret_access_key=request.secret_access_key,
+            client_address=context.peer() or "",
         )
         self._authorizer.invalidate()
         return pb.SetupResponse(

@@ -14,6 +14,7 @@ small, so "members of a group" and "who has this policy" are a scan and a filter
   | iam/user_groups/<user>/<group>         | MembershipRecord          |
   | iam/user_policies/<user>/<policy>      | AttachmentRecord          |
   | iam/group_policies/<group>/<policy>    | AttachmentRecord          |
+  | iam/installed                          | InstallationRecord        |
 
 Lists are prefix scans, paged by id (page tokens as every other listing). Creation is
 `SetIf absent` (ALREADY_EXISTS). There are no transactions, so the order of writes is the
@@ -30,6 +31,7 @@ safety argument:
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -56,6 +58,8 @@ USER_CREDENTIALS = b"iam/user_credentials/"
 USER_GROUPS = b"iam/user_groups/"
 USER_POLICIES = b"iam/user_policies/"
 GROUP_POLICIES = b"iam/group_policies/"
+# The once-only Setup record (bootstrap.setup_admin): not under any listed prefix.
+INSTALLED = b"iam/installed"
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
@@ -98,6 +102,44 @@ class IamStore:
         self._clock = clock
         self._hash_cost = hash_cost
         self._decoy = keys.hash_secret(keys.new_secret(), n=hash_cost)
+
+    # ---- installation -----------------------------------------------------------------
+
+    def is_installed(self) -> bool:
+        """Whether Setup has happened: the installation record exists (its bytes are not
+        decoded: even a corrupt record means "installed", so corruption never reopens
+        Setup). An installation set up before the record existed has users but no record:
+        the record is written for it here (set-if-absent, `migrated`), so from then on only
+        the record decides, and deleting users or emptying groups never reopens Setup."""
+        if self._exists(INSTALLED):
+            return True
+        if not any(True for _ in self._scan(USERS, limit=1)):
+            return False
+        record = records.InstallationRecord(installed_at=self._now(), migrated=True)
+        # A Setup or another migration may have written it meanwhile: installed either way.
+        with contextlib.suppress(kv.PredicateFailed):
+            self._kv.set_if(AUTH_PARTITION, INSTALLED, record.SerializeToString(), kv.ABSENT)
+        return True
+
+    def claim_installation(self, admin_user_id: str, client_address: str = "") -> bool:
+        """Write the installation record if there is none (one atomic set-if-absent): True
+        for the one caller that wrote it, False for everyone else, however many race."""
+        record = records.InstallationRecord(
+            admin_user_id=admin_user_id, installed_at=self._now(), client_address=client_address
+        )
+        try:
+            self._kv.set_if(AUTH_PARTITION, INSTALLED, record.SerializeToString(), kv.ABSENT)
+        except kv.PredicateFailed:
+            return False
+        return True
+
+    def installation(self) -> records.InstallationRecord | None:
+        """The installation record, None before Setup (CorruptRecord if it is corrupt)."""
+        try:
+            got = self._kv.get(AUTH_PARTITION, INSTALLED)
+        except kv.KeyNotFound:
+            return None
+        return _decode(kv.KeyValue(INSTALLED, got.value), records.InstallationRecord)
 
     # ---- users ------------------------------------------------------------------------
 
