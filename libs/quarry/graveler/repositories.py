@@ -353,6 +353,8 @@ class Repositories:
                 f"{name!r} is the default branch of {repo.name!r} and cannot be deleted",
                 metadata={"repository": repo.name, "branch": name},
             )
+        # Never delete a protected branch: recreated at an older commit it would be rewound.
+        self.core.protection.check_delete(repo, name)
         branch, _ = self.refs.get_branch(repo, name)
         self.refs.delete_branch_record(repo, name)
         self.core.forget_branch(repo, name)

@@ -177,7 +177,7 @@ def admin(secured):
 # ---- the IAM store against the real kv-gateway ----------------------------------------------
 
 
-def test_iam_store_over_the_kv_gateway(secured):
+def test_iam_store_over_the_kv_gateway(secured, admin):  # admin first: Setup is once
     iam = secured.iam
     for i in range(7):
         iam.create_user(f"gw-user{i}")
