@@ -52,7 +52,7 @@ def build(
 
         # One IAM store and authorizer for the Auth service and the interceptor, so an IAM
         # change made here invalidates this process's cache at once.
-        iam = IamStore(deps.graveler.kv)
+        iam = IamStore(deps.graveler.kv, max_response_bytes=settings.max_response_bytes)
         authorizer = Authorizer(iam, settings.auth_cache_seconds)
         auth_servicer = AuthServicer(
             iam, auth.authority, authorizer, float(settings.auth_token_lifetime_seconds)
