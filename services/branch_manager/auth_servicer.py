@@ -22,7 +22,7 @@ from quarry.auth.convert import (
     policy_to_proto,
     user_to_proto,
 )
-from quarry.auth.interceptor import current_principal
+from quarry.auth.interceptor import annotate_audit, current_principal
 from quarry.auth.policy import FlatStatement, document_of
 from quarry.auth.request_ids import requested_id
 from quarry.auth.store import IamStore
@@ -73,6 +73,8 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
             secret_access_key=request.secret_access_key,
             client_address=context.peer() or "",
         )
+        # The audit line of this open call names what it created (never the secret).
+        annotate_audit(created_user=user.id, created_access_key_id=credential.access_key_id)
         self._authorizer.invalidate()
         return pb.SetupResponse(
             user=user_to_proto(user),

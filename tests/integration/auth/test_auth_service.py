@@ -546,6 +546,7 @@ def test_one_audit_line_per_mutating_call(secured, matrix, caplog):
     ]
     assert len(lines) == 2  # the read wrote none
     ok, denied = lines
+    assert ok.pop("peer").startswith("ipv4:127.0.0.1:")
     assert ok == {
         "principal": "user:m-allowed",
         "method": "/quarry.v1.BranchManager/PutObject",
