@@ -12,12 +12,15 @@ AuthInterceptor in front of the real Auth servicer, IAM over a real kv-gateway):
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 
 import grpc
 import pytest
 from auth_harness import auth_server
 
+from quarry.auth import interceptor as auth_interceptor
 from quarry.auth.bootstrap import ADMINS
 from quarry.auth.store import INSTALLED
 from quarry.kv.partitions import AUTH_PARTITION
@@ -33,9 +36,9 @@ def _anonymous_setup(target: str, user_id: str) -> auth_pb2.SetupResponse:
         )
 
 
-def _refused(call, *args):
+def _refused(call, *args, **kwargs):
     with pytest.raises(grpc.RpcError) as caught:
-        call(*args)
+        call(*args, **kwargs)
     return from_rpc_error(caught.value)
 
 
@@ -146,3 +149,52 @@ def test_a_corrupt_installation_record_keeps_setup_closed(tmp_path):
         error = _refused(_anonymous_setup, srv.target, "mallory")
         assert error.reason == "ADMIN_EXISTS"
         assert not srv.iam.user_exists("mallory")
+
+
+# ---- the audit lines of these calls (issue 23, item 8) -------------------------------------
+
+
+def _audit_lines(caplog) -> list[dict]:
+    return [
+        json.loads(r.getMessage())
+        for r in caplog.records
+        if r.name == auth_interceptor.AUDIT_LOGGER
+    ]
+
+
+def test_the_setup_audit_line_names_the_admin_it_created_and_the_client(tmp_path, caplog):
+    with (
+        auth_server(tmp_path) as srv,
+        caplog.at_level(logging.INFO, logger=auth_interceptor.AUDIT_LOGGER),
+    ):
+        created = _anonymous_setup(srv.target, "admin")
+        _refused(_anonymous_setup, srv.target, "mallory")
+    ok, refused = [line for line in _audit_lines(caplog) if line["method"].endswith("/Setup")]
+    assert ok["outcome"] == "ok" and ok["principal"] == "anonymous"
+    assert ok["created_user"] == "admin"
+    assert ok["created_access_key_id"] == created.credentials.access_key_id
+    assert ok["peer"].startswith("ipv4:127.0.0.1:")
+    assert created.credentials.secret_access_key not in json.dumps(ok)
+    assert refused["outcome"] == "failed" and refused["code"] == "FAILED_PRECONDITION"
+    assert "created_user" not in refused and refused["peer"].startswith("ipv4:127.0.0.1:")
+
+
+def test_a_refused_call_is_audited_as_the_principal_its_token_proves(tmp_path, caplog):
+    with auth_server(tmp_path) as srv, raw_channel(srv.target) as channel:
+        stub = auth_pb2_grpc.AuthStub(channel)
+        _anonymous_setup(srv.target, "admin")
+        srv.iam.create_user("bob")
+        record, secret = srv.iam.create_credentials("bob")
+        token = stub.Login(
+            auth_pb2.LoginRequest(access_key_id=record.access_key_id, secret_access_key=secret)
+        ).token
+        srv.iam.delete_credentials("bob", record.access_key_id)  # revoked: token refused
+        srv.authorizer.invalidate()
+        with caplog.at_level(logging.INFO, logger=auth_interceptor.AUDIT_LOGGER):
+            error = _refused(
+                stub.CreateUser, auth_pb2.CreateUserRequest(user_id="eve"), metadata=bearer(token)
+            )
+        assert error.code == grpc.StatusCode.UNAUTHENTICATED
+        (line,) = [x for x in _audit_lines(caplog) if x["method"].endswith("/CreateUser")]
+        assert line["outcome"] == "unauthenticated"
+        assert line["principal"] == "user:bob"  # not "anonymous": the token proves who
