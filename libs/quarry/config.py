@@ -28,6 +28,10 @@ from typing import Any, NamedTuple
 
 from quarry import errors
 
+# The longest a bearer token may live (exp - iat): TokenAuthority refuses to issue or accept
+# a longer one, so a leaked token is useless after at most a day.
+MAX_TOKEN_LIFETIME_SECONDS = 86_400
+
 SERVICES = ("kv-gateway", "branch-manager", "committer", "compactor-sensor", "range-writer")
 
 LOG_FORMATS = ("text", "json")
@@ -269,7 +273,9 @@ class Settings:
         shown_default="`home`/signing.key",
     )
     auth_token_lifetime_seconds: int = _setting(
-        3600, "Lifetime of the tokens Auth/Login issues and of the services' own tokens."
+        3600,
+        "Lifetime of the tokens Auth/Login issues and of the services' own tokens "
+        "(at most 86400: no token living longer is accepted).",
     )
     auth_cache_seconds: float = _setting(
         5.0,
@@ -338,6 +344,11 @@ class Settings:
             raise errors.InvalidArgument(
                 "setting range_writer_span_timeout_seconds must be positive, "
                 f"not {self.range_writer_span_timeout_seconds}"
+            )
+        if not 0 < self.auth_token_lifetime_seconds <= MAX_TOKEN_LIFETIME_SECONDS:
+            raise errors.InvalidArgument(
+                f"setting auth_token_lifetime_seconds must be 1..{MAX_TOKEN_LIFETIME_SECONDS}, "
+                f"not {self.auth_token_lifetime_seconds}"
             )
         if self.max_response_bytes < 1:
             raise errors.InvalidArgument(
