@@ -83,6 +83,11 @@ def _internal_status(exc: BaseException) -> status_pb2.Status:
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
+    if _cancelled_by_client(exc, context):
+        # Not an incident: the client went away (cancelled, or its deadline passed) and gRPC
+        # ended the call; reading its stream then raises. Nobody receives this status.
+        log.info("call cancelled by the client: %s", type(exc).__name__)
+        exc = errors.Cancelled("the client cancelled the call")
     status = to_status(exc) if isinstance(exc, errors.QuarryError) else _internal_status(exc)
     context.abort_with_status(rpc_status.to_status(status))
 
@@ -188,6 +193,12 @@ def _checked_size(response: Any, limit: int) -> Any:
                 metadata={"size_bytes": str(size), "limit_bytes": str(limit)},
             )
     return response
+
+
+def _cancelled_by_client(exc: BaseException, context: grpc.ServicerContext) -> bool:
+    """The call failed because its client ended it: gRPC's request iterator (or a
+    downstream call cancelled with it) raised an RpcError and the call is no longer active."""
+    return isinstance(exc, grpc.RpcError) and not context.is_active()
 
 
 def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
