@@ -277,6 +277,15 @@ class Settings:
         "Lifetime of the tokens Auth/Login issues and of the services' own tokens "
         "(at most 86400: no token living longer is accepted).",
     )
+    auth_login_attempts_per_minute_per_key: int = _setting(
+        60,
+        "Auth/Login attempts admitted per access key id per minute (a minute's worth at "
+        "once, then refilling); more are RESOURCE_EXHAUSTED / LOGIN_THROTTLED with a retry "
+        "hint. Each attempt costs a scrypt.",
+    )
+    auth_login_attempts_per_minute_per_address: int = _setting(
+        300, "Auth/Login attempts admitted per client address per minute (as per key)."
+    )
     auth_cache_seconds: float = _setting(
         5.0,
         "Each process caches a user's effective policies (and that its user and access key "
@@ -350,6 +359,14 @@ class Settings:
                 f"setting auth_token_lifetime_seconds must be 1..{MAX_TOKEN_LIFETIME_SECONDS}, "
                 f"not {self.auth_token_lifetime_seconds}"
             )
+        for name in (
+            "auth_login_attempts_per_minute_per_key",
+            "auth_login_attempts_per_minute_per_address",
+        ):
+            if getattr(self, name) < 1:
+                raise errors.InvalidArgument(
+                    f"setting {name} must be at least 1, not {getattr(self, name)}"
+                )
         if self.max_response_bytes < 1:
             raise errors.InvalidArgument(
                 f"setting max_response_bytes must be positive, not {self.max_response_bytes}"

@@ -26,6 +26,7 @@ from quarry.auth.interceptor import annotate_audit, current_principal
 from quarry.auth.policy import FlatStatement, document_of
 from quarry.auth.request_ids import requested_id
 from quarry.auth.store import IamStore
+from quarry.auth.throttle import LoginThrottle
 from quarry.auth.tokens import DEFAULT_LIFETIME_SECONDS, TokenAuthority
 from quarry.graveler import records
 from quarry.v1 import auth_pb2 as pb
@@ -47,15 +48,19 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         tokens: TokenAuthority,
         authorizer: Authorizer,
         token_lifetime: float = DEFAULT_LIFETIME_SECONDS,
+        login_throttle: LoginThrottle | None = None,
     ):
         self._iam = iam
         self._tokens = tokens
         self._authorizer = authorizer
         self._lifetime = token_lifetime
+        self._login_throttle = login_throttle if login_throttle is not None else LoginThrottle()
 
     # ---- sessions ----
 
     def Login(self, request, context):
+        # Before the scrypt: an unauthenticated caller must not spend the CPU freely.
+        self._login_throttle.admit(request.access_key_id, context.peer() or "")
         credential = self._iam.authenticate(request.access_key_id, request.secret_access_key)
         token, expires_at = self._tokens.issue_user_token(
             credential.user_id, self._lifetime, access_key_id=credential.access_key_id
