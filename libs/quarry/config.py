@@ -28,6 +28,10 @@ from typing import Any, NamedTuple
 
 from quarry import errors
 
+# The longest a bearer token may live (exp - iat): TokenAuthority refuses to issue or accept
+# a longer one, so a leaked token is useless after at most a day.
+MAX_TOKEN_LIFETIME_SECONDS = 86_400
+
 SERVICES = ("kv-gateway", "branch-manager", "committer", "compactor-sensor", "range-writer")
 
 LOG_FORMATS = ("text", "json")
@@ -274,7 +278,18 @@ class Settings:
         shown_default="`home`/signing.key",
     )
     auth_token_lifetime_seconds: int = _setting(
-        3600, "Lifetime of the tokens Auth/Login issues and of the services' own tokens."
+        3600,
+        "Lifetime of the tokens Auth/Login issues and of the services' own tokens "
+        "(at most 86400: no token living longer is accepted).",
+    )
+    auth_login_attempts_per_minute_per_key: int = _setting(
+        60,
+        "Auth/Login attempts admitted per access key id per minute (a minute's worth at "
+        "once, then refilling); more are RESOURCE_EXHAUSTED / LOGIN_THROTTLED with a retry "
+        "hint. Each attempt costs a scrypt.",
+    )
+    auth_login_attempts_per_minute_per_address: int = _setting(
+        300, "Auth/Login attempts admitted per client address per minute (as per key)."
     )
     auth_cache_seconds: float = _setting(
         5.0,
@@ -354,6 +369,19 @@ class Settings:
                 "retired staging tokens must outlive every cached record that names them, "
                 f"not {self.staging_drop_grace_seconds:g}"
             )
+        if not 0 < self.auth_token_lifetime_seconds <= MAX_TOKEN_LIFETIME_SECONDS:
+            raise errors.InvalidArgument(
+                f"setting auth_token_lifetime_seconds must be 1..{MAX_TOKEN_LIFETIME_SECONDS}, "
+                f"not {self.auth_token_lifetime_seconds}"
+            )
+        for name in (
+            "auth_login_attempts_per_minute_per_key",
+            "auth_login_attempts_per_minute_per_address",
+        ):
+            if getattr(self, name) < 1:
+                raise errors.InvalidArgument(
+                    f"setting {name} must be at least 1, not {getattr(self, name)}"
+                )
         if self.max_response_bytes < 1:
             raise errors.InvalidArgument(
                 f"setting max_response_bytes must be positive, not {self.max_response_bytes}"

@@ -2,7 +2,8 @@
 encoded response past `max_bytes` (Settings.max_response_bytes).
 
 Every paged listing of the core (objects, uncommitted and committed diffs, log,
-repositories, branches, tags), the range-writer's GetMetaRange and the kv-gateway's
+repositories, branches, tags), the IAM listings (quarry.auth.store), the range-writer's
+GetMetaRange and the kv-gateway's
 streamed scans cut their pages with a
 `PageBudget`, so no response grows past what gRPC clients accept by default (grpcurl and
 most clients: 4 MiB received) however large the items or the requested page_size.
@@ -89,10 +90,16 @@ class PageBudget:
         return True
 
     @classmethod
-    def for_response(cls, max_items: int, max_response_bytes: int) -> PageBudget:
+    def for_response(
+        cls,
+        max_items: int,
+        max_response_bytes: int,
+        size_of: Callable[[Any], int] = encoded_size,
+    ) -> PageBudget:
         """The budget of a paged response: its items leave PAGE_TOKEN_RESERVE_BYTES of
-        `max_response_bytes` for the next_page_token."""
-        return cls(max_items, max(1, max_response_bytes - PAGE_TOKEN_RESERVE_BYTES))
+        `max_response_bytes` for the next_page_token. `size_of`: the encoded size of an
+        item, for items encoded_size does not know (IAM records: quarry.auth.convert)."""
+        return cls(max_items, max(1, max_response_bytes - PAGE_TOKEN_RESERVE_BYTES), size_of)
 
     def reset(self) -> None:
         """Start the next page (streams reuse one budget per message)."""

@@ -16,50 +16,29 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from quarry.auth import errors as auth_errors
 from quarry.auth.authorizer import Authorizer
 from quarry.auth.bootstrap import setup_admin
-from quarry.auth.interceptor import current_principal
-from quarry.auth.policy import FlatStatement, document_of, flat_statements, parse_policy
+from quarry.auth.convert import (
+    credentials_to_proto,
+    group_to_proto,
+    policy_to_proto,
+    user_to_proto,
+)
+from quarry.auth.interceptor import annotate_audit, current_principal
+from quarry.auth.policy import FlatStatement, document_of
 from quarry.auth.request_ids import requested_id
 from quarry.auth.store import IamStore
+from quarry.auth.throttle import LoginThrottle
 from quarry.auth.tokens import DEFAULT_LIFETIME_SECONDS, TokenAuthority
-from quarry.storage.v1 import auth_records_pb2 as records
+from quarry.graveler import records
 from quarry.v1 import auth_pb2 as pb
 from quarry.v1 import auth_pb2_grpc
 
 DEFAULT_ADMIN = "admin"
 
 
-def user_to_proto(record: records.UserRecord) -> pb.User:
-    return pb.User(id=record.id, created_at=record.created_at, email=record.email)
-
-
-def group_to_proto(record: records.GroupRecord) -> pb.Group:
-    return pb.Group(id=record.id, created_at=record.created_at, description=record.description)
-
-
-def policy_to_proto(record: records.PolicyRecord) -> pb.Policy:
-    statements = flat_statements(parse_policy(record.id, record.document))
-    return pb.Policy(
-        id=record.id,
-        created_at=record.created_at,
-        document=record.document,
-        statements=[
-            pb.PolicyStatement(effect=s.effect, actions=s.actions, resource=s.resource)
-            for s in statements
-        ],
-    )
-
-
 def requested_document(request: pb.CreatePolicyRequest | pb.UpdatePolicyRequest) -> str:
     """The policy document of a create or update request (its JSON or its statements)."""
     statements = [FlatStatement(s.effect, tuple(s.actions), s.resource) for s in request.statements]
     return document_of(requested_id(request, "policy_id"), request.document, statements)
-
-
-def credentials_to_proto(record: records.CredentialRecord) -> pb.Credentials:
-    # Never the hash: only the key id, its owner and when it was made.
-    return pb.Credentials(
-        access_key_id=record.access_key_id, user_id=record.user_id, created_at=record.created_at
-    )
 
 
 class AuthServicer(auth_pb2_grpc.AuthServicer):
@@ -69,15 +48,19 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         tokens: TokenAuthority,
         authorizer: Authorizer,
         token_lifetime: float = DEFAULT_LIFETIME_SECONDS,
+        login_throttle: LoginThrottle | None = None,
     ):
         self._iam = iam
         self._tokens = tokens
         self._authorizer = authorizer
         self._lifetime = token_lifetime
+        self._login_throttle = login_throttle if login_throttle is not None else LoginThrottle()
 
     # ---- sessions ----
 
     def Login(self, request, context):
+        # Before the scrypt: an unauthenticated caller must not spend the CPU freely.
+        self._login_throttle.admit(request.access_key_id, context.peer() or "")
         credential = self._iam.authenticate(request.access_key_id, request.secret_access_key)
         token, expires_at = self._tokens.issue_user_token(
             credential.user_id, self._lifetime, access_key_id=credential.access_key_id
@@ -87,13 +70,16 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.LoginResponse(token=token, expires_at=stamp)
 
     def Setup(self, request, context):
-        # Open (no token exists yet); setup_admin refuses once an admin exists.
+        # Open (no token exists yet); setup_admin succeeds once per installation.
         user, credential, secret = setup_admin(
             self._iam,
             request.user_id or DEFAULT_ADMIN,
             access_key_id=request.access_key_id,
             secret_access_key=request.secret_access_key,
+            client_address=context.peer() or "",
         )
+        # The audit line of this open call names what it created (never the secret).
+        annotate_audit(created_user=user.id, created_access_key_id=credential.access_key_id)
         self._authorizer.invalidate()
         return pb.SetupResponse(
             user=user_to_proto(user),
@@ -125,8 +111,13 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.GetUserResponse(user=user_to_proto(user))
 
     def ListUsers(self, request, context):
-        users, token = self._iam.list_users(request.page_size, request.page_token)
-        return pb.ListUsersResponse(users=[user_to_proto(u) for u in users], next_page_token=token)
+        with records.listing() as skipped:
+            found, token = self._iam.list_users(request.page_size, request.page_token)
+        return pb.ListUsersResponse(
+            users=[user_to_proto(r) for r in found],
+            next_page_token=token,
+            skipped_corrupt_records=skipped.count,
+        )
 
     def DeleteUser(self, request, context):
         user_id = requested_id(request, "user_id")
@@ -147,11 +138,14 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.GetCredentialsResponse(credentials=credentials_to_proto(record))
 
     def ListCredentials(self, request, context):
-        found, token = self._iam.list_credentials(
-            request.user_id, request.page_size, request.page_token
-        )
+        with records.listing() as skipped:
+            found, token = self._iam.list_credentials(
+                request.user_id, request.page_size, request.page_token
+            )
         return pb.ListCredentialsResponse(
-            credentials=[credentials_to_proto(c) for c in found], next_page_token=token
+            credentials=[credentials_to_proto(r) for r in found],
+            next_page_token=token,
+            skipped_corrupt_records=skipped.count,
         )
 
     def DeleteCredentials(self, request, context):
@@ -173,9 +167,12 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.GetGroupResponse(group=group_to_proto(group))
 
     def ListGroups(self, request, context):
-        groups, token = self._iam.list_groups(request.page_size, request.page_token)
+        with records.listing() as skipped:
+            found, token = self._iam.list_groups(request.page_size, request.page_token)
         return pb.ListGroupsResponse(
-            groups=[group_to_proto(g) for g in groups], next_page_token=token
+            groups=[group_to_proto(r) for r in found],
+            next_page_token=token,
+            skipped_corrupt_records=skipped.count,
         )
 
     def DeleteGroup(self, request, context):
@@ -194,22 +191,26 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.RemoveGroupMemberResponse()
 
     def ListGroupMembers(self, request, context):
-        users, token = self._iam.list_group_members(
-            request.group_id, request.page_size, request.page_token
-        )
+        with records.listing() as skipped:
+            found, token = self._iam.list_group_members(
+                request.group_id, request.page_size, request.page_token
+            )
         return pb.ListGroupMembersResponse(
-            users=[user_to_proto(u) for u in users], next_page_token=token
+            users=[user_to_proto(r) for r in found],
+            next_page_token=token,
+            skipped_corrupt_records=skipped.count,
         )
 
     def ListUserGroups(self, request, context):
-        groups, token = self._iam.list_user_groups(
-            request.user_id, request.page_size, request.page_token
-        )
+        with records.listing() as skipped:
+            found, token = self._iam.list_user_groups(
+                request.user_id, request.page_size, request.page_token
+            )
         return pb.ListUserGroupsResponse(
-            groups=[group_to_proto(g) for g in groups], next_page_token=token
+            groups=[group_to_proto(r) for r in found],
+            next_page_token=token,
+            skipped_corrupt_records=skipped.count,
         )
-
-    # ---- policies ----
 
     def CreatePolicy(self, request, context):
         record = self._iam.create_policy(
@@ -222,9 +223,12 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.GetPolicyResponse(policy=policy_to_proto(policy))
 
     def ListPolicies(self, request, context):
-        found, token = self._iam.list_policies(request.page_size, request.page_token)
+        with records.listing() as skipped:
+            found, token = self._iam.list_policies(request.page_size, request.page_token)
         return pb.ListPoliciesResponse(
-            policies=[policy_to_proto(p) for p in found], next_page_token=token
+            policies=[policy_to_proto(r) for r in found],
+            next_page_token=token,
+            skipped_corrupt_records=skipped.count,
         )
 
     def UpdatePolicy(self, request, context):
@@ -272,21 +276,34 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.DetachPolicyResponse()
 
     def ListUserPolicies(self, request, context):
-        found, token = self._iam.list_user_policies(
-            request.user_id, request.page_size, request.page_token
-        )
+        with records.listing() as skipped:
+            found, token = self._iam.list_user_policies(
+                request.user_id, request.page_size, request.page_token
+            )
         return pb.ListUserPoliciesResponse(
-            policies=[policy_to_proto(p) for p in found], next_page_token=token
+            policies=[policy_to_proto(r) for r in found],
+            next_page_token=token,
+            skipped_corrupt_records=skipped.count,
         )
 
     def ListGroupPolicies(self, request, context):
-        found, token = self._iam.list_group_policies(
-            request.group_id, request.page_size, request.page_token
-        )
+        with records.listing() as skipped:
+            found, token = self._iam.list_group_policies(
+                request.group_id, request.page_size, request.page_token
+            )
         return pb.ListGroupPoliciesResponse(
-            policies=[policy_to_proto(p) for p in found], next_page_token=token
+            policies=[policy_to_proto(r) for r in found],
+            next_page_token=token,
+            skipped_corrupt_records=skipped.count,
         )
 
     def ListEffectivePolicies(self, request, context):
-        found = self._iam.effective_policy_records(request.user_id)
-        return pb.ListEffectivePoliciesResponse(policies=[policy_to_proto(p) for p in found])
+        with records.listing() as skipped:
+            found, token = self._iam.list_effective_policies(
+                request.user_id, request.page_size, request.page_token
+            )
+        return pb.ListEffectivePoliciesResponse(
+            policies=[policy_to_proto(r) for r in found],
+            next_page_token=token,
+            skipped_corrupt_records=skipped.count,
+        )

@@ -58,14 +58,22 @@ def build(
     if auth is not None:
         from quarry.auth.authorizer import Authorizer
         from quarry.auth.store import IamStore
+        from quarry.auth.throttle import LoginThrottle
         from quarry.services.branch_manager.auth_servicer import AuthServicer
 
         # One IAM store and authorizer for the Auth service and the interceptor, so an IAM
         # change made here invalidates this process's cache at once.
-        iam = IamStore(deps.graveler.kv)
+        iam = IamStore(deps.graveler.kv, max_response_bytes=settings.max_response_bytes)
         authorizer = Authorizer(iam, settings.auth_cache_seconds)
         auth_servicer = AuthServicer(
-            iam, auth.authority, authorizer, float(settings.auth_token_lifetime_seconds)
+            iam,
+            auth.authority,
+            authorizer,
+            float(settings.auth_token_lifetime_seconds),
+            LoginThrottle(
+                settings.auth_login_attempts_per_minute_per_key,
+                settings.auth_login_attempts_per_minute_per_address,
+            ),
         )
 
     servicer = BranchManagerServicer(

@@ -11,8 +11,15 @@ bootstrap (what `quarry setup` / `quarry up` / the Helm Job will call).
 Developers read and write data (objects, branches, tags, commits) but cannot create or
 delete repositories, import from outside a namespace, set branch protection or manage IAM.
 
-Safety rule: setup_admin never creates a second admin and never replaces an existing
-policy or group: it is refused (ADMIN_EXISTS) once the Admins group has a member.
+Safety rule: setup_admin succeeds at most once per installation and never replaces an
+existing policy or group. "Once" is one atomic KV set-if-absent of the installation record
+(IamStore.claim_installation), written BEFORE the admin is created, so of any number of
+concurrent Setup calls exactly one creates an admin. It never depends on mutable data: moving
+the admin out of Admins, emptying or deleting that group, never reopens Setup. An
+installation from before the record (it has users) counts as installed and gets its record
+(IamStore.is_installed). The price: a Setup that crashes after its claim leaves an
+installation without an admin (the record names the admin it was for): Setup stays closed,
+and only an operator with KV access can reopen it, never an anonymous caller.
 """
 
 from __future__ import annotations
@@ -103,29 +110,18 @@ def ensure_builtins(iam: IamStore) -> None:
             iam.attach_group_policy(group_id, policy_id)
 
 
-def has_admin(iam: IamStore) -> bool:
-    try:
-        members, _ = iam.list_group_members(ADMINS, page_size=1)
-    except auth_errors.GroupNotFound:
-        return False
-    return bool(members)
-
-
 def setup_admin(
     iam: IamStore,
     user_id: str = "admin",
     email: str = "",
     access_key_id: str = "",
     secret_access_key: str = "",
+    client_address: str = "",
 ) -> tuple[records.UserRecord, records.CredentialRecord, str]:
     """The first admin of an empty installation and its credential (the secret returned
     here once; `access_key_id`/`secret_access_key` when the operator chooses them).
-    FAILED_PRECONDITION / ADMIN_EXISTS once the Admins group has a member."""
-    if has_admin(iam):
-        raise auth_errors.AdminExists(
-            "this installation already has an admin; log in with its credentials",
-            metadata={"group": ADMINS},
-        )
+    FAILED_PRECONDITION / ADMIN_EXISTS once the installation is set up (module docstring);
+    `client_address` is kept in the installation record."""
     # Checked before anything is written: a refused setup leaves the installation as it was.
     check_id("user", user_id)
     if access_key_id:
@@ -135,6 +131,11 @@ def setup_admin(
     if secret_access_key and len(secret_access_key) < MIN_CHOSEN_SECRET_LENGTH:
         raise errors.InvalidArgument(
             f"a chosen secret access key must be at least {MIN_CHOSEN_SECRET_LENGTH} characters"
+        )
+    if iam.is_installed() or not iam.claim_installation(user_id, client_address):
+        raise auth_errors.AdminExists(
+            "this installation is set up already; log in with its admin's credentials",
+            metadata={"group": ADMINS},
         )
     ensure_builtins(iam)
     user = iam.create_user(user_id, email=email)

@@ -36,6 +36,18 @@ class TokenTypeUnknown(Unauthenticated):
     reason = "TOKEN_TYPE_UNKNOWN"
 
 
+class TokenNotYetValid(Unauthenticated):
+    """A token issued (`iat`) in the future, past the allowed clock skew."""
+
+    reason = "TOKEN_NOT_YET_VALID"
+
+
+class TokenLifetimeExceeded(Unauthenticated):
+    """A token whose `exp - iat` is longer than any token Quarry issues."""
+
+    reason = "TOKEN_LIFETIME_EXCEEDED"
+
+
 class PrincipalUnknown(Unauthenticated):
     """A well-signed token of a user that no longer exists."""
 

@@ -9,7 +9,10 @@ servicer through `current_principal()`.
 
 Audit: one structured line (JSON) on the `quarry.audit` logger per MUTATING call, whatever
 its outcome (but not a service's successful internal calls, e.g. KV writes): principal, method, action, resource, outcome (ok / failed / denied /
-unauthenticated), status code and request id.
+unauthenticated), status code, request id and the client's address (`peer`). The principal
+is whoever the token proves, also when the call is refused afterwards (a revoked key, a
+deleted user, a denied action); "anonymous" only when no token proved anyone. A servicer
+adds what only it knows with `annotate_audit` (Setup: the admin it created).
 
 Install inside the ErrorInterceptor (which turns the refusals into statuses with an
 ErrorInfo) and after the readiness gate: interceptors=[..., ErrorInterceptor, ReadinessGate,
@@ -53,11 +56,19 @@ VERIFIED_TOKENS_MAX = 1024
 _principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
     "quarry_principal", default=None
 )
+_audit: contextvars.ContextVar[_Audit | None] = contextvars.ContextVar("quarry_audit", default=None)
 
 
 def current_principal() -> Principal | None:
     """The authenticated principal of the call being served (None on open methods)."""
     return _principal.get()
+
+
+def annotate_audit(**fields: str) -> None:
+    """Add fields to the audit line of the call being served (nothing outside a call)."""
+    audit = _audit.get()
+    if audit is not None:
+        audit.extra = {**(audit.extra or {}), **fields}
 
 
 def bearer_token(metadata: Any) -> str | None:
@@ -85,6 +96,8 @@ class _Audit:
     resource: str = ""
     outcome: str = "failed"
     code: str = grpc.StatusCode.UNKNOWN.name
+    peer: str = ""
+    extra: dict[str, str] | None = None
 
     def refused(self, exc: BaseException) -> None:
         if isinstance(exc, auth_errors.Unauthenticated):
@@ -121,6 +134,8 @@ class _Audit:
             "outcome": self.outcome,
             "code": self.code,
             "request_id": self.request_id,
+            "peer": self.peer,
+            **(self.extra or {}),
         }
         audit_log.info(json.dumps(line, separators=(",", ":"), sort_keys=True))
 
@@ -157,8 +172,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
     # ---- the checks -------------------------------------------------------------------
 
-    def _authenticate(self, metadata: Any) -> Principal:
+    def _authenticate(self, metadata: Any, audit: _Audit) -> Principal:
         principal = self._verify(bearer_token(metadata))
+        # Named before the principal is checked: a refused call by a revoked key or a
+        # deleted user is audited as who the token proves, not as "anonymous".
+        audit.principal = str(principal)
         self._authorizer.check_principal(principal)
         return principal
 
@@ -219,17 +237,16 @@ class AuthInterceptor(grpc.ServerInterceptor):
         self, rule: Rule | None, method: str, context: grpc.ServicerContext, audit: _Audit
     ) -> tuple[Rule, Principal | None]:
         metadata = context.invocation_metadata()
-        if audit.rule.mutating:  # the request id only ever appears in an audit line
+        if audit.rule.mutating:  # the request id and peer only ever appear in an audit line
             audit.request_id = _metadata_value(metadata, REQUEST_ID_HEADER) or ""
+            audit.peer = context.peer() or ""
         if rule is None:
             raise auth_errors.PermissionDenied(
                 f"{method} has no access declaration; refused", metadata={"method": method}
             )
         if rule.access is Access.OPEN:
             return rule, None
-        principal = self._authenticate(metadata)
-        audit.principal = str(principal)
-        return rule, principal
+        return rule, self._authenticate(metadata, audit)
 
     # ---- wrapping ---------------------------------------------------------------------
 
@@ -248,9 +265,11 @@ class AuthInterceptor(grpc.ServerInterceptor):
                         audit.request_id = getattr(request, "request_id", "") or audit.request_id
                     interceptor._admit(checked, principal, request, audit)
                     token = _principal.set(principal)
+                    audit_token = _audit.set(audit)
                     try:
                         response = behavior(request, context)
                     finally:
+                        _audit.reset(audit_token)
                         _principal.reset(token)
                 except BaseException as exc:
                     audit.refused(exc)

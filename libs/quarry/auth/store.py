@@ -14,8 +14,15 @@ small, so "members of a group" and "who has this policy" are a scan and a filter
   | iam/user_groups/<user>/<group>         | MembershipRecord          |
   | iam/user_policies/<user>/<policy>      | AttachmentRecord          |
   | iam/group_policies/<group>/<policy>    | AttachmentRecord          |
+  | iam/installed                          | InstallationRecord        |
 
-Lists are prefix scans, paged by id (page tokens as every other listing). Creation is
+Lists are prefix scans, paged by id, by count and by encoded bytes (quarry.paging's
+PageBudget, as every other listing: a page ends before the response would pass
+max_response_bytes). A listing skips and counts a record it cannot decode
+(quarry.graveler.records: DATA_LOSS / CORRUPT_RECORD only for a call that needs that very
+record), and reads relationships from their KEYS (both ids are in the key), never from their
+values, so one corrupt membership or attachment breaks no listing, no delete and no
+authorization decision. Creation is
 `SetIf absent` (ALREADY_EXISTS). There are no transactions, so the order of writes is the
 safety argument:
 
@@ -30,22 +37,26 @@ safety argument:
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from quarry import errors
 from quarry.auth import errors as auth_errors
 from quarry.auth import keys
+from quarry.auth.convert import encoded_size
 from quarry.auth.policy import Policy, parse_policy
+from quarry.config import Settings
 from quarry.graveler.iterators import decode_page_token, encode_page_token
-from quarry.graveler.records import CorruptRecord
+from quarry.graveler.records import decode_or_skip, decode_record, skips_corrupt_records
 from quarry.kv import store as kv
 from quarry.kv.partitions import AUTH_PARTITION
+from quarry.paging import PageBudget
 from quarry.storage.v1 import auth_records_pb2 as records
 
 USERS = b"iam/users/"
@@ -56,6 +67,8 @@ USER_CREDENTIALS = b"iam/user_credentials/"
 USER_GROUPS = b"iam/user_groups/"
 USER_POLICIES = b"iam/user_policies/"
 GROUP_POLICIES = b"iam/group_policies/"
+# The once-only Setup record (bootstrap.setup_admin): not under any listed prefix.
+INSTALLED = b"iam/installed"
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
@@ -65,6 +78,9 @@ _ID = re.compile(r"^[A-Za-z0-9_.@+=,-]{1,128}$")
 _NEW_KEY_ATTEMPTS = 5
 
 R = TypeVar("R", bound=Message)
+# (name the page token continues after, key of the record, its stored bytes or None when
+# it vanished meanwhile): one candidate item of a listing page.
+Candidate = tuple[str, bytes, "bytes | None"]
 
 
 def check_id(kind: str, value: str) -> str:
@@ -93,11 +109,51 @@ class IamStore:
         store: kv.Store,
         clock: Callable[[], float] = time.time,
         hash_cost: int = keys.SCRYPT_N,
+        max_response_bytes: int = Settings.max_response_bytes,
     ):
         self._kv = store
         self._clock = clock
         self._hash_cost = hash_cost
+        self._max_response_bytes = max_response_bytes
         self._decoy = keys.hash_secret(keys.new_secret(), n=hash_cost)
+
+    # ---- installation -----------------------------------------------------------------
+
+    def is_installed(self) -> bool:
+        """Whether Setup has happened: the installation record exists (its bytes are not
+        decoded: even a corrupt record means "installed", so corruption never reopens
+        Setup). An installation set up before the record existed has users but no record:
+        the record is written for it here (set-if-absent, `migrated`), so from then on only
+        the record decides, and deleting users or emptying groups never reopens Setup."""
+        if self._exists(INSTALLED):
+            return True
+        if not any(True for _ in self._scan(USERS, limit=1)):
+            return False
+        record = records.InstallationRecord(installed_at=self._now(), migrated=True)
+        # A Setup or another migration may have written it meanwhile: installed either way.
+        with contextlib.suppress(kv.PredicateFailed):
+            self._kv.set_if(AUTH_PARTITION, INSTALLED, record.SerializeToString(), kv.ABSENT)
+        return True
+
+    def claim_installation(self, admin_user_id: str, client_address: str = "") -> bool:
+        """Write the installation record if there is none (one atomic set-if-absent): True
+        for the one caller that wrote it, False for everyone else, however many race."""
+        record = records.InstallationRecord(
+            admin_user_id=admin_user_id, installed_at=self._now(), client_address=client_address
+        )
+        try:
+            self._kv.set_if(AUTH_PARTITION, INSTALLED, record.SerializeToString(), kv.ABSENT)
+        except kv.PredicateFailed:
+            return False
+        return True
+
+    def installation(self) -> records.InstallationRecord | None:
+        """The installation record, None before Setup (CorruptRecord if it is corrupt)."""
+        try:
+            got = self._kv.get(AUTH_PARTITION, INSTALLED)
+        except kv.KeyNotFound:
+            return None
+        return _decode(kv.KeyValue(INSTALLED, got.value), records.InstallationRecord)
 
     # ---- users ------------------------------------------------------------------------
 
@@ -122,19 +178,20 @@ class IamStore:
     def user_exists(self, user_id: str) -> bool:
         return self._exists(_key(USERS, user_id))
 
+    @skips_corrupt_records
     def list_users(
         self, page_size: int = 0, page_token: str = ""
     ) -> tuple[list[records.UserRecord], str]:
-        return self._page(USERS, records.UserRecord, page_size, page_token)
+        return self._page(records.UserRecord, page_size, page_token, self._entities(USERS))
 
     def delete_user(self, user_id: str) -> None:
         """Credentials (each: entity, then link), memberships, attachments, then the user.
         Never deletes anything of another user."""
         self.get_user(user_id)
         prefix = _key(USER_CREDENTIALS, user_id) + b"/"
-        for link in self._scan_values(prefix, records.CredentialLink):
-            self._kv.delete(AUTH_PARTITION, _key(CREDENTIALS, link.access_key_id))
-            self._kv.delete(AUTH_PARTITION, _key(USER_CREDENTIALS, user_id, link.access_key_id))
+        for access_key_id in self._names(prefix):
+            self._kv.delete(AUTH_PARTITION, _key(CREDENTIALS, access_key_id))
+            self._kv.delete(AUTH_PARTITION, _key(USER_CREDENTIALS, user_id, access_key_id))
         self._delete_prefix(_key(USER_GROUPS, user_id) + b"/")
         self._delete_prefix(_key(USER_POLICIES, user_id) + b"/")
         self._kv.delete(AUTH_PARTITION, _key(USERS, user_id))
@@ -214,17 +271,17 @@ class IamStore:
             )
         return record
 
+    @skips_corrupt_records
     def list_credentials(
         self, user_id: str, page_size: int = 0, page_token: str = ""
     ) -> tuple[list[records.CredentialRecord], str]:
         self.get_user(user_id)
-        links, token = self._page(
-            _key(USER_CREDENTIALS, user_id) + b"/", records.CredentialLink, page_size, page_token
+        return self._page(
+            records.CredentialRecord,
+            page_size,
+            page_token,
+            self._related(_key(USER_CREDENTIALS, user_id) + b"/", CREDENTIALS),
         )
-        found = self._batch(
-            CREDENTIALS, [link.access_key_id for link in links], records.CredentialRecord
-        )
-        return found, token
 
     def delete_credentials(self, user_id: str, access_key_id: str) -> None:
         """The credential first (it stops working at once), then the user's link. Never
@@ -280,16 +337,18 @@ class IamStore:
             auth_errors.GroupNotFound(f"no group {group_id!r}", metadata={"group": group_id}),
         )
 
+    @skips_corrupt_records
     def list_groups(
         self, page_size: int = 0, page_token: str = ""
     ) -> tuple[list[records.GroupRecord], str]:
-        return self._page(GROUPS, records.GroupRecord, page_size, page_token)
+        return self._page(records.GroupRecord, page_size, page_token, self._entities(GROUPS))
 
     def delete_group(self, group_id: str) -> None:
-        """Memberships of the group, its attachments, then the group."""
+        """Memberships of the group, its attachments, then the group. Never touches a
+        membership of another group (memberships found by their keys, values unread)."""
         self.get_group(group_id)
-        for membership in self._memberships_of(group_id):
-            self._kv.delete(AUTH_PARTITION, _key(USER_GROUPS, membership.user_id, group_id))
+        for user_id in self._members_of(group_id):
+            self._kv.delete(AUTH_PARTITION, _key(USER_GROUPS, user_id, group_id))
         self._delete_prefix(_key(GROUP_POLICIES, group_id) + b"/")
         self._kv.delete(AUTH_PARTITION, _key(GROUPS, group_id))
 
@@ -313,31 +372,37 @@ class IamStore:
         )
         self._kv.delete(AUTH_PARTITION, key)
 
+    @skips_corrupt_records
     def list_user_groups(
         self, user_id: str, page_size: int = 0, page_token: str = ""
     ) -> tuple[list[records.GroupRecord], str]:
         self.get_user(user_id)
-        memberships, token = self._page(
-            _key(USER_GROUPS, user_id) + b"/", records.MembershipRecord, page_size, page_token
+        return self._page(
+            records.GroupRecord,
+            page_size,
+            page_token,
+            self._related(_key(USER_GROUPS, user_id) + b"/", GROUPS),
         )
-        return self._batch(GROUPS, [m.group_id for m in memberships], records.GroupRecord), token
 
+    @skips_corrupt_records
     def list_group_members(
         self, group_id: str, page_size: int = 0, page_token: str = ""
     ) -> tuple[list[records.UserRecord], str]:
-        """Members by user id: a scan of every membership, filtered (no reverse index)."""
+        """Members by user id: a scan of every membership key, filtered (no reverse index)."""
         self.get_group(group_id)
-        size = _page_size(page_size)
-        after = decode_page_token(page_token).get("after", "")
-        member_ids = [m.user_id for m in self._memberships_of(group_id) if m.user_id > after]
-        page = member_ids[:size]
-        token = encode_page_token(after=page[-1]) if len(member_ids) > size else ""
-        return self._batch(USERS, page, records.UserRecord), token
 
-    def _memberships_of(self, group_id: str) -> Iterator[records.MembershipRecord]:
-        for membership in self._scan_values(USER_GROUPS, records.MembershipRecord):
-            if membership.group_id == group_id:
-                yield membership
+        def candidates(after: str, chunk: int) -> Iterator[Candidate]:
+            members = (u for u in self._members_of(group_id) if u > after)
+            return self._fetched(members, USERS, chunk)
+
+        return self._page(records.UserRecord, page_size, page_token, candidates)
+
+    def _members_of(self, group_id: str) -> Iterator[str]:
+        """The user ids of the group's memberships, by user id, from the keys alone."""
+        for name in self._names(USER_GROUPS):
+            user_id, _, group = name.partition("/")
+            if group == group_id:
+                yield user_id
 
     # ---- policies ---------------------------------------------------------------------
 
@@ -361,10 +426,11 @@ class IamStore:
             auth_errors.PolicyNotFound(f"no policy {policy_id!r}", metadata={"policy": policy_id}),
         )
 
+    @skips_corrupt_records
     def list_policies(
         self, page_size: int = 0, page_token: str = ""
     ) -> tuple[list[records.PolicyRecord], str]:
-        return self._page(POLICIES, records.PolicyRecord, page_size, page_token)
+        return self._page(records.PolicyRecord, page_size, page_token, self._entities(POLICIES))
 
     def update_policy(self, policy_id: str, document: str) -> records.PolicyRecord:
         """Replace the document of an existing policy (validated as create_policy does); its
@@ -399,10 +465,9 @@ class IamStore:
         """Every attachment of the policy (users' and groups'), then the policy."""
         self.get_policy(policy_id)
         for prefix in (USER_POLICIES, GROUP_POLICIES):
-            for item in self._scan(prefix):
-                attachment = _decode(item, records.AttachmentRecord)
-                if attachment.policy_id == policy_id:
-                    self._kv.delete(AUTH_PARTITION, item.key)
+            for name in self._names(prefix):  # <principal>/<policy>: the key says it all
+                if name.rpartition("/")[2] == policy_id:
+                    self._kv.delete(AUTH_PARTITION, prefix + name.encode())
         self._kv.delete(AUTH_PARTITION, _key(POLICIES, policy_id))
 
     def attach_user_policy(self, user_id: str, policy_id: str) -> None:
@@ -440,38 +505,56 @@ class IamStore:
         else:
             self.detach_group_policy(group_id, policy_id)
 
+    @skips_corrupt_records
     def list_user_policies(
         self, user_id: str, page_size: int = 0, page_token: str = ""
     ) -> tuple[list[records.PolicyRecord], str]:
         self.get_user(user_id)
-        return self._attached(_key(USER_POLICIES, user_id) + b"/", page_size, page_token)
+        return self._page(
+            records.PolicyRecord,
+            page_size,
+            page_token,
+            self._related(_key(USER_POLICIES, user_id) + b"/", POLICIES),
+        )
 
+    @skips_corrupt_records
     def list_group_policies(
         self, group_id: str, page_size: int = 0, page_token: str = ""
     ) -> tuple[list[records.PolicyRecord], str]:
         self.get_group(group_id)
-        return self._attached(_key(GROUP_POLICIES, group_id) + b"/", page_size, page_token)
+        return self._page(
+            records.PolicyRecord,
+            page_size,
+            page_token,
+            self._related(_key(GROUP_POLICIES, group_id) + b"/", POLICIES),
+        )
+
+    @skips_corrupt_records
+    def list_effective_policies(
+        self, user_id: str, page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[records.PolicyRecord], str]:
+        """effective_policy_records, paged (a corrupt policy skipped and counted: this is a
+        listing, not an authorization decision)."""
+        policy_ids = self._effective_policy_ids(user_id)
+
+        def candidates(after: str, chunk: int) -> Iterator[Candidate]:
+            return self._fetched((p for p in policy_ids if p > after), POLICIES, chunk)
+
+        return self._page(records.PolicyRecord, page_size, page_token, candidates)
 
     def effective_policy_records(self, user_id: str) -> list[records.PolicyRecord]:
         """The user's own attachments and its groups' attachments, each policy once, by id.
-        UserNotFound when the user does not exist."""
+        UserNotFound when the user does not exist. A corrupt policy record among them is
+        DATA_LOSS / CORRUPT_RECORD (never skipped here: skipping a Deny would widen what
+        the user may do), for this user's decisions only."""
+        return self._batch(POLICIES, self._effective_policy_ids(user_id), records.PolicyRecord)
+
+    def _effective_policy_ids(self, user_id: str) -> list[str]:
         self.get_user(user_id)
-        policy_ids = {
-            a.policy_id
-            for a in self._scan_values(
-                _key(USER_POLICIES, user_id) + b"/", records.AttachmentRecord
-            )
-        }
-        for membership in self._scan_values(
-            _key(USER_GROUPS, user_id) + b"/", records.MembershipRecord
-        ):
-            policy_ids.update(
-                a.policy_id
-                for a in self._scan_values(
-                    _key(GROUP_POLICIES, membership.group_id) + b"/", records.AttachmentRecord
-                )
-            )
-        return self._batch(POLICIES, sorted(policy_ids), records.PolicyRecord)
+        policy_ids = set(self._names(_key(USER_POLICIES, user_id) + b"/"))
+        for group_id in self._names(_key(USER_GROUPS, user_id) + b"/"):
+            policy_ids.update(self._names(_key(GROUP_POLICIES, group_id) + b"/"))
+        return sorted(policy_ids)
 
     def effective_policies(self, user_id: str) -> list[Policy]:
         return [parse_policy(r.id, r.document) for r in self.effective_policy_records(user_id)]
@@ -493,14 +576,6 @@ class IamStore:
             ),
         )
         self._kv.delete(AUTH_PARTITION, key)
-
-    def _attached(
-        self, prefix: bytes, page_size: int, page_token: str
-    ) -> tuple[list[records.PolicyRecord], str]:
-        attachments, token = self._page(prefix, records.AttachmentRecord, page_size, page_token)
-        return self._batch(
-            POLICIES, [a.policy_id for a in attachments], records.PolicyRecord
-        ), token
 
     # ---- KV helpers -------------------------------------------------------------------
 
@@ -553,9 +628,10 @@ class IamStore:
         finally:
             iterator.close()
 
-    def _scan_values(self, prefix: bytes, cls: type[R]) -> Iterator[R]:
+    def _names(self, prefix: bytes) -> Iterator[str]:
+        """The keys under `prefix`, without it (ids joined by "/"); values are never read."""
         for item in self._scan(prefix):
-            yield _decode(item, cls)
+            yield item.key[len(prefix) :].decode()
 
     def _delete_prefix(self, prefix: bytes) -> None:
         item_keys = [item.key for item in self._scan(prefix)]
@@ -563,18 +639,69 @@ class IamStore:
             self._kv.batch_delete([(AUTH_PARTITION, k) for k in item_keys])
 
     def _page(
-        self, prefix: bytes, cls: type[R], page_size: int, page_token: str
+        self,
+        cls: type[R],
+        page_size: int,
+        page_token: str,
+        candidates: Callable[[str, int], Iterator[Candidate]],
     ) -> tuple[list[R], str]:
-        size = _page_size(page_size)
+        """One listing page: the records of `candidates(after, chunk)` (in name order) that
+        fit the page's budget, by count and by encoded bytes (quarry.paging). A corrupt one is
+        skipped and counted (the caller runs in a listing scope), a vanished one left out.
+        The token continues after the last candidate this page consumed, so a skipped record
+        is counted by one page only; records are decoded only up to the cut."""
+        budget = PageBudget.for_response(
+            _page_size(page_size), self._max_response_bytes, size_of=encoded_size
+        )
         after = decode_page_token(page_token).get("after", "")
         found: list[R] = []
-        last = ""
-        for item in self._scan(prefix, after, size + 1):
-            if len(found) == size:
-                return found, encode_page_token(after=last)
-            found.append(_decode(item, cls))
-            last = item.key[len(prefix) :].decode()
+        consumed = after
+        for name, key, value in candidates(after, budget.max_items + 1):
+            if value is not None:
+                record = decode_or_skip(cls, AUTH_PARTITION, key, value, _check_record)
+                if record is not None:
+                    if not budget.admit(record):
+                        return found, encode_page_token(after=consumed)
+                    found.append(record)
+            consumed = name
         return found, ""
+
+    def _entities(self, prefix: bytes) -> Callable[[str, int], Iterator[Candidate]]:
+        """Candidates of an entity listing: the records under `prefix`, named by id."""
+
+        def candidates(after: str, chunk: int) -> Iterator[Candidate]:
+            for item in self._scan(prefix, after, chunk):
+                yield item.key[len(prefix) :].decode(), item.key, item.value
+
+        return candidates
+
+    def _related(self, prefix: bytes, target: bytes) -> Callable[[str, int], Iterator[Candidate]]:
+        """Candidates of a relationship listing: the entities under `target` named by the
+        last id of each key under `prefix` (the relationship's value is never read)."""
+
+        def candidates(after: str, chunk: int) -> Iterator[Candidate]:
+            names = (item.key[len(prefix) :].decode() for item in self._scan(prefix, after, chunk))
+            return self._fetched(names, target, chunk)
+
+        return candidates
+
+    def _fetched(self, ids: Iterator[str], target: bytes, chunk: int) -> Iterator[Candidate]:
+        """(id, key, stored bytes or None) of each id's record under `target`, read with one
+        batch_get per `chunk` ids, lazily."""
+        batch: list[str] = []
+        for record_id in ids:
+            batch.append(record_id)
+            if len(batch) == chunk:
+                yield from self._fetch(batch, target)
+                batch = []
+        if batch:
+            yield from self._fetch(batch, target)
+
+    def _fetch(self, ids: list[str], target: bytes) -> Iterator[Candidate]:
+        item_keys = [_key(target, i) for i in ids]
+        found = self._kv.batch_get([(AUTH_PARTITION, k) for k in item_keys])
+        for record_id, key, got in zip(ids, item_keys, found, strict=True):
+            yield record_id, key, None if got is None else got.value
 
 
 def _one_principal(verb: str, policy_id: str, user_id: str, group_id: str) -> str:
@@ -594,15 +721,19 @@ def _page_size(page_size: int) -> int:
     return min(page_size or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
 
 
+def _check_record(record: Message, key: bytes) -> str | None:
+    """What a stored IAM entity must hold: the id its key names (protobuf parses many
+    byte strings without complaint, so garbage could otherwise pass as an empty record)."""
+    named = key.rpartition(b"/")[2].decode("utf-8", "replace")
+    if isinstance(record, records.CredentialRecord):
+        held = record.access_key_id
+    elif isinstance(record, (records.UserRecord, records.GroupRecord, records.PolicyRecord)):
+        held = record.id
+    else:
+        return None
+    return None if held == named else f"it holds id {held!r}, its key names {named!r}"
+
+
 def _decode(item: kv.KeyValue, cls: type[R]) -> R:
-    record = cls()
-    try:
-        record.ParseFromString(item.value)
-    except DecodeError:
-        raise CorruptRecord(
-            f"stored {cls.__name__} at {item.key!r} cannot be decoded",
-            partition=AUTH_PARTITION,
-            key=item.key,
-            record=cls.__name__,
-        ) from None
-    return record
+    """The record at `item` (DATA_LOSS / CORRUPT_RECORD when it cannot be read)."""
+    return decode_record(cls, AUTH_PARTITION, item.key, item.value, _check_record)

@@ -6,7 +6,10 @@ so deleting that credential revokes the token).
 
 Safety rule: `verify` never accepts a token it did not sign with the key under HS256: no
 `alg: none`, no other algorithm (the header is checked before PyJWT is asked), no expired
-token, no token without an expiry, no unknown token type. Each refusal has its own reason.
+token, no token without an expiry, no unknown token type, no token issued in the future
+(`iat` past the clock skew) and none living longer than MAX_LIFETIME_SECONDS (`exp - iat`),
+so a token minted with a stolen key and a far expiry is refused anyway. Each refusal has its
+own reason.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 import jwt
 
 from quarry.auth import errors as auth_errors
+from quarry.config import MAX_TOKEN_LIFETIME_SECONDS
 
 ALGORITHM = "HS256"
 ISSUER = "quarry"
@@ -25,6 +29,9 @@ USER = "user"
 SERVICE = "service"
 TOKEN_TYPES = (USER, SERVICE)
 DEFAULT_LIFETIME_SECONDS = 3600
+MAX_LIFETIME_SECONDS = MAX_TOKEN_LIFETIME_SECONDS
+# How far in the future a token's `iat` may be: the clocks of the suite's processes differ.
+CLOCK_SKEW_SECONDS = 60
 MIN_KEY_BYTES = 32  # RFC 7518 §3.2: an HS256 key at least as long as the hash
 
 
@@ -76,6 +83,8 @@ class TokenAuthority:
     ) -> tuple[str, float]:
         if not subject:
             raise ValueError("a token needs a subject")
+        if not 0 < lifetime <= MAX_LIFETIME_SECONDS:
+            raise ValueError(f"a token lives 0..{MAX_LIFETIME_SECONDS} seconds, not {lifetime}")
         now = self._clock()
         expires_at = now + lifetime
         claims = {
@@ -125,11 +134,21 @@ class TokenAuthority:
             raise auth_errors.TokenAlgorithm(f"only {ALGORITHM} tokens are accepted") from None
         except jwt.PyJWTError as exc:
             raise auth_errors.TokenMalformed(f"the bearer token is malformed: {exc}") from None
-        expires_at = claims["exp"]
-        if not isinstance(expires_at, int | float):
-            raise auth_errors.TokenMalformed("the bearer token's exp is not a number")
-        if expires_at <= self._clock():
+        expires_at, issued_at = claims["exp"], claims["iat"]
+        if not isinstance(expires_at, int | float) or not isinstance(issued_at, int | float):
+            raise auth_errors.TokenMalformed("the bearer token's exp or iat is not a number")
+        now = self._clock()
+        if expires_at <= now:
             raise auth_errors.TokenExpired("the bearer token has expired; log in again")
+        if issued_at > now + CLOCK_SKEW_SECONDS:
+            raise auth_errors.TokenNotYetValid(
+                "the bearer token is issued in the future; check the clocks, log in again"
+            )
+        if expires_at - issued_at > MAX_LIFETIME_SECONDS:
+            raise auth_errors.TokenLifetimeExceeded(
+                f"the bearer token lives {int(expires_at - issued_at)} s, longer than the "
+                f"{MAX_LIFETIME_SECONDS} s any Quarry token may; log in again"
+            )
         kind = claims.get("typ")
         if kind not in TOKEN_TYPES:
             raise auth_errors.TokenTypeUnknown(

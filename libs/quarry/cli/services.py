@@ -215,7 +215,7 @@ def _first_start_setup(settings: object, home: Path, wait_seconds: float = 30.0)
 def cmd_up(args: argparse.Namespace) -> int:
     settings = load_settings()
     home = Path(settings.home).resolve()
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)  # owner only: the KV, the key
     if settings.auth_enabled:
         from quarry.auth.keys import ensure_signing_key
 

@@ -186,14 +186,8 @@ class AuthCalls(RpcCalls):
 
     def iter_user_policies(self, user_id: str, effective: bool = False) -> Iterator[pb.Policy]:
         """The policies attached to the user; with `effective`, its groups' too."""
-        if effective:
-            request = pb.ListEffectivePoliciesRequest(user_id=user_id)
-            reply = self._unary(
-                self._auth.ListEffectivePolicies, "Auth/ListEffectivePolicies", request
-            )
-            yield from reply.policies
-            return
-        pages = self._pages(self._list, method="ListUserPolicies", user_id=user_id)
+        method = "ListEffectivePolicies" if effective else "ListUserPolicies"
+        pages = self._pages(self._list, method=method, user_id=user_id)
         for page in pages:
             yield from page.policies
 

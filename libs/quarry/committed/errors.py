@@ -12,8 +12,10 @@ class MetaRangeNotFound(errors.NotFound):
     reason = "METARANGE_NOT_FOUND"
 
 
-class RangeNotFound(errors.NotFound):
-    """A metarange points to a range file that is missing: the namespace is damaged."""
+class RangeNotFound(errors.DataLoss):
+    """A metarange points to a range file that is missing: the namespace is damaged.
+    DATA_LOSS, not NOT_FOUND: committed data the history promises is gone (a client must
+    never read it as "no such object" and carry on)."""
 
     reason = "RANGE_NOT_FOUND"
 

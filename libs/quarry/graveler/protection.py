@@ -9,7 +9,9 @@ another branch-manager can let a write through for at most CACHE_SECONDS after i
 The branch-manager that sets the rules sees them at once.
 
 What it must never do: let a blocked action through once the cache holds the rule, or
-half-apply a Set (a Set with a stale checksum changes nothing).
+half-apply a Set (a Set with a stale checksum changes nothing). Deleting a branch that any
+rule protects is refused too (check_delete): DeleteBranch then CreateBranch at an older
+commit would otherwise rewind a branch whose commits are blocked.
 """
 
 from __future__ import annotations
@@ -134,6 +136,24 @@ class BranchProtection:
                     "branch": branch,
                     "pattern": rule.pattern,
                     "blocked_action": _ACTION_NAMES[action],
+                },
+            )
+
+    def check_delete(self, repo: Repository, branch: str) -> None:
+        """FAILED_PRECONDITION / BRANCH_PROTECTED when any rule (blocking staging writes or
+        commits) matches `branch`: a deleted branch recreated at another commit would move
+        its HEAD past every blocked action."""
+        names.check_branch_name(branch)
+        rules = self._cached(repo)
+        rule = matching_rule(rules, branch, COMMIT) or matching_rule(rules, branch, STAGING_WRITE)
+        if rule is not None:
+            raise gerrors.BranchProtected(
+                f"branch {branch!r} is protected by rule {rule.pattern!r}: it cannot be deleted",
+                metadata={
+                    "repository": repo.name,
+                    "branch": branch,
+                    "pattern": rule.pattern,
+                    "blocked_action": "delete",
                 },
             )
 

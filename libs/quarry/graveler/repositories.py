@@ -353,6 +353,8 @@ class Repositories:
                 f"{name!r} is the default branch of {repo.name!r} and cannot be deleted",
                 metadata={"repository": repo.name, "branch": name},
             )
+        # Never delete a protected branch: recreated at an older commit it would be rewound.
+        self.core.protection.check_delete(repo, name)
         # Compare-and-delete: the tokens retired are those of the record deleted, even when
         # a seal or commit changed the branch since it was first read.
         branch = self.refs.delete_branch(repo, name)

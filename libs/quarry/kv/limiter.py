@@ -54,17 +54,19 @@ class PartitionLimiter:
         read_units_per_second: float = 3000,
         write_units_per_second: float = 1000,
         clock: Callable[[], float] = time.monotonic,
+        burst_seconds: float = BURST_SECONDS,
     ):
         if read_units_per_second <= 0 or write_units_per_second <= 0:
             raise ValueError("unit rates must be positive")
         self.rates = {READ: float(read_units_per_second), WRITE: float(write_units_per_second)}
         self._clock = clock
+        self._burst_seconds = burst_seconds
         self._lock = threading.Lock()
         self._buckets: dict[tuple[str, bytes], _Bucket] = {}
         self._last_sweep = clock()
 
     def capacity(self, kind: str) -> float:
-        return self.rates[kind] * BURST_SECONDS
+        return self.rates[kind] * self._burst_seconds
 
     def try_acquire(self, kind: str, units_by_partition: Mapping[bytes, int]) -> Refusal | None:
         """Take the units from every partition's bucket, or from none of them.

@@ -16,19 +16,35 @@ one database file.
   between processes. Readers take no lock (WAL).
 - Connections come from a small pool rather than one per thread, so short-lived threads do
   not leak connections.
+- The database holds every credential hash and all metadata, so only its owner may read
+  it: the file is created 0600 before SQLite opens it (SQLite gives its -wal and -shm the
+  database file's mode), a directory the store creates is 0700, and at start a database,
+  -wal or -shm file that group or others can access (made by an older version) is
+  tightened to 0600 with a warning; one that cannot be tightened (not ours) is refused.
+  An existing directory keeps its mode: it may be shared (`quarry up` creates QUARRY_HOME
+  0700); with the files 0600 others can at most see their names.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
+import stat
 import threading
 from collections.abc import Iterator, Sequence
 
 from quarry import errors
 from quarry.kv import store
 from quarry.kv.store import GetResult, KeyValue
+
+log = logging.getLogger(__name__)
+
+# Owner only: the database (and its -wal and -shm) holds credential hashes.
+FILE_MODE = 0o600
+DIRECTORY_MODE = 0o700
+_COMPANIONS = ("", "-wal", "-shm")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (
@@ -38,6 +54,33 @@ CREATE TABLE IF NOT EXISTS kv (
     PRIMARY KEY (partition, key)
 ) WITHOUT ROWID
 """
+
+
+def _private_database_file(path: str) -> None:
+    """The database file exists, owner-only (module docstring), before SQLite opens it."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        os.makedirs(parent, mode=DIRECTORY_MODE, exist_ok=True)
+    # An empty file is an empty database; O_EXCL keeps one another process just made.
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
+    for suffix in _COMPANIONS:
+        name = path + suffix
+        try:
+            mode = stat.S_IMODE(os.stat(name).st_mode)
+        except FileNotFoundError:
+            continue
+        if mode & 0o077:
+            try:
+                os.chmod(name, FILE_MODE)
+            except OSError as exc:
+                raise store.BackendUnavailable(
+                    f"{name} is readable by other users (mode {mode:o}) and cannot be made "
+                    f"owner-only: {exc.strerror}; chmod 600 it as its owner"
+                ) from exc
+            log.warning(
+                "tightened %s from mode %o to %o: it holds credential hashes", name, mode, FILE_MODE
+            )
 
 
 class SQLiteStore(store.Store):
@@ -63,8 +106,7 @@ class SQLiteStore(store.Store):
             )
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise errors.InvalidArgument(f"bad synchronous mode {synchronous!r}")
-        parent = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(parent, exist_ok=True)
+        _private_database_file(self.path)
         self._busy_timeout = busy_timeout
         self._synchronous = synchronous.upper()
         self._max_idle = max_idle_connections

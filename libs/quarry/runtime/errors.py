@@ -83,6 +83,11 @@ def _internal_status(exc: BaseException) -> status_pb2.Status:
 
 
 def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
+    if _cancelled_by_client(exc, context):
+        # Not an incident: the client went away (cancelled, or its deadline passed) and gRPC
+        # ended the call; reading its stream then raises. Nobody receives this status.
+        log.info("call cancelled by the client: %s", type(exc).__name__)
+        exc = errors.Cancelled("the client cancelled the call")
     status = to_status(exc) if isinstance(exc, errors.QuarryError) else _internal_status(exc)
     context.abort_with_status(rpc_status.to_status(status))
 
@@ -113,11 +118,66 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 
     @staticmethod
     def _wrap(handler: Any, limit: int) -> Any:  # a grpc RpcMethodHandler (a namedtuple)
-        return wrap_behavior(
+        wrapped = wrap_behavior(
             handler,
             lambda behavior: _wrap_unary(behavior, limit),
             lambda behavior: _wrap_stream(behavior, limit),
         )
+        parse = getattr(handler, "request_deserializer", None)
+        if parse is None:
+            return wrapped
+        return wrapped._replace(request_deserializer=_tolerant(parse))
+
+
+class UndecodableRequest(errors.InvalidArgument):
+    """The request bytes are not the method's message (garbage, invalid UTF-8 in a string
+    field): the caller's mistake, not an internal error."""
+
+    reason = "UNDECODABLE_REQUEST"
+
+
+class _Undecodable:
+    """What a request that could not be parsed becomes, so the wrapper (not gRPC, which
+    answers INTERNAL for a deserializer's exception) refuses it with INVALID_ARGUMENT."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as exc:  # noqa: BLE001 — DecodeError and whatever a parser raises
+            return _Undecodable(exc)
+
+    return deserialize
+
+
+def _decoded(request_or_iterator: Any) -> Any:
+    """The request, or (client streams) an iterator of them; UndecodableRequest for one
+    that could not be parsed (for a stream: when that message is reached)."""
+    if isinstance(request_or_iterator, _Undecodable):
+        raise _undecodable(request_or_iterator)
+    if hasattr(request_or_iterator, "__next__"):  # a client stream's request iterator
+        return _decoded_stream(request_or_iterator)
+    return request_or_iterator
+
+
+def _decoded_stream(requests: Iterator[Any]) -> Iterator[Any]:
+    for request in requests:
+        if isinstance(request, _Undecodable):
+            raise _undecodable(request)
+        yield request
+
+
+def _undecodable(request: _Undecodable) -> UndecodableRequest:
+    return UndecodableRequest(
+        f"the request cannot be decoded as the method's message "
+        f"({type(request.error).__name__}); send a valid serialized request"
+    )
 
 
 def _checked_size(response: Any, limit: int) -> Any:
@@ -135,6 +195,12 @@ def _checked_size(response: Any, limit: int) -> Any:
     return response
 
 
+def _cancelled_by_client(exc: BaseException, context: grpc.ServicerContext) -> bool:
+    """The call failed because its client ended it: gRPC's request iterator (or a
+    downstream call cancelled with it) raised an RpcError and the call is no longer active."""
+    return isinstance(exc, grpc.RpcError) and not context.is_active()
+
+
 def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:
     # context.abort() raises a bare Exception after setting the code; let it through.
     return type(exc) is Exception and context.code() not in (None, grpc.StatusCode.OK)
@@ -144,7 +210,7 @@ def _wrap_unary(behavior: Callable, limit: int) -> Callable:
     @functools.wraps(behavior)
     def wrapper(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
         try:
-            return _checked_size(behavior(request_or_iterator, context), limit)
+            return _checked_size(behavior(_decoded(request_or_iterator), context), limit)
         except Exception as exc:  # noqa: BLE001 — every error must become a status
             if _is_abort(exc, context):
                 raise
@@ -157,7 +223,7 @@ def _wrap_stream(behavior: Callable, limit: int) -> Callable:
     @functools.wraps(behavior)
     def wrapper(request_or_iterator: Any, context: grpc.ServicerContext) -> Iterator:
         try:
-            for response in behavior(request_or_iterator, context):
+            for response in behavior(_decoded(request_or_iterator), context):
                 yield _checked_size(response, limit)
         except Exception as exc:  # noqa: BLE001
             if _is_abort(exc, context):

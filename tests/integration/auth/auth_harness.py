@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
@@ -70,6 +71,7 @@ def auth_server(
     token_lifetime: float = 3600,
     clock: Callable[[], float] = time.time,
     cache_seconds: float = 0.5,
+    login_throttle: Any = None,
 ) -> Iterator[AuthServer]:
     """The server (module docstring); `clock` is the token authority's (tests move it to
     expire tokens); `cache_seconds` the authorizer's cache lifetime."""
@@ -109,7 +111,14 @@ def auth_server(
         servicer_class = _servicer_class()
         servicer_class.harness = harness
         auth_pb2_grpc.add_AuthServicer_to_server(
-            servicer_class(iam, tokens, authorizer, token_lifetime=token_lifetime), server
+            servicer_class(
+                iam,
+                tokens,
+                authorizer,
+                token_lifetime=token_lifetime,
+                login_throttle=login_throttle,
+            ),
+            server,
         )
         specs = (
             build_branch_manager(settings),

@@ -177,7 +177,7 @@ def admin(secured):
 # ---- the IAM store against the real kv-gateway ----------------------------------------------
 
 
-def test_iam_store_over_the_kv_gateway(secured):
+def test_iam_store_over_the_kv_gateway(secured, admin):  # admin first: Setup is once
     iam = secured.iam
     for i in range(7):
         iam.create_user(f"gw-user{i}")
@@ -250,7 +250,8 @@ def test_every_bad_token_is_unauthenticated_with_its_reason(secured, admin):
     who = secured.auth().WhoAmI
     request = auth_pb2.WhoAmIRequest()
     past = TokenAuthority(secured.tokens._key, clock=lambda: time.time() - 7200)
-    claims = {"sub": "admin", "typ": "user", "iss": "quarry", "iat": 1, "exp": 2**40}
+    now = int(time.time())
+    claims = {"sub": "admin", "typ": "user", "iss": "quarry", "iat": now, "exp": now + 600}
     cases = {
         "TOKEN_MISSING": [],
         "TOKEN_MALFORMED": [("authorization", "Basic YWRtaW46YWRtaW4=")],
@@ -261,6 +262,17 @@ def test_every_bad_token_is_unauthenticated_with_its_reason(secured, admin):
             jwt.encode({**claims, "typ": "root"}, secured.tokens._key, algorithm="HS256")
         ),
         "PRINCIPAL_UNKNOWN": bearer(secured.tokens.issue_user_token("ghost")[0]),
+        # Signed with the real key (a leaked key): still no far-future or ageless token.
+        "TOKEN_NOT_YET_VALID": bearer(
+            jwt.encode(
+                {**claims, "iat": now + 3600, "exp": now + 7200},
+                secured.tokens._key,
+                algorithm="HS256",
+            )
+        ),
+        "TOKEN_LIFETIME_EXCEEDED": bearer(
+            jwt.encode({**claims, "exp": 2**40}, secured.tokens._key, algorithm="HS256")
+        ),
     }
     for reason, metadata in cases.items():
         error = failure(who, request, metadata=metadata)
@@ -546,6 +558,7 @@ def test_one_audit_line_per_mutating_call(secured, matrix, caplog):
     ]
     assert len(lines) == 2  # the read wrote none
     ok, denied = lines
+    assert ok.pop("peer").startswith("ipv4:127.0.0.1:")
     assert ok == {
         "principal": "user:m-allowed",
         "method": "/quarry.v1.BranchManager/PutObject",

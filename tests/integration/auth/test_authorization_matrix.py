@@ -40,7 +40,15 @@ from quarry.v1 import (  # noqa: F401 — registers every service's descriptors
     range_writer_pb2,
     server_info_pb2,
 )
-from support.auth import FAST_HASH, TEST_ADMIN, bearer, raw_channel, service_token, user_token
+from support.auth import (
+    FAST_HASH,
+    TEST_ADMIN,
+    bearer,
+    raw_channel,
+    service_token,
+    setup_test_admin,
+    user_token,
+)
 from support.proto_fuzz import message_class
 from support.suite import running_suite
 
@@ -70,6 +78,7 @@ def denied_user(action: str) -> str:
 def suite(tmp_path_factory):
     backend = MemoryStore()
     iam = IamStore(backend, hash_cost=FAST_HASH)
+    setup_test_admin(backend)  # first: Setup is once per installation, users make it installed
     iam.create_user(NO_GRANT)
     for i, action in enumerate(ACTIONS):
         iam.create_policy(

@@ -1,7 +1,8 @@
 """Branch protection over gRPC (lakeFS semantics): rules stored and read back with a
 checksum, a stale checksum refused, staging writes and commits refused on protected
-branches (FAILED_PRECONDITION / BRANCH_PROTECTED) while other branches, merges into the
-protected branch and compaction still work."""
+branches (FAILED_PRECONDITION / BRANCH_PROTECTED) and so is deleting one (it could be
+recreated at an older commit), while other branches, merges into the protected branch and
+compaction still work."""
 
 from __future__ import annotations
 
@@ -148,6 +149,32 @@ def test_commit_refused_but_merge_into_protected_branch_works(client, repo):
     refused(client.revert, repo, "main", merged.commit.id, parent_number=1)
     refused(client.reset_branch, repo, "main", feature.parents[0])
     assert client.get_branch(repo, "main").commit_id == merged.commit.id
+
+
+@pytest.mark.parametrize("blocked", [(COMMIT,), (STAGING_WRITE,), (STAGING_WRITE, COMMIT)])
+def test_a_protected_branch_cannot_be_deleted_and_recreated_at_an_older_commit(
+    client, repo, blocked
+):
+    """The attack (issue 23): ResetBranch is refused, so delete the protected branch and
+    create it again at an older commit. Deleting it is refused; nothing moves."""
+    client.create_branch(repo, "release-1", "main")
+    client.put_object(repo, "release-1", entry("v1"))
+    old = client.commit(repo, "release-1", "old").commit
+    client.put_object(repo, "release-1", entry("v2"))
+    head = client.commit(repo, "release-1", "head").commit
+    client.set_branch_protection_rules(repo, [rule("release-*", *blocked)])
+
+    exc = refused(client.delete_branch, repo, "release-1")
+    assert exc.metadata["blocked_action"] == "delete" and exc.metadata["pattern"] == "release-*"
+    with pytest.raises(errors.AlreadyExists):
+        client.create_branch(repo, "release-1", old.id)
+    assert client.get_branch(repo, "release-1").commit_id == head.id
+    assert client.stat_object(repo, "release-1", "v2").checksum == "sum-v2-1"
+    # Unprotected branches are deleted as before.
+    client.create_branch(repo, "scratch", "main")
+    client.delete_branch(repo, "scratch")
+    with pytest.raises(errors.NotFound):
+        client.get_branch(repo, "scratch")
 
 
 def test_compaction_of_a_protected_branch_still_works(client, repo):

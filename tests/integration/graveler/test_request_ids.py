@@ -270,6 +270,28 @@ def test_reusing_an_id_for_another_request_is_request_id_reused_and_changes_noth
     ] == ["main"]
 
 
+def test_the_same_id_on_another_repository_is_a_new_request(stubs, suite, repo):
+    """Request ids are scoped by repository (the record lives in the repository's
+    partition): a client that reuses an id on another repository gets that repository's
+    call run, never the first repository's answer nor REQUEST_ID_REUSED."""
+    other = f"rid-{uuid.uuid4().hex[:8]}"
+    stubs.bm.CreateRepository(
+        bm.CreateRepositoryRequest(name=other, storage_namespace=suite.namespace(other))
+    )
+    request_id = rid()
+    put(stubs, repo, "a")
+    put(stubs, other, "b")
+    first = stubs.cm.Commit(
+        cm.CommitRequest(repository=repo, branch="main", message="m", request_id=request_id)
+    )
+    second = stubs.cm.Commit(
+        cm.CommitRequest(repository=other, branch="main", message="m", request_id=request_id)
+    )
+    assert second.commit.id != first.commit.id
+    assert log_ids(stubs, other)[0] == second.commit.id and uncommitted(stubs, other) == []
+    assert log_ids(stubs, repo)[0] == first.commit.id
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -91,8 +91,10 @@ def test_alg_none_and_other_algorithms():
 
 
 def test_unknown_type_and_missing_claims():
-    authority = TokenAuthority(KEY)
-    base = {"sub": "alice", "iss": "quarry", "iat": 1, "exp": 2**40}
+    clock = Clock()
+    authority = TokenAuthority(KEY, clock=clock)
+    now = int(clock.now)
+    base = {"sub": "alice", "iss": "quarry", "iat": now, "exp": now + 600}
     refused(
         authority, jwt.encode({**base, "typ": "root"}, KEY, algorithm="HS256"), "TOKEN_TYPE_UNKNOWN"
     )
@@ -111,3 +113,45 @@ def test_unknown_type_and_missing_claims():
 def test_short_signing_keys_are_refused():
     with pytest.raises(ValueError):
         TokenAuthority(b"short")
+
+
+def _signed(claims: dict) -> str:
+    """A token signed with the real key (as a holder of a leaked key would mint one)."""
+    return jwt.encode({"iss": "quarry", "sub": "mallory", "typ": "user", **claims}, KEY, "HS256")
+
+
+def test_a_token_issued_in_the_future_is_refused():
+    clock = Clock()
+    authority = TokenAuthority(KEY, clock=clock)
+    now = int(clock.now)
+    refused(authority, _signed({"iat": now + 3600, "exp": now + 7200}), "TOKEN_NOT_YET_VALID")
+    # Within the clock skew between processes: accepted.
+    assert authority.verify(_signed({"iat": now + 30, "exp": now + 600})).id == "mallory"
+
+
+def test_a_token_living_longer_than_the_maximum_is_refused():
+    from quarry.auth.tokens import MAX_LIFETIME_SECONDS
+
+    clock = Clock()
+    authority = TokenAuthority(KEY, clock=clock)
+    now = int(clock.now)
+    ten_years = 10 * 365 * 86400
+    refused(authority, _signed({"iat": now, "exp": now + ten_years}), "TOKEN_LIFETIME_EXCEEDED")
+    refused(
+        authority,
+        _signed({"iat": now - 10, "exp": now + MAX_LIFETIME_SECONDS}),
+        "TOKEN_LIFETIME_EXCEEDED",
+    )
+    refused(authority, _signed({"iat": "soon", "exp": now + 60}), "TOKEN_MALFORMED")
+    assert authority.verify(_signed({"iat": now, "exp": now + MAX_LIFETIME_SECONDS})).id
+    # Nor is such a token ever issued.
+    with pytest.raises(ValueError):
+        authority.issue_user_token("alice", lifetime=MAX_LIFETIME_SECONDS + 1)
+
+
+def test_the_token_lifetime_setting_is_bounded():
+    from quarry import errors
+    from quarry.config import load_settings
+
+    with pytest.raises(errors.InvalidArgument):
+        load_settings(env={}, auth_token_lifetime_seconds=86_401)

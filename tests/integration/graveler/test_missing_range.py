@@ -1,0 +1,33 @@
+"""A range file the history points to and that is gone from the namespace is DATA_LOSS
+(committed data is lost), never NOT_FOUND, which a client would read as "no such object"
+(issue 23, item 8). Over gRPC against the real suite."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from quarry import errors
+from quarry.committed.format import RANGES_PREFIX
+
+
+def test_a_missing_range_file_reads_as_data_loss(suite):
+    name = f"lost-{uuid.uuid4().hex[:8]}"
+    namespace = suite.namespace(name)
+    with suite.client() as client:
+        client.create_repository(name, namespace)
+        client.put_object(name, "main", path="kept", physical_address="s3://b/kept", size_bytes=1)
+        client.commit(name, "main", "one")
+        ranges = list((Path(namespace) / RANGES_PREFIX).glob("*.parquet"))
+        assert ranges
+        for path in ranges:  # the namespace is damaged: its range files are gone
+            path.unlink()
+        with pytest.raises(errors.QuarryError) as caught:
+            # A fresh branch-manager read (no cached range): the read must say data is lost.
+            client.stat_object(name, "main", "kept")
+        assert (caught.value.code.name, caught.value.reason) == ("DATA_LOSS", "RANGE_NOT_FOUND")
+        with pytest.raises(errors.QuarryError) as caught:
+            list(client.iter_objects(name, "main"))
+        assert caught.value.code.name == "DATA_LOSS"
