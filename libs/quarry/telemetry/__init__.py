@@ -175,8 +175,10 @@ def root_span(name: str, attributes: Mapping[str, str] | None = None) -> Any:
 # on, through OpenTelemetry's interceptor, built on first use. Whether a call is traced thus
 # never depends on whether tracing was configured before or after the channel was made.
 
-# Not traced on the server: probes (readiness, kubelet) and grpcurl's reflection.
-_UNTRACED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+# Infrastructure, not users' requests: probes (readiness, kubelet) and grpcurl's reflection.
+# Not traced on the server, and not counted in quarry_rpc_requests_total (telemetry.metrics):
+# a kubelet's probes would otherwise outnumber a quiet service's real calls.
+INFRASTRUCTURE_METHOD_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 
 class _TracingServerSwitch(grpc.ServerInterceptor):
@@ -188,7 +190,9 @@ class _TracingServerSwitch(grpc.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
-        if not _configured or handler_call_details.method.startswith(_UNTRACED_PREFIXES):
+        if not _configured or handler_call_details.method.startswith(
+            INFRASTRUCTURE_METHOD_PREFIXES
+        ):
             return continuation(handler_call_details)
         otel = self._otel
         if otel is None:
