@@ -85,11 +85,16 @@ class Context:
     def client(self) -> Client:
         if self._client is None:
             # Listings that skipped corrupt records are shown, with a warning (warn_skipped).
+            from quarry.client.token_cache import TokenCache
+
+            # The token outlives the run ($QUARRY_HOME/tokens.json): one Login per token
+            # lifetime, not one scrypt on the server per command.
             self._client = Client.from_settings(
                 self.settings,
                 retry=CLI_RETRY,
                 timeout=self.args.timeout,
                 allow_incomplete_listings=True,
+                token_cache=TokenCache(self.settings.home),
             )
         return self._client
 
