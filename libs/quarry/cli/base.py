@@ -33,6 +33,7 @@ from quarry import errors
 from quarry.cli import style
 from quarry.cli.progress import Progress
 from quarry.client import Client, RetryPolicy
+from quarry.telemetry.receiver import DEFAULT_ENDPOINT
 
 # Interactive use: give up on an unreachable or contended service within seconds.
 CLI_RETRY = RetryPolicy(budget=5.0)
@@ -281,7 +282,7 @@ def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
         style.configure(getattr(args, "color", None), sys.stdout, sys.stderr)
         ctx = Context(args)
         try:
-            with _held_stdout() as held:
+            with _held_stdout() as held, traced_command(args):
                 code = handler(args, ctx) or 0
             _release(held)
             ctx.warn_skipped()
@@ -301,6 +302,43 @@ def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
             ctx.close()
 
     return run
+
+
+# The CLI's spans: a short deadline for their export (a stopped receiver must not hold a
+# finished command for OpenTelemetry's default 10 s).
+CLI_EXPORT_TIMEOUT_SECONDS = "3"
+
+
+def command_name(args: argparse.Namespace) -> str:
+    """`quarry COMMAND [ACTION]` as typed (never the arguments: they may hold secrets)."""
+    words = [getattr(args, "command", None), getattr(args, "action", None)]
+    return " ".join(["quarry", *(str(w) for w in words if w)])
+
+
+@contextlib.contextmanager
+def traced_command(args: argparse.Namespace) -> Any:
+    """The whole command as one span, the root of its trace, when tracing is asked for:
+    `--trace` (exporting to `quarry traces` on this machine unless OTEL_EXPORTER_OTLP_*
+    says where) or the OTEL_* variables, as for the services. The gRPC calls it makes
+    carry its context, so the services' spans are its children; its spans are exported
+    before the command returns."""
+    from quarry import telemetry
+
+    wanted = bool(getattr(args, "trace", False))
+    if wanted and not telemetry.tracing_requested():
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = telemetry.DEFAULT_ENDPOINT
+    if not (wanted or telemetry.tracing_requested()):
+        yield
+        return
+    os.environ.setdefault("OTEL_EXPORTER_OTLP_TIMEOUT", CLI_EXPORT_TIMEOUT_SECONDS)
+    if not telemetry.configure_tracing("cli"):  # OTEL_TRACES_EXPORTER=none: it warned, if need be
+        yield
+        return
+    try:
+        with telemetry.root_span(command_name(args)):
+            yield
+    finally:
+        telemetry.flush()
 
 
 def key_value(text: str) -> tuple[str, str]:
@@ -358,6 +396,13 @@ def common_options() -> argparse.ArgumentParser:
         "--json",
         action="store_true",
         help="machine-readable JSON output; a failure is one JSON object on stderr",
+    )
+    group.add_argument(
+        "--trace",
+        action="store_true",
+        help="trace this command: its spans and the services' form one trace, sent to "
+        "OTEL_EXPORTER_OTLP_ENDPOINT (default: `quarry traces` on this machine, "
+        f"{DEFAULT_ENDPOINT})",
     )
     group.add_argument(
         "--color",

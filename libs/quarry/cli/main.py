@@ -4,6 +4,7 @@ One module per resource, each with its handlers and, beside each handler, the fu
 adds its parser (`COMMANDS`: command name -> registration):
 
     quarry.cli.services    up, serve, version, settings
+    quarry.cli.traces      traces (a local trace receiver)
     quarry.cli.transfer    export, import (the KV backend itself, services stopped)
     quarry.cli.repos       repo create | list | show | delete
     quarry.cli.branches    branch create | list | show | delete; reset; discard
@@ -56,6 +57,7 @@ from quarry.cli import (
     services,
     setup,
     tags,
+    traces,
     transfer,
 )
 
@@ -79,6 +81,7 @@ _REGISTRATIONS: dict[str, base.Registration] = {
         setup,
         auth,
         protect,
+        traces,
         completion,
     )
     for name, register in module.COMMANDS.items()
@@ -90,6 +93,7 @@ COMMAND_ORDER = (
     "serve",
     "version",
     "settings",
+    "traces",
     "export",
     "import",
     "repo",

@@ -529,7 +529,7 @@ def serve(
     configure_logging(service, settings.log_level, settings.log_format)
     # Before the spec builds its outgoing channels and background loops (the channels would
     # trace anyway: they decide per call; see quarry.telemetry).
-    telemetry.configure_tracing(service)
+    telemetry.configure_tracing(service, warn_when_off=False)  # off is a service's default
     spec = spec_factory(settings)
     server, port = create_server(settings, spec)
     metrics_port = start_metrics_endpoint(
