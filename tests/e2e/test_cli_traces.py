@@ -83,6 +83,7 @@ def test_a_cli_commit_with_trace_on_is_one_trace_rooted_at_the_cli(tmp_path):
 
         wait_until(lambda: cli_traces(), timeout=30, what="the CLI's trace in traces.jsonl")
         (trace,) = cli_traces()  # ONE trace
+        assert f"quarry: trace {trace['trace_id']}" in committed.stderr
         spans = trace["spans"]
         roots = [s for s in spans if not s["parent_id"]]
         assert [(r["service"], r["name"]) for r in roots] == [("quarry-cli", "quarry commit")]

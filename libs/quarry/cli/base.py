@@ -401,11 +401,15 @@ def traced_command(args: argparse.Namespace) -> Any:
     if not telemetry.configure_tracing("cli"):  # OTEL_TRACES_EXPORTER=none: it warned, if need be
         yield
         return
+    trace_id = 0
     try:
-        with telemetry.root_span(command_name(args)):
+        with telemetry.root_span(command_name(args)) as span:
+            trace_id = span.get_span_context().trace_id
             yield
     finally:
         telemetry.flush()
+        if trace_id:  # to find it in `quarry traces` or a tracing backend
+            print(f"quarry: trace {trace_id:032x}", file=sys.stderr)
 
 
 def key_value(text: str) -> tuple[str, str]:
