@@ -190,3 +190,24 @@ def test_quarry_traces_prints_a_received_trace_as_a_tree(tmp_path):
     finally:
         child.send_signal(signal.SIGINT)
         child.wait(timeout=30)
+
+
+def test_quarry_traces_on_a_taken_port_says_so_in_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ran = subprocess.run(
+            [str(VENV_BIN / "quarry"), "traces", "--port", str(port)],
+            env=quarry_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert ran.returncode == 1
+    assert ran.stderr == (
+        f"quarry traces: cannot listen on 127.0.0.1:{port} (address in use?); "
+        "choose another with --port\n"
+    )

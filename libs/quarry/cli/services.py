@@ -272,9 +272,10 @@ def cmd_up_with_traces(args: argparse.Namespace) -> int:
             receiver = stack.enter_context(
                 serving_traces(settings.listen_host, args.traces_port, sys.stdout, jsonl, 2.0)
             )
-        except RuntimeError as exc:
+        except RuntimeError:  # gRPC could not bind: the port is taken
             print(
-                f"quarry up: cannot receive traces on port {args.traces_port}: {exc}",
+                f"quarry up: cannot receive traces on port {args.traces_port} (address in "
+                "use?); choose another with --traces-port",
                 file=sys.stderr,
             )
             return 1

@@ -77,8 +77,12 @@ def cmd_traces(args: argparse.Namespace) -> int:
             threading.Event().wait()
     except KeyboardInterrupt:
         return 0
-    except RuntimeError as exc:  # the port is taken
-        print(f"quarry traces: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+    except RuntimeError:  # gRPC could not bind: the port is taken
+        print(
+            f"quarry traces: cannot listen on {args.host}:{args.port} (address in use?); "
+            "choose another with --port",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
