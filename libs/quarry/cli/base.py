@@ -35,7 +35,7 @@ from quarry import errors
 from quarry.cli import output, style
 from quarry.cli.progress import Progress
 from quarry.client import Client, RetryPolicy
-from quarry.telemetry.receiver import DEFAULT_ENDPOINT
+from quarry.telemetry import DEFAULT_ENDPOINT
 
 CONNECTION_REFUSED = "connection refused"
 

@@ -264,13 +264,20 @@ def cmd_up_with_traces(args: argparse.Namespace) -> int:
     if not args.traces:
         return cmd_up(args)
     from quarry.cli.traces import serving_traces
+    from quarry.telemetry import DEFAULT_SETTLE_SECONDS
 
     settings = load_settings()
     jsonl = Path(settings.home).resolve() / TRACES_FILE
     with contextlib.ExitStack() as stack:
         try:
             receiver = stack.enter_context(
-                serving_traces(settings.listen_host, args.traces_port, sys.stdout, jsonl, 2.0)
+                serving_traces(
+                    settings.listen_host,
+                    args.traces_port,
+                    sys.stdout,
+                    jsonl,
+                    DEFAULT_SETTLE_SECONDS,
+                )
             )
         except RuntimeError:  # gRPC could not bind: the port is taken
             print(

@@ -14,18 +14,13 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from quarry.cli.base import Subparsers
-from quarry.telemetry.receiver import (
-    DEFAULT_PORT,
-    DEFAULT_SETTLE_SECONDS,
-    OtlpReceiver,
-    ReceivedSpan,
-    otlp_receiver,
-    trace_json_line,
-    tree,
-)
+from quarry.telemetry import DEFAULT_PORT, DEFAULT_SETTLE_SECONDS
+
+if TYPE_CHECKING:  # the receiver is imported when a command runs one, not at start-up
+    from quarry.telemetry.receiver import OtlpReceiver, ReceivedSpan
 
 
 def trace_printer(
@@ -33,16 +28,18 @@ def trace_printer(
 ) -> Callable[[list[ReceivedSpan]], None]:
     """What to do with each completed trace: its tree on `stream`, its JSON line appended
     to `jsonl` (each flushed at once, so `tail -f` shows it)."""
+    from quarry.telemetry.receiver import trace_json_line, tree
+
     lock = threading.Lock()
 
     def show(spans: list[ReceivedSpan]) -> None:
-        with lock:
-            if stream is not None:
-                stream.write(f"trace {spans[0].trace_id}\n{tree(spans, durations=True)}\n\n")
-                stream.flush()
+        with lock:  # the file first: once a tree shows, its line is in the file
             if jsonl is not None:
                 with jsonl.open("a") as fh:
                     fh.write(trace_json_line(spans) + "\n")
+            if stream is not None:
+                stream.write(f"trace {spans[0].trace_id}\n{tree(spans, durations=True)}\n\n")
+                stream.flush()
 
     return show
 
@@ -51,6 +48,8 @@ def trace_printer(
 def serving_traces(
     host: str, port: int, stream: IO[str] | None, jsonl: Path | None, settle: float
 ) -> Iterator[OtlpReceiver]:
+    from quarry.telemetry.receiver import otlp_receiver
+
     if jsonl is not None:
         jsonl.parent.mkdir(parents=True, exist_ok=True)
     with otlp_receiver(

@@ -33,7 +33,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from quarry.telemetry.receiver import DEFAULT_ENDPOINT
+# Where a local receiver listens (`quarry traces`, quarry.telemetry.receiver): OTLP/gRPC's
+# registered port, the exporters' default endpoint.
+DEFAULT_PORT = 4317
+DEFAULT_ENDPOINT = f"http://127.0.0.1:{DEFAULT_PORT}"
+# A received trace is complete once its root arrived and nothing more for this long.
+DEFAULT_SETTLE_SECONDS = 2.0
 
 _lock = threading.Lock()
 _configured = False

@@ -24,9 +24,7 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-DEFAULT_PORT = 4317  # OTLP/gRPC's registered port: exporters' default endpoint
-DEFAULT_ENDPOINT = f"http://127.0.0.1:{DEFAULT_PORT}"
-DEFAULT_SETTLE_SECONDS = 2.0
+from quarry.telemetry import DEFAULT_ENDPOINT, DEFAULT_PORT, DEFAULT_SETTLE_SECONDS
 
 
 @dataclass(frozen=True)
