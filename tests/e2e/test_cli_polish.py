@@ -226,10 +226,10 @@ def test_json_errors_are_one_object_on_stderr_and_stdout_stays_empty(quarry):
     assert isinstance(error["metadata"], dict)
 
     # A failure the CLI detects itself has the same shape.
-    local = quarry("diff", "any", "main", "--json", expect=1)
+    local = quarry("diff", "any", "main", "--json", expect=2)  # a usage error: exit 2
     assert json.loads(local.stderr)["error"] == {
         "code": "INVALID_ARGUMENT",
-        "reason": "INVALID_ARGUMENT",
+        "reason": "USAGE",
         "message": "diff needs LEFT and RIGHT refs (or BRANCH --uncommitted)",
         "metadata": {},
     }

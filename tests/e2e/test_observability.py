@@ -437,7 +437,7 @@ def test_every_service_counts_and_times_its_rpcs_by_method_and_code(scrapes, ser
     got = scrapes[service]
     assert got.label_values("quarry_rpc_requests_total", "service") == {service}
     methods = got.label_values("quarry_rpc_requests_total", "method")
-    # Its own gRPC service's calls (health probes of its dependents count too).
+    # Its own gRPC service's calls (health probes are not counted).
     own = {
         "kv-gateway": "quarry.v1.KVGateway/",
         "range-writer": "quarry.v1.RangeWriter/",

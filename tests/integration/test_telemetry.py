@@ -166,3 +166,33 @@ def test_every_call_is_counted_and_timed_with_its_status_code():
     assert sample("quarry_rpc_requests_total", "OK") == before["OK"] + 2
     assert sample("quarry_rpc_requests_total", "NOT_FOUND") == before["NOT_FOUND"] + 1
     assert sample("quarry_rpc_duration_seconds_count", "NOT_FOUND") == timed + 1
+
+
+def test_health_checks_are_not_counted_with_users_calls():
+    """A kubelet's probes would outnumber a quiet service's real calls."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from prometheus_client import REGISTRY
+
+    from quarry.runtime.channels import open_channel
+
+    def health_samples() -> list[str]:
+        return [
+            sample.labels["method"]
+            for family in REGISTRY.collect()
+            if family.name == "quarry_rpc_requests"
+            for sample in family.samples
+            if sample.labels.get("method", "").startswith("grpc.")
+        ]
+
+    with kv_gateway() as (_server, target):
+        with open_channel(target, traced=False) as channel:
+            for _ in range(3):
+                health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=5
+                )
+        store = RemoteStore(target)
+        store.set(b"cleanup", b"health", b"v")
+        store.close()
+    assert health_samples() == []
+    labels = {"service": "kv-gateway", "method": "quarry.v1.KVGateway/SetItem", "code": "OK"}
+    assert (REGISTRY.get_sample_value("quarry_rpc_requests_total", labels) or 0) >= 1

@@ -1,4 +1,4 @@
-"""`quarry auth groups create | list | delete | add-member | remove-member`."""
+"""`quarry auth groups create | list | members | delete | add-member | remove-member`."""
 
 from __future__ import annotations
 
@@ -26,6 +26,18 @@ def groups_list(args: argparse.Namespace, ctx: Context) -> None:
     output.table(
         ["ID", "DESCRIPTION", "CREATED"],
         [(g.id, g.description or "-", output.timestamp_text(g.created_at)) for g in groups],
+    )
+
+
+@command
+def groups_members(args: argparse.Namespace, ctx: Context) -> None:
+    users = list(ctx.client.iter_group_members(args.group))
+    if ctx.json:
+        output.print_json(users)
+        return
+    output.table(
+        ["ID", "EMAIL", "CREATED"],
+        [(u.id, u.email or "-", output.timestamp_text(u.created_at)) for u in users],
     )
 
 
@@ -62,16 +74,18 @@ def groups_remove_member(args: argparse.Namespace, ctx: Context) -> None:
 def register(auth: Subparsers, common: argparse.ArgumentParser) -> None:
     groups = group(auth, "groups", "create, list and delete groups; manage their members")
     p = leaf(common, groups, "create", groups_create, "create a group")
-    p.add_argument("group", metavar="GROUP")
+    p.add_argument("group", metavar="GROUP", help="the new group's id")
     p.add_argument("--description", default="", metavar="TEXT")
     leaf(common, groups, "list", groups_list, "list groups")
+    p = leaf(common, groups, "members", groups_members, "list a group's members")
+    p.add_argument("group", metavar="GROUP", help="the group's id")
     p = leaf(common, groups, "delete", groups_delete, "delete a group")
-    p.add_argument("group", metavar="GROUP")
+    p.add_argument("group", metavar="GROUP", help="the group's id")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     for name, handler, text in (
         ("add-member", groups_add_member, "add a user to a group"),
         ("remove-member", groups_remove_member, "remove a user from a group"),
     ):
         p = leaf(common, groups, name, handler, text)
-        p.add_argument("group", metavar="GROUP")
-        p.add_argument("user", metavar="USER")
+        p.add_argument("group", metavar="GROUP", help="the group's id")
+        p.add_argument("user", metavar="USER", help="the user's id")

@@ -2,7 +2,8 @@
 options), the `command` wrapper that turns every failure into one line and exit code 1,
 the connection options, and the helpers that add a subcommand's parser.
 
-Failures print one line, `quarry: <REASON>: <message>`, on stderr and exit with 1. Under
+Failures print one line, `quarry: <REASON>: <message>`, on stderr and exit with 1 (2 for a
+usage error: a command line that cannot be run as given). Under
 `--json` they print one JSON object on stderr instead (stdout stays empty, so it only ever
 holds a success's JSON): `{"error": {"code", "reason", "message", "metadata"}}`, `code`
 being the gRPC status name (NOT_FOUND, FAILED_PRECONDITION, ...).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import dataclasses
 import errno
 import functools
 import io
@@ -30,13 +32,29 @@ from collections.abc import Callable
 from typing import Any
 
 from quarry import errors
-from quarry.cli import style
+from quarry.cli import output, style
 from quarry.cli.progress import Progress
 from quarry.client import Client, RetryPolicy
+from quarry.telemetry import DEFAULT_ENDPOINT
+
+CONNECTION_REFUSED = "connection refused"
+
+
+@dataclasses.dataclass(frozen=True)
+class _InteractiveRetry(RetryPolicy):
+    """Retries as the library does, but not a refused connection: nothing listens there,
+    and a person is waiting (the service is down, or the address is wrong)."""
+
+    def is_retryable(self, exc: errors.QuarryError) -> bool:
+        if CONNECTION_REFUSED in exc.message.lower():
+            return False
+        return super().is_retryable(exc)
+
 
 # Interactive use: give up on an unreachable or contended service within seconds.
-CLI_RETRY = RetryPolicy(budget=5.0)
+CLI_RETRY: RetryPolicy = _InteractiveRetry(budget=5.0)
 EXIT_FAILURE = 1
+EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 Subparsers = argparse._SubParsersAction
@@ -53,6 +71,14 @@ class CliError(Exception):
         self.reason = reason
         self.message = message
         self.code = code
+
+
+class UsageError(CliError):
+    """A command line that cannot be run as given (options that exclude each other, a
+    required choice not made): exit code 2, as argparse's own usage errors."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("USAGE", message, "INVALID_ARGUMENT")
 
 
 class Context:
@@ -85,13 +111,29 @@ class Context:
     def client(self) -> Client:
         if self._client is None:
             # Listings that skipped corrupt records are shown, with a warning (warn_skipped).
+            from quarry.client.token_cache import TokenCache
+
+            # The token outlives the run ($QUARRY_HOME/tokens.json): one Login per token
+            # lifetime, not one scrypt on the server per command.
             self._client = Client.from_settings(
                 self.settings,
                 retry=CLI_RETRY,
                 timeout=self.args.timeout,
                 allow_incomplete_listings=True,
+                token_cache=TokenCache(self.settings.home),
             )
         return self._client
+
+    def dialled(self) -> dict[str, str]:
+        """The services this run's client dialled, by name (for errors that name one)."""
+        client = self._client
+        if client is None:
+            return {}
+        return {
+            "branch-manager": client.branch_manager_target,
+            "committer": client.committer_target,
+            "compactor-sensor": client.compactor_sensor_target,
+        }
 
     def unheld_stdout(self) -> Any:
         """The real stdout as a binary stream (write, flush), past the hold: for output too
@@ -221,8 +263,37 @@ _ERRNO_CODES = {
 }
 
 
-def _report(exc: BaseException, as_json: bool) -> int:
+_PEER = re.compile(r"ipv[46]:(\[[^\]]*\]|[^\s:]+):(\d+)")
+
+
+def unreachable(exc: errors.QuarryError, services: dict[str, str]) -> CliError | None:
+    """gRPC's own "failed to connect" as which service was not reached, where, and what to
+    do; None for any other failure. `services`: name -> address the CLI dialled."""
+    message = exc.message or ""
+    if exc.code.name != "UNAVAILABLE" or "failed to connect" not in message.lower():
+        return None
+    peer = _PEER.search(message)
+    port = peer.group(2) if peer else ""
+    named = [
+        (name, address)
+        for name, address in services.items()
+        if address and port and address.rsplit(":", 1)[-1] == port
+    ]
+    name, address = named[0] if len(named) == 1 else ("service", peer.group(0) if peer else "")
+    why = "connection refused" if CONNECTION_REFUSED in message.lower() else "no connection"
+    flag = f" --{name}" if name in ("branch-manager", "committer") else ""
+    return CliError(
+        "SERVICE_UNREACHABLE",
+        f"cannot reach the {name} at {address} ({why}). Is Quarry running? Start it with "
+        f"`quarry up`, or give its address{flag or ''} (HOST:PORT)",
+        "UNAVAILABLE",
+    )
+
+
+def _report(exc: BaseException, as_json: bool, services: dict[str, str] | None = None) -> int:
     """One failure, as one line or one JSON object on stderr; exit code 1."""
+    if isinstance(exc, errors.QuarryError) and services is not None:
+        exc = unreachable(exc, services) or exc
     if isinstance(exc, errors.QuarryError):
         return fail(
             exc.reason,
@@ -232,7 +303,8 @@ def _report(exc: BaseException, as_json: bool) -> int:
             as_json=as_json,
         )
     if isinstance(exc, CliError):
-        return fail(exc.reason, exc.message, code=exc.code, as_json=as_json)
+        fail(exc.reason, exc.message, code=exc.code, as_json=as_json)
+        return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILURE
     if isinstance(exc, OSError):
         where = f": {exc.filename}" if exc.filename else ""
         code = _ERRNO_CODES.get(exc.errno or 0, "UNKNOWN")
@@ -274,9 +346,10 @@ def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
     @functools.wraps(handler)
     def run(args: argparse.Namespace) -> int:
         style.configure(getattr(args, "color", None), sys.stdout, sys.stderr)
+        output.full_ids = bool(getattr(args, "full", False))
         ctx = Context(args)
         try:
-            with _held_stdout() as held:
+            with _held_stdout() as held, traced_command(args):
                 code = handler(args, ctx) or 0
             _release(held)
             ctx.warn_skipped()
@@ -287,7 +360,7 @@ def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
         except BrokenPipeError:
             raise  # main() treats `quarry ls ... | head` as success
         except (errors.QuarryError, CliError, OSError) as exc:
-            return _report(exc, ctx.json)
+            return _report(exc, ctx.json, ctx.dialled())
         except Exception as exc:  # noqa: BLE001 — a bug; still no traceback for users
             if os.environ.get("QUARRY_CLI_TRACEBACK"):
                 raise
@@ -296,6 +369,47 @@ def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
             ctx.close()
 
     return run
+
+
+# The CLI's spans: a short deadline for their export (a stopped receiver must not hold a
+# finished command for OpenTelemetry's default 10 s).
+CLI_EXPORT_TIMEOUT_SECONDS = "3"
+
+
+def command_name(args: argparse.Namespace) -> str:
+    """`quarry COMMAND [ACTION]` as typed (never the arguments: they may hold secrets)."""
+    words = [getattr(args, "command", None), getattr(args, "action", None)]
+    return " ".join(["quarry", *(str(w) for w in words if w)])
+
+
+@contextlib.contextmanager
+def traced_command(args: argparse.Namespace) -> Any:
+    """The whole command as one span, the root of its trace, when tracing is asked for:
+    `--trace` (exporting to `quarry traces` on this machine unless OTEL_EXPORTER_OTLP_*
+    says where) or the OTEL_* variables, as for the services. The gRPC calls it makes
+    carry its context, so the services' spans are its children; its spans are exported
+    before the command returns."""
+    from quarry import telemetry
+
+    wanted = bool(getattr(args, "trace", False))
+    if wanted and not telemetry.tracing_requested():
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = telemetry.DEFAULT_ENDPOINT
+    if not (wanted or telemetry.tracing_requested()):
+        yield
+        return
+    os.environ.setdefault("OTEL_EXPORTER_OTLP_TIMEOUT", CLI_EXPORT_TIMEOUT_SECONDS)
+    if not telemetry.configure_tracing("cli"):  # OTEL_TRACES_EXPORTER=none: it warned, if need be
+        yield
+        return
+    trace_id = 0
+    try:
+        with telemetry.root_span(command_name(args)) as span:
+            trace_id = span.get_span_context().trace_id
+            yield
+    finally:
+        telemetry.flush()
+        if trace_id:  # to find it in `quarry traces` or a tracing backend
+            print(f"quarry: trace {trace_id:032x}", file=sys.stderr)
 
 
 def key_value(text: str) -> tuple[str, str]:
@@ -355,6 +469,18 @@ def common_options() -> argparse.ArgumentParser:
         help="machine-readable JSON output; a failure is one JSON object on stderr",
     )
     group.add_argument(
+        "--full",
+        action="store_true",
+        help="whole commit ids (default: their first 12 characters; --json: always whole)",
+    )
+    group.add_argument(
+        "--trace",
+        action="store_true",
+        help="trace this command: its spans and the services' form one trace, sent to "
+        "OTEL_EXPORTER_OTLP_ENDPOINT (default: `quarry traces` on this machine, "
+        f"{DEFAULT_ENDPOINT})",
+    )
+    group.add_argument(
         "--color",
         choices=style.WHEN,
         default="auto",
@@ -396,6 +522,8 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_INTERRUPTED",
     "CliError",
+    "UsageError",
+    "EXIT_USAGE",
     "Context",
     "command",
     "fail",

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 
+from quarry import errors
 from quarry.cli import output
-from quarry.cli.base import Context, Subparsers, command, group, leaf
+from quarry.cli.base import Context, Subparsers, command, confirm, group, leaf
 from quarry.v1 import types_pb2
 
 
@@ -45,7 +46,7 @@ def branch_show(args: argparse.Namespace, ctx: Context) -> None:
         return
     rows = [
         ("name", branch.name),
-        ("commit", branch.commit_id or "-"),
+        ("commit", output.short_id(branch.commit_id)),
         ("uncommitted changes", _dirty_text(branch)),
         ("staging token", branch.staging_token or "-"),
         ("sealed tokens", ", ".join(branch.sealed_tokens) or "-"),
@@ -55,8 +56,37 @@ def branch_show(args: argparse.Namespace, ctx: Context) -> None:
     output.fields(rows)
 
 
+def _unsaved_work(ctx: Context, repo: str, name: str) -> list[str]:
+    """What deleting branch `name` would lose: its staged changes, and commits the
+    repository's default branch does not have (a dry-run merge into it must answer
+    "already merged"; any other answer counts as unmerged)."""
+    from quarry.cli.merging import already_merged
+
+    client = ctx.client
+    branch = client.get_branch(repo, name)
+    lost = []
+    if not branch.HasField("dirty") or branch.dirty:
+        lost.append("uncommitted changes")
+    default = client.get_repository(repo).default_branch
+    if name != default:
+        try:
+            client.merge(repo, name, default, dry_run=True)
+            lost.append(f"commits not merged into {default}")
+        except errors.QuarryError as exc:
+            if not already_merged(exc):
+                lost.append(f"commits not merged into {default}")
+    return lost
+
+
 @command
 def branch_delete(args: argparse.Namespace, ctx: Context) -> None:
+    """Never deletes a branch holding uncommitted changes or commits its repository's
+    default branch does not have, unless --force (or "y" typed on a terminal): that work
+    would be lost. A branch fully merged and clean goes without asking, as `git branch -d`."""
+    if not args.force:
+        lost = _unsaved_work(ctx, args.repo, args.name)
+        if lost:
+            confirm(f"Branch {args.name!r} has {' and '.join(lost)}; delete it anyway?", "--force")
     ctx.client.delete_branch(args.repo, args.name)
     if ctx.json:
         output.print_json({"deleted": args.name})
@@ -80,6 +110,13 @@ def register_branch(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p = leaf(common, branch, "delete", branch_delete, "delete a branch")
     p.add_argument("repo", metavar="REPO")
     p.add_argument("name", metavar="NAME")
+    p.add_argument(
+        "--force",
+        "--yes",
+        "-y",
+        action="store_true",
+        help="delete even with uncommitted changes or commits the default branch lacks",
+    )
 
 
 # ---- reset and discard ---------------------------------------------------------------------

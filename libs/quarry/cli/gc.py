@@ -15,6 +15,7 @@ from quarry.cli.base import (
     CliError,
     Context,
     Subparsers,
+    UsageError,
     command,
     fail,
     group,
@@ -57,9 +58,7 @@ def gc_set_rules(args: argparse.Namespace, ctx: Context) -> int | None:
     from quarry.retention import RetentionRules
 
     if not (args.rules or args.retention_days is not None or args.branch_retention):
-        raise CliError(
-            "INVALID_ARGUMENT", "give --rules FILE, --retention-days or --branch-retention"
-        )
+        raise UsageError("give --rules FILE, --retention-days or --branch-retention")
     rules = _gc_rules(args, RetentionRules())
     ctx.client.set_gc_rules(args.repo, rules.default_retention_days, rules.branch_retention_days)
     _print_rules(ctx, args.repo, rules)
@@ -103,7 +102,7 @@ def gc_run(args: argparse.Namespace, ctx: Context) -> int | None:
     from quarry.spark.common import Connection
 
     if bool(args.repo) == bool(args.all):
-        raise CliError("INVALID_ARGUMENT", "give a repository or --all")
+        raise UsageError("give a repository or --all")
     now = None
     if args.now:
         try:

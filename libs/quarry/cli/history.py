@@ -6,7 +6,15 @@ import argparse
 import sys
 
 from quarry.cli import output, style
-from quarry.cli.base import CliError, Context, Subparsers, command, default_author, key_value, leaf
+from quarry.cli.base import (
+    Context,
+    Subparsers,
+    UsageError,
+    command,
+    default_author,
+    key_value,
+    leaf,
+)
 from quarry.v1 import types_pb2
 
 
@@ -54,7 +62,7 @@ def _print_commit(c: types_pb2.Commit, oneline: bool) -> None:
         first = c.message.splitlines()[0] if c.message else ""
         print(f"{style.commit_id(output.short_id(c.id))} {first}")
         return
-    print(style.commit_id(f"commit {c.id}"))
+    print(style.commit_id(f"commit {output.short_id(c.id)}"))
     if len(c.parents) > 1:
         print("Merge:  " + " ".join(output.short_id(p) for p in c.parents))
     print(f"Author: {c.committer or '-'}")
@@ -91,16 +99,13 @@ def diff(args: argparse.Namespace, ctx: Context) -> int | None:
     client = ctx.client
     if args.uncommitted:
         if args.right:
-            raise CliError(
-                "INVALID_ARGUMENT",
-                "diff --uncommitted takes one branch: quarry diff REPO BRANCH --uncommitted",
+            raise UsageError(
+                "diff --uncommitted takes one branch: quarry diff REPO BRANCH --uncommitted"
             )
         changes = client.iter_uncommitted(args.repo, args.left, prefix=args.prefix)
     else:
         if not args.right:
-            raise CliError(
-                "INVALID_ARGUMENT", "diff needs LEFT and RIGHT refs (or BRANCH --uncommitted)"
-            )
+            raise UsageError("diff needs LEFT and RIGHT refs (or BRANCH --uncommitted)")
         changes = client.iter_diff(
             args.repo, args.left, args.right, prefix=args.prefix, three_dot=args.three_dot
         )

@@ -4,6 +4,7 @@ One module per resource, each with its handlers and, beside each handler, the fu
 adds its parser (`COMMANDS`: command name -> registration):
 
     quarry.cli.services    up, serve, version, settings
+    quarry.cli.traces      traces (a local trace receiver)
     quarry.cli.transfer    export, import (the KV backend itself, services stopped)
     quarry.cli.repos       repo create | list | show | delete
     quarry.cli.branches    branch create | list | show | delete; reset; discard
@@ -56,6 +57,7 @@ from quarry.cli import (
     services,
     setup,
     tags,
+    traces,
     transfer,
 )
 
@@ -79,6 +81,7 @@ _REGISTRATIONS: dict[str, base.Registration] = {
         setup,
         auth,
         protect,
+        traces,
         completion,
     )
     for name, register in module.COMMANDS.items()
@@ -90,6 +93,7 @@ COMMAND_ORDER = (
     "serve",
     "version",
     "settings",
+    "traces",
     "export",
     "import",
     "repo",
@@ -183,6 +187,50 @@ class QuarryParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{usage}{self.prog}: error: {message}\n")
 
 
+# Help for the positional arguments commands share, by metavar (NAME: by its resource). A
+# command's own `help=` wins; tests/unit/test_cli_parser.py checks every positional has help.
+_REF_HELP = (
+    "a branch, tag or commit id (6+ hex characters), optionally with ~N / ^N; "
+    "HEAD or @ is the default branch"
+)
+POSITIONAL_HELP = {
+    "REPO": "the repository's name",
+    "BRANCH": "the branch's name",
+    "REF": _REF_HELP,
+    "SOURCE_REF": "what to merge: " + _REF_HELP,
+    "DEST_BRANCH": "the branch to merge into",
+    "LEFT|BRANCH": "the left side of the diff (a ref), or the branch with --uncommitted",
+    "RIGHT": "the right side of the diff (a ref)",
+    "PATH": "an object's path in the repository",
+    "PREFIX": "list only paths starting with this prefix",
+    "PATTERN": "a branch-name glob, e.g. main or release-*",
+    "USER": "the user's id",
+    "KEY": "the access key id",
+    "FILE": "the export file (JSON lines)",
+    "SERVICE": "the service to run",
+}
+_NAME_HELP = {
+    "repo": "the repository's name",
+    "branch": "the branch's name",
+    "tag": "the tag's name",
+    "policies": "the policy's name",
+}
+
+
+def _help_positionals(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> None:
+    """Give every positional argument without help its shared text (POSITIONAL_HELP)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                _help_positionals(sub, (*path, name))
+        elif not action.option_strings and not action.help:
+            key = str(action.metavar or action.dest).upper()
+            if key == "NAME":
+                action.help = next((_NAME_HELP[w] for w in path if w in _NAME_HELP), None)
+            else:
+                action.help = POSITIONAL_HELP.get(key)
+
+
 def build_parser() -> argparse.ArgumentParser:
     if set(COMMAND_ORDER) != set(_REGISTRATIONS):
         raise RuntimeError(
@@ -191,21 +239,70 @@ def build_parser() -> argparse.ArgumentParser:
         )
     parser = QuarryParser(
         prog="quarry",
-        description=__doc__.split("\n")[0] or "Quarry: version control for data-lake metadata",
+        description="Quarry: version control for data-lake metadata.",
+        epilog="The connection and output options (--branch-manager, --committer, --timeout, "
+        "--json, --full, --trace, --color) go before or after the command. "
+        "`quarry help COMMAND` shows a command's arguments.",
     )
     parser.add_argument("--version", action="version", version=VERSION_TEXT)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     common = base.common_options()
     for name in COMMAND_ORDER:
         _REGISTRATIONS[name](sub, common)
+    _help_positionals(parser)
     return parser
+
+
+def _global_flags() -> dict[str, bool]:
+    """The common options (base.common_options) by flag: whether each takes a value."""
+    return {
+        flag: action.nargs != 0
+        for action in base.common_options()._actions
+        for flag in action.option_strings
+    }
+
+
+def hoist_global_flags(argv: list[str]) -> list[str]:
+    """`quarry --branch-manager H:P repo list` as `quarry repo list --branch-manager H:P`:
+    the common options given before the command (git's habit) move after it (before a
+    `--`, which ends the options), where the command's parser takes them."""
+    flags = _global_flags()
+    leading: list[str] = []
+    i = 0
+    while i < len(argv):
+        name = argv[i].split("=", 1)[0]
+        if name not in flags:
+            break
+        takes_value = flags[name] and "=" not in argv[i]
+        leading.extend(argv[i : i + 2] if takes_value else argv[i : i + 1])
+        i += 2 if takes_value else 1
+    if not leading:
+        return argv
+    rest = argv[i:]
+    end = rest.index("--") if "--" in rest else len(rest)
+    return rest[:end] + leading + rest[end:]
+
+
+def _print_help(parser: argparse.ArgumentParser, words: list[str]) -> int:
+    """`quarry help [COMMAND [ACTION]]`: that parser's help on stdout."""
+    target = parser
+    for word in words:
+        commands = target._commands() if isinstance(target, QuarryParser) else {}
+        if word not in commands:
+            target.error(f"argument COMMAND: invalid choice: '{word}'")
+        target = commands[word]
+    target.print_help()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     completion.autocomplete(parser)
-    QuarryParser.argv = tuple(sys.argv[1:] if argv is None else argv)
+    argv = hoist_global_flags(list(sys.argv[1:] if argv is None else argv))
+    QuarryParser.argv = tuple(argv)
     QuarryParser.json_errors = "--json" in QuarryParser.argv
+    if not argv or argv[0] == "help":  # `quarry`, `quarry help [COMMAND]`: git's habits
+        return _print_help(parser, argv[1:])
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from quarry import errors
 from quarry.cli import output, style
 from quarry.cli.base import (
     EXIT_FAILURE,
@@ -15,24 +16,43 @@ from quarry.cli.base import (
     key_value,
     leaf,
 )
+from quarry.graveler.errors import NoChanges
 from quarry.graveler.model import MergeStrategy
 from quarry.v1 import types_pb2
 
 
+def already_merged(exc: errors.QuarryError) -> bool:
+    """Whether a merge was refused because the source is already in the destination's
+    history (NO_CHANGES naming the source), as opposed to other NO_CHANGES refusals."""
+    return exc.reason == NoChanges.reason and "source" in exc.metadata
+
+
 @command
 def merge(args: argparse.Namespace, ctx: Context) -> int | None:
-    response = ctx.client.merge(
-        args.repo,
-        args.source,
-        args.destination,
-        strategy=MergeStrategy.parse(args.strategy),
-        message=args.message or "",
-        committer=args.author or default_author(),
-        metadata=dict(args.meta or []),
-        squash=args.squash,
-        allow_empty=args.allow_empty,
-        dry_run=args.dry_run,
-    )
+    try:
+        response = ctx.client.merge(
+            args.repo,
+            args.source,
+            args.destination,
+            strategy=MergeStrategy.parse(args.strategy),
+            message=args.message or "",
+            committer=args.author or default_author(),
+            metadata=dict(args.meta or []),
+            squash=args.squash,
+            allow_empty=args.allow_empty,
+            dry_run=args.dry_run,
+        )
+    except errors.QuarryError as exc:
+        if not already_merged(exc):
+            raise
+        # As git: merging what is already merged is not a failure.
+        if ctx.json:
+            output.print_json(
+                {"up_to_date": True, "source": args.source, "destination": args.destination}
+            )
+        else:
+            print("Already up to date.")
+        return 0
     # A dry run that finds conflicts exits 1 (as `git merge` does on conflicts): scripts
     # can test it; the report is printed either way.
     code = EXIT_FAILURE if args.dry_run and response.conflicts else 0

@@ -10,7 +10,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from quarry.cli import output, style
-from quarry.cli.base import CliError, Context, Subparsers, command, key_value, leaf, progress_option
+from quarry.cli.base import (
+    CliError,
+    Context,
+    Subparsers,
+    UsageError,
+    command,
+    key_value,
+    leaf,
+    progress_option,
+)
 from quarry.cli.progress import human_bytes
 
 
@@ -20,10 +29,9 @@ def put(args: argparse.Namespace, ctx: Context) -> int | None:
     if args.source is not None:
         return _put_from(args, ctx, metadata)
     if not args.address:
-        raise CliError(
-            "INVALID_ARGUMENT",
+        raise UsageError(
             "put needs --address ADDR (an object already in "
-            "storage) or --from LOCAL_FILE_OR_DIR (upload)",
+            "storage) or --from LOCAL_FILE_OR_DIR (upload)"
         )
     entry = ctx.client.put_object(
         args.repo,
@@ -48,13 +56,13 @@ def _put_from(args: argparse.Namespace, ctx: Context, metadata: dict[str, str]) 
     from quarry.cli import upload
 
     if args.address:
-        raise CliError("INVALID_ARGUMENT", "--address and --from exclude each other")
+        raise UsageError("--address and --from exclude each other")
     source = Path(args.source)
     items = upload.plan(source, args.path)
     if not items:
         raise CliError("NOTHING_TO_UPLOAD", f"no files under {source}")
     if args.if_absent and len(items) != 1:
-        raise CliError("INVALID_ARGUMENT", "--if-absent applies to a single file")
+        raise UsageError("--if-absent applies to a single file")
     client = ctx.client
     repo = client.get_repository(args.repo)
     # Fail on a missing branch before any bytes move.
@@ -147,7 +155,7 @@ def rm(args: argparse.Namespace, ctx: Context) -> int | None:
     client = ctx.client
     paths = list(args.paths)
     if args.recursive is None and not paths:
-        raise CliError("INVALID_ARGUMENT", "name the paths to remove, or --recursive PREFIX")
+        raise UsageError("name the paths to remove, or --recursive PREFIX")
     if args.recursive is not None:
         with ctx.progress("listing", unit="objects") as bar:
             for entry in client.iter_objects(args.repo, args.branch, prefix=args.recursive):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
@@ -39,15 +40,28 @@ def _value(field: descriptor.FieldDescriptor, value: Any) -> Any:
         return to_jsonable(value)
     if field.type == _FD.TYPE_ENUM:
         enum_value = field.enum_type.values_by_number.get(value)
-        return enum_value.name if enum_value is not None else value
+        return enum_word(field.enum_type, enum_value.name) if enum_value is not None else value
     if field.type == _FD.TYPE_BYTES:
         return value.hex()
     return value  # ints stay ints (unlike the proto3 JSON mapping's int64 strings)
 
 
+def _upper_snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper()
+
+
+def enum_word(enum_type: descriptor.EnumDescriptor, name: str) -> str:
+    """An enum value in the CLI's words: CHANGE_TYPE_ADDED -> added,
+    BRANCH_PROTECTION_BLOCKED_ACTION_STAGING_WRITE -> staging-write (the protos' values
+    carry their enum's name as a prefix, which buf lint enforces)."""
+    prefix = _upper_snake(enum_type.name) + "_"
+    return name.removeprefix(prefix).lower().replace("_", "-")
+
+
 def to_jsonable(message: Message) -> dict[str, Any]:
     """Every field of a message (defaults included) as JSON-ready Python values,
-    snake_case names, int64 as numbers, timestamps as RFC 3339 strings (null when unset)."""
+    snake_case names, int64 as numbers, timestamps as RFC 3339 strings (null when unset),
+    enum values in the CLI's words (enum_word: `added`, `staging-write`)."""
     out: dict[str, Any] = {}
     for field in message.DESCRIPTOR.fields:
         value = getattr(message, field.name)
@@ -115,8 +129,17 @@ def metadata_text(metadata: Mapping[str, str]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(dict(metadata).items())) or "-"
 
 
-def short_id(commit_id: str, n: int = 12) -> str:
-    return commit_id[:n] if commit_id else "-"
+SHORT_ID_LENGTH = 12
+# Set from --full by the command wrapper (quarry.cli.base.command) for the whole run.
+full_ids = False
+
+
+def short_id(commit_id: str) -> str:
+    """A commit id as the CLI shows it, everywhere: its first SHORT_ID_LENGTH characters
+    (unique in practice, as git's), the whole id under --full. JSON always has whole ids."""
+    if not commit_id:
+        return "-"
+    return commit_id if full_ids else commit_id[:SHORT_ID_LENGTH]
 
 
 CHANGE_MARKS = {

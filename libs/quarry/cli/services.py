@@ -334,9 +334,64 @@ def cmd_settings(args: argparse.Namespace) -> int:
     return 0
 
 
+TRACES_FILE = "traces.jsonl"
+
+
+def cmd_up_with_traces(args: argparse.Namespace) -> int:
+    """`quarry up`, with `--traces`: a trace receiver (quarry.cli.traces) in this process,
+    the services exporting to it; each trace printed as a tree among the services' output
+    and appended to $QUARRY_HOME/traces.jsonl."""
+    if not args.traces:
+        return cmd_up(args)
+    from quarry.cli.traces import serving_traces
+    from quarry.telemetry import DEFAULT_SETTLE_SECONDS
+
+    settings = load_settings()
+    jsonl = Path(settings.home).resolve() / TRACES_FILE
+    with contextlib.ExitStack() as stack:
+        try:
+            receiver = stack.enter_context(
+                serving_traces(
+                    settings.listen_host,
+                    args.traces_port,
+                    sys.stdout,
+                    jsonl,
+                    DEFAULT_SETTLE_SECONDS,
+                )
+            )
+        except RuntimeError:  # gRPC could not bind: the port is taken
+            print(
+                f"quarry up: cannot receive traces on port {args.traces_port} (address in "
+                "use?); choose another with --traces-port",
+                file=sys.stderr,
+            )
+            return 1
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
+        os.environ.setdefault("OTEL_BSP_SCHEDULE_DELAY", "200")  # spans within 0.2 s
+        print(f"  traces: {receiver.endpoint} (OTLP/gRPC), printed here and written to {jsonl}")
+        print(
+            f"          trace a command: OTEL_EXPORTER_OTLP_ENDPOINT={receiver.endpoint} "
+            "quarry --trace ..."
+        )
+        return cmd_up(args)
+
+
 def register_up(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     up = sub.add_parser("up", help="start every service on the embedded defaults")
-    up.set_defaults(func=cmd_up)
+    up.add_argument(
+        "--traces",
+        action="store_true",
+        help=f"receive the services' traces: print each as a tree and append it to "
+        f"$QUARRY_HOME/{TRACES_FILE}",
+    )
+    up.add_argument(
+        "--traces-port",
+        type=int,
+        default=4317,
+        metavar="PORT",
+        help="with --traces: the receiver's port (default: 4317, where `quarry --trace` sends)",
+    )
+    up.set_defaults(func=cmd_up_with_traces)
 
 
 def register_serve(sub: Subparsers, common: argparse.ArgumentParser) -> None:

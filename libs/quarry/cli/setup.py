@@ -119,9 +119,19 @@ def cmd_setup(args: argparse.Namespace, ctx: Context) -> None:
 def register_setup(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     text = "create the first admin user and store its credentials in QUARRY_HOME"
     parser = sub.add_parser("setup", help=text, description=text, parents=[common])
-    parser.add_argument("--user-id", default="admin", metavar="USER")
-    parser.add_argument("--access-key-id", metavar="KEY", help="choose the key id (with --secret)")
-    parser.add_argument("--secret-access-key", metavar="SECRET", help="choose the secret")
+    parser.add_argument(
+        "--user-id", default="admin", metavar="USER", help="the admin's user id (default: admin)"
+    )
+    parser.add_argument(
+        "--access-key-id",
+        metavar="KEY",
+        help="choose the access key id (with --secret-access-key; default: a new random one)",
+    )
+    parser.add_argument(
+        "--secret-access-key",
+        metavar="SECRET",
+        help="choose the secret (with --access-key-id; default: a new random one)",
+    )
     parser.set_defaults(func=cmd_setup)
 
 

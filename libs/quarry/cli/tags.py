@@ -23,7 +23,7 @@ def tag_list(args: argparse.Namespace, ctx: Context) -> None:
     if ctx.json:
         output.print_json(tags)
         return
-    output.table(["NAME", "COMMIT"], [(t.name, t.commit_id) for t in tags])
+    output.table(["NAME", "COMMIT"], [(t.name, output.short_id(t.commit_id)) for t in tags])
 
 
 @command
@@ -32,7 +32,7 @@ def tag_show(args: argparse.Namespace, ctx: Context) -> None:
     if ctx.json:
         output.print_json(tag)
         return
-    output.fields([("name", tag.name), ("commit", tag.commit_id)])
+    output.fields([("name", tag.name), ("commit", output.short_id(tag.commit_id))])
 
 
 @command

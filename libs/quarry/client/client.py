@@ -41,7 +41,9 @@ QUARRY_SECRET_ACCESS_KEY, else $QUARRY_HOME/credentials.json), the client logs i
 (Auth/Login on the branch-manager) before its first call and sends
 `authorization: Bearer <token>` on every call of every channel it opens, renewing the token
 before it expires (quarry.client.session). With none at all it sends no header: a server
-with auth on answers UNAUTHENTICATED, one with auth off as before.
+with auth on answers UNAUTHENTICATED, one with auth off as before. With `token_cache=` (quarry.client.token_cache.TokenCache; the CLI
+passes its QUARRY_HOME's) the token is kept between processes: one Login per token
+lifetime instead of one per process.
 
 Transport: channels opened on addresses use TLS as `security=` says
 (quarry.runtime.tls.ChannelSecurity; `Client.from_settings` passes the settings'), else as
@@ -74,6 +76,7 @@ from quarry.client.entries import (
 )
 from quarry.client.retry import RetryPolicy
 from quarry.client.session import BearerTokenInterceptor, TokenSource, TokenStub, login_over
+from quarry.client.token_cache import TokenCache
 
 # Client dials through this name (tests reach it as quarry.client.client.open_channel).
 from quarry.runtime.channels import open_channel
@@ -123,6 +126,7 @@ class Client(BranchManagerCalls, CommitterCalls, AuthCalls):
         credentials: Credentials | None = None,
         token: str | None = None,
         security: ChannelSecurity | None = None,
+        token_cache: TokenCache | None = None,
     ) -> None:
         self.retry = retry if retry is not None else RetryPolicy()
         self.timeout = timeout
@@ -148,7 +152,13 @@ class Client(BranchManagerCalls, CommitterCalls, AuthCalls):
             credentials = load_credentials()
         bm_plain = plain_channel(branch_manager)
         # Login (open) goes over the plain channel; every other call through the interceptor.
-        source = TokenSource(login_over(bm_plain, timeout), credentials, token)
+        source = TokenSource(
+            login_over(bm_plain, timeout),
+            credentials,
+            token,
+            cache=token_cache,
+            endpoint=branch_manager if isinstance(branch_manager, str) else "",
+        )
         self._token_source: TokenSource | None = source if source.active else None
         interceptor = BearerTokenInterceptor(source) if source.active else None
         intercepted: dict[int, grpc.Channel] = {}

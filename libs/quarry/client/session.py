@@ -7,7 +7,9 @@ Refresh: before a call, when the token expires within REFRESH_MARGIN_SECONDS; an
 after a unary call the server refused with UNAUTHENTICATED / TOKEN_EXPIRED (clock skew, a
 server-side lifetime shorter than ours), which is then retried once with the new token.
 Any other UNAUTHENTICATED (revoked credential, deleted user, wrong signature...) is final:
-logging in again would not help, or would hide the revocation. Streaming calls carry the
+logging in again would not help, or would hide the revocation — except for a token taken from
+the token cache (quarry.client.token_cache, the CLI's): it is dropped and the client logs in
+once, so Login, not a stale token, answers for the credentials. Streaming calls carry the
 token too; one refused as expired is not replayed here (its request stream is consumed),
 but the next call logs in again.
 
@@ -29,6 +31,7 @@ import grpc
 from quarry import errors
 from quarry.auth import errors as auth_errors
 from quarry.client.credentials import ACCESS_KEY_ENV, SECRET_KEY_ENV, Credentials
+from quarry.client.token_cache import TokenCache
 from quarry.runtime.errors import from_rpc_error
 
 AUTHORIZATION_HEADER = "authorization"
@@ -55,14 +58,18 @@ class TokenSource:
     credentials, renewed when it is about to expire. Thread-safe; logs in at most once at a
     time."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 — the login, what it logs in with, and the cache
         self,
         login: Login,
         credentials: Credentials | None = None,
         token: str | None = None,
         clock: Callable[[], float] = time.time,
         margin: float = REFRESH_MARGIN_SECONDS,
+        cache: TokenCache | None = None,
+        endpoint: str = "",
     ) -> None:
+        """`cache`: tokens kept between processes (the CLI's), filed under `endpoint` (where
+        Login goes) and the credentials' access key id."""
         self._login = login
         self._credentials = credentials
         self._token = token or ""
@@ -71,6 +78,10 @@ class TokenSource:
         self._clock = clock
         self._margin = margin
         self._lock = threading.Lock()
+        self._cache = cache if credentials is not None and endpoint else None
+        self._endpoint = endpoint
+        self._from_cache = ""  # the token in use, when it came from the cache
+        self._refused: set[str] = set()  # cached tokens a server refused
 
     @property
     def active(self) -> bool:
@@ -88,15 +99,45 @@ class TokenSource:
                 if not self._token:
                     raise NoCredentials(f"no credentials: {HOW_TO_GET_CREDENTIALS}")
             elif not self._expires_at or self._expires_at - self._clock() < self._margin:
-                self._token, self._expires_at = self._login(self._credentials)
+                self._renew(self._credentials)
             return self._token  # "" only when the server has no Auth service (auth off)
+
+    def _renew(self, credentials: Credentials) -> None:
+        """A token from the cache if it holds a good one, else from Login (then cached)."""
+        key_id = credentials.access_key_id
+        if self._cache is not None:
+            cached = self._cache.lookup(self._endpoint, key_id, self._margin)
+            if cached is not None and cached[0] not in self._refused:
+                (self._token, self._expires_at), self._from_cache = cached, cached[0]
+                return
+        self._token, self._expires_at = self._login(credentials)
+        self._from_cache = ""
+        if self._cache is not None and self._token:
+            self._cache.store(self._endpoint, key_id, self._token, self._expires_at)
+
+    def refused(self, token: str, reason: str) -> bool:
+        """A call with `token` was refused as UNAUTHENTICATED with `reason`: whether to log in
+        again and retry it once. Yes for an expired token; for a token from the cache, for
+        any reason (a restarted server with a new signing key, a revoked session: the cached
+        token goes, and Login then answers for the credentials themselves). Any other
+        refusal is final."""
+        if self._credentials is None:
+            return False
+        with self._lock:
+            from_cache = bool(token) and token == self._from_cache
+            if reason != TOKEN_EXPIRED and not from_cache:
+                return False
+            if from_cache and self._cache is not None:
+                self._cache.drop(self._endpoint, self._credentials.access_key_id)
+                self._refused.add(token)  # never taken from the cache again
+            if self._token == token:  # else another thread already renewed it
+                self._token, self._expires_at, self._from_cache = "", 0.0, ""
+            return True
 
     def expired(self, token: str) -> None:
         """The server said `token` expired: log in again on the next call (unless another
         thread already did)."""
-        with self._lock:
-            if self._credentials is not None and self._token == token:
-                self._token, self._expires_at = "", 0.0
+        self.refused(token, TOKEN_EXPIRED)
 
 
 class _CallDetails(
@@ -128,17 +169,18 @@ def _with_token(details: grpc.ClientCallDetails, token: str) -> grpc.ClientCallD
     )
 
 
-def _refused_as_expired(outcome: Any) -> bool:
-    """Whether a finished unary call failed with UNAUTHENTICATED / TOKEN_EXPIRED."""
+def _refusal(outcome: Any) -> str | None:
+    """The ErrorInfo reason of a finished unary call that failed with UNAUTHENTICATED,
+    else None."""
     try:
         if outcome.code() != grpc.StatusCode.UNAUTHENTICATED:
-            return False
+            return None
         error = outcome.exception()
     except grpc.RpcError as raised:  # some call objects raise instead of answering
         error = raised
-    if error is None or error.code() != grpc.StatusCode.UNAUTHENTICATED:
-        return False
-    return from_rpc_error(error).reason == TOKEN_EXPIRED
+    if error is None:
+        return None
+    return _error_refusal(error)
 
 
 class BearerTokenInterceptor(
@@ -157,8 +199,8 @@ class BearerTokenInterceptor(
     ) -> Any:
         token = self._source.token()
         outcome = continuation(_with_token(client_call_details, token), request)
-        if self._source.can_refresh and _refused_as_expired(outcome):
-            self._source.expired(token)
+        reason = _refusal(outcome) if self._source.can_refresh else None
+        if reason is not None and self._source.refused(token, reason):
             outcome = continuation(_with_token(client_call_details, self._source.token()), request)
         return outcome
 
@@ -172,8 +214,9 @@ class BearerTokenInterceptor(
     ) -> Any:
         token = self._source.token()
         outcome = continuation(_with_token(client_call_details, token), request_iterator)
-        if self._source.can_refresh and _refused_as_expired(outcome):
-            self._source.expired(token)  # not replayed: the request stream is consumed
+        reason = _refusal(outcome) if self._source.can_refresh else None
+        if reason is not None:
+            self._source.refused(token, reason)  # not replayed: the request stream is consumed
         return outcome
 
     def intercept_stream_stream(
@@ -237,20 +280,20 @@ class _TokenUnary:
                 request, timeout=timeout, metadata=self._with_token(token, metadata)
             )
         except grpc.RpcError as error:
-            if not (self._source.can_refresh and _expired_error(error)):
+            reason = _error_refusal(error) if self._source.can_refresh else None
+            if reason is None or not self._source.refused(token, reason):
                 raise
-            self._source.expired(token)
         return self._method(
             request, timeout=timeout, metadata=self._with_token(self._source.token(), metadata)
         )
 
 
-def _expired_error(error: grpc.RpcError) -> bool:
-    """Whether a failed call was refused with UNAUTHENTICATED / TOKEN_EXPIRED."""
+def _error_refusal(error: grpc.RpcError) -> str | None:
+    """The ErrorInfo reason of a call refused with UNAUTHENTICATED, else None."""
     code = getattr(error, "code", None)
     if code is None or code() != grpc.StatusCode.UNAUTHENTICATED:
-        return False
-    return from_rpc_error(error).reason == TOKEN_EXPIRED
+        return None
+    return from_rpc_error(error).reason
 
 
 def login_over(channel: grpc.Channel, timeout: float | None) -> Login:

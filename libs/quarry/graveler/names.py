@@ -48,6 +48,12 @@ def _check_ref_name(name: str, kind: str) -> str:
             f"invalid {kind} name {name!r}: {REF_RULE} (no '..', not ending in '.')",
             metadata={"kind": kind},
         )
+    if name == "HEAD":
+        # In a ref, HEAD names the repository's default branch (graveler.resolution).
+        raise gerrors.InvalidName(
+            f"invalid {kind} name {name!r}: HEAD names the repository's default branch",
+            metadata={"kind": kind},
+        )
     if re.fullmatch(r"[0-9a-f]{6,64}", name):
         # Would be indistinguishable from a commit id prefix in a ref.
         raise gerrors.InvalidName(

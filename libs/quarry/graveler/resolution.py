@@ -26,6 +26,16 @@ MIN_COMMIT_PREFIX = 6
 _MODIFIER = re.compile(r"([~^])(\d*)")
 
 
+HEAD = "HEAD"  # in a ref: the repository's default branch (resolve); never a branch or tag name
+
+
+def head_alias(ref: str) -> str:
+    """`@` alone (or `@~N`, `@^N`) is git's short form of HEAD."""
+    if ref == "@" or ref.startswith(("@~", "@^")):
+        return HEAD + ref[1:]
+    return ref
+
+
 @dataclass(frozen=True)
 class ParsedRef:
     base: str
@@ -93,8 +103,12 @@ class RefResolution:
 
     def resolve(self, repo: Repository, ref: str) -> ResolvedRef:
         """branch (with uncommitted changes), branch@, tag, full or 6+ hex prefix commit id,
-        each optionally followed by ~N / ^N. Precedence: branch, tag, commit."""
-        parsed = parse_ref(ref)
+        each optionally followed by ~N / ^N. Precedence: branch, tag, commit. `HEAD` (and
+        `@`, git's short form) names the repository's default branch: quarry has no
+        checked-out branch, and the default branch is where work lands by default."""
+        parsed = parse_ref(head_alias(ref))
+        if parsed.base == HEAD:
+            parsed = ParsedRef(repo.default_branch, parsed.modifiers, parsed.committed_only)
         branch_name = None
         record = predicate = None
         commit_id = None

@@ -534,7 +534,7 @@ def serve(
     configure_logging(service, settings.log_level, settings.log_format)
     # Before the spec builds its outgoing channels and background loops (the channels would
     # trace anyway: they decide per call; see quarry.telemetry).
-    telemetry.configure_tracing(service)
+    telemetry.configure_tracing(service, warn_when_off=False)  # off is a service's default
     stop_requested = threading.Event()
     # Started by `quarry up`: stop, as on SIGTERM, once it is gone (even killed outright).
     watch_lifeline(stop_requested.set)

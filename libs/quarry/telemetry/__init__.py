@@ -12,6 +12,7 @@ run under `background()` and emit no spans.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import threading
@@ -31,6 +32,13 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+# Where a local receiver listens (`quarry traces`, quarry.telemetry.receiver): OTLP/gRPC's
+# registered port, the exporters' default endpoint.
+DEFAULT_PORT = 4317
+DEFAULT_ENDPOINT = f"http://127.0.0.1:{DEFAULT_PORT}"
+# A received trace is complete once its root arrived and nothing more for this long.
+DEFAULT_SETTLE_SECONDS = 2.0
 
 _lock = threading.Lock()
 _configured = False
@@ -70,12 +78,28 @@ def tracing_requested(env: Mapping[str, str] = os.environ) -> bool:
     return True
 
 
-def configure_tracing(service: str, env: Mapping[str, str] = os.environ) -> bool:
-    """Install a global TracerProvider if the OTEL_* variables ask for one. Idempotent."""
+NOT_CONFIGURED = (
+    "tracing is not configured, no spans will be exported: set OTEL_EXPORTER_OTLP_ENDPOINT "
+    f"(e.g. {DEFAULT_ENDPOINT}, where `quarry traces` listens) or OTEL_TRACES_EXPORTER=console"
+)
+
+
+def configure_tracing(
+    service: str, env: Mapping[str, str] = os.environ, warn_when_off: bool = True
+) -> bool:
+    """Install a global TracerProvider if the OTEL_* variables ask for one. Idempotent.
+    When they do not (and OTEL_TRACES_EXPORTER is not an explicit `none`), a caller that
+    asked for tracing gets a warning saying how to turn it on, not silence; services, for
+    which off is the default, pass warn_when_off=False."""
     global _configured
     with _lock:
-        if _configured or not tracing_requested(env):
-            return _configured
+        if _configured:
+            return True
+        if not tracing_requested(env):
+            explicitly_off = env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none"
+            if warn_when_off and not explicitly_off:
+                logging.getLogger(__name__).warning("quarry: warning: %s", NOT_CONFIGURED)
+            return False
         name = env.get("OTEL_SERVICE_NAME") or f"quarry-{service}"
         provider = _provider(name)
         exporters = env.get("OTEL_TRACES_EXPORTER", "otlp").lower().split(",")
@@ -113,7 +137,7 @@ def enable_propagation(service: str, env: Mapping[str, str] = os.environ) -> Non
     spans only if the OTEL_* variables ask for it. For processes that join a trace started
     elsewhere (Spark executors): without a provider there would be no context to send."""
     global _configured
-    if configure_tracing(service, env):
+    if configure_tracing(service, env, warn_when_off=False):
         return
     with _lock:
         if _configured:
@@ -121,6 +145,14 @@ def enable_propagation(service: str, env: Mapping[str, str] = os.environ) -> Non
         if not isinstance(trace.get_tracer_provider(), TracerProvider):
             trace.set_tracer_provider(_provider(f"quarry-{service}"))
         _configured = True
+
+
+def flush(timeout_millis: int = 5000) -> bool:
+    """Export the spans still batched (before a short-lived process exits). Safe whether or
+    not tracing was configured: OpenTelemetry's default ProxyTracerProvider has no
+    force_flush (AttributeError), so call this rather than the provider's."""
+    force_flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    return bool(force_flush(timeout_millis)) if force_flush is not None else True
 
 
 def tracer(name: str = "quarry") -> trace.Tracer:
@@ -175,8 +207,10 @@ def root_span(name: str, attributes: Mapping[str, str] | None = None) -> Any:
 # on, through OpenTelemetry's interceptor, built on first use. Whether a call is traced thus
 # never depends on whether tracing was configured before or after the channel was made.
 
-# Not traced on the server: probes (readiness, kubelet) and grpcurl's reflection.
-_UNTRACED_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+# Infrastructure, not users' requests: probes (readiness, kubelet) and grpcurl's reflection.
+# Not traced on the server, and not counted in quarry_rpc_requests_total (telemetry.metrics):
+# a kubelet's probes would otherwise outnumber a quiet service's real calls.
+INFRASTRUCTURE_METHOD_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 
 class _TracingServerSwitch(grpc.ServerInterceptor):
@@ -188,7 +222,9 @@ class _TracingServerSwitch(grpc.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
-        if not _configured or handler_call_details.method.startswith(_UNTRACED_PREFIXES):
+        if not _configured or handler_call_details.method.startswith(
+            INFRASTRUCTURE_METHOD_PREFIXES
+        ):
             return continuation(handler_call_details)
         otel = self._otel
         if otel is None:

@@ -27,6 +27,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, s
 from prometheus_client.registry import Collector
 
 from quarry.runtime.handlers import wrap_behavior
+from quarry.telemetry import INFRASTRUCTURE_METHOD_PREFIXES
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ RPC_DURATION = Histogram(
 
 
 class RpcMetrics(grpc.ServerInterceptor):
-    """Counts and times every call (the outermost interceptor, so refusals by the others are
+    """Counts and times every call but health checks and reflection (the outermost interceptor, so refusals by the others are
     counted with their codes). Per call: two clock reads and two cached-child updates."""
 
     def __init__(self, service: str) -> None:
@@ -133,6 +134,8 @@ class RpcMetrics(grpc.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method
+        if method.startswith(INFRASTRUCTURE_METHOD_PREFIXES):
+            return handler  # health probes and reflection: not users' calls
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]

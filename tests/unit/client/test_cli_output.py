@@ -83,7 +83,7 @@ def test_json_keeps_int64_numbers_and_timestamps():
     branch = output.to_jsonable(types_pb2.Branch(name="b"))
     assert branch["dirty"] is None and branch["sealed_tokens"] == []
     change = output.to_jsonable(types_pb2.Change(type=types_pb2.CHANGE_TYPE_REMOVED, path="x"))
-    assert change == {"type": "CHANGE_TYPE_REMOVED", "path": "x", "entry": None}
+    assert change == {"type": "removed", "path": "x", "entry": None}
     assert output.timestamp_text(entry.mtime) == "2024-05-01T12:00:00Z"
 
 

@@ -219,3 +219,63 @@ def test_spark_executors_log_in_with_the_drivers_credentials(scripted, monkeypat
             common._clients.clear()
         client.close()
     assert scripted.seen == ["Bearer token-1"] and scripted.logins == 1
+
+
+# ---- the token cache (the CLI's, between processes) ----------------------------------------
+
+
+def test_a_cached_token_is_reused_by_the_next_process_until_near_expiry(tmp_path):
+    from quarry.client.token_cache import TokenCache
+
+    now = [1000.0]
+    logins = Logins(lambda: now[0], lifetime=3600)
+
+    def process() -> TokenSource:  # a new CLI run: a new source over the same file
+        cache = TokenCache(tmp_path, clock=lambda: now[0])
+        return TokenSource(logins, CREDS, clock=lambda: now[0], cache=cache, endpoint="bm:1")
+
+    assert process().token() == "token-1"
+    assert process().token() == "token-1" and logins.count == 1
+    now[0] += 3600 - 59  # within the margin: the next process logs in
+    assert process().token() == "token-2" and logins.count == 2
+
+
+def test_a_cached_token_never_goes_to_another_endpoint_or_key(tmp_path):
+    """Safety rule: a token is only sent where, and for whom, it was obtained."""
+    from quarry.client.token_cache import TokenCache
+
+    logins = Logins(lambda: 0.0, lifetime=3600)
+    cache = TokenCache(tmp_path, clock=lambda: 0.0)
+    assert TokenSource(logins, CREDS, clock=lambda: 0.0, cache=cache, endpoint="bm:1").token()
+    other = TokenSource(logins, CREDS, clock=lambda: 0.0, cache=cache, endpoint="bm:2")
+    assert other.token() == "token-2"
+    someone = Credentials("AKIAQOTHER", "another-secret")
+    assert cache.lookup("bm:1", someone.access_key_id, 60) is None
+    assert cache.lookup("bm:1", CREDS.access_key_id, 60) == ("token-1", 3600.0)
+
+
+def test_a_refused_cached_token_is_dropped_once_and_a_fresh_one_is_final(tmp_path):
+    from quarry.client.token_cache import TokenCache
+
+    logins = Logins(lambda: 0.0, lifetime=3600)
+    cache = TokenCache(tmp_path, clock=lambda: 0.0)
+    TokenSource(logins, CREDS, clock=lambda: 0.0, cache=cache, endpoint="bm:1").token()
+    source = TokenSource(logins, CREDS, clock=lambda: 0.0, cache=cache, endpoint="bm:1")
+    cached = source.token()
+    assert cached == "token-1"
+    assert source.refused(cached, "TOKEN_INVALID")  # from the cache: log in again
+    assert cache.lookup("bm:1", CREDS.access_key_id, 60) is None
+    fresh = source.token()
+    assert fresh == "token-2"
+    assert not source.refused(fresh, "TOKEN_INVALID")  # a fresh token's refusal is final
+
+
+def test_the_token_file_is_private_and_a_broken_one_is_ignored(tmp_path):
+    from quarry.client.token_cache import TokenCache
+
+    cache = TokenCache(tmp_path, clock=lambda: 0.0)
+    (tmp_path / "tokens.json").write_text("{not json")
+    assert cache.lookup("bm:1", "AKIA", 60) is None
+    cache.store("bm:1", "AKIA", "t", 3600.0)
+    assert (tmp_path / "tokens.json").stat().st_mode & 0o777 == 0o600
+    assert cache.lookup("bm:1", "AKIA", 60) == ("t", 3600.0)

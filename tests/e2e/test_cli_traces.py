@@ -1,0 +1,213 @@
+"""Traces one command away (issue 25): `quarry up --traces` runs a trace receiver and the
+services export to it; `quarry ... --trace` makes the command the root of its trace; the
+trace is printed as a tree with durations and written to $QUARRY_HOME/traces.jsonl. All as
+users run it: real processes, the real OTLP exporters."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+from quarry.cli.main import SERVICE_MODULES
+from support.processes import VENV_BIN, free_port, quarry_env
+from support.wait import wait_until
+
+
+def _drain(child: subprocess.Popen, lines: list[str]) -> None:
+    for line in child.stdout:
+        lines.append(line)
+
+
+def test_a_cli_commit_with_trace_on_is_one_trace_rooted_at_the_cli(tmp_path):
+    ports = {name: free_port() for name in SERVICE_MODULES}
+    traces_port = free_port()
+    home = tmp_path / "home"
+    env = quarry_env(
+        home,
+        **{
+            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
+            for name, p in ports.items()
+            for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
+        },
+    )
+    child = subprocess.Popen(
+        [str(VENV_BIN / "quarry"), "up", "--traces", "--traces-port", str(traces_port)],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out: list[str] = []
+    threading.Thread(target=_drain, args=(child, out), daemon=True).start()
+    try:
+        wait_until(lambda: "Press Ctrl-C" in "".join(out), timeout=60, what="quarry up's banner")
+        endpoint = f"http://127.0.0.1:{traces_port}"
+        assert f"traces: {endpoint}" in "".join(out)
+
+        def quarry(*args: str, **extra: str) -> subprocess.CompletedProcess:
+            result = subprocess.run(
+                [str(VENV_BIN / "quarry"), *args],
+                env={**env, **extra},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert result.returncode == 0, (args, result.stdout, result.stderr)
+            return result
+
+        source = tmp_path / "data.csv"
+        source.write_text("a,b\n1,2\n")
+        quarry("repo", "create", "demo", str(tmp_path / "lake"))
+        quarry("put", "demo", "main", "t/data.csv", "--from", str(source))
+        committed = quarry(
+            "commit",
+            "demo",
+            "main",
+            "-m",
+            "traced",
+            "--trace",
+            OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+        )
+        assert "warning" not in committed.stderr
+
+        jsonl = home / "traces.jsonl"
+
+        def cli_traces() -> list[dict]:
+            if not jsonl.exists():
+                return []
+            traces = [json.loads(line) for line in jsonl.read_text().splitlines()]
+            return [t for t in traces if any(s["service"] == "quarry-cli" for s in t["spans"])]
+
+        wait_until(lambda: cli_traces(), timeout=30, what="the CLI's trace in traces.jsonl")
+        (trace,) = cli_traces()  # ONE trace
+        assert f"quarry: trace {trace['trace_id']}" in committed.stderr
+        spans = trace["spans"]
+        roots = [s for s in spans if not s["parent_id"]]
+        assert [(r["service"], r["name"]) for r in roots] == [("quarry-cli", "quarry commit")]
+        ids = {s["span_id"] for s in spans}
+        assert all(s["parent_id"] in ids for s in spans if s["parent_id"]), spans
+        services = {s["service"] for s in spans}
+        assert {"quarry-committer", "quarry-range-writer", "quarry-kv-gateway"} <= services
+        assert all(s["duration_ms"] >= 0 for s in spans)
+        # Printed as a tree, the command at the top, durations on every line.
+        wait_until(
+            lambda: "quarry-cli: quarry commit (INTERNAL)" in "".join(out),
+            timeout=10,
+            what="the printed tree",
+        )
+        printed = "".join(out).split(f"trace {trace['trace_id']}\n", 1)[1].split("\n\n", 1)[0]
+        assert printed.splitlines()[0].startswith("quarry-cli: quarry commit (INTERNAL)")
+        assert all(
+            line.rstrip().endswith(" ms") or "[events" in line for line in printed.splitlines()
+        )
+        assert any(line.startswith("    quarry-committer: ") for line in printed.splitlines())
+    finally:
+        child.send_signal(signal.SIGINT)
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def test_a_client_asking_for_tracing_without_a_collector_is_told(tmp_path):
+    """configure_tracing() without OTEL_* is not silent, and flush() is safe without it."""
+    script = (
+        "from quarry import telemetry\n"
+        "assert telemetry.configure_tracing('my-job') is False\n"
+        "assert telemetry.flush() is True\n"
+    )
+    env = quarry_env(tmp_path)
+    ran = subprocess.run(
+        [str(VENV_BIN / "python"), "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "tracing is not configured" in ran.stderr
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in ran.stderr
+    quiet = subprocess.run(
+        [str(VENV_BIN / "python"), "-c", script],
+        env={**env, "OTEL_TRACES_EXPORTER": "none"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_quarry_traces_prints_a_received_trace_as_a_tree(tmp_path):
+    """`quarry traces` alone, fed by a traced Python client with the real OTLP exporter."""
+    port = free_port()
+    env = quarry_env(tmp_path)
+    output = tmp_path / "t.jsonl"
+    child = subprocess.Popen(
+        [
+            str(VENV_BIN / "quarry"),
+            "traces",
+            "--port",
+            str(port),
+            "--output",
+            str(output),
+            "--settle",
+            "0.5",
+        ],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+    )
+    out: list[str] = []
+    threading.Thread(target=_drain, args=(child, out), daemon=True).start()
+    try:
+        wait_until(lambda: "Press Ctrl-C" in "".join(out), timeout=30, what="the banner")
+        script = (
+            "from quarry import telemetry\n"
+            "assert telemetry.configure_tracing('job')\n"
+            "with telemetry.root_span('outer'):\n"
+            "    with telemetry.tracer().start_as_current_span('inner'):\n"
+            "        pass\n"
+            "assert telemetry.flush()\n"
+        )
+        ran = subprocess.run(
+            [str(VENV_BIN / "python"), "-c", script],
+            env={**env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert ran.returncode == 0, ran.stderr
+        wait_until(lambda: "quarry-job: inner" in "".join(out), timeout=20, what="the tree")
+        text = "".join(out)
+        assert "quarry-job: outer (INTERNAL)" in text
+        assert "\n  quarry-job: inner (INTERNAL)" in text
+        (line,) = Path(output).read_text().splitlines()
+        assert [s["name"] for s in json.loads(line)["spans"]] == ["outer", "inner"]
+    finally:
+        child.send_signal(signal.SIGINT)
+        child.wait(timeout=30)
+
+
+def test_quarry_traces_on_a_taken_port_says_so_in_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ran = subprocess.run(
+            [str(VENV_BIN / "quarry"), "traces", "--port", str(port)],
+            env=quarry_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert ran.returncode == 1
+    assert ran.stderr == (
+        f"quarry traces: cannot listen on 127.0.0.1:{port} (address in use?); "
+        "choose another with --port\n"
+    )

@@ -1,0 +1,29 @@
+"""The CLI's reading of an unreachable service: not retried when the connection is refused
+(nothing listens there and a person is waiting), and reported naming the service."""
+
+from __future__ import annotations
+
+from quarry import errors
+from quarry.cli.base import CLI_RETRY, unreachable
+
+REFUSED = (
+    "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:7402: "
+    "Failed to connect to remote host: Connection refused"
+)
+
+
+def test_a_refused_connection_is_not_retried_other_unavailable_is():
+    assert not CLI_RETRY.is_retryable(errors.Unavailable(REFUSED))
+    assert CLI_RETRY.is_retryable(errors.Unavailable("the kv-gateway is draining"))
+
+
+def test_an_unreachable_service_is_named_with_its_address():
+    services = {"branch-manager": "127.0.0.1:7402", "committer": "127.0.0.1:7403"}
+    error = unreachable(errors.Unavailable(REFUSED), services)
+    assert error is not None and error.reason == "SERVICE_UNREACHABLE"
+    assert error.message.startswith(
+        "cannot reach the branch-manager at 127.0.0.1:7402 (connection refused)"
+    )
+    assert "`quarry up`" in error.message and "--branch-manager" in error.message
+    assert unreachable(errors.Unavailable("draining"), services) is None
+    assert unreachable(errors.NotFound(REFUSED), services) is None
