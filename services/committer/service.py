@@ -26,6 +26,10 @@ def build(settings: Settings, kv_store=None, committed=None, range_writer=None) 
 
         # Shared by the interceptor and the servicer's committer check: one cache.
         authorizer = Authorizer(IamStore(deps.graveler.kv), settings.auth_cache_seconds)
+    from quarry.graveler.imports import METRICS
+    from quarry.telemetry.metrics import expose
+
+    expose(*METRICS)
     servicer = CommitterServicer(deps.graveler, deps.requests, authorizer)
     return ServiceSpec(
         name=SERVICE_NAME,
