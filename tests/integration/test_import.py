@@ -159,6 +159,38 @@ def test_import_replaces_the_destination_and_keeps_the_rest_and_staged_changes(
     assert after.summary.added == 2 and after.summary.removed == 1
 
 
+def test_compacted_staged_changes_stay_staged_over_the_import(client, repo, tmp_path):
+    """Staged changes folded into a compacted metarange are rebased onto the import's
+    commit: still uncommitted, still shadowing the import, none lost."""
+    for path in ("data/old", "keep/a", "keep/b"):
+        client.put_object(repo, "main", path=path, physical_address=f"/x/{path}")
+    client.commit(repo, "main", "before")
+    client.put_object(repo, "main", path="data/x", physical_address="/staged/x")
+    client.put_object(repo, "main", path="keep/c", physical_address="/staged/c")
+    client.delete_objects(repo, "main", ["keep/a"])
+    assert client.compact(repo, "main").compacted_metarange_id
+    client.put_object(repo, "main", path="keep/d", physical_address="/staged/d")  # not compacted
+    source = _tree(tmp_path / "src", {"x": b"imported x", "y": b"y"})
+    status = wait_done(client, repo, client.start_import(repo, "main", [(str(source), "data")]).id)
+    assert status.state == COMPLETED, status.error
+    assert sorted(listing(client, repo, status.commit.id)) == [
+        "data/x",
+        "data/y",
+        "keep/a",
+        "keep/b",
+    ]
+    uncommitted = {c.path: c.type for c in client.iter_uncommitted(repo, "main")}
+    assert uncommitted == {
+        "data/x": types_pb2.CHANGE_TYPE_CHANGED,  # the staged entry shadows the imported one
+        "keep/a": types_pb2.CHANGE_TYPE_REMOVED,
+        "keep/c": types_pb2.CHANGE_TYPE_ADDED,
+        "keep/d": types_pb2.CHANGE_TYPE_ADDED,
+    }
+    seen = listing(client, repo, "main")
+    assert seen["data/x"].physical_address == "/staged/x"
+    assert sorted(seen) == ["data/x", "data/y", "keep/b", "keep/c", "keep/d"]
+
+
 def test_several_sources_into_several_paths_and_s3(
     client, repo, tmp_path, moto_endpoint, s3_bucket
 ):
@@ -275,18 +307,33 @@ def test_cancel_mid_way_leaves_the_branch_exactly_as_it_was(client, repo, tmp_pa
 def test_an_import_racing_commits_lands_on_the_new_head_and_loses_nothing(
     client, repo, tmp_path, monkeypatch
 ):
-    gate = _Gate(monkeypatch, after=10)
+    """The import's commit is built on HEAD, then a commit and another import land before
+    its swap: the swap's CAS fails and it is rebuilt on the new HEAD with the same ranges."""
+    from quarry.committed.remote import RemoteRangeWriter
+
+    reached, release = threading.Event(), threading.Event()
+    real = RemoteRangeWriter.replace_prefixes
+    calls = []
+
+    def gated(self, *args, **kwargs):
+        calls.append(args)
+        result = real(self, *args, **kwargs)
+        if len(calls) == 1:  # the first import's first attempt, built on the old HEAD
+            reached.set()
+            assert release.wait(30)
+        return result
+
+    monkeypatch.setattr(RemoteRangeWriter, "replace_prefixes", gated)
     started = client.start_import(repo, "main", [(str(_many(tmp_path / "src", 50)), "data")])
-    assert gate.reached.wait(30)
+    assert reached.wait(30)
     # Meanwhile: a commit under the destination and one outside, and a second import.
     client.put_object(repo, "main", path="data/committed-meanwhile", physical_address="/x/1")
     client.put_object(repo, "main", path="keep/committed-meanwhile", physical_address="/x/2")
     middle = client.commit(repo, "main", "meanwhile").commit
     other = _tree(tmp_path / "other", {"o": b"o"})
-    monkeypatch.undo()
     second = wait_done(client, repo, client.start_import(repo, "main", [(str(other), "more")]).id)
     assert second.state == COMPLETED
-    gate.release.set()
+    release.set()
     status = wait_done(client, repo, started.id)
     assert status.state == COMPLETED, status.error
     objects = listing(client, repo, "main")
@@ -296,6 +343,9 @@ def test_an_import_racing_commits_lands_on_the_new_head_and_loses_nothing(
     assert len([p for p in objects if p.startswith("data/")]) == 50
     log = [c.id for c in client.iter_log(repo, "main")]
     assert log[:3] == [status.commit.id, second.commit.id, middle.id]
+    # Rebuilt on the new HEAD from the same import metarange (not listed again).
+    mine = [args for args in calls if args[2] == ["data/"]]
+    assert len(mine) == 2 and mine[0][3] == mine[1][3] and mine[0][1] != mine[1][1]
 
 
 @pytest.mark.parametrize(
