@@ -4,7 +4,8 @@ One module per resource, each with its handlers and, beside each handler, the fu
 adds its parser (`COMMANDS`: command name -> registration):
 
     quarry.cli.services    up, serve, version, settings
-    quarry.cli.transfer    export, import (the KV backend itself, services stopped)
+    quarry.cli.transfer    store export | import (the KV backend itself, services stopped)
+    quarry.cli.importing   import (zero-copy, into a branch) | import status | import cancel
     quarry.cli.repos       repo create | list | show | delete
     quarry.cli.branches    branch create | list | show | delete; reset; discard
     quarry.cli.tags        tag create | list | show | delete
@@ -49,6 +50,7 @@ from quarry.cli import (
     doctor,
     gc,
     history,
+    importing,
     merging,
     objects,
     protect,
@@ -72,6 +74,7 @@ _REGISTRATIONS: dict[str, base.Registration] = {
         tags,
         objects,
         history,
+        importing,
         merging,
         compaction,
         doctor,
@@ -90,8 +93,7 @@ COMMAND_ORDER = (
     "serve",
     "version",
     "settings",
-    "export",
-    "import",
+    "store",
     "repo",
     "branch",
     "tag",
@@ -104,6 +106,7 @@ COMMAND_ORDER = (
     "commit",
     "log",
     "diff",
+    "import",
     "merge",
     "revert",
     "cherry-pick",
