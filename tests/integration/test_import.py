@@ -422,3 +422,40 @@ def test_a_stale_running_import_reads_as_failed(suite, client, repo, backend):
     backend.set(partition, layout.import_key(record.id), record.encode())
     status = client.get_import_status(repo, record.id)
     assert status.state == FAILED and "stopped" in status.error
+
+
+def test_an_import_is_one_trace_and_counts_objects_and_bytes(client, repo, tmp_path):
+    from prometheus_client import REGISTRY
+
+    from quarry import telemetry
+
+    exporter = telemetry.use_in_memory_exporter()
+    exporter.clear()
+
+    def counted(name):
+        return REGISTRY.get_sample_value(name) or 0.0
+
+    objects, data = counted("quarry_import_objects_total"), counted("quarry_import_bytes_total")
+    source = _tree(tmp_path / "src", {"a": b"12345", "b/c": b"678"})
+    tracer = telemetry.tracer("test")
+    with tracer.start_as_current_span("caller") as caller:
+        started = client.start_import(repo, "main", [(str(source), "d")])
+    status = wait_done(client, repo, started.id)
+    assert status.state == COMPLETED
+    trace_id = caller.get_span_context().trace_id
+
+    def import_spans():
+        spans = [s for s in exporter.get_finished_spans() if s.context.trace_id == trace_id]
+        return spans if any(s.name == "graveler.import" for s in spans) else None
+
+    names = {s.name for s in wait_until(import_spans, what="the import's spans")}
+    assert {
+        "/quarry.v1.Committer/StartImport",
+        "graveler.import",
+        "graveler.import.write_ranges",
+        "graveler.swap_branch",
+        "/quarry.v1.RangeWriter/WriteMetaRange",
+        "/quarry.v1.RangeWriter/ReplacePrefixes",
+    } <= names
+    assert counted("quarry_import_objects_total") == objects + 2
+    assert counted("quarry_import_bytes_total") == data + 8
