@@ -459,3 +459,30 @@ def test_an_import_is_one_trace_and_counts_objects_and_bytes(client, repo, tmp_p
     } <= names
     assert counted("quarry_import_objects_total") == objects + 2
     assert counted("quarry_import_bytes_total") == data + 8
+
+
+def test_a_source_changing_during_the_listing(client, repo, tmp_path, monkeypatch):
+    """docs/import.md: a directory is read one directory at a time, in key order. Paused
+    inside a/: a file added to a directory not yet read (z/) is imported, one added before
+    the listing's position (0-early) or into a directory already read (a/) is not; a file
+    removed from a directory not yet read is not imported, one removed after it was listed
+    is (its entry points at nothing: reading it is OBJECT_NOT_FOUND)."""
+    source = _tree(
+        tmp_path / "src",
+        {**{f"a/{i:02d}": b"a" for i in range(10)}, "z/old": b"old", "z/kept": b"kept"},
+    )
+    gate = _Gate(monkeypatch, after=5)
+    started = client.start_import(repo, "main", [(str(source), "d")])
+    assert gate.reached.wait(30)
+    (source / "0-early").write_bytes(b"early")
+    (source / "a" / "99-late").write_bytes(b"late")
+    (source / "z" / "new").write_bytes(b"new")
+    (source / "z" / "old").unlink()
+    (source / "a" / "01").unlink()  # listed already
+    gate.release.set()
+    status = wait_done(client, repo, started.id)
+    assert status.state == COMPLETED, status.error
+    objects = listing(client, repo, "main")
+    assert sorted(objects) == [f"d/a/{i:02d}" for i in range(10)] + ["d/z/kept", "d/z/new"]
+    with pytest.raises(errors.NotFound):
+        read_object(objects["d/a/01"].physical_address)

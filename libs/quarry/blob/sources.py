@@ -19,12 +19,12 @@ Left out, and counted as skipped: keys whose address would not read back as the 
 temporary files, and symbolic links (a link could lead anywhere, a repository's namespace
 included; the import never follows one).
 
-A source that changes while it is listed: S3 lists each page as it is then; a directory is
-read one directory at a time. An object added or removed during the listing is in the import
-or not depending on whether the listing had passed its key; each object listed is recorded
-with the size and time seen then (a later change of its bytes is caught on read as a size
-mismatch, or by ETag for S3 multipart-free objects). The import is a snapshot of the listing,
-not of an instant.
+A source that changes while it is listed (docs/import.md): a directory is read one
+directory at a time in key order, S3 one page at a time. An object added where the listing
+has not read yet is imported, one added where it has read is not; an object removed before
+its directory (page) was read is not imported, one removed after it was listed is (its entry
+then points at nothing). Each object is recorded with the size and time seen then; a later
+change of its bytes is caught on read as a size mismatch (or by its S3 ETag).
 """
 
 from __future__ import annotations
