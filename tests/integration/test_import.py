@@ -4,7 +4,9 @@ kept, cancel, races with commits, refusals, and the KV cost of an import."""
 
 from __future__ import annotations
 
+import io
 import os
+import sys
 import threading
 import time
 
@@ -14,6 +16,7 @@ from botocore.config import Config
 
 from quarry import errors
 from quarry.blob import read_object
+from quarry.cli.main import main as quarry_main
 from quarry.graveler import imports as imports_module
 from quarry.kv.memory import MemoryStore
 from quarry.v1 import committer_pb2 as cm
@@ -191,8 +194,13 @@ def test_compacted_staged_changes_stay_staged_over_the_import(client, repo, tmp_
     assert sorted(seen) == ["data/x", "data/y", "keep/b", "keep/c", "keep/d"]
 
 
-def test_several_sources_into_several_paths_and_s3(
-    client, repo, tmp_path, moto_endpoint, s3_bucket
+def suite_args(suite):
+    targets = suite.targets
+    return ["--branch-manager", targets["branch-manager"], "--committer", targets["committer"]]
+
+
+def test_several_sources_into_several_paths_and_s3(  # noqa: PLR0913 — fixtures
+    suite, client, repo, tmp_path, moto_endpoint, s3_bucket, monkeypatch
 ):
     s3 = boto3.client(
         "s3",
@@ -234,6 +242,18 @@ def test_several_sources_into_several_paths_and_s3(
     assert entry.checksum == head["ETag"].strip('"') and entry.size_bytes == 2
     settings = type("S", (), {"s3_endpoint_url": moto_endpoint, "s3_region": "us-east-1"})
     assert read_object(entry.physical_address, settings) == b"p1"
+    # `quarry cat` reads an imported object from its source (S3 here; local: tests/e2e).
+    monkeypatch.setenv("QUARRY_S3_ENDPOINT_URL", moto_endpoint)
+    out = io.BytesIO()
+    wrapper = io.TextIOWrapper(out, encoding="utf-8")
+    monkeypatch.setattr(sys, "stdout", wrapper)
+    code = quarry_main(
+        ["cat", repo, "main", "tables/t/sub/d\u00e9j\u00e0 vu.csv", *suite_args(suite)]
+    )
+    wrapper.flush()
+    printed = out.getvalue()
+    monkeypatch.undo()
+    assert code == 0 and printed == b"csv"
     assert status.commit.metadata["import_destinations"] == "files/,tables/t/"
 
 
