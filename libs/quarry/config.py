@@ -195,7 +195,7 @@ class Settings:
         "than it saves).",
     )
     import_heartbeat_seconds: float = _setting(
-        5.0,
+        10.0,
         "committer: a running import rewrites its status record (objects listed, heartbeat) "
         "at most this often; a cancel asked of another committer process is noticed then.",
     )

@@ -77,7 +77,7 @@ TERMINAL = (COMPLETED, FAILED, CANCELLED)
 
 # The status record is rewritten at most this often while the listing runs (objects listed,
 # the heartbeat, and the moment a cancel asked of another process is noticed).
-HEARTBEAT_SECONDS = 5.0
+HEARTBEAT_SECONDS = 10.0
 # A RUNNING import whose record is older than this reads as FAILED: its process stopped.
 STALE_SECONDS = 60.0
 # The listing looks at the clock (and at a local cancel) every this many objects.
