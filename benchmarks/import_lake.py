@@ -131,17 +131,22 @@ def time_listing(uri: str, settings: object = None) -> tuple[float, int]:
     return time.perf_counter() - started, count
 
 
-def reads(client: Client, repo: str, ref: str, path: str) -> tuple[float, float]:
-    """Medians of 5: the first page of `ls` (1,000 entries) and a stat."""
-    pages, stats = [], []
-    for _ in range(5):
+def reads(client: Client, repo: str, ref: str, path: str) -> tuple[float, float, float]:
+    """Medians of 5: the first page of `ls` (1,000 entries), a stat, and a commit of one
+    change (a put and the commit)."""
+    pages, stats, commits = [], [], []
+    for i in range(5):
+        started = time.perf_counter()
+        client.put_object(repo, ref, path=f"{path}.one-{i}", physical_address=f"/one/{i}")
+        client.commit(repo, ref, f"one change {i}")
+        commits.append(time.perf_counter() - started)
         started = time.perf_counter()
         client.list_objects(repo, ref, page_size=1000)
         pages.append(time.perf_counter() - started)
         started = time.perf_counter()
         client.stat_object(repo, ref, path)
         stats.append(time.perf_counter() - started)
-    return statistics.median(pages), statistics.median(stats)
+    return statistics.median(pages), statistics.median(stats), statistics.median(commits)
 
 
 def run_import(client: Client, metrics_port: int, uri: str, expected: int) -> tuple[float, int]:
@@ -159,7 +164,7 @@ def run_import(client: Client, metrics_port: int, uri: str, expected: int) -> tu
 
 def report(name: str, n: int, listing: float, elapsed: float, writes: int, read_figures) -> None:
     ratio = elapsed / listing
-    (page, stat), (page_ref, stat_ref) = read_figures
+    (page, stat, commit), (page_ref, stat_ref, commit_ref) = read_figures
     print(f"  {name}: {n:,} objects")
     print(
         f"    list the source alone       {listing:8.2f} s  ({n / listing:,.0f} objects/s)\n"
@@ -171,11 +176,13 @@ def report(name: str, n: int, listing: float, elapsed: float, writes: int, read_
         f"    first ls page (1,000)       {page * 1000:8.1f} ms  "
         f"(a committed branch of 10k ordinary entries: {page_ref * 1000:.1f} ms)\n"
         f"    stat                        {stat * 1000:8.1f} ms  "
-        f"(same branch: {stat_ref * 1000:.1f} ms)"
+        f"(same branch: {stat_ref * 1000:.1f} ms)\n"
+        f"    a 1-change commit after     {commit * 1000:8.1f} ms  "
+        f"(same branch: {commit_ref * 1000:.1f} ms)"
     )
 
 
-def baseline_reads(client: Client) -> tuple[float, float]:
+def baseline_reads(client: Client) -> tuple[float, float, float]:
     """The same reads on a branch whose 10,000 entries an ordinary commit wrote (made after
     the import is measured: the staging dropper's deletes of its tokens are KV writes)."""
     client.create_branch("bench", "ordinary", "main")
