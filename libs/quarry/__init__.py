@@ -18,7 +18,7 @@ _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 # Quarry stores. Stamped in the KV store at first start (partition `quarry`, key
 # `format-version`; a mismatch refuses to start), and the format tag and id header of every
 # range and metarange file (quarry.committed.format; another version is refused on read).
-# Bump it once for any change to what is stored; `quarry export` + `quarry import` rebuild
+# Bump it once for any change to what is stored; `quarry store export` + `quarry store import` rebuild
 # (import converts records in exporting._Rebuilder, committed files in
 # quarry.committed.legacy: add the old number to its LEGACY_VERSIONS).
 #   1: entry identity without the physical address.

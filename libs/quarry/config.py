@@ -202,6 +202,16 @@ class Settings:
         "changes fall into fewer than 32 ranges per span (a span's round trip costs more "
         "than it saves).",
     )
+    import_heartbeat_seconds: float = _setting(
+        10.0,
+        "committer: a running import rewrites its status record (objects listed, heartbeat) "
+        "at most this often; a cancel asked of another committer process is noticed then.",
+    )
+    import_stale_seconds: float = _setting(
+        60.0,
+        "An import whose status record is older than this while RUNNING reads as FAILED: "
+        "its committer process stopped (the branch is unchanged; run the import again).",
+    )
     experimental_dirty_read_optimization: bool = _setting(
         True, "Skip the staging partition on reads of clean branches (docs/architecture.md §4)."
     )

@@ -1,4 +1,4 @@
-"""`quarry export` / `quarry import`: rebuild a KV store across storage format versions.
+"""`quarry store export` / `quarry store import`: rebuild a KV store across storage format versions.
 
 The export file is JSON lines, one object per line, keys and values base64:
 
@@ -297,10 +297,10 @@ def _import(
     try:
         _, header = next(records)
     except StopIteration:
-        raise CorruptExport("the file is empty, not a quarry export") from None
+        raise CorruptExport("the file is empty, not a quarry store export") from None
     if header.get("quarry_export") != EXPORT_VERSION:
         raise CorruptExport(
-            f"not a quarry export file of version {EXPORT_VERSION} "
+            f"not a quarry store export file of version {EXPORT_VERSION} "
             f"(header {json.dumps(header)[:80]})"
         )
     found_format = header.get("format_version")

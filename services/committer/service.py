@@ -36,6 +36,10 @@ def build(
 
         # Shared by the interceptor and the servicer's committer check: one cache.
         authorizer = Authorizer(IamStore(deps.graveler.kv), settings.auth_cache_seconds)
+    from quarry.graveler.imports import METRICS
+    from quarry.telemetry.metrics import expose
+
+    expose(*METRICS)
     servicer = CommitterServicer(deps.graveler, deps.requests, authorizer)
     return ServiceSpec(
         name=SERVICE_NAME,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from quarry.auth.checks import committer_for
 from quarry.convert import change_to_proto, conflict_to_proto, summary_to_proto
 from quarry.graveler.graveler import Graveler, MergeParams
+from quarry.graveler.imports import ImportSource, ImportView
 from quarry.graveler.requests import RequestLog
 from quarry.runtime.idempotency import idempotent
 from quarry.v1 import committer_pb2 as pb
@@ -120,3 +121,46 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
     def Compact(self, request, context):
         compacted, tokens = self._g.compact(request.repository, request.branch)
         return pb.CompactResponse(compacted_metarange_id=compacted, tokens_compacted=tokens)
+
+    # ---- imports (quarry.graveler.imports) -------------------------------------------------
+
+    def StartImport(self, request, context):
+        view = self._g.start_import(
+            request.repository,
+            request.branch,
+            [ImportSource(s.uri, s.destination_path) for s in request.sources],
+            request.message,
+            committer_for(request.committer, self._authorizer),
+            dict(request.metadata),
+        )
+        return pb.StartImportResponse(**{"import": import_to_proto(view)})
+
+    def GetImportStatus(self, request, context):
+        view = self._g.get_import(request.repository, request.id)
+        return pb.GetImportStatusResponse(**{"import": import_to_proto(view)})
+
+    def CancelImport(self, request, context):
+        view = self._g.cancel_import(request.repository, request.id)
+        return pb.CancelImportResponse(**{"import": import_to_proto(view)})
+
+
+def import_to_proto(view: ImportView) -> pb.Import:
+    record = view.record
+    message = pb.Import(
+        id=record.id,
+        repository=record.repository,
+        branch=record.branch,
+        state=pb.ImportState.Value(f"IMPORT_STATE_{record.state}"),
+        sources=[pb.ImportSource(**source) for source in record.sources],
+        objects_listed=record.objects_listed,
+        bytes_listed=record.bytes_listed,
+        objects_skipped=record.objects_skipped,
+        ranges_written=record.ranges_written,
+        error=record.error,
+        cancel_requested=record.cancel_requested,
+    )
+    message.started.FromNanoseconds(int(record.started * 1e9))
+    message.updated.FromNanoseconds(int(record.updated * 1e9))
+    if view.commit is not None:
+        message.commit.CopyFrom(view.commit)
+    return message

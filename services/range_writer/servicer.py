@@ -122,6 +122,24 @@ class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
             ranges_reused=result.ranges_reused,
         )
 
+    def ReplacePrefixes(self, request, context):
+        if not request.storage_namespace:
+            raise errors.InvalidArgument("ReplacePrefixes: storage_namespace is required")
+        with self._metrics.operation("replace_prefixes") as done:
+            result = self._manager.replace_prefixes(
+                request.storage_namespace,
+                request.base_metarange_id,
+                list(request.prefixes),
+                request.import_metarange_id,
+            )
+            done(result.ranges_written, result.ranges_reused)
+        return range_writer_pb2.ReplacePrefixesResponse(
+            metarange_id=result.metarange_id,
+            summary=summary_to_proto(result.summary),
+            ranges_written=result.ranges_written,
+            ranges_reused=result.ranges_reused,
+        )
+
     def GetMetaRange(self, request, context):
         if not request.storage_namespace:
             raise errors.InvalidArgument("GetMetaRange: storage_namespace is required")

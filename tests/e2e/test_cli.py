@@ -128,7 +128,7 @@ def test_serve_refuses_another_format_version(tmp_path):
         timeout=30,
     )
     assert result.returncode != 0
-    assert "quarry export" in result.stderr and "quarry import" in result.stderr
+    assert "quarry store export" in result.stderr and "quarry store import" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -1,4 +1,4 @@
-"""`quarry export` / `quarry import` as real processes over SQLite stores: a repository with
+"""`quarry store export` / `quarry store import` as real processes over SQLite stores: a repository with
 branches, tags, commits, merge hints, staged changes and a sealed token comes back identical
 in a fresh store, whatever format version the source store is stamped with."""
 
@@ -127,7 +127,7 @@ def test_export_import_round_trip(tmp_path):
 
     dump = tmp_path / "dump.jsonl"
     result = run_quarry(
-        tmp_path, "export", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'source.db'}"
+        tmp_path, "store", "export", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'source.db'}"
     )
     assert result.returncode == 0, result.stderr
     lines = dump.read_text().splitlines()
@@ -136,7 +136,7 @@ def test_export_import_round_trip(tmp_path):
     assert json.loads(lines[-1])["type"] == "end"
 
     target = tmp_path / "target.db"
-    result = run_quarry(tmp_path, "import", str(dump), "--kv-url", f"sqlite:///{target}")
+    result = run_quarry(tmp_path, "store", "import", str(dump), "--kv-url", f"sqlite:///{target}")
     assert result.returncode == 0, result.stderr
     assert "imported 2 repositories" in result.stderr
 
@@ -166,7 +166,7 @@ def test_export_reads_a_store_of_another_format_version(tmp_path):
     store.close()
     dump = tmp_path / "dump.jsonl"
     result = run_quarry(
-        tmp_path, "export", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'source.db'}"
+        tmp_path, "store", "export", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'source.db'}"
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(dump.read_text().splitlines()[0])["format_version"] == "999"
@@ -178,11 +178,11 @@ def test_import_refuses_a_non_empty_store(tmp_path):
     store.close()
     dump = tmp_path / "dump.jsonl"
     url = f"sqlite:///{tmp_path / 'source.db'}"
-    assert run_quarry(tmp_path, "export", str(dump), "--kv-url", url).returncode == 0
-    result = run_quarry(tmp_path, "import", str(dump), "--kv-url", url)
+    assert run_quarry(tmp_path, "store", "export", str(dump), "--kv-url", url).returncode == 0
+    result = run_quarry(tmp_path, "store", "import", str(dump), "--kv-url", url)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        "quarry import: STORE_NOT_EMPTY: the target KV store already holds repository "
+        "quarry store import: STORE_NOT_EMPTY: the target KV store already holds repository "
         "'demo'; import needs an empty store"
     ]
 
@@ -193,7 +193,12 @@ def test_import_refuses_a_store_stamped_with_another_version(tmp_path):
     dump = tmp_path / "dump.jsonl"
     assert (
         run_quarry(
-            tmp_path, "export", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'source.db'}"
+            tmp_path,
+            "store",
+            "export",
+            str(dump),
+            "--kv-url",
+            f"sqlite:///{tmp_path / 'source.db'}",
         ).returncode
         == 0
     )
@@ -201,7 +206,7 @@ def test_import_refuses_a_store_stamped_with_another_version(tmp_path):
     other.set(format_version.PARTITION, format_version.KEY, b"999")
     other.close()
     result = run_quarry(
-        tmp_path, "import", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'other.db'}"
+        tmp_path, "store", "import", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'other.db'}"
     )
     assert result.returncode == 1
     assert len(result.stderr.strip().splitlines()) == 1
@@ -215,7 +220,12 @@ def test_a_corrupt_file_gives_a_one_line_error(tmp_path, damage):
     dump = tmp_path / "dump.jsonl"
     assert (
         run_quarry(
-            tmp_path, "export", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'source.db'}"
+            tmp_path,
+            "store",
+            "export",
+            str(dump),
+            "--kv-url",
+            f"sqlite:///{tmp_path / 'source.db'}",
         ).returncode
         == 0
     )
@@ -235,7 +245,7 @@ def test_a_corrupt_file_gives_a_one_line_error(tmp_path, damage):
     else:
         dump.write_text("")
     target = tmp_path / "target.db"
-    result = run_quarry(tmp_path, "import", str(dump), "--kv-url", f"sqlite:///{target}")
+    result = run_quarry(tmp_path, "store", "import", str(dump), "--kv-url", f"sqlite:///{target}")
     assert result.returncode == 1
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "CORRUPT_EXPORT" in result.stderr
@@ -277,12 +287,17 @@ def test_the_installation_survives_a_rebuild(tmp_path):
     dump = tmp_path / "dump.jsonl"
     assert (
         run_quarry(
-            tmp_path, "export", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'source.db'}"
+            tmp_path,
+            "store",
+            "export",
+            str(dump),
+            "--kv-url",
+            f"sqlite:///{tmp_path / 'source.db'}",
         ).returncode
         == 0
     )
     target = tmp_path / "target.db"
-    result = run_quarry(tmp_path, "import", str(dump), "--kv-url", f"sqlite:///{target}")
+    result = run_quarry(tmp_path, "store", "import", str(dump), "--kv-url", f"sqlite:///{target}")
     assert result.returncode == 0, result.stderr
 
     g2, store2 = graveler_over(target)

@@ -171,7 +171,7 @@ def test_a_format_version_mismatch_found_later_still_refuses():
     try:
         wait_until(lambda: b.failure is not None, what="the refusal to be recorded")
         assert isinstance(b.failure, FormatVersionMismatch)
-        assert "quarry export" in str(b.failure)
+        assert "quarry store export" in str(b.failure)
         wait_until(lambda: not b.readiness.worker.running, what="the probe loop to end")
         assert not b.readiness.worker.running  # no retry loop on a refusal
         assert health_status(b_target) == NOT_SERVING

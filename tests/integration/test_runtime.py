@@ -200,7 +200,7 @@ def test_format_version_stamped_once_and_mismatch_refused():
     backend.set(b"quarry", b"format-version", b"999")
     with pytest.raises(FormatVersionMismatch) as caught:
         ensure_format_version(backend)
-    assert "quarry export" in str(caught.value) and "quarry import" in str(caught.value)
+    assert "quarry store export" in str(caught.value) and "quarry store import" in str(caught.value)
     assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
 
     from quarry.services.kv_gateway.service import build

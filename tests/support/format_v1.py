@@ -14,7 +14,7 @@ staged and deleted entries, several ranges per metarange, a merge hint — and w
 everything a user reads back to SNAPSHOT_JSON. What it leaves is what the format-1 build
 wrote: a store stamped "1" and namespaces of `range/v1` / `metarange/v1` files.
 
-`snapshot` is shared with the test, which takes it again after `quarry import`.
+`snapshot` is shared with the test, which takes it again after `quarry store import`.
 """
 
 from __future__ import annotations

@@ -218,6 +218,9 @@ _TEXT = st.one_of(
 _HUGE_TEXT = st.sampled_from([4_000, 70_000, 300_000]).map(lambda n: "h" * n)
 _GARBAGE_TEXT = st.one_of(_TEXT, _TEXT, _TEXT, _HUGE_TEXT)
 _FRESH_NAMES = itertools.count()
+_IMPORT_SOURCES = st.sampled_from(
+    ["/proc/quarry-fuzz-missing", "file:///proc/quarry-fuzz-missing", "s3://quarry-fuzz-none/x"]
+)
 _PLAIN_TEXT = st.text(alphabet="abcdefghij0123456789-_ ./", max_size=20)
 
 
@@ -408,6 +411,8 @@ def _string_strategy(
         return _weighted(_ACTIONS, _GARBAGE_TEXT)
     if name == "resource":
         return _weighted(_RESOURCES, _GARBAGE_TEXT)
+    if name == "uri":  # an import's source: places that do not exist (never a real lake)
+        return _weighted(_IMPORT_SOURCES, _GARBAGE_TEXT)
     # message, committer, checksum, content_type, reason, ...: plain text mostly.
     return _weighted(_PLAIN_TEXT, _GARBAGE_TEXT)
 

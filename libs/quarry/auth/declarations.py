@@ -32,6 +32,7 @@ from quarry.auth.policy import (
     object_arn,
     policy_arn,
     repository_arn,
+    storage_arn,
     tag_arn,
     user_arn,
 )
@@ -58,6 +59,9 @@ class Rule:
     resources: Callable[..., tuple[str, ...]] | None = None
     mutating: bool = False
     client_stream: bool = False
+    # More (action, resources) pairs the caller must be allowed as well (StartImport: the
+    # source to read, the destination to write and commit).
+    also: tuple[tuple[str, Resources], ...] = ()
 
 
 def _open(mutating: bool = False) -> Rule:
@@ -119,6 +123,16 @@ def _put_objects(message: Any, first: Any) -> tuple[str, ...]:
 
 def _delete_objects(request: Any) -> tuple[str, ...]:
     paths = list(request.paths) or [""]
+    return tuple(object_arn(request.repository, path) for path in paths)
+
+
+def _import_sources(request: Any) -> tuple[str, ...]:
+    uris = [source.uri for source in request.sources] or [""]
+    return tuple(storage_arn(uri) for uri in uris)
+
+
+def _import_destinations(request: Any) -> tuple[str, ...]:
+    paths = [source.destination_path for source in request.sources] or [""]
     return tuple(object_arn(request.repository, path) for path in paths)
 
 
@@ -213,6 +227,17 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
         "FindMergeBase": _act("fs:ReadCommit", _repo),
         # The compactor-sensor calls it as a service; `quarry compact` as a user.
         "Compact": _act("fs:CompactBranch", _branch, mutating=True),
+        # Reading the sources, writing the destination paths and committing on the branch.
+        "StartImport": Rule(
+            Access.ACTION,
+            "fs:ImportFromStorage",
+            _import_sources,
+            mutating=True,
+            also=(("fs:WriteObject", _import_destinations), ("fs:CreateCommit", _branch)),
+        ),
+        "GetImportStatus": _act("fs:ReadRepository", _repo),
+        # An import's id names no branch: cancelling needs fs:CreateCommit on the repository.
+        "CancelImport": _act("fs:CreateCommit", _repo, mutating=True),
     },
     "CompactorSensor": {
         "ReportStagingActivity": _service(),
@@ -236,6 +261,7 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
         "WriteMetaRange": _service(client_stream=True),
         "GetMetaRange": _service(mutating=False),
         "ClaimNamespace": _service(),
+        "ReplacePrefixes": _service(),
     },
     "Auth": {
         "Login": _open(),

@@ -232,6 +232,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
         )
         audit.resource = audit.resource or resources[0]
         self._authorizer.authorize(principal, rule.action, resources)
+        for action, more in rule.also:
+            self._authorizer.authorize(principal, action, more(request))
 
     def _begin(
         self, rule: Rule | None, method: str, context: grpc.ServicerContext, audit: _Audit

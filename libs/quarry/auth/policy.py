@@ -114,6 +114,11 @@ def object_arn(repo: str, path: str) -> str:
     return f"{FS_ARN}repository/{repo}/object/{path}"
 
 
+def storage_arn(uri: str) -> str:
+    """A place in object storage outside Quarry (an import's source)."""
+    return f"{FS_ARN}storage/{uri}"
+
+
 def tag_arn(repo: str, tag: str) -> str:
     return f"{FS_ARN}repository/{repo}/tag/{tag}"
 

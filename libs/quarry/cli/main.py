@@ -5,7 +5,8 @@ adds its parser (`COMMANDS`: command name -> registration):
 
     quarry.cli.services    up, serve, version, settings
     quarry.cli.traces      traces (a local trace receiver)
-    quarry.cli.transfer    export, import (the KV backend itself, services stopped)
+    quarry.cli.transfer    store export | import (the KV backend itself, services stopped)
+    quarry.cli.importing   import (zero-copy, into a branch) | import status | import cancel
     quarry.cli.repos       repo create | list | show | delete
     quarry.cli.branches    branch create | list | show | delete; reset; discard
     quarry.cli.tags        tag create | list | show | delete
@@ -50,6 +51,7 @@ from quarry.cli import (
     doctor,
     gc,
     history,
+    importing,
     merging,
     objects,
     protect,
@@ -74,6 +76,7 @@ _REGISTRATIONS: dict[str, base.Registration] = {
         tags,
         objects,
         history,
+        importing,
         merging,
         compaction,
         doctor,
@@ -94,8 +97,7 @@ COMMAND_ORDER = (
     "version",
     "settings",
     "traces",
-    "export",
-    "import",
+    "store",
     "repo",
     "branch",
     "tag",
@@ -108,6 +110,7 @@ COMMAND_ORDER = (
     "commit",
     "log",
     "diff",
+    "import",
     "merge",
     "revert",
     "cherry-pick",

@@ -1,4 +1,4 @@
-"""`quarry export` and `quarry import`: the KV data of every repository to and from a
+"""`quarry store export` and `quarry store import`: the KV data of every repository to and from a
 JSON-lines file, read and written on the KV backend itself (the services stopped)."""
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         )
         return 0
 
-    return _transfer("export", run)
+    return _transfer("store export", run)
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -109,10 +109,24 @@ def cmd_import(args: argparse.Namespace) -> int:
             )
         return 0
 
-    return _transfer("import", run)
+    return _transfer("store import", run)
 
 
 KV_HELP = "KV store URL (default: the settings' KV URL, QUARRY_KV_URL / QUARRY_HOME)"
+
+
+def register_store(sub: Subparsers, common: argparse.ArgumentParser) -> None:
+    store = sub.add_parser(
+        "store",
+        help="dump or load the KV store itself (services stopped): store export | import",
+        description="The KV backend itself, read and written directly with the services "
+        "stopped: `store export` dumps every repository to a JSON-lines file, `store import` "
+        "loads one into an empty store (the rebuild path across storage format versions). "
+        "(`quarry import` is the zero-copy import of a lake into a branch.)",
+    )
+    actions = store.add_subparsers(dest="store_command", metavar="ACTION", required=True)
+    register_export(actions, common)
+    register_import(actions, common)
 
 
 def register_export(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -145,4 +159,4 @@ def register_import(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     imp.set_defaults(func=cmd_import)
 
 
-COMMANDS = {"export": register_export, "import": register_import}
+COMMANDS = {"store": register_store}

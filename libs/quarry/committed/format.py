@@ -12,9 +12,9 @@ size_bytes) sorted by key.
 Both carry the file metadata key `quarry.format` = `range/v<N>` / `metarange/v<N>`, N being
 quarry.FORMAT_VERSION (the one storage format number; the tags and id headers below derive
 from it). Reading a file of another version raises FormatVersionMismatch
-(FAILED_PRECONDITION, naming `quarry export` / `quarry import`), a file without the tag
+(FAILED_PRECONDITION, naming `quarry store export` / `quarry store import`), a file without the tag
 RangeCorrupt: never read with the wrong identity semantics. (Earlier versions are read
-only by quarry.committed.legacy, for `quarry import`.)
+only by quarry.committed.legacy, for `quarry store import`.)
 
 Ids hash the LOGICAL content, never file bytes, so they do not depend on the Parquet writer:
 

@@ -1,5 +1,5 @@
 """Committed data of EARLIER storage formats, rewritten in this build's format — used only by
-`quarry import` (quarry.exporting). This is the one place that reads a range or metarange
+`quarry store import` (quarry.exporting). This is the one place that reads a range or metarange
 file of another format version; everything else refuses one (quarry.committed.format).
 
 Format 1 → 2 (docs/architecture.md §2): the Parquet schemas are the same, but format 1's identity

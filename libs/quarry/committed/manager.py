@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from quarry.blob import BlobStore, normalize_storage_namespace
 from quarry.blob.ownership import NamespaceClaim, claim_namespace
-from quarry.committed import apply, diff, loader, merge, spans
+from quarry.committed import apply, diff, loader, merge, replace, spans
 from quarry.committed.format import EMPTY_METARANGE_ID
 from quarry.committed.iterators import EntryIterator
 from quarry.committed.loader import (
@@ -239,6 +239,19 @@ class CommittedManager:
         physical address included), changes nothing (the base entry is kept). With no real
         change the base id is returned and nothing is written."""
         return apply.apply_changes(self._writer, namespace, base_metarange_id, changes)
+
+    def replace_prefixes(
+        self,
+        namespace: str,
+        base_metarange_id: str,
+        prefixes: Sequence[str],
+        import_metarange_id: str,
+    ) -> ApplyResult:
+        """The base with everything under `prefixes` replaced by the import metarange's
+        entries (all under the prefixes), at range granularity (quarry.committed.replace)."""
+        return replace.replace_prefixes(
+            self._writer, namespace, base_metarange_id, prefixes, import_metarange_id
+        )
 
     def merge_metaranges(  # noqa: PLR0913 — the CommittedReader protocol's signature
         self,

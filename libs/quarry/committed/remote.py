@@ -6,7 +6,7 @@ the object store with its own CommittedManager. Only writes go through the range
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -218,6 +218,29 @@ class RemoteRangeWriter:
         return ApplyResult(
             response.metarange_id,
             DiffSummary(added=count),
+            ranges_written=response.ranges_written,
+            ranges_reused=response.ranges_reused,
+        )
+
+    def replace_prefixes(
+        self,
+        namespace: str,
+        base_metarange_id: str,
+        prefixes: Sequence[str],
+        import_metarange_id: str,
+    ) -> ApplyResult:
+        """Same contract as CommittedManager.replace_prefixes, executed by the range-writer."""
+        request = range_writer_pb2.ReplacePrefixesRequest(
+            storage_namespace=namespace,
+            base_metarange_id=base_metarange_id or "",
+            prefixes=list(prefixes),
+            import_metarange_id=import_metarange_id or "",
+        )
+        with domain_errors():
+            response = self._stub.ReplacePrefixes(request, timeout=self._timeout)
+        return ApplyResult(
+            response.metarange_id,
+            summary_from_proto(response.summary),
             ranges_written=response.ranges_written,
             ranges_reused=response.ranges_reused,
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -59,6 +59,14 @@ class RangeWriterClient(Protocol):
     ) -> ApplyResult: ...
 
     def write_metarange(self, namespace: str, entries: Iterable[Entry]) -> ApplyResult: ...
+
+    def replace_prefixes(
+        self,
+        namespace: str,
+        base_metarange_id: str,
+        prefixes: Sequence[str],
+        import_metarange_id: str,
+    ) -> ApplyResult: ...
 
     def merge_metaranges(  # noqa: PLR0913 — the range-writer's RPC, field for field
         self,

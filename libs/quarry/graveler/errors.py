@@ -131,3 +131,11 @@ class NoMergeBase(errors.FailedPrecondition):
 
 class InvalidParent(errors.InvalidArgument):
     reason = "INVALID_PARENT"
+
+
+class InvalidImportSource(errors.InvalidArgument):
+    reason = "INVALID_IMPORT_SOURCE"
+
+
+class ImportNotFound(errors.NotFound):
+    reason = "IMPORT_NOT_FOUND"

@@ -8,6 +8,7 @@ own module and reads top to bottom there.
 * quarry.graveler.writes: put, delete, discard (the writer flow);
 * quarry.graveler.commits: commit and staging compaction (they share seal and retire);
 * quarry.graveler.merges: merge, revert, cherry-pick, merge hints;
+* quarry.graveler.imports: zero-copy import (listing → ranges → one commit);
 * quarry.graveler.repositories: repositories, branches, tags, settings.
 
 The branch record is the only compare-and-swap point, and every change of it goes through
@@ -28,6 +29,7 @@ from quarry.graveler.core import (
     RangeWriterClient,
     make_commit,
 )
+from quarry.graveler.imports import Imports
 from quarry.graveler.layout import MERGE_HINTS_PREFIX
 from quarry.graveler.merges import (
     MAX_CONFLICTS_REPORTED,
@@ -73,6 +75,7 @@ class Graveler(Core):
         self.commits = Commits(self, self.reads)
         self.merges = Merges(self, self.reads)
         self.repositories = Repositories(self, self.reads)
+        self.imports = Imports(self, self.reads)
         # repositories
         self.create_repository = self.repositories.create_repository
         self.installation_id = self.repositories.installation_id
@@ -109,6 +112,10 @@ class Graveler(Core):
         # commits and compaction
         self.commit = self.commits.commit
         self.compact = self.commits.compact
+        # imports
+        self.start_import = self.imports.start_import
+        self.get_import = self.imports.get_import
+        self.cancel_import = self.imports.cancel_import
         # merges
         self.revert = self.merges.revert
         self.cherry_pick = self.merges.cherry_pick

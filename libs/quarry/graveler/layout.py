@@ -16,6 +16,7 @@ prefix or a decoded record; nobody builds a key or parses a stored value by hand
                            settings/gc_rules         → GarbageCollectionRules
                            settings/branch_protection → BranchProtectionRules
                            mergehints/<metarange>    → "source\\nbase\\nonto" (text)
+                           imports/<id>              → JSON ImportRecord (graveler/imports.py)
                            requests/<id>             → RequestRecord
   staging/<token>          <path>                    → StagedValue (entry or tombstone)
   cleanup                  <partition>               → CleanupRecord
@@ -79,6 +80,8 @@ COMMITS_PREFIX = b"commits/"
 GC_RULES_KEY = b"settings/gc_rules"
 BRANCH_PROTECTION_KEY = b"settings/branch_protection"
 MERGE_HINTS_PREFIX = b"mergehints/"
+# An import's status record: a few writes per import, never one per object.
+IMPORTS_PREFIX = b"imports/"
 
 # ---- the `cleanup` partition ----------------------------------------------------------------------
 
@@ -237,6 +240,10 @@ def commit_key(commit_id: str) -> bytes:
 
 def merge_hint_key(metarange_id: str) -> bytes:
     return MERGE_HINTS_PREFIX + metarange_id.encode()
+
+
+def import_key(import_id: str) -> bytes:
+    return IMPORTS_PREFIX + import_id.encode()
 
 
 def staged_key(path: str) -> bytes:

@@ -9,7 +9,7 @@ exactly the same fields is not one.
 
 Ranges store the identity column: changing what it covers is a storage format change
 (quarry.FORMAT_VERSION). Storage format 1 left the address out (quarry.committed.legacy
-reads that format, for `quarry import` only).
+reads that format, for `quarry store import` only).
 """
 
 from __future__ import annotations

@@ -101,6 +101,9 @@ def core_dependencies(  # noqa: PLR0913 — the parts a caller may supply, each 
         dirty_read_optimization=settings.experimental_dirty_read_optimization,
         max_response_bytes=settings.max_response_bytes,
     )
+    graveler.imports.settings = settings  # S3 sources: the endpoint and region
+    graveler.imports.heartbeat_seconds = settings.import_heartbeat_seconds
+    graveler.imports.stale_seconds = settings.import_stale_seconds
     graveler.writes.stream_limits = PutStreamLimits(
         settings.max_put_objects_stream_entries, settings.max_put_objects_stream_bytes
     )

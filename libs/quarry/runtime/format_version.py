@@ -19,8 +19,8 @@ KEY = FORMAT_VERSION_KEY
 
 # The rebuild path, named by every refusal of data written in another storage format.
 REBUILD_HINT = (
-    "Rebuild the data: stop the services, run `quarry export FILE --kv-url <this store>` "
-    "(export reads a store of any format version) and `quarry import FILE --kv-url <an "
+    "Rebuild the data: stop the services, run `quarry store export FILE --kv-url <this store>` "
+    "(export reads a store of any format version) and `quarry store import FILE --kv-url <an "
     "empty store>` with this build; import also rewrites the committed data (ranges and "
     "metaranges) of every repository in this build's format."
 )

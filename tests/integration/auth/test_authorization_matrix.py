@@ -74,6 +74,18 @@ def denied_user(action: str) -> str:
     return f"matrix-deny-{ACTIONS.index(action)}"
 
 
+# Rules that check more actions than their own (StartImport: the source, the destination,
+# the commit): their allowed user has every one of them.
+COMBINED = sorted(method for method, rule in RULES.items() if rule.also)
+
+
+def allowed_for(method: str) -> str:
+    rule = RULES[method]
+    if rule.also:
+        return f"matrix-allow-rule-{COMBINED.index(method)}"
+    return allowed_user(rule.action)
+
+
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
     backend = MemoryStore()
@@ -95,6 +107,14 @@ def suite(tmp_path_factory):
         iam.attach_user_policy(allowed_user(action), f"matrix-allow-{i}")
         iam.create_user(denied_user(action))
         iam.attach_user_policy(denied_user(action), f"matrix-deny-{i}")
+    for i, method in enumerate(COMBINED):
+        actions = [RULES[method].action, *(action for action, _ in RULES[method].also)]
+        iam.create_policy(
+            f"matrix-allow-rule-{i}",
+            document({"Effect": "Allow", "Action": actions, "Resource": "*"}),
+        )
+        iam.create_user(f"matrix-allow-rule-{i}")
+        iam.attach_user_policy(f"matrix-allow-rule-{i}", f"matrix-allow-rule-{i}")
     with running_suite(
         tmp_path_factory.mktemp("matrix"), backend=backend, compactor_sensor=True
     ) as suite:
@@ -174,7 +194,12 @@ def test_every_declared_rpc_admits_exactly_whom_its_rule_says(suite, method):
         passes(suite, method, service_token("branch-manager"))
     else:
         assert rule.access is Access.ACTION
-        passes(suite, method, user_token(allowed_user(rule.action)))
+        passes(suite, method, user_token(allowed_for(method)))
+        if rule.also:
+            # Its own action alone is not enough: each further action is checked too.
+            error = refusal(suite, method, user_token(allowed_user(rule.action)))
+            assert error.metadata["decision"] == "no_grant", method
+            assert error.metadata["action"] in {action for action, _ in rule.also}, method
         passes(suite, method, service_token("compactor-sensor"))
         for user, decision in ((denied_user(rule.action), "deny"), (NO_GRANT, "no_grant")):
             error = refusal(suite, method, user_token(user))
@@ -215,7 +240,7 @@ def test_rpcs_naming_their_id_by_either_field_are_checked_on_that_id(suite, meth
     )
     field = ID_ALIASES[input_type.full_name]
     for fields in ({"id": ABSENT_ID}, {field: ABSENT_ID}, {"id": ABSENT_ID, field: ABSENT_ID}):
-        passes(suite, method, user_token(allowed_user(rule.action)), **fields)
+        passes(suite, method, user_token(allowed_for(method)), **fields)
         passes(suite, method, service_token("compactor-sensor"), **fields)
         for user, decision in ((denied_user(rule.action), "deny"), (NO_GRANT, "no_grant")):
             error = refusal(suite, method, user_token(user), **fields)

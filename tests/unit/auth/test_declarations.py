@@ -28,6 +28,7 @@ INTERNAL = {
     "RangeWriter/WriteMetaRange",
     "RangeWriter/GetMetaRange",
     "RangeWriter/ClaimNamespace",
+    "RangeWriter/ReplacePrefixes",
 }
 
 

@@ -1,6 +1,6 @@
 """Storage format versions of range and metarange files: another version is refused on
 read (FAILED_PRECONDITION / FORMAT_VERSION_MISMATCH naming export/import), and only the
-legacy rewriter used by `quarry import` reads format 1, rewriting it once per distinct file."""
+legacy rewriter used by `quarry store import` reads format 1, rewriting it once per distinct file."""
 
 from __future__ import annotations
 
@@ -115,7 +115,10 @@ def test_a_file_of_another_format_version_is_refused(store):
         assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
         assert caught.value.reason == "FORMAT_VERSION_MISMATCH"
         assert "storage format version 1" in caught.value.message
-        assert "quarry export" in caught.value.message and "quarry import" in caught.value.message
+        assert (
+            "quarry store export" in caught.value.message
+            and "quarry store import" in caught.value.message
+        )
     # The manager (every service's reader) refuses it too, from a local path.
     manager = CommittedManager(lambda ns: store, None)
     with pytest.raises(FormatVersionMismatch):

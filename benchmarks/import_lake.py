@@ -1,0 +1,275 @@
+"""Zero-copy import (docs/import.md) against the floor it cannot beat: listing the source.
+
+The four services run as `quarry serve` processes (SQLite KV, a local storage namespace);
+`Committer.StartImport` is polled until COMPLETED. Figures, each from the same run:
+  * import time / the time to list the same source alone (the same sorted listing the
+    import uses, in this process: quarry.blob.sources.Listing). Target: <= 1.5x.
+  * KV writes per import: the kv-gateway's write RPCs (SetItem, SetItemIf, BatchSetItems,
+    DeleteItem, BatchDeleteItems) during the import, from its /metrics. Target: <= 50.
+  * the first `ls` page (1,000 entries) and a `stat` right after the import, against the
+    same calls on a branch whose objects were written by an ordinary commit.
+
+Sources: a local directory of N files (BENCH_IMPORT_LOCAL, default 1,000,000; 1,000 per
+directory, 0 bytes: the listing is the work, not the bytes), made once and cached under
+.bench-cache/; and M objects on a moto_server (BENCH_IMPORT_S3, default 100,000; moto keeps
+them in memory, so they are put on every run, 32 threads). 0 skips a source.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from quarry.blob.sources import Listing, parse_source
+from quarry.client import Client
+from quarry.config import SERVICES as ALL_SERVICES
+from quarry.v1 import committer_pb2 as cm
+from quarry.v1 import types_pb2
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+from support.processes import free_port, quarry_env, wait_serving  # noqa: E402
+
+LOCAL = int(os.environ.get("BENCH_IMPORT_LOCAL", "1000000"))
+S3_OBJECTS = int(os.environ.get("BENCH_IMPORT_S3", "100000"))
+CACHE = Path(os.environ.get("BENCH_CACHE_DIR", HERE.parent / ".bench-cache"))
+SERVICES = ["kv-gateway", "range-writer", "branch-manager", "committer"]
+PER_DIR = 1000
+WRITES = ("SetItem", "SetItemIf", "BatchSetItems", "DeleteItem", "BatchDeleteItems")
+TARGET_RATIO = 1.5
+TARGET_KV_WRITES = 50
+
+
+def local_source(n: int) -> Path:
+    root = CACHE / f"import-local-{n}"
+    done = root / ".complete"
+    if done.exists():
+        return root / "lake"
+    shutil.rmtree(root, ignore_errors=True)
+    lake = root / "lake"
+    started = time.perf_counter()
+    for i in range(n):
+        if i % PER_DIR == 0:
+            directory = lake / f"date=2026-{i // PER_DIR:05d}"
+            directory.mkdir(parents=True)
+        (directory / f"part-{i:07d}.parquet").touch()
+    done.touch()
+    print(f"  made {n:,} files in {time.perf_counter() - started:.0f} s (cached: {root})")
+    return lake
+
+
+@contextmanager
+def suite(home: Path, s3_endpoint: str = "") -> Iterator[tuple[Client, int]]:
+    """(client, kv-gateway metrics port)."""
+    ports = {service: free_port() for service in SERVICES}
+    settings = {"QUARRY_AUTH_ENABLED": "false", "QUARRY_COMPACTOR_ENABLED": "false"}
+    if s3_endpoint:
+        settings["QUARRY_S3_ENDPOINT_URL"] = s3_endpoint
+    for service, port in ports.items():
+        prefix = f"QUARRY_{service.upper().replace('-', '_')}"
+        settings[f"{prefix}_PORT"] = str(port)
+        settings[f"{prefix}_ADDRESS"] = f"127.0.0.1:{port}"
+    metrics_port = free_port()
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        for service in SERVICES:
+            own = dict(settings)
+            if service == "kv-gateway":  # only its metrics: the KV writes are counted there
+                own["QUARRY_METRICS_BASE_PORT"] = str(
+                    metrics_port - ALL_SERVICES.index("kv-gateway")
+                )
+            env = quarry_env(home, **own)
+            env.setdefault("AWS_ACCESS_KEY_ID", "bench")
+            env.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "quarry.cli.main", "serve", service],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+            wait_serving(f"127.0.0.1:{ports[service]}", timeout=60)
+        with Client(
+            branch_manager=f"127.0.0.1:{ports['branch-manager']}",
+            committer=f"127.0.0.1:{ports['committer']}",
+            token="",
+            timeout=600,
+        ) as client:
+            yield client, metrics_port
+    finally:
+        for child in reversed(children):
+            child.terminate()
+        for child in children:
+            child.wait(30)
+
+
+def kv_writes(metrics_port: int) -> int:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read()
+    total = 0.0
+    for line in text.decode().splitlines():
+        found = re.match(r'quarry_rpc_requests_total\{.*method="[^"]*/(\w+)".*\} (\S+)', line)
+        if found and found.group(1) in WRITES:
+            total += float(found.group(2))
+    return int(total)
+
+
+def time_listing(uri: str, settings: object = None) -> tuple[float, int]:
+    started = time.perf_counter()
+    count = sum(1 for _ in Listing(parse_source(uri), settings))  # type: ignore[arg-type]
+    return time.perf_counter() - started, count
+
+
+def reads(client: Client, repo: str, ref: str, path: str) -> tuple[float, float, float]:
+    """Medians of 5: the first page of `ls` (1,000 entries), a stat, and a commit of one
+    change (a put and the commit)."""
+    pages, stats, commits = [], [], []
+    for i in range(5):
+        started = time.perf_counter()
+        client.put_object(repo, ref, path=f"{path}.one-{i}", physical_address=f"/one/{i}")
+        client.commit(repo, ref, f"one change {i}")
+        commits.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        client.list_objects(repo, ref, page_size=1000)
+        pages.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        client.stat_object(repo, ref, path)
+        stats.append(time.perf_counter() - started)
+    return statistics.median(pages), statistics.median(stats), statistics.median(commits)
+
+
+def run_import(client: Client, metrics_port: int, uri: str, expected: int) -> tuple[float, int]:
+    before = kv_writes(metrics_port)
+    started = time.perf_counter()
+    status = client.start_import("bench", "main", [(uri, "lake")])
+    while status.state == cm.IMPORT_STATE_RUNNING:
+        time.sleep(0.05)
+        status = client.get_import_status("bench", status.id)
+    elapsed = time.perf_counter() - started
+    assert status.state == cm.IMPORT_STATE_COMPLETED, status.error
+    assert status.objects_listed == expected, (status.objects_listed, expected)
+    return elapsed, kv_writes(metrics_port) - before
+
+
+def report(name: str, n: int, listing: float, elapsed: float, writes: int, read_figures) -> None:
+    ratio = elapsed / listing
+    (page, stat, commit), (page_ref, stat_ref, commit_ref) = read_figures
+    print(f"  {name}: {n:,} objects")
+    print(
+        f"    list the source alone       {listing:8.2f} s  ({n / listing:,.0f} objects/s)\n"
+        f"    import (start -> COMPLETED) {elapsed:8.2f} s  ({n / elapsed:,.0f} objects/s)\n"
+        f"    import / listing            {ratio:8.2f}x  (target <= {TARGET_RATIO}x: "
+        f"{'met' if ratio <= TARGET_RATIO else 'NOT met'})\n"
+        f"    KV writes for the import    {writes:8d}   (target <= {TARGET_KV_WRITES}: "
+        f"{'met' if writes <= TARGET_KV_WRITES else 'NOT met'})\n"
+        f"    first ls page (1,000)       {page * 1000:8.1f} ms  "
+        f"(a repository of 10k entries an ordinary commit wrote: {page_ref * 1000:.1f} ms)\n"
+        f"    stat                        {stat * 1000:8.1f} ms  "
+        f"(same branch: {stat_ref * 1000:.1f} ms)\n"
+        f"    a 1-change commit after     {commit * 1000:8.1f} ms  "
+        f"(same branch: {commit_ref * 1000:.1f} ms)"
+    )
+
+
+def baseline_reads(client: Client, namespace: str) -> tuple[float, float, float]:
+    """The same reads in a repository whose 10,000 entries an ordinary commit wrote (made
+    after the import is measured: the staging dropper's deletes of its tokens are KV
+    writes)."""
+    client.create_repository("ordinary", namespace)
+    client.put_objects(
+        "ordinary",
+        "main",
+        (
+            types_pb2.Entry(path=f"ord/f{i:05d}", physical_address=f"/o/{i}", size_bytes=1)
+            for i in range(10_000)
+        ),
+    )
+    client.commit("ordinary", "main", "ordinary entries")
+    return reads(client, "ordinary", "main", "ord/f05000")
+
+
+def bench_local() -> None:
+    lake = local_source(LOCAL)
+    home = Path(tempfile.mkdtemp(prefix="quarry-bench-import-"))
+    try:
+        listing, count = time_listing(str(lake))
+        assert count == LOCAL
+        with suite(home) as (client, metrics_port):
+            client.create_repository("bench", str(home / "ns"))
+            elapsed, writes = run_import(client, metrics_port, str(lake), LOCAL)
+            middle = f"lake/date=2026-{LOCAL // PER_DIR // 2:05d}/part-{LOCAL // 2:07d}.parquet"
+            figures = reads(client, "bench", "main", middle)
+            reference = baseline_reads(client, str(home / "ns2"))  # after: not counted
+        report("local directory", LOCAL, listing, elapsed, writes, (figures, reference))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def bench_s3() -> None:
+    import boto3
+    from botocore.config import Config
+
+    moto = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
+    port = free_port()
+    server = subprocess.Popen(
+        [moto, "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    home = Path(tempfile.mkdtemp(prefix="quarry-bench-import-s3-"))
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    try:
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            config=Config(s3={"addressing_style": "path"}, max_pool_connections=32),
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                s3.create_bucket(Bucket="lake")
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        started = time.perf_counter()
+        keys = [f"t/date={i // PER_DIR:05d}/part-{i:07d}.parquet" for i in range(S3_OBJECTS)]
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            list(pool.map(lambda key: s3.put_object(Bucket="lake", Key=key, Body=b""), keys))
+        print(f"  put {S3_OBJECTS:,} objects into moto in {time.perf_counter() - started:.0f} s")
+        settings = type("S", (), {"s3_endpoint_url": endpoint, "s3_region": "us-east-1"})()
+        listing, count = time_listing("s3://lake/t", settings)
+        assert count == S3_OBJECTS
+        with suite(home, endpoint) as (client, metrics_port):
+            client.create_repository("bench", str(home / "ns"))
+            elapsed, writes = run_import(client, metrics_port, "s3://lake/t", S3_OBJECTS)
+            figures = reads(client, "bench", "main", "lake/" + keys[S3_OBJECTS // 2][2:])
+            reference = baseline_reads(client, str(home / "ns2"))
+        report("S3 (moto_server)", S3_OBJECTS, listing, elapsed, writes, (figures, reference))
+    finally:
+        server.terminate()
+        server.wait(20)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    print("zero-copy import vs listing the source alone (docs/import.md)")
+    if LOCAL:
+        bench_local()
+    if S3_OBJECTS:
+        bench_s3()

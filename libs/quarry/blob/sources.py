@@ -1,0 +1,172 @@
+"""Listing an import's source in key order (docs/import.md): a local directory
+(`/abs/dir`, `file:///abs/dir`) or `s3://bucket/prefix`.
+
+The listing is streamed, never held whole: S3's list_objects_v2 returns keys sorted by
+their UTF-8 bytes already; a local directory is walked depth first with each directory's
+names sorted as the keys they start (a subdirectory `d` as `d/`), which is the same order
+(Python compares str by code point, and UTF-8 preserves code point order). `os.walk` order
+is not key order: `a-b` sorts before `a/x`, though the walk visits `a/` first.
+
+What an object records (nothing is read or hashed: hashing a million files is the copy the
+import exists to avoid):
+  * S3: its address `s3://bucket/key`, size, ETag (quotes dropped) as the checksum, and its
+    LastModified time.
+  * A local file: its absolute path as the address, size and mtime; no checksum (reads
+    check the size only, see quarry.blob.copy_object).
+
+Left out, and counted as skipped: keys whose address would not read back as the same object
+(`a//b`, `.` or `..` segments, control characters, `?`/`#` in an S3 key), Quarry's own
+temporary files, and symbolic links (a link could lead anywhere, a repository's namespace
+included; the import never follows one).
+
+A source that changes while it is listed (docs/import.md): a directory is read one
+directory at a time in key order, S3 one page at a time. An object added where the listing
+has not read yet is imported, one added where it has read is not; an object removed before
+its directory (page) was read is not imported, one removed after it was listed is (its entry
+then points at nothing). Each object is recorded with the size and time seen then; a later
+change of its bytes is caught on read as a size mismatch (or by its S3 ETag).
+"""
+
+from __future__ import annotations
+
+import os
+import stat as stat_module
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from quarry.blob.base import InvalidStorageNamespace
+from quarry.blob.local import TEMP_PREFIX
+from quarry.blob.namespace import parse_storage_namespace
+
+if TYPE_CHECKING:
+    from quarry.config import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class SourceObject:
+    key: str  # relative to the source's root, "/"-separated
+    address: str
+    size: int
+    checksum: str
+    mtime_us: int
+
+
+@dataclass(frozen=True)
+class Source:
+    """A parsed source: `kind` "local" (root = /abs/dir) or "s3" (root = bucket, prefix)."""
+
+    uri: str
+    kind: str
+    root: str
+    prefix: str
+
+    @property
+    def location(self) -> str:
+        """The normalized form: /abs/dir or s3://bucket/prefix."""
+        if self.kind == "local":
+            return self.root
+        return f"s3://{self.root}/{self.prefix}".rstrip("/")
+
+
+def parse_source(uri: str) -> Source:
+    """InvalidStorageNamespace for anything that is not /abs/dir, file:///abs/dir or
+    s3://bucket[/prefix] (a bucket root is allowed: unlike a repository, an import reads)."""
+    kind, where, prefix = parse_storage_namespace(uri)
+    return Source(uri, kind, where, prefix)
+
+
+def _addressable(key: str) -> bool:
+    if not key or any(ord(c) < 32 or ord(c) == 127 for c in key):
+        return False
+    return all(part not in ("", ".", "..") for part in key.split("/"))
+
+
+class Listing:
+    """Iterate it for the source's objects in key order; `skipped` counts what was left out."""
+
+    def __init__(self, source: Source, settings: Settings | None = None) -> None:
+        self.source = source
+        self.settings = settings
+        self.skipped = 0
+
+    def __iter__(self) -> Iterator[SourceObject]:
+        if self.source.kind == "local":
+            return self._local()
+        return self._s3()
+
+    # ---- local directories ------------------------------------------------------------
+
+    def _local(self) -> Iterator[SourceObject]:
+        root = self.source.root
+        if not os.path.isdir(root):
+            raise InvalidStorageNamespace(f"import source {self.source.uri!r} is not a directory")
+        yield from self._walk(root, "")
+
+    def _walk(self, directory: str, rel: str) -> Iterator[SourceObject]:
+        try:
+            with os.scandir(directory) as scan:
+                found = list(scan)
+        except FileNotFoundError:
+            return  # removed while listed: its keys were not there when the walk got here
+        named: list[tuple[str, os.DirEntry[str]]] = []
+        for item in found:
+            if item.is_symlink():
+                self.skipped += 1
+                continue
+            try:
+                is_dir = item.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            named.append((item.name + "/" if is_dir else item.name, item))
+        named.sort(key=lambda pair: pair[0])
+        for name, item in named:
+            key = rel + name
+            if name.endswith("/"):
+                yield from self._walk(item.path, key)
+                continue
+            if name.startswith(TEMP_PREFIX) or not _addressable(key):
+                self.skipped += 1
+                continue
+            try:
+                info = item.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed while listed
+            if not stat_module.S_ISREG(info.st_mode):
+                self.skipped += 1  # a socket, a FIFO, a device: not an object
+                continue
+            yield SourceObject(key, item.path, info.st_size, "", info.st_mtime_ns // 1000)
+
+    # ---- S3 ---------------------------------------------------------------------------
+
+    def _s3(self) -> Iterator[SourceObject]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from quarry.blob.s3 import _unavailable, shared_client
+
+        endpoint = getattr(self.settings, "s3_endpoint_url", "") or None
+        region = getattr(self.settings, "s3_region", "") or "us-east-1"
+        client = shared_client(endpoint, region)
+        bucket = self.source.root
+        prefix = self.source.prefix + "/" if self.source.prefix else ""
+        paginator = client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+                for item in page.get("Contents", ()):
+                    full = item["Key"]
+                    key = full[len(prefix) :]
+                    if "?" in full or "#" in full or not _addressable(key):
+                        self.skipped += 1
+                        continue
+                    yield SourceObject(
+                        key,
+                        f"s3://{bucket}/{full}",
+                        int(item["Size"]),
+                        str(item.get("ETag", "")).strip('"'),
+                        int(item["LastModified"].timestamp() * 1_000_000),
+                    )
+        except (ClientError, BotoCoreError) as exc:
+            raise _unavailable(exc) from exc
+
+
+__all__ = ["Listing", "Source", "SourceObject", "parse_source"]
