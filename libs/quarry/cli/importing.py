@@ -182,7 +182,9 @@ def register_import(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         ("cancel", cancel, "stop a running import (the branch stays as it was)"),
     ):
         p = actions.add_parser(name, help=help_text, description=help_text, parents=[common])
-        p.add_argument("id", metavar="REPO/ID")
+        p.add_argument(
+            "id", metavar="REPO/ID", help="the import: REPO/ID as StartImport printed it"
+        )
         p.add_argument("--repo", help="the repository, when ID is given alone")
         p.set_defaults(func=handler)
 
