@@ -47,15 +47,23 @@ def build(
     auth_servicer = None
     if auth is not None:
         from quarry.auth.authorizer import Authorizer
+        from quarry.auth.keys import resolve_signing_key
+        from quarry.auth.sigv4_secrets import SecretSealer
         from quarry.auth.store import IamStore
         from quarry.services.branch_manager.auth_servicer import AuthServicer
 
         # One IAM store and authorizer for the Auth service and the interceptor, so an IAM
-        # change made here invalidates this process's cache at once.
-        iam = IamStore(deps.graveler.kv)
+        # change made here invalidates this process's cache at once. New credentials keep
+        # their secret sealed too: the s3-gateway's SigV4 needs it.
+        sealer = SecretSealer(resolve_signing_key(settings))
+        iam = IamStore(deps.graveler.kv, sealer=sealer)
         authorizer = Authorizer(iam, settings.auth_cache_seconds)
         auth_servicer = AuthServicer(
-            iam, auth.authority, authorizer, float(settings.auth_token_lifetime_seconds)
+            iam,
+            auth.authority,
+            authorizer,
+            float(settings.auth_token_lifetime_seconds),
+            sealer=sealer,
         )
 
     servicer = BranchManagerServicer(

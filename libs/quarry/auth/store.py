@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -47,6 +47,9 @@ from quarry.graveler.records import CorruptRecord
 from quarry.kv import store as kv
 from quarry.kv.partitions import AUTH_PARTITION
 from quarry.storage.v1 import auth_records_pb2 as records
+
+if TYPE_CHECKING:
+    from quarry.auth.sigv4_secrets import SecretSealer
 
 USERS = b"iam/users/"
 GROUPS = b"iam/groups/"
@@ -93,8 +96,12 @@ class IamStore:
         store: kv.Store,
         clock: Callable[[], float] = time.time,
         hash_cost: int = keys.SCRYPT_N,
+        sealer: SecretSealer | None = None,
     ):
+        """`sealer`: when given, new credentials also keep their secret sealed with it, for
+        AWS Signature V4 (quarry.auth.sigv4_secrets)."""
         self._kv = store
+        self._sealer = sealer
         self._clock = clock
         self._hash_cost = hash_cost
         self._decoy = keys.hash_secret(keys.new_secret(), n=hash_cost)
@@ -167,6 +174,8 @@ class IamStore:
                 secret_hash=hashed,
                 created_at=self._now(),
             )
+            if self._sealer is not None:
+                record.sealed_secret = self._sealer.seal(access_key_id, secret)
             # Link first: a usable credential is always listed under its user.
             link = records.CredentialLink(user_id=user_id, access_key_id=access_key_id)
             self._kv.set(

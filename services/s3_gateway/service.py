@@ -1,0 +1,96 @@
+"""s3-gateway wiring: an HTTP (ASGI) service, not a gRPC one. uvicorn (httptools parser)
+serves quarry.s3gateway.app.S3App; the app calls branch-manager and committer over gRPC
+with each caller's own token, and the Auth service (on branch-manager) with the gateway's
+service token to check SigV4 signatures. Metrics on QUARRY_METRICS_BASE_PORT + 5 (9406),
+JSON or text logs like every service, a trace per request when OTEL_* asks for one."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+
+from quarry.config import Settings
+
+SERVICE_NAME = "s3-gateway"
+# Not gRPC dependencies of a readiness gate: the gateway answers S3 errors (503
+# ServiceUnavailable) while branch-manager or committer are away; `quarry up` starts it last.
+DEPENDS_ON: tuple[str, ...] = ("branch-manager", "committer")
+
+log = logging.getLogger(__name__)
+
+
+def build_gateway(settings: Settings):  # noqa: ANN201 — (Gateway, closers)
+    from quarry.auth.service_tokens import token_source
+    from quarry.runtime.channels import open_service_channel
+    from quarry.runtime.tls import channel_security
+    from quarry.s3gateway.app import Gateway
+    from quarry.v1 import auth_pb2_grpc
+
+    security = channel_security(settings)
+    tokens = token_source(settings, SERVICE_NAME)
+    bm_raw, bm = open_service_channel(settings.branch_manager_address, None, security)
+    cm_raw, cm = open_service_channel(settings.committer_address, None, security)
+    auth = None
+    closers = [bm_raw.close, cm_raw.close]
+    if tokens is not None:
+        auth_raw, auth_channel = open_service_channel(
+            settings.branch_manager_address, tokens, security
+        )
+        auth = auth_pb2_grpc.AuthStub(auth_channel)
+        closers.append(auth_raw.close)
+    gateway = Gateway(settings, bm, cm, auth, workers=settings.max_workers)
+    return gateway, closers
+
+
+def serve(settings: Settings) -> None:
+    """Run the gateway until SIGTERM/SIGINT (uvicorn drains open requests)."""
+    import uvicorn
+
+    from quarry import telemetry
+    from quarry.runtime.tls import check_listen
+    from quarry.s3gateway.app import S3App
+    from quarry.telemetry.logs import configure_logging
+    from quarry.telemetry.metrics import start_metrics_endpoint
+
+    configure_logging(SERVICE_NAME, settings.log_level, settings.log_format)
+    telemetry.configure_tracing(SERVICE_NAME)
+    host, port = settings.listen_host, settings.port_of(SERVICE_NAME)
+    check_listen(settings, SERVICE_NAME, host, None)  # plaintext beyond loopback: refused
+    gateway, closers = build_gateway(settings)
+    app = S3App(gateway)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound = sock.getsockname()[1]
+    metrics_port = start_metrics_endpoint(
+        settings.metrics_host, settings.metrics_port_of(SERVICE_NAME)
+    )
+    config = uvicorn.Config(
+        app,
+        http="httptools",
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
+        server_header=False,
+        date_header=True,
+    )
+    server = uvicorn.Server(config)
+    log.info(
+        "%s listening on %s:%d, plaintext (metrics port %s)",
+        SERVICE_NAME,
+        host,
+        bound,
+        metrics_port or "off",
+    )
+    # `quarry up` reads this line: the port is bound.
+    print(f"{SERVICE_NAME} ready on {host}:{bound}", flush=True)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        app.close()
+        for close in closers:
+            close()
+        log.info("%s stopped", SERVICE_NAME)

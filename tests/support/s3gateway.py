@@ -1,0 +1,76 @@
+"""The S3 gateway for end-to-end tests: the in-process suite (support.suite) plus a real
+`quarry serve s3-gateway` process dialing it, and S3 credentials made through the Auth
+service (so their secret is sealed, as every credential created from now on)."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+from botocore.config import Config
+
+from support.processes import free_port, quarry_env, quarry_serve
+from support.suite import Suite, running_suite
+from support.wait import wait_until
+
+
+@dataclass
+class Gateway:
+    suite: Suite
+    endpoint: str
+    process: subprocess.Popen
+
+    def credentials(self, user: str = "admin") -> tuple[str, str]:
+        """New credentials of `user` (created through Auth/CreateCredentials)."""
+        with self.suite.client() as client:
+            made = client.create_credentials(user)
+        return made.credentials.access_key_id, made.secret_access_key
+
+    def s3(self, key: tuple[str, str] | None = None, **config):
+        key_id, secret = key or self.credentials()
+        config.setdefault("retries", {"max_attempts": 1})
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=key_id,
+            aws_secret_access_key=secret,
+            region_name="us-east-1",
+            config=Config(s3={"addressing_style": "path"}, **config),
+        )
+
+
+def _answers(endpoint: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(endpoint + "/_health", timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def running_gateway(home: Path, **overrides) -> Iterator[Gateway]:
+    with running_suite(home, **overrides) as suite:
+        port = free_port()
+        env = quarry_env(
+            home,
+            QUARRY_S3_GATEWAY_PORT=str(port),
+            QUARRY_BRANCH_MANAGER_ADDRESS=suite.targets["branch-manager"],
+            QUARRY_COMMITTER_ADDRESS=suite.targets["committer"],
+            QUARRY_LOG_FORMAT="json",
+        )
+        with quarry_serve("s3-gateway", env) as child:
+            endpoint = f"http://127.0.0.1:{port}"
+
+            def up() -> bool:
+                if child.poll() is not None:
+                    raise AssertionError(f"s3-gateway exited: {child.stderr.read()}")
+                return _answers(endpoint)
+
+            wait_until(up, timeout=20, interval=0.05, what="the s3-gateway to answer")
+            yield Gateway(suite, endpoint, child)
