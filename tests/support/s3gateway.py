@@ -39,7 +39,8 @@ class Gateway:
             aws_access_key_id=key_id,
             aws_secret_access_key=secret,
             region_name="us-east-1",
-            config=Config(s3={"addressing_style": "path"}, **config),
+            # s3v4 also for presigned URLs (boto3 presigns with SigV2 unless told).
+            config=Config(s3={"addressing_style": "path"}, signature_version="s3v4", **config),
         )
 
 

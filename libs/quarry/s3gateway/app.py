@@ -145,6 +145,13 @@ class _Bridge:
         self._more = True
         self.started = False
 
+    def unread_body(self, headers: dict[str, list[str]]) -> bool:
+        """Whether the request announced a body this answer leaves (partly) unread."""
+        announced = headers.get("content-length", ["0"])[0] not in ("", "0") or bool(
+            headers.get("transfer-encoding")
+        )
+        return announced and (self._more or bool(self._buffer))
+
     def read(self, n: int) -> bytes:
         while not self._buffer and self._more:
             message = asyncio.run_coroutine_threadsafe(self._receive(), self._loop).result()
@@ -318,6 +325,10 @@ class S3App:
             ("server", "Quarry"),
             *response.headers,
         ]
+        if bridge.unread_body(request.headers):
+            # An answer before the body was read (an error, or a refusal of an
+            # `Expect: 100-continue` upload): the connection cannot carry another request.
+            headers.append(("connection", "close"))
         body = response.body
         if isinstance(body, bytes) and not any(k == "content-length" for k, _ in headers):
             headers.append(("content-length", str(len(body))))

@@ -41,10 +41,10 @@ def _fill(parent: ET.Element, fields: Iterable[tuple[str, Any]]) -> None:
             _add(parent, tag, value)
 
 
-def document(root: str, fields: Iterable[tuple[str, Any]]) -> bytes:
+def document(root: str, fields: Iterable[tuple[str, Any]], namespace: bool = True) -> bytes:
     """<root xmlns=S3>fields</root>. A field is (tag, scalar), or (tag, [fields, ...]) for
     repeated nested elements; None values are left out."""
-    element = ET.Element(root, xmlns=NS)
+    element = ET.Element(root, xmlns=NS) if namespace else ET.Element(root)
     _fill(element, fields)
     return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(element)
 
@@ -58,6 +58,7 @@ def error_document(error: S3Error, request_id: str) -> bytes:
             ("Resource", error.resource or None),
             ("RequestId", request_id),
         ],
+        namespace=False,  # S3's error documents have none (clients look up bare tags)
     )
 
 

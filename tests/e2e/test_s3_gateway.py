@@ -1,0 +1,345 @@
+"""The S3 gateway end to end: a real `quarry serve s3-gateway` process in front of the suite,
+driven by real S3 clients (boto3 here; the AWS CLI and pyarrow in test_s3_gateway_clients.py).
+
+Safety checks: a bad signature, an expired presigned URL, a user without fs:WriteObject, a
+protected branch and a write to a tag each get their S3 error and stage nothing."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import os
+
+import pytest
+from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import ClientError
+
+from quarry.v1 import branch_manager_pb2 as bm
+from support.s3gateway import running_gateway
+
+REPO = "lake"
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    with running_gateway(tmp_path_factory.mktemp("s3gw")) as gw:
+        with gw.suite.client() as client:
+            client.create_repository(REPO, gw.suite.namespace(REPO))
+            client.create_branch(REPO, "dev", "main")
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def s3(gateway):
+    return gateway.s3()
+
+
+@pytest.fixture
+def client(gateway):
+    with gateway.suite.client() as c:
+        yield c
+
+
+def _code(error: ClientError) -> str:
+    return error.response["Error"]["Code"]
+
+
+def _staged(client, branch: str) -> list[str]:
+    return [e.path for e in client.iter_objects(REPO, branch)]
+
+
+def test_buckets_are_repositories(s3):
+    names = [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    assert REPO in names
+    s3.head_bucket(Bucket=REPO)
+    assert s3.get_bucket_location(Bucket=REPO).get("LocationConstraint") in (None, "")
+    with pytest.raises(ClientError) as missing:
+        s3.head_bucket(Bucket="no-such-repo")
+    assert missing.value.response["Error"]["Code"] == "404"
+    with pytest.raises(ClientError) as listing:
+        s3.list_objects_v2(Bucket="no-such-repo", Prefix="main/")
+    assert _code(listing.value) == "NoSuchBucket"
+    assert listing.value.response["ResponseMetadata"]["RequestId"]
+
+
+def test_put_get_head_with_metadata_ranges_and_conditions(s3, client):
+    body = os.urandom(300_000)
+    md5 = hashlib.md5(body).digest()
+    put = s3.put_object(
+        Bucket=REPO,
+        Key="dev/objects/blob.bin",
+        Body=body,
+        ContentType="application/x-test",
+        ContentMD5=base64.b64encode(md5).decode(),
+        Metadata={"owner": "team-a"},
+    )
+    assert put["ETag"] == f'"{md5.hex()}"'
+    got = s3.get_object(Bucket=REPO, Key="dev/objects/blob.bin")
+    assert got["Body"].read() == body
+    assert got["ContentType"] == "application/x-test"
+    assert got["Metadata"] == {"owner": "team-a"}
+    assert got["ETag"] == put["ETag"]
+    # The gateway's write is an ordinary staged entry: what `quarry stat`/`cat` see.
+    entry = client.stat_object(REPO, "dev", "objects/blob.bin")
+    assert entry.size_bytes == len(body) and entry.checksum == md5.hex()
+    head = s3.head_object(Bucket=REPO, Key="dev/objects/blob.bin")
+    assert head["ContentLength"] == len(body)
+    ranged = s3.get_object(Bucket=REPO, Key="dev/objects/blob.bin", Range="bytes=1000-1999")
+    assert ranged["Body"].read() == body[1000:2000]
+    assert ranged["ContentRange"] == f"bytes 1000-1999/{len(body)}"
+    suffix = s3.get_object(Bucket=REPO, Key="dev/objects/blob.bin", Range="bytes=-10")
+    assert suffix["Body"].read() == body[-10:]
+    with pytest.raises(ClientError) as unsatisfiable:
+        s3.get_object(Bucket=REPO, Key="dev/objects/blob.bin", Range=f"bytes={len(body)}-")
+    assert _code(unsatisfiable.value) == "InvalidRange"
+    with pytest.raises(ClientError) as not_modified:
+        s3.get_object(Bucket=REPO, Key="dev/objects/blob.bin", IfNoneMatch=put["ETag"])
+    assert not_modified.value.response["ResponseMetadata"]["HTTPStatusCode"] == 304
+    with pytest.raises(ClientError) as failed:
+        s3.get_object(Bucket=REPO, Key="dev/objects/blob.bin", IfMatch='"0000"')
+    assert _code(failed.value) == "PreconditionFailed"
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+    with pytest.raises(ClientError) as unmodified:
+        s3.get_object(Bucket=REPO, Key="dev/objects/blob.bin", IfModifiedSince=later)
+    assert unmodified.value.response["ResponseMetadata"]["HTTPStatusCode"] == 304
+    overridden = s3.get_object(
+        Bucket=REPO,
+        Key="dev/objects/blob.bin",
+        ResponseContentType="text/csv",
+        ResponseContentDisposition="attachment; filename=x.csv",
+    )
+    assert overridden["ContentType"] == "text/csv"
+    assert overridden["ContentDisposition"] == "attachment; filename=x.csv"
+    with pytest.raises(ClientError) as missing:
+        s3.get_object(Bucket=REPO, Key="dev/objects/none.bin")
+    assert _code(missing.value) == "NoSuchKey"
+
+
+def test_a_wrong_content_md5_is_refused_and_nothing_is_staged(s3, client):
+    with pytest.raises(ClientError) as refused:
+        s3.put_object(
+            Bucket=REPO,
+            Key="dev/md5/bad.bin",
+            Body=b"some bytes",
+            ContentMD5=base64.b64encode(hashlib.md5(b"other").digest()).decode(),
+        )
+    assert _code(refused.value) == "BadDigest"
+    assert _staged(client, "dev") == [p for p in _staged(client, "dev") if not p.startswith("md5/")]
+
+
+def test_listing_v2_and_v1_page_with_prefixes_and_markers(s3):
+    keys = [
+        f"dev/list/{name}" for name in ("a.txt", "b.txt", "c/1.txt", "c/2.txt", "d.txt", "e f.txt")
+    ]
+    for key in keys:
+        s3.put_object(Bucket=REPO, Key=key, Body=key.encode())
+    top = s3.list_objects_v2(Bucket=REPO, Prefix="dev/list/", Delimiter="/")
+    assert [c["Key"] for c in top["Contents"]] == [
+        "dev/list/a.txt",
+        "dev/list/b.txt",
+        "dev/list/d.txt",
+        "dev/list/e f.txt",
+    ]
+    assert [p["Prefix"] for p in top["CommonPrefixes"]] == ["dev/list/c/"]
+    # Paging: max-keys with continuation tokens, as the paginator walks them.
+    pages = list(
+        s3.get_paginator("list_objects_v2").paginate(
+            Bucket=REPO, Prefix="dev/list/", PaginationConfig={"PageSize": 2}
+        )
+    )
+    assert len(pages) == 3
+    assert [c["Key"] for p in pages for c in p["Contents"]] == sorted(keys)
+    after = s3.list_objects_v2(Bucket=REPO, Prefix="dev/list/", StartAfter="dev/list/c/1.txt")
+    assert [c["Key"] for c in after["Contents"]] == sorted(keys)[3:]
+    v1 = list(
+        s3.get_paginator("list_objects").paginate(
+            Bucket=REPO, Prefix="dev/list/", PaginationConfig={"PageSize": 4}
+        )
+    )
+    assert [c["Key"] for p in v1 for c in p["Contents"]] == sorted(keys)
+    marked = s3.list_objects(Bucket=REPO, Prefix="dev/list/", Marker="dev/list/b.txt")
+    assert [c["Key"] for c in marked["Contents"]] == sorted(keys)[2:]
+    # The refs are the top level: branches as common prefixes.
+    refs = s3.list_objects_v2(Bucket=REPO, Delimiter="/")
+    assert {"dev/", "main/"} <= {p["Prefix"] for p in refs["CommonPrefixes"]}
+
+
+def test_delete_object_and_delete_objects(s3, client):
+    for name in ("x1", "x2", "x3"):
+        s3.put_object(Bucket=REPO, Key=f"dev/del/{name}", Body=b"x")
+    s3.delete_object(Bucket=REPO, Key="dev/del/x1")
+    s3.delete_object(Bucket=REPO, Key="dev/del/never-there")  # S3 answers 204 too
+    answer = s3.delete_objects(
+        Bucket=REPO, Delete={"Objects": [{"Key": "dev/del/x2"}, {"Key": "dev/del/x3"}]}
+    )
+    assert sorted(d["Key"] for d in answer["Deleted"]) == ["dev/del/x2", "dev/del/x3"]
+    assert not [p for p in _staged(client, "dev") if p.startswith("del/")]
+    quiet = s3.delete_objects(
+        Bucket=REPO, Delete={"Objects": [{"Key": "dev/del/x2"}], "Quiet": True}
+    )
+    assert "Deleted" not in quiet and "Errors" not in quiet
+
+
+def test_copy_object_across_branches_with_metadata_directives(s3, client):
+    s3.put_object(Bucket=REPO, Key="dev/copy/src", Body=b"copied", Metadata={"a": "1"})
+    s3.copy_object(Bucket=REPO, Key="main/copy/same", CopySource=f"{REPO}/dev/copy/src")
+    same = s3.get_object(Bucket=REPO, Key="main/copy/same")
+    assert same["Body"].read() == b"copied" and same["Metadata"] == {"a": "1"}
+    s3.copy_object(
+        Bucket=REPO,
+        Key="dev/copy/replaced",
+        CopySource={"Bucket": REPO, "Key": "dev/copy/src"},
+        MetadataDirective="REPLACE",
+        Metadata={"b": "2"},
+        ContentType="text/plain",
+    )
+    replaced = s3.head_object(Bucket=REPO, Key="dev/copy/replaced")
+    assert replaced["Metadata"] == {"b": "2"} and replaced["ContentType"] == "text/plain"
+
+
+def test_multipart_parts_are_invisible_until_complete_and_abort_removes_them(s3, client, gateway):
+    key = "dev/mpu/explicit.bin"
+    upload = s3.create_multipart_upload(Bucket=REPO, Key=key)["UploadId"]
+    part1, part2 = os.urandom(5 * 1024 * 1024), os.urandom(1000)
+    e1 = s3.upload_part(Bucket=REPO, Key=key, UploadId=upload, PartNumber=1, Body=part1)["ETag"]
+    e2 = s3.upload_part(Bucket=REPO, Key=key, UploadId=upload, PartNumber=2, Body=part2)["ETag"]
+    assert "mpu/explicit.bin" not in _staged(client, "dev")
+    listed = s3.list_parts(Bucket=REPO, Key=key, UploadId=upload)["Parts"]
+    assert [(p["PartNumber"], p["ETag"], p["Size"]) for p in listed] == [
+        (1, e1, len(part1)),
+        (2, e2, len(part2)),
+    ]
+    uploads = s3.list_multipart_uploads(Bucket=REPO)["Uploads"]
+    assert (key, upload) in [(u["Key"], u["UploadId"]) for u in uploads]
+    done = s3.complete_multipart_upload(
+        Bucket=REPO,
+        Key=key,
+        UploadId=upload,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]},
+    )
+    assert done["ETag"].strip('"').endswith("-2")
+    assert s3.get_object(Bucket=REPO, Key=key)["Body"].read() == part1 + part2
+    namespace = gateway.suite.namespace(REPO)
+
+    def multipart_files() -> list[str]:
+        return [
+            f for _, _, files in os.walk(os.path.join(namespace, "_s3_multipart")) for f in files
+        ]
+
+    assert not multipart_files()  # parts and the upload record removed
+    aborted = s3.create_multipart_upload(Bucket=REPO, Key="dev/mpu/aborted.bin")["UploadId"]
+    s3.upload_part(
+        Bucket=REPO, Key="dev/mpu/aborted.bin", UploadId=aborted, PartNumber=1, Body=b"z"
+    )
+    s3.abort_multipart_upload(Bucket=REPO, Key="dev/mpu/aborted.bin", UploadId=aborted)
+    assert not multipart_files()
+    assert "mpu/aborted.bin" not in _staged(client, "dev")
+    with pytest.raises(ClientError) as gone:
+        s3.list_parts(Bucket=REPO, Key="dev/mpu/aborted.bin", UploadId=aborted)
+    assert _code(gone.value) == "NoSuchUpload"
+
+
+def test_upload_file_and_download_file_with_multipart_transfers(s3, tmp_path):
+    source = tmp_path / "big.bin"
+    source.write_bytes(os.urandom(12 * 1024 * 1024))
+    config = TransferConfig(
+        multipart_threshold=5 * 1024 * 1024, multipart_chunksize=5 * 1024 * 1024
+    )
+    s3.upload_file(str(source), REPO, "dev/transfer/big.bin", Config=config)
+    head = s3.head_object(Bucket=REPO, Key="dev/transfer/big.bin")
+    assert head["ETag"].strip('"').endswith("-3")
+    target = tmp_path / "back.bin"
+    s3.download_file(REPO, "dev/transfer/big.bin", str(target), Config=config)  # ranged GETs
+    assert target.read_bytes() == source.read_bytes()
+
+
+# ---- refusals: the right S3 error, and nothing staged ------------------------------------
+
+
+def test_a_write_to_a_tag_or_commit_is_method_not_allowed(s3, client):
+    client.put_object(REPO, "main", path="seed.txt", physical_address="/dev/null")
+    commit = client.commit(REPO, "main", "seed").commit
+    client.create_tag(REPO, "v1", "main")
+    for ref in ("v1", commit.id):
+        with pytest.raises(ClientError) as refused:
+            s3.put_object(Bucket=REPO, Key=f"{ref}/x.txt", Body=b"x")
+        assert _code(refused.value) == "MethodNotAllowed"
+    # Reads work on the tag.
+    assert "v1/seed.txt" in [
+        c["Key"] for c in s3.list_objects_v2(Bucket=REPO, Prefix="v1/")["Contents"]
+    ]
+
+
+def test_a_bad_signature_is_refused(gateway, client):
+    key_id, secret = gateway.credentials()
+    wrong = gateway.s3((key_id, secret[:-1] + ("A" if secret[-1] != "A" else "B")))
+    with pytest.raises(ClientError) as refused:
+        wrong.put_object(Bucket=REPO, Key="dev/badsig.txt", Body=b"x")
+    assert _code(refused.value) == "SignatureDoesNotMatch"
+    unknown = gateway.s3(("AKIAQNOSUCHKEY000000", secret))
+    with pytest.raises(ClientError) as refused:
+        unknown.list_buckets()
+    assert _code(refused.value) == "SignatureDoesNotMatch"
+    assert "badsig.txt" not in _staged(client, "dev")
+
+
+def test_presigned_urls_work_and_expire(s3, gateway, monkeypatch):
+    import urllib.error
+    import urllib.request
+
+    import botocore.auth
+
+    s3.put_object(Bucket=REPO, Key="dev/presigned.txt", Body=b"shared")
+    url = s3.generate_presigned_url(
+        "get_object", Params={"Bucket": REPO, "Key": "dev/presigned.txt"}, ExpiresIn=60
+    )
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        assert answer.read() == b"shared"
+    # Signed two minutes ago for one minute: expired.
+    past = datetime.datetime.now(datetime.UTC).replace(tzinfo=None) - datetime.timedelta(minutes=2)
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: past)
+    expired = s3.generate_presigned_url(
+        "get_object", Params={"Bucket": REPO, "Key": "dev/presigned.txt"}, ExpiresIn=60
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(expired, timeout=10)
+    assert refused.value.code == 403
+    assert b"<Code>AccessDenied</Code>" in refused.value.read()
+
+
+def test_a_user_without_write_permission_gets_access_denied_and_nothing_staged(gateway, client):
+    client.create_user("viewer-s3")
+    client.add_group_member("Viewers", "viewer-s3")
+    viewer = gateway.s3(gateway.credentials("viewer-s3"))
+    assert viewer.list_objects_v2(Bucket=REPO, Prefix="dev/")["KeyCount"] >= 0
+    with pytest.raises(ClientError) as refused:
+        viewer.put_object(Bucket=REPO, Key="dev/viewer.txt", Body=b"x")
+    assert _code(refused.value) == "AccessDenied"
+    assert "viewer.txt" not in _staged(client, "dev")
+
+
+def test_a_protected_branch_refuses_gateway_writes(s3, client):
+    client.create_branch(REPO, "guarded", "main")
+    client.set_branch_protection_rules(
+        REPO,
+        [
+            bm.BranchProtectionRule(
+                pattern="guarded",
+                blocked_actions=[bm.BRANCH_PROTECTION_BLOCKED_ACTION_STAGING_WRITE],
+            )
+        ],
+    )
+    with pytest.raises(ClientError) as refused:
+        s3.put_object(Bucket=REPO, Key="guarded/x.txt", Body=b"x")
+    assert _code(refused.value) == "AccessDenied"
+    assert "x.txt" not in _staged(client, "guarded")
+
+
+def test_unsupported_operations_answer_not_implemented(s3):
+    with pytest.raises(ClientError) as refused:
+        s3.get_bucket_acl(Bucket=REPO)
+    assert _code(refused.value) == "NotImplemented"
+    with pytest.raises(ClientError) as refused:
+        s3.create_bucket(Bucket="new-bucket")
+    assert _code(refused.value) == "NotImplemented"
