@@ -1,5 +1,8 @@
 """The S3 gateway end to end: a real `quarry serve s3-gateway` process in front of the suite,
-driven by real S3 clients (boto3 here; the AWS CLI and pyarrow in test_s3_gateway_clients.py).
+driven by real S3 clients: boto3 (every operation), the AWS CLI (`aws s3 sync/ls/cp/rm
+--recursive`) and pyarrow's S3FileSystem (a Parquet dataset written on a branch, committed
+with `quarry commit`, read back from a tag). One gateway for the module: starting one costs
+seconds.
 
 Safety checks: a bad signature, an expired presigned URL, a user without fs:WriteObject, a
 protected branch and a write to a tag each get their S3 error and stage nothing."""
@@ -10,15 +13,24 @@ import base64
 import datetime
 import hashlib
 import os
+import subprocess
+import sys
+from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
+from pyarrow import fs
 
 from quarry.v1 import branch_manager_pb2 as bm
+from support.processes import quarry_env
 from support.s3gateway import running_gateway
 
 REPO = "lake"
+TOOLS = "tools"  # the repository of the CLI and pyarrow tests
+BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +45,18 @@ def gateway(tmp_path_factory):
 @pytest.fixture(scope="module")
 def s3(gateway):
     return gateway.s3()
+
+
+@pytest.fixture(scope="module")
+def keys(gateway):
+    return gateway.credentials()
+
+
+@pytest.fixture(scope="module")
+def tools(gateway):
+    with gateway.suite.client() as client:
+        client.create_repository(TOOLS, gateway.suite.namespace(TOOLS))
+    return TOOLS
 
 
 @pytest.fixture
@@ -343,3 +367,88 @@ def test_unsupported_operations_answer_not_implemented(s3):
     with pytest.raises(ClientError) as refused:
         s3.create_bucket(Bucket="new-bucket")
     assert _code(refused.value) == "NotImplemented"
+
+
+# ---- the AWS CLI and pyarrow ------------------------------------------------------------
+
+
+def aws(gateway, keys, *args: str, ok: tuple[int, ...] = (0,)) -> str:
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(gateway.suite.home),
+        "AWS_ACCESS_KEY_ID": keys[0],
+        "AWS_SECRET_ACCESS_KEY": keys[1],
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    }
+    done = subprocess.run(
+        [str(BIN / "aws"), "--endpoint-url", gateway.endpoint, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode in ok, f"aws {' '.join(args)}: {done.stderr}"
+    return done.stdout
+
+
+def quarry(gateway, *args: str) -> str:
+    env = quarry_env(
+        gateway.suite.home,
+        QUARRY_BRANCH_MANAGER_ADDRESS=gateway.suite.targets["branch-manager"],
+        QUARRY_COMMITTER_ADDRESS=gateway.suite.targets["committer"],
+    )
+    done = subprocess.run(
+        [str(BIN / "quarry"), *args], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, f"quarry {' '.join(args)}: {done.stderr}"
+    return done.stdout
+
+
+def test_aws_cli_sync_ls_cp_rm(gateway, keys, tools, tmp_path):
+    """Four CLI runs (each costs seconds of start-up): sync up (multipart for the 9 MiB file:
+    the CLI's threshold is 8 MiB), ls, cp --recursive down (ranged GETs), rm --recursive."""
+    source = tmp_path / "tree"
+    (source / "sub").mkdir(parents=True)
+    (source / "a.txt").write_text("alpha")
+    (source / "sub" / "b.txt").write_text("beta")
+    (source / "big.bin").write_bytes(os.urandom(9 * 1024 * 1024))
+    aws(gateway, keys, "s3", "sync", str(source), f"s3://{TOOLS}/main/tree/")
+    listing = aws(gateway, keys, "s3", "ls", "--recursive", f"s3://{TOOLS}/main/tree/")
+    assert {line.split()[-1] for line in listing.splitlines()} == {
+        "main/tree/a.txt",
+        "main/tree/big.bin",
+        "main/tree/sub/b.txt",
+    }
+    # Visible to Quarry's own client, as any staged write.
+    with gateway.suite.client() as client:
+        assert client.stat_object(TOOLS, "main", "tree/sub/b.txt").size_bytes == 4
+        assert client.stat_object(TOOLS, "main", "tree/big.bin").checksum.endswith("-2")
+    back = tmp_path / "back"
+    aws(gateway, keys, "s3", "cp", "--recursive", f"s3://{TOOLS}/main/tree/", str(back))
+    assert (back / "big.bin").read_bytes() == (source / "big.bin").read_bytes()
+    assert (back / "sub" / "b.txt").read_text() == "beta"
+    aws(gateway, keys, "s3", "rm", "--recursive", f"s3://{TOOLS}/main/tree/")
+    with gateway.suite.client() as client:
+        assert not list(client.iter_objects(TOOLS, "main", prefix="tree/"))
+
+
+def test_pyarrow_writes_parquet_on_a_branch_and_reads_it_back_from_a_tag(gateway, keys, tools):
+    with gateway.suite.client() as client:
+        client.create_branch(TOOLS, "etl", "main")
+    s3 = fs.S3FileSystem(
+        access_key=keys[0],
+        secret_key=keys[1],
+        endpoint_override=gateway.endpoint.removeprefix("http://"),
+        scheme="http",
+        region="us-east-1",
+    )
+    table = pa.table({"id": list(range(1000)), "name": [f"n{i}" for i in range(1000)]})
+    pq.write_to_dataset(table, f"{TOOLS}/etl/tables/people", filesystem=s3, partition_cols=None)
+    assert pq.read_table(f"{TOOLS}/etl/tables/people", filesystem=s3).num_rows == 1000
+    quarry(gateway, "commit", TOOLS, "etl", "-m", "people via S3")
+    with gateway.suite.client() as client:
+        client.create_tag(TOOLS, "people-v1", "etl")
+    back = pq.read_table(f"{TOOLS}/people-v1/tables/people", filesystem=s3)
+    assert back.sort_by("id").equals(table)

@@ -600,10 +600,14 @@ def _stage(  # noqa: PLR0913 — the entry's parts
 
 def put_object(ctx: Context, request: Request, signature: Any) -> Response:
     bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
-    if not path:
-        raise invalid_argument("a key is REF/PATH with a non-empty PATH")
     repo = _repository(ctx, bucket)
     _require_branch(ctx, bucket, ref)
+    if not path:
+        # A "directory marker" for the branch itself (pyarrow, s3fs make them): the branch
+        # exists, so there is nothing to store; an empty body is all it may carry.
+        if request.read(1):
+            raise invalid_argument("a key is REF/PATH with a non-empty PATH")
+        return Response(200, [("etag", _etag(hashlib.md5(b"").hexdigest()))])  # noqa: S324
     read, finish = body_reader(request, ctx, signature)
     store = open_blob_store(repo.storage_namespace, ctx.settings)
     try:
