@@ -18,6 +18,9 @@ SERVICE_NAME = "s3-gateway"
 DEPENDS_ON: tuple[str, ...] = ("branch-manager", "committer")
 
 log = logging.getLogger(__name__)
+# The lifecycle lines ("signal N, draining", "stopped") under the logger every service's
+# server logs them with, so one search (and tests/e2e/test_start_order.py) finds them all.
+lifecycle = logging.getLogger("quarry.runtime.server")
 
 
 def build_gateway(settings: Settings):  # noqa: ANN201 — (Gateway, closers)
@@ -76,7 +79,18 @@ def serve(settings: Settings) -> None:
         server_header=False,
         date_header=True,
     )
-    server = uvicorn.Server(config)
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame) -> None:  # noqa: ANN001 — signal handler
+            lifecycle.info(
+                "%s: signal %d, draining (grace %.1fs)",
+                SERVICE_NAME,
+                sig,
+                settings.shutdown_grace_seconds,
+            )
+            if not self.should_exit:
+                super().handle_exit(sig, frame)
+
+    server = _Server(config)
     log.info(
         "%s listening on %s:%d, plaintext (metrics port %s)",
         SERVICE_NAME,
@@ -86,6 +100,11 @@ def serve(settings: Settings) -> None:
     )
     # `quarry up` reads this line: the port is bound.
     print(f"{SERVICE_NAME} ready on {host}:{bound}", flush=True)
+    # Ours until uvicorn installs its own, and again after it restores them: a SIGTERM before
+    # or after the serving loop stops it the same way (uvicorn re-raises the signal it caught
+    # once it has drained; the default action would end the process with -15, not 0).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda number, frame: server.handle_exit(number, frame))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         server.run(sockets=[sock])
@@ -93,4 +112,4 @@ def serve(settings: Settings) -> None:
         app.close()
         for close in closers:
             close()
-        log.info("%s stopped", SERVICE_NAME)
+        lifecycle.info("%s stopped", SERVICE_NAME)
