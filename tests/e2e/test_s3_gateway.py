@@ -1,5 +1,5 @@
 """The S3 gateway end to end: a real `quarry serve s3-gateway` process in front of the suite,
-driven by real S3 clients: boto3 (every operation), the AWS CLI (`aws s3 sync/ls/cp/rm
+driven by real S3 clients: boto3 (every operation), rclone, s3cmd, the AWS CLI (`aws s3 sync/ls/cp/rm
 --recursive`) and pyarrow's S3FileSystem (a Parquet dataset written on a branch, committed
 with `quarry commit`, read back from a tag). One gateway for the module: starting one costs
 seconds.
@@ -478,6 +478,7 @@ def _chunked_put(gateway, keys, key: str, data: bytes, tamper: bool = False):
         "Content-Encoding": "aws-chunked",
         "X-Amz-Decoded-Content-Length": str(len(data)),
     }
+
     class StreamingSigner(S3SigV4Auth):
         def payload(self, request):  # the payload hash the seed signature signs
             return "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
@@ -530,3 +531,66 @@ def test_signed_aws_chunked_uploads_are_checked_chunk_by_chunk(gateway, keys, cl
     assert set(stored) <= addresses | {
         os.path.basename(e.physical_address) for e in client.iter_objects(REPO, "main")
     }
+
+
+# ---- rclone and s3cmd (Debian packages: `make test-clients`) -----------------------------
+
+
+def test_rclone_copies_lists_and_reads(gateway, keys, tools, tmp_path):
+    source = tmp_path / "rc"
+    (source / "sub").mkdir(parents=True)
+    (source / "a.txt").write_text("from rclone")
+    (source / "sub" / "b.txt").write_text("nested")
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "RCLONE_CONFIG": os.devnull,
+        "RCLONE_CONFIG_Q_TYPE": "s3",
+        "RCLONE_CONFIG_Q_PROVIDER": "Other",
+        "RCLONE_CONFIG_Q_ACCESS_KEY_ID": keys[0],
+        "RCLONE_CONFIG_Q_SECRET_ACCESS_KEY": keys[1],
+        "RCLONE_CONFIG_Q_ENDPOINT": gateway.endpoint,
+        "RCLONE_CONFIG_Q_REGION": "us-east-1",
+        "RCLONE_CONFIG_Q_NO_CHECK_BUCKET": "true",
+    }
+
+    def rclone(*args: str) -> str:
+        done = subprocess.run(
+            ["rclone", *args], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, f"rclone {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    rclone("copy", str(source), f"q:{TOOLS}/main/rc")
+    listed = {line.split(maxsplit=1)[1] for line in rclone("ls", f"q:{TOOLS}/main/rc").splitlines()}
+    assert listed == {"a.txt", "sub/b.txt"}
+    assert rclone("cat", f"q:{TOOLS}/main/rc/sub/b.txt") == "nested"
+
+
+def test_s3cmd_puts_lists_and_gets(gateway, keys, tools, tmp_path):
+    config = tmp_path / "s3cfg"
+    host = gateway.endpoint.removeprefix("http://")
+    config.write_text(
+        "[default]\n"
+        f"access_key = {keys[0]}\nsecret_key = {keys[1]}\n"
+        f"host_base = {host}\nhost_bucket = {host}\n"
+        "use_https = False\nbucket_location = us-east-1\nsignature_v2 = False\n"
+    )
+
+    def s3cmd(*args: str) -> str:
+        done = subprocess.run(
+            ["s3cmd", "-c", str(config), *args],
+            env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, f"s3cmd {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    local = tmp_path / "hello.txt"
+    local.write_text("from s3cmd")
+    s3cmd("put", str(local), f"s3://{TOOLS}/main/s3cmd/hello.txt")
+    assert f"s3://{TOOLS}/main/s3cmd/hello.txt" in s3cmd("ls", f"s3://{TOOLS}/main/s3cmd/")
+    s3cmd("get", f"s3://{TOOLS}/main/s3cmd/hello.txt", str(tmp_path / "back.txt"))
+    assert (tmp_path / "back.txt").read_text() == "from s3cmd"
