@@ -15,6 +15,7 @@ BENCHMARKS = [
     "range_writer_scale.py",
     "compaction_2092.py",
     "spark_write.py",
+    "s3_gateway.py",
 ]
 
 if __name__ == "__main__":

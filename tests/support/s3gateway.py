@@ -13,7 +13,7 @@ from pathlib import Path
 import boto3
 from botocore.config import Config
 
-from support.processes import free_port, quarry_env, quarry_serve
+from support.processes import VENV_BIN, free_port, quarry_env
 from support.suite import Suite, running_suite
 from support.wait import wait_until
 
@@ -23,6 +23,7 @@ class Gateway:
     suite: Suite
     endpoint: str
     process: subprocess.Popen
+    log: Path  # the gateway's stderr (JSON log lines)
 
     def credentials(self, user: str = "admin") -> tuple[str, str]:
         """New credentials of `user` (created through Auth/CreateCredentials)."""
@@ -65,13 +66,30 @@ def running_gateway(home: Path, **overrides) -> Iterator[Gateway]:
             QUARRY_COMMITTER_ADDRESS=suite.targets["committer"],
             QUARRY_LOG_FORMAT="json",
         )
-        with quarry_serve("s3-gateway", env) as child:
+        # Its log (a line per request) goes to a file: a pipe nobody drains would fill and
+        # stop the gateway mid-request.
+        log_path = home / "s3-gateway.log"
+        with open(log_path, "wb") as log:
+            child = subprocess.Popen(
+                [str(VENV_BIN / "quarry"), "serve", "s3-gateway"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+        try:
             endpoint = f"http://127.0.0.1:{port}"
 
             def up() -> bool:
                 if child.poll() is not None:
-                    raise AssertionError(f"s3-gateway exited: {child.stderr.read()}")
+                    raise AssertionError(f"s3-gateway exited: {log_path.read_text()}")
                 return _answers(endpoint)
 
-            wait_until(up, timeout=20, interval=0.05, what="the s3-gateway to answer")
-            yield Gateway(suite, endpoint, child)
+            wait_until(up, timeout=30, interval=0.05, what="the s3-gateway to answer")
+            yield Gateway(suite, endpoint, child, log_path)
+        finally:
+            child.terminate()
+            try:
+                child.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
