@@ -591,3 +591,24 @@ def test_s3cmd_puts_lists_and_gets(gateway, keys, tools, tmp_path):
     assert f"s3://{TOOLS}/main/s3cmd/hello.txt" in s3cmd("ls", f"s3://{TOOLS}/main/s3cmd/")
     s3cmd("get", f"s3://{TOOLS}/main/s3cmd/hello.txt", str(tmp_path / "back.txt"))
     assert (tmp_path / "back.txt").read_text() == "from s3cmd"
+
+
+def test_every_request_is_logged_with_its_request_id_and_counted(gateway, s3):
+    import json
+    import urllib.request
+
+    answer = s3.put_object(Bucket=REPO, Key="dev/observed.txt", Body=b"seen")
+    request_id = answer["ResponseMetadata"]["RequestId"]
+    with pytest.raises(ClientError) as missing:
+        s3.get_object(Bucket=REPO, Key="dev/not-there.txt")
+    missing_id = missing.value.response["ResponseMetadata"]["RequestId"]
+    lines = [
+        json.loads(line) for line in gateway.log.read_text().splitlines() if line.startswith("{")
+    ]
+    messages = [line["message"] for line in lines if line["service"] == "s3-gateway"]
+    assert any(request_id in m and "PutObject" in m and "-> 200" in m for m in messages)
+    assert any(missing_id in m and "GetObject" in m and "-> 404" in m for m in messages)
+    with urllib.request.urlopen(gateway.metrics + "/metrics", timeout=10) as scraped:
+        text = scraped.read().decode()
+    assert 'quarry_s3_requests_total{operation="PutObject",status="200"}' in text
+    assert 'quarry_s3_requests_total{operation="GetObject",status="404"}' in text

@@ -24,6 +24,7 @@ class Gateway:
     endpoint: str
     process: subprocess.Popen
     log: Path  # the gateway's stderr (JSON log lines)
+    metrics: str  # its Prometheus endpoint
 
     def credentials(self, user: str = "admin") -> tuple[str, str]:
         """New credentials of `user` (created through Auth/CreateCredentials)."""
@@ -58,10 +59,12 @@ def _answers(endpoint: str) -> bool:
 @contextlib.contextmanager
 def running_gateway(home: Path, **overrides) -> Iterator[Gateway]:
     with running_suite(home, **overrides) as suite:
-        port = free_port()
+        port, metrics_port = free_port(), free_port()
         env = quarry_env(
             home,
             QUARRY_S3_GATEWAY_PORT=str(port),
+            # The s3-gateway's metrics port is the base + 5 (its index in config.SERVICES).
+            QUARRY_METRICS_BASE_PORT=str(metrics_port - 5),
             QUARRY_BRANCH_MANAGER_ADDRESS=suite.targets["branch-manager"],
             QUARRY_COMMITTER_ADDRESS=suite.targets["committer"],
             QUARRY_LOG_FORMAT="json",
@@ -85,7 +88,7 @@ def running_gateway(home: Path, **overrides) -> Iterator[Gateway]:
                 return _answers(endpoint)
 
             wait_until(up, timeout=30, interval=0.05, what="the s3-gateway to answer")
-            yield Gateway(suite, endpoint, child, log_path)
+            yield Gateway(suite, endpoint, child, log_path, f"http://127.0.0.1:{metrics_port}")
         finally:
             child.terminate()
             try:
