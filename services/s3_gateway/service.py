@@ -46,12 +46,23 @@ def build_gateway(settings: Settings):  # noqa: ANN201 — (Gateway, closers)
     return gateway, closers
 
 
+def _tls_options(settings: Settings, enabled: bool) -> dict:
+    if not enabled:
+        return {}
+    import ssl
+
+    options = {"ssl_certfile": settings.tls_cert_file, "ssl_keyfile": settings.tls_key_file}
+    if settings.tls_client_auth:
+        options.update(ssl_ca_certs=settings.tls_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
+    return options
+
+
 def serve(settings: Settings) -> None:
     """Run the gateway until SIGTERM/SIGINT (uvicorn drains open requests)."""
     import uvicorn
 
     from quarry import telemetry
-    from quarry.runtime.tls import check_listen
+    from quarry.runtime.tls import check_listen, server_tls
     from quarry.s3gateway.app import S3App
     from quarry.telemetry.logs import configure_logging
     from quarry.telemetry.metrics import start_metrics_endpoint
@@ -59,7 +70,11 @@ def serve(settings: Settings) -> None:
     configure_logging(SERVICE_NAME, settings.log_level, settings.log_format)
     telemetry.configure_tracing(SERVICE_NAME)
     host, port = settings.listen_host, settings.port_of(SERVICE_NAME)
-    check_listen(settings, SERVICE_NAME, host, None)  # plaintext beyond loopback: refused
+    # HTTPS with the certificate every service serves (QUARRY_TLS_CERT_FILE/KEY_FILE, checked
+    # as they do; QUARRY_TLS_CLIENT_AUTH asks clients for one from QUARRY_TLS_CA_FILE);
+    # plaintext beyond loopback is refused unless allowed, as for every service.
+    tls = server_tls(settings)
+    check_listen(settings, SERVICE_NAME, host, tls)
     gateway, closers = build_gateway(settings)
     app = S3App(gateway)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
@@ -78,7 +93,9 @@ def serve(settings: Settings) -> None:
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
         server_header=False,
         date_header=True,
+        **_tls_options(settings, tls is not None),
     )
+
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame) -> None:  # noqa: ANN001 — signal handler
             lifecycle.info(
@@ -92,10 +109,11 @@ def serve(settings: Settings) -> None:
 
     server = _Server(config)
     log.info(
-        "%s listening on %s:%d, plaintext (metrics port %s)",
+        "%s listening on %s:%d, %s (metrics port %s)",
         SERVICE_NAME,
         host,
         bound,
+        "plaintext" if tls is None else ("mTLS" if settings.tls_client_auth else "TLS"),
         metrics_port or "off",
     )
     # `quarry up` reads this line: the port is bound.

@@ -612,3 +612,27 @@ def test_every_request_is_logged_with_its_request_id_and_counted(gateway, s3):
         text = scraped.read().decode()
     assert 'quarry_s3_requests_total{operation="PutObject",status="200"}' in text
     assert 'quarry_s3_requests_total{operation="GetObject",status="404"}' in text
+
+
+def test_the_gateway_serves_https_with_the_services_certificate(tmp_path, monkeypatch):
+    """QUARRY_TLS_CERT_FILE/KEY_FILE make it HTTPS (the Helm chart's default for every
+    service), its calls to the suite TLS too; a client verifying against the CA works, one
+    trusting another CA fails."""
+    from support.tls import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    monkeypatch.setenv("QUARRY_TLS_CA_FILE", str(pki.ca.ca_file))  # this test's own client
+    with running_gateway(
+        tmp_path / "home",
+        gateway_env=pki.env(),
+        ca_file=str(pki.ca.ca_file),
+        tls_cert_file=str(pki.server.cert_file),
+        tls_key_file=str(pki.server.key_file),
+        tls_ca_file=str(pki.ca.ca_file),
+    ) as gw:
+        assert gw.endpoint.startswith("https://")
+        s3 = gw.s3(verify=str(pki.ca.ca_file))
+        assert [b["Name"] for b in s3.list_buckets()["Buckets"]] == []
+        with pytest.raises(Exception) as untrusted:
+            gw.s3(verify=str(pki.other_ca.ca_file)).list_buckets()
+        assert "certificate" in str(untrusted.value).lower()

@@ -32,7 +32,7 @@ class Gateway:
             made = client.create_credentials(user)
         return made.credentials.access_key_id, made.secret_access_key
 
-    def s3(self, key: tuple[str, str] | None = None, **config):
+    def s3(self, key: tuple[str, str] | None = None, verify: str | None = None, **config):
         key_id, secret = key or self.credentials()
         config.setdefault("retries", {"max_attempts": 1})
         return boto3.client(
@@ -41,23 +41,34 @@ class Gateway:
             aws_access_key_id=key_id,
             aws_secret_access_key=secret,
             region_name="us-east-1",
+            verify=verify,
             # s3v4 also for presigned URLs (boto3 presigns with SigV2 unless told).
             config=Config(s3={"addressing_style": "path"}, signature_version="s3v4", **config),
         )
 
 
-def _answers(endpoint: str) -> bool:
+def _answers(endpoint: str, ca_file: str = "") -> bool:
+    import ssl
     import urllib.request
 
+    context = ssl.create_default_context(cafile=ca_file) if ca_file else None
     try:
-        with urllib.request.urlopen(endpoint + "/_health", timeout=1) as response:
+        with urllib.request.urlopen(endpoint + "/_health", timeout=1, context=context) as response:
             return response.status == 200
     except OSError:
         return False
 
 
 @contextlib.contextmanager
-def running_gateway(home: Path, **overrides) -> Iterator[Gateway]:
+def running_gateway(
+    home: Path,
+    gateway_env: dict[str, str] | None = None,
+    ca_file: str = "",
+    **overrides,
+) -> Iterator[Gateway]:
+    """`gateway_env`: extra environment of the gateway process (e.g. its TLS certificate);
+    `ca_file`: the CA to verify it with when it serves HTTPS."""
+    home.mkdir(parents=True, exist_ok=True)
     with running_suite(home, **overrides) as suite:
         port, metrics_port = free_port(), free_port()
         env = quarry_env(
@@ -68,6 +79,7 @@ def running_gateway(home: Path, **overrides) -> Iterator[Gateway]:
             QUARRY_BRANCH_MANAGER_ADDRESS=suite.targets["branch-manager"],
             QUARRY_COMMITTER_ADDRESS=suite.targets["committer"],
             QUARRY_LOG_FORMAT="json",
+            **(gateway_env or {}),
         )
         # Its log (a line per request) goes to a file: a pipe nobody drains would fill and
         # stop the gateway mid-request.
@@ -80,12 +92,12 @@ def running_gateway(home: Path, **overrides) -> Iterator[Gateway]:
                 stderr=log,
             )
         try:
-            endpoint = f"http://127.0.0.1:{port}"
+            endpoint = f"{'https' if ca_file else 'http'}://127.0.0.1:{port}"
 
             def up() -> bool:
                 if child.poll() is not None:
                     raise AssertionError(f"s3-gateway exited: {log_path.read_text()}")
-                return _answers(endpoint)
+                return _answers(endpoint, ca_file)
 
             wait_until(up, timeout=30, interval=0.05, what="the s3-gateway to answer")
             yield Gateway(suite, endpoint, child, log_path, f"http://127.0.0.1:{metrics_port}")
