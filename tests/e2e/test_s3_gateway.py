@@ -636,3 +636,13 @@ def test_the_gateway_serves_https_with_the_services_certificate(tmp_path, monkey
         with pytest.raises(Exception) as untrusted:
             gw.s3(verify=str(pki.other_ca.ca_file)).list_buckets()
         assert "certificate" in str(untrusted.value).lower()
+
+
+def test_reads_of_a_missing_repository_say_no_such_bucket(s3):
+    for call in (
+        lambda: s3.get_object(Bucket="no-such-repo", Key="main/a.txt"),
+        lambda: s3.put_object(Bucket="no-such-repo", Key="main/a.txt", Body=b"x"),
+    ):
+        with pytest.raises(ClientError) as missing:
+            call()
+        assert _code(missing.value) == "NoSuchBucket"

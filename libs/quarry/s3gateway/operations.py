@@ -378,11 +378,17 @@ def _stat(ctx: Context, request: Request) -> types_pb2.Entry:
     bucket, key = request.target.bucket, request.target.key
     ref, path = request.target.ref, request.target.path
     if not path:
+        _repository(ctx, bucket)
         raise no_such_key(key)
-    _repository(ctx, bucket)
+    # One call (no GetRepository first: reads are the hot path); a missing repository
+    # says so by its reason.
     try:
         return ctx.client.stat_object(bucket, ref, path)
     except errors.QuarryError as exc:
+        if exc.reason == "REPOSITORY_NOT_FOUND":
+            raise S3Error(
+                "NoSuchBucket", "The specified bucket does not exist", 404, bucket
+            ) from None
         if exc.code is not None and exc.code.name in ("NOT_FOUND", "INVALID_ARGUMENT"):
             raise no_such_key(key) from None
         raise from_quarry(exc, key) from None
