@@ -522,7 +522,7 @@ def test_signed_aws_chunked_uploads_are_checked_chunk_by_chunk(gateway, keys, cl
     assert client.stat_object(REPO, "dev", "chunked/good.bin").size_bytes == len(data)
     s3 = gateway.s3(keys)
     assert s3.get_object(Bucket=REPO, Key="dev/chunked/good.bin")["Body"].read() == data
-    stored = os.path.join(gateway.suite.namespace(REPO), "data", "s3")
+    stored = os.path.join(gateway.suite.namespace(REPO), "data")
     before = set(os.listdir(stored))
     status, answer = _chunked_put(gateway, keys, "dev/chunked/tampered.bin", data, tamper=True)
     assert status == 403 and b"<Code>SignatureDoesNotMatch</Code>" in answer

@@ -4,9 +4,9 @@ bytes in the repository's storage namespace (or an imported object's own address
 the blob stores.
 
 Bucket = repository; key = REF/PATH. Reads work on any ref; writes only on branches
-(MethodNotAllowed otherwise). Bytes of a write go to a fresh key under `data/s3/` in the
-namespace, in pieces (MD5 and SHA-256 computed on the way), and the entry is staged only
-after every check on them passed (Content-MD5, a signed x-amz-content-sha256, aws-chunked
+(MethodNotAllowed otherwise). Bytes of a write go to a fresh key `data/<uuid hex>` in the
+namespace (the shape of `quarry put`'s uploads, which GC treats alike), in pieces (MD5 and
+SHA-256 computed on the way), and the entry is staged only after every check on them passed (Content-MD5, a signed x-amz-content-sha256, aws-chunked
 chunk signatures).
 
 Safety rules: a write never stages an entry whose bytes failed a check, and a failed write
@@ -33,6 +33,7 @@ from urllib.parse import quote, unquote
 
 from quarry import errors
 from quarry.blob import BlobStore, ObjectNotFound, object_address, open_blob_store, open_object
+from quarry.cli.upload import DATA_PREFIX
 from quarry.client import Client
 from quarry.s3gateway import xmlserde
 from quarry.s3gateway.errors import (
@@ -49,7 +50,6 @@ from quarry.v1 import types_pb2
 
 log = logging.getLogger(__name__)
 
-DATA_PREFIX = "data/s3/"
 MULTIPART_PREFIX = "_s3_multipart/"
 READ_CHUNK = 1 << 20
 MAX_KEYS = 1000
