@@ -646,3 +646,16 @@ def test_reads_of_a_missing_repository_say_no_such_bucket(s3):
         with pytest.raises(ClientError) as missing:
             call()
         assert _code(missing.value) == "NoSuchBucket"
+
+
+def test_a_credential_made_before_sealed_secrets_logs_in_but_cannot_sign_s3(gateway, client):
+    """The suite's fixed admin credential is written straight to the IAM store without a
+    sealed secret, as every credential made before this version: Login still works (the
+    client fixture logged in with it), S3 requests signed with it are refused."""
+    from support.auth import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY
+
+    assert client.whoami().principal_id == "admin"
+    old = gateway.s3((TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY))
+    with pytest.raises(ClientError) as refused:
+        old.list_buckets()
+    assert _code(refused.value) == "SignatureDoesNotMatch"
