@@ -659,3 +659,41 @@ def test_a_credential_made_before_sealed_secrets_logs_in_but_cannot_sign_s3(gate
     with pytest.raises(ClientError) as refused:
         old.list_buckets()
     assert _code(refused.value) == "SignatureDoesNotMatch"
+
+
+def test_a_dropped_upload_leaves_no_entry_and_no_bytes(gateway, keys, client):
+    """The client sends part of a signed PUT's body, then closes the connection: nothing is
+    staged, and the bytes written so far are removed."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    from support.wait import wait_until
+
+    class UnsignedPayload(S3SigV4Auth):
+        def payload(self, request):
+            return "UNSIGNED-PAYLOAD"
+
+    url = f"{gateway.endpoint}/{REPO}/dev/dropped.bin"
+    size = 8 * 1024 * 1024
+    request = AWSRequest(method="PUT", url=url, headers={"Content-Length": str(size)})
+    UnsignedPayload(Credentials(*keys), "s3", "us-east-1").add_auth(request)
+    stored = os.path.join(gateway.suite.namespace(REPO), "data")
+    os.makedirs(stored, exist_ok=True)  # when this test runs alone
+    before = set(os.listdir(stored))
+    parts = urlsplit(url)
+    head = f"PUT {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n" + "".join(
+        f"{k}: {v}\r\n" for k, v in request.headers.items() if k.lower() != "host"
+    )
+    with socket.create_connection((parts.hostname, parts.port)) as raw:
+        raw.sendall(head.encode() + b"\r\n" + os.urandom(size // 4))
+    wait_until(
+        lambda: "PutObject PUT /lake/dev/dropped.bin -> 499" in gateway.log.read_text(),
+        timeout=20,
+        what="the gateway to log the dropped upload",
+    )
+    assert "dropped.bin" not in _staged(client, "dev")
+    assert set(os.listdir(stored)) == before
