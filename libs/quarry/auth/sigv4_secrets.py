@@ -112,6 +112,13 @@ class SignatureDoesNotMatch(errors.Unauthenticated):
     reason = "SIGNATURE_DOES_NOT_MATCH"
 
 
+class InvalidSignatureRequest(errors.InvalidArgument):
+    """A VerifySignature request missing what any check needs (a caller's bug, not a bad
+    signature)."""
+
+    reason = "INVALID_SIGNATURE_REQUEST"
+
+
 def verify_signatures(
     iam: IamStore,
     sealer: SecretSealer,
@@ -120,7 +127,13 @@ def verify_signatures(
     signed: Sequence[tuple[str, str]],
 ) -> records.CredentialRecord:
     """The credential of `access_key_id` when every signature in `signed` is its own under
-    `scope`; SignatureDoesNotMatch otherwise (never which part failed)."""
+    `scope`; SignatureDoesNotMatch otherwise (never which part failed).
+    InvalidSignatureRequest when the request names no key, scope or signature at all."""
+    if not access_key_id or not scope.date or not scope.region or not scope.service or not signed:
+        raise InvalidSignatureRequest(
+            "VerifySignature needs access_key_id, date, region, service and at least one "
+            "signed string"
+        )
     refused = SignatureDoesNotMatch(
         "the request signature does not match (unknown access key id, a credential created "
         "before S3 access existed, or a wrong signature)",
