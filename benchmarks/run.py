@@ -16,6 +16,7 @@ BENCHMARKS = [
     "compaction_2092.py",
     "spark_write.py",
     "import_lake.py",
+    "s3_gateway.py",
 ]
 
 if __name__ == "__main__":

@@ -32,7 +32,14 @@ from quarry import errors
 # a longer one, so a leaked token is useless after at most a day.
 MAX_TOKEN_LIFETIME_SECONDS = 86_400
 
-SERVICES = ("kv-gateway", "branch-manager", "committer", "compactor-sensor", "range-writer")
+SERVICES = (
+    "kv-gateway",
+    "branch-manager",
+    "committer",
+    "compactor-sensor",
+    "range-writer",
+    "s3-gateway",
+)
 
 LOG_FORMATS = ("text", "json")
 ENV_PREFIX = "QUARRY_"
@@ -97,16 +104,18 @@ class Settings:
     committer_port: int = _port("committer", 7403)
     compactor_sensor_port: int = _port("compactor-sensor", 7404)
     range_writer_port: int = _port("range-writer", 7405)
+    s3_gateway_port: int = _port("s3-gateway", 7406)
     kv_gateway_address: str = _address("kv-gateway", 7401)
     branch_manager_address: str = _address("branch-manager", 7402)
     committer_address: str = _address("committer", 7403)
     compactor_sensor_address: str = _address("compactor-sensor", 7404)
     range_writer_address: str = _address("range-writer", 7405)
+    s3_gateway_address: str = _address("s3-gateway", 7406)
     metrics_host: str = _setting("127.0.0.1", "Host the Prometheus endpoints bind to.")
     metrics_base_port: int = _setting(
         9401,
         "Prometheus endpoints: one per service, port = this + service index "
-        "(kv-gateway 9401 … range-writer 9405). 0 disables them.",
+        "(kv-gateway 9401 … range-writer 9405, s3-gateway 9406). 0 disables them.",
     )
     max_workers: int = _setting(32, "Worker threads per gRPC server.")
     shutdown_grace_seconds: float = _setting(
@@ -169,6 +178,21 @@ class Settings:
         "", "S3 object store endpoint override (e.g. a local S3-compatible server)."
     )
     s3_region: str = _setting("us-east-1", "S3 object store region.")
+    s3_gateway_region: str = _setting(
+        "us-east-1",
+        "s3-gateway: the region it answers GetBucketLocation with; clients sign with any.",
+    )
+    s3_gateway_domain: str = _setting(
+        "",
+        "s3-gateway: virtual-host addressing for this domain (a request to "
+        "REPO.DOMAIN names bucket REPO); path-style addressing always works. Empty: "
+        "path-style only.",
+    )
+    s3_gateway_max_skew_seconds: int = _setting(
+        900,
+        "s3-gateway: a signed request whose X-Amz-Date is further than this from the "
+        "gateway's clock is refused (RequestTimeTooSkewed), as S3 does (15 minutes).",
+    )
     range_writer_peers: str = _setting(
         "",
         "range-writer: other range-writer replicas a large apply is fanned out to, in key "

@@ -25,6 +25,12 @@ from quarry.auth.convert import (
 from quarry.auth.interceptor import annotate_audit, current_principal
 from quarry.auth.policy import FlatStatement, document_of
 from quarry.auth.request_ids import requested_id
+from quarry.auth.sigv4_secrets import (
+    Scope,
+    SecretSealer,
+    SignatureDoesNotMatch,
+    verify_signatures,
+)
 from quarry.auth.store import IamStore
 from quarry.auth.throttle import LoginThrottle
 from quarry.auth.tokens import DEFAULT_LIFETIME_SECONDS, TokenAuthority
@@ -49,7 +55,9 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         authorizer: Authorizer,
         token_lifetime: float = DEFAULT_LIFETIME_SECONDS,
         login_throttle: LoginThrottle | None = None,
+        sealer: SecretSealer | None = None,
     ):
+        self._sealer = sealer  # None: VerifySignature refuses (no sealed secrets to open)
         self._iam = iam
         self._tokens = tokens
         self._authorizer = authorizer
@@ -87,6 +95,27 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
                 access_key_id=credential.access_key_id, secret_access_key=secret
             ),
         )
+
+    def VerifySignature(self, request, context):
+        # Services only (declarations); the s3-gateway's SigV4 check, see sigv4_secrets.
+        if self._sealer is None:
+            raise SignatureDoesNotMatch("this Auth service keeps no sealed secrets")
+        credential = verify_signatures(
+            self._iam,
+            self._sealer,
+            request.access_key_id,
+            Scope(request.date, request.region, request.service),
+            [(s.string_to_sign, s.signature) for s in request.signed],
+        )
+        lifetime = self._lifetime
+        if request.token_lifetime_seconds > 0:
+            lifetime = min(lifetime, float(request.token_lifetime_seconds))
+        token, expires_at = self._tokens.issue_user_token(
+            credential.user_id, lifetime, access_key_id=credential.access_key_id
+        )
+        stamp = Timestamp()
+        stamp.FromSeconds(int(expires_at))
+        return pb.VerifySignatureResponse(token=token, expires_at=stamp, user_id=credential.user_id)
 
     def WhoAmI(self, request, context):
         principal = current_principal()

@@ -57,13 +57,19 @@ def build(
     auth_servicer = None
     if auth is not None:
         from quarry.auth.authorizer import Authorizer
+        from quarry.auth.keys import resolve_signing_key
+        from quarry.auth.sigv4_secrets import SecretSealer
         from quarry.auth.store import IamStore
         from quarry.auth.throttle import LoginThrottle
         from quarry.services.branch_manager.auth_servicer import AuthServicer
 
         # One IAM store and authorizer for the Auth service and the interceptor, so an IAM
-        # change made here invalidates this process's cache at once.
-        iam = IamStore(deps.graveler.kv, max_response_bytes=settings.max_response_bytes)
+        # change made here invalidates this process's cache at once. New credentials keep
+        # their secret sealed too: the s3-gateway's SigV4 needs it.
+        sealer = SecretSealer(resolve_signing_key(settings))
+        iam = IamStore(
+            deps.graveler.kv, max_response_bytes=settings.max_response_bytes, sealer=sealer
+        )
         authorizer = Authorizer(iam, settings.auth_cache_seconds)
         auth_servicer = AuthServicer(
             iam,
@@ -74,6 +80,7 @@ def build(
                 settings.auth_login_attempts_per_minute_per_key,
                 settings.auth_login_attempts_per_minute_per_address,
             ),
+            sealer=sealer,
         )
 
     servicer = BranchManagerServicer(

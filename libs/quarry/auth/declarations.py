@@ -269,6 +269,8 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
         # caller of an empty installation gets anything.
         "Setup": _open(mutating=True),
         "WhoAmI": Rule(Access.AUTHENTICATED),
+        # The s3-gateway's SigV4 check: a signature oracle only the suite's services may ask.
+        "VerifySignature": _service(),
         "CreateUser": _act("auth:CreateUser", _user, mutating=True),
         "GetUser": _act("auth:ReadUser", _user),
         "ListUsers": _act("auth:ListUsers", _all),

@@ -41,7 +41,7 @@ import contextlib
 import re
 import time
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -58,6 +58,9 @@ from quarry.kv import store as kv
 from quarry.kv.partitions import AUTH_PARTITION
 from quarry.paging import PageBudget
 from quarry.storage.v1 import auth_records_pb2 as records
+
+if TYPE_CHECKING:
+    from quarry.auth.sigv4_secrets import SecretSealer
 
 USERS = b"iam/users/"
 GROUPS = b"iam/groups/"
@@ -110,8 +113,12 @@ class IamStore:
         clock: Callable[[], float] = time.time,
         hash_cost: int = keys.SCRYPT_N,
         max_response_bytes: int = Settings.max_response_bytes,
+        sealer: SecretSealer | None = None,
     ):
+        """`sealer`: when given, new credentials also keep their secret sealed with it, for
+        AWS Signature V4 (quarry.auth.sigv4_secrets)."""
         self._kv = store
+        self._sealer = sealer
         self._clock = clock
         self._hash_cost = hash_cost
         self._max_response_bytes = max_response_bytes
@@ -224,6 +231,8 @@ class IamStore:
                 secret_hash=hashed,
                 created_at=self._now(),
             )
+            if self._sealer is not None:
+                record.sealed_secret = self._sealer.seal(access_key_id, secret)
             # Link first: a usable credential is always listed under its user.
             link = records.CredentialLink(user_id=user_id, access_key_id=access_key_id)
             self._kv.set(

@@ -32,6 +32,8 @@ SERVICE_MODULES = {
     "branch-manager": "quarry.services.branch_manager.service",
     "committer": "quarry.services.committer.service",
     "compactor-sensor": "quarry.services.compactor_sensor.service",
+    # HTTP, not gRPC: its module has `serve(settings)` instead of `build` (cmd_serve).
+    "s3-gateway": "quarry.services.s3_gateway.service",
 }
 
 
@@ -70,6 +72,14 @@ def start_order() -> list[str]:
 def cmd_serve(args: argparse.Namespace) -> int:
     from quarry.runtime.server import serve
 
+    module = importlib.import_module(SERVICE_MODULES.get(args.service, "quarry"))
+    if hasattr(module, "serve"):  # the s3-gateway: an HTTP server of its own
+        try:
+            module.serve(load_settings())
+        except errors.QuarryError as exc:
+            print(f"quarry serve {args.service}: {exc.reason}: {exc}", file=sys.stderr)
+            return 2
+        return 0
     build = _service_builder(args.service)
     try:
         serve(load_settings(), build, args.service)

@@ -1,0 +1,155 @@
+"""The S3 gateway (issue 27) with boto3 as the client, in one run, against two peers started
+side by side: a bare streaming endpoint on the same HTTP stack (benchmarks/
+s3_bare_endpoint.py: no auth, no metadata — the floor) and moto's S3 server (a Python S3
+server). Rows: 64 MiB PUT and GET throughput (one object per client), 4 KiB PUT and GET
+operations per second, each with 8 concurrent boto3 clients. Targets: the gateway >= 0.5x
+the bare endpoint and >= 1.0x moto.
+
+The gateway runs as `quarry serve s3-gateway` with auth on (every request's SigV4 checked by
+the Auth service) in front of an in-process suite (tests/support/s3gateway.py).
+Sizes: BENCH_S3_BIG_MIB (64), BENCH_S3_SMALL_OPS (800 per row), BENCH_S3_CLIENTS (8).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import boto3
+from botocore.config import Config
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+from support.auth import AUTH_ENV  # noqa: E402
+from support.processes import free_port  # noqa: E402
+from support.wait import wait_until  # noqa: E402
+
+BIG_MIB = int(os.environ.get("BENCH_S3_BIG_MIB", "64"))
+SMALL_OPS = int(os.environ.get("BENCH_S3_SMALL_OPS", "800"))
+CLIENTS = int(os.environ.get("BENCH_S3_CLIENTS", "8"))
+os.environ.update(AUTH_ENV)
+
+
+def _client(endpoint: str, keys: tuple[str, str]):
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=keys[0],
+        aws_secret_access_key=keys[1],
+        region_name="us-east-1",
+        config=Config(
+            s3={"addressing_style": "path"},
+            max_pool_connections=4,
+            retries={"max_attempts": 1},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        ),
+    )
+
+
+def _parallel(clients, work) -> float:
+    started = time.perf_counter()
+    with ThreadPoolExecutor(len(clients)) as pool:
+        list(pool.map(work, range(len(clients))))
+    return time.perf_counter() - started
+
+
+def measure(name: str, endpoint: str, keys: tuple[str, str], bucket: str, prefix: str) -> dict:
+    clients = [_client(endpoint, keys) for _ in range(CLIENTS)]
+    big = os.urandom(BIG_MIB * 1024 * 1024)
+    small = os.urandom(4096)
+    per = max(1, SMALL_OPS // CLIENTS)
+    rows = {}
+
+    def put_big(i):
+        clients[i].put_object(Bucket=bucket, Key=f"{prefix}big/{i}", Body=big)
+
+    def get_big(i):
+        body = clients[i].get_object(Bucket=bucket, Key=f"{prefix}big/{i}")["Body"]
+        while body.read(1 << 20):
+            pass
+
+    def put_small(i):
+        for n in range(per):
+            clients[i].put_object(Bucket=bucket, Key=f"{prefix}small/{i}/{n}", Body=small)
+
+    def get_small(i):
+        for n in range(per):
+            clients[i].get_object(Bucket=bucket, Key=f"{prefix}small/{i}/{n}")["Body"].read()
+
+    total_mib = BIG_MIB * CLIENTS
+    rows[f"{BIG_MIB}MiB PUT MiB/s"] = total_mib / _parallel(clients, put_big)
+    rows[f"{BIG_MIB}MiB GET MiB/s"] = total_mib / _parallel(clients, get_big)
+    rows["4KiB PUT ops/s"] = per * CLIENTS / _parallel(clients, put_small)
+    rows["4KiB GET ops/s"] = per * CLIENTS / _parallel(clients, get_small)
+    print(f"  {name:<10} " + "  ".join(f"{k}: {v:8.1f}" for k, v in rows.items()), flush=True)
+    return rows
+
+
+def _process(args: list[str], endpoint: str, env=None) -> subprocess.Popen:
+    child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+
+    def up() -> bool:
+        import urllib.error
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(endpoint, timeout=1)
+        except urllib.error.HTTPError:
+            return True
+        except OSError:
+            return False
+        return True
+
+    wait_until(up, timeout=60, interval=0.1, what=f"{args[0]} to answer")
+    return child
+
+
+def main() -> None:
+    from support.s3gateway import running_gateway
+
+    bin_dir = Path(sys.executable).parent
+    home = Path(tempfile.mkdtemp(prefix="quarry-bench-s3-"))
+    results = {}
+    with running_gateway(home) as gateway:
+        with gateway.suite.client() as client:
+            client.create_repository("bench", gateway.suite.namespace("bench"))
+        results["gateway"] = measure(
+            "gateway", gateway.endpoint, gateway.credentials(), "bench", "main/"
+        )
+    bare_port, moto_port = free_port(), free_port()
+    bare_dir = tempfile.mkdtemp(prefix="quarry-bench-bare-")
+    bare = _process(
+        [sys.executable, str(HERE / "s3_bare_endpoint.py"), str(bare_port), bare_dir],
+        f"http://127.0.0.1:{bare_port}/",
+    )
+    try:
+        results["bare"] = measure("bare", f"http://127.0.0.1:{bare_port}", ("a", "b"), "b", "")
+    finally:
+        bare.terminate()
+        bare.wait()
+    moto = _process(
+        [str(bin_dir / "moto_server"), "-H", "127.0.0.1", "-p", str(moto_port)],
+        f"http://127.0.0.1:{moto_port}/",
+    )
+    try:
+        endpoint = f"http://127.0.0.1:{moto_port}"
+        _client(endpoint, ("a", "b")).create_bucket(Bucket="bench")
+        results["moto"] = measure("moto", endpoint, ("a", "b"), "bench", "")
+    finally:
+        moto.terminate()
+        moto.wait()
+    print(f"  {'row':<18} {'gateway/bare':>12} {'gateway/moto':>12}   targets >= 0.5, >= 1.0")
+    for row in results["gateway"]:
+        vs_bare = results["gateway"][row] / results["bare"][row]
+        vs_moto = results["gateway"][row] / results["moto"][row]
+        print(f"  {row:<18} {vs_bare:12.2f} {vs_moto:12.2f}")
+
+
+if __name__ == "__main__":
+    main()

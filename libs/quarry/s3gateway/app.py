@@ -1,0 +1,372 @@
+"""The gateway's ASGI application: one request -> authenticate (SigV4 via Auth/
+VerifySignature) -> route to its operation -> stream the answer.
+
+Operations are synchronous code (gRPC calls, blob-store I/O); each request runs on a worker
+thread of the gateway's own pool, reading the request body from the ASGI server in pieces
+and sending the answer in pieces through the event loop (the `_Bridge`), so a body is never
+held whole: memory per request is a few MiB whatever the object's size.
+
+Per request: one trace span (S3 <operation>, the gRPC calls its children), one log line with
+the S3 request id, and the quarry_s3_requests_total / quarry_s3_request_seconds metrics by
+operation and status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl
+
+import grpc
+from prometheus_client import Counter, Histogram
+
+from quarry import errors, telemetry
+from quarry.runtime.errors import from_rpc_error
+from quarry.s3gateway import operations as ops
+from quarry.s3gateway import sigv4, xmlserde
+from quarry.s3gateway.errors import S3Error, access_denied, not_implemented, signature_mismatch
+from quarry.s3gateway.paths import resolve
+from quarry.s3gateway.request import Request, Response
+from quarry.v1 import auth_pb2
+
+log = logging.getLogger("quarry.s3gateway")
+
+REQUESTS = Counter(
+    "quarry_s3_requests_total",
+    "S3 gateway requests by operation and HTTP status",
+    ["operation", "status"],
+)
+LATENCY = Histogram(
+    "quarry_s3_request_seconds", "S3 gateway request latency by operation", ["operation"]
+)
+# The token the Auth service issues per request lives this long: enough for a long upload's
+# staging call, short enough that nothing keeps a usable credential around.
+REQUEST_TOKEN_SECONDS = 900
+
+
+class ClientGone(Exception):
+    """The client closed the connection mid-request."""
+
+
+@dataclass
+class Gateway:
+    """What the application needs: settings, the channels to branch-manager and committer,
+    the Auth stub carrying the gateway's service token (None when auth is off)."""
+
+    settings: Any
+    branch_manager: grpc.Channel
+    committer: grpc.Channel
+    auth: Any  # quarry.v1 AuthStub over a channel with the gateway's service token, or None
+    workers: int = 32
+
+
+def route(request: Request) -> tuple[str, Callable[..., Response], bool]:
+    """(operation name, handler, whether the handler takes the signature)."""
+    method = request.method
+    bucket, key = request.target.bucket, request.target.key
+    if not bucket:
+        if method == "GET":
+            return "ListBuckets", ops.list_buckets, False
+        raise not_implemented(f"{method} on the service")
+    if not key:
+        if method == "HEAD":
+            return "HeadBucket", ops.head_bucket, False
+        if method == "GET":
+            if request.has("location"):
+                return "GetBucketLocation", ops.get_bucket_location, False
+            if request.has("uploads"):
+                return "ListMultipartUploads", ops.list_multipart_uploads, False
+            known = {
+                "list-type",
+                "prefix",
+                "delimiter",
+                "marker",
+                "max-keys",
+                "continuation-token",
+                "start-after",
+                "encoding-type",
+                "fetch-owner",
+            }
+            unknown = [k for k, _ in request.query if k not in known]
+            if unknown:
+                raise not_implemented(f"GET bucket ?{unknown[0]}")
+            name = "ListObjectsV2" if request.param("list-type") == "2" else "ListObjects"
+            return name, ops.list_objects, False
+        if method == "POST" and request.has("delete"):
+            return "DeleteObjects", ops.delete_objects, False
+        raise not_implemented(f"{method} on a bucket")
+    if method == "GET" and request.has("uploadId"):
+        return "ListParts", ops.list_parts, False
+    if method == "GET":
+        if any(
+            request.has(s)
+            for s in ("acl", "tagging", "retention", "legal-hold", "torrent", "attributes")
+        ):
+            raise not_implemented("object subresources")
+        return "GetObject", ops.get_object, False
+    if method == "HEAD":
+        return "HeadObject", ops.head_object, False
+    if method == "PUT":
+        if request.has("uploadId"):
+            if request.header("x-amz-copy-source"):
+                raise not_implemented("UploadPartCopy")
+            return "UploadPart", ops.upload_part, True
+        if request.header("x-amz-copy-source"):
+            return "CopyObject", ops.copy_object, False
+        if any(request.has(s) for s in ("acl", "tagging", "retention", "legal-hold")):
+            raise not_implemented("object subresources")
+        return "PutObject", ops.put_object, True
+    if method == "DELETE":
+        if request.has("uploadId"):
+            return "AbortMultipartUpload", ops.abort_multipart_upload, False
+        return "DeleteObject", ops.delete_object, False
+    if method == "POST":
+        if request.has("uploads"):
+            return "CreateMultipartUpload", ops.create_multipart_upload, False
+        if request.has("uploadId"):
+            return "CompleteMultipartUpload", ops.complete_multipart_upload, False
+    raise not_implemented(f"{method} on an object")
+
+
+class _Bridge:
+    """The worker thread's view of the ASGI channels: blocking read(n) and send."""
+
+    def __init__(self, receive: Any, send: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._receive = receive
+        self._send = send
+        self._loop = loop
+        self._buffer = b""
+        self._more = True
+        self.started = False
+
+    def unread_body(self, headers: dict[str, list[str]]) -> bool:
+        """Whether the request announced a body this answer leaves (partly) unread."""
+        announced = headers.get("content-length", ["0"])[0] not in ("", "0") or bool(
+            headers.get("transfer-encoding")
+        )
+        return announced and (self._more or bool(self._buffer))
+
+    def read(self, n: int) -> bytes:
+        while not self._buffer and self._more:
+            message = asyncio.run_coroutine_threadsafe(self._receive(), self._loop).result()
+            if message["type"] == "http.disconnect":
+                raise ClientGone("the client closed the connection")
+            self._buffer += message.get("body", b"")
+            self._more = message.get("more_body", False)
+        n = n if n > 0 else len(self._buffer)
+        out, self._buffer = self._buffer[:n], self._buffer[n:]
+        return out
+
+    def send(self, message: dict[str, Any]) -> None:
+        asyncio.run_coroutine_threadsafe(self._send(message), self._loop).result()
+
+
+class S3App:
+    """The ASGI application (uvicorn runs it)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+        self._pool = ThreadPoolExecutor(gateway.workers, thread_name_prefix="s3-gateway")
+        self._settings = gateway.settings
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        loop = asyncio.get_running_loop()
+        bridge = _Bridge(receive, send, loop)
+        await loop.run_in_executor(self._pool, self._handle, scope, bridge)
+
+    # ---- one request, on a worker thread ----
+
+    def _handle(self, scope: dict[str, Any], bridge: _Bridge) -> None:
+        started = time.perf_counter()
+        request_id = uuid.uuid4().hex[:16].upper()
+        headers: dict[str, list[str]] = {}
+        for name, value in scope["headers"]:
+            headers.setdefault(name.decode("latin-1").lower(), []).append(value.decode("latin-1"))
+        raw_path = (
+            (scope.get("raw_path") or scope["path"].encode()).decode("latin-1").partition("?")[0]
+        )
+        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        host = headers.get("host", [""])[0]
+        request = Request(
+            method=scope["method"],
+            raw_path=raw_path,
+            query=query,
+            headers=headers,
+            target=resolve(raw_path, host, self._settings.s3_gateway_domain),
+            request_id=request_id,
+            read=bridge.read,
+        )
+        operation = "Unknown"
+        status = 500
+        with telemetry.root_span("S3 request", {"s3.request_id": request_id}) as span:
+            try:
+                if request.raw_path in ("/_health", "/_health/") and request.method == "GET":
+                    operation = "Health"
+                    response = Response(200, [("content-type", "text/plain")], b"ok\n")
+                else:
+                    operation, handler, takes_signature = route(request)
+                    span.update_name(f"S3 {operation}")
+                    context, signature = self._authenticate(request)
+                    if takes_signature:
+                        response = handler(context, request, signature)
+                    else:
+                        response = handler(context, request)
+                status = self._respond(bridge, request, response)
+            except ClientGone:
+                status = 499
+                log.info("s3 %s %s: client closed the connection", operation, request_id)
+            except S3Error as error:
+                status = self._error(bridge, request, error)
+            except errors.QuarryError as exc:
+                status = self._error(bridge, request, ops.from_quarry(exc))
+            except Exception:
+                log.exception("s3 %s %s failed", operation, request_id)
+                status = self._error(
+                    bridge,
+                    request,
+                    S3Error(
+                        "InternalError", "We encountered an internal error. Please try again.", 500
+                    ),
+                )
+        elapsed = time.perf_counter() - started
+        REQUESTS.labels(operation, str(status)).inc()
+        LATENCY.labels(operation).observe(elapsed)
+        log.info(
+            "s3 %s %s %s -> %d in %.1f ms (request id %s)",
+            operation,
+            request.method,
+            raw_path,
+            status,
+            elapsed * 1000,
+            request_id,
+        )
+
+    def _authenticate(self, request: Request) -> tuple[ops.Context, sigv4.Signature | None]:
+        from quarry.client import Client
+
+        gateway = self._gateway
+        signed = request.signed()
+        signature = sigv4.parse(signed)
+        if gateway.auth is None:
+            # Auth off (trusted development, benchmarks): no identity to check.
+            token: str | None = None
+            user = "anonymous"
+        else:
+            if signature is None:
+                raise access_denied("anonymous access is not supported: sign with SigV4")
+            sigv4.check_time(
+                signature, time.time(), float(self._settings.s3_gateway_max_skew_seconds)
+            )
+            sigv4.check_payload_hash(signature)
+            text = sigv4.string_to_sign(signed, signature)
+            reply = self._verify(signature, [(text, signature.signature)])
+            token, user = reply.token, reply.user_id
+        if signature is not None:
+            sigv4.check_payload_hash(signature)
+
+        def check_chunks(chunks: list[tuple[str, str]]) -> None:
+            if gateway.auth is not None and signature is not None and chunks:
+                self._verify(signature, chunks)
+
+        client = Client(
+            branch_manager=gateway.branch_manager,
+            committer=gateway.committer,
+            token=token if token is not None else "",
+        )
+        context = ops.Context(
+            client=client,
+            user_id=user,
+            settings=self._settings,
+            region=self._settings.s3_gateway_region,
+            sealed_check=check_chunks,
+        )
+        return context, signature
+
+    def _verify(self, signature: sigv4.Signature, signed: list[tuple[str, str]]) -> Any:
+        request = auth_pb2.VerifySignatureRequest(
+            access_key_id=signature.access_key_id,
+            date=signature.date,
+            region=signature.region,
+            service=signature.service,
+            signed=[auth_pb2.SignedString(string_to_sign=t, signature=s) for t, s in signed],
+            token_lifetime_seconds=REQUEST_TOKEN_SECONDS,
+        )
+        try:
+            return self._gateway.auth.VerifySignature(request, timeout=10)
+        except grpc.RpcError as error:
+            exc = from_rpc_error(error)
+            if exc.code == grpc.StatusCode.UNAUTHENTICATED:
+                raise signature_mismatch() from None
+            raise ops.from_quarry(exc) from None
+
+    def _respond(self, bridge: _Bridge, request: Request, response: Response) -> int:
+        headers = [
+            ("x-amz-request-id", request.request_id),
+            ("x-amz-id-2", request.request_id),
+            ("server", "Quarry"),
+            *response.headers,
+        ]
+        if bridge.unread_body(request.headers):
+            # An answer before the body was read (an error, or a refusal of an
+            # `Expect: 100-continue` upload): the connection cannot carry another request.
+            headers.append(("connection", "close"))
+        body = response.body
+        if isinstance(body, bytes) and not any(k == "content-length" for k, _ in headers):
+            headers.append(("content-length", str(len(body))))
+        try:
+            bridge.started = True
+            bridge.send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status,
+                    "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+                }
+            )
+            if request.method == "HEAD" or response.status == 304:
+                bridge.send({"type": "http.response.body", "body": b""})
+            elif isinstance(body, bytes):
+                bridge.send({"type": "http.response.body", "body": body})
+            else:
+                for chunk in body:
+                    bridge.send({"type": "http.response.body", "body": chunk, "more_body": True})
+                bridge.send({"type": "http.response.body", "body": b""})
+        finally:
+            if response.close is not None:
+                response.close()
+        return response.status
+
+    def _error(self, bridge: _Bridge, request: Request, error: S3Error) -> int:
+        if bridge.started:
+            # Headers are out: nothing to answer with but a cut connection (the client sees
+            # a short body, never a wrong one).
+            log.warning("s3 %s failed mid-answer: %s", request.request_id, error.message)
+            raise ClientGone(error.message)
+        body = (
+            b"" if request.method == "HEAD" else xmlserde.error_document(error, request.request_id)
+        )
+        response = Response(
+            error.status,
+            [("content-type", "application/xml"), ("content-length", str(len(body)))],
+            body,
+        )
+        self._respond(bridge, request, response)
+        return error.status

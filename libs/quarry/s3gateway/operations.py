@@ -1,0 +1,988 @@
+"""One handler per S3 operation, over Quarry's gRPC API called with the caller's own token
+(so the same policies, branch protection and audit apply as for any client) and the object
+bytes in the repository's storage namespace (or an imported object's own address) through
+the blob stores.
+
+Bucket = repository; key = REF/PATH. Reads work on any ref; writes only on branches
+(MethodNotAllowed otherwise). Bytes of a write go to a fresh key `data/<uuid hex>` in the
+namespace (the shape of `quarry put`'s uploads, which GC treats alike), in pieces (MD5 and
+SHA-256 computed on the way), and the entry is staged only after every check on them passed (Content-MD5, a signed x-amz-content-sha256, aws-chunked
+chunk signatures).
+
+Safety rules: a write never stages an entry whose bytes failed a check, and a failed write
+(a bad digest, a refused signature, a denied or protected staging, a dropped connection)
+removes the bytes it wrote; it never deletes or overwrites any other object. A multipart
+upload's parts are invisible (no entry) until CompleteMultipartUpload stages the whole
+object; an aborted or completed upload's parts are removed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import quote, unquote
+
+from quarry import errors
+from quarry.blob import BlobStore, ObjectNotFound, object_address, open_blob_store, open_object
+from quarry.cli.upload import DATA_PREFIX
+from quarry.client import Client
+from quarry.s3gateway import xmlserde
+from quarry.s3gateway.errors import (
+    S3Error,
+    access_denied,
+    from_quarry,
+    invalid_argument,
+    method_not_allowed,
+    no_such_key,
+    not_implemented,
+)
+from quarry.s3gateway.request import Request, Response, xml_response
+from quarry.v1 import types_pb2
+
+log = logging.getLogger(__name__)
+
+MULTIPART_PREFIX = "_s3_multipart/"
+READ_CHUNK = 1 << 20
+MAX_KEYS = 1000
+MAX_LIST_KEYS = 10_000  # quarry.paging.MAX_PAGE_SIZE
+MAX_PARTS = 10_000
+MAX_XML_BODY = xmlserde.MAX_REQUEST_XML_BYTES
+_META = "x-amz-meta-"
+
+
+@dataclass
+class Context:
+    """What one request's operation works with: the caller's client and who they are."""
+
+    client: Client
+    user_id: str
+    settings: Any
+    region: str
+    sealed_check: Callable[[list[tuple[str, str]]], None]  # checks aws-chunked signatures
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+def _etag(checksum: str) -> str:
+    return f'"{checksum}"'
+
+
+def _mtime(entry: types_pb2.Entry) -> float:
+    return entry.mtime.seconds + entry.mtime.nanos / 1e9 if entry.HasField("mtime") else 0.0
+
+
+def _object_headers(entry: types_pb2.Entry) -> list[tuple[str, str]]:
+    headers = [
+        ("etag", _etag(entry.checksum)),
+        ("last-modified", xmlserde.http_date(_mtime(entry))),
+        ("content-type", entry.content_type or "application/octet-stream"),
+        ("accept-ranges", "bytes"),
+    ]
+    headers += [(_META + k, v) for k, v in sorted(entry.metadata.items())]
+    return headers
+
+
+def _call(fn: Callable[..., Any], *args: Any, resource: str = "", **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except errors.QuarryError as exc:
+        raise from_quarry(exc, resource) from None
+
+
+def _repository(ctx: Context, bucket: str) -> types_pb2.Repository:
+    try:
+        return ctx.client.get_repository(bucket)
+    except errors.QuarryError as exc:
+        if exc.code is not None and exc.code.name == "NOT_FOUND":
+            raise S3Error(
+                "NoSuchBucket", "The specified bucket does not exist", 404, bucket
+            ) from None
+        raise from_quarry(exc, bucket) from None
+
+
+def _require_branch(ctx: Context, bucket: str, ref: str) -> None:
+    """MethodNotAllowed unless `ref` is a branch: writes go to branches only."""
+    if not ref:
+        raise method_not_allowed("a write needs a key BRANCH/PATH")
+    try:
+        ctx.client.get_branch(bucket, ref)
+    except errors.QuarryError as exc:
+        if exc.code is not None and exc.code.name in ("NOT_FOUND", "INVALID_ARGUMENT"):
+            raise method_not_allowed(
+                f"{ref!r} is not a branch of {bucket!r}: writes go to branches only"
+            ) from None
+        raise from_quarry(exc, bucket) from None
+
+
+def _user_metadata(request: Request) -> dict[str, str]:
+    return {
+        name[len(_META) :]: values[0]
+        for name, values in request.headers.items()
+        if name.startswith(_META)
+    }
+
+
+def _timestamp(seconds: float) -> Any:
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    stamp = Timestamp()
+    stamp.FromNanoseconds(int(seconds * 1e9))
+    return stamp
+
+
+class _Digesting:
+    """Reads `read` and keeps the MD5 of everything returned (SHA-256 comes from put_stream)."""
+
+    def __init__(self, read: Callable[[int], bytes]) -> None:
+        self._read = read
+        self.md5 = hashlib.md5()  # noqa: S324 — S3's ETag, not a security hash
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._read(size if size > 0 else READ_CHUNK)
+        self.md5.update(data)
+        return data
+
+
+def _discard(store: BlobStore, key: str) -> None:
+    """Remove bytes this request wrote under its own fresh key (never anything else)."""
+    try:
+        store.delete(key)
+    except Exception:  # noqa: BLE001 — best effort: an unreferenced object is GC's to sweep
+        log.warning("could not remove the unreferenced upload %s", key, exc_info=True)
+
+
+# ---- body decoding -----------------------------------------------------------------------
+
+
+def body_reader(
+    request: Request, ctx: Context, signature: Any
+) -> tuple[Callable[[int], bytes], Callable[[], None]]:
+    """(read, finish): the payload's bytes, decoded from aws-chunked when the request says
+    so, and the check to run once they are all read (chunk signatures via the Auth service).
+    """
+    from quarry.s3gateway import sigv4
+
+    mode = signature.payload_hash if signature is not None else sigv4.UNSIGNED_PAYLOAD
+    if mode in (sigv4.STREAMING_PAYLOAD, sigv4.STREAMING_UNSIGNED_TRAILER):
+        signed = mode == sigv4.STREAMING_PAYLOAD
+        decoder = sigv4.ChunkedDecoder(
+            request.read, signature if signed else None, signature.signature
+        )
+
+        def finish() -> None:
+            if signed:
+                ctx.sealed_check(decoder.signed)
+
+        return decoder.read, finish
+    return request.read, lambda: None
+
+
+# ---- buckets ------------------------------------------------------------------------------
+
+
+def list_buckets(ctx: Context, request: Request) -> Response:
+    buckets = [
+        [("Name", repo.name), ("CreationDate", xmlserde.timestamp(repo.creation_time.seconds))]
+        for repo in _call(ctx.client.iter_repositories)
+    ]
+    return xml_response(
+        xmlserde.document(
+            "ListAllMyBucketsResult",
+            [
+                ("Owner", [[("ID", ctx.user_id), ("DisplayName", ctx.user_id)]]),
+                ("Buckets", [[("Bucket", buckets)]] if buckets else [[]]),
+            ],
+        )
+    )
+
+
+def head_bucket(ctx: Context, request: Request) -> Response:
+    _repository(ctx, request.target.bucket)
+    return Response(200, [("x-amz-bucket-region", ctx.region)])
+
+
+def get_bucket_location(ctx: Context, request: Request) -> Response:
+    _repository(ctx, request.target.bucket)
+    # us-east-1 is S3's empty LocationConstraint.
+    region = "" if ctx.region == "us-east-1" else ctx.region
+    body = (
+        b'<?xml version="1.0" encoding="UTF-8"?>\n'
+        + f'<LocationConstraint xmlns="{xmlserde.NS}">{region}</LocationConstraint>'.encode()
+    )
+    return xml_response(body)
+
+
+# ---- listing ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Page:
+    keys: list[types_pb2.Entry]  # paths already prefixed with REF/
+    prefixes: list[str]
+    next_token: str
+
+
+def _list_page(  # noqa: PLR0913 — the S3 listing parameters
+    ctx: Context, bucket: str, prefix: str, delimiter: str, max_keys: int, token: str, after: str
+) -> _Page:
+    """One page of keys under `prefix` (REF/PATH-PREFIX). A prefix without "/" names no ref
+    yet: the branches it matches are listed as common prefixes (with delimiter "/")."""
+    _repository(ctx, bucket)
+    if "/" not in prefix:
+        if delimiter != "/":
+            return _Page([], [], "")
+        names = sorted(
+            b.name + "/"
+            for b in _call(ctx.client.iter_branches, bucket)
+            if b.name.startswith(prefix)
+        )
+        names = [n for n in names if n > after]
+        return _Page([], names[:max_keys], "")
+    ref, path_prefix = prefix.split("/", 1)
+    page_token = ""
+    if token:
+        page_token = token
+    elif after:
+        after_ref, _, after_path = after.partition("/")
+        if after_ref > ref:
+            return _Page([], [], "")
+        if after_ref == ref and after_path:
+            if after_path.startswith(path_prefix):
+                from quarry.graveler.iterators import encode_page_token
+
+                # The listing's own "after" token (what ListObjects resumes from).
+                skip = bool(delimiter) and after_path.endswith(delimiter)
+                page_token = encode_page_token(after=after_path, skip_prefix=skip)
+            elif after_path > path_prefix:
+                return _Page([], [], "")
+    response = _call(
+        ctx.client.list_objects,
+        bucket,
+        ref,
+        prefix=path_prefix,
+        delimiter=delimiter,
+        page_size=max_keys,
+        page_token=page_token,
+        resource=bucket,
+    )
+    entries = []
+    for entry in response.entries:
+        copy = types_pb2.Entry()
+        copy.CopyFrom(entry)
+        copy.path = f"{ref}/{entry.path}"
+        entries.append(copy)
+    prefixes = [f"{ref}/{p}" for p in response.common_prefixes]
+    return _Page(entries, prefixes, response.next_page_token)
+
+
+def _max_keys(request: Request) -> int:
+    text = request.param("max-keys")
+    if text is None:
+        return MAX_KEYS
+    try:
+        value = int(text)
+    except ValueError:
+        raise invalid_argument("max-keys must be an integer") from None
+    if value < 0:
+        raise invalid_argument("max-keys must not be negative")
+    return min(value, MAX_LIST_KEYS)
+
+
+def list_objects(ctx: Context, request: Request) -> Response:
+    """ListObjectsV2 (list-type=2) and V1."""
+    v2 = request.param("list-type") == "2"
+    prefix = request.param("prefix") or ""
+    delimiter = request.param("delimiter") or ""
+    encoding = request.param("encoding-type") or ""
+    if encoding not in ("", "url"):
+        raise invalid_argument("encoding-type must be url")
+    max_keys = _max_keys(request)
+
+    def enc(value: str) -> str:
+        return quote(value, safe="/") if encoding == "url" else value
+
+    token = ""
+    after = ""
+    if v2:
+        raw_token = request.param("continuation-token") or ""
+        if raw_token:
+            try:
+                token = base64.urlsafe_b64decode(raw_token.encode()).decode()
+            except ValueError:
+                raise invalid_argument("The continuation token provided is incorrect") from None
+        after = request.param("start-after") or ""
+    else:
+        after = request.param("marker") or ""
+    if max_keys == 0:
+        page = _Page([], [], "")
+    else:
+        page = _list_page(ctx, request.target.bucket, prefix, delimiter, max_keys, token, after)
+    contents = [
+        [
+            ("Key", enc(entry.path)),
+            ("LastModified", xmlserde.timestamp(_mtime(entry))),
+            ("ETag", _etag(entry.checksum)),
+            ("Size", entry.size_bytes),
+            ("StorageClass", "STANDARD"),
+        ]
+        for entry in page.keys
+    ]
+    fields: list[tuple[str, Any]] = [
+        ("Name", request.target.bucket),
+        ("Prefix", enc(prefix)),
+    ]
+    truncated = bool(page.next_token)
+    if v2:
+        fields += [
+            ("KeyCount", len(page.keys) + len(page.prefixes)),
+            ("MaxKeys", max_keys),
+            ("Delimiter", enc(delimiter) if delimiter else None),
+            ("IsTruncated", truncated),
+            ("ContinuationToken", request.param("continuation-token")),
+            (
+                "NextContinuationToken",
+                base64.urlsafe_b64encode(page.next_token.encode()).decode() if truncated else None,
+            ),
+            ("StartAfter", enc(after) if after else None),
+            ("EncodingType", encoding or None),
+        ]
+    else:
+        last = max([e.path for e in page.keys] + page.prefixes, default="")
+        fields += [
+            ("Marker", enc(after)),
+            ("MaxKeys", max_keys),
+            ("Delimiter", enc(delimiter) if delimiter else None),
+            ("IsTruncated", truncated),
+            ("NextMarker", enc(last) if truncated else None),
+            ("EncodingType", encoding or None),
+        ]
+    fields += [("Contents", contents)]
+    fields += [("CommonPrefixes", [[("Prefix", enc(p))] for p in page.prefixes])]
+    return xml_response(xmlserde.document("ListBucketResult", fields))
+
+
+# ---- reading objects ----------------------------------------------------------------------
+
+
+def _stat(ctx: Context, request: Request) -> types_pb2.Entry:
+    bucket, key = request.target.bucket, request.target.key
+    ref, path = request.target.ref, request.target.path
+    if not path:
+        _repository(ctx, bucket)
+        raise no_such_key(key)
+    # One call (no GetRepository first: reads are the hot path); a missing repository
+    # says so by its reason.
+    try:
+        return ctx.client.stat_object(bucket, ref, path)
+    except errors.QuarryError as exc:
+        if exc.reason == "REPOSITORY_NOT_FOUND":
+            raise S3Error(
+                "NoSuchBucket", "The specified bucket does not exist", 404, bucket
+            ) from None
+        if exc.code is not None and exc.code.name in ("NOT_FOUND", "INVALID_ARGUMENT"):
+            raise no_such_key(key) from None
+        raise from_quarry(exc, key) from None
+
+
+def _http_time(value: str) -> float | None:
+    try:
+        parsed = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+def _etag_matches(header: str, etag: str) -> bool:
+    wanted = [t.strip() for t in header.split(",")]
+    return "*" in wanted or etag in wanted or etag.strip('"') in [w.strip('"') for w in wanted]
+
+
+def _preconditions(request: Request, entry: types_pb2.Entry) -> Response | None:
+    """The answer when a conditional header decides it (412 / 304), else None (RFC 7232
+    order: If-Match, If-Unmodified-Since, If-None-Match, If-Modified-Since)."""
+    etag = _etag(entry.checksum)
+    modified = int(_mtime(entry))
+    if_match = request.header("if-match")
+    if if_match and not _etag_matches(if_match, etag):
+        raise S3Error(
+            "PreconditionFailed",
+            "At least one of the pre-conditions you specified did not hold",
+            412,
+        )
+    since = request.header("if-unmodified-since")
+    if since and not if_match:
+        when = _http_time(since)
+        if when is not None and modified > when:
+            raise S3Error(
+                "PreconditionFailed",
+                "At least one of the pre-conditions you specified did not hold",
+                412,
+            )
+    if_none = request.header("if-none-match")
+    if if_none and _etag_matches(if_none, etag):
+        return Response(304, [("etag", etag)])
+    modified_since = request.header("if-modified-since")
+    if modified_since and not if_none:
+        when = _http_time(modified_since)
+        if when is not None and modified <= when:
+            return Response(304, [("etag", etag)])
+    return None
+
+
+def _range(header: str, size: int) -> tuple[int, int] | None:
+    """(first, last) inclusive of a single `bytes=` range; None when absent or not parsable
+    (S3 then sends the whole object); InvalidRange when unsatisfiable."""
+    if not header.startswith("bytes=") or "," in header:
+        return None
+    first_text, _, last_text = header[6:].strip().partition("-")
+    try:
+        if first_text == "":
+            length = int(last_text)
+            if length <= 0:
+                raise ValueError
+            return max(0, size - length), size - 1
+        first = int(first_text)
+        last = int(last_text) if last_text else size - 1
+    except ValueError:
+        return None
+    if first >= size or first < 0:
+        raise S3Error("InvalidRange", "The requested range is not satisfiable", 416)
+    if last < first:
+        return None
+    return first, min(last, size - 1)
+
+
+_OVERRIDES = {
+    "response-content-type": "content-type",
+    "response-content-language": "content-language",
+    "response-expires": "expires",
+    "response-cache-control": "cache-control",
+    "response-content-disposition": "content-disposition",
+    "response-content-encoding": "content-encoding",
+}
+
+
+def _apply_overrides(request: Request, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    out = list(headers)
+    for param, header in _OVERRIDES.items():
+        value = request.param(param)
+        if value is not None:
+            out = [(k, v) for k, v in out if k != header] + [(header, value)]
+    return out
+
+
+def head_object(ctx: Context, request: Request) -> Response:
+    entry = _stat(ctx, request)
+    early = _preconditions(request, entry)
+    if early is not None:
+        return early
+    headers = _object_headers(entry) + [("content-length", str(entry.size_bytes))]
+    return Response(200, headers)
+
+
+def get_object(ctx: Context, request: Request) -> Response:
+    entry = _stat(ctx, request)
+    early = _preconditions(request, entry)
+    if early is not None:
+        return early
+    size = entry.size_bytes
+    headers = _apply_overrides(request, _object_headers(entry))
+    wanted = _range(request.header("range"), size) if size > 0 else None
+    status = 200
+    first, last = 0, size - 1
+    if wanted is not None:
+        first, last = wanted
+        status = 206
+        headers.append(("content-range", f"bytes {first}-{last}/{size}"))
+    length = max(0, last - first + 1)
+    headers.append(("content-length", str(length)))
+    opened = open_object(entry.physical_address, ctx.settings)
+    try:
+        reader = opened.__enter__()
+    except ObjectNotFound:
+        raise S3Error("NoSuchKey", "the object's bytes are missing from storage", 404) from None
+    except errors.QuarryError as exc:
+        raise from_quarry(exc) from None
+
+    def chunks() -> Iterator[bytes]:
+        skip = first
+        while skip > 0:  # the stores read front to back: skip to the range's start
+            piece = reader.read(min(READ_CHUNK, skip))
+            if not piece:
+                return
+            skip -= len(piece)
+        left = length
+        while left > 0:
+            piece = reader.read(min(READ_CHUNK, left))
+            if not piece:
+                raise errors.DataLoss(  # the client sees a short body, never wrong bytes
+                    f"the object at {entry.physical_address} ended {left} bytes early"
+                )
+            left -= len(piece)
+            yield piece
+
+    def close() -> None:
+        opened.__exit__(None, None, None)
+
+    return Response(status, headers, chunks(), close=close)
+
+
+# ---- writing objects ----------------------------------------------------------------------
+
+
+def _store_body(
+    store: BlobStore,
+    read: Callable[[int], bytes],
+    finish: Callable[[], None],
+    request: Request,
+    signature: Any,
+) -> tuple[str, int, str, str]:
+    """Write the body under a fresh key; (key, size, md5 hex, sha256 hex) once every check
+    on it passed. On any failure the bytes written are removed and the error raised."""
+    from quarry.s3gateway import sigv4
+
+    key = f"{DATA_PREFIX}{uuid.uuid4().hex}"
+    digesting = _Digesting(read)
+    try:
+        written = store.put_stream(key, digesting)
+    except BaseException:
+        _discard(store, key)
+        raise
+    try:
+        finish()
+        md5_hex = digesting.md5.hexdigest()
+        content_md5 = request.header("content-md5")
+        if content_md5:
+            try:
+                expected = base64.b64decode(content_md5, validate=True).hex()
+            except ValueError:
+                raise S3Error(
+                    "InvalidDigest", "The Content-MD5 you specified was invalid", 400
+                ) from None
+            if expected != md5_hex:
+                raise S3Error(
+                    "BadDigest", "The Content-MD5 you specified did not match what we received", 400
+                )
+        claimed = signature.payload_hash if signature is not None else ""
+        if sigv4.is_sha256(claimed) and claimed != written.sha256:
+            raise S3Error(
+                "XAmzContentSHA256Mismatch",
+                "The provided 'x-amz-content-sha256' header does not match what was computed.",
+                400,
+            )
+        declared = request.header("x-amz-decoded-content-length") or ""
+        if declared and int(declared) != written.size:
+            raise S3Error("IncompleteBody", "the body is shorter than declared", 400)
+    except BaseException:
+        _discard(store, key)
+        raise
+    return key, written.size, md5_hex, written.sha256
+
+
+def _stage(  # noqa: PLR0913 — the entry's parts
+    ctx: Context, bucket: str, branch: str, entry: types_pb2.Entry, store: BlobStore, key: str
+) -> None:
+    try:
+        ctx.client.put_object(bucket, branch, entry)
+    except errors.QuarryError as exc:
+        _discard(store, key)
+        raise from_quarry(exc, entry.path) from None
+    except BaseException:
+        _discard(store, key)
+        raise
+
+
+def put_object(ctx: Context, request: Request, signature: Any) -> Response:
+    bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
+    repo = _repository(ctx, bucket)
+    _require_branch(ctx, bucket, ref)
+    if not path:
+        # A "directory marker" for the branch itself (pyarrow, s3fs make them): the branch
+        # exists, so there is nothing to store; an empty body is all it may carry.
+        if request.read(1):
+            raise invalid_argument("a key is REF/PATH with a non-empty PATH")
+        return Response(200, [("etag", _etag(hashlib.md5(b"").hexdigest()))])  # noqa: S324
+    read, finish = body_reader(request, ctx, signature)
+    store = open_blob_store(repo.storage_namespace, ctx.settings)
+    try:
+        key, size, md5_hex, _sha = _store_body(store, read, finish, request, signature)
+        entry = types_pb2.Entry(
+            path=path,
+            physical_address=object_address(repo.storage_namespace, key),
+            size_bytes=size,
+            checksum=md5_hex,
+            content_type=request.header("content-type") or "application/octet-stream",
+            metadata=_user_metadata(request),
+        )
+        entry.mtime.CopyFrom(_timestamp(time.time()))
+        _stage(ctx, bucket, ref, entry, store, key)
+    finally:
+        store.close()
+    return Response(200, [("etag", _etag(md5_hex))])
+
+
+def copy_object(ctx: Context, request: Request) -> Response:
+    """CopyObject within one repository (any ref to a branch): a new entry pointing at the
+    same bytes (copy-on-write: objects are immutable), metadata copied or replaced."""
+    source = unquote(request.header("x-amz-copy-source")).lstrip("/")
+    source = source.partition("?")[0]
+    src_bucket, _, src_key = source.partition("/")
+    src_ref, _, src_path = src_key.partition("/")
+    bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
+    if not path:
+        raise invalid_argument("a key is REF/PATH with a non-empty PATH")
+    if src_bucket != bucket:
+        raise not_implemented("CopyObject across repositories")
+    _repository(ctx, bucket)
+    _require_branch(ctx, bucket, ref)
+    try:
+        src = ctx.client.stat_object(bucket, src_ref, src_path)
+    except errors.QuarryError as exc:
+        if exc.code is not None and exc.code.name in ("NOT_FOUND", "INVALID_ARGUMENT"):
+            raise no_such_key(src_key) from None
+        raise from_quarry(exc, src_key) from None
+    entry = types_pb2.Entry()
+    entry.CopyFrom(src)
+    entry.path = path
+    entry.mtime.CopyFrom(_timestamp(time.time()))
+    directive = request.header("x-amz-metadata-directive") or "COPY"
+    if directive == "REPLACE":
+        entry.ClearField("metadata")
+        entry.metadata.update(_user_metadata(request))
+        entry.content_type = request.header("content-type") or entry.content_type
+    elif directive != "COPY":
+        raise invalid_argument("x-amz-metadata-directive must be COPY or REPLACE")
+    _call(ctx.client.put_object, bucket, ref, entry, resource=path)
+    return xml_response(
+        xmlserde.document(
+            "CopyObjectResult",
+            [("LastModified", xmlserde.timestamp(_mtime(entry))), ("ETag", _etag(entry.checksum))],
+        )
+    )
+
+
+def delete_object(ctx: Context, request: Request) -> Response:
+    bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
+    _repository(ctx, bucket)
+    _require_branch(ctx, bucket, ref)
+    if path:
+        try:
+            ctx.client.delete_object(bucket, ref, path)
+        except errors.QuarryError as exc:
+            # S3 answers 204 for a key that does not exist.
+            if not (exc.code is not None and exc.code.name == "NOT_FOUND"):
+                raise from_quarry(exc, path) from None
+    return Response(204)
+
+
+def delete_objects(ctx: Context, request: Request) -> Response:
+    bucket = request.target.bucket
+    document = xmlserde.parse(request.read_all(MAX_XML_BODY), "Delete")
+    quiet = xmlserde.text(document, "Quiet").lower() == "true"
+    keys = [xmlserde.text(o, "Key") for o in xmlserde.children(document, "Object")]
+    if len(keys) > 1000:
+        raise S3Error("MalformedXML", "at most 1000 keys per DeleteObjects", 400)
+    _repository(ctx, bucket)
+    by_branch: dict[str, list[str]] = {}
+    results: list[tuple[str, Any]] = []
+    for key in keys:
+        ref, _, path = key.partition("/")
+        by_branch.setdefault(ref, []).append(key)
+    for ref, group in by_branch.items():
+        try:
+            _require_branch(ctx, bucket, ref)
+            paths = [k.partition("/")[2] for k in group]
+            ctx.client.delete_objects(bucket, ref, [p for p in paths if p])
+        except (S3Error, errors.QuarryError) as exc:
+            failure = exc if isinstance(exc, S3Error) else from_quarry(exc)
+            for key in group:
+                results.append(
+                    (
+                        "Error",
+                        [[("Key", key), ("Code", failure.code), ("Message", failure.message)]],
+                    )
+                )
+            continue
+        if not quiet:
+            for key in group:
+                results.append(("Deleted", [[("Key", key)]]))
+    return xml_response(xmlserde.document("DeleteResult", results))
+
+
+# ---- multipart uploads --------------------------------------------------------------------
+#
+# State lives in the repository's namespace (the gateway keeps none): MULTIPART_PREFIX +
+# UPLOAD_ID + "/upload.json" (key, owner, content type, metadata) and one object per part
+# "part-NNNNN-MD5-UUID". Nothing is staged before Complete; Complete writes the parts,
+# concatenated, to one new data object, stages its entry, then removes the parts.
+
+
+def _upload_dir(upload_id: str) -> str:
+    if not upload_id or not all(c in "0123456789abcdef" for c in upload_id) or len(upload_id) != 32:
+        raise S3Error("NoSuchUpload", "The specified upload does not exist.", 404)
+    return f"{MULTIPART_PREFIX}{upload_id}/"
+
+
+def _load_upload(
+    ctx: Context, store: BlobStore, request: Request, upload_id: str
+) -> dict[str, Any]:
+    """The upload's record; NoSuchUpload unless it exists for this key, AccessDenied unless
+    the caller started it."""
+    try:
+        record = json.loads(store.get(_upload_dir(upload_id) + "upload.json"))
+    except ObjectNotFound:
+        raise S3Error("NoSuchUpload", "The specified upload does not exist.", 404) from None
+    if record["key"] != request.target.key:
+        raise S3Error("NoSuchUpload", "The specified upload does not exist.", 404)
+    if record["owner"] != ctx.user_id:
+        raise access_denied("the upload belongs to another user")
+    return record
+
+
+def create_multipart_upload(ctx: Context, request: Request) -> Response:
+    bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
+    if not path:
+        raise invalid_argument("a key is REF/PATH with a non-empty PATH")
+    repo = _repository(ctx, bucket)
+    _require_branch(ctx, bucket, ref)
+    upload_id = uuid.uuid4().hex
+    record = {
+        "key": request.target.key,
+        "owner": ctx.user_id,
+        "content_type": request.header("content-type") or "application/octet-stream",
+        "metadata": _user_metadata(request),
+        "initiated": time.time(),
+    }
+    with open_blob_store(repo.storage_namespace, ctx.settings) as store:
+        store.put(
+            _upload_dir(upload_id) + "upload.json", json.dumps(record).encode(), if_absent=True
+        )
+    return xml_response(
+        xmlserde.document(
+            "InitiateMultipartUploadResult",
+            [("Bucket", bucket), ("Key", request.target.key), ("UploadId", upload_id)],
+        )
+    )
+
+
+def _part_number(request: Request) -> int:
+    try:
+        number = int(request.param("partNumber") or "")
+    except ValueError:
+        raise invalid_argument("partNumber must be an integer") from None
+    if not 1 <= number <= MAX_PARTS:
+        raise invalid_argument("Part number must be an integer between 1 and 10000, inclusive")
+    return number
+
+
+def upload_part(ctx: Context, request: Request, signature: Any) -> Response:
+    repo = _repository(ctx, request.target.bucket)
+    upload_id = request.param("uploadId") or ""
+    number = _part_number(request)
+    read, finish = body_reader(request, ctx, signature)
+    with open_blob_store(repo.storage_namespace, ctx.settings) as store:
+        _load_upload(ctx, store, request, upload_id)
+        key, _size, md5_hex, _sha = _store_body(store, read, finish, request, signature)
+        # The part under its number and MD5 (what Complete names it by); the temporary key's
+        # bytes are moved by writing the part name once (no rename in the store API).
+        part = f"{_upload_dir(upload_id)}part-{number:05d}-{md5_hex}-{uuid.uuid4().hex}"
+        try:
+            with store.open_read(key) as reader:
+                store.put_stream(part, reader)
+        finally:
+            _discard(store, key)
+    return Response(200, [("etag", _etag(md5_hex))])
+
+
+def _parts(store: BlobStore, upload_id: str) -> dict[tuple[int, str], tuple[str, int, float]]:
+    """(number, md5) -> (key, size, modified) of the upload's stored parts."""
+    found: dict[tuple[int, str], tuple[str, int, float]] = {}
+    directory = _upload_dir(upload_id)
+    for info in store.list(directory + "part-"):
+        name = (
+            info.key[len(directory) :]
+            if info.key.startswith(directory)
+            else info.key.rpartition("/")[2]
+        )
+        pieces = name.split("-")
+        if len(pieces) != 4:
+            continue
+        found[(int(pieces[1]), pieces[2])] = (
+            info.key if info.key.startswith(directory) else directory + name,
+            info.size,
+            info.modified,
+        )
+    return found
+
+
+def complete_multipart_upload(ctx: Context, request: Request) -> Response:
+    bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
+    upload_id = request.param("uploadId") or ""
+    document = xmlserde.parse(request.read_all(MAX_XML_BODY), "CompleteMultipartUpload")
+    wanted = [
+        (int(xmlserde.text(p, "PartNumber") or 0), xmlserde.text(p, "ETag").strip('"'))
+        for p in xmlserde.children(document, "Part")
+    ]
+    if not wanted:
+        raise S3Error("MalformedXML", "a CompleteMultipartUpload names at least one part", 400)
+    if [n for n, _ in wanted] != sorted({n for n, _ in wanted}):
+        raise S3Error("InvalidPartOrder", "The list of parts was not in ascending order.", 400)
+    repo = _repository(ctx, bucket)
+    _require_branch(ctx, bucket, ref)
+    with open_blob_store(repo.storage_namespace, ctx.settings) as store:
+        record = _load_upload(ctx, store, request, upload_id)
+        stored = _parts(store, upload_id)
+        keys = []
+        for number, etag in wanted:
+            if (number, etag) not in stored:
+                raise S3Error(
+                    "InvalidPart", f"part {number} with ETag {etag} was not uploaded", 400
+                )
+            keys.append(stored[(number, etag)][0])
+        digest = hashlib.md5()  # noqa: S324 — S3's multipart ETag
+        for _, etag in wanted:
+            digest.update(bytes.fromhex(etag))
+        final_etag = f"{digest.hexdigest()}-{len(wanted)}"
+
+        class _Concatenated:
+            def __init__(self) -> None:
+                self._keys = list(keys)
+                self._reader: Any = None
+
+            def read(self, size: int = -1) -> bytes:
+                while True:
+                    if self._reader is None:
+                        if not self._keys:
+                            return b""
+                        self._reader = store.open_read(self._keys.pop(0))
+                    data = self._reader.read(size if size > 0 else READ_CHUNK)
+                    if data:
+                        return data
+                    self._reader.close()
+                    self._reader = None
+
+        key = f"{DATA_PREFIX}{uuid.uuid4().hex}"
+        try:
+            written = store.put_stream(key, _Concatenated())
+        except BaseException:
+            _discard(store, key)
+            raise
+        entry = types_pb2.Entry(
+            path=path,
+            physical_address=object_address(repo.storage_namespace, key),
+            size_bytes=written.size,
+            checksum=final_etag,
+            content_type=record["content_type"],
+            metadata=record["metadata"],
+        )
+        entry.mtime.CopyFrom(_timestamp(time.time()))
+        _stage(ctx, bucket, ref, entry, store, key)
+        _remove_upload(store, upload_id)
+    return xml_response(
+        xmlserde.document(
+            "CompleteMultipartUploadResult",
+            [
+                ("Location", f"/{bucket}/{request.target.key}"),
+                ("Bucket", bucket),
+                ("Key", request.target.key),
+                ("ETag", _etag(final_etag)),
+            ],
+        )
+    )
+
+
+def _remove_upload(store: BlobStore, upload_id: str) -> None:
+    directory = _upload_dir(upload_id)
+    for info in list(store.list(directory)):
+        key = (
+            info.key if info.key.startswith(directory) else directory + info.key.rpartition("/")[2]
+        )
+        _discard(store, key)
+
+
+def abort_multipart_upload(ctx: Context, request: Request) -> Response:
+    repo = _repository(ctx, request.target.bucket)
+    upload_id = request.param("uploadId") or ""
+    with open_blob_store(repo.storage_namespace, ctx.settings) as store:
+        _load_upload(ctx, store, request, upload_id)
+        _remove_upload(store, upload_id)
+    return Response(204)
+
+
+def list_parts(ctx: Context, request: Request) -> Response:
+    repo = _repository(ctx, request.target.bucket)
+    upload_id = request.param("uploadId") or ""
+    with open_blob_store(repo.storage_namespace, ctx.settings) as store:
+        _load_upload(ctx, store, request, upload_id)
+        stored = sorted(_parts(store, upload_id).items())
+    parts = [
+        [
+            ("PartNumber", number),
+            ("LastModified", xmlserde.timestamp(modified)),
+            ("ETag", _etag(md5)),
+            ("Size", size),
+        ]
+        for (number, md5), (_key, size, modified) in stored
+    ]
+    return xml_response(
+        xmlserde.document(
+            "ListPartsResult",
+            [
+                ("Bucket", request.target.bucket),
+                ("Key", request.target.key),
+                ("UploadId", upload_id),
+                ("MaxParts", MAX_PARTS),
+                ("IsTruncated", False),
+                ("Part", parts),
+            ],
+        )
+    )
+
+
+def list_multipart_uploads(ctx: Context, request: Request) -> Response:
+    repo = _repository(ctx, request.target.bucket)
+    prefix = request.param("prefix") or ""
+    uploads = []
+    with open_blob_store(repo.storage_namespace, ctx.settings) as store:
+        for info in store.list(MULTIPART_PREFIX):
+            if not info.key.endswith("/upload.json"):
+                continue
+            upload_id = info.key.rstrip("/").split("/")[-2]
+            try:
+                record = json.loads(store.get(_upload_dir(upload_id) + "upload.json"))
+            except (ObjectNotFound, S3Error, ValueError):
+                continue
+            if record.get("owner") != ctx.user_id or not record["key"].startswith(prefix):
+                continue
+            uploads.append(
+                [
+                    ("Key", record["key"]),
+                    ("UploadId", upload_id),
+                    ("Initiated", xmlserde.timestamp(record["initiated"])),
+                ]
+            )
+    uploads.sort(key=lambda u: (u[0][1], u[1][1]))
+    return xml_response(
+        xmlserde.document(
+            "ListMultipartUploadsResult",
+            [
+                ("Bucket", request.target.bucket),
+                ("Prefix", prefix),
+                ("MaxUploads", 1000),
+                ("IsTruncated", False),
+                ("Upload", uploads),
+            ],
+        )
+    )

@@ -1,0 +1,54 @@
+"""The gateway's path resolver (bucket / ref / path, path-style and virtual-host style) and
+its XML reader's refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from quarry.s3gateway import xmlserde
+from quarry.s3gateway.errors import S3Error
+from quarry.s3gateway.paths import resolve
+
+
+@pytest.mark.parametrize(
+    ("raw_path", "host", "domain", "bucket", "ref", "path"),
+    [
+        ("/repo/main/a/b.parquet", "127.0.0.1:7406", "", "repo", "main", "a/b.parquet"),
+        ("/repo/v1.0/x%20y.txt", "localhost:7406", "s3.local", "repo", "v1.0", "x y.txt"),
+        ("/repo", "h", "", "repo", "", ""),
+        ("/", "h", "", "", "", ""),
+        # Virtual-host style for the configured domain: the whole path is REF/PATH.
+        ("/main/a.txt", "repo.s3.local:7406", "s3.local", "repo", "main", "a.txt"),
+        ("/main/a.txt", "REPO.S3.LOCAL", "s3.local", "repo", "main", "a.txt"),
+        # Another host: path-style.
+        ("/repo/main/a.txt", "other.example:7406", "s3.local", "repo", "main", "a.txt"),
+    ],
+)
+def test_resolve(raw_path, host, domain, bucket, ref, path):
+    target = resolve(raw_path, host, domain)
+    assert (target.bucket, target.ref, target.path) == (bucket, ref, path)
+
+
+def test_xml_bodies_with_entities_or_of_another_kind_are_refused():
+    billion_laughs = b'<?xml version="1.0"?><!DOCTYPE d [<!ENTITY a "aaaa">]><Delete>&a;</Delete>'
+    for body, root in (
+        (billion_laughs, "Delete"),
+        (b"<Delete><Object>", "Delete"),
+        (b"<Other/>", "Delete"),
+        (b"<Delete/>" + b" " * (xmlserde.MAX_REQUEST_XML_BYTES + 1), "Delete"),
+    ):
+        with pytest.raises(S3Error) as refused:
+            xmlserde.parse(body, root)
+        assert refused.value.code == "MalformedXML"
+    parsed = xmlserde.parse(
+        b'<Delete xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Quiet>true</Quiet>'
+        b"<Object><Key>main/a</Key></Object></Delete>",
+        "Delete",
+    )
+    assert xmlserde.text(parsed, "Quiet") == "true"
+    assert [xmlserde.text(o, "Key") for o in xmlserde.children(parsed, "Object")] == ["main/a"]
+
+
+def test_error_documents_escape_what_they_quote():
+    document = xmlserde.error_document(S3Error("NoSuchKey", "no <key> & more", 404, "a<b"), "RID")
+    assert b"no &lt;key&gt; &amp; more" in document and b"<RequestId>RID</RequestId>" in document
