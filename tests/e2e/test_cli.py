@@ -62,6 +62,7 @@ def test_up_starts_the_suite_on_embedded_defaults_and_stops_on_ctrl_c(tmp_path):
         for name, p in ports.items():
             assert f"{name:<17} 127.0.0.1:{p}" in banner, banner
         assert "grpcurl -plaintext" in banner
+        assert "s3 ls --recursive s3://demo/main/" in banner
         # Every shell command the banner offers works as printed, from another terminal
         # in the same directory (the Python line is for a PySpark session: not run here).
         commands = [
@@ -81,7 +82,7 @@ def test_up_starts_the_suite_on_embedded_defaults_and_stops_on_ctrl_c(tmp_path):
             )
             assert ran.returncode == 0, (command, ran.stdout, ran.stderr)
             assert "Traceback" not in ran.stderr, (command, ran.stderr)
-            if "ListObjects" in command:
+            if "ListObjects" in command or "s3 ls" in command:
                 assert "docs/README.md" in ran.stdout, (command, ran.stdout)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             info = server_info_pb2_grpc.ServerInfoStub(channel).GetServerInfo(

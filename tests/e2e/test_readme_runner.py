@@ -10,7 +10,7 @@ python. A failure names the README line of the command (shell) or of the traceba
 (Python).
 
 Two substitutions keep the run isolated, and nothing else changes: the README's fixed
-addresses `127.0.0.1:7401`..`7405` become the free ports this suite listens on (tests bind
+addresses `127.0.0.1:7401`..`7406` become the free ports this suite listens on (tests bind
 free ports; the same QUARRY_*_ADDRESS settings are given, as the defaults are on a developer
 machine), and `/tmp/lake` becomes a fresh directory.
 
@@ -38,13 +38,21 @@ from support.processes import REPO_ROOT, VENV_BIN, free_port
 
 pytestmark = pytest.mark.timeout(900)
 
-SERVICES = ("kv-gateway", "branch-manager", "committer", "compactor-sensor", "range-writer")
+SERVICES = (
+    "kv-gateway",
+    "branch-manager",
+    "committer",
+    "compactor-sensor",
+    "range-writer",
+    "s3-gateway",
+)
 README_PORTS = {  # the README's addresses: the defaults of QUARRY_*_PORT
     "kv-gateway": 7401,
     "branch-manager": 7402,
     "committer": 7403,
     "compactor-sensor": 7404,
     "range-writer": 7405,
+    "s3-gateway": 7406,
 }
 BLOCK_TIMEOUT = 300.0
 _DONE = "__README_BLOCK_DONE__"

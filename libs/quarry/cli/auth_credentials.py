@@ -1,11 +1,15 @@
-"""`quarry auth credentials create USER | list USER | delete USER KEY`."""
+"""`quarry auth credentials create USER | list USER | delete USER KEY | env`."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 
 from quarry.cli import output
-from quarry.cli.base import Context, Subparsers, command, confirm, group, leaf
+from quarry.cli.base import EXIT_FAILURE, Context, Subparsers, command, confirm, group, leaf
+from quarry.client.credentials import ACCESS_KEY_ENV, SECRET_KEY_ENV, load_credentials
+from quarry.config import load_settings
 
 
 @command
@@ -51,12 +55,39 @@ def credentials_delete(args: argparse.Namespace, ctx: Context) -> None:
         print(f"Deleted access key {args.key} of {args.user}")
 
 
+def credentials_env(args: argparse.Namespace) -> int:
+    """The CLI's own credentials (the environment's, else $QUARRY_HOME/credentials.json) as
+    shell `export` lines for S3 tools: `eval "$(quarry auth credentials env)"`, as
+    `aws configure export-credentials --format env` does. Prints a secret, so only to the
+    user's own stdout; nothing is sent anywhere."""
+    found = load_credentials()
+    if found is None:
+        print(
+            f"quarry: NO_CREDENTIALS: set {ACCESS_KEY_ENV} and {SECRET_KEY_ENV}, or run "
+            "`quarry setup` / `quarry up` (they write $QUARRY_HOME/credentials.json)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+    print(f"export AWS_ACCESS_KEY_ID={shlex.quote(found.access_key_id)}")
+    print(f"export AWS_SECRET_ACCESS_KEY={shlex.quote(found.secret_access_key)}")
+    # The region the s3-gateway answers GetBucketLocation with (tools without one refuse).
+    print(f"export AWS_DEFAULT_REGION={shlex.quote(load_settings().s3_gateway_region)}")
+    return 0
+
+
 def register(auth: Subparsers, common: argparse.ArgumentParser) -> None:
     creds = group(auth, "credentials", "create, list and delete a user's access keys")
     p = leaf(common, creds, "create", credentials_create, "create an access key (secret once)")
     p.add_argument("user", metavar="USER")
     p = leaf(common, creds, "list", credentials_list, "list a user's access keys")
     p.add_argument("user", metavar="USER")
+    leaf(
+        common,
+        creds,
+        "env",
+        credentials_env,
+        "print the CLI's own credentials as AWS_* export lines for S3 tools (the s3-gateway)",
+    )
     p = leaf(common, creds, "delete", credentials_delete, "delete an access key")
     p.add_argument("user", metavar="USER")
     p.add_argument("key", metavar="KEY")

@@ -308,6 +308,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             f"  {grpcurl} -plaintext {host}:{settings.kv_gateway_port} "
             "quarry.v1.ServerInfo/GetServerInfo"
         )
+        # One line: the credentials' variables must reach the aws process that uses them.
+        print("\nOr with any S3 tool (the s3-gateway: bucket = repository, key = REF/PATH):")
+        print(
+            f'  eval "$({q} auth credentials env)" && {_command("aws")} --endpoint-url '
+            f"http://{host}:{settings.s3_gateway_port} s3 ls --recursive s3://demo/main/"
+        )
         print("\nOr from PySpark (README: Spark), and garbage-collect with Spark:")
         print(
             "  import quarry.spark as qs; "
