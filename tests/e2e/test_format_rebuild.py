@@ -4,7 +4,7 @@ end to end with real processes.
 A store and namespaces written by the format-1 build (tests/support/format_v1.py, a child
 process running the previous format's rules through the real services) are refused by
 this build — the KV stamp when a service starts, and range and metarange files when read —
-with the export/import message; `quarry export` and `quarry import` rebuild them; this
+with the export/import message; `quarry store export` and `quarry store import` rebuild them; this
 build's services (`quarry up`) then read back every field of every entry on every branch,
 tag and commit, the staged changes and the compacted branch included. Commit ids survive
 the rebuild; range and metarange ids are recomputed."""
@@ -185,7 +185,7 @@ def test_this_build_refuses_format_1_with_the_rebuild_message(v1, tmp_path):
     )
     assert result.returncode != 0
     assert "storage format version '1'" in result.stderr
-    assert "quarry export" in result.stderr and "quarry import" in result.stderr
+    assert "quarry store export" in result.stderr and "quarry store import" in result.stderr
     assert "Traceback" not in result.stderr
 
     # Range and metarange files: a store restamped by hand (or imported without the
@@ -207,7 +207,7 @@ def test_this_build_refuses_format_1_with_the_rebuild_message(v1, tmp_path):
             assert result.returncode == 1, (args, result.stdout)
             assert result.stderr.startswith("quarry: FORMAT_VERSION_MISMATCH: "), result.stderr
             assert "storage format version 1" in result.stderr
-            assert "quarry export" in result.stderr and "quarry import" in result.stderr
+            assert "quarry store export" in result.stderr and "quarry store import" in result.stderr
         with client_for(env) as client:
             # The failed commit changed nothing a user sees.
             assert [c.id for c in client.iter_log("demo", "main")] == v1["snapshot"]["demo"][

@@ -321,7 +321,7 @@ def test_a_dependent_service_still_refuses_another_format_version(procs):
         gateway.stop(grace=0)
     log = procs.log("branch-manager")
     assert branch_manager.returncode not in (0, None), log
-    assert "quarry export" in log and "quarry import" in log
+    assert "quarry store export" in log and "quarry store import" in log
     assert "Traceback" not in log
 
 
