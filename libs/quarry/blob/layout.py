@@ -29,6 +29,7 @@ from __future__ import annotations
 import posixpath
 import re
 import urllib.parse
+import uuid
 from typing import NamedTuple
 
 from quarry import errors
@@ -39,6 +40,142 @@ class InvalidPhysicalAddress(errors.InvalidArgument):
     """A staged physical address with a `..`, `.` or empty segment (also percent-encoded)."""
 
     reason = "INVALID_PHYSICAL_ADDRESS"
+
+
+# ---- keys of a storage namespace --------------------------------------------------------------
+#
+#   _quarry/repository.json                  the ownership marker (quarry.blob.ownership)
+#   _quarry/ranges/<id>.parquet              a range (committed/format.py), by content id
+#   _quarry/metaranges/<id>.parquet          a metarange, by content id
+#   _quarry/gc/reports/<run>.json            a GC report (spark/gc.py)
+#   data/<32 hex>                            `quarry put --from` (cli/upload.py), a uuid4
+#   data/spark/<job id>/part-…               a Spark write's files (spark/executor.py, native.py)
+#
+# Only ranges, metaranges and the two data shapes are ever collected by GC (classify).
+
+INTERNAL_PREFIX = "_quarry/"
+MARKER_KEY = "_quarry/repository.json"
+RANGES_PREFIX = "_quarry/ranges/"
+METARANGES_PREFIX = "_quarry/metaranges/"
+RANGE_KEY = re.compile(r"_quarry/ranges/([0-9a-f]{64})\.parquet")
+METARANGE_KEY = re.compile(r"_quarry/metaranges/([0-9a-f]{64})\.parquet")
+GC_REPORTS_PREFIX = "_quarry/gc/reports/"
+DATA_PREFIX = "data/"
+# The exact key new_upload_key makes (`data/` + a uuid4's 32 hex digits).
+UPLOAD_KEY = re.compile(r"data/[0-9a-f]{32}")
+# Data files of a Spark write live under this prefix, one folder per job, so a failed
+# job's files are found (and removed) by one listing.
+JOB_DATA_PREFIX = "data/spark/"
+# A Spark job id (quarry.spark.common.new_job_id): UTC time and 12 hex digits.
+JOB_ID_PATTERN = r"\d{8}T\d{6}-[0-9a-f]{12}"
+# The extension of a Spark write's files, by format.
+JOB_FILE_EXTENSIONS = {"parquet": "snappy.parquet", "csv": "csv", "json": "json"}
+# Spark's writer (quarry.spark.native) partitions by hidden copies of the partition
+# columns named so; their folders exist only in the physical keys of the job's folder.
+SPARK_PARTITION_COLUMN = "__quarry_partition_"
+# The name Spark's writer gives a Parquet file: part-<Spark partition>-<write UUID>-c<file
+# counter> ('.' before the counter in a partitioned write).
+SPARK_WRITER_FILE_NAME = (
+    r"part-(?P<partition>\d{5,})-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+    r"[-.]c(?P<counter>\d{3,})\.snappy\.parquet"
+)
+# A committed file of Spark's writer, relative to its job's folder: (partition folders,
+# Spark partition, file counter).
+SPARK_COMMITTED_FILE = re.compile(
+    r"(?P<folders>(?:"
+    + re.escape(SPARK_PARTITION_COLUMN)
+    + r"\d+=[^/]+/)*)"
+    + SPARK_WRITER_FILE_NAME
+)
+# The exact keys Spark jobs write in their folder: what GC may recognize as a Spark job's
+# data file (classify) and what a failed job's cleanup deletes. Either job_file_key's (the
+# Python workers' files), or Spark's writer's: committed files, under its hidden partition
+# folders, and its task attempts' files under _temporary/ (left there by a job whose driver
+# died).
+JOB_FILE_KEY = re.compile(
+    re.escape(JOB_DATA_PREFIX)
+    + JOB_ID_PATTERN
+    + "/(?:"
+    + r"part-\d{5,}-c\d{3,}-t\d+\."
+    + "(?:"
+    + "|".join(re.escape(ext) for ext in JOB_FILE_EXTENSIONS.values())
+    + ")"
+    + "|"
+    + r"(?:_temporary/\d+/(?:_temporary/attempt_[0-9a-z_]+/|task_[0-9a-z_]+/)?)?"
+    + r"(?:"
+    + re.escape(SPARK_PARTITION_COLUMN)
+    + r"\d+=[^/]+/)*"
+    + SPARK_WRITER_FILE_NAME
+    + ")"
+)
+
+
+def range_key(range_id: str) -> str:
+    return f"{RANGES_PREFIX}{range_id}.parquet"
+
+
+def metarange_key(metarange_id: str) -> str:
+    return f"{METARANGES_PREFIX}{metarange_id}.parquet"
+
+
+def gc_report_key(run_id: str) -> str:
+    return f"{GC_REPORTS_PREFIX}{run_id}.json"
+
+
+def new_upload_key() -> str:
+    """A new key for an upload's bytes (never an existing one's: a uuid4)."""
+    return f"{DATA_PREFIX}{uuid.uuid4().hex}"
+
+
+def job_folder(job_id: str) -> str:
+    """The folder (no trailing slash) of a Spark job's files."""
+    return f"{JOB_DATA_PREFIX}{job_id}"
+
+
+def job_file_key(job_id: str, fmt: str, partition: int, index: int, task_attempt_id: int) -> str:
+    """A Python worker's file of a Spark job (`task_attempt_id` is unique per task attempt
+    in the Spark application, so a retried task never overwrites an earlier attempt's)."""
+    return (
+        f"{job_folder(job_id)}/part-{partition:05d}-c{index:03d}"
+        f"-t{task_attempt_id}.{JOB_FILE_EXTENSIONS[fmt]}"
+    )
+
+
+def job_of_key(key: str) -> str | None:
+    """The job id whose folder holds `key`, None for a key outside every job's folder."""
+    if not key.startswith(JOB_DATA_PREFIX):
+        return None
+    return key[len(JOB_DATA_PREFIX) :].split("/", 1)[0]
+
+
+# Kinds of keys (Classified.kind). Only RANGE, METARANGE and DATA may ever be collected.
+RANGE, METARANGE, DATA, INTERNAL, FOREIGN = "range", "metarange", "data", "internal", "foreign"
+COLLECTABLE = frozenset({RANGE, METARANGE, DATA})
+
+
+class Classified(NamedTuple):
+    # "range", "metarange", "data": objects Quarry wrote, which GC may collect when nothing
+    # refers to them; "internal": Quarry's other files (markers, reports), never collected;
+    # "foreign": anything Quarry did not write, never collected.
+    kind: str
+    id: str = ""  # the range or metarange id
+
+
+def classify(key: str) -> Classified:
+    """What an object of the storage namespace is, from its key. Only the exact key shapes
+    Quarry itself writes are collectable (ranges and metaranges named by content id, upload
+    data `data/<uuid hex>`, Spark job files `data/spark/<job id>/part-…`); every other key,
+    whatever its age, depth or resemblance, is internal or foreign and never a candidate:
+    GC must never delete a file Quarry did not write."""
+    for pattern, kind in ((RANGE_KEY, RANGE), (METARANGE_KEY, METARANGE)):
+        match = pattern.fullmatch(key)
+        if match:
+            return Classified(kind, match.group(1))
+    if UPLOAD_KEY.fullmatch(key) or JOB_FILE_KEY.fullmatch(key):
+        return Classified(DATA)
+    if key.startswith(INTERNAL_PREFIX):
+        return Classified(INTERNAL)
+    return Classified(FOREIGN)
 
 
 # ---- physical addresses ---------------------------------------------------------------------

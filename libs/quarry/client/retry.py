@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import grpc
 from opentelemetry import trace
 
 from quarry import errors
@@ -132,7 +131,7 @@ def _record_retry(
     method: str, attempt: int, exc: errors.QuarryError, delay: float, source: str, elapsed: float
 ) -> None:
     span = trace.get_current_span()
-    code = exc.code.name if isinstance(exc.code, grpc.StatusCode) else str(exc.code)
+    code = getattr(exc.code, "name", str(exc.code))
     span.add_event(
         RETRY_EVENT,
         {

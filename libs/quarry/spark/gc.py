@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from quarry import errors, telemetry
+from quarry.blob.layout import GC_REPORTS_PREFIX, gc_report_key, job_of_key
 from quarry.retention import (
     COLLECTABLE,
     FOREIGN,
@@ -43,7 +44,6 @@ from quarry.retention import (
     retained_commits,
 )
 from quarry.spark.common import (
-    JOB_DATA_PREFIX,
     Connection,
     ephemeral_created_at,
     job_of_branch,
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from quarry.client import Client
 
 DEFAULT_GRACE = _dt.timedelta(hours=6)
-REPORTS_PREFIX = "_quarry/gc/reports/"
+REPORTS_PREFIX = GC_REPORTS_PREFIX
 SAMPLE_KEYS = 1000
 KINDS = ("metarange", "range", "data")
 
@@ -226,7 +226,7 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
                 report.deleted += _delete(
                     spark, repo.storage_namespace, list(doomed[kind]), connection
                 )
-        report.report_key = f"{REPORTS_PREFIX}{report.run_id}.json"
+        report.report_key = gc_report_key(report.run_id)
         with open_blob_store(repo.storage_namespace, connection) as store:
             store.put(report.report_key, json.dumps(report.to_dict(), indent=2).encode())
         return report
@@ -234,9 +234,7 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
 
 def _of_running_job(key: str, running_jobs: set[str]) -> bool:
     """Whether `key` lies in the folder of a Spark job whose ephemeral branch exists."""
-    if not key.startswith(JOB_DATA_PREFIX):
-        return False
-    return key[len(JOB_DATA_PREFIX) :].split("/", 1)[0] in running_jobs
+    return job_of_key(key) in running_jobs
 
 
 def check_ownership(repo: types_pb2.Repository, connection: Connection) -> None:
