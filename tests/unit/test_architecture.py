@@ -166,3 +166,46 @@ def test_importing_the_core_loads_no_cli_spark_or_grpc_server():
     ).stdout
     count, bad = out.split(" ", 1)
     assert bad.strip() == "[]", f"importing the core loaded {bad.strip()} ({count} modules)"
+
+
+def test_graveler_uses_no_request_or_response_messages():
+    """gRPC stays at the edge: the servicers turn requests into domain calls; graveler
+    takes and returns domain values (and the stored/shared messages), never an RPC's
+    request or response type."""
+    offenders = []
+    for name, tree in _modules(LIBS, ("graveler",)).items():
+        for node in ast.walk(tree):
+            named = (
+                node.attr
+                if isinstance(node, ast.Attribute)
+                else (node.name if isinstance(node, ast.alias) else "")
+            )
+            if named.endswith(("Request", "Response")) and named[:1].isupper():
+                offenders.append(f"{name}: {named}")
+    assert not offenders, offenders
+
+
+# The wiring of the graveler services (channels to kv-gateway and range-writer, readiness
+# dependencies) still lives in quarry.graveler.wiring, which the services import and the
+# rest of the core does not; it is the one graveler module allowed quarry.runtime's server
+# and channel modules.
+WIRING = "graveler/wiring.py"
+
+
+def test_only_the_wiring_module_reaches_for_servers_and_channels():
+    offenders = []
+    for name, tree in _modules(LIBS, CORE).items():
+        if name == WIRING or name in EDGES:
+            continue
+        offenders += [
+            f"{name} imports {imported}"
+            for imported in _imported(tree)
+            if imported.startswith(("quarry.runtime.server", "quarry.runtime.channels"))
+        ]
+    assert not offenders, offenders
+    importers = [
+        name
+        for name, tree in _modules(LIBS, CORE).items()
+        if any(i.startswith("quarry.graveler.wiring") for i in _imported(tree))
+    ]
+    assert importers == [], importers
