@@ -1,10 +1,13 @@
-"""The one in-memory LRU cache of the library (ranges, metaranges, commits, ...)."""
+"""The in-memory caches of the library: the one LRU cache (ranges, metaranges, commits, ...)
+and the one short-lived TTL cache (repository records, protection rules, writers' branch
+records)."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 _NO_SHARED: Mapping[int, int] = {}
@@ -119,3 +122,55 @@ class LRUCache:
 
 
 __all__ = ["LRUCache"]
+
+
+class TTLCache:
+    """The one short-lived cache of the library: entries expire `ttl_seconds` after they
+    were put, and at most `max_items` are kept (the least recently used go first), so a
+    process serving many repositories or branches never grows without bound. `clock` is
+    injectable: tests move time instead of sleeping past a constant. Thread-safe.
+
+    Safety: an entry is never served once `ttl` (the caller's, or the cache's) has passed
+    since it was put; what the caches of the core may serve stale is bounded by that."""
+
+    def __init__(
+        self,
+        ttl_seconds: float,
+        max_items: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl_seconds = ttl_seconds
+        self.max_items = max(1, int(max_items))
+        self._clock = clock
+        self._data: OrderedDict[Hashable, tuple[float, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, ttl: float | None = None) -> Any | None:
+        """The value put under `key` less than `ttl` (default: the cache's) seconds ago,
+        else None (an expired entry is dropped)."""
+        limit = self.ttl_seconds if ttl is None else ttl
+        now = self._clock()
+        with self._lock:
+            item = self._data.get(key)
+            if item is None:
+                return None
+            if now - item[0] >= limit:
+                del self._data[key]
+                return None
+            self._data.move_to_end(key)
+            return item[1]
+
+    def put(self, key: Hashable, value: Any) -> None:
+        now = self._clock()
+        with self._lock:
+            self._data[key] = (now, value)
+            self._data.move_to_end(key)
+            while len(self._data) > self.max_items:
+                self._data.popitem(last=False)
+
+    def pop(self, key: Hashable) -> None:
+        with self._lock:
+            self._data.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._data)

@@ -17,19 +17,25 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from quarry import errors
-from quarry.cli.upload import UPLOAD_KEY
-from quarry.committed.format import METARANGE_KEY, RANGE_KEY
-from quarry.spark.executor import JOB_FILE_KEY
+
+# What GC may collect is decided by the object-store layout, which owns every key shape.
+from quarry.blob.layout import (
+    COLLECTABLE,
+    DATA,
+    FOREIGN,
+    INTERNAL,
+    INTERNAL_PREFIX,
+    METARANGE,
+    RANGE,
+    Classified,
+    classify,
+)
 
 if TYPE_CHECKING:
     from quarry.v1 import types_pb2
 
 DEFAULT_RETENTION_DAYS = 21.0
 MAX_RETENTION_DAYS = 36500  # a century: "keep forever" without overflowing date arithmetic
-INTERNAL_PREFIX = "_quarry/"
-# Kinds of objects (Classified.kind). Only RANGE, METARANGE and DATA may ever be collected.
-RANGE, METARANGE, DATA, INTERNAL, FOREIGN = "range", "metarange", "data", "internal", "foreign"
-COLLECTABLE = frozenset({RANGE, METARANGE, DATA})
 
 
 class InvalidRetentionRules(errors.InvalidArgument):
@@ -132,27 +138,20 @@ def retained_commits(
     return kept
 
 
-@dataclass(frozen=True)
-class Classified:
-    # "range", "metarange", "data": objects Quarry wrote, which GC may collect when nothing
-    # refers to them; "internal": Quarry's other files (markers, reports), never collected;
-    # "foreign": anything Quarry did not write, never collected.
-    kind: str
-    id: str = ""  # the range or metarange id
-
-
-def classify(key: str) -> Classified:
-    """What an object of the storage namespace is, from its key. Only the exact key shapes
-    Quarry itself writes are collectable (ranges and metaranges named by content id, upload
-    data `data/<uuid hex>`, Spark job files `data/spark/<job id>/part-…`); every other key,
-    whatever its age, depth or resemblance, is internal or foreign and never a candidate:
-    GC must never delete a file Quarry did not write."""
-    for pattern, kind in ((RANGE_KEY, RANGE), (METARANGE_KEY, METARANGE)):
-        match = pattern.fullmatch(key)
-        if match:
-            return Classified(kind, match.group(1))
-    if UPLOAD_KEY.fullmatch(key) or JOB_FILE_KEY.fullmatch(key):
-        return Classified(DATA)
-    if key.startswith(INTERNAL_PREFIX):
-        return Classified(INTERNAL)
-    return Classified(FOREIGN)
+__all__ = [
+    "COLLECTABLE",
+    "DATA",
+    "DEFAULT_RETENTION_DAYS",
+    "FOREIGN",
+    "INTERNAL",
+    "INTERNAL_PREFIX",
+    "MAX_RETENTION_DAYS",
+    "METARANGE",
+    "RANGE",
+    "Classified",
+    "CommitNode",
+    "InvalidRetentionRules",
+    "RetentionRules",
+    "classify",
+    "retained_commits",
+]

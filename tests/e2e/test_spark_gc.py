@@ -83,9 +83,9 @@ class History:
                 "main",
                 path="restaged/a1",
                 size_bytes=1,
-                physical_address="file://"
+                physical_address="file://localhost"
                 + suite.namespace(self.repo)
-                + "//./"
+                + "/"
                 + self.restaged_as_uri,
             )
             with open_blob_store(suite.namespace(self.repo)) as store:
@@ -423,3 +423,56 @@ def test_gc_deletes_nothing_unless_the_marker_names_this_repository(spark, suite
         with open(marker, "wb") as fh:
             fh.write(original)
     assert run_gc(spark, history, sweep=False).collectable_count > 0
+
+
+def stage_unchecked(suite, repo: str, branch: str, path: str, address: str) -> None:
+    """An entry as it may have been staged before addresses were checked: written into the
+    branch's staging partition straight through the KV backend (a client is refused it)."""
+    from quarry.graveler.layout import encode_staged, staged_key, staging_partition
+    from quarry.graveler.model import Entry
+
+    with suite.client() as c:
+        token = c.get_branch(repo, branch).staging_token
+    suite.backend.set(
+        staging_partition(token), staged_key(path), encode_staged(Entry(path, address, 1))
+    )
+
+
+def test_gc_keeps_a_file_a_retained_entry_reaches_through_dot_segments(spark, suite, conn):
+    """The attack: the head commit references `data/<uuid>` through `data/sub/../<uuid>`
+    (and a staged entry through `%2e%2e`); GC compared address text with keys and deleted
+    the file. Such addresses are refused when staged now (test_servicer_checks), but older
+    entries may hold them: GC keeps every key any reader may resolve an address to."""
+    history = History(spark, suite, conn)
+    ns = suite.namespace(history.repo)
+    committed_file, staged_file = f"data/{uuid.uuid4().hex}", f"data/{uuid.uuid4().hex}"
+    with open_blob_store(ns) as store:
+        store.put(committed_file, b"the head commit's")
+        store.put(staged_file, b"a staged entry's")
+    with suite.client() as c:
+        refused = [f"{ns}/data/sub/../{committed_file[5:]}", f"{ns}//{committed_file}"]
+        for address in refused:
+            with pytest.raises(errors.InvalidArgument) as failure:
+                c.put_object(history.repo, "main", path="dotted", physical_address=address)
+            assert failure.value.reason == "INVALID_PHYSICAL_ADDRESS"
+        c.put_object(history.repo, "main", path="plain", physical_address=f"{ns}/plain")
+        stage_unchecked(
+            suite, history.repo, "main", "legacy/dotted", f"{ns}/data/sub/../{committed_file[5:]}"
+        )
+        head = c.commit(history.repo, "main", "entries recorded before the check").commit
+        assert c.stat_object(history.repo, head.id, "legacy/dotted").physical_address.endswith(
+            "/data/sub/../" + committed_file[5:]
+        )
+        # A write through the API first: it marks the new staging token dirty (readers
+        # skip a clean branch's staging).
+        c.put_object(history.repo, "main", path="plain-2", physical_address=f"{ns}/plain-2")
+        stage_unchecked(
+            suite,
+            history.repo,
+            "main",
+            "legacy/encoded",
+            f"file://{ns}/data/x/%2e%2e/{staged_file[5:]}",
+        )
+    report = run_gc(spark, history, sweep=True)
+    assert report.deleted > 0  # the sweep ran (A's unreferenced files went)
+    assert {committed_file, staged_file} <= history.keys()

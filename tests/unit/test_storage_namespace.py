@@ -11,6 +11,7 @@ from quarry.blob import (
     namespaces_overlap,
     normalize_storage_namespace,
 )
+from quarry.blob.namespace import canonical_storage_namespace
 from quarry.blob.ownership import (
     MARKER_KEY,
     InvalidMarker,
@@ -104,6 +105,19 @@ def test_invalid(namespace):
 def test_overlap(a, b, overlap):
     assert namespaces_overlap(a, b) is overlap
     assert namespaces_overlap(b, a) is overlap
+
+
+def test_local_namespaces_overlap_by_their_real_paths(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    assert namespaces_overlap(f"{tmp_path}/link/sub", f"{tmp_path}/a")
+    assert namespaces_overlap(f"{tmp_path}/a", f"file://{tmp_path}/link")
+    assert not namespaces_overlap(f"{tmp_path}/link-2/sub", f"{tmp_path}/a")
+    assert canonical_storage_namespace(f"{tmp_path}/link/sub/") == f"{tmp_path}/a/sub"
+    assert canonical_storage_namespace("s3://bucket/x//y/") == "s3://bucket/x/y"
+    (tmp_path / "root").symlink_to("/")
+    with pytest.raises(InvalidStorageNamespace):
+        canonical_storage_namespace(f"{tmp_path}/root")
 
 
 def test_marker_round_trip_and_rejects():

@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from quarry.auth.authorizer import Authorizer
 from quarry.auth.interceptor import current_principal
 from quarry.auth.policy import object_arn, user_arn
+from quarry.blob.layout import inside_location
+from quarry.blob.namespace import namespace_location
 
 COMMIT_AS_OTHER_USER = "auth:CommitAsOtherUser"
 IMPORT_FROM_STORAGE = "fs:ImportFromStorage"
@@ -37,11 +39,6 @@ def committer_for(requested: str, authorizer: Authorizer | None) -> str:
     return requested
 
 
-def inside_namespace(address: str, storage_namespace: str) -> bool:
-    root = storage_namespace.rstrip("/")
-    return address == root or address.startswith(root + "/")
-
-
 def check_import(
     authorizer: Authorizer | None,
     repository: str,
@@ -49,16 +46,18 @@ def check_import(
     entries: Iterable[tuple[str, str]],
 ) -> None:
     """`fs:ImportFromStorage` on every (path, physical address) of `entries` whose address
-    is outside `storage_namespace`, for a user caller (PERMISSION_DENIED otherwise)."""
+    is outside `storage_namespace`, for a user caller (PERMISSION_DENIED otherwise). Where
+    an address points is decided by quarry.blob.layout (inside_location): an address with
+    a `..`, `.` or empty segment is refused there (INVALID_PHYSICAL_ADDRESS) before any
+    answer, so `<namespace>/../elsewhere` never passes for an address inside it."""
     principal = current_principal()
     if principal is None or principal.is_service or authorizer is None:
         return
-    root = storage_namespace.rstrip("/")
-    prefix = root + "/"  # inside_namespace, hoisted out of the per-entry loop
+    root = namespace_location(storage_namespace)  # once, not per entry
     outside = tuple(
         object_arn(repository, path)
         for path, address in entries
-        if address and address != root and not address.startswith(prefix)
+        if address and not inside_location(address, root)
     )
     if outside:
         authorizer.authorize(principal, IMPORT_FROM_STORAGE, outside)

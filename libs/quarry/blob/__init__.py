@@ -28,6 +28,12 @@ from quarry.blob.base import (
     check_key,
 )
 from quarry.blob.counting import CountingBlobStore
+from quarry.blob.layout import (
+    InvalidPhysicalAddress,
+    address_location,
+    check_physical_address,
+    object_address,
+)
 from quarry.blob.local import LocalBlobStore
 from quarry.blob.namespace import (
     namespace_location,
@@ -44,6 +50,7 @@ __all__ = [
     "ChecksumMismatch",
     "CountingBlobStore",
     "InvalidObjectKey",
+    "InvalidPhysicalAddress",
     "InvalidStorageNamespace",
     "LocalBlobStore",
     "ObjectChanged",
@@ -52,7 +59,9 @@ __all__ = [
     "ObjectReader",
     "S3BlobStore",
     "StorageUnreachable",
+    "address_location",
     "check_key",
+    "check_physical_address",
     "namespace_location",
     "namespaces_overlap",
     "normalize_storage_namespace",
@@ -72,13 +81,6 @@ def __getattr__(name: str) -> type[BlobStore]:
 
         return S3BlobStore
     raise AttributeError(name)
-
-
-def object_address(storage_namespace: str, key: str) -> str:
-    """The physical address of `key` inside the namespace, in the namespace's own notation
-    (/abs/dir/key, file:///abs/dir/key or s3://bucket/prefix/key)."""
-    parse_storage_namespace(storage_namespace)  # rejects what no store could open
-    return storage_namespace.rstrip("/") + "/" + key
 
 
 def open_blob_store(storage_namespace: str, settings: Settings | None = None) -> BlobStore:
@@ -101,13 +103,21 @@ def open_object(physical_address: str, settings: Settings | None = None) -> Iter
     namespace or not (an imported object). ObjectNotFound when nothing is there,
     StorageUnreachable or Unavailable when the environment stops it, while opening or
     while reading. A local read never creates a directory."""
-    kind, where, key = parse_storage_namespace(physical_address)
-    if kind == "local":
-        where, _, key = where.rpartition("/")
+    # Where the address points, decided in one place (quarry.blob.layout): `..`, `.` and
+    # empty segments are refused (INVALID_PHYSICAL_ADDRESS), never resolved here.
+    location = address_location(physical_address)
+    if location is None:
+        parse_storage_namespace(physical_address)  # INVALID_NAMESPACE, naming the forms
+        raise InvalidStorageNamespace(f"{physical_address!r} is not an object's address")
+    if location.kind == "local":
+        where, _, key = location.where.rpartition("/")
         where = where or "/"
         if not os.path.isdir(where):  # opening a local store creates its root: not for a read
             raise ObjectNotFound(f"object {physical_address!r} not found")
-    store = open_blob_store(where if kind == "local" else f"s3://{where}", settings)
+        store = open_blob_store(where, settings)
+    else:
+        bucket, _, key = location.where.partition("/")
+        store = open_blob_store(f"s3://{bucket}", settings)
     try:
         with store.open_read(check_key(key)) as reader:
             yield reader

@@ -2,7 +2,9 @@
 
 A namespace is an absolute local directory (`/abs/dir` or `file:///abs/dir`) or
 `s3://bucket/prefix`. Normalized: doubled slashes collapsed, the trailing slash dropped,
-`file://localhost/` written `file:///`. Refused (INVALID_ARGUMENT / INVALID_NAMESPACE): empty,
+`file://localhost/` written `file:///`; a repository records a local namespace by its real
+path (canonical_storage_namespace: symlinks resolved), and overlaps are checked between real
+paths (namespace_location). Refused (INVALID_ARGUMENT / INVALID_NAMESPACE): empty,
 relative paths, `.` or `..` segments, NUL or other control characters, query strings or
 fragments, invalid bucket names, and, for a repository, a root (`/`, `s3://bucket`): a
 repository owns its whole namespace, and a root would contain every other namespace there.
@@ -10,6 +12,7 @@ repository owns its whole namespace, and a root would contain every other namesp
 
 from __future__ import annotations
 
+import os
 import re
 import urllib.parse
 
@@ -98,16 +101,36 @@ def normalize_storage_namespace(storage_namespace: str) -> str:
     return f"s3://{where}/{prefix}"
 
 
+def canonical_storage_namespace(storage_namespace: str) -> str:
+    """normalize_storage_namespace, and for a local namespace its real path (symlinks
+    resolved, os.path.realpath; the part that does not exist yet is kept as written): what a
+    repository records, so a link later re-pointed never moves its namespace."""
+    ns = normalize_storage_namespace(storage_namespace)
+    kind, where, _ = parse_storage_namespace(ns)
+    if kind != "local":
+        return ns
+    real = os.path.realpath(where)
+    if real == "/":
+        raise _refuse(
+            storage_namespace.strip(),
+            "it resolves to the root directory; use a directory of its own",
+        )
+    return real if ns.startswith("/") else "file://" + real
+
+
 def namespace_location(storage_namespace: str) -> tuple[str, str]:
     """(kind, "location/") with a trailing slash, comparable across notations: one
-    namespace lies inside another when its location starts with the other's."""
+    namespace lies inside another when its location starts with the other's. A local
+    namespace's location is its real path (symlinks resolved): a namespace reached through
+    a link into another repository's namespace lies inside it, whatever its text says."""
     kind, where, prefix = parse_storage_namespace(storage_namespace)
     if kind == "local":
-        return "local", where.rstrip("/") + "/"
+        return "local", os.path.realpath(where).rstrip("/") + "/"
     return "s3", f"{where}/{prefix + '/' if prefix else ''}"
 
 
 def namespaces_overlap(a: str, b: str) -> bool:
-    """True when the namespaces are equal or one lies inside the other."""
+    """True when the namespaces are equal or one lies inside the other (local ones compared
+    by their real paths)."""
     (kind_a, loc_a), (kind_b, loc_b) = namespace_location(a), namespace_location(b)
     return kind_a == kind_b and (loc_a.startswith(loc_b) or loc_b.startswith(loc_a))

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 
 from quarry import FORMAT_VERSION, errors
 from quarry.blob.base import BlobStore, ObjectNotFound
+from quarry.blob.layout import MARKER_KEY
 
-MARKER_KEY = "_quarry/repository.json"
 # An emptiness check lists at most this many keys (besides the marker).
 SCAN_LIMIT = 1000
 

@@ -13,22 +13,21 @@ from __future__ import annotations
 
 import mimetypes
 import os
-import re
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
 from quarry.blob import BlobStore, object_address
+from quarry.blob.layout import DATA_PREFIX as DATA_PREFIX
+from quarry.blob.layout import UPLOAD_KEY as UPLOAD_KEY
+from quarry.blob.layout import new_upload_key
 from quarry.cli.base import CliError
 from quarry.client import make_entry
 from quarry.v1 import types_pb2
 
-DATA_PREFIX = "data/"
-# The exact key upload_one writes (`data/` + a uuid4's 32 hex digits): what GC may recognize
-# as upload data Quarry wrote (quarry.retention.classify).
-UPLOAD_KEY = re.compile(r"data/[0-9a-f]{32}")
+# upload_one writes `data/<uuid4 hex>` (quarry.blob.layout.new_upload_key): the shape GC
+# recognizes as upload data Quarry wrote (UPLOAD_KEY, quarry.blob.layout.classify).
 UPLOAD_WORKERS = 8
 
 
@@ -79,7 +78,7 @@ def upload_one(
     that changed while it was read (its size or mtime on the open file differ after the
     upload from before, or the bytes read are not its size) is refused with
     LOCAL_FILE_CHANGED: its upload is left unreferenced and no entry is made for it."""
-    key = f"{DATA_PREFIX}{uuid.uuid4().hex}"
+    key = new_upload_key()
     with open(item.local, "rb") as source:
         before = os.fstat(source.fileno())
         written = store.put_stream(key, source)

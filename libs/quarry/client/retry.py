@@ -20,10 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import grpc
 from opentelemetry import trace
 
-from quarry import errors
+from quarry import errors, jitter
 from quarry.jitter import fraction as random_fraction
 from quarry.runtime.errors import RETRYABLE_CODES, is_retryable
 
@@ -71,8 +70,14 @@ class RetryPolicy:
 
     def backoff(self, retry_number: int, rng: Callable[[], float] = random_fraction) -> float:
         """The jittered delay before retry `retry_number` (1-based)."""
-        delay = min(self.max_delay, self.base_delay * self.multiplier ** (retry_number - 1))
-        return delay * (1.0 - self.jitter * rng())
+        return jitter.backoff(
+            retry_number - 1,
+            self.base_delay,
+            self.max_delay,
+            low=1.0 - self.jitter,
+            multiplier=self.multiplier,
+            draw=rng,
+        )
 
     def is_retryable(self, exc: errors.QuarryError) -> bool:
         return is_retryable(exc, self.retryable_codes)
@@ -132,7 +137,7 @@ def _record_retry(
     method: str, attempt: int, exc: errors.QuarryError, delay: float, source: str, elapsed: float
 ) -> None:
     span = trace.get_current_span()
-    code = exc.code.name if isinstance(exc.code, grpc.StatusCode) else str(exc.code)
+    code = getattr(exc.code, "name", str(exc.code))
     span.add_event(
         RETRY_EVENT,
         {

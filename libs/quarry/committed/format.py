@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 import struct
 import sys
 from collections.abc import Sequence
@@ -53,6 +52,9 @@ import pyarrow.parquet as pq
 from pyarrow._parquet import ParquetReader as _ParquetReader
 
 from quarry import FORMAT_VERSION, errors
+
+# The keys of ranges and metaranges are the object-store layout's (quarry.blob.layout).
+from quarry.blob.layout import METARANGE_KEY, RANGE_KEY, metarange_key, range_key
 from quarry.committed.errors import RangeCorrupt
 from quarry.graveler.model import Entry, RangeInfo
 from quarry.runtime.format_version import REBUILD_HINT, FormatVersionMismatch
@@ -72,8 +74,6 @@ FORMAT_TAG = b"quarry.format"
 RANGE_FORMAT = b"range/v%d" % FORMAT_VERSION
 METARANGE_FORMAT = b"metarange/v%d" % FORMAT_VERSION
 
-RANGES_PREFIX = "_quarry/ranges/"
-METARANGES_PREFIX = "_quarry/metaranges/"
 
 MTIME_TYPE = pa.timestamp("us", tz="UTC")
 IDENTITY_TYPE = pa.binary(32)
@@ -118,20 +118,6 @@ _PARQUET_OPTIONS = dict(
 METARANGE_ID_HEADER = b"quarry/metarange/v%d\x00" % FORMAT_VERSION
 RANGE_ID_HEADER = b"quarry/range/v%d\x00" % FORMAT_VERSION
 _LITTLE = sys.byteorder == "little"
-
-
-# The exact keys range_key and metarange_key produce (content ids: 64 hex digits): what GC
-# may recognize as a range or metarange Quarry wrote (quarry.retention.classify).
-RANGE_KEY = re.compile(r"_quarry/ranges/([0-9a-f]{64})\.parquet")
-METARANGE_KEY = re.compile(r"_quarry/metaranges/([0-9a-f]{64})\.parquet")
-
-
-def range_key(range_id: str) -> str:
-    return f"{RANGES_PREFIX}{range_id}.parquet"
-
-
-def metarange_key(metarange_id: str) -> str:
-    return f"{METARANGES_PREFIX}{metarange_id}.parquet"
 
 
 # The framed fields of recently hashed RangeInfo objects, by object id (with the object, so

@@ -113,7 +113,7 @@ class Commits:
 
             def exhausted() -> gerrors.BranchContended:
                 return gerrors.BranchContended(
-                    f"commit on {branch_name!r} lost the race {DEFAULT_RETRY.budget} times; retry",
+                    f"commit on {branch_name!r} lost the race {DEFAULT_RETRY.max_attempts} times; retry",
                     metadata={"repository": repo.name, "branch": branch_name},
                 )
 

@@ -26,6 +26,7 @@ from quarry.graveler.protection import BranchProtection
 from quarry.graveler.refs import RefManager, Repository
 from quarry.graveler.staging import StagingManager
 from quarry.kv import store as kv
+from quarry.lru import TTLCache
 from quarry.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, PageBudget
 from quarry.v1 import types_pb2
 
@@ -182,7 +183,8 @@ class Core:
         self._branch_cache_seconds = branch_cache_seconds
         # Writers may start from a slightly stale branch record: the validation read after
         # the staging write catches any change of token.
-        self._write_cache: dict[tuple[str, str, str], tuple[float, types_pb2.Branch, bytes]] = {}
+        # (repository, instance id, branch) → (branch, predicate), for branch_cache_seconds
+        self._write_cache = TTLCache(branch_cache_seconds)
 
     def repo(self, name: str) -> Repository:
         """The repository record, possibly cached (RefManager.REPOSITORY_TTL_SECONDS): for
@@ -233,21 +235,17 @@ class Core:
     def cached_branch(self, repo: Repository, name: str) -> tuple[types_pb2.Branch, bytes]:
         key = (repo.name, repo.instance_id, name)
         cached = self._write_cache.get(key)
-        if cached is not None and time.monotonic() - cached[0] < self._branch_cache_seconds:
-            return cached[1], cached[2]
+        if cached is not None:
+            return cached
         branch, predicate = self.branch(repo, name)
-        self._write_cache[key] = (time.monotonic(), branch, predicate)
+        self._write_cache.put(key, (branch, predicate))
         return branch, predicate
 
     def remember_branch(self, repo: Repository, branch: types_pb2.Branch, predicate: bytes) -> None:
-        self._write_cache[(repo.name, repo.instance_id, branch.name)] = (
-            time.monotonic(),
-            branch,
-            predicate,
-        )
+        self._write_cache.put((repo.name, repo.instance_id, branch.name), (branch, predicate))
 
     def forget_branch(self, repo: Repository, name: str) -> None:
-        self._write_cache.pop((repo.name, repo.instance_id, name), None)
+        self._write_cache.pop((repo.name, repo.instance_id, name))
 
 
 __all__ = [

@@ -263,7 +263,7 @@ class Imports:
             job = self._jobs.get(import_id)
         if job is not None:
             job.cancel.set()
-        for _ in range(DEFAULT_RETRY.budget):
+        for _ in range(DEFAULT_RETRY.max_attempts):
             record, predicate = self._read(repo, import_id)
             if record.state in TERMINAL or record.cancel_requested:
                 break
@@ -373,7 +373,7 @@ class Imports:
         anyway (the cancel came too late, or asked for what happened)."""
         key = layout.import_key(job.record.id)
         job.record.updated = self.clock()
-        for _ in range(DEFAULT_RETRY.budget):
+        for _ in range(DEFAULT_RETRY.max_attempts):
             data = job.record.encode()
             try:
                 self.core.kv.set_if(repo.partition, key, data, kv.Equals(job.predicate))
@@ -485,7 +485,7 @@ class Imports:
         def exhausted() -> errors.QuarryError:
             return gerrors.BranchContended(
                 f"branch {record.branch!r} kept moving: the import lost the race "
-                f"{DEFAULT_RETRY.budget} times (its ranges are written; run it again)",
+                f"{DEFAULT_RETRY.max_attempts} times (its ranges are written; run it again)",
                 metadata={"repository": repo.name, "branch": record.branch},
             )
 

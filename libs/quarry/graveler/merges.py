@@ -82,7 +82,7 @@ class ThreeWay:
 
 
 # The merge's retry budget: each retry merges the previous result onto the new HEAD.
-MERGE_RETRY = RetryPolicy(budget=MAX_MERGE_ATTEMPTS)
+MERGE_RETRY = RetryPolicy(max_attempts=MAX_MERGE_ATTEMPTS)
 
 
 class Merges:
@@ -239,7 +239,7 @@ class Merges:
         identically and the new HEAD changed again keeps the new HEAD's value.)"""
         written = reused = 0
         resume = work.resume
-        for attempt in range(MERGE_RETRY.budget):
+        for attempt in range(MERGE_RETRY.max_attempts):
             if attempt:
                 MERGE_RETRY.backoff(attempt - 1)
             branch, predicate = self.core.branch(repo, branch_name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from quarry.blob.layout import check_physical_address
 from quarry.graveler import errors as gerrors
 from quarry.graveler.model import Entry
 
@@ -89,6 +90,9 @@ def check_entry(entry: Entry) -> Entry:
                 f"{entry.path}: {field_name} is longer than {MAX_FIELD_BYTES} bytes",
                 metadata={"path": entry.path},
             )
+    # Refused, not rewritten: `..`, `.` and empty segments (quarry.blob.layout), before
+    # any check of where the address points (fs:ImportFromStorage) or any read of it.
+    check_physical_address(entry.physical_address, entry.path)
     if len(entry.metadata) > MAX_METADATA_PAIRS:
         raise gerrors.InvalidEntry(
             f"{entry.path}: {len(entry.metadata)} metadata pairs; the "

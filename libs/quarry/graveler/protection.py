@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import time
 from collections.abc import Sequence
 from typing import TypeAlias
 
@@ -26,6 +25,7 @@ from quarry.graveler import errors as gerrors
 from quarry.graveler import layout, names
 from quarry.graveler.refs import Repository
 from quarry.kv import store as kv
+from quarry.lru import TTLCache
 from quarry.v1 import branch_manager_pb2 as bm
 
 STAGING_WRITE = bm.BRANCH_PROTECTION_BLOCKED_ACTION_STAGING_WRITE
@@ -90,15 +90,15 @@ class BranchProtection:
 
     def __init__(self, store: kv.Store) -> None:
         self.kv = store
-        # (repository, instance id) → (monotonic time read, rules)
-        self._cache: dict[tuple[str, str], tuple[float, Rules]] = {}
+        # (repository, instance id) → rules, for CACHE_SECONDS
+        self._cache = TTLCache(self.CACHE_SECONDS)
 
     def get(self, repo: Repository) -> tuple[Rules, str]:
         """The stored rules and their checksum (fresh)."""
         stored = self._read(repo)
         value = None if stored is None else stored.value
         rules = [] if value is None else layout.decode_branch_protection(repo.partition, value)
-        self._cache[(repo.name, repo.instance_id)] = (time.monotonic(), rules)
+        self._cache.put((repo.name, repo.instance_id), rules)
         return rules, checksum_of(value)
 
     def set(
@@ -119,7 +119,7 @@ class BranchProtection:
                 self.kv.set_if(repo.partition, layout.BRANCH_PROTECTION_KEY, value, predicate)
             except kv.PredicateFailed:
                 raise self._changed(repo) from None
-        self._cache[(repo.name, repo.instance_id)] = (time.monotonic(), checked)
+        self._cache.put((repo.name, repo.instance_id), checked)
         return checksum_of(value)
 
     def check(self, repo: Repository, branch: str, action: Action) -> None:
@@ -158,9 +158,9 @@ class BranchProtection:
             )
 
     def _cached(self, repo: Repository) -> Rules:
-        cached = self._cache.get((repo.name, repo.instance_id))
-        if cached is not None and time.monotonic() - cached[0] < self.CACHE_SECONDS:
-            return cached[1]
+        cached = self._cache.get((repo.name, repo.instance_id), ttl=self.CACHE_SECONDS)
+        if cached is not None:
+            return cached
         return self.get(repo)[0]
 
     def _read(self, repo: Repository) -> kv.GetResult | None:

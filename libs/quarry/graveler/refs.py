@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -45,7 +44,7 @@ from quarry.graveler.resolution import (
 from quarry.graveler.retry import DEFAULT_RETRY, RetryPolicy, cas_retry
 from quarry.kv import store as kv
 from quarry.kv.amortized import AmortizationStats, AmortizedStore
-from quarry.lru import LRUCache
+from quarry.lru import LRUCache, TTLCache
 from quarry.v1 import types_pb2
 
 M = TypeVar("M", bound=Message)
@@ -130,7 +129,7 @@ class RefManager(RefResolution):
 
     def __init__(self, store: kv.Store, commit_cache_size: int = 100_000):
         self.kv = store
-        self._repos: dict[str, tuple[float, Repository]] = {}
+        self._repos = TTLCache(self.REPOSITORY_TTL_SECONDS)
         # Branch records are read through a single flight per key (seeds/branch-read-
         # optimization.md, issue 14): concurrent reads of one branch share one KV read, so
         # a hot branch costs about one read per read latency however many requests read it.
@@ -145,20 +144,19 @@ class RefManager(RefResolution):
     # ---- repositories ------------------------------------------------------------------
 
     def get_repository(self, name: str, fresh: bool = False) -> Repository:
-        now = time.monotonic()
         if not fresh:
-            cached = self._repos.get(name)
-            if cached is not None and now - cached[0] < self.REPOSITORY_TTL_SECONDS:
-                return cached[1]
+            cached = self._repos.get(name, ttl=self.REPOSITORY_TTL_SECONDS)
+            if cached is not None:
+                return cached
         try:
             data = self.kv.get(QUARRY_PARTITION, layout.repository_key(name)).value
         except kv.KeyNotFound:
-            self._repos.pop(name, None)
+            self._repos.pop(name)
             raise gerrors.RepositoryNotFound(
                 f"repository {name!r} not found", metadata={"repository": name}
             ) from None
         repo = Repository.from_record(data, layout.repository_key(name))
-        self._repos[name] = (now, repo)
+        self._repos.put(name, repo)
         return repo
 
     def repository_key(self, name: str) -> tuple[bytes, bytes]:
@@ -177,7 +175,7 @@ class RefManager(RefResolution):
 
     def remember_repository(self, repo: Repository) -> None:
         """Cache a repository record just read or written (it is the current instance)."""
-        self._repos[repo.name] = (time.monotonic(), repo)
+        self._repos.put(repo.name, repo)
 
     def record_deleted_instance(self, repo: Repository) -> None:
         """Remember that this repository instance is gone for good (deleted, or its
@@ -229,7 +227,7 @@ class RefManager(RefResolution):
 
     def delete_repository_record(self, name: str) -> None:
         self.kv.delete(QUARRY_PARTITION, layout.repository_key(name))
-        self._repos.pop(name, None)
+        self._repos.pop(name)
 
     def list_repositories(self, after: str = "", limit: int = 100) -> list[Repository]:
         """Up to `limit` repositories named after `after`. Corrupt records are skipped in a

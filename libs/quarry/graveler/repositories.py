@@ -12,9 +12,9 @@ from typing import Protocol, TypeVar
 
 from quarry import errors
 from quarry.blob.namespace import (
+    canonical_storage_namespace,
     namespace_location,
     namespaces_overlap,
-    normalize_storage_namespace,
 )
 from quarry.blob.ownership import (
     MARKER_KEY,
@@ -78,7 +78,10 @@ class Repositories:
         names.check_repository_name(name)
         default_branch = default_branch or "main"
         names.check_branch_name(default_branch)
-        storage_namespace = normalize_storage_namespace(storage_namespace)
+        # Recorded and compared in canonical form: a local namespace by its real path, so a
+        # symlink into another repository's namespace is seen for what it is (and a link
+        # re-pointed later never moves this repository's namespace).
+        storage_namespace = canonical_storage_namespace(storage_namespace)
         repo = Repository(
             name=name,
             storage_namespace=storage_namespace,

@@ -52,7 +52,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import grpc
 from google.protobuf import message as pb_message
 from opentelemetry import trace
 from prometheus_client import Counter
@@ -107,7 +106,7 @@ class RequestInProgress(errors.Aborted):
 
 
 class CorruptRequestRecord(errors.QuarryError):
-    code = grpc.StatusCode.DATA_LOSS
+    code = errors.Code.DATA_LOSS
     reason = "CORRUPT_REQUEST_RECORD"
 
 

@@ -28,22 +28,24 @@ def cas_retry(step: str, attempt: int) -> None:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """`budget` attempts; before attempt n+1 sleep min(cap, base * 2**n) times U(0.5, 1)."""
+    """`max_attempts` attempts (a count, unlike the client's time budget); before attempt
+    n+1 sleep jitter.backoff(n, base, cap): min(cap, base * 2**n) times a factor in
+    (0.5, 1]. `sleep` is injectable (tests)."""
 
-    budget: int = MAX_ATTEMPTS
+    max_attempts: int = MAX_ATTEMPTS
     base_seconds: float = 0.002
     cap_seconds: float = 0.2
+    sleep: Callable[[float], None] = time.sleep
 
     def backoff(self, attempt: int) -> None:
         """Sleep before the retry that follows failed attempt number `attempt` (0-based)."""
-        delay = min(self.cap_seconds, self.base_seconds * (2**attempt))
-        time.sleep(delay * jitter.uniform(0.5, 1.0))
+        self.sleep(jitter.backoff(attempt, self.base_seconds, self.cap_seconds))
 
     def attempts(self, exhausted: Callable[[], QuarryError]) -> Iterator[int]:
-        """Attempt numbers 0..budget-1, backing off between them; when the caller asks for
+        """Attempt numbers 0..max_attempts-1, backing off between them; when the caller asks for
         one more after the last, raises `exhausted()` (typically BranchContended). The
         caller leaves the loop (return/break) on success."""
-        for attempt in range(self.budget):
+        for attempt in range(self.max_attempts):
             if attempt:
                 self.backoff(attempt - 1)
             yield attempt
@@ -53,6 +55,6 @@ class RetryPolicy:
 DEFAULT_RETRY = RetryPolicy()
 # A single compare-and-swap against a record read earlier: the caller decides what a loss
 # means (a merge resumes from its result, the sensor skips the branch).
-ONCE = RetryPolicy(budget=1)
+ONCE = RetryPolicy(max_attempts=1)
 
 __all__ = ["DEFAULT_RETRY", "MAX_ATTEMPTS", "MAX_MERGE_ATTEMPTS", "ONCE", "RetryPolicy"]

@@ -201,7 +201,7 @@ class Writes:
         staging token the write was acknowledged on. `conditional` = (predicate of the one
         staged item, the token it must be written to): a write for put-if-absent."""
         expected_token = conditional[1] if conditional is not None else None
-        for _ in range(DEFAULT_RETRY.budget):  # no sleep: a moved token is retried at once
+        for _ in range(DEFAULT_RETRY.max_attempts):  # no sleep: a moved token is retried at once
             branch, branch_predicate = self.core.cached_branch(repo, branch_name)
             if expected_token is not None and branch.staging_token != expected_token:
                 self.core.forget_branch(repo, branch_name)

@@ -161,7 +161,7 @@ class DynamoDBStore(store.Store):
 
     def _backoff(self, attempt: int) -> float:
         # Full jitter: spreads retries of many clients hitting one hot partition.
-        return jitter.uniform(0, min(self.backoff_max, self.backoff_base * 2**attempt))
+        return jitter.backoff(attempt, self.backoff_base, self.backoff_max, low=0.0)
 
     def _call(self, fn: Callable[..., T], **kwargs: Any) -> T:
         """Call the client; retry throttling with backoff; map every error to a domain one."""
@@ -178,7 +178,9 @@ class DynamoDBStore(store.Store):
                         continue
                     raise store.Throttled(
                         f"DynamoDB throttled after {attempt + 1} attempts: {code}",
-                        retry_delay=min(self.backoff_max, self.backoff_base * 2**attempt),
+                        retry_delay=jitter.exponential(
+                            attempt, self.backoff_base, self.backoff_max
+                        ),
                     ) from e
                 raise _translate(e, code) from e
             except (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError) as e:
@@ -338,7 +340,9 @@ class DynamoDBStore(store.Store):
                     raise store.Throttled(
                         f"DynamoDB left {count(left)} batch items unprocessed after "
                         f"{stalled + 1} attempts",
-                        retry_delay=min(self.backoff_max, self.backoff_base * 2**stalled),
+                        retry_delay=jitter.exponential(
+                            stalled, self.backoff_base, self.backoff_max
+                        ),
                     )
                 time.sleep(self._backoff(stalled))
                 stalled += 1

@@ -8,8 +8,8 @@ from typing import Any
 
 import grpc
 
-from quarry import telemetry
 from quarry.runtime.tls import ChannelSecurity, environment_channel_security
+from quarry.telemetry.rpc import instrument_channel
 
 # Large enough for batch RPCs of staged entries and streamed range changes; single items
 # are capped far lower (400 KB KV items).
@@ -122,7 +122,7 @@ def open_channel(
         )
     else:
         channel = grpc.insecure_channel(target, options=options)
-    channel = telemetry.instrument_channel(channel) if traced else channel
+    channel = instrument_channel(channel) if traced else channel
     return with_token(channel, token_source)
 
 
@@ -137,7 +137,7 @@ def open_service_channel(
     probing makes no spans yet proves the connection the data calls use. Close `raw`.
     `security`: as for open_channel (services pass channel_security(settings))."""
     raw = open_channel(target, traced=False, security=security)
-    return raw, with_token(telemetry.instrument_channel(raw), token_source)
+    return raw, with_token(instrument_channel(raw), token_source)
 
 
 def channel_for(target: str | grpc.Channel) -> tuple[grpc.Channel, bool]:

@@ -53,6 +53,11 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
+def grpc_code(code: errors.Code) -> grpc.StatusCode:
+    """gRPC's status code for a domain error's (the same name)."""
+    return grpc.StatusCode[code.name]
+
+
 def to_status(exc: errors.QuarryError) -> status_pb2.Status:
     metadata = {
         key: _cut(value, MAX_METADATA_VALUE_CHARS) for key, value in (exc.metadata or {}).items()
@@ -72,7 +77,9 @@ def to_status(exc: errors.QuarryError) -> status_pb2.Status:
         any_msg.Pack(message)
         packed.append(any_msg)
     return status_pb2.Status(
-        code=exc.code.value[0], message=_cut(exc.message, MAX_MESSAGE_CHARS), details=packed
+        code=grpc_code(exc.code).value[0],
+        message=_cut(exc.message, MAX_MESSAGE_CHARS),
+        details=packed,
     )
 
 

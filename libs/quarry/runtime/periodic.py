@@ -47,8 +47,7 @@ class PeriodicWorker:
             self._failures = 0
             return self.interval
         self._failures += 1
-        backoff = min(self.retry_max, self.retry_initial * 2 ** (self._failures - 1))
-        return backoff * jitter.uniform(0.5, 1.0)
+        return jitter.backoff(self._failures - 1, self.retry_initial, self.retry_max)
 
     def start(self, first_delay: float | None = None) -> PeriodicWorker:
         """Start the loop; its first step runs after `first_delay` (default: the one given

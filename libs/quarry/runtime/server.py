@@ -1,6 +1,6 @@
 """create_server / serve: the gRPC server every Quarry service runs on.
 
-Every server gets: per-RPC metrics (quarry.telemetry.metrics.RpcMetrics), the
+Every server gets: per-RPC metrics (quarry.telemetry.rpc.RpcMetrics), the
 OpenTelemetry interceptor, the error interceptor (domain exceptions → google.rpc.Status),
 grpc.health.v1 health, server reflection (for grpcurl) and quarry.v1.ServerInfo. A service plugs in through a `ServiceSpec`: its name, a function that
 registers its servicers on the server, the full names of the gRPC services it adds, the
@@ -50,7 +50,8 @@ from quarry.runtime.tls import (
     server_tls,
 )
 from quarry.telemetry.logs import configure_logging
-from quarry.telemetry.metrics import RpcMetrics, start_metrics_endpoint
+from quarry.telemetry.metrics import start_metrics_endpoint
+from quarry.telemetry.rpc import RpcMetrics, server_interceptors
 from quarry.v1 import server_info_pb2, server_info_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -476,7 +477,7 @@ def create_server(
         interceptors=[
             # Outermost: every call counted and timed with the code it ends with.
             RpcMetrics(spec.name),
-            *telemetry.server_interceptors(),
+            *server_interceptors(),
             ErrorInterceptor(MAX_MESSAGE_BYTES),
             # The call's deadline and cancellation, for every call the handler makes and
             # the loops of its long work (quarry.runtime.deadlines).

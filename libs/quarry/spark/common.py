@@ -20,6 +20,11 @@ from typing import TYPE_CHECKING
 
 from quarry import errors
 
+# A job id matches JOB_ID_PATTERN; its files live under JOB_DATA_PREFIX<job id>/ (the
+# object-store layout, quarry.blob.layout, owns both).
+from quarry.blob.layout import JOB_DATA_PREFIX as JOB_DATA_PREFIX
+from quarry.blob.layout import JOB_ID_PATTERN as JOB_ID_PATTERN
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -33,12 +38,7 @@ SCHEME = "quarry://"
 # name lets a sweep find the ones a dead driver left behind without any other record.
 EPHEMERAL_PREFIX = "_quarry-spark-"
 _JOB_TIME = "%Y%m%dT%H%M%S"
-# What new_job_id returns.
-JOB_ID_PATTERN = r"\d{8}T\d{6}-[0-9a-f]{12}"
 _EPHEMERAL = re.compile(r"^_quarry-spark-(\d{8}T\d{6})-[0-9a-f]{12}$")
-# Data files of a Spark write live under this key prefix of the storage namespace, one
-# folder per job, so a failed job's files are found (and removed) by one listing.
-JOB_DATA_PREFIX = "data/spark/"
 
 
 class InvalidQuarryUri(errors.InvalidArgument):

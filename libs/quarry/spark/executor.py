@@ -27,23 +27,27 @@ import datetime as _dt
 import hashlib
 import io
 import json
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from quarry.spark.common import JOB_DATA_PREFIX, JOB_ID_PATTERN, Connection, client_for
+# Spark's writer's key shapes are the layout's (re-exported for quarry.spark.native/writer).
+from quarry.blob.layout import JOB_FILE_EXTENSIONS, job_file_key
+from quarry.blob.layout import JOB_FILE_KEY as JOB_FILE_KEY
+from quarry.blob.layout import SPARK_PARTITION_COLUMN as SPARK_PARTITION_COLUMN
+from quarry.blob.layout import SPARK_WRITER_FILE_NAME as SPARK_WRITER_FILE_NAME
+from quarry.spark.common import Connection, client_for
 
 if TYPE_CHECKING:
     from quarry.v1 import types_pb2
 
 FORMATS = {
-    # format: (file extension, content type)
-    "parquet": ("snappy.parquet", "application/vnd.apache.parquet"),
-    "csv": ("csv", "text/csv"),
-    "json": ("json", "application/x-ndjson"),
+    # format: (file extension (the layout's, quarry.blob.layout), content type)
+    "parquet": (JOB_FILE_EXTENSIONS["parquet"], "application/vnd.apache.parquet"),
+    "csv": (JOB_FILE_EXTENSIONS["csv"], "text/csv"),
+    "json": (JOB_FILE_EXTENSIONS["json"], "application/x-ndjson"),
 }
 
 # One row per file a task wrote: the staged entry's fields (the driver rebuilds the exact
@@ -180,45 +184,9 @@ def file_entry(spec: WriteSpec, row: dict) -> types_pb2.Entry:
     )
 
 
-# Spark's writer (quarry.spark.native) partitions by hidden copies of the partition
-# columns named so; their folders exist only in the physical keys of the job's folder.
-SPARK_PARTITION_COLUMN = "__quarry_partition_"
-# The name Spark's writer gives a Parquet file: part-<Spark partition>-<write UUID>-c<file
-# counter> ('.' before the counter in a partitioned write).
-SPARK_WRITER_FILE_NAME = (
-    r"part-(?P<partition>\d{5,})-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-    r"[-.]c(?P<counter>\d{3,})\.snappy\.parquet"
-)
-# The exact keys Spark jobs write in their folder: what GC may recognize as a Spark job's
-# data file (quarry.retention.classify) and what a failed job's cleanup deletes. Either
-# file_key's (the Python workers' files), or Spark's writer's: committed files, under its
-# hidden partition folders, and its task attempts' files under _temporary/ (left there by
-# a job whose driver died).
-JOB_FILE_KEY = re.compile(
-    re.escape(JOB_DATA_PREFIX)
-    + JOB_ID_PATTERN
-    + "/(?:"
-    + r"part-\d{5,}-c\d{3,}-t\d+\."
-    + "(?:"
-    + "|".join(re.escape(ext) for ext, _ in FORMATS.values())
-    + ")"
-    + "|"
-    + r"(?:_temporary/\d+/(?:_temporary/attempt_[0-9a-z_]+/|task_[0-9a-z_]+/)?)?"
-    + r"(?:"
-    + re.escape(SPARK_PARTITION_COLUMN)
-    + r"\d+=[^/]+/)*"
-    + SPARK_WRITER_FILE_NAME
-    + ")"
-)
-
-
 def file_key(spec: WriteSpec, partition: int, index: int, task_attempt_id: int) -> str:
     """`task_attempt_id` is unique per task attempt in the Spark application."""
-    extension = FORMATS[spec.format][0]
-    return (
-        f"{JOB_DATA_PREFIX}{spec.job_id}/part-{partition:05d}-c{index:03d}"
-        f"-t{task_attempt_id}.{extension}"
-    )
+    return job_file_key(spec.job_id, spec.format, partition, index, task_attempt_id)
 
 
 def encode_file(table: pa.Table, fmt: str) -> bytes:

@@ -29,11 +29,12 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from quarry import errors, telemetry
+from quarry.blob.layout import GC_REPORTS_PREFIX, gc_report_key, job_of_key
 from quarry.retention import (
     COLLECTABLE,
     FOREIGN,
@@ -43,7 +44,6 @@ from quarry.retention import (
     retained_commits,
 )
 from quarry.spark.common import (
-    JOB_DATA_PREFIX,
     Connection,
     ephemeral_created_at,
     job_of_branch,
@@ -53,13 +53,14 @@ from quarry.spark.sweep import DEFAULT_EPHEMERAL_TTL, sweep_ephemeral_branches
 from quarry.v1 import types_pb2
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import Row, SparkSession
 
     from quarry.blob import BlobStore, ObjectInfo
     from quarry.client import Client
 
 DEFAULT_GRACE = _dt.timedelta(hours=6)
-REPORTS_PREFIX = "_quarry/gc/reports/"
+REPORTS_PREFIX = GC_REPORTS_PREFIX
 SAMPLE_KEYS = 1000
 KINDS = ("metarange", "range", "data")
 
@@ -225,7 +226,7 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
                 report.deleted += _delete(
                     spark, repo.storage_namespace, list(doomed[kind]), connection
                 )
-        report.report_key = f"{REPORTS_PREFIX}{report.run_id}.json"
+        report.report_key = gc_report_key(report.run_id)
         with open_blob_store(repo.storage_namespace, connection) as store:
             store.put(report.report_key, json.dumps(report.to_dict(), indent=2).encode())
         return report
@@ -233,9 +234,7 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
 
 def _of_running_job(key: str, running_jobs: set[str]) -> bool:
     """Whether `key` lies in the folder of a Spark job whose ephemeral branch exists."""
-    if not key.startswith(JOB_DATA_PREFIX):
-        return False
-    return key[len(JOB_DATA_PREFIX) :].split("/", 1)[0] in running_jobs
+    return job_of_key(key) in running_jobs
 
 
 def check_ownership(repo: types_pb2.Repository, connection: Connection) -> None:
@@ -474,26 +473,13 @@ def _unreferenced_data_keys(
     connection: Connection,
 ) -> set[str]:
     """The candidate data keys that no retained range and no staged entry refers to: the
-    addresses are read from the range files in Spark, normalized to namespace keys, and
-    anti-joined with the candidates there."""
+    addresses are read from the range files in Spark, turned into every namespace key they
+    may name (quarry.blob.layout.referenced_keys: resolved and literal, in any notation),
+    and anti-joined with the candidates there."""
     from pyspark.sql import functions as F
-
-    from quarry.blob import parse_storage_namespace
 
     if not data_candidates:
         return set()
-    kind, root, prefix = parse_storage_namespace(storage_namespace)
-    address = F.col("physical_address")
-    if kind == "local":
-        # /abs/dir/key, file:///abs/dir/key, file://localhost/abs/dir/key, file:/abs/dir/key,
-        # with any doubled slashes or ./ segments: all the same file.
-        address = F.regexp_replace(address, "^file:(//localhost)?", "")
-        address = F.regexp_replace(address, "/+", "/")
-        address = F.regexp_replace(address, "/(\\./)+", "/")
-        base = root.rstrip("/") + "/"
-    else:
-        address = F.regexp_replace(address, "^s3[an]?://", "s3://")
-        base = f"s3://{root}/{prefix + '/' if prefix else ''}"
     addresses = ranges_dataframe(spark, storage_namespace, range_ids, connection).select(
         "physical_address"
     )
@@ -503,11 +489,34 @@ def _unreferenced_data_keys(
                 [(a,) for a in sorted(staged_addresses)], "physical_address string"
             )
         )
-    key = F.when(address.startswith(base), address.substr(len(base) + 1, 1 << 30))
-    referenced = addresses.select(key.alias("key")).where(F.col("key").isNotNull()).distinct()
+    referenced = addresses.mapInArrow(_keys_of_addresses(storage_namespace), "key string")
+    referenced = referenced.where(F.col("key").isNotNull()).distinct()
     candidates = spark.createDataFrame([(c[0],) for c in data_candidates], "key string")
     orphans = candidates.join(referenced, "key", "left_anti").collect()
     return {row.key for row in orphans}
+
+
+def _keys_of_addresses(
+    storage_namespace: str,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """For mapInArrow: batches of `physical_address` to batches of the namespace keys they
+    may name (quarry.blob.layout.referenced_keys, the one place that decides it)."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+
+        from quarry.blob.layout import referenced_keys
+
+        for batch in batches:
+            keys = [
+                key
+                for address in batch.column(0).to_pylist()
+                if address
+                for key in referenced_keys(storage_namespace, address)
+            ]
+            yield pa.RecordBatch.from_arrays([pa.array(keys, pa.string())], names=["key"])
+
+    return run
 
 
 def _delete(

@@ -40,15 +40,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from quarry.blob import layout
+from quarry.blob.layout import JOB_FILE_KEY, SPARK_COMMITTED_FILE, SPARK_PARTITION_COLUMN
 from quarry.blob.local import fsync_directory
-from quarry.spark.common import JOB_DATA_PREFIX
-from quarry.spark.executor import (
-    JOB_FILE_KEY,
-    SPARK_PARTITION_COLUMN,
-    SPARK_WRITER_FILE_NAME,
-    WriteSpec,
-    object_path,
-)
+from quarry.spark.executor import WriteSpec, object_path
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -101,12 +96,7 @@ _FOLDER_TYPES = (
 )
 
 # A committed file in the job's folder: (partition folders, Spark partition, file counter).
-_COMMITTED = re.compile(
-    r"(?P<folders>(?:"
-    + re.escape(SPARK_PARTITION_COLUMN)
-    + r"\d+=[^/]+/)*)"
-    + SPARK_WRITER_FILE_NAME
-)
+_COMMITTED = SPARK_COMMITTED_FILE
 _FOLDER = re.compile(re.escape(SPARK_PARTITION_COLUMN) + r"(\d+)=([^/]+)/")
 
 
@@ -193,7 +183,7 @@ def write_files(spark: SparkSession, df: DataFrame, spec: WriteSpec) -> list[dic
 
 
 def job_folder(spec: WriteSpec) -> str:
-    return f"{JOB_DATA_PREFIX}{spec.job_id}"
+    return layout.job_folder(spec.job_id)
 
 
 def describe_files(spark: SparkSession, spec: WriteSpec, root: str) -> list[dict]:

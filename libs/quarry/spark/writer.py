@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from quarry import errors, telemetry
+from quarry.blob import layout
 from quarry.convert import entry_from_proto
 from quarry.spark.common import (
-    JOB_DATA_PREFIX,
     Connection,
     QuarryUri,
     ephemeral_branch,
@@ -452,7 +452,7 @@ class _Job:
 
         try:
             with open_blob_store(self.storage_namespace, self.connection) as store:
-                for key, *_ in list(store.list(f"{JOB_DATA_PREFIX}{self.job_id}/")):
+                for key, *_ in list(store.list(layout.job_folder(self.job_id) + "/")):
                     if JOB_FILE_KEY.fullmatch(key):
                         store.delete(key)
         except Exception as exc:  # noqa: BLE001 - GC removes what is left

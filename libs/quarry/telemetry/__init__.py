@@ -16,10 +16,9 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-import grpc
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -206,116 +205,3 @@ def root_span(name: str, attributes: Mapping[str, str] | None = None) -> Any:
 # tracing is on (a module global): off, the call goes straight through (one Python call more);
 # on, through OpenTelemetry's interceptor, built on first use. Whether a call is traced thus
 # never depends on whether tracing was configured before or after the channel was made.
-
-# Infrastructure, not users' requests: probes (readiness, kubelet) and grpcurl's reflection.
-# Not traced on the server, and not counted in quarry_rpc_requests_total (telemetry.metrics):
-# a kubelet's probes would otherwise outnumber a quiet service's real calls.
-INFRASTRUCTURE_METHOD_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
-
-
-class _TracingServerSwitch(grpc.ServerInterceptor):
-    def __init__(self) -> None:
-        self._otel: grpc.ServerInterceptor | None = None
-
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        if not _configured or handler_call_details.method.startswith(
-            INFRASTRUCTURE_METHOD_PREFIXES
-        ):
-            return continuation(handler_call_details)
-        otel = self._otel
-        if otel is None:
-            from opentelemetry.instrumentation.grpc import server_interceptor
-
-            otel = self._otel = server_interceptor()
-        return otel.intercept_service(continuation, handler_call_details)
-
-
-def server_interceptors() -> Sequence[grpc.ServerInterceptor]:
-    """The tracing interceptor: OpenTelemetry's server interceptor whenever tracing is on
-    (decided per call), a pass-through otherwise."""
-    return [_TracingServerSwitch()]
-
-
-class _MultiCallableSwitch:
-    """A stub's multicallable: OpenTelemetry's while tracing is on, the plain one otherwise."""
-
-    __slots__ = ("_plain", "_make_traced", "_traced")
-
-    def __init__(self, plain: Any, make_traced: Callable[[], Any]) -> None:
-        self._plain = plain
-        self._make_traced = make_traced
-        self._traced: Any = None
-
-    def _pick(self) -> Any:
-        if not _configured:
-            return self._plain
-        traced = self._traced
-        if traced is None:
-            traced = self._traced = self._make_traced()
-        return traced
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._pick()(*args, **kwargs)
-
-    def with_call(self, *args: Any, **kwargs: Any) -> Any:
-        return self._pick().with_call(*args, **kwargs)
-
-    def future(self, *args: Any, **kwargs: Any) -> Any:
-        return self._pick().future(*args, **kwargs)
-
-
-class _TracingChannel(grpc.Channel):
-    """`channel` with the per-call tracing switch on every method (see above)."""
-
-    def __init__(self, channel: grpc.Channel) -> None:
-        self._channel = channel
-        self._traced_channel: Any = None
-
-    def _traced(self) -> Any:
-        if self._traced_channel is None:
-            # OpenTelemetry's own channel wrapper (it also covers streams).
-            from opentelemetry.instrumentation.grpc import client_interceptor, intercept_channel
-
-            self._traced_channel = intercept_channel(self._channel, client_interceptor())
-        return self._traced_channel
-
-    def _switch(self, kind: str, args: tuple, kwargs: dict[str, Any]) -> _MultiCallableSwitch:
-        plain = getattr(self._channel, kind)(*args, **kwargs)
-        return _MultiCallableSwitch(plain, lambda: getattr(self._traced(), kind)(*args, **kwargs))
-
-    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        return self._switch("unary_unary", args, kwargs)
-
-    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        return self._switch("unary_stream", args, kwargs)
-
-    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        return self._switch("stream_unary", args, kwargs)
-
-    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        return self._switch("stream_stream", args, kwargs)
-
-    def subscribe(self, *args: Any, **kwargs: Any) -> None:
-        self._channel.subscribe(*args, **kwargs)
-
-    def unsubscribe(self, *args: Any, **kwargs: Any) -> None:
-        self._channel.unsubscribe(*args, **kwargs)
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> _TracingChannel:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-
-def instrument_channel(channel: grpc.Channel) -> grpc.Channel:
-    """`channel` propagating trace context on every call made while tracing is on (whenever
-    it was turned on). Closing the result closes `channel`."""
-    return _TracingChannel(channel)

@@ -18,16 +18,9 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator
-from typing import Any
 
-import grpc
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.registry import Collector
-
-from quarry.runtime.handlers import wrap_behavior
-from quarry.telemetry import INFRASTRUCTURE_METHOD_PREFIXES
 
 log = logging.getLogger(__name__)
 
@@ -113,91 +106,3 @@ RPC_DURATION = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     registry=None,
 )
-
-
-class RpcMetrics(grpc.ServerInterceptor):
-    """Counts and times every call but health checks and reflection (the outermost interceptor, so refusals by the others are
-    counted with their codes). Per call: two clock reads and two cached-child updates."""
-
-    def __init__(self, service: str) -> None:
-        expose(RPC_REQUESTS, RPC_DURATION)
-        self._service = service
-        # Wrapped handlers by method: (the handler wrapped, the wrapper).
-        self._wrapped: dict[str, tuple[Any, Any]] = {}
-
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method
-        if method.startswith(INFRASTRUCTURE_METHOD_PREFIXES):
-            return handler  # health probes and reflection: not users' calls
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(handler, method.lstrip("/"))
-        # One entry per method: a handler rebuilt per call (tracing on) replaces it.
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
-
-    def _recorder(self, method: str) -> Callable[[grpc.StatusCode | None, float], None]:
-        children: dict[grpc.StatusCode | None, tuple[Any, Any]] = {}
-        service = self._service
-
-        def record(code: grpc.StatusCode | None, started: float) -> None:
-            elapsed = time.perf_counter() - started
-            pair = children.get(code)
-            if pair is None:
-                name = (code or grpc.StatusCode.OK).name
-                pair = children[code] = (
-                    RPC_REQUESTS.labels(service, method, name),
-                    RPC_DURATION.labels(service, method, name),
-                )
-            pair[0].inc()
-            pair[1].observe(elapsed)
-
-        return record
-
-    def _wrap(self, handler: Any, method: str) -> Any:
-        """`handler`: a grpc RpcMethodHandler (a namedtuple in grpc's implementation)."""
-        record = self._recorder(method)
-
-        def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
-            def wrapper(request: Any, context: grpc.ServicerContext) -> Any:
-                started = time.perf_counter()
-                try:
-                    response = behavior(request, context)
-                except BaseException:
-                    record(_code_of(context), started)
-                    raise
-                record(context.code(), started)
-                return response
-
-            return wrapper
-
-        def streaming(behavior: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
-            def wrapper(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                started = time.perf_counter()
-                try:
-                    yield from behavior(request, context)
-                except BaseException:
-                    record(_code_of(context), started)
-                    raise
-                record(context.code(), started)
-
-            return wrapper
-
-        return wrap_behavior(handler, unary, streaming)
-
-
-def _code_of(context: grpc.ServicerContext) -> grpc.StatusCode:
-    """The status of a call that raised: the code it aborted with, else UNKNOWN (what gRPC
-    answers for an uncaught exception); CANCELLED for a call the client gave up on."""
-    code = context.code()
-    if code is not None:
-        return code
-    return grpc.StatusCode.UNKNOWN if context.is_active() else grpc.StatusCode.CANCELLED

@@ -165,3 +165,54 @@ def test_staging_outside_the_namespace_needs_import_from_storage(world):
     assert error.metadata["action"] == "fs:ImportFromStorage"
     # SuperUsers (fs:*) may import.
     assert put(bm, superuser, "i/2", "s3://elsewhere/i/2").entry.path == "i/2"
+
+
+def test_a_dotted_address_never_passes_for_one_inside_the_namespace(world):
+    """The attack: a Developer (no fs:ImportFromStorage) is refused `<other-ns>/secret.txt`,
+    so stages `<own-ns>/../other/secret.txt`, which a prefix check took for an address
+    inside the namespace, and commits it. Every spelling of the climb is refused before
+    any check of where it points: INVALID_ARGUMENT, INVALID_PHYSICAL_ADDRESS, nothing
+    staged, nothing committed."""
+    suite, bm, _ = world
+    dev = user_token("dev")
+    ns = suite.namespace(REPO)
+    other = suite.namespace("other-repo")
+    with open(f"{other}/secret.txt", "wb") as fh:
+        fh.write(b"secret")
+    plain = refused(put, bm, dev, "s/plain", f"{other}/secret.txt")
+    assert (plain.code.name, plain.metadata["action"]) == (
+        "PERMISSION_DENIED",
+        "fs:ImportFromStorage",
+    )
+    before = head(bm)
+    for address in (
+        f"{ns}/../other-repo/secret.txt",
+        f"file://{ns}/../other-repo/secret.txt",
+        f"file://{ns}/%2e%2e/other-repo/secret.txt",
+        f"{ns}/data/./x",
+        f"{ns}//data/x",
+    ):
+        error = refused(put, bm, dev, "s/dotted", address)
+        assert (error.code.name, error.reason) == ("INVALID_ARGUMENT", "INVALID_PHYSICAL_ADDRESS")
+        assert error.metadata["physical_address"] == address
+        messages = [
+            branch_manager_pb2.PutObjectsRequest(
+                repository=REPO,
+                branch="main",
+                entries=[types_pb2.Entry(path="s/dotted", physical_address=address)],
+            )
+        ]
+        error = refused(bm.PutObjects, iter(messages), metadata=bearer(dev))
+        assert error.reason == "INVALID_PHYSICAL_ADDRESS"
+    # Even an admin (who may import) is refused: the address is not an object's own.
+    error = refused(put, bm, user_token(TEST_ADMIN), "s/dotted", f"{ns}/../other-repo/secret.txt")
+    assert error.reason == "INVALID_PHYSICAL_ADDRESS"
+    stat = refused(
+        bm.StatObject,
+        branch_manager_pb2.StatObjectRequest(repository=REPO, ref="main", path="s/dotted"),
+        metadata=bearer(dev),
+    )
+    assert stat.code.name == "NOT_FOUND"  # nothing was staged, so nothing to commit
+    assert head(bm) == before
+    # The object's own address in another notation is inside: fs:WriteObject is enough.
+    assert put(bm, dev, "s/uri", f"file://{ns}/s/uri").entry.path == "s/uri"

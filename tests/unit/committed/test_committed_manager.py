@@ -607,8 +607,8 @@ def test_a_failed_range_write_fails_the_apply_and_publishes_no_metarange(
     calling thread, the apply raises the store's error and never writes a metarange."""
     from quarry.blob import LocalBlobStore
     from quarry.blob.base import StorageUnreachable
+    from quarry.blob.layout import METARANGES_PREFIX
     from quarry.committed import CommittedManager
-    from quarry.committed.format import METARANGES_PREFIX
 
     class FullDisk(LocalBlobStore):
         refuse = False

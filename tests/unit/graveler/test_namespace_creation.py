@@ -82,3 +82,36 @@ def test_a_retry_after_the_claims_answer_was_lost_succeeds(
     assert parse_marker((tmp_path / "lake" / MARKER_KEY).read_bytes()).owns(
         "lake", repo.instance_id
     )
+
+
+def test_a_symlink_into_another_namespace_cannot_make_a_repository_inside_it(graveler, tmp_path):
+    """The attack: a link into repository A's namespace, then a new subdirectory through
+    it, looks like a fresh namespace to a lexical check but is a folder of A's."""
+    owner = graveler.create_repository("owner", str(tmp_path / "lake" / "a"))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "link").symlink_to(tmp_path / "lake" / "a")
+    for namespace in (
+        f"{tmp_path}/elsewhere/link/sub",
+        f"file://{tmp_path}/elsewhere/link/sub",
+        f"{tmp_path}/elsewhere/link",  # the same directory
+    ):
+        with pytest.raises(NamespaceInUse) as caught:
+            graveler.create_repository("intruder", namespace)
+        assert caught.value.metadata["other_repository"] == "owner"
+    assert not (tmp_path / "lake" / "a" / "sub").exists()  # refused before any claim
+    # A link to the directory AROUND a namespace: the new one would contain it.
+    (tmp_path / "elsewhere" / "up").symlink_to(tmp_path / "lake")
+    with pytest.raises(NamespaceInUse):
+        graveler.create_repository("intruder", f"{tmp_path}/elsewhere/up")
+    assert [r.name for r in graveler.list_repositories()[0]] == [owner.name]
+
+
+def test_a_namespace_is_recorded_by_its_real_path(graveler, tmp_path):
+    """A link re-pointed after the creation never moves the repository's namespace."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    repo = graveler.create_repository("linked", f"{tmp_path}/link/ns")
+    assert repo.storage_namespace == f"{tmp_path}/real/ns"
+    assert (tmp_path / "real" / "ns" / MARKER_KEY).exists()
+    uri = graveler.create_repository("linked-uri", f"file://{tmp_path}/link/ns2")
+    assert uri.storage_namespace == f"file://{tmp_path}/real/ns2"

@@ -82,7 +82,9 @@ def test_contention_past_the_budget_is_branch_contended(refs_and_repo, monkeypat
 
     monkeypatch.setattr(refs, "set_branch_if", always_moved)
     with pytest.raises(gerrors.BranchContended):
-        refs.update_branch(repo, "main", lambda b: b, policy=RetryPolicy(budget=3, base_seconds=0))
+        refs.update_branch(
+            repo, "main", lambda b: b, policy=RetryPolicy(max_attempts=3, base_seconds=0)
+        )
     assert len(calls) == 3
 
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from quarry import errors
-from quarry.committed.format import METARANGES_PREFIX, RANGES_PREFIX
+from quarry.blob.layout import METARANGES_PREFIX, RANGES_PREFIX
 from quarry.retention import (
     COLLECTABLE,
     DEFAULT_RETENTION_DAYS,
