@@ -5,7 +5,7 @@ for makes, and the long loops of that work: otherwise a commit whose client gave
 one second goes on for minutes in the committer and the range-writer, holding their
 threads and cores, and may still move the branch long after the client was told it failed.
 
-- `DeadlineInterceptor` (on every server, quarry.runtime.server) records each incoming
+- `DeadlineInterceptor` (quarry.runtime.deadline_interceptor, on every server) records each incoming
   call's deadline (`context.time_remaining()`) and `context.is_active` in a context
   variable while its handler runs (in the handler's thread).
 - Every outgoing call takes its timeout from `timeout(default)`: the smaller of its own
@@ -21,6 +21,10 @@ Work with no incoming call (background loops: the dropper, readiness probes, rep
 work handed to other threads sees no incoming call: its own defaults apply, as before.
 `captured()` hands the current call to a thread that works for it (a request stream's
 producer, which gRPC runs on a thread of its own).
+
+This module imports no gRPC: the core (graveler, committed, kv) calls `check()` and
+`timeout()` at its loop points and stays free of the RPC layer (tests/unit/test_architecture.py);
+only the server-side interceptor, in its own module, knows gRPC.
 """
 
 from __future__ import annotations
@@ -32,10 +36,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
-
 from quarry import errors
-from quarry.runtime.handlers import wrap_behavior
 
 
 @dataclass(frozen=True)
@@ -120,68 +121,3 @@ def captured() -> Callable[[Iterator[Any]], Iterator[Any]]:
                 yield item
 
     return wrap
-
-
-def incoming_call(method: str, context: grpc.ServicerContext) -> IncomingCall:
-    remaining = context.time_remaining()
-    # gRPC reports "no deadline" as None or as a huge number, depending on the version.
-    deadline = None if remaining is None or remaining > 10**8 else time.monotonic() + remaining
-    return IncomingCall(method, deadline, context.is_active)
-
-
-def _requests(call: IncomingCall, requests: Iterator[Any]) -> Iterator[Any]:
-    """A request stream that, once its call expired or was cancelled, ends with that
-    (DeadlineExceeded / Cancelled) rather than gRPC's bare RpcError."""
-    while True:
-        try:
-            request = next(requests)
-        except StopIteration:
-            return
-        except grpc.RpcError:
-            call.check()
-            raise
-        yield request
-
-
-class DeadlineInterceptor(grpc.ServerInterceptor):
-    """Records each incoming call (quarry.runtime.deadlines) while its handler runs."""
-
-    def __init__(self) -> None:
-        self._wrapped: dict[int, tuple[Any, Any]] = {}
-
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        cached = self._wrapped.get(id(handler))
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(handler, handler_call_details.method)
-        self._wrapped[id(handler)] = (handler, wrapped)
-        return wrapped
-
-    @staticmethod
-    def _wrap(handler: Any, method: str) -> Any:
-        streamed = bool(getattr(handler, "request_streaming", False))
-
-        def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
-            def wrapper(request: Any, context: grpc.ServicerContext) -> Any:
-                call = incoming_call(method, context)
-                with serving(call):
-                    return behavior(_requests(call, request) if streamed else request, context)
-
-            return wrapper
-
-        def streaming(behavior: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
-            def wrapper(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                call = incoming_call(method, context)
-                with serving(call):
-                    yield from behavior(_requests(call, request) if streamed else request, context)
-
-            return wrapper
-
-        return wrap_behavior(handler, unary, streaming)

@@ -37,7 +37,7 @@ import quarry
 from quarry import errors, telemetry
 from quarry.config import Settings
 from quarry.runtime.channels import MAX_MESSAGE_BYTES, open_channel
-from quarry.runtime.deadlines import DeadlineInterceptor
+from quarry.runtime.deadline_interceptor import DeadlineInterceptor
 from quarry.runtime.errors import RETRYABLE_CODES, ErrorInterceptor, from_rpc_error
 from quarry.runtime.handlers import wrap_behavior
 from quarry.runtime.lifeline import watch_lifeline
