@@ -20,16 +20,13 @@ import quarry.spark as qs
 from quarry import errors
 from quarry.spark.common import EPHEMERAL_PREFIX, JOB_DATA_PREFIX
 from quarry.v1 import types_pb2
-from support.suite import running_suite
+from support.suite import running_suite, suite_fixture
 from support.wait import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(tmp_path_factory.mktemp("spark-suite")) as running:
-        yield running
+suite = suite_fixture()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 
 from quarry.cli.main import main as quarry_main
 from quarry.client import RetryPolicy
-from support.suite import running_suite
+from support.suite import running_suite, suite_fixture
 from support.wait import wait_until
 
 # Small intervals keep the tests fast; the thresholds are tiny so a few writes cross them.
@@ -48,12 +48,7 @@ def closed_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(
-        tmp_path_factory.mktemp("sensor-suite"), compactor_sensor=True, **FAST
-    ) as running:
-        yield running
+suite = suite_fixture(compactor_sensor=True, **FAST)
 
 
 @pytest.fixture
