@@ -42,7 +42,7 @@ from quarry.v1 import (  # noqa: F401 — registers every service's descriptors
 )
 from support.auth import FAST_HASH, TEST_ADMIN, bearer, raw_channel, service_token, user_token
 from support.proto_fuzz import message_class
-from support.suite import running_suite
+from support.suite import suite_fixture
 
 TARGET_OF_SERVICE = {
     "Auth": "branch-manager",
@@ -67,7 +67,8 @@ def denied_user(action: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def suite(tmp_path_factory):
+def matrix_backend():
+    """The suite's store, with a user allowed and a user denied each action."""
     backend = MemoryStore()
     iam = IamStore(backend, hash_cost=FAST_HASH)
     iam.create_user(NO_GRANT)
@@ -86,14 +87,20 @@ def suite(tmp_path_factory):
         iam.attach_user_policy(allowed_user(action), f"matrix-allow-{i}")
         iam.create_user(denied_user(action))
         iam.attach_user_policy(denied_user(action), f"matrix-deny-{i}")
-    with running_suite(
-        tmp_path_factory.mktemp("matrix"), backend=backend, compactor_sensor=True
-    ) as suite:
-        channels = {name: raw_channel(target) for name, target in suite.targets.items()}
-        suite.raw_channels = channels
-        yield suite
-        for channel in channels.values():
-            channel.close()
+    return backend
+
+
+running = suite_fixture(name="running", backend="matrix_backend", compactor_sensor=True)
+
+
+@pytest.fixture(scope="module")
+def suite(running):
+    """The running suite, with a raw channel (no token of its own) to each service."""
+    channels = {name: raw_channel(target) for name, target in running.targets.items()}
+    running.raw_channels = channels
+    yield running
+    for channel in channels.values():
+        channel.close()
 
 
 def invoke(suite, method: str, token: str | None, **fields) -> grpc.StatusCode:
