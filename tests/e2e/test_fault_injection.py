@@ -365,7 +365,7 @@ def chaos(run: Run, stop: threading.Event, seconds_between: float) -> None:
         deadline = time.monotonic() + LOAD_TIMEOUT
         while load_short_of_the_floor(run) and time.monotonic() < deadline:
             time.sleep(0.2)
-    except Exception as exc:  # noqa: BLE001 — reported by the test, never swallowed
+    except Exception as exc:  # reported by the test, never swallowed
         run.errors.append(f"chaos: {exc!r}")
     finally:
         stop.set()

@@ -424,7 +424,7 @@ def test_two_jobs_on_one_branch_at_once_both_land(spark, client, conn, repo):
                 message=name,
                 connection=conn,
             )
-        except Exception as exc:  # noqa: BLE001 - reported below
+        except Exception as exc:  # reported below
             failures.append(exc)
 
     threads = [
@@ -714,7 +714,7 @@ def test_a_cancelled_job_leaves_the_target_unchanged(spark, suite, client, conn,
         try:
             qs.write(frame, f"quarry://{repo}/main/t", connection=conn)
             outcome.append(None)
-        except Exception as exc:  # noqa: BLE001 - inspected below
+        except Exception as exc:  # inspected below
             outcome.append(exc)
 
     writer = threading.Thread(target=run)

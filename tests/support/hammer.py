@@ -59,7 +59,7 @@ def hammer(
                 put(path, version)
             except retryable:
                 continue  # not acknowledged: no promise made
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 with lock:
                     result.errors.append(f"put {path}: {exc!r}")
                 continue
@@ -77,7 +77,7 @@ def hammer(
                 seen = read(path) or 0
             except retryable:
                 continue
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 with lock:
                     result.errors.append(f"read {path}: {exc!r}")
                 continue
@@ -94,7 +94,7 @@ def hammer(
                         result.commits += 1
             except retryable:
                 pass
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 with lock:
                     result.errors.append(f"commit: {exc!r}")
             time.sleep(0.005)

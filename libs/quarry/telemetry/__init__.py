@@ -251,16 +251,16 @@ class _TracingChannel(grpc.Channel):
         plain = getattr(self._channel, kind)(*args, **kwargs)
         return _MultiCallableSwitch(plain, lambda: getattr(self._traced(), kind)(*args, **kwargs))
 
-    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:
         return self._switch("unary_unary", args, kwargs)
 
-    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:
         return self._switch("unary_stream", args, kwargs)
 
-    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
         return self._switch("stream_unary", args, kwargs)
 
-    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
         return self._switch("stream_stream", args, kwargs)
 
     def subscribe(self, *args: Any, **kwargs: Any) -> None:

@@ -171,7 +171,7 @@ class RpcMetrics(grpc.ServerInterceptor):
                 except BaseException:
                     record(_code_of(context), started)
                     raise
-                record(context.code(), started)
+                record(context.code(), started)  # type: ignore[attr-defined]
                 return response
 
             return wrapper
@@ -184,7 +184,7 @@ class RpcMetrics(grpc.ServerInterceptor):
                 except BaseException:
                     record(_code_of(context), started)
                     raise
-                record(context.code(), started)
+                record(context.code(), started)  # type: ignore[attr-defined]
 
             return wrapper
 
@@ -194,7 +194,7 @@ class RpcMetrics(grpc.ServerInterceptor):
 def _code_of(context: grpc.ServicerContext) -> grpc.StatusCode:
     """The status of a call that raised: the code it aborted with, else UNKNOWN (what gRPC
     answers for an uncaught exception); CANCELLED for a call the client gave up on."""
-    code = context.code()
+    code = context.code()  # type: ignore[attr-defined]  # (grpc has it; the stubs lack it)
     if code is not None:
         return code
     return grpc.StatusCode.UNKNOWN if context.is_active() else grpc.StatusCode.CANCELLED

@@ -54,7 +54,7 @@ def needs(*capabilities: str) -> Callable:
     """Run the test only against implementations that declare every capability."""
 
     def mark(test: Callable) -> Callable:
-        test.needs = frozenset(capabilities)
+        test.needs = frozenset(capabilities)  # type: ignore[attr-defined]  # read by the class
         return test
 
     return mark
@@ -98,10 +98,11 @@ def _three(committed: Implementation) -> tuple[str, str, str]:
     destination = dict(base_items)
     destination["m/020"] = entry("m/020", 2)
     del destination["m/035"]
-    return tuple(
+    base, ours, theirs = (
         write(committed, [items[p] for p in sorted(items)])
         for items in (base_items, source, destination)
     )
+    return base, ours, theirs
 
 
 def _conflicting(committed: Implementation) -> tuple[str, str, str]:
@@ -132,7 +133,7 @@ class CommittedContract:
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         """Each test runs for the implementations that declare what it @needs."""
         if "committed" in metafunc.fixturenames:
-            wanted = getattr(metafunc.function, "needs", frozenset())
+            wanted: frozenset[str] = getattr(metafunc.function, "needs", frozenset())
             names = [name for name, supports in self.SUPPORTS.items() if wanted <= supports]
             metafunc.parametrize("committed", names, indirect=True)
 
