@@ -197,37 +197,26 @@ def python_writer(spark):
     spark.conf.unset(FILE_WRITER_CONF)
 
 
-# ---- parallel runs (pytest-xdist, `make test`: -n auto --dist loadgroup) -------------------
-# Every test is grouped by its module, so a module's expensive module-scoped fixtures (a
-# suite of servers, a chaos run) start once, on one worker. Tests that share something that
-# must not be shared across workers go to one named group: every module using the session's
-# Spark (one JVM, not one per worker) and the podman/Helm runs (fixed pod and image names).
-SHARED_GROUPS = {
-    "podman": ("tests/e2e/test_helm_podman.py",),
-}
-# Longest first: the end-to-end modules start before the unit tests fill the gaps.
+# ---- parallel runs (pytest-xdist, `make test`: -n auto --dist loadfile) --------------------
+# Each module's tests run on one worker (loadfile), so a module's expensive module-scoped
+# fixtures (a suite of servers, a chaos run) start once; what every test shares per process
+# (dynalite, moto_server, the Spark session) starts once per worker; ports come from
+# support.ports, race-free across workers. (xdist's loadgroup would put every Spark module on
+# one worker, but it does not work with pytest 9: it renames items through an attribute
+# pytest no longer reads.)
+# Longest first: the Spark and end-to-end modules start before the unit tests fill the gaps.
 ORDER = ("tests/e2e/", "tests/integration/", "tests/unit/")
-
-
-def _group_of(module: str, uses_spark: bool) -> str:
-    for group, modules in SHARED_GROUPS.items():
-        if module in modules:
-            return group
-    return "spark" if uses_spark else module
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     root = Path(str(config.rootpath))
     module_of = {item: Path(str(item.path)).relative_to(root).as_posix() for item in items}
     spark_modules = {module_of[item] for item in items if "spark" in item.fixturenames}
-    for item in items:
-        module = module_of[item]
-        item.add_marker(pytest.mark.xdist_group(_group_of(module, module in spark_modules)))
 
     def rank(item) -> int:
         module = module_of[item]
         if module in spark_modules:
-            return -1  # the Spark group is the longest: it starts first
+            return -1
         return next((i for i, prefix in enumerate(ORDER) if module.startswith(prefix)), len(ORDER))
 
     items.sort(key=rank)  # stable: the order within a module is kept
