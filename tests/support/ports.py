@@ -32,7 +32,6 @@ _lock = threading.Lock()
 _pid = 0  # the process the state below belongs to (a forked child starts afresh)
 _fd = -1  # the lock file, open for the life of the process
 _taken: set[int] = set()  # tried by this process (its own record locks never conflict)
-_next = 0
 
 
 def _range() -> tuple[int, int]:
@@ -62,25 +61,40 @@ def _reserve(port: int) -> bool:
     return True
 
 
-def free_port() -> int:
-    """A port no other caller of free_port (in this or another process) gets while this
-    process lives, with nothing listening on it now."""
-    global _pid, _fd, _next
+def _take(count: int) -> int:
+    """The first of `count` consecutive ports, each reserved as free_port reserves one,
+    from a random place in the range (not the next port: code that adds to a port, a
+    metrics base + a service index, must not land on the port just handed out)."""
+    global _pid, _fd
     low, high = _range()
-    span = high - low + 1
+    starts = list(range(low, high - count + 2))
+    random.shuffle(starts)
     with _lock:
         if _pid != os.getpid():
             # First call, or a forked child (it inherits no record locks): start afresh.
             # Never close the descriptor: closing any descriptor of the file would drop
             # every record lock this process holds on it.
-            _pid, _fd, _next = os.getpid(), os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666), 0
+            _pid, _fd = os.getpid(), os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
             _taken.clear()
-            _next = low + random.randrange(span)
-        for _ in range(span):
-            port, _next = _next, low + (_next - low + 1) % span
-            if port not in _taken and _reserve(port):
-                return port
-    raise RuntimeError(f"no free port left in {low}-{high}")
+        for start in starts:
+            block = range(start, start + count)
+            if any(port in _taken for port in block):
+                continue
+            if all(_reserve(port) for port in block):  # stops at the first refusal
+                return start
+    raise RuntimeError(f"no {count} free consecutive ports left in {low}-{high}")
+
+
+def free_port() -> int:
+    """A port no other caller of free_port (in this or another process) gets while this
+    process lives, with nothing listening on it now."""
+    return _take(1)
+
+
+def free_port_block(count: int) -> int:
+    """The first of `count` consecutive free ports (free_port's promise for each): for a
+    base port that a server adds its index to (QUARRY_METRICS_BASE_PORT)."""
+    return _take(count)
 
 
 def free_ports(count: int) -> list[int]:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from support import ports
-from support.ports import free_port, free_ports
+from support.ports import free_port, free_port_block, free_ports
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -69,3 +69,20 @@ def test_a_port_is_free_when_handed_out():
         server.bind(("127.0.0.1", port))
         server.listen()
         assert free_port() != port
+
+
+def test_a_block_is_consecutive_and_never_shared():
+    base = free_port_block(5)
+    singles = set(free_ports(200))
+    assert not singles & set(range(base, base + 5))
+    for port in range(base, base + 5):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_ports_are_not_handed_out_in_sequence():
+    """Code that adds to a port it was given (a metrics base + a service index) must not
+    land on the next port handed out."""
+    taken = free_ports(50)
+    steps = sum(1 for a, b in zip(taken, taken[1:], strict=False) if b == a + 1)
+    assert steps < 5
