@@ -22,9 +22,12 @@ HELM_STAMP := $(TOOLS)/.helm-$(HELM_LAYER_VERSION)
 run: install tools
 	$(VENV)/bin/quarry up
 
+# The suite on parallel workers (pytest-xdist; TEST_WORKERS=0 runs it in one process), each
+# module's tests on one worker (module fixtures start once; tests/conftest.py).
+TEST_WORKERS ?= auto
 test: install tools image test-clients
 	$(MAKE) --no-print-directory lint
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
 unit: install
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit

@@ -30,7 +30,7 @@ from quarry.v1 import kv_pb2, kv_pb2_grpc, types_pb2
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from support.processes import free_port, quarry_env, wait_serving  # noqa: E402
+from support.processes import free_port, quarry_env, wait_serving
 
 CALLS = int(os.environ.get("BENCH_CALLS", "2000"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))

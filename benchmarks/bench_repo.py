@@ -114,10 +114,10 @@ class FannedOutWriter:
         self.fan_out = FanOut(manager, self.workers.peers(), min_changes=min_changes)
         self.workers.wait_ready()
 
-    def apply_changes(self, namespace, base_metarange_id, changes):  # noqa: ANN001, ANN201
+    def apply_changes(self, namespace, base_metarange_id, changes):
         return self.fan_out.apply_changes(namespace, base_metarange_id, changes)
 
-    def __getattr__(self, name: str):  # noqa: ANN204 — everything else is the manager's
+    def __getattr__(self, name: str):  # everything else is the manager's
         return getattr(self.manager, name)
 
     def close(self) -> None:

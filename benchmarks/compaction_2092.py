@@ -31,7 +31,7 @@ from quarry.kv.remote import RemoteStore
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from support.processes import free_port, quarry_env, wait_serving  # noqa: E402
+from support.processes import free_port, quarry_env, wait_serving
 
 M = int(os.environ.get("BENCH_2092_ENTRIES", "1000000"))
 TOMBSTONES = int(os.environ.get("BENCH_2092_TOMBSTONES", str(M // 5)))

@@ -50,7 +50,7 @@ from quarry.v1 import (
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from support.processes import free_port, quarry_env, wait_serving  # noqa: E402
+from support.processes import free_port, quarry_env, wait_serving
 
 SERVICES = ["kv-gateway", "range-writer", "branch-manager", "committer"]
 REPEATS = int(os.environ.get("BENCH_COST_REPEATS", "20"))

@@ -39,7 +39,7 @@ from quarry.v1 import types_pb2
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from support.processes import free_port, quarry_env, wait_serving  # noqa: E402
+from support.processes import free_port, quarry_env, wait_serving
 
 LOCAL = int(os.environ.get("BENCH_IMPORT_LOCAL", "1000000"))
 S3_OBJECTS = int(os.environ.get("BENCH_IMPORT_S3", "100000"))

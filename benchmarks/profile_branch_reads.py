@@ -35,7 +35,7 @@ from quarry.v1 import branch_manager_pb2_grpc, committer_pb2, committer_pb2_grpc
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from support.processes import free_port, quarry_env, wait_serving  # noqa: E402
+from support.processes import free_port, quarry_env, wait_serving
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "10"))
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "16"))

@@ -24,7 +24,7 @@ from quarry.committed.remote import RemoteRangeWriter
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from support.processes import free_port, quarry_env, wait_serving  # noqa: E402
+from support.processes import free_port, quarry_env, wait_serving
 
 M = int(os.environ.get("BENCH_SCALE_ENTRIES", "1000000"))
 CHANGES = 1000

@@ -8,6 +8,7 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = [
     "kv_gateway.py",
     "branch_reads.py",
+    "mixed_load.py",
     "auth_overhead.py",
     "cost_table.py",
     "commit_vs_git.py",

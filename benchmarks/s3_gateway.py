@@ -25,9 +25,9 @@ from botocore.config import Config
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from support.auth import AUTH_ENV  # noqa: E402
-from support.processes import free_port  # noqa: E402
-from support.wait import wait_until  # noqa: E402
+from support.auth import AUTH_ENV
+from support.processes import free_port
+from support.wait import wait_until
 
 BIG_MIB = int(os.environ.get("BENCH_S3_BIG_MIB", "64"))
 SMALL_OPS = int(os.environ.get("BENCH_S3_SMALL_OPS", "800"))

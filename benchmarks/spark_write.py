@@ -34,10 +34,10 @@ HERE = Path(__file__).resolve().parent
 # benchmarks/kv_gateway.py would shadow the kv_gateway service package the suite imports.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 sys.path.insert(0, str(HERE.parent / "tests"))
-import quarry.spark as qs  # noqa: E402
-from quarry.spark.native import FILE_WRITER_CONF, spark_writes_files  # noqa: E402
-from quarry.spark.session import local_session  # noqa: E402
-from support.suite import running_suite  # noqa: E402
+import quarry.spark as qs
+from quarry.spark.native import FILE_WRITER_CONF, spark_writes_files
+from quarry.spark.session import local_session
+from support.suite import running_suite
 
 ROUNDS = int(os.environ.get("BENCH_SPARK_ROUNDS", "3"))
 A_FILES = int(os.environ.get("BENCH_SPARK_FILES", "64"))

@@ -195,3 +195,28 @@ def python_writer(spark):
     spark.conf.set(FILE_WRITER_CONF, "python")
     yield
     spark.conf.unset(FILE_WRITER_CONF)
+
+
+# ---- parallel runs (pytest-xdist, `make test`: -n auto --dist loadfile) --------------------
+# Each module's tests run on one worker (loadfile), so a module's expensive module-scoped
+# fixtures (a suite of servers, a chaos run) start once; what every test shares per process
+# (dynalite, moto_server, the Spark session) starts once per worker; ports come from
+# support.ports, race-free across workers. (xdist's loadgroup would put every Spark module on
+# one worker, but it does not work with pytest 9: it renames items through an attribute
+# pytest no longer reads.)
+# Longest first: the Spark and end-to-end modules start before the unit tests fill the gaps.
+ORDER = ("tests/e2e/", "tests/integration/", "tests/unit/")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    root = Path(str(config.rootpath))
+    module_of = {item: Path(str(item.path)).relative_to(root).as_posix() for item in items}
+    spark_modules = {module_of[item] for item in items if "spark" in item.fixturenames}
+
+    def rank(item) -> int:
+        module = module_of[item]
+        if module in spark_modules:
+            return -1
+        return next((i for i, prefix in enumerate(ORDER) if module.startswith(prefix)), len(ORDER))
+
+    items.sort(key=rank)  # stable: the order within a module is kept

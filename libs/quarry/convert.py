@@ -7,6 +7,7 @@ Timestamp is 0, and 0 is sent as an unset Timestamp).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal, cast
 
 from quarry.graveler.errors import InvalidEntry
 from quarry.graveler.model import (
@@ -57,7 +58,7 @@ def entry_from_proto(message: types_pb2.Entry, path: str | None = None) -> Entry
 
 def change_to_proto(change: Change, out: types_pb2.Change | None = None) -> types_pb2.Change:
     message = out if out is not None else types_pb2.Change()
-    message.type = int(change.type)
+    message.type = cast("types_pb2.ChangeType.ValueType", int(change.type))
     message.path = change.path
     if change.entry is not None and change.type != ChangeType.REMOVED:
         entry_to_proto(change.entry, message.entry)
@@ -120,7 +121,7 @@ def conflict_to_proto(
 def conflict_from_proto(message: types_pb2.Conflict) -> Conflict:
     """Unset sides are None; entries take the conflict's path."""
 
-    def side(name: str) -> Entry | None:
+    def side(name: Literal["base", "source", "destination"]) -> Entry | None:
         if not message.HasField(name):
             return None
         return entry_from_proto(getattr(message, name), path=message.path)

@@ -22,7 +22,7 @@ refuse, and the storage namespaces are only read (exists/get).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
@@ -174,7 +174,7 @@ class Doctor:
                 raise errors.NotFound(
                     f"repository {only!r} not found", metadata={"repository": only}
                 ) from None
-            items = [kv.KeyValue(key, value)]
+            items: Iterable[kv.KeyValue] = [kv.KeyValue(key, value)]
         else:
             items = self._scan(QUARRY_PARTITION, REPOS_PREFIX)
         for item in items:
@@ -365,7 +365,7 @@ class Doctor:
         finally:
             iterator.close()
 
-    def _decode_record(  # noqa: PLR0913 — one finding's context, field for field
+    def _decode_record(  # one finding's context, field for field
         self,
         report: Report,
         message_type: type[Message],

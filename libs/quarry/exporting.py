@@ -60,7 +60,7 @@ import datetime
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TextIO, TypeVar
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 from google.protobuf.message import Message
 
@@ -84,6 +84,9 @@ from quarry.kv import store as kv
 from quarry.kv.partitions import REPO, STAGING, partition_class
 from quarry.runtime import format_version
 from quarry.v1 import types_pb2
+
+if TYPE_CHECKING:
+    from quarry.committed.legacy import CommittedRewriter
 
 M = TypeVar("M", bound=Message)
 
@@ -293,17 +296,8 @@ def _import(
     rebuilders: dict[bytes, _Rebuilder],
 ) -> Summary:
     check_importable(store)
-    records = _records(lines)
-    try:
-        _, header = next(records)
-    except StopIteration:
-        raise CorruptExport("the file is empty, not a quarry store export") from None
-    if header.get("quarry_export") != EXPORT_VERSION:
-        raise CorruptExport(
-            f"not a quarry store export file of version {EXPORT_VERSION} "
-            f"(header {json.dumps(header)[:80]})"
-        )
-    found_format = header.get("format_version")
+    numbered = _records(lines)  # not `records`: that is the records module (CorruptRecord)
+    found_format = _header(numbered).get("format_version")
     # An export of a store stamped with this build's version holds no older committed data:
     # its records are imported as they are, without reading the namespaces. Any other
     # (an older stamp, or none) has every referenced metarange checked by its format tag.
@@ -313,43 +307,20 @@ def _import(
     batch: list[tuple[bytes, bytes, bytes]] = []
     items = 0
     end: dict | None = None
-    for number, obj in records:
+    for number, obj in numbered:
         where = f"line {number}"
         if end is not None:
             raise CorruptExport(f"{where}: data after the end line")
         kind = obj.get("type")
         if kind == "repository":
-            name = obj.get("name")
-            if not isinstance(name, str) or not name:
-                raise CorruptExport(f"{where}: repository without a name")
-            value = _decode(obj, "value", where)
-            try:
-                repo = Repository.from_record(value, layout.repository_key(name))
-            except records.CorruptRecord:
-                raise CorruptExport(f"{where}: repository record cannot be read") from None
-            if repo.name != name or name in repositories:
-                raise CorruptExport(f"{where}: repository {name!r} is inconsistent or duplicated")
+            name, value, repo = _repository_line(obj, where, repositories)
             repositories[name] = value
             rebuilders[repo.partition] = _Rebuilder(repo, open_namespace, rebuild)
         elif kind == "item":
-            partition = _decode(obj, "partition", where)
-            key = _decode(obj, "key", where)
-            value = _decode(obj, "value", where)
-            try:
-                cls = partition_class(partition)
-            except errors.QuarryError:
-                cls = None
-            if not (
-                cls == STAGING
-                or (cls == REPO and partition in rebuilders)
-                or (partition == QUARRY_PARTITION and _is_installation_key(key))
-            ):
-                raise CorruptExport(f"{where}: unexpected partition {partition[:80]!r}")
+            partition, key, kept = _item_line(obj, where, rebuilders)
             items += 1
-            if cls == REPO:
-                value = rebuilders[partition].item(key, value, where)
-            if value is not None:
-                batch.append((partition, key, value))
+            if kept is not None:
+                batch.append((partition, key, kept))
             if len(batch) >= BATCH_SIZE:
                 store.batch_set(batch)
                 batch = []
@@ -359,14 +330,7 @@ def _import(
             end = obj
         else:
             raise CorruptExport(f"{where}: unknown record type {kind!r}")
-    if end is None:
-        raise CorruptExport("the file has no end line (truncated?)")
-    if end.get("repositories") != len(repositories) or end.get("items") != items:
-        raise CorruptExport(
-            f"the end line announces {end.get('repositories')} repositories "
-            f"and {end.get('items')} items, the file holds "
-            f"{len(repositories)} and {items}"
-        )
+    _check_end(end, len(repositories), items)
     for rebuilder in rebuilders.values():
         batch.extend(rebuilder.merge_hints_to_keep())
     if batch:
@@ -395,6 +359,71 @@ def _import(
     )
 
 
+def _header(numbered: Iterator[tuple[int, dict]]) -> dict:
+    """The export's header line, checked."""
+    try:
+        _, header = next(numbered)
+    except StopIteration:
+        raise CorruptExport("the file is empty, not a quarry store export") from None
+    if header.get("quarry_export") != EXPORT_VERSION:
+        raise CorruptExport(
+            f"not a quarry store export file of version {EXPORT_VERSION} "
+            f"(header {json.dumps(header)[:80]})"
+        )
+    return header
+
+
+def _repository_line(
+    obj: dict, where: str, repositories: dict[str, bytes]
+) -> tuple[str, bytes, Repository]:
+    """A repository line: its name, record and repository (not one seen before)."""
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        raise CorruptExport(f"{where}: repository without a name")
+    value = _decode(obj, "value", where)
+    try:
+        repo = Repository.from_record(value, layout.repository_key(name))
+    except records.CorruptRecord:
+        raise CorruptExport(f"{where}: repository record cannot be read") from None
+    if repo.name != name or name in repositories:
+        raise CorruptExport(f"{where}: repository {name!r} is inconsistent or duplicated")
+    return name, value, repo
+
+
+def _item_line(
+    obj: dict, where: str, rebuilders: dict[bytes, _Rebuilder]
+) -> tuple[bytes, bytes, bytes | None]:
+    """An item line: (partition, key, the value to import; None: held back for now). Only
+    staging, a repository seen before, or the installation's own keys."""
+    partition = _decode(obj, "partition", where)
+    key = _decode(obj, "key", where)
+    value = _decode(obj, "value", where)
+    try:
+        cls = partition_class(partition)
+    except errors.QuarryError:
+        cls = None
+    if not (
+        cls == STAGING
+        or (cls == REPO and partition in rebuilders)
+        or (partition == QUARRY_PARTITION and _is_installation_key(key))
+    ):
+        raise CorruptExport(f"{where}: unexpected partition {partition[:80]!r}")
+    # A repository's record as this build stores it.
+    return partition, key, rebuilders[partition].item(key, value, where) if cls == REPO else value
+
+
+def _check_end(end: dict | None, repositories: int, items: int) -> None:
+    """The end line is there and counts what the file held (else it was cut or edited)."""
+    if end is None:
+        raise CorruptExport("the file has no end line (truncated?)")
+    if end.get("repositories") != repositories or end.get("items") != items:
+        raise CorruptExport(
+            f"the end line announces {end.get('repositories')} repositories "
+            f"and {end.get('items')} items, the file holds "
+            f"{repositories} and {items}"
+        )
+
+
 class _Rebuilder:
     """One imported repository's records, converted to this build's storage format: the
     one place an import changes a record (see the module docstring). Today: metarange ids
@@ -407,7 +436,7 @@ class _Rebuilder:
         self._rebuild = rebuild
         self._open = open_namespace
         self._store: BlobStore | None = None
-        self.rewriter = None
+        self.rewriter: CommittedRewriter | None = None
         self._hints: list[tuple[bytes, bytes, bytes]] = []
         self.merge_hints_dropped = 0
 
@@ -439,12 +468,12 @@ class _Rebuilder:
                 record.metarange_id = new_id
                 value = layout.encode_commit(record)
         elif key.startswith(BRANCHES_PREFIX):
-            record = _parse(types_pb2.Branch, self._repo.partition, key, value, where)
-            if record.compacted_metarange_id:
-                new_id = self._metarange(record.compacted_metarange_id)
-                if new_id != record.compacted_metarange_id:
-                    record.compacted_metarange_id = new_id
-                    value = layout.encode_branch(record)
+            branch = _parse(types_pb2.Branch, self._repo.partition, key, value, where)
+            if branch.compacted_metarange_id:
+                new_id = self._metarange(branch.compacted_metarange_id)
+                if new_id != branch.compacted_metarange_id:
+                    branch.compacted_metarange_id = new_id
+                    value = layout.encode_branch(branch)
         return value
 
     def write_ownership_marker(self, installation_id: str) -> None:

@@ -42,7 +42,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
             return
         try:
             self._on_staged(repository, branch, staging_token, puts, deletes)
-        except Exception:  # noqa: BLE001 — an acknowledged write must not fail on a report
+        except Exception:  # an acknowledged write must not fail on a report
             log.warning("staging report hook failed", exc_info=True)
 
     # ---- repositories ----
@@ -209,7 +209,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         """(repository, branch, messages) of a PutObjects stream read whole, every message
         checked as the writer would check it; raises on the first refused one."""
         repository = branch = ""
-        messages = []
+        messages: list = []
         entries = encoded = 0
         ids: dict[str, bytes] = {}  # request id -> fingerprint, within this stream
         for request in request_iterator:

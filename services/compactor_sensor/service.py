@@ -5,6 +5,7 @@ compactor_enabled; stopped on shutdown)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -85,7 +86,7 @@ def assemble(settings: Settings, kv_store=None, compactor=None) -> Assembled:
     sensor = CompactionSensor.from_settings(settings, kv_store, compactor)
     # Behind the readiness gate: the format check and the loop (whose first passes rebuild
     # the statistics from the KV store) run once the kv-gateway and the committer answer.
-    on_ready = [lambda: ensure_format_version(kv_store)]
+    on_ready: list[Callable[[], object]] = [lambda: ensure_format_version(kv_store)]
     if settings.compactor_enabled:
         on_ready.append(sensor.start)
     closers.insert(0, sensor.stop)

@@ -41,7 +41,7 @@ def backend_dependency(backend, url: str) -> Dependency:
             backend.get(FORMAT_VERSION_PARTITION, FORMAT_VERSION_KEY)
         except kv.KeyNotFound:
             pass  # answers; the version is stamped by the start-up work
-        except Exception as exc:  # noqa: BLE001 — any failure is "not answering"
+        except Exception as exc:  # any failure is "not answering"
             raise DependencyUnavailable(
                 f"the KV backend {shown} does not answer: {getattr(exc, 'message', exc)}",
                 metadata={"dependency": "kv-backend", "address": shown},

@@ -59,7 +59,8 @@ class KVGatewayServicer(kv_pb2_grpc.KVGatewayServicer):
         )
 
     def SetItem(self, request, context):
-        self._store.set(request.partition_key, request.key, _value(request))
+        # A missing value (None) is the store's to refuse: MissingArgument, as for any Store.
+        self._store.set(request.partition_key, request.key, _value(request))  # type: ignore[arg-type]
         return kv_pb2.SetItemResponse()
 
     def SetItemIf(self, request, context):
@@ -68,7 +69,12 @@ class KVGatewayServicer(kv_pb2_grpc.KVGatewayServicer):
             raise kv.MissingPredicate(
                 "set one of if_absent (true), if_exists (true) or if_equals (bytes)"
             )
-        self._store.set_if(request.partition_key, request.key, _value(request), predicate)
+        self._store.set_if(
+            request.partition_key,
+            request.key,
+            _value(request),  # type: ignore[arg-type]  # None: the store refuses it
+            predicate,
+        )
         return kv_pb2.SetItemIfResponse()
 
     def DeleteItem(self, request, context):

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 lifecycle = logging.getLogger("quarry.runtime.server")
 
 
-def build_gateway(settings: Settings):  # noqa: ANN201 — (Gateway, closers)
+def build_gateway(settings: Settings):
     from quarry.auth.service_tokens import token_source
     from quarry.runtime.channels import open_service_channel
     from quarry.runtime.tls import channel_security
@@ -51,7 +51,10 @@ def _tls_options(settings: Settings, enabled: bool) -> dict:
         return {}
     import ssl
 
-    options = {"ssl_certfile": settings.tls_cert_file, "ssl_keyfile": settings.tls_key_file}
+    options: dict[str, object] = {
+        "ssl_certfile": settings.tls_cert_file,
+        "ssl_keyfile": settings.tls_key_file,
+    }
     if settings.tls_client_auth:
         options.update(ssl_ca_certs=settings.tls_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
     return options
@@ -97,7 +100,7 @@ def serve(settings: Settings) -> None:
     )
 
     class _Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame) -> None:  # noqa: ANN001 — signal handler
+        def handle_exit(self, sig: int, frame) -> None:
             lifecycle.info(
                 "%s: signal %d, draining (grace %.1fs)",
                 SERVICE_NAME,

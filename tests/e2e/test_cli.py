@@ -16,7 +16,8 @@ from support.processes import VENV_BIN, free_port, quarry_env, quarry_serve, wai
 REPO = Path(__file__).resolve().parents[2]
 
 
-def read_until(child: subprocess.Popen, marker: str, timeout: float = 30.0) -> str:
+def read_until(child: subprocess.Popen, marker: str, timeout: float = 120.0) -> str:
+    """The output up to `marker`; the timeout bounds a hang (a loaded machine starts slowly)."""
     seen = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -16,15 +16,12 @@ from quarry.graveler.refs import Repository
 from quarry.kv.remote import RemoteStore
 from quarry.v1 import types_pb2
 from support.processes import VENV_BIN, quarry_env
-from support.suite import running_suite
+from support.suite import suite_fixture
 
 GARBAGE = b"\xff\xfe not a protobuf \x00\x01"
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(tmp_path_factory.mktemp("suite")) as running:
-        yield running
+suite = suite_fixture()
 
 
 @pytest.fixture(scope="module")

@@ -24,15 +24,12 @@ from pathlib import Path
 import pytest
 
 from support.processes import VENV_BIN, quarry_env
-from support.suite import running_suite
+from support.suite import running_suite, suite_fixture
 
 ESC = "\x1b["
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(tmp_path_factory.mktemp("suite")) as running:
-        yield running
+suite = suite_fixture()
 
 
 def _targets(suite) -> list[str]:

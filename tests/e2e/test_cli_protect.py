@@ -10,13 +10,9 @@ import subprocess
 import pytest
 
 from support.processes import VENV_BIN, quarry_env
-from support.suite import running_suite
+from support.suite import suite_fixture
 
-
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(tmp_path_factory.mktemp("suite")) as running:
-        yield running
+suite = suite_fixture()
 
 
 @pytest.fixture(scope="module")

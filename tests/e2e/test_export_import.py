@@ -309,3 +309,29 @@ def test_the_installation_survives_a_rebuild(tmp_path):
         assert refused.value.reason == "NAMESPACE_IN_USE"
     finally:
         store2.close()
+
+
+def test_an_unreadable_repository_record_is_a_corrupt_export(tmp_path):
+    """A repository line whose record cannot be parsed is CORRUPT_EXPORT, naming the line
+    (it once raised AttributeError: the import's line iterator shadowed the records
+    module), and nothing is imported."""
+    import base64
+    import io
+
+    g, store = build_source(tmp_path)
+    out = io.StringIO()
+    exporting.export_store(store, out)
+    store.close()
+    lines = out.getvalue().splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        obj = json.loads(line)
+        if obj.get("type") == "repository":
+            obj["value"] = base64.b64encode(b"\xff not a repository record").decode()
+            lines[i] = json.dumps(obj) + "\n"
+            break
+    else:
+        raise AssertionError("no repository line in the export")
+    target = MemoryStore()
+    with pytest.raises(exporting.CorruptExport, match="repository record cannot be read"):
+        exporting.import_store(target, io.StringIO("".join(lines)))
+    assert list(target.scan(b"quarry")) == []

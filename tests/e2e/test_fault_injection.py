@@ -315,6 +315,37 @@ def merger(run: Run, stubs: Stubs, stop: threading.Event) -> None:
         time.sleep(0.7)
 
 
+def load_short_of_the_floor(run: Run) -> list[str]:
+    """What the load still lacks for the run to be proof (test_chaos_really_happened)."""
+    ops = run.history.ops
+    done = {
+        "acknowledged PutObject": sum(
+            1 for op in ops if op.kind in ("put", "repoint", "identical") and op.ok
+        ),
+        "re-pointed": sum(1 for op in ops if op.kind == "repoint" and op.ok),
+        "identical re-writes": sum(1 for op in ops if op.kind == "identical" and op.ok),
+        "PutObjects streams": sum(1 for op in ops if op.kind == "puts" and op.ok),
+        "commits": len(run.commits),
+        "merges": len(run.merges),
+    }
+    return [
+        f"{what} {done[what]} < {floor}" for what, floor in LOAD_FLOOR.items() if done[what] < floor
+    ]
+
+
+# The least load that makes the run proof. The chaos goes on (the kills stop, the load does
+# not) until it is reached: a slow machine runs longer instead of failing.
+LOAD_FLOOR = {
+    "acknowledged PutObject": 200,
+    "re-pointed": 50,
+    "identical re-writes": 20,
+    "PutObjects streams": 10,
+    "commits": 10,
+    "merges": 3,
+}
+LOAD_TIMEOUT = 180.0
+
+
 def chaos(run: Run, stop: threading.Event, seconds_between: float) -> None:
     rng = random.Random(7)
     try:
@@ -331,7 +362,10 @@ def chaos(run: Run, stop: threading.Event, seconds_between: float) -> None:
                 run.history.complete(op, "ok")
                 run.kills[name] += 1
         time.sleep(seconds_between)
-    except Exception as exc:  # noqa: BLE001 — reported by the test, never swallowed
+        deadline = time.monotonic() + LOAD_TIMEOUT
+        while load_short_of_the_floor(run) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    except Exception as exc:  # reported by the test, never swallowed
         run.errors.append(f"chaos: {exc!r}")
     finally:
         stop.set()
@@ -607,12 +641,8 @@ def test_chaos_really_happened(run):
     """The run is only proof if the faults and the load were real."""
     assert not run.errors, run.errors
     assert all(run.kills[name] >= ROUNDS for name in KILLED), run.kills
+    assert not load_short_of_the_floor(run), load_short_of_the_floor(run)
     ops = run.history.ops
-    assert sum(1 for op in ops if op.kind in ("put", "repoint", "identical") and op.ok) >= 200
-    assert sum(1 for op in ops if op.kind == "repoint" and op.ok) >= 50
-    assert sum(1 for op in ops if op.kind == "identical" and op.ok) >= 20
-    assert sum(1 for op in ops if op.kind == "puts" and op.ok) >= 10
-    assert len(run.commits) >= 10 and len(run.merges) >= 3
     assert any(op.kind == "compact" for op in ops)
     # Some calls did fail: the kills were felt, and outcomes were logged as such.
     assert any(not op.ok for op in ops if op.kind in ("put", "repoint", "identical", "puts"))

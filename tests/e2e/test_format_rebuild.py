@@ -135,7 +135,8 @@ def v1(tmp_path_factory):
     result = subprocess.run(
         [
             sys.executable,
-            str(REPO_ROOT / "tests/support/format_v1.py"),
+            "-m",  # from tests/, where support.* is importable
+            "support.format_v1",
             str(db),
             str(home),
             str(snap),
@@ -144,6 +145,7 @@ def v1(tmp_path_factory):
         text=True,
         timeout=300,
         env=quarry_env(root / "writer-home"),
+        cwd=REPO_ROOT / "tests",
     )
     assert result.returncode == 0, result.stderr
     written = json.loads(snap.read_text())

@@ -34,6 +34,7 @@ from quarry.client import Client
 from quarry.errors import QuarryError
 from support.auth import setup_admin_over_grpc
 from support.otlp import OtlpReceiver, ReceivedSpan, exporting_to, otlp_receiver, tree
+from support.ports import free_port_block
 from support.processes import VENV_BIN, free_port, quarry_env, wait_serving
 from support.wait import wait_until
 
@@ -48,18 +49,7 @@ EPHEMERAL = "_quarry-spark-20260101T000000-0123456789ab"  # a Spark write's bran
 
 def _metrics_base_port() -> int:
     """A base port with the four ports after it free too (port = base + service index)."""
-    import socket
-
-    for _ in range(50):
-        base = free_port()
-        try:
-            for offset in range(1, 5):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", base + offset))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no five consecutive free ports")
+    return free_port_block(5)
 
 
 @dataclass

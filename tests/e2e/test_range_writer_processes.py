@@ -48,7 +48,7 @@ def entry(path: str, version: int = 0) -> Entry:
     return Entry(path, f"/data/{path}@{version}", len(path) + version, f"{version:032x}")
 
 
-def one_apply(reference, tmp_path, entries, version):  # noqa: ANN001, ANN201
+def one_apply(reference, tmp_path, entries, version):
     """Changes to every 40th entry, and their result applied in one apply by `reference` (in
     a namespace of its own: ids do not depend on it)."""
     changes = [(e.path, entry(e.path, version)) for e in entries[::40]]

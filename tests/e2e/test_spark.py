@@ -20,16 +20,13 @@ import quarry.spark as qs
 from quarry import errors
 from quarry.spark.common import EPHEMERAL_PREFIX, JOB_DATA_PREFIX
 from quarry.v1 import types_pb2
-from support.suite import running_suite
+from support.suite import running_suite, suite_fixture
 from support.wait import wait_until
 
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(tmp_path_factory.mktemp("spark-suite")) as running:
-        yield running
+suite = suite_fixture()
 
 
 @pytest.fixture(scope="module")
@@ -427,7 +424,7 @@ def test_two_jobs_on_one_branch_at_once_both_land(spark, client, conn, repo):
                 message=name,
                 connection=conn,
             )
-        except Exception as exc:  # noqa: BLE001 - reported below
+        except Exception as exc:  # reported below
             failures.append(exc)
 
     threads = [
@@ -717,7 +714,7 @@ def test_a_cancelled_job_leaves_the_target_unchanged(spark, suite, client, conn,
         try:
             qs.write(frame, f"quarry://{repo}/main/t", connection=conn)
             outcome.append(None)
-        except Exception as exc:  # noqa: BLE001 - inspected below
+        except Exception as exc:  # inspected below
             outcome.append(exc)
 
     writer = threading.Thread(target=run)

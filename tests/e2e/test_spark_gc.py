@@ -23,17 +23,14 @@ from quarry.retention import RetentionRules
 from quarry.spark.common import EPHEMERAL_PREFIX, new_job_id
 from quarry.spark.gc import DEFAULT_GRACE, collect_garbage
 from support.foreign_files import FOREIGN_KEYS
-from support.suite import running_suite
+from support.suite import suite_fixture
 
 pytestmark = pytest.mark.timeout(600)
 
 LATER = dt.timedelta(days=30)
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(tmp_path_factory.mktemp("gc-suite")) as running:
-        yield running
+suite = suite_fixture()
 
 
 @pytest.fixture

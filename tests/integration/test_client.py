@@ -8,7 +8,7 @@ from quarry import errors
 from quarry.client import Client, RetryPolicy
 from quarry.graveler import errors as gerrors
 from quarry.v1 import types_pb2
-from support.suite import running_suite
+from support.suite import suite_fixture
 
 ADDED = types_pb2.CHANGE_TYPE_ADDED
 REMOVED = types_pb2.CHANGE_TYPE_REMOVED
@@ -16,10 +16,7 @@ CHANGED = types_pb2.CHANGE_TYPE_CHANGED
 N_PARTS = 5000
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(tmp_path_factory.mktemp("suite")) as running:
-        yield running
+suite = suite_fixture()
 
 
 @pytest.fixture

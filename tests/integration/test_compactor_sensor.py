@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import io
 import socket
-import statistics
-import time
 from contextlib import redirect_stdout
 
 import pytest
@@ -16,7 +14,7 @@ from prometheus_client import REGISTRY
 
 from quarry.cli.main import main as quarry_main
 from quarry.client import RetryPolicy
-from support.suite import running_suite
+from support.suite import running_suite, suite_fixture
 from support.wait import wait_until
 
 # Small intervals keep the tests fast; the thresholds are tiny so a few writes cross them.
@@ -50,12 +48,7 @@ def closed_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(
-        tmp_path_factory.mktemp("sensor-suite"), compactor_sensor=True, **FAST
-    ) as running:
-        yield running
+suite = suite_fixture(compactor_sensor=True, **FAST)
 
 
 @pytest.fixture
@@ -155,11 +148,13 @@ def test_stats_command(suite, client):
 # ---- writes never depend on the sensor ----------------------------------------------------------
 
 
-def test_writes_do_not_slow_down_or_fail_without_the_sensor(tmp_path):
-    """200 PutObject calls on each of three suites, interleaved so drift hits all alike:
-    no reporter at all, a reporter dialing an address nobody listens on, and a reporter
-    whose sensor was stopped."""
-    calls = 200
+def test_writes_do_not_fail_without_the_sensor(tmp_path):
+    """PutObject calls on each of three suites: no reporter at all, a reporter dialing an
+    address nobody listens on, and a reporter whose sensor was stopped; every write
+    succeeds and the reporters drop their reports. (That a write never waits for the
+    reporter is test_reporter.py::test_record_never_waits_for_a_slow_sensor; latency
+    figures are `make bench`'s, not a test's.)"""
+    calls = 50
     with (
         running_suite(tmp_path / "none") as plain,
         running_suite(
@@ -181,13 +176,12 @@ def test_writes_do_not_slow_down_or_fail_without_the_sensor(tmp_path):
                 client.create_repository("lat", suites[name].namespace("lat"))
                 for warmup in files(20, "warmup"):
                     client.put_object("lat", "main", **warmup)
-            latencies = {name: [] for name in clients}
             for f in files(calls):
-                for name, client in clients.items():
-                    started = time.perf_counter()
+                for client in clients.values():
                     client.put_object("lat", "main", **f)  # any failure fails the test
-                    latencies[name].append(time.perf_counter() - started)
-            time.sleep(0.2)  # a few flush attempts more
+            wait_until(
+                lambda: dropped_reports() > dropped_before, what="the reporters to drop reports"
+            )
         finally:
             for client in clients.values():
                 client.close()
@@ -200,12 +194,6 @@ def test_writes_do_not_slow_down_or_fail_without_the_sensor(tmp_path):
                 )
                 == calls
             )
-        assert dropped_reports() > dropped_before  # the reporters did try, and dropped
-
-    base = statistics.median(latencies["none"])
-    for name in ("wrong address", "sensor stopped"):
-        median = statistics.median(latencies[name])
-        assert median <= base * 1.5 + 0.002, (name, median, base)
 
 
 # ---- the end-to-end trigger -------------------------------------------------------------------

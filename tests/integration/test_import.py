@@ -199,7 +199,7 @@ def suite_args(suite):
     return ["--branch-manager", targets["branch-manager"], "--committer", targets["committer"]]
 
 
-def test_several_sources_into_several_paths_and_s3(  # noqa: PLR0913 — fixtures
+def test_several_sources_into_several_paths_and_s3(
     suite, client, repo, tmp_path, moto_endpoint, s3_bucket, monkeypatch
 ):
     s3 = boto3.client(

@@ -26,13 +26,9 @@ from quarry.blob.ownership import (
 )
 from quarry.client import RetryPolicy
 from support.processes import free_port
-from support.suite import running_suite
+from support.suite import running_suite, suite_fixture
 
-
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(tmp_path_factory.mktemp("ownership")) as running:
-        yield running
+suite = suite_fixture()
 
 
 @pytest.fixture

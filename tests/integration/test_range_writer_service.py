@@ -516,7 +516,7 @@ def test_a_peer_that_does_not_answer_holds_a_span_only_until_the_span_timeout(tm
     released = threading.Event()
 
     class StuckManager(CommittedManager):
-        def apply_span(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        def apply_span(self, *args, **kwargs):
             released.wait(120)
             raise RuntimeError("released")
 

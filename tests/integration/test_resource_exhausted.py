@@ -86,8 +86,8 @@ def test_resource_exhausted_without_retry_info_fails_at_once(serve):
         with pytest.raises(errors.ResourceExhausted) as caught:
             client.get_branch("repo", "main")
         elapsed = time.monotonic() - started
-    assert attempts.calls["GetBranch"] == 1
-    assert elapsed < 1.0
+    assert attempts.calls["GetBranch"] == 1  # no retry: the proof it failed at once
+    assert elapsed < 5.0  # did not spend the 10 s budget (not a speed floor)
     assert caught.value.retry_delay is None
 
 
@@ -125,7 +125,7 @@ def test_request_over_the_server_receive_limit_is_message_too_large(serve):
         elapsed = time.monotonic() - started
     assert caught.value.reason == "MESSAGE_TOO_LARGE"
     assert caught.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert attempts.calls["PutObject"] == 1 and elapsed < 1.0
+    assert attempts.calls["PutObject"] == 1 and elapsed < 5.0  # no retry in the 10 s budget
 
 
 def test_response_over_the_server_send_limit_carries_error_info(serve):

@@ -222,7 +222,7 @@ def test_format_version_racing_first_starts_agree():
     def start():
         try:
             results.append(ensure_format_version(backend))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             failures.append(exc)
 
     threads = [threading.Thread(target=start) for _ in range(16)]

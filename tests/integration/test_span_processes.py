@@ -42,7 +42,7 @@ def workers():
     pool.close()
 
 
-def reference(where, entries: list[Entry], changes):  # noqa: ANN001, ANN201
+def reference(where, entries: list[Entry], changes):
     """One apply of `changes` by one manager, in a namespace of its own (ids do not depend
     on the namespace)."""
     manager = MAKE_MANAGER()
@@ -54,7 +54,7 @@ def scattered(entries: list[Entry], version: int, step: int = 10) -> list[tuple[
     return [(e.path, entry(e.path, version)) for e in entries[::step]]
 
 
-def repository(tmp_path):  # noqa: ANN001, ANN201
+def repository(tmp_path):
     """A namespace holding a metarange of 8,000 entries, and the coordinator's manager."""
     namespace = str(tmp_path / "ns")
     coordinator = MAKE_MANAGER()
@@ -67,7 +67,7 @@ def repository(tmp_path):  # noqa: ANN001, ANN201
     )
 
 
-def assert_a_worker_takes_part(where, coordinator, fan_out, namespace, base, entries) -> None:  # noqa: ANN001, PLR0913
+def assert_a_worker_takes_part(where, coordinator, fan_out, namespace, base, entries) -> None:
     """A fan-out apply has the result of one apply, and a worker wrote part of its ranges
     (the coordinator wrote fewer than one apply does)."""
     before = coordinator.stats.ranges_written

@@ -19,7 +19,7 @@ class CountingStore(kv.Store):
     def _count(self, op: str, partition: bytes, n: int = 1) -> None:
         try:
             cls = partition_class(partition)
-        except Exception:  # noqa: BLE001
+        except Exception:
             cls = "unknown"
         with self._lock:
             self.counts[(op, cls)] += n

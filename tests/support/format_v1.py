@@ -228,7 +228,6 @@ def plant_merge_hint(backend, client) -> None:
 def main(argv: list[str]) -> int:
     db, home, snapshot_path = argv
     become_format_v1()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support.*
     import quarry
     from quarry.kv.sqlite import SQLiteStore
     from support.suite import running_suite

@@ -15,6 +15,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from support.auth import AUTH_ENV
+from support.ports import free_port as free_port  # lives in support.ports; re-exported
+from support.ports import free_ports as free_ports
 from support.wait import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -36,12 +38,6 @@ def wait_gone(pids: list[int], timeout: float = 15) -> list[int]:
     while any(process_running(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     return [pid for pid in pids if process_running(pid)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def quarry_env(home: Path, **extra: str) -> dict[str, str]:

@@ -40,3 +40,17 @@ def kv_gateway(backend: Store | None = None, **overrides) -> Iterator[tuple[Quar
 def channel(target: str) -> grpc.Channel:
     """A channel whose calls carry a service token (test code standing in for a service)."""
     return service_channel(target)
+
+
+def remote_store_target(backend_store: Store) -> Iterator[Store]:
+    """A RemoteStore through a real kv-gateway over `backend_store` (generator: the store,
+    then cleanup); the KV contract's "remote" target: partition validation, metering,
+    amortized reads and the error mapping all in the path."""
+    from quarry.kv.remote import RemoteStore
+
+    with kv_gateway(backend_store) as (_server, target):
+        store = RemoteStore(target)
+        try:
+            yield store
+        finally:
+            store.close()

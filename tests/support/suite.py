@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 from quarry.config import load_settings
 from quarry.kv.store import Store
 from quarry.runtime.server import QuarryServer, create_server
@@ -140,3 +142,21 @@ def running_suite(
     finally:
         for name in reversed(list(suite.servers)):
             suite.servers[name].stop(grace=1.0)
+
+
+def suite_fixture(
+    *, name: str = "suite", scope: str = "module", backend: str | None = None, **options
+):
+    """The one way a test module gets a running suite: `suite = suite_fixture(...)` at module
+    level makes a fixture (named `name`) that runs running_suite(**options) in a fresh
+    temporary home for `scope` (the module by default: its tests share the servers and
+    isolate themselves by repository). `backend` names a fixture giving the KV store (e.g.
+    "counting_backend"); without it the suite has a fresh MemoryStore."""
+
+    @pytest.fixture(scope=scope, name=name)
+    def suite(request, tmp_path_factory) -> Iterator[Suite]:
+        store = request.getfixturevalue(backend) if backend is not None else None
+        with running_suite(tmp_path_factory.mktemp("suite"), backend=store, **options) as running:
+            yield running
+
+    return suite

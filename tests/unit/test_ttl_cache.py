@@ -45,5 +45,5 @@ def test_it_is_bounded_and_evicts_the_least_recently_used():
 def test_the_repository_cache_is_one():
     """RefManager's repository records live in a TTLCache (bounded, expiring)."""
     refs = RefManager(MemoryStore())
-    assert isinstance(refs._repos, TTLCache)  # noqa: SLF001 — the cache's kind is the point
-    assert refs._repos.max_items > 0  # noqa: SLF001
+    assert isinstance(refs._repos, TTLCache)
+    assert refs._repos.max_items > 0

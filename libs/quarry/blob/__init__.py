@@ -12,7 +12,7 @@ import contextlib
 import os
 import re
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from quarry.blob.base import (
     BlobStore,
@@ -42,8 +42,17 @@ from quarry.blob.namespace import (
     parse_storage_namespace,
 )
 
-if TYPE_CHECKING:
-    from quarry.config import Settings
+
+class S3Location(Protocol):
+    """Where S3 is, for a namespace on S3: quarry.config.Settings, or the Spark jobs'
+    Connection (what its executors were given)."""
+
+    @property
+    def s3_endpoint_url(self) -> str: ...
+
+    @property
+    def s3_region(self) -> str: ...
+
 
 __all__ = [
     "BlobStore",
@@ -83,7 +92,7 @@ def __getattr__(name: str) -> type[BlobStore]:
     raise AttributeError(name)
 
 
-def open_blob_store(storage_namespace: str, settings: Settings | None = None) -> BlobStore:
+def open_blob_store(storage_namespace: str, settings: S3Location | None = None) -> BlobStore:
     """The store for a repository's storage namespace. `settings` (quarry.config.Settings)
     supplies the S3 endpoint and region."""
     kind, where, prefix = parse_storage_namespace(storage_namespace)
@@ -97,7 +106,9 @@ def open_blob_store(storage_namespace: str, settings: Settings | None = None) ->
 
 
 @contextlib.contextmanager
-def open_object(physical_address: str, settings: Settings | None = None) -> Iterator[ObjectReader]:
+def open_object(
+    physical_address: str, settings: S3Location | None = None
+) -> Iterator[ObjectReader]:
     """The bytes at an entry's physical address as a stream (read(n) in pieces, never whole
     unless asked): /abs/path, file:///abs/path or s3://bucket/key, inside a repository's
     namespace or not (an imported object). ObjectNotFound when nothing is there,
@@ -125,7 +136,7 @@ def open_object(physical_address: str, settings: Settings | None = None) -> Iter
         store.close()
 
 
-def read_object(physical_address: str, settings: Settings | None = None) -> bytes:
+def read_object(physical_address: str, settings: S3Location | None = None) -> bytes:
     """The whole object at a physical address (open_object, read at once)."""
     with open_object(physical_address, settings) as reader:
         return reader.read()
@@ -140,7 +151,7 @@ _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 def copy_object(
     physical_address: str,
     write: Callable[[bytes], object],
-    settings: Settings | None = None,
+    settings: S3Location | None = None,
     *,
     size_bytes: int,
     checksum: str,

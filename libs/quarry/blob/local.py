@@ -235,7 +235,7 @@ class LocalBlobStore(BlobStore):
                         keys.append(rel_dir + name)
         return keys
 
-    def _put(  # noqa: PLR0913 — the put variants' switches
+    def _put(  # the put variants' switches
         self,
         key: str,
         chunks: Iterable[BlobBytes],

@@ -361,7 +361,7 @@ def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
             raise  # main() treats `quarry ls ... | head` as success
         except (errors.QuarryError, CliError, OSError) as exc:
             return _report(exc, ctx.json, ctx.dialled())
-        except Exception as exc:  # noqa: BLE001 — a bug; still no traceback for users
+        except Exception as exc:  # a bug; still no traceback for users
             if os.environ.get("QUARRY_CLI_TRACEBACK"):
                 raise
             return _report(exc, ctx.json)

@@ -60,7 +60,7 @@ def _names(
             token_cache=TokenCache(settings.home),
         ) as client:
             return sorted(list_names(client))
-    except Exception:  # noqa: BLE001 — completion never fails the shell
+    except Exception:
         return []
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 from quarry.batching import batches
 from quarry.client.calls import RpcCalls
@@ -398,20 +398,33 @@ class BranchManagerCalls(RpcCalls):
             page_size=page_size,
         )
 
+    @overload
+    def iter_objects(
+        self,
+        repository: str,
+        ref: str,
+        prefix: str = "",
+        delimiter: Literal[""] = "",
+        page_size: int = 0,
+    ) -> Iterator[types_pb2.Entry]: ...
+
+    @overload
+    def iter_objects(
+        self, repository: str, ref: str, prefix: str = "", delimiter: str = "", page_size: int = 0
+    ) -> Iterator[types_pb2.Entry | str]: ...
+
     def iter_objects(
         self, repository: str, ref: str, prefix: str = "", delimiter: str = "", page_size: int = 0
     ) -> Iterator[types_pb2.Entry | str]:
         """Every entry under `prefix`, in path order, following page tokens. With a
-        delimiter, common prefixes come as `str` items in their place in the order."""
+        delimiter, common prefixes come as `str` items in their place in the order
+        (without one, only entries)."""
         for page in self.iter_object_pages(repository, ref, prefix, delimiter, page_size):
             if not page.common_prefixes:
                 yield from page.entries
                 continue
-            yield from heapq.merge(
-                page.entries,
-                page.common_prefixes,
-                key=lambda item: item if isinstance(item, str) else item.path,
-            )
+            sources: list[Iterable[types_pb2.Entry | str]] = [page.entries, page.common_prefixes]
+            yield from heapq.merge(*sources, key=_path_of)
 
     def diff_uncommitted(
         self,
@@ -466,3 +479,7 @@ class BranchManagerCalls(RpcCalls):
                 request_id=_request_id(request_id),
             ),
         )
+
+
+def _path_of(item: types_pb2.Entry | str) -> str:
+    return item if isinstance(item, str) else item.path

@@ -4,6 +4,7 @@ merge base and compaction."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import cast
 
 from quarry import errors
 from quarry.client.calls import RpcCalls
@@ -13,12 +14,12 @@ from quarry.v1 import committer_pb2 as cm
 from quarry.v1 import types_pb2
 
 
-def _strategy(value: int | str | None) -> int:
+def _strategy(value: int | str | None) -> types_pb2.MergeStrategy.ValueType:
     """The wire value of a merge strategy (MergeStrategy.parse). A number other than a
     member goes to the server as is: it, not this build, knows which strategies exist."""
     if isinstance(value, int) and not isinstance(value, MergeStrategy):
-        return value
-    return int(MergeStrategy.parse(value))
+        return cast("types_pb2.MergeStrategy.ValueType", value)
+    return cast("types_pb2.MergeStrategy.ValueType", int(MergeStrategy.parse(value)))
 
 
 class CommitterCalls(RpcCalls):
@@ -263,7 +264,7 @@ class CommitterCalls(RpcCalls):
 
     # ---- imports ----------------------------------------------------------------------
 
-    def start_import(  # noqa: PLR0913 — the StartImport request, field for field
+    def start_import(
         self,
         repository: str,
         branch: str,

@@ -152,7 +152,7 @@ def apply_to_ranges(
     return AppliedRanges(out, summary, builder.written, builder.reused, builder.max_keys)
 
 
-def _untouched_run(  # noqa: PLR0913 — the loop state of apply_to_ranges
+def _untouched_run(  # the loop state of apply_to_ranges
     ranges: list[RangeInfo],
     max_keys: list[str],
     start: int,

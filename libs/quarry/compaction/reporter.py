@@ -165,7 +165,7 @@ class StagingReporter:
         if flush:
             try:
                 self.flush()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.warning("staging reporter: final flush failed", exc_info=True)
         if self._owns_channel:
             self._channel.close()

@@ -167,6 +167,7 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
         branch) and, for a branch not known yet, counts its staged items from the KV."""
         key = (repository, branch)
         snapshot = self._refresh(key, missing_ok=False)
+        assert snapshot is not None  # missing_ok=False: NOT_FOUND raised instead
         self._rebuild(key, snapshot)
         return self._stats(key)
 
@@ -236,7 +237,7 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
         branches for which Compact was called."""
         try:
             self._maybe_discover()
-        except Exception:  # noqa: BLE001 — the KV may be back next cycle
+        except Exception:  # the KV may be back next cycle
             log.warning("compactor-sensor: discovering branches failed", exc_info=True)
         budget = self.rebuild_items_per_cycle
         snapshots: dict[tuple[str, str], Snapshot] = {}
@@ -248,7 +249,7 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
                 snapshots[key] = snapshot
                 if budget > 0:
                     budget -= self._rebuild(key, snapshot)
-            except Exception:  # noqa: BLE001 — one branch must not stop the others
+            except Exception:  # one branch must not stop the others
                 log.warning("compactor-sensor: evaluating %s/%s failed", *key, exc_info=True)
         triggered = []
         for candidate in self._candidates():
@@ -259,7 +260,7 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
             try:
                 if self._trigger(candidate, snapshot):
                     triggered.append(key)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.warning("compactor-sensor: triggering %s/%s failed", *key, exc_info=True)
         return triggered
 

@@ -4,6 +4,7 @@ quarry.compaction.sensor, .rebuild and .trigger)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypedDict
 
@@ -239,12 +240,10 @@ class SensorParts:
     _lock: threading.Lock
     _branches: dict[tuple[str, str], BranchState]
     _discovered_at: float | None
+    _clock: Callable[[], float]  # seconds (time.time, or a test's clock)
 
     def _forget(self, key: tuple[str, str]) -> None:
         raise NotImplementedError
 
     def _refresh(self, key: tuple[str, str], missing_ok: bool) -> Snapshot | None:
-        raise NotImplementedError
-
-    def _clock(self) -> float:
         raise NotImplementedError

@@ -83,10 +83,12 @@ class TriggerMixin(SensorParts):
             deletes,
             candidate.sealed_tokens,
         )
+        compactor = self.compactor
+        assert compactor is not None  # the caller returned before the claim without one
         started = time.monotonic()
         try:
-            result = self.compactor.compact(candidate.repository, candidate.branch)
-        except Exception as exc:  # noqa: BLE001 — log and carry on; retried after the interval
+            result = compactor.compact(candidate.repository, candidate.branch)
+        except Exception as exc:  # log and carry on; retried after the interval
             COMPACTIONS.labels("error").inc()
             log.warning(
                 "compactor-sensor: Compact(%s/%s) failed: %s: %s",
@@ -107,7 +109,7 @@ class TriggerMixin(SensorParts):
                     state.tokens.pop(token, None)
         try:
             self._refresh(key, missing_ok=True)  # the compacted record: sealed tokens, gauge
-        except Exception:  # noqa: BLE001 — the next cycle reads it again
+        except Exception:  # the next cycle reads it again
             log.debug("compactor-sensor: re-reading %s/%s failed", *key, exc_info=True)
         log.info(
             "compactor-sensor: compacted %s/%s into metarange %s (%d token(s)) in %.2fs",

@@ -94,7 +94,7 @@ class Commits:
         self.reads = reads
         self.refs = core.refs
 
-    def commit(  # noqa: PLR0913 — the Commit request, field for field (see CommitParams)
+    def commit(  # the Commit request, field for field (see CommitParams)
         self,
         repo_name: str,
         branch_name: str,

@@ -162,7 +162,7 @@ def make_commit(record: CommitRecord) -> types_pb2.Commit:
 class Core:
     """The state every flow shares."""
 
-    def __init__(  # noqa: PLR0913 — Graveler's public constructor, unchanged
+    def __init__(  # Graveler's public constructor, unchanged
         self,
         store: kv.Store,
         committed: CommittedReader,

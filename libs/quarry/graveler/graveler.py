@@ -53,7 +53,7 @@ class Graveler(Core):
     `writes`, `commits`, `merges`, `repositories`) for their finer seams (e.g.
     `commits.seal`)."""
 
-    def __init__(  # noqa: PLR0913 — the public constructor, unchanged
+    def __init__(  # the public constructor, unchanged
         self,
         store: kv.Store,
         committed: CommittedReader,

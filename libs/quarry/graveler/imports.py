@@ -191,7 +191,7 @@ class Imports:
 
     # ---- the RPCs -------------------------------------------------------------------------
 
-    def start_import(  # noqa: PLR0913 — the StartImport request, field for field
+    def start_import(
         self,
         repo_name: str,
         branch_name: str,

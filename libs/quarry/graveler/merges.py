@@ -149,7 +149,7 @@ class Merges:
         with tracer.start_as_current_span("graveler.merge", attributes=attributes):
             return self.three_way_commit(repo, destination_branch, work)
 
-    def revert(  # noqa: PLR0913 — the Revert request, field for field
+    def revert(  # the Revert request, field for field
         self,
         repo_name: str,
         branch_name: str,
@@ -173,7 +173,7 @@ class Merges:
         )
         return self.three_way_commit(repo, branch_name, work)
 
-    def cherry_pick(  # noqa: PLR0913 — the CherryPick request, field for field
+    def cherry_pick(  # the CherryPick request, field for field
         self,
         repo_name: str,
         branch_name: str,

@@ -192,7 +192,7 @@ class Reads:
         raise AssertionError("unreachable")
 
     @records.skips_corrupt_records  # a corrupt staged value: its path is left out
-    def list_objects(  # noqa: PLR0913 — the ListObjects request, field for field
+    def list_objects(  # the ListObjects request, field for field
         self,
         repo_name: str,
         ref: str,
@@ -307,7 +307,7 @@ class Reads:
                 return changes, token
         raise AssertionError("unreachable")
 
-    def diff_uncommitted_page(  # noqa: PLR0913 — one page of the request above
+    def diff_uncommitted_page(  # one page of the request above
         self,
         repo: Repository,
         branch: types_pb2.Branch,
@@ -345,7 +345,7 @@ class Reads:
         finally:
             merged.close()
 
-    def uncommitted_values(  # noqa: PLR0913 — a page of uncommitted values
+    def uncommitted_values(  # a page of uncommitted values
         self,
         repo: Repository,
         branch: types_pb2.Branch,

@@ -92,7 +92,7 @@ def decode_record(
     record = message_type.__name__
     try:
         message = message_type.FromString(value)
-    except Exception as exc:  # noqa: BLE001 — DecodeError, and whatever else a parser raises
+    except Exception as exc:  # DecodeError, and whatever else a parser raises
         raise CorruptRecord(
             f"corrupt {record} at {show(partition)}/{show(key)}: it cannot "
             f"be decoded ({type(exc).__name__})",

@@ -100,7 +100,7 @@ class Repositories:
         finally:
             try:
                 self.refs.remove_creation(repo)
-            except Exception:  # noqa: BLE001 — it expires (CREATION_TTL_SECONDS)
+            except Exception:  # it expires (CREATION_TTL_SECONDS)
                 log.warning("could not remove the creation record of %s", repo.name, exc_info=True)
         return repo
 
@@ -138,7 +138,7 @@ class Repositories:
             # _check_reusable).
             try:
                 self.refs.record_deleted_instance(repo)
-            except Exception:  # noqa: BLE001 — the original error is the one to report
+            except Exception:  # the original error is the one to report
                 log.warning("could not record the failed creation of %s", repo.name, exc_info=True)
             if isinstance(exc, gerrors.RepositoryExists):
                 self.staging.queue_drop([repo.partition])

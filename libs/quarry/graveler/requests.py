@@ -319,7 +319,7 @@ class RequestLog:
                 # A response too large to keep (a dry-run merge with huge conflicts): let a
                 # repeat run again rather than block the id.
                 self._release_quietly(claim)
-            except Exception:  # noqa: BLE001 — see the docstring
+            except Exception:  # see the docstring
                 CALLS.labels("unrecorded").inc()
                 log.warning(
                     "request %s: recording the outcome failed; a repeat after the "
@@ -336,7 +336,7 @@ class RequestLog:
             self.kv.set_if(
                 claim.partition, claim.key, layout.encode_request(record), kv.Equals(claim.value)
             )
-        except Exception:  # noqa: BLE001 — the lease expires anyway
+        except Exception:  # the lease expires anyway
             log.warning("request %s: releasing the claim failed", claim.key.decode(), exc_info=True)
 
     # ---- keeping live claims alive -----------------------------------------------------
@@ -374,7 +374,7 @@ class RequestLog:
         for partition in used:
             try:
                 count, kept = self._purge(partition, limit=10_000)
-            except Exception:  # noqa: BLE001 — the next pass tries again
+            except Exception:  # the next pass tries again
                 log.warning(
                     "purging expired request records of %r failed", partition, exc_info=True
                 )
@@ -404,7 +404,7 @@ class RequestLog:
                     "request %s: the claim was taken over while the call runs", claim.key.decode()
                 )
                 return
-            except Exception:  # noqa: BLE001 — retried on the next round
+            except Exception:  # retried on the next round
                 log.warning(
                     "request %s: renewing the claim failed", claim.key.decode(), exc_info=True
                 )

@@ -14,7 +14,7 @@ from quarry.telemetry.rpc import instrument_channel
 # Large enough for batch RPCs of staged entries and streamed range changes; single items
 # are capped far lower (400 KB KV items).
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-CHANNEL_OPTIONS = [
+CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # A restarted peer is found again within ~2 s: gRPC's default reconnect backoff grows
@@ -71,7 +71,7 @@ class BearerToken(
 
 
 class _CallDetails(grpc.ClientCallDetails):
-    def __init__(  # noqa: PLR0913 — grpc's ClientCallDetails fields
+    def __init__(  # grpc's ClientCallDetails fields
         self,
         method: str,
         timeout: float | None,

@@ -60,7 +60,7 @@ def idempotent(
 
 def run_once(
     requests: RequestLog,
-    request: pb_message.Message,
+    request: Any,  # a request message with a request_id field
     repository: str | None,
     call: Callable[[], M],
     response_type: type[M],

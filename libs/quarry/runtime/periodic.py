@@ -24,7 +24,7 @@ class PeriodicWorker:
     def __init__(
         self,
         name: str,
-        step: Callable[[], bool | None],
+        step: Callable[[], object],  # False: "not yet" (retried sooner); else success
         interval: float,
         retry_initial: float | None = None,
         retry_max: float | None = None,
@@ -70,7 +70,7 @@ class PeriodicWorker:
             try:
                 with telemetry.background():
                     succeeded = self._step() is not False
-            except Exception as exc:  # noqa: BLE001 — a background loop outlives any failure
+            except Exception as exc:  # a background loop outlives any failure
                 self._log_failure(exc)
                 succeeded = False
             else:

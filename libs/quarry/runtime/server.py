@@ -150,7 +150,7 @@ class ServiceSpec:
     # Start-up work that needs the dependencies (format version check, background loops),
     # run once, in order, the first time they all answer. A retryable error (UNAVAILABLE,
     # ABORTED, ...) is tried again on the next probe; any other error stops the service.
-    on_ready: list[Callable[[], None]] = field(default_factory=list)
+    on_ready: Sequence[Callable[[], object]] = field(default_factory=list)  # results ignored
     # Auth (when settings.auth_enabled): the KV store holding the IAM data (users, policies)
     # the service checks user calls against; None for a service only services may call.
     iam_kv: Any = None
@@ -231,7 +231,7 @@ class Readiness:
             for dependency in self._dependencies:
                 try:
                     dependency.probe(self._probe_timeout)
-                except Exception as exc:  # noqa: BLE001 — any failure means "not answering"
+                except Exception as exc:  # any failure means "not answering"
                     missing.append((dependency, exc))
             if missing and self.ready and self._failed_rounds + 1 < LOST_AFTER_FAILED_ROUNDS:
                 self._failed_rounds += 1
@@ -261,7 +261,7 @@ class Readiness:
             while self._pending_work:
                 try:
                     self._pending_work[0]()
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     if not _is_retryable(exc):
                         self.failure = exc
                         self.worker.stopping.set()
@@ -318,7 +318,7 @@ class Readiness:
         for dependency in self._dependencies:
             try:
                 dependency.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.debug("closing the probe of %s failed", dependency.name, exc_info=True)
 
 
@@ -416,7 +416,7 @@ def _run_stop_callbacks(service: str, callbacks: Sequence[Callable[[], None]]) -
     for callback in callbacks:
         try:
             callback()
-        except Exception:  # noqa: BLE001 — shutdown must go on
+        except Exception:  # shutdown must go on
             log.exception("error while stopping %s", service)
 
 

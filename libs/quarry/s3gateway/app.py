@@ -66,7 +66,8 @@ class Gateway:
     workers: int = 32
 
 
-def route(request: Request) -> tuple[str, Callable[..., Response], bool]:
+# One branch per S3 operation, in S3's own order: a dispatch table read top to bottom.
+def route(request: Request) -> tuple[str, Callable[..., Response], bool]:  # noqa: C901
     """(operation name, handler, whether the handler takes the signature)."""
     method = request.method
     bucket, key = request.target.bucket, request.target.key

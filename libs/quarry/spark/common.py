@@ -126,11 +126,16 @@ class Connection:
         if spark is None:
             return base
         conf = spark.conf
+
+        def setting(key: str, default: str) -> str:
+            value = conf.get(key, default)  # never None with a default (the stubs say maybe)
+            return default if value is None else value
+
         return cls(
-            conf.get("spark.quarry.branchManager", base.branch_manager),
-            conf.get("spark.quarry.committer", base.committer),
-            conf.get("spark.quarry.s3EndpointUrl", base.s3_endpoint_url),
-            conf.get("spark.quarry.s3Region", base.s3_region),
+            setting("spark.quarry.branchManager", base.branch_manager),
+            setting("spark.quarry.committer", base.committer),
+            setting("spark.quarry.s3EndpointUrl", base.s3_endpoint_url),
+            setting("spark.quarry.s3Region", base.s3_region),
             credentials=base.credentials,
             security=base.security,
         )

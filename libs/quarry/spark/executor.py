@@ -245,6 +245,7 @@ def write_task(spec: WriteSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator
         from pyspark import TaskContext
 
         context = TaskContext.get()
+        assert context is not None  # this runs in a Spark task
         partition = context.partitionId()
         with _task_span(spec, partition, context.attemptNumber()):
             rows = _write_and_stage(spec, batches, partition, context.taskAttemptId())
@@ -261,7 +262,8 @@ def _write_and_stage(
 
     store = open_blob_store(spec.storage_namespace, spec.connection)
     client = client_for(spec.connection)
-    entries, rows = [], []
+    entries: list[types_pb2.Entry] = []
+    rows: list[dict] = []
 
     def stage() -> None:
         # Durable first (one parallel sync for the whole batch instead of two fsyncs per

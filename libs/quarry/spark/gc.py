@@ -539,5 +539,5 @@ def _delete(
     try:
         frame.foreachPartition(delete_partition)
     finally:
-        spark.sparkContext.setJobDescription(None)
+        spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]  # None clears it
     return len(keys)

@@ -100,7 +100,7 @@ _COMMITTED = SPARK_COMMITTED_FILE
 _FOLDER = re.compile(re.escape(SPARK_PARTITION_COLUMN) + r"(\d+)=([^/]+)/")
 
 
-def spark_writes_files(  # noqa: PLR0913 — what the choice depends on, from write's options
+def spark_writes_files(  # what the choice depends on, from write's options
     spark: SparkSession,
     df: DataFrame,
     storage_namespace: str,
@@ -124,7 +124,7 @@ def spark_writes_files(  # noqa: PLR0913 — what the choice depends on, from wr
     `spark.quarry.fileWriter` (FILE_WRITER_CONF) overrides "auto" (benchmarks, tests)."""
     from quarry.blob import parse_storage_namespace
 
-    chosen = spark.conf.get(FILE_WRITER_CONF, "auto").lower()
+    chosen = (spark.conf.get(FILE_WRITER_CONF, "auto") or "auto").lower()
     if chosen not in FILE_WRITERS:
         from quarry.spark.writer import InvalidWriteOptions
 

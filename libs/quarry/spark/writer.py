@@ -261,7 +261,9 @@ class _Job:
         dynamic = (
             self.mode == "overwrite"
             and bool(self.partition_by)
-            and self.spark.conf.get("spark.sql.sources.partitionOverwriteMode", "static").lower()
+            and (
+                self.spark.conf.get("spark.sql.sources.partitionOverwriteMode") or "static"
+            ).lower()
             == "dynamic"
         )
         if self.mode == "overwrite" and not dynamic:
@@ -405,7 +407,7 @@ class _Job:
                 write_task(self.spec), from_arrow_schema(RESULT_SCHEMA)
             ).toArrow()
         finally:
-            context.setJobDescription(None)
+            context.setJobDescription(None)  # type: ignore[arg-type]  # None clears it
         return reported.to_pylist()
 
     def _merged(self) -> bool | None:
@@ -420,7 +422,7 @@ class _Job:
             return base.id == self.ephemeral_commit
         except errors.NotFound:
             return False
-        except Exception:  # noqa: BLE001 - services unreachable: unknown
+        except Exception:  # services unreachable: unknown
             return None
 
     def _merge_commit(self) -> types_pb2.Commit:
@@ -439,7 +441,7 @@ class _Job:
             self.client.delete_branch(self.target.repository, self.branch)
         except errors.NotFound:
             pass
-        except Exception as exc:  # noqa: BLE001 - a later sweep removes it
+        except Exception as exc:  # a later sweep removes it
             log.warning("could not delete ephemeral branch %s (a sweep will): %s", self.branch, exc)
 
     def _delete_job_files(self) -> None:
@@ -455,5 +457,5 @@ class _Job:
                 for key, *_ in list(store.list(layout.job_folder(self.job_id) + "/")):
                     if JOB_FILE_KEY.fullmatch(key):
                         store.delete(key)
-        except Exception as exc:  # noqa: BLE001 - GC removes what is left
+        except Exception as exc:  # GC removes what is left
             log.warning("could not delete the files of failed job %s: %s", self.job_id, exc)

@@ -81,7 +81,7 @@ class RpcMetrics(grpc.ServerInterceptor):
                 except BaseException:
                     record(_code_of(context), started)
                     raise
-                record(context.code(), started)
+                record(context.code(), started)  # type: ignore[attr-defined]
                 return response
 
             return wrapper
@@ -94,7 +94,7 @@ class RpcMetrics(grpc.ServerInterceptor):
                 except BaseException:
                     record(_code_of(context), started)
                     raise
-                record(context.code(), started)
+                record(context.code(), started)  # type: ignore[attr-defined]
 
             return wrapper
 
@@ -104,7 +104,7 @@ class RpcMetrics(grpc.ServerInterceptor):
 def _code_of(context: grpc.ServicerContext) -> grpc.StatusCode:
     """The status of a call that raised: the code it aborted with, else UNKNOWN (what gRPC
     answers for an uncaught exception); CANCELLED for a call the client gave up on."""
-    code = context.code()
+    code = context.code()  # type: ignore[attr-defined]
     if code is not None:
         return code
     return grpc.StatusCode.UNKNOWN if context.is_active() else grpc.StatusCode.CANCELLED
@@ -184,16 +184,16 @@ class _TracingChannel(grpc.Channel):
         plain = getattr(self._channel, kind)(*args, **kwargs)
         return _MultiCallableSwitch(plain, lambda: getattr(self._traced(), kind)(*args, **kwargs))
 
-    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:
         return self._switch("unary_unary", args, kwargs)
 
-    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:
         return self._switch("unary_stream", args, kwargs)
 
-    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
         return self._switch("stream_unary", args, kwargs)
 
-    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
         return self._switch("stream_stream", args, kwargs)
 
     def subscribe(self, *args: Any, **kwargs: Any) -> None:

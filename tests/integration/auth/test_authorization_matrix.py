@@ -50,7 +50,7 @@ from support.auth import (
     user_token,
 )
 from support.proto_fuzz import message_class
-from support.suite import running_suite
+from support.suite import suite_fixture
 
 TARGET_OF_SERVICE = {
     "Auth": "branch-manager",
@@ -87,7 +87,8 @@ def allowed_for(method: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def suite(tmp_path_factory):
+def matrix_backend():
+    """The suite's store, with a user allowed and a user denied each action."""
     backend = MemoryStore()
     iam = IamStore(backend, hash_cost=FAST_HASH)
     setup_test_admin(backend)  # first: Setup is once per installation, users make it installed
@@ -115,14 +116,20 @@ def suite(tmp_path_factory):
         )
         iam.create_user(f"matrix-allow-rule-{i}")
         iam.attach_user_policy(f"matrix-allow-rule-{i}", f"matrix-allow-rule-{i}")
-    with running_suite(
-        tmp_path_factory.mktemp("matrix"), backend=backend, compactor_sensor=True
-    ) as suite:
-        channels = {name: raw_channel(target) for name, target in suite.targets.items()}
-        suite.raw_channels = channels
-        yield suite
-        for channel in channels.values():
-            channel.close()
+    return backend
+
+
+running = suite_fixture(name="running", backend="matrix_backend", compactor_sensor=True)
+
+
+@pytest.fixture(scope="module")
+def suite(running):
+    """The running suite, with a raw channel (no token of its own) to each service."""
+    channels = {name: raw_channel(target) for name, target in running.targets.items()}
+    running.raw_channels = channels
+    yield running
+    for channel in channels.values():
+        channel.close()
 
 
 def invoke(suite, method: str, token: str | None, **fields) -> grpc.StatusCode:

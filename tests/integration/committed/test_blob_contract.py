@@ -1,352 +1,47 @@
-"""The BlobStore contract (libs/quarry/blob/base.py), one suite run against every store:
-the local directory, S3 (a real S3 API: the session moto_server) and the counting wrapper
-(around a local store). Like lakeFS pkg/block/blocktest: a store that passes this suite can
-back committed storage and namespace ownership; a fake cannot drift from the real ones.
-
-Each store is opened by a factory for a namespace name; two names are two namespaces (two
-directories, or two prefixes of one bucket)."""
+"""The BlobStore contract (quarry.testing.blob) against every store: the local directory,
+S3 (a real S3 API: the session moto_server) and the counting wrapper (around a local
+store)."""
 
 from __future__ import annotations
 
-import hashlib
-import io
-import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import pytest
 
-from quarry import errors
-from quarry.blob import CountingBlobStore, LocalBlobStore, ObjectNotFound
-from quarry.blob.base import BlobStore, InvalidObjectKey, ObjectExists
-from quarry.blob.ownership import MARKER_KEY, claim_namespace
+from quarry.blob import CountingBlobStore, LocalBlobStore
 from quarry.blob.s3 import S3BlobStore
-
-
-@dataclass
-class StoreKind:
-    """How to open a store of one kind for a namespace name. `atomic_if_absent`: concurrent
-    put(if_absent) calls have exactly one winner (moto_server lacks If-None-Match, where
-    S3BlobStore falls back to HEAD then PUT: that is checked against real S3 only)."""
-
-    name: str
-    open: Callable[[str], BlobStore]
-    atomic_if_absent: bool = True
-
-
-def _kinds(tmp_path, request) -> Iterator[StoreKind]:
-    if request.param == "local":
-        yield StoreKind("local", lambda ns: LocalBlobStore(tmp_path / ns))
-    elif request.param == "counting":
-        yield StoreKind("counting", lambda ns: CountingBlobStore(LocalBlobStore(tmp_path / ns)))
-    else:
-        bucket = request.getfixturevalue("s3_bucket")
-        endpoint = request.getfixturevalue("moto_endpoint")
-        root = f"contract-{uuid.uuid4().hex[:8]}"
-        yield StoreKind(
-            "s3",
-            lambda ns: S3BlobStore(bucket, f"{root}/{ns}", endpoint_url=endpoint),
-            atomic_if_absent=False,
-        )
+from quarry.testing.blob import BlobContract, StoreKind, local_leftovers, s3_leftovers
 
 
 @pytest.fixture(params=["local", "s3", "counting"])
 def kind(tmp_path, request) -> Iterator[StoreKind]:
-    yield from _kinds(tmp_path, request)
-
-
-@pytest.fixture
-def store(kind) -> Iterator[BlobStore]:
-    with kind.open("ns") as opened:
-        yield opened
-
-
-def test_put_then_get_returns_the_same_bytes(store):
-    payloads = {"a": b"one", "dir/b": bytes(range(256)) * 64, "dir/sub/empty": b""}
-    for key, data in payloads.items():
-        assert store.put(key, data) is True
-    for key, data in payloads.items():
-        assert store.get(key) == data
-        assert store.exists(key)
-
-
-def test_get_of_a_missing_key_is_object_not_found(store):
-    with pytest.raises(ObjectNotFound) as caught:
-        store.get("missing/key")
-    assert isinstance(caught.value, errors.NotFound)
-    assert caught.value.reason == "STORAGE_OBJECT_NOT_FOUND"
-    assert not store.exists("missing/key")
-
-
-def test_open_read_streams_the_bytes_in_the_pieces_asked_for(store):
-    data = bytes(range(256)) * 9000 + b"tail"  # 2.2 MiB: several reads of 1 MiB
-    store.put("big/object", data)
-    pieces = []
-    with store.open_read("big/object") as reader:
-        while piece := reader.read(1 << 20):
-            assert len(piece) <= 1 << 20
-            pieces.append(piece)
-        assert reader.read(1 << 20) == b""  # stays at the end
-    assert b"".join(pieces) == data and len(pieces) >= 3
-    with store.open_read("big/object") as reader:
-        assert reader.read(4) == data[:4]
-        assert reader.read() == data[4:]  # the rest
-    store.put("empty", b"")
-    with store.open_read("empty") as reader:
-        assert reader.read(10) == b""
-
-
-def test_open_read_of_a_missing_key_is_object_not_found(store):
-    with pytest.raises(ObjectNotFound) as caught:
-        store.open_read("missing/key")
-    assert caught.value.reason == "STORAGE_OBJECT_NOT_FOUND"
-
-
-class _Source:
-    """A file-like source that records the sizes it is asked for, and fails (like a disk
-    error) once `fail_after` bytes have been read."""
-
-    def __init__(self, data: bytes, fail_after: int | None = None) -> None:
-        self._data = io.BytesIO(data)
-        self.asked: list[int] = []
-        self._fail_after = fail_after
-
-    def read(self, size: int = -1, /) -> bytes:
-        self.asked.append(size)
-        if self._fail_after is not None and self._data.tell() >= self._fail_after:
-            raise _SourceBroke("the source broke")
-        return self._data.read(size)
-
-
-class _SourceBroke(OSError):
-    """An OSError: the source's failure, not the store's (never STORAGE_UNREACHABLE)."""
-
-
-def test_put_stream_writes_in_pieces_and_reports_what_it_wrote(store, kind):
-    # 20 MiB: above S3BlobStore's multipart threshold (parts of 8 MiB); 20 pieces of 1 MiB
-    # through the local store's temporary file.
-    data = hashlib.sha256(b"seed").digest() * (20 * 32768) + b"tail"
-    source = _Source(data)
-    written = store.put_stream("data/streamed", source)
-    assert written == (len(data), hashlib.sha256(data).hexdigest())
-    assert written.size == len(data) and written.sha256 == hashlib.sha256(data).hexdigest()
-    # Never read whole: every read asks for a bounded piece (1 MiB locally, a part on S3).
-    assert source.asked and all(0 <= size <= 8 << 20 for size in source.asked)
-    if kind.name != "s3":
-        assert max(source.asked) == 1 << 20
-    assert store.get("data/streamed") == data
-    assert [info.key for info in store.list("data/")] == ["data/streamed"]
-    assert store.put_stream("data/empty", _Source(b"")) == (0, hashlib.sha256(b"").hexdigest())
-    assert store.get("data/empty") == b""
-    if isinstance(store, CountingBlobStore):
-        assert store.counts["put"] == 2 and store.bytes_written == len(data)
-        assert store.keys_written == ["data/streamed", "data/empty"]
-
-
-@pytest.mark.parametrize("fail_after", [3 << 20, 17 << 20], ids=["one-part", "multipart"])
-def test_put_stream_that_fails_leaves_nothing_under_the_key(store, kind, tmp_path, fail_after):
-    """A source failing mid-way: its own error (an OSError reading a local file is not the
-    namespace's), and nothing visible or left behind — no object,
-    no temporary file, no unfinished multipart upload on S3 (aborted)."""
-    data = b"x" * (20 << 20)
-    with pytest.raises(_SourceBroke):
-        store.put_stream("data/broken", _Source(data, fail_after=fail_after))
-    assert not store.exists("data/broken")
-    assert list(store.list("")) == []
-    if kind.name == "s3":
-        pending = store._client.list_multipart_uploads(Bucket=store.bucket, Prefix=store.prefix)
-        assert pending.get("Uploads", []) == []
+    if request.param == "local":
+        yield StoreKind(
+            "local",
+            lambda ns: LocalBlobStore(tmp_path / ns),
+            stream_piece=1 << 20,
+            leftovers=local_leftovers(tmp_path),
+        )
+    elif request.param == "counting":
+        yield StoreKind(
+            "counting",
+            lambda ns: CountingBlobStore(LocalBlobStore(tmp_path / ns)),
+            stream_piece=1 << 20,
+            leftovers=local_leftovers(tmp_path),
+        )
     else:
-        # No temporary file either (the directory it was made in may stay, as for put).
-        assert [p for p in (tmp_path / "ns").rglob("*") if not p.is_dir()] == []
+        bucket = request.getfixturevalue("s3_bucket")
+        endpoint = request.getfixturevalue("moto_endpoint")
+        root = f"contract-{uuid.uuid4().hex[:8]}"
+        # moto_server lacks If-None-Match: concurrent if_absent puts are checked on real S3.
+        yield StoreKind(
+            "s3",
+            lambda ns: S3BlobStore(bucket, f"{root}/{ns}", endpoint_url=endpoint),
+            atomic_if_absent=False,
+            leftovers=s3_leftovers,
+        )
 
 
-@pytest.mark.parametrize("size", [6, 20 << 20], ids=["one-part", "multipart"])
-def test_put_stream_never_replaces_an_object(store, kind, size):
-    """Also on S3 (If-None-Match on the PUT and on CompleteMultipartUpload), and a refused
-    multipart upload is aborted: no parts left billed."""
-    store.put("data/taken", b"first")
-    with pytest.raises(ObjectExists) as caught:
-        store.put_stream("data/taken", _Source(b"s" * size))
-    assert caught.value.reason == "STORAGE_OBJECT_EXISTS"
-    assert store.get("data/taken") == b"first"
-    assert [info.key for info in store.list("")] == ["data/taken"]
-    if kind.name == "s3":
-        pending = store._client.list_multipart_uploads(Bucket=store.bucket, Prefix=store.prefix)
-        assert pending.get("Uploads", []) == []
-
-
-def test_put_replaces_but_if_absent_never_overwrites(store):
-    assert store.put("k", b"first") is True
-    assert store.put("k", b"second") is True  # a plain put replaces
-    assert store.get("k") == b"second"
-    assert store.put("k", b"third", if_absent=True) is False  # must never overwrite
-    assert store.get("k") == b"second"
-    assert store.put("fresh", b"new", if_absent=True) is True
-    assert store.get("fresh") == b"new"
-
-
-def test_if_absent_has_exactly_one_winner(kind):
-    if not kind.atomic_if_absent:
-        # Declared by the kind, not guessed: moto's conditional put is a HEAD then PUT.
-        return
-    store = kind.open("race")
-    wins: list[bytes] = []
-    barrier = threading.Barrier(8)
-
-    def contend(i: int) -> None:
-        barrier.wait()
-        if store.put("once", b"writer-%d" % i, if_absent=True):
-            wins.append(b"writer-%d" % i)
-
-    threads = [threading.Thread(target=contend, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(wins) == 1
-    assert store.get("once") == wins[0]
-
-
-def test_put_deferred_is_if_absent_and_visible_after_sync(store):
-    assert store.put_deferred("ranges/r1", b"range one") is True
-    assert store.put_deferred("ranges/r2", b"range two") is True
-    assert store.put_deferred("ranges/r1", b"other bytes") is False  # never overwrites
-    store.sync()
-    assert store.get("ranges/r1") == b"range one"
-    assert store.get("ranges/r2") == b"range two"
-    store.sync()  # nothing pending: still fine
-
-
-def test_put_after_sync_is_if_absent_and_syncs_the_pending_objects(store):
-    assert store.put_deferred("ranges/r1", b"range one") is True
-    assert store.put_after_sync("metaranges/m1", b"names r1") is True
-    assert store.get("metaranges/m1") == b"names r1"
-    assert store.get("ranges/r1") == b"range one"
-    assert store.put_deferred("ranges/r2", b"range two") is True
-    # An existing object is never overwritten; the pending one is still synced.
-    assert store.put_after_sync("metaranges/m1", b"other bytes") is False
-    assert store.get("metaranges/m1") == b"names r1"
-    assert store.get("ranges/r2") == b"range two"
-    store.sync()  # nothing pending: still fine
-
-
-def test_delete_is_idempotent_and_touches_only_its_key(store):
-    store.put("d/one", b"1")
-    store.put("d/two", b"2")
-    store.delete("d/one")
-    store.delete("d/one")  # deleting a missing object is not an error
-    store.delete("never/there")
-    assert not store.exists("d/one")
-    assert store.get("d/two") == b"2"
-    assert [info.key for info in store.list("d/")] == ["d/two"]
-
-
-def test_list_by_prefix_in_key_order(store):
-    # (No key is also a "directory" of others: a filesystem cannot hold both "a" and "a/0".)
-    keys = ["b/2", "a/1", "ab", "a/0", "b/1/deep", "a-", "c"]
-    for key in keys:
-        store.put(key, key.encode())
-    assert [info.key for info in store.list("")] == sorted(keys)
-    assert [info.key for info in store.list()] == sorted(keys)
-    assert [info.key for info in store.list("a/")] == ["a/0", "a/1"]
-    assert [info.key for info in store.list("a")] == ["a-", "a/0", "a/1", "ab"]
-    assert [info.key for info in store.list("b/1")] == ["b/1/deep"]
-    assert list(store.list("zzz")) == []
-
-
-def test_object_info_reports_sizes_and_modification_times(store):
-    before = time.time()
-    store.put("sized/small", b"x" * 3)
-    store.put("sized/large", b"y" * 70_000)
-    store.put("sized/empty", b"")
-    after = time.time()
-    infos = {info.key: info for info in store.list("sized/")}
-    assert {key: info.size for key, info in infos.items()} == {
-        "sized/empty": 0,
-        "sized/large": 70_000,
-        "sized/small": 3,
-    }
-    for info in infos.values():
-        # S3 reports whole seconds: allow that rounding, nothing more.
-        assert before - 1.0 <= info.modified <= after + 1.0
-
-
-def test_first_keys_is_a_bounded_listing(store):
-    assert store.first_keys(5) == []
-    keys = [f"k/{i:02d}" for i in range(12)]
-    for key in keys:
-        store.put(key, b".")
-    some = store.first_keys(4)
-    assert len(some) == 4 and set(some) <= set(keys) and len(set(some)) == 4
-    assert sorted(store.first_keys(100)) == keys
-    assert store.first_keys(0) == []
-
-
-def test_namespaces_do_not_see_each_other(kind):
-    one, two = kind.open("one"), kind.open("two")
-    one.put("shared/key", b"from one")
-    assert not two.exists("shared/key")
-    assert list(two.list("")) == []
-    assert two.first_keys(10) == []
-    two.put("shared/key", b"from two")
-    assert one.get("shared/key") == b"from one"
-    two.delete("shared/key")
-    assert one.get("shared/key") == b"from one"
-
-
-def test_conditional_replace_only_replaces_the_expected_bytes(store):
-    # put_if_equals must never create an object, nor replace one holding other bytes.
-    assert store.put_if_equals("m", b"new", expected=b"old") is False
-    assert not store.exists("m")
-    store.put("m", b"current")
-    assert store.put_if_equals("m", b"new", expected=b"old") is False
-    assert store.get("m") == b"current"
-    assert store.put_if_equals("m", b"new", expected=b"current") is True
-    assert store.get("m") == b"new"
-
-
-def test_ownership_claims_go_through_the_store(store):
-    """The marker protocol rides on put(if_absent) and put_if_equals: an empty namespace is
-    claimed once, a claimed one is never taken over without naming its marker, and a
-    namespace holding other objects is reported, never written."""
-    first = claim_namespace(store, b"marker-one")
-    assert first.claimed and first.existing_marker is None
-    second = claim_namespace(store, b"marker-two")
-    assert not second.claimed and second.existing_marker == b"marker-one"
-    assert store.get(MARKER_KEY) == b"marker-one"
-    wrong = claim_namespace(store, b"marker-two", replace=b"not-the-marker")
-    assert not wrong.claimed and store.get(MARKER_KEY) == b"marker-one"
-    replaced = claim_namespace(store, b"marker-two", replace=b"marker-one")
-    assert replaced.claimed and store.get(MARKER_KEY) == b"marker-two"
-
-
-def test_ownership_claim_leaves_a_used_namespace_alone(kind):
-    store = kind.open("used")
-    store.put("someone/else.parquet", b"data")
-    claim = claim_namespace(store, b"marker")
-    assert not claim.claimed and claim.keys == ("someone/else.parquet",)
-    assert not store.exists(MARKER_KEY)
-    assert [info.key for info in store.list("")] == ["someone/else.parquet"]
-
-
-@pytest.mark.parametrize(
-    "key", ["", "/abs", "../up", "a/../b", "a//b", "a/./b", ".", "a\\b", "nul\x00", "trailing/"]
-)
-def test_invalid_keys_are_refused_before_any_access(store, key):
-    for operation in (
-        lambda: store.get(key),
-        lambda: store.put(key, b"x"),
-        lambda: store.put(key, b"x", if_absent=True),
-        lambda: store.put_deferred(key, b"x"),
-        lambda: store.put_if_equals(key, b"x", b"y"),
-        lambda: store.exists(key),
-        lambda: store.delete(key),
-    ):
-        with pytest.raises(InvalidObjectKey) as caught:
-            operation()
-        assert isinstance(caught.value, errors.InvalidArgument)
-        assert caught.value.reason == "INVALID_OBJECT_KEY"
-    assert list(store.list("")) == []  # nothing was written under any spelling
+class TestBlobContract(BlobContract):
+    """`kind` is this module's fixture: local, s3 and counting."""

@@ -4,7 +4,7 @@ import pytest
 from quarry.kv.memory import MemoryStore
 from quarry.v1 import branch_manager_pb2_grpc, committer_pb2_grpc
 from support.counting import CountingStore
-from support.suite import running_suite
+from support.suite import suite_fixture
 
 
 class Stubs:
@@ -27,17 +27,9 @@ def counting_backend():
     return CountingStore(MemoryStore())
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory, counting_backend):
-    with running_suite(
-        tmp_path_factory.mktemp("suite"),
-        backend=counting_backend,
-        # A valid grace (Settings refuses one within the repository cache); tests that wait
-        # for a drop move the droppers' clock past it (Suite.age_cleanup_queue).
-        staging_drop_grace_seconds=3.0,
-        staging_drop_interval_seconds=0.05,
-    ) as suite:
-        yield suite
+suite = suite_fixture(
+    backend="counting_backend", staging_drop_grace_seconds=3.0, staging_drop_interval_seconds=0.05
+)
 
 
 @pytest.fixture(scope="module")

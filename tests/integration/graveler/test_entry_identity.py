@@ -13,17 +13,14 @@ import pytest
 from quarry.client import make_entry
 from quarry.graveler.errors import MergeConflict, NoChanges
 from quarry.v1 import types_pb2
-from support.suite import running_suite
+from support.suite import suite_fixture
 
 _numbers = itertools.count()
 OLD = "s3://b/old.parquet"
 NEW = "s3://b/NEW.parquet"
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(tmp_path_factory.mktemp("identity")) as running:
-        yield running
+suite = suite_fixture()
 
 
 @pytest.fixture

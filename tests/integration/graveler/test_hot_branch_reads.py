@@ -228,6 +228,11 @@ def test_read_after_write_under_concurrency(stubs, clean_repo):
         writers = [pool.submit(writer, w) for w in range(4)]
         for f in writers:
             f.result(60)
+        # A fixed amount of reading, however long it takes (no throughput floor).
+        # (A reader that failed ends the wait: its error is raised below.)
+        wait_until(
+            lambda: reads[0] > 100 or any(f.done() for f in readers), timeout=120, what="100 reads"
+        )
         stop.set()
         for f in readers:
             f.result(60)

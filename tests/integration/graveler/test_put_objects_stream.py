@@ -14,17 +14,12 @@ from grpc_status import rpc_status
 
 from quarry.v1 import branch_manager_pb2 as bm
 from quarry.v1 import types_pb2
-from support.suite import running_suite
+from support.suite import suite_fixture
 
 MAX_ENTRIES = 50  # this suite's max_put_objects_stream_entries
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(
-        tmp_path_factory.mktemp("suite"), max_put_objects_stream_entries=MAX_ENTRIES
-    ) as suite:
-        yield suite
+suite = suite_fixture(max_put_objects_stream_entries=MAX_ENTRIES)
 
 
 @pytest.fixture(scope="module")

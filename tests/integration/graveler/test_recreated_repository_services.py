@@ -15,16 +15,10 @@ from quarry.graveler.refs import RefManager
 from quarry.v1 import branch_manager_pb2 as bm
 from quarry.v1 import branch_manager_pb2_grpc, committer_pb2_grpc, types_pb2
 from quarry.v1 import committer_pb2 as cm
-from support.suite import _start, running_suite
+from support.suite import _start, suite_fixture
 
-
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    # The dead instance's partition stays (as it does for the dropper's grace period).
-    with running_suite(
-        tmp_path_factory.mktemp("suite"), staging_drop_grace_seconds=3600.0
-    ) as suite:
-        yield suite
+# The dead instance's partition stays (as it does for the dropper's grace period).
+suite = suite_fixture(staging_drop_grace_seconds=3600.0)
 
 
 @pytest.fixture(scope="module")

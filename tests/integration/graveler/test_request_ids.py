@@ -385,7 +385,7 @@ def test_concurrent_duplicates_take_effect_once(suite, repo, stubs, monkeypatch)
                 barrier.wait()
                 try:
                     results.append(client.commit(repo, branch, "c", request_id=request_id))
-                except Exception as exc:  # noqa: BLE001 — reported below
+                except Exception as exc:  # reported below
                     failures.append(exc)
 
         threads = [threading.Thread(target=send) for _ in range(2)]

@@ -1,4 +1,4 @@
-"""Targets for the KV conformance suite: every backend, and the gateway over gRPC.
+"""Targets for the KV contract (quarry.testing.kv): every backend, and the gateway over gRPC.
 
 One store per target per session (the `kv_store` fixture is session-scoped, so pytest runs
 each target's tests together); tests isolate themselves with fresh partitions instead.
@@ -7,8 +7,6 @@ each target's tests together); tests isolate themselves with fresh partitions in
 from __future__ import annotations
 
 import contextlib
-import inspect
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
@@ -16,6 +14,7 @@ import pytest
 
 from quarry.kv.memory import MemoryStore
 from quarry.kv.store import Store
+from support.servers import remote_store_target
 
 
 @contextlib.contextmanager
@@ -47,18 +46,10 @@ def _dynamodb(request: pytest.FixtureRequest) -> Iterator[Store]:
 
 @contextlib.contextmanager
 def _remote(request: pytest.FixtureRequest) -> Iterator[Store]:
-    # Imported here: the module is owned by the gateway work and may be replaced at any time.
-    from remote_target import make_remote_store
-
     backend = MemoryStore()
-    made = make_remote_store(backend)
-    if inspect.isgenerator(made):  # yield-fixture style: cleanup runs after the yield
-        store = next(made)
-        yield store
-        next(made, None)
-    else:
-        yield made
-        made.close()
+    made = remote_store_target(backend)
+    yield next(made)
+    next(made, None)  # the store's and the gateway's cleanup
     backend.close()
 
 
@@ -74,19 +65,3 @@ TARGETS: dict[str, Callable[[pytest.FixtureRequest], AbstractContextManager[Stor
 def kv_store(request: pytest.FixtureRequest) -> Iterator[Store]:
     with TARGETS[request.param](request) as store:
         yield store
-
-
-def _new_partition(suffix: str = "m") -> bytes:
-    """A fresh partition of a class the gateway accepts (staging/<token>)."""
-    return f"staging/{uuid.uuid4().hex}-{suffix}".encode()
-
-
-@pytest.fixture
-def new_partition() -> Callable[..., bytes]:
-    """Factory of fresh partitions, for tests that need several."""
-    return _new_partition
-
-
-@pytest.fixture
-def partition() -> bytes:
-    return _new_partition()

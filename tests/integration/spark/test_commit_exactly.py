@@ -11,13 +11,9 @@ from quarry.client import make_entry
 from quarry.spark.common import Connection, QuarryUri
 from quarry.spark.executor import WriteSpec, file_entry, object_path
 from quarry.spark.writer import WriteIncomplete, _Job, _JobOptions
-from support.suite import running_suite
+from support.suite import suite_fixture
 
-
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(tmp_path_factory.mktemp("exactly")) as running:
-        yield running
+suite = suite_fixture()
 
 
 @pytest.fixture

@@ -15,15 +15,12 @@ from quarry.blob.local import LocalBlobStore
 from quarry.client import Client
 from quarry.spark.common import Connection
 from quarry.spark.executor import WriteSpec, _write_and_stage, file_key
-from support.suite import running_suite
+from support.suite import suite_fixture
 
 JOB = "20261126T080000-0123456789ab"
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(tmp_path_factory.mktemp("staging")) as running:
-        yield running
+suite = suite_fixture()
 
 
 class RecordingStore(LocalBlobStore):

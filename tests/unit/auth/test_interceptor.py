@@ -41,7 +41,7 @@ def test_an_undeclared_method_is_refused_even_for_a_service(declared):
     try:
         stub = server_info_pb2_grpc.ServerInfoStub(channel)
         service_token = tokens.issue_service_token("committer")[0]
-        call = lambda: stub.GetServerInfo(  # noqa: E731
+        call = lambda: stub.GetServerInfo(
             server_info_pb2.GetServerInfoRequest(),
             metadata=[("authorization", f"Bearer {service_token}")],
         )

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from client_fakes import Fake
 
 from quarry.client import Client
+from support.client_fakes import Fake
 
 
 @pytest.fixture

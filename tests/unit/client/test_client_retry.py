@@ -9,13 +9,13 @@ from concurrent import futures
 
 import grpc
 import pytest
-from client_fakes import entries
 
 from quarry import errors, telemetry
 from quarry.client import RETRY_EVENT, Client, RetryPolicy
 from quarry.client.retry import Retrier
 from quarry.graveler import errors as gerrors
 from quarry.v1 import types_pb2
+from support.client_fakes import entries
 
 # ---- the policy on its own (fake clock, no sleeping) -------------------------------------
 

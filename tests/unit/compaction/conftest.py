@@ -1,19 +1,12 @@
-import sys
-from pathlib import Path
-
 import pytest
 
-# The dict-backed committed store of the graveler unit tests.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "graveler"))
-
-from compaction_fakes import Clock, FakeCompactor  # noqa: E402
-from fake_committed import FakeCommitted  # noqa: E402
-
-import quarry.compaction.sensor as sensor_module  # noqa: E402
-from quarry.compaction.sensor import CompactionSensor, Thresholds  # noqa: E402
-from quarry.graveler.graveler import Graveler  # noqa: E402
-from quarry.kv.memory import MemoryStore  # noqa: E402
-from quarry.telemetry.metrics import BranchLabels  # noqa: E402
+import quarry.compaction.sensor as sensor_module
+from quarry.compaction.sensor import CompactionSensor, Thresholds
+from quarry.graveler.graveler import Graveler
+from quarry.kv.memory import MemoryStore
+from quarry.telemetry.metrics import BranchLabels
+from support.compaction_fakes import Clock, FakeCompactor
+from support.fake_committed import FakeCommitted
 
 
 @pytest.fixture(autouse=True)

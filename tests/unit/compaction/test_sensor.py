@@ -8,7 +8,6 @@ write's counts and staging token to `sensor.record`.
 import threading
 
 import pytest
-from compaction_fakes import FakeCompactor
 from prometheus_client import REGISTRY
 
 from quarry import errors
@@ -22,6 +21,7 @@ from quarry.compaction.sensor import (
 )
 from quarry.graveler import errors as gerrors
 from quarry.graveler.model import Entry
+from support.compaction_fakes import FakeCompactor
 from support.wait import wait_until
 
 

@@ -1,9 +1,9 @@
 import pytest
-from fake_committed import FakeCommitted
 
 from quarry.graveler.graveler import Graveler
 from quarry.kv.memory import MemoryStore
 from support.counting import CountingStore
+from support.fake_committed import FakeCommitted
 
 
 @pytest.fixture

@@ -39,14 +39,15 @@ def test_no_acknowledged_write_is_lost_and_no_stale_read(graveler, repo):
             writers=4,
             readers=3,
             committers=2,
-            seconds=2.0,
             retryable=(gerrors.BranchContended,),
+            min_writes=300,
+            min_reads=150,
+            min_commits=5,
         )
     finally:
         dropper.stop()
     assert not result.errors, result.errors[:5]
     assert not result.stale_reads, result.stale_reads[:5]
-    assert result.commits > 3 and result.writes > 50
     for path, version in result.acked.items():
         assert read(path) == version, path
     with contextlib.suppress(gerrors.NoChanges):
