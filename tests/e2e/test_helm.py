@@ -1925,6 +1925,11 @@ def test_s3_gateway_plaintext_and_ports_are_configurable():
     svc = objects(docs, "Service")[full_name(S3_GATEWAY)]
     (http,) = [p for p in svc["spec"]["ports"] if p["name"] == "http"]
     assert http["port"] == 8080 and http["appProtocol"] == "http"
+    # The one Service clients outside the cluster reach: its type on its own.
+    exposed = objects(render("--set", "services.s3Gateway.serviceType=LoadBalancer"), "Service")
+    assert {n: s["spec"]["type"] for n, s in exposed.items()} == {
+        full_name(s): ("LoadBalancer" if s == S3_GATEWAY else "ClusterIP") for s in SERVICES
+    }
     assert env["QUARRY_S3_GATEWAY_ADDRESS"] == f"{full_name(S3_GATEWAY)}:8080"
 
 
@@ -1984,9 +1989,10 @@ def test_docs_cluster_values_render_where_the_doc_says(tmp_path):
         ("kv-gateway", dynamodb["serviceAccount"]["annotations"]),
         ("range-writer", values["services"]["rangeWriter"]["serviceAccount"]["annotations"]),
         ("branch-manager", values["services"]["branchManager"]["serviceAccount"]["annotations"]),
+        (S3_GATEWAY, values["services"]["s3Gateway"]["serviceAccount"]["annotations"]),
     ):
         assert accounts[full_name(service)]["metadata"]["annotations"] == expected, service
-    for service in ("range-writer", "branch-manager"):
+    for service in ("range-writer", "branch-manager", S3_GATEWAY):
         env = env_of(main_container(deployment(docs, service)))
         assert env["QUARRY_S3_REGION"]["value"] == values["objectStore"]["s3"]["region"]
         assert "QUARRY_S3_ENDPOINT_URL" not in env  # empty: AWS S3

@@ -209,9 +209,11 @@ def test_kube_up_round_trip_and_down(image, tmp_path, client_auth):
         # pods really used the chart's volume.
         assert (data / "kv.db").is_file()
         assert any((data / "lake" / "demo" / "_quarry").rglob("*"))
-        # Auth is on in the pods: a wrong secret is refused.
+        # Auth is on in the pods: a wrong secret is refused. (A QUARRY_HOME of its own: the
+        # CLI's token cache in the admin's home would answer without a login.)
         bad = cli_env(
             config_path,
+            QUARRY_HOME=str(tmp_path / "wrong-secret-home"),
             QUARRY_ACCESS_KEY_ID=json.loads(credentials_file.read_text())["access_key_id"],
             QUARRY_SECRET_ACCESS_KEY="not-the-secret-0123456789",
         )

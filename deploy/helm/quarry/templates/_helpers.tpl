@@ -590,7 +590,7 @@ metadata:
     {{- toYaml . | nindent 4 }}
   {{- end }}
 spec:
-  type: {{ $root.Values.service.type }}
+  type: {{ default $root.Values.service.type $svc.serviceType }}
   selector:
     {{- include "quarry.selectorLabels" . | nindent 4 }}
   ports:
