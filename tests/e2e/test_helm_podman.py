@@ -244,16 +244,16 @@ def test_kube_up_round_trip_and_down(image, tmp_path, client_auth):
                 ),
             )
 
-        body = b"written through the S3 gateway pod\n"
-        s3().put_object(Bucket="demo", Key="main/s3/hello.txt", Body=body)
-        assert cli(env, "cat", "demo", "main", "s3/hello.txt").stdout == body.decode()
         got = s3().get_object(Bucket="demo", Key="main/tables/a/part-0.csv")["Body"].read()
         assert got.decode() == table.read_text()
-        listed = s3().list_objects_v2(Bucket="demo", Prefix="main/", Delimiter="/")
-        assert {p["Prefix"] for p in listed.get("CommonPrefixes", [])} >= {
-            "main/s3/",
-            "main/tables/",
-        }
+        # The gateway writes into a repository of its own: the pods run as uid 10001, and
+        # demo's data/ directory is the host CLI's (`put --from`, mode 0755), not theirs.
+        cli(env, "repo", "create", "s3demo", f"{data}/lake/s3demo")
+        body = b"written through the S3 gateway pod\n"
+        s3().put_object(Bucket="s3demo", Key="main/s3/hello.txt", Body=body)
+        assert cli(env, "cat", "s3demo", "main", "s3/hello.txt").stdout == body.decode()
+        listed = s3().list_objects_v2(Bucket="s3demo", Prefix="main/", Delimiter="/")
+        assert [p["Prefix"] for p in listed.get("CommonPrefixes", [])] == ["main/s3/"]
         if client_auth:
             # No client certificate, no TLS session: the gateway never answers (no S3 error).
             with pytest.raises(botocore.exceptions.BotoCoreError):
