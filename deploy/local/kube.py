@@ -694,7 +694,8 @@ def client_config(state: State, docs: list[dict[str, Any]]) -> dict[str, str]:
     settings: dict[str, str] = {"home": str(home)}
     for endpoint in endpoints(docs):
         setting = f"{endpoint.component.replace('-', '_')}_address"
-        if endpoint.port_name == "grpc" and setting in known:
+        # gRPC services, and the S3 gateway's HTTP(S) port (s3_gateway_address).
+        if endpoint.port_name in ("grpc", "http") and setting in known:
             settings[setting] = f"127.0.0.1:{endpoint.port}"
     files = {"tls_ca_file": "QUARRY_TLS_CA_FILE"}
     if configmap_value(docs, "QUARRY_TLS_CLIENT_AUTH") == "true":  # mTLS: present the cert
@@ -763,12 +764,14 @@ def print_endpoints(state: State, docs: list[dict[str, Any]], settings: dict[str
         ports = "  ".join(
             f"{e.port_name} http://127.0.0.1:{e.port}/metrics"
             if e.port_name == "metrics"
+            else f"s3 {'https' if tls else 'http'}://127.0.0.1:{e.port}"
+            if e.port_name == "http"  # the S3 gateway's endpoint URL
             else f"{e.port_name} 127.0.0.1:{e.port}"
             for e in found
             if e.component == component
         )
         print(f"  {component:<{width}}  {ports}")
-    transport = "gRPC over TLS" if tls else "gRPC in plaintext"
+    transport = "gRPC and S3 over TLS" if tls else "gRPC and S3 in plaintext"
     if mtls:
         transport += " with client certificates (mTLS)"
     print(f"  ({transport}; every pod runs in the host's network)")
@@ -791,6 +794,15 @@ def print_endpoints(state: State, docs: list[dict[str, Any]], settings: dict[str
                     f" -cert {settings.get('tls_cert_file')} -key {settings.get('tls_key_file')}"
                 )
         print(f"  grpcurl {flags} {branch_manager} list")
+    gateway = settings.get("s3_gateway_address")
+    if gateway:
+        ca = f" --ca-bundle {settings.get('tls_ca_file')}" if tls else ""
+        print(
+            "S3 through the gateway, with credentials from `quarry auth credentials create admin`:"
+        )
+        print(
+            f"  aws --endpoint-url {'https' if tls else 'http'}://{gateway}{ca} s3 ls s3://demo/main/"
+        )
     down = "make kube-down"
     if state.release != DEFAULT_RELEASE or state.directory != DEFAULT_STATE_ROOT / state.release:
         down += f' KUBE_ARGS="--release {state.release} --state-dir {state.directory}"'

@@ -34,15 +34,18 @@ HELM = REPO / ".tools" / "bin" / "helm"
 RELEASE = "qa"
 NAMESPACE = "quarry-test"
 
-# name -> (values key, gRPC port, metrics port, default replicas); order = quarry.config.SERVICES
-SERVICES = {
+# name -> (values key, serving port, metrics port, default replicas); order = quarry.config.SERVICES
+GRPC_SERVICES = {
     "kv-gateway": ("kvGateway", 7401, 9401, 2),
     "branch-manager": ("branchManager", 7402, 9402, 2),
     "committer": ("committer", 7403, 9403, 2),
     "compactor-sensor": ("compactorSensor", 7404, 9404, 1),
     "range-writer": ("rangeWriter", 7405, 9405, 2),
 }
-OBJECT_STORE_USERS = {"range-writer", "branch-manager"}
+# The S3 gateway: an HTTP(S) service (the S3 API) on a port named "http".
+S3_GATEWAY = "s3-gateway"
+SERVICES = {**GRPC_SERVICES, S3_GATEWAY: ("s3Gateway", 7406, 9406, 2)}
+OBJECT_STORE_USERS = {"range-writer", "branch-manager", S3_GATEWAY}
 GC = "gc"  # component (and name suffix) of the optional garbage-collection CronJob
 GC_DEFAULT_OPTIONS = ["--grace-hours", "6", "--ephemeral-ttl-hours", "24", "--master", "local[*]"]
 
@@ -134,6 +137,8 @@ SECURITY_AND_SCALING_VALUES = (
     "--set",
     "services.rangeWriter.autoscaling.maxReplicas=10",
     "--set",
+    "services.s3Gateway.autoscaling.enabled=true",
+    "--set",
     "networkPolicy.extraInternalFrom[0].podSelector.matchLabels.app=toolbox",
     "--set",
     "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.name=monitoring",
@@ -153,6 +158,11 @@ CI_PODMAN_VALUES = (
 
 # ---------------------------------------------------------------------------------------------
 # helpers
+
+
+def port_name(service: str) -> str:
+    """The name of a service's serving port (container and Service)."""
+    return "http" if service == S3_GATEWAY else "grpc"
 
 
 def helm_binary() -> Path:
@@ -344,14 +354,14 @@ def test_default_render_objects():
     docs = render()
     kinds = collections.Counter(d["kind"] for d in docs)
     assert kinds == {
-        "Deployment": 5,
-        "Service": 5,
-        "ServiceAccount": 5,
+        "Deployment": 6,
+        "Service": 6,
+        "ServiceAccount": 6,
         "ConfigMap": 1,
-        "PodDisruptionBudget": 4,  # every service but compactor-sensor (1 replica)
+        "PodDisruptionBudget": 5,  # every service but compactor-sensor (1 replica)
         # the auth signing key, the TLS CA and certificate, the first admin's credentials
         "Secret": 3,
-        "NetworkPolicy": 2,  # kv-gateway and range-writer
+        "NetworkPolicy": 3,  # kv-gateway, range-writer and s3-gateway
         "Job": 1,  # the admin bootstrap (quarry setup)
     }, kinds
     expected = {full_name(s) for s in SERVICES}
@@ -360,7 +370,7 @@ def test_default_render_objects():
     assert all(d["metadata"].get("namespace") == NAMESPACE for d in docs)
 
 
-@pytest.mark.parametrize("service", SERVICES)
+@pytest.mark.parametrize("service", GRPC_SERVICES)
 def test_default_deployment(service):
     key, port, metrics_port, replicas = SERVICES[service]
     docs = render()
@@ -441,8 +451,12 @@ def test_default_service(service):
     assert svc["spec"]["type"] == "ClusterIP"
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     ports = {p["name"]: p for p in svc["spec"]["ports"]}
-    assert set(ports) == {"grpc", "metrics"}
-    assert ports["grpc"]["port"] == port and ports["metrics"]["port"] == metrics_port
+    serving = port_name(service)
+    assert set(ports) == {serving, "metrics"}
+    assert ports[serving]["port"] == port and ports["metrics"]["port"] == metrics_port
+    # TLS is on by default: the S3 gateway serves HTTPS, the others gRPC over TLS (h2).
+    expected = "https" if service == S3_GATEWAY else "kubernetes.io/h2c"
+    assert ports[serving]["appProtocol"] == expected
     container_ports = {p["name"]: p["containerPort"] for p in main_container(dep)["ports"]}
     for name, p in ports.items():
         target = p.get("targetPort", p["port"])
@@ -523,7 +537,7 @@ def test_services_load_the_rendered_configuration(values):
         assert not stray, f"{service}: QUARRY_ variables unknown to quarry.config: {sorted(stray)}"
         settings = config.load_settings(env=env)
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-        assert settings.port_of(service) == ports["grpc"]
+        assert settings.port_of(service) == ports[port_name(service)]
         assert settings.metrics_port_of(service) == ports["metrics"]
         assert settings.listen_host == "0.0.0.0" and settings.metrics_host == "0.0.0.0"
         assert settings.effective_cache_dir == "/var/cache/quarry"
@@ -537,7 +551,9 @@ def test_services_load_the_rendered_configuration(values):
             host, port = settings.address_of(other).rsplit(":", 1)
             target = service_objs.get(host)
             assert target is not None, f"{service} dials {host}, which is not a rendered Service"
-            assert int(port) in {p["port"] for p in target["spec"]["ports"] if p["name"] == "grpc"}
+            assert int(port) in {
+                p["port"] for p in target["spec"]["ports"] if p["name"] == port_name(other)
+            }
         if service == "kv-gateway":
             assert settings.kv_url.startswith("dynamodb://")
         else:
@@ -657,7 +673,7 @@ def test_kv_url():
     )
 
 
-def test_object_store_settings_only_for_range_writer_and_branch_manager():
+def test_object_store_settings_only_for_range_writer_s3_gateway_and_branch_manager():
     docs = render(*FULL_VALUES)
     for service in SERVICES:
         c = main_container(deployment(docs, service))
@@ -704,7 +720,7 @@ def test_service_monitor_and_otlp_when_enabled():
         "telemetry.otlpEndpoint=http://otel-collector:4317",
     )
     kinds = collections.Counter(d["kind"] for d in docs)
-    assert kinds["Deployment"] == 5 and kinds["Service"] == 5 and kinds["ServiceMonitor"] == 1, (
+    assert kinds["Deployment"] == 6 and kinds["Service"] == 6 and kinds["ServiceMonitor"] == 1, (
         kinds
     )
     (sm,) = objects(docs, "ServiceMonitor").values()
@@ -714,7 +730,7 @@ def test_service_monitor_and_otlp_when_enabled():
     assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     assert [e["port"] for e in spec["endpoints"]] == ["metrics"]
     assert spec["endpoints"][0]["interval"] == "15s"
-    # The selector picks exactly the five Quarry Services of this release.
+    # The selector picks exactly the six Quarry Services of this release (s3-gateway too).
     match_labels = spec["selector"]["matchLabels"]
     expressions = spec["selector"].get("matchExpressions", [])
     for svc in objects(docs, "Service").values():
@@ -764,9 +780,12 @@ def test_replicas_drive_pod_disruption_budgets():
         "committer": 2,
         "compactor-sensor": 3,
         "range-writer": 0,
+        S3_GATEWAY: 2,
     }
     pdbs = objects(docs, "PodDisruptionBudget")
-    assert set(pdbs) == {full_name(s) for s in ("branch-manager", "committer", "compactor-sensor")}
+    assert set(pdbs) == {
+        full_name(s) for s in ("branch-manager", "committer", "compactor-sensor", S3_GATEWAY)
+    }
     for name, pdb in pdbs.items():
         dep = objects(docs, "Deployment")[name]
         assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
@@ -886,7 +905,7 @@ def test_no_gc_cronjob_by_default():
 def test_gc_cronjob_defaults():
     docs = render("--set", "gc.enabled=true")
     kinds = collections.Counter(d["kind"] for d in docs)
-    assert kinds["CronJob"] == 1 and kinds["ServiceAccount"] == 6 and kinds["Deployment"] == 5, (
+    assert kinds["CronJob"] == 1 and kinds["ServiceAccount"] == 7 and kinds["Deployment"] == 6, (
         kinds
     )
     cj = gc_cronjob(docs)
@@ -1430,7 +1449,7 @@ def test_probes_are_native_grpc_without_tls():
     # Plaintext on 0.0.0.0 is the operator's explicit choice (tls.enabled=false).
     assert data["QUARRY_ALLOW_INSECURE_LISTEN"] == "true"
     assert not [k for k in data if k.startswith("QUARRY_TLS_")]
-    for service, (_, port, _, _) in SERVICES.items():
+    for service, (_, port, _, _) in GRPC_SERVICES.items():
         c = main_container(deployment(docs, service))
         assert grpc_probe_port(c, "livenessProbe") == grpc_probe_port(c, "readinessProbe") == port
         assert c["startupProbe"]["grpc"]["service"] == "quarry.v1.ServerInfo"
@@ -1474,7 +1493,7 @@ def test_exec_probe_command_runs_against_a_real_server():
 def test_network_policy_lets_only_the_suite_reach_kv_gateway_and_range_writer():
     docs = render("--set", "gc.enabled=true")
     policies = objects(docs, "NetworkPolicy")
-    assert set(policies) == {full_name("kv-gateway"), full_name("range-writer")}
+    assert set(policies) == {full_name(s) for s in ("kv-gateway", "range-writer", S3_GATEWAY)}
     templates = pod_templates(docs)
     for service in ("kv-gateway", "range-writer"):
         _, port, metrics_port, _ = SERVICES[service]
@@ -1488,7 +1507,7 @@ def test_network_policy_lets_only_the_suite_reach_kv_gateway_and_range_writer():
         grpc_rules = [r for r in spec["ingress"] if {p["port"] for p in r["ports"]} == {port}]
         assert len(grpc_rules) == 1, spec["ingress"]
         # Every rendered pod the gRPC rule admits: branch-manager, committer, compactor-sensor
-        # only — not range-writer, not kv-gateway, not the gc or bootstrap jobs.
+        # only — not range-writer, not kv-gateway, not s3-gateway, not the gc or bootstrap jobs.
         admitted = {
             owner
             for owner, t in templates.items()
@@ -1517,11 +1536,11 @@ def test_network_policy_extra_peers():
     assert metrics_rule["from"] == [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
 
 
-def test_hpa_option_for_branch_manager_committer_and_range_writer():
+def test_hpa_option_for_branch_manager_committer_range_writer_and_s3_gateway():
     assert not objects(render(), "HorizontalPodAutoscaler")  # off by default
     docs = render(*SECURITY_AND_SCALING_VALUES)
     hpas = objects(docs, "HorizontalPodAutoscaler")
-    scaled = {"branch-manager", "committer", "range-writer"}
+    scaled = {"branch-manager", "committer", "range-writer", S3_GATEWAY}
     assert set(hpas) == {full_name(s) for s in scaled}
     for service in SERVICES:
         dep = deployment(docs, service)
@@ -1672,7 +1691,7 @@ def test_single_node_sqlite_and_local_data():
     for service, (_, port, _, _) in SERVICES.items():
         # No Services under podman: every address is 127.0.0.1:<port>.
         assert data[f"QUARRY_{service.upper().replace('-', '_')}_ADDRESS"] == f"127.0.0.1:{port}"
-    uses_data = {"kv-gateway", "range-writer", "branch-manager"}
+    uses_data = {"kv-gateway", "range-writer", "branch-manager", S3_GATEWAY}
     for service in SERVICES:
         dep = deployment(docs, service)
         pod = dep["spec"]["template"]["spec"]
@@ -1685,7 +1704,12 @@ def test_single_node_sqlite_and_local_data():
             assert volume["hostPath"] == {"path": "/tmp/quarry-ci", "type": "Directory"}
         else:
             assert "data" not in mounts, service
-        assert "exec" in c["readinessProbe"]
+        # auto probes under TLS: exec (gRPC) and an HTTPS GET (the S3 gateway), which
+        # deploy/local/kube.py runs from the host.
+        if service == S3_GATEWAY:
+            assert c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+        else:
+            assert "exec" in c["readinessProbe"]
     kv = env_of(main_container(deployment(docs, "kv-gateway")))["QUARRY_KV_URL"]["value"]
     assert kv == "sqlite:///tmp/quarry-ci/kv.db"
     pvc = render(
@@ -1704,6 +1728,231 @@ def test_single_node_sqlite_and_local_data():
         if v["name"] == "data"
     )
     assert volume["persistentVolumeClaim"] == {"claimName": "quarry-data"}
+
+
+# ---------------------------------------------------------------------------------------------
+# the S3 gateway: an HTTP(S) service, the one clients reach from outside the suite
+
+
+def http_probe(container: dict, probe: str) -> dict:
+    """The S3 gateway's probe: an httpGet of /_health on its "http" port, or the image's
+    health_probe with --http (what mTLS needs); as {"kind", "scheme"/"command", ...}."""
+    spec = container.get(probe)
+    assert spec, f"{container['name']}: no {probe}"
+    assert set(spec) & {"grpc", "tcpSocket"} == set(), f"{probe} is not an HTTP probe: {spec}"
+    if "httpGet" in spec:
+        get = spec["httpGet"]
+        assert get["path"] == "/_health" and get["port"] == "http", get
+        return {"kind": "httpGet", "scheme": get.get("scheme", "HTTP")}
+    command = spec["exec"]["command"]
+    assert command[:3] == ["python", "-m", "quarry.runtime.health_probe"], command
+    assert command[3] == f"127.0.0.1:{SERVICES[S3_GATEWAY][1]}", command
+    assert command[4:] == ["--http", "/_health"], command
+    return {"kind": "exec"}
+
+
+def test_s3_gateway_deployment_serves_https_with_the_suite_certificate():
+    docs = render()
+    dep = deployment(docs, S3_GATEWAY)
+    c = main_container(dep)
+    pod = dep["spec"]["template"]["spec"]
+    assert c["command"] == ["quarry", "serve", S3_GATEWAY]
+    assert dep["spec"]["replicas"] == 2
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 7406, "metrics": 9406}
+    # TLS on (the default): every probe is an HTTPS GET of /_health on the "http" port.
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert http_probe(c, probe) == {"kind": "httpGet", "scheme": "HTTPS"}, probe
+    # The certificate every service serves, read-only, named by the shared ConfigMap.
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "tls")
+    assert mount == {"name": "tls", "mountPath": "/etc/quarry/tls", "readOnly": True}
+    tls = next(v for v in pod["volumes"] if v["name"] == "tls")
+    assert tls["secret"]["secretName"] == full_name("tls")
+    env = container_env(docs, c)
+    assert env["QUARRY_TLS_CERT_FILE"] == "/etc/quarry/tls/tls.crt"
+    assert env["QUARRY_TLS_KEY_FILE"] == "/etc/quarry/tls/tls.key"
+    assert "QUARRY_ALLOW_INSECURE_LISTEN" not in env
+    # Its service token for Auth/VerifySignature is signed with the suite's key, as the
+    # other services' are; it dials branch-manager and committer at their Services.
+    assert env_of(c)["QUARRY_AUTH_SIGNING_KEY"]["valueFrom"] == {
+        "secretKeyRef": {"name": full_name("auth"), "key": "QUARRY_AUTH_SIGNING_KEY"}
+    }
+    assert env["QUARRY_BRANCH_MANAGER_ADDRESS"] == f"{full_name('branch-manager')}:7402"
+    assert env["QUARRY_COMMITTER_ADDRESS"] == f"{full_name('committer')}:7403"
+    # Its own ServiceAccount (an IRSA role that may write the object store goes there).
+    assert pod["serviceAccountName"] == full_name(S3_GATEWAY)
+    assert full_name(S3_GATEWAY) in objects(docs, "ServiceAccount")
+    assert full_name(S3_GATEWAY) in objects(docs, "PodDisruptionBudget")
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ((), {"kind": "httpGet", "scheme": "HTTPS"}),
+        (("--set", "tls.enabled=false"), {"kind": "httpGet", "scheme": "HTTP"}),
+        (
+            ("--set", "tls.enabled=false", "--set", "probes.type=grpc"),
+            {"kind": "httpGet", "scheme": "HTTP"},
+        ),
+        # A kubelet's HTTPS probe presents no client certificate: under mTLS it would fail.
+        (("--set", "tls.clientAuth=true"), {"kind": "exec"}),
+        (("--set", "probes.type=exec"), {"kind": "exec"}),
+    ],
+    ids=["tls", "plaintext", "plaintext-grpc-type", "mtls", "exec-type"],
+)
+def test_s3_gateway_probes_follow_tls_and_probe_type(values, expected):
+    c = main_container(deployment(render(*values), S3_GATEWAY))
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert http_probe(c, probe) == expected, probe
+
+
+def test_s3_gateway_http_probe_command_runs_against_a_real_https_server(tmp_path):
+    """The rendered exec probe (health_probe --http), run with the pod's TLS settings against
+    a real HTTPS server that requires a client certificate: 0 on 200, 1 on 503, 1 without
+    the certificate, 1 when nothing listens."""
+    import http.server
+    import ssl
+    import threading
+
+    from support.processes import free_port
+    from support.tls import make_pki
+
+    pki = make_pki(tmp_path)
+    c = main_container(deployment(render("--set", "tls.clientAuth=true"), S3_GATEWAY))
+    command = c["readinessProbe"]["exec"]["command"]
+    answer = {"status": 200}
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 — http.server's name
+            self.send_response(answer["status"] if self.path == "/_health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    port = free_port()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Health)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(pki.ca.ca_file))
+    context.load_cert_chain(pki.server.cert_file, pki.server.key_file)
+    context.verify_mode = ssl.CERT_REQUIRED
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    probe = [sys.executable, *command[1:3], f"127.0.0.1:{port}", *command[4:]]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("QUARRY_")}
+    env = dict(base, **pki.env(client_auth=True))
+
+    def run(environment):
+        return subprocess.run(probe, env=environment, timeout=60, capture_output=True, text=True)
+
+    try:
+        assert run(env).returncode == 0
+        answer["status"] = 503
+        failed = run(env)
+        assert failed.returncode == 1 and "HTTP 503" in failed.stderr, failed.stderr
+        answer["status"] = 200
+        no_cert = run(dict(base, QUARRY_TLS_CA_FILE=str(pki.ca.ca_file)))
+        assert no_cert.returncode == 1 and "UNREACHABLE" in no_cert.stderr, no_cert.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+    gone = run(env)
+    assert gone.returncode == 1 and "UNREACHABLE" in gone.stderr
+
+
+def test_s3_gateway_network_policy_open_to_clients_egress_only_to_what_it_calls():
+    docs = render(
+        "--set",
+        "objectStore.s3.endpointUrl=http://minio:9000",
+        "--set",
+        "telemetry.otlpEndpoint=http://otel-collector:4317",
+    )
+    spec = objects(docs, "NetworkPolicy")[full_name(S3_GATEWAY)]["spec"]
+    templates = pod_templates(docs)
+    selected = {
+        o for o, t in templates.items() if selects(spec["podSelector"], t["metadata"]["labels"])
+    }
+    assert selected == {full_name(S3_GATEWAY)}
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    # Ingress: S3 clients from anywhere (no "from"); the metrics port as metricsFrom says.
+    by_port = {r["ports"][0]["port"]: r for r in spec["ingress"]}
+    assert set(by_port) == {7406, 9406}
+    assert "from" not in by_port[7406] and "from" not in by_port[9406]
+    # Egress: DNS, branch-manager and committer pods on their gRPC ports (never kv-gateway or
+    # range-writer), the object store's port and the OTLP endpoint's port; nothing else.
+    egress = spec["egress"]
+    ports = sorted(p["port"] for rule in egress for p in rule["ports"])
+    assert ports == sorted([53, 53, 7402, 7403, 9000, 4317]), egress
+    for rule in egress:
+        rule_ports = {p["port"] for p in rule["ports"]}
+        if rule_ports & {7402, 7403}:
+            reached = {
+                o
+                for o, t in templates.items()
+                for peer in rule["to"]
+                if selects(peer["podSelector"], t["metadata"]["labels"])
+            }
+            expected = "branch-manager" if rule_ports == {7402} else "committer"
+            assert reached == {full_name(expected)}, (rule, reached)
+    # AWS S3 (no endpoint): 443; networkPolicy.objectStoreTo narrows the destination.
+    narrowed = render("--set", "networkPolicy.objectStoreTo[0].ipBlock.cidr=10.0.0.0/8")
+    spec = objects(narrowed, "NetworkPolicy")[full_name(S3_GATEWAY)]["spec"]
+    store = next(r for r in spec["egress"] if r["ports"][0]["port"] == 443)
+    assert store["to"] == [{"ipBlock": {"cidr": "10.0.0.0/8"}}]
+    assert 4317 not in {p["port"] for r in spec["egress"] for p in r["ports"]}
+    # The internal services' policies do not admit the gateway (it never calls them).
+    for service in ("kv-gateway", "range-writer"):
+        internal = objects(docs, "NetworkPolicy")[full_name(service)]["spec"]
+        grpc_rule = next(r for r in internal["ingress"] if "from" in r)
+        assert not any(
+            selects(peer["podSelector"], templates[full_name(S3_GATEWAY)]["metadata"]["labels"])
+            for peer in grpc_rule["from"]
+        )
+
+
+def test_s3_gateway_plaintext_and_ports_are_configurable():
+    docs = render(
+        "--set",
+        "tls.enabled=false",
+        "--set",
+        "services.s3Gateway.port=8080",
+        "--set",
+        "services.s3Gateway.metricsPort=9600",
+    )
+    c = main_container(deployment(docs, S3_GATEWAY))
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8080, "metrics": 9600}
+    env = container_env(docs, c)
+    assert env["QUARRY_S3_GATEWAY_PORT"] == "8080"
+    assert int(env["QUARRY_METRICS_BASE_PORT"]) + 5 == 9600  # s3-gateway has index 5
+    svc = objects(docs, "Service")[full_name(S3_GATEWAY)]
+    (http,) = [p for p in svc["spec"]["ports"] if p["name"] == "http"]
+    assert http["port"] == 8080 and http["appProtocol"] == "http"
+    # The one Service clients outside the cluster reach: its type on its own.
+    exposed = objects(render("--set", "services.s3Gateway.serviceType=LoadBalancer"), "Service")
+    assert {n: s["spec"]["type"] for n, s in exposed.items()} == {
+        full_name(s): ("LoadBalancer" if s == S3_GATEWAY else "ClusterIP") for s in SERVICES
+    }
+    assert env["QUARRY_S3_GATEWAY_ADDRESS"] == f"{full_name(S3_GATEWAY)}:8080"
+
+
+def test_s3_gateway_can_be_switched_off():
+    docs = render("--set", "services.s3Gateway.enabled=false")
+    for kind in ("Deployment", "Service", "ServiceAccount", "NetworkPolicy", "PodDisruptionBudget"):
+        assert full_name(S3_GATEWAY) not in objects(docs, kind), kind
+    assert not [k for k in configmap_data(docs) if k.startswith("QUARRY_S3_GATEWAY_")]
+    assert len(objects(docs, "Deployment")) == 5
+    # The generated certificate still names it: switching it on later needs no new one.
+    from cryptography import x509
+
+    secret = objects(docs, "Secret")[full_name("tls")]
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert full_name(S3_GATEWAY) in sans.get_values_for_type(x509.DNSName)
+    sm = render("--set", "services.s3Gateway.enabled=false", "--set", "serviceMonitor.enabled=true")
+    (monitor,) = objects(sm, "ServiceMonitor").values()
+    (components,) = monitor["spec"]["selector"]["matchExpressions"]
+    assert S3_GATEWAY not in components["values"]
+    # Invalid gateway values are refused like the others'.
+    assert "/services/s3Gateway/port" in render_error("--set", "services.s3Gateway.port=70000")
+    assert "/services/s3Gateway/enabled" in render_error("--set", "services.s3Gateway.enabled=yes")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1740,9 +1989,10 @@ def test_docs_cluster_values_render_where_the_doc_says(tmp_path):
         ("kv-gateway", dynamodb["serviceAccount"]["annotations"]),
         ("range-writer", values["services"]["rangeWriter"]["serviceAccount"]["annotations"]),
         ("branch-manager", values["services"]["branchManager"]["serviceAccount"]["annotations"]),
+        (S3_GATEWAY, values["services"]["s3Gateway"]["serviceAccount"]["annotations"]),
     ):
         assert accounts[full_name(service)]["metadata"]["annotations"] == expected, service
-    for service in ("range-writer", "branch-manager"):
+    for service in ("range-writer", "branch-manager", S3_GATEWAY):
         env = env_of(main_container(deployment(docs, service)))
         assert env["QUARRY_S3_REGION"]["value"] == values["objectStore"]["s3"]["region"]
         assert "QUARRY_S3_ENDPOINT_URL" not in env  # empty: AWS S3

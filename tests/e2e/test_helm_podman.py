@@ -3,8 +3,9 @@ local/kube.py: `helm template` of deploy/helm/quarry with deploy/local/values.ya
 podman 4.3, `podman kube play`, the rendered probes run until they pass, the rendered bootstrap
 Job creating the admin), then the host's `quarry` CLI pointed at the pods only through the
 QUARRY_CONFIG_FILE that kube-up printed (repo create, put --from, commit, merge, log, ls,
-cat), then `make kube-down`, after which no pod, secret, volume, container or network of the
-run is left. The same after a failed start (a setting every service refuses). `make kube-down`
+cat), boto3 through the S3 gateway's pod (HTTPS with the chart's CA, mTLS with the client
+certificate) with credentials made by `quarry auth credentials create`, then `make kube-down`,
+after which no pod, secret, volume, container or network of the run is left. The same after a failed start (a setting every service refuses). `make kube-down`
 removes only what the chart names for the release: a decoy sharing the release's prefix stays.
 
 The image is `make test`'s (built before pytest): the fixture's `make image` is a no-op then.
@@ -23,8 +24,11 @@ import time
 import tomllib
 from pathlib import Path
 
+import boto3
+import botocore.exceptions
 import pytest
 import yaml
+from botocore.config import Config
 
 from support.processes import health_status
 
@@ -205,14 +209,55 @@ def test_kube_up_round_trip_and_down(image, tmp_path, client_auth):
         # pods really used the chart's volume.
         assert (data / "kv.db").is_file()
         assert any((data / "lake" / "demo" / "_quarry").rglob("*"))
-        # Auth is on in the pods: a wrong secret is refused.
+        # Auth is on in the pods: a wrong secret is refused. (A QUARRY_HOME of its own: the
+        # CLI's token cache in the admin's home would answer without a login.)
         bad = cli_env(
             config_path,
+            QUARRY_HOME=str(tmp_path / "wrong-secret-home"),
             QUARRY_ACCESS_KEY_ID=json.loads(credentials_file.read_text())["access_key_id"],
             QUARRY_SECRET_ACCESS_KEY="not-the-secret-0123456789",
         )
         refused = cli(bad, "repo", "list", ok=False)
         assert refused.returncode != 0 and "INVALID_CREDENTIALS" in refused.stderr, refused
+
+        # S3 through the gateway's pod: boto3 with credentials `quarry auth credentials create`
+        # makes (their secret is sealed for SigV4), verifying the gateway against the chart's
+        # CA (under mTLS presenting the certificate). A gateway write is what the CLI reads,
+        # a CLI write is what S3 reads.
+        gateway = config["s3_gateway_address"]
+        assert f"s3 https://{gateway}" in first.stdout, first.stdout
+        made = json.loads(cli(env, "auth", "credentials", "create", "admin", "--json").stdout)
+        client_cert = (config["tls_cert_file"], config["tls_key_file"]) if client_auth else None
+
+        def s3(cert: tuple[str, str] | None = client_cert):
+            return boto3.client(
+                "s3",
+                endpoint_url=f"https://{gateway}",
+                aws_access_key_id=made["access_key_id"],
+                aws_secret_access_key=made["secret_access_key"],
+                region_name="us-east-1",
+                verify=config["tls_ca_file"],
+                config=Config(
+                    s3={"addressing_style": "path"},
+                    retries={"max_attempts": 1},
+                    client_cert=cert,
+                ),
+            )
+
+        got = s3().get_object(Bucket="demo", Key="main/tables/a/part-0.csv")["Body"].read()
+        assert got.decode() == table.read_text()
+        # The gateway writes into a repository of its own: the pods run as uid 10001, and
+        # demo's data/ directory is the host CLI's (`put --from`, mode 0755), not theirs.
+        cli(env, "repo", "create", "s3demo", f"{data}/lake/s3demo")
+        body = b"written through the S3 gateway pod\n"
+        s3().put_object(Bucket="s3demo", Key="main/s3/hello.txt", Body=body)
+        assert cli(env, "cat", "s3demo", "main", "s3/hello.txt").stdout == body.decode()
+        listed = s3().list_objects_v2(Bucket="s3demo", Prefix="main/", Delimiter="/")
+        assert [p["Prefix"] for p in listed.get("CommonPrefixes", [])] == ["main/s3/"]
+        if client_auth:
+            # No client certificate, no TLS session: the gateway never answers (no S3 error).
+            with pytest.raises(botocore.exceptions.BotoCoreError):
+                s3(cert=None).list_buckets()
 
         if not client_auth:
             # kube-up twice: the release is up, so nothing is recreated; the bootstrap Job

@@ -1,11 +1,13 @@
 {{/*
-The five Quarry services: Kubernetes name (also the `quarry serve` argument), the key of
+The six Quarry services: Kubernetes name (also the `quarry serve` argument), the key of
 their settings under .Values.services, and their index in quarry.config.SERVICES (the
-services derive their metrics port as QUARRY_METRICS_BASE_PORT + index).
-Every per-service template ranges over this list:
+services derive their metrics port as QUARRY_METRICS_BASE_PORT + index). Five speak gRPC;
+s3-gateway speaks HTTP (S3), on a port named "http".
+"quarry.allComponents" lists all six; "quarry.components" those the release runs (s3-gateway
+only with services.s3Gateway.enabled). Every per-service template ranges over the latter:
   {{- range $c := include "quarry.components" . | fromYamlArray }}
 */}}
-{{- define "quarry.components" -}}
+{{- define "quarry.allComponents" -}}
 - name: kv-gateway
   key: kvGateway
   index: 0
@@ -21,6 +23,22 @@ Every per-service template ranges over this list:
 - name: range-writer
   key: rangeWriter
   index: 4
+- name: s3-gateway
+  key: s3Gateway
+  index: 5
+{{- end }}
+
+{{- define "quarry.components" -}}
+{{- range $c := include "quarry.allComponents" . | fromYamlArray }}
+{{- if or (ne $c.name "s3-gateway") $.Values.services.s3Gateway.enabled }}
+- {{ toYaml $c | nindent 2 | trim }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The name of a service's serving port: "http" for s3-gateway (S3 over HTTP), else "grpc". */}}
+{{- define "quarry.portName" -}}
+{{- ternary "http" "grpc" (eq . "s3-gateway") }}
 {{- end }}
 
 {{/* Chart name (label app.kubernetes.io/name). */}}
@@ -150,7 +168,7 @@ POD_NAMESPACE / POD_NAME env entries) and telemetry.resourceAttributes. Call wit
 
 {{/*
 Object-store env entries (a YAML list) of the containers that read or write the storage
-namespaces: range-writer, branch-manager and the gc CronJob. Call with the root context.
+namespaces: range-writer, s3-gateway, branch-manager and the gc CronJob. Call with the root context.
 S3 credentials come from the pods' ServiceAccounts (IRSA), never from env vars.
 */}}
 {{- define "quarry.objectStoreEnv" -}}
@@ -272,6 +290,42 @@ exec:
 {{- end }}
 {{- end }}
 
+{{/*
+Probe handler (YAML) of the S3 gateway: GET /_health on its port. An httpGet probe (scheme
+HTTPS when tls.enabled; a kubelet does not verify the certificate) for probes.type grpc and
+auto; with probes.type exec, and under tls.clientAuth (the gateway then requires a client
+certificate, which a kubelet's probe cannot present), the image's health_probe with --http,
+which speaks HTTPS and mTLS with the pod's own settings. Call with (dict "root" $ "port" 7406).
+*/}}
+{{- define "quarry.httpProbeHandler" -}}
+{{- $V := .root.Values -}}
+{{- if or (eq $V.probes.type "exec") (and $V.tls.enabled $V.tls.clientAuth) -}}
+exec:
+  command:
+    - python
+    - -m
+    - quarry.runtime.health_probe
+    - {{ printf "127.0.0.1:%d" (int .port) | quote }}
+    - --http
+    - /_health
+{{- else -}}
+httpGet:
+  path: /_health
+  port: http
+  scheme: {{ ternary "HTTPS" "HTTP" $V.tls.enabled }}
+{{- end }}
+{{- end }}
+
+{{/* The TCP port of an http(s):// URL: its explicit port, else 443 (https) or 80 (http). */}}
+{{- define "quarry.urlPort" -}}
+{{- $u := urlParse . -}}
+{{- if regexMatch ":[0-9]+$" $u.host -}}
+{{- regexFind "[0-9]+$" $u.host -}}
+{{- else -}}
+{{- ternary "443" "80" (eq $u.scheme "https") -}}
+{{- end -}}
+{{- end }}
+
 {{/* Image reference: repository:tag, tag defaulting to the chart appVersion. */}}
 {{- define "quarry.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
@@ -301,8 +355,9 @@ exec:
 
 {{/*
 One service's Deployment. Call with (dict "root" $ "name" "kv-gateway" "key" "kvGateway" "index" 0).
-Only kv-gateway gets QUARRY_KV_URL and AWS credentials; only range-writer and branch-manager
-get the object-store settings.
+Only kv-gateway gets QUARRY_KV_URL and AWS credentials; only range-writer, s3-gateway and
+branch-manager get the object-store settings. s3-gateway serves HTTP(S) on a port named "http"
+and is probed with GET /_health (quarry.httpProbeHandler).
 */}}
 {{- define "quarry.deployment" -}}
 {{- $root := .root -}}
@@ -310,7 +365,8 @@ get the object-store settings.
 {{- $svc := index $root.Values.services .key -}}
 {{- $V := $root.Values -}}
 {{- $isKvGateway := eq $name "kv-gateway" -}}
-{{- $usesObjectStore := has $name (list "range-writer" "branch-manager") -}}
+{{- $isS3Gateway := eq $name "s3-gateway" -}}
+{{- $usesObjectStore := has $name (list "range-writer" "branch-manager" "s3-gateway") -}}
 {{- /* localData: the SQLite file (kv-gateway, with kv.backend sqlite) and local namespaces. */ -}}
 {{- $usesLocalData := and $V.localData.enabled (or $usesObjectStore (and $isKvGateway (eq $V.kv.backend "sqlite"))) -}}
 {{- $sa := include "quarry.serviceAccount" . | fromYaml -}}
@@ -391,7 +447,7 @@ spec:
           imagePullPolicy: {{ $V.image.pullPolicy }}
           command: ["quarry", "serve", {{ $name | quote }}]
           ports:
-            - name: grpc
+            - name: {{ include "quarry.portName" $name }}
               containerPort: {{ $svc.port }}
               protocol: TCP
             - name: metrics
@@ -442,6 +498,20 @@ spec:
             - name: QUARRY_RANGE_WRITER_PROCESSES
               value: {{ int (default 0 $svc.processes) | quote }}
             {{- end }}
+          {{- if $isS3Gateway }}
+          {{- /* /_health answers while the gateway serves; it has no readiness gate (it
+          answers S3's 503 ServiceUnavailable while branch-manager or committer are away). */}}
+          {{- $handler := include "quarry.httpProbeHandler" (dict "root" $root "port" $svc.port) }}
+          startupProbe:
+            {{- $handler | nindent 12 }}
+            {{- toYaml $V.probes.startup | nindent 12 }}
+          livenessProbe:
+            {{- $handler | nindent 12 }}
+            {{- toYaml $V.probes.liveness | nindent 12 }}
+          readinessProbe:
+            {{- $handler | nindent 12 }}
+            {{- toYaml $V.probes.readiness | nindent 12 }}
+          {{- else }}
           {{- /* Startup and liveness ask whether the process serves at all (ServerInfo is
           SERVING from bind to shutdown); readiness asks the overall status, NOT_SERVING while
           a dependency is away: such a pod leaves the endpoints but is not restarted. */}}
@@ -454,6 +524,7 @@ spec:
           readinessProbe:
             {{- include "quarry.probeHandler" (dict "root" $root "port" $svc.port "service" "") | nindent 12 }}
             {{- toYaml $V.probes.readiness | nindent 12 }}
+          {{- end }}
           {{- with $svc.resources }}
           resources:
             {{- toYaml . | nindent 12 }}
@@ -519,15 +590,23 @@ metadata:
     {{- toYaml . | nindent 4 }}
   {{- end }}
 spec:
-  type: {{ $root.Values.service.type }}
+  type: {{ default $root.Values.service.type $svc.serviceType }}
   selector:
     {{- include "quarry.selectorLabels" . | nindent 4 }}
   ports:
+    {{- if eq .name "s3-gateway" }}
+    - name: http
+      port: {{ $svc.port }}
+      targetPort: http
+      protocol: TCP
+      appProtocol: {{ ternary "https" "http" $root.Values.tls.enabled }}
+    {{- else }}
     - name: grpc
       port: {{ $svc.port }}
       targetPort: grpc
       protocol: TCP
       appProtocol: kubernetes.io/h2c
+    {{- end }}
     - name: metrics
       port: {{ $svc.metricsPort }}
       targetPort: metrics
