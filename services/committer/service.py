@@ -40,6 +40,16 @@ def build(
     from quarry.telemetry.metrics import expose
 
     expose(*METRICS)
+    if settings.actions_enabled:
+        from quarry.actions.runs import METRICS as ACTION_METRICS
+        from quarry.actions.runs import Actions
+
+        deps.graveler.actions = Actions(
+            deps.graveler.kv,
+            allowed_hosts=settings.actions_allowed_hosts.split(","),
+            max_timeout_seconds=settings.actions_max_timeout_seconds,
+        )
+        expose(*ACTION_METRICS)
     servicer = CommitterServicer(deps.graveler, deps.requests, authorizer)
     return ServiceSpec(
         name=SERVICE_NAME,

@@ -1,0 +1,405 @@
+"""Actions end to end: the real suite on loopback (gRPC), a real HTTP hook server in this
+process (http.server on port 0), action files committed/staged like any object."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import grpc
+import pytest
+
+from quarry import errors
+from quarry.actions import files, webhook
+from quarry.actions.runs import RUNS_PREFIX, SECRET_KEY, Run
+from quarry.graveler.refs import RefManager
+from support.suite import running_suite
+
+
+class HookServer:
+    """Answers by path: /ok 200, /fail 400, /500 500, /slow waits for `release` first."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        calls = self.calls
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 — http.server's name
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                url = urllib.parse.urlsplit(self.path)
+                calls.append(
+                    {
+                        "path": url.path,
+                        "query": dict(urllib.parse.parse_qsl(url.query)),
+                        "signature": self.headers.get(webhook.SIGNATURE_HEADER),
+                        "raw": body,
+                        "body": json.loads(body),
+                    }
+                )
+                status = {"/ok": 200, "/fail": 400, "/500": 500}.get(url.path, 200)
+                if url.path == "/slow":
+                    server.entered.set()
+                    server.release.wait(30)
+                self.send_response(status)
+                self.end_headers()
+                self.wfile.write(b"answer from " + url.path.encode())
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def events(self) -> list[str]:
+        return [c["body"]["event_type"] for c in self.calls]
+
+    def close(self) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    with running_suite(tmp_path_factory.mktemp("suite")) as suite:
+        yield suite
+
+
+@pytest.fixture
+def hooks():
+    server = HookServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def client(suite):
+    with suite.client() as client:
+        yield client
+
+
+_repos = iter(range(10**6))
+
+
+@pytest.fixture
+def repo(suite, client):
+    name = f"act{next(_repos)}"
+    client.create_repository(name, suite.namespace(name))
+    return name
+
+
+def put_file(suite, client, repo: str, branch: str, path: str, data: bytes) -> None:
+    local = (
+        Path(suite.namespace(repo)) / "objects" / hashlib.sha256(path.encode() + data).hexdigest()
+    )
+    local.parent.mkdir(parents=True, exist_ok=True)
+    local.write_bytes(data)
+    client.put_object(
+        repo,
+        branch,
+        path=path,
+        physical_address=str(local),
+        size_bytes=len(data),
+        checksum=hashlib.md5(data).hexdigest(),  # noqa: S324 — an ETag, not security
+    )
+
+
+def action(
+    url: str, events: str, name: str = "gate", timeout: str = "", hook: str = "check"
+) -> bytes:
+    timeout_line = f"\n      timeout: {timeout}" if timeout else ""
+    return f"""name: {name}
+on:
+{events}
+hooks:
+  - id: {hook}
+    type: webhook
+    description: a test hook
+    properties:
+      url: {url}{timeout_line}
+      query_params:
+        team: data
+""".encode()
+
+
+def staged_paths(client, repo: str, branch: str) -> set[str]:
+    return {c.path for c in client.iter_uncommitted(repo, branch)}
+
+
+def head(client, repo: str, branch: str) -> str:
+    return client.get_branch(repo, branch).commit_id
+
+
+def runs(suite, repo: str) -> list[Run]:
+    partition = RefManager(suite.backend).get_repository(repo).partition
+    return [
+        Run.from_json(kv.value)
+        for kv in suite.backend.scan(partition, RUNS_PREFIX, RUNS_PREFIX[:-1] + b"0")
+    ]
+
+
+# ---- commit ------------------------------------------------------------------------------
+
+
+def test_pre_and_post_commit_fire_with_the_documented_payload_signed(suite, client, repo, hooks):
+    events = "  pre-commit:\n    branches: [main]\n  post-commit:\n"
+    put_file(
+        suite, client, repo, "main", "_quarry_actions/gate.yaml", action(hooks.url + "/ok", events)
+    )
+    put_file(suite, client, repo, "main", "data/a.parquet", b"PAR1")
+    commit = client.commit(repo, "main", "add a", metadata={"k": "v"}).commit
+    assert hooks.events() == ["pre-commit", "post-commit"]
+    pre, post = (c["body"] for c in hooks.calls)
+    for body in (pre, post):
+        assert body["repository_id"] == repo
+        assert body["branch_id"] == "main"
+        assert body["source_ref"] == "main"
+        assert body["action_name"] == "gate"
+        assert body["hook_id"] == "check"
+        assert body["commit_message"] == "add a"
+        assert body["metadata"] == {"k": "v"}
+        assert body["committer"]
+        assert body["event_time"].endswith("Z")
+    assert pre["commit_id"] == ""
+    assert post["commit_id"] == commit.id
+    assert hooks.calls[0]["query"] == {"team": "data"}
+    # The HMAC verifies with the repository's secret (one per repository, in KV).
+    partition = RefManager(suite.backend).get_repository(repo).partition
+    secret = suite.backend.get(partition, SECRET_KEY).value
+    for call in hooks.calls:
+        assert webhook.verify(secret, call["raw"], call["signature"])
+        assert not webhook.verify(b"another secret", call["raw"], call["signature"])
+    recorded = runs(suite, repo)
+    assert sorted(r.event_type for r in recorded) == ["post-commit", "pre-commit"]
+    assert all(r.status == "passed" for r in recorded)
+    assert all(r.hooks[0].http_status == 200 for r in recorded)
+    assert all(r.hooks[0].output == "answer from /ok" for r in recorded)
+
+
+@pytest.mark.parametrize(
+    ("path", "timeout", "expected"),
+    [
+        ("/fail", "", "HTTP 400"),
+        ("/500", "", "HTTP 500"),
+        ("/slow", "0.3s", "timed out"),
+        ("unreachable", "", "unreachable"),
+    ],
+)
+def test_a_failing_pre_commit_hook_aborts_and_changes_nothing(
+    suite, client, repo, hooks, path, timeout, expected
+):
+    url = "http://127.0.0.1:9/" if path == "unreachable" else hooks.url + path
+    put_file(
+        suite,
+        client,
+        repo,
+        "main",
+        "_quarry_actions/gate.yaml",
+        action(url, "  pre-commit:\n", timeout=timeout),
+    )
+    put_file(suite, client, repo, "main", "data/a.parquet", b"PAR1")
+    before = head(client, repo, "main")
+    staged = staged_paths(client, repo, "main")
+    with pytest.raises(errors.FailedPrecondition) as failed:
+        client.commit(repo, "main", "add a")
+    hooks.release.set()
+    assert failed.value.reason == "HOOK_FAILED"
+    assert "'gate'" in failed.value.message and "'check'" in failed.value.message
+    assert expected in failed.value.message
+    run_id = failed.value.metadata["run_id"]
+    assert run_id in failed.value.message
+    assert head(client, repo, "main") == before
+    assert (
+        staged_paths(client, repo, "main")
+        == staged
+        == {"_quarry_actions/gate.yaml", "data/a.parquet"}
+    )
+    (recorded,) = runs(suite, repo)
+    assert recorded.run_id == run_id and recorded.status == "failed"
+
+
+def test_a_write_during_a_slow_pre_commit_hook_stays_staged_and_is_not_lost(
+    suite, client, repo, hooks
+):
+    put_file(
+        suite,
+        client,
+        repo,
+        "main",
+        "_quarry_actions/gate.yaml",
+        action(hooks.url + "/slow", "  pre-commit:\n"),
+    )
+    put_file(suite, client, repo, "main", "data/seen.parquet", b"PAR1")
+    result: dict = {}
+    committing = threading.Thread(
+        target=lambda: result.setdefault("r", client.commit(repo, "main", "seen"))
+    )
+    committing.start()
+    assert hooks.entered.wait(30)
+    put_file(suite, client, repo, "main", "data/late.parquet", b"PAR1late")
+    hooks.release.set()
+    committing.join(30)
+    commit = result["r"].commit
+    committed = {e.path for e in client.iter_objects(repo, commit.id)}
+    assert committed == {"_quarry_actions/gate.yaml", "data/seen.parquet"}
+    assert staged_paths(client, repo, "main") == {"data/late.parquet"}
+    assert client.stat_object(repo, "main", "data/late.parquet").size_bytes == len(b"PAR1late")
+
+
+def test_post_commit_failure_leaves_the_commit_done_and_the_run_recorded(
+    suite, client, repo, hooks
+):
+    put_file(
+        suite,
+        client,
+        repo,
+        "main",
+        "_quarry_actions/after.yaml",
+        action(hooks.url + "/500", "  post-commit:\n"),
+    )
+    commit = client.commit(repo, "main", "with a post hook").commit
+    assert head(client, repo, "main") == commit.id
+    (recorded,) = runs(suite, repo)
+    assert recorded.event_type == "post-commit" and recorded.status == "failed"
+    assert recorded.commit_id == commit.id and recorded.hooks[0].http_status == 500
+
+
+def test_branch_globs_choose_the_actions(suite, client, repo, hooks):
+    events = "  pre-commit:\n    branches: ['release-*']\n"
+    put_file(
+        suite,
+        client,
+        repo,
+        "main",
+        "_quarry_actions/gate.yaml",
+        action(hooks.url + "/fail", events),
+    )
+    client.commit(repo, "main", "not a release branch: the hook does not run")
+    client.create_branch(repo, "release-1", "main")
+    put_file(suite, client, repo, "release-1", "x", b"x")
+    with pytest.raises(errors.FailedPrecondition, match="HTTP 400"):
+        client.commit(repo, "release-1", "a release branch: the hook runs and refuses")
+    assert hooks.events() == ["pre-commit"]
+
+
+def test_an_invalid_action_file_fails_the_commit_naming_file_and_line(suite, client, repo, hooks):
+    put_file(
+        suite,
+        client,
+        repo,
+        "main",
+        "_lakefs_actions/broken.yaml",
+        b"name: x\non:\n  pre-commit:\nhooks: [\n",
+    )
+    before = head(client, repo, "main")
+    with pytest.raises(errors.FailedPrecondition) as failed:
+        client.commit(repo, "main", "x")
+    assert failed.value.reason == "INVALID_ACTION_FILE"
+    assert "_lakefs_actions/broken.yaml:" in failed.value.message
+    assert head(client, repo, "main") == before
+
+
+def test_a_hook_url_to_the_metadata_address_is_refused(suite, client, repo, hooks):
+    put_file(
+        suite,
+        client,
+        repo,
+        "main",
+        "_quarry_actions/gate.yaml",
+        action("http://169.254.169.254/latest/meta-data/", "  pre-commit:\n"),
+    )
+    with pytest.raises(errors.FailedPrecondition) as failed:
+        client.commit(repo, "main", "x")
+    assert failed.value.reason == "HOOK_FAILED"
+    assert "link-local/metadata" in failed.value.message
+
+
+# ---- merge -------------------------------------------------------------------------------
+
+
+def test_pre_merge_refuses_then_accepts_and_post_merge_fires(suite, client, repo, hooks):
+    client.create_branch(repo, "feature", "main")
+    events = "  pre-merge:\n    branches: [main]\n  post-merge:\n"
+    put_file(
+        suite,
+        client,
+        repo,
+        "feature",
+        "_quarry_actions/gate.yaml",
+        action(hooks.url + "/fail", events),
+    )
+    client.commit(repo, "feature", "a gate that refuses")
+    before = head(client, repo, "main")
+    with pytest.raises(errors.FailedPrecondition) as failed:
+        client.merge(repo, "feature", "main")
+    assert failed.value.reason == "HOOK_FAILED"
+    assert head(client, repo, "main") == before
+    put_file(
+        suite,
+        client,
+        repo,
+        "feature",
+        "_quarry_actions/gate.yaml",
+        action(hooks.url + "/ok", events),
+    )
+    client.commit(repo, "feature", "a gate that accepts")
+    merged = client.merge(repo, "feature", "main").commit
+    assert head(client, repo, "main") == merged.id
+    assert hooks.events() == ["pre-merge", "pre-merge", "post-merge"]
+    body = hooks.calls[-1]["body"]
+    assert body["branch_id"] == "main" and body["source_ref"] == "feature"
+    assert body["commit_id"] == merged.id
+
+
+# ---- the guard, unit ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[fd00:ec2::254]/",
+        "http://[::ffff:169.254.169.254]/",
+        "http://[fe80::1]/",
+    ],
+)
+def test_link_local_and_metadata_urls_are_refused_whatever_the_allow_list(url):
+    with pytest.raises(webhook.HookURLRefused):
+        webhook.check_url(url, ())
+
+
+def test_the_allow_list_limits_hosts():
+    with pytest.raises(webhook.HookURLRefused, match="not in the allowed hosts"):
+        webhook.check_url("http://example.com/", ("loopback",))
+    webhook.check_url("http://127.0.0.1:9/", ("loopback",))
+    webhook.check_url("http://localhost:9/", ("loopback",))
+
+
+def test_literal_secrets_in_an_action_file_are_refused():
+    doc = b"name: x\non:\n  pre-commit:\nhooks:\n  - id: h\n    type: webhook\n    properties:\n      url: http://127.0.0.1/\n      headers:\n        Authorization: Bearer abc\n"
+    with pytest.raises(files.InvalidActionFile, match="environment references"):
+        files.parse("_quarry_actions/x.yaml", doc)
+    ok = doc.replace(b"Bearer abc", b"'{{ ENV.HOOK_TOKEN }}'")
+    assert files.parse("_quarry_actions/x.yaml", ok).hooks[0].properties["headers"]
+
+
+def test_grpc_status_of_a_hook_failure_is_failed_precondition(suite, client, repo, hooks):
+    put_file(
+        suite,
+        client,
+        repo,
+        "main",
+        "_quarry_actions/gate.yaml",
+        action(hooks.url + "/fail", "  pre-commit:\n"),
+    )
+    with pytest.raises(errors.FailedPrecondition) as failed:
+        client.commit(repo, "main", "x")
+    assert failed.value.code == grpc.StatusCode.FAILED_PRECONDITION
