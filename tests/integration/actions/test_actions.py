@@ -403,3 +403,61 @@ def test_grpc_status_of_a_hook_failure_is_failed_precondition(suite, client, rep
     with pytest.raises(errors.FailedPrecondition) as failed:
         client.commit(repo, "main", "x")
     assert failed.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_a_hostname_resolving_to_a_metadata_address_is_refused(monkeypatch):
+    """An attacker's DNS name answering one good and one metadata address gets nothing."""
+
+    def resolve(host, port, *args, **kwargs):
+        return [
+            (2, 1, 6, "", ("127.0.0.1", port)),
+            (2, 1, 6, "", ("169.254.169.254", port)),
+        ]
+
+    monkeypatch.setattr(webhook.socket, "getaddrinfo", resolve)
+    with pytest.raises(webhook.HookURLRefused, match="link-local/metadata"):
+        webhook.check_url("http://hooks.example.com/", ())
+
+
+# ---- runs over gRPC and the CLI ----------------------------------------------------------
+
+
+def test_runs_are_listed_and_shown_over_grpc_and_the_cli(suite, client, repo, hooks, capsys):
+    from quarry.cli.main import main
+
+    put_file(
+        suite,
+        client,
+        repo,
+        "main",
+        "_quarry_actions/gate.yaml",
+        action(hooks.url + "/ok", "  post-commit:\n"),
+    )
+    commit = client.commit(repo, "main", "one").commit
+    client.create_branch(repo, "dev", "main")
+    put_file(suite, client, repo, "dev", "x", b"x")
+    client.commit(repo, "dev", "two")
+    listed = client.list_action_runs(repo).runs
+    assert [r.branch for r in listed] == ["dev", "main"]  # newest first
+    (on_commit,) = client.list_action_runs(repo, commit_id=commit.id).runs
+    assert client.list_action_runs(repo, branch="main").runs == [on_commit]
+    first = client.list_action_runs(repo, page_size=1)
+    assert len(first.runs) == 1 and first.next_page_token
+    second = client.list_action_runs(repo, page_size=1, page_token=first.next_page_token)
+    assert [r.run_id for r in second.runs] == [on_commit.run_id]
+    run = client.get_action_run(repo, on_commit.run_id)
+    assert run.hooks[0].http_status == 200 and run.hooks[0].output == "answer from /ok"
+    with pytest.raises(errors.NotFound):
+        client.get_action_run(repo, "nope")
+    targets = [
+        "--branch-manager",
+        suite.targets["branch-manager"],
+        "--committer",
+        suite.targets["committer"],
+    ]
+    assert main(["actions", "runs", "list", repo, "--commit", commit.id, *targets]) == 0
+    out = capsys.readouterr().out
+    assert on_commit.run_id in out and "post-commit" in out
+    assert main(["actions", "runs", "show", repo, on_commit.run_id, *targets]) == 0
+    out = capsys.readouterr().out
+    assert "answer from /ok" in out and "passed" in out
