@@ -461,3 +461,35 @@ def test_runs_are_listed_and_shown_over_grpc_and_the_cli(suite, client, repo, ho
     assert main(["actions", "runs", "show", repo, on_commit.run_id, *targets]) == 0
     out = capsys.readouterr().out
     assert "answer from /ok" in out and "passed" in out
+
+
+# ---- observability -------------------------------------------------------------------------
+
+
+def test_every_hook_call_is_a_span_of_the_commit_and_counted(suite, client, repo, hooks):
+    from prometheus_client import generate_latest
+
+    from quarry import telemetry
+    from quarry.actions.runs import METRICS
+    from quarry.telemetry.metrics import expose
+
+    expose(*METRICS)
+    exporter = telemetry.use_in_memory_exporter()
+    events = "  pre-commit:\n  post-commit:\n"
+    put_file(
+        suite, client, repo, "main", "_quarry_actions/gate.yaml", action(hooks.url + "/ok", events)
+    )
+    exporter.clear()
+    with telemetry.tracer("test").start_as_current_span("user") as user:
+        client.commit(repo, "main", "traced")
+    trace_id = user.get_span_context().trace_id
+    spans = [s for s in exporter.get_finished_spans() if s.context.trace_id == trace_id]
+    hook_spans = [s for s in spans if s.name == "actions.hook"]
+    assert sorted(s.attributes["quarry.event"] for s in hook_spans) == ["post-commit", "pre-commit"]
+    commit_span = next(s for s in spans if s.name == "graveler.commit")
+    pre = next(s for s in hook_spans if s.attributes["quarry.event"] == "pre-commit")
+    assert pre.parent is not None and pre.parent.span_id == commit_span.context.span_id
+    assert all(s.attributes["http.status_code"] == 200 for s in hook_spans)
+    text = generate_latest().decode()
+    assert 'quarry_action_runs_total{event="pre-commit",status="passed"}' in text
+    assert 'quarry_action_hook_seconds_count{event="post-commit",status="passed"}' in text
