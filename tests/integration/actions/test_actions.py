@@ -493,3 +493,66 @@ def test_every_hook_call_is_a_span_of_the_commit_and_counted(suite, client, repo
     text = generate_latest().decode()
     assert 'quarry_action_runs_total{event="pre-commit",status="passed"}' in text
     assert 'quarry_action_hook_seconds_count{event="post-commit",status="passed"}' in text
+
+
+# ---- the README's example -----------------------------------------------------------------
+
+
+def test_the_schema_gate_example_refuses_then_accepts_a_merge(suite, client, repo, tmp_path):
+    """examples/actions/schema_gate.py as the README walks through it: branch → write a
+    Parquet file without the column → merge refused → fix → merge accepted."""
+    import importlib.util
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    source = Path(__file__).resolve().parents[3] / "examples" / "actions" / "schema_gate.py"
+    spec = importlib.util.spec_from_file_location("schema_gate", source)
+    assert spec is not None and spec.loader is not None
+    gate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gate)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), gate.handler_for(client, "user_id"))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        events = "  pre-merge:\n    branches: [main]\n"
+        put_file(
+            suite,
+            client,
+            repo,
+            "main",
+            "_quarry_actions/schema.yaml",
+            action(url, events, name="schema gate"),
+        )
+        client.commit(repo, "main", "the gate")
+        client.create_branch(repo, "ingest", "main")
+
+        def parquet(columns: dict) -> bytes:
+            out = io.BytesIO()
+            pq.write_table(pa.table(columns), out)
+            return out.getvalue()
+
+        put_file(suite, client, repo, "ingest", "events/day1.parquet", parquet({"event": ["a"]}))
+        client.commit(repo, "ingest", "day 1, no user_id")
+        before = head(client, repo, "main")
+        with pytest.raises(errors.FailedPrecondition) as refused:
+            client.merge(repo, "ingest", "main")
+        assert refused.value.reason == "HOOK_FAILED"
+        run = client.get_action_run(repo, refused.value.metadata["run_id"])
+        assert "missing column 'user_id' in: events/day1.parquet" in run.hooks[0].output
+        assert head(client, repo, "main") == before
+        put_file(
+            suite,
+            client,
+            repo,
+            "ingest",
+            "events/day1.parquet",
+            parquet({"event": ["a"], "user_id": [1]}),
+        )
+        client.commit(repo, "ingest", "day 1 with user_id")
+        merged = client.merge(repo, "ingest", "main").commit
+        assert head(client, repo, "main") == merged.id
+    finally:
+        server.shutdown()
+        server.server_close()
