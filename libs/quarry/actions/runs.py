@@ -219,6 +219,11 @@ class Actions:
                     str(k): files.resolve_env(str(v), dict(self.environ))
                     for k, v in (properties.get("headers") or {}).items()
                 }
+                # A hook's own `secret` (an environment reference the receiver also knows)
+                # signs instead of the repository's.
+                own = properties.get("secret")
+                if own:
+                    secret = files.resolve_env(str(own), dict(self.environ)).encode()
                 answer = webhook.post(
                     str(properties["url"]),
                     body,

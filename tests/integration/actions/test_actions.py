@@ -556,3 +556,16 @@ def test_the_schema_gate_example_refuses_then_accepts_a_merge(suite, client, rep
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_hook_secret_from_the_environment_signs_the_call(suite, client, repo, hooks, monkeypatch):
+    """The committer runs in this process: its environment is ours."""
+    monkeypatch.setenv("QUARRY_TEST_HOOK_SECRET", "shared-with-the-receiver")
+    doc = action(hooks.url + "/ok", "  pre-commit:\n").replace(
+        b"      query_params:",
+        b"      secret: '{{ ENV.QUARRY_TEST_HOOK_SECRET }}'\n      query_params:",
+    )
+    put_file(suite, client, repo, "main", "_quarry_actions/gate.yaml", doc)
+    client.commit(repo, "main", "signed")
+    (call,) = hooks.calls
+    assert webhook.verify(b"shared-with-the-receiver", call["raw"], call["signature"])
