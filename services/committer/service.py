@@ -40,16 +40,9 @@ def build(
     from quarry.telemetry.metrics import expose
 
     expose(*METRICS)
-    if settings.actions_enabled:
-        from quarry.actions.runs import METRICS as ACTION_METRICS
-        from quarry.actions.runs import Actions
+    from quarry.actions.runs import install as install_actions
 
-        deps.graveler.actions = Actions(
-            deps.graveler.kv,
-            allowed_hosts=settings.actions_allowed_hosts.split(","),
-            max_timeout_seconds=settings.actions_max_timeout_seconds,
-        )
-        expose(*ACTION_METRICS)
+    install_actions(deps.graveler, settings)  # commits and merges
     servicer = CommitterServicer(deps.graveler, deps.requests, authorizer)
     return ServiceSpec(
         name=SERVICE_NAME,

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from opentelemetry import trace
 from prometheus_client import Counter, Histogram
@@ -61,7 +62,8 @@ class Event:
     commit_message: str = ""
     committer: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
-    commit_id: str = ""  # post events: the commit made
+    commit_id: str = ""  # post commit/merge: the commit made; branch/tag events: its commit
+    tag_id: str = ""  # tag events
 
 
 @dataclass
@@ -328,3 +330,18 @@ class Actions:
         finally:
             iterator.close()
         return runs, ""
+
+
+def install(graveler: Any, settings: Any) -> None:
+    """Run actions in this service (the committer: commits and merges; branch-manager:
+    branches and tags) per the settings, and expose their metrics."""
+    if not settings.actions_enabled:
+        return
+    from quarry.telemetry.metrics import expose
+
+    graveler.actions = Actions(
+        graveler.kv,
+        allowed_hosts=settings.actions_allowed_hosts.split(","),
+        max_timeout_seconds=settings.actions_max_timeout_seconds,
+    )
+    expose(*METRICS)

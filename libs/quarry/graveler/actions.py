@@ -5,6 +5,7 @@ commit with actions on but no action files pays one listing of the "_" prefix ra
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from quarry.actions.files import PREFIXES, Action
@@ -64,3 +65,30 @@ def post_event(
         core.actions.run(repo.partition, event, actions)
     except Exception:  # noqa: BLE001 — post hooks are recorded; the operation is done
         log.exception("post-event actions failed")
+
+
+def ref_event(  # noqa: PLR0913 — the event's fields
+    core: Core,
+    reads: Reads,
+    repo: Repository,
+    kind: str,
+    commit_id: str,
+    branch: str = "",
+    source_ref: str = "",
+    tag: str = "",
+) -> Callable[[], None]:
+    """A branch or tag event (kind: create-branch, delete-branch, create-tag, delete-tag)
+    whose action files are those of `commit_id` (the new branch's source, the deleted
+    branch's HEAD, the tag's commit): runs the pre-hooks now (raising HookFailed), returns
+    what runs the post-hooks once the operation is done."""
+    if core.actions is None:
+        return lambda: None
+    commit = core.refs.get_commit(repo, commit_id)
+    event = Event(f"pre-{kind}", repo.name, branch, source_ref, commit_id=commit_id, tag_id=tag)
+    pre_event(core, reads, repo, commit.metarange_id, event)
+
+    def post() -> None:
+        event.event_type = f"post-{kind}"
+        post_event(core, reads, repo, commit, event)
+
+    return post

@@ -569,3 +569,56 @@ def test_a_hook_secret_from_the_environment_signs_the_call(suite, client, repo, 
     client.commit(repo, "main", "signed")
     (call,) = hooks.calls
     assert webhook.verify(b"shared-with-the-receiver", call["raw"], call["signature"])
+
+
+# ---- branches and tags (branch-manager) -----------------------------------------------------
+
+
+def test_branch_and_tag_events_fire_and_a_failing_pre_hook_refuses(suite, client, repo, hooks):
+    events = "".join(
+        f"  {phase}-{kind}:\n"
+        for kind in ("create-branch", "delete-branch", "create-tag", "delete-tag")
+        for phase in ("pre", "post")
+    )
+    put_file(
+        suite, client, repo, "main", "_quarry_actions/refs.yaml", action(hooks.url + "/ok", events)
+    )
+    commit = client.commit(repo, "main", "ref hooks").commit
+    client.create_branch(repo, "feature", "main")
+    client.delete_branch(repo, "feature")
+    client.create_tag(repo, "v1", "main")
+    client.delete_tag(repo, "v1")
+    assert hooks.events() == [
+        "pre-create-branch",
+        "post-create-branch",
+        "pre-delete-branch",
+        "post-delete-branch",
+        "pre-create-tag",
+        "post-create-tag",
+        "pre-delete-tag",
+        "post-delete-tag",
+    ]
+    created = hooks.calls[0]["body"]
+    assert created["branch_id"] == "feature" and created["source_ref"] == "main"
+    assert created["commit_id"] == commit.id
+    tagged = hooks.calls[4]["body"]
+    assert tagged["tag_id"] == "v1" and tagged["commit_id"] == commit.id
+    # A refusing pre-create-branch: no branch.
+    put_file(
+        suite,
+        client,
+        repo,
+        "main",
+        "_quarry_actions/refs.yaml",
+        action(hooks.url + "/fail", events),
+    )
+    client.commit(repo, "main", "refuse")
+    with pytest.raises(errors.FailedPrecondition) as refused:
+        client.create_branch(repo, "refused", "main")
+    assert refused.value.reason == "HOOK_FAILED"
+    with pytest.raises(errors.NotFound):
+        client.get_branch(repo, "refused")
+    with pytest.raises(errors.FailedPrecondition):
+        client.create_tag(repo, "v2", "main")
+    with pytest.raises(errors.NotFound):
+        client.get_tag(repo, "v2")
