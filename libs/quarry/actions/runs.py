@@ -337,11 +337,14 @@ def install(graveler: Any, settings: Any) -> None:
     branches and tags) per the settings, and expose their metrics."""
     if not settings.actions_enabled:
         return
+    from quarry.blob import read_object
     from quarry.telemetry.metrics import expose
 
     graveler.actions = Actions(
         graveler.kv,
         allowed_hosts=settings.actions_allowed_hosts.split(","),
         max_timeout_seconds=settings.actions_max_timeout_seconds,
+        # Action files in an S3 namespace: read with this service's S3 settings.
+        read_object=lambda address: read_object(address, settings),
     )
     expose(*METRICS)
