@@ -236,6 +236,21 @@ class Settings:
         "An import whose status record is older than this while RUNNING reads as FAILED: "
         "its committer process stopped (the branch is unchanged; run the import again).",
     )
+    actions_enabled: bool = _setting(
+        True,
+        "Run the hooks of action files (_quarry_actions/*.yaml): the committer on commits "
+        "and merges, branch-manager on branches and tags (docs/actions.md); off: no action "
+        "file is read.",
+    )
+    actions_allowed_hosts: str = _setting(
+        "loopback",
+        "Comma-separated hosts webhook hooks may call (`*.example.com` for subdomains, "
+        "`loopback` for 127.0.0.0/8, ::1 and localhost; empty: any host). Link-local and "
+        "metadata addresses (169.254.0.0/16, fd00:ec2::254) are refused whatever this says.",
+    )
+    actions_max_timeout_seconds: float = _setting(
+        300.0, "The longest timeout a webhook hook may ask for (its default is 60 s)."
+    )
     experimental_dirty_read_optimization: bool = _setting(
         True, "Skip the staging partition on reads of clean branches (docs/architecture.md §4)."
     )

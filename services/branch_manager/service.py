@@ -83,6 +83,9 @@ def build(
             sealer=sealer,
         )
 
+    from quarry.actions.runs import install as install_actions
+
+    install_actions(deps.graveler, settings)  # branches and tags
     servicer = BranchManagerServicer(
         deps.graveler,
         deps.requests,

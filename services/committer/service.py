@@ -40,6 +40,9 @@ def build(
     from quarry.telemetry.metrics import expose
 
     expose(*METRICS)
+    from quarry.actions.runs import install as install_actions
+
+    install_actions(deps.graveler, settings)  # commits and merges
     servicer = CommitterServicer(deps.graveler, deps.requests, authorizer)
     return ServiceSpec(
         name=SERVICE_NAME,

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from quarry import errors
+from quarry.actions.runs import Actions, Run
 from quarry.auth.checks import committer_for
 from quarry.convert import change_to_proto, conflict_to_proto, summary_to_proto
+from quarry.graveler.core import check_page_size
 from quarry.graveler.graveler import Graveler, MergeParams
 from quarry.graveler.imports import ImportSource, ImportView
+from quarry.graveler.iterators import decode_page_token, encode_page_token
 from quarry.graveler.requests import RequestLog
 from quarry.runtime.idempotency import idempotent
 from quarry.v1 import committer_pb2 as pb
@@ -142,6 +146,58 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
     def CancelImport(self, request, context):
         view = self._g.cancel_import(request.repository, request.id)
         return pb.CancelImportResponse(**{"import": import_to_proto(view)})
+
+    # ---- action runs (quarry.actions.runs) -------------------------------------------------
+
+    def ListActionRuns(self, request, context):
+        runs, token = self._actions().list_runs(
+            self._g.repo(request.repository).partition,
+            branch=request.branch,
+            commit_id=request.commit_id,
+            page_size=check_page_size(request.page_size),
+            after=decode_page_token(request.page_token, "after").get("after", ""),
+        )
+        return pb.ListActionRunsResponse(
+            runs=[run_to_proto(r) for r in runs],
+            next_page_token=encode_page_token(after=token) if token else "",
+        )
+
+    def GetActionRun(self, request, context):
+        if not request.run_id:
+            raise errors.InvalidArgument("run_id is required")
+        run = self._actions().get_run(self._g.repo(request.repository).partition, request.run_id)
+        return pb.GetActionRunResponse(run=run_to_proto(run))
+
+    def _actions(self) -> Actions:
+        # Runs are readable even when this committer runs no hooks (QUARRY_ACTIONS_ENABLED
+        # off now, on before): the records are in KV either way.
+        return self._g.actions or Actions(self._g.kv)
+
+
+def run_to_proto(run: Run) -> pb.ActionRun:
+    message = pb.ActionRun(
+        run_id=run.run_id,
+        event=run.event_type,
+        branch=run.branch_id,
+        ref=run.source_ref,
+        commit_id=run.commit_id,
+        status=run.status,
+        error=run.error,
+    )
+    message.start_time.FromNanoseconds(int(run.start_time * 1e9))
+    if run.end_time:
+        message.end_time.FromNanoseconds(int(run.end_time * 1e9))
+    for hook in run.hooks:
+        result = message.hooks.add(
+            action=hook.action_name,
+            hook_id=hook.hook_id,
+            status=hook.status,
+            http_status=hook.http_status,
+            output=hook.output,
+            error=hook.error,
+        )
+        result.duration.FromNanoseconds(int(hook.duration_seconds * 1e9))
+    return message
 
 
 def import_to_proto(view: ImportView) -> pb.Import:

@@ -238,6 +238,9 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
         "GetImportStatus": _act("fs:ReadRepository", _repo),
         # An import's id names no branch: cancelling needs fs:CreateCommit on the repository.
         "CancelImport": _act("fs:CreateCommit", _repo, mutating=True),
+        # Action runs name hook URLs and their answers: their own permission (fs:Read*).
+        "ListActionRuns": _act("fs:ReadActions", _repo),
+        "GetActionRun": _act("fs:ReadActions", _repo),
     },
     "CompactorSensor": {
         "ReportStagingActivity": _service(),

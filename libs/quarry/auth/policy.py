@@ -49,6 +49,7 @@ FS_ACTIONS = (
     "fs:ListTags",
     "fs:SetBranchProtectionRules",
     "fs:GetBranchProtectionRules",
+    "fs:ReadActions",
 )
 RETENTION_ACTIONS = (
     "retention:GetGarbageCollectionRules",

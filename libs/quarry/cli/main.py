@@ -13,6 +13,7 @@ adds its parser (`COMMANDS`: command name -> registration):
     quarry.cli.objects     put, rm, ls, stat, cat, get
     quarry.cli.history     commit, log, diff
     quarry.cli.merging     merge, revert, cherry-pick
+    quarry.cli.actions     actions runs list | show
     quarry.cli.compaction  compact, stats
     quarry.cli.doctor      doctor
     quarry.cli.gc          gc run | set-rules | show-rules | delete-rules
@@ -43,6 +44,7 @@ from typing import NoReturn
 
 import quarry
 from quarry.cli import (
+    actions,
     auth,
     base,
     branches,
@@ -78,6 +80,7 @@ _REGISTRATIONS: dict[str, base.Registration] = {
         history,
         importing,
         merging,
+        actions,
         compaction,
         doctor,
         gc,
@@ -114,6 +117,7 @@ COMMAND_ORDER = (
     "merge",
     "revert",
     "cherry-pick",
+    "actions",
     "reset",
     "discard",
     "compact",

@@ -289,6 +289,35 @@ class CommitterCalls(RpcCalls):
         )
         return getattr(response, "import")
 
+    def list_action_runs(  # noqa: PLR0913 — the ListActionRuns request, field for field
+        self,
+        repository: str,
+        branch: str = "",
+        commit_id: str = "",
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> cm.ListActionRunsResponse:
+        """Action runs newest first (docs/actions.md), optionally of a branch / a commit."""
+        return self._unary(
+            self._cm.ListActionRuns,
+            "Committer/ListActionRuns",
+            cm.ListActionRunsRequest(
+                repository=repository,
+                branch=branch,
+                commit_id=commit_id,
+                page_size=page_size,
+                page_token=page_token,
+            ),
+        )
+
+    def get_action_run(self, repository: str, run_id: str) -> cm.ActionRun:
+        response = self._unary(
+            self._cm.GetActionRun,
+            "Committer/GetActionRun",
+            cm.GetActionRunRequest(repository=repository, run_id=run_id),
+        )
+        return response.run
+
     def get_import_status(self, repository: str, import_id: str) -> cm.Import:
         response = self._unary(
             self._cm.GetImportStatus,

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from quarry.graveler import actions, names
 from quarry.graveler import errors as gerrors
-from quarry.graveler import names
 from quarry.graveler.core import CommitRecord, Core, make_commit, tracer
 from quarry.graveler.model import ApplyResult, DiffSummary
 from quarry.graveler.protection import COMMIT
@@ -122,6 +122,9 @@ class Commits:
                 if outcome is not None:
                     span.set_attribute("quarry.commit", outcome.commit.id)
                     span.set_attribute("quarry.attempts", attempt + 1)
+                    event = actions.commit_event(repo, branch_name, params, "post-commit")
+                    event.commit_id = outcome.commit.id
+                    actions.post_event(self.core, self.reads, repo, outcome.commit, event)
                     return outcome
                 cas_retry("commit", attempt + 1)
         raise AssertionError("unreachable")
@@ -169,6 +172,14 @@ class Commits:
                 f"no changes to commit on {branch_name!r}",
                 metadata={"repository": repo.name, "branch": branch_name},
             )
+        # Pre-commit hooks judge the metarange this attempt commits: the sealed tokens
+        # applied, action files read from it. Writes arriving while they run are
+        # acknowledged on the fresh token (a writer that hit a sealed token writes again
+        # to the new one) and stay staged for the next commit. A failure raises before
+        # anything moves: the sealed tokens stay on the branch with every staged write
+        # (the next commit applies them); the ranges written are garbage for GC.
+        event = actions.commit_event(repo, branch_name, params, "pre-commit")
+        actions.pre_event(self.core, self.reads, repo, result.metarange_id, event)
         # (4) The commit record (content-addressed, so a retry writes the same key).
         commit = make_commit(
             CommitRecord(

@@ -11,7 +11,7 @@ import hashlib
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from google.protobuf import timestamp_pb2
 from opentelemetry import trace
@@ -177,6 +177,8 @@ class Core:
         self.protection = BranchProtection(store)
         self.committed = committed
         self.range_writer = range_writer
+        # quarry.actions.runs.Actions when the service runs hooks (the committer); None: off.
+        self.actions: Any = None
         self.dirty_read_optimization = dirty_read_optimization
         # Pages end before their encoded size passes this (quarry.paging).
         self.max_response_bytes = max_response_bytes

@@ -10,8 +10,9 @@ from typing import TypedDict
 from opentelemetry import trace
 
 from quarry import errors
+from quarry.actions.runs import Event
+from quarry.graveler import actions, layout, names
 from quarry.graveler import errors as gerrors
-from quarry.graveler import layout, names
 from quarry.graveler.core import CommitRecord, Core, make_commit, tracer
 from quarry.graveler.model import Conflict, DiffSummary, MergeResult, MergeStrategy
 from quarry.graveler.protection import COMMIT
@@ -147,7 +148,26 @@ class Merges:
             "quarry.base": base_id or "",
         }
         with tracer.start_as_current_span("graveler.merge", attributes=attributes):
-            return self.three_way_commit(repo, destination_branch, work)
+            if params.dry_run:
+                return self.three_way_commit(repo, destination_branch, work)
+            # Pre-merge hooks judge the source commit (whose action files apply), before
+            # anything is written; a failure raises and the destination is untouched.
+            event = Event(
+                "pre-merge",
+                repo.name,
+                destination_branch,
+                source_ref,
+                message,
+                params.committer,
+                dict(params.metadata or {}),
+            )
+            actions.pre_event(self.core, self.reads, repo, source.metarange_id, event)
+            outcome = self.three_way_commit(repo, destination_branch, work)
+            if outcome.commit is not None:
+                event.event_type = "post-merge"
+                event.commit_id = outcome.commit.id
+                actions.post_event(self.core, self.reads, repo, source, event)
+            return outcome
 
     def revert(  # the Revert request, field for field
         self,

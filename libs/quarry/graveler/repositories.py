@@ -25,8 +25,8 @@ from quarry.blob.ownership import (
     build_marker,
     parse_marker,
 )
+from quarry.graveler import actions, layout, names, records
 from quarry.graveler import errors as gerrors
-from quarry.graveler import layout, names, records
 from quarry.graveler.core import CommitRecord, Core, make_commit, now_seconds
 from quarry.graveler.iterators import decode_page_token, encode_page_token
 from quarry.graveler.layout import BRANCHES_PREFIX, REPOS_PREFIX, TAGS_PREFIX, staging_partition
@@ -325,10 +325,20 @@ class Repositories:
         repo = self.core.live_repo(repo_name)
         names.check_branch_name(name)
         resolved = self.refs.resolve(repo, source_ref or repo.default_branch)
+        post = actions.ref_event(
+            self.core,
+            self.reads,
+            repo,
+            "create-branch",
+            resolved.commit_id,
+            branch=name,
+            source_ref=source_ref or repo.default_branch,
+        )
         branch = types_pb2.Branch(
             name=name, commit_id=resolved.commit_id, staging_token=new_token(), dirty=False
         )
         self.refs.insert_branch(repo, branch)
+        post()
         return branch
 
     def get_branch(self, repo_name: str, name: str) -> types_pb2.Branch:
@@ -358,11 +368,26 @@ class Repositories:
             )
         # Never delete a protected branch: recreated at an older commit it would be rewound.
         self.core.protection.check_delete(repo, name)
+        post = (
+            actions.ref_event(
+                self.core,
+                self.reads,
+                repo,
+                "delete-branch",
+                self.refs.get_branch(repo, name)[0].commit_id,
+                branch=name,
+                source_ref=name,
+            )
+            if self.core.actions is not None
+            else None
+        )
         # Compare-and-delete: the tokens retired are those of the record deleted, even when
         # a seal or commit changed the branch since it was first read.
         branch = self.refs.delete_branch(repo, name)
         self.core.forget_branch(repo, name)
         self.staging.queue_drop_tokens([branch.staging_token, *branch.sealed_tokens])
+        if post is not None:
+            post()
 
     def reset_branch(
         self, repo_name: str, name: str, ref: str, force: bool = False
@@ -397,7 +422,11 @@ class Repositories:
         repo = self.core.live_repo(repo_name)
         names.check_tag_name(name)
         tag = types_pb2.Tag(name=name, commit_id=self.refs.resolve(repo, ref).commit_id)
+        post = actions.ref_event(
+            self.core, self.reads, repo, "create-tag", tag.commit_id, source_ref=ref, tag=name
+        )
         self.refs.insert_tag(repo, tag)
+        post()
         return tag
 
     def get_tag(self, repo_name: str, name: str) -> types_pb2.Tag:
@@ -420,7 +449,15 @@ class Repositories:
     def delete_tag(self, repo_name: str, name: str) -> None:
         repo = self.core.live_repo(repo_name)
         names.check_tag_name(name)
+        post = None
+        if self.core.actions is not None:
+            commit_id = self.refs.get_tag(repo, name).commit_id
+            post = actions.ref_event(
+                self.core, self.reads, repo, "delete-tag", commit_id, source_ref=name, tag=name
+            )
         self.refs.delete_tag(repo, name)
+        if post is not None:
+            post()
 
     # ---- settings ---------------------------------------------------------------------------
 

@@ -1,0 +1,234 @@
+"""Action files: YAML documents under `_quarry_actions/` (and lakeFS's `_lakefs_actions/`)
+read from the ref an event is about. A file that does not parse or validate fails the
+pre-event naming the file and, where YAML knows it, the line (never silently ignored)."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml  # type: ignore[import-untyped]
+
+from quarry import errors
+
+# Both prefixes sort next to each other ("_lakefs_actions/" < "_quarry_actions/"), so one
+# listing of the "_" prefix from the first to past the second finds every action file.
+PREFIXES = ("_lakefs_actions/", "_quarry_actions/")
+SUFFIXES = (".yaml", ".yml")
+
+PRE_COMMIT = "pre-commit"
+POST_COMMIT = "post-commit"
+PRE_MERGE = "pre-merge"
+POST_MERGE = "post-merge"
+EVENTS = (
+    PRE_COMMIT,
+    POST_COMMIT,
+    PRE_MERGE,
+    POST_MERGE,
+    "pre-create-branch",
+    "post-create-branch",
+    "pre-delete-branch",
+    "post-delete-branch",
+    "pre-create-tag",
+    "post-create-tag",
+    "pre-delete-tag",
+    "post-delete-tag",
+)
+HOOK_TYPES = ("webhook",)
+_HOOK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+# A secret is never literal in a file: a property value may name an environment variable.
+ENV_REFERENCE = re.compile(r"\{\{\s*ENV\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+
+
+class InvalidActionFile(errors.FailedPrecondition):
+    """An action file that does not parse or validate: the pre-event it would gate fails."""
+
+    reason = "INVALID_ACTION_FILE"
+
+
+@dataclass(frozen=True)
+class Hook:
+    id: str
+    type: str
+    description: str = ""
+    properties: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Action:
+    name: str
+    path: str  # the file it came from
+    on: dict[str, tuple[str, ...]]  # event → branch globs (empty: every branch)
+    hooks: tuple[Hook, ...]
+
+    def matches(self, event: str, branch: str) -> bool:
+        if event not in self.on:
+            return False
+        globs = self.on[event]
+        return not globs or any(fnmatch.fnmatchcase(branch, g) for g in globs)
+
+
+def is_action_path(path: str) -> bool:
+    return path.startswith(PREFIXES) and path.endswith(SUFFIXES) and "/" not in _tail(path)
+
+
+def _tail(path: str) -> str:
+    return path.split("/", 1)[1]
+
+
+def _fail(path: str, message: str, line: int | None = None) -> InvalidActionFile:
+    where = f"{path}:{line}" if line else path
+    return InvalidActionFile(
+        f"invalid action file {where}: {message}",
+        metadata={"path": path, "line": str(line or 0)},
+    )
+
+
+class _Lines(yaml.SafeLoader):
+    """A safe loader that remembers the line of each mapping (for messages)."""
+
+
+def _mapping_with_line(loader: _Lines, node: yaml.MappingNode) -> dict[str, Any]:
+    mapping = loader.construct_mapping(node, deep=True)
+    mapping["__line__"] = node.start_mark.line + 1
+    return mapping
+
+
+_Lines.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_with_line)
+
+
+def parse(path: str, data: bytes) -> Action:
+    """One action file → an Action; InvalidActionFile naming the file and line otherwise."""
+    try:
+        doc = yaml.load(data, Loader=_Lines)  # noqa: S506 — _Lines is a SafeLoader
+    except yaml.MarkedYAMLError as bad:
+        line = bad.problem_mark.line + 1 if bad.problem_mark else None
+        raise _fail(path, bad.problem or str(bad), line) from None
+    except yaml.YAMLError as bad:
+        raise _fail(path, str(bad)) from None
+    if not isinstance(doc, dict):
+        raise _fail(path, "expected a mapping with name, on and hooks", 1)
+    line = doc.get("__line__")
+    name = doc.get("name")
+    if not isinstance(name, str) or not name:
+        raise _fail(path, "`name` is required (a string)", line)
+    on = doc.get("on", doc.get(True))  # YAML 1.1 reads a bare `on` key as True
+    if not isinstance(on, dict) or not [k for k in on if k != "__line__"]:
+        raise _fail(path, "`on` must map at least one event", line)
+    events: dict[str, tuple[str, ...]] = {}
+    for event, spec in on.items():
+        if event == "__line__":
+            continue
+        if event not in EVENTS:
+            raise _fail(
+                path, f"unknown event {event!r} (one of {', '.join(EVENTS)})", on["__line__"]
+            )
+        globs: list[str] = []
+        if spec is not None:
+            if not isinstance(spec, dict):
+                raise _fail(path, f"event {event!r}: expected a mapping", on["__line__"])
+            branches = spec.get("branches") or []
+            if not isinstance(branches, list) or not all(isinstance(b, str) for b in branches):
+                raise _fail(
+                    path, f"event {event!r}: `branches` must be a list of globs", spec["__line__"]
+                )
+            globs = branches
+        events[event] = tuple(globs)
+    hooks_doc = doc.get("hooks")
+    if not isinstance(hooks_doc, list) or not hooks_doc:
+        raise _fail(path, "`hooks` must be a non-empty list", line)
+    hooks: list[Hook] = []
+    seen: set[str] = set()
+    for item in hooks_doc:
+        if not isinstance(item, dict):
+            raise _fail(path, "each hook must be a mapping", line)
+        hook_line = item.get("__line__")
+        hook_id = item.get("id")
+        if not isinstance(hook_id, str) or not _HOOK_ID.match(hook_id):
+            raise _fail(path, "a hook needs an `id` (letters, digits, _ . -)", hook_line)
+        if hook_id in seen:
+            raise _fail(path, f"hook id {hook_id!r} appears twice", hook_line)
+        seen.add(hook_id)
+        kind = item.get("type")
+        if kind not in HOOK_TYPES:
+            raise _fail(path, f"hook {hook_id!r}: type must be one of {HOOK_TYPES}", hook_line)
+        properties = item.get("properties") or {}
+        if not isinstance(properties, dict):
+            raise _fail(path, f"hook {hook_id!r}: `properties` must be a mapping", hook_line)
+        properties = _without_lines(properties)
+        _check_webhook_properties(path, hook_id, properties, hook_line)
+        description = item.get("description") or ""
+        hooks.append(Hook(hook_id, kind, str(description), properties))
+    return Action(name, path, events, tuple(hooks))
+
+
+def _check_webhook_properties(
+    path: str, hook_id: str, properties: dict[str, Any], line: int | None
+) -> None:
+    url = properties.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise _fail(path, f"hook {hook_id!r}: `properties.url` must be an http(s) URL", line)
+    timeout = properties.get("timeout")
+    if timeout is not None and parse_duration(timeout) is None:
+        raise _fail(path, f"hook {hook_id!r}: bad timeout {timeout!r} (e.g. 30s, 2m, 1.5)", line)
+    query = properties.get("query_params") or {}
+    if not isinstance(query, dict):
+        raise _fail(path, f"hook {hook_id!r}: `query_params` must be a mapping", line)
+    for key in ("secret", "headers"):
+        value = properties.get(key)
+        texts = value.values() if isinstance(value, dict) else [value]
+        for text in texts:
+            if isinstance(text, str) and text and not ENV_REFERENCE.fullmatch(text.strip()):
+                raise _fail(
+                    path,
+                    f"hook {hook_id!r}: `{key}` values must be environment references "
+                    "like {{ ENV.NAME }}, never literal secrets",
+                    line,
+                )
+
+
+def _without_lines(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_lines(v) for k, v in value.items() if k != "__line__"}
+    if isinstance(value, list):
+        return [_without_lines(v) for v in value]
+    return value
+
+
+def parse_duration(value: Any) -> float | None:
+    """30s, 2m, 500ms, 1h or a number of seconds → seconds; None when not a duration."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value) if value > 0 else None
+    if not isinstance(value, str):
+        return None
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", value)
+    if not found:
+        return None
+    number = float(found.group(1))
+    scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[found.group(2)]
+    seconds = number * scale
+    return seconds if seconds > 0 else None
+
+
+def resolve_env(text: str, environ: dict[str, str]) -> str:
+    """Replace {{ ENV.NAME }} references (a missing variable is an error, not "")."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            raise errors.FailedPrecondition(
+                f"environment variable {name!r} named by an action is not set",
+                metadata={"variable": name},
+            )
+        return environ[name]
+
+    return ENV_REFERENCE.sub(value, text)
+
+
+def matching(actions: list[Action], event: str, branch: str) -> list[Action]:
+    """The actions that run for an event on a branch, in path order (deterministic)."""
+    return sorted((a for a in actions if a.matches(event, branch)), key=lambda a: a.path)
