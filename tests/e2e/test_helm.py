@@ -1822,7 +1822,7 @@ def test_s3_gateway_http_probe_command_runs_against_a_real_https_server(tmp_path
     answer = {"status": 200}
 
     class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 — http.server's name
+        def do_GET(self):
             self.send_response(answer["status"] if self.path == "/_health" else 404)
             self.end_headers()
 

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 
 from quarry import errors
 
@@ -102,7 +102,7 @@ _Lines.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_
 def parse(path: str, data: bytes) -> Action:
     """One action file → an Action; InvalidActionFile naming the file and line otherwise."""
     try:
-        doc = yaml.load(data, Loader=_Lines)  # noqa: S506 — _Lines is a SafeLoader
+        doc = yaml.load(data, Loader=_Lines)
     except yaml.MarkedYAMLError as bad:
         line = bad.problem_mark.line + 1 if bad.problem_mark else None
         raise _fail(path, bad.problem or str(bad), line) from None

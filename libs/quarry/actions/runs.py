@@ -109,7 +109,7 @@ def new_run_id(now: float) -> str:
 class Actions:
     """The actions engine a service runs with (the committer for commits and merges)."""
 
-    def __init__(  # noqa: PLR0913 — settings, spelled out
+    def __init__(
         self,
         store: kv.Store,
         allowed_hosts: Iterable[str] = ("loopback",),

@@ -289,7 +289,7 @@ class CommitterCalls(RpcCalls):
         )
         return getattr(response, "import")
 
-    def list_action_runs(  # noqa: PLR0913 — the ListActionRuns request, field for field
+    def list_action_runs(
         self,
         repository: str,
         branch: str = "",

@@ -58,12 +58,12 @@ def post_event(
         return
     try:
         actions = _load(core, reads, Layers(repo, [], commit.metarange_id))
-    except Exception as invalid:  # noqa: BLE001 — an invalid file is recorded, not raised
+    except Exception as invalid:
         core.actions.fail_run(repo.partition, event, str(invalid))
         return
     try:
         core.actions.run(repo.partition, event, actions)
-    except Exception:  # noqa: BLE001 — post hooks are recorded; the operation is done
+    except Exception:
         log.exception("post-event actions failed")
 
 
