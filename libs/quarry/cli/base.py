@@ -263,6 +263,9 @@ _ERRNO_CODES = {
 }
 
 
+# Connection failures that name a TLS mistake (quarry.runtime.tls), not a service that is down.
+_TLS_REASONS = ("CONNECTION_CLOSED_AT_SETUP", "TLS_HANDSHAKE_FAILED")
+
 _PEER = re.compile(r"ipv[46]:(\[[^\]]*\]|[^\s:]+):(\d+)")
 
 
@@ -272,6 +275,8 @@ def unreachable(exc: errors.QuarryError, services: dict[str, str]) -> CliError |
     message = exc.message or ""
     if exc.code.name != "UNAVAILABLE" or "failed to connect" not in message.lower():
         return None
+    if exc.reason in _TLS_REASONS:
+        return None  # reached, but TLS is set up wrong: its own reason says what to fix
     peer = _PEER.search(message)
     port = peer.group(2) if peer else ""
     named = [

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from quarry import errors
-from quarry.committed.format import RANGES_PREFIX
+from quarry.blob.layout import RANGES_PREFIX
 
 
 def test_a_missing_range_file_reads_as_data_loss(suite):

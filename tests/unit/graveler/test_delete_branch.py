@@ -87,7 +87,7 @@ def test_a_branch_that_keeps_changing_is_contended_and_kept(graveler, repo):
         refs.delete_branch(
             refs.get_repository(repo),
             "feature",
-            policy=RetryPolicy(budget=3, base_seconds=0, cap_seconds=0),
+            policy=RetryPolicy(max_attempts=3, base_seconds=0, cap_seconds=0),
         )
     assert seen == ["feature"] * 3
     assert graveler.get_branch(repo, "feature").compacted_metarange_id == "m3"
