@@ -65,13 +65,14 @@ def serve(settings: Settings) -> None:
     import uvicorn
 
     from quarry import telemetry
+    from quarry.runtime.lifeline import watch_lifeline
     from quarry.runtime.tls import check_listen, server_tls
     from quarry.s3gateway.app import S3App
     from quarry.telemetry.logs import configure_logging
     from quarry.telemetry.metrics import start_metrics_endpoint
 
     configure_logging(SERVICE_NAME, settings.log_level, settings.log_format)
-    telemetry.configure_tracing(SERVICE_NAME)
+    telemetry.configure_tracing(SERVICE_NAME, warn_when_off=False)  # off is a service's default
     host, port = settings.listen_host, settings.port_of(SERVICE_NAME)
     # HTTPS with the certificate every service serves (QUARRY_TLS_CERT_FILE/KEY_FILE, checked
     # as they do; QUARRY_TLS_CLIENT_AUTH asks clients for one from QUARRY_TLS_CA_FILE);
@@ -127,6 +128,9 @@ def serve(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda number, frame: server.handle_exit(number, frame))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # Started by `quarry up`: stop, as on SIGTERM, once it is gone (even killed outright).
+    # uvicorn's loop polls should_exit, so setting it from the watcher thread is enough.
+    watch_lifeline(lambda: server.handle_exit(signal.SIGTERM, None))
     try:
         server.run(sockets=[sock])
     finally:

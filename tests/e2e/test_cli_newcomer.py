@@ -15,13 +15,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from support.processes import VENV_BIN, free_port, quarry_env
-from support.suite import running_suite
+from support.suite import suite_fixture
 
-
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(tmp_path_factory.mktemp("suite")) as running:
-        yield running
+suite = suite_fixture()
 
 
 @pytest.fixture(scope="module")

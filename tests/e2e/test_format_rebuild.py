@@ -220,10 +220,14 @@ def test_this_build_refuses_format_1_with_the_rebuild_message(v1, tmp_path):
 def test_export_import_rebuilds_and_reads_back_every_entry(v1, tmp_path):
     before = {f: os.stat(f).st_mtime_ns for f in glob.glob(f"{v1['lake']}/*/_quarry/*/*")}
     dump, target = tmp_path / "dump.jsonl", tmp_path / "v2.db"
-    result = run_quarry(tmp_path / "home", "export", str(dump), "--kv-url", f"sqlite:///{v1['db']}")
+    result = run_quarry(
+        tmp_path / "home", "store", "export", str(dump), "--kv-url", f"sqlite:///{v1['db']}"
+    )
     assert result.returncode == 0, result.stderr
     assert "storage format 1" in result.stderr
-    result = run_quarry(tmp_path / "home", "import", str(dump), "--kv-url", f"sqlite:///{target}")
+    result = run_quarry(
+        tmp_path / "home", "store", "import", str(dump), "--kv-url", f"sqlite:///{target}"
+    )
     assert result.returncode == 0, result.stderr
     assert "imported 3 repositories" in result.stderr and "stamped 2" in result.stderr
 

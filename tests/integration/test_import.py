@@ -22,7 +22,7 @@ from quarry.kv.memory import MemoryStore
 from quarry.v1 import committer_pb2 as cm
 from quarry.v1 import types_pb2
 from support.counting import CountingStore
-from support.suite import running_suite
+from support.suite import suite_fixture
 from support.wait import wait_until
 
 COMPLETED = cm.IMPORT_STATE_COMPLETED
@@ -58,15 +58,11 @@ def backend():
     return CountingStore(MemoryStore())
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory, backend, moto_endpoint):
-    with running_suite(
-        tmp_path_factory.mktemp("suite"),
-        backend=backend,
-        s3_endpoint_url=moto_endpoint,
-        import_heartbeat_seconds=0.2,
-    ) as suite:
-        yield suite
+suite = suite_fixture(
+    backend="backend",
+    fixture_options={"s3_endpoint_url": "moto_endpoint"},
+    import_heartbeat_seconds=0.2,
+)
 
 
 @pytest.fixture

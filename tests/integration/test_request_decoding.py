@@ -12,7 +12,7 @@ import pytest
 
 from quarry.runtime.errors import from_rpc_error
 from support.auth import admin_token_source, bearer, raw_channel, service_token
-from support.suite import running_suite
+from support.suite import suite_fixture
 
 # A length-delimited field 1 (`repository`) holding the bytes FF FE: not UTF-8.
 NOT_UTF8 = b"\x0a\x02\xff\xfe"
@@ -20,10 +20,7 @@ NOT_UTF8 = b"\x0a\x02\xff\xfe"
 GARBAGE = b"\x0a\x64\x00\x01"
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(tmp_path_factory.mktemp("decoding")) as running:
-        yield running
+suite = suite_fixture()
 
 
 def refusal(call, payload, token):

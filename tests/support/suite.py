@@ -145,18 +145,27 @@ def running_suite(
 
 
 def suite_fixture(
-    *, name: str = "suite", scope: str = "module", backend: str | None = None, **options
+    *,
+    name: str = "suite",
+    scope: str = "module",
+    backend: str | None = None,
+    fixture_options: dict[str, str] | None = None,
+    **options,
 ):
     """The one way a test module gets a running suite: `suite = suite_fixture(...)` at module
     level makes a fixture (named `name`) that runs running_suite(**options) in a fresh
     temporary home for `scope` (the module by default: its tests share the servers and
     isolate themselves by repository). `backend` names a fixture giving the KV store (e.g.
-    "counting_backend"); without it the suite has a fresh MemoryStore."""
+    "counting_backend"); without it the suite has a fresh MemoryStore. `fixture_options`: options
+    whose values are other fixtures' (option name -> fixture name, e.g. the moto endpoint)."""
 
     @pytest.fixture(scope=scope, name=name)
     def suite(request, tmp_path_factory) -> Iterator[Suite]:
         store = request.getfixturevalue(backend) if backend is not None else None
-        with running_suite(tmp_path_factory.mktemp("suite"), backend=store, **options) as running:
+        given = {k: request.getfixturevalue(v) for k, v in (fixture_options or {}).items()}
+        with running_suite(
+            tmp_path_factory.mktemp("suite"), backend=store, **options, **given
+        ) as running:
             yield running
 
     return suite

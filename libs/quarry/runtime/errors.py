@@ -204,8 +204,9 @@ def _checked_size(response: Any, limit: int) -> Any:
 
 def _cancelled_by_client(exc: BaseException, context: grpc.ServicerContext) -> bool:
     """The call failed because its client ended it: gRPC's request iterator (or a
-    downstream call cancelled with it) raised an RpcError and the call is no longer active."""
-    return isinstance(exc, grpc.RpcError) and not context.is_active()
+    downstream call cancelled with it) raised an RpcError, or the deadline check
+    (quarry.runtime.deadlines) turned that into Cancelled, and the call is no longer active."""
+    return isinstance(exc, grpc.RpcError | errors.Cancelled) and not context.is_active()
 
 
 def _is_abort(exc: BaseException, context: grpc.ServicerContext) -> bool:

@@ -17,7 +17,7 @@ from quarry import errors
 from quarry.actions import files, webhook
 from quarry.actions.runs import RUNS_PREFIX, SECRET_KEY, Run
 from quarry.graveler.refs import RefManager
-from support.suite import running_suite
+from support.suite import suite_fixture
 
 
 class HookServer:
@@ -67,10 +67,7 @@ class HookServer:
         self.httpd.server_close()
 
 
-@pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    with running_suite(tmp_path_factory.mktemp("suite")) as suite:
-        yield suite
+suite = suite_fixture()
 
 
 @pytest.fixture
