@@ -285,7 +285,7 @@ def test_gc_command_line_dry_run_and_sweep(spark, suite, conn, tmp_path):
     reports = {r["repository"]: r for r in json.loads(every.stdout)}
     assert history.repo in reports and reports[history.repo]["sweep"] is False
     neither = quarry("gc", "run", timeout=60)
-    assert neither.returncode == 1 and "give a repository or --all" in neither.stderr
+    assert neither.returncode == 2 and "give a repository or --all" in neither.stderr
 
     bad = quarry("gc", "run", history.repo, "--retention-days", "-1", timeout=60)
     assert bad.returncode != 0 and "negative" in bad.stderr
