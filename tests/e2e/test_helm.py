@@ -45,7 +45,8 @@ GRPC_SERVICES = {
 # The S3 gateway: an HTTP(S) service (the S3 API) on a port named "http".
 S3_GATEWAY = "s3-gateway"
 SERVICES = {**GRPC_SERVICES, S3_GATEWAY: ("s3Gateway", 7406, 9406, 2)}
-OBJECT_STORE_USERS = {"range-writer", "branch-manager", S3_GATEWAY}
+# committer: it reads the action files of a commit or merge from their ranges.
+OBJECT_STORE_USERS = {"range-writer", "branch-manager", "committer", S3_GATEWAY}
 GC = "gc"  # component (and name suffix) of the optional garbage-collection CronJob
 GC_DEFAULT_OPTIONS = ["--grace-hours", "6", "--ephemeral-ttl-hours", "24", "--master", "local[*]"]
 
@@ -673,7 +674,7 @@ def test_kv_url():
     )
 
 
-def test_object_store_settings_only_for_range_writer_s3_gateway_and_branch_manager():
+def test_object_store_settings_only_for_the_services_that_read_or_write_objects():
     docs = render(*FULL_VALUES)
     for service in SERVICES:
         c = main_container(deployment(docs, service))
@@ -1691,7 +1692,7 @@ def test_single_node_sqlite_and_local_data():
     for service, (_, port, _, _) in SERVICES.items():
         # No Services under podman: every address is 127.0.0.1:<port>.
         assert data[f"QUARRY_{service.upper().replace('-', '_')}_ADDRESS"] == f"127.0.0.1:{port}"
-    uses_data = {"kv-gateway", "range-writer", "branch-manager", S3_GATEWAY}
+    uses_data = {"kv-gateway", *OBJECT_STORE_USERS}
     for service in SERVICES:
         dep = deployment(docs, service)
         pod = dep["spec"]["template"]["spec"]

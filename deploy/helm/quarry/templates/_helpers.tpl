@@ -168,7 +168,7 @@ POD_NAMESPACE / POD_NAME env entries) and telemetry.resourceAttributes. Call wit
 
 {{/*
 Object-store env entries (a YAML list) of the containers that read or write the storage
-namespaces: range-writer, s3-gateway, branch-manager and the gc CronJob. Call with the root context.
+namespaces: range-writer, s3-gateway, branch-manager, committer and the gc CronJob. Call with the root context.
 S3 credentials come from the pods' ServiceAccounts (IRSA), never from env vars.
 */}}
 {{- define "quarry.objectStoreEnv" -}}
@@ -355,8 +355,8 @@ httpGet:
 
 {{/*
 One service's Deployment. Call with (dict "root" $ "name" "kv-gateway" "key" "kvGateway" "index" 0).
-Only kv-gateway gets QUARRY_KV_URL and AWS credentials; only range-writer, s3-gateway and
-branch-manager get the object-store settings. s3-gateway serves HTTP(S) on a port named "http"
+Only kv-gateway gets QUARRY_KV_URL and AWS credentials; only range-writer, s3-gateway,
+branch-manager and committer (it reads action files from ranges) get the object-store settings. s3-gateway serves HTTP(S) on a port named "http"
 and is probed with GET /_health (quarry.httpProbeHandler).
 */}}
 {{- define "quarry.deployment" -}}
@@ -366,7 +366,8 @@ and is probed with GET /_health (quarry.httpProbeHandler).
 {{- $V := $root.Values -}}
 {{- $isKvGateway := eq $name "kv-gateway" -}}
 {{- $isS3Gateway := eq $name "s3-gateway" -}}
-{{- $usesObjectStore := has $name (list "range-writer" "branch-manager" "s3-gateway") -}}
+{{- /* committer: it reads the action files of a commit or merge from their ranges. */}}
+{{- $usesObjectStore := has $name (list "range-writer" "branch-manager" "committer" "s3-gateway") -}}
 {{- /* localData: the SQLite file (kv-gateway, with kv.backend sqlite) and local namespaces. */ -}}
 {{- $usesLocalData := and $V.localData.enabled (or $usesObjectStore (and $isKvGateway (eq $V.kv.backend "sqlite"))) -}}
 {{- $sa := include "quarry.serviceAccount" . | fromYaml -}}
