@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 
 from quarry.runtime.deadlines import IncomingCall, serving
-from quarry.runtime.handlers import wrap_behavior
+from quarry.runtime.handlers import WrappedHandlers, wrap_behavior
 
 
 def incoming_call(method: str, context: grpc.ServicerContext) -> IncomingCall:
@@ -38,7 +38,7 @@ class DeadlineInterceptor(grpc.ServerInterceptor):
     """Records each incoming call (quarry.runtime.deadlines) while its handler runs."""
 
     def __init__(self) -> None:
-        self._wrapped: dict[int, tuple[Any, Any]] = {}
+        self._wrapped = WrappedHandlers()
 
     def intercept_service(
         self,
@@ -48,12 +48,7 @@ class DeadlineInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        cached = self._wrapped.get(id(handler))
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(handler, handler_call_details.method)
-        self._wrapped[id(handler)] = (handler, wrapped)
-        return wrapped
+        return self._wrapped.of(handler, lambda h: self._wrap(h, handler_call_details.method))
 
     @staticmethod
     def _wrap(handler: Any, method: str) -> Any:

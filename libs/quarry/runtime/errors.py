@@ -32,7 +32,7 @@ from grpc_status import rpc_status
 
 from quarry import errors
 from quarry.runtime.channels import MAX_MESSAGE_BYTES
-from quarry.runtime.handlers import wrap_behavior
+from quarry.runtime.handlers import WrappedHandlers, wrap_behavior
 from quarry.runtime.tls import connection_error
 
 log = logging.getLogger(__name__)
@@ -105,8 +105,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
     def __init__(self, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         # The server's send limit: a larger response is refused here, with an ErrorInfo.
         self._max_message_bytes = max_message_bytes
-        # Wrapped handlers by the handler they wrap: built once per method, not per call.
-        self._wrapped: dict[int, tuple[Any, Any]] = {}
+        self._wrapped = WrappedHandlers()
 
     def intercept_service(
         self,
@@ -116,12 +115,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        cached = self._wrapped.get(id(handler))
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(handler, self._max_message_bytes)
-        self._wrapped[id(handler)] = (handler, wrapped)
-        return wrapped
+        return self._wrapped.of(handler, lambda h: self._wrap(h, self._max_message_bytes))
 
     @staticmethod
     def _wrap(handler: Any, limit: int) -> Any:  # a grpc RpcMethodHandler (a namedtuple)

@@ -23,3 +23,19 @@ def wrap_behavior(handler: Any, unary: Wrap, streaming: Wrap) -> Any:
         if behavior:
             return handler._replace(**{kind: wrap(behavior)})
     return handler
+
+
+class WrappedHandlers:
+    """The wrapped handlers of one interceptor, by the handler they wrap: a handler is
+    wrapped once per method, not once per call (gRPC hands the same handler each time)."""
+
+    def __init__(self) -> None:
+        self._by_handler: dict[int, tuple[Any, Any]] = {}
+
+    def of(self, handler: Any, wrap: Callable[[Any], Any]) -> Any:
+        cached = self._by_handler.get(id(handler))
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = wrap(handler)
+        self._by_handler[id(handler)] = (handler, wrapped)
+        return wrapped
