@@ -313,12 +313,19 @@ def test_costs_do_not_grow_with_history(stubs, suite, counting_backend):
         write = _costs(counting_backend, lambda: put(stubs, repo, "data/b", "same"))
         return stat, listing, write
 
-    shallow = measure()
+    def without_repository_reads(costs: dict) -> dict:
+        # The repository record is cached for REPOSITORY_CACHE_SECONDS: whether one measured
+        # call re-reads it depends on the machine's speed, not on history. It is at most one
+        # read, and it is compared apart from the rest.
+        assert costs.get(("get", "quarry"), 0) <= 1, costs
+        return {k: v for k, v in costs.items() if k != ("get", "quarry")}
+
+    shallow = [without_repository_reads(c) for c in measure()]
     stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="b"))
     for i in range(199):
         put(stubs, repo, f"history/{i}")
         stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message=f"c{i}"))
-    deep = measure()
+    deep = [without_repository_reads(c) for c in measure()]
     assert shallow[0] == deep[0], "StatObject cost changed with history depth"
     assert shallow[1] == deep[1], "ListObjects cost changed with history depth"
     assert shallow[2] == deep[2], "PutObject cost changed with history depth"
