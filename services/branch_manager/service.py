@@ -32,7 +32,7 @@ def build(
     settings.compactor_sensor_address (tests); the spec stops it either way.
     `dropper_clock`: the staging dropper's wall clock (core_dependencies; tests)."""
     from quarry.auth.service_tokens import service_auth
-    from quarry.graveler.wiring import core_dependencies
+    from quarry.runtime.wiring import core_dependencies
 
     auth = service_auth(settings, SERVICE_NAME)
     tokens = auth.tokens if auth is not None else None

@@ -1,4 +1,4 @@
-"""committer wiring (see quarry.graveler.wiring for the shared core dependencies)."""
+"""committer wiring (see quarry.runtime.wiring for the shared core dependencies)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def build(
 ) -> ServiceSpec:
     """`dropper_clock`: the staging dropper's wall clock (core_dependencies; tests)."""
     from quarry.auth.service_tokens import token_source
-    from quarry.graveler.wiring import core_dependencies
+    from quarry.runtime.wiring import core_dependencies
 
     deps = core_dependencies(
         settings,

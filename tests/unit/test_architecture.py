@@ -2,7 +2,9 @@
 so a change that breaks it fails here, not in a review.
 
 - The core (graveler, committed, kv, blob, auth, retention, errors) imports no CLI, no
-  Spark, no service and no gRPC, except the named modules that are its network edges.
+  Spark, no service and no gRPC, except the named modules that are its network edges; it
+  has no wiring (that is quarry.runtime.wiring) and of quarry.runtime uses only helpers
+  that build no server or channel.
 - Every key shape of a storage namespace (`_quarry/…`, `data/…`) is built in one module,
   quarry.blob.layout (GC's safety depends on every writer agreeing with what it collects).
 - A branch record is written only through the CAS primitive (RefManager.update_branch, and
@@ -187,27 +189,46 @@ def test_graveler_uses_no_request_or_response_messages():
     assert not offenders, offenders
 
 
-# The wiring of the graveler services (channels to kv-gateway and range-writer, readiness
-# dependencies) still lives in quarry.graveler.wiring, which the services import and the
-# rest of the core does not; it is the one graveler module allowed quarry.runtime's server
-# and channel modules.
-WIRING = "graveler/wiring.py"
+# Wiring (channels to the kv-gateway and the range-writer, readiness dependencies, the
+# dropper) lives with the process layer, quarry.runtime.wiring, which the services import;
+# the core has none. Of quarry.runtime the core (but its network EDGES) may use only these
+# helpers, which build no server or channel and import no gRPC.
+CORE_RUNTIME_HELPERS = (
+    "quarry.runtime.periodic",  # PeriodicWorker: a background thread
+    "quarry.runtime.deadlines",  # the current call's deadline, a contextvar
+    "quarry.runtime.format_version",  # the KV store's format stamp
+)
 
 
-def test_only_the_wiring_module_reaches_for_servers_and_channels():
-    offenders = []
-    for name, tree in _modules(LIBS, CORE).items():
-        if name == WIRING or name in EDGES:
-            continue
-        offenders += [
-            f"{name} imports {imported}"
-            for imported in _imported(tree)
-            if imported.startswith(("quarry.runtime.server", "quarry.runtime.channels"))
-        ]
-    assert not offenders, offenders
-    importers = [
-        name
-        for name, tree in _modules(LIBS, CORE).items()
-        if any(i.startswith("quarry.graveler.wiring") for i in _imported(tree))
+def _runtime_imports(tree: ast.Module) -> set[str]:
+    """The quarry.runtime modules a module imports (`from quarry.runtime import x` names
+    the module quarry.runtime.x)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.startswith("quarry.runtime"))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "quarry.runtime":
+                names.update(f"quarry.runtime.{alias.name}" for alias in node.names)
+            elif node.module.startswith("quarry.runtime."):
+                names.add(node.module)
+    return names
+
+
+def test_the_core_has_no_wiring_and_uses_only_runtime_helpers():
+    core = _modules(LIBS, CORE)
+    offenders = [
+        f"{name} imports {imported}"
+        for name, tree in core.items()
+        if name not in EDGES
+        for imported in _runtime_imports(tree)
+        if imported not in CORE_RUNTIME_HELPERS
     ]
-    assert importers == [], importers
+    assert not offenders, offenders
+    assert not [name for name in core if Path(name).stem == "wiring"]
+    # The helpers themselves stay free of gRPC and of the rest of the process layer.
+    for helper in CORE_RUNTIME_HELPERS:
+        path = helper.removeprefix("quarry.").replace(".", "/") + ".py"
+        tree = _modules(LIBS, (path,))[path]
+        assert _runtime_imports(tree) <= set(CORE_RUNTIME_HELPERS), helper
+        assert not [i for i in _imported(tree) if i == "grpc" or i.startswith("grpc.")], helper

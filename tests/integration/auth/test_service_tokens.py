@@ -98,8 +98,8 @@ def test_branch_manager_kv_calls_carry_its_token_as_call_metadata(gateway, tmp_p
     """The branch-manager's KV store sends its own service token on every call (gets and
     scans), as call metadata (test channels carry the admin's token underneath: a store that
     sent none would present `user:admin` here)."""
-    from quarry.graveler.wiring import core_dependencies
     from quarry.kv.remote import RemoteStore
+    from quarry.runtime.wiring import core_dependencies
 
     servicer, target = gateway
     settings = load_settings(

@@ -18,9 +18,9 @@ import pytest
 from quarry.graveler import errors as gerrors
 from quarry.graveler.graveler import Graveler
 from quarry.graveler.layout import branch_key
-from quarry.graveler.wiring import core_dependencies
 from quarry.kv import store as kv
 from quarry.kv.remote import RemoteStore
+from quarry.runtime.wiring import core_dependencies
 from quarry.v1 import branch_manager_pb2 as bm
 from quarry.v1 import committer_pb2 as cm
 from quarry.v1 import types_pb2
