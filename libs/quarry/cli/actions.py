@@ -23,7 +23,7 @@ def _time(stamp: timestamp_pb2.Timestamp) -> str:
 
 
 @command
-def list_runs(args: argparse.Namespace, ctx: Context) -> int | None:
+def list_runs(args: argparse.Namespace, ctx: Context) -> int:
     runs: list[cm.ActionRun] = []
     token = ""
     while len(runs) < args.amount:
@@ -52,7 +52,7 @@ def list_runs(args: argparse.Namespace, ctx: Context) -> int | None:
 
 
 @command
-def show_run(args: argparse.Namespace, ctx: Context) -> int | None:
+def show_run(args: argparse.Namespace, ctx: Context) -> int:
     run = ctx.client.get_action_run(args.repo, args.run_id)
     if ctx.json:
         output.print_json(run)

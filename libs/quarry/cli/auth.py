@@ -39,7 +39,7 @@ def signing_key(settings: object) -> str:
 
 
 @command
-def auth_token(args: argparse.Namespace, ctx: Context) -> None:
+def auth_token(args: argparse.Namespace, ctx: Context) -> int:
     """A bearer token: the current credentials' (Auth/Login), or with --service a service
     token minted locally from the signing key (for operators who hold the key)."""
     if args.service:
@@ -53,19 +53,21 @@ def auth_token(args: argparse.Namespace, ctx: Context) -> None:
     else:
         token = ctx.client.token()
     print(token)
+    return 0
 
 
 @command
-def auth_whoami(args: argparse.Namespace, ctx: Context) -> None:
+def auth_whoami(args: argparse.Namespace, ctx: Context) -> int:
     me = ctx.client.whoami()
     if ctx.json:
         output.print_json(me)
-        return
+        return 0
     fields = [("kind", me.principal_kind), ("id", me.principal_id)]
     if me.HasField("user"):
         fields += [("email", me.user.email or "-")]
         fields += [("created", output.timestamp_text(me.user.created_at))]
     output.fields(fields)
+    return 0
 
 
 def register_auth(sub: Subparsers, common: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ from quarry.config import load_settings
 
 
 @command
-def credentials_create(args: argparse.Namespace, ctx: Context) -> None:
+def credentials_create(args: argparse.Namespace, ctx: Context) -> int:
     """Prints the secret this once: the server keeps only its hash."""
     created = ctx.client.create_credentials(args.user)
     key_id = created.credentials.access_key_id
@@ -25,26 +25,28 @@ def credentials_create(args: argparse.Namespace, ctx: Context) -> None:
                 "secret_access_key": created.secret_access_key,
             }
         )
-        return
+        return 0
     print(f"Created credentials for {args.user}")
     print(f"  access key id:     {key_id}")
     print(f"  secret access key: {created.secret_access_key}  (shown this once)")
+    return 0
 
 
 @command
-def credentials_list(args: argparse.Namespace, ctx: Context) -> None:
+def credentials_list(args: argparse.Namespace, ctx: Context) -> int:
     found = list(ctx.client.iter_credentials(args.user))
     if ctx.json:
         output.print_json(found)
-        return
+        return 0
     output.table(
         ["ACCESS KEY ID", "USER", "CREATED"],
         [(c.access_key_id, c.user_id, output.timestamp_text(c.created_at)) for c in found],
     )
+    return 0
 
 
 @command
-def credentials_delete(args: argparse.Namespace, ctx: Context) -> None:
+def credentials_delete(args: argparse.Namespace, ctx: Context) -> int:
     """Never deletes without --yes or a "y" typed on a terminal (confirm)."""
     if not args.yes:
         confirm(f"Delete access key {args.key!r} of {args.user!r}?", "--yes")
@@ -53,6 +55,7 @@ def credentials_delete(args: argparse.Namespace, ctx: Context) -> None:
         output.print_json({"deleted": args.key})
     else:
         print(f"Deleted access key {args.key} of {args.user}")
+    return 0
 
 
 def credentials_env(args: argparse.Namespace) -> int:

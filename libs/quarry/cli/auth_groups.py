@@ -9,40 +9,43 @@ from quarry.cli.base import Context, Subparsers, command, confirm, group, leaf
 
 
 @command
-def groups_create(args: argparse.Namespace, ctx: Context) -> None:
+def groups_create(args: argparse.Namespace, ctx: Context) -> int:
     created = ctx.client.create_group(args.group, args.description)
     if ctx.json:
         output.print_json(created)
     else:
         print(f"Created group {created.id}")
+    return 0
 
 
 @command
-def groups_list(args: argparse.Namespace, ctx: Context) -> None:
+def groups_list(args: argparse.Namespace, ctx: Context) -> int:
     groups = list(ctx.client.iter_groups())
     if ctx.json:
         output.print_json(groups)
-        return
+        return 0
     output.table(
         ["ID", "DESCRIPTION", "CREATED"],
         [(g.id, g.description or "-", output.timestamp_text(g.created_at)) for g in groups],
     )
+    return 0
 
 
 @command
-def groups_members(args: argparse.Namespace, ctx: Context) -> None:
+def groups_members(args: argparse.Namespace, ctx: Context) -> int:
     users = list(ctx.client.iter_group_members(args.group))
     if ctx.json:
         output.print_json(users)
-        return
+        return 0
     output.table(
         ["ID", "EMAIL", "CREATED"],
         [(u.id, u.email or "-", output.timestamp_text(u.created_at)) for u in users],
     )
+    return 0
 
 
 @command
-def groups_delete(args: argparse.Namespace, ctx: Context) -> None:
+def groups_delete(args: argparse.Namespace, ctx: Context) -> int:
     """Never deletes without --yes or a "y" typed on a terminal (confirm)."""
     if not args.yes:
         confirm(f"Delete group {args.group!r} with its memberships and attachments?", "--yes")
@@ -51,24 +54,27 @@ def groups_delete(args: argparse.Namespace, ctx: Context) -> None:
         output.print_json({"deleted": args.group})
     else:
         print(f"Deleted group {args.group}")
+    return 0
 
 
 @command
-def groups_add_member(args: argparse.Namespace, ctx: Context) -> None:
+def groups_add_member(args: argparse.Namespace, ctx: Context) -> int:
     ctx.client.add_group_member(args.group, args.user)
     if not ctx.json:
         print(f"Added {args.user} to {args.group}")
     else:
         output.print_json({"group": args.group, "added": args.user})
+    return 0
 
 
 @command
-def groups_remove_member(args: argparse.Namespace, ctx: Context) -> None:
+def groups_remove_member(args: argparse.Namespace, ctx: Context) -> int:
     ctx.client.remove_group_member(args.group, args.user)
     if not ctx.json:
         print(f"Removed {args.user} from {args.group}")
     else:
         output.print_json({"group": args.group, "removed": args.user})
+    return 0
 
 
 def register(auth: Subparsers, common: argparse.ArgumentParser) -> None:

@@ -13,16 +13,18 @@ from quarry.cli.base import Context, Subparsers, command, confirm, group, leaf
 
 
 @command
-def policies_create(args: argparse.Namespace, ctx: Context) -> None:
+def policies_create(args: argparse.Namespace, ctx: Context) -> int:
     """The document is sent as written; the server validates it (INVALID_POLICY naming the
     statement and field)."""
     _send_document(args, ctx, ctx.client.create_policy, "Created")
+    return 0
 
 
 @command
-def policies_update(args: argparse.Namespace, ctx: Context) -> None:
+def policies_update(args: argparse.Namespace, ctx: Context) -> int:
     """Replaces the policy's document (it must exist); validated by the server as create."""
     _send_document(args, ctx, ctx.client.update_policy, "Updated")
+    return 0
 
 
 def _send_document(
@@ -36,7 +38,7 @@ def _send_document(
 
 
 @command
-def policies_list(args: argparse.Namespace, ctx: Context) -> None:
+def policies_list(args: argparse.Namespace, ctx: Context) -> int:
     if args.user:
         policies = list(ctx.client.iter_user_policies(args.user, effective=args.effective))
     elif args.group:
@@ -45,22 +47,24 @@ def policies_list(args: argparse.Namespace, ctx: Context) -> None:
         policies = list(ctx.client.iter_policies())
     if ctx.json:
         output.print_json(policies)
-        return
+        return 0
     output.table(["ID", "CREATED"], [(p.id, output.timestamp_text(p.created_at)) for p in policies])
+    return 0
 
 
 @command
-def policies_show(args: argparse.Namespace, ctx: Context) -> None:
+def policies_show(args: argparse.Namespace, ctx: Context) -> int:
     policy = ctx.client.get_policy(args.name)
     if ctx.json:
         output.print_json(policy)
-        return
+        return 0
     output.fields([("id", policy.id), ("created", output.timestamp_text(policy.created_at))])
     print(policy.document)
+    return 0
 
 
 @command
-def policies_delete(args: argparse.Namespace, ctx: Context) -> None:
+def policies_delete(args: argparse.Namespace, ctx: Context) -> int:
     """Never deletes without --yes or a "y" typed on a terminal (confirm)."""
     if not args.yes:
         confirm(f"Delete policy {args.name!r} and detach it everywhere?", "--yes")
@@ -69,26 +73,29 @@ def policies_delete(args: argparse.Namespace, ctx: Context) -> None:
         output.print_json({"deleted": args.name})
     else:
         print(f"Deleted policy {args.name}")
+    return 0
 
 
 @command
-def policies_attach(args: argparse.Namespace, ctx: Context) -> None:
+def policies_attach(args: argparse.Namespace, ctx: Context) -> int:
     ctx.client.attach_policy(args.name, user=args.user or "", group=args.group or "")
     target = f"user {args.user}" if args.user else f"group {args.group}"
     if ctx.json:
         output.print_json({"policy": args.name, "attached_to": target})
     else:
         print(f"Attached {args.name} to {target}")
+    return 0
 
 
 @command
-def policies_detach(args: argparse.Namespace, ctx: Context) -> None:
+def policies_detach(args: argparse.Namespace, ctx: Context) -> int:
     ctx.client.detach_policy(args.name, user=args.user or "", group=args.group or "")
     target = f"user {args.user}" if args.user else f"group {args.group}"
     if ctx.json:
         output.print_json({"policy": args.name, "detached_from": target})
     else:
         print(f"Detached {args.name} from {target}")
+    return 0
 
 
 def _principal(parser: argparse.ArgumentParser, required: bool) -> None:

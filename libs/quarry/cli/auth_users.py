@@ -9,34 +9,36 @@ from quarry.cli.base import Context, Subparsers, command, confirm, group, leaf
 
 
 @command
-def users_create(args: argparse.Namespace, ctx: Context) -> None:
+def users_create(args: argparse.Namespace, ctx: Context) -> int:
     user = ctx.client.create_user(args.user, args.email)
     if ctx.json:
         output.print_json(user)
     else:
         print(f"Created user {user.id}")
+    return 0
 
 
 @command
-def users_list(args: argparse.Namespace, ctx: Context) -> None:
+def users_list(args: argparse.Namespace, ctx: Context) -> int:
     users = list(ctx.client.iter_users())
     if ctx.json:
         output.print_json(users)
-        return
+        return 0
     output.table(
         ["ID", "EMAIL", "CREATED"],
         [(u.id, u.email or "-", output.timestamp_text(u.created_at)) for u in users],
     )
+    return 0
 
 
 @command
-def users_show(args: argparse.Namespace, ctx: Context) -> None:
+def users_show(args: argparse.Namespace, ctx: Context) -> int:
     user = ctx.client.get_user(args.user)
     groups = [g.id for g in ctx.client.iter_user_groups(args.user)]
     policies = [p.id for p in ctx.client.iter_user_policies(args.user, effective=True)]
     if ctx.json:
         output.print_json({"user": user, "groups": groups, "effective_policies": policies})
-        return
+        return 0
     output.fields(
         [
             ("id", user.id),
@@ -46,10 +48,11 @@ def users_show(args: argparse.Namespace, ctx: Context) -> None:
             ("effective policies", ", ".join(policies) or "-"),
         ]
     )
+    return 0
 
 
 @command
-def users_delete(args: argparse.Namespace, ctx: Context) -> None:
+def users_delete(args: argparse.Namespace, ctx: Context) -> int:
     """Never deletes without --yes or a "y" typed on a terminal (confirm)."""
     if not args.yes:
         confirm(f"Delete user {args.user!r} with its credentials and memberships?", "--yes")
@@ -58,6 +61,7 @@ def users_delete(args: argparse.Namespace, ctx: Context) -> None:
         output.print_json({"deleted": args.user})
     else:
         print(f"Deleted user {args.user}")
+    return 0
 
 
 def register(auth: Subparsers, common: argparse.ArgumentParser) -> None:

@@ -196,7 +196,7 @@ class _TextSink:
         self._stream.flush()
 
 
-Handler = Callable[[argparse.Namespace, Context], "int | None"]
+Handler = Callable[[argparse.Namespace, Context], int]  # the exit code
 
 
 def _one_line(text: str) -> str:
@@ -355,7 +355,7 @@ def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
         ctx = Context(args)
         try:
             with _held_stdout() as held, traced_command(args):
-                code = handler(args, ctx) or 0
+                code = handler(args, ctx)
             _release(held)
             ctx.warn_skipped()
             return code

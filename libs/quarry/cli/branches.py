@@ -17,33 +17,35 @@ def _dirty_text(branch: types_pb2.Branch) -> str:
 
 
 @command
-def branch_create(args: argparse.Namespace, ctx: Context) -> None:
+def branch_create(args: argparse.Namespace, ctx: Context) -> int:
     branch = ctx.client.create_branch(args.repo, args.name, args.source or "")
     if ctx.json:
         output.print_json(branch)
     else:
         source = f" from {args.source}" if args.source else ""
         print(f"Created branch {branch.name}{source} at {output.short_id(branch.commit_id)}")
+    return 0
 
 
 @command
-def branch_list(args: argparse.Namespace, ctx: Context) -> None:
+def branch_list(args: argparse.Namespace, ctx: Context) -> int:
     branches = list(ctx.client.iter_branches(args.repo))
     if ctx.json:
         output.print_json(branches)
-        return
+        return 0
     output.table(
         ["NAME", "COMMIT", "UNCOMMITTED"],
         [(b.name, output.short_id(b.commit_id), _dirty_text(b)) for b in branches],
     )
+    return 0
 
 
 @command
-def branch_show(args: argparse.Namespace, ctx: Context) -> None:
+def branch_show(args: argparse.Namespace, ctx: Context) -> int:
     branch = ctx.client.get_branch(args.repo, args.name)
     if ctx.json:
         output.print_json(branch)
-        return
+        return 0
     rows = [
         ("name", branch.name),
         ("commit", output.short_id(branch.commit_id)),
@@ -54,6 +56,7 @@ def branch_show(args: argparse.Namespace, ctx: Context) -> None:
     if branch.compacted_metarange_id:
         rows.append(("compacted metarange", branch.compacted_metarange_id))
     output.fields(rows)
+    return 0
 
 
 def _unsaved_work(ctx: Context, repo: str, name: str) -> list[str]:
@@ -79,7 +82,7 @@ def _unsaved_work(ctx: Context, repo: str, name: str) -> list[str]:
 
 
 @command
-def branch_delete(args: argparse.Namespace, ctx: Context) -> None:
+def branch_delete(args: argparse.Namespace, ctx: Context) -> int:
     """Never deletes a branch holding uncommitted changes or commits its repository's
     default branch does not have, unless --force (or "y" typed on a terminal): that work
     would be lost. A branch fully merged and clean goes without asking, as `git branch -d`."""
@@ -92,6 +95,7 @@ def branch_delete(args: argparse.Namespace, ctx: Context) -> None:
         output.print_json({"deleted": args.name})
     else:
         print(f"Deleted branch {args.name}")
+    return 0
 
 
 def register_branch(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -123,7 +127,7 @@ def register_branch(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 
 @command
-def reset(args: argparse.Namespace, ctx: Context) -> None:
+def reset(args: argparse.Namespace, ctx: Context) -> int:
     branch = ctx.client.reset_branch(args.repo, args.branch, args.ref, args.force)
     if ctx.json:
         output.print_json(branch)
@@ -131,6 +135,7 @@ def reset(args: argparse.Namespace, ctx: Context) -> None:
         print(
             f"Reset {args.repo}/{branch.name or args.branch} to {output.short_id(branch.commit_id)}"
         )
+    return 0
 
 
 def register_reset(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -142,7 +147,7 @@ def register_reset(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 
 @command
-def discard(args: argparse.Namespace, ctx: Context) -> None:
+def discard(args: argparse.Namespace, ctx: Context) -> int:
     ctx.client.discard_changes(
         args.repo, args.branch, path=args.path or "", prefix=args.prefix or ""
     )
@@ -157,6 +162,7 @@ def discard(args: argparse.Namespace, ctx: Context) -> None:
         output.print_json({"discarded": what})
     else:
         print(f"Discarded uncommitted changes on {args.repo}/{args.branch} ({what})")
+    return 0
 
 
 def register_discard(sub: Subparsers, common: argparse.ArgumentParser) -> None:

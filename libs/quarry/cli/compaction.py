@@ -10,11 +10,11 @@ from quarry.cli.base import Context, Subparsers, command, leaf
 
 
 @command
-def compact(args: argparse.Namespace, ctx: Context) -> int | None:
+def compact(args: argparse.Namespace, ctx: Context) -> int:
     response = ctx.client.compact(args.repo, args.branch)
     if ctx.json:
         output.print_json(response)
-        return
+        return 0
     if response.tokens_compacted:
         print(
             f"Compacted {args.repo}/{args.branch}: {response.tokens_compacted} staging "
@@ -25,6 +25,7 @@ def compact(args: argparse.Namespace, ctx: Context) -> int | None:
             f"Nothing to compact on {args.repo}/{args.branch} (compacted metarange: "
             f"{response.compacted_metarange_id or 'none'})"
         )
+    return 0
 
 
 def register_compact(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -41,11 +42,11 @@ def register_compact(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 
 @command
-def stats(args: argparse.Namespace, ctx: Context) -> int | None:
+def stats(args: argparse.Namespace, ctx: Context) -> int:
     response = ctx.client.branch_staging_stats(args.repo, args.branch)
     if ctx.json:
         output.print_json(response)
-        return
+        return 0
     output.fields(
         [
             ("branch", f"{args.repo}/{args.branch}"),
@@ -61,6 +62,7 @@ def stats(args: argparse.Namespace, ctx: Context) -> int | None:
             ),
         ]
     )
+    return 0
 
 
 def register_stats(sub: Subparsers, common: argparse.ArgumentParser) -> None:

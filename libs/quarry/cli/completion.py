@@ -96,8 +96,9 @@ COMPLETERS: dict[str, Completer] = {
     "LEFT|BRANCH": _refs,
     "RIGHT": _refs,
 }
-# NAME, by the resource command it belongs to (only where it names an existing one).
-NAME_COMPLETERS: dict[tuple[str, str], Completer] = {
+# NAME, by the resource command it belongs to (only where it names an existing one): the
+# last two words of the command's path.
+NAME_COMPLETERS: dict[tuple[str, ...], Completer] = {
     ("repo", "show"): _repositories,
     ("repo", "delete"): _repositories,
     ("branch", "show"): _branches,

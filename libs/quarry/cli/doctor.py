@@ -9,7 +9,7 @@ from quarry.cli.base import EXIT_FAILURE, Context, Subparsers, command, leaf
 
 
 @command
-def doctor(args: argparse.Namespace, ctx: Context) -> int | None:
+def doctor(args: argparse.Namespace, ctx: Context) -> int:
     """Read-only: corrupt records and dangling references (see quarry.doctor)."""
     from quarry import doctor as checkup
     from quarry.blob import open_blob_store

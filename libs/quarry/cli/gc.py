@@ -54,7 +54,7 @@ def _gc_rules(args: argparse.Namespace, base: Any) -> Any:
 
 
 @command
-def gc_set_rules(args: argparse.Namespace, ctx: Context) -> int | None:
+def gc_set_rules(args: argparse.Namespace, ctx: Context) -> int:
     from quarry.retention import RetentionRules
 
     if not (args.rules or args.retention_days is not None or args.branch_retention):
@@ -62,13 +62,15 @@ def gc_set_rules(args: argparse.Namespace, ctx: Context) -> int | None:
     rules = _gc_rules(args, RetentionRules())
     ctx.client.set_gc_rules(args.repo, rules.default_retention_days, rules.branch_retention_days)
     _print_rules(ctx, args.repo, rules)
+    return 0
 
 
 @command
-def gc_show_rules(args: argparse.Namespace, ctx: Context) -> int | None:
+def gc_show_rules(args: argparse.Namespace, ctx: Context) -> int:
     from quarry.retention import RetentionRules
 
     _print_rules(ctx, args.repo, RetentionRules.from_proto(ctx.client.get_gc_rules(args.repo)))
+    return 0
 
 
 def _print_rules(ctx: Context, repo: str, rules: Any) -> None:
@@ -82,16 +84,17 @@ def _print_rules(ctx: Context, repo: str, rules: Any) -> None:
 
 
 @command
-def gc_delete_rules(args: argparse.Namespace, ctx: Context) -> int | None:
+def gc_delete_rules(args: argparse.Namespace, ctx: Context) -> int:
     ctx.client.delete_gc_rules(args.repo)
     if ctx.json:
         output.print_json({"deleted": args.repo})
-        return
+        return 0
     print(f"Deleted the garbage-collection rules of {args.repo} (GC now keeps 21 days)")
+    return 0
 
 
 @command
-def gc_run(args: argparse.Namespace, ctx: Context) -> int | None:
+def gc_run(args: argparse.Namespace, ctx: Context) -> int:
     try:
         from quarry.spark.gc import collect_garbage, stored_rules
         from quarry.spark.session import local_session

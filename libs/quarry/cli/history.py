@@ -19,7 +19,7 @@ from quarry.v1 import types_pb2
 
 
 @command
-def commit(args: argparse.Namespace, ctx: Context) -> int | None:
+def commit(args: argparse.Namespace, ctx: Context) -> int:
     response = ctx.client.commit(
         args.repo,
         args.branch,
@@ -30,11 +30,12 @@ def commit(args: argparse.Namespace, ctx: Context) -> int | None:
     )
     if ctx.json:
         output.print_json(response)
-        return
+        return 0
     summary = response.summary
     short = style.commit_id(output.short_id(response.commit.id))
     print(f"[{args.branch} {short}] {response.commit.message}")
     print(f" {summary.added} added, {summary.removed} removed, {summary.changed} changed")
+    return 0
 
 
 def register_commit(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -76,13 +77,14 @@ def _print_commit(c: types_pb2.Commit, oneline: bool) -> None:
 
 
 @command
-def log(args: argparse.Namespace, ctx: Context) -> int | None:
+def log(args: argparse.Namespace, ctx: Context) -> int:
     commits = ctx.client.iter_log(args.repo, args.ref, first_parent=args.first_parent, limit=args.n)
     if ctx.json:
         output.print_json(list(commits))
-        return
+        return 0
     for c in commits:
         _print_commit(c, args.oneline)
+    return 0
 
 
 def register_log(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -95,7 +97,7 @@ def register_log(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 
 @command
-def diff(args: argparse.Namespace, ctx: Context) -> int | None:
+def diff(args: argparse.Namespace, ctx: Context) -> int:
     client = ctx.client
     if args.uncommitted:
         if args.right:
@@ -111,13 +113,14 @@ def diff(args: argparse.Namespace, ctx: Context) -> int | None:
         )
     if ctx.json:
         output.print_json(list(changes))
-        return
+        return 0
     shown = 0
     for change in changes:
         print(f"{style.mark(output.CHANGE_MARKS.get(change.type, '?'))} {change.path}")
         shown += 1
     if shown == 0 and sys.stderr.isatty():
         print("no changes", file=sys.stderr)
+    return 0
 
 
 def register_diff(sub: Subparsers, common: argparse.ArgumentParser) -> None:

@@ -122,7 +122,7 @@ def _wait(ctx: Context, status: cm.Import, show_progress: bool) -> cm.Import:
 
 
 @command
-def start(args: argparse.Namespace, ctx: Context) -> int | None:
+def start(args: argparse.Namespace, ctx: Context) -> int:
     repository, branch, pairs = _destinations(args)
     status = ctx.client.start_import(repository, branch, pairs, message=args.message or "")
     if args.no_wait:
@@ -138,15 +138,17 @@ def start(args: argparse.Namespace, ctx: Context) -> int | None:
 
 
 @command
-def show(args: argparse.Namespace, ctx: Context) -> int | None:
+def show(args: argparse.Namespace, ctx: Context) -> int:
     repository, import_id = _id(args)
     _show(ctx.client.get_import_status(repository, import_id), ctx.json)
+    return 0
 
 
 @command
-def cancel(args: argparse.Namespace, ctx: Context) -> int | None:
+def cancel(args: argparse.Namespace, ctx: Context) -> int:
     repository, import_id = _id(args)
     _show(ctx.client.cancel_import(repository, import_id), ctx.json)
+    return 0
 
 
 def register_import(sub: Subparsers, common: argparse.ArgumentParser) -> None:

@@ -28,7 +28,7 @@ def already_merged(exc: errors.QuarryError) -> bool:
 
 
 @command
-def merge(args: argparse.Namespace, ctx: Context) -> int | None:
+def merge(args: argparse.Namespace, ctx: Context) -> int:
     try:
         response = ctx.client.merge(
             args.repo,
@@ -71,6 +71,7 @@ def merge(args: argparse.Namespace, ctx: Context) -> int | None:
     short = style.commit_id(output.short_id(response.commit.id))
     print(f"[{args.destination} {short}] {response.commit.message}")
     print(f" {counts} (attempts: {response.attempts})")
+    return 0
 
 
 def register_merge(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -104,7 +105,7 @@ def _print_new_commit(branch: str, commit: types_pb2.Commit, ctx: Context) -> No
 
 
 @command
-def revert(args: argparse.Namespace, ctx: Context) -> int | None:
+def revert(args: argparse.Namespace, ctx: Context) -> int:
     commit = ctx.client.revert(
         args.repo,
         args.branch,
@@ -114,14 +115,16 @@ def revert(args: argparse.Namespace, ctx: Context) -> int | None:
         args.author or default_author(),
     )
     _print_new_commit(args.branch, commit, ctx)
+    return 0
 
 
 @command
-def cherry_pick(args: argparse.Namespace, ctx: Context) -> int | None:
+def cherry_pick(args: argparse.Namespace, ctx: Context) -> int:
     commit = ctx.client.cherry_pick(
         args.repo, args.branch, args.ref, args.parent, args.message or "", args.author or ""
     )
     _print_new_commit(args.branch, commit, ctx)
+    return 0
 
 
 def _register_onto_branch(

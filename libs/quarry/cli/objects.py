@@ -8,6 +8,7 @@ import datetime as _dt
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from quarry.cli import output, style
 from quarry.cli.base import (
@@ -24,7 +25,7 @@ from quarry.cli.progress import human_bytes
 
 
 @command
-def put(args: argparse.Namespace, ctx: Context) -> int | None:
+def put(args: argparse.Namespace, ctx: Context) -> int:
     metadata = dict(args.meta or [])
     if args.source is not None:
         return _put_from(args, ctx, metadata)
@@ -49,6 +50,7 @@ def put(args: argparse.Namespace, ctx: Context) -> int | None:
         output.print_json(entry)
     else:
         print(f"Staged {entry.path} on {args.repo}/{args.branch}")
+    return 0
 
 
 def _put_from(args: argparse.Namespace, ctx: Context, metadata: dict[str, str]) -> int:
@@ -151,7 +153,7 @@ def register_put(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 
 @command
-def rm(args: argparse.Namespace, ctx: Context) -> int | None:
+def rm(args: argparse.Namespace, ctx: Context) -> int:
     client = ctx.client
     paths = list(args.paths)
     if args.recursive is None and not paths:
@@ -174,6 +176,7 @@ def rm(args: argparse.Namespace, ctx: Context) -> int | None:
         missing = requested - deleted
         extra = f" ({missing} did not exist)" if missing else ""
         print(f"Removed {deleted} {noun} from {args.repo}/{args.branch}{extra}")
+    return 0
 
 
 def register_rm(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -189,18 +192,19 @@ LS_FORMAT = "{mtime:<20}  {size:>12}  {path}"
 
 
 @command
-def ls(args: argparse.Namespace, ctx: Context) -> int | None:
+def ls(args: argparse.Namespace, ctx: Context) -> int:
     delimiter = "" if args.recursive else "/"
     pages = ctx.client.iter_object_pages(
         args.repo, args.ref, prefix=args.prefix, delimiter=delimiter, page_size=args.page_size
     )
     if ctx.json:
-        entries, prefixes = [], []
+        entries: list[dict[str, Any]] = []
+        prefixes: list[str] = []
         for page in pages:
             entries.extend(output.to_jsonable(e) for e in page.entries)
             prefixes.extend(page.common_prefixes)
         output.print_json({"entries": entries, "common_prefixes": prefixes})
-        return
+        return 0
     out = sys.stdout
     # stdout is held until the command succeeds (quarry.cli.base.command): an error on a
     # later page leaves no header or half a listing behind.
@@ -232,6 +236,7 @@ def ls(args: argparse.Namespace, ctx: Context) -> int | None:
             bar.update(listed)
     if bar is not None:
         bar.clear()
+    return 0
 
 
 def register_ls(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -256,11 +261,11 @@ def register_ls(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 
 @command
-def stat(args: argparse.Namespace, ctx: Context) -> int | None:
+def stat(args: argparse.Namespace, ctx: Context) -> int:
     entry = ctx.client.stat_object(args.repo, args.ref, args.path)
     if ctx.json:
         output.print_json(entry)
-        return
+        return 0
     output.fields(
         [
             ("path", entry.path),
@@ -272,6 +277,7 @@ def stat(args: argparse.Namespace, ctx: Context) -> int | None:
             ("metadata", output.metadata_text(entry.metadata)),
         ]
     )
+    return 0
 
 
 def register_stat(sub: Subparsers, common: argparse.ArgumentParser) -> None:
@@ -299,7 +305,7 @@ def _copy_object(args: argparse.Namespace, ctx: Context, write: Callable[[bytes]
 
 
 @command
-def cat(args: argparse.Namespace, ctx: Context) -> int | None:
+def cat(args: argparse.Namespace, ctx: Context) -> int:
     """Stream the object to stdout as it is read: its bytes are never held in memory, nor
     behind the CLI's usual hold of stdout until success. A failure while reading, or at the
     end a size or checksum that is not the entry's, exits 1 with the error on stderr; the
@@ -307,10 +313,11 @@ def cat(args: argparse.Namespace, ctx: Context) -> int | None:
     out = ctx.unheld_stdout()
     _copy_object(args, ctx, out.write)
     out.flush()  # a closed pipe (`| head -c 10`) shows here, still a success (main)
+    return 0
 
 
 @command
-def get(args: argparse.Namespace, ctx: Context) -> int | None:
+def get(args: argparse.Namespace, ctx: Context) -> int:
     """Write the object to FILE. Safety: never overwrites an existing FILE without --force,
     never leaves a partial FILE, and never leaves a FILE whose bytes differ from the entry:
     the bytes stream into a temporary file beside FILE, which takes FILE's name only once
@@ -350,6 +357,7 @@ def get(args: argparse.Namespace, ctx: Context) -> int | None:
         output.print_json({"path": args.path, "file": str(target), "bytes": size})
     else:
         print(f"Wrote {args.repo}/{args.ref}: {args.path} to {target} ({human_bytes(size)})")
+    return 0
 
 
 # Shown by `quarry cat --help` and `quarry get --help`.

@@ -7,13 +7,21 @@ import json
 import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from google.protobuf import descriptor, timestamp_pb2
 from google.protobuf.message import Message
 
 from quarry.cli import style
 from quarry.v1 import types_pb2
+
+if TYPE_CHECKING:
+    from google._upb import _message as _upb
+
+    # A message's DESCRIPTOR is the pure-Python class or upb's (protobuf's C implementation,
+    # the one installed here): their fields and enums have the same attributes.
+    FieldDescriptor = descriptor.FieldDescriptor | _upb.FieldDescriptor
+    EnumDescriptor = descriptor.EnumDescriptor | _upb.EnumDescriptor
 
 _FD = descriptor.FieldDescriptor
 _INT64 = {_FD.TYPE_INT64, _FD.TYPE_UINT64, _FD.TYPE_SINT64, _FD.TYPE_FIXED64, _FD.TYPE_SFIXED64}
@@ -33,12 +41,12 @@ def _timestamp_json(ts: timestamp_pb2.Timestamp) -> str | None:
     return ts.ToJsonString()
 
 
-def _value(field: descriptor.FieldDescriptor, value: Any) -> Any:
-    if field.type == _FD.TYPE_MESSAGE:
+def _value(field: FieldDescriptor, value: Any) -> Any:
+    if field.message_type is not None:  # TYPE_MESSAGE
         if field.message_type.full_name == "google.protobuf.Timestamp":
             return _timestamp_json(value)
         return to_jsonable(value)
-    if field.type == _FD.TYPE_ENUM:
+    if field.enum_type is not None:  # TYPE_ENUM
         enum_value = field.enum_type.values_by_number.get(value)
         return enum_word(field.enum_type, enum_value.name) if enum_value is not None else value
     if field.type == _FD.TYPE_BYTES:
@@ -50,7 +58,7 @@ def _upper_snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper()
 
 
-def enum_word(enum_type: descriptor.EnumDescriptor, name: str) -> str:
+def enum_word(enum_type: EnumDescriptor, name: str) -> str:
     """An enum value in the CLI's words: CHANGE_TYPE_ADDED -> added,
     BRANCH_PROTECTION_BLOCKED_ACTION_STAGING_WRITE -> staging-write (the protos' values
     carry their enum's name as a prefix, which buf lint enforces)."""

@@ -57,22 +57,24 @@ def _show(ctx: Context, rules: Rules) -> None:
 
 
 @command
-def protect_add(args: argparse.Namespace, ctx: Context) -> None:
+def protect_add(args: argparse.Namespace, ctx: Context) -> int:
     def add(rules: Rules) -> Rules:
         others = [rule for rule in rules if rule.pattern != args.pattern]
         rule = bm.BranchProtectionRule(pattern=args.pattern, blocked_actions=args.block)
         return [*others, rule]
 
     _show(ctx, _update(ctx, args.repo, add))
+    return 0
 
 
 @command
-def protect_list(args: argparse.Namespace, ctx: Context) -> None:
+def protect_list(args: argparse.Namespace, ctx: Context) -> int:
     _show(ctx, ctx.client.get_branch_protection_rules(args.repo)[0])
+    return 0
 
 
 @command
-def protect_delete(args: argparse.Namespace, ctx: Context) -> None:
+def protect_delete(args: argparse.Namespace, ctx: Context) -> int:
     def delete(rules: Rules) -> Rules:
         if all(rule.pattern != args.pattern for rule in rules):
             raise CliError(
@@ -86,6 +88,7 @@ def protect_delete(args: argparse.Namespace, ctx: Context) -> None:
         output.print_json({"deleted": args.pattern})
     else:
         print(f"Deleted branch protection rule {args.pattern} of {args.repo}")
+    return 0
 
 
 def register_branch_protect(sub: Subparsers, common: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ from quarry.cli.base import Context, Subparsers, command, confirm, group, leaf
 
 
 @command
-def repo_create(args: argparse.Namespace, ctx: Context) -> None:
+def repo_create(args: argparse.Namespace, ctx: Context) -> int:
     repo = ctx.client.create_repository(args.name, args.namespace, args.default_branch)
     if ctx.json:
         output.print_json(repo)
@@ -18,14 +18,15 @@ def repo_create(args: argparse.Namespace, ctx: Context) -> None:
             f"Created repository {repo.name} (default branch {repo.default_branch}, "
             f"storage {repo.storage_namespace})"
         )
+    return 0
 
 
 @command
-def repo_list(args: argparse.Namespace, ctx: Context) -> None:
+def repo_list(args: argparse.Namespace, ctx: Context) -> int:
     repos = list(ctx.client.iter_repositories())
     if ctx.json:
         output.print_json(repos)
-        return
+        return 0
     output.table(
         ["NAME", "DEFAULT BRANCH", "STORAGE NAMESPACE", "CREATED"],
         [
@@ -33,14 +34,15 @@ def repo_list(args: argparse.Namespace, ctx: Context) -> None:
             for r in repos
         ],
     )
+    return 0
 
 
 @command
-def repo_show(args: argparse.Namespace, ctx: Context) -> None:
+def repo_show(args: argparse.Namespace, ctx: Context) -> int:
     repo = ctx.client.get_repository(args.name)
     if ctx.json:
         output.print_json(repo)
-        return
+        return 0
     output.fields(
         [
             ("name", repo.name),
@@ -49,10 +51,11 @@ def repo_show(args: argparse.Namespace, ctx: Context) -> None:
             ("created", output.timestamp_text(repo.creation_time)),
         ]
     )
+    return 0
 
 
 @command
-def repo_delete(args: argparse.Namespace, ctx: Context) -> None:
+def repo_delete(args: argparse.Namespace, ctx: Context) -> int:
     """Never deletes without --yes or a "y" typed on a terminal (confirm)."""
     if not args.yes:
         confirm(f"Delete repository {args.name!r} and all its branches, tags and history?", "--yes")
@@ -61,6 +64,7 @@ def repo_delete(args: argparse.Namespace, ctx: Context) -> None:
         output.print_json({"deleted": args.name})
     else:
         print(f"Deleted repository {args.name}")
+    return 0
 
 
 def register_repo(sub: Subparsers, common: argparse.ArgumentParser) -> None:

@@ -268,6 +268,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 pass_fds=(lifeline,),
             )
             children.append((name, child))
+            assert child.stdout is not None  # stdout=PIPE
             line = child.stdout.readline()
             if "ready" not in line:
                 child.wait(timeout=10)

@@ -95,7 +95,7 @@ def _credentials_from_environment() -> Credentials | None:
 
 
 @command
-def cmd_setup(args: argparse.Namespace, ctx: Context) -> None:
+def cmd_setup(args: argparse.Namespace, ctx: Context) -> int:
     home = Path(ctx.settings.home)
     credentials = run_setup(
         ctx.client, home, args.user_id, args.access_key_id or "", args.secret_access_key or ""
@@ -110,10 +110,11 @@ def cmd_setup(args: argparse.Namespace, ctx: Context) -> None:
                 "credentials_file": str(path),
             }
         )
-        return
+        return 0
     print(f"Created admin user {args.user_id}; credentials stored in {path} (mode 0600)")
     print(f"  access key id:     {credentials.access_key_id}")
     print(f"  secret access key: {credentials.secret_access_key}  (shown this once)")
+    return 0
 
 
 def register_setup(sub: Subparsers, common: argparse.ArgumentParser) -> None:

@@ -9,39 +9,43 @@ from quarry.cli.base import Context, Subparsers, command, group, leaf
 
 
 @command
-def tag_create(args: argparse.Namespace, ctx: Context) -> None:
+def tag_create(args: argparse.Namespace, ctx: Context) -> int:
     tag = ctx.client.create_tag(args.repo, args.name, args.ref)
     if ctx.json:
         output.print_json(tag)
     else:
         print(f"Created tag {tag.name} at {output.short_id(tag.commit_id)}")
+    return 0
 
 
 @command
-def tag_list(args: argparse.Namespace, ctx: Context) -> None:
+def tag_list(args: argparse.Namespace, ctx: Context) -> int:
     tags = list(ctx.client.iter_tags(args.repo))
     if ctx.json:
         output.print_json(tags)
-        return
+        return 0
     output.table(["NAME", "COMMIT"], [(t.name, output.short_id(t.commit_id)) for t in tags])
+    return 0
 
 
 @command
-def tag_show(args: argparse.Namespace, ctx: Context) -> None:
+def tag_show(args: argparse.Namespace, ctx: Context) -> int:
     tag = ctx.client.get_tag(args.repo, args.name)
     if ctx.json:
         output.print_json(tag)
-        return
+        return 0
     output.fields([("name", tag.name), ("commit", output.short_id(tag.commit_id))])
+    return 0
 
 
 @command
-def tag_delete(args: argparse.Namespace, ctx: Context) -> None:
+def tag_delete(args: argparse.Namespace, ctx: Context) -> int:
     ctx.client.delete_tag(args.repo, args.name)
     if ctx.json:
         output.print_json({"deleted": args.name})
     else:
         print(f"Deleted tag {args.name}")
+    return 0
 
 
 def register_tag(sub: Subparsers, common: argparse.ArgumentParser) -> None:
