@@ -1,6 +1,6 @@
 """The in-memory caches of the library: the one LRU cache (ranges, metaranges, commits, ...)
 and the one short-lived TTL cache (repository records, protection rules, writers' branch
-records)."""
+records, the authorizer's users and access keys)."""
 
 from __future__ import annotations
 
@@ -160,8 +160,10 @@ class TTLCache:
             self._data.move_to_end(key)
             return item[1]
 
-    def put(self, key: Hashable, value: Any) -> None:
-        now = self._clock()
+    def put(self, key: Hashable, value: Any, read_at: float | None = None) -> None:
+        """`read_at`: the clock's reading when the value was read (default: now). An entry
+        ages from its read, so a slow read does not lengthen how long it may be served."""
+        now = self._clock() if read_at is None else read_at
         with self._lock:
             self._data[key] = (now, value)
             self._data.move_to_end(key)
@@ -171,6 +173,14 @@ class TTLCache:
     def pop(self, key: Hashable) -> None:
         with self._lock:
             self._data.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+    def now(self) -> float:
+        """The cache's clock (a caller stamps a read with it: put's `read_at`)."""
+        return self._clock()
 
     def __len__(self) -> int:
         return len(self._data)

@@ -14,7 +14,6 @@ matching Deny or the absence of any matching Allow is a refusal; only a service 
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from quarry.auth import errors as auth_errors
 from quarry.auth.policy import Decision, Policy, decide, wildcard_match
 from quarry.auth.store import IamStore
 from quarry.auth.tokens import Principal
+from quarry.lru import TTLCache
 
 DEFAULT_CACHE_SECONDS = 5.0
 # Allowed (action, resource) pairs remembered per cached policy snapshot; cleared when it
@@ -30,9 +30,13 @@ DEFAULT_CACHE_SECONDS = 5.0
 ALLOWED_MAX = 4096
 
 
+# Users and access keys remembered, each (the least recently used go first): a process
+# serving many users stays bounded.
+CACHE_MAX_ITEMS = 10_000
+
+
 @dataclass(frozen=True)
 class _Cached:
-    loaded_at: float
     exists: bool
     policies: tuple[Policy, ...] = ()
     # (action, resource) pairs these policies allow: decide() is a pure function of the
@@ -70,11 +74,10 @@ class Authorizer:
         clock: Callable[[], float] = time.monotonic,
     ):
         self._iam = iam
-        self._cache_seconds = cache_seconds
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._users: dict[str, _Cached] = {}
-        self._keys: dict[str, _Cached] = {}
+        # Each entry ages from the moment its read began: a change made during a slow
+        # read still takes effect within cache_seconds.
+        self._users = TTLCache(cache_seconds, CACHE_MAX_ITEMS, clock)
+        self._keys = TTLCache(cache_seconds, CACHE_MAX_ITEMS, clock)
 
     def check_principal(self, principal: Principal) -> None:
         """PrincipalUnknown for a user that no longer exists; CredentialRevoked for a token
@@ -134,44 +137,36 @@ class Authorizer:
     def invalidate(self, user_id: str | None = None) -> None:
         """Forget cached answers (all, or one user's): IAM changes made through this process
         take effect here at once."""
-        with self._lock:
-            if user_id is None:
-                self._users.clear()
-                self._keys.clear()
-            else:
-                self._users.pop(user_id, None)
-
-    def _fresh(self, cached: _Cached | None) -> bool:
-        return cached is not None and self._clock() - cached.loaded_at < self._cache_seconds
+        if user_id is None:
+            self._users.clear()
+            self._keys.clear()
+        else:
+            self._users.pop(user_id)
 
     def _user(self, user_id: str) -> _Cached:
-        with self._lock:
-            cached = self._users.get(user_id)
-        if cached is not None and self._fresh(cached):
+        cached: _Cached | None = self._users.get(user_id)
+        if cached is not None:
             return cached
-        now = self._clock()
+        read_at = self._users.now()
         try:
-            loaded = _Cached(now, True, tuple(self._iam.effective_policies(user_id)))
+            loaded = _Cached(True, tuple(self._iam.effective_policies(user_id)))
         except (auth_errors.UserNotFound, auth_errors.InvalidIamId):
-            loaded = _Cached(now, False)
-        with self._lock:
-            self._users[user_id] = loaded
+            loaded = _Cached(False)
+        self._users.put(user_id, loaded, read_at=read_at)
         return loaded
 
     def _key_of(self, principal: Principal) -> _Cached:
         key_id = principal.access_key_id
-        with self._lock:
-            cached = self._keys.get(key_id)
-        if cached is not None and self._fresh(cached):
+        cached: _Cached | None = self._keys.get(key_id)
+        if cached is not None:
             return cached
-        now = self._clock()
+        read_at = self._keys.now()
         try:
             record = self._iam.get_credentials(key_id)
-            loaded = _Cached(now, record.user_id == principal.id)
+            loaded = _Cached(record.user_id == principal.id)
         except (auth_errors.CredentialsNotFound, auth_errors.InvalidIamId):
-            loaded = _Cached(now, False)
-        with self._lock:
-            self._keys[key_id] = loaded
+            loaded = _Cached(False)
+        self._keys.put(key_id, loaded, read_at=read_at)
         return loaded
 
 

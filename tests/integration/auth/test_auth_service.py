@@ -52,6 +52,7 @@ from quarry.v1 import (
     types_pb2,
 )
 from support.auth import TEST_SIGNING_KEY, raw_channel, service_channel
+from support.clocks import MovableClock
 from support.counting import CountingStore
 
 CACHE_SECONDS = 2.0
@@ -67,6 +68,7 @@ class Secured:
     channel: grpc.Channel
     namespace_root: str
     backend: CountingStore
+    clock: MovableClock  # the authorizer's: a test moves it past the cache lifetime
 
     def auth(self):
         return auth_pb2_grpc.AuthStub(self.channel)
@@ -132,7 +134,8 @@ def secured(tmp_path_factory):
             RemoteStore(service_channel(settings.kv_gateway_address)), hash_cost=FAST_HASH
         )
         tokens = TokenAuthority(TEST_SIGNING_KEY)
-        authorizer = Authorizer(iam, cache_seconds=CACHE_SECONDS)
+        clock = MovableClock()
+        authorizer = Authorizer(iam, cache_seconds=CACHE_SECONDS, clock=clock)
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=8),
             interceptors=[ErrorInterceptor(), AuthInterceptor(tokens, authorizer)],
@@ -162,7 +165,9 @@ def secured(tmp_path_factory):
         stack.callback(channel.close)
         root = home / "lake"
         root.mkdir()
-        yield Secured(f"127.0.0.1:{port}", iam, tokens, authorizer, channel, str(root), backend)
+        yield Secured(
+            f"127.0.0.1:{port}", iam, tokens, authorizer, channel, str(root), backend, clock
+        )
 
 
 @pytest.fixture(scope="module")
@@ -320,7 +325,7 @@ def test_a_deleted_user_and_a_revoked_credential_stop_working(secured, admin):
     key_id = secured.iam.list_credentials("temp")[0][0].access_key_id
     # Revoked through another process's store: within the cache lifetime.
     IamStore(RemoteStore(secured.iam._kv._channel)).delete_credentials("temp", key_id)
-    time.sleep(CACHE_SECONDS + 0.1)
+    secured.clock.advance(CACHE_SECONDS)
     assert (
         failure(who, auth_pb2.WhoAmIRequest(), metadata=bearer(token)).reason
         == "CREDENTIAL_REVOKED"

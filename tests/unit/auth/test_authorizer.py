@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from quarry.auth import authorizer as authorizer_module
 from quarry.auth import errors as auth_errors
 from quarry.auth.authorizer import Authorizer
 from quarry.auth.bootstrap import (
@@ -177,6 +178,46 @@ def test_a_revoked_credential_stops_working_within_the_cache_lifetime(iam):
     clock.now += 0.1
     with pytest.raises(auth_errors.CredentialRevoked):
         authorizer.authorize(principal, "fs:ReadObject", ["*"])
+
+
+def test_an_answer_ages_from_its_read_not_from_when_the_read_ended(iam, monkeypatch):
+    """A user deleted while its policies were being read (a slow KV) still stops working
+    cache_seconds after that read began: the read's duration never lengthens the window."""
+    clock = Clock()
+    authorizer = Authorizer(iam, cache_seconds=5, clock=clock)
+    principal = user(iam, "dev", DEVELOPERS)
+    read = iam.effective_policies
+
+    def slow_read(user_id):
+        policies = read(user_id)
+        clock.now += 3  # the read took 3 s
+        return policies
+
+    monkeypatch.setattr(iam, "effective_policies", slow_read)
+    authorizer.authorize(principal, "fs:ReadObject", ["*"])
+    monkeypatch.setattr(iam, "effective_policies", read)
+    IamStore(iam._kv).delete_user("dev")
+    clock.now += 1.9  # 4.9 s after the read began: still the cached answer
+    authorizer.authorize(principal, "fs:ReadObject", ["*"])
+    clock.now += 0.1
+    with pytest.raises(auth_errors.PrincipalUnknown):
+        authorizer.authorize(principal, "fs:ReadObject", ["*"])
+
+
+def test_the_cache_is_bounded(iam, counted, monkeypatch):
+    """Users and access keys are remembered in bounded TTL caches (quarry.lru.TTLCache):
+    past the bound the least recently used user is read again, never kept forever."""
+    monkeypatch.setattr(authorizer_module, "CACHE_MAX_ITEMS", 2)
+    authorizer = Authorizer(iam, cache_seconds=3600, clock=Clock())
+    principals = [user(iam, name, VIEWERS) for name in ("a", "b", "c")]
+    for principal in principals:
+        authorizer.authorize(principal, "fs:ReadObject", ["*"])
+    assert len(authorizer._users) == 2
+    counted.reset()
+    authorizer.authorize(principals[2], "fs:ReadObject", ["*"])  # still cached
+    assert counted.total() == 0
+    authorizer.authorize(principals[0], "fs:ReadObject", ["*"])  # evicted: read again
+    assert counted.total() > 0
 
 
 def test_a_deleted_user_stops_working_within_the_cache_lifetime(iam):
