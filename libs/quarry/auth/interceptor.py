@@ -42,6 +42,7 @@ from quarry.auth import errors as auth_errors
 from quarry.auth.authorizer import Authorizer
 from quarry.auth.declarations import RULES, Access, Rule, is_quarry_method
 from quarry.auth.tokens import SERVICE, Principal, TokenAuthority
+from quarry.runtime.handlers import WrappedHandlers
 
 AUDIT_LOGGER = "quarry.audit"
 audit_log = logging.getLogger(AUDIT_LOGGER)
@@ -148,7 +149,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         self._authorizer = authorizer
         self._rules = rules
         # Wrapped handlers by the handler they wrap: built once per method, not per call.
-        self._wrapped: dict[int, tuple[Any, Any]] = {}
+        self._wrapped = WrappedHandlers()
         # Verifying a JWT (HMAC, base64, JSON) is the largest share of auth's cost per call;
         # a token's signature and claims verify the same way every time, only its expiry
         # changes, so a verified token is remembered and its expiry checked on every call
@@ -163,12 +164,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or not is_quarry_method(method):
             return handler  # health, reflection: always open
-        cached = self._wrapped.get(id(handler))
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(handler, method, self._rules.get(method))
-        self._wrapped[id(handler)] = (handler, wrapped)
-        return wrapped
+        return self._wrapped.of(handler, lambda h: self._wrap(h, method, self._rules.get(method)))
 
     # ---- the checks -------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """One way to wrap a gRPC method handler's behaviour, for the server interceptors that do
-(errors, readiness, per-RPC metrics)."""
+(errors, deadlines, readiness, per-RPC metrics, authentication)."""
 
 from __future__ import annotations
 
