@@ -31,11 +31,17 @@ from support.s3gateway import running_gateway
 REPO = "lake"
 TOOLS = "tools"  # the repository of the CLI and pyarrow tests
 BIN = Path(sys.executable).parent
+# The gateway checks a credential's signatures itself this long after Auth verified one
+# (QUARRY_S3_GATEWAY_CACHE_SECONDS): short here, so a revocation test waits it out quickly.
+CACHE_SECONDS = 2
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
-    with running_gateway(tmp_path_factory.mktemp("s3gw")) as gw:
+    with running_gateway(
+        tmp_path_factory.mktemp("s3gw"),
+        gateway_env={"QUARRY_S3_GATEWAY_CACHE_SECONDS": str(CACHE_SECONDS)},
+    ) as gw:
         with gw.suite.client() as client:
             client.create_repository(REPO, gw.suite.namespace(REPO))
             client.create_branch(REPO, "dev", "main")
@@ -306,6 +312,39 @@ def test_a_bad_signature_is_refused(gateway, client):
         unknown.list_buckets()
     assert _code(refused.value) == "SignatureDoesNotMatch"
     assert "badsig.txt" not in _staged(client, "dev")
+
+
+def test_a_deleted_credential_stops_working_within_the_cache_ttl(gateway, client):
+    """Safety: the gateway checks a credential's signatures itself (the scoped key Auth
+    derived) only for QUARRY_S3_GATEWAY_CACHE_SECONDS after Auth verified one; a credential
+    deleted at Auth is refused once that has passed, however often it was used meanwhile."""
+
+    from support.wait import wait_until
+
+    client.create_user("revoked-s3")
+    client.add_group_member("Developers", "revoked-s3")
+    key_id, secret = gateway.credentials("revoked-s3")
+    s3 = gateway.s3((key_id, secret))
+    s3.put_object(Bucket=REPO, Key="dev/revoked/before.txt", Body=b"x")
+    client.delete_credentials("revoked-s3", key_id)
+
+    def refused_by_auth() -> bool:
+        try:
+            s3.list_objects_v2(Bucket=REPO, Prefix="dev/revoked/")
+        except ClientError as error:
+            # Within the TTL branch-manager already refuses the token the gateway reuses
+            # (CREDENTIAL_REVOKED: AccessDenied); past it Auth is asked again and refuses
+            # the signature itself.
+            assert _code(error) in ("AccessDenied", "SignatureDoesNotMatch")
+            return _code(error) == "SignatureDoesNotMatch"
+        return False
+
+    # Refused once the TTL passed (the margin is this machine's latency, not the rule's).
+    wait_until(refused_by_auth, timeout=CACHE_SECONDS + 20, interval=0.2, what="the revocation")
+    with pytest.raises(ClientError) as still:
+        s3.put_object(Bucket=REPO, Key="dev/revoked/after.txt", Body=b"x")
+    assert _code(still.value) == "SignatureDoesNotMatch"
+    assert "revoked/after.txt" not in _staged(client, "dev")
 
 
 def test_presigned_urls_work_and_expire(s3, gateway, monkeypatch):

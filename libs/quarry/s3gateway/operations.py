@@ -52,11 +52,34 @@ log = logging.getLogger(__name__)
 
 MULTIPART_PREFIX = "_s3_multipart/"
 READ_CHUNK = 1 << 20
+# A GET's body goes out in pieces this large: each piece is one hop from the worker thread
+# to the event loop, so fewer, larger pieces (still a few MiB per request at most).
+SEND_CHUNK = 4 << 20
 MAX_KEYS = 1000
 MAX_LIST_KEYS = 10_000  # quarry.paging.MAX_PAGE_SIZE
 MAX_PARTS = 10_000
 MAX_XML_BODY = xmlserde.MAX_REQUEST_XML_BYTES
 _META = "x-amz-meta-"
+
+
+class Lookups:
+    """What the gateway looked up for a user a moment ago, reused for `ttl_seconds`
+    (QUARRY_S3_GATEWAY_CACHE_SECONDS): a repository's record (its storage namespace) and
+    that a ref is a branch. A request then costs one Quarry call (stat, stage) instead of
+    three.
+
+    Safety: these are never what authorizes or decides a write. Entries are per user (one
+    user's lookup never answers another's), and the staging call that follows is checked by
+    branch-manager as always (policies, protection, the branch and repository still
+    existing): a repository or branch deleted within the TTL makes that call fail, and the
+    bytes written for it are removed (_stage). The branch check here is only the early
+    MethodNotAllowed for a write to a tag or commit before any byte is stored."""
+
+    def __init__(self, ttl_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        from quarry.lru import TTLCache
+
+        self.repositories = TTLCache(ttl_seconds, max_items=10_000, clock=clock)
+        self.branches = TTLCache(ttl_seconds, max_items=10_000, clock=clock)
 
 
 @dataclass
@@ -68,6 +91,7 @@ class Context:
     settings: Any
     region: str
     sealed_check: Callable[[list[tuple[str, str]]], None]  # checks aws-chunked signatures
+    lookups: Lookups | None = None
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -100,20 +124,31 @@ def _call(fn: Callable[..., Any], *args: Any, resource: str = "", **kwargs: Any)
 
 
 def _repository(ctx: Context, bucket: str) -> types_pb2.Repository:
+    key = (ctx.user_id, bucket)
+    if ctx.lookups is not None:
+        cached = ctx.lookups.repositories.get(key)
+        if cached is not None:
+            return cached
     try:
-        return ctx.client.get_repository(bucket)
+        repo = ctx.client.get_repository(bucket)
     except errors.QuarryError as exc:
         if exc.code is not None and exc.code.name == "NOT_FOUND":
             raise S3Error(
                 "NoSuchBucket", "The specified bucket does not exist", 404, bucket
             ) from None
         raise from_quarry(exc, bucket) from None
+    if ctx.lookups is not None:
+        ctx.lookups.repositories.put(key, repo)
+    return repo
 
 
 def _require_branch(ctx: Context, bucket: str, ref: str) -> None:
     """MethodNotAllowed unless `ref` is a branch: writes go to branches only."""
     if not ref:
         raise method_not_allowed("a write needs a key BRANCH/PATH")
+    key = (ctx.user_id, bucket, ref)
+    if ctx.lookups is not None and ctx.lookups.branches.get(key) is not None:
+        return
     try:
         ctx.client.get_branch(bucket, ref)
     except errors.QuarryError as exc:
@@ -122,6 +157,8 @@ def _require_branch(ctx: Context, bucket: str, ref: str) -> None:
                 f"{ref!r} is not a branch of {bucket!r}: writes go to branches only"
             ) from None
         raise from_quarry(exc, bucket) from None
+    if ctx.lookups is not None:
+        ctx.lookups.branches.put(key, True)
 
 
 def _user_metadata(request: Request) -> dict[str, str]:
@@ -525,7 +562,7 @@ def get_object(ctx: Context, request: Request) -> Response:
             skip -= len(piece)
         left = length
         while left > 0:
-            piece = reader.read(min(READ_CHUNK, left))
+            piece = reader.read(min(SEND_CHUNK, left))
             if not piece:
                 raise errors.DataLoss(  # the client sees a short body, never wrong bytes
                     f"the object at {entry.physical_address} ended {left} bytes early"
