@@ -228,6 +228,72 @@ def test_copy_object_across_branches_with_metadata_directives(s3, client):
     assert replaced["Metadata"] == {"b": "2"} and replaced["ContentType"] == "text/plain"
 
 
+def test_copy_object_across_repositories_copies_the_bytes_into_the_destination(
+    s3, client, gateway, tools
+):
+    """Namespaces are per repository: a copy from another repository stores its own bytes in
+    the destination's namespace (never an entry pointing into the source's)."""
+    s3.put_object(Bucket=REPO, Key="dev/xrepo/src.bin", Body=b"cross" * 1000, Metadata={"k": "v"})
+    answer = s3.copy_object(
+        Bucket=tools, Key="main/xrepo/copied.bin", CopySource=f"{REPO}/dev/xrepo/src.bin"
+    )
+    copied = s3.get_object(Bucket=tools, Key="main/xrepo/copied.bin")
+    assert copied["Body"].read() == b"cross" * 1000 and copied["Metadata"] == {"k": "v"}
+    assert answer["CopyObjectResult"]["ETag"] == copied["ETag"]
+    entry = client.stat_object(tools, "main", "xrepo/copied.bin")
+    assert entry.physical_address.startswith(gateway.suite.namespace(tools))
+    with pytest.raises(ClientError) as missing:
+        s3.copy_object(Bucket=tools, Key="main/xrepo/none", CopySource=f"{REPO}/dev/xrepo/nope")
+    assert _code(missing.value) == "NoSuchKey"
+
+
+def test_upload_part_copy_with_ranges_and_managed_copy(s3, tools):
+    """UploadPartCopy with x-amz-copy-source-range, explicitly and through boto3's managed
+    copy (which splits a large source into ranged UploadPartCopy calls)."""
+    data = os.urandom(6 * 1024 * 1024 + 10)
+    s3.put_object(Bucket=REPO, Key="dev/upc/source.bin", Body=data)
+    key = "dev/upc/assembled.bin"
+    upload = s3.create_multipart_upload(Bucket=REPO, Key=key)["UploadId"]
+    cut = 5 * 1024 * 1024
+    parts = []
+    for number, (first, last) in enumerate([(0, cut - 1), (cut, len(data) - 1)], start=1):
+        made = s3.upload_part_copy(
+            Bucket=REPO,
+            Key=key,
+            UploadId=upload,
+            PartNumber=number,
+            CopySource=f"{REPO}/dev/upc/source.bin",
+            CopySourceRange=f"bytes={first}-{last}",
+        )
+        etag = made["CopyPartResult"]["ETag"]
+        assert etag.strip('"') == hashlib.md5(data[first : last + 1]).hexdigest()
+        parts.append({"PartNumber": number, "ETag": etag})
+    with pytest.raises(ClientError) as outside:
+        s3.upload_part_copy(
+            Bucket=REPO,
+            Key=key,
+            UploadId=upload,
+            PartNumber=3,
+            CopySource=f"{REPO}/dev/upc/source.bin",
+            CopySourceRange=f"bytes=0-{len(data)}",
+        )
+    assert _code(outside.value) == "InvalidRange"
+    s3.complete_multipart_upload(
+        Bucket=REPO, Key=key, UploadId=upload, MultipartUpload={"Parts": parts}
+    )
+    assert s3.get_object(Bucket=REPO, Key=key)["Body"].read() == data
+    # boto3's managed copy, into another repository, in 5 MiB ranged part copies.
+    s3.copy(
+        {"Bucket": REPO, "Key": "dev/upc/source.bin"},
+        tools,
+        "main/upc/managed.bin",
+        Config=TransferConfig(multipart_threshold=cut, multipart_chunksize=cut),
+    )
+    managed = s3.get_object(Bucket=tools, Key="main/upc/managed.bin")
+    assert managed["ETag"].strip('"').endswith("-2")
+    assert managed["Body"].read() == data
+
+
 def test_multipart_parts_are_invisible_until_complete_and_abort_removes_them(s3, client, gateway):
     key = "dev/mpu/explicit.bin"
     upload = s3.create_multipart_upload(Bucket=REPO, Key=key)["UploadId"]

@@ -113,7 +113,7 @@ def route(request: Request) -> tuple[str, Callable[..., Response], bool]:  # noq
     if method == "PUT":
         if request.has("uploadId"):
             if request.header("x-amz-copy-source"):
-                raise not_implemented("UploadPartCopy")
+                return "UploadPartCopy", ops.upload_part_copy, False
             return "UploadPart", ops.upload_part, True
         if request.header("x-amz-copy-source"):
             return "CopyObject", ops.copy_object, False

@@ -43,7 +43,6 @@ from quarry.s3gateway.errors import (
     invalid_argument,
     method_not_allowed,
     no_such_key,
-    not_implemented,
 )
 from quarry.s3gateway.request import Request, Response, xml_response
 from quarry.v1 import types_pb2
@@ -670,38 +669,114 @@ def put_object(ctx: Context, request: Request, signature: Any) -> Response:
     return Response(200, [("etag", _etag(md5_hex))])
 
 
-def copy_object(ctx: Context, request: Request) -> Response:
-    """CopyObject within one repository (any ref to a branch): a new entry pointing at the
-    same bytes (copy-on-write: objects are immutable), metadata copied or replaced."""
-    source = unquote(request.header("x-amz-copy-source")).lstrip("/")
-    source = source.partition("?")[0]
+@dataclass
+class _Source:
+    bucket: str
+    key: str  # REF/PATH
+    entry: types_pb2.Entry
+
+
+def _copy_source(ctx: Context, request: Request) -> _Source:
+    """The object `x-amz-copy-source` names (BUCKET/REF/PATH, URL-encoded, optionally
+    ?versionId=), stat'ed as the caller (their read permission applies): NoSuchKey or
+    NoSuchBucket when it is not there."""
+    source = unquote(request.header("x-amz-copy-source")).lstrip("/").partition("?")[0]
     src_bucket, _, src_key = source.partition("/")
     src_ref, _, src_path = src_key.partition("/")
-    bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
-    if not path:
-        raise invalid_argument("a key is REF/PATH with a non-empty PATH")
-    if src_bucket != bucket:
-        raise not_implemented("CopyObject across repositories")
-    _repository(ctx, bucket)
-    _require_branch(ctx, bucket, ref)
+    if not src_bucket or not src_ref or not src_path:
+        raise invalid_argument("x-amz-copy-source must be BUCKET/REF/PATH")
     try:
-        src = ctx.client.stat_object(bucket, src_ref, src_path)
+        entry = ctx.client.stat_object(src_bucket, src_ref, src_path)
     except errors.QuarryError as exc:
+        if exc.reason == "REPOSITORY_NOT_FOUND":
+            raise S3Error(
+                "NoSuchBucket", "The specified bucket does not exist", 404, src_bucket
+            ) from None
         if exc.code is not None and exc.code.name in ("NOT_FOUND", "INVALID_ARGUMENT"):
             raise no_such_key(src_key) from None
         raise from_quarry(exc, src_key) from None
+    return _Source(src_bucket, src_key, entry)
+
+
+class _RangeReader:
+    """`length` bytes of an object from `first` on, read in pieces, with their MD5."""
+
+    def __init__(self, reader: Any, first: int, length: int, address: str) -> None:
+        self._reader = reader
+        self._skip = first
+        self._left = length
+        self._address = address
+        self.md5 = hashlib.md5()
+
+    def read(self, size: int = -1) -> bytes:
+        while self._skip > 0:  # the stores read front to back: skip to the range's start
+            piece = self._reader.read(min(READ_CHUNK, self._skip))
+            if not piece:
+                break
+            self._skip -= len(piece)
+        if self._left <= 0:
+            return b""
+        piece = self._reader.read(min(size if size > 0 else READ_CHUNK, self._left))
+        if not piece:
+            raise errors.DataLoss(f"the object at {self._address} ended {self._left} bytes early")
+        self._left -= len(piece)
+        self.md5.update(piece)
+        return piece
+
+
+def _copy_bytes(
+    ctx: Context, source: _Source, store: BlobStore, key: str, first: int, length: int
+) -> tuple[int, str]:
+    """Write `length` bytes of the source object from `first` on under `key` (a fresh key of
+    `store`); (size, md5 hex). On failure nothing stays under `key`."""
+    try:
+        with open_object(source.entry.physical_address, ctx.settings) as reader:
+            ranged = _RangeReader(reader, first, length, source.entry.physical_address)
+            written = store.put_stream(key, ranged)
+    except ObjectNotFound:
+        _discard(store, key)
+        raise S3Error("NoSuchKey", "the source object's bytes are missing", 404) from None
+    except BaseException:
+        _discard(store, key)
+        raise
+    return written.size, ranged.md5.hexdigest()
+
+
+def copy_object(ctx: Context, request: Request) -> Response:
+    """CopyObject from any ref to a branch. Within one repository: a new entry pointing at
+    the same bytes (copy-on-write: objects are immutable). From another repository: the
+    bytes are copied into this repository's namespace first (namespaces are per repository:
+    an entry never points into another repository's namespace, whose GC would not know of
+    it). Metadata copied or replaced (x-amz-metadata-directive)."""
+    bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
+    if not path:
+        raise invalid_argument("a key is REF/PATH with a non-empty PATH")
+    directive = request.header("x-amz-metadata-directive") or "COPY"
+    if directive not in ("COPY", "REPLACE"):
+        raise invalid_argument("x-amz-metadata-directive must be COPY or REPLACE")
+    repo = _repository(ctx, bucket)
+    _require_branch(ctx, bucket, ref)
+    source = _copy_source(ctx, request)
     entry = types_pb2.Entry()
-    entry.CopyFrom(src)
+    entry.CopyFrom(source.entry)
     entry.path = path
     entry.mtime.CopyFrom(_timestamp(time.time()))
-    directive = request.header("x-amz-metadata-directive") or "COPY"
     if directive == "REPLACE":
         entry.ClearField("metadata")
         entry.metadata.update(_user_metadata(request))
         entry.content_type = request.header("content-type") or entry.content_type
-    elif directive != "COPY":
-        raise invalid_argument("x-amz-metadata-directive must be COPY or REPLACE")
-    _call(ctx.client.put_object, bucket, ref, entry, resource=path)
+    if source.bucket == bucket:
+        _call(ctx.client.put_object, bucket, ref, entry, resource=path)
+    else:
+        store = open_blob_store(repo.storage_namespace, ctx.settings)
+        try:
+            key = f"{DATA_PREFIX}{uuid.uuid4().hex}"
+            size, _md5 = _copy_bytes(ctx, source, store, key, 0, source.entry.size_bytes)
+            entry.physical_address = object_address(repo.storage_namespace, key)
+            entry.size_bytes = size
+            _stage(ctx, bucket, ref, entry, store, key)
+        finally:
+            store.close()
     return xml_response(
         xmlserde.document(
             "CopyObjectResult",
@@ -841,6 +916,51 @@ def upload_part(ctx: Context, request: Request, signature: Any) -> Response:
         finally:
             _discard(store, key)
     return Response(200, [("etag", _etag(md5_hex))])
+
+
+def _copy_range(request: Request, size: int) -> tuple[int, int]:
+    """(first, length) of x-amz-copy-source-range (`bytes=FIRST-LAST`, both given, as S3
+    requires), or the whole source; InvalidRange outside the source."""
+    header = request.header("x-amz-copy-source-range")
+    if not header:
+        return 0, size
+    first_text, sep, last_text = header.removeprefix("bytes=").partition("-")
+    try:
+        if not header.startswith("bytes=") or not sep:
+            raise ValueError
+        first, last = int(first_text), int(last_text)
+    except ValueError:
+        raise invalid_argument("x-amz-copy-source-range must be bytes=FIRST-LAST") from None
+    if first < 0 or last < first or last >= size:
+        raise S3Error("InvalidRange", "The requested range is not satisfiable", 416)
+    return first, last - first + 1
+
+
+def upload_part_copy(ctx: Context, request: Request) -> Response:
+    """UploadPartCopy: a part made of (a byte range of) an existing object, read as the
+    caller from any ref of any repository, written as a part of this upload (bytes copied:
+    a part is never a reference to another object)."""
+    repo = _repository(ctx, request.target.bucket)
+    upload_id = request.param("uploadId") or ""
+    number = _part_number(request)
+    with open_blob_store(repo.storage_namespace, ctx.settings) as store:
+        _load_upload(ctx, store, request, upload_id)
+        source = _copy_source(ctx, request)
+        first, length = _copy_range(request, source.entry.size_bytes)
+        key = f"{DATA_PREFIX}{uuid.uuid4().hex}"
+        _size, md5_hex = _copy_bytes(ctx, source, store, key, first, length)
+        part = f"{_upload_dir(upload_id)}part-{number:05d}-{md5_hex}-{uuid.uuid4().hex}"
+        try:
+            with store.open_read(key) as reader:
+                store.put_stream(part, reader)
+        finally:
+            _discard(store, key)
+    return xml_response(
+        xmlserde.document(
+            "CopyPartResult",
+            [("LastModified", xmlserde.timestamp(time.time())), ("ETag", _etag(md5_hex))],
+        )
+    )
 
 
 def _parts(store: BlobStore, upload_id: str) -> dict[tuple[int, str], tuple[str, int, float]]:
