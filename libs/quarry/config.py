@@ -193,6 +193,13 @@ class Settings:
         "s3-gateway: a signed request whose X-Amz-Date is further than this from the "
         "gateway's clock is refused (RequestTimeTooSkewed), as S3 does (15 minutes).",
     )
+    s3_gateway_cache_seconds: float = _setting(
+        10.0,
+        "s3-gateway: how long it checks a credential's signatures itself with the scoped "
+        "signing key the Auth service derived (never the secret) after Auth verified one, and "
+        "reuses a user's repository and branch lookups. A revoked credential stops working "
+        "within this time. 0: every request asks Auth.",
+    )
     range_writer_peers: str = _setting(
         "",
         "range-writer: other range-writer replicas a large apply is fanned out to, in key "

@@ -29,6 +29,7 @@ from quarry.auth.sigv4_secrets import (
     Scope,
     SecretSealer,
     SignatureDoesNotMatch,
+    scoped_signing_key,
     verify_signatures,
 )
 from quarry.auth.store import IamStore
@@ -100,11 +101,12 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         # Services only (declarations); the s3-gateway's SigV4 check, see sigv4_secrets.
         if self._sealer is None:
             raise SignatureDoesNotMatch("this Auth service keeps no sealed secrets")
+        scope = Scope(request.date, request.region, request.service)
         credential = verify_signatures(
             self._iam,
             self._sealer,
             request.access_key_id,
-            Scope(request.date, request.region, request.service),
+            scope,
             [(s.string_to_sign, s.signature) for s in request.signed],
         )
         lifetime = self._lifetime
@@ -115,7 +117,13 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         )
         stamp = Timestamp()
         stamp.FromSeconds(int(expires_at))
-        return pb.VerifySignatureResponse(token=token, expires_at=stamp, user_id=credential.user_id)
+        # The scope's derived key only after its signatures matched, only when asked.
+        key = (
+            scoped_signing_key(self._sealer, credential, scope) if request.want_signing_key else b""
+        )
+        return pb.VerifySignatureResponse(
+            token=token, expires_at=stamp, user_id=credential.user_id, signing_key=key
+        )
 
     def WhoAmI(self, request, context):
         principal = current_principal()

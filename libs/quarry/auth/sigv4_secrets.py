@@ -149,3 +149,17 @@ def verify_signatures(
     if not iam.user_exists(record.user_id):
         raise refused
     return record
+
+
+def scoped_signing_key(
+    sealer: SecretSealer, record: records.CredentialRecord, scope: Scope
+) -> bytes:
+    """The SigV4 key of `record`'s secret for one scope (a day, a region, a service), for a
+    caller that verified a signature of that scope with it (verify_signatures) and checks the
+    credential's next signatures of the scope itself for a short while (the s3-gateway's
+    cache). It cannot be turned back into the secret and signs nothing outside its scope.
+    Empty when the sealed secret does not open (never a guess)."""
+    secret = sealer.open(record.access_key_id, record.sealed_secret)
+    if secret is None:
+        return b""
+    return signing_key(secret, scope.date, scope.region, scope.service)

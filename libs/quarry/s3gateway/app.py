@@ -27,13 +27,13 @@ import grpc
 from prometheus_client import Counter, Histogram
 
 from quarry import errors, telemetry
-from quarry.runtime.errors import from_rpc_error
+from quarry.lru import TTLCache
 from quarry.s3gateway import operations as ops
 from quarry.s3gateway import sigv4, xmlserde
-from quarry.s3gateway.errors import S3Error, access_denied, not_implemented, signature_mismatch
+from quarry.s3gateway.errors import S3Error, access_denied, not_implemented
 from quarry.s3gateway.paths import resolve
 from quarry.s3gateway.request import Request, Response
-from quarry.v1 import auth_pb2
+from quarry.s3gateway.verifier import SignatureVerifier
 
 log = logging.getLogger("quarry.s3gateway")
 
@@ -45,9 +45,6 @@ REQUESTS = Counter(
 LATENCY = Histogram(
     "quarry_s3_request_seconds", "S3 gateway request latency by operation", ["operation"]
 )
-# The token the Auth service issues per request lives this long: enough for a long upload's
-# staging call, short enough that nothing keeps a usable credential around.
-REQUEST_TOKEN_SECONDS = 900
 
 
 class ClientGone(Exception):
@@ -116,7 +113,7 @@ def route(request: Request) -> tuple[str, Callable[..., Response], bool]:  # noq
     if method == "PUT":
         if request.has("uploadId"):
             if request.header("x-amz-copy-source"):
-                raise not_implemented("UploadPartCopy")
+                return "UploadPartCopy", ops.upload_part_copy, False
             return "UploadPart", ops.upload_part, True
         if request.header("x-amz-copy-source"):
             return "CopyObject", ops.copy_object, False
@@ -175,6 +172,13 @@ class S3App:
         self._gateway = gateway
         self._pool = ThreadPoolExecutor(gateway.workers, thread_name_prefix="s3-gateway")
         self._settings = gateway.settings
+        cache_seconds = float(self._settings.s3_gateway_cache_seconds)
+        self._verifier = (
+            None if gateway.auth is None else SignatureVerifier(gateway.auth, cache_seconds)
+        )
+        self._lookups = ops.Lookups(cache_seconds)
+        # Clients by token: a token lives at most as long as the verifier reuses it.
+        self._clients = TTLCache(max(cache_seconds, 1.0), max_items=1000)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -262,14 +266,12 @@ class S3App:
         )
 
     def _authenticate(self, request: Request) -> tuple[ops.Context, sigv4.Signature | None]:
-        from quarry.client import Client
-
-        gateway = self._gateway
         signed = request.signed()
         signature = sigv4.parse(signed)
-        if gateway.auth is None:
+        verifier = self._verifier
+        if verifier is None:
             # Auth off (trusted development, benchmarks): no identity to check.
-            token: str | None = None
+            token = ""
             user = "anonymous"
         else:
             if signature is None:
@@ -279,45 +281,39 @@ class S3App:
             )
             sigv4.check_payload_hash(signature)
             text = sigv4.string_to_sign(signed, signature)
-            reply = self._verify(signature, [(text, signature.signature)])
-            token, user = reply.token, reply.user_id
+            verified = verifier.verify(signature, [(text, signature.signature)])
+            token, user = verified.token, verified.user_id
         if signature is not None:
             sigv4.check_payload_hash(signature)
 
         def check_chunks(chunks: list[tuple[str, str]]) -> None:
-            if gateway.auth is not None and signature is not None and chunks:
-                self._verify(signature, chunks)
+            if verifier is not None and signature is not None and chunks:
+                verifier.verify(signature, chunks)
 
-        client = Client(
-            branch_manager=gateway.branch_manager,
-            committer=gateway.committer,
-            token=token if token is not None else "",
-        )
         context = ops.Context(
-            client=client,
+            client=self._client(token),
             user_id=user,
             settings=self._settings,
             region=self._settings.s3_gateway_region,
             sealed_check=check_chunks,
+            lookups=self._lookups,
         )
         return context, signature
 
-    def _verify(self, signature: sigv4.Signature, signed: list[tuple[str, str]]) -> Any:
-        request = auth_pb2.VerifySignatureRequest(
-            access_key_id=signature.access_key_id,
-            date=signature.date,
-            region=signature.region,
-            service=signature.service,
-            signed=[auth_pb2.SignedString(string_to_sign=t, signature=s) for t, s in signed],
-            token_lifetime_seconds=REQUEST_TOKEN_SECONDS,
-        )
-        try:
-            return self._gateway.auth.VerifySignature(request, timeout=10)
-        except grpc.RpcError as error:
-            exc = from_rpc_error(error)
-            if exc.code == grpc.StatusCode.UNAUTHENTICATED:
-                raise signature_mismatch() from None
-            raise ops.from_quarry(exc) from None
+    def _client(self, token: str) -> Any:
+        """A Quarry client calling as the bearer of `token` over the gateway's channels, kept
+        while the token is reused (a client is a set of stubs: cheap, but not free per
+        request)."""
+        from quarry.client import Client
+
+        client = self._clients.get(token)
+        if client is None:
+            gateway = self._gateway
+            client = Client(
+                branch_manager=gateway.branch_manager, committer=gateway.committer, token=token
+            )
+            self._clients.put(token, client)
+        return client
 
     def _respond(self, bridge: _Bridge, request: Request, response: Response) -> int:
         headers = [

@@ -43,7 +43,6 @@ from quarry.s3gateway.errors import (
     invalid_argument,
     method_not_allowed,
     no_such_key,
-    not_implemented,
 )
 from quarry.s3gateway.request import Request, Response, xml_response
 from quarry.v1 import types_pb2
@@ -52,11 +51,34 @@ log = logging.getLogger(__name__)
 
 MULTIPART_PREFIX = "_s3_multipart/"
 READ_CHUNK = 1 << 20
+# A GET's body goes out in pieces this large: each piece is one hop from the worker thread
+# to the event loop, so fewer, larger pieces (still a few MiB per request at most).
+SEND_CHUNK = 4 << 20
 MAX_KEYS = 1000
 MAX_LIST_KEYS = 10_000  # quarry.paging.MAX_PAGE_SIZE
 MAX_PARTS = 10_000
 MAX_XML_BODY = xmlserde.MAX_REQUEST_XML_BYTES
 _META = "x-amz-meta-"
+
+
+class Lookups:
+    """What the gateway looked up for a user a moment ago, reused for `ttl_seconds`
+    (QUARRY_S3_GATEWAY_CACHE_SECONDS): a repository's record (its storage namespace) and
+    that a ref is a branch. A request then costs one Quarry call (stat, stage) instead of
+    three.
+
+    Safety: these are never what authorizes or decides a write. Entries are per user (one
+    user's lookup never answers another's), and the staging call that follows is checked by
+    branch-manager as always (policies, protection, the branch and repository still
+    existing): a repository or branch deleted within the TTL makes that call fail, and the
+    bytes written for it are removed (_stage). The branch check here is only the early
+    MethodNotAllowed for a write to a tag or commit before any byte is stored."""
+
+    def __init__(self, ttl_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        from quarry.lru import TTLCache
+
+        self.repositories = TTLCache(ttl_seconds, max_items=10_000, clock=clock)
+        self.branches = TTLCache(ttl_seconds, max_items=10_000, clock=clock)
 
 
 @dataclass
@@ -68,6 +90,7 @@ class Context:
     settings: Any
     region: str
     sealed_check: Callable[[list[tuple[str, str]]], None]  # checks aws-chunked signatures
+    lookups: Lookups | None = None
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -100,20 +123,31 @@ def _call(fn: Callable[..., Any], *args: Any, resource: str = "", **kwargs: Any)
 
 
 def _repository(ctx: Context, bucket: str) -> types_pb2.Repository:
+    key = (ctx.user_id, bucket)
+    if ctx.lookups is not None:
+        cached = ctx.lookups.repositories.get(key)
+        if cached is not None:
+            return cached
     try:
-        return ctx.client.get_repository(bucket)
+        repo = ctx.client.get_repository(bucket)
     except errors.QuarryError as exc:
         if exc.code is not None and exc.code.name == "NOT_FOUND":
             raise S3Error(
                 "NoSuchBucket", "The specified bucket does not exist", 404, bucket
             ) from None
         raise from_quarry(exc, bucket) from None
+    if ctx.lookups is not None:
+        ctx.lookups.repositories.put(key, repo)
+    return repo
 
 
 def _require_branch(ctx: Context, bucket: str, ref: str) -> None:
     """MethodNotAllowed unless `ref` is a branch: writes go to branches only."""
     if not ref:
         raise method_not_allowed("a write needs a key BRANCH/PATH")
+    key = (ctx.user_id, bucket, ref)
+    if ctx.lookups is not None and ctx.lookups.branches.get(key) is not None:
+        return
     try:
         ctx.client.get_branch(bucket, ref)
     except errors.QuarryError as exc:
@@ -122,6 +156,8 @@ def _require_branch(ctx: Context, bucket: str, ref: str) -> None:
                 f"{ref!r} is not a branch of {bucket!r}: writes go to branches only"
             ) from None
         raise from_quarry(exc, bucket) from None
+    if ctx.lookups is not None:
+        ctx.lookups.branches.put(key, True)
 
 
 def _user_metadata(request: Request) -> dict[str, str]:
@@ -525,7 +561,7 @@ def get_object(ctx: Context, request: Request) -> Response:
             skip -= len(piece)
         left = length
         while left > 0:
-            piece = reader.read(min(READ_CHUNK, left))
+            piece = reader.read(min(SEND_CHUNK, left))
             if not piece:
                 raise errors.DataLoss(  # the client sees a short body, never wrong bytes
                     f"the object at {entry.physical_address} ended {left} bytes early"
@@ -633,38 +669,114 @@ def put_object(ctx: Context, request: Request, signature: Any) -> Response:
     return Response(200, [("etag", _etag(md5_hex))])
 
 
-def copy_object(ctx: Context, request: Request) -> Response:
-    """CopyObject within one repository (any ref to a branch): a new entry pointing at the
-    same bytes (copy-on-write: objects are immutable), metadata copied or replaced."""
-    source = unquote(request.header("x-amz-copy-source")).lstrip("/")
-    source = source.partition("?")[0]
+@dataclass
+class _Source:
+    bucket: str
+    key: str  # REF/PATH
+    entry: types_pb2.Entry
+
+
+def _copy_source(ctx: Context, request: Request) -> _Source:
+    """The object `x-amz-copy-source` names (BUCKET/REF/PATH, URL-encoded, optionally
+    ?versionId=), stat'ed as the caller (their read permission applies): NoSuchKey or
+    NoSuchBucket when it is not there."""
+    source = unquote(request.header("x-amz-copy-source")).lstrip("/").partition("?")[0]
     src_bucket, _, src_key = source.partition("/")
     src_ref, _, src_path = src_key.partition("/")
-    bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
-    if not path:
-        raise invalid_argument("a key is REF/PATH with a non-empty PATH")
-    if src_bucket != bucket:
-        raise not_implemented("CopyObject across repositories")
-    _repository(ctx, bucket)
-    _require_branch(ctx, bucket, ref)
+    if not src_bucket or not src_ref or not src_path:
+        raise invalid_argument("x-amz-copy-source must be BUCKET/REF/PATH")
     try:
-        src = ctx.client.stat_object(bucket, src_ref, src_path)
+        entry = ctx.client.stat_object(src_bucket, src_ref, src_path)
     except errors.QuarryError as exc:
+        if exc.reason == "REPOSITORY_NOT_FOUND":
+            raise S3Error(
+                "NoSuchBucket", "The specified bucket does not exist", 404, src_bucket
+            ) from None
         if exc.code is not None and exc.code.name in ("NOT_FOUND", "INVALID_ARGUMENT"):
             raise no_such_key(src_key) from None
         raise from_quarry(exc, src_key) from None
+    return _Source(src_bucket, src_key, entry)
+
+
+class _RangeReader:
+    """`length` bytes of an object from `first` on, read in pieces, with their MD5."""
+
+    def __init__(self, reader: Any, first: int, length: int, address: str) -> None:
+        self._reader = reader
+        self._skip = first
+        self._left = length
+        self._address = address
+        self.md5 = hashlib.md5()
+
+    def read(self, size: int = -1) -> bytes:
+        while self._skip > 0:  # the stores read front to back: skip to the range's start
+            piece = self._reader.read(min(READ_CHUNK, self._skip))
+            if not piece:
+                break
+            self._skip -= len(piece)
+        if self._left <= 0:
+            return b""
+        piece = self._reader.read(min(size if size > 0 else READ_CHUNK, self._left))
+        if not piece:
+            raise errors.DataLoss(f"the object at {self._address} ended {self._left} bytes early")
+        self._left -= len(piece)
+        self.md5.update(piece)
+        return piece
+
+
+def _copy_bytes(
+    ctx: Context, source: _Source, store: BlobStore, key: str, first: int, length: int
+) -> tuple[int, str]:
+    """Write `length` bytes of the source object from `first` on under `key` (a fresh key of
+    `store`); (size, md5 hex). On failure nothing stays under `key`."""
+    try:
+        with open_object(source.entry.physical_address, ctx.settings) as reader:
+            ranged = _RangeReader(reader, first, length, source.entry.physical_address)
+            written = store.put_stream(key, ranged)
+    except ObjectNotFound:
+        _discard(store, key)
+        raise S3Error("NoSuchKey", "the source object's bytes are missing", 404) from None
+    except BaseException:
+        _discard(store, key)
+        raise
+    return written.size, ranged.md5.hexdigest()
+
+
+def copy_object(ctx: Context, request: Request) -> Response:
+    """CopyObject from any ref to a branch. Within one repository: a new entry pointing at
+    the same bytes (copy-on-write: objects are immutable). From another repository: the
+    bytes are copied into this repository's namespace first (namespaces are per repository:
+    an entry never points into another repository's namespace, whose GC would not know of
+    it). Metadata copied or replaced (x-amz-metadata-directive)."""
+    bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
+    if not path:
+        raise invalid_argument("a key is REF/PATH with a non-empty PATH")
+    directive = request.header("x-amz-metadata-directive") or "COPY"
+    if directive not in ("COPY", "REPLACE"):
+        raise invalid_argument("x-amz-metadata-directive must be COPY or REPLACE")
+    repo = _repository(ctx, bucket)
+    _require_branch(ctx, bucket, ref)
+    source = _copy_source(ctx, request)
     entry = types_pb2.Entry()
-    entry.CopyFrom(src)
+    entry.CopyFrom(source.entry)
     entry.path = path
     entry.mtime.CopyFrom(_timestamp(time.time()))
-    directive = request.header("x-amz-metadata-directive") or "COPY"
     if directive == "REPLACE":
         entry.ClearField("metadata")
         entry.metadata.update(_user_metadata(request))
         entry.content_type = request.header("content-type") or entry.content_type
-    elif directive != "COPY":
-        raise invalid_argument("x-amz-metadata-directive must be COPY or REPLACE")
-    _call(ctx.client.put_object, bucket, ref, entry, resource=path)
+    if source.bucket == bucket:
+        _call(ctx.client.put_object, bucket, ref, entry, resource=path)
+    else:
+        store = open_blob_store(repo.storage_namespace, ctx.settings)
+        try:
+            key = f"{DATA_PREFIX}{uuid.uuid4().hex}"
+            size, _md5 = _copy_bytes(ctx, source, store, key, 0, source.entry.size_bytes)
+            entry.physical_address = object_address(repo.storage_namespace, key)
+            entry.size_bytes = size
+            _stage(ctx, bucket, ref, entry, store, key)
+        finally:
+            store.close()
     return xml_response(
         xmlserde.document(
             "CopyObjectResult",
@@ -804,6 +916,51 @@ def upload_part(ctx: Context, request: Request, signature: Any) -> Response:
         finally:
             _discard(store, key)
     return Response(200, [("etag", _etag(md5_hex))])
+
+
+def _copy_range(request: Request, size: int) -> tuple[int, int]:
+    """(first, length) of x-amz-copy-source-range (`bytes=FIRST-LAST`, both given, as S3
+    requires), or the whole source; InvalidRange outside the source."""
+    header = request.header("x-amz-copy-source-range")
+    if not header:
+        return 0, size
+    first_text, sep, last_text = header.removeprefix("bytes=").partition("-")
+    try:
+        if not header.startswith("bytes=") or not sep:
+            raise ValueError
+        first, last = int(first_text), int(last_text)
+    except ValueError:
+        raise invalid_argument("x-amz-copy-source-range must be bytes=FIRST-LAST") from None
+    if first < 0 or last < first or last >= size:
+        raise S3Error("InvalidRange", "The requested range is not satisfiable", 416)
+    return first, last - first + 1
+
+
+def upload_part_copy(ctx: Context, request: Request) -> Response:
+    """UploadPartCopy: a part made of (a byte range of) an existing object, read as the
+    caller from any ref of any repository, written as a part of this upload (bytes copied:
+    a part is never a reference to another object)."""
+    repo = _repository(ctx, request.target.bucket)
+    upload_id = request.param("uploadId") or ""
+    number = _part_number(request)
+    with open_blob_store(repo.storage_namespace, ctx.settings) as store:
+        _load_upload(ctx, store, request, upload_id)
+        source = _copy_source(ctx, request)
+        first, length = _copy_range(request, source.entry.size_bytes)
+        key = f"{DATA_PREFIX}{uuid.uuid4().hex}"
+        _size, md5_hex = _copy_bytes(ctx, source, store, key, first, length)
+        part = f"{_upload_dir(upload_id)}part-{number:05d}-{md5_hex}-{uuid.uuid4().hex}"
+        try:
+            with store.open_read(key) as reader:
+                store.put_stream(part, reader)
+        finally:
+            _discard(store, key)
+    return xml_response(
+        xmlserde.document(
+            "CopyPartResult",
+            [("LastModified", xmlserde.timestamp(time.time())), ("ETag", _etag(md5_hex))],
+        )
+    )
 
 
 def _parts(store: BlobStore, upload_id: str) -> dict[tuple[int, str], tuple[str, int, float]]:
