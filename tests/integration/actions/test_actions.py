@@ -739,3 +739,48 @@ def test_an_import_is_a_commit_for_hooks_and_a_refusal_leaves_the_branch(
     post = hooks.calls[2]["body"]
     assert post["commit_id"] == done.commit.id and post["metadata"]["import_id"] == done.id
     assert staged_paths(client, repo, "main") == {"staged/kept.txt"}
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purpose (it answers no request); /proc says which.
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+def test_a_detached_schema_gate_answers_and_stops_with_its_shell():
+    """The README starts the example with `eval "$(... --detach)"`: it must serve while
+    that shell lives and leave nothing running once the shell is gone (a failed script
+    included)."""
+    import subprocess
+    import urllib.request
+
+    from support.processes import REPO_ROOT, VENV_BIN
+    from support.wait import wait_until
+
+    shell = subprocess.Popen(
+        ["bash", "--noprofile", "--norc"],
+        cwd=REPO_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        gate = f"{VENV_BIN / 'python'} examples/actions/schema_gate.py --port 0 --detach"
+        shell.stdin.write(f'eval "$({gate})"\necho "$SCHEMA_GATE_URL $SCHEMA_GATE_PID"\n')
+        shell.stdin.flush()
+        url, pid_text = shell.stdout.readline().split()
+        pid = int(pid_text)
+        request = urllib.request.Request(url, data=b'{"event_type": "post-commit"}')
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status == 200 and answer.read() == b"schema ok"
+        assert _alive(pid)
+    finally:
+        shell.stdin.close()
+        shell.wait(timeout=30)
+    wait_until(lambda: not _alive(pid), timeout=20, what="the detached gate to stop")
