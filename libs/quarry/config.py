@@ -245,9 +245,9 @@ class Settings:
     )
     actions_enabled: bool = _setting(
         True,
-        "Run the hooks of action files (_quarry_actions/*.yaml): the committer on commits "
-        "and merges, branch-manager on branches and tags (docs/actions.md); off: no action "
-        "file is read.",
+        "Run the hooks of action files (_quarry_actions/*.yaml): the committer on commits, "
+        "merges, reverts, cherry-picks and imports, branch-manager on branches and tags "
+        "(docs/actions.md); off: no action file is read.",
     )
     actions_allowed_hosts: str = _setting(
         "loopback",

@@ -35,6 +35,12 @@ EVENTS = (
     "post-create-tag",
     "pre-delete-tag",
     "post-delete-tag",
+    # lakeFS's names for these two commits (pkg/graveler/hooks_handler.go): they are
+    # their own events, not pre/post-commit (an import is a commit: pre/post-commit).
+    "pre-revert",
+    "post-revert",
+    "pre-cherry-pick",
+    "post-cherry-pick",
 )
 HOOK_TYPES = ("webhook",)
 _HOOK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")

@@ -80,7 +80,8 @@ def show_run(args: argparse.Namespace, ctx: Context) -> int:
                 h.status,
                 h.http_status or "-",
                 f"{h.duration.ToNanoseconds() / 1e9:.3f}",
-                (h.error or h.output).replace("\n", " ")[:80],
+                # Both: a refusing hook's answer says why ("HTTP 400: missing column ...").
+                ": ".join(t for t in (h.error, h.output) if t).replace("\n", " ")[:120],
             )
             for h in run.hooks
         ],
@@ -89,7 +90,7 @@ def show_run(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def register_actions(sub: Subparsers, common: argparse.ArgumentParser) -> None:
-    text = "the runs of action hooks (pre/post commit and merge; docs/actions.md)"
+    text = "the runs of action hooks (pre/post commit, merge, revert, ...; docs/actions.md)"
     parser = sub.add_parser("actions", help=text, description=text, parents=[common])
     groups = parser.add_subparsers(dest="actions_group", metavar="GROUP", required=True)
     runs_text = "list and show action runs"

@@ -17,6 +17,9 @@
 4. HEAD moved meanwhile (a commit, a merge, another import): the CAS fails, and the swap is
    redone on the new HEAD with the same import metarange (a few range reads), up to the
    retry budget; then the import FAILS with the reason, the branch untouched.
+5. Actions: an import is a commit, so (as in lakeFS) pre-commit hooks judge each attempt's
+   metarange before its commit record is written (a refusal: FAILED, branch untouched),
+   and post-commit hooks run once the swap is done (docs/actions.md).
 
 KV cost per import: O(1) — the status record (created, a heartbeat every
 HEARTBEAT_SECONDS, the commit id it is installing, the final state), the commit record and
@@ -43,6 +46,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -50,11 +54,12 @@ from opentelemetry import context as otel_context
 from prometheus_client import Counter
 
 from quarry import errors
+from quarry.actions.runs import Event
 from quarry.blob.base import InvalidStorageNamespace
 from quarry.blob.namespace import namespaces_overlap
 from quarry.blob.sources import Listing, Source, parse_source
+from quarry.graveler import actions, layout, names
 from quarry.graveler import errors as gerrors
-from quarry.graveler import layout, names
 from quarry.graveler.core import CommitRecord, Core, make_commit, tracer
 from quarry.graveler.model import ChangeType, Entry
 from quarry.graveler.protection import COMMIT
@@ -494,11 +499,54 @@ class Imports:
             if commit is not None:
                 IMPORTED_OBJECTS.inc(record.objects_listed)
                 IMPORTED_BYTES.inc(record.bytes_listed)
+                event = self._event(record, metadata, post=True)
+                event.commit_id = commit.id
+                actions.post_event(self.core, self.reads, repo, commit, event)
                 return commit
             tracer_span = tracer.start_span("graveler.import.retry")
             tracer_span.set_attribute("quarry.attempt", attempt + 1)
             tracer_span.end()
         raise AssertionError("unreachable")
+
+    @contextmanager
+    def _heartbeat(self, repo: Repository, job: _Job) -> Iterator[None]:
+        """Keep the status record fresh while the hooks run (they may take minutes: each
+        hook up to QUARRY_ACTIONS_MAX_TIMEOUT_SECONDS), so a live import never reads as
+        stale. A cancel seen by a heartbeat sets job.cancel, checked after the hooks."""
+        if self.core.actions is None:
+            yield
+            return
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(self.heartbeat_seconds):
+                try:
+                    self._save(repo, job)
+                except ImportCancelled:
+                    return
+                except Exception:
+                    log.warning("import %s: heartbeat failed", job.record.id, exc_info=True)
+                    return
+
+        thread = threading.Thread(target=beat, name=f"import-beat-{job.record.id[:8]}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    @staticmethod
+    def _event(record: ImportRecord, metadata: dict[str, str], post: bool = False) -> Event:
+        return Event(
+            "post-commit" if post else "pre-commit",
+            record.repository,
+            record.branch,
+            record.branch,
+            record.message,
+            record.committer,
+            dict(metadata),
+        )
 
     def _commit_attempt(
         self,
@@ -517,6 +565,14 @@ class Imports:
         replaced = self.core.range_writer.replace_prefixes(
             namespace, head.metarange_id, prefixes, import_metarange
         )
+        # An import is a commit, and lakeFS runs pre-commit hooks for it (Graveler.Import):
+        # they judge this attempt's metarange (the action files in it, including imported
+        # ones), before the commit record or the swap; a failure ends the import FAILED with
+        # the branch untouched. A lost race builds a new metarange: the hooks run again.
+        with self._heartbeat(repo, job):
+            actions.pre_event(
+                self.core, self.reads, repo, replaced.metarange_id, self._event(record, metadata)
+            )
         compacted = branch.compacted_metarange_id
         rebased = ""
         if compacted:

@@ -191,7 +191,7 @@ class Merges:
             committer,
             {"quarry.revert": commit.id},
         )
-        return self.three_way_commit(repo, branch_name, work)
+        return self._gated_commit(repo, branch_name, work, "revert")
 
     def cherry_pick(  # the CherryPick request, field for field
         self,
@@ -215,7 +215,48 @@ class Merges:
             committer or commit.committer,
             {"quarry.cherry-pick": commit.id},
         )
-        return self.three_way_commit(repo, branch_name, work)
+        return self._gated_commit(repo, branch_name, work, "cherry-pick")
+
+    def _gated_commit(
+        self, repo: Repository, branch_name: str, work: ThreeWay, kind: str
+    ) -> MergeOutcome:
+        """A revert or cherry-pick with its hooks, as lakeFS runs them (Graveler.Revert,
+        CherryPick): `pre-<kind>` with the action files of the branch HEAD it starts from
+        (the branch must be clean, so that is the whole branch; a revert removing an action
+        file is still judged by it), then the three-way commit, then `post-<kind>` with the
+        action files of the commit made. A pre-hook failure raises before anything is
+        written: the branch is exactly as it was."""
+        if self.core.actions is None:
+            return self.three_way_commit(repo, branch_name, work)
+        branch, _ = self._clean_branch(repo, branch_name)
+        event = Event(
+            f"pre-{kind}",
+            repo.name,
+            branch_name,
+            branch_name,
+            work.message,
+            work.committer,
+            dict(work.metadata),
+        )
+        head = self.refs.get_commit(repo, branch.commit_id)
+        actions.pre_event(self.core, self.reads, repo, head.metarange_id, event)
+        outcome = self.three_way_commit(repo, branch_name, work)
+        if outcome.commit is not None:
+            event.event_type = f"post-{kind}"
+            event.commit_id = outcome.commit.id
+            actions.post_event(self.core, self.reads, repo, outcome.commit, event)
+        return outcome
+
+    def _clean_branch(self, repo: Repository, branch_name: str) -> tuple[types_pb2.Branch, bytes]:
+        """The branch record (and its predicate), or DirtyBranch: a three-way commit never
+        takes staged changes with it (nor drops them)."""
+        branch, predicate = self.core.branch(repo, branch_name)
+        if self.reads.has_uncommitted(repo, branch):
+            raise gerrors.DirtyBranch(
+                f"branch {branch_name!r} has uncommitted changes; commit or discard them first",
+                metadata={"repository": repo.name, "branch": branch_name},
+            )
+        return branch, predicate
 
     def _commit_and_parent(
         self, repo_name: str, branch_name: str, ref: str, parent_number: int, operation: str
@@ -262,12 +303,7 @@ class Merges:
         for attempt in range(MERGE_RETRY.max_attempts):
             if attempt:
                 MERGE_RETRY.backoff(attempt - 1)
-            branch, predicate = self.core.branch(repo, branch_name)
-            if self.reads.has_uncommitted(repo, branch):
-                raise gerrors.DirtyBranch(
-                    f"branch {branch_name!r} has uncommitted changes; commit or discard them first",
-                    metadata={"repository": repo.name, "branch": branch_name},
-                )
+            branch, predicate = self._clean_branch(repo, branch_name)
             head = self.refs.get_commit(repo, branch.commit_id)
             if resume is None:
                 inputs = (work.base_metarange, work.source_metarange, head.metarange_id)

@@ -619,3 +619,168 @@ def test_branch_and_tag_events_fire_and_a_failing_pre_hook_refuses(suite, client
         client.create_tag(repo, "v2", "main")
     with pytest.raises(errors.NotFound):
         client.get_tag(repo, "v2")
+
+
+# ---- revert, cherry-pick, import (the commits lakeFS gates too) ----------------------------
+
+
+def test_revert_and_cherry_pick_fire_their_own_events(suite, client, repo, hooks):
+    """lakeFS's pre/post-revert and pre/post-cherry-pick: action files of the branch HEAD
+    the operation starts from (pre) and of the commit made (post)."""
+    events = "".join(
+        f"  {phase}-{kind}:\n    branches: [main]\n"
+        for kind in ("revert", "cherry-pick")
+        for phase in ("pre", "post")
+    )
+    put_file(
+        suite, client, repo, "main", "_quarry_actions/gate.yaml", action(hooks.url + "/ok", events)
+    )
+    client.commit(repo, "main", "actions")
+    put_file(suite, client, repo, "main", "data/bad.parquet", b"PAR1bad")
+    bad = client.commit(repo, "main", "bad data").commit
+    assert hooks.events() == []  # commits are not reverts
+    reverted = client.revert(repo, "main", bad.id)
+    assert hooks.events() == ["pre-revert", "post-revert"]
+    pre, post = (c["body"] for c in hooks.calls)
+    for body in (pre, post):
+        assert body["branch_id"] == body["source_ref"] == "main"
+        assert body["metadata"] == {"quarry.revert": bad.id}
+        assert body["commit_message"] == "Revert 'bad data'"
+    assert pre["commit_id"] == "" and post["commit_id"] == reverted.id
+    client.create_branch(repo, "feature", bad.id)
+    put_file(suite, client, repo, "feature", "data/fix.parquet", b"PAR1fix")
+    fix = client.commit(repo, "feature", "the fix").commit
+    picked = client.cherry_pick(repo, "main", fix.id)
+    assert hooks.events()[2:] == ["pre-cherry-pick", "post-cherry-pick"]
+    assert hooks.calls[3]["body"]["commit_id"] == picked.id
+    assert hooks.calls[2]["body"]["metadata"] == {"quarry.cherry-pick": fix.id}
+    assert {r.event_type for r in runs(suite, repo)} == {
+        "pre-revert",
+        "post-revert",
+        "pre-cherry-pick",
+        "post-cherry-pick",
+    }
+
+
+@pytest.mark.parametrize("kind", ["revert", "cherry-pick"])
+def test_a_refusing_pre_revert_or_cherry_pick_hook_changes_nothing(
+    suite, client, repo, hooks, kind
+):
+    put_file(
+        suite,
+        client,
+        repo,
+        "main",
+        "_quarry_actions/gate.yaml",
+        action(hooks.url + "/fail", f"  pre-{kind}:\n"),
+    )
+    client.commit(repo, "main", "actions")
+    client.create_branch(repo, "feature", "main")
+    put_file(suite, client, repo, "feature", "data/x.parquet", b"PAR1x")
+    change = client.commit(repo, "feature", "x").commit
+    target = "feature" if kind == "revert" else "main"
+    before = head(client, repo, target)
+    with pytest.raises(errors.FailedPrecondition) as refused:
+        if kind == "revert":
+            client.revert(repo, target, change.id)
+        else:
+            client.cherry_pick(repo, target, change.id)
+    assert refused.value.reason == "HOOK_FAILED"
+    assert f"pre-{kind}" in refused.value.message
+    assert head(client, repo, target) == before
+    assert staged_paths(client, repo, target) == set()
+    (recorded,) = runs(suite, repo)
+    assert recorded.event_type == f"pre-{kind}" and recorded.status == "failed"
+    assert recorded.run_id in refused.value.message
+
+
+def _wait_import(client, repo: str, import_id: str):
+    from quarry.v1 import committer_pb2 as cm
+    from support.wait import wait_until
+
+    def done():
+        status = client.get_import_status(repo, import_id)
+        return status if status.state != cm.IMPORT_STATE_RUNNING else None
+
+    return wait_until(done, timeout=60, what=f"import {import_id} to end")
+
+
+def test_an_import_is_a_commit_for_hooks_and_a_refusal_leaves_the_branch(
+    suite, client, repo, hooks, tmp_path
+):
+    """As lakeFS's Graveler.Import: pre-commit judges the import's metarange (its action
+    files, including imported ones), post-commit fires with the commit made."""
+    from quarry.v1 import committer_pb2 as cm
+
+    put_file(suite, client, repo, "main", "staged/kept.txt", b"kept")
+    source = tmp_path / "lake"
+    (source / "_quarry_actions").mkdir(parents=True)
+    (source / "_quarry_actions" / "gate.yaml").write_bytes(
+        action(hooks.url + "/fail", "  pre-commit:\n")
+    )
+    (source / "t" / "part-0.parquet").parent.mkdir(parents=True)
+    (source / "t" / "part-0.parquet").write_bytes(b"PAR1")
+    before = head(client, repo, "main")
+    refused = _wait_import(client, repo, client.start_import(repo, "main", [(str(source), "")]).id)
+    assert refused.state == cm.IMPORT_STATE_FAILED
+    assert "HTTP 400" in refused.error and "the branch is unchanged" in refused.error
+    assert head(client, repo, "main") == before
+    assert staged_paths(client, repo, "main") == {"staged/kept.txt"}
+    assert hooks.events() == ["pre-commit"]
+    assert hooks.calls[0]["body"]["metadata"]["import_id"] == refused.id
+    # The hook now passes: the import commits, and post-commit fires with its commit.
+    (source / "_quarry_actions" / "gate.yaml").write_bytes(
+        action(hooks.url + "/ok", "  pre-commit:\n  post-commit:\n")
+    )
+    done = _wait_import(client, repo, client.start_import(repo, "main", [(str(source), "")]).id)
+    assert done.state == cm.IMPORT_STATE_COMPLETED
+    assert head(client, repo, "main") == done.commit.id
+    assert hooks.events()[1:] == ["pre-commit", "post-commit"]
+    post = hooks.calls[2]["body"]
+    assert post["commit_id"] == done.commit.id and post["metadata"]["import_id"] == done.id
+    assert staged_paths(client, repo, "main") == {"staged/kept.txt"}
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purpose (it answers no request); /proc says which.
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+def test_a_detached_schema_gate_answers_and_stops_with_its_shell():
+    """The README starts the example with `eval "$(... --detach)"`: it must serve while
+    that shell lives and leave nothing running once the shell is gone (a failed script
+    included)."""
+    import subprocess
+    import urllib.request
+
+    from support.processes import REPO_ROOT, VENV_BIN
+    from support.wait import wait_until
+
+    shell = subprocess.Popen(
+        ["bash", "--noprofile", "--norc"],
+        cwd=REPO_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        gate = f"{VENV_BIN / 'python'} examples/actions/schema_gate.py --port 0 --detach"
+        shell.stdin.write(f'eval "$({gate})"\necho "$SCHEMA_GATE_URL $SCHEMA_GATE_PID"\n')
+        shell.stdin.flush()
+        url, pid_text = shell.stdout.readline().split()
+        pid = int(pid_text)
+        request = urllib.request.Request(url, data=b'{"event_type": "post-commit"}')
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status == 200 and answer.read() == b"schema ok"
+        assert _alive(pid)
+    finally:
+        shell.stdin.close()
+        shell.wait(timeout=30)
+    wait_until(lambda: not _alive(pid), timeout=20, what="the detached gate to stop")
