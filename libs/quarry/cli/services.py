@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -298,8 +299,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             threading.Thread(target=_forward, args=(child.stdout,), daemon=True).start()
             port = settings.port_of(name)
             metrics = settings.metrics_port_of(name)
+            workers = re.search(r"\((\d+ workers)\)", line)
             print(
                 f"  {name:<17} {settings.listen_host}:{port}"
+                + (f" ({workers[1]})" if workers else "")
                 + (
                     f"   metrics http://{settings.metrics_host}:{metrics}/metrics"
                     if metrics
