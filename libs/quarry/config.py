@@ -117,7 +117,16 @@ class Settings:
         "Prometheus endpoints: one per service, port = this + service index "
         "(kv-gateway 9401 … range-writer 9405, s3-gateway 9406). 0 disables them.",
     )
-    max_workers: int = _setting(32, "Worker threads per gRPC server.")
+    max_workers: int = _setting(32, "Worker threads per gRPC server (per worker process).")
+    branch_manager_workers: int = _setting(
+        1,
+        "branch-manager: worker processes serving its one port (SO_REUSEPORT; the kernel "
+        "spreads connections over them), each a whole branch-manager with its own caches "
+        "and threads, so a hot branch uses more than one core. 1: one process, no "
+        "supervisor. 0: one per CPU core this process may use (its affinity and cgroup CPU "
+        "limit) — what `quarry up` and the Helm chart use unless this is set. Their metrics "
+        "are summed on the one metrics port (README: multi-process serving).",
+    )
     shutdown_grace_seconds: float = _setting(
         10.0, "Seconds in-flight calls get to finish after SIGTERM."
     )
@@ -405,7 +414,12 @@ class Settings:
                 raise errors.InvalidArgument(
                     f"setting {name} must be positive, not {getattr(self, name)}"
                 )
-        for name in ("range_cache_bytes", "metarange_cache_bytes", "range_writer_processes"):
+        for name in (
+            "range_cache_bytes",
+            "metarange_cache_bytes",
+            "range_writer_processes",
+            "branch_manager_workers",
+        ):
             if getattr(self, name) < 0:
                 raise errors.InvalidArgument(
                     f"setting {name} must be 0 or more, not {getattr(self, name)}"
@@ -475,6 +489,13 @@ class Settings:
         address: str = getattr(self, _attr(service, "address"))
         return address
 
+    def workers_of(self, service: str) -> int:
+        """How many worker processes serve `service` (quarry.runtime.workers): its
+        `*_workers` setting with 0 resolved to the usable cores; 1 for a service without
+        one."""
+        configured: int = getattr(self, _attr(service, "workers"), 1)
+        return configured if configured > 0 else usable_cores()
+
     def metrics_port_of(self, service: str) -> int:
         if self.metrics_base_port <= 0:
             return 0
@@ -500,6 +521,33 @@ class Settings:
             if attr not in changes and self.address_follows_port(service):
                 changes[attr] = ""
         return dataclasses.replace(self, **changes)
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may use: its CPU affinity, lowered by a cgroup v2 CPU
+    limit (a container's `resources.limits.cpu`, rounded up) when one is set."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 limit readable: the affinity stands
+    return cores
+
+
+def setting_given(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether setting `name` is given explicitly (QUARRY_<NAME> or the TOML file), not left
+    at its default: `quarry up` then keeps it instead of applying its own default."""
+    env = os.environ if env is None else env
+    if ENV_PREFIX + name.upper() in env:
+        return True
+    config_file = env.get(CONFIG_FILE_ENV)
+    if not config_file:
+        return False
+    with open(config_file, "rb") as fh:
+        return name in tomllib.load(fh)
 
 
 def _attr(service: str, suffix: str) -> str:

@@ -2,7 +2,8 @@
 processes stopped the ways they are stopped in practice — a process-group SIGTERM under
 `make run` (make forwards it: a second SIGTERM), a double Ctrl-C, a Ctrl-C repeated while a
 service will not stop, and `quarry up` killed outright. Each must leave no service process
-running and no service port listened on."""
+running — nor a worker process of branch-manager, which `quarry up` runs with one worker per
+core (quarry.runtime.workers) — and no service port listened on."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 
 from quarry.cli.main import SERVICE_MODULES, start_order
 from quarry.cli.services import REPEATED_SIGNAL_SECONDS
+from quarry.config import usable_cores
 from support.processes import (
     VENV_BIN,
     children_of,
@@ -52,6 +54,7 @@ class Up:
         self.leader: subprocess.Popen | None = None  # the process group's leader
         self.up_pid = 0
         self.services: dict[str, int] = {}  # service → pid
+        self.workers: list[int] = []  # the services' own children: branch-manager's workers
 
     def start(self, argv: list[str]) -> None:
         """Run `argv` (which runs `quarry up`) as a new session's leader, as a terminal or a
@@ -70,6 +73,11 @@ class Up:
         by_pid = {pid: _service_of(pid) for pid in children_of(self.up_pid)}
         self.services = {name: pid for pid, name in by_pid.items() if name}
         assert set(self.services) == set(SERVICE_MODULES), by_pid
+        self.workers = [w for pid in self.services.values() for w in children_of(pid)]
+        # branch-manager: a worker per core by default (one process, no supervisor, on one).
+        cores = usable_cores()
+        branch_manager_workers = children_of(self.services["branch-manager"])
+        assert len(branch_manager_workers) == (cores if cores > 1 else 0), self.output()
         assert all(port_listened(p) for p in self.ports.values()), self.output()
 
     def _find_up(self, pid: int) -> int:
@@ -101,15 +109,17 @@ class Up:
 
     def assert_nothing_left(self) -> None:
         """No service process, no service port listened on (what the orphans did)."""
-        left = wait_gone(list(self.services.values()), timeout=GRACE + 10)
+        left = wait_gone([*self.services.values(), *self.workers], timeout=GRACE + 10)
         orphans = {name: pid for name, pid in self.services.items() if pid in left}
         assert not orphans, f"services still running: {orphans}\n{self.output()}"
+        workers = [pid for pid in self.workers if pid in left]
+        assert not workers, f"worker processes still running: {workers}\n{self.output()}"
         listened = {name: p for name, p in self.ports.items() if port_listened(p)}
         assert not listened, f"ports still listened on: {listened}\n{self.output()}"
 
     def close(self) -> None:
         """Whatever the test did: kill everything it started (orphans included)."""
-        for pid in [self.up_pid, *self.services.values()]:
+        for pid in [self.up_pid, *self.services.values(), *self.workers]:
             if pid and process_running(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)

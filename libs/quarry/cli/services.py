@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,13 @@ from typing import IO
 import quarry
 from quarry import errors
 from quarry.cli.base import Subparsers
-from quarry.config import SERVICES, load_settings, settings_markdown, settings_text
+from quarry.config import (
+    SERVICES,
+    load_settings,
+    setting_given,
+    settings_markdown,
+    settings_text,
+)
 from quarry.runtime.lifeline import LIFELINE_FD_ENV
 
 # The services built so far. Each maps to the module whose `build(settings) -> ServiceSpec`
@@ -71,6 +78,7 @@ def start_order() -> list[str]:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from quarry.runtime.server import serve
+    from quarry.runtime.workers import supervise, worker_role
 
     module = importlib.import_module(SERVICE_MODULES.get(args.service, "quarry"))
     if hasattr(module, "serve"):  # the s3-gateway: an HTTP server of its own
@@ -81,8 +89,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 2
         return 0
     build = _service_builder(args.service)
+    settings = load_settings()
+    workers = settings.workers_of(args.service)
+    if workers > 1 and worker_role() is None:
+        # A supervisor of `workers` processes, each this very command (quarry.runtime.workers).
+        try:
+            return supervise(settings, args.service, workers)
+        except errors.QuarryError as exc:
+            print(f"quarry serve {args.service}: {exc.reason}: {exc}", file=sys.stderr)
+            return 2
     try:
-        serve(load_settings(), build, args.service)
+        serve(settings, build, args.service)
     except errors.QuarryError as exc:
         print(f"quarry serve {args.service}: {exc.reason}: {exc}", file=sys.stderr)
         return 2
@@ -231,6 +248,9 @@ def cmd_up(args: argparse.Namespace) -> int:
 
         ensure_signing_key(settings)  # the key file (0600) every service reads, once
     env = dict(os.environ, QUARRY_HOME=str(home), PYTHONUNBUFFERED="1")
+    if not setting_given("branch_manager_workers"):
+        # branch-manager on every core unless told otherwise (quarry.runtime.workers).
+        env["QUARRY_BRANCH_MANAGER_WORKERS"] = "0"
     print(f"Quarry {quarry.__version__} (storage format {quarry.FORMAT_VERSION})")
     print(f"  data:   {home}  (KV: {settings.effective_kv_url})")
     children: list[tuple[str, subprocess.Popen]] = []
@@ -280,8 +300,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             threading.Thread(target=_forward, args=(child.stdout,), daemon=True).start()
             port = settings.port_of(name)
             metrics = settings.metrics_port_of(name)
+            workers = re.search(r"\((\d+ workers)\)", line)
             print(
                 f"  {name:<17} {settings.listen_host}:{port}"
+                + (f" ({workers[1]})" if workers else "")
                 + (
                     f"   metrics http://{settings.metrics_host}:{metrics}/metrics"
                     if metrics

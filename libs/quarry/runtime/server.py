@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
 import sys
 import threading
@@ -49,6 +50,7 @@ from quarry.runtime.tls import (
     check_listen,
     server_tls,
 )
+from quarry.runtime.workers import worker_ready_line, worker_role
 from quarry.telemetry.logs import configure_logging
 from quarry.telemetry.metrics import start_metrics_endpoint
 from quarry.telemetry.rpc import RpcMetrics, server_interceptors
@@ -379,7 +381,10 @@ class ServerInfoServicer(server_info_pb2_grpc.ServerInfoServicer):
         self, request: server_info_pb2.GetServerInfoRequest, context: grpc.ServicerContext
     ) -> server_info_pb2.GetServerInfoResponse:
         return server_info_pb2.GetServerInfoResponse(
-            service=self._service, version=quarry.__version__, format_version=quarry.FORMAT_VERSION
+            service=self._service,
+            version=quarry.__version__,
+            format_version=quarry.FORMAT_VERSION,
+            process_id=os.getpid(),
         )
 
 
@@ -449,9 +454,12 @@ def create_server(
     spec: ServiceSpec,
     port: int | None = None,
     host: str | None = None,
+    reuse_port: bool = False,
     **readiness_options: float,
 ) -> tuple[QuarryServer, int]:
     """Build and start a server. `port=0` picks a free port (tests); None = the setting.
+    `reuse_port`: bind with SO_REUSEPORT, sharing the port with the other worker processes
+    of the service (quarry.runtime.workers); never otherwise, so a port in use is refused.
 
     Returns once the port is bound and one readiness round has run: a server whose
     dependencies already answer is SERVING on return; otherwise it keeps probing in the
@@ -485,7 +493,7 @@ def create_server(
             ReadinessGate(readiness, spec.grpc_service_names),
             *auth_interceptors(settings, spec),
         ],
-        options=SERVER_OPTIONS,
+        options=[*SERVER_OPTIONS[:-1], ("grpc.so_reuseport", 1)] if reuse_port else SERVER_OPTIONS,
     )
     spec.register(server)
     server_info_pb2_grpc.add_ServerInfoServicer_to_server(ServerInfoServicer(spec.name), server)
@@ -530,9 +538,14 @@ def serve(
     settings: Settings, spec_factory: Callable[[Settings], ServiceSpec], service: str = ""
 ) -> None:
     """Run one service until SIGTERM/SIGINT, then drain in-flight calls and exit.
-    `service`: its name (default: the SERVICE_NAME of `spec_factory`'s module)."""
+    `service`: its name (default: the SERVICE_NAME of `spec_factory`'s module).
+
+    Started by a supervisor as one of the service's worker processes (quarry.runtime.workers):
+    it binds the supervisor's port with SO_REUSEPORT, its metrics on a loopback port of its
+    own (the supervisor serves their sum), and reports both on its first line."""
     service = service or getattr(sys.modules[spec_factory.__module__], "SERVICE_NAME", "quarry")
-    configure_logging(service, settings.log_level, settings.log_format)
+    role = worker_role()
+    configure_logging(service, settings.log_level, settings.log_format, worker=role is not None)
     # Before the spec builds its outgoing channels and background loops (the channels would
     # trace anyway: they decide per call; see quarry.telemetry).
     telemetry.configure_tracing(service, warn_when_off=False)  # off is a service's default
@@ -540,10 +553,19 @@ def serve(
     # Started by `quarry up`: stop, as on SIGTERM, once it is gone (even killed outright).
     watch_lifeline(stop_requested.set)
     spec = spec_factory(settings)
-    server, port = create_server(settings, spec)
-    metrics_port = start_metrics_endpoint(
-        settings.metrics_host, settings.metrics_port_of(spec.name)
-    )
+    if role is None:
+        server, port = create_server(settings, spec)
+        metrics_port = start_metrics_endpoint(
+            settings.metrics_host, settings.metrics_port_of(spec.name)
+        )
+    else:
+        server, port = create_server(settings, spec, port=role.port, reuse_port=True)
+        # Only its supervisor reads it: loopback, any free port.
+        metrics_port = (
+            start_metrics_endpoint("127.0.0.1", 0, any_port=True)
+            if settings.metrics_base_port > 0
+            else 0
+        )
     tls = server_tls(settings)
     log.info(
         "%s listening on %s:%d, %s (metrics port %s)",
@@ -553,16 +575,20 @@ def serve(
         "plaintext" if tls is None else ("mTLS" if tls.requires_client_auth else "TLS"),
         metrics_port or "off",
     )
-    # `quarry up` reads this line: the port is bound (health tells whether it is SERVING).
-    print(
-        f"{spec.name} ready on {settings.listen_host}:{port}"
-        + (
-            ""
-            if server.readiness.ready
-            else f" (NOT_SERVING until {', '.join(d.name for d in spec.dependencies)} answer)"
-        ),
-        flush=True,
+    not_serving = (
+        ""
+        if server.readiness.ready
+        else f" (NOT_SERVING until {', '.join(d.name for d in spec.dependencies)} answer)"
     )
+    # `quarry up` (or the supervisor of a worker) reads this line: the port is bound (health
+    # tells whether it is SERVING).
+    if role is None:
+        print(f"{spec.name} ready on {settings.listen_host}:{port}{not_serving}", flush=True)
+    else:
+        print(
+            worker_ready_line(spec.name, settings.listen_host, port, metrics_port, not_serving),
+            flush=True,
+        )
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
         log.info(

@@ -61,7 +61,9 @@ _IDS = _PrivateIdGenerator()
 
 
 def _provider(service_name: str) -> TracerProvider:
-    return TracerProvider(resource=Resource.create({SERVICE_NAME: service_name}), id_generator=_IDS)
+    # process.pid: which worker process of a service served a span (quarry.runtime.workers).
+    resource = Resource.create({SERVICE_NAME: service_name, "process.pid": os.getpid()})
+    return TracerProvider(resource=resource, id_generator=_IDS)
 
 
 def tracing_requested(env: Mapping[str, str] = os.environ) -> bool:

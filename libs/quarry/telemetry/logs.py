@@ -25,6 +25,8 @@ class JsonFormatter(logging.Formatter):
             ),
             "level": record.levelname,
             "service": self._service,
+            # Which process: one of a service's worker processes when it runs several.
+            "pid": record.process,
             "logger": record.name,
             "message": record.getMessage(),
         }
@@ -37,14 +39,16 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
-def configure_logging(service: str, level: str, log_format: str) -> None:
-    """Root logging of a service process, on stderr."""
+def configure_logging(service: str, level: str, log_format: str, worker: bool = False) -> None:
+    """Root logging of a service process, on stderr. `worker`: one of the service's worker
+    processes (quarry.runtime.workers): text lines name its pid (JSON lines always do)."""
     handler = logging.StreamHandler()
     if log_format == "json":
         handler.setFormatter(JsonFormatter(service))
     else:
+        process = "[%(process)d]" if worker else ""
         handler.setFormatter(
-            logging.Formatter("%(asctime)s quarry %(levelname)s %(name)s: %(message)s")
+            logging.Formatter(f"%(asctime)s quarry{process} %(levelname)s %(name)s: %(message)s")
         )
     root = logging.getLogger()
     root.handlers[:] = [handler]

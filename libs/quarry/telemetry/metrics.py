@@ -25,9 +25,12 @@ from prometheus_client.registry import Collector
 log = logging.getLogger(__name__)
 
 
-def start_metrics_endpoint(host: str, port: int, registry: CollectorRegistry = REGISTRY) -> int:
-    """Serve /metrics on host:port; port 0 disables it. Returns the bound port (0 if none)."""
-    if port <= 0:
+def start_metrics_endpoint(
+    host: str, port: int, registry: CollectorRegistry = REGISTRY, *, any_port: bool = False
+) -> int:
+    """Serve /metrics on host:port; port 0 disables it (with `any_port`: picks a free one).
+    Returns the bound port (0 if none)."""
+    if port < 0 or (port == 0 and not any_port):
         return 0
     server, _thread = start_http_server(port, addr=host, registry=registry)
     bound = server.server_address[1]

@@ -1,0 +1,260 @@
+"""Multi-process serving (issue 29, item 3): a real `quarry serve branch-manager` with
+QUARRY_BRANCH_MANAGER_WORKERS, next to real kv-gateway, range-writer and committer processes.
+
+Its connections land on every worker; a write through one worker is read through another
+at once (the replica tests of test_hot_branch_reads.py, across processes); its one metrics
+port reports the workers' sum; stopping it — SIGTERM, or SIGKILL, when none of its code
+runs — leaves no worker; one worker dying stops the service; and it never joins a port
+another process listens on."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from quarry.config import SERVICES
+from quarry.v1 import branch_manager_pb2 as bm
+from quarry.v1 import (
+    branch_manager_pb2_grpc,
+    committer_pb2_grpc,
+    server_info_pb2,
+    server_info_pb2_grpc,
+    types_pb2,
+)
+from quarry.v1 import committer_pb2 as cm
+from support.processes import (
+    children_of,
+    free_port,
+    port_listened,
+    quarry_env,
+    quarry_serve,
+    wait_gone,
+    wait_serving,
+)
+from support.wait import wait_until
+
+DEPENDENCIES = ("kv-gateway", "range-writer", "committer")
+WORKERS = 2
+
+
+@pytest.fixture(scope="module")
+def dependencies(tmp_path_factory) -> Iterator[tuple[dict[str, str], dict[str, int]]]:
+    """kv-gateway, range-writer and committer processes; (the environment a branch-manager
+    needs to join them, the ports)."""
+    home = tmp_path_factory.mktemp("workers") / "home"
+    ports = {name: free_port() for name in (*DEPENDENCIES, "branch-manager")}
+    common = {
+        f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
+        for name, port in ports.items()
+        for what, value in (("PORT", str(port)), ("ADDRESS", f"127.0.0.1:{port}"))
+    }
+    common.update(QUARRY_AUTH_ENABLED="false", QUARRY_COMPACTOR_ENABLED="false")
+    env = quarry_env(home, **common)
+    with contextlib.ExitStack() as stack:
+        for name in DEPENDENCIES:
+            stack.enter_context(quarry_serve(name, env))
+        for name in DEPENDENCIES:
+            wait_serving(f"127.0.0.1:{ports[name]}", timeout=60)
+        yield env, ports
+
+
+class BranchManager:
+    """One `quarry serve branch-manager` with workers: its supervisor and worker pids."""
+
+    def __init__(self, process: subprocess.Popen, target: str, metrics_port: int) -> None:
+        self.process = process
+        self.target = target
+        self.metrics_port = metrics_port
+        wait_serving(target, timeout=60)
+        self.workers = sorted(children_of(process.pid))
+
+
+@pytest.fixture
+def branch_manager(dependencies) -> Iterator[BranchManager]:
+    env, ports = dependencies
+    metrics_port = free_port()
+    env = dict(
+        env,
+        QUARRY_BRANCH_MANAGER_WORKERS=str(WORKERS),
+        # The branch-manager's metrics port is this base + its service index.
+        QUARRY_METRICS_BASE_PORT=str(metrics_port - SERVICES.index("branch-manager")),
+        QUARRY_LOG_FORMAT="json",
+    )
+    with quarry_serve("branch-manager", env) as process:
+        yield BranchManager(process, f"127.0.0.1:{ports['branch-manager']}", metrics_port)
+
+
+def own_connection(target: str) -> grpc.Channel:
+    """A channel with a TCP connection of its own (the kernel picks its worker per
+    connection; channels otherwise share one through gRPC's global subchannel pool)."""
+    return grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def served_by(channel: grpc.Channel) -> int:
+    stub = server_info_pb2_grpc.ServerInfoStub(channel)
+    return stub.GetServerInfo(server_info_pb2.GetServerInfoRequest(), timeout=10).process_id
+
+
+@contextlib.contextmanager
+def channel_per_worker(target: str, workers: list[int]) -> Iterator[dict[int, grpc.Channel]]:
+    """{worker pid: a channel connected to that worker}: new connections until each worker
+    has one (each lands on a given worker with probability 1/N)."""
+    found: dict[int, grpc.Channel] = {}
+    extra: list[grpc.Channel] = []
+    try:
+
+        def one_more() -> bool:
+            channel = own_connection(target)
+            pid = served_by(channel)
+            assert pid in workers, f"answered by {pid}, not a worker of {workers}"
+            (extra.append(channel) if pid in found else found.setdefault(pid, channel))
+            return len(found) == len(workers)
+
+        wait_until(one_more, timeout=30, interval=0, what="a connection to every worker")
+        yield found
+    finally:
+        for channel in [*found.values(), *extra]:
+            channel.close()
+
+
+def entry(path: str, checksum: str) -> types_pb2.Entry:
+    return types_pb2.Entry(path=path, physical_address=f"s3://b/{path}", checksum=checksum)
+
+
+def test_a_branch_manager_with_workers_serves_on_every_worker(branch_manager):
+    assert len(branch_manager.workers) == WORKERS
+    # Connections land on every worker, each answering for itself (ServerInfo.process_id).
+    with channel_per_worker(branch_manager.target, branch_manager.workers) as channels:
+        assert sorted(channels) == branch_manager.workers
+    # The supervisor serves no gRPC itself: it is never the one that answers.
+    assert branch_manager.process.pid not in branch_manager.workers
+
+
+def test_a_write_through_one_worker_is_read_through_another(branch_manager, dependencies, tmp_path):
+    _env, ports = dependencies
+    with (
+        channel_per_worker(branch_manager.target, branch_manager.workers) as channels,
+        grpc.insecure_channel(f"127.0.0.1:{ports['committer']}") as committer_channel,
+    ):
+        one, other = (branch_manager_pb2_grpc.BranchManagerStub(c) for c in channels.values())
+        committer = committer_pb2_grpc.CommitterStub(committer_channel)
+        repo = "across-workers"
+        one.CreateRepository(
+            bm.CreateRepositoryRequest(name=repo, storage_namespace=str(tmp_path / "lake"))
+        )
+        # The repository another worker has just created is there at once.
+        other.PutObject(bm.PutObjectRequest(repository=repo, branch="main", entry=entry("a", "1")))
+        for round_ in range(20):
+            writer, reader = (one, other) if round_ % 2 else (other, one)
+            path, checksum = f"p/{round_:02d}", f"c{round_}"
+            writer.PutObject(
+                bm.PutObjectRequest(repository=repo, branch="main", entry=entry(path, checksum))
+            )
+            got = reader.StatObject(bm.StatObjectRequest(repository=repo, ref="main", path=path))
+            assert got.entry.checksum == checksum
+            if round_ % 5 == 4:
+                # Committed (a clean branch: readers skip staging) and then overwritten.
+                committer.Commit(cm.CommitRequest(repository=repo, branch="main", message="m"))
+                writer.PutObject(
+                    bm.PutObjectRequest(repository=repo, branch="main", entry=entry(path, "new"))
+                )
+                got = reader.StatObject(
+                    bm.StatObjectRequest(repository=repo, ref="main", path=path)
+                )
+                assert got.entry.checksum == "new"
+                reader.DeleteObject(
+                    bm.DeleteObjectRequest(repository=repo, branch="main", path=path)
+                )
+                with pytest.raises(grpc.RpcError) as gone:
+                    writer.StatObject(bm.StatObjectRequest(repository=repo, ref="main", path=path))
+                assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def rpc_count(metrics_text: str, method: str) -> float:
+    found = re.findall(
+        rf'^quarry_rpc_requests_total\{{[^}}]*method="{re.escape(method)}"[^}}]*\}} (\S+)$',
+        metrics_text,
+        re.M,
+    )
+    return sum(float(value) for value in found)
+
+
+def test_the_metrics_port_reports_the_sum_of_the_workers(branch_manager):
+    method = "quarry.v1.ServerInfo/GetServerInfo"
+    calls = {pid: 3 + i for i, pid in enumerate(branch_manager.workers)}
+
+    def scrape() -> str:
+        url = f"http://127.0.0.1:{branch_manager.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return reply.read().decode()
+
+    before = rpc_count(scrape(), method)
+    with channel_per_worker(branch_manager.target, branch_manager.workers) as channels:
+        # (Finding the channels made calls too: counted from here on.)
+        before = rpc_count(scrape(), method)
+        for pid, channel in channels.items():
+            for _ in range(calls[pid]):
+                assert served_by(channel) == pid
+    text = scrape()
+    assert rpc_count(text, method) - before == sum(calls.values())
+    assert re.search(r'^quarry_workers\{service="branch-manager"\} 2\.0$', text, re.M), text
+    # One family each, in the text format Prometheus reads (no duplicate HELP/TYPE lines).
+    assert text.count("# TYPE quarry_rpc_requests_total counter") == 1
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
+def test_stopping_the_supervisor_leaves_no_worker(branch_manager, stop):
+    port = int(branch_manager.target.rsplit(":", 1)[1])
+    workers = branch_manager.workers
+    assert len(workers) == WORKERS
+    os.kill(branch_manager.process.pid, stop)
+    branch_manager.process.wait(30)
+    # SIGKILL: no supervisor code runs; each worker sees its lifeline close and stops.
+    assert wait_gone(workers, timeout=30) == [], f"workers outlived a supervisor ({stop!r})"
+    assert not port_listened(port)
+    if stop == signal.SIGTERM:
+        assert branch_manager.process.returncode == 0
+        # Each worker drained and stopped as a single process does.
+        err = branch_manager.process.stderr.read()
+        stopped = {line for line in err.splitlines() if '"branch-manager stopped"' in line}
+        assert {int(re.search(r'"pid": (\d+)', line)[1]) for line in stopped} >= set(workers)
+
+
+def test_a_worker_that_dies_stops_the_service(branch_manager):
+    """Never a service quietly running at part of its capacity: whatever supervises it
+    (quarry up, Kubernetes) sees it end and restarts it."""
+    dying, *others = branch_manager.workers
+    os.kill(dying, signal.SIGKILL)
+    assert branch_manager.process.wait(30) != 0
+    assert wait_gone(others, timeout=30) == []
+
+
+def test_it_never_joins_a_port_another_process_listens_on(dependencies):
+    """Safety rule: SO_REUSEPORT lets any socket of this user that set it share a port; the
+    supervisor must refuse a port already listened on — even by a listener that set
+    SO_REUSEPORT — rather than take a share of someone else's connections."""
+    env, _ports = dependencies
+    port = free_port()
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        env = dict(
+            env,
+            QUARRY_BRANCH_MANAGER_WORKERS=str(WORKERS),
+            QUARRY_BRANCH_MANAGER_PORT=str(port),
+            QUARRY_BRANCH_MANAGER_ADDRESS=f"127.0.0.1:{port}",
+        )
+        with quarry_serve("branch-manager", env) as process:
+            assert process.wait(60) == 2
+            assert "address in use" in process.stderr.read()
+            assert children_of(process.pid) == []
