@@ -59,9 +59,7 @@ _KNOWN_FORMS = (
 # written before sharding existed, and every token of a repository with staging_shards = 1)
 # keep their one partition `staging/<token>`, byte for byte.
 MAX_STAGING_SHARDS = 64
-_SHARDED_TOKEN = re.compile(
-    rb"^(?P<base>[^/.]+)\.s(?P<shards>[1-9][0-9]*)(?:\.(?P<shard>0|[1-9][0-9]*))?$"
-)
+_SHARDED_TOKEN = re.compile(rb"^(?P<base>[^/.]+)\.s(?P<shards>[0-9]+)(?:\.(?P<shard>[0-9]+))?$")
 
 # Partition names can be up to 2 KB; keep error messages readable.
 _MAX_NAME_IN_MESSAGE = 120
@@ -115,6 +113,11 @@ def _check_shard_name(partition: bytes, token: bytes) -> None:
     match = _SHARDED_TOKEN.match(token)
     if match is None:
         return  # an unsharded token's one partition
+    if any(
+        number is not None and number != str(int(number)).encode()
+        for number in (match["shards"], match["shard"])
+    ):
+        _refuse(partition, "shard counts and indexes are written without leading zeros")
     shards = int(match["shards"])
     if shards < 2 or shards > MAX_STAGING_SHARDS:
         _refuse(partition, f"a sharded staging token has 2..{MAX_STAGING_SHARDS} shards")
