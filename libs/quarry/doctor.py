@@ -42,7 +42,7 @@ from quarry.graveler.layout import (
     REPOS_PREFIX,
     TAGS_PREFIX,
     prefix_end,
-    staging_partition,
+    staging_partitions,
 )
 from quarry.graveler.refs import Repository
 from quarry.kv import store as kv
@@ -277,12 +277,13 @@ class Doctor:
 
     def _check_staged_values(self, report: Report, token: str, repository: str) -> None:
         try:
-            partition = staging_partition(token)
+            partitions = staging_partitions(token)
         except errors.QuarryError:
             return  # the branch record itself was reported
-        for item in self._scan(partition):
-            report.count("staged values")
-            self._decode_record(report, types_pb2.StagedValue, partition, item, repository)
+        for partition in partitions:
+            for item in self._scan(partition):
+                report.count("staged values")
+                self._decode_record(report, types_pb2.StagedValue, partition, item, repository)
 
     # ---- cleanup queue and orphans -----------------------------------------------------------
 
@@ -329,7 +330,7 @@ class Doctor:
     def _check_orphans(
         self, report: Report, used_tokens: dict[str, str], queued: set[bytes]
     ) -> None:
-        used = {staging_partition(t) for t in used_tokens if t and "/" not in t}
+        used = {p for t in used_tokens if t and "/" not in t for p in _partitions_of(t)}
         try:
             candidates = set(self._staging_candidates())
         except errors.QuarryError as exc:
@@ -481,6 +482,13 @@ def _is_staging(partition: bytes) -> bool:
         return partition_class(partition) == STAGING
     except errors.QuarryError:
         return False
+
+
+def _partitions_of(token: str) -> list[bytes]:
+    try:
+        return staging_partitions(token)
+    except errors.QuarryError:
+        return []  # a malformed token: the branch record holding it is reported
 
 
 def gateway_staging_partitions(store: Any) -> list[bytes]:

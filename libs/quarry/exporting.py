@@ -77,7 +77,7 @@ from quarry.graveler.layout import (
     QUARRY_PARTITION,
     REPOS_PREFIX,
     prefix_end,
-    staging_partition,
+    staging_partitions,
 )
 from quarry.graveler.refs import Repository
 from quarry.kv import store as kv
@@ -226,7 +226,8 @@ def export_store(store: kv.Store, out: TextIO, progress: Progress | None = None)
                 if token:
                     tokens.setdefault(token, None)
         for token in tokens:
-            emit(staging_partition(token))
+            for partition in staging_partitions(token):
+                emit(partition)
     out.write(_line({"type": "end", "repositories": repositories, "items": items}))
     return Summary(repositories, items, stamp)
 

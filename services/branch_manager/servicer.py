@@ -50,9 +50,17 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
     @idempotent(pb.CreateRepositoryResponse, repository=INSTALLATION)
     def CreateRepository(self, request, context):
         repo = self._g.create_repository(
-            request.name, request.storage_namespace, request.default_branch
+            request.name, request.storage_namespace, request.default_branch, request.staging_shards
         )
         return pb.CreateRepositoryResponse(repository=repo.to_proto())
+
+    @idempotent(pb.UpdateRepositoryResponse, repository=INSTALLATION)
+    def UpdateRepository(self, request, context):
+        repo = self._g.update_repository(
+            request.name,
+            staging_shards=request.staging_shards if request.HasField("staging_shards") else None,
+        )
+        return pb.UpdateRepositoryResponse(repository=repo.to_proto())
 
     def GetRepository(self, request, context):
         return pb.GetRepositoryResponse(repository=self._g.get_repository(request.name).to_proto())

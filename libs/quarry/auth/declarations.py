@@ -187,6 +187,7 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
         "GetRepository": _act("fs:ReadRepository", _repo_named),
         "ListRepositories": _act("fs:ListRepositories", _all),
         "DeleteRepository": _act("fs:DeleteRepository", _repo_named, mutating=True),
+        "UpdateRepository": _act("fs:UpdateRepository", _repo_named, mutating=True),
         "CreateBranch": _act("fs:CreateBranch", _branch_named, mutating=True),
         "GetBranch": _act("fs:ReadBranch", _branch_named),
         "ListBranches": _act("fs:ListBranches", _repo),

@@ -29,6 +29,7 @@ FS_ACTIONS = (
     "fs:ReadRepository",
     "fs:CreateRepository",
     "fs:DeleteRepository",
+    "fs:UpdateRepository",
     "fs:ListRepositories",
     "fs:ReadObject",
     "fs:ListObjects",

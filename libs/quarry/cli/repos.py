@@ -1,4 +1,4 @@
-"""`quarry repo create | list | show | delete`."""
+"""`quarry repo create | list | show | update | delete`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from quarry.cli.base import Context, Subparsers, command, confirm, group, leaf
 
 @command
 def repo_create(args: argparse.Namespace, ctx: Context) -> int:
-    repo = ctx.client.create_repository(args.name, args.namespace, args.default_branch)
+    repo = ctx.client.create_repository(
+        args.name, args.namespace, args.default_branch, staging_shards=args.staging_shards
+    )
     if ctx.json:
         output.print_json(repo)
     else:
@@ -49,8 +51,22 @@ def repo_show(args: argparse.Namespace, ctx: Context) -> int:
             ("storage namespace", repo.storage_namespace),
             ("default branch", repo.default_branch),
             ("created", output.timestamp_text(repo.creation_time)),
+            ("staging shards", str(repo.staging_shards or 1)),
         ]
     )
+    return 0
+
+
+@command
+def repo_update(args: argparse.Namespace, ctx: Context) -> int:
+    repo = ctx.client.update_repository(args.name, staging_shards=args.staging_shards)
+    if ctx.json:
+        output.print_json(repo)
+    else:
+        print(
+            f"Updated repository {repo.name} (staging shards {repo.staging_shards or 1}, "
+            f"from each branch's next staging token)"
+        )
     return 0
 
 
@@ -77,9 +93,27 @@ def register_repo(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         metavar="NAMESPACE",
     )
     p.add_argument("--default-branch", default="main", metavar="B")
+    p.add_argument(
+        "--staging-shards",
+        type=int,
+        default=0,
+        metavar="N",
+        help="KV partitions per staging token, 1-64 (default 1): N lifts one branch's "
+        "staged-write ceiling N times",
+    )
     leaf(common, repo, "list", repo_list, "list repositories")
     p = leaf(common, repo, "show", repo_show, "show a repository")
     p.add_argument("name", metavar="NAME")
+    p = leaf(common, repo, "update", repo_update, "change a repository's settings")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument(
+        "--staging-shards",
+        type=int,
+        required=True,
+        metavar="N",
+        help="KV partitions per staging token, 1-64; applies from each branch's next "
+        "staging token (its next commit, a reset, a new branch)",
+    )
     p = leaf(common, repo, "delete", repo_delete, "delete a repository")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")

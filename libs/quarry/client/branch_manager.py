@@ -28,8 +28,10 @@ class BranchManagerCalls(RpcCalls):
         storage_namespace: str,
         default_branch: str = "main",
         *,
+        staging_shards: int = 0,
         request_id: str | None = None,
     ) -> types_pb2.Repository:
+        """`staging_shards`: KV partitions per staging token (0: the server's default, 1)."""
         return self._unary(
             self._bm.CreateRepository,
             "BranchManager/CreateRepository",
@@ -37,8 +39,25 @@ class BranchManagerCalls(RpcCalls):
                 name=name,
                 storage_namespace=storage_namespace,
                 default_branch=default_branch,
+                staging_shards=staging_shards,
                 request_id=_request_id(request_id),
             ),
+        ).repository
+
+    def update_repository(
+        self,
+        name: str,
+        *,
+        staging_shards: int | None = None,
+        request_id: str | None = None,
+    ) -> types_pb2.Repository:
+        """Change settings (None: unchanged); staging_shards applies from each branch's
+        next staging token."""
+        request = bm.UpdateRepositoryRequest(name=name, request_id=_request_id(request_id))
+        if staging_shards is not None:
+            request.staging_shards = staging_shards
+        return self._unary(
+            self._bm.UpdateRepository, "BranchManager/UpdateRepository", request
         ).repository
 
     def get_repository(self, name: str) -> types_pb2.Repository:

@@ -13,7 +13,7 @@ from quarry.compaction.state import (
     Snapshot,
 )
 from quarry.graveler import layout, records
-from quarry.graveler.layout import staging_partition
+from quarry.graveler.layout import staging_partitions
 from quarry.graveler.refs import is_dirty
 from quarry.graveler.staging import SCAN_BATCH
 
@@ -75,25 +75,25 @@ class RebuildMixin(SensorParts):
 
     def _count_token(self, token: str, counts: list[int], total: list[int], limit: int) -> int:
         items = 0
-        partition = staging_partition(token)
-        iterator = self.kv.scan(partition, batch_size=SCAN_BATCH)
-        try:
-            for item in iterator:
-                try:
-                    value = layout.decode_staged_value(partition, item.key, item.value)
-                except records.CorruptRecord as exc:
-                    records.note_skipped(exc)  # uncounted; the rest of the token still is
-                    continue
-                index = 0 if layout.is_staged_entry(value) else 1
-                counts[index] += 1
-                total[index] += 1
-                items += 1
-                if items >= limit or (
-                    items % SCAN_BATCH == 0 and self.thresholds.staged_decided(*total)
-                ):
-                    break
-        finally:
-            iterator.close()
+        for partition in staging_partitions(token):  # every shard of a sharded token
+            iterator = self.kv.scan(partition, batch_size=SCAN_BATCH)
+            try:
+                for item in iterator:
+                    try:
+                        value = layout.decode_staged_value(partition, item.key, item.value)
+                    except records.CorruptRecord as exc:
+                        records.note_skipped(exc)  # uncounted; the rest of the token still is
+                        continue
+                    index = 0 if layout.is_staged_entry(value) else 1
+                    counts[index] += 1
+                    total[index] += 1
+                    items += 1
+                    if items >= limit or (
+                        items % SCAN_BATCH == 0 and self.thresholds.staged_decided(*total)
+                    ):
+                        return items
+            finally:
+                iterator.close()
         return items
 
     def _maybe_discover(self) -> None:

@@ -53,13 +53,19 @@ class _Moved(Exception):
     """Internal: HEAD or the base moved, or the sealed list lost the applied tokens."""
 
 
-def _seal(branch: types_pb2.Branch) -> types_pb2.Branch | None:
-    if not is_dirty(branch):
-        return None  # only a dirty token can hold acknowledged writes
-    branch.sealed_tokens.insert(0, branch.staging_token)
-    branch.staging_token = new_token()
-    branch.dirty = False
-    return branch
+def _sealer(staging_shards: int) -> Callable[[types_pb2.Branch], types_pb2.Branch | None]:
+    """The seal of a branch update; the fresh token gets the repository's current shard
+    count (a changed staging_shards takes effect here, with the branch's next token)."""
+
+    def seal(branch: types_pb2.Branch) -> types_pb2.Branch | None:
+        if not is_dirty(branch):
+            return None  # only a dirty token can hold acknowledged writes
+        branch.sealed_tokens.insert(0, branch.staging_token)
+        branch.staging_token = new_token(staging_shards)
+        branch.dirty = False
+        return branch
+
+    return seal
 
 
 def _retire(
@@ -205,7 +211,9 @@ class Commits:
         the update kept losing (typically to writers marking the branch dirty)."""
         with tracer.start_as_current_span("graveler.seal"):
             try:
-                update = self.refs.update_branch(repo, branch_name, _seal, step="seal")
+                update = self.refs.update_branch(
+                    repo, branch_name, _sealer(repo.staging_shards), step="seal"
+                )
             except gerrors.BranchNotFound as missing:
                 raise self.core.not_a_branch(repo, branch_name, missing) from None
             except gerrors.BranchContended:

@@ -112,6 +112,12 @@ class BranchContended(errors.Aborted):
     reason = "BRANCH_CONTENDED"
 
 
+class RepositoryContended(errors.Aborted):
+    """Lost the repository record's compare-and-swap on every bounded retry."""
+
+    reason = "REPOSITORY_CONTENDED"
+
+
 class MergeConflict(errors.FailedPrecondition):
     """Details: a quarry.v1.MergeConflicts listing the conflicting paths."""
 

@@ -82,6 +82,7 @@ class Graveler(Core):
         self.get_repository = self.repositories.get_repository
         self.list_repositories = self.repositories.list_repositories
         self.delete_repository = self.repositories.delete_repository
+        self.update_repository = self.repositories.update_repository
         # branches, tags, settings
         self.create_branch = self.repositories.create_branch
         self.get_branch = self.repositories.get_branch

@@ -19,6 +19,9 @@ prefix or a decoded record; nobody builds a key or parses a stored value by hand
                            imports/<id>              → JSON ImportRecord (graveler/imports.py)
                            requests/<id>             → RequestRecord
   staging/<token>          <path>                    → StagedValue (entry or tombstone)
+  staging/<token>.<i>      <path>                    → the same, for a token with N > 1 shards
+                                                       (`<base>.s<N>`): shard i = a stable
+                                                       hash of the path mod N (kv/partitions.py)
   cleanup                  <partition>               → CleanupRecord
                            parked/<key>[@<unique>]   → a corrupt cleanup item, set aside
 
@@ -42,12 +45,16 @@ from quarry.graveler.model import Entry
 from quarry.kv.partitions import (
     AUTH_PARTITION,
     CLEANUP_PARTITION,
+    MAX_STAGING_SHARDS,
     QUARRY_PARTITION,
     REPO,
     STAGING,
     partition_class,
     repo_partition,
     staging_partition,
+    staging_partition_of,
+    staging_partitions,
+    staging_token_shards,
 )
 from quarry.kv.store import MAX_KEY_BYTES
 from quarry.storage.v1 import records_pb2 as stored
@@ -110,6 +117,8 @@ def _check_repository(record: records_pb2.RepositoryRecord, key: bytes) -> str |
         return "it has no valid instance id"
     if not record.repository.storage_namespace or not record.repository.default_branch:
         return "it has no storage namespace or default branch"
+    if not 0 <= record.repository.staging_shards <= MAX_STAGING_SHARDS:
+        return f"its staging_shards {record.repository.staging_shards} is out of range"
     return None
 
 
@@ -251,10 +260,20 @@ def staged_key(path: str) -> bytes:
 
 
 def staging_token_of(partition: bytes) -> str | None:
-    """The token of a staging partition name, None for any other partition."""
+    """The token of a staging partition name (of a shard partition: its sharded token), None
+    for any other partition."""
     if not partition.startswith(STAGING_PARTITION_PREFIX):
         return None
-    return partition[len(STAGING_PARTITION_PREFIX) :].decode("utf-8", "backslashreplace")
+    token = partition[len(STAGING_PARTITION_PREFIX) :].decode("utf-8", "backslashreplace")
+    base, dot, shard = token.rpartition(".")
+    if dot and shard.isdigit() and staging_token_shards(base) > 1:
+        return base
+    return token
+
+
+def staged_partition(token: str, path: str) -> bytes:
+    """The partition of `token` holding the staged value of `path` (its shard's)."""
+    return staging_partition_of(token, staged_key(path))
 
 
 # ---- record codecs ---------------------------------------------------------------------------
@@ -443,6 +462,9 @@ def repository_to_stored(repository: types_pb2.Repository) -> stored.Repository:
         storage_namespace=repository.storage_namespace,
         default_branch=repository.default_branch,
         instance_id=repository.instance_id,
+        # One shard is stored as absent (0): a repository record without sharding keeps the
+        # bytes it had before the field existed.
+        staging_shards=repository.staging_shards if repository.staging_shards > 1 else 0,
     )
     _copy_time(repository, out, "creation_time")
     return out
@@ -543,7 +565,7 @@ def is_staged_entry(value: stored.StagedValue) -> bool:
 
 def decode_staged(token: str, path: str, data: bytes) -> Entry | None:
     """The staged value of `path` under `token` (CorruptRecord if unreadable)."""
-    value = decode_staged_value(staging_partition(token), staged_key(path), data)
+    value = decode_staged_value(staged_partition(token, path), staged_key(path), data)
     return staged_entry(path, value)
 
 
@@ -651,6 +673,10 @@ __all__ = [
     "prefix_end",
     "repo_partition",
     "repository_key",
+    "staged_partition",
     "staging_partition",
+    "staging_partition_of",
+    "staging_partitions",
+    "staging_token_shards",
     "tag_key",
 ]

@@ -80,6 +80,8 @@ class Repository:
     default_branch: str
     instance_id: str
     creation_time: int  # unix seconds
+    # KV partitions per new staging token (quarry.kv.partitions; 1 = unsharded).
+    staging_shards: int = 1
 
     @functools.cached_property
     def partition(self) -> bytes:
@@ -93,6 +95,7 @@ class Repository:
             default_branch=self.default_branch,
             creation_time=timestamp_pb2.Timestamp(seconds=self.creation_time),
             instance_id=self.instance_id,
+            staging_shards=self.staging_shards,
         )
 
     def to_record(self) -> bytes:
@@ -109,6 +112,7 @@ class Repository:
             r.default_branch,
             record.instance_id,
             r.creation_time.seconds,
+            max(1, r.staging_shards),
         )
 
 
@@ -118,7 +122,9 @@ def is_dirty(branch: types_pb2.Branch) -> bool:
 
 
 class RefManager(RefResolution):
-    # Repository records change only by deletion; a short cache saves one KV read per call.
+    # Repository records change by deletion and by UpdateRepository (settings: staging_shards,
+    # which only flows that install a staging token use, and they read the record fresh); a
+    # short cache saves one KV read per call.
     # Writers re-validate the record together with the branch (Writes.write), and every other
     # flow that changes refs reads it fresh (Core.live_repo), so a stale entry can at worst
     # serve a read of a repository deleted within this window. It
@@ -172,6 +178,48 @@ class RefManager(RefResolution):
                 f"repository {repo.name!r} already exists", metadata={"repository": repo.name}
             ) from None
         self.remember_repository(repo)
+
+    def update_repository(
+        self, name: str, change: Callable[[Repository], Repository]
+    ) -> Repository:
+        """Compare-and-swap the repository record: read it fresh, store `change(record)` if
+        the record is still the one read, else read again and retry. Never recreates a
+        deleted repository (the swap is conditional on the bytes read) and never changes its
+        name, instance or namespace (only the settings `change` returns)."""
+        key = layout.repository_key(name)
+        for attempt in DEFAULT_RETRY.attempts(
+            lambda: gerrors.RepositoryContended(
+                f"repository {name!r} kept changing; retry", metadata={"repository": name}
+            )
+        ):
+            try:
+                current = self.kv.get(QUARRY_PARTITION, key)
+            except kv.KeyNotFound:
+                self._repos.pop(name)
+                raise gerrors.RepositoryNotFound(
+                    f"repository {name!r} not found", metadata={"repository": name}
+                ) from None
+            before = Repository.from_record(current.value, key)
+            after = change(before)
+            if (after.name, after.instance_id, after.storage_namespace) != (
+                before.name,
+                before.instance_id,
+                before.storage_namespace,
+            ):
+                raise AssertionError("an update may change a repository's settings only")
+            if after == before:
+                self._repos.put(name, before)
+                return before
+            try:
+                self.kv.set_if(
+                    QUARRY_PARTITION, key, after.to_record(), kv.Equals(current.predicate)
+                )
+            except kv.PredicateFailed:
+                cas_retry("update-repository", attempt)
+                continue
+            self._repos.put(name, after)
+            return after
+        raise AssertionError("unreachable")
 
     def remember_repository(self, repo: Repository) -> None:
         """Cache a repository record just read or written (it is the current instance)."""

@@ -4,6 +4,7 @@ branches", "Hard reset"): creation with namespace ownership, listing, deletion, 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -29,11 +30,13 @@ from quarry.graveler import actions, layout, names, records
 from quarry.graveler import errors as gerrors
 from quarry.graveler.core import CommitRecord, Core, make_commit, now_seconds
 from quarry.graveler.iterators import decode_page_token, encode_page_token
-from quarry.graveler.layout import BRANCHES_PREFIX, REPOS_PREFIX, TAGS_PREFIX, staging_partition
+from quarry.graveler.layout import BRANCHES_PREFIX, REPOS_PREFIX, TAGS_PREFIX, staging_partitions
 from quarry.graveler.protection import COMMIT
 from quarry.graveler.reads import Reads
 from quarry.graveler.refs import Repository
 from quarry.graveler.staging import new_token
+from quarry.kv.partitions import MAX_STAGING_SHARDS
+from quarry.kv.store import InvalidStagingShards
 from quarry.paging import PageBudget
 from quarry.runtime.format_version import ensure_installation_id
 from quarry.v1 import types_pb2
@@ -73,11 +76,17 @@ class Repositories:
     # ---- repositories ---------------------------------------------------------------------
 
     def create_repository(
-        self, name: str, storage_namespace: str, default_branch: str = "main"
+        self,
+        name: str,
+        storage_namespace: str,
+        default_branch: str = "main",
+        staging_shards: int = 0,
     ) -> Repository:
+        """`staging_shards`: KV partitions per staging token (0: the default, 1)."""
         names.check_repository_name(name)
         default_branch = default_branch or "main"
         names.check_branch_name(default_branch)
+        staging_shards = check_staging_shards(staging_shards or 1)
         # Recorded and compared in canonical form: a local namespace by its real path, so a
         # symlink into another repository's namespace is seen for what it is (and a link
         # re-pointed later never moves this repository's namespace).
@@ -88,6 +97,7 @@ class Repositories:
             default_branch=default_branch,
             instance_id=uuid.uuid4().hex,
             creation_time=now_seconds(),
+            staging_shards=staging_shards,
         )
         # Announce the creation BEFORE looking for overlapping namespaces: of two creations
         # of nested namespaces racing, the later look sees the other (its announcement, or
@@ -120,7 +130,7 @@ class Repositories:
             branch = types_pb2.Branch(
                 name=repo.default_branch,
                 commit_id=initial.id,
-                staging_token=new_token(),
+                staging_token=new_token(repo.staging_shards),
                 dirty=False,
             )
             self.refs.insert_branch(repo, branch)
@@ -293,6 +303,22 @@ class Repositories:
         names.check_repository_name(name)
         return self.refs.get_repository(name, fresh=True)
 
+    def update_repository(self, name: str, staging_shards: int | None = None) -> Repository:
+        """Change a repository's settings; None leaves a setting as it is. A new
+        staging_shards applies to the staging tokens installed from now on (each branch's
+        next commit or compaction seal, reset, discard, new branch): tokens already in use
+        keep their shard count, which their name records, so no staged item ever moves."""
+        names.check_repository_name(name)
+        if staging_shards is not None:
+            check_staging_shards(staging_shards)
+
+        def change(repo: Repository) -> Repository:
+            if staging_shards is None:
+                return repo
+            return dataclasses.replace(repo, staging_shards=staging_shards)
+
+        return self.refs.update_repository(name, change)
+
     @records.skips_corrupt_records
     def list_repositories(
         self, page_size: int = 0, page_token: str = ""
@@ -335,7 +361,10 @@ class Repositories:
             source_ref=source_ref or repo.default_branch,
         )
         branch = types_pb2.Branch(
-            name=name, commit_id=resolved.commit_id, staging_token=new_token(), dirty=False
+            name=name,
+            commit_id=resolved.commit_id,
+            staging_token=new_token(repo.staging_shards),
+            dirty=False,
         )
         self.refs.insert_branch(repo, branch)
         post()
@@ -407,7 +436,10 @@ class Repositories:
                     metadata={"repository": repo.name, "branch": name},
                 )
             return types_pb2.Branch(
-                name=name, commit_id=target, staging_token=new_token(), dirty=False
+                name=name,
+                commit_id=target,
+                staging_token=new_token(repo.staging_shards),
+                dirty=False,
             )
 
         update = self.refs.update_branch(repo, name, reset, step="reset")
@@ -503,8 +535,19 @@ def page_by_name(
     return items, ""
 
 
+def check_staging_shards(staging_shards: int) -> int:
+    """1..MAX_STAGING_SHARDS, else INVALID_ARGUMENT / INVALID_STAGING_SHARDS."""
+    if not 1 <= staging_shards <= MAX_STAGING_SHARDS:
+        raise InvalidStagingShards(
+            f"staging_shards must be 1..{MAX_STAGING_SHARDS}, not {staging_shards}",
+            metadata={"staging_shards": str(staging_shards), "max": str(MAX_STAGING_SHARDS)},
+        )
+    return staging_shards
+
+
 def _staging_partitions(tokens: Iterable[str]) -> list[bytes]:
-    return [staging_partition(t) for t in tokens if t]
+    """Every partition of the tokens (all shards of a sharded token)."""
+    return [p for t in tokens if t for p in staging_partitions(t)]
 
 
 __all__ = ["CREATION_TTL_SECONDS", "Repositories", "page_by_name"]

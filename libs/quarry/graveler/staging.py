@@ -1,6 +1,12 @@
-"""StagingManager: uncommitted entries, one KV partition per staging token.
+"""StagingManager: uncommitted entries, one KV partition per staging token, or N for a token
+with N shards (docs/architecture.md §10 "Sharded staging").
 
 A staging partition maps object path (UTF-8 bytes) → StagedValue (an entry or a tombstone).
+A token with N > 1 shards (`<base>.s<N>`, the repository's `staging_shards` when the token
+was installed) spreads its paths over N partitions by a stable hash of the path
+(quarry.kv.partitions.staging_shard): a point read or write of a path touches exactly one
+partition, a scan is an N-way merge of the shards (they hold disjoint paths), and dropping
+a token drops all its shards. Nothing else in the domain knows a token has shards.
 Tokens are never reused: when a commit, reset or branch deletion drops a token, it is
 queued in the `cleanup` partition and a background Dropper deletes its items after a grace
 period, so staging partitions do not accumulate.
@@ -14,9 +20,16 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from quarry.graveler import layout, records
-from quarry.graveler.layout import CLEANUP_PARTITION, PARKED_PREFIX, staging_partition
+from quarry.graveler.iterators import LayeredIterator
+from quarry.graveler.layout import (
+    CLEANUP_PARTITION,
+    PARKED_PREFIX,
+    staged_partition,
+    staging_partitions,
+)
 from quarry.graveler.model import Entry
 from quarry.kv import store as kv
+from quarry.kv.partitions import sharded_token
 from quarry.runtime.periodic import PeriodicWorker
 
 log = logging.getLogger(__name__)
@@ -25,8 +38,18 @@ TOMBSTONE = None  # a staged deletion, as seen by domain code
 SCAN_BATCH = 1000
 
 
-def new_token() -> str:
-    return uuid.uuid4().hex
+def new_token(shards: int = 1) -> str:
+    """A fresh, never used staging token with `shards` partitions (1: today's layout)."""
+    return sharded_token(uuid.uuid4().hex, shards)
+
+
+def shard_scan_batch(shards: int) -> int:
+    """Items per KV scan page of one shard of an N-shard token: a page of a listing takes
+    about 1/N of its items from each shard, so each shard fetches a little more than its
+    share (never N full pages for one page of results)."""
+    if shards <= 1:
+        return SCAN_BATCH
+    return max(100, -(-SCAN_BATCH * 5 // (4 * shards)))
 
 
 # The codecs live in the layout module (kept here under their old names).
@@ -38,9 +61,16 @@ entry_of = layout.staged_entry
 class StagedIterator:
     """(path, Entry | None) of one staging token in path order; seek_ge supported."""
 
-    def __init__(self, store: kv.Store, token: str, start: str, end: bytes | None):
-        self._partition = staging_partition(token)
-        self._scan = store.scan(self._partition, start.encode(), end, batch_size=SCAN_BATCH)
+    def __init__(
+        self,
+        store: kv.Store,
+        partition: bytes,
+        start: str,
+        end: bytes | None,
+        batch_size: int = SCAN_BATCH,
+    ):
+        self._partition = partition
+        self._scan = store.scan(self._partition, start.encode(), end, batch_size=batch_size)
 
     def __iter__(self) -> StagedIterator:
         return self
@@ -69,29 +99,41 @@ class StagingManager:
 
     def get(self, token: str, path: str) -> tuple[bool, Entry | None, bytes | None]:
         """(found, entry-or-tombstone, predicate)."""
+        # One lookup whatever the token's shard count: the path names its shard.
         try:
-            result = self.kv.get(staging_partition(token), layout.staged_key(path))
+            result = self.kv.get(staged_partition(token, path), layout.staged_key(path))
         except kv.KeyNotFound:
             return False, None, None
         return True, decode_value(token, path, result.value), result.predicate
 
     def set_many(self, token: str, items: Sequence[tuple[str, Entry | None]]) -> None:
-        partition = staging_partition(token)
+        """One KV write (a batch across the token's shards when there are several)."""
         if len(items) == 1:
             path, entry = items[0]
-            self.kv.set(partition, layout.staged_key(path), encode_value(entry))
+            self.kv.set(staged_partition(token, path), layout.staged_key(path), encode_value(entry))
             return
         self.kv.batch_set(
-            [(partition, layout.staged_key(path), encode_value(entry)) for path, entry in items]
+            [
+                (staged_partition(token, path), layout.staged_key(path), encode_value(entry))
+                for path, entry in items
+            ]
         )
 
     def set_if(self, token: str, path: str, entry: Entry | None, predicate: kv.Predicate) -> None:
         self.kv.set_if(
-            staging_partition(token), layout.staged_key(path), encode_value(entry), predicate
+            staged_partition(token, path), layout.staged_key(path), encode_value(entry), predicate
         )
 
-    def scan(self, token: str, start: str = "", end: bytes | None = None) -> StagedIterator:
-        return StagedIterator(self.kv, token, start, end)
+    def scan(
+        self, token: str, start: str = "", end: bytes | None = None
+    ) -> StagedIterator | LayeredIterator:
+        """(path, Entry | None) of the token in path order: its one partition's scan, or the
+        merge of its shards' scans (disjoint paths), each paged by shard_scan_batch."""
+        partitions = staging_partitions(token)
+        if len(partitions) == 1:
+            return StagedIterator(self.kv, partitions[0], start, end)
+        batch = shard_scan_batch(len(partitions))
+        return LayeredIterator([StagedIterator(self.kv, p, start, end, batch) for p in partitions])
 
     # ---- dropping tokens -------------------------------------------------------------------
 
@@ -108,7 +150,8 @@ class StagingManager:
         )
 
     def queue_drop_tokens(self, tokens: Sequence[str]) -> None:
-        self.queue_drop([staging_partition(t) for t in tokens if t])
+        """Queue every partition of the tokens (all shards of a sharded token)."""
+        self.queue_drop([p for t in tokens if t for p in staging_partitions(t)])
 
     def drop_queued(self, grace_seconds: float, limit: int = 100) -> int:
         """Delete the items of queued partitions older than the grace period. Returns the

@@ -314,7 +314,10 @@ class Writes:
 
         def clean(branch: types_pb2.Branch) -> types_pb2.Branch:
             return types_pb2.Branch(
-                name=branch_name, commit_id=branch.commit_id, staging_token=new_token(), dirty=False
+                name=branch_name,
+                commit_id=branch.commit_id,
+                staging_token=new_token(repo.staging_shards),
+                dirty=False,
             )
 
         update = self.refs.update_branch(repo, branch_name, clean, step="discard")

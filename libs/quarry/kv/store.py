@@ -67,6 +67,18 @@ class UnknownPartitionClass(errors.InvalidArgument):
     reason = "UNKNOWN_PARTITION_CLASS"
 
 
+class WrongStagingShard(errors.InvalidArgument):
+    """A staged key written into a shard partition of its token that is not the key's shard."""
+
+    reason = "WRONG_STAGING_SHARD"
+
+
+class InvalidStagingShards(errors.InvalidArgument):
+    """A staging shard count outside 1..MAX_STAGING_SHARDS."""
+
+    reason = "INVALID_STAGING_SHARDS"
+
+
 class KeyNotFound(errors.NotFound):
     reason = "KEY_NOT_FOUND"
 

@@ -1,5 +1,7 @@
 """The versioning core without gRPC: flows, refs, dirty flag, paging, bad input."""
 
+import contextlib
+
 import pytest
 
 from quarry import errors
@@ -399,6 +401,41 @@ def test_stat_on_clean_branch_reads_no_staging(graveler, repo, kv_store):
     kv_store.reset()
     graveler.stat_object(repo, "main", "a")
     assert kv_store.total(cls="staging") == 1  # dirty: the staging token is consulted
+
+
+def test_stat_on_a_dirty_sharded_branch_is_one_staging_read(graveler, repo, kv_store):
+    """Sharding changes no read cost: the path names its shard, so a hit or a miss in the
+    staging token is one `staging` get, whatever the token's shard count; the staged items
+    are spread over every shard of the token."""
+    from quarry.graveler.layout import staged_partition, staging_partitions
+
+    paths = [f"data/part-{i:05d}" for i in range(64)]
+    graveler.put_objects(repo, "main", [entry(p) for p in paths])
+    token = graveler.get_branch(repo, "main").staging_token
+    partitions = staging_partitions(token)
+    held = {p for p in partitions if list(kv_store.inner.scan(p))}
+    assert held == set(partitions)  # N=1: the one partition; N=4: all four
+    for path in (paths[0], paths[37], "data/missing"):
+        graveler.stat_object(repo, "main", paths[1])  # warm caches
+        kv_store.reset()
+        with contextlib.suppress(gerrors.ObjectNotFound):
+            graveler.stat_object(repo, "main", path)
+        assert kv_store.total(cls="staging") == 1, path
+        assert kv_store.total(cls="staging", op="get") == 1, path
+    # ... and the one partition read is the path's own shard.
+    reads: list[bytes] = []
+    real_get = kv_store.inner.get
+
+    def spy(partition, key):
+        reads.append(partition)
+        return real_get(partition, key)
+
+    kv_store.inner.get = spy
+    try:
+        graveler.stat_object(repo, "main", paths[5])
+    finally:
+        del kv_store.inner.get
+    assert [p for p in reads if p.startswith(b"staging/")] == [staged_partition(token, paths[5])]
 
 
 def test_dirty_read_optimization_can_be_switched_off(kv_store, committed, tmp_path):

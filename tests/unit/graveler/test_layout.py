@@ -126,12 +126,19 @@ def test_layout_writes_the_bytes_the_api_messages_wrote():
     )
     assert layout.encode_staged(None) == types_pb2.StagedValue(tombstone=True).SerializeToString()
     repo = Repository("r", "s3://b/r", "main", "i1", 1_700_000_000)
+    # An unsharded repository (staging_shards 1) stores the bytes written before the field
+    # existed: the API message reports 1, the record leaves it absent.
+    written_before = repo.to_proto()
+    written_before.ClearField("staging_shards")
     assert (
         layout.encode_repository(repo.to_proto(), repo.instance_id)
         == records_pb2.RepositoryRecord(
-            repository=repo.to_proto(), instance_id="i1"
+            repository=written_before, instance_id="i1"
         ).SerializeToString()
     )
+    sharded = Repository("r", "s3://b/r", "main", "i1", 1_700_000_000, staging_shards=4)
+    stored = layout.encode_repository(sharded.to_proto(), sharded.instance_id)
+    assert Repository.from_record(stored, layout.repository_key("r")) == sharded
 
 
 def test_layout_reads_records_the_api_messages_wrote():

@@ -9,11 +9,17 @@ from quarry.kv import store
 from quarry.kv.memory import MemoryStore
 from quarry.kv.partitions import (
     CLEANUP_PARTITION,
+    MAX_STAGING_SHARDS,
     QUARRY_PARTITION,
     PartitionValidatingStore,
     partition_class,
     repo_partition,
+    sharded_token,
     staging_partition,
+    staging_partition_of,
+    staging_partitions,
+    staging_shard,
+    staging_token_shards,
 )
 
 
@@ -155,3 +161,111 @@ def test_generic_partition_checks_come_first(validating):
         validating.get(b"", b"k")
     with pytest.raises(store.KeyTooLarge):
         validating.get(b"staging/" + b"t" * store.MAX_PARTITION_KEY_BYTES, b"k")
+
+
+# ---- sharded staging tokens ------------------------------------------------------------------
+
+
+def test_the_shard_of_a_key_never_changes():
+    """Pinned values: a change of the hash would strand every staged item of every sharded
+    token in a partition where point reads no longer look."""
+    assert [staging_shard(b"a/b.parquet", n) for n in (1, 2, 4, 16, 64)] == [0, 1, 3, 7, 55]
+    assert [staging_shard(b"data/part-00000.parquet", n) for n in (2, 4, 16, 64)] == [1, 3, 3, 19]
+    assert [staging_shard(b"", n) for n in (2, 4, 16, 64)] == [0, 0, 4, 52]
+
+
+def test_keys_spread_over_every_shard():
+    counts = [0] * 4
+    for i in range(4000):
+        counts[staging_shard(f"data/part-{i:05d}.parquet".encode(), 4)] += 1
+    assert min(counts) > 800, counts
+
+
+def test_sharded_token_names():
+    assert sharded_token("abc", 1) == "abc"  # one shard: today's token, byte for byte
+    assert staging_partitions("abc") == [b"staging/abc"]
+    token = sharded_token("abc", 4)
+    assert token == "abc.s4"
+    assert staging_token_shards(token) == 4
+    assert staging_partitions(token) == [f"staging/abc.s4.{i}".encode() for i in range(4)]
+    key = b"a/b.parquet"
+    assert staging_partition_of(token, key) == b"staging/abc.s4.3"
+    assert staging_partition_of("abc", key) == b"staging/abc"
+    for partition in staging_partitions(token):
+        assert partition_class(partition) == "staging"
+    with pytest.raises(store.UnknownPartitionClass):
+        staging_partition(token)  # a sharded token has no single partition
+    for shards in (0, MAX_STAGING_SHARDS + 1):
+        with pytest.raises(store.InvalidStagingShards):
+            sharded_token("abc", shards)
+
+
+@pytest.mark.parametrize(
+    "partition",
+    [
+        b"staging/abc.s4",  # the bare name of a sharded token: its items live in its shards
+        b"staging/abc.s4.4",  # shard index out of range
+        b"staging/abc.s4.04",  # not canonical
+        b"staging/abc.s1.0",  # one shard is the unsharded layout
+        b"staging/abc.s65.0",  # past MAX_STAGING_SHARDS
+    ],
+)
+def test_malformed_shard_partitions_are_refused(partition):
+    with pytest.raises(store.UnknownPartitionClass):
+        partition_class(partition)
+
+
+def _other_shard_of(token: str, key: bytes) -> bytes:
+    own = staging_partition_of(token, key)
+    return next(p for p in staging_partitions(token) if p != own)
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda s, p, k: s.set(p, k, b"v"),
+        lambda s, p, k: s.set_if(p, k, b"v", store.ABSENT),
+        lambda s, p, k: s.batch_set([(p, k, b"v")]),
+    ],
+)
+def test_a_key_is_written_only_into_its_own_shard(validating, backend, write):
+    """Safety rule: a staged item never lands in a partition where a point read of its path
+    does not look (another shard of its token, another token's shard, a bare name)."""
+    token, other_token = sharded_token("mine", 4), sharded_token("theirs", 4)
+    key = b"a/b.parquet"
+    write(validating, staging_partition_of(token, key), key)  # its own shard: accepted
+    for wrong in (
+        _other_shard_of(token, key),
+        _other_shard_of(other_token, key),
+    ):
+        with pytest.raises(store.WrongStagingShard):
+            write(validating, wrong, key)
+    with pytest.raises(store.UnknownPartitionClass):
+        write(validating, b"staging/" + token.encode(), key)
+    assert [
+        p
+        for p in (
+            b"staging/mine.s4.0",
+            b"staging/mine.s4.1",
+            b"staging/mine.s4.2",
+            b"staging/theirs.s4.0",
+            b"staging/theirs.s4.1",
+            b"staging/theirs.s4.2",
+            b"staging/theirs.s4.3",
+        )
+        if list(backend.scan(p))
+    ] == []
+
+
+def test_one_misplaced_key_refuses_the_whole_batch(validating, backend):
+    token = sharded_token("mine", 4)
+    good, bad = b"a/b.parquet", b"x"
+    with pytest.raises(store.WrongStagingShard) as caught:
+        validating.batch_set(
+            [
+                (staging_partition_of(token, good), good, b"1"),
+                (_other_shard_of(token, bad), bad, b"2"),
+            ]
+        )
+    assert caught.value.reason == "WRONG_STAGING_SHARD"
+    assert all(list(backend.scan(p)) == [] for p in staging_partitions(token))
