@@ -159,6 +159,21 @@ class Settings:
         "kv-gateway limiter: write capacity units per second per partition before writes "
         "are throttled.",
     )
+    kv_throttle_retries: int = _setting(
+        8,
+        "kv-gateway on DynamoDB: a throttled call (ProvisionedThroughputExceeded, "
+        "ThrottlingException, ...) is retried this many times before the caller gets "
+        "RESOURCE_EXHAUSTED with a retry delay.",
+    )
+    kv_throttle_backoff_base_seconds: float = _setting(
+        0.05,
+        "kv-gateway on DynamoDB: the first backoff after a throttled call; each next one "
+        "doubles up to kv_throttle_backoff_cap_seconds, each times a random 0-1 (full "
+        "jitter, which spreads many clients of one hot partition).",
+    )
+    kv_throttle_backoff_cap_seconds: float = _setting(
+        2.0, "kv-gateway on DynamoDB: the longest backoff after a throttled call."
+    )
     cache_dir: str = _setting(
         "", "Local disk cache for immutable ranges and metaranges. Empty = `home`/cache."
     )
@@ -444,6 +459,17 @@ class Settings:
                 raise errors.InvalidArgument(
                     f"setting {name} must be at least 1, not {getattr(self, name)}"
                 )
+        if self.kv_throttle_retries < 0:
+            raise errors.InvalidArgument(
+                f"setting kv_throttle_retries must be 0 or more, not {self.kv_throttle_retries}"
+            )
+        if not 0 < self.kv_throttle_backoff_base_seconds <= self.kv_throttle_backoff_cap_seconds:
+            raise errors.InvalidArgument(
+                "settings kv_throttle_backoff_base_seconds and kv_throttle_backoff_cap_seconds "
+                "must be positive, the base at most the cap, not "
+                f"{self.kv_throttle_backoff_base_seconds:g} and "
+                f"{self.kv_throttle_backoff_cap_seconds:g}"
+            )
         if not 0 < self.branch_retry_base_seconds <= self.branch_retry_cap_seconds:
             raise errors.InvalidArgument(
                 "settings branch_retry_base_seconds and branch_retry_cap_seconds must be "
