@@ -70,7 +70,7 @@ class DynamoDBOptions:
     max_pool_connections: int = 64
 
 
-class DynamoDBStore(store.Store):
+class DynamoDBStore(store.PagedStore):
     def __init__(
         self,
         table_name: str,
@@ -247,17 +247,6 @@ class DynamoDBStore(store.Store):
             ConditionExpression=f"{V} = :prev",
             ExpressionAttributeValues={":prev": {"B": predicate.value}},
         )
-
-    def scan(
-        self,
-        partition: bytes,
-        start: bytes = b"",
-        end: bytes | None = None,
-        batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE,
-    ) -> store.ScanIterator:
-        end = store.normalize_end(end)
-        store.check_scan(partition, start, end, batch_size)
-        return store.PagedScanIterator(self._page, partition, start, end, batch_size)
 
     def batch_get(self, items: Sequence[tuple[bytes, bytes]]) -> list[GetResult | None]:
         store.check_batch_keys(items)
