@@ -168,6 +168,21 @@ class Settings:
         "kv-gateway limiter: write capacity units per second per partition before writes "
         "are throttled.",
     )
+    kv_throttle_retries: int = _setting(
+        8,
+        "kv-gateway on DynamoDB: a throttled call (ProvisionedThroughputExceeded, "
+        "ThrottlingException, ...) is retried this many times before the caller gets "
+        "RESOURCE_EXHAUSTED with a retry delay.",
+    )
+    kv_throttle_backoff_base_seconds: float = _setting(
+        0.05,
+        "kv-gateway on DynamoDB: the first backoff after a throttled call; each next one "
+        "doubles up to kv_throttle_backoff_cap_seconds, each times a random 0-1 (full "
+        "jitter, which spreads many clients of one hot partition).",
+    )
+    kv_throttle_backoff_cap_seconds: float = _setting(
+        2.0, "kv-gateway on DynamoDB: the longest backoff after a throttled call."
+    )
     cache_dir: str = _setting(
         "", "Local disk cache for immutable ranges and metaranges. Empty = `home`/cache."
     )
@@ -278,6 +293,27 @@ class Settings:
     )
     staging_drop_interval_seconds: float = _setting(
         5.0, "How often the background dropper looks at the cleanup queue."
+    )
+    branch_retry_attempts: int = _setting(
+        10,
+        "branch-manager, committer: how many times an operation whose branch record changed "
+        "under it (a write's validation, a commit, a reset, a branch deletion, an import's "
+        "commit) is tried before it fails with BRANCH_CONTENDED (ABORTED, which clients "
+        "retry). Raise it for branches with many concurrent writers and committers.",
+    )
+    branch_retry_base_seconds: float = _setting(
+        0.002,
+        "The backoff between those attempts (and a merge's): the first waits this long, each "
+        "next one twice as long up to branch_retry_cap_seconds, each times a random 0.5-1.",
+    )
+    branch_retry_cap_seconds: float = _setting(
+        0.2, "The longest backoff between two attempts on a contended branch."
+    )
+    merge_retry_attempts: int = _setting(
+        5,
+        "committer: attempts of a merge whose destination branch moved while it merged "
+        "(each merges its previous result onto the new head) before it fails with "
+        "HEAD_MOVED and a hint to resume from.",
     )
     compactor_enabled: bool = _setting(
         True,
@@ -438,6 +474,28 @@ class Settings:
                 f"be longer than the repository cache ({REPOSITORY_CACHE_SECONDS:g} s): "
                 "retired staging tokens must outlive every cached record that names them, "
                 f"not {self.staging_drop_grace_seconds:g}"
+            )
+        for name in ("branch_retry_attempts", "merge_retry_attempts"):
+            if getattr(self, name) < 1:
+                raise errors.InvalidArgument(
+                    f"setting {name} must be at least 1, not {getattr(self, name)}"
+                )
+        if self.kv_throttle_retries < 0:
+            raise errors.InvalidArgument(
+                f"setting kv_throttle_retries must be 0 or more, not {self.kv_throttle_retries}"
+            )
+        if not 0 < self.kv_throttle_backoff_base_seconds <= self.kv_throttle_backoff_cap_seconds:
+            raise errors.InvalidArgument(
+                "settings kv_throttle_backoff_base_seconds and kv_throttle_backoff_cap_seconds "
+                "must be positive, the base at most the cap, not "
+                f"{self.kv_throttle_backoff_base_seconds:g} and "
+                f"{self.kv_throttle_backoff_cap_seconds:g}"
+            )
+        if not 0 < self.branch_retry_base_seconds <= self.branch_retry_cap_seconds:
+            raise errors.InvalidArgument(
+                "settings branch_retry_base_seconds and branch_retry_cap_seconds must be "
+                "positive, the base at most the cap, not "
+                f"{self.branch_retry_base_seconds:g} and {self.branch_retry_cap_seconds:g}"
             )
         if not 0 < self.auth_token_lifetime_seconds <= MAX_TOKEN_LIFETIME_SECONDS:
             raise errors.InvalidArgument(

@@ -35,7 +35,7 @@ from quarry.auth.sigv4_secrets import (
 from quarry.auth.store import IamStore
 from quarry.auth.throttle import LoginThrottle
 from quarry.auth.tokens import DEFAULT_LIFETIME_SECONDS, TokenAuthority
-from quarry.graveler import records
+from quarry.runtime.listing import listed
 from quarry.v1 import auth_pb2 as pb
 from quarry.v1 import auth_pb2_grpc
 
@@ -148,12 +148,11 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.GetUserResponse(user=user_to_proto(user))
 
     def ListUsers(self, request, context):
-        with records.listing() as skipped:
-            found, token = self._iam.list_users(request.page_size, request.page_token)
-        return pb.ListUsersResponse(
-            users=[user_to_proto(r) for r in found],
-            next_page_token=token,
-            skipped_corrupt_records=skipped.count,
+        return listed(
+            pb.ListUsersResponse,
+            "users",
+            lambda: self._iam.list_users(request.page_size, request.page_token),
+            user_to_proto,
         )
 
     def DeleteUser(self, request, context):
@@ -175,14 +174,13 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.GetCredentialsResponse(credentials=credentials_to_proto(record))
 
     def ListCredentials(self, request, context):
-        with records.listing() as skipped:
-            found, token = self._iam.list_credentials(
+        return listed(
+            pb.ListCredentialsResponse,
+            "credentials",
+            lambda: self._iam.list_credentials(
                 request.user_id, request.page_size, request.page_token
-            )
-        return pb.ListCredentialsResponse(
-            credentials=[credentials_to_proto(r) for r in found],
-            next_page_token=token,
-            skipped_corrupt_records=skipped.count,
+            ),
+            credentials_to_proto,
         )
 
     def DeleteCredentials(self, request, context):
@@ -204,12 +202,11 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.GetGroupResponse(group=group_to_proto(group))
 
     def ListGroups(self, request, context):
-        with records.listing() as skipped:
-            found, token = self._iam.list_groups(request.page_size, request.page_token)
-        return pb.ListGroupsResponse(
-            groups=[group_to_proto(r) for r in found],
-            next_page_token=token,
-            skipped_corrupt_records=skipped.count,
+        return listed(
+            pb.ListGroupsResponse,
+            "groups",
+            lambda: self._iam.list_groups(request.page_size, request.page_token),
+            group_to_proto,
         )
 
     def DeleteGroup(self, request, context):
@@ -228,25 +225,23 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.RemoveGroupMemberResponse()
 
     def ListGroupMembers(self, request, context):
-        with records.listing() as skipped:
-            found, token = self._iam.list_group_members(
+        return listed(
+            pb.ListGroupMembersResponse,
+            "users",
+            lambda: self._iam.list_group_members(
                 request.group_id, request.page_size, request.page_token
-            )
-        return pb.ListGroupMembersResponse(
-            users=[user_to_proto(r) for r in found],
-            next_page_token=token,
-            skipped_corrupt_records=skipped.count,
+            ),
+            user_to_proto,
         )
 
     def ListUserGroups(self, request, context):
-        with records.listing() as skipped:
-            found, token = self._iam.list_user_groups(
+        return listed(
+            pb.ListUserGroupsResponse,
+            "groups",
+            lambda: self._iam.list_user_groups(
                 request.user_id, request.page_size, request.page_token
-            )
-        return pb.ListUserGroupsResponse(
-            groups=[group_to_proto(r) for r in found],
-            next_page_token=token,
-            skipped_corrupt_records=skipped.count,
+            ),
+            group_to_proto,
         )
 
     def CreatePolicy(self, request, context):
@@ -260,12 +255,11 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.GetPolicyResponse(policy=policy_to_proto(policy))
 
     def ListPolicies(self, request, context):
-        with records.listing() as skipped:
-            found, token = self._iam.list_policies(request.page_size, request.page_token)
-        return pb.ListPoliciesResponse(
-            policies=[policy_to_proto(r) for r in found],
-            next_page_token=token,
-            skipped_corrupt_records=skipped.count,
+        return listed(
+            pb.ListPoliciesResponse,
+            "policies",
+            lambda: self._iam.list_policies(request.page_size, request.page_token),
+            policy_to_proto,
         )
 
     def UpdatePolicy(self, request, context):
@@ -313,34 +307,31 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         return pb.DetachPolicyResponse()
 
     def ListUserPolicies(self, request, context):
-        with records.listing() as skipped:
-            found, token = self._iam.list_user_policies(
+        return listed(
+            pb.ListUserPoliciesResponse,
+            "policies",
+            lambda: self._iam.list_user_policies(
                 request.user_id, request.page_size, request.page_token
-            )
-        return pb.ListUserPoliciesResponse(
-            policies=[policy_to_proto(r) for r in found],
-            next_page_token=token,
-            skipped_corrupt_records=skipped.count,
+            ),
+            policy_to_proto,
         )
 
     def ListGroupPolicies(self, request, context):
-        with records.listing() as skipped:
-            found, token = self._iam.list_group_policies(
+        return listed(
+            pb.ListGroupPoliciesResponse,
+            "policies",
+            lambda: self._iam.list_group_policies(
                 request.group_id, request.page_size, request.page_token
-            )
-        return pb.ListGroupPoliciesResponse(
-            policies=[policy_to_proto(r) for r in found],
-            next_page_token=token,
-            skipped_corrupt_records=skipped.count,
+            ),
+            policy_to_proto,
         )
 
     def ListEffectivePolicies(self, request, context):
-        with records.listing() as skipped:
-            found, token = self._iam.list_effective_policies(
+        return listed(
+            pb.ListEffectivePoliciesResponse,
+            "policies",
+            lambda: self._iam.list_effective_policies(
                 request.user_id, request.page_size, request.page_token
-            )
-        return pb.ListEffectivePoliciesResponse(
-            policies=[policy_to_proto(r) for r in found],
-            next_page_token=token,
-            skipped_corrupt_records=skipped.count,
+            ),
+            policy_to_proto,
         )

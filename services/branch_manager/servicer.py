@@ -12,6 +12,7 @@ from quarry.graveler import records
 from quarry.graveler.graveler import Graveler
 from quarry.graveler.requests import RequestIdReused, RequestLog, check_request_id, fingerprint
 from quarry.runtime.idempotency import INSTALLATION, idempotent, run_once
+from quarry.runtime.listing import listed
 from quarry.v1 import branch_manager_pb2 as pb
 from quarry.v1 import branch_manager_pb2_grpc
 
@@ -66,12 +67,11 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         return pb.GetRepositoryResponse(repository=self._g.get_repository(request.name).to_proto())
 
     def ListRepositories(self, request, context):
-        with records.listing() as skipped:
-            repos, token = self._g.list_repositories(request.page_size, request.page_token)
-        return pb.ListRepositoriesResponse(
-            repositories=[r.to_proto() for r in repos],
-            next_page_token=token,
-            skipped_corrupt_records=skipped.count,
+        return listed(
+            pb.ListRepositoriesResponse,
+            "repositories",
+            lambda: self._g.list_repositories(request.page_size, request.page_token),
+            lambda repo: repo.to_proto(),
         )
 
     @idempotent(pb.DeleteRepositoryResponse, repository=INSTALLATION)
@@ -90,12 +90,12 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         return pb.GetBranchResponse(branch=self._g.get_branch(request.repository, request.name))
 
     def ListBranches(self, request, context):
-        with records.listing() as skipped:
-            branches, token = self._g.list_branches(
+        return listed(
+            pb.ListBranchesResponse,
+            "branches",
+            lambda: self._g.list_branches(
                 request.repository, request.page_size, request.page_token
-            )
-        return pb.ListBranchesResponse(
-            branches=branches, next_page_token=token, skipped_corrupt_records=skipped.count
+            ),
         )
 
     @idempotent(pb.DeleteBranchResponse)
@@ -122,12 +122,10 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         return pb.GetTagResponse(tag=self._g.get_tag(request.repository, request.name))
 
     def ListTags(self, request, context):
-        with records.listing() as skipped:
-            tags, token = self._g.list_tags(
-                request.repository, request.page_size, request.page_token
-            )
-        return pb.ListTagsResponse(
-            tags=tags, next_page_token=token, skipped_corrupt_records=skipped.count
+        return listed(
+            pb.ListTagsResponse,
+            "tags",
+            lambda: self._g.list_tags(request.repository, request.page_size, request.page_token),
         )
 
     @idempotent(pb.DeleteTagResponse)
@@ -312,18 +310,17 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         )
 
     def DiffUncommitted(self, request, context):
-        with records.listing() as skipped:
-            changes, token = self._g.diff_uncommitted(
+        return listed(
+            pb.DiffUncommittedResponse,
+            "changes",
+            lambda: self._g.diff_uncommitted(
                 request.repository,
                 request.branch,
                 request.prefix,
                 request.page_size,
                 request.page_token,
-            )
-        return pb.DiffUncommittedResponse(
-            changes=[change_to_proto(c) for c in changes],
-            next_page_token=token,
-            skipped_corrupt_records=skipped.count,
+            ),
+            change_to_proto,
         )
 
     @idempotent(pb.DiscardChangesResponse)

@@ -9,7 +9,7 @@ nothing unvalidated reaches any layer.
 from __future__ import annotations
 
 from quarry.config import Settings
-from quarry.kv import open_store
+from quarry.kv import ThrottleRetry, open_store
 from quarry.kv import store as kv
 from quarry.kv.amortized import AmortizedStore
 from quarry.kv.capacity import READ, WRITE
@@ -88,7 +88,7 @@ def build(settings: Settings, backend=None) -> ServiceSpec:
     passed in is not probed, so cost-model counts see no probe reads)."""
     dependencies = []
     if backend is None:
-        backend = open_store(settings.effective_kv_url)
+        backend = open_store(settings.effective_kv_url, ThrottleRetry.from_settings(settings))
         dependencies.append(backend_dependency(backend, settings.effective_kv_url))
     limiter = None
     if settings.kv_limiter_enabled:

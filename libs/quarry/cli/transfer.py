@@ -20,15 +20,16 @@ def _open_kv(url: str | None, must_exist: bool) -> Any:
     """The KV backend itself (not the gateway): the services should be stopped."""
     import urllib.parse
 
-    from quarry.kv import open_store
+    from quarry.kv import ThrottleRetry, open_store
 
-    url = url or load_settings().effective_kv_url
+    settings = load_settings()
+    url = url or settings.effective_kv_url
     parsed = urllib.parse.urlsplit(url)
     if must_exist and parsed.scheme.lower() == "sqlite":
         path = urllib.parse.unquote(parsed.netloc + parsed.path)
         if path and not os.path.exists(path):
             raise errors.NotFound(f"no KV store at {path}")
-    return open_store(url)
+    return open_store(url, ThrottleRetry.from_settings(settings))
 
 
 def _progress(verb: str) -> Callable[[int], None]:

@@ -14,15 +14,8 @@ from quarry.v1 import types_pb2
 
 Entry = types_pb2.Entry
 
-ENTRY_FIELDS = (
-    "path",
-    "physical_address",
-    "size_bytes",
-    "checksum",
-    "mtime",
-    "content_type",
-    "metadata",
-)
+# quarry.v1.Entry's fields, in their order.
+ENTRY_FIELDS = tuple(field.name for field in Entry.DESCRIPTOR.fields)
 
 
 def to_timestamp(value: Any) -> timestamp_pb2.Timestamp | None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import namedtuple
 from collections.abc import Callable
 from typing import Any
 
@@ -32,9 +31,9 @@ from quarry import errors
 from quarry.auth import errors as auth_errors
 from quarry.client.credentials import ACCESS_KEY_ENV, SECRET_KEY_ENV, Credentials
 from quarry.client.token_cache import TokenCache
+from quarry.runtime.channels import AUTHORIZATION_HEADER, call_details_with
 from quarry.runtime.errors import from_rpc_error
 
-AUTHORIZATION_HEADER = "authorization"
 REFRESH_MARGIN_SECONDS = 60.0
 TOKEN_EXPIRED = auth_errors.TokenExpired.reason
 
@@ -140,33 +139,19 @@ class TokenSource:
         self.refused(token, TOKEN_EXPIRED)
 
 
-class _CallDetails(
-    namedtuple(
-        "_CallDetails",
-        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
-    ),
-    grpc.ClientCallDetails,
-):
-    pass
+def _bearer(metadata: Any, token: str) -> list[tuple[str, str]]:
+    """`metadata` with `authorization: Bearer <token>` in place of any it carries."""
+    replaced = [
+        (key, value) for key, value in (metadata or ()) if key.lower() != AUTHORIZATION_HEADER
+    ]
+    replaced.append((AUTHORIZATION_HEADER, f"Bearer {token}"))
+    return replaced
 
 
 def _with_token(details: grpc.ClientCallDetails, token: str) -> grpc.ClientCallDetails:
     if not token:
         return details
-    metadata = [
-        (key, value)
-        for key, value in (details.metadata or ())
-        if key.lower() != AUTHORIZATION_HEADER
-    ]
-    metadata.append((AUTHORIZATION_HEADER, f"Bearer {token}"))
-    return _CallDetails(
-        details.method,
-        details.timeout,
-        metadata,
-        details.credentials,
-        getattr(details, "wait_for_ready", None),
-        getattr(details, "compression", None),
-    )
+    return call_details_with(details, _bearer(details.metadata, token))
 
 
 def _refusal(outcome: Any) -> str | None:
@@ -271,7 +256,7 @@ class _TokenUnary:
                 cached = ((AUTHORIZATION_HEADER, f"Bearer {token}"),)
                 self._metadata = (token, cached)
             return cached
-        return _with_token(_CallDetails("", None, metadata, None, None, None), token).metadata
+        return _bearer(metadata, token)
 
     def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None) -> Any:
         token = self._source.token()

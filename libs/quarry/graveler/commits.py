@@ -15,7 +15,7 @@ from quarry.graveler.model import ApplyResult, DiffSummary
 from quarry.graveler.protection import COMMIT
 from quarry.graveler.reads import Reads
 from quarry.graveler.refs import Repository, is_dirty
-from quarry.graveler.retry import DEFAULT_RETRY, cas_retry
+from quarry.graveler.retry import cas_retry
 from quarry.graveler.staging import new_token
 from quarry.runtime import deadlines
 from quarry.v1 import types_pb2
@@ -119,11 +119,11 @@ class Commits:
 
             def exhausted() -> gerrors.BranchContended:
                 return gerrors.BranchContended(
-                    f"commit on {branch_name!r} lost the race {DEFAULT_RETRY.max_attempts} times; retry",
+                    f"commit on {branch_name!r} lost the race {self.core.retries.branch.max_attempts} times; retry",
                     metadata={"repository": repo.name, "branch": branch_name},
                 )
 
-            for attempt in DEFAULT_RETRY.attempts(exhausted):
+            for attempt in self.core.retries.branch.attempts(exhausted):
                 outcome = self._commit_attempt(repo, branch_name, params)
                 if outcome is not None:
                     span.set_attribute("quarry.commit", outcome.commit.id)
@@ -270,7 +270,7 @@ class Commits:
                 metadata={"repository": repo.name, "branch": branch_name},
             )
 
-        for _ in DEFAULT_RETRY.attempts(exhausted):
+        for _ in self.core.retries.branch.attempts(exhausted):
             branch = self.seal(repo, branch_name)
             if branch is None:
                 continue

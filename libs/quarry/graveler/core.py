@@ -24,6 +24,7 @@ from quarry.graveler import names
 from quarry.graveler.model import ApplyResult, Change, Entry, MergeResult, MergeStrategy
 from quarry.graveler.protection import BranchProtection
 from quarry.graveler.refs import RefManager, Repository
+from quarry.graveler.retry import DEFAULT_RETRIES, Retries
 from quarry.graveler.staging import StagingManager
 from quarry.kv import store as kv
 from quarry.lru import TTLCache
@@ -162,7 +163,7 @@ def make_commit(record: CommitRecord) -> types_pb2.Commit:
 class Core:
     """The state every flow shares."""
 
-    def __init__(  # Graveler's public constructor, unchanged
+    def __init__(  # noqa: PLR0913 — Graveler's public constructor: the parts, then tunables
         self,
         store: kv.Store,
         committed: CommittedReader,
@@ -170,9 +171,11 @@ class Core:
         dirty_read_optimization: bool = True,
         branch_cache_seconds: float = 1.0,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        retries: Retries = DEFAULT_RETRIES,
     ) -> None:
         self.kv = store
-        self.refs = RefManager(store)
+        self.retries = retries
+        self.refs = RefManager(store, retry=retries.branch)
         self.staging = StagingManager(store)
         self.protection = BranchProtection(store)
         self.committed = committed

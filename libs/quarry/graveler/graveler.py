@@ -41,7 +41,7 @@ from quarry.graveler.merges import (
 )
 from quarry.graveler.reads import Layers, Reads
 from quarry.graveler.repositories import CREATION_TTL_SECONDS, Repositories
-from quarry.graveler.retry import MAX_ATTEMPTS, MAX_MERGE_ATTEMPTS
+from quarry.graveler.retry import DEFAULT_RETRIES, MAX_ATTEMPTS, MAX_MERGE_ATTEMPTS, Retries
 from quarry.graveler.writes import StagedCount, Writes
 from quarry.kv import store as kv
 from quarry.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
@@ -53,7 +53,7 @@ class Graveler(Core):
     `writes`, `commits`, `merges`, `repositories`) for their finer seams (e.g.
     `commits.seal`)."""
 
-    def __init__(  # the public constructor, unchanged
+    def __init__(  # noqa: PLR0913 — the public constructor: the parts, then tunables
         self,
         store: kv.Store,
         committed: CommittedReader,
@@ -61,6 +61,7 @@ class Graveler(Core):
         dirty_read_optimization: bool = True,
         branch_cache_seconds: float = 1.0,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        retries: Retries = DEFAULT_RETRIES,
     ) -> None:
         super().__init__(
             store,
@@ -69,6 +70,7 @@ class Graveler(Core):
             dirty_read_optimization,
             branch_cache_seconds,
             max_response_bytes,
+            retries,
         )
         self.reads = Reads(self)
         self.writes = Writes(self, self.reads)

@@ -65,7 +65,6 @@ from quarry.graveler.model import ChangeType, Entry
 from quarry.graveler.protection import COMMIT
 from quarry.graveler.reads import Reads
 from quarry.graveler.refs import Repository
-from quarry.graveler.retry import DEFAULT_RETRY
 from quarry.kv import store as kv
 from quarry.v1 import types_pb2
 
@@ -268,7 +267,7 @@ class Imports:
             job = self._jobs.get(import_id)
         if job is not None:
             job.cancel.set()
-        for _ in range(DEFAULT_RETRY.max_attempts):
+        for _ in range(self.core.retries.branch.max_attempts):
             record, predicate = self._read(repo, import_id)
             if record.state in TERMINAL or record.cancel_requested:
                 break
@@ -378,7 +377,7 @@ class Imports:
         anyway (the cancel came too late, or asked for what happened)."""
         key = layout.import_key(job.record.id)
         job.record.updated = self.clock()
-        for _ in range(DEFAULT_RETRY.max_attempts):
+        for _ in range(self.core.retries.branch.max_attempts):
             data = job.record.encode()
             try:
                 self.core.kv.set_if(repo.partition, key, data, kv.Equals(job.predicate))
@@ -490,11 +489,11 @@ class Imports:
         def exhausted() -> errors.QuarryError:
             return gerrors.BranchContended(
                 f"branch {record.branch!r} kept moving: the import lost the race "
-                f"{DEFAULT_RETRY.max_attempts} times (its ranges are written; run it again)",
+                f"{self.core.retries.branch.max_attempts} times (its ranges are written; run it again)",
                 metadata={"repository": repo.name, "branch": record.branch},
             )
 
-        for attempt in DEFAULT_RETRY.attempts(exhausted):
+        for attempt in self.core.retries.branch.attempts(exhausted):
             commit = self._commit_attempt(repo, job, written.metarange_id, prefixes, metadata)
             if commit is not None:
                 IMPORTED_OBJECTS.inc(record.objects_listed)

@@ -18,7 +18,7 @@ from quarry.graveler.model import Conflict, DiffSummary, MergeResult, MergeStrat
 from quarry.graveler.protection import COMMIT
 from quarry.graveler.reads import Reads
 from quarry.graveler.refs import Repository
-from quarry.graveler.retry import MAX_MERGE_ATTEMPTS, ONCE, RetryPolicy
+from quarry.graveler.retry import ONCE
 from quarry.kv import store as kv
 from quarry.runtime import deadlines
 from quarry.v1 import types_pb2
@@ -80,10 +80,6 @@ class ThreeWay:
     dry_run: bool = False
     # (merged metarange, destination commit it was merged onto): an earlier attempt's work.
     resume: tuple[str, str] | None = None
-
-
-# The merge's retry budget: each retry merges the previous result onto the new HEAD.
-MERGE_RETRY = RetryPolicy(max_attempts=MAX_MERGE_ATTEMPTS)
 
 
 class Merges:
@@ -300,9 +296,9 @@ class Merges:
         identically and the new HEAD changed again keeps the new HEAD's value.)"""
         written = reused = 0
         resume = work.resume
-        for attempt in range(MERGE_RETRY.max_attempts):
+        for attempt in range(self.core.retries.merge.max_attempts):
             if attempt:
-                MERGE_RETRY.backoff(attempt - 1)
+                self.core.retries.merge.backoff(attempt - 1)
             branch, predicate = self._clean_branch(repo, branch_name)
             head = self.refs.get_commit(repo, branch.commit_id)
             if resume is None:
@@ -382,7 +378,7 @@ class Merges:
         merged, onto = resume
         self.remember_hint(repo, merged, (work.source_commit_id, work.base_commit_id, onto))
         raise gerrors.HeadMoved(
-            f"{branch_name!r} kept moving: the merge lost the race {MAX_MERGE_ATTEMPTS} times; "
+            f"{branch_name!r} kept moving: the merge lost the race {self.core.retries.merge.max_attempts} times; "
             f"retry with hint_metarange_id to resume from the merged metarange",
             metadata={"hint_metarange_id": merged},
             details=[
@@ -390,7 +386,7 @@ class Merges:
                     hint_metarange_id=merged,
                     source_commit_id=work.source_commit_id,
                     base_commit_id=work.base_commit_id,
-                    attempts=MAX_MERGE_ATTEMPTS,
+                    attempts=self.core.retries.merge.max_attempts,
                 )
             ],
         )

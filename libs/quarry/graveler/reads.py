@@ -28,7 +28,6 @@ from quarry.graveler.iterators import (
 from quarry.graveler.layout import prefix_end
 from quarry.graveler.model import Change, ChangeType, DiffSummary, Entry
 from quarry.graveler.refs import Repository, ResolvedRef, is_dirty
-from quarry.graveler.retry import DEFAULT_RETRY
 from quarry.paging import PageBudget
 from quarry.telemetry.metrics import branch_labels
 from quarry.v1 import types_pb2
@@ -179,7 +178,7 @@ class Reads:
         repo = self.core.repo(repo_name)
         names.check_path(path)
         message = f"ref {ref!r} kept changing during the read"
-        for _ in DEFAULT_RETRY.attempts(lambda: contended(message)):
+        for _ in self.core.retries.branch.attempts(lambda: contended(message)):
             layers = self.layers(repo, self.refs.resolve(repo, ref), "get")
             _, value = self.lookup(layers, path)
             if self.still_valid(layers):
@@ -209,7 +208,7 @@ class Reads:
             raise gerrors.InvalidPageToken("page_token belongs to another listing")
         query = ListQuery(prefix, delimiter, after, state.get("skip_prefix", False))
         message = f"ref {ref!r} kept changing during the listing"
-        for _ in DEFAULT_RETRY.attempts(lambda: contended(message)):
+        for _ in self.core.retries.branch.attempts(lambda: contended(message)):
             layers = self.layers(repo, self.refs.resolve(repo, ref), "list")
             entries, prefixes, last = self.list_page(layers, query, self.core.budget(page_size))
             if self.still_valid(layers):
@@ -291,7 +290,7 @@ class Reads:
         check_page_size(page_size)  # INVALID_ARGUMENT before any read
         after = decode_page_token(page_token, "after").get("after", "")
         message = f"branch {branch_name!r} kept changing"
-        for _ in DEFAULT_RETRY.attempts(lambda: contended(message)):
+        for _ in self.core.retries.branch.attempts(lambda: contended(message)):
             branch, _ = self.core.branch(repo, branch_name)
             if (
                 not is_dirty(branch)

@@ -133,8 +133,13 @@ class RefManager(RefResolution):
     # a stale entry can point at them.
     REPOSITORY_TTL_SECONDS = REPOSITORY_CACHE_SECONDS
 
-    def __init__(self, store: kv.Store, commit_cache_size: int = 100_000):
+    def __init__(
+        self, store: kv.Store, commit_cache_size: int = 100_000, retry: RetryPolicy = DEFAULT_RETRY
+    ):
         self.kv = store
+        # The budget and backoff of a branch compare-and-swap (update_branch, delete_branch)
+        # when the caller names no policy.
+        self.retry = retry
         self._repos = TTLCache(self.REPOSITORY_TTL_SECONDS)
         # Branch records are read through a single flight per key (seeds/branch-read-
         # optimization.md, issue 14): concurrent reads of one branch share one KV read, so
@@ -346,7 +351,7 @@ class RefManager(RefResolution):
         fn: BranchFn,
         *,
         step: str = "update_branch",
-        policy: RetryPolicy = DEFAULT_RETRY,
+        policy: RetryPolicy | None = None,
         expect: tuple[types_pb2.Branch, bytes] | None = None,
     ) -> BranchUpdate:
         """The one way to change a branch record: read it (or start from `expect`, a
@@ -363,7 +368,7 @@ class RefManager(RefResolution):
                 metadata={"repository": repo.name, "branch": name},
             )
 
-        for attempt in policy.attempts(exhausted):
+        for attempt in (self.retry if policy is None else policy).attempts(exhausted):
             if attempt == 0 and expect is not None:
                 current, predicate = expect
             else:
@@ -387,7 +392,7 @@ class RefManager(RefResolution):
         name: str,
         check: Callable[[types_pb2.Branch], None] = lambda branch: None,
         *,
-        policy: RetryPolicy = DEFAULT_RETRY,
+        policy: RetryPolicy | None = None,
     ) -> types_pb2.Branch:
         """Delete the branch record through compare-and-delete; returns the record deleted,
         whose tokens the caller retires. `check` sees each record read and may raise to
@@ -403,7 +408,7 @@ class RefManager(RefResolution):
                 metadata={"repository": repo.name, "branch": name},
             )
 
-        for attempt in policy.attempts(exhausted):
+        for attempt in (self.retry if policy is None else policy).attempts(exhausted):
             current, predicate = self.get_branch(repo, name)
             check(current)
             try:

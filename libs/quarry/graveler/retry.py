@@ -16,8 +16,12 @@ from opentelemetry import trace
 from quarry import jitter
 from quarry.errors import QuarryError
 
+# The defaults; a service takes its limits from Settings (branch_retry_*, merge_retry_attempts,
+# quarry.runtime.wiring) and the core carries them (Core.retries).
 MAX_ATTEMPTS = 10
 MAX_MERGE_ATTEMPTS = 5
+BASE_SECONDS = 0.002
+CAP_SECONDS = 0.2
 
 
 def cas_retry(step: str, attempt: int) -> None:
@@ -33,8 +37,8 @@ class RetryPolicy:
     (0.5, 1]. `sleep` is injectable (tests)."""
 
     max_attempts: int = MAX_ATTEMPTS
-    base_seconds: float = 0.002
-    cap_seconds: float = 0.2
+    base_seconds: float = BASE_SECONDS
+    cap_seconds: float = CAP_SECONDS
     sleep: Callable[[float], None] = time.sleep
 
     def backoff(self, attempt: int) -> None:
@@ -53,8 +57,32 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY = RetryPolicy()
+# The merge's retry budget: each retry merges the previous result onto the new HEAD.
+MERGE_RETRY = RetryPolicy(max_attempts=MAX_MERGE_ATTEMPTS)
+
+
+@dataclass(frozen=True)
+class Retries:
+    """The core's retry limits (Core.retries): `branch` for every branch compare-and-swap
+    and every loop that redoes work because a branch record changed under it; `merge` for
+    a merge's attempts. A service's come from Settings (quarry.runtime.wiring)."""
+
+    branch: RetryPolicy = DEFAULT_RETRY
+    merge: RetryPolicy = MERGE_RETRY
+
+
+DEFAULT_RETRIES = Retries()
 # A single compare-and-swap against a record read earlier: the caller decides what a loss
 # means (a merge resumes from its result, the sensor skips the branch).
 ONCE = RetryPolicy(max_attempts=1)
 
-__all__ = ["DEFAULT_RETRY", "MAX_ATTEMPTS", "MAX_MERGE_ATTEMPTS", "ONCE", "RetryPolicy"]
+__all__ = [
+    "DEFAULT_RETRIES",
+    "DEFAULT_RETRY",
+    "MAX_ATTEMPTS",
+    "MAX_MERGE_ATTEMPTS",
+    "MERGE_RETRY",
+    "ONCE",
+    "Retries",
+    "RetryPolicy",
+]

@@ -18,7 +18,6 @@ from quarry.graveler.model import Entry
 from quarry.graveler.protection import STAGING_WRITE
 from quarry.graveler.reads import Reads, change_against, contended
 from quarry.graveler.refs import Repository, is_dirty
-from quarry.graveler.retry import DEFAULT_RETRY
 from quarry.graveler.staging import new_token
 from quarry.kv import store as kv
 from quarry.v1 import types_pb2
@@ -144,7 +143,7 @@ class Writes:
             return StagedCount(0)
         self.core.protection.check(repo, branch_name, STAGING_WRITE)
         message = f"branch {branch_name!r} kept changing"
-        for _ in DEFAULT_RETRY.attempts(lambda: contended(message)):
+        for _ in self.core.retries.branch.attempts(lambda: contended(message)):
             branch, _ = self.core.branch(repo, branch_name)
             layers = self.reads.branch_layers(repo, branch, "delete")
             existing = [path for path in unique if self.reads.lookup(layers, path)[1] is not None]
@@ -158,7 +157,7 @@ class Writes:
     def _put_if_absent(self, repo: Repository, branch_name: str, entry: Entry) -> str:
         """Returns the staging token written to ("" if the entry was already there)."""
         message = f"branch {branch_name!r} kept changing"
-        for _ in DEFAULT_RETRY.attempts(lambda: contended(message)):
+        for _ in self.core.retries.branch.attempts(lambda: contended(message)):
             repo = self.core.repo(repo.name)  # the current instance (see write)
             branch, _ = self.core.branch(repo, branch_name)
             layers = self.reads.branch_layers(repo, branch, "put")
@@ -201,7 +200,9 @@ class Writes:
         staging token the write was acknowledged on. `conditional` = (predicate of the one
         staged item, the token it must be written to): a write for put-if-absent."""
         expected_token = conditional[1] if conditional is not None else None
-        for _ in range(DEFAULT_RETRY.max_attempts):  # no sleep: a moved token is retried at once
+        for _ in range(
+            self.core.retries.branch.max_attempts
+        ):  # no sleep: a moved token is retried at once
             branch, branch_predicate = self.core.cached_branch(repo, branch_name)
             if expected_token is not None and branch.staging_token != expected_token:
                 self.core.forget_branch(repo, branch_name)

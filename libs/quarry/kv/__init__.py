@@ -7,6 +7,8 @@ backend whose module is missing (or whose dependencies are) only fails when aske
 from __future__ import annotations
 
 import urllib.parse
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from quarry.kv.store import (
     ABSENT,
@@ -37,6 +39,9 @@ from quarry.kv.store import (
     item_size,
 )
 
+if TYPE_CHECKING:
+    from quarry.config import Settings
+
 __all__ = [
     "ABSENT",
     "DEFAULT_SCAN_BATCH_SIZE",
@@ -65,19 +70,42 @@ __all__ = [
     "UnknownPartitionClass",
     "item_size",
     "open_store",
+    "ThrottleRetry",
 ]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def open_store(url: str) -> Store:
+@dataclass(frozen=True)
+class ThrottleRetry:
+    """How a backend that throttles (DynamoDB) retries a throttled call: `retries` times
+    more, each after a full-jitter backoff (jitter.backoff, low=0) from `base_seconds`
+    doubling up to `cap_seconds`; then Throttled (RESOURCE_EXHAUSTED, with a retry delay).
+    The kv-gateway's come from Settings (kv_throttle_*)."""
+
+    retries: int = 8
+    base_seconds: float = 0.05
+    cap_seconds: float = 2.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ThrottleRetry:
+        return cls(
+            settings.kv_throttle_retries,
+            settings.kv_throttle_backoff_base_seconds,
+            settings.kv_throttle_backoff_cap_seconds,
+        )
+
+
+def open_store(url: str, throttle: ThrottleRetry | None = None) -> Store:
     """Open a KV store from a URL:
 
     memory://                                    in-process, for tests
     sqlite:///abs/path.db  |  sqlite://rel.db    the embedded default (a file)
     dynamodb://TABLE?endpoint_url=http://127.0.0.1:8000&region=us-east-1&create_table=true
     quarry://host:port                           the kv-gateway over gRPC
+
+    `throttle`: how DynamoDB retries throttled calls (default ThrottleRetry()).
     """
     from quarry import errors
 
@@ -109,13 +137,19 @@ def open_store(url: str) -> Store:
         create = params.get("create_table", "true").lower()
         if create not in _TRUE | _FALSE:
             raise errors.InvalidArgument(f"create_table must be true or false, not {create!r}")
-        from quarry.kv.dynamodb import DynamoDBStore
+        from quarry.kv.dynamodb import DynamoDBOptions, DynamoDBStore
 
+        throttle = throttle or ThrottleRetry()
         return DynamoDBStore(
             table,
             endpoint_url=params.get("endpoint_url") or None,
             region=params.get("region") or "us-east-1",
             create_table=create in _TRUE,
+            options=DynamoDBOptions(
+                max_throttle_retries=throttle.retries,
+                backoff_base=throttle.base_seconds,
+                backoff_max=throttle.cap_seconds,
+            ),
         )
 
     if scheme == "quarry":

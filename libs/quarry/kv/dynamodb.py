@@ -27,7 +27,7 @@ import botocore.config
 import botocore.exceptions
 
 from quarry import errors, jitter
-from quarry.kv import store
+from quarry.kv import ThrottleRetry, store
 from quarry.kv.store import GetResult, KeyValue
 
 PK, K, V = (n.decode() for n in store.ITEM_ATTRIBUTE_NAMES)
@@ -60,16 +60,17 @@ class DynamoDBOptions:
 
     aws_access_key_id: str | None = None
     aws_secret_access_key: str | None = None
-    # Throttled calls are retried this many times with jittered exponential backoff.
-    max_throttle_retries: int = 8
-    backoff_base: float = 0.05
-    backoff_max: float = 2.0
+    # Throttled calls are retried this many times with jittered exponential backoff
+    # (quarry.kv.ThrottleRetry: the kv-gateway's come from Settings).
+    max_throttle_retries: int = ThrottleRetry.retries
+    backoff_base: float = ThrottleRetry.base_seconds
+    backoff_max: float = ThrottleRetry.cap_seconds
     connect_timeout: float = 5.0
     read_timeout: float = 30.0
     max_pool_connections: int = 64
 
 
-class DynamoDBStore(store.Store):
+class DynamoDBStore(store.PagedStore):
     def __init__(
         self,
         table_name: str,
@@ -246,17 +247,6 @@ class DynamoDBStore(store.Store):
             ConditionExpression=f"{V} = :prev",
             ExpressionAttributeValues={":prev": {"B": predicate.value}},
         )
-
-    def scan(
-        self,
-        partition: bytes,
-        start: bytes = b"",
-        end: bytes | None = None,
-        batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE,
-    ) -> store.ScanIterator:
-        end = store.normalize_end(end)
-        store.check_scan(partition, start, end, batch_size)
-        return store.PagedScanIterator(self._page, partition, start, end, batch_size)
 
     def batch_get(self, items: Sequence[tuple[bytes, bytes]]) -> list[GetResult | None]:
         store.check_batch_keys(items)

@@ -31,7 +31,7 @@ class _Partition:
             del self.keys[bisect.bisect_left(self.keys, key)]
 
 
-class MemoryStore(store.Store):
+class MemoryStore(store.PagedStore):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._partitions: dict[bytes, _Partition] = {}
@@ -87,23 +87,6 @@ class MemoryStore(store.Store):
             if current is None or current != predicate.value:
                 raise store.PredicateFailed(f"predicate {predicate!r} failed")
             self._remove(partition, key)
-
-    def scan(
-        self,
-        partition: bytes,
-        start: bytes = b"",
-        end: bytes | None = None,
-        batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE,
-    ) -> store.ScanIterator:
-        end = store.normalize_end(end)
-        store.check_scan(partition, start, end, batch_size)
-        return store.PagedScanIterator(
-            self._page,
-            bytes(partition),
-            bytes(start),
-            None if end is None else bytes(end),
-            batch_size,
-        )
 
     def batch_get(self, items: Sequence[tuple[bytes, bytes]]) -> list[GetResult | None]:
         store.check_batch_keys(items)

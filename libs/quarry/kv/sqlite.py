@@ -83,7 +83,7 @@ def _private_database_file(path: str) -> None:
             )
 
 
-class SQLiteStore(store.Store):
+class SQLiteStore(store.PagedStore):
     """`path` is a database file (created with its parent directory if missing).
 
     `synchronous`: FULL (default) makes every acknowledged write survive power loss;
@@ -238,17 +238,6 @@ class SQLiteStore(store.Store):
             ).rowcount
         if changed != 1:
             raise store.PredicateFailed(f"predicate {predicate!r} failed")
-
-    def scan(
-        self,
-        partition: bytes,
-        start: bytes = b"",
-        end: bytes | None = None,
-        batch_size: int = store.DEFAULT_SCAN_BATCH_SIZE,
-    ) -> store.ScanIterator:
-        end = store.normalize_end(end)
-        store.check_scan(partition, start, end, batch_size)
-        return store.PagedScanIterator(self._page, partition, start, end, batch_size)
 
     def batch_get(self, items: Sequence[tuple[bytes, bytes]]) -> list[GetResult | None]:
         store.check_batch_keys(items)

@@ -392,3 +392,30 @@ def check_batch_items(items: Sequence[tuple[bytes, bytes, bytes]]) -> None:
     """Validate every (partition, key, value) before a batch touches the backend."""
     for partition, key, value in items:
         check_item(partition, key, value)
+
+
+class PagedStore(Store):
+    """A Store that reads a partition one page at a time: its `scan` is this one (checks,
+    then a PagedScanIterator over `_page`, see PageReader); a backend implements `_page`."""
+
+    def scan(
+        self,
+        partition: bytes,
+        start: bytes = b"",
+        end: bytes | None = None,
+        batch_size: int = DEFAULT_SCAN_BATCH_SIZE,
+    ) -> ScanIterator:
+        end = normalize_end(end)
+        check_scan(partition, start, end, batch_size)
+        return PagedScanIterator(
+            self._page,
+            bytes(partition),
+            bytes(start),
+            None if end is None else bytes(end),
+            batch_size,
+        )
+
+    @abc.abstractmethod
+    def _page(
+        self, partition: bytes, lower: bytes, after: bytes | None, end: bytes | None, limit: int
+    ) -> tuple[list[KeyValue], bytes | None]: ...

@@ -48,14 +48,7 @@ class BearerToken(
         metadata = list(details.metadata or ())
         if not any(key.lower() == AUTHORIZATION_HEADER for key, _ in metadata):
             metadata.append((AUTHORIZATION_HEADER, f"Bearer {self._token_source()}"))
-        return _CallDetails(
-            details.method,
-            details.timeout,
-            metadata,
-            details.credentials,
-            getattr(details, "wait_for_ready", None),
-            getattr(details, "compression", None),
-        )
+        return call_details_with(details, metadata)
 
     def intercept_unary_unary(self, continuation, client_call_details, request):  # noqa: ANN001, ANN201
         return continuation(self._with_token(client_call_details), request)
@@ -86,6 +79,19 @@ class _CallDetails(grpc.ClientCallDetails):
         self.credentials = credentials
         self.wait_for_ready = wait_for_ready
         self.compression = compression
+
+
+def call_details_with(details: Any, metadata: Any) -> grpc.ClientCallDetails:
+    """A client interceptor's `details` (grpc.ClientCallDetails) with `metadata` in place
+    of its own."""
+    return _CallDetails(
+        details.method,
+        details.timeout,
+        metadata,
+        details.credentials,
+        getattr(details, "wait_for_ready", None),
+        getattr(details, "compression", None),
+    )
 
 
 def with_token(channel: grpc.Channel, token_source: TokenSource | None) -> grpc.Channel:

@@ -40,7 +40,7 @@ from quarry.config import Settings
 from quarry.runtime.channels import MAX_MESSAGE_BYTES, open_channel
 from quarry.runtime.deadline_interceptor import DeadlineInterceptor
 from quarry.runtime.errors import RETRYABLE_CODES, ErrorInterceptor, from_rpc_error
-from quarry.runtime.handlers import wrap_behavior
+from quarry.runtime.handlers import WrappedHandlers, wrap_behavior
 from quarry.runtime.lifeline import watch_lifeline
 from quarry.runtime.periodic import PeriodicWorker
 from quarry.runtime.tls import (
@@ -333,7 +333,7 @@ class ReadinessGate(grpc.ServerInterceptor):
         self._readiness = readiness
         self._prefixes = tuple(f"/{name}/" for name in service_names)
         # Wrapped handlers by the handler they wrap: built once per method, not per call.
-        self._wrapped: dict[int, tuple[Any, Any]] = {}
+        self._wrapped = WrappedHandlers()
 
     def intercept_service(
         self,
@@ -343,12 +343,7 @@ class ReadinessGate(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None or not handler_call_details.method.startswith(self._prefixes):
             return handler
-        cached = self._wrapped.get(id(handler))
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(handler)
-        self._wrapped[id(handler)] = (handler, wrapped)
-        return wrapped
+        return self._wrapped.of(handler, self._wrap)
 
     def _wrap(self, handler: Any) -> Any:
         """`handler`: a grpc RpcMethodHandler (a namedtuple in grpc's implementation)."""

@@ -20,6 +20,7 @@ from quarry.config import Settings
 from quarry.graveler.core import CommittedReader, RangeWriterClient
 from quarry.graveler.graveler import Graveler
 from quarry.graveler.requests import RequestLog
+from quarry.graveler.retry import Retries, RetryPolicy
 from quarry.graveler.staging import Dropper, StagingManager
 from quarry.graveler.writes import PutStreamLimits
 from quarry.kv import store as kv
@@ -100,6 +101,7 @@ def core_dependencies(  # noqa: PLR0913 — the parts a caller may supply, each 
         range_writer,
         dirty_read_optimization=settings.experimental_dirty_read_optimization,
         max_response_bytes=settings.max_response_bytes,
+        retries=retries(settings),
     )
     graveler.imports.settings = settings  # S3 sources: the endpoint and region
     graveler.imports.heartbeat_seconds = settings.import_heartbeat_seconds
@@ -134,6 +136,21 @@ def core_dependencies(  # noqa: PLR0913 — the parts a caller may supply, each 
         on_ready.append(start_dropping)
         closers.insert(0, stop_dropping)
     return CoreDependencies(graveler, closers, requests, dependencies, on_ready)
+
+
+def retries(settings: Settings) -> Retries:
+    """The core's retry limits (branch compare-and-swap, merge) from Settings."""
+
+    def policy(attempts: int) -> RetryPolicy:
+        return RetryPolicy(
+            max_attempts=attempts,
+            base_seconds=settings.branch_retry_base_seconds,
+            cap_seconds=settings.branch_retry_cap_seconds,
+        )
+
+    return Retries(
+        branch=policy(settings.branch_retry_attempts), merge=policy(settings.merge_retry_attempts)
+    )
 
 
 def request_log(graveler: Graveler, settings: Settings) -> RequestLog:

@@ -32,16 +32,8 @@ class NothingToRead(errors.NotFound):
     reason = "NO_OBJECTS_UNDER_PATH"
 
 
-# The columns of an entries DataFrame: quarry.v1.Entry's fields.
-ENTRY_COLUMNS = (
-    "path",
-    "physical_address",
-    "size_bytes",
-    "checksum",
-    "mtime",
-    "content_type",
-    "metadata",
-)
+# The columns of an entries DataFrame: quarry.v1.Entry's fields, in their order.
+ENTRY_COLUMNS = tuple(field.name for field in types_pb2.Entry.DESCRIPTOR.fields)
 ENTRIES_DDL = (
     "path string, physical_address string, size_bytes long, checksum string, "
     "mtime timestamp, content_type string, metadata map<string,string>"

@@ -97,3 +97,63 @@ def test_once_against_an_earlier_read_fails_if_the_record_changed(refs_and_repo)
             repo, "main", lambda b: setattr(b, "commit_id", "x") or b, policy=ONCE, expect=read
         )
     assert refs.get_branch(repo, "main")[0].commit_id == read[0].commit_id
+
+
+def test_the_retry_limits_are_the_services_settings(tmp_path, monkeypatch):
+    """A service's core (quarry.runtime.wiring) retries a contended branch as many times as
+    QUARRY_BRANCH_RETRY_ATTEMPTS says, and a merge QUARRY_MERGE_RETRY_ATTEMPTS times."""
+    from quarry.config import load_settings
+    from quarry.kv.memory import MemoryStore
+    from quarry.kv.store import Equals
+    from quarry.runtime.wiring import core_dependencies
+    from support.fake_committed import FakeCommitted
+
+    settings = load_settings(
+        env={
+            "QUARRY_BRANCH_RETRY_ATTEMPTS": "4",
+            "QUARRY_BRANCH_RETRY_BASE_SECONDS": "0.0005",
+            "QUARRY_BRANCH_RETRY_CAP_SECONDS": "0.001",
+            "QUARRY_MERGE_RETRY_ATTEMPTS": "2",
+        },
+        home=str(tmp_path),
+    )
+    committed = FakeCommitted()
+    deps = core_dependencies(settings, MemoryStore(), committed, committed, start_dropper=False)
+    graveler = deps.graveler
+    repo = graveler.create_repository("demo", str(tmp_path / "lake"))
+    refs = graveler.refs
+    real_set = refs.set_branch_if
+    calls = []
+
+    def always_moved(repo_, branch, predicate):
+        calls.append(branch.name)
+        current, current_predicate = refs.get_branch(repo_, branch.name)
+        current.compacted_metarange_id = f"moved-{len(calls)}"
+        real_set(repo_, current, Equals(current_predicate))
+        return real_set(repo_, branch, predicate)
+
+    monkeypatch.setattr(refs, "set_branch_if", always_moved)
+    with pytest.raises(gerrors.BranchContended):
+        refs.update_branch(repo, "main", lambda b: b)  # no policy named: the core's
+    assert len(calls) == 4
+    assert graveler.retries.branch.cap_seconds == 0.001
+    assert graveler.retries.merge.max_attempts == 2
+    for close in deps.closers:
+        close()
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"QUARRY_BRANCH_RETRY_ATTEMPTS": "0"},
+        {"QUARRY_MERGE_RETRY_ATTEMPTS": "0"},
+        {"QUARRY_BRANCH_RETRY_BASE_SECONDS": "0"},
+        {"QUARRY_BRANCH_RETRY_BASE_SECONDS": "1", "QUARRY_BRANCH_RETRY_CAP_SECONDS": "0.5"},
+    ],
+)
+def test_retry_limits_that_could_not_work_are_refused(env, tmp_path):
+    from quarry import errors
+    from quarry.config import load_settings
+
+    with pytest.raises(errors.InvalidArgument, match="retry"):
+        load_settings(env=env, home=str(tmp_path))

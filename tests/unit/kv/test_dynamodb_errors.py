@@ -125,3 +125,48 @@ def test_unreachable_endpoint_is_unavailable():
             endpoint_url=f"http://127.0.0.1:{port}",
             options=DynamoDBOptions(connect_timeout=1),
         )
+
+
+def test_the_throttle_retries_are_the_settings(tmp_path):
+    """QUARRY_KV_THROTTLE_*: how often a throttled call is retried, and the backoff bounds,
+    reach the DynamoDB store that open_store builds (the kv-gateway's path)."""
+    from quarry.config import load_settings
+    from quarry.kv import ThrottleRetry, open_store
+
+    settings = load_settings(
+        env={
+            "QUARRY_KV_THROTTLE_RETRIES": "1",
+            "QUARRY_KV_THROTTLE_BACKOFF_BASE_SECONDS": "0.001",
+            "QUARRY_KV_THROTTLE_BACKOFF_CAP_SECONDS": "0.002",
+        },
+        home=str(tmp_path),
+    )
+    s = open_store(
+        "dynamodb://unit-table?endpoint_url=http://127.0.0.1:9&create_table=false",
+        ThrottleRetry.from_settings(settings),
+    )
+    assert (s.backoff_base, s.backoff_max) == (0.001, 0.002)
+    with Stubber(s.client) as stub:
+        for _ in range(2):  # the first attempt + 1 retry, then Throttled
+            stub.add_client_error("get_item", "ThrottlingException", http_status_code=400)
+        with pytest.raises(store.Throttled):
+            s.get(P, b"k")
+        stub.assert_no_pending_responses()
+
+
+def test_the_settings_defaults_are_the_librarys():
+    """One default for each limit: a Settings default that drifted from the library's
+    would make a service behave unlike the library it is built from."""
+    from quarry.config import Settings
+    from quarry.graveler.retry import DEFAULT_RETRY, MERGE_RETRY
+    from quarry.kv import ThrottleRetry
+
+    settings = Settings()
+    throttle = ThrottleRetry()
+    assert settings.kv_throttle_retries == throttle.retries
+    assert settings.kv_throttle_backoff_base_seconds == throttle.base_seconds
+    assert settings.kv_throttle_backoff_cap_seconds == throttle.cap_seconds
+    assert settings.branch_retry_attempts == DEFAULT_RETRY.max_attempts
+    assert settings.branch_retry_base_seconds == DEFAULT_RETRY.base_seconds
+    assert settings.branch_retry_cap_seconds == DEFAULT_RETRY.cap_seconds
+    assert settings.merge_retry_attempts == MERGE_RETRY.max_attempts

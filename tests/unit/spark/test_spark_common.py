@@ -319,3 +319,14 @@ def test_job_ids_are_in_utc_whatever_the_given_zone():
     local = dt.datetime(2026, 11, 26, 3, 0, tzinfo=dt.timezone(dt.timedelta(hours=3)))
     created = ephemeral_created_at(ephemeral_branch(new_job_id(local)))
     assert created == dt.datetime(2026, 11, 26, 0, 0, tzinfo=dt.UTC)
+
+
+def test_the_entries_schema_names_entry_fields_in_order():
+    """An entries DataFrame's columns are quarry.v1.Entry's fields (one source: the proto);
+    the DDL Spark reads them with names the same columns in the same order, so a field
+    added to Entry fails here until the DDL has it too."""
+    from quarry.client.entries import ENTRY_FIELDS
+    from quarry.spark.reader import ENTRIES_DDL, ENTRY_COLUMNS
+
+    ddl_columns = tuple(column.split(" ")[0] for column in ENTRIES_DDL.split(", "))
+    assert ddl_columns == ENTRY_COLUMNS == ENTRY_FIELDS
