@@ -5,8 +5,11 @@ server). Rows: 64 MiB PUT and GET throughput (one object per client), 4 KiB PUT 
 operations per second, each with 8 concurrent boto3 clients. Targets: the gateway >= 0.5x
 the bare endpoint and >= 1.0x moto.
 
-The gateway runs as `quarry serve s3-gateway` with auth on (every request's SigV4 checked by
-the Auth service) in front of an in-process suite (tests/support/s3gateway.py).
+The gateway runs as `quarry serve s3-gateway` with auth on in front of an in-process suite
+(tests/support/s3gateway.py), twice: as configured by default (a credential's signatures
+checked with the scoped key Auth returned, QUARRY_S3_GATEWAY_CACHE_SECONDS), and with that
+cache off (every request asks Auth and looks its repository and branch up again), so one run
+shows what the cache buys.
 Sizes: BENCH_S3_BIG_MIB (64), BENCH_S3_SMALL_OPS (800 per row), BENCH_S3_CLIENTS (8).
 """
 
@@ -116,12 +119,15 @@ def main() -> None:
     bin_dir = Path(sys.executable).parent
     home = Path(tempfile.mkdtemp(prefix="quarry-bench-s3-"))
     results = {}
-    with running_gateway(home) as gateway:
-        with gateway.suite.client() as client:
-            client.create_repository("bench", gateway.suite.namespace("bench"))
-        results["gateway"] = measure(
-            "gateway", gateway.endpoint, gateway.credentials(), "bench", "main/"
-        )
+    # The gateway as configured by default, and with QUARRY_S3_GATEWAY_CACHE_SECONDS=0 (every
+    # request asks Auth/VerifySignature and looks the repository and branch up again: what
+    # each request cost before the cache), each in front of a suite of its own.
+    for name, cache_seconds in (("gateway", None), ("no-cache", "0")):
+        env = {} if cache_seconds is None else {"QUARRY_S3_GATEWAY_CACHE_SECONDS": cache_seconds}
+        with running_gateway(home / name, gateway_env=env) as gateway:
+            with gateway.suite.client() as client:
+                client.create_repository("bench", gateway.suite.namespace("bench"))
+            results[name] = measure(name, gateway.endpoint, gateway.credentials(), "bench", "main/")
     bare_port, moto_port = free_port(), free_port()
     bare_dir = tempfile.mkdtemp(prefix="quarry-bench-bare-")
     bare = _process(
@@ -144,11 +150,15 @@ def main() -> None:
     finally:
         moto.terminate()
         moto.wait()
-    print(f"  {'row':<18} {'gateway/bare':>12} {'gateway/moto':>12}   targets >= 0.5, >= 1.0")
+    print(
+        f"  {'row':<18} {'gateway/bare':>12} {'gateway/moto':>12} {'no-cache/bare':>13}"
+        "   targets (gateway) >= 0.5, >= 1.0"
+    )
     for row in results["gateway"]:
         vs_bare = results["gateway"][row] / results["bare"][row]
         vs_moto = results["gateway"][row] / results["moto"][row]
-        print(f"  {row:<18} {vs_bare:12.2f} {vs_moto:12.2f}")
+        uncached = results["no-cache"][row] / results["bare"][row]
+        print(f"  {row:<18} {vs_bare:12.2f} {vs_moto:12.2f} {uncached:13.2f}")
 
 
 if __name__ == "__main__":

@@ -224,6 +224,18 @@ class Settings:
         "reuses a user's repository and branch lookups. A revoked credential stops working "
         "within this time. 0: every request asks Auth.",
     )
+    s3_gateway_multipart_expiry_seconds: float = _setting(
+        7 * 86400.0,
+        "s3-gateway: a multipart upload nothing was written to (record or part) for this "
+        "long is abandoned: its parts are removed by the gateway's sweep of the repository's "
+        "namespace, run on the repository's multipart calls (CreateMultipartUpload, "
+        "ListMultipartUploads). 0: never.",
+    )
+    s3_gateway_multipart_sweep_seconds: float = _setting(
+        600.0,
+        "s3-gateway: a repository's abandoned multipart uploads are looked for at most this "
+        "often (0: on each of its CreateMultipartUpload and ListMultipartUploads calls).",
+    )
     range_writer_peers: str = _setting(
         "",
         "range-writer: other range-writer replicas a large apply is fanned out to, in key "

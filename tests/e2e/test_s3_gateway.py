@@ -40,7 +40,12 @@ CACHE_SECONDS = 2
 def gateway(tmp_path_factory):
     with running_gateway(
         tmp_path_factory.mktemp("s3gw"),
-        gateway_env={"QUARRY_S3_GATEWAY_CACHE_SECONDS": str(CACHE_SECONDS)},
+        gateway_env={
+            "QUARRY_S3_GATEWAY_CACHE_SECONDS": str(CACHE_SECONDS),
+            # Abandoned multipart uploads looked for on every multipart call (default: at
+            # most every 10 minutes per repository); the expiry stays its default (7 days).
+            "QUARRY_S3_GATEWAY_MULTIPART_SWEEP_SECONDS": "0",
+        },
     ) as gw:
         with gw.suite.client() as client:
             client.create_repository(REPO, gw.suite.namespace(REPO))
@@ -334,6 +339,57 @@ def test_multipart_parts_are_invisible_until_complete_and_abort_removes_them(s3,
     with pytest.raises(ClientError) as gone:
         s3.list_parts(Bucket=REPO, Key="dev/mpu/aborted.bin", UploadId=aborted)
     assert _code(gone.value) == "NoSuchUpload"
+
+
+def test_abandoned_multipart_uploads_are_swept(s3, gateway):
+    """An upload nothing was written to for the expiry (7 days: its files are aged here) is
+    removed by the sweep a repository's next multipart call runs. Safety: an upload whose
+    record is as old but got a part since is in progress and completes whole; a completed
+    object's data as old is untouched."""
+    namespace = gateway.suite.namespace(REPO)
+    week = 8 * 86400
+
+    def age(prefix: str) -> None:
+        old = os.path.getmtime(namespace) - week
+        for directory, _, files in os.walk(os.path.join(namespace, prefix)):
+            for name in files:
+                os.utime(os.path.join(directory, name), (old, old))
+
+    abandoned = s3.create_multipart_upload(Bucket=REPO, Key="dev/sweep/abandoned.bin")
+    s3.upload_part(
+        Bucket=REPO,
+        Key="dev/sweep/abandoned.bin",
+        UploadId=abandoned["UploadId"],
+        PartNumber=1,
+        Body=b"left",
+    )
+    age(f"_s3_multipart/{abandoned['UploadId']}")
+    key = "dev/sweep/active.bin"
+    active = s3.create_multipart_upload(Bucket=REPO, Key=key)["UploadId"]
+    part1 = os.urandom(5 * 1024 * 1024)
+    e1 = s3.upload_part(Bucket=REPO, Key=key, UploadId=active, PartNumber=1, Body=part1)["ETag"]
+    age(f"_s3_multipart/{active}")  # record and first part a week old ...
+    e2 = s3.upload_part(Bucket=REPO, Key=key, UploadId=active, PartNumber=2, Body=b"tail")[
+        "ETag"
+    ]  # ... and a part just now
+    s3.put_object(Bucket=REPO, Key="dev/sweep/done.txt", Body=b"done")
+    age("data")  # every completed object's bytes a week old
+    listed = s3.list_multipart_uploads(Bucket=REPO)["Uploads"]  # runs the sweep
+    ids = [u["UploadId"] for u in listed]
+    assert abandoned["UploadId"] not in ids and active in ids
+    left = os.path.join(namespace, "_s3_multipart", abandoned["UploadId"])
+    assert not [f for _, _, files in os.walk(left) for f in files]
+    with pytest.raises(ClientError) as gone:
+        s3.list_parts(Bucket=REPO, Key="dev/sweep/abandoned.bin", UploadId=abandoned["UploadId"])
+    assert _code(gone.value) == "NoSuchUpload"
+    s3.complete_multipart_upload(
+        Bucket=REPO,
+        Key=key,
+        UploadId=active,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]},
+    )
+    assert s3.get_object(Bucket=REPO, Key=key)["Body"].read() == part1 + b"tail"
+    assert s3.get_object(Bucket=REPO, Key="dev/sweep/done.txt")["Body"].read() == b"done"
 
 
 def test_upload_file_and_download_file_with_multipart_transfers(s3, tmp_path):

@@ -6,7 +6,8 @@ thread of the gateway's own pool, reading the request body from the ASGI server 
 and sending the answer in pieces through the event loop (the `_Bridge`), so a body is never
 held whole: memory per request is a few MiB whatever the object's size.
 
-Per request: one trace span (S3 <operation>, the gRPC calls its children), one log line with
+Per request: one trace span (S3 <operation>, the gRPC calls its children; in the caller's
+trace when the request carries a W3C traceparent header), one log line with
 the S3 request id, and the quarry_s3_requests_total / quarry_s3_request_seconds metrics by
 operation and status.
 """
@@ -24,6 +25,8 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import grpc
+from opentelemetry import propagate
+from opentelemetry.trace import SpanKind
 from prometheus_client import Counter, Histogram
 
 from quarry import errors, telemetry
@@ -176,7 +179,9 @@ class S3App:
         self._verifier = (
             None if gateway.auth is None else SignatureVerifier(gateway.auth, cache_seconds)
         )
-        self._lookups = ops.Lookups(cache_seconds)
+        self._lookups = ops.Lookups(
+            cache_seconds, float(self._settings.s3_gateway_multipart_sweep_seconds)
+        )
         # Clients by token: a token lives at most as long as the verifier reuses it.
         self._clients = TTLCache(max(cache_seconds, 1.0), max_items=1000)
 
@@ -222,7 +227,15 @@ class S3App:
         )
         operation = "Unknown"
         status = 500
-        with telemetry.root_span("S3 request", {"s3.request_id": request_id}) as span:
+        # A caller's W3C traceparent (and tracestate) makes this request a span of its trace;
+        # without one the request starts a trace of its own. The gRPC calls are children.
+        parent = propagate.extract({name: values[0] for name, values in headers.items()})
+        with telemetry.tracer("quarry").start_as_current_span(
+            "S3 request",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={"s3.request_id": request_id},
+        ) as span:
             try:
                 if request.raw_path in ("/_health", "/_health/") and request.method == "GET":
                     operation = "Health"

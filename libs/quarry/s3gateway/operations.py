@@ -74,11 +74,18 @@ class Lookups:
     bytes written for it are removed (_stage). The branch check here is only the early
     MethodNotAllowed for a write to a tag or commit before any byte is stored."""
 
-    def __init__(self, ttl_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        ttl_seconds: float,
+        sweep_interval_seconds: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         from quarry.lru import TTLCache
 
         self.repositories = TTLCache(ttl_seconds, max_items=10_000, clock=clock)
         self.branches = TTLCache(ttl_seconds, max_items=10_000, clock=clock)
+        # Namespaces whose abandoned multipart uploads were swept lately (sweep_now).
+        self.swept = TTLCache(sweep_interval_seconds, max_items=10_000, clock=clock)
 
 
 @dataclass
@@ -878,6 +885,7 @@ def create_multipart_upload(ctx: Context, request: Request) -> Response:
         "initiated": time.time(),
     }
     with open_blob_store(repo.storage_namespace, ctx.settings) as store:
+        _sweep_now(ctx, repo.storage_namespace, store)
         store.put(
             _upload_dir(upload_id) + "upload.json", json.dumps(record).encode(), if_absent=True
         )
@@ -1069,6 +1077,60 @@ def _remove_upload(store: BlobStore, upload_id: str) -> None:
         _discard(store, key)
 
 
+def sweep_abandoned_uploads(store: BlobStore, expiry_seconds: float, now: float) -> list[str]:
+    """Remove the multipart uploads of `store`'s namespace that nothing was written to for
+    `expiry_seconds` (QUARRY_S3_GATEWAY_MULTIPART_EXPIRY_SECONDS): neither their record nor
+    any part. The ids removed.
+
+    Safety rules: only keys under MULTIPART_PREFIX + a well-formed upload id are ever
+    deleted, never a completed object's data (Complete writes it under data/, elsewhere); an
+    upload written to within `expiry_seconds` (its record or any part) is in progress and
+    left whole, and it is looked at again just before removal, so a part that arrived since
+    the listing keeps it. A part that arrives during the removal itself (an upload idle for
+    the whole expiry, resumed at that instant) is lost with its upload: Complete then
+    answers NoSuchUpload or InvalidPart, never a wrong object."""
+    if expiry_seconds <= 0:
+        return []
+
+    def newest_by_upload(prefix: str) -> dict[str, float]:
+        newest: dict[str, float] = {}
+        for info in store.list(prefix):
+            upload_id = info.key[len(MULTIPART_PREFIX) :].partition("/")[0]
+            newest[upload_id] = max(newest.get(upload_id, 0.0), info.modified)
+        return newest
+
+    removed = []
+    for upload_id, newest in sorted(newest_by_upload(MULTIPART_PREFIX).items()):
+        try:
+            directory = _upload_dir(upload_id)
+        except S3Error:
+            continue  # not an upload this gateway made: never touched
+        if now - newest < expiry_seconds:
+            continue
+        again = newest_by_upload(directory).get(upload_id, 0.0)
+        if now - again < expiry_seconds:
+            continue
+        _remove_upload(store, upload_id)
+        removed.append(upload_id)
+    if removed:
+        log.info("removed %d abandoned multipart upload(s): %s", len(removed), removed)
+    return removed
+
+
+def _sweep_now(ctx: Context, namespace: str, store: BlobStore) -> None:
+    """Sweep `namespace`'s abandoned uploads unless that was done lately: on the
+    repository's multipart calls, so no background job needs to know every repository. A
+    failed sweep is logged, never the request's failure."""
+    expiry = float(getattr(ctx.settings, "s3_gateway_multipart_expiry_seconds", 0) or 0)
+    if expiry <= 0 or ctx.lookups is None or ctx.lookups.swept.get(namespace) is not None:
+        return
+    ctx.lookups.swept.put(namespace, True)
+    try:
+        sweep_abandoned_uploads(store, expiry, time.time())
+    except Exception:
+        log.warning("sweeping abandoned multipart uploads of %s failed", namespace, exc_info=True)
+
+
 def abort_multipart_upload(ctx: Context, request: Request) -> Response:
     repo = _repository(ctx, request.target.bucket)
     upload_id = request.param("uploadId") or ""
@@ -1113,6 +1175,7 @@ def list_multipart_uploads(ctx: Context, request: Request) -> Response:
     prefix = request.param("prefix") or ""
     uploads = []
     with open_blob_store(repo.storage_namespace, ctx.settings) as store:
+        _sweep_now(ctx, repo.storage_namespace, store)
         for info in store.list(MULTIPART_PREFIX):
             if not info.key.endswith("/upload.json"):
                 continue

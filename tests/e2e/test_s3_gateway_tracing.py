@@ -1,0 +1,127 @@
+"""An S3 request carrying a W3C `traceparent` header joins the caller's trace: the gateway's
+span and the spans of branch-manager and committer it calls all carry the caller's trace id.
+All as users run it: `quarry up --traces` (real processes, the real OTLP exporters, the trace
+receiver writing $QUARRY_HOME/traces.jsonl), boto3 as the S3 client."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+
+import boto3
+from botocore.config import Config
+
+from quarry.cli.main import SERVICE_MODULES
+from support.processes import VENV_BIN, free_port, quarry_env
+from support.wait import wait_until
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_SPAN_ID = "00f067aa0ba902b7"
+
+
+def _drain(child: subprocess.Popen, lines: list[str]) -> None:
+    for line in child.stdout:
+        lines.append(line)
+
+
+def test_a_traceparent_header_makes_the_gateway_and_its_grpc_calls_one_trace(tmp_path):
+    ports = {name: free_port() for name in SERVICE_MODULES}
+    traces_port = free_port()
+    home = tmp_path / "home"
+    env = quarry_env(
+        home,
+        **{
+            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
+            for name, p in ports.items()
+            for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
+        },
+        QUARRY_METRICS_BASE_PORT="0",
+    )
+    child = subprocess.Popen(
+        [str(VENV_BIN / "quarry"), "up", "--traces", "--traces-port", str(traces_port)],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out: list[str] = []
+    threading.Thread(target=_drain, args=(child, out), daemon=True).start()
+    try:
+        wait_until(lambda: "Press Ctrl-C" in "".join(out), timeout=90, what="quarry up's banner")
+
+        def quarry(*args: str) -> str:
+            done = subprocess.run(
+                [str(VENV_BIN / "quarry"), *args],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0, (args, done.stdout, done.stderr)
+            return done.stdout
+
+        quarry("repo", "create", "traced", str(tmp_path / "lake"))
+        made = json.loads(quarry("--json", "auth", "credentials", "create", "admin"))
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=f"http://127.0.0.1:{ports['s3-gateway']}",
+            aws_access_key_id=made["access_key_id"],
+            aws_secret_access_key=made["secret_access_key"],
+            region_name="us-east-1",
+            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+        )
+
+        def with_traceparent(request, **_) -> None:
+            # Added before signing: the header is part of what the client signs.
+            request.headers["traceparent"] = f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01"
+
+        s3.meta.events.register("before-sign.s3.PutObject", with_traceparent)
+        s3.put_object(Bucket="traced", Key="main/t/object.txt", Body=b"traced")
+        jsonl = home / "traces.jsonl"
+
+        def ours() -> dict | None:
+            if not jsonl.exists():
+                return None
+            for line in jsonl.read_text().splitlines():
+                trace = json.loads(line)
+                if trace["trace_id"] == TRACE_ID and {
+                    "quarry-s3-gateway",
+                    "quarry-branch-manager",
+                } <= {s["service"] for s in trace["spans"]}:
+                    return trace
+            return None
+
+        wait_until(lambda: ours() is not None, timeout=30, what="the S3 request's trace")
+        spans = ours()["spans"]  # type: ignore[index]
+        (gateway_span,) = [s for s in spans if s["parent_id"] == PARENT_SPAN_ID]
+        # The request's span, child of the caller's (which is not in the receiver: it is
+        # this test's, never exported).
+        assert (gateway_span["service"], gateway_span["name"]) == (
+            "quarry-s3-gateway",
+            "S3 PutObject",
+        )
+        by_id = {s["span_id"]: s for s in spans}
+
+        def under_gateway(span: dict) -> bool:
+            while span["parent_id"] in by_id:
+                span = by_id[span["parent_id"]]
+                if span is gateway_span:
+                    return True
+            return False
+
+        staged = [
+            s
+            for s in spans
+            if s["service"] == "quarry-branch-manager"
+            and s["name"] == "/quarry.v1.BranchManager/PutObject"
+        ]
+        assert staged and all(under_gateway(s) for s in staged), spans
+    finally:
+        child.send_signal(signal.SIGINT)
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
