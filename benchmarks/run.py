@@ -12,6 +12,7 @@ BENCHMARKS = [
     "auth_overhead.py",
     "cost_table.py",
     "commit_vs_git.py",
+    "actions_overhead.py",
     "merge_vs_git.py",
     "range_writer_scale.py",
     "compaction_2092.py",

@@ -1,7 +1,11 @@
-"""GC never deletes imported objects: they live outside the repository's namespace. A real
-local Spark session sweeps a repository whose imported objects are referenced only by
-expired commits (the import was replaced by a second one and deleted from the branch), the
-case where GC would collect them if they were Quarry's."""
+"""Imports and Spark (a real local Spark session, the suite as processes):
+
+* GC never deletes imported objects: they live outside the repository's namespace. The
+  session sweeps a repository whose imported objects are referenced only by expired commits
+  (the import was replaced by a second one and deleted from the branch), the case where GC
+  would collect them if they were Quarry's.
+* An imported Parquet dataset reads back through quarry.spark at once (issue 26's "Spark
+  read of the destination"), from the source's own files."""
 
 from __future__ import annotations
 
@@ -60,3 +64,27 @@ def test_gc_sweep_never_deletes_imported_objects(spark, tmp_path):
         assert report.commits_expired > 0  # the imports' commits are past retention
     survivors = [p for p in files if p.exists()]
     assert survivors == files, f"GC deleted imported objects: {set(files) - set(survivors)}"
+
+
+def test_spark_reads_an_imported_parquet_dataset(spark, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lake = tmp_path / "lake" / "events"
+    for part, start in (("day=1", 0), ("day=2", 50)):
+        (lake / part).mkdir(parents=True)
+        ids = list(range(start, start + 50))
+        table = pa.table({"id": ids, "user": [f"u{i % 7}" for i in ids]})
+        pq.write_table(table, lake / part / "part-0.parquet")
+    with running_suite(tmp_path / "suite") as suite, suite.client() as client:
+        repo = "imported-parquet"
+        client.create_repository(repo, suite.namespace(repo))
+        status = _import(client, repo, lake, "tables/events")
+        assert status.objects_listed == 2
+        connection = qs.Connection(suite.targets["branch-manager"], suite.targets["committer"])
+        frame = qs.read(spark, f"quarry://{repo}/main/tables/events", connection=connection)
+        assert sorted(row.id for row in frame.select("id").collect()) == list(range(100))
+        assert frame.where("user is null").count() == 0
+        # Read from the source's files (nothing was copied into the namespace).
+        addresses = {e.physical_address for e in client.iter_objects(repo, "main")}
+        assert addresses == {str(p) for p in lake.rglob("*.parquet")}

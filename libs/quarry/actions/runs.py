@@ -14,8 +14,10 @@ import json
 import logging
 import os
 import secrets
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -34,6 +36,8 @@ tracer = trace.get_tracer("quarry.actions")
 RUNS_PREFIX = b"actions/runs/"
 SECRET_KEY = b"actions/secret"
 DEFAULT_TIMEOUT_SECONDS = 60.0
+# Metarange ids remembered as holding no action file (quarry.graveler.actions._load).
+EMPTY_CACHE_SIZE = 65_536
 
 RUNS = Counter(
     "quarry_action_runs", "Action runs, by event and status", ["event", "status"], registry=None
@@ -126,6 +130,23 @@ class Actions:
         self.environ = environ if environ is not None else os.environ
         self.read_object = read_object or default_read
         self.clock = clock
+        # (storage namespace, metarange id) of trees known to hold no action file, newest
+        # last (bounded: an LRU of ids, a few MB at most).
+        self._empty: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._empty_lock = threading.Lock()
+
+    def known_empty(self, key: tuple[str, str]) -> bool:
+        with self._empty_lock:
+            if key in self._empty:
+                self._empty.move_to_end(key)
+                return True
+            return False
+
+    def remember_empty(self, key: tuple[str, str]) -> None:
+        with self._empty_lock:
+            self._empty[key] = None
+            while len(self._empty) > EMPTY_CACHE_SIZE:
+                self._empty.popitem(last=False)
 
     # ---- action files ----------------------------------------------------------------------
 

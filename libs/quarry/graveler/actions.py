@@ -1,6 +1,8 @@
 """The flows' seam to quarry.actions: build an event, read the action files from the ref
 it is about, run the hooks. A service without actions (core.actions None) pays nothing; a
-commit with actions on but no action files pays one listing of the "_" prefix range."""
+commit with actions on but no action files pays one listing of the "_" prefix of the
+metarange it commits (the metarange's index says which ranges could hold a "_" path: none
+read when none can), and its post-event none (a cached negative answer)."""
 
 from __future__ import annotations
 
@@ -34,11 +36,22 @@ def commit_event(repo: Repository, branch: str, params: CommitParams, event_type
 
 
 def _load(core: Core, reads: Reads, layers: Layers) -> list[Action]:
+    """The action files of a metarange. A metarange is immutable, so "it has none" is
+    remembered by its id (Actions.known_empty): a commit's post-event, and every later
+    event about the same tree (a merge from the same source, a branch from that commit),
+    look no further. Only the negative answer is kept: action files are read each time
+    (their bytes live at addresses Quarry does not own when imported)."""
+    key = (layers.repo.storage_namespace, layers.base_metarange_id)
+    if core.actions.known_empty(key):
+        return []
     iterator = reads.iterator(layers, PREFIXES[0], "_")
     try:
-        return core.actions.load(iterator)
+        actions = core.actions.load(iterator)
     finally:
         iterator.close()
+    if not actions:
+        core.actions.remember_empty(key)
+    return actions
 
 
 def pre_event(core: Core, reads: Reads, repo: Repository, metarange_id: str, event: Event) -> None:

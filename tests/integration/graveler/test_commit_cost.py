@@ -52,6 +52,15 @@ def test_one_change_into_100k_entries(tmp_path, actions):
     assert total_ranges > 50
 
     blob = stores[namespace]
+    lookups: list[str] = []  # action-file lookups: listings of the "_" prefix
+    iterate = committed.iterate
+
+    def counting_iterate(namespace, metarange_id, start="", prefix="", readahead=0):
+        if prefix == "_":
+            lookups.append(metarange_id)
+        return iterate(namespace, metarange_id, start, prefix, readahead)
+
+    committed.iterate = counting_iterate  # type: ignore[method-assign]
     for version in (1, 2, 3):
         g.put_objects("cost", "main", [entry(54_321 + version, version)])
         committed.clear_memory_cache()
@@ -69,4 +78,8 @@ def test_one_change_into_100k_entries(tmp_path, actions):
         assert kv_store.total(cls="staging", op="scan") == 1
         # 8 KV operations per commit, with or without actions (measured 2026-11-27).
         assert kv_store.total() <= 8, kv_store.snapshot()
+        # One lookup (pre-commit: the metarange being committed); the post-commit's is
+        # answered by the remembered "no action files" of that same metarange.
+        assert lookups == ([outcome.commit.metarange_id] if actions else []), lookups
+        lookups.clear()
     assert g.stat_object("cost", "main", entry(54_324).path).checksum == "sum-54324-3"
