@@ -100,5 +100,5 @@ def test_quarry_up_keeps_a_worker_count_that_was_given(tmp_path):
 
 def test_a_worker_knows_its_role_only_from_its_supervisor():
     assert worker_role({}) is None
-    role = worker_role({WORKER_ENV: "1:7402"})
-    assert role is not None and (role.index, role.port) == (1, 7402)
+    role = worker_role({WORKER_ENV: "1:3:7402"})
+    assert role is not None and (role.index, role.count, role.port) == (1, 3, 7402)
