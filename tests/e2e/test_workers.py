@@ -16,12 +16,14 @@ import signal
 import socket
 import subprocess
 import urllib.request
+import uuid
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
 from quarry.config import SERVICES
+from quarry.runtime.errors import from_rpc_error
 from quarry.v1 import (
     auth_pb2,
     auth_pb2_grpc,
@@ -156,6 +158,21 @@ def test_a_write_through_one_worker_is_read_through_another(branch_manager, depe
         )
         # The repository another worker has just created is there at once.
         other.PutObject(bm.PutObjectRequest(repository=repo, branch="main", entry=entry("a", "1")))
+        # A call repeated with its request_id through another worker is answered with the
+        # first answer (the request log is in the KV store), not run again (BRANCH_EXISTS).
+        request_id = str(uuid.uuid4())
+        create = bm.CreateBranchRequest(
+            repository=repo, name="dev", source_ref="main", request_id=request_id
+        )
+        first = one.CreateBranch(create)
+        assert other.CreateBranch(create) == first
+        with pytest.raises(grpc.RpcError) as reused:
+            other.CreateBranch(
+                bm.CreateBranchRequest(
+                    repository=repo, name="dev2", source_ref="main", request_id=request_id
+                )
+            )
+        assert from_rpc_error(reused.value).reason == "REQUEST_ID_REUSED"
         for round_ in range(20):
             writer, reader = (one, other) if round_ % 2 else (other, one)
             path, checksum = f"p/{round_:02d}", f"c{round_}"
