@@ -399,7 +399,8 @@ class Settings:
         60,
         "Auth/Login attempts admitted per access key id per minute (a minute's worth at "
         "once, then refilling); more are RESOURCE_EXHAUSTED / LOGIN_THROTTLED with a retry "
-        "hint. Each attempt costs a scrypt.",
+        "hint. Each attempt costs a scrypt. Per branch-manager process: its worker processes "
+        "(QUARRY_BRANCH_MANAGER_WORKERS) share it, each admitting its part.",
     )
     auth_login_attempts_per_minute_per_address: int = _setting(
         300, "Auth/Login attempts admitted per client address per minute (as per key)."

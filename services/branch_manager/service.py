@@ -61,6 +61,7 @@ def build(
         from quarry.auth.sigv4_secrets import SecretSealer
         from quarry.auth.store import IamStore
         from quarry.auth.throttle import LoginThrottle
+        from quarry.runtime.workers import share_of_workers
         from quarry.services.branch_manager.auth_servicer import AuthServicer
 
         # One IAM store and authorizer for the Auth service and the interceptor, so an IAM
@@ -76,9 +77,12 @@ def build(
             auth.authority,
             authorizer,
             float(settings.auth_token_lifetime_seconds),
+            # Each worker process (quarry.runtime.workers) throttles its share: spreading
+            # attempts over connections (hence workers) must NEVER multiply the admitted
+            # rate of scrypts or guesses.
             LoginThrottle(
-                settings.auth_login_attempts_per_minute_per_key,
-                settings.auth_login_attempts_per_minute_per_address,
+                share_of_workers(settings.auth_login_attempts_per_minute_per_key),
+                share_of_workers(settings.auth_login_attempts_per_minute_per_address),
             ),
             sealer=sealer,
         )

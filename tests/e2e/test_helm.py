@@ -707,6 +707,23 @@ def test_range_writer_processes_only_on_the_range_writer():
     assert "minimum" in render_error("--set", "services.rangeWriter.processes=-1")
 
 
+def test_branch_manager_workers_only_on_the_branch_manager():
+    # Default: one worker per core the container may use (0); a value reaches the
+    # branch-manager's container and no other service's.
+    for docs, expected in (
+        (render(), "0"),
+        (render("--set", "services.branchManager.workers=1"), "1"),
+        (render("--set", "services.branchManager.workers=4"), "4"),
+    ):
+        for service in SERVICES:
+            env = env_of(main_container(deployment(docs, service)))
+            if service == "branch-manager":
+                assert env["QUARRY_BRANCH_MANAGER_WORKERS"]["value"] == expected
+            else:
+                assert "QUARRY_BRANCH_MANAGER_WORKERS" not in env, service
+    assert "minimum" in render_error("--set", "services.branchManager.workers=-1")
+
+
 # ---------------------------------------------------------------------------------------------
 # optional features
 

@@ -16,21 +16,26 @@ import signal
 import socket
 import subprocess
 import urllib.request
+import uuid
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
 from quarry.config import SERVICES
-from quarry.v1 import branch_manager_pb2 as bm
+from quarry.runtime.errors import from_rpc_error
 from quarry.v1 import (
+    auth_pb2,
+    auth_pb2_grpc,
     branch_manager_pb2_grpc,
     committer_pb2_grpc,
     server_info_pb2,
     server_info_pb2_grpc,
     types_pb2,
 )
+from quarry.v1 import branch_manager_pb2 as bm
 from quarry.v1 import committer_pb2 as cm
+from support.auth import AUTH_ENV
 from support.processes import (
     children_of,
     free_port,
@@ -153,6 +158,21 @@ def test_a_write_through_one_worker_is_read_through_another(branch_manager, depe
         )
         # The repository another worker has just created is there at once.
         other.PutObject(bm.PutObjectRequest(repository=repo, branch="main", entry=entry("a", "1")))
+        # A call repeated with its request_id through another worker is answered with the
+        # first answer (the request log is in the KV store), not run again (BRANCH_EXISTS).
+        request_id = str(uuid.uuid4())
+        create = bm.CreateBranchRequest(
+            repository=repo, name="dev", source_ref="main", request_id=request_id
+        )
+        first = one.CreateBranch(create)
+        assert other.CreateBranch(create) == first
+        with pytest.raises(grpc.RpcError) as reused:
+            other.CreateBranch(
+                bm.CreateBranchRequest(
+                    repository=repo, name="dev2", source_ref="main", request_id=request_id
+                )
+            )
+        assert from_rpc_error(reused.value).reason == "REQUEST_ID_REUSED"
         for round_ in range(20):
             writer, reader = (one, other) if round_ % 2 else (other, one)
             path, checksum = f"p/{round_:02d}", f"c{round_}"
@@ -258,3 +278,46 @@ def test_it_never_joins_a_port_another_process_listens_on(dependencies):
             assert process.wait(60) == 2
             assert "address in use" in process.stderr.read()
             assert children_of(process.pid) == []
+
+
+def test_the_login_throttle_is_never_multiplied_by_the_workers(dependencies):
+    """Safety rule: each worker throttles Auth/Login on its own, so each must admit only its
+    share of QUARRY_AUTH_LOGIN_ATTEMPTS_PER_MINUTE_PER_KEY; a guesser whose connections land
+    on every worker must never get more scrypts (guesses) than the setting."""
+    env, ports = dependencies
+    per_minute = 2  # one per worker; it refills one per minute per worker
+    env = dict(
+        env,
+        **AUTH_ENV,
+        QUARRY_AUTH_ENABLED="true",
+        QUARRY_BRANCH_MANAGER_WORKERS=str(WORKERS),
+        QUARRY_AUTH_LOGIN_ATTEMPTS_PER_MINUTE_PER_KEY=str(per_minute),
+        QUARRY_AUTH_LOGIN_ATTEMPTS_PER_MINUTE_PER_ADDRESS="1000",
+    )
+    target = f"127.0.0.1:{ports['branch-manager']}"
+    with quarry_serve("branch-manager", env) as process:
+        wait_serving(target, timeout=60)
+        workers = sorted(children_of(process.pid))
+        attempts = dict.fromkeys(workers, 0)
+        admitted = 0
+
+        def guess() -> bool:
+            nonlocal admitted
+            with own_connection(target) as channel:
+                attempts[served_by(channel)] += 1
+                try:
+                    auth_pb2_grpc.AuthStub(channel).Login(
+                        auth_pb2.LoginRequest(
+                            access_key_id="AKIAGUESSEDKEY000000", secret_access_key="guess"
+                        ),
+                        timeout=30,
+                    )
+                except grpc.RpcError as refused:
+                    if refused.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        admitted += 1  # a scrypt ran: a wrong secret
+                else:
+                    raise AssertionError("a guessed secret logged in")
+            return min(attempts.values()) >= 3
+
+        wait_until(guess, timeout=60, interval=0, what="3 guesses on every worker")
+    assert admitted <= per_minute, f"{admitted} guesses admitted over {attempts}"

@@ -18,7 +18,8 @@ immutable; the idempotency log is in the KV store. Two per-process caches may la
 worker's change exactly as they lag another replica's: a repository deleted through one
 worker may still be read through another for up to the repository cache (2 s), and an IAM
 change through one worker reaches the others' authorization caches within
-QUARRY_AUTH_CACHE_SECONDS.
+QUARRY_AUTH_CACHE_SECONDS. Per-process limits meant for the service — the Auth/Login
+throttle — are divided among the workers (`share_of_workers`).
 
 Safety rules:
 - A worker must NEVER outlive its supervisor: each holds the read end of a lifeline pipe
@@ -62,8 +63,9 @@ from quarry.telemetry.metrics import start_metrics_endpoint
 
 log = logging.getLogger(__name__)
 
-# Set by the supervisor in each worker's environment: "INDEX:PORT" — the port every worker
-# binds with SO_REUSEPORT. Not a setting: a worker is never started by hand.
+# Set by the supervisor in each worker's environment: "INDEX:COUNT:PORT" — which of how many
+# workers, and the port every worker binds with SO_REUSEPORT. Not a setting: a worker is
+# never started by hand.
 WORKER_ENV = "QUARRY_SERVING_WORKER"
 # A worker's first stdout line, read by its supervisor: it is bound, and where its own
 # metrics are (loopback, for the supervisor's sum).
@@ -77,6 +79,7 @@ class WorkerRole:
     """What a worker process was told by its supervisor."""
 
     index: int
+    count: int  # how many workers serve the port
     port: int
 
 
@@ -85,8 +88,17 @@ def worker_role(env: dict[str, str] | None = None) -> WorkerRole | None:
     raw = (os.environ if env is None else env).get(WORKER_ENV, "")
     if not raw:
         return None
-    index, port = raw.split(":")
-    return WorkerRole(int(index), int(port))
+    index, count, port = raw.split(":")
+    return WorkerRole(int(index), int(count), int(port))
+
+
+def share_of_workers(limit: int) -> int:
+    """This process's share of a limit meant for the whole service (at least 1): the limit
+    divided by the number of workers in a worker process, the limit itself otherwise. A
+    per-process limit enforced in each of N workers would otherwise admit N times as much
+    to a caller whose connections land on every worker."""
+    role = worker_role()
+    return limit if role is None else max(1, limit // role.count)
 
 
 def worker_ready_line(service: str, host: str, port: int, metrics_port: int, rest: str) -> str:
@@ -251,7 +263,7 @@ def supervise(settings: Settings, service: str, count: int) -> int:
         try:
             for index in range(count):
                 env = dict(os.environ, PYTHONUNBUFFERED="1")
-                env[WORKER_ENV] = f"{index}:{port}"
+                env[WORKER_ENV] = f"{index}:{count}:{port}"
                 env[LIFELINE_FD_ENV] = str(lifeline)
                 workers.append(
                     subprocess.Popen(

@@ -495,6 +495,10 @@ spec:
             {{- if $usesObjectStore }}
             {{- include "quarry.objectStoreEnv" $root | nindent 12 }}
             {{- end }}
+            {{- if eq $name "branch-manager" }}
+            - name: QUARRY_BRANCH_MANAGER_WORKERS
+              value: {{ int (default 0 $svc.workers) | quote }}
+            {{- end }}
             {{- if eq $name "range-writer" }}
             - name: QUARRY_RANGE_WRITER_PROCESSES
               value: {{ int (default 0 $svc.processes) | quote }}
