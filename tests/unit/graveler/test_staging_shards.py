@@ -134,3 +134,28 @@ def test_every_flow_that_retires_tokens_drops_all_their_shards(graveler, repo, k
     held = [p for p in staging_partitions(live) if list(backend.scan(p))]
     assert len(held) == 1
     assert graveler.stat_object(repo, "main", "live/1").checksum == "c1"
+
+
+def test_a_shard_scan_starts_with_a_small_page_then_goes_on_with_full_pages(kv_store):
+    """A shard's first KV page is its share of a listing page; past it the scan reopens with
+    full pages: every item once, in order, and seeks forward and backward still land."""
+    from quarry.graveler.layout import encode_staged
+    from quarry.graveler.staging import SCAN_BATCH, StagedIterator
+
+    partition = b"staging/scan.s2.0"
+    keys = [f"k{i:05d}" for i in range(2 * SCAN_BATCH + 50)]
+    kv_store.inner.batch_set([(partition, k.encode(), encode_staged(entry(k))) for k in keys])
+    kv_store.reset()
+    iterator = StagedIterator(kv_store, partition, "", None, first_batch=7)
+    assert [path for path, _ in iterator] == keys
+    assert kv_store.total(op="scan") == 2  # the small first page, then full pages
+    iterator = StagedIterator(kv_store, partition, "k00003", None, first_batch=7)
+    got = [next(iterator)[0] for _ in range(20)]
+    assert got == keys[3:23]
+    iterator.seek_ge("k01500")  # forward, on full pages
+    assert next(iterator)[0] == "k01500"
+    iterator.seek_ge("k00010")  # backward, behind the reopened scan
+    assert next(iterator)[0] == "k00010"
+    iterator.seek_ge("a")  # never before the scan's start
+    assert next(iterator)[0] == "k00003"
+    iterator.close()
