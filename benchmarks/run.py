@@ -11,6 +11,7 @@ BENCHMARKS = [
     "mixed_load.py",
     "auth_overhead.py",
     "cost_table.py",
+    "sharded_staging.py",
     "commit_vs_git.py",
     "merge_vs_git.py",
     "range_writer_scale.py",
