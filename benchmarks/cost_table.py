@@ -162,7 +162,7 @@ def running_suite(**settings: str) -> Iterator[Suite]:
                     stderr=subprocess.DEVNULL,
                 )
             )
-            wait_serving(f"127.0.0.1:{ports[name]}")
+            wait_serving(f"127.0.0.1:{ports[name]}", timeout=90)
         yield Suite(ports, home)
     finally:
         for child in reversed(children):
