@@ -143,15 +143,14 @@ def running_suite(**settings: str) -> Iterator[Suite]:
         prefix = f"QUARRY_{name.upper().replace('-', '_')}"
         settings[f"{prefix}_PORT"] = str(port)
         settings[f"{prefix}_ADDRESS"] = f"127.0.0.1:{port}"
-    env = quarry_env(
-        home,
-        QUARRY_AUTH_ENABLED="false",
-        QUARRY_KV_LIMITER_ENABLED="true",
+    defaults = {
+        "QUARRY_AUTH_ENABLED": "false",
+        "QUARRY_KV_LIMITER_ENABLED": "true",
         # No background traffic in a measured delta: the dropper is parked.
-        QUARRY_STAGING_DROP_INTERVAL_SECONDS="3600",
-        QUARRY_COMPACTOR_ENABLED="false",
-        **settings,
-    )
+        "QUARRY_STAGING_DROP_INTERVAL_SECONDS": "3600",
+        "QUARRY_COMPACTOR_ENABLED": "false",
+    }
+    env = quarry_env(home, **{**defaults, **settings})
     children = []
     try:
         for name in SERVICES:
@@ -163,7 +162,7 @@ def running_suite(**settings: str) -> Iterator[Suite]:
                     stderr=subprocess.DEVNULL,
                 )
             )
-            wait_serving(f"127.0.0.1:{ports[name]}")
+            wait_serving(f"127.0.0.1:{ports[name]}", timeout=90)
         yield Suite(ports, home)
     finally:
         for child in reversed(children):

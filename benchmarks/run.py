@@ -11,6 +11,7 @@ BENCHMARKS = [
     "mixed_load.py",
     "auth_overhead.py",
     "cost_table.py",
+    "sharded_staging.py",
     "commit_vs_git.py",
     "actions_overhead.py",
     "merge_vs_git.py",

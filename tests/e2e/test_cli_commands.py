@@ -100,6 +100,19 @@ def test_repositories_branches_and_tags(suite, quarry):
     quarry("repo", "show", "cli-refs", expect=1)
 
 
+def test_staging_shards_are_set_shown_and_changed(suite, quarry):
+    ns = suite.namespace("cli-shards")
+    quarry("repo", "create", "cli-shards", ns, "--staging-shards", "4")
+    assert fields(quarry("repo", "show", "cli-shards").stdout)["staging shards"] == "4"
+    out = quarry("repo", "update", "cli-shards", "--staging-shards", "8").stdout
+    assert "staging shards 8" in out
+    shown = json.loads(quarry("repo", "show", "cli-shards", "--json").stdout)
+    assert shown["staging_shards"] == 8
+    bad = quarry("repo", "update", "cli-shards", "--staging-shards", "65", expect=1)
+    assert "INVALID_STAGING_SHARDS" in bad.stderr or "staging_shards must be 1..64" in bad.stderr
+    assert fields(quarry("repo", "show", "cli-shards").stdout)["staging shards"] == "8"
+
+
 def test_upload_stage_commit_and_inspect(suite, quarry, tmp_path):
     ns = suite.namespace("cli-data")
     quarry("repo", "create", "cli-data", ns)

@@ -8,7 +8,9 @@ home); support/history_check.py then checks it (see there for the guarantees).
 The run happens once per module (fixture `run`); each test checks one guarantee, so a known
 bug of issue 10 (item 1: a re-pointed address is lost at commit) is an xfail of its own and
 does not hide the others. Budget: ~1-2 minutes; QUARRY_CHAOS_ROUNDS and
-QUARRY_CHAOS_SECONDS_BETWEEN_KILLS scale it.
+QUARRY_CHAOS_SECONDS_BETWEEN_KILLS scale it. Staging shards: the repository starts unsharded
+and is switched to STAGING_SHARDS between the two branches' creation, so one run covers N=1,
+N=4 and the change-over (test_staging_shards_were_exercised).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ STUCK_TIMEOUT = 45.0
 WRITERS_PER_BRANCH = 2
 PATHS_PER_WRITER = 4
 BULK_PATHS = 16
+STAGING_SHARDS = 4  # from b2's creation on (b1: from its first seal)
 
 
 def address(branch: str, path: str, version: int) -> str:
@@ -58,6 +61,8 @@ class Run:
     recovery: dict = field(default_factory=dict)  # branch -> seconds to a write + commit
     stuck: list = field(default_factory=list)
     violations: list = field(default_factory=list)
+    first_tokens: dict = field(default_factory=dict)  # branch -> staging token at creation
+    last_tokens: dict = field(default_factory=dict)  # branch -> staging token at the end
     final: dict = field(default_factory=dict)
     errors: list = field(default_factory=list)
     chaos_seconds: float = 0.0
@@ -542,6 +547,17 @@ def run(tmp_path_factory, request):
             setup_deadline,
         )
         for branch in BRANCHES:
+            if branch == BRANCHES[1]:
+                # Sharded staging (issue 29) in the same run, at no extra cost: b1 starts on
+                # an unsharded token and moves to 4 shards with its first seal (a sealed
+                # 1-shard token beside a 4-shard one); b2 is sharded from the start.
+                _retry(
+                    lambda: stubs.bm.UpdateRepository(
+                        bm.UpdateRepositoryRequest(name=REPO, staging_shards=STAGING_SHARDS),
+                        timeout=CALL_TIMEOUT,
+                    ),
+                    setup_deadline,
+                )
             _retry(
                 lambda b=branch: stubs.bm.CreateBranch(
                     bm.CreateBranchRequest(repository=REPO, name=b, source_ref="main"),
@@ -549,6 +565,8 @@ def run(tmp_path_factory, request):
                 ),
                 setup_deadline,
             )
+        for branch in BRANCHES:
+            result.first_tokens[branch] = _staging_token(stubs, branch, setup_deadline)
         seconds_between = float(env_int("QUARRY_CHAOS_SECONDS_BETWEEN_KILLS", 3))
         stop = threading.Event()
         chaos_started = time.monotonic()
@@ -575,6 +593,10 @@ def run(tmp_path_factory, request):
             result.unexpected_exits[dead] = result.unexpected_exits.get(dead, 0) + 1
         unstick(result, stubs)
         check(result, stubs)
+        for branch in BRANCHES:
+            result.last_tokens[branch] = _staging_token(
+                stubs, branch, time.monotonic() + STUCK_TIMEOUT
+            )
     finally:
         if stubs is not None:
             stubs.close()
@@ -587,6 +609,17 @@ def run(tmp_path_factory, request):
         + [f"  history and service logs: {home / 'logs'}"],
     )
     return result
+
+
+def _staging_token(stubs, branch: str, deadline: float) -> str:
+    return _retry(
+        lambda: (
+            stubs.bm.GetBranch(
+                bm.GetBranchRequest(repository=REPO, name=branch), timeout=CALL_TIMEOUT
+            ).branch.staging_token
+        ),
+        deadline,
+    )
 
 
 def summary(run: Run, total_seconds: float) -> list[str]:
@@ -680,3 +713,17 @@ def test_no_branch_is_stuck(run):
 def test_repointed_writes_survive_commits(run):
     problems = [str(v) for v in run.violations if v.item1]
     assert not problems, problems[:20]
+
+
+def test_staging_shards_were_exercised(run):
+    """Both layouts were under the chaos (the guarantees above hold for both): b1 started on
+    an unsharded token and moved to 4 shards with its seals; b2 was sharded from the start."""
+    from quarry.kv.partitions import staging_token_shards
+
+    b1, b2 = BRANCHES
+    assert staging_token_shards(run.first_tokens[b1]) == 1
+    assert staging_token_shards(run.first_tokens[b2]) == STAGING_SHARDS
+    assert staging_token_shards(run.last_tokens[b1]) == STAGING_SHARDS
+    assert staging_token_shards(run.last_tokens[b2]) == STAGING_SHARDS
+    for branch in BRANCHES:
+        assert any(op.ok and op.branch == branch for op in run.history.ops if op.kind == "put")

@@ -59,7 +59,11 @@ entry_of = layout.staged_entry
 
 
 class StagedIterator:
-    """(path, Entry | None) of one staging token in path order; seek_ge supported."""
+    """(path, Entry | None) of one staging partition in path order; seek_ge supported.
+
+    `first_batch`: items of the first KV scan page (a shard's share of a listing page);
+    once they are consumed the scan goes on with full SCAN_BATCH pages, so a long scan (a
+    commit's) pays no more pages than an unsharded one."""
 
     def __init__(
         self,
@@ -67,24 +71,46 @@ class StagedIterator:
         partition: bytes,
         start: str,
         end: bytes | None,
-        batch_size: int = SCAN_BATCH,
+        first_batch: int = SCAN_BATCH,
     ):
+        self._store = store
         self._partition = partition
-        self._scan = store.scan(self._partition, start.encode(), end, batch_size=batch_size)
+        self._start = start.encode()
+        self._end = end
+        self._scan = store.scan(partition, self._start, end, batch_size=first_batch)
+        self._scan_start = self._start  # where the current KV scan began
+        # Items left before switching to full pages; None once on full pages.
+        self._until_full: int | None = first_batch if first_batch < SCAN_BATCH else None
+        self._last_key: bytes | None = None
 
     def __iter__(self) -> StagedIterator:
         return self
 
     def __next__(self) -> tuple[str, Entry | None]:
         while True:
+            if self._until_full == 0 and self._last_key is not None:
+                self._reopen(self._last_key + b"\x00")
             item = next(self._scan)
+            self._last_key = item.key
+            if self._until_full is not None:
+                self._until_full -= 1
             value = layout.staged_or_skip(self._partition, item.key, item.value)
             if value is not None:  # None: corrupt, skipped by a listing (records.listing)
                 path = item.key.decode()
                 return path, entry_of(path, value)
 
     def seek_ge(self, path: str) -> None:
-        self._scan.seek_ge(path.encode())
+        target = max(path.encode(), self._start)  # never before the scan's start
+        if target < self._scan_start:
+            self._reopen(target)  # behind a scan reopened further on
+        else:
+            self._scan.seek_ge(target)
+
+    def _reopen(self, start: bytes) -> None:
+        self._scan.close()
+        self._scan = self._store.scan(self._partition, start, self._end, batch_size=SCAN_BATCH)
+        self._scan_start = start
+        self._until_full = None
 
     def close(self) -> None:
         self._scan.close()

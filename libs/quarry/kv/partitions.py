@@ -54,7 +54,7 @@ _KNOWN_FORMS = (
     "cleanup, auth"
 )
 
-# Staging shards (docs/architecture.md §10 "Sharded staging"). A token with N > 1 shards ends
+# Staging shards (docs/architecture.md §2 "Sharded staging"). A token with N > 1 shards ends
 # in `.s<N>`; its shard partitions append `.<i>`. Tokens without the suffix (every token
 # written before sharding existed, and every token of a repository with staging_shards = 1)
 # keep their one partition `staging/<token>`, byte for byte.
@@ -171,7 +171,18 @@ def sharded_token(base: str, shards: int) -> str:
 
 def staging_token_shards(token: str | bytes) -> int:
     """How many shards (partitions) the staging token has: 1 unless it ends in `.s<N>`."""
-    match = _SHARDED_TOKEN.match(_as_bytes(token))
+    return _cached_token_shards(_as_bytes(token))
+
+
+@functools.lru_cache(maxsize=4096)
+def _looks_sharded(token: bytes) -> bool:
+    return _SHARDED_TOKEN.match(token) is not None
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_token_shards(token: bytes) -> int:
+    # Asked on every staged read and write; a process uses few tokens at a time.
+    match = _SHARDED_TOKEN.match(token)
     if match is None or match["shard"] is not None:
         return 1
     return int(match["shards"])
@@ -233,7 +244,7 @@ def staging_partition(token: str | bytes) -> bytes:
             f"cannot build a staging partition from token {token!r}: it must be non-empty "
             f"and contain no '/'"
         )
-    if _SHARDED_TOKEN.match(token_bytes) is not None:
+    if _looks_sharded(token_bytes):
         raise store.UnknownPartitionClass(
             f"staging token {token!r} is sharded: its items live in its shard partitions"
         )

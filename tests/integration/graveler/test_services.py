@@ -8,6 +8,7 @@ import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from quarry.kv.partitions import staging_partitions, staging_token_shards
 from quarry.v1 import branch_manager_pb2 as bm
 from quarry.v1 import committer_pb2 as cm
 from quarry.v1 import types_pb2
@@ -25,12 +26,18 @@ def reason_of(error: grpc.RpcError) -> str:
     raise AssertionError("no ErrorInfo")
 
 
-def new_repo(stubs, suite) -> str:
+def new_repo(stubs, suite, staging_shards: int = 0) -> str:
     name = f"r-{uuid.uuid4().hex[:10]}"
     stubs.bm.CreateRepository(
-        bm.CreateRepositoryRequest(name=name, storage_namespace=suite.namespace(name))
+        bm.CreateRepositoryRequest(
+            name=name, storage_namespace=suite.namespace(name), staging_shards=staging_shards
+        )
     )
     return name
+
+
+# The flows below run with unsharded staging tokens and with 4 shards per token.
+SHARDS = pytest.mark.parametrize("shards", [1, 4], ids=["shards1", "shards4"])
 
 
 def put(stubs, repo, path, checksum="c", branch="main"):
@@ -48,8 +55,9 @@ def put(stubs, repo, path, checksum="c", branch="main"):
     )
 
 
-def test_workflow_over_grpc(stubs, suite):
-    repo = new_repo(stubs, suite)
+@SHARDS
+def test_workflow_over_grpc(stubs, suite, shards):
+    repo = new_repo(stubs, suite, shards)
     batches = [
         bm.PutObjectsRequest(
             repository=repo,
@@ -199,8 +207,9 @@ def test_bad_input_gets_a_clear_status_and_changes_nothing(stubs, suite, call, c
     assert after == before
 
 
-def test_concurrent_writers_readers_committers_over_grpc(stubs, suite):
-    repo = new_repo(stubs, suite)
+@SHARDS
+def test_concurrent_writers_readers_committers_over_grpc(stubs, suite, shards):
+    repo = new_repo(stubs, suite, shards)
 
     def do_put(path, version):
         stubs.bm.PutObject(
@@ -332,27 +341,91 @@ def test_costs_do_not_grow_with_history(stubs, suite, counting_backend):
     assert sum(v for (op, cls), v in shallow[0].items() if cls == "staging") == 0
 
 
-def test_retired_staging_tokens_are_dropped(stubs, suite, counting_backend):
-    repo = new_repo(stubs, suite)
+@SHARDS
+def test_retired_staging_tokens_are_dropped(stubs, suite, counting_backend, shards):
+    repo = new_repo(stubs, suite, shards)
     token = stubs.bm.GetBranch(
         bm.GetBranchRequest(repository=repo, name="main")
     ).branch.staging_token
+    partitions = staging_partitions(token)  # every shard of the token
+    assert len(partitions) == shards
     for i in range(20):
         put(stubs, repo, f"f{i}")
-    stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="c"))
     backend = counting_backend.inner
+    assert all(list(backend.scan(p)) for p in partitions)  # 20 paths reach every shard
+    stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="c"))
     suite.age_cleanup_queue()
 
     def queued() -> bool:
-        return any(item.key == f"staging/{token}".encode() for item in backend.scan(b"cleanup"))
+        return any(item.key in partitions for item in backend.scan(b"cleanup"))
 
-    # The dropper empties the partition, then removes its cleanup record: wait for both.
+    # The dropper empties the partitions, then removes their cleanup records: wait for both.
     def dropped() -> bool:
-        return not list(backend.scan(f"staging/{token}".encode())) and not queued()
+        return not any(list(backend.scan(p)) for p in partitions) and not queued()
 
     wait_until(dropped, timeout=30, interval=0.05, what="the token dropped")
-    left = list(backend.scan(f"staging/{token}".encode()))
-    assert left == []
-    assert list(backend.scan(b"cleanup")) == [] or all(
-        item.key != f"staging/{token}".encode() for item in backend.scan(b"cleanup")
-    )
+    for partition in partitions:
+        assert list(backend.scan(partition)) == []
+
+
+@SHARDS
+def test_stat_on_a_dirty_sharded_branch_is_one_staging_get(stubs, suite, counting_backend, shards):
+    """Through the kv-gateway: a hit and a miss on a dirty branch each cost one staging get,
+    whatever the token's shard count."""
+    repo = new_repo(stubs, suite, shards)
+    for i in range(30):
+        put(stubs, repo, f"dirty/{i:03d}")
+    for path in ("dirty/017", "dirty/missing"):
+        costs = _costs(
+            counting_backend,
+            lambda p=path: _stat_or_none(stubs, repo, p),
+        )
+        staging = {k: v for k, v in costs.items() if k[1] == "staging"}
+        assert staging == {("get", "staging"): 1}, (path, costs)
+
+
+def _stat_or_none(stubs, repo, path):
+    try:
+        return stubs.bm.StatObject(bm.StatObjectRequest(repository=repo, ref="main", path=path))
+    except grpc.RpcError as error:
+        if error.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+        return None
+
+
+def test_update_repository_changes_shards_from_the_next_token(stubs, suite):
+    repo = new_repo(stubs, suite)
+    shown = stubs.bm.GetRepository(bm.GetRepositoryRequest(name=repo)).repository
+    assert shown.staging_shards == 1
+    put(stubs, repo, "a")
+    before = stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="main")).branch
+    updated = stubs.bm.UpdateRepository(
+        bm.UpdateRepositoryRequest(name=repo, staging_shards=4)
+    ).repository
+    assert updated.staging_shards == 4
+    now = stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="main")).branch
+    assert now.staging_token == before.staging_token  # the token in use keeps its layout
+    stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="c"))
+    after = stubs.bm.GetBranch(bm.GetBranchRequest(repository=repo, name="main")).branch
+    assert staging_token_shards(after.staging_token) == 4
+    # No field set: nothing changes.
+    same = stubs.bm.UpdateRepository(bm.UpdateRepositoryRequest(name=repo)).repository
+    assert same.staging_shards == 4
+    for bad in (0, 65):
+        with pytest.raises(grpc.RpcError) as caught:
+            stubs.bm.UpdateRepository(bm.UpdateRepositoryRequest(name=repo, staging_shards=bad))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert reason_of(caught.value) == "INVALID_STAGING_SHARDS"
+    with pytest.raises(grpc.RpcError) as caught:
+        stubs.bm.CreateRepository(
+            bm.CreateRepositoryRequest(
+                name="r-too-many",
+                storage_namespace=suite.namespace("r-too-many"),
+                staging_shards=65,
+            )
+        )
+    assert reason_of(caught.value) == "INVALID_STAGING_SHARDS"
+    with pytest.raises(grpc.RpcError) as caught:
+        stubs.bm.UpdateRepository(bm.UpdateRepositoryRequest(name="r-nope", staging_shards=2))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert stubs.bm.GetRepository(bm.GetRepositoryRequest(name=repo)).repository.staging_shards == 4

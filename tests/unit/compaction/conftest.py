@@ -28,9 +28,13 @@ def graveler(store):
     return Graveler(store, committed, committed)
 
 
-@pytest.fixture
-def repo(graveler, tmp_path):
-    return graveler.create_repository("lake", str(tmp_path / "lake")).name
+@pytest.fixture(params=[1, 4], ids=["shards1", "shards4"])
+def repo(graveler, tmp_path, request):
+    """Every sensor test runs with unsharded staging tokens and with 4 shards per token (the
+    rebuild counts every shard)."""
+    return graveler.create_repository(
+        "lake", str(tmp_path / "lake"), staging_shards=request.param
+    ).name
 
 
 @pytest.fixture
