@@ -20,8 +20,8 @@ from pathlib import Path
 
 from quarry import FORMAT_VERSION
 from quarry.blob import LocalBlobStore
+from quarry.blob.layout import METARANGES_PREFIX, RANGES_PREFIX
 from quarry.committed import CommittedManager
-from quarry.committed.format import METARANGES_PREFIX, RANGES_PREFIX
 from quarry.committed.processes import ProcessSpanWorkers
 from quarry.committed.spans import FanOut
 from quarry.committed.writer import DEFAULT_MAX_RANGE_BYTES, DEFAULT_TARGET_RANGE_ENTRIES

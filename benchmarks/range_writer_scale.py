@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench_repo import cached_base, entry, link_tree, path_of, scratch_dir
 
-from quarry.committed.format import METARANGES_PREFIX, RANGES_PREFIX
+from quarry.blob.layout import METARANGES_PREFIX, RANGES_PREFIX
 from quarry.committed.remote import RemoteRangeWriter
 
 HERE = Path(__file__).resolve().parent

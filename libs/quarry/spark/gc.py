@@ -184,10 +184,8 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
         with open_blob_store(repo.storage_namespace, connection) as store:
             # Objects of other repositories whose namespaces lie inside this one are theirs.
             listing = [o for o in store.list("") if not o.key.startswith(foreign)]
-            page_ids, range_ids = _ranges_of(store, metaranges, {o.key for o in listing})
+            metaranges, range_ids = _kept_files(store, metaranges, {o.key for o in listing})
             report.referenced_metaranges, report.referenced_ranges = len(metaranges), len(range_ids)
-            # A kept metarange's index pages are metarange files GC must keep too.
-            metaranges |= page_ids
             candidates = _candidates(listing, started - grace, report)
         # A running Spark job's files are kept whatever their age, staged or not: Spark's
         # writer stages nothing until its job has committed, and a file GC took from its
@@ -424,12 +422,14 @@ def _recheck(
                 )
 
 
-def _ranges_of(
+def _kept_files(
     store: BlobStore, metarange_ids: set[str], existing_keys: set[str]
 ) -> tuple[set[str], set[str]]:
-    """The index page ids and range ids of the metaranges, checked against the namespace's
-    listing: if a referenced file is missing, the references are not trustworthy and GC
-    stops. Pages are metarange files too: a page of a kept metarange is kept like it."""
+    """The metarange files (the metaranges and their index pages) and range ids that the
+    metaranges keep, checked against the namespace's listing: if a referenced file is
+    missing, the references are not trustworthy and GC stops. Must never leave out a page
+    of a kept metarange: pages are metarange files, and one GC did not count as kept it
+    would delete, leaving the metarange unreadable."""
     from quarry.blob import ObjectNotFound
     from quarry.committed import format as rformat
     from quarry.committed.metaranges import read_metarange_tree
@@ -455,7 +455,7 @@ def _ranges_of(
             f"nothing deleted",
             metadata={"range_id": missing[0]},
         )
-    return page_ids, range_ids
+    return metarange_ids | page_ids, range_ids
 
 
 def _candidates(
