@@ -24,4 +24,6 @@ _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 #   1: entry identity without the physical address.
 #   2: entry identity covers the physical address (docs/architecture.md §2); ranges,
 #      metaranges and their ids rewritten by import.
-FORMAT_VERSION = 2
+#   3: two-level metaranges (an index root over pages, docs/architecture.md §5); ranges and
+#      metaranges rewritten by import.
+FORMAT_VERSION = 3

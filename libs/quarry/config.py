@@ -195,7 +195,7 @@ class Settings:
     )
     metarange_cache_bytes: int = _setting(
         64 * 1024 * 1024,
-        "Memory cache of decoded metaranges (and their encodings), per process like "
+        "Memory cache of decoded metaranges (and their index pages), per process like "
         "range_cache_bytes. 0 disables it.",
     )
     s3_endpoint_url: str = _setting(

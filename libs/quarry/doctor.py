@@ -31,6 +31,7 @@ from google.protobuf.message import Message
 from quarry import errors
 from quarry.blob.base import BlobStore
 from quarry.committed import format as rformat
+from quarry.committed.metaranges import read_metarange_tree
 from quarry.graveler import layout, records
 from quarry.graveler.layout import (
     BRANCHES_PREFIX,
@@ -44,6 +45,7 @@ from quarry.graveler.layout import (
     prefix_end,
     staging_partitions,
 )
+from quarry.graveler.model import RangeInfo
 from quarry.graveler.refs import Repository
 from quarry.kv import store as kv
 from quarry.kv.partitions import STAGING, partition_class
@@ -416,6 +418,7 @@ class _MetarangeChecker:
         self._store: BlobStore | None = None
         self._seen: set[str] = set()
         self._ranges: set[str] = set()
+        self._pages: dict[str, list[RangeInfo]] = {}  # index pages read (shared by commits)
 
     def _object(self, key: str) -> str:
         return f"{self._repo.storage_namespace.rstrip('/')}/{key}"
@@ -430,12 +433,13 @@ class _MetarangeChecker:
         report.count("metaranges")
         where = self._object(rformat.metarange_key(metarange_id))
         try:
-            ranges = rformat.read_metarange(self._store, metarange_id)
+            _pages, ranges = read_metarange_tree(self._store, metarange_id, self._pages)
         except errors.NotFound:
             report.findings.append(
                 Finding(
                     MISSING_METARANGE,
-                    f"{referrer} uses metarange {metarange_id[:12]}, whose file is missing",
+                    f"{referrer} uses metarange {metarange_id[:12]}, whose file (or one of "
+                    f"its index pages) is missing",
                     self._repo.name,
                     partition,
                     key,

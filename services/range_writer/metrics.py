@@ -69,10 +69,12 @@ class CommittedStatsCollector(Collector):
         ranges.add_metric(["existing"], totals.ranges_existing)
         metaranges = CounterMetricFamily(
             "quarry_range_writer_metarange_files",
-            "Metarange files the range-writer put (written) or found already stored (existing)",
+            "Metarange files the range-writer put (written: a metarange or index root; "
+            "written_page: an index page) or found already stored (existing)",
             labels=["result"],
         )
         metaranges.add_metric(["written"], totals.metaranges_written)
+        metaranges.add_metric(["written_page"], totals.metarange_pages_written)
         metaranges.add_metric(["existing"], totals.metaranges_existing)
         written = CounterMetricFamily(
             "quarry_range_writer_bytes_written",

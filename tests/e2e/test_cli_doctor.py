@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from quarry.committed import format as rformat
+from quarry.committed.metaranges import read_metarange
 from quarry.graveler.refs import Repository
 from quarry.kv.remote import RemoteStore
 from quarry.v1 import types_pb2
@@ -101,7 +102,7 @@ def test_doctor_clean_then_planted_problems(suite, kv, doctor):
     kv.set(orphan, b"x", types_pb2.StagedValue(tombstone=True).SerializeToString())
     # beta: a range file of its head commit goes missing.
     beta_head = client.get_commit("beta", "main")
-    ranges = rformat.read_metarange(_namespace_store(suite, "beta"), beta_head.metarange_id)
+    ranges = read_metarange(_namespace_store(suite, "beta"), beta_head.metarange_id)
     range_file = os.path.join(suite.namespace("beta"), rformat.range_key(ranges[0].id))
     os.remove(range_file)
 

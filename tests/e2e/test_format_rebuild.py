@@ -25,8 +25,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from quarry import FORMAT_VERSION
+from quarry.blob import LocalBlobStore
 from quarry.blob.ownership import MARKER_KEY, parse_marker
 from quarry.client import Client
+from quarry.committed.metaranges import read_metarange
 from quarry.graveler.refs import REPOS_PREFIX, Repository
 from quarry.kv.sqlite import SQLiteStore
 from quarry.runtime import format_version
@@ -191,12 +194,12 @@ def test_this_build_refuses_format_1_with_the_rebuild_message(v1, tmp_path):
     assert "Traceback" not in result.stderr
 
     # Range and metarange files: a store restamped by hand (or imported without the
-    # rebuild) still cannot read them as format 2 — a clear FAILED_PRECONDITION, not
+    # rebuild) still cannot read them in this build's format — a clear FAILED_PRECONDITION, not
     # INTERNAL and not identities read with the wrong rule.
     restamped = tmp_path / "restamped.db"
     shutil.copy(v1["db"], restamped)
     store = SQLiteStore(restamped)
-    store.set(format_version.PARTITION, format_version.KEY, b"2")
+    store.set(format_version.PARTITION, format_version.KEY, str(FORMAT_VERSION).encode())
     store.close()
     with quarry_up(tmp_path / "home", restamped) as env:
         for args in (
@@ -229,7 +232,9 @@ def test_export_import_rebuilds_and_reads_back_every_entry(v1, tmp_path):
         tmp_path / "home", "store", "import", str(dump), "--kv-url", f"sqlite:///{target}"
     )
     assert result.returncode == 0, result.stderr
-    assert "imported 3 repositories" in result.stderr and "stamped 2" in result.stderr
+    assert (
+        "imported 3 repositories" in result.stderr and f"stamped {FORMAT_VERSION}" in result.stderr
+    )
 
     # Each distinct format-1 range referenced is rewritten exactly once.
     referenced = {
@@ -241,7 +246,9 @@ def test_export_import_rebuilds_and_reads_back_every_entry(v1, tmp_path):
         for repo, ids in v1["metaranges"].items()
     }
     rewritten = sum(len(ids) for ids in referenced.values())
-    assert f"in storage format 2: {rewritten} ranges," in result.stderr, result.stderr
+    assert f"in storage format {FORMAT_VERSION}: {rewritten} ranges," in result.stderr, (
+        result.stderr
+    )
     # The merge hint named a format-1 metarange id: dropped, not translated.
     assert "; 1 merge hints dropped" in result.stderr
     store = SQLiteStore(target)
@@ -284,10 +291,17 @@ def test_export_import_rebuilds_and_reads_back_every_entry(v1, tmp_path):
                 for m in ids
                 if os.path.exists(f"{lake}/metaranges/{m}.parquet")
             ]
-            assert {tags_of(f)[Path(f).stem] for f in files} == {b"metarange/v2"}
-            used = range_ids_in(files)
+            # Flat, or an index root over pages (format 3), in this build's format.
+            assert {tags_of(f)[Path(f).stem] for f in files} <= {
+                b"metarange/v%d" % FORMAT_VERSION,
+                b"metarange-index/v%d" % FORMAT_VERSION,
+            }
+            namespace = LocalBlobStore(f"{v1['lake']}/{repo}")
+            used = {r.id for m in ids for r in read_metarange(namespace, m)}
             assert not used & referenced[repo]
-            assert {tags_of(f"{lake}/ranges/{r}.parquet")[r] for r in used} <= {b"range/v2"}
+            assert {tags_of(f"{lake}/ranges/{r}.parquet")[r] for r in used} <= {
+                b"range/v%d" % FORMAT_VERSION
+            }
 
         # The rebuilt store is live, with the new identity rule. Committed identities were
         # recomputed: re-staging committed entries exactly as read is no change...

@@ -6,7 +6,8 @@ Run as a script, in a child process of its own:
 
 Before importing the rest of the library it turns this process into the previous build:
 `quarry.FORMAT_VERSION = 1` (from which the range/metarange format tags, their id headers
-and the KV stamp derive) and format 1's identity rule, which left the physical address out.
+and the KV stamp derive), format 1's identity rule, which left the physical address out,
+and format 1's flat metaranges (one file naming every range: no index pages, format 3).
 Then it starts the services in-process over loopback (support.suite) on a SQLite store,
 writes a history through the client — commits, a merge, tags, branches, a compacted branch,
 staged and deleted entries, several ranges per metarange, a merge hint — and writes the
@@ -56,6 +57,11 @@ def become_format_v1() -> None:
     from quarry.graveler import model
 
     model.entry_identity = v1_entry_identity
+    from quarry.committed import metaranges  # (after the identity rule: it imports users)
+
+    # Every metarange one page: stored flat, as format 1 stored every metarange.
+    metaranges.is_page_end = lambda info: False
+    metaranges.PAGE_MAX_RANGES = sys.maxsize
 
 
 # ---- what a user reads back ---------------------------------------------------------------

@@ -9,7 +9,10 @@ cap DEFAULT_MAX_RANGE_BYTES of format.entry_bytes): the same entry set gives the
 and metarange ids whatever the history, under the same two parameters.
 
 Object-store cost of each operation (n = entries, k = changes; "read" = one GET, or one local
-file read; memory and disk caches make repeated reads free):
+file read; memory and disk caches make repeated reads free). "1 metarange" is one file for a
+metarange of one index page (up to ~128 ranges, ~128k entries), else its root and every page
+not yet cached (metaranges.py: a metarange sharing pages with one read before reads only the
+root and the pages that differ):
 
     get_metarange / count        1 metarange read (0 for the empty metarange)
     get_entry                    1 metarange + at most 1 range
@@ -19,10 +22,12 @@ file read; memory and disk caches make repeated reads free):
                                  reaches; a pair of equal range ids is skipped unread
     apply_changes(k changes)     1 metarange + the ranges a change falls into (+ the next one
                                  when a change moves a range end: realignment), 1 put (if
-                                 absent) per new range + 1 for the new metarange; no put at all
-                                 when nothing really changed. Independent of n: 1 change to
-                                 100k or 1M entries reads <= 2 ranges and writes <= 2 + 1.
-    write_metarange(n entries)   ~n / 1024 range puts + 1 metarange put, no reads
+                                 absent) per new range + <= 2 index pages + 1 for the new
+                                 metarange; no put at all when nothing really changed.
+                                 Independent of n: 1 change to 100k or 10M entries reads <= 2
+                                 ranges and writes <= 2 ranges + <= 2 pages + 1 root (the root
+                                 ~n / 128k rows, a page ~128: never a file naming every range).
+    write_metarange(n entries)   ~n / 1024 range puts + ~n / 128k page puts + 1 metarange put
     merge_metaranges(b, s, d)    3 metaranges; ranges only where base and source differ
                                  (merge.py): where the destination kept the base's
                                  ranges, the source's are spliced in by id (compared on

@@ -7,7 +7,14 @@ Range file (`_quarry/ranges/<id>.parquet`): one row group, rows sorted by path, 
 (all required) — plain Parquet types that Spark reads directly.
 
 Metarange file (`_quarry/metaranges/<id>.parquet`): rows (range_id, min_key, max_key, count,
-size_bytes) sorted by key.
+size_bytes) sorted by key. A metarange of many ranges is two levels (docs/architecture.md §5):
+its file is an index root (tag `metarange-index/v<N>`) whose rows, in the same schema, name
+index pages (range_id = the page's id, the page's first min_key and last max_key, summed count
+and size_bytes); each page is a flat metarange file of a run of the ranges, stored under the
+same key shape. Where pages end is content-defined (quarry.committed.metaranges), so a
+localized change rewrites the ranges it touches, one or two pages and the root, never a file
+naming every range. A metarange of one page is that page's flat file (small repositories pay
+nothing for the index).
 
 Both carry the file metadata key `quarry.format` = `range/v<N>` / `metarange/v<N>`, N being
 quarry.FORMAT_VERSION (the one storage format number; the tags and id headers below derive
@@ -30,7 +37,8 @@ address, size, checksum, content type and metadata, quarry.graveler.model.entry_
 metarange id = hex SHA-256 of b"quarry/metarange/v<N>\\0" followed, per range, by the
 length-prefixed (u32be) fields range_id, min_key, max_key, count, size_bytes (decimal).
 The empty metarange (no ranges) therefore has a fixed id per format version,
-EMPTY_METARANGE_ID. A new format version gives every range and metarange a new id.
+EMPTY_METARANGE_ID. An index root's id hashes b"quarry/metarange-index/v<N>\\0" followed by its
+page rows, framed the same way: a root and a flat metarange never share an id. A new format version gives every range and metarange a new id.
 
 Range size (`RangeInfo.size_bytes`, and the byte cap of chunking) is a logical measure,
 `entry_bytes`: 48 + UTF-8 bytes of path, physical address, checksum, content type and every
@@ -44,7 +52,7 @@ import hashlib
 import struct
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -59,9 +67,6 @@ from quarry.committed.errors import RangeCorrupt
 from quarry.graveler.model import Entry, RangeInfo
 from quarry.runtime.format_version import REBUILD_HINT, FormatVersionMismatch
 
-if TYPE_CHECKING:
-    from quarry.blob.base import BlobStore
-
 # A file's content, or the path of a local file (read in place).
 Source = bytes | memoryview | str
 
@@ -73,6 +78,7 @@ class Hasher(Protocol):
 FORMAT_TAG = b"quarry.format"
 RANGE_FORMAT = b"range/v%d" % FORMAT_VERSION
 METARANGE_FORMAT = b"metarange/v%d" % FORMAT_VERSION
+METARANGE_INDEX_FORMAT = b"metarange-index/v%d" % FORMAT_VERSION
 
 
 MTIME_TYPE = pa.timestamp("us", tz="UTC")
@@ -116,6 +122,7 @@ _PARQUET_OPTIONS = dict(
 )
 
 METARANGE_ID_HEADER = b"quarry/metarange/v%d\x00" % FORMAT_VERSION
+METARANGE_INDEX_ID_HEADER = b"quarry/metarange-index/v%d\x00" % FORMAT_VERSION
 RANGE_ID_HEADER = b"quarry/range/v%d\x00" % FORMAT_VERSION
 _LITTLE = sys.byteorder == "little"
 
@@ -363,6 +370,13 @@ def read_tagged_parquet(
     for a tag of another storage format version, RangeCorrupt for none or a foreign one.
     Reading the bytes and parsing from memory, single-threaded, is the fastest way for files
     of this size."""
+    return read_parquet_tagged_one_of(source, what, (tag,), columns)[1]
+
+
+def read_parquet_tagged_one_of(
+    source: Source, what: str, tags: tuple[bytes, ...], columns: list[str] | None = None
+) -> tuple[bytes, pa.Table]:
+    """read_tagged_parquet accepting any of `tags`: (the file's tag, its table)."""
     if isinstance(source, str):
         with open(source, "rb") as fh:
             source = fh.read()
@@ -371,11 +385,13 @@ def read_tagged_parquet(
         # the time of decoding a range).
         reader = _ParquetReader()
         reader.open(pa.BufferReader(source))
-        _check_tag((reader.metadata.metadata or {}).get(FORMAT_TAG), tag, what)
+        found = (reader.metadata.metadata or {}).get(FORMAT_TAG)
+        _check_tag(found, tags, what)
         indices = None
         if columns is not None:
             indices = [reader.column_name_idx(name) for name in columns]
-        return reader.read_all(column_indices=indices, use_threads=False)
+        assert found is not None
+        return found, reader.read_all(column_indices=indices, use_threads=False)
     except (pa.ArrowInvalid, OSError, KeyError) as exc:
         raise RangeCorrupt(f"unreadable {what} file: {exc}") from None
 
@@ -389,12 +405,15 @@ def format_tag_of(source: bytes) -> bytes | None:
     return metadata.get(FORMAT_TAG)
 
 
-def _check_tag(found: bytes | None, tag: bytes, what: str) -> None:
-    if found == tag:
+def _check_tag(found: bytes | None, tags: tuple[bytes, ...], what: str) -> None:
+    if found in tags:
         return
+    tag = tags[0]
     kind, _, version = tag.partition(b"/v")
     found_kind, _, found_version = (found or b"").partition(b"/v")
-    if found_kind == kind and found_version.isdigit():
+    kinds = {t.partition(b"/v")[0] for t in tags}
+    # A flat metarange of an earlier version counts as a metarange of that version too.
+    if found_kind in kinds and found_version.isdigit():
         raise FormatVersionMismatch(
             f"this {what} file was written in storage format version "
             f"{found_version.decode()}, but this build of Quarry reads and writes version "
@@ -421,16 +440,8 @@ def decode_range_keys(source: Source) -> pa.Table:
     return table.replace_schema_metadata(None).combine_chunks()
 
 
-def read_metarange(store: BlobStore, metarange_id: str) -> list[RangeInfo]:
-    """The ranges of a metarange stored in `store` (a BlobStore of its namespace), without
-    CommittedManager's caches: for readers outside the services (Spark jobs). The empty
-    metarange ("" too) has no file. ObjectNotFound if the file is missing."""
-    if metarange_id in ("", EMPTY_METARANGE_ID):
-        return []
-    return decode_metarange(store.get(metarange_key(metarange_id)))
-
-
 def decode_metarange(source: Source) -> list[RangeInfo]:
+    """The rows of a flat metarange file (an index page, or a one-page metarange)."""
     return metarange_rows(read_tagged_parquet(source, "metarange", METARANGE_FORMAT))
 
 
@@ -445,6 +456,8 @@ __all__ = [
     "EMPTY_METARANGE_ID",
     "range_frame",
     "METARANGE_FORMAT",
+    "METARANGE_INDEX_FORMAT",
+    "read_parquet_tagged_one_of",
     "METARANGE_SCHEMA",
     "RANGE_FORMAT",
     "RANGE_SCHEMA",
@@ -457,7 +470,6 @@ __all__ = [
     "entry_bytes",
     "format_tag_of",
     "metarange_rows",
-    "read_metarange",
     "read_tagged_parquet",
     "is_boundary",
     "metarange_id_of",

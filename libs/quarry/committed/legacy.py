@@ -8,6 +8,11 @@ column left the physical address out. Rewriting a range recomputes every row's i
 rewritten with the same bounds, counts and sizes and the new range ids, which gives it a
 new metarange id. Files already in this build's format are kept as they are.
 
+Format 2 → 3 (docs/architecture.md §5): a metarange of many ranges became two levels (an
+index root over pages, quarry.committed.metaranges); format 2's metaranges are flat. A
+range keeps its rows (identities as in format 2) under the new id header; a metarange is
+rewritten as this build writes it (pages and root, or flat when it is one page).
+
 Work is proportional to the distinct ranges and metaranges referenced, not to commits ×
 entries: every old range id and metarange id is converted once (memoized) per namespace, and
 the many metaranges of a history share most of their ranges.
@@ -31,25 +36,27 @@ from quarry.committed.format import (
     EMPTY_METARANGE_ID,
     IDENTITY_TYPE,
     METARANGE_FORMAT,
+    METARANGE_INDEX_FORMAT,
     RANGE_COLUMNS,
     RANGE_FORMAT,
     encode_range,
     format_tag_of,
-    metarange_id_of,
     metarange_key,
     metarange_rows,
     range_id_of,
     range_key,
     read_tagged_parquet,
 )
-from quarry.committed.metaranges import encode_metarange
+from quarry.committed.metaranges import write_metarange
 from quarry.graveler.model import RangeInfo, entry_identity
 
 # Storage format versions whose committed data this build rewrites (same file schemas as
 # this version's; only what the identity column covers differs).
-LEGACY_VERSIONS = (1,)
+LEGACY_VERSIONS = (1, 2)
 _LEGACY_RANGE_TAGS = {b"range/v%d" % v for v in LEGACY_VERSIONS}
 _LEGACY_METARANGE_TAGS = {b"metarange/v%d" % v for v in LEGACY_VERSIONS}
+# Versions whose identity column covered less than this build's (their rows are recomputed).
+_OTHER_IDENTITY_TAGS = {b"range/v1"}
 # The empty metarange of each legacy version (it may have no file).
 _LEGACY_EMPTY_METARANGE_IDS = {
     hashlib.sha256(b"quarry/metarange/v%d\x00" % v).hexdigest() for v in LEGACY_VERSIONS
@@ -101,7 +108,7 @@ class CommittedRewriter:
                 metadata={"metarange_id": metarange_id, "namespace": self._namespace},
             ) from None
         tag = format_tag_of(data)
-        if tag == METARANGE_FORMAT:
+        if tag in (METARANGE_FORMAT, METARANGE_INDEX_FORMAT):
             self.stats.metaranges_kept += 1
             return metarange_id
         # Anything but a legacy tag: the reader's own refusal (version mismatch or corrupt).
@@ -110,9 +117,8 @@ class CommittedRewriter:
         return self._write_metarange([self._range(info) for info in ranges])
 
     def _write_metarange(self, ranges: list[RangeInfo]) -> str:
-        new_id = metarange_id_of(ranges)
-        # The ranges it names become durable before it can become visible.
-        self._store.put_after_sync(metarange_key(new_id), encode_metarange(ranges, new_id))
+        # The ranges and pages it names become durable before it can become visible.
+        new_id = write_metarange(self._store, ranges)
         self.stats.metaranges_rewritten += 1
         return new_id
 
@@ -142,7 +148,9 @@ class CommittedRewriter:
                 f"{table.schema.names} and {table.num_rows} rows, its "
                 f"metarange says {info.count}"
             )
-        table = with_current_identities(table.replace_schema_metadata(None).combine_chunks())
+        table = table.replace_schema_metadata(None).combine_chunks()
+        if tag in _OTHER_IDENTITY_TAGS:
+            table = with_current_identities(table)
         new_id = range_id_of(table)
         self._store.put_deferred(range_key(new_id), encode_range(table, new_id))
         self.stats.ranges_rewritten += 1

@@ -29,14 +29,13 @@ from quarry.committed.errors import (
 )
 from quarry.committed.format import (
     EMPTY_METARANGE_ID,
-    decode_metarange,
     decode_range,
     decode_range_keys,
     metarange_key,
     range_key,
 )
 from quarry.committed.iterators import EntryIterator
-from quarry.committed.metaranges import MetaRangeEncoding, metarange_encoding
+from quarry.committed.metaranges import checked_page, decode_metarange_file
 from quarry.committed.rangedata import MetaRange, RangeData
 from quarry.committed.stats import CommittedStats, StatsCounter
 from quarry.graveler.model import Entry, RangeInfo
@@ -53,8 +52,6 @@ DIFF_COUNTS_KEPT = 4096
 _ID_RE = re.compile(r"^[0-9a-f]{64}$")
 # Cache key suffix of ranges loaded with their path and identity columns only.
 _KEYS = "keys"
-# Cache key suffix of a metarange's encoding (in the metarange cache).
-_ENCODING = "encoding"
 
 T = TypeVar("T")
 
@@ -164,29 +161,9 @@ class RangeLoader:
     def remember_metarange(self, namespace: str, metarange: MetaRange) -> None:
         self._metaranges.put((namespace, metarange.id), metarange, metarange.cache_bytes)
 
-    def remember_metarange_encoding(self, namespace: str, encoding: MetaRangeEncoding) -> None:
-        """Keep a metarange's encoding (see metarange_encoding) next to it, within the
-        metarange cache's bytes."""
-        key = (namespace, encoding.id, _ENCODING)
-        self._metaranges.put(key, encoding, encoding.nbytes)
-
-    def metarange_encoding(self, namespace: str, metarange: MetaRange) -> MetaRangeEncoding:
-        """The encoding of a metarange (its file's rows and id frames), what the writer
-        derives the encoding of a metarange made from it from: remembered when it was
-        written, else built from its ranges once and kept (in the metarange cache, which
-        bounds their bytes with the metaranges')."""
-        if not metarange.id:  # a list of ranges under no id (merge's splice): not kept
-            return metarange_encoding(metarange.ranges)
-        key = (namespace, metarange.id, _ENCODING)
-        found: MetaRangeEncoding | None = self._metaranges.get(key)
-        if found is None:
-            found = metarange_encoding(metarange.ranges)
-            self._metaranges.put(key, found, found.nbytes)
-        return found
-
     @property
     def metarange_cache_bytes(self) -> int:
-        """The bytes the metarange cache holds (metaranges and their encodings), at most
+        """The bytes the metarange cache holds (metaranges and index pages), at most
         LoaderOptions.metarange_cache_bytes."""
         return self._metaranges.size_bytes
 
@@ -252,7 +229,10 @@ class RangeLoader:
         return value, "store"
 
     def metarange(self, namespace: str, metarange_id: str) -> MetaRange:
-        """A metarange ("" = the empty one), from the cache or read once."""
+        """A metarange ("" = the empty one), from the cache or read once. An index root is
+        read with its pages, each of which is cached on its own: a metarange that shares
+        most pages with one read before (the next commit's) reads only its root and the
+        pages that changed."""
         metarange_id = check_metarange_id(metarange_id)
         if metarange_id == EMPTY_METARANGE_ID:
             return MetaRange(EMPTY_METARANGE_ID, [])
@@ -261,13 +241,38 @@ class RangeLoader:
         if found is not None:
             self.stats.count("metarange_cache_hits")
             return found
-        ranges, source = self._fetch(
-            namespace, "metaranges", metarange_id, decode_metarange, MetaRangeNotFound
+        (is_root, rows), source = self._fetch(
+            namespace, "metaranges", metarange_id, decode_metarange_file, MetaRangeNotFound
         )
         self.stats.count("metaranges_read_disk" if source == "disk" else "metaranges_read")
-        metarange = MetaRange(metarange_id, ranges)
+        if not is_root:
+            metarange = MetaRange(metarange_id, rows)
+        else:
+            self._read_pages(namespace, rows)
+            ranges: list[RangeInfo] = []
+            max_keys: list[str] = []
+            ends: list[int] = []
+            for page in rows:
+                held = self.metarange(namespace, page.id)
+                if held.pages:
+                    raise RangeCorrupt(f"index page {page.id} is itself an index root")
+                ranges.extend(checked_page(page, held.ranges))
+                max_keys.extend(held.max_keys)
+                ends.append(len(ranges))
+            metarange = MetaRange(metarange_id, ranges, max_keys, None, tuple(rows), tuple(ends))
         self._metaranges.put(cache_key, metarange, metarange.cache_bytes)
         return metarange
+
+    def _read_pages(self, namespace: str, pages: list[RangeInfo]) -> None:
+        """Read the pages of an index root not yet cached at once, from a remote store (one
+        at a time, a cold root over 80 pages would wait 80 round trips)."""
+        pool = self._read_pool() if self.reads_ahead(namespace) else None
+        if pool is None:
+            return
+        missing = [p.id for p in pages if self._metaranges.peek((namespace, p.id)) is None]
+        if len(missing) > 1:
+            for _ in pool.map(lambda page_id: self.metarange(namespace, page_id), missing):
+                pass
 
     def range(self, namespace: str, info: RangeInfo) -> RangeData:
         """A range with every column, from the cache, a prefetch in flight, or read once."""

@@ -226,11 +226,11 @@ def merge_metaranges(writer: RangeWriter, namespace: str, request: MergeRequest)
         merged.changes,
         ApplyOptions(open_ends=spliced.open_ends, loaded=merged.held),
     )
-    encoding = writer.metarange_encoding(namespace, applied.ranges, destination)
-    metarange_id = encoding.id
+    layout = writer.plan_metarange(applied.ranges, destination)
+    metarange_id = layout.id
     if metarange_id != destination.id:
         writer.write_metarange_file(
-            namespace, applied.ranges, encoding=encoding, max_keys=applied.max_keys
+            namespace, applied.ranges, plan=layout, max_keys=applied.max_keys
         )
     # The summary is exactly the diff destination -> result (module docstring): a retry of
     # this merge starts from it.

@@ -339,6 +339,10 @@ class MetaRange:
     max_keys: list[str] = field(default_factory=list)
     # The max keys' summed UTF-8 length, when the caller knows it (see cache_bytes).
     key_bytes: int | None = None
+    # An index root's pages (its rows) and where in `ranges` each ends; empty for a flat
+    # metarange (quarry.committed.metaranges).
+    pages: tuple[RangeInfo, ...] = ()
+    page_ends: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.max_keys:

@@ -19,9 +19,10 @@ class CommittedStats:
     metaranges_read: int = 0
     metaranges_read_disk: int = 0
     metarange_cache_hits: int = 0
-    metaranges_written: int = 0
-    metaranges_existing: int = 0
-    bytes_written: int = 0  # encoded bytes of the range and metarange files put
+    metaranges_written: int = 0  # metarange files put (a flat one, or an index root)
+    metarange_pages_written: int = 0  # index pages put under a root (metaranges.py)
+    metaranges_existing: int = 0  # metarange or index page puts skipped: already there
+    bytes_written: int = 0  # encoded bytes of the range, metarange and page files put
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -4,8 +4,9 @@ docs/architecture.md §5.
 
 Every put is content-addressed and conditional (if_absent), so writing a file that exists is
 a no-op: a writer never overwrites a range or a metarange. Ranges are synced before the
-metarange naming them is put (write_metarange_file), so a metarange never names a range that
-could be lost.
+metarange naming them is put (write_metarange_file), and so are the index pages of a
+two-level metarange before its root, so a metarange never names a range or page that could be
+lost.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from quarry import errors
 from quarry.committed.errors import DuplicatePath, InvalidPath, UnsortedInput
@@ -28,17 +28,11 @@ from quarry.committed.format import (
     RowBuffer,
     encode_range,
     is_boundary,
-    metarange_key,
     range_id_of,
     range_key,
 )
 from quarry.committed.loader import RangeLoader
-from quarry.committed.metaranges import (
-    MetaRangeEncoding,
-    derive_metarange_encoding,
-    encode_metarange_table,
-    metarange_encoding,
-)
+from quarry.committed.metaranges import MetaRangePlan, metarange_files, plan_metarange
 from quarry.committed.rangedata import MetaRange, RangeData
 from quarry.graveler.model import ApplyResult, DiffSummary, Entry, RangeInfo
 
@@ -132,52 +126,60 @@ class RangeWriter:
     def builder(self, sink: RangeSink) -> RangeBuilder:
         return RangeBuilder(sink, self.chunking)
 
-    def metarange_encoding(
-        self, namespace: str, ranges: list[RangeInfo], base: MetaRange | None = None
-    ) -> MetaRangeEncoding:
-        """The encoding (file rows, id) of the metarange of `ranges`; `base`: the metarange
-        they were made from (a commit's base, a merge's destination), whose encoding
-        provides every row the two share (see derive_metarange_encoding)."""
-        if base is None or not base.ranges or not ranges:
-            return metarange_encoding(ranges)
-        base_encoding = self.loader.metarange_encoding(namespace, base)
-        return derive_metarange_encoding(base.ranges, base_encoding, ranges)
+    def plan_metarange(
+        self, ranges: list[RangeInfo], base: MetaRange | None = None
+    ) -> MetaRangePlan:
+        """The layout and id of the metarange of `ranges`; `base`: the metarange they were
+        made from (a commit's base, a merge's destination), whose index pages away from the
+        change are taken as they are (see metaranges.plan_metarange)."""
+        return plan_metarange(ranges, base)
 
     def write_metarange_file(
         self,
         namespace: str,
         ranges: list[RangeInfo],
         base: MetaRange | None = None,
-        encoding: MetaRangeEncoding | None = None,
+        plan: MetaRangePlan | None = None,
         max_keys: list[str] | None = None,
     ) -> str:
-        """Put the metarange of `ranges` (if absent) and return its id. `base`: see
-        metarange_encoding; `encoding`: that of `ranges` when the caller has it already;
-        `max_keys`: those of `ranges` when the caller has them (else built)."""
+        """Put the metarange of `ranges` (its new index pages and its root, each if absent)
+        and return its id. `base`: see plan_metarange; `plan`: that of `ranges` when the
+        caller has it already; `max_keys`: those of `ranges` when the caller has them (else
+        built)."""
         loader = self.loader
         store = loader.store(namespace)
-        if encoding is None:
-            encoding = self.metarange_encoding(namespace, ranges, base)
-        metarange_id = encoding.id
-        # A flat metarange names every range of the repository (1.2 MB of rows at 10M
-        # entries): zstd takes it to ~40% in ~2.5 ms, ten times the uncompressed encode.
-        # Into a local directory the CPU is the cost and the bytes are cheap; over the
-        # network to an object store the bytes cost more than the CPU (docs/performance.md).
-        data = encode_metarange_table(encoding.table, metarange_id, compress=not store.is_local)
-        # The ranges it names become durable before the metarange can become visible.
-        if store.put_after_sync(metarange_key(metarange_id), data):
+        if plan is None:
+            plan = self.plan_metarange(ranges, base)
+        # Into a local directory the CPU is the cost and the bytes are cheap: uncompressed;
+        # over the network to an object store zstd (docs/performance.md).
+        pages, (key, data) = metarange_files(ranges, plan, compress=not store.is_local)
+        max_keys = list(max_keys) if max_keys else [r.max_key for r in ranges]
+        for (page_key, page_data), index in zip(pages, plan.new_pages, strict=True):
+            page = plan.pages[index]
+            if store.put_deferred(page_key, page_data):
+                loader.stats.count("metarange_pages_written")
+                loader.stats.count("bytes_written", len(page_data))
+            else:
+                loader.stats.count("metaranges_existing")
+            loader.keep_written_file(namespace, store, "metaranges", page.id, page_data)
+            start = plan.page_ends[index - 1] if index else 0
+            stop = plan.page_ends[index]
+            loader.remember_metarange(
+                namespace, MetaRange(page.id, ranges[start:stop], max_keys[start:stop])
+            )
+        # The ranges and pages it names become durable before the metarange can become
+        # visible.
+        if store.put_after_sync(key, data):
             loader.stats.count("metaranges_written")
             loader.stats.count("bytes_written", len(data))
         else:
             loader.stats.count("metaranges_existing")
-        loader.keep_written_file(namespace, store, "metaranges", metarange_id, data)
-        # The keys' length from the file's column (summing 10k Python strings: 0.3 ms).
-        key_bytes = pc.sum(pc.binary_length(encoding.table.column("max_key"))).as_py() or 0
+        loader.keep_written_file(namespace, store, "metaranges", plan.id, data)
         loader.remember_metarange(
-            namespace, MetaRange(metarange_id, list(ranges), list(max_keys or ()), key_bytes)
+            namespace,
+            MetaRange(plan.id, list(ranges), max_keys, None, plan.pages, plan.page_ends),
         )
-        loader.remember_metarange_encoding(namespace, encoding)
-        return metarange_id
+        return plan.id
 
     def write_entries(self, namespace: str, entries: Iterable[Entry]) -> ApplyResult:
         """Write a metarange holding exactly `entries` (strictly ascending by path)."""

@@ -184,7 +184,7 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
         with open_blob_store(repo.storage_namespace, connection) as store:
             # Objects of other repositories whose namespaces lie inside this one are theirs.
             listing = [o for o in store.list("") if not o.key.startswith(foreign)]
-            range_ids = _ranges_of(store, metaranges, {o.key for o in listing})
+            metaranges, range_ids = _kept_files(store, metaranges, {o.key for o in listing})
             report.referenced_metaranges, report.referenced_ranges = len(metaranges), len(range_ids)
             candidates = _candidates(listing, started - grace, report)
         # A running Spark job's files are kept whatever their age, staged or not: Spark's
@@ -401,15 +401,20 @@ def _recheck(
     file without rewriting it, e.g. on a branch created from an expired commit). If one
     does, nothing is deleted: the next run sees the new history."""
     from quarry.blob import open_blob_store
-    from quarry.committed import format as rformat
+    from quarry.committed.metaranges import read_metarange_tree
 
     new_metaranges = references.metaranges_of_new_heads(kept)
     if not new_metaranges:
         return
     with open_blob_store(storage_namespace, connection) as store:
         for metarange_id in new_metaranges:
-            used = {r.id for r in rformat.read_metarange(store, metarange_id)}
-            if metarange_id in doomed_metaranges or used & doomed_ranges:
+            pages, ranges = read_metarange_tree(store, metarange_id)
+            used = {r.id for r in ranges}
+            if (
+                metarange_id in doomed_metaranges
+                or doomed_metaranges.intersection(pages)
+                or used & doomed_ranges
+            ):
                 raise GarbageCollectionUnsafe(
                     f"a commit made during this run uses files GC was about to delete "
                     f"(metarange {metarange_id}); nothing deleted, run again",
@@ -417,21 +422,31 @@ def _recheck(
                 )
 
 
-def _ranges_of(store: BlobStore, metarange_ids: set[str], existing_keys: set[str]) -> set[str]:
-    """The range ids of the metaranges, checked against the namespace's listing: if a
-    referenced file is missing, the references are not trustworthy and GC stops."""
+def _kept_files(
+    store: BlobStore, metarange_ids: set[str], existing_keys: set[str]
+) -> tuple[set[str], set[str]]:
+    """The metarange files (the metaranges and their index pages) and range ids that the
+    metaranges keep, checked against the namespace's listing: if a referenced file is
+    missing, the references are not trustworthy and GC stops. Must never leave out a page
+    of a kept metarange: pages are metarange files, and one GC did not count as kept it
+    would delete, leaving the metarange unreadable."""
     from quarry.blob import ObjectNotFound
     from quarry.committed import format as rformat
+    from quarry.committed.metaranges import read_metarange_tree
 
     range_ids: set[str] = set()
+    page_ids: set[str] = set()
+    pages_read: dict[str, list] = {}  # each page shared by many commits is read once
     for metarange_id in metarange_ids:
         try:
-            ranges = rformat.read_metarange(store, metarange_id)
+            pages, ranges = read_metarange_tree(store, metarange_id, pages_read)
         except ObjectNotFound:
             raise GarbageCollectionUnsafe(
-                f"metarange {metarange_id} of a retained commit is missing; nothing deleted",
+                f"metarange {metarange_id} of a retained commit (or one of its index pages) "
+                f"is missing; nothing deleted",
                 metadata={"metarange_id": metarange_id},
             ) from None
+        page_ids.update(pages)
         range_ids.update(r.id for r in ranges)
     missing = [rid for rid in range_ids if rformat.range_key(rid) not in existing_keys]
     if missing:
@@ -440,7 +455,7 @@ def _ranges_of(store: BlobStore, metarange_ids: set[str], existing_keys: set[str
             f"nothing deleted",
             metadata={"range_id": missing[0]},
         )
-    return range_ids
+    return metarange_ids | page_ids, range_ids
 
 
 def _candidates(

@@ -83,10 +83,10 @@ def range_ids_under(
 ) -> list[str]:
     """The ranges of a metarange that can hold paths under `prefix` (by their bounds)."""
     from quarry.blob import open_blob_store
-    from quarry.committed import format as rformat
+    from quarry.committed.metaranges import read_metarange
 
     with open_blob_store(storage_namespace, connection) as store:
-        ranges = rformat.read_metarange(store, metarange_id)
+        ranges = read_metarange(store, metarange_id)
     return [
         r.id
         for r in ranges

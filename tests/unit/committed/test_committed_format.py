@@ -42,8 +42,8 @@ def sample_entries(make_entry, n=20):
 
 
 def test_empty_metarange_id_is_fixed():
-    # Storage format 2 (the identity covers the address): the id header says v2.
-    assert hashlib.sha256(b"quarry/metarange/v2\x00").hexdigest() == EMPTY_METARANGE_ID
+    # Storage format 3 (two-level metaranges): the id header says v3.
+    assert hashlib.sha256(b"quarry/metarange/v3\x00").hexdigest() == EMPTY_METARANGE_ID
     assert metarange_id_of([]) == EMPTY_METARANGE_ID
 
 

@@ -181,4 +181,47 @@ def test_the_rewriter_never_overwrites_and_refuses_unknown_files(store):
     store.put(metarange_key(future), _retag(encode_metarange([info], future), b"metarange/v9"))
     with pytest.raises(FormatVersionMismatch):
         CommittedRewriter(store, "ns").metarange(future)
-    assert RANGE_FORMAT == b"range/v2" and METARANGE_FORMAT == b"metarange/v2"
+    assert RANGE_FORMAT == b"range/v3" and METARANGE_FORMAT == b"metarange/v3"
+
+
+def v2_range(store, batch: list[Entry]) -> RangeInfo:
+    """A range file as format 2 wrote it: this build's identities, format 2's tag and id."""
+    rows = RowBuffer()
+    for e in batch:
+        rows.append(e, len(e.path.encode()))
+    table = rows.to_table()
+    range_id = range_id_of(table, header=b"quarry/range/v2\x00")
+    store.put(range_key(range_id), _retag(encode_range(table, range_id), b"range/v2"))
+    return RangeInfo(range_id, batch[0].path, batch[-1].path, len(batch), 100 * len(batch))
+
+
+def test_a_flat_format_2_metarange_is_rebuilt_with_index_pages(store, tmp_path, monkeypatch):
+    """Format 2 → 3: a flat metarange of many ranges becomes an index root over pages
+    (metaranges.py), its ranges keep their rows under new ids; a cold manager reads every
+    entry back, and the old files are left as they were."""
+    from quarry.committed import metaranges
+
+    monkeypatch.setattr(metaranges, "PAGE_TARGET_RANGES", 4)
+    monkeypatch.setattr(metaranges, "PAGE_MAX_RANGES", 8)
+    batches = [entries(f"p{i:03d}", 3) for i in range(60)]
+    old_ranges = [v2_range(store, batch) for batch in batches]
+    old = metarange_id_of(old_ranges, header=b"quarry/metarange/v2\x00")
+    store.put(metarange_key(old), _retag(encode_metarange(old_ranges, old), b"metarange/v2"))
+    old_bytes = {key: store.get(key) for key in store.keys_written}
+    rewriter = CommittedRewriter(store, "ns")
+    new = rewriter.metarange(old)
+    assert new != old and rewriter.stats.ranges_rewritten == 60
+    pages, new_ranges = metaranges.read_metarange_tree(store, new)
+    assert len(pages) > 5
+    assert [(r.min_key, r.max_key, r.count) for r in new_ranges] == [
+        (r.min_key, r.max_key, r.count) for r in old_ranges
+    ]
+    assert {key: store.get(key) for key in old_bytes} == old_bytes
+    manager = CommittedManager(lambda ns: LocalBlobStore(str(tmp_path / "ns")), None)
+    try:
+        read = list(manager.iterate("ns", new))
+        expected = [e for batch in batches for e in batch]
+        assert read == expected
+        assert [e.identity for e in read] == [e.identity for e in expected]
+    finally:
+        manager.close()

@@ -1,6 +1,7 @@
-"""Metarange encodings derived from a neighbour's (quarry.committed.metaranges): the same
-rows, file and id as the metarange built row by row, whatever the edit; and the memory they
-take counted within the metarange cache's bound."""
+"""The two-level metarange (quarry.committed.metaranges): pages cut from the ranges alone
+(the same ranges give the same pages and id whatever the base they were planned from), files
+that read back to the ranges, and a localized change that writes a page or two and a small
+root instead of a file naming every range."""
 
 from __future__ import annotations
 
@@ -11,27 +12,24 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from quarry.blob import LocalBlobStore
+from quarry.blob import CountingBlobStore, LocalBlobStore
 from quarry.committed import CommittedManager, metaranges
 from quarry.committed.format import (
     EMPTY_METARANGE_ID,
-    METARANGE_ID_HEADER,
-    decode_metarange,
+    FORMAT_TAG,
+    METARANGE_FORMAT,
+    METARANGE_INDEX_FORMAT,
     metarange_id_of,
     metarange_key,
-    range_frame,
 )
-from quarry.committed.loader import LoaderOptions, RangeLoader
 from quarry.committed.metaranges import (
-    derive_metarange_encoding,
-    encode_metarange,
-    encode_metarange_table,
-    metarange_encoding,
-    metarange_table,
+    plan_metarange,
+    read_metarange,
+    read_metarange_tree,
+    root_id_of,
+    write_metarange,
 )
 from quarry.committed.rangedata import MetaRange
-from quarry.committed.stats import StatsCounter
-from quarry.committed.writer import Chunking, RangeWriter
 from quarry.graveler.model import RangeInfo
 
 
@@ -51,8 +49,8 @@ def _edit(rng: random.Random, ranges: list[RangeInfo], step: int) -> list[RangeI
     out = list(ranges)
     for _ in range(rng.choice([0, 1, 1, 2, 3])):
         at = rng.randrange(len(out) + 1)
-        width = rng.choice([0, 1, 2, 5])
-        keys = sorted({rng.randrange(10**6) for _ in range(rng.choice([0, 1, 3]))})
+        width = rng.choice([0, 1, 2, 5, 40])
+        keys = sorted({rng.randrange(10**6) for _ in range(rng.choice([0, 1, 3, 30]))})
         lo = out[at - 1].max_key if at else ""
         hi = out[at + width].min_key if at + width < len(out) else "\uffff"
         new = [_info(rng, k, f"{step}") for k in keys]
@@ -62,54 +60,75 @@ def _edit(rng: random.Random, ranges: list[RangeInfo], step: int) -> list[RangeI
         i = rng.randrange(len(out))
         r = out[i]
         out[i] = RangeInfo(r.id, r.min_key, r.max_key, r.count, r.size_bytes)  # equal, not same
-    if rng.random() < 0.05:
+    if rng.random() < 0.03:
         out = []
     return out
 
 
-def _assert_same_as_row_by_row(derived, ranges: list[RangeInfo]) -> None:
-    scratch = metarange_encoding(ranges)
-    assert derived.id == scratch.id == metarange_id_of(ranges)
-    # Every kept hash state is the hash of the frames before its range.
-    every = metaranges.CHECKPOINT_RANGES
-    assert len(derived.checkpoints) == len(ranges) // every + 1
-    for j, state in enumerate(derived.checkpoints):
-        before = b"".join(range_frame(r) for r in ranges[: j * every])
-        assert state.hexdigest() == hashlib.sha256(METARANGE_ID_HEADER + before).hexdigest()
-    assert derived.frames == scratch.frames
-    assert derived.ends.equals(scratch.ends)
-    assert derived.table.equals(metarange_table(ranges))
-    data = encode_metarange_table(derived.table, derived.id)
-    # The file the row-by-row path writes, to the byte, and its rows read back.
-    assert data == encode_metarange(ranges, derived.id)
-    assert decode_metarange(data) == ranges
+@pytest.fixture
+def small_pages(monkeypatch):
+    """Pages of ~4 ranges (at most 8): many pages from a few hundred ranges."""
+    monkeypatch.setattr(metaranges, "PAGE_TARGET_RANGES", 4)
+    monkeypatch.setattr(metaranges, "PAGE_MAX_RANGES", 8)
 
 
-@pytest.mark.parametrize("every", [1024, 7, 1])
-@pytest.mark.parametrize("seed", range(30))
-def test_a_derived_encoding_is_the_row_by_row_one(seed, every, monkeypatch):
-    """A chain of edits, each derived from the previous encoding (as commits on a branch
-    do): table, id frames, id and file bytes equal those built row by row, with hash
-    checkpoints every `every` ranges."""
-    monkeypatch.setattr(metaranges, "CHECKPOINT_RANGES", every)
+def _as_metarange(ranges: list[RangeInfo], plan: metaranges.MetaRangePlan) -> MetaRange:
+    return MetaRange(plan.id, ranges, [], None, plan.pages, plan.page_ends)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_plan_derived_from_a_base_is_the_plan_from_scratch(seed, small_pages):
+    """A chain of edits, each planned from the previous metarange (as commits on a branch
+    are): id, pages and page ends equal those planned from the ranges alone; every page
+    ends at a page end or at the cap; a one-page list is flat under its flat id."""
     rng = random.Random(seed)
     ranges = sorted(
-        (_info(rng, k, "0") for k in rng.sample(range(10**6), rng.randrange(0, 300))),
+        (_info(rng, k, "0") for k in rng.sample(range(10**6), rng.randrange(0, 400))),
         key=lambda r: r.min_key,
     )
-    encoding = metarange_encoding(ranges)
-    _assert_same_as_row_by_row(encoding, ranges)
-    for step in range(1, 12):
+    plan = plan_metarange(ranges)
+    for step in range(1, 15):
         edited = _edit(rng, ranges, step)
-        encoding = derive_metarange_encoding(ranges, encoding, edited)
-        _assert_same_as_row_by_row(encoding, edited)
-        ranges = edited
+        derived = plan_metarange(edited, _as_metarange(ranges, plan))
+        scratch = plan_metarange(edited)
+        assert (derived.id, derived.pages, derived.page_ends) == (
+            scratch.id,
+            scratch.pages,
+            scratch.page_ends,
+        )
+        if not scratch.pages:
+            assert scratch.id == (metarange_id_of(edited) if edited else EMPTY_METARANGE_ID)
+        else:
+            assert scratch.id == root_id_of(scratch.pages)
+            starts = (0, *scratch.page_ends[:-1])
+            for start, end, page in zip(starts, scratch.page_ends, scratch.pages, strict=True):
+                assert page.id == metarange_id_of(edited[start:end])
+                assert (
+                    end - start == 8
+                    or metaranges.is_page_end(edited[end - 1])
+                    or end == len(edited)
+                )
+            assert scratch.page_ends[-1] == len(edited)
+        ranges, plan = edited, derived
 
 
-def test_the_empty_metarange_encoding_has_the_fixed_id():
-    assert metarange_encoding([]).id == EMPTY_METARANGE_ID
-    one = [RangeInfo("a" * 64, "a", "b", 1, 10)]
-    assert derive_metarange_encoding(one, metarange_encoding(one), []).id == EMPTY_METARANGE_ID
+def test_small_metaranges_stay_flat_and_large_ones_get_a_root(tmp_path, small_pages):
+    rng = random.Random(1)
+    store = LocalBlobStore(str(tmp_path))
+    few = sorted((_info(rng, k, "f") for k in range(5)), key=lambda r: r.min_key)
+    few = [r for r in few if not metaranges.is_page_end(r)]  # one page
+    flat = write_metarange(store, few)
+    assert flat == metarange_id_of(few)
+    tag = pq.ParquetFile(pa.BufferReader(store.get(metarange_key(flat)))).metadata.metadata
+    assert tag[FORMAT_TAG] == METARANGE_FORMAT
+    assert read_metarange_tree(store, flat) == ([], few)
+    many = sorted((_info(rng, k, "m") for k in range(300)), key=lambda r: r.min_key)
+    root = write_metarange(store, many)
+    tag = pq.ParquetFile(pa.BufferReader(store.get(metarange_key(root)))).metadata.metadata
+    assert tag[FORMAT_TAG] == METARANGE_INDEX_FORMAT
+    pages, ranges = read_metarange_tree(store, root)
+    assert ranges == many and len(pages) > 10
+    assert read_metarange(store, root) == many
 
 
 class _RemoteDirectory(LocalBlobStore):
@@ -124,15 +143,16 @@ class _RemoteDirectory(LocalBlobStore):
 
 
 @pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
-def test_commits_and_merges_write_the_row_by_row_metarange(tmp_path, make_entry, remote):
-    """Through the manager: every metarange written from a base's encoding is, in the
-    store, the file the row-by-row path writes for its ranges, under that path's id:
-    zstd-compressed for a remote store, uncompressed into a local directory."""
+def test_commits_and_merges_write_the_metarange_of_their_ranges(tmp_path, make_entry, remote):
+    """Through the manager: every metarange a commit or merge writes from its base is, in
+    the store, the metarange write_metarange writes for its ranges from scratch (same id,
+    same files), zstd-compressed for a remote store, uncompressed into a local directory;
+    a cold manager reads the same ranges back."""
     namespace = str(tmp_path / "ns")
     opener = _RemoteDirectory if remote else LocalBlobStore
-    manager = CommittedManager(opener, None, target_range_entries=8)
+    manager = CommittedManager(opener, None, target_range_entries=4)
     try:
-        paths = [f"d/{i:05d}" for i in range(2000)]
+        paths = [f"d/{i:05d}" for i in range(3000)]
         base = manager.write_metarange(namespace, [make_entry(p) for p in paths]).metarange_id
         store = manager.store(namespace)
         rng = random.Random(3)
@@ -142,69 +162,58 @@ def test_commits_and_merges_write_the_row_by_row_metarange(tmp_path, make_entry,
             changes = [(p, make_entry(p, version)) for p in paths[start : start + 30 : 3]]
             heads.append(manager.apply_changes(namespace, heads[-1], changes).metarange_id)
         merged = manager.merge_metaranges(namespace, heads[2], heads[-1], heads[3])
+        cold = CommittedManager(opener, None, target_range_entries=4)
+        scratch = LocalBlobStore(str(tmp_path / "scratch"))
         for metarange_id in [*heads, merged.metarange_id]:
             ranges = manager.get_metarange(namespace, metarange_id)
-            assert metarange_id == metarange_id_of(ranges)
+            assert cold.get_metarange(namespace, metarange_id) == ranges
+            assert write_metarange(scratch, ranges) == metarange_id
+            pages, read = read_metarange_tree(store, metarange_id)
+            assert read == ranges and len(pages) > 1
             data = store.get(metarange_key(metarange_id))
-            expected = encode_metarange_table(metarange_table(ranges), metarange_id, remote)
-            assert data == expected
-            assert decode_metarange(data) == ranges
             codec = pq.ParquetFile(pa.BufferReader(data)).metadata.row_group(0).column(0)
             assert codec.compression == ("ZSTD" if remote else "UNCOMPRESSED")
+        cold.close()
     finally:
         manager.close()
 
 
-def test_encodings_are_counted_within_the_metarange_cache_bound(tmp_path, make_entry):
-    """The encodings kept for the next derivation take their bytes from the metarange
-    cache's budget: however many metaranges are written, the cache holds at most its
-    bound, and what it holds counts every encoding's table and frames."""
-    bound = 400_000  # a few metaranges of ~500 ranges with their encodings
-    loader = RangeLoader(LocalBlobStore, LoaderOptions(metarange_cache_bytes=bound), StatsCounter())
-    writer = RangeWriter(loader, Chunking(target_entries=4))
+def test_a_one_range_change_writes_a_page_or_two_and_a_root(tmp_path, make_entry):
+    """The point of the index: on a metarange of ~2,500 ranges (~20 pages), one changed
+    entry writes its range, at most two index pages and the root, and the metarange files
+    written hold a few hundred rows, not one per range of the repository. A cold reader
+    that holds the base reads only the new root and the pages that changed."""
     namespace = str(tmp_path / "ns")
-    try:
-        head = writer.write_entries(
-            namespace, [make_entry(f"p/{i:05d}") for i in range(2000)]
-        ).metarange_id
-        base = loader.metarange(namespace, head)
-        encoding = loader.metarange_encoding(namespace, base)
-        assert encoding.nbytes >= encoding.table.nbytes + len(encoding.frames)
-        for version in range(1, 30):
-            ranges = list(base.ranges)
-            old = ranges[version]
-            ranges[version] = RangeInfo(
-                "f" * 64, old.min_key, old.max_key, old.count, old.size_bytes + version
-            )
-            writer.write_metarange_file(namespace, ranges, base)
-            assert 0 < loader.metarange_cache_bytes <= bound
-            base = loader.metarange(namespace, metarange_id_of(ranges))
-        # A metarange just written is kept with its encoding, both counted in full.
-        loader.clear_memory_cache()
-        base_encoding = loader.metarange_encoding(namespace, base)  # built and kept
-        assert loader.metarange_cache_bytes == base_encoding.nbytes
-        ranges = list(base.ranges[1:])
-        encoding = writer.metarange_encoding(namespace, ranges, base)
-        writer.write_metarange_file(namespace, ranges, encoding=encoding)
-        written = MetaRange(encoding.id, ranges)
-        assert loader.metarange_cache_bytes == (
-            base_encoding.nbytes + written.cache_bytes + encoding.nbytes
-        )
-        assert loader.metarange_encoding(namespace, written) is encoding
-    finally:
-        writer.close()
-        loader.close()
+    stores: dict[str, CountingBlobStore] = {}
 
+    def opener(ns: str) -> CountingBlobStore:
+        return stores.setdefault(ns, CountingBlobStore(LocalBlobStore(ns)))
 
-def test_ranges_under_no_id_never_share_a_kept_encoding(tmp_path):
-    """Lists of ranges without a metarange id (a merge's splice) are encoded as they are:
-    one such list's encoding is never served for another."""
-    loader = RangeLoader(LocalBlobStore, LoaderOptions(), StatsCounter())
-    namespace = str(tmp_path / "ns")
-    one = [RangeInfo("a" * 64, "a", "b", 1, 10)]
-    two = [RangeInfo("b" * 64, "c", "d", 2, 20)]
+    manager = CommittedManager(opener, None, target_range_entries=8)
     try:
-        assert loader.metarange_encoding(namespace, MetaRange("", one)).id == metarange_id_of(one)
-        assert loader.metarange_encoding(namespace, MetaRange("", two)).id == metarange_id_of(two)
+        paths = [f"p/{i:06d}" for i in range(20_000)]
+        base = manager.write_metarange(namespace, [make_entry(p) for p in paths]).metarange_id
+        base_ranges = manager.get_metarange(namespace, base)
+        store = stores[namespace]
+        base_pages, _ = read_metarange_tree(store, base)
+        assert len(base_ranges) > 2000 and len(base_pages) >= 10
+        store.reset()
+        manager.reset_stats()
+        path = paths[len(paths) // 2]
+        result = manager.apply_changes(namespace, base, [(path, make_entry(path, 1))])
+        stats = manager.stats
+        assert stats.ranges_written <= 2
+        assert stats.metaranges_written == 1 and stats.metarange_pages_written <= 2
+        written = [k for k in store.keys_written if k.startswith("_quarry/metaranges/")]
+        assert len(written) == 1 + stats.metarange_pages_written <= 3
+        rows = sum(pq.ParquetFile(pa.BufferReader(store.get(k))).metadata.num_rows for k in written)
+        assert rows <= len(base_pages) + 2 * metaranges.PAGE_MAX_RANGES < len(base_ranges) / 2
+        # A reader holding the base reads the new root and its new pages only.
+        cold = CommittedManager(opener, None, target_range_entries=8)
+        cold.get_metarange(namespace, base)
+        cold.reset_stats()
+        assert cold.get_entry(namespace, result.metarange_id, path) == make_entry(path, 1)
+        assert cold.stats.metaranges_read == len(written)
+        cold.close()
     finally:
-        loader.close()
+        manager.close()
