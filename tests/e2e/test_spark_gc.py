@@ -6,11 +6,13 @@ internal files)."""
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import os
 import subprocess
 import sys
 import uuid
+from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
@@ -18,6 +20,7 @@ import quarry.spark as qs
 from quarry import errors
 from quarry.blob import open_blob_store
 from quarry.blob.ownership import MARKER_KEY
+from quarry.cli.main import main as quarry_main
 from quarry.committed import format as rformat
 from quarry.retention import RetentionRules
 from quarry.spark.common import EPHEMERAL_PREFIX, new_job_id
@@ -218,7 +221,11 @@ def test_branch_override_keeps_its_history(spark, suite, conn):
     assert not set(history.a_files) & set(overridden.collectable["data"].sample)
 
 
-def test_gc_command_line_dry_run_and_sweep(spark, suite, conn, tmp_path):
+def test_gc_command_line_dry_run_and_sweep(spark, suite, conn, tmp_path, monkeypatch):
+    """`quarry gc`'s commands as a user types them. The sweep (the run that deletes) is a
+    real `python -m quarry.cli.main` process with its own Spark JVM; the other commands run
+    the same main() in this process, where `gc run` gets the tests' Spark session (a JVM
+    start per command cost about 20 s each)."""
     history = History(spark, suite, conn)
     rules = tmp_path / "rules.json"
     rules.write_text(
@@ -230,17 +237,28 @@ def test_gc_command_line_dry_run_and_sweep(spark, suite, conn, tmp_path):
         )
     )
     now = (dt.datetime.now(dt.UTC) + LATER).isoformat()
-    env = {**os.environ, "QUARRY_HOME": str(tmp_path / "home")}
+    home = str(tmp_path / "home")
     connect = ["--branch-manager", conn.branch_manager, "--committer", conn.committer]
 
-    def quarry(*args, timeout=300):
+    def quarry_process(*args, timeout=300):
         return subprocess.run(
             [sys.executable, "-m", "quarry.cli.main", *args, *connect],
             capture_output=True,
             text=True,
-            env=env,
+            env={**os.environ, "QUARRY_HOME": home},
             timeout=timeout,
         )
+
+    def quarry(*args):
+        out, err = io.StringIO(), io.StringIO()
+        with monkeypatch.context() as env:
+            env.setenv("QUARRY_HOME", home)
+            with redirect_stdout(out), redirect_stderr(err):
+                try:
+                    code = quarry_main([*args, *connect])
+                except SystemExit as exc:  # argparse's usage errors
+                    code = exc.code
+        return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
     run = ["gc", "run", history.repo, "--now", now, "--grace-hours", "0", "--master", "local[1]"]
     # The repository's stored rules (60 days) keep A; a rules file given to the run wins.
@@ -252,10 +270,9 @@ def test_gc_command_line_dry_run_and_sweep(spark, suite, conn, tmp_path):
         "60",
         "--branch-retention",
         "main=61",
-        timeout=60,
     )
     assert stored.returncode == 0, stored.stderr
-    shown = quarry("gc", "show-rules", history.repo, "--json", timeout=60)
+    shown = quarry("gc", "show-rules", history.repo, "--json")
     assert json.loads(shown.stdout) == {
         "default_retention_days": 60.0,
         "branches": [{"branch_id": "main", "retention_days": 61.0}],
@@ -272,8 +289,8 @@ def test_gc_command_line_dry_run_and_sweep(spark, suite, conn, tmp_path):
     assert report["rules"]["default_retention_days"] == 7
     assert set(history.a_files[2:]) <= set(report["collectable"]["data"]["sample"])
 
-    assert quarry("gc", "delete-rules", history.repo, timeout=60).returncode == 0
-    swept = quarry(*run, "--retention-days", "7", "--sweep")
+    assert quarry("gc", "delete-rules", history.repo).returncode == 0
+    swept = quarry_process(*run, "--retention-days", "7", "--sweep")
     assert swept.returncode == 0, swept.stderr[-2000:]
     assert "Deleted" in swept.stdout and "sweep" in swept.stdout
     assert not set(history.a_files[2:]) & history.keys()
@@ -284,16 +301,14 @@ def test_gc_command_line_dry_run_and_sweep(spark, suite, conn, tmp_path):
     assert every.returncode == 0, every.stderr[-2000:]
     reports = {r["repository"]: r for r in json.loads(every.stdout)}
     assert history.repo in reports and reports[history.repo]["sweep"] is False
-    neither = quarry("gc", "run", timeout=60)
+    neither = quarry("gc", "run")
     assert neither.returncode == 2 and "give a repository or --all" in neither.stderr
 
-    bad = quarry("gc", "run", history.repo, "--retention-days", "-1", timeout=60)
+    bad = quarry("gc", "run", history.repo, "--retention-days", "-1")
     assert bad.returncode != 0 and "negative" in bad.stderr
-    missing = quarry("gc", "show-rules", history.repo, timeout=60)
+    missing = quarry("gc", "show-rules", history.repo)
     assert missing.returncode == 1 and "GC_RULES_NOT_FOUND" in missing.stderr
-    invalid = quarry(
-        "gc", "set-rules", history.repo, "--branch-retention", "bad/name=3", timeout=60
-    )
+    invalid = quarry("gc", "set-rules", history.repo, "--branch-retention", "bad/name=3")
     assert invalid.returncode == 1 and "INVALID_NAME" in invalid.stderr, invalid.stderr
 
 
