@@ -16,6 +16,7 @@ Sizes: BENCH_S3_BIG_MIB (64), BENCH_S3_SMALL_OPS (800 per row), BENCH_S3_CLIENTS
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -114,10 +115,23 @@ def _process(args: list[str], endpoint: str, env=None) -> subprocess.Popen:
 
 
 def main() -> None:
+    try:
+        _run()
+    finally:
+        # The objects written (hundreds of MiB) are not kept.
+        for directory in _TEMP_DIRS:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+_TEMP_DIRS: list[str] = []
+
+
+def _run() -> None:
     from support.s3gateway import running_gateway
 
     bin_dir = Path(sys.executable).parent
     home = Path(tempfile.mkdtemp(prefix="quarry-bench-s3-"))
+    _TEMP_DIRS.append(str(home))
     results = {}
     # The gateway as configured by default, and with QUARRY_S3_GATEWAY_CACHE_SECONDS=0 (every
     # request asks Auth/VerifySignature and looks the repository and branch up again: what
@@ -130,6 +144,7 @@ def main() -> None:
             results[name] = measure(name, gateway.endpoint, gateway.credentials(), "bench", "main/")
     bare_port, moto_port = free_port(), free_port()
     bare_dir = tempfile.mkdtemp(prefix="quarry-bench-bare-")
+    _TEMP_DIRS.append(bare_dir)
     bare = _process(
         [sys.executable, str(HERE / "s3_bare_endpoint.py"), str(bare_port), bare_dir],
         f"http://127.0.0.1:{bare_port}/",
