@@ -488,28 +488,7 @@ class Settings:
                 "retired staging tokens must outlive every cached record that names them, "
                 f"not {self.staging_drop_grace_seconds:g}"
             )
-        for name in ("branch_retry_attempts", "merge_retry_attempts"):
-            if getattr(self, name) < 1:
-                raise errors.InvalidArgument(
-                    f"setting {name} must be at least 1, not {getattr(self, name)}"
-                )
-        if self.kv_throttle_retries < 0:
-            raise errors.InvalidArgument(
-                f"setting kv_throttle_retries must be 0 or more, not {self.kv_throttle_retries}"
-            )
-        if not 0 < self.kv_throttle_backoff_base_seconds <= self.kv_throttle_backoff_cap_seconds:
-            raise errors.InvalidArgument(
-                "settings kv_throttle_backoff_base_seconds and kv_throttle_backoff_cap_seconds "
-                "must be positive, the base at most the cap, not "
-                f"{self.kv_throttle_backoff_base_seconds:g} and "
-                f"{self.kv_throttle_backoff_cap_seconds:g}"
-            )
-        if not 0 < self.branch_retry_base_seconds <= self.branch_retry_cap_seconds:
-            raise errors.InvalidArgument(
-                "settings branch_retry_base_seconds and branch_retry_cap_seconds must be "
-                "positive, the base at most the cap, not "
-                f"{self.branch_retry_base_seconds:g} and {self.branch_retry_cap_seconds:g}"
-            )
+        self._check_backoffs()
         if not 0 < self.auth_token_lifetime_seconds <= MAX_TOKEN_LIFETIME_SECONDS:
             raise errors.InvalidArgument(
                 f"setting auth_token_lifetime_seconds must be 1..{MAX_TOKEN_LIFETIME_SECONDS}, "
@@ -571,6 +550,28 @@ class Settings:
         if self.metrics_base_port <= 0:
             return 0
         return self.metrics_base_port + SERVICES.index(service)
+
+    def _check_backoffs(self) -> None:
+        """Retry limits that could not work: no attempt at all, or a backoff that is not
+        positive or starts above its cap."""
+        for name, least in (
+            ("branch_retry_attempts", 1),
+            ("merge_retry_attempts", 1),
+            ("kv_throttle_retries", 0),
+        ):
+            if getattr(self, name) < least:
+                raise errors.InvalidArgument(
+                    f"setting {name} must be at least {least}, not {getattr(self, name)}"
+                )
+        for base, cap in (
+            ("branch_retry_base_seconds", "branch_retry_cap_seconds"),
+            ("kv_throttle_backoff_base_seconds", "kv_throttle_backoff_cap_seconds"),
+        ):
+            if not 0 < getattr(self, base) <= getattr(self, cap):
+                raise errors.InvalidArgument(
+                    f"settings {base} and {cap} must be positive, the base at most the cap, "
+                    f"not {getattr(self, base):g} and {getattr(self, cap):g}"
+                )
 
     @property
     def effective_kv_url(self) -> str:

@@ -34,13 +34,11 @@ def credentials_create(args: argparse.Namespace, ctx: Context) -> int:
 
 @command
 def credentials_list(args: argparse.Namespace, ctx: Context) -> int:
-    found = list(ctx.client.iter_credentials(args.user))
-    if ctx.json:
-        output.print_json(found)
-        return 0
-    output.table(
-        ["ACCESS KEY ID", "USER", "CREATED"],
-        [(c.access_key_id, c.user_id, output.timestamp_text(c.created_at)) for c in found],
+    output.listing(
+        list(ctx.client.iter_credentials(args.user)),
+        ctx.json,
+        ("ACCESS KEY ID", "USER", "CREATED"),
+        lambda c: (c.access_key_id, c.user_id, output.timestamp_text(c.created_at)),
     )
     return 0
 

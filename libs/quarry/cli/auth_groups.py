@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from quarry.cli import output
+from quarry.cli.auth_users import USER_COLUMNS, user_row
 from quarry.cli.base import Context, Subparsers, command, confirm, group, leaf
 
 
@@ -20,13 +21,11 @@ def groups_create(args: argparse.Namespace, ctx: Context) -> int:
 
 @command
 def groups_list(args: argparse.Namespace, ctx: Context) -> int:
-    groups = list(ctx.client.iter_groups())
-    if ctx.json:
-        output.print_json(groups)
-        return 0
-    output.table(
-        ["ID", "DESCRIPTION", "CREATED"],
-        [(g.id, g.description or "-", output.timestamp_text(g.created_at)) for g in groups],
+    output.listing(
+        list(ctx.client.iter_groups()),
+        ctx.json,
+        ("ID", "DESCRIPTION", "CREATED"),
+        lambda g: (g.id, g.description or "-", output.timestamp_text(g.created_at)),
     )
     return 0
 
@@ -34,13 +33,7 @@ def groups_list(args: argparse.Namespace, ctx: Context) -> int:
 @command
 def groups_members(args: argparse.Namespace, ctx: Context) -> int:
     users = list(ctx.client.iter_group_members(args.group))
-    if ctx.json:
-        output.print_json(users)
-        return 0
-    output.table(
-        ["ID", "EMAIL", "CREATED"],
-        [(u.id, u.email or "-", output.timestamp_text(u.created_at)) for u in users],
-    )
+    output.listing(users, ctx.json, USER_COLUMNS, user_row)
     return 0
 
 

@@ -45,10 +45,9 @@ def policies_list(args: argparse.Namespace, ctx: Context) -> int:
         policies = list(ctx.client.iter_group_policies(args.group))
     else:
         policies = list(ctx.client.iter_policies())
-    if ctx.json:
-        output.print_json(policies)
-        return 0
-    output.table(["ID", "CREATED"], [(p.id, output.timestamp_text(p.created_at)) for p in policies])
+    output.listing(
+        policies, ctx.json, ("ID", "CREATED"), lambda p: (p.id, output.timestamp_text(p.created_at))
+    )
     return 0
 
 

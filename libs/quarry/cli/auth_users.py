@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from quarry.cli import output
 from quarry.cli.base import Context, Subparsers, command, confirm, group, leaf
+
+# A table of users (`auth users list`, `auth groups members`).
+USER_COLUMNS = ("ID", "EMAIL", "CREATED")
+
+
+def user_row(user: Any) -> tuple[str, str, str]:
+    return (user.id, user.email or "-", output.timestamp_text(user.created_at))
 
 
 @command
@@ -20,14 +28,7 @@ def users_create(args: argparse.Namespace, ctx: Context) -> int:
 
 @command
 def users_list(args: argparse.Namespace, ctx: Context) -> int:
-    users = list(ctx.client.iter_users())
-    if ctx.json:
-        output.print_json(users)
-        return 0
-    output.table(
-        ["ID", "EMAIL", "CREATED"],
-        [(u.id, u.email or "-", output.timestamp_text(u.created_at)) for u in users],
-    )
+    output.listing(list(ctx.client.iter_users()), ctx.json, USER_COLUMNS, user_row)
     return 0
 
 

@@ -29,13 +29,11 @@ def branch_create(args: argparse.Namespace, ctx: Context) -> int:
 
 @command
 def branch_list(args: argparse.Namespace, ctx: Context) -> int:
-    branches = list(ctx.client.iter_branches(args.repo))
-    if ctx.json:
-        output.print_json(branches)
-        return 0
-    output.table(
-        ["NAME", "COMMIT", "UNCOMMITTED"],
-        [(b.name, output.short_id(b.commit_id), _dirty_text(b)) for b in branches],
+    output.listing(
+        list(ctx.client.iter_branches(args.repo)),
+        ctx.json,
+        ("NAME", "COMMIT", "UNCOMMITTED"),
+        lambda b: (b.name, output.short_id(b.commit_id), _dirty_text(b)),
     )
     return 0
 

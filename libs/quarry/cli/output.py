@@ -6,7 +6,7 @@ import datetime as _dt
 import json
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from google.protobuf import descriptor, timestamp_pb2
@@ -99,6 +99,20 @@ def print_json(value: Any, stream: TextIO | None = None) -> None:
         value = [to_jsonable(v) if isinstance(v, Message) else v for v in value]
     json.dump(value, stream, indent=2, sort_keys=False)
     stream.write("\n")
+
+
+def listing(
+    items: Sequence[Any],
+    as_json: bool,
+    headers: Sequence[str],
+    row: Callable[[Any], Sequence[Any]],
+) -> None:
+    """A list command's output: the items as one JSON array (`--json`), or a table of
+    `row(item)` under `headers`."""
+    if as_json:
+        print_json(list(items))
+    else:
+        table(headers, [row(item) for item in items])
 
 
 def table(

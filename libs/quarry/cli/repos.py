@@ -25,16 +25,16 @@ def repo_create(args: argparse.Namespace, ctx: Context) -> int:
 
 @command
 def repo_list(args: argparse.Namespace, ctx: Context) -> int:
-    repos = list(ctx.client.iter_repositories())
-    if ctx.json:
-        output.print_json(repos)
-        return 0
-    output.table(
-        ["NAME", "DEFAULT BRANCH", "STORAGE NAMESPACE", "CREATED"],
-        [
-            (r.name, r.default_branch, r.storage_namespace, output.timestamp_text(r.creation_time))
-            for r in repos
-        ],
+    output.listing(
+        list(ctx.client.iter_repositories()),
+        ctx.json,
+        ("NAME", "DEFAULT BRANCH", "STORAGE NAMESPACE", "CREATED"),
+        lambda r: (
+            r.name,
+            r.default_branch,
+            r.storage_namespace,
+            output.timestamp_text(r.creation_time),
+        ),
     )
     return 0
 

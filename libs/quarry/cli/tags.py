@@ -20,11 +20,12 @@ def tag_create(args: argparse.Namespace, ctx: Context) -> int:
 
 @command
 def tag_list(args: argparse.Namespace, ctx: Context) -> int:
-    tags = list(ctx.client.iter_tags(args.repo))
-    if ctx.json:
-        output.print_json(tags)
-        return 0
-    output.table(["NAME", "COMMIT"], [(t.name, output.short_id(t.commit_id)) for t in tags])
+    output.listing(
+        list(ctx.client.iter_tags(args.repo)),
+        ctx.json,
+        ("NAME", "COMMIT"),
+        lambda t: (t.name, output.short_id(t.commit_id)),
+    )
     return 0
 
 

@@ -4,7 +4,6 @@ branches with staged data, and counting the staged items of their tokens."""
 from __future__ import annotations
 
 import logging
-import time
 
 from quarry.compaction.state import (
     LIST_PAGE,
@@ -99,7 +98,7 @@ class RebuildMixin(SensorParts):
     def _maybe_discover(self) -> None:
         """Find the branches with staged or sealed data that this process has not heard of
         (after a restart): they are refreshed and rebuilt like reported ones."""
-        now = time.monotonic()
+        now = self._monotonic()
         if (
             self._discovered_at is not None
             and now - self._discovered_at < self.discovery_interval_seconds

@@ -90,9 +90,12 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
         thresholds: Thresholds | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         **options: Unpack[TuningOptions],
     ) -> None:
-        """`options`: the fields of SensorTuning (intervals and rebuild budgets)."""
+        """`options`: the fields of SensorTuning (intervals and rebuild budgets). `clock`:
+        the wall clock (compaction ages); `monotonic`: the clock of the refresh and
+        discovery schedules (a test moves either instead of waiting)."""
         expose(*SENSOR_METRICS)
         tuning = replace(SensorTuning(), **options)
         check_interval_seconds = tuning.check_interval_seconds
@@ -108,6 +111,7 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
         self.discovery_interval_seconds = tuning.discovery_interval_seconds
         self.stale_after_seconds = tuning.stale_after_seconds
         self._clock = clock
+        self._monotonic = monotonic
         self._lock = threading.Lock()
         self._branches: dict[tuple[str, str], BranchState] = {}
         self._discovered_at: float | None = None
@@ -265,7 +269,7 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
         return triggered
 
     def _due_for_refresh(self) -> list[tuple[str, str]]:
-        now = time.monotonic()
+        now = self._monotonic()
         due = []
         with self._lock:
             for key, state in self._branches.items():
@@ -335,7 +339,7 @@ class CompactionSensor(RebuildMixin, TriggerMixin):
             state.last_compaction = last
             state.staging_token = branch.staging_token
             state.refreshed_reports = reports_before
-            state.refreshed_at = time.monotonic()
+            state.refreshed_at = self._monotonic()
             if not state.rebuilt and not is_dirty(branch) and not branch.sealed_tokens:
                 state.rebuilt = True  # nothing acknowledged is staged: nothing to count
         SEALED_TOKENS.labels(*branch_labels(key[0], key[1])).set(len(branch.sealed_tokens))

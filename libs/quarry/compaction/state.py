@@ -241,6 +241,8 @@ class SensorParts:
     _branches: dict[tuple[str, str], BranchState]
     _discovered_at: float | None
     _clock: Callable[[], float]  # seconds (time.time, or a test's clock)
+    # Seconds for the schedules (refresh, discovery): time.monotonic, or a test's clock.
+    _monotonic: Callable[[], float]
 
     def _forget(self, key: tuple[str, str]) -> None:
         raise NotImplementedError

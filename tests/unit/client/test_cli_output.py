@@ -71,6 +71,18 @@ def test_table_and_fields():
     assert human_bytes(1536) == "1.5 KiB" and human_bytes(12) == "12 B"
 
 
+def test_a_listing_is_one_json_array_or_a_table():
+    tags = [types_pb2.Tag(name="v1", commit_id="c" * 64), types_pb2.Tag(name="v2", commit_id="d")]
+    as_json = io.StringIO()
+    with contextlib.redirect_stdout(as_json):
+        output.listing(tags, True, ("NAME", "COMMIT"), lambda t: (t.name, t.commit_id))
+    assert [tag["name"] for tag in json.loads(as_json.getvalue())] == ["v1", "v2"]
+    as_table = io.StringIO()
+    with contextlib.redirect_stdout(as_table):
+        output.listing(tags, False, ("NAME", "COMMIT"), lambda t: (t.name, t.commit_id[:4]))
+    assert as_table.getvalue().splitlines() == ["NAME  COMMIT", "v1    cccc", "v2    d"]
+
+
 def test_json_keeps_int64_numbers_and_timestamps():
     entry = types_pb2.Entry(path="p", size_bytes=2**40, metadata={"b": "2", "a": "1"})
     entry.mtime.FromSeconds(1714564800)

@@ -21,7 +21,7 @@ from quarry.compaction.sensor import (
 )
 from quarry.graveler import errors as gerrors
 from quarry.graveler.model import Entry
-from support.compaction_fakes import FakeCompactor
+from support.compaction_fakes import Clock, FakeCompactor
 from support.wait import wait_until
 
 
@@ -274,6 +274,24 @@ def test_deleted_branches_are_forgotten(graveler, repo, make_sensor):
     assert sensor._stats((repo, "tmp")).puts == 0
     with pytest.raises(gerrors.BranchNotFound):
         sensor.get_branch_stats(repo, "tmp")
+
+
+def test_a_deleted_branch_is_forgotten_once_its_record_is_stale_on_the_sensors_clock(
+    graveler, repo, make_sensor
+):
+    """The refresh schedule runs on the sensor's monotonic clock: a test moves it past
+    stale_after_seconds instead of waiting (or setting the staleness to 0)."""
+    schedule = Clock(now=1000.0)
+    sensor = make_sensor(tombstones=100, monotonic=schedule)
+    graveler.create_branch(repo, "tmp", "main")
+    put(graveler, sensor, repo, "tmp", ["a"])
+    sensor.evaluate_once()  # read the record (counts rebuilt)
+    graveler.delete_branch(repo, "tmp")
+    sensor.evaluate_once()
+    assert sensor._stats((repo, "tmp")).puts == 1  # not stale yet: not read again
+    schedule.now += sensor.stale_after_seconds
+    sensor.evaluate_once()  # stale: read again, found deleted, forgotten
+    assert sensor._stats((repo, "tmp")).puts == 0
 
 
 def test_reports_without_repository_or_counts_are_ignored(make_sensor):

@@ -66,21 +66,28 @@ def test_no_change_and_abort_write_nothing(refs_and_repo, kv_store):
     assert refs.get_branch(repo, "main") == before
 
 
-def test_contention_past_the_budget_is_branch_contended(refs_and_repo, monkeypatch):
-    refs, repo = refs_and_repo
+def _always_moved(refs, monkeypatch) -> list[str]:
+    """Every swap loses: the stored record changes right before it. Returns the swaps
+    tried (their branch names), as they happen."""
+    from quarry.kv.store import Equals
+
     real_set = refs.set_branch_if
-    calls = []
+    calls: list[str] = []
 
     def always_moved(repo_, branch, predicate):
         calls.append(branch.name)
         current, current_predicate = refs.get_branch(repo_, branch.name)
         current.compacted_metarange_id = f"moved-{len(calls)}"
-        from quarry.kv.store import Equals
-
         real_set(repo_, current, Equals(current_predicate))
         return real_set(repo_, branch, predicate)
 
     monkeypatch.setattr(refs, "set_branch_if", always_moved)
+    return calls
+
+
+def test_contention_past_the_budget_is_branch_contended(refs_and_repo, monkeypatch):
+    refs, repo = refs_and_repo
+    calls = _always_moved(refs, monkeypatch)
     with pytest.raises(gerrors.BranchContended):
         refs.update_branch(
             repo, "main", lambda b: b, policy=RetryPolicy(max_attempts=3, base_seconds=0)
@@ -104,7 +111,6 @@ def test_the_retry_limits_are_the_services_settings(tmp_path, monkeypatch):
     QUARRY_BRANCH_RETRY_ATTEMPTS says, and a merge QUARRY_MERGE_RETRY_ATTEMPTS times."""
     from quarry.config import load_settings
     from quarry.kv.memory import MemoryStore
-    from quarry.kv.store import Equals
     from quarry.runtime.wiring import core_dependencies
     from support.fake_committed import FakeCommitted
 
@@ -122,17 +128,7 @@ def test_the_retry_limits_are_the_services_settings(tmp_path, monkeypatch):
     graveler = deps.graveler
     repo = graveler.create_repository("demo", str(tmp_path / "lake"))
     refs = graveler.refs
-    real_set = refs.set_branch_if
-    calls = []
-
-    def always_moved(repo_, branch, predicate):
-        calls.append(branch.name)
-        current, current_predicate = refs.get_branch(repo_, branch.name)
-        current.compacted_metarange_id = f"moved-{len(calls)}"
-        real_set(repo_, current, Equals(current_predicate))
-        return real_set(repo_, branch, predicate)
-
-    monkeypatch.setattr(refs, "set_branch_if", always_moved)
+    calls = _always_moved(refs, monkeypatch)
     with pytest.raises(gerrors.BranchContended):
         refs.update_branch(repo, "main", lambda b: b)  # no policy named: the core's
     assert len(calls) == 4
@@ -149,11 +145,13 @@ def test_the_retry_limits_are_the_services_settings(tmp_path, monkeypatch):
         {"QUARRY_MERGE_RETRY_ATTEMPTS": "0"},
         {"QUARRY_BRANCH_RETRY_BASE_SECONDS": "0"},
         {"QUARRY_BRANCH_RETRY_BASE_SECONDS": "1", "QUARRY_BRANCH_RETRY_CAP_SECONDS": "0.5"},
+        {"QUARRY_KV_THROTTLE_RETRIES": "-1"},
+        {"QUARRY_KV_THROTTLE_BACKOFF_BASE_SECONDS": "3"},  # above the 2 s cap
     ],
 )
 def test_retry_limits_that_could_not_work_are_refused(env, tmp_path):
     from quarry import errors
     from quarry.config import load_settings
 
-    with pytest.raises(errors.InvalidArgument, match="retry"):
+    with pytest.raises(errors.InvalidArgument, match=r"setting.* must be"):
         load_settings(env=env, home=str(tmp_path))
