@@ -1,5 +1,6 @@
 """Multi-process serving's parts that need no process: the workers' metrics summed as one
-process's, and the worker-count setting (tests/e2e/test_workers.py runs the real thing)."""
+process's, the worker-count setting, and the pid on spans and JSON log lines
+(tests/e2e/test_workers.py runs the real thing)."""
 
 from __future__ import annotations
 
@@ -102,3 +103,16 @@ def test_a_worker_knows_its_role_only_from_its_supervisor():
     assert worker_role({}) is None
     role = worker_role({WORKER_ENV: "1:3:7402"})
     assert role is not None and (role.index, role.count, role.port) == (1, 3, 7402)
+
+
+def test_spans_and_json_log_lines_name_the_worker_process():
+    import json
+    import logging
+
+    from quarry import telemetry
+    from quarry.telemetry.logs import JsonFormatter
+
+    provider = telemetry._provider("branch-manager")
+    assert provider.resource.attributes["process.pid"] == os.getpid()
+    record = logging.LogRecord("quarry.x", logging.INFO, __file__, 1, "hello", None, None)
+    assert json.loads(JsonFormatter("branch-manager").format(record))["pid"] == os.getpid()
