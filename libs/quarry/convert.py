@@ -21,6 +21,10 @@ from quarry.graveler.model import (
 )
 from quarry.v1 import types_pb2
 
+# google.protobuf.Timestamp's valid range (0001-01-01 .. 9999-12-31), as its own checks say.
+_MIN_SECONDS = -62_135_596_800
+_MAX_SECONDS = 253_402_300_799
+
 
 def entry_to_proto(entry: Entry, out: types_pb2.Entry | None = None) -> types_pb2.Entry:
     message = out if out is not None else types_pb2.Entry()
@@ -28,8 +32,13 @@ def entry_to_proto(entry: Entry, out: types_pb2.Entry | None = None) -> types_pb
     message.physical_address = entry.physical_address
     message.size_bytes = entry.size_bytes
     message.checksum = entry.checksum
-    if entry.mtime_us:
-        message.mtime.FromMicroseconds(entry.mtime_us)
+    mtime_us = entry.mtime_us
+    if mtime_us:
+        # Timestamp.FromMicroseconds, inlined (bulk streams: an import sends one per object).
+        seconds, micros = divmod(mtime_us, 1_000_000)
+        mtime = message.mtime
+        mtime.seconds = seconds
+        mtime.nanos = micros * 1000
     message.content_type = entry.content_type
     if entry.metadata:
         message.metadata.update(entry.metadata)
@@ -39,12 +48,20 @@ def entry_to_proto(entry: Entry, out: types_pb2.Entry | None = None) -> types_pb
 def entry_from_proto(message: types_pb2.Entry, path: str | None = None) -> Entry:
     """`path` overrides message.path (e.g. the path of the enclosing Change). An mtime
     outside the Timestamp range is the caller's mistake: InvalidEntry, never INTERNAL."""
-    try:
-        mtime_us = message.mtime.ToMicroseconds() if message.HasField("mtime") else 0
-    except ValueError as exc:
-        raise InvalidEntry(
-            f"{message.path}: invalid mtime: {exc}", metadata={"path": message.path}
-        ) from None
+    mtime_us = 0
+    if message.HasField("mtime"):
+        # Timestamp.ToMicroseconds with its validity check, inlined (the range-writer decodes
+        # one per entry of a WriteMetaRange stream).
+        mtime = message.mtime
+        seconds, nanos = mtime.seconds, mtime.nanos
+        if not (_MIN_SECONDS <= seconds <= _MAX_SECONDS and 0 <= nanos < 1_000_000_000):
+            raise InvalidEntry(
+                f"{message.path}: invalid mtime: seconds {seconds}, nanos {nanos} outside "
+                f"the Timestamp range [{_MIN_SECONDS}, {_MAX_SECONDS}] s, [0, 1e9) ns",
+                metadata={"path": message.path},
+            )
+        mtime_us = seconds * 1_000_000 + nanos // 1000
+    metadata = message.metadata
     return Entry(
         path if path is not None else message.path,
         message.physical_address,
@@ -52,7 +69,7 @@ def entry_from_proto(message: types_pb2.Entry, path: str | None = None) -> Entry
         message.checksum,
         mtime_us,
         message.content_type,
-        dict(message.metadata),
+        dict(metadata) if metadata else None,
     )
 
 

@@ -784,3 +784,49 @@ def test_a_detached_schema_gate_answers_and_stops_with_its_shell():
         shell.stdin.close()
         shell.wait(timeout=30)
     wait_until(lambda: not _alive(pid), timeout=20, what="the detached gate to stop")
+
+
+def test_an_import_waiting_on_a_slow_pre_commit_hook_stays_running(hooks, tmp_path):
+    """Hooks may run for minutes (QUARRY_ACTIONS_MAX_TIMEOUT_SECONDS): the import keeps its
+    status record fresh meanwhile, so it never reads as a dead import (FAILED), and then
+    completes."""
+    import time
+
+    from quarry.graveler import layout
+    from quarry.graveler.imports import ImportRecord
+    from quarry.kv.memory import MemoryStore
+    from quarry.v1 import committer_pb2 as cm
+    from support.suite import running_suite
+    from support.wait import wait_until
+
+    stale = 1.0
+    backend = MemoryStore()
+    source = tmp_path / "lake"
+    (source / "_quarry_actions").mkdir(parents=True)
+    (source / "_quarry_actions" / "gate.yaml").write_bytes(
+        action(hooks.url + "/slow", "  pre-commit:\n", timeout="60s")
+    )
+    with (
+        running_suite(
+            tmp_path / "suite",
+            backend=backend,
+            import_heartbeat_seconds=0.1,
+            import_stale_seconds=stale,
+        ) as suite,
+        suite.client() as client,
+    ):
+        client.create_repository("slow", suite.namespace("slow"))
+        partition = RefManager(backend).get_repository("slow").partition
+        started = client.start_import("slow", "main", [(str(source), "")])
+        assert hooks.entered.wait(30)
+        entered = time.time()
+
+        def record() -> ImportRecord:
+            return ImportRecord.decode(backend.get(partition, layout.import_key(started.id)).value)
+
+        # Written again more than the stale window after the hook started: a heartbeat.
+        wait_until(lambda: record().updated > entered + stale, timeout=30, what="a heartbeat")
+        assert client.get_import_status("slow", started.id).state == cm.IMPORT_STATE_RUNNING
+        hooks.release.set()
+        done = _wait_import(client, "slow", started.id)
+        assert done.state == cm.IMPORT_STATE_COMPLETED, done.error

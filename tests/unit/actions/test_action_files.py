@@ -67,3 +67,16 @@ def test_environment_references_resolve_and_a_missing_one_is_an_error():
     assert files.resolve_env("Bearer {{ ENV.T }}", {"T": "abc"}) == "Bearer abc"
     with pytest.raises(Exception, match="'T' named by an action is not set"):
         files.resolve_env("{{ ENV.T }}", {})
+
+
+def test_lakefs_revert_and_cherry_pick_events_parse():
+    """lakeFS's names (pkg/graveler/hooks_handler.go): a lakeFS file using them works here."""
+    events = b"".join(
+        b"  %s-%s:\n" % (phase, kind)
+        for kind in (b"revert", b"cherry-pick")
+        for phase in (b"pre", b"post")
+    )
+    action = files.parse("_lakefs_actions/a.yaml", b"name: x\non:\n" + events + HOOK)
+    for event in ("pre-revert", "post-revert", "pre-cherry-pick", "post-cherry-pick"):
+        assert action.matches(event, "main")
+    assert not action.matches("pre-commit", "main")
