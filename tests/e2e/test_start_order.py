@@ -292,8 +292,10 @@ def test_a_service_stops_within_its_grace_period_while_its_dependency_hangs(proc
     writer.join(10)
     print(f"branch-manager stopped in {elapsed:.2f}s with a frozen kv-gateway (grace {GRACE}s)")
     assert branch_manager.returncode == 0, procs.log("branch-manager")
-    # Drains for the grace period, then cancels what still waits on the frozen gateway.
-    assert elapsed < GRACE + 1.5, f"branch-manager took {elapsed:.2f}s to stop"
+    # Drains for the grace period, then cancels what still waits on the frozen gateway. The
+    # KV call's own deadline is 30 s: a bound well below it proves the stop did not wait for
+    # it, with room for a loaded machine (GRACE + 1.5 s failed at a load average of 30).
+    assert elapsed < GRACE + 8, f"branch-manager took {elapsed:.2f}s to stop"
     assert outcome and outcome[0] != "ok"
 
 
