@@ -1,0 +1,127 @@
+"""The web console for tests: the ASGI app served by a real uvicorn (in a thread, on a free
+loopback port) over a running suite, and a small HTTP browser with a cookie jar that reads
+CSRF tokens out of the pages the way a browser submits them (forms, hidden fields)."""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import http.client
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.cookies import SimpleCookie
+from urllib.parse import urlencode
+
+from support.ports import free_port
+from support.wait import wait_until
+
+CSRF_FIELD = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, list[str]]
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def header(self, name: str) -> str:
+        return self.headers.get(name.lower(), [""])[0]
+
+    def csrf(self) -> str:
+        found = CSRF_FIELD.search(self.text)
+        assert found, "no CSRF field on the page"
+        return html.unescape(found.group(1))
+
+
+@dataclass
+class Browser:
+    """HTTP/1.1 to the console with cookies kept (what a browser sends back)."""
+
+    port: int
+    cookies: dict[str, str] = field(default_factory=dict)
+    set_cookie_lines: list[str] = field(default_factory=list)
+
+    def request(self, method: str, path: str, form: dict[str, str] | None = None) -> Answer:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        headers = {}
+        body = None
+        if self.cookies:
+            headers["cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        if form is not None:
+            body = urlencode(form)
+            headers["content-type"] = "application/x-www-form-urlencoded"
+        try:
+            connection.request(method, path, body=body, headers=headers)
+            response = connection.getresponse()
+            got: dict[str, list[str]] = {}
+            for name, value in response.getheaders():
+                got.setdefault(name.lower(), []).append(value)
+            answer = Answer(response.status, got, response.read())
+        finally:
+            connection.close()
+        for line in answer.headers.get("set-cookie", []):
+            self.set_cookie_lines.append(line)
+            jar: SimpleCookie = SimpleCookie()
+            jar.load(line)
+            for name, morsel in jar.items():
+                if morsel["max-age"] == "0":
+                    self.cookies.pop(name, None)
+                else:
+                    self.cookies[name] = morsel.value
+        return answer
+
+    def get(self, path: str) -> Answer:
+        return self.request("GET", path)
+
+    def post(self, path: str, form: dict[str, str]) -> Answer:
+        return self.request("POST", path, form)
+
+    def sign_in(self, key_id: str, secret: str) -> Answer:
+        page = self.get("/login")
+        return self.post(
+            "/login",
+            {"csrf": page.csrf(), "access_key_id": key_id, "secret_access_key": secret},
+        )
+
+
+@contextlib.contextmanager
+def running_console(suite, secure: bool = False) -> Iterator[tuple[int, object]]:
+    """(port, ConsoleApp) of a console over `suite`, served by uvicorn until the block ends."""
+    import grpc
+    import uvicorn
+
+    from quarry.console.app import Console, ConsoleApp
+
+    channels = [
+        grpc.insecure_channel(suite.targets[name]) for name in ("branch-manager", "committer")
+    ]
+    sensor = (
+        grpc.insecure_channel(suite.targets["compactor-sensor"])
+        if "compactor-sensor" in suite.targets
+        else None
+    )
+    console = Console(suite.settings, channels[0], channels[1], sensor, workers=8, secure=secure)
+    app = ConsoleApp(console)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, http="httptools", lifespan="off", log_config=None
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, timeout=20, interval=0.02, what="the console to start")
+        yield port, app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+        app.close()
+        for channel in channels + ([sensor] if sensor else []):
+            channel.close()
