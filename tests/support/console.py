@@ -46,9 +46,19 @@ class Browser:
     port: int
     cookies: dict[str, str] = field(default_factory=dict)
     set_cookie_lines: list[str] = field(default_factory=list)
+    keep_alive: bool = False  # one connection for every request, as a browser keeps one
+    _connection: http.client.HTTPConnection | None = None
+
+    def _open(self) -> http.client.HTTPConnection:
+        if self.keep_alive and self._connection is not None:
+            return self._connection
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        if self.keep_alive:
+            self._connection = connection
+        return connection
 
     def request(self, method: str, path: str, form: dict[str, str] | None = None) -> Answer:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        connection = self._open()
         headers = {}
         body = None
         if self.cookies:
@@ -64,7 +74,8 @@ class Browser:
                 got.setdefault(name.lower(), []).append(value)
             answer = Answer(response.status, got, response.read())
         finally:
-            connection.close()
+            if not self.keep_alive:
+                connection.close()
         for line in answer.headers.get("set-cookie", []):
             self.set_cookie_lines.append(line)
             jar: SimpleCookie = SimpleCookie()
@@ -88,6 +99,54 @@ class Browser:
             "/login",
             {"csrf": page.csrf(), "access_key_id": key_id, "secret_access_key": secret},
         )
+
+
+@contextlib.contextmanager
+def serving_console(suite, home) -> Iterator[int]:
+    """`quarry serve console` in its own process (as users run it) dialing `suite`; its
+    port. Its log goes to HOME/console.log."""
+    import subprocess
+    import urllib.request
+
+    from support.processes import VENV_BIN, quarry_env
+
+    port = free_port()
+    env = quarry_env(
+        home,
+        QUARRY_CONSOLE_PORT=str(port),
+        QUARRY_BRANCH_MANAGER_ADDRESS=suite.targets["branch-manager"],
+        QUARRY_COMMITTER_ADDRESS=suite.targets["committer"],
+        QUARRY_LOG_LEVEL="WARNING",
+    )
+    if "compactor-sensor" in suite.targets:
+        env["QUARRY_COMPACTOR_SENSOR_ADDRESS"] = suite.targets["compactor-sensor"]
+    with open(home / "console.log", "wb") as log:
+        child = subprocess.Popen(
+            [str(VENV_BIN / "quarry"), "serve", "console"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+
+    def up() -> bool:
+        if child.poll() is not None:
+            raise AssertionError(f"console exited: {(home / 'console.log').read_text()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_health", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_until(up, timeout=30, interval=0.05, what="the console to answer")
+        yield port
+    finally:
+        child.terminate()
+        try:
+            child.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
 
 @contextlib.contextmanager

@@ -118,6 +118,7 @@ class ConsoleApp:
 
         self.console = console
         self.sessions = sessions.SessionStore()
+        self._anonymous: dict[str, Any] = {}
         self._routes = routes if routes is not None else pages.ROUTES
         self._templates = templates.Templates()
         self._pool = ThreadPoolExecutor(console.workers, thread_name_prefix="console")
@@ -238,8 +239,6 @@ class ConsoleApp:
         return None
 
     def _dispatch(self, request: Request, found: Route, params: dict[str, str]) -> Response:
-        from quarry.client import Client
-
         session = self.sessions.get(request.cookies.get(sessions.SESSION_COOKIE, ""))
         if session is None and not found.public:
             if request.method == "GET":
@@ -259,13 +258,7 @@ class ConsoleApp:
                 "CSRF_TOKEN_INVALID",
                 "the form's CSRF token is missing or wrong",
             )
-        client = Client(
-            branch_manager=self.console.branch_manager,
-            committer=self.console.committer,
-            compactor_sensor=self.console.compactor_sensor or self.console.branch_manager,
-            token=session.token if session is not None else "",
-            timeout=30.0,
-        )
+        client = self._client(session)
 
         def render(template: str, status: int = 200, **values: Any) -> Response:
             return self._render(request, session, template, status, values)
@@ -283,6 +276,25 @@ class ConsoleApp:
             return self._page_error(
                 request, session, HTTP_STATUS.get(code, 500), reason, exc.message, code=code
             )
+
+    def _client(self, session: sessions.Session | None) -> Any:
+        """The Client of a session, made once (a Client costs tens of ms to build: its stubs
+        and interceptors), carrying the session's token; for pages without a session, one
+        shared client with no token (sign-in)."""
+        from quarry.client import Client
+
+        cache = session.cache if session is not None else self._anonymous
+        client = cache.get("client")
+        if client is None:
+            client = Client(
+                branch_manager=self.console.branch_manager,
+                committer=self.console.committer,
+                compactor_sensor=self.console.compactor_sensor or self.console.branch_manager,
+                token=session.token if session is not None else "",
+                timeout=30.0,
+            )
+            cache["client"] = client  # a lost race makes two; either serves (thread-safe)
+        return client
 
     def _render(
         self,

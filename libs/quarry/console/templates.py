@@ -12,14 +12,14 @@ import jinja2
 FOLDER = Path(__file__).parent / "html"
 
 
-def _time(ts: Any) -> str:
+def timestamp(ts: Any) -> str:
     if ts is None or not getattr(ts, "seconds", 0):
         return ""
     moment = datetime.datetime.fromtimestamp(ts.seconds, tz=datetime.UTC)
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _size(n: int) -> str:
+def size(n: int) -> str:
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if value < 1024 or unit == "TiB":
@@ -37,8 +37,8 @@ class Templates:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self._env.filters["time"] = _time
-        self._env.filters["size"] = _size
+        self._env.filters["time"] = timestamp
+        self._env.filters["size"] = size
         self._env.filters["short"] = lambda s: (s or "")[:12]
 
     def render(self, name: str, **values: Any) -> str:
