@@ -58,6 +58,17 @@ class Browser:
         return connection
 
     def request(self, method: str, path: str, form: dict[str, str] | None = None) -> Answer:
+        if self.keep_alive and self._connection is not None and method == "GET":
+            try:
+                return self._request(method, path, form)
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                # The server closed the idle connection (uvicorn: after 5 s): a browser
+                # opens a new one and sends the GET again.
+                self._connection.close()
+                self._connection = None
+        return self._request(method, path, form)
+
+    def _request(self, method: str, path: str, form: dict[str, str] | None) -> Answer:
         connection = self._open()
         headers = {}
         body = None

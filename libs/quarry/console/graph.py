@@ -19,6 +19,9 @@ class Row:
     lane: int
     lanes_after: tuple[str | None, ...]  # what each lane expects next, below this row
     from_node: frozenset[int]  # lanes below that start at this commit (its parents)
+    # Lanes already running below that this commit's other parents join (a merge of a commit
+    # another line expects too): an extra line from the dot, the lane's own line kept.
+    joins: frozenset[int] = frozenset()
 
 
 def layout(commits: Sequence[tuple[str, Sequence[str]]]) -> list[Row]:
@@ -38,9 +41,10 @@ def layout(commits: Sequence[tuple[str, Sequence[str]]]) -> list[Row]:
                 lanes[i] = None
         lanes[lane] = parents[0] if parents else None
         from_node = {lane} if parents else set()
+        joins = set()
         for parent in parents[1:]:
             if parent in lanes:
-                from_node.add(lanes.index(parent))
+                joins.add(lanes.index(parent))
                 continue
             slot = next((i for i, x in enumerate(lanes) if x is None and i != lane), None)
             if slot is None:
@@ -50,7 +54,7 @@ def layout(commits: Sequence[tuple[str, Sequence[str]]]) -> list[Row]:
             from_node.add(slot)
         while lanes and lanes[-1] is None:
             lanes.pop()
-        rows.append(Row(commit_id, lane, tuple(lanes), frozenset(from_node)))
+        rows.append(Row(commit_id, lane, tuple(lanes), frozenset(from_node), frozenset(joins)))
     return rows
 
 
@@ -84,6 +88,11 @@ def svg(rows: Sequence[Row]) -> str:
                 f'<line x1="{x1}" y1="{top}" x2="{x2}" y2="{bottom}" stroke="{color}" '
                 'stroke-width="2"/>'
             )
+            if lane in row.joins:
+                parts.append(
+                    f'<line x1="{_x(row.lane)}" y1="{top}" x2="{x2}" y2="{bottom}" '
+                    f'stroke="{COLORS[row.lane % len(COLORS)]}" stroke-width="2"/>'
+                )
     for y, row in enumerate(rows):
         color = COLORS[row.lane % len(COLORS)]
         parts.append(
