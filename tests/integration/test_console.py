@@ -333,3 +333,41 @@ def test_a_developer_sees_the_write_controls_their_policies_allow(suite, console
     assert 'id="create-branch"' in browser.get(f"/repos/{repo}/branches").text
     repos = browser.get("/repos")
     assert 'id="create-repository"' not in repos.text and "delete…" not in repos.text
+
+
+def test_under_tls_the_session_cookie_is_secure(suite):
+    # The app as `quarry serve console` runs it with a certificate (Console.secure); the
+    # cookie attributes are what is checked, so plain HTTP carries the exchange here.
+    with running_console(suite, secure=True) as (port, _app):
+        browser = Browser(port)
+        assert browser.sign_in(TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY).status == 303
+    lines = [c for c in browser.set_cookie_lines if c.startswith(sessions.SESSION_COOKIE)]
+    assert lines and all("Secure" in c and "HttpOnly" in c for c in lines)
+
+
+def test_quarry_serve_console_answers_health_metrics_and_json_logs(suite, tmp_path):
+    """The service as users run it: its own process, metrics on the base port + 6 (its index
+    in quarry.config.SERVICES), one JSON log line per request."""
+    import json
+    import urllib.request
+
+    from support.console import serving_console
+    from support.ports import free_port
+
+    metrics_port = free_port()
+    extra = {
+        "QUARRY_METRICS_BASE_PORT": str(metrics_port - 6),
+        "QUARRY_LOG_FORMAT": "json",
+        "QUARRY_LOG_LEVEL": "INFO",
+    }
+    with serving_console(suite, tmp_path, extra) as port:
+        browser = Browser(port)
+        assert browser.sign_in(TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY).status == 303
+        assert browser.get("/repos").status == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+    assert 'quarry_console_requests_total{route="repositories",status="200"} 1.0' in metrics
+    lines = [json.loads(line) for line in (tmp_path / "console.log").read_text().splitlines()]
+    assert any(
+        "console repositories GET /repos -> 200" in line.get("message", "") for line in lines
+    )

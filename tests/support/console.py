@@ -113,9 +113,9 @@ class Browser:
 
 
 @contextlib.contextmanager
-def serving_console(suite, home) -> Iterator[int]:
+def serving_console(suite, home, extra_env: dict[str, str] | None = None) -> Iterator[int]:
     """`quarry serve console` in its own process (as users run it) dialing `suite`; its
-    port. Its log goes to HOME/console.log."""
+    port. Its log goes to HOME/console.log; `extra_env`: more settings of the process."""
     import subprocess
     import urllib.request
 
@@ -129,6 +129,7 @@ def serving_console(suite, home) -> Iterator[int]:
         QUARRY_COMMITTER_ADDRESS=suite.targets["committer"],
         QUARRY_LOG_LEVEL="WARNING",
     )
+    env.update(extra_env or {})
     if "compactor-sensor" in suite.targets:
         env["QUARRY_COMPACTOR_SENSOR_ADDRESS"] = suite.targets["compactor-sensor"]
     with open(home / "console.log", "wb") as log:
