@@ -73,14 +73,17 @@ $(HELM_STAMP):
 	rm -rf $(TOOLS)/helm-pack
 	touch $@
 
-# S3 clients the s3-gateway's tests drive (Debian packages; boto3, awscli and pyarrow come
-# with .venv): installed with apt-get only when one is missing, as image-tools does.
+# S3 clients the s3-gateway's tests drive, and the browser the console's tests drive
+# (headless Chromium + chromedriver, Debian's; Selenium comes with .venv): installed with
+# apt-get only when one is missing, as image-tools does.
+TEST_CLIENT_PACKAGES := s3cmd rclone chromium chromium-driver
 test-clients:
-	@if ! command -v s3cmd >/dev/null || ! command -v rclone >/dev/null; then \
-		echo "installing s3cmd rclone (apt-get)"; \
+	@if ! command -v s3cmd >/dev/null || ! command -v rclone >/dev/null \
+		|| ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+		echo "installing $(TEST_CLIENT_PACKAGES) (apt-get)"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-		$$SUDO apt-get install -y s3cmd rclone || \
-		{ $$SUDO apt-get update && $$SUDO apt-get install -y s3cmd rclone; }; \
+		$$SUDO apt-get install -y $(TEST_CLIENT_PACKAGES) || \
+		{ $$SUDO apt-get update && $$SUDO apt-get install -y $(TEST_CLIENT_PACKAGES); }; \
 	fi
 
 # Every rule of pyproject.toml, formatting, and mypy on the typed packages (and deploy/local/

@@ -20,6 +20,7 @@ BENCHMARKS = [
     "spark_write.py",
     "import_lake.py",
     "s3_gateway.py",
+    "console.py",
 ]
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ SERVICES = (
     "compactor-sensor",
     "range-writer",
     "s3-gateway",
+    "console",
 )
 
 LOG_FORMATS = ("text", "json")
@@ -105,17 +106,20 @@ class Settings:
     compactor_sensor_port: int = _port("compactor-sensor", 7404)
     range_writer_port: int = _port("range-writer", 7405)
     s3_gateway_port: int = _port("s3-gateway", 7406)
+    console_port: int = _port("console", 7407)
     kv_gateway_address: str = _address("kv-gateway", 7401)
     branch_manager_address: str = _address("branch-manager", 7402)
     committer_address: str = _address("committer", 7403)
     compactor_sensor_address: str = _address("compactor-sensor", 7404)
     range_writer_address: str = _address("range-writer", 7405)
     s3_gateway_address: str = _address("s3-gateway", 7406)
+    console_address: str = _address("console", 7407)
     metrics_host: str = _setting("127.0.0.1", "Host the Prometheus endpoints bind to.")
     metrics_base_port: int = _setting(
         9401,
         "Prometheus endpoints: one per service, port = this + service index "
-        "(kv-gateway 9401 … range-writer 9405, s3-gateway 9406). 0 disables them.",
+        "(kv-gateway 9401 … range-writer 9405, s3-gateway 9406, console 9407). 0 disables "
+        "them.",
     )
     max_workers: int = _setting(32, "Worker threads per gRPC server (per worker process).")
     branch_manager_workers: int = _setting(

@@ -40,6 +40,8 @@ from quarry.v1 import auth_pb2 as pb
 from quarry.v1 import auth_pb2_grpc
 
 DEFAULT_ADMIN = "admin"
+# WhoAmI's include_effective_policies answers at most this many (a message stays small).
+MAX_OWN_POLICIES = 1000
 
 
 def requested_document(request: pb.CreatePolicyRequest | pb.UpdatePolicyRequest) -> str:
@@ -132,7 +134,23 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         response = pb.WhoAmIResponse(principal_kind=principal.kind, principal_id=principal.id)
         if not principal.is_service:
             response.user.CopyFrom(user_to_proto(self._iam.get_user(principal.id)))
+            if request.include_effective_policies:
+                # The caller's own id only, never one from the request (declarations: WhoAmI
+                # is open to any valid token, so it must never reveal another user's).
+                self._own_policies(principal.id, response)
         return response
+
+    def _own_policies(self, user_id: str, response: pb.WhoAmIResponse) -> None:
+        token = ""
+        while True:
+            found, token = self._iam.list_effective_policies(user_id, 100, token)
+            for record in found:
+                if len(response.effective_policies) >= MAX_OWN_POLICIES:
+                    response.effective_policies_truncated = True
+                    return
+                response.effective_policies.append(policy_to_proto(record))
+            if not token:
+                return
 
     # ---- users ----
 

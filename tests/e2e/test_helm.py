@@ -44,9 +44,17 @@ GRPC_SERVICES = {
 }
 # The S3 gateway: an HTTP(S) service (the S3 API) on a port named "http".
 S3_GATEWAY = "s3-gateway"
-SERVICES = {**GRPC_SERVICES, S3_GATEWAY: ("s3Gateway", 7406, 9406, 2)}
-# committer: it reads the action files of a commit or merge from their ranges.
-OBJECT_STORE_USERS = {"range-writer", "branch-manager", "committer", S3_GATEWAY}
+# The web console: HTTP(S) too, one replica (its sessions live in the pod's memory).
+CONSOLE = "console"
+HTTP_SERVICES = {S3_GATEWAY, CONSOLE}
+SERVICES = {
+    **GRPC_SERVICES,
+    S3_GATEWAY: ("s3Gateway", 7406, 9406, 2),
+    CONSOLE: ("console", 7407, 9407, 1),
+}
+# committer: it reads the action files of a commit or merge from their ranges; the console
+# reads object bytes for downloads and previews.
+OBJECT_STORE_USERS = {"range-writer", "branch-manager", "committer", S3_GATEWAY, CONSOLE}
 GC = "gc"  # component (and name suffix) of the optional garbage-collection CronJob
 GC_DEFAULT_OPTIONS = ["--grace-hours", "6", "--ephemeral-ttl-hours", "24", "--master", "local[*]"]
 
@@ -163,7 +171,7 @@ CI_PODMAN_VALUES = (
 
 def port_name(service: str) -> str:
     """The name of a service's serving port (container and Service)."""
-    return "http" if service == S3_GATEWAY else "grpc"
+    return "http" if service in HTTP_SERVICES else "grpc"
 
 
 def helm_binary() -> Path:
@@ -355,14 +363,14 @@ def test_default_render_objects():
     docs = render()
     kinds = collections.Counter(d["kind"] for d in docs)
     assert kinds == {
-        "Deployment": 6,
-        "Service": 6,
-        "ServiceAccount": 6,
+        "Deployment": 7,
+        "Service": 7,
+        "ServiceAccount": 7,
         "ConfigMap": 1,
-        "PodDisruptionBudget": 5,  # every service but compactor-sensor (1 replica)
+        "PodDisruptionBudget": 5,  # every service but compactor-sensor and console (1 replica)
         # the auth signing key, the TLS CA and certificate, the first admin's credentials
         "Secret": 3,
-        "NetworkPolicy": 3,  # kv-gateway, range-writer and s3-gateway
+        "NetworkPolicy": 4,  # kv-gateway, range-writer, s3-gateway and console
         "Job": 1,  # the admin bootstrap (quarry setup)
     }, kinds
     expected = {full_name(s) for s in SERVICES}
@@ -456,7 +464,7 @@ def test_default_service(service):
     assert set(ports) == {serving, "metrics"}
     assert ports[serving]["port"] == port and ports["metrics"]["port"] == metrics_port
     # TLS is on by default: the S3 gateway serves HTTPS, the others gRPC over TLS (h2).
-    expected = "https" if service == S3_GATEWAY else "kubernetes.io/h2c"
+    expected = "https" if service in HTTP_SERVICES else "kubernetes.io/h2c"
     assert ports[serving]["appProtocol"] == expected
     container_ports = {p["name"]: p["containerPort"] for p in main_container(dep)["ports"]}
     for name, p in ports.items():
@@ -738,7 +746,7 @@ def test_service_monitor_and_otlp_when_enabled():
         "telemetry.otlpEndpoint=http://otel-collector:4317",
     )
     kinds = collections.Counter(d["kind"] for d in docs)
-    assert kinds["Deployment"] == 6 and kinds["Service"] == 6 and kinds["ServiceMonitor"] == 1, (
+    assert kinds["Deployment"] == 7 and kinds["Service"] == 7 and kinds["ServiceMonitor"] == 1, (
         kinds
     )
     (sm,) = objects(docs, "ServiceMonitor").values()
@@ -799,6 +807,7 @@ def test_replicas_drive_pod_disruption_budgets():
         "compactor-sensor": 3,
         "range-writer": 0,
         S3_GATEWAY: 2,
+        CONSOLE: 1,
     }
     pdbs = objects(docs, "PodDisruptionBudget")
     assert set(pdbs) == {
@@ -923,7 +932,7 @@ def test_no_gc_cronjob_by_default():
 def test_gc_cronjob_defaults():
     docs = render("--set", "gc.enabled=true")
     kinds = collections.Counter(d["kind"] for d in docs)
-    assert kinds["CronJob"] == 1 and kinds["ServiceAccount"] == 7 and kinds["Deployment"] == 6, (
+    assert kinds["CronJob"] == 1 and kinds["ServiceAccount"] == 8 and kinds["Deployment"] == 7, (
         kinds
     )
     cj = gc_cronjob(docs)
@@ -1511,7 +1520,9 @@ def test_exec_probe_command_runs_against_a_real_server():
 def test_network_policy_lets_only_the_suite_reach_kv_gateway_and_range_writer():
     docs = render("--set", "gc.enabled=true")
     policies = objects(docs, "NetworkPolicy")
-    assert set(policies) == {full_name(s) for s in ("kv-gateway", "range-writer", S3_GATEWAY)}
+    assert set(policies) == {
+        full_name(s) for s in ("kv-gateway", "range-writer", S3_GATEWAY, CONSOLE)
+    }
     templates = pod_templates(docs)
     for service in ("kv-gateway", "range-writer"):
         _, port, metrics_port, _ = SERVICES[service]
@@ -1724,7 +1735,7 @@ def test_single_node_sqlite_and_local_data():
             assert "data" not in mounts, service
         # auto probes under TLS: exec (gRPC) and an HTTPS GET (the S3 gateway), which
         # deploy/local/kube.py runs from the host.
-        if service == S3_GATEWAY:
+        if service in HTTP_SERVICES:
             assert c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
         else:
             assert "exec" in c["readinessProbe"]
@@ -1956,7 +1967,7 @@ def test_s3_gateway_can_be_switched_off():
     for kind in ("Deployment", "Service", "ServiceAccount", "NetworkPolicy", "PodDisruptionBudget"):
         assert full_name(S3_GATEWAY) not in objects(docs, kind), kind
     assert not [k for k in configmap_data(docs) if k.startswith("QUARRY_S3_GATEWAY_")]
-    assert len(objects(docs, "Deployment")) == 5
+    assert len(objects(docs, "Deployment")) == 6
     # The generated certificate still names it: switching it on later needs no new one.
     from cryptography import x509
 
@@ -2039,3 +2050,70 @@ def test_docs_cluster_values_render_where_the_doc_says(tmp_path):
     # The signing key, the admin's key and the TLS material are the operator's Secrets: the
     # chart generates none of them.
     assert objects(docs, "Secret") == {}
+
+
+# ---------------------------------------------------------------------------------------------
+# the web console
+
+
+def test_console_deployment_serves_http_with_probes_tls_and_the_object_store():
+    docs = render()  # tls.enabled is the default
+    dep = deployment(docs, CONSOLE)
+    assert dep["spec"]["replicas"] == 1  # sessions live in the pod's memory
+    c = main_container(dep)
+    assert c["command"] == ["quarry", "serve", CONSOLE]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 7407, "metrics": 9407}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/_health", "port": "http", "scheme": "HTTPS"}
+    env = container_env(docs, c)
+    assert int(env["QUARRY_METRICS_BASE_PORT"]) + 6 == 9407  # console has index 6
+    assert env["QUARRY_TLS_CERT_FILE"] and env["QUARRY_S3_REGION"]  # TLS; reads object bytes
+    assert "QUARRY_KV_URL" not in env and "AWS_ACCESS_KEY_ID" not in env
+    svc = objects(docs, "Service")[full_name(CONSOLE)]
+    (http,) = [p for p in svc["spec"]["ports"] if p["name"] == "http"]
+    assert http["port"] == 7407 and http["appProtocol"] == "https"
+    # Under mTLS the probe presents the pod's certificate (an exec probe).
+    mtls = main_container(deployment(render("--set", "tls.clientAuth=true"), CONSOLE))
+    assert "--http" in mtls["readinessProbe"]["exec"]["command"]
+
+
+def test_console_network_policy_open_to_browsers_egress_only_to_what_it_calls():
+    docs = render("--set", "objectStore.s3.endpointUrl=http://minio:9000")
+    spec = objects(docs, "NetworkPolicy")[full_name(CONSOLE)]["spec"]
+    templates = pod_templates(docs)
+    selected = {
+        o for o, t in templates.items() if selects(spec["podSelector"], t["metadata"]["labels"])
+    }
+    assert selected == {full_name(CONSOLE)}
+    by_port = {r["ports"][0]["port"]: r for r in spec["ingress"]}
+    assert set(by_port) == {7407, 9407} and "from" not in by_port[7407]
+    ports = sorted(p["port"] for rule in spec["egress"] for p in rule["ports"])
+    assert ports == sorted([53, 53, 7402, 7403, 7404, 9000]), spec["egress"]
+    for rule in spec["egress"]:
+        if "to" not in rule:
+            continue
+        reached = {
+            o
+            for o, t in templates.items()
+            for peer in rule["to"]
+            if selects(peer["podSelector"], t["metadata"]["labels"])
+        }
+        port = rule["ports"][0]["port"]
+        expected = {7402: "branch-manager", 7403: "committer", 7404: "compactor-sensor"}[port]
+        assert reached == {full_name(expected)}, (rule, reached)
+    # Never admitted by the internal services (it never calls kv-gateway or range-writer).
+    for service in ("kv-gateway", "range-writer"):
+        internal = objects(docs, "NetworkPolicy")[full_name(service)]["spec"]
+        grpc_rule = next(r for r in internal["ingress"] if "from" in r)
+        assert not any(
+            selects(peer["podSelector"], templates[full_name(CONSOLE)]["metadata"]["labels"])
+            for peer in grpc_rule["from"]
+        )
+
+
+def test_console_can_be_switched_off():
+    docs = render("--set", "services.console.enabled=false")
+    for kind in ("Deployment", "Service", "ServiceAccount", "NetworkPolicy"):
+        assert full_name(CONSOLE) not in objects(docs, kind), kind
+    assert not [k for k in configmap_data(docs) if k.startswith("QUARRY_CONSOLE_")]
+    assert "/services/console/port" in render_error("--set", "services.console.port=70000")

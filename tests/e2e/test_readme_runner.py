@@ -45,6 +45,7 @@ SERVICES = (
     "compactor-sensor",
     "range-writer",
     "s3-gateway",
+    "console",
 )
 README_PORTS = {  # the README's addresses: the defaults of QUARRY_*_PORT
     "kv-gateway": 7401,
@@ -53,6 +54,7 @@ README_PORTS = {  # the README's addresses: the defaults of QUARRY_*_PORT
     "compactor-sensor": 7404,
     "range-writer": 7405,
     "s3-gateway": 7406,
+    "console": 7407,
 }
 BLOCK_TIMEOUT = 300.0
 _DONE = "__README_BLOCK_DONE__"

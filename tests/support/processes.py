@@ -49,8 +49,9 @@ def quarry_env(home: Path, **extra: str) -> dict[str, str]:
         if not k.startswith("QUARRY_") and not k.startswith("OTEL_")
     }
     env.update(QUARRY_HOME=str(home), QUARRY_METRICS_BASE_PORT="0", PYTHONUNBUFFERED="1")
-    # `quarry up` starts the s3-gateway too: never on the default port other suites share.
+    # `quarry up` starts the s3-gateway and the console too: never on the default port other suites share.
     env.update(QUARRY_S3_GATEWAY_PORT=str(free_port()))
+    env.update(QUARRY_CONSOLE_PORT=str(free_port()))  # the console too
     env.update(AUTH_ENV)
     env.update(extra)
     return env

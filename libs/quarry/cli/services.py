@@ -41,6 +41,7 @@ SERVICE_MODULES = {
     "compactor-sensor": "quarry.services.compactor_sensor.service",
     # HTTP, not gRPC: its module has `serve(settings)` instead of `build` (cmd_serve).
     "s3-gateway": "quarry.services.s3_gateway.service",
+    "console": "quarry.services.console.service",
 }
 
 
@@ -81,7 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from quarry.runtime.workers import supervise, worker_role
 
     module = importlib.import_module(SERVICE_MODULES.get(args.service, "quarry"))
-    if hasattr(module, "serve"):  # the s3-gateway: an HTTP server of its own
+    if hasattr(module, "serve"):  # the s3-gateway and the console: HTTP servers of their own
         try:
             module.serve(load_settings())
         except errors.QuarryError as exc:
@@ -336,6 +337,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(
             f'  eval "$({q} auth credentials env)" && {_command("aws")} --endpoint-url '
             f"http://{host}:{settings.s3_gateway_port} s3 ls --recursive s3://demo/main/"
+        )
+        from quarry.client.credentials import credentials_path
+
+        # Not indented: the banner's indented lines are shell commands (tests run each one).
+        print(
+            f"\nOr in a browser, the console: http://{host}:{settings.console_port}/ "
+            f"(sign in with the access key in {credentials_path(home)})"
         )
         print("\nOr from PySpark (README: Spark), and garbage-collect with Spark:")
         print(

@@ -51,8 +51,10 @@ class AuthCalls(RpcCalls):
             raise NoCredentials(f"no credentials: {HOW_TO_GET_CREDENTIALS}")
         return self._token_source.token()
 
-    def whoami(self) -> pb.WhoAmIResponse:
-        return self._unary(self._auth.WhoAmI, "Auth/WhoAmI", pb.WhoAmIRequest())
+    def whoami(self, include_effective_policies: bool = False) -> pb.WhoAmIResponse:
+        """The caller; with `include_effective_policies`, its own effective policies too."""
+        request = pb.WhoAmIRequest(include_effective_policies=include_effective_policies)
+        return self._unary(self._auth.WhoAmI, "Auth/WhoAmI", request)
 
     def setup(
         self, user_id: str = "admin", access_key_id: str = "", secret_access_key: str = ""
@@ -194,6 +196,12 @@ class AuthCalls(RpcCalls):
     def iter_group_policies(self, group_id: str) -> Iterator[pb.Policy]:
         for page in self._pages(self._list, method="ListGroupPolicies", group_id=group_id):
             yield from page.policies
+
+    def list_page(self, method: str, **fields: Any) -> Any:
+        """One page of an Auth List* call by its name (e.g. `list_page("ListUsers",
+        page_size=50, page_token=t)`): the whole response, `.next_page_token` included (the
+        console's paged admin pages)."""
+        return self._list(method, **fields)
 
     def _list(self, method: str, **fields: Any) -> Any:
         request = getattr(pb, f"{method}Request")(**fields)

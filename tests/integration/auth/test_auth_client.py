@@ -276,3 +276,23 @@ def _clients_send_only_their_own_tokens(monkeypatch):
     from support.auth import RAW_INSECURE_CHANNEL
 
     monkeypatch.setattr(grpc, "insecure_channel", RAW_INSECURE_CHANNEL)
+
+
+def test_whoami_answers_the_callers_own_effective_policies_only_when_asked(server, admin):
+    """Any user may read their own effective policies through WhoAmI (the console shows only
+    the controls they allow), though their policies do not allow auth:ReadUser; never
+    another user's, whose ListEffectivePolicies stays PERMISSION_DENIED."""
+    viewer = user_with_credentials(server, "whoami-viewer", group="Viewers")
+    with Client(server.target, server.target, credentials=viewer, retry=NO_RETRY) as client:
+        plain = client.whoami()
+        assert list(plain.effective_policies) == []
+        mine = client.whoami(include_effective_policies=True)
+        assert mine.principal_id == "whoami-viewer"
+        assert {p.id for p in mine.effective_policies} == {
+            "FSReadAll",
+            "AuthManageOwnCredentials",
+        }
+        assert not mine.effective_policies_truncated
+        with pytest.raises(errors.QuarryError) as refused:
+            client.list_page("ListEffectivePolicies", user_id="admin")
+        assert refused.value.code.name == "PERMISSION_DENIED"

@@ -1,10 +1,10 @@
 {{/*
-The six Quarry services: Kubernetes name (also the `quarry serve` argument), the key of
+The seven Quarry services: Kubernetes name (also the `quarry serve` argument), the key of
 their settings under .Values.services, and their index in quarry.config.SERVICES (the
 services derive their metrics port as QUARRY_METRICS_BASE_PORT + index). Five speak gRPC;
-s3-gateway speaks HTTP (S3), on a port named "http".
-"quarry.allComponents" lists all six; "quarry.components" those the release runs (s3-gateway
-only with services.s3Gateway.enabled). Every per-service template ranges over the latter:
+s3-gateway (S3) and console (the web console) speak HTTP, on a port named "http".
+"quarry.allComponents" lists all seven; "quarry.components" those the release runs (s3-gateway
+only with services.s3Gateway.enabled, console only with services.console.enabled). Every per-service template ranges over the latter:
   {{- range $c := include "quarry.components" . | fromYamlArray }}
 */}}
 {{- define "quarry.allComponents" -}}
@@ -26,19 +26,23 @@ only with services.s3Gateway.enabled). Every per-service template ranges over th
 - name: s3-gateway
   key: s3Gateway
   index: 5
+- name: console
+  key: console
+  index: 6
 {{- end }}
 
 {{- define "quarry.components" -}}
 {{- range $c := include "quarry.allComponents" . | fromYamlArray }}
-{{- if or (ne $c.name "s3-gateway") $.Values.services.s3Gateway.enabled }}
+{{- $optional := has $c.name (list "s3-gateway" "console") }}
+{{- if or (not $optional) (index $.Values.services $c.key).enabled }}
 - {{ toYaml $c | nindent 2 | trim }}
 {{- end }}
 {{- end }}
 {{- end }}
 
-{{/* The name of a service's serving port: "http" for s3-gateway (S3 over HTTP), else "grpc". */}}
+{{/* The name of a service's serving port: "http" for s3-gateway (S3 over HTTP) and console, else "grpc". */}}
 {{- define "quarry.portName" -}}
-{{- ternary "http" "grpc" (eq . "s3-gateway") }}
+{{- ternary "http" "grpc" (has . (list "s3-gateway" "console")) }}
 {{- end }}
 
 {{/* Chart name (label app.kubernetes.io/name). */}}
@@ -356,8 +360,9 @@ httpGet:
 {{/*
 One service's Deployment. Call with (dict "root" $ "name" "kv-gateway" "key" "kvGateway" "index" 0).
 Only kv-gateway gets QUARRY_KV_URL and AWS credentials; only range-writer, s3-gateway,
-branch-manager and committer (it reads action files from ranges) get the object-store settings. s3-gateway serves HTTP(S) on a port named "http"
-and is probed with GET /_health (quarry.httpProbeHandler).
+console (object downloads and previews), branch-manager and committer (it reads action files
+from ranges) get the object-store settings. s3-gateway and console serve HTTP(S) on a port
+named "http" and are probed with GET /_health (quarry.httpProbeHandler).
 */}}
 {{- define "quarry.deployment" -}}
 {{- $root := .root -}}
@@ -365,9 +370,9 @@ and is probed with GET /_health (quarry.httpProbeHandler).
 {{- $svc := index $root.Values.services .key -}}
 {{- $V := $root.Values -}}
 {{- $isKvGateway := eq $name "kv-gateway" -}}
-{{- $isS3Gateway := eq $name "s3-gateway" -}}
+{{- $isHttp := has $name (list "s3-gateway" "console") -}}
 {{- /* committer: it reads the action files of a commit or merge from their ranges. */}}
-{{- $usesObjectStore := has $name (list "range-writer" "branch-manager" "committer" "s3-gateway") -}}
+{{- $usesObjectStore := has $name (list "range-writer" "branch-manager" "committer" "s3-gateway" "console") -}}
 {{- /* localData: the SQLite file (kv-gateway, with kv.backend sqlite) and local namespaces. */ -}}
 {{- $usesLocalData := and $V.localData.enabled (or $usesObjectStore (and $isKvGateway (eq $V.kv.backend "sqlite"))) -}}
 {{- $sa := include "quarry.serviceAccount" . | fromYaml -}}
@@ -503,9 +508,10 @@ spec:
             - name: QUARRY_RANGE_WRITER_PROCESSES
               value: {{ int (default 0 $svc.processes) | quote }}
             {{- end }}
-          {{- if $isS3Gateway }}
-          {{- /* /_health answers while the gateway serves; it has no readiness gate (it
-          answers S3's 503 ServiceUnavailable while branch-manager or committer are away). */}}
+          {{- if $isHttp }}
+          {{- /* /_health answers while the gateway (or console) serves; neither has a
+          readiness gate (they answer 503 / an UNAVAILABLE page while branch-manager or
+          committer are away). */}}
           {{- $handler := include "quarry.httpProbeHandler" (dict "root" $root "port" $svc.port) }}
           startupProbe:
             {{- $handler | nindent 12 }}
@@ -599,7 +605,7 @@ spec:
   selector:
     {{- include "quarry.selectorLabels" . | nindent 4 }}
   ports:
-    {{- if eq .name "s3-gateway" }}
+    {{- if has .name (list "s3-gateway" "console") }}
     - name: http
       port: {{ $svc.port }}
       targetPort: http

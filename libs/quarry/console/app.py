@@ -1,0 +1,344 @@
+"""The console's ASGI application: one request -> session -> CSRF check (POST) -> its page
+-> HTML (or an object's bytes).
+
+Pages are synchronous code (gRPC calls with the user's token); each runs on a worker thread
+of the console's own pool. A download is streamed in pieces, never held whole.
+
+Per request: one trace span (`console <route>`, the gRPC calls its children), one log line,
+and the quarry_console_requests_total / quarry_console_request_seconds metrics by route and
+status. Errors become a page with the gRPC status and its ErrorInfo reason — never a stack
+trace (an unexpected exception is logged with one and shown as INTERNAL with a request id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from prometheus_client import Counter, Histogram
+
+from quarry import errors, telemetry
+from quarry.console import sessions
+from quarry.console.http import (
+    MAX_FORM_BYTES,
+    Request,
+    Response,
+    parse_cookies,
+    parse_form,
+    parse_query,
+    redirect,
+    url,
+)
+
+log = logging.getLogger("quarry.console")
+
+REQUESTS = Counter(
+    "quarry_console_requests_total",
+    "Console requests by route and HTTP status",
+    ["route", "status"],
+)
+LATENCY = Histogram("quarry_console_request_seconds", "Console request latency by route", ["route"])
+
+# gRPC status -> the HTTP status of its error page.
+HTTP_STATUS = {
+    "INVALID_ARGUMENT": 400,
+    "FAILED_PRECONDITION": 409,
+    "OUT_OF_RANGE": 400,
+    "NOT_FOUND": 404,
+    "ALREADY_EXISTS": 409,
+    "ABORTED": 409,
+    "PERMISSION_DENIED": 403,
+    "UNAUTHENTICATED": 401,
+    "RESOURCE_EXHAUSTED": 429,
+    "UNAVAILABLE": 503,
+    "DEADLINE_EXCEEDED": 504,
+    "UNIMPLEMENTED": 501,
+}
+
+
+@dataclass
+class Console:
+    """What the application needs: settings and the (plain) channels to branch-manager,
+    committer and the compactor-sensor. The console holds no token of its own: every call
+    carries the signed-in user's."""
+
+    settings: Any
+    branch_manager: grpc.Channel
+    committer: grpc.Channel
+    compactor_sensor: grpc.Channel | None = None
+    workers: int = 16
+    secure: bool = False  # served over TLS (cookies get Secure)
+
+
+@dataclass
+class Context:
+    """One page's view: the request, the session (None before sign-in), a Client with the
+    user's token, and the renderer."""
+
+    request: Request
+    session: sessions.Session | None
+    client: Any
+    console: Console
+    render: Callable[..., Response]
+    store: sessions.SessionStore
+
+
+Handler = Callable[[Context, dict[str, str]], Response]
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    pattern: re.Pattern[str]
+    name: str
+    handler: Handler
+    public: bool = False  # reachable without a session (sign-in, health)
+
+
+def route(method: str, path: str, name: str, handler: Handler, public: bool = False) -> Route:
+    """`path` with {name} segments (one path segment each, {name:path} the rest)."""
+    regex = re.sub(r"\{(\w+):path\}", r"(?P<\1>.+)", path)
+    regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", regex)
+    return Route(method, re.compile(f"^{regex}$"), name, handler, public)
+
+
+class ConsoleApp:
+    """The ASGI application (uvicorn runs it)."""
+
+    def __init__(self, console: Console, routes: list[Route] | None = None) -> None:
+        from quarry.console import pages, templates
+
+        self.console = console
+        self.sessions = sessions.SessionStore()
+        self._anonymous: dict[str, Any] = {}
+        self._routes = routes if routes is not None else pages.ROUTES
+        self._templates = templates.Templates()
+        self._pool = ThreadPoolExecutor(console.workers, thread_name_prefix="console")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > MAX_FORM_BYTES:
+                await self._send(
+                    send, Response(413, [("content-type", "text/plain")], b"too large")
+                )
+                return
+        loop = asyncio.get_running_loop()
+        response = await loop.run_in_executor(self._pool, self.handle, scope, body)
+        await self._send(send, response, loop)
+
+    async def _send(
+        self, send: Any, response: Response, loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers]
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        try:
+            if isinstance(response.body, bytes):
+                await send({"type": "http.response.body", "body": response.body})
+                return
+            chunks: Iterator[bytes] = response.body
+            assert loop is not None
+            while True:
+                chunk = await loop.run_in_executor(self._pool, next, chunks, None)
+                if chunk is None:
+                    break
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            if response.close is not None:
+                response.close()
+
+    # ---- one request, on a worker thread ----
+
+    def parse(self, scope: dict[str, Any], body: bytes) -> Request:
+        headers: dict[str, str] = {}
+        for name, value in scope["headers"]:
+            headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        client = scope.get("client") or ("", 0)
+        return Request(
+            method=scope["method"],
+            path=scope["path"],
+            query=parse_query(scope.get("query_string", b"")),
+            headers=headers,
+            cookies=parse_cookies(headers.get("cookie", "")),
+            form=parse_form(body, headers.get("content-type", "")),
+            secure=self.console.secure or scope.get("scheme") == "https",
+            client=str(client[0]),
+        )
+
+    def handle(self, scope: dict[str, Any], body: bytes) -> Response:
+        started = time.perf_counter()
+        request = self.parse(scope, body)
+        name = "unknown"
+        with telemetry.root_span("console request", {"http.method": request.method}) as span:
+            try:
+                matched = self._match(request)
+                if matched is None:
+                    response = self._page_error(request, None, 404, "NOT_FOUND", "no such page")
+                else:
+                    found, params = matched
+                    name = found.name
+                    span.update_name(f"console {name}")
+                    response = self._dispatch(request, found, params)
+            except Exception:
+                request_id = uuid.uuid4().hex[:16]
+                log.exception(
+                    "console %s %s failed (request id %s)", name, request.path, request_id
+                )
+                response = self._page_error(
+                    request, None, 500, "INTERNAL", f"an internal error (request id {request_id})"
+                )
+        elapsed = time.perf_counter() - started
+        REQUESTS.labels(name, str(response.status)).inc()
+        LATENCY.labels(name).observe(elapsed)
+        log.info(
+            "console %s %s %s -> %d in %.1f ms",
+            name,
+            request.method,
+            request.path,
+            response.status,
+            elapsed * 1000,
+        )
+        return response
+
+    def _match(self, request: Request) -> tuple[Route, dict[str, str]] | None:
+        method = "GET" if request.method == "HEAD" else request.method
+        for candidate in self._routes:
+            if candidate.method != method:
+                continue
+            found = candidate.pattern.match(request.path)
+            if found:
+                return candidate, found.groupdict()
+        return None
+
+    def _dispatch(self, request: Request, found: Route, params: dict[str, str]) -> Response:
+        session = self.sessions.get(request.cookies.get(sessions.SESSION_COOKIE, ""))
+        if session is None and not found.public:
+            if request.method == "GET":
+                return redirect(url("/login", next=request.path), 303)
+            return self._page_error(request, None, 401, "UNAUTHENTICATED", "sign in first")
+        # Every form post of a signed-in user carries the session's CSRF token.
+        if (
+            request.method == "POST"
+            and session is not None
+            and found.name != "login"
+            and not sessions.check_csrf(session.csrf, request.field("csrf"))
+        ):
+            return self._page_error(
+                request,
+                session,
+                403,
+                "CSRF_TOKEN_INVALID",
+                "the form's CSRF token is missing or wrong",
+            )
+        client = self._client(session)
+
+        def render(template: str, status: int = 200, **values: Any) -> Response:
+            return self._render(request, session, template, status, values)
+
+        ctx = Context(request, session, client, self.console, render, self.sessions)
+        try:
+            return found.handler(ctx, params)
+        except errors.QuarryError as exc:
+            reason = exc.reason
+            code = exc.code.name
+            if code == "UNAUTHENTICATED" and session is not None:
+                # The token expired or was revoked: the session is over.
+                self.sessions.delete(session.id)
+                return redirect(url("/login", next=request.path), 303)
+            return self._page_error(
+                request, session, HTTP_STATUS.get(code, 500), reason, exc.message, code=code
+            )
+
+    def _client(self, session: sessions.Session | None) -> Any:
+        """The Client of a session, made once (a Client costs tens of ms to build: its stubs
+        and interceptors), carrying the session's token; for pages without a session, one
+        shared client with no token (sign-in)."""
+        from quarry.client import Client
+
+        cache = session.cache if session is not None else self._anonymous
+        client = cache.get("client")
+        if client is None:
+            client = Client(
+                branch_manager=self.console.branch_manager,
+                committer=self.console.committer,
+                compactor_sensor=self.console.compactor_sensor or self.console.branch_manager,
+                token=session.token if session is not None else "",
+                timeout=30.0,
+            )
+            cache["client"] = client  # a lost race makes two; either serves (thread-safe)
+        return client
+
+    def _render(
+        self,
+        request: Request,
+        session: sessions.Session | None,
+        template: str,
+        status: int,
+        values: dict[str, Any],
+    ) -> Response:
+        html = self._templates.render(template, request=request, session=session, url=url, **values)
+        return Response(
+            status,
+            [
+                ("content-type", "text/html; charset=utf-8"),
+                ("cache-control", "no-store"),
+                # No script, frame or form target outside this origin; inline styles only.
+                (
+                    "content-security-policy",
+                    "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+                    "script-src 'self'; frame-ancestors 'none'; form-action 'self'",
+                ),
+                ("x-content-type-options", "nosniff"),
+                ("referrer-policy", "same-origin"),
+            ],
+            html.encode(),
+        )
+
+    def _page_error(
+        self,
+        request: Request,
+        session: sessions.Session | None,
+        status: int,
+        reason: str,
+        message: str,
+        code: str = "",
+    ) -> Response:
+        if not code:
+            code = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}.get(
+                status, "INTERNAL"
+            )
+        return self._render(
+            request,
+            session,
+            "error.html",
+            status,
+            {"code": code, "reason": reason, "message": message, "status": status},
+        )

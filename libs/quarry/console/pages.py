@@ -1,0 +1,615 @@
+"""The console's pages: one handler per page, each a few client calls with the user's token
+and a template. Every list is one server page (its page token in the URL: `?page=`), so a
+page costs the same on a 1M-entry branch as on a small one.
+
+Safety rules: a page never calls a mutating RPC on GET (only form posts do, and those carry a
+CSRF token: quarry.console.app); deleting a repository needs a confirmation form that names
+it again; nothing here decides a permission — the servers do, with the user's token."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+from urllib.parse import quote
+
+from quarry import errors
+from quarry.auth import policy
+from quarry.blob import ObjectNotFound, open_object
+from quarry.client import Credentials
+from quarry.console import graph, preview, sessions
+from quarry.console.app import Context, Route, route
+from quarry.console.http import Response, redirect, url
+from quarry.console.permissions import can
+
+PAGE = 100  # entries per object-browser / compare / changes page
+LOG_PAGE = 50
+SMALL_PAGE = 50
+CHANGE_NAMES = {1: "added", 2: "removed", 3: "changed", 4: "conflict"}
+
+
+def _repo_url(repo: str, page: str) -> str:
+    return f"/repos/{quote(repo, safe='')}/{page}"
+
+
+def _change_rows(repo: str, ref: str, changes: Any) -> list[tuple[str, str, str, str]]:
+    """(kind, path, link to the object at `ref` or "", size) per change. Built here, not in
+    the template: a page of 100 rows renders in a fraction of the time."""
+    from quarry.console.templates import size
+
+    base = _repo_url(repo, "object")
+    rows = []
+    for change in changes:
+        kind = CHANGE_NAMES.get(change.type, "?")
+        removed = change.type == 2
+        href = "" if removed or not ref else url(base, ref=ref, path=change.path)
+        rows.append((kind, change.path, href, "" if removed else size(change.entry.size_bytes)))
+    return rows
+
+
+# ---- health and sign-in -----------------------------------------------------------------
+
+
+def health(ctx: Context, params: dict[str, str]) -> Response:
+    return Response(200, [("content-type", "text/plain")], b"ok\n")
+
+
+def login_form(
+    ctx: Context, params: dict[str, str], message: str = "", status: int = 200
+) -> Response:
+    token = sessions.new_login_token()
+    response = ctx.render(
+        "login.html", status, csrf=token, message=message, next=_safe_next(ctx.request.arg("next"))
+    )
+    response.set_cookie(
+        sessions.LOGIN_COOKIE, token, secure=ctx.request.secure, max_age=900, path="/login"
+    )
+    return response
+
+
+def _safe_next(target: str) -> str:
+    """Only a path on this site (never `//host` or a scheme): no open redirect."""
+    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return "/repos"
+
+
+def login(ctx: Context, params: dict[str, str]) -> Response:
+    request = ctx.request
+    if not sessions.check_csrf(
+        request.cookies.get(sessions.LOGIN_COOKIE, ""), request.field("csrf")
+    ):
+        return login_form(ctx, params, "The form expired: sign in again.", 403)
+    key_id, secret = request.field("access_key_id").strip(), request.field("secret_access_key")
+    if not key_id or not secret:
+        return login_form(ctx, params, "Enter an access key id and its secret.", 400)
+    try:
+        answer = ctx.client.login(Credentials(key_id, secret))
+    except errors.QuarryError as exc:
+        if exc.code.name in ("UNAUTHENTICATED", "PERMISSION_DENIED", "INVALID_ARGUMENT"):
+            return login_form(ctx, params, f"Sign-in refused ({exc.reason}).", 401)
+        raise
+    from quarry.client import Client
+
+    with_token = Client(
+        branch_manager=ctx.console.branch_manager,
+        committer=ctx.console.committer,
+        token=answer.token,
+    )
+    me = with_token.whoami()
+    # A fresh id whatever cookie came in (session fixation): the old one is forgotten.
+    session = ctx.store.create(
+        me.principal_id,
+        answer.token,
+        float(answer.expires_at.seconds) or time.time() + 3600,
+        replaces=request.cookies.get(sessions.SESSION_COOKIE, ""),
+    )
+    session.cache["client"] = with_token  # the session's client (quarry.console.app)
+    response = redirect(_safe_next(request.field("next")))
+    response.set_cookie(sessions.SESSION_COOKIE, session.id, secure=request.secure)
+    response.set_cookie(sessions.LOGIN_COOKIE, "", secure=request.secure, max_age=0, path="/login")
+    return response
+
+
+def logout(ctx: Context, params: dict[str, str]) -> Response:
+    assert ctx.session is not None
+    ctx.store.delete(ctx.session.id)
+    response = redirect("/login")
+    response.set_cookie(sessions.SESSION_COOKIE, "", secure=ctx.request.secure, max_age=0)
+    return response
+
+
+def home(ctx: Context, params: dict[str, str]) -> Response:
+    return redirect("/repos")
+
+
+# ---- repositories -----------------------------------------------------------------------
+
+
+def _can(ctx: Context, action: str, resource: str) -> bool:
+    return ctx.session is not None and can(ctx.session, ctx.client, action, resource)
+
+
+def repositories(ctx: Context, params: dict[str, str]) -> Response:
+    page = ctx.client.list_repositories(page_size=SMALL_PAGE, page_token=ctx.request.arg("page"))
+    return ctx.render(
+        "repositories.html",
+        repositories=page.repositories,
+        next_page=page.next_page_token,
+        can_create=_can(ctx, "fs:CreateRepository", policy.repository_arn("*")),
+        can_delete=_can(ctx, "fs:DeleteRepository", policy.repository_arn("*")),
+    )
+
+
+def create_repository(ctx: Context, params: dict[str, str]) -> Response:
+    form = ctx.request.form
+    name = form.get("name", "").strip()
+    ctx.client.create_repository(
+        name,
+        form.get("storage_namespace", "").strip(),
+        default_branch=form.get("default_branch", "").strip() or "main",
+    )
+    return redirect(_repo_url(name, "objects"))
+
+
+def confirm_delete_repository(ctx: Context, params: dict[str, str]) -> Response:
+    repo = ctx.client.get_repository(params["repo"])
+    return ctx.render("confirm_delete.html", repo=repo, message="")
+
+
+def delete_repository(ctx: Context, params: dict[str, str]) -> Response:
+    name = params["repo"]
+    # Never on a click alone: the form must name the repository again.
+    if ctx.request.field("confirm") != name:
+        repo = ctx.client.get_repository(name)
+        return ctx.render(
+            "confirm_delete.html",
+            400,
+            repo=repo,
+            message="Type the repository's name exactly to delete it.",
+        )
+    ctx.client.delete_repository(name)
+    return redirect("/repos")
+
+
+# ---- branches and tags ------------------------------------------------------------------
+
+
+def _protection(ctx: Context, repo: str) -> list[Any]:
+    try:
+        return ctx.client.get_branch_protection_rules(repo)[0]
+    except errors.QuarryError as exc:
+        if exc.code.name == "PERMISSION_DENIED":
+            return []
+        raise
+
+
+def _protected(rules: list[Any], branch: str) -> list[str]:
+    from fnmatch import fnmatchcase
+
+    from quarry.v1 import branch_manager_pb2 as bm
+
+    names = []
+    for rule in rules:
+        if fnmatchcase(branch, rule.pattern):
+            names += [
+                bm.BranchProtectionBlockedAction.Name(a)
+                .removeprefix("BRANCH_PROTECTION_BLOCKED_ACTION_")
+                .lower()
+                for a in rule.blocked_actions
+            ]
+    return names
+
+
+def _staging(ctx: Context, repo: str, branch: str) -> Any:
+    with contextlib.suppress(errors.QuarryError):
+        return ctx.client.branch_staging_stats(repo, branch)
+    return None
+
+
+def branches(ctx: Context, params: dict[str, str]) -> Response:
+    repo = ctx.client.get_repository(params["repo"])
+    page = ctx.client.list_branches(
+        repo.name, page_size=SMALL_PAGE, page_token=ctx.request.arg("page")
+    )
+    rules = _protection(ctx, repo.name)
+    rows = []
+    for branch in page.branches:
+        rows.append(
+            {
+                "branch": branch,
+                "dirty": (not branch.HasField("dirty")) or branch.dirty,
+                "stats": _staging(ctx, repo.name, branch.name),
+                "protection": _protected(rules, branch.name),
+                "compacted": bool(branch.compacted_metarange_id),
+            }
+        )
+    return ctx.render(
+        "branches.html",
+        repo=repo,
+        rows=rows,
+        next_page=page.next_page_token,
+        can_create=_can(ctx, "fs:CreateBranch", policy.branch_arn(repo.name, "*")),
+    )
+
+
+def create_branch(ctx: Context, params: dict[str, str]) -> Response:
+    repo = params["repo"]
+    name = ctx.request.field("name").strip()
+    ctx.client.create_branch(repo, name, ctx.request.field("source").strip() or "main")
+    return redirect(url(_repo_url(repo, "objects"), ref=name))
+
+
+def tags(ctx: Context, params: dict[str, str]) -> Response:
+    repo = ctx.client.get_repository(params["repo"])
+    page = ctx.client.list_tags(repo.name, page_size=SMALL_PAGE, page_token=ctx.request.arg("page"))
+    return ctx.render("tags.html", repo=repo, tags=page.tags, next_page=page.next_page_token)
+
+
+# ---- objects ----------------------------------------------------------------------------
+
+
+def _ref(ctx: Context, repo: Any) -> str:
+    return ctx.request.arg("ref") or repo.default_branch
+
+
+def objects(ctx: Context, params: dict[str, str]) -> Response:
+    repo = ctx.client.get_repository(params["repo"])
+    ref = _ref(ctx, repo)
+    prefix = ctx.request.arg("prefix")
+    page = ctx.client.list_objects(
+        repo.name,
+        ref,
+        prefix=prefix,
+        delimiter="/",
+        page_size=PAGE,
+        page_token=ctx.request.arg("page"),
+    )
+    from quarry.console.templates import size, timestamp
+
+    base = _repo_url(repo.name, "")
+    # (is a folder, name shown, link, size, modified), in path order; links built here.
+    items: list[tuple[str, bool, str, str, str, str]] = [
+        (p, True, p[len(prefix) :], url(base + "objects", ref=ref, prefix=p), "", "")
+        for p in page.common_prefixes
+    ]
+    items += [
+        (
+            e.path,
+            False,
+            e.path[len(prefix) :],
+            url(base + "object", ref=ref, path=e.path),
+            size(e.size_bytes),
+            timestamp(e.mtime),
+        )
+        for e in page.entries
+    ]
+    items.sort(key=lambda item: item[0])
+    crumbs = []
+    parts = prefix.split("/")[:-1] if prefix else []
+    for i, part in enumerate(parts):
+        crumbs.append((part, "/".join(parts[: i + 1]) + "/"))
+    return ctx.render(
+        "objects.html",
+        repo=repo,
+        ref=ref,
+        prefix=prefix,
+        crumbs=crumbs,
+        items=items,
+        next_page=page.next_page_token,
+    )
+
+
+def object_detail(ctx: Context, params: dict[str, str]) -> Response:
+    repo = ctx.client.get_repository(params["repo"])
+    ref, path = _ref(ctx, repo), ctx.request.arg("path")
+    entry = ctx.client.stat_object(repo.name, ref, path)
+    try:
+        shown = preview.preview(entry, ctx.console.settings)
+    except ObjectNotFound:
+        shown = preview.Preview("none", note="the object's bytes are missing from storage")
+    return ctx.render(
+        "object.html",
+        repo=repo,
+        ref=ref,
+        path=path,
+        entry=entry,
+        preview=shown,
+        content_type=preview.content_type(path, entry.content_type),
+    )
+
+
+def download(ctx: Context, params: dict[str, str]) -> Response:
+    repo = params["repo"]
+    ref, path = ctx.request.arg("ref"), ctx.request.arg("path")
+    entry = ctx.client.stat_object(repo, ref, path)
+    opened = open_object(entry.physical_address, ctx.console.settings)
+    try:
+        reader = opened.__enter__()
+    except ObjectNotFound:
+        raise errors.NotFound("the object's bytes are missing from storage") from None
+
+    def chunks() -> Any:
+        while True:
+            piece = reader.read(1 << 20)
+            if not piece:
+                return
+            yield piece
+
+    name = path.rsplit("/", 1)[-1].replace('"', "")
+    inline = (
+        ctx.request.arg("inline") == "1" and preview.kind_of(path, entry.content_type) == "image"
+    )
+    ctype = preview.content_type(path, entry.content_type)
+    if not inline or ctype == "image/svg+xml":
+        inline = False
+        ctype = ctype if not ctype.startswith("text/html") else "application/octet-stream"
+    return Response(
+        200,
+        [
+            ("content-type", ctype),
+            ("content-length", str(entry.size_bytes)),
+            (
+                "content-disposition",
+                f"{'inline' if inline else 'attachment'}; filename*=UTF-8''{quote(name)}",
+            ),
+            ("x-content-type-options", "nosniff"),
+            ("content-security-policy", "default-src 'none'; sandbox"),
+        ],
+        chunks(),
+        close=lambda: _close(opened),
+    )
+
+
+def _close(opened: Any) -> None:
+    opened.__exit__(None, None, None)
+
+
+# ---- history ----------------------------------------------------------------------------
+
+
+def log_page(ctx: Context, params: dict[str, str]) -> Response:
+    repo = ctx.client.get_repository(params["repo"])
+    ref = _ref(ctx, repo)
+    page = ctx.client.log(repo.name, ref, page_size=LOG_PAGE, page_token=ctx.request.arg("page"))
+    rows = graph.layout([(c.id, list(c.parents)) for c in page.commits])
+    return ctx.render(
+        "log.html",
+        repo=repo,
+        ref=ref,
+        commits=page.commits,
+        graph=graph.svg(rows),
+        row_height=graph.ROW,
+        next_page=page.next_page_token,
+    )
+
+
+def commit_detail(ctx: Context, params: dict[str, str]) -> Response:
+    repo = ctx.client.get_repository(params["repo"])
+    commit = ctx.client.get_commit(repo.name, params["commit"])
+    changes: list[Any] = []
+    next_page = ""
+    if commit.parents:
+        page = ctx.client.diff(
+            repo.name,
+            commit.parents[0],
+            commit.id,
+            page_size=PAGE,
+            page_token=ctx.request.arg("page"),
+        )
+        changes, next_page = list(page.changes), page.next_page_token
+    return ctx.render(
+        "commit.html",
+        repo=repo,
+        commit=commit,
+        rows=_change_rows(repo.name, commit.id, changes),
+        next_page=next_page,
+    )
+
+
+def compare(ctx: Context, params: dict[str, str]) -> Response:
+    repo = ctx.client.get_repository(params["repo"])
+    left, right = ctx.request.arg("left"), ctx.request.arg("right")
+    three_dot = ctx.request.arg("mode", "three") != "two"
+    changes: list[Any] = []
+    counts = {"added": 0, "removed": 0, "changed": 0, "conflict": 0}
+    next_page = ""
+    if left and right:
+        page = ctx.client.diff(
+            repo.name,
+            left,
+            right,
+            three_dot=three_dot,
+            page_size=PAGE,
+            page_token=ctx.request.arg("page"),
+        )
+        changes, next_page = list(page.changes), page.next_page_token
+        for change in changes:
+            name = CHANGE_NAMES.get(change.type)
+            if name in counts:
+                counts[name] += 1
+    return ctx.render(
+        "compare.html",
+        repo=repo,
+        left=left,
+        right=right,
+        three_dot=three_dot,
+        rows=_change_rows(repo.name, right, changes),
+        counts=counts,
+        next_page=next_page,
+    )
+
+
+# ---- uncommitted changes, commit, discard, merge ----------------------------------------
+
+
+def changes(ctx: Context, params: dict[str, str]) -> Response:
+    repo = ctx.client.get_repository(params["repo"])
+    branch = ctx.request.arg("branch") or repo.default_branch
+    page = ctx.client.diff_uncommitted(
+        repo.name, branch, page_size=PAGE, page_token=ctx.request.arg("page")
+    )
+    return ctx.render(
+        "changes.html",
+        repo=repo,
+        branch=branch,
+        rows=_change_rows(repo.name, branch, page.changes),
+        next_page=page.next_page_token,
+        can_commit=_can(ctx, "fs:CreateCommit", policy.branch_arn(repo.name, branch)),
+        can_discard=_can(ctx, "fs:RevertBranch", policy.branch_arn(repo.name, branch)),
+    )
+
+
+def commit(ctx: Context, params: dict[str, str]) -> Response:
+    repo, branch = params["repo"], ctx.request.field("branch")
+    message = ctx.request.field("message").strip()
+    if not message:
+        raise errors.InvalidArgument("a commit needs a message")
+    made = ctx.client.commit(repo, branch, message)
+    return redirect(_repo_url(repo, f"commits/{made.commit.id}"))
+
+
+def discard(ctx: Context, params: dict[str, str]) -> Response:
+    repo, branch = params["repo"], ctx.request.field("branch")
+    ctx.client.discard_changes(repo, branch, path=ctx.request.field("path"))
+    return redirect(url(_repo_url(repo, "changes"), branch=branch))
+
+
+def merge_form(ctx: Context, params: dict[str, str]) -> Response:
+    repo = ctx.client.get_repository(params["repo"])
+    source, destination = ctx.request.arg("source"), ctx.request.arg("destination")
+    strategy = ctx.request.arg("strategy")
+    dry = None
+    conflicts: list[Any] = []
+    more = 0
+    if source and destination:
+        try:
+            dry = ctx.client.merge(
+                repo.name, source, destination, strategy=strategy or None, dry_run=True
+            )
+            conflicts = list(dry.conflicts)
+        except errors.QuarryError as exc:
+            if exc.reason != "MERGE_CONFLICT":
+                raise
+            conflicts, more = _conflicts_of(exc)
+    return ctx.render(
+        "merge.html",
+        repo=repo,
+        source=source,
+        destination=destination,
+        strategy=strategy,
+        dry=dry,
+        conflicts=conflicts,
+        more=more,
+        can_merge=bool(destination)
+        and _can(ctx, "fs:CreateCommit", policy.branch_arn(repo.name, destination)),
+    )
+
+
+def _conflicts_of(exc: errors.QuarryError) -> tuple[list[Any], int]:
+    from quarry.v1 import types_pb2
+
+    for detail in exc.details:
+        if detail.Is(types_pb2.MergeConflicts.DESCRIPTOR):
+            found = types_pb2.MergeConflicts()
+            detail.Unpack(found)
+            return list(found.conflicts), found.more
+    return [], 0
+
+
+def merge(ctx: Context, params: dict[str, str]) -> Response:
+    repo = params["repo"]
+    form = ctx.request.form
+    made = ctx.client.merge(
+        repo,
+        form.get("source", ""),
+        form.get("destination", ""),
+        strategy=form.get("strategy") or None,
+        message=form.get("message", ""),
+    )
+    return redirect(_repo_url(repo, f"commits/{made.commit.id}"))
+
+
+# ---- actions ----------------------------------------------------------------------------
+
+
+def action_runs(ctx: Context, params: dict[str, str]) -> Response:
+    repo = ctx.client.get_repository(params["repo"])
+    page = ctx.client.list_action_runs(
+        repo.name, page_size=SMALL_PAGE, page_token=ctx.request.arg("page")
+    )
+    return ctx.render("actions.html", repo=repo, runs=page.runs, next_page=page.next_page_token)
+
+
+def action_run(ctx: Context, params: dict[str, str]) -> Response:
+    repo = ctx.client.get_repository(params["repo"])
+    run = ctx.client.get_action_run(repo.name, params["run"])
+    return ctx.render("action_run.html", repo=repo, run=run)
+
+
+# ---- admin ------------------------------------------------------------------------------
+
+
+def _admin_list(ctx: Context, method: str, field: str, title: str, **fields: Any) -> Response:
+    page = ctx.client.list_page(
+        method, page_size=SMALL_PAGE, page_token=ctx.request.arg("page"), **fields
+    )
+    return ctx.render(
+        "admin.html",
+        title=title,
+        kind=field,
+        items=getattr(page, field),
+        next_page=page.next_page_token,
+    )
+
+
+def users(ctx: Context, params: dict[str, str]) -> Response:
+    return _admin_list(ctx, "ListUsers", "users", "Users")
+
+
+def groups(ctx: Context, params: dict[str, str]) -> Response:
+    return _admin_list(ctx, "ListGroups", "groups", "Groups")
+
+
+def policies_page(ctx: Context, params: dict[str, str]) -> Response:
+    return _admin_list(ctx, "ListPolicies", "policies", "Policies")
+
+
+def credentials(ctx: Context, params: dict[str, str]) -> Response:
+    user = params["user"]
+    return _admin_list(
+        ctx, "ListCredentials", "credentials", f"Credentials of {user}", user_id=user
+    )
+
+
+ROUTES: list[Route] = [
+    route("GET", "/_health", "health", health, public=True),
+    route("GET", "/login", "login_form", login_form, public=True),
+    route("POST", "/login", "login", login, public=True),
+    route("POST", "/logout", "logout", logout),
+    route("GET", "/", "home", home),
+    route("GET", "/repos", "repositories", repositories),
+    route("POST", "/repos", "create_repository", create_repository),
+    route("GET", "/repos/{repo}/delete", "confirm_delete_repository", confirm_delete_repository),
+    route("POST", "/repos/{repo}/delete", "delete_repository", delete_repository),
+    route("GET", "/repos/{repo}/branches", "branches", branches),
+    route("POST", "/repos/{repo}/branches", "create_branch", create_branch),
+    route("GET", "/repos/{repo}/tags", "tags", tags),
+    route("GET", "/repos/{repo}/objects", "objects", objects),
+    route("GET", "/repos/{repo}/object", "object", object_detail),
+    route("GET", "/repos/{repo}/download", "download", download),
+    route("GET", "/repos/{repo}/log", "log", log_page),
+    route("GET", "/repos/{repo}/commits/{commit}", "commit", commit_detail),
+    route("GET", "/repos/{repo}/compare", "compare", compare),
+    route("GET", "/repos/{repo}/changes", "changes", changes),
+    route("POST", "/repos/{repo}/commit", "commit_post", commit),
+    route("POST", "/repos/{repo}/discard", "discard", discard),
+    route("GET", "/repos/{repo}/merge", "merge_form", merge_form),
+    route("POST", "/repos/{repo}/merge", "merge", merge),
+    route("GET", "/repos/{repo}/actions", "action_runs", action_runs),
+    route("GET", "/repos/{repo}/actions/{run}", "action_run", action_run),
+    route("GET", "/admin/users", "users", users),
+    route("GET", "/admin/users/{user}/credentials", "credentials", credentials),
+    route("GET", "/admin/groups", "groups", groups),
+    route("GET", "/admin/policies", "policies", policies_page),
+]

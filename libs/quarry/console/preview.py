@@ -1,0 +1,104 @@
+"""An object's preview on its detail page: text (the first bytes), an image (shown from the
+download address), or for Parquet the schema and the first rows (pyarrow). Reads are bounded:
+a preview never reads a whole large object."""
+
+from __future__ import annotations
+
+import io
+import mimetypes
+from dataclasses import dataclass, field
+from typing import Any
+
+from quarry.blob import open_object
+
+TEXT_BYTES = 64 * 1024  # shown of a text object
+PARQUET_MAX_BYTES = 64 * 1024 * 1024  # a larger Parquet file gets no row preview
+PARQUET_ROWS = 20
+TEXT_SUFFIXES = (
+    ".txt", ".csv", ".tsv", ".json", ".jsonl", ".md", ".yaml", ".yml", ".xml", ".log",
+    ".py", ".sql", ".ini", ".toml", ".html",
+)  # fmt: skip
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".svg")
+
+
+@dataclass
+class Preview:
+    kind: str  # "text" | "image" | "parquet" | "none"
+    text: str = ""
+    truncated: bool = False
+    schema: list[tuple[str, str]] = field(default_factory=list)
+    columns: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+    num_rows: int = 0
+    note: str = ""
+
+
+def content_type(path: str, stored: str) -> str:
+    return stored or mimetypes.guess_type(path)[0] or "application/octet-stream"
+
+
+def kind_of(path: str, stored_type: str) -> str:
+    lower = path.lower()
+    ctype = content_type(path, stored_type)
+    if lower.endswith(".parquet"):
+        return "parquet"
+    if lower.endswith(IMAGE_SUFFIXES) or ctype.startswith("image/"):
+        return "image"
+    if lower.endswith(TEXT_SUFFIXES) or ctype.startswith("text/") or ctype.endswith("json"):
+        return "text"
+    return "none"
+
+
+def _read(physical_address: str, settings: Any, limit: int) -> bytes:
+    with open_object(physical_address, settings) as reader:
+        out = bytearray()
+        while len(out) < limit:
+            piece = reader.read(min(1 << 20, limit - len(out)))
+            if not piece:
+                break
+            out += piece
+        return bytes(out)
+
+
+def preview(entry: Any, settings: Any) -> Preview:
+    kind = kind_of(entry.path, entry.content_type)
+    if kind == "text":
+        data = _read(entry.physical_address, settings, TEXT_BYTES)
+        return Preview(
+            "text", text=data.decode("utf-8", "replace"), truncated=entry.size_bytes > len(data)
+        )
+    if kind == "image":
+        return Preview("image")
+    if kind == "parquet":
+        if entry.size_bytes > PARQUET_MAX_BYTES:
+            return Preview("none", note="Parquet file too large to preview here")
+        return _parquet(_read(entry.physical_address, settings, PARQUET_MAX_BYTES))
+    return Preview("none")
+
+
+def _parquet(data: bytes) -> Preview:
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(io.BytesIO(data))
+    except Exception as exc:  # not Parquet after all: say so, no error page
+        return Preview("none", note=f"not a readable Parquet file: {exc}")
+    schema = [(f.name, str(f.type)) for f in parquet.schema_arrow]
+    table = next(parquet.iter_batches(batch_size=PARQUET_ROWS), None)
+    rows: list[list[str]] = []
+    columns = [name for name, _ in schema]
+    if table is not None:
+        data_rows = table.to_pylist()
+        rows = [[_cell(r.get(c)) for c in columns] for r in data_rows]
+    return Preview(
+        "parquet",
+        schema=schema,
+        columns=columns,
+        rows=rows,
+        num_rows=parquet.metadata.num_rows,
+    )
+
+
+def _cell(value: Any) -> str:
+    text = "null" if value is None else str(value)
+    return text if len(text) <= 200 else text[:200] + "…"

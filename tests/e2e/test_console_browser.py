@@ -1,0 +1,311 @@
+"""The web console in a real browser: headless Chromium (Debian's chromium and
+chromium-driver, `make test-clients`) driven by Selenium against a real `quarry up` started
+as a user starts it (its own QUARRY_HOME, free ports). One walk through a data change —
+sign in, create a repository and a branch, stage with the CLI, commit in the console, compare,
+merge with a conflict the dry run shows, resolve, merge — then a read-only user, a forged
+form, a CSRF-less post and a planted session id. A screenshot of each page is written to
+build/artifacts/console/ (the test's artifacts)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from quarry.cli.main import SERVICE_MODULES
+from quarry.client import Client
+from support.auth import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY
+from support.processes import REPO_ROOT, VENV_BIN, free_port, quarry_env
+
+pytestmark = [
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(
+        not (shutil.which("chromium") and shutil.which("chromedriver")),
+        reason="no chromium/chromedriver: `make test-clients` installs Debian's",
+    ),
+]
+
+ARTIFACTS = REPO_ROOT / "build" / "artifacts" / "console"
+
+
+class Up:
+    def __init__(self, home: Path) -> None:
+        self.ports = {name: free_port() for name in SERVICE_MODULES}
+        self.env = quarry_env(
+            home,
+            **{
+                f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
+                for name, p in self.ports.items()
+                for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
+            },
+        )
+        self.home = home
+        self.child: subprocess.Popen | None = None
+        self.banner = ""
+
+    def start(self) -> None:
+        self.child = subprocess.Popen(
+            [str(VENV_BIN / "quarry"), "up"],
+            env=self.env,
+            cwd=self.home.parent,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        lines = []
+        for line in self.child.stdout:
+            lines.append(line)
+            if "Press Ctrl-C" in line:
+                break
+        self.banner = "".join(lines)
+        assert "Press Ctrl-C" in self.banner, self.banner
+        # Keep its output drained (a full pipe would block the services' forwarder).
+        import threading
+
+        threading.Thread(target=self.child.stdout.read, daemon=True).start()
+
+    def stop(self) -> None:
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGINT)
+            try:
+                self.child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.child.kill()
+                self.child.wait()
+
+    @property
+    def console(self) -> str:
+        return f"http://127.0.0.1:{self.ports['console']}"
+
+    def cli(self, *args: str) -> str:
+        ran = subprocess.run(
+            [str(VENV_BIN / "quarry"), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert ran.returncode == 0, (args, ran.stdout, ran.stderr)
+        return ran.stdout
+
+    def client(self) -> Client:
+        return Client(
+            f"127.0.0.1:{self.ports['branch-manager']}",
+            f"127.0.0.1:{self.ports['committer']}",
+        )
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory) -> Iterator[Up]:
+    running = Up(tmp_path_factory.mktemp("console-up") / "home")
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def driver():
+    os.environ.setdefault("SE_OFFLINE", "true")  # never download a browser or a driver
+    os.environ.setdefault("SE_AVOID_STATS", "true")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,1000"):
+        options.add_argument(argument)
+    browser = webdriver.Chrome(
+        service=Service(executable_path=shutil.which("chromedriver")), options=options
+    )
+    browser.set_page_load_timeout(60)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    try:
+        yield browser
+    finally:
+        browser.quit()
+
+
+def shot(driver, name: str) -> None:
+    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+
+
+def by_id(driver, element_id: str):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.ID, element_id)
+
+
+def present(driver, element_id: str) -> bool:
+    from selenium.webdriver.common.by import By
+
+    return bool(driver.find_elements(By.ID, element_id))
+
+
+def page_text(driver) -> str:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.TAG_NAME, "main").text
+
+
+def sign_in(driver, up: Up, key_id: str, secret: str) -> None:
+    driver.get(f"{up.console}/login")
+    by_id(driver, "access_key_id").send_keys(key_id)
+    by_id(driver, "secret_access_key").send_keys(secret)
+    by_id(driver, "sign-in").click()
+
+
+def sign_out(driver) -> None:
+    by_id(driver, "sign-out").click()
+
+
+def test_a_data_change_from_sign_in_to_merge(up, driver, tmp_path):
+    from selenium.webdriver.support.ui import Select
+
+    assert f"the console: {up.console}/" in up.banner
+    driver.get(f"{up.console}/repos")  # not signed in: the sign-in page
+    assert "/login" in driver.current_url
+    shot(driver, "01-sign-in")
+    sign_in(driver, up, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY)
+    assert by_id(driver, "whoami").text == "admin"
+    shot(driver, "02-repositories")
+
+    namespace = tmp_path / "lake"
+    namespace.mkdir()
+    by_id(driver, "repo-name").send_keys("web")
+    by_id(driver, "repo-namespace").send_keys(str(namespace))
+    by_id(driver, "create-repository").submit()
+    assert driver.current_url.endswith("/repos/web/objects")
+
+    driver.get(f"{up.console}/repos/web/branches")
+    by_id(driver, "branch-name").send_keys("feature")
+    by_id(driver, "create-branch").submit()
+    assert "ref=feature" in driver.current_url
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "people.csv").write_text("id,name\n1,ada\n")
+    up.cli("put", "web", "main", "tables/people.csv", "--from", str(data / "people.csv"))
+    # Commit in the console.
+    driver.get(f"{up.console}/repos/web/changes?branch=main")
+    assert "tables/people.csv" in by_id(driver, "changes").text
+    shot(driver, "03-uncommitted")
+    by_id(driver, "commit-message-input").send_keys("people from the console")
+    by_id(driver, "commit-button").click()
+    assert "people from the console" in by_id(driver, "commit-message").text
+    shot(driver, "04-commit")
+
+    # feature was made before that commit: bring it along, then both branches change the
+    # same file (a conflict).
+    with up.client() as client:
+        client.merge("web", "main", "feature")
+    (data / "people.csv").write_text("id,name\n1,ada\n2,grace\n")
+    up.cli("put", "web", "feature", "tables/people.csv", "--from", str(data / "people.csv"))
+    (data / "new.txt").write_text("only on feature\n")
+    up.cli("put", "web", "feature", "notes/new.txt", "--from", str(data / "new.txt"))
+    up.cli("commit", "web", "feature", "-m", "feature work")
+    (data / "people.csv").write_text("id,name\n1,ada lovelace\n")
+    up.cli("put", "web", "main", "tables/people.csv", "--from", str(data / "people.csv"))
+    up.cli("commit", "web", "main", "-m", "main work")
+
+    driver.get(f"{up.console}/repos/web/compare?left=main&right=feature&mode=two")
+    counts = by_id(driver, "compare-counts").text
+    assert "1 added" in counts and "1 changed" in counts, counts
+    shot(driver, "05-compare")
+
+    driver.get(f"{up.console}/repos/web/merge")
+    by_id(driver, "merge-source").send_keys("feature")
+    by_id(driver, "merge-destination").send_keys("main")
+    by_id(driver, "dry-run").click()
+    assert "MERGE_CONFLICT" in by_id(driver, "merge-conflicts-summary").text
+    assert "tables/people.csv" in by_id(driver, "conflicts").text
+    assert not present(driver, "merge-button")
+    shot(driver, "06-merge-conflict")
+
+    # Resolve in the console: choose to keep the source's side of each conflict; the dry run
+    # is clean now, and the merge goes through.
+    Select(by_id(driver, "merge-strategy")).select_by_value("source-wins")
+    by_id(driver, "dry-run").click()
+    assert "No conflicts" in by_id(driver, "merge-summary").text, page_text(driver)
+    shot(driver, "07-merge-clean")
+    by_id(driver, "merge-button").click()
+    assert "/repos/web/commits/" in driver.current_url, page_text(driver)
+    driver.get(f"{up.console}/repos/web/log?ref=main")
+    assert driver.find_element("css selector", "svg.graph")
+    assert "merge" in by_id(driver, "log").text
+    shot(driver, "08-log-graph")
+    with up.client() as client:
+        merged = client.get_commit("web", "main")
+        assert len(merged.parents) == 2
+
+    driver.get(f"{up.console}/repos/web/objects?ref=main")
+    shot(driver, "09-objects")
+    driver.get(f"{up.console}/repos/web/object?ref=main&path=tables%2Fpeople.csv")
+    assert "grace" in by_id(driver, "preview-text").text  # feature's side, merged
+    shot(driver, "10-object")
+    sign_out(driver)
+    assert "/login" in driver.current_url
+
+
+def test_a_read_only_user_sees_no_write_controls_and_a_forged_form_is_refused(up, driver):
+    with up.client() as client:
+        client.create_repository("read-only", str(up.home / "lake-ro"))
+        client.create_user("reader")
+        client.add_group_member("Viewers", "reader")
+        made = client.create_credentials("reader")
+        head = client.get_branch("read-only", "main").commit_id
+    sign_in(driver, up, made.credentials.access_key_id, made.secret_access_key)
+    assert by_id(driver, "whoami").text == "reader"
+    assert not present(driver, "create-repository")
+    driver.get(f"{up.console}/repos/read-only/branches")
+    assert not present(driver, "create-branch")
+    shot(driver, "11-read-only")
+    # A form the page never offered, posted with the reader's own session and CSRF token.
+    driver.execute_script(
+        """
+        const csrf = document.querySelector('input[name=csrf]').value;
+        const form = document.createElement('form');
+        form.method = 'post'; form.action = '/repos/read-only/commit';
+        for (const [k, v] of [['csrf', csrf], ['branch', 'main'], ['message', 'forged']]) {
+            const input = document.createElement('input');
+            input.type = 'hidden'; input.name = k; input.value = v; form.appendChild(input);
+        }
+        document.body.appendChild(form); form.submit();
+        """
+    )
+    assert by_id(driver, "error-code").text == "PERMISSION_DENIED"
+    shot(driver, "12-permission-denied")
+    with up.client() as client:
+        assert client.get_branch("read-only", "main").commit_id == head
+    driver.get(f"{up.console}/repos")
+    sign_out(driver)
+
+
+def test_a_csrf_less_post_and_a_planted_session_are_refused(up, driver):
+    # Session fixation: a session id planted before sign-in is replaced at sign-in.
+    driver.get(f"{up.console}/login")
+    driver.add_cookie({"name": "quarry_console_session", "value": "planted-by-attacker"})
+    sign_in(driver, up, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY)
+    issued = driver.get_cookie("quarry_console_session")
+    assert issued["value"] != "planted-by-attacker" and issued["httpOnly"]
+    assert issued["sameSite"] == "Strict"
+    # A post without the session's CSRF token (as a page of another site would send it).
+    driver.execute_script(
+        """
+        const form = document.createElement('form');
+        form.method = 'post'; form.action = '/repos';
+        const input = document.createElement('input');
+        input.name = 'name'; input.value = 'csrf-attack'; form.appendChild(input);
+        document.body.appendChild(form); form.submit();
+        """
+    )
+    assert by_id(driver, "error-reason").text == "CSRF_TOKEN_INVALID"
+    shot(driver, "13-csrf-refused")
+    with up.client() as client:
+        assert "csrf-attack" not in [r.name for r in client.iter_repositories()]

@@ -1,0 +1,198 @@
+"""The web console for tests: the ASGI app served by a real uvicorn (in a thread, on a free
+loopback port) over a running suite, and a small HTTP browser with a cookie jar that reads
+CSRF tokens out of the pages the way a browser submits them (forms, hidden fields)."""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import http.client
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.cookies import SimpleCookie
+from urllib.parse import urlencode
+
+from support.ports import free_port
+from support.wait import wait_until
+
+CSRF_FIELD = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, list[str]]
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def header(self, name: str) -> str:
+        return self.headers.get(name.lower(), [""])[0]
+
+    def csrf(self) -> str:
+        found = CSRF_FIELD.search(self.text)
+        assert found, "no CSRF field on the page"
+        return html.unescape(found.group(1))
+
+
+@dataclass
+class Browser:
+    """HTTP/1.1 to the console with cookies kept (what a browser sends back)."""
+
+    port: int
+    cookies: dict[str, str] = field(default_factory=dict)
+    set_cookie_lines: list[str] = field(default_factory=list)
+    keep_alive: bool = False  # one connection for every request, as a browser keeps one
+    _connection: http.client.HTTPConnection | None = None
+
+    def _open(self) -> http.client.HTTPConnection:
+        if self.keep_alive and self._connection is not None:
+            return self._connection
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        if self.keep_alive:
+            self._connection = connection
+        return connection
+
+    def request(self, method: str, path: str, form: dict[str, str] | None = None) -> Answer:
+        if self.keep_alive and self._connection is not None and method == "GET":
+            try:
+                return self._request(method, path, form)
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                # The server closed the idle connection (uvicorn: after 5 s): a browser
+                # opens a new one and sends the GET again.
+                self._connection.close()
+                self._connection = None
+        return self._request(method, path, form)
+
+    def _request(self, method: str, path: str, form: dict[str, str] | None) -> Answer:
+        connection = self._open()
+        headers = {}
+        body = None
+        if self.cookies:
+            headers["cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        if form is not None:
+            body = urlencode(form)
+            headers["content-type"] = "application/x-www-form-urlencoded"
+        try:
+            connection.request(method, path, body=body, headers=headers)
+            response = connection.getresponse()
+            got: dict[str, list[str]] = {}
+            for name, value in response.getheaders():
+                got.setdefault(name.lower(), []).append(value)
+            answer = Answer(response.status, got, response.read())
+        finally:
+            if not self.keep_alive:
+                connection.close()
+        for line in answer.headers.get("set-cookie", []):
+            self.set_cookie_lines.append(line)
+            jar: SimpleCookie = SimpleCookie()
+            jar.load(line)
+            for name, morsel in jar.items():
+                if morsel["max-age"] == "0":
+                    self.cookies.pop(name, None)
+                else:
+                    self.cookies[name] = morsel.value
+        return answer
+
+    def get(self, path: str) -> Answer:
+        return self.request("GET", path)
+
+    def post(self, path: str, form: dict[str, str]) -> Answer:
+        return self.request("POST", path, form)
+
+    def sign_in(self, key_id: str, secret: str) -> Answer:
+        page = self.get("/login")
+        return self.post(
+            "/login",
+            {"csrf": page.csrf(), "access_key_id": key_id, "secret_access_key": secret},
+        )
+
+
+@contextlib.contextmanager
+def serving_console(suite, home, extra_env: dict[str, str] | None = None) -> Iterator[int]:
+    """`quarry serve console` in its own process (as users run it) dialing `suite`; its
+    port. Its log goes to HOME/console.log; `extra_env`: more settings of the process."""
+    import subprocess
+    import urllib.request
+
+    from support.processes import VENV_BIN, quarry_env
+
+    port = free_port()
+    env = quarry_env(
+        home,
+        QUARRY_CONSOLE_PORT=str(port),
+        QUARRY_BRANCH_MANAGER_ADDRESS=suite.targets["branch-manager"],
+        QUARRY_COMMITTER_ADDRESS=suite.targets["committer"],
+        QUARRY_LOG_LEVEL="WARNING",
+    )
+    env.update(extra_env or {})
+    if "compactor-sensor" in suite.targets:
+        env["QUARRY_COMPACTOR_SENSOR_ADDRESS"] = suite.targets["compactor-sensor"]
+    with open(home / "console.log", "wb") as log:
+        child = subprocess.Popen(
+            [str(VENV_BIN / "quarry"), "serve", "console"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+
+    def up() -> bool:
+        if child.poll() is not None:
+            raise AssertionError(f"console exited: {(home / 'console.log').read_text()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_health", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_until(up, timeout=30, interval=0.05, what="the console to answer")
+        yield port
+    finally:
+        child.terminate()
+        try:
+            child.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+@contextlib.contextmanager
+def running_console(suite, secure: bool = False) -> Iterator[tuple[int, object]]:
+    """(port, ConsoleApp) of a console over `suite`, served by uvicorn until the block ends."""
+    import grpc
+    import uvicorn
+
+    from quarry.console.app import Console, ConsoleApp
+
+    channels = [
+        grpc.insecure_channel(suite.targets[name]) for name in ("branch-manager", "committer")
+    ]
+    sensor = (
+        grpc.insecure_channel(suite.targets["compactor-sensor"])
+        if "compactor-sensor" in suite.targets
+        else None
+    )
+    console = Console(suite.settings, channels[0], channels[1], sensor, workers=8, secure=secure)
+    app = ConsoleApp(console)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, http="httptools", lifespan="off", log_config=None
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, timeout=20, interval=0.02, what="the console to start")
+        yield port, app
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+        app.close()
+        for channel in channels + ([sensor] if sensor else []):
+            channel.close()
