@@ -14,6 +14,10 @@ Real processes (`quarry serve ...`, benchmarks/cost_table.running_suite), two su
    on a branch of an N = 1 and an N = 4 repository; ListObjects first page (1,000 entries) on
    each dirty branch, LIST_ROUNDS alternating rounds, median (target N4/N1 <= 1.5); then the
    commit of all of them, COMMIT_ROUNDS alternating rounds (target N4/N1 <= 1.1).
+
+Either phase alone: BENCH_SHARDS_SECONDS=0 skips the first, BENCH_SHARDS_COMMIT_ENTRIES=0 the
+second. On a machine too busy to reach N x WCU staged writes per second, the first phase says
+so (N=4 never throttled): lower BENCH_SHARDS_WCU.
 """
 
 from __future__ import annotations
