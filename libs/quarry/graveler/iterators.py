@@ -89,6 +89,52 @@ class LayeredIterator:
                 close()
 
 
+class DisjointMerge:
+    """Merge, in path order, of sources that never hold the same path (the shards of one
+    staging token): one heap replace per item, no shadowing to check."""
+
+    def __init__(self, sources: list):
+        self._sources = sources
+        self._heap: list[tuple[str, int, Entry | None]] = []
+        self._fill()
+
+    def _fill(self) -> None:
+        heap = []
+        for index, source in enumerate(self._sources):
+            try:
+                path, value = next(source)
+            except StopIteration:
+                continue
+            heap.append((path, index, value))
+        heapq.heapify(heap)  # paths differ between sources: the index never breaks a tie
+        self._heap = heap
+
+    def __iter__(self) -> DisjointMerge:
+        return self
+
+    def __next__(self) -> tuple[str, Entry | None]:
+        heap = self._heap
+        if not heap:
+            raise StopIteration
+        path, index, value = heap[0]
+        try:
+            following, following_value = next(self._sources[index])
+        except StopIteration:
+            heapq.heappop(heap)
+        else:
+            heapq.heapreplace(heap, (following, index, following_value))
+        return path, value
+
+    def seek_ge(self, path: str) -> None:
+        for source in self._sources:
+            source.seek_ge(path)
+        self._fill()
+
+    def close(self) -> None:
+        for source in self._sources:
+            source.close()
+
+
 def visible(iterator: Iterable[tuple[str, Entry | None]]) -> Iterator[Entry]:
     """Entries only: tombstones hide whatever lay below them."""
     for _path, value in iterator:

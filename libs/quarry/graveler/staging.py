@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from quarry.graveler import layout, records
-from quarry.graveler.iterators import LayeredIterator
+from quarry.graveler.iterators import DisjointMerge
 from quarry.graveler.layout import (
     CLEANUP_PARTITION,
     PARKED_PREFIX,
@@ -152,14 +152,14 @@ class StagingManager:
 
     def scan(
         self, token: str, start: str = "", end: bytes | None = None
-    ) -> StagedIterator | LayeredIterator:
+    ) -> StagedIterator | DisjointMerge:
         """(path, Entry | None) of the token in path order: its one partition's scan, or the
         merge of its shards' scans (disjoint paths), each paged by shard_scan_batch."""
         partitions = staging_partitions(token)
         if len(partitions) == 1:
             return StagedIterator(self.kv, partitions[0], start, end)
         batch = shard_scan_batch(len(partitions))
-        return LayeredIterator([StagedIterator(self.kv, p, start, end, batch) for p in partitions])
+        return DisjointMerge([StagedIterator(self.kv, p, start, end, batch) for p in partitions])
 
     # ---- dropping tokens -------------------------------------------------------------------
 

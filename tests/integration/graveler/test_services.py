@@ -426,3 +426,39 @@ def test_update_repository_changes_shards_from_the_next_token(stubs, suite):
         stubs.bm.UpdateRepository(bm.UpdateRepositoryRequest(name="r-nope", staging_shards=2))
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
     assert stubs.bm.GetRepository(bm.GetRepositoryRequest(name=repo)).repository.staging_shards == 4
+
+
+@SHARDS
+def test_long_scans_over_the_gateway_see_every_entry_once(stubs, suite, shards):
+    """Past a shard's first (small) KV page the scan reopens with full pages: a listing of
+    every page and a commit through the kv-gateway see each of 3,000 staged entries once."""
+    repo = new_repo(stubs, suite, shards)
+    paths = [f"t{i % 7}/part-{i:05d}" for i in range(3000)]
+    stubs.bm.PutObjects(
+        iter(
+            [
+                bm.PutObjectsRequest(
+                    repository=repo,
+                    branch="main",
+                    entries=[
+                        types_pb2.Entry(path=p, physical_address=f"a/{p}", size_bytes=1)
+                        for p in paths[i : i + 1000]
+                    ],
+                )
+                for i in range(0, len(paths), 1000)
+            ]
+        )
+    )
+    listed: list[str] = []
+    token = ""
+    while True:
+        page = stubs.bm.ListObjects(
+            bm.ListObjectsRequest(repository=repo, ref="main", page_size=1000, page_token=token)
+        )
+        listed += [e.path for e in page.entries]
+        token = page.next_page_token
+        if not token:
+            break
+    assert listed == sorted(paths)
+    commit = stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="all"))
+    assert commit.summary.added == 3000
