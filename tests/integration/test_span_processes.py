@@ -69,12 +69,20 @@ def repository(tmp_path):
 
 def assert_a_worker_takes_part(where, coordinator, fan_out, namespace, base, entries) -> None:
     """A fan-out apply has the result of one apply, and a worker wrote part of its ranges
-    (the coordinator wrote fewer than one apply does)."""
-    before = coordinator.stats.ranges_written
-    changes = scattered(entries, 2)
-    expected = reference(where, entries, changes)
-    assert fan_out.apply_changes(namespace, base, changes).metarange_id == expected.metarange_id
-    assert coordinator.stats.ranges_written - before < expected.ranges_written
+    (the coordinator wrote fewer than one apply does). A worker slower than span_timeout
+    (a loaded machine) has its span applied by the coordinator, which is correct: up to
+    three applies, each checked, and a worker must take part in one of them."""
+    shares = []
+    for attempt in range(3):
+        before = coordinator.stats.ranges_written
+        changes = scattered(entries, 2 + attempt)
+        expected = reference(where / str(attempt), entries, changes)
+        result = fan_out.apply_changes(namespace, base, changes)
+        assert result.metarange_id == expected.metarange_id
+        shares.append((coordinator.stats.ranges_written - before, expected.ranges_written))
+        if shares[-1][0] < shares[-1][1]:
+            return
+    raise AssertionError(f"no worker took part (coordinator wrote, of one apply): {shares}")
 
 
 def test_a_worker_process_applies_a_span_with_the_result_of_one_apply(tmp_path, workers):
