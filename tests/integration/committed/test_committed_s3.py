@@ -12,6 +12,7 @@ from quarry.blob import CountingBlobStore, ObjectNotFound, open_blob_store
 from quarry.blob.base import ObjectExists
 from quarry.blob.s3 import S3BlobStore
 from quarry.committed import CommittedManager, metarange_key
+from quarry.committed.metaranges import read_metarange_tree
 from quarry.config import load_settings
 from quarry.graveler.model import Entry
 
@@ -150,9 +151,12 @@ def test_manager_over_s3_with_disk_cache(s3_bucket, moto_endpoint, tmp_path):
 
     # First read fills the cache; the second (another manager) hits it.
     fresh_cache = str(tmp_path / "cache2")
+    with open_blob_store(namespace, settings) as uncounted:
+        pages, _ = read_metarange_tree(uncounted, written.metarange_id)
     first = CommittedManager(opener, fresh_cache, target_range_entries=64)
     assert first.get_entry(namespace, written.metarange_id, data[500].path) == data[500]
-    assert stores[namespace].counts["get"] == 2  # the metarange and one range
+    # The metarange (its file, and its index pages when it is a root) and one range.
+    assert stores[namespace].counts["get"] == 2 + len(pages)
     second = CommittedManager(opener, fresh_cache, target_range_entries=64)
     assert second.get_entry(namespace, written.metarange_id, data[500].path) == data[500]
     assert stores[namespace].counts["get"] == 0
