@@ -23,11 +23,15 @@ run: install tools
 	$(VENV)/bin/quarry up
 
 # The suite on parallel workers (pytest-xdist; TEST_WORKERS=0 runs it in one process), each
-# module's tests on one worker (module fixtures start once; tests/conftest.py).
+# module's tests on one worker (module fixtures start once; tests/conftest.py), in the order
+# tests/conftest.py gives, longest modules first: --no-loadscope-reorder, or xdist hands out
+# the modules with the most tests first and the long Spark, chaos and podman modules (a few
+# tests each) start last and run alone at the end.
 TEST_WORKERS ?= auto
 test: install tools image test-clients
 	$(MAKE) --no-print-directory lint
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--durations=25 tests
 
 unit: install
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit

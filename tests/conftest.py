@@ -205,6 +205,9 @@ def python_writer(spark):
 # one worker, but it does not work with pytest 9: it renames items through an attribute
 # pytest no longer reads.)
 # Longest first: the Spark and end-to-end modules start before the unit tests fill the gaps.
+# xdist keeps this order only with --no-loadscope-reorder (the Makefile passes it): by default
+# it hands out the modules with the most tests first, which put the Spark GC, chaos and podman
+# modules (a few long tests each) at the end of the run, alone on one worker.
 ORDER = ("tests/e2e/", "tests/integration/", "tests/unit/")
 
 
