@@ -78,32 +78,31 @@ def start_order() -> list[str]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from quarry.runtime.server import serve
-    from quarry.runtime.workers import supervise, worker_role
-
-    module = importlib.import_module(SERVICE_MODULES.get(args.service, "quarry"))
-    if hasattr(module, "serve"):  # the s3-gateway and the console: HTTP servers of their own
-        try:
-            module.serve(load_settings())
-        except errors.QuarryError as exc:
-            print(f"quarry serve {args.service}: {exc.reason}: {exc}", file=sys.stderr)
-            return 2
-        return 0
-    build = _service_builder(args.service)
-    settings = load_settings()
-    workers = settings.workers_of(args.service)
-    if workers > 1 and worker_role() is None:
-        # A supervisor of `workers` processes, each this very command (quarry.runtime.workers).
-        try:
-            return supervise(settings, args.service, workers)
-        except errors.QuarryError as exc:
-            print(f"quarry serve {args.service}: {exc.reason}: {exc}", file=sys.stderr)
-            return 2
+    """One service in this process (or, with workers, a supervisor of its worker
+    processes). A setting or environment mistake ends it with the reason, never a
+    traceback."""
     try:
-        serve(settings, build, args.service)
+        return _serve(args.service)
     except errors.QuarryError as exc:
         print(f"quarry serve {args.service}: {exc.reason}: {exc}", file=sys.stderr)
         return 2
+
+
+def _serve(service: str) -> int:
+    from quarry.runtime.server import serve
+    from quarry.runtime.workers import supervise, worker_role
+
+    module = importlib.import_module(SERVICE_MODULES.get(service, "quarry"))
+    settings = load_settings()
+    if hasattr(module, "serve"):  # the s3-gateway and the console: HTTP servers of their own
+        module.serve(settings)
+        return 0
+    build = _service_builder(service)
+    workers = settings.workers_of(service)
+    if workers > 1 and worker_role() is None:
+        # A supervisor of `workers` processes, each this very command (quarry.runtime.workers).
+        return supervise(settings, service, workers)
+    serve(settings, build, service)
     return 0
 
 
