@@ -125,6 +125,9 @@ def driver():
         service=Service(executable_path=shutil.which("chromedriver")), options=options
     )
     browser.set_page_load_timeout(60)
+    # A click that submits a form returns before the next page may have loaded: element
+    # lookups wait for it (up to 30 s on a loaded machine), and URL checks use wait_for_url.
+    browser.implicitly_wait(30)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     try:
         yield browser
@@ -145,7 +148,11 @@ def by_id(driver, element_id: str):
 def present(driver, element_id: str) -> bool:
     from selenium.webdriver.common.by import By
 
-    return bool(driver.find_elements(By.ID, element_id))
+    driver.implicitly_wait(0)  # an absent control is checked on the loaded page, at once
+    try:
+        return bool(driver.find_elements(By.ID, element_id))
+    finally:
+        driver.implicitly_wait(30)
 
 
 def page_text(driver) -> str:
@@ -161,8 +168,15 @@ def sign_in(driver, up: Up, key_id: str, secret: str) -> None:
     by_id(driver, "sign-in").click()
 
 
+def wait_for_url(driver, part: str) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, 30).until(lambda d: part in d.current_url)
+
+
 def sign_out(driver) -> None:
     by_id(driver, "sign-out").click()
+    wait_for_url(driver, "/login")
 
 
 def test_a_data_change_from_sign_in_to_merge(up, driver, tmp_path):
