@@ -72,6 +72,15 @@ def dependencies(tmp_path_factory) -> Iterator[tuple[dict[str, str], dict[str, i
         yield env, ports
 
 
+def accepts(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:`port`."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except OSError:
+        return False
+    return True
+
+
 class BranchManager:
     """One `quarry serve branch-manager` with workers: its supervisor and worker pids."""
 
@@ -80,6 +89,13 @@ class BranchManager:
         self.target = target
         self.metrics_port = metrics_port
         wait_serving(target, timeout=60)
+        # Serving means one worker answers: wait for all of them and for the supervisor's
+        # metrics endpoint too (a loaded machine starts them seconds apart).
+        wait_until(
+            lambda: len(children_of(process.pid)) >= WORKERS and accepts(metrics_port),
+            timeout=60,
+            what="every worker and the metrics endpoint",
+        )
         self.workers = sorted(children_of(process.pid))
 
 
