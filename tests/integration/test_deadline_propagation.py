@@ -49,6 +49,10 @@ def server():
         try:
             for _ in request_iterator:
                 deadlines.check()
+            # gRPC may end the request iterator quietly when the call ended (a loaded
+            # machine starts the handler after the deadline): the work's next loop point
+            # still stops it as such.
+            deadlines.check()
         except errors.QuarryError as stopped:
             seen.put(type(stopped))
             raise
