@@ -3,7 +3,9 @@ chromium-driver, `make test-clients`) driven by Selenium against a real `quarry 
 as a user starts it (its own QUARRY_HOME, free ports). One walk through a data change —
 sign in, create a repository and a branch, stage with the CLI, commit in the console, compare,
 merge with a conflict the dry run shows, resolve, merge — then a read-only user, a forged
-form, a CSRF-less post and a planted session id. A screenshot of each page is written to
+form, a CSRF-less post and a planted session id; then an upload through the object browser,
+committed and tagged, the tag deleted after confirming, and an admin creating a user and
+credentials. A screenshot of each page is written to
 build/artifacts/console/ (the test's artifacts)."""
 
 from __future__ import annotations

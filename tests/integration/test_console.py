@@ -670,7 +670,7 @@ def test_a_forged_form_from_a_read_only_user_is_permission_denied(suite, viewer)
         f"/repos/{repo}/upload", {"csrf": csrf, "branch": "main"}, "forged.txt", b"f" * 5000
     )
     _error(upload, 403, "PERMISSION_DENIED")
-    assert _files(suite, repo) == before  # refused before a byte was written
+    assert _files(suite, repo) == before  # no byte of it is left in the namespace
     with suite.client() as client:
         admin_keys = len(list(client.iter_credentials("admin")))
     for path, form in (

@@ -2,7 +2,10 @@
 -> HTML (or an object's bytes).
 
 Pages are synchronous code (gRPC calls with the user's token); each runs on a worker thread
-of the console's own pool. A download is streamed in pieces, never held whole.
+of the console's own pool. A download is streamed in pieces, never held whole; so is an
+upload (a multipart/form-data post): its fields before the file are read here (bounded by
+MAX_FORM_BYTES, so the CSRF check below covers them), its file by its page in pieces
+(quarry.asgi.BodyReader, quarry.console.multipart).
 
 Per request: one trace span (`console <route>`, the gRPC calls its children), one log line,
 and the quarry_console_requests_total / quarry_console_request_seconds metrics by route and

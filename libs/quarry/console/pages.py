@@ -4,7 +4,10 @@ page costs the same on a 1M-entry branch as on a small one.
 
 Safety rules: a page never calls a mutating RPC on GET (only form posts do, and those carry a
 CSRF token: quarry.console.app); deleting a repository needs a confirmation form that names
-it again; nothing here decides a permission — the servers do, with the user's token."""
+it again, deleting anything else its confirmation page (quarry.console.forms.confirmed);
+nothing here decides a permission — the servers do, with the user's token (the upload also
+refuses early, before writing a byte, what the user's own policies do not allow). The admin
+pages are in quarry.console.admin."""
 
 from __future__ import annotations
 
