@@ -453,6 +453,12 @@ def test_an_upload_over_the_limit_is_refused_and_nothing_is_kept(suite):
         assert _files(suite, repo) == before
         with suite.client() as client:
             assert list(client.iter_uncommitted(repo, "main")) == []
+        # A body whose declared length is already over the limit is refused before it is read.
+        declared = browser.post_file(
+            url, {"csrf": csrf, "branch": "main"}, "huge.bin", b"h" * (2 << 20)
+        )
+        _error(declared, 413, "UPLOAD_TOO_LARGE")
+        assert _files(suite, repo) == before
         at = browser.post_file(url, {"csrf": csrf, "branch": "main"}, "fits.bin", b"f" * 4096)
         assert at.status == 303
     with suite.client() as client:
