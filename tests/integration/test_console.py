@@ -596,6 +596,33 @@ def test_admin_deletions_never_happen_without_csrf_and_confirmation(suite, admin
         assert "FSReadAll" in [p.id for p in client.iter_policies()]
 
 
+def test_admin_forms_without_the_csrf_token_change_nothing(suite, admin):
+    with suite.client() as client:
+        client.create_user("csrf-user")
+        client.create_group("csrf-group")
+        keys = len(list(client.iter_credentials("csrf-user")))
+    document = '{"Statement": [{"Effect": "Allow", "Action": ["fs:ReadObject"], "Resource": "*"}]}'
+    for path, form in (
+        ("/admin/users", {"user_id": "csrf-new-user"}),
+        ("/admin/groups", {"group_id": "csrf-new-group"}),
+        ("/admin/policies", {"policy_id": "CsrfPolicy", "document": document}),
+        ("/admin/groups/csrf-group/members", {"user": "csrf-user"}),
+        ("/admin/groups/csrf-group/policies", {"policy": "FSReadAll"}),
+        ("/admin/users/csrf-user/policies", {"policy": "FSReadAll"}),
+        ("/admin/users/csrf-user/credentials", {}),
+    ):
+        for forged in ({}, {"csrf": "guessed"}):
+            _error(admin.post(path, {**form, **forged}), 403, "CSRF_TOKEN_INVALID")
+    with suite.client() as client:
+        assert {"csrf-new-user"} & {u.id for u in client.iter_users()} == set()
+        assert {"csrf-new-group"} & {g.id for g in client.iter_groups()} == set()
+        assert "CsrfPolicy" not in [p.id for p in client.iter_policies()]
+        assert list(client.iter_group_members("csrf-group")) == []
+        assert list(client.iter_group_policies("csrf-group")) == []
+        assert list(client.iter_user_policies("csrf-user")) == []
+        assert len(list(client.iter_credentials("csrf-user"))) == keys
+
+
 def test_bad_admin_forms_get_a_clear_error_page(admin):
     csrf = admin.get("/admin/users").csrf()
     _error(admin.post("/admin/users", {"csrf": csrf, "user_id": ""}), 400, "FORM_FIELD_MISSING")
@@ -609,6 +636,15 @@ def test_bad_admin_forms_get_a_clear_error_page(admin):
     assert taken.status == 409 and 'id="error-code">ALREADY_EXISTS<' in taken.text
     missing = admin.post("/admin/groups/no-such-group/members", {"csrf": csrf, "user": "x"})
     assert missing.status == 404 and "Traceback" not in missing.text
+    _error(
+        admin.post("/admin/groups/Admins/members", {"csrf": csrf, "user": ""}),
+        400,
+        "FORM_FIELD_MISSING",
+    )
+    no_policy = admin.post("/admin/users/admin/policies", {"csrf": csrf, "policy": "NoSuch"})
+    assert no_policy.status == 404 and 'id="error-code">NOT_FOUND<' in no_policy.text
+    no_user = admin.post("/admin/users/no-such-user/credentials", {"csrf": csrf})
+    assert no_user.status == 404 and 'id="error-code">NOT_FOUND<' in no_user.text
     assert admin.get("/admin/users/no-such-user").status == 404
 
 
@@ -685,11 +721,22 @@ def test_a_forged_form_from_a_read_only_user_is_permission_denied(suite, viewer)
         ("/admin/users/admin/delete", {"confirm": "admin"}),
         ("/admin/groups/Admins/members", {"user": "viewer-user"}),
         ("/admin/policies", {"policy_id": "Forged", "document": "{}"}),
+        ("/admin/groups", {"group_id": "forged-group"}),
+        ("/admin/users/viewer-user/policies", {"policy": "FSFullAccess"}),
+        ("/admin/groups/Viewers/policies/detach", {"policy": "FSReadAll", "confirm": "FSReadAll"}),
+        ("/admin/groups/Admins/members/remove", {"user": "admin", "confirm": "admin"}),
+        ("/admin/groups/Viewers/delete", {"confirm": "Viewers"}),
+        ("/admin/policies/delete", {"policy": "FSReadAll", "confirm": "FSReadAll"}),
     ):
         _error(viewer.post(path, {"csrf": csrf, **form}), 403, "PERMISSION_DENIED")
     with suite.client() as client:
         assert "forged-user" not in [u.id for u in client.iter_users()]
         assert "viewer-user" not in [u.id for u in client.iter_group_members("Admins")]
+        assert "admin" in [u.id for u in client.iter_group_members("Admins")]
+        assert "forged-group" not in [g.id for g in client.iter_groups()]
+        assert list(client.iter_user_policies("viewer-user")) == []
+        assert "FSReadAll" in [p.id for p in client.iter_group_policies("Viewers")]
+        assert "FSReadAll" in [p.id for p in client.iter_policies()]
         assert len(list(client.iter_credentials("admin"))) == admin_keys
     with suite.client() as client:
         assert [c.path for c in client.iter_uncommitted(repo, "main")] == ["x.txt"]

@@ -4,10 +4,11 @@ bytes in the repository's storage namespace (or an imported object's own address
 the blob stores.
 
 Bucket = repository; key = REF/PATH. Reads work on any ref; writes only on branches
-(MethodNotAllowed otherwise). Bytes of a write go (quarry.uploads, shared with the console's
-upload) to a fresh key `data/<uuid hex>` in the namespace (the shape of `quarry put`'s uploads, which GC treats alike), in pieces (MD5 and
-SHA-256 computed on the way), and the entry is staged only after every check on them passed (Content-MD5, a signed x-amz-content-sha256, aws-chunked
-chunk signatures).
+(MethodNotAllowed otherwise). Bytes of a write go to a fresh key `data/<uuid hex>` in the
+namespace (the shape of `quarry put`'s uploads, which GC treats alike), in pieces (MD5 and
+SHA-256 computed on the way), and the entry is staged only after every check on them passed
+(Content-MD5, a signed x-amz-content-sha256, aws-chunked chunk signatures): quarry.uploads,
+the mechanism the console's upload shares.
 
 Safety rules: a write never stages an entry whose bytes failed a check, and a failed write
 (a bad digest, a refused signature, a denied or protected staging, a dropped connection)
