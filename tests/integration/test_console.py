@@ -438,6 +438,35 @@ def test_bad_uploads_get_a_clear_error_page_and_leave_nothing(suite, admin):
         assert list(client.iter_uncommitted(repo, "open")) == []
 
 
+def test_a_dropped_upload_leaves_no_bytes_and_stages_nothing(suite, console, admin):
+    """The connection closes mid-file: the bytes already written (the store's temporary
+    file) are gone and no entry is staged."""
+    import socket
+
+    from support.console import multipart_body
+    from support.wait import wait_until
+
+    repo = _repo(suite, "upload-dropped")
+    csrf = admin.get(f"/repos/{repo}/objects").csrf()
+    before = _files(suite, repo)
+    ctype, body = multipart_body(
+        {"csrf": csrf, "branch": "main"}, ("file", "cut.bin", b"c" * (4 << 20))
+    )
+    cookie = "; ".join(f"{k}={v}" for k, v in admin.cookies.items())
+    head = (
+        f"POST /repos/{repo}/upload HTTP/1.1\r\nHost: 127.0.0.1\r\nCookie: {cookie}\r\n"
+        f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", console[0]), timeout=30) as sock:
+        sock.sendall(head + body[: 1 << 20])  # a quarter of the file, then the line drops
+        wait_until(
+            lambda: len(_files(suite, repo)) > len(before), timeout=30, what="bytes being written"
+        )
+    wait_until(lambda: _files(suite, repo) == before, timeout=30, what="the bytes removed")
+    with suite.client() as client:
+        assert list(client.iter_uncommitted(repo, "main")) == []
+
+
 def test_an_upload_over_the_limit_is_refused_and_nothing_is_kept(suite):
     """QUARRY_CONSOLE_MAX_UPLOAD_BYTES bounds the streamed file: past it, the bytes written
     so far are removed and nothing is staged."""
