@@ -179,9 +179,7 @@ class S3App:
         self._verifier = (
             None if gateway.auth is None else SignatureVerifier(gateway.auth, cache_seconds)
         )
-        self._lookups = ops.Lookups(
-            cache_seconds, float(self._settings.s3_gateway_multipart_sweep_seconds)
-        )
+        self._lookups = ops.Lookups(cache_seconds)
         # Clients by token: a token lives at most as long as the verifier reuses it.
         self._clients = TTLCache(max(cache_seconds, 1.0), max_items=1000)
 
