@@ -899,14 +899,27 @@ def test_every_request_is_logged_with_its_request_id_and_counted(gateway, s3):
     with pytest.raises(ClientError) as missing:
         s3.get_object(Bucket=REPO, Key="dev/not-there.txt")
     missing_id = missing.value.response["ResponseMetadata"]["RequestId"]
-    lines = [
-        json.loads(line) for line in gateway.log.read_text().splitlines() if line.startswith("{")
-    ]
-    messages = [line["message"] for line in lines if line["service"] == "s3-gateway"]
-    assert any(request_id in m and "PutObject" in m and "-> 200" in m for m in messages)
-    assert any(missing_id in m and "GetObject" in m and "-> 404" in m for m in messages)
-    with urllib.request.urlopen(gateway.metrics + "/metrics", timeout=10) as scraped:
-        text = scraped.read().decode()
+
+    def logged() -> bool:
+        # A request's line (and count) comes once its answer is out: the client may have
+        # it a moment before.
+        lines = [
+            json.loads(line)
+            for line in gateway.log.read_text().splitlines()
+            if line.startswith("{")
+        ]
+        messages = [line["message"] for line in lines if line["service"] == "s3-gateway"]
+        return any(
+            request_id in m and "PutObject" in m and "-> 200" in m for m in messages
+        ) and any(missing_id in m and "GetObject" in m and "-> 404" in m for m in messages)
+
+    wait_until(logged, timeout=10, interval=0.05, what="the requests' log lines")
+
+    def scraped() -> str:
+        with urllib.request.urlopen(gateway.metrics + "/metrics", timeout=10) as answer:
+            return answer.read().decode()
+
+    text = scraped()
     assert 'quarry_s3_requests_total{operation="PutObject",status="200"}' in text
     assert 'quarry_s3_requests_total{operation="GetObject",status="404"}' in text
 

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +48,16 @@ REQUESTS = Counter(
 LATENCY = Histogram(
     "quarry_s3_request_seconds", "S3 gateway request latency by operation", ["operation"]
 )
+
+
+def _content_length(headers: list[tuple[str, str]]) -> int | None:
+    for name, value in headers:
+        if name == "content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
 class ClientGone(Exception):
@@ -135,8 +145,16 @@ def route(request: Request) -> tuple[str, Callable[..., Response], bool]:  # noq
     raise not_implemented(f"{method} on an object")
 
 
+# A request body up to this size, announced by Content-Length and not waiting for `Expect:
+# 100-continue`, is read on the event loop before the request goes to a worker thread.
+PREFETCH_BYTES = 64 * 1024
+
+
 class _Bridge:
-    """The worker thread's view of the ASGI channels: blocking read(n) and send."""
+    """The worker thread's view of the ASGI channels: blocking read(n) and send. Each
+    crossing from the worker thread to the event loop and back costs a wake-up of both (a
+    few ms on a loaded host), so a small body is read before the worker starts (prefetch)
+    and an answer's messages go over together (send(*messages))."""
 
     def __init__(self, receive: Any, send: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._receive = receive
@@ -144,7 +162,33 @@ class _Bridge:
         self._loop = loop
         self._buffer = b""
         self._more = True
+        self._gone = False
         self.started = False
+
+    async def prefetch(self, headers: list[tuple[bytes, bytes]]) -> None:
+        """Read a small body (Content-Length of 1 to PREFETCH_BYTES) here, on the event loop:
+        it came with the headers, so this waits for nothing and spares the worker a hop.
+        Never for `Expect: 100-continue` (asking for the body would send 100 Continue before
+        the request was authenticated) nor a larger or unannounced body (streamed in
+        pieces by the worker, as it reads them)."""
+        length = 0
+        for name, value in headers:
+            if name == b"expect":
+                return
+            if name == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    return
+        if not 0 < length <= PREFETCH_BYTES:
+            return
+        while self._more and len(self._buffer) < length:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self._gone = True
+                return
+            self._buffer += message.get("body", b"")
+            self._more = message.get("more_body", False)
 
     def unread_body(self, headers: dict[str, list[str]]) -> bool:
         """Whether the request announced a body this answer leaves (partly) unread."""
@@ -155,6 +199,8 @@ class _Bridge:
 
     def read(self, n: int) -> bytes:
         while not self._buffer and self._more:
+            if self._gone:
+                raise ClientGone("the client closed the connection")
             message = asyncio.run_coroutine_threadsafe(self._receive(), self._loop).result()
             if message["type"] == "http.disconnect":
                 raise ClientGone("the client closed the connection")
@@ -164,8 +210,13 @@ class _Bridge:
         out, self._buffer = self._buffer[:n], self._buffer[n:]
         return out
 
-    def send(self, message: dict[str, Any]) -> None:
-        asyncio.run_coroutine_threadsafe(self._send(message), self._loop).result()
+    def send(self, *messages: dict[str, Any]) -> None:
+        """Send the messages in order, in one crossing to the event loop."""
+        asyncio.run_coroutine_threadsafe(self._send_all(messages), self._loop).result()
+
+    async def _send_all(self, messages: tuple[dict[str, Any], ...]) -> None:
+        for message in messages:
+            await self._send(message)
 
 
 class S3App:
@@ -199,6 +250,7 @@ class S3App:
             return
         loop = asyncio.get_running_loop()
         bridge = _Bridge(receive, send, loop)
+        await bridge.prefetch(scope["headers"])
         await loop.run_in_executor(self._pool, self._handle, scope, bridge)
 
     # ---- one request, on a worker thread ----
@@ -340,27 +392,46 @@ class S3App:
         body = response.body
         if isinstance(body, bytes) and not any(k == "content-length" for k, _ in headers):
             headers.append(("content-length", str(len(body))))
+        start = {
+            "type": "http.response.start",
+            "status": response.status,
+            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+        }
         try:
-            bridge.started = True
-            bridge.send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status,
-                    "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers],
-                }
-            )
             if request.method == "HEAD" or response.status == 304:
-                bridge.send({"type": "http.response.body", "body": b""})
+                chunks: Iterable[bytes] = ()
             elif isinstance(body, bytes):
-                bridge.send({"type": "http.response.body", "body": body})
+                chunks = (body,)
             else:
-                for chunk in body:
-                    bridge.send({"type": "http.response.body", "body": chunk, "more_body": True})
-                bridge.send({"type": "http.response.body", "body": b""})
+                chunks = body
+            self._send_body(bridge, start, chunks, _content_length(headers))
         finally:
             if response.close is not None:
                 response.close()
         return response.status
+
+    @staticmethod
+    def _send_body(
+        bridge: _Bridge, start: dict[str, Any], chunks: Iterable[bytes], length: int | None
+    ) -> None:
+        """The answer's start with its first piece of body, in one crossing to the event
+        loop (a small answer is one crossing in all); a piece that completes the announced
+        Content-Length ends the body itself. The start goes only once the first piece was
+        read: a failure before it is still an ordinary error answer."""
+        pending = [start]
+        sent = 0
+        for chunk in chunks:
+            sent += len(chunk)
+            last = length is not None and sent >= length
+            pending.append({"type": "http.response.body", "body": chunk, "more_body": not last})
+            bridge.started = True
+            bridge.send(*pending)
+            pending = []
+            if last:
+                return
+        pending.append({"type": "http.response.body", "body": b""})
+        bridge.started = True
+        bridge.send(*pending)
 
     def _error(self, bridge: _Bridge, request: Request, error: S3Error) -> int:
         if bridge.started:
