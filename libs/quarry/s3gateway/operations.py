@@ -564,8 +564,12 @@ def get_object(ctx: Context, request: Request) -> Response:
         headers.append(("content-range", f"bytes {first}-{last}/{size}"))
     length = max(0, last - first + 1)
     headers.append(("content-length", str(length)))
-    # Only the range is read from the store (a seek, or a ranged GET of an S3 namespace).
-    opened = open_object(entry.physical_address, ctx.settings, first, length)
+    # Only the range is read from the store (a seek, or a ranged GET of an S3 namespace); a
+    # whole object is read as one (a plain GET of an S3 namespace).
+    if wanted is None:
+        opened = open_object(entry.physical_address, ctx.settings)
+    else:
+        opened = open_object(entry.physical_address, ctx.settings, first, length)
     try:
         reader = opened.__enter__()
     except ObjectNotFound:
