@@ -22,6 +22,7 @@ import base64
 import hashlib
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -32,7 +33,14 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from quarry import errors
-from quarry.blob import BlobStore, ObjectNotFound, object_address, open_blob_store, open_object
+from quarry.blob import (
+    BlobStore,
+    ObjectNotFound,
+    object_address,
+    open_blob_store,
+    open_object,
+    parse_storage_namespace,
+)
 from quarry.cli.upload import DATA_PREFIX
 from quarry.client import Client
 from quarry.s3gateway import xmlserde
@@ -1159,6 +1167,9 @@ class AbandonedUploadSweeper:
         """One pass over every repository: the upload ids removed, by repository."""
         removed: dict[str, list[str]] = {}
         for repo in self._repositories():
+            kind, where, _prefix = parse_storage_namespace(repo.storage_namespace)
+            if kind == "local" and not os.path.isdir(where):
+                continue  # no upload there; opening a local store would create its directory
             try:
                 with self._open(repo.storage_namespace, self._settings) as store:
                     gone = sweep_abandoned_uploads(store, self._expiry, self._clock())

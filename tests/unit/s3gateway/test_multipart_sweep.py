@@ -92,12 +92,14 @@ class _Clock:
 
 
 def _repositories(tmp_path, lake_root: str):
-    """Two repositories: `lake` (the fixture's namespace: an abandoned and an in-progress
-    upload) and `quiet` (a namespace with no upload at all), and one whose namespace is a
-    file (it cannot be swept: the pass goes on)."""
+    """`lake` (the fixture's namespace: an abandoned and an in-progress upload), `quiet` (a
+    namespace with no upload at all), one whose namespace is a file and one whose directory
+    is gone (nothing to sweep there: the pass goes on, and creates nothing)."""
     (tmp_path / "not-a-dir").write_bytes(b"x")
+    (tmp_path / "quiet").mkdir(exist_ok=True)
     return [
         types_pb2.Repository(name="broken", storage_namespace=str(tmp_path / "not-a-dir")),
+        types_pb2.Repository(name="gone", storage_namespace=str(tmp_path / "gone")),
         types_pb2.Repository(name="lake", storage_namespace=lake_root),
         types_pb2.Repository(name="quiet", storage_namespace=str(tmp_path / "quiet")),
     ]
@@ -113,6 +115,7 @@ def test_the_background_sweep_removes_abandoned_uploads_of_every_repository(lake
         k for k in before if k.startswith(f"{MULTIPART_PREFIX}{ABANDONED}/")
     }
     assert sweeper.sweep() == {}  # nothing more: the next pass finds nothing to remove
+    assert not (tmp_path / "gone").exists()  # a missing namespace is not created
 
 
 def test_the_background_sweep_never_touches_an_upload_in_progress(lake, tmp_path):
