@@ -231,14 +231,16 @@ class Settings:
     s3_gateway_multipart_expiry_seconds: float = _setting(
         7 * 86400.0,
         "s3-gateway: a multipart upload nothing was written to (record or part) for this "
-        "long is abandoned: its parts are removed by the gateway's sweep of the repository's "
-        "namespace, run on the repository's multipart calls (CreateMultipartUpload, "
-        "ListMultipartUploads). 0: never.",
+        "long is abandoned: its record and parts are removed by the gateway's background "
+        "sweep (QUARRY_S3_GATEWAY_MULTIPART_SWEEP_SECONDS); an upload written to within it "
+        "is never touched. 0: never.",
     )
     s3_gateway_multipart_sweep_seconds: float = _setting(
         600.0,
-        "s3-gateway: a repository's abandoned multipart uploads are looked for at most this "
-        "often (0: on each of its CreateMultipartUpload and ListMultipartUploads calls).",
+        "s3-gateway: how often each gateway process sweeps every repository's namespace for "
+        "abandoned multipart uploads (a background task; one listing of _s3_multipart/ per "
+        "repository and pass, the first pass one interval after start). 0: no sweep "
+        "(abandoned uploads stay until aborted).",
     )
     console_max_upload_bytes: int = _setting(
         5 * 1024**3,

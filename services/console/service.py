@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
 
 from quarry.config import Settings
 
@@ -43,7 +42,7 @@ def serve(settings: Settings) -> None:
     from quarry.console.app import ConsoleApp
     from quarry.runtime.lifeline import watch_lifeline
     from quarry.runtime.tls import check_listen, server_tls
-    from quarry.services.s3_gateway.service import _tls_options
+    from quarry.services.s3_gateway.service import _tls_options, http_listener
     from quarry.telemetry.logs import configure_logging
     from quarry.telemetry.metrics import start_metrics_endpoint
 
@@ -56,12 +55,9 @@ def serve(settings: Settings) -> None:
     check_listen(settings, SERVICE_NAME, host, tls)
     console, closers = build_console(settings, secure=tls is not None)
     app = ConsoleApp(console)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # Accepted connections inherit it: a page's head and body never wait on Nagle's
-    # algorithm for the browser's delayed ACK (~40 ms on a kept-alive connection).
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
+    # TCP_NODELAY for every accepted connection: a page's head and body never wait on
+    # Nagle's algorithm for the browser's delayed ACK.
+    sock = http_listener(host, port)
     bound = sock.getsockname()[1]
     metrics_port = start_metrics_endpoint(
         settings.metrics_host, settings.metrics_port_of(SERVICE_NAME)

@@ -36,14 +36,37 @@ def build_gateway(settings: Settings):
     cm_raw, cm = open_service_channel(settings.committer_address, None, security)
     auth = None
     closers = [bm_raw.close, cm_raw.close]
+    # The gateway's own calls (not a user's): over a channel carrying its service token
+    # when auth is on.
+    service_bm = bm
     if tokens is not None:
         auth_raw, auth_channel = open_service_channel(
             settings.branch_manager_address, tokens, security
         )
         auth = auth_pb2_grpc.AuthStub(auth_channel)
+        service_bm = auth_channel
         closers.append(auth_raw.close)
     gateway = Gateway(settings, bm, cm, auth, workers=settings.max_workers)
-    return gateway, closers
+    return gateway, closers, service_bm
+
+
+def multipart_sweep_worker(settings: Settings, service_channel):
+    """The background sweep of abandoned multipart uploads over every repository
+    (operations.AbandonedUploadSweeper), every QUARRY_S3_GATEWAY_MULTIPART_SWEEP_SECONDS;
+    None when that or QUARRY_S3_GATEWAY_MULTIPART_EXPIRY_SECONDS is 0 (no sweep)."""
+    from quarry.client import Client
+    from quarry.runtime.periodic import PeriodicWorker
+    from quarry.s3gateway.operations import AbandonedUploadSweeper
+
+    interval = float(settings.s3_gateway_multipart_sweep_seconds)
+    expiry = float(settings.s3_gateway_multipart_expiry_seconds)
+    if interval <= 0 or expiry <= 0:
+        return None
+    # The repositories are listed as the gateway's service principal (every repository,
+    # whoever's); the channel is the gateway's, the client owns none.
+    client = Client(branch_manager=service_channel, committer=service_channel, token="")
+    sweeper = AbandonedUploadSweeper(client.iter_repositories, settings, expiry)
+    return PeriodicWorker("s3-multipart-sweep", sweeper.sweep, interval)
 
 
 def _tls_options(settings: Settings, enabled: bool) -> dict:
@@ -58,6 +81,20 @@ def _tls_options(settings: Settings, enabled: bool) -> dict:
     if settings.tls_client_auth:
         options.update(ssl_ca_certs=settings.tls_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
     return options
+
+
+def http_listener(host: str, port: int) -> socket.socket:
+    """The bound (not yet listening) socket of an HTTP service run by uvicorn (the gateway,
+    the console). TCP_NODELAY is set on it, and Linux gives it to every accepted
+    connection: asyncio sets it on a transport's socket only when the socket says
+    IPPROTO_TCP, which a socket made like this one (protocol 0) does not, so without it a
+    small answer's last segment waits on Nagle's algorithm for the client's delayed ACK
+    (up to ~40 ms on a kept-alive connection: a 4 KiB PUT's answer after its headers)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    return sock
 
 
 def serve(settings: Settings) -> None:
@@ -79,11 +116,10 @@ def serve(settings: Settings) -> None:
     # plaintext beyond loopback is refused unless allowed, as for every service.
     tls = server_tls(settings)
     check_listen(settings, SERVICE_NAME, host, tls)
-    gateway, closers = build_gateway(settings)
+    gateway, closers, service_channel = build_gateway(settings)
     app = S3App(gateway)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    sweep = multipart_sweep_worker(settings, service_channel)
+    sock = http_listener(host, port)
     bound = sock.getsockname()[1]
     metrics_port = start_metrics_endpoint(
         settings.metrics_host, settings.metrics_port_of(SERVICE_NAME)
@@ -131,9 +167,13 @@ def serve(settings: Settings) -> None:
     # Started by `quarry up`: stop, as on SIGTERM, once it is gone (even killed outright).
     # uvicorn's loop polls should_exit, so setting it from the watcher thread is enough.
     watch_lifeline(lambda: server.handle_exit(signal.SIGTERM, None))
+    if sweep is not None:
+        sweep.start()
     try:
         server.run(sockets=[sock])
     finally:
+        if sweep is not None:
+            sweep.stop()
         app.close()
         for close in closers:
             close()

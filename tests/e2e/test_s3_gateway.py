@@ -27,6 +27,7 @@ from pyarrow import fs
 from quarry.v1 import branch_manager_pb2 as bm
 from support.processes import quarry_env
 from support.s3gateway import running_gateway
+from support.wait import wait_until
 
 REPO = "lake"
 TOOLS = "tools"  # the repository of the CLI and pyarrow tests
@@ -34,6 +35,7 @@ BIN = Path(sys.executable).parent
 # The gateway checks a credential's signatures itself this long after Auth verified one
 # (QUARRY_S3_GATEWAY_CACHE_SECONDS): short here, so a revocation test waits it out quickly.
 CACHE_SECONDS = 2
+SWEEP_SECONDS = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +44,9 @@ def gateway(tmp_path_factory):
         tmp_path_factory.mktemp("s3gw"),
         gateway_env={
             "QUARRY_S3_GATEWAY_CACHE_SECONDS": str(CACHE_SECONDS),
-            # Abandoned multipart uploads looked for on every multipart call (default: at
-            # most every 10 minutes per repository); the expiry stays its default (7 days).
-            "QUARRY_S3_GATEWAY_MULTIPART_SWEEP_SECONDS": "0",
+            # The background sweep of abandoned multipart uploads every SWEEP_SECONDS
+            # (default: 10 minutes); the expiry stays its default (7 days).
+            "QUARRY_S3_GATEWAY_MULTIPART_SWEEP_SECONDS": str(SWEEP_SECONDS),
         },
     ) as gw:
         with gw.suite.client() as client:
@@ -252,6 +254,136 @@ def test_copy_object_across_repositories_copies_the_bytes_into_the_destination(
     assert _code(missing.value) == "NoSuchKey"
 
 
+def test_copy_source_conditions_decide_copy_object_and_upload_part_copy(s3, client):
+    """x-amz-copy-source-if-match, -if-none-match, -if-modified-since and
+    -if-unmodified-since with S3's semantics: a copy happens only when every condition
+    holds (If-Match that holds overrides a failing If-Unmodified-Since, as S3 documents);
+    otherwise 412 PreconditionFailed and nothing is staged or added to the upload."""
+    body = b"conditional source"
+    etag = s3.put_object(Bucket=REPO, Key="dev/cond/source.txt", Body=body)["ETag"]
+    modified = s3.head_object(Bucket=REPO, Key="dev/cond/source.txt")["LastModified"]
+    earlier, later = modified - datetime.timedelta(hours=1), modified + datetime.timedelta(hours=1)
+    source = f"{REPO}/dev/cond/source.txt"
+    holding = [
+        {"CopySourceIfMatch": etag},
+        {"CopySourceIfMatch": f'"0000", {etag}'},
+        {"CopySourceIfNoneMatch": '"0000"'},
+        {"CopySourceIfModifiedSince": earlier},
+        {"CopySourceIfUnmodifiedSince": modified},
+        {"CopySourceIfMatch": etag, "CopySourceIfUnmodifiedSince": earlier},
+        {"CopySourceIfMatch": etag, "CopySourceIfModifiedSince": earlier},
+    ]
+    for n, conditions in enumerate(holding):
+        s3.copy_object(Bucket=REPO, Key=f"dev/cond/ok-{n}.txt", CopySource=source, **conditions)
+        assert s3.get_object(Bucket=REPO, Key=f"dev/cond/ok-{n}.txt")["Body"].read() == body
+    failing = [
+        {"CopySourceIfMatch": '"0000"'},
+        {"CopySourceIfNoneMatch": etag},
+        {"CopySourceIfNoneMatch": "*"},
+        {"CopySourceIfModifiedSince": modified},
+        {"CopySourceIfModifiedSince": later},
+        {"CopySourceIfUnmodifiedSince": earlier},
+        {"CopySourceIfNoneMatch": etag, "CopySourceIfModifiedSince": earlier},
+        {"CopySourceIfMatch": etag, "CopySourceIfNoneMatch": etag},
+    ]
+    for n, conditions in enumerate(failing):
+        with pytest.raises(ClientError) as failed:
+            s3.copy_object(Bucket=REPO, Key=f"dev/cond/no-{n}.txt", CopySource=source, **conditions)
+        assert _code(failed.value) == "PreconditionFailed", conditions
+        assert failed.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    staged = _staged(client, "dev")
+    assert not [p for p in staged if p.startswith("cond/no-")]
+    key = "dev/cond/parts.bin"
+    upload = s3.create_multipart_upload(Bucket=REPO, Key=key)["UploadId"]
+    s3.upload_part_copy(
+        Bucket=REPO,
+        Key=key,
+        UploadId=upload,
+        PartNumber=1,
+        CopySource=source,
+        CopySourceIfMatch=etag,
+        CopySourceIfModifiedSince=earlier,
+    )
+    for number, conditions in enumerate(failing, start=2):
+        with pytest.raises(ClientError) as failed:
+            s3.upload_part_copy(
+                Bucket=REPO,
+                Key=key,
+                UploadId=upload,
+                PartNumber=number,
+                CopySource=source,
+                **conditions,
+            )
+        assert _code(failed.value) == "PreconditionFailed", conditions
+    parts = s3.list_parts(Bucket=REPO, Key=key, UploadId=upload)["Parts"]
+    assert [p["PartNumber"] for p in parts] == [1]
+    s3.abort_multipart_upload(Bucket=REPO, Key=key, UploadId=upload)
+
+
+def test_aws_cli_copy_object_with_copy_source_conditions(gateway, keys, client):
+    s3 = gateway.s3(keys)
+    etag = s3.put_object(Bucket=REPO, Key="dev/cond/cli.txt", Body=b"cli")["ETag"]
+    source = f"{REPO}/dev/cond/cli.txt"
+    copy = ["s3api", "copy-object", "--bucket", REPO, "--copy-source", source]
+    aws(gateway, keys, *copy, "--key", "dev/cond/cli-ok.txt", "--copy-source-if-match", etag)
+    assert s3.get_object(Bucket=REPO, Key="dev/cond/cli-ok.txt")["Body"].read() == b"cli"
+    refused = aws(
+        gateway,
+        keys,
+        *copy,
+        "--key",
+        "dev/cond/cli-no.txt",
+        "--copy-source-if-none-match",
+        etag,
+        ok=(254, 255),
+    )
+    assert refused == ""
+    assert "cond/cli-no.txt" not in _staged(client, "dev")
+
+
+def test_ranged_gets_suffix_open_ended_and_unsatisfiable(s3, gateway, keys, tmp_path):
+    """GetObject with one Range, as S3 answers it: a range past the end is cut to the end, a
+    suffix longer than the object is the whole object, a range starting at or past the end
+    is InvalidRange (416). The AWS CLI's --range the same."""
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    size = len(data)
+    s3.put_object(Bucket=REPO, Key="dev/ranges/big.bin", Body=data)
+    cases = {
+        "bytes=0-0": (data[:1], f"bytes 0-0/{size}"),
+        f"bytes={size - 10}-": (data[-10:], f"bytes {size - 10}-{size - 1}/{size}"),
+        f"bytes={size - 10}-{size + 100}": (data[-10:], f"bytes {size - 10}-{size - 1}/{size}"),
+        "bytes=-5": (data[-5:], f"bytes {size - 5}-{size - 1}/{size}"),
+        f"bytes=-{size + 5}": (data, f"bytes 0-{size - 1}/{size}"),
+        "bytes=1048570-2097160": (data[1048570:2097161], f"bytes 1048570-2097160/{size}"),
+    }
+    for header, (expected, content_range) in cases.items():
+        got = s3.get_object(Bucket=REPO, Key="dev/ranges/big.bin", Range=header)
+        assert got["Body"].read() == expected, header
+        assert got["ContentRange"] == content_range, header
+        assert got["ContentLength"] == len(expected)
+        assert got["ResponseMetadata"]["HTTPStatusCode"] == 206
+    for header in (f"bytes={size}-", f"bytes={size + 1}-{size + 5}"):
+        with pytest.raises(ClientError) as unsatisfiable:
+            s3.get_object(Bucket=REPO, Key="dev/ranges/big.bin", Range=header)
+        assert _code(unsatisfiable.value) == "InvalidRange"
+        assert unsatisfiable.value.response["ResponseMetadata"]["HTTPStatusCode"] == 416
+    out = tmp_path / "tail.bin"
+    aws(
+        gateway,
+        keys,
+        "s3api",
+        "get-object",
+        "--bucket",
+        REPO,
+        "--key",
+        "dev/ranges/big.bin",
+        "--range",
+        "bytes=-100",
+        str(out),
+    )
+    assert out.read_bytes() == data[-100:]
+
+
 def test_upload_part_copy_with_ranges_and_managed_copy(s3, tools):
     """UploadPartCopy with x-amz-copy-source-range, explicitly and through boto3's managed
     copy (which splits a large source into ranged UploadPartCopy calls)."""
@@ -343,18 +475,28 @@ def test_multipart_parts_are_invisible_until_complete_and_abort_removes_them(s3,
 
 def test_abandoned_multipart_uploads_are_swept(s3, gateway):
     """An upload nothing was written to for the expiry (7 days: its files are aged here) is
-    removed by the sweep a repository's next multipart call runs. Safety: an upload whose
-    record is as old but got a part since is in progress and completes whole; a completed
+    removed by the gateway's background sweep (every SWEEP_SECONDS), with no further call on
+    the repository. Safety: an upload whose record and first part are as old but got a
+    part since is in progress, left whole across many passes, and completes; a completed
     object's data as old is untouched."""
     namespace = gateway.suite.namespace(REPO)
     week = 8 * 86400
 
-    def age(prefix: str) -> None:
+    def age(prefix: str, keep: str = "") -> None:
         old = os.path.getmtime(namespace) - week
         for directory, _, files in os.walk(os.path.join(namespace, prefix)):
             for name in files:
-                os.utime(os.path.join(directory, name), (old, old))
+                if not (keep and name.startswith(keep)):
+                    os.utime(os.path.join(directory, name), (old, old))
 
+    key = "dev/sweep/active.bin"
+    active = s3.create_multipart_upload(Bucket=REPO, Key=key)["UploadId"]
+    part1 = os.urandom(5 * 1024 * 1024)
+    e1 = s3.upload_part(Bucket=REPO, Key=key, UploadId=active, PartNumber=1, Body=part1)["ETag"]
+    e2 = s3.upload_part(Bucket=REPO, Key=key, UploadId=active, PartNumber=2, Body=b"tail")["ETag"]
+    age(f"_s3_multipart/{active}", keep="part-00002-")  # record and part 1 a week old
+    s3.put_object(Bucket=REPO, Key="dev/sweep/done.txt", Body=b"done")
+    age("data")  # every completed object's bytes a week old
     abandoned = s3.create_multipart_upload(Bucket=REPO, Key="dev/sweep/abandoned.bin")
     s3.upload_part(
         Bucket=REPO,
@@ -363,22 +505,16 @@ def test_abandoned_multipart_uploads_are_swept(s3, gateway):
         PartNumber=1,
         Body=b"left",
     )
-    age(f"_s3_multipart/{abandoned['UploadId']}")
-    key = "dev/sweep/active.bin"
-    active = s3.create_multipart_upload(Bucket=REPO, Key=key)["UploadId"]
-    part1 = os.urandom(5 * 1024 * 1024)
-    e1 = s3.upload_part(Bucket=REPO, Key=key, UploadId=active, PartNumber=1, Body=part1)["ETag"]
-    age(f"_s3_multipart/{active}")  # record and first part a week old ...
-    e2 = s3.upload_part(Bucket=REPO, Key=key, UploadId=active, PartNumber=2, Body=b"tail")[
-        "ETag"
-    ]  # ... and a part just now
-    s3.put_object(Bucket=REPO, Key="dev/sweep/done.txt", Body=b"done")
-    age("data")  # every completed object's bytes a week old
-    listed = s3.list_multipart_uploads(Bucket=REPO)["Uploads"]  # runs the sweep
-    ids = [u["UploadId"] for u in listed]
-    assert abandoned["UploadId"] not in ids and active in ids
     left = os.path.join(namespace, "_s3_multipart", abandoned["UploadId"])
-    assert not [f for _, _, files in os.walk(left) for f in files]
+    age(f"_s3_multipart/{abandoned['UploadId']}")
+
+    def swept() -> bool:
+        return not [f for _, _, files in os.walk(left) for f in files]
+
+    wait_until(swept, timeout=30, interval=0.1, what="the background sweep")
+    # Passes went on meanwhile (one every SWEEP_SECONDS): the active upload is whole.
+    ids = [u["UploadId"] for u in s3.list_multipart_uploads(Bucket=REPO)["Uploads"]]
+    assert abandoned["UploadId"] not in ids and active in ids
     with pytest.raises(ClientError) as gone:
         s3.list_parts(Bucket=REPO, Key="dev/sweep/abandoned.bin", UploadId=abandoned["UploadId"])
     assert _code(gone.value) == "NoSuchUpload"
@@ -763,14 +899,27 @@ def test_every_request_is_logged_with_its_request_id_and_counted(gateway, s3):
     with pytest.raises(ClientError) as missing:
         s3.get_object(Bucket=REPO, Key="dev/not-there.txt")
     missing_id = missing.value.response["ResponseMetadata"]["RequestId"]
-    lines = [
-        json.loads(line) for line in gateway.log.read_text().splitlines() if line.startswith("{")
-    ]
-    messages = [line["message"] for line in lines if line["service"] == "s3-gateway"]
-    assert any(request_id in m and "PutObject" in m and "-> 200" in m for m in messages)
-    assert any(missing_id in m and "GetObject" in m and "-> 404" in m for m in messages)
-    with urllib.request.urlopen(gateway.metrics + "/metrics", timeout=10) as scraped:
-        text = scraped.read().decode()
+
+    def logged() -> bool:
+        # A request's line (and count) comes once its answer is out: the client may have
+        # it a moment before.
+        lines = [
+            json.loads(line)
+            for line in gateway.log.read_text().splitlines()
+            if line.startswith("{")
+        ]
+        messages = [line["message"] for line in lines if line["service"] == "s3-gateway"]
+        return any(
+            request_id in m and "PutObject" in m and "-> 200" in m for m in messages
+        ) and any(missing_id in m and "GetObject" in m and "-> 404" in m for m in messages)
+
+    wait_until(logged, timeout=10, interval=0.05, what="the requests' log lines")
+
+    def scraped() -> str:
+        with urllib.request.urlopen(gateway.metrics + "/metrics", timeout=10) as answer:
+            return answer.read().decode()
+
+    text = scraped()
     assert 'quarry_s3_requests_total{operation="PutObject",status="200"}' in text
     assert 'quarry_s3_requests_total{operation="GetObject",status="404"}' in text
 

@@ -18,6 +18,7 @@ from quarry.blob.base import (
     BlobStore,
     ChecksumMismatch,
     HashingReader,
+    InvalidByteRange,
     InvalidObjectKey,
     InvalidStorageNamespace,
     ObjectChanged,
@@ -58,6 +59,7 @@ __all__ = [
     "BlobStore",
     "ChecksumMismatch",
     "CountingBlobStore",
+    "InvalidByteRange",
     "InvalidObjectKey",
     "InvalidPhysicalAddress",
     "InvalidStorageNamespace",
@@ -107,13 +109,17 @@ def open_blob_store(storage_namespace: str, settings: S3Location | None = None) 
 
 @contextlib.contextmanager
 def open_object(
-    physical_address: str, settings: S3Location | None = None
+    physical_address: str,
+    settings: S3Location | None = None,
+    offset: int = 0,
+    length: int | None = None,
 ) -> Iterator[ObjectReader]:
     """The bytes at an entry's physical address as a stream (read(n) in pieces, never whole
     unless asked): /abs/path, file:///abs/path or s3://bucket/key, inside a repository's
     namespace or not (an imported object). ObjectNotFound when nothing is there,
     StorageUnreachable or Unavailable when the environment stops it, while opening or
-    while reading. A local read never creates a directory."""
+    while reading. A local read never creates a directory. `offset`/`length`: only that
+    range, read without the bytes before it (BlobStore.open_read)."""
     # Where the address points, decided in one place (quarry.blob.layout): `..`, `.` and
     # empty segments are refused (INVALID_PHYSICAL_ADDRESS), never resolved here.
     location = address_location(physical_address)
@@ -130,7 +136,7 @@ def open_object(
         bucket, _, key = location.where.partition("/")
         store = open_blob_store(f"s3://{bucket}", settings)
     try:
-        with store.open_read(check_key(key)) as reader:
+        with store.open_read(check_key(key), offset, length) as reader:
             yield reader
     finally:
         store.close()

@@ -83,6 +83,21 @@ def check_key(key: str) -> str:
     return key
 
 
+class InvalidByteRange(errors.InvalidArgument):
+    """A negative offset or length asked of open_read."""
+
+    reason = "INVALID_BYTE_RANGE"
+
+
+def check_range(offset: int, length: int | None) -> None:
+    """The one check of an open_read range, made by every store before any access."""
+    if offset < 0 or (length is not None and length < 0):
+        raise InvalidByteRange(
+            f"a byte range starts at an offset >= 0 and has a length >= 0 (got {offset}, {length})",
+            metadata={"offset": str(offset), "length": str(length)},
+        )
+
+
 class ObjectInfo(NamedTuple):
     key: str
     size: int
@@ -99,24 +114,37 @@ class ObjectReader:
     """An object's bytes, read front to back in pieces (BlobStore.open_read): read(n) returns
     up to n bytes, b"" at the end (read() the rest). A failure while reading is the store's
     error (StorageUnreachable, Unavailable), mapped by `translate` like a failure to open it,
-    never a bare OSError or botocore error. Close it, or use it as a context manager."""
+    never a bare OSError or botocore error. Close it, or use it as a context manager.
+
+    `limit`: at most this many bytes are ever read from `raw` (a range's length: `raw` is
+    positioned at its start, and may go on past its end)."""
 
     def __init__(
         self,
         raw: _RawReader,
         translate: Callable[[Any], Exception],
         failures: tuple[type[BaseException], ...] = (OSError,),
+        limit: int | None = None,
     ) -> None:
         self._raw = raw
         self._translate = translate
         self._failures = failures
+        self._left = limit
 
     def read(self, size: int = -1) -> bytes:
+        left = self._left
+        if left is not None:
+            if left <= 0:
+                return b""
+            size = left if size < 0 else min(size, left)
         try:
             # Some streams (boto3's StreamingBody) read everything only when given no size.
-            return self._raw.read(size) if size >= 0 else self._raw.read()
+            data = self._raw.read(size) if size >= 0 else self._raw.read()
         except self._failures as exc:
             raise self._translate(exc) from exc
+        if left is not None:
+            self._left = left - len(data)
+        return data
 
     def close(self) -> None:
         self._raw.close()
@@ -188,11 +216,21 @@ class BlobStore(abc.ABC):
     def get(self, key: str) -> bytes:
         """The object's bytes; ObjectNotFound (NOT_FOUND / STORAGE_OBJECT_NOT_FOUND) if missing."""
 
-    def open_read(self, key: str) -> ObjectReader:
+    def open_read(self, key: str, offset: int = 0, length: int | None = None) -> ObjectReader:
         """The object's bytes as a stream, for objects too large to hold in memory (`quarry
-        cat`/`get`); ObjectNotFound if missing. The local and S3 stores stream; this
-        fallback, for stores that only have get(), reads the object whole first."""
-        return ObjectReader(io.BytesIO(self.get(key)), lambda exc: exc, failures=())
+        cat`/`get`); ObjectNotFound if missing.
+
+        `offset`/`length`: only the bytes [offset, offset + length) (to the end without a
+        length), for a ranged read (the s3-gateway's GetObject with Range, UploadPartCopy):
+        a range past the object's end reads what is there (b"" at or after the end), never
+        an error; a negative offset or length is InvalidByteRange (check_range) before any
+        access. The local store seeks and the S3 store asks for the range (a Range header):
+        neither reads the bytes before `offset` or after the range. This fallback, for
+        stores that only have get(), reads the object whole first."""
+        check_range(offset, length)
+        data = self.get(key)
+        end = None if length is None else offset + length
+        return ObjectReader(io.BytesIO(data[offset:end]), lambda exc: exc, failures=())
 
     @abc.abstractmethod
     def put(self, key: str, data: BlobBytes, if_absent: bool = False) -> bool:

@@ -66,10 +66,11 @@ class CountingBlobStore(BlobStore):
         self._note(self.keys_read, key)
         return data
 
-    def open_read(self, key: str) -> ObjectReader:
-        """One object read, counted as a get; its bytes are added as they are read."""
+    def open_read(self, key: str, offset: int = 0, length: int | None = None) -> ObjectReader:
+        """One object read (whole or a range), counted as a get; its bytes are added as
+        they are read."""
         self._count("get")
-        reader = self.inner.open_read(key)
+        reader = self.inner.open_read(key, offset, length)
         self._note(self.keys_read, key)
         return ObjectReader(_CountedReader(reader, self), lambda exc: exc, failures=())
 

@@ -25,6 +25,7 @@ from quarry.blob.base import (
     StorageUnreachable,
     Written,
     check_key,
+    check_range,
 )
 
 # Temporary files live next to their target (same filesystem, so os.replace/os.link are
@@ -82,7 +83,8 @@ class LocalBlobStore(BlobStore):
         with self.open_read(key) as reader:
             return reader.read()
 
-    def open_read(self, key: str) -> ObjectReader:
+    def open_read(self, key: str, offset: int = 0, length: int | None = None) -> ObjectReader:
+        check_range(offset, length)
         path = self._path(key)
         try:
             fh = open(path, "rb")  # noqa: SIM115 — the reader closes it
@@ -90,7 +92,13 @@ class LocalBlobStore(BlobStore):
             raise ObjectNotFound(f"object {key!r} not found in {self.root}") from None
         except OSError as exc:
             raise self._unreachable(exc) from exc
-        return ObjectReader(fh, self._unreachable)
+        if offset:
+            try:
+                fh.seek(offset)  # past the end: reads return b""
+            except OSError as exc:
+                fh.close()
+                raise self._unreachable(exc) from exc
+        return ObjectReader(fh, self._unreachable, limit=length)
 
     def exists(self, key: str) -> bool:
         return os.path.isfile(self._path(key))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import io
 import logging
 import threading
 import time
@@ -31,6 +32,7 @@ from quarry.blob.base import (
     StorageUnreachable,
     Written,
     check_key,
+    check_range,
 )
 
 log = logging.getLogger(__name__)
@@ -125,14 +127,23 @@ class S3BlobStore(BlobStore):
         with self.open_read(key) as reader:
             return reader.read()
 
-    def open_read(self, key: str) -> ObjectReader:
+    def open_read(self, key: str, offset: int = 0, length: int | None = None) -> ObjectReader:
         """get_object's Body, read as the caller asks (never whole unless asked); the
-        connection goes back to the pool when the reader is closed."""
+        connection goes back to the pool when the reader is closed. A range is asked of S3
+        (`Range: bytes=FIRST-LAST`), so only its bytes travel; S3's InvalidRange (the range
+        starts at or past the end) is an empty read, as for every store."""
         from botocore.exceptions import BotoCoreError, ClientError
         from urllib3.exceptions import HTTPError
 
+        check_range(offset, length)
+        ranged: dict[str, str] = {}
+        if length is not None:
+            # A length of 0 still asks for one byte (S3 has no empty range), never read.
+            ranged["Range"] = f"bytes={offset}-{offset + max(length, 1) - 1}"
+        elif offset:
+            ranged["Range"] = f"bytes={offset}-"
         try:
-            response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            response = self._client.get_object(Bucket=self.bucket, Key=self._key(key), **ranged)
         except (ClientError, BotoCoreError) as exc:
             if _error_code(exc) != "NoSuchBucket" and (
                 _error_code(exc) in _MISSING_CODES or _status(exc) == "404"
@@ -140,12 +151,15 @@ class S3BlobStore(BlobStore):
                 raise ObjectNotFound(
                     f"object {key!r} not found in s3://{self.bucket}/{self.prefix}"
                 ) from None
+            if ranged and (_error_code(exc) == "InvalidRange" or _status(exc) == "416"):
+                return ObjectReader(io.BytesIO(b""), lambda exc: exc, failures=())
             raise _unavailable(exc, self) from exc
         # A connection dropped or timing out mid-body is UNAVAILABLE like any S3 failure.
         return ObjectReader(
             response["Body"],
             lambda exc: _unavailable(exc, self),
             failures=(ClientError, BotoCoreError, HTTPError, OSError),
+            limit=length,
         )
 
     def exists(self, key: str) -> bool:

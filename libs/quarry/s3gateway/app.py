@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +49,16 @@ REQUESTS = Counter(
 LATENCY = Histogram(
     "quarry_s3_request_seconds", "S3 gateway request latency by operation", ["operation"]
 )
+
+
+def _content_length(headers: list[tuple[str, str]]) -> int | None:
+    for name, value in headers:
+        if name == "content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
 @dataclass
@@ -133,8 +143,9 @@ def route(request: Request) -> tuple[str, Callable[..., Response], bool]:  # noq
 
 
 class _Bridge(BodyReader):
-    """The worker thread's view of the ASGI channels: blocking read(n) (quarry.asgi) and
-    send."""
+    """The worker thread's view of the ASGI channels: blocking read(n) and prefetch
+    (quarry.asgi), and send: an answer's messages go over together (send(*messages)), one
+    crossing to the event loop."""
 
     def __init__(self, receive: Any, send: Any, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(receive, loop)
@@ -148,8 +159,13 @@ class _Bridge(BodyReader):
         )
         return announced and not self.exhausted
 
-    def send(self, message: dict[str, Any]) -> None:
-        asyncio.run_coroutine_threadsafe(self._send(message), self._loop).result()
+    def send(self, *messages: dict[str, Any]) -> None:
+        """Send the messages in order, in one crossing to the event loop."""
+        asyncio.run_coroutine_threadsafe(self._send_all(messages), self._loop).result()
+
+    async def _send_all(self, messages: tuple[dict[str, Any], ...]) -> None:
+        for message in messages:
+            await self._send(message)
 
 
 class S3App:
@@ -163,9 +179,7 @@ class S3App:
         self._verifier = (
             None if gateway.auth is None else SignatureVerifier(gateway.auth, cache_seconds)
         )
-        self._lookups = ops.Lookups(
-            cache_seconds, float(self._settings.s3_gateway_multipart_sweep_seconds)
-        )
+        self._lookups = ops.Lookups(cache_seconds)
         # Clients by token: a token lives at most as long as the verifier reuses it.
         self._clients = TTLCache(max(cache_seconds, 1.0), max_items=1000)
 
@@ -185,6 +199,7 @@ class S3App:
             return
         loop = asyncio.get_running_loop()
         bridge = _Bridge(receive, send, loop)
+        await bridge.prefetch(scope["headers"])
         await loop.run_in_executor(self._pool, self._handle, scope, bridge)
 
     # ---- one request, on a worker thread ----
@@ -326,27 +341,46 @@ class S3App:
         body = response.body
         if isinstance(body, bytes) and not any(k == "content-length" for k, _ in headers):
             headers.append(("content-length", str(len(body))))
+        start = {
+            "type": "http.response.start",
+            "status": response.status,
+            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+        }
         try:
-            bridge.started = True
-            bridge.send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status,
-                    "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers],
-                }
-            )
             if request.method == "HEAD" or response.status == 304:
-                bridge.send({"type": "http.response.body", "body": b""})
+                chunks: Iterable[bytes] = ()
             elif isinstance(body, bytes):
-                bridge.send({"type": "http.response.body", "body": body})
+                chunks = (body,)
             else:
-                for chunk in body:
-                    bridge.send({"type": "http.response.body", "body": chunk, "more_body": True})
-                bridge.send({"type": "http.response.body", "body": b""})
+                chunks = body
+            self._send_body(bridge, start, chunks, _content_length(headers))
         finally:
             if response.close is not None:
                 response.close()
         return response.status
+
+    @staticmethod
+    def _send_body(
+        bridge: _Bridge, start: dict[str, Any], chunks: Iterable[bytes], length: int | None
+    ) -> None:
+        """The answer's start with its first piece of body, in one crossing to the event
+        loop (a small answer is one crossing in all); a piece that completes the announced
+        Content-Length ends the body itself. The start goes only once the first piece was
+        read: a failure before it is still an ordinary error answer."""
+        pending = [start]
+        sent = 0
+        for chunk in chunks:
+            sent += len(chunk)
+            last = length is not None and sent >= length
+            pending.append({"type": "http.response.body", "body": chunk, "more_body": not last})
+            bridge.started = True
+            bridge.send(*pending)
+            pending = []
+            if last:
+                return
+        pending.append({"type": "http.response.body", "body": b""})
+        bridge.started = True
+        bridge.send(*pending)
 
     def _error(self, bridge: _Bridge, request: Request, error: S3Error) -> int:
         if bridge.started:

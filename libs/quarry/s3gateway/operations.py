@@ -23,9 +23,10 @@ import base64
 import hashlib
 import json
 import logging
+import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC
 from email.utils import parsedate_to_datetime
@@ -33,7 +34,14 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from quarry import errors, uploads
-from quarry.blob import BlobStore, ObjectNotFound, object_address, open_blob_store, open_object
+from quarry.blob import (
+    BlobStore,
+    ObjectNotFound,
+    object_address,
+    open_blob_store,
+    open_object,
+    parse_storage_namespace,
+)
 from quarry.blob.layout import new_upload_key
 from quarry.client import Client
 from quarry.s3gateway import xmlserde
@@ -75,18 +83,11 @@ class Lookups:
     bytes written for it are removed (_stage). The branch check here is only the early
     MethodNotAllowed for a write to a tag or commit before any byte is stored."""
 
-    def __init__(
-        self,
-        ttl_seconds: float,
-        sweep_interval_seconds: float = 600.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, ttl_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         from quarry.lru import TTLCache
 
         self.repositories = TTLCache(ttl_seconds, max_items=10_000, clock=clock)
         self.branches = TTLCache(ttl_seconds, max_items=10_000, clock=clock)
-        # Namespaces whose abandoned multipart uploads were swept lately (sweep_now).
-        self.swept = TTLCache(sweep_interval_seconds, max_items=10_000, clock=clock)
 
 
 @dataclass
@@ -432,36 +433,56 @@ def _etag_matches(header: str, etag: str) -> bool:
     return "*" in wanted or etag in wanted or etag.strip('"') in [w.strip('"') for w in wanted]
 
 
-def _preconditions(request: Request, entry: types_pb2.Entry) -> Response | None:
-    """The answer when a conditional header decides it (412 / 304), else None (RFC 7232
-    order: If-Match, If-Unmodified-Since, If-None-Match, If-Modified-Since)."""
+_PRECONDITION_FAILED = "At least one of the pre-conditions you specified did not hold"
+
+
+def _conditions(entry: types_pb2.Entry, request: Request, prefix: str) -> str | None:
+    """How the conditional headers `PREFIX-if-match`, `-if-unmodified-since`,
+    `-if-none-match` and `-if-modified-since` judge `entry`: "failed", "not-modified" or
+    None (every condition holds, or none was given). RFC 7232's order and precedence, which
+    S3 follows for GetObject/HeadObject (`if-*`) and for a copy's source
+    (`x-amz-copy-source-if-*`): If-Unmodified-Since counts only without If-Match, and
+    If-Modified-Since only without If-None-Match; a date that does not parse is ignored."""
     etag = _etag(entry.checksum)
-    modified = int(_mtime(entry))
-    if_match = request.header("if-match")
+    modified = int(_mtime(entry))  # HTTP dates have whole seconds
+    if_match = request.header(prefix + "if-match")
     if if_match and not _etag_matches(if_match, etag):
-        raise S3Error(
-            "PreconditionFailed",
-            "At least one of the pre-conditions you specified did not hold",
-            412,
-        )
-    since = request.header("if-unmodified-since")
-    if since and not if_match:
-        when = _http_time(since)
+        return "failed"
+    unmodified_since = request.header(prefix + "if-unmodified-since")
+    if unmodified_since and not if_match:
+        when = _http_time(unmodified_since)
         if when is not None and modified > when:
-            raise S3Error(
-                "PreconditionFailed",
-                "At least one of the pre-conditions you specified did not hold",
-                412,
-            )
-    if_none = request.header("if-none-match")
+            return "failed"
+    if_none = request.header(prefix + "if-none-match")
     if if_none and _etag_matches(if_none, etag):
-        return Response(304, [("etag", etag)])
-    modified_since = request.header("if-modified-since")
+        return "not-modified"
+    modified_since = request.header(prefix + "if-modified-since")
     if modified_since and not if_none:
         when = _http_time(modified_since)
         if when is not None and modified <= when:
-            return Response(304, [("etag", etag)])
+            return "not-modified"
     return None
+
+
+def _preconditions(request: Request, entry: types_pb2.Entry) -> Response | None:
+    """The answer when a conditional header decides a GetObject/HeadObject: 412
+    PreconditionFailed (If-Match, If-Unmodified-Since) or 304 Not Modified (If-None-Match,
+    If-Modified-Since); None to answer with the object."""
+    outcome = _conditions(entry, request, "")
+    if outcome == "failed":
+        raise S3Error("PreconditionFailed", _PRECONDITION_FAILED, 412)
+    if outcome == "not-modified":
+        return Response(304, [("etag", _etag(entry.checksum))])
+    return None
+
+
+def _copy_preconditions(request: Request, source: _Source) -> None:
+    """The copy-source conditions of a CopyObject or UploadPartCopy
+    (x-amz-copy-source-if-match, -if-none-match, -if-modified-since, -if-unmodified-since):
+    S3 answers 412 PreconditionFailed whichever fails (a copy has no 304), checked on the
+    source entry as stat'ed, before any byte is written or any entry staged."""
+    if _conditions(source.entry, request, "x-amz-copy-source-") is not None:
+        raise S3Error("PreconditionFailed", _PRECONDITION_FAILED, 412, source.key)
 
 
 def _range(header: str, size: int) -> tuple[int, int] | None:
@@ -531,7 +552,12 @@ def get_object(ctx: Context, request: Request) -> Response:
         headers.append(("content-range", f"bytes {first}-{last}/{size}"))
     length = max(0, last - first + 1)
     headers.append(("content-length", str(length)))
-    opened = open_object(entry.physical_address, ctx.settings)
+    # Only the range is read from the store (a seek, or a ranged GET of an S3 namespace); a
+    # whole object is read as one (a plain GET of an S3 namespace).
+    if wanted is None:
+        opened = open_object(entry.physical_address, ctx.settings)
+    else:
+        opened = open_object(entry.physical_address, ctx.settings, first, length)
     try:
         reader = opened.__enter__()
     except ObjectNotFound:
@@ -540,12 +566,6 @@ def get_object(ctx: Context, request: Request) -> Response:
         raise from_quarry(exc) from None
 
     def chunks() -> Iterator[bytes]:
-        skip = first
-        while skip > 0:  # the stores read front to back: skip to the range's start
-            piece = reader.read(min(READ_CHUNK, skip))
-            if not piece:
-                return
-            skip -= len(piece)
         left = length
         while left > 0:
             piece = reader.read(min(SEND_CHUNK, left))
@@ -678,21 +698,16 @@ def _copy_source(ctx: Context, request: Request) -> _Source:
 
 
 class _RangeReader:
-    """`length` bytes of an object from `first` on, read in pieces, with their MD5."""
+    """`length` bytes of an object (a reader opened on that range), read in pieces, with
+    their MD5; DataLoss when the object ends before the range does."""
 
-    def __init__(self, reader: Any, first: int, length: int, address: str) -> None:
+    def __init__(self, reader: Any, length: int, address: str) -> None:
         self._reader = reader
-        self._skip = first
         self._left = length
         self._address = address
         self.md5 = hashlib.md5()
 
     def read(self, size: int = -1) -> bytes:
-        while self._skip > 0:  # the stores read front to back: skip to the range's start
-            piece = self._reader.read(min(READ_CHUNK, self._skip))
-            if not piece:
-                break
-            self._skip -= len(piece)
         if self._left <= 0:
             return b""
         piece = self._reader.read(min(size if size > 0 else READ_CHUNK, self._left))
@@ -709,8 +724,9 @@ def _copy_bytes(
     """Write `length` bytes of the source object from `first` on under `key` (a fresh key of
     `store`); (size, md5 hex). On failure nothing stays under `key`."""
     try:
-        with open_object(source.entry.physical_address, ctx.settings) as reader:
-            ranged = _RangeReader(reader, first, length, source.entry.physical_address)
+        address = source.entry.physical_address
+        with open_object(address, ctx.settings, first, length) as reader:
+            ranged = _RangeReader(reader, length, address)
             written = store.put_stream(key, ranged)
     except ObjectNotFound:
         uploads.discard(store, key)
@@ -736,6 +752,7 @@ def copy_object(ctx: Context, request: Request) -> Response:
     repo = _repository(ctx, bucket)
     _require_branch(ctx, bucket, ref)
     source = _copy_source(ctx, request)
+    _copy_preconditions(request, source)
     entry = types_pb2.Entry()
     entry.CopyFrom(source.entry)
     entry.path = path
@@ -857,7 +874,6 @@ def create_multipart_upload(ctx: Context, request: Request) -> Response:
         "initiated": time.time(),
     }
     with open_blob_store(repo.storage_namespace, ctx.settings) as store:
-        _sweep_now(ctx, repo.storage_namespace, store)
         store.put(
             _upload_dir(upload_id) + "upload.json", json.dumps(record).encode(), if_absent=True
         )
@@ -927,6 +943,7 @@ def upload_part_copy(ctx: Context, request: Request) -> Response:
     with open_blob_store(repo.storage_namespace, ctx.settings) as store:
         _load_upload(ctx, store, request, upload_id)
         source = _copy_source(ctx, request)
+        _copy_preconditions(request, source)
         first, length = _copy_range(request, source.entry.size_bytes)
         key = new_upload_key()
         _size, md5_hex = _copy_bytes(ctx, source, store, key, first, length)
@@ -1090,18 +1107,55 @@ def sweep_abandoned_uploads(store: BlobStore, expiry_seconds: float, now: float)
     return removed
 
 
-def _sweep_now(ctx: Context, namespace: str, store: BlobStore) -> None:
-    """Sweep `namespace`'s abandoned uploads unless that was done lately: on the
-    repository's multipart calls, so no background job needs to know every repository. A
-    failed sweep is logged, never the request's failure."""
-    expiry = float(getattr(ctx.settings, "s3_gateway_multipart_expiry_seconds", 0) or 0)
-    if expiry <= 0 or ctx.lookups is None or ctx.lookups.swept.get(namespace) is not None:
-        return
-    ctx.lookups.swept.put(namespace, True)
-    try:
-        sweep_abandoned_uploads(store, expiry, time.time())
-    except Exception:
-        log.warning("sweeping abandoned multipart uploads of %s failed", namespace, exc_info=True)
+class AbandonedUploadSweeper:
+    """The gateway's background sweep of abandoned multipart uploads: `sweep()` is the step
+    of a PeriodicWorker (services/s3_gateway) run every
+    QUARRY_S3_GATEWAY_MULTIPART_SWEEP_SECONDS. Each pass lists the repositories (as the
+    gateway's own service principal) and sweeps each one's namespace with
+    sweep_abandoned_uploads at `clock()`: one listing of `_s3_multipart/` per repository,
+    removals only where uploads are pending. An upload abandoned in a repository that gets
+    no further multipart call is removed all the same.
+
+    Safety rules (sweep_abandoned_uploads'): an in-progress upload, i.e. one whose record
+    or any part was written within `expiry_seconds` of `clock()`, is never touched; only
+    keys under MULTIPART_PREFIX + a well-formed upload id are ever deleted (never a
+    completed object's data). A repository whose namespace cannot be swept is logged and
+    skipped; the pass goes on with the others."""
+
+    def __init__(
+        self,
+        repositories: Callable[[], Iterable[types_pb2.Repository]],
+        settings: Any,
+        expiry_seconds: float,
+        clock: Callable[[], float] = time.time,
+        open_store: Callable[[str, Any], BlobStore] = open_blob_store,
+    ) -> None:
+        self._repositories = repositories
+        self._settings = settings
+        self._expiry = expiry_seconds
+        self._clock = clock
+        self._open = open_store
+
+    def sweep(self) -> dict[str, list[str]]:
+        """One pass over every repository: the upload ids removed, by repository."""
+        removed: dict[str, list[str]] = {}
+        for repo in self._repositories():
+            kind, where, _prefix = parse_storage_namespace(repo.storage_namespace)
+            if kind == "local" and not os.path.isdir(where):
+                continue  # no upload there; opening a local store would create its directory
+            try:
+                with self._open(repo.storage_namespace, self._settings) as store:
+                    gone = sweep_abandoned_uploads(store, self._expiry, self._clock())
+            except Exception:
+                log.warning(
+                    "sweeping abandoned multipart uploads of %s failed",
+                    repo.name,
+                    exc_info=True,
+                )
+                continue
+            if gone:
+                removed[repo.name] = gone
+        return removed
 
 
 def abort_multipart_upload(ctx: Context, request: Request) -> Response:
@@ -1148,7 +1202,6 @@ def list_multipart_uploads(ctx: Context, request: Request) -> Response:
     prefix = request.param("prefix") or ""
     uploads = []
     with open_blob_store(repo.storage_namespace, ctx.settings) as store:
-        _sweep_now(ctx, repo.storage_namespace, store)
         for info in store.list(MULTIPART_PREFIX):
             if not info.key.endswith("/upload.json"):
                 continue

@@ -20,7 +20,7 @@ import pytest
 
 from quarry import errors
 from quarry.blob import CountingBlobStore, ObjectNotFound
-from quarry.blob.base import BlobStore, InvalidObjectKey, ObjectExists
+from quarry.blob.base import BlobStore, InvalidByteRange, InvalidObjectKey, ObjectExists
 from quarry.blob.ownership import MARKER_KEY, claim_namespace
 from quarry.blob.s3 import S3BlobStore
 
@@ -41,6 +41,9 @@ class StoreKind:
     atomic_if_absent: bool = True
     stream_piece: int | None = None
     leftovers: Callable[[BlobStore, str], list[Any]] = lambda store, name: []
+    # How many bytes the store has fetched from what backs it so far (a count that only
+    # grows), when the test can observe it: a ranged read must fetch only its range.
+    fetched: Callable[[BlobStore], int] | None = None
 
 
 def local_leftovers(root: Path) -> Callable[[BlobStore, str], list[Any]]:
@@ -63,6 +66,42 @@ def s3_leftovers(store: BlobStore, name: str) -> list[Any]:
     assert isinstance(store, S3BlobStore)
     pending = store._client.list_multipart_uploads(Bucket=store.bucket, Prefix=store.prefix)
     return list(pending.get("Uploads", []))
+
+
+def thread_bytes_read(store: BlobStore | None = None) -> int:
+    """`fetched` of a directory store: the bytes the calling thread has read through
+    read(2) and its kin, as the kernel counts them (rchar of /proc/thread-self/io; Linux)."""
+    with open("/proc/thread-self/io") as stats:
+        for line in stats:
+            name, _, value = line.partition(":")
+            if name == "rchar":
+                return int(value)
+    raise AssertionError("/proc/thread-self/io has no rchar")
+
+
+class S3BytesFetched:
+    """`fetched` of an S3BlobStore: the Content-Length of every GetObject answer its client
+    received (what S3 sent), counted from the first call on."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._clients: list[Any] = []
+
+    def __call__(self, store: BlobStore) -> int:
+        assert isinstance(store, S3BlobStore)
+        client = store._client
+        if not any(known is client for known in self._clients):
+            client.meta.events.register("after-call.s3.GetObject", self._count)
+            self._clients.append(client)
+        return self.total
+
+    def _count(self, parsed: dict[str, Any], **kwargs: Any) -> None:
+        self.total += int(parsed.get("ContentLength") or 0)
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.meta.events.unregister("after-call.s3.GetObject", self._count)
+        self._clients.clear()
 
 
 class _Source:
@@ -125,6 +164,60 @@ class BlobContract:
         store.put("empty", b"")
         with store.open_read("empty") as reader:
             assert reader.read(10) == b""
+
+    def test_open_read_of_a_range_returns_exactly_its_bytes(self, store):
+        data = bytes(range(256)) * 9000 + b"tail"
+        size = len(data)
+        store.put("big/object", data)
+        cases = [
+            (0, 10),
+            (1000, 5000),
+            (3, size),  # to the end exactly
+            (size - 4, None),  # open-ended
+            (size - 4, 100),  # past the end: what is there
+            (size, None),  # at the end: nothing
+            (size + 5, 3),  # after the end: nothing, no error
+            (7, 0),
+            (0, None),
+        ]
+        for offset, length in cases:
+            with store.open_read("big/object", offset, length) as reader:
+                pieces = []
+                while piece := reader.read(1 << 20):
+                    assert len(piece) <= 1 << 20
+                    pieces.append(piece)
+                assert reader.read(10) == b""  # stays at the range's end
+            end = None if length is None else offset + length
+            assert b"".join(pieces) == data[offset:end], (offset, length)
+        with store.open_read("big/object", 5, 10) as reader:
+            assert reader.read() == data[5:15]  # read() is the rest of the range, not more
+        store.put("empty", b"")
+        for offset, length in ((0, 10), (0, None), (3, None)):
+            with store.open_read("empty", offset, length) as reader:
+                assert reader.read() == b""
+        with pytest.raises(ObjectNotFound):
+            store.open_read("missing/key", 10, 5)
+
+    def test_a_ranged_read_fetches_only_its_range(self, store, kind):
+        """The last 100 bytes of an 8 MiB object: the store seeks or asks for the range, it
+        never reads (or downloads) the object from its start."""
+        if kind.fetched is None:
+            pytest.skip(f"what a {kind.name} store fetches is not observable here")
+        data = bytes(range(256)) * (32 * 1024) + b"tail"
+        store.put("big/object", data)
+        before = kind.fetched(store)
+        with store.open_read("big/object", len(data) - 100) as reader:
+            assert reader.read() == data[-100:]
+        with store.open_read("big/object", len(data) - 300, 200) as reader:
+            assert reader.read(1 << 20) == data[-300:-100]
+        assert kind.fetched(store) - before < 256 * 1024
+
+    def test_a_negative_range_is_refused_before_any_access(self, store):
+        for offset, length in ((-1, None), (0, -1), (-5, 5)):
+            with pytest.raises(InvalidByteRange) as caught:
+                store.open_read("missing/key", offset, length)
+            assert isinstance(caught.value, errors.InvalidArgument)
+            assert caught.value.reason == "INVALID_BYTE_RANGE"
 
     def test_open_read_of_a_missing_key_is_object_not_found(self, store):
         with pytest.raises(ObjectNotFound) as caught:

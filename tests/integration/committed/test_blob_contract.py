@@ -11,7 +11,14 @@ import pytest
 
 from quarry.blob import CountingBlobStore, LocalBlobStore
 from quarry.blob.s3 import S3BlobStore
-from quarry.testing.blob import BlobContract, StoreKind, local_leftovers, s3_leftovers
+from quarry.testing.blob import (
+    BlobContract,
+    S3BytesFetched,
+    StoreKind,
+    local_leftovers,
+    s3_leftovers,
+    thread_bytes_read,
+)
 
 
 @pytest.fixture(params=["local", "s3", "counting"])
@@ -22,6 +29,7 @@ def kind(tmp_path, request) -> Iterator[StoreKind]:
             lambda ns: LocalBlobStore(tmp_path / ns),
             stream_piece=1 << 20,
             leftovers=local_leftovers(tmp_path),
+            fetched=thread_bytes_read,
         )
     elif request.param == "counting":
         yield StoreKind(
@@ -29,18 +37,22 @@ def kind(tmp_path, request) -> Iterator[StoreKind]:
             lambda ns: CountingBlobStore(LocalBlobStore(tmp_path / ns)),
             stream_piece=1 << 20,
             leftovers=local_leftovers(tmp_path),
+            fetched=thread_bytes_read,  # what the local store under it read
         )
     else:
         bucket = request.getfixturevalue("s3_bucket")
         endpoint = request.getfixturevalue("moto_endpoint")
         root = f"contract-{uuid.uuid4().hex[:8]}"
         # moto_server lacks If-None-Match: concurrent if_absent puts are checked on real S3.
+        fetched = S3BytesFetched()
         yield StoreKind(
             "s3",
             lambda ns: S3BlobStore(bucket, f"{root}/{ns}", endpoint_url=endpoint),
             atomic_if_absent=False,
             leftovers=s3_leftovers,
+            fetched=fetched,
         )
+        fetched.close()
 
 
 class TestBlobContract(BlobContract):

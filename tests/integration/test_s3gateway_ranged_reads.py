@@ -1,0 +1,171 @@
+"""The s3-gateway's ranged GetObject and UploadPartCopy read only the requested bytes from
+the blob store: a seek in a local namespace, a ranged GET of an S3 namespace (moto_server).
+The gateway's operations run in process over a real suite (gRPC over loopback) so the
+stores they open can be counted (CountingBlobStore: bytes read) and, for S3, what S3 sent
+(the Content-Length of each GetObject answer). The boto3 / AWS CLI twins of these ranges:
+tests/e2e/test_s3_gateway.py::test_ranged_gets_suffix_open_ended_and_unsatisfiable."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+
+import pytest
+
+import quarry.blob
+from quarry.blob import CountingBlobStore, object_address, open_blob_store
+from quarry.blob.s3 import S3BlobStore
+from quarry.s3gateway import operations as ops
+from quarry.s3gateway.errors import S3Error
+from quarry.s3gateway.paths import resolve
+from quarry.s3gateway.request import Request
+from quarry.testing.blob import S3BytesFetched
+from quarry.v1 import types_pb2
+from support.suite import suite_fixture
+
+suite = suite_fixture(fixture_options={"s3_endpoint_url": "moto_endpoint"})
+SIZE = 16 * 1024 * 1024 + 3
+
+
+@pytest.fixture(scope="module")
+def data() -> bytes:
+    return os.urandom(SIZE)
+
+
+@pytest.fixture
+def client(suite):
+    with suite.client() as client:
+        yield client
+
+
+@pytest.fixture(params=["local", "s3"])
+def lake(request, suite, client, data, monkeypatch):
+    """(repository, what S3 sent so far or None): a repository whose namespace is a local
+    directory or an S3 prefix, holding `data` at main/big.bin; every store the gateway
+    opens from here on is counted (the list `request.node.opened`)."""
+    name = f"r{uuid.uuid4().hex[:8]}"
+    fetched = None
+    if request.param == "local":
+        namespace = suite.namespace(name)
+    else:
+        bucket = request.getfixturevalue("s3_bucket")
+        namespace = f"s3://{bucket}/{name}"
+        fetched = S3BytesFetched()
+        fetched(S3BlobStore(bucket, endpoint_url=suite.settings.s3_endpoint_url))
+    client.create_repository(name, namespace)
+    with open_blob_store(namespace, suite.settings) as store:
+        store.put("data/big", data)
+    entry = types_pb2.Entry(
+        path="big.bin",
+        physical_address=object_address(namespace, "data/big"),
+        size_bytes=len(data),
+        checksum=hashlib.md5(data).hexdigest(),
+    )
+    client.put_object(name, "main", entry)
+    opened: list[CountingBlobStore] = []
+    real = quarry.blob.open_blob_store
+
+    def counting(where: str, settings=None):
+        store = CountingBlobStore(real(where, settings))
+        opened.append(store)
+        return store
+
+    monkeypatch.setattr(quarry.blob, "open_blob_store", counting)
+    request.node.opened = opened
+    yield name, fetched
+    if fetched is not None:
+        fetched.close()
+
+
+def _context(client, suite) -> ops.Context:
+    return ops.Context(
+        client=client,
+        user_id="admin",
+        settings=suite.settings,
+        region="us-east-1",
+        sealed_check=lambda chunks: None,
+    )
+
+
+def _request(method: str, bucket: str, key: str, headers: dict[str, str], query=()) -> Request:
+    path = f"/{bucket}/{key}"
+    return Request(
+        method=method,
+        raw_path=path,
+        query=list(query),
+        headers={k: [v] for k, v in headers.items()},
+        target=resolve(path, "127.0.0.1", ""),
+        request_id="TEST",
+        read=lambda n: b"",
+    )
+
+
+def _get(ctx, repo: str, range_header: str) -> bytes:
+    response = ops.get_object(ctx, _request("GET", repo, "main/big.bin", {"range": range_header}))
+    try:
+        return b"".join(response.body)
+    finally:
+        assert response.close is not None
+        response.close()
+
+
+def test_a_ranged_get_reads_only_the_range_from_the_store(request, lake, client, suite, data):
+    repo, fetched = lake
+    opened = request.node.opened
+    ctx = _context(client, suite)
+    cases = {
+        "bytes=-100": data[-100:],  # the last bytes of a 16 MiB object
+        f"bytes={SIZE - 5000}-": data[-5000:],
+        f"bytes={SIZE - 10}-{SIZE + 100}": data[-10:],
+        "bytes=8388608-8392703": data[8388608:8392704],
+        "bytes=0-0": data[:1],
+    }
+    for header, expected in cases.items():
+        opened.clear()
+        before = fetched.total if fetched is not None else 0
+        assert _get(ctx, repo, header) == expected, header
+        assert sum(store.bytes_read for store in opened) == len(expected), header
+        if fetched is not None:  # S3 sent the range, not the object
+            assert fetched.total - before == len(expected), header
+    with pytest.raises(S3Error) as unsatisfiable:
+        _get(ctx, repo, f"bytes={SIZE}-")
+    assert unsatisfiable.value.code == "InvalidRange" and unsatisfiable.value.status == 416
+
+
+def test_upload_part_copy_reads_only_the_copied_range(request, lake, client, suite, data):
+    repo, fetched = lake
+    opened = request.node.opened
+    ctx = _context(client, suite)
+    created = ops.create_multipart_upload(
+        ctx, _request("POST", repo, "main/copy.bin", {}, [("uploads", "")])
+    )
+    assert isinstance(created.body, bytes)
+    upload_id = created.body.decode().split("<UploadId>")[1].split("</UploadId>")[0]
+    opened.clear()
+    before = fetched.total if fetched is not None else 0
+    first, last = SIZE - 1000, SIZE - 1
+    copied = ops.upload_part_copy(
+        ctx,
+        _request(
+            "PUT",
+            repo,
+            "main/copy.bin",
+            {
+                "x-amz-copy-source": f"{repo}/main/big.bin",
+                "x-amz-copy-source-range": f"bytes={first}-{last}",
+            },
+            [("partNumber", "1"), ("uploadId", upload_id)],
+        ),
+    )
+    assert isinstance(copied.body, bytes)
+    assert hashlib.md5(data[first:]).hexdigest() in copied.body.decode()
+    # The source object (the one store opened by its address): its last 1000 bytes alone.
+    assert sum(store.bytes_read for store in opened) == 1000
+    if fetched is not None:
+        # All S3 sent: the upload's record, the source's range and the part's own bytes
+        # (moved from their temporary key): kilobytes, not the 16 MiB source.
+        assert fetched.total - before < 10_000
+    ops.abort_multipart_upload(
+        ctx, _request("DELETE", repo, "main/copy.bin", {}, [("uploadId", upload_id)])
+    )
