@@ -136,6 +136,60 @@ def test_sign_out_forgets_the_session(console, admin):
     assert replay.get("/repos").status == 303
 
 
+def test_a_session_survives_a_console_restart_and_works_on_every_replica(suite, tmp_path):
+    """Sessions are sealed in their cookie under the shared session key: two `quarry serve
+    console` processes (replicas) accept each other's sessions, and a console started after
+    the first stopped (a restart) still does, CSRF token included."""
+    from support.console import serving_console
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with serving_console(suite, tmp_path / "a") as first:
+        browser = Browser(first)
+        assert browser.sign_in(TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY).status == 303
+        with serving_console(suite, tmp_path / "b") as second:
+            replica = Browser(second, cookies=dict(browser.cookies))
+            assert 'id="whoami">admin<' in replica.get("/repos").text
+    with serving_console(suite, tmp_path / "a") as restarted:
+        again = Browser(restarted, cookies=dict(browser.cookies))
+        page = again.get("/repos")
+        assert page.status == 200 and 'id="whoami">admin<' in page.text
+        namespace = suite.namespace("after-restart")
+        made = again.post(
+            "/repos",
+            {"csrf": page.csrf(), "name": "after-restart", "storage_namespace": namespace},
+        )
+        assert made.status == 303, made.text
+        # Sign-out on this process: the cookie is refused here from now on.
+        assert again.post("/logout", {"csrf": page.csrf()}).status == 303
+        replay = Browser(restarted, cookies=dict(browser.cookies))
+        assert replay.get("/repos").status == 303
+    with suite.client() as client:
+        assert client.get_repository("after-restart").name == "after-restart"
+
+
+def test_a_tampered_or_foreign_session_cookie_is_refused(suite, console, admin):
+    sealed = admin.cookies[sessions.SESSION_COOKIE]
+    body = sealed[: len(sealed) // 2]
+    flipped = "A" if sealed[len(sealed) // 2] != "A" else "B"
+    tampered = body + flipped + sealed[len(sealed) // 2 + 1 :]
+    assert (
+        Browser(console[0], cookies={sessions.SESSION_COOKIE: tampered}).get("/repos").status == 303
+    )
+    # A console with another session key (another deployment) opens none of ours, and its
+    # cookies open nowhere here.
+    with running_console(suite, session_key="another-deployments-session-key-0123456") as (
+        port,
+        _app,
+    ):
+        assert Browser(port, cookies=dict(admin.cookies)).get("/repos").status == 303
+        foreign = Browser(port)
+        assert foreign.sign_in(TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY).status == 303
+    stranger = Browser(console[0], cookies=dict(foreign.cookies))
+    assert stranger.get("/repos").status == 303
+    assert admin.get("/repos").status == 200  # the genuine one still works
+
+
 # ---- pages ---------------------------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from urllib.parse import urlencode
 
+from support.auth import TEST_CONSOLE_SESSION_KEY
 from support.ports import free_port
 from support.wait import wait_until
 
@@ -128,6 +129,7 @@ def serving_console(suite, home, extra_env: dict[str, str] | None = None) -> Ite
         QUARRY_BRANCH_MANAGER_ADDRESS=suite.targets["branch-manager"],
         QUARRY_COMMITTER_ADDRESS=suite.targets["committer"],
         QUARRY_LOG_LEVEL="WARNING",
+        QUARRY_CONSOLE_SESSION_KEY=TEST_CONSOLE_SESSION_KEY,
     )
     env.update(extra_env or {})
     if "compactor-sensor" in suite.targets:
@@ -162,8 +164,11 @@ def serving_console(suite, home, extra_env: dict[str, str] | None = None) -> Ite
 
 
 @contextlib.contextmanager
-def running_console(suite, secure: bool = False) -> Iterator[tuple[int, object]]:
-    """(port, ConsoleApp) of a console over `suite`, served by uvicorn until the block ends."""
+def running_console(
+    suite, secure: bool = False, session_key: str = TEST_CONSOLE_SESSION_KEY
+) -> Iterator[tuple[int, object]]:
+    """(port, ConsoleApp) of a console over `suite`, served by uvicorn until the block ends;
+    consoles with the same `session_key` accept each other's sessions."""
     import grpc
     import uvicorn
 
@@ -177,7 +182,15 @@ def running_console(suite, secure: bool = False) -> Iterator[tuple[int, object]]
         if "compactor-sensor" in suite.targets
         else None
     )
-    console = Console(suite.settings, channels[0], channels[1], sensor, workers=8, secure=secure)
+    console = Console(
+        suite.settings,
+        channels[0],
+        channels[1],
+        sensor,
+        workers=8,
+        secure=secure,
+        session_key=session_key.encode(),
+    )
     app = ConsoleApp(console)
     port = free_port()
     server = uvicorn.Server(

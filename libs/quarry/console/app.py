@@ -76,6 +76,8 @@ class Console:
     compactor_sensor: grpc.Channel | None = None
     workers: int = 16
     secure: bool = False  # served over TLS (cookies get Secure)
+    # Seals the session cookies (quarry.console.sessions); empty: read from the settings.
+    session_key: bytes = b""
 
 
 @dataclass
@@ -117,7 +119,10 @@ class ConsoleApp:
         from quarry.console import pages, templates
 
         self.console = console
-        self.sessions = sessions.SessionStore()
+        self.sessions = sessions.SessionStore(
+            console.session_key or sessions.session_key(console.settings),
+            lifetime_seconds=console.settings.console_session_seconds,
+        )
         self._anonymous: dict[str, Any] = {}
         self._routes = routes if routes is not None else pages.ROUTES
         self._templates = templates.Templates()
