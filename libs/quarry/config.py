@@ -427,6 +427,15 @@ class Settings:
         "Longest a console sign-in lasts; a session also ends when its Auth/Login token "
         "expires (QUARRY_AUTH_TOKEN_LIFETIME_SECONDS), whichever comes first.",
     )
+    console_login_attempts_per_minute_per_address: int = _setting(
+        20,
+        "Sign-ins the console admits per browser address per minute before it calls "
+        "Auth/Login (a minute's worth at once, then refilling; more get 429 with Retry-After). "
+        "Branch-manager's own per-address throttle sees the console as one address for all its "
+        "users: keep this well below QUARRY_AUTH_LOGIN_ATTEMPTS_PER_MINUTE_PER_ADDRESS so one "
+        "browser cannot use up everyone's share. Per access key id the console also applies "
+        "QUARRY_AUTH_LOGIN_ATTEMPTS_PER_MINUTE_PER_KEY.",
+    )
     auth_cache_seconds: float = _setting(
         5.0,
         "Each process caches a user's effective policies (and that its user and access key "
@@ -519,6 +528,7 @@ class Settings:
         for name in (
             "auth_login_attempts_per_minute_per_key",
             "auth_login_attempts_per_minute_per_address",
+            "console_login_attempts_per_minute_per_address",
         ):
             if getattr(self, name) < 1:
                 raise errors.InvalidArgument(

@@ -115,6 +115,27 @@ def test_a_planted_session_id_is_never_adopted(console):
     assert stolen.get("/repos").status == 303
 
 
+def test_sign_ins_are_throttled_per_browser_address_before_auth_login(suite):
+    """Auth/Login throttles per client address, and sees this console as one address for all
+    its users: the console throttles each browser address itself, before calling Login, so
+    one browser guessing secrets is refused (429, Retry-After) while another signs in."""
+    with running_console(suite, console_login_attempts_per_minute_per_address=3) as (port, _):
+        attacker = Browser(port, source="127.0.0.2")
+        for _ in range(3):
+            assert attacker.sign_in(TEST_ACCESS_KEY_ID, "a-guess").status == 401
+        refused = attacker.sign_in(TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY)
+        # Refused before Login (the right secret would have signed in): no session.
+        assert refused.status == 429 and int(refused.header("retry-after")) >= 1
+        assert 'id="error-code">RESOURCE_EXHAUSTED<' in refused.text
+        assert "LOGIN_THROTTLED" in refused.text
+        assert sessions.SESSION_COOKIE not in attacker.cookies
+        # Another access key id from the same address: the address is what is spent.
+        assert attacker.sign_in("AKIAQSOMEONEELSE0001", "x").status == 429
+        # Another browser behind the same console still signs in.
+        other = Browser(port, source="127.0.0.3")
+        assert other.sign_in(TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY).status == 303
+
+
 def test_a_post_without_the_sessions_csrf_token_changes_nothing(suite, admin):
     namespace = suite.namespace("csrf-repo")
     for form in (

@@ -48,12 +48,18 @@ class Browser:
     cookies: dict[str, str] = field(default_factory=dict)
     set_cookie_lines: list[str] = field(default_factory=list)
     keep_alive: bool = False  # one connection for every request, as a browser keeps one
+    source: str = ""  # the loopback address to connect from ("" = the system's choice)
     _connection: http.client.HTTPConnection | None = None
 
     def _open(self) -> http.client.HTTPConnection:
         if self.keep_alive and self._connection is not None:
             return self._connection
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        connection = http.client.HTTPConnection(
+            "127.0.0.1",
+            self.port,
+            timeout=30,
+            source_address=(self.source, 0) if self.source else None,
+        )
         if self.keep_alive:
             self._connection = connection
         return connection
@@ -165,10 +171,14 @@ def serving_console(suite, home, extra_env: dict[str, str] | None = None) -> Ite
 
 @contextlib.contextmanager
 def running_console(
-    suite, secure: bool = False, session_key: str = TEST_CONSOLE_SESSION_KEY
+    suite,
+    secure: bool = False,
+    session_key: str = TEST_CONSOLE_SESSION_KEY,
+    **settings: object,
 ) -> Iterator[tuple[int, object]]:
     """(port, ConsoleApp) of a console over `suite`, served by uvicorn until the block ends;
-    consoles with the same `session_key` accept each other's sessions."""
+    consoles with the same `session_key` accept each other's sessions. `settings`: changes
+    to the suite's settings for this console."""
     import grpc
     import uvicorn
 
@@ -183,7 +193,7 @@ def running_console(
         else None
     )
     console = Console(
-        suite.settings,
+        suite.settings.replace(**settings) if settings else suite.settings,
         channels[0],
         channels[1],
         sensor,

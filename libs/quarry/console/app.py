@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
 import uuid
@@ -26,6 +27,7 @@ import grpc
 from prometheus_client import Counter, Histogram
 
 from quarry import errors, telemetry
+from quarry.auth.throttle import LoginThrottle, LoginThrottled
 from quarry.console import sessions
 from quarry.console.http import (
     MAX_FORM_BYTES,
@@ -127,6 +129,12 @@ class ConsoleApp:
         self._routes = routes if routes is not None else pages.ROUTES
         self._templates = templates.Templates()
         self._pool = ThreadPoolExecutor(console.workers, thread_name_prefix="console")
+        # Sign-ins per browser address (and per access key id), before Auth/Login: Login's
+        # own per-address bucket sees this console as one address for all its users.
+        self._sign_ins = LoginThrottle(
+            console.settings.auth_login_attempts_per_minute_per_key,
+            console.settings.console_login_attempts_per_minute_per_address,
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -249,6 +257,10 @@ class ConsoleApp:
             if request.method == "GET":
                 return redirect(url("/login", next=request.path), 303)
             return self._page_error(request, None, 401, "UNAUTHENTICATED", "sign in first")
+        if found.name == "login" and request.method == "POST":
+            refused = self._throttle_sign_in(request, session)
+            if refused is not None:
+                return refused
         # Every form post of a signed-in user carries the session's CSRF token.
         if (
             request.method == "POST"
@@ -281,6 +293,24 @@ class ConsoleApp:
             return self._page_error(
                 request, session, HTTP_STATUS.get(code, 500), reason, exc.message, code=code
             )
+
+    def _throttle_sign_in(
+        self, request: Request, session: sessions.Session | None
+    ) -> Response | None:
+        """A 429 page (Retry-After) when this browser address, or the access key id it
+        names, has used its sign-in attempts; None to go on to Auth/Login."""
+        try:
+            self._sign_ins.admit(
+                request.field("access_key_id").strip(), f"browser:{request.client}"
+            )
+        except LoginThrottled as exc:
+            response = self._page_error(
+                request, session, 429, exc.reason, exc.message, code="RESOURCE_EXHAUSTED"
+            )
+            retry = max(1, math.ceil(exc.retry_delay or 1))
+            response.headers.append(("retry-after", str(retry)))
+            return response
+        return None
 
     def _client(self, session: sessions.Session | None) -> Any:
         """The Client of a session, made once (a Client costs tens of ms to build: its stubs
