@@ -49,6 +49,7 @@ class Browser:
     set_cookie_lines: list[str] = field(default_factory=list)
     keep_alive: bool = False  # one connection for every request, as a browser keeps one
     source: str = ""  # the loopback address to connect from ("" = the system's choice)
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every request
     _connection: http.client.HTTPConnection | None = None
 
     def _open(self) -> http.client.HTTPConnection:
@@ -77,7 +78,7 @@ class Browser:
 
     def _request(self, method: str, path: str, form: dict[str, str] | None) -> Answer:
         connection = self._open()
-        headers = {}
+        headers = dict(self.headers)
         body = None
         if self.cookies:
             headers["cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())

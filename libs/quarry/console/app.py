@@ -4,7 +4,8 @@
 Pages are synchronous code (gRPC calls with the user's token); each runs on a worker thread
 of the console's own pool. A download is streamed in pieces, never held whole.
 
-Per request: one trace span (`console <route>`, the gRPC calls its children), one log line,
+Per request: one trace span (`console <route>`, the gRPC calls its children; a child of the
+caller's span when the request carries a W3C traceparent), one log line,
 and the quarry_console_requests_total / quarry_console_request_seconds metrics by route and
 status. Errors become a page with the gRPC status and its ErrorInfo reason — never a stack
 trace (an unexpected exception is logged with one and shown as INTERNAL with a request id).
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from opentelemetry import propagate
+from opentelemetry.trace import SpanKind
 from prometheus_client import Counter, Histogram
 
 from quarry import errors, telemetry
@@ -210,7 +213,15 @@ class ConsoleApp:
         started = time.perf_counter()
         request = self.parse(scope, body)
         name = "unknown"
-        with telemetry.root_span("console request", {"http.method": request.method}) as span:
+        # A caller's W3C traceparent (and tracestate) makes this request a span of its trace,
+        # as at the s3-gateway; without one the request starts a trace of its own. The gRPC
+        # calls of its page are children.
+        with telemetry.tracer("quarry").start_as_current_span(
+            "console request",
+            context=propagate.extract(request.headers),
+            kind=SpanKind.SERVER,
+            attributes={"http.method": request.method},
+        ) as span:
             try:
                 matched = self._match(request)
                 if matched is None:
