@@ -10,7 +10,8 @@ BENCH_CONSOLE_CHANGES of them (default 1,000) over PutObjects and a commit. The 
 console runs as users run it, `quarry serve console` in its own process dialing the suite
 (tests/support/console.py `serving_console`), signed in as the test admin over HTTP (one
 keep-alive connection, as a browser keeps); the direct side is a quarry.client.Client with a
-token in the benchmark's process. Each figure is the median of
+token in the benchmark's process (where the suite runs: the direct side makes no hop between
+processes, the console's calls do). Each figure is the median of
 BENCH_CONSOLE_ROUNDS (default 30) sequential requests after a warm-up.
 
 Rows:
