@@ -52,6 +52,9 @@ from typing import Any
 
 import yaml
 
+# libyaml's C parser when PyYAML has it (the pure-Python one is ~10x slower on a rendering).
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "quarry"
 LOCAL_VALUES = REPO / "deploy" / "local" / "values.yaml"
@@ -137,7 +140,7 @@ def render(release: str, value_args: list[str]) -> list[dict[str, Any]]:
     )
     if proc.returncode != 0:
         raise KubeError(f"helm template failed:\n{proc.stderr}")
-    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+    return [doc for doc in yaml.load_all(proc.stdout, Loader=YAML_LOADER) if doc]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -605,6 +608,9 @@ def ports_in_use(found: list[Endpoint]) -> list[str]:
     return busy
 
 
+POD_REMOVAL_ATTEMPTS = 4
+
+
 def remove_objects(
     state: State, extra: Adapted | None, log: Callable[[str], None], stop_seconds: int = 10
 ) -> tuple[int, list[str]]:
@@ -619,7 +625,14 @@ def remove_objects(
     existing_pods = podman_names("pod", "ps") & pods
     existing_secrets = podman_names("secret", "ls") & secrets
     existing_volumes = podman_names("volume", "ls") & volumes
-    if existing_pods:
+    # A crash-looping container being restarted while its pod is removed can make podman
+    # skip that pod ("container state improper"): remove what is left again, a few times.
+    remaining = existing_pods
+    for attempt in range(POD_REMOVAL_ATTEMPTS):
+        if not remaining:
+            break
+        if attempt:
+            time.sleep(1)
         podman(
             "pod",
             "rm",
@@ -627,10 +640,11 @@ def remove_objects(
             "--ignore",
             "--time",
             str(stop_seconds),
-            *sorted(existing_pods),
+            *sorted(remaining),
             check=False,
             timeout=300,
         )
+        remaining = podman_names("pod", "ps") & remaining
     if existing_secrets:
         podman("secret", "rm", *sorted(existing_secrets), check=False)
     if existing_volumes:  # after the pods: a volume in use cannot be removed
@@ -826,7 +840,7 @@ def up(options: Options, log: Callable[[str], None]) -> int:
     prepare_state_dir(directory)
     previous = State.load(options.release, directory)
     if previous is not None and previous.up:
-        docs = list(yaml.safe_load_all((directory / RENDERED_FILE).read_text()))
+        docs = list(yaml.load_all((directory / RENDERED_FILE).read_text(), Loader=YAML_LOADER))
         adapted = adapt(docs)
         if is_up(previous, adapted):
             return already_up(options, previous, docs, adapted, log)

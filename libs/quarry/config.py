@@ -240,6 +240,12 @@ class Settings:
         "s3-gateway: a repository's abandoned multipart uploads are looked for at most this "
         "often (0: on each of its CreateMultipartUpload and ListMultipartUploads calls).",
     )
+    console_max_upload_bytes: int = _setting(
+        5 * 1024**3,
+        "console: the largest file its object browser uploads (streamed into the storage "
+        "namespace, never held in memory); a larger one is refused with UPLOAD_TOO_LARGE "
+        "(413) and nothing of it is kept or staged.",
+    )
     range_writer_peers: str = _setting(
         "",
         "range-writer: other range-writer replicas a large apply is fanned out to, in key "

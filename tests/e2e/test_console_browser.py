@@ -3,7 +3,9 @@ chromium-driver, `make test-clients`) driven by Selenium against a real `quarry 
 as a user starts it (its own QUARRY_HOME, free ports). One walk through a data change —
 sign in, create a repository and a branch, stage with the CLI, commit in the console, compare,
 merge with a conflict the dry run shows, resolve, merge — then a read-only user, a forged
-form, a CSRF-less post and a planted session id. A screenshot of each page is written to
+form, a CSRF-less post and a planted session id; then an upload through the object browser,
+committed and tagged, the tag deleted after confirming, and an admin creating a user and
+credentials. A screenshot of each page is written to
 build/artifacts/console/ (the test's artifacts)."""
 
 from __future__ import annotations
@@ -323,3 +325,76 @@ def test_a_csrf_less_post_and_a_planted_session_are_refused(up, driver):
     shot(driver, "13-csrf-refused")
     with up.client() as client:
         assert "csrf-attack" not in [r.name for r in client.iter_repositories()]
+
+
+def wait_for_url_end(driver, end: str) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, 30).until(lambda d: d.current_url.endswith(end))
+
+
+def test_upload_commit_tag_and_admin_edits(up, driver, tmp_path):
+    """Upload through the object browser (the file input given a local file's path, as a
+    user picks one), commit it, tag it and delete the tag after confirming; an admin creates
+    a user and credentials that then sign in."""
+    with up.client() as client:
+        client.create_repository("uploads", str(up.home / "lake-uploads"))
+    sign_in(driver, up, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY)
+    assert by_id(driver, "whoami").text == "admin"
+
+    local = tmp_path / "measurements.csv"
+    local.write_text("day,value\n1,42\n")
+    driver.get(f"{up.console}/repos/uploads/objects?ref=main&prefix=raw%2F")
+    assert by_id(driver, "upload-path").get_attribute("value") == "raw/"
+    by_id(driver, "upload-file").send_keys(str(local))
+    shot(driver, "14-upload")
+    by_id(driver, "upload-button").click()
+    wait_for_url(driver, "/changes")
+    assert "raw/measurements.csv" in by_id(driver, "changes").text, page_text(driver)
+    shot(driver, "15-uploaded-uncommitted")
+    by_id(driver, "commit-message-input").send_keys("measurements uploaded in the console")
+    by_id(driver, "commit-button").click()
+    assert "measurements uploaded" in by_id(driver, "commit-message").text
+    with up.client() as client:
+        head = client.get_branch("uploads", "main").commit_id
+        entry = client.stat_object("uploads", "main", "raw/measurements.csv")
+        assert entry.size_bytes == local.stat().st_size
+
+    # Tag the branch from its row on the branches page, then delete the tag.
+    driver.get(f"{up.console}/repos/uploads/branches")
+    driver.find_element("css selector", "a.tag-branch").click()
+    assert by_id(driver, "tag-ref").get_attribute("value") == "main"
+    by_id(driver, "tag-name").send_keys("v1")
+    by_id(driver, "create-tag-button").click()
+    wait_for_url_end(driver, "/repos/uploads/tags")
+    assert "v1" in by_id(driver, "tags").text
+    shot(driver, "16-tag")
+    with up.client() as client:
+        assert client.get_tag("uploads", "v1").commit_id == head
+    driver.find_element("css selector", "a.delete-tag").click()
+    assert "v1" in by_id(driver, "confirm-detail").text or "v1" in page_text(driver)
+    shot(driver, "17-confirm-delete-tag")
+    by_id(driver, "confirm-button").click()
+    wait_for_url_end(driver, "/repos/uploads/tags")
+    assert "No tags." in by_id(driver, "tags").text
+    with up.client() as client:
+        assert list(client.iter_tags("uploads")) == []
+
+    # An admin creates a user and credentials; the secret is shown once and signs in.
+    driver.get(f"{up.console}/admin/users")
+    by_id(driver, "new-user-id").send_keys("carol")
+    by_id(driver, "create-user-button").click()
+    wait_for_url_end(driver, "/admin/users/carol")
+    by_id(driver, "create-credentials-button").click()
+    key_id = by_id(driver, "new-access-key-id").text
+    secret = by_id(driver, "new-secret-access-key").text
+    assert key_id and secret
+    shot(driver, "18-new-credentials")
+    driver.get(f"{up.console}/admin/users/carol")
+    assert key_id in by_id(driver, "user-credentials").text
+    assert secret not in driver.page_source  # shown that once only
+    shot(driver, "19-admin-user")
+    sign_out(driver)
+    sign_in(driver, up, key_id, secret)
+    assert by_id(driver, "whoami").text == "carol"
+    sign_out(driver)

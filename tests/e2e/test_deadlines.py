@@ -142,7 +142,11 @@ def test_a_commit_past_its_deadline_stops_everywhere_and_changes_nothing(suite, 
             )
         finally:
             print(f"range-writer applies by outcome: {apply_durations(metrics_port)}")
-        assert stopped_applies(metrics_port) == {"deadline_exceeded": 1}
+        # Stopped by its own copy of the deadline, or cancelled by the committer when the
+        # committer's copy ran out first: the same deadline either way, and a race which one.
+        stopped = stopped_applies(metrics_port)
+        assert set(stopped) <= {"deadline_exceeded", "cancelled"}, stopped
+        assert sum(stopped.values()) == 1, stopped
         assert apply_durations(metrics_port).get("ok", 0) == 0
         # Nothing changed for a reader: HEAD as before, every entry still staged.
         after = bm.GetBranch(

@@ -9,8 +9,8 @@ import re
 import subprocess
 from pathlib import Path
 
-import kubernetes_validate
-import yaml
+from support import k8s_validation as kubernetes_validate
+from support.yaml_docs import documents
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "quarry.json"
@@ -75,7 +75,7 @@ def _render(*values: str) -> list[dict]:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+    return documents(proc.stdout)
 
 
 def test_the_chart_ships_the_dashboard_with_the_service_monitor():

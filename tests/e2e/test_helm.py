@@ -24,9 +24,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-import kubernetes_validate
 import pytest
 import yaml
+
+from support import k8s_validation as kubernetes_validate
+from support.yaml_docs import documents
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "quarry"
@@ -208,7 +210,7 @@ def _template(release: str, args: tuple[str, ...]) -> tuple[dict, ...]:
     proc = run_helm("template", release, str(CHART), "--namespace", NAMESPACE, *args)
     if proc.returncode != 0:
         pytest.fail(f"helm template {' '.join(args)} failed:\n{proc.stderr}", pytrace=False)
-    docs = tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+    docs = tuple(documents(proc.stdout))
     assert docs, "helm template rendered nothing"
     return docs
 
@@ -222,7 +224,7 @@ def render_error(*args: str) -> str:
     assert proc.returncode != 0, (
         f"helm template {' '.join(args)} should have failed but rendered:\n{proc.stdout[:2000]}"
     )
-    assert not [d for d in yaml.safe_load_all(proc.stdout or "") if d], "rendered despite error"
+    assert not documents(proc.stdout or ""), "rendered despite error"
     return proc.stderr
 
 

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from quarry.console import sessions
+from quarry.v1 import branch_manager_pb2 as bm
 from support.auth import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY
 from support.console import Browser, running_console
 from support.suite import suite_fixture
@@ -339,6 +340,418 @@ def test_error_pages_carry_the_status_and_reason_never_a_trace(admin):
     assert admin.get("/no/such/page").status == 404
 
 
+def _error(answer, status: int, reason: str) -> None:
+    """An error page with `status` and the gRPC `reason` shown, never a trace."""
+    assert answer.status == status, (answer.status, answer.text[-600:])
+    assert f'id="error-reason">{reason}<' in answer.text, answer.text[-600:]
+    assert "Traceback" not in answer.text
+
+
+def test_create_a_tag_from_a_branch_and_delete_it_after_confirming(suite, admin):
+    repo = _repo(suite, "tagging")
+    with suite.client() as client:
+        _stage(suite, client, repo, "main", "a.txt", b"a")
+        head = client.commit(repo, "main", "one").commit.id
+    branches = admin.get(f"/repos/{repo}/branches")
+    assert f'href="/repos/{repo}/tags?ref=main">tag…<' in branches.text
+    page = admin.get(f"/repos/{repo}/tags?ref=main")
+    assert 'id="create-tag"' in page.text and 'id="tag-ref" value="main"' in page.text
+    made = admin.post(f"/repos/{repo}/tags", {"csrf": page.csrf(), "name": "v1", "ref": "main"})
+    assert made.status == 303 and made.header("location") == f"/repos/{repo}/tags"
+    listed = admin.get(f"/repos/{repo}/tags")
+    assert ">v1</a>" in listed.text and head[:12] in listed.text
+    confirm = admin.get(f"/repos/{repo}/tags/delete?tag=v1")
+    assert confirm.status == 200 and 'name="confirm" value="v1"' in confirm.text
+    gone = admin.post(
+        f"/repos/{repo}/tags/delete", {"csrf": confirm.csrf(), "tag": "v1", "confirm": "v1"}
+    )
+    assert gone.status == 303
+    with suite.client() as client:
+        assert [t.name for t in client.iter_tags(repo)] == []
+
+
+def test_a_tag_is_never_deleted_without_csrf_and_confirmation(suite, admin):
+    """The deletion guard (quarry.console.forms.confirmed and the app's CSRF check): a post
+    that lacks the CSRF token, lacks the confirmation, or confirms another name deletes
+    nothing."""
+    repo = _repo(suite, "tag-guard")
+    with suite.client() as client:
+        _stage(suite, client, repo, "main", "a.txt", b"a")
+        client.commit(repo, "main", "one")
+        client.create_tag(repo, "keep", "main")
+    csrf = admin.get(f"/repos/{repo}/tags").csrf()
+    _error(
+        admin.post(f"/repos/{repo}/tags/delete", {"tag": "keep", "confirm": "keep"}),
+        403,
+        "CSRF_TOKEN_INVALID",
+    )
+    _error(
+        admin.post(f"/repos/{repo}/tags/delete", {"csrf": csrf, "tag": "keep"}),
+        400,
+        "CONFIRMATION_REQUIRED",
+    )
+    _error(
+        admin.post(f"/repos/{repo}/tags/delete", {"csrf": csrf, "tag": "keep", "confirm": "kee"}),
+        400,
+        "CONFIRMATION_REQUIRED",
+    )
+    _error(
+        admin.post(f"/repos/{repo}/tags", {"name": "forged", "ref": "main"}),
+        403,
+        "CSRF_TOKEN_INVALID",
+    )
+    with suite.client() as client:
+        assert [t.name for t in client.iter_tags(repo)] == ["keep"]
+
+
+def test_bad_tag_forms_get_a_clear_error_page(suite, admin):
+    repo = _repo(suite, "tag-bad")
+    with suite.client() as client:
+        _stage(suite, client, repo, "main", "a.txt", b"a")
+        client.commit(repo, "main", "one")
+        client.create_tag(repo, "taken", "main")
+    csrf = admin.get(f"/repos/{repo}/tags").csrf()
+    _error(
+        admin.post(f"/repos/{repo}/tags", {"csrf": csrf, "name": "", "ref": "main"}),
+        400,
+        "FORM_FIELD_MISSING",
+    )
+    missing = admin.post(f"/repos/{repo}/tags", {"csrf": csrf, "name": "t", "ref": "no-such"})
+    assert missing.status in (400, 404) and 'id="error-reason">' in missing.text
+    assert "Traceback" not in missing.text
+    taken = admin.post(f"/repos/{repo}/tags", {"csrf": csrf, "name": "taken", "ref": "main"})
+    assert taken.status == 409 and 'id="error-code">ALREADY_EXISTS<' in taken.text
+    assert admin.get(f"/repos/{repo}/tags/delete?tag=no-such").status == 404
+
+
+def _files(suite, repo: str) -> set[str]:
+    """Every file in the repository's storage namespace (its object bytes)."""
+    root = Path(suite.namespace(repo))
+    return {str(f.relative_to(root)) for f in root.rglob("*") if f.is_file()}
+
+
+def test_upload_through_the_object_browser_stores_the_bytes_and_stages_them(suite, admin):
+    repo = _repo(suite, "uploads")
+    before = _files(suite, repo)
+    page = admin.get(f"/repos/{repo}/objects?ref=main&prefix=docs%2F")
+    assert 'enctype="multipart/form-data"' in page.text
+    assert 'id="upload-path" value="docs/"' in page.text
+    data = b"hello from the console\n" * 1000
+    made = admin.post_file(
+        f"/repos/{repo}/upload",
+        {"csrf": page.csrf(), "branch": "main", "path": "docs/"},
+        "hello.txt",
+        data,
+    )
+    assert made.status == 303, made.text[-600:]
+    assert made.header("location") == f"/repos/{repo}/changes?branch=main"
+    changes = admin.get(made.header("location"))
+    assert "docs/hello.txt" in changes.text and 'class="added"' in changes.text
+    with suite.client() as client:
+        entry = client.stat_object(repo, "main", "docs/hello.txt")
+    assert entry.size_bytes == len(data) and entry.checksum == hashlib.md5(data).hexdigest()
+    assert entry.content_type == "text/plain"
+    new = _files(suite, repo) - before
+    assert len(new) == 1 and next(iter(new)).startswith("data/")  # one fresh key, as PutObject
+    assert admin.get(f"/repos/{repo}/download?ref=main&path=docs%2Fhello.txt").body == data
+    # A path named in full is used as given.
+    named = admin.post_file(
+        f"/repos/{repo}/upload",
+        {"csrf": page.csrf(), "branch": "main", "path": "elsewhere/renamed.csv"},
+        "local-name.csv",
+        b"a,b\n",
+    )
+    assert named.status == 303
+    with suite.client() as client:
+        assert client.stat_object(repo, "main", "elsewhere/renamed.csv").size_bytes == 4
+
+
+def test_an_upload_without_the_csrf_token_writes_no_byte(suite, admin):
+    repo = _repo(suite, "upload-csrf")
+    before = _files(suite, repo)
+    for fields in ({"branch": "main", "path": ""}, {"csrf": "guessed", "branch": "main"}):
+        refused = admin.post_file(f"/repos/{repo}/upload", fields, "x.txt", b"x" * 5000)
+        _error(refused, 403, "CSRF_TOKEN_INVALID")
+    assert _files(suite, repo) == before
+    with suite.client() as client:
+        assert list(client.iter_uncommitted(repo, "main")) == []
+
+
+def test_bad_uploads_get_a_clear_error_page_and_leave_nothing(suite, admin):
+    repo = _repo(suite, "upload-bad")
+    with suite.client() as client:
+        client.create_tag(repo, "v0", "main")
+        client.set_branch_protection_rules(
+            repo,
+            [
+                bm.BranchProtectionRule(
+                    pattern="main",
+                    blocked_actions=[bm.BRANCH_PROTECTION_BLOCKED_ACTION_STAGING_WRITE],
+                )
+            ],
+        )
+        client.create_branch(repo, "open", "main")
+    before = _files(suite, repo)
+    csrf = admin.get(f"/repos/{repo}/objects?ref=open").csrf()
+    url = f"/repos/{repo}/upload"
+    _error(admin.post_file(url, {"csrf": csrf, "branch": "v0"}, "x.txt", b"x"), 409, "NOT_A_BRANCH")
+    _error(
+        admin.post_file(url, {"csrf": csrf, "branch": "open"}, "", b""), 400, "FORM_FIELD_MISSING"
+    )
+    broken = admin.request(
+        "POST", url, raw=("multipart/form-data; boundary=abc", b"--abc\r\nno headers end")
+    )
+    _error(broken, 400, "MALFORMED_FORM")
+    # The servers decide: the admin may write, but main's protection refuses the staging;
+    # the bytes written before it are removed.
+    protected = admin.post_file(url, {"csrf": csrf, "branch": "main"}, "x.txt", b"x" * 3000)
+    assert protected.status in (403, 409), protected.text[-600:]
+    assert 'id="error-reason">' in protected.text and "Traceback" not in protected.text
+    assert _files(suite, repo) == before
+    with suite.client() as client:
+        assert list(client.iter_uncommitted(repo, "main")) == []
+        assert list(client.iter_uncommitted(repo, "open")) == []
+
+
+def test_a_dropped_upload_leaves_no_bytes_and_stages_nothing(suite, console, admin):
+    """The connection closes mid-file: the bytes already written (the store's temporary
+    file) are gone and no entry is staged."""
+    import socket
+
+    from support.console import multipart_body
+    from support.wait import wait_until
+
+    repo = _repo(suite, "upload-dropped")
+    csrf = admin.get(f"/repos/{repo}/objects").csrf()
+    before = _files(suite, repo)
+    ctype, body = multipart_body(
+        {"csrf": csrf, "branch": "main"}, ("file", "cut.bin", b"c" * (4 << 20))
+    )
+    cookie = "; ".join(f"{k}={v}" for k, v in admin.cookies.items())
+    head = (
+        f"POST /repos/{repo}/upload HTTP/1.1\r\nHost: 127.0.0.1\r\nCookie: {cookie}\r\n"
+        f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", console[0]), timeout=30) as sock:
+        sock.sendall(head + body[: 1 << 20])  # a quarter of the file, then the line drops
+        wait_until(
+            lambda: len(_files(suite, repo)) > len(before), timeout=30, what="bytes being written"
+        )
+    wait_until(lambda: _files(suite, repo) == before, timeout=30, what="the bytes removed")
+    with suite.client() as client:
+        assert list(client.iter_uncommitted(repo, "main")) == []
+
+
+def test_an_upload_over_the_limit_is_refused_and_nothing_is_kept(suite):
+    """QUARRY_CONSOLE_MAX_UPLOAD_BYTES bounds the streamed file: past it, the bytes written
+    so far are removed and nothing is staged."""
+    repo = _repo(suite, "upload-limit")
+    with running_console(suite, console_max_upload_bytes=4096) as (port, _app):
+        browser = Browser(port)
+        assert browser.sign_in(TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY).status == 303
+        csrf = browser.get(f"/repos/{repo}/objects").csrf()
+        before = _files(suite, repo)
+        url = f"/repos/{repo}/upload"
+        over = browser.post_file(url, {"csrf": csrf, "branch": "main"}, "big.bin", b"b" * 4097)
+        _error(over, 413, "UPLOAD_TOO_LARGE")
+        assert _files(suite, repo) == before
+        with suite.client() as client:
+            assert list(client.iter_uncommitted(repo, "main")) == []
+        # A body whose declared length is already over the limit is refused before it is read.
+        declared = browser.post_file(
+            url, {"csrf": csrf, "branch": "main"}, "huge.bin", b"h" * (2 << 20)
+        )
+        _error(declared, 413, "UPLOAD_TOO_LARGE")
+        assert _files(suite, repo) == before
+        at = browser.post_file(url, {"csrf": csrf, "branch": "main"}, "fits.bin", b"f" * 4096)
+        assert at.status == 303
+    with suite.client() as client:
+        assert client.stat_object(repo, "main", "fits.bin").size_bytes == 4096
+
+
+# ---- admin pages ---------------------------------------------------------------------------
+
+
+def test_an_admin_creates_a_user_and_credentials_shown_once(suite, console, admin):
+    users = admin.get("/admin/users")
+    assert 'id="create-user"' in users.text
+    made = admin.post("/admin/users", {"csrf": users.csrf(), "user_id": "ada", "email": ""})
+    assert made.status == 303 and made.header("location") == "/admin/users/ada"
+    page = admin.get("/admin/users/ada")
+    assert 'id="create-credentials"' in page.text and 'id="delete-user"' in page.text
+    created = admin.post("/admin/users/ada/credentials", {"csrf": page.csrf()})
+    assert created.status == 200 and created.header("cache-control") == "no-store"
+    key_id = re.search(r'id="new-access-key-id">([^<]+)<', created.text).group(1)
+    secret = re.search(r'id="new-secret-access-key">([^<]+)<', created.text).group(1)
+    again = admin.get("/admin/users/ada")
+    assert key_id in again.text and secret not in again.text  # the secret: this once only
+    assert secret not in admin.get("/admin/users/ada/credentials").text
+    ada = Browser(console[0])
+    assert ada.sign_in(key_id, secret).status == 303
+    assert 'id="whoami">ada<' in ada.get("/repos").text
+    # Delete the credentials (after confirming): that key signs in no more.
+    confirm = admin.get(f"/admin/users/ada/credentials/delete?key={key_id}")
+    assert f'name="confirm" value="{key_id}"' in confirm.text
+    gone = admin.post(
+        "/admin/users/ada/credentials/delete",
+        {"csrf": confirm.csrf(), "key": key_id, "confirm": key_id},
+    )
+    assert gone.status == 303
+    assert Browser(console[0]).sign_in(key_id, secret).status == 401
+    confirm = admin.get("/admin/users/ada/delete")
+    assert (
+        admin.post("/admin/users/ada/delete", {"csrf": confirm.csrf(), "confirm": "ada"}).status
+        == 303
+    )
+    with suite.client() as client:
+        assert "ada" not in [u.id for u in client.iter_users()]
+
+
+def test_groups_members_and_policies_edited_in_the_admin_pages(suite, admin):
+    with suite.client() as client:
+        client.create_user("grace")
+    csrf = admin.get("/admin/groups").csrf()
+    assert admin.post("/admin/groups", {"csrf": csrf, "group_id": "analysts"}).status == 303
+    document = '{"Statement": [{"Effect": "Allow", "Action": ["fs:ReadObject"], "Resource": "*"}]}'
+    made = admin.post(
+        "/admin/policies", {"csrf": csrf, "policy_id": "ReadObjects", "document": document}
+    )
+    assert made.status == 303 and "ReadObjects" in admin.get("/admin/policies").text
+    for path, form in (
+        ("/admin/groups/analysts/members", {"user": "grace"}),
+        ("/admin/groups/analysts/policies", {"policy": "ReadObjects"}),
+        ("/admin/users/grace/policies", {"policy": "FSReadAll"}),
+    ):
+        assert admin.post(path, {"csrf": csrf, **form}).status == 303, path
+    group = admin.get("/admin/groups/analysts")
+    assert ">grace</a>" in group.text and "ReadObjects" in group.text
+    user = admin.get("/admin/users/grace")
+    assert ">analysts</a>" in user.text and "FSReadAll" in user.text
+    with suite.client() as client:
+        assert [u.id for u in client.iter_group_members("analysts")] == ["grace"]
+        assert [p.id for p in client.iter_group_policies("analysts")] == ["ReadObjects"]
+        assert [p.id for p in client.iter_user_policies("grace")] == ["FSReadAll"]
+    # Each undone from its confirmation page.
+    for confirm_path, post_path, form in (
+        (
+            "/admin/users/grace/policies/detach?policy=FSReadAll",
+            "/admin/users/grace/policies/detach",
+            {"policy": "FSReadAll", "confirm": "FSReadAll"},
+        ),
+        (
+            "/admin/groups/analysts/policies/detach?policy=ReadObjects",
+            "/admin/groups/analysts/policies/detach",
+            {"policy": "ReadObjects", "confirm": "ReadObjects"},
+        ),
+        (
+            "/admin/groups/analysts/members/remove?user=grace",
+            "/admin/groups/analysts/members/remove",
+            {"user": "grace", "confirm": "grace"},
+        ),
+        ("/admin/groups/analysts/delete", "/admin/groups/analysts/delete", {"confirm": "analysts"}),
+        (
+            "/admin/policies/delete?policy=ReadObjects",
+            "/admin/policies/delete",
+            {"policy": "ReadObjects", "confirm": "ReadObjects"},
+        ),
+    ):
+        confirm = admin.get(confirm_path)
+        assert confirm.status == 200 and 'id="confirm-form"' in confirm.text, confirm_path
+        assert admin.post(post_path, {"csrf": confirm.csrf(), **form}).status == 303, post_path
+    with suite.client() as client:
+        assert list(client.iter_user_policies("grace")) == []
+        assert "analysts" not in [g.id for g in client.iter_groups()]
+        assert "ReadObjects" not in [p.id for p in client.iter_policies()]
+        assert [u.id for u in client.iter_users() if u.id == "grace"] == ["grace"]
+
+
+def test_admin_deletions_never_happen_without_csrf_and_confirmation(suite, admin):
+    """The guard of every destructive admin form (quarry.console.forms.confirmed and the
+    app's CSRF check): without the CSRF token, without the confirmation, or confirming
+    another name, nothing is deleted, removed or detached."""
+    with suite.client() as client:
+        client.create_user("kept-user")
+        key = client.create_credentials("kept-user").credentials.access_key_id
+        client.create_group("kept-group")
+        client.add_group_member("kept-group", "kept-user")
+        client.attach_policy("FSReadAll", group="kept-group")
+    csrf = admin.get("/admin/users").csrf()
+    cases = (
+        ("/admin/users/kept-user/delete", {}, "kept-user"),
+        ("/admin/users/kept-user/credentials/delete", {"key": key}, key),
+        ("/admin/groups/kept-group/delete", {}, "kept-group"),
+        ("/admin/groups/kept-group/members/remove", {"user": "kept-user"}, "kept-user"),
+        ("/admin/groups/kept-group/policies/detach", {"policy": "FSReadAll"}, "FSReadAll"),
+        ("/admin/policies/delete", {"policy": "FSReadAll"}, "FSReadAll"),
+    )
+    for path, form, name in cases:
+        _error(admin.post(path, {**form, "confirm": name}), 403, "CSRF_TOKEN_INVALID")
+        _error(admin.post(path, {"csrf": csrf, **form}), 400, "CONFIRMATION_REQUIRED")
+        _error(
+            admin.post(path, {"csrf": csrf, **form, "confirm": name + "x"}),
+            400,
+            "CONFIRMATION_REQUIRED",
+        )
+    with suite.client() as client:
+        assert "kept-user" in [u.id for u in client.iter_users()]
+        assert [c.access_key_id for c in client.iter_credentials("kept-user")] == [key]
+        assert [u.id for u in client.iter_group_members("kept-group")] == ["kept-user"]
+        assert [p.id for p in client.iter_group_policies("kept-group")] == ["FSReadAll"]
+        assert "FSReadAll" in [p.id for p in client.iter_policies()]
+
+
+def test_admin_forms_without_the_csrf_token_change_nothing(suite, admin):
+    with suite.client() as client:
+        client.create_user("csrf-user")
+        client.create_group("csrf-group")
+        keys = len(list(client.iter_credentials("csrf-user")))
+    document = '{"Statement": [{"Effect": "Allow", "Action": ["fs:ReadObject"], "Resource": "*"}]}'
+    for path, form in (
+        ("/admin/users", {"user_id": "csrf-new-user"}),
+        ("/admin/groups", {"group_id": "csrf-new-group"}),
+        ("/admin/policies", {"policy_id": "CsrfPolicy", "document": document}),
+        ("/admin/groups/csrf-group/members", {"user": "csrf-user"}),
+        ("/admin/groups/csrf-group/policies", {"policy": "FSReadAll"}),
+        ("/admin/users/csrf-user/policies", {"policy": "FSReadAll"}),
+        ("/admin/users/csrf-user/credentials", {}),
+    ):
+        for forged in ({}, {"csrf": "guessed"}):
+            _error(admin.post(path, {**form, **forged}), 403, "CSRF_TOKEN_INVALID")
+    with suite.client() as client:
+        assert {"csrf-new-user"} & {u.id for u in client.iter_users()} == set()
+        assert {"csrf-new-group"} & {g.id for g in client.iter_groups()} == set()
+        assert "CsrfPolicy" not in [p.id for p in client.iter_policies()]
+        assert list(client.iter_group_members("csrf-group")) == []
+        assert list(client.iter_group_policies("csrf-group")) == []
+        assert list(client.iter_user_policies("csrf-user")) == []
+        assert len(list(client.iter_credentials("csrf-user"))) == keys
+
+
+def test_bad_admin_forms_get_a_clear_error_page(admin):
+    csrf = admin.get("/admin/users").csrf()
+    _error(admin.post("/admin/users", {"csrf": csrf, "user_id": ""}), 400, "FORM_FIELD_MISSING")
+    bad = admin.post("/admin/users", {"csrf": csrf, "user_id": "no spaces/allowed"})
+    assert bad.status == 400 and 'id="error-code">INVALID_ARGUMENT<' in bad.text
+    policy = admin.post(
+        "/admin/policies", {"csrf": csrf, "policy_id": "Broken", "document": '{"Statement": [{'}
+    )
+    _error(policy, 400, "INVALID_POLICY")
+    taken = admin.post("/admin/groups", {"csrf": csrf, "group_id": "Admins"})
+    assert taken.status == 409 and 'id="error-code">ALREADY_EXISTS<' in taken.text
+    missing = admin.post("/admin/groups/no-such-group/members", {"csrf": csrf, "user": "x"})
+    assert missing.status == 404 and "Traceback" not in missing.text
+    _error(
+        admin.post("/admin/groups/Admins/members", {"csrf": csrf, "user": ""}),
+        400,
+        "FORM_FIELD_MISSING",
+    )
+    no_policy = admin.post("/admin/users/admin/policies", {"csrf": csrf, "policy": "NoSuch"})
+    assert no_policy.status == 404 and 'id="error-code">NOT_FOUND<' in no_policy.text
+    no_user = admin.post("/admin/users/no-such-user/credentials", {"csrf": csrf})
+    assert no_user.status == 404 and 'id="error-code">NOT_FOUND<' in no_user.text
+    assert admin.get("/admin/users/no-such-user").status == 404
+
+
 # ---- a read-only user ----------------------------------------------------------------------
 
 
@@ -364,7 +777,12 @@ def test_a_read_only_user_sees_no_write_controls(suite, viewer):
     changes = viewer.get(f"/repos/{repo}/changes?branch=main")
     assert changes.status == 200 and 'class="change"' in changes.text
     assert 'id="commit-form"' not in changes.text and 'id="discard-form"' not in changes.text
-    assert 'id="create-branch"' not in viewer.get(f"/repos/{repo}/branches").text
+    branches = viewer.get(f"/repos/{repo}/branches").text
+    assert 'id="create-branch"' not in branches and "tag…" not in branches
+    tags = viewer.get(f"/repos/{repo}/tags").text
+    assert 'id="create-tag"' not in tags and "delete…" not in tags
+    assert 'id="upload-form"' not in viewer.get(f"/repos/{repo}/objects").text
+    assert viewer.get("/admin/users").status == 403  # ListUsers: the servers refuse
 
 
 def test_a_forged_form_from_a_read_only_user_is_permission_denied(suite, viewer):
@@ -375,11 +793,14 @@ def test_a_forged_form_from_a_read_only_user_is_permission_denied(suite, viewer)
     with suite.client() as client:
         _stage(suite, client, repo, "main", "x.txt", b"x")
         head = client.get_branch(repo, "main").commit_id
+        client.create_tag(repo, "kept", head)
     csrf = viewer.get("/repos").csrf()
     for path, form in (
         (f"/repos/{repo}/commit", {"branch": "main", "message": "forged"}),
         (f"/repos/{repo}/discard", {"branch": "main"}),
         (f"/repos/{repo}/delete", {"confirm": repo}),
+        (f"/repos/{repo}/tags", {"name": "forged-tag", "ref": "main"}),
+        (f"/repos/{repo}/tags/delete", {"tag": "kept", "confirm": "kept"}),
         ("/repos", {"name": "forged-new", "storage_namespace": suite.namespace("forged-new")}),
     ):
         refused = viewer.post(path, {"csrf": csrf, **form})
@@ -389,6 +810,40 @@ def test_a_forged_form_from_a_read_only_user_is_permission_denied(suite, viewer)
         assert client.get_branch(repo, "main").commit_id == head
         assert [c.path for c in client.iter_uncommitted(repo, "main")] == ["x.txt"]
         assert "forged-new" not in [r.name for r in client.iter_repositories()]
+        assert [t.name for t in client.iter_tags(repo)] == ["kept"]
+    before = _files(suite, repo)
+    upload = viewer.post_file(
+        f"/repos/{repo}/upload", {"csrf": csrf, "branch": "main"}, "forged.txt", b"f" * 5000
+    )
+    _error(upload, 403, "PERMISSION_DENIED")
+    assert _files(suite, repo) == before  # no byte of it is left in the namespace
+    with suite.client() as client:
+        admin_keys = len(list(client.iter_credentials("admin")))
+    for path, form in (
+        ("/admin/users", {"user_id": "forged-user"}),
+        ("/admin/users/admin/credentials", {}),
+        ("/admin/users/admin/delete", {"confirm": "admin"}),
+        ("/admin/groups/Admins/members", {"user": "viewer-user"}),
+        ("/admin/policies", {"policy_id": "Forged", "document": "{}"}),
+        ("/admin/groups", {"group_id": "forged-group"}),
+        ("/admin/users/viewer-user/policies", {"policy": "FSFullAccess"}),
+        ("/admin/groups/Viewers/policies/detach", {"policy": "FSReadAll", "confirm": "FSReadAll"}),
+        ("/admin/groups/Admins/members/remove", {"user": "admin", "confirm": "admin"}),
+        ("/admin/groups/Viewers/delete", {"confirm": "Viewers"}),
+        ("/admin/policies/delete", {"policy": "FSReadAll", "confirm": "FSReadAll"}),
+    ):
+        _error(viewer.post(path, {"csrf": csrf, **form}), 403, "PERMISSION_DENIED")
+    with suite.client() as client:
+        assert "forged-user" not in [u.id for u in client.iter_users()]
+        assert "viewer-user" not in [u.id for u in client.iter_group_members("Admins")]
+        assert "admin" in [u.id for u in client.iter_group_members("Admins")]
+        assert "forged-group" not in [g.id for g in client.iter_groups()]
+        assert list(client.iter_user_policies("viewer-user")) == []
+        assert "FSReadAll" in [p.id for p in client.iter_group_policies("Viewers")]
+        assert "FSReadAll" in [p.id for p in client.iter_policies()]
+        assert len(list(client.iter_credentials("admin"))) == admin_keys
+    with suite.client() as client:
+        assert [c.path for c in client.iter_uncommitted(repo, "main")] == ["x.txt"]
 
 
 def test_a_developer_sees_the_write_controls_their_policies_allow(suite, console):

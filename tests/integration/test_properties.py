@@ -46,8 +46,8 @@ DISCOVER = os.environ.get("QUARRY_PROPTEST_DISCOVER") == "1"
 
 # Examples per RPC: mutating RPCs get more. Fixed, derandomized, no example database, so a
 # CI run is the same run every time.
-EXAMPLES_READ = 15
-EXAMPLES_MUTATE = 30
+EXAMPLES_READ = 10
+EXAMPLES_MUTATE = 20
 # Every RPC whose name does not say it only reads is treated as mutating (a new RPC too).
 READ_ONLY_PREFIXES = ("Get", "List", "Stat", "Diff", "Log", "Find", "Scan", "BatchGet")
 

@@ -65,26 +65,41 @@ class Browser:
             self._connection = connection
         return connection
 
-    def request(self, method: str, path: str, form: dict[str, str] | None = None) -> Answer:
+    def request(
+        self,
+        method: str,
+        path: str,
+        form: dict[str, str] | None = None,
+        raw: tuple[str, bytes] | None = None,
+    ) -> Answer:
+        """`form` urlencoded, or `raw` = (content type, body) as given."""
         if self.keep_alive and self._connection is not None and method == "GET":
             try:
-                return self._request(method, path, form)
+                return self._request(method, path, form, raw)
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 # The server closed the idle connection (uvicorn: after 5 s): a browser
                 # opens a new one and sends the GET again.
                 self._connection.close()
                 self._connection = None
-        return self._request(method, path, form)
+        return self._request(method, path, form, raw)
 
-    def _request(self, method: str, path: str, form: dict[str, str] | None) -> Answer:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        form: dict[str, str] | None,
+        raw: tuple[str, bytes] | None = None,
+    ) -> Answer:
         connection = self._open()
         headers = dict(self.headers)
-        body = None
+        body: str | bytes | None = None
         if self.cookies:
             headers["cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
         if form is not None:
             body = urlencode(form)
             headers["content-type"] = "application/x-www-form-urlencoded"
+        if raw is not None:
+            headers["content-type"], body = raw
         try:
             connection.request(method, path, body=body, headers=headers)
             response = connection.getresponse()
@@ -112,12 +127,44 @@ class Browser:
     def post(self, path: str, form: dict[str, str]) -> Answer:
         return self.request("POST", path, form)
 
+    def post_file(
+        self, path: str, fields: dict[str, str], filename: str, data: bytes, field: str = "file"
+    ) -> Answer:
+        """A multipart/form-data post as a browser sends a form with a file input: the
+        fields in order, then the file."""
+        return self.request("POST", path, raw=multipart_body(fields, (field, filename, data)))
+
     def sign_in(self, key_id: str, secret: str) -> Answer:
         page = self.get("/login")
         return self.post(
             "/login",
             {"csrf": page.csrf(), "access_key_id": key_id, "secret_access_key": secret},
         )
+
+
+def multipart_body(
+    fields: dict[str, str], file: tuple[str, str, bytes] | None
+) -> tuple[str, bytes]:
+    """(content type, body) of a multipart/form-data form: `fields`, then `file` (field name,
+    file name, bytes) sent as text/plain."""
+    boundary = "----quarry-test-" + "x" * 16
+    parts = []
+    for name, value in fields.items():
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'.encode()
+            + value.encode()
+            + b"\r\n"
+        )
+    if file is not None:
+        name, filename, data = file
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; '
+            f'filename="{filename}"\r\nContent-Type: text/plain\r\n\r\n'.encode()
+            + data
+            + b"\r\n"
+        )
+    parts.append(f"--{boundary}--\r\n".encode())
+    return f"multipart/form-data; boundary={boundary}", b"".join(parts)
 
 
 @contextlib.contextmanager
@@ -178,8 +225,10 @@ def running_console(
     **settings: object,
 ) -> Iterator[tuple[int, object]]:
     """(port, ConsoleApp) of a console over `suite`, served by uvicorn until the block ends;
-    consoles with the same `session_key` accept each other's sessions. `settings`: changes
-    to the suite's settings for this console."""
+    consoles with the same `session_key` accept each other's sessions. `settings`: settings
+    of the console that differ from the suite's."""
+    import dataclasses
+
     import grpc
     import uvicorn
 
@@ -193,8 +242,9 @@ def running_console(
         if "compactor-sensor" in suite.targets
         else None
     )
+    own = dataclasses.replace(suite.settings, **settings) if settings else suite.settings
     console = Console(
-        suite.settings.replace(**settings) if settings else suite.settings,
+        own,
         channels[0],
         channels[1],
         sensor,

@@ -20,20 +20,7 @@ from quarry.config import load_settings
 from quarry.kv.store import Store
 from quarry.runtime.server import QuarryServer, create_server
 from support.auth import TEST_SIGNING_KEY, setup_test_admin
-
-
-class DropperClock:
-    """The staging droppers' wall clock in a suite: real time plus what a test added with
-    `advance` — a test moves it past the grace period instead of waiting the grace out."""
-
-    def __init__(self) -> None:
-        self._offset = 0.0
-
-    def __call__(self) -> float:
-        return time.time() + self._offset
-
-    def advance(self, seconds: float) -> None:
-        self._offset += seconds
+from support.clocks import MovableClock
 
 
 @dataclass
@@ -44,7 +31,9 @@ class Suite:
     targets: dict[str, str] = field(default_factory=dict)
     backend: Store | None = None
     sensor: object | None = None  # the CompactionSensor, when started
-    dropper_clock: DropperClock = field(default_factory=DropperClock)
+    # The staging droppers' wall clock: a test moves it past the grace period instead of
+    # waiting the grace out.
+    dropper_clock: MovableClock = field(default_factory=lambda: MovableClock(time.time))
 
     def age_cleanup_queue(self) -> None:
         """Let the droppers see every retired token as past its grace period."""

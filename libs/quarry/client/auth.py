@@ -115,6 +115,10 @@ class AuthCalls(RpcCalls):
         request = pb.CreateGroupRequest(group_id=group_id, description=description)
         return self._unary(self._auth.CreateGroup, "Auth/CreateGroup", request).group
 
+    def get_group(self, group_id: str) -> pb.Group:
+        request = pb.GetGroupRequest(group_id=group_id)
+        return self._unary(self._auth.GetGroup, "Auth/GetGroup", request).group
+
     def iter_groups(self, page_size: int = 0) -> Iterator[pb.Group]:
         for page in self._pages(self._list, method="ListGroups", page_size=page_size):
             yield from page.groups

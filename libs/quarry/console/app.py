@@ -2,7 +2,10 @@
 -> HTML (or an object's bytes).
 
 Pages are synchronous code (gRPC calls with the user's token); each runs on a worker thread
-of the console's own pool. A download is streamed in pieces, never held whole.
+of the console's own pool. A download is streamed in pieces, never held whole; so is an
+upload (a multipart/form-data post): its fields before the file are read here (bounded by
+MAX_FORM_BYTES, so the CSRF check below covers them), its file by its page in pieces
+(quarry.asgi.BodyReader, quarry.console.multipart).
 
 Per request: one trace span (`console <route>`, the gRPC calls its children; a child of the
 caller's span when the request carries a W3C traceparent), one log line,
@@ -30,8 +33,9 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import Counter, Histogram
 
 from quarry import errors, telemetry
+from quarry.asgi import BodyReader, ClientGone
 from quarry.auth.throttle import LoginThrottle, LoginThrottled
-from quarry.console import sessions
+from quarry.console import multipart, sessions
 from quarry.console.http import (
     MAX_FORM_BYTES,
     Request,
@@ -67,6 +71,8 @@ HTTP_STATUS = {
     "DEADLINE_EXCEEDED": 504,
     "UNIMPLEMENTED": 501,
 }
+# Reasons whose page has a status of their own.
+REASON_STATUS = {"UPLOAD_TOO_LARGE": 413}
 
 
 @dataclass
@@ -117,6 +123,13 @@ def route(method: str, path: str, name: str, handler: Handler, public: bool = Fa
     return Route(method, re.compile(f"^{regex}$"), name, handler, public)
 
 
+def _content_type(scope: dict[str, Any]) -> str:
+    for name, value in scope["headers"]:
+        if name.lower() == b"content-type":
+            return str(value.decode("latin-1").lower())
+    return ""
+
+
 class ConsoleApp:
     """The ASGI application (uvicorn runs it)."""
 
@@ -153,6 +166,14 @@ class ConsoleApp:
                     return
         if scope["type"] != "http":
             return
+        loop = asyncio.get_running_loop()
+        if _content_type(scope).startswith("multipart/form-data"):
+            # An upload: the page reads its body in pieces as it stores them (never whole,
+            # and not bounded by MAX_FORM_BYTES but by the upload setting).
+            reader = BodyReader(receive, loop)
+            response = await loop.run_in_executor(self._pool, self.handle, scope, b"", reader)
+            await self._send(send, response, loop)
+            return
         body = b""
         more = True
         while more:
@@ -166,7 +187,6 @@ class ConsoleApp:
                     send, Response(413, [("content-type", "text/plain")], b"too large")
                 )
                 return
-        loop = asyncio.get_running_loop()
         response = await loop.run_in_executor(self._pool, self.handle, scope, body)
         await self._send(send, response, loop)
 
@@ -209,7 +229,9 @@ class ConsoleApp:
             client=str(client[0]),
         )
 
-    def handle(self, scope: dict[str, Any], body: bytes) -> Response:
+    def handle(
+        self, scope: dict[str, Any], body: bytes, reader: BodyReader | None = None
+    ) -> Response:
         started = time.perf_counter()
         request = self.parse(scope, body)
         name = "unknown"
@@ -223,6 +245,10 @@ class ConsoleApp:
             attributes={"http.method": request.method},
         ) as span:
             try:
+                if reader is not None:  # multipart: the fields before the file, then the file
+                    request.form, request.upload = multipart.read_fields(
+                        reader.read, request.headers.get("content-type", ""), MAX_FORM_BYTES
+                    )
                 matched = self._match(request)
                 if matched is None:
                     response = self._page_error(request, None, 404, "NOT_FOUND", "no such page")
@@ -231,6 +257,12 @@ class ConsoleApp:
                     name = found.name
                     span.update_name(f"console {name}")
                     response = self._dispatch(request, found, params)
+            except ClientGone:
+                response = Response(499, [], b"")  # no one is left to read an answer
+            except errors.QuarryError as exc:  # a form that cannot be read
+                response = self._page_error(
+                    request, None, 400, exc.reason, exc.message, code=exc.code.name
+                )
             except Exception:
                 request_id = uuid.uuid4().hex[:16]
                 log.exception(
@@ -302,7 +334,12 @@ class ConsoleApp:
                 self.sessions.delete(session.id)
                 return redirect(url("/login", next=request.path), 303)
             return self._page_error(
-                request, session, HTTP_STATUS.get(code, 500), reason, exc.message, code=code
+                request,
+                session,
+                REASON_STATUS.get(reason, HTTP_STATUS.get(code, 500)),
+                reason,
+                exc.message,
+                code=code,
             )
 
     def _throttle_sign_in(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
+from typing import Any
 from urllib.parse import parse_qsl, quote_plus
 
 # A form is a few fields: anything larger is refused before it is read whole.
@@ -22,6 +23,9 @@ class Request:
     form: dict[str, str]
     secure: bool  # served over TLS: cookies get the Secure attribute
     client: str = ""
+    # A multipart form's file part (quarry.console.multipart.FilePart), read in pieces by
+    # the page; `form` then holds the fields before it.
+    upload: Any = None
 
     def arg(self, name: str, default: str = "") -> str:
         return self.query.get(name, default)

@@ -4,22 +4,27 @@ page costs the same on a 1M-entry branch as on a small one.
 
 Safety rules: a page never calls a mutating RPC on GET (only form posts do, and those carry a
 CSRF token: quarry.console.app); deleting a repository needs a confirmation form that names
-it again; nothing here decides a permission — the servers do, with the user's token."""
+it again, deleting anything else its confirmation page (quarry.console.forms.confirmed);
+nothing here decides a permission — the servers do, with the user's token (the upload also
+refuses early, before writing a byte, what the user's own policies do not allow). The admin
+pages are in quarry.console.admin."""
 
 from __future__ import annotations
 
 import contextlib
+import mimetypes
 import time
 from typing import Any
 from urllib.parse import quote
 
-from quarry import errors
+from quarry import errors, uploads
 from quarry.auth import policy
 from quarry.blob import ObjectNotFound, open_object
 from quarry.client import Credentials
-from quarry.console import graph, preview, sessions
+from quarry.console import admin, graph, preview, sessions
 from quarry.console.app import Context, Route, route
-from quarry.console.http import Response, redirect, url
+from quarry.console.forms import MissingField, confirm_page, confirmed, required
+from quarry.console.http import MAX_FORM_BYTES, Response, redirect, url
 from quarry.console.permissions import can
 
 PAGE = 100  # entries per object-browser / compare / changes page
@@ -230,6 +235,7 @@ def branches(ctx: Context, params: dict[str, str]) -> Response:
         rows=rows,
         next_page=page.next_page_token,
         can_create=_can(ctx, "fs:CreateBranch", policy.branch_arn(repo.name, "*")),
+        can_tag=_can(ctx, "fs:CreateTag", policy.tag_arn(repo.name, "*")),
     )
 
 
@@ -243,7 +249,43 @@ def create_branch(ctx: Context, params: dict[str, str]) -> Response:
 def tags(ctx: Context, params: dict[str, str]) -> Response:
     repo = ctx.client.get_repository(params["repo"])
     page = ctx.client.list_tags(repo.name, page_size=SMALL_PAGE, page_token=ctx.request.arg("page"))
-    return ctx.render("tags.html", repo=repo, tags=page.tags, next_page=page.next_page_token)
+    return ctx.render(
+        "tags.html",
+        repo=repo,
+        tags=page.tags,
+        next_page=page.next_page_token,
+        ref=ctx.request.arg("ref") or repo.default_branch,
+        can_create=_can(ctx, "fs:CreateTag", policy.tag_arn(repo.name, "*")),
+        can_delete=_can(ctx, "fs:DeleteTag", policy.tag_arn(repo.name, "*")),
+    )
+
+
+def create_tag(ctx: Context, params: dict[str, str]) -> Response:
+    repo = params["repo"]
+    name, ref = required(ctx, "name", "ref")
+    ctx.client.create_tag(repo, name, ref)
+    return redirect(_repo_url(repo, "tags"))
+
+
+def confirm_delete_tag(ctx: Context, params: dict[str, str]) -> Response:
+    repo = ctx.client.get_repository(params["repo"])
+    tag = ctx.client.get_tag(repo.name, ctx.request.arg("tag"))
+    return confirm_page(
+        ctx,
+        title=f"Delete tag {tag.name}?",
+        action=_repo_url(repo.name, "tags/delete"),
+        name=tag.name,
+        fields={"tag": tag.name},
+        detail=f"The tag points at commit {tag.commit_id}; the commit itself stays.",
+        cancel=_repo_url(repo.name, "tags"),
+    )
+
+
+def delete_tag(ctx: Context, params: dict[str, str]) -> Response:
+    repo, name = params["repo"], ctx.request.field("tag")
+    confirmed(ctx, name)
+    ctx.client.delete_tag(repo, name)
+    return redirect(_repo_url(repo, "tags"))
 
 
 # ---- objects ----------------------------------------------------------------------------
@@ -297,7 +339,90 @@ def objects(ctx: Context, params: dict[str, str]) -> Response:
         crumbs=crumbs,
         items=items,
         next_page=page.next_page_token,
+        can_upload=_can(ctx, "fs:WriteObject", policy.object_arn(repo.name, prefix + "*")),
     )
+
+
+class UploadTooLarge(errors.ResourceExhausted):
+    reason = "UPLOAD_TOO_LARGE"
+
+
+def _too_large(limit: int) -> str:
+    from quarry.console.templates import size
+
+    return (
+        f"The file is larger than the console's upload limit ({size(limit)}, "
+        "QUARRY_CONSOLE_MAX_UPLOAD_BYTES): nothing of it was kept or staged."
+    )
+
+
+class _Bounded:
+    """The upload's bytes, refused (UPLOAD_TOO_LARGE) once more than `limit` were read."""
+
+    def __init__(self, read: Any, limit: int) -> None:
+        self._read = read
+        self._left = limit
+        self._limit = limit
+
+    def read(self, n: int = -1) -> bytes:
+        piece = self._read(n)
+        self._left -= len(piece)
+        if self._left < 0:
+            raise UploadTooLarge(_too_large(self._limit))
+        return piece
+
+
+def upload(ctx: Context, params: dict[str, str]) -> Response:
+    """The object browser's upload (a multipart form, its file last): the file's bytes are
+    streamed into the repository's storage namespace and its entry staged on the branch
+    with the user's token — quarry.uploads, as the s3-gateway's PutObject does.
+
+    Safety: no byte is written before the CSRF token (the app), the user's own policies
+    (fs:WriteObject on the object) and the branch were checked; a file over
+    QUARRY_CONSOLE_MAX_UPLOAD_BYTES, a refused staging or a dropped connection leaves no
+    bytes and no entry (quarry.uploads removes what it wrote)."""
+    repo = ctx.client.get_repository(params["repo"])
+    branch = ctx.request.field("branch").strip()
+    file = ctx.request.upload
+    if file is None or not file.filename:
+        raise MissingField("choose a file to upload")
+    path = ctx.request.field("path").strip().lstrip("/")
+    if not path or path.endswith("/"):
+        path += file.filename.replace("\\", "/").rsplit("/", 1)[-1]
+    limit = int(ctx.console.settings.console_max_upload_bytes)
+    declared = ctx.request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit + MAX_FORM_BYTES:
+        raise UploadTooLarge(_too_large(limit))
+    if not _can(ctx, "fs:WriteObject", policy.object_arn(repo.name, path)):
+        raise errors.PermissionDenied(
+            f"your policies do not allow fs:WriteObject on {path!r} of {repo.name!r}: nothing "
+            "was written"
+        )
+    try:
+        ctx.client.get_branch(repo.name, branch)
+    except errors.QuarryError as exc:
+        if exc.code.name in ("NOT_FOUND", "INVALID_ARGUMENT"):
+            raise NotABranch(
+                f"{branch!r} is not a branch of {repo.name!r}: uploads go to branches only"
+            ) from None
+        raise
+    content_type = file.content_type
+    if not content_type or content_type == "application/octet-stream":
+        content_type = mimetypes.guess_type(path)[0] or "application/octet-stream"
+    uploads.put(
+        ctx.client,
+        repo,
+        branch,
+        path,
+        _Bounded(file.read, limit).read,
+        ctx.console.settings,
+        content_type=content_type,
+    )
+    return redirect(url(_repo_url(repo.name, "changes"), branch=branch))
+
+
+class NotABranch(errors.FailedPrecondition):
+    reason = "NOT_A_BRANCH"
 
 
 def object_detail(ctx: Context, params: dict[str, str]) -> Response:
@@ -547,41 +672,6 @@ def action_run(ctx: Context, params: dict[str, str]) -> Response:
     return ctx.render("action_run.html", repo=repo, run=run)
 
 
-# ---- admin ------------------------------------------------------------------------------
-
-
-def _admin_list(ctx: Context, method: str, field: str, title: str, **fields: Any) -> Response:
-    page = ctx.client.list_page(
-        method, page_size=SMALL_PAGE, page_token=ctx.request.arg("page"), **fields
-    )
-    return ctx.render(
-        "admin.html",
-        title=title,
-        kind=field,
-        items=getattr(page, field),
-        next_page=page.next_page_token,
-    )
-
-
-def users(ctx: Context, params: dict[str, str]) -> Response:
-    return _admin_list(ctx, "ListUsers", "users", "Users")
-
-
-def groups(ctx: Context, params: dict[str, str]) -> Response:
-    return _admin_list(ctx, "ListGroups", "groups", "Groups")
-
-
-def policies_page(ctx: Context, params: dict[str, str]) -> Response:
-    return _admin_list(ctx, "ListPolicies", "policies", "Policies")
-
-
-def credentials(ctx: Context, params: dict[str, str]) -> Response:
-    user = params["user"]
-    return _admin_list(
-        ctx, "ListCredentials", "credentials", f"Credentials of {user}", user_id=user
-    )
-
-
 ROUTES: list[Route] = [
     route("GET", "/_health", "health", health, public=True),
     route("GET", "/login", "login_form", login_form, public=True),
@@ -595,7 +685,11 @@ ROUTES: list[Route] = [
     route("GET", "/repos/{repo}/branches", "branches", branches),
     route("POST", "/repos/{repo}/branches", "create_branch", create_branch),
     route("GET", "/repos/{repo}/tags", "tags", tags),
+    route("POST", "/repos/{repo}/tags", "create_tag", create_tag),
+    route("GET", "/repos/{repo}/tags/delete", "confirm_delete_tag", confirm_delete_tag),
+    route("POST", "/repos/{repo}/tags/delete", "delete_tag", delete_tag),
     route("GET", "/repos/{repo}/objects", "objects", objects),
+    route("POST", "/repos/{repo}/upload", "upload", upload),
     route("GET", "/repos/{repo}/object", "object", object_detail),
     route("GET", "/repos/{repo}/download", "download", download),
     route("GET", "/repos/{repo}/log", "log", log_page),
@@ -608,8 +702,6 @@ ROUTES: list[Route] = [
     route("POST", "/repos/{repo}/merge", "merge", merge),
     route("GET", "/repos/{repo}/actions", "action_runs", action_runs),
     route("GET", "/repos/{repo}/actions/{run}", "action_run", action_run),
-    route("GET", "/admin/users", "users", users),
-    route("GET", "/admin/users/{user}/credentials", "credentials", credentials),
-    route("GET", "/admin/groups", "groups", groups),
-    route("GET", "/admin/policies", "policies", policies_page),
 ]
+
+ROUTES += admin.ROUTES

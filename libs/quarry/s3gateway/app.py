@@ -30,6 +30,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import Counter, Histogram
 
 from quarry import errors, telemetry
+from quarry.asgi import BodyReader, ClientGone
 from quarry.lru import TTLCache
 from quarry.s3gateway import operations as ops
 from quarry.s3gateway import sigv4, xmlserde
@@ -48,10 +49,6 @@ REQUESTS = Counter(
 LATENCY = Histogram(
     "quarry_s3_request_seconds", "S3 gateway request latency by operation", ["operation"]
 )
-
-
-class ClientGone(Exception):
-    """The client closed the connection mid-request."""
 
 
 @dataclass
@@ -135,15 +132,13 @@ def route(request: Request) -> tuple[str, Callable[..., Response], bool]:  # noq
     raise not_implemented(f"{method} on an object")
 
 
-class _Bridge:
-    """The worker thread's view of the ASGI channels: blocking read(n) and send."""
+class _Bridge(BodyReader):
+    """The worker thread's view of the ASGI channels: blocking read(n) (quarry.asgi) and
+    send."""
 
     def __init__(self, receive: Any, send: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self._receive = receive
+        super().__init__(receive, loop)
         self._send = send
-        self._loop = loop
-        self._buffer = b""
-        self._more = True
         self.started = False
 
     def unread_body(self, headers: dict[str, list[str]]) -> bool:
@@ -151,18 +146,7 @@ class _Bridge:
         announced = headers.get("content-length", ["0"])[0] not in ("", "0") or bool(
             headers.get("transfer-encoding")
         )
-        return announced and (self._more or bool(self._buffer))
-
-    def read(self, n: int) -> bytes:
-        while not self._buffer and self._more:
-            message = asyncio.run_coroutine_threadsafe(self._receive(), self._loop).result()
-            if message["type"] == "http.disconnect":
-                raise ClientGone("the client closed the connection")
-            self._buffer += message.get("body", b"")
-            self._more = message.get("more_body", False)
-        n = n if n > 0 else len(self._buffer)
-        out, self._buffer = self._buffer[:n], self._buffer[n:]
-        return out
+        return announced and not self.exhausted
 
     def send(self, message: dict[str, Any]) -> None:
         asyncio.run_coroutine_threadsafe(self._send(message), self._loop).result()

@@ -6,8 +6,9 @@ the blob stores.
 Bucket = repository; key = REF/PATH. Reads work on any ref; writes only on branches
 (MethodNotAllowed otherwise). Bytes of a write go to a fresh key `data/<uuid hex>` in the
 namespace (the shape of `quarry put`'s uploads, which GC treats alike), in pieces (MD5 and
-SHA-256 computed on the way), and the entry is staged only after every check on them passed (Content-MD5, a signed x-amz-content-sha256, aws-chunked
-chunk signatures).
+SHA-256 computed on the way), and the entry is staged only after every check on them passed
+(Content-MD5, a signed x-amz-content-sha256, aws-chunked chunk signatures): quarry.uploads,
+the mechanism the console's upload shares.
 
 Safety rules: a write never stages an entry whose bytes failed a check, and a failed write
 (a bad digest, a refused signature, a denied or protected staging, a dropped connection)
@@ -31,9 +32,9 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import quote, unquote
 
-from quarry import errors
+from quarry import errors, uploads
 from quarry.blob import BlobStore, ObjectNotFound, object_address, open_blob_store, open_object
-from quarry.cli.upload import DATA_PREFIX
+from quarry.blob.layout import new_upload_key
 from quarry.client import Client
 from quarry.s3gateway import xmlserde
 from quarry.s3gateway.errors import (
@@ -181,27 +182,6 @@ def _timestamp(seconds: float) -> Any:
     stamp = Timestamp()
     stamp.FromNanoseconds(int(seconds * 1e9))
     return stamp
-
-
-class _Digesting:
-    """Reads `read` and keeps the MD5 of everything returned (SHA-256 comes from put_stream)."""
-
-    def __init__(self, read: Callable[[int], bytes]) -> None:
-        self._read = read
-        self.md5 = hashlib.md5()
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._read(size if size > 0 else READ_CHUNK)
-        self.md5.update(data)
-        return data
-
-
-def _discard(store: BlobStore, key: str) -> None:
-    """Remove bytes this request wrote under its own fresh key (never anything else)."""
-    try:
-        store.delete(key)
-    except Exception:
-        log.warning("could not remove the unreferenced upload %s", key, exc_info=True)
 
 
 # ---- body decoding -----------------------------------------------------------------------
@@ -585,66 +565,59 @@ def get_object(ctx: Context, request: Request) -> Response:
 # ---- writing objects ----------------------------------------------------------------------
 
 
+def _check_body(
+    stored: uploads.Stored, finish: Callable[[], None], request: Request, signature: Any
+) -> None:
+    """The checks on a written body (chunk signatures, Content-MD5, a signed
+    x-amz-content-sha256, x-amz-decoded-content-length): an S3Error when one fails."""
+    from quarry.s3gateway import sigv4
+
+    finish()
+    content_md5 = request.header("content-md5")
+    if content_md5:
+        try:
+            expected = base64.b64decode(content_md5, validate=True).hex()
+        except ValueError:
+            raise S3Error(
+                "InvalidDigest", "The Content-MD5 you specified was invalid", 400
+            ) from None
+        if expected != stored.md5:
+            raise S3Error(
+                "BadDigest", "The Content-MD5 you specified did not match what we received", 400
+            )
+    claimed = signature.payload_hash if signature is not None else ""
+    if sigv4.is_sha256(claimed) and claimed != stored.sha256:
+        raise S3Error(
+            "XAmzContentSHA256Mismatch",
+            "The provided 'x-amz-content-sha256' header does not match what was computed.",
+            400,
+        )
+    declared = request.header("x-amz-decoded-content-length") or ""
+    if declared and int(declared) != stored.size:
+        raise S3Error("IncompleteBody", "the body is shorter than declared", 400)
+
+
 def _store_body(
     store: BlobStore,
     read: Callable[[int], bytes],
     finish: Callable[[], None],
     request: Request,
     signature: Any,
-) -> tuple[str, int, str, str]:
-    """Write the body under a fresh key; (key, size, md5 hex, sha256 hex) once every check
+) -> uploads.Stored:
+    """Write the body under a fresh key (quarry.uploads); what was written once every check
     on it passed. On any failure the bytes written are removed and the error raised."""
-    from quarry.s3gateway import sigv4
-
-    key = f"{DATA_PREFIX}{uuid.uuid4().hex}"
-    digesting = _Digesting(read)
-    try:
-        written = store.put_stream(key, digesting)
-    except BaseException:
-        _discard(store, key)
-        raise
-    try:
-        finish()
-        md5_hex = digesting.md5.hexdigest()
-        content_md5 = request.header("content-md5")
-        if content_md5:
-            try:
-                expected = base64.b64decode(content_md5, validate=True).hex()
-            except ValueError:
-                raise S3Error(
-                    "InvalidDigest", "The Content-MD5 you specified was invalid", 400
-                ) from None
-            if expected != md5_hex:
-                raise S3Error(
-                    "BadDigest", "The Content-MD5 you specified did not match what we received", 400
-                )
-        claimed = signature.payload_hash if signature is not None else ""
-        if sigv4.is_sha256(claimed) and claimed != written.sha256:
-            raise S3Error(
-                "XAmzContentSHA256Mismatch",
-                "The provided 'x-amz-content-sha256' header does not match what was computed.",
-                400,
-            )
-        declared = request.header("x-amz-decoded-content-length") or ""
-        if declared and int(declared) != written.size:
-            raise S3Error("IncompleteBody", "the body is shorter than declared", 400)
-    except BaseException:
-        _discard(store, key)
-        raise
-    return key, written.size, md5_hex, written.sha256
+    return uploads.store_stream(
+        store, read, lambda stored: _check_body(stored, finish, request, signature)
+    )
 
 
 def _stage(
     ctx: Context, bucket: str, branch: str, entry: types_pb2.Entry, store: BlobStore, key: str
 ) -> None:
     try:
-        ctx.client.put_object(bucket, branch, entry)
+        uploads.stage(ctx.client, bucket, branch, entry, store, key)
     except errors.QuarryError as exc:
-        _discard(store, key)
         raise from_quarry(exc, entry.path) from None
-    except BaseException:
-        _discard(store, key)
-        raise
 
 
 def put_object(ctx: Context, request: Request, signature: Any) -> Response:
@@ -658,22 +631,21 @@ def put_object(ctx: Context, request: Request, signature: Any) -> Response:
             raise invalid_argument("a key is REF/PATH with a non-empty PATH")
         return Response(200, [("etag", _etag(hashlib.md5(b"").hexdigest()))])
     read, finish = body_reader(request, ctx, signature)
-    store = open_blob_store(repo.storage_namespace, ctx.settings)
     try:
-        key, size, md5_hex, _sha = _store_body(store, read, finish, request, signature)
-        entry = types_pb2.Entry(
-            path=path,
-            physical_address=object_address(repo.storage_namespace, key),
-            size_bytes=size,
-            checksum=md5_hex,
-            content_type=request.header("content-type") or "application/octet-stream",
+        entry = uploads.put(
+            ctx.client,
+            repo,
+            ref,
+            path,
+            read,
+            ctx.settings,
+            content_type=request.header("content-type"),
             metadata=_user_metadata(request),
+            check=lambda stored: _check_body(stored, finish, request, signature),
         )
-        entry.mtime.CopyFrom(_timestamp(time.time()))
-        _stage(ctx, bucket, ref, entry, store, key)
-    finally:
-        store.close()
-    return Response(200, [("etag", _etag(md5_hex))])
+    except errors.QuarryError as exc:
+        raise from_quarry(exc, path) from None
+    return Response(200, [("etag", _etag(entry.checksum))])
 
 
 @dataclass
@@ -741,10 +713,10 @@ def _copy_bytes(
             ranged = _RangeReader(reader, first, length, source.entry.physical_address)
             written = store.put_stream(key, ranged)
     except ObjectNotFound:
-        _discard(store, key)
+        uploads.discard(store, key)
         raise S3Error("NoSuchKey", "the source object's bytes are missing", 404) from None
     except BaseException:
-        _discard(store, key)
+        uploads.discard(store, key)
         raise
     return written.size, ranged.md5.hexdigest()
 
@@ -777,7 +749,7 @@ def copy_object(ctx: Context, request: Request) -> Response:
     else:
         store = open_blob_store(repo.storage_namespace, ctx.settings)
         try:
-            key = f"{DATA_PREFIX}{uuid.uuid4().hex}"
+            key = new_upload_key()
             size, _md5 = _copy_bytes(ctx, source, store, key, 0, source.entry.size_bytes)
             entry.physical_address = object_address(repo.storage_namespace, key)
             entry.size_bytes = size
@@ -914,7 +886,8 @@ def upload_part(ctx: Context, request: Request, signature: Any) -> Response:
     read, finish = body_reader(request, ctx, signature)
     with open_blob_store(repo.storage_namespace, ctx.settings) as store:
         _load_upload(ctx, store, request, upload_id)
-        key, _size, md5_hex, _sha = _store_body(store, read, finish, request, signature)
+        stored = _store_body(store, read, finish, request, signature)
+        key, md5_hex = stored.key, stored.md5
         # The part under its number and MD5 (what Complete names it by); the temporary key's
         # bytes are moved by writing the part name once (no rename in the store API).
         part = f"{_upload_dir(upload_id)}part-{number:05d}-{md5_hex}-{uuid.uuid4().hex}"
@@ -922,7 +895,7 @@ def upload_part(ctx: Context, request: Request, signature: Any) -> Response:
             with store.open_read(key) as reader:
                 store.put_stream(part, reader)
         finally:
-            _discard(store, key)
+            uploads.discard(store, key)
     return Response(200, [("etag", _etag(md5_hex))])
 
 
@@ -955,14 +928,14 @@ def upload_part_copy(ctx: Context, request: Request) -> Response:
         _load_upload(ctx, store, request, upload_id)
         source = _copy_source(ctx, request)
         first, length = _copy_range(request, source.entry.size_bytes)
-        key = f"{DATA_PREFIX}{uuid.uuid4().hex}"
+        key = new_upload_key()
         _size, md5_hex = _copy_bytes(ctx, source, store, key, first, length)
         part = f"{_upload_dir(upload_id)}part-{number:05d}-{md5_hex}-{uuid.uuid4().hex}"
         try:
             with store.open_read(key) as reader:
                 store.put_stream(part, reader)
         finally:
-            _discard(store, key)
+            uploads.discard(store, key)
     return xml_response(
         xmlserde.document(
             "CopyPartResult",
@@ -1038,11 +1011,11 @@ def complete_multipart_upload(ctx: Context, request: Request) -> Response:
                     self._reader.close()
                     self._reader = None
 
-        key = f"{DATA_PREFIX}{uuid.uuid4().hex}"
+        key = new_upload_key()
         try:
             written = store.put_stream(key, _Concatenated())
         except BaseException:
-            _discard(store, key)
+            uploads.discard(store, key)
             raise
         entry = types_pb2.Entry(
             path=path,
@@ -1074,7 +1047,7 @@ def _remove_upload(store: BlobStore, upload_id: str) -> None:
         key = (
             info.key if info.key.startswith(directory) else directory + info.key.rpartition("/")[2]
         )
-        _discard(store, key)
+        uploads.discard(store, key)
 
 
 def sweep_abandoned_uploads(store: BlobStore, expiry_seconds: float, now: float) -> list[str]:
