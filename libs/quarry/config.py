@@ -417,6 +417,33 @@ class Settings:
     auth_login_attempts_per_minute_per_address: int = _setting(
         300, "Auth/Login attempts admitted per client address per minute (as per key)."
     )
+    console_session_key: str = _setting(
+        "",
+        "Key (at least 32 bytes) that seals the console's session cookies (AES-256-GCM); the "
+        "same on every console replica, so a session works on any of them and survives a "
+        "restart. Empty: read QUARRY_CONSOLE_SESSION_KEY_FILE.",
+    )
+    console_session_key_file: str = _setting(
+        "",
+        "File holding the console's session key when QUARRY_CONSOLE_SESSION_KEY is empty. "
+        "`quarry up` creates it (mode 0600, 32 random bytes as hex) when missing; "
+        "`quarry serve console` refuses to start without a key.",
+        shown_default="`home`/console-session.key",
+    )
+    console_session_seconds: int = _setting(
+        3600,
+        "Longest a console sign-in lasts; a session also ends when its Auth/Login token "
+        "expires (QUARRY_AUTH_TOKEN_LIFETIME_SECONDS), whichever comes first.",
+    )
+    console_login_attempts_per_minute_per_address: int = _setting(
+        20,
+        "Sign-ins the console admits per browser address per minute before it calls "
+        "Auth/Login (a minute's worth at once, then refilling; more get 429 with Retry-After). "
+        "Branch-manager's own per-address throttle sees the console as one address for all its "
+        "users: keep this well below QUARRY_AUTH_LOGIN_ATTEMPTS_PER_MINUTE_PER_ADDRESS so one "
+        "browser cannot use up everyone's share. Per access key id the console also applies "
+        "QUARRY_AUTH_LOGIN_ATTEMPTS_PER_MINUTE_PER_KEY.",
+    )
     auth_cache_seconds: float = _setting(
         5.0,
         "Each process caches a user's effective policies (and that its user and access key "
@@ -509,11 +536,17 @@ class Settings:
         for name in (
             "auth_login_attempts_per_minute_per_key",
             "auth_login_attempts_per_minute_per_address",
+            "console_login_attempts_per_minute_per_address",
         ):
             if getattr(self, name) < 1:
                 raise errors.InvalidArgument(
                     f"setting {name} must be at least 1, not {getattr(self, name)}"
                 )
+        if not 0 < self.console_session_seconds <= MAX_TOKEN_LIFETIME_SECONDS:
+            raise errors.InvalidArgument(
+                f"setting console_session_seconds must be 1..{MAX_TOKEN_LIFETIME_SECONDS}, "
+                f"not {self.console_session_seconds}"
+            )
         if self.max_response_bytes < 1:
             raise errors.InvalidArgument(
                 f"setting max_response_bytes must be positive, not {self.max_response_bytes}"
@@ -592,6 +625,12 @@ class Settings:
     @property
     def effective_signing_key_file(self) -> str:
         return self.auth_signing_key_file or str(Path(self.home).resolve() / "signing.key")
+
+    @property
+    def effective_console_session_key_file(self) -> str:
+        return self.console_session_key_file or str(
+            Path(self.home).resolve() / "console-session.key"
+        )
 
     @property
     def effective_cache_dir(self) -> str:

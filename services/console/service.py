@@ -22,15 +22,25 @@ lifecycle = logging.getLogger("quarry.runtime.server")
 
 def build_console(settings: Settings, secure: bool = False):
     from quarry.console.app import Console
+    from quarry.console.sessions import session_key
     from quarry.runtime.channels import open_service_channel
     from quarry.runtime.tls import channel_security
 
+    key = session_key(settings)  # before any channel: no key, no console (a clear refusal)
     security = channel_security(settings)
     # No token source: every call carries the user's token (quarry.console.app).
     bm_raw, bm = open_service_channel(settings.branch_manager_address, None, security)
     cm_raw, cm = open_service_channel(settings.committer_address, None, security)
     cs_raw, cs = open_service_channel(settings.compactor_sensor_address, None, security)
-    console = Console(settings, bm, cm, cs, workers=min(settings.max_workers, 16), secure=secure)
+    console = Console(
+        settings,
+        bm,
+        cm,
+        cs,
+        workers=min(settings.max_workers, 16),
+        secure=secure,
+        session_key=key,
+    )
     return console, [bm_raw.close, cm_raw.close, cs_raw.close]
 
 

@@ -11,7 +11,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from quarry.cli.main import SERVICE_MODULES
+from support.otlp import quarry_up_with_traces
 from support.processes import VENV_BIN, free_port, quarry_env
 from support.wait import wait_until
 
@@ -22,41 +22,10 @@ def _drain(child: subprocess.Popen, lines: list[str]) -> None:
 
 
 def test_a_cli_commit_with_trace_on_is_one_trace_rooted_at_the_cli(tmp_path):
-    ports = {name: free_port() for name in SERVICE_MODULES}
-    traces_port = free_port()
-    home = tmp_path / "home"
-    env = quarry_env(
-        home,
-        **{
-            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-            for name, p in ports.items()
-            for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
-        },
-    )
-    child = subprocess.Popen(
-        [str(VENV_BIN / "quarry"), "up", "--traces", "--traces-port", str(traces_port)],
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    out: list[str] = []
-    threading.Thread(target=_drain, args=(child, out), daemon=True).start()
-    try:
-        wait_until(lambda: "Press Ctrl-C" in "".join(out), timeout=60, what="quarry up's banner")
-        endpoint = f"http://127.0.0.1:{traces_port}"
-        assert f"traces: {endpoint}" in "".join(out)
-
-        def quarry(*args: str, **extra: str) -> subprocess.CompletedProcess:
-            result = subprocess.run(
-                [str(VENV_BIN / "quarry"), *args],
-                env={**env, **extra},
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            assert result.returncode == 0, (args, result.stdout, result.stderr)
-            return result
+    with quarry_up_with_traces(tmp_path) as up:
+        endpoint = up.endpoint
+        assert f"traces: {endpoint}" in up.printed()
+        quarry = up.quarry
 
         source = tmp_path / "data.csv"
         source.write_text("a,b\n1,2\n")
@@ -73,13 +42,8 @@ def test_a_cli_commit_with_trace_on_is_one_trace_rooted_at_the_cli(tmp_path):
         )
         assert "warning" not in committed.stderr
 
-        jsonl = home / "traces.jsonl"
-
         def cli_traces() -> list[dict]:
-            if not jsonl.exists():
-                return []
-            traces = [json.loads(line) for line in jsonl.read_text().splitlines()]
-            return [t for t in traces if any(s["service"] == "quarry-cli" for s in t["spans"])]
+            return [t for t in up.traces() if any(s["service"] == "quarry-cli" for s in t["spans"])]
 
         wait_until(lambda: cli_traces(), timeout=30, what="the CLI's trace in traces.jsonl")
         (trace,) = cli_traces()  # ONE trace
@@ -94,23 +58,16 @@ def test_a_cli_commit_with_trace_on_is_one_trace_rooted_at_the_cli(tmp_path):
         assert all(s["duration_ms"] >= 0 for s in spans)
         # Printed as a tree, the command at the top, durations on every line.
         wait_until(
-            lambda: "quarry-cli: quarry commit (INTERNAL)" in "".join(out),
+            lambda: "quarry-cli: quarry commit (INTERNAL)" in up.printed(),
             timeout=10,
             what="the printed tree",
         )
-        printed = "".join(out).split(f"trace {trace['trace_id']}\n", 1)[1].split("\n\n", 1)[0]
+        printed = up.printed().split(f"trace {trace['trace_id']}\n", 1)[1].split("\n\n", 1)[0]
         assert printed.splitlines()[0].startswith("quarry-cli: quarry commit (INTERNAL)")
         assert all(
             line.rstrip().endswith(" ms") or "[events" in line for line in printed.splitlines()
         )
         assert any(line.startswith("    quarry-committer: ") for line in printed.splitlines())
-    finally:
-        child.send_signal(signal.SIGINT)
-        try:
-            child.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
 
 
 def test_a_client_asking_for_tracing_without_a_collector_is_told(tmp_path):

@@ -370,8 +370,9 @@ def test_default_render_objects():
         "ServiceAccount": 7,
         "ConfigMap": 1,
         "PodDisruptionBudget": 5,  # every service but compactor-sensor and console (1 replica)
-        # the auth signing key, the TLS CA and certificate, the first admin's credentials
-        "Secret": 3,
+        # the auth signing key, the TLS CA and certificate, the first admin's credentials,
+        # the console's session key
+        "Secret": 4,
         "NetworkPolicy": 4,  # kv-gateway, range-writer, s3-gateway and console
         "Job": 1,  # the admin bootstrap (quarry setup)
     }, kinds
@@ -1355,9 +1356,9 @@ def test_every_service_gets_auth_on_and_the_signing_key_from_a_secret():
     docs = render()
     secret_name = full_name("auth")
     secrets = objects(docs, "Secret")
-    assert sorted(secrets) == sorted([secret_name, full_name("tls"), full_name("admin")]), list(
-        secrets
-    )
+    assert sorted(secrets) == sorted(
+        [secret_name, full_name("tls"), full_name("admin"), full_name("console-session")]
+    ), list(secrets)
     key = base64.b64decode(secrets[secret_name]["data"]["QUARRY_AUTH_SIGNING_KEY"])
     assert len(key) >= 32
     for dep in objects(docs, "Deployment").values():
@@ -2040,6 +2041,11 @@ def test_docs_cluster_values_render_where_the_doc_says(tmp_path):
             "name": values["auth"]["signingKeySecret"],
             "key": "QUARRY_AUTH_SIGNING_KEY",
         }
+    session = env_of(main_container(deployment(docs, CONSOLE)))["QUARRY_CONSOLE_SESSION_KEY"]
+    assert session["valueFrom"]["secretKeyRef"] == {
+        "name": values["auth"]["consoleSessionKeySecret"],
+        "key": "QUARRY_CONSOLE_SESSION_KEY",
+    }
     job = objects(docs, "Job")[full_name("bootstrap")]
     setup = env_of(job["spec"]["template"]["spec"]["containers"][0])
     assert setup["QUARRY_BOOTSTRAP_ADMIN_USER"]["value"] == values["bootstrap"]["adminUser"]
@@ -2061,7 +2067,7 @@ def test_docs_cluster_values_render_where_the_doc_says(tmp_path):
 def test_console_deployment_serves_http_with_probes_tls_and_the_object_store():
     docs = render()  # tls.enabled is the default
     dep = deployment(docs, CONSOLE)
-    assert dep["spec"]["replicas"] == 1  # sessions live in the pod's memory
+    assert dep["spec"]["replicas"] == 1
     c = main_container(dep)
     assert c["command"] == ["quarry", "serve", CONSOLE]
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 7407, "metrics": 9407}
@@ -2077,6 +2083,30 @@ def test_console_deployment_serves_http_with_probes_tls_and_the_object_store():
     # Under mTLS the probe presents the pod's certificate (an exec probe).
     mtls = main_container(deployment(render("--set", "tls.clientAuth=true"), CONSOLE))
     assert "--http" in mtls["readinessProbe"]["exec"]["command"]
+
+
+def test_console_replicas_share_a_session_key_from_a_secret_kept_across_upgrades():
+    """Sessions are sealed in their cookie: every replica needs the same key, from one
+    Secret the chart generates once (kept: resource-policy keep, reused by lookup) unless
+    the operator names theirs. No other service gets it."""
+    docs = render("--set", "services.console.replicas=3")
+    name = full_name("console-session")
+    secret = objects(docs, "Secret")[name]
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert len(base64.b64decode(secret["data"]["QUARRY_CONSOLE_SESSION_KEY"])) >= 32
+    dep = deployment(docs, CONSOLE)
+    assert dep["spec"]["replicas"] == 3
+    ref = env_of(main_container(dep))["QUARRY_CONSOLE_SESSION_KEY"]["valueFrom"]
+    assert ref == {"secretKeyRef": {"name": name, "key": "QUARRY_CONSOLE_SESSION_KEY"}}
+    for other in objects(docs, "Deployment").values():
+        if other is not dep:
+            assert "QUARRY_CONSOLE_SESSION_KEY" not in env_of(main_container(other))
+    named = render("--set", "auth.consoleSessionKeySecret=my-console-key")
+    assert name not in objects(named, "Secret")
+    ref = env_of(main_container(deployment(named, CONSOLE)))["QUARRY_CONSOLE_SESSION_KEY"]
+    assert ref["valueFrom"]["secretKeyRef"]["name"] == "my-console-key"
+    off = render("--set", "services.console.enabled=false")
+    assert name not in objects(off, "Secret")
 
 
 def test_console_network_policy_open_to_browsers_egress_only_to_what_it_calls():

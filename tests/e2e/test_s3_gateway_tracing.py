@@ -6,61 +6,23 @@ receiver writing $QUARRY_HOME/traces.jsonl), boto3 as the S3 client."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import threading
 
 import boto3
 from botocore.config import Config
 
-from quarry.cli.main import SERVICE_MODULES
-from support.processes import VENV_BIN, free_port, quarry_env
+from support.otlp import quarry_up_with_traces
 from support.wait import wait_until
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
 
 
-def _drain(child: subprocess.Popen, lines: list[str]) -> None:
-    for line in child.stdout:
-        lines.append(line)
-
-
 def test_a_traceparent_header_makes_the_gateway_and_its_grpc_calls_one_trace(tmp_path):
-    ports = {name: free_port() for name in SERVICE_MODULES}
-    traces_port = free_port()
-    home = tmp_path / "home"
-    env = quarry_env(
-        home,
-        **{
-            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-            for name, p in ports.items()
-            for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
-        },
-        QUARRY_METRICS_BASE_PORT="0",
-    )
-    child = subprocess.Popen(
-        [str(VENV_BIN / "quarry"), "up", "--traces", "--traces-port", str(traces_port)],
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    out: list[str] = []
-    threading.Thread(target=_drain, args=(child, out), daemon=True).start()
-    try:
-        wait_until(lambda: "Press Ctrl-C" in "".join(out), timeout=90, what="quarry up's banner")
+    with quarry_up_with_traces(tmp_path) as up:
+        ports = up.ports
 
         def quarry(*args: str) -> str:
-            done = subprocess.run(
-                [str(VENV_BIN / "quarry"), *args],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            assert done.returncode == 0, (args, done.stdout, done.stderr)
-            return done.stdout
+            return up.quarry(*args).stdout
 
         quarry("repo", "create", "traced", str(tmp_path / "lake"))
         made = json.loads(quarry("--json", "auth", "credentials", "create", "admin"))
@@ -79,13 +41,9 @@ def test_a_traceparent_header_makes_the_gateway_and_its_grpc_calls_one_trace(tmp
 
         s3.meta.events.register("before-sign.s3.PutObject", with_traceparent)
         s3.put_object(Bucket="traced", Key="main/t/object.txt", Body=b"traced")
-        jsonl = home / "traces.jsonl"
 
         def ours() -> dict | None:
-            if not jsonl.exists():
-                return None
-            for line in jsonl.read_text().splitlines():
-                trace = json.loads(line)
+            for trace in up.traces():
                 if trace["trace_id"] == TRACE_ID and {
                     "quarry-s3-gateway",
                     "quarry-branch-manager",
@@ -118,10 +76,3 @@ def test_a_traceparent_header_makes_the_gateway_and_its_grpc_calls_one_trace(tmp
             and s["name"] == "/quarry.v1.BranchManager/PutObject"
         ]
         assert staged and all(under_gateway(s) for s in staged), spans
-    finally:
-        child.send_signal(signal.SIGINT)
-        try:
-            child.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()

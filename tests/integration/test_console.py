@@ -116,6 +116,27 @@ def test_a_planted_session_id_is_never_adopted(console):
     assert stolen.get("/repos").status == 303
 
 
+def test_sign_ins_are_throttled_per_browser_address_before_auth_login(suite):
+    """Auth/Login throttles per client address, and sees this console as one address for all
+    its users: the console throttles each browser address itself, before calling Login, so
+    one browser guessing secrets is refused (429, Retry-After) while another signs in."""
+    with running_console(suite, console_login_attempts_per_minute_per_address=3) as (port, _):
+        attacker = Browser(port, source="127.0.0.2")
+        for _ in range(3):
+            assert attacker.sign_in(TEST_ACCESS_KEY_ID, "a-guess").status == 401
+        refused = attacker.sign_in(TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY)
+        # Refused before Login (the right secret would have signed in): no session.
+        assert refused.status == 429 and int(refused.header("retry-after")) >= 1
+        assert 'id="error-code">RESOURCE_EXHAUSTED<' in refused.text
+        assert "LOGIN_THROTTLED" in refused.text
+        assert sessions.SESSION_COOKIE not in attacker.cookies
+        # Another access key id from the same address: the address is what is spent.
+        assert attacker.sign_in("AKIAQSOMEONEELSE0001", "x").status == 429
+        # Another browser behind the same console still signs in.
+        other = Browser(port, source="127.0.0.3")
+        assert other.sign_in(TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY).status == 303
+
+
 def test_a_post_without_the_sessions_csrf_token_changes_nothing(suite, admin):
     namespace = suite.namespace("csrf-repo")
     for form in (
@@ -135,6 +156,60 @@ def test_sign_out_forgets_the_session(console, admin):
     assert sessions.SESSION_COOKIE not in admin.cookies
     replay = Browser(console[0], cookies={sessions.SESSION_COOKIE: session_id})
     assert replay.get("/repos").status == 303
+
+
+def test_a_session_survives_a_console_restart_and_works_on_every_replica(suite, tmp_path):
+    """Sessions are sealed in their cookie under the shared session key: two `quarry serve
+    console` processes (replicas) accept each other's sessions, and a console started after
+    the first stopped (a restart) still does, CSRF token included."""
+    from support.console import serving_console
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with serving_console(suite, tmp_path / "a") as first:
+        browser = Browser(first)
+        assert browser.sign_in(TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY).status == 303
+        with serving_console(suite, tmp_path / "b") as second:
+            replica = Browser(second, cookies=dict(browser.cookies))
+            assert 'id="whoami">admin<' in replica.get("/repos").text
+    with serving_console(suite, tmp_path / "a") as restarted:
+        again = Browser(restarted, cookies=dict(browser.cookies))
+        page = again.get("/repos")
+        assert page.status == 200 and 'id="whoami">admin<' in page.text
+        namespace = suite.namespace("after-restart")
+        made = again.post(
+            "/repos",
+            {"csrf": page.csrf(), "name": "after-restart", "storage_namespace": namespace},
+        )
+        assert made.status == 303, made.text
+        # Sign-out on this process: the cookie is refused here from now on.
+        assert again.post("/logout", {"csrf": page.csrf()}).status == 303
+        replay = Browser(restarted, cookies=dict(browser.cookies))
+        assert replay.get("/repos").status == 303
+    with suite.client() as client:
+        assert client.get_repository("after-restart").name == "after-restart"
+
+
+def test_a_tampered_or_foreign_session_cookie_is_refused(suite, console, admin):
+    sealed = admin.cookies[sessions.SESSION_COOKIE]
+    body = sealed[: len(sealed) // 2]
+    flipped = "A" if sealed[len(sealed) // 2] != "A" else "B"
+    tampered = body + flipped + sealed[len(sealed) // 2 + 1 :]
+    assert (
+        Browser(console[0], cookies={sessions.SESSION_COOKIE: tampered}).get("/repos").status == 303
+    )
+    # A console with another session key (another deployment) opens none of ours, and its
+    # cookies open nowhere here.
+    with running_console(suite, session_key="another-deployments-session-key-0123456") as (
+        port,
+        _app,
+    ):
+        assert Browser(port, cookies=dict(admin.cookies)).get("/repos").status == 303
+        foreign = Browser(port)
+        assert foreign.sign_in(TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY).status == 303
+    stranger = Browser(console[0], cookies=dict(foreign.cookies))
+    assert stranger.get("/repos").status == 303
+    assert admin.get("/repos").status == 200  # the genuine one still works
 
 
 # ---- pages ---------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ TEST_SIGNING_KEY = "quarry-tests-signing-key-0123456789abcdef"  # >= 32 bytes
 TEST_ADMIN = "admin"
 TEST_ACCESS_KEY_ID = "AKIAQTESTADMIN000001"
 TEST_SECRET_ACCESS_KEY = "quarry-tests-admin-secret-0123456789abcdef"
+# Seals the console's session cookies in tests (quarry.console.sessions); >= 32 bytes.
+TEST_CONSOLE_SESSION_KEY = "quarry-tests-console-session-key-0123456789"
 TEST_SERVICE = "quarry-tests"  # the service name of test code acting as a service
 
 AUTH_ENV = {

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from urllib.parse import urlencode
 
+from support.auth import TEST_CONSOLE_SESSION_KEY
 from support.ports import free_port
 from support.wait import wait_until
 
@@ -47,12 +48,19 @@ class Browser:
     cookies: dict[str, str] = field(default_factory=dict)
     set_cookie_lines: list[str] = field(default_factory=list)
     keep_alive: bool = False  # one connection for every request, as a browser keeps one
+    source: str = ""  # the loopback address to connect from ("" = the system's choice)
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every request
     _connection: http.client.HTTPConnection | None = None
 
     def _open(self) -> http.client.HTTPConnection:
         if self.keep_alive and self._connection is not None:
             return self._connection
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        connection = http.client.HTTPConnection(
+            "127.0.0.1",
+            self.port,
+            timeout=30,
+            source_address=(self.source, 0) if self.source else None,
+        )
         if self.keep_alive:
             self._connection = connection
         return connection
@@ -83,7 +91,7 @@ class Browser:
         raw: tuple[str, bytes] | None = None,
     ) -> Answer:
         connection = self._open()
-        headers = {}
+        headers = dict(self.headers)
         body: str | bytes | None = None
         if self.cookies:
             headers["cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
@@ -175,6 +183,7 @@ def serving_console(suite, home, extra_env: dict[str, str] | None = None) -> Ite
         QUARRY_BRANCH_MANAGER_ADDRESS=suite.targets["branch-manager"],
         QUARRY_COMMITTER_ADDRESS=suite.targets["committer"],
         QUARRY_LOG_LEVEL="WARNING",
+        QUARRY_CONSOLE_SESSION_KEY=TEST_CONSOLE_SESSION_KEY,
     )
     env.update(extra_env or {})
     if "compactor-sensor" in suite.targets:
@@ -210,10 +219,14 @@ def serving_console(suite, home, extra_env: dict[str, str] | None = None) -> Ite
 
 @contextlib.contextmanager
 def running_console(
-    suite, secure: bool = False, **settings: object
+    suite,
+    secure: bool = False,
+    session_key: str = TEST_CONSOLE_SESSION_KEY,
+    **settings: object,
 ) -> Iterator[tuple[int, object]]:
     """(port, ConsoleApp) of a console over `suite`, served by uvicorn until the block ends;
-    `settings`: settings of the console that differ from the suite's."""
+    consoles with the same `session_key` accept each other's sessions. `settings`: settings
+    of the console that differ from the suite's."""
     import dataclasses
 
     import grpc
@@ -230,7 +243,15 @@ def running_console(
         else None
     )
     own = dataclasses.replace(suite.settings, **settings) if settings else suite.settings
-    console = Console(own, channels[0], channels[1], sensor, workers=8, secure=secure)
+    console = Console(
+        own,
+        channels[0],
+        channels[1],
+        sensor,
+        workers=8,
+        secure=secure,
+        session_key=session_key.encode(),
+    )
     app = ConsoleApp(console)
     port = free_port()
     server = uvicorn.Server(

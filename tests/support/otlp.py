@@ -1,18 +1,35 @@
 """The OTLP trace receiver for tests (quarry.telemetry.receiver: the one `quarry traces`
-runs), and `exporting_to`: this test process's own spans sent to one."""
+runs), `exporting_to`: this test process's own spans sent to one, and
+`quarry_up_with_traces`: a whole suite as `quarry up --traces` runs it."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import signal
+import subprocess
+import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from quarry.telemetry.receiver import OtlpReceiver, ReceivedSpan, otlp_receiver, tree
+from support.processes import VENV_BIN, free_port, quarry_env
+from support.wait import wait_until
 
-__all__ = ["OtlpReceiver", "ReceivedSpan", "exporting_to", "otlp_receiver", "tree"]
+__all__ = [
+    "OtlpReceiver",
+    "ReceivedSpan",
+    "TracedUp",
+    "exporting_to",
+    "otlp_receiver",
+    "quarry_up_with_traces",
+    "tree",
+]
 
 
 class _ForwardWhileActive(SpanProcessor):
@@ -57,3 +74,80 @@ def exporting_to(receiver: OtlpReceiver) -> Iterator[str]:
     finally:
         forward.force_flush()
         forward.shutdown()
+
+
+@dataclass
+class TracedUp:
+    """A running `quarry up --traces` (tests/support/otlp.py `quarry_up_with_traces`)."""
+
+    env: dict[str, str]  # the environment of its processes (and of `quarry` commands)
+    home: Path
+    ports: dict[str, int]  # each service's port
+    endpoint: str  # its trace receiver, as OTEL_EXPORTER_OTLP_ENDPOINT
+    out: list[str]  # its stdout so far (the banner, the printed trees)
+
+    def quarry(self, *args: str, **extra: str) -> subprocess.CompletedProcess:
+        """A `quarry` command against it (`extra`: more environment); must succeed."""
+        done = subprocess.run(
+            [str(VENV_BIN / "quarry"), *args],
+            env={**self.env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return done
+
+    def traces(self) -> list[dict]:
+        """The traces the receiver wrote so far ($QUARRY_HOME/traces.jsonl)."""
+        jsonl = self.home / "traces.jsonl"
+        if not jsonl.exists():
+            return []
+        return [json.loads(line) for line in jsonl.read_text().splitlines()]
+
+    def printed(self) -> str:
+        return "".join(self.out)
+
+
+@contextlib.contextmanager
+def quarry_up_with_traces(tmp_path: Path) -> Iterator[TracedUp]:
+    """`quarry up --traces` as users run it (real processes exporting with the real OTLP
+    exporters to its trace receiver), every service on a free port; stopped with SIGINT."""
+    from quarry.cli.main import SERVICE_MODULES
+
+    ports = {name: free_port() for name in SERVICE_MODULES}
+    traces_port = free_port()
+    home = tmp_path / "home"
+    env = quarry_env(
+        home,
+        **{
+            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
+            for name, p in ports.items()
+            for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
+        },
+    )
+    child = subprocess.Popen(
+        [str(VENV_BIN / "quarry"), "up", "--traces", "--traces-port", str(traces_port)],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    up = TracedUp(env, home, ports, f"http://127.0.0.1:{traces_port}", [])
+
+    def drain() -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            up.out.append(line)
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        wait_until(lambda: "Press Ctrl-C" in up.printed(), timeout=90, what="quarry up's banner")
+        yield up
+    finally:
+        child.send_signal(signal.SIGINT)
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()

@@ -124,16 +124,21 @@ def ensure_signing_key(settings: Settings) -> bytes:
     """The signing key, creating the key file (mode 0600, 32 random bytes as hex) when no
     key is configured and the file is missing (`quarry up`). Never overwrites a key file."""
     if not settings.auth_signing_key:
-        path = Path(settings.effective_signing_key_file)
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            key = secrets.token_hex(SIGNING_KEY_RANDOM_BYTES).encode("ascii")
-            try:
-                # O_EXCL: a file created meanwhile by another `quarry up` is kept, not replaced.
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            except FileExistsError:
-                pass
-            else:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(key + b"\n")
+        create_key_file(Path(settings.effective_signing_key_file))
     return resolve_signing_key(settings)
+
+
+def create_key_file(path: Path) -> None:
+    """A key file (mode 0600, 32 random bytes as hex) at `path` when there is none; never
+    overwrites one (the signing key, the console's session key)."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_hex(SIGNING_KEY_RANDOM_BYTES).encode("ascii")
+    try:
+        # O_EXCL: a file created meanwhile by another `quarry up` is kept, not replaced.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(key + b"\n")

@@ -247,6 +247,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         from quarry.auth.keys import ensure_signing_key
 
         ensure_signing_key(settings)  # the key file (0600) every service reads, once
+    from quarry.console.sessions import ensure_session_key
+
+    ensure_session_key(settings)  # the console's session key file (0600), once
     env = dict(os.environ, QUARRY_HOME=str(home), PYTHONUNBUFFERED="1")
     if not setting_given("branch_manager_workers"):
         # branch-manager on every core unless told otherwise (quarry.runtime.workers).

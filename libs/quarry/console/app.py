@@ -7,7 +7,8 @@ upload (a multipart/form-data post): its fields before the file are read here (b
 MAX_FORM_BYTES, so the CSRF check below covers them), its file by its page in pieces
 (quarry.asgi.BodyReader, quarry.console.multipart).
 
-Per request: one trace span (`console <route>`, the gRPC calls its children), one log line,
+Per request: one trace span (`console <route>`, the gRPC calls its children; a child of the
+caller's span when the request carries a W3C traceparent), one log line,
 and the quarry_console_requests_total / quarry_console_request_seconds metrics by route and
 status. Errors become a page with the gRPC status and its ErrorInfo reason — never a stack
 trace (an unexpected exception is logged with one and shown as INTERNAL with a request id).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
 import uuid
@@ -26,10 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from opentelemetry import propagate
+from opentelemetry.trace import SpanKind
 from prometheus_client import Counter, Histogram
 
 from quarry import errors, telemetry
 from quarry.asgi import BodyReader, ClientGone
+from quarry.auth.throttle import LoginThrottle, LoginThrottled
 from quarry.console import multipart, sessions
 from quarry.console.http import (
     MAX_FORM_BYTES,
@@ -82,6 +87,8 @@ class Console:
     compactor_sensor: grpc.Channel | None = None
     workers: int = 16
     secure: bool = False  # served over TLS (cookies get Secure)
+    # Seals the session cookies (quarry.console.sessions); empty: read from the settings.
+    session_key: bytes = b""
 
 
 @dataclass
@@ -130,11 +137,20 @@ class ConsoleApp:
         from quarry.console import pages, templates
 
         self.console = console
-        self.sessions = sessions.SessionStore()
+        self.sessions = sessions.SessionStore(
+            console.session_key or sessions.session_key(console.settings),
+            lifetime_seconds=console.settings.console_session_seconds,
+        )
         self._anonymous: dict[str, Any] = {}
         self._routes = routes if routes is not None else pages.ROUTES
         self._templates = templates.Templates()
         self._pool = ThreadPoolExecutor(console.workers, thread_name_prefix="console")
+        # Sign-ins per browser address (and per access key id), before Auth/Login: Login's
+        # own per-address bucket sees this console as one address for all its users.
+        self._sign_ins = LoginThrottle(
+            console.settings.auth_login_attempts_per_minute_per_key,
+            console.settings.console_login_attempts_per_minute_per_address,
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -219,7 +235,15 @@ class ConsoleApp:
         started = time.perf_counter()
         request = self.parse(scope, body)
         name = "unknown"
-        with telemetry.root_span("console request", {"http.method": request.method}) as span:
+        # A caller's W3C traceparent (and tracestate) makes this request a span of its trace,
+        # as at the s3-gateway; without one the request starts a trace of its own. The gRPC
+        # calls of its page are children.
+        with telemetry.tracer("quarry").start_as_current_span(
+            "console request",
+            context=propagate.extract(request.headers),
+            kind=SpanKind.SERVER,
+            attributes={"http.method": request.method},
+        ) as span:
             try:
                 if reader is not None:  # multipart: the fields before the file, then the file
                     request.form, request.upload = multipart.read_fields(
@@ -276,6 +300,10 @@ class ConsoleApp:
             if request.method == "GET":
                 return redirect(url("/login", next=request.path), 303)
             return self._page_error(request, None, 401, "UNAUTHENTICATED", "sign in first")
+        if found.name == "login" and request.method == "POST":
+            refused = self._throttle_sign_in(request, session)
+            if refused is not None:
+                return refused
         # Every form post of a signed-in user carries the session's CSRF token.
         if (
             request.method == "POST"
@@ -313,6 +341,24 @@ class ConsoleApp:
                 exc.message,
                 code=code,
             )
+
+    def _throttle_sign_in(
+        self, request: Request, session: sessions.Session | None
+    ) -> Response | None:
+        """A 429 page (Retry-After) when this browser address, or the access key id it
+        names, has used its sign-in attempts; None to go on to Auth/Login."""
+        try:
+            self._sign_ins.admit(
+                request.field("access_key_id").strip(), f"browser:{request.client}"
+            )
+        except LoginThrottled as exc:
+            response = self._page_error(
+                request, session, 429, exc.reason, exc.message, code="RESOURCE_EXHAUSTED"
+            )
+            retry = max(1, math.ceil(exc.retry_delay or 1))
+            response.headers.append(("retry-after", str(retry)))
+            return response
+        return None
 
     def _client(self, session: sessions.Session | None) -> Any:
         """The Client of a session, made once (a Client costs tens of ms to build: its stubs

@@ -36,6 +36,8 @@ class Templates:
             undefined=jinja2.StrictUndefined,
             trim_blocks=True,
             lstrip_blocks=True,
+            # The templates ship with the package: no stat() of each file on every render.
+            auto_reload=False,
         )
         self._env.filters["time"] = timestamp
         self._env.filters["size"] = size

@@ -95,6 +95,11 @@ app.kubernetes.io/component: {{ .name }}
 {{- default (printf "%s-auth" (include "quarry.fullname" .)) .Values.auth.signingKeySecret }}
 {{- end }}
 
+{{/* The Secret holding the console's session key: the named one, or the chart's own. */}}
+{{- define "quarry.consoleSessionSecretName" -}}
+{{- default (printf "%s-console-session" (include "quarry.fullname" .)) .Values.auth.consoleSessionKeySecret }}
+{{- end }}
+
 {{/* Auth settings every service gets: on/off and the signing key from its Secret. */}}
 {{- define "quarry.authEnv" -}}
 - name: QUARRY_AUTH_ENABLED
@@ -481,6 +486,15 @@ spec:
             - name: OTEL_RESOURCE_ATTRIBUTES
               value: {{ include "quarry.resourceAttributes" $root | quote }}
             {{- include "quarry.authEnv" $root | nindent 12 }}
+            {{- if eq $name "console" }}
+            {{- /* Seals the session cookies: one key for every replica (sessions survive a
+            restart and move between pods). */}}
+            - name: QUARRY_CONSOLE_SESSION_KEY
+              valueFrom:
+                secretKeyRef:
+                  name: {{ include "quarry.consoleSessionSecretName" $root }}
+                  key: QUARRY_CONSOLE_SESSION_KEY
+            {{- end }}
             {{- if $isKvGateway }}
             - name: QUARRY_KV_URL
               value: {{ include "quarry.kvUrl" $root | quote }}
