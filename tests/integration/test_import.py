@@ -546,3 +546,26 @@ def test_an_import_writes_the_ranges_entry_by_entry_writing_writes(client, repo,
         assert (namespace / key).read_bytes() == (Path(reference) / key).read_bytes()
     assert list(manager.iterate(str(namespace), imported)) == listed
     manager.close()
+
+
+def test_the_listing_skips_what_no_address_reads_back(tmp_path):
+    """The walk checks each name once (not each key's whole path): a file whose name, or a
+    directory name above it, has a control character is skipped and counted, as is a link;
+    a listed file has its size and mtime (its one stat)."""
+    from quarry.blob.sources import Listing, parse_source
+
+    root = tmp_path / "src"
+    (root / "ok").mkdir(parents=True)
+    (root / "ok" / "a").write_bytes(b"1")
+    (root / "bad\x01name").write_bytes(b"x")
+    (root / "dir\x7f" / "sub").mkdir(parents=True)
+    (root / "dir\x7f" / "f").write_bytes(b"y")
+    (root / "dir\x7f" / "sub" / "g").write_bytes(b"z")
+    os.symlink(root / "ok" / "a", root / "link")
+    listing = Listing(parse_source(str(root)))
+    listed = list(listing)
+    assert [obj.key for obj in listed] == ["ok/a"]
+    assert listing.skipped == 4  # bad\x01name, dir\x7f/f, dir\x7f/sub/g, link
+    stat = os.stat(root / "ok" / "a")
+    assert listed[0].address == str(root / "ok" / "a")
+    assert (listed[0].size, listed[0].mtime_us) == (1, stat.st_mtime_ns // 1000)
