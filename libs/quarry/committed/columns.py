@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
 from array import array
 from collections.abc import Iterable, Iterator
+from itertools import accumulate
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from quarry import errors
+from quarry.committed.errors import InvalidPath
 from quarry.committed.format import (
     IDENTITY_TYPE,
     METADATA_TYPE,
@@ -80,31 +83,30 @@ class EntryColumns:
     def batch(self) -> pa.RecordBatch:
         """The rows so far as a record batch; the lists start again empty. A caller that
         appends to the first five lists only (an import: objects have no content type or
-        metadata) gets those two columns empty for every row, built without lists."""
+        metadata) gets those two columns empty for every row, built without lists. Only
+        metadata goes through pa.array (see _strings)."""
         n = len(self.path)
-        content_type = (
-            pa.array(self.content_type, pa.string())
-            if self.content_type
-            else pa.array([""] * n, pa.string())
-        )
-        metadata = (
-            pa.array(self.metadata, METADATA_TYPE)
-            if self.metadata
-            else pa.MapArray.from_arrays(
-                pa.array([0] * (n + 1), pa.int32()),
-                pa.array([], pa.string()),
-                pa.array([], pa.string()),
-                type=METADATA_TYPE,
-            )
-        )
         try:
+            content_type = _strings(self.content_type) if self.content_type else _empty_strings(n)
+            metadata = (
+                pa.array(self.metadata, METADATA_TYPE)
+                if any(self.metadata)
+                else pa.MapArray.from_arrays(
+                    pa.Array.from_buffers(
+                        pa.int32(), n + 1, [None, pa.py_buffer(bytes(4 * (n + 1)))]
+                    ),
+                    _empty_strings(0),
+                    _empty_strings(0),
+                    type=METADATA_TYPE,
+                )
+            )
             batch = pa.RecordBatch.from_arrays(
                 [
-                    pa.array(self.path, pa.string()),
-                    pa.array(self.address, pa.string()),
-                    pa.array(self.size, pa.int64()),
-                    pa.array(self.checksum, pa.string()),
-                    pa.array(self.mtime, MTIME_TYPE),
+                    _strings(self.path),
+                    _strings(self.address),
+                    _int64s(self.size, pa.int64()),
+                    _strings(self.checksum),
+                    _int64s(self.mtime, MTIME_TYPE),
                     content_type,
                     metadata,
                 ],
@@ -112,8 +114,47 @@ class EntryColumns:
             )
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, UnicodeEncodeError) as exc:
             raise errors.InvalidArgument(f"invalid entry: {exc}") from None
+        except OverflowError as exc:
+            raise errors.InvalidArgument(f"invalid entry: {exc}") from None
         self.clear()
         return batch
+
+
+# The arrays of a batch are made from their buffers, not with pa.array: pa.array's first
+# call in a process imports pandas (to ask whether its input is a pandas object), 0.4-0.5 s
+# of CPU a committer would pay on its first import (measured).
+
+
+def _strings(values: list[str]) -> pa.Array:
+    """A string array of `values` (UnicodeEncodeError for a str that is not Unicode text)."""
+    encoded = [value.encode() for value in values]
+    offsets = array("i", [0])
+    offsets.extend(accumulate(map(len, encoded)))
+    return pa.Array.from_buffers(
+        pa.string(),
+        len(values),
+        [None, pa.py_buffer(_little(offsets)), pa.py_buffer(b"".join(encoded))],
+    )
+
+
+def _empty_strings(n: int) -> pa.Array:
+    return pa.Array.from_buffers(
+        pa.string(), n, [None, pa.py_buffer(bytes(4 * (n + 1))), pa.py_buffer(b"")]
+    )
+
+
+def _int64s(values: list[int], type: pa.DataType) -> pa.Array:
+    """An array of 64-bit `values` of `type` (OverflowError / TypeError for others)."""
+    return pa.Array.from_buffers(
+        type, len(values), [None, pa.py_buffer(_little(array("q", values)))]
+    )
+
+
+def _little(values: array) -> array:
+    """Arrow buffers are little-endian."""
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values
 
 
 def entry_batches(
@@ -126,7 +167,16 @@ def entry_batches(
     for entry in entries:
         if not isinstance(entry, Entry):
             raise errors.InvalidArgument(f"expected an Entry, got {type(entry).__name__}")
-        added = entry_bytes(entry)
+        try:
+            added = entry_bytes(entry)
+        except UnicodeEncodeError:
+            try:
+                entry.path.encode()
+            except UnicodeEncodeError:
+                raise InvalidPath(f"path {entry.path!r} is not valid UTF-8") from None
+            raise errors.InvalidArgument(
+                f"entry {entry.path!r}: a field is not valid UTF-8"
+            ) from None
         if len(columns) and size + added > max_bytes:
             yield columns.batch()
             size = 0
