@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-import sys
 from array import array
 from collections.abc import Iterable, Iterator
-from itertools import accumulate
 from typing import Any
 
 import pyarrow as pa
@@ -32,7 +30,10 @@ from quarry.committed.format import (
     METADATA_TYPE,
     MTIME_TYPE,
     RANGE_SCHEMA,
+    empty_strings,
     entry_bytes,
+    int64_array,
+    string_array,
 )
 from quarry.graveler.errors import InvalidEntry
 from quarry.graveler.model import Entry, entry_identity
@@ -84,10 +85,12 @@ class EntryColumns:
         """The rows so far as a record batch; the lists start again empty. A caller that
         appends to the first five lists only (an import: objects have no content type or
         metadata) gets those two columns empty for every row, built without lists. Only
-        metadata goes through pa.array (see _strings)."""
+        metadata goes through pa.array (see format.string_array)."""
         n = len(self.path)
         try:
-            content_type = _strings(self.content_type) if self.content_type else _empty_strings(n)
+            content_type = (
+                string_array(self.content_type) if self.content_type else empty_strings(n)
+            )
             metadata = (
                 pa.array(self.metadata, METADATA_TYPE)
                 if any(self.metadata)
@@ -95,18 +98,18 @@ class EntryColumns:
                     pa.Array.from_buffers(
                         pa.int32(), n + 1, [None, pa.py_buffer(bytes(4 * (n + 1)))]
                     ),
-                    _empty_strings(0),
-                    _empty_strings(0),
+                    empty_strings(0),
+                    empty_strings(0),
                     type=METADATA_TYPE,
                 )
             )
             batch = pa.RecordBatch.from_arrays(
                 [
-                    _strings(self.path),
-                    _strings(self.address),
-                    _int64s(self.size, pa.int64()),
-                    _strings(self.checksum),
-                    _int64s(self.mtime, MTIME_TYPE),
+                    string_array(self.path),
+                    string_array(self.address),
+                    int64_array(self.size, pa.int64()),
+                    string_array(self.checksum),
+                    int64_array(self.mtime, MTIME_TYPE),
                     content_type,
                     metadata,
                 ],
@@ -118,43 +121,6 @@ class EntryColumns:
             raise errors.InvalidArgument(f"invalid entry: {exc}") from None
         self.clear()
         return batch
-
-
-# The arrays of a batch are made from their buffers, not with pa.array: pa.array's first
-# call in a process imports pandas (to ask whether its input is a pandas object), 0.4-0.5 s
-# of CPU a committer would pay on its first import (measured).
-
-
-def _strings(values: list[str]) -> pa.Array:
-    """A string array of `values` (UnicodeEncodeError for a str that is not Unicode text)."""
-    encoded = [value.encode() for value in values]
-    offsets = array("i", [0])
-    offsets.extend(accumulate(map(len, encoded)))
-    return pa.Array.from_buffers(
-        pa.string(),
-        len(values),
-        [None, pa.py_buffer(_little(offsets)), pa.py_buffer(b"".join(encoded))],
-    )
-
-
-def _empty_strings(n: int) -> pa.Array:
-    return pa.Array.from_buffers(
-        pa.string(), n, [None, pa.py_buffer(bytes(4 * (n + 1))), pa.py_buffer(b"")]
-    )
-
-
-def _int64s(values: list[int], type: pa.DataType) -> pa.Array:
-    """An array of 64-bit `values` of `type` (OverflowError / TypeError for others)."""
-    return pa.Array.from_buffers(
-        type, len(values), [None, pa.py_buffer(_little(array("q", values)))]
-    )
-
-
-def _little(values: array) -> array:
-    """Arrow buffers are little-endian."""
-    if sys.byteorder != "little":
-        values.byteswap()
-    return values
 
 
 def entry_batches(
@@ -265,7 +231,11 @@ def identities(batch: pa.RecordBatch) -> pa.Array:
     for field in fields:
         parts.append(_length_prefixes(pc.binary_length(field)))
         parts.append(field)
-    frames = pc.binary_join_element_wise(*parts, b"")
+    # The separator an array, not b"": converting a Python scalar imports pandas (as pa.array).
+    empty = pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(bytes(4 * (n + 1))), pa.py_buffer(b"")]
+    )
+    frames = pc.binary_join_element_wise(*parts, empty)
     offsets, data, base = _buffers(frames)
     sha256 = hashlib.sha256
     digests = b"".join(

@@ -36,11 +36,13 @@ from quarry.committed.format import (
     Source,
     decode_metarange,
     file_bytes,
+    int64_array,
     metarange_id_of,
     metarange_key,
     metarange_rows,
     range_frame,
     read_parquet_tagged_one_of,
+    string_array,
 )
 from quarry.graveler.model import RangeInfo
 
@@ -63,11 +65,11 @@ def is_page_end(info: RangeInfo) -> bool:
 def metarange_table(ranges: Sequence[RangeInfo]) -> pa.Table:
     return pa.Table.from_arrays(
         [
-            pa.array([r.id for r in ranges], pa.string()),
-            pa.array([r.min_key for r in ranges], pa.string()),
-            pa.array([r.max_key for r in ranges], pa.string()),
-            pa.array([r.count for r in ranges], pa.int64()),
-            pa.array([r.size_bytes for r in ranges], pa.int64()),
+            string_array([r.id for r in ranges]),
+            string_array([r.min_key for r in ranges]),
+            string_array([r.max_key for r in ranges]),
+            int64_array([r.count for r in ranges], pa.int64()),
+            int64_array([r.size_bytes for r in ranges], pa.int64()),
         ],
         schema=METARANGE_SCHEMA,
     )
