@@ -51,9 +51,7 @@ import functools
 import hashlib
 import struct
 import sys
-from array import array as TypedArray
 from collections.abc import Sequence
-from itertools import accumulate
 from typing import Protocol
 
 import pyarrow as pa
@@ -271,42 +269,6 @@ def row_bytes(table: pa.Table) -> pa.Array:
 
 
 # ---- tables ---------------------------------------------------------------------------------
-
-# Arrays made from their buffers, not with pa.array: pa.array's first call in a process
-# imports pandas (to ask whether its input is a pandas object), 0.4-0.5 s of CPU that a
-# committer's first import, or a range-writer's first metarange, would pay (measured).
-
-
-def string_array(values: list[str]) -> pa.Array:
-    """A string array of `values` (UnicodeEncodeError for a str that is not Unicode text)."""
-    encoded = [value.encode() for value in values]
-    offsets = TypedArray("i", [0])
-    offsets.extend(accumulate(map(len, encoded)))
-    return pa.Array.from_buffers(
-        pa.string(),
-        len(values),
-        [None, pa.py_buffer(little_endian(offsets)), pa.py_buffer(b"".join(encoded))],
-    )
-
-
-def empty_strings(n: int) -> pa.Array:
-    return pa.Array.from_buffers(
-        pa.string(), n, [None, pa.py_buffer(bytes(4 * (n + 1))), pa.py_buffer(b"")]
-    )
-
-
-def int64_array(values: list[int], type: pa.DataType) -> pa.Array:
-    """An array of 64-bit `values` of `type` (OverflowError / TypeError for others)."""
-    return pa.Array.from_buffers(
-        type, len(values), [None, pa.py_buffer(little_endian(TypedArray("q", values)))]
-    )
-
-
-def little_endian(values: TypedArray) -> TypedArray:
-    """Arrow buffers are little-endian."""
-    if sys.byteorder != "little":
-        values.byteswap()
-    return values
 
 
 class RowBuffer:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from quarry.committed.columns import int64_array, string_array
 from quarry.committed.errors import RangeCorrupt
 from quarry.committed.format import (
     EMPTY_METARANGE_ID,
@@ -36,13 +37,11 @@ from quarry.committed.format import (
     Source,
     decode_metarange,
     file_bytes,
-    int64_array,
     metarange_id_of,
     metarange_key,
     metarange_rows,
     range_frame,
     read_parquet_tagged_one_of,
-    string_array,
 )
 from quarry.graveler.model import RangeInfo
 

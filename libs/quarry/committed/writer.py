@@ -323,13 +323,9 @@ class RangeSink:
             loader.remember_range(self._namespace, RangeData(info, table))
 
 
+@dataclass(frozen=True, slots=True)
 class _NewRows:
-    """A table of new range rows (RANGE_SCHEMA, identities computed) added by add_rows."""
-
-    __slots__ = ("table",)
-
-    def __init__(self, table: pa.Table) -> None:
-        self.table = table
+    table: pa.Table  # new range rows (RANGE_SCHEMA, identities computed), from add_rows
 
 
 # A pending piece of the range being built: rows [start, stop) of a base range, of a table
