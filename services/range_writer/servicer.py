@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import pyarrow as pa
+
 from quarry import errors
-from quarry.committed import CommittedManager
+from quarry.committed import CommittedManager, columns
 from quarry.committed.errors import InvalidStream
 from quarry.committed.merge import DEFAULT_MAX_CONFLICTS
 from quarry.committed.spans import FanOut, Span
@@ -18,7 +20,6 @@ from quarry.convert import (
     range_infos_to_proto,
     summary_to_proto,
 )
-from quarry.graveler.model import Entry
 from quarry.services.range_writer.metrics import RangeWriterMetrics
 from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
 
@@ -108,13 +109,25 @@ class RangeWriterServicer(range_writer_pb2_grpc.RangeWriterServicer):
     def WriteMetaRange(self, request_iterator, context):
         header = _header(request_iterator, "WriteMetaRange")
 
-        def entries() -> Iterator[Entry]:
-            for batch in _parts(request_iterator, "WriteMetaRange", "entries"):
-                for message in batch.entries:
-                    yield entry_from_proto(message)
+        def batches() -> Iterator[pa.RecordBatch]:
+            # Columns (what clients send) or, from older clients, entry messages: both
+            # become record batches, the one way the manager writes new entries.
+            for request in request_iterator:
+                which = request.WhichOneof("part")
+                if which == "entry_columns":
+                    yield from columns.decode_batches(request.entry_columns)
+                elif which == "entries":
+                    yield from columns.entry_batches(
+                        entry_from_proto(message) for message in request.entries.entries
+                    )
+                else:
+                    raise InvalidStream(
+                        "WriteMetaRange: after the header, only entry_columns or entries "
+                        f"messages may follow (got {which or 'an empty message'})"
+                    )
 
         with self._metrics.operation("write_metarange") as done:
-            result = self._manager.write_metarange(header.storage_namespace, entries())
+            result = self._manager.write_columns(header.storage_namespace, batches())
             done(result.ranges_written, result.ranges_reused)
         return range_writer_pb2.WriteMetaRangeResponse(
             metarange_id=result.metarange_id,

@@ -6,8 +6,10 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
+import pyarrow as pa
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -20,7 +22,9 @@ from quarry.committed import (
     MetaRangeNotFound,
     UnsortedInput,
 )
+from quarry.committed.columns import encode_batch, entry_batches
 from quarry.committed.remote import RemoteRangeWriter
+from quarry.convert import entry_to_proto
 from quarry.graveler.model import Change, ChangeType, Conflict, DiffSummary, Entry, MergeStrategy
 from quarry.runtime.errors import error_info, from_rpc_error
 from quarry.runtime.server import create_server
@@ -554,3 +558,130 @@ def test_a_peer_that_does_not_answer_holds_a_span_only_until_the_span_timeout(tm
     assert result.metarange_id == expected.metarange_id
     assert result.summary == expected.summary
     assert stuck.stats.ranges_written == 0  # the peer wrote nothing: the coordinator did it all
+
+
+# ---- WriteMetaRange in columns (quarry.committed.columns) ------------------------------------
+
+
+def entry_by_entry(manager: CommittedManager, namespace: str, entries: list[Entry]) -> str:
+    """The metarange id written the way WriteMetaRange wrote before columns: one Entry at a
+    time through RangeBuilder.add_entry (the reference the columns must match)."""
+    writer = manager._writer
+    sink = writer.sink(namespace, cache_written=False)
+    builder = writer.builder(sink)
+    with sink:
+        for one in entries:
+            builder.add_entry(one)
+        ranges = builder.finish()
+    return writer.write_metarange_file(namespace, ranges, max_keys=builder.max_keys)
+
+
+def range_files(namespace: str, ranges) -> list[bytes]:
+    from quarry.committed.format import range_key
+
+    return [(Path(namespace) / range_key(r.id)).read_bytes() for r in ranges]
+
+
+def test_columns_and_entry_messages_write_what_entry_by_entry_writing_wrote(tmp_path):
+    """The same entries (plain ones, as an import lists them, and ones with metadata and
+    content types, unicode paths, 0 sizes and mtimes) written in columns, in entry messages
+    (what older clients send) and one Entry at a time: the same ranges, ids and file bytes,
+    chunked by boundary paths and by the byte cap alike."""
+    entries = []
+    for i in range(2500):
+        path = f"t/caf\u00e9 {i // 100:03d}/part-{i:05d}"
+        if i % 7:
+            entries.append(Entry(path, f"/lake/{path}", i % 3, "", 1_700_000_000_000_000 + i))
+        else:
+            entries.append(
+                Entry(path, f"s3://b/{i}", i, f"etag{i}", 0, "text/csv", {"k": "v" * (i % 500)})
+            )
+    manager = CommittedManager(
+        lambda ns: LocalBlobStore(ns), None, target_range_entries=64, max_range_bytes=8000
+    )
+    reference = str(tmp_path / "reference")
+    expected = entry_by_entry(manager, reference, entries)
+    expected_ranges = manager.get_metarange(reference, expected)
+    assert len(expected_ranges) > 40  # boundaries and the byte cap both end ranges
+    assert any(r.size_bytes >= 8000 for r in expected_ranges)
+    with range_writer(manager) as target, RemoteRangeWriter(target) as remote:
+        in_columns = str(tmp_path / "columns")
+        written = remote.write_metarange(in_columns, entries)  # columns: what clients send
+        assert written.metarange_id == expected and written.summary.added == len(entries)
+        assert remote.get_metarange(in_columns, expected) == expected_ranges
+        assert range_files(in_columns, expected_ranges) == range_files(reference, expected_ranges)
+        in_messages = str(tmp_path / "messages")
+        with service_channel(target) as channel:
+            stub = range_writer_pb2_grpc.RangeWriterStub(channel)
+            requests = [
+                range_writer_pb2.WriteMetaRangeRequest(
+                    header=range_writer_pb2.WriteMetaRangeHeader(storage_namespace=in_messages)
+                )
+            ] + [
+                range_writer_pb2.WriteMetaRangeRequest(
+                    entries=range_writer_pb2.EntryBatch(
+                        entries=[entry_to_proto(e) for e in entries[start : start + 1000]]
+                    )
+                )
+                for start in range(0, len(entries), 1000)
+            ]
+            response = stub.WriteMetaRange(iter(requests), timeout=60)
+        assert response.metarange_id == expected
+        assert range_files(in_messages, expected_ranges) == range_files(reference, expected_ranges)
+    assert list(manager.iterate(in_columns, expected)) == entries
+    manager.close()
+
+
+def _columns_message(batch) -> range_writer_pb2.WriteMetaRangeRequest:
+    return range_writer_pb2.WriteMetaRangeRequest(entry_columns=encode_batch(batch))
+
+
+def test_bad_entry_columns_are_refused_before_anything_is_named(served):
+    """Columns that do not decode, of another schema, with nulls, unsorted (within a batch or
+    across two) or with an mtime no Timestamp holds: INVALID_ARGUMENT, never INTERNAL."""
+    _remote, target, namespace, _stores = served
+    good = list(entry_batches([Entry("a", "x", 1), Entry("b", "y", 2)]))[0]
+    later = list(entry_batches([Entry("c", "z", 3)]))[0]
+    earlier = list(entry_batches([Entry("a0", "z", 3)]))[0]
+    header = range_writer_pb2.WriteMetaRangeRequest(
+        header=range_writer_pb2.WriteMetaRangeHeader(storage_namespace=namespace)
+    )
+    other_schema = pa.record_batch([pa.array(["a"])], names=["path"])
+    with_null = good.set_column(1, "physical_address", pa.array(["x", None], pa.string()))
+    unsorted = good.set_column(0, "path", pa.array(["b", "a"], pa.string()))
+    duplicate = good.set_column(0, "path", pa.array(["a", "a"], pa.string()))
+    far_future = good.set_column(
+        4, "mtime", pa.array([2**62, 0], pa.int64()).cast(good.schema.field("mtime").type)
+    )
+    unsorted_metadata = list(entry_batches([Entry("m", "x", 1, "", 0, "", {"a": "1", "b": "2"})]))[
+        0
+    ]
+    unsorted_metadata = unsorted_metadata.set_column(
+        6,
+        "metadata",
+        pa.array([[("b", "2"), ("a", "1")]], unsorted_metadata.schema.field("metadata").type),
+    )
+    cases = [
+        ([range_writer_pb2.WriteMetaRangeRequest(entry_columns=b"not arrow")], "INVALID_ARGUMENT"),
+        ([_columns_message(other_schema)], "INVALID_ARGUMENT"),
+        ([_columns_message(with_null)], "INVALID_ARGUMENT"),
+        ([_columns_message(unsorted)], "UNSORTED_INPUT"),
+        ([_columns_message(duplicate)], "DUPLICATE_PATH"),
+        ([_columns_message(good), _columns_message(earlier)], "UNSORTED_INPUT"),
+        ([_columns_message(far_future)], "INVALID_ENTRY"),
+        ([_columns_message(unsorted_metadata)], "INVALID_ARGUMENT"),
+    ]
+    with service_channel(target) as channel:
+        stub = range_writer_pb2_grpc.RangeWriterStub(channel)
+        for parts, reason in cases:
+            code, got, _ = _raw_status(
+                lambda parts=parts: stub.WriteMetaRange(iter([header, *parts]), timeout=10)
+            )
+            assert (code, got) == (grpc.StatusCode.INVALID_ARGUMENT, reason), reason
+        # The same batches in order are fine: the refusals were the input's.
+        response = stub.WriteMetaRange(
+            iter([header, _columns_message(good), _columns_message(later)]), timeout=10
+        )
+    local = CommittedManager(lambda ns: LocalBlobStore(ns), None)
+    assert [e.path for e in local.iterate(namespace, response.metarange_id)] == ["a", "b", "c"]
+    local.close()

@@ -11,6 +11,8 @@ import bisect
 import hashlib
 import re
 
+import pyarrow as pa
+
 from quarry.blob import LocalBlobStore, parse_storage_namespace
 from quarry.blob.ownership import claim_namespace
 from quarry.committed.errors import (
@@ -110,6 +112,25 @@ class FakeCommitted:
         entries = list(entries)
         list(_check_sorted("entries", (e.path for e in entries)))
         return ApplyResult(self._store(entries), DiffSummary(added=len(entries)))
+
+    def write_columns(self, namespace, batches) -> ApplyResult:
+        """write_metarange of entries in columns (quarry.committed.columns)."""
+
+        def entries():
+            for batch in batches:
+                mtimes = batch.column("mtime").cast(pa.int64()).to_pylist()
+                for row, mtime_us in zip(batch.to_pylist(), mtimes, strict=True):
+                    yield Entry(
+                        row["path"],
+                        row["physical_address"],
+                        row["size_bytes"],
+                        row["checksum"],
+                        mtime_us,
+                        row["content_type"],
+                        row["metadata"],
+                    )
+
+        return self.write_metarange(namespace, entries())
 
     def apply_changes(self, namespace, base_metarange_id, changes) -> ApplyResult:
         self.applies += 1

@@ -30,10 +30,11 @@ change of its bytes is caught on read as a size mismatch (or by its S3 ETag).
 from __future__ import annotations
 
 import os
+import re
 import stat as stat_module
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from quarry.blob.base import InvalidStorageNamespace
 from quarry.blob.local import TEMP_PREFIX
@@ -43,8 +44,9 @@ if TYPE_CHECKING:
     from quarry.config import Settings
 
 
-@dataclass(frozen=True, slots=True)
-class SourceObject:
+class SourceObject(NamedTuple):
+    """One listed object (a tuple: made once per object, the cheapest immutable record)."""
+
     key: str  # relative to the source's root, "/"-separated
     address: str
     size: int
@@ -76,10 +78,19 @@ def parse_source(uri: str) -> Source:
     return Source(uri, kind, where, prefix)
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def _addressable(key: str) -> bool:
-    if not key or any(ord(c) < 32 or ord(c) == 127 for c in key):
+    if not key or _CONTROL.search(key):
         return False
     return all(part not in ("", ".", "..") for part in key.split("/"))
+
+
+def _addressable_name(name: str) -> bool:
+    """_addressable for one name a directory listing returned (never "", "." or ".." and
+    without "/"): the walk checks each name once, not each key's whole path again."""
+    return _CONTROL.search(name) is None
 
 
 class Listing:
@@ -103,7 +114,10 @@ class Listing:
             raise InvalidStorageNamespace(f"import source {self.source.uri!r} is not a directory")
         yield from self._walk(root, "")
 
-    def _walk(self, directory: str, rel: str) -> Iterator[SourceObject]:
+    def _walk(self, directory: str, rel: str, addressable: bool = True) -> Iterator[SourceObject]:
+        """`addressable`: whether every directory name on the way here was (a key under one
+        that is not is skipped, as a whole key would be). One stat per regular file (its size
+        and mtime; the kinds come from the directory entries), none per directory."""
         try:
             with os.scandir(directory) as scan:
                 found = list(scan)
@@ -122,10 +136,10 @@ class Listing:
         named.sort(key=lambda pair: pair[0])
         for name, item in named:
             key = rel + name
-            if name.endswith("/"):
-                yield from self._walk(item.path, key)
+            if name[-1] == "/":
+                yield from self._walk(item.path, key, addressable and _addressable_name(item.name))
                 continue
-            if name.startswith(TEMP_PREFIX) or not _addressable(key):
+            if not addressable or name.startswith(TEMP_PREFIX) or not _addressable_name(name):
                 self.skipped += 1
                 continue
             try:

@@ -19,9 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from quarry.blob import BlobStore, normalize_storage_namespace
 from quarry.blob.ownership import NamespaceClaim, claim_namespace
-from quarry.committed import apply, diff, loader, merge, replace, spans
+from quarry.committed import apply, columns, diff, loader, merge, replace, spans
 from quarry.committed.format import EMPTY_METARANGE_ID
 from quarry.committed.iterators import EntryIterator
 from quarry.committed.loader import (
@@ -228,6 +230,11 @@ class CommittedManager:
         """Write a metarange holding exactly `entries` (strictly ascending by path)."""
         return self._writer.write_entries(namespace, entries)
 
+    def write_columns(self, namespace: str, batches: Iterable[pa.RecordBatch]) -> ApplyResult:
+        """write_metarange of entries in columns (quarry.committed.columns), each batch
+        checked (check_batch): no Python object per entry."""
+        return self._writer.write_columns(namespace, _checked(batches))
+
     def apply_changes(
         self, namespace: str, base_metarange_id: str, changes: Iterable[apply.ChangeItem]
     ) -> ApplyResult:
@@ -318,3 +325,9 @@ class CommittedManager:
     def ensure_empty_metarange(self, namespace: str) -> str:
         """Make sure the empty metarange's file exists (e.g. for a new repository)."""
         return self._writer.write_metarange_file(namespace, [])
+
+
+def _checked(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        columns.check_batch(batch)
+        yield batch

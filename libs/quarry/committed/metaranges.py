@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from quarry.committed.columns import int64_array, string_array
 from quarry.committed.errors import RangeCorrupt
 from quarry.committed.format import (
     EMPTY_METARANGE_ID,
@@ -63,11 +64,11 @@ def is_page_end(info: RangeInfo) -> bool:
 def metarange_table(ranges: Sequence[RangeInfo]) -> pa.Table:
     return pa.Table.from_arrays(
         [
-            pa.array([r.id for r in ranges], pa.string()),
-            pa.array([r.min_key for r in ranges], pa.string()),
-            pa.array([r.max_key for r in ranges], pa.string()),
-            pa.array([r.count for r in ranges], pa.int64()),
-            pa.array([r.size_bytes for r in ranges], pa.int64()),
+            string_array([r.id for r in ranges]),
+            string_array([r.min_key for r in ranges]),
+            string_array([r.max_key for r in ranges]),
+            int64_array([r.count for r in ranges], pa.int64()),
+            int64_array([r.size_bytes for r in ranges], pa.int64()),
         ],
         schema=METARANGE_SCHEMA,
     )

@@ -10,18 +10,19 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import grpc
+import pyarrow as pa
 
 from quarry import errors
 from quarry.batching import batches
 from quarry.blob import ownership as _ownership  # noqa: F401 — error reasons
 from quarry.blob.ownership import NamespaceClaim
+from quarry.committed import columns
 from quarry.committed import errors as _committed_errors  # noqa: F401 — error reasons
 from quarry.committed.apply import AppliedRanges
 from quarry.committed.format import entry_bytes
 from quarry.committed.spans import Span
 from quarry.convert import (
     conflict_from_proto,
-    entry_to_proto,
     put_or_delete_to_proto,
     range_info_from_proto,
     summary_from_proto,
@@ -196,23 +197,32 @@ class RemoteRangeWriter:
         )
 
     def write_metarange(self, namespace: str, entries: Iterable[Entry]) -> ApplyResult:
-        """Same contract as CommittedManager.write_metarange (summary.added = entries sent)."""
+        """Same contract as CommittedManager.write_metarange (summary.added = entries sent),
+        sent in columns (write_columns)."""
+        return self.write_columns(
+            namespace, columns.entry_batches(entries, max_bytes=self._batch_bytes)
+        )
+
+    def write_columns(self, namespace: str, batches: Iterable[pa.RecordBatch]) -> ApplyResult:
+        """Same contract as CommittedManager.write_columns: each batch one `entry_columns`
+        message (an Arrow IPC stream) of WriteMetaRange; summary.added = rows sent."""
         failure = _Failure()
         count = 0
 
-        def add(batch: Any, entry: Entry) -> None:
-            nonlocal count
-            entry_to_proto(entry, batch.entries.add())
-            count += 1
-
         def requests() -> Iterator[Any]:
+            nonlocal count
             yield range_writer_pb2.WriteMetaRangeRequest(
                 header=range_writer_pb2.WriteMetaRangeHeader(storage_namespace=namespace)
             )
-            for batch in self._batches(
-                entries, add, range_writer_pb2.EntryBatch, entry_bytes, failure
-            ):
-                yield range_writer_pb2.WriteMetaRangeRequest(entries=batch)
+            try:
+                for batch in batches:
+                    count += batch.num_rows
+                    yield range_writer_pb2.WriteMetaRangeRequest(
+                        entry_columns=columns.encode_batch(batch)
+                    )
+            except BaseException as exc:
+                failure.error = exc
+                raise
 
         response = self._stream(self._stub.WriteMetaRange, requests(), failure)
         return ApplyResult(

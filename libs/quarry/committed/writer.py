@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, NoReturn
 import pyarrow as pa
 
 from quarry import errors
+from quarry.committed import columns
 from quarry.committed.errors import DuplicatePath, InvalidPath, UnsortedInput
 from quarry.committed.format import (
     RowBuffer,
@@ -33,7 +34,7 @@ from quarry.committed.format import (
 )
 from quarry.committed.loader import RangeLoader
 from quarry.committed.metaranges import MetaRangePlan, metarange_files, plan_metarange
-from quarry.committed.rangedata import MetaRange, RangeData
+from quarry.committed.rangedata import CumulativeBytes, MetaRange, RangeData
 from quarry.graveler.model import ApplyResult, DiffSummary, Entry, RangeInfo
 
 if TYPE_CHECKING:
@@ -182,23 +183,38 @@ class RangeWriter:
         return plan.id
 
     def write_entries(self, namespace: str, entries: Iterable[Entry]) -> ApplyResult:
-        """Write a metarange holding exactly `entries` (strictly ascending by path)."""
+        """Write a metarange holding exactly `entries` (strictly ascending by path): as
+        columns (write_columns), the one way entries become new ranges."""
+        return self.write_columns(namespace, columns.entry_batches(entries))
+
+    def write_columns(self, namespace: str, batches: Iterable[pa.RecordBatch]) -> ApplyResult:
+        """Write a metarange holding exactly the rows of `batches` (quarry.committed.columns:
+        ENTRY_COLUMNS_SCHEMA, checked by the caller; strictly ascending by path across all
+        of them). No Python object per entry: identities, boundaries, order and sizes come
+        from the Arrow buffers, range tables are slices of the batches."""
         sink = self.sink(namespace, cache_written=False)
         builder = self.builder(sink)
         added = 0
+        target = self.chunking.target_entries
         with sink:
             last: str | None = None
-            for entry in entries:
-                if not isinstance(entry, Entry):
-                    raise errors.InvalidArgument(f"expected an Entry, got {type(entry).__name__}")
-                path = entry.path
-                if last is not None and not path > last:
-                    raise_unsorted("entries", last, path)
+            for batch in batches:
+                n = batch.num_rows
+                if not n:
+                    continue
+                paths = batch.column("path")
+                first = paths[0].as_py()
                 if last is None:
-                    check_path(path)
-                last = path
-                builder.add_entry(entry)
-                added += 1
+                    check_path(first)
+                elif not first > last:
+                    raise_unsorted("entries", last, first)
+                unsorted = columns.first_unsorted(paths)
+                if unsorted >= 0:
+                    raise_unsorted("entries", paths[unsorted - 1].as_py(), paths[unsorted].as_py())
+                table = columns.range_table(batch)
+                builder.add_rows(table, columns.boundaries(paths, target))
+                added += n
+                last = paths[n - 1].as_py()
             ranges = builder.finish()
         metarange_id = self.write_metarange_file(namespace, ranges, max_keys=builder.max_keys)
         return ApplyResult(
@@ -307,9 +323,14 @@ class RangeSink:
             loader.remember_range(self._namespace, RangeData(info, table))
 
 
-# A pending piece of the range being built: rows [start, stop) of a base range, or of the
-# row buffer when the RangeData is None.
-_Piece = tuple[RangeData | None, int, int]
+@dataclass(frozen=True, slots=True)
+class _NewRows:
+    table: pa.Table  # new range rows (RANGE_SCHEMA, identities computed), from add_rows
+
+
+# A pending piece of the range being built: rows [start, stop) of a base range, of a table
+# of new rows, or of the row buffer when None.
+_Piece = tuple[RangeData | _NewRows | None, int, int]
 
 
 class RangeBuilder:
@@ -370,7 +391,32 @@ class RangeBuilder:
                 self._cut()
             break
 
-    def _add_piece(self, data: RangeData, start: int, stop: int, size: int) -> None:
+    def add_rows(self, table: pa.Table, boundaries: list[int]) -> None:
+        """New rows (RANGE_SCHEMA), `boundaries` the rows i with is_boundary(path_i):
+        chunked exactly as add_entry would chunk them one by one (a range ends after a
+        boundary row, or after the row that makes its entries reach max_bytes)."""
+        n = table.num_rows
+        if not n:
+            return
+        self._close_rows_piece()
+        rows = _NewRows(table)
+        cum = CumulativeBytes(table)
+        start = 0
+        for stop, cut in [*((b + 1, True) for b in boundaries), (n, False)]:
+            while start < stop:
+                limit = cum[start] + (self._max_bytes - self._bytes)
+                if cum[stop] >= limit:
+                    k = bisect.bisect_left(cum, limit, start + 1, stop + 1)
+                    self._add_piece(rows, start, k, cum[k] - cum[start])
+                    self._cut()
+                    start = k
+                    continue
+                self._add_piece(rows, start, stop, cum[stop] - cum[start])
+                start = stop
+            if cut and not self.empty:
+                self._cut()
+
+    def _add_piece(self, data: RangeData | _NewRows, start: int, stop: int, size: int) -> None:
         self._pieces.append((data, start, stop))
         self._count += stop - start
         self._bytes += size
@@ -409,7 +455,7 @@ class RangeBuilder:
             self._rows_mark = 0
         if len(pieces) == 1:
             data, start, stop = pieces[0]
-            if data is not None and start == 0 and stop == data.n:
+            if isinstance(data, RangeData) and start == 0 and stop == data.n:
                 # Exactly a base range again (e.g. only no-op changes fell into it).
                 self._out.append(data.info)
                 self.max_keys.append(data.info.max_key)
@@ -429,7 +475,7 @@ class RangeBuilder:
 
 
 def _concat(pieces: list[_Piece], rows_table: pa.Table | None) -> pa.Table:
-    def source(data: RangeData | None) -> pa.Table:
+    def source(data: RangeData | _NewRows | None) -> pa.Table:
         return rows_table if data is None else data.table
 
     if len(pieces) == 1 and pieces[0][0] is None:

@@ -11,7 +11,7 @@ import hashlib
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from google.protobuf import timestamp_pb2
 from opentelemetry import trace
@@ -30,6 +30,9 @@ from quarry.kv import store as kv
 from quarry.lru import TTLCache
 from quarry.paging import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, PageBudget
 from quarry.v1 import types_pb2
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 DEFAULT_MAX_RESPONSE_BYTES = Settings.max_response_bytes
 
@@ -61,6 +64,9 @@ class RangeWriterClient(Protocol):
     ) -> ApplyResult: ...
 
     def write_metarange(self, namespace: str, entries: Iterable[Entry]) -> ApplyResult: ...
+
+    # The same for entries in columns (quarry.committed.columns): an import's listing.
+    def write_columns(self, namespace: str, batches: Iterable[pa.RecordBatch]) -> ApplyResult: ...
 
     def replace_prefixes(
         self,

@@ -6,7 +6,8 @@
 2. The sources are listed in key order (quarry.blob.sources) and streamed, as entries
    whose physical address is the source object's, through the range-writer's
    WriteMetaRange into ranges and one metarange: nothing passes through staging, and no
-   byte is copied.
+   byte is copied. The entries travel in columns (Arrow record batches,
+   quarry.committed.columns): no Entry, message or range-writer object per object.
 3. ONE commit on the branch: its metarange is the branch HEAD's with everything under each
    destination path replaced by the import (range-writer ReplacePrefixes: ranges outside
    the paths are reused by id), its metadata the import's id, sources and object count.
@@ -50,6 +51,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
 from opentelemetry import context as otel_context
 from prometheus_client import Counter
 
@@ -58,10 +60,11 @@ from quarry.actions.runs import Event
 from quarry.blob.base import InvalidStorageNamespace
 from quarry.blob.namespace import namespaces_overlap
 from quarry.blob.sources import Listing, Source, parse_source
+from quarry.committed.columns import BATCH_BYTES, BATCH_ROWS, EntryColumns
 from quarry.graveler import actions, layout, names
 from quarry.graveler import errors as gerrors
 from quarry.graveler.core import CommitRecord, Core, make_commit, tracer
-from quarry.graveler.model import ChangeType, Entry
+from quarry.graveler.model import ChangeType
 from quarry.graveler.protection import COMMIT
 from quarry.graveler.reads import Reads
 from quarry.graveler.refs import Repository
@@ -436,13 +439,20 @@ class Imports:
                 self._jobs.pop(record.id, None)
             otel_context.detach(token)
 
-    def _entries(
+    def _batches(
         self, repo: Repository, job: _Job, sources: list[tuple[Source, str]]
-    ) -> Iterator[Entry]:
-        """Every source's objects as entries under its destination path, in path order
-        (the destination paths are disjoint and sorted, each listing sorted)."""
+    ) -> Iterator[pa.RecordBatch]:
+        """Every source's objects as entry columns under its destination path, in path
+        order (the destination paths are disjoint and sorted, each listing sorted), a record
+        batch at a time (quarry.committed.columns): no Entry or message per object."""
         record = job.record
         next_save = self.clock() + self.heartbeat_seconds
+        rows = EntryColumns()
+        # The lists appended to in the loop below, bound once (it runs once per object).
+        paths, addresses, sizes = rows.path, rows.address, rows.size
+        checksums, mtimes = rows.checksum, rows.mtime
+        batch_bytes = 0
+        max_path = names.MAX_PATH_BYTES
         for source, prefix in sources:
             listing = Listing(source, self.settings)
             skipped_before = record.objects_skipped
@@ -455,14 +465,27 @@ class Imports:
                         self._save(repo, job)
                         next_save = self.clock() + self.heartbeat_seconds
                 path = prefix + obj.key
-                if len(path.encode()) > names.MAX_PATH_BYTES:
+                # A str's len is a lower bound of its UTF-8 length: encode only near the cap.
+                if len(path) * 4 > max_path and len(path.encode()) > max_path:
                     record.objects_skipped += 1
                     skipped_before += 1
                     continue
                 record.objects_listed += 1
                 record.bytes_listed += obj.size
-                yield Entry(path, obj.address, obj.size, obj.checksum, obj.mtime_us)
+                paths.append(path)
+                addresses.append(obj.address)
+                sizes.append(obj.size)
+                checksums.append(obj.checksum)
+                mtimes.append(obj.mtime_us)
+                batch_bytes += len(path) + len(obj.address)
+                if len(paths) >= BATCH_ROWS or batch_bytes >= BATCH_BYTES:
+                    yield rows.batch()
+                    paths, addresses, sizes = rows.path, rows.address, rows.size
+                    checksums, mtimes = rows.checksum, rows.mtime
+                    batch_bytes = 0
             record.objects_skipped = skipped_before + listing.skipped
+        if len(paths):
+            yield rows.batch()
 
     def _import(
         self, repo: Repository, job: _Job, sources: list[tuple[Source, str]]
@@ -470,8 +493,8 @@ class Imports:
         record = job.record
         namespace = repo.storage_namespace
         with tracer.start_as_current_span("graveler.import.write_ranges") as span:
-            written = self.core.range_writer.write_metarange(
-                namespace, self._entries(repo, job, sources)
+            written = self.core.range_writer.write_columns(
+                namespace, self._batches(repo, job, sources)
             )
             span.set_attribute("quarry.ranges_written", written.ranges_written)
         record.ranges_written = written.ranges_written
