@@ -13,7 +13,6 @@ import grpc
 
 from quarry.runtime.handlers import wrap_behavior
 from quarry.telemetry import tracing_enabled
-from quarry.telemetry.metrics import RPC_DURATION, RPC_REQUESTS, expose
 
 # Infrastructure, not users' requests: probes (readiness, kubelet) and grpcurl's reflection.
 # Not traced on the server, and not counted in quarry_rpc_requests_total: a kubelet's probes
@@ -27,7 +26,12 @@ class RpcMetrics(grpc.ServerInterceptor):
     reads and two cached-child updates."""
 
     def __init__(self, service: str) -> None:
+        # Imported by servers only: clients (the CLI) load this module for
+        # instrument_channel and are spared prometheus_client's start-up.
+        from quarry.telemetry.metrics import RPC_DURATION, RPC_REQUESTS, expose
+
         expose(RPC_REQUESTS, RPC_DURATION)
+        self._requests, self._durations = RPC_REQUESTS, RPC_DURATION
         self._service = service
         # Wrapped handlers by method: (the handler wrapped, the wrapper).
         self._wrapped: dict[str, tuple[Any, Any]] = {}
@@ -53,7 +57,7 @@ class RpcMetrics(grpc.ServerInterceptor):
 
     def _recorder(self, method: str) -> Callable[[grpc.StatusCode | None, float], None]:
         children: dict[grpc.StatusCode | None, tuple[Any, Any]] = {}
-        service = self._service
+        service, requests, durations = self._service, self._requests, self._durations
 
         def record(code: grpc.StatusCode | None, started: float) -> None:
             elapsed = time.perf_counter() - started
@@ -61,8 +65,8 @@ class RpcMetrics(grpc.ServerInterceptor):
             if pair is None:
                 name = (code or grpc.StatusCode.OK).name
                 pair = children[code] = (
-                    RPC_REQUESTS.labels(service, method, name),
-                    RPC_DURATION.labels(service, method, name),
+                    requests.labels(service, method, name),
+                    durations.labels(service, method, name),
                 )
             pair[0].inc()
             pair[1].observe(elapsed)
