@@ -77,11 +77,30 @@ $(HELM_STAMP):
 	rm -rf $(TOOLS)/helm-pack
 	touch $@
 
+# s3fs, for the test of pandas through the s3-gateway (tests/e2e/test_s3_gateway_pandas.py),
+# in .tools/s3fs and never in .venv: s3fs needs aiobotocore, which pins an older botocore
+# than the one .venv's boto3 needs. pip picks the aiobotocore/botocore pair that fits s3fs
+# (2026.9.0: aiobotocore 3.10.0, botocore 1.43.117); the test runs pandas in a child
+# process with PYTHONPATH=.tools/s3fs first, so only that process sees this botocore.
+# Pinned, stamped by its version, written atomically (installed beside, then moved).
+S3FS_VERSION := 2026.9.0
+S3FS_DIR := $(TOOLS)/s3fs
+S3FS_STAMP := $(S3FS_DIR)/.installed-$(S3FS_VERSION)
+$(S3FS_STAMP): $(VENV)/.installed
+	rm -rf $(S3FS_DIR).tmp
+	@# Its output in a log, shown only on failure: pip also notes that .venv's boto3 wants a
+	@# newer botocore, which is about .venv, not this folder (the two never meet in a process).
+	$(PY) -m pip install -q --disable-pip-version-check --target $(S3FS_DIR).tmp \
+		s3fs==$(S3FS_VERSION) >$(S3FS_DIR).log 2>&1 || { cat $(S3FS_DIR).log; exit 1; }
+	rm -rf $(S3FS_DIR) && mv $(S3FS_DIR).tmp $(S3FS_DIR)
+	touch $@
+
 # S3 clients the s3-gateway's tests drive, and the browser the console's tests drive
 # (headless Chromium + chromedriver, Debian's; Selenium comes with .venv): installed with
-# apt-get only when one is missing, as image-tools does.
+# apt-get only when one is missing, as image-tools does. Plus s3fs (pandas' s3:// filesystem)
+# in its own folder (above).
 TEST_CLIENT_PACKAGES := s3cmd rclone chromium chromium-driver
-test-clients:
+test-clients: $(S3FS_STAMP)
 	@if ! command -v s3cmd >/dev/null || ! command -v rclone >/dev/null \
 		|| ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
 		echo "installing $(TEST_CLIENT_PACKAGES) (apt-get)"; \

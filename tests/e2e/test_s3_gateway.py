@@ -25,7 +25,6 @@ from botocore.exceptions import ClientError
 from pyarrow import fs
 
 from quarry.v1 import branch_manager_pb2 as bm
-from support.processes import quarry_env
 from support.s3gateway import running_gateway
 from support.wait import wait_until
 
@@ -690,19 +689,6 @@ def aws(gateway, keys, *args: str, ok: tuple[int, ...] = (0,)) -> str:
     return done.stdout
 
 
-def quarry(gateway, *args: str) -> str:
-    env = quarry_env(
-        gateway.suite.home,
-        QUARRY_BRANCH_MANAGER_ADDRESS=gateway.suite.targets["branch-manager"],
-        QUARRY_COMMITTER_ADDRESS=gateway.suite.targets["committer"],
-    )
-    done = subprocess.run(
-        [str(BIN / "quarry"), *args], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, f"quarry {' '.join(args)}: {done.stderr}"
-    return done.stdout
-
-
 def test_aws_cli_sync_ls_cp_rm(gateway, keys, tools, tmp_path):
     """Four CLI runs (each costs seconds of start-up): sync up (multipart for the 9 MiB file:
     the CLI's threshold is 8 MiB), ls, cp --recursive down (ranged GETs), rm --recursive."""
@@ -744,7 +730,7 @@ def test_pyarrow_writes_parquet_on_a_branch_and_reads_it_back_from_a_tag(gateway
     table = pa.table({"id": list(range(1000)), "name": [f"n{i}" for i in range(1000)]})
     pq.write_to_dataset(table, f"{TOOLS}/etl/tables/people", filesystem=s3, partition_cols=None)
     assert pq.read_table(f"{TOOLS}/etl/tables/people", filesystem=s3).num_rows == 1000
-    quarry(gateway, "commit", TOOLS, "etl", "-m", "people via S3")
+    gateway.quarry("commit", TOOLS, "etl", "-m", "people via S3")
     with gateway.suite.client() as client:
         client.create_tag(TOOLS, "people-v1", "etl")
     back = pq.read_table(f"{TOOLS}/people-v1/tables/people", filesystem=s3)

@@ -32,6 +32,19 @@ class Gateway:
             made = client.create_credentials(user)
         return made.credentials.access_key_id, made.secret_access_key
 
+    def quarry(self, *args: str) -> str:
+        """The real `quarry` CLI against this gateway's suite; its stdout (asserts it ran)."""
+        env = quarry_env(
+            self.suite.home,
+            QUARRY_BRANCH_MANAGER_ADDRESS=self.suite.targets["branch-manager"],
+            QUARRY_COMMITTER_ADDRESS=self.suite.targets["committer"],
+        )
+        done = subprocess.run(
+            [str(VENV_BIN / "quarry"), *args], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, f"quarry {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
     def s3(self, key: tuple[str, str] | None = None, verify: str | None = None, **config):
         key_id, secret = key or self.credentials()
         config.setdefault("retries", {"max_attempts": 1})
