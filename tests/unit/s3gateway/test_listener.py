@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import socket
 
-from quarry.services.s3_gateway.service import http_listener
+from quarry.runtime.asgi_server import http_listener
 
 
 def test_accepted_connections_have_tcp_nodelay():
