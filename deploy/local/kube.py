@@ -768,6 +768,10 @@ def run_job(
         path.unlink(missing_ok=True)
 
 
+# What an HTTP service's URL is for, in the endpoints kube-up prints.
+HTTP_LABELS = {"s3-gateway": "s3", "console": "browser"}
+
+
 def print_endpoints(state: State, docs: list[dict[str, Any]], settings: dict[str, str]) -> None:
     found = endpoints(docs)
     tls = configmap_value(docs, "QUARRY_TLS_CERT_FILE") is not None
@@ -778,14 +782,17 @@ def print_endpoints(state: State, docs: list[dict[str, Any]], settings: dict[str
         ports = "  ".join(
             f"{e.port_name} http://127.0.0.1:{e.port}/metrics"
             if e.port_name == "metrics"
-            else f"s3 {'https' if tls else 'http'}://127.0.0.1:{e.port}"
-            if e.port_name == "http"  # the S3 gateway's endpoint URL
+            else f"{HTTP_LABELS.get(e.component, 'http')} {'https' if tls else 'http'}"
+            f"://127.0.0.1:{e.port}"
+            if e.port_name == "http"  # the S3 gateway's endpoint URL, the console's address
             else f"{e.port_name} 127.0.0.1:{e.port}"
             for e in found
             if e.component == component
         )
         print(f"  {component:<{width}}  {ports}")
-    transport = "gRPC and S3 over TLS" if tls else "gRPC and S3 in plaintext"
+    transport = (
+        "gRPC, S3 and the console over TLS" if tls else "gRPC, S3 and the console in plaintext"
+    )
     if mtls:
         transport += " with client certificates (mTLS)"
     print(f"  ({transport}; every pod runs in the host's network)")

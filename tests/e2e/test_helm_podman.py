@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import ssl
 import subprocess
 import time
 import tomllib
@@ -30,6 +32,7 @@ import pytest
 import yaml
 from botocore.config import Config
 
+from support.console import Browser
 from support.processes import health_status
 
 REPO = Path(__file__).resolve().parents[2]
@@ -254,6 +257,20 @@ def test_kube_up_round_trip_and_down(image, tmp_path, client_auth):
         assert cli(env, "cat", "s3demo", "main", "s3/hello.txt").stdout == body.decode()
         listed = s3().list_objects_v2(Bucket="s3demo", Prefix="main/", Delimiter="/")
         assert [p["Prefix"] for p in listed.get("CommonPrefixes", [])] == ["main/s3/"]
+        # The console's pod: a sign-in over HTTPS with the chart's CA (under mTLS presenting
+        # the certificate) as the admin, whose session the chart's session key seals, then
+        # the repositories page lists what the CLI made.
+        console = re.search(r"browser https://127\.0\.0\.1:(\d+)", first.stdout)
+        assert console, first.stdout
+        context = ssl.create_default_context(cafile=config["tls_ca_file"])
+        if client_auth:
+            context.load_cert_chain(config["tls_cert_file"], config["tls_key_file"])
+        browser = Browser(int(console.group(1)), tls=context)
+        admin = json.loads(credentials_file.read_text())
+        signed_in = browser.sign_in(admin["access_key_id"], admin["secret_access_key"])
+        assert signed_in.status == 303, signed_in.text()
+        repositories = browser.get("/")
+        assert repositories.status == 200 and "s3demo" in repositories.text(), repositories.text()
         if client_auth:
             # No client certificate, no TLS session: the gateway never answers (no S3 error).
             with pytest.raises(botocore.exceptions.BotoCoreError):

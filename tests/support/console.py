@@ -8,6 +8,7 @@ import contextlib
 import html
 import http.client
 import re
+import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -50,16 +51,21 @@ class Browser:
     keep_alive: bool = False  # one connection for every request, as a browser keeps one
     source: str = ""  # the loopback address to connect from ("" = the system's choice)
     headers: dict[str, str] = field(default_factory=dict)  # sent with every request
+    tls: ssl.SSLContext | None = None  # HTTPS, verifying the console with this context
     _connection: http.client.HTTPConnection | None = None
 
     def _open(self) -> http.client.HTTPConnection:
         if self.keep_alive and self._connection is not None:
             return self._connection
-        connection = http.client.HTTPConnection(
-            "127.0.0.1",
-            self.port,
-            timeout=30,
-            source_address=(self.source, 0) if self.source else None,
+        source = (self.source, 0) if self.source else None
+        connection = (
+            http.client.HTTPSConnection(
+                "127.0.0.1", self.port, timeout=30, source_address=source, context=self.tls
+            )
+            if self.tls is not None
+            else http.client.HTTPConnection(
+                "127.0.0.1", self.port, timeout=30, source_address=source
+            )
         )
         if self.keep_alive:
             self._connection = connection
