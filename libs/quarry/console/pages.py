@@ -26,6 +26,7 @@ from quarry.console.app import Context, Route, route
 from quarry.console.forms import MissingField, confirm_page, confirmed, required
 from quarry.console.http import MAX_FORM_BYTES, Response, redirect, url
 from quarry.console.permissions import can
+from quarry.graveler import errors as gerrors
 
 PAGE = 100  # entries per object-browser / compare / changes page
 LOG_PAGE = 50
@@ -402,7 +403,7 @@ def upload(ctx: Context, params: dict[str, str]) -> Response:
         ctx.client.get_branch(repo.name, branch)
     except errors.QuarryError as exc:
         if exc.code.name in ("NOT_FOUND", "INVALID_ARGUMENT"):
-            raise NotABranch(
+            raise gerrors.NotABranch(
                 f"{branch!r} is not a branch of {repo.name!r}: uploads go to branches only"
             ) from None
         raise
@@ -419,10 +420,6 @@ def upload(ctx: Context, params: dict[str, str]) -> Response:
         content_type=content_type,
     )
     return redirect(url(_repo_url(repo.name, "changes"), branch=branch))
-
-
-class NotABranch(errors.FailedPrecondition):
-    reason = "NOT_A_BRANCH"
 
 
 def object_detail(ctx: Context, params: dict[str, str]) -> Response:
