@@ -268,9 +268,9 @@ def test_kube_up_round_trip_and_down(image, tmp_path, client_auth):
         browser = Browser(int(console.group(1)), tls=context)
         admin = json.loads(credentials_file.read_text())
         signed_in = browser.sign_in(admin["access_key_id"], admin["secret_access_key"])
-        assert signed_in.status == 303, signed_in.text()
-        repositories = browser.get("/")
-        assert repositories.status == 200 and "s3demo" in repositories.text(), repositories.text()
+        assert signed_in.status == 303, signed_in.text
+        repositories = browser.get("/repos")
+        assert repositories.status == 200 and "s3demo" in repositories.text, repositories.text
         if client_auth:
             # No client certificate, no TLS session: the gateway never answers (no S3 error).
             with pytest.raises(botocore.exceptions.BotoCoreError):

@@ -15,6 +15,7 @@ import hmac
 import os
 import secrets
 import string
+from collections.abc import Callable
 from pathlib import Path
 
 from quarry import errors
@@ -96,25 +97,46 @@ def resolve_signing_key(settings: Settings) -> bytes:
 
     Never invents a key: a service that made up its own would reject every other service's
     tokens. SigningKeyMissing (with how to fix it) when neither gives one, or it is short."""
-    if settings.auth_signing_key:
-        key = settings.auth_signing_key.encode("utf-8")
-        source = "QUARRY_AUTH_SIGNING_KEY"
+    return read_key(
+        settings.auth_signing_key,
+        "QUARRY_AUTH_SIGNING_KEY",
+        Path(settings.effective_signing_key_file),
+        SigningKeyMissing,
+        what="the signing key",
+        missing=lambda path: (
+            f"auth is on but there is no signing key: set QUARRY_AUTH_SIGNING_KEY, or put "
+            f"one in {path} (QUARRY_AUTH_SIGNING_KEY_FILE; `quarry up` creates it), or turn "
+            "auth off with QUARRY_AUTH_ENABLED=false (trusted development only)"
+        ),
+    )
+
+
+def read_key(  # noqa: PLR0913 — where a secret key comes from and how to say it is missing
+    value: str,
+    variable: str,
+    path: Path,
+    error: type[errors.QuarryError],
+    *,
+    what: str,
+    missing: Callable[[Path], str],
+    min_bytes: int = MIN_KEY_BYTES,
+) -> bytes:
+    """A secret key from its setting (`value`, named `variable`), else the stripped contents
+    of its file: the one way the signing key and the console's session key are read. `error`
+    (its message from `missing`) when neither gives one, or the key is shorter than
+    `min_bytes`. Never invents a key: processes that made up their own would refuse each
+    other's tokens or cookies."""
+    if value:
+        key, source = value.encode("utf-8"), variable
     else:
-        path = Path(settings.effective_signing_key_file)
         source = str(path)
         try:
             key = path.read_bytes().strip()
         except FileNotFoundError:
-            raise SigningKeyMissing(
-                f"auth is on but there is no signing key: set QUARRY_AUTH_SIGNING_KEY, or put "
-                f"one in {path} (QUARRY_AUTH_SIGNING_KEY_FILE; `quarry up` creates it), or turn "
-                "auth off with QUARRY_AUTH_ENABLED=false (trusted development only)",
-                metadata={"file": str(path)},
-            ) from None
-    if len(key) < MIN_KEY_BYTES:
-        raise SigningKeyMissing(
-            f"the signing key from {source} is {len(key)} bytes; it must be at least "
-            f"{MIN_KEY_BYTES}",
+            raise error(missing(path), metadata={"file": str(path)}) from None
+    if len(key) < min_bytes:
+        raise error(
+            f"{what} from {source} is {len(key)} bytes; it must be at least {min_bytes}",
             metadata={"source": source},
         )
     return key

@@ -44,6 +44,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from quarry import errors
+from quarry.auth.keys import read_key
 from quarry.config import Settings
 
 SESSION_COOKIE = "quarry_console_session"
@@ -73,27 +74,19 @@ def session_key(settings: Settings) -> bytes:
     """The console's session key: QUARRY_CONSOLE_SESSION_KEY, else the contents of
     QUARRY_CONSOLE_SESSION_KEY_FILE (default `home`/console-session.key), stripped. Never
     invents one: replicas with keys of their own would refuse each other's cookies."""
-    if settings.console_session_key:
-        key, source = settings.console_session_key.encode("utf-8"), "QUARRY_CONSOLE_SESSION_KEY"
-    else:
-        path = Path(settings.effective_console_session_key_file)
-        source = str(path)
-        try:
-            key = path.read_bytes().strip()
-        except FileNotFoundError:
-            raise ConsoleSessionKeyMissing(
-                f"the console has no session key: set QUARRY_CONSOLE_SESSION_KEY, or put one "
-                f"(at least {MIN_KEY_BYTES} bytes) in {path} (QUARRY_CONSOLE_SESSION_KEY_FILE; "
-                "`quarry up` creates it)",
-                metadata={"file": str(path)},
-            ) from None
-    if len(key) < MIN_KEY_BYTES:
-        raise ConsoleSessionKeyMissing(
-            f"the console session key from {source} is {len(key)} bytes; it must be at least "
-            f"{MIN_KEY_BYTES}",
-            metadata={"source": source},
-        )
-    return key
+    return read_key(
+        settings.console_session_key,
+        "QUARRY_CONSOLE_SESSION_KEY",
+        Path(settings.effective_console_session_key_file),
+        ConsoleSessionKeyMissing,
+        what="the console session key",
+        missing=lambda path: (
+            f"the console has no session key: set QUARRY_CONSOLE_SESSION_KEY, or put one "
+            f"(at least {MIN_KEY_BYTES} bytes) in {path} (QUARRY_CONSOLE_SESSION_KEY_FILE; "
+            "`quarry up` creates it)"
+        ),
+        min_bytes=MIN_KEY_BYTES,
+    )
 
 
 def ensure_session_key(settings: Settings) -> None:
