@@ -8,6 +8,21 @@ import asyncio
 from typing import Any
 
 
+async def serves_http(scope: dict[str, Any], receive: Any, send: Any) -> bool:
+    """Whether `scope` is an HTTP request for the application to answer. A lifespan scope
+    (sent by servers run with lifespan on; serve_asgi runs uvicorn with it off) is answered
+    here, start-up and shut-down alike, and anything else is ignored."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return False
+    return scope["type"] == "http"
+
+
 class ClientGone(Exception):
     """The client closed the connection mid-request."""
 

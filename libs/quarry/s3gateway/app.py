@@ -30,7 +30,7 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import Counter, Histogram
 
 from quarry import errors, telemetry
-from quarry.asgi import BodyReader, ClientGone
+from quarry.asgi import BodyReader, ClientGone, serves_http
 from quarry.lru import TTLCache
 from quarry.s3gateway import operations as ops
 from quarry.s3gateway import sigv4, xmlserde
@@ -187,15 +187,7 @@ class S3App:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
+        if not await serves_http(scope, receive, send):
             return
         loop = asyncio.get_running_loop()
         bridge = _Bridge(receive, send, loop)
