@@ -99,11 +99,14 @@ class TracedUp:
         return done
 
     def traces(self) -> list[dict]:
-        """The traces the receiver wrote so far ($QUARRY_HOME/traces.jsonl)."""
+        """The traces the receiver wrote so far ($QUARRY_HOME/traces.jsonl): its complete
+        lines only (a reader can catch a long line half-written, as `tail -f` can)."""
         jsonl = self.home / "traces.jsonl"
         if not jsonl.exists():
             return []
-        return [json.loads(line) for line in jsonl.read_text().splitlines()]
+        text = jsonl.read_text()
+        complete = text[: text.rfind("\n") + 1]
+        return [json.loads(line) for line in complete.splitlines()]
 
     def printed(self) -> str:
         return "".join(self.out)

@@ -34,9 +34,9 @@ def trace_printer(
 
     def show(spans: list[ReceivedSpan]) -> None:
         with lock:  # the file first: once a tree shows, its line is in the file
-            if jsonl is not None:
-                with jsonl.open("a") as fh:
-                    fh.write(trace_json_line(spans) + "\n")
+            if jsonl is not None:  # one append of the whole line: never interleaved
+                with jsonl.open("ab", buffering=0) as fh:
+                    fh.write((trace_json_line(spans) + "\n").encode())
             if stream is not None:
                 stream.write(f"trace {spans[0].trace_id}\n{tree(spans, durations=True)}\n\n")
                 stream.flush()
