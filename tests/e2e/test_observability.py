@@ -35,7 +35,7 @@ from quarry.errors import QuarryError
 from support.auth import setup_admin_over_grpc
 from support.otlp import OtlpReceiver, ReceivedSpan, exporting_to, otlp_receiver, tree
 from support.ports import free_port_block
-from support.processes import VENV_BIN, free_port, quarry_env, wait_serving
+from support.processes import VENV_BIN, free_port, json_lines, quarry_env, wait_serving
 from support.wait import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -68,9 +68,6 @@ class Observed:
             self.targets["committer"],
             compactor_sensor=self.targets["compactor-sensor"],
         )
-
-    def log(self, name: str) -> str:
-        return (self.home / f"{name}.log").read_text()
 
     def scrape(self, name: str) -> str:
         return urllib.request.urlopen(self.metrics_urls[name], timeout=5).read().decode()
@@ -350,8 +347,7 @@ def test_idle_background_loops_emit_no_spans(observed):
 
 def test_json_log_lines_carry_the_trace_id_of_their_request(observed):
     commit_trace = observed.traces["commit"]
-    lines = [line for line in observed.log("committer").splitlines() if line.startswith("{")]
-    records = [json.loads(line) for line in lines]
+    records = json_lines(observed.home / "committer.log")
     assert records and all(
         {"time", "level", "service", "logger", "message"} <= r.keys() for r in records
     )

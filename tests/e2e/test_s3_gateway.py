@@ -25,6 +25,7 @@ from botocore.exceptions import ClientError
 from pyarrow import fs
 
 from quarry.v1 import branch_manager_pb2 as bm
+from support.processes import json_lines
 from support.s3gateway import running_gateway
 from support.wait import wait_until
 
@@ -877,7 +878,6 @@ def test_s3cmd_puts_lists_and_gets(gateway, keys, tools, tmp_path):
 
 
 def test_every_request_is_logged_with_its_request_id_and_counted(gateway, s3):
-    import json
     import urllib.request
 
     answer = s3.put_object(Bucket=REPO, Key="dev/observed.txt", Body=b"seen")
@@ -889,11 +889,7 @@ def test_every_request_is_logged_with_its_request_id_and_counted(gateway, s3):
     def logged() -> bool:
         # A request's line (and count) comes once its answer is out: the client may have
         # it a moment before.
-        lines = [
-            json.loads(line)
-            for line in gateway.log.read_text().splitlines()
-            if line.startswith("{")
-        ]
+        lines = json_lines(gateway.log)
         messages = [line["message"] for line in lines if line["service"] == "s3-gateway"]
         return any(
             request_id in m and "PutObject" in m and "-> 200" in m for m in messages

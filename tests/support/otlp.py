@@ -5,7 +5,6 @@ runs), `exporting_to`: this test process's own spans sent to one, and
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import subprocess
 import threading
@@ -18,7 +17,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from quarry.telemetry.receiver import OtlpReceiver, ReceivedSpan, otlp_receiver, tree
-from support.processes import VENV_BIN, free_port, quarry_env
+from support.processes import VENV_BIN, free_port, json_lines, quarry_env
 from support.wait import wait_until
 
 __all__ = [
@@ -99,14 +98,8 @@ class TracedUp:
         return done
 
     def traces(self) -> list[dict]:
-        """The traces the receiver wrote so far ($QUARRY_HOME/traces.jsonl): its complete
-        lines only (a reader can catch a long line half-written, as `tail -f` can)."""
-        jsonl = self.home / "traces.jsonl"
-        if not jsonl.exists():
-            return []
-        text = jsonl.read_text()
-        complete = text[: text.rfind("\n") + 1]
-        return [json.loads(line) for line in complete.splitlines()]
+        """The traces the receiver wrote so far ($QUARRY_HOME/traces.jsonl)."""
+        return json_lines(self.home / "traces.jsonl")
 
     def printed(self) -> str:
         return "".join(self.out)

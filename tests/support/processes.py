@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -38,6 +39,17 @@ def wait_gone(pids: list[int], timeout: float = 15) -> list[int]:
     while any(process_running(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     return [pid for pid in pids if process_running(pid)]
+
+
+def json_lines(path: Path) -> list[dict]:
+    """The JSON lines a live process has written to `path` so far: the complete lines that
+    hold a JSON object (a reader can catch the last line half-written, and a log can hold
+    a plain-text line)."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    complete = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.startswith("{")]
 
 
 def quarry_env(home: Path, **extra: str) -> dict[str, str]:
