@@ -27,9 +27,12 @@ run: install tools
 # tests/conftest.py gives, longest modules first: --no-loadscope-reorder, or xdist hands out
 # the modules with the most tests first and the long Spark, chaos and podman modules (a few
 # tests each) start last and run alone at the end.
+# The image (mostly waiting on apt downloads and podman) builds while lint runs beside it;
+# what installs with apt-get (image-tools, test-clients) runs first, one at a time, as
+# apt-get holds one lock.
 TEST_WORKERS ?= auto
-test: install tools image test-clients
-	$(MAKE) --no-print-directory lint
+test: install tools image-tools test-clients
+	$(MAKE) --no-print-directory -j2 --output-sync=target image lint
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 		--durations=25 tests
 
