@@ -86,11 +86,17 @@ class World:
     examples: Counter
     tolerated: Counter
     codes: dict
+    # The last snapshot, while no call has been made since it was taken (see snapshot):
+    # a failed example's "after" is the next example's "before".
+    last_snapshot: dict | None = None
 
     def scratch(self, stem: str) -> str:
         return str(self.suite.home / "lake" / f"fuzz-{stem}-{next(self.scratch_counter)}")
 
     def channel(self, service: str) -> grpc.Channel:
+        """The channel every call of this module is made on: a call may change the state,
+        so the last snapshot no longer stands."""
+        self.last_snapshot = None
         return self.channels[SERVICE_TARGET[service]]
 
 
@@ -259,7 +265,18 @@ def ensure_iam_fixture(world: World) -> None:
 
 def snapshot(world: World) -> dict:
     """What a user can observe: repositories, branches and heads, tags, listings of main and
-    dev (dev including uncommitted changes), main's log, and other's branches."""
+    dev (dev including uncommitted changes), main's log, and other's branches. Taken again
+    only after a call (World.channel): nothing else changes what a user observes (the
+    background loops compact and drop, which keeps every listing as it was), so one
+    snapshot per example serves as the example's "after" and the next one's "before"."""
+    if world.last_snapshot is not None:
+        return dict(world.last_snapshot)
+    observed = _observe(world)
+    world.last_snapshot = observed
+    return dict(observed)
+
+
+def _observe(world: World) -> dict:
     bm = "BranchManager/"
 
     def attempt(rpc_call):
