@@ -43,7 +43,7 @@ def _serve(out: str) -> None:
     def profiled(self, scope, bridge):  # type: ignore[no-untyped-def]
         profile = getattr(local, "profile", None)
         if profile is None:
-            profile = local.profile = cProfile.Profile()
+            profile = local.profile = cProfile.Profile(time.thread_time)
             profiles.append(profile)
         profile.enable()
         try:
@@ -52,7 +52,7 @@ def _serve(out: str) -> None:
             profile.disable()
 
     app_module.S3App._handle = profiled  # type: ignore[method-assign]
-    loop_profile = cProfile.Profile()
+    loop_profile = cProfile.Profile(time.thread_time)
     loop_profile.enable()
     try:
         serve(load_settings())

@@ -138,12 +138,26 @@ class StagingManager:
             path, entry = items[0]
             self.kv.set(staged_partition(token, path), layout.staged_key(path), encode_value(entry))
             return
-        self.kv.batch_set(
-            [
-                (staged_partition(token, path), layout.staged_key(path), encode_value(entry))
-                for path, entry in items
-            ]
-        )
+        self.kv.batch_set(self._kv_items(token, items))
+
+    def set_many_then_get(
+        self,
+        token: str,
+        items: Sequence[tuple[str, Entry | None]],
+        then_get: Sequence[tuple[bytes, bytes]],
+    ) -> list[kv.GetResult | None]:
+        """set_many's one KV write, then a batch_get of `then_get` that sees it (the writer's
+        validation read), in one KV round trip (Store.set_then_get)."""
+        return self.kv.set_then_get(self._kv_items(token, items), then_get)
+
+    @staticmethod
+    def _kv_items(
+        token: str, items: Sequence[tuple[str, Entry | None]]
+    ) -> list[tuple[bytes, bytes, bytes]]:
+        return [
+            (staged_partition(token, path), layout.staged_key(path), encode_value(entry))
+            for path, entry in items
+        ]
 
     def set_if(self, token: str, path: str, entry: Entry | None, predicate: kv.Predicate) -> None:
         self.kv.set_if(
