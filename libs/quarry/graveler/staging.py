@@ -132,6 +132,18 @@ class StagingManager:
             return False, None, None
         return True, decode_value(token, path, result.value), result.predicate
 
+    def get_with(
+        self, token: str, path: str, record: tuple[bytes, bytes]
+    ) -> tuple[kv.GetResult | None, bool, Entry | None]:
+        """get(token, path) and another record (partition, key) in one KV batch:
+        (the record or None, found, entry-or-tombstone). The two reads are not ordered."""
+        held, staged = self.kv.batch_get(
+            [record, (staged_partition(token, path), layout.staged_key(path))]
+        )
+        if staged is None:
+            return held, False, None
+        return held, True, decode_value(token, path, staged.value)
+
     def set_many(self, token: str, items: Sequence[tuple[str, Entry | None]]) -> None:
         """One KV write (a batch across the token's shards when there are several)."""
         if len(items) == 1:
