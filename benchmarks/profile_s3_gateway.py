@@ -1,11 +1,13 @@
-"""Where a small PUT's time goes in the s3-gateway (issue 27, the 4 KiB PUT row of
-benchmarks/s3_gateway.py), with cProfile.
+"""Where a small PUT's and GET's CPU goes in the s3-gateway (issue 27, the 4 KiB rows of
+benchmarks/s3_gateway.py), with cProfile timing CPU (time.thread_time, not wall time: on a
+loaded box wall time is mostly waiting for a core).
 
 `python benchmarks/profile_s3_gateway.py [OPS]` starts the suite in process (auth on, as
 the benchmark) and the gateway as its own process under cProfile (every request's worker
-thread and the event loop's thread), drives it with 8 boto3 clients doing 4 KiB PUTs
-(OPS in all, default 800), stops it and prints the functions with the most time (own and
-inclusive). BENCH_S3_PROFILE_OUT: also keep the merged pstats file there.
+thread, by HTTP method, and the event loop's thread), drives it with 8 boto3 clients doing
+4 KiB PUTs, then GETs of them (OPS each, default 800), stops it and prints, for PUT and for
+GET, the functions with the most CPU (own and inclusive), then the event loop's.
+BENCH_S3_PROFILE_OUT: also keep the pstats files there (OUT.PUT, OUT.GET, OUT.loop).
 
 `--serve` (internal): run the gateway under the profiler (what the driver starts).
 """
@@ -36,15 +38,20 @@ def _serve(out: str) -> None:
     from quarry.s3gateway import app as app_module
     from quarry.services.s3_gateway.service import serve
 
-    profiles: list[cProfile.Profile] = []
+    profiles: dict[str, list[cProfile.Profile]] = {}
     local = threading.local()
     handle = app_module.S3App._handle
 
     def profiled(self, scope, bridge):  # type: ignore[no-untyped-def]
-        profile = getattr(local, "profile", None)
+        # One profile per thread and HTTP method, each timing its own thread's CPU.
+        mine = getattr(local, "profiles", None)
+        if mine is None:
+            mine = local.profiles = {}
+        method = scope["method"]
+        profile = mine.get(method)
         if profile is None:
-            profile = local.profile = cProfile.Profile()
-            profiles.append(profile)
+            profile = mine[method] = cProfile.Profile(time.thread_time)
+            profiles.setdefault(method, []).append(profile)
         profile.enable()
         try:
             return handle(self, scope, bridge)
@@ -52,16 +59,18 @@ def _serve(out: str) -> None:
             profile.disable()
 
     app_module.S3App._handle = profiled  # type: ignore[method-assign]
-    loop_profile = cProfile.Profile()
+    loop_profile = cProfile.Profile(time.thread_time)
     loop_profile.enable()
     try:
         serve(load_settings())
     finally:
         loop_profile.disable()
-        stats = pstats.Stats(loop_profile)
-        for profile in profiles:
-            stats.add(profile)
-        stats.dump_stats(out)
+        loop_profile.dump_stats(out + ".loop")
+        for method, of_method in profiles.items():
+            stats = pstats.Stats(of_method[0])
+            for profile in of_method[1:]:
+                stats.add(profile)
+            stats.dump_stats(f"{out}.{method}")
 
 
 def main() -> None:
@@ -116,17 +125,24 @@ def main() -> None:
                 for n in range(per):
                     clients[i].put_object(Bucket="bench", Key=f"main/p/{i}/{n}", Body=small)
 
-            started = time.perf_counter()
-            with ThreadPoolExecutor(CLIENTS) as pool:
-                list(pool.map(put_small, range(CLIENTS)))
-            elapsed = time.perf_counter() - started
-            print(f"4 KiB PUT under cProfile: {per * CLIENTS / elapsed:.1f} ops/s", flush=True)
+            def get_small(i: int) -> None:
+                for n in range(per):
+                    clients[i].get_object(Bucket="bench", Key=f"main/p/{i}/{n}")["Body"].read()
+
+            for name, work in (("PUT", put_small), ("GET", get_small)):
+                started = time.perf_counter()
+                with ThreadPoolExecutor(CLIENTS) as pool:
+                    list(pool.map(work, range(CLIENTS)))
+                elapsed = time.perf_counter() - started
+                print(f"4 KiB {name} under cProfile: {per * CLIENTS / elapsed:.1f} ops/s")
         finally:
             child.terminate()
             child.wait(timeout=30)
-    stats = pstats.Stats(out)
-    stats.sort_stats("tottime").print_stats(25)
-    stats.sort_stats("cumulative").print_stats(40)
+    for part in ("PUT", "GET", "loop"):
+        print(f"==== {part} (CPU seconds)", flush=True)
+        stats = pstats.Stats(f"{out}.{part}")
+        stats.sort_stats("tottime").print_stats(25)
+        stats.sort_stats("cumulative").print_stats(40)
 
 
 if __name__ == "__main__":

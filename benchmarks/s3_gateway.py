@@ -13,10 +13,16 @@ checked with the scoped key Auth returned, QUARRY_S3_GATEWAY_CACHE_SECONDS), and
 cache off (every request asks Auth and looks its repository and branch up again), so one run
 shows what the cache buys.
 Sizes: BENCH_S3_BIG_MIB (64), BENCH_S3_SMALL_OPS (800 per row), BENCH_S3_CLIENTS (8).
+
+Memory: no big body is held whole here: each PUT streams the object from a file on disk
+(botocore reads it in pieces), each GET reads its answer in 1 MiB pieces. Printed per
+peer: the peak resident memory (VmHWM) of its server process, and of this process (the 8
+clients and, for the gateway rows, the in-process suite); the load average before and after.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -65,15 +71,45 @@ def _parallel(clients, work) -> float:
     return time.perf_counter() - started
 
 
-def measure(name: str, endpoint: str, keys: tuple[str, str], bucket: str, prefix: str) -> dict:
+def _big_file() -> str:
+    """A file of BIG_MIB random MiB (written once per run, 1 MiB at a time): the big PUTs'
+    body, streamed from disk rather than held in memory."""
+    if not _BIG_FILE:
+        handle, path = tempfile.mkstemp(prefix="quarry-bench-big-")
+        with os.fdopen(handle, "wb") as out:
+            for _ in range(BIG_MIB):
+                out.write(os.urandom(1024 * 1024))
+        _BIG_FILE.append(path)
+        _TEMP_FILES.append(path)
+    return _BIG_FILE[0]
+
+
+_BIG_FILE: list[str] = []
+_TEMP_FILES: list[str] = []
+
+
+def peak_rss_mib(pid: int | None = None) -> float:
+    """The peak resident memory (VmHWM) of a process (this one by default), in MiB."""
+    with open(f"/proc/{pid or 'self'}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def measure(
+    name: str, endpoint: str, keys: tuple[str, str], bucket: str, prefix: str, pid: int
+) -> dict:
+    """The four rows against one peer, then the peak memory of its process `pid`."""
     clients = [_client(endpoint, keys) for _ in range(CLIENTS)]
-    big = os.urandom(BIG_MIB * 1024 * 1024)
+    big = _big_file()
     small = os.urandom(4096)
     per = max(1, SMALL_OPS // CLIENTS)
     rows = {}
 
     def put_big(i):
-        clients[i].put_object(Bucket=bucket, Key=f"{prefix}big/{i}", Body=big)
+        with open(big, "rb") as body:
+            clients[i].put_object(Bucket=bucket, Key=f"{prefix}big/{i}", Body=body)
 
     def get_big(i):
         body = clients[i].get_object(Bucket=bucket, Key=f"{prefix}big/{i}")["Body"]
@@ -93,7 +129,12 @@ def measure(name: str, endpoint: str, keys: tuple[str, str], bucket: str, prefix
     rows[f"{BIG_MIB}MiB GET MiB/s"] = total_mib / _parallel(clients, get_big)
     rows["4KiB PUT ops/s"] = per * CLIENTS / _parallel(clients, put_small)
     rows["4KiB GET ops/s"] = per * CLIENTS / _parallel(clients, get_small)
-    print(f"  {name:<10} " + "  ".join(f"{k}: {v:8.1f}" for k, v in rows.items()), flush=True)
+    print(
+        f"  {name:<10} "
+        + "  ".join(f"{k}: {v:8.1f}" for k, v in rows.items())
+        + f"  peak RSS: server {peak_rss_mib(pid):.0f} MiB, clients {peak_rss_mib():.0f} MiB",
+        flush=True,
+    )
     return rows
 
 
@@ -117,12 +158,17 @@ def _process(args: list[str], endpoint: str, env=None) -> subprocess.Popen:
 
 
 def main() -> None:
+    print(f"  load average before: {os.getloadavg()[0]:.1f}", flush=True)
     try:
         _run()
     finally:
         # The objects written (hundreds of MiB) are not kept.
         for directory in _TEMP_DIRS:
             shutil.rmtree(directory, ignore_errors=True)
+        for path in _TEMP_FILES:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    print(f"  load average after: {os.getloadavg()[0]:.1f}", flush=True)
 
 
 _TEMP_DIRS: list[str] = []
@@ -143,7 +189,14 @@ def _run() -> None:
         with running_gateway(home / name, gateway_env=env) as gateway:
             with gateway.suite.client() as client:
                 client.create_repository("bench", gateway.suite.namespace("bench"))
-            results[name] = measure(name, gateway.endpoint, gateway.credentials(), "bench", "main/")
+            results[name] = measure(
+                name,
+                gateway.endpoint,
+                gateway.credentials(),
+                "bench",
+                "main/",
+                gateway.process.pid,
+            )
     # The floor, and the floor with the gateway's durability (a PUT's file and directory
     # fsynced): what of the gap is the fsync a gateway PUT must not skip.
     for name, extra in (("bare", []), ("bare-fsync", ["--fsync"])):
@@ -156,7 +209,7 @@ def _run() -> None:
         )
         try:
             endpoint = f"http://127.0.0.1:{bare_port}"
-            results[name] = measure(name, endpoint, ("a", "b"), "b", "")
+            results[name] = measure(name, endpoint, ("a", "b"), "b", "", bare.pid)
         finally:
             bare.terminate()
             bare.wait()
@@ -168,7 +221,7 @@ def _run() -> None:
     try:
         endpoint = f"http://127.0.0.1:{moto_port}"
         _client(endpoint, ("a", "b")).create_bucket(Bucket="bench")
-        results["moto"] = measure("moto", endpoint, ("a", "b"), "bench", "")
+        results["moto"] = measure("moto", endpoint, ("a", "b"), "bench", "", moto.pid)
     finally:
         moto.terminate()
         moto.wait()

@@ -30,6 +30,17 @@ def _value(request) -> bytes | None:
     return request.value if request.HasField("value") else None
 
 
+def _results(
+    results: list[kv.GetResult | None],
+) -> list[kv_pb2.BatchGetItemsResponse.Result]:
+    return [
+        kv_pb2.BatchGetItemsResponse.Result(found=True, value=r.value, predicate=r.predicate)
+        if r is not None
+        else kv_pb2.BatchGetItemsResponse.Result(found=False)
+        for r in results
+    ]
+
+
 class KVGatewayServicer(kv_pb2_grpc.KVGatewayServicer):
     def __init__(
         self,
@@ -47,16 +58,7 @@ class KVGatewayServicer(kv_pb2_grpc.KVGatewayServicer):
 
     def BatchGetItems(self, request, context):
         results = self._store.batch_get([(i.partition_key, i.key) for i in request.items])
-        return kv_pb2.BatchGetItemsResponse(
-            items=[
-                kv_pb2.BatchGetItemsResponse.Result(
-                    found=True, value=r.value, predicate=r.predicate
-                )
-                if r is not None
-                else kv_pb2.BatchGetItemsResponse.Result(found=False)
-                for r in results
-            ]
-        )
+        return kv_pb2.BatchGetItemsResponse(items=_results(results))
 
     def SetItem(self, request, context):
         # A missing value (None) is the store's to refuse: MissingArgument, as for any Store.
@@ -87,6 +89,13 @@ class KVGatewayServicer(kv_pb2_grpc.KVGatewayServicer):
     def BatchSetItems(self, request, context):
         self._store.batch_set([(i.partition_key, i.key, i.value) for i in request.items])
         return kv_pb2.BatchSetItemsResponse()
+
+    def SetItemsThenGet(self, request, context):
+        results = self._store.set_then_get(
+            [(i.partition_key, i.key, i.value) for i in request.items],
+            [(i.partition_key, i.key) for i in request.then_get],
+        )
+        return kv_pb2.SetItemsThenGetResponse(items=_results(results))
 
     def BatchDeleteItems(self, request, context):
         self._store.batch_delete([(i.partition_key, i.key) for i in request.items])

@@ -255,6 +255,7 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
         "SetItemIf": _service(),
         "DeleteItem": _service(),
         "BatchSetItems": _service(),
+        "SetItemsThenGet": _service(),
         "BatchDeleteItems": _service(),
         "ScanItems": _act("kv:Read", _partition),
         "GetCapacityReport": _act("kv:Read", _capacity),

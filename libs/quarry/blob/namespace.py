@@ -23,6 +23,9 @@ FORMS = "/abs/dir, file:///abs/dir or s3://bucket/prefix"
 # starting and ending with a letter or digit; no "..", not an IP address).
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _IP = re.compile(r"\d+\.\d+\.\d+\.\d+")
+# NUL and the other C0 control characters, and DEL: one regex search (a namespace is parsed
+# for every object written, so not a Python loop over its characters).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _refuse(namespace: str, why: str) -> InvalidStorageNamespace:
@@ -30,7 +33,7 @@ def _refuse(namespace: str, why: str) -> InvalidStorageNamespace:
 
 
 def _check_characters(namespace: str, text: str) -> None:
-    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+    if _CONTROL.search(text):
         raise _refuse(namespace, "NUL or other control characters are not allowed")
 
 

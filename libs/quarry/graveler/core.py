@@ -252,6 +252,12 @@ class Core:
         self._write_cache.put(key, (branch, predicate))
         return branch, predicate
 
+    def peek_branch(self, repo: Repository, name: str) -> types_pb2.Branch | None:
+        """The cached record of branch `name`, if any (never a read): a hint, e.g. of which
+        staging token to look into, that whoever uses it checks against a fresh read."""
+        cached = self._write_cache.get((repo.name, repo.instance_id, name))
+        return None if cached is None else cached[0]
+
     def remember_branch(self, repo: Repository, branch: types_pb2.Branch, predicate: bytes) -> None:
         self._write_cache.put((repo.name, repo.instance_id, branch.name), (branch, predicate))
 

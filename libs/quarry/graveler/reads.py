@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from quarry.graveler import errors as gerrors
-from quarry.graveler import names, records
+from quarry.graveler import layout, names, records
 from quarry.graveler.core import Core, check_page_size
 from quarry.graveler.iterators import (
     CommittedSource,
@@ -145,8 +145,10 @@ class Reads:
             and current.compacted_metarange_id == before.compacted_metarange_id
         )
 
-    def lookup(self, layers: Layers, path: str) -> tuple[bool, Entry | None]:
-        for token in layers.tokens:
+    def lookup(self, layers: Layers, path: str, skip_tokens: int = 0) -> tuple[bool, Entry | None]:
+        """The first layer holding `path`, newest first; `skip_tokens`: that many of the
+        newest tokens are already known not to hold it."""
+        for token in layers.tokens[skip_tokens:]:
             found, value, _ = self.staging.get(token, path)
             if found:
                 return True, value
@@ -178,17 +180,72 @@ class Reads:
         repo = self.core.repo(repo_name)
         names.check_path(path)
         message = f"ref {ref!r} kept changing during the read"
+        early = self._dirty_branch_read(repo, ref, path)
         for _ in self.core.retries.branch.attempts(lambda: contended(message)):
-            layers = self.layers(repo, self.refs.resolve(repo, ref), "get")
-            _, value = self.lookup(layers, path)
-            if self.still_valid(layers):
-                if value is None:
-                    raise gerrors.ObjectNotFound(
-                        f"{path!r} not found at {ref!r}",
-                        metadata={"repository": repo.name, "ref": ref, "path": path},
+            skip = 0
+            if early is not None:
+                resolved, token, found, staged = early
+                early = None
+                layers = self.layers(repo, resolved, "get")
+                current = layers.branch is not None and layers.branch.staging_token == token
+                # The token looked into is the fresh record's staging token, consulted (dirty):
+                if current and layers.tokens[:1] == [token]:
+                    if found:
+                        # In the staging token the fresh branch record names as current:
+                        # the newest layer, so the answer, with no validation (below).
+                        return self._found(repo, ref, path, staged)
+                    skip = 1  # not there: the other layers, then validation, as always
+            else:
+                resolved = self.refs.resolve(repo, ref)
+                layers = self.layers(repo, resolved, "get")
+                if resolved.branch_record is not None and resolved.branch_predicate is not None:
+                    # The hint of the next read's staging token (_dirty_branch_read).
+                    self.core.remember_branch(
+                        repo, resolved.branch_record, resolved.branch_predicate
                     )
-                return value
+            _, value = self.lookup(layers, path, skip)
+            if self.still_valid(layers):
+                return self._found(repo, ref, path, value)
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _found(repo: Repository, ref: str, path: str, value: Entry | None) -> Entry:
+        if value is None:
+            raise gerrors.ObjectNotFound(
+                f"{path!r} not found at {ref!r}",
+                metadata={"repository": repo.name, "ref": ref, "path": path},
+            )
+        return value
+
+    def _dirty_branch_read(
+        self, repo: Repository, ref: str, path: str
+    ) -> tuple[ResolvedRef, str, bool, Entry | None] | None:
+        """A StatObject on a branch last seen dirty (Core.peek_branch): the branch record,
+        read fresh, and `path` in the staging token it had, in one KV batch (one round trip
+        where a read is otherwise a branch read, a staging read and a validation read).
+        (the ref resolved from the fresh record, the token looked into, found, value); None
+        when `ref` is not such a branch (the read then goes the usual way).
+
+        Why a hit needs no validation: both reads happen after the request arrived. When the
+        fresh record names the token looked into as its current staging token, every write
+        acknowledged before the request arrived is in that token or in an older layer (a
+        write is acknowledged only once it sits in the token current at its validation
+        read, and a token is never current again once sealed), so a value found there is
+        at least as new as any of them. Retiring a token only deletes: it can turn a hit
+        into a miss, never change a value found. A miss goes on through the older layers
+        and the usual validation (still_valid, a branch read after every other read)."""
+        hint = self.core.peek_branch(repo, ref)
+        if hint is None or not (is_dirty(hint) or not self.core.dirty_read_optimization):
+            return None
+        token = hint.staging_token
+        record, found, staged = self.staging.get_with(token, path, self.refs.branch_key(repo, ref))
+        if record is None:
+            self.core.forget_branch(repo, ref)
+            return None  # gone: resolution decides what `ref` names now
+        branch = layout.decode_branch(repo.partition, ref, record.value)
+        self.core.remember_branch(repo, branch, record.predicate)
+        resolved = ResolvedRef(branch.commit_id, ref, branch, record.predicate)
+        return resolved, token, found, staged
 
     @records.skips_corrupt_records  # a corrupt staged value: its path is left out
     def list_objects(  # the ListObjects request, field for field

@@ -132,18 +132,44 @@ class StagingManager:
             return False, None, None
         return True, decode_value(token, path, result.value), result.predicate
 
+    def get_with(
+        self, token: str, path: str, record: tuple[bytes, bytes]
+    ) -> tuple[kv.GetResult | None, bool, Entry | None]:
+        """get(token, path) and another record (partition, key) in one KV batch:
+        (the record or None, found, entry-or-tombstone). The two reads are not ordered."""
+        held, staged = self.kv.batch_get(
+            [record, (staged_partition(token, path), layout.staged_key(path))]
+        )
+        if staged is None:
+            return held, False, None
+        return held, True, decode_value(token, path, staged.value)
+
     def set_many(self, token: str, items: Sequence[tuple[str, Entry | None]]) -> None:
         """One KV write (a batch across the token's shards when there are several)."""
         if len(items) == 1:
             path, entry = items[0]
             self.kv.set(staged_partition(token, path), layout.staged_key(path), encode_value(entry))
             return
-        self.kv.batch_set(
-            [
-                (staged_partition(token, path), layout.staged_key(path), encode_value(entry))
-                for path, entry in items
-            ]
-        )
+        self.kv.batch_set(self._kv_items(token, items))
+
+    def set_many_then_get(
+        self,
+        token: str,
+        items: Sequence[tuple[str, Entry | None]],
+        then_get: Sequence[tuple[bytes, bytes]],
+    ) -> list[kv.GetResult | None]:
+        """set_many's one KV write, then a batch_get of `then_get` that sees it (the writer's
+        validation read), in one KV round trip (Store.set_then_get)."""
+        return self.kv.set_then_get(self._kv_items(token, items), then_get)
+
+    @staticmethod
+    def _kv_items(
+        token: str, items: Sequence[tuple[str, Entry | None]]
+    ) -> list[tuple[bytes, bytes, bytes]]:
+        return [
+            (staged_partition(token, path), layout.staged_key(path), encode_value(entry))
+            for path, entry in items
+        ]
 
     def set_if(self, token: str, path: str, entry: Entry | None, predicate: kv.Predicate) -> None:
         self.kv.set_if(

@@ -211,12 +211,15 @@ class Writes:
                 branch = self._mark_dirty(repo, branch, branch_predicate)
                 if expected_token is not None and branch.staging_token != expected_token:
                     raise TokenMoved()
+            keys = self._validation_keys(repo, branch_name)
             if conditional is None:
-                self.staging.set_many(branch.staging_token, items)
+                # The staged write and the validation read after it: one KV round trip.
+                found = self.staging.set_many_then_get(branch.staging_token, items, keys)
             else:
                 path, entry = items[0]
                 self.staging.set_if(branch.staging_token, path, entry, conditional[0])
-            current_repo, current = self._validation_read(repo, branch_name)
+                found = self.core.kv.batch_get(keys)
+            current_repo, current = self._validated(repo, branch_name, keys, found)
             if current_repo.instance_id != repo.instance_id:
                 # Deleted and re-created since our cached record: what we wrote went to the
                 # dead instance (its partitions are queued for dropping). Write again into
@@ -252,14 +255,24 @@ class Writes:
         self.core.remember_branch(repo, update.branch, update.predicate)
         return update.branch
 
-    def _validation_read(
-        self, repo: Repository, branch_name: str
+    def _validation_keys(self, repo: Repository, branch_name: str) -> list[tuple[bytes, bytes]]:
+        """The validation read: the repository and branch records, read fresh in one batch
+        after the staged write (not a compare-and-swap: it only checks which token the write
+        landed on)."""
+        return [self.refs.repository_key(repo.name), self.refs.branch_key(repo, branch_name)]
+
+    def _validated(
+        self,
+        repo: Repository,
+        branch_name: str,
+        keys: list[tuple[bytes, bytes]],
+        found: list[kv.GetResult | None],
     ) -> tuple[Repository, types_pb2.Branch]:
-        """A fresh read of the repository and branch records in one batch (not a
-        compare-and-swap: it only checks which token the write landed on)."""
-        repo_key = self.refs.repository_key(repo.name)
-        branch_key = self.refs.branch_key(repo, branch_name)
-        repo_now, branch_now = self.core.kv.batch_get([repo_key, branch_key])
+        """What the validation read of `keys` (_validation_keys) `found`: the repository as
+        it is now, and the branch record (an empty one when the repository is another
+        instance)."""
+        repo_key = keys[0]
+        repo_now, branch_now = found
         if repo_now is None:
             raise gerrors.RepositoryNotFound(
                 f"repository {repo.name!r} was deleted", metadata={"repository": repo.name}

@@ -149,6 +149,35 @@ class RemoteStore(kv.Store):
                 ),
             )
 
+    def set_then_get(
+        self,
+        items: Sequence[tuple[bytes, bytes, bytes]],
+        then_get: Sequence[tuple[bytes, bytes]],
+    ) -> list[kv.GetResult | None]:
+        """One SetItemsThenGet call (the kv-gateway runs Store.set_then_get: the same
+        operations as set/batch_set then batch_get); what does not fit one batch goes as the
+        separate calls."""
+        for p, k, v in items:
+            if v is None:  # proto bytes cannot carry None; fail like local backends
+                kv.check_item(p, k, v)
+        if (
+            len(items) > BATCH_ITEMS
+            or len(then_get) > BATCH_ITEMS
+            or sum(_item_size(item) for item in items) > BATCH_BYTES
+        ):
+            return super().set_then_get(items, then_get)
+        response = self._call(
+            self._stub.SetItemsThenGet,
+            kv_pb2.SetItemsThenGetRequest(
+                items=[kv_pb2.Item(partition_key=p, key=k, value=v) for p, k, v in items],
+                then_get=[kv_pb2.ItemKey(partition_key=p, key=k) for p, k in then_get],
+            ),
+        )
+        return [
+            kv.GetResult(value=r.value, predicate=r.predicate) if r.found else None
+            for r in response.items
+        ]
+
     def batch_delete(self, items: Sequence[tuple[bytes, bytes]]) -> None:
         for chunk in batches(items, BATCH_ITEMS):
             self._call(

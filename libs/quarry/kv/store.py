@@ -246,6 +246,21 @@ class Store(abc.ABC):
     def batch_delete(self, items: Sequence[tuple[bytes, bytes]]) -> None:
         """Unconditional, idempotent bulk delete; not atomic as a whole."""
 
+    def set_then_get(
+        self,
+        items: Sequence[tuple[bytes, bytes, bytes]],
+        then_get: Sequence[tuple[bytes, bytes]],
+    ) -> list[GetResult | None]:
+        """Write `items` (one item: `set`, more: `batch_set`), then, once every write is
+        done, `batch_get` the keys of `then_get` (results as batch_get's): a write and the
+        read that must see it. Exactly those operations, in that order; a failed write reads
+        nothing. The remote store sends them in one round trip (kv-gateway SetItemsThenGet)."""
+        if len(items) == 1:
+            self.set(*items[0])
+        else:
+            self.batch_set(items)
+        return self.batch_get(then_get)
+
     def close(self) -> None:  # noqa: B027 — optional hook: in-memory stores hold nothing
         """Release connections."""
 

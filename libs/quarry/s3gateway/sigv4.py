@@ -18,6 +18,7 @@ even checked.
 from __future__ import annotations
 
 import calendar
+import functools
 import hashlib
 import re
 import time
@@ -165,9 +166,16 @@ def _parse_presigned(query: dict[str, str]) -> Signature:
 
 def parse_amz_date(amz_date: str) -> float:
     try:
-        return float(calendar.timegm(time.strptime(amz_date, "%Y%m%dT%H%M%SZ")))
+        return _amz_seconds(amz_date)
     except ValueError:
         raise access_denied(f"X-Amz-Date {amz_date!r} is not YYYYMMDDTHHMMSSZ") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _amz_seconds(amz_date: str) -> float:
+    """X-Amz-Date as epoch seconds (ValueError if it does not parse). Cached: the clients of
+    one second send the same date, and strptime is most of a signature check's own time."""
+    return float(calendar.timegm(time.strptime(amz_date, "%Y%m%dT%H%M%SZ")))
 
 
 def check_time(signature: Signature, now: float, max_skew: float) -> None:

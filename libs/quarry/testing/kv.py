@@ -107,6 +107,15 @@ MISSING_ARGUMENT_CASES = {
         store.MissingPartitionKey,
     ),
     "batch_delete-key": (lambda s: s.batch_delete([(P, K), (P, b"")]), store.MissingKey),
+    "set_then_get-key": (lambda s: s.set_then_get([(P, b"", V)], [(P, K)]), store.MissingKey),
+    "set_then_get-value": (
+        lambda s: s.set_then_get([(P, K, V), (P, b"k2", None)], [(P, K)]),
+        store.MissingValue,
+    ),
+    "set_then_get-read-key": (
+        lambda s: s.set_then_get([(P, K, V)], [(P, b"")]),
+        store.MissingKey,
+    ),
 }
 
 
@@ -688,6 +697,22 @@ class KVContract:
         )
         assert kv_store.get(partition, b"k").value == b"last"
         assert kv_store.get(partition, b"j").value == b"x"
+
+    def test_set_then_get_reads_what_it_wrote(self, kv_store, new_partition):
+        """The writes (one item, several across partitions, none), then the reads, which see
+        them: in request order, a missing key None, each with its predicate."""
+        a, b = new_partition(), new_partition()
+        kv_store.set(a, b"other", b"before")
+        one = kv_store.set_then_get([(a, b"k", b"v1")], [(a, b"k"), (a, b"other"), (b, b"no")])
+        assert [r.value if r else None for r in one] == [b"v1", b"before", None]
+        assert one[0].predicate == kv_store.get(a, b"k").predicate
+        many = kv_store.set_then_get(
+            [(a, b"k", b"v2"), (b, b"j", b""), (a, b"k", b"v3")], [(b, b"j"), (a, b"k")]
+        )
+        assert [r.value if r else None for r in many] == [b"", b"v3"]  # the last write wins
+        assert kv_store.set_then_get([], [(a, b"k")])[0].value == b"v3"
+        assert kv_store.set_then_get([(b, b"x", b"y")], []) == []
+        assert kv_store.get(b, b"x").value == b"y"
 
     def test_empty_batches(self, kv_store):
         assert kv_store.batch_get([]) == []

@@ -21,6 +21,7 @@ INTERNAL = {
     "KVGateway/SetItemIf",
     "KVGateway/DeleteItem",
     "KVGateway/BatchSetItems",
+    "KVGateway/SetItemsThenGet",
     "KVGateway/BatchDeleteItems",
     "CompactorSensor/ReportStagingActivity",
     "RangeWriter/ApplyChanges",

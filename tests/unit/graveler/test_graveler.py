@@ -407,8 +407,11 @@ def test_stat_on_clean_branch_reads_no_staging(graveler, repo, kv_store):
 
 def test_stat_on_a_dirty_sharded_branch_is_one_staging_read(graveler, repo, kv_store):
     """Sharding changes no read cost: the path names its shard, so a hit or a miss in the
-    staging token is one `staging` get, whatever the token's shard count; the staged items
-    are spread over every shard of the token."""
+    staging token is one `staging` read, whatever the token's shard count; the staged items
+    are spread over every shard of the token. On a branch seen dirty before, that read goes
+    in one batch with the fresh branch-record read (Reads._dirty_branch_read): a hit is that
+    one batch and nothing else (it was three gets: branch, staging, branch again); a miss
+    then reads the branch record once more to validate (three reads, two round trips)."""
     from quarry.graveler.layout import staged_partition, staging_partitions
 
     paths = [f"data/part-{i:05d}" for i in range(64)]
@@ -417,27 +420,87 @@ def test_stat_on_a_dirty_sharded_branch_is_one_staging_read(graveler, repo, kv_s
     partitions = staging_partitions(token)
     held = {p for p in partitions if list(kv_store.inner.scan(p))}
     assert held == set(partitions)  # N=1: the one partition; N=4: all four
-    for path in (paths[0], paths[37], "data/missing"):
+    hit = {("batch_get", "repo"): 1, ("batch_get", "staging"): 1}
+    for path, costs in (
+        (paths[0], hit),
+        (paths[37], hit),
+        ("data/missing", {**hit, ("get", "repo"): 1}),
+    ):
         graveler.stat_object(repo, "main", paths[1])  # warm caches
         kv_store.reset()
         with contextlib.suppress(gerrors.ObjectNotFound):
             graveler.stat_object(repo, "main", path)
         assert kv_store.total(cls="staging") == 1, path
-        assert kv_store.total(cls="staging", op="get") == 1, path
+        assert kv_store.snapshot() == costs, path
     # ... and the one partition read is the path's own shard.
     reads: list[bytes] = []
-    real_get = kv_store.inner.get
+    real_get, real_batch_get = kv_store.inner.get, kv_store.inner.batch_get
 
     def spy(partition, key):
         reads.append(partition)
         return real_get(partition, key)
 
-    kv_store.inner.get = spy
+    def batch_spy(items):
+        reads.extend(partition for partition, _ in items)
+        return real_batch_get(items)
+
+    kv_store.inner.get, kv_store.inner.batch_get = spy, batch_spy
     try:
-        graveler.stat_object(repo, "main", paths[5])
+        for path in (paths[5], "data/missing-too"):
+            reads.clear()
+            with contextlib.suppress(gerrors.ObjectNotFound):
+                graveler.stat_object(repo, "main", path)
+            staged = [p for p in reads if p.startswith(b"staging/")]
+            assert staged == [staged_partition(token, path)], path
     finally:
-        del kv_store.inner.get
-    assert [p for p in reads if p.startswith(b"staging/")] == [staged_partition(token, paths[5])]
+        del kv_store.inner.get, kv_store.inner.batch_get
+
+
+def _reader_of(graveler):
+    """A second core on the same KV store (another branch-manager replica): its cached
+    branch records are its own, so they go stale when the first one writes."""
+    from quarry.graveler.graveler import Graveler
+
+    return Graveler(graveler.kv, graveler.committed, graveler.range_writer)
+
+
+def test_a_stat_never_answers_from_a_token_its_stale_hint_names(graveler, repo):
+    """A StatObject on a branch it saw dirty looks into the staging token it saw
+    (Reads._dirty_branch_read); once a commit moved the branch to a new token, a newer
+    write of the path sits in the new token and must be what the read returns, never the
+    value in the old (sealed, then retired) token."""
+    reader = _reader_of(graveler)
+    graveler.put_objects(repo, "main", [entry("p", checksum="old")])
+    assert reader.stat_object(repo, "main", "p").checksum == "old"  # hint: the first token
+    graveler.commit(repo, "main", "one")
+    graveler.put_objects(repo, "main", [entry("p", checksum="new")])
+    graveler.put_objects(repo, "main", [entry("q", checksum="q1")])
+    assert reader.stat_object(repo, "main", "p").checksum == "new"
+    assert reader.stat_object(repo, "main", "q").checksum == "q1"
+    graveler.delete_objects(repo, "main", ["p"])
+    with pytest.raises(gerrors.ObjectNotFound):  # a tombstone in the current token
+        reader.stat_object(repo, "main", "p")
+    # A commit, then nothing staged: the hint's token is sealed and gone; the branch clean.
+    graveler.commit(repo, "main", "two")
+    assert reader.stat_object(repo, "main", "q").checksum == "q1"
+    with pytest.raises(gerrors.ObjectNotFound):
+        reader.stat_object(repo, "main", "p")
+
+
+def test_a_stat_of_a_branch_replaced_by_a_tag_reads_the_tag(graveler, repo):
+    """The hint of a branch that no longer exists: the ref is resolved again (a tag of the
+    same name now), never read as the old branch."""
+    reader = _reader_of(graveler)
+    graveler.create_branch(repo, "x", "main")
+    graveler.put_objects(repo, "x", [entry("staged", checksum="s")])
+    assert reader.stat_object(repo, "x", "staged").checksum == "s"
+    graveler.delete_branch(repo, "x")
+    graveler.put_objects(repo, "main", [entry("tagged", checksum="t")])
+    graveler.commit(repo, "main", "for the tag")
+    graveler.create_tag(repo, "x", "main")
+    assert reader.stat_object(repo, "x", "tagged").checksum == "t"
+    with pytest.raises(gerrors.ObjectNotFound):
+        reader.stat_object(repo, "x", "staged")
 
 
 def test_dirty_read_optimization_can_be_switched_off(kv_store, committed, tmp_path):
