@@ -296,6 +296,17 @@ def _ref(ctx: Context, repo: Any) -> str:
     return ctx.request.arg("ref") or repo.default_branch
 
 
+def _is_branch(ctx: Context, repo: str, ref: str) -> bool:
+    """Whether `ref` names a branch (uploads go to branches only: no form on a tag or a
+    commit, where the upload would be refused with NOT_A_BRANCH). A commit id is not a
+    branch name at all (INVALID_NAME)."""
+    try:
+        ctx.client.get_branch(repo, ref)
+    except (gerrors.BranchNotFound, errors.InvalidArgument):
+        return False
+    return True
+
+
 def objects(ctx: Context, params: dict[str, str]) -> Response:
     repo = ctx.client.get_repository(params["repo"])
     ref = _ref(ctx, repo)
@@ -340,7 +351,8 @@ def objects(ctx: Context, params: dict[str, str]) -> Response:
         crumbs=crumbs,
         items=items,
         next_page=page.next_page_token,
-        can_upload=_can(ctx, "fs:WriteObject", policy.object_arn(repo.name, prefix + "*")),
+        can_upload=_can(ctx, "fs:WriteObject", policy.object_arn(repo.name, prefix + "*"))
+        and _is_branch(ctx, repo.name, ref),
     )
 
 
