@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from quarry import errors
+from quarry.blob.chunks import ColumnChunk
 from quarry.committed.errors import InvalidPath
 from quarry.committed.format import (
     IDENTITY_TYPE,
@@ -71,6 +72,16 @@ def string_array(values: list[str]) -> pa.Array:
 def empty_strings(n: int) -> pa.Array:
     return pa.Array.from_buffers(
         pa.string(), n, [None, pa.py_buffer(bytes(4 * (n + 1))), pa.py_buffer(b"")]
+    )
+
+
+def empty_maps(n: int) -> pa.Array:
+    """n empty metadata maps."""
+    return pa.MapArray.from_arrays(
+        pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(bytes(4 * (n + 1)))]),
+        empty_strings(0),
+        empty_strings(0),
+        type=METADATA_TYPE,
     )
 
 
@@ -128,16 +139,7 @@ class EntryColumns:
                 string_array(self.content_type) if self.content_type else empty_strings(n)
             )
             metadata = (
-                pa.array(self.metadata, METADATA_TYPE)
-                if any(self.metadata)
-                else pa.MapArray.from_arrays(
-                    pa.Array.from_buffers(
-                        pa.int32(), n + 1, [None, pa.py_buffer(bytes(4 * (n + 1)))]
-                    ),
-                    empty_strings(0),
-                    empty_strings(0),
-                    type=METADATA_TYPE,
-                )
+                pa.array(self.metadata, METADATA_TYPE) if any(self.metadata) else empty_maps(n)
             )
             batch = pa.RecordBatch.from_arrays(
                 [
@@ -157,6 +159,38 @@ class EntryColumns:
             raise errors.InvalidArgument(f"invalid entry: {exc}") from None
         self.clear()
         return batch
+
+
+def chunks_batch(chunks: list[ColumnChunk]) -> pa.RecordBatch:
+    """One record batch of the rows of listing chunks (quarry.blob.chunks: already column
+    buffers), in their order; the objects have no content type or metadata."""
+
+    def strings(buffers: tuple[bytes, bytes], n: int) -> pa.Array:
+        offsets, data = buffers
+        return pa.Array.from_buffers(
+            pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+        )
+
+    def integers(data: bytes, n: int, type: pa.DataType) -> pa.Array:
+        return pa.Array.from_buffers(type, n, [None, pa.py_buffer(data)])
+
+    def column(make: Any) -> pa.Array:
+        arrays = [make(chunk) for chunk in chunks if chunk.rows]
+        return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+    n = sum(chunk.rows for chunk in chunks)
+    return pa.RecordBatch.from_arrays(
+        [
+            column(lambda c: strings(c.paths, c.rows)),
+            column(lambda c: strings(c.addresses, c.rows)),
+            column(lambda c: integers(c.sizes, c.rows, pa.int64())),
+            column(lambda c: strings(c.checksums, c.rows)),
+            column(lambda c: integers(c.mtimes, c.rows, MTIME_TYPE)),
+            empty_strings(n),
+            empty_maps(n),
+        ],
+        schema=ENTRY_COLUMNS_SCHEMA,
+    )
 
 
 def entry_batches(
