@@ -262,6 +262,10 @@ def local_chunks(
     a directory (other than its disappearance, which is no error) is raised here as it was
     raised there."""
     workers: list[_ListingProcess] = []
+
+    def least_busy() -> _ListingProcess:
+        return min(workers, key=lambda worker: len(worker.sent))
+
     try:
         for _ in range(processes):
             workers.append(_ListingProcess())
@@ -274,14 +278,16 @@ def local_chunks(
             for item in islice(queue, _LOOK_AHEAD):
                 if in_flight >= AHEAD_PER_PROCESS * processes:
                     break
-                if type(item) is _Pending and item.process is None:
-                    min(workers, key=lambda worker: len(worker.sent)).send(item)
+                if isinstance(item, _Pending) and item.process is None:
+                    least_busy().send(item)
                     in_flight += 1
             head = queue.popleft()
-            if type(head) is ColumnChunk:
+            if isinstance(head, ColumnChunk):
                 yield head
                 continue
-            assert type(head) is _Pending and head.process is not None
+            if head.process is None:  # (the look-ahead hands out the first one first)
+                least_busy().send(head)
+                in_flight += 1
             head.answered.wait()
             answer = head.answer
             in_flight -= 1
