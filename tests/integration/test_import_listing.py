@@ -135,3 +135,22 @@ def test_listing_processes_never_outlive_a_killed_importing_process(tmp_path):
         if walker.poll() is None:
             walker.kill()
             walker.wait()
+
+
+def test_a_directory_of_long_names_comes_in_chunks_within_the_byte_budget(tmp_path):
+    """A chunk ends at CHUNK_ROWS rows or CHUNK_CHARS characters of keys and addresses, so
+    the import's batches stay within their byte budget however long the names are."""
+    from quarry.blob import chunks as chunks_module
+
+    root = tmp_path / "src"
+    (root / "d").mkdir(parents=True)
+    name = "n" * 200
+    per_file = len(f"d/{name}-0000") + len(str(root / "d" / f"{name}-0000"))
+    count = chunks_module.CHUNK_CHARS // per_file + 200  # past one chunk's budget
+    for i in range(count):
+        (root / "d" / f"{name}-{i:04d}").write_bytes(b"")
+    chunks = [c for c in local_chunks(str(root), "", 1024, 1) if c.rows]
+    assert len(chunks) == 2
+    assert all(c.text_bytes <= chunks_module.CHUNK_CHARS + per_file for c in chunks)
+    sequential = sequential_chunks(Listing(parse_source(str(root))), "", 1024)
+    assert _rows(chunks) == _rows(sequential)

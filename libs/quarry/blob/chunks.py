@@ -46,8 +46,11 @@ from typing import IO, Any, NamedTuple
 
 from quarry.blob.sources import SourceObject, Subdirectory, read_directory
 
-# Rows per chunk a listing process sends at most (a directory of more files: several).
+# Rows per chunk a listing process sends at most (a directory of more files: several), and
+# characters of keys and addresses (long names: the import's batches stay within their
+# byte budget, quarry.committed.columns.BATCH_BYTES).
 CHUNK_ROWS = 8192
+CHUNK_CHARS = 1024 * 1024
 # The in-process listing makes chunks of this many objects: the import looks at a cancel and
 # at its heartbeat once per chunk.
 SEQUENTIAL_CHUNK_ROWS = 1024
@@ -157,19 +160,20 @@ class _Read(NamedTuple):
 
 
 def read_chunks(request: _Read) -> list[ColumnChunk | Subdirectory]:
-    """One directory, read: its files as chunks (of CHUNK_ROWS at most, a run between two
-    subdirectories in one) and its subdirectories, in key order. What a listing process
-    answers."""
+    """One directory, read: its files as chunks (of CHUNK_ROWS / CHUNK_CHARS at most, a run
+    between two subdirectories in one) and its subdirectories, in key order. What a listing
+    process answers."""
     items, skipped = read_directory(request.path, request.key, request.addressable)
     out: list[ColumnChunk | Subdirectory] = []
     run: list[SourceObject] = []
+    chars = 0
 
     def flush() -> None:
-        nonlocal skipped
+        nonlocal skipped, chars
         if run or skipped:
             out.append(objects_chunk(run, request.prefix, request.max_path_bytes, skipped))
             run.clear()
-            skipped = 0
+            skipped = chars = 0
 
     for item in items:
         if type(item) is Subdirectory:
@@ -177,7 +181,8 @@ def read_chunks(request: _Read) -> list[ColumnChunk | Subdirectory]:
             out.append(item)
         else:
             run.append(item)  # type: ignore[arg-type]
-            if len(run) >= CHUNK_ROWS:
+            chars += len(item.key) + len(item.address)  # type: ignore[union-attr]
+            if len(run) >= CHUNK_ROWS or chars >= CHUNK_CHARS:
                 flush()
     flush()
     return out
