@@ -244,11 +244,15 @@ class _ListingProcess:
             )
             pending.answered.set()
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Ask it to end: end of its requests (it exits), or a kill mid-walk."""
         with contextlib.suppress(OSError):
             self.child.stdin.close()  # type: ignore[union-attr]
         if self.sent:  # stopped mid-walk: its answers are not wanted
             self.child.kill()
+
+    def close(self) -> None:
+        """Wait for it to end (after stop)."""
         try:
             self.child.wait(10)
         except subprocess.TimeoutExpired:
@@ -311,6 +315,8 @@ def local_chunks(
                 )
             )
     finally:
+        for worker in workers:  # all asked first: they end at the same time
+            worker.stop()
         for worker in workers:
             worker.close()
 
