@@ -164,19 +164,24 @@ def reads(client: Client, repo: str, ref: str, path: str) -> tuple[float, float,
 
 
 def run_import(
-    client: Client, metrics_port: int, pids: dict[str, int], uri: str, expected: int
+    client: Client,
+    metrics_port: int,
+    pids: dict[str, int],
+    uri: str,
+    expected: int,
+    repo: str = "bench",
 ) -> tuple[float, int, dict[str, float]]:
     """(wall seconds, KV writes, CPU seconds of the committer and the range-writer)."""
     before = kv_writes(metrics_port)
     cpu = {name: cpu_seconds(pids[name]) for name in ("committer", "range-writer")}
     started = time.perf_counter()
-    status = client.start_import("bench", "main", [(uri, "lake")])
+    status = client.start_import(repo, "main", [(uri, "lake")])
     while status.state == cm.IMPORT_STATE_RUNNING:
         # Polls every 2% of the time so far (50 ms to 1 s): a GetImportStatus costs the
         # committer ~2.5 ms of CPU, taken from the import it measures (every 50 ms, that
         # was 5% of a core for the whole import); the end is seen at most 2% late.
         time.sleep(min(1.0, max(0.05, 0.02 * (time.perf_counter() - started))))
-        status = client.get_import_status("bench", status.id)
+        status = client.get_import_status(repo, status.id)
     elapsed = time.perf_counter() - started
     assert status.state == cm.IMPORT_STATE_COMPLETED, status.error
     assert status.objects_listed == expected, (status.objects_listed, expected)
@@ -234,16 +239,28 @@ def report(
 
 
 def measure(
-    client: Client, metrics_port: int, pids: dict[str, int], uri: str, n: int, settings=None
-) -> list[tuple[float, float, float, dict[str, float], int, float]]:
-    """ROUNDS rounds of the bare listing then the import, alternating."""
+    client: Client,
+    metrics_port: int,
+    pids: dict[str, int],
+    uri: str,
+    n: int,
+    home: Path,
+    settings=None,
+) -> tuple[list[tuple[float, float, float, dict[str, float], int, float]], str]:
+    """ROUNDS rounds of the bare listing then the import, alternating; each import into a
+    repository of its own (a namespace of its own: an import of the same source again would
+    find its range files written already, and skip writing them). (rounds, the last
+    repository)."""
     rounds = []
-    for _ in range(ROUNDS):
+    repo = ""
+    for i in range(ROUNDS):
+        repo = f"bench-{i}"
+        client.create_repository(repo, str(home / f"ns-{i}"))
         listing, count, listing_cpu = time_listing(uri, settings)
         assert count == n
-        elapsed, writes, cpu = run_import(client, metrics_port, pids, uri, n)
+        elapsed, writes, cpu = run_import(client, metrics_port, pids, uri, n, repo)
         rounds.append((listing, listing_cpu, elapsed, cpu, writes, os.getloadavg()[0]))
-    return rounds
+    return rounds, repo
 
 
 def baseline_reads(client: Client, namespace: str) -> tuple[float, float, float]:
@@ -268,10 +285,9 @@ def bench_local() -> None:
     home = Path(tempfile.mkdtemp(prefix="quarry-bench-import-"))
     try:
         with suite(home) as (client, metrics_port, pids):
-            client.create_repository("bench", str(home / "ns"))
-            rounds = measure(client, metrics_port, pids, str(lake), LOCAL)
+            rounds, repo = measure(client, metrics_port, pids, str(lake), LOCAL, home)
             middle = f"lake/date=2026-{LOCAL // PER_DIR // 2:05d}/part-{LOCAL // 2:07d}.parquet"
-            figures = reads(client, "bench", "main", middle)
+            figures = reads(client, repo, "main", middle)
             reference = baseline_reads(client, str(home / "ns2"))  # after: not counted
         report("local directory", LOCAL, rounds, (figures, reference))
     finally:
@@ -323,9 +339,10 @@ def bench_s3() -> None:
         keys = [f"t/date={i // PER_DIR:05d}/part-{i:07d}.parquet" for i in range(S3_OBJECTS)]
         settings = type("S", (), {"s3_endpoint_url": endpoint, "s3_region": "us-east-1"})()
         with suite(home, endpoint) as (client, metrics_port, pids):
-            client.create_repository("bench", str(home / "ns"))
-            rounds = measure(client, metrics_port, pids, "s3://lake/t", S3_OBJECTS, settings)
-            figures = reads(client, "bench", "main", "lake/" + keys[S3_OBJECTS // 2][2:])
+            rounds, repo = measure(
+                client, metrics_port, pids, "s3://lake/t", S3_OBJECTS, home, settings
+            )
+            figures = reads(client, repo, "main", "lake/" + keys[S3_OBJECTS // 2][2:])
             reference = baseline_reads(client, str(home / "ns2"))
         report("S3 (moto_server)", S3_OBJECTS, rounds, (figures, reference))
     finally:
