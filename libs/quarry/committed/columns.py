@@ -15,7 +15,6 @@ identity is quarry.graveler.model.entry_identity, byte for byte (a test compares
 from __future__ import annotations
 
 import hashlib
-import struct
 import sys
 from array import array
 from collections.abc import Iterable, Iterator
@@ -277,12 +276,17 @@ def _values(array: pa.Array) -> tuple[bytes, list[int]]:
 
 
 def _length_prefixes(lengths: pa.Array) -> pa.Array:
-    """u32be of every length, as a binary array of 4-byte values."""
-    values = lengths.to_pylist()
-    data = struct.pack(f">{len(values)}I", *values)
-    offsets = array("i", range(0, 4 * len(values) + 1, 4))
+    """u32be of every length (int32, from binary_length), as a binary array of 4-byte
+    values: the int32 buffer byte-swapped whole, no Python int per row."""
+    n = len(lengths)
+    values = array("i")
+    values.frombytes(lengths.buffers()[1])  # native int32 (Arrow layout)
+    values = values[lengths.offset : lengths.offset + n]
+    if sys.byteorder == "little":
+        values.byteswap()
+    offsets = little_endian(array("i", range(0, 4 * n + 1, 4)))
     return pa.Array.from_buffers(
-        pa.binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+        pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(values.tobytes())]
     )
 
 
