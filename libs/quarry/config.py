@@ -286,6 +286,12 @@ class Settings:
         "committer: a running import rewrites its status record (objects listed, heartbeat) "
         "at most this often; a cancel asked of another committer process is noticed then.",
     )
+    import_listing_processes: int = _setting(
+        2,
+        "committer: processes that read a local directory an import lists, directories "
+        "read ahead in parallel and used in key order (docs/import.md); 0: the import's "
+        "thread walks it alone. S3 sources are listed by the import's thread.",
+    )
     import_stale_seconds: float = _setting(
         60.0,
         "An import whose status record is older than this while RUNNING reads as FAILED: "
@@ -507,6 +513,7 @@ class Settings:
             "metarange_cache_bytes",
             "range_writer_processes",
             "branch_manager_workers",
+            "import_listing_processes",
         ):
             if getattr(self, name) < 0:
                 raise errors.InvalidArgument(

@@ -270,11 +270,18 @@ def test_kv_writes_per_import_are_constant(client, repo, tmp_path, backend):
 
 class _Gate:
     """Holds the import's listing after `after` objects until released (in-process suite:
-    the committer runs in this test's process)."""
+    the committer runs in this test's process). The walk runs in the import's thread, where
+    the gate is: listing processes (quarry.blob.chunks) would read directories ahead of it."""
 
     def __init__(self, monkeypatch, after):
         self.reached = threading.Event()
         self.release = threading.Event()
+        monkeypatch.setattr(
+            imports_module.Imports,
+            "listing_processes",
+            property(lambda self: 0, lambda self, value: None),
+            raising=False,
+        )
         real = imports_module.Listing
         gate = self
 

@@ -93,6 +93,61 @@ def _addressable_name(name: str) -> bool:
     return _CONTROL.search(name) is None
 
 
+class Subdirectory(NamedTuple):
+    """A directory met by read_directory, to be read in its turn."""
+
+    path: str
+    key: str  # its key prefix, ending in "/"
+    addressable: bool  # whether every directory name on the way, its own included, is
+
+
+def read_directory(
+    directory: str, rel: str, addressable: bool = True
+) -> tuple[list[SourceObject | Subdirectory], int]:
+    """One directory of a local source, in key order: its files as SourceObjects and its
+    subdirectories as Subdirectory, and how many of its names were left out (see the
+    module's docstring). `rel` is its key prefix ("" or ending in "/"); `addressable`:
+    whether every directory name on the way here was (a key under one that is not is
+    skipped, as a whole key would be). One stat per regular file (its size and mtime; the
+    kinds come from the directory entries), none per directory. The sequential Listing
+    and the import's listing processes (quarry.blob.walk) read directories only this way."""
+    try:
+        with os.scandir(directory) as scan:
+            found = list(scan)
+    except FileNotFoundError:
+        return [], 0  # removed while listed: its keys were not there when the walk got here
+    skipped = 0
+    named: list[tuple[str, os.DirEntry[str]]] = []
+    for item in found:
+        if item.is_symlink():
+            skipped += 1
+            continue
+        try:
+            is_dir = item.is_dir(follow_symlinks=False)
+        except OSError:
+            continue
+        named.append((item.name + "/" if is_dir else item.name, item))
+    named.sort(key=lambda pair: pair[0])
+    items: list[SourceObject | Subdirectory] = []
+    for name, item in named:
+        key = rel + name
+        if name[-1] == "/":
+            items.append(Subdirectory(item.path, key, addressable and _addressable_name(item.name)))
+            continue
+        if not addressable or name.startswith(TEMP_PREFIX) or not _addressable_name(name):
+            skipped += 1
+            continue
+        try:
+            info = item.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # removed while listed
+        if not stat_module.S_ISREG(info.st_mode):
+            skipped += 1  # a socket, a FIFO, a device: not an object
+            continue
+        items.append(SourceObject(key, item.path, info.st_size, "", info.st_mtime_ns // 1000))
+    return items, skipped
+
+
 class Listing:
     """Iterate it for the source's objects in key order; `skipped` counts what was left out."""
 
@@ -108,48 +163,25 @@ class Listing:
 
     # ---- local directories ------------------------------------------------------------
 
-    def _local(self) -> Iterator[SourceObject]:
+    def local_root(self) -> str:
+        """A local source's directory (InvalidStorageNamespace if it is not one)."""
         root = self.source.root
         if not os.path.isdir(root):
             raise InvalidStorageNamespace(f"import source {self.source.uri!r} is not a directory")
-        yield from self._walk(root, "")
+        return root
+
+    def _local(self) -> Iterator[SourceObject]:
+        yield from self._walk(self.local_root(), "")
 
     def _walk(self, directory: str, rel: str, addressable: bool = True) -> Iterator[SourceObject]:
-        """`addressable`: whether every directory name on the way here was (a key under one
-        that is not is skipped, as a whole key would be). One stat per regular file (its size
-        and mtime; the kinds come from the directory entries), none per directory."""
-        try:
-            with os.scandir(directory) as scan:
-                found = list(scan)
-        except FileNotFoundError:
-            return  # removed while listed: its keys were not there when the walk got here
-        named: list[tuple[str, os.DirEntry[str]]] = []
-        for item in found:
-            if item.is_symlink():
-                self.skipped += 1
-                continue
-            try:
-                is_dir = item.is_dir(follow_symlinks=False)
-            except OSError:
-                continue
-            named.append((item.name + "/" if is_dir else item.name, item))
-        named.sort(key=lambda pair: pair[0])
-        for name, item in named:
-            key = rel + name
-            if name[-1] == "/":
-                yield from self._walk(item.path, key, addressable and _addressable_name(item.name))
-                continue
-            if not addressable or name.startswith(TEMP_PREFIX) or not _addressable_name(name):
-                self.skipped += 1
-                continue
-            try:
-                info = item.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue  # removed while listed
-            if not stat_module.S_ISREG(info.st_mode):
-                self.skipped += 1  # a socket, a FIFO, a device: not an object
-                continue
-            yield SourceObject(key, item.path, info.st_size, "", info.st_mtime_ns // 1000)
+        """Depth first, each directory read (read_directory) when the walk reaches it."""
+        items, skipped = read_directory(directory, rel, addressable)
+        self.skipped += skipped
+        for item in items:
+            if type(item) is Subdirectory:
+                yield from self._walk(item.path, item.key, item.addressable)
+            else:
+                yield item  # type: ignore[misc]
 
     # ---- S3 ---------------------------------------------------------------------------
 
@@ -183,4 +215,4 @@ class Listing:
             raise _unavailable(exc) from exc
 
 
-__all__ = ["Listing", "Source", "SourceObject", "parse_source"]
+__all__ = ["Listing", "Source", "SourceObject", "Subdirectory", "parse_source", "read_directory"]

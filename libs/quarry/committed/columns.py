@@ -15,7 +15,6 @@ identity is quarry.graveler.model.entry_identity, byte for byte (a test compares
 from __future__ import annotations
 
 import hashlib
-import struct
 import sys
 from array import array
 from collections.abc import Iterable, Iterator
@@ -26,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from quarry import errors
+from quarry.blob.chunks import ColumnChunk
 from quarry.committed.errors import InvalidPath
 from quarry.committed.format import (
     IDENTITY_TYPE,
@@ -71,6 +71,16 @@ def string_array(values: list[str]) -> pa.Array:
 def empty_strings(n: int) -> pa.Array:
     return pa.Array.from_buffers(
         pa.string(), n, [None, pa.py_buffer(bytes(4 * (n + 1))), pa.py_buffer(b"")]
+    )
+
+
+def empty_maps(n: int) -> pa.Array:
+    """n empty metadata maps."""
+    return pa.MapArray.from_arrays(
+        pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(bytes(4 * (n + 1)))]),
+        empty_strings(0),
+        empty_strings(0),
+        type=METADATA_TYPE,
     )
 
 
@@ -128,16 +138,7 @@ class EntryColumns:
                 string_array(self.content_type) if self.content_type else empty_strings(n)
             )
             metadata = (
-                pa.array(self.metadata, METADATA_TYPE)
-                if any(self.metadata)
-                else pa.MapArray.from_arrays(
-                    pa.Array.from_buffers(
-                        pa.int32(), n + 1, [None, pa.py_buffer(bytes(4 * (n + 1)))]
-                    ),
-                    empty_strings(0),
-                    empty_strings(0),
-                    type=METADATA_TYPE,
-                )
+                pa.array(self.metadata, METADATA_TYPE) if any(self.metadata) else empty_maps(n)
             )
             batch = pa.RecordBatch.from_arrays(
                 [
@@ -157,6 +158,38 @@ class EntryColumns:
             raise errors.InvalidArgument(f"invalid entry: {exc}") from None
         self.clear()
         return batch
+
+
+def chunks_batch(chunks: list[ColumnChunk]) -> pa.RecordBatch:
+    """One record batch of the rows of listing chunks (quarry.blob.chunks: already column
+    buffers), in their order; the objects have no content type or metadata."""
+
+    def strings(buffers: tuple[bytes, bytes], n: int) -> pa.Array:
+        offsets, data = buffers
+        return pa.Array.from_buffers(
+            pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+        )
+
+    def integers(data: bytes, n: int, type: pa.DataType) -> pa.Array:
+        return pa.Array.from_buffers(type, n, [None, pa.py_buffer(data)])
+
+    def column(make: Any) -> pa.Array:
+        arrays = [make(chunk) for chunk in chunks if chunk.rows]
+        return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+    n = sum(chunk.rows for chunk in chunks)
+    return pa.RecordBatch.from_arrays(
+        [
+            column(lambda c: strings(c.paths, c.rows)),
+            column(lambda c: strings(c.addresses, c.rows)),
+            column(lambda c: integers(c.sizes, c.rows, pa.int64())),
+            column(lambda c: strings(c.checksums, c.rows)),
+            column(lambda c: integers(c.mtimes, c.rows, MTIME_TYPE)),
+            empty_strings(n),
+            empty_maps(n),
+        ],
+        schema=ENTRY_COLUMNS_SCHEMA,
+    )
 
 
 def entry_batches(
@@ -232,20 +265,28 @@ def check_batch(batch: pa.RecordBatch) -> None:
             raise InvalidEntry("entry_columns: an mtime is outside the Timestamp range")
 
 
-def _buffers(array: pa.Array) -> tuple[memoryview, memoryview, int]:
-    """(int32 offsets, data, slice offset) of a string or binary array."""
-    _validity, offsets, data = array.buffers()
-    view = memoryview(data) if data is not None else memoryview(b"")
-    return memoryview(offsets).cast("B").cast("i"), view, array.offset
+def _values(array: pa.Array) -> tuple[bytes, list[int]]:
+    """(data, bounds) of a string or binary array: value i is data[bounds[i]:bounds[i + 1]].
+    Sliced from one bytes copy of the data, a value costs a small bytes object: cheaper to
+    make and to hash than a memoryview slice (the hash loops below run once per entry)."""
+    _validity, offsets_buf, data_buf = array.buffers()
+    offsets = memoryview(offsets_buf).cast("B").cast("i")  # native int32 (Arrow layout)
+    bounds = offsets[array.offset : array.offset + len(array) + 1].tolist()
+    return (data_buf.to_pybytes() if data_buf is not None else b""), bounds
 
 
 def _length_prefixes(lengths: pa.Array) -> pa.Array:
-    """u32be of every length, as a binary array of 4-byte values."""
-    values = lengths.to_pylist()
-    data = struct.pack(f">{len(values)}I", *values)
-    offsets = array("i", range(0, 4 * len(values) + 1, 4))
+    """u32be of every length (int32, from binary_length), as a binary array of 4-byte
+    values: the int32 buffer byte-swapped whole, no Python int per row."""
+    n = len(lengths)
+    values = array("i")
+    values.frombytes(lengths.buffers()[1])  # native int32 (Arrow layout)
+    values = values[lengths.offset : lengths.offset + n]
+    if sys.byteorder == "little":
+        values.byteswap()
+    offsets = little_endian(array("i", range(0, 4 * n + 1, 4)))
     return pa.Array.from_buffers(
-        pa.binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+        pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(values.tobytes())]
     )
 
 
@@ -272,10 +313,10 @@ def identities(batch: pa.RecordBatch) -> pa.Array:
         pa.binary(), n, [None, pa.py_buffer(bytes(4 * (n + 1))), pa.py_buffer(b"")]
     )
     frames = pc.binary_join_element_wise(*parts, empty)
-    offsets, data, base = _buffers(frames)
+    data, bounds = _values(frames)
     sha256 = hashlib.sha256
     digests = b"".join(
-        [sha256(data[offsets[base + i] : offsets[base + i + 1]]).digest() for i in range(n)]
+        [sha256(data[a:b]).digest() for a, b in zip(bounds, bounds[1:], strict=False)]
     )
     return pa.Array.from_buffers(IDENTITY_TYPE, n, [None, pa.py_buffer(digests)])
 
@@ -303,16 +344,12 @@ def _identities_by_row(batch: pa.RecordBatch) -> pa.Array:
 
 def boundaries(paths: pa.Array, target_entries: int) -> list[int]:
     """Rows i after which a range ends: format.is_boundary(path_i), without a str per row."""
-    offsets, data, base = _buffers(paths)
+    data, bounds = _values(paths)
     sha256 = hashlib.sha256
     return [
         i
-        for i in range(len(paths))
-        if int.from_bytes(
-            sha256(data[offsets[base + i] : offsets[base + i + 1]]).digest()[:8], "big"
-        )
-        % target_entries
-        == 0
+        for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
+        if int.from_bytes(sha256(data[a:b]).digest()[:8], "big") % target_entries == 0
     ]
 
 

@@ -46,8 +46,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -58,9 +58,10 @@ from prometheus_client import Counter
 from quarry import errors
 from quarry.actions.runs import Event
 from quarry.blob.base import InvalidStorageNamespace
+from quarry.blob.chunks import ColumnChunk, local_chunks, sequential_chunks
 from quarry.blob.namespace import namespaces_overlap
 from quarry.blob.sources import Listing, Source, parse_source
-from quarry.committed.columns import BATCH_BYTES, BATCH_ROWS, EntryColumns
+from quarry.committed.columns import BATCH_BYTES, BATCH_ROWS, chunks_batch
 from quarry.graveler import actions, layout, names
 from quarry.graveler import errors as gerrors
 from quarry.graveler.core import CommitRecord, Core, make_commit, tracer
@@ -87,8 +88,9 @@ TERMINAL = (COMPLETED, FAILED, CANCELLED)
 HEARTBEAT_SECONDS = 10.0
 # A RUNNING import whose record is older than this reads as FAILED: its process stopped.
 STALE_SECONDS = 60.0
-# The listing looks at the clock (and at a local cancel) every this many objects.
-CHECK_EVERY = 1024
+# Listing processes a local source is read by (QUARRY_IMPORT_LISTING_PROCESSES; 0: none,
+# the importing thread walks it).
+LISTING_PROCESSES = 2
 # At most this many sources in one import.
 MAX_SOURCES = 100
 
@@ -192,6 +194,7 @@ class Imports:
         self.settings: Settings | None = None  # for S3 sources (endpoint, region)
         self.heartbeat_seconds = HEARTBEAT_SECONDS
         self.stale_seconds = STALE_SECONDS
+        self.listing_processes = LISTING_PROCESSES
         self._jobs: dict[str, _Job] = {}
         self._lock = threading.Lock()
         self.clock: Callable[[], float] = time.time
@@ -439,53 +442,69 @@ class Imports:
                 self._jobs.pop(record.id, None)
             otel_context.detach(token)
 
+    def _chunks(self, source: Source, prefix: str) -> Generator[ColumnChunk, None, None]:
+        """A source's listing as column chunks (quarry.blob.chunks): a local directory read
+        by listing processes when there are any, else (and S3) listed in this thread."""
+        listing = Listing(source, self.settings)
+        if source.kind == "local" and self.listing_processes > 0:
+            return local_chunks(
+                listing.local_root(), prefix, names.MAX_PATH_BYTES, self.listing_processes
+            )
+        return sequential_chunks(listing, prefix, names.MAX_PATH_BYTES)
+
     def _batches(
         self, repo: Repository, job: _Job, sources: list[tuple[Source, str]]
-    ) -> Iterator[pa.RecordBatch]:
+    ) -> Generator[pa.RecordBatch, None, None]:
         """Every source's objects as entry columns under its destination path, in path
         order (the destination paths are disjoint and sorted, each listing sorted), a record
-        batch at a time (quarry.committed.columns): no Entry or message per object."""
+        batch (quarry.committed.columns) of BATCH_ROWS rows / BATCH_BYTES at most at a time,
+        joined from the listing's chunks: no Entry or message per object. A cancel and the
+        heartbeat are looked at once per chunk."""
         record = job.record
         next_save = self.clock() + self.heartbeat_seconds
-        rows = EntryColumns()
-        # The lists appended to in the loop below, bound once (it runs once per object).
-        paths, addresses, sizes = rows.path, rows.address, rows.size
-        checksums, mtimes = rows.checksum, rows.mtime
-        batch_bytes = 0
-        max_path = names.MAX_PATH_BYTES
+        pending: list[ColumnChunk] = []
+        rows = size = 0
         for source, prefix in sources:
-            listing = Listing(source, self.settings)
-            skipped_before = record.objects_skipped
-            for index, obj in enumerate(listing):
-                if index % CHECK_EVERY == 0:
+            chunks = self._chunks(source, prefix)
+            try:
+                for chunk in self._checked(chunks):
                     if job.cancel.is_set():
                         raise ImportCancelled(f"import {record.id} was cancelled")
-                    record.objects_skipped = skipped_before + listing.skipped
                     if self.clock() >= next_save:
                         self._save(repo, job)
                         next_save = self.clock() + self.heartbeat_seconds
-                path = prefix + obj.key
-                # A str's len is a lower bound of its UTF-8 length: encode only near the cap.
-                if len(path) * 4 > max_path and len(path.encode()) > max_path:
-                    record.objects_skipped += 1
-                    skipped_before += 1
-                    continue
-                record.objects_listed += 1
-                record.bytes_listed += obj.size
-                paths.append(path)
-                addresses.append(obj.address)
-                sizes.append(obj.size)
-                checksums.append(obj.checksum)
-                mtimes.append(obj.mtime_us)
-                batch_bytes += len(path) + len(obj.address)
-                if len(paths) >= BATCH_ROWS or batch_bytes >= BATCH_BYTES:
-                    yield rows.batch()
-                    paths, addresses, sizes = rows.path, rows.address, rows.size
-                    checksums, mtimes = rows.checksum, rows.mtime
-                    batch_bytes = 0
-            record.objects_skipped = skipped_before + listing.skipped
-        if len(paths):
-            yield rows.batch()
+                    record.objects_skipped += chunk.skipped
+                    if not chunk.rows:
+                        continue
+                    if pending and (
+                        rows + chunk.rows > BATCH_ROWS or size + chunk.text_bytes > BATCH_BYTES
+                    ):
+                        yield self._batch(pending)
+                        pending, rows, size = [], 0, 0
+                    record.objects_listed += chunk.rows
+                    record.bytes_listed += chunk.bytes_total
+                    pending.append(chunk)
+                    rows += chunk.rows
+                    size += chunk.text_bytes
+            finally:
+                chunks.close()  # listing processes stop with the listing, however it ends
+        if pending:
+            yield self._batch(pending)
+
+    @staticmethod
+    def _checked(chunks: Iterator[ColumnChunk]) -> Iterator[ColumnChunk]:
+        """A name that is not Unicode text (undecodable bytes) is a bad entry."""
+        try:
+            yield from chunks
+        except UnicodeEncodeError as exc:
+            raise errors.InvalidArgument(f"invalid entry: {exc}") from None
+
+    @staticmethod
+    def _batch(chunks: list[ColumnChunk]) -> pa.RecordBatch:
+        try:
+            return chunks_batch(chunks)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise errors.InvalidArgument(f"invalid entry: {exc}") from None
 
     def _import(
         self, repo: Repository, job: _Job, sources: list[tuple[Source, str]]
@@ -493,9 +512,14 @@ class Imports:
         record = job.record
         namespace = repo.storage_namespace
         with tracer.start_as_current_span("graveler.import.write_ranges") as span:
-            written = self.core.range_writer.write_columns(
-                namespace, self._batches(repo, job, sources)
-            )
+            batches = self._batches(repo, job, sources)
+            try:
+                written = self.core.range_writer.write_columns(namespace, batches)
+            finally:
+                # Stops its listing processes now if the write ended early (not when the
+                # generator is collected); one still running on gRPC's thread stops there.
+                with suppress(ValueError):
+                    batches.close()
             span.set_attribute("quarry.ranges_written", written.ranges_written)
         record.ranges_written = written.ranges_written
         if job.cancel.is_set():

@@ -106,6 +106,7 @@ def core_dependencies(  # noqa: PLR0913 — the parts a caller may supply, each 
     graveler.imports.settings = settings  # S3 sources: the endpoint and region
     graveler.imports.heartbeat_seconds = settings.import_heartbeat_seconds
     graveler.imports.stale_seconds = settings.import_stale_seconds
+    graveler.imports.listing_processes = settings.import_listing_processes
     graveler.writes.stream_limits = PutStreamLimits(
         settings.max_put_objects_stream_entries, settings.max_put_objects_stream_bytes
     )
