@@ -436,13 +436,14 @@ def test_upload_through_the_object_browser_stores_the_bytes_and_stages_them(suit
     page = admin.get(f"/repos/{repo}/objects?ref=main&prefix=docs%2F")
     assert 'enctype="multipart/form-data"' in page.text
     assert 'id="upload-path" value="docs/"' in page.text
-    # Uploads go to branches only: no form at a tag or a commit.
+    # Uploads go to branches only: the form on any branch, none at a tag or a commit.
     with suite.client() as client:
         head = client.get_branch(repo, "main").commit_id
         client.create_tag(repo, "uploads-tag", head)
-    for ref in ("uploads-tag", head):
+        client.create_branch(repo, "uploads-dev", head)
+    for ref, offered in (("uploads-dev", True), ("uploads-tag", False), (head, False)):
         at = admin.get(f"/repos/{repo}/objects?ref={ref}")
-        assert at.status == 200 and 'id="upload-form"' not in at.text, ref
+        assert at.status == 200 and ('id="upload-form"' in at.text) == offered, ref
     data = b"hello from the console\n" * 1000
     made = admin.post_file(
         f"/repos/{repo}/upload",

@@ -296,12 +296,15 @@ def _ref(ctx: Context, repo: Any) -> str:
     return ctx.request.arg("ref") or repo.default_branch
 
 
-def _is_branch(ctx: Context, repo: str, ref: str) -> bool:
+def _is_branch(ctx: Context, repo: Any, ref: str) -> bool:
     """Whether `ref` names a branch (uploads go to branches only: no form on a tag or a
-    commit, where the upload would be refused with NOT_A_BRANCH). A commit id is not a
+    commit, where the upload would be refused with NOT_A_BRANCH). The default branch is one
+    (it cannot be deleted), with no call: most browsing is there. A commit id is not a
     branch name at all (INVALID_NAME)."""
+    if ref == repo.default_branch:
+        return True
     try:
-        ctx.client.get_branch(repo, ref)
+        ctx.client.get_branch(repo.name, ref)
     except (gerrors.BranchNotFound, errors.InvalidArgument):
         return False
     return True
@@ -352,7 +355,7 @@ def objects(ctx: Context, params: dict[str, str]) -> Response:
         items=items,
         next_page=page.next_page_token,
         can_upload=_can(ctx, "fs:WriteObject", policy.object_arn(repo.name, prefix + "*"))
-        and _is_branch(ctx, repo.name, ref),
+        and _is_branch(ctx, repo, ref),
     )
 
 
