@@ -24,8 +24,9 @@ FORMS = "/abs/dir, file:///abs/dir or s3://bucket/prefix"
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _IP = re.compile(r"\d+\.\d+\.\d+\.\d+")
 # NUL and the other C0 control characters, and DEL: one regex search (a namespace is parsed
-# for every object written, so not a Python loop over its characters).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# for every object written, so not a Python loop over its characters). Also what an import's
+# listing refuses in a key (quarry.blob.sources).
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _refuse(namespace: str, why: str) -> InvalidStorageNamespace:
@@ -33,7 +34,7 @@ def _refuse(namespace: str, why: str) -> InvalidStorageNamespace:
 
 
 def _check_characters(namespace: str, text: str) -> None:
-    if _CONTROL.search(text):
+    if CONTROL_CHARACTERS.search(text):
         raise _refuse(namespace, "NUL or other control characters are not allowed")
 
 

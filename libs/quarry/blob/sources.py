@@ -30,7 +30,6 @@ change of its bytes is caught on read as a size mismatch (or by its S3 ETag).
 from __future__ import annotations
 
 import os
-import re
 import stat as stat_module
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from quarry.blob.base import InvalidStorageNamespace
 from quarry.blob.local import TEMP_PREFIX
-from quarry.blob.namespace import parse_storage_namespace
+from quarry.blob.namespace import CONTROL_CHARACTERS, parse_storage_namespace
 
 if TYPE_CHECKING:
     from quarry.config import Settings
@@ -78,11 +77,8 @@ def parse_source(uri: str) -> Source:
     return Source(uri, kind, where, prefix)
 
 
-_CONTROL = re.compile("[\x00-\x1f\x7f]")
-
-
 def _addressable(key: str) -> bool:
-    if not key or _CONTROL.search(key):
+    if not key or CONTROL_CHARACTERS.search(key):
         return False
     return all(part not in ("", ".", "..") for part in key.split("/"))
 
@@ -90,7 +86,7 @@ def _addressable(key: str) -> bool:
 def _addressable_name(name: str) -> bool:
     """_addressable for one name a directory listing returned (never "", "." or ".." and
     without "/"): the walk checks each name once, not each key's whole path again."""
-    return _CONTROL.search(name) is None
+    return CONTROL_CHARACTERS.search(name) is None
 
 
 class Subdirectory(NamedTuple):
@@ -110,7 +106,7 @@ def read_directory(
     whether every directory name on the way here was (a key under one that is not is
     skipped, as a whole key would be). One stat per regular file (its size and mtime; the
     kinds come from the directory entries), none per directory. The sequential Listing
-    and the import's listing processes (quarry.blob.walk) read directories only this way."""
+    and the import's listing processes (quarry.blob.chunks) read directories only this way."""
     try:
         with os.scandir(directory) as scan:
             found = list(scan)
