@@ -1,5 +1,6 @@
-"""The `quarry` client commands as a user runs them: the real console script in a child
-process, against the whole suite running in this test process."""
+"""The `quarry` client commands as a user runs them, against the whole suite running in
+this test process over gRPC on loopback. The commands run in process as a child would see
+them (support.cli.run_quarry: its own environment, stdin, pipes and exit code)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from support.processes import VENV_BIN, quarry_env
+from support.cli import run_quarry
+from support.processes import quarry_env
 from support.suite import suite_fixture
 
 suite = suite_fixture()
@@ -27,14 +29,7 @@ def quarry(suite, tmp_path_factory):
     ]
 
     def run(*args: str, expect: int = 0, stdin: str | None = None) -> subprocess.CompletedProcess:
-        result = subprocess.run(
-            [str(VENV_BIN / "quarry"), *args, *targets],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            input=stdin if stdin is not None else "",
-        )
+        result = run_quarry([*args, *targets], env, stdin=stdin or "")
         assert result.returncode == expect, (args, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr
         return result
@@ -289,13 +284,7 @@ def test_errors_print_one_line_without_traceback(suite, quarry, tmp_path):
         QUARRY_BRANCH_MANAGER_ADDRESS=suite.targets["branch-manager"],
         QUARRY_COMMITTER_ADDRESS=suite.targets["committer"],
     )
-    by_env = subprocess.run(
-        [str(VENV_BIN / "quarry"), "repo", "show", "no-such-repo"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    by_env = run_quarry(["repo", "show", "no-such-repo"], env)
     assert (by_env.returncode, by_env.stderr.split(":")[:2]) == (
         1,
         ["quarry", " REPOSITORY_NOT_FOUND"],

@@ -1,5 +1,5 @@
-"""`quarry doctor` as a user runs it: the real console script in a child process, against the
-whole suite running in this test process. Problems are planted through the kv-gateway
+"""`quarry doctor` as a user runs it, against the whole suite running in this test
+process (the command in process as a child would see it, support.cli). Problems are planted through the kv-gateway
 (SetItem) and the storage namespace, as a bad disk or an operator's mistake leaves them."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from quarry.committed.metaranges import read_metarange
 from quarry.graveler.refs import Repository
 from quarry.kv.remote import RemoteStore
 from quarry.v1 import types_pb2
-from support.processes import VENV_BIN, quarry_env
+from support.cli import run_quarry
+from support.processes import quarry_env
 from support.suite import suite_fixture
 
 GARBAGE = b"\xff\xfe not a protobuf \x00\x01"
@@ -41,19 +42,7 @@ def doctor(suite, tmp_path_factory):
     )
 
     def run(*args: str, expect: int) -> subprocess.CompletedProcess:
-        result = subprocess.run(
-            [
-                str(VENV_BIN / "quarry"),
-                "doctor",
-                *args,
-                "--kv-gateway",
-                suite.targets["kv-gateway"],
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        result = run_quarry(["doctor", *args, "--kv-gateway", suite.targets["kv-gateway"]], env)
         assert result.returncode == expect, (args, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr
         return result
@@ -158,9 +147,8 @@ def test_listing_commands_warn_about_skipped_records(suite, kv, tmp_path):
         kv.get(b"quarry", b"repos/gamma").value, b"repos/gamma"
     ).partition
     kv.set(partition, b"branches/broken", GARBAGE)
-    result = subprocess.run(
+    result = run_quarry(
         [
-            str(VENV_BIN / "quarry"),
             "branch",
             "list",
             "gamma",
@@ -169,10 +157,7 @@ def test_listing_commands_warn_about_skipped_records(suite, kv, tmp_path):
             "--committer",
             suite.targets["committer"],
         ],
-        env=quarry_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=60,
+        quarry_env(tmp_path),
     )
     assert result.returncode == 0, result.stderr
     assert [line.split()[0] for line in result.stdout.splitlines()[1:]] == ["main", "ok"]

@@ -1,5 +1,6 @@
-"""The `quarry` command as a newcomer meets it (issue 25), run as users run it: the real
-console script in a child process against the suite running in this process — the token
+"""The `quarry` command as a newcomer meets it (issue 25), run as users run it against
+the suite running in this process (the commands in process as a child would see them,
+support.cli; `serve` and bash's completion as real processes) — the token
 kept between runs, global flags before the command, help, HEAD, merges already done,
 deletes that need --force, unreachable services, usage errors, the --json vocabulary."""
 
@@ -14,6 +15,7 @@ import subprocess
 import pytest
 from prometheus_client import REGISTRY
 
+from support.cli import run_quarry
 from support.processes import VENV_BIN, free_port, quarry_env
 from support.suite import suite_fixture
 
@@ -39,14 +41,7 @@ def quarry(suite, home):
     env = quarry_env(home)
 
     def run(*args: str, expect: int = 0, extra_env: dict[str, str] | None = None):
-        result = subprocess.run(
-            [str(VENV_BIN / "quarry"), *args, *_targets(suite)],
-            env={**env, **(extra_env or {})},
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-        )
+        result = run_quarry([*args, *_targets(suite)], {**env, **(extra_env or {})})
         assert result.returncode == expect, (args, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr
         return result
@@ -56,14 +51,7 @@ def quarry(suite, home):
 
 def bare(*args: str, home, extra_env: dict[str, str] | None = None):
     """`quarry ARGS` exactly as given (no connection options appended)."""
-    return subprocess.run(
-        [str(VENV_BIN / "quarry"), *args],
-        env={**quarry_env(home), **(extra_env or {})},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_quarry(args, {**quarry_env(home), **(extra_env or {})})
 
 
 def _logins() -> float:

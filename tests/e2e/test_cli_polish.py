@@ -1,5 +1,7 @@
-"""The `quarry` command held to git's and lakectl's standard (issue 13), as a user runs it:
-the real console script in a child process against the suite running in this process —
+"""The `quarry` command held to git's and lakectl's standard (issue 13), as a user runs it,
+against the suite running in this process (the commands in process as a child would see
+them, support.cli; on a terminal, through a pipe and under a memory meter as real
+processes) —
 --version, "did you mean", shell completion, colours (terminals only, NO_COLOR), JSON
 errors under --json, nothing on stdout before an error, flag names in error messages,
 `merge --dry-run` exiting 1 on conflicts, and `cat` / `get` reading an object's bytes from
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from support.cli import run_quarry
 from support.processes import VENV_BIN, quarry_env
 from support.suite import running_suite, suite_fixture
 
@@ -54,13 +57,8 @@ def quarry(suite, env):
         extra_env: dict[str, str] | None = None,
         cwd: Path | None = None,
     ) -> subprocess.CompletedProcess:
-        result = subprocess.run(
-            [str(VENV_BIN / "quarry"), *args, *_targets(suite)],
-            env={**env, **(extra_env or {})},
-            capture_output=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-            cwd=cwd,
+        result = run_quarry(
+            [*args, *_targets(suite)], {**env, **(extra_env or {})}, cwd=cwd, text=False
         )
         assert result.returncode == expect, (args, result.stdout, result.stderr)
         assert b"Traceback" not in result.stderr
@@ -71,9 +69,7 @@ def quarry(suite, env):
 
 def bare(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     """`quarry ARGS` with no connection options (usage-level behaviour)."""
-    return subprocess.run(
-        [str(VENV_BIN / "quarry"), *args], env=env, capture_output=True, text=True, timeout=60
-    )
+    return run_quarry(args, env)
 
 
 def on_a_terminal(argv: list[str], env: dict[str, str]) -> str:
@@ -634,12 +630,7 @@ def test_cat_reads_from_an_s3_namespace(tmp_path, moto_endpoint, s3_bucket):
         )
 
         def run(*args: str, expect: int = 0) -> bytes:
-            result = subprocess.run(
-                [str(VENV_BIN / "quarry"), *args, *_targets(s3_suite)],
-                env=env,
-                capture_output=True,
-                timeout=60,
-            )
+            result = run_quarry([*args, *_targets(s3_suite)], env, text=False)
             assert result.returncode == expect, (args, result.stderr)
             return result.stderr if expect else result.stdout
 

@@ -1,5 +1,6 @@
-"""`quarry branch-protect add | list | delete` as a user runs them: the real console script in
-a child process, against the whole suite running in this test process; what it stores is
+"""`quarry branch-protect add | list | delete` as a user runs them, against the whole
+suite running in this test process (the commands in process as a child would see them,
+support.cli); what it stores is
 enforced by the servers (a protected branch refuses writes, other branches do not)."""
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import subprocess
 
 import pytest
 
-from support.processes import VENV_BIN, quarry_env
+from support.cli import run_quarry
+from support.processes import quarry_env
 from support.suite import suite_fixture
 
 suite = suite_fixture()
@@ -26,14 +28,7 @@ def quarry(suite, tmp_path_factory):
     ]
 
     def run(*args: str, expect: int = 0) -> subprocess.CompletedProcess:
-        result = subprocess.run(
-            [str(VENV_BIN / "quarry"), *args, *targets],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            input="",
-        )
+        result = run_quarry([*args, *targets], env)
         assert result.returncode == expect, (args, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr
         return result

@@ -158,9 +158,31 @@ def install_client_tokens(module_patch: Callable[[Any, str, Any], None]) -> None
             return channels.open_channel(target, token_source=service), True
         return target, False
 
-    module_patch(grpc, "insecure_channel", insecure_channel)
-    module_patch(kv_remote, "channel_for", service_channel_for)
-    module_patch(committed_remote, "channel_for", service_channel_for)
+    for module, name, value in (
+        (grpc, "insecure_channel", insecure_channel),
+        (kv_remote, "channel_for", service_channel_for),
+        (committed_remote, "channel_for", service_channel_for),
+    ):
+        _UNPATCHED.setdefault((module, name), getattr(module, name))
+        module_patch(module, name, value)
+
+
+# What install_client_tokens replaced, as it was before any patch.
+_UNPATCHED: dict[tuple[Any, str], Any] = {}
+
+
+@contextlib.contextmanager
+def without_client_tokens() -> Iterator[None]:
+    """Undo install_client_tokens for a with block: code in it dials as a child process
+    would, with no token lent (support.cli runs the CLI in process this way)."""
+    patched = [(module, name, getattr(module, name)) for module, name in _UNPATCHED]
+    for (module, name), original in _UNPATCHED.items():
+        setattr(module, name, original)
+    try:
+        yield
+    finally:
+        for module, name, value in patched:
+            setattr(module, name, value)
 
 
 @contextlib.contextmanager

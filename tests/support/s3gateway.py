@@ -13,6 +13,7 @@ from pathlib import Path
 import boto3
 from botocore.config import Config
 
+from support.cli import run_quarry
 from support.processes import VENV_BIN, free_port, quarry_env
 from support.suite import Suite, running_suite
 from support.wait import wait_until
@@ -33,15 +34,14 @@ class Gateway:
         return made.credentials.access_key_id, made.secret_access_key
 
     def quarry(self, *args: str) -> str:
-        """The real `quarry` CLI against this gateway's suite; its stdout (asserts it ran)."""
+        """`quarry ARGS` against this gateway's suite (in process as a child would see it,
+        support.cli); its stdout (asserts it ran)."""
         env = quarry_env(
             self.suite.home,
             QUARRY_BRANCH_MANAGER_ADDRESS=self.suite.targets["branch-manager"],
             QUARRY_COMMITTER_ADDRESS=self.suite.targets["committer"],
         )
-        done = subprocess.run(
-            [str(VENV_BIN / "quarry"), *args], env=env, capture_output=True, text=True, timeout=60
-        )
+        done = run_quarry(args, env)
         assert done.returncode == 0, f"quarry {' '.join(args)}: {done.stderr}"
         return done.stdout
 

@@ -1,5 +1,6 @@
-"""`quarry setup` and `quarry auth ...` as a user runs them: the real console script in a
-child process, against a server with authentication on (auth_harness) in this process."""
+"""`quarry setup` and `quarry auth ...` as a user runs them, against a server with
+authentication on (auth_harness) in this process (the commands in process as a child would
+see them, support.cli)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 from auth_harness import auth_server
 
 from quarry.v1 import auth_pb2, auth_pb2_grpc
-from support.processes import VENV_BIN, quarry_env
+from support.cli import run_quarry
+from support.processes import quarry_env
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +35,7 @@ def run(server, home, *args: str, expect: int = 0, **env: str) -> subprocess.Com
     for name in ("QUARRY_ACCESS_KEY_ID", "QUARRY_SECRET_ACCESS_KEY", "QUARRY_AUTH_SIGNING_KEY"):
         child_env.pop(name, None)
     child_env.update(env)
-    result = subprocess.run(
-        [str(VENV_BIN / "quarry"), *args, "--branch-manager", server.target],
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        input="",
-    )
+    result = run_quarry([*args, "--branch-manager", server.target], child_env)
     assert result.returncode == expect, (args, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr
     return result

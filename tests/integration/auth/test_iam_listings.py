@@ -14,7 +14,6 @@ that very record is DATA_LOSS / CORRUPT_RECORD, nothing else notices.
 from __future__ import annotations
 
 import json
-import subprocess
 
 import grpc
 import pytest
@@ -28,8 +27,9 @@ from quarry.kv.partitions import AUTH_PARTITION
 from quarry.runtime.errors import from_rpc_error
 from quarry.v1 import auth_pb2, auth_pb2_grpc
 from support.auth import FAST_HASH, admin_token_source, bearer, raw_channel
+from support.cli import run_quarry
 from support.grpcurl import grpcurl
-from support.processes import VENV_BIN, quarry_env
+from support.processes import quarry_env
 from support.suite import running_suite
 
 GRPC_DEFAULT_RECEIVE_LIMIT = 4 * 1024 * 1024
@@ -104,18 +104,8 @@ def test_policies_past_4_mb_list_completely_through_the_cli(big_suite, tmp_path)
         ["auth", "policies", "list"],
         ["auth", "policies", "list", "--user", "big-user", "--effective"],
     ):
-        result = subprocess.run(
-            [
-                str(VENV_BIN / "quarry"),
-                *args,
-                "--json",
-                "--branch-manager",
-                big_suite.targets["branch-manager"],
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
+        result = run_quarry(
+            [*args, "--json", "--branch-manager", big_suite.targets["branch-manager"]], env
         )
         assert result.returncode == 0, result.stderr[-2000:]
         listed = [p["id"] for p in json.loads(result.stdout)]
