@@ -56,9 +56,14 @@ def quarry(suite, env):
         expect: int = 0,
         extra_env: dict[str, str] | None = None,
         cwd: Path | None = None,
+        child: bool = False,
     ) -> subprocess.CompletedProcess:
         result = run_quarry(
-            [*args, *_targets(suite)], {**env, **(extra_env or {})}, cwd=cwd, text=False
+            [*args, *_targets(suite)],
+            {**env, **(extra_env or {})},
+            cwd=cwd,
+            text=False,
+            child=child,
         )
         assert result.returncode == expect, (args, result.stdout, result.stderr)
         assert b"Traceback" not in result.stderr
@@ -727,6 +732,7 @@ def test_gc_without_a_usable_java_is_a_clear_precondition_not_internal(suite, qu
         "--json",
         expect=1,
         extra_env={"JAVA_HOME": str(tmp_path / "no-java-here")},
+        child=True,  # its own JVM to start (in this worker, Spark may be running already)
     )
     assert result.stdout == b""
     error = json.loads(result.stderr.decode().strip().splitlines()[-1])["error"]

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from support.auth import without_client_tokens
+from support.processes import VENV_BIN
 
 
 class _Pipe(io.TextIOWrapper):
@@ -62,11 +63,29 @@ def run_quarry(
     stdin: str | bytes = "",
     cwd: Path | None = None,
     text: bool = True,
+    child: bool = False,
 ) -> subprocess.CompletedProcess:
     """`quarry ARGS` in process; a CompletedProcess as subprocess.run(capture_output=True)
-    would give (str or bytes as `text` says)."""
+    would give (str or bytes as `text` says). `child=True` runs the console script in a
+    child process instead, for a command whose behaviour is the process's own (e.g. one that
+    starts a Spark JVM: in process it would find the worker's Spark session running)."""
     from quarry.cli.main import main
 
+    if child:
+        given: str | bytes = stdin
+        if text and isinstance(stdin, bytes):
+            given = stdin.decode()
+        elif not text and isinstance(stdin, str):
+            given = stdin.encode()
+        return subprocess.run(
+            [str(VENV_BIN / "quarry"), *args],
+            env=env,
+            input=given,
+            capture_output=True,
+            text=text,
+            cwd=cwd,
+            timeout=120,
+        )
     out, err = _Pipe(), _Pipe()
     given = stdin.decode() if isinstance(stdin, bytes) else stdin
     saved_streams = (sys.stdin, sys.stdout, sys.stderr, sys.argv)
