@@ -33,6 +33,14 @@ os.environ.update(AUTH_ENV)
 # support.auth.raw_channel.
 install_client_tokens(setattr)
 
+# Every Spark JVM of the run (the workers' sessions, `quarry gc run` and the drivers the
+# tests start as children, which inherit this) compiles with C1 only and collects with the
+# serial collector: the tests' JVMs live seconds to minutes on small data, where C2's
+# compilations and parallel GC threads cost more CPU than they win on a 2-core machine
+# (tests/e2e/test_spark_gc.py: 165 -> 103 CPU-s, 114 -> 82 s). Not the product's default:
+# a user's long GC job wants C2.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DYNALITE = REPO_ROOT / ".tools" / "node_modules" / ".bin" / "dynalite"
 
