@@ -30,7 +30,10 @@ run: install tools
 # The image (mostly waiting on apt downloads and podman) builds while lint runs beside it;
 # what installs with apt-get (image-tools, test-clients) runs first, one at a time, as
 # apt-get holds one lock.
-TEST_WORKERS ?= auto
+# One worker more than the machine has cores: the end-to-end tests spend much of their time
+# waiting on child processes and containers (podman, Spark drivers, `quarry up`), and a
+# third worker keeps both cores busy meanwhile (2 cores: 19.4 -> 16.3 min, 96% busy).
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: install tools image-tools test-clients
 	$(MAKE) --no-print-directory -j2 --output-sync=target image lint
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \

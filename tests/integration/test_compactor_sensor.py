@@ -105,23 +105,23 @@ def test_candidates_are_served_over_grpc(tmp_path):
                 client.delete_objects("cands", branch, [f["path"] for f in files(n)])
             client.put_objects("cands", "main", files(3, "other"))
 
+            # Every write's report first (they arrive asynchronously, in order): the first
+            # stats read below counts the branch's staged items from the KV (it is not known
+            # to be rebuilt), and a report still in flight then would count its items twice.
+            def reported():
+                found = {c.branch: (c.puts, c.deletes) for c in client.compaction_candidates()}
+                return found == {"main": (6 + 3, 6), "dev": (8, 8)}
+
+            wait_until(reported, what="every write's report")
             # The list is served from memory; reading the stats re-reads the branch records
-            # and forgets the puts of the tokens the commits retired. Reports arrive
-            # asynchronously: one still in flight when the stats were read (the puts of
-            # main's first token, on a loaded machine) counts again until the next read,
-            # so read until the list settles.
-            expected = [("cands", "dev", 0, 8, "tombstones"), ("cands", "main", 3, 6, "tombstones")]
-
-            def settled():
-                for branch in ("main", "dev"):
-                    client.branch_staging_stats("cands", branch)
-                found = [
-                    (c.repository, c.branch, c.puts, c.deletes, c.reason)
-                    for c in client.compaction_candidates()
-                ]
-                return found if found == expected else None
-
-            wait_until(settled, what=f"the candidates {expected}")
+            # and forgets the puts of the tokens the commits retired.
+            for branch in ("main", "dev"):
+                client.branch_staging_stats("cands", branch)
+            candidates = client.compaction_candidates()
+            assert [(c.repository, c.branch, c.puts, c.deletes, c.reason) for c in candidates] == [
+                ("cands", "dev", 0, 8, "tombstones"),
+                ("cands", "main", 3, 6, "tombstones"),
+            ]
             assert len(client.compaction_candidates(page_size=1)) == 1
 
 
