@@ -27,17 +27,25 @@ run: install tools
 # tests/conftest.py gives, longest modules first: --no-loadscope-reorder, or xdist hands out
 # the modules with the most tests first and the long Spark, chaos and podman modules (a few
 # tests each) start last and run alone at the end.
-# The image (mostly waiting on apt downloads and podman) builds while lint runs beside it;
-# what installs with apt-get (image-tools, test-clients) runs first, one at a time, as
-# apt-get holds one lock.
+# The image builds in the background (its output in build/image/make-image.log) while lint
+# and the tests run: only tests/e2e/test_helm_podman.py needs it, and that module's own
+# `make image` waits for this build (`image` holds a lock) and then finds it done. What
+# installs with apt-get (image-tools, test-clients) runs first, one at a time, as apt-get
+# holds one lock. TESTS runs a part (e.g. TESTS=tests/e2e/test_helm_podman.py).
 # One worker more than the machine has cores: the end-to-end tests spend much of their time
-# waiting on child processes and containers (podman, Spark drivers, `quarry up`), and a
-# third worker keeps both cores busy meanwhile (2 cores: 19.4 -> 16.3 min, 96% busy).
+# waiting on child processes and containers (podman, Spark drivers, `quarry up`), and the
+# extra worker keeps both cores busy meanwhile (2 cores: 19.4 -> 16.3 min, 96% busy).
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+TESTS ?= tests
 test: install tools image-tools test-clients
-	$(MAKE) --no-print-directory -j2 --output-sync=target image lint
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
-		--durations=25 tests
+	@mkdir -p $(IMAGE_DIR)
+	@$(MAKE) --no-print-directory image > $(IMAGE_DIR)/make-image.log 2>&1 & image=$$!; \
+	$(MAKE) --no-print-directory lint && \
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile \
+		--no-loadscope-reorder --durations=25 $(TESTS); status=$$?; \
+	wait $$image; built=$$?; \
+	if [ $$built -ne 0 ]; then echo "make image failed:"; tail -50 $(IMAGE_DIR)/make-image.log; fi; \
+	[ $$status -eq 0 ] && [ $$built -eq 0 ]
 
 unit: install
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
@@ -50,7 +58,9 @@ install: $(VENV)/.installed proto
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@# --no-compile: pip would compile every module of every dependency (pyspark, botocore,
+	@# awscli, moto: about 40 s of a 2-core machine); Python compiles the ones used on import.
+	$(PY) -m pip install -q --no-compile --disable-pip-version-check -e '.[dev]'
 	@# One package, quarry (services/ is quarry.services): no extra path entries. Remove the
 	@# .pth file earlier versions of this Makefile wrote into existing venvs.
 	rm -f $(VENV)/lib/python*/site-packages/quarry-source-roots.pth
@@ -152,7 +162,7 @@ IMAGE_INPUTS := pyproject.toml deploy/image/Containerfile deploy/image/build_con
 	$(shell find libs services -name '*.py' -not -path '*/__pycache__/*' 2>/dev/null) \
 	libs/quarry/v1/.generated
 
-.PHONY: image image-gc image-tools kube-up kube-down
+.PHONY: image image-locked image-gc image-tools kube-up kube-down
 
 image-tools: $(IMAGE_DIR)/.tools
 
@@ -195,6 +205,11 @@ $(IMAGE_DIR)/.image: $(IMAGE_INPUTS) $(IMAGE_DIR)/.base-imported $(VENV)/.instal
 	touch $@
 
 image: install $(IMAGE_DIR)/.tools $(CONTAINERS_CONF_FILE)
+	@flock $(IMAGE_DIR)/.lock $(MAKE) --no-print-directory image-locked
+
+# `make image` under build/image/.lock: `make test` builds the image in the background while
+# the tests run, and the podman tests' own `make image` waits for that build, never runs beside it.
+image-locked:
 	@if [ -f $(IMAGE_DIR)/.image ] && ! $(PODMAN) image exists $(IMAGE); then rm -f $(IMAGE_DIR)/.image; fi
 	@if [ -f $(IMAGE_DIR)/.base-imported ] && ! $(PODMAN) image exists $(IMAGE_BASE); then rm -f $(IMAGE_DIR)/.base-imported; fi
 	@$(MAKE) --no-print-directory $(IMAGE_DIR)/.image
