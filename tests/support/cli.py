@@ -8,11 +8,13 @@ stderr as pipes (not terminals: no colour), `cwd` as its working directory, the 
 argparse's SystemExit or main's return value, and bare gRPC channels (the test session's
 admin token, support.auth.install_client_tokens, is not lent to it: it logs in with the
 credentials in `env`, or fails as a child would). The commands still reach the services
-over gRPC on loopback.
+over gRPC on loopback. (While a command runs, servers running in this process see its
+environment too: they read their settings when they start, so it changes nothing there.)
 
 What only a real process shows stays on real processes: `quarry up` and `serve`, signals,
-terminals, --trace (the tracer is process-global), the console script itself
-(tests/e2e/test_cli.py runs `quarry version` and the newcomer tests run `quarry` bare)."""
+terminals, --trace (the tracer is process-global), commands that start a Spark JVM
+(`child=True`), and the console script itself (tests/e2e/test_cli.py's `quarry version`,
+bash completion, the README runner)."""
 
 from __future__ import annotations
 
