@@ -34,7 +34,7 @@ run: install tools
 # holds one lock. TESTS runs a part (e.g. TESTS=tests/e2e/test_helm_podman.py).
 # One worker more than the machine has cores: the end-to-end tests spend much of their time
 # waiting on child processes and containers (podman, Spark drivers, `quarry up`), and the
-# extra worker keeps both cores busy meanwhile (2 cores: 19.4 -> 16.3 min, 96% busy).
+# extra worker keeps both cores busy meanwhile (2 cores, 3 workers: 96% busy over the run).
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 TESTS ?= tests
 test: install tools image-tools test-clients
