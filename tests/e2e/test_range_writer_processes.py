@@ -44,6 +44,27 @@ def workers_of(pid: int) -> list[int]:
     return sorted(found)
 
 
+def wait_started(pid: int, timeout: float = 120.0) -> None:
+    """Until worker `pid` has started: asleep (waiting for work) with no CPU used over half a
+    second. A fresh worker spends its first seconds importing (longer on a busy machine);
+    a span it got meanwhile could outlast a short span timeout and have it replaced too."""
+    deadline = time.monotonic() + timeout
+
+    def state_and_cpu() -> tuple[str, int]:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        return fields[0], int(fields[11]) + int(fields[12])
+
+    previous = state_and_cpu()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        current = state_and_cpu()
+        if current[0] == "S" and current == previous:
+            return
+        previous = current
+    raise AssertionError(f"worker {pid} did not settle in {timeout} s")
+
+
 def entry(path: str, version: int = 0) -> Entry:
     return Entry(path, f"/data/{path}@{version}", len(path) + version, f"{version:032x}")
 
@@ -154,6 +175,7 @@ def test_a_stopped_worker_does_not_hold_a_commit(tmp_path):
                             time.sleep(0.1)
                         fresh = workers_of(server.pid)
                         assert len(fresh) == 1 and fresh != workers
+                        wait_started(fresh[0])
             # The fresh worker served the second apply: it was not replaced again.
             assert workers_of(server.pid) == fresh
         finally:
