@@ -71,39 +71,19 @@ def run_quarry(
     would give (str or bytes as `text` says). `child=True` runs the console script in a
     child process instead, for a command whose behaviour is the process's own (e.g. one that
     starts a Spark JVM: in process it would find the worker's Spark session running)."""
-    from quarry.cli.main import main
-
+    given = stdin.encode() if isinstance(stdin, str) else stdin
     if child:
-        given: str | bytes = stdin
-        if text and isinstance(stdin, bytes):
-            given = stdin.decode()
-        elif not text and isinstance(stdin, str):
-            given = stdin.encode()
-        return subprocess.run(
+        done = subprocess.run(
             [str(VENV_BIN / "quarry"), *args],
             env=env,
             input=given,
             capture_output=True,
-            text=text,
             cwd=cwd,
             timeout=120,
         )
-    out, err = _Pipe(), _Pipe()
-    given = stdin.decode() if isinstance(stdin, bytes) else stdin
-    saved_streams = (sys.stdin, sys.stdout, sys.stderr, sys.argv)
-    sys.stdin, sys.stdout, sys.stderr = io.StringIO(given), out, err
-    sys.argv = ["quarry", *args]
-    try:
-        with _as_a_child(env, cwd):
-            try:
-                code = main(list(args))
-            except SystemExit as exit_:  # argparse's usage errors and --help
-                code = (
-                    exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-                )
-    finally:
-        sys.stdin, sys.stdout, sys.stderr, sys.argv = saved_streams
-    stdout, stderr = out.data(), err.data()
+        code, stdout, stderr = done.returncode, done.stdout, done.stderr
+    else:
+        code, stdout, stderr = _in_process(list(args), env, given, cwd)
     if text:
         return subprocess.CompletedProcess(
             ["quarry", *args],
@@ -112,3 +92,21 @@ def run_quarry(
             stderr.decode("utf-8", "replace"),
         )
     return subprocess.CompletedProcess(["quarry", *args], code, stdout, stderr)
+
+
+def _in_process(args: list[str], env: dict[str, str], stdin: bytes, cwd: Path | None):
+    from quarry.cli.main import main
+
+    out, err = _Pipe(), _Pipe()
+    saved_streams = (sys.stdin, sys.stdout, sys.stderr, sys.argv)
+    sys.stdin, sys.stdout, sys.stderr = io.StringIO(stdin.decode()), out, err
+    sys.argv = ["quarry", *args]
+    try:
+        with _as_a_child(env, cwd):
+            try:
+                code = main(args)
+            except SystemExit as exit_:  # argparse's usage errors and --help
+                code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    finally:
+        sys.stdin, sys.stdout, sys.stderr, sys.argv = saved_streams
+    return code, out.data(), err.data()
