@@ -27,16 +27,18 @@ run: install tools
 # tests/conftest.py gives, longest modules first: --no-loadscope-reorder, or xdist hands out
 # the modules with the most tests first and the long Spark, chaos and podman modules (a few
 # tests each) start last and run alone at the end.
-# The image (mostly waiting on apt downloads and podman) builds while lint runs beside it;
-# what installs with apt-get (image-tools, test-clients) runs first, one at a time, as
-# apt-get holds one lock. TESTS runs a part (e.g. TESTS=tests/e2e/test_helm_podman.py).
+# The image's base root filesystem (mmdebstrap: about 50 CPU-s in 200 s of waiting on
+# downloads) is made while the venv and the tools install, and the image builds while lint
+# runs beside it. What installs with apt-get on the host runs one at a time, as apt-get holds
+# one lock: image-tools first, then test-clients (mmdebstrap's apt is the root filesystem's own). TESTS runs a part (e.g. TESTS=tests/e2e/test_helm_podman.py).
 # Two workers on two cores (auto): a third one (tried: 3 workers, the image built during the
 # tests) kept the CPUs 96% busy but did not shorten a fresh clone's run, and under that load
 # the span-worker tests' 3 s span timeouts expired (tests/e2e/test_range_writer_processes.py,
 # tests/integration/test_span_processes.py).
 TEST_WORKERS ?= auto
 TESTS ?= tests
-test: install tools image-tools test-clients
+test: image-tools
+	$(MAKE) --no-print-directory -j4 --output-sync=target install tools test-clients $(ROOTFS)
 	$(MAKE) --no-print-directory -j2 --output-sync=target image lint
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 		--durations=25 $(TESTS)
