@@ -7,11 +7,12 @@ that sends staged-write counts to the compactor-sensor; with auth on, also the A
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from quarry.config import Settings
-from quarry.runtime.server import ServiceSpec
-from quarry.services.branch_manager.servicer import BranchManagerServicer
-from quarry.v1 import auth_pb2, auth_pb2_grpc, branch_manager_pb2, branch_manager_pb2_grpc
+
+if TYPE_CHECKING:
+    from quarry.runtime.server import ServiceSpec
 
 SERVICE_NAME = "branch-manager"
 # What must answer before branch-manager serves. Not the compactor-sensor: its reports are
@@ -31,8 +32,13 @@ def build(
     """`reporter`: a started StagingReporter to use instead of one dialing
     settings.compactor_sensor_address (tests); the spec stops it either way.
     `dropper_clock`: the staging dropper's wall clock (core_dependencies; tests)."""
+    # Imported here, not at the top: `quarry up` and a worker supervisor import this module
+    # for DEPENDS_ON alone, and must not pay for the service's implementation.
     from quarry.auth.service_tokens import service_auth
+    from quarry.runtime.server import ServiceSpec
     from quarry.runtime.wiring import core_dependencies
+    from quarry.services.branch_manager.servicer import BranchManagerServicer
+    from quarry.v1 import auth_pb2, auth_pb2_grpc, branch_manager_pb2, branch_manager_pb2_grpc
 
     auth = service_auth(settings, SERVICE_NAME)
     tokens = auth.tokens if auth is not None else None

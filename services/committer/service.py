@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from quarry.config import Settings
-from quarry.runtime.server import ServiceSpec
-from quarry.services.committer.servicer import CommitterServicer
-from quarry.v1 import committer_pb2, committer_pb2_grpc
+
+if TYPE_CHECKING:
+    from quarry.runtime.server import ServiceSpec
 
 SERVICE_NAME = "committer"
 # What must answer before the committer serves (every commit writes ranges and KV records).
@@ -18,8 +19,13 @@ def build(
     settings: Settings, kv_store=None, committed=None, range_writer=None, dropper_clock=time.time
 ) -> ServiceSpec:
     """`dropper_clock`: the staging dropper's wall clock (core_dependencies; tests)."""
+    # Imported here, not at the top: `quarry up` and a worker supervisor import this module
+    # for DEPENDS_ON alone, and must not pay for the service's implementation.
     from quarry.auth.service_tokens import token_source
+    from quarry.runtime.server import ServiceSpec
     from quarry.runtime.wiring import core_dependencies
+    from quarry.services.committer.servicer import CommitterServicer
+    from quarry.v1 import committer_pb2, committer_pb2_grpc
 
     deps = core_dependencies(
         settings,

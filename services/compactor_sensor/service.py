@@ -7,23 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import grpc
-
-from quarry.compaction.sensor import CompactionResult, CompactionSensor
 from quarry.config import Settings
-from quarry.runtime.channels import channel_for, open_service_channel
-from quarry.runtime.errors import domain_errors
-from quarry.runtime.format_version import ensure_format_version
-from quarry.runtime.server import ServiceSpec, service_dependency
-from quarry.runtime.tls import channel_security
-from quarry.services.compactor_sensor.servicer import CompactorSensorServicer
-from quarry.v1 import (
-    committer_pb2,
-    committer_pb2_grpc,
-    compactor_sensor_pb2,
-    compactor_sensor_pb2_grpc,
-)
+
+if TYPE_CHECKING:
+    import grpc
+
+    from quarry.compaction.sensor import CompactionResult, CompactionSensor
+    from quarry.runtime.server import ServiceSpec
 
 SERVICE_NAME = "compactor-sensor"
 # What must answer before the sensor serves: it reads branch records and staging partitions
@@ -37,11 +29,18 @@ class CommitterCompactor:
     """The committer's Compact RPC as the sensor's Compactor."""
 
     def __init__(self, target: str | grpc.Channel, timeout: float = COMPACT_TIMEOUT_SECONDS):
+        from quarry.runtime.channels import channel_for
+        from quarry.v1 import committer_pb2_grpc
+
         self._channel, self._owns_channel = channel_for(target)
         self._stub = committer_pb2_grpc.CommitterStub(self._channel)
         self._timeout = timeout
 
     def compact(self, repository: str, branch: str) -> CompactionResult:
+        from quarry.compaction.sensor import CompactionResult
+        from quarry.runtime.errors import domain_errors
+        from quarry.v1 import committer_pb2
+
         with domain_errors():
             response = self._stub.Compact(
                 committer_pb2.CompactRequest(repository=repository, branch=branch),
@@ -63,7 +62,16 @@ class Assembled:
 def assemble(settings: Settings, kv_store=None, compactor=None) -> Assembled:
     """The ServiceSpec and its sensor (tests reach the sensor). `kv_store` and `compactor`
     override the kv-gateway and committer clients."""
+    # Imported here, not at the top: `quarry up` and a worker supervisor import this module
+    # for DEPENDS_ON alone, and must not pay for the service's implementation.
     from quarry.auth.service_tokens import token_source
+    from quarry.compaction.sensor import CompactionSensor
+    from quarry.runtime.channels import open_service_channel
+    from quarry.runtime.format_version import ensure_format_version
+    from quarry.runtime.server import ServiceSpec, service_dependency
+    from quarry.runtime.tls import channel_security
+    from quarry.services.compactor_sensor.servicer import CompactorSensorServicer
+    from quarry.v1 import compactor_sensor_pb2, compactor_sensor_pb2_grpc
 
     tokens = token_source(settings, SERVICE_NAME)
     security = channel_security(settings)

@@ -8,20 +8,15 @@ nothing unvalidated reaches any layer.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from quarry.config import Settings
-from quarry.kv import ThrottleRetry, open_store
-from quarry.kv import store as kv
-from quarry.kv.amortized import AmortizedStore
-from quarry.kv.capacity import READ, WRITE
-from quarry.kv.limiter import PartitionLimiter
-from quarry.kv.metering import MeteredStore
-from quarry.kv.partitions import PartitionValidatingStore
-from quarry.runtime.format_version import KEY as FORMAT_VERSION_KEY
-from quarry.runtime.format_version import PARTITION as FORMAT_VERSION_PARTITION
-from quarry.runtime.format_version import ensure_format_version
-from quarry.runtime.server import Dependency, DependencyUnavailable, ServiceSpec
-from quarry.services.kv_gateway.servicer import KVGatewayServicer
-from quarry.v1 import kv_pb2, kv_pb2_grpc
+
+if TYPE_CHECKING:
+    from quarry.kv.limiter import PartitionLimiter
+    from quarry.kv.metering import MeteredStore
+    from quarry.runtime.server import Dependency, ServiceSpec
+    from quarry.v1 import kv_pb2
 
 SERVICE_NAME = "kv-gateway"
 # No other Quarry service: the gateway waits only for its KV backend (see backend_dependency).
@@ -32,6 +27,11 @@ def backend_dependency(backend, url: str) -> Dependency:
     """The KV backend (DynamoDB may be unreachable; SQLite is a local file): it answers when
     one read of the format-version item succeeds."""
     import urllib.parse
+
+    from quarry.kv import store as kv
+    from quarry.runtime.format_version import KEY as FORMAT_VERSION_KEY
+    from quarry.runtime.format_version import PARTITION as FORMAT_VERSION_PARTITION
+    from quarry.runtime.server import Dependency, DependencyUnavailable
 
     parts = urllib.parse.urlsplit(url)
     shown = parts.scheme + "://" + (parts.netloc.rsplit("@", 1)[-1] + parts.path)  # no secrets
@@ -53,6 +53,9 @@ def backend_dependency(backend, url: str) -> Dependency:
 def capacity_report_to_proto(
     metered: MeteredStore, limiter: PartitionLimiter | None, top_n: int
 ) -> kv_pb2.GetCapacityReportResponse:
+    from quarry.kv.capacity import READ, WRITE
+    from quarry.v1 import kv_pb2
+
     report = metered.report(top_n)
 
     def usage(u) -> kv_pb2.CapacityUsage:
@@ -86,6 +89,18 @@ def capacity_report_to_proto(
 def build(settings: Settings, backend=None) -> ServiceSpec:
     """The kv-gateway's ServiceSpec. `backend` overrides settings.kv_url (tests: a backend
     passed in is not probed, so cost-model counts see no probe reads)."""
+    # Imported here, not at the top: `quarry up` and a worker supervisor import this module
+    # for DEPENDS_ON alone, and must not pay for the service's implementation.
+    from quarry.kv import ThrottleRetry, open_store
+    from quarry.kv.amortized import AmortizedStore
+    from quarry.kv.limiter import PartitionLimiter
+    from quarry.kv.metering import MeteredStore
+    from quarry.kv.partitions import PartitionValidatingStore
+    from quarry.runtime.format_version import ensure_format_version
+    from quarry.runtime.server import ServiceSpec
+    from quarry.services.kv_gateway.servicer import KVGatewayServicer
+    from quarry.v1 import kv_pb2, kv_pb2_grpc
+
     dependencies = []
     if backend is None:
         backend = open_store(settings.effective_kv_url, ThrottleRetry.from_settings(settings))

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from quarry.committed import CommittedManager
-from quarry.committed.processes import ProcessSpanWorkers
-from quarry.committed.spans import FanOut, SpanApplier
 from quarry.config import Settings
-from quarry.runtime.server import ServiceSpec
-from quarry.services.range_writer.servicer import RangeWriterServicer
-from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
+
+if TYPE_CHECKING:
+    from quarry.committed import CommittedManager
+    from quarry.committed.spans import FanOut
+    from quarry.runtime.server import ServiceSpec
 
 SERVICE_NAME = "range-writer"
 # Writes only to object stores, opened per namespace per call: no service to wait for.
@@ -21,6 +21,13 @@ DEPENDS_ON: tuple[str, ...] = ()
 
 def build(settings: Settings, manager: CommittedManager | None = None) -> ServiceSpec:
     """The range-writer's ServiceSpec. `manager` overrides the default (tests)."""
+    # Imported here, not at the top: `quarry up` and a worker supervisor import this module
+    # for DEPENDS_ON alone, and must not pay for the service's implementation.
+    from quarry.committed import CommittedManager
+    from quarry.runtime.server import ServiceSpec
+    from quarry.services.range_writer.servicer import RangeWriterServicer
+    from quarry.v1 import range_writer_pb2, range_writer_pb2_grpc
+
     if manager is None:
         manager = CommittedManager.from_settings(settings)
     fan_out, closers = _fan_out(settings, manager)
@@ -41,6 +48,10 @@ def _fan_out(
     """Peers for spans of large applies: local worker processes (QUARRY_RANGE_WRITER_
     PROCESSES), then other range-writers (QUARRY_RANGE_WRITER_PEERS), one channel each (a
     dns:/// name is one channel whose calls gRPC's round_robin spreads over the pods)."""
+    from quarry.committed import CommittedManager
+    from quarry.committed.processes import ProcessSpanWorkers
+    from quarry.committed.spans import FanOut, SpanApplier
+
     targets = [t.strip() for t in settings.range_writer_peers.split(",") if t.strip()]
     if not targets and not settings.range_writer_processes:
         return None, []

@@ -5,11 +5,10 @@ pre-event naming the file and, where YAML knows it, the line (never silently ign
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
-
-import yaml
 
 from quarry import errors
 
@@ -92,23 +91,30 @@ def _fail(path: str, message: str, line: int | None = None) -> InvalidActionFile
     )
 
 
-class _Lines(yaml.SafeLoader):
-    """A safe loader that remembers the line of each mapping (for messages)."""
+@functools.cache
+def _line_loader() -> type:
+    """A safe loader that remembers the line of each mapping (for messages). Made on the
+    first parse: only a process that reads an action file loads PyYAML."""
+    import yaml
 
+    class Lines(yaml.SafeLoader):
+        pass
 
-def _mapping_with_line(loader: _Lines, node: yaml.MappingNode) -> dict[str, Any]:
-    mapping = loader.construct_mapping(node, deep=True)
-    mapping["__line__"] = node.start_mark.line + 1
-    return mapping
+    def mapping_with_line(loader: Lines, node: yaml.MappingNode) -> dict[str, Any]:
+        mapping = loader.construct_mapping(node, deep=True)
+        mapping["__line__"] = node.start_mark.line + 1
+        return mapping
 
-
-_Lines.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_with_line)
+    Lines.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping_with_line)
+    return Lines
 
 
 def parse(path: str, data: bytes) -> Action:
     """One action file → an Action; InvalidActionFile naming the file and line otherwise."""
+    import yaml  # here, not at the top: most processes never read an action file
+
     try:
-        doc = yaml.load(data, Loader=_Lines)
+        doc = yaml.load(data, Loader=_line_loader())
     except yaml.MarkedYAMLError as bad:
         line = bad.problem_mark.line + 1 if bad.problem_mark else None
         raise _fail(path, bad.problem or str(bad), line) from None

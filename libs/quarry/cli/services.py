@@ -89,7 +89,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(service: str) -> int:
-    from quarry.runtime.server import serve
     from quarry.runtime.workers import supervise, worker_role
 
     module = importlib.import_module(SERVICE_MODULES.get(service, "quarry"))
@@ -102,6 +101,9 @@ def _serve(service: str) -> int:
     if workers > 1 and worker_role() is None:
         # A supervisor of `workers` processes, each this very command (quarry.runtime.workers).
         return supervise(settings, service, workers)
+    # Only a process that serves loads the gRPC server (a supervisor of workers does not).
+    from quarry.runtime.server import serve
+
     serve(settings, build, service)
     return 0
 

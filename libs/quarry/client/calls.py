@@ -9,9 +9,9 @@ from typing import Any
 from quarry import errors
 from quarry.client.retry import Retrier, RetryPolicy
 
-# Loaded so from_rpc_error can rebuild the core's classes (BranchNotFound, ...) by reason.
+# Loaded so from_rpc_error can rebuild the core's classes (BranchNotFound, CorruptRecord,
+# ...) by reason.
 from quarry.graveler import errors as gerrors  # noqa: F401
-from quarry.graveler import records as _records  # noqa: F401 — CORRUPT_RECORD
 from quarry.runtime.errors import domain_errors
 
 

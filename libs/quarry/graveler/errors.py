@@ -1,5 +1,7 @@
 """Errors of the versioning core, each with its gRPC code and ErrorInfo reason."""
 
+from typing import Any
+
 from quarry import errors
 from quarry.blob.base import (
     InvalidStorageNamespace,  # noqa: F401 — one class per reason
@@ -145,3 +147,36 @@ class InvalidImportSource(errors.InvalidArgument):
 
 class ImportNotFound(errors.NotFound):
     reason = "IMPORT_NOT_FOUND"
+
+
+# Keys stored in the KV that are not partition names (at most 2 KB) may be anything; keep
+# messages and metadata readable.
+_MAX_SHOWN = 200
+
+
+class CorruptRecord(errors.DataLoss):
+    """A stored record cannot be read back. Metadata: partition, key, record (type)."""
+
+    reason = "CORRUPT_RECORD"
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        partition: bytes = b"",
+        key: bytes = b"",
+        record: str = "",
+        metadata: dict[str, str] | None = None,
+        **kwargs: Any,
+    ):
+        shown = {"partition": show(partition), "key": show(key), "record": record}
+        super().__init__(message, metadata={**shown, **(metadata or {})}, **kwargs)
+        self.partition = partition
+        self.key = key
+        self.record = record
+
+
+def show(raw: bytes) -> str:
+    """A partition name or key as text for messages, metadata and reports."""
+    text = bytes(raw).decode("utf-8", "backslashreplace")
+    return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "..."

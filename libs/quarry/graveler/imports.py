@@ -51,7 +51,6 @@ from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
 from opentelemetry import context as otel_context
 from prometheus_client import Counter
 
@@ -61,7 +60,6 @@ from quarry.blob.base import InvalidStorageNamespace
 from quarry.blob.chunks import ColumnChunk, local_chunks, sequential_chunks
 from quarry.blob.namespace import namespaces_overlap
 from quarry.blob.sources import Listing, Source, parse_source
-from quarry.committed.columns import BATCH_BYTES, BATCH_ROWS, chunks_batch
 from quarry.graveler import actions, layout, names
 from quarry.graveler import errors as gerrors
 from quarry.graveler.core import CommitRecord, Core, make_commit, tracer
@@ -73,6 +71,8 @@ from quarry.kv import store as kv
 from quarry.v1 import types_pb2
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from quarry.config import Settings
 
 log = logging.getLogger(__name__)
@@ -460,6 +460,10 @@ class Imports:
         batch (quarry.committed.columns) of BATCH_ROWS rows / BATCH_BYTES at most at a time,
         joined from the listing's chunks: no Entry or message per object. A cancel and the
         heartbeat are looked at once per chunk."""
+        # Imported here: Arrow (pyarrow, numpy) is for imports only, not for every process
+        # that loads graveler.
+        from quarry.committed.columns import BATCH_BYTES, BATCH_ROWS
+
         record = job.record
         next_save = self.clock() + self.heartbeat_seconds
         pending: list[ColumnChunk] = []
@@ -501,6 +505,10 @@ class Imports:
 
     @staticmethod
     def _batch(chunks: list[ColumnChunk]) -> pa.RecordBatch:
+        import pyarrow as pa  # only imports need Arrow (see _batches)
+
+        from quarry.committed.columns import chunks_batch
+
         try:
             return chunks_batch(chunks)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:

@@ -24,7 +24,9 @@ from typing import Any, TypeVar
 from google.protobuf.message import Message
 from prometheus_client import Counter
 
-from quarry import errors
+# Defined with the core's other errors (clients rebuild it by its reason without loading
+# this module's Prometheus counters); here for the decoders and their callers.
+from quarry.graveler.errors import CorruptRecord, show
 
 log = logging.getLogger(__name__)
 
@@ -38,38 +40,6 @@ CORRUPT_RECORDS_PARKED = Counter(
     "Corrupt work items a background loop moved aside (parked) so it could carry on",
     ["record"],
 )
-
-# Keys stored in the KV that are not partition names (at most 2 KB) may be anything; keep
-# messages and metadata readable.
-_MAX_SHOWN = 200
-
-
-class CorruptRecord(errors.DataLoss):
-    """A stored record cannot be read back. Metadata: partition, key, record (type)."""
-
-    reason = "CORRUPT_RECORD"
-
-    def __init__(
-        self,
-        message: str = "",
-        *,
-        partition: bytes = b"",
-        key: bytes = b"",
-        record: str = "",
-        metadata: dict[str, str] | None = None,
-        **kwargs: Any,
-    ):
-        shown = {"partition": show(partition), "key": show(key), "record": record}
-        super().__init__(message, metadata={**shown, **(metadata or {})}, **kwargs)
-        self.partition = partition
-        self.key = key
-        self.record = record
-
-
-def show(raw: bytes) -> str:
-    """A partition name or key as text for messages, metadata and reports."""
-    text = bytes(raw).decode("utf-8", "backslashreplace")
-    return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "..."
 
 
 # ---- what each record must hold ---------------------------------------------------------------
