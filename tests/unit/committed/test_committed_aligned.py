@@ -74,17 +74,25 @@ def _update_only_case(rng: random.Random, n: int, conflicts: bool):
     return base, source, dest
 
 
-def _merge_both_ways(new_manager, namespace, monkeypatch, models, strategy, **tuning):
+def _write_models(new_manager, namespace, models, **tuning) -> tuple[str, str, str]:
+    """The metaranges of (base, source, destination), written by a manager of their own."""
+    manager = new_manager(**tuning)
+    b, s, d = (write(manager, namespace, m) for m in models)
+    return b, s, d
+
+
+def _merge_both_ways(new_manager, namespace, monkeypatch, models, strategy, ids=None, **tuning):
     """The merge with plan_aligned and with every piece walked, each on a fresh manager
-    (its own caches) over the same files: (column-wise result, walked result, spy)."""
+    (its own caches) over the same files: (column-wise result, walked result, spy).
+    `ids`: the models' metaranges as _write_models wrote them (written here without)."""
+    ids = ids or _write_models(new_manager, namespace, models, **tuning)
     results = []
     spy = None
     for decline in (False, True):
         manager = new_manager(**tuning)
-        b, s, d = (write(manager, namespace, m) for m in models)
         current = Spy(monkeypatch, decline=decline)
         spy = spy or current
-        results.append(manager.merge_metaranges(namespace, b, s, d, strategy=strategy))
+        results.append(manager.merge_metaranges(namespace, *ids, strategy=strategy))
     return results[0], results[1], spy
 
 
@@ -92,9 +100,10 @@ def _merge_both_ways(new_manager, namespace, monkeypatch, models, strategy, **tu
 def test_column_wise_merge_equals_the_entry_walk(new_manager, namespace, monkeypatch, seed):
     rng = random.Random(seed)
     models = _update_only_case(rng, rng.choice([400, 900]), conflicts=seed % 3 == 0)
+    ids = _write_models(new_manager, namespace, models, target_range_entries=16)
     for strategy in STRATEGIES:
         fast, walked, spy = _merge_both_ways(
-            new_manager, namespace, monkeypatch, models, strategy, target_range_entries=16
+            new_manager, namespace, monkeypatch, models, strategy, ids, target_range_entries=16
         )
         context = f"seed={seed} strategy={strategy.name}"
         assert spy.merged > 0, context  # the fast path really ran
@@ -117,9 +126,10 @@ def test_a_range_changed_differently_on_both_sides_is_walked(new_manager, namesp
     base = {f"p/{i:04d}": ent(f"p/{i:04d}", 0) for i in range(200)}
     source, dest = dict(base), dict(base)
     source["p/0100"], dest["p/0100"] = ent("p/0100", 1), ent("p/0100", 2)
+    ids = _write_models(new_manager, namespace, (base, source, dest))
     for strategy in STRATEGIES:
         fast, walked, spy = _merge_both_ways(
-            new_manager, namespace, monkeypatch, (base, source, dest), strategy
+            new_manager, namespace, monkeypatch, (base, source, dest), strategy, ids
         )
         assert spy.merged == 0 and spy.declined >= 1
         assert (fast.metarange_id, fast.summary, fast.conflicts) == (
