@@ -94,6 +94,7 @@ class BranchManager:
         wait_until(
             lambda: len(children_of(process.pid)) >= WORKERS and accepts(metrics_port),
             timeout=60,
+            interval=0.1,  # each poll reads every process's /proc entry
             what="every worker and the metrics endpoint",
         )
         self.workers = sorted(children_of(process.pid))
