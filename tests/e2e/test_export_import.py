@@ -1,6 +1,8 @@
-"""`quarry store export` / `quarry store import` as real processes over SQLite stores: a repository with
-branches, tags, commits, merge hints, staged changes and a sealed token comes back identical
-in a fresh store, whatever format version the source store is stamped with."""
+"""`quarry store export` / `quarry store import` (the CLI's entry point, run as a child would see
+it: support.cli) over SQLite stores: a repository with branches, tags, commits, merge hints,
+staged changes and a sealed token comes back identical in a fresh store, whatever format
+version the source store is stamped with. (tests/e2e/test_format_rebuild.py runs this
+build's services as processes on a rebuilt store.)"""
 
 from __future__ import annotations
 
@@ -19,17 +21,14 @@ from quarry.kv.memory import MemoryStore
 from quarry.kv.partitions import staging_partition
 from quarry.kv.sqlite import SQLiteStore
 from quarry.runtime import format_version
-from support.processes import VENV_BIN, quarry_env
+from support import cli
+from support.processes import quarry_env
 
 
 def run_quarry(tmp_path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(VENV_BIN / "quarry"), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=quarry_env(tmp_path / "home"),
-    )
+    """`quarry ARGS`: its entry point, in this process as a child would see it (support.cli),
+    with a QUARRY_HOME of the test's own."""
+    return cli.run_quarry(args, quarry_env(tmp_path / "home"))
 
 
 def entry(path: str, version: int = 0) -> Entry:

@@ -35,20 +35,17 @@ from quarry.kv.sqlite import SQLiteStore
 from quarry.runtime import format_version
 from support import format_v1
 from support.auth import setup_admin_over_grpc
+from support.cli import run_quarry
 from support.processes import REPO_ROOT, VENV_BIN, free_port, quarry_env
 from support.wait import wait_until
 
 SERVICES = ("kv-gateway", "range-writer", "branch-manager", "committer", "compactor-sensor")
 
 
-def run_quarry(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(VENV_BIN / "quarry"), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=quarry_env(home, **env),
-    )
+def quarry(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """`quarry ARGS` (a command, not a service: its entry point in this process, as a child
+    would see it, support.cli) with QUARRY_HOME `home` and `env`."""
+    return run_quarry(args, quarry_env(home, **env))
 
 
 @contextlib.contextmanager
@@ -102,9 +99,7 @@ def client_for(env: dict[str, str]) -> Client:
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(VENV_BIN / "quarry"), *args], capture_output=True, text=True, timeout=60, env=env
-    )
+    return run_quarry(args, env)
 
 
 def tags_of(pattern: str) -> dict[str, bytes]:
@@ -180,13 +175,17 @@ def test_the_writer_leaves_genuine_format_1_data(v1):
 
 
 def test_this_build_refuses_format_1_with_the_rebuild_message(v1, tmp_path):
-    # The KV store: no service starts on it.
-    result = run_quarry(
-        tmp_path / "home",
-        "serve",
-        "kv-gateway",
-        QUARRY_KV_URL=f"sqlite:///{v1['db']}",
-        QUARRY_KV_GATEWAY_PORT=str(free_port()),
+    # The KV store: no service starts on it (a real `quarry serve`).
+    result = subprocess.run(
+        [str(VENV_BIN / "quarry"), "serve", "kv-gateway"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=quarry_env(
+            tmp_path / "home",
+            QUARRY_KV_URL=f"sqlite:///{v1['db']}",
+            QUARRY_KV_GATEWAY_PORT=str(free_port()),
+        ),
     )
     assert result.returncode != 0
     assert "storage format version '1'" in result.stderr
@@ -223,12 +222,12 @@ def test_this_build_refuses_format_1_with_the_rebuild_message(v1, tmp_path):
 def test_export_import_rebuilds_and_reads_back_every_entry(v1, tmp_path):
     before = {f: os.stat(f).st_mtime_ns for f in glob.glob(f"{v1['lake']}/*/_quarry/*/*")}
     dump, target = tmp_path / "dump.jsonl", tmp_path / "v2.db"
-    result = run_quarry(
+    result = quarry(
         tmp_path / "home", "store", "export", str(dump), "--kv-url", f"sqlite:///{v1['db']}"
     )
     assert result.returncode == 0, result.stderr
     assert "storage format 1" in result.stderr
-    result = run_quarry(
+    result = quarry(
         tmp_path / "home", "store", "import", str(dump), "--kv-url", f"sqlite:///{target}"
     )
     assert result.returncode == 0, result.stderr

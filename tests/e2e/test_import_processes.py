@@ -1,8 +1,11 @@
 """Zero-copy import with real processes: the four services as `quarry serve` children, the
-CLI (`quarry import`, `import status`, `quarry cat`) as users run it, and a committer killed
-with SIGKILL in the middle of an import: the branch is unchanged or fully imported, never
-in between; staged changes are never lost; the status reads FAILED once the heartbeat is
-stale, and the import runs again."""
+CLI (`quarry import`, `import status`, `quarry cat`; its entry point run as a child would
+see it, support.cli), and a committer killed with SIGKILL in the middle of an import: the
+branch is unchanged or fully imported, never in between; staged changes are never lost; the
+status reads FAILED once the heartbeat is stale, and the import runs again.
+
+The module's tests share the services (each works in a repository of its own); the kill
+test, last, restarts them all."""
 
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ import pytest
 
 from quarry.client import Client
 from quarry.v1 import committer_pb2 as cm
-from support.processes import VENV_BIN, free_port, quarry_env, quarry_serve, wait_serving
+from support.cli import run_quarry
+from support.processes import free_port, quarry_env, quarry_serve, wait_serving
 from support.wait import wait_until
 
 SERVICES = ("kv-gateway", "range-writer", "branch-manager", "committer")
@@ -32,7 +36,11 @@ class Processes:
             extra[f"QUARRY_{key}_PORT"] = str(port)
             extra[f"QUARRY_{key}_ADDRESS"] = f"127.0.0.1:{port}"
         extra["QUARRY_IMPORT_HEARTBEAT_SECONDS"] = "0.2"
-        extra["QUARRY_IMPORT_STALE_SECONDS"] = "3"
+        # A killed import reads FAILED this long after its last heartbeat (the test waits it
+        # out once); a running import must never go this long without one, on a loaded
+        # machine too (3 s was 15 heartbeats: too close for an import walking 40,000 files
+        # beside other busy processes).
+        extra["QUARRY_IMPORT_STALE_SECONDS"] = "10"
         self.env = quarry_env(home, **extra)
         self.stack = contextlib.ExitStack()
         self.children: dict[str, subprocess.Popen] = {}
@@ -47,23 +55,27 @@ class Processes:
             committer=f"127.0.0.1:{self.ports['committer']}",
         )
 
-    def quarry(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [str(VENV_BIN / "quarry"), *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=self.env,
-        )
+    def quarry(self, *args: str) -> subprocess.CompletedProcess:
+        return run_quarry(args, self.env)
+
+    def restart(self) -> None:
+        """Stop every service (those still running) and start them all again on the same
+        store."""
+        self.stack.close()
+        self.stack = contextlib.ExitStack()
+        for name in SERVICES:
+            self.start(name)
 
 
-@pytest.fixture
-def processes(tmp_path):
-    running = Processes(tmp_path / "home")
-    with running.stack:
+@pytest.fixture(scope="module")
+def processes(tmp_path_factory):
+    running = Processes(tmp_path_factory.mktemp("import-processes") / "home")
+    try:
         for name in SERVICES:
             running.start(name)
         yield running
+    finally:
+        running.stack.close()  # the services running now (the kill test restarts them)
 
 
 def _files(root: Path, n: int, per_dir: int = 1000) -> Path:
@@ -120,49 +132,47 @@ def test_a_committer_killed_mid_import_leaves_the_branch_whole(processes, tmp_pa
             status = client.get_import_status("kill", started.id)
             return status.objects_listed > 0 or status.state != cm.IMPORT_STATE_RUNNING
 
-        wait_until(listing_started, timeout=60, what="the import to list objects")
+        wait_until(listing_started, timeout=60, interval=0.1, what="the import to list objects")
     os.kill(processes.children["committer"].pid, signal.SIGKILL)
     processes.children["committer"].wait(30)
-    processes.stack.close()  # the other services stop too; all start again on the same store
-    processes.stack = contextlib.ExitStack()
-    with processes.stack:
-        for name in SERVICES:
-            processes.start(name)
-        with processes.client() as client:
-            status = wait_until(
-                lambda: (
-                    s
-                    if (s := client.get_import_status("kill", started.id)).state
-                    != cm.IMPORT_STATE_RUNNING
-                    else None
-                ),
-                timeout=30,
-                what="the killed import to read as ended",
-            )
-            head = client.get_branch("kill", "main").commit_id
-            paths = [o.path for o in client.iter_objects("kill", "main@", prefix="")]
-            data = [p for p in paths if p.startswith("data/")]
-            if status.state == cm.IMPORT_STATE_COMPLETED:  # it had swapped before the kill
-                assert len(data) == 40_000 and head == status.commit.id
-            else:
-                assert status.state == cm.IMPORT_STATE_FAILED and "stopped" in status.error
-                assert head == before.id and data == ["data/old"]
-            assert "keep" in paths
-            # The staged change is still staged.
-            assert [c.path for c in client.iter_uncommitted("kill", "main")] == ["staged/a"]
-            again = client.start_import("kill", "main", [(str(source), "data")])
-            final = wait_until(
-                lambda: (
-                    s
-                    if (s := client.get_import_status("kill", again.id)).state
-                    != cm.IMPORT_STATE_RUNNING
-                    else None
-                ),
-                timeout=120,
-                what="the import run again",
-            )
-            assert final.state == cm.IMPORT_STATE_COMPLETED, final.error
-            assert final.objects_listed == 40_000
-            paths = [o.path for o in client.iter_objects("kill", "main", prefix="")]
-            assert len([p for p in paths if p.startswith("data/")]) == 40_000
-            assert "staged/a" in paths and "keep" in paths
+    processes.restart()  # the other services stop too; all start again on the same store
+    with processes.client() as client:
+        status = wait_until(
+            lambda: (
+                s
+                if (s := client.get_import_status("kill", started.id)).state
+                != cm.IMPORT_STATE_RUNNING
+                else None
+            ),
+            timeout=60,
+            interval=0.25,  # an RPC per poll, for the stale time: not every 20 ms
+            what="the killed import to read as ended",
+        )
+        head = client.get_branch("kill", "main").commit_id
+        paths = [o.path for o in client.iter_objects("kill", "main@", prefix="")]
+        data = [p for p in paths if p.startswith("data/")]
+        if status.state == cm.IMPORT_STATE_COMPLETED:  # it had swapped before the kill
+            assert len(data) == 40_000 and head == status.commit.id
+        else:
+            assert status.state == cm.IMPORT_STATE_FAILED and "stopped" in status.error
+            assert head == before.id and data == ["data/old"]
+        assert "keep" in paths
+        # The staged change is still staged.
+        assert [c.path for c in client.iter_uncommitted("kill", "main")] == ["staged/a"]
+        again = client.start_import("kill", "main", [(str(source), "data")])
+        final = wait_until(
+            lambda: (
+                s
+                if (s := client.get_import_status("kill", again.id)).state
+                != cm.IMPORT_STATE_RUNNING
+                else None
+            ),
+            timeout=120,
+            interval=0.25,
+            what="the import run again",
+        )
+        assert final.state == cm.IMPORT_STATE_COMPLETED, final.error
+        assert final.objects_listed == 40_000
+        paths = [o.path for o in client.iter_objects("kill", "main", prefix="")]
+        assert len([p for p in paths if p.startswith("data/")]) == 40_000
+        assert "staged/a" in paths and "keep" in paths

@@ -1,7 +1,8 @@
 """The whole suite under TLS and under mTLS, as users run it: five `quarry serve` processes on
 127.0.0.1 sharing one certificate (QUARRY_TLS_CERT_FILE/KEY_FILE/CA_FILE, and
-QUARRY_TLS_CLIENT_AUTH for mTLS), driven by the real `quarry` CLI with the CA (and under mTLS
-a client certificate) in its environment, and by grpcurl with -cacert/-cert/-key.
+QUARRY_TLS_CLIENT_AUTH for mTLS), driven by the `quarry` CLI with the CA (and under mTLS
+a client certificate) in its environment (its entry point run as a child would see it,
+support.cli), and by grpcurl with -cacert/-cert/-key.
 
 A plaintext CLI, a CLI trusting another CA, and under mTLS a CLI without a certificate are
 refused with one line naming TLS, no traceback. `quarry serve` refuses a non-loopback
@@ -26,6 +27,7 @@ from quarry.config import load_settings
 from quarry.runtime.channels import open_channel
 from quarry.runtime.tls import channel_security
 from support.auth import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY, admin_token_source
+from support.cli import run_quarry
 from support.processes import VENV_BIN, free_port, quarry_env, quarry_serve, wait_serving
 from support.tls import make_pki
 
@@ -99,10 +101,10 @@ def cluster(request, pki, tmp_path_factory):
             assert child.poll() is None, f"{name} died: {child.stderr.read()}"
 
 
-def quarry(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(VENV_BIN / "quarry"), *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
+def quarry(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """`quarry ARGS` with `env` as its environment (its entry point, in this process as a
+    child would see it: support.cli); the services it calls are the TLS processes."""
+    return run_quarry(args, env)
 
 
 def ok(env: dict[str, str], *args: str) -> str:

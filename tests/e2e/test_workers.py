@@ -94,24 +94,43 @@ class BranchManager:
         wait_until(
             lambda: len(children_of(process.pid)) >= WORKERS and accepts(metrics_port),
             timeout=60,
+            interval=0.1,  # each poll reads every process's /proc entry
             what="every worker and the metrics endpoint",
         )
         self.workers = sorted(children_of(process.pid))
 
 
-@pytest.fixture
-def branch_manager(dependencies) -> Iterator[BranchManager]:
-    env, ports = dependencies
-    metrics_port = free_port()
+@contextlib.contextmanager
+def serving_branch_manager(env: dict[str, str]) -> Iterator[BranchManager]:
+    """`quarry serve branch-manager` with WORKERS workers, on a port and a metrics port of its
+    own (a test's own branch-manager may run beside the module's)."""
+    port, metrics_port = free_port(), free_port()
     env = dict(
         env,
         QUARRY_BRANCH_MANAGER_WORKERS=str(WORKERS),
+        QUARRY_BRANCH_MANAGER_PORT=str(port),
+        QUARRY_BRANCH_MANAGER_ADDRESS=f"127.0.0.1:{port}",
         # The branch-manager's metrics port is this base + its service index.
         QUARRY_METRICS_BASE_PORT=str(metrics_port - SERVICES.index("branch-manager")),
         QUARRY_LOG_FORMAT="json",
     )
     with quarry_serve("branch-manager", env) as process:
-        yield BranchManager(process, f"127.0.0.1:{ports['branch-manager']}", metrics_port)
+        yield BranchManager(process, f"127.0.0.1:{port}", metrics_port)
+
+
+@pytest.fixture(scope="module")
+def shared_branch_manager(dependencies) -> Iterator[BranchManager]:
+    """One branch-manager for the tests that only call it (each in a repository of its own,
+    counting metrics as differences): a start costs a supervisor and WORKERS processes."""
+    with serving_branch_manager(dependencies[0]) as running:
+        yield running
+
+
+@pytest.fixture
+def branch_manager(dependencies) -> Iterator[BranchManager]:
+    """A branch-manager of the test's own, for a test that stops or kills it."""
+    with serving_branch_manager(dependencies[0]) as running:
+        yield running
 
 
 def own_connection(target: str) -> grpc.Channel:
@@ -151,7 +170,8 @@ def entry(path: str, checksum: str) -> types_pb2.Entry:
     return types_pb2.Entry(path=path, physical_address=f"s3://b/{path}", checksum=checksum)
 
 
-def test_a_branch_manager_with_workers_serves_on_every_worker(branch_manager):
+def test_a_branch_manager_with_workers_serves_on_every_worker(shared_branch_manager):
+    branch_manager = shared_branch_manager
     assert len(branch_manager.workers) == WORKERS
     # Connections land on every worker, each answering for itself (ServerInfo.process_id).
     with channel_per_worker(branch_manager.target, branch_manager.workers) as channels:
@@ -160,7 +180,10 @@ def test_a_branch_manager_with_workers_serves_on_every_worker(branch_manager):
     assert branch_manager.process.pid not in branch_manager.workers
 
 
-def test_a_write_through_one_worker_is_read_through_another(branch_manager, dependencies, tmp_path):
+def test_a_write_through_one_worker_is_read_through_another(
+    shared_branch_manager, dependencies, tmp_path
+):
+    branch_manager = shared_branch_manager
     _env, ports = dependencies
     with (
         channel_per_worker(branch_manager.target, branch_manager.workers) as channels,
@@ -224,7 +247,8 @@ def rpc_count(metrics_text: str, method: str) -> float:
     return sum(float(value) for value in found)
 
 
-def test_the_metrics_port_reports_the_sum_of_the_workers(branch_manager):
+def test_the_metrics_port_reports_the_sum_of_the_workers(shared_branch_manager):
+    branch_manager = shared_branch_manager
     method = "quarry.v1.ServerInfo/GetServerInfo"
     calls = {pid: 3 + i for i, pid in enumerate(branch_manager.workers)}
 

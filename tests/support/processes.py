@@ -69,7 +69,13 @@ def quarry_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def wait_serving(target: str, timeout: float = 20.0) -> None:
+# How long a test waits for a process to start serving (or reach another health status):
+# a bound on a hang, not a time anything should take. A service's start costs seconds of
+# CPU (imports); on a loaded machine (more test workers than cores) 20 s was not enough.
+READY_TIMEOUT = 90.0
+
+
+def wait_serving(target: str, timeout: float = READY_TIMEOUT) -> None:
     wait_health(target, health_pb2.HealthCheckResponse.SERVING, timeout=timeout)
 
 
@@ -90,7 +96,7 @@ def wait_health(
     target: str,
     status: int,
     service: str = "",
-    timeout: float = 20.0,
+    timeout: float = READY_TIMEOUT,
     child: subprocess.Popen | None = None,
 ) -> None:
     """Poll until `service` at `target` reports `status` (e.g. NOT_SERVING); fail early if
