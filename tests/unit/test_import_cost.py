@@ -5,7 +5,8 @@ of service and CLI processes, and each pays for every module it imports).
   service's module: a service module imports its implementation in build(), never at the top.
 - The CLI (`quarry --help`, every client command) loads no server side, no Arrow, no
   Prometheus (the client rebuilds CorruptRecord from quarry.graveler.errors).
-- The versioning core loads Arrow only for an import, PyYAML only for an action file.
+- The versioning core loads Arrow only for an import, PyYAML only for an action file; the
+  console loads Jinja2 for its first page.
 - A worker supervisor (`quarry serve branch-manager` with workers) loads no gRPC server.
 
 Each probe runs in a fresh interpreter and names what it found loaded.
@@ -106,6 +107,18 @@ def test_the_core_loads_arrow_only_for_an_import_and_yaml_only_for_action_files(
     assert _top(found) == {
         "quarry.actions.files": ["yaml"],
     }
+
+
+def test_the_console_loads_jinja2_on_its_first_page():
+    """The console's app and templates load no Jinja2 until a page is rendered."""
+    found = loaded(
+        ["quarry.console.app", "quarry.console.templates", "json"],
+        ("jinja2",),
+        after="if name == 'json': print(len(sys.modules['quarry.console.templates'].Templates()"
+        ".render('login.html', request=None, session=None, csrf='c', message='', next='/')),"
+        " file=sys.stderr)",
+    )
+    assert _top(found) == {"json": ["jinja2"]}
 
 
 def test_a_worker_supervisor_loads_no_grpc_server(tmp_path: Path):

@@ -4,10 +4,12 @@ is escaped where it is shown)."""
 from __future__ import annotations
 
 import datetime
+import functools
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jinja2
+if TYPE_CHECKING:
+    import jinja2
 
 FOLDER = Path(__file__).parent / "html"
 
@@ -29,8 +31,14 @@ def size(n: int) -> str:
 
 
 class Templates:
-    def __init__(self) -> None:
-        self._env = jinja2.Environment(
+    """The console's pages. The Jinja2 environment is made on the first render: a console
+    that serves no page (most of a `quarry up`'s life) never loads Jinja2."""
+
+    @functools.cached_property
+    def _env(self) -> jinja2.Environment:
+        import jinja2
+
+        env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(str(FOLDER)),
             autoescape=True,
             undefined=jinja2.StrictUndefined,
@@ -39,9 +47,10 @@ class Templates:
             # The templates ship with the package: no stat() of each file on every render.
             auto_reload=False,
         )
-        self._env.filters["time"] = timestamp
-        self._env.filters["size"] = size
-        self._env.filters["short"] = lambda s: (s or "")[:12]
+        env.filters["time"] = timestamp
+        env.filters["size"] = size
+        env.filters["short"] = lambda s: (s or "")[:12]
+        return env
 
     def render(self, name: str, **values: Any) -> str:
         return self._env.get_template(name).render(**values)

@@ -81,6 +81,7 @@ def serve_asgi(
     config = uvicorn.Config(
         app,
         http="httptools",
+        ws="none",  # no WebSockets served: uvicorn would otherwise load an implementation
         lifespan="off",
         log_config=None,
         access_log=False,
