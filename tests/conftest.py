@@ -208,26 +208,64 @@ def python_writer(spark):
 # ---- parallel runs (pytest-xdist, `make test`: -n auto --dist loadfile) --------------------
 # Each module's tests run on one worker (loadfile), so a module's expensive module-scoped
 # fixtures (a suite of servers, a chaos run) start once; what every test shares per process
-# (dynalite, moto_server, the Spark session) starts once per worker; ports come from
-# support.ports, race-free across workers. (xdist's loadgroup would put every Spark module on
-# one worker, but it does not work with pytest 9: it renames items through an attribute
-# pytest no longer reads.)
+# (dynalite, moto_server) starts once per worker; ports come from support.ports, race-free
+# across workers. The modules that use the Spark session run on ONE worker, one after
+# another (SPARK_MODULES, one work unit of the scheduler below), so a run starts one session
+# JVM, not one per worker: a session costs ~20 CPU-s to start and warm up on this machine,
+# and its Python workers import quarry.spark again in each JVM. (xdist's own loadgroup
+# would do it with an xdist_group mark, but it does not work with pytest 9: it renames items
+# through an attribute pytest no longer reads; and it spreads ungrouped tests one by one,
+# which starts a module's fixtures on every worker.)
 # Longest first: the Spark and end-to-end modules start before the unit tests fill the gaps.
 # xdist keeps this order only with --no-loadscope-reorder (the Makefile passes it): by default
 # it hands out the modules with the most tests first, which put the Spark GC, chaos and podman
 # modules (a few long tests each) at the end of the run, alone on one worker.
 ORDER = ("tests/e2e/", "tests/integration/", "tests/unit/")
 
+# Every module with a test that uses the `spark` fixture (checked at collection below).
+SPARK_MODULES = frozenset(
+    {
+        "tests/e2e/test_spark.py",
+        "tests/e2e/test_spark_gc.py",
+        "tests/e2e/test_spark_s3.py",
+        "tests/e2e/test_import_gc.py",
+        "tests/e2e/test_observability.py",
+    }
+)
+SPARK_WORK_UNIT = "spark session modules"
+
 
 def pytest_collection_modifyitems(config, items) -> None:
     root = Path(str(config.rootpath))
     module_of = {item: Path(str(item.path)).relative_to(root).as_posix() for item in items}
     spark_modules = {module_of[item] for item in items if "spark" in item.fixturenames}
+    unlisted = spark_modules - SPARK_MODULES
+    if unlisted:
+        # Not listed, such a module would run on another worker and start a second JVM.
+        raise pytest.UsageError(
+            f"{', '.join(sorted(unlisted))} use the spark fixture: add them to SPARK_MODULES "
+            "in tests/conftest.py (their tests must run on the worker that has the session)"
+        )
 
     def rank(item) -> int:
         module = module_of[item]
-        if module in spark_modules:
+        if module in SPARK_MODULES:
             return -1
         return next((i for i, prefix in enumerate(ORDER) if module.startswith(prefix)), len(ORDER))
 
     items.sort(key=rank)  # stable: the order within a module is kept
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile with the Spark modules as one work unit (one worker, one JVM)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SparkOnOneWorker(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return SPARK_WORK_UNIT if module in SPARK_MODULES else module
+
+    return SparkOnOneWorker(config, log)
