@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import grpc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from quarry.auth.request_ids import ID_ALIASES
@@ -50,6 +50,15 @@ EXAMPLES_READ = 10
 EXAMPLES_MUTATE = 20
 # Every RPC whose name does not say it only reads is treated as mutating (a new RPC too).
 READ_ONLY_PREFIXES = ("Get", "List", "Stat", "Diff", "Log", "Find", "Scan", "BatchGet")
+
+
+# The examples' seed, pinned: derandomize alone seeds from the text of the test function,
+# so any edit of it drew other examples for every RPC. This is the seed that text gave
+# (the examples this module has run since); change it only on purpose.
+EXAMPLES_SEED = int(
+    "29798552046421438678927092741675084349455094569993999472916441247657768235422828292669823"
+    "307531178016542010479950060"
+)
 
 
 def is_mutating(rpc_name: str) -> bool:
@@ -144,16 +153,17 @@ def _code(exc: grpc.RpcError) -> grpc.StatusCode:
     return exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
 
 
-def ensure_fixture(world: World) -> None:
+def ensure_fixture(world: World, iam: bool = True) -> None:
     """Bring repository `demo` back to: main with two commits (a/1, a/2, b/c.csv), branch dev
-    off main with staged changes, tag v1; repository `other` exists; the IAM ids of the
-    pools exist. Then refresh the pools from what exists.
+    off main with staged changes, tag v1; repository `other` exists; with `iam`, the IAM ids
+    of the pools exist. Then refresh the pools from what exists.
 
     Cheap when all is in place: one read of dev's staged changes and the snapshot, which the
     next example takes as its "before" anyway (and whose lists say whether the repositories,
     main's commits, dev and v1 are there); only when something is missing the reads and
     creates of restore_fixture run."""
-    ensure_iam_fixture(world)
+    if iam:
+        ensure_iam_fixture(world)
     if not _fixture_in_shape(world):
         restore_fixture(world)
     # Pools: what exists now, so the next example can name it.
@@ -304,9 +314,10 @@ def ensure_iam_fixture(world: World) -> None:
 def snapshot(world: World) -> dict:
     """What a user can observe: repositories, branches and heads, tags, listings of main and
     dev (dev including uncommitted changes), main's log, and other's branches. Taken again
-    only after a call (World.channel): nothing else changes what a user observes (the
-    background loops compact and drop, which keeps every listing as it was), so one
-    snapshot per example serves as the example's "after" and the next one's "before"."""
+    only after a call (World.channel) other than a read that succeeded: nothing else changes
+    what a user observes (the background loops compact and drop, which keeps every listing
+    as it was), so one snapshot per example serves as the example's "after" and the next
+    one's "before"."""
     if world.last_snapshot is not None:
         return dict(world.last_snapshot)
     observed = _observe(world)
@@ -458,6 +469,7 @@ def test_rpc_never_internal_and_errors_change_nothing(world, method_name):
         suppress_health_check=list(HealthCheck),
         print_blob=False,
     )
+    @seed(EXAMPLES_SEED)
     @given(data=st.data())
     def run(data):
         request = data.draw(strategy, label="request")
@@ -465,6 +477,7 @@ def test_rpc_never_internal_and_errors_change_nothing(world, method_name):
         world.examples[method_name] += 1
         codes = world.codes.setdefault(method_name, Counter())
         naming = id_naming(request, alias) if alias else ""
+        kept = world.last_snapshot
         try:
             call(world.channel(service), method, request)
         except grpc.RpcError as exc:
@@ -509,8 +522,14 @@ def test_rpc_never_internal_and_errors_change_nothing(world, method_name):
         if method.name == "CreateRepository" and len(world.pools.repositories) < 8:
             world.pools.repositories.append(request.name)
             world.pools.disposable_repositories.append(request.name)
-        if checks_state and is_mutating(method.name):
-            ensure_fixture(world)
+        if not is_mutating(method.name):
+            # A read that succeeded changed nothing: its "before" stays the next example's
+            # (were a read to change what a user observes, the next failed call's
+            # comparison would show it).
+            world.last_snapshot = kept
+        elif checks_state:
+            # Only an Auth RPC creates or deletes IAM ids.
+            ensure_fixture(world, iam=service == "Auth")
 
     run()
     # A request without fields has one possible value; every other RPC runs its full count.

@@ -1,8 +1,8 @@
 """The contract suites are importable from outside tests/ (issue 24): a new backend runs
 them by subclassing quarry.testing's classes. Here a project of its own - a temporary
-directory with one test module, no tests/ on the path, no conftest - runs the KV, blob and
+directory with two test modules, no tests/ on the path, no conftest - runs the KV, blob and
 committed contracts for the memory, local-directory and in-process backends in a child
-pytest, and a deliberately broken store fails the KV contract there."""
+pytest, and a deliberately broken store fails the KV contract in the same run."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
+from collections import Counter
+
+import pytest
 
 OUTSIDE = textwrap.dedent(
     """
@@ -78,13 +80,17 @@ BROKEN = textwrap.dedent(
 )
 
 
-def run_outside(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
-    project = tmp_path / "elsewhere"
-    project.mkdir()
-    (project / "test_my_backend.py").write_text(source)
+@pytest.fixture(scope="module")
+def outside(tmp_path_factory) -> subprocess.CompletedProcess:
+    """One child pytest (one interpreter start-up for both tests below) in a project of its
+    own: the module of the memory/local/in-process backends and the broken store's."""
+    project = tmp_path_factory.mktemp("elsewhere")
+    (project / "test_my_backend.py").write_text(OUTSIDE)
+    (project / "test_broken_backend.py").write_text(BROKEN)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"],
+        # -rA: every test's outcome in the summary, so each module's are told apart.
+        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-p", "no:xdist"],
         cwd=project,
         env=env,
         capture_output=True,
@@ -93,18 +99,26 @@ def run_outside(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
     )
 
 
-def passed(output: str) -> int:
-    found = re.search(r"(\d+) passed", output)
-    return int(found.group(1)) if found else 0
+def outcomes(output: str, module: str) -> Counter:
+    """PASSED/FAILED/SKIPPED/ERROR... of `module`'s tests, from the child's -rA summary."""
+    return Counter(
+        outcome
+        for outcome, name in re.findall(r"^([A-Z]+) (\w+)\.py::", output, re.MULTILINE)
+        if name == module
+    )
 
 
-def test_a_new_backend_runs_the_contracts_by_importing_them(tmp_path):
-    result = run_outside(tmp_path, OUTSIDE)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert passed(result.stdout) >= 100, result.stdout[-500:]
+def test_a_new_backend_runs_the_contracts_by_importing_them(outside):
+    mine = outcomes(outside.stdout, "test_my_backend")
+    assert set(mine) <= {"PASSED", "SKIPPED"}, outside.stdout[-3000:] + outside.stderr[-3000:]
+    assert mine["PASSED"] >= 100, outside.stdout[-500:]
 
 
-def test_the_kv_contract_fails_a_store_that_breaks_it(tmp_path):
-    result = run_outside(tmp_path, BROKEN)
-    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "failed" in result.stdout and "test_set_if_absent" in result.stdout
+def test_the_kv_contract_fails_a_store_that_breaks_it(outside):
+    assert outside.returncode == 1, outside.stdout[-3000:] + outside.stderr[-3000:]
+    assert outcomes(outside.stdout, "test_broken_backend")["FAILED"] >= 1
+    assert re.search(
+        r"^FAILED test_broken_backend\.py::TestBroken::test_set_if_absent",
+        outside.stdout,
+        re.MULTILINE,
+    ), outside.stdout[-3000:]
