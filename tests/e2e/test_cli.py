@@ -1,6 +1,8 @@
 """The `quarry` command as a newcomer runs it: up, serve, version — as real processes."""
 
+import os
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -12,6 +14,9 @@ from quarry.cli.main import SERVICE_MODULES
 from quarry.kv.sqlite import SQLiteStore
 from quarry.v1 import server_info_pb2, server_info_pb2_grpc
 from support.processes import VENV_BIN, free_port, quarry_env, quarry_serve, wait_serving
+from support.wait import wait_until
+
+DATABASE_FILES = ("kv.db", "kv.db-wal", "kv.db-shm")
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,14 +55,18 @@ def test_up_starts_the_suite_on_embedded_defaults_and_stops_on_ctrl_c(tmp_path):
             for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
         },
     )
-    child = subprocess.Popen(
-        [str(VENV_BIN / "quarry"), "up"],
-        env=env,
-        cwd=REPO,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    old_umask = os.umask(0o022)  # the usual umask, which made kv.db 0644 before
+    try:
+        child = subprocess.Popen(
+            [str(VENV_BIN / "quarry"), "up"],
+            env=env,
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    finally:
+        os.umask(old_umask)
     try:
         banner = read_until(child, "Press Ctrl-C")
         for name, p in ports.items():
@@ -91,7 +100,15 @@ def test_up_starts_the_suite_on_embedded_defaults_and_stops_on_ctrl_c(tmp_path):
             )
         assert info.service == "kv-gateway"
         # The embedded default: a SQLite file under QUARRY_HOME, stamped with the format.
-        assert (tmp_path / "home" / "kv.db").exists()
+        home = tmp_path / "home"
+        assert (home / "kv.db").exists()
+        # It holds every credential hash: only its owner may read it, or the directory
+        # `quarry up` created for it (issue 23, item 4; tests/e2e/test_kv_file_modes.py for
+        # the kv-gateway alone).
+        wait_until(lambda: all((home / name).exists() for name in DATABASE_FILES), timeout=20)
+        for name in DATABASE_FILES:
+            assert stat.S_IMODE((home / name).stat().st_mode) == 0o600, name
+        assert stat.S_IMODE(home.stat().st_mode) == 0o700
         child.send_signal(signal.SIGINT)
         out, err = child.communicate(timeout=30)
         assert child.returncode == 0, err

@@ -525,7 +525,11 @@ def run(tmp_path_factory, request):
     (home / "lake").mkdir()
     cluster = Cluster(
         home,
-        QUARRY_STAGING_DROP_GRACE_SECONDS="3",
+        # A retired staging token is dropped this long after its branch moved on: readers
+        # that still hold the old branch record must have finished by then. A call here may
+        # take CALL_TIMEOUT on a loaded machine, so no shorter (3 s could drop a token a slow
+        # listing still read, a stale listing the product's own rules allow).
+        QUARRY_STAGING_DROP_GRACE_SECONDS=str(CALL_TIMEOUT),
         QUARRY_STAGING_DROP_INTERVAL_SECONDS="1",
         QUARRY_SHUTDOWN_GRACE_SECONDS="2",
         QUARRY_COMPACTION_STAGED_ENTRIES_THRESHOLD="300",

@@ -1,6 +1,8 @@
 """The embedded KV database holds every credential hash and all metadata: only its owner may
-read it (issue 23, item 4). Real `quarry serve kv-gateway` and `quarry up` processes, started
-as users start them, then the modes of kv.db, kv.db-wal, kv.db-shm and their directory.
+read it (issue 23, item 4). Real `quarry serve kv-gateway` processes, started as users start
+them, then the modes of kv.db, kv.db-wal, kv.db-shm and their directory. (`quarry up` on a
+fresh home: tests/e2e/test_cli.py's test of `quarry up` checks the same modes, and those of
+the home it creates, without a `quarry up` of its own here.)
 
 The attack was a local user reading kv.db (0644 in a 0755 directory). The database and its
 WAL files must be 0600, a directory the store or `quarry up` creates 0700, and files an older
@@ -11,17 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sqlite3
 import stat
-import subprocess
 from pathlib import Path
 
-from quarry.cli.main import SERVICE_MODULES
 from quarry.kv.remote import RemoteStore
-from support.auth import setup_admin_over_grpc
-from support.processes import VENV_BIN, free_port, quarry_env, quarry_serve, wait_serving
-from support.wait import wait_until
+from support.processes import free_port, quarry_env, quarry_serve, wait_serving
 
 DATABASE_FILES = ("kv.db", "kv.db-wal", "kv.db-shm")
 
@@ -84,45 +81,3 @@ def test_kv_gateway_tightens_a_database_an_older_version_left_readable(tmp_path)
         assert "tightened" in err and "kv.db" in err
     finally:
         os.umask(old_umask)
-
-
-def test_quarry_up_keeps_its_home_and_database_owner_only(tmp_path):
-    home = tmp_path / "home"
-    ports = {name: free_port() for name in SERVICE_MODULES}
-    env = quarry_env(
-        home,
-        **{
-            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-            for name, p in ports.items()
-            for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
-        },
-    )
-    old_umask = os.umask(0o022)
-    up = subprocess.Popen(
-        [str(VENV_BIN / "quarry"), "up"],
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    os.umask(old_umask)
-    try:
-        seen: list[str] = []
-        while not any("Press Ctrl-C" in line for line in seen):
-            line = up.stdout.readline()  # type: ignore[union-attr]
-            assert line, "".join(seen)
-            seen.append(line)
-        setup_admin_over_grpc(f"127.0.0.1:{ports['branch-manager']}")
-        wait_until(lambda: all((home / name).exists() for name in DATABASE_FILES), timeout=20)
-        for name in DATABASE_FILES:
-            assert mode(home / name) == 0o600, (name, oct(mode(home / name)))
-        assert mode(home) == 0o700
-    finally:
-        if up.poll() is None:
-            os.killpg(up.pid, signal.SIGINT)
-            try:
-                up.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(up.pid, signal.SIGKILL)
-                up.wait()

@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -69,13 +71,37 @@ def entry(path: str, version: int = 0) -> Entry:
     return Entry(path, f"/data/{path}@{version}", len(path) + version, f"{version:032x}")
 
 
-def one_apply(reference, tmp_path, entries, version):
-    """Changes to every 40th entry, and their result applied in one apply by `reference` (in
-    a namespace of its own: ids do not depend on it)."""
-    changes = [(e.path, entry(e.path, version)) for e in entries[::40]]
-    other = str(tmp_path / f"other{version}")
-    base = reference.write_metarange(other, entries).metarange_id
-    return changes, reference.apply_changes(other, base, changes)
+@dataclass
+class Reference:
+    """A large base metarange (120,000 entries: enough ranges for spans of
+    MIN_RANGES_PER_SPAN) and what one apply by one manager gives for each version of changes.
+    Written once per module: the tests copy the base's namespace (ids do not depend on it)."""
+
+    namespace: Path
+    base: str
+    applies: dict[int, tuple[list, object]]
+
+    def lake(self, tmp_path: Path) -> str:
+        """A copy of the base's namespace for one test's range-writer to write into."""
+        copy = tmp_path / "lake"
+        shutil.copytree(self.namespace, copy)
+        return str(copy)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Reference:
+    root = tmp_path_factory.mktemp("reference")
+    entries = [entry(f"d{i // 1000:03d}/f{i:06d}") for i in range(120_000)]
+    manager = CommittedManager(LocalBlobStore, None)
+    base = manager.write_metarange(str(root / "lake"), entries).metarange_id
+    applies = {}
+    for version in (1, 2):
+        # Changes to every 40th entry, and their result applied in one apply.
+        changes = [(e.path, entry(e.path, version)) for e in entries[::40]]
+        other = str(root / f"other{version}")
+        other_base = manager.write_metarange(other, entries).metarange_id
+        applies[version] = (changes, manager.apply_changes(other, other_base, changes))
+    return Reference(root / "lake", base, applies)
 
 
 def range_files(namespace: str) -> set[str]:
@@ -92,7 +118,7 @@ def written_range_files_metric(metrics_port: int) -> float:
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
-def test_range_writer_worker_processes(tmp_path, stop):
+def test_range_writer_worker_processes(tmp_path, stop, reference):
     port = free_port()
     # The range-writer listens for metrics on QUARRY_METRICS_BASE_PORT + its service index.
     metrics_port = free_port()
@@ -104,11 +130,8 @@ def test_range_writer_worker_processes(tmp_path, stop):
         QUARRY_RANGE_WRITER_PROCESSES="2",
         QUARRY_RANGE_WRITER_FAN_OUT_MIN_CHANGES="100",
     )
-    namespace = str(tmp_path / "lake")
-    entries = [entry(f"d{i // 1000:03d}/f{i:06d}") for i in range(120_000)]
-    reference = CommittedManager(LocalBlobStore, None)
-    changes, expected = one_apply(reference, tmp_path, entries, 1)
-    base = reference.write_metarange(namespace, entries).metarange_id
+    namespace, base = reference.lake(tmp_path), reference.base
+    changes, expected = reference.applies[1]
     with quarry_serve("range-writer", env) as server:
         wait_serving(f"127.0.0.1:{port}", timeout=60)
         deadline = time.monotonic() + 60
@@ -139,7 +162,7 @@ def test_range_writer_worker_processes(tmp_path, stop):
 STOPPED_WORKER_SPAN_TIMEOUT = 30
 
 
-def test_a_stopped_worker_does_not_hold_a_commit(tmp_path):
+def test_a_stopped_worker_does_not_hold_a_commit(tmp_path, reference):
     """A worker that stops answering (SIGSTOP) costs a large apply only the span timeout: the
     range-writer applies that span itself, kills its worker and starts a fresh one, which
     takes the next apply's span. (One worker: a stopped worker holds no span while another
@@ -153,10 +176,7 @@ def test_a_stopped_worker_does_not_hold_a_commit(tmp_path):
         QUARRY_RANGE_WRITER_FAN_OUT_MIN_CHANGES="100",
         QUARRY_RANGE_WRITER_SPAN_TIMEOUT_SECONDS=str(STOPPED_WORKER_SPAN_TIMEOUT),
     )
-    namespace = str(tmp_path / "lake")
-    entries = [entry(f"d{i // 1000:03d}/f{i:06d}") for i in range(120_000)]
-    reference = CommittedManager(LocalBlobStore, None)
-    base = reference.write_metarange(namespace, entries).metarange_id
+    namespace, base = reference.lake(tmp_path), reference.base
     stopped: list[int] = []
     with quarry_serve("range-writer", env) as server:
         wait_serving(f"127.0.0.1:{port}", timeout=60)
@@ -170,7 +190,7 @@ def test_a_stopped_worker_does_not_hold_a_commit(tmp_path):
             stopped.append(workers[0])
             with RemoteRangeWriter(f"127.0.0.1:{port}", timeout=120) as remote:
                 for version in (1, 2):
-                    changes, expected = one_apply(reference, tmp_path, entries, version)
+                    changes, expected = reference.applies[version]
                     started = time.monotonic()
                     result = remote.apply_changes(namespace, base, changes)
                     assert result.metarange_id == expected.metarange_id
@@ -193,7 +213,7 @@ def test_a_stopped_worker_does_not_hold_a_commit(tmp_path):
                     os.kill(pid, signal.SIGKILL)
 
 
-def test_a_stopped_peer_range_writer_does_not_hold_a_commit(tmp_path):
+def test_a_stopped_peer_range_writer_does_not_hold_a_commit(tmp_path, reference):
     """Two real range-writers, A with B as its peer (QUARRY_RANGE_WRITER_PEERS). B takes a
     span of a first large apply, then is stopped (SIGSTOP: a frozen or partitioned pod, the
     connection still open). A second large apply through A still returns the metarange of
@@ -211,10 +231,7 @@ def test_a_stopped_peer_range_writer_does_not_hold_a_commit(tmp_path):
         QUARRY_RANGE_WRITER_PEERS=f"127.0.0.1:{b_port}",
         **common,
     )
-    namespace = str(tmp_path / "lake")
-    entries = [entry(f"d{i // 1000:03d}/f{i:06d}") for i in range(120_000)]
-    reference = CommittedManager(LocalBlobStore, None)
-    base = reference.write_metarange(namespace, entries).metarange_id
+    namespace, base = reference.lake(tmp_path), reference.base
     with quarry_serve("range-writer", env_b) as peer, quarry_serve("range-writer", env_a):
         wait_serving(f"127.0.0.1:{b_port}", timeout=60)
         wait_serving(f"127.0.0.1:{a_port}", timeout=60)
@@ -223,7 +240,7 @@ def test_a_stopped_peer_range_writer_does_not_hold_a_commit(tmp_path):
                 for version in (1, 2):
                     if version == 2:
                         os.kill(peer.pid, signal.SIGSTOP)
-                    changes, expected = one_apply(reference, tmp_path, entries, version)
+                    changes, expected = reference.applies[version]
                     started = time.monotonic()
                     result = remote.apply_changes(namespace, base, changes)
                     assert time.monotonic() - started < 60
