@@ -536,12 +536,14 @@ def test_entries_and_reads_by_branch_commit_tag_and_committed_state(spark, clien
 
 
 def test_entries_of_a_large_committed_listing_prune_ranges_by_prefix(spark, client, conn, repo):
+    # Range files hold about 1024 entries (the committed format's target): a/ and b/ each
+    # span several.
     client.put_objects(
         repo,
         "main",
         (
             {"path": f"a/{i:06d}", "physical_address": f"/p/{i}", "size_bytes": i}
-            for i in range(20000)
+            for i in range(5000)
         ),
     )
     client.put_objects(
@@ -549,14 +551,14 @@ def test_entries_of_a_large_committed_listing_prune_ranges_by_prefix(spark, clie
         "main",
         (
             {"path": f"b/{i:06d}", "physical_address": f"/q/{i}", "size_bytes": i}
-            for i in range(5000)
+            for i in range(1500)
         ),
     )
     client.commit(repo, "main", "many")
     frame = qs.entries(spark, f"quarry://{repo}/main/b/", connection=conn)
-    assert frame.count() == 5000
-    assert frame.agg({"size_bytes": "sum"}).collect()[0][0] == sum(range(5000))
-    assert qs.entries(spark, f"quarry://{repo}/main/", connection=conn).count() == 25000
+    assert frame.count() == 1500
+    assert frame.agg({"size_bytes": "sum"}).collect()[0][0] == sum(range(1500))
+    assert qs.entries(spark, f"quarry://{repo}/main/", connection=conn).count() == 6500
 
 
 # ---- bad input ------------------------------------------------------------------------
@@ -673,7 +675,7 @@ def test_entries_cost_one_metarange_read_and_the_same_rpcs_whatever_the_size(
     monkeypatch.setattr(Client, "_unary", counting_unary)
     monkeypatch.setattr(quarry.blob, "open_blob_store", counting_open)
     costs = []
-    for size in (1_000, 30_000):
+    for size in (1_000, 6_000):  # one range file, then six (1024 entries a range)
         repo = f"sp-{uuid.uuid4().hex[:10]}"
         client.create_repository(repo, suite.namespace(repo))
         client.put_objects(
@@ -745,11 +747,15 @@ def test_a_cancelled_job_leaves_the_target_unchanged(spark, suite, client, conn,
 
 DOOMED_DRIVER = """
 import sys
+import threading
+
 import quarry.spark as qs
 from quarry.spark.session import local_session
 
-branch_manager, committer, uri, master, writer = sys.argv[1:6]
-spark = local_session(master, "doomed-driver", **{"spark.quarry.fileWriter": writer})
+branch_manager, committer = sys.argv[1:3]
+jobs = [arg.split("=", 1) for arg in sys.argv[3:]]  # WRITER=URI
+# A task slot for each task: every job's second partition hangs, and its first must run.
+spark = local_session(f"local[{2 * len(jobs)}]", "doomed-driver")
 spark.sparkContext.setLogLevel("ERROR")
 
 def second_partition_hangs(batches):
@@ -759,52 +765,60 @@ def second_partition_hangs(batches):
         time.sleep(600)
     yield from batches
 
-frame = spark.range(0, 100, numPartitions=2).mapInArrow(second_partition_hangs, "id long")
-qs.write(frame, uri, connection=qs.Connection(branch_manager, committer))
+def write(writer, uri):
+    session = spark.newSession()  # a SQL conf of its own: this job's file writer
+    session.conf.set("spark.quarry.fileWriter", writer)
+    frame = session.range(0, 100, numPartitions=2).mapInArrow(second_partition_hangs, "id long")
+    qs.write(frame, uri, connection=qs.Connection(branch_manager, committer))
+
+threads = [threading.Thread(target=write, args=job) for job in jobs]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
 """
 
 
-def start_doomed_driver(tmp_path, conn, repo, master, writer):
-    """A Spark driver process (its own session group, so a test can kill it with its JVM and
-    workers) writing 2 partitions into REPO/main/t, the second of which never ends.
-    `writer`: spark.quarry.fileWriter ("python": its first task stages its file while the
-    job runs; "auto": Spark's writer, which stages nothing before the job commits)."""
+@pytest.fixture(scope="module")
+def killed_driver(suite, client, tmp_path_factory):
+    """A Spark driver process killed (SIGKILL, with its JVM and workers: its own session
+    group) in the middle of two writes of 2 partitions each into REPOS[writer]/main/t, the
+    second partition of which never ends; one driver for both tests (a driver JVM costs
+    ~20 CPU-s to start). spark.quarry.fileWriter of each write:
+    "python": the Python workers' writer, whose first task stages its file while the job
+    runs (STAGED, seen on the job's ephemeral branch before the kill);
+    "auto": Spark's writer, which stages nothing before the job commits (the kill comes once
+    partition 0's committed task file is under the job's _temporary/).
+    HEADS: main's commit of each repository before the writes."""
+    import os
+    import signal
     import subprocess
     import sys
+    from types import SimpleNamespace
 
-    script = tmp_path / "driver.py"
+    repos = {}
+    for writer in ("python", "auto"):
+        repos[writer] = f"sp-{uuid.uuid4().hex[:10]}"
+        client.create_repository(repos[writer], suite.namespace(repos[writer]))
+    heads = {writer: client.get_branch(repo, "main").commit_id for writer, repo in repos.items()}
+    script = tmp_path_factory.mktemp("driver") / "driver.py"
     script.write_text(DOOMED_DRIVER)
-    return subprocess.Popen(
+    driver = subprocess.Popen(
         [
             sys.executable,
             str(script),
-            conn.branch_manager,
-            conn.committer,
-            f"quarry://{repo}/main/t",
-            master,
-            writer,
+            suite.targets["branch-manager"],
+            suite.targets["committer"],
+            *(f"{writer}=quarry://{repo}/main/t" for writer, repo in repos.items()),
         ],
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-
-
-def test_a_killed_driver_leaves_the_target_unchanged_and_a_sweep_and_gc_clean_up(
-    spark, suite, client, conn, repo, tmp_path
-):
-    import datetime as dt
-    import os
-    import signal
-
-    from quarry.retention import RetentionRules
-    from quarry.spark.gc import collect_garbage
-
-    head = client.get_branch(repo, "main").commit_id
-    driver = start_doomed_driver(tmp_path, conn, repo, master="local[1]", writer="python")
     try:
 
         def staged_on_the_ephemeral_branch() -> list:
+            repo = repos["python"]
             ephemeral = [
                 b.name for b in client.iter_branches(repo) if b.name.startswith(EPHEMERAL_PREFIX)
             ]
@@ -812,15 +826,37 @@ def test_a_killed_driver_leaves_the_target_unchanged_and_a_sweep_and_gc_clean_up
 
         staged = wait_until(
             staged_on_the_ephemeral_branch,
-            timeout=120,
+            timeout=300,  # the driver's JVM starts first: a minute on a busy machine
             interval=0.2,
-            what="the first task to stage its file",
+            what="the python writer's first task to stage its file",
         )
-        assert staged, "the first task never staged its file"
+        assert staged, "the python writer's first task never staged its file"
+        wait_until(
+            lambda: [
+                k
+                for k in namespace_keys(suite, repos["auto"], JOB_DATA_PREFIX)
+                if "/_temporary/0/task_" in k
+            ],
+            timeout=300,
+            interval=0.2,
+            what="Spark's writer's partition 0 committed task file under the job's _temporary/",
+        )
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and its workers
         driver.wait(30)
+    return SimpleNamespace(repos=repos, heads=heads, staged=staged)
 
+
+def test_a_killed_driver_leaves_the_target_unchanged_and_a_sweep_and_gc_clean_up(
+    spark, suite, client, conn, killed_driver
+):
+    import datetime as dt
+
+    from quarry.retention import RetentionRules
+    from quarry.spark.gc import collect_garbage
+
+    repo, head = killed_driver.repos["python"], killed_driver.heads["python"]
+    staged = killed_driver.staged
     # The target is untouched; the dead job's branch and file are left behind...
     assert client.get_branch(repo, "main").commit_id == head
     assert not list(client.iter_uncommitted(repo, "main"))
@@ -1103,32 +1139,14 @@ def test_many_files_are_described_on_the_executors_alike(
 
 
 def test_a_killed_driver_of_a_spark_written_job_leaves_files_that_sweep_and_gc_clean(
-    spark, suite, client, conn, repo, tmp_path
+    spark, suite, client, conn, killed_driver
 ):
     import datetime as dt
-    import os
-    import signal
 
     from quarry.retention import RetentionRules
     from quarry.spark.gc import collect_garbage
 
-    head = client.get_branch(repo, "main").commit_id
-    driver = start_doomed_driver(tmp_path, conn, repo, master="local[2]", writer="auto")
-    try:
-        wait_until(
-            lambda: [
-                k
-                for k in namespace_keys(suite, repo, JOB_DATA_PREFIX)
-                if "/_temporary/0/task_" in k
-            ],
-            timeout=120,
-            interval=0.2,
-            what="partition 0's committed task file under the job's _temporary/",
-        )
-    finally:
-        os.killpg(driver.pid, signal.SIGKILL)  # the driver, its JVM and its workers
-        driver.wait(30)
-
+    repo, head = killed_driver.repos["auto"], killed_driver.heads["auto"]
     left = namespace_keys(suite, repo, JOB_DATA_PREFIX)
     assert left and all("/_temporary/" in k for k in left)
     assert client.get_branch(repo, "main").commit_id == head
