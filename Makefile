@@ -37,7 +37,8 @@ run: install tools
 # The image's base root filesystem (mmdebstrap: about 50 CPU-s in 200 s of waiting on
 # downloads) is made while the venv and the tools install, and the image builds while lint
 # runs beside it. What installs with apt-get on the host runs one at a time, as apt-get holds
-# one lock: image-tools first, then test-clients (mmdebstrap's apt is the root filesystem's own). TESTS runs a part (e.g. TESTS=tests/e2e/test_helm_podman.py).
+# one lock: image-tools first, then test-clients (mmdebstrap's apt is the root filesystem's
+# own). TESTS runs a part (e.g. TESTS=tests/e2e/test_helm_podman.py).
 # Two workers on two cores (auto): a third one (tried: 3 workers, the image built during the
 # tests) kept the CPUs 96% busy but did not shorten a fresh clone's run, and under that load
 # the span-worker tests' 3 s span timeouts expired (tests/e2e/test_range_writer_processes.py,
