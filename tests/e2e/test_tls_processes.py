@@ -216,7 +216,7 @@ def _serve_refused(env: dict[str, str], *needles: str) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=120,
     )
     assert result.returncode != 0
     for needle in needles:
