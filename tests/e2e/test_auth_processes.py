@@ -68,7 +68,7 @@ def cluster(tmp_path_factory):
         for name in SERVICES:
             stack.enter_context(quarry_serve(name, env))
         for name in SERVICES:
-            wait_serving(targets[name], timeout=60)
+            wait_serving(targets[name])
         setup_admin_over_grpc(targets["branch-manager"])
         channels = {name: stack.enter_context(raw_channel(t)) for name, t in targets.items()}
         yield {"targets": targets, "channels": channels, "home": home}

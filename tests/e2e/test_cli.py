@@ -37,7 +37,7 @@ def read_until(child: subprocess.Popen, marker: str, timeout: float = 120.0) -> 
 
 def test_version():
     result = subprocess.run(
-        [str(VENV_BIN / "quarry"), "version"], capture_output=True, text=True, timeout=30
+        [str(VENV_BIN / "quarry"), "version"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0
     assert quarry.__version__ in result.stdout
@@ -110,7 +110,7 @@ def test_up_starts_the_suite_on_embedded_defaults_and_stops_on_ctrl_c(tmp_path):
             assert stat.S_IMODE((home / name).stat().st_mode) == 0o600, name
         assert stat.S_IMODE(home.stat().st_mode) == 0o700
         child.send_signal(signal.SIGINT)
-        out, err = child.communicate(timeout=30)
+        out, err = child.communicate(timeout=120)
         assert child.returncode == 0, err
         assert "stopped." in out
     finally:
@@ -144,7 +144,7 @@ def test_serve_refuses_another_format_version(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=120,
     )
     assert result.returncode != 0
     assert "quarry store export" in result.stderr and "quarry store import" in result.stderr
@@ -164,7 +164,7 @@ def test_serve_on_a_busy_port_says_so_without_a_traceback(tmp_path):
             env=env,
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=120,
         )
     assert result.returncode != 0
     assert "cannot listen on" in result.stderr and "QUARRY_KV_GATEWAY_PORT" in result.stderr
@@ -193,7 +193,7 @@ def test_up_stops_on_sigint_even_when_started_in_the_background(tmp_path):
     try:
         read_until(child, "Press Ctrl-C")
         child.send_signal(signal.SIGINT)
-        child.communicate(timeout=30)
+        child.communicate(timeout=120)
         assert child.returncode == 0
     finally:
         if child.poll() is None:

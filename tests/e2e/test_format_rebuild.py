@@ -78,7 +78,8 @@ def quarry_up(home: Path, kv_db: Path) -> Iterator[dict[str, str]]:
             seen.append(line)
             return "Press Ctrl-C" in line
 
-        wait_until(printed_ready, timeout=60, interval=0, what="quarry up to start")
+        # A hang bound: on a loaded machine (a load average of 15) it took over 60 s.
+        wait_until(printed_ready, timeout=120, interval=0, what="quarry up to start")
         # The test admin (support.auth); refused harmlessly if `quarry up` made one.
         setup_admin_over_grpc(f"127.0.0.1:{ports['branch-manager']}")
         yield env

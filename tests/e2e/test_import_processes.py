@@ -47,7 +47,7 @@ class Processes:
 
     def start(self, name: str) -> None:
         self.children[name] = self.stack.enter_context(quarry_serve(name, self.env))
-        wait_serving(f"127.0.0.1:{self.ports[name]}", timeout=60)
+        wait_serving(f"127.0.0.1:{self.ports[name]}")
 
     def client(self) -> Client:
         return Client(

@@ -133,7 +133,7 @@ def test_range_writer_worker_processes(tmp_path, stop, reference):
     namespace, base = reference.lake(tmp_path), reference.base
     changes, expected = reference.applies[1]
     with quarry_serve("range-writer", env) as server:
-        wait_serving(f"127.0.0.1:{port}", timeout=60)
+        wait_serving(f"127.0.0.1:{port}")
         deadline = time.monotonic() + 60
         while len(workers_of(server.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -157,9 +157,9 @@ def test_range_writer_worker_processes(tmp_path, stop, reference):
 # The span timeout of the stopped-worker test. It must outlast a fresh worker's first span,
 # which the test needs answered: that span is cold (the worker reads every base range of it
 # for the first time, and pyarrow imports pandas on its first array), and on a loaded
-# machine it took 15 s (3 s expired: the fresh worker was replaced too). The test waits it
-# out once, asleep, for the stopped worker.
-STOPPED_WORKER_SPAN_TIMEOUT = 30
+# machine it took 15 s (3 s expired: the fresh worker was replaced too), and over 30 s at a
+# load average of 16. The test waits it out once, asleep, for the stopped worker.
+STOPPED_WORKER_SPAN_TIMEOUT = 60
 
 
 def test_a_stopped_worker_does_not_hold_a_commit(tmp_path, reference):
@@ -179,7 +179,7 @@ def test_a_stopped_worker_does_not_hold_a_commit(tmp_path, reference):
     namespace, base = reference.lake(tmp_path), reference.base
     stopped: list[int] = []
     with quarry_serve("range-writer", env) as server:
-        wait_serving(f"127.0.0.1:{port}", timeout=60)
+        wait_serving(f"127.0.0.1:{port}")
         deadline = time.monotonic() + 60
         while not workers_of(server.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -188,7 +188,9 @@ def test_a_stopped_worker_does_not_hold_a_commit(tmp_path, reference):
         try:
             os.kill(workers[0], signal.SIGSTOP)
             stopped.append(workers[0])
-            with RemoteRangeWriter(f"127.0.0.1:{port}", timeout=120) as remote:
+            with RemoteRangeWriter(
+                f"127.0.0.1:{port}", timeout=STOPPED_WORKER_SPAN_TIMEOUT + 120
+            ) as remote:
                 for version in (1, 2):
                     changes, expected = reference.applies[version]
                     started = time.monotonic()
@@ -233,8 +235,8 @@ def test_a_stopped_peer_range_writer_does_not_hold_a_commit(tmp_path, reference)
     )
     namespace, base = reference.lake(tmp_path), reference.base
     with quarry_serve("range-writer", env_b) as peer, quarry_serve("range-writer", env_a):
-        wait_serving(f"127.0.0.1:{b_port}", timeout=60)
-        wait_serving(f"127.0.0.1:{a_port}", timeout=60)
+        wait_serving(f"127.0.0.1:{b_port}")
+        wait_serving(f"127.0.0.1:{a_port}")
         try:
             with RemoteRangeWriter(f"127.0.0.1:{a_port}", timeout=120) as remote:
                 for version in (1, 2):

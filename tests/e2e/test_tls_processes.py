@@ -28,7 +28,14 @@ from quarry.runtime.channels import open_channel
 from quarry.runtime.tls import channel_security
 from support.auth import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY, admin_token_source
 from support.cli import run_quarry
-from support.processes import VENV_BIN, free_port, quarry_env, quarry_serve, wait_serving
+from support.processes import (
+    READY_TIMEOUT,
+    VENV_BIN,
+    free_port,
+    quarry_env,
+    quarry_serve,
+    wait_serving,
+)
 from support.tls import make_pki
 
 SERVICES = ("kv-gateway", "range-writer", "branch-manager", "committer", "compactor-sensor")
@@ -48,7 +55,9 @@ def _addresses(ports: dict[str, int]) -> dict[str, str]:
     }
 
 
-def _wait_serving_tls(target: str, tls_env: dict[str, str], children, timeout: float = 60.0):
+def _wait_serving_tls(
+    target: str, tls_env: dict[str, str], children, timeout: float = READY_TIMEOUT
+):
     """Poll health over a channel secured as `tls_env` says, failing early if a child died."""
     security = channel_security(load_settings(env=tls_env))
     deadline = time.monotonic() + timeout
@@ -207,7 +216,7 @@ def _serve_refused(env: dict[str, str], *needles: str) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=120,
     )
     assert result.returncode != 0
     for needle in needles:

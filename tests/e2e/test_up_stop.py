@@ -67,7 +67,7 @@ class Up:
             )
         wait_until(
             lambda: "Press Ctrl-C" in self.out.read_text() or self.leader.poll() is not None,
-            timeout=60,
+            timeout=120,  # a hang bound: a loaded machine (a load average of 15) took over 60 s
             what="quarry up to be ready",
         )
         assert "Press Ctrl-C" in self.out.read_text(), self.output()

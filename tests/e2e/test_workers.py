@@ -68,7 +68,7 @@ def dependencies(tmp_path_factory) -> Iterator[tuple[dict[str, str], dict[str, i
         for name in DEPENDENCIES:
             stack.enter_context(quarry_serve(name, env))
         for name in DEPENDENCIES:
-            wait_serving(f"127.0.0.1:{ports[name]}", timeout=60)
+            wait_serving(f"127.0.0.1:{ports[name]}")
         yield env, ports
 
 
@@ -88,7 +88,7 @@ class BranchManager:
         self.process = process
         self.target = target
         self.metrics_port = metrics_port
-        wait_serving(target, timeout=60)
+        wait_serving(target)
         # Serving means one worker answers: wait for all of them and for the supervisor's
         # metrics endpoint too (a loaded machine starts them seconds apart).
         wait_until(
@@ -344,7 +344,7 @@ def test_the_login_throttle_is_never_multiplied_by_the_workers(dependencies):
     )
     target = f"127.0.0.1:{ports['branch-manager']}"
     with quarry_serve("branch-manager", env) as process:
-        wait_serving(target, timeout=60)
+        wait_serving(target)
         workers = sorted(children_of(process.pid))
         attempts = dict.fromkeys(workers, 0)
         admitted = 0

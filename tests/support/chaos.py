@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 
 from support.auth import setup_admin_over_grpc
-from support.processes import VENV_BIN, free_port, quarry_env, wait_serving
+from support.processes import READY_TIMEOUT, VENV_BIN, free_port, quarry_env, wait_serving
 
 START_ORDER = ("kv-gateway", "range-writer", "committer", "compactor-sensor", "branch-manager")
 
@@ -50,7 +50,7 @@ class ServiceProcess:
         self.kills = 0
         self.unexpected_exits: list[int] = []
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = READY_TIMEOUT) -> None:
         with open(self.log_path, "a") as log:
             log.write(f"\n==== start {self.starts + 1} at {time.time():.3f}\n")
             log.flush()
