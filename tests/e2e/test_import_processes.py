@@ -78,6 +78,17 @@ def processes(tmp_path_factory):
         running.stack.close()  # the services running now (the kill test restarts them)
 
 
+def _ended(client: Client, repo: str, import_id: str, timeout: float, what: str):
+    """The import's status once it no longer reads as running."""
+
+    def status():
+        got = client.get_import_status(repo, import_id)
+        return got if got.state != cm.IMPORT_STATE_RUNNING else None
+
+    # An RPC per poll, for as long as the stale time: every 0.25 s, not every 20 ms.
+    return wait_until(status, timeout=timeout, interval=0.25, what=what)
+
+
 def _files(root: Path, n: int, per_dir: int = 1000) -> Path:
     for i in range(n):
         directory = root / f"part={i // per_dir:03d}"
@@ -137,17 +148,7 @@ def test_a_committer_killed_mid_import_leaves_the_branch_whole(processes, tmp_pa
     processes.children["committer"].wait(30)
     processes.restart()  # the other services stop too; all start again on the same store
     with processes.client() as client:
-        status = wait_until(
-            lambda: (
-                s
-                if (s := client.get_import_status("kill", started.id)).state
-                != cm.IMPORT_STATE_RUNNING
-                else None
-            ),
-            timeout=60,
-            interval=0.25,  # an RPC per poll, for the stale time: not every 20 ms
-            what="the killed import to read as ended",
-        )
+        status = _ended(client, "kill", started.id, 60, "the killed import to read as ended")
         head = client.get_branch("kill", "main").commit_id
         paths = [o.path for o in client.iter_objects("kill", "main@", prefix="")]
         data = [p for p in paths if p.startswith("data/")]
@@ -160,17 +161,7 @@ def test_a_committer_killed_mid_import_leaves_the_branch_whole(processes, tmp_pa
         # The staged change is still staged.
         assert [c.path for c in client.iter_uncommitted("kill", "main")] == ["staged/a"]
         again = client.start_import("kill", "main", [(str(source), "data")])
-        final = wait_until(
-            lambda: (
-                s
-                if (s := client.get_import_status("kill", again.id)).state
-                != cm.IMPORT_STATE_RUNNING
-                else None
-            ),
-            timeout=120,
-            interval=0.25,
-            what="the import run again",
-        )
+        final = _ended(client, "kill", again.id, 120, "the import run again")
         assert final.state == cm.IMPORT_STATE_COMPLETED, final.error
         assert final.objects_listed == 40_000
         paths = [o.path for o in client.iter_objects("kill", "main", prefix="")]

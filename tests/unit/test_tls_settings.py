@@ -4,6 +4,8 @@ turned into errors that name TLS."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from quarry import errors
@@ -149,6 +151,17 @@ def test_missing_or_empty_files_are_refused(pki, tmp_path, make):
         "QUARRY_TLS_KEY_FILE",
     )
     _refused(make, settings(tls_ca_file=missing), "QUARRY_TLS_CA_FILE")
+
+
+def test_a_certificate_file_rewritten_in_place_is_read_once_it_is_whole(pki, tmp_path):
+    """A mounted Secret's file that an orchestrator rewrites in place reads empty for a
+    moment (podman's kube play does, for every pod it starts): the service reads it again
+    instead of refusing to start. A file that stays empty is still refused (above)."""
+    cert = tmp_path / "tls.crt"
+    cert.write_bytes(b"")
+    threading.Timer(0.3, lambda: cert.write_bytes(pki.server.cert_file.read_bytes())).start()
+    tls = server_tls(settings(tls_cert_file=str(cert), tls_key_file=str(pki.server.key_file)))
+    assert tls is not None and tls.certificate_chain == pki.server.cert_file.read_bytes()
 
 
 def test_a_directory_is_not_a_readable_file(pki, tmp_path):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import ssl
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,18 +122,33 @@ class ServerTls:
         )
 
 
+# An empty file is read again, for up to this many seconds, before it is refused: a file
+# replaced in place reads empty for a moment (podman's `kube play` rewrites a mounted Secret's
+# files for each pod it starts, while the pods started before it read them; a branch-manager
+# worker starting then found its certificate empty). Only the start of a misconfigured
+# process waits this long.
+EMPTY_FILE_SETTLE_SECONDS = 2.0
+_EMPTY_FILE_PAUSE = 0.1
+
+
 def _read(path: str, env: str) -> bytes:
+    for _ in range(int(EMPTY_FILE_SETTLE_SECONDS / _EMPTY_FILE_PAUSE)):
+        data = _read_once(path, env)
+        if data.strip():
+            return data
+        time.sleep(_EMPTY_FILE_PAUSE)
+    raise TlsMisconfigured(f"{env}={path} is empty", metadata={"setting": env, "path": path})
+
+
+def _read_once(path: str, env: str) -> bytes:
     try:
         with open(path, "rb") as fh:
-            data = fh.read()
+            return fh.read()
     except OSError as exc:
         raise TlsMisconfigured(
             f"{env}={path} cannot be read: {exc.strerror or exc}",
             metadata={"setting": env, "path": path},
         ) from None
-    if not data.strip():
-        raise TlsMisconfigured(f"{env}={path} is empty", metadata={"setting": env, "path": path})
-    return data
 
 
 def _no_password() -> bytes:
