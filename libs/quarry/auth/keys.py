@@ -60,6 +60,20 @@ def hash_secret(secret: str, *, n: int = SCRYPT_N) -> auth_records_pb2.SecretHas
     )
 
 
+def decoy_hash(*, n: int = SCRYPT_N) -> auth_records_pb2.SecretHash:
+    """A hash with the cost parameters of a real one that no secret is known to match (a
+    random digest under a random salt): checking a secret against it takes as long as against
+    a stored hash, and making it costs no scrypt (a service start pays nothing for it)."""
+    return auth_records_pb2.SecretHash(
+        algorithm=SCRYPT,
+        salt=secrets.token_bytes(SALT_BYTES),
+        digest=secrets.token_bytes(DIGEST_BYTES),
+        n=n,
+        r=SCRYPT_R,
+        p=SCRYPT_P,
+    )
+
+
 def secret_matches(secret: str, stored: auth_records_pb2.SecretHash) -> bool:
     """Whether `secret` hashes to `stored` (constant-time comparison of the digests)."""
     if stored.algorithm != SCRYPT or not stored.salt or not stored.digest:

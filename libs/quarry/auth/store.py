@@ -122,7 +122,7 @@ class IamStore:
         self._clock = clock
         self._hash_cost = hash_cost
         self._max_response_bytes = max_response_bytes
-        self._decoy = keys.hash_secret(keys.new_secret(), n=hash_cost)
+        self._decoy = keys.decoy_hash(n=hash_cost)
 
     # ---- installation -----------------------------------------------------------------
 

@@ -329,6 +329,32 @@ def test_authenticate(iam):
         iam.authenticate(record.access_key_id, secret)
 
 
+def test_an_unknown_key_costs_the_same_scrypt_as_a_wrong_secret(backend, monkeypatch):
+    """Safety rule: whether an access key id exists must not show in how long a login takes.
+    An unknown key id is checked against a decoy with the stored hashes' cost parameters
+    (one scrypt, as a wrong secret costs); making the store computes no scrypt."""
+    calls: list[tuple[int, int, int]] = []
+    real = keys._scrypt
+
+    def counted(secret, salt, n, r, p):
+        calls.append((n, r, p))
+        return real(secret, salt, n, r, p)
+
+    monkeypatch.setattr(keys, "_scrypt", counted)
+    iam = IamStore(backend, hash_cost=FAST_HASH)
+    assert calls == []
+    iam.create_user("alice")
+    record, secret = iam.create_credentials("alice")
+    calls.clear()
+    with pytest.raises(auth_errors.InvalidCredentials):
+        iam.authenticate(record.access_key_id, "wrong-" + secret)
+    wrong_secret = list(calls)
+    calls.clear()
+    with pytest.raises(auth_errors.InvalidCredentials):
+        iam.authenticate("AKIAQNOSUCHKEY000000", secret)
+    assert calls == wrong_secret == [(FAST_HASH, keys.SCRYPT_R, keys.SCRYPT_P)]
+
+
 def test_a_credential_outliving_its_user_does_not_log_in(iam, backend):
     """A credential created while its user was being deleted (a race the store cannot
     exclude without transactions) must not log in as a user that no longer exists."""
