@@ -215,13 +215,13 @@ def read_chunks(request: _Read) -> list[ColumnChunk | Subdirectory]:
     chunk (an empty one if it has no file before its first subdirectory)."""
     items, skipped = read_directory(request.path, request.key, request.addressable)
     out: list[ColumnChunk | Subdirectory] = []
+    # The subdirectories' indexes, found at C speed (list.index), not by a step per item.
     kinds = list(map(type, items))
-    subdirectories = []  # their indexes, found at C speed (list.index), not by a step per item
+    subdirectories: list[int] = []
     with contextlib.suppress(ValueError):
         while True:
-            subdirectories.append(
-                kinds.index(Subdirectory, subdirectories[-1] + 1 if subdirectories else 0)
-            )
+            after = subdirectories[-1] + 1 if subdirectories else 0
+            subdirectories.append(kinds.index(Subdirectory, after))
     start = 0
     for stop in [*subdirectories, len(items)]:
         files: list[SourceObject] = items[start:stop]  # type: ignore[assignment]
@@ -232,7 +232,7 @@ def read_chunks(request: _Read) -> list[ColumnChunk | Subdirectory]:
             out.append(objects_chunk([], request.prefix, request.max_path_bytes, skipped))
             skipped = 0
         if stop < len(items):
-            out.append(items[stop])
+            out.append(items[stop])  # type: ignore[arg-type]  # (a Subdirectory)
         start = stop + 1
     return out
 
