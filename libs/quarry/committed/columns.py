@@ -284,10 +284,35 @@ def _length_prefixes(lengths: pa.Array) -> pa.Array:
     values = values[lengths.offset : lengths.offset + n]
     if sys.byteorder == "little":
         values.byteswap()
-    offsets = little_endian(array("i", range(0, 4 * n + 1, 4)))
     return pa.Array.from_buffers(
-        pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(values.tobytes())]
+        pa.binary(), n, [None, _fixed_offsets(n, 4), pa.py_buffer(values.tobytes())]
     )
+
+
+_FIXED_OFFSETS: dict[tuple[int, int], pa.Buffer] = {}
+
+
+def _fixed_offsets(n: int, width: int) -> pa.Buffer:
+    """The offsets of n values of `width` bytes each (0, width, 2 width, ...), kept per
+    (n, width): a batch of BATCH_ROWS rows asks for the same ones 4 times, and every batch
+    of an import for the same ones again (building them is a Python int per row)."""
+    key = (n, width)
+    found = _FIXED_OFFSETS.get(key)
+    if found is None:
+        if len(_FIXED_OFFSETS) >= 64:
+            _FIXED_OFFSETS.clear()
+        found = _FIXED_OFFSETS[key] = pa.py_buffer(
+            little_endian(array("i", range(0, width * n + 1, width)))
+        )
+    return found
+
+
+def _sha256_each(data: bytes, bounds: list[int]) -> bytes:
+    """The SHA-256 digests of data[bounds[i]:bounds[i + 1]] for every i, joined (32 bytes
+    each). The one per-row Python loop of an import's range writing (two per entry: the
+    identity's and the path's): a slice and a hash per row, nothing else."""
+    sha256 = hashlib.sha256
+    return b"".join([sha256(data[a:b]).digest() for a, b in zip(bounds, bounds[1:], strict=False)])
 
 
 def identities(batch: pa.RecordBatch) -> pa.Array:
@@ -313,11 +338,7 @@ def identities(batch: pa.RecordBatch) -> pa.Array:
         pa.binary(), n, [None, pa.py_buffer(bytes(4 * (n + 1))), pa.py_buffer(b"")]
     )
     frames = pc.binary_join_element_wise(*parts, empty)
-    data, bounds = _values(frames)
-    sha256 = hashlib.sha256
-    digests = b"".join(
-        [sha256(data[a:b]).digest() for a, b in zip(bounds, bounds[1:], strict=False)]
-    )
+    digests = _sha256_each(*_values(frames))
     return pa.Array.from_buffers(IDENTITY_TYPE, n, [None, pa.py_buffer(digests)])
 
 
@@ -343,14 +364,14 @@ def _identities_by_row(batch: pa.RecordBatch) -> pa.Array:
 
 
 def boundaries(paths: pa.Array, target_entries: int) -> list[int]:
-    """Rows i after which a range ends: format.is_boundary(path_i), without a str per row."""
-    data, bounds = _values(paths)
-    sha256 = hashlib.sha256
-    return [
-        i
-        for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))
-        if int.from_bytes(sha256(data[a:b]).digest()[:8], "big") % target_entries == 0
-    ]
+    """Rows i after which a range ends: format.is_boundary(path_i), without a str per row:
+    the digests joined, and each one's first 8 bytes (big-endian) read as one array."""
+    heads = array("Q")
+    heads.frombytes(_sha256_each(*_values(paths)))
+    heads = heads[::4]  # the first of each digest's four 8-byte words
+    if sys.byteorder == "little":
+        heads.byteswap()
+    return [i for i, head in enumerate(heads) if head % target_entries == 0]
 
 
 def range_table(batch: pa.RecordBatch) -> pa.Table:
