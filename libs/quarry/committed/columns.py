@@ -14,6 +14,7 @@ identity is quarry.graveler.model.entry_identity, byte for byte (a test compares
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sys
 from array import array
@@ -289,22 +290,12 @@ def _length_prefixes(lengths: pa.Array) -> pa.Array:
     )
 
 
-_FIXED_OFFSETS: dict[tuple[int, int], pa.Buffer] = {}
-
-
+@functools.lru_cache(maxsize=64)
 def _fixed_offsets(n: int, width: int) -> pa.Buffer:
     """The offsets of n values of `width` bytes each (0, width, 2 width, ...), kept per
     (n, width): a batch of BATCH_ROWS rows asks for the same ones 4 times, and every batch
     of an import for the same ones again (building them is a Python int per row)."""
-    key = (n, width)
-    found = _FIXED_OFFSETS.get(key)
-    if found is None:
-        if len(_FIXED_OFFSETS) >= 64:
-            _FIXED_OFFSETS.clear()
-        found = _FIXED_OFFSETS[key] = pa.py_buffer(
-            little_endian(array("i", range(0, width * n + 1, width)))
-        )
-    return found
+    return pa.py_buffer(little_endian(array("i", range(0, width * n + 1, width))))
 
 
 def _sha256_each(data: bytes, bounds: list[int]) -> bytes:
