@@ -7,11 +7,12 @@ GET throughput (one object per client), 4 KiB PUT and GET
 operations per second, each with 8 concurrent boto3 clients. Targets: the gateway >= 0.5x
 the bare endpoint and >= 1.0x moto.
 
-The gateway runs as `quarry serve s3-gateway` with auth on in front of an in-process suite
-(tests/support/s3gateway.py), twice: as configured by default (a credential's signatures
-checked with the scoped key Auth returned, QUARRY_S3_GATEWAY_CACHE_SECONDS), and with that
-cache off (every request asks Auth and looks its repository and branch up again), so one run
-shows what the cache buys.
+The gateway runs as users run it: `quarry up` with auth on (every service a process of its own,
+branch-manager with a worker per core), twice: as configured by default (a credential's
+signatures checked with the scoped key Auth returned, QUARRY_S3_GATEWAY_CACHE_SECONDS), and
+with that cache off (every request asks Auth and looks its repository and branch up again), so
+one run shows what the cache buys. The clients are this process alone, for every peer (an
+in-process suite here would share the clients' interpreter lock and measure that instead).
 Sizes: BENCH_S3_BIG_MIB (64), BENCH_S3_SMALL_OPS (800 per row), BENCH_S3_CLIENTS (8).
 
 Memory: no big body is held whole here: each PUT streams the object from a file on disk
@@ -157,6 +158,94 @@ def _process(args: list[str], endpoint: str, env=None) -> subprocess.Popen:
     return child
 
 
+@contextlib.contextmanager
+def gateway_of_up(home: Path, extra_env: dict[str, str]):
+    """`quarry up` in `home` on free ports, the test admin set up, repository "bench" made:
+    (endpoint, the admin's new S3 credentials, the s3-gateway process's pid)."""
+    import signal
+
+    from quarry.cli.services import SERVICE_MODULES
+    from quarry.client import Client
+    from support.auth import setup_admin_over_grpc
+    from support.processes import VENV_BIN, children_of, quarry_env
+
+    ports = {name: free_port() for name in SERVICE_MODULES}
+    env = quarry_env(
+        home,
+        **{
+            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
+            for name, port in ports.items()
+            for what, value in (("PORT", str(port)), ("ADDRESS", f"127.0.0.1:{port}"))
+        },
+        **extra_env,
+    )
+    with open(home / "up.log", "wb") as log:
+        up = subprocess.Popen(
+            [str(VENV_BIN / "quarry"), "up"],
+            env=env,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+    endpoint = f"http://127.0.0.1:{ports['s3-gateway']}"
+    try:
+        wait_until(
+            lambda: _answers(endpoint + "/_health"),
+            timeout=120,
+            interval=0.2,
+            what="quarry up's s3-gateway to answer",
+        )
+        bm, committer = (f"127.0.0.1:{ports[n]}" for n in ("branch-manager", "committer"))
+        setup_admin_over_grpc(bm)
+        with Client(bm, committer) as client:
+            wait_until(
+                lambda: _repository_made(client, home),
+                timeout=60,
+                interval=0.2,
+                what="the suite to take a repository",
+            )
+            made = client.create_credentials("admin")
+        keys = (made.credentials.access_key_id, made.secret_access_key)
+        gateway = [
+            pid
+            for pid in children_of(up.pid)
+            if "s3-gateway" in Path(f"/proc/{pid}/cmdline").read_text()
+        ]
+        yield endpoint, keys, gateway[0]
+    finally:
+        os.killpg(up.pid, signal.SIGTERM)
+        try:
+            up.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait()
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _repository_made(client, home: Path) -> bool:
+    """Repository "bench" exists (made now, or already); False while the suite warms up."""
+    import grpc
+
+    try:
+        client.create_repository("bench", str(home / "lake" / "bench"))
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.ALREADY_EXISTS:
+            return True
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            return False
+        raise
+    return True
+
+
 def main() -> None:
     print(f"  load average before: {os.getloadavg()[0]:.1f}", flush=True)
     try:
@@ -175,8 +264,6 @@ _TEMP_DIRS: list[str] = []
 
 
 def _run() -> None:
-    from support.s3gateway import running_gateway
-
     bin_dir = Path(sys.executable).parent
     home = Path(tempfile.mkdtemp(prefix="quarry-bench-s3-"))
     _TEMP_DIRS.append(str(home))
@@ -186,17 +273,9 @@ def _run() -> None:
     # each request cost before the cache), each in front of a suite of its own.
     for name, cache_seconds in (("gateway", None), ("no-cache", "0")):
         env = {} if cache_seconds is None else {"QUARRY_S3_GATEWAY_CACHE_SECONDS": cache_seconds}
-        with running_gateway(home / name, gateway_env=env) as gateway:
-            with gateway.suite.client() as client:
-                client.create_repository("bench", gateway.suite.namespace("bench"))
-            results[name] = measure(
-                name,
-                gateway.endpoint,
-                gateway.credentials(),
-                "bench",
-                "main/",
-                gateway.process.pid,
-            )
+        (home / name).mkdir()
+        with gateway_of_up(home / name, env) as (endpoint, keys, pid):
+            results[name] = measure(name, endpoint, keys, "bench", "main/", pid)
     # The floor, and the floor with the gateway's durability (a PUT's file and directory
     # fsynced): what of the gap is the fsync a gateway PUT must not skip.
     for name, extra in (("bare", []), ("bare-fsync", ["--fsync"])):
