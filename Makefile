@@ -34,11 +34,12 @@ run: install tools
 # tests/conftest.py gives, longest modules first: --no-loadscope-reorder, or xdist hands out
 # the modules with the most tests first and the long Spark, chaos and podman modules (a few
 # tests each) start last and run alone at the end.
-# The suite starts as soon as Python and the tools are installed. The container image is
-# built by the podman tests' own fixture (`make image`, under a lock), which tests/conftest.py
-# hands out first: its base root filesystem (mmdebstrap, mostly waiting on downloads) and its
-# build overlap the CPU-bound tests instead of holding every worker back for two minutes.
-# Lint runs beside the tests (make -j2): a lint failure fails `make test` once pytest ends.
+# The image's base root filesystem (mmdebstrap: about 50 CPU-s, mostly waiting on downloads)
+# is made while the venv installs (pip keeps one core busy, not two). The suite starts as soon
+# as that is done: the image itself is built by the podman tests' own fixture (`make image`,
+# under a lock), which tests/conftest.py hands out first, so its build overlaps the other
+# tests. Lint runs beside the tests (make -j2): a lint failure fails `make test` once pytest
+# ends.
 # What installs with apt-get on the host runs one at a time, as apt-get holds one lock:
 # image-tools first, then test-clients (mmdebstrap's apt is the root filesystem's own).
 # TESTS runs a part (e.g. TESTS=tests/e2e/test_helm_podman.py).
@@ -50,7 +51,7 @@ run: install tools
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 TESTS ?= tests
 test: image-tools
-	$(MAKE) --no-print-directory -j4 --output-sync=target install tools test-clients
+	$(MAKE) --no-print-directory -j4 --output-sync=target install tools test-clients $(ROOTFS)
 	$(MAKE) --no-print-directory -j2 lint pytest
 
 # The tests alone, on what `make test` installed (its second half, beside lint).
