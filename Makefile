@@ -35,11 +35,11 @@ run: install tools
 # the modules with the most tests first and the long Spark, chaos and podman modules (a few
 # tests each) start last and run alone at the end.
 # The image's base root filesystem (mmdebstrap: about 50 CPU-s, mostly waiting on downloads)
-# is made while the venv and the tools install (pip keeps one core busy, not two), and the
-# image builds while lint runs beside it; then the tests. (Tried: the tests started right
-# after the installs, with lint and the image build beside them, took longer on a fresh
-# clone, 13 min 0 s and 13 min 33 s against 11 min 35 s and 12 min 14 s: with the cores
-# already full, work added beside the tests costs more than it fills.)
+# is made while the venv installs (pip keeps one core busy, not two). The suite starts as soon
+# as that is done: the image itself is built by the podman tests' own fixture (`make image`,
+# under a lock), which tests/conftest.py hands out first, so its build overlaps the other
+# tests. Lint runs beside the tests (make -j2): a lint failure fails `make test` once pytest
+# ends.
 # What installs with apt-get on the host runs one at a time, as apt-get holds one lock:
 # image-tools first, then test-clients (mmdebstrap's apt is the root filesystem's own).
 # TESTS runs a part (e.g. TESTS=tests/e2e/test_helm_podman.py).
@@ -52,10 +52,9 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 TESTS ?= tests
 test: image-tools
 	$(MAKE) --no-print-directory -j4 --output-sync=target install tools test-clients $(ROOTFS)
-	$(MAKE) --no-print-directory -j2 --output-sync=target image lint
-	$(MAKE) --no-print-directory pytest
+	$(MAKE) --no-print-directory -j2 lint pytest
 
-# The tests alone, on what `make test` installed (its last step).
+# The tests alone, on what `make test` installed (its second half, beside lint).
 pytest:
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 		--durations=25 $(TESTS)

@@ -217,6 +217,8 @@ def python_writer(spark):
 # through an attribute pytest no longer reads; and it spreads ungrouped tests one by one,
 # which starts a module's fixtures on every worker.)
 # Longest first: the Spark and end-to-end modules start before the unit tests fill the gaps.
+# The podman module goes first of all: its fixture builds the image (`make test` no longer
+# builds it before pytest), mostly waiting on downloads and disk while the other workers run.
 # xdist keeps this order only with --no-loadscope-reorder (the Makefile passes it): by default
 # it hands out the modules with the most tests first, which put the Spark GC, chaos and podman
 # modules (a few long tests each) at the end of the run, alone on one worker.
@@ -233,6 +235,7 @@ SPARK_MODULES = frozenset(
     }
 )
 SPARK_WORK_UNIT = "spark session modules"
+IMAGE_MODULE = "tests/e2e/test_helm_podman.py"
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -249,6 +252,8 @@ def pytest_collection_modifyitems(config, items) -> None:
 
     def rank(item) -> int:
         module = module_of[item]
+        if module == IMAGE_MODULE:
+            return -2
         if module in SPARK_MODULES:
             return -1
         return next((i for i, prefix in enumerate(ORDER) if module.startswith(prefix)), len(ORDER))

@@ -8,8 +8,8 @@ certificate) with credentials made by `quarry auth credentials create`, then `ma
 after which no pod, secret, volume, container or network of the run is left. The same after a failed start (a setting every service refuses). `make kube-down`
 removes only what the chart names for the release: a decoy sharing the release's prefix stays.
 
-The fixture builds the image (`make image`: a no-op when it is up to date, as after `make test`
-built it before pytest).
+The fixture builds the image (`make image`: a no-op when it is up to date); `make test` leaves it
+to this fixture, which tests/conftest.py starts first, so the build overlaps the other tests.
 Skipped only when podman is missing and cannot be installed (`make image-tools` needs root or
 sudo for apt-get); on CI and on this kind of machine it runs. The podman tests share the host's
 podman: they never run concurrently (xdist group "podman").
