@@ -217,8 +217,8 @@ def python_writer(spark):
 # through an attribute pytest no longer reads; and it spreads ungrouped tests one by one,
 # which starts a module's fixtures on every worker.)
 # Longest first: the Spark and end-to-end modules start before the unit tests fill the gaps.
-# The podman module goes first of all: its fixture builds the image (`make test` no longer
-# builds it before pytest), mostly waiting on downloads and disk while the other workers run.
+# The podman module goes first of all: its fixture builds the image (`make test` makes only
+# the base root filesystem before pytest), so the build overlaps the other workers' tests.
 # xdist keeps this order only with --no-loadscope-reorder (the Makefile passes it): by default
 # it hands out the modules with the most tests first, which put the Spark GC, chaos and podman
 # modules (a few long tests each) at the end of the run, alone on one worker.
