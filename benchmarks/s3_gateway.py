@@ -167,16 +167,12 @@ def gateway_of_up(home: Path, extra_env: dict[str, str]):
     from quarry.cli.services import SERVICE_MODULES
     from quarry.client import Client
     from support.auth import setup_admin_over_grpc
-    from support.processes import VENV_BIN, children_of, quarry_env
+    from support.processes import VENV_BIN, children_of, quarry_env, service_ports
 
     ports = {name: free_port() for name in SERVICE_MODULES}
     env = quarry_env(
         home,
-        **{
-            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-            for name, port in ports.items()
-            for what, value in (("PORT", str(port)), ("ADDRESS", f"127.0.0.1:{port}"))
-        },
+        **service_ports(ports),
         **extra_env,
     )
     with open(home / "up.log", "wb") as log:

@@ -42,7 +42,14 @@ from support.auth import (
     service_token,
     setup_admin_over_grpc,
 )
-from support.processes import VENV_BIN, free_port, quarry_env, quarry_serve, wait_serving
+from support.processes import (
+    VENV_BIN,
+    free_port,
+    quarry_env,
+    quarry_serve,
+    service_ports,
+    wait_serving,
+)
 
 CACHE_SECONDS = 1.0
 SERVICES = ("kv-gateway", "range-writer", "branch-manager", "committer")
@@ -52,11 +59,7 @@ SERVICES = ("kv-gateway", "range-writer", "branch-manager", "committer")
 def cluster(tmp_path_factory):
     home = tmp_path_factory.mktemp("auth-procs")
     ports = {name: free_port() for name in SERVICES}
-    extra = {
-        f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-        for name, port in ports.items()
-        for what, value in (("PORT", str(port)), ("ADDRESS", f"127.0.0.1:{port}"))
-    }
+    extra = service_ports(ports)
     env = quarry_env(
         home,
         QUARRY_COMPACTOR_ENABLED="false",

@@ -13,7 +13,14 @@ import quarry
 from quarry.cli.main import SERVICE_MODULES
 from quarry.kv.sqlite import SQLiteStore
 from quarry.v1 import server_info_pb2, server_info_pb2_grpc
-from support.processes import VENV_BIN, free_port, quarry_env, quarry_serve, wait_serving
+from support.processes import (
+    VENV_BIN,
+    free_port,
+    quarry_env,
+    quarry_serve,
+    service_ports,
+    wait_serving,
+)
 from support.wait import wait_until
 
 DATABASE_FILES = ("kv.db", "kv.db-wal", "kv.db-shm")
@@ -49,11 +56,7 @@ def test_up_starts_the_suite_on_embedded_defaults_and_stops_on_ctrl_c(tmp_path):
     port = ports["kv-gateway"]
     env = quarry_env(
         tmp_path / "home",
-        **{
-            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-            for name, p in ports.items()
-            for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
-        },
+        **service_ports(ports),
     )
     old_umask = os.umask(0o022)  # the usual umask, which made kv.db 0644 before
     try:
@@ -175,11 +178,7 @@ def test_up_stops_on_sigint_even_when_started_in_the_background(tmp_path):
     ports = {name: free_port() for name in SERVICE_MODULES}
     env = quarry_env(
         tmp_path / "home",
-        **{
-            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-            for name, p in ports.items()
-            for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
-        },
+        **service_ports(ports),
     )
     # As a non-interactive shell does for `cmd &`: SIGINT ignored in the child.
     child = subprocess.Popen(

@@ -22,7 +22,7 @@ import pytest
 from quarry.cli.main import SERVICE_MODULES
 from quarry.client import Client
 from support.auth import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY
-from support.processes import REPO_ROOT, VENV_BIN, free_port, quarry_env
+from support.processes import REPO_ROOT, VENV_BIN, free_port, quarry_env, service_ports
 
 pytestmark = [
     pytest.mark.timeout(600),
@@ -40,11 +40,7 @@ class Up:
         self.ports = {name: free_port() for name in SERVICE_MODULES}
         self.env = quarry_env(
             home,
-            **{
-                f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-                for name, p in self.ports.items()
-                for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
-            },
+            **service_ports(self.ports),
         )
         self.home = home
         self.child: subprocess.Popen | None = None

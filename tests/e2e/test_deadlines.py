@@ -18,7 +18,7 @@ import pytest
 from quarry.client import Client
 from quarry.config import SERVICES
 from quarry.v1 import branch_manager_pb2, branch_manager_pb2_grpc, committer_pb2, committer_pb2_grpc
-from support.processes import free_port, quarry_env, quarry_serve, wait_serving
+from support.processes import free_port, quarry_env, quarry_serve, service_ports, wait_serving
 from support.wait import wait_until
 
 SUITE = ("kv-gateway", "range-writer", "branch-manager", "committer")
@@ -58,11 +58,7 @@ def apply_durations(metrics_port: int) -> dict[str, float]:
 def suite(tmp_path):
     ports = {name: free_port() for name in SUITE}
     metrics_port = free_port()
-    common = {
-        f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-        for name, port in ports.items()
-        for what, value in (("PORT", str(port)), ("ADDRESS", f"127.0.0.1:{port}"))
-    }
+    common = service_ports(ports)
     common.update(QUARRY_AUTH_ENABLED="false", QUARRY_COMPACTOR_ENABLED="false")
     with contextlib.ExitStack() as stack:
         for name in SUITE:

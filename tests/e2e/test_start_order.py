@@ -33,7 +33,7 @@ from quarry.v1 import (
     server_info_pb2_grpc,
 )
 from support.auth import setup_admin_over_grpc
-from support.processes import VENV_BIN, free_port, quarry_env, wait_health
+from support.processes import VENV_BIN, free_port, quarry_env, service_ports, wait_health
 from support.wait import wait_until
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -52,11 +52,7 @@ class Processes:
 
     def __init__(self, home: Path, **extra: str):
         self.ports = {name: free_port() for name in SERVICES}
-        settings = {
-            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-            for name, port in self.ports.items()
-            for what, value in (("PORT", str(port)), ("ADDRESS", f"127.0.0.1:{port}"))
-        }
+        settings = service_ports(self.ports)
         settings.update(
             QUARRY_SHUTDOWN_GRACE_SECONDS=str(GRACE),
             # The dropper polls the (dead) gateway while we stop things.
@@ -353,11 +349,7 @@ def test_up_stops_dependents_first_and_promptly_on_ctrl_c(tmp_path):
     env = quarry_env(
         tmp_path / "home",
         QUARRY_SHUTDOWN_GRACE_SECONDS=str(GRACE),
-        **{
-            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-            for name, p in ports.items()
-            for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
-        },
+        **service_ports(ports),
     )
     # A session of its own, so Ctrl-C can be sent the way a terminal sends it: to the whole
     # foreground process group.

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from quarry.telemetry.receiver import OtlpReceiver, ReceivedSpan, otlp_receiver, tree
-from support.processes import VENV_BIN, free_port, json_lines, quarry_env
+from support.processes import VENV_BIN, free_port, json_lines, quarry_env, service_ports
 from support.wait import wait_until
 
 __all__ = [
@@ -116,11 +116,7 @@ def quarry_up_with_traces(tmp_path: Path) -> Iterator[TracedUp]:
     home = tmp_path / "home"
     env = quarry_env(
         home,
-        **{
-            f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-            for name, p in ports.items()
-            for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
-        },
+        **service_ports(ports),
     )
     child = subprocess.Popen(
         [str(VENV_BIN / "quarry"), "up", "--traces", "--traces-port", str(traces_port)],

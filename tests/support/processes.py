@@ -69,6 +69,16 @@ def quarry_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def service_ports(ports: dict[str, int]) -> dict[str, str]:
+    """QUARRY_<SERVICE>_PORT and QUARRY_<SERVICE>_ADDRESS (127.0.0.1) for each service of
+    `ports`: the settings that put a suite on those ports and point its services at them."""
+    return {
+        f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
+        for name, port in ports.items()
+        for what, value in (("PORT", str(port)), ("ADDRESS", f"127.0.0.1:{port}"))
+    }
+
+
 # How long a test waits for a process to start serving (or reach another health status):
 # a bound on a hang, not a time anything should take. A service's start costs seconds of
 # CPU (imports); on a loaded machine (more test workers than cores) 20 s was not enough.

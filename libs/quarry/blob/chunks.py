@@ -215,13 +215,7 @@ def read_chunks(request: _Read) -> list[ColumnChunk | Subdirectory]:
     chunk (an empty one if it has no file before its first subdirectory)."""
     items, skipped = read_directory(request.path, request.key, request.addressable)
     out: list[ColumnChunk | Subdirectory] = []
-    # The subdirectories' indexes, found at C speed (list.index), not by a step per item.
-    kinds = list(map(type, items))
-    subdirectories: list[int] = []
-    with contextlib.suppress(ValueError):
-        while True:
-            after = subdirectories[-1] + 1 if subdirectories else 0
-            subdirectories.append(kinds.index(Subdirectory, after))
+    subdirectories = [i for i, item in enumerate(items) if type(item) is Subdirectory]
     start = 0
     for stop in [*subdirectories, len(items)]:
         files: list[SourceObject] = items[start:stop]  # type: ignore[assignment]
@@ -245,8 +239,7 @@ def _runs(files: list[SourceObject]) -> list[list[SourceObject]]:
     keys, addresses = list(zip(*files, strict=True))[:2]
     if sum(map(len, keys)) + sum(map(len, addresses)) < CHUNK_CHARS:  # rows decide alone
         return [files[i : i + CHUNK_ROWS] for i in range(0, len(files), CHUNK_ROWS)]
-    chars = list(accumulate(map(len, keys)))
-    chars = list(map(int.__add__, chars, accumulate(map(len, addresses))))
+    chars = list(accumulate(map(int.__add__, map(len, keys), map(len, addresses))))
     runs = []
     begin, before = 0, 0  # the run's first row; the characters of the rows before it
     while begin < len(files):
