@@ -5,15 +5,23 @@ users run it: real processes, the real OTLP exporters."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import platform
 import signal
 import subprocess
 import threading
 from pathlib import Path
 
+import pytest
+
 from support.otlp import quarry_up_with_traces
 from support.processes import VENV_BIN, free_port, quarry_env
 from support.wait import wait_until
+
+# tgkill's system call number on x86-64 and on arm64.
+SYS_TGKILL = {"x86_64": 234, "aarch64": 131}[platform.machine()]
 
 
 def _drain(child: subprocess.Popen, lines: list[str]) -> None:
@@ -168,3 +176,35 @@ def test_quarry_traces_on_a_taken_port_says_so_in_one_line(tmp_path):
         f"quarry traces: cannot listen on 127.0.0.1:{port} (address in use?); "
         "choose another with --port\n"
     )
+
+
+def _signal_thread(pid: int, tid: int, signum: int) -> None:
+    """tgkill(2): the signal to one thread of a process, as the kernel may pick any thread
+    that does not block it for a signal sent to the process."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(SYS_TGKILL, pid, tid, signum) != 0:
+        raise OSError(ctypes.get_errno(), f"tgkill {pid} {tid}")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
+def test_quarry_traces_stops_whichever_of_its_threads_gets_the_signal(tmp_path, signum):
+    """A Ctrl-C the kernel hands to one of gRPC's threads stops `quarry traces` as one the
+    main thread gets (an untimed wait in the main thread never woke: the stop hung)."""
+    child = subprocess.Popen(
+        [str(VENV_BIN / "quarry"), "traces", "--port", str(free_port())],
+        env=quarry_env(tmp_path),
+        text=True,
+        stdout=subprocess.PIPE,
+    )
+    out: list[str] = []
+    threading.Thread(target=_drain, args=(child, out), daemon=True).start()
+    try:
+        wait_until(lambda: "Press Ctrl-C" in "".join(out), timeout=30, what="the banner")
+        others = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
+        others.remove(child.pid)
+        assert others, "gRPC's server threads"
+        _signal_thread(child.pid, max(others), signum)
+        assert child.wait(timeout=30) == 0
+    finally:
+        child.kill()
+        child.wait()

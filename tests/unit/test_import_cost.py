@@ -8,6 +8,8 @@ of service and CLI processes, and each pays for every module it imports).
 - The versioning core loads Arrow only for an import, PyYAML only for an action file; the
   console loads Jinja2 for its first page.
 - A worker supervisor (`quarry serve branch-manager` with workers) loads no gRPC server.
+- `quarry serve` (every service process) loads neither the client library nor the other
+  commands' modules: quarry.cli.main builds its parser alone (LOCAL_COMMANDS).
 - A branch-manager or committer starts without Arrow: committed storage and the range-writer's
   client are built on their first use (quarry.runtime.wiring.BuiltOnFirstUse).
 
@@ -155,6 +157,46 @@ def test_a_worker_supervisor_loads_no_grpc_server(tmp_path: Path):
         "quarry.services.branch_manager",
         "quarry.services.branch_manager.service",
     ]
+
+
+def test_quarry_serve_loads_no_client_and_no_other_command(tmp_path: Path):
+    """`quarry serve kv-gateway` up to where it would serve (runtime.server.serve is
+    replaced by one that reports what was loaded); `quarry settings` likewise, at its end."""
+    probe = (
+        "import json, sys\n"
+        "import quarry.runtime.server as server\n"
+        "def report(*_args):\n"
+        "    print(json.dumps(sorted(m for m in sys.modules if m.startswith("
+        "('quarry.cli', 'quarry.client')))))\n"
+        "server.serve = report\n"
+        "from quarry.cli.main import main\n"
+        "main(sys.argv[1:])\n"
+        "report()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUARRY_")}
+    env.update(QUARRY_HOME=str(tmp_path))
+    local = ["quarry.cli", "quarry.cli.main", "quarry.cli.services"]
+    for argv in (["serve", "kv-gateway"], ["settings"]):
+        out = subprocess.run(
+            [sys.executable, "-c", probe, *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            check=True,
+        ).stdout
+        assert json.loads(out.strip().splitlines()[-1]) == local, argv
+    # What the probe sees otherwise: `quarry help` builds the whole parser.
+    out = subprocess.run(
+        [sys.executable, "-c", probe, "help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=True,
+    ).stdout
+    everything = json.loads(out.strip().splitlines()[-1])
+    assert {"quarry.cli.base", "quarry.cli.repos", "quarry.client"} <= set(everything)
 
 
 def test_services_start_without_arrow_and_load_it_on_first_use(tmp_path: Path):

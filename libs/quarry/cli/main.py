@@ -37,61 +37,64 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import json
+import os
 import re
 import sys
-from typing import NoReturn
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, NoReturn
 
 import quarry
-from quarry.cli import (
-    actions,
-    auth,
-    base,
-    branches,
-    compaction,
-    completion,
-    doctor,
-    gc,
-    history,
-    importing,
-    merging,
-    objects,
-    protect,
-    repos,
-    services,
-    setup,
-    tags,
-    traces,
-    transfer,
-)
 
 # Re-exported: scripts and tests know them from here.
 from quarry.cli.services import SERVICE_MODULES, start_order
 
-_REGISTRATIONS: dict[str, base.Registration] = {
-    name: register
-    for module in (
-        services,
-        transfer,
-        repos,
-        branches,
-        tags,
-        objects,
-        history,
-        importing,
-        merging,
-        actions,
-        compaction,
-        doctor,
-        gc,
-        setup,
-        auth,
-        protect,
-        traces,
-        completion,
-    )
-    for name, register in module.COMMANDS.items()
+if TYPE_CHECKING:
+    from quarry.cli.base import Registration
+
+# The modules of quarry.cli that hold the commands (each a COMMANDS dict: name ->
+# registration), imported when a parser is built.
+COMMAND_MODULES = (
+    "services",
+    "transfer",
+    "repos",
+    "branches",
+    "tags",
+    "objects",
+    "history",
+    "importing",
+    "merging",
+    "actions",
+    "compaction",
+    "doctor",
+    "gc",
+    "setup",
+    "auth",
+    "protect",
+    "traces",
+    "completion",
+)
+# Commands that call no service, each with its module: their parser is built alone, so
+# they load neither the client library nor the other commands' modules. Every service
+# process is a `quarry serve` (a branch-manager's worker too): this is most of its start
+# (tests/unit/test_import_cost.py).
+LOCAL_COMMANDS = {
+    "up": "services",
+    "serve": "services",
+    "version": "services",
+    "settings": "services",
+    "traces": "traces",
 }
+
+
+def _registrations(modules: Iterable[str]) -> dict[str, Registration]:
+    return {
+        name: register
+        for module in modules
+        for name, register in importlib.import_module(f"quarry.cli.{module}").COMMANDS.items()
+    }
+
 
 # The order `quarry --help` lists the commands in.
 COMMAND_ORDER = (
@@ -238,12 +241,24 @@ def _help_positionals(parser: argparse.ArgumentParser, path: tuple[str, ...] = (
                 action.help = POSITIONAL_HELP.get(key)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    if set(COMMAND_ORDER) != set(_REGISTRATIONS):
-        raise RuntimeError(
-            f"commands without a place in COMMAND_ORDER, or the reverse: "
-            f"{sorted(set(COMMAND_ORDER) ^ set(_REGISTRATIONS))}"
-        )
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line's parser, or with `only` (one of LOCAL_COMMANDS) that
+    command's alone."""
+    if only is None:
+        registrations = _registrations(COMMAND_MODULES)
+        if set(COMMAND_ORDER) != set(registrations):
+            raise RuntimeError(
+                f"commands without a place in COMMAND_ORDER, or the reverse: "
+                f"{sorted(set(COMMAND_ORDER) ^ set(registrations))}"
+            )
+        names: tuple[str, ...] = COMMAND_ORDER
+        from quarry.cli.base import common_options
+
+        common = common_options()
+    else:
+        registrations = _registrations([LOCAL_COMMANDS[only]])
+        names = (only,)
+        common = argparse.ArgumentParser(add_help=False)  # a local command takes none
     parser = QuarryParser(
         prog="quarry",
         description="Quarry: version control for data-lake metadata.",
@@ -253,18 +268,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=VERSION_TEXT)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    common = base.common_options()
-    for name in COMMAND_ORDER:
-        _REGISTRATIONS[name](sub, common)
+    for name in names:
+        registrations[name](sub, common)
     _help_positionals(parser)
     return parser
 
 
 def _global_flags() -> dict[str, bool]:
     """The common options (base.common_options) by flag: whether each takes a value."""
+    from quarry.cli.base import common_options
+
     return {
         flag: action.nargs != 0
-        for action in base.common_options()._actions
+        for action in common_options()._actions
         for flag in action.option_strings
     }
 
@@ -303,9 +319,16 @@ def _print_help(parser: argparse.ArgumentParser, words: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    completion.autocomplete(parser)
-    argv = hoist_global_flags(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    completing = "_ARGCOMPLETE" in os.environ  # the shell asks: it needs every command
+    local = argv[0] if argv and argv[0] in LOCAL_COMMANDS and not completing else None
+    parser = build_parser(only=local)
+    if completing:
+        from quarry.cli.completion import autocomplete
+
+        autocomplete(parser)
+    if local is None:
+        argv = hoist_global_flags(argv)
     QuarryParser.argv = tuple(argv)
     QuarryParser.json_errors = "--json" in QuarryParser.argv
     if not argv or argv[0] == "help":  # `quarry`, `quarry help [COMMAND]`: git's habits

@@ -17,11 +17,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import quarry
 from quarry import errors
-from quarry.cli.base import Subparsers
 from quarry.config import (
     SERVICES,
     load_settings,
@@ -30,6 +29,9 @@ from quarry.config import (
     settings_text,
 )
 from quarry.runtime.lifeline import LIFELINE_FD_ENV
+
+if TYPE_CHECKING:  # the client library: not loaded by a service's start
+    from quarry.cli.base import Subparsers
 
 # The services built so far. Each maps to the module whose `build(settings) -> ServiceSpec`
 # wires it and whose DEPENDS_ON names the services it needs in order to serve.

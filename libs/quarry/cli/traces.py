@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from quarry.cli.base import Subparsers
 from quarry.telemetry import DEFAULT_PORT, DEFAULT_SETTLE_SECONDS
 
-if TYPE_CHECKING:  # the receiver is imported when a command runs one, not at start-up
+# Types only: the receiver is imported when a command runs one, and the client library (of
+# quarry.cli.base) is not loaded at all.
+if TYPE_CHECKING:
+    from quarry.cli.base import Subparsers
     from quarry.telemetry.receiver import OtlpReceiver, ReceivedSpan
 
 
@@ -58,10 +60,6 @@ def serving_traces(
         yield receiver
 
 
-def _interrupt(_signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def cmd_traces(args: argparse.Namespace) -> int:
     output = Path(args.output) if args.output else None
     stream = None if (output is not None and args.quiet) else sys.stdout
@@ -72,8 +70,14 @@ def cmd_traces(args: argparse.Namespace) -> int:
             if output is not None:
                 print(f"  traces also written to {output} (one JSON line each)", flush=True)
             print("  Press Ctrl-C to stop.\n", flush=True)
-            signal.signal(signal.SIGTERM, _interrupt)
-            threading.Event().wait()
+            stop = threading.Event()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, lambda _signum, _frame: stop.set())
+            # A timed wait, as the services' (quarry.runtime.server): the kernel may hand
+            # the signal to one of gRPC's threads, and Python runs its handler only when the
+            # main thread next runs; an untimed wait would never return.
+            while not stop.wait(0.5):
+                pass
     except KeyboardInterrupt:
         return 0
     except RuntimeError:  # gRPC could not bind: the port is taken
