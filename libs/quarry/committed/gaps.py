@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from quarry.committed.diff import DiffOptions, diff_metaranges
 from quarry.committed.iterators import LoadRange
 from quarry.committed.loader import RangeLoader
-from quarry.committed.metaranges import common_prefix_length
+from quarry.committed.metaranges import shared_ends
 from quarry.committed.rangedata import MetaRange, changed_rows
 from quarry.graveler.model import Change, DiffSummary, RangeInfo
 
@@ -46,10 +46,9 @@ def find_gaps(left: MetaRange, right: MetaRange) -> Iterator[Gap]:
     left_ranges, right_ranges = left.ranges, right.ranges
     # Leading and trailing runs of the same ranges are anchors without gaps: only the
     # middle is walked (a localized change leaves almost every range of both in place).
-    # Compared as RangeInfo objects (equal ids, equal rows: content-addressed), mostly the
-    # same objects: no list of every id is built.
-    head = common_prefix_length(left_ranges, right_ranges)
-    tail = common_prefix_length(left_ranges[head:][::-1], right_ranges[head:][::-1])
+    # Compared by index page ids, then as RangeInfo objects (equal ids, equal rows:
+    # content-addressed), mostly the same objects: no list of every id is built.
+    head, tail = shared_ends(left, right)
     right_stop = len(right_ranges) - tail + (1 if tail else 0)
     right_index = {right_ranges[j].id: j for j in range(head, right_stop)}
     prev_left = prev_right = head - 1

@@ -188,11 +188,14 @@ def _cut(ranges: Sequence[RangeInfo], start: int) -> int:
     return limit
 
 
-def common_prefix_length(left: Sequence[RangeInfo], right: Sequence[RangeInfo]) -> int:
+def common_prefix_length(
+    left: Sequence[RangeInfo], right: Sequence[RangeInfo], start: int = 0
+) -> int:
     """The length of the longest common prefix of two lists of ranges, by slice comparisons
-    (C speed: merge and the metarange planner compare the ranges of two metaranges)."""
+    (C speed: merge and the metarange planner compare the ranges of two metaranges).
+    `start`: a length already known to be common (shared_pages)."""
     limit = min(len(left), len(right))
-    lo, step = 0, 64
+    lo, step = start, 64
     while lo < limit:
         hi = min(lo + step, limit)
         if left[lo:hi] != right[lo:hi]:
@@ -205,6 +208,51 @@ def common_prefix_length(left: Sequence[RangeInfo], right: Sequence[RangeInfo]) 
             return lo
         lo, step = hi, step * 2
     return limit
+
+
+def common_suffix_length(
+    left: Sequence[RangeInfo], right: Sequence[RangeInfo], limit: int, start: int = 0
+) -> int:
+    """The length of the longest common suffix of two lists of ranges, at most `limit`
+    (what a common prefix left over), compared as common_prefix_length compares, from the
+    ends and without reversed copies. `start`: a length already known to be common."""
+    n, m = len(left), len(right)
+    limit = min(limit, n, m)
+    lo, step = min(start, limit), 64
+    while lo < limit:
+        hi = min(lo + step, limit)
+        if left[n - hi : n - lo] != right[m - hi : m - lo]:
+            while hi - lo > 1:  # the last lo are common; the first difference is in [lo, hi)
+                mid = (lo + hi) // 2
+                if left[n - mid : n - lo] == right[m - mid : m - lo]:
+                    lo = mid
+                else:
+                    hi = mid
+            return lo
+        lo, step = hi, step * 2
+    return limit
+
+
+def shared_ends(left: MetaRange, right: MetaRange) -> tuple[int, int]:
+    """(head, tail): how many leading ranges two metaranges have in common, and how many
+    trailing ones after those. Index pages both have at either end are counted by their ids
+    alone (a page's id is the hash of its ranges): only the pages where they part are
+    compared range by range, so a localized change costs O(pages), not O(ranges)."""
+    head = tail = 0
+    if left.pages and right.pages:
+        pages = min(len(left.pages), len(right.pages))
+        k = 0
+        while k < pages and left.pages[k].id == right.pages[k].id:
+            k += 1
+        head = left.page_ends[k - 1] if k else 0
+        t = 0
+        while t < pages - k and left.pages[-1 - t].id == right.pages[-1 - t].id:
+            t += 1
+        tail = len(left.ranges) - left.page_ends[-1 - t] if t else 0
+    left_ranges, right_ranges = left.ranges, right.ranges
+    head = common_prefix_length(left_ranges, right_ranges, head)
+    limit = min(len(left_ranges), len(right_ranges)) - head
+    return head, common_suffix_length(left_ranges, right_ranges, limit, tail)
 
 
 def plan_metarange(ranges: list[RangeInfo], base: MetaRange | None = None) -> MetaRangePlan:
@@ -221,7 +269,7 @@ def plan_metarange(ranges: list[RangeInfo], base: MetaRange | None = None) -> Me
     if base is not None and base.pages:
         base_ranges = base.ranges
         head = common_prefix_length(ranges, base_ranges)
-        tail = common_prefix_length(ranges[head:][::-1], base_ranges[head:][::-1])
+        tail = common_suffix_length(ranges, base_ranges, min(n, len(base_ranges)) - head)
         tail_start = n - tail
         shift = len(base_ranges) - n
         # (Not the base's last page: it may end only because the base's ranges did.)
@@ -298,6 +346,7 @@ __all__ = [
     "PAGE_MAX_RANGES",
     "PAGE_TARGET_RANGES",
     "common_prefix_length",
+    "common_suffix_length",
     "encode_metarange",
     "is_page_end",
     "metarange_files",
@@ -305,5 +354,6 @@ __all__ = [
     "page_info",
     "plan_metarange",
     "root_id_of",
+    "shared_ends",
     "write_metarange",
 ]

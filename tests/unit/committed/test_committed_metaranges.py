@@ -112,6 +112,47 @@ def test_a_plan_derived_from_a_base_is_the_plan_from_scratch(seed, small_pages):
         ranges, plan = edited, derived
 
 
+def _common(left: list[RangeInfo], right: list[RangeInfo]) -> tuple[int, int]:
+    """(head, tail) one range at a time: the longest common prefix, then the longest common
+    suffix of what is left."""
+    head = 0
+    while head < min(len(left), len(right)) and left[head] == right[head]:
+        head += 1
+    tail = 0
+    limit = min(len(left), len(right)) - head
+    while tail < limit and left[-1 - tail] == right[-1 - tail]:
+        tail += 1
+    return head, tail
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_shared_ends_by_page_ids_are_the_common_prefix_and_suffix(seed, small_pages):
+    """What merge's gap finder skips unread (metaranges.shared_ends: whole pages by id,
+    then range by range) is exactly the common prefix and suffix a range-by-range walk
+    finds, between edits of one list and between two edits of it (a merge's source and
+    destination), flat or paged."""
+    rng = random.Random(seed)
+    ranges = sorted(
+        (_info(rng, k, "0") for k in rng.sample(range(10**6), rng.randrange(0, 400))),
+        key=lambda r: r.min_key,
+    )
+    base = _as_metarange(ranges, plan_metarange(ranges))
+    for step in range(1, 8):
+        one = _edit(rng, ranges, step)
+        other = _edit(rng, one, 100 + step) if rng.random() < 0.5 else _edit(rng, ranges, 100)
+        left = _as_metarange(one, plan_metarange(one))
+        right = _as_metarange(other, plan_metarange(other))
+        for a, b in ((base, left), (left, base), (left, right), (right, left), (left, left)):
+            assert metaranges.shared_ends(a, b) == _common(a.ranges, b.ranges)
+            # The planner's suffix over plain lists, too.
+            head = metaranges.common_prefix_length(a.ranges, b.ranges)
+            limit = min(len(a.ranges), len(b.ranges)) - head
+            assert (
+                metaranges.common_suffix_length(a.ranges, b.ranges, limit)
+                == (_common(a.ranges, b.ranges)[1])
+            )
+
+
 def test_small_metaranges_stay_flat_and_large_ones_get_a_root(tmp_path, small_pages):
     rng = random.Random(1)
     store = LocalBlobStore(str(tmp_path))
