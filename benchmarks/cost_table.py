@@ -106,6 +106,7 @@ ZERO = Units({}, {})
 class Suite:
     def __init__(self, ports: dict[str, int], home: Path) -> None:
         self.home = home
+        self.ports = ports
         self.bm = branch_manager_pb2_grpc.BranchManagerStub(
             grpc.insecure_channel(f"127.0.0.1:{ports['branch-manager']}")
         )

@@ -12,6 +12,7 @@ BENCHMARKS = [
     "auth_overhead.py",
     "cost_table.py",
     "sharded_staging.py",
+    "committer_workers.py",
     "commit_vs_git.py",
     "actions_overhead.py",
     "merge_vs_git.py",

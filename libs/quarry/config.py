@@ -131,6 +131,13 @@ class Settings:
         "limit) — what `quarry up` and the Helm chart use unless this is set. Their metrics "
         "are summed on the one metrics port (README: multi-process serving).",
     )
+    committer_workers: int = _setting(
+        1,
+        "committer: worker processes serving its one port, as branch_manager_workers (each "
+        "a whole committer; commits of one branch stay serialized by its record's CAS, as "
+        "across replicas), so commits and merges of different branches use more than one "
+        "core. 1: one process, no supervisor. 0: one per CPU core this process may use.",
+    )
     shutdown_grace_seconds: float = _setting(
         10.0, "Seconds in-flight calls get to finish after SIGTERM."
     )
@@ -513,6 +520,7 @@ class Settings:
             "metarange_cache_bytes",
             "range_writer_processes",
             "branch_manager_workers",
+            "committer_workers",
             "import_listing_processes",
         ):
             if getattr(self, name) < 0:

@@ -735,6 +735,23 @@ def test_branch_manager_workers_only_on_the_branch_manager():
     assert "minimum" in render_error("--set", "services.branchManager.workers=-1")
 
 
+def test_committer_workers_only_on_the_committer():
+    # Default: one process; 0 (one per core) and a count reach the committer's container
+    # and no other service's.
+    for docs, expected in (
+        (render(), "1"),
+        (render("--set", "services.committer.workers=0"), "0"),
+        (render("--set", "services.committer.workers=3"), "3"),
+    ):
+        for service in SERVICES:
+            env = env_of(main_container(deployment(docs, service)))
+            if service == "committer":
+                assert env["QUARRY_COMMITTER_WORKERS"]["value"] == expected
+            else:
+                assert "QUARRY_COMMITTER_WORKERS" not in env, service
+    assert "minimum" in render_error("--set", "services.committer.workers=-1")
+
+
 # ---------------------------------------------------------------------------------------------
 # optional features
 

@@ -5,7 +5,8 @@ Its connections land on every worker; a write through one worker is read through
 at once (the replica tests of test_hot_branch_reads.py, across processes); its one metrics
 port reports the workers' sum; stopping it — SIGTERM, or SIGKILL, when none of its code
 runs — leaves no worker; one worker dying stops the service; and it never joins a port
-another process listens on."""
+another process listens on. A committer with QUARRY_COMMITTER_WORKERS commits through every
+worker and loses nothing."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -81,8 +83,8 @@ def accepts(port: int) -> bool:
     return True
 
 
-class BranchManager:
-    """One `quarry serve branch-manager` with workers: its supervisor and worker pids."""
+class Supervisor:
+    """One `quarry serve SERVICE` with workers: its supervisor and worker pids."""
 
     def __init__(self, process: subprocess.Popen, target: str, metrics_port: int) -> None:
         self.process = process
@@ -101,25 +103,32 @@ class BranchManager:
 
 
 @contextlib.contextmanager
-def serving_branch_manager(env: dict[str, str]) -> Iterator[BranchManager]:
-    """`quarry serve branch-manager` with WORKERS workers, on a port and a metrics port of its
-    own (a test's own branch-manager may run beside the module's)."""
+def serving_with_workers(service: str, env: dict[str, str]) -> Iterator[Supervisor]:
+    """`quarry serve SERVICE` with WORKERS workers, on a port and a metrics port of its own
+    (a test's own service may run beside the module's)."""
     port, metrics_port = free_port(), free_port()
+    setting = f"QUARRY_{service.upper().replace('-', '_')}"
     env = dict(
         env,
-        QUARRY_BRANCH_MANAGER_WORKERS=str(WORKERS),
-        QUARRY_BRANCH_MANAGER_PORT=str(port),
-        QUARRY_BRANCH_MANAGER_ADDRESS=f"127.0.0.1:{port}",
-        # The branch-manager's metrics port is this base + its service index.
-        QUARRY_METRICS_BASE_PORT=str(metrics_port - SERVICES.index("branch-manager")),
+        **{
+            f"{setting}_WORKERS": str(WORKERS),
+            f"{setting}_PORT": str(port),
+            f"{setting}_ADDRESS": f"127.0.0.1:{port}",
+        },
+        # The service's metrics port is this base + its service index.
+        QUARRY_METRICS_BASE_PORT=str(metrics_port - SERVICES.index(service)),
         QUARRY_LOG_FORMAT="json",
     )
-    with quarry_serve("branch-manager", env) as process:
-        yield BranchManager(process, f"127.0.0.1:{port}", metrics_port)
+    with quarry_serve(service, env) as process:
+        yield Supervisor(process, f"127.0.0.1:{port}", metrics_port)
+
+
+def serving_branch_manager(env: dict[str, str]) -> contextlib.AbstractContextManager[Supervisor]:
+    return serving_with_workers("branch-manager", env)
 
 
 @pytest.fixture(scope="module")
-def shared_branch_manager(dependencies) -> Iterator[BranchManager]:
+def shared_branch_manager(dependencies) -> Iterator[Supervisor]:
     """One branch-manager for the tests that only call it (each in a repository of its own,
     counting metrics as differences): a start costs a supervisor and WORKERS processes."""
     with serving_branch_manager(dependencies[0]) as running:
@@ -127,7 +136,7 @@ def shared_branch_manager(dependencies) -> Iterator[BranchManager]:
 
 
 @pytest.fixture
-def branch_manager(dependencies) -> Iterator[BranchManager]:
+def branch_manager(dependencies) -> Iterator[Supervisor]:
     """A branch-manager of the test's own, for a test that stops or kills it."""
     with serving_branch_manager(dependencies[0]) as running:
         yield running
@@ -369,3 +378,73 @@ def test_the_login_throttle_is_never_multiplied_by_the_workers(dependencies):
 
         wait_until(guess, timeout=60, interval=0, what="3 guesses on every worker")
     assert admitted <= per_minute, f"{admitted} guesses admitted over {attempts}"
+
+
+def test_a_committer_with_workers_commits_through_every_worker_and_loses_nothing(
+    shared_branch_manager, dependencies, tmp_path
+):
+    """QUARRY_COMMITTER_WORKERS: commits through both workers at once on one branch (each
+    worker a whole committer, as replicas are) lose no staged object and keep one linear
+    history; a Commit repeated with its request_id through the other worker gets the first
+    answer; SIGTERM drains and stops every worker."""
+    env, _ports = dependencies
+    with (
+        serving_with_workers("committer", env) as committer,
+        channel_per_worker(committer.target, committer.workers) as channels,
+        grpc.insecure_channel(shared_branch_manager.target) as bm_channel,
+    ):
+        branch_manager = branch_manager_pb2_grpc.BranchManagerStub(bm_channel)
+        stubs = [committer_pb2_grpc.CommitterStub(c) for c in channels.values()]
+        repo = "committer-workers"
+        branch_manager.CreateRepository(
+            bm.CreateRepositoryRequest(name=repo, storage_namespace=str(tmp_path / "lake"))
+        )
+        paths = [f"w{k}/{i:02d}" for k in range(len(stubs)) for i in range(10)]
+        outcomes: list[str] = []
+
+        def write_and_commit(k: int) -> None:
+            for path in paths[k * 10 : (k + 1) * 10]:
+                branch_manager.PutObject(
+                    bm.PutObjectRequest(repository=repo, branch="main", entry=entry(path, "c"))
+                )
+                try:
+                    stubs[k].Commit(cm.CommitRequest(repository=repo, branch="main", message=path))
+                    outcomes.append("OK")
+                except grpc.RpcError as exc:
+                    # The other worker's commit took this object with its own.
+                    assert from_rpc_error(exc).reason == "NO_CHANGES", exc
+                    outcomes.append("NO_CHANGES")
+
+        threads = [threading.Thread(target=write_and_commit, args=(k,)) for k in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(outcomes) == len(paths)
+        listed = branch_manager.ListObjects(
+            bm.ListObjectsRequest(repository=repo, ref="main", page_size=1000)
+        )
+        assert sorted(e.path for e in listed.entries) == sorted(paths)
+        uncommitted = branch_manager.DiffUncommitted(
+            bm.DiffUncommittedRequest(repository=repo, branch="main")
+        )
+        assert list(uncommitted.changes) == []  # everything staged was committed
+        log = stubs[0].Log(cm.LogRequest(repository=repo, ref="main", page_size=100))
+        # One commit per successful Commit, each the child of the one before, and the
+        # repository's first commit.
+        assert len(log.commits) == outcomes.count("OK") + 1
+        for child, parent in zip(log.commits, log.commits[1:], strict=False):
+            assert list(child.parents) == [parent.id]
+        # Idempotency across workers: the request log is in the KV store.
+        branch_manager.PutObject(
+            bm.PutObjectRequest(repository=repo, branch="main", entry=entry("last", "c"))
+        )
+        request = cm.CommitRequest(
+            repository=repo, branch="main", message="once", request_id=str(uuid.uuid4())
+        )
+        first = stubs[0].Commit(request)
+        assert stubs[1].Commit(request).commit.id == first.commit.id
+        workers = committer.workers
+        committer.process.send_signal(signal.SIGTERM)
+        assert committer.process.wait(30) == 0
+        assert wait_gone(workers, timeout=30) == []

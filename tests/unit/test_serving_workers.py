@@ -83,8 +83,13 @@ def test_the_worker_count_setting():
     auto = load_settings({"QUARRY_BRANCH_MANAGER_WORKERS": "0"})
     assert auto.workers_of("branch-manager") == usable_cores() >= 1
     assert usable_cores() <= len(os.sched_getaffinity(0))
-    # Services without the setting run one process.
+    # The committer has a count of its own (default one process); services without the
+    # setting run one process.
     assert load_settings(env).workers_of("committer") == 1
+    assert load_settings({"QUARRY_COMMITTER_WORKERS": "2"}).workers_of("committer") == 2
+    assert load_settings({"QUARRY_COMMITTER_WORKERS": "2"}).workers_of("kv-gateway") == 1
+    with pytest.raises(errors.InvalidArgument, match="committer_workers"):
+        load_settings({"QUARRY_COMMITTER_WORKERS": "-1"})
     with pytest.raises(errors.InvalidArgument, match="branch_manager_workers"):
         load_settings({"QUARRY_BRANCH_MANAGER_WORKERS": "-1"})
 

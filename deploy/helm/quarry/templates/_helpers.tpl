@@ -518,6 +518,11 @@ spec:
             - name: QUARRY_BRANCH_MANAGER_WORKERS
               value: {{ int (default 0 $svc.workers) | quote }}
             {{- end }}
+            {{- if eq $name "committer" }}
+            {{- /* Not `default 1`: it would turn 0 (one per core) into 1. */}}
+            - name: QUARRY_COMMITTER_WORKERS
+              value: {{ int (ternary 1 $svc.workers (kindIs "invalid" $svc.workers)) | quote }}
+            {{- end }}
             {{- if eq $name "range-writer" }}
             - name: QUARRY_RANGE_WRITER_PROCESSES
               value: {{ int (default 0 $svc.processes) | quote }}
