@@ -8,7 +8,7 @@ import argparse
 import re
 from collections.abc import Iterator
 
-from quarry.cli.main import build_parser, hoist_global_flags
+from quarry.cli.main import LOCAL_COMMANDS, build_parser, hoist_global_flags
 
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 _QUOTED = re.compile(r"`[^`]*`")  # `quarry up --traces`: another command's flag, quoted
@@ -70,3 +70,16 @@ def test_global_flags_move_after_the_command():
         "--odd",
     ]
     assert hoist_global_flags(["repo", "list", "--json"]) == ["repo", "list", "--json"]
+
+
+def test_a_local_command_built_alone_is_the_command_of_the_whole_parser():
+    """`quarry serve` and the other LOCAL_COMMANDS build their parser alone: it must be the
+    very command the whole parser has (its help, its arguments), and nothing else."""
+    whole = dict(_parsers(build_parser()))
+    for name in LOCAL_COMMANDS:
+        alone = dict(_parsers(build_parser(only=name)))
+        commands = {path for path in alone if path != "quarry"}
+        own = {p for p in whole if p == f"quarry {name}" or p.startswith(f"quarry {name} ")}
+        assert commands == own, name
+        for path in commands:
+            assert alone[path].format_help() == whole[path].format_help(), path

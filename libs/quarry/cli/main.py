@@ -75,10 +75,10 @@ COMMAND_MODULES = (
     "traces",
     "completion",
 )
-# Commands that call no service, each with its module: their parser is built alone, so
-# they load neither the client library nor the other commands' modules. Every service
-# process is a `quarry serve` (a branch-manager's worker too): this is most of its start
-# (tests/unit/test_import_cost.py).
+# Commands that use neither the client library nor the common connection options, each
+# with its module: their parser is built alone, without the client library or the other
+# commands' modules. Every service process is a `quarry serve` (a branch-manager's worker
+# too), so every service start skips them (tests/unit/test_import_cost.py).
 LOCAL_COMMANDS = {
     "up": "services",
     "serve": "services",

@@ -193,7 +193,7 @@ def common_prefix_length(
 ) -> int:
     """The length of the longest common prefix of two lists of ranges, by slice comparisons
     (C speed: merge and the metarange planner compare the ranges of two metaranges).
-    `start`: a length already known to be common (shared_pages)."""
+    `start`: a length already known to be common (shared_ends)."""
     limit = min(len(left), len(right))
     lo, step = start, 64
     while lo < limit:
