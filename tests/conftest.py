@@ -208,7 +208,7 @@ def python_writer(spark):
 # ---- parallel runs (pytest-xdist, `make test`: -n auto --dist loadfile) --------------------
 # Each module's tests run on one worker (loadfile), so a module's expensive module-scoped
 # fixtures (a suite of servers, a chaos run) start once; what every test shares per process
-# (dynalite, moto_server) starts once per worker; ports come from support.ports, race-free
+# (dynalite, moto_server) starts once per worker; ports come from quarry.ports, race-free
 # across workers. The modules that use the Spark session run on ONE worker, one after
 # another (SPARK_MODULES, one work unit of the scheduler below), so a run starts one session
 # JVM, not one per worker: a session costs ~20 CPU-s to start and warm up on this machine,

@@ -579,21 +579,22 @@ def value_args(options: Options, data: Path, extra: Iterable[str] = ()) -> list[
 
 def free_port_values() -> list[str]:
     """--set services.<key>.<port>=<free port> for every port value of every service in the
-    chart's values.yaml (a service the chart adds is covered)."""
+    chart's values.yaml (a service the chart adds is covered). The ports come from
+    quarry.ports: below the kernel's ephemeral range, so no client socket takes one before
+    its pod binds it, and held (a record lock) while this process runs, so no test or other
+    `--free-ports` run picks one meanwhile."""
+    from quarry.ports import free_ports
+
     chart_values = yaml.safe_load((CHART / "values.yaml").read_text())
-    sockets = []
+    wanted = [
+        f"services.{key}.{name}"
+        for key, settings in (chart_values.get("services") or {}).items()
+        for name, value in (settings or {}).items()
+        if (name == "port" or name.endswith("Port")) and isinstance(value, int)
+    ]
     args = []
-    try:
-        for key, settings in (chart_values.get("services") or {}).items():
-            for name, value in (settings or {}).items():
-                if (name == "port" or name.endswith("Port")) and isinstance(value, int):
-                    sock = socket.socket()
-                    sock.bind(("127.0.0.1", 0))
-                    sockets.append(sock)  # held until all are chosen: no duplicates
-                    args += ["--set", f"services.{key}.{name}={sock.getsockname()[1]}"]
-    finally:
-        for sock in sockets:
-            sock.close()
+    for value, port in zip(wanted, free_ports(len(wanted)), strict=True):
+        args += ["--set", f"{value}={port}"]
     return args
 
 

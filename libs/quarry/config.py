@@ -661,6 +661,16 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
+def port_taken(service: str, host: str, port: int) -> errors.Unavailable:
+    """The error of a service that cannot listen on its port (another process has it): one
+    line naming the setting that moves it, never a traceback."""
+    return errors.Unavailable(
+        f"{service} cannot listen on {host}:{port} (address in use?); choose another with "
+        f"QUARRY_{_upper(service)}_PORT",
+        metadata={"address": f"{host}:{port}"},
+    )
+
+
 def usable_cores() -> int:
     """The CPU cores this process may use: its CPU affinity, lowered by a cgroup v2 CPU
     limit (a container's `resources.limits.cpu`, rounded up) when one is set."""

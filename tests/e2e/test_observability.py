@@ -32,9 +32,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from quarry.client import Client
 from quarry.errors import QuarryError
+from quarry.ports import free_port_block
 from support.auth import setup_admin_over_grpc
 from support.otlp import OtlpReceiver, ReceivedSpan, exporting_to, otlp_receiver, tree
-from support.ports import free_port_block
 from support.processes import VENV_BIN, free_port, json_lines, quarry_env, wait_serving
 from support.wait import wait_until
 

@@ -889,8 +889,8 @@ def test_quarry_serve_console_answers_health_metrics_and_json_logs(suite, tmp_pa
     import json
     import urllib.request
 
+    from quarry.ports import free_port
     from support.console import serving_console
-    from support.ports import free_port
 
     metrics_port = free_port()
     extra = {

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from urllib.parse import urlencode
 
+from quarry.ports import free_port
 from support.auth import TEST_CONSOLE_SESSION_KEY
-from support.ports import free_port
 from support.wait import wait_until
 
 CSRF_FIELD = re.compile(r'name="csrf" value="([^"]+)"')

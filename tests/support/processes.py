@@ -15,9 +15,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from quarry.ports import free_port as free_port  # lives in quarry.ports; re-exported
+from quarry.ports import free_ports as free_ports
 from support.auth import AUTH_ENV
-from support.ports import free_port as free_port  # lives in support.ports; re-exported
-from support.ports import free_ports as free_ports
 from support.wait import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

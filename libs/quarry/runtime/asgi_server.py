@@ -17,7 +17,7 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-from quarry.config import Settings
+from quarry.config import Settings, port_taken
 
 log = logging.getLogger(__name__)
 # The lifecycle lines ("signal N, draining", "stopped") under the logger every service's
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 lifecycle = logging.getLogger("quarry.runtime.server")
 
 
-def http_listener(host: str, port: int) -> socket.socket:
+def http_listener(service: str, host: str, port: int) -> socket.socket:
     """The bound (not yet listening) socket of an HTTP service run by uvicorn. TCP_NODELAY is
     set on it, and Linux gives it to every accepted connection: asyncio sets it on a
     transport's socket only when the socket says IPPROTO_TCP, which a socket made like this
@@ -35,7 +35,11 @@ def http_listener(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise port_taken(service, host, port) from None
     return sock
 
 
@@ -75,7 +79,7 @@ def serve_asgi(
     tls = server_tls(settings)
     check_listen(settings, service, host, tls)
     app, closers = make_app(tls is not None)
-    sock = http_listener(host, port)
+    sock = http_listener(service, host, port)
     bound = sock.getsockname()[1]
     metrics_port = start_metrics_endpoint(settings.metrics_host, settings.metrics_port_of(service))
     config = uvicorn.Config(

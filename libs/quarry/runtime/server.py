@@ -36,7 +36,7 @@ from grpc_reflection.v1alpha import reflection
 
 import quarry
 from quarry import errors, telemetry
-from quarry.config import Settings
+from quarry.config import Settings, port_taken
 from quarry.runtime.channels import MAX_MESSAGE_BYTES, open_channel
 from quarry.runtime.deadline_interceptor import DeadlineInterceptor
 from quarry.runtime.errors import RETRYABLE_CODES, ErrorInterceptor, from_rpc_error
@@ -507,11 +507,7 @@ def create_server(
     except RuntimeError:
         bound = 0
     if bound == 0:
-        raise errors.Unavailable(
-            f"{spec.name} cannot listen on {bind_host}:{bind_port} (address in use?); "
-            f"choose another with QUARRY_{spec.name.upper().replace('-', '_')}_PORT",
-            metadata={"address": f"{bind_host}:{bind_port}"},
-        )
+        raise port_taken(spec.name, bind_host, bind_port)
     # ServerInfo always answers; "" and the service's own names follow readiness.
     health_servicer.set(info_name, health_pb2.HealthCheckResponse.SERVING)
     for name in ["", *spec.grpc_service_names]:

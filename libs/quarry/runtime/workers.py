@@ -55,8 +55,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from quarry import errors
-from quarry.config import Settings
+from quarry.config import Settings, port_taken
 from quarry.runtime.lifeline import LIFELINE_FD_ENV, watch_lifeline
 from quarry.telemetry.logs import configure_logging
 from quarry.telemetry.metrics import start_metrics_endpoint
@@ -120,11 +119,7 @@ def reserved_port(host: str, port: int, service: str) -> Iterator[int]:
         try:
             probe.bind(address)
         except OSError:
-            raise errors.Unavailable(
-                f"{service} cannot listen on {host}:{port} (address in use?); choose another "
-                f"with QUARRY_{service.upper().replace('-', '_')}_PORT",
-                metadata={"address": f"{host}:{port}"},
-            ) from None
+            raise port_taken(service, host, port) from None
         if port == 0:
             port = probe.getsockname()[1]
     # A free port picked above may be taken between the two binds: then this bind fails.
@@ -135,10 +130,7 @@ def reserved_port(host: str, port: int, service: str) -> Iterator[int]:
         try:
             reservation.bind((address[0], port, *address[2:]))
         except OSError:
-            raise errors.Unavailable(
-                f"{service} cannot listen on {host}:{port} (address in use?)",
-                metadata={"address": f"{host}:{port}"},
-            ) from None
+            raise port_taken(service, host, port) from None
         yield port
     finally:
         reservation.close()

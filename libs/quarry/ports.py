@@ -1,10 +1,12 @@
-"""Race-free ports for servers the tests start on a fixed port (child processes given a
-`QUARRY_*_PORT`, dynalite, moto_server).
+"""Race-free ports for servers started on a fixed port by the tests (child processes given a
+`QUARRY_*_PORT`, dynalite, moto_server) and by `deploy/local/kube.py --free-ports` (the
+chart's services under podman).
 
 The old way - bind port 0, read the port, close the socket - raced twice over: the kernel may
 hand the same port to the next bind(0) (so `{name: free_port() for name in SERVICES}` once
-gave compactor-sensor branch-manager's port), and a port handed out in one pytest process
-(an xdist worker, another checkout's run) is unknown to every other process.
+gave compactor-sensor branch-manager's port) or to any client socket before the server binds
+it (a chart's console, started seconds later, once found its port taken), and a port handed
+out in one process (an xdist worker, another checkout's run) is unknown to every other.
 
 Here a port is handed out at most once per process, and at most once across processes while
 the process that took it lives: each port is a byte of one lock file (a POSIX record lock,
@@ -26,7 +28,7 @@ from pathlib import Path
 # Below Linux's default ephemeral range (32768-60999) and above the well-known services and
 # Quarry's own default ports (7401-7409).
 LOW, HIGH = 20000, 32767
-LOCK_FILE = Path(tempfile.gettempdir()) / "quarry-test-ports.lock"
+LOCK_FILE = Path(tempfile.gettempdir()) / "quarry-ports.lock"
 
 _lock = threading.Lock()
 _pid = 0  # the process the state below belongs to (a forked child starts afresh)

@@ -1,17 +1,18 @@
-"""support.ports: the ports the tests hand to servers never collide, in one process or across
-processes (xdist workers, another checkout's run), and never come from the kernel's
-ephemeral range (where every bind(0) and client socket takes its ports)."""
+"""quarry.ports: the ports the tests and `kube.py --free-ports` hand to servers never collide,
+in one process or across processes (xdist workers, another checkout's run), and never come
+from the kernel's ephemeral range (where every bind(0) and client socket takes its ports)."""
 
 from __future__ import annotations
 
 import json
+import runpy
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from support import ports
-from support.ports import free_port, free_port_block, free_ports
+from quarry import ports
+from quarry.ports import free_port, free_port_block, free_ports
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -35,7 +36,7 @@ def test_concurrent_processes_never_share_a_port():
     holds its own: no port is handed out twice."""
     mine = free_ports(50)
     script = (
-        "import json, sys; from support.ports import free_ports; "
+        "import json, sys; from quarry.ports import free_ports; "
         "sys.stdin.readline(); print(json.dumps(free_ports(100)), flush=True); "
         "sys.stdin.readline()"  # hold the ports until the others have picked theirs
     )
@@ -86,3 +87,18 @@ def test_ports_are_not_handed_out_in_sequence():
     taken = free_ports(50)
     steps = sum(1 for a, b in zip(taken, taken[1:], strict=False) if b == a + 1)
     assert steps < 5
+
+
+def test_kube_free_ports_come_from_here():
+    """`kube.py --free-ports` gives every port of the chart's services a port of this scheme
+    (below the ephemeral range: a pod's port once went to a client socket before the pod
+    bound it), all distinct."""
+    kube = runpy.run_path(str(TESTS.parent / "deploy/local/kube.py"), run_name="kube")
+    args = kube["free_port_values"]()
+    values = dict(arg.split("=", 1) for arg in args[1::2])
+    assert args[::2] == ["--set"] * len(values)
+    assert {"services.console.port", "services.branchManager.metricsPort"} <= set(values)
+    chosen = [int(port) for port in values.values()]
+    low, high = ports._range()
+    assert len(set(chosen)) == len(chosen)
+    assert all(low <= port <= high for port in chosen)
