@@ -29,6 +29,23 @@ def _drain(child: subprocess.Popen, lines: list[str]) -> None:
         lines.append(line)
 
 
+def _started_traces(env: dict[str, str], *args: str) -> tuple[subprocess.Popen, list[str]]:
+    """`quarry traces ARGS` once its banner is out; (the process, its output lines so far,
+    drained by a thread)."""
+    child = subprocess.Popen(
+        [str(VENV_BIN / "quarry"), "traces", *args], env=env, text=True, stdout=subprocess.PIPE
+    )
+    out: list[str] = []
+    threading.Thread(target=_drain, args=(child, out), daemon=True).start()
+    try:
+        wait_until(lambda: "Press Ctrl-C" in "".join(out), timeout=30, what="the banner")
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    return child, out
+
+
 def test_a_cli_commit_with_trace_on_is_one_trace_rooted_at_the_cli(tmp_path):
     with quarry_up_with_traces(tmp_path) as up:
         endpoint = up.endpoint
@@ -111,25 +128,10 @@ def test_quarry_traces_prints_a_received_trace_as_a_tree(tmp_path):
     port = free_port()
     env = quarry_env(tmp_path)
     output = tmp_path / "t.jsonl"
-    child = subprocess.Popen(
-        [
-            str(VENV_BIN / "quarry"),
-            "traces",
-            "--port",
-            str(port),
-            "--output",
-            str(output),
-            "--settle",
-            "0.5",
-        ],
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
+    child, out = _started_traces(
+        env, "--port", str(port), "--output", str(output), "--settle", "0.5"
     )
-    out: list[str] = []
-    threading.Thread(target=_drain, args=(child, out), daemon=True).start()
     try:
-        wait_until(lambda: "Press Ctrl-C" in "".join(out), timeout=30, what="the banner")
         script = (
             "from quarry import telemetry\n"
             "assert telemetry.configure_tracing('job')\n"
@@ -190,16 +192,8 @@ def _signal_thread(pid: int, tid: int, signum: int) -> None:
 def test_quarry_traces_stops_whichever_of_its_threads_gets_the_signal(tmp_path, signum):
     """A Ctrl-C the kernel hands to one of gRPC's threads stops `quarry traces` as one the
     main thread gets (an untimed wait in the main thread never woke: the stop hung)."""
-    child = subprocess.Popen(
-        [str(VENV_BIN / "quarry"), "traces", "--port", str(free_port())],
-        env=quarry_env(tmp_path),
-        text=True,
-        stdout=subprocess.PIPE,
-    )
-    out: list[str] = []
-    threading.Thread(target=_drain, args=(child, out), daemon=True).start()
+    child, _out = _started_traces(quarry_env(tmp_path), "--port", str(free_port()))
     try:
-        wait_until(lambda: "Press Ctrl-C" in "".join(out), timeout=30, what="the banner")
         others = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
         others.remove(child.pid)
         assert others, "gRPC's server threads"

@@ -718,38 +718,28 @@ def test_range_writer_processes_only_on_the_range_writer():
     assert "minimum" in render_error("--set", "services.rangeWriter.processes=-1")
 
 
-def test_branch_manager_workers_only_on_the_branch_manager():
-    # Default: one worker per core the container may use (0); a value reaches the
-    # branch-manager's container and no other service's.
+@pytest.mark.parametrize(
+    ("key", "service", "variable", "default"),
+    [
+        # One worker per core the container may use (0) by default.
+        ("branchManager", "branch-manager", "QUARRY_BRANCH_MANAGER_WORKERS", "0"),
+        # One process by default; 0 must stay 0 (not `default 1`'s 1).
+        ("committer", "committer", "QUARRY_COMMITTER_WORKERS", "1"),
+    ],
+)
+def test_worker_counts_reach_only_their_service(key, service, variable, default):
     for docs, expected in (
-        (render(), "0"),
-        (render("--set", "services.branchManager.workers=1"), "1"),
-        (render("--set", "services.branchManager.workers=4"), "4"),
+        (render(), default),
+        (render("--set", f"services.{key}.workers=0"), "0"),
+        (render("--set", f"services.{key}.workers=4"), "4"),
     ):
-        for service in SERVICES:
-            env = env_of(main_container(deployment(docs, service)))
-            if service == "branch-manager":
-                assert env["QUARRY_BRANCH_MANAGER_WORKERS"]["value"] == expected
+        for other in SERVICES:
+            env = env_of(main_container(deployment(docs, other)))
+            if other == service:
+                assert env[variable]["value"] == expected
             else:
-                assert "QUARRY_BRANCH_MANAGER_WORKERS" not in env, service
-    assert "minimum" in render_error("--set", "services.branchManager.workers=-1")
-
-
-def test_committer_workers_only_on_the_committer():
-    # Default: one process; 0 (one per core) and a count reach the committer's container
-    # and no other service's.
-    for docs, expected in (
-        (render(), "1"),
-        (render("--set", "services.committer.workers=0"), "0"),
-        (render("--set", "services.committer.workers=3"), "3"),
-    ):
-        for service in SERVICES:
-            env = env_of(main_container(deployment(docs, service)))
-            if service == "committer":
-                assert env["QUARRY_COMMITTER_WORKERS"]["value"] == expected
-            else:
-                assert "QUARRY_COMMITTER_WORKERS" not in env, service
-    assert "minimum" in render_error("--set", "services.committer.workers=-1")
+                assert variable not in env, other
+    assert "minimum" in render_error("--set", f"services.{key}.workers=-1")
 
 
 # ---------------------------------------------------------------------------------------------

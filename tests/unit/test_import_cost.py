@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 # Heavy to import (numpy and pyarrow ~0.4 CPU-s, PyJWT with cryptography ~0.2, ...), and
 # needed only by the paths that use them.
@@ -64,6 +65,19 @@ def _top(found: dict[str, list]) -> dict[str, list]:
         for name, mods in found.items()
         if mods
     }
+
+
+def last_json_line(probe: str, env: dict[str, str], *argv: str) -> Any:
+    """Run `probe` (python -c, with argv) in `env`; the JSON of its last output line."""
+    out = subprocess.run(
+        [sys.executable, "-c", probe, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def test_service_modules_and_start_order_load_no_implementation():
@@ -141,15 +155,7 @@ def test_a_worker_supervisor_loads_no_grpc_server(tmp_path: Path):
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUARRY_")}
     env.update(QUARRY_HOME=str(tmp_path), QUARRY_BRANCH_MANAGER_WORKERS="2")
-    out = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=True,
-    ).stdout
-    service, count, found = json.loads(out.strip().splitlines()[-1])
+    service, count, found = last_json_line(probe, env)
     assert (service, count) == ("branch-manager", 2)
     # The service's own module only (for DEPENDS_ON): none of what its workers serve with.
     assert found == [
@@ -177,25 +183,9 @@ def test_quarry_serve_loads_no_client_and_no_other_command(tmp_path: Path):
     env.update(QUARRY_HOME=str(tmp_path))
     local = ["quarry.cli", "quarry.cli.main", "quarry.cli.services"]
     for argv in (["serve", "kv-gateway"], ["settings"]):
-        out = subprocess.run(
-            [sys.executable, "-c", probe, *argv],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-            check=True,
-        ).stdout
-        assert json.loads(out.strip().splitlines()[-1]) == local, argv
+        assert last_json_line(probe, env, *argv) == local, argv
     # What the probe sees otherwise: `quarry help` builds the whole parser.
-    out = subprocess.run(
-        [sys.executable, "-c", probe, "help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=True,
-    ).stdout
-    everything = json.loads(out.strip().splitlines()[-1])
+    everything = last_json_line(probe, env, "help")
     assert {"quarry.cli.base", "quarry.cli.repos", "quarry.client"} <= set(everything)
 
 

@@ -18,7 +18,7 @@ PAGE_TARGET_RANGES) is stored flat, as that page alone: small repositories pay n
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -188,26 +188,35 @@ def _cut(ranges: Sequence[RangeInfo], start: int) -> int:
     return limit
 
 
-def common_prefix_length(
-    left: Sequence[RangeInfo], right: Sequence[RangeInfo], start: int = 0
-) -> int:
-    """The length of the longest common prefix of two lists of ranges, by slice comparisons
-    (C speed: merge and the metarange planner compare the ranges of two metaranges).
-    `start`: a length already known to be common (shared_ends)."""
-    limit = min(len(left), len(right))
+def _common_run(limit: int, start: int, same: Callable[[int, int], bool]) -> int:
+    """The length (at most `limit`) of the run of equal elements two sequences start with,
+    the first `start` known equal; same(a, b): whether their elements a..b-1 are equal.
+    Growing steps, then a binary search in the step that fails: O(log n) slice comparisons,
+    each at C speed."""
     lo, step = start, 64
     while lo < limit:
         hi = min(lo + step, limit)
-        if left[lo:hi] != right[lo:hi]:
-            while hi - lo > 1:  # left[:lo] == right[:lo]; the first difference is in [lo, hi)
+        if not same(lo, hi):
+            while hi - lo > 1:  # 0..lo-1 are equal; the first difference is in lo..hi-1
                 mid = (lo + hi) // 2
-                if left[lo:mid] == right[lo:mid]:
+                if same(lo, mid):
                     lo = mid
                 else:
                     hi = mid
             return lo
         lo, step = hi, step * 2
     return limit
+
+
+def common_prefix_length(
+    left: Sequence[RangeInfo], right: Sequence[RangeInfo], start: int = 0
+) -> int:
+    """The length of the longest common prefix of two lists of ranges, by slice comparisons
+    (C speed: merge and the metarange planner compare the ranges of two metaranges).
+    `start`: a length already known to be common (shared_ends)."""
+    return _common_run(
+        min(len(left), len(right)), start, lambda lo, hi: left[lo:hi] == right[lo:hi]
+    )
 
 
 def common_suffix_length(
@@ -218,19 +227,9 @@ def common_suffix_length(
     ends and without reversed copies. `start`: a length already known to be common."""
     n, m = len(left), len(right)
     limit = min(limit, n, m)
-    lo, step = min(start, limit), 64
-    while lo < limit:
-        hi = min(lo + step, limit)
-        if left[n - hi : n - lo] != right[m - hi : m - lo]:
-            while hi - lo > 1:  # the last lo are common; the first difference is in [lo, hi)
-                mid = (lo + hi) // 2
-                if left[n - mid : n - lo] == right[m - mid : m - lo]:
-                    lo = mid
-                else:
-                    hi = mid
-            return lo
-        lo, step = hi, step * 2
-    return limit
+    return _common_run(
+        limit, min(start, limit), lambda lo, hi: left[n - hi : n - lo] == right[m - hi : m - lo]
+    )
 
 
 def shared_ends(left: MetaRange, right: MetaRange) -> tuple[int, int]:
