@@ -11,7 +11,7 @@ from quarry.runtime.asgi_server import http_listener
 
 
 def test_accepted_connections_have_tcp_nodelay():
-    listener = http_listener("127.0.0.1", 0)
+    listener = http_listener("s3-gateway", "127.0.0.1", 0)
     try:
         listener.listen()
         with socket.create_connection(listener.getsockname()) as _client:
