@@ -27,6 +27,7 @@ from support.processes import (
     port_listened,
     process_running,
     quarry_env,
+    service_ports,
     wait_gone,
 )
 from support.wait import wait_until
@@ -45,11 +46,7 @@ class Up:
         self.env = quarry_env(
             tmp_path / "home",
             QUARRY_SHUTDOWN_GRACE_SECONDS=str(grace),
-            **{
-                f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-                for name, p in self.ports.items()
-                for what, value in (("PORT", str(p)), ("ADDRESS", f"127.0.0.1:{p}"))
-            },
+            **service_ports(self.ports),
         )
         self.out = tmp_path / "up.out"
         self.err = tmp_path / "up.err"

@@ -44,6 +44,7 @@ from support.processes import (
     port_listened,
     quarry_env,
     quarry_serve,
+    service_ports,
     wait_gone,
     wait_serving,
 )
@@ -59,13 +60,9 @@ def dependencies(tmp_path_factory) -> Iterator[tuple[dict[str, str], dict[str, i
     needs to join them, the ports)."""
     home = tmp_path_factory.mktemp("workers") / "home"
     ports = {name: free_port() for name in (*DEPENDENCIES, "branch-manager")}
-    common = {
-        f"QUARRY_{name.upper().replace('-', '_')}_{what}": value
-        for name, port in ports.items()
-        for what, value in (("PORT", str(port)), ("ADDRESS", f"127.0.0.1:{port}"))
-    }
-    common.update(QUARRY_AUTH_ENABLED="false", QUARRY_COMPACTOR_ENABLED="false")
-    env = quarry_env(home, **common)
+    env = quarry_env(
+        home, QUARRY_AUTH_ENABLED="false", QUARRY_COMPACTOR_ENABLED="false", **service_ports(ports)
+    )
     with contextlib.ExitStack() as stack:
         for name in DEPENDENCIES:
             stack.enter_context(quarry_serve(name, env))
@@ -107,14 +104,10 @@ def serving_with_workers(service: str, env: dict[str, str]) -> Iterator[Supervis
     """`quarry serve SERVICE` with WORKERS workers, on a port and a metrics port of its own
     (a test's own service may run beside the module's)."""
     port, metrics_port = free_port(), free_port()
-    setting = f"QUARRY_{service.upper().replace('-', '_')}"
     env = dict(
         env,
-        **{
-            f"{setting}_WORKERS": str(WORKERS),
-            f"{setting}_PORT": str(port),
-            f"{setting}_ADDRESS": f"127.0.0.1:{port}",
-        },
+        **service_ports({service: port}),
+        **{f"QUARRY_{service.upper().replace('-', '_')}_WORKERS": str(WORKERS)},
         # The service's metrics port is this base + its service index.
         QUARRY_METRICS_BASE_PORT=str(metrics_port - SERVICES.index(service)),
         QUARRY_LOG_FORMAT="json",
