@@ -19,12 +19,24 @@ from support.auth import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY
 from support.console import Browser, running_console
 from support.suite import suite_fixture
 
-suite = suite_fixture(compactor_sensor=True)
+# Every sign-in of this module comes from one address (loopback) with a few access keys: on
+# the default limits (20 a minute per address at the console, 60 per key) a fast run of its
+# tests gets 429 after its twentieth sign-in. The limits are tested on consoles of their own
+# (test_sign_ins_are_throttled_per_browser_address_before_auth_login); here they are set far
+# above what the module uses.
+SIGN_IN_LIMITS = {
+    "auth_login_attempts_per_minute_per_key": 10_000,
+    "auth_login_attempts_per_minute_per_address": 10_000,
+}
+suite = suite_fixture(compactor_sensor=True, **SIGN_IN_LIMITS)
 
 
 @pytest.fixture(scope="module")
 def console(suite):
-    with running_console(suite) as (port, app):
+    with running_console(suite, console_login_attempts_per_minute_per_address=10_000) as (
+        port,
+        app,
+    ):
         yield port, app
 
 
