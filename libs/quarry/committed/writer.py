@@ -144,9 +144,9 @@ class RangeWriter:
         max_keys: list[str] | None = None,
     ) -> str:
         """Put the metarange of `ranges` (its new index pages and its root, each if absent)
-        and return its id. `base`: see plan_metarange; `plan`: that of `ranges` when the
-        caller has it already; `max_keys`: those of `ranges` when the caller has them (else
-        built)."""
+        and return its id. `base`: see plan_metarange; `plan`: that of `ranges` if known;
+        `max_keys`: those of `ranges` if known. Both lists become the cached metarange's,
+        not copies (10k ranges at 10M entries): the caller must not change them after."""
         loader = self.loader
         store = loader.store(namespace)
         if plan is None:
@@ -154,7 +154,7 @@ class RangeWriter:
         # Into a local directory the CPU is the cost and the bytes are cheap: uncompressed;
         # over the network to an object store zstd (docs/performance.md).
         pages, (key, data) = metarange_files(ranges, plan, compress=not store.is_local)
-        max_keys = list(max_keys) if max_keys else [r.max_key for r in ranges]
+        max_keys = max_keys or [r.max_key for r in ranges]
         for (page_key, page_data), index in zip(pages, plan.new_pages, strict=True):
             page = plan.pages[index]
             if store.put_deferred(page_key, page_data):
@@ -178,7 +178,7 @@ class RangeWriter:
         loader.keep_written_file(namespace, store, "metaranges", plan.id, data)
         loader.remember_metarange(
             namespace,
-            MetaRange(plan.id, list(ranges), max_keys, None, plan.pages, plan.page_ends),
+            MetaRange(plan.id, ranges, max_keys, None, plan.pages, plan.page_ends),
         )
         return plan.id
 

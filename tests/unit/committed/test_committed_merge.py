@@ -599,6 +599,47 @@ def test_the_destinations_last_range_is_rechunked_when_the_source_appends_after_
     assert result.metarange_id == write(manager, namespace, merged)
 
 
+def test_applying_nothing_hands_back_the_bases_own_lists_unless_an_open_end_needs_rechunking(
+    manager, namespace
+):
+    """What a merge whose gaps were all spliced from the source costs above its gaps: with
+    no change to apply and no open end to re-chunk, apply_to_ranges returns the base's own
+    lists (no pass over its 10k ranges at 10M entries) and writes nothing. An open end not
+    at a chunk boundary, with ranges after it, is still re-chunked (new lists)."""
+    from quarry.committed.apply import ApplyOptions, apply_to_ranges
+
+    model = filler()
+    base = manager._loader.metarange(namespace, write(manager, namespace, model))
+    assert len(base.ranges) > 2
+    applied = apply_to_ranges(manager._writer, namespace, base, [])
+    assert applied.ranges is base.ranges and applied.max_keys is base.max_keys
+    assert (applied.written, applied.reused) == (0, len(base.ranges))
+
+    # Open ends at chunk boundaries (and the last range, whatever it ends on) change nothing.
+    ends_at_boundary = manager._writer.chunking.ends_at_boundary
+    at_boundary = [k for k, info in enumerate(base.ranges) if ends_at_boundary(info)]
+    assert at_boundary
+    kept = apply_to_ranges(
+        manager._writer,
+        namespace,
+        base,
+        [],
+        ApplyOptions(open_ends=[*at_boundary, len(base.ranges) - 1]),
+    )
+    assert kept.ranges is base.ranges
+
+    # A range ending off a boundary (the last of a metarange of a few entries) before
+    # others: re-chunked with the next one.
+    few = dict(sorted(model.items())[:5])
+    (piece,) = manager._loader.metarange(namespace, write(manager, namespace, few)).ranges
+    assert not ends_at_boundary(piece) and piece.max_key < base.ranges[1].min_key
+    joined = type(base)("", [piece, *base.ranges[1:]])
+    rechunked = apply_to_ranges(manager._writer, namespace, joined, [], ApplyOptions(open_ends=[0]))
+    assert rechunked.ranges is not joined.ranges
+    assert rechunked.ranges[0] != joined.ranges[0]
+    assert rechunked.written >= 1
+
+
 def test_a_branch_commit_merged_counts_its_summary_without_reading_its_own_ranges(
     new_manager, namespace
 ):
