@@ -1,7 +1,8 @@
 """Flatness (issue 14, target 3) with CPU time: the localized commit (1,000 changes in one
 directory) and merge (2 x 1,000 localized) of commit_vs_git.py and merge_vs_git.py at 1M and
 10M entries, ROUNDS each, reporting wall time and the process's CPU time (all its threads)
-per operation, as medians and minimums, and the 10M / 1M ratios.
+per operation, as medians and minimums, and the 10M / 1M ratios. Both repositories are
+open at once and their rounds alternate.
 
 On a shared machine wall times of a few milliseconds vary by 2-3x between runs; CPU time
 and the minimum over many rounds show what the code costs. The repositories come from
@@ -43,39 +44,57 @@ class Timer:
         self.cpu.append(time.process_time() - self._cpu)
 
 
-def measure(m: int, rng: random.Random) -> tuple[Timer, Timer]:
-    root = scratch_dir(f"flat-{m}-")
-    repo = BenchRepo(root, m)
-    g = repo.g
-    commit, merge = Timer(), Timer()
-    try:
-        head = g.get_branch("bench", "main").commit_id
+class Size:
+    """One repository of `m` entries and its commit and merge timers."""
+
+    def __init__(self, m: int, rng: random.Random) -> None:
+        self.m = m
+        self.rng = rng
+        self.root = scratch_dir(f"flat-{m}-")
+        self.repo = BenchRepo(self.root, m)
+        self.commit, self.merge = Timer(), Timer()
+        g = self.repo.g
+        self.head = g.get_branch("bench", "main").commit_id
         g.put_objects("bench", "main", [entry(path_of(rng.randrange(m)), "warm-up")])
         g.commit("bench", "main", "warm-up")
-        for r in range(ROUNDS):
-            directory = rng.randrange(m // FILES_PER_DIR)
-            paths = [path_of(directory * FILES_PER_DIR + f) for f in range(CHANGES)]
-            g.put_objects("bench", "main", [entry(p, f"v{r}") for p in paths])
-            with commit:
-                g.commit("bench", "main", f"c{r}")
-            dir_a, dir_b = rng.sample(range(m // FILES_PER_DIR), 2)
-            source = branch(
-                repo, f"la{r}", head, [dir_a * FILES_PER_DIR + f for f in range(CHANGES)]
+
+    def round(self, r: int) -> None:
+        """A localized commit on main, then a localized merge of two fresh branches."""
+        repo, g, m, rng = self.repo, self.repo.g, self.m, self.rng
+        directory = rng.randrange(m // FILES_PER_DIR)
+        paths = [path_of(directory * FILES_PER_DIR + f) for f in range(CHANGES)]
+        g.put_objects("bench", "main", [entry(p, f"v{r}") for p in paths])
+        with self.commit:
+            g.commit("bench", "main", f"c{r}")
+        dir_a, dir_b = rng.sample(range(m // FILES_PER_DIR), 2)
+        changed = [[d * FILES_PER_DIR + f for f in range(CHANGES)] for d in (dir_a, dir_b)]
+        source = branch(repo, f"la{r}", self.head, changed[0])
+        dest = branch(repo, f"lb{r}", self.head, changed[1])
+        with self.merge:
+            repo.committed.merge_metaranges(
+                repo.namespace, repo.base_metarange_id, source, dest, MergeStrategy.DEFAULT
             )
-            dest = branch(repo, f"lb{r}", head, [dir_b * FILES_PER_DIR + f for f in range(CHANGES)])
-            with merge:
-                repo.committed.merge_metaranges(
-                    repo.namespace, repo.base_metarange_id, source, dest, MergeStrategy.DEFAULT
-                )
-    finally:
-        repo.committed.close()
-        shutil.rmtree(root, ignore_errors=True)
-    return commit, merge
+
+    def close(self) -> None:
+        self.repo.committed.close()
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def main() -> None:
     rng = random.Random(5)
-    timers = {m: measure(m, rng) for m in SIZES}
+    # Both repositories at once, their rounds alternating: the machine's drift over a run
+    # falls on both sizes alike (and both run with the same heap).
+    sizes: dict[int, Size] = {}
+    try:
+        for m in SIZES:
+            sizes[m] = Size(m, rng)
+        for r in range(ROUNDS):
+            for size in sizes.values():
+                size.round(r)
+    finally:
+        for size in sizes.values():
+            size.close()
+    timers = {m: (size.commit, size.merge) for m, size in sizes.items()}
     small, large = SIZES
     print(f"  localized ops, {ROUNDS} rounds: ms median / min at 1M and 10M; 10M / 1M")
     for k, op in enumerate(("commit", "merge")):
