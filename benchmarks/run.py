@@ -28,5 +28,12 @@ if __name__ == "__main__":
     selected = sys.argv[1:] or BENCHMARKS
     for name in selected:
         print(f"== {name}", flush=True)
-        runpy.run_path(str(HERE / name), run_name="__main__")
+        # Each benchmark starts from this process's own import path: one that edits it
+        # (spark_write.py drops benchmarks/, whose kv_gateway.py would shadow the service
+        # package) must not hide its siblings from the ones after it.
+        path = list(sys.path)
+        try:
+            runpy.run_path(str(HERE / name), run_name="__main__")
+        finally:
+            sys.path[:] = path
         print(flush=True)
