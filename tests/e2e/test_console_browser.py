@@ -123,8 +123,9 @@ def driver():
         service=Service(executable_path=shutil.which("chromedriver")), options=options
     )
     browser.set_page_load_timeout(60)
-    # A click that submits a form returns before the next page may have loaded: element
-    # lookups wait for it (up to 30 s on a loaded machine), and URL checks use wait_for_url.
+    # A click that submits a form returns before the next page has loaded: `follow` waits
+    # until the old page is gone, and element lookups wait (up to 30 s on a loaded machine)
+    # for the new page's elements.
     browser.implicitly_wait(30)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     try:
@@ -159,11 +160,29 @@ def page_text(driver) -> str:
     return driver.find_element(By.TAG_NAME, "main").text
 
 
+def follow(driver, action) -> None:
+    """Do what leaves the page (a click or submit that posts a form or follows a link) and wait
+    until the next page has loaded: the click returns before it has, and a check made at once
+    can read the old page (or find its elements gone: stale). The old page is marked; the wait
+    ends when the window holds an unmarked, loaded document. While the browser swaps documents
+    a script call can fail transiently: the wait retries it."""
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.execute_script("window.quarryOldPage = true")
+    action()
+    WebDriverWait(driver, 30, ignored_exceptions=(WebDriverException,)).until(
+        lambda d: d.execute_script(
+            "return window.quarryOldPage === undefined && document.readyState === 'complete'"
+        )
+    )
+
+
 def sign_in(driver, up: Up, key_id: str, secret: str) -> None:
     driver.get(f"{up.console}/login")
     by_id(driver, "access_key_id").send_keys(key_id)
     by_id(driver, "secret_access_key").send_keys(secret)
-    by_id(driver, "sign-in").click()
+    follow(driver, by_id(driver, "sign-in").click)
 
 
 def wait_for_url(driver, part: str) -> None:
@@ -173,7 +192,7 @@ def wait_for_url(driver, part: str) -> None:
 
 
 def sign_out(driver) -> None:
-    by_id(driver, "sign-out").click()
+    follow(driver, by_id(driver, "sign-out").click)
     wait_for_url(driver, "/login")
 
 
@@ -192,12 +211,12 @@ def test_a_data_change_from_sign_in_to_merge(up, driver, tmp_path):
     namespace.mkdir()
     by_id(driver, "repo-name").send_keys("web")
     by_id(driver, "repo-namespace").send_keys(str(namespace))
-    by_id(driver, "create-repository").submit()
+    follow(driver, by_id(driver, "create-repository").submit)
     assert driver.current_url.endswith("/repos/web/objects")
 
     driver.get(f"{up.console}/repos/web/branches")
     by_id(driver, "branch-name").send_keys("feature")
-    by_id(driver, "create-branch").submit()
+    follow(driver, by_id(driver, "create-branch").submit)
     assert "ref=feature" in driver.current_url
 
     data = tmp_path / "data"
@@ -209,7 +228,7 @@ def test_a_data_change_from_sign_in_to_merge(up, driver, tmp_path):
     assert "tables/people.csv" in by_id(driver, "changes").text
     shot(driver, "03-uncommitted")
     by_id(driver, "commit-message-input").send_keys("people from the console")
-    by_id(driver, "commit-button").click()
+    follow(driver, by_id(driver, "commit-button").click)
     assert "people from the console" in by_id(driver, "commit-message").text
     shot(driver, "04-commit")
 
@@ -234,7 +253,7 @@ def test_a_data_change_from_sign_in_to_merge(up, driver, tmp_path):
     driver.get(f"{up.console}/repos/web/merge")
     by_id(driver, "merge-source").send_keys("feature")
     by_id(driver, "merge-destination").send_keys("main")
-    by_id(driver, "dry-run").click()
+    follow(driver, by_id(driver, "dry-run").click)
     assert "MERGE_CONFLICT" in by_id(driver, "merge-conflicts-summary").text
     assert "tables/people.csv" in by_id(driver, "conflicts").text
     assert not present(driver, "merge-button")
@@ -243,10 +262,10 @@ def test_a_data_change_from_sign_in_to_merge(up, driver, tmp_path):
     # Resolve in the console: choose to keep the source's side of each conflict; the dry run
     # is clean now, and the merge goes through.
     Select(by_id(driver, "merge-strategy")).select_by_value("source-wins")
-    by_id(driver, "dry-run").click()
+    follow(driver, by_id(driver, "dry-run").click)
     assert "No conflicts" in by_id(driver, "merge-summary").text, page_text(driver)
     shot(driver, "07-merge-clean")
-    by_id(driver, "merge-button").click()
+    follow(driver, by_id(driver, "merge-button").click)
     assert "/repos/web/commits/" in driver.current_url, page_text(driver)
     driver.get(f"{up.console}/repos/web/log?ref=main")
     assert driver.find_element("css selector", "svg.graph")
@@ -279,17 +298,20 @@ def test_a_read_only_user_sees_no_write_controls_and_a_forged_form_is_refused(up
     assert not present(driver, "create-branch")
     shot(driver, "11-read-only")
     # A form the page never offered, posted with the reader's own session and CSRF token.
-    driver.execute_script(
-        """
-        const csrf = document.querySelector('input[name=csrf]').value;
-        const form = document.createElement('form');
-        form.method = 'post'; form.action = '/repos/read-only/commit';
-        for (const [k, v] of [['csrf', csrf], ['branch', 'main'], ['message', 'forged']]) {
-            const input = document.createElement('input');
-            input.type = 'hidden'; input.name = k; input.value = v; form.appendChild(input);
-        }
-        document.body.appendChild(form); form.submit();
-        """
+    follow(
+        driver,
+        lambda: driver.execute_script(
+            """
+            const csrf = document.querySelector('input[name=csrf]').value;
+            const form = document.createElement('form');
+            form.method = 'post'; form.action = '/repos/read-only/commit';
+            for (const [k, v] of [['csrf', csrf], ['branch', 'main'], ['message', 'forged']]) {
+                const input = document.createElement('input');
+                input.type = 'hidden'; input.name = k; input.value = v; form.appendChild(input);
+            }
+            document.body.appendChild(form); form.submit();
+            """
+        ),
     )
     assert by_id(driver, "error-code").text == "PERMISSION_DENIED"
     shot(driver, "12-permission-denied")
@@ -308,14 +330,17 @@ def test_a_csrf_less_post_and_a_planted_session_are_refused(up, driver):
     assert issued["value"] != "planted-by-attacker" and issued["httpOnly"]
     assert issued["sameSite"] == "Strict"
     # A post without the session's CSRF token (as a page of another site would send it).
-    driver.execute_script(
-        """
-        const form = document.createElement('form');
-        form.method = 'post'; form.action = '/repos';
-        const input = document.createElement('input');
-        input.name = 'name'; input.value = 'csrf-attack'; form.appendChild(input);
-        document.body.appendChild(form); form.submit();
-        """
+    follow(
+        driver,
+        lambda: driver.execute_script(
+            """
+            const form = document.createElement('form');
+            form.method = 'post'; form.action = '/repos';
+            const input = document.createElement('input');
+            input.name = 'name'; input.value = 'csrf-attack'; form.appendChild(input);
+            document.body.appendChild(form); form.submit();
+            """
+        ),
     )
     assert by_id(driver, "error-reason").text == "CSRF_TOKEN_INVALID"
     shot(driver, "13-csrf-refused")
@@ -344,12 +369,12 @@ def test_upload_commit_tag_and_admin_edits(up, driver, tmp_path):
     assert by_id(driver, "upload-path").get_attribute("value") == "raw/"
     by_id(driver, "upload-file").send_keys(str(local))
     shot(driver, "14-upload")
-    by_id(driver, "upload-button").click()
+    follow(driver, by_id(driver, "upload-button").click)
     wait_for_url(driver, "/changes")
     assert "raw/measurements.csv" in by_id(driver, "changes").text, page_text(driver)
     shot(driver, "15-uploaded-uncommitted")
     by_id(driver, "commit-message-input").send_keys("measurements uploaded in the console")
-    by_id(driver, "commit-button").click()
+    follow(driver, by_id(driver, "commit-button").click)
     assert "measurements uploaded" in by_id(driver, "commit-message").text
     with up.client() as client:
         head = client.get_branch("uploads", "main").commit_id
@@ -358,19 +383,19 @@ def test_upload_commit_tag_and_admin_edits(up, driver, tmp_path):
 
     # Tag the branch from its row on the branches page, then delete the tag.
     driver.get(f"{up.console}/repos/uploads/branches")
-    driver.find_element("css selector", "a.tag-branch").click()
+    follow(driver, driver.find_element("css selector", "a.tag-branch").click)
     assert by_id(driver, "tag-ref").get_attribute("value") == "main"
     by_id(driver, "tag-name").send_keys("v1")
-    by_id(driver, "create-tag-button").click()
+    follow(driver, by_id(driver, "create-tag-button").click)
     wait_for_url_end(driver, "/repos/uploads/tags")
     assert "v1" in by_id(driver, "tags").text
     shot(driver, "16-tag")
     with up.client() as client:
         assert client.get_tag("uploads", "v1").commit_id == head
-    driver.find_element("css selector", "a.delete-tag").click()
+    follow(driver, driver.find_element("css selector", "a.delete-tag").click)
     assert "v1" in by_id(driver, "confirm-detail").text or "v1" in page_text(driver)
     shot(driver, "17-confirm-delete-tag")
-    by_id(driver, "confirm-button").click()
+    follow(driver, by_id(driver, "confirm-button").click)
     wait_for_url_end(driver, "/repos/uploads/tags")
     assert "No tags." in by_id(driver, "tags").text
     with up.client() as client:
@@ -379,9 +404,9 @@ def test_upload_commit_tag_and_admin_edits(up, driver, tmp_path):
     # An admin creates a user and credentials; the secret is shown once and signs in.
     driver.get(f"{up.console}/admin/users")
     by_id(driver, "new-user-id").send_keys("carol")
-    by_id(driver, "create-user-button").click()
+    follow(driver, by_id(driver, "create-user-button").click)
     wait_for_url_end(driver, "/admin/users/carol")
-    by_id(driver, "create-credentials-button").click()
+    follow(driver, by_id(driver, "create-credentials-button").click)
     key_id = by_id(driver, "new-access-key-id").text
     secret = by_id(driver, "new-secret-access-key").text
     assert key_id and secret
