@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from quarry.auth import errors as auth_errors
-from quarry.auth.policy import Decision, Policy, decide, wildcard_match
+from quarry.auth.policy import Decision, Policy, allows_everywhere, decide, wildcard_match
 from quarry.auth.store import IamStore
 from quarry.auth.tokens import Principal
 from quarry.lru import TTLCache
@@ -47,6 +47,8 @@ class _Cached:
     # for another action matches no resource, so decide() gives the same answer on these,
     # and a batch's 1,000 resources are matched against few statements, not all.
     by_action: dict[str, tuple[Policy, ...]] = field(default_factory=dict, compare=False)
+    # allows_everywhere(policies, action), by action (as pure a function of the snapshot).
+    everywhere: dict[str, bool] = field(default_factory=dict, compare=False)
 
     def policies_for(self, action: str) -> tuple[Policy, ...]:
         narrowed = self.by_action.get(action)
@@ -131,6 +133,20 @@ class Authorizer:
             },
         )
 
+    def allows_everywhere(self, principal: Principal, action: str) -> bool:
+        """Whether `principal` may do `action` on every resource whatever it is (an Allow on
+        "*" naming the action, no Deny naming it): a caller may then skip working out which
+        resources a large request would have to be authorized on. False is no refusal: the
+        caller then authorizes the resources themselves. Checks the principal first."""
+        if principal.is_service:
+            return True
+        cached = self._checked_user(principal)
+        answer = cached.everywhere.get(action)
+        if answer is None:
+            answer = allows_everywhere(cached.policies_for(action), action)
+            cached.everywhere[action] = answer
+        return answer
+
     def effective_policies(self, user_id: str) -> tuple[Policy, ...]:
         return self._user(user_id).policies
 
@@ -188,6 +204,10 @@ class ServicesOnlyAuthorizer(Authorizer):
 
     def authorize(self, principal: Principal, action: str, resources: Sequence[str]) -> None:
         self.check_principal(principal)
+
+    def allows_everywhere(self, principal: Principal, action: str) -> bool:
+        self.check_principal(principal)
+        return True
 
     def invalidate(self, user_id: str | None = None) -> None:
         pass

@@ -49,9 +49,15 @@ def check_import(
     is outside `storage_namespace`, for a user caller (PERMISSION_DENIED otherwise). Where
     an address points is decided by quarry.blob.layout (inside_location): an address with
     a `..`, `.` or empty segment is refused there (INVALID_PHYSICAL_ADDRESS) before any
-    answer, so `<namespace>/../elsewhere` never passes for an address inside it."""
+    answer, so `<namespace>/../elsewhere` never passes for an address inside it. A user
+    allowed the action on every object (Authorizer.allows_everywhere) gets no per-address
+    answer at all: every address is allowed, and staging refuses a dotted one itself."""
     principal = current_principal()
     if principal is None or principal.is_service or authorizer is None:
+        return
+    if authorizer.allows_everywhere(principal, IMPORT_FROM_STORAGE):
+        # Allowed on every object of every repository: where each address points cannot
+        # change the answer (the addresses themselves were checked when the entries were).
         return
     root = namespace_location(storage_namespace)  # once, not per entry
     outside = tuple(

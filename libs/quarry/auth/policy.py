@@ -318,18 +318,10 @@ def decide(
     if not resources:
         return Decision.NO_GRANT, ""  # naming nothing is not "allowed on everything"
     # The action is the same for every resource: match it once.
-    statements = [
-        statement
-        for policy in policies
-        for statement in policy.statements
-        if statement.names_action(action)
-    ]
+    statements = _statements_for(policies, action)
     # A bulk request (PutObjects: 1,000 objects) under an Allow on "*" with no Deny naming
-    # the action at all is allowed as a whole. Never taken when any Deny names the action:
-    # then every resource is checked against it (deny wins).
-    if not any(s.effect is Effect.DENY for s in statements) and any(
-        s.names_every_resource() for s in statements
-    ):
+    # the action at all is allowed as a whole.
+    if _allowed_everywhere(statements):
         return Decision.ALLOW, ""
     for resource in resources:
         allowed = False
@@ -342,6 +334,28 @@ def decide(
         if not allowed:
             return Decision.NO_GRANT, resource
     return Decision.ALLOW, ""
+
+
+def allows_everywhere(policies: Iterable[Policy], action: str) -> bool:
+    """Whether `action` is allowed on every resource whatever it is: an Allow on "*" names
+    the action and no Deny names it at all. Never true when any Deny names the action (deny
+    wins: then each resource must be decided)."""
+    return _allowed_everywhere(_statements_for(policies, action))
+
+
+def _statements_for(policies: Iterable[Policy], action: str) -> list[Statement]:
+    return [
+        statement
+        for policy in policies
+        for statement in policy.statements
+        if statement.names_action(action)
+    ]
+
+
+def _allowed_everywhere(statements: Sequence[Statement]) -> bool:
+    return not any(s.effect is Effect.DENY for s in statements) and any(
+        s.effect is Effect.ALLOW and s.names_every_resource() for s in statements
+    )
 
 
 # ---- the structured form (API.md's statements[{effect, actions[], resource}]) ----------

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from quarry.auth.bootstrap import DEVELOPERS, SUPER_USERS
+from quarry.auth.policy import document, object_arn
 from quarry.auth.store import IamStore
 from quarry.kv.memory import MemoryStore
 from quarry.runtime.errors import from_rpc_error
@@ -167,6 +168,56 @@ def test_staging_outside_the_namespace_needs_import_from_storage(world):
     assert put(bm, superuser, "i/2", "s3://elsewhere/i/2").entry.path == "i/2"
 
 
+def test_an_allow_on_everything_with_one_denied_import_still_decides_each_address(world):
+    """A user allowed every action everywhere skips working out where each address points
+    (allowed whatever it is) — never while a Deny names fs:ImportFromStorage: then an outside
+    address of the denied object is refused, in a PutObject and in a PutObjects stream, while
+    the same object inside the namespace and other objects outside it are staged."""
+    suite, bm, _ = world
+    iam = IamStore(suite.backend, hash_cost=FAST_HASH)
+    iam.create_user("importer")
+    iam.add_group_member(SUPER_USERS, "importer")  # fs:* on "*"
+    iam.create_policy(
+        "NoImportOfLocked",
+        document(
+            {
+                "Effect": "Deny",
+                "Action": "fs:ImportFromStorage",
+                "Resource": object_arn(REPO, "locked/*"),
+            }
+        ),
+    )
+    iam.attach_user_policy("importer", "NoImportOfLocked")
+    importer = user_token("importer")
+    error = refused(put, bm, importer, "locked/a", "s3://elsewhere/locked/a")
+    assert (error.code.name, error.metadata["resource"]) == (
+        "PERMISSION_DENIED",
+        object_arn(REPO, "locked/a"),
+    )
+    messages = [
+        branch_manager_pb2.PutObjectsRequest(
+            repository=REPO,
+            branch="main",
+            entries=[
+                types_pb2.Entry(path="free/b", physical_address="s3://elsewhere/free/b"),
+                types_pb2.Entry(path="locked/b", physical_address="s3://elsewhere/locked/b"),
+            ],
+        )
+    ]
+    error = refused(bm.PutObjects, iter(messages), metadata=bearer(importer))
+    assert error.metadata["resource"] == object_arn(REPO, "locked/b")
+    for path in ("locked/a", "free/b", "locked/b"):  # nothing of the refused stream staged
+        stat = refused(
+            bm.StatObject,
+            branch_manager_pb2.StatObjectRequest(repository=REPO, ref="main", path=path),
+            metadata=bearer(importer),
+        )
+        assert stat.code.name == "NOT_FOUND"
+    inside = f"{suite.namespace(REPO)}/locked/c"
+    assert put(bm, importer, "locked/c", inside).entry.physical_address == inside
+    assert put(bm, importer, "free/d", "s3://elsewhere/free/d").entry.path == "free/d"
+
+
 def test_a_dotted_address_never_passes_for_one_inside_the_namespace(world):
     """The attack: a Developer (no fs:ImportFromStorage) is refused `<other-ns>/secret.txt`,
     so stages `<own-ns>/../other/secret.txt`, which a prefix check took for an address
@@ -204,8 +255,21 @@ def test_a_dotted_address_never_passes_for_one_inside_the_namespace(world):
         ]
         error = refused(bm.PutObjects, iter(messages), metadata=bearer(dev))
         assert error.reason == "INVALID_PHYSICAL_ADDRESS"
-    # Even an admin (who may import) is refused: the address is not an object's own.
-    error = refused(put, bm, user_token(TEST_ADMIN), "s/dotted", f"{ns}/../other-repo/secret.txt")
+    # Even an admin (who may import anything from anywhere) is refused, one object or a
+    # stream: the address is not an object's own.
+    admin = user_token(TEST_ADMIN)
+    error = refused(put, bm, admin, "s/dotted", f"{ns}/../other-repo/secret.txt")
+    assert error.reason == "INVALID_PHYSICAL_ADDRESS"
+    messages = [
+        branch_manager_pb2.PutObjectsRequest(
+            repository=REPO,
+            branch="main",
+            entries=[
+                types_pb2.Entry(path="s/dotted", physical_address=f"{ns}/../other-repo/secret.txt")
+            ],
+        )
+    ]
+    error = refused(bm.PutObjects, iter(messages), metadata=bearer(admin))
     assert error.reason == "INVALID_PHYSICAL_ADDRESS"
     stat = refused(
         bm.StatObject,

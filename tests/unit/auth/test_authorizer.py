@@ -144,6 +144,29 @@ def test_services_pass_and_unknown_users_do_not(iam):
         authorizer.authorize(Principal("user", "ghost"), "fs:ReadObject", ["*"])
 
 
+def test_allowed_everywhere_follows_the_users_policies_and_refuses_unknown_users(iam):
+    authorizer = Authorizer(iam, cache_seconds=0)
+    admin = user(iam, "root", ADMINS)
+    dev = user(iam, "dev2", DEVELOPERS)
+    assert authorizer.allows_everywhere(admin, "fs:ImportFromStorage")
+    assert not authorizer.allows_everywhere(dev, "fs:ImportFromStorage")  # no grant at all
+    iam.create_policy(
+        "NoImportIntoProd",
+        document(
+            {
+                "Effect": "Deny",
+                "Action": "fs:ImportFromStorage",
+                "Resource": "arn:quarry:fs:::repository/prod/*",
+            }
+        ),
+    )
+    iam.attach_user_policy("root", "NoImportIntoProd")
+    assert not authorizer.allows_everywhere(admin, "fs:ImportFromStorage")
+    assert authorizer.allows_everywhere(Principal("service", "committer"), "fs:ImportFromStorage")
+    with pytest.raises(auth_errors.PrincipalUnknown):
+        authorizer.allows_everywhere(Principal("user", "ghost"), "fs:ImportFromStorage")
+
+
 def test_the_cache_serves_repeated_checks_without_kv_reads(iam, counted):
     clock = Clock()
     authorizer = Authorizer(iam, cache_seconds=5, clock=clock)

@@ -10,6 +10,7 @@ import pytest
 from quarry.auth import errors as auth_errors
 from quarry.auth.policy import (
     Decision,
+    allows_everywhere,
     branch_arn,
     decide,
     document,
@@ -201,3 +202,21 @@ def test_a_bulk_request_under_an_allow_on_everything_is_decided_once_deny_still_
     )
     other_action = [allow(["fs:ReadObject"])]
     assert verdict(other_action, "fs:ImportFromStorage", resources) is Decision.NO_GRANT
+
+
+def test_allowed_everywhere_only_under_an_allow_on_everything_and_no_deny_of_the_action():
+    """allows_everywhere lets a caller skip finding the resources of a large request: true
+    only when an Allow on "*" names the action and no Deny names it, whatever its resource."""
+
+    def everywhere(statements, action="fs:ImportFromStorage") -> bool:
+        return allows_everywhere([parse_policy("p", document(*statements))], action)
+
+    assert everywhere([allow(["fs:*"])])
+    assert everywhere([allow(["fs:*"]), deny(["fs:DeleteObject"])])  # another action's Deny
+    # A Deny of the action on one object: each resource must be decided.
+    assert not everywhere([allow(["fs:*"]), deny(["fs:Import*"], object_arn("r", "x"))])
+    assert not everywhere([allow(["*"]), deny(["*"], "arn:quarry:fs:::repository/r*")])
+    # An Allow on part of the resources, or on another action, is not everywhere.
+    assert not everywhere([allow(["fs:*"], "arn:quarry:fs:::repository/r/*")])
+    assert not everywhere([allow(["fs:ReadObject"])])
+    assert not allows_everywhere([], "fs:ImportFromStorage")  # no policy at all
