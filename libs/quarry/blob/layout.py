@@ -254,11 +254,17 @@ def check_physical_address(address: str, path: str = "") -> str:
     if not address:
         return address
     _, part, _ = _path_part(address)
+    _refuse_dotted(address, part, path)
+    return address
+
+
+def _refuse_dotted(address: str, part: str, path: str = "") -> None:
+    """check_physical_address of `address` whose _path_part is `part`."""
     if _plain(part):
-        return address
+        return
     bad = _bad_segment(part)
     if bad is None:
-        return address
+        return
     where = f"{path}: " if path else ""
     raise InvalidPhysicalAddress(
         f"{where}physical address {address[:200]!r} has {bad!r} as a segment: '..', '.' and "
@@ -272,8 +278,10 @@ def address_location(address: str) -> Location | None:
     (percent-decoded, as a file URL is), ("s3", "bucket/key") for s3/s3a/s3n URLs; None for
     any other form (a relative or opaque address, another scheme). Refused
     (InvalidPhysicalAddress) as check_physical_address refuses."""
-    check_physical_address(address)
+    if not address:
+        return None  # an entry that records no address: nothing to open
     scheme, part, absolute = _path_part(address)
+    _refuse_dotted(address, part)  # as check_physical_address refuses, from the one parse
     if absolute:
         # A file URL is percent-decoded by its readers; a plain path is taken as it is.
         return Location("local", "/" + (urllib.parse.unquote(part) if scheme else part))
