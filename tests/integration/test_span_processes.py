@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -213,6 +214,29 @@ def test_closing_does_not_wait_for_a_worker_that_stopped_answering():
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(stopped, signal.SIGKILL)
+
+
+def test_closing_waits_for_every_worker_not_only_the_first_to_end():
+    """close() waits for each worker up to span_timeout: a worker that ends later than
+    another (here: paused for a second and a half, as one finishing its span would be) ends
+    on its own, never killed because the first one had ended. Killing it would cut short
+    the span it was writing."""
+    pool = ProcessSpanWorkers(2, MAKE_MANAGER, span_timeout=60)
+    pool.wait_ready(60)
+    processes = ProcessSpanWorkers._processes(pool._pool)
+    late = min(processes)
+    os.kill(late, signal.SIGSTOP)
+    resume = threading.Timer(1.5, os.kill, (late, signal.SIGCONT))
+    resume.start()
+    try:
+        pool.close()
+        for process in processes.values():
+            process.join(30)  # an ended worker may not be reaped yet when close() returns
+        assert {pid: p.exitcode for pid, p in processes.items()} == dict.fromkeys(processes, 0)
+    finally:
+        resume.cancel()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(late, signal.SIGCONT)
 
 
 def test_closing_a_pool_whose_workers_all_died_returns_at_once():

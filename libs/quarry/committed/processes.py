@@ -202,12 +202,16 @@ class ProcessSpanWorkers:
         processes = self._processes(pool)
         pool.shutdown(wait=False, cancel_futures=True)
         # Waiting on the sentinels reaps nothing: the pool's own thread joins its processes.
-        # (With no process listed, waiting on nothing would sleep the whole timeout.)
-        if processes:
-            multiprocessing.connection.wait(
-                [process.sentinel for process in processes.values()], self._span_timeout
-            )
-        stuck = [pid for pid, process in processes.items() if process.is_alive()]
+        # A sentinel is ready once its process has ended; wait() returns when ANY is, so it
+        # is called again for the rest until the deadline (one wait let the first worker to
+        # end decide that every other was stuck, and killed them mid-exit). Stuck means a
+        # sentinel still not ready, not is_alive(): an ended process may not be reaped yet.
+        pending = {process.sentinel: pid for pid, process in processes.items()}
+        deadline = time.monotonic() + self._span_timeout
+        while pending and (left := deadline - time.monotonic()) > 0:
+            for ready in multiprocessing.connection.wait(list(pending), left):
+                del pending[ready]
+        stuck = sorted(pending.values())
         if stuck:
             log.warning("span worker processes %s did not stop in time: killing them", stuck)
             for pid in stuck:
