@@ -924,7 +924,14 @@ def start(
     services_file = state.directory / "services.yaml"
     write_private(services_file, yaml.safe_dump_all([*adapted.configmaps, *adapted.deployments]))
     log(f"playing {len(adapted.deployments)} deployments (release {state.release})")
-    podman("kube", "play", "--network", "host", str(services_file))
+    # Created first, started after: for every pod it plays, podman 4.3 re-creates (truncates,
+    # then writes) the files of each Secret and ConfigMap volume the pod mounts — one volume
+    # shared by all pods — and starts that pod at once. A pod started while later pods were
+    # still being played could read its TLS certificate mid-rewrite (a fresh-clone run saw
+    # the kv-gateway refuse it as "not a PEM certificate" and restart). With --start=false
+    # every file is written before any container runs.
+    podman("kube", "play", "--start=false", "--network", "host", str(services_file))
+    podman("pod", "start", *[p for d in adapted.deployments for p in pod_names(d)])
     wait_healthy(service_containers(adapted, docs), options.timeout, log)
     log(f"all services healthy after {time.monotonic() - started:.1f}s")
     for pod in adapted.jobs:
