@@ -265,8 +265,9 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
     def _check_import(self, repository: str, entries) -> None:
         """fs:ImportFromStorage for a user staging addresses outside the repository's
         namespace (the repository record is cached: no KV read in steady state)."""
-        # Auth off or a service caller: decided before any per-entry work (the hot path).
-        if not needs_namespace((e.path, e.physical_address) for e in entries):
+        # Auth off, a service caller or a user allowed to import anything: decided before
+        # any per-entry work (the hot path).
+        if not needs_namespace(self._authorizer, ((e.path, e.physical_address) for e in entries)):
             return
         pairs = [(e.path, e.physical_address) for e in entries]
         namespace = self._g.refs.get_repository(repository).storage_namespace

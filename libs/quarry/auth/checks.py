@@ -49,15 +49,10 @@ def check_import(
     is outside `storage_namespace`, for a user caller (PERMISSION_DENIED otherwise). Where
     an address points is decided by quarry.blob.layout (inside_location): an address with
     a `..`, `.` or empty segment is refused there (INVALID_PHYSICAL_ADDRESS) before any
-    answer, so `<namespace>/../elsewhere` never passes for an address inside it. A user
-    allowed the action on every object (Authorizer.allows_everywhere) gets no per-address
-    answer at all: every address is allowed, and staging refuses a dotted one itself."""
+    answer, so `<namespace>/../elsewhere` never passes for an address inside it. A caller
+    asks needs_namespace first (it skips users allowed the action on every object)."""
     principal = current_principal()
     if principal is None or principal.is_service or authorizer is None:
-        return
-    if authorizer.allows_everywhere(principal, IMPORT_FROM_STORAGE):
-        # Allowed on every object of every repository: where each address points cannot
-        # change the answer (the addresses themselves were checked when the entries were).
         return
     root = namespace_location(storage_namespace)  # once, not per entry
     outside = tuple(
@@ -69,9 +64,15 @@ def check_import(
         authorizer.authorize(principal, IMPORT_FROM_STORAGE, outside)
 
 
-def needs_namespace(entries: Iterable[tuple[str, str]]) -> bool:
-    """Whether check_import has anything to look at (a user call staging addresses)."""
+def needs_namespace(authorizer: Authorizer | None, entries: Iterable[tuple[str, str]]) -> bool:
+    """Whether check_import has anything to look at: a user call staging addresses, by a
+    user not allowed the import on every object (Authorizer.allows_everywhere: an Allow on
+    "*" naming it, no Deny naming it; then where each address points cannot change the
+    answer, and the addresses themselves are checked when the entries are). Decided before
+    any per-entry work or the repository's namespace is looked up."""
     principal = current_principal()
-    if principal is None or principal.is_service:
+    if principal is None or principal.is_service or authorizer is None:
+        return False
+    if authorizer.allows_everywhere(principal, IMPORT_FROM_STORAGE):
         return False
     return any(address for _, address in entries)
