@@ -8,17 +8,20 @@ operations per second, each with 8 concurrent boto3 clients. Targets: the gatewa
 the bare endpoint and >= 1.0x moto.
 
 The gateway runs as users run it: `quarry up` with auth on (every service a process of its own,
-branch-manager with a worker per core), twice: as configured by default (a credential's
-signatures checked with the scoped key Auth returned, QUARRY_S3_GATEWAY_CACHE_SECONDS), and
-with that cache off (every request asks Auth and looks its repository and branch up again), so
-one run shows what the cache buys. The clients are this process alone, for every peer (an
-in-process suite here would share the clients' interpreter lock and measure that instead).
+branch-manager with a worker process per core), three times: as configured by default (a
+credential's signatures checked with the scoped key Auth returned,
+QUARRY_S3_GATEWAY_CACHE_SECONDS; the gateway one process), with two gateway worker processes
+(QUARRY_S3_GATEWAY_WORKERS=2), and with that cache off (every request asks Auth and looks its
+repository and branch up again), so one run shows what the workers and the cache buy. The
+clients are this process alone, for every peer (an in-process suite here would share the
+clients' interpreter lock and measure that instead).
 Sizes: BENCH_S3_BIG_MIB (64), BENCH_S3_SMALL_OPS (800 per row), BENCH_S3_CLIENTS (8).
 
 Memory: no big body is held whole here: each PUT streams the object from a file on disk
 (botocore reads it in pieces), each GET reads its answer in 1 MiB pieces. Printed per
-peer: the peak resident memory (VmHWM) of its server process, and of this process (the 8
-clients and, for the gateway rows, the in-process suite); the load average before and after.
+peer: the peak resident memory (VmHWM) of its server process (with workers, the supervisor's
+and every worker's, summed), and of this process (the 8 clients); the load average before and
+after.
 """
 
 from __future__ import annotations
@@ -98,6 +101,14 @@ def peak_rss_mib(pid: int | None = None) -> float:
     return 0.0
 
 
+def server_peak_rss_mib(pid: int) -> float:
+    """A server's peak resident memory: its process's and, for a supervisor of worker
+    processes, every worker's, summed."""
+    from support.processes import children_of
+
+    return sum(peak_rss_mib(p) for p in [pid, *children_of(pid)])
+
+
 def measure(
     name: str, endpoint: str, keys: tuple[str, str], bucket: str, prefix: str, pid: int
 ) -> dict:
@@ -133,7 +144,8 @@ def measure(
     print(
         f"  {name:<10} "
         + "  ".join(f"{k}: {v:8.1f}" for k, v in rows.items())
-        + f"  peak RSS: server {peak_rss_mib(pid):.0f} MiB, clients {peak_rss_mib():.0f} MiB",
+        + f"  peak RSS: server {server_peak_rss_mib(pid):.0f} MiB,"
+        + f" clients {peak_rss_mib():.0f} MiB",
         flush=True,
     )
     return rows
@@ -264,11 +276,16 @@ def _run() -> None:
     home = Path(tempfile.mkdtemp(prefix="quarry-bench-s3-"))
     _TEMP_DIRS.append(str(home))
     results = {}
-    # The gateway as configured by default, and with QUARRY_S3_GATEWAY_CACHE_SECONDS=0 (every
-    # request asks Auth/VerifySignature and looks the repository and branch up again: what
-    # each request cost before the cache), each in front of a suite of its own.
-    for name, cache_seconds in (("gateway", None), ("no-cache", "0")):
-        env = {} if cache_seconds is None else {"QUARRY_S3_GATEWAY_CACHE_SECONDS": cache_seconds}
+    # The gateway as configured by default (one process); with two worker processes
+    # (QUARRY_S3_GATEWAY_WORKERS=2: what the workers buy on this machine); and with
+    # QUARRY_S3_GATEWAY_CACHE_SECONDS=0 (every request asks Auth/VerifySignature and looks the
+    # repository and branch up again: what each request cost before the cache), each in
+    # front of a suite of its own.
+    for name, env in (
+        ("gateway", {}),
+        ("2-workers", {"QUARRY_S3_GATEWAY_WORKERS": "2"}),
+        ("no-cache", {"QUARRY_S3_GATEWAY_CACHE_SECONDS": "0"}),
+    ):
         (home / name).mkdir()
         with gateway_of_up(home / name, env) as (endpoint, keys, pid):
             results[name] = measure(name, endpoint, keys, "bench", "main/", pid)
@@ -302,14 +319,19 @@ def _run() -> None:
         moto.wait()
     print(
         f"  {'row':<18} {'gateway/bare':>12} {'gateway/moto':>12} {'no-cache/bare':>13}"
-        f" {'gateway/bare-fsync':>18}   targets (gateway) >= 0.5, >= 1.0"
+        f" {'gateway/bare-fsync':>18} {'2-workers/gateway':>17}"
+        "   targets (gateway) >= 0.5, >= 1.0"
     )
     for row in results["gateway"]:
         vs_bare = results["gateway"][row] / results["bare"][row]
         vs_moto = results["gateway"][row] / results["moto"][row]
         uncached = results["no-cache"][row] / results["bare"][row]
         vs_durable = results["gateway"][row] / results["bare-fsync"][row]
-        print(f"  {row:<18} {vs_bare:12.2f} {vs_moto:12.2f} {uncached:13.2f} {vs_durable:18.2f}")
+        workers = results["2-workers"][row] / results["gateway"][row]
+        print(
+            f"  {row:<18} {vs_bare:12.2f} {vs_moto:12.2f} {uncached:13.2f} {vs_durable:18.2f}"
+            f" {workers:17.2f}"
+        )
 
 
 if __name__ == "__main__":

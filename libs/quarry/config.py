@@ -138,6 +138,13 @@ class Settings:
         "across replicas), so commits and merges of different branches use more than one "
         "core. 1: one process, no supervisor. 0: one per CPU core this process may use.",
     )
+    s3_gateway_workers: int = _setting(
+        1,
+        "s3-gateway: worker processes serving its one port, as branch_manager_workers (each "
+        "a whole gateway with its own signature cache and threads; the sweep of abandoned "
+        "multipart uploads runs in the first only), so S3 requests use more than one core. "
+        "1: one process, no supervisor. 0: one per CPU core this process may use.",
+    )
     shutdown_grace_seconds: float = _setting(
         10.0, "Seconds in-flight calls get to finish after SIGTERM."
     )
@@ -521,6 +528,7 @@ class Settings:
             "range_writer_processes",
             "branch_manager_workers",
             "committer_workers",
+            "s3_gateway_workers",
             "import_listing_processes",
         ):
             if getattr(self, name) < 0:

@@ -64,12 +64,17 @@ def serve(settings: Settings) -> None:
     """Run the gateway until SIGTERM/SIGINT (uvicorn drains open requests), with its
     background sweep of abandoned multipart uploads (quarry.runtime.asgi_server)."""
     from quarry.runtime.asgi_server import serve_asgi
+    from quarry.runtime.workers import worker_role
     from quarry.s3gateway.app import S3App
+
+    role = worker_role()
+    # With worker processes, one sweep is enough: the first worker's.
+    sweeps = role is None or role.index == 0
 
     def make_app(tls: bool):
         gateway, closers, service_channel = build_gateway(settings)
         app = S3App(gateway)
-        sweep = multipart_sweep_worker(settings, service_channel)
+        sweep = multipart_sweep_worker(settings, service_channel) if sweeps else None
         stops = [app.close, *closers]
         if sweep is not None:
             sweep.start()

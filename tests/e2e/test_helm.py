@@ -725,6 +725,7 @@ def test_range_writer_processes_only_on_the_range_writer():
         ("branchManager", "branch-manager", "QUARRY_BRANCH_MANAGER_WORKERS", "0"),
         # One process by default; 0 must stay 0 (not `default 1`'s 1).
         ("committer", "committer", "QUARRY_COMMITTER_WORKERS", "1"),
+        ("s3Gateway", "s3-gateway", "QUARRY_S3_GATEWAY_WORKERS", "1"),
     ],
 )
 def test_worker_counts_reach_only_their_service(key, service, variable, default):

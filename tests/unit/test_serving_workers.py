@@ -92,6 +92,13 @@ def test_the_worker_count_setting():
         load_settings({"QUARRY_COMMITTER_WORKERS": "-1"})
     with pytest.raises(errors.InvalidArgument, match="branch_manager_workers"):
         load_settings({"QUARRY_BRANCH_MANAGER_WORKERS": "-1"})
+    # The s3-gateway (an HTTP service) has workers too; the console has none.
+    assert load_settings({}).workers_of("s3-gateway") == 1
+    gateway = load_settings({"QUARRY_S3_GATEWAY_WORKERS": "0"})
+    assert gateway.workers_of("s3-gateway") == usable_cores()
+    assert gateway.workers_of("console") == 1
+    with pytest.raises(errors.InvalidArgument, match="s3_gateway_workers"):
+        load_settings({"QUARRY_S3_GATEWAY_WORKERS": "-1"})
 
 
 def test_quarry_up_keeps_a_worker_count_that_was_given(tmp_path):

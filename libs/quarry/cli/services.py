@@ -95,14 +95,14 @@ def _serve(service: str) -> int:
 
     module = importlib.import_module(SERVICE_MODULES.get(service, "quarry"))
     settings = load_settings()
-    if hasattr(module, "serve"):  # the s3-gateway and the console: HTTP servers of their own
-        module.serve(settings)
-        return 0
-    build = _service_builder(service)
     workers = settings.workers_of(service)
     if workers > 1 and worker_role() is None:
         # A supervisor of `workers` processes, each this very command (quarry.runtime.workers).
         return supervise(settings, service, workers)
+    if hasattr(module, "serve"):  # the s3-gateway and the console: HTTP servers of their own
+        module.serve(settings)
+        return 0
+    build = _service_builder(service)
     # Only a process that serves loads the gRPC server (a supervisor of workers does not).
     from quarry.runtime.server import serve
 

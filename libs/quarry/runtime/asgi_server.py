@@ -25,15 +25,18 @@ log = logging.getLogger(__name__)
 lifecycle = logging.getLogger("quarry.runtime.server")
 
 
-def http_listener(service: str, host: str, port: int) -> socket.socket:
+def http_listener(service: str, host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """The bound (not yet listening) socket of an HTTP service run by uvicorn. TCP_NODELAY is
     set on it, and Linux gives it to every accepted connection: asyncio sets it on a
     transport's socket only when the socket says IPPROTO_TCP, which a socket made like this
     one (protocol 0) does not, so without it a small answer's last segment waits on Nagle's
     algorithm for the client's delayed ACK (up to ~40 ms on a kept-alive connection: a 4 KiB
-    PUT's answer after its headers)."""
+    PUT's answer after its headers). `reuse_port`: a worker's, binding the port its
+    supervisor reserved (quarry.runtime.workers), beside the other workers."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
@@ -64,24 +67,42 @@ def serve_asgi(
     """Run `service`'s ASGI application until SIGTERM/SIGINT or the lifeline. `make_app(tls)`
     builds (the application, what to call once it has stopped: its own close, its channels',
     a background task's stop) after the settings were checked and before the port is bound;
-    `tls` says whether it is served over TLS (the console's cookies get Secure)."""
+    `tls` says whether it is served over TLS (the console's cookies get Secure).
+
+    Started by a supervisor as one of the service's worker processes (quarry.runtime.workers),
+    as a gRPC service's worker is: it binds the supervisor's port with SO_REUSEPORT, its
+    metrics on a loopback port of its own (the supervisor serves their sum), and reports
+    both on its first line."""
     import uvicorn
 
     from quarry import telemetry
     from quarry.runtime.lifeline import watch_lifeline
     from quarry.runtime.tls import check_listen, server_tls
+    from quarry.runtime.workers import worker_ready_line, worker_role
     from quarry.telemetry.logs import configure_logging
     from quarry.telemetry.metrics import start_metrics_endpoint
 
-    configure_logging(service, settings.log_level, settings.log_format)
+    role = worker_role()
+    configure_logging(service, settings.log_level, settings.log_format, worker=role is not None)
     telemetry.configure_tracing(service, warn_when_off=False)  # off is a service's default
-    host, port = settings.listen_host, settings.port_of(service)
+    host = settings.listen_host
     tls = server_tls(settings)
     check_listen(settings, service, host, tls)
     app, closers = make_app(tls is not None)
-    sock = http_listener(service, host, port)
+    if role is None:
+        sock = http_listener(service, host, settings.port_of(service))
+        metrics_port = start_metrics_endpoint(
+            settings.metrics_host, settings.metrics_port_of(service)
+        )
+    else:
+        sock = http_listener(service, host, role.port, reuse_port=True)
+        # Only its supervisor reads it: loopback, any free port.
+        metrics_port = (
+            start_metrics_endpoint("127.0.0.1", 0, any_port=True)
+            if settings.metrics_base_port > 0
+            else 0
+        )
     bound = sock.getsockname()[1]
-    metrics_port = start_metrics_endpoint(settings.metrics_host, settings.metrics_port_of(service))
     config = uvicorn.Config(
         app,
         http="httptools",
@@ -115,8 +136,11 @@ def serve_asgi(
         "plaintext" if tls is None else ("mTLS" if settings.tls_client_auth else "TLS"),
         metrics_port or "off",
     )
-    # `quarry up` reads this line: the port is bound.
-    print(f"{service} ready on {host}:{bound}", flush=True)
+    # `quarry up` (or the supervisor of a worker) reads this line: the port is bound.
+    if role is None:
+        print(f"{service} ready on {host}:{bound}", flush=True)
+    else:
+        print(worker_ready_line(service, host, bound, metrics_port, ""), flush=True)
     # Ours until uvicorn installs its own, and again after it restores them: a SIGTERM before
     # or after the serving loop stops it the same way (uvicorn re-raises the signal it caught
     # once it has drained; the default action would end the process with -15, not 0).

@@ -9,7 +9,9 @@ SO_REUSEPORT (the kernel spreads connections over them), sums their metrics on t
 service's one metrics port, and stops them all when it stops. This is grpcio's
 multiprocessing pattern: the workers are new interpreters (spawned, not forked), so no
 gRPC state of the supervisor is ever copied into them; the supervisor creates no gRPC
-server or channel at all.
+server or channel at all. The committer (QUARRY_COMMITTER_WORKERS) and the s3-gateway
+(QUARRY_S3_GATEWAY_WORKERS; its workers run quarry.runtime.asgi_server) are supervised the
+same way.
 
 What stays correct across workers is what already holds across replicas (every service
 keeps no state the KV store does not have; tests/e2e/test_workers.py): branch reads are

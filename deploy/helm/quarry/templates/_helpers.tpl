@@ -518,9 +518,9 @@ spec:
             - name: QUARRY_BRANCH_MANAGER_WORKERS
               value: {{ int (default 0 $svc.workers) | quote }}
             {{- end }}
-            {{- if eq $name "committer" }}
+            {{- if has $name (list "committer" "s3-gateway") }}
             {{- /* Not `default 1`: it would turn 0 (one per core) into 1. */}}
-            - name: QUARRY_COMMITTER_WORKERS
+            - name: {{ printf "QUARRY_%s_WORKERS" ($name | upper | replace "-" "_") }}
               value: {{ int (ternary 1 $svc.workers (kindIs "invalid" $svc.workers)) | quote }}
             {{- end }}
             {{- if eq $name "range-writer" }}
