@@ -138,6 +138,13 @@ class Settings:
         "across replicas), so commits and merges of different branches use more than one "
         "core. 1: one process, no supervisor. 0: one per CPU core this process may use.",
     )
+    s3_gateway_staging_batch: int = _setting(
+        100,
+        "s3-gateway: concurrent PUTs of one user to one branch share a staging call (one "
+        "PutObjects message of up to this many entries) when two calls for that branch are "
+        "already in flight; an uncontended PUT is one PutObject. 1: every PUT stages with a "
+        "call of its own.",
+    )
     s3_gateway_workers: int = _setting(
         1,
         "s3-gateway: worker processes serving its one port, as branch_manager_workers (each "
@@ -517,7 +524,11 @@ class Settings:
                 f"setting log_format must be one of {', '.join(LOG_FORMATS)}, "
                 f"not {self.log_format!r}"
             )
-        for name in ("max_put_objects_stream_entries", "max_put_objects_stream_bytes"):
+        for name in (
+            "max_put_objects_stream_entries",
+            "max_put_objects_stream_bytes",
+            "s3_gateway_staging_batch",
+        ):
             if getattr(self, name) < 1:
                 raise errors.InvalidArgument(
                     f"setting {name} must be positive, not {getattr(self, name)}"

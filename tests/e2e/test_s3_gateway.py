@@ -12,9 +12,12 @@ from __future__ import annotations
 import base64
 import datetime
 import hashlib
+import json
 import os
+import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -655,6 +658,85 @@ def test_a_protected_branch_refuses_gateway_writes(s3, client):
         s3.put_object(Bucket=REPO, Key="guarded/x.txt", Body=b"x")
     assert _code(refused.value) == "AccessDenied"
     assert "x.txt" not in _staged(client, "guarded")
+
+
+def _scrape(gateway) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(gateway.metrics + "/metrics", timeout=10) as answer:
+        return answer.read().decode()
+
+
+def _counter(text: str, name: str) -> float:
+    found = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(found[1]) if found else 0.0
+
+
+def test_concurrent_puts_to_one_branch_each_answer_for_their_own_object(gateway, client):
+    """Many boto3 clients of one user PUT to one branch at once (their writes may share
+    staging calls: quarry.uploads.SharedStaging), some to a prefix a Deny refuses: every
+    allowed object is staged and reads back as written the moment its PUT answers, every
+    refused one is AccessDenied and staged nowhere, and the gateway's staging calls carried
+    exactly the writes' entries."""
+    from quarry.auth.policy import object_arn
+
+    client.create_user("writer-s3")
+    client.add_group_member("Developers", "writer-s3")
+    client.create_policy(
+        "NoSecretWrites",
+        json.dumps(
+            {
+                "Statement": [
+                    {
+                        "Effect": "Deny",
+                        "Action": "fs:WriteObject",
+                        "Resource": object_arn(REPO, "concurrent/secret/*"),
+                    }
+                ]
+            }
+        ),
+    )
+    client.attach_policy("NoSecretWrites", user="writer-s3")
+    client.create_branch(REPO, "busy", "main")
+    keys = gateway.credentials("writer-s3")
+    before = _scrape(gateway)
+    writers, each = 12, 10
+    outcomes: dict[str, str] = {}
+
+    def write(i: int) -> None:
+        s3 = gateway.s3(keys)
+        for n in range(each):
+            folder = "secret" if n % 5 == 4 else "ok"
+            key = f"busy/concurrent/{folder}/{i}-{n}"
+            body = f"{i}-{n}".encode() * 100
+            try:
+                s3.put_object(Bucket=REPO, Key=key, Body=body)
+            except ClientError as refused:
+                outcomes[key] = _code(refused)
+                continue
+            got = s3.get_object(Bucket=REPO, Key=key)["Body"].read()
+            outcomes[key] = "read back" if got == body else "WRONG BYTES"
+
+    with ThreadPoolExecutor(writers) as pool:
+        list(pool.map(write, range(writers)))
+    allowed = {k: v for k, v in outcomes.items() if "/ok/" in k}
+    refused = {k: v for k, v in outcomes.items() if "/secret/" in k}
+    assert len(allowed) == writers * each * 4 // 5 and len(refused) == writers * each // 5
+    assert set(allowed.values()) == {"read back"}, allowed
+    assert set(refused.values()) == {"AccessDenied"}, refused
+    staged = {e.path for e in client.iter_objects(REPO, "busy", prefix="concurrent/")}
+    assert staged == {k.removeprefix("busy/") for k in allowed}
+    after = _scrape(gateway)
+    calls = _counter(after, "quarry_s3_staging_calls_total") - _counter(
+        before, "quarry_s3_staging_calls_total"
+    )
+    entries = _counter(after, "quarry_s3_staged_entries_total") - _counter(
+        before, "quarry_s3_staged_entries_total"
+    )
+    # Each write's entry was carried by a staging call (again by one of its own when the
+    # call it shared failed for a refused write), and a call carries at least one.
+    assert len(outcomes) <= entries <= 2 * len(outcomes), (calls, entries)
+    assert 0 < calls <= entries
 
 
 def test_unsupported_operations_answer_not_implemented(s3):

@@ -29,7 +29,7 @@ from opentelemetry import propagate
 from opentelemetry.trace import SpanKind
 from prometheus_client import Counter, Histogram
 
-from quarry import errors, telemetry
+from quarry import errors, telemetry, uploads
 from quarry.asgi import BodyReader, ClientGone, serves_http
 from quarry.lru import TTLCache
 from quarry.s3gateway import operations as ops
@@ -49,6 +49,19 @@ REQUESTS = Counter(
 LATENCY = Histogram(
     "quarry_s3_request_seconds", "S3 gateway request latency by operation", ["operation"]
 )
+STAGING_CALLS = Counter(
+    "quarry_s3_staging_calls_total",
+    "Staging calls the S3 gateway made for its writes (PutObject, or PutObjects for writes "
+    "that shared a call: quarry_s3_staged_entries_total / this is the mean batch)",
+)
+STAGED_ENTRIES = Counter(
+    "quarry_s3_staged_entries_total", "Entries the S3 gateway's staging calls carried"
+)
+
+
+def _observe_staging(entries: int) -> None:
+    STAGING_CALLS.inc()
+    STAGED_ENTRIES.inc(entries)
 
 
 def _content_length(headers: list[tuple[str, str]]) -> int | None:
@@ -180,6 +193,10 @@ class S3App:
             None if gateway.auth is None else SignatureVerifier(gateway.auth, cache_seconds)
         )
         self._lookups = ops.Lookups(cache_seconds)
+        batch = int(self._settings.s3_gateway_staging_batch)
+        self._staging = (
+            uploads.SharedStaging(batch, observe=_observe_staging) if batch > 1 else None
+        )
         # Clients by token: a token lives at most as long as the verifier reuses it.
         self._clients = TTLCache(max(cache_seconds, 1.0), max_items=1000)
 
@@ -301,6 +318,7 @@ class S3App:
             region=self._settings.s3_gateway_region,
             sealed_check=check_chunks,
             lookups=self._lookups,
+            staging=self._staging,
         )
         return context, signature
 

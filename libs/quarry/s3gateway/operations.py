@@ -100,6 +100,9 @@ class Context:
     region: str
     sealed_check: Callable[[list[tuple[str, str]]], None]  # checks aws-chunked signatures
     lookups: Lookups | None = None
+    # The gateway's shared staging calls (concurrent PUTs of one caller to one branch); None:
+    # a call per write.
+    staging: uploads.SharedStaging | None = None
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -635,7 +638,7 @@ def _stage(
     ctx: Context, bucket: str, branch: str, entry: types_pb2.Entry, store: BlobStore, key: str
 ) -> None:
     try:
-        uploads.stage(ctx.client, bucket, branch, entry, store, key)
+        uploads.stage(ctx.client, bucket, branch, entry, store, key, ctx.staging)
     except errors.QuarryError as exc:
         raise from_quarry(exc, entry.path) from None
 
@@ -662,6 +665,7 @@ def put_object(ctx: Context, request: Request, signature: Any) -> Response:
             content_type=request.header("content-type"),
             metadata=_user_metadata(request),
             check=lambda stored: _check_body(stored, finish, request, signature),
+            shared=ctx.staging,
         )
     except errors.QuarryError as exc:
         raise from_quarry(exc, path) from None
