@@ -27,6 +27,8 @@ REQUIRED = {
     "throttles": "quarry_kv_throttled_total",
     "compaction": "quarry_compactions_total",
     "range writer": "quarry_range_writer_ranges_total",
+    "S3 gateway requests": "quarry_s3_requests_total",
+    "S3 gateway staging calls": "quarry_s3_staging_calls_total",
 }
 
 

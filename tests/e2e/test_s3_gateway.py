@@ -739,6 +739,22 @@ def test_concurrent_puts_to_one_branch_each_answer_for_their_own_object(gateway,
     assert 0 < calls <= entries
 
 
+def test_the_dashboards_s3_panels_query_metrics_the_gateway_exports(gateway, s3):
+    dashboard = json.loads(
+        (Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "quarry.json").read_text()
+    )
+    used = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+        for name in re.findall(r"\b(quarry_s3_[a-z0-9_]+)\b", target["expr"])
+    }
+    assert {"quarry_s3_requests_total", "quarry_s3_staging_calls_total"} <= used
+    s3.put_object(Bucket=REPO, Key="dev/dashboard.txt", Body=b"panel")  # every family in use
+    exported = set(re.findall(r"^(quarry_s3_[a-z0-9_]+)[{ ]", _scrape(gateway), re.M))
+    assert used <= exported, used - exported
+
+
 def test_unsupported_operations_answer_not_implemented(s3):
     with pytest.raises(ClientError) as refused:
         s3.get_bucket_acl(Bucket=REPO)
