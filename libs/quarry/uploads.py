@@ -169,7 +169,8 @@ class _Pending:
 
 class SharedStaging:
     """Staging of concurrent writes to one branch by one caller (one client: one token): at
-    most `max_calls` calls in flight per (client, repository, branch). A write that arrives
+    most `max_calls` calls in flight per (client, repository, branch), the re-sent writes of
+    a failed batch aside. A write that arrives
     while that many are in flight waits, and the writes that waited go together in the next
     call to end's place — one PutObjects message of up to `max_entries` — sent by the first
     of them. An uncontended write is one PutObject, as without sharing. The branch-manager
