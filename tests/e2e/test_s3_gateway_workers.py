@@ -26,7 +26,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from support.processes import children_of, port_listened, wait_gone
+from support.processes import children_of, connection_per_worker, outlived, port_listened
 from support.s3gateway import Gateway, running_gateway
 from support.wait import wait_until
 
@@ -118,29 +118,17 @@ class Signer:
         return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
 
 
-@contextlib.contextmanager
-def connection_per_worker(
+def connection_to_each_worker(
     signer: Signer, workers: list[int]
-) -> Iterator[dict[int, http.client.HTTPConnection]]:
-    """{worker pid: a kept-alive connection to that worker}: new connections until each
-    worker has one (each lands on a given worker with probability 1/N)."""
-    found: dict[int, http.client.HTTPConnection] = {}
-    extra: list[http.client.HTTPConnection] = []
-    try:
+) -> contextlib.AbstractContextManager[dict[int, http.client.HTTPConnection]]:
+    """{worker pid: a kept-alive connection to that worker}."""
 
-        def one_more() -> bool:
-            conn = signer.connection()
-            status, _, _ = signer.call(conn, "HEAD", f"/{REPO}")
-            assert status == 200
-            pid = serving_pid(conn, workers)
-            (extra.append(conn) if pid in found else found.setdefault(pid, conn))
-            return len(found) == len(workers)
+    def served_by(conn: http.client.HTTPConnection) -> int:
+        status, _, _ = signer.call(conn, "HEAD", f"/{REPO}")
+        assert status == 200
+        return serving_pid(conn, workers)
 
-        wait_until(one_more, timeout=30, interval=0, what="a connection to every worker")
-        yield found
-    finally:
-        for conn in [*found.values(), *extra]:
-            conn.close()
+    return connection_per_worker(workers, signer.connection, served_by)
 
 
 def workers_of(gw: Gateway) -> list[int]:
@@ -151,7 +139,7 @@ def workers_of(gw: Gateway) -> list[int]:
 
 def test_what_one_worker_writes_another_serves_at_once(shared_gateway):
     signer = Signer(shared_gateway)
-    with connection_per_worker(signer, workers_of(shared_gateway)) as conns:
+    with connection_to_each_worker(signer, workers_of(shared_gateway)) as conns:
         writer, reader = conns.values()
         body = os.urandom(10_000)
         status, headers, _ = signer.call(writer, "PUT", f"/{REPO}/main/across/one.bin", body)
@@ -173,7 +161,7 @@ def test_a_multipart_upload_spread_over_the_workers_completes(shared_gateway):
     signer = Signer(shared_gateway)
     key = f"/{REPO}/main/across/big.bin"
     parts = [os.urandom(5 * 1024 * 1024), os.urandom(1000)]
-    with connection_per_worker(signer, workers_of(shared_gateway)) as conns:
+    with connection_to_each_worker(signer, workers_of(shared_gateway)) as conns:
         first, second = conns.values()
         status, _, created = signer.call(first, "POST", f"{key}?uploads")
         assert status == 200, created
@@ -219,7 +207,7 @@ def test_the_metrics_port_reports_the_sum_of_the_workers(shared_gateway):
 
     workers = workers_of(shared_gateway)
     calls = {pid: 3 + i for i, pid in enumerate(workers)}
-    with connection_per_worker(signer, workers) as conns:
+    with connection_to_each_worker(signer, workers) as conns:
         # (Finding the connections made calls too: counted from here on.)
         before = s3_requests(scrape(), "HeadBucket")
         for pid, conn in conns.items():
@@ -239,10 +227,7 @@ def test_stopping_the_supervisor_leaves_no_worker(own_gateway, stop):
     os.kill(own_gateway.process.pid, stop)
     own_gateway.process.wait(30)
     # SIGKILL: no supervisor code runs; each worker sees its lifeline close and stops.
-    left = wait_gone(workers, timeout=30)
-    for pid in left:  # a failure here leaves no process behind
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    left = outlived(workers)
     assert left == [], f"workers outlived a supervisor ({stop!r})"
     assert not port_listened(port)
     if stop == signal.SIGTERM:
@@ -259,8 +244,5 @@ def test_a_worker_that_dies_stops_the_service(own_gateway):
     dying, *others = workers_of(own_gateway)
     os.kill(dying, signal.SIGKILL)
     assert own_gateway.process.wait(30) != 0
-    left = wait_gone(others, timeout=30)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    left = outlived(others)
     assert left == []

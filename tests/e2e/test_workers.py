@@ -40,7 +40,9 @@ from quarry.v1 import committer_pb2 as cm
 from support.auth import AUTH_ENV
 from support.processes import (
     children_of,
+    connection_per_worker,
     free_port,
+    outlived,
     port_listened,
     quarry_env,
     quarry_serve,
@@ -146,26 +148,11 @@ def served_by(channel: grpc.Channel) -> int:
     return stub.GetServerInfo(server_info_pb2.GetServerInfoRequest(), timeout=10).process_id
 
 
-@contextlib.contextmanager
-def channel_per_worker(target: str, workers: list[int]) -> Iterator[dict[int, grpc.Channel]]:
-    """{worker pid: a channel connected to that worker}: new connections until each worker
-    has one (each lands on a given worker with probability 1/N)."""
-    found: dict[int, grpc.Channel] = {}
-    extra: list[grpc.Channel] = []
-    try:
-
-        def one_more() -> bool:
-            channel = own_connection(target)
-            pid = served_by(channel)
-            assert pid in workers, f"answered by {pid}, not a worker of {workers}"
-            (extra.append(channel) if pid in found else found.setdefault(pid, channel))
-            return len(found) == len(workers)
-
-        wait_until(one_more, timeout=30, interval=0, what="a connection to every worker")
-        yield found
-    finally:
-        for channel in [*found.values(), *extra]:
-            channel.close()
+def channel_per_worker(
+    target: str, workers: list[int]
+) -> contextlib.AbstractContextManager[dict[int, grpc.Channel]]:
+    """{worker pid: a channel connected to that worker}."""
+    return connection_per_worker(workers, lambda: own_connection(target), served_by)
 
 
 def entry(path: str, checksum: str) -> types_pb2.Entry:
@@ -281,10 +268,7 @@ def test_stopping_the_supervisor_leaves_no_worker(branch_manager, stop):
     os.kill(branch_manager.process.pid, stop)
     branch_manager.process.wait(30)
     # SIGKILL: no supervisor code runs; each worker sees its lifeline close and stops.
-    left = wait_gone(workers, timeout=30)
-    for pid in left:  # a failure here leaves no process behind
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    left = outlived(workers)
     assert left == [], f"workers outlived a supervisor ({stop!r})"
     assert not port_listened(port)
     if stop == signal.SIGTERM:
@@ -301,10 +285,7 @@ def test_a_worker_that_dies_stops_the_service(branch_manager):
     dying, *others = branch_manager.workers
     os.kill(dying, signal.SIGKILL)
     assert branch_manager.process.wait(30) != 0
-    left = wait_gone(others, timeout=30)
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    left = outlived(others)
     assert left == []
 
 

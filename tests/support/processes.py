@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -22,6 +24,8 @@ from support.wait import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
+
+T = TypeVar("T")
 
 
 def process_running(pid: int) -> bool:
@@ -39,6 +43,43 @@ def wait_gone(pids: list[int], timeout: float = 15) -> list[int]:
     while any(process_running(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     return [pid for pid in pids if process_running(pid)]
+
+
+def outlived(pids: list[int], timeout: float = 30) -> list[int]:
+    """The processes of `pids` still running after `timeout` (wait_gone), each then killed,
+    so a test that fails on them leaves no process behind."""
+    left = wait_gone(pids, timeout=timeout)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+@contextlib.contextmanager
+def connection_per_worker(
+    workers: list[int], connect: Callable[[], T], served_by: Callable[[T], int]
+) -> Iterator[dict[int, T]]:
+    """{worker pid: a connection to that worker} for a service whose workers share a port
+    (the kernel picks a worker per connection): new connections (`connect`) until each worker
+    has one, `served_by` telling which worker answered one. Every connection made is closed
+    on exit."""
+
+    found: dict[int, T] = {}
+    extra: list[T] = []
+    try:
+
+        def one_more() -> bool:
+            connection = connect()
+            pid = served_by(connection)
+            assert pid in workers, f"answered by {pid}, not a worker of {workers}"
+            (extra.append(connection) if pid in found else found.setdefault(pid, connection))
+            return len(found) == len(workers)
+
+        wait_until(one_more, timeout=30, interval=0, what="a connection to every worker")
+        yield found
+    finally:
+        for connection in [*found.values(), *extra]:
+            connection.close()  # type: ignore[attr-defined]
 
 
 def json_lines(path: Path) -> list[dict]:
