@@ -154,10 +154,12 @@ def cli(env: dict[str, str], *args: str, ok: bool = True) -> subprocess.Complete
 @pytest.mark.parametrize("client_auth", [False, True], ids=["tls", "mtls"])
 def test_kube_up_round_trip_and_down(image, tmp_path, client_auth):
     """TLS on as the chart defaults (its generated CA); with mTLS the services present their
-    certificate to each other and the host's CLI presents it too."""
+    certificate to each other and the host's CLI presents it too, and the S3 gateway runs as
+    two worker processes in its pod (services.s3Gateway.workers)."""
     before = podman_objects()
     release = f"kt{os.getpid() % 10000}{int(client_auth)}"
-    kube = Kube(release, tmp_path / "state", *(["--set", "tls.clientAuth=true"] * client_auth))
+    values = ["--set", "tls.clientAuth=true", "--set", "services.s3Gateway.workers=2"]
+    kube = Kube(release, tmp_path / "state", *(values * client_auth))
     try:
         # Down on nothing is a success.
         nothing = kube.down()
@@ -258,6 +260,18 @@ def test_kube_up_round_trip_and_down(image, tmp_path, client_auth):
         assert cli(env, "cat", "s3demo", "main", "s3/hello.txt").stdout == body.decode()
         listed = s3().list_objects_v2(Bucket="s3demo", Prefix="main/", Delimiter="/")
         assert [p["Prefix"] for p in listed.get("CommonPrefixes", [])] == ["main/s3/"]
+        # Who served that: one process per gateway container, or (mTLS variant) a supervisor
+        # and its two workers.
+        gateways = [
+            name
+            for name in podman("ps", "--format", "{{.Names}}").stdout.split()
+            if name.startswith(release) and name.endswith("-s3-gateway")
+        ]
+        assert gateways, podman("ps", "--format", "{{.Names}}").stdout
+        for name in gateways:
+            processes = podman("top", name, "args").stdout
+            expected = 3 if client_auth else 1
+            assert processes.count("serve s3-gateway") == expected, processes
         # The console's pod: a sign-in over HTTPS with the chart's CA (under mTLS presenting
         # the certificate) as the admin, whose session the chart's session key seals, then
         # the repositories page lists what the CLI made.
