@@ -6,7 +6,11 @@ JSON or text logs like every service, a trace per request when OTEL_* asks for o
 
 from __future__ import annotations
 
+import logging
+
 from quarry.config import Settings
+
+log = logging.getLogger("quarry.s3gateway")
 
 SERVICE_NAME = "s3-gateway"
 # Not gRPC dependencies of a readiness gate: the gateway answers S3 errors (503
@@ -79,6 +83,11 @@ def serve(settings: Settings) -> None:
         if sweep is not None:
             sweep.start()
             stops.insert(0, sweep.stop)
+            log.info(
+                "sweeping abandoned multipart uploads every %ss (expiry %ss)",
+                settings.s3_gateway_multipart_sweep_seconds,
+                settings.s3_gateway_multipart_expiry_seconds,
+            )
         return app, stops
 
     serve_asgi(settings, SERVICE_NAME, make_app)

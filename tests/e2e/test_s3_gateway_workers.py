@@ -26,7 +26,13 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from support.processes import children_of, connection_per_worker, outlived, port_listened
+from support.processes import (
+    children_of,
+    connection_per_worker,
+    json_lines,
+    outlived,
+    port_listened,
+)
 from support.s3gateway import Gateway, running_gateway
 from support.wait import wait_until
 
@@ -218,6 +224,24 @@ def test_the_metrics_port_reports_the_sum_of_the_workers(shared_gateway):
     assert s3_requests(text, "HeadBucket") - before == sum(calls.values())
     assert re.search(r'^quarry_workers\{service="s3-gateway"\} 2\.0$', text, re.M), text
     assert text.count("# TYPE quarry_s3_requests_total counter") == 1
+
+
+def test_only_the_first_worker_sweeps_abandoned_uploads(shared_gateway):
+    """One sweep per gateway, not one per worker: the worker its supervisor numbered 0."""
+    workers = workers_of(shared_gateway)
+    first = [
+        pid
+        for pid in workers
+        if f"QUARRY_SERVING_WORKER=0:{WORKERS}:"
+        in Path(f"/proc/{pid}/environ").read_text(errors="replace")
+    ]
+    assert len(first) == 1, workers
+    sweeping = [
+        line["pid"]
+        for line in json_lines(shared_gateway.log)
+        if line["message"].startswith("sweeping abandoned multipart uploads")
+    ]
+    assert sweeping == first
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
