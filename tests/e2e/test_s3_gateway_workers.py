@@ -27,11 +27,11 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
 from support.processes import (
+    check_supervisor_stop,
     children_of,
     connection_per_worker,
     json_lines,
     outlived,
-    port_listened,
 )
 from support.s3gateway import Gateway, running_gateway
 from support.wait import wait_until
@@ -247,19 +247,14 @@ def test_only_the_first_worker_sweeps_abandoned_uploads(shared_gateway):
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
 def test_stopping_the_supervisor_leaves_no_worker(own_gateway, stop):
     port = int(own_gateway.endpoint.rsplit(":", 1)[1])
-    workers = workers_of(own_gateway)
-    os.kill(own_gateway.process.pid, stop)
-    own_gateway.process.wait(30)
-    # SIGKILL: no supervisor code runs; each worker sees its lifeline close and stops.
-    left = outlived(workers)
-    assert left == [], f"workers outlived a supervisor ({stop!r})"
-    assert not port_listened(port)
-    if stop == signal.SIGTERM:
-        assert own_gateway.process.returncode == 0
-        # Each worker drained and stopped as a single gateway does.
-        log = own_gateway.log.read_text()
-        stopped = [line for line in log.splitlines() if '"s3-gateway stopped"' in line]
-        assert {int(re.search(r'"pid": (\d+)', line)[1]) for line in stopped} >= set(workers)
+    check_supervisor_stop(
+        own_gateway.process,
+        workers_of(own_gateway),
+        port,
+        stop,
+        "s3-gateway",
+        own_gateway.log.read_text,
+    )
 
 
 def test_a_worker_that_dies_stops_the_service(own_gateway):

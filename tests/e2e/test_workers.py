@@ -39,11 +39,11 @@ from quarry.v1 import branch_manager_pb2 as bm
 from quarry.v1 import committer_pb2 as cm
 from support.auth import AUTH_ENV
 from support.processes import (
+    check_supervisor_stop,
     children_of,
     connection_per_worker,
     free_port,
     outlived,
-    port_listened,
     quarry_env,
     quarry_serve,
     service_ports,
@@ -265,18 +265,14 @@ def test_stopping_the_supervisor_leaves_no_worker(branch_manager, stop):
     port = int(branch_manager.target.rsplit(":", 1)[1])
     workers = branch_manager.workers
     assert len(workers) == WORKERS
-    os.kill(branch_manager.process.pid, stop)
-    branch_manager.process.wait(30)
-    # SIGKILL: no supervisor code runs; each worker sees its lifeline close and stops.
-    left = outlived(workers)
-    assert left == [], f"workers outlived a supervisor ({stop!r})"
-    assert not port_listened(port)
-    if stop == signal.SIGTERM:
-        assert branch_manager.process.returncode == 0
-        # Each worker drained and stopped as a single process does.
-        err = branch_manager.process.stderr.read()
-        stopped = {line for line in err.splitlines() if '"branch-manager stopped"' in line}
-        assert {int(re.search(r'"pid": (\d+)', line)[1]) for line in stopped} >= set(workers)
+    check_supervisor_stop(
+        branch_manager.process,
+        workers,
+        port,
+        stop,
+        "branch-manager",
+        branch_manager.process.stderr.read,
+    )
 
 
 def test_a_worker_that_dies_stops_the_service(branch_manager):

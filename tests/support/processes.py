@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -80,6 +81,29 @@ def connection_per_worker(
     finally:
         for connection in [*found.values(), *extra]:
             connection.close()  # type: ignore[attr-defined]
+
+
+def check_supervisor_stop(
+    process: subprocess.Popen,
+    workers: list[int],
+    port: int,
+    stop: int,
+    service: str,
+    log: Callable[[], str],
+) -> None:
+    """Stop a supervisor of worker processes with signal `stop` and assert what must hold:
+    no worker outlives it and its port is free. SIGKILL runs none of its code (each worker
+    sees its lifeline close and stops); after SIGTERM it exits 0 and every worker drained
+    and logged "`service` stopped" (JSON lines of `log()`, with their pid)."""
+    os.kill(process.pid, stop)
+    process.wait(30)
+    left = outlived(workers)
+    assert left == [], f"workers outlived a supervisor ({stop!r})"
+    assert not port_listened(port)
+    if stop == signal.SIGTERM:
+        assert process.returncode == 0
+        stopped = [line for line in log().splitlines() if f'"{service} stopped"' in line]
+        assert {int(re.search(r'"pid": (\d+)', line)[1]) for line in stopped} >= set(workers)
 
 
 def json_lines(path: Path) -> list[dict]:
