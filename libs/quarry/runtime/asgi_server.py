@@ -78,9 +78,8 @@ def serve_asgi(
     from quarry import telemetry
     from quarry.runtime.lifeline import watch_lifeline
     from quarry.runtime.tls import check_listen, server_tls
-    from quarry.runtime.workers import worker_ready_line, worker_role
+    from quarry.runtime.workers import ready_line, start_serving_metrics, worker_role
     from quarry.telemetry.logs import configure_logging
-    from quarry.telemetry.metrics import start_metrics_endpoint
 
     role = worker_role()
     configure_logging(service, settings.log_level, settings.log_format, worker=role is not None)
@@ -91,17 +90,9 @@ def serve_asgi(
     app, closers = make_app(tls is not None)
     if role is None:
         sock = http_listener(service, host, settings.port_of(service))
-        metrics_port = start_metrics_endpoint(
-            settings.metrics_host, settings.metrics_port_of(service)
-        )
     else:
         sock = http_listener(service, host, role.port, reuse_port=True)
-        # Only its supervisor reads it: loopback, any free port.
-        metrics_port = (
-            start_metrics_endpoint("127.0.0.1", 0, any_port=True)
-            if settings.metrics_base_port > 0
-            else 0
-        )
+    metrics_port = start_serving_metrics(settings, service, role)
     bound = sock.getsockname()[1]
     config = uvicorn.Config(
         app,
@@ -137,10 +128,7 @@ def serve_asgi(
         metrics_port or "off",
     )
     # `quarry up` (or the supervisor of a worker) reads this line: the port is bound.
-    if role is None:
-        print(f"{service} ready on {host}:{bound}", flush=True)
-    else:
-        print(worker_ready_line(service, host, bound, metrics_port, ""), flush=True)
+    print(ready_line(service, host, bound, metrics_port, "", role), flush=True)
     # Ours until uvicorn installs its own, and again after it restores them: a SIGTERM before
     # or after the serving loop stops it the same way (uvicorn re-raises the signal it caught
     # once it has drained; the default action would end the process with -15, not 0).

@@ -50,9 +50,8 @@ from quarry.runtime.tls import (
     check_listen,
     server_tls,
 )
-from quarry.runtime.workers import worker_ready_line, worker_role
+from quarry.runtime.workers import ready_line, start_serving_metrics, worker_role
 from quarry.telemetry.logs import configure_logging
-from quarry.telemetry.metrics import start_metrics_endpoint
 from quarry.telemetry.rpc import RpcMetrics, server_interceptors
 from quarry.v1 import server_info_pb2, server_info_pb2_grpc
 
@@ -546,17 +545,9 @@ def serve(
     spec = spec_factory(settings)
     if role is None:
         server, port = create_server(settings, spec)
-        metrics_port = start_metrics_endpoint(
-            settings.metrics_host, settings.metrics_port_of(spec.name)
-        )
     else:
         server, port = create_server(settings, spec, port=role.port, reuse_port=True)
-        # Only its supervisor reads it: loopback, any free port.
-        metrics_port = (
-            start_metrics_endpoint("127.0.0.1", 0, any_port=True)
-            if settings.metrics_base_port > 0
-            else 0
-        )
+    metrics_port = start_serving_metrics(settings, spec.name, role)
     tls = server_tls(settings)
     log.info(
         "%s listening on %s:%d, %s (metrics port %s)",
@@ -573,13 +564,8 @@ def serve(
     )
     # `quarry up` (or the supervisor of a worker) reads this line: the port is bound (health
     # tells whether it is SERVING).
-    if role is None:
-        print(f"{spec.name} ready on {settings.listen_host}:{port}{not_serving}", flush=True)
-    else:
-        print(
-            worker_ready_line(spec.name, settings.listen_host, port, metrics_port, not_serving),
-            flush=True,
-        )
+    line = ready_line(spec.name, settings.listen_host, port, metrics_port, not_serving, role)
+    print(line, flush=True)
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
         log.info(

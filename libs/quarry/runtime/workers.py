@@ -102,8 +102,24 @@ def share_of_workers(limit: int) -> int:
     return limit if role is None else max(1, limit // role.count)
 
 
-def worker_ready_line(service: str, host: str, port: int, metrics_port: int, rest: str) -> str:
-    """The line a worker prints once bound (parsed by `_READY`)."""
+def start_serving_metrics(settings: Settings, service: str, role: WorkerRole | None) -> int:
+    """The metrics endpoint of a process that serves `service`: the service's metrics port,
+    or for a worker a loopback port of its own that only its supervisor reads (to serve the
+    workers' sum on the service's port). Returns the bound port (0 when metrics are off)."""
+    if role is None:
+        return start_metrics_endpoint(settings.metrics_host, settings.metrics_port_of(service))
+    if settings.metrics_base_port <= 0:
+        return 0
+    return start_metrics_endpoint("127.0.0.1", 0, any_port=True)
+
+
+def ready_line(
+    service: str, host: str, port: int, metrics_port: int, rest: str, role: WorkerRole | None
+) -> str:
+    """The line a serving process prints once bound: read by `quarry up`, or for a worker by
+    its supervisor (parsed by `_READY`: it also names the worker's metrics port)."""
+    if role is None:
+        return f"{service} ready on {host}:{port}{rest}"
     return f"{service} worker {os.getpid()} ready on {host}:{port} metrics {metrics_port}{rest}"
 
 
