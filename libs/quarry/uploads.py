@@ -115,6 +115,21 @@ def nothing_staged(exc: BaseException) -> bool:
     return isinstance(exc, errors.QuarryError) and exc.code in _NOTHING_STAGED
 
 
+@dataclass(frozen=True)
+class Condition:
+    """What a conditional write requires of its path's current entry on the branch (S3's
+    `If-None-Match: *` and `If-Match`); the default requires nothing."""
+
+    if_absent: bool = False
+    if_match_checksum: str = ""
+
+    def __bool__(self) -> bool:
+        return self.if_absent or bool(self.if_match_checksum)
+
+
+NO_CONDITION = Condition()
+
+
 def stage(  # noqa: PLR0913 — one entry's staging: where, what, its bytes, and how
     client: Any,
     repository: str,
@@ -123,14 +138,24 @@ def stage(  # noqa: PLR0913 — one entry's staging: where, what, its bytes, and
     store: BlobStore,
     key: str,
     shared: SharedStaging | None = None,
+    condition: Condition = NO_CONDITION,
 ) -> None:
     """PutObject `entry` (whose bytes are `key` of `store`) on `branch` with the caller's
     client (through `shared` when given: possibly one call with concurrent writes of the
-    same caller and branch). When the server refuses it (denied, protected, not a branch),
-    the bytes are removed; when the outcome is unknown, they are kept (see the module's
-    safety rules)."""
+    same caller and branch; a conditional write is always a call of its own). When the
+    server refuses it (denied, protected, not a branch, the condition not met), the bytes
+    are removed; when the outcome is unknown, they are kept (see the module's safety
+    rules)."""
     try:
-        if shared is None:
+        if condition:
+            client.put_object(
+                repository,
+                branch,
+                entry,
+                if_absent=condition.if_absent,
+                if_match_checksum=condition.if_match_checksum,
+            )
+        elif shared is None:
             client.put_object(repository, branch, entry)
         else:
             shared.stage(client, repository, branch, entry)
@@ -314,10 +339,11 @@ def put(  # noqa: PLR0913 — one object's write: where, what, and how it is des
     metadata: Mapping[str, str] | None = None,
     check: Callable[[Stored], None] | None = None,
     shared: SharedStaging | None = None,
+    condition: Condition = NO_CONDITION,
 ) -> types_pb2.Entry:
     """Write an object's bytes into `repository`'s storage namespace and stage its entry on
-    `branch` (checksum: the MD5 hex, S3's ETag; through `shared` when given); the entry
-    staged."""
+    `branch` (checksum: the MD5 hex, S3's ETag; through `shared` when given; only if the
+    path's entry meets `condition`); the entry staged."""
     store = open_blob_store(repository.storage_namespace, settings)
     try:
         stored = store_stream(store, read, check)
@@ -330,7 +356,7 @@ def put(  # noqa: PLR0913 — one object's write: where, what, and how it is des
             metadata=dict(metadata or {}),
         )
         entry.mtime.CopyFrom(now())
-        stage(client, repository.name, branch, entry, store, stored.key, shared)
+        stage(client, repository.name, branch, entry, store, stored.key, shared, condition)
     finally:
         store.close()
     return entry

@@ -167,7 +167,13 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
     def PutObject(self, request, context):
         self._check_import(request.repository, [request.entry])
         entry = entry_from_proto(request.entry)
-        staged = self._g.put_objects(request.repository, request.branch, [entry], request.if_absent)
+        staged = self._g.put_objects(
+            request.repository,
+            request.branch,
+            [entry],
+            if_absent=request.if_absent,
+            if_match_checksum=request.if_match_checksum,
+        )
         self._report_staged(request.repository, request.branch, _token_of(staged), int(staged), 0)
         return pb.PutObjectResponse(entry=entry_to_proto(entry))
 

@@ -285,6 +285,7 @@ class BranchManagerCalls(RpcCalls):
         entry: types_pb2.Entry | Mapping[str, Any] | None = None,
         *,
         if_absent: bool = False,
+        if_match_checksum: str = "",
         request_id: str = "",
         **fields: Any,
     ) -> types_pb2.Entry:
@@ -292,6 +293,8 @@ class BranchManagerCalls(RpcCalls):
         keyword arguments (`path=..., physical_address=..., size_bytes=..., checksum=...,
         mtime=datetime|epoch seconds|Timestamp, content_type=..., metadata={...}`).
         `if_absent`: ObjectExists (ALREADY_EXISTS) when the path already has an entry.
+        `if_match_checksum`: CHECKSUM_CONDITION_FAILED (FAILED_PRECONDITION) unless the path's entry has
+        this checksum (a compare-and-swap).
         `request_id`: none unless given (see the module docstring)."""
         if entry is None:
             entry = make_entry(**fields)
@@ -302,6 +305,7 @@ class BranchManagerCalls(RpcCalls):
             branch=branch,
             entry=as_entry(entry),
             if_absent=if_absent,
+            if_match_checksum=if_match_checksum,
             request_id=request_id,
         )
         return self._unary(self._bm.PutObject, "BranchManager/PutObject", request).entry

@@ -76,6 +76,12 @@ class ObjectExists(errors.AlreadyExists):
     reason = "OBJECT_EXISTS"
 
 
+class ChecksumConditionFailed(errors.FailedPrecondition):
+    """A put conditioned on the object's current checksum found another."""
+
+    reason = "CHECKSUM_CONDITION_FAILED"
+
+
 class AmbiguousRef(errors.InvalidArgument):
     reason = "AMBIGUOUS_REF"
 

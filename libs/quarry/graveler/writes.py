@@ -116,18 +116,28 @@ class Writes:
         batch_items(entries)
 
     def put_objects(
-        self, repo_name: str, branch_name: str, entries: Sequence[Entry], if_absent: bool = False
+        self,
+        repo_name: str,
+        branch_name: str,
+        entries: Sequence[Entry],
+        if_absent: bool = False,
+        if_match_checksum: str = "",
     ) -> StagedCount:
+        """Stage `entries`. `if_absent`: ObjectExists when the (one) path has an entry;
+        `if_match_checksum`: ChecksumConditionFailed unless the (one) path's entry has that checksum
+        (ObjectNotFound when it has none)."""
         repo = self.core.repo(repo_name)
         names.check_branch_name(branch_name)
         items = batch_items(entries)
+        if if_absent and if_match_checksum:
+            raise gerrors.InvalidEntry("if_absent and if_match_checksum exclude each other")
         if not items:
             return StagedCount(0)
         self.core.protection.check(repo, branch_name, STAGING_WRITE)
-        if if_absent:
+        if if_absent or if_match_checksum:
             if len(items) != 1:
-                raise gerrors.InvalidEntry("if_absent applies to a single object")
-            token = self._put_if_absent(repo, branch_name, items[0][1])
+                raise gerrors.InvalidEntry("a conditional put applies to a single object")
+            token = self._put_conditional(repo, branch_name, items[0][1], if_match_checksum)
         else:
             token = self.write(repo, branch_name, items)
         return StagedCount(len(items), token)
@@ -154,8 +164,16 @@ class Writes:
             token = self.write(repo, branch_name, [(path, None) for path in existing])
         return StagedCount(len(existing), token)
 
-    def _put_if_absent(self, repo: Repository, branch_name: str, entry: Entry) -> str:
-        """Returns the staging token written to ("" if the entry was already there)."""
+    def _put_conditional(
+        self, repo: Repository, branch_name: str, entry: Entry, if_match_checksum: str
+    ) -> str:
+        """Stage `entry` only if its path has no entry on the branch (`if_match_checksum`
+        empty) or has one with that checksum. Returns the staging token written to (""
+        if the entry was already there).
+
+        Safety rule: never stages over an entry the condition did not see. The staged key
+        is written with a KV predicate on the staged value the check read, and only to
+        the staging token the check read; a token that moved (a commit) starts over."""
         message = f"branch {branch_name!r} kept changing"
         for _ in self.core.retries.branch.attempts(lambda: contended(message)):
             repo = self.core.repo(repo.name)  # the current instance (see write)
@@ -168,10 +186,22 @@ class Writes:
                 found, value = self.reads.lookup(layers, entry.path)
             if value is not None and value == entry:
                 return ""  # our own write from an attempt whose token was sealed meanwhile
-            if value is not None:
+            where = {"repository": repo.name, "branch": branch_name, "path": entry.path}
+            if not if_match_checksum and value is not None:
                 raise gerrors.ObjectExists(
-                    f"{entry.path!r} already exists on {branch_name!r}",
-                    metadata={"repository": repo.name, "branch": branch_name, "path": entry.path},
+                    f"{entry.path!r} already exists on {branch_name!r}", metadata=where
+                )
+            if if_match_checksum and value is None:
+                raise gerrors.ObjectNotFound(
+                    f"{entry.path!r} not found on {branch_name!r} (the put was conditioned on "
+                    f"checksum {if_match_checksum!r})",
+                    metadata=where,
+                )
+            if if_match_checksum and value is not None and value.checksum != if_match_checksum:
+                raise gerrors.ChecksumConditionFailed(
+                    f"{entry.path!r} on {branch_name!r} has checksum {value.checksum!r}, not "
+                    f"{if_match_checksum!r}",
+                    metadata={**where, "expected_checksum": if_match_checksum},
                 )
             predicate = kv.Equals(staged_predicate) if staged_predicate is not None else kv.ABSENT
             try:
@@ -184,7 +214,10 @@ class Writes:
             except TokenMoved:
                 continue
             except kv.PredicateFailed:
-                raise gerrors.ObjectExists(
+                concurrent = (
+                    gerrors.ChecksumConditionFailed if if_match_checksum else gerrors.ObjectExists
+                )
+                raise concurrent(
                     f"{entry.path!r} was written concurrently", metadata={"path": entry.path}
                 ) from None
         raise AssertionError("unreachable")

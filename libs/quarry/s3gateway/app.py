@@ -301,6 +301,7 @@ class S3App:
                 signature, time.time(), float(self._settings.s3_gateway_max_skew_seconds)
             )
             sigv4.check_payload_hash(signature)
+            sigv4.check_signed_headers(signed, signature)
             text = sigv4.string_to_sign(signed, signature)
             verified = verifier.verify(signature, [(text, signature.signature)])
             token, user = verified.token, verified.user_id

@@ -69,6 +69,7 @@ _BY_REASON = {
     "PROTECTED_BRANCH": ("AccessDenied", 403),
     "NOT_A_BRANCH": ("MethodNotAllowed", 405),
     "OBJECT_EXISTS": ("PreconditionFailed", 412),
+    "CHECKSUM_CONDITION_FAILED": ("PreconditionFailed", 412),
     "INVALID_PAGE_TOKEN": ("InvalidArgument", 400),
 }
 

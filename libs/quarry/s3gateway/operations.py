@@ -44,7 +44,7 @@ from quarry.blob import (
 )
 from quarry.blob.layout import new_upload_key
 from quarry.client import Client
-from quarry.s3gateway import xmlserde
+from quarry.s3gateway import checksums, xmlserde
 from quarry.s3gateway.errors import (
     S3Error,
     access_denied,
@@ -52,6 +52,7 @@ from quarry.s3gateway.errors import (
     invalid_argument,
     method_not_allowed,
     no_such_key,
+    not_implemented,
 )
 from quarry.s3gateway.request import Request, Response, xml_response
 from quarry.v1 import types_pb2
@@ -195,23 +196,39 @@ def body_reader(
     request: Request, ctx: Context, signature: Any
 ) -> tuple[Callable[[int], bytes], Callable[[], None]]:
     """(read, finish): the payload's bytes, decoded from aws-chunked when the request says
-    so, and the check to run once they are all read (chunk signatures via the Auth service).
-    """
+    so, and the checks to run once they are all read (chunk signatures via the Auth
+    service; the claimed x-amz-checksum-*, quarry.s3gateway.checksums)."""
     from quarry.s3gateway import sigv4
 
     mode = signature.payload_hash if signature is not None else sigv4.UNSIGNED_PAYLOAD
-    if mode in (sigv4.STREAMING_PAYLOAD, sigv4.STREAMING_UNSIGNED_TRAILER):
+    chunked = mode in (sigv4.STREAMING_PAYLOAD, sigv4.STREAMING_UNSIGNED_TRAILER)
+    claim = checksums.claimed(request, chunked)
+    if chunked:
         signed = mode == sigv4.STREAMING_PAYLOAD
         decoder = sigv4.ChunkedDecoder(
             request.read, signature if signed else None, signature.signature
         )
+        read: Callable[[int], bytes] = decoder.read
+        trailers = decoder.trailers
 
-        def finish() -> None:
+        def check_chunks() -> None:
             if signed:
                 ctx.sealed_check(decoder.signed)
+    else:
+        read, trailers = request.read, {}
 
-        return decoder.read, finish
-    return request.read, lambda: None
+        def check_chunks() -> None:
+            pass
+
+    if claim is None:
+        return read, check_chunks
+    summing = checksums.Summing(read, claim)
+
+    def finish() -> None:
+        check_chunks()
+        summing.verify(trailers)
+
+    return summing.read, finish
 
 
 # ---- buckets ------------------------------------------------------------------------------
@@ -273,8 +290,12 @@ def _list_page(  # noqa: PLR0913 — the S3 listing parameters
             for b in _call(ctx.client.iter_branches, bucket)
             if b.name.startswith(prefix)
         )
+        # A continuation names the last branch of the page before (see below).
+        after = max(after, token)
         names = [n for n in names if n > after]
-        return _Page([], names[:max_keys], "")
+        if len(names) > max_keys:
+            return _Page([], names[:max_keys], names[max_keys - 1])
+        return _Page([], names, "")
     ref, path_prefix = prefix.split("/", 1)
     page_token = ""
     if token:
@@ -530,12 +551,35 @@ def _apply_overrides(request: Request, headers: list[tuple[str, str]]) -> list[t
     return out
 
 
+def _whole_part(request: Request) -> bool:
+    """Whether a GetObject/HeadObject asks for `?partNumber=1`. Every object is stored whole
+    (a completed multipart upload's parts are concatenated), so each has one part: part 1
+    is the whole object, answered as a part (206), and any other number is
+    InvalidPartNumber, never the whole object again (a client assembling parts would
+    otherwise repeat the bytes)."""
+    text = request.param("partNumber")
+    if text is None:
+        return False
+    if request.header("range"):
+        raise S3Error(
+            "InvalidRequest", "Cannot specify both Range header and partNumber query parameter", 400
+        )
+    if not _is_count(text) or not 1 <= int(text) <= MAX_PARTS:
+        raise invalid_argument("Part number must be an integer between 1 and 10000, inclusive")
+    if int(text) != 1:
+        raise S3Error("InvalidPartNumber", "The requested partnumber is not satisfiable", 416)
+    return True
+
+
 def head_object(ctx: Context, request: Request) -> Response:
     entry = _stat(ctx, request)
     early = _preconditions(request, entry)
     if early is not None:
         return early
     headers = _object_headers(entry) + [("content-length", str(entry.size_bytes))]
+    if _whole_part(request) and entry.size_bytes > 0:
+        size = entry.size_bytes
+        return Response(206, headers + [("content-range", f"bytes 0-{size - 1}/{size}")])
     return Response(200, headers)
 
 
@@ -547,6 +591,8 @@ def get_object(ctx: Context, request: Request) -> Response:
     size = entry.size_bytes
     headers = _apply_overrides(request, _object_headers(entry))
     wanted = _range(request.header("range"), size) if size > 0 else None
+    if _whole_part(request) and size > 0:
+        wanted = (0, size - 1)
     status = 200
     first, last = 0, size - 1
     if wanted is not None:
@@ -588,6 +634,11 @@ def get_object(ctx: Context, request: Request) -> Response:
 # ---- writing objects ----------------------------------------------------------------------
 
 
+def _is_count(text: str) -> bool:
+    """Whether `text` is a whole number int() takes (str.isdigit alone admits "²")."""
+    return text.isascii() and text.isdigit()
+
+
 def _check_body(
     stored: uploads.Stored, finish: Callable[[], None], request: Request, signature: Any
 ) -> None:
@@ -616,6 +667,8 @@ def _check_body(
             400,
         )
     declared = request.header("x-amz-decoded-content-length") or ""
+    if declared and not _is_count(declared):
+        raise invalid_argument("x-amz-decoded-content-length must be a number of bytes")
     if declared and int(declared) != stored.size:
         raise S3Error("IncompleteBody", "the body is shorter than declared", 400)
 
@@ -634,11 +687,41 @@ def _store_body(
     )
 
 
-def _stage(
-    ctx: Context, bucket: str, branch: str, entry: types_pb2.Entry, store: BlobStore, key: str
+def _write_condition(request: Request) -> uploads.Condition:
+    """The condition a PutObject or CompleteMultipartUpload puts on the key's current
+    object: `If-None-Match: *` (no object) or `If-Match: ETAG` (that object), answered 412
+    PreconditionFailed when unmet (404 NoSuchKey for If-Match on no object), as S3 does. A
+    conditional header the gateway cannot honour is refused, never ignored."""
+    none_match = request.header("if-none-match").strip()
+    match = request.header("if-match").strip()
+    if none_match and match:
+        raise invalid_argument("If-Match and If-None-Match exclude each other on a write")
+    if none_match:
+        if none_match != "*":
+            raise not_implemented("If-None-Match on a write other than '*'")
+        return uploads.Condition(if_absent=True)
+    if match:
+        etag = match.removeprefix("W/").strip('"')
+        if not etag or etag == "*" or "," in etag:
+            raise not_implemented("If-Match on a write other than one ETag")
+        return uploads.Condition(if_match_checksum=etag)
+    for header in ("if-modified-since", "if-unmodified-since"):
+        if request.header(header):
+            raise not_implemented(f"{header} on a write")
+    return uploads.NO_CONDITION
+
+
+def _stage(  # noqa: PLR0913 — one entry's staging: where, what, its bytes, and how
+    ctx: Context,
+    bucket: str,
+    branch: str,
+    entry: types_pb2.Entry,
+    store: BlobStore,
+    key: str,
+    condition: uploads.Condition = uploads.NO_CONDITION,
 ) -> None:
     try:
-        uploads.stage(ctx.client, bucket, branch, entry, store, key, ctx.staging)
+        uploads.stage(ctx.client, bucket, branch, entry, store, key, ctx.staging, condition)
     except errors.QuarryError as exc:
         raise from_quarry(exc, entry.path) from None
 
@@ -653,6 +736,7 @@ def put_object(ctx: Context, request: Request, signature: Any) -> Response:
         if request.read(1):
             raise invalid_argument("a key is REF/PATH with a non-empty PATH")
         return Response(200, [("etag", _etag(hashlib.md5(b"").hexdigest()))])
+    condition = _write_condition(request)
     read, finish = body_reader(request, ctx, signature)
     try:
         entry = uploads.put(
@@ -666,6 +750,7 @@ def put_object(ctx: Context, request: Request, signature: Any) -> Response:
             metadata=_user_metadata(request),
             check=lambda stored: _check_body(stored, finish, request, signature),
             shared=ctx.staging,
+            condition=condition,
         )
     except errors.QuarryError as exc:
         raise from_quarry(exc, path) from None
@@ -683,7 +768,8 @@ def _copy_source(ctx: Context, request: Request) -> _Source:
     """The object `x-amz-copy-source` names (BUCKET/REF/PATH, URL-encoded, optionally
     ?versionId=), stat'ed as the caller (their read permission applies): NoSuchKey or
     NoSuchBucket when it is not there."""
-    source = unquote(request.header("x-amz-copy-source")).lstrip("/").partition("?")[0]
+    # Cut off `?versionId=` before decoding: a `?` in the key itself arrives as %3F.
+    source = unquote(request.header("x-amz-copy-source").partition("?")[0]).lstrip("/")
     src_bucket, _, src_key = source.partition("/")
     src_ref, _, src_path = src_key.partition("/")
     if not src_bucket or not src_ref or not src_path:
@@ -799,6 +885,32 @@ def delete_object(ctx: Context, request: Request) -> Response:
     return Response(204)
 
 
+def _delete_keys(ctx: Context, bucket: str, branch: str, keys: list[str]) -> dict[str, S3Error]:
+    """Delete `keys` (BRANCH/PATH) of one branch in one call; the S3 error of each key that
+    was not deleted. When branch-manager refuses the call (a Deny on one of the paths, one
+    invalid path), each key is sent again alone, so each gets the answer it would have got
+    by itself and the others are deleted, as S3 does (a delete is idempotent: sending one
+    again is safe whatever the first call did)."""
+
+    def delete(group: list[str]) -> None:
+        paths = [key.partition("/")[2] for key in group]
+        ctx.client.delete_objects(bucket, branch, [path for path in paths if path])
+
+    try:
+        delete(keys)
+        return {}
+    except errors.QuarryError as exc:
+        if len(keys) == 1:
+            return {keys[0]: from_quarry(exc, keys[0])}
+    failures = {}
+    for key in keys:
+        try:
+            delete([key])
+        except errors.QuarryError as exc:
+            failures[key] = from_quarry(exc, key)
+    return failures
+
+
 def delete_objects(ctx: Context, request: Request) -> Response:
     bucket = request.target.bucket
     document = xmlserde.parse(request.read_all(MAX_XML_BODY), "Delete")
@@ -815,20 +927,18 @@ def delete_objects(ctx: Context, request: Request) -> Response:
     for ref, group in by_branch.items():
         try:
             _require_branch(ctx, bucket, ref)
-            paths = [k.partition("/")[2] for k in group]
-            ctx.client.delete_objects(bucket, ref, [p for p in paths if p])
         except (S3Error, errors.QuarryError) as exc:
             failure = exc if isinstance(exc, S3Error) else from_quarry(exc)
-            for key in group:
+            failures = dict.fromkeys(group, failure)
+        else:
+            failures = _delete_keys(ctx, bucket, ref, group)
+        for key in group:
+            if key in failures:
+                error = failures[key]
                 results.append(
-                    (
-                        "Error",
-                        [[("Key", key), ("Code", failure.code), ("Message", failure.message)]],
-                    )
+                    ("Error", [[("Key", key), ("Code", error.code), ("Message", error.message)]])
                 )
-            continue
-        if not quiet:
-            for key in group:
+            elif not quiet:
                 results.append(("Deleted", [[("Key", key)]]))
     return xml_response(xmlserde.document("DeleteResult", results))
 
@@ -837,7 +947,8 @@ def delete_objects(ctx: Context, request: Request) -> Response:
 #
 # State lives in the repository's namespace (the gateway keeps none): MULTIPART_PREFIX +
 # UPLOAD_ID + "/upload.json" (key, owner, content type, metadata) and one object per part
-# "part-NNNNN-MD5-UUID". Nothing is staged before Complete; Complete writes the parts,
+# "part-NNNNN-MD5-SEQUENCE" (SEQUENCE: upload time in ns, then a uuid; the latest upload of a
+# number is the part, see _write_part). Nothing is staged before Complete; Complete writes the parts,
 # concatenated, to one new data object, stages its entry, then removes the parts.
 
 
@@ -910,10 +1021,9 @@ def upload_part(ctx: Context, request: Request, signature: Any) -> Response:
         key, md5_hex = stored.key, stored.md5
         # The part under its number and MD5 (what Complete names it by); the temporary key's
         # bytes are moved by writing the part name once (no rename in the store API).
-        part = f"{_upload_dir(upload_id)}part-{number:05d}-{md5_hex}-{uuid.uuid4().hex}"
         try:
             with store.open_read(key) as reader:
-                store.put_stream(part, reader)
+                _write_part(store, upload_id, number, md5_hex, reader)
         finally:
             uploads.discard(store, key)
     return Response(200, [("etag", _etag(md5_hex))])
@@ -951,10 +1061,9 @@ def upload_part_copy(ctx: Context, request: Request) -> Response:
         first, length = _copy_range(request, source.entry.size_bytes)
         key = new_upload_key()
         _size, md5_hex = _copy_bytes(ctx, source, store, key, first, length)
-        part = f"{_upload_dir(upload_id)}part-{number:05d}-{md5_hex}-{uuid.uuid4().hex}"
         try:
             with store.open_read(key) as reader:
-                store.put_stream(part, reader)
+                _write_part(store, upload_id, number, md5_hex, reader)
         finally:
             uploads.discard(store, key)
     return xml_response(
@@ -965,9 +1074,39 @@ def upload_part_copy(ctx: Context, request: Request) -> Response:
     )
 
 
-def _parts(store: BlobStore, upload_id: str) -> dict[tuple[int, str], tuple[str, int, float]]:
-    """(number, md5) -> (key, size, modified) of the upload's stored parts."""
-    found: dict[tuple[int, str], tuple[str, int, float]] = {}
+@dataclass(frozen=True)
+class _Part:
+    md5: str
+    key: str
+    size: int
+    modified: float
+
+
+def _part_sequence(piece: str) -> tuple[bool, str]:
+    """The order of a part file among the uploads of one part number: the later upload
+    wins, as in S3. A part's name ends in its upload time (ns, zero-padded) and a random
+    suffix; a name from before that ordering (a bare uuid) counts as the oldest."""
+    return (len(piece) == _PART_SEQUENCE_LENGTH, piece)
+
+
+_PART_SEQUENCE_LENGTH = 20 + 32
+
+
+def _write_part(store: BlobStore, upload_id: str, number: int, md5_hex: str, reader: Any) -> None:
+    """Store part `number` of an upload from `reader`, then remove the earlier uploads of
+    that number. Safety rule: only part files of this number ordered before the one just
+    written are removed, so two uploads of one number racing each other leave the later
+    one, never neither."""
+    directory = _upload_dir(upload_id)
+    sequence = f"{time.time_ns():020d}{uuid.uuid4().hex}"
+    store.put_stream(f"{directory}part-{number:05d}-{md5_hex}-{sequence}", reader)
+    for other_number, other_sequence, other in list(_part_files(store, upload_id)):
+        if other_number == number and _part_sequence(other_sequence) < _part_sequence(sequence):
+            uploads.discard(store, other.key)
+
+
+def _part_files(store: BlobStore, upload_id: str) -> Iterator[tuple[int, str, _Part]]:
+    """(number, sequence, part) of every part file of the upload, superseded or not."""
     directory = _upload_dir(upload_id)
     for info in store.list(directory + "part-"):
         name = (
@@ -976,14 +1115,28 @@ def _parts(store: BlobStore, upload_id: str) -> dict[tuple[int, str], tuple[str,
             else info.key.rpartition("/")[2]
         )
         pieces = name.split("-")
-        if len(pieces) != 4:
+        if len(pieces) != 4 or not _is_count(pieces[1]):
             continue
-        found[(int(pieces[1]), pieces[2])] = (
-            info.key if info.key.startswith(directory) else directory + name,
-            info.size,
-            info.modified,
-        )
-    return found
+        key = info.key if info.key.startswith(directory) else directory + name
+        yield int(pieces[1]), pieces[3], _Part(pieces[2], key, info.size, info.modified)
+
+
+def _parts(store: BlobStore, upload_id: str) -> dict[int, _Part]:
+    """number -> the upload's latest part of that number (an earlier upload of a number is
+    superseded, as in S3: neither listed nor accepted by Complete)."""
+    latest: dict[int, tuple[tuple[bool, str], _Part]] = {}
+    for number, sequence, part in _part_files(store, upload_id):
+        order = _part_sequence(sequence)
+        if number not in latest or latest[number][0] < order:
+            latest[number] = (order, part)
+    return {number: part for number, (_order, part) in latest.items()}
+
+
+def _listed_part_number(text: str) -> int:
+    """A <PartNumber> of a CompleteMultipartUpload: MalformedXML unless an integer."""
+    if not _is_count(text.strip()):
+        raise S3Error("MalformedXML", f"PartNumber {text!r} is not a positive integer", 400)
+    return int(text)
 
 
 def complete_multipart_upload(ctx: Context, request: Request) -> Response:
@@ -991,13 +1144,14 @@ def complete_multipart_upload(ctx: Context, request: Request) -> Response:
     upload_id = request.param("uploadId") or ""
     document = xmlserde.parse(request.read_all(MAX_XML_BODY), "CompleteMultipartUpload")
     wanted = [
-        (int(xmlserde.text(p, "PartNumber") or 0), xmlserde.text(p, "ETag").strip('"'))
+        (_listed_part_number(xmlserde.text(p, "PartNumber")), xmlserde.text(p, "ETag").strip('"'))
         for p in xmlserde.children(document, "Part")
     ]
     if not wanted:
         raise S3Error("MalformedXML", "a CompleteMultipartUpload names at least one part", 400)
     if [n for n, _ in wanted] != sorted({n for n, _ in wanted}):
         raise S3Error("InvalidPartOrder", "The list of parts was not in ascending order.", 400)
+    condition = _write_condition(request)
     repo = _repository(ctx, bucket)
     _require_branch(ctx, bucket, ref)
     with open_blob_store(repo.storage_namespace, ctx.settings) as store:
@@ -1005,11 +1159,12 @@ def complete_multipart_upload(ctx: Context, request: Request) -> Response:
         stored = _parts(store, upload_id)
         keys = []
         for number, etag in wanted:
-            if (number, etag) not in stored:
+            part = stored.get(number)
+            if part is None or part.md5 != etag:
                 raise S3Error(
                     "InvalidPart", f"part {number} with ETag {etag} was not uploaded", 400
                 )
-            keys.append(stored[(number, etag)][0])
+            keys.append(part.key)
         digest = hashlib.md5()
         for _, etag in wanted:
             digest.update(bytes.fromhex(etag))
@@ -1047,7 +1202,7 @@ def complete_multipart_upload(ctx: Context, request: Request) -> Response:
             metadata=record["metadata"],
         )
         entry.mtime.CopyFrom(_timestamp(time.time()))
-        _stage(ctx, bucket, ref, entry, store, key)
+        _stage(ctx, bucket, ref, entry, store, key, condition)
         _remove_upload(store, upload_id)
     return xml_response(
         xmlserde.document(
@@ -1177,14 +1332,19 @@ def list_parts(ctx: Context, request: Request) -> Response:
     with open_blob_store(repo.storage_namespace, ctx.settings) as store:
         _load_upload(ctx, store, request, upload_id)
         stored = sorted(_parts(store, upload_id).items())
+    max_parts = _count_param(request, "max-parts", MAX_PARTS)
+    marker = _count_param(request, "part-number-marker", 0)
+    after = [(number, part) for number, part in stored if number > marker]
+    page = after[:max_parts]
+    truncated = len(after) > len(page)
     parts = [
         [
             ("PartNumber", number),
-            ("LastModified", xmlserde.timestamp(modified)),
-            ("ETag", _etag(md5)),
-            ("Size", size),
+            ("LastModified", xmlserde.timestamp(part.modified)),
+            ("ETag", _etag(part.md5)),
+            ("Size", part.size),
         ]
-        for (number, md5), (_key, size, modified) in stored
+        for number, part in page
     ]
     return xml_response(
         xmlserde.document(
@@ -1193,12 +1353,25 @@ def list_parts(ctx: Context, request: Request) -> Response:
                 ("Bucket", request.target.bucket),
                 ("Key", request.target.key),
                 ("UploadId", upload_id),
-                ("MaxParts", MAX_PARTS),
-                ("IsTruncated", False),
+                ("PartNumberMarker", marker),
+                ("NextPartNumberMarker", page[-1][0] if truncated else None),
+                ("MaxParts", max_parts),
+                ("IsTruncated", truncated),
                 ("Part", parts),
             ],
         )
     )
+
+
+def _count_param(request: Request, name: str, default: int) -> int:
+    """A non-negative integer query parameter (`default` when absent), capped at MAX_PARTS;
+    InvalidArgument otherwise."""
+    text = request.param(name)
+    if text is None:
+        return default
+    if not _is_count(text):
+        raise invalid_argument(f"{name} must be a non-negative integer")
+    return min(int(text), MAX_PARTS)
 
 
 def list_multipart_uploads(ctx: Context, request: Request) -> Response:

@@ -9,7 +9,8 @@ it (the path is not normalized; query parameters sorted by encoded name then val
 tested against botocore's own signer (tests/unit/test_s3gateway_sigv4.py).
 
 Safety rules: a request is never treated as authenticated unless Auth/VerifySignature
-accepted its signature; a signed payload hash is checked against the bytes received before
+accepted its signature; an `x-amz-*` header the signature does not cover is refused (it
+would change what a signed request does); a signed payload hash is checked against the bytes received before
 anything they carry is staged; a request dated further than the allowed skew from the
 gateway's clock, or a presigned URL past its expiry, is refused before the signature is
 even checked.
@@ -207,6 +208,22 @@ def check_time(signature: Signature, now: float, max_skew: float) -> None:
         )
 
 
+def check_signed_headers(request: SignedRequest, signature: Signature) -> None:
+    """AccessDenied for an `x-amz-*` header the signature does not cover, as S3 answers.
+    Such a header changes what a request does (`x-amz-copy-source` turns a PUT into a copy,
+    `x-amz-meta-*` sets metadata), so one added after signing -- to a presigned upload URL,
+    say -- would act with the signer's authority on something the signer never signed."""
+    covered = set(signature.signed_headers)
+    unsigned = sorted(
+        name for name in request.headers if name.startswith("x-amz-") and name not in covered
+    )
+    if unsigned:
+        raise access_denied(
+            "There were headers present in the request which were not signed: "
+            + ", ".join(unsigned)
+        )
+
+
 def canonical_query(query: Sequence[tuple[str, str]], presigned: bool) -> str:
     pairs = sorted(
         (_encode(k), _encode(v)) for k, v in query if not (presigned and k == "X-Amz-Signature")
@@ -300,6 +317,7 @@ class ChunkedDecoder:
         self._claimed = ""
         self._done = False
         self.signed: list[tuple[str, str]] = []
+        self.trailers: dict[str, str] = {}  # lower-case name -> value, after the last chunk
 
     def _fill(self, n: int) -> bytes:
         while len(self._buffer) < n:
@@ -337,15 +355,16 @@ class ChunkedDecoder:
         if size == 0:
             self._finish_chunk()
             self._done = True
-            # Trailers (x-amz-checksum-*), if any, then the final CRLF: read and dropped.
-            while self._line_or_end():
-                pass
+            # Trailers (x-amz-checksum-*), if any, then the final CRLF.
+            while line := self._line_or_end():
+                name, _, value = line.partition(":")
+                self.trailers[name.strip().lower()] = value.strip()
 
-    def _line_or_end(self) -> bool:
+    def _line_or_end(self) -> str:
         try:
-            return bool(self._line())
+            return self._line()
         except S3Error:
-            return False
+            return ""
 
     def _finish_chunk(self) -> None:
         if self._signature is None:

@@ -288,6 +288,30 @@ def test_put_if_absent(graveler, repo):
     assert graveler.stat_object(repo, "main", "a").checksum == "again"
 
 
+def test_put_if_match_checksum_replaces_only_the_entry_it_names(graveler, repo):
+    graveler.put_objects(repo, "main", [entry("a", "v1")])
+    graveler.commit(repo, "main", "one")
+    # Committed, then staged: the condition reads whichever is current.
+    with pytest.raises(gerrors.ChecksumConditionFailed):
+        graveler.put_objects(repo, "main", [entry("a", "v2")], if_match_checksum="v0")
+    assert graveler.stat_object(repo, "main", "a").checksum == "v1"
+    graveler.put_objects(repo, "main", [entry("a", "v2")], if_match_checksum="v1")
+    with pytest.raises(gerrors.ChecksumConditionFailed):
+        graveler.put_objects(repo, "main", [entry("a", "v3")], if_match_checksum="v1")
+    graveler.put_objects(repo, "main", [entry("a", "v3")], if_match_checksum="v2")
+    assert graveler.stat_object(repo, "main", "a").checksum == "v3"
+    # No object (never written, or deleted): NOT_FOUND, nothing staged.
+    with pytest.raises(gerrors.ObjectNotFound):
+        graveler.put_objects(repo, "main", [entry("b", "v1")], if_match_checksum="v0")
+    graveler.delete_objects(repo, "main", ["a"])
+    with pytest.raises(gerrors.ObjectNotFound):
+        graveler.put_objects(repo, "main", [entry("a", "v4")], if_match_checksum="v3")
+    with pytest.raises(gerrors.ObjectNotFound):
+        graveler.stat_object(repo, "main", "b")
+    with pytest.raises(gerrors.InvalidEntry):
+        graveler.put_objects(repo, "main", [entry("c")], if_absent=True, if_match_checksum="v1")
+
+
 def test_listing_with_delimiter_and_pages(graveler, repo):
     files = [f"d{d}/f{f}" for d in range(3) for f in range(4)] + ["top1", "top2"]
     graveler.put_objects(repo, "main", [entry(p) for p in files[:7]])
