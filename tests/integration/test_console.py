@@ -5,6 +5,7 @@ rule that the console holds no privilege of its own (the user's token decides)."
 from __future__ import annotations
 
 import hashlib
+import html
 import io
 import re
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from quarry.console import sessions
 from quarry.v1 import branch_manager_pb2 as bm
 from support.auth import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY
-from support.console import Browser, running_console
+from support.console import Answer, Browser, running_console
 from support.suite import suite_fixture
 
 # Every sign-in of this module comes from one address (loopback) with a few access keys: on
@@ -921,3 +922,149 @@ def test_quarry_serve_console_answers_health_metrics_and_json_logs(suite, tmp_pa
     assert any(
         "console repositories GET /repos -> 200" in line.get("message", "") for line in lines
     )
+
+
+# ---- what an attacker or a shared link sends -------------------------------------------------
+
+
+def _sign_in_via(browser: Browser, link: str) -> Answer:
+    """Follow `link` signed out, then sign in on the page it leads to: the final answer."""
+    to_login = browser.get(link)
+    assert to_login.status == 303
+    page = browser.get(to_login.header("location"))
+    fields = dict(re.findall(r'name="(next)" value="([^"]*)"', page.text))
+    return browser.post(
+        "/login",
+        {
+            "csrf": page.csrf(),
+            "access_key_id": TEST_ACCESS_KEY_ID,
+            "secret_access_key": TEST_SECRET_ACCESS_KEY,
+            "next": html.unescape(fields.get("next", "")),
+        },
+    )
+
+
+def test_a_shared_link_survives_sign_in_with_its_query(console):
+    link = "/repos/shared-repo/object?ref=main&path=a%20b%2Fc.txt"
+    signed = _sign_in_via(Browser(console[0]), link)
+    assert signed.status == 303 and signed.header("location") == (
+        "/repos/shared-repo/object?ref=main&path=a+b%2Fc.txt"
+    )
+
+
+def test_a_refused_sign_in_keeps_the_page_to_return_to(console):
+    browser = Browser(console[0])
+    page = browser.get("/login?next=%2Frepos%2Fkept%2Fobjects")
+    refused = browser.post(
+        "/login",
+        {
+            "csrf": page.csrf(),
+            "access_key_id": TEST_ACCESS_KEY_ID,
+            "secret_access_key": "wrong",
+            "next": "/repos/kept/objects",
+        },
+    )
+    assert refused.status == 401 and 'value="/repos/kept/objects"' in refused.text
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "//evil.example",
+        "/\\evil.example",
+        "/\t/evil.example",
+        "/\n/evil.example",
+        "/x\r\nSet-Cookie: planted=1",
+        "https://evil.example",
+        "javascript:alert(1)",
+    ],
+)
+def test_sign_in_never_redirects_off_site_or_splits_the_header(console, target):
+    browser = Browser(console[0])
+    page = browser.get("/login")
+    signed = browser.post(
+        "/login",
+        {
+            "csrf": page.csrf(),
+            "access_key_id": TEST_ACCESS_KEY_ID,
+            "secret_access_key": TEST_SECRET_ACCESS_KEY,
+            "next": target,
+        },
+    )
+    assert signed.status == 303 and signed.header("location") == "/repos"
+    assert "planted" not in browser.cookies
+
+
+def test_an_upload_is_shown_inline_only_as_a_raster_image(suite, admin):
+    repo = _repo(suite, "inline")
+    png = b"\x89PNG\r\n\x1a\n" + b"\0" * 32
+    cases = {
+        "real.png": ("image/png", png, "image/png", "inline"),
+        "page.png": ("text/html", b"<h1>phish</h1>", "application/octet-stream", "attachment"),
+        "vector.svg": ("IMAGE/SVG+XML", b"<svg/>", "image/svg+xml", "attachment"),
+        "param.svg": ("image/svg+xml; charset=utf-8", b"<svg/>", "image/svg+xml", "attachment"),
+        "typed.bin": ("image/png; x=1", png, "image/png", "inline"),
+    }
+    with suite.client() as client:
+        for name, (stored, data, _, _) in cases.items():
+            _stage(suite, client, repo, "main", name, data, content_type=stored)
+    for name, (_, data, sent, disposition) in cases.items():
+        got = admin.get(f"/repos/{repo}/download?ref=main&path={name}&inline=1")
+        assert got.status == 200 and got.body == data
+        assert got.header("content-type") == sent, name
+        assert got.header("content-disposition").startswith(disposition), name
+
+
+def test_a_content_type_with_a_line_break_is_refused_when_staged(suite):
+    from quarry import errors
+
+    repo = _repo(suite, "crlf-type")
+    with suite.client() as client, pytest.raises(errors.QuarryError) as refused:
+        _stage(suite, client, repo, "main", "x.txt", b"x", content_type="text/plain\r\nX: y")
+    assert refused.value.code.name == "INVALID_ARGUMENT"
+    with suite.client() as client:
+        assert list(client.iter_objects(repo, "main")) == []
+
+
+def test_an_unknown_merge_strategy_is_a_400(suite, admin):
+    repo = _repo(suite, "strategies")
+    with suite.client() as client:
+        client.create_branch(repo, "feature", "main")
+    _error(
+        admin.get(f"/repos/{repo}/merge?source=feature&destination=main&strategy=bogus"),
+        400,
+        "INVALID_ARGUMENT",
+    )
+    form = admin.get(f"/repos/{repo}/merge?source=feature&destination=main")
+    _error(
+        admin.post(
+            f"/repos/{repo}/merge",
+            {"csrf": form.csrf(), "source": "feature", "destination": "main", "strategy": "x"},
+        ),
+        400,
+        "INVALID_ARGUMENT",
+    )
+
+
+def test_the_console_process_trusts_no_forwarded_address_and_logs_paths_encoded(suite, tmp_path):
+    """As users run it (`quarry serve console`): an X-Forwarded-For header, even from
+    loopback, does not change the address the sign-in throttle counts; a %0A in a path
+    does not start a line of its own in the text log."""
+    from support.console import serving_console
+
+    extra = {
+        "QUARRY_CONSOLE_LOGIN_ATTEMPTS_PER_MINUTE_PER_ADDRESS": "2",
+        "QUARRY_LOG_FORMAT": "text",
+        "QUARRY_LOG_LEVEL": "INFO",
+    }
+    with serving_console(suite, tmp_path, extra) as port:
+        attacker = Browser(port, source="127.0.0.1")
+        for i in range(2):
+            attacker.headers["x-forwarded-for"] = f"10.0.0.{i}"
+            assert attacker.sign_in(TEST_ACCESS_KEY_ID, "a-guess").status == 401
+        attacker.headers["x-forwarded-for"] = "10.0.0.99"
+        assert attacker.sign_in(TEST_ACCESS_KEY_ID, "a-guess").status == 429
+        assert Browser(port).get("/x%0Aquarry.audit%20forged").status in (303, 404)
+    log = (tmp_path / "console.log").read_text()
+    assert not any(line.startswith("quarry.audit forged") for line in log.splitlines())
+    assert "/x%0Aquarry.audit%20forged" in log

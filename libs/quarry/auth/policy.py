@@ -214,6 +214,13 @@ def parse_policy(policy_id: str, document: str) -> Policy:
             f"column {exc.colno}",
             metadata={"policy": policy_id, "line": str(exc.lineno), "column": str(exc.colno)},
         ) from None
+    except (ValueError, RecursionError) as exc:
+        # json's own limits: an integer of more than 4,300 digits, nesting deeper than the
+        # interpreter's recursion limit.
+        raise InvalidPolicy(
+            f"policy {policy_id!r} is not a policy document: {exc}"[:500],
+            metadata={"policy": policy_id},
+        ) from None
     if not isinstance(raw, dict):
         _invalid(policy_id, "", "a policy document is a JSON object with a Statement list")
     top = _keys(policy_id, "", raw, {"statement", "version", "id"})

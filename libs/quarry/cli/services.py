@@ -339,16 +339,18 @@ def cmd_up(args: argparse.Namespace) -> int:
             "quarry.v1.ServerInfo/GetServerInfo"
         )
         # One line: the credentials' variables must reach the aws process that uses them.
+        # The HTTP services serve HTTPS with the suite's certificate when it has one.
+        scheme = "https" if settings.tls_cert_file else "http"
         print("\nOr with any S3 tool (the s3-gateway: bucket = repository, key = REF/PATH):")
         print(
             f'  eval "$({q} auth credentials env)" && {_command("aws")} --endpoint-url '
-            f"http://{host}:{settings.s3_gateway_port} s3 ls --recursive s3://demo/main/"
+            f"{scheme}://{host}:{settings.s3_gateway_port} s3 ls --recursive s3://demo/main/"
         )
         from quarry.client.credentials import credentials_path
 
         # Not indented: the banner's indented lines are shell commands (tests run each one).
         print(
-            f"\nOr in a browser, the console: http://{host}:{settings.console_port}/ "
+            f"\nOr in a browser, the console: {scheme}://{host}:{settings.console_port}/ "
             f"(sign in with the access key in {credentials_path(home)})"
         )
         print("\nOr from PySpark (README: Spark), and garbage-collect with Spark:")

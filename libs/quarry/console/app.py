@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import grpc
 from opentelemetry import propagate
@@ -258,7 +259,10 @@ class ConsoleApp:
             except Exception:
                 request_id = uuid.uuid4().hex[:16]
                 log.exception(
-                    "console %s %s failed (request id %s)", name, request.path, request_id
+                    "console %s %s failed (request id %s)",
+                    name,
+                    quote(request.path, safe="/"),
+                    request_id,
                 )
                 response = self._page_error(
                     request, None, 500, "INTERNAL", f"an internal error (request id {request_id})"
@@ -270,7 +274,8 @@ class ConsoleApp:
             "console %s %s %s -> %d in %.1f ms",
             name,
             request.method,
-            request.path,
+            # Percent-encoded, as sent: a decoded %0A would forge a log line.
+            quote(request.path, safe="/"),
             response.status,
             elapsed * 1000,
         )
@@ -290,7 +295,7 @@ class ConsoleApp:
         session = self.sessions.get(request.cookies.get(sessions.SESSION_COOKIE, ""))
         if session is None and not found.public:
             if request.method == "GET":
-                return redirect(url("/login", next=request.path), 303)
+                return redirect(url("/login", next=_return_to(request)), 303)
             return self._page_error(request, None, 401, "UNAUTHENTICATED", "sign in first")
         if found.name == "login" and request.method == "POST":
             refused = self._throttle_sign_in(request, session)
@@ -324,7 +329,7 @@ class ConsoleApp:
             if code == "UNAUTHENTICATED" and session is not None:
                 # The token expired or was revoked: the session is over.
                 self.sessions.delete(session.id)
-                return redirect(url("/login", next=request.path), 303)
+                return redirect(url("/login", next=_return_to(request)), 303)
             return self._page_error(
                 request,
                 session,
@@ -417,3 +422,12 @@ class ConsoleApp:
             status,
             {"code": code, "reason": reason, "message": message, "status": status},
         )
+
+
+def _return_to(request: Request) -> str:
+    """Where sign-in sends the browser back: the path and query a signed-out GET asked for,
+    percent-encoded (a shared link to an object keeps its ref and path)."""
+    target = quote(request.path, safe="/")
+    if request.query:
+        target += "?" + urlencode(request.query)
+    return target

@@ -64,9 +64,9 @@ def login_form(
     ctx: Context, params: dict[str, str], message: str = "", status: int = 200
 ) -> Response:
     token = sessions.new_login_token()
-    response = ctx.render(
-        "login.html", status, csrf=token, message=message, next=_safe_next(ctx.request.arg("next"))
-    )
+    # The page to return to: the link that led here, or the refused form's own field.
+    back = ctx.request.field("next") or ctx.request.arg("next")
+    response = ctx.render("login.html", status, csrf=token, message=message, next=_safe_next(back))
     response.set_cookie(
         sessions.LOGIN_COOKIE, token, secure=ctx.request.secure, max_age=900, path="/login"
     )
@@ -74,8 +74,17 @@ def login_form(
 
 
 def _safe_next(target: str) -> str:
-    """Only a path on this site (never `//host` or a scheme): no open redirect."""
-    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
+    """Only a path on this site (never `//host` or a scheme): no open redirect. A target
+    is the percent-encoded path and query the browser asked for (quarry.console.app), so
+    a backslash, a space or a control character in it is refused: browsers drop tabs and
+    newlines from a Location (`/<TAB>/evil.host` is `//evil.host`), and CR/LF would split
+    the header."""
+    if (
+        target.startswith("/")
+        and not target.startswith("//")
+        and "\\" not in target
+        and not any(c <= " " or c == "\x7f" for c in target)
+    ):
         return target
     return "/repos"
 
@@ -474,13 +483,7 @@ def download(ctx: Context, params: dict[str, str]) -> Response:
             yield piece
 
     name = path.rsplit("/", 1)[-1].replace('"', "")
-    inline = (
-        ctx.request.arg("inline") == "1" and preview.kind_of(path, entry.content_type) == "image"
-    )
-    ctype = preview.content_type(path, entry.content_type)
-    if not inline or ctype == "image/svg+xml":
-        inline = False
-        ctype = ctype if not ctype.startswith("text/html") else "application/octet-stream"
+    ctype, inline = preview.served_type(path, entry.content_type, ctx.request.arg("inline") == "1")
     return Response(
         200,
         [
@@ -615,7 +618,7 @@ def discard(ctx: Context, params: dict[str, str]) -> Response:
 def merge_form(ctx: Context, params: dict[str, str]) -> Response:
     repo = ctx.client.get_repository(params["repo"])
     source, destination = ctx.request.arg("source"), ctx.request.arg("destination")
-    strategy = ctx.request.arg("strategy")
+    strategy = _merge_strategy(ctx.request.arg("strategy"))
     dry = None
     conflicts: list[Any] = []
     more = 0
@@ -643,6 +646,18 @@ def merge_form(ctx: Context, params: dict[str, str]) -> Response:
     )
 
 
+def _merge_strategy(value: str) -> str:
+    """A merge strategy's name as given (empty: the default); INVALID_ARGUMENT (400) for
+    one that does not exist, before any call."""
+    from quarry.graveler.model import MergeStrategy
+
+    try:
+        MergeStrategy.parse(value or None)
+    except ValueError as exc:
+        raise errors.InvalidArgument(str(exc), metadata={"strategy": value[:100]}) from None
+    return value
+
+
 def _conflicts_of(exc: errors.QuarryError) -> tuple[list[Any], int]:
     from quarry.v1 import types_pb2
 
@@ -661,7 +676,7 @@ def merge(ctx: Context, params: dict[str, str]) -> Response:
         repo,
         form.get("source", ""),
         form.get("destination", ""),
-        strategy=form.get("strategy") or None,
+        strategy=_merge_strategy(form.get("strategy", "")) or None,
         message=form.get("message", ""),
     )
     return redirect(_repo_url(repo, f"commits/{made.commit.id}"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import mimetypes
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,28 @@ class Preview:
 
 def content_type(path: str, stored: str) -> str:
     return stored or mimetypes.guess_type(path)[0] or "application/octet-stream"
+
+
+# Shown inline (an <img> of the object page) only as one of these exact types: raster
+# formats a browser never runs. Never SVG (it carries script), never what a stored type
+# merely starts with.
+INLINE_IMAGE_TYPES = frozenset(
+    {"image/png", "image/jpeg", "image/gif", "image/webp", "image/avif", "image/bmp"}
+)
+_MEDIA_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*$")
+
+
+def served_type(path: str, stored_type: str, inline_asked: bool) -> tuple[str, bool]:
+    """(Content-Type, inline) of an object's download. Safety rule: an object is served
+    inline only when the type sent is one of INLINE_IMAGE_TYPES (judged on that very
+    header value, not on the path's suffix), so no upload -- HTML named x.png, SVG in any
+    spelling -- renders as a page of the console's origin; and the type sent is always a
+    bare media type (parameters dropped, no CR/LF or other character that could split or
+    bend the header), else application/octet-stream. HTML is never sent as HTML."""
+    media = content_type(path, stored_type).partition(";")[0].strip().lower()
+    if not _MEDIA_TYPE.match(media) or media in ("text/html", "application/xhtml+xml"):
+        media = "application/octet-stream"
+    return media, inline_asked and media in INLINE_IMAGE_TYPES
 
 
 def kind_of(path: str, stored_type: str) -> str:

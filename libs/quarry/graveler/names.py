@@ -63,6 +63,9 @@ def _check_ref_name(name: str, kind: str) -> str:
     return name
 
 
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def check_path(path: str) -> str:
     if not isinstance(path, str) or not path:
         raise gerrors.InvalidPath("object path is required", metadata={"path": ""})
@@ -90,6 +93,12 @@ def check_entry(entry: Entry) -> Entry:
                 f"{entry.path}: {field_name} is longer than {MAX_FIELD_BYTES} bytes",
                 metadata={"path": entry.path},
             )
+    if entry.content_type and _CONTROL_CHARACTER.search(entry.content_type):
+        # It becomes an HTTP header (the S3 gateway, the console): CR/LF would split it.
+        raise gerrors.InvalidEntry(
+            f"{entry.path}: content_type may not contain control characters",
+            metadata={"path": entry.path},
+        )
     # Refused, not rewritten: `..`, `.` and empty segments (quarry.blob.layout), before
     # any check of where the address points (fs:ImportFromStorage) or any read of it.
     check_physical_address(entry.physical_address, entry.path)

@@ -104,6 +104,10 @@ def serve_asgi(
         timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
         server_header=False,
         date_header=True,
+        # The client's address is the connection's, never an X-Forwarded-For header
+        # (uvicorn trusts one from 127.0.0.1 by default): the console's sign-in throttle
+        # is per address, and a header anyone can send would reset it.
+        proxy_headers=False,
         **tls_options(settings, tls is not None),
     )
 

@@ -36,6 +36,12 @@ def statement(**fields) -> dict:
     return base
 
 
+def test_json_beyond_the_parsers_limits_is_an_invalid_policy():
+    # A huge integer and very deep nesting raise ValueError / RecursionError inside json.
+    assert "digits" in invalid('{"Statement": [' + "9" * 5000 + "]}").message
+    invalid("[" * 100_000 + "]" * 100_000)
+
+
 def test_invalid_json_names_line_and_column():
     error = invalid('{\n  "Statement": [\n    {"Effect": "Allow",, }\n  ]\n}')
     assert error.metadata["line"] == "3"
