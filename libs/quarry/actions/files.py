@@ -45,6 +45,11 @@ HOOK_TYPES = ("webhook",)
 _HOOK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 # A secret is never literal in a file: a property value may name an environment variable.
 ENV_REFERENCE = re.compile(r"\{\{\s*ENV\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+# ... but only one meant for hooks. Safety rule: an action file (which anyone who may commit
+# can write) never reads another variable of the process running its hooks -- the signing
+# key, cloud credentials, any QUARRY_* setting -- which would hand it to the hook's URL
+# (lakeFS's LAKEFSACTION_ rule).
+ENV_PREFIX = "QUARRYACTION_"
 
 
 class InvalidActionFile(errors.FailedPrecondition):
@@ -120,6 +125,8 @@ def parse(path: str, data: bytes) -> Action:
         raise _fail(path, bad.problem or str(bad), line) from None
     except yaml.YAMLError as bad:
         raise _fail(path, str(bad)) from None
+    except RecursionError:
+        raise _fail(path, "nested too deeply to be an action file") from None
     if not isinstance(doc, dict):
         raise _fail(path, "expected a mapping with name, on and hooks", 1)
     line = doc.get("__line__")
@@ -188,17 +195,22 @@ def _check_webhook_properties(
     query = properties.get("query_params") or {}
     if not isinstance(query, dict):
         raise _fail(path, f"hook {hook_id!r}: `query_params` must be a mapping", line)
-    for key in ("secret", "headers"):
+    for key in ("secret", "headers", "query_params"):
         value = properties.get(key)
         texts = value.values() if isinstance(value, dict) else [value]
         for text in texts:
-            if isinstance(text, str) and text and not ENV_REFERENCE.fullmatch(text.strip()):
+            if not isinstance(text, str) or not text:
+                continue
+            if key != "query_params" and not ENV_REFERENCE.fullmatch(text.strip()):
                 raise _fail(
                     path,
                     f"hook {hook_id!r}: `{key}` values must be environment references "
-                    "like {{ ENV.NAME }}, never literal secrets",
+                    f"like {{{{ ENV.{ENV_PREFIX}NAME }}}}, never literal secrets",
                     line,
                 )
+            for name in ENV_REFERENCE.findall(text):
+                if not name.startswith(ENV_PREFIX):
+                    raise _fail(path, f"hook {hook_id!r}: {_outside_prefix(name)}", line)
 
 
 def _without_lines(value: Any) -> Any:
@@ -226,11 +238,21 @@ def parse_duration(value: Any) -> float | None:
     return seconds if seconds > 0 else None
 
 
+def _outside_prefix(name: str) -> str:
+    return (
+        f"environment variable {name!r} may not be referenced: an action reads only "
+        f"variables named {ENV_PREFIX}*"
+    )
+
+
 def resolve_env(text: str, environ: dict[str, str]) -> str:
-    """Replace {{ ENV.NAME }} references (a missing variable is an error, not "")."""
+    """Replace {{ ENV.NAME }} references (a missing variable is an error, not ""; a name
+    without ENV_PREFIX is refused whatever the file's validation let through)."""
 
     def value(match: re.Match[str]) -> str:
         name = match.group(1)
+        if not name.startswith(ENV_PREFIX):
+            raise InvalidActionFile(_outside_prefix(name), metadata={"variable": name})
         if name not in environ:
             raise errors.FailedPrecondition(
                 f"environment variable {name!r} named by an action is not set",

@@ -29,6 +29,7 @@ from quarry import errors
 from quarry.actions import files, webhook
 from quarry.graveler.model import Entry
 from quarry.kv import store as kv
+from quarry.runtime import deadlines
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("quarry.actions")
@@ -218,6 +219,12 @@ class Actions:
         properties = hook.properties
         timeout = files.parse_duration(properties.get("timeout")) or DEFAULT_TIMEOUT_SECONDS
         timeout = min(timeout, self.max_timeout_seconds)
+        # Never longer than the caller waits: a hook cut at the caller's deadline is a
+        # failed hook, recorded (see record), not a thread working for nobody.
+        call = deadlines.current()
+        remaining = call.remaining() if call is not None else None
+        if remaining is not None:
+            timeout = min(timeout, remaining)
         body = {
             **asdict(event),
             "event_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.start_time)),
@@ -247,6 +254,8 @@ class Actions:
                 own = properties.get("secret")
                 if own:
                     secret = files.resolve_env(str(own), dict(self.environ)).encode()
+                if timeout <= 0:
+                    raise errors.DeadlineExceeded("not called: the caller's deadline passed")
                 answer = webhook.post(
                     str(properties["url"]),
                     body,
@@ -312,8 +321,12 @@ class Actions:
             return self.kv.get(partition, SECRET_KEY).value
 
     def record(self, partition: bytes, run: Run) -> None:
+        """Keep the run's record. Written with a deadline of its own, not the caller's: a
+        run whose hooks were called is recorded even when the caller's deadline passed
+        meanwhile (the hooks may have acted; `actions runs` must show that they ran)."""
         try:
-            self.kv.set(partition, RUNS_PREFIX + run.run_id.encode(), run.to_json())
+            with deadlines.serving(None):
+                self.kv.set(partition, RUNS_PREFIX + run.run_id.encode(), run.to_json())
         except errors.QuarryError:
             log.exception("could not record action run %s", run.run_id)
 

@@ -8,12 +8,14 @@ the connection goes to the address that was checked (no second resolution to rac
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import http.client
 import ipaddress
 import json
 import socket
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -170,18 +172,37 @@ def post(  # noqa: PLR0913 — one call, its parts
         **(headers or {}),
     }
     deadline = time.monotonic() + timeout
+    # `timeout` bounds the whole call, not each socket operation: a receiver that answers a
+    # byte a second would otherwise hold the hook (and the caller's thread) for as long as
+    # it likes. At the deadline the socket is shut down, which ends a blocked read at once.
+    cutoff = threading.Timer(timeout, _shut_down, (connection,))
+    cutoff.daemon = True
+    cutoff.start()
+    timed_out = f"timed out after {timeout:g}s"
     try:
         connection.request("POST", target, body=data, headers=send)
         answer = connection.getresponse()
         output = answer.read(MAX_OUTPUT_BYTES)
-        if time.monotonic() > deadline:
-            return Response(0, output, f"timed out after {timeout:g}s")
+        if time.monotonic() >= deadline:
+            return Response(0, output, timed_out)
         return Response(answer.status, output)
     except TimeoutError:
-        return Response(0, b"", f"timed out after {timeout:g}s")
+        return Response(0, b"", timed_out)
     except OSError as failed:
-        return Response(0, b"", f"unreachable: {failed}")
+        return Response(
+            0, b"", timed_out if time.monotonic() >= deadline else f"unreachable: {failed}"
+        )
     except http.client.HTTPException as failed:
+        if time.monotonic() >= deadline:
+            return Response(0, b"", timed_out)
         return Response(0, b"", f"bad HTTP answer: {failed!r}")
     finally:
+        cutoff.cancel()
         connection.close()
+
+
+def _shut_down(connection: http.client.HTTPConnection) -> None:
+    sock = connection.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)

@@ -178,7 +178,7 @@ def decode_page_token(token: str, *required: str) -> dict:
         if not all(isinstance(c, str) for c in state.get("frontier", [])):
             raise ValueError
         return state
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: deep nesting
         raise gerrors.InvalidPageToken(
             "page_token is not one this server issued; pass back next_page_token unchanged"
         ) from None

@@ -384,7 +384,7 @@ def test_literal_secrets_in_an_action_file_are_refused():
     doc = b"name: x\non:\n  pre-commit:\nhooks:\n  - id: h\n    type: webhook\n    properties:\n      url: http://127.0.0.1/\n      headers:\n        Authorization: Bearer abc\n"
     with pytest.raises(files.InvalidActionFile, match="environment references"):
         files.parse("_quarry_actions/x.yaml", doc)
-    ok = doc.replace(b"Bearer abc", b"'{{ ENV.HOOK_TOKEN }}'")
+    ok = doc.replace(b"Bearer abc", b"'{{ ENV.QUARRYACTION_HOOK_TOKEN }}'")
     assert files.parse("_quarry_actions/x.yaml", ok).hooks[0].properties["headers"]
 
 
@@ -557,10 +557,10 @@ def test_the_schema_gate_example_refuses_then_accepts_a_merge(suite, client, rep
 
 def test_a_hook_secret_from_the_environment_signs_the_call(suite, client, repo, hooks, monkeypatch):
     """The committer runs in this process: its environment is ours."""
-    monkeypatch.setenv("QUARRY_TEST_HOOK_SECRET", "shared-with-the-receiver")
+    monkeypatch.setenv("QUARRYACTION_TEST_HOOK_SECRET", "shared-with-the-receiver")
     doc = action(hooks.url + "/ok", "  pre-commit:\n").replace(
         b"      query_params:",
-        b"      secret: '{{ ENV.QUARRY_TEST_HOOK_SECRET }}'\n      query_params:",
+        b"      secret: '{{ ENV.QUARRYACTION_TEST_HOOK_SECRET }}'\n      query_params:",
     )
     put_file(suite, client, repo, "main", "_quarry_actions/gate.yaml", doc)
     client.commit(repo, "main", "signed")
@@ -830,3 +830,37 @@ def test_an_import_waiting_on_a_slow_pre_commit_hook_stays_running(hooks, tmp_pa
         hooks.release.set()
         done = _wait_import(client, "slow", started.id)
         assert done.state == cm.IMPORT_STATE_COMPLETED, done.error
+
+
+# ---- hooks bounded by the caller -------------------------------------------------------------
+
+
+def test_a_hook_is_cut_at_the_callers_deadline_and_its_run_is_recorded(suite, client, repo, hooks):
+    """The hook's own timeout (60 s by default) is longer than the caller waits: it is cut
+    at the caller's deadline, and the run -- whose hook was called and may have acted -- is
+    recorded all the same (its record is written with a deadline of its own)."""
+    from quarry import errors
+    from support.wait import wait_until
+
+    put_file(
+        suite,
+        client,
+        repo,
+        "main",
+        "_quarry_actions/gate.yaml",
+        action(hooks.url + "/slow", "  pre-commit:\n"),
+    )
+    with suite.client(timeout=2.0) as hurried, pytest.raises(errors.QuarryError) as refused:
+        hurried.commit(repo, "main", "in a hurry")
+    assert refused.value.code.name in ("DEADLINE_EXCEEDED", "FAILED_PRECONDITION")
+    assert hooks.entered.is_set()  # the hook was called (and still holds its answer)
+
+    def recorded():
+        runs = list(client.list_action_runs(repo, branch="main").runs)
+        return runs if runs and runs[0].status == "failed" else None
+
+    runs = wait_until(recorded, timeout=30, interval=0.1, what="the run's record")
+    hooks.release.set()
+    assert "timed out" in runs[0].hooks[0].error
+    # The refused pre-commit hook left nothing committed.
+    assert "in a hurry" not in [c.message for c in client.iter_log(repo, "main")]

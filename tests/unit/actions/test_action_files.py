@@ -64,9 +64,29 @@ def test_durations(text, seconds):
 
 
 def test_environment_references_resolve_and_a_missing_one_is_an_error():
-    assert files.resolve_env("Bearer {{ ENV.T }}", {"T": "abc"}) == "Bearer abc"
-    with pytest.raises(Exception, match="'T' named by an action is not set"):
-        files.resolve_env("{{ ENV.T }}", {})
+    environ = {"QUARRYACTION_T": "abc"}
+    assert files.resolve_env("Bearer {{ ENV.QUARRYACTION_T }}", environ) == "Bearer abc"
+    with pytest.raises(Exception, match="'QUARRYACTION_T' named by an action is not set"):
+        files.resolve_env("{{ ENV.QUARRYACTION_T }}", {})
+
+
+@pytest.mark.parametrize("name", ["QUARRY_AUTH_SIGNING_KEY", "AWS_SECRET_ACCESS_KEY", "HOME"])
+def test_an_action_reads_no_variable_outside_its_prefix(name):
+    """The signing key, cloud credentials, any setting: never resolved, even if set, and a
+    file naming one is refused when parsed (headers, secret and query parameters alike)."""
+    with pytest.raises(files.InvalidActionFile, match="QUARRYACTION_"):
+        files.resolve_env("{{ ENV." + name + " }}", {name: "leaked"})
+    for where in (
+        b"      headers:\n        X-Style: '{{ ENV.%s }}'\n",
+        b"      secret: '{{ ENV.%s }}'\n",
+        b"      query_params:\n        q: 'x-{{ ENV.%s }}'\n",
+    ):
+        doc = (
+            b"name: x\non:\n  pre-commit:\nhooks:\n  - id: h\n    type: webhook\n"
+            b"    properties:\n      url: http://127.0.0.1/\n" + where % name.encode()
+        )
+        with pytest.raises(files.InvalidActionFile, match="may not be referenced"):
+            files.parse("_quarry_actions/x.yaml", doc)
 
 
 def test_lakefs_revert_and_cherry_pick_events_parse():
@@ -80,3 +100,8 @@ def test_lakefs_revert_and_cherry_pick_events_parse():
     for event in ("pre-revert", "post-revert", "pre-cherry-pick", "post-cherry-pick"):
         assert action.matches(event, "main")
     assert not action.matches("pre-commit", "main")
+
+
+def test_an_action_file_nested_too_deeply_is_an_invalid_action_file():
+    with pytest.raises(files.InvalidActionFile, match="nested too deeply"):
+        files.parse("_quarry_actions/deep.yaml", b"[" * 100_000 + b"]" * 100_000)

@@ -70,6 +70,19 @@ def test_list_repositories_pages(graveler, tmp_path):
         graveler.list_repositories(page_token="garbage!")
 
 
+def test_a_deeply_nested_page_token_is_refused_not_internal(graveler, repo):
+    """JSON nested past the interpreter's recursion limit raises RecursionError in json."""
+    import base64
+
+    token = base64.urlsafe_b64encode(b"[" * 100_000 + b"]" * 100_000).decode()
+    for call in (
+        lambda: graveler.list_repositories(page_token=token),
+        lambda: graveler.list_objects(repo, "main", page_token=token),
+    ):
+        with pytest.raises(gerrors.InvalidPageToken):
+            call()
+
+
 @pytest.mark.parametrize(
     "state",
     [
