@@ -342,6 +342,46 @@ def test_a_branch_made_on_an_expired_commit_during_the_sweep_stops_it(
     ) == list(range(400))
 
 
+@pytest.mark.parametrize("committed", [True, False])
+def test_an_entry_brought_back_during_the_sweep_stops_it(
+    spark, suite, conn, monkeypatch, committed
+):
+    """A revert or cherry-pick commits a new range whose entry points at an old data file
+    (committed), and a copy stages one (not committed): if that file is one GC is about to
+    delete, the sweep deletes nothing."""
+    import quarry.spark.gc as gc_module
+
+    history = History(spark, suite, conn)
+    before = history.keys()
+    doomed = history.a_files[2]  # referenced only by the expired commit A
+    real_recheck = gc_module._recheck
+
+    def bring_back_then_recheck(references, *args):
+        with suite.client() as c:
+            c.create_branch(history.repo, "brought-back", history.c.id)
+            c.put_object(
+                history.repo,
+                "brought-back",
+                path="t/back",
+                physical_address=suite.namespace(history.repo) + "/" + doomed,
+                size_bytes=1,
+            )
+            if committed:
+                c.commit(history.repo, "brought-back", "an old entry again")
+        return real_recheck(references, *args)
+
+    monkeypatch.setattr(gc_module, "_recheck", bring_back_then_recheck)
+    with pytest.raises(gc_module.GarbageCollectionUnsafe) as failure:
+        run_gc(spark, history, sweep=True)
+    assert failure.value.reason == "GC_REFERENCES_INCOMPLETE"
+    assert doomed in str(failure.value)
+    assert before <= history.keys()  # nothing deleted (the commit added its own files)
+    monkeypatch.undo()
+    again = run_gc(spark, history, sweep=True)  # the next run keeps the file brought back
+    assert again.deleted > 0
+    assert doomed in set(history.keys())
+
+
 def test_a_repository_nested_in_or_sharing_the_namespace_cannot_be_created(spark, suite, conn):
     """Before namespaces were owned, GC had to leave nested repositories' files alone and
     refuse shared namespaces; now such repositories cannot be created at all (issue 10)."""

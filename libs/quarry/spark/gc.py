@@ -217,8 +217,8 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
             _recheck(
                 references,
                 kept,
-                set(doomed["metarange"].values()),
-                set(doomed["range"].values()),
+                range_ids,
+                doomed,
                 repo.storage_namespace,
                 connection,
             )
@@ -391,21 +391,28 @@ class _References:
 def _recheck(
     references: _References,
     kept: set[str],
-    doomed_metaranges: set[str],
-    doomed_ranges: set[str],
+    kept_ranges: set[str],
+    doomed: dict[str, dict[str, str]],
     storage_namespace: str,
     connection: Connection,
 ) -> None:
-    """Just before deleting: the commits made since the references were read must not
-    use a range or metarange about to go (content addressing lets a new commit reuse an old
-    file without rewriting it, e.g. on a branch created from an expired commit). If one
-    does, nothing is deleted: the next run sees the new history."""
+    """Just before deleting: what was committed or staged since the references were read
+    must not use a file about to go. Content addressing lets a new commit reuse an old
+    range or metarange without rewriting it (a branch created from an expired commit), and
+    a new range or staged entry point at an old data file (a revert or cherry-pick brings
+    back an entry of an expired commit; a copy stages an entry on an old object's bytes).
+    If one does, nothing is deleted: the next run sees the new history.
+
+    What it cannot see is a commit or staged entry made after this check while the
+    deletion runs: the grace period protects new files, not old ones brought back then."""
     from quarry.blob import open_blob_store
     from quarry.committed.metaranges import read_metarange_tree
 
+    doomed_metaranges = set(doomed["metarange"].values())
+    doomed_ranges = set(doomed["range"].values())
+    doomed_data = set(doomed["data"])
+    new_addresses = _staged_since(references)
     new_metaranges = references.metaranges_of_new_heads(kept)
-    if not new_metaranges:
-        return
     with open_blob_store(storage_namespace, connection) as store:
         for metarange_id in new_metaranges:
             pages, ranges = read_metarange_tree(store, metarange_id)
@@ -420,6 +427,37 @@ def _recheck(
                     f"(metarange {metarange_id}); nothing deleted, run again",
                     metadata={"metarange_id": metarange_id},
                 )
+            if doomed_data:
+                for range_id in sorted(used - kept_ranges):
+                    new_addresses |= _addresses_of_range(store, range_id)
+    if doomed_data and new_addresses:
+        from quarry.blob.layout import referenced_keys
+
+        for address in sorted(new_addresses):
+            reused = doomed_data.intersection(referenced_keys(storage_namespace, address))
+            if reused:
+                raise GarbageCollectionUnsafe(
+                    f"an entry committed or staged during this run points at data GC was "
+                    f"about to delete ({sorted(reused)[0]}); nothing deleted, run again",
+                    metadata={"key": sorted(reused)[0]},
+                )
+
+
+def _staged_since(references: _References) -> set[str]:
+    """The addresses staged since `references` read the staging areas (read them again)."""
+    before = set(references.staged_addresses)
+    references.read_staging()
+    return references.staged_addresses - before
+
+
+def _addresses_of_range(store: BlobStore, range_id: str) -> set[str]:
+    """The physical addresses a range file's entries point at."""
+    from quarry.committed import format as rformat
+
+    table = rformat.read_tagged_parquet(
+        store.get(rformat.range_key(range_id)), "range", rformat.RANGE_FORMAT, ["physical_address"]
+    )
+    return {a for a in table.column("physical_address").to_pylist() if a}
 
 
 def _kept_files(
