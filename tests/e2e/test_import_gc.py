@@ -88,3 +88,42 @@ def test_spark_reads_an_imported_parquet_dataset(spark, tmp_path):
         # Read from the source's files (nothing was copied into the namespace).
         addresses = {e.physical_address for e in client.iter_objects(repo, "main")}
         assert addresses == {str(p) for p in lake.rglob("*.parquet")}
+
+
+def test_gc_of_a_reused_namespace_never_deletes_what_its_deleted_owner_left(spark, tmp_path):
+    """A deleted repository's folder is imported into another repository, then a new
+    repository claims that folder (README: a namespace left by a deleted repository may be
+    reused). Its GC must not delete the files the deleted repository left -- the other
+    repository's entries point at them -- while it still collects its own orphans."""
+    import time
+
+    from quarry.blob import open_blob_store
+
+    with running_suite(tmp_path / "suite") as suite, suite.client() as client:
+        namespace = suite.namespace("old")
+        client.create_repository("old", namespace)
+        with open_blob_store(namespace) as store:
+            for i in range(3):
+                store.put(f"data/{i:032x}", b"left by old %d" % i)
+        client.delete_repository("old")
+        client.create_repository("keeper", suite.namespace("keeper"))
+        _import(client, "keeper", f"{namespace}/data", "recovered")
+        time.sleep(0.05)  # the files above are strictly older than the claim below
+        client.create_repository("new", namespace)
+        with open_blob_store(namespace) as store:
+            store.put("data/" + "f" * 32, b"an orphan of new")
+        connection = qs.Connection(suite.targets["branch-manager"], suite.targets["committer"])
+        report = collect_garbage(
+            spark,
+            "new",
+            sweep=True,
+            now=dt.datetime.now(dt.UTC) + dt.timedelta(days=30),
+            grace=dt.timedelta(0),
+            connection=connection,
+        )
+        assert report.objects_inherited >= 3
+        assert len(list(client.iter_objects("keeper", "main", prefix="recovered/"))) == 3
+        with open_blob_store(namespace) as store:
+            kept = {o.key for o in store.list("data/")}
+        assert {f"data/{i:032x}" for i in range(3)} <= kept
+        assert "data/" + "f" * 32 not in kept  # its own orphan went

@@ -411,9 +411,21 @@ def test_a_repository_nested_in_or_sharing_the_namespace_cannot_be_created(spark
 
 
 def age(root, keys, seconds: float) -> None:
+    """Make `keys` `seconds` old, and the repository's claim of its namespace older still
+    (GC never collects a file written before the claim: see the inherited-files test)."""
+    backdate_claim(root, seconds + 3600)
     when = dt.datetime.now(dt.UTC).timestamp() - seconds
     for key in keys:
         os.utime(os.path.join(root, *key.split("/")), (when, when))
+
+
+def backdate_claim(root, seconds: float) -> None:
+    marker = os.path.join(root, *MARKER_KEY.split("/"))
+    with open(marker) as f:
+        doc = json.load(f)
+    doc["created"] = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)).isoformat()
+    with open(marker, "w") as f:
+        json.dump(doc, f)
 
 
 def test_a_sweep_never_deletes_a_file_quarry_did_not_write(spark, suite, conn):

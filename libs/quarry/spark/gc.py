@@ -102,6 +102,9 @@ class GCReport:
     objects_scanned: int = 0
     objects_in_grace: int = 0
     objects_foreign: int = 0  # files Quarry did not write: never candidates
+    # Files written before this repository claimed its namespace (left by a deleted
+    # repository whose namespace it reused): never candidates.
+    objects_inherited: int = 0
     referenced_ranges: int = 0
     referenced_metaranges: int = 0
     collectable: dict = field(default_factory=lambda: {k: KindReport() for k in KINDS})
@@ -151,7 +154,7 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
         ),
     ):
         repo = client.get_repository(repository)
-        check_ownership(repo, connection)
+        claimed_at = check_ownership(repo, connection)
         rules = rules or stored_rules(client, repository)
         report = GCReport(
             run_id=f"{started.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}",
@@ -186,7 +189,7 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
             listing = [o for o in store.list("") if not o.key.startswith(foreign)]
             metaranges, range_ids = _kept_files(store, metaranges, {o.key for o in listing})
             report.referenced_metaranges, report.referenced_ranges = len(metaranges), len(range_ids)
-            candidates = _candidates(listing, started - grace, report)
+            candidates = _candidates(listing, started - grace, claimed_at, report)
         # A running Spark job's files are kept whatever their age, staged or not: Spark's
         # writer stages nothing until its job has committed, and a file GC took from its
         # folder before then would be silently missing from the write.
@@ -237,10 +240,12 @@ def _of_running_job(key: str, running_jobs: set[str]) -> bool:
     return job_of_key(key) in running_jobs
 
 
-def check_ownership(repo: types_pb2.Repository, connection: Connection) -> None:
+def check_ownership(repo: types_pb2.Repository, connection: Connection) -> float | None:
     """GC reads, reports into and deletes from a namespace only when its ownership marker
     (_quarry/repository.json) names this repository and instance: never a namespace that
-    another repository, an earlier repository of the same name or nobody claimed."""
+    another repository, an earlier repository of the same name or nobody claimed. Returns
+    when the repository claimed the namespace (epoch seconds; None for a marker of a
+    version that did not say)."""
     from quarry.blob import open_blob_store
     from quarry.blob.ownership import (
         MARKER_KEY,
@@ -274,6 +279,10 @@ def check_ownership(repo: types_pb2.Repository, connection: Connection) -> None:
             f"{repo.instance_id}); GC deletes nothing",
             metadata={**meta, "owner": marker.repository, "owner_instance_id": marker.instance_id},
         )
+    try:
+        return _dt.datetime.fromisoformat(marker.created).timestamp() if marker.created else None
+    except ValueError:
+        return None
 
 
 def _foreign_prefixes(client: Client, repository: str, storage_namespace: str) -> tuple[str, ...]:
@@ -497,10 +506,18 @@ def _kept_files(
 
 
 def _candidates(
-    listing: Iterable[ObjectInfo], older_than: _dt.datetime, report: GCReport
+    listing: Iterable[ObjectInfo],
+    older_than: _dt.datetime,
+    claimed_at: float | None,
+    report: GCReport,
 ) -> list[tuple]:
-    """(key, size, kind, id) of every listed object GC may consider, i.e. not internal and
-    older than the grace period."""
+    """(key, size, kind, id) of every listed object GC may consider: not internal, older
+    than the grace period, and written since the repository claimed its namespace.
+
+    Safety rule: a file written before the claim is never a candidate. It was left by a
+    deleted repository whose namespace this one reused, and another repository may have
+    imported it since (an import may read a deleted repository's folder): it is not this
+    repository's to delete, whatever this repository's history says."""
     limit = older_than.timestamp()
     found = []
     for info in listing:
@@ -509,6 +526,9 @@ def _candidates(
         if what.kind not in COLLECTABLE:  # never a file Quarry did not write
             if what.kind == FOREIGN:
                 report.objects_foreign += 1
+            continue
+        if claimed_at is not None and info.modified < claimed_at:
+            report.objects_inherited += 1
             continue
         if info.modified >= limit:
             report.objects_in_grace += 1
