@@ -157,6 +157,24 @@ class Reads:
         )
         return entry is not None, entry
 
+    def lookup_many(self, layers: Layers, paths: Sequence[str]) -> dict[str, Entry | None]:
+        """lookup() of each of `paths` (each once): what the first layer holding it holds
+        (None: a tombstone, or in no layer). One batched KV read per staging token for all
+        the paths not yet found, instead of one read per path and token."""
+        answers: dict[str, Entry | None] = {}
+        left = list(dict.fromkeys(paths))
+        for token in layers.tokens:
+            if not left:
+                break
+            staged = self.staging.get_many(token, left)
+            answers.update(staged)
+            left = [path for path in left if path not in staged]
+        for path in left:
+            answers[path] = self.committed.get_entry(
+                layers.repo.storage_namespace, layers.base_metarange_id, path
+            )
+        return answers
+
     def iterator(self, layers: Layers, start: str, prefix: str) -> LayeredIterator:
         end = prefix_end(prefix.encode()) if prefix else None
         sources: list[LayerSource] = [

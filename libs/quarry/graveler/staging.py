@@ -132,6 +132,22 @@ class StagingManager:
             return False, None, None
         return True, decode_value(token, path, result.value), result.predicate
 
+    def get_many(
+        self, token: str, paths: Sequence[str], chunk: int = 1000
+    ) -> dict[str, Entry | None]:
+        """The paths of `paths` the token holds (an entry, or None for a tombstone), read
+        in KV batches of `chunk` keys: one round trip per chunk, not one per path."""
+        found: dict[str, Entry | None] = {}
+        for start in range(0, len(paths), chunk):
+            part = paths[start : start + chunk]
+            results = self.kv.batch_get(
+                [(staged_partition(token, path), layout.staged_key(path)) for path in part]
+            )
+            for path, result in zip(part, results, strict=True):
+                if result is not None:
+                    found[path] = decode_value(token, path, result.value)
+        return found
+
     def get_with(
         self, token: str, path: str, record: tuple[bytes, bytes]
     ) -> tuple[kv.GetResult | None, bool, Entry | None]:

@@ -156,7 +156,8 @@ class Writes:
         for _ in self.core.retries.branch.attempts(lambda: contended(message)):
             branch, _ = self.core.branch(repo, branch_name)
             layers = self.reads.branch_layers(repo, branch, "delete")
-            existing = [path for path in unique if self.reads.lookup(layers, path)[1] is not None]
+            found = self.reads.lookup_many(layers, unique)
+            existing = [path for path in unique if found[path] is not None]
             if self.reads.still_valid(layers):
                 break
         token = ""
