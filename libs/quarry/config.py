@@ -811,7 +811,11 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
     config_file = env.get(CONFIG_FILE_ENV)
     if config_file:
         with open(config_file, "rb") as fh:
-            for name, raw in tomllib.load(fh).items():
+            try:
+                loaded = tomllib.load(fh)
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:
+                raise errors.InvalidArgument(f"{config_file}: not valid TOML: {exc}") from None
+            for name, raw in loaded.items():
                 if name not in kinds:
                     raise errors.InvalidArgument(f"{config_file}: unknown setting {name!r}")
                 values[name] = _coerce(name, raw, kinds[name])

@@ -70,7 +70,7 @@ class RetentionRules:
             doc = json.loads(text)
             branches = {b["branch_id"]: b["retention_days"] for b in doc.get("branches", [])}
             return cls(doc.get("default_retention_days", DEFAULT_RETENTION_DAYS), branches)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise InvalidRetentionRules(f"invalid retention rules: {exc}") from None
 
     @classmethod

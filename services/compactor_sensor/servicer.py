@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from quarry import errors
 from quarry.compaction.sensor import CompactionSensor, StagingStats
+from quarry.graveler import names
 from quarry.v1 import compactor_sensor_pb2 as pb
 from quarry.v1 import compactor_sensor_pb2_grpc
 
@@ -23,6 +24,9 @@ class CompactorSensorServicer(compactor_sensor_pb2_grpc.CompactorSensorServicer)
     def GetBranchStagingStats(self, request, context):
         if not request.repository or not request.branch:
             raise errors.InvalidArgument("repository and branch are required")
+        # Checked as every other service checks them (INVALID_NAME), before any lookup.
+        names.check_repository_name(request.repository)
+        names.check_branch_name(request.branch)
         stats = self._sensor.get_branch_stats(request.repository, request.branch)
         response = pb.GetBranchStagingStatsResponse(
             puts=stats.puts, deletes=stats.deletes, sealed_tokens=stats.sealed_tokens

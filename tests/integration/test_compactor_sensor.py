@@ -91,6 +91,16 @@ def test_stats_of_unknown_refs_are_not_found(client):
         client.branch_staging_stats("no-such-repo", "main")
 
 
+@pytest.mark.parametrize(("repo", "branch"), [("..", "main"), ("r", "a\x00b"), ("r" * 300, "m")])
+def test_stats_of_invalid_names_are_invalid_name(client, repo, branch):
+    from quarry import errors
+
+    with pytest.raises(errors.QuarryError) as refused:
+        client.branch_staging_stats(repo, branch)
+    assert refused.value.code.name == "INVALID_ARGUMENT"
+    assert refused.value.reason == "INVALID_NAME"
+
+
 def test_candidates_are_served_over_grpc(tmp_path):
     # No evaluation loop here (compactor_enabled=False on the sensor would also stop the
     # reports), so the list stays put: stop the loop, keep the servicer.

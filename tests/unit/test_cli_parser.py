@@ -83,3 +83,40 @@ def test_a_local_command_built_alone_is_the_command_of_the_whole_parser():
         assert commands == own, name
         for path in commands:
             assert alone[path].format_help() == whole[path].format_help(), path
+
+
+import pytest
+
+from quarry.cli.main import main as quarry_main
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--timeout", "0", "repo", "list"],
+        ["--timeout", "-1", "repo", "list"],
+        ["--timeout", "nan", "repo", "list"],
+        ["--timeout", "inf", "repo", "list"],
+        ["--branch-manager", "127.0.0.1:99999", "repo", "list"],
+        ["--committer", "127.0.0.1:0", "log", "r", "main"],
+        ["log", "r", "main", "-n", "-1"],
+        ["log", "r", "main", "-n", "0"],
+        ["repo", "create", "r", "/tmp/r", "--staging-shards", "0"],
+        ["repo", "show", "\udcff\udcfe"],  # bytes that were not UTF-8, as Python decodes argv
+    ],
+)
+def test_values_no_call_could_use_are_usage_errors(argv, capsys):
+    """Exit 2 with a usage line, before any call (these used to fail every call with
+    DEADLINE_EXCEEDED, dial port 99999 % 65536, or answer INTERNAL)."""
+    with pytest.raises(SystemExit) as exited:
+        quarry_main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "INTERNAL" not in err and "Traceback" not in err
+
+
+def test_get_of_a_path_with_no_file_name_asks_for_one(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for path in ("..", "a/.", "dir/"):
+        assert quarry_main(["get", "r", "main", path]) == 2
+        assert "-o FILE" in capsys.readouterr().err

@@ -159,3 +159,18 @@ def test_a_drop_grace_within_the_repository_cache_refuses_to_start(value):
     assert f"{REPOSITORY_CACHE_SECONDS:g} s" in refused.value.message
     assert load_settings(env={"QUARRY_STAGING_DROP_GRACE_SECONDS": "2.5"})
     assert RefManager.REPOSITORY_TTL_SECONDS == REPOSITORY_CACHE_SECONDS
+
+
+@pytest.mark.parametrize("text", [b"kv_url = [", b"\xff\xfe", b"a = " + b"[" * 50_000])
+def test_a_config_file_that_is_not_toml_names_the_file(tmp_path, text):
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(text)
+    with pytest.raises(errors.InvalidArgument, match="bad.toml: not valid TOML"):
+        load_settings({"QUARRY_CONFIG_FILE": str(bad)})
+
+
+def test_retention_rules_nested_too_deeply_are_invalid_rules():
+    from quarry.retention import InvalidRetentionRules, RetentionRules
+
+    with pytest.raises(InvalidRetentionRules):
+        RetentionRules.from_json("[" * 100_000 + "]" * 100_000)

@@ -25,6 +25,7 @@ import errno
 import functools
 import io
 import json
+import math
 import os
 import re
 import sys
@@ -447,23 +448,57 @@ def default_author() -> str:
 # ---- parsers -----------------------------------------------------------------------------
 
 
+def address(text: str) -> str:
+    """A HOST:PORT option: a usage error for a port outside 1-65535 (gRPC would dial the
+    port modulo 65536, i.e. some other service)."""
+    _, sep, port = text.rpartition(":")
+    if sep and port.isascii() and port.isdigit() and not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: the port must be 1-65535")
+    return text
+
+
+def count_at_least_one(text: str) -> int:
+    """A count option (-n, --staging-shards): a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give at least 1")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """A duration option: a finite number of seconds above 0 (0, negative, nan and inf
+    would fail every call at once with DEADLINE_EXCEEDED)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0 or value > 10**7:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
+    return value
+
+
 def common_options() -> argparse.ArgumentParser:
     """The connection and output options every client subcommand takes."""
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("connection and output")
     group.add_argument(
         "--branch-manager",
+        type=address,
         metavar="HOST:PORT",
         help="branch-manager address (default: QUARRY_BRANCH_MANAGER_ADDRESS)",
     )
     group.add_argument(
         "--committer",
+        type=address,
         metavar="HOST:PORT",
         help="committer address (default: QUARRY_COMMITTER_ADDRESS)",
     )
     group.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=30.0,
         metavar="SECONDS",
         help="deadline of each call (default: 30)",

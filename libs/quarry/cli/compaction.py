@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from quarry.cli import output
-from quarry.cli.base import Context, Subparsers, command, leaf
+from quarry.cli.base import Context, Subparsers, address, command, leaf
 
 
 @command
@@ -77,6 +77,7 @@ def register_stats(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("branch", metavar="BRANCH")
     p.add_argument(
         "--compactor-sensor",
+        type=address,
         metavar="HOST:PORT",
         help="compactor-sensor address (default: QUARRY_COMPACTOR_SENSOR_ADDRESS)",
     )

@@ -11,6 +11,7 @@ from quarry.cli.base import (
     Subparsers,
     UsageError,
     command,
+    count_at_least_one,
     default_author,
     key_value,
     leaf,
@@ -92,7 +93,9 @@ def register_log(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("repo", metavar="REPO")
     p.add_argument("ref", metavar="REF")
     p.add_argument("--first-parent", action="store_true")
-    p.add_argument("-n", type=int, default=None, metavar="N", help="at most N commits")
+    p.add_argument(
+        "-n", type=count_at_least_one, default=None, metavar="N", help="at most N commits"
+    )
     p.add_argument("--oneline", action="store_true", help="one short line per commit")
 
 

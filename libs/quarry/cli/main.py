@@ -333,6 +333,11 @@ def main(argv: list[str] | None = None) -> int:
     QuarryParser.json_errors = "--json" in QuarryParser.argv
     if not argv or argv[0] == "help":  # `quarry`, `quarry help [COMMAND]`: git's habits
         return _print_help(parser, argv[1:])
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the filesystem encoding could not decode
+            parser.error(f"argument {arg!r} is not valid UTF-8")
     args = parser.parse_args(argv)
     try:
         return args.func(args)

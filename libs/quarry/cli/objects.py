@@ -327,9 +327,13 @@ def get(args: argparse.Namespace, ctx: Context) -> int:
     import os
     import tempfile
 
-    target = Path(args.output or Path(args.path).name)
+    name = args.path.rsplit("/", 1)[-1]  # as given: pathlib would drop a trailing "." or "/"
+    if name in ("", ".", "..") and (not args.output or Path(args.output).is_dir()):
+        # A path ending in "/", "." or "..": no file name to derive.
+        raise UsageError(f"{args.path!r} names no file: give one with -o FILE")
+    target = Path(args.output or name)
     if target.is_dir():
-        target = target / Path(args.path).name
+        target = target / name
     if target.exists() and not args.force:
         raise CliError(
             "FILE_EXISTS", f"{target} exists; pass --force to overwrite it", "ALREADY_EXISTS"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from quarry.cli import output
-from quarry.cli.base import Context, Subparsers, command, confirm, group, leaf
+from quarry.cli.base import Context, Subparsers, command, confirm, count_at_least_one, group, leaf
 
 
 @command
@@ -95,7 +95,7 @@ def register_repo(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("--default-branch", default="main", metavar="B")
     p.add_argument(
         "--staging-shards",
-        type=int,
+        type=count_at_least_one,
         default=0,
         metavar="N",
         help="KV partitions per staging token, 1-64 (default 1): N lifts one branch's "

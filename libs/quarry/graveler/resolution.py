@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 COMMIT_ID_HEX = 64
 MIN_COMMIT_PREFIX = 6
+# The longest a ref's base may be: a branch or tag name (255 characters; quarry.graveler.names).
+MAX_REF_BASE = 255
 
 # ---- refs -------------------------------------------------------------------------------
 
@@ -109,6 +111,13 @@ class RefResolution:
         parsed = parse_ref(head_alias(ref))
         if parsed.base == HEAD:
             parsed = ParsedRef(repo.default_branch, parsed.modifiers, parsed.committed_only)
+        if len(parsed.base) > MAX_REF_BASE:
+            # No branch or tag name is this long (names are at most 255 characters) and no
+            # commit id either: refused before any lookup (a KV key of it is too large).
+            raise gerrors.RefNotFound(
+                f"ref {ref[:100]!r}... is not a branch, tag or commit id (too long)",
+                metadata={"ref": ref[:255]},
+            )
         branch_name = None
         record = predicate = None
         commit_id = None

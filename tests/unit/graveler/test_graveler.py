@@ -70,6 +70,15 @@ def test_list_repositories_pages(graveler, tmp_path):
         graveler.list_repositories(page_token="garbage!")
 
 
+def test_a_ref_longer_than_any_name_is_not_found_before_any_lookup(graveler, repo):
+    """It used to reach the KV store as a branch key and fail there (KEY_TOO_LARGE)."""
+    for ref in ("a" * 1100, "x" * 256, "a" * 300 + "~1"):
+        with pytest.raises(gerrors.RefNotFound):
+            graveler.stat_object(repo, ref, "p")
+    with pytest.raises(gerrors.RefNotFound):
+        graveler.log(repo, "b" * 5000)
+
+
 def test_a_deeply_nested_page_token_is_refused_not_internal(graveler, repo):
     """JSON nested past the interpreter's recursion limit raises RecursionError in json."""
     import base64
