@@ -739,3 +739,26 @@ def test_gc_without_a_usable_java_is_a_clear_precondition_not_internal(suite, qu
     assert (error["code"], error["reason"]) == ("FAILED_PRECONDITION", "SPARK_UNAVAILABLE")
     assert "JAVA_HOME" in error["message"]
     assert error["metadata"]["java_home"] == str(tmp_path / "no-java-here")
+
+
+def test_server_text_cannot_drive_the_terminal(suite, quarry):
+    """Names, messages and metadata come from anyone who may write: their control
+    characters (an ESC sequence that clears the screen, a CR that overwrites the line) and
+    direction overrides are shown escaped in human output; --json keeps them, escaped as
+    JSON does."""
+    evil = "evil\x1b[2J\rname\u202etxt.exe"
+    with suite.client() as client:
+        client.create_repository("terminal", suite.namespace("terminal"))
+        client.put_object("terminal", "main", path=evil, physical_address="/x", size_bytes=1)
+        client.commit("terminal", "main", "msg \x1b]0;title\x07 end", metadata={"k": "\x1b[31m"})
+    for args in (
+        ("ls", "terminal", "main"),
+        ("log", "terminal", "main"),
+        ("log", "terminal", "main", "--oneline"),
+        ("diff", "terminal", "main~1", "main"),
+    ):
+        out = quarry(*args).stdout.decode()
+        assert "\x1b" not in out and "\r" not in out and "\u202e" not in out, args
+        assert "\\x1b" in out, (args, out)
+    as_json = quarry("ls", "terminal", "main", "--json").stdout.decode()
+    assert json.loads(as_json)["entries"][0]["path"] == evil

@@ -38,3 +38,19 @@ def test_timestamps_show_utc_and_any_int64():
     # Past datetime's year 9999 (a client may stage any mtime): shown, never a failed page.
     assert timestamp(Timestamp(seconds=10**12)).startswith("33658-")
     assert timestamp(Timestamp(seconds=2**63 - 1)) == f"{2**63 - 1} s after 1970-01-01 UTC"
+
+
+def test_direction_controls_are_shown_escaped_and_markup_stays_markup():
+    import markupsafe
+
+    from quarry.console.templates import Templates, without_bidi
+
+    assert without_bidi("photo\u202egpj.exe") == "photo\\u202egpj.exe"
+    built = without_bidi(markupsafe.Markup("<b>x\u2066</b>"))
+    assert isinstance(built, markupsafe.Markup) and built == "<b>x\\u2066</b>"
+    assert without_bidi(5) == 5
+    env = Templates()._env
+    page = env.from_string("{{ name }}|{{ html }}").render(
+        name="<a>\u202e", html=markupsafe.Markup("<i>ok</i>")
+    )
+    assert page == "&lt;a&gt;\\u202e|<i>ok</i>"

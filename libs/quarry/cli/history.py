@@ -34,7 +34,7 @@ def commit(args: argparse.Namespace, ctx: Context) -> int:
         return 0
     summary = response.summary
     short = style.commit_id(output.short_id(response.commit.id))
-    print(f"[{args.branch} {short}] {response.commit.message}")
+    print(f"[{args.branch} {short}] {output.shown(response.commit.message)}")
     print(f" {summary.added} added, {summary.removed} removed, {summary.changed} changed")
     return 0
 
@@ -62,18 +62,18 @@ def register_commit(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 def _print_commit(c: types_pb2.Commit, oneline: bool) -> None:
     if oneline:
         first = c.message.splitlines()[0] if c.message else ""
-        print(f"{style.commit_id(output.short_id(c.id))} {first}")
+        print(f"{style.commit_id(output.short_id(c.id))} {output.shown(first)}")
         return
     print(style.commit_id(f"commit {output.short_id(c.id)}"))
     if len(c.parents) > 1:
         print("Merge:  " + " ".join(output.short_id(p) for p in c.parents))
-    print(f"Author: {c.committer or '-'}")
+    print(f"Author: {output.shown(c.committer or '-', one_line=True)}")
     print(f"Date:   {output.timestamp_text(c.creation_time)}")
     if c.metadata:
         print(f"Meta:   {output.metadata_text(c.metadata)}")
     print()
     for line in (c.message or "").splitlines() or [""]:
-        print(f"    {line}".rstrip())
+        print(f"    {output.shown(line)}".rstrip())
     print()
 
 
@@ -119,7 +119,8 @@ def diff(args: argparse.Namespace, ctx: Context) -> int:
         return 0
     shown = 0
     for change in changes:
-        print(f"{style.mark(output.CHANGE_MARKS.get(change.type, '?'))} {change.path}")
+        mark = style.mark(output.CHANGE_MARKS.get(change.type, "?"))
+        print(f"{mark} {output.shown(change.path, one_line=True)}")
         shown += 1
     if shown == 0 and sys.stderr.isatty():
         print("no changes", file=sys.stderr)

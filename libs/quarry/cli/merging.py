@@ -64,12 +64,12 @@ def merge(args: argparse.Namespace, ctx: Context) -> int:
     if args.dry_run:
         print(f"Dry run: merging {args.source} into {args.destination} would make {counts}")
         for conflict in response.conflicts:
-            print(f"{style.mark('!')} {conflict.path}")
+            print(f"{style.mark('!')} {output.shown(conflict.path, one_line=True)}")
         if response.conflicts:
             print(style.paint(f"{len(response.conflicts)} conflict(s)", "red"))
         return code
     short = style.commit_id(output.short_id(response.commit.id))
-    print(f"[{args.destination} {short}] {response.commit.message}")
+    print(f"[{args.destination} {short}] {output.shown(response.commit.message)}")
     print(f" {counts} (attempts: {response.attempts})")
     return 0
 
@@ -101,7 +101,8 @@ def _print_new_commit(branch: str, commit: types_pb2.Commit, ctx: Context) -> No
     if ctx.json:
         output.print_json(commit)
     else:
-        print(f"[{branch} {style.commit_id(output.short_id(commit.id))}] {commit.message}")
+        short = style.commit_id(output.short_id(commit.id))
+        print(f"[{branch} {short}] {output.shown(commit.message)}")
 
 
 @command

@@ -221,12 +221,15 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
         )
         for path, entry in items:
             if entry is None:
-                folder = style.paint(path, "blue", "bold")  # the last column: no padding
+                # The last column: no padding.
+                folder = style.paint(output.shown(path, one_line=True), "blue", "bold")
                 out.write(LS_FORMAT.format(mtime="", size="PRE", path=folder) + "\n")
             else:
                 out.write(
                     LS_FORMAT.format(
-                        mtime=output.timestamp_text(entry.mtime), size=entry.size_bytes, path=path
+                        mtime=output.timestamp_text(entry.mtime),
+                        size=entry.size_bytes,
+                        path=output.shown(path, one_line=True),
                     )
                     + "\n"
                 )

@@ -101,6 +101,27 @@ def print_json(value: Any, stream: TextIO | None = None) -> None:
     stream.write("\n")
 
 
+# C0 and C1 control characters (ESC sequences, CR, BEL, NUL, DEL...) and the Unicode
+# direction overrides: in text from the server (names, messages, a hook's answer) they
+# could recolour, move the cursor, rewrite what the terminal shows, or reverse a name.
+_UNSHOWN = "".join(
+    [chr(c) for c in range(0x20) if chr(c) not in "\t\n"]
+    + [chr(c) for c in range(0x7F, 0xA0)]
+    + [chr(c) for c in (0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))]
+)
+_SHOWN = str.maketrans(
+    {c: f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" for c in _UNSHOWN}
+)
+_SHOWN_ONE_LINE = str.maketrans({**_SHOWN, ord("\t"): "\\t", ord("\n"): "\\n"})
+
+
+def shown(text: str, one_line: bool = False) -> str:
+    """Text from the server as the human output shows it: the characters above as escapes
+    (`\\x1b`, `\\u202e`), and with `one_line` tabs and newlines too (a table cell, a
+    path). --json output is JSON and escapes them itself."""
+    return text.translate(_SHOWN_ONE_LINE if one_line else _SHOWN)
+
+
 def listing(
     items: Sequence[Any],
     as_json: bool,
@@ -124,7 +145,7 @@ def table(
 ) -> None:
     """Columns padded to their widest cell; `right` lists right-aligned column indexes."""
     stream = stream or sys.stdout
-    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
+    cells = [[str(c) for c in headers]] + [[shown(str(c), True) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     for number, row in enumerate(cells):
         parts = []
@@ -144,11 +165,12 @@ def fields(pairs: Iterable[tuple[str, Any]], stream: TextIO | None = None) -> No
     pairs = list(pairs)
     width = max((len(k) for k, _ in pairs), default=0) + 1
     for key, value in pairs:
-        stream.write(f"{(key + ':').ljust(width)} {value}\n")
+        stream.write(f"{(key + ':').ljust(width)} {shown(str(value))}\n")
 
 
 def metadata_text(metadata: Mapping[str, str]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(dict(metadata).items())) or "-"
+    text = ", ".join(f"{k}={v}" for k, v in sorted(dict(metadata).items()))
+    return shown(text, one_line=True) or "-"
 
 
 SHORT_ID_LENGTH = 12

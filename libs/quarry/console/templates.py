@@ -35,6 +35,24 @@ def size(n: int) -> str:
     return str(n)
 
 
+# The Unicode direction marks and overrides, shown as their escapes: in a name they would
+# display it reversed or reordered (an object "txt.exe" shown as "exe.txt").
+_BIDI = str.maketrans(
+    {c: f"\\u{c:04x}" for c in (0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+)
+
+
+def without_bidi(value: Any) -> Any:
+    """Jinja's finalize: every value a template shows, direction controls escaped (markup
+    the console built stays markup). Runs for every value of every row: plain strings,
+    most of them, take the first test."""
+    if type(value) is str:
+        return value.translate(_BIDI)
+    if isinstance(value, str):  # markupsafe.Markup: translated, it must stay Markup
+        return type(value)(str.translate(value, _BIDI))
+    return value
+
+
 class Templates:
     """The console's pages. The Jinja2 environment is made on the first render: a console
     that serves no page (most of a `quarry up`'s life) never loads Jinja2."""
@@ -51,6 +69,7 @@ class Templates:
             lstrip_blocks=True,
             # The templates ship with the package: no stat() of each file on every render.
             auto_reload=False,
+            finalize=without_bidi,
         )
         env.filters["time"] = timestamp
         env.filters["size"] = size
