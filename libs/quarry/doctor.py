@@ -256,7 +256,12 @@ class Doctor:
                         layout.tag_key(tag.name).decode(),
                     )
                 )
-        for commit_id, commit in commits.items():
+        # A branch head's or a tag's commit must be readable; an older commit's metarange
+        # may be gone by design (GC deletes the metaranges of expired commits): counted,
+        # not a finding. Anchored commits go first, so a metarange they share with an older
+        # commit is judged as theirs.
+        anchored = {b.commit_id for b in branches} | {t.commit_id for t in tags}
+        for commit_id, commit in sorted(commits.items(), key=lambda item: item[0] not in anchored):
             key = layout.commit_key(commit_id).decode()
             for parent in commit.parents:
                 if parent not in known:
@@ -274,6 +279,7 @@ class Doctor:
                 f"commit {commit_id[:12]}",
                 partition=records.show(partition),
                 key=key,
+                collectable=commit_id not in anchored,
             )
         metaranges.close()
 
@@ -423,7 +429,16 @@ class _MetarangeChecker:
     def _object(self, key: str) -> str:
         return f"{self._repo.storage_namespace.rstrip('/')}/{key}"
 
-    def check(self, metarange_id: str, referrer: str, partition: str = "", key: str = "") -> None:
+    def check(
+        self,
+        metarange_id: str,
+        referrer: str,
+        partition: str = "",
+        key: str = "",
+        collectable: bool = False,
+    ) -> None:
+        """`collectable`: the referrer is a commit no branch or tag points at, whose
+        metarange GC may have deleted (a missing one is counted, not a finding)."""
         if metarange_id in ("", rformat.EMPTY_METARANGE_ID) or metarange_id in self._seen:
             return
         self._seen.add(metarange_id)
@@ -435,6 +450,9 @@ class _MetarangeChecker:
         try:
             _pages, ranges = read_metarange_tree(self._store, metarange_id, self._pages)
         except errors.NotFound:
+            if collectable:
+                report.count("metaranges of unanchored commits missing (GC collects them)")
+                return
             report.findings.append(
                 Finding(
                     MISSING_METARANGE,

@@ -182,6 +182,24 @@ def test_doctor_finds_broken_history_and_a_live_token_queued_for_drop(suite, kv,
             id=orphan_commit, parents=[missing_parent], metarange_id=missing_metarange, generation=2
         ).SerializeToString(),
     )
+    # A tag makes it a commit reads reach: its missing metarange is a finding. Another
+    # commit no branch or tag points at, whose metarange is missing too, is what a GC
+    # leaves (it deletes expired commits' metaranges): counted, not a finding.
+    from quarry.graveler import layout
+
+    kv.set(
+        partition,
+        layout.tag_key("broken"),
+        types_pb2.Tag(name="broken", commit_id=orphan_commit).SerializeToString(),
+    )
+    collected = "4" * 64
+    kv.set(
+        partition,
+        f"commits/{collected}".encode(),
+        types_pb2.Commit(
+            id=collected, parents=[], metarange_id="5" * 64, generation=1
+        ).SerializeToString(),
+    )
     token = client.get_branch("delta", "main").staging_token
     # Queued far in the future, so this suite's dropper leaves it alone during the test.
     kv.set(
@@ -198,6 +216,8 @@ def test_doctor_finds_broken_history_and_a_live_token_queued_for_drop(suite, kv,
             ("commit_missing_parent", f"commits/{orphan_commit}"),
             ("missing_metarange", f"commits/{orphan_commit}"),
         }
+        counts = report["counts"] if "counts" in report else report
+        assert "metaranges of unanchored commits missing (GC collects them)" in json.dumps(counts)
         everything = json.loads(doctor("--json", expect=1).stdout)
         assert ("staging_token_in_use_but_queued_for_drop", f"staging/{token}") in {
             (f["kind"], f["key"]) for f in everything["findings"]
