@@ -414,12 +414,34 @@ def test_overlapping_destinations_and_unknown_ids_are_refused(client, repo, tmp_
         client.start_import(repo, "nope", [(str(source), "data")])
 
 
-def test_a_failing_source_fails_the_import_and_changes_nothing(client, repo, tmp_path):
+def test_a_source_that_is_not_a_directory_is_refused_at_the_call(client, repo, tmp_path):
     before = client.get_branch(repo, "main").commit_id
-    status = wait_done(
-        client, repo, client.start_import(repo, "main", [(str(tmp_path / "missing"), "d")]).id
-    )
-    assert status.state == FAILED and "not a directory" in status.error
+    (tmp_path / "plain").write_bytes(b"a file")
+    for missing in (tmp_path / "missing", tmp_path / "plain"):
+        with pytest.raises(errors.QuarryError) as refused:
+            client.start_import(repo, "main", [(str(missing), "d")])
+        assert refused.value.reason == "INVALID_IMPORT_SOURCE"
+        assert "not a directory" in refused.value.message
+    assert client.get_branch(repo, "main").commit_id == before
+
+
+def test_a_failing_source_fails_the_import_and_changes_nothing(client, repo, tmp_path, monkeypatch):
+    """A source that fails once the import runs (it was a directory at the call)."""
+    from quarry.blob import sources
+
+    real_root, calls = sources.Listing.local_root, []
+
+    def vanished(self):  # a directory for the call's check, gone when the import reads it
+        calls.append(self.source.uri)
+        if len(calls) > 1:
+            raise sources.InvalidStorageNamespace(f"import source {self.source.uri!r} vanished")
+        return real_root(self)
+
+    monkeypatch.setattr(sources.Listing, "local_root", vanished)
+    before = client.get_branch(repo, "main").commit_id
+    source = _tree(tmp_path / "src", {"f": b"f"})
+    status = wait_done(client, repo, client.start_import(repo, "main", [(str(source), "d")]).id)
+    assert status.state == FAILED and "vanished" in status.error
     assert client.get_branch(repo, "main").commit_id == before
 
 

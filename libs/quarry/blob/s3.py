@@ -431,13 +431,16 @@ _ENVIRONMENT_CODES = {
 }
 
 
-def _unavailable(exc: Exception, store: S3BlobStore | None = None) -> errors.QuarryError:
+def _unavailable(
+    exc: Exception, store: S3BlobStore | None = None, location: str = ""
+) -> errors.QuarryError:
     """The one mapping of boto3/botocore failures to Quarry errors: the environment's
     refusals are FAILED_PRECONDITION / STORAGE_UNREACHABLE naming the cause; anything else
     (throttling, 5xx, timeouts) is UNAVAILABLE, so clients retry it."""
     from botocore import exceptions as bx
 
-    location = f"s3://{store.bucket}/{store.prefix}" if store is not None else ""
+    if store is not None:
+        location = f"s3://{store.bucket}/{store.prefix}"
     cause = ""
     if isinstance(exc, bx.NoCredentialsError):
         cause = "no credentials"

@@ -33,7 +33,7 @@ import os
 import stat as stat_module
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from quarry.blob.base import InvalidStorageNamespace
 from quarry.blob.local import TEMP_PREFIX
@@ -157,6 +157,31 @@ class Listing:
             return self._local()
         return self._s3()
 
+    def check(self) -> None:
+        """Raise now what reading the source would raise at its start, so a caller hears it
+        at once: InvalidStorageNamespace when a local source is not a directory; for S3,
+        what a first listing request answers (one request: STORAGE_UNREACHABLE naming the
+        cause, e.g. no credentials or no such bucket)."""
+        if self.source.kind == "local":
+            self.local_root()
+            return
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from quarry.blob.s3 import _unavailable
+
+        prefix = self.source.prefix + "/" if self.source.prefix else ""
+        try:
+            self._client().list_objects_v2(Bucket=self.source.root, Prefix=prefix, MaxKeys=1)
+        except (ClientError, BotoCoreError) as exc:
+            raise _unavailable(exc, location=self.source.location) from exc
+
+    def _client(self) -> Any:
+        from quarry.blob.s3 import shared_client
+
+        endpoint = getattr(self.settings, "s3_endpoint_url", "") or None
+        region = getattr(self.settings, "s3_region", "") or "us-east-1"
+        return shared_client(endpoint, region)
+
     # ---- local directories ------------------------------------------------------------
 
     def local_root(self) -> str:
@@ -184,11 +209,9 @@ class Listing:
     def _s3(self) -> Iterator[SourceObject]:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        from quarry.blob.s3 import _unavailable, shared_client
+        from quarry.blob.s3 import _unavailable
 
-        endpoint = getattr(self.settings, "s3_endpoint_url", "") or None
-        region = getattr(self.settings, "s3_region", "") or "us-east-1"
-        client = shared_client(endpoint, region)
+        client = self._client()
         bucket = self.source.root
         prefix = self.source.prefix + "/" if self.source.prefix else ""
         paginator = client.get_paginator("list_objects_v2")
@@ -208,7 +231,7 @@ class Listing:
                         int(item["LastModified"].timestamp() * 1_000_000),
                     )
         except (ClientError, BotoCoreError) as exc:
-            raise _unavailable(exc) from exc
+            raise _unavailable(exc, location=self.source.location) from exc
 
 
 __all__ = ["Listing", "Source", "SourceObject", "Subdirectory", "parse_source", "read_directory"]

@@ -315,6 +315,12 @@ class Imports:
                     f"import source {source.uri!r}: {exc.message}", metadata={"uri": source.uri}
                 ) from None
             self._check_not_owned(repo, parsed)
+            try:
+                Listing(parsed, self.settings).check()
+            except InvalidStorageNamespace as exc:
+                raise gerrors.InvalidImportSource(
+                    f"import source {source.uri!r}: {exc.message}", metadata={"uri": source.uri}
+                ) from None
             checked.append((parsed, destination_prefix(source.destination_path)))
         prefixes = sorted(p for _, p in checked)
         for before, after in zip(prefixes, prefixes[1:], strict=False):
