@@ -480,3 +480,40 @@ def test_the_branch_listing_pages(s3, client):
             break
         marker = page["NextMarker"]
     assert seen == [f"{n}/" for n in names]
+
+
+def test_copy_onto_itself_needs_a_metadata_change(s3):
+    s3.put_object(Bucket=REPO, Key="main/self/x.txt", Body=b"x", ContentType="text/plain")
+    source = {"Bucket": REPO, "Key": "main/self/x.txt"}
+    with pytest.raises(ClientError) as refused:
+        s3.copy_object(Bucket=REPO, Key="main/self/x.txt", CopySource=source)
+    assert _code(refused.value) == "InvalidRequest"
+    # REPLACE is the way to change an object's metadata in place; a type not given is the
+    # default, never the source's.
+    s3.copy_object(
+        Bucket=REPO,
+        Key="main/self/x.txt",
+        CopySource=source,
+        MetadataDirective="REPLACE",
+        Metadata={"owner": "me"},
+    )
+    head = s3.head_object(Bucket=REPO, Key="main/self/x.txt")
+    assert head["Metadata"] == {"owner": "me"}
+    assert head["ContentType"] == "application/octet-stream"
+
+
+def test_a_key_over_1024_bytes_is_key_too_long(s3, client):
+    key = "main/" + "k" * 1100
+    for call in (
+        lambda: s3.put_object(Bucket=REPO, Key=key, Body=b"x"),
+        lambda: s3.create_multipart_upload(Bucket=REPO, Key=key),
+    ):
+        with pytest.raises(ClientError) as refused:
+            call()
+        assert _code(refused.value) == "KeyTooLongError"
+
+
+def test_listing_a_ref_that_does_not_exist_is_empty(s3):
+    listed = s3.list_objects_v2(Bucket=REPO, Prefix="no-such-branch/")
+    assert listed["KeyCount"] == 0 and "Contents" not in listed
+    assert s3.list_objects(Bucket=REPO, Prefix="no-such-branch/x")["IsTruncated"] is False

@@ -67,6 +67,7 @@ SEND_CHUNK = 4 << 20
 MAX_KEYS = 1000
 MAX_LIST_KEYS = 10_000  # quarry.paging.MAX_PAGE_SIZE
 MAX_PARTS = 10_000
+MAX_KEY_BYTES = 1024  # S3: a key (here REF/PATH) is at most 1,024 bytes of UTF-8
 MAX_XML_BODY = xmlserde.MAX_REQUEST_XML_BYTES
 _META = "x-amz-meta-"
 
@@ -313,16 +314,21 @@ def _list_page(  # noqa: PLR0913 — the S3 listing parameters
                 page_token = encode_page_token(after=after_path, skip_prefix=skip)
             elif after_path > path_prefix:
                 return _Page([], [], "")
-    response = _call(
-        ctx.client.list_objects,
-        bucket,
-        ref,
-        prefix=path_prefix,
-        delimiter=delimiter,
-        page_size=max_keys,
-        page_token=page_token,
-        resource=bucket,
-    )
+    try:
+        response = ctx.client.list_objects(
+            bucket,
+            ref,
+            prefix=path_prefix,
+            delimiter=delimiter,
+            page_size=max_keys,
+            page_token=page_token,
+        )
+    except errors.QuarryError as exc:
+        if exc.reason in _NO_SUCH_REF:
+            # S3 lists a prefix nothing is under as empty: a ref that does not exist holds
+            # nothing (`aws s3 ls s3://repo/no-such-branch/` prints nothing, as for S3).
+            return _Page([], [], "")
+        raise from_quarry(exc, bucket) from None
     entries = []
     for entry in response.entries:
         copy = types_pb2.Entry()
@@ -331,6 +337,9 @@ def _list_page(  # noqa: PLR0913 — the S3 listing parameters
         entries.append(copy)
     prefixes = [f"{ref}/{p}" for p in response.common_prefixes]
     return _Page(entries, prefixes, response.next_page_token)
+
+
+_NO_SUCH_REF = frozenset({"REF_NOT_FOUND", "BRANCH_NOT_FOUND", "TAG_NOT_FOUND", "COMMIT_NOT_FOUND"})
 
 
 def _max_keys(request: Request) -> int:
@@ -726,8 +735,15 @@ def _stage(  # noqa: PLR0913 — one entry's staging: where, what, its bytes, an
         raise from_quarry(exc, entry.path) from None
 
 
+def _check_key_length(request: Request) -> None:
+    """KeyTooLongError for a key (REF/PATH) over S3's 1,024 bytes, before anything is read."""
+    if len(request.target.key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        raise S3Error("KeyTooLongError", "Your key is too long", 400, request.target.key[:200])
+
+
 def put_object(ctx: Context, request: Request, signature: Any) -> Response:
     bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
+    _check_key_length(request)
     repo = _repository(ctx, bucket)
     _require_branch(ctx, bucket, ref)
     if not path:
@@ -836,12 +852,20 @@ def copy_object(ctx: Context, request: Request) -> Response:
     bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
     if not path:
         raise invalid_argument("a key is REF/PATH with a non-empty PATH")
+    _check_key_length(request)
     directive = request.header("x-amz-metadata-directive") or "COPY"
     if directive not in ("COPY", "REPLACE"):
         raise invalid_argument("x-amz-metadata-directive must be COPY or REPLACE")
     repo = _repository(ctx, bucket)
     _require_branch(ctx, bucket, ref)
     source = _copy_source(ctx, request)
+    if directive == "COPY" and (source.bucket, source.key) == (bucket, request.target.key):
+        raise S3Error(
+            "InvalidRequest",
+            "This copy request is illegal because it is trying to copy an object to itself "
+            "without changing the object's metadata.",
+            400,
+        )
     _copy_preconditions(request, source)
     entry = types_pb2.Entry()
     entry.CopyFrom(source.entry)
@@ -850,7 +874,8 @@ def copy_object(ctx: Context, request: Request) -> Response:
     if directive == "REPLACE":
         entry.ClearField("metadata")
         entry.metadata.update(_user_metadata(request))
-        entry.content_type = request.header("content-type") or entry.content_type
+        # As a PUT: what the request says, else the default (never the source's).
+        entry.content_type = request.header("content-type") or "application/octet-stream"
     if source.bucket == bucket:
         _call(ctx.client.put_object, bucket, ref, entry, resource=path)
     else:
@@ -976,6 +1001,7 @@ def _load_upload(
 
 def create_multipart_upload(ctx: Context, request: Request) -> Response:
     bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
+    _check_key_length(request)
     if not path:
         raise invalid_argument("a key is REF/PATH with a non-empty PATH")
     repo = _repository(ctx, bucket)
