@@ -788,6 +788,27 @@ def viewer(suite, console):
     return browser
 
 
+def test_confirmation_pages_refuse_who_may_not_do_what_they_confirm(suite, viewer, admin):
+    repo = _repo(suite, "confirm-rights")
+    with suite.client() as client:
+        client.create_tag(repo, "v1", "main")
+        client.create_group("confirm-group")
+        client.create_user("confirm-user")
+    pages = [
+        f"/repos/{repo}/delete",
+        f"/repos/{repo}/tags/delete?tag=v1",
+        "/admin/users/confirm-user/delete",
+        "/admin/groups/confirm-group/delete",
+        "/admin/policies/delete?policy=FSReadAll",
+    ]
+    for page in pages:
+        refused = viewer.get(page)
+        _error(refused, 403, "PERMISSION_DENIED")
+        assert 'id="confirm-form"' not in refused.text and "Delete permanently" not in refused.text
+        # An admin gets the form.
+        assert admin.get(page).status == 200, page
+
+
 def test_a_read_only_user_sees_no_write_controls(suite, viewer):
     repo = _repo(suite, "read-only")
     with suite.client() as client:

@@ -18,7 +18,7 @@ from quarry.auth import policy
 from quarry.console.app import Context, Route, route
 from quarry.console.forms import confirm_page, confirmed, required
 from quarry.console.http import Response, redirect
-from quarry.console.permissions import can
+from quarry.console.permissions import can, require
 
 SMALL_PAGE = 50
 DETAIL_PAGE = 100  # a user's groups / a group's members ... shown on one page
@@ -101,6 +101,7 @@ def user_detail(ctx: Context, params: dict[str, str]) -> Response:
 
 def confirm_delete_user(ctx: Context, params: dict[str, str]) -> Response:
     user = ctx.client.get_user(params["user"])
+    require(ctx.session, ctx.client, "auth:DeleteUser", policy.user_arn(user.id))
     return confirm_page(
         ctx,
         title=f"Delete user {user.id}?",
@@ -143,6 +144,7 @@ def create_credentials(ctx: Context, params: dict[str, str]) -> Response:
 
 def confirm_delete_credentials(ctx: Context, params: dict[str, str]) -> Response:
     user, key = params["user"], ctx.request.arg("key")
+    require(ctx.session, ctx.client, "auth:DeleteCredentials", policy.user_arn(user))
     return confirm_page(
         ctx,
         title=f"Delete credentials {key} of {user}?",
@@ -182,6 +184,9 @@ def attach_policy(ctx: Context, params: dict[str, str]) -> Response:
 def confirm_detach_policy(ctx: Context, params: dict[str, str]) -> Response:
     page, principal, kind = _principal(params)
     policy_id = ctx.request.arg("policy")
+    subject = next(iter(principal.values()))
+    arn = policy.user_arn(subject) if kind == "user" else policy.group_arn(subject)
+    require(ctx.session, ctx.client, "auth:DetachPolicy", arn)
     return confirm_page(
         ctx,
         title=f"Detach policy {policy_id} from {kind} {next(iter(principal.values()))}?",
@@ -237,6 +242,7 @@ def group_detail(ctx: Context, params: dict[str, str]) -> Response:
 
 def confirm_delete_group(ctx: Context, params: dict[str, str]) -> Response:
     group = params["group"]
+    require(ctx.session, ctx.client, "auth:DeleteGroup", policy.group_arn(group))
     return confirm_page(
         ctx,
         title=f"Delete group {group}?",
@@ -262,6 +268,7 @@ def add_member(ctx: Context, params: dict[str, str]) -> Response:
 
 def confirm_remove_member(ctx: Context, params: dict[str, str]) -> Response:
     group, user = params["group"], ctx.request.arg("user")
+    require(ctx.session, ctx.client, "auth:RemoveGroupMember", policy.group_arn(group))
     return confirm_page(
         ctx,
         title=f"Remove {user} from group {group}?",
@@ -299,6 +306,7 @@ def create_policy(ctx: Context, params: dict[str, str]) -> Response:
 def confirm_delete_policy(ctx: Context, params: dict[str, str]) -> Response:
     policy_id = ctx.request.arg("policy")
     found = ctx.client.get_policy(policy_id)
+    require(ctx.session, ctx.client, "auth:DeletePolicy", policy.policy_arn(found.id))
     return confirm_page(
         ctx,
         title=f"Delete policy {found.id}?",

@@ -25,7 +25,7 @@ from quarry.console import admin, graph, preview, sessions
 from quarry.console.app import Context, Route, route
 from quarry.console.forms import MissingField, confirm_page, confirmed, required
 from quarry.console.http import MAX_FORM_BYTES, Response, redirect, url
-from quarry.console.permissions import can
+from quarry.console.permissions import can, require
 from quarry.graveler import errors as gerrors
 
 PAGE = 100  # entries per object-browser / compare / changes page
@@ -169,6 +169,7 @@ def create_repository(ctx: Context, params: dict[str, str]) -> Response:
 
 def confirm_delete_repository(ctx: Context, params: dict[str, str]) -> Response:
     repo = ctx.client.get_repository(params["repo"])
+    require(ctx.session, ctx.client, "fs:DeleteRepository", policy.repository_arn(repo.name))
     return ctx.render("confirm_delete.html", repo=repo, message="")
 
 
@@ -280,6 +281,7 @@ def create_tag(ctx: Context, params: dict[str, str]) -> Response:
 def confirm_delete_tag(ctx: Context, params: dict[str, str]) -> Response:
     repo = ctx.client.get_repository(params["repo"])
     tag = ctx.client.get_tag(repo.name, ctx.request.arg("tag"))
+    require(ctx.session, ctx.client, "fs:DeleteTag", policy.tag_arn(repo.name, tag.name))
     return confirm_page(
         ctx,
         title=f"Delete tag {tag.name}?",

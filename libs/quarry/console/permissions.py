@@ -41,3 +41,13 @@ def can(session: Any, client: Any, action: str, resource: str) -> bool:
         return False
     decision, _ = policies.decide(found, action, [resource], session.user_id)
     return decision is policies.Decision.ALLOW
+
+
+def require(session: Any, client: Any, action: str, resource: str) -> None:
+    """A confirmation page's check: PERMISSION_DENIED (403) for a user whose policies do not
+    allow the action it confirms, instead of a form the server would refuse."""
+    if session is None or not can(session, client, action, resource):
+        raise errors.PermissionDenied(
+            f"{action} on {resource} is not allowed for you",
+            metadata={"action": action, "resource": resource},
+        )
