@@ -95,6 +95,7 @@ def test_gc_of_a_reused_namespace_never_deletes_what_its_deleted_owner_left(spar
     repository claims that folder (README: a namespace left by a deleted repository may be
     reused). Its GC must not delete the files the deleted repository left -- the other
     repository's entries point at them -- while it still collects its own orphans."""
+    import os
     import time
 
     from quarry.blob import open_blob_store
@@ -105,10 +106,13 @@ def test_gc_of_a_reused_namespace_never_deletes_what_its_deleted_owner_left(spar
         with open_blob_store(namespace) as store:
             for i in range(3):
                 store.put(f"data/{i:032x}", b"left by old %d" % i)
+        # Written an hour before the deletion, as a deleted repository's files are.
+        hour_ago = time.time() - 3600
+        for i in range(3):
+            os.utime(os.path.join(namespace, "data", f"{i:032x}"), (hour_ago, hour_ago))
         client.delete_repository("old")
         client.create_repository("keeper", suite.namespace("keeper"))
         _import(client, "keeper", f"{namespace}/data", "recovered")
-        time.sleep(0.05)  # the files above are strictly older than the claim below
         client.create_repository("new", namespace)
         with open_blob_store(namespace) as store:
             store.put("data/" + "f" * 32, b"an orphan of new")

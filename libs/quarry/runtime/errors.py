@@ -176,8 +176,8 @@ def _decoded_stream(requests: Iterator[Any]) -> Iterator[Any]:
 
 def _undecodable(request: _Undecodable) -> UndecodableRequest:
     return UndecodableRequest(
-        f"the request cannot be decoded as the method's message "
-        f"({type(request.error).__name__}); send a valid serialized request"
+        "the request cannot be decoded as the method's message (bytes that are not one, or "
+        "a string field that is not valid UTF-8); send a valid serialized request"
     )
 
 

@@ -63,6 +63,10 @@ DEFAULT_GRACE = _dt.timedelta(hours=6)
 REPORTS_PREFIX = GC_REPORTS_PREFIX
 SAMPLE_KEYS = 1000
 KINDS = ("metarange", "range", "data")
+# A file is inherited when written this long before the namespace's claim: S3 keeps an
+# object's LastModified to the second (a file written just after the claim can read as
+# before it), and the store's clock is not the claiming host's.
+CLAIM_CLOCK_SLACK_SECONDS = 2.0
 
 
 class GarbageCollectionUnsafe(errors.FailedPrecondition):
@@ -527,7 +531,7 @@ def _candidates(
             if what.kind == FOREIGN:
                 report.objects_foreign += 1
             continue
-        if claimed_at is not None and info.modified < claimed_at:
+        if claimed_at is not None and info.modified < claimed_at - CLAIM_CLOCK_SLACK_SECONDS:
             report.objects_inherited += 1
             continue
         if info.modified >= limit:
