@@ -1089,3 +1089,20 @@ def test_the_console_process_trusts_no_forwarded_address_and_logs_paths_encoded(
     log = (tmp_path / "console.log").read_text()
     assert not any(line.startswith("quarry.audit forged") for line in log.splitlines())
     assert "/x%0Aquarry.audit%20forged" in log
+
+
+def test_a_name_with_a_direction_override_is_shown_escaped(suite, admin):
+    """ "photo\\u202egpj.exe" would display as "photoexe.jpg" in a browser."""
+    repo = _repo(suite, "bidi")
+    name = "photo\u202egpj.exe"
+    with suite.client() as client:
+        _stage(suite, client, repo, "main", name, b"x")
+        client.commit(repo, "main", "a spoof", metadata={"k\u202e": "v"})
+    for page in (
+        f"/repos/{repo}/objects?ref=main",
+        f"/repos/{repo}/object?ref=main&path=photo%E2%80%AEgpj.exe",
+        f"/repos/{repo}/compare?left=main~1&right=main&mode=two",
+    ):
+        answer = admin.get(page)
+        assert answer.status == 200, (page, answer.text[-500:])
+        assert "\u202e" not in answer.text and "photo\\u202egpj.exe" in answer.text, page

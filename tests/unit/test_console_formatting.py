@@ -50,7 +50,7 @@ def test_direction_controls_are_shown_escaped_and_markup_stays_markup():
     assert isinstance(built, markupsafe.Markup) and built == "<b>x\\u2066</b>"
     assert without_bidi(5) == 5
     env = Templates()._env
-    page = env.from_string("{{ name }}|{{ html }}").render(
-        name="<a>\u202e", html=markupsafe.Markup("<i>ok</i>")
+    page = env.from_string("{{ name|shown }}|{{ html|shown }}|{{ prose }}").render(
+        name="<a>\u202e", html=markupsafe.Markup("<i>ok</i>"), prose="\u200f"
     )
-    assert page == "&lt;a&gt;\\u202e|<i>ok</i>"
+    assert page == "&lt;a&gt;\\u202e|<i>ok</i>|\u200f"

@@ -104,21 +104,22 @@ def print_json(value: Any, stream: TextIO | None = None) -> None:
 # C0 and C1 control characters (ESC sequences, CR, BEL, NUL, DEL...) and the Unicode
 # direction overrides: in text from the server (names, messages, a hook's answer) they
 # could recolour, move the cursor, rewrite what the terminal shows, or reverse a name.
-_UNSHOWN = "".join(
-    [chr(c) for c in range(0x20) if chr(c) not in "\t\n"]
-    + [chr(c) for c in range(0x7F, 0xA0)]
-    + [chr(c) for c in (0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))]
+_CONTROLS = [chr(c) for c in range(0x20) if chr(c) not in "\t\n"] + [
+    chr(c) for c in range(0x7F, 0xA0)
+]
+_BIDI = [chr(c) for c in (0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))]
+_SHOWN = str.maketrans({c: f"\\x{ord(c):02x}" for c in _CONTROLS})
+_SHOWN_ONE_LINE = str.maketrans(
+    {**_SHOWN, **{ord(c): f"\\u{ord(c):04x}" for c in _BIDI}, ord("\t"): "\\t", ord("\n"): "\\n"}
 )
-_SHOWN = str.maketrans(
-    {c: f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}" for c in _UNSHOWN}
-)
-_SHOWN_ONE_LINE = str.maketrans({**_SHOWN, ord("\t"): "\\t", ord("\n"): "\\n"})
 
 
 def shown(text: str, one_line: bool = False) -> str:
-    """Text from the server as the human output shows it: the characters above as escapes
-    (`\\x1b`, `\\u202e`), and with `one_line` tabs and newlines too (a table cell, a
-    path). --json output is JSON and escapes them itself."""
+    """Text from the server as the human output shows it: control characters as escapes
+    (`\\x1b`); with `one_line` (a name, a path, a table cell) tabs, newlines and the
+    direction overrides too (`\\u202e`: a name shown reversed). Prose (a commit message)
+    keeps its direction marks: right-to-left text uses them. --json output is JSON and
+    escapes what it must itself."""
     return text.translate(_SHOWN_ONE_LINE if one_line else _SHOWN)
 
 
