@@ -464,12 +464,15 @@ def test_multipart_parts_are_invisible_until_complete_and_abort_removes_them(s3,
         ]
 
     assert not multipart_files()  # parts and the upload record removed
+    # ... and the upload's folder (a local namespace kept an empty one per upload)
+    assert not os.path.exists(os.path.join(namespace, "_s3_multipart", upload))
     aborted = s3.create_multipart_upload(Bucket=REPO, Key="dev/mpu/aborted.bin")["UploadId"]
     s3.upload_part(
         Bucket=REPO, Key="dev/mpu/aborted.bin", UploadId=aborted, PartNumber=1, Body=b"z"
     )
     s3.abort_multipart_upload(Bucket=REPO, Key="dev/mpu/aborted.bin", UploadId=aborted)
     assert not multipart_files()
+    assert not os.path.exists(os.path.join(namespace, "_s3_multipart", aborted))
     assert "mpu/aborted.bin" not in _staged(client, "dev")
     with pytest.raises(ClientError) as gone:
         s3.list_parts(Bucket=REPO, Key="dev/mpu/aborted.bin", UploadId=aborted)

@@ -282,6 +282,12 @@ class BlobStore(abc.ABC):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object whose key starts with `prefix`, in key order."""
 
+    def remove_empty_folder(self, prefix: str) -> None:
+        """Drop the folder `prefix` (a key prefix ending in "/") if it holds nothing any
+        more. A local directory stays behind its last file; object stores have no folders
+        (nothing to do). Never removes a folder that holds anything."""
+        return None
+
     def first_keys(self, limit: int) -> builtins.list[str]:
         """Up to `limit` keys of the namespace (a bounded listing: an emptiness check must
         not walk a huge directory)."""

@@ -136,6 +136,9 @@ class CountingBlobStore(BlobStore):
         self._count("list")
         return self.inner.list(prefix)
 
+    def remove_empty_folder(self, prefix: str) -> None:
+        self.inner.remove_empty_folder(prefix)
+
     def first_keys(self, limit: int) -> builtins.list[str]:
         self._count("list")
         return self.inner.first_keys(limit)

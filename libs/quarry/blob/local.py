@@ -298,6 +298,11 @@ class LocalBlobStore(BlobStore):
         with self._environment():
             _unlink(self._path(key))
 
+    def remove_empty_folder(self, prefix: str) -> None:
+        # rmdir refuses a directory that holds anything: safe against a racing put.
+        with contextlib.suppress(OSError):
+            os.rmdir(self._path(prefix.rstrip("/")))
+
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         # Walk only the deepest directory the prefix fully names.
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""

@@ -1250,6 +1250,7 @@ def _remove_upload(store: BlobStore, upload_id: str) -> None:
             info.key if info.key.startswith(directory) else directory + info.key.rpartition("/")[2]
         )
         uploads.discard(store, key)
+    store.remove_empty_folder(directory)  # a local namespace keeps no empty folder per upload
 
 
 def sweep_abandoned_uploads(store: BlobStore, expiry_seconds: float, now: float) -> list[str]:
