@@ -53,7 +53,7 @@ class _Moved(Exception):
     """Internal: HEAD or the base moved, or the sealed list lost the applied tokens."""
 
 
-def _sealer(staging_shards: int) -> Callable[[types_pb2.Branch], types_pb2.Branch | None]:
+def sealer(staging_shards: int) -> Callable[[types_pb2.Branch], types_pb2.Branch | None]:
     """The seal of a branch update; the fresh token gets the repository's current shard
     count (a changed staging_shards takes effect here, with the branch's next token)."""
 
@@ -212,7 +212,7 @@ class Commits:
         with tracer.start_as_current_span("graveler.seal"):
             try:
                 update = self.refs.update_branch(
-                    repo, branch_name, _sealer(repo.staging_shards), step="seal"
+                    repo, branch_name, sealer(repo.staging_shards), step="seal"
                 )
             except gerrors.BranchNotFound as missing:
                 raise self.core.not_a_branch(repo, branch_name, missing) from None

@@ -28,12 +28,14 @@ from quarry.blob.ownership import (
 )
 from quarry.graveler import actions, layout, names, records
 from quarry.graveler import errors as gerrors
+from quarry.graveler.commits import sealer
 from quarry.graveler.core import CommitRecord, Core, make_commit, now_seconds
 from quarry.graveler.iterators import decode_page_token, encode_page_token
 from quarry.graveler.layout import BRANCHES_PREFIX, REPOS_PREFIX, TAGS_PREFIX, staging_partitions
 from quarry.graveler.protection import COMMIT
 from quarry.graveler.reads import Reads
-from quarry.graveler.refs import Repository
+from quarry.graveler.refs import BranchUpdate, Repository
+from quarry.graveler.retry import ONCE
 from quarry.graveler.staging import new_token
 from quarry.kv.partitions import MAX_STAGING_SHARDS
 from quarry.kv.store import InvalidStagingShards
@@ -442,11 +444,46 @@ class Repositories:
                 dirty=False,
             )
 
-        update = self.refs.update_branch(repo, name, reset, step="reset")
+        if force:
+            update = self.refs.update_branch(repo, name, reset, step="reset")
+        else:
+            update = self._reset_if_clean(repo, name, reset)
         self.core.forget_branch(repo, name)
         old = update.before
         self.staging.queue_drop_tokens([old.staging_token, *old.sealed_tokens])
         return update.branch
+
+    def _reset_if_clean(
+        self,
+        repo: Repository,
+        name: str,
+        reset: Callable[[types_pb2.Branch], types_pb2.Branch],
+    ) -> BranchUpdate:
+        """A reset that refuses uncommitted changes. Safety rule: it never drops a token
+        holding a write it did not see. A writer on a dirty branch writes to the staging
+        token without touching the record, so "check the token, then swap the record"
+        would miss a write acknowledged in between. So, as a commit does: seal first
+        (the token goes to the sealed list, a fresh one with dirty=false takes its
+        place: no write is acknowledged on a sealed token after that, a writer that hit
+        it writes again to the fresh one), check what the sealed tokens hold, and swap
+        only if the record is still exactly the sealed one: a write since then marked
+        the branch dirty, the swap fails, and the loop seals again."""
+        message = f"branch {name!r} kept changing during the reset"
+        for _ in self.core.retries.branch.attempts(lambda: gerrors.BranchContended(message)):
+            sealed = self.refs.update_branch(repo, name, sealer(repo.staging_shards), step="seal")
+            try:
+                return self.refs.update_branch(
+                    repo,
+                    name,
+                    reset,
+                    step="reset",
+                    policy=ONCE,
+                    expect=(sealed.branch, sealed.predicate),
+                )
+            except gerrors.BranchContended:
+                self.core.forget_branch(repo, name)
+                continue
+        raise AssertionError("unreachable: the policy raises when exhausted")
 
     # ---- tags -------------------------------------------------------------------------------
 

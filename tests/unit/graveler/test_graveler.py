@@ -398,6 +398,34 @@ def test_reset_refuses_dirty_unless_forced(graveler, repo):
     assert graveler.list_objects(repo, "main")[0] == []
 
 
+def test_a_reset_never_drops_a_write_acknowledged_during_its_check(graveler, repo):
+    """A branch dirty with nothing real (a path staged, then deleted) is reset; a put is
+    acknowledged while the reset checks the branch for changes. A writer on a dirty branch
+    does not touch the branch record, so a reset that checked the token and then swapped
+    the record dropped the token with the acknowledged write (found under dynalite and
+    SQLite). Now the put is kept and the reset refused, since the branch holds it."""
+    first = graveler.get_branch(repo, "main").commit_id
+    graveler.put_objects(repo, "main", [entry("tmp")])
+    graveler.delete_objects(repo, "main", ["tmp"])  # dirty, with no real change
+    real = graveler.reads.has_uncommitted
+    raced = []
+
+    def check_while_a_writer_writes(repo_record, branch):
+        found = real(repo_record, branch)
+        if not raced:
+            raced.append(True)
+            graveler.put_objects(repo, "main", [entry("raced")])  # acknowledged
+        return found
+
+    graveler.reads.has_uncommitted = check_while_a_writer_writes
+    try:
+        with pytest.raises(gerrors.DirtyBranch):
+            graveler.reset_branch(repo, "main", first)
+    finally:
+        del graveler.reads.has_uncommitted
+    assert raced and graveler.stat_object(repo, "main", "raced").path == "raced"
+
+
 def test_diff_between_refs_and_log(graveler, repo):
     graveler.put_objects(repo, "main", [entry("a"), entry("b")])
     c1 = graveler.commit(repo, "main", "one").commit
