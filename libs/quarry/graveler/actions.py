@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from quarry.actions.files import PREFIXES, Action
 from quarry.actions.runs import Event
+from quarry.graveler import requests
 from quarry.graveler.core import Core
 from quarry.graveler.reads import Layers, Reads
 from quarry.graveler.refs import Repository
@@ -66,9 +67,18 @@ def pre_event(core: Core, reads: Reads, repo: Repository, metarange_id: str, eve
 def post_event(
     core: Core, reads: Reads, repo: Repository, commit: types_pb2.Commit, event: Event
 ) -> None:
-    """Post-event hooks never change the outcome: every failure is recorded, none raised."""
+    """Post-event hooks never change the outcome: every failure is recorded, none raised.
+    They run once the call's outcome is recorded when it carries a request id
+    (quarry.graveler.requests.after_recorded), else now."""
     if core.actions is None:
         return
+    requests.after_recorded(lambda: _run_post_event(core, reads, repo, commit, event))
+
+
+def _run_post_event(
+    core: Core, reads: Reads, repo: Repository, commit: types_pb2.Commit, event: Event
+) -> None:
+    assert core.actions is not None
     try:
         actions = _load(core, reads, Layers(repo, [], commit.metarange_id))
     except Exception as invalid:

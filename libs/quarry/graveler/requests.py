@@ -25,7 +25,9 @@ conditional write + 1 read; a failed call: 2 conditional writes):
 Remaining windows (the KV store has no multi-key transactions, so the effect and the DONE
 record are two writes):
 - the process dies after the effect and before the DONE write (or that write fails, e.g.
-  the KV store is unreachable: the answer is still returned and the failure logged): after
+  the KV store is unreachable: the answer is still returned and the failure logged). The
+  window is those KV writes: work that follows the effect without changing the answer
+  (post-event hooks) runs after the DONE write (`after_recorded`). After
   the lease a repeat runs the call again (a Commit then answers NO_CHANGES or commits what
   was staged since; a Merge merges again, usually nothing);
 - a call whose renewals fail for a whole lease (KV unreachable, process stalled) may be
@@ -49,6 +51,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -152,6 +155,34 @@ class _Recorded:
     response: bytes
 
 
+# Work a call asks to run once its outcome is recorded (post-event hooks: they do not change
+# the answer, and may take their timeout). None outside RequestLog.run.
+_after_recorded: ContextVar[list[Callable[[], None]] | None] = ContextVar(
+    "quarry_after_recorded", default=None
+)
+
+
+def after_recorded(work: Callable[[], None]) -> None:
+    """Run `work` once the current call's outcome is recorded as DONE (RequestLog.run), or
+    now when the call carries no request id. This keeps what follows a call's effect out of
+    the window between that effect and its DONE record: a repeat after a crash in that
+    window runs the call again (the module's "remaining windows"), so the window must be
+    as short as the KV writes themselves, not as long as a webhook's timeout."""
+    pending = _after_recorded.get()
+    if pending is None:
+        work()
+    else:
+        pending.append(work)
+
+
+def _run_recorded_work(pending: list[Callable[[], None]]) -> None:
+    for work in pending:
+        try:
+            work()
+        except Exception:  # it never changes the answer already recorded
+            log.exception("work after a recorded request failed")
+
+
 class RequestLog:
     """The request log over a KV store (see the module docstring). Thread-safe."""
 
@@ -216,14 +247,19 @@ class RequestLog:
             return decode(claim.response)
         CALLS.labels("run").inc()
         self._track(claim)
+        pending: list[Callable[[], None]] = []
+        token = _after_recorded.set(pending)
         try:
             result = call()
         except BaseException:
             self._untrack(claim)
             self._finish(claim, RELEASED, b"")
             raise
+        finally:
+            _after_recorded.reset(token)
         self._untrack(claim)
         self._finish(claim, DONE, encode(result))
+        _run_recorded_work(pending)
         return result
 
     def _claim(

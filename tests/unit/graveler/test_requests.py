@@ -257,3 +257,42 @@ def test_partition_for_checks_the_repository_name(log):
     assert log.partition_for("rep") == PARTITION
     with pytest.raises(InvalidName):
         log.partition_for("bad/name")
+
+
+def test_work_after_the_effect_runs_once_the_outcome_is_recorded(log, store):
+    """Post-event hooks (after_recorded) run after the DONE record, not inside the window
+    between the call's effect and that record: a process dying in a slow hook then leaves
+    the call answered by its record, not run again (found: a commit applied twice after a
+    committer was killed during its post-commit hooks)."""
+    request_id = str(uuid.uuid4())
+    seen: list[int] = []
+
+    def call() -> bytes:
+        rq.after_recorded(lambda: seen.append(record(store, request_id).state))
+        assert seen == []  # deferred while the call runs
+        return b"answer"
+
+    assert run(log, request_id, call) == b"answer"
+    assert seen == [rq.DONE]
+    # Outside a recorded call it runs at once; a failure in it never changes the answer.
+    rq.after_recorded(lambda: seen.append(0))
+    assert seen == [rq.DONE, 0]
+
+    def failing() -> None:
+        raise RuntimeError("a hook's recorder failed")
+
+    other = str(uuid.uuid4())
+    assert run(log, other, lambda: (rq.after_recorded(failing), b"fine")[1]) == b"fine"
+    assert record(store, other).state == rq.DONE
+
+
+def test_work_after_a_failed_call_never_runs(log):
+    ran: list[bool] = []
+
+    def call() -> bytes:
+        rq.after_recorded(lambda: ran.append(True))
+        raise ValueError("the call failed after asking")
+
+    with pytest.raises(ValueError):
+        run(log, str(uuid.uuid4()), call)
+    assert ran == []
