@@ -16,10 +16,13 @@ import hashlib
 import http.client
 import json
 import os
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
 import zlib
+from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 import crc32c
@@ -32,6 +35,7 @@ from botocore.exceptions import ClientError
 from support.s3gateway import running_gateway
 
 REPO = "conformance"
+BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="module")
@@ -513,7 +517,67 @@ def test_a_key_over_1024_bytes_is_key_too_long(s3, client):
         assert _code(refused.value) == "KeyTooLongError"
 
 
-def test_listing_a_ref_that_does_not_exist_is_empty(s3):
-    listed = s3.list_objects_v2(Bucket=REPO, Prefix="no-such-branch/")
-    assert listed["KeyCount"] == 0 and "Contents" not in listed
-    assert s3.list_objects(Bucket=REPO, Prefix="no-such-branch/x")["IsTruncated"] is False
+def test_a_listing_that_names_no_existing_ref_is_never_empty(s3, tmp_path):
+    """An empty listing tells `aws s3 sync --delete` that every local file should go: a
+    mistyped branch, or a listing across refs, must answer an error instead."""
+    with pytest.raises(ClientError) as missing:
+        s3.list_objects_v2(Bucket=REPO, Prefix="no-such-branch/")
+    assert _code(missing.value) == "NoSuchKey"
+    with pytest.raises(ClientError) as across:
+        s3.list_objects_v2(Bucket=REPO)  # no prefix, no delimiter: every ref
+    assert _code(across.value) == "NotImplemented"
+    local = tmp_path / "mine"
+    local.mkdir()
+    (local / "keep.txt").write_text("mine")
+    env = {**os.environ}
+    env.pop("AWS_CA_BUNDLE", None)
+    creds = s3._request_signer._credentials
+    env.update(AWS_ACCESS_KEY_ID=creds.access_key, AWS_SECRET_ACCESS_KEY=creds.secret_key)
+    for source in (f"s3://{REPO}", f"s3://{REPO}/no-such-branch/"):
+        done = subprocess.run(
+            [
+                str(BIN / "aws"),
+                "--endpoint-url",
+                s3.meta.endpoint_url,
+                "--region",
+                "us-east-1",
+                "s3",
+                "sync",
+                "--delete",
+                source,
+                str(local),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode != 0, done.stdout
+        assert (local / "keep.txt").read_text() == "mine"
+
+
+def test_copy_honours_write_conditions_and_conditional_deletes_are_refused(s3):
+    s3.put_object(Bucket=REPO, Key="main/ccopy/src", Body=b"source")
+    existing = s3.put_object(Bucket=REPO, Key="main/ccopy/dst", Body=b"destination")["ETag"]
+    source = {"Bucket": REPO, "Key": "main/ccopy/src"}
+    with pytest.raises(ClientError) as exists:
+        s3.copy_object(Bucket=REPO, Key="main/ccopy/dst", CopySource=source, IfNoneMatch="*")
+    assert _code(exists.value) == "PreconditionFailed"
+    with pytest.raises(ClientError) as stale:
+        s3.copy_object(
+            Bucket=REPO, Key="main/ccopy/dst", CopySource=source, IfMatch='"' + "0" * 32 + '"'
+        )
+    assert _code(stale.value) == "PreconditionFailed"
+    assert s3.get_object(Bucket=REPO, Key="main/ccopy/dst")["Body"].read() == b"destination"
+    s3.copy_object(Bucket=REPO, Key="main/ccopy/dst", CopySource=source, IfMatch=existing)
+    assert s3.get_object(Bucket=REPO, Key="main/ccopy/dst")["Body"].read() == b"source"
+    s3.copy_object(Bucket=REPO, Key="main/ccopy/new", CopySource=source, IfNoneMatch="*")
+    with pytest.raises(ClientError) as delete:
+        s3.delete_object(Bucket=REPO, Key="main/ccopy/new", IfMatch='"' + "0" * 32 + '"')
+    assert _code(delete.value) == "NotImplemented"
+    with pytest.raises(ClientError) as batch:
+        s3.delete_objects(
+            Bucket=REPO, Delete={"Objects": [{"Key": "main/ccopy/new", "ETag": '"x"'}]}
+        )
+    assert _code(batch.value) == "NotImplemented"
+    assert s3.get_object(Bucket=REPO, Key="main/ccopy/new")["Body"].read() == b"source"

@@ -285,7 +285,11 @@ def _list_page(  # noqa: PLR0913 — the S3 listing parameters
     _repository(ctx, bucket)
     if "/" not in prefix:
         if delimiter != "/":
-            return _Page([], [], "")
+            # Never "empty": `aws s3 sync --delete s3://REPO DIR` would delete every file
+            # of DIR. A listing across refs is not built (README: S3 gateway).
+            raise not_implemented(
+                "a listing across refs (give the prefix REF/, or the delimiter /)"
+            )
         names = sorted(
             b.name + "/"
             for b in _call(ctx.client.iter_branches, bucket)
@@ -324,10 +328,9 @@ def _list_page(  # noqa: PLR0913 — the S3 listing parameters
             page_token=page_token,
         )
     except errors.QuarryError as exc:
-        if exc.reason in _NO_SUCH_REF:
-            # S3 lists a prefix nothing is under as empty: a ref that does not exist holds
-            # nothing (`aws s3 ls s3://repo/no-such-branch/` prints nothing, as for S3).
-            return _Page([], [], "")
+        # A ref that does not exist is NoSuchKey, never an empty listing (which S3 would
+        # give for an empty prefix): a mistyped branch in `aws s3 sync --delete
+        # s3://REPO/BRANCH/ DIR` must not delete every file of DIR.
         raise from_quarry(exc, bucket) from None
     entries = []
     for entry in response.entries:
@@ -337,9 +340,6 @@ def _list_page(  # noqa: PLR0913 — the S3 listing parameters
         entries.append(copy)
     prefixes = [f"{ref}/{p}" for p in response.common_prefixes]
     return _Page(entries, prefixes, response.next_page_token)
-
-
-_NO_SUCH_REF = frozenset({"REF_NOT_FOUND", "BRANCH_NOT_FOUND", "TAG_NOT_FOUND", "COMMIT_NOT_FOUND"})
 
 
 def _max_keys(request: Request) -> int:
@@ -853,6 +853,7 @@ def copy_object(ctx: Context, request: Request) -> Response:
     if not path:
         raise invalid_argument("a key is REF/PATH with a non-empty PATH")
     _check_key_length(request)
+    condition = _write_condition(request)
     directive = request.header("x-amz-metadata-directive") or "COPY"
     if directive not in ("COPY", "REPLACE"):
         raise invalid_argument("x-amz-metadata-directive must be COPY or REPLACE")
@@ -877,7 +878,15 @@ def copy_object(ctx: Context, request: Request) -> Response:
         # As a PUT: what the request says, else the default (never the source's).
         entry.content_type = request.header("content-type") or "application/octet-stream"
     if source.bucket == bucket:
-        _call(ctx.client.put_object, bucket, ref, entry, resource=path)
+        _call(
+            ctx.client.put_object,
+            bucket,
+            ref,
+            entry,
+            if_absent=condition.if_absent,
+            if_match_checksum=condition.if_match_checksum,
+            resource=path,
+        )
     else:
         store = open_blob_store(repo.storage_namespace, ctx.settings)
         try:
@@ -885,7 +894,7 @@ def copy_object(ctx: Context, request: Request) -> Response:
             size, _md5 = _copy_bytes(ctx, source, store, key, 0, source.entry.size_bytes)
             entry.physical_address = object_address(repo.storage_namespace, key)
             entry.size_bytes = size
-            _stage(ctx, bucket, ref, entry, store, key)
+            _stage(ctx, bucket, ref, entry, store, key, condition)
         finally:
             store.close()
     return xml_response(
@@ -896,8 +905,16 @@ def copy_object(ctx: Context, request: Request) -> Response:
     )
 
 
+def _refuse_delete_conditions(request: Request) -> None:
+    """A conditional delete (If-Match, or a DeleteObjects <ETag>) is not built: refused,
+    never ignored (the object would go whatever its ETag)."""
+    if request.header("if-match") or request.header("x-amz-if-match-size"):
+        raise not_implemented("a conditional delete (If-Match)")
+
+
 def delete_object(ctx: Context, request: Request) -> Response:
     bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
+    _refuse_delete_conditions(request)
     _repository(ctx, bucket)
     _require_branch(ctx, bucket, ref)
     if path:
@@ -940,7 +957,11 @@ def delete_objects(ctx: Context, request: Request) -> Response:
     bucket = request.target.bucket
     document = xmlserde.parse(request.read_all(MAX_XML_BODY), "Delete")
     quiet = xmlserde.text(document, "Quiet").lower() == "true"
-    keys = [xmlserde.text(o, "Key") for o in xmlserde.children(document, "Object")]
+    objects = xmlserde.children(document, "Object")
+    keys = [xmlserde.text(o, "Key") for o in objects]
+    _refuse_delete_conditions(request)
+    if any(xmlserde.text(o, "ETag") for o in objects):
+        raise not_implemented("a conditional delete (an <ETag> in DeleteObjects)")
     if len(keys) > 1000:
         raise S3Error("MalformedXML", "at most 1000 keys per DeleteObjects", 400)
     _repository(ctx, bucket)
