@@ -5,6 +5,8 @@ is never held whole (memory per request: the pieces in flight)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import time
 from typing import Any
 
 
@@ -37,9 +39,13 @@ class BodyReader:
     worker thread to the event loop and back costs a wake-up of both (a few ms on a loaded
     host), so a small body can be read before the worker starts (`prefetch`)."""
 
-    def __init__(self, receive: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, receive: Any, loop: asyncio.AbstractEventLoop, idle_seconds: float = 60.0
+    ) -> None:
         self._receive = receive
         self._loop = loop
+        self._idle_seconds = idle_seconds  # Settings.http_idle_seconds
+        self.touched = time.monotonic()  # the last progress of the client (on_loop)
         self._buffer = b""
         self._more = True
         self._gone = False
@@ -80,7 +86,7 @@ class BodyReader:
         while not self._buffer and self._more:
             if self._gone:
                 raise ClientGone("the client closed the connection")
-            message = asyncio.run_coroutine_threadsafe(self._receive(), self._loop).result()
+            message = self.on_loop(self._receive())
             if message["type"] == "http.disconnect":
                 raise ClientGone("the client closed the connection")
             self._buffer += message.get("body", b"")
@@ -88,3 +94,24 @@ class BodyReader:
         n = n if n > 0 else len(self._buffer)
         out, self._buffer = self._buffer[:n], self._buffer[n:]
         return out
+
+    def on_loop(self, coroutine: Any) -> Any:
+        """Run `coroutine` on the event loop and wait for it while it makes progress: a
+        client that sends nothing (a stalled upload) or reads nothing (a stalled download:
+        the send waits on the transport) for idle_seconds is ClientGone, and its worker
+        thread goes back to the pool. Progress is `touched` (the time of the last piece
+        received, or sent: see the s3-gateway's send), so a slow client that keeps reading
+        is never cut."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        self.touched = time.monotonic()
+        while True:
+            try:
+                return future.result(timeout=min(self._idle_seconds, 1.0))
+            except concurrent.futures.TimeoutError:
+                if time.monotonic() - self.touched < self._idle_seconds:
+                    continue
+                future.cancel()
+                self._gone = True
+                raise ClientGone(
+                    f"the client sent or read nothing for {self._idle_seconds:g} s"
+                ) from None

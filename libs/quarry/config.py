@@ -237,6 +237,12 @@ class Settings:
         "REPO.DOMAIN names bucket REPO); path-style addressing always works. Empty: "
         "path-style only.",
     )
+    http_idle_seconds: float = _setting(
+        60.0,
+        "s3-gateway and console: a request whose client sends nothing of its body, or reads "
+        "nothing of the answer, for this long is dropped, freeing its worker thread (a few "
+        "stalled clients must not take every thread). Health checks never wait behind them.",
+    )
     s3_gateway_max_skew_seconds: int = _setting(
         900,
         "s3-gateway: a signed request whose X-Amz-Date is further than this from the "
@@ -580,6 +586,10 @@ class Settings:
             raise errors.InvalidArgument(
                 f"setting console_session_seconds must be 1..{MAX_TOKEN_LIFETIME_SECONDS}, "
                 f"not {self.console_session_seconds}"
+            )
+        if not self.http_idle_seconds > 0:
+            raise errors.InvalidArgument(
+                f"setting http_idle_seconds must be above 0, not {self.http_idle_seconds}"
             )
         if self.max_response_bytes < 1:
             raise errors.InvalidArgument(

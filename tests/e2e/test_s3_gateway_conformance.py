@@ -581,3 +581,50 @@ def test_copy_honours_write_conditions_and_conditional_deletes_are_refused(s3):
         )
     assert _code(batch.value) == "NotImplemented"
     assert s3.get_object(Bucket=REPO, Key="main/ccopy/new")["Body"].read() == b"source"
+
+
+def test_stalled_clients_never_take_the_gateway(tmp_path_factory):
+    """Clients that stop sending their upload hold a worker thread only until
+    QUARRY_HTTP_IDLE_SECONDS passes; meanwhile /_health answers (it is served on the event
+    loop), and afterwards every thread serves again. Here 2 threads and 4 stalled uploads:
+    without the idle cut, the GET below would wait for ever."""
+    import socket
+    import time
+
+    with running_gateway(
+        tmp_path_factory.mktemp("s3stall"),
+        gateway_env={"QUARRY_HTTP_IDLE_SECONDS": "1", "QUARRY_MAX_WORKERS": "2"},
+    ) as gw:
+        with gw.suite.client() as client:
+            client.create_repository(REPO, gw.suite.namespace(REPO))
+        s3 = gw.s3()
+        s3.put_object(Bucket=REPO, Key="main/ok.txt", Body=b"ok")
+        url = urlsplit(
+            s3.generate_presigned_url(
+                "put_object", Params={"Bucket": REPO, "Key": "main/stalled.bin"}, ExpiresIn=300
+            )
+        )
+        stalled = []
+        for _ in range(4):
+            sock = socket.create_connection((url.hostname, url.port), timeout=30)
+            sock.sendall(
+                f"PUT {url.path}?{url.query} HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                "Content-Length: 1000000\r\n\r\n".encode()
+                + b"x" * 100_000  # then nothing more
+            )
+            stalled.append(sock)
+        try:
+            time.sleep(0.3)  # the uploads reach the worker threads
+            with urllib.request.urlopen(gw.endpoint + "/_health", timeout=5) as health:
+                assert health.read() == b"ok\n"
+            started = time.monotonic()
+            got = s3.get_object(Bucket=REPO, Key="main/ok.txt")["Body"].read()
+            assert got == b"ok"
+            assert time.monotonic() - started < 20  # a hang bound: uncut, it never answers
+            assert "main/stalled.bin" not in [
+                o["Key"]
+                for o in s3.list_objects_v2(Bucket=REPO, Prefix="main/").get("Contents", [])
+            ]
+        finally:
+            for sock in stalled:
+                sock.close()

@@ -163,7 +163,7 @@ class ConsoleApp:
         if _content_type(scope).startswith("multipart/form-data"):
             # An upload: the page reads its body in pieces as it stores them (never whole,
             # and not bounded by MAX_FORM_BYTES but by the upload setting).
-            reader = BodyReader(receive, loop)
+            reader = BodyReader(receive, loop, float(self.console.settings.http_idle_seconds))
             response = await loop.run_in_executor(self._pool, self.handle, scope, b"", reader)
             await self._send(send, response, loop)
             return

@@ -155,13 +155,23 @@ def route(request: Request) -> tuple[str, Callable[..., Response], bool]:  # noq
     raise not_implemented(f"{method} on an object")
 
 
+# What one send to the transport carries at most: the unit of progress of a download.
+SEND_PIECE = 256 * 1024
+
+
 class _Bridge(BodyReader):
     """The worker thread's view of the ASGI channels: blocking read(n) and prefetch
     (quarry.asgi), and send: an answer's messages go over together (send(*messages)), one
     crossing to the event loop."""
 
-    def __init__(self, receive: Any, send: Any, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(receive, loop)
+    def __init__(
+        self,
+        receive: Any,
+        send: Any,
+        loop: asyncio.AbstractEventLoop,
+        idle_seconds: float = 60.0,
+    ) -> None:
+        super().__init__(receive, loop, idle_seconds)
         self._send = send
         self.started = False
 
@@ -174,11 +184,26 @@ class _Bridge(BodyReader):
 
     def send(self, *messages: dict[str, Any]) -> None:
         """Send the messages in order, in one crossing to the event loop."""
-        asyncio.run_coroutine_threadsafe(self._send_all(messages), self._loop).result()
+        self.on_loop(self._send_all(messages))
 
     async def _send_all(self, messages: tuple[dict[str, Any], ...]) -> None:
         for message in messages:
-            await self._send(message)
+            body = message.get("body", b"")
+            if len(body) <= SEND_PIECE:
+                await self._send(message)
+                self.touched = time.monotonic()
+                continue
+            # A large body goes in pieces, each a sign of progress (on_loop): a slow client
+            # that keeps reading is never taken for a stalled one.
+            more = message.get("more_body", False)
+            view = memoryview(body)
+            for start in range(0, len(body), SEND_PIECE):
+                piece = view[start : start + SEND_PIECE]
+                last = start + SEND_PIECE >= len(body)
+                await self._send(
+                    {"type": message["type"], "body": piece, "more_body": more or not last}
+                )
+                self.touched = time.monotonic()
 
 
 class S3App:
@@ -206,8 +231,21 @@ class S3App:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if not await serves_http(scope, receive, send):
             return
+        if scope["method"] == "GET" and scope["path"] in ("/_health", "/_health/"):
+            # On the event loop, never behind the worker threads: a probe must see a live
+            # gateway even while every thread serves (or waits on) a slow client.
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/plain"), (b"content-length", b"3")],
+                }
+            )
+            await send({"type": "http.response.body", "body": b"ok\n"})
+            REQUESTS.labels("Health", "200").inc()
+            return
         loop = asyncio.get_running_loop()
-        bridge = _Bridge(receive, send, loop)
+        bridge = _Bridge(receive, send, loop, float(self._settings.http_idle_seconds))
         await bridge.prefetch(scope["headers"])
         await loop.run_in_executor(self._pool, self._handle, scope, bridge)
 
@@ -245,17 +283,13 @@ class S3App:
             attributes={"s3.request_id": request_id},
         ) as span:
             try:
-                if request.raw_path in ("/_health", "/_health/") and request.method == "GET":
-                    operation = "Health"
-                    response = Response(200, [("content-type", "text/plain")], b"ok\n")
+                operation, handler, takes_signature = route(request)
+                span.update_name(f"S3 {operation}")
+                context, signature = self._authenticate(request)
+                if takes_signature:
+                    response = handler(context, request, signature)
                 else:
-                    operation, handler, takes_signature = route(request)
-                    span.update_name(f"S3 {operation}")
-                    context, signature = self._authenticate(request)
-                    if takes_signature:
-                        response = handler(context, request, signature)
-                    else:
-                        response = handler(context, request)
+                    response = handler(context, request)
                 status = self._respond(bridge, request, response)
             except ClientGone:
                 status = 499
