@@ -525,6 +525,7 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
+        self._check_operator_values()
         if self.log_format not in LOG_FORMATS:
             raise errors.InvalidArgument(
                 f"setting log_format must be one of {', '.join(LOG_FORMATS)}, "
@@ -639,6 +640,36 @@ class Settings:
         if self.metrics_base_port <= 0:
             return 0
         return self.metrics_base_port + SERVICES.index(service)
+
+    def _check_operator_values(self) -> None:
+        """Values an operator sets that would otherwise turn into something else (a port
+        wrapped modulo 65536, a negative retention) or fail later with a traceback: refused
+        at start, naming the QUARRY_* variable."""
+
+        def refuse(name: str, rule: str) -> None:
+            raise errors.InvalidArgument(
+                f"setting {ENV_PREFIX}{name.upper()} {rule}, not {getattr(self, name)!r}",
+                metadata={"setting": ENV_PREFIX + name.upper()},
+            )
+
+        for service in SERVICES:
+            name = _attr(service, "port")
+            if not 0 <= getattr(self, name) <= 65535:
+                refuse(name, "must be a TCP port, 0-65535")
+        if not 0 <= self.metrics_base_port <= 65535 - (len(SERVICES) - 1):
+            refuse(
+                "metrics_base_port",
+                f"must be 0 (off) or a port that leaves room for {len(SERVICES)} services "
+                f"(1-{65535 - (len(SERVICES) - 1)})",
+            )
+        if self.max_workers < 1:
+            refuse("max_workers", "must be at least 1")
+        if not self.request_retention_seconds > 0:
+            refuse("request_retention_seconds", "must be above 0")
+        if not 0 <= self.shutdown_grace_seconds <= 3600:
+            refuse("shutdown_grace_seconds", "must be 0-3600 seconds")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            refuse("log_level", "must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
 
     def _check_backoffs(self) -> None:
         """Retry limits that could not work: no attempt at all, or a backoff that is not

@@ -174,3 +174,26 @@ def test_retention_rules_nested_too_deeply_are_invalid_rules():
 
     with pytest.raises(InvalidRetentionRules):
         RetentionRules.from_json("[" * 100_000 + "]" * 100_000)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("QUARRY_KV_GATEWAY_PORT", "70000"),
+        ("QUARRY_S3_GATEWAY_PORT", "-1"),
+        ("QUARRY_CONSOLE_PORT", "65536"),
+        ("QUARRY_METRICS_BASE_PORT", "65533"),
+        ("QUARRY_METRICS_BASE_PORT", "-1"),
+        ("QUARRY_MAX_WORKERS", "0"),
+        ("QUARRY_REQUEST_RETENTION_SECONDS", "-1"),
+        ("QUARRY_SHUTDOWN_GRACE_SECONDS", "inf"),
+        ("QUARRY_LOG_LEVEL", "LOUD"),
+        ("QUARRY_HTTP_IDLE_SECONDS", "0"),
+    ],
+)
+def test_values_that_would_turn_into_something_else_are_refused_by_name(variable, value):
+    """A port out of range was wrapped modulo 65536 (and the banner showed the value given);
+    the others failed later with a traceback."""
+    with pytest.raises(errors.InvalidArgument) as refused:
+        load_settings({variable: value})
+    assert variable in refused.value.message or variable.lower()[7:] in refused.value.message

@@ -22,6 +22,8 @@ import threading
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.registry import Collector
 
+from quarry import errors
+
 log = logging.getLogger(__name__)
 
 
@@ -32,7 +34,14 @@ def start_metrics_endpoint(
     Returns the bound port (0 if none)."""
     if port < 0 or (port == 0 and not any_port):
         return 0
-    server, _thread = start_http_server(port, addr=host, registry=registry)
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except (OSError, OverflowError) as exc:  # in use, a host that does not resolve
+        raise errors.Unavailable(
+            f"cannot serve metrics on {host}:{port} ({exc}); choose another with "
+            "QUARRY_METRICS_BASE_PORT (0: off) or QUARRY_METRICS_HOST",
+            metadata={"address": f"{host}:{port}"},
+        ) from None
     bound = server.server_address[1]
     log.info("metrics on http://%s:%d/metrics", host, bound)
     return bound
