@@ -259,3 +259,70 @@ def test_serve_refuses_unusable_tls_settings(tmp_path, pki):
         | {"QUARRY_TLS_CLIENT_AUTH": "true"},
         "QUARRY_TLS_CA_FILE",
     )
+
+
+def test_up_under_tls_prints_commands_that_work_as_printed(tmp_path, pki):
+    """`quarry up` with the suite's certificate: every shell command of its banner (the CLI,
+    grpcurl with -cacert, the AWS CLI with --ca-bundle through the s3-gateway's HTTPS)
+    works exactly as printed. It printed `grpcurl -plaintext` and an aws line without the
+    CA, which fail against TLS."""
+    import signal
+
+    from quarry.cli.main import SERVICE_MODULES
+    from support.processes import service_ports
+
+    ports = {name: free_port() for name in SERVICE_MODULES}
+    env = quarry_env(
+        tmp_path / "home",
+        **service_ports(ports),
+        QUARRY_TLS_CERT_FILE=str(pki.server.cert_file),
+        QUARRY_TLS_KEY_FILE=str(pki.server.key_file),
+        QUARRY_TLS_CA_FILE=str(pki.ca.ca_file),
+    )
+    repo_root = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen(
+        [str(VENV_BIN / "quarry"), "up"],
+        env=env,
+        cwd=repo_root,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        seen = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = child.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if "Press Ctrl-C" in line:
+                break
+        banner = "".join(seen)
+        assert "Press Ctrl-C" in banner, banner
+        assert "-plaintext" not in banner and "--ca-bundle" in banner, banner
+        commands = [
+            line.strip()
+            for line in banner.split("Try it from another terminal:", 1)[1].splitlines()
+            if line.startswith("  ") and not line.strip().startswith("import ")
+        ]
+        assert any("grpcurl" in c for c in commands) and any(" s3 ls " in c for c in commands)
+        for command in commands:
+            ran = subprocess.run(
+                ["bash", "-c", command],
+                env=env,
+                cwd=repo_root,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert ran.returncode == 0, (command, ran.stdout, ran.stderr)
+            if "ListObjects" in command or "s3 ls" in command:
+                assert "docs/README.md" in ran.stdout, (command, ran.stdout)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=120)
+        assert child.returncode == 0, err
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()

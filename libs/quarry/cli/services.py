@@ -326,25 +326,35 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"  {q} put demo main docs/ --from README.md")
         print(f"  {q} commit demo main -m 'first commit'")
         print(f"  {q} ls demo main --recursive && {q} log demo main")
+        # Under TLS the printed commands verify the suite's certificate (and present the
+        # client certificate under mTLS): each works as printed.
+        tls = bool(settings.tls_cert_file)
+        transport = "-plaintext"
+        if tls:
+            transport = f"-cacert {settings.tls_ca_file}" if settings.tls_ca_file else ""
+            if settings.tls_client_auth:
+                transport += f" -cert {settings.tls_cert_file} -key {settings.tls_key_file}"
         print("\nOr with grpcurl (every service serves reflection; other calls need a token):")
-        print(f"  {grpcurl} -plaintext {host}:{settings.branch_manager_port} list")
+        print(f"  {grpcurl} {transport} {host}:{settings.branch_manager_port} list")
         auth = f'-H "authorization: Bearer $({q} auth token)" ' if settings.auth_enabled else ""
         print(
-            f"  {grpcurl} -plaintext {auth}"
+            f"  {grpcurl} {transport} {auth}"
             f'-d \'{{"repository":"demo","ref":"main"}}\' '
             f"{host}:{settings.branch_manager_port} quarry.v1.BranchManager/ListObjects"
         )
         print(
-            f"  {grpcurl} -plaintext {host}:{settings.kv_gateway_port} "
+            f"  {grpcurl} {transport} {host}:{settings.kv_gateway_port} "
             "quarry.v1.ServerInfo/GetServerInfo"
         )
         # One line: the credentials' variables must reach the aws process that uses them.
         # The HTTP services serve HTTPS with the suite's certificate when it has one.
-        scheme = "https" if settings.tls_cert_file else "http"
+        scheme = "https" if tls else "http"
+        ca_bundle = f" --ca-bundle {settings.tls_ca_file}" if tls and settings.tls_ca_file else ""
         print("\nOr with any S3 tool (the s3-gateway: bucket = repository, key = REF/PATH):")
         print(
             f'  eval "$({q} auth credentials env)" && {_command("aws")} --endpoint-url '
-            f"{scheme}://{host}:{settings.s3_gateway_port} s3 ls --recursive s3://demo/main/"
+            f"{scheme}://{host}:{settings.s3_gateway_port}{ca_bundle} s3 ls --recursive "
+            "s3://demo/main/"
         )
         from quarry.client.credentials import credentials_path
 
