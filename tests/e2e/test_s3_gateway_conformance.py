@@ -628,3 +628,34 @@ def test_stalled_clients_never_take_the_gateway(tmp_path_factory):
         finally:
             for sock in stalled:
                 sock.close()
+
+
+def test_a_download_the_client_abandons_stops_there(gateway, s3):
+    """The client reads 1 MiB of 48 MiB and closes the connection: the gateway stops
+    reading the object (for an S3 namespace, fetching it) and logs the request as 499,
+    instead of reading to the end for nobody."""
+    import socket
+
+    from support.wait import wait_until
+
+    s3.put_object(Bucket=REPO, Key="main/big/abandoned.bin", Body=os.urandom(48 << 20))
+    url = urlsplit(
+        s3.generate_presigned_url(
+            "get_object", Params={"Bucket": REPO, "Key": "main/big/abandoned.bin"}, ExpiresIn=300
+        )
+    )
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(f"GET {url.path}?{url.query} HTTP/1.1\r\nHost: {url.netloc}\r\n\r\n".encode())
+        received = 0
+        while received < 1 << 20:
+            piece = sock.recv(65536)
+            assert piece
+            received += len(piece)
+
+    def abandoned() -> bool:
+        return any(
+            "GetObject" in line and "-> 499" in line
+            for line in gateway.log.read_text().splitlines()
+        )
+
+    wait_until(abandoned, timeout=30, interval=0.1, what="the abandoned GET's 499 log line")

@@ -173,6 +173,7 @@ class _Bridge(BodyReader):
     ) -> None:
         super().__init__(receive, loop, idle_seconds)
         self._send = send
+        self.disconnected = False  # set by watch()
         self.started = False
 
     def unread_body(self, headers: dict[str, list[str]]) -> bool:
@@ -186,8 +187,18 @@ class _Bridge(BodyReader):
         """Send the messages in order, in one crossing to the event loop."""
         self.on_loop(self._send_all(messages))
 
+    async def watch(self) -> None:
+        """Mark the client gone once `receive` says it disconnected (see S3App.__call__)."""
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self.disconnected = True
+                return
+
     async def _send_all(self, messages: tuple[dict[str, Any], ...]) -> None:
         for message in messages:
+            if self.disconnected:
+                raise ClientGone("the client closed the connection")
             body = message.get("body", b"")
             if len(body) <= SEND_PIECE:
                 await self._send(message)
@@ -200,6 +211,8 @@ class _Bridge(BodyReader):
             for start in range(0, len(body), SEND_PIECE):
                 piece = view[start : start + SEND_PIECE]
                 last = start + SEND_PIECE >= len(body)
+                if self.disconnected:
+                    raise ClientGone("the client closed the connection")
                 await self._send(
                     {"type": message["type"], "body": piece, "more_body": more or not last}
                 )
@@ -247,7 +260,17 @@ class S3App:
         loop = asyncio.get_running_loop()
         bridge = _Bridge(receive, send, loop, float(self._settings.http_idle_seconds))
         await bridge.prefetch(scope["headers"])
-        await loop.run_in_executor(self._pool, self._handle, scope, bridge)
+        # A GET or HEAD reads no body: nothing else reads `receive`, so it is watched for
+        # the client's disconnect, which stops a download at once instead of reading the
+        # rest of the object for nobody (uvicorn drops what is sent after it silently).
+        watcher = (
+            asyncio.create_task(bridge.watch()) if scope["method"] in ("GET", "HEAD") else None
+        )
+        try:
+            await loop.run_in_executor(self._pool, self._handle, scope, bridge)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
 
     # ---- one request, on a worker thread ----
 
