@@ -1237,6 +1237,10 @@ def complete_multipart_upload(ctx: Context, request: Request) -> Response:
         key = new_upload_key()
         try:
             written = store.put_stream(key, _Concatenated())
+        except ObjectNotFound:
+            # A part went while it was read: the upload was aborted (or swept) meanwhile.
+            uploads.discard(store, key)
+            raise S3Error("NoSuchUpload", "The specified upload does not exist.", 404) from None
         except BaseException:
             uploads.discard(store, key)
             raise
