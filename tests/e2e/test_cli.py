@@ -4,7 +4,6 @@ import os
 import signal
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import grpc
@@ -18,6 +17,8 @@ from support.processes import (
     free_port,
     quarry_env,
     quarry_serve,
+    read_until,
+    run_banner_commands,
     service_ports,
     wait_serving,
 )
@@ -26,20 +27,6 @@ from support.wait import wait_until
 DATABASE_FILES = ("kv.db", "kv.db-wal", "kv.db-shm")
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def read_until(child: subprocess.Popen, marker: str, timeout: float = 120.0) -> str:
-    """The output up to `marker`; the timeout bounds a hang (a loaded machine starts slowly)."""
-    seen = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = child.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if marker in line:
-            return "".join(seen)
-    raise AssertionError(f"never printed {marker!r}; got:\n{''.join(seen)}")
 
 
 def test_version():
@@ -78,25 +65,7 @@ def test_up_starts_the_suite_on_embedded_defaults_and_stops_on_ctrl_c(tmp_path):
         assert "s3 ls --recursive s3://demo/main/" in banner
         # Every shell command the banner offers works as printed, from another terminal
         # in the same directory (the Python line is for a PySpark session: not run here).
-        commands = [
-            line.strip()
-            for line in banner.split("Try it from another terminal:", 1)[1].splitlines()
-            if line.startswith("  ") and not line.strip().startswith("import ")
-        ]
-        assert len(commands) >= 8, banner
-        for command in commands:
-            ran = subprocess.run(
-                ["bash", "-c", command],
-                env=env,
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert ran.returncode == 0, (command, ran.stdout, ran.stderr)
-            assert "Traceback" not in ran.stderr, (command, ran.stderr)
-            if "ListObjects" in command or "s3 ls" in command:
-                assert "docs/README.md" in ran.stdout, (command, ran.stdout)
+        assert len(run_banner_commands(banner, env, REPO)) >= 8, banner
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             info = server_info_pb2_grpc.ServerInfoStub(channel).GetServerInfo(
                 server_info_pb2.GetServerInfoRequest(), timeout=5

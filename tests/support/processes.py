@@ -106,6 +106,41 @@ def check_supervisor_stop(
         assert {int(re.search(r'"pid": (\d+)', line)[1]) for line in stopped} >= set(workers)
 
 
+def read_until(child: subprocess.Popen, marker: str, timeout: float = 120.0) -> str:
+    """A child's output (text stdout) up to the line holding `marker`; the timeout bounds a
+    hang (a loaded machine starts slowly)."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = child.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if marker in line:
+            return "".join(seen)
+    raise AssertionError(f"never printed {marker!r}; got:\n{''.join(seen)}")
+
+
+def run_banner_commands(banner: str, env: dict[str, str], cwd: Path) -> list[str]:
+    """Run every shell command `quarry up`'s banner offers (its indented lines after "Try
+    it from another terminal:", the PySpark line excepted) as a user would from another
+    terminal, asserting each succeeds; the commands run."""
+    commands = [
+        line.strip()
+        for line in banner.split("Try it from another terminal:", 1)[1].splitlines()
+        if line.startswith("  ") and not line.strip().startswith("import ")
+    ]
+    for command in commands:
+        ran = subprocess.run(
+            ["bash", "-c", command], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
+        )
+        assert ran.returncode == 0, (command, ran.stdout, ran.stderr)
+        assert "Traceback" not in ran.stderr, (command, ran.stderr)
+        if "ListObjects" in command or "s3 ls" in command:
+            assert "docs/README.md" in ran.stdout, (command, ran.stdout)
+    return commands
+
+
 def json_lines(path: Path) -> list[dict]:
     """The JSON lines a live process has written to `path` so far: the complete lines that
     hold a JSON object (a reader can catch the last line half-written, and a log can hold
