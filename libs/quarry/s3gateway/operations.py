@@ -318,20 +318,19 @@ def _list_page(  # noqa: PLR0913 — the S3 listing parameters
                 page_token = encode_page_token(after=after_path, skip_prefix=skip)
             elif after_path > path_prefix:
                 return _Page([], [], "")
-    try:
-        response = ctx.client.list_objects(
-            bucket,
-            ref,
-            prefix=path_prefix,
-            delimiter=delimiter,
-            page_size=max_keys,
-            page_token=page_token,
-        )
-    except errors.QuarryError as exc:
-        # A ref that does not exist is NoSuchKey, never an empty listing (which S3 would
-        # give for an empty prefix): a mistyped branch in `aws s3 sync --delete
-        # s3://REPO/BRANCH/ DIR` must not delete every file of DIR.
-        raise from_quarry(exc, bucket) from None
+    # A ref that does not exist is NoSuchKey, never an empty listing (which S3 would give
+    # for an empty prefix): a mistyped branch in `aws s3 sync --delete s3://REPO/BRANCH/
+    # DIR` must not delete every file of DIR.
+    response = _call(
+        ctx.client.list_objects,
+        bucket,
+        ref,
+        prefix=path_prefix,
+        delimiter=delimiter,
+        page_size=max_keys,
+        page_token=page_token,
+        resource=bucket,
+    )
     entries = []
     for entry in response.entries:
         copy = types_pb2.Entry()
@@ -1147,15 +1146,20 @@ def _write_part(store: BlobStore, upload_id: str, number: int, md5_hex: str, rea
     directory = _upload_dir(upload_id)
     sequence = f"{time.time_ns():020d}{uuid.uuid4().hex}"
     store.put_stream(f"{directory}part-{number:05d}-{md5_hex}-{sequence}", reader)
-    for other_number, other_sequence, other in list(_part_files(store, upload_id)):
-        if other_number == number and _part_sequence(other_sequence) < _part_sequence(sequence):
+    for _number, other_sequence, other in list(_part_files(store, upload_id, number)):
+        if _part_sequence(other_sequence) < _part_sequence(sequence):
             uploads.discard(store, other.key)
 
 
-def _part_files(store: BlobStore, upload_id: str) -> Iterator[tuple[int, str, _Part]]:
-    """(number, sequence, part) of every part file of the upload, superseded or not."""
+def _part_files(
+    store: BlobStore, upload_id: str, number: int | None = None
+) -> Iterator[tuple[int, str, _Part]]:
+    """(number, sequence, part) of every part file of the upload (of part `number` only
+    when given: one listing of that number's files, not of every part), superseded or
+    not."""
     directory = _upload_dir(upload_id)
-    for info in store.list(directory + "part-"):
+    prefix = "part-" if number is None else f"part-{number:05d}-"
+    for info in store.list(directory + prefix):
         name = (
             info.key[len(directory) :]
             if info.key.startswith(directory)
