@@ -71,6 +71,27 @@ def _port(service: str, port: int) -> Any:
     )
 
 
+# gRPC targets with a resolver scheme (dns:///host:port, unix:/path, ...) are passed on as
+# given; anything else must be HOST:PORT.
+_GRPC_TARGET_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:")
+
+
+def address_problem(address: str) -> str | None:
+    """Why `address` cannot be dialled as a service address, or None. A malformed one would
+    leave a service waiting for its dependency forever, and a port above 65535 would be
+    dialled modulo 65536, i.e. some other service."""
+    if address.startswith(_GRPC_TARGET_SCHEMES):
+        return None
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not host.strip("[]"):
+        return "must be HOST:PORT"
+    if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+        return "must be HOST:PORT with a port 1-65535"
+    if any(c.isspace() or c in "/?#@" for c in host) or (":" in host and host[0] != "["):
+        return "must be HOST:PORT (an IPv6 host in brackets)"
+    return None
+
+
 def _address(service: str, port: int) -> Any:
     return _setting(
         "",
@@ -670,6 +691,11 @@ class Settings:
             refuse("shutdown_grace_seconds", "must be 0-3600 seconds")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             refuse("log_level", "must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        for service in SERVICES:
+            name = _attr(service, "address")
+            problem = address_problem(getattr(self, name)) if getattr(self, name) else None
+            if problem:
+                refuse(name, problem)
 
     def _check_backoffs(self) -> None:
         """Retry limits that could not work: no attempt at all, or a backoff that is not

@@ -169,6 +169,14 @@ def test_a_config_file_that_is_not_toml_names_the_file(tmp_path, text):
         load_settings({"QUARRY_CONFIG_FILE": str(bad)})
 
 
+@pytest.mark.parametrize(
+    "address",
+    ["kv-gateway:7401", "10.0.0.7:7401", "[::1]:7401", "dns:///kv.example:7401", "unix:/run/kv"],
+)
+def test_addresses_grpc_can_dial_are_kept_as_given(address):
+    assert load_settings({"QUARRY_KV_GATEWAY_ADDRESS": address}).kv_gateway_address == address
+
+
 def test_retention_rules_nested_too_deeply_are_invalid_rules():
     from quarry.retention import InvalidRetentionRules, RetentionRules
 
@@ -189,6 +197,10 @@ def test_retention_rules_nested_too_deeply_are_invalid_rules():
         ("QUARRY_SHUTDOWN_GRACE_SECONDS", "inf"),
         ("QUARRY_LOG_LEVEL", "LOUD"),
         ("QUARRY_HTTP_IDLE_SECONDS", "0"),
+        ("QUARRY_KV_GATEWAY_ADDRESS", "kv-gateway"),
+        ("QUARRY_COMMITTER_ADDRESS", "committer:70000"),
+        ("QUARRY_BRANCH_MANAGER_ADDRESS", "http://branch-manager:7402"),
+        ("QUARRY_RANGE_WRITER_ADDRESS", ":7405"),
     ],
 )
 def test_values_that_would_turn_into_something_else_are_refused_by_name(variable, value):

@@ -32,7 +32,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from quarry import errors
+from quarry import config, errors
 from quarry.cli import output, style
 from quarry.cli.progress import Progress
 from quarry.client import Client, RetryPolicy
@@ -449,11 +449,11 @@ def default_author() -> str:
 
 
 def address(text: str) -> str:
-    """A HOST:PORT option: a usage error for a port outside 1-65535 (gRPC would dial the
-    port modulo 65536, i.e. some other service)."""
-    _, sep, port = text.rpartition(":")
-    if sep and port.isascii() and port.isdigit() and not 1 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r}: the port must be 1-65535")
+    """A HOST:PORT option: a usage error for anything gRPC could not dial as given (a port
+    outside 1-65535 would be dialled modulo 65536, i.e. some other service)."""
+    problem = config.address_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text!r} {problem}")
     return text
 
 
