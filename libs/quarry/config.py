@@ -340,6 +340,14 @@ class Settings:
         "read ahead in parallel and used in key order (docs/import.md); 0: the import's "
         "thread walks it alone. S3 sources are listed by the import's thread.",
     )
+    import_local_prefixes: str = _setting(
+        "",
+        "Local directories (comma-separated absolute paths) below which an entry may point "
+        "at a file outside its repository's storage namespace: `quarry import` of a local "
+        "directory and PutObject with such an address (fs:ImportFromStorage). Empty: none, "
+        "as lakeFS's allowed_external_prefixes. QUARRY_HOME and other repositories' "
+        "namespaces are never reachable, whatever this says.",
+    )
     import_stale_seconds: float = _setting(
         60.0,
         "An import whose status record is older than this while RUNNING reads as FAILED: "
@@ -691,6 +699,9 @@ class Settings:
             refuse("shutdown_grace_seconds", "must be 0-3600 seconds")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             refuse("log_level", "must be DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        for prefix in self.import_local_prefixes.split(","):
+            if prefix.strip() and not prefix.strip().startswith("/"):
+                refuse("import_local_prefixes", "must be absolute directories, comma-separated")
         for service in SERVICES:
             name = _attr(service, "address")
             problem = address_problem(getattr(self, name)) if getattr(self, name) else None

@@ -126,7 +126,7 @@ def test_import_replaces_the_destination_and_keeps_the_rest_and_staged_changes(
     client, repo, tmp_path
 ):
     def put(path):
-        client.put_object(repo, "main", path=path, physical_address=f"/elsewhere/{path}")
+        client.put_object(repo, "main", path=path, physical_address=f"s3://elsewhere/{path}")
 
     for path in ("data/old.txt", "data/x.txt", "other/kept.txt", "datax"):
         put(path)
@@ -163,13 +163,13 @@ def test_compacted_staged_changes_stay_staged_over_the_import(client, repo, tmp_
     """Staged changes folded into a compacted metarange are rebased onto the import's
     commit: still uncommitted, still shadowing the import, none lost."""
     for path in ("data/old", "keep/a", "keep/b"):
-        client.put_object(repo, "main", path=path, physical_address=f"/x/{path}")
+        client.put_object(repo, "main", path=path, physical_address=f"s3://x/{path}")
     client.commit(repo, "main", "before")
-    client.put_object(repo, "main", path="data/x", physical_address="/staged/x")
-    client.put_object(repo, "main", path="keep/c", physical_address="/staged/c")
+    client.put_object(repo, "main", path="data/x", physical_address="s3://staged/x")
+    client.put_object(repo, "main", path="keep/c", physical_address="s3://staged/c")
     client.delete_objects(repo, "main", ["keep/a"])
     assert client.compact(repo, "main").compacted_metarange_id
-    client.put_object(repo, "main", path="keep/d", physical_address="/staged/d")  # not compacted
+    client.put_object(repo, "main", path="keep/d", physical_address="s3://staged/d")  # not compacted
     source = _tree(tmp_path / "src", {"x": b"imported x", "y": b"y"})
     status = wait_done(client, repo, client.start_import(repo, "main", [(str(source), "data")]).id)
     assert status.state == COMPLETED, status.error
@@ -187,7 +187,7 @@ def test_compacted_staged_changes_stay_staged_over_the_import(client, repo, tmp_
         "keep/d": types_pb2.CHANGE_TYPE_ADDED,
     }
     seen = listing(client, repo, "main")
-    assert seen["data/x"].physical_address == "/staged/x"
+    assert seen["data/x"].physical_address == "s3://staged/x"
     assert sorted(seen) == ["data/x", "data/y", "keep/b", "keep/c", "keep/d"]
 
 
@@ -304,9 +304,9 @@ def _many(root, n):
 
 
 def test_cancel_mid_way_leaves_the_branch_exactly_as_it_was(client, repo, tmp_path, monkeypatch):
-    client.put_object(repo, "main", path="data/old", physical_address="/x/old")
+    client.put_object(repo, "main", path="data/old", physical_address="s3://x/old")
     client.commit(repo, "main", "before")
-    client.put_object(repo, "main", path="data/staged", physical_address="/x/staged")
+    client.put_object(repo, "main", path="data/staged", physical_address="s3://x/staged")
     branch_before = client.get_branch(repo, "main")
     gate = _Gate(monkeypatch, after=3000)
     started = client.start_import(repo, "main", [(str(_many(tmp_path / "src", 5000)), "data")])
@@ -351,8 +351,8 @@ def test_an_import_racing_commits_lands_on_the_new_head_and_loses_nothing(
     started = client.start_import(repo, "main", [(str(_many(tmp_path / "src", 50)), "data")])
     assert reached.wait(30)
     # Meanwhile: a commit under the destination and one outside, and a second import.
-    client.put_object(repo, "main", path="data/committed-meanwhile", physical_address="/x/1")
-    client.put_object(repo, "main", path="keep/committed-meanwhile", physical_address="/x/2")
+    client.put_object(repo, "main", path="data/committed-meanwhile", physical_address="s3://x/1")
+    client.put_object(repo, "main", path="keep/committed-meanwhile", physical_address="s3://x/2")
     middle = client.commit(repo, "main", "meanwhile").commit
     other = _tree(tmp_path / "other", {"o": b"o"})
     second = wait_done(client, repo, client.start_import(repo, "main", [(str(other), "more")]).id)

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -165,6 +166,8 @@ def quarry_env(home: Path, **extra: str) -> dict[str, str]:
     env.update(QUARRY_S3_GATEWAY_PORT=str(free_port()))
     env.update(QUARRY_CONSOLE_PORT=str(free_port()))  # the console too
     env.update(AUTH_ENV)
+    # Tests import and link files of their own temporary directories (see support.suite).
+    env.update(QUARRY_IMPORT_LOCAL_PREFIXES=tempfile.gettempdir())
     env.update(extra)
     return env
 

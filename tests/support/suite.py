@@ -9,6 +9,7 @@ Without `compactor_sensor=True` branch-manager sends no staging reports
 from __future__ import annotations
 
 import contextlib
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -83,6 +84,9 @@ def running_suite(
         overrides.setdefault("compactor_enabled", False)
     # Auth on (the default) with the test key; the fixed admin on the suite's own store.
     overrides.setdefault("auth_signing_key", TEST_SIGNING_KEY)
+    # Tests import and link files of their own temporary directories (QUARRY_HOME is under
+    # it too, and stays unreachable).
+    overrides.setdefault("import_local_prefixes", tempfile.gettempdir())
     settings = load_settings(env={}, home=str(home), metrics_base_port=0, **overrides)
     suite = Suite(home=home, settings=settings, backend=backend)
     if settings.auth_enabled:

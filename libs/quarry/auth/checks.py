@@ -7,7 +7,7 @@ auth off there is none and the request is taken as it is.
 
 Safety rules: a user never records another user as committer without
 `auth:CommitAsOtherUser` (Admins have it); a user never stages an address outside the
-repository's namespace without `fs:ImportFromStorage` on every such object. Neither check
+repository's namespace without `fs:ImportFromStorage` on every place it points at. Neither check
 is ever skipped for a user principal.
 """
 
@@ -17,9 +17,8 @@ from collections.abc import Iterable
 
 from quarry.auth.authorizer import Authorizer
 from quarry.auth.interceptor import current_principal
-from quarry.auth.policy import object_arn, user_arn
-from quarry.blob.layout import inside_location
-from quarry.blob.namespace import namespace_location
+from quarry.auth.policy import storage_arn, user_arn
+from quarry.graveler.reach import outside_namespace
 
 COMMIT_AS_OTHER_USER = "auth:CommitAsOtherUser"
 IMPORT_FROM_STORAGE = "fs:ImportFromStorage"
@@ -41,24 +40,23 @@ def committer_for(requested: str, authorizer: Authorizer | None) -> str:
 
 def check_import(
     authorizer: Authorizer | None,
-    repository: str,
     storage_namespace: str,
     entries: Iterable[tuple[str, str]],
 ) -> None:
-    """`fs:ImportFromStorage` on every (path, physical address) of `entries` whose address
-    is outside `storage_namespace`, for a user caller (PERMISSION_DENIED otherwise). Where
-    an address points is decided by quarry.blob.layout (inside_location): an address with
-    a `..`, `.` or empty segment is refused there (INVALID_PHYSICAL_ADDRESS) before any
-    answer, so `<namespace>/../elsewhere` never passes for an address inside it. A caller
-    asks needs_namespace first (it skips users allowed the action on every object)."""
+    """`fs:ImportFromStorage` on the place (`arn:quarry:fs:::storage/<address>`, as an
+    import's source) of every (path, physical address) of `entries` whose address a reader
+    opens outside `storage_namespace`, for a user caller (PERMISSION_DENIED otherwise).
+    Where an address points is decided by quarry.graveler.reach (outside_namespace: a local
+    address by its real path, so a link inside the namespace pointing out is outside); an
+    address with a `..`, `.` or empty segment is refused there (INVALID_PHYSICAL_ADDRESS)
+    before any answer. A caller asks needs_namespace first (it skips users allowed the
+    action everywhere). Where any caller's address may point at all is the domain's rule
+    (AddressRules), checked when the entries are staged."""
     principal = current_principal()
     if principal is None or principal.is_service or authorizer is None:
         return
-    root = namespace_location(storage_namespace)  # once, not per entry
     outside = tuple(
-        object_arn(repository, path)
-        for path, address in entries
-        if address and not inside_location(address, root)
+        storage_arn(address) for _, address, _, _ in outside_namespace(storage_namespace, entries)
     )
     if outside:
         authorizer.authorize(principal, IMPORT_FROM_STORAGE, outside)

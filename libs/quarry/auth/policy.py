@@ -96,10 +96,11 @@ ALL_RESOURCES = "*"
 USER_VARIABLE = "${user}"
 _RESOURCE_FORMS = (
     "*, arn:quarry:fs:::repository/<repo>[/branch/<b>|/object/<path>|/tag/<t>], "
+    "arn:quarry:fs:::storage/<uri> (fs:ImportFromStorage), "
     "arn:quarry:auth:::user|group|policy/<id>, arn:quarry:kv:::partition/<partition>"
 )
 _RESOURCE_SHAPE = re.compile(
-    r"^arn:quarry:(?:fs:::repository/.+|auth:::(?:user|group|policy)/.+|kv:::partition/.+"
+    r"^arn:quarry:(?:fs:::(?:repository|storage)/.+|auth:::(?:user|group|policy)/.+|kv:::partition/.+"
     r"|(?:fs|auth|kv):::\*)$"
 )
 

@@ -272,12 +272,19 @@ class IamStore:
         return self._exists(_key(CREDENTIALS, access_key_id))
 
     def get_user_credentials(self, user_id: str, access_key_id: str) -> records.CredentialRecord:
-        record = self.get_credentials(access_key_id)
+        """The user's credentials `access_key_id`. The same NOT_FOUND whether the key does
+        not exist or belongs to someone else: a user who may manage only their own
+        credentials never learns which access key ids are live."""
+        missing = auth_errors.CredentialsNotFound(
+            f"user {user_id!r} has no credentials {access_key_id!r}",
+            metadata={"user": user_id, "access_key_id": access_key_id},
+        )
+        try:
+            record = self.get_credentials(access_key_id)
+        except auth_errors.CredentialsNotFound:
+            raise missing from None
         if record.user_id != user_id:
-            raise auth_errors.CredentialsNotFound(
-                f"user {user_id!r} has no credentials {access_key_id!r}",
-                metadata={"user": user_id, "access_key_id": access_key_id},
-            )
+            raise missing
         return record
 
     @skips_corrupt_records

@@ -23,6 +23,7 @@ from quarry.graveler import errors as gerrors
 from quarry.graveler import names
 from quarry.graveler.model import ApplyResult, Change, Entry, MergeResult, MergeStrategy
 from quarry.graveler.protection import BranchProtection
+from quarry.graveler.reach import AddressRules
 from quarry.graveler.refs import RefManager, Repository
 from quarry.graveler.retry import DEFAULT_RETRIES, Retries
 from quarry.graveler.staging import StagingManager
@@ -184,6 +185,8 @@ class Core:
         self.refs = RefManager(store, retry=retries.branch)
         self.staging = StagingManager(store)
         self.protection = BranchProtection(store)
+        # Where staged addresses and import sources may point (its Reach set by wiring).
+        self.addresses = AddressRules(self.refs)
         self.committed = committed
         self.range_writer = range_writer
         # quarry.actions.runs.Actions when the service runs hooks (the committer); None: off.

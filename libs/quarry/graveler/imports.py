@@ -58,7 +58,6 @@ from quarry import errors
 from quarry.actions.runs import Event
 from quarry.blob.base import InvalidStorageNamespace
 from quarry.blob.chunks import ColumnChunk, local_chunks, sequential_chunks
-from quarry.blob.namespace import namespaces_overlap
 from quarry.blob.sources import Listing, Source, parse_source
 from quarry.graveler import actions, layout, names
 from quarry.graveler import errors as gerrors
@@ -314,7 +313,7 @@ class Imports:
                 raise gerrors.InvalidImportSource(
                     f"import source {source.uri!r}: {exc.message}", metadata={"uri": source.uri}
                 ) from None
-            self._check_not_owned(repo, parsed)
+            self.core.addresses.check_source(repo, parsed)
             try:
                 Listing(parsed, self.settings).check()
             except InvalidStorageNamespace as exc:
@@ -330,33 +329,6 @@ class Imports:
                     "an import owns each of its destination paths"
                 )
         return sorted(checked, key=lambda pair: pair[1])
-
-    def _check_not_owned(self, repo: Repository, source: Source) -> None:
-        """Refuse a source overlapping the target's `_quarry/` area or any other
-        repository's namespace (see the module's safety rules)."""
-        location = source.location
-        own = repo.storage_namespace.rstrip("/") + "/_quarry"
-        if namespaces_overlap(location, own):
-            raise gerrors.InvalidImportSource(
-                f"import source {source.uri!r} overlaps {own}, Quarry's own files of "
-                f"repository {repo.name!r}",
-                metadata={"uri": source.uri, "repository": repo.name},
-            )
-        after = ""
-        while True:
-            page = self.refs.list_repositories(after=after, limit=100)
-            for other in page:
-                if other.name != repo.name and namespaces_overlap(
-                    location, other.storage_namespace
-                ):
-                    raise gerrors.InvalidImportSource(
-                        f"import source {source.uri!r} overlaps the storage namespace of "
-                        f"repository {other.name!r}",
-                        metadata={"uri": source.uri, "repository": other.name},
-                    )
-            if len(page) < 100:
-                return
-            after = page[-1].name
 
     # ---- the record -----------------------------------------------------------------------
 

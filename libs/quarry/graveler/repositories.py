@@ -93,6 +93,7 @@ class Repositories:
         # symlink into another repository's namespace is seen for what it is (and a link
         # re-pointed later never moves this repository's namespace).
         storage_namespace = canonical_storage_namespace(storage_namespace)
+        self.core.addresses.check_namespace(storage_namespace)
         repo = Repository(
             name=name,
             storage_namespace=storage_namespace,

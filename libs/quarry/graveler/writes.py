@@ -111,9 +111,10 @@ class Writes:
         """Everything put_objects refuses about a batch for the caller's mistakes (names,
         every entry), checked the same way and without any KV operation or write: a
         PutObjects stream checks all its batches with it before staging the first."""
-        names.check_repository_name(repo_name)
+        repo = self.core.repo(repo_name)
         names.check_branch_name(branch_name)
-        batch_items(entries)
+        items = batch_items(entries)
+        self.core.addresses.check_entries(repo, (entry for _, entry in items))
 
     def put_objects(
         self,
@@ -133,6 +134,7 @@ class Writes:
             raise gerrors.InvalidEntry("if_absent and if_match_checksum exclude each other")
         if not items:
             return StagedCount(0)
+        self.core.addresses.check_entries(repo, (entry for _, entry in items))
         self.core.protection.check(repo, branch_name, STAGING_WRITE)
         if if_absent or if_match_checksum:
             if len(items) != 1:

@@ -21,6 +21,7 @@ from typing import Any, cast
 from quarry.config import Settings
 from quarry.graveler.core import CommittedReader, RangeWriterClient
 from quarry.graveler.graveler import Graveler
+from quarry.graveler.reach import Reach
 from quarry.graveler.requests import RequestLog
 from quarry.graveler.retry import Retries, RetryPolicy
 from quarry.graveler.staging import Dropper, StagingManager
@@ -104,6 +105,7 @@ def core_dependencies(  # noqa: PLR0913 — the parts a caller may supply, each 
         retries=retries(settings),
     )
     graveler.imports.settings = settings  # S3 sources: the endpoint and region
+    graveler.addresses.reach = Reach.of(settings.import_local_prefixes, settings.home)
     graveler.imports.heartbeat_seconds = settings.import_heartbeat_seconds
     graveler.imports.stale_seconds = settings.import_stale_seconds
     graveler.imports.listing_processes = settings.import_listing_processes

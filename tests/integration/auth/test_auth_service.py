@@ -403,6 +403,8 @@ def matrix(secured, admin):
                 "Action": ["fs:*", "auth:CreateUser", "kv:Read"],
                 "Resource": [
                     "arn:quarry:fs:::repository/demo*",
+                    # staging s3://b/... at its own address (fs:ImportFromStorage)
+                    "arn:quarry:fs:::storage/s3://b/*",
                     "arn:quarry:auth:::user/m-*",
                     "arn:quarry:kv:::partition/*",
                 ],

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from quarry.auth.bootstrap import DEVELOPERS, SUPER_USERS
-from quarry.auth.policy import document, object_arn
+from quarry.auth.policy import document, storage_arn
 from quarry.auth.store import IamStore
 from quarry.kv.memory import MemoryStore
 from quarry.runtime.errors import from_rpc_error
@@ -147,7 +147,7 @@ def test_staging_outside_the_namespace_needs_import_from_storage(world):
             "PERMISSION_DENIED",
             "fs:ImportFromStorage",
         )
-        assert error.metadata["resource"].endswith("/object/i/2")
+        assert error.metadata["resource"] == storage_arn(outside)  # where it points
     stat = refused(
         bm.StatObject,
         branch_manager_pb2.StatObjectRequest(repository=REPO, ref="main", path="i/2"),
@@ -170,9 +170,9 @@ def test_staging_outside_the_namespace_needs_import_from_storage(world):
 
 def test_an_allow_on_everything_with_one_denied_import_still_decides_each_address(world):
     """A user allowed every action everywhere skips working out where each address points
-    (allowed whatever it is) — never while a Deny names fs:ImportFromStorage: then an outside
-    address of the denied object is refused, in a PutObject and in a PutObjects stream, while
-    the same object inside the namespace and other objects outside it are staged."""
+    (allowed whatever it is) — never while a Deny names fs:ImportFromStorage: then an address
+    in the denied place is refused, in a PutObject and in a PutObjects stream, while an
+    address inside the namespace and other places outside it are staged."""
     suite, bm, _ = world
     iam = IamStore(suite.backend, hash_cost=FAST_HASH)
     iam.create_user("importer")
@@ -183,7 +183,7 @@ def test_an_allow_on_everything_with_one_denied_import_still_decides_each_addres
             {
                 "Effect": "Deny",
                 "Action": "fs:ImportFromStorage",
-                "Resource": object_arn(REPO, "locked/*"),
+                "Resource": storage_arn("s3://elsewhere/locked/*"),
             }
         ),
     )
@@ -192,7 +192,7 @@ def test_an_allow_on_everything_with_one_denied_import_still_decides_each_addres
     error = refused(put, bm, importer, "locked/a", "s3://elsewhere/locked/a")
     assert (error.code.name, error.metadata["resource"]) == (
         "PERMISSION_DENIED",
-        object_arn(REPO, "locked/a"),
+        storage_arn("s3://elsewhere/locked/a"),
     )
     messages = [
         branch_manager_pb2.PutObjectsRequest(
@@ -205,7 +205,7 @@ def test_an_allow_on_everything_with_one_denied_import_still_decides_each_addres
         )
     ]
     error = refused(bm.PutObjects, iter(messages), metadata=bearer(importer))
-    assert error.metadata["resource"] == object_arn(REPO, "locked/b")
+    assert error.metadata["resource"] == storage_arn("s3://elsewhere/locked/b")
     for path in ("locked/a", "free/b", "locked/b"):  # nothing of the refused stream staged
         stat = refused(
             bm.StatObject,

@@ -374,6 +374,22 @@ def test_credentials_of_another_user_are_not_found_or_deleted(iam):
     assert iam.credentials_exist(record.access_key_id)
 
 
+def test_another_users_key_and_no_key_are_the_same_not_found(iam):
+    """A user who may manage only their own credentials must not learn which access key
+    ids exist (the message and metadata differed)."""
+    iam.create_user("alice")
+    iam.create_user("mallory")
+    record, _ = iam.create_credentials("alice")
+    answers = []
+    for key_id in (record.access_key_id, "AKIAQNOSUCHKEY000001"):
+        for call in (iam.get_user_credentials, iam.delete_credentials):
+            with pytest.raises(auth_errors.CredentialsNotFound) as missing:
+                call("mallory", key_id)
+            answers.append((missing.value.message.replace(key_id, "K"), missing.value.metadata))
+    for message, metadata in answers:
+        assert message == answers[0][0] and set(metadata) == set(answers[0][1])
+
+
 def test_secret_hash_is_salted_scrypt():
     first, second = keys.hash_secret("s3cret"), keys.hash_secret("s3cret")
     assert first.algorithm == "scrypt" and first.n == keys.SCRYPT_N

@@ -1,0 +1,227 @@
+"""Where a staged entry's physical address, or an import's source, may point.
+
+An entry is read wherever its address points, by anyone who may read the entry (the S3
+gateway, `quarry cat`, Spark). So where an address may point is decided here, once, for
+every caller of PutObject(s) and StartImport, before anything is staged or listed.
+
+Safety rules:
+  * An entry never points into another repository's storage namespace, and an import
+    source never overlaps one or the target's own `_quarry/` area: the other repository's
+    GC does not know of the entry and may delete the object under it, and a reader of this
+    repository would read objects of one it may not read.
+  * Nothing ever points into Quarry's home (QUARRY_HOME: the signing key, the admin's
+    credentials, the KV file): reading the signing key is forging any token.
+  * A local file outside the repository's namespace is reachable only below a directory the
+    operator allowed (QUARRY_IMPORT_LOCAL_PREFIXES; none by default, as lakeFS's
+    `allowed_external_prefixes`): otherwise anyone who may stage an address could read
+    every file the server's account can (keys, other users' data).
+  * A local address is judged by its real path: a symbolic link inside a namespace (or
+    inside an allowed directory) never reaches out of it.
+
+`fs:ImportFromStorage` (quarry.auth.checks) decides, on top of these, which users may
+stage an address outside the repository's namespace at all, and where.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import stat
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from quarry import errors
+from quarry.blob.layout import address_location
+from quarry.blob.namespace import namespace_location, namespaces_overlap
+from quarry.blob.sources import Source
+from quarry.graveler import errors as gerrors
+from quarry.graveler.model import Entry
+from quarry.graveler.refs import RefManager, Repository
+
+PREFIXES_SETTING = "QUARRY_IMPORT_LOCAL_PREFIXES"
+_PAGE = 100
+
+
+class AddressNotAllowed(errors.PermissionDenied):
+    """An address or import source where this server lets no entry point."""
+
+    reason = "ADDRESS_NOT_ALLOWED"
+
+
+def _as_dir(path: str) -> str:
+    return path.rstrip("/") + "/"
+
+
+@functools.lru_cache(maxsize=4096)
+def _namespace_root(storage_namespace: str) -> tuple[str, str]:
+    # namespace_location resolves a local namespace's real path (a syscall per segment);
+    # a repository's recorded namespace is already canonical, so its root never changes.
+    return namespace_location(storage_namespace)
+
+
+def _inside(where: str, root: str) -> bool:
+    return _as_dir(where).startswith(root)
+
+
+@dataclass(frozen=True)
+class Reach:
+    """The operator's part of the rules: the allowed local directories and Quarry's home,
+    both as real paths ending in "/"."""
+
+    local_prefixes: tuple[str, ...] = ()
+    home: str = ""
+
+    @classmethod
+    def of(cls, local_prefixes: str, home: str) -> Reach:
+        """From QUARRY_IMPORT_LOCAL_PREFIXES (comma-separated, checked absolute by
+        Settings) and QUARRY_HOME."""
+        prefixes = (p.strip() for p in local_prefixes.split(","))
+        return cls(
+            tuple(_as_dir(os.path.realpath(p)) for p in prefixes if p),
+            _as_dir(os.path.realpath(home)) if home else "",
+        )
+
+
+class AddressRules:
+    """The module's rules over one KV store's repositories."""
+
+    def __init__(self, refs: RefManager, reach: Reach | None = None) -> None:
+        self.refs = refs
+        self.reach = reach or Reach()
+
+    # ---- staged entries -------------------------------------------------------------------
+
+    def check_entries(self, repo: Repository, entries: Iterable[Entry]) -> None:
+        """AddressNotAllowed for the first entry whose address breaks a rule."""
+        others: list[Repository] | None = None
+        pairs = ((entry.path, entry.physical_address) for entry in entries)
+        for path, address, kind, where in outside_namespace(repo.storage_namespace, pairs):
+            if kind == "local":
+                self._check_not_home(where, address)
+            if others is None:
+                others = self._other_repositories(repo)
+            for other in others:
+                other_kind, other_root = _namespace_root(other.storage_namespace)
+                if other_kind == kind and _inside(where, other_root):
+                    raise AddressNotAllowed(
+                        f"{path!r}: address {address!r} lies in the storage namespace "
+                        f"of repository {other.name!r}; an entry never points into another "
+                        "repository's objects (copy them instead)",
+                        metadata={"path": path, "repository": other.name},
+                    )
+            if kind == "local":
+                self._check_local_prefix(where, address)
+
+    # ---- import sources -------------------------------------------------------------------
+
+    def check_source(self, repo: Repository, source: Source) -> None:
+        """The rules for a whole directory or prefix an import lists."""
+        location = source.location
+        own = repo.storage_namespace.rstrip("/") + "/_quarry"
+        if namespaces_overlap(location, own):
+            raise gerrors.InvalidImportSource(
+                f"import source {source.uri!r} overlaps {own}, Quarry's own files of "
+                f"repository {repo.name!r}",
+                metadata={"uri": source.uri, "repository": repo.name},
+            )
+        for other in self._other_repositories(repo):
+            if namespaces_overlap(location, other.storage_namespace):
+                raise gerrors.InvalidImportSource(
+                    f"import source {source.uri!r} overlaps the storage namespace of "
+                    f"repository {other.name!r}",
+                    metadata={"uri": source.uri, "repository": other.name},
+                )
+        if source.kind != "local":
+            return
+        where = os.path.realpath(source.root)
+        kind, root = _namespace_root(repo.storage_namespace)
+        if kind != "local" or not _inside(where, root):
+            # Outside the repository's own namespace (inside it, only `_quarry/` is refused).
+            home = self.reach.home
+            if home and (_inside(where, home) or _inside(home, _as_dir(where))):
+                raise AddressNotAllowed(
+                    f"import source {source.uri!r} overlaps Quarry's home "
+                    f"({home.rstrip('/')}): its keys and credentials are never entries",
+                    metadata={"uri": source.uri},
+                )
+            self._check_local_prefix(where, source.uri)
+
+    # ---- the parts ------------------------------------------------------------------------
+
+    def check_namespace(self, storage_namespace: str) -> None:
+        """A new repository's namespace never contains Quarry's home (its files would be
+        entries inside the namespace)."""
+        kind, root = namespace_location(storage_namespace)
+        home = self.reach.home
+        if kind == "local" and home and _inside(home, root):
+            raise AddressNotAllowed(
+                f"storage namespace {storage_namespace!r} contains Quarry's home "
+                f"({home.rstrip('/')}): its keys and credentials are never objects of a "
+                "repository",
+                metadata={"storage_namespace": storage_namespace},
+            )
+
+    def _check_not_home(self, real: str, address: str) -> None:
+        if self.reach.home and _inside(real, self.reach.home):
+            raise AddressNotAllowed(
+                f"address {address!r} lies in Quarry's home outside the repository's "
+                "storage namespace: its keys and credentials are never entries",
+                metadata={"address": address},
+            )
+
+    def _check_local_prefix(self, real: str, address: str) -> None:
+        if not any(_inside(real, prefix) for prefix in self.reach.local_prefixes):
+            allowed = ", ".join(p.rstrip("/") for p in self.reach.local_prefixes) or "none"
+            raise AddressNotAllowed(
+                f"{address!r} is a local path outside the repository's storage namespace "
+                f"and outside the directories this server allows ({PREFIXES_SETTING}: "
+                f"{allowed})",
+                metadata={"address": address, "setting": PREFIXES_SETTING},
+            )
+
+    def _other_repositories(self, repo: Repository) -> list[Repository]:
+        found: list[Repository] = []
+        after = ""
+        while True:
+            page = self.refs.list_repositories(after=after, limit=_PAGE)
+            found.extend(r for r in page if r.name != repo.name)
+            if len(page) < _PAGE:
+                return found
+            after = page[-1].name
+
+
+def outside_namespace(
+    storage_namespace: str, pairs: Iterable[tuple[str, str]]
+) -> Iterator[tuple[str, str, str, str]]:
+    """(path, address, kind, where) for each (path, address) of `pairs` whose address a
+    reader opens outside the namespace: a local address by its real path (a link inside the
+    namespace pointing out is outside), an S3 one by its text. Costs a string compare per
+    S3 address, an lstat per local one (and its directory's real path once per call).
+    InvalidPhysicalAddress (quarry.blob.layout) for an address with a `..`, `.` or empty
+    segment."""
+    kind, root = _namespace_root(storage_namespace)
+    real_dirs: dict[str, str] = {}
+    for path, address in pairs:
+        location = address_location(address) if address else None
+        if location is None:
+            continue  # no address, or one no reader opens (an opaque string)
+        where = location.where
+        if location.kind == "local":
+            where = _real_file(where, real_dirs)
+        if location.kind != kind or not _inside(where, root):
+            yield path, address, location.kind, where
+
+
+def _real_file(where: str, real_dirs: dict[str, str]) -> str:
+    """The real path of the local file `where` names: its directory's real path (resolved
+    once per directory per call), and the file itself resolved when it is a link."""
+    try:
+        if stat.S_ISLNK(os.lstat(where).st_mode):
+            return os.path.realpath(where)
+    except OSError:
+        pass  # not there (yet): its directory decides
+    directory, _, name = where.rpartition("/")
+    real = real_dirs.get(directory)
+    if real is None:
+        real = real_dirs[directory] = os.path.realpath(directory or "/")
+    return real.rstrip("/") + "/" + name
