@@ -169,7 +169,9 @@ def test_compacted_staged_changes_stay_staged_over_the_import(client, repo, tmp_
     client.put_object(repo, "main", path="keep/c", physical_address="s3://staged/c")
     client.delete_objects(repo, "main", ["keep/a"])
     assert client.compact(repo, "main").compacted_metarange_id
-    client.put_object(repo, "main", path="keep/d", physical_address="s3://staged/d")  # not compacted
+    client.put_object(
+        repo, "main", path="keep/d", physical_address="s3://staged/d"
+    )  # not compacted
     source = _tree(tmp_path / "src", {"x": b"imported x", "y": b"y"})
     status = wait_done(client, repo, client.start_import(repo, "main", [(str(source), "data")]).id)
     assert status.state == COMPLETED, status.error

@@ -23,6 +23,7 @@ import quarry
 from quarry import errors
 from quarry.config import (
     SERVICES,
+    Settings,
     load_settings,
     setting_given,
     settings_markdown,
@@ -243,10 +244,33 @@ def _first_start_setup(settings: object, home: Path, wait_seconds: float = 30.0)
         first_start_setup(client, home)
 
 
+def lost_store(settings: Settings, home: Path) -> str:
+    """Why `quarry up` must not start, or "": the home's own SQLite KV file is missing while
+    the home holds an earlier installation's admin credentials. Starting would silently
+    make a new, empty installation (every repository gone, those credentials refused as
+    INVALID_CREDENTIALS): the file was deleted or moved, and restoring it is the fix."""
+    from quarry.client.credentials import credentials_path
+
+    if settings.kv_url or (home / "kv.db").exists():
+        return ""
+    if not credentials_path(home).exists():
+        return ""
+    return (
+        f"{home / 'kv.db'} (the KV store: every repository, branch and user) is missing, "
+        f"but {credentials_path(home)} holds an earlier installation's admin credentials. "
+        "Restore kv.db from a backup; to start a new, empty installation instead, remove "
+        f"{credentials_path(home)}"
+    )
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     settings = load_settings()
     home = Path(settings.home).resolve()
     home.mkdir(mode=0o700, parents=True, exist_ok=True)  # owner only: the KV, the key
+    lost = lost_store(settings, home)
+    if lost:
+        print(f"quarry up: {lost}", file=sys.stderr)
+        return 1
     if settings.auth_enabled:
         from quarry.auth.keys import ensure_signing_key
 

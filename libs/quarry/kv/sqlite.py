@@ -33,6 +33,7 @@ import os
 import sqlite3
 import stat
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
 from quarry import errors
@@ -83,6 +84,22 @@ def _private_database_file(path: str) -> None:
             )
 
 
+class DatabaseFileGone(errors.DataLoss):
+    """The database file was deleted or replaced under the running store."""
+
+    reason = "KV_FILE_GONE"
+
+
+class DatabaseCorrupt(errors.DataLoss):
+    """SQLite found the database file damaged ("malformed", "not a database")."""
+
+    reason = "KV_STORE_CORRUPT"
+
+
+# Reads look at the file's identity at most this often (writes every time).
+_READ_CHECK_SECONDS = 1.0
+
+
 class SQLiteStore(store.PagedStore):
     """`path` is a database file (created with its parent directory if missing).
 
@@ -122,8 +139,37 @@ class SQLiteStore(store.PagedStore):
                     f"could not enable WAL on {self.path} (journal_mode is {mode})"
                 )
             conn.execute(_SCHEMA)
+        # Safety rule: never acknowledge a write into a file that is no longer the store.
+        # Open connections keep writing to a deleted (unlinked) file, and all of it is gone
+        # at the next start: so the file's identity is checked before every write, and
+        # every _READ_CHECK_SECONDS by reads (the health probe's among them).
+        self._identity = self._file_identity()
+        self._checked_at = time.monotonic()
 
     # ---- connections ----
+
+    def _file_identity(self) -> tuple[int, int]:
+        try:
+            info = os.stat(self.path)
+        except FileNotFoundError:
+            raise DatabaseFileGone(
+                f"the KV database file {self.path} was deleted while in use: writes since "
+                "then would be lost. Restore it from a backup and restart",
+                metadata={"path": self.path},
+            ) from None
+        return info.st_dev, info.st_ino
+
+    def _check_file(self, every: float) -> None:
+        now = time.monotonic()
+        if now - self._checked_at < every:
+            return
+        if self._file_identity() != self._identity:
+            raise DatabaseFileGone(
+                f"the KV database file {self.path} was replaced while in use: this store "
+                "still holds the old one open. Restart to use the new one",
+                metadata={"path": self.path},
+            )
+        self._checked_at = now
 
     def _open(self) -> sqlite3.Connection:
         # isolation_level=None: autocommit; transactions are explicit BEGIN/COMMIT.
@@ -137,7 +183,9 @@ class SQLiteStore(store.PagedStore):
         return conn
 
     @contextlib.contextmanager
-    def _connection(self) -> Iterator[sqlite3.Connection]:
+    def _connection(self, check_every: float = _READ_CHECK_SECONDS) -> Iterator[sqlite3.Connection]:
+        if hasattr(self, "_identity"):  # set once the file exists (end of __init__)
+            self._check_file(check_every)
         with self._lock:
             if self._closed:
                 raise store.BackendUnavailable("SQLite store is closed")
@@ -166,7 +214,7 @@ class SQLiteStore(store.PagedStore):
     @contextlib.contextmanager
     def _writer(self) -> Iterator[sqlite3.Connection]:
         """A connection for one write statement (autocommit), one writer thread at a time."""
-        with self._write_lock, self._connection() as conn:
+        with self._write_lock, self._connection(check_every=0.0) as conn:
             yield conn
 
     @contextlib.contextmanager
@@ -295,6 +343,13 @@ _UPSERT = (
 def _translate(e: sqlite3.Error) -> errors.QuarryError:
     # "database is locked" after busy_timeout, I/O errors, a vanished file: all transient
     # or operational from the caller's point of view, so retryable UNAVAILABLE.
+    if isinstance(e, sqlite3.DatabaseError) and any(
+        sign in str(e) for sign in ("malformed", "not a database")
+    ):
+        return DatabaseCorrupt(
+            f"SQLite: {e}: the KV database file is damaged; restore it from a backup "
+            "(`quarry doctor` names the records it can still read)"
+        )
     if isinstance(e, sqlite3.OperationalError):
         return store.BackendUnavailable(f"SQLite: {e}")
     return errors.Internal(f"SQLite: {e}")
