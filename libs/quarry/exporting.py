@@ -101,6 +101,19 @@ class CorruptExport(errors.InvalidArgument):
     reason = "CORRUPT_EXPORT"
 
 
+class NewerFormat(errors.FailedPrecondition):
+    """An export from a newer storage format than this build's."""
+
+    reason = "FORMAT_VERSION_MISMATCH"
+
+
+def _newer(found_format: object) -> bool:
+    try:
+        return int(str(found_format)) > FORMAT_VERSION
+    except ValueError:
+        return False  # no or an unreadable stamp: an old export, rebuilt
+
+
 class StoreNotEmpty(errors.FailedPrecondition):
     reason = "STORE_NOT_EMPTY"
 
@@ -303,6 +316,13 @@ def _import(
     # its records are imported as they are, without reading the namespaces. Any other
     # (an older stamp, or none) has every referenced metarange checked by its format tag.
     rebuild = found_format != str(FORMAT_VERSION)
+    if _newer(found_format):
+        raise NewerFormat(
+            f"the export was made from storage format {found_format}, newer than this "
+            f"build's {FORMAT_VERSION}: import it with the build that wrote it (a store is "
+            "never taken back to an older format)",
+            metadata={"found": str(found_format), "expected": str(FORMAT_VERSION)},
+        )
 
     repositories: dict[str, bytes] = {}
     batch: list[tuple[bytes, bytes, bytes]] = []

@@ -172,6 +172,29 @@ def test_export_reads_a_store_of_another_format_version(tmp_path):
     assert "storage format 999" in result.stderr
 
 
+def test_an_export_from_a_newer_format_is_never_taken_back_to_this_one(tmp_path):
+    """It was imported and stamped with this build's version (a silent downgrade), and the
+    start-up refusal for a newer store recommended exactly that path."""
+    g, store = build_source(tmp_path)
+    newer = str(FORMAT_VERSION + 1).encode()
+    store.set(format_version.PARTITION, format_version.KEY, newer)
+    with pytest.raises(format_version.FormatVersionMismatch) as refused:
+        format_version.ensure_format_version(store)
+    assert "newer build" in refused.value.message and "export" not in refused.value.message
+    store.close()
+    dump = tmp_path / "dump.jsonl"
+    url = f"sqlite:///{tmp_path / 'source.db'}"
+    assert run_quarry(tmp_path, "store", "export", str(dump), "--kv-url", url).returncode == 0
+    result = run_quarry(
+        tmp_path, "store", "import", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'new.db'}"
+    )
+    assert result.returncode == 1
+    assert "FORMAT_VERSION_MISMATCH" in result.stderr and "newer" in result.stderr
+    target = SQLiteStore(tmp_path / "new.db")
+    assert list(exporting._repositories(target)) == []  # nothing imported
+    target.close()
+
+
 def test_import_refuses_a_non_empty_store(tmp_path):
     g, store = build_source(tmp_path)
     store.close()

@@ -18,6 +18,10 @@ KEY = FORMAT_VERSION_KEY
 
 
 # The rebuild path, named by every refusal of data written in another storage format.
+NEWER_HINT = (
+    "It was written by a newer build of Quarry: run that build (a store is never taken back "
+    "to an older format)."
+)
 REBUILD_HINT = (
     "Rebuild the data: stop the services, run `quarry store export FILE --kv-url <this store>` "
     "(export reads a store of any format version) and `quarry store import FILE --kv-url <an "
@@ -52,10 +56,12 @@ def ensure_format_version(store: kv.Store, expected: int = FORMAT_VERSION) -> in
         except ValueError:
             version = -1
         if version != expected:
+            # A newer store is never rebuilt by this build (it would be downgraded, losing
+            # what the newer format holds): run the build that wrote it.
+            hint = REBUILD_HINT if version < expected else NEWER_HINT
             raise FormatVersionMismatch(
                 f"the KV store holds storage format version {found.decode(errors='replace')!r} "
-                f"but this build of Quarry reads and writes version {expected}. "
-                f"{REBUILD_HINT}",
+                f"but this build of Quarry reads and writes version {expected}. {hint}",
                 metadata={"found": found.decode(errors="replace"), "expected": str(expected)},
             )
         return version
