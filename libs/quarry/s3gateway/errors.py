@@ -8,7 +8,11 @@ the rest)."""
 
 from __future__ import annotations
 
+import logging
+
 from quarry import errors
+
+log = logging.getLogger(__name__)
 
 
 class S3Error(Exception):
@@ -71,7 +75,13 @@ _BY_REASON = {
     "OBJECT_EXISTS": ("PreconditionFailed", 412),
     "CHECKSUM_CONDITION_FAILED": ("PreconditionFailed", 412),
     "INVALID_PAGE_TOKEN": ("InvalidArgument", 400),
+    # The server's own object store failed (disk full, read-only, S3 refused us): not the
+    # client's mistake, and retryable, as S3 answers for its backend's trouble.
+    "STORAGE_UNREACHABLE": ("ServiceUnavailable", 503),
 }
+# Reasons whose message describes the server's own storage (local paths, bucket names):
+# logged by the gateway, never sent to an S3 client.
+_SERVER_SIDE = frozenset({"STORAGE_UNREACHABLE"})
 
 _BY_CODE = {
     "NOT_FOUND": ("NoSuchKey", 404),
@@ -96,4 +106,7 @@ def from_quarry(exc: errors.QuarryError, resource: str = "") -> S3Error:
     if found is None:
         return S3Error("InternalError", "We encountered an internal error. Please try again.", 500)
     code, status = found
+    if reason in _SERVER_SIDE:
+        log.warning("s3: %s: %s", reason, exc.message)  # the operator's, not the client's
+        return S3Error(code, f"{reason}: the object store failed; try again", status, resource)
     return S3Error(code, f"{reason or code_name}: {exc.message}", status, resource)

@@ -52,3 +52,16 @@ def test_xml_bodies_with_entities_or_of_another_kind_are_refused():
 def test_error_documents_escape_what_they_quote():
     document = xmlserde.error_document(S3Error("NoSuchKey", "no <key> & more", 404, "a<b"), "RID")
     assert b"no &lt;key&gt; &amp; more" in document and b"<RequestId>RID</RequestId>" in document
+
+
+def test_the_servers_own_storage_failure_is_a_retryable_503_that_names_no_path(caplog):
+    """A full or read-only disk under the namespace was `400 InvalidRequest` (clients do not
+    retry a 400) with the server's local path in the message."""
+    from quarry.blob.base import StorageUnreachable
+    from quarry.s3gateway.errors import from_quarry
+
+    failure = StorageUnreachable("read-only file system (/srv/lake/data/.quarry-tmp-1)")
+    answer = from_quarry(failure, "/bucket/key")
+    assert (answer.code, answer.status) == ("ServiceUnavailable", 503)
+    assert "/srv/lake" not in answer.message
+    assert "/srv/lake" in caplog.text  # the operator still sees it
