@@ -209,7 +209,7 @@ class RangeLoader:
         local = store.local_path(key) if store.is_local else None
         if local is not None:
             try:
-                return decode(local), "store"
+                return _naming(kind, object_id, namespace, decode, local), "store"
             except FileNotFoundError:
                 raise not_found(f"{kind[:-1]} {object_id} not found in {namespace}") from None
         if self._disk is not None:
@@ -223,7 +223,7 @@ class RangeLoader:
             data = store.get(key)
         except ObjectNotFound:
             raise not_found(f"{kind[:-1]} {object_id} not found in {namespace}") from None
-        value = decode(data)
+        value = _naming(kind, object_id, namespace, decode, data)
         if self._disk is not None:
             self._disk.store(namespace, kind, object_id, data)
         return value, "store"
@@ -451,3 +451,18 @@ __all__ = [
     "iterate",
     "metarange_page",
 ]
+
+
+def _naming(
+    kind: str, object_id: str, namespace: str, decode: Callable[[Any], T], source: Any
+) -> T:
+    """decode(source), with a RangeCorrupt naming the file it is about (an operator must
+    know which range or metarange to restore)."""
+    try:
+        return decode(source)
+    except RangeCorrupt as exc:
+        what = kind[:-1]  # "range" or "metarange"
+        raise RangeCorrupt(
+            f"{what} {object_id} in {namespace}: {exc.message}",
+            metadata={f"{what}_id": object_id, "namespace": namespace},
+        ) from None

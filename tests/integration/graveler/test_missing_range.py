@@ -31,3 +31,22 @@ def test_a_missing_range_file_reads_as_data_loss(suite):
         with pytest.raises(errors.QuarryError) as caught:
             list(client.iter_objects(name, "main"))
         assert caught.value.code.name == "DATA_LOSS"
+
+
+def test_a_truncated_range_file_names_the_range_to_restore(suite):
+    """RANGE_CORRUPT said only "unreadable range file: ..." with no metadata: an operator
+    could not tell which file of the namespace to restore."""
+    name = f"torn-{uuid.uuid4().hex[:8]}"
+    namespace = suite.namespace(name)
+    with suite.client() as client:
+        client.create_repository(name, namespace)
+        client.put_object(name, "main", path="kept", physical_address="s3://b/kept", size_bytes=1)
+        client.commit(name, "main", "one")
+        (path,) = (Path(namespace) / RANGES_PREFIX).glob("*.parquet")
+        path.write_bytes(path.read_bytes()[:100])
+        with pytest.raises(errors.QuarryError) as caught:
+            client.stat_object(name, "main", "kept")
+        assert (caught.value.code.name, caught.value.reason) == ("DATA_LOSS", "RANGE_CORRUPT")
+        assert caught.value.metadata["range_id"] == path.stem
+        assert caught.value.metadata["namespace"] == namespace
+        assert path.stem in caught.value.message
