@@ -29,7 +29,9 @@ from typing import Any, NoReturn
 from google.protobuf.message import Message
 
 from quarry import errors
-from quarry.blob.base import BlobStore
+from quarry.blob.base import BlobStore, ObjectNotFound
+from quarry.blob.layout import MARKER_KEY
+from quarry.blob.ownership import InvalidMarker, parse_marker, read_marker
 from quarry.committed import format as rformat
 from quarry.committed.metaranges import read_metarange_tree
 from quarry.graveler import layout, records
@@ -60,6 +62,9 @@ COMMIT_MISSING_PARENT = "commit_missing_parent"
 MISSING_METARANGE = "missing_metarange"
 UNREADABLE_METARANGE = "unreadable_metarange"
 METARANGE_MISSING_RANGE = "metarange_missing_range"
+UNREADABLE_RANGE = "unreadable_range"
+RANGE_CONTENT_MISMATCH = "range_content_mismatch"
+NAMESPACE_NOT_OWNED = "namespace_not_owned"
 QUEUED_TOKEN_IN_USE = "staging_token_in_use_but_queued_for_drop"
 ORPHAN_STAGING_TOKEN = "orphan_staging_token"
 
@@ -281,6 +286,7 @@ class Doctor:
                 key=key,
                 collectable=commit_id not in anchored,
             )
+        metaranges.check_marker()
         metaranges.close()
 
     def _check_staged_values(self, report: Report, token: str, repository: str) -> None:
@@ -442,13 +448,12 @@ class _MetarangeChecker:
         if metarange_id in ("", rformat.EMPTY_METARANGE_ID) or metarange_id in self._seen:
             return
         self._seen.add(metarange_id)
-        if self._store is None:
-            self._store = self._doctor._open_namespace(self._repo.storage_namespace)
+        store = self._store_of()
         report = self._report
         report.count("metaranges")
         where = self._object(rformat.metarange_key(metarange_id))
         try:
-            _pages, ranges = read_metarange_tree(self._store, metarange_id, self._pages)
+            _pages, ranges = read_metarange_tree(store, metarange_id, self._pages)
         except errors.NotFound:
             if collectable:
                 report.count("metaranges of unanchored commits missing (GC collects them)")
@@ -483,16 +488,67 @@ class _MetarangeChecker:
                 continue
             self._ranges.add(info.id)
             report.count("ranges")
-            if not self._store.exists(rformat.range_key(info.id)):
-                report.findings.append(
-                    Finding(
-                        METARANGE_MISSING_RANGE,
-                        f"metarange {metarange_id[:12]} lists range "
-                        f"{info.id[:12]}, whose file is missing",
-                        self._repo.name,
-                        object=self._object(rformat.range_key(info.id)),
-                    )
+            self._check_range(metarange_id, info.id)
+
+    def _check_range(self, metarange_id: str, range_id: str) -> None:
+        """The range file is there, reads back, and holds what its id (a hash of its
+        content) says: a file damaged in place, even one that is still valid Parquet, is
+        found here rather than served as another object's entry."""
+        key = rformat.range_key(range_id)
+        found = None
+        try:
+            table = rformat.decode_range(self._store_of().get(key))
+            if rformat.range_id_of(table) != range_id:
+                found = (
+                    RANGE_CONTENT_MISMATCH,
+                    "does not hold what its id says (changed in place)",
                 )
+        except ObjectNotFound:
+            found = (METARANGE_MISSING_RANGE, "is missing")
+        except errors.QuarryError as exc:  # RangeCorrupt, a format of another version
+            found = (UNREADABLE_RANGE, f"cannot be read: {exc.message}")
+        if found is not None:
+            kind, what = found
+            self._report.findings.append(
+                Finding(
+                    kind,
+                    f"metarange {metarange_id[:12]} lists range {range_id[:12]}, whose file {what}",
+                    self._repo.name,
+                    object=self._object(key),
+                )
+            )
+
+    def check_marker(self) -> None:
+        """The namespace's ownership marker names this repository: without it GC refuses
+        the repository (NAMESPACE_NOT_OWNED), and a marker of another one means two
+        repositories share the namespace."""
+        data = read_marker(self._store_of())
+        problem = ""
+        if data is None:
+            problem = "is missing"
+        else:
+            try:
+                marker = parse_marker(data)
+            except InvalidMarker as exc:
+                problem = f"cannot be read ({exc})"
+            else:
+                if not marker.owns(self._repo.name, self._repo.instance_id):
+                    problem = f"names repository {marker.repository!r}, another instance"
+        if problem:
+            self._report.findings.append(
+                Finding(
+                    NAMESPACE_NOT_OWNED,
+                    f"the ownership marker of {self._repo.storage_namespace} {problem}: GC "
+                    "refuses this repository until it is restored",
+                    self._repo.name,
+                    object=self._object(MARKER_KEY),
+                )
+            )
+
+    def _store_of(self) -> BlobStore:
+        if self._store is None:
+            self._store = self._doctor._open_namespace(self._repo.storage_namespace)
+        return self._store
 
     def close(self) -> None:
         if self._store is not None:

@@ -120,6 +120,9 @@ def test_doctor_clean_then_planted_problems(suite, kv, doctor):
     beta_only = json.loads(doctor("beta", "--json", expect=1).stdout)
     assert [f["kind"] for f in beta_only["findings"]] == ["metarange_missing_range"]
     doctor("nope", expect=1)  # NOT_FOUND, one line on stderr
+    kv.delete(
+        b"quarry", b"repos/zzz"
+    )  # the installation-wide damage: later tests create repositories
 
 
 def _namespace_store(suite, name):
@@ -223,3 +226,44 @@ def test_doctor_finds_broken_history_and_a_live_token_queued_for_drop(suite, kv,
         }
     finally:
         kv.delete(b"cleanup", f"staging/{token}".encode())
+
+
+def test_doctor_finds_damaged_range_files_and_a_lost_ownership_marker(suite, doctor):
+    """Found by a tester with nothing reported: a truncated range file (reads fail with
+    RANGE_CORRUPT), a range file overwritten in place with another valid range (reads served
+    the other object's entries), and a namespace whose marker was moved away (GC refuses the
+    repository)."""
+    from quarry.blob.layout import MARKER_KEY
+
+    client = suite.client()
+    for name in ("torn", "swapped", "unowned"):
+        client.create_repository(name, suite.namespace(name))
+        client.put_object(name, "main", path="a/1", physical_address="s3://b/1", size_bytes=1)
+        client.commit(name, "main", "first")
+        client.create_tag(name, "v1", "main")
+    client.put_object("swapped", "main", path="a/1", physical_address="s3://b/2", size_bytes=2)
+    client.commit("swapped", "main", "second")
+
+    def range_file(name, ref):
+        store = _namespace_store(suite, name)
+        (info,) = read_metarange(store, client.get_commit(name, ref).metarange_id)
+        return os.path.join(suite.namespace(name), rformat.range_key(info.id))
+
+    torn = range_file("torn", "main")
+    with open(torn, "r+b") as damaged:
+        damaged.truncate(100)
+    first, second = range_file("swapped", "v1"), range_file("swapped", "main")
+    with open(second, "rb") as src, open(first, "wb") as dst:
+        dst.write(src.read())  # valid Parquet, a valid range: not the one its id names
+    marker = os.path.join(suite.namespace("unowned"), MARKER_KEY)
+    os.rename(marker, marker + ".moved")
+    try:
+        found = {}
+        for name in ("torn", "swapped", "unowned"):
+            report = json.loads(doctor(name, "--json", expect=1).stdout)
+            found[name] = {(f["kind"], f["object"]) for f in report["findings"]}
+        assert found["torn"] == {("unreadable_range", torn)}
+        assert found["swapped"] == {("range_content_mismatch", first)}
+        assert found["unowned"] == {("namespace_not_owned", marker)}
+    finally:
+        os.rename(marker + ".moved", marker)
