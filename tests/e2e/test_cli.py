@@ -108,7 +108,7 @@ def test_serve_exits_cleanly_on_sigterm(tmp_path):
 
 def test_serve_refuses_another_format_version(tmp_path):
     store = SQLiteStore(tmp_path / "kv.db")
-    store.set(b"quarry", b"format-version", b"999")
+    store.set(b"quarry", b"format-version", b"2")  # an older store: the rebuild path
     store.close()
     env = quarry_env(tmp_path, QUARRY_KV_GATEWAY_PORT=str(free_port()))
     result = subprocess.run(

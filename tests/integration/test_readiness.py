@@ -158,7 +158,7 @@ def test_a_format_version_mismatch_found_later_still_refuses():
     never reports SERVING."""
     a_port = free_port()
     backend = MemoryStore()
-    backend.set(b"quarry", b"format-version", b"999")
+    backend.set(b"quarry", b"format-version", b"2")  # an older store
     remote = RemoteStore(f"127.0.0.1:{a_port}", timeout=1)
     spec = gateway_spec()
     spec.dependencies = [service_dependency("kv-gateway", f"127.0.0.1:{a_port}")]
@@ -183,7 +183,7 @@ def test_a_format_version_mismatch_found_later_still_refuses():
 
 def test_a_mismatch_at_start_refuses_and_frees_the_port():
     backend = MemoryStore()
-    backend.set(b"quarry", b"format-version", b"999")
+    backend.set(b"quarry", b"format-version", b"2")  # an older store
     port = free_port()
     with pytest.raises(FormatVersionMismatch):
         start(gateway_spec(backend), port=port)

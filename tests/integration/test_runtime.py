@@ -197,7 +197,7 @@ def test_format_version_stamped_once_and_mismatch_refused():
     assert backend.get(b"quarry", b"format-version").value == str(quarry.FORMAT_VERSION).encode()
     assert ensure_format_version(backend) == quarry.FORMAT_VERSION  # idempotent
 
-    backend.set(b"quarry", b"format-version", b"999")
+    backend.set(b"quarry", b"format-version", b"2")  # an older store
     with pytest.raises(FormatVersionMismatch) as caught:
         ensure_format_version(backend)
     assert "quarry store export" in str(caught.value) and "quarry store import" in str(caught.value)

@@ -13,11 +13,12 @@ from quarry import errors
 from quarry.actions.runs import Event
 from quarry.graveler import actions, layout, names
 from quarry.graveler import errors as gerrors
+from quarry.graveler.commits import sealer
 from quarry.graveler.core import CommitRecord, Core, make_commit, tracer
 from quarry.graveler.model import Conflict, DiffSummary, MergeResult, MergeStrategy
 from quarry.graveler.protection import COMMIT
 from quarry.graveler.reads import Reads
-from quarry.graveler.refs import Repository
+from quarry.graveler.refs import Repository, is_dirty
 from quarry.graveler.retry import ONCE
 from quarry.kv import store as kv
 from quarry.runtime import deadlines
@@ -243,10 +244,26 @@ class Merges:
             actions.post_event(self.core, self.reads, repo, outcome.commit, event)
         return outcome
 
-    def _clean_branch(self, repo: Repository, branch_name: str) -> tuple[types_pb2.Branch, bytes]:
+    def _clean_branch(
+        self, repo: Repository, branch_name: str, seal: bool = False
+    ) -> tuple[types_pb2.Branch, bytes]:
         """The branch record (and its predicate), or DirtyBranch: a three-way commit never
-        takes staged changes with it (nor drops them)."""
+        takes staged changes with it (nor drops them).
+
+        `seal`: for a commit that will move HEAD (_move_head). A branch can be clean with
+        staging layers that change nothing (a path put again with HEAD's value, a
+        path-discard's copy of HEAD's entry, a compacted metarange over HEAD); they are
+        HEAD's values, and left under a new HEAD they would shadow it (the merge hidden,
+        and undone by the next commit). So the move drops them, and to never drop a write
+        it did not see, the branch's token is sealed first, as a commit and a reset do: a
+        write acknowledged after the seal marks the branch dirty, and the move's
+        compare-and-swap on the sealed record fails."""
         branch, predicate = self.core.branch(repo, branch_name)
+        if seal and _has_layers(branch):
+            sealed = self.refs.update_branch(
+                repo, branch_name, sealer(repo.staging_shards), step="seal"
+            )
+            branch, predicate = sealed.branch, sealed.predicate
         if self.reads.has_uncommitted(repo, branch):
             raise gerrors.DirtyBranch(
                 f"branch {branch_name!r} has uncommitted changes; commit or discard them first",
@@ -299,7 +316,7 @@ class Merges:
         for attempt in range(self.core.retries.merge.max_attempts):
             if attempt:
                 self.core.retries.merge.backoff(attempt - 1)
-            branch, predicate = self._clean_branch(repo, branch_name)
+            branch, predicate = self._clean_branch(repo, branch_name, seal=not work.dry_run)
             head = self.refs.get_commit(repo, branch.commit_id)
             if resume is None:
                 inputs = (work.base_metarange, work.source_metarange, head.metarange_id)
@@ -396,10 +413,14 @@ class Merges:
     ) -> bool:
         """Point the branch at the merge commit if its record is still the one the merge
         started from (one compare-and-swap: a loss means HEAD moved or the branch got
-        dirty, and the merge is redone on top of its own result)."""
+        dirty, and the merge is redone on top of its own result). The record was clean
+        (_clean_branch): its sealed tokens and compacted metarange hold only HEAD's values,
+        and go with the old HEAD (its staging token is empty: dirty is false)."""
 
         def move(branch: types_pb2.Branch) -> types_pb2.Branch:
             branch.commit_id = commit_id
+            del branch.sealed_tokens[:]
+            branch.compacted_metarange_id = ""
             return branch
 
         # The last point to stop: an expired or cancelled merge moves no branch.
@@ -410,6 +431,7 @@ class Merges:
             )
         except gerrors.BranchContended:
             return False
+        self.core.staging.queue_drop_tokens(list(read[0].sealed_tokens))
         return True
 
     def _conflict_error(self, result: MergeResult, base_commit_id: str) -> gerrors.MergeConflict:
@@ -472,3 +494,8 @@ def merge_params(params: MergeParams | None, options: MergeOptions) -> MergePara
 
 
 __all__ = ["MergeOptions", "MergeOutcome", "MergeParams", "Merges", "ThreeWay", "merge_params"]
+
+
+def _has_layers(branch: types_pb2.Branch) -> bool:
+    """Whether reads of the branch look at anything above HEAD."""
+    return is_dirty(branch) or bool(branch.sealed_tokens) or bool(branch.compacted_metarange_id)

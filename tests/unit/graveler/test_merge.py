@@ -242,3 +242,72 @@ def test_three_dot_diff(forked):
     changes, _ = g.diff(repo, "main", "feature", three_dot=True)
     kinds = {c.path: c.type for c in changes}
     assert kinds == {"a": ChangeType.CONFLICT, "b": ChangeType.CHANGED, "n": ChangeType.ADDED}
+
+
+def _noop_layers(g, repo, how):
+    """Leave main clean (no uncommitted change) but with staging layers holding HEAD's
+    values, the three ways a user gets there."""
+    if how == "put-again":
+        g.put_objects(repo, "main", [entry("a", "1")])  # HEAD's value, staged again
+    elif how == "discard-path":
+        g.put_objects(repo, "main", [entry("a", "9")])
+        assert g.discard_changes(repo, "main", path="a") == 1  # stages HEAD's entry back
+    else:  # compacted: a compacted metarange built over the old HEAD
+        g.put_objects(repo, "main", [entry("a", "1"), entry("tmp", "1")])
+        g.delete_objects(repo, "main", ["tmp"])
+        assert g.compact(repo, "main")[0]
+    assert g.diff_uncommitted(repo, "main")[0] == []  # clean, as a merge requires
+
+
+@pytest.mark.parametrize("how", ["put-again", "discard-path", "compacted"])
+def test_a_merge_onto_layers_holding_heads_values_is_seen_and_kept(forked, how):
+    """Found by a tester's model-based driver: the merge moved only the branch's commit id,
+    so those layers (the old HEAD's values) hid the merge from every reader of `main`
+    (`main@` had it), showed it reversed as uncommitted, and the next commit undid it.
+    Safety rule: a change a merge, revert or cherry-pick commits is what the branch reads."""
+    g, repo = forked
+    put_commit(g, repo, "feature", {"a": "2"})
+    _noop_layers(g, repo, how)
+    g.merge(repo, "feature", "main")
+    assert content(g, repo, "main")["a"] == "2"
+    assert g.diff_uncommitted(repo, "main")[0] == []
+    put_commit(g, repo, "main", {"later": "1"})  # an unrelated commit keeps the merge
+    assert content(g, repo, "main@")["a"] == "2"
+
+
+@pytest.mark.parametrize("how", ["put-again", "compacted"])
+def test_a_cherry_pick_and_a_revert_onto_such_layers_are_seen(forked, how):
+    g, repo = forked
+    change = put_commit(g, repo, "feature", {"a": "2"})
+    _noop_layers(g, repo, how)
+    g.cherry_pick(repo, "main", change.id)
+    assert content(g, repo, "main")["a"] == "2"
+    g.put_objects(repo, "main", [entry("a", "2")])  # HEAD's value again
+    g.revert(repo, "main", "main")
+    assert content(g, repo, "main")["a"] == "1"
+
+
+def test_a_write_racing_the_merge_onto_layers_is_never_dropped(forked, monkeypatch):
+    """The move drops the old layers: a write acknowledged between the clean check and the
+    move must survive it (it lands on the token sealed before the check, or the move's
+    compare-and-swap fails and the merge is redone)."""
+    g, repo = forked
+    put_commit(g, repo, "feature", {"a": "2"})
+    _noop_layers(g, repo, "put-again")
+    merges = g.merges
+    real = merges.core.range_writer.merge_metaranges
+    raced = []
+
+    def racing(*args, **kwargs):
+        if not raced:
+            raced.append(True)
+            g.put_objects(repo, "main", [entry("during", "1")])  # acknowledged mid-merge
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(merges.core.range_writer, "merge_metaranges", racing)
+    # The write made the branch dirty: the move's swap failed, and the redone merge finds
+    # a real uncommitted change and refuses, as it does for any dirty destination.
+    with pytest.raises(gerrors.DirtyBranch):
+        g.merge(repo, "feature", "main")
+    listed = content(g, repo, "main")
+    assert listed["a"] == "1" and listed["during"] == "1"  # nothing moved, nothing lost
