@@ -749,7 +749,7 @@ def test_server_text_cannot_drive_the_terminal(suite, quarry):
     evil = "evil\x1b[2J\rname\u202etxt.exe"
     with suite.client() as client:
         client.create_repository("terminal", suite.namespace("terminal"))
-        client.put_object("terminal", "main", path=evil, physical_address="/x", size_bytes=1)
+        client.put_object("terminal", "main", path=evil, physical_address="s3://b/x", size_bytes=1)
         client.commit("terminal", "main", "msg \x1b]0;title\x07 end", metadata={"k": "\x1b[31m"})
     for args in (
         ("ls", "terminal", "main"),

@@ -133,10 +133,10 @@ def test_a_committer_killed_mid_import_leaves_the_branch_whole(processes, tmp_pa
     source = _files(tmp_path / "lake", 40_000)
     with processes.client() as client:
         client.create_repository("kill", str(tmp_path / "ns"))
-        client.put_object("kill", "main", path="data/old", physical_address="/x/old")
-        client.put_object("kill", "main", path="keep", physical_address="/x/keep")
+        client.put_object("kill", "main", path="data/old", physical_address="s3://x/old")
+        client.put_object("kill", "main", path="keep", physical_address="s3://x/keep")
         before = client.commit("kill", "main", "before").commit
-        client.put_object("kill", "main", path="staged/a", physical_address="/x/a")
+        client.put_object("kill", "main", path="staged/a", physical_address="s3://x/a")
         started = client.start_import("kill", "main", [(str(source), "data")])
 
         def listing_started():

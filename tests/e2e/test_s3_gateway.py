@@ -552,7 +552,7 @@ def test_upload_file_and_download_file_with_multipart_transfers(s3, tmp_path):
 
 
 def test_a_write_to_a_tag_or_commit_is_method_not_allowed(s3, client):
-    client.put_object(REPO, "main", path="seed.txt", physical_address="/dev/null")
+    client.put_object(REPO, "main", path="seed.txt", physical_address="s3://b/seed")
     commit = client.commit(REPO, "main", "seed").commit
     client.create_tag(REPO, "v1", "main")
     for ref in ("v1", commit.id):

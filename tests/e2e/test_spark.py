@@ -169,7 +169,7 @@ def test_overwrite_replaces_the_folder_in_one_commit_and_time_travel_sees_the_ol
     uri = f"quarry://{repo}/main/t"
     first = qs.write(numbers(spark, 0, 100), uri, connection=conn)
     client.put_object(
-        repo, "main", path="other/keep.txt", physical_address="/elsewhere", size_bytes=1
+        repo, "main", path="other/keep.txt", physical_address="s3://b/elsewhere", size_bytes=1
     )
     client.commit(repo, "main", "unrelated")
     second = qs.write(
@@ -385,7 +385,9 @@ def _commit_on_target_from_an_executor(branch_manager: str, committer: str, repo
         context = TaskContext.get()
         if context.partitionId() == 0 and context.attemptNumber() == 0:
             with Client(branch_manager, committer) as c:
-                c.put_object(repo, "main", path=path, physical_address="/changed", size_bytes=7)
+                c.put_object(
+                    repo, "main", path=path, physical_address="s3://b/changed", size_bytes=7
+                )
                 c.commit(repo, "main", "concurrent change")
         yield from batches
 
@@ -508,7 +510,7 @@ def test_entries_and_reads_by_branch_commit_tag_and_committed_state(spark, clien
     removed = paths(client, repo, "main", "t/")[0]
     client.delete_object(repo, "main", removed)
     client.put_object(
-        repo, "main", path="t/extra.txt", physical_address="/x", size_bytes=3, checksum="abc"
+        repo, "main", path="t/extra.txt", physical_address="s3://b/x", size_bytes=3, checksum="abc"
     )
 
     on_branch = {
@@ -592,7 +594,7 @@ def test_bad_options_and_missing_branch(spark, client, conn, repo):
         qs.write(frame, f"quarry://{repo}/main/", mode="overwrite", connection=conn)
     assert failure.value.reason == "INVALID_WRITE_OPTIONS"
     # Uncommitted changes on the target: refused before any task runs.
-    client.put_object(repo, "main", path="pending", physical_address="/p", size_bytes=1)
+    client.put_object(repo, "main", path="pending", physical_address="s3://b/p", size_bytes=1)
     jobs_before = spark.sparkContext.statusTracker().getJobIdsForGroup(None)
     with pytest.raises(errors.FailedPrecondition) as failure:
         qs.write(frame, f"quarry://{repo}/main/t", connection=conn)
@@ -607,7 +609,7 @@ def test_bad_options_and_missing_branch(spark, client, conn, repo):
 def test_sweep_drops_only_stale_ephemeral_branches(spark, client, conn, repo):
     stale = f"{EPHEMERAL_PREFIX}20200101T000000-0123456789ab"
     client.create_branch(repo, stale, "main")
-    client.put_object(repo, stale, path="t/orphan", physical_address="/o", size_bytes=1)
+    client.put_object(repo, stale, path="t/orphan", physical_address="s3://b/o", size_bytes=1)
     from quarry.spark.common import ephemeral_branch, new_job_id
 
     young = ephemeral_branch(new_job_id())

@@ -108,7 +108,9 @@ class History:
                 [{"path": f"dev/{i}", "physical_address": "/x", "size_bytes": i} for i in range(3)],
             )
             compacted = c.compact(self.repo, "dev").compacted_metarange_id
-            c.put_object(self.repo, "dev", path="dev/late", physical_address="/y", size_bytes=1)
+            c.put_object(
+                self.repo, "dev", path="dev/late", physical_address="s3://b/y", size_bytes=1
+            )
             c.commit(self.repo, "dev", "after the compaction")
             self.old_compaction = rformat.metarange_key(compacted)
             self.stale_branch = f"{EPHEMERAL_PREFIX}20200101T000000-0123456789ab"

@@ -346,17 +346,20 @@ class Merges:
                         attempt + 1,
                     )
                 raise self._conflict_error(result, work.base_commit_id)
-            if work.dry_run:
-                return MergeOutcome(None, result.summary, work.base_commit_id, attempts=attempt + 1)
+            # Before the dry run's answer: a dry run says what the merge would do, refusal
+            # included. (A dry run writes no metarange to compare: no change at all is its
+            # test; a real merge also refuses only when the metarange is HEAD's.)
             if (
                 result.summary.total == 0
                 and not work.allow_empty
-                and result.metarange_id == head.metarange_id
+                and (work.dry_run or result.metarange_id == head.metarange_id)
             ):
                 raise gerrors.NoChanges(
                     "the merge changes nothing on the destination",
                     metadata={"repository": repo.name, "branch": branch_name},
                 )
+            if work.dry_run:
+                return MergeOutcome(None, result.summary, work.base_commit_id, attempts=attempt + 1)
             parents = [head.id, *work.parents_after_head]
             generation = 1 + max(self.refs.get_commit(repo, p).generation for p in parents)
             commit = make_commit(

@@ -103,7 +103,9 @@ def test_attempts_that_never_stop_changing_the_files_end_the_write(job, monkeypa
         job.client.put_object(
             repo,
             job.branch,
-            entry=make_entry(object_path(job.spec, 9, 0), physical_address="/late", size_bytes=1),
+            entry=make_entry(
+                object_path(job.spec, 9, 0), physical_address="s3://b/late", size_bytes=1
+            ),
         )
         return real_commit(*args, **kwargs)
 
@@ -133,7 +135,7 @@ def test_a_committed_attempt_with_the_same_content_at_another_address_is_replace
     reported file, where the old rule saw no change and the write never settled."""
     repo = job.target.repository
     good = row(job, 0, 1)
-    loser = dict(good, physical_address="/ns/data/p0-t0")
+    loser = dict(good, physical_address="s3://b/ns/data/p0-t0")
     job.client.put_objects(repo, job.branch, [file_entry(job.spec, loser)])
     job.client.commit(repo, job.branch, "a losing attempt's commit")
     commit = job._commit_exactly(reported_of(job, [good]), {})

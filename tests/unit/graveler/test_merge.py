@@ -311,3 +311,14 @@ def test_a_write_racing_the_merge_onto_layers_is_never_dropped(forked, monkeypat
         g.merge(repo, "feature", "main")
     listed = content(g, repo, "main")
     assert listed["a"] == "1" and listed["during"] == "1"  # nothing moved, nothing lost
+
+
+def test_a_dry_run_of_a_merge_that_changes_nothing_answers_as_the_merge_would(forked):
+    """The dry run said "would make 0 added, 0 removed, 0 changed" and the merge then
+    failed with NO_CHANGES: a dry run must predict the merge's outcome."""
+    g, repo = forked
+    g.commit(repo, "feature", "nothing", allow_empty=True)
+    for dry_run in (True, False):
+        with pytest.raises(gerrors.NoChanges):
+            g.merge(repo, "feature", "main", dry_run=dry_run)
+    assert g.merge(repo, "feature", "main", dry_run=True, allow_empty=True).summary.total == 0
