@@ -59,7 +59,7 @@ import binascii
 import datetime
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TextIO, TypeVar
 
 from google.protobuf.message import Message
@@ -127,6 +127,8 @@ class Summary:
     ranges_rewritten: int = 0
     metaranges_rewritten: int = 0
     merge_hints_dropped: int = 0
+    # Export only: records that could not be read, and what of them is not in the file.
+    unreadable: list[str] = field(default_factory=list)
 
 
 def _b64(data: bytes) -> str:
@@ -218,11 +220,19 @@ def export_store(store: kv.Store, out: TextIO, progress: Progress | None = None)
                 written.append(kv_item)
         return written
 
+    # A damaged record fails only what needs it (README: Corrupt records): the rest of the
+    # store is exported, and what the damage keeps out is reported (the CLI exits 1).
+    unreadable: list[str] = []
     for name, record in _repositories(store):
         try:
             repo = Repository.from_record(record, layout.repository_key(name))
         except records.CorruptRecord as exc:
-            raise CorruptExport(f"repository record {name!r} cannot be read: {exc}") from None
+            unreadable.append(
+                f"repository record {name!r} ({QUARRY_PARTITION.decode()}/"
+                f"{layout.repository_key(name).decode()}) cannot be read ({exc}): the "
+                "repository is not in the export"
+            )
+            continue
         out.write(_line({"type": "repository", "name": name, "value": _b64(record)}))
         repositories += 1
         tokens: dict[str, None] = {}
@@ -232,9 +242,12 @@ def export_store(store: kv.Store, out: TextIO, progress: Progress | None = None)
                     types_pb2.Branch, repo.partition, branch_item.key, branch_item.value
                 )
             except records.CorruptRecord as exc:
-                raise CorruptExport(
-                    f"repository {name!r}: branch record {branch_item.key!r} cannot be read: {exc}"
-                ) from None
+                unreadable.append(
+                    f"repository {name!r}: branch record {records.show(repo.partition)}/"
+                    f"{branch_item.key.decode(errors='backslashreplace')} cannot be read "
+                    f"({exc}): it is exported as it is, its staged changes are not"
+                )
+                continue
             for token in (branch.staging_token, *branch.sealed_tokens):
                 if token:
                     tokens.setdefault(token, None)
@@ -242,7 +255,7 @@ def export_store(store: kv.Store, out: TextIO, progress: Progress | None = None)
             for partition in staging_partitions(token):
                 emit(partition)
     out.write(_line({"type": "end", "repositories": repositories, "items": items}))
-    return Summary(repositories, items, stamp)
+    return Summary(repositories, items, stamp, unreadable=unreadable)
 
 
 # ---- import -----------------------------------------------------------------------------
@@ -523,7 +536,12 @@ def _parse(message_type: type[M], partition: bytes, key: bytes, value: bytes, wh
     try:
         return layout.decode(message_type, partition, key, value)
     except records.CorruptRecord:
-        raise CorruptExport(f"{where}: {message_type.__name__} record cannot be read") from None
+        shown = f"{records.show(partition)}/{key.decode(errors='backslashreplace')}"
+        raise CorruptExport(
+            f"{where}: {message_type.__name__} record {shown} cannot be read (a damaged "
+            "record of the exported store: repair or remove it there, and export again)",
+            metadata={"partition": records.show(partition), "key": key.decode(errors="replace")},
+        ) from None
 
 
 def _stamp(store: kv.Store) -> None:

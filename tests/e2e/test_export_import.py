@@ -357,3 +357,28 @@ def test_an_unreadable_repository_record_is_a_corrupt_export(tmp_path):
     with pytest.raises(exporting.CorruptExport, match="repository record cannot be read"):
         exporting.import_store(target, io.StringIO("".join(lines)))
     assert list(target.scan(b"quarry")) == []
+
+
+def test_one_damaged_record_does_not_keep_the_rest_of_the_store_out_of_the_export(tmp_path):
+    """A corrupt branch record aborted the whole export (no file for any repository). Now
+    everything readable is exported, the damage is named (partition and key) and the
+    command exits 1; a rebuild import of a damaged record names it too."""
+    g, store = build_source(tmp_path)
+    demo = g.refs.get_repository("demo")
+    store.set(demo.partition, b"branches/dev", b"\x0b\xad\xbe\xef")
+    store.set(b"quarry", b"repos/zzz", b"\xff not a repository record")
+    store.close()
+    dump = tmp_path / "dump.jsonl"
+    url = f"sqlite:///{tmp_path / 'source.db'}"
+    result = run_quarry(tmp_path, "store", "export", str(dump), "--kv-url", url)
+    assert result.returncode == 1
+    assert "branches/dev" in result.stderr and "repos/zzz" in result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [json.loads(line) for line in dump.read_text().splitlines()]
+    assert lines[-1].get("type") == "end"
+    assert {x["name"] for x in lines if x.get("type") == "repository"} == {"demo", "empty"}
+    # Importing it names the damaged record (it said only "line 4").
+    target = f"sqlite:///{tmp_path / 'target.db'}"
+    imported = run_quarry(tmp_path, "store", "import", str(dump), "--kv-url", target)
+    assert imported.returncode == 1
+    assert f"{demo.partition.decode()}/branches/dev" in imported.stderr

@@ -73,7 +73,9 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"(storage format {summary.format_version or 'unstamped'}) to {target}",
             file=sys.stderr,
         )
-        return 0
+        for problem in summary.unreadable:
+            print(f"quarry store export: CORRUPT_RECORD: {problem}", file=sys.stderr)
+        return 1 if summary.unreadable else 0
 
     return _transfer("store export", run)
 
