@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -64,8 +65,18 @@ def test_add_list_delete_and_enforcement(suite, quarry, tmp_path):
     data.write_text("hello")
     refused = quarry("put", "cli-protect", "main", "a.txt", "--from", str(data), expect=1)
     assert refused.stderr.startswith("quarry: BRANCH_PROTECTED: "), refused.stderr
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"{i}.txt").write_text(str(i))
+    refused = quarry("put", "cli-protect", "main", "many/", "--from", str(folder), expect=1)
+    assert "BRANCH_PROTECTED" in refused.stderr
+    # The refused puts' uploads are removed (they were left in the lake, nobody's).
+    uploads = Path(suite.namespace("cli-protect")) / "data"
+    assert not uploads.exists() or list(uploads.iterdir()) == []
     quarry("branch", "create", "cli-protect", "dev", "--source", "main")
     quarry("put", "cli-protect", "dev", "a.txt", "--from", str(data))
+    assert len(list(uploads.iterdir())) == 1  # a staged upload stays
 
     quarry("branch-protect", "delete", "cli-protect", "main")
     assert rows(quarry("branch-protect", "list", "cli-protect").stdout)[1:] == [

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from quarry import errors
 from quarry.cli import output, style
 from quarry.cli.base import (
     CliError,
@@ -70,12 +71,13 @@ def _put_from(args: argparse.Namespace, ctx: Context, metadata: dict[str, str]) 
     # Fail on a missing branch before any bytes move.
     client.get_branch(args.repo, args.branch)
     store = open_blob_store(repo.storage_namespace, ctx.settings)
+    entries = []
     try:
         if len(items) == 1:
-            (entry,) = upload.upload_all(
-                store, repo.storage_namespace, items, args.content_type, metadata
+            entries = list(
+                upload.upload_all(store, repo.storage_namespace, items, args.content_type, metadata)
             )
-            staged = client.put_object(args.repo, args.branch, entry, if_absent=args.if_absent)
+            staged = client.put_object(args.repo, args.branch, entries[0], if_absent=args.if_absent)
             entries, count = [staged], 1
         else:
             with ctx.progress("uploading", total=len(items), unit="files") as bar:
@@ -91,6 +93,20 @@ def _put_from(args: argparse.Namespace, ctx: Context, metadata: dict[str, str]) 
                 )
             with ctx.progress("staging", total=len(entries), unit="entries") as bar:
                 count = client.put_objects(args.repo, args.branch, entries, progress=bar.update)
+    except errors.QuarryError as refused:
+        named: set[str] = set()
+        if len(entries) > 1 and refused.code.name in upload.REFUSALS:
+            # A stream may be refused after batches of it were staged: keep what the branch
+            # names (nothing removed when it cannot be read).
+            try:
+                named = {
+                    e.physical_address
+                    for e in client.iter_objects(args.repo, args.branch, prefix=args.path)
+                }
+            except errors.QuarryError:
+                raise refused from None
+        upload.remove_refused(store, repo.storage_namespace, entries, refused.code.name, named)
+        raise
     finally:
         store.close()
     total_bytes = sum(e.size_bytes for e in entries)

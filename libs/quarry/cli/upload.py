@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import mimetypes
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,3 +135,47 @@ def upload_all(
         finally:
             for future in pending:
                 future.cancel()
+
+
+# Answers that mean the server refused the staging call and staged nothing: the uploaded
+# bytes are nobody's. Any other failure (UNAVAILABLE, DEADLINE_EXCEEDED, INTERNAL, ...)
+# may have staged them: they stay, and GC removes them if no entry names them.
+REFUSALS = frozenset(
+    {
+        "PERMISSION_DENIED",
+        "UNAUTHENTICATED",
+        "FAILED_PRECONDITION",
+        "INVALID_ARGUMENT",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "OUT_OF_RANGE",
+    }
+)
+
+
+def remove_refused(
+    store: BlobStore,
+    storage_namespace: str,
+    entries: list[types_pb2.Entry],
+    refusal: str,
+    staged: Collection[str] = (),
+) -> int:
+    """Delete the bytes this command uploaded for `entries` after the server refused to
+    stage them (a Viewer's denied put left 2,001 files in the lake). Safety rule: only
+    after a refusal (REFUSALS), only keys of the upload shape (`data/<uuid hex>`, new keys
+    this command chose) inside the namespace, and never an address in `staged` (what the
+    branch names after the refusal: a stream refused after some of its batches were
+    staged): never an object anyone else wrote or an entry names, and never one a failure
+    with an unknown outcome may have staged. Returns the count."""
+    if refusal not in REFUSALS:
+        return 0
+    root = storage_namespace.rstrip("/") + "/"
+    removed = 0
+    for entry in entries:
+        key = entry.physical_address[len(root) :]
+        if entry.physical_address in staged:
+            continue
+        if entry.physical_address.startswith(root) and UPLOAD_KEY.fullmatch(key):
+            store.delete(key)
+            removed += 1
+    return removed
