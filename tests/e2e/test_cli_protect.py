@@ -86,3 +86,15 @@ def test_add_list_delete_and_enforcement(suite, quarry, tmp_path):
     assert missing.stderr.startswith("quarry: RULE_NOT_FOUND: ")
     bad = quarry("branch-protect", "add", "cli-protect", "x", "--block", "push", expect=2)
     assert "staging-write, commit" in bad.stderr
+
+
+def test_a_put_to_a_tag_says_it_is_a_tag(suite, quarry, tmp_path):
+    """It said "branch 'v1' not found" (other writes answer NOT_A_BRANCH)."""
+    quarry("repo", "create", "cli-tagput", suite.namespace("cli-tagput"))
+    quarry("tag", "create", "cli-tagput", "v1", "main")
+    data = tmp_path / "t.txt"
+    data.write_text("t")
+    refused = quarry("put", "cli-tagput", "v1", "t.txt", "--from", str(data), expect=1)
+    assert refused.stderr.startswith("quarry: NOT_A_BRANCH: "), refused.stderr
+    missing = quarry("put", "cli-tagput", "nope", "t.txt", "--from", str(data), expect=1)
+    assert "BRANCH_NOT_FOUND" in missing.stderr

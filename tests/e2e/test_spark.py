@@ -196,16 +196,14 @@ def test_empty_append_commits_nothing(spark, client, conn, repo):
 def test_csv_and_json_formats(spark, client, conn, repo):
     qs.write(numbers(spark, 0, 50, 2), f"quarry://{repo}/main/csv", format="csv", connection=conn)
     qs.write(numbers(spark, 0, 50, 2), f"quarry://{repo}/main/json", format="json", connection=conn)
-    as_csv = qs.read(
-        spark,
-        f"quarry://{repo}/main/csv",
-        format="csv",
-        connection=conn,
-        header="true",
-        inferSchema="true",
-    )
+    # A round trip with no options: write's header line is read as the header (it came
+    # back as rows, with columns _c0, _c1).
+    as_csv = qs.read(spark, f"quarry://{repo}/main/csv", format="csv", connection=conn)
     as_json = qs.read(spark, f"quarry://{repo}/main/json", format="json", connection=conn)
+    assert as_csv.count() == 50 and "id" in as_csv.columns
     assert ids(as_csv) == ids(as_json) == list(range(50))
+    raw = qs.read(spark, f"quarry://{repo}/main/csv", format="csv", connection=conn, header=False)
+    assert raw.count() > 50  # the caller's option wins: header lines read as rows
     assert {e.content_type for e in client.iter_objects(repo, "main", prefix="csv/")} == {
         "text/csv"
     }

@@ -69,7 +69,7 @@ def _put_from(args: argparse.Namespace, ctx: Context, metadata: dict[str, str]) 
     client = ctx.client
     repo = client.get_repository(args.repo)
     # Fail on a missing branch before any bytes move.
-    client.get_branch(args.repo, args.branch)
+    client.branch_to_write(args.repo, args.branch)
     store = open_blob_store(repo.storage_namespace, ctx.settings)
     entries = []
     try:

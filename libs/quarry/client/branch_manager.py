@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, overload
 
+from quarry import errors
 from quarry.batching import batches
 from quarry.client.calls import RpcCalls
 from quarry.client.entries import as_entry, batch_request_id, make_entry
@@ -111,6 +112,24 @@ class BranchManagerCalls(RpcCalls):
             "BranchManager/GetBranch",
             bm.GetBranchRequest(repository=repository, name=name),
         ).branch
+
+    def branch_to_write(self, repository: str, name: str) -> types_pb2.Branch:
+        """get_branch for a writer that checks its target before moving any bytes: a tag's
+        name is NOT_A_BRANCH (FAILED_PRECONDITION), as the write itself would answer,
+        not "branch not found"."""
+        from quarry.graveler import errors as gerrors
+
+        try:
+            return self.get_branch(repository, name)
+        except errors.NotFound as missing:
+            try:
+                self.get_tag(repository, name)
+            except errors.QuarryError:
+                raise missing from None
+            raise gerrors.NotABranch(
+                f"{name!r} is a tag; writes and uncommitted changes need a branch",
+                metadata={"repository": repository, "ref": name},
+            ) from None
 
     def list_branches(
         self, repository: str, page_size: int = 0, page_token: str = ""

@@ -83,12 +83,13 @@ class RemoteRangeWriter:
             self._channel.close()
 
     def _stream(
-        self, method: Callable[..., Any], requests: Iterator[Any], failure: _Failure
+        self, method: grpc.StreamUnaryMultiCallable, requests: Iterator[Any], failure: _Failure
     ) -> Any:
         # The request stream is produced on a thread gRPC runs for it: it works for the
         # incoming call too (its KV reads carry its deadline) and stops once that call
         # expired or was cancelled, which cancels this call and so the range-writer's work.
         call = deadlines.current()
+        started: list[grpc.Future] = []
 
         def carried() -> Iterator[Any]:
             with deadlines.serving(call):
@@ -99,10 +100,26 @@ class RemoteRangeWriter:
                 except BaseException as exc:
                     if failure.error is None:
                         failure.error = exc
-                    raise
+                    # Ends the stream and cancels the call rather than raising into gRPC's
+                    # request consumer, which logs any exception there as an ERROR with a
+                    # traceback (every cancelled import did). The caller raises the error.
+                    if started:
+                        started[0].cancel()
 
         with domain_errors(lambda: failure.error):
-            return method(carried(), timeout=deadlines.timeout(self._timeout))
+            future = method.future(carried(), timeout=deadlines.timeout(self._timeout))
+            started.append(future)
+            try:
+                response = future.result()
+            except grpc.FutureCancelledError:
+                response = None
+        # The producer failed: its error, whatever the call answered (a stream that ended
+        # before the call could be cancelled may have been answered in full).
+        if failure.error is not None:
+            raise failure.error
+        if response is None:
+            raise errors.Cancelled("the range-writer call was cancelled")
+        return response
 
     def _batches(
         self,

@@ -215,10 +215,15 @@ def read(
 ) -> DataFrame:
     """The data under PATH at REF of `quarry://REPO/REF/PATH`. PATH is a folder: its files
     are read. Local files are read by Spark's `format` reader (`options` are passed to
-    it); Parquet files in S3 by executors through the object store (no Hadoop S3 connector
+    it; for "csv", header and inferSchema default to true, as `write` writes a header); Parquet files in S3 by executors through the object store (no Hadoop S3 connector
     needed), other formats in S3 by Spark's reader through s3a://."""
     target = parse_uri(uri)
     connection = Connection.resolve(spark, connection)
+    if format == "csv":
+        # `write` puts a header line in every CSV file: read them the same way (a round
+        # trip gave header lines as rows and columns _c0, _c1). Headerless files:
+        # header=False.
+        options = {"header": "true", "inferSchema": "true", **options}
     listing = _entries(spark, target, target.prefix, connection)
     addresses = [
         row.physical_address for row in listing.select("physical_address").orderBy("path").collect()

@@ -234,7 +234,7 @@ class _Job:
             self.partition_by,
             self.max_records_per_file,
         )
-        head = self.client.get_branch(repo, self.target.ref)
+        head = self.client.branch_to_write(repo, self.target.ref)
         self._require_clean_target()
         self.client.create_branch(repo, self.branch, head.commit_id)
         try:
