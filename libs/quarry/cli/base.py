@@ -128,13 +128,16 @@ class Context:
     def dialled(self) -> dict[str, str]:
         """The services this run's client dialled, by name (for errors that name one)."""
         client = self._client
-        if client is None:
-            return {}
-        return {
-            "branch-manager": client.branch_manager_target,
-            "committer": client.committer_target,
-            "compactor-sensor": client.compactor_sensor_target,
-        }
+        dialled = {}
+        if client is not None:
+            dialled = {
+                "branch-manager": client.branch_manager_target,
+                "committer": client.committer_target,
+                "compactor-sensor": client.compactor_sensor_target,
+            }
+        if hasattr(self.args, "kv_gateway"):  # doctor reads the KV store through it
+            dialled["kv-gateway"] = self.args.kv_gateway or self.settings.kv_gateway_address
+        return dialled
 
     def unheld_stdout(self) -> Any:
         """The real stdout as a binary stream (write, flush), past the hold: for output too
@@ -287,7 +290,11 @@ def unreachable(exc: errors.QuarryError, services: dict[str, str]) -> CliError |
     ]
     name, address = named[0] if len(named) == 1 else ("service", peer.group(0) if peer else "")
     why = "connection refused" if CONNECTION_REFUSED in message.lower() else "no connection"
-    flag = f" --{name}" if name in ("branch-manager", "committer") else ""
+    flag = (
+        f" --{name}"
+        if name in ("branch-manager", "committer", "compactor-sensor", "kv-gateway")
+        else ""
+    )
     return CliError(
         "SERVICE_UNREACHABLE",
         f"cannot reach the {name} at {address} ({why}). Is Quarry running? Start it with "

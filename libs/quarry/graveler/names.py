@@ -52,7 +52,9 @@ def _check_ref_name(name: str, kind: str) -> str:
     if name == "HEAD":
         # In a ref, HEAD names the repository's default branch (graveler.resolution).
         raise gerrors.InvalidName(
-            f"invalid {kind} name {name!r}: HEAD names the repository's default branch",
+            f"invalid {kind} name {name!r}: HEAD names the repository's default branch in "
+            f"a ref (to read from); to write there or name a {kind}, use the branch's own "
+            "name (`quarry repo show REPO` shows it)",
             metadata={"kind": kind},
         )
     if re.fullmatch(r"[0-9a-f]{6,64}", name):
