@@ -190,21 +190,31 @@ def test_an_unreachable_service_is_named_with_what_to_do(home):
     assert (error["code"], error["reason"]) == ("UNAVAILABLE", "SERVICE_UNREACHABLE")
 
 
-def test_a_port_in_use_is_our_one_line_without_grpc_core_lines(tmp_path):
+@pytest.mark.parametrize(
+    ("service", "extra"),
+    [
+        ("kv-gateway", {}),
+        # Its span worker processes start before the port is bound: each printed a
+        # traceback when the refusal stopped it at once.
+        ("range-writer", {"QUARRY_RANGE_WRITER_PROCESSES": "2"}),
+    ],
+)
+def test_a_port_in_use_is_our_one_line_without_grpc_core_lines(tmp_path, service, extra):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = quarry_env(tmp_path, QUARRY_KV_GATEWAY_PORT=str(port))
+        variable = f"QUARRY_{service.upper().replace('-', '_')}_PORT"
+        env = quarry_env(tmp_path, **{variable: str(port)}, **extra)
         ran = subprocess.run(
-            [str(VENV_BIN / "quarry"), "serve", "kv-gateway"],
+            [str(VENV_BIN / "quarry"), "serve", service],
             env=env,
             capture_output=True,
             text=True,
             timeout=60,
         )
     assert ran.returncode == 2
-    assert ran.stderr.startswith("quarry serve kv-gateway: UNAVAILABLE: kv-gateway cannot listen")
+    assert ran.stderr.startswith(f"quarry serve {service}: UNAVAILABLE: {service} cannot listen")
     assert ran.stderr.count("\n") == 1, ran.stderr
 
 

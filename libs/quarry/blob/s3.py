@@ -457,7 +457,7 @@ def _unavailable(
             cause = "access denied"
     if cause:
         return StorageUnreachable(
-            f"S3 storage namespace {location or '?'} is not usable: {cause} ({exc})",
+            f"S3 location {location or '?'} is not usable: {cause} ({exc})",
             cause=cause,
             location=location,
         )

@@ -80,7 +80,7 @@ def _show(status: cm.Import, json: bool) -> None:
     if status.error:
         fields.append(("error", status.error))
     if status.HasField("commit") and status.commit.id:
-        fields.append(("commit", status.commit.id))
+        fields.append(("commit", output.short_id(status.commit.id)))
     output.fields(fields)
 
 

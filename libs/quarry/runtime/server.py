@@ -506,6 +506,7 @@ def create_server(
     except RuntimeError:
         bound = 0
     if bound == 0:
+        _run_stop_callbacks(spec.name, spec.on_stop)  # release what the spec holds, as above
         raise port_taken(spec.name, bind_host, bind_port)
     # ServerInfo always answers; "" and the service's own names follow readiness.
     health_servicer.set(info_name, health_pb2.HealthCheckResponse.SERVING)
