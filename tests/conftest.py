@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 import uuid
@@ -51,11 +52,16 @@ def _http_server(
 ) -> Iterator[str]:
     """Start a server process, wait until it answers HTTP at url+probe, yield url, stop it.
     Any HTTP answer (even an error status) means it is serving."""
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # stderr to a file, never a pipe: moto_server logs a line per request, and a pipe nobody
+    # reads fills after 64 KiB, then every request of the session blocks (a whole test
+    # worker hung on a bucket creation).
+    errors_file = tempfile.TemporaryFile()  # noqa: SIM115 — closed once the server stopped
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors_file)
 
     def answers() -> bool:
         if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            errors_file.seek(0)
+            err = errors_file.read()[-4000:].decode(errors="replace")
             pytest.fail(f"{name} exited with {proc.returncode}: {err}", pytrace=False)
         try:
             urllib.request.urlopen(url + probe, timeout=1)
@@ -75,8 +81,7 @@ def _http_server(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
+        errors_file.close()
 
 
 @pytest.fixture(scope="session")
