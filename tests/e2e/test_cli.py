@@ -1,5 +1,6 @@
 """The `quarry` command as a newcomer runs it: up, serve, version — as real processes."""
 
+import json
 import os
 import signal
 import stat
@@ -36,6 +37,17 @@ def test_version():
     assert result.returncode == 0
     assert quarry.__version__ in result.stdout
     assert f"storage format version {quarry.FORMAT_VERSION}" in result.stdout
+    # --json, as every command takes (it was a usage error here and for `settings`).
+    for argv in (["version", "--json"], ["--json", "version"], ["settings", "--json"]):
+        ran = subprocess.run(
+            [str(VENV_BIN / "quarry"), *argv], capture_output=True, text=True, timeout=120
+        )
+        assert ran.returncode == 0, ran.stderr
+        parsed = json.loads(ran.stdout)
+        if argv[-1] == "--json" and argv[0] == "settings":
+            assert any(row["variable"] == "QUARRY_HOME" for row in parsed)
+        else:
+            assert parsed["format_version"] == quarry.FORMAT_VERSION
 
 
 def test_up_starts_the_suite_on_embedded_defaults_and_stops_on_ctrl_c(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import json
 import os
 import re
 import shutil
@@ -413,12 +414,29 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_version(args: argparse.Namespace) -> int:
+    if getattr(args, "json", False):
+        print(json.dumps({"version": quarry.__version__, "format_version": quarry.FORMAT_VERSION}))
+        return 0
     print(f"quarry {quarry.__version__}")
     print(f"storage format version {quarry.FORMAT_VERSION}")
     return 0
 
 
 def cmd_settings(args: argparse.Namespace) -> int:
+    if getattr(args, "json", False):
+        from quarry.config import describe_settings
+
+        rows = [
+            {
+                "variable": s.env,
+                "type": s.type.__name__,
+                "default": s.default,
+                "description": s.description,
+            }
+            for s in describe_settings()
+        ]
+        print(json.dumps(rows, indent=2))
+        return 0
     print(settings_markdown() if args.markdown else settings_text(), end="")
     return 0
 
@@ -491,11 +509,13 @@ def register_serve(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 
 def register_version(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     version = sub.add_parser("version", help="print the package and storage format versions")
+    version.add_argument("--json", action="store_true", help="as one JSON object")
     version.set_defaults(func=cmd_version)
 
 
 def register_settings(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     settings = sub.add_parser("settings", help="list every setting with its default")
+    settings.add_argument("--json", action="store_true", help="as a JSON list")
     settings.add_argument("--markdown", action="store_true", help="as a Markdown table")
     settings.set_defaults(func=cmd_settings)
 
