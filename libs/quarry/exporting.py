@@ -101,12 +101,6 @@ class CorruptExport(errors.InvalidArgument):
     reason = "CORRUPT_EXPORT"
 
 
-class NewerFormat(errors.FailedPrecondition):
-    """An export from a newer storage format than this build's."""
-
-    reason = "FORMAT_VERSION_MISMATCH"
-
-
 def _newer(found_format: object) -> bool:
     try:
         return int(str(found_format)) > FORMAT_VERSION
@@ -330,7 +324,7 @@ def _import(
     # (an older stamp, or none) has every referenced metarange checked by its format tag.
     rebuild = found_format != str(FORMAT_VERSION)
     if _newer(found_format):
-        raise NewerFormat(
+        raise format_version.FormatVersionMismatch(
             f"the export was made from storage format {found_format}, newer than this "
             f"build's {FORMAT_VERSION}: import it with the build that wrote it (a store is "
             "never taken back to an older format)",

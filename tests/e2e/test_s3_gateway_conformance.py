@@ -659,3 +659,29 @@ def test_a_download_the_client_abandons_stops_there(gateway, s3):
         )
 
     wait_until(abandoned, timeout=30, interval=0.1, what="the abandoned GET's 499 log line")
+
+
+def test_a_link_planted_after_staging_is_not_followed_out_of_the_namespace(gateway, s3, client):
+    """Staging judges where an address points once; the file was then replaced by a link
+    to Quarry's home and a GET served the signing key (a tester forged a service token with
+    it). The gateway now checks the file it opened (its real path) before sending a byte:
+    AccessDenied, for GET, a ranged GET and a copy; a plain object still reads."""
+    s3.put_object(Bucket=REPO, Key="main/swap/x.txt", Body=b"harmless")
+    s3.put_object(Bucket=REPO, Key="main/swap/kept.txt", Body=b"kept")
+    secret = gateway.suite.home / "bait-secret.txt"
+    secret.write_bytes(b"the signing key")
+    address = client.stat_object(REPO, "main", "swap/x.txt").physical_address
+    os.unlink(address)
+    os.symlink(secret, address)
+    for ranged in ({}, {"Range": "bytes=0-3"}):
+        with pytest.raises(ClientError) as refused:
+            s3.get_object(Bucket=REPO, Key="main/swap/x.txt", **ranged)
+        assert _code(refused.value) == "AccessDenied"
+    with pytest.raises(ClientError) as refused:
+        s3.copy_object(
+            Bucket=REPO,
+            Key="main/swap/copy.txt",
+            CopySource={"Bucket": REPO, "Key": "main/swap/x.txt"},
+        )
+    assert _code(refused.value) == "AccessDenied"
+    assert s3.get_object(Bucket=REPO, Key="main/swap/kept.txt")["Body"].read() == b"kept"

@@ -342,7 +342,7 @@ def _fewer_rows_on_retry(fail_partition: int, branch_manager: str, repo: str):
                     [
                         {
                             "path": f"t/part-{job}-{fail_partition:05d}-c{i:03d}.snappy.parquet",
-                            "physical_address": f"/dead/attempt/{i}",
+                            "physical_address": f"s3://b/dead/attempt/{i}",
                             "size_bytes": 1,
                         }
                         for i in range(100)
@@ -366,7 +366,7 @@ def test_retried_tasks_never_leave_duplicate_or_stray_entries(spark, client, con
     assert not [
         e
         for e in client.iter_objects(repo, "main", prefix="t/")
-        if e.physical_address.startswith("/dead/")
+        if e.physical_address.startswith("s3://b/dead/")
     ]
     back = ids(qs.read(spark, f"quarry://{repo}/main/t", connection=conn))
     assert back == list(range(150)) + list(range(150, 190))
@@ -542,7 +542,7 @@ def test_entries_of_a_large_committed_listing_prune_ranges_by_prefix(spark, clie
         repo,
         "main",
         (
-            {"path": f"a/{i:06d}", "physical_address": f"/p/{i}", "size_bytes": i}
+            {"path": f"a/{i:06d}", "physical_address": f"s3://b/p/{i}", "size_bytes": i}
             for i in range(5000)
         ),
     )
@@ -550,7 +550,7 @@ def test_entries_of_a_large_committed_listing_prune_ranges_by_prefix(spark, clie
         repo,
         "main",
         (
-            {"path": f"b/{i:06d}", "physical_address": f"/q/{i}", "size_bytes": i}
+            {"path": f"b/{i:06d}", "physical_address": f"s3://b/q/{i}", "size_bytes": i}
             for i in range(1500)
         ),
     )
@@ -682,7 +682,7 @@ def test_entries_cost_one_metarange_read_and_the_same_rpcs_whatever_the_size(
             repo,
             "main",
             (
-                {"path": f"p/{i:06d}", "physical_address": f"/a/{i}", "size_bytes": 1}
+                {"path": f"p/{i:06d}", "physical_address": f"s3://b/a/{i}", "size_bytes": 1}
                 for i in range(size)
             ),
         )

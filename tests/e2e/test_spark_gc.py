@@ -105,7 +105,10 @@ class History:
             c.put_objects(
                 self.repo,
                 "dev",
-                [{"path": f"dev/{i}", "physical_address": "/x", "size_bytes": i} for i in range(3)],
+                [
+                    {"path": f"dev/{i}", "physical_address": "s3://b/x", "size_bytes": i}
+                    for i in range(3)
+                ],
             )
             compacted = c.compact(self.repo, "dev").compacted_metarange_id
             c.put_object(

@@ -314,7 +314,7 @@ def test_a_dependent_service_still_refuses_another_format_version(procs):
     branch_manager = procs.start("branch-manager")
     wait_health(procs.target("branch-manager"), NOT_SERVING, child=branch_manager)
     backend = MemoryStore()
-    backend.set(b"quarry", b"format-version", b"999")
+    backend.set(b"quarry", b"format-version", b"2")  # an older store: the rebuild path
     other_build = build(settings_for_tests(), backend=backend)
     other_build.on_ready.clear()  # a gateway of another build: it serves that store
     gateway, _ = create_server(

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from quarry.auth.authorizer import Authorizer
 from quarry.auth.interceptor import current_principal
 from quarry.auth.policy import storage_arn, user_arn
-from quarry.graveler.reach import outside_namespace
+from quarry.graveler.reach import outside_namespace, place
 
 COMMIT_AS_OTHER_USER = "auth:CommitAsOtherUser"
 IMPORT_FROM_STORAGE = "fs:ImportFromStorage"
@@ -56,7 +56,8 @@ def check_import(
     if principal is None or principal.is_service or authorizer is None:
         return
     outside = tuple(
-        storage_arn(address) for _, address, _, _ in outside_namespace(storage_namespace, entries)
+        storage_arn(place(kind, where))
+        for _, _, kind, where in outside_namespace(storage_namespace, entries)
     )
     if outside:
         authorizer.authorize(principal, IMPORT_FROM_STORAGE, outside)

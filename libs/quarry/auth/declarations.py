@@ -127,8 +127,10 @@ def _delete_objects(request: Any) -> tuple[str, ...]:
 
 
 def _import_sources(request: Any) -> tuple[str, ...]:
+    from quarry.graveler.reach import place_of_source
+
     uris = [source.uri for source in request.sources] or [""]
-    return tuple(storage_arn(uri) for uri in uris)
+    return tuple(storage_arn(place_of_source(uri)) for uri in uris)
 
 
 def _import_destinations(request: Any) -> tuple[str, ...]:

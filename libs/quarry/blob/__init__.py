@@ -12,7 +12,7 @@ import contextlib
 import os
 import re
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from quarry.blob.base import (
     BlobStore,
@@ -28,6 +28,7 @@ from quarry.blob.base import (
     StorageUnreachable,
     check_key,
 )
+from quarry.blob.confine import Confinement, opened_path
 from quarry.blob.counting import CountingBlobStore
 from quarry.blob.layout import (
     InvalidPhysicalAddress,
@@ -57,8 +58,10 @@ class S3Location(Protocol):
 
 __all__ = [
     "BlobStore",
+    "Confinement",
     "ChecksumMismatch",
     "CountingBlobStore",
+    "confinement",
     "InvalidByteRange",
     "InvalidObjectKey",
     "InvalidPhysicalAddress",
@@ -107,19 +110,31 @@ def open_blob_store(storage_namespace: str, settings: S3Location | None = None) 
     return S3BlobStore(where, prefix, endpoint_url=endpoint, region=region)
 
 
+def confinement(storage_namespace: str, settings: Any) -> Confinement:
+    """Where reads for a repository with this namespace may open local files
+    (quarry.blob.confine), from QUARRY_IMPORT_LOCAL_PREFIXES and Quarry's own files of
+    `settings`."""
+    kind, where, _ = parse_storage_namespace(storage_namespace)
+    return Confinement.of(where if kind == "local" else "", settings)
+
+
 @contextlib.contextmanager
 def open_object(
     physical_address: str,
     settings: S3Location | None = None,
     offset: int = 0,
     length: int | None = None,
+    confine: Confinement | None = None,
 ) -> Iterator[ObjectReader]:
     """The bytes at an entry's physical address as a stream (read(n) in pieces, never whole
     unless asked): /abs/path, file:///abs/path or s3://bucket/key, inside a repository's
     namespace or not (an imported object). ObjectNotFound when nothing is there,
     StorageUnreachable or Unavailable when the environment stops it, while opening or
     while reading. A local read never creates a directory. `offset`/`length`: only that
-    range, read without the bytes before it (BlobStore.open_read)."""
+    range, read without the bytes before it (BlobStore.open_read). `confine`: a service
+    reading for a caller: a local file is read only if the file opened (its real path, after
+    any link) lies where the repository may read (quarry.blob.confine), else
+    ADDRESS_NOT_ALLOWED before any byte is read."""
     # Where the address points, decided in one place (quarry.blob.layout): `..`, `.` and
     # empty segments are refused (INVALID_PHYSICAL_ADDRESS), never resolved here.
     location = address_location(physical_address)
@@ -137,6 +152,12 @@ def open_object(
         store = open_blob_store(f"s3://{bucket}", settings)
     try:
         with store.open_read(check_key(key), offset, length) as reader:
+            if confine is not None and location.kind == "local":
+                fileno = reader.fileno()
+                real = (
+                    opened_path(fileno) if fileno is not None else os.path.realpath(location.where)
+                )
+                confine.check(real, physical_address)
             yield reader
     finally:
         store.close()

@@ -149,6 +149,14 @@ class ObjectReader:
     def close(self) -> None:
         self._raw.close()
 
+    def fileno(self) -> int | None:
+        """The open file's descriptor when the bytes come from a local file, else None."""
+        fileno = getattr(self._raw, "fileno", None)
+        try:
+            return fileno() if fileno is not None else None
+        except (OSError, ValueError):  # a stream without a descriptor
+            return None
+
     def __enter__(self) -> Self:
         return self
 

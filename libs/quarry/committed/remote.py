@@ -97,6 +97,8 @@ class RemoteRangeWriter:
                     for request in requests:
                         deadlines.check()
                         yield request
+                except GeneratorExit:
+                    raise  # gRPC closing the stream (the call ended): not a producer failure
                 except BaseException as exc:
                     if failure.error is None:
                         failure.error = exc
@@ -138,6 +140,8 @@ class RemoteRangeWriter:
                 for item in chunk:
                     add(message, item)
                 yield message
+        except GeneratorExit:
+            raise  # closed with the stream: not a failure of its own
         except BaseException as exc:
             failure.error = exc
             raise
@@ -237,6 +241,8 @@ class RemoteRangeWriter:
                     yield range_writer_pb2.WriteMetaRangeRequest(
                         entry_columns=columns.encode_batch(batch)
                     )
+            except GeneratorExit:
+                raise  # closed with the stream: not a failure of its own
             except BaseException as exc:
                 failure.error = exc
                 raise

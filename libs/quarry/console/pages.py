@@ -19,7 +19,8 @@ from urllib.parse import quote
 
 from quarry import errors, uploads
 from quarry.auth import policy
-from quarry.blob import ObjectNotFound, open_object
+from quarry.blob import ObjectNotFound, confinement, open_object
+from quarry.blob.confine import AddressNotAllowed
 from quarry.client import Credentials
 from quarry.console import admin, graph, preview, sessions
 from quarry.console.app import Context, Route, route
@@ -453,9 +454,12 @@ def object_detail(ctx: Context, params: dict[str, str]) -> Response:
     ref, path = _ref(ctx, repo), ctx.request.arg("path")
     entry = ctx.client.stat_object(repo.name, ref, path)
     try:
-        shown = preview.preview(entry, ctx.console.settings)
+        confine = confinement(repo.storage_namespace, ctx.console.settings)
+        shown = preview.preview(entry, ctx.console.settings, confine)
     except ObjectNotFound:
         shown = preview.Preview("none", note="the object's bytes are missing from storage")
+    except AddressNotAllowed:
+        shown = preview.Preview("none", note="the object's address leads where it may not be read")
     return ctx.render(
         "object.html",
         repo=repo,
@@ -471,7 +475,9 @@ def download(ctx: Context, params: dict[str, str]) -> Response:
     repo = params["repo"]
     ref, path = ctx.request.arg("ref"), ctx.request.arg("path")
     entry = ctx.client.stat_object(repo, ref, path)
-    opened = open_object(entry.physical_address, ctx.console.settings)
+    namespace = ctx.client.get_repository(repo).storage_namespace
+    confine = confinement(namespace, ctx.console.settings)
+    opened = open_object(entry.physical_address, ctx.console.settings, confine=confine)
     try:
         reader = opened.__enter__()
     except ObjectNotFound:

@@ -72,8 +72,8 @@ def kind_of(path: str, stored_type: str) -> str:
     return "none"
 
 
-def _read(physical_address: str, settings: Any, limit: int) -> bytes:
-    with open_object(physical_address, settings) as reader:
+def _read(physical_address: str, settings: Any, limit: int, confine: Any = None) -> bytes:
+    with open_object(physical_address, settings, confine=confine) as reader:
         out = bytearray()
         while len(out) < limit:
             piece = reader.read(min(1 << 20, limit - len(out)))
@@ -83,10 +83,11 @@ def _read(physical_address: str, settings: Any, limit: int) -> bytes:
         return bytes(out)
 
 
-def preview(entry: Any, settings: Any) -> Preview:
+def preview(entry: Any, settings: Any, confine: Any = None) -> Preview:
+    """`confine`: where the repository's reads may open local files (quarry.blob.confine)."""
     kind = kind_of(entry.path, entry.content_type)
     if kind == "text":
-        data = _read(entry.physical_address, settings, TEXT_BYTES)
+        data = _read(entry.physical_address, settings, TEXT_BYTES, confine)
         return Preview(
             "text", text=data.decode("utf-8", "replace"), truncated=entry.size_bytes > len(data)
         )
@@ -95,7 +96,7 @@ def preview(entry: Any, settings: Any) -> Preview:
     if kind == "parquet":
         if entry.size_bytes > PARQUET_MAX_BYTES:
             return Preview("none", note="Parquet file too large to preview here")
-        return _parquet(_read(entry.physical_address, settings, PARQUET_MAX_BYTES))
+        return _parquet(_read(entry.physical_address, settings, PARQUET_MAX_BYTES, confine))
     return Preview("none")
 
 

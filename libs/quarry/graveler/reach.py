@@ -9,14 +9,18 @@ Safety rules:
     source never overlaps one or the target's own `_quarry/` area: the other repository's
     GC does not know of the entry and may delete the object under it, and a reader of this
     repository would read objects of one it may not read.
-  * Nothing ever points into Quarry's home (QUARRY_HOME: the signing key, the admin's
-    credentials, the KV file): reading the signing key is forging any token.
+  * Nothing ever points at Quarry's own files (quarry.blob.confine.QuarryFiles: what lies
+    directly in QUARRY_HOME, the signing key, the admin's credentials, the KV file; the
+    range cache; the key files the settings name), and no import source holds one:
+    reading the signing key is forging any token.
   * A local file outside the repository's namespace is reachable only below a directory the
     operator allowed (QUARRY_IMPORT_LOCAL_PREFIXES; none by default, as lakeFS's
     `allowed_external_prefixes`): otherwise anyone who may stage an address could read
     every file the server's account can (keys, other users' data).
   * A local address is judged by its real path: a symbolic link inside a namespace (or
-    inside an allowed directory) never reaches out of it.
+    inside an allowed directory) never reaches out of it. A link planted after staging is
+    caught where a service reads for its callers (quarry.blob.confine, the same rules on
+    the file it opened).
 
 `fs:ImportFromStorage` (quarry.auth.checks) decides, on top of these, which users may
 stage an address outside the repository's namespace at all, and where.
@@ -29,27 +33,24 @@ import os
 import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from quarry import errors
+from quarry.blob.confine import (
+    AddressNotAllowed,
+    QuarryFiles,
+    inside,
+    local_prefixes,
+)
 from quarry.blob.layout import address_location
 from quarry.blob.namespace import namespace_location, namespaces_overlap
-from quarry.blob.sources import Source
+from quarry.blob.sources import Source, parse_source
 from quarry.graveler import errors as gerrors
 from quarry.graveler.model import Entry
 from quarry.graveler.refs import RefManager, Repository
 
 PREFIXES_SETTING = "QUARRY_IMPORT_LOCAL_PREFIXES"
 _PAGE = 100
-
-
-class AddressNotAllowed(errors.PermissionDenied):
-    """An address or import source where this server lets no entry point."""
-
-    reason = "ADDRESS_NOT_ALLOWED"
-
-
-def _as_dir(path: str) -> str:
-    return path.rstrip("/") + "/"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -59,27 +60,19 @@ def _namespace_root(storage_namespace: str) -> tuple[str, str]:
     return namespace_location(storage_namespace)
 
 
-def _inside(where: str, root: str) -> bool:
-    return _as_dir(where).startswith(root)
-
-
 @dataclass(frozen=True)
 class Reach:
-    """The operator's part of the rules: the allowed local directories and Quarry's home,
-    both as real paths ending in "/"."""
+    """The operator's part of the rules: the allowed local directories (real paths ending
+    in "/") and Quarry's own files."""
 
     local_prefixes: tuple[str, ...] = ()
-    home: str = ""
+    own: QuarryFiles = QuarryFiles()
 
     @classmethod
-    def of(cls, local_prefixes: str, home: str) -> Reach:
-        """From QUARRY_IMPORT_LOCAL_PREFIXES (comma-separated, checked absolute by
-        Settings) and QUARRY_HOME."""
-        prefixes = (p.strip() for p in local_prefixes.split(","))
-        return cls(
-            tuple(_as_dir(os.path.realpath(p)) for p in prefixes if p),
-            _as_dir(os.path.realpath(home)) if home else "",
-        )
+    def of(cls, settings: Any) -> Reach:
+        """From QUARRY_IMPORT_LOCAL_PREFIXES (checked absolute by Settings) and the places
+        of Quarry's own files."""
+        return cls(local_prefixes(settings.import_local_prefixes), QuarryFiles.of(settings))
 
 
 class AddressRules:
@@ -97,12 +90,12 @@ class AddressRules:
         pairs = ((entry.path, entry.physical_address) for entry in entries)
         for path, address, kind, where in outside_namespace(repo.storage_namespace, pairs):
             if kind == "local":
-                self._check_not_home(where, address)
+                self._check_not_own(where, address)
             if others is None:
                 others = self._other_repositories(repo)
             for other in others:
                 other_kind, other_root = _namespace_root(other.storage_namespace)
-                if other_kind == kind and _inside(where, other_root):
+                if other_kind == kind and inside(where, other_root):
                     raise AddressNotAllowed(
                         f"{path!r}: address {address!r} lies in the storage namespace "
                         f"of repository {other.name!r}; an entry never points into another "
@@ -133,15 +126,14 @@ class AddressRules:
                 )
         if source.kind != "local":
             return
-        where = os.path.realpath(source.root)
+        where = _resolved(source.root, source.uri)
         kind, root = _namespace_root(repo.storage_namespace)
-        if kind != "local" or not _inside(where, root):
+        if kind != "local" or not inside(where, root):
             # Outside the repository's own namespace (inside it, only `_quarry/` is refused).
-            home = self.reach.home
-            if home and (_inside(where, home) or _inside(home, _as_dir(where))):
+            if self.reach.own.overlaps(where):
                 raise AddressNotAllowed(
-                    f"import source {source.uri!r} overlaps Quarry's home "
-                    f"({home.rstrip('/')}): its keys and credentials are never entries",
+                    f"import source {source.uri!r} holds or lies among Quarry's own files "
+                    "(its home's keys, credentials and KV file, its cache): never entries",
                     metadata={"uri": source.uri},
                 )
             self._check_local_prefix(where, source.uri)
@@ -149,28 +141,27 @@ class AddressRules:
     # ---- the parts ------------------------------------------------------------------------
 
     def check_namespace(self, storage_namespace: str) -> None:
-        """A new repository's namespace never contains Quarry's home (its files would be
-        entries inside the namespace)."""
+        """A new repository's namespace never holds Quarry's own files (they would be
+        objects inside the namespace)."""
         kind, root = namespace_location(storage_namespace)
-        home = self.reach.home
-        if kind == "local" and home and _inside(home, root):
+        if kind == "local" and self.reach.own.overlaps(root):
             raise AddressNotAllowed(
-                f"storage namespace {storage_namespace!r} contains Quarry's home "
-                f"({home.rstrip('/')}): its keys and credentials are never objects of a "
-                "repository",
+                f"storage namespace {storage_namespace!r} holds or lies among Quarry's own "
+                "files (its home's keys, credentials and KV file, its cache): use a "
+                "directory of its own",
                 metadata={"storage_namespace": storage_namespace},
             )
 
-    def _check_not_home(self, real: str, address: str) -> None:
-        if self.reach.home and _inside(real, self.reach.home):
+    def _check_not_own(self, real: str, address: str) -> None:
+        if self.reach.own.holds(real):
             raise AddressNotAllowed(
-                f"address {address!r} lies in Quarry's home outside the repository's "
-                "storage namespace: its keys and credentials are never entries",
+                f"address {address!r} is one of Quarry's own files (its home's keys, "
+                "credentials and KV file, its cache): never an entry",
                 metadata={"address": address},
             )
 
     def _check_local_prefix(self, real: str, address: str) -> None:
-        if not any(_inside(real, prefix) for prefix in self.reach.local_prefixes):
+        if not any(inside(real, prefix) for prefix in self.reach.local_prefixes):
             allowed = ", ".join(p.rstrip("/") for p in self.reach.local_prefixes) or "none"
             raise AddressNotAllowed(
                 f"{address!r} is a local path outside the repository's storage namespace "
@@ -207,9 +198,24 @@ def outside_namespace(
             continue  # no address, or one no reader opens (an opaque string)
         where = location.where
         if location.kind == "local":
-            where = _real_file(where, real_dirs)
-        if location.kind != kind or not _inside(where, root):
+            try:
+                where = _real_file(where, real_dirs)
+            except OSError:  # a link the server may not read (/proc/1/root/...)
+                where = _resolved(where, address)
+        if location.kind != kind or not inside(where, root):
             yield path, address, location.kind, where
+
+
+def _resolved(path: str, given: str) -> str:
+    """os.path.realpath, or AddressNotAllowed when the path cannot be resolved (a link the
+    server may not follow, such as /proc/1/root): never judged by its text."""
+    try:
+        return os.path.realpath(path, strict=False)
+    except OSError:
+        raise AddressNotAllowed(
+            f"{given!r} cannot be resolved to a real path here: not reachable",
+            metadata={"address": given},
+        ) from None
 
 
 def _real_file(where: str, real_dirs: dict[str, str]) -> str:
@@ -225,3 +231,27 @@ def _real_file(where: str, real_dirs: dict[str, str]) -> str:
     if real is None:
         real = real_dirs[directory] = os.path.realpath(directory or "/")
     return real.rstrip("/") + "/" + name
+
+
+# ---- the place an address points at, for fs:ImportFromStorage -------------------------------
+
+
+def place(kind: str, where: str) -> str:
+    """The one spelling of a place (outside_namespace's kind and where) a policy's
+    `arn:quarry:fs:::storage/<place>` names: a local file by its real path (`/data/x`, links
+    and every file-URL notation resolved), an S3 object as `s3://bucket/key` (s3a, s3n and
+    the scheme's letter case folded). Matching the text as written let `file:/x`,
+    `FILE:///x`, `%70rivate` or a link walk past a Deny on the place."""
+    return where if kind == "local" else f"s3://{where}"
+
+
+def place_of_source(uri: str) -> str:
+    """place() of an import source (a directory or an S3 prefix); the text as given when it
+    is not one (StartImport refuses it)."""
+    try:
+        source = parse_source(uri)
+        if source.kind == "local":
+            return os.path.realpath(source.root)
+    except (errors.QuarryError, OSError):
+        return uri
+    return source.location

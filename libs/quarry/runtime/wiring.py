@@ -105,7 +105,7 @@ def core_dependencies(  # noqa: PLR0913 — the parts a caller may supply, each 
         retries=retries(settings),
     )
     graveler.imports.settings = settings  # S3 sources: the endpoint and region
-    graveler.addresses.reach = Reach.of(settings.import_local_prefixes, settings.home)
+    graveler.addresses.reach = Reach.of(settings)
     graveler.imports.heartbeat_seconds = settings.import_heartbeat_seconds
     graveler.imports.stale_seconds = settings.import_stale_seconds
     graveler.imports.listing_processes = settings.import_listing_processes

@@ -36,13 +36,15 @@ from urllib.parse import quote, unquote
 from quarry import errors, uploads
 from quarry.blob import (
     BlobStore,
+    Confinement,
     ObjectNotFound,
+    confinement,
     object_address,
     open_blob_store,
     open_object,
     parse_storage_namespace,
 )
-from quarry.blob.layout import new_upload_key
+from quarry.blob.layout import address_location, new_upload_key
 from quarry.client import Client
 from quarry.s3gateway import checksums, xmlserde
 from quarry.s3gateway.errors import (
@@ -153,6 +155,16 @@ def _repository(ctx: Context, bucket: str) -> types_pb2.Repository:
     if ctx.lookups is not None:
         ctx.lookups.repositories.put(key, repo)
     return repo
+
+
+def _confine(ctx: Context, bucket: str, address: str) -> Confinement | None:
+    """For an object at a local address, where reads of `bucket` may open files
+    (quarry.blob.confine: a link planted after staging is not followed out); None for S3
+    addresses, with no repository lookup (reads are the hot path)."""
+    location = address_location(address)
+    if location is None or location.kind != "local":
+        return None
+    return confinement(_repository(ctx, bucket).storage_namespace, ctx.settings)
 
 
 def _require_branch(ctx: Context, bucket: str, ref: str) -> None:
@@ -611,10 +623,11 @@ def get_object(ctx: Context, request: Request) -> Response:
     headers.append(("content-length", str(length)))
     # Only the range is read from the store (a seek, or a ranged GET of an S3 namespace); a
     # whole object is read as one (a plain GET of an S3 namespace).
+    confine = _confine(ctx, request.target.bucket, entry.physical_address)
     if wanted is None:
-        opened = open_object(entry.physical_address, ctx.settings)
+        opened = open_object(entry.physical_address, ctx.settings, confine=confine)
     else:
-        opened = open_object(entry.physical_address, ctx.settings, first, length)
+        opened = open_object(entry.physical_address, ctx.settings, first, length, confine)
     try:
         reader = opened.__enter__()
     except ObjectNotFound:
@@ -830,7 +843,8 @@ def _copy_bytes(
     `store`); (size, md5 hex). On failure nothing stays under `key`."""
     try:
         address = source.entry.physical_address
-        with open_object(address, ctx.settings, first, length) as reader:
+        confine = _confine(ctx, source.bucket, address)
+        with open_object(address, ctx.settings, first, length, confine) as reader:
             ranged = _RangeReader(reader, length, address)
             written = store.put_stream(key, ranged)
     except ObjectNotFound:

@@ -113,7 +113,10 @@ def test_nothing_points_into_quarrys_home_not_even_for_an_admin(world):
     admin = user_token(TEST_ADMIN)
     signing_key = home / "signing.key"
     signing_key.write_text("x" * 40)  # the suite takes its key from settings; the file is bait
-    for address in (str(signing_key), f"file://{signing_key}", str(home / "kv.db")):
+    (home / "cache").mkdir(exist_ok=True)
+    cached = home / "cache" / "range.parquet"
+    cached.write_bytes(b"a cached range")
+    for address in (str(signing_key), f"file://{signing_key}", str(home / "kv.db"), str(cached)):
         error = refused(put, bm, admin, "loot/key", address)
         assert (error.code.name, error.reason) == ("PERMISSION_DENIED", "ADDRESS_NOT_ALLOWED")
     error = refused(
@@ -187,7 +190,8 @@ def test_import_sources_follow_the_same_rules(world):
             timeout=20,
         )
 
-    for source in (str(home), str(home / "sub"), str(root / "forbidden"), "/etc"):
+    (home / "cache").mkdir(exist_ok=True)
+    for source in (str(home), str(home / "cache"), str(root / "forbidden"), "/etc"):
         error = refused(start, source)
         assert (error.code.name, error.reason) == ("PERMISSION_DENIED", "ADDRESS_NOT_ALLOWED")
     # A directory holding home and the namespaces: refused (for the namespaces first).

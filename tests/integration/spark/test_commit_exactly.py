@@ -33,7 +33,7 @@ def job(suite, request):
 def row(job, partition: int, attempt: int) -> dict:
     return {
         "path": object_path(job.spec, partition, 0),
-        "physical_address": f"/ns/data/p{partition}-t{attempt}",
+        "physical_address": f"s3://b/ns/data/p{partition}-t{attempt}",
         "size_bytes": 5,
         "checksum": f"c{partition}-{attempt}",
         "mtime_us": 1_700_000_000_000_000,
@@ -117,9 +117,9 @@ def test_attempts_that_never_stop_changing_the_files_end_the_write(job, monkeypa
 
 def test_unrelated_paths_on_the_branch_are_left_alone(job):
     repo = job.target.repository
-    job.client.put_object(repo, job.branch, entry=make_entry("t/other-file", "/o", 1))
+    job.client.put_object(repo, job.branch, entry=make_entry("t/other-file", "s3://b/o", 1))
     another_job = "t/part-20200101T000000-000000000000-00000-c000.snappy.parquet"
-    job.client.put_object(repo, job.branch, entry=make_entry(another_job, "/x", 1))
+    job.client.put_object(repo, job.branch, entry=make_entry(another_job, "s3://b/x", 1))
     commit = job._commit_exactly(reported_of(job, [row(job, 0, 1)]), {})
     assert set(committed(job, commit.id)) == {
         "t/other-file",
