@@ -233,3 +233,58 @@ def test_a_namespace_containing_quarrys_home_is_refused(world):
         metadata=bearer(user_token(TEST_ADMIN)),
     )
     assert (error.code.name, error.reason) == ("PERMISSION_DENIED", "ADDRESS_NOT_ALLOWED")
+
+
+def test_import_from_storage_is_decided_on_the_place_not_the_text(world):
+    """A Deny on a place held only for the spelling it named: `file:/x`, `FILE:///x`,
+    `file://localhost/x`, percent-encoding and a link to the place all walked past it."""
+    root, _, iam, bm, _ = world
+    private = root / "allowed" / "private"
+    private.mkdir(exist_ok=True)
+    (private / "secret.txt").write_bytes(b"s")
+    (root / "allowed" / "pub").mkdir(exist_ok=True)
+    link = root / "allowed" / "pub" / "link.txt"
+    if not link.exists():
+        os.symlink(private / "secret.txt", link)
+    iam.create_user("bob")
+    iam.add_group_member(DEVELOPERS, "bob")
+    iam.create_policy(
+        "BobImports",
+        document(
+            {
+                "Effect": "Allow",
+                "Action": "fs:ImportFromStorage",
+                "Resource": storage_arn(f"{root}/allowed/*"),
+            },
+            {
+                "Effect": "Deny",
+                "Action": "fs:ImportFromStorage",
+                "Resource": storage_arn(f"{private}/*"),
+            },
+        ),
+    )
+    iam.attach_user_policy("bob", "BobImports")
+    bob = user_token("bob")
+    secret = private / "secret.txt"
+    spellings = [
+        str(secret),
+        f"file:{secret}",
+        f"FILE://{secret}",
+        f"file://localhost{secret}",
+        f"file://{str(secret).replace('private', '%70rivate')}",
+        str(link),
+    ]
+    for address in spellings:
+        error = refused(put, bm, bob, "p/secret", address)
+        assert (error.reason, error.metadata["resource"]) == (
+            "PERMISSION_DENIED",
+            storage_arn(str(secret)),
+        ), address
+    assert put(bm, bob, "p/ok", str(root / "allowed" / "dims" / "a.csv")).entry.path == "p/ok"
+
+
+def test_a_path_the_server_cannot_resolve_is_refused_not_internal(world):
+    _, _, _, bm, _ = world
+    error = refused(put, bm, user_token(TEST_ADMIN), "p/proc", "/proc/1/root/etc/hostname")
+    assert error.code.name in ("PERMISSION_DENIED", "INVALID_ARGUMENT"), error
+    assert error.code.name != "INTERNAL"
