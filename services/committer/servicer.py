@@ -77,6 +77,7 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
             allow_empty=request.allow_empty,
             dry_run=request.dry_run,
             hint_metarange_id=request.hint_metarange_id,
+            destination_head_id=request.destination_head_id,
         )
         outcome = self._g.merge(
             request.repository, request.source_ref, request.destination_branch, params

@@ -186,6 +186,57 @@ def test_overwrite_replaces_the_folder_in_one_commit_and_time_travel_sees_the_ol
     assert ids(qs.read(spark, f"quarry://{repo}/{first.id}/t", connection=conn)) == list(range(100))
 
 
+@pytest.mark.parametrize("when", ["before the check", "between the check and the merge"])
+def test_an_overwrite_never_keeps_a_concurrent_writes_files(
+    spark, client, conn, repo, monkeypatch, when
+):
+    """Two overwrites of 100 rows racing left 200 rows: each deleted the files of the HEAD
+    it started from, and the merge kept the other's. Another write landing under the path
+    while the overwrite runs now fails it (CONCURRENT_OVERWRITE, ABORTED) with nothing
+    merged, whether it lands before the overwrite checks the target or after the check,
+    before its merge (the merge is conditioned on the HEAD checked)."""
+    from quarry.client.committer import CommitterCalls
+    from quarry.spark.writer import ConcurrentOverwrite, _Job
+
+    uri = f"quarry://{repo}/main/t"
+    qs.write(numbers(spark, 0, 100), uri, connection=conn)
+
+    def other_write():
+        client.put_object(repo, "main", path="t/other-writer.parquet", physical_address="s3://b/o")
+        client.commit(repo, "main", "another writer")
+
+    if when == "before the check":
+        real = _Job._merge_overwrite
+
+        def racing(self, *args, **kwargs):
+            other_write()
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(_Job, "_merge_overwrite", racing)
+    else:
+        real_merge = CommitterCalls.merge
+        raced = []
+
+        def racing_merge(self, *args, **kwargs):
+            if not raced:
+                raced.append(True)
+                other_write()
+            return real_merge(self, *args, **kwargs)
+
+        monkeypatch.setattr(CommitterCalls, "merge", racing_merge)
+    head = client.get_branch(repo, "main").commit_id
+    with pytest.raises(ConcurrentOverwrite):
+        qs.write(numbers(spark, 500, 600, 2), uri, mode="overwrite", connection=conn)
+    monkeypatch.undo()
+    after = client.get_branch(repo, "main").commit_id
+    assert client.get_commit(repo, after).parents[0] == head  # only the other write landed
+    assert "t/other-writer.parquet" in paths(client, repo, "main", "t/")
+    assert no_ephemeral_branches(client, repo)
+    # Run again, it replaces everything there now.
+    qs.write(numbers(spark, 500, 600, 2), uri, mode="overwrite", connection=conn)
+    assert ids(qs.read(spark, uri, connection=conn)) == list(range(500, 600))
+
+
 def test_empty_append_commits_nothing(spark, client, conn, repo):
     head = client.get_branch(repo, "main").commit_id
     commit = qs.write(numbers(spark, 0, 0, 2), f"quarry://{repo}/main/t", connection=conn)
@@ -204,6 +255,12 @@ def test_csv_and_json_formats(spark, client, conn, repo):
     assert ids(as_csv) == ids(as_json) == list(range(50))
     raw = qs.read(spark, f"quarry://{repo}/main/csv", format="csv", connection=conn, header=False)
     assert raw.count() > 50  # the caller's option wins: header lines read as rows
+    # Quotes and commas in text round-trip (`say "hi"` came back as `"say ""hi"""`).
+    texts = ['say "hi"', "a,b", 'both, "and"']
+    frame = spark.createDataFrame([(i, t) for i, t in enumerate(texts)], "id long, text string")
+    qs.write(frame, f"quarry://{repo}/main/quoted", format="csv", connection=conn)
+    back = qs.read(spark, f"quarry://{repo}/main/quoted", format="csv", connection=conn)
+    assert [r.text for r in back.orderBy("id").collect()] == texts
     assert {e.content_type for e in client.iter_objects(repo, "main", prefix="csv/")} == {
         "text/csv"
     }

@@ -66,11 +66,14 @@ class CommitterCalls(RpcCalls):
         allow_empty: bool = False,
         dry_run: bool = False,
         hint_metarange_id: str = "",
+        destination_head_id: str = "",
         request_id: str | None = None,
     ) -> cm.MergeResponse:
         """`strategy`: a MergeStrategy value or 'source-wins' / 'dest-wins'. Conflicts raise
         FAILED_PRECONDITION / MERGE_CONFLICT (a MergeConflicts message in `exc.details`).
-        A retry after ABORTED / HEAD_MOVED passes the server's hint_metarange_id back."""
+        A retry after ABORTED / HEAD_MOVED passes the server's hint_metarange_id back.
+        `destination_head_id`: merge only while the destination's HEAD is that commit
+        (FAILED_PRECONDITION / DESTINATION_MOVED otherwise, nothing written)."""
         request = cm.MergeRequest(
             repository=repository,
             source_ref=source_ref,
@@ -83,6 +86,7 @@ class CommitterCalls(RpcCalls):
             allow_empty=allow_empty,
             dry_run=dry_run,
             hint_metarange_id=hint_metarange_id,
+            destination_head_id=destination_head_id,
             request_id=_request_id(request_id),
         )
 

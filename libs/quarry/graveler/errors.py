@@ -132,6 +132,12 @@ class MergeConflict(errors.FailedPrecondition):
     reason = "MERGE_CONFLICT"
 
 
+class DestinationMoved(errors.FailedPrecondition):
+    """A merge conditioned on the destination's HEAD (destination_head_id) found another."""
+
+    reason = "DESTINATION_MOVED"
+
+
 class HeadMoved(errors.Aborted):
     """A merge lost the race for the destination HEAD on every retry. Details: a
     quarry.v1.MergeRetryHint whose hint_metarange_id resumes the work."""

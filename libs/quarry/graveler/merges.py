@@ -50,6 +50,7 @@ class MergeOptions(TypedDict, total=False):
     allow_empty: bool
     dry_run: bool
     hint_metarange_id: str
+    destination_head_id: str
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ class MergeParams:
     allow_empty: bool = False
     dry_run: bool = False
     hint_metarange_id: str = ""
+    # Merge only while the destination's HEAD is this commit ("": any).
+    destination_head_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ class ThreeWay:
     dry_run: bool = False
     # (merged metarange, destination commit it was merged onto): an earlier attempt's work.
     resume: tuple[str, str] | None = None
+    # The HEAD the destination must have for the commit to land ("": any).
+    expected_head: str = ""
 
 
 class Merges:
@@ -137,6 +142,7 @@ class Merges:
             params.allow_empty,
             params.dry_run,
             resume,
+            params.destination_head_id,
         )
         attributes = {
             "quarry.repository": repo.name,
@@ -317,6 +323,14 @@ class Merges:
             if attempt:
                 self.core.retries.merge.backoff(attempt - 1)
             branch, predicate = self._clean_branch(repo, branch_name, seal=not work.dry_run)
+            if work.expected_head and branch.commit_id != work.expected_head:
+                # The move below swaps only this record: the commit lands on that HEAD or
+                # not at all.
+                raise gerrors.DestinationMoved(
+                    f"{branch_name!r} is at {branch.commit_id[:12]}, not "
+                    f"{work.expected_head[:12]} as the merge required",
+                    metadata={"repository": repo.name, "branch": branch_name},
+                )
             head = self.refs.get_commit(repo, branch.commit_id)
             if resume is None:
                 inputs = (work.base_metarange, work.source_metarange, head.metarange_id)

@@ -223,7 +223,9 @@ def read(
         # `write` puts a header line in every CSV file: read them the same way (a round
         # trip gave header lines as rows and columns _c0, _c1). Headerless files:
         # header=False.
-        options = {"header": "true", "inferSchema": "true", **options}
+        # escape='"': the quoting `write`'s CSV writer uses (a doubled quote), not Spark's
+        # backslash default (`say "hi"` came back as `"say ""hi"""`).
+        options = {"header": "true", "inferSchema": "true", "escape": '"', **options}
     listing = _entries(spark, target, target.prefix, connection)
     addresses = [
         row.physical_address for row in listing.select("physical_address").orderBy("path").collect()

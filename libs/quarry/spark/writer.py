@@ -90,6 +90,16 @@ class InvalidWriteOptions(errors.InvalidArgument):
     reason = "INVALID_WRITE_OPTIONS"
 
 
+class ConcurrentOverwrite(errors.Aborted):
+    """What an overwrite replaces changed on the target while it ran (another write)."""
+
+    reason = "CONCURRENT_OVERWRITE"
+
+
+# Attempts of an overwrite's merge whose target moved elsewhere meanwhile.
+OVERWRITE_MERGE_ATTEMPTS = 5
+
+
 class WriteIncomplete(errors.Aborted):
     """Late task attempts kept changing the job's files on the ephemeral branch."""
 
@@ -266,12 +276,15 @@ class _Job:
             ).lower()
             == "dynamic"
         )
+        replaced: list[str] = []  # the prefixes an overwrite replaces
         if self.mode == "overwrite" and not dynamic:
             old = (e.path for e in self.client.iter_objects(repo, self.branch, prefix=prefix))
             removed = self.client.delete_objects(repo, self.branch, old)
+            replaced = [prefix]
         files = self._run_tasks(df)
         if dynamic:
             folders = sorted({f["path"].rsplit("/", 1)[0] + "/" for f in files})
+            replaced = folders
             old = (
                 e.path
                 for folder in folders
@@ -293,17 +306,62 @@ class _Job:
         self.ephemeral_commit = commit.id
         self.merge_attempted = True
         # Merge the verified commit, not the branch: a late write there changes nothing.
-        merged = self.client.merge(
-            repo,
-            commit.id,
-            self.target.ref,
-            message=self.message,
-            committer=self.committer,
-            metadata=metadata,
-            allow_empty=True,
-            request_id=job_request_id(self.job_id, "merge"),
+        if not replaced:
+            merged = self.client.merge(
+                repo,
+                commit.id,
+                self.target.ref,
+                message=self.message,
+                committer=self.committer,
+                metadata=metadata,
+                allow_empty=True,
+                request_id=job_request_id(self.job_id, "merge"),
+            )
+            return merged.commit
+        return self._merge_overwrite(commit.id, head.commit_id, replaced, metadata)
+
+    def _merge_overwrite(
+        self, commit_id: str, started_from: str, replaced: list[str], metadata: dict
+    ) -> types_pb2.Commit:
+        """Merge an overwrite only onto a target whose `replaced` prefixes are still as the
+        job found them. Safety rule: an overwrite never leaves another write's files in
+        what it replaced. Its deletions were taken from the HEAD it started from; a merge
+        onto a HEAD where another write changed those prefixes would keep that write's
+        files beside its own (two racing overwrites of 100 rows left 200). So the merge is
+        conditioned on the HEAD checked (destination_head_id): if the target moved, the
+        prefixes are checked again on the new HEAD; if they changed, CONCURRENT_OVERWRITE
+        (ABORTED: run the write again), and nothing is merged."""
+        repo = self.target.repository
+        for attempt in range(OVERWRITE_MERGE_ATTEMPTS):
+            current = self.client.get_branch(repo, self.target.ref).commit_id
+            if current != started_from and any(
+                next(iter(self.client.iter_diff(repo, started_from, current, prefix=p)), None)
+                for p in replaced
+            ):
+                raise ConcurrentOverwrite(
+                    f"{self.target.ref!r} changed under {', '.join(replaced)} while this "
+                    "overwrite ran (another write): nothing was merged; run it again",
+                    metadata={"repository": repo, "branch": self.target.ref},
+                )
+            try:
+                return self.client.merge(
+                    repo,
+                    commit_id,
+                    self.target.ref,
+                    message=self.message,
+                    committer=self.committer,
+                    metadata=metadata,
+                    allow_empty=True,
+                    destination_head_id=current,
+                    request_id=job_request_id(self.job_id, f"merge-{attempt}"),
+                ).commit
+            except errors.FailedPrecondition as moved:
+                if moved.reason != "DESTINATION_MOVED":
+                    raise
+        raise ConcurrentOverwrite(
+            f"{self.target.ref!r} kept moving while this overwrite merged: run it again",
+            metadata={"repository": repo, "branch": self.target.ref},
         )
-        return merged.commit
 
     def _commit_exactly(self, reported: dict, metadata: dict) -> types_pb2.Commit:
         """Commit the ephemeral branch with exactly the reported files of this job.

@@ -322,3 +322,16 @@ def test_a_dry_run_of_a_merge_that_changes_nothing_answers_as_the_merge_would(fo
         with pytest.raises(gerrors.NoChanges):
             g.merge(repo, "feature", "main", dry_run=dry_run)
     assert g.merge(repo, "feature", "main", dry_run=True, allow_empty=True).summary.total == 0
+
+
+def test_a_merge_conditioned_on_the_destination_head_lands_only_on_that_head(forked):
+    g, repo = forked
+    put_commit(g, repo, "feature", {"a": "2"})
+    seen = g.get_branch(repo, "main").commit_id
+    put_commit(g, repo, "main", {"b": "2"})  # main moved since `seen`
+    with pytest.raises(gerrors.DestinationMoved):
+        g.merge(repo, "feature", "main", destination_head_id=seen)
+    assert content(g, repo, "main")["a"] == "1"  # nothing merged
+    now = g.get_branch(repo, "main").commit_id
+    g.merge(repo, "feature", "main", destination_head_id=now)
+    assert content(g, repo, "main")["a"] == "2"
