@@ -685,3 +685,38 @@ def test_a_link_planted_after_staging_is_not_followed_out_of_the_namespace(gatew
         )
     assert _code(refused.value) == "AccessDenied"
     assert s3.get_object(Bucket=REPO, Key="main/swap/kept.txt")["Body"].read() == b"kept"
+
+
+def test_an_object_whose_checksum_is_not_an_md5_has_an_etag_no_client_takes_for_one(
+    gateway, s3, client
+):
+    """`quarry put --from` and Spark record a SHA-256; served as the ETag, s3cmd reported an
+    MD5 mismatch on every download and its sync re-transferred unchanged files. The ETag is
+    now in the multipart form (`<32 hex>-1`), stable while the object is, and If-Match and
+    If-None-Match work with it, the conditional write as a compare-and-swap."""
+    body = b"written by a quarry put --from"
+    sha = hashlib.sha256(body).hexdigest()
+    address = os.path.join(gateway.suite.namespace(REPO), "data", "0" * 32)
+    os.makedirs(os.path.dirname(address), exist_ok=True)
+    with open(address, "wb") as out:
+        out.write(body)
+    client.put_object(
+        REPO,
+        "main",
+        path="sha/doc.txt",
+        physical_address=address,
+        size_bytes=len(body),
+        checksum=sha,
+    )
+    etag = s3.head_object(Bucket=REPO, Key="main/sha/doc.txt")["ETag"]
+    assert etag.startswith('"') and etag.strip('"').endswith("-1") and sha not in etag
+    assert s3.get_object(Bucket=REPO, Key="main/sha/doc.txt")["ETag"] == etag
+    with pytest.raises(ClientError) as unchanged:
+        s3.get_object(Bucket=REPO, Key="main/sha/doc.txt", IfNoneMatch=etag)
+    assert unchanged.value.response["ResponseMetadata"]["HTTPStatusCode"] == 304
+    # A conditional write on that ETag replaces it; on a stale one it is refused.
+    s3.put_object(Bucket=REPO, Key="main/sha/doc.txt", Body=b"v2", IfMatch=etag)
+    with pytest.raises(ClientError) as stale:
+        s3.put_object(Bucket=REPO, Key="main/sha/doc.txt", Body=b"v3", IfMatch=etag)
+    assert _code(stale.value) == "PreconditionFailed"
+    assert s3.get_object(Bucket=REPO, Key="main/sha/doc.txt")["Body"].read() == b"v2"

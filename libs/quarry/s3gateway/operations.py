@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -112,8 +113,19 @@ class Context:
 # ---- helpers ------------------------------------------------------------------------------
 
 
+# An ETag S3 clients read as the MD5 of the bytes (no dash) or of a multipart upload (-N).
+_S3_ETAG = re.compile(r"[0-9a-f]{32}(-[0-9]+)?")
+
+
 def _etag(checksum: str) -> str:
-    return f'"{checksum}"'
+    """The entry's ETag. S3 clients take a dash-less ETag for the MD5 of the bytes (s3cmd
+    warned of a mismatch on every download and its sync re-transferred, rclone checks
+    it): a checksum that is not an MD5 (the SHA-256 Spark and `quarry put --from` record)
+    is shown in the multipart form `<32 hex>-1`, which clients never check as one; it is
+    derived from the checksum, so it changes exactly when the object does."""
+    if _S3_ETAG.fullmatch(checksum):
+        return f'"{checksum}"'
+    return f'"{hashlib.md5(checksum.encode()).hexdigest()}-1"'
 
 
 def _mtime(entry: types_pb2.Entry) -> float:
@@ -708,7 +720,22 @@ def _store_body(
     )
 
 
-def _write_condition(request: Request) -> uploads.Condition:
+def _checksum_of_etag(ctx: Context, request: Request, etag: str) -> str:
+    """The checksum an If-Match ETag stands for. A plain MD5 is the checksum itself; a
+    derived one (_etag) is the current object's checksum when it is that object's ETag.
+    The write is then a compare-and-swap on that checksum (if_match_checksum): an object
+    replaced since this read fails it."""
+    if re.fullmatch(r"[0-9a-f]{32}", etag):
+        return etag
+    target = request.target
+    try:
+        entry = ctx.client.stat_object(target.bucket, target.ref, target.path)
+    except errors.NotFound:
+        return etag  # nothing there: the write answers NoSuchKey
+    return entry.checksum if _etag(entry.checksum).strip('"') == etag else etag
+
+
+def _write_condition(ctx: Context, request: Request) -> uploads.Condition:
     """The condition a PutObject or CompleteMultipartUpload puts on the key's current
     object: `If-None-Match: *` (no object) or `If-Match: ETAG` (that object), answered 412
     PreconditionFailed when unmet (404 NoSuchKey for If-Match on no object), as S3 does. A
@@ -725,7 +752,7 @@ def _write_condition(request: Request) -> uploads.Condition:
         etag = match.removeprefix("W/").strip('"')
         if not etag or etag == "*" or "," in etag:
             raise not_implemented("If-Match on a write other than one ETag")
-        return uploads.Condition(if_match_checksum=etag)
+        return uploads.Condition(if_match_checksum=_checksum_of_etag(ctx, request, etag))
     for header in ("if-modified-since", "if-unmodified-since"):
         if request.header(header):
             raise not_implemented(f"{header} on a write")
@@ -764,7 +791,7 @@ def put_object(ctx: Context, request: Request, signature: Any) -> Response:
         if request.read(1):
             raise invalid_argument("a key is REF/PATH with a non-empty PATH")
         return Response(200, [("etag", _etag(hashlib.md5(b"").hexdigest()))])
-    condition = _write_condition(request)
+    condition = _write_condition(ctx, request)
     read, finish = body_reader(request, ctx, signature)
     try:
         entry = uploads.put(
@@ -866,7 +893,7 @@ def copy_object(ctx: Context, request: Request) -> Response:
     if not path:
         raise invalid_argument("a key is REF/PATH with a non-empty PATH")
     _check_key_length(request)
-    condition = _write_condition(request)
+    condition = _write_condition(ctx, request)
     directive = request.header("x-amz-metadata-directive") or "COPY"
     if directive not in ("COPY", "REPLACE"):
         raise invalid_argument("x-amz-metadata-directive must be COPY or REPLACE")
@@ -1216,7 +1243,7 @@ def complete_multipart_upload(ctx: Context, request: Request) -> Response:
         raise S3Error("MalformedXML", "a CompleteMultipartUpload names at least one part", 400)
     if [n for n, _ in wanted] != sorted({n for n, _ in wanted}):
         raise S3Error("InvalidPartOrder", "The list of parts was not in ascending order.", 400)
-    condition = _write_condition(request)
+    condition = _write_condition(ctx, request)
     repo = _repository(ctx, bucket)
     _require_branch(ctx, bucket, ref)
     with open_blob_store(repo.storage_namespace, ctx.settings) as store:
