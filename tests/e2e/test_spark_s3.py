@@ -83,3 +83,16 @@ def test_write_entries_and_gc_on_an_s3_namespace(spark, tmp_path, moto_endpoint,
             assert store.exists(entry.physical_address[len(namespace) + 1 :])
         assert len(list(store.list("data/spark/"))) == 3
         assert qs.entries(spark, "quarry://sparky/main/t/", connection=conn).count() == 3
+        # A later file without a column of the first one reads it as null (was a KeyError in
+        # a Python worker); a hidden file (`_SUCCESS`) is not read as data.
+        wide = spark.range(0, 2).selectExpr("id", "id + 1 as next")
+        qs.write(wide, "quarry://sparky/main/w/a", connection=conn)
+        qs.write(spark.range(2, 4).selectExpr("id"), "quarry://sparky/main/w/b", connection=conn)
+        client.put_object("sparky", "main", path="w/_SUCCESS", physical_address=f"{namespace}/x")
+        mixed = qs.read(spark, "quarry://sparky/main/w", connection=conn)
+        assert sorted((r.id, r.next) for r in mixed.collect()) == [
+            (0, 1),
+            (1, 2),
+            (2, None),
+            (3, None),
+        ]

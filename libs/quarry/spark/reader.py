@@ -214,9 +214,12 @@ def read(
     **options: Any,
 ) -> DataFrame:
     """The data under PATH at REF of `quarry://REPO/REF/PATH`. PATH is a folder: its files
-    are read. Local files are read by Spark's `format` reader (`options` are passed to
-    it; for "csv", header and inferSchema default to true, as `write` writes a header); Parquet files in S3 by executors through the object store (no Hadoop S3 connector
-    needed), other formats in S3 by Spark's reader through s3a://."""
+    are read, but for hidden ones (a name starting with `_` or `.`: `_SUCCESS`, `.crc`,
+    `.DS_Store`, as Spark's own reader skips them). Local files are read by Spark's
+    `format` reader (`options` are passed to it; for "csv", header and inferSchema default
+    to true, as `write` writes a header); Parquet files in S3 by executors through the
+    object store (no Hadoop S3 connector needed), other formats in S3 by Spark's reader
+    through s3a://."""
     target = parse_uri(uri)
     connection = Connection.resolve(spark, connection)
     if format == "csv":
@@ -228,7 +231,9 @@ def read(
         options = {"header": "true", "inferSchema": "true", "escape": '"', **options}
     listing = _entries(spark, target, target.prefix, connection)
     addresses = [
-        row.physical_address for row in listing.select("physical_address").orderBy("path").collect()
+        row.physical_address
+        for row in listing.select("path", "physical_address").orderBy("path").collect()
+        if not row.path.rpartition("/")[2].startswith(("_", "."))
     ]
     if not addresses:
         raise NothingToRead(f"no objects under {uri}", metadata={"uri": uri})
@@ -251,21 +256,30 @@ def _read_parquet_objects(
     spark: SparkSession, addresses: list[str], connection: Connection
 ) -> DataFrame:
     """Parquet files in S3 read by executors with pyarrow; the schema is the first file's
-    (later files are cast to it)."""
+    (later files are cast to it; a column a later file lacks is null, as Spark's reader
+    makes it)."""
     import io
 
+    import pyarrow as pa  # at run time (the module's is for type checking)
     import pyarrow.parquet as pq
     from pyspark.sql.pandas.types import from_arrow_schema
 
     schema = pq.read_schema(io.BytesIO(_object(addresses[0], {}, connection)))
-    schema = schema.remove_metadata()
+    # Nullable, as Spark's Parquet reader makes every column: a later file may lack one.
+    schema = pa.schema([field.with_nullable(True) for field in schema.remove_metadata()])
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         stores: dict = {}
         for batch in batches:
             for address in batch.column(0).to_pylist():
                 table = pq.read_table(io.BytesIO(_object(address, stores, connection)))
-                yield from table.select(schema.names).cast(schema).to_batches()
+                columns = [
+                    table.column(field.name).cast(field.type)
+                    if field.name in table.column_names
+                    else pa.nulls(table.num_rows, field.type)
+                    for field in schema
+                ]
+                yield from pa.Table.from_arrays(columns, schema=schema).to_batches()
 
     slices = max(1, min(len(addresses), spark.sparkContext.defaultParallelism * 4))
     files = spark.createDataFrame([(a,) for a in addresses], "address string")
