@@ -1267,3 +1267,15 @@ def test_an_unknown_file_writer_setting_is_refused_before_anything_is_written(
     assert refused.value.reason == "INVALID_WRITE_OPTIONS"
     assert FILE_WRITER_CONF in str(refused.value)
     assert client.get_branch(repo, "main").commit_id == head and no_ephemeral_branches(client, repo)
+
+
+def test_a_namespace_with_glob_characters_reads_back(spark, client, conn, suite):
+    """Hadoop reads `[`, `{`, `*`, `?` in a path as a glob pattern: a namespace holding them
+    was written to, then every read and entries listing said PATH_NOT_FOUND."""
+    name = f"sp-{uuid.uuid4().hex[:10]}"
+    namespace = suite.namespace(name) + "-[x]{y}"
+    client.create_repository(name, namespace)
+    uri = f"quarry://{name}/main/t"
+    qs.write(numbers(spark, 0, 20, 2), uri, connection=conn)
+    assert ids(qs.read(spark, uri, connection=conn)) == list(range(20))
+    assert qs.entries(spark, uri + "/", connection=conn).count() == 2

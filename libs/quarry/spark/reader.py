@@ -13,6 +13,7 @@ entries with Spark's own reader: time travel by commit id, tag or `branch@`.
 from __future__ import annotations
 
 import datetime as _dt
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -111,7 +112,7 @@ def ranges_dataframe(
     if kind == "local":
         import os
 
-        paths = [os.path.join(root, rformat.range_key(rid)) for rid in range_ids]
+        paths = [spark_location(os.path.join(root, rformat.range_key(rid))) for rid in range_ids]
         return spark.read.schema(RANGE_DDL).parquet(*paths)
     slices = max(1, min(len(range_ids), spark.sparkContext.defaultParallelism * 4))
     ids = spark.createDataFrame([(rid,) for rid in range_ids], "range_id string")
@@ -199,10 +200,16 @@ def _entry_row(entry: types_pb2.Entry) -> tuple:
 
 
 def spark_location(physical_address: str) -> str:
-    """Where Spark's readers find a physical address (s3:// is Hadoop's s3a://)."""
+    """Where Spark's readers find a physical address (s3:// is Hadoop's s3a://), with the
+    characters Hadoop reads as a glob pattern escaped (a namespace with `[` or `{` in its
+    path read as PATH_NOT_FOUND)."""
     if physical_address.startswith("s3://"):
-        return "s3a://" + physical_address[len("s3://") :]
-    return physical_address
+        physical_address = "s3a://" + physical_address[len("s3://") :]
+    return _HADOOP_GLOB.sub(r"\\\1", physical_address)
+
+
+# What Hadoop's path globbing (GlobPattern) gives a meaning; a backslash escapes it.
+_HADOOP_GLOB = re.compile(r"([\\\[\]{}*?])")
 
 
 def read(
