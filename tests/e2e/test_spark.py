@@ -1279,3 +1279,24 @@ def test_a_namespace_with_glob_characters_reads_back(spark, client, conn, suite)
     qs.write(numbers(spark, 0, 20, 2), uri, connection=conn)
     assert ids(qs.read(spark, uri, connection=conn)) == list(range(20))
     assert qs.entries(spark, uri + "/", connection=conn).count() == 2
+
+
+def test_partition_column_names_are_escaped_in_folder_names_by_both_writers(
+    spark, client, conn, repo
+):
+    """A column `a/b` made folders `a/b=x/` (and `k=v` made `k=v=y/`); Spark writes
+    `a%2Fb=x/`. Both file writers now escape names as values are escaped."""
+    from quarry.spark.native import FILE_WRITER_CONF
+
+    frame = numbers(spark, 0, 4, 1).selectExpr("id", "cast(id % 2 as int) as `a/b`")
+    folders = {}
+    for writer in ("spark", "python"):
+        spark.conf.set(FILE_WRITER_CONF, writer)
+        try:
+            qs.write(frame, f"quarry://{repo}/main/{writer}", partition_by="a/b", connection=conn)
+        finally:
+            spark.conf.unset(FILE_WRITER_CONF)
+        folders[writer] = {
+            e.path.split("/")[1] for e in client.iter_objects(repo, "main", prefix=f"{writer}/")
+        }
+    assert folders["spark"] == folders["python"] == {"a%2Fb=0", "a%2Fb=1"}

@@ -121,6 +121,12 @@ def partition_value_text(value: Any) -> str:
         text = str(value)
     if text == "":
         return HIVE_NULL
+    return hive_escape(text)
+
+
+def hive_escape(text: str) -> str:
+    """A partition column's name or value as Hive (and Spark) write it in a folder name:
+    `/`, `=`, `%` and the like percent-encoded (a column `a/b` made a folder `a/b=x/`)."""
     return "".join(f"%{ord(c):02X}" if c in _HIVE_ESCAPED or ord(c) < 0x20 else c for c in text)
 
 
@@ -133,7 +139,9 @@ def _partitions(table: pa.Table, columns: tuple) -> Iterator[tuple[str, pa.Table
     keys = table.select(list(columns)).group_by(list(columns)).aggregate([]).to_pylist()
     found = []
     for key in keys:
-        folder = "".join(f"{name}={partition_value_text(key[name])}/" for name in columns)
+        folder = "".join(
+            f"{hive_escape(name)}={partition_value_text(key[name])}/" for name in columns
+        )
         mask = None
         for name in columns:
             value = key[name]

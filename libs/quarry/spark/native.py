@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 from quarry.blob import layout
 from quarry.blob.layout import JOB_FILE_KEY, SPARK_COMMITTED_FILE, SPARK_PARTITION_COLUMN
 from quarry.blob.local import fsync_directory
-from quarry.spark.executor import WriteSpec, object_path
+from quarry.spark.executor import WriteSpec, hive_escape, object_path
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -267,7 +267,8 @@ def describe_file(spec: WriteSpec, root: str, key: str) -> dict:
     folders = match["folders"]
     partition, counter = int(match["partition"]), int(match["counter"])
     folder = "".join(
-        f"{spec.partition_by[int(index)]}={value}/" for index, value in _FOLDER.findall(folders)
+        f"{hive_escape(spec.partition_by[int(index)])}={value}/"
+        for index, value in _FOLDER.findall(folders)
     )
     return {
         "key": key,
