@@ -648,6 +648,13 @@ def test_bad_options_and_missing_branch(spark, client, conn, repo):
     with pytest.raises(errors.InvalidArgument) as failure:
         qs.write(frame, f"quarry://{repo}/main/", mode="overwrite", connection=conn)
     assert failure.value.reason == "INVALID_WRITE_OPTIONS"
+    # CSV cannot hold nested columns: refused before the job (a worker traceback after it).
+    nested = frame.selectExpr("id", "array(id, id) as pair")
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(None)
+    with pytest.raises(errors.InvalidArgument) as failure:
+        qs.write(nested, f"quarry://{repo}/main/n", format="csv", connection=conn)
+    assert failure.value.reason == "INVALID_WRITE_OPTIONS" and "pair" in failure.value.message
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup(None) == jobs
     # Uncommitted changes on the target: refused before any task runs.
     client.put_object(repo, "main", path="pending", physical_address="s3://b/p", size_bytes=1)
     jobs_before = spark.sparkContext.statusTracker().getJobIdsForGroup(None)

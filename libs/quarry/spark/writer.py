@@ -155,6 +155,17 @@ def write(  # noqa: PLR0913 — the public keyword API (DataFrameWriter's option
         raise InvalidWriteOptions(
             "overwrite needs a PATH: it would replace the whole repository", metadata={"uri": uri}
         )
+    if format == "csv":
+        # Before any task runs, as Spark's own CSV writer refuses them (it failed in a
+        # Python worker after the job ran).
+        nested = [
+            f.name for f in df.schema.fields if f.dataType.typeName() in ("struct", "array", "map")
+        ]
+        if nested:
+            raise InvalidWriteOptions(
+                f"csv cannot hold the nested columns {', '.join(nested)}: write parquet or "
+                "json, or flatten them first"
+            )
     spark = df.sparkSession
     connection = Connection.resolve(spark, connection)
     from quarry.client import Client
