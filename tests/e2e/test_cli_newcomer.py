@@ -164,6 +164,13 @@ def test_branch_delete_refuses_to_lose_work_without_force(quarry, tmp_path):
     quarry("put", "keep", "staged", "x.csv", "--from", str(source))
     refused = quarry("branch", "delete", "keep", "staged", expect=1)
     assert "uncommitted changes" in refused.stderr
+    # Changes moved out of the current staging token (a compaction, a refused merge seal
+    # it) are uncommitted all the same: the record's dirty flag alone let them be deleted.
+    quarry("compact", "keep", "staged")
+    refused = quarry("branch", "delete", "keep", "staged", expect=1)
+    assert "uncommitted changes" in refused.stderr
+    shown = quarry("branch", "show", "keep", "staged").stdout.splitlines()
+    assert [line.split()[-1] for line in shown if line.startswith("uncommitted")] == ["yes"]
     names = [b["name"] for b in json.loads(quarry("branch", "list", "keep", "--json").stdout)]
     assert {"ahead", "staged"} <= set(names)  # nothing deleted
     # --force deletes; a clean, merged branch goes without asking.

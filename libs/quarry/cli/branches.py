@@ -8,12 +8,15 @@ import argparse
 from quarry import errors
 from quarry.cli import output
 from quarry.cli.base import Context, Subparsers, command, confirm, group, leaf
+from quarry.client.branch_manager import maybe_dirty
 from quarry.v1 import types_pb2
 
 
-def _dirty_text(branch: types_pb2.Branch) -> str:
-    # An absent flag (records older than the field) reads as dirty.
-    return "yes" if (not branch.HasField("dirty") or branch.dirty) else "no"
+def _dirty_text(ctx: Context, repo: str, branch: types_pb2.Branch) -> str:
+    """Whether the branch has uncommitted changes: a call only for a record that allows
+    them (maybe_dirty)."""
+    dirty = maybe_dirty(branch) and ctx.client.has_uncommitted(repo, branch.name)
+    return "yes" if dirty else "no"
 
 
 @command
@@ -33,7 +36,7 @@ def branch_list(args: argparse.Namespace, ctx: Context) -> int:
         list(ctx.client.iter_branches(args.repo)),
         ctx.json,
         ("NAME", "COMMIT", "UNCOMMITTED"),
-        lambda b: (b.name, output.short_id(b.commit_id), _dirty_text(b)),
+        lambda b: (b.name, output.short_id(b.commit_id), _dirty_text(ctx, args.repo, b)),
     )
     return 0
 
@@ -47,7 +50,7 @@ def branch_show(args: argparse.Namespace, ctx: Context) -> int:
     rows = [
         ("name", branch.name),
         ("commit", output.short_id(branch.commit_id)),
-        ("uncommitted changes", _dirty_text(branch)),
+        ("uncommitted changes", _dirty_text(ctx, args.repo, branch)),
         ("staging token", branch.staging_token or "-"),
         ("sealed tokens", ", ".join(branch.sealed_tokens) or "-"),
     ]
@@ -66,7 +69,7 @@ def _unsaved_work(ctx: Context, repo: str, name: str) -> list[str]:
     client = ctx.client
     branch = client.get_branch(repo, name)
     lost = []
-    if not branch.HasField("dirty") or branch.dirty:
+    if maybe_dirty(branch) and client.has_uncommitted(repo, name):
         lost.append("uncommitted changes")
     default = client.get_repository(repo).default_branch
     if name != default:

@@ -20,6 +20,18 @@ from quarry.v1 import types_pb2
 DELETE_BATCH = 1000
 
 
+def maybe_dirty(branch: types_pb2.Branch) -> bool:
+    """Whether the record alone allows uncommitted changes: the current token's `dirty`
+    flag (absent in records older than the field: dirty), sealed tokens, a compacted
+    metarange. False is certain; True is decided by has_uncommitted."""
+    return (
+        not branch.HasField("dirty")
+        or branch.dirty
+        or bool(branch.sealed_tokens)
+        or bool(branch.compacted_metarange_id)
+    )
+
+
 class BranchManagerCalls(RpcCalls):
     # ==== BranchManager: repositories ======================================================
 
@@ -487,6 +499,14 @@ class BranchManagerCalls(RpcCalls):
                 page_token=page_token,
             ),
         )
+
+    def has_uncommitted(self, repository: str, branch: str) -> bool:
+        """Whether the branch holds uncommitted changes (a corrupt staged value counts):
+        one DiffUncommitted page of one change, free on a clean branch. Never decided from
+        the record's `dirty` flag, which describes only the current staging token: sealed
+        tokens and a compacted metarange hold changes too."""
+        page = self.diff_uncommitted(repository, branch, page_size=1)
+        return bool(page.changes) or page.skipped_corrupt_records > 0
 
     def iter_uncommitted(
         self, repository: str, branch: str, prefix: str = "", page_size: int = 0

@@ -22,6 +22,7 @@ from quarry.auth import policy
 from quarry.blob import ObjectNotFound, confinement, open_object
 from quarry.blob.confine import AddressNotAllowed
 from quarry.client import Credentials
+from quarry.client.branch_manager import maybe_dirty
 from quarry.console import admin, graph, preview, sessions
 from quarry.console.app import Context, Route, route
 from quarry.console.forms import MissingField, confirm_page, confirmed, required
@@ -235,7 +236,7 @@ def branches(ctx: Context, params: dict[str, str]) -> Response:
         rows.append(
             {
                 "branch": branch,
-                "dirty": (not branch.HasField("dirty")) or branch.dirty,
+                "dirty": maybe_dirty(branch) and ctx.client.has_uncommitted(repo.name, branch.name),
                 "stats": _staging(ctx, repo.name, branch.name),
                 "protection": _protected(rules, branch.name),
                 "compacted": bool(branch.compacted_metarange_id),

@@ -265,17 +265,22 @@ class Merges:
         write acknowledged after the seal marks the branch dirty, and the move's
         compare-and-swap on the sealed record fails."""
         branch, predicate = self.core.branch(repo, branch_name)
+        # Refused before any seal: a refused merge leaves the branch exactly as it was.
+        self._refuse_dirty(repo, branch_name, branch)
         if seal and _has_layers(branch):
             sealed = self.refs.update_branch(
                 repo, branch_name, sealer(repo.staging_shards), step="seal"
             )
             branch, predicate = sealed.branch, sealed.predicate
+            self._refuse_dirty(repo, branch_name, branch)  # a write landed before the seal
+        return branch, predicate
+
+    def _refuse_dirty(self, repo: Repository, branch_name: str, branch: types_pb2.Branch) -> None:
         if self.reads.has_uncommitted(repo, branch):
             raise gerrors.DirtyBranch(
                 f"branch {branch_name!r} has uncommitted changes; commit or discard them first",
                 metadata={"repository": repo.name, "branch": branch_name},
             )
-        return branch, predicate
 
     def _commit_and_parent(
         self, repo_name: str, branch_name: str, ref: str, parent_number: int, operation: str

@@ -436,8 +436,7 @@ class _Job:
     def _require_clean_target(self) -> None:
         """The merge at the end needs a target without uncommitted changes: fail before the
         job runs rather than after (one call; free on a clean branch)."""
-        page = self.client.diff_uncommitted(self.target.repository, self.target.ref, page_size=1)
-        if page.changes or page.skipped_corrupt_records:  # a corrupt staged value: dirty
+        if self.client.has_uncommitted(self.target.repository, self.target.ref):
             from quarry.graveler.errors import DirtyBranch
 
             raise DirtyBranch(

@@ -335,3 +335,16 @@ def test_a_merge_conditioned_on_the_destination_head_lands_only_on_that_head(for
     now = g.get_branch(repo, "main").commit_id
     g.merge(repo, "feature", "main", destination_head_id=now)
     assert content(g, repo, "main")["a"] == "2"
+
+
+def test_a_merge_refused_for_uncommitted_changes_leaves_the_branch_as_it_was(forked):
+    """The seal that lets a merge drop no-op layers ran before the check: every refused
+    attempt sealed the token (1, 2, 3... sealed tokens, dirty false)."""
+    g, repo = forked
+    put_commit(g, repo, "feature", {"a": "2"})
+    g.put_objects(repo, "main", [entry("staged", "1")])
+    before = g.get_branch(repo, "main")
+    for _ in range(3):
+        with pytest.raises(gerrors.DirtyBranch):
+            g.merge(repo, "feature", "main")
+    assert g.get_branch(repo, "main") == before
