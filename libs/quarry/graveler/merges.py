@@ -15,7 +15,7 @@ from quarry.graveler import actions, layout, names
 from quarry.graveler import errors as gerrors
 from quarry.graveler.commits import sealer
 from quarry.graveler.core import CommitRecord, Core, make_commit, tracer
-from quarry.graveler.model import Conflict, DiffSummary, MergeResult, MergeStrategy
+from quarry.graveler.model import Conflict, DiffSummary, Entry, MergeResult, MergeStrategy
 from quarry.graveler.protection import COMMIT
 from quarry.graveler.reads import Reads
 from quarry.graveler.refs import Repository, is_dirty
@@ -111,8 +111,9 @@ class Merges:
         source = self.refs.get_commit(repo, self.refs.resolve(repo, source_ref).commit_id)
         branch, _ = self.core.branch(repo, destination_branch)
         head = self.refs.get_commit(repo, branch.commit_id)
-        base_id = self.refs.merge_base(repo, source.id, head.id)
-        base_metarange = self.refs.get_commit(repo, base_id).metarange_id if base_id else ""
+        bases = self.refs.merge_bases(repo, source.id, head.id)
+        base_id = bases[0] if bases else None
+        base_metarange = self._base_metarange(repo, bases)
         if base_id == source.id and not params.allow_empty:
             raise gerrors.NoChanges(
                 f"{source_ref!r} is already merged into {destination_branch!r}",
@@ -129,6 +130,8 @@ class Merges:
                 "quarry.merge.base": base_id or "",
             }
         )
+        if len(bases) > 1:  # criss-cross: the merge ran from their merge (a virtual base)
+            metadata["quarry.merge.bases"] = ",".join(bases)
         work = ThreeWay(
             base_metarange,
             source.metarange_id,
@@ -456,6 +459,46 @@ class Merges:
         self.core.staging.queue_drop_tokens(list(read[0].sealed_tokens))
         return True
 
+    # ---- criss-cross histories: a virtual merge base -----------------------------------------
+
+    def _base_metarange(self, repo: Repository, bases: list[str], depth: int = 0) -> str:
+        """The metarange a three-way merge runs from. One best common ancestor: its own.
+        Several (a criss-cross history, which two merges in opposite directions at once
+        make): their merge, as git's recursive strategy does. Taking one of them instead
+        restored files the destination had deleted and reported conflicts on paths only
+        one side changed. Paths the bases themselves disagree on are marked in the virtual
+        base with an entry no side holds, so the real merge reports them as conflicts
+        unless both sides agree (git's conflict-marked base)."""
+        if not bases:
+            return ""
+        metarange = self.refs.get_commit(repo, bases[0]).metarange_id
+        if depth >= MAX_VIRTUAL_BASE_DEPTH:
+            return metarange
+        for other in bases[1:]:
+            inner = self._base_metarange(
+                repo, self.refs.merge_bases(repo, bases[0], other), depth + 1
+            )
+            other_metarange = self.refs.get_commit(repo, other).metarange_id
+            metarange = self._virtual_base(repo, inner, other_metarange, metarange)
+        return metarange
+
+    def _virtual_base(self, repo: Repository, base: str, source: str, destination: str) -> str:
+        namespace = repo.storage_namespace
+        rw = self.core.range_writer
+        merged = rw.merge_metaranges(
+            namespace, base, source, destination, max_conflicts=MAX_VIRTUAL_BASE_CONFLICTS
+        )
+        if not merged.conflicts and not merged.more_conflicts:
+            return merged.metarange_id
+        if merged.more_conflicts:
+            # Too many to mark: refused as conflicts, never merged from a guessed base.
+            raise self._conflict_error(merged, "")
+        resolved = rw.merge_metaranges(
+            namespace, base, source, destination, strategy=MergeStrategy.DEST_WINS
+        )
+        marks = [(c.path, _disputed(c.path)) for c in merged.conflicts]
+        return rw.apply_changes(namespace, resolved.metarange_id, marks).metarange_id
+
     def _conflict_error(self, result: MergeResult, base_commit_id: str) -> gerrors.MergeConflict:
         from quarry.convert import conflict_to_proto
 
@@ -521,3 +564,15 @@ __all__ = ["MergeOptions", "MergeOutcome", "MergeParams", "Merges", "ThreeWay", 
 def _has_layers(branch: types_pb2.Branch) -> bool:
     """Whether reads of the branch look at anything above HEAD."""
     return is_dirty(branch) or bool(branch.sealed_tokens) or bool(branch.compacted_metarange_id)
+
+
+# A criss-cross of criss-crosses is merged this deep; deeper, the first base is taken.
+MAX_VIRTUAL_BASE_DEPTH = 4
+# Paths two merge bases may disagree on and still be marked in their virtual base.
+MAX_VIRTUAL_BASE_CONFLICTS = 10_000
+
+
+def _disputed(path: str) -> Entry:
+    """What a virtual merge base holds where its bases disagree: an entry no commit holds
+    (no real object has this checksum), so each side that has the path differs from it."""
+    return Entry(path, "", 0, "quarry:merge-bases-disagree")

@@ -187,18 +187,24 @@ class RefResolution:
         return LogWalk(self, repo, frontier, first_parent)
 
     def merge_base(self, repo: Repository, left_id: str, right_id: str) -> str | None:
-        """The best common ancestor of two commits, or None if they share no history.
+        """The best common ancestor of two commits, or None if they share no history: the
+        first of merge_bases (a three-way merge of a criss-cross history merges them all,
+        quarry.graveler.merges)."""
+        bases = self.merge_bases(repo, left_id, right_id)
+        return bases[0] if bases else None
+
+    def merge_bases(self, repo: Repository, left_id: str, right_id: str) -> list[str]:
+        """The best common ancestors of two commits (none an ancestor of another): one,
+        several on criss-cross histories, none when they share no history. Ordered by
+        generation, highest first, then by id: deterministic.
 
         Walks both histories together, newest generation first, painting each commit with
         the side(s) it is reachable from. The first commits painted by both sides are
-        common ancestors; their own ancestors are marked stale so only the best ones (not
-        ancestors of another) are kept. On criss-cross histories several remain: the one
-        with the highest generation wins, then the smallest id — deterministic, and the
-        choice is recorded by callers in the merge commit's metadata.
-        Cost grows with the commits since the fork point, not with the whole history.
+        common ancestors; their own ancestors are marked stale so only the best ones are
+        kept. Cost grows with the commits since the fork point, not with the whole history.
         """
         if left_id == right_id:
-            return left_id
+            return [left_id]
         LEFT, RIGHT, STALE = 1, 2, 4
         flags: dict[str, int] = {}
         heap: list[tuple[int, str]] = []
@@ -224,9 +230,7 @@ class RefResolution:
                 flag |= STALE
             for parent in self.get_commit(repo, commit_id).parents:
                 paint(parent, flag)
-        if not candidates:
-            return None
-        return min(candidates, key=lambda c: (-self.get_commit(repo, c).generation, c))
+        return sorted(candidates, key=lambda c: (-self.get_commit(repo, c).generation, c))
 
     def is_ancestor(self, repo: Repository, ancestor_id: str, descendant_id: str) -> bool:
         return self.merge_base(repo, ancestor_id, descendant_id) == ancestor_id

@@ -164,3 +164,38 @@ def test_concurrent_merges_of_disjoint_branches(stubs, suite):
     assert sum(o.attempts for o in outcomes.values()) >= n
     log = stubs.cm.Log(cm.LogRequest(repository=repo, ref="main", first_parent=True))
     assert sum(1 for c in log.commits if "quarry.merge.source" in c.metadata) == n
+
+
+def test_a_criss_cross_merge_keeps_a_deletion_over_the_real_range_writer(suite):
+    """hM's history over gRPC and the real range-writer: two merges in opposite directions
+    at once, then feat deletes p; merging main into feat brought p back (one merge base
+    chosen of two). From the virtual base of both it stays deleted, as in git."""
+    import uuid
+
+    name = f"cc-{uuid.uuid4().hex[:8]}"
+
+    def e(path, n):
+        return {
+            "path": path,
+            "physical_address": f"s3://b/{n}",
+            "size_bytes": 1,
+            "checksum": str(n),
+        }
+
+    with suite.client() as c:
+        c.create_repository(name, suite.namespace(name))
+        c.put_objects(name, "main", [e("base", 0)])
+        c.commit(name, "main", "root")
+        c.create_branch(name, "feat", "main")
+        c.put_objects(name, "feat", [e("p", 1), e("p2", 11)])
+        c.commit(name, "feat", "add p")
+        c.put_objects(name, "main", [e("q", 2)])
+        c.commit(name, "main", "q")
+        c.put_objects(name, "main", [e("r", 3)])
+        before = c.commit(name, "main", "r").commit.id
+        c.merge(name, "feat", "main")
+        c.merge(name, before, "feat")
+        c.delete_object(name, "feat", "p")
+        c.commit(name, "feat", "delete p")
+        c.merge(name, "main", "feat", allow_empty=True)
+        assert sorted(x.path for x in c.iter_objects(name, "feat")) == ["base", "p2", "q", "r"]

@@ -348,3 +348,50 @@ def test_a_merge_refused_for_uncommitted_changes_leaves_the_branch_as_it_was(for
         with pytest.raises(gerrors.DirtyBranch):
             g.merge(repo, "feature", "main")
     assert g.get_branch(repo, "main") == before
+
+
+def _criss_cross(g, repo):
+    """Two merges in opposite directions at once (as two users syncing do): feat -> main
+    and main's previous HEAD -> feat. Returns main's HEAD before the merges."""
+    g.create_branch(repo, "feat", "main")
+    put_commit(g, repo, "feat", {"p": "1", "p2": "1"})
+    put_commit(g, repo, "main", {"q": "1"})
+    before = put_commit(g, repo, "main", {"r": "1"})  # main's side: higher generation
+    g.merge(repo, "feat", "main")
+    g.merge(repo, before.id, "feat")
+    return before
+
+
+def test_a_criss_cross_merge_runs_from_the_merge_of_its_bases(graveler, repo):
+    """With one of the two best common ancestors as the base, a file the destination
+    deleted came back (the chosen base lacked it) and a path only one side changed was a
+    conflict. From their merge (git's virtual base), as git does: neither."""
+    g = graveler
+    put_commit(g, repo, "main", {"base": "1"})
+    _criss_cross(g, repo)
+    put_commit(g, repo, "feat", {"p": None})  # feat deletes p
+    g.create_branch(repo, "feat2", "feat")
+    put_commit(g, repo, "feat2", {"p2": "2"})  # a path main never touched
+    head = g.get_commit(repo, "main").id
+    outcome = g.merge(repo, "main", "feat2", allow_empty=True)
+    assert content(g, repo, "feat2")["p2"] == "2" and "p" not in content(g, repo, "feat2")
+    assert len(outcome.commit.metadata["quarry.merge.bases"].split(",")) == 2
+    g.merge(repo, "main", "feat", allow_empty=True)
+    assert "p" not in content(g, repo, "feat")  # the deletion holds
+    assert g.get_commit(repo, "main").id == head
+
+
+def test_paths_the_merge_bases_disagree_on_are_conflicts_unless_both_sides_agree(graveler, repo):
+    g = graveler
+    put_commit(g, repo, "main", {"x": "0"})
+    g.create_branch(repo, "feat", "main")
+    put_commit(g, repo, "feat", {"x": "f"})
+    before = put_commit(g, repo, "main", {"x": "m"})
+    # The criss-cross, each side resolving x its own way.
+    g.merge(repo, "feat", "main", strategy=MergeStrategy.DEST_WINS, allow_empty=True)  # x=m
+    g.merge(repo, before.id, "feat", strategy=MergeStrategy.DEST_WINS, allow_empty=True)  # x=f
+    with pytest.raises(gerrors.MergeConflict):
+        g.merge(repo, "feat", "main")  # x=m vs x=f from bases that disagree: a conflict
+    put_commit(g, repo, "feat", {"x": "m"})  # feat now agrees with main
+    g.merge(repo, "feat", "main", allow_empty=True)
+    assert content(g, repo, "main")["x"] == "m"
