@@ -449,18 +449,21 @@ def _commit_on_target_from_an_executor(branch_manager: str, committer: str, repo
     return run
 
 
-def test_a_merge_conflict_leaves_the_target_as_the_other_writer_left_it(
+def test_a_concurrent_change_leaves_the_target_as_the_other_writer_left_it(
     spark, suite, client, conn, repo
 ):
+    """An executor commits a change to the file the overwrite replaces: the overwrite
+    fails (CONCURRENT_OVERWRITE; a merge conflict before the overwrite checked the target
+    itself), the target keeps the other writer's commit, and the job leaves nothing."""
     first = qs.write(numbers(spark, 0, 10, 1), f"quarry://{repo}/main/t", connection=conn)
     (old_path,) = paths(client, repo, "main", "t/")
     frame = numbers(spark, 100, 200, 2).mapInArrow(
         _commit_on_target_from_an_executor(conn.branch_manager, conn.committer, repo, old_path),
         "id long, doubled long, label string",
     )
-    with pytest.raises(errors.FailedPrecondition) as failure:
+    with pytest.raises(errors.Aborted) as failure:
         qs.write(frame, f"quarry://{repo}/main/t", mode="overwrite", connection=conn)
-    assert failure.value.reason == "MERGE_CONFLICT"
+    assert failure.value.reason == "CONCURRENT_OVERWRITE"
 
     head = client.get_branch(repo, "main")
     assert client.get_commit(repo, head.commit_id).message == "concurrent change"
