@@ -64,11 +64,8 @@ class QuarryFiles:
             settings.console_session_key_file,
             settings.tls_key_file,
         )
-        return cls(
-            real_dir(settings.home),
-            (real_dir(settings.effective_cache_dir),),
-            frozenset(os.path.realpath(f) for f in named if f),
-        )
+        # By the raw settings: effective_cache_dir resolves a path (syscalls) on every call.
+        return _quarry_files(settings.home, settings.cache_dir, named)
 
     def holds(self, real: str) -> bool:
         """Whether the file at the real path `real` is one of Quarry's own."""
@@ -102,12 +99,9 @@ class Confinement:
 
     @classmethod
     def of(cls, namespace_dir: str, settings: Any) -> Confinement:
-        """`namespace_dir`: the repository's local namespace directory, "" for one in S3."""
-        return cls(
-            real_dir(namespace_dir) if namespace_dir else "",
-            local_prefixes(settings.import_local_prefixes),
-            QuarryFiles.of(settings),
-        )
+        """`namespace_dir`: the repository's local namespace directory, "" for one in S3.
+        Built once per namespace and settings (a read is the hot path)."""
+        return _confinement(namespace_dir, settings.import_local_prefixes, QuarryFiles.of(settings))
 
     def allows(self, real: str) -> bool:
         if self.own.holds(real):
@@ -125,6 +119,23 @@ class Confinement:
             )
 
 
+@functools.lru_cache(maxsize=64)
+def _quarry_files(home: str, cache_dir: str, named: tuple[str, ...]) -> QuarryFiles:
+    """`cache_dir` as configured ("": QUARRY_HOME/cache, as Settings.effective_cache_dir)."""
+    cache = cache_dir or os.path.join(home, "cache")
+    return QuarryFiles(
+        real_dir(home), (real_dir(cache),), frozenset(os.path.realpath(f) for f in named if f)
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _confinement(namespace_dir: str, prefixes: str, own: QuarryFiles) -> Confinement:
+    return Confinement(
+        real_dir(namespace_dir) if namespace_dir else "", local_prefixes(prefixes), own
+    )
+
+
+@functools.lru_cache(maxsize=64)
 def local_prefixes(text: str) -> tuple[str, ...]:
     """QUARRY_IMPORT_LOCAL_PREFIXES (comma-separated absolute directories), as real paths
     ending in "/"."""

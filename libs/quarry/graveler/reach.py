@@ -199,7 +199,7 @@ def outside_namespace(
         where = location.where
         if location.kind == "local":
             try:
-                where = _real_file(where, real_dirs)
+                where = _real_file(where, real_dirs, root if kind == "local" else "")
             except OSError:  # a link the server may not read (/proc/1/root/...)
                 where = _resolved(where, address)
         if location.kind != kind or not inside(where, root):
@@ -218,9 +218,11 @@ def _resolved(path: str, given: str) -> str:
         ) from None
 
 
-def _real_file(where: str, real_dirs: dict[str, str]) -> str:
+def _real_file(where: str, real_dirs: dict[str, str], root: str = "") -> str:
     """The real path of the local file `where` names: its directory's real path (resolved
-    once per directory per call), and the file itself resolved when it is a link."""
+    once per directory per call), and the file itself resolved when it is a link. `root`:
+    a real directory (the namespace's, recorded real): below it only the segments under
+    it are looked at (an lstat each, not a walk of the whole path: the hot path)."""
     try:
         if stat.S_ISLNK(os.lstat(where).st_mode):
             return os.path.realpath(where)
@@ -229,8 +231,24 @@ def _real_file(where: str, real_dirs: dict[str, str]) -> str:
     directory, _, name = where.rpartition("/")
     real = real_dirs.get(directory)
     if real is None:
-        real = real_dirs[directory] = os.path.realpath(directory or "/")
+        real = real_dirs[directory] = _real_directory(directory or "/", root)
     return real.rstrip("/") + "/" + name
+
+
+def _real_directory(directory: str, root: str) -> str:
+    if not (root and inside(directory, root)):
+        return os.path.realpath(directory)
+    path = root.rstrip("/")
+    for segment in directory[len(root) :].split("/"):
+        if not segment:
+            continue
+        path = f"{path}/{segment}"
+        try:
+            if stat.S_ISLNK(os.lstat(path).st_mode):
+                return os.path.realpath(directory)  # a link below the root: resolve all
+        except OSError:
+            break  # not there (yet): nothing below it is a link either
+    return directory
 
 
 # ---- the place an address points at, for fs:ImportFromStorage -------------------------------
