@@ -21,6 +21,7 @@ from support.processes import (
     read_until,
     run_banner_commands,
     service_ports,
+    start_quarry_up,
     wait_serving,
 )
 from support.wait import wait_until
@@ -59,14 +60,7 @@ def test_up_starts_the_suite_on_embedded_defaults_and_stops_on_ctrl_c(tmp_path):
     )
     old_umask = os.umask(0o022)  # the usual umask, which made kv.db 0644 before
     try:
-        child = subprocess.Popen(
-            [str(VENV_BIN / "quarry"), "up"],
-            env=env,
-            cwd=REPO,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
+        child = start_quarry_up(env, REPO)
     finally:
         os.umask(old_umask)
     try:

@@ -271,14 +271,16 @@ def test_doctor_finds_damaged_range_files_and_a_lost_ownership_marker(suite, doc
 
 def test_an_unreachable_kv_gateway_is_named_with_its_flag(suite, tmp_path_factory):
     """It said "cannot reach the service at ipv4:..." (doctor dials the kv-gateway itself)."""
-    from support.processes import free_port
+    import socket
 
     env = quarry_env(
         tmp_path_factory.mktemp("cli-home"),
         QUARRY_BRANCH_MANAGER_ADDRESS=suite.targets["branch-manager"],
     )
-    port = free_port()  # nothing listens there
-    result = run_quarry(["doctor", "--kv-gateway", f"127.0.0.1:{port}"], env)
+    with socket.socket() as held:  # bound, never listening: refused, and no one else gets it
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        result = run_quarry(["doctor", "--kv-gateway", f"127.0.0.1:{port}"], env)
     assert result.returncode == 1
     assert f"cannot reach the kv-gateway at 127.0.0.1:{port}" in result.stderr, result.stderr
     assert "--kv-gateway" in result.stderr and "Traceback" not in result.stderr

@@ -127,6 +127,12 @@ def test_the_cli_imports_shows_status_and_cat_reads_the_source(processes, tmp_pa
     assert unknown.returncode == 1 and "IMPORT_NOT_FOUND" in unknown.stderr
     bad = processes.quarry("import", "--from", "ftp://x/y", "--to", "quarry://demo/main/x")
     assert bad.returncode == 1 and "INVALID_IMPORT_SOURCE" in bad.stderr
+    # The services' QUARRY_IMPORT_LOCAL_PREFIXES (the temporary directory, support.processes)
+    # and their home, as `quarry serve` read them: outside, and Quarry's own, refused.
+    home = processes.env["QUARRY_HOME"]
+    for outside in ("/etc", home):
+        refused = processes.quarry("import", "--from", outside, "--to", "quarry://demo/main/x")
+        assert refused.returncode == 1 and "ADDRESS_NOT_ALLOWED" in refused.stderr, refused
 
 
 def test_a_committer_killed_mid_import_leaves_the_branch_whole(processes, tmp_path):

@@ -269,7 +269,12 @@ def test_up_under_tls_prints_commands_that_work_as_printed(tmp_path, pki):
     import signal
 
     from quarry.cli.main import SERVICE_MODULES
-    from support.processes import read_until, run_banner_commands, service_ports
+    from support.processes import (
+        read_until,
+        run_banner_commands,
+        service_ports,
+        start_quarry_up,
+    )
 
     ports = {name: free_port() for name in SERVICE_MODULES}
     env = quarry_env(
@@ -280,14 +285,7 @@ def test_up_under_tls_prints_commands_that_work_as_printed(tmp_path, pki):
         QUARRY_TLS_CA_FILE=str(pki.ca.ca_file),
     )
     repo_root = Path(__file__).resolve().parents[2]
-    child = subprocess.Popen(
-        [str(VENV_BIN / "quarry"), "up"],
-        env=env,
-        cwd=repo_root,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    child = start_quarry_up(env, repo_root)
     try:
         banner = read_until(child, "Press Ctrl-C")
         assert "-plaintext" not in banner and "--ca-bundle" in banner, banner

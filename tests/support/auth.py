@@ -200,3 +200,29 @@ def client_tokens() -> Iterator[None]:
     finally:
         for module, name, value in reversed(saved):
             setattr(module, name, value)
+
+
+def refused(call: Callable[..., Any], *args: Any, **kwargs: Any) -> errors.QuarryError:
+    """The domain error a gRPC call that must fail answers (AssertionError if it succeeds)."""
+    import pytest
+
+    from quarry.runtime.errors import from_rpc_error
+
+    with pytest.raises(grpc.RpcError) as caught:
+        call(*args, **kwargs)
+    return from_rpc_error(caught.value)
+
+
+def put_as(bm: Any, token: str, repository: str, path: str, address: str) -> Any:
+    """BranchManager/PutObject of one entry at `address` on main, as the token's principal."""
+    from quarry.v1 import branch_manager_pb2, types_pb2
+
+    return bm.PutObject(
+        branch_manager_pb2.PutObjectRequest(
+            repository=repository,
+            branch="main",
+            entry=types_pb2.Entry(path=path, physical_address=address, size_bytes=1),
+        ),
+        metadata=bearer(token),
+        timeout=20,
+    )

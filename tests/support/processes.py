@@ -107,6 +107,18 @@ def check_supervisor_stop(
         assert {int(re.search(r'"pid": (\d+)', line)[1]) for line in stopped} >= set(workers)
 
 
+def start_quarry_up(env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    """`quarry up` as a user starts it, from `cwd`, text output piped (read_until)."""
+    return subprocess.Popen(
+        [str(VENV_BIN / "quarry"), "up"],
+        env=env,
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
 def read_until(child: subprocess.Popen, marker: str, timeout: float = 120.0) -> str:
     """A child's output (text stdout) up to the line holding `marker`; the timeout bounds a
     hang (a loaded machine starts slowly)."""

@@ -131,6 +131,7 @@ class SQLiteStore(store.PagedStore):
         self._write_lock = threading.Lock()
         self._idle: list[sqlite3.Connection] = []
         self._closed = False
+        self._identity: tuple[int, int] | None = None  # set once the file exists (below)
         with self._connection() as conn:
             # WAL is a property of the file: set once, every later connection inherits it.
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -184,7 +185,7 @@ class SQLiteStore(store.PagedStore):
 
     @contextlib.contextmanager
     def _connection(self, check_every: float = _READ_CHECK_SECONDS) -> Iterator[sqlite3.Connection]:
-        if hasattr(self, "_identity"):  # set once the file exists (end of __init__)
+        if self._identity is not None:
             self._check_file(check_every)
         with self._lock:
             if self._closed:

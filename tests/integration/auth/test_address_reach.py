@@ -22,7 +22,6 @@ from quarry.auth.bootstrap import DEVELOPERS
 from quarry.auth.policy import document, storage_arn
 from quarry.auth.store import IamStore
 from quarry.kv.memory import MemoryStore
-from quarry.runtime.errors import from_rpc_error
 from quarry.v1 import (
     branch_manager_pb2,
     branch_manager_pb2_grpc,
@@ -30,7 +29,7 @@ from quarry.v1 import (
     committer_pb2_grpc,
     types_pb2,
 )
-from support.auth import FAST_HASH, TEST_ADMIN, bearer, raw_channel, user_token
+from support.auth import FAST_HASH, TEST_ADMIN, bearer, put_as, raw_channel, refused, user_token
 from support.suite import running_suite
 
 REPO, OTHER = "reach", "neighbour"
@@ -69,22 +68,8 @@ def world(tmp_path_factory):
             yield root, home, iam, bm, cm
 
 
-def refused(call, *args, **kwargs):
-    with pytest.raises(grpc.RpcError) as caught:
-        call(*args, **kwargs)
-    return from_rpc_error(caught.value)
-
-
 def put(bm, token: str, path: str, address: str):
-    return bm.PutObject(
-        branch_manager_pb2.PutObjectRequest(
-            repository=REPO,
-            branch="main",
-            entry=types_pb2.Entry(path=path, physical_address=address, size_bytes=1),
-        ),
-        metadata=bearer(token),
-        timeout=20,
-    )
+    return put_as(bm, token, REPO, path, address)
 
 
 def put_many(bm, token: str, addresses: list[str]):

@@ -9,14 +9,12 @@
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
 from quarry.auth.bootstrap import DEVELOPERS, SUPER_USERS
 from quarry.auth.policy import document, storage_arn
 from quarry.auth.store import IamStore
 from quarry.kv.memory import MemoryStore
-from quarry.runtime.errors import from_rpc_error
 from quarry.v1 import (
     branch_manager_pb2,
     branch_manager_pb2_grpc,
@@ -24,7 +22,7 @@ from quarry.v1 import (
     committer_pb2_grpc,
     types_pb2,
 )
-from support.auth import FAST_HASH, TEST_ADMIN, bearer, raw_channel, user_token
+from support.auth import FAST_HASH, TEST_ADMIN, bearer, put_as, raw_channel, refused, user_token
 from support.suite import running_suite
 
 REPO = "checked"
@@ -54,22 +52,8 @@ def world(tmp_path_factory):
             yield suite, bm, cm
 
 
-def refused(call, *args, **kwargs):
-    with pytest.raises(grpc.RpcError) as caught:
-        call(*args, **kwargs)
-    return from_rpc_error(caught.value)
-
-
 def put(bm, token: str, path: str, address: str):
-    return bm.PutObject(
-        branch_manager_pb2.PutObjectRequest(
-            repository=REPO,
-            branch="main",
-            entry=types_pb2.Entry(path=path, physical_address=address, size_bytes=1),
-        ),
-        metadata=bearer(token),
-        timeout=20,
-    )
+    return put_as(bm, token, REPO, path, address)
 
 
 def head(bm) -> str:

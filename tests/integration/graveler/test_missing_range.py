@@ -13,13 +13,19 @@ from quarry import errors
 from quarry.blob.layout import RANGES_PREFIX
 
 
-def test_a_missing_range_file_reads_as_data_loss(suite):
-    name = f"lost-{uuid.uuid4().hex[:8]}"
+def _committed(client, suite, prefix: str) -> tuple[str, str]:
+    """A new repository whose main holds one committed entry, `kept`: (name, namespace)."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     namespace = suite.namespace(name)
+    client.create_repository(name, namespace)
+    client.put_object(name, "main", path="kept", physical_address="s3://b/kept", size_bytes=1)
+    client.commit(name, "main", "one")
+    return name, namespace
+
+
+def test_a_missing_range_file_reads_as_data_loss(suite):
     with suite.client() as client:
-        client.create_repository(name, namespace)
-        client.put_object(name, "main", path="kept", physical_address="s3://b/kept", size_bytes=1)
-        client.commit(name, "main", "one")
+        name, namespace = _committed(client, suite, "lost")
         ranges = list((Path(namespace) / RANGES_PREFIX).glob("*.parquet"))
         assert ranges
         for path in ranges:  # the namespace is damaged: its range files are gone
@@ -36,12 +42,8 @@ def test_a_missing_range_file_reads_as_data_loss(suite):
 def test_a_truncated_range_file_names_the_range_to_restore(suite):
     """RANGE_CORRUPT said only "unreadable range file: ..." with no metadata: an operator
     could not tell which file of the namespace to restore."""
-    name = f"torn-{uuid.uuid4().hex[:8]}"
-    namespace = suite.namespace(name)
     with suite.client() as client:
-        client.create_repository(name, namespace)
-        client.put_object(name, "main", path="kept", physical_address="s3://b/kept", size_bytes=1)
-        client.commit(name, "main", "one")
+        name, namespace = _committed(client, suite, "torn")
         (path,) = (Path(namespace) / RANGES_PREFIX).glob("*.parquet")
         path.write_bytes(path.read_bytes()[:100])
         with pytest.raises(errors.QuarryError) as caught:
