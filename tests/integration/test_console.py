@@ -8,6 +8,7 @@ import hashlib
 import html
 import io
 import re
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -1106,3 +1107,19 @@ def test_a_name_with_a_direction_override_is_shown_escaped(suite, admin):
         answer = admin.get(page)
         assert answer.status == 200, (page, answer.text[-500:])
         assert "\u202e" not in answer.text and "photo\\u202egpj.exe" in answer.text, page
+
+
+def test_a_signed_in_users_calls_reach_only_the_configured_compactor_sensor(suite, admin):
+    """The session's client once dialed the compactor-sensor's default port (7404), not
+    the configured one, with the user's token: the branches page showed "n/a" and anything
+    listening there got the token. The staging counts shown come from the suite's sensor."""
+    repo = _repo(suite, "sensor")
+    with suite.client() as client:
+        _stage(suite, client, repo, "main", "a.txt", b"a")
+        _stage(suite, client, repo, "main", "b.txt", b"b")
+    deadline = time.monotonic() + 30
+    page = admin.get(f"/repos/{repo}/branches")
+    while "<td>2 / 0</td>" not in page.text and time.monotonic() < deadline:
+        time.sleep(0.2)  # the sensor hears of staging from branch-manager's reports
+        page = admin.get(f"/repos/{repo}/branches")
+    assert "<td>2 / 0</td>" in page.text, page.text

@@ -111,6 +111,11 @@ class Client(BranchManagerCalls, CommitterCalls, AuthCalls):
     """A client of the BranchManager and Committer services (see the module docstring),
     and of the CompactorSensor's statistics (`compactor_sensor`, dialed on first use).
 
+    Safety: the sensor is dialed only at the address given (from_settings gives
+    `settings.compactor_sensor_address`), never at a guessed default port: every call
+    carries the caller's token, and a default would send it to whatever listens there
+    (the console once did, for every signed-in user).
+
     The calls live by service: quarry.client.branch_manager, quarry.client.committer (over
     quarry.client.calls); this class dials the channels and adds ServerInfo and the
     CompactorSensor, and authenticates every call (module docstring)."""
@@ -121,7 +126,7 @@ class Client(BranchManagerCalls, CommitterCalls, AuthCalls):
         committer: str | grpc.Channel = "127.0.0.1:7403",
         retry: RetryPolicy | None = None,
         timeout: float | None = 30.0,
-        compactor_sensor: str | grpc.Channel = "127.0.0.1:7404",
+        compactor_sensor: str | grpc.Channel | None = None,
         allow_incomplete_listings: bool = False,
         credentials: Credentials | None = None,
         token: str | None = None,
@@ -240,6 +245,10 @@ class Client(BranchManagerCalls, CommitterCalls, AuthCalls):
 
     @property
     def _cs(self) -> compactor_sensor_pb2_grpc.CompactorSensorStub:
+        if self._cs_target is None:
+            raise ValueError(
+                "this client was given no compactor-sensor address (compactor_sensor=)"
+            )
         with self._cs_lock:
             if self._cs_stub is None:
                 self._cs_stub = compactor_sensor_pb2_grpc.CompactorSensorStub(

@@ -103,16 +103,15 @@ class TokenSource:
 
     def _renew(self, credentials: Credentials) -> None:
         """A token from the cache if it holds a good one, else from Login (then cached)."""
-        key_id = credentials.access_key_id
         if self._cache is not None:
-            cached = self._cache.lookup(self._endpoint, key_id, self._margin)
+            cached = self._cache.lookup(self._endpoint, credentials, self._margin)
             if cached is not None and cached[0] not in self._refused:
                 (self._token, self._expires_at), self._from_cache = cached, cached[0]
                 return
         self._token, self._expires_at = self._login(credentials)
         self._from_cache = ""
         if self._cache is not None and self._token:
-            self._cache.store(self._endpoint, key_id, self._token, self._expires_at)
+            self._cache.store(self._endpoint, credentials, self._token, self._expires_at)
 
     def refused(self, token: str, reason: str) -> bool:
         """A call with `token` was refused as UNAUTHENTICATED with `reason`: whether to log in
@@ -127,7 +126,7 @@ class TokenSource:
             if reason != TOKEN_EXPIRED and not from_cache:
                 return False
             if from_cache and self._cache is not None:
-                self._cache.drop(self._endpoint, self._credentials.access_key_id)
+                self._cache.drop(self._endpoint, self._credentials)
                 self._refused.add(token)  # never taken from the cache again
             if self._token == token:  # else another thread already renewed it
                 self._token, self._expires_at, self._from_cache = "", 0.0, ""

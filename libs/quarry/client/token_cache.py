@@ -3,8 +3,9 @@ command does not log in again (one scrypt on the server, one Auth/Login) — as 
 keep theirs.
 
 A token is filed under the endpoint it was obtained from (the branch-manager's address,
-where Login goes) and the access key id that logged in: another server, or other
-credentials, never get it. It is used until REFRESH_MARGIN_SECONDS before it expires; a
+where Login goes) and the credentials that logged in — the access key id and a digest of
+its secret: another server, another key, or the right key id with a wrong secret never get
+it (the cache once answered a command run with a mistyped secret). It is used until REFRESH_MARGIN_SECONDS before it expires; a
 call refused as UNAUTHENTICATED with a cached token drops it, and the client logs in again
 once (quarry.client.session.TokenSource).
 
@@ -17,11 +18,14 @@ shortcut — an unreadable or malformed file is ignored (and rewritten), never a
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from quarry.client.credentials import Credentials
 
 TOKENS_FILE = "tokens.json"
 FILE_MODE = 0o600
@@ -36,8 +40,14 @@ class TokenCache:
         self._clock = clock
 
     @staticmethod
-    def key(endpoint: str, access_key_id: str) -> str:
-        return f"{endpoint} {access_key_id}"
+    def key(endpoint: str, credentials: Credentials) -> str:
+        """The entry's name. The secret enters only as a SHA-256 digest: the file (0600)
+        already holds a bearer token good for the same access, so the digest gives its
+        reader nothing more, and the secrets Quarry issues are random, not guessable."""
+        secret = hashlib.sha256(
+            b"quarry token cache\0" + credentials.secret_access_key.encode()
+        ).hexdigest()[:32]
+        return f"{endpoint} {credentials.access_key_id} {secret}"
 
     def _read(self) -> dict[str, dict[str, object]]:
         try:
@@ -59,9 +69,12 @@ class TokenCache:
             temporary.unlink(missing_ok=True)
             raise
 
-    def lookup(self, endpoint: str, access_key_id: str, margin: float) -> tuple[str, float] | None:
-        """The token for (endpoint, key) and its expiry, if it is good for `margin` seconds."""
-        entry = self._read().get(self.key(endpoint, access_key_id))
+    def lookup(
+        self, endpoint: str, credentials: Credentials, margin: float
+    ) -> tuple[str, float] | None:
+        """The token for (endpoint, credentials) and its expiry, if it is good for `margin`
+        seconds."""
+        entry = self._read().get(self.key(endpoint, credentials))
         if not isinstance(entry, dict):
             return None
         token, expires_at = entry.get("token"), entry.get("expires_at")
@@ -71,7 +84,7 @@ class TokenCache:
             return None
         return token, float(expires_at)
 
-    def store(self, endpoint: str, access_key_id: str, token: str, expires_at: float) -> None:
+    def store(self, endpoint: str, credentials: Credentials, token: str, expires_at: float) -> None:
         data = self._read()
         now = self._clock()
         # Expired entries go: the file holds only tokens still good.
@@ -80,13 +93,13 @@ class TokenCache:
             for key, entry in data.items()
             if isinstance(entry, dict) and float(entry.get("expires_at", 0) or 0) > now  # type: ignore[arg-type]
         }
-        data[self.key(endpoint, access_key_id)] = {"token": token, "expires_at": expires_at}
+        data[self.key(endpoint, credentials)] = {"token": token, "expires_at": expires_at}
         with contextlib.suppress(OSError):  # a read-only home: no cache, no failure
             self._write(data)
 
-    def drop(self, endpoint: str, access_key_id: str) -> None:
+    def drop(self, endpoint: str, credentials: Credentials) -> None:
         data = self._read()
-        if data.pop(self.key(endpoint, access_key_id), None) is not None:
+        if data.pop(self.key(endpoint, credentials), None) is not None:
             with contextlib.suppress(OSError):
                 self._write(data)
 

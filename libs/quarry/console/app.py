@@ -91,6 +91,22 @@ class Console:
     # Seals the session cookies (quarry.console.sessions); empty: read from the settings.
     session_key: bytes = b""
 
+    def client(self, token: str) -> Any:
+        """A Client over the console's own channels carrying `token` (a user's, or "" for
+        sign-in). The one place a session's client is made. Safety: every address it dials
+        is one of these channels: a Client left to its defaults would send the user's token
+        to whatever listens on a default port. A suite without a compactor-sensor channel
+        sends its calls to branch-manager, which answers UNIMPLEMENTED."""
+        from quarry.client import Client
+
+        return Client(
+            branch_manager=self.branch_manager,
+            committer=self.committer,
+            compactor_sensor=self.compactor_sensor or self.branch_manager,
+            token=token,
+            timeout=30.0,
+        )
+
 
 @dataclass
 class Context:
@@ -361,18 +377,10 @@ class ConsoleApp:
         """The Client of a session, made once (a Client costs tens of ms to build: its stubs
         and interceptors), carrying the session's token; for pages without a session, one
         shared client with no token (sign-in)."""
-        from quarry.client import Client
-
         cache = session.cache if session is not None else self._anonymous
         client = cache.get("client")
         if client is None:
-            client = Client(
-                branch_manager=self.console.branch_manager,
-                committer=self.console.committer,
-                compactor_sensor=self.console.compactor_sensor or self.console.branch_manager,
-                token=session.token if session is not None else "",
-                timeout=30.0,
-            )
+            client = self.console.client(session.token if session is not None else "")
             cache["client"] = client  # a lost race makes two; either serves (thread-safe)
         return client
 

@@ -106,13 +106,7 @@ def login(ctx: Context, params: dict[str, str]) -> Response:
         if exc.code.name in ("UNAUTHENTICATED", "PERMISSION_DENIED", "INVALID_ARGUMENT"):
             return login_form(ctx, params, f"Sign-in refused ({exc.reason}).", 401)
         raise
-    from quarry.client import Client
-
-    with_token = Client(
-        branch_manager=ctx.console.branch_manager,
-        committer=ctx.console.committer,
-        token=answer.token,
-    )
+    with_token = ctx.console.client(answer.token)
     me = with_token.whoami()
     # A fresh id whatever cookie came in (session fixation): the old one is forgotten.
     session = ctx.store.create(

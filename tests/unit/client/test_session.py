@@ -250,8 +250,20 @@ def test_a_cached_token_never_goes_to_another_endpoint_or_key(tmp_path):
     other = TokenSource(logins, CREDS, clock=lambda: 0.0, cache=cache, endpoint="bm:2")
     assert other.token() == "token-2"
     someone = Credentials("AKIAQOTHER", "another-secret")
-    assert cache.lookup("bm:1", someone.access_key_id, 60) is None
-    assert cache.lookup("bm:1", CREDS.access_key_id, 60) == ("token-1", 3600.0)
+    assert cache.lookup("bm:1", someone, 60) is None
+    assert cache.lookup("bm:1", CREDS, 60) == ("token-1", 3600.0)
+    # The right key id with a wrong secret: no token from the cache; Login decides.
+    mistyped = Credentials(CREDS.access_key_id, "not-the-secret")
+    assert cache.lookup("bm:1", mistyped, 60) is None
+    asked = []
+
+    def login(credentials):
+        asked.append(credentials)
+        return "token-for-the-mistyped", 3600.0
+
+    source = TokenSource(login, mistyped, clock=lambda: 0.0, cache=cache, endpoint="bm:1")
+    assert source.token() == "token-for-the-mistyped" and asked == [mistyped]
+    assert "another-secret" not in (tmp_path / "tokens.json").read_text()
 
 
 def test_a_refused_cached_token_is_dropped_once_and_a_fresh_one_is_final(tmp_path):
@@ -264,7 +276,7 @@ def test_a_refused_cached_token_is_dropped_once_and_a_fresh_one_is_final(tmp_pat
     cached = source.token()
     assert cached == "token-1"
     assert source.refused(cached, "TOKEN_INVALID")  # from the cache: log in again
-    assert cache.lookup("bm:1", CREDS.access_key_id, 60) is None
+    assert cache.lookup("bm:1", CREDS, 60) is None
     fresh = source.token()
     assert fresh == "token-2"
     assert not source.refused(fresh, "TOKEN_INVALID")  # a fresh token's refusal is final
@@ -275,7 +287,18 @@ def test_the_token_file_is_private_and_a_broken_one_is_ignored(tmp_path):
 
     cache = TokenCache(tmp_path, clock=lambda: 0.0)
     (tmp_path / "tokens.json").write_text("{not json")
-    assert cache.lookup("bm:1", "AKIA", 60) is None
-    cache.store("bm:1", "AKIA", "t", 3600.0)
+    assert cache.lookup("bm:1", CREDS, 60) is None
+    cache.store("bm:1", CREDS, "t", 3600.0)
     assert (tmp_path / "tokens.json").stat().st_mode & 0o777 == 0o600
-    assert cache.lookup("bm:1", "AKIA", 60) == ("t", 3600.0)
+    assert cache.lookup("bm:1", CREDS, 60) == ("t", 3600.0)
+    assert CREDS.secret_access_key not in (tmp_path / "tokens.json").read_text()
+
+
+def test_a_client_given_no_compactor_sensor_address_never_dials_one(scripted):
+    """Every call carries the token: a default sensor port would hand it to whatever
+    listens there (the console's sessions once did)."""
+    with (
+        client_of(scripted, token="the-users-token") as client,
+        pytest.raises(ValueError, match="no compactor-sensor address"),
+    ):
+        client.branch_staging_stats("repo", "main")
