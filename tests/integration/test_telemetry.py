@@ -30,6 +30,28 @@ def test_one_trace_spans_client_and_server():
     assert ("/quarry.v1.KVGateway/SetItem", "SERVER") in names
 
 
+def test_a_failed_calls_server_span_records_its_status():
+    """A call that fails (here NOT_FOUND, a domain error through the error interceptor)
+    carries its gRPC code on the server's span too, not only on the client's
+    (abort_with_status alone once left server spans at code 0). The span's status stays
+    unset: OpenTelemetry's conventions count a caller's NOT_FOUND as no server error."""
+    from quarry.kv.store import KeyNotFound
+
+    exporter = telemetry.use_in_memory_exporter()
+    exporter.clear()
+    with kv_gateway() as (_server, target):
+        store = RemoteStore(target)
+        with pytest.raises(KeyNotFound):
+            store.get(b"cleanup", b"never-set")
+        store.close()
+    (server,) = [
+        s
+        for s in exporter.get_finished_spans()
+        if s.name == "/quarry.v1.KVGateway/GetItem" and s.kind.name == "SERVER"
+    ]
+    assert server.attributes["rpc.grpc.status_code"] == 5  # NOT_FOUND
+
+
 def test_prometheus_endpoint_per_service(tmp_path):
     port, metrics_port = free_port(), free_port()
     env = quarry_env(

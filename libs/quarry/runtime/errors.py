@@ -96,7 +96,12 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
         log.info("call cancelled by the client: %s", type(exc).__name__)
         exc = errors.Cancelled("the client cancelled the call")
     status = to_status(exc) if isinstance(exc, errors.QuarryError) else _internal_status(exc)
-    context.abort_with_status(rpc_status.to_status(status))
+    grpc_status = rpc_status.to_status(status)
+    # The code and message set first: OpenTelemetry's server span takes the call's status
+    # from set_code/set_details (abort_with_status alone left failed calls' spans "OK").
+    context.set_code(grpc_status.code)
+    context.set_details(grpc_status.details)
+    context.abort_with_status(grpc_status)
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):
