@@ -38,7 +38,7 @@ def _page_trace(up, page: str, trace_id: str = "") -> dict | None:
 def test_a_console_page_and_its_grpc_calls_are_one_trace_joining_a_callers_traceparent(
     tmp_path,
 ):
-    with quarry_up_with_traces(tmp_path) as up:
+    with quarry_up_with_traces(tmp_path, QUARRY_LOG_FORMAT="json") as up:
         up.quarry("repo", "create", "traced", str(tmp_path / "lake"))
         browser = Browser(up.ports["console"])
         assert browser.sign_in(TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY).status == 303
@@ -75,3 +75,16 @@ def test_a_console_page_and_its_grpc_calls_are_one_trace_joining_a_callers_trace
         assert (page["service"], page["name"]) == ("quarry-console", "console objects")
         listed = [s for s in spans if s["name"] == "/quarry.v1.BranchManager/ListObjects"]
         assert listed and all(_under(s, page, by_id) for s in listed), spans
+
+        # The page's request line is logged inside its span: it carries the trace id.
+        def request_lines() -> list[dict]:
+            return [
+                line
+                for line in up.json_logs()
+                if line.get("service") == "console" and line.get("trace_id") == TRACE_ID
+            ]
+
+        wait_until(request_lines, timeout=30, what="the console's request line")
+        assert request_lines()[-1]["message"].startswith(
+            "console objects GET /repos/traced/objects"
+        )

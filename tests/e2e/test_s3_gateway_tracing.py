@@ -18,7 +18,7 @@ PARENT_SPAN_ID = "00f067aa0ba902b7"
 
 
 def test_a_traceparent_header_makes_the_gateway_and_its_grpc_calls_one_trace(tmp_path):
-    with quarry_up_with_traces(tmp_path) as up:
+    with quarry_up_with_traces(tmp_path, QUARRY_LOG_FORMAT="json") as up:
         ports = up.ports
 
         def quarry(*args: str) -> str:
@@ -76,3 +76,17 @@ def test_a_traceparent_header_makes_the_gateway_and_its_grpc_calls_one_trace(tmp
             and s["name"] == "/quarry.v1.BranchManager/PutObject"
         ]
         assert staged and all(under_gateway(s) for s in staged), spans
+
+        # The gateway's request line is logged inside its span: it carries the trace id, as
+        # do the back-end's lines of the same request (an operator follows one into the other).
+        def lines(service: str) -> list[dict]:
+            return [
+                line
+                for line in up.json_logs()
+                if line.get("service") == service and line.get("trace_id") == TRACE_ID
+            ]
+
+        wait_until(lambda: lines("s3-gateway"), timeout=30, what="the gateway's request line")
+        (request_line,) = lines("s3-gateway")
+        assert request_line["message"].startswith("s3 PutObject PUT /traced/main/t/object.txt")
+        assert lines("branch-manager"), "no back-end line with the request's trace id"

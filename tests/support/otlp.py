@@ -5,6 +5,8 @@ runs), `exporting_to`: this test process's own spans sent to one, and
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import signal
 import subprocess
 import threading
@@ -84,6 +86,7 @@ class TracedUp:
     ports: dict[str, int]  # each service's port
     endpoint: str  # its trace receiver, as OTEL_EXPORTER_OTLP_ENDPOINT
     out: list[str]  # its stdout so far (the banner, the printed trees)
+    err: list[str] = dataclasses.field(default_factory=list)  # its stderr: the services' logs
 
     def quarry(self, *args: str, **extra: str) -> subprocess.CompletedProcess:
         """A `quarry` command against it (`extra`: more environment); must succeed."""
@@ -104,11 +107,16 @@ class TracedUp:
     def printed(self) -> str:
         return "".join(self.out)
 
+    def json_logs(self) -> list[dict]:
+        """The services' log lines so far, as objects (with `log_format="json"`)."""
+        return [json.loads(line) for line in list(self.err) if line.startswith("{")]
+
 
 @contextlib.contextmanager
-def quarry_up_with_traces(tmp_path: Path) -> Iterator[TracedUp]:
+def quarry_up_with_traces(tmp_path: Path, **settings: str) -> Iterator[TracedUp]:
     """`quarry up --traces` as users run it (real processes exporting with the real OTLP
-    exporters to its trace receiver), every service on a free port; stopped with SIGINT."""
+    exporters to its trace receiver), every service on a free port, with more `settings`
+    (quarry_env's keywords); stopped with SIGINT."""
     from quarry.cli.main import SERVICE_MODULES
 
     ports = {name: free_port() for name in SERVICE_MODULES}
@@ -117,6 +125,7 @@ def quarry_up_with_traces(tmp_path: Path) -> Iterator[TracedUp]:
     env = quarry_env(
         home,
         **service_ports(ports),
+        **settings,
     )
     child = subprocess.Popen(
         [str(VENV_BIN / "quarry"), "up", "--traces", "--traces-port", str(traces_port)],
@@ -127,12 +136,13 @@ def quarry_up_with_traces(tmp_path: Path) -> Iterator[TracedUp]:
     )
     up = TracedUp(env, home, ports, f"http://127.0.0.1:{traces_port}", [])
 
-    def drain() -> None:
-        assert child.stdout is not None
-        for line in child.stdout:
-            up.out.append(line)
+    def drain(stream, into: list[str]) -> None:
+        for line in stream:
+            into.append(line)
 
-    threading.Thread(target=drain, daemon=True).start()
+    threading.Thread(target=drain, args=(child.stdout, up.out), daemon=True).start()
+    # Drained too: a full stderr pipe would block the services' logging.
+    threading.Thread(target=drain, args=(child.stderr, up.err), daemon=True).start()
     try:
         wait_until(lambda: "Press Ctrl-C" in up.printed(), timeout=90, what="quarry up's banner")
         yield up

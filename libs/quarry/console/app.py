@@ -283,18 +283,20 @@ class ConsoleApp:
                 response = self._page_error(
                     request, None, 500, "INTERNAL", f"an internal error (request id {request_id})"
                 )
-        elapsed = time.perf_counter() - started
-        REQUESTS.labels(name, str(response.status)).inc()
-        LATENCY.labels(name).observe(elapsed)
-        log.info(
-            "console %s %s %s -> %d in %.1f ms",
-            name,
-            request.method,
-            # Percent-encoded, as sent: a decoded %0A would forge a log line.
-            quote(request.path, safe="/"),
-            response.status,
-            elapsed * 1000,
-        )
+            # Inside the span: the line carries its trace_id and span_id (quarry.telemetry.logs).
+            span.set_attribute("http.response.status_code", response.status)
+            elapsed = time.perf_counter() - started
+            REQUESTS.labels(name, str(response.status)).inc()
+            LATENCY.labels(name).observe(elapsed)
+            log.info(
+                "console %s %s %s -> %d in %.1f ms",
+                name,
+                request.method,
+                # Percent-encoded, as sent: a decoded %0A would forge a log line.
+                quote(request.path, safe="/"),
+                response.status,
+                elapsed * 1000,
+            )
         return response
 
     def _match(self, request: Request) -> tuple[Route, dict[str, str]] | None:

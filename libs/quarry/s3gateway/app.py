@@ -330,18 +330,21 @@ class S3App:
                         "InternalError", "We encountered an internal error. Please try again.", 500
                     ),
                 )
-        elapsed = time.perf_counter() - started
-        REQUESTS.labels(operation, str(status)).inc()
-        LATENCY.labels(operation).observe(elapsed)
-        log.info(
-            "s3 %s %s %s -> %d in %.1f ms (request id %s)",
-            operation,
-            request.method,
-            raw_path,
-            status,
-            elapsed * 1000,
-            request_id,
-        )
+            # Inside the span: the line carries its trace_id and span_id (quarry.telemetry.logs),
+            # to match the back-end services' lines of the same request.
+            span.set_attribute("http.response.status_code", status)
+            elapsed = time.perf_counter() - started
+            REQUESTS.labels(operation, str(status)).inc()
+            LATENCY.labels(operation).observe(elapsed)
+            log.info(
+                "s3 %s %s %s -> %d in %.1f ms (request id %s)",
+                operation,
+                request.method,
+                raw_path,
+                status,
+                elapsed * 1000,
+                request_id,
+            )
 
     def _authenticate(self, request: Request) -> tuple[ops.Context, sigv4.Signature | None]:
         signed = request.signed()
