@@ -71,8 +71,11 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
 
     def Login(self, request, context):
         # Before the scrypt: an unauthenticated caller must not spend the CPU freely.
+        # The audit line names the key tried (a refused line too), never the secret.
+        annotate_audit(access_key_id=request.access_key_id[:128])
         self._login_throttle.admit(request.access_key_id, context.peer() or "")
         credential = self._iam.authenticate(request.access_key_id, request.secret_access_key)
+        annotate_audit(user=credential.user_id)
         token, expires_at = self._tokens.issue_user_token(
             credential.user_id, self._lifetime, access_key_id=credential.access_key_id
         )
@@ -104,6 +107,9 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
         if self._sealer is None:
             raise SignatureDoesNotMatch("this Auth service keeps no sealed secrets")
         scope = Scope(request.date, request.region, request.service)
+        # The audit line (the gateway is the caller) names the key the request was signed
+        # with, refused or not; never the signature.
+        annotate_audit(access_key_id=request.access_key_id[:128])
         credential = verify_signatures(
             self._iam,
             self._sealer,

@@ -271,7 +271,9 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
         "ReplacePrefixes": _service(),
     },
     "Auth": {
-        "Login": _open(),
+        # Audited (a line per call, refused or not): a guessed secret must leave a trace of
+        # the key it was tried on and from where; the servicer names the key, never the secret.
+        "Login": _open(mutating=True),
         # Refused (ADMIN_EXISTS) once an admin exists, so open is safe: only the first
         # caller of an empty installation gets anything.
         "Setup": _open(mutating=True),

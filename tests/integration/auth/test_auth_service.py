@@ -579,6 +579,36 @@ def test_one_audit_line_per_mutating_call(secured, matrix, caplog):
     assert denied["principal"] == "user:m-nogrant" and denied["request_id"]
 
 
+def test_every_login_is_audited_with_the_key_tried_and_never_the_secret(secured, admin, caplog):
+    """A guessed secret leaves a line naming the key and the peer (a brute force shows in
+    the logs, not only in a metric); a good one names the user it signed in."""
+    secured.iam.create_user("login-audited")
+    record, secret = secured.iam.create_credentials("login-audited")
+    wrong = "not-" + secret
+    with caplog.at_level(logging.INFO, logger=auth_interceptor.AUDIT_LOGGER):
+        refused = failure(
+            secured.auth().Login,
+            auth_pb2.LoginRequest(access_key_id=record.access_key_id, secret_access_key=wrong),
+        )
+        secured.auth().Login(
+            auth_pb2.LoginRequest(access_key_id=record.access_key_id, secret_access_key=secret)
+        )
+    assert refused.code.name == "UNAUTHENTICATED"
+    lines = [
+        json.loads(r.getMessage())
+        for r in caplog.records
+        if r.name == auth_interceptor.AUDIT_LOGGER
+        and json.loads(r.getMessage())["method"] == "/quarry.v1.Auth/Login"
+    ]
+    assert [(line["outcome"], line["access_key_id"]) for line in lines] == [
+        ("unauthenticated", record.access_key_id),
+        ("ok", record.access_key_id),
+    ]
+    assert lines[0]["peer"].startswith("ipv4:127.0.0.1:") and lines[1]["user"] == "login-audited"
+    for line in caplog.records:
+        assert secret not in line.getMessage() and wrong not in line.getMessage()
+
+
 def test_steady_state_calls_read_nothing_from_the_auth_partition(secured, matrix):
     """The hot path: once a user's permissions are cached, StatObject and PutObject add no
     KV read of IAM data (the seed's read optimization is not paid for by security)."""
