@@ -123,3 +123,17 @@ def test_get_of_a_path_with_no_file_name_asks_for_one(tmp_path, capsys, monkeypa
     for path in ("..", "a/.", "dir/"):
         assert quarry_main(["get", "r", "main", path]) == 2
         assert "-o FILE" in capsys.readouterr().err
+
+
+def test_a_commands_span_name_is_every_word_of_the_command_and_none_of_its_arguments():
+    from quarry.cli.base import command_name
+
+    parser = build_parser()
+    for argv, name in [
+        (["auth", "users", "create", "secret-ish"], "quarry auth users create"),
+        (["auth", "credentials", "create", "u"], "quarry auth credentials create"),
+        (["actions", "runs", "list", "r"], "quarry actions runs list"),
+        (["repo", "list"], "quarry repo list"),
+        (["log", "r", "main"], "quarry log"),
+    ]:
+        assert command_name(parser.parse_args(argv)) == name

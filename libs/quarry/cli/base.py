@@ -390,9 +390,9 @@ CLI_EXPORT_TIMEOUT_SECONDS = "3"
 
 
 def command_name(args: argparse.Namespace) -> str:
-    """`quarry COMMAND [ACTION]` as typed (never the arguments: they may hold secrets)."""
-    words = [getattr(args, "command", None), getattr(args, "action", None)]
-    return " ".join(["quarry", *(str(w) for w in words if w)])
+    """`quarry COMMAND [GROUP] [ACTION]` as typed, e.g. `quarry auth users create` (never the
+    arguments: they may hold secrets); main.build_parser names every (sub)command."""
+    return str(getattr(args, "command_name", None) or "quarry")
 
 
 @contextlib.contextmanager

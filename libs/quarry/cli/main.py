@@ -241,6 +241,18 @@ def _help_positionals(parser: argparse.ArgumentParser, path: tuple[str, ...] = (
                 action.help = POSITIONAL_HELP.get(key)
 
 
+def _name_commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("quarry",)) -> None:
+    """Each (sub)command's parser records its words (`quarry auth users create`) as the
+    default `command_name`: the deepest one parsed wins (base.command_name, the CLI span's
+    name). An alias keeps the name it aliases (the first name registered for a parser)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                if sub.get_default("command_name") is None:
+                    sub.set_defaults(command_name=" ".join((*path, name)))
+                    _name_commands(sub, (*path, name))
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole command line's parser, or with `only` (one of LOCAL_COMMANDS) that
     command's alone."""
@@ -271,6 +283,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     for name in names:
         registrations[name](sub, common)
     _help_positionals(parser)
+    _name_commands(parser)
     return parser
 
 
