@@ -1123,3 +1123,40 @@ def test_a_signed_in_users_calls_reach_only_the_configured_compactor_sensor(suit
         time.sleep(0.2)  # the sensor hears of staging from branch-manager's reports
         page = admin.get(f"/repos/{repo}/branches")
     assert "<td>2 / 0</td>" in page.text, page.text
+
+
+def test_a_download_is_the_entrys_object_or_fails(suite, admin):
+    """Checked as `quarry get` checks: an entry of unknown size (0, no checksum) downloads
+    whole (it was an empty file); a local file of another size is an error page (502
+    DATA_LOSS), never a download that breaks off; bytes changed in place (same size,
+    SHA-256 recorded) end the download before its last bytes, never a saved file of them."""
+    import http.client
+
+    repo = _repo(suite, "checked-downloads")
+    data = bytes(range(256)) * 12
+    store = Path(suite.namespace(repo)) / "data"
+    store.mkdir(parents=True, exist_ok=True)
+    (store / "unknown").write_bytes(data)
+    (store / "resized").write_bytes(data)
+    (store / "altered").write_bytes(data)
+    with suite.client() as client:
+        client.put_object(repo, "main", path="unknown", physical_address=str(store / "unknown"))
+        for name in ("resized", "altered"):
+            client.put_object(
+                repo,
+                "main",
+                path=name,
+                physical_address=str(store / name),
+                size_bytes=len(data),
+                checksum=hashlib.sha256(data).hexdigest(),
+            )
+    (store / "resized").write_bytes(data + b"more")
+    (store / "altered").write_bytes(bytes(reversed(data)))
+
+    whole = admin.get(f"/repos/{repo}/download?ref=main&path=unknown")
+    assert whole.status == 200 and whole.body == data
+    assert whole.header("cache-control") == "no-store"
+    resized = admin.get(f"/repos/{repo}/download?ref=main&path=resized")
+    assert resized.status == 502 and "OBJECT_CHANGED" in resized.text
+    with pytest.raises((http.client.IncompleteRead, ConnectionError)):
+        admin.get(f"/repos/{repo}/download?ref=main&path=altered")

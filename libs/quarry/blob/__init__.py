@@ -9,15 +9,16 @@ copy_object (streamed through a writer, then checked against the entry's size an
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from quarry.blob.base import (
+    STREAM_CHUNK_BYTES,
     BlobStore,
     ChecksumMismatch,
-    HashingReader,
     InvalidByteRange,
     InvalidObjectKey,
     InvalidStorageNamespace,
@@ -76,6 +77,7 @@ __all__ = [
     "address_location",
     "check_key",
     "check_physical_address",
+    "check_stored_size",
     "namespace_location",
     "namespaces_overlap",
     "normalize_storage_namespace",
@@ -85,6 +87,8 @@ __all__ = [
     "open_object",
     "parse_storage_namespace",
     "read_object",
+    "size_recorded",
+    "verified_chunks",
 ]
 
 
@@ -183,39 +187,97 @@ def copy_object(
     size_bytes: int,
     checksum: str,
 ) -> int:
-    """Stream the object at `physical_address` through `write` in chunks of at most
-    STREAM_CHUNK_BYTES (counted and hashed by HashingReader, as put_stream does), then check that it is the object its entry describes; the number of
-    bytes copied.
+    """Stream the object at `physical_address` through `write`, checked against its entry
+    (verified_chunks); the number of bytes copied.
 
-    Safety: a copy must never pass as the entry's object when its bytes differ from what the
-    entry records: ObjectChanged (DATA_LOSS) when the size is not `size_bytes`,
-    ChecksumMismatch (DATA_LOSS) when `checksum` is a SHA-256 (64 hex digits) and the bytes'
-    is another. Other checksum forms are checked by size only. An entry with size 0 and no
-    checksum records neither (`quarry put --address` without `--size`): nothing to check.
-    The check comes after the last byte: what was already passed to `write` stays written,
-    the caller decides what to do with it (`quarry get` removes its temporary file, `quarry
-    cat` has printed it)."""
+    Safety: as verified_chunks — the last chunk is never passed to `write` unless the bytes
+    are the entry's (ObjectChanged / ChecksumMismatch, DATA_LOSS); what was written before
+    the failure stays written, the caller decides what to do with it (`quarry get` removes
+    its temporary file)."""
+    copied = 0
     with open_object(physical_address, settings) as reader:
-        hashing = HashingReader(reader)
-        for chunk in hashing.chunks():
+        for chunk in verified_chunks(reader, physical_address, size_bytes, checksum):
             write(chunk)
-    copied, sha256 = hashing.written
-    where = {"physical_address": physical_address}
-    size_recorded = size_bytes != 0 or bool(checksum)
-    if size_recorded and copied != size_bytes:
-        raise ObjectChanged(
-            f"the object at {physical_address} has {copied} bytes, its entry records "
-            f"{size_bytes}: it changed after the entry was recorded",
-            metadata={**where, "expected_size": str(size_bytes), "actual_size": str(copied)},
-        )
-    if _SHA256_HEX.fullmatch(checksum) and sha256 != checksum.lower():
+            copied += len(chunk)
+    return copied
+
+
+def size_recorded(size_bytes: int, checksum: str) -> bool:
+    """Whether an entry records its object's size: an entry with size 0 and no checksum
+    records neither (`quarry put --address` without `--size`): its size is unknown."""
+    return size_bytes != 0 or bool(checksum)
+
+
+def check_stored_size(
+    reader: ObjectReader, physical_address: str, size_bytes: int, checksum: str
+) -> None:
+    """Before a byte is sent: ObjectChanged (DATA_LOSS) when the entry records a size
+    (size_recorded) and the opened local file has another. A file's size is known without
+    reading it; an S3 object's is checked as it is read (verified_chunks)."""
+    fileno = reader.fileno()
+    if fileno is None or not size_recorded(size_bytes, checksum):
+        return
+    stored = os.fstat(fileno).st_size
+    if stored != size_bytes:
+        raise _changed(physical_address, size_bytes, stored)
+
+
+def _changed(
+    physical_address: str, size_bytes: int, actual: int, exact: bool = True
+) -> ObjectChanged:
+    """`exact`: `actual` is the object's size, else how much of it was read when it passed
+    `size_bytes` (verified_chunks stops reading there)."""
+    return ObjectChanged(
+        f"the object at {physical_address} has {'' if exact else 'at least '}{actual} bytes, "
+        f"its entry records {size_bytes}: it changed after the entry was recorded",
+        metadata={
+            "physical_address": physical_address,
+            "expected_size": str(size_bytes),
+            "actual_size" if exact else "actual_size_at_least": str(actual),
+        },
+    )
+
+
+def verified_chunks(
+    reader: ObjectReader,
+    physical_address: str,
+    size_bytes: int,
+    checksum: str,
+    chunk_bytes: int = STREAM_CHUNK_BYTES,
+) -> Iterator[bytes]:
+    """The rest of `reader` in chunks of at most `chunk_bytes`, checked against the entry
+    that points at it: its size when the entry records one (size_recorded), its SHA-256
+    when `checksum` is one (64 hex digits; other checksum forms, such as an S3 ETag, are
+    checked by size only).
+
+    Safety: a reader of these chunks never receives a whole object that is not the entry's:
+    each chunk is handed on only once the next was read, and the last only after the count
+    and hash matched, else ObjectChanged (DATA_LOSS) when the size differs — as soon as the
+    bytes pass the recorded size — or ChecksumMismatch (DATA_LOSS)."""
+    recorded = size_recorded(size_bytes, checksum)
+    digest = hashlib.sha256() if _SHA256_HEX.fullmatch(checksum) else None
+    count = 0
+    held = b""
+    while piece := reader.read(chunk_bytes):
+        count += len(piece)
+        if recorded and count > size_bytes:
+            break
+        if digest is not None:
+            digest.update(piece)
+        if held:
+            yield held
+        held = piece
+    if recorded and count != size_bytes:
+        raise _changed(physical_address, size_bytes, count, exact=count < size_bytes)
+    if digest is not None and digest.hexdigest() != checksum.lower():
         raise ChecksumMismatch(
-            f"the object at {physical_address} has SHA-256 {sha256}, its entry "
+            f"the object at {physical_address} has SHA-256 {digest.hexdigest()}, its entry "
             f"records {checksum.lower()}: it changed after the entry was recorded",
             metadata={
-                **where,
+                "physical_address": physical_address,
                 "expected_sha256": checksum.lower(),
-                "actual_sha256": sha256,
+                "actual_sha256": digest.hexdigest(),
             },
         )
-    return copied
+    if held:
+        yield held

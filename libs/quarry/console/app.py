@@ -71,6 +71,7 @@ HTTP_STATUS = {
     "UNAVAILABLE": 503,
     "DEADLINE_EXCEEDED": 504,
     "UNIMPLEMENTED": 501,
+    "DATA_LOSS": 502,  # storage holds other bytes than the entry records
 }
 # Reasons whose page has a status of their own.
 REASON_STATUS = {"UPLOAD_TOO_LARGE": 413}

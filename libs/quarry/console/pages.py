@@ -19,7 +19,14 @@ from urllib.parse import quote
 
 from quarry import errors, uploads
 from quarry.auth import policy
-from quarry.blob import ObjectNotFound, confinement, open_object
+from quarry.blob import (
+    ObjectNotFound,
+    check_stored_size,
+    confinement,
+    open_object,
+    size_recorded,
+    verified_chunks,
+)
 from quarry.blob.confine import AddressNotAllowed
 from quarry.client import Credentials
 from quarry.client.branch_manager import maybe_dirty
@@ -33,6 +40,7 @@ from quarry.graveler import errors as gerrors
 PAGE = 100  # entries per object-browser / compare / changes page
 LOG_PAGE = 50
 SMALL_PAGE = 50
+DOWNLOAD_CHUNK_BYTES = 1 << 20
 CHANGE_NAMES = {1: "added", 2: "removed", 3: "changed", 4: "conflict"}
 
 
@@ -477,31 +485,35 @@ def download(ctx: Context, params: dict[str, str]) -> Response:
         reader = opened.__enter__()
     except ObjectNotFound:
         raise errors.NotFound("the object's bytes are missing from storage") from None
-
-    def chunks() -> Any:
-        while True:
-            piece = reader.read(1 << 20)
-            if not piece:
-                return
-            yield piece
+    try:
+        # A local file of another size: an error page, not a download that breaks off.
+        check_stored_size(reader, entry.physical_address, entry.size_bytes, entry.checksum)
+    except BaseException:
+        _close(opened)
+        raise
 
     name = path.rsplit("/", 1)[-1].replace('"', "")
     ctype, inline = preview.served_type(path, entry.content_type, ctx.request.arg("inline") == "1")
-    return Response(
-        200,
-        [
-            ("content-type", ctype),
-            ("content-length", str(entry.size_bytes)),
-            (
-                "content-disposition",
-                f"{'inline' if inline else 'attachment'}; filename*=UTF-8''{quote(name)}",
-            ),
-            ("x-content-type-options", "nosniff"),
-            ("content-security-policy", "default-src 'none'; sandbox"),
-        ],
-        chunks(),
-        close=lambda: _close(opened),
+    headers = [
+        ("content-type", ctype),
+        (
+            "content-disposition",
+            f"{'inline' if inline else 'attachment'}; filename*=UTF-8''{quote(name)}",
+        ),
+        ("x-content-type-options", "nosniff"),
+        ("content-security-policy", "default-src 'none'; sandbox"),
+        ("cache-control", "no-store"),  # a user's data: as every page
+    ]
+    # Checked as `quarry get` checks (quarry.blob.verified_chunks): a size or SHA-256 that
+    # differs from the entry's fails the download (the connection ends before its last
+    # bytes), never a saved file of other bytes. An entry whose size is unknown (0, no
+    # checksum) is sent without a length: all of its bytes, not an empty file.
+    chunks = verified_chunks(
+        reader, entry.physical_address, entry.size_bytes, entry.checksum, DOWNLOAD_CHUNK_BYTES
     )
+    if size_recorded(entry.size_bytes, entry.checksum):
+        headers.append(("content-length", str(entry.size_bytes)))
+    return Response(200, headers, chunks, close=lambda: _close(opened))
 
 
 def _close(opened: Any) -> None:

@@ -78,10 +78,13 @@ _BY_REASON = {
     # The server's own object store failed (disk full, read-only, S3 refused us): not the
     # client's mistake, and retryable, as S3 answers for its backend's trouble.
     "STORAGE_UNREACHABLE": ("ServiceUnavailable", 503),
+    # The stored bytes are not the entry's object (DATA_LOSS): the server's data is damaged.
+    "OBJECT_CHANGED": ("InternalError", 500),
+    "CHECKSUM_MISMATCH": ("InternalError", 500),
 }
 # Reasons whose message describes the server's own storage (local paths, bucket names):
 # logged by the gateway, never sent to an S3 client.
-_SERVER_SIDE = frozenset({"STORAGE_UNREACHABLE"})
+_SERVER_SIDE = frozenset({"STORAGE_UNREACHABLE", "OBJECT_CHANGED", "CHECKSUM_MISMATCH"})
 
 _BY_CODE = {
     "NOT_FOUND": ("NoSuchKey", 404),

@@ -39,11 +39,14 @@ from quarry.blob import (
     BlobStore,
     Confinement,
     ObjectNotFound,
+    check_stored_size,
     confinement,
     object_address,
     open_blob_store,
     open_object,
     parse_storage_namespace,
+    size_recorded,
+    verified_chunks,
 )
 from quarry.blob.layout import address_location, new_upload_key
 from quarry.client import Client
@@ -621,6 +624,7 @@ def get_object(ctx: Context, request: Request) -> Response:
     if early is not None:
         return early
     size = entry.size_bytes
+    known = size_recorded(size, entry.checksum)
     headers = _apply_overrides(request, _object_headers(entry))
     wanted = _range(request.header("range"), size) if size > 0 else None
     if _whole_part(request) and size > 0:
@@ -632,7 +636,10 @@ def get_object(ctx: Context, request: Request) -> Response:
         status = 206
         headers.append(("content-range", f"bytes {first}-{last}/{size}"))
     length = max(0, last - first + 1)
-    headers.append(("content-length", str(length)))
+    if known:
+        # An entry of unknown size (0, no checksum: `quarry put --address` without --size)
+        # is sent whole without a length: its bytes, never an empty body.
+        headers.append(("content-length", str(length)))
     # Only the range is read from the store (a seek, or a ranged GET of an S3 namespace); a
     # whole object is read as one (a plain GET of an S3 namespace).
     confine = _confine(ctx, request.target.bucket, entry.physical_address)
@@ -647,6 +654,21 @@ def get_object(ctx: Context, request: Request) -> Response:
     except errors.QuarryError as exc:
         raise from_quarry(exc) from None
 
+    def close() -> None:
+        opened.__exit__(None, None, None)
+
+    try:
+        # A local file of another size: an error before any byte, not a body cut short.
+        check_stored_size(reader, entry.physical_address, size, entry.checksum)
+    except errors.QuarryError as exc:
+        close()
+        raise from_quarry(exc) from None
+    if wanted is None:
+        # The whole object, checked against its entry as it is sent (size, SHA-256): the
+        # client never receives all of a body that is not the entry's object.
+        body = verified_chunks(reader, entry.physical_address, size, entry.checksum, SEND_CHUNK)
+        return Response(status, headers, body, close=close)
+
     def chunks() -> Iterator[bytes]:
         left = length
         while left > 0:
@@ -657,9 +679,6 @@ def get_object(ctx: Context, request: Request) -> Response:
                 )
             left -= len(piece)
             yield piece
-
-    def close() -> None:
-        opened.__exit__(None, None, None)
 
     return Response(status, headers, chunks(), close=close)
 

@@ -25,9 +25,11 @@ from quarry.blob import (
     ObjectChanged,
     ObjectNotFound,
     StorageUnreachable,
+    check_stored_size,
     copy_object,
     open_object,
     read_object,
+    verified_chunks,
 )
 from quarry.blob.s3 import S3BlobStore, shared_client
 from quarry.config import load_settings
@@ -100,7 +102,8 @@ def test_a_local_read_failing_midway_is_storage_unreachable(tmp_path, monkeypatc
         copy_object(f"{tmp_path}/a", written.append, size_bytes=len(DATA), checksum="")
     assert caught.value.code.name == "FAILED_PRECONDITION"
     assert "Input/output error" in caught.value.metadata["cause"]
-    assert sum(map(len, written)) == MiB  # what came before the failure
+    # The first chunk was read, and held back until the next read (which failed).
+    assert sum(map(len, written)) == 0
 
 
 class _TrackedBody:
@@ -183,17 +186,25 @@ def test_copy_object_checks_the_bytes_against_the_entry(tmp_path):
     assert b"".join(copied) == DATA and max(map(len, copied)) <= MiB
     copy_object(address, [].append, size_bytes=len(DATA), checksum=sha.upper())
 
+    copied = []
     with pytest.raises(ChecksumMismatch) as caught:
-        copy_object(address, [].append, size_bytes=len(DATA), checksum="0" * 64)
+        copy_object(address, copied.append, size_bytes=len(DATA), checksum="0" * 64)
+    assert sum(map(len, copied)) < len(DATA)  # the last chunk withheld
     assert (caught.value.code.name, caught.value.reason) == ("DATA_LOSS", "CHECKSUM_MISMATCH")
     assert caught.value.metadata["actual_sha256"] == sha
 
     for recorded in (len(DATA) - 1, len(DATA) + 1, 0):
+        copied = []
         with pytest.raises(ObjectChanged) as changed:
-            copy_object(address, [].append, size_bytes=recorded, checksum=sha)
+            copy_object(address, copied.append, size_bytes=recorded, checksum=sha)
         assert changed.value.reason == "OBJECT_CHANGED"
-        assert changed.value.metadata["actual_size"] == str(len(DATA))
         assert changed.value.metadata["expected_size"] == str(recorded)
+        if recorded > len(DATA):
+            assert changed.value.metadata["actual_size"] == str(len(DATA))
+        else:  # reading stops once the bytes pass the recorded size
+            assert int(changed.value.metadata["actual_size_at_least"]) > recorded
+        # Never the whole object: the last chunk is held until the bytes are checked.
+        assert sum(map(len, copied)) < min(len(DATA), max(recorded, 1))
 
     # Not a SHA-256 (an S3 ETag, a user's string): checked by size only.
     for other in ('"d41d8cd98f00b204e9800998ecf8427e-3"', "etag1", "", "z" * 64):
@@ -223,3 +234,38 @@ def test_the_counting_store_counts_a_streamed_read_as_one_get(tmp_path):
             pass
     assert store.counts["get"] == 1 and store.reads == 1
     assert store.bytes_read == len(DATA) and store.keys_read == ["a"]
+
+
+def test_verified_chunks_hand_on_the_whole_object_only_when_it_is_the_entrys(tmp_path):
+    """The stream a download or an S3 GET sends: every byte of a matching object, in
+    order; of another object (size or SHA-256), never its last chunk — whoever reads it
+    sees a failure, not a complete file of other bytes."""
+    LocalBlobStore(tmp_path).put("a", DATA)
+    address, sha = f"{tmp_path}/a", hashlib.sha256(DATA).hexdigest()
+
+    def drain(size_bytes: int, checksum: str) -> tuple[bytes, BaseException | None]:
+        got = []
+        with open_object(address) as reader:
+            try:
+                for chunk in verified_chunks(reader, address, size_bytes, checksum, MiB):
+                    got.append(chunk)
+            except errors.QuarryError as exc:
+                return b"".join(got), exc
+        return b"".join(got), None
+
+    assert drain(len(DATA), sha) == (DATA, None)
+    assert drain(0, "") == (DATA, None)  # unknown size: all of it, not nothing
+    for size_bytes, checksum, reason in [
+        (len(DATA), "0" * 64, "CHECKSUM_MISMATCH"),
+        (len(DATA) - 1, "", "OBJECT_CHANGED"),
+        (len(DATA) + 1, "", "OBJECT_CHANGED"),
+        (10, "etag", "OBJECT_CHANGED"),
+    ]:
+        sent, failure = drain(size_bytes, checksum)
+        assert failure is not None and failure.reason == reason
+        assert DATA.startswith(sent) and len(sent) < min(len(DATA), max(size_bytes, MiB))
+    with open_object(address) as reader:
+        check_stored_size(reader, address, len(DATA), sha)  # a match: no error
+        with pytest.raises(ObjectChanged):
+            check_stored_size(reader, address, len(DATA) + 1, sha)
+        check_stored_size(reader, address, 0, "")  # unknown: nothing to compare
