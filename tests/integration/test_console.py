@@ -111,6 +111,44 @@ def test_sign_in_without_the_forms_csrf_token_is_refused(console):
     assert sessions.SESSION_COOKIE not in browser.cookies
 
 
+def test_a_post_from_another_origin_is_refused_even_with_a_planted_csrf_cookie(console, admin):
+    """Login CSRF: cookies ignore ports, so a page on another port of the same host can
+    plant the sign-in form's double-submit cookie and post matching credentials — the
+    victim would be signed in as the attacker. The browser's own headers say where a post
+    comes from: anything but the console's own pages is refused, sign-in included."""
+    port, _app = console
+    victim = Browser(port)
+    page = victim.get("/login")  # stands in for the planted cookie: a valid pair
+    form = {
+        "csrf": page.csrf(),
+        "access_key_id": TEST_ACCESS_KEY_ID,
+        "secret_access_key": TEST_SECRET_ACCESS_KEY,
+    }
+    for headers in (
+        {"sec-fetch-site": "same-site", "origin": f"http://127.0.0.1:{port + 1}"},
+        {"sec-fetch-site": "cross-site"},
+        {"origin": f"http://127.0.0.1:{port + 1}"},  # an older browser: Origin alone
+        {"origin": "null"},
+    ):
+        victim.headers = dict(headers)
+        refused = victim.post("/login", form)
+        assert refused.status == 403 and "CROSS_ORIGIN" in refused.text, headers
+        assert sessions.SESSION_COOKIE not in victim.cookies
+    # A signed-in user's forms too, whatever token they carry.
+    changes = admin.get("/repos")
+    admin.headers = {"sec-fetch-site": "same-site"}
+    assert admin.post("/logout", {"csrf": changes.csrf()}).status == 403
+    admin.headers = {}
+    # The console's own pages: Sec-Fetch-Site same-origin, or an Origin naming its host.
+    for headers in (
+        {"sec-fetch-site": "same-origin", "origin": f"http://127.0.0.1:{port}"},
+        {"origin": f"http://127.0.0.1:{port}"},
+    ):
+        victim.headers = dict(headers)
+        page = victim.get("/login")
+        assert victim.post("/login", {**form, "csrf": page.csrf()}).status == 303, headers
+
+
 def test_a_planted_session_id_is_never_adopted(console):
     """Session fixation: an attacker plants a session cookie in the victim's browser before
     sign-in. Sign-in must issue a new id, and the planted one must give nothing."""

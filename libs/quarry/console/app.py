@@ -134,6 +134,25 @@ class Route:
     public: bool = False  # reachable without a session (sign-in, health)
 
 
+def same_origin(request: Request) -> bool:
+    """Whether a browser says this request comes from the console's own pages.
+
+    Safety: a post from another origin — another port of the same host included, which
+    cookies do not tell apart — is refused (login CSRF: a page on another port could plant
+    the sign-in form's cookie and sign the user in as the attacker). Browsers send
+    Sec-Fetch-Site (same-origin, or none for what the user typed); older ones send Origin,
+    compared with the Host the request was sent to. A client with neither is no browser,
+    and no other site can make it post."""
+    fetch_site = request.headers.get("sec-fetch-site", "")
+    if fetch_site:
+        return fetch_site in ("same-origin", "none")
+    origin = request.headers.get("origin", "")
+    if not origin:
+        return True
+    _, _, host = origin.partition("://")
+    return origin != "null" and host.lower() == request.headers.get("host", "").lower()
+
+
 def route(method: str, path: str, name: str, handler: Handler, public: bool = False) -> Route:
     """`path` with {name} segments (one path segment each, {name:path} the rest)."""
     regex = re.sub(r"\{(\w+):path\}", r"(?P<\1>.+)", path)
@@ -312,6 +331,13 @@ class ConsoleApp:
 
     def _dispatch(self, request: Request, found: Route, params: dict[str, str]) -> Response:
         session = self.sessions.get(request.cookies.get(sessions.SESSION_COOKIE, ""))
+        if request.method == "POST" and not same_origin(request):
+            # Before the session and CSRF checks: a page of another origin may have planted
+            # the sign-in form's double-submit cookie (cookies ignore ports), so it must not
+            # sign a user in as someone else, nor post anything else.
+            return self._page_error(
+                request, session, 403, "CROSS_ORIGIN", "a form posted from another site"
+            )
         if session is None and not found.public:
             if request.method == "GET":
                 return redirect(url("/login", next=_return_to(request)), 303)
