@@ -1198,3 +1198,37 @@ def test_a_download_is_the_entrys_object_or_fails(suite, admin):
     assert resized.status == 502 and "OBJECT_CHANGED" in resized.text
     with pytest.raises((http.client.IncompleteRead, ConnectionError)):
         admin.get(f"/repos/{repo}/download?ref=main&path=altered")
+
+
+def test_an_object_page_shows_the_entry_whatever_its_bytes_or_storage(suite, admin):
+    """A valid Parquet file with a date Python cannot hold (past year 9999), one with
+    damaged data pages, and an entry whose store cannot be reached: each page shows the
+    entry and its Download link with a note, never an error page in its place."""
+    import datetime
+
+    repo = _repo(suite, "odd-previews")
+    far = pa.table({"t": pa.array([253402300800], type=pa.timestamp("s"))})  # year 10000
+    buffer = io.BytesIO()
+    pq.write_table(far, buffer)
+    sane = io.BytesIO()
+    pq.write_table(pa.table({"d": [datetime.date(2024, 1, 1)] * 50}), sane, compression="snappy")
+    damaged = bytearray(sane.getvalue())
+    damaged[4:60] = b"\xff" * 56  # the first data page's header, the footer intact
+    with suite.client() as client:
+        _stage(suite, client, repo, "main", "far.parquet", buffer.getvalue())
+        _stage(suite, client, repo, "main", "damaged.parquet", bytes(damaged))
+        client.put_object(
+            repo,
+            "main",
+            path="elsewhere.txt",
+            physical_address="s3://no-such-bucket-anywhere/x.txt",
+            size_bytes=3,
+            checksum="c",
+        )
+    for path in ("far.parquet", "damaged.parquet", "elsewhere.txt"):
+        page = admin.get(f"/repos/{repo}/object?ref=main&path={path}")
+        assert page.status == 200, (path, page.text)
+        assert f"/repos/{repo}/download?" in page.text and 'class="note"' in page.text, path
+    assert (
+        'id="parquet-schema"' in admin.get(f"/repos/{repo}/object?ref=main&path=far.parquet").text
+    )

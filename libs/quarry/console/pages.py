@@ -463,6 +463,9 @@ def object_detail(ctx: Context, params: dict[str, str]) -> Response:
         shown = preview.Preview("none", note="the object's bytes are missing from storage")
     except AddressNotAllowed:
         shown = preview.Preview("none", note="the object's address leads where it may not be read")
+    except errors.QuarryError as exc:
+        # Storage unreachable, an address no store can open: the page still shows the entry.
+        shown = preview.Preview("none", note=f"no preview: {exc.reason}: {exc.message}")
     return ctx.render(
         "object.html",
         repo=repo,

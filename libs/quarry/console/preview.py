@@ -103,17 +103,29 @@ def preview(entry: Any, settings: Any, confine: Any = None) -> Preview:
 def _parquet(data: bytes) -> Preview:
     import pyarrow.parquet as pq
 
+    # Whatever the file holds, the page shows the entry: a file that is not Parquet, has
+    # damaged pages, or values Python cannot represent (a date past year 9999) gets a note,
+    # never an error page in place of the entry and its Download link.
     try:
         parquet = pq.ParquetFile(io.BytesIO(data))
-    except Exception as exc:  # not Parquet after all: say so, no error page
+        schema = [(f.name, str(f.type)) for f in parquet.schema_arrow]
+    except Exception as exc:
         return Preview("none", note=f"not a readable Parquet file: {exc}")
-    schema = [(f.name, str(f.type)) for f in parquet.schema_arrow]
-    table = next(parquet.iter_batches(batch_size=PARQUET_ROWS), None)
-    rows: list[list[str]] = []
     columns = [name for name, _ in schema]
-    if table is not None:
-        data_rows = table.to_pylist()
-        rows = [[_cell(r.get(c)) for c in columns] for r in data_rows]
+    rows: list[list[str]] = []
+    try:
+        table = next(parquet.iter_batches(batch_size=PARQUET_ROWS), None)
+        if table is not None:
+            rows = [[_cell(r.get(c)) for c in columns] for r in table.to_pylist()]
+    except Exception as exc:
+        return Preview(
+            "parquet",
+            schema=schema,
+            columns=columns,
+            rows=[],
+            num_rows=parquet.metadata.num_rows,
+            note=f"its rows cannot be shown: {exc}",
+        )
     return Preview(
         "parquet",
         schema=schema,
