@@ -1037,6 +1037,8 @@ def test_a_refused_sign_in_keeps_the_page_to_return_to(console):
         "/x\r\nSet-Cookie: planted=1",
         "https://evil.example",
         "javascript:alert(1)",
+        "/repos/日本",  # not ASCII: no header can carry it (it was a 500 after sign-in)
+        "/\u0100",
     ],
 )
 def test_sign_in_never_redirects_off_site_or_splits_the_header(console, target):
@@ -1232,3 +1234,19 @@ def test_an_object_page_shows_the_entry_whatever_its_bytes_or_storage(suite, adm
     assert (
         'id="parquet-schema"' in admin.get(f"/repos/{repo}/object?ref=main&path=far.parquet").text
     )
+
+
+@pytest.mark.parametrize("token", ["日本", "é", "x" * 5000])
+def test_a_forged_csrf_token_of_any_characters_is_refused_not_an_error(console, admin, token):
+    browser = Browser(console[0])
+    browser.get("/login")
+    refused = browser.post(
+        "/login",
+        {
+            "csrf": token,
+            "access_key_id": TEST_ACCESS_KEY_ID,
+            "secret_access_key": TEST_SECRET_ACCESS_KEY,
+        },
+    )
+    assert refused.status == 403 and sessions.SESSION_COOKIE not in browser.cookies
+    assert admin.post("/logout", {"csrf": token}).status == 403

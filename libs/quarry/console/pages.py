@@ -88,11 +88,13 @@ def _safe_next(target: str) -> str:
     is the percent-encoded path and query the browser asked for (quarry.console.app), so
     a backslash, a space or a control character in it is refused: browsers drop tabs and
     newlines from a Location (`/<TAB>/evil.host` is `//evil.host`), and CR/LF would split
-    the header."""
+    the header. Only ASCII: a header is Latin-1 at most, and what a browser asked for is
+    percent-encoded (a raw `/repos/日本` broke the answer after a successful sign-in)."""
     if (
         target.startswith("/")
         and not target.startswith("//")
         and "\\" not in target
+        and target.isascii()
         and not any(c <= " " or c == "\x7f" for c in target)
     ):
         return target

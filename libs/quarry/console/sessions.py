@@ -218,8 +218,13 @@ class SessionStore:
 
 
 def check_csrf(expected: str, given: str) -> bool:
-    """Whether `given` is the CSRF token `expected`; never true for an empty one."""
-    return bool(expected) and bool(given) and hmac.compare_digest(expected, given)
+    """Whether `given` is the CSRF token `expected`; never true for an empty one. Compared
+    as UTF-8 bytes: compare_digest refuses non-ASCII text (a forged token was a 500)."""
+    return (
+        bool(expected)
+        and bool(given)
+        and hmac.compare_digest(expected.encode(), given.encode("utf-8", "surrogatepass"))
+    )
 
 
 def new_login_token() -> str:
