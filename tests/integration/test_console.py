@@ -381,6 +381,10 @@ def test_compare_merge_dry_run_shows_conflicts_then_merges(suite, admin):
     assert '<svg class="graph"' in log.text and "merge</span>" in log.text
     # Two parents drawn: at least one line leaves the merge commit's lane sideways.
     assert re.search(r'<line x1="([\d.]+)" y1="[\d.]+" x2="(?!\1")', log.text)
+    # Merged already: the dry run says so (as `quarry merge` does), not a NO_CHANGES page.
+    again = admin.get(f"/repos/{repo}/merge?source=feature&destination=main")
+    assert again.status == 200 and 'id="merge-nothing"' in again.text
+    assert 'id="merge-form"' not in again.text
 
 
 def test_error_pages_carry_the_status_and_reason_never_a_trace(admin):

@@ -64,7 +64,7 @@ def _unsaved_work(ctx: Context, repo: str, name: str) -> list[str]:
     """What deleting branch `name` would lose: its staged changes, and commits the
     repository's default branch does not have (a dry-run merge into it must answer
     "already merged"; any other answer counts as unmerged)."""
-    from quarry.cli.merging import already_merged
+    from quarry.graveler.errors import already_merged
 
     client = ctx.client
     branch = client.get_branch(repo, name)

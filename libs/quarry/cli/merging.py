@@ -16,15 +16,9 @@ from quarry.cli.base import (
     key_value,
     leaf,
 )
-from quarry.graveler.errors import NoChanges
+from quarry.graveler.errors import already_merged
 from quarry.graveler.model import MergeStrategy
 from quarry.v1 import types_pb2
-
-
-def already_merged(exc: errors.QuarryError) -> bool:
-    """Whether a merge was refused because the source is already in the destination's
-    history (NO_CHANGES naming the source), as opposed to other NO_CHANGES refusals."""
-    return exc.reason == NoChanges.reason and "source" in exc.metadata
 
 
 @command

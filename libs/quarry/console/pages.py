@@ -36,6 +36,7 @@ from quarry.console.forms import MissingField, confirm_page, confirmed, required
 from quarry.console.http import MAX_FORM_BYTES, Response, redirect, url
 from quarry.console.permissions import can, require
 from quarry.graveler import errors as gerrors
+from quarry.graveler.errors import already_merged
 
 PAGE = 100  # entries per object-browser / compare / changes page
 LOG_PAGE = 50
@@ -640,6 +641,7 @@ def merge_form(ctx: Context, params: dict[str, str]) -> Response:
     source, destination = ctx.request.arg("source"), ctx.request.arg("destination")
     strategy = _merge_strategy(ctx.request.arg("strategy"))
     dry = None
+    up_to_date = False
     conflicts: list[Any] = []
     more = 0
     if source and destination:
@@ -649,9 +651,12 @@ def merge_form(ctx: Context, params: dict[str, str]) -> Response:
             )
             conflicts = list(dry.conflicts)
         except errors.QuarryError as exc:
-            if exc.reason != "MERGE_CONFLICT":
+            if already_merged(exc):  # as `quarry merge`: "Already up to date", no error
+                up_to_date = True
+            elif exc.reason == "MERGE_CONFLICT":
+                conflicts, more = _conflicts_of(exc)
+            else:
                 raise
-            conflicts, more = _conflicts_of(exc)
     return ctx.render(
         "merge.html",
         repo=repo,
@@ -659,6 +664,7 @@ def merge_form(ctx: Context, params: dict[str, str]) -> Response:
         destination=destination,
         strategy=strategy,
         dry=dry,
+        up_to_date=up_to_date,
         conflicts=conflicts,
         more=more,
         can_merge=bool(destination)

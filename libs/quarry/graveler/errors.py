@@ -90,6 +90,12 @@ class NoChanges(errors.FailedPrecondition):
     reason = "NO_CHANGES"
 
 
+def already_merged(exc: errors.QuarryError) -> bool:
+    """Whether a merge was refused because the source is already in the destination's
+    history (NO_CHANGES naming the source), as opposed to other NO_CHANGES refusals."""
+    return exc.reason == NoChanges.reason and "source" in exc.metadata
+
+
 class DirtyBranch(errors.FailedPrecondition):
     reason = "DIRTY_BRANCH"
 
