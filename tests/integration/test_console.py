@@ -1254,3 +1254,27 @@ def test_a_forged_csrf_token_of_any_characters_is_refused_not_an_error(console, 
     )
     assert refused.status == 403 and sessions.SESSION_COOKIE not in browser.cookies
     assert admin.post("/logout", {"csrf": token}).status == 403
+
+
+def test_small_navigation_cases_of_a_repository_whose_default_branch_is_not_main(suite, admin):
+    """A branch made with an empty From starts at the repository's default branch (it was
+    `main`); the Uncommitted tab followed from a tag shows the default branch's changes
+    (it was a NOT_A_BRANCH page); a folder marker object (`dir/`) is a row with a name."""
+    with suite.client() as client:
+        client.create_repository("trunked", suite.namespace("trunked"), default_branch="trunk")
+        _stage(suite, client, "trunked", "trunk", "dir/", b"")
+        _stage(suite, client, "trunked", "trunk", "dir/a.txt", b"a")
+        client.commit("trunked", "trunk", "first")
+        client.create_tag("trunked", "v1", "trunk")
+    page = admin.get("/repos/trunked/branches")
+    made = admin.post(
+        "/repos/trunked/branches", {"csrf": page.csrf(), "name": "side", "source": ""}
+    )
+    assert made.status == 303, made.text
+    with suite.client() as client:
+        side = client.get_branch("trunked", "side")
+        assert side.commit_id == client.get_branch("trunked", "trunk").commit_id
+    tab = admin.get("/repos/trunked/changes?branch=v1")
+    assert tab.status == 303 and tab.header("location") == "/repos/trunked/changes?branch=trunk"
+    folder = admin.get("/repos/trunked/objects?ref=trunk&prefix=dir%2F")
+    assert re.search(r'<a href="[^"]*path=dir%2F">\./</a>', folder.text), folder.text

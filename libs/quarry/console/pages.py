@@ -260,7 +260,8 @@ def branches(ctx: Context, params: dict[str, str]) -> Response:
 def create_branch(ctx: Context, params: dict[str, str]) -> Response:
     repo = params["repo"]
     name = ctx.request.field("name").strip()
-    ctx.client.create_branch(repo, name, ctx.request.field("source").strip() or "main")
+    source = ctx.request.field("source").strip()
+    ctx.client.create_branch(repo, name, source or ctx.client.get_repository(repo).default_branch)
     return redirect(url(_repo_url(repo, "objects"), ref=name))
 
 
@@ -352,7 +353,8 @@ def objects(ctx: Context, params: dict[str, str]) -> Response:
         (
             e.path,
             False,
-            e.path[len(prefix) :],
+            # An object named as its folder (`dir/`, the marker S3 tools and Hadoop make).
+            e.path[len(prefix) :] or "./",
             url(base + "object", ref=ref, path=e.path),
             size(e.size_bytes),
             timestamp(e.mtime),
@@ -607,9 +609,16 @@ def compare(ctx: Context, params: dict[str, str]) -> Response:
 def changes(ctx: Context, params: dict[str, str]) -> Response:
     repo = ctx.client.get_repository(params["repo"])
     branch = ctx.request.arg("branch") or repo.default_branch
-    page = ctx.client.diff_uncommitted(
-        repo.name, branch, page_size=PAGE, page_token=ctx.request.arg("page")
-    )
+    try:
+        page = ctx.client.diff_uncommitted(
+            repo.name, branch, page_size=PAGE, page_token=ctx.request.arg("page")
+        )
+    except errors.QuarryError as exc:
+        if exc.reason != "NOT_A_BRANCH" or branch == repo.default_branch:
+            raise
+        # The tab followed while browsing a tag or a commit: only branches have uncommitted
+        # changes, so it shows the default branch's.
+        return redirect(url(_repo_url(repo.name, "changes"), branch=repo.default_branch), 303)
     return ctx.render(
         "changes.html",
         repo=repo,
