@@ -234,11 +234,14 @@ class Repositories:
         if claim.claimed:
             return
         if claim.existing_marker is None:
+            # What the directory holds goes to the operator's log, not to the caller: the
+            # answer must not let anyone allowed to create repositories list the names of
+            # files in directories the server can read (`/etc` named `.pwd.lock`).
+            log.info("storage namespace %s is not empty: it holds %r", ns, claim.keys[0])
             raise NamespaceNotEmpty(
-                f"storage namespace {ns} is not empty (it holds {claim.keys[0]!r}"
-                f"{' and more' if len(claim.keys) > 1 else ''}): a repository needs an empty "
+                f"storage namespace {ns} is not empty: a repository needs an empty "
                 f"namespace, or one left by a deleted repository of this installation",
-                metadata={"storage_namespace": ns, "example_key": claim.keys[0]},
+                metadata={"storage_namespace": ns},
             )
         self._check_reusable(ns, claim)
         claim = self.core.range_writer.claim_namespace(ns, marker, replace=claim.existing_marker)
