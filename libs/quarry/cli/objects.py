@@ -329,6 +329,10 @@ def cat(args: argparse.Namespace, ctx: Context) -> int:
     behind the CLI's usual hold of stdout until success. A failure while reading, or at the
     end a size or checksum that is not the entry's, exits 1 with the error on stderr; the
     bytes already written stay written (as with curl or `aws s3 cp - `)."""
+    return _to_stdout(args, ctx)
+
+
+def _to_stdout(args: argparse.Namespace, ctx: Context) -> int:
     out = ctx.unheld_stdout()
     _copy_object(args, ctx, out.write)
     out.flush()  # a closed pipe (`| head -c 10`) shows here, still a success (main)
@@ -346,6 +350,10 @@ def get(args: argparse.Namespace, ctx: Context) -> int:
     import os
     import tempfile
 
+    import stat
+
+    if args.output == "-":  # as curl and aws s3 cp: `-o -` is stdout
+        return _to_stdout(args, ctx)
     name = args.path.rsplit("/", 1)[-1]  # as given: pathlib would drop a trailing "." or "/"
     if name in ("", ".", "..") and (not args.output or Path(args.output).is_dir()):
         # A path ending in "/", "." or "..": no file name to derive.
@@ -353,12 +361,30 @@ def get(args: argparse.Namespace, ctx: Context) -> int:
     target = Path(args.output or name)
     if target.is_dir():
         target = target / name
-    if target.exists() and not args.force:
+    # A link is followed: --force replaces the file it points to, never the link itself.
+    target = Path(os.path.realpath(target))
+    try:
+        existing = target.stat()
+    except FileNotFoundError:
+        existing = None
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        # A pipe, a device (/dev/stdout), a socket: renaming over it would replace it (as
+        # root, the system's /dev/stdout); streaming into it cannot be undone on a failure.
+        raise CliError(
+            "NOT_A_REGULAR_FILE",
+            f"{target} is not a regular file; stream into it with `quarry cat ... > {target}`",
+            "INVALID_ARGUMENT",
+        )
+    if existing is not None and not args.force:
         raise CliError(
             "FILE_EXISTS", f"{target} exists; pass --force to overwrite it", "ALREADY_EXISTS"
         )
     fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
     try:
+        # The mode a new file gets (mkstemp's is 0600), or the replaced file's own.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, stat.S_IMODE(existing.st_mode) if existing else 0o666 & ~umask)
         with os.fdopen(fd, "wb") as fh:
             size = _copy_object(args, ctx, fh.write)
         if args.force:
@@ -418,7 +444,8 @@ def register_get(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         "-o",
         "--output",
         metavar="FILE",
-        help="the file (or directory) to write (default: PATH's name in this directory)",
+        help="the file (or directory) to write (default: PATH's name in this directory; "
+        "- for stdout); a link is followed, a pipe or device refused",
     )
     p.add_argument("--force", "-f", action="store_true", help="overwrite FILE if it exists")
 
