@@ -348,9 +348,8 @@ def get(args: argparse.Namespace, ctx: Context) -> int:
     on any failure it is removed."""
     import contextlib
     import os
-    import tempfile
-
     import stat
+    import tempfile
 
     if args.output == "-":  # as curl and aws s3 cp: `-o -` is stdout
         return _to_stdout(args, ctx)
