@@ -63,6 +63,7 @@ from quarry import errors
 from quarry.graveler import layout, names
 from quarry.graveler.layout import QUARRY_PARTITION, REQUESTS_PREFIX
 from quarry.kv import store as kv
+from quarry.runtime import deadlines
 from quarry.runtime.periodic import PeriodicWorker
 from quarry.storage.v1 import records_pb2
 
@@ -253,12 +254,18 @@ class RequestLog:
             result = call()
         except BaseException:
             self._untrack(claim)
-            self._finish(claim, RELEASED, b"")
+            # Outside the caller's deadline: a call that failed because it expired must
+            # still release its id at once (it stayed blocked for the claim's lease).
+            with deadlines.serving(None):
+                self._finish(claim, RELEASED, b"")
             raise
         finally:
             _after_recorded.reset(token)
         self._untrack(claim)
-        self._finish(claim, DONE, encode(result))
+        # Outside the caller's deadline: the effect happened, so its record must be written
+        # even when the deadline ran out just after (a retry was answered NO_CHANGES).
+        with deadlines.serving(None):
+            self._finish(claim, DONE, encode(result))
         _run_recorded_work(pending)
         return result
 

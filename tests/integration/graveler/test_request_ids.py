@@ -587,3 +587,40 @@ def test_an_id_costs_two_conditional_writes_and_nothing_without_one(stubs, repo,
         )
     ) == {("set_if", "quarry"): 1}  # + its get
     assert counting_backend.inner.get(QUARRY_PARTITION, b"requests/" + request_id.encode())
+
+
+def test_a_commit_whose_deadline_passes_just_after_the_branch_moved_is_answered_on_retry(
+    suite, repo, stubs, monkeypatch
+):
+    """The caller's deadline runs out between the branch swap and the commit's record: the
+    client hears DEADLINE_EXCEEDED, but the commit landed. What follows the swap (the
+    retired token's drop, the request's DONE record) runs outside that deadline, so a retry
+    with the same id is answered with that commit — it was REQUEST_IN_PROGRESS for the
+    claim's lease, then NO_CHANGES — and no staging token is left behind."""
+    import time
+
+    from quarry.graveler.refs import RefManager
+    from quarry.runtime import deadlines
+
+    put(stubs, repo, "late/a")
+    swap = RefManager.update_branch
+
+    def swap_then_outlive_the_deadline(self, *args, **kwargs):
+        result = swap(self, *args, **kwargs)
+        call = deadlines.current()
+        if kwargs.get("step") == "swap_branch" and call is not None and call.deadline:
+            time.sleep(max(0.0, call.remaining() or 0.0) + 0.05)
+        return result
+
+    monkeypatch.setattr(RefManager, "update_branch", swap_then_outlive_the_deadline)
+    request = cm.CommitRequest(repository=repo, branch="main", message="late", request_id=rid())
+    with pytest.raises(grpc.RpcError) as late:
+        stubs.cm.Commit(request, timeout=2.0)
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    monkeypatch.undo()
+    # The client's retry (REQUEST_IN_PROGRESS while the first call's thread finishes): well
+    # inside the claim's 30 s lease, the id was recorded, not left claimed.
+    with suite.client(retry=RetryPolicy(budget=10.0, max_attempts=0)) as client:
+        answered = client.commit(repo, "main", "late", request_id=request.request_id)
+    assert answered.commit.id == log_ids(stubs, repo)[0]
+    assert answered.commit.message == "late" and uncommitted(stubs, repo) == []
