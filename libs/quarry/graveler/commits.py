@@ -5,7 +5,6 @@ the base metarange and retire exactly the tokens applied (docs/architecture.md Â
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,8 +19,6 @@ from quarry.graveler.retry import cas_retry
 from quarry.graveler.staging import new_token
 from quarry.runtime import deadlines
 from quarry.v1 import types_pb2
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -248,19 +245,9 @@ class Commits:
             except (_Moved, gerrors.BranchContended):
                 return False
             self.core.forget_branch(repo, branch_name)
-            # (6) The dropper deletes the retired tokens' items after a grace period. The
-            # branch has moved: this must neither stop at the caller's deadline (which may
-            # have just passed) nor fail the call; a token not queued is an orphan that
-            # `quarry doctor` reports, never lost data.
-            try:
-                with deadlines.serving(None):
-                    self.core.staging.queue_drop_tokens(retirement.applied)
-            except Exception:
-                log.exception(
-                    "the retired staging tokens of %s/%s were not queued for dropping",
-                    repo.name,
-                    branch_name,
-                )
+            # (6) The dropper deletes the retired tokens' items after a grace period (queued
+            # whatever the caller's deadline: the branch has moved).
+            self.core.staging.queue_drop_tokens(retirement.applied)
             return True
 
     # ---- staging compaction ----------------------------------------------------------------

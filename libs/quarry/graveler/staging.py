@@ -30,6 +30,7 @@ from quarry.graveler.layout import (
 from quarry.graveler.model import Entry
 from quarry.kv import store as kv
 from quarry.kv.partitions import sharded_token
+from quarry.runtime import deadlines
 from quarry.runtime.periodic import PeriodicWorker
 
 log = logging.getLogger(__name__)
@@ -218,8 +219,19 @@ class StagingManager:
         )
 
     def queue_drop_tokens(self, tokens: Sequence[str]) -> None:
-        """Queue every partition of the tokens (all shards of a sharded token)."""
-        self.queue_drop([p for t in tokens if t for p in staging_partitions(t)])
+        """Queue every partition of the tokens (all shards of a sharded token) that a
+        branch record change just retired.
+
+        It follows a change that already happened (a commit, merge, reset, discard, branch
+        delete), so it neither stops at the caller's deadline, which may have passed just
+        after the change, nor raises: a failure here must not report a landed change as
+        failed (its retry would then be answered NO_CHANGES). A token not queued is an
+        orphan that `quarry doctor` reports, never lost data."""
+        try:
+            with deadlines.serving(None):
+                self.queue_drop([p for t in tokens if t for p in staging_partitions(t)])
+        except Exception:
+            log.exception("retired staging tokens %s were not queued for dropping", tokens)
 
     def drop_queued(self, grace_seconds: float, limit: int = 100) -> int:
         """Delete the items of queued partitions older than the grace period. Returns the
