@@ -56,6 +56,9 @@ def build(
             servicer, server
         ),
         grpc_service_names=[committer_pb2.DESCRIPTOR.services_by_name["Committer"].full_name],
+        # Running imports finish within the stop's grace, or end CANCELLED, before the
+        # channels they write through close.
+        drain=[deps.graveler.imports.stop],
         on_stop=deps.closers,
         dependencies=deps.needed(DEPENDS_ON),
         on_ready=deps.on_ready,

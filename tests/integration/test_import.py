@@ -604,3 +604,46 @@ def test_the_listing_skips_what_no_address_reads_back(tmp_path):
     stat = os.stat(root / "ok" / "a")
     assert listed[0].address == str(root / "ok" / "a")
     assert (listed[0].size, listed[0].mtime_us) == (1, stat.st_mtime_ns // 1000)
+
+
+def test_a_committer_stopping_mid_import_ends_it_cancelled_at_once(tmp_path, monkeypatch):
+    """A stop gives a running import the grace to finish; one still running then stops at
+    its next check and writes CANCELLED, naming the shutdown, before the committer closes
+    its channels (it was killed mid-way and read RUNNING until its heartbeat went stale);
+    the branch is unchanged."""
+    from quarry.graveler import layout
+    from quarry.graveler.imports import ImportRecord
+    from quarry.graveler.refs import RefManager
+    from quarry.kv.memory import MemoryStore
+    from support.suite import running_suite
+
+    jobs = []
+    made = imports_module._Job.__init__
+
+    def recorded(self, *args):
+        made(self, *args)
+        jobs.append(self)
+
+    monkeypatch.setattr(imports_module._Job, "__init__", recorded)
+    store = MemoryStore()
+    with running_suite(tmp_path / "home", backend=store, import_heartbeat_seconds=0.2) as suite:
+        with suite.client() as client:
+            client.create_repository("stopping", suite.namespace("stopping"))
+            head = client.get_branch("stopping", "main").commit_id
+            gate = _Gate(monkeypatch, after=100)
+            started = client.start_import(
+                "stopping", "main", [(str(_many(tmp_path / "src", 500)), "data")]
+            )
+            assert gate.reached.wait(30)
+            imports = suite.servers["committer"]
+            stopping = threading.Thread(target=imports.stop, kwargs={"grace": 0.2})
+            stopping.start()
+            # Past the grace, the stop asks the import to end; then its listing goes on.
+            wait_until(jobs[0].cancel.is_set, timeout=30, what="the stop to cancel the import")
+            gate.release.set()
+            stopping.join(30)
+            assert not stopping.is_alive()
+            assert client.get_branch("stopping", "main").commit_id == head
+        partition = RefManager(store).get_repository("stopping").partition
+        record = ImportRecord.decode(store.get(partition, layout.import_key(started.id)).value)
+        assert record.state == "CANCELLED" and "shutdown" in record.error, record.error

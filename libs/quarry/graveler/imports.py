@@ -90,6 +90,8 @@ STALE_SECONDS = 60.0
 # Listing processes a local source is read by (QUARRY_IMPORT_LISTING_PROCESSES; 0: none,
 # the importing thread walks it).
 LISTING_PROCESSES = 2
+# Shutdown: how long an import cancelled by the shutdown has to write its final state.
+STOP_WAIT_SECONDS = 5.0
 # At most this many sources in one import.
 MAX_SOURCES = 100
 
@@ -182,6 +184,8 @@ class _Job:
         self.record = record
         self.predicate = predicate
         self.cancel = threading.Event()
+        # Why it was cancelled, for its final state: a user's cancel, or the shutdown.
+        self.cancelled_because = "cancelled"
         self.thread: threading.Thread | None = None
 
 
@@ -288,6 +292,25 @@ class Imports:
             except kv.PredicateFailed:
                 continue  # a heartbeat in between: read again
         return self.get_import(repo_name, import_id)
+
+    def stop(self, grace: float) -> None:
+        """Shutdown: running imports get `grace` seconds to finish; those still running then
+        stop at their next check and end CANCELLED, the branch unchanged, their final state
+        written before the service closes its channels — `import status` says so at once
+        (they were killed mid-way and read RUNNING until their heartbeat went stale).
+        Bounded: grace plus STOP_WAIT_SECONDS; one that does not stop by then is left to
+        the stale-heartbeat rule."""
+        deadline = time.monotonic() + grace
+        with self._lock:
+            jobs = [job for job in self._jobs.values() if job.thread is not None]
+        for job in jobs:
+            job.thread.join(max(0.0, deadline - time.monotonic()))  # type: ignore[union-attr]
+        left = [job for job in jobs if job.thread.is_alive()]  # type: ignore[union-attr]
+        for job in left:
+            job.cancelled_because = "stopped by the service's shutdown; run the import again"
+            job.cancel.set()
+        for job in left:
+            job.thread.join(STOP_WAIT_SECONDS)  # type: ignore[union-attr]
 
     def wait(self, import_id: str, timeout: float | None = None) -> None:
         """Wait for an import of this process to end (tests, shutdown)."""
@@ -398,7 +421,8 @@ class Imports:
                 try:
                     commit = self._import(repo, job, sources)
                 except ImportCancelled:
-                    record.state, record.error = CANCELLED, "cancelled; the branch is unchanged"
+                    record.state = CANCELLED
+                    record.error = f"{job.cancelled_because}; the branch is unchanged"
                 except Exception as exc:  # every failure ends FAILED, the branch untouched
                     log.warning("import %s failed", record.id, exc_info=True)
                     message = exc.message if isinstance(exc, errors.QuarryError) else repr(exc)

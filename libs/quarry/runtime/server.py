@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -144,6 +145,9 @@ class ServiceSpec:
     register: Callable[[grpc.Server], None]
     # Full names of the gRPC services `register` adds, for reflection and health.
     grpc_service_names: Sequence[str]
+    # Background work a stop lets finish: called with the seconds left of the stop's grace
+    # once the server stopped taking calls, before on_stop closes the channels it needs.
+    drain: list[Callable[[float], None]] = field(default_factory=list)
     # Called after the server has stopped (close stores, flush reporters).
     on_stop: list[Callable[[], None]] = field(default_factory=list)
     # What must answer before the service reports SERVING and takes calls.
@@ -405,9 +409,12 @@ class QuarryServer:
         the on_stop callbacks stop background loops with bounded waits and close the
         dependency channels, which cancels any call still blocked on a dead dependency."""
         # Not waited for: a probe still running is cancelled when on_stop closes its channel.
+        started = time.monotonic()
         self.readiness.worker.stop(timeout=0.1)
         self.health.enter_graceful_shutdown()
         self.grpc_server.stop(grace).wait()
+        left = max(0.0, (grace or 0.0) - (time.monotonic() - started))
+        _run_stop_callbacks(self.spec.name, [functools.partial(d, left) for d in self.spec.drain])
         _run_stop_callbacks(self.spec.name, [*self.spec.on_stop, self.readiness.close])
 
 
