@@ -27,3 +27,14 @@ def test_an_unreachable_service_is_named_with_its_address():
     assert "`quarry up`" in error.message and "--branch-manager" in error.message
     assert unreachable(errors.Unavailable("draining"), services) is None
     assert unreachable(errors.NotFound(REFUSED), services) is None
+
+
+def test_a_dependency_a_service_could_not_reach_is_not_blamed_on_the_users_connection():
+    """The committer reached, its range-writer down: the refusal names the range-writer's
+    address, which the CLI never dialled — not "Is Quarry running? give --committer"."""
+    services = {"branch-manager": "127.0.0.1:7402", "committer": "127.0.0.1:7403"}
+    between = REFUSED.replace("7402", "7405")
+    error = unreachable(errors.Unavailable(between), services)
+    assert error is not None and error.reason == "DEPENDENCY_UNREACHABLE"
+    assert "ipv4:127.0.0.1:7405" in error.message and "quarry doctor" in error.message
+    assert "Is Quarry running" not in error.message and "--" not in error.message

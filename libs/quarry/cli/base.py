@@ -288,8 +288,18 @@ def unreachable(exc: errors.QuarryError, services: dict[str, str]) -> CliError |
         for name, address in services.items()
         if address and port and address.rsplit(":", 1)[-1] == port
     ]
-    name, address = named[0] if len(named) == 1 else ("service", peer.group(0) if peer else "")
     why = "connection refused" if CONNECTION_REFUSED in message.lower() else "no connection"
+    if peer and not named:
+        # Not an address this command dialled: the service it reached could not reach one
+        # of its own dependencies (a range-writer or kv-gateway down mid-commit). The
+        # user's connection and flags are fine; saying "Is Quarry running?" misled.
+        return CliError(
+            "DEPENDENCY_UNREACHABLE",
+            f"a Quarry service could not reach another one at {peer.group(0)} ({why}): it is "
+            "down or restarting. `quarry doctor` names which; retry once it is back",
+            "UNAVAILABLE",
+        )
+    name, address = named[0] if len(named) == 1 else ("service", peer.group(0) if peer else "")
     flag = (
         f" --{name}"
         if name in ("branch-manager", "committer", "compactor-sensor", "kv-gateway")
