@@ -11,6 +11,7 @@ QUARRY_SHUTDOWN_GRACE_SECONDS, then the application and its channels are closed.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import socket
 import ssl
@@ -101,7 +102,8 @@ def serve_asgi(
         lifespan="off",
         log_config=None,
         access_log=False,
-        timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
+        # Whole seconds (uvicorn's type): rounded up, never under the grace asked for.
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_seconds),
         server_header=False,
         date_header=True,
         # The client's address is the connection's, never an X-Forwarded-For header
@@ -113,14 +115,15 @@ def serve_asgi(
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.should_exit:
+                return  # a second signal while draining: said once
             lifecycle.info(
                 "%s: signal %d, draining (grace %.1fs)",
                 service,
                 sig,
                 settings.shutdown_grace_seconds,
             )
-            if not self.should_exit:
-                super().handle_exit(sig, frame)
+            super().handle_exit(sig, frame)
 
     server = _Server(config)
     log.info(

@@ -46,7 +46,8 @@ def watch_lifeline(on_lost: Callable[[], None], env: Mapping[str, str] | None = 
                 pass  # nothing is ever written; tolerate it anyway
         except OSError:
             pass  # closed under us: the supervisor is unreachable all the same
-        log.warning("the supervising `quarry up` is gone; stopping")
+        # The supervisor is `quarry up`, or a service's worker supervisor (runtime.workers).
+        log.warning("the process that started this one (its supervisor) is gone; stopping")
         on_lost()
 
     threading.Thread(target=watch, name="lifeline", daemon=True).start()
