@@ -799,3 +799,17 @@ def test_server_text_cannot_drive_the_terminal(suite, quarry):
         assert "\\x1b" in out, (args, out)
     as_json = quarry("ls", "terminal", "main", "--json").stdout.decode()
     assert json.loads(as_json)["entries"][0]["path"] == evil
+
+
+def test_rm_recursive_removes_the_folder_named_never_its_lookalike_siblings(
+    suite, quarry, tmp_path
+):
+    """Safety: `rm -r t` is the folder `t/` (as `ls` shows it): it once matched the text,
+    and removed `tables/` and `tmp/` too (`rm -r events` took `events_raw/`)."""
+    quarry("repo", "create", "folders", suite.namespace("folders"))
+    for path in ("t/y", "t/deeper/w", "tables/x", "tmp/z", "t"):
+        quarry("put", "folders", "main", path, "--address", f"s3://b/{path}", "--size", "1")
+    out = quarry("rm", "folders", "main", "-r", "t", "--json").stdout
+    assert json.loads(out) == {"removed": 2, "requested": 2}
+    left = json.loads(quarry("ls", "folders", "main", "--recursive", "--json").stdout)
+    assert sorted(e["path"] for e in left["entries"]) == ["t", "tables/x", "tmp/z"]

@@ -173,10 +173,15 @@ def rm(args: argparse.Namespace, ctx: Context) -> int:
     client = ctx.client
     paths = list(args.paths)
     if args.recursive is None and not paths:
-        raise UsageError("name the paths to remove, or --recursive PREFIX")
+        raise UsageError("name the paths to remove, or --recursive FOLDER")
     if args.recursive is not None:
+        # PREFIX names a folder, as `quarry ls` shows it: `-r t` is `t/`, never also
+        # `tables/` and `tmp/` (safety: rm must not remove what the user did not name).
+        folder = args.recursive
+        if folder and not folder.endswith("/"):
+            folder += "/"
         with ctx.progress("listing", unit="objects") as bar:
-            for entry in client.iter_objects(args.repo, args.branch, prefix=args.recursive):
+            for entry in client.iter_objects(args.repo, args.branch, prefix=folder):
                 paths.append(entry.path)
                 bar.advance()
     requested = len(set(paths))
@@ -200,7 +205,12 @@ def register_rm(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("repo", metavar="REPO")
     p.add_argument("branch", metavar="BRANCH")
     p.add_argument("paths", nargs="*", metavar="PATH")
-    p.add_argument("--recursive", "-r", metavar="PREFIX", help="remove every object under PREFIX")
+    p.add_argument(
+        "--recursive",
+        "-r",
+        metavar="FOLDER",
+        help="remove every object under FOLDER (`data` is the folder `data/`: never `data_raw/`)",
+    )
     progress_option(p)
 
 
