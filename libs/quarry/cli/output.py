@@ -92,13 +92,17 @@ def to_jsonable(message: Message) -> dict[str, Any]:
 
 
 def print_json(value: Any, stream: TextIO | None = None) -> None:
+    """`value` as JSON: a protobuf message anywhere in it (top level, in a list or a dict)
+    as its to_jsonable form (`users show` once put a User in a dict: INTERNAL)."""
     stream = stream or sys.stdout
-    if isinstance(value, Message):
-        value = to_jsonable(value)
-    elif isinstance(value, list):
-        value = [to_jsonable(v) if isinstance(v, Message) else v for v in value]
-    json.dump(value, stream, indent=2, sort_keys=False)
+    json.dump(value, stream, indent=2, sort_keys=False, default=_message_json)
     stream.write("\n")
+
+
+def _message_json(value: Any) -> Any:
+    if isinstance(value, Message):
+        return to_jsonable(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 # C0 and C1 control characters (ESC sequences, CR, BEL, NUL, DEL...) and the Unicode

@@ -154,3 +154,13 @@ def test_unheld_stdout_onto_a_text_only_stream_decodes_across_chunks():
             out.write(encoded[4:])
             out.flush()
     assert text.getvalue() == "café ☕"
+
+
+def test_json_converts_a_message_anywhere_in_the_value():
+    """`auth users show --json` put a User inside a dict: it was INTERNAL (TypeError)."""
+    tag = types_pb2.Tag(name="v1", commit_id="c")
+    out = io.StringIO()
+    output.print_json({"tag": tag, "all": [tag], "nested": {"deeper": [tag]}, "n": 1}, out)
+    data = json.loads(out.getvalue())
+    assert data["tag"]["name"] == data["all"][0]["name"] == data["nested"]["deeper"][0]["name"]
+    assert data["n"] == 1
