@@ -86,6 +86,8 @@ class ThreeWay:
     resume: tuple[str, str] | None = None
     # The HEAD the destination must have for the commit to land ("": any).
     expected_head: str = ""
+    # What the user asked for, as their messages name it: merge, revert or cherry-pick.
+    operation: str = "merge"
 
 
 class Merges:
@@ -196,6 +198,7 @@ class Merges:
             message or f"Revert {commit.message!r}",
             committer,
             {"quarry.revert": commit.id},
+            operation="revert",
         )
         return self._gated_commit(repo, branch_name, work, "revert")
 
@@ -220,6 +223,7 @@ class Merges:
             message or commit.message,
             committer or commit.committer,
             {"quarry.cherry-pick": commit.id},
+            operation="cherry-pick",
         )
         return self._gated_commit(repo, branch_name, work, "cherry-pick")
 
@@ -376,8 +380,12 @@ class Merges:
                 and not work.allow_empty
                 and (work.dry_run or result.metarange_id == head.metarange_id)
             ):
+                hint = (
+                    " (--allow-empty makes the commit anyway)" if work.operation == "merge" else ""
+                )
                 raise gerrors.NoChanges(
-                    "the merge changes nothing on the destination",
+                    f"the {work.operation} changes nothing on {branch_name}: it has every "
+                    f"change already{hint}",
                     metadata={"repository": repo.name, "branch": branch_name},
                 )
             if work.dry_run:

@@ -202,6 +202,11 @@ def test_revert_and_cherry_pick(forked):
     assert content(g, repo, "main") == {"a": "1", "b": "1", "c": "1"}
     head = g.get_commit(repo, "main")
     assert head.metadata["quarry.revert"] and len(head.parents) == 1
+    # Nothing left to do: the refusal names what was asked (it said "the merge").
+    with pytest.raises(gerrors.NoChanges, match="the cherry-pick changes nothing on main"):
+        g.cherry_pick(repo, "main", head.id)
+    with pytest.raises(gerrors.NoChanges, match="the revert changes nothing on main"):
+        g.revert(repo, "main", change.id)
 
 
 def test_revert_of_a_merge_commit_needs_a_parent_number(forked):
