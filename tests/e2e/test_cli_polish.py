@@ -813,3 +813,21 @@ def test_rm_recursive_removes_the_folder_named_never_its_lookalike_siblings(
     assert json.loads(out) == {"removed": 2, "requested": 2}
     left = json.loads(quarry("ls", "folders", "main", "--recursive", "--json").stdout)
     assert sorted(e["path"] for e in left["entries"]) == ["t", "tables/x", "tmp/z"]
+
+
+def test_put_from_a_directory_names_what_it_skips(suite, quarry, tmp_path):
+    """A broken link or a pipe in a dataset directory is not uploaded, and is said to be
+    skipped on stderr (it was silent: a broken link usually means missing data)."""
+    import os
+
+    quarry("repo", "create", "skips", suite.namespace("skips"))
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.csv").write_bytes(b"a\n")
+    (tree / "broken").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(tree / "pipe")
+    done = quarry("put", "skips", "main", "t/", "--from", str(tree))
+    assert "Uploaded 1 file" in done.stdout.decode()
+    said = done.stderr.decode()
+    assert "skipping 2 not regular files" in said
+    assert "broken (a broken link)" in said and "pipe (not a regular file)" in said

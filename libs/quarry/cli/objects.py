@@ -61,7 +61,14 @@ def _put_from(args: argparse.Namespace, ctx: Context, metadata: dict[str, str]) 
     if args.address:
         raise UsageError("--address and --from exclude each other")
     source = Path(args.source)
-    items = upload.plan(source, args.path)
+    skipped: list[str] = []
+    items = upload.plan(source, args.path, skipped)
+    if skipped:
+        # Said, not silent: a broken link in a dataset is usually missing data.
+        shown = ", ".join(skipped[:10]) + (
+            f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""
+        )
+        print(f"quarry put: skipping {len(skipped)} not regular files: {shown}", file=sys.stderr)
     if not items:
         raise CliError("NOTHING_TO_UPLOAD", f"no files under {source}")
     if args.if_absent and len(items) != 1:

@@ -37,10 +37,11 @@ class Planned:
     path: str  # the object path in the repository
 
 
-def plan(source: Path, dest: str) -> list[Planned]:
+def plan(source: Path, dest: str, skipped: list[str] | None = None) -> list[Planned]:
     """What to upload where. A file goes to `dest` itself, or to `dest<name>` when `dest`
     is empty or ends with '/'. A directory's files go under `dest/` keeping their relative
-    paths (`dest` empty: at the root)."""
+    paths (`dest` empty: at the root); what in it is not a regular file (a broken link, a
+    pipe, a socket) is not uploaded and, with `skipped`, named there with why."""
     if source.is_dir():
         base = dest.strip("/")
         base = base + "/" if base else ""
@@ -50,6 +51,9 @@ def plan(source: Path, dest: str) -> list[Planned]:
             for name in sorted(filenames):
                 local = Path(dirpath) / name
                 if not local.is_file():
+                    if skipped is not None:
+                        why = "a broken link" if local.is_symlink() else "not a regular file"
+                        skipped.append(f"{local.relative_to(source).as_posix()} ({why})")
                     continue
                 rel = local.relative_to(source).as_posix()
                 found.append(Planned(local, base + rel))
