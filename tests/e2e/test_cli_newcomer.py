@@ -241,6 +241,17 @@ def test_json_speaks_the_cli_vocabulary(quarry, tmp_path):
     assert sorted(rule["blocked_actions"]) == ["commit", "staging-write"]
 
 
+def test_the_token_and_the_credentials_for_s3_tools_as_json(quarry, home):
+    """`--json` on every command: these two printed a bare token and `export` lines."""
+    from support.auth import TEST_ACCESS_KEY_ID
+
+    token = json.loads(quarry("auth", "token", "--json").stdout)["token"]
+    assert token.count(".") == 2  # a JWT
+    variables = json.loads(bare("auth", "credentials", "env", "--json", home=home).stdout)
+    assert variables["AWS_ACCESS_KEY_ID"] == TEST_ACCESS_KEY_ID
+    assert variables["AWS_SECRET_ACCESS_KEY"] and variables["AWS_DEFAULT_REGION"]
+
+
 def test_one_commit_id_length_everywhere_and_full_ids_with_full(quarry, tmp_path):
     _history(quarry, tmp_path, "ids")
     head = json.loads(quarry("branch", "show", "ids", "main", "--json").stdout)["commit_id"]

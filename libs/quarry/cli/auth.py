@@ -52,7 +52,10 @@ def auth_token(args: argparse.Namespace, ctx: Context) -> int:
         token, _ = authority.issue_service_token(args.service)
     else:
         token = ctx.client.token()
-    print(token)
+    if ctx.json:
+        output.print_json({"token": token})
+    else:
+        print(token)
     return 0
 
 

@@ -69,10 +69,17 @@ def credentials_env(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILURE
-    print(f"export AWS_ACCESS_KEY_ID={shlex.quote(found.access_key_id)}")
-    print(f"export AWS_SECRET_ACCESS_KEY={shlex.quote(found.secret_access_key)}")
-    # The region the s3-gateway answers GetBucketLocation with (tools without one refuse).
-    print(f"export AWS_DEFAULT_REGION={shlex.quote(load_settings().s3_gateway_region)}")
+    variables = {
+        "AWS_ACCESS_KEY_ID": found.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": found.secret_access_key,
+        # The region the s3-gateway answers GetBucketLocation with (tools without one refuse).
+        "AWS_DEFAULT_REGION": load_settings().s3_gateway_region,
+    }
+    if getattr(args, "json", False):
+        output.print_json(variables)
+        return 0
+    for name, value in variables.items():
+        print(f"export {name}={shlex.quote(value)}")
     return 0
 
 
