@@ -153,6 +153,17 @@ def test_a_mistyped_command_gets_the_closest_commands_not_the_whole_usage(env):
     assert error["reason"] == "USAGE" and "Did you mean 'commit'" in error["message"]
 
 
+def test_a_lakectl_habit_gets_quarrys_way_of_saying_it(env):
+    for typed, said in [
+        (["fs", "ls", "r", "main"], "quarry ls, stat, cat, get, put, rm"),
+        (["branch", "reset", "r", "main"], "`quarry discard`"),
+        (["branch", "revert", "r", "main"], "`quarry revert`"),
+        (["log", "r", "main", "--amount", "2"], "Did you mean '-n'?"),
+    ]:
+        result = bare(*typed, env=env)
+        assert result.returncode == 2 and said in result.stderr, (typed, result.stderr)
+
+
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
 def test_completion_prints_a_script_for_each_shell(env, shell):
     result = bare("completion", shell, env=env)

@@ -137,6 +137,17 @@ VERSION_TEXT = f"quarry {quarry.__version__} (storage format version {quarry.FOR
 EXIT_USAGE = 2
 _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)'")
 
+# What a lakectl or git habit types, and Quarry's way of saying it: (command words as
+# typed) -> the hint a mistyped command gets; a flag -> the flag it means.
+HABITS = {
+    ("fs",): "The object commands are top level: quarry ls, stat, cat, get, put, rm.",
+    ("branch", "reset"): "Dropping uncommitted changes is `quarry discard`; moving a branch "
+    "to a commit is `quarry reset`.",
+    ("branch", "revert"): "Reverting a commit is `quarry revert`.",
+    ("show",): "A commit: `quarry log REPO REF -n 1`; a branch: `quarry branch show`.",
+}
+FLAG_HABITS = {"--amount": "-n", "--limit": "-n", "--max-count": "-n"}
+
 
 class QuarryParser(argparse.ArgumentParser):
     """argparse, with usage errors as git reports them: a mistyped command or flag gets the
@@ -168,7 +179,11 @@ class QuarryParser(argparse.ArgumentParser):
             f"'{close[0]}'"
             for token in unknown
             if token.startswith("--")
-            for close in [difflib.get_close_matches(token.split("=")[0], flags, n=1)]
+            for close in [
+                [FLAG_HABITS[token.split("=")[0]]]
+                if FLAG_HABITS.get(token.split("=")[0]) in flags
+                else difflib.get_close_matches(token.split("=")[0], flags, n=1)
+            ]
             if close
         ]
         hint = f" See '{parser.prog} --help'."
@@ -182,7 +197,10 @@ class QuarryParser(argparse.ArgumentParser):
             typed = typo.group(1)
             close = difflib.get_close_matches(typed, names, n=3, cutoff=0.6)
             message = f"'{typed}' is not a {self.prog} command. See '{self.prog} --help'."
-            if close:
+            habit = HABITS.get((*self.prog.split()[1:], typed))
+            if habit:
+                message += f" {habit}"
+            elif close:
                 message += " Did you mean " + " or ".join(f"'{c}'" for c in close) + "?"
         elif message.startswith("unrecognized arguments:"):
             message += "." + self._flag_hint(message)
