@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from quarry.cli import importing
-from quarry.cli.base import CliError
+from quarry.cli.base import CliError, UsageError
 from quarry.v1 import committer_pb2 as cm
 
 
@@ -28,10 +28,12 @@ def test_pairs_name_one_repository_and_branch():
         (["s3://b/x"], []),
         ([], []),
         (["s3://b/x", "/y"], ["quarry://r/main/x", "quarry://other/main/y"]),
-        (["s3://b/x"], ["s3://not-quarry/x"]),
     ):
-        with pytest.raises(CliError):
+        # A command line that cannot be run: a usage error (exit 2), as the README says.
+        with pytest.raises(UsageError):
             importing._destinations(_args(sources=sources, targets=targets))
+    with pytest.raises(CliError):
+        importing._destinations(_args(sources=["s3://b/x"], targets=["s3://not-quarry/x"]))
 
 
 def test_ids_are_repo_slash_id_or_repo_option():

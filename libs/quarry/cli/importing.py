@@ -17,7 +17,7 @@ import sys
 import time
 
 from quarry.cli import output
-from quarry.cli.base import CliError, Context, Subparsers, command, progress_option
+from quarry.cli.base import CliError, Context, Subparsers, UsageError, command, progress_option
 from quarry.cli.progress import Progress, human_bytes
 from quarry.v1 import committer_pb2 as cm
 
@@ -35,9 +35,8 @@ def _destinations(args: argparse.Namespace) -> tuple[str, str, list[tuple[str, s
 
     sources, targets = args.sources or [], args.targets or []
     if not sources or len(sources) != len(targets):
-        raise CliError(
-            "INVALID_ARGUMENT",
-            "give each --from SOURCE its --to quarry://REPO/BRANCH/PATH (at least one pair)",
+        raise UsageError(
+            "give each --from SOURCE its --to quarry://REPO/BRANCH/PATH (at least one pair)"
         )
     pairs: list[tuple[str, str]] = []
     where: set[tuple[str, str]] = set()
@@ -49,9 +48,7 @@ def _destinations(args: argparse.Namespace) -> tuple[str, str, list[tuple[str, s
         where.add((uri.repository, uri.ref))
         pairs.append((source, uri.path))
     if len(where) != 1:
-        raise CliError(
-            "INVALID_ARGUMENT", "every --to of one import names the same repository and branch"
-        )
+        raise UsageError("every --to of one import names the same repository and branch")
     repository, branch = where.pop()
     return repository, branch, pairs
 
