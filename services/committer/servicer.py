@@ -51,6 +51,9 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
             request.first_parent,
             request.page_size,
             request.page_token,
+            objects=list(request.objects),
+            prefixes=list(request.prefixes),
+            since=request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None,
         )
         return pb.LogResponse(commits=commits, next_page_token=token)
 

@@ -842,3 +842,23 @@ def test_put_from_a_directory_names_what_it_skips(suite, quarry, tmp_path):
     said = done.stderr.decode()
     assert "skipping 2 not regular files" in said
     assert "broken (a broken link)" in said and "pipe (not a regular file)" in said
+
+
+def test_log_by_path_prefix_and_time(suite, quarry):
+    """Who changed this table, and when (lakectl log --objects / --prefixes / --since)."""
+    quarry("repo", "create", "history", suite.namespace("history"))
+    for path, message in (("t/a/1", "a"), ("t/b/1", "b"), ("t/a/2", "a again")):
+        quarry("put", "history", "main", path, "--address", f"s3://b/{path}", "--size", "1")
+        quarry("commit", "history", "main", "-m", message)
+
+    def log(*flags: str) -> list[str]:
+        out = quarry("log", "history", "main", "--json", *flags).stdout
+        return [c["message"] for c in json.loads(out)]
+
+    assert log("--prefix", "t/a/") == ["a again", "a"]
+    assert log("--path", "t/b/1", "--path", "t/a/2") == ["a again", "b"]
+    assert log("--prefix", "t/", "-n", "2") == ["a again", "b"]
+    assert log("--since", "1d", "--prefix", "t/a/") == ["a again", "a"]
+    assert log("--since", "2999-01-01") == []
+    bad = quarry("log", "history", "main", "--since", "yesterday-ish", expect=2)
+    assert "not a date or time" in bad.stderr.decode()

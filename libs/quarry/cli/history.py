@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
+import re
 import sys
+import time
 
 from quarry.cli import output, style
 from quarry.cli.base import (
@@ -79,7 +82,15 @@ def _print_commit(c: types_pb2.Commit, oneline: bool) -> None:
 
 @command
 def log(args: argparse.Namespace, ctx: Context) -> int:
-    commits = ctx.client.iter_log(args.repo, args.ref, first_parent=args.first_parent, limit=args.n)
+    commits = ctx.client.iter_log(
+        args.repo,
+        args.ref,
+        first_parent=args.first_parent,
+        limit=args.n,
+        objects=args.paths or (),
+        prefixes=args.prefixes or (),
+        since=args.since,
+    )
     if ctx.json:
         output.print_json(list(commits))
         return 0
@@ -97,6 +108,46 @@ def register_log(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         "-n", type=count_at_least_one, default=None, metavar="N", help="at most N commits"
     )
     p.add_argument("--oneline", action="store_true", help="one short line per commit")
+    p.add_argument(
+        "--path",
+        action="append",
+        dest="paths",
+        metavar="PATH",
+        help="only commits that changed this object (repeatable; lakectl --objects)",
+    )
+    p.add_argument(
+        "--prefix",
+        action="append",
+        dest="prefixes",
+        metavar="PREFIX",
+        help="only commits that changed something under PREFIX (repeatable; lakectl --prefixes)",
+    )
+    p.add_argument(
+        "--since",
+        type=since_time,
+        metavar="WHEN",
+        help="only commits made at or after WHEN: an ISO date or time (local time unless "
+        "it names a zone), or an age such as 3d, 12h, 30m",
+    )
+
+
+_AGE = re.compile(r"(\d+)([dhm])")
+
+
+def since_time(text: str) -> float:
+    """Epoch seconds of `--since`: `2026-11-01`, `2026-11-01T10:00`, `...+02:00`, or an
+    age (`3d`, `12h`, `30m`) before now."""
+    age = _AGE.fullmatch(text.strip())
+    if age:
+        unit = {"d": 86400, "h": 3600, "m": 60}[age.group(2)]
+        return time.time() - int(age.group(1)) * unit
+    try:
+        when = _dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a date or time (2026-11-01, 2026-11-01T10:00) nor an age (3d, 12h)"
+        ) from None
+    return when.timestamp()  # a naive time is local, as git takes it
 
 
 @command

@@ -3,7 +3,7 @@ merge base and compaction."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import cast
 
 from quarry import errors
@@ -202,34 +202,44 @@ class CommitterCalls(RpcCalls):
             cm.GetCommitRequest(repository=repository, ref=ref),
         ).commit
 
-    def log(
+    def log(  # noqa: PLR0913 — the Log request, field for field
         self,
         repository: str,
         ref: str,
         first_parent: bool = False,
         page_size: int = 0,
         page_token: str = "",
+        objects: Sequence[str] = (),
+        prefixes: Sequence[str] = (),
+        since: float | None = None,
     ) -> cm.LogResponse:
-        """One page of history from `ref`, newest first."""
-        return self._unary(
-            self._cm.Log,
-            "Committer/Log",
-            cm.LogRequest(
-                repository=repository,
-                ref=ref,
-                first_parent=first_parent,
-                page_size=page_size,
-                page_token=page_token,
-            ),
+        """One page of history from `ref`, newest first; with `objects` / `prefixes` only
+        the commits that changed those paths or something under those prefixes, with
+        `since` (epoch seconds) only those made at or after it. A filtered page may hold
+        fewer commits than asked, or none, and a token to go on (iter_log follows it)."""
+        request = cm.LogRequest(
+            repository=repository,
+            ref=ref,
+            first_parent=first_parent,
+            page_size=page_size,
+            page_token=page_token,
+            objects=list(objects),
+            prefixes=list(prefixes),
         )
+        if since is not None:
+            request.since.FromNanoseconds(int(since * 1e9))
+        return self._unary(self._cm.Log, "Committer/Log", request)
 
-    def iter_log(
+    def iter_log(  # noqa: PLR0913 — the Log request's filters, and a limit
         self,
         repository: str,
         ref: str,
         first_parent: bool = False,
         limit: int | None = None,
         page_size: int = 0,
+        objects: Sequence[str] = (),
+        prefixes: Sequence[str] = (),
+        since: float | None = None,
     ) -> Iterator[types_pb2.Commit]:
         """History from `ref`; at most `limit` commits (pages are sized to fit)."""
         if limit is not None and limit <= 0:
@@ -238,7 +248,14 @@ class CommitterCalls(RpcCalls):
             page_size = min(limit, 1000)
         count = 0
         for page in self._pages(
-            self.log, repository=repository, ref=ref, first_parent=first_parent, page_size=page_size
+            self.log,
+            repository=repository,
+            ref=ref,
+            first_parent=first_parent,
+            page_size=page_size,
+            objects=objects,
+            prefixes=prefixes,
+            since=since,
         ):
             for commit in page.commits:
                 yield commit

@@ -37,6 +37,10 @@ LayerSource = Iterator[tuple[str, Entry | None]]
 
 # Branch labels are capped (quarry.telemetry.metrics.BranchLabels): ephemeral branches share
 # one value, branches past the first MAX_BRANCH_LABELS are "other".
+# A filtered Log page walks at most this many commits (then answers with a page token).
+LOG_SCAN_PER_PAGE = 5_000
+MAX_LOG_FILTERS = 100
+
 BRANCH_READS = Counter(
     "graveler_branch_reads", "Reads (stat/list) on branches", ["repo", "branch", "dirty", "op"]
 )
@@ -456,21 +460,45 @@ class Reads:
             summary.count(change.type)
         return summary
 
-    def log(
+    def log(  # noqa: PLR0913 — the Log request, field for field
         self,
         repo_name: str,
         ref: str,
         first_parent: bool = False,
         page_size: int = 0,
         page_token: str = "",
+        objects: Sequence[str] = (),
+        prefixes: Sequence[str] = (),
+        since: float | None = None,
     ) -> tuple[list[types_pb2.Commit], str]:
+        """History from `ref`, newest first. With `objects` / `prefixes` only the commits
+        that changed one of those paths, or a path under one of those prefixes, against
+        their first parent (the initial commit: against nothing); with `since` (seconds)
+        only commits made at or after it. A filtered page walks at most LOG_SCAN_PER_PAGE
+        commits: it may then hold fewer commits than asked, or none, with a page token to
+        go on (each call stays bounded however rare the matches)."""
         repo = self.core.repo(repo_name)
         budget = self.core.budget(page_size)
         state = decode_page_token(page_token, "frontier")
         frontier = state.get("frontier") or [self.refs.resolve(repo, ref).commit_id]
+        if len(objects) + len(prefixes) > MAX_LOG_FILTERS:
+            raise gerrors.InvalidPath(
+                f"a log names at most {MAX_LOG_FILTERS} objects and prefixes",
+                metadata={"count": str(len(objects) + len(prefixes))},
+            )
+        for path in (*objects, *prefixes):
+            names.check_path(path)
+        filtered = bool(objects or prefixes) or since is not None
         commits: list[types_pb2.Commit] = []
         walk = self.refs.log(repo, frontier, first_parent)
+        scanned = 0
         for commit in walk:
+            if filtered:
+                scanned += 1
+                if scanned > LOG_SCAN_PER_PAGE:
+                    return commits, encode_page_token(frontier=[commit.id, *walk.frontier()])
+                if not self._log_matches(repo, commit, objects, prefixes, since):
+                    continue
             if not budget.admit(commit):
                 # The next page starts with this commit. Its parents, already queued by the
                 # walk, are walked after it once (LogWalk de-duplicates its queue and a
@@ -481,6 +509,36 @@ class Reads:
                 remaining = walk.frontier()
                 return commits, encode_page_token(frontier=remaining) if remaining else ""
         return commits, ""
+
+    def _log_matches(
+        self,
+        repo: Repository,
+        commit: types_pb2.Commit,
+        objects: Sequence[str],
+        prefixes: Sequence[str],
+        since: float | None,
+    ) -> bool:
+        if since is not None and commit.creation_time.ToNanoseconds() < since * 1e9:
+            return False
+        if not objects and not prefixes:
+            return True
+        parent = (
+            self.refs.get_commit(repo, commit.parents[0]).metarange_id if commit.parents else ""
+        )
+        if parent == commit.metarange_id:
+            return False  # the same tree: nothing changed (ranges are content-addressed)
+        namespace = repo.storage_namespace
+        for prefix in prefixes:
+            for _change in self.committed.diff(namespace, parent, commit.metarange_id, prefix):
+                return True
+        for path in objects:
+            # The diff of the paths starting with `path`, in order: `path` itself comes
+            # first, so the first change says whether it is that path.
+            for change in self.committed.diff(namespace, parent, commit.metarange_id, path):
+                if change.path == path:
+                    return True
+                break
+        return False
 
     def diff(  # noqa: PLR0913 — the Diff request, field for field
         self,

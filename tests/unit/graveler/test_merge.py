@@ -4,22 +4,9 @@ store; the real range-level merge is tested in tests/unit/committed and end to e
 import pytest
 
 from quarry.graveler import errors as gerrors
-from quarry.graveler.model import ChangeType, Entry, MergeStrategy
+from quarry.graveler.model import ChangeType, MergeStrategy
 from quarry.kv import store as kv
-
-
-def entry(path, checksum="c1"):
-    return Entry(path, f"data/{path}-{checksum}", 10, checksum)
-
-
-def put_commit(g, repo, branch, files: dict, message="c"):
-    puts = [entry(p, c) for p, c in files.items() if c is not None]
-    deletes = [p for p, c in files.items() if c is None]
-    if puts:
-        g.put_objects(repo, branch, puts)
-    if deletes:
-        g.delete_objects(repo, branch, deletes)
-    return g.commit(repo, branch, message).commit
+from support.histories import entry, put_commit
 
 
 def content(g, repo, ref):
