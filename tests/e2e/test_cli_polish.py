@@ -862,3 +862,35 @@ def test_log_by_path_prefix_and_time(suite, quarry):
     assert log("--since", "2999-01-01") == []
     bad = quarry("log", "history", "main", "--since", "yesterday-ish", expect=2)
     assert "not a date or time" in bad.stderr.decode()
+
+
+def test_get_recursive_downloads_a_folder_and_never_writes_outside_the_directory(
+    suite, quarry, tmp_path
+):
+    """lakectl fs download -r: every object under the folder, at its path below it, each
+    checked; an object whose path is no file name (`..` segments: paths are writers'
+    strings) is skipped and named, never written outside the directory."""
+    quarry("repo", "create", "folder", suite.namespace("folder"))
+    tree = tmp_path / "tree"
+    (tree / "deeper").mkdir(parents=True)
+    (tree / "a.csv").write_bytes(b"a\n")
+    (tree / "deeper" / "b.csv").write_bytes(b"bb\n")
+    quarry("put", "folder", "main", "t/", "--from", str(tree))
+    quarry("put", "folder", "main", "tables/x", "--from", str(tree / "a.csv"))  # a lookalike
+    escape = tmp_path / "escaped"
+    quarry("put", "folder", "main", "t/../../escaped", "--from", str(tree / "a.csv"))
+    out = tmp_path / "out"
+    done = quarry("get", "folder", "main", "t", "-r", "-o", str(out), "--json")
+    assert json.loads(done.stdout) == {
+        "folder": "t/",
+        "directory": str(out),
+        "files": 2,
+        "bytes": 5,
+    }
+    assert (out / "a.csv").read_bytes() == b"a\n"
+    assert (out / "deeper" / "b.csv").read_bytes() == b"bb\n"
+    assert sorted(p.name for p in out.rglob("*")) == ["a.csv", "b.csv", "deeper"]
+    assert not escape.exists() and "t/../../escaped" in done.stderr.decode()
+    again = quarry("get", "folder", "main", "t", "-r", "-o", str(out), expect=1)
+    assert "FILE_EXISTS" in again.stderr.decode()
+    quarry("get", "folder", "main", "t", "-r", "-o", str(out), "--force")

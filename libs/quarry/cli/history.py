@@ -113,14 +113,14 @@ def register_log(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         action="append",
         dest="paths",
         metavar="PATH",
-        help="only commits that changed this object (repeatable; lakectl --objects)",
+        help="only commits that changed this object (repeatable; `lakectl log --objects`)",
     )
     p.add_argument(
         "--prefix",
         action="append",
         dest="prefixes",
         metavar="PREFIX",
-        help="only commits that changed something under PREFIX (repeatable; lakectl --prefixes)",
+        help="only commits that changed something under PREFIX (repeatable; `lakectl log --prefixes`)",
     )
     p.add_argument(
         "--since",

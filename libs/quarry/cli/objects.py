@@ -23,6 +23,7 @@ from quarry.cli.base import (
     progress_option,
 )
 from quarry.cli.progress import human_bytes
+from quarry.v1 import types_pb2
 
 
 @command
@@ -323,14 +324,21 @@ def register_stat(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH")
 
 
-def _copy_object(args: argparse.Namespace, ctx: Context, write: Callable[[bytes], object]) -> int:
-    """Stream the bytes of PATH at REF through `write`, read from where its entry points (the
-    repository's storage namespace, local or S3, or an imported object's own address), then
-    check them against the entry (quarry.blob.copy_object: DATA_LOSS / OBJECT_CHANGED when
-    the size differs, CHECKSUM_MISMATCH when a SHA-256 checksum differs). The byte count."""
+def _copy_object(
+    args: argparse.Namespace,
+    ctx: Context,
+    write: Callable[[bytes], object],
+    entry: types_pb2.Entry | None = None,
+) -> int:
+    """Stream the bytes of PATH at REF (or of `entry`) through `write`, read from where its
+    entry points (the repository's storage namespace, local or S3, or an imported object's
+    own address), checked against the entry (quarry.blob.copy_object: DATA_LOSS /
+    OBJECT_CHANGED when the size differs, CHECKSUM_MISMATCH when a SHA-256 checksum
+    differs). The byte count."""
     from quarry.blob import copy_object
 
-    entry = ctx.client.stat_object(args.repo, args.ref, args.path)
+    if entry is None:
+        entry = ctx.client.stat_object(args.repo, args.ref, args.path)
     return copy_object(
         entry.physical_address,
         write,
@@ -358,16 +366,10 @@ def _to_stdout(args: argparse.Namespace, ctx: Context) -> int:
 
 @command
 def get(args: argparse.Namespace, ctx: Context) -> int:
-    """Write the object to FILE. Safety: never overwrites an existing FILE without --force,
-    never leaves a partial FILE, and never leaves a FILE whose bytes differ from the entry:
-    the bytes stream into a temporary file beside FILE, which takes FILE's name only once
-    complete and checked against the entry (size, and SHA-256 where the entry records one);
-    on any failure it is removed."""
-    import contextlib
-    import os
-    import stat
-    import tempfile
-
+    """Write the object to FILE, or with -r every object under FOLDER into DIR (their paths
+    below FOLDER kept). Each file as _write_file writes it."""
+    if args.recursive:
+        return _get_folder(args, ctx)
     if args.output == "-":  # as curl and aws s3 cp: `-o -` is stdout
         return _to_stdout(args, ctx)
     name = args.path.rsplit("/", 1)[-1]  # as given: pathlib would drop a trailing "." or "/"
@@ -377,7 +379,30 @@ def get(args: argparse.Namespace, ctx: Context) -> int:
     target = Path(args.output or name)
     if target.is_dir():
         target = target / name
-    # A link is followed: --force replaces the file it points to, never the link itself.
+    target, size = _write_file(args, ctx, target, None)
+    if ctx.json:
+        output.print_json({"path": args.path, "file": str(target), "bytes": size})
+    else:
+        print(f"Wrote {args.repo}/{args.ref}: {args.path} to {target} ({human_bytes(size)})")
+    return 0
+
+
+def _write_file(
+    args: argparse.Namespace, ctx: Context, target: Path, entry: types_pb2.Entry | None
+) -> tuple[Path, int]:
+    """Write one object (PATH, or `entry`) to `target`: (the file written, its bytes).
+
+    Safety: never overwrites an existing file without --force, never leaves a partial
+    file, and never leaves a file whose bytes differ from the entry: the bytes stream into
+    a temporary file beside it, which takes its name only once complete and checked
+    against the entry (size, and SHA-256 where the entry records one); on any failure it
+    is removed. A link is followed (--force replaces the file it points to, never the
+    link); a pipe or a device is refused, never replaced."""
+    import contextlib
+    import os
+    import stat
+    import tempfile
+
     target = Path(os.path.realpath(target))
     try:
         existing = target.stat()
@@ -402,7 +427,7 @@ def get(args: argparse.Namespace, ctx: Context) -> int:
         os.umask(umask)
         os.fchmod(fd, stat.S_IMODE(existing.st_mode) if existing else 0o666 & ~umask)
         with os.fdopen(fd, "wb") as fh:
-            size = _copy_object(args, ctx, fh.write)
+            size = _copy_object(args, ctx, fh.write, entry)
         if args.force:
             os.replace(temporary, target)
         else:
@@ -418,10 +443,52 @@ def get(args: argparse.Namespace, ctx: Context) -> int:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
+    return target, size
+
+
+def _get_folder(args: argparse.Namespace, ctx: Context) -> int:
+    """Every object under FOLDER (a folder, as `rm -r` takes it: `t` is `t/`) into DIR (-o,
+    default: the current directory), at its path below FOLDER.
+
+    Safety: nothing is written outside DIR: an object whose path below FOLDER has an
+    empty, `.` or `..` segment (paths are the writers' strings, not file names) is
+    skipped and named, never resolved. Each file is written as _write_file writes one;
+    the first failure stops the download (what was written stays, each file complete and
+    checked)."""
+    folder = args.path
+    if folder and not folder.endswith("/"):
+        folder += "/"
+    root = Path(args.output or ".")
+    if args.output == "-":
+        raise UsageError("get -r writes files: give a directory with -o DIR")
+    written, total, skipped = 0, 0, []
+    with ctx.progress("downloading", unit="objects") as bar:
+        for entry in ctx.client.iter_objects(args.repo, args.ref, prefix=folder):
+            relative = entry.path[len(folder) :]
+            parts = relative.split("/")
+            if any(part in ("", ".", "..") for part in parts):
+                skipped.append(entry.path)
+                continue
+            target = root.joinpath(*parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _, size = _write_file(args, ctx, target, entry)
+            written, total = written + 1, total + size
+            bar.advance()
+    if skipped:
+        shown = ", ".join(repr(p) for p in skipped[:10])
+        print(
+            f"quarry get: skipped {len(skipped)} objects whose paths are no file names: {shown}",
+            file=sys.stderr,
+        )
     if ctx.json:
-        output.print_json({"path": args.path, "file": str(target), "bytes": size})
+        output.print_json(
+            {"folder": folder, "directory": str(root), "files": written, "bytes": total}
+        )
     else:
-        print(f"Wrote {args.repo}/{args.ref}: {args.path} to {target} ({human_bytes(size)})")
+        print(
+            f"Wrote {written} {'file' if written == 1 else 'files'} ({human_bytes(total)}) "
+            f"from {args.repo}/{args.ref}: {folder or '/'} to {root}"
+        )
     return 0
 
 
@@ -464,6 +531,13 @@ def register_get(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         "- for stdout); a link is followed, a pipe or device refused",
     )
     p.add_argument("--force", "-f", action="store_true", help="overwrite FILE if it exists")
+    p.add_argument(
+        "--recursive",
+        "-r",
+        action="store_true",
+        help="PATH is a folder: write every object under it into -o DIR (default: here), "
+        "keeping their paths below it (lakectl fs download -r)",
+    )
 
 
 COMMANDS = {
