@@ -93,6 +93,8 @@ FS_ARN = "arn:quarry:fs:::"
 AUTH_ARN = "arn:quarry:auth:::"
 KV_ARN = "arn:quarry:kv:::"
 ALL_RESOURCES = "*"
+# Read as `arn:quarry:` (a lakeFS policy document works as written).
+LAKEFS_ARN_PREFIX = "arn:lakefs:"
 USER_VARIABLE = "${user}"
 _RESOURCE_FORMS = (
     "*, arn:quarry:fs:::repository/<repo>[/branch/<b>|/object/<path>|/tag/<t>], "
@@ -257,7 +259,11 @@ def _parse_statement(policy_id: str, index: int, raw: Any) -> Statement:
                 f"{action!r} is not a known action (nor a wildcard matching one); known "
                 f"services: fs, retention, auth, kv",
             )
-    resources = _strings(policy_id, f"{where}.Resource", fields["resource"])
+    resources = [
+        # lakeFS's policies as exported: its ARNs have Quarry's shapes under another name.
+        "arn:quarry:" + r[len(LAKEFS_ARN_PREFIX) :] if r.startswith(LAKEFS_ARN_PREFIX) else r
+        for r in _strings(policy_id, f"{where}.Resource", fields["resource"])
+    ]
     for j, resource in enumerate(resources):
         if resource != ALL_RESOURCES and not _RESOURCE_SHAPE.match(resource):
             _invalid(

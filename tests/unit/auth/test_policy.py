@@ -155,6 +155,18 @@ def test_resource_wildcards():
     assert verdict(dots, "fs:ReadObject", [object_arn("r", "aXb")]) is Decision.NO_GRANT
 
 
+def test_a_lakefs_policy_works_as_written():
+    """An exported lakeFS policy names `arn:lakefs:` resources: read as `arn:quarry:`, with
+    the same matching (never wider: a lakeFS ARN of another shape is still refused)."""
+    grant = [allow(["fs:ReadObject"], "arn:lakefs:fs:::repository/data/object/public/*")]
+    assert verdict(grant, "fs:ReadObject", [object_arn("data", "public/a")]) is Decision.ALLOW
+    assert verdict(grant, "fs:ReadObject", [object_arn("data", "private/a")]) is Decision.NO_GRANT
+    denied = [allow(["fs:*"]), deny(["fs:*"], "arn:lakefs:fs:::repository/data/branch/main")]
+    assert verdict(denied, "fs:CreateCommit", [branch_arn("data", "main")]) is Decision.DENY
+    invalid(document(allow(["fs:ReadObject"], "arn:lakefs:fs:::nothing/x")))
+    invalid(document(allow(["fs:ReadObject"], "arn:lakefsx:fs:::repository/x")))
+
+
 def test_deny_wins_over_allow_in_any_order_and_any_policy():
     statements = [
         allow(["fs:*"]),
