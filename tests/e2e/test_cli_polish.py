@@ -894,3 +894,15 @@ def test_get_recursive_downloads_a_folder_and_never_writes_outside_the_directory
     again = quarry("get", "folder", "main", "t", "-r", "-o", str(out), expect=1)
     assert "FILE_EXISTS" in again.stderr.decode()
     quarry("get", "folder", "main", "t", "-r", "-o", str(out), "--force")
+
+
+def test_a_commit_says_why_and_leaves_quarrys_own_metadata_alone(suite, quarry):
+    """As lakectl: an empty message needs --allow-empty-message; `quarry.` metadata keys
+    are the ones Quarry writes (merge bases, reverts), not a user's to set."""
+    quarry("repo", "create", "hygiene", suite.namespace("hygiene"))
+    quarry("put", "hygiene", "main", "a", "--address", "s3://b/a", "--size", "1")
+    empty = quarry("commit", "hygiene", "main", "-m", " ", expect=2)
+    assert "--allow-empty-message" in empty.stderr.decode()
+    own = quarry("commit", "hygiene", "main", "-m", "m", "--meta", "quarry.revert=x", expect=2)
+    assert "quarry.revert" in own.stderr.decode()
+    quarry("commit", "hygiene", "main", "-m", "", "--allow-empty-message", "--meta", "k=v")

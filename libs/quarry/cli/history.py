@@ -24,6 +24,15 @@ from quarry.v1 import types_pb2
 
 @command
 def commit(args: argparse.Namespace, ctx: Context) -> int:
+    if not args.message.strip() and not args.allow_empty_message:
+        # As lakectl: a commit says why (--allow-empty-message when it truly need not).
+        raise UsageError("a commit needs a message: -m MESSAGE (or --allow-empty-message)")
+    reserved = sorted(k for k, _ in args.meta or [] if k.startswith(RESERVED_METADATA_PREFIX))
+    if reserved:
+        raise UsageError(
+            f"metadata keys starting with {RESERVED_METADATA_PREFIX!r} are Quarry's own "
+            f"(merge bases, reverts): {', '.join(reserved)}"
+        )
     response = ctx.client.commit(
         args.repo,
         args.branch,
@@ -60,6 +69,7 @@ def register_commit(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         help="commit metadata (repeatable)",
     )
     p.add_argument("--allow-empty", action="store_true")
+    p.add_argument("--allow-empty-message", action="store_true", help="commit with an empty -m ''")
 
 
 def _print_commit(c: types_pb2.Commit, oneline: bool) -> None:
@@ -130,6 +140,9 @@ def register_log(sub: Subparsers, common: argparse.ArgumentParser) -> None:
         "it names a zone), or an age such as 3d, 12h, 30m",
     )
 
+
+# Commit metadata keys Quarry writes itself (quarry.merge.bases, quarry.revert, ...).
+RESERVED_METADATA_PREFIX = "quarry."
 
 _AGE = re.compile(r"(\d+)([dhm])")
 
