@@ -635,6 +635,65 @@ def test_presigned_urls_work_and_expire(s3, gateway, monkeypatch):
     assert b"<Code>AccessDenied</Code>" in refused.value.read()
 
 
+def test_quarry_presign_and_cp_share_an_object(s3, gateway, client):
+    """lakectl fs presign / fs cp: a URL anyone can GET until it expires, signed with the
+    CLI's own credentials; a copy staged at another path with the same bytes (no copy)."""
+    import json
+    import urllib.request
+
+    from support.cli import run_quarry
+    from support.processes import quarry_env
+
+    key_id, secret = gateway.credentials()  # made through the API, as a user's are
+    env = quarry_env(
+        gateway.suite.home,
+        QUARRY_BRANCH_MANAGER_ADDRESS=gateway.suite.targets["branch-manager"],
+        QUARRY_COMMITTER_ADDRESS=gateway.suite.targets["committer"],
+        QUARRY_ACCESS_KEY_ID=key_id,
+        QUARRY_SECRET_ACCESS_KEY=secret,
+        QUARRY_S3_GATEWAY_ADDRESS=gateway.endpoint.removeprefix("http://"),
+    )
+
+    def quarry(*args: str) -> str:
+        done = run_quarry(args, env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    s3.put_object(Bucket=REPO, Key="dev/shared/report.csv", Body=b"a,b\n1,2\n")
+    url = quarry("presign", REPO, "dev", "shared/report.csv").strip()
+    assert "X-Amz-Signature=" in url and "X-Amz-Expires=3600" in url
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        assert answer.read() == b"a,b\n1,2\n"
+    short = json.loads(
+        quarry(
+            "presign",
+            REPO,
+            "dev",
+            "shared/report.csv",
+            "--expires",
+            "60",
+            "--endpoint-url",
+            gateway.endpoint,
+            "--json",
+        )
+    )
+    assert short["expires_in"] == 60 and "X-Amz-Expires=60" in short["url"]
+
+    quarry("cp", REPO, "dev", "shared/report.csv", "dev", "shared/copy.csv")
+    original = client.stat_object(REPO, "dev", "shared/report.csv")
+    copy = client.stat_object(REPO, "dev", "shared/copy.csv")
+    assert copy.physical_address == original.physical_address
+    assert copy.checksum == original.checksum
+    assert s3.get_object(Bucket=REPO, Key="dev/shared/copy.csv")["Body"].read() == b"a,b\n1,2\n"
+    # Safety: an existing entry is replaced only with --force.
+    s3.put_object(Bucket=REPO, Key="dev/shared/kept.csv", Body=b"mine")
+    refused = run_quarry(("cp", REPO, "dev", "shared/report.csv", "dev", "shared/kept.csv"), env)
+    assert refused.returncode == 1 and "EXISTS" in refused.stderr
+    assert s3.get_object(Bucket=REPO, Key="dev/shared/kept.csv")["Body"].read() == b"mine"
+    quarry("cp", REPO, "dev", "shared/report.csv", "dev", "shared/kept.csv", "--force")
+    assert client.stat_object(REPO, "dev", "shared/kept.csv").checksum == original.checksum
+
+
 def test_a_user_without_write_permission_gets_access_denied_and_nothing_staged(gateway, client):
     client.create_user("viewer-s3")
     client.add_group_member("Viewers", "viewer-s3")
