@@ -88,6 +88,7 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
         response = pb.MergeResponse(
             summary=summary_to_proto(outcome.summary),
             conflicts=[conflict_to_proto(c) for c in outcome.conflicts],
+            more_conflicts=outcome.more_conflicts,
             attempts=outcome.attempts,
             ranges_written=outcome.ranges_written,
             ranges_reused=outcome.ranges_reused,

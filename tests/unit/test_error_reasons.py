@@ -49,3 +49,26 @@ def test_a_status_quoting_a_huge_input_stays_within_the_trailer_limit():
     status.details[0].Unpack(info)
     assert info.reason == "INVALID_ARGUMENT" and info.metadata["short"] == "kept"
     assert len(info.metadata["name"]) < 600
+
+
+def test_typed_details_past_the_trailer_budget_are_dropped_and_counted():
+    """Any error's typed details (a merge's conflicts, ...) stay within the trailer budget:
+    past it they are dropped, ErrorInfo says how many, the reason always arrives."""
+    from google.rpc import error_details_pb2
+
+    from quarry import errors
+    from quarry.runtime.errors import MAX_STATUS_DETAIL_BYTES, to_status
+    from quarry.v1 import types_pb2
+
+    small = types_pb2.MergeConflicts(base_commit_id="b")
+    large = types_pb2.MergeConflicts(
+        conflicts=[types_pb2.Conflict(path="p" * 500) for _ in range(20)]
+    )
+    status = to_status(errors.FailedPrecondition("x", details=[small, large]))
+    assert status.ByteSize() < MAX_STATUS_DETAIL_BYTES + 100
+    info = error_details_pb2.ErrorInfo()
+    status.details[0].Unpack(info)
+    assert info.metadata["details_dropped"] == "1" and len(status.details) == 2
+    assert status.details[1].Is(types_pb2.MergeConflicts.DESCRIPTOR)
+    kept = to_status(errors.FailedPrecondition("x", details=[small]))
+    assert len(kept.details) == 2 and "details_dropped" not in str(kept.details[0])

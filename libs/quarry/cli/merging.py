@@ -60,7 +60,11 @@ def merge(args: argparse.Namespace, ctx: Context) -> int:
         for conflict in response.conflicts:
             print(f"{style.mark('!')} {output.shown(conflict.path, one_line=True)}")
         if response.conflicts:
-            print(style.paint(f"{len(response.conflicts)} conflict(s)", "red"))
+            total = len(response.conflicts) + response.more_conflicts
+            more = (
+                f" ({response.more_conflicts} more not listed)" if response.more_conflicts else ""
+            )
+            print(style.paint(f"{total} conflict(s){more}", "red"))
         return code
     short = style.commit_id(output.short_id(response.commit.id))
     print(f"[{args.destination} {short}] {output.shown(response.commit.message)}")

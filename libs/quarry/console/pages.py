@@ -658,7 +658,7 @@ def merge_form(ctx: Context, params: dict[str, str]) -> Response:
             dry = ctx.client.merge(
                 repo.name, source, destination, strategy=strategy or None, dry_run=True
             )
-            conflicts = list(dry.conflicts)
+            conflicts, more = list(dry.conflicts), dry.more_conflicts
         except errors.QuarryError as exc:
             if already_merged(exc):  # as `quarry merge`: "Already up to date", no error
                 up_to_date = True

@@ -25,6 +25,12 @@ from quarry.runtime import deadlines
 from quarry.v1 import types_pb2
 
 MAX_CONFLICTS_REPORTED = 100
+# The conflicts listed in a MERGE_CONFLICT error's detail (the status trailer), encoded.
+MAX_CONFLICT_DETAIL_BYTES = 2000
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 @dataclass
@@ -508,14 +514,24 @@ class Merges:
         return rw.apply_changes(namespace, resolved.metarange_id, marks).metarange_id
 
     def _conflict_error(self, result: MergeResult, base_commit_id: str) -> gerrors.MergeConflict:
+        """MERGE_CONFLICT with the conflicts that fit MAX_CONFLICT_DETAIL_BYTES; `more`
+        counts the rest. The detail travels in the status trailer, which clients read under
+        gRPC's 8 KiB metadata limit: 100 whole conflicts (or 5 on long paths) made the
+        answer RESOURCE_EXHAUSTED, with no conflict at all."""
         from quarry.convert import conflict_to_proto
 
         total = len(result.conflicts) + result.more_conflicts
-        shown = ", ".join(c.path for c in result.conflicts[:5])
+        shown = ", ".join(_cut(c.path, 100) for c in result.conflicts[:5])
+        listed: list[types_pb2.Conflict] = []
+        size = 0
+        for conflict in result.conflicts:
+            proto = conflict_to_proto(conflict)
+            size += proto.ByteSize() + 4  # its field tag and length
+            if size > MAX_CONFLICT_DETAIL_BYTES:
+                break
+            listed.append(proto)
         detail = types_pb2.MergeConflicts(
-            conflicts=[conflict_to_proto(c) for c in result.conflicts],
-            more=result.more_conflicts,
-            base_commit_id=base_commit_id,
+            conflicts=listed, more=total - len(listed), base_commit_id=base_commit_id
         )
         return gerrors.MergeConflict(
             f"{total} conflicting path(s): {shown}" + (", ..." if total > 5 else ""),

@@ -47,6 +47,8 @@ _GRPC_SIZE_REFUSAL = "message larger than max"
 # its ErrorInfo. Quoted text is cut to these lengths.
 MAX_MESSAGE_CHARS = 2000
 MAX_METADATA_VALUE_CHARS = 500
+# A status's packed details at most (the typed ones past it are dropped, and counted).
+MAX_STATUS_DETAIL_BYTES = 3000
 
 
 def _cut(text: str, limit: int) -> str:
@@ -70,12 +72,27 @@ def to_status(exc: errors.QuarryError) -> status_pb2.Status:
         delay = duration_pb2.Duration()
         delay.FromNanoseconds(int(exc.retry_delay * 1e9))
         details.append(error_details_pb2.RetryInfo(retry_delay=delay))
-    details.extend(exc.details)
     packed = []
     for message in details:
         any_msg = any_pb2.Any()
         any_msg.Pack(message)
         packed.append(any_msg)
+    # Typed details (a merge's conflicts, ...) only while the status stays within
+    # MAX_STATUS_DETAIL_BYTES: it travels in the trailer, which clients read under gRPC's
+    # 8 KiB metadata limit — past it, the whole answer became RESOURCE_EXHAUSTED.
+    size = sum(p.ByteSize() for p in packed)
+    dropped = 0
+    for message in exc.details:
+        any_msg = any_pb2.Any()
+        any_msg.Pack(message)
+        if size + any_msg.ByteSize() > MAX_STATUS_DETAIL_BYTES:
+            dropped += 1
+            continue
+        size += any_msg.ByteSize()
+        packed.append(any_msg)
+    if dropped:
+        info.metadata["details_dropped"] = str(dropped)
+        packed[0].Pack(info)
     return status_pb2.Status(
         code=grpc_code(exc.code).value[0],
         message=_cut(exc.message, MAX_MESSAGE_CHARS),

@@ -113,6 +113,36 @@ def test_conflicts_travel_as_a_typed_detail(stubs, suite):
     )
 
 
+@pytest.mark.parametrize(("count", "path_length"), [(150, 17), (5, 900)])
+def test_many_or_long_conflicts_are_still_merge_conflict_with_the_count(
+    stubs, suite, count, path_length
+):
+    """The conflicts listed travel in the status trailer, read under gRPC's 8 KiB metadata
+    limit: 100 short ones (or 5 on long paths) made the answer RESOURCE_EXHAUSTED with no
+    conflict at all. Now: MERGE_CONFLICT, the conflicts that fit, `more` for the rest;
+    and a dry run counts them all (it said 100 of 150)."""
+    paths = [f"{i:04d}".ljust(path_length, "p") for i in range(count)]
+    repo = setup_repo(stubs, suite, dict.fromkeys(paths, "0"))
+    stubs.bm.CreateBranch(bm.CreateBranchRequest(repository=repo, name="f", source_ref="main"))
+    stage(stubs, repo, "f", dict.fromkeys(paths, "f"))
+    stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="f", message="f"))
+    stage(stubs, repo, "main", dict.fromkeys(paths, "m"))
+    stubs.cm.Commit(cm.CommitRequest(repository=repo, branch="main", message="m"))
+    with pytest.raises(grpc.RpcError) as caught:
+        stubs.cm.Merge(cm.MergeRequest(repository=repo, source_ref="f", destination_branch="main"))
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION, caught.value.details()
+    details = details_of(caught.value)
+    assert details["ErrorInfo"].reason == "MERGE_CONFLICT"
+    assert details["ErrorInfo"].metadata["conflicts"] == str(count)
+    listed = details["MergeConflicts"]
+    assert len(listed.conflicts) + listed.more == count and listed.more > 0
+    assert [c.path for c in listed.conflicts] == paths[: len(listed.conflicts)]
+    dry = stubs.cm.Merge(
+        cm.MergeRequest(repository=repo, source_ref="f", destination_branch="main", dry_run=True)
+    )
+    assert len(dry.conflicts) + dry.more_conflicts == count
+
+
 def test_concurrent_merges_of_disjoint_branches(stubs, suite):
     n = 4
     repo = setup_repo(stubs, suite, {f"base/{i:03d}": "0" for i in range(200)})
