@@ -20,7 +20,9 @@ object; an aborted or completed upload's parts are removed.
 from __future__ import annotations
 
 import base64
+import bisect
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -96,6 +98,10 @@ class Lookups:
 
         self.repositories = TTLCache(ttl_seconds, max_items=10_000, clock=clock)
         self.branches = TTLCache(ttl_seconds, max_items=10_000, clock=clock)
+        # A repository's branch names as S3 keys (NAME/), sorted: a client paging through
+        # the branches reads them once per TTL, not once per page (3,000 branches paged 7
+        # at a time took 40 s). Only ever a listing's answer, never a write's check.
+        self.branch_keys = TTLCache(ttl_seconds, max_items=1_000, clock=clock)
 
 
 @dataclass
@@ -297,6 +303,20 @@ def get_bucket_location(ctx: Context, request: Request) -> Response:
 # ---- listing ------------------------------------------------------------------------------
 
 
+def _branch_keys(ctx: Context, bucket: str) -> list[str]:
+    """The repository's branches as S3 keys (NAME/), sorted; the user's TTL snapshot when
+    the gateway keeps one (Lookups.branch_keys)."""
+    key = (ctx.user_id, bucket)
+    if ctx.lookups is not None:
+        cached = ctx.lookups.branch_keys.get(key)
+        if cached is not None:
+            return cached
+    keys = sorted(b.name + "/" for b in _call(ctx.client.iter_branches, bucket))
+    if ctx.lookups is not None:
+        ctx.lookups.branch_keys.put(key, keys)
+    return keys
+
+
 @dataclass
 class _Page:
     keys: list[types_pb2.Entry]  # paths already prefixed with REF/
@@ -317,14 +337,15 @@ def _list_page(  # noqa: PLR0913 — the S3 listing parameters
             raise not_implemented(
                 "a listing across refs (give the prefix REF/, or the delimiter /)"
             )
-        names = sorted(
-            b.name + "/"
-            for b in _call(ctx.client.iter_branches, bucket)
-            if b.name.startswith(prefix)
-        )
-        # A continuation names the last branch of the page before (see below).
-        after = max(after, token)
-        names = [n for n in names if n > after]
+        keys = _branch_keys(ctx, bucket)
+        # A continuation names the last branch of the page before (see below). S3 orders
+        # keys (NAME/), not names: `a-b/` comes before `a/`.
+        start = max(bisect.bisect_right(keys, max(after, token)), bisect.bisect_left(keys, prefix))
+        names: list[str] = []
+        for key in itertools.islice(keys, start, None):
+            if not key.startswith(prefix) or len(names) > max_keys:
+                break  # past the block of keys starting with the prefix, or the page
+            names.append(key)
         if len(names) > max_keys:
             return _Page([], names[:max_keys], names[max_keys - 1])
         return _Page([], names, "")
