@@ -102,7 +102,7 @@ def log(args: argparse.Namespace, ctx: Context) -> int:
         since=args.since,
     )
     if ctx.json:
-        output.print_json(list(commits))
+        output.print_json_array(commits)
         return 0
     for c in commits:
         _print_commit(c, args.oneline)
@@ -179,7 +179,7 @@ def diff(args: argparse.Namespace, ctx: Context) -> int:
             args.repo, args.left, args.right, prefix=args.prefix, three_dot=args.three_dot
         )
     if ctx.json:
-        output.print_json(list(changes))
+        output.print_json_array(changes)
         return 0
     shown = 0
     for change in changes:

@@ -6,9 +6,8 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from quarry import errors
 from quarry.cli import output, style
@@ -232,12 +231,19 @@ def ls(args: argparse.Namespace, ctx: Context) -> int:
         args.repo, args.ref, prefix=args.prefix, delimiter=delimiter, page_size=args.page_size
     )
     if ctx.json:
-        entries: list[dict[str, Any]] = []
+        # {"entries": [...], "common_prefixes": [...]}, the entries written as they come.
         prefixes: list[str] = []
-        for page in pages:
-            entries.extend(output.to_jsonable(e) for e in page.entries)
-            prefixes.extend(page.common_prefixes)
-        output.print_json({"entries": entries, "common_prefixes": prefixes})
+
+        def entries() -> Iterator[types_pb2.Entry]:
+            for page in pages:
+                prefixes.extend(page.common_prefixes)
+                yield from page.entries
+
+        sys.stdout.write('{\n  "entries": ')
+        output.print_json_array(entries(), indent="  ")
+        sys.stdout.write(',\n  "common_prefixes": ')
+        output.print_json_array(prefixes, indent="  ")
+        sys.stdout.write("\n}\n")
         return 0
     out = sys.stdout
     # stdout is held until the command succeeds (quarry.cli.base.command): an error on a

@@ -164,3 +164,21 @@ def test_json_converts_a_message_anywhere_in_the_value():
     data = json.loads(out.getvalue())
     assert data["tag"]["name"] == data["all"][0]["name"] == data["nested"]["deeper"][0]["name"]
     assert data["n"] == 1
+
+
+def test_a_json_array_written_item_by_item_is_the_same_text():
+    """print_json_array streams a listing (no dict per item held: `--json ls` of 1M
+    entries took 1.3 GB): the text is print_json's, nested under a key too."""
+    items = [types_pb2.Tag(name="v1", commit_id="c"), {"a": [1, 2], "b": {"c": None}}, "s"]
+    for value in (items, [], [1]):
+        whole, streamed = io.StringIO(), io.StringIO()
+        output.print_json(value, whole)
+        output.print_json_array(iter(value), streamed)
+        assert streamed.getvalue() == whole.getvalue()
+    nested = io.StringIO()
+    nested.write('{\n  "entries": ')
+    output.print_json_array(iter(items), nested, indent="  ")
+    nested.write("\n}\n")
+    whole = io.StringIO()
+    output.print_json({"entries": items}, whole)
+    assert nested.getvalue() == whole.getvalue()
