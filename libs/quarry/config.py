@@ -187,9 +187,11 @@ class Settings:
     max_put_objects_stream_entries: int = _setting(
         1_000_000,
         "branch-manager: a PutObjects stream is checked whole before any of it is staged "
-        "(all or nothing), so it is held in memory until it ends (~270 bytes per typical "
-        "entry); a stream with more entries is refused with PUT_STREAM_TOO_LARGE before "
-        "anything is staged. Larger loads take several calls.",
+        "(a refusal stages nothing), so it is held in memory until it ends (~270 bytes per "
+        "typical entry); a stream with more entries is refused with PUT_STREAM_TOO_LARGE "
+        "before anything is staged. Larger loads take several calls. Once checked it is "
+        "staged message by message: a failure midway (the kv-gateway lost) leaves the "
+        "messages before it staged, and sending the stream again completes it.",
     )
     max_put_objects_stream_bytes: int = _setting(
         512 * 1024 * 1024,
