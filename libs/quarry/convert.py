@@ -7,8 +7,9 @@ Timestamp is 0, and 0 is sent as an unset Timestamp).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
+from quarry import errors
 from quarry.graveler.errors import InvalidEntry
 from quarry.graveler.model import (
     Change,
@@ -43,6 +44,18 @@ def entry_to_proto(entry: Entry, out: types_pb2.Entry | None = None) -> types_pb
     if entry.metadata:
         message.metadata.update(entry.metadata)
     return message
+
+
+def seconds_of(stamp: Any, field: str) -> float:
+    """A request's Timestamp as epoch seconds; one outside the Timestamp range (seconds,
+    or nanos outside [0, 1e9)) is the caller's mistake: INVALID_ARGUMENT, never INTERNAL."""
+    seconds, nanos = stamp.seconds, stamp.nanos
+    if not (_MIN_SECONDS <= seconds <= _MAX_SECONDS and 0 <= nanos < 1_000_000_000):
+        raise errors.InvalidArgument(
+            f"{field}: seconds {seconds}, nanos {nanos} are outside the Timestamp range",
+            metadata={"field": field},
+        )
+    return float(seconds) + nanos / 1e9
 
 
 def entry_from_proto(message: types_pb2.Entry, path: str | None = None) -> Entry:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from quarry import errors
 from quarry.actions.runs import Actions, Run
 from quarry.auth.checks import committer_for
-from quarry.convert import change_to_proto, conflict_to_proto, summary_to_proto
+from quarry.convert import change_to_proto, conflict_to_proto, seconds_of, summary_to_proto
 from quarry.graveler.core import check_page_size
 from quarry.graveler.graveler import Graveler, MergeParams
 from quarry.graveler.imports import ImportSource, ImportView
@@ -53,7 +53,7 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
             request.page_token,
             objects=list(request.objects),
             prefixes=list(request.prefixes),
-            since=request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None,
+            since=seconds_of(request.since, "since") if request.HasField("since") else None,
         )
         return pb.LogResponse(commits=commits, next_page_token=token)
 

@@ -464,6 +464,33 @@ def test_a_sweep_never_deletes_a_file_quarry_did_not_write(spark, suite, conn):
     assert MARKER_KEY in after and history.internal in after
 
 
+def test_temporary_files_killed_writers_left_are_collected_once_a_day_old(spark, suite, conn):
+    """A writer killed mid-file (a `quarry put --from`, an S3 multipart upload) leaves its
+    temporary file `<dir>/.quarry-tmp-<32 hex>`, never listed: GC collects it once it is a
+    day old (a file still being written never is), unless an entry names it; a lookalike
+    name is foreign and stays."""
+    import uuid
+
+    history = History(spark, suite, conn)
+    root = suite.namespace(history.repo)
+    old, young, named = (f"data/.quarry-tmp-{uuid.uuid4().hex}" for _ in range(3))
+    lookalike = "data/.quarry-tmp-not-quarrys"
+    for key in (old, young, named, lookalike):
+        path = os.path.join(root, *key.split("/"))
+        with open(path, "wb") as fh:
+            fh.write(b"half a file")
+    age(root, [young], 3600)  # past the grace period, not the day
+    age(root, [old, named, lookalike], 2 * 86400)  # (last: it backdates the claim most)
+    with suite.client() as c:
+        c.put_object(
+            history.repo, "main", path="t/odd", physical_address=f"{root}/{named}", size_bytes=11
+        )
+    report = run_gc(spark, history, sweep=True)
+    assert report.deleted > 0
+    for key, kept in ((old, False), (young, True), (named, True), (lookalike, True)):
+        assert os.path.exists(os.path.join(root, *key.split("/"))) is kept, key
+
+
 def test_gc_deletes_nothing_unless_the_marker_names_this_repository(spark, suite, conn):
     history = History(spark, suite, conn)
     root = suite.namespace(history.repo)

@@ -290,6 +290,12 @@ class BlobStore(abc.ABC):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object whose key starts with `prefix`, in key order."""
 
+    def list_leftovers(self, older_than: float) -> Iterator[ObjectInfo]:
+        """Temporary files writers left (killed mid-write) last modified before `older_than`
+        (epoch seconds), in key order: never listed by `list`, garbage for GC. None in an
+        object store, where an unfinished PUT leaves nothing."""
+        return iter(())
+
     def remove_empty_folder(self, prefix: str) -> None:
         """Drop the folder `prefix` (a key prefix ending in "/") if it holds nothing any
         more. A local directory stays behind its last file; object stores have no folders

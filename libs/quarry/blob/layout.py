@@ -63,6 +63,10 @@ GC_REPORTS_PREFIX = "_quarry/gc/reports/"
 DATA_PREFIX = "data/"
 # The exact key new_upload_key makes (`data/` + a uuid4's 32 hex digits).
 UPLOAD_KEY = re.compile(r"data/[0-9a-f]{32}")
+# A local store writes each file as a temporary file beside its target, then renames it
+# (quarry.blob.local): one left by a writer killed mid-way is never listed, and is garbage.
+TEMP_FILE_PREFIX = ".quarry-tmp-"
+TEMP_FILE_KEY = re.compile(r"(?:[^/]+/)*\.quarry-tmp-[0-9a-f]{32}")
 # Data files of a Spark write live under this prefix, one folder per job, so a failed
 # job's files are found (and removed) by one listing.
 JOB_DATA_PREFIX = "data/spark/"
@@ -165,13 +169,15 @@ def classify(key: str) -> Classified:
     """What an object of the storage namespace is, from its key. Only the exact key shapes
     Quarry itself writes are collectable (ranges and metaranges named by content id, upload
     data `data/<uuid hex>`, Spark job files `data/spark/<job id>/part-…`); every other key,
-    whatever its age, depth or resemblance, is internal or foreign and never a candidate:
+    whatever its age, depth or resemblance, is internal or foreign and never a candidate
+    (a local store's temporary file, `<dir>/.quarry-tmp-<32 hex>`, is data a killed writer
+    left):
     GC must never delete a file Quarry did not write."""
     for pattern, kind in ((RANGE_KEY, RANGE), (METARANGE_KEY, METARANGE)):
         match = pattern.fullmatch(key)
         if match:
             return Classified(kind, match.group(1))
-    if UPLOAD_KEY.fullmatch(key) or JOB_FILE_KEY.fullmatch(key):
+    if UPLOAD_KEY.fullmatch(key) or JOB_FILE_KEY.fullmatch(key) or TEMP_FILE_KEY.fullmatch(key):
         return Classified(DATA)
     if key.startswith(INTERNAL_PREFIX):
         return Classified(INTERNAL)

@@ -27,10 +27,11 @@ from quarry.blob.base import (
     check_key,
     check_range,
 )
+from quarry.blob.layout import TEMP_FILE_PREFIX
 
 # Temporary files live next to their target (same filesystem, so os.replace/os.link are
-# atomic) and are never listed.
-TEMP_PREFIX = ".quarry-tmp-"
+# atomic) and are never listed (only as leftovers, list_leftovers).
+TEMP_PREFIX = TEMP_FILE_PREFIX
 
 
 class LocalBlobStore(BlobStore):
@@ -310,6 +311,24 @@ class LocalBlobStore(BlobStore):
         found: builtins.list[ObjectInfo] = []
         with self._environment():
             self._walk(start, prefix, found)
+        found.sort()
+        return iter(found)
+
+    def list_leftovers(self, older_than: float) -> Iterator[ObjectInfo]:
+        found: builtins.list[ObjectInfo] = []
+        with self._environment():
+            for dirpath, _dirnames, filenames in os.walk(self.root, onerror=_unless_gone):
+                rel_dir = os.path.relpath(dirpath, self.root)
+                rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
+                for name in filenames:
+                    if not name.startswith(TEMP_PREFIX):
+                        continue
+                    try:
+                        stat = os.stat(os.path.join(dirpath, name))
+                    except FileNotFoundError:
+                        continue  # its writer finished meanwhile
+                    if stat.st_mtime < older_than:
+                        found.append(ObjectInfo(rel_dir + name, stat.st_size, stat.st_mtime))
         found.sort()
         return iter(found)
 

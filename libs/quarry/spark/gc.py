@@ -63,6 +63,9 @@ DEFAULT_GRACE = _dt.timedelta(hours=6)
 REPORTS_PREFIX = GC_REPORTS_PREFIX
 SAMPLE_KEYS = 1000
 KINDS = ("metarange", "range", "data")
+# A writer's temporary file (quarry.blob.layout.TEMP_FILE_KEY) is garbage only past this
+# age, whatever the grace period: a file still being written is never one.
+LEFTOVER_GRACE = _dt.timedelta(days=1)
 # A file is inherited when written this long before the namespace's claim: S3 keeps an
 # object's LastModified to the second (a file written just after the claim can read as
 # before it), and the store's clock is not the claiming host's.
@@ -193,6 +196,11 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
             listing = [o for o in store.list("") if not o.key.startswith(foreign)]
             metaranges, range_ids = _kept_files(store, metaranges, {o.key for o in listing})
             report.referenced_metaranges, report.referenced_ranges = len(metaranges), len(range_ids)
+            # Temporary files writers killed mid-write left (local namespaces): data that
+            # nothing may reference, collected once older than LEFTOVER_GRACE too (no
+            # writer takes that long to finish a file).
+            leftovers = store.list_leftovers((started - max(grace, LEFTOVER_GRACE)).timestamp())
+            listing += [o for o in leftovers if not o.key.startswith(foreign)]
             candidates = _candidates(listing, started - grace, claimed_at, report)
         # A running Spark job's files are kept whatever their age, staged or not: Spark's
         # writer stages nothing until its job has committed, and a file GC took from its
