@@ -906,3 +906,22 @@ def test_a_commit_says_why_and_leaves_quarrys_own_metadata_alone(suite, quarry):
     own = quarry("commit", "hygiene", "main", "-m", "m", "--meta", "quarry.revert=x", expect=2)
     assert "quarry.revert" in own.stderr.decode()
     quarry("commit", "hygiene", "main", "-m", "", "--allow-empty-message", "--meta", "k=v")
+
+
+def test_quarry_uris_stand_for_repo_ref_and_path(suite, quarry):
+    """lakectl's `lakefs://` habit: quarry://REPO/REF[/PATH] wherever REPO REF [PATH] go."""
+    quarry("repo", "create", "uris", suite.namespace("uris"))
+    quarry("put", "uris", "main", "t/a", "--address", "s3://b/a", "--size", "1")
+    quarry("commit", "quarry://uris/main", "-m", "one")
+    quarry("branch", "create", "uris", "dev", "--source", "main")
+    quarry("put", "quarry://uris/dev/t/b", "--address", "s3://b/b", "--size", "2")
+    quarry("commit", "uris", "dev", "-m", "two")
+    listed = json.loads(quarry("ls", "quarry://uris/dev/t/", "--json").stdout)
+    assert [e["path"] for e in listed["entries"]] == ["t/a", "t/b"]
+    assert json.loads(quarry("stat", "quarry://uris/dev/t/b", "--json").stdout)["size_bytes"] == 2
+    diff = json.loads(quarry("diff", "quarry://uris/main", "quarry://uris/dev", "--json").stdout)
+    assert [(c["type"], c["path"]) for c in diff] == [("added", "t/b")]
+    mixed = quarry("diff", "quarry://uris/main", "quarry://other/dev", expect=2)
+    assert "names repository 'other'" in mixed.stderr.decode()
+    bad = quarry("ls", "quarry://uris", expect=2)
+    assert "quarry://REPO/REF[/PATH]" in bad.stderr.decode()

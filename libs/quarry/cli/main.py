@@ -352,6 +352,37 @@ def _print_help(parser: argparse.ArgumentParser, words: list[str]) -> int:
     return 0
 
 
+URI_SCHEME = "quarry://"
+URI_FLAGS = ("--to",)  # flags whose value is a URI (import): left as given
+
+
+def expand_uris(argv: list[str]) -> list[str]:
+    """`quarry://REPO/REF[/PATH]` where a command takes REPO REF [PATH] (lakectl's
+    `lakefs://` habit): the first such argument stands for REPO REF [PATH], each later one
+    (of the same repository) for REF [PATH] — `quarry ls quarry://lake/main/t/`, `quarry
+    diff quarry://lake/main quarry://lake/dev`, `quarry cp quarry://lake/main/a
+    quarry://lake/dev/b`. A URI flag's value (`import --to quarry://...`) stays as given."""
+    out: list[str] = []
+    repository = ""
+    for index, token in enumerate(argv):
+        if not token.startswith(URI_SCHEME) or (index and argv[index - 1] in URI_FLAGS):
+            out.append(token)
+            continue
+        repo, _, rest = token[len(URI_SCHEME) :].partition("/")
+        ref, slash, path = rest.partition("/")
+        if not repo or not ref:
+            raise ValueError(f"{token!r}: a URI is quarry://REPO/REF[/PATH]")
+        if repository and repo != repository:
+            raise ValueError(f"{token!r} names repository {repo!r}, the first URI {repository!r}")
+        if not repository:
+            out.append(repo)
+            repository = repo
+        out.append(ref)
+        if slash and path:
+            out.append(path)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     completing = "_ARGCOMPLETE" in os.environ  # the shell asks: it needs every command
@@ -364,6 +395,11 @@ def main(argv: list[str] | None = None) -> int:
     if local is None:
         argv = hoist_global_flags(argv)
     QuarryParser.argv = tuple(argv)
+    if local is None:
+        try:
+            argv = expand_uris(argv)
+        except ValueError as exc:
+            parser.error(str(exc))
     QuarryParser.json_errors = "--json" in QuarryParser.argv
     if not argv or argv[0] == "help":  # `quarry`, `quarry help [COMMAND]`: git's habits
         return _print_help(parser, argv[1:])
