@@ -21,6 +21,7 @@ from quarry import errors
 from quarry.blob import BlobStore, ObjectNotFound
 from quarry.blob.base import BlobBytes
 from quarry.committed.cache import DiskCache
+from quarry.committed.cache_metrics import CACHE_BYTES
 from quarry.committed.errors import (
     InvalidMetaRangeId,
     MetaRangeNotFound,
@@ -40,6 +41,7 @@ from quarry.committed.rangedata import MetaRange, RangeData
 from quarry.committed.stats import CommittedStats, StatsCounter
 from quarry.graveler.model import Entry, RangeInfo
 from quarry.lru import LRUCache
+from quarry.telemetry.metrics import expose
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +106,8 @@ class RangeLoader:
         # (added, removed, changed) from one metarange to another, by id, as merges found
         # them: a pure function of two content-addressed ids, so never stale.
         self._diff_counts = LRUCache(DIFF_COUNTS_KEPT, DIFF_COUNTS_KEPT)
+        expose(CACHE_BYTES)
+        CACHE_BYTES.loaders.add(self)
 
     # ---- plumbing ---------------------------------------------------------------------------
 
@@ -160,6 +164,11 @@ class RangeLoader:
 
     def remember_metarange(self, namespace: str, metarange: MetaRange) -> None:
         self._metaranges.put((namespace, metarange.id), metarange, metarange.cache_bytes)
+
+    @property
+    def range_cache_bytes(self) -> int:
+        """The bytes the range cache charges, at most LoaderOptions.range_cache_bytes."""
+        return self._ranges.size_bytes
 
     @property
     def metarange_cache_bytes(self) -> int:

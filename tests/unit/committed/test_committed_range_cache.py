@@ -145,3 +145,23 @@ def test_ranges_are_read_ahead_from_remote_stores_only(tmp_path, make_entry):
                 assert all(x is not None for x in loaded)
     finally:
         manager.close()
+
+
+def test_the_caches_charged_bytes_are_gauges(tmp_path):
+    """quarry_range_cache_bytes / quarry_metarange_cache_bytes: what an operator compares
+    with the process's resident memory (docs/observability.md)."""
+    from prometheus_client import REGISTRY
+
+    from quarry.graveler.model import Entry
+
+    manager = CommittedManager(LocalBlobStore, None)
+    before = REGISTRY.get_sample_value("quarry_range_cache_bytes") or 0.0
+    entries = (Entry(f"p{i:05d}", f"s3://b/{i}", 1, f"c{i}") for i in range(2000))
+    base = manager.write_metarange(str(tmp_path / "lake"), entries).metarange_id
+    change = Entry("p00007", "s3://b/new", 1, "new")
+    manager.apply_changes(str(tmp_path / "lake"), base, [("p00007", change)])
+    charged = manager._loader.range_cache_bytes
+    assert charged > 0
+    assert REGISTRY.get_sample_value("quarry_range_cache_bytes") == before + charged
+    assert REGISTRY.get_sample_value("quarry_metarange_cache_bytes") > 0
+    manager.close()
