@@ -177,7 +177,7 @@ def gateway_of_up(home: Path, extra_env: dict[str, str]):
     import signal
 
     from quarry.cli.services import SERVICE_MODULES
-    from quarry.client import Client
+    from quarry.client import Client, Credentials
     from support.auth import setup_admin_over_grpc
     from support.processes import VENV_BIN, children_of, quarry_env, service_ports
 
@@ -205,7 +205,9 @@ def gateway_of_up(home: Path, extra_env: dict[str, str]):
         )
         bm, committer = (f"127.0.0.1:{ports[n]}" for n in ("branch-manager", "committer"))
         setup_admin_over_grpc(bm)
-        with Client(bm, committer) as client:
+        # The suite's admin (quarry_env's credentials), whatever the caller's environment.
+        admin = Credentials(env["QUARRY_ACCESS_KEY_ID"], env["QUARRY_SECRET_ACCESS_KEY"])
+        with Client(bm, committer, credentials=admin) as client:
             wait_until(
                 lambda: _repository_made(client, home),
                 timeout=60,

@@ -27,6 +27,10 @@ from support.wait import wait_until
 # Auth is on in every test (the default): the fixed test signing key and admin credentials
 # (support.auth) for code that reads the environment (the CLI in process, child processes).
 os.environ.update(AUTH_ENV)
+# A home of the run's own for code that reads the environment's (the CLI in process): the
+# default, ./.quarry, is the checkout itself, which tests must never write into (the CLI's
+# token cache filled it).
+os.environ["QUARRY_HOME"] = tempfile.mkdtemp(prefix="quarry-test-home-")
 # Child processes (the CLI, services, Spark's Python workers) log in themselves with those
 # credentials, as users' processes do. Test code's own bare stubs carry the test admin's
 # token (RemoteStore/RemoteRangeWriter on an address: a service token), for the whole
