@@ -24,6 +24,13 @@ class InvalidEntry(errors.InvalidArgument):
     reason = "INVALID_ENTRY"
 
 
+class ReservedMetadataKey(errors.InvalidArgument):
+    """A commit's metadata key that Quarry itself writes (quarry.merge.*, quarry.revert,
+    quarry.cherry-pick, quarry.import): a caller may not set it."""
+
+    reason = "RESERVED_METADATA_KEY"
+
+
 class InvalidRef(errors.InvalidArgument):
     reason = "INVALID_REF"
 

@@ -119,6 +119,17 @@ def check_entry(entry: Entry) -> Entry:
     return entry
 
 
+# Commit metadata keys the server writes: a caller's would pass for Quarry's own record of a
+# merge, revert, cherry-pick or import. (Other quarry.* keys, e.g. quarry.spark.*, are
+# clients' own.)
+RESERVED_METADATA_PREFIXES = (
+    "quarry.merge.",
+    "quarry.revert",
+    "quarry.cherry-pick",
+    "quarry.import",
+)
+
+
 def check_commit_metadata(message: str, metadata: dict[str, str]) -> None:
     if len(message.encode()) > MAX_MESSAGE_BYTES:
         raise gerrors.InvalidEntry(f"commit message is longer than {MAX_MESSAGE_BYTES} bytes")
@@ -126,4 +137,11 @@ def check_commit_metadata(message: str, metadata: dict[str, str]) -> None:
     if size > MAX_METADATA_BYTES:
         raise gerrors.InvalidEntry(
             f"commit metadata is {size} bytes; the limit is {MAX_METADATA_BYTES}"
+        )
+    reserved = sorted(k for k in metadata if k.startswith(RESERVED_METADATA_PREFIXES))
+    if reserved:
+        raise gerrors.ReservedMetadataKey(
+            f"metadata keys {', '.join(reserved[:5])} are Quarry's own record of a merge, "
+            "revert, cherry-pick or import; a caller may not set them",
+            metadata={"keys": ",".join(reserved)[:400]},
         )

@@ -387,3 +387,21 @@ def test_paths_the_merge_bases_disagree_on_are_conflicts_unless_both_sides_agree
     put_commit(g, repo, "feat", {"x": "m"})  # feat now agrees with main
     g.merge(repo, "feat", "main", allow_empty=True)
     assert content(g, repo, "main")["x"] == "m"
+
+
+def test_quarrys_own_metadata_keys_are_refused_from_callers(forked):
+    """quarry.merge.*, quarry.revert, quarry.cherry-pick, quarry.import are Quarry's own
+    record of what a commit did: a caller's forged `quarry.merge.bases` passed for one.
+    Other quarry.* keys (Spark's quarry.spark.*) are clients' own."""
+    g, repo = forked
+    put_commit(g, repo, "feature", {"f": "1"})
+    for key in ("quarry.merge.bases", "quarry.revert", "quarry.cherry-pick", "quarry.import"):
+        with pytest.raises(gerrors.ReservedMetadataKey):
+            g.merge(repo, "feature", "main", metadata={key: "forged"})
+        g.put_objects(repo, "main", [entry(f"m-{key}")])
+        with pytest.raises(gerrors.ReservedMetadataKey):
+            g.commit(repo, "main", "m", metadata={key: "forged"})
+    g.discard_changes(repo, "main")
+    merged = g.merge(repo, "feature", "main", metadata={"quarry.spark.job": "j"}).commit
+    assert merged.metadata["quarry.spark.job"] == "j"
+    assert "quarry.merge.bases" not in merged.metadata
