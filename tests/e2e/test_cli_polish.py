@@ -925,3 +925,14 @@ def test_quarry_uris_stand_for_repo_ref_and_path(suite, quarry):
     assert "names repository 'other'" in mixed.stderr.decode()
     bad = quarry("ls", "quarry://uris", expect=2)
     assert "quarry://REPO/REF[/PATH]" in bad.stderr.decode()
+    # Safety: a later URI naming another branch is refused where the command works on one
+    # (it once removed main's path from dev).
+    two = quarry("rm", "quarry://uris/dev/t/a", "quarry://uris/main/t/a", expect=2)
+    assert "names ref 'main'" in two.stderr.decode()
+    assert json.loads(quarry("stat", "uris", "main", "t/a", "--json").stdout)["path"] == "t/a"
+    # lakectl's own form of a recursive removal; a message that looks like a URI stays one.
+    quarry("rm", "-r", "quarry://uris/dev/t")
+    quarry("commit", "quarry://uris/dev", "-m", "quarry://not/a/uri")
+    (head,) = json.loads(quarry("log", "quarry://uris/dev/t/", "-n", "1", "--json").stdout)
+    assert head["message"] == "quarry://not/a/uri"
+    assert json.loads(quarry("ls", "quarry://uris/dev/", "--json").stdout)["entries"] == []

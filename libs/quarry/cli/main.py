@@ -353,33 +353,81 @@ def _print_help(parser: argparse.ArgumentParser, words: list[str]) -> int:
 
 
 URI_SCHEME = "quarry://"
-URI_FLAGS = ("--to",)  # flags whose value is a URI (import): left as given
+# Commands whose later URIs name other refs of the repository (REF [PATH] each).
+MULTI_REF_COMMANDS = frozenset({"quarry diff", "quarry merge", "quarry cp"})
+# Commands whose URI path is a prefix option rather than a positional.
+PATH_OPTIONS = {"quarry diff": "--prefix", "quarry log": "--prefix"}
+# Option values that are folders of the URI's ref (`rm -r quarry://R/B/folder`).
+FOLDER_METAVARS = frozenset({"FOLDER"})
 
 
-def expand_uris(argv: list[str]) -> list[str]:
+def expand_uris(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """`quarry://REPO/REF[/PATH]` where a command takes REPO REF [PATH] (lakectl's
-    `lakefs://` habit): the first such argument stands for REPO REF [PATH], each later one
-    (of the same repository) for REF [PATH] — `quarry ls quarry://lake/main/t/`, `quarry
-    diff quarry://lake/main quarry://lake/dev`, `quarry cp quarry://lake/main/a
-    quarry://lake/dev/b`. A URI flag's value (`import --to quarry://...`) stays as given."""
+    `lakefs://` habit): the first URI stands for REPO REF [PATH]; a later one names the
+    same repository, and for diff, merge and cp another REF [PATH], for every other command
+    the same REF and another PATH (`rm quarry://R/dev/a quarry://R/main/b` is refused: it
+    once removed b from dev). A URI as a folder option's value (`rm -r quarry://R/B/dir`)
+    gives the folder, and REPO REF. Any other option's value (a message, `import --to`)
+    stays as given. ValueError for a URI that names no REF, or another repository or ref."""
+    sub: argparse.ArgumentParser = parser
+    words = 0
+    for token in argv:
+        commands = sub._commands() if isinstance(sub, QuarryParser) else {}
+        if token not in commands:
+            break
+        sub, words = commands[token], words + 1
+    command = str(sub.get_default("command_name") or "")
+    takes_value = {
+        option: action
+        for action in sub._actions
+        for option in action.option_strings
+        if action.nargs != 0
+    }
     out: list[str] = []
-    repository = ""
+    first: tuple[str, str] | None = None
+    positional_first = False
+    prefix = ""
     for index, token in enumerate(argv):
-        if not token.startswith(URI_SCHEME) or (index and argv[index - 1] in URI_FLAGS):
+        previous = argv[index - 1] if index else ""
+        if not token.startswith(URI_SCHEME):
             out.append(token)
             continue
+        option = takes_value.get(previous)
+        if option is not None and option.metavar not in FOLDER_METAVARS:
+            out.append(token)  # an option's own value: as given
+            continue
         repo, _, rest = token[len(URI_SCHEME) :].partition("/")
-        ref, slash, path = rest.partition("/")
+        ref, _, path = rest.partition("/")
         if not repo or not ref:
             raise ValueError(f"{token!r}: a URI is quarry://REPO/REF[/PATH]")
-        if repository and repo != repository:
-            raise ValueError(f"{token!r} names repository {repo!r}, the first URI {repository!r}")
-        if not repository:
-            out.append(repo)
-            repository = repo
-        out.append(ref)
-        if slash and path:
+        if first is not None and repo != first[0]:
+            raise ValueError(f"{token!r} names repository {repo!r}; the first URI {first[0]!r}")
+        if option is not None:  # a folder option's value
+            if first is not None and ref != first[1]:
+                raise ValueError(f"{token!r} names ref {ref!r}; the first URI {first[1]!r}")
+            first = first or (repo, ref)
             out.append(path)
+            continue
+        if first is None:
+            first, positional_first = (repo, ref), True
+            out += [repo, ref]
+        elif command in MULTI_REF_COMMANDS:
+            out.append(ref)
+        elif ref != first[1]:
+            raise ValueError(
+                f"{token!r} names ref {ref!r}; the first URI {first[1]!r} (this command works "
+                "on one ref)"
+            )
+        if path and command in PATH_OPTIONS:
+            if prefix and path != prefix:
+                raise ValueError(f"{token!r}: the URIs name two prefixes, {prefix!r} and {path!r}")
+            prefix = path
+        elif path:
+            out.append(path)
+    if first is not None and not positional_first:
+        out[words:words] = list(first)  # REPO REF of a folder option's URI
+    if prefix:
+        out += [PATH_OPTIONS[command], prefix]
     return out
 
 
@@ -397,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     QuarryParser.argv = tuple(argv)
     if local is None:
         try:
-            argv = expand_uris(argv)
+            argv = expand_uris(argv, parser)
         except ValueError as exc:
             parser.error(str(exc))
     QuarryParser.json_errors = "--json" in QuarryParser.argv
