@@ -159,9 +159,13 @@ def test_a_lakectl_habit_gets_quarrys_way_of_saying_it(env):
         (["branch", "reset", "r", "main"], "`quarry discard`"),
         (["branch", "revert", "r", "main"], "`quarry revert`"),
         (["log", "r", "main", "--amount", "2"], "Did you mean '-n'?"),
+        (["log", "r", "main", "--objects", "a"], "Did you mean '--path'?"),
     ]:
         result = bare(*typed, env=env)
         assert result.returncode == 2 and said in result.stderr, (typed, result.stderr)
+    # A habit this command has no flag for gets no merely similar one.
+    limit = bare("ls", "r", "main", "--limit", "3", env=env)
+    assert limit.returncode == 2 and "Did you mean" not in limit.stderr
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
@@ -820,6 +824,10 @@ def test_rm_recursive_removes_the_folder_named_never_its_lookalike_siblings(
     quarry("repo", "create", "folders", suite.namespace("folders"))
     for path in ("t/y", "t/deeper/w", "tables/x", "tmp/z", "t"):
         quarry("put", "folders", "main", path, "--address", f"s3://b/{path}", "--size", "1")
+    for everything in ("", "/"):  # an unset shell variable would name the whole branch
+        assert (
+            "FOLDER" in quarry("rm", "folders", "main", "-r", everything, expect=2).stderr.decode()
+        )
     out = quarry("rm", "folders", "main", "-r", "t", "--json").stdout
     assert json.loads(out) == {"removed": 2, "requested": 2}
     left = json.loads(quarry("ls", "folders", "main", "--recursive", "--json").stdout)
@@ -862,6 +870,9 @@ def test_log_by_path_prefix_and_time(suite, quarry):
     assert log("--since", "2999-01-01") == []
     bad = quarry("log", "history", "main", "--since", "yesterday-ish", expect=2)
     assert "not a date or time" in bad.stderr.decode()
+    for far in ("9999-12-31T23:59:59-12:00", "0001-01-01"):  # it was INTERNAL
+        assert "1970" in quarry("log", "history", "main", "--since", far, expect=2).stderr.decode()
+    assert log("--since", "99999999d", "--prefix", "t/b/") == ["b"]  # an age past 1970: all
 
 
 def test_get_recursive_downloads_a_folder_and_never_writes_outside_the_directory(
@@ -894,6 +905,22 @@ def test_get_recursive_downloads_a_folder_and_never_writes_outside_the_directory
     again = quarry("get", "folder", "main", "t", "-r", "-o", str(out), expect=1)
     assert "FILE_EXISTS" in again.stderr.decode()
     quarry("get", "folder", "main", "t", "-r", "-o", str(out), "--force")
+    # A link inside DIR never carries a write out of it (a folder link, a dangling file
+    # link); a path that is both a file and a folder is skipped and named.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "deeper").symlink_to(outside)
+    (linked / "a.csv").symlink_to(tmp_path / "nowhere.csv")
+    quarry("put", "folder", "main", "t/a.csv/inner", "--from", str(tree / "a.csv"))
+    done = quarry("get", "folder", "main", "t", "-r", "-o", str(linked), "--force")
+    said = done.stderr.decode()
+    assert list(outside.iterdir()) == [] and not (tmp_path / "nowhere.csv").exists()
+    assert "t/deeper/b.csv" in said and "a link leads out" in said
+    assert "t/a.csv/inner" in said
+    missing = quarry("get", "folder", "main", "nothing", "-r", "-o", str(tmp_path / "n"), expect=1)
+    assert "NOTHING_TO_DOWNLOAD" in missing.stderr.decode()
 
 
 def test_a_commit_says_why_and_leaves_quarrys_own_metadata_alone(suite, quarry):
@@ -905,7 +932,7 @@ def test_a_commit_says_why_and_leaves_quarrys_own_metadata_alone(suite, quarry):
     assert "--allow-empty-message" in empty.stderr.decode()
     own = quarry("commit", "hygiene", "main", "-m", "m", "--meta", "quarry.revert=x", expect=2)
     assert "quarry.revert" in own.stderr.decode()
-    quarry("commit", "hygiene", "main", "-m", "", "--allow-empty-message", "--meta", "k=v")
+    quarry("commit", "hygiene", "main", "--allow-empty-message", "--meta", "k=v")  # no -m
 
 
 def test_quarry_uris_stand_for_repo_ref_and_path(suite, quarry):

@@ -137,3 +137,14 @@ def test_a_commands_span_name_is_every_word_of_the_command_and_none_of_its_argum
         (["log", "r", "main"], "quarry log"),
     ]:
         assert command_name(parser.parse_args(argv)) == name
+
+
+def test_presign_names_the_gateway_by_https_under_tls():
+    """A CLI set up for TLS as docs/tls.md shows (the CA alone) printed http:// URLs."""
+    from quarry.cli.sharing import s3_gateway_url
+    from quarry.config import load_settings
+
+    plain = load_settings(env={}, s3_gateway_address="gw:7406")
+    assert s3_gateway_url(plain) == "http://gw:7406"
+    for tls in ({"tls_ca_file": "/ca.pem"}, {"tls_cert_file": "/c.pem", "tls_key_file": "/k.pem"}):
+        assert s3_gateway_url(plain.replace(**tls)) == "https://gw:7406"

@@ -24,6 +24,7 @@ from quarry.v1 import types_pb2
 
 @command
 def commit(args: argparse.Namespace, ctx: Context) -> int:
+    args.message = args.message or ""
     if not args.message.strip() and not args.allow_empty_message:
         # As lakectl: a commit says why (--allow-empty-message when it truly need not).
         raise UsageError("a commit needs a message: -m MESSAGE (or --allow-empty-message)")
@@ -55,7 +56,9 @@ def register_commit(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p = leaf(common, sub, "commit", commit, "commit a branch's staged changes")
     p.add_argument("repo", metavar="REPO")
     p.add_argument("branch", metavar="BRANCH")
-    p.add_argument("-m", "--message", required=True)
+    p.add_argument(
+        "-m", "--message", default=None, help="why (required unless --allow-empty-message)"
+    )
     p.add_argument(
         "--author",
         metavar="A",
@@ -144,6 +147,9 @@ def register_log(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 # Commit metadata keys Quarry writes itself (quarry.merge.bases, quarry.revert, ...).
 RESERVED_METADATA_PREFIX = "quarry."
 
+# --since's bound: the Timestamp range ends in year 9999.
+SINCE_MAX_SECONDS = 253_402_300_800
+
 _AGE = re.compile(r"(\d+)([dhm])")
 
 
@@ -153,14 +159,20 @@ def since_time(text: str) -> float:
     age = _AGE.fullmatch(text.strip())
     if age:
         unit = {"d": 86400, "h": 3600, "m": 60}[age.group(2)]
-        return time.time() - int(age.group(1)) * unit
+        return max(0.0, time.time() - int(age.group(1)) * unit)  # older than 1970: all
     try:
-        when = _dt.datetime.fromisoformat(text.strip())
+        parsed = _dt.datetime.fromisoformat(text.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a date or time (2026-11-01, 2026-11-01T10:00) nor an age (3d, 12h)"
         ) from None
-    return when.timestamp()  # a naive time is local, as git takes it
+    try:
+        when = parsed.timestamp()  # a naive time is local, as git takes it
+    except (OverflowError, OSError, ValueError):
+        when = -1.0
+    if not 0 <= when < SINCE_MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is before 1970 or after 9999")
+    return when
 
 
 @command

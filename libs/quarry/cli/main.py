@@ -143,13 +143,19 @@ _INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)'")
 # What a lakectl or git habit types, and Quarry's way of saying it: (command words as
 # typed) -> the hint a mistyped command gets; a flag -> the flag it means.
 HABITS = {
-    ("fs",): "The object commands are top level: quarry ls, stat, cat, get, put, rm.",
+    ("fs",): "The object commands are top level: quarry ls, stat, cat, get, put, rm, cp, presign.",
     ("branch", "reset"): "Dropping uncommitted changes is `quarry discard`; moving a branch "
     "to a commit is `quarry reset`.",
     ("branch", "revert"): "Reverting a commit is `quarry revert`.",
     ("show",): "A commit: `quarry log REPO REF -n 1`; a branch: `quarry branch show`.",
 }
-FLAG_HABITS = {"--amount": "-n", "--limit": "-n", "--max-count": "-n"}
+FLAG_HABITS = {
+    "--amount": "-n",
+    "--limit": "-n",
+    "--max-count": "-n",
+    "--objects": "--path",
+    "--prefixes": "--prefix",
+}
 
 
 class QuarryParser(argparse.ArgumentParser):
@@ -183,8 +189,14 @@ class QuarryParser(argparse.ArgumentParser):
             for token in unknown
             if token.startswith("--")
             for close in [
-                [FLAG_HABITS[token.split("=")[0]]]
-                if FLAG_HABITS.get(token.split("=")[0]) in flags
+                # A habit's flag where this command has it; none where it does not (never a
+                # merely similar flag: `ls --limit` suggested --timeout).
+                (
+                    [FLAG_HABITS[token.split("=")[0]]]
+                    if FLAG_HABITS[token.split("=")[0]] in flags
+                    else []
+                )
+                if token.split("=")[0] in FLAG_HABITS
                 else difflib.get_close_matches(token.split("=")[0], flags, n=1)
             ]
             if close

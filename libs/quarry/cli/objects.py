@@ -183,7 +183,10 @@ def rm(args: argparse.Namespace, ctx: Context) -> int:
         raise UsageError("name the paths to remove, or --recursive FOLDER")
     if args.recursive is not None:
         # PREFIX names a folder, as `quarry ls` shows it: `-r t` is `t/`, never also
-        # `tables/` and `tmp/` (safety: rm must not remove what the user did not name).
+        # `tables/` and `tmp/` (safety: rm must not remove what the user did not name; an
+        # empty FOLDER, an unset shell variable, would name the whole branch).
+        if not args.recursive.strip("/"):
+            raise UsageError("rm -r takes a FOLDER; to drop every change, `quarry discard`")
         folder = args.recursive
         if folder and not folder.endswith("/"):
             folder += "/"
@@ -461,30 +464,50 @@ def _get_folder(args: argparse.Namespace, ctx: Context) -> int:
     skipped and named, never resolved. Each file is written as _write_file writes one;
     the first failure stops the download (what was written stays, each file complete and
     checked)."""
+    import os
+
     folder = args.path
     if folder and not folder.endswith("/"):
         folder += "/"
     root = Path(args.output or ".")
     if args.output == "-":
         raise UsageError("get -r writes files: give a directory with -o DIR")
+    root.mkdir(parents=True, exist_ok=True)
+    real_root = os.path.realpath(root)
     written, total, skipped = 0, 0, []
     with ctx.progress("downloading", unit="objects") as bar:
         for entry in ctx.client.iter_objects(args.repo, args.ref, prefix=folder):
             relative = entry.path[len(folder) :]
             parts = relative.split("/")
             if any(part in ("", ".", "..") for part in parts):
-                skipped.append(entry.path)
+                skipped.append(f"{entry.path!r} (no file name)")
                 continue
             target = root.joinpath(*parts)
-            target.parent.mkdir(parents=True, exist_ok=True)
+            # Safety: a link inside DIR (to a directory or a file outside it) must not carry
+            # a write out of DIR: the resolved target stays below the resolved DIR.
+            real = os.path.realpath(target)
+            if os.path.commonpath([real_root, real]) != real_root:
+                skipped.append(f"{entry.path!r} (a link leads out of {root})")
+                continue
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):
+                skipped.append(f"{entry.path!r} (a file is where its folder would be)")
+                continue
+            if target.is_dir():
+                skipped.append(f"{entry.path!r} (a folder is where the file would be)")
+                continue
             _, size = _write_file(args, ctx, target, entry)
             written, total = written + 1, total + size
             bar.advance()
     if skipped:
-        shown = ", ".join(repr(p) for p in skipped[:10])
-        print(
-            f"quarry get: skipped {len(skipped)} objects whose paths are no file names: {shown}",
-            file=sys.stderr,
+        shown = ", ".join(skipped[:10]) + (f" and {len(skipped) - 10} more" if skipped[10:] else "")
+        print(f"quarry get: skipped {len(skipped)} objects: {shown}", file=sys.stderr)
+    if not written and not skipped:
+        raise CliError(
+            "NOTHING_TO_DOWNLOAD",
+            f"no object under {folder or '/'} at {args.repo}/{args.ref}",
+            "NOT_FOUND",
         )
     if ctx.json:
         output.print_json(

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from quarry.cli import output
 from quarry.cli.base import CliError, Context, Subparsers, UsageError, command, leaf
@@ -56,8 +57,7 @@ def presign(args: argparse.Namespace, ctx: Context) -> int:
         )
     ctx.client.stat_object(args.repo, args.ref, args.path)
     settings = ctx.settings
-    scheme = "https" if settings.tls_cert_file else "http"
-    endpoint = args.endpoint_url or f"{scheme}://{settings.s3_gateway_address}"
+    endpoint = args.endpoint_url or s3_gateway_url(settings)
     import boto3
 
     s3 = boto3.session.Session().client(
@@ -78,6 +78,13 @@ def presign(args: argparse.Namespace, ctx: Context) -> int:
     else:
         print(url)
     return 0
+
+
+def s3_gateway_url(settings: Any) -> str:
+    """The S3 gateway's URL as this CLI's settings name it: https when the suite serves TLS
+    (a server's certificate, or a client set up with the suite's CA as docs/tls.md shows)."""
+    tls = settings.tls_cert_file or settings.tls_ca_file
+    return f"{'https' if tls else 'http'}://{settings.s3_gateway_address}"
 
 
 def register_cp(sub: Subparsers, common: argparse.ArgumentParser) -> None:
