@@ -292,9 +292,11 @@ def test_errors_print_one_line_without_traceback(suite, quarry, tmp_path):
 
     neither = quarry("diff", "any-repo", "main", expect=2)
     assert neither.stderr.startswith("quarry: USAGE: ")
-    # Usage errors stay argparse's (exit 2, usage on stderr).
-    usage = quarry("commit", "r", "b", expect=2)
-    assert "-m/--message" in usage.stderr
+    # Usage errors exit 2 and say what to give: argparse's, or the command's own.
+    usage = quarry("log", "r", expect=2)
+    assert "the following arguments are required: REF" in usage.stderr
+    message = quarry("commit", "r", "b", expect=2)
+    assert message.stderr.startswith("quarry: USAGE: ") and "-m MESSAGE" in message.stderr
 
 
 def test_merge_conflict_revert_and_cherry_pick(suite, quarry):
