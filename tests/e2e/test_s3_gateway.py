@@ -120,6 +120,13 @@ def test_put_get_head_with_metadata_ranges_and_conditions(s3, client):
     assert got["ContentType"] == "application/x-test"
     assert got["Metadata"] == {"owner": "team-a"}
     assert got["ETag"] == put["ETag"]
+    # A stored page opened in a browser runs sandboxed (no cookies for this host, whose
+    # other ports serve the console), never sniffed as another type.
+    sent = got["ResponseMetadata"]["HTTPHeaders"]
+    assert (sent["content-security-policy"], sent["x-content-type-options"]) == (
+        "sandbox",
+        "nosniff",
+    )
     # The gateway's write is an ordinary staged entry: what `quarry stat`/`cat` see.
     entry = client.stat_object(REPO, "dev", "objects/blob.bin")
     assert entry.size_bytes == len(body) and entry.checksum == md5.hex()

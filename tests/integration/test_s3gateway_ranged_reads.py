@@ -14,7 +14,13 @@ import uuid
 import pytest
 
 import quarry.blob
-from quarry.blob import CountingBlobStore, ObjectChanged, object_address, open_blob_store
+from quarry.blob import (
+    ChecksumMismatch,
+    CountingBlobStore,
+    ObjectChanged,
+    object_address,
+    open_blob_store,
+)
 from quarry.blob.s3 import S3BlobStore
 from quarry.s3gateway import operations as ops
 from quarry.s3gateway.errors import S3Error
@@ -189,8 +195,12 @@ def test_a_get_sends_the_entrys_object_or_fails(lake, client, suite, data, monke
 
     whole = get("unknown.bin")
     assert b"".join(whole.body) == data
-    assert "content-length" not in dict(whole.headers)
+    # A local file's own size stands for it (s3cmd and rclone need one); HEAD says the same.
+    length = dict(whole.headers).get("content-length")
+    assert length == (str(len(data)) if fetched is None else None)
     whole.close()
+    head = ops.head_object(ctx, _request("HEAD", repo, "main/unknown.bin", {}))
+    assert dict(head.headers).get("content-length") == length
     for path in ("shorter.bin", "longer.bin"):
         if fetched is None:  # local: the file's size is known before reading
             with pytest.raises(S3Error) as refused:
@@ -204,3 +214,56 @@ def test_a_get_sends_the_entrys_object_or_fails(lake, client, suite, data, monke
                 sent.append(chunk)
         response.close()
         assert sum(map(len, sent)) < SIZE - 1
+
+
+def test_a_range_reaching_the_objects_end_is_checked_as_the_whole_object(
+    lake, client, suite, data, monkeypatch
+):
+    """`aws s3 cp` fetches a large object's last part as a range, s3cmd and rclone resume a
+    cut download with `Range: bytes=N-`: an object changed in place (same size, the entry's
+    SHA-256 another) once came out whole and wrong. A range ending at the object's end is
+    read from the start, hashed, its last chunk held: it fails, a middle range is served."""
+    repo, fetched = lake
+    monkeypatch.undo()
+    namespace = client.get_repository(repo).storage_namespace
+    altered = bytes(reversed(data))
+    with open_blob_store(namespace, suite.settings) as store:
+        store.put("data/altered", altered)
+    client.put_object(
+        repo,
+        "main",
+        types_pb2.Entry(
+            path="altered.bin",
+            physical_address=object_address(namespace, "data/altered"),
+            size_bytes=len(data),
+            checksum=hashlib.sha256(data).hexdigest(),
+        ),
+    )
+    ctx = _context(client, suite)
+    for header in (f"bytes={SIZE - 100}-", f"bytes=0-{SIZE - 1}", "bytes=-5000"):
+        response = ops.get_object(ctx, _request("GET", repo, "main/altered.bin", {"range": header}))
+        sent = []
+        with pytest.raises(ChecksumMismatch):
+            for chunk in response.body:
+                sent.append(chunk)
+        response.close()
+        assert sum(map(len, sent)) < int(dict(response.headers)["content-length"]), header
+    middle = ops.get_object(ctx, _request("GET", repo, "main/altered.bin", {"range": "bytes=0-99"}))
+    assert b"".join(middle.body) == altered[:100]
+    middle.close()
+    # A small object fails before the answer starts: a clear error, not a cut body.
+    with open_blob_store(namespace, suite.settings) as store:
+        store.put("data/small", b"other bytes")
+    client.put_object(
+        repo,
+        "main",
+        types_pb2.Entry(
+            path="small.bin",
+            physical_address=object_address(namespace, "data/small"),
+            size_bytes=11,
+            checksum=hashlib.sha256(b"the bytes!!").hexdigest(),
+        ),
+    )
+    with pytest.raises(S3Error) as refused:
+        ops.get_object(ctx, _request("GET", repo, "main/small.bin", {}))
+    assert refused.value.status == 500

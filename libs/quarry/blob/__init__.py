@@ -244,6 +244,7 @@ def verified_chunks(
     size_bytes: int,
     checksum: str,
     chunk_bytes: int = STREAM_CHUNK_BYTES,
+    skip: int = 0,
 ) -> Iterator[bytes]:
     """The rest of `reader` in chunks of at most `chunk_bytes`, checked against the entry
     that points at it: its size when the entry records one (size_recorded), its SHA-256
@@ -253,7 +254,10 @@ def verified_chunks(
     Safety: a reader of these chunks never receives a whole object that is not the entry's:
     each chunk is handed on only once the next was read, and the last only after the count
     and hash matched, else ObjectChanged (DATA_LOSS) when the size differs — as soon as the
-    bytes pass the recorded size — or ChecksumMismatch (DATA_LOSS)."""
+    bytes pass the recorded size — or ChecksumMismatch (DATA_LOSS).
+
+    `skip`: the first bytes are read, counted and hashed but not handed on (a range that
+    ends at the object's end is checked as the whole object)."""
     recorded = size_recorded(size_bytes, checksum)
     digest = hashlib.sha256() if _SHA256_HEX.fullmatch(checksum) else None
     count = 0
@@ -264,6 +268,10 @@ def verified_chunks(
             break
         if digest is not None:
             digest.update(piece)
+        if count <= skip:
+            continue
+        if count - len(piece) < skip:
+            piece = piece[skip - (count - len(piece)) :]
         if held:
             yield held
         held = piece

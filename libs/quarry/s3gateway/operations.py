@@ -147,6 +147,11 @@ def _object_headers(entry: types_pb2.Entry) -> list[tuple[str, str]]:
         ("last-modified", xmlserde.http_date(_mtime(entry))),
         ("content-type", entry.content_type or "application/octet-stream"),
         ("accept-ranges", "bytes"),
+        # A stored HTML page opened in a browser (a presigned link) runs in a sandbox of
+        # its own origin: it cannot set cookies for this host, whose other ports serve the
+        # console (it could sign a user in as someone else), nor be read as another type.
+        ("content-security-policy", "sandbox"),
+        ("x-content-type-options", "nosniff"),
     ]
     headers += [(_META + k, v) for k, v in sorted(entry.metadata.items())]
     return headers
@@ -632,20 +637,42 @@ def head_object(ctx: Context, request: Request) -> Response:
     early = _preconditions(request, entry)
     if early is not None:
         return early
-    headers = _object_headers(entry) + [("content-length", str(entry.size_bytes))]
-    if _whole_part(request) and entry.size_bytes > 0:
-        size = entry.size_bytes
+    size: int | None = entry.size_bytes
+    if not size_recorded(entry.size_bytes, entry.checksum):
+        # As GET: a local file's own size for an entry that records none; else no length.
+        size = _stored_size(
+            ctx, entry, _confine(ctx, request.target.bucket, entry.physical_address)
+        )
+    headers = _object_headers(entry)
+    if size is None:
+        return Response(200, headers)
+    headers.append(("content-length", str(size)))
+    if _whole_part(request) and size > 0:
         return Response(206, headers + [("content-range", f"bytes 0-{size - 1}/{size}")])
     return Response(200, headers)
 
 
 def get_object(ctx: Context, request: Request) -> Response:
+    """An object, or a range of it. What is sent is checked against the entry as far as a
+    read can tell: a local file's size before any byte; the whole object, and any range
+    that ends at the object's end (how `aws s3 cp` fetches its last part, how s3cmd and
+    rclone resume), by size and SHA-256 as it is sent, the earlier bytes read and hashed
+    unsent, the last chunk held until they match (quarry.blob.verified_chunks). A client
+    then never completes a file of other bytes: its last part fails. An object of one or
+    two chunks fails before the answer starts, with a clear error."""
     entry = _stat(ctx, request)
     early = _preconditions(request, entry)
     if early is not None:
         return early
-    size = entry.size_bytes
-    known = size_recorded(size, entry.checksum)
+    confine = _confine(ctx, request.target.bucket, entry.physical_address)
+    size, checksum = entry.size_bytes, entry.checksum
+    if not size_recorded(size, checksum):
+        # An entry of unknown size (`quarry put --address` without --size): a local file's
+        # own size stands for it (HEAD says the same); an S3 object's is sent without one.
+        stored = _stored_size(ctx, entry, confine)
+        if stored is None:
+            return _unknown_size_object(ctx, entry, confine)
+        size, checksum = stored, ""
     headers = _apply_overrides(request, _object_headers(entry))
     wanted = _range(request.header("range"), size) if size > 0 else None
     if _whole_part(request) and size > 0:
@@ -657,51 +684,89 @@ def get_object(ctx: Context, request: Request) -> Response:
         status = 206
         headers.append(("content-range", f"bytes {first}-{last}/{size}"))
     length = max(0, last - first + 1)
-    if known:
-        # An entry of unknown size (0, no checksum: `quarry put --address` without --size)
-        # is sent whole without a length: its bytes, never an empty body.
-        headers.append(("content-length", str(length)))
-    # Only the range is read from the store (a seek, or a ranged GET of an S3 namespace); a
-    # whole object is read as one (a plain GET of an S3 namespace).
-    confine = _confine(ctx, request.target.bucket, entry.physical_address)
-    if wanted is None:
+    headers.append(("content-length", str(length)))
+    # Read from the start when what is sent ends at the object's end and a SHA-256 can check
+    # it; else only the range is read (a seek, or a ranged GET of an S3 namespace).
+    to_the_end = last == size - 1
+    checked = to_the_end and (wanted is None or _SHA256.fullmatch(checksum) is not None)
+    if checked:
         opened = open_object(entry.physical_address, ctx.settings, confine=confine)
     else:
         opened = open_object(entry.physical_address, ctx.settings, first, length, confine)
+    reader, close = _enter(opened)
+    try:
+        # A local file of another size: an error before any byte, not a body cut short.
+        check_stored_size(reader, entry.physical_address, size, checksum)
+        if checked:
+            body: Iterator[bytes] = verified_chunks(
+                reader, entry.physical_address, size, checksum, SEND_CHUNK, skip=first
+            )
+        else:
+            body = _exactly(reader, length, entry.physical_address)
+        return Response(status, headers, _primed(body), close=close)
+    except errors.QuarryError as exc:
+        close()
+        raise from_quarry(exc) from None
+    except BaseException:
+        close()
+        raise
+
+
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+
+
+def _enter(opened: Any) -> tuple[Any, Callable[[], None]]:
+    """An open_object context entered: (its reader, what closes it)."""
     try:
         reader = opened.__enter__()
     except ObjectNotFound:
         raise S3Error("NoSuchKey", "the object's bytes are missing from storage", 404) from None
     except errors.QuarryError as exc:
         raise from_quarry(exc) from None
+    return reader, lambda: opened.__exit__(None, None, None)
 
-    def close() -> None:
-        opened.__exit__(None, None, None)
 
+def _primed(body: Iterator[bytes]) -> Iterator[bytes]:
+    """`body` with its first chunk read now: a failure there (a small object's check) is
+    the answer's error, before its status and headers go out."""
+    first = next(body, None)
+    if first is None:
+        return iter(())
+    return itertools.chain((first,), body)
+
+
+def _exactly(reader: Any, length: int, address: str) -> Iterator[bytes]:
+    left = length
+    while left > 0:
+        piece = reader.read(min(SEND_CHUNK, left))
+        if not piece:
+            raise errors.DataLoss(  # the client sees a short body, never wrong bytes
+                f"the object at {address} ended {left} bytes early"
+            )
+        left -= len(piece)
+        yield piece
+
+
+def _stored_size(ctx: Context, entry: types_pb2.Entry, confine: Confinement | None) -> int | None:
+    """The stored object's size for an entry that records none: a local file's; None for an
+    object in S3 (a HEAD there per request is not worth it: it is sent without a length)."""
+    opened = open_object(entry.physical_address, ctx.settings, confine=confine)
+    reader, close = _enter(opened)
     try:
-        # A local file of another size: an error before any byte, not a body cut short.
-        check_stored_size(reader, entry.physical_address, size, entry.checksum)
-    except errors.QuarryError as exc:
+        fileno = reader.fileno()
+        return None if fileno is None else os.fstat(fileno).st_size
+    finally:
         close()
-        raise from_quarry(exc) from None
-    if wanted is None:
-        # The whole object, checked against its entry as it is sent (size, SHA-256): the
-        # client never receives all of a body that is not the entry's object.
-        body = verified_chunks(reader, entry.physical_address, size, entry.checksum, SEND_CHUNK)
-        return Response(status, headers, body, close=close)
 
-    def chunks() -> Iterator[bytes]:
-        left = length
-        while left > 0:
-            piece = reader.read(min(SEND_CHUNK, left))
-            if not piece:
-                raise errors.DataLoss(  # the client sees a short body, never wrong bytes
-                    f"the object at {entry.physical_address} ended {left} bytes early"
-                )
-            left -= len(piece)
-            yield piece
 
-    return Response(status, headers, chunks(), close=close)
+def _unknown_size_object(
+    ctx: Context, entry: types_pb2.Entry, confine: Confinement | None
+) -> Response:
+    """An entry of unknown size whose object is in S3: its bytes, without a length."""
+    opened = open_object(entry.physical_address, ctx.settings, confine=confine)
+    reader, close = _enter(opened)
+    body = verified_chunks(reader, entry.physical_address, 0, "", SEND_CHUNK)
+    return Response(200, _object_headers(entry), body, close=close)
 
 
 # ---- writing objects ----------------------------------------------------------------------
