@@ -1278,3 +1278,25 @@ def test_small_navigation_cases_of_a_repository_whose_default_branch_is_not_main
     assert tab.status == 303 and tab.header("location") == "/repos/trunked/changes?branch=trunk"
     folder = admin.get("/repos/trunked/objects?ref=trunk&prefix=dir%2F")
     assert re.search(r'<a href="[^"]*path=dir%2F">\./</a>', folder.text), folder.text
+
+
+def test_the_branches_page_asks_a_sensor_that_is_down_once(suite, admin, monkeypatch):
+    """Each row's staging counts come from the compactor-sensor: one quick attempt, and
+    none after a failure (a page of 50 branches waited out 50 calls' retries, minutes)."""
+    from quarry import errors
+    from quarry.client import Client
+
+    repo = _repo(suite, "sensor-down")
+    with suite.client() as client:
+        for i in range(4):
+            client.create_branch(repo, f"b{i}", "main")
+    asked = []
+
+    def down(self, repository, branch, *, quick=False):
+        asked.append(quick)
+        raise errors.Unavailable("the sensor is down")
+
+    monkeypatch.setattr(Client, "branch_staging_stats", down)
+    page = admin.get(f"/repos/{repo}/branches")
+    assert page.status == 200 and page.text.count("n/a") >= 5
+    assert asked == [True]

@@ -80,7 +80,7 @@ from quarry.client.token_cache import TokenCache
 
 # Client dials through this name (tests reach it as quarry.client.client.open_channel).
 from quarry.runtime.channels import open_channel
-from quarry.runtime.errors import from_rpc_error
+from quarry.runtime.errors import domain_errors, from_rpc_error
 from quarry.runtime.tls import ChannelSecurity, channel_security
 from quarry.v1 import (
     auth_pb2,
@@ -105,6 +105,10 @@ def rebuild_error(error: grpc.RpcError) -> errors.QuarryError:
 
 
 # ---- the client -------------------------------------------------------------------------
+
+
+# branch_staging_stats(quick=True): its one attempt's deadline.
+QUICK_STATS_SECONDS = 2.0
 
 
 class Client(BranchManagerCalls, CommitterCalls, AuthCalls):
@@ -257,14 +261,18 @@ class Client(BranchManagerCalls, CommitterCalls, AuthCalls):
             return self._cs_stub
 
     def branch_staging_stats(
-        self, repository: str, branch: str
+        self, repository: str, branch: str, *, quick: bool = False
     ) -> cs.GetBranchStagingStatsResponse:
         """The sensor's view of a branch: staged `.puts`, `.deletes` (tombstones),
-        `.sealed_tokens` and `.last_compaction` (start time; unset if never)."""
+        `.sealed_tokens` and `.last_compaction` (start time; unset if never). `quick`: one
+        attempt within QUICK_STATS_SECONDS (a page showing them beside other things must
+        not wait out the retries of a sensor that is down)."""
+        request = cs.GetBranchStagingStatsRequest(repository=repository, branch=branch)
+        if quick:
+            with domain_errors():
+                return self._cs.GetBranchStagingStats(request, timeout=QUICK_STATS_SECONDS)
         return self._unary(
-            self._cs.GetBranchStagingStats,
-            "CompactorSensor/GetBranchStagingStats",
-            cs.GetBranchStagingStatsRequest(repository=repository, branch=branch),
+            self._cs.GetBranchStagingStats, "CompactorSensor/GetBranchStagingStats", request
         )
 
     def compaction_candidates(self, page_size: int = 0) -> list[cs.CompactionCandidate]:

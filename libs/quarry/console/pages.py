@@ -11,7 +11,6 @@ pages are in quarry.console.admin."""
 
 from __future__ import annotations
 
-import contextlib
 import mimetypes
 import time
 from typing import Any
@@ -224,10 +223,17 @@ def _protected(rules: list[Any], branch: str) -> list[str]:
     return names
 
 
-def _staging(ctx: Context, repo: str, branch: str) -> Any:
-    with contextlib.suppress(errors.QuarryError):
-        return ctx.client.branch_staging_stats(repo, branch)
-    return None
+def _staging(ctx: Context, repo: str, branch: str, sensor: dict[str, bool]) -> Any:
+    """The sensor's counts of a branch, or None. One quick attempt, and none after a
+    failure (`sensor["down"]`): a page of 50 branches waited out every call's retries of a
+    sensor that was down (7 s each)."""
+    if sensor.get("down"):
+        return None
+    try:
+        return ctx.client.branch_staging_stats(repo, branch, quick=True)
+    except errors.QuarryError:
+        sensor["down"] = True
+        return None
 
 
 def branches(ctx: Context, params: dict[str, str]) -> Response:
@@ -237,12 +243,13 @@ def branches(ctx: Context, params: dict[str, str]) -> Response:
     )
     rules = _protection(ctx, repo.name)
     rows = []
+    sensor: dict[str, bool] = {}
     for branch in page.branches:
         rows.append(
             {
                 "branch": branch,
                 "dirty": maybe_dirty(branch) and ctx.client.has_uncommitted(repo.name, branch.name),
-                "stats": _staging(ctx, repo.name, branch.name),
+                "stats": _staging(ctx, repo.name, branch.name, sensor),
                 "protection": _protected(rules, branch.name),
                 "compacted": bool(branch.compacted_metarange_id),
             }
