@@ -701,6 +701,30 @@ def test_quarry_presign_and_cp_share_an_object(s3, gateway, client):
     assert client.stat_object(REPO, "dev", "shared/kept.csv").checksum == original.checksum
 
 
+def test_a_get_cut_by_its_check_is_logged_as_a_request_not_a_crash(s3, gateway, client, tmp_path):
+    """An object damaged in place (same size, the entry's SHA-256 another): the GET is cut
+    before its last chunk, and the gateway logs the request with the failure's status, no
+    'Exception in ASGI application' traceback."""
+    from botocore.exceptions import BotoCoreError
+
+    data = os.urandom(9 << 20)  # three of the gateway's 4 MiB send chunks
+    source = tmp_path / "damaged.bin"
+    source.write_bytes(data)
+    gateway.quarry("put", REPO, "dev", "cut/damaged.bin", "--from", str(source))
+    stored = client.stat_object(REPO, "dev", "cut/damaged.bin").physical_address
+    with open(stored, "r+b") as fh:
+        fh.seek(5 << 20)
+        fh.write(b"\0" * 16)
+    with pytest.raises((BotoCoreError, ClientError)):
+        s3.get_object(Bucket=REPO, Key="dev/cut/damaged.bin")["Body"].read()
+    wait_until(
+        lambda: "GetObject GET /lake/dev/cut/damaged.bin -> 500" in gateway.log.read_text(),
+        timeout=30,
+        what="the cut GET's request line",
+    )
+    assert "Exception in ASGI application" not in gateway.log.read_text()
+
+
 def test_a_user_without_write_permission_gets_access_denied_and_nothing_staged(gateway, client):
     client.create_user("viewer-s3")
     client.add_group_member("Viewers", "viewer-s3")

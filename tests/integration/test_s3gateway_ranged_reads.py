@@ -267,3 +267,5 @@ def test_a_range_reaching_the_objects_end_is_checked_as_the_whole_object(
     with pytest.raises(S3Error) as refused:
         ops.get_object(ctx, _request("GET", repo, "main/small.bin", {}))
     assert refused.value.status == 500
+    assert "retrying will not help" in refused.value.message  # not "try again"
+    assert namespace not in refused.value.message  # the server's storage stays its own

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -86,6 +87,7 @@ __all__ = [
     "open_blob_store",
     "open_object",
     "parse_storage_namespace",
+    "primed",
     "read_object",
     "size_recorded",
     "verified_chunks",
@@ -236,6 +238,15 @@ def _changed(
             "actual_size" if exact else "actual_size_at_least": str(actual),
         },
     )
+
+
+def primed(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """`chunks` with its first chunk read now: a failure there (a small object's check in
+    verified_chunks) is the caller's error before any answer starts, not a body cut off."""
+    first = next(chunks, None)
+    if first is None:
+        return iter(())
+    return itertools.chain((first,), chunks)
 
 
 def verified_chunks(

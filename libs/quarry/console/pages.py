@@ -23,6 +23,7 @@ from quarry.blob import (
     check_stored_size,
     confinement,
     open_object,
+    primed,
     size_recorded,
     verified_chunks,
 )
@@ -523,9 +524,20 @@ def download(ctx: Context, params: dict[str, str]) -> Response:
     # differs from the entry's fails the download (the connection ends before its last
     # bytes), never a saved file of other bytes. An entry whose size is unknown (0, no
     # checksum) is sent without a length: all of its bytes, not an empty file.
-    chunks = verified_chunks(
-        reader, entry.physical_address, entry.size_bytes, entry.checksum, DOWNLOAD_CHUNK_BYTES
-    )
+    try:
+        # A small object's check fails here: an error page, not a download cut at 0 bytes.
+        chunks = primed(
+            verified_chunks(
+                reader,
+                entry.physical_address,
+                entry.size_bytes,
+                entry.checksum,
+                DOWNLOAD_CHUNK_BYTES,
+            )
+        )
+    except BaseException:
+        _close(opened)
+        raise
     if size_recorded(entry.size_bytes, entry.checksum):
         headers.append(("content-length", str(entry.size_bytes)))
     return Response(200, headers, chunks, close=lambda: _close(opened))

@@ -456,9 +456,11 @@ class S3App:
     def _error(self, bridge: _Bridge, request: Request, error: S3Error) -> int:
         if bridge.started:
             # Headers are out: nothing to answer with but a cut connection (the client sees
-            # a short body, never a wrong one).
+            # a short body, never a wrong one). The answer is left unfinished: the server
+            # closes the connection (one line in its log, no traceback), and this request
+            # is logged, counted and traced with the failure's status as any other.
             log.warning("s3 %s failed mid-answer: %s", request.request_id, error.message)
-            raise ClientGone(error.message)
+            return error.status
         body = (
             b"" if request.method == "HEAD" else xmlserde.error_document(error, request.request_id)
         )

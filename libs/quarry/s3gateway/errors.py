@@ -85,6 +85,7 @@ _BY_REASON = {
 # Reasons whose message describes the server's own storage (local paths, bucket names):
 # logged by the gateway, never sent to an S3 client.
 _SERVER_SIDE = frozenset({"STORAGE_UNREACHABLE", "OBJECT_CHANGED", "CHECKSUM_MISMATCH"})
+_DAMAGED = frozenset({"OBJECT_CHANGED", "CHECKSUM_MISMATCH"})
 
 _BY_CODE = {
     "NOT_FOUND": ("NoSuchKey", 404),
@@ -111,5 +112,13 @@ def from_quarry(exc: errors.QuarryError, resource: str = "") -> S3Error:
     code, status = found
     if reason in _SERVER_SIDE:
         log.warning("s3: %s: %s", reason, exc.message)  # the operator's, not the client's
+        if reason in _DAMAGED:
+            return S3Error(
+                code,
+                f"{reason}: the stored bytes are not this object's; retrying will not help "
+                "(an operator must restore them)",
+                status,
+                resource,
+            )
         return S3Error(code, f"{reason}: the object store failed; try again", status, resource)
     return S3Error(code, f"{reason or code_name}: {exc.message}", status, resource)

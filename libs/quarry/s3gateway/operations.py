@@ -47,6 +47,7 @@ from quarry.blob import (
     open_blob_store,
     open_object,
     parse_storage_namespace,
+    primed,
     size_recorded,
     verified_chunks,
 )
@@ -703,7 +704,7 @@ def get_object(ctx: Context, request: Request) -> Response:
             )
         else:
             body = _exactly(reader, length, entry.physical_address)
-        return Response(status, headers, _primed(body), close=close)
+        return Response(status, headers, primed(body), close=close)
     except errors.QuarryError as exc:
         close()
         raise from_quarry(exc) from None
@@ -724,15 +725,6 @@ def _enter(opened: Any) -> tuple[Any, Callable[[], None]]:
     except errors.QuarryError as exc:
         raise from_quarry(exc) from None
     return reader, lambda: opened.__exit__(None, None, None)
-
-
-def _primed(body: Iterator[bytes]) -> Iterator[bytes]:
-    """`body` with its first chunk read now: a failure there (a small object's check) is
-    the answer's error, before its status and headers go out."""
-    first = next(body, None)
-    if first is None:
-        return iter(())
-    return itertools.chain((first,), body)
 
 
 def _exactly(reader: Any, length: int, address: str) -> Iterator[bytes]:
