@@ -45,6 +45,7 @@ from quarry.graveler.retry import DEFAULT_RETRY, RetryPolicy, cas_retry
 from quarry.kv import store as kv
 from quarry.kv.amortized import AmortizationStats, AmortizedStore
 from quarry.lru import LRUCache, TTLCache
+from quarry.runtime import deadlines
 from quarry.v1 import types_pb2
 
 M = TypeVar("M", bound=Message)
@@ -331,7 +332,12 @@ class RefManager(RefResolution):
         """The raw conditional write of a branch record; returns the new predicate. Only
         insert_branch and update_branch call it (tests may wrap it to stage races)."""
         data = layout.encode_branch(branch)
-        self.kv.set_if(repo.partition, layout.branch_key(branch.name), data, predicate)
+        deadlines.check()  # the last point to stop: a write not sent changes nothing
+        # Once sent, a branch write completes whatever the caller's deadline: cut in flight,
+        # it could land unanswered, a commit or merge that moved the branch reported failed
+        # (and its retry answered NO_CHANGES).
+        with deadlines.serving(None):
+            self.kv.set_if(repo.partition, layout.branch_key(branch.name), data, predicate)
         return data
 
     def insert_branch(self, repo: Repository, branch: types_pb2.Branch) -> bytes:
@@ -421,8 +427,10 @@ class RefManager(RefResolution):
 
     def delete_branch_if(self, repo: Repository, name: str, predicate: kv.Equals) -> None:
         """The raw compare-and-delete of a branch record. Only delete_branch calls it (tests
-        may wrap it to stage races)."""
-        self.kv.delete_if(repo.partition, layout.branch_key(name), predicate)
+        may wrap it to stage races). Once sent it completes, as set_branch_if."""
+        deadlines.check()
+        with deadlines.serving(None):
+            self.kv.delete_if(repo.partition, layout.branch_key(name), predicate)
 
     def list_branches(
         self, repo: Repository, after: str = "", limit: int = 100

@@ -280,8 +280,12 @@ class RequestLog:
             now = self._clock()
             record.updated_at_ms = int(now * 1000)
             value = layout.encode_request(record)
+            deadlines.check()  # the last point to stop: a claim not sent holds nothing
             try:
-                self.kv.set_if(partition, key, value, predicate)
+                # Once sent it completes (the caller's deadline cannot cut it in flight): a
+                # claim that landed unanswered held the id for the whole lease.
+                with deadlines.serving(None):
+                    self.kv.set_if(partition, key, value, predicate)
                 return _Claim(partition, key, value, record, now, threading.Lock())
             except kv.PredicateFailed:
                 pass

@@ -5,6 +5,7 @@ once; a lost answer is recovered by the Python client's own retry."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 
@@ -624,3 +625,81 @@ def test_a_commit_whose_deadline_passes_just_after_the_branch_moved_is_answered_
         answered = client.commit(repo, "main", "late", request_id=request.request_id)
     assert answered.commit.id == log_ids(stubs, repo)[0]
     assert answered.commit.message == "late" and uncommitted(stubs, repo) == []
+
+
+def test_a_branch_swap_whose_answer_is_lost_to_the_deadline_still_counts(
+    suite, repo, stubs, monkeypatch
+):
+    """The swap's KV write lands but its answer comes after the caller's deadline (a remote
+    KV store's latency): the commit moved the branch, so it must not be reported failed —
+    its retry with the same id was answered NO_CHANGES. A branch write, once sent, runs to
+    its own answer outside the caller's deadline (the last check is before it is sent)."""
+    import time
+
+    from quarry import errors
+    from quarry.graveler.commits import Commits
+    from quarry.kv.remote import RemoteStore
+    from quarry.runtime import deadlines
+
+    put(stubs, repo, "lost/a")
+    armed = threading.Event()
+    retire, set_if = Commits.retire, RemoteStore.set_if
+
+    def retire_armed(self, *args, **kwargs):
+        armed.set()
+        try:
+            return retire(self, *args, **kwargs)
+        finally:
+            armed.clear()
+
+    def set_if_answer_lost(self, partition, key, value, predicate):
+        result = set_if(self, partition, key, value, predicate)
+        call = deadlines.current()
+        if armed.is_set() and b"branch" in key and call is not None and call.deadline:
+            time.sleep(max(0.0, call.remaining() or 0.0) + 0.05)
+            raise errors.DeadlineExceeded("the write's answer came after the deadline")
+        return result
+
+    monkeypatch.setattr(Commits, "retire", retire_armed)
+    monkeypatch.setattr(RemoteStore, "set_if", set_if_answer_lost)
+    request = cm.CommitRequest(repository=repo, branch="main", message="lost", request_id=rid())
+    with contextlib.suppress(grpc.RpcError):  # its deadline may pass: the answer is the retry's
+        stubs.cm.Commit(request, timeout=2.0)
+    monkeypatch.undo()
+    with suite.client(retry=RetryPolicy(budget=10.0, max_attempts=0)) as client:
+        answered = client.commit(repo, "main", "lost", request_id=request.request_id)
+    assert answered.commit.id == log_ids(stubs, repo)[0] and answered.commit.message == "lost"
+    assert uncommitted(stubs, repo) == []
+
+
+def test_a_claim_whose_answer_is_lost_to_the_deadline_never_holds_the_id(
+    suite, repo, stubs, monkeypatch
+):
+    """The request-id claim lands but its answer comes after the caller's deadline: the id
+    stayed claimed for the whole lease (REQUEST_IN_PROGRESS for 30 s, nothing running).
+    The claim, once sent, runs to its own answer; the retry runs at once."""
+    import time
+
+    from quarry import errors
+    from quarry.kv.remote import RemoteStore
+    from quarry.runtime import deadlines
+
+    put(stubs, repo, "claimed/a")
+    set_if = RemoteStore.set_if
+
+    def set_if_answer_lost(self, partition, key, value, predicate):
+        result = set_if(self, partition, key, value, predicate)
+        call = deadlines.current()
+        if key.startswith(b"requests/") and call is not None and call.deadline:
+            time.sleep(max(0.0, call.remaining() or 0.0) + 0.05)
+            raise errors.DeadlineExceeded("the claim's answer came after the deadline")
+        return result
+
+    monkeypatch.setattr(RemoteStore, "set_if", set_if_answer_lost)
+    request = cm.CommitRequest(repository=repo, branch="main", message="c", request_id=rid())
+    with contextlib.suppress(grpc.RpcError):
+        stubs.cm.Commit(request, timeout=2.0)
+    monkeypatch.undo()
+    with suite.client(retry=RetryPolicy(budget=10.0, max_attempts=0)) as client:
+        answered = client.commit(repo, "main", "c", request_id=request.request_id)
+    assert answered.commit.id == log_ids(stubs, repo)[0]
