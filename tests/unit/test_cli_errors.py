@@ -36,5 +36,5 @@ def test_a_dependency_a_service_could_not_reach_is_not_blamed_on_the_users_conne
     between = REFUSED.replace("7402", "7405")
     error = unreachable(errors.Unavailable(between), services)
     assert error is not None and error.reason == "DEPENDENCY_UNREACHABLE"
-    assert "ipv4:127.0.0.1:7405" in error.message and "quarry doctor" in error.message
+    assert "ipv4:127.0.0.1:7405" in error.message and "its log says why" in error.message
     assert "Is Quarry running" not in error.message and "--" not in error.message

@@ -296,7 +296,8 @@ def unreachable(exc: errors.QuarryError, services: dict[str, str]) -> CliError |
         return CliError(
             "DEPENDENCY_UNREACHABLE",
             f"a Quarry service could not reach another one at {peer.group(0)} ({why}): it is "
-            "down or restarting. `quarry doctor` names which; retry once it is back",
+            "down or restarting. Check that the service on that port runs (its log says why "
+            "not), then retry",
             "UNAVAILABLE",
         )
     name, address = named[0] if len(named) == 1 else ("service", peer.group(0) if peer else "")

@@ -118,9 +118,10 @@ def serve_asgi(
             if self.should_exit:
                 return  # a second signal while draining: said once
             lifecycle.info(
-                "%s: signal %d, draining (grace %.1fs)",
+                "%s: %s, draining (grace %.1fs)",
                 service,
-                sig,
+                # A real signal has a frame; the lifeline's call has none (its supervisor went).
+                f"signal {sig}" if frame is not None else "its supervisor is gone",
                 settings.shutdown_grace_seconds,
             )
             super().handle_exit(sig, frame)

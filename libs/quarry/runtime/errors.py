@@ -110,8 +110,11 @@ def _abort(context: grpc.ServicerContext, exc: BaseException) -> None:
     if _cancelled_by_client(exc, context):
         # Not an incident: the client went away (cancelled, or its deadline passed) and gRPC
         # ended the call; reading its stream then raises. Nobody receives this status.
-        log.info("call cancelled by the client: %s", type(exc).__name__)
-        exc = errors.Cancelled("the client cancelled the call")
+        log.info(
+            "call cancelled (the client went away, or the server is stopping): %s",
+            type(exc).__name__,
+        )
+        exc = errors.Cancelled("the call was cancelled")
     status = to_status(exc) if isinstance(exc, errors.QuarryError) else _internal_status(exc)
     grpc_status = rpc_status.to_status(status)
     # The code and message set first: OpenTelemetry's server span takes the call's status

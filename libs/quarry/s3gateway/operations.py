@@ -1412,6 +1412,9 @@ def complete_multipart_upload(ctx: Context, request: Request) -> Response:
 
 def _remove_upload(store: BlobStore, upload_id: str) -> None:
     directory = _upload_dir(upload_id)
+    # Its record first: a Complete racing this one (a client's retry) then finds no upload
+    # (NoSuchUpload), never an upload whose parts are half gone (InvalidPart).
+    uploads.discard(store, directory + "upload.json")
     for info in list(store.list(directory)):
         key = (
             info.key if info.key.startswith(directory) else directory + info.key.rpartition("/")[2]
