@@ -201,6 +201,11 @@ def test_a_get_sends_the_entrys_object_or_fails(lake, client, suite, data, monke
     whole.close()
     head = ops.head_object(ctx, _request("HEAD", repo, "main/unknown.bin", {}))
     assert dict(head.headers).get("content-length") == length
+    # The listing says the same size (rclone compared a listed 0 with the bytes it got).
+    listed = ops.list_objects(
+        ctx, _request("GET", repo, "", {}, [("list-type", "2"), ("prefix", "main/unknown")])
+    )
+    assert f"<Size>{length or 0}</Size>".encode() in listed.body
     for path in ("shorter.bin", "longer.bin"):
         if fetched is None:  # local: the file's size is known before reading
             with pytest.raises(S3Error) as refused:

@@ -442,7 +442,7 @@ def list_objects(ctx: Context, request: Request) -> Response:
             ("Key", enc(entry.path)),
             ("LastModified", xmlserde.timestamp(_mtime(entry))),
             ("ETag", _etag(entry.checksum)),
-            ("Size", entry.size_bytes),
+            ("Size", _listed_size(ctx, request.target.bucket, entry)),
             ("StorageClass", "STANDARD"),
         ]
         for entry in page.keys
@@ -737,6 +737,19 @@ def _exactly(reader: Any, length: int, address: str) -> Iterator[bytes]:
             )
         left -= len(piece)
         yield piece
+
+
+def _listed_size(ctx: Context, bucket: str, entry: types_pb2.Entry) -> int:
+    """An entry's size in a listing: the recorded one; for an entry that records none, its
+    local file's, as GET and HEAD answer (rclone and s3cmd compare a listing's size with
+    what they download). 0 when that cannot be read (an S3 object, a file gone)."""
+    if size_recorded(entry.size_bytes, entry.checksum):
+        return entry.size_bytes
+    try:
+        stored = _stored_size(ctx, entry, _confine(ctx, bucket, entry.physical_address))
+    except (S3Error, errors.QuarryError):
+        return 0
+    return stored or 0
 
 
 def _stored_size(ctx: Context, entry: types_pb2.Entry, confine: Confinement | None) -> int | None:
