@@ -232,18 +232,23 @@ def test_a_range_reaching_the_objects_end_is_checked_as_the_whole_object(
     monkeypatch.undo()
     namespace = client.get_repository(repo).storage_namespace
     altered = bytes(reversed(data))
-    with open_blob_store(namespace, suite.settings) as store:
-        store.put("data/altered", altered)
-    client.put_object(
-        repo,
-        "main",
-        types_pb2.Entry(
-            path="altered.bin",
-            physical_address=object_address(namespace, "data/altered"),
-            size_bytes=len(data),
-            checksum=hashlib.sha256(data).hexdigest(),
-        ),
-    )
+
+    def stage_changed(path: str, stored: bytes, recorded: bytes) -> None:
+        """`stored` in the namespace, staged as an entry recording `recorded`'s SHA-256."""
+        with open_blob_store(namespace, suite.settings) as store:
+            store.put(f"data/{path}", stored)
+        client.put_object(
+            repo,
+            "main",
+            types_pb2.Entry(
+                path=path,
+                physical_address=object_address(namespace, f"data/{path}"),
+                size_bytes=len(recorded),
+                checksum=hashlib.sha256(recorded).hexdigest(),
+            ),
+        )
+
+    stage_changed("altered.bin", altered, data)
     ctx = _context(client, suite)
     for header in (f"bytes={SIZE - 100}-", f"bytes=0-{SIZE - 1}", "bytes=-5000"):
         response = ops.get_object(ctx, _request("GET", repo, "main/altered.bin", {"range": header}))
@@ -257,18 +262,7 @@ def test_a_range_reaching_the_objects_end_is_checked_as_the_whole_object(
     assert b"".join(middle.body) == altered[:100]
     middle.close()
     # A small object fails before the answer starts: a clear error, not a cut body.
-    with open_blob_store(namespace, suite.settings) as store:
-        store.put("data/small", b"other bytes")
-    client.put_object(
-        repo,
-        "main",
-        types_pb2.Entry(
-            path="small.bin",
-            physical_address=object_address(namespace, "data/small"),
-            size_bytes=11,
-            checksum=hashlib.sha256(b"the bytes!!").hexdigest(),
-        ),
-    )
+    stage_changed("small.bin", b"other bytes", b"the bytes!!")
     with pytest.raises(S3Error) as refused:
         ops.get_object(ctx, _request("GET", repo, "main/small.bin", {}))
     assert refused.value.status == 500

@@ -89,6 +89,7 @@ __all__ = [
     "parse_storage_namespace",
     "primed",
     "read_object",
+    "records_sha256",
     "size_recorded",
     "verified_chunks",
 ]
@@ -238,6 +239,11 @@ def _changed(
             "actual_size" if exact else "actual_size_at_least": str(actual),
         },
     )
+
+
+def records_sha256(checksum: str) -> bool:
+    """Whether an entry's checksum is a SHA-256 (what verified_chunks checks the bytes by)."""
+    return _SHA256_HEX.fullmatch(checksum) is not None
 
 
 def primed(chunks: Iterator[bytes]) -> Iterator[bytes]:

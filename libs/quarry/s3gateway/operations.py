@@ -48,6 +48,7 @@ from quarry.blob import (
     open_object,
     parse_storage_namespace,
     primed,
+    records_sha256,
     size_recorded,
     verified_chunks,
 )
@@ -689,7 +690,7 @@ def get_object(ctx: Context, request: Request) -> Response:
     # Read from the start when what is sent ends at the object's end and a SHA-256 can check
     # it; else only the range is read (a seek, or a ranged GET of an S3 namespace).
     to_the_end = last == size - 1
-    checked = to_the_end and (wanted is None or _SHA256.fullmatch(checksum) is not None)
+    checked = to_the_end and (wanted is None or records_sha256(checksum))
     if checked:
         opened = open_object(entry.physical_address, ctx.settings, confine=confine)
     else:
@@ -711,9 +712,6 @@ def get_object(ctx: Context, request: Request) -> Response:
     except BaseException:
         close()
         raise
-
-
-_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 
 
 def _enter(opened: Any) -> tuple[Any, Callable[[], None]]:
