@@ -199,6 +199,20 @@ def test_versioning_workflow_with_grpcurl(tmp_path):
             ).stdout
         )
         assert [c["message"] for c in log["commits"]] == ["first", "Repository created"]
+        # The log's filters as grpcurl sends them (JSON names, a Timestamp as RFC 3339).
+        for filters, expected in (
+            ({"prefixes": ["a/"]}, ["first"]),
+            ({"objects": ["a/b"]}, []),
+            ({"since": "2999-01-01T00:00:00Z"}, []),
+        ):
+            filtered = admin_grpcurl(
+                cm,
+                "quarry.v1.Committer/Log",
+                data={"repository": "demo", "ref": "main", **filters},
+            )
+            assert filtered.returncode == 0, filtered.stderr
+            commits = json.loads(filtered.stdout).get("commits", [])
+            assert [c["message"] for c in commits] == expected, filters
         missing = admin_grpcurl(
             bm,
             "quarry.v1.BranchManager/StatObject",
