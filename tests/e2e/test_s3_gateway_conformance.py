@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 import zlib
@@ -477,6 +478,7 @@ def test_the_branch_listing_pages(s3, client):
         "code": "OK",
     }
     before = REGISTRY.get_sample_value("quarry_rpc_requests_total", labels) or 0.0
+    started = time.monotonic()
     seen, token = [], None
     while True:
         extra = {"ContinuationToken": token} if token else {}
@@ -488,7 +490,10 @@ def test_the_branch_listing_pages(s3, client):
         token = page["NextContinuationToken"]
     assert seen == [f"{n}/" for n in names]
     listed = REGISTRY.get_sample_value("quarry_rpc_requests_total", labels) or 0.0
-    assert listed - before <= 1  # four pages, one read of the branches
+    # Four pages, one read of the branches per snapshot lifetime (the gateway's default
+    # cache, 10 s): on a machine slow enough to outlast it, one more read, never one per page.
+    snapshots = 1 + int((time.monotonic() - started) // 10)
+    assert listed - before <= snapshots
     seen, marker = [], ""
     while True:
         page = s3.list_objects(Bucket=REPO, Prefix="pg", Delimiter="/", MaxKeys=3, Marker=marker)
