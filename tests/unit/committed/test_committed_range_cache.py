@@ -147,15 +147,22 @@ def test_ranges_are_read_ahead_from_remote_stores_only(tmp_path, make_entry):
         manager.close()
 
 
-def test_the_caches_charged_bytes_are_gauges(tmp_path):
+def test_the_caches_charged_bytes_are_gauges(tmp_path, monkeypatch):
     """quarry_range_cache_bytes / quarry_metarange_cache_bytes: what an operator compares
     with the process's resident memory (docs/observability.md)."""
+    import weakref
+
     from prometheus_client import REGISTRY
 
+    from quarry.committed.cache_metrics import CACHE_BYTES
     from quarry.graveler.model import Entry
 
+    # The gauges sum every live loader of the process; other tests' loaders (collected
+    # between two reads, or still charging) must not move this test's sum.
+    monkeypatch.setattr(CACHE_BYTES, "loaders", weakref.WeakSet())
     manager = CommittedManager(LocalBlobStore, None)
     before = REGISTRY.get_sample_value("quarry_range_cache_bytes") or 0.0
+    assert before == 0.0
     entries = (Entry(f"p{i:05d}", f"s3://b/{i}", 1, f"c{i}") for i in range(2000))
     base = manager.write_metarange(str(tmp_path / "lake"), entries).metarange_id
     change = Entry("p00007", "s3://b/new", 1, "new")
