@@ -242,7 +242,9 @@ class Settings:
         "ranges share them. A process's resident memory settles at about twice what its "
         "caches charge plus ~150 MB (measured: ~810 MB with the defaults once they are "
         "full): size the pods' memory limits for that, per worker process "
-        "(quarry_range_cache_bytes beside process_resident_memory_bytes shows it). "
+        "(quarry_range_cache_bytes beside process_resident_memory_bytes shows it). In a "
+        "container with a memory limit, a service's processes shrink both caches (in "
+        "proportion, with a warning in the log) until they fit in three quarters of it. "
         "0 disables it.",
     )
     metarange_cache_bytes: int = _setting(
@@ -671,6 +673,44 @@ class Settings:
         configured: int = getattr(self, _attr(service, "workers"), 1)
         return configured if configured > 0 else usable_cores()
 
+    def cache_processes_of(self, service: str) -> int:
+        """How many processes of `service` keep memory caches of committed data in one
+        container (a pod): its worker processes, and the range-writer's span worker
+        processes beside it; 0 for a service that keeps none."""
+        if service == "range-writer":
+            return 1 + max(0, self.range_writer_processes)
+        return self.workers_of(service) if service in CACHE_SERVICES else 0
+
+    def caches_fitted(self, memory_limit: int | None, processes: int) -> tuple[Settings, str]:
+        """These settings with range_cache_bytes and metarange_cache_bytes scaled down (in
+        proportion) so that `processes` processes, each resident at about twice what its
+        caches charge plus RESIDENT_BASE_BYTES (measured; README: range_cache_bytes), stay
+        within MEMORY_LIMIT_SHARE of the container's memory limit; and why, for the log
+        ("" when they fit or there is no limit). The caches are a speed-up: a container
+        killed for its memory is an outage, so they shrink rather than the limit being
+        left to the kernel's OOM killer."""
+        wanted = self.range_cache_bytes + self.metarange_cache_bytes
+        if memory_limit is None or wanted <= 0 or processes <= 0:
+            return self, ""
+        share = memory_limit * MEMORY_LIMIT_SHARE / processes
+        allowed = max(0, int((share - RESIDENT_BASE_BYTES) / CACHE_RESIDENT_FACTOR))
+        if wanted <= allowed:
+            return self, ""
+        fitted = dataclasses.replace(
+            self,
+            range_cache_bytes=self.range_cache_bytes * allowed // wanted,
+            metarange_cache_bytes=self.metarange_cache_bytes * allowed // wanted,
+        )
+        reason = (
+            f"the memory caches (QUARRY_RANGE_CACHE_BYTES {_mib(self.range_cache_bytes)} + "
+            f"QUARRY_METARANGE_CACHE_BYTES {_mib(self.metarange_cache_bytes)} per process, "
+            f"{processes} process(es)) do not fit the container's memory limit of "
+            f"{_mib(memory_limit)}: using {_mib(fitted.range_cache_bytes)} + "
+            f"{_mib(fitted.metarange_cache_bytes)} per process; raise the memory limit (or "
+            "lower the worker count) for larger caches"
+        )
+        return fitted, reason
+
     def metrics_port_of(self, service: str) -> int:
         if self.metrics_base_port <= 0:
             return 0
@@ -786,6 +826,41 @@ def usable_cores() -> int:
     except (OSError, ValueError):
         pass  # no cgroup v2 limit readable: the affinity stands
     return cores
+
+
+# A process's resident memory settles at about CACHE_RESIDENT_FACTOR × what its memory
+# caches charge plus RESIDENT_BASE_BYTES (measured with the default sizes: ~810 MB; README,
+# range_cache_bytes). Settings.caches_fitted keeps the processes of a container within
+# MEMORY_LIMIT_SHARE of its limit: the rest is for a commit's or an import's working memory.
+CACHE_SERVICES = ("branch-manager", "committer", "range-writer")
+CACHE_RESIDENT_FACTOR = 2
+RESIDENT_BASE_BYTES = 150 * 1024 * 1024
+MEMORY_LIMIT_SHARE = 0.75
+# cgroup v2's memory.max, then cgroup v1's limit (which reads as about 2**63 when unlimited).
+MEMORY_LIMIT_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+UNLIMITED_MEMORY_BYTES = 1 << 60
+
+
+def container_memory_limit(files: tuple[str, ...] = MEMORY_LIMIT_FILES) -> int | None:
+    """The memory limit of this process's container (cgroup v2, else v1: a pod's
+    `resources.limits.memory`, `podman run --memory`), or None when there is none."""
+    for name in files:
+        try:
+            text = Path(name).read_text().strip()
+        except OSError:
+            continue  # not this cgroup version
+        if text == "max":
+            return None
+        try:
+            limit = int(text)
+        except ValueError:
+            return None
+        return limit if 0 < limit < UNLIMITED_MEMORY_BYTES else None
+    return None
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1024 * 1024):.0f} MiB"
 
 
 def setting_given(name: str, env: Mapping[str, str] | None = None) -> bool:

@@ -272,6 +272,18 @@ def test_kube_up_round_trip_and_down(image, tmp_path, client_auth):
             processes = podman("top", name, "args").stdout
             expected = 3 if client_auth else 1
             assert processes.count("serve s3-gateway") == expected, processes
+        # The branch-manager's and committer's pods: even one process with the default caches
+        # (resident ~2 × 320 MiB + 150 MiB once they fill) overshoots three quarters of the
+        # chart's 1 GiB limit, so each process fitted its caches to the limit it read from its
+        # cgroup, and said so (Settings.caches_fitted) — not OOM-killed later.
+        names = podman("ps", "--format", "{{.Names}}").stdout.split()
+        for suffix in ("-branch-manager", "-committer"):
+            pods = [n for n in names if n.startswith(release) and n.endswith(suffix)]
+            assert pods, names
+            for name in pods:
+                logged = podman("logs", name)
+                logs = logged.stdout + logged.stderr
+                assert "do not fit the container's memory limit of 1024 MiB" in logs, logs
         # The console's pod: a sign-in over HTTPS with the chart's CA (under mTLS presenting
         # the certificate) as the admin, whose session the chart's session key seals, then
         # the repositories page lists what the CLI made.

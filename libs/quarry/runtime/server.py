@@ -37,7 +37,7 @@ from grpc_reflection.v1alpha import reflection
 
 import quarry
 from quarry import errors, telemetry
-from quarry.config import Settings, port_taken
+from quarry.config import Settings, container_memory_limit, port_taken
 from quarry.runtime.channels import MAX_MESSAGE_BYTES, open_channel
 from quarry.runtime.deadline_interceptor import DeadlineInterceptor
 from quarry.runtime.errors import RETRYABLE_CODES, ErrorInterceptor, from_rpc_error
@@ -550,6 +550,11 @@ def serve(
     stop_requested = threading.Event()
     # Started by `quarry up`: stop, as on SIGTERM, once it is gone (even killed outright).
     watch_lifeline(stop_requested.set)
+    settings, fitted = settings.caches_fitted(
+        container_memory_limit(), settings.cache_processes_of(service)
+    )
+    if fitted:
+        log.warning("%s: %s", service, fitted)
     spec = spec_factory(settings)
     if role is None:
         server, port = create_server(settings, spec)
