@@ -373,6 +373,79 @@ def test_one_denied_key_of_delete_objects_fails_only_itself(gateway, s3, client)
     assert _staged(client, "pub/") == [] and _staged(client, "secret/") == ["secret/d1"]
 
 
+# ---- the XML documents of DeleteObjects and CompleteMultipartUpload are what was signed --------
+
+
+def _delete_document(*keys: str) -> bytes:
+    objects = "".join(f"<Object><Key>{key}</Key></Object>" for key in keys)
+    return f"<Delete>{objects}</Delete>".encode()
+
+
+def test_a_delete_objects_request_replayed_with_another_body_deletes_nothing(
+    gateway, keys, s3, client
+):
+    """Safety rule: DeleteObjects acts only on the document its signer signed. Seen once (a
+    proxy, a debug log), a signed request resent with another document must not delete
+    what that document names, whether the signature covers the body's SHA-256 or only
+    carries its Content-MD5 or x-amz-checksum-*."""
+    for key in ("precious", "harmless"):
+        s3.put_object(Bucket=REPO, Key=f"main/replay/{key}", Body=b"keep")
+    harmless, forged = (
+        _delete_document("main/replay/harmless"),
+        _delete_document("main/replay/precious"),
+    )
+    md5 = base64.b64encode(hashlib.md5(harmless).digest()).decode()
+    unsigned = "UNSIGNED-PAYLOAD"
+    attempts = [
+        # (headers the signer signed, payload hash mode, the code the forged body gets)
+        ({}, hashlib.sha256(harmless).hexdigest(), "XAmzContentSHA256Mismatch"),
+        ({"Content-MD5": md5}, unsigned, "BadDigest"),
+        ({"x-amz-checksum-crc32": _checksum("crc32", harmless)}, unsigned, "BadDigest"),
+    ]
+    for signed, payload, code in attempts:
+        status, answer = _send(gateway, keys, "POST", "", forged, signed, payload, query="delete=")
+        assert status == 400 and f"<Code>{code}</Code>".encode() in answer, (signed, answer)
+        assert _staged(client, "replay/") == ["replay/harmless", "replay/precious"]
+    # What was signed is carried out: the harmless key goes, the precious one stays.
+    status, answer = _send(
+        gateway, keys, "POST", "", harmless, {"Content-MD5": md5}, query="delete="
+    )
+    assert status == 200 and b"<Key>main/replay/harmless</Key>" in answer, answer
+    assert _staged(client, "replay/") == ["replay/precious"]
+
+
+def test_a_complete_replayed_with_another_part_list_completes_nothing(gateway, keys, s3, client):
+    """A CompleteMultipartUpload signed for parts 1 and 2, resent naming part 2 alone, must
+    not stage an object of part 2. The whole object's x-amz-checksum-* a client sends with
+    a Complete is not the document's checksum: it does not refuse the document."""
+    key = "main/replay/assembled.bin"
+    upload = s3.create_multipart_upload(Bucket=REPO, Key=key)["UploadId"]
+    first, second = b"a" * (5 * 1024 * 1024), b"b" * 1000
+    etags = [
+        s3.upload_part(Bucket=REPO, Key=key, UploadId=upload, PartNumber=n, Body=body)["ETag"]
+        for n, body in ((1, first), (2, second))
+    ]
+
+    def document(*numbers: int) -> bytes:
+        parts = "".join(
+            f"<Part><PartNumber>{n}</PartNumber><ETag>{etags[n - 1]}</ETag></Part>" for n in numbers
+        )
+        return f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
+
+    signed_hash = hashlib.sha256(document(1, 2)).hexdigest()
+    query = f"uploadId={upload}"
+    status, answer = _send(
+        gateway, keys, "POST", key, document(2), payload=signed_hash, query=query
+    )
+    assert status == 400 and b"<Code>XAmzContentSHA256Mismatch</Code>" in answer, answer
+    assert _staged(client, "replay/assembled") == []
+    object_checksum = {"x-amz-checksum-crc32": _checksum("crc32", first + second)}
+    status, answer = _send(gateway, keys, "POST", key, document(1, 2), object_checksum, query=query)
+    assert status == 200 and b"<CompleteMultipartUploadResult" in answer, answer
+    got = s3.get_object(Bucket=REPO, Key=key)["Body"].read()
+    assert got == first + second
+
+
 # ---- multipart parts ---------------------------------------------------------------------------
 
 

@@ -120,7 +120,7 @@ def route(request: Request) -> tuple[str, Callable[..., Response], bool]:  # noq
             name = "ListObjectsV2" if request.param("list-type") == "2" else "ListObjects"
             return name, ops.list_objects, False
         if method == "POST" and request.has("delete"):
-            return "DeleteObjects", ops.delete_objects, False
+            return "DeleteObjects", ops.delete_objects, True
         raise not_implemented(f"{method} on a bucket")
     if method == "GET" and request.has("uploadId"):
         return "ListParts", ops.list_parts, False
@@ -151,7 +151,7 @@ def route(request: Request) -> tuple[str, Callable[..., Response], bool]:  # noq
         if request.has("uploads"):
             return "CreateMultipartUpload", ops.create_multipart_upload, False
         if request.has("uploadId"):
-            return "CompleteMultipartUpload", ops.complete_multipart_upload, False
+            return "CompleteMultipartUpload", ops.complete_multipart_upload, True
     raise not_implemented(f"{method} on an object")
 
 

@@ -814,6 +814,38 @@ def _check_body(
         raise S3Error("IncompleteBody", "the body is shorter than declared", 400)
 
 
+def _read_document(
+    ctx: Context, request: Request, signature: Any, *, checksum_is_the_body: bool
+) -> bytes:
+    """A request's XML document (DeleteObjects, CompleteMultipartUpload), checked as a
+    written object's body is (_check_body): the signed x-amz-content-sha256, Content-MD5
+    and, when `checksum_is_the_body`, an x-amz-checksum-* (on CompleteMultipartUpload that
+    header is the whole object's, not the document's). Safety rule: a document that is not
+    the one signed is never acted on — else one signed DeleteObjects seen in transit or in
+    a log, replayed with another body, deletes any key as its signer
+    (XAmzContentSHA256Mismatch / BadDigest)."""
+    if checksum_is_the_body:
+        read, finish = body_reader(request, ctx, signature)
+    else:
+        read, finish = request.read, lambda: None
+    parts: list[bytes] = []
+    total = 0
+    while chunk := read(65536):
+        total += len(chunk)
+        if total > MAX_XML_BODY:
+            raise S3Error("EntityTooLarge", "the request body is too large", 400)
+        parts.append(chunk)
+    document = b"".join(parts)
+    digests = uploads.Stored(
+        key="",
+        size=len(document),
+        md5=hashlib.md5(document).hexdigest(),
+        sha256=hashlib.sha256(document).hexdigest(),
+    )
+    _check_body(digests, finish, request, signature)
+    return document
+
+
 def _store_body(
     store: BlobStore,
     read: Callable[[int], bytes],
@@ -1101,9 +1133,10 @@ def _delete_keys(ctx: Context, bucket: str, branch: str, keys: list[str]) -> dic
     return failures
 
 
-def delete_objects(ctx: Context, request: Request) -> Response:
+def delete_objects(ctx: Context, request: Request, signature: Any) -> Response:
     bucket = request.target.bucket
-    document = xmlserde.parse(request.read_all(MAX_XML_BODY), "Delete")
+    body = _read_document(ctx, request, signature, checksum_is_the_body=True)
+    document = xmlserde.parse(body, "Delete")
     quiet = xmlserde.text(document, "Quiet").lower() == "true"
     objects = xmlserde.children(document, "Object")
     keys = [xmlserde.text(o, "Key") for o in objects]
@@ -1339,10 +1372,11 @@ def _listed_part_number(text: str) -> int:
     return int(text)
 
 
-def complete_multipart_upload(ctx: Context, request: Request) -> Response:
+def complete_multipart_upload(ctx: Context, request: Request, signature: Any) -> Response:
     bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
     upload_id = request.param("uploadId") or ""
-    document = xmlserde.parse(request.read_all(MAX_XML_BODY), "CompleteMultipartUpload")
+    body = _read_document(ctx, request, signature, checksum_is_the_body=False)
+    document = xmlserde.parse(body, "CompleteMultipartUpload")
     wanted = [
         (_listed_part_number(xmlserde.text(p, "PartNumber")), xmlserde.text(p, "ETag").strip('"'))
         for p in xmlserde.children(document, "Part")

@@ -37,19 +37,6 @@ class Request:
     def signed(self) -> SignedRequest:
         return SignedRequest(self.method, self.raw_path, self.query, self.headers)
 
-    def read_all(self, limit: int) -> bytes:
-        """A small body whole (XML documents); EntityTooLarge past `limit` bytes."""
-        from quarry.s3gateway.errors import S3Error
-
-        parts: list[bytes] = []
-        total = 0
-        while chunk := self.read(65536):
-            total += len(chunk)
-            if total > limit:
-                raise S3Error("EntityTooLarge", "the request body is too large", 400)
-            parts.append(chunk)
-        return b"".join(parts)
-
 
 @dataclass
 class Response:
