@@ -149,7 +149,8 @@ class Settings:
         "spreads connections over them), each a whole branch-manager with its own caches "
         "and threads, so a hot branch uses more than one core. 1: one process, no "
         "supervisor. 0: one per CPU core this process may use (its affinity and cgroup CPU "
-        "limit) — what `quarry up` and the Helm chart use unless this is set. Their metrics "
+        "limit), no more than its container's memory limit holds — what `quarry up` and the "
+        "Helm chart use unless this is set. Their metrics "
         "are summed on the one metrics port (README: multi-process serving).",
     )
     committer_workers: int = _setting(
@@ -668,10 +669,12 @@ class Settings:
 
     def workers_of(self, service: str) -> int:
         """How many worker processes serve `service` (quarry.runtime.workers): its
-        `*_workers` setting with 0 resolved to the usable cores; 1 for a service without
-        one."""
+        `*_workers` setting with 0 resolved to the usable cores, no more than fit the
+        container's memory limit (processes_that_fit); 1 for a service without one."""
         configured: int = getattr(self, _attr(service, "workers"), 1)
-        return configured if configured > 0 else usable_cores()
+        if configured > 0:
+            return configured
+        return min(usable_cores(), processes_that_fit(service, container_memory_limit()))
 
     def cache_processes_of(self, service: str) -> int:
         """How many processes of `service` keep memory caches of committed data in one
@@ -709,6 +712,12 @@ class Settings:
             f"{_mib(fitted.metarange_cache_bytes)} per process; raise the memory limit (or "
             "lower the worker count) for larger caches"
         )
+        if share < RESIDENT_BASE_BYTES:
+            reason += (
+                f". The {processes} processes alone need about "
+                f"{_mib(processes * RESIDENT_BASE_BYTES)} without caches: lower the worker "
+                "count, or the container will be killed for its memory"
+            )
         return fitted, reason
 
     def metrics_port_of(self, service: str) -> int:
@@ -836,6 +845,9 @@ CACHE_SERVICES = ("branch-manager", "committer", "range-writer")
 CACHE_RESIDENT_FACTOR = 2
 RESIDENT_BASE_BYTES = 150 * 1024 * 1024
 MEMORY_LIMIT_SHARE = 0.75
+# The smallest caches (range + metarange, charged) a worker counted "one per core" is given
+# room for: fewer workers with useful caches rather than many reading every range from disk.
+MIN_FITTED_CACHE_BYTES = 32 * 1024 * 1024
 # cgroup v2's memory.max, then cgroup v1's limit (which reads as about 2**63 when unlimited).
 MEMORY_LIMIT_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 UNLIMITED_MEMORY_BYTES = 1 << 60
@@ -857,6 +869,20 @@ def container_memory_limit(files: tuple[str, ...] = MEMORY_LIMIT_FILES) -> int |
             return None
         return limit if 0 < limit < UNLIMITED_MEMORY_BYTES else None
     return None
+
+
+def processes_that_fit(service: str, memory_limit: int | None) -> int:
+    """How many processes of `service` fit MEMORY_LIMIT_SHARE of a container's memory
+    limit, each with the base resident memory and, for a service that keeps caches, caches
+    of at least MIN_FITTED_CACHE_BYTES (at least 1; unbounded without a limit): the bound on
+    a worker count of 0 ("one per core"), which on a large node would otherwise start more
+    processes than the pod's memory holds."""
+    if memory_limit is None:
+        return 1 << 30
+    need = RESIDENT_BASE_BYTES
+    if service in CACHE_SERVICES:
+        need += CACHE_RESIDENT_FACTOR * MIN_FITTED_CACHE_BYTES
+    return max(1, int(memory_limit * MEMORY_LIMIT_SHARE // need))
 
 
 def _mib(size: int) -> str:

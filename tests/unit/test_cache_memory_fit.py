@@ -5,12 +5,17 @@ not fit a limit it read, or shrink caches when there is no limit."""
 
 from __future__ import annotations
 
+import pytest
+
+from quarry import config
 from quarry.config import (
     CACHE_RESIDENT_FACTOR,
     MEMORY_LIMIT_SHARE,
+    MIN_FITTED_CACHE_BYTES,
     RESIDENT_BASE_BYTES,
     container_memory_limit,
     load_settings,
+    processes_that_fit,
 )
 
 MIB = 1024 * 1024
@@ -56,6 +61,40 @@ def test_a_limit_too_small_for_the_processes_turns_the_caches_off():
     fitted, reason = defaults.caches_fitted(256 * MIB, 4)
     assert fitted.range_cache_bytes == fitted.metarange_cache_bytes == 0
     assert "using 0 MiB + 0 MiB" in reason
+    # Four processes need ~600 MiB without caches: the warning says the count is the problem.
+    assert "4 processes alone need about 600 MiB" in reason
+    _, roomy = defaults.caches_fitted(GIB, 4)
+    assert "alone need" not in roomy
+
+
+@pytest.mark.parametrize("cores", [2, 8, 64])
+def test_one_worker_per_core_is_bounded_by_the_memory_limit(monkeypatch, cores):
+    """`workers: 0` on a large node without a CPU limit: never more processes than the pod's
+    memory holds with the base memory and minimal caches each (the chart's 1 GiB
+    branch-manager on a 64-core node would otherwise start 64 and be OOM-killed)."""
+    monkeypatch.setattr(config, "usable_cores", lambda: cores)
+    auto = load_settings({"QUARRY_BRANCH_MANAGER_WORKERS": "0", "QUARRY_S3_GATEWAY_WORKERS": "0"})
+    monkeypatch.setattr(config, "container_memory_limit", lambda: GIB)
+    workers = auto.workers_of("branch-manager")
+    per_process = RESIDENT_BASE_BYTES + CACHE_RESIDENT_FACTOR * MIN_FITTED_CACHE_BYTES
+    assert 1 <= workers <= cores and workers * per_process <= MEMORY_LIMIT_SHARE * GIB
+    fitted, _ = auto.caches_fitted(GIB, workers)
+    charged = fitted.range_cache_bytes + fitted.metarange_cache_bytes
+    assert charged >= MIN_FITTED_CACHE_BYTES - 1  # each keeps useful caches
+    assert workers == min(cores, 3)  # 768 MiB / (150 + 64) MiB
+    # A service without caches needs the base memory only.
+    assert auto.workers_of("s3-gateway") == min(cores, 5)  # 768 / 150
+    # A count given explicitly is kept (and warned about by caches_fitted when too many).
+    explicit = load_settings({"QUARRY_BRANCH_MANAGER_WORKERS": "16"})
+    assert explicit.workers_of("branch-manager") == 16
+    # No limit: one per core.
+    monkeypatch.setattr(config, "container_memory_limit", lambda: None)
+    assert auto.workers_of("branch-manager") == cores
+
+
+def test_processes_that_fit_is_at_least_one():
+    assert processes_that_fit("branch-manager", 64 * MIB) == 1
+    assert processes_that_fit("branch-manager", None) >= 1 << 20
 
 
 def test_caches_turned_off_stay_off_and_need_no_fitting():
