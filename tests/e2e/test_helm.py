@@ -1315,6 +1315,30 @@ def test_notes_explain_grpcurl_via_port_forward():
     assert re.search(r"grpcurl -plaintext localhost:\d+ list", proc.stdout), proc.stdout
 
 
+@pytest.mark.parametrize("server_name", ["", "quarry.internal"])
+def test_notes_commands_continued_with_a_backslash_run_as_one(server_name):
+    """A shell line ending in `\\` continues on the next: a comment line there would end the
+    command (the S3 example's credentials would not reach `aws`)."""
+    proc = run_helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--dry-run=client",
+        "--set",
+        f"tls.serverName={server_name}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.split("NOTES:", 1)[1].splitlines()
+    continued = [i for i, line in enumerate(lines) if line.rstrip().endswith("\\")]
+    assert continued, lines
+    for i in continued:
+        assert lines[i + 1].strip() and not lines[i + 1].lstrip().startswith("#"), lines[i : i + 2]
+    aws = [ln for ln in lines if "aws --endpoint-url" in ln]
+    assert aws and (server_name or "localhost") in aws[0]
+
+
 def test_notes_mention_gc_when_enabled():
     def notes(*args):
         proc = run_helm(
@@ -2025,14 +2049,18 @@ def test_docs_cluster_values_render_where_the_doc_says(tmp_path):
         f"dynamodb://{dynamodb['table']}?region={dynamodb['region']}"
     )
     accounts = objects(docs, "ServiceAccount")
-    for service, expected in (
-        ("kv-gateway", dynamodb["serviceAccount"]["annotations"]),
-        ("range-writer", values["services"]["rangeWriter"]["serviceAccount"]["annotations"]),
-        ("branch-manager", values["services"]["branchManager"]["serviceAccount"]["annotations"]),
-        (S3_GATEWAY, values["services"]["s3Gateway"]["serviceAccount"]["annotations"]),
-    ):
+    assert (
+        accounts[full_name("kv-gateway")]["metadata"]["annotations"]
+        == (dynamodb["serviceAccount"]["annotations"])
+    )
+    # Every service that reads or writes objects has an identity for S3 in the doc's values
+    # (with IRSA and no node role, one without would be refused by S3).
+    for service in OBJECT_STORE_USERS:
+        key = re.sub(r"-(\w)", lambda m: m.group(1).upper(), service)  # range-writer: rangeWriter
+        expected = values["services"][key]["serviceAccount"]["annotations"]
+        assert expected.get("eks.amazonaws.com/role-arn"), service
         assert accounts[full_name(service)]["metadata"]["annotations"] == expected, service
-    for service in ("range-writer", "branch-manager", S3_GATEWAY):
+    for service in OBJECT_STORE_USERS:
         env = env_of(main_container(deployment(docs, service)))
         assert env["QUARRY_S3_REGION"]["value"] == values["objectStore"]["s3"]["region"]
         assert "QUARRY_S3_ENDPOINT_URL" not in env  # empty: AWS S3
