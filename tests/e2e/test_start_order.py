@@ -250,6 +250,37 @@ def test_services_started_before_the_kv_gateway_wait_for_it_and_follow_it(procs,
             assert "Traceback" not in procs.log(name)
 
 
+def test_setup_run_right_after_starting_the_services_waits_for_them(procs, tmp_path):
+    """docs/tls.md's order: `quarry serve ... &` lines, then `quarry setup` at once. Setup
+    waits for the branch-manager still starting instead of failing SERVICE_UNREACHABLE."""
+    env = {
+        k: v
+        for k, v in procs.env.items()
+        if k not in ("QUARRY_ACCESS_KEY_ID", "QUARRY_SECRET_ACCESS_KEY")
+    }
+    setup = subprocess.Popen(
+        [str(VENV_BIN / "quarry"), "setup"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # Nothing listens yet: a setup that did not wait would have exited by now.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            setup.wait(timeout=1.5)
+        assert setup.poll() is None, setup.communicate()
+        for name in SERVICES:
+            procs.start(name)
+        out, err = setup.communicate(timeout=60)
+    finally:
+        if setup.poll() is None:
+            setup.kill()
+    assert setup.returncode == 0, (out, err)
+    assert "Created admin user admin" in out
+    assert (procs.home / "credentials.json").is_file()
+
+
 def test_a_service_stops_within_its_grace_period_while_its_dependency_hangs(procs, tmp_path):
     """The kv-gateway is frozen (SIGSTOP: connections open, nothing answers — a network
     partition), a write is in flight and the dropper is polling: SIGTERM still ends

@@ -215,32 +215,18 @@ def _first_start_setup(settings: object, home: Path, wait_seconds: float = 30.0)
     """Once branch-manager is SERVING: the first admin and its credentials file, unless the
     file exists (quarry.cli.setup.first_start_setup). Never stops `quarry up`."""
     from quarry.cli.base import CLI_RETRY
-    from quarry.cli.setup import first_start_setup
+    from quarry.cli.setup import first_start_setup, wait_for_branch_manager
     from quarry.client import Client
     from quarry.client.credentials import credentials_path
-    from quarry.runtime.server import service_dependency
-    from quarry.runtime.tls import channel_security
 
     if credentials_path(home).exists():
         print(f"  credentials: {credentials_path(home)}")
         return
+    unreachable = wait_for_branch_manager(settings, wait_seconds)
+    if unreachable is not None:
+        print(f"  admin setup skipped: {unreachable.message}", file=sys.stderr)
+        return
     address = settings.branch_manager_address  # type: ignore[attr-defined]
-    branch_manager = service_dependency(
-        "branch-manager", address, security=channel_security(settings)
-    )
-    deadline = time.monotonic() + wait_seconds
-    try:
-        while True:
-            try:
-                branch_manager.probe(2.0)
-                break
-            except errors.QuarryError as exc:
-                if time.monotonic() > deadline:
-                    print(f"  admin setup skipped: {exc.message}", file=sys.stderr)
-                    return
-                time.sleep(0.2)
-    finally:
-        branch_manager.close()
     with Client(address, settings.committer_address, retry=CLI_RETRY) as client:  # type: ignore[attr-defined]
         first_start_setup(client, home)
 

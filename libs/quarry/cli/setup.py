@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import TextIO
 
@@ -20,6 +21,8 @@ from quarry.client import Client, Credentials, write_credentials
 from quarry.client.credentials import credentials_path
 
 ADMIN_EXISTS = "ADMIN_EXISTS"
+# How long `quarry setup` waits for a branch-manager that is still starting.
+SETUP_WAIT_SECONDS = 30.0
 
 
 def _stored_or_refuse(home: Path) -> Path:
@@ -94,9 +97,40 @@ def _credentials_from_environment() -> Credentials | None:
     return Credentials(key_id, secret) if key_id and secret else None
 
 
+def wait_for_branch_manager(settings: object, wait_seconds: float) -> errors.QuarryError | None:
+    """Wait until branch-manager answers its health check as SERVING, for at most
+    `wait_seconds`; None once it does, else why not. Setup is the first call made to
+    services started a moment before (`quarry up`, the docs' `quarry serve ... &` lines):
+    it waits for them rather than failing on a port not bound yet."""
+    from quarry.runtime.server import service_dependency
+    from quarry.runtime.tls import channel_security
+
+    branch_manager = service_dependency(
+        "branch-manager",
+        settings.branch_manager_address,  # type: ignore[attr-defined]
+        security=channel_security(settings),
+    )
+    deadline = time.monotonic() + wait_seconds
+    try:
+        while True:
+            try:
+                branch_manager.probe(2.0)
+                return None
+            except errors.QuarryError as exc:
+                if time.monotonic() > deadline:
+                    return exc
+                time.sleep(0.2)
+    finally:
+        branch_manager.close()
+
+
 @command
 def cmd_setup(args: argparse.Namespace, ctx: Context) -> int:
     home = Path(ctx.settings.home)
+    _stored_or_refuse(home)  # before any wait: nothing to wait for then
+    unreachable = wait_for_branch_manager(ctx.settings, SETUP_WAIT_SECONDS)
+    if unreachable is not None:
+        raise unreachable
     credentials = run_setup(
         ctx.client, home, args.user_id, args.access_key_id or "", args.secret_access_key or ""
     )
