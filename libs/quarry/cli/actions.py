@@ -44,7 +44,14 @@ def list_runs(args: argparse.Namespace, ctx: Context) -> int:
     output.table(
         ("RUN ID", "EVENT", "BRANCH", "STATUS", "START", "COMMIT"),
         [
-            (r.run_id, r.event, r.branch, r.status, _time(r.start_time), r.commit_id[:16])
+            (
+                r.run_id,
+                r.event,
+                r.branch,
+                r.status,
+                _time(r.start_time),
+                output.short_id(r.commit_id),
+            )
             for r in runs
         ],
     )
@@ -63,7 +70,7 @@ def show_run(args: argparse.Namespace, ctx: Context) -> int:
             ("event", run.event),
             ("branch", run.branch),
             ("ref", run.ref),
-            ("commit", run.commit_id),
+            ("commit", output.short_id(run.commit_id)),
             ("status", run.status),
             ("start", _time(run.start_time)),
             ("end", _time(run.end_time)),

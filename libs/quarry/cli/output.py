@@ -45,6 +45,8 @@ def _value(field: FieldDescriptor, value: Any) -> Any:
     if field.message_type is not None:  # TYPE_MESSAGE
         if field.message_type.full_name == "google.protobuf.Timestamp":
             return _timestamp_json(value)
+        if field.message_type.full_name == "google.protobuf.Duration":
+            return value.ToNanoseconds() / 1e9  # seconds, as the text output shows them
         return to_jsonable(value)
     if field.enum_type is not None:  # TYPE_ENUM
         enum_value = field.enum_type.values_by_number.get(value)
@@ -69,6 +71,7 @@ def enum_word(enum_type: EnumDescriptor, name: str) -> str:
 def to_jsonable(message: Message) -> dict[str, Any]:
     """Every field of a message (defaults included) as JSON-ready Python values,
     snake_case names, int64 as numbers, timestamps as RFC 3339 strings (null when unset),
+    durations as seconds (a number),
     enum values in the CLI's words (enum_word: `added`, `staging-write`)."""
     out: dict[str, Any] = {}
     for field in message.DESCRIPTOR.fields:

@@ -455,9 +455,18 @@ def test_runs_are_listed_and_shown_over_grpc_and_the_cli(suite, client, repo, ho
     assert main(["actions", "runs", "list", repo, "--commit", commit.id, *targets]) == 0
     out = capsys.readouterr().out
     assert on_commit.run_id in out and "post-commit" in out
+    # Commit ids as everywhere in the CLI: 12 characters, whole with --full.
+    assert f" {commit.id[:12]}\n" in out and commit.id[:13] not in out
+    assert main(["actions", "runs", "list", repo, "--commit", commit.id, "--full", *targets]) == 0
+    assert commit.id in capsys.readouterr().out
     assert main(["actions", "runs", "show", repo, on_commit.run_id, *targets]) == 0
     out = capsys.readouterr().out
     assert "answer from /ok" in out and "passed" in out
+    # --json: a hook's duration in seconds (a number), as the text shows it.
+    assert main(["actions", "runs", "show", repo, on_commit.run_id, "--json", *targets]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["commit_id"] == commit.id
+    assert all(isinstance(h["duration"], float) and h["duration"] >= 0 for h in shown["hooks"])
 
 
 # ---- observability -------------------------------------------------------------------------
