@@ -832,6 +832,14 @@ def test_rm_recursive_removes_the_folder_named_never_its_lookalike_siblings(
     assert json.loads(out) == {"removed": 2, "requested": 2}
     left = json.loads(quarry("ls", "folders", "main", "--recursive", "--json").stdout)
     assert sorted(e["path"] for e in left["entries"]) == ["t", "tables/x", "tmp/z"]
+    # -r is a switch, as in `ls -r`, `get -r` and git: the habit's order `rm -r REPO BRANCH
+    # FOLDER...` (it once took REPO for the folder and BRANCH for the repository), and
+    # several folders at once.
+    assert "FOLDER" in quarry("rm", "-r", "folders", "main", expect=2).stderr.decode()
+    out = quarry("rm", "-r", "folders", "main", "tables", "tmp/", "--json").stdout
+    assert json.loads(out) == {"removed": 2, "requested": 2}
+    left = json.loads(quarry("ls", "folders", "main", "--recursive", "--json").stdout)
+    assert [e["path"] for e in left["entries"]] == ["t"]
 
 
 def test_put_from_a_directory_names_what_it_skips(suite, quarry, tmp_path):

@@ -364,23 +364,12 @@ def _print_help(parser: argparse.ArgumentParser, words: list[str]) -> int:
     return 0
 
 
-URI_SCHEME = "quarry://"
-# Commands whose later URIs name other refs of the repository (REF [PATH] each).
-MULTI_REF_COMMANDS = frozenset({"quarry diff", "quarry merge", "quarry cp"})
-# Commands whose URI path is a prefix option rather than a positional.
-PATH_OPTIONS = {"quarry diff": "--prefix", "quarry log": "--prefix"}
-# Option values that are folders of the URI's ref (`rm -r quarry://R/B/folder`).
-FOLDER_METAVARS = frozenset({"FOLDER"})
-
-
-def expand_uris(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
-    """`quarry://REPO/REF[/PATH]` where a command takes REPO REF [PATH] (lakectl's
-    `lakefs://` habit): the first URI stands for REPO REF [PATH]; a later one names the
-    same repository, and for diff, merge and cp another REF [PATH], for every other command
-    the same REF and another PATH (`rm quarry://R/dev/a quarry://R/main/b` is refused: it
-    once removed b from dev). A URI as a folder option's value (`rm -r quarry://R/B/dir`)
-    gives the folder, and REPO REF. Any other option's value (a message, `import --to`)
-    stays as given. ValueError for a URI that names no REF, or another repository or ref."""
+def switches_first(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """The command's switches (options that take no value) moved ahead of its positionals:
+    `rm REPO BRANCH -r FOLDER` as `rm -r REPO BRANCH FOLDER`. argparse fills every
+    positional from the first run of them, so a list (`PATH...`) or an optional one
+    (`ls`'s PREFIX) after a switch was refused as unrecognized. Options that take a value,
+    and everything after `--`, stay where they are."""
     sub: argparse.ArgumentParser = parser
     words = 0
     for token in argv:
@@ -388,24 +377,51 @@ def expand_uris(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
         if token not in commands:
             break
         sub, words = commands[token], words + 1
+    switches = {
+        option for action in sub._actions for option in action.option_strings if action.nargs == 0
+    }
+    rest = argv[words:]
+    end = rest.index("--") if "--" in rest else len(rest)
+    moved = [token for token in rest[:end] if token in switches]
+    if not moved:
+        return argv
+    kept = [token for token in rest[:end] if token not in switches]
+    return argv[:words] + moved + kept + rest[end:]
+
+
+URI_SCHEME = "quarry://"
+# Commands whose later URIs name other refs of the repository (REF [PATH] each).
+MULTI_REF_COMMANDS = frozenset({"quarry diff", "quarry merge", "quarry cp"})
+# Commands whose URI path is a prefix option rather than a positional.
+PATH_OPTIONS = {"quarry diff": "--prefix", "quarry log": "--prefix"}
+
+
+def expand_uris(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """`quarry://REPO/REF[/PATH]` where a command takes REPO REF [PATH] (lakectl's
+    `lakefs://` habit): the first URI stands for REPO REF [PATH]; a later one names the
+    same repository, and for diff, merge and cp another REF [PATH], for every other command
+    the same REF and another PATH (`rm quarry://R/dev/a quarry://R/main/b` is refused: it
+    once removed b from dev). An option's value (a message, `import --to`) stays as given.
+    ValueError for a URI that names no REF, or another repository or ref."""
+    sub: argparse.ArgumentParser = parser
+    for token in argv:
+        commands = sub._commands() if isinstance(sub, QuarryParser) else {}
+        if token not in commands:
+            break
+        sub = commands[token]
     command = str(sub.get_default("command_name") or "")
     takes_value = {
-        option: action
-        for action in sub._actions
-        for option in action.option_strings
-        if action.nargs != 0
+        option for action in sub._actions for option in action.option_strings if action.nargs != 0
     }
     out: list[str] = []
     first: tuple[str, str] | None = None
-    positional_first = False
     prefix = ""
     for index, token in enumerate(argv):
         previous = argv[index - 1] if index else ""
         if not token.startswith(URI_SCHEME):
             out.append(token)
             continue
-        option = takes_value.get(previous)
-        if option is not None and option.metavar not in FOLDER_METAVARS:
+        if previous in takes_value:
             out.append(token)  # an option's own value: as given
             continue
         repo, _, rest = token[len(URI_SCHEME) :].partition("/")
@@ -414,14 +430,8 @@ def expand_uris(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
             raise ValueError(f"{token!r}: a URI is quarry://REPO/REF[/PATH]")
         if first is not None and repo != first[0]:
             raise ValueError(f"{token!r} names repository {repo!r}; the first URI {first[0]!r}")
-        if option is not None:  # a folder option's value
-            if first is not None and ref != first[1]:
-                raise ValueError(f"{token!r} names ref {ref!r}; the first URI {first[1]!r}")
-            first = first or (repo, ref)
-            out.append(path)
-            continue
         if first is None:
-            first, positional_first = (repo, ref), True
+            first = (repo, ref)
             out += [repo, ref]
         elif command in MULTI_REF_COMMANDS:
             out.append(ref)
@@ -436,8 +446,6 @@ def expand_uris(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
             prefix = path
         elif path:
             out.append(path)
-    if first is not None and not positional_first:
-        out[words:words] = list(first)  # REPO REF of a folder option's URI
     if prefix:
         out += [PATH_OPTIONS[command], prefix]
     return out
@@ -460,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
             argv = expand_uris(argv, parser)
         except ValueError as exc:
             parser.error(str(exc))
+        argv = switches_first(argv, parser)
     QuarryParser.json_errors = "--json" in QuarryParser.argv
     if not argv or argv[0] == "help":  # `quarry`, `quarry help [COMMAND]`: git's habits
         return _print_help(parser, argv[1:])

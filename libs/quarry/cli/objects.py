@@ -178,22 +178,22 @@ def register_put(sub: Subparsers, common: argparse.ArgumentParser) -> None:
 @command
 def rm(args: argparse.Namespace, ctx: Context) -> int:
     client = ctx.client
-    paths = list(args.paths)
-    if args.recursive is None and not paths:
-        raise UsageError("name the paths to remove, or --recursive FOLDER")
-    if args.recursive is not None:
-        # PREFIX names a folder, as `quarry ls` shows it: `-r t` is `t/`, never also
+    if not args.paths:
+        raise UsageError("name the FOLDERs to remove" if args.recursive else "name the paths")
+    if args.recursive:
+        # Each PATH names a folder, as `quarry ls` shows it: `-r t` is `t/`, never also
         # `tables/` and `tmp/` (safety: rm must not remove what the user did not name; an
         # empty FOLDER, an unset shell variable, would name the whole branch).
-        if not args.recursive.strip("/"):
+        if any(not folder.strip("/") for folder in args.paths):
             raise UsageError("rm -r takes a FOLDER; to drop every change, `quarry discard`")
-        folder = args.recursive
-        if folder and not folder.endswith("/"):
-            folder += "/"
+        paths: list[str] = []
         with ctx.progress("listing", unit="objects") as bar:
-            for entry in client.iter_objects(args.repo, args.branch, prefix=folder):
-                paths.append(entry.path)
-                bar.advance()
+            for folder in dict.fromkeys(f if f.endswith("/") else f + "/" for f in args.paths):
+                for entry in client.iter_objects(args.repo, args.branch, prefix=folder):
+                    paths.append(entry.path)
+                    bar.advance()
+    else:
+        paths = list(args.paths)
     requested = len(set(paths))
     if not paths:
         deleted = 0
@@ -218,8 +218,9 @@ def register_rm(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--recursive",
         "-r",
-        metavar="FOLDER",
-        help="remove every object under FOLDER (`data` is the folder `data/`: never `data_raw/`)",
+        action="store_true",
+        help="each PATH is a FOLDER: remove every object under it (`data` is the folder "
+        "`data/`: never `data_raw/`)",
     )
     progress_option(p)
 
