@@ -1300,6 +1300,10 @@ def test_notes_explain_grpcurl_via_port_forward():
     assert f"get secret {RELEASE}-tls" in notes
     assert "grpc.health.v1.Health/Check" in notes
     assert "Garbage collection" not in notes
+    # The console is a web page, not one of the gRPC services grpcurl reaches.
+    grpc_part = notes.split("The same works for every gRPC service", 1)[1].split("\n\n", 1)[0]
+    assert f"svc/{RELEASE}-{CONSOLE} " not in grpc_part
+    assert "https://localhost:7407/ in a browser" in notes
     # How to use the bootstrapped admin's credentials, without printing them.
     assert f"get secret {RELEASE}-admin" in notes and "QUARRY_SECRET_ACCESS_KEY=$(" in notes
     proc = run_helm(
