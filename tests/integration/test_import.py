@@ -212,6 +212,7 @@ def test_several_sources_into_several_paths_and_s3(
         "lake/t/sub/d\u00e9j\u00e0 vu.csv": b"csv",
         "lake/t/zero": b"",
         "lake/t/folder/": b"",  # a "folder marker": no object of the lake, skipped
+        "lake/t/x%2F..%2Fy": b"",  # a `..` once decoded: no reader serves it, skipped
         "lake/other/not-imported": b"no",
     }
     for key, data in keys.items():
@@ -227,7 +228,7 @@ def test_several_sources_into_several_paths_and_s3(
         ).id,
     )
     assert status.state == COMPLETED, status.error
-    assert status.objects_skipped == 1
+    assert status.objects_skipped == 2
     objects = listing(client, repo, "main")
     assert sorted(objects) == [
         "files/one",
@@ -597,13 +598,19 @@ def test_the_listing_skips_what_no_address_reads_back(tmp_path):
     (root / "dir\x7f" / "f").write_bytes(b"y")
     (root / "dir\x7f" / "sub" / "g").write_bytes(b"z")
     os.symlink(root / "ok" / "a", root / "link")
+    # Percent-encoded dots read as `..` / `.` segments to every reader: skipped too; a
+    # plain percent sign is a name like any other.
+    (root / "%2e%2e").write_bytes(b"d")
+    (root / "%2E").mkdir()
+    (root / "%2E" / "h").write_bytes(b"h")
+    (root / "ok" / "100%").write_bytes(b"p")
     listing = Listing(parse_source(str(root)))
     listed = list(listing)
-    assert [obj.key for obj in listed] == ["ok/a"]
-    assert listing.skipped == 4  # bad\x01name, dir\x7f/f, dir\x7f/sub/g, link
+    assert [obj.key for obj in listed] == ["ok/100%", "ok/a"]
+    assert listing.skipped == 6  # bad\x01name, dir\x7f/f, dir\x7f/sub/g, link, %2e%2e, %2E/h
     stat = os.stat(root / "ok" / "a")
-    assert listed[0].address == str(root / "ok" / "a")
-    assert (listed[0].size, listed[0].mtime_us) == (1, stat.st_mtime_ns // 1000)
+    assert listed[1].address == str(root / "ok" / "a")
+    assert (listed[1].size, listed[1].mtime_us) == (1, stat.st_mtime_ns // 1000)
 
 
 def test_a_committer_stopping_mid_import_ends_it_cancelled_at_once(tmp_path, monkeypatch):

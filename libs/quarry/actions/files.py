@@ -52,6 +52,14 @@ ENV_REFERENCE = re.compile(r"\{\{\s*ENV\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 ENV_PREFIX = "QUARRYACTION_"
 
 
+# An action file is a few lines of YAML; anyone who may commit can write one, and it is
+# parsed on every event of its branch: past this size it is refused unread (a large or
+# alias-amplified document would cost the committer seconds and hundreds of MB each time).
+MAX_ACTION_FILE_BYTES = 64 * 1024
+# An HTTP header name (RFC 9110 token): anything else http.client refuses at send time.
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
+
+
 class InvalidActionFile(errors.FailedPrecondition):
     """An action file that does not parse or validate: the pre-event it would gate fails."""
 
@@ -103,7 +111,15 @@ def _line_loader() -> type:
     import yaml
 
     class Lines(yaml.SafeLoader):
-        pass
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            # No aliases (*name): each would be a copy of its anchor's tree, and nested
+            # ones multiply ("billion laughs") — nothing an action file needs.
+            if self.check_event(yaml.events.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(
+                    None, None, "aliases (*name) are not allowed in an action file", mark
+                )
+            return super().compose_node(parent, index)
 
     def mapping_with_line(loader: Lines, node: yaml.MappingNode) -> dict[str, Any]:
         mapping = loader.construct_mapping(node, deep=True)
@@ -117,6 +133,9 @@ def _line_loader() -> type:
 def parse(path: str, data: bytes) -> Action:
     """One action file → an Action; InvalidActionFile naming the file and line otherwise."""
     import yaml  # here, not at the top: most processes never read an action file
+
+    if len(data) > MAX_ACTION_FILE_BYTES:
+        raise too_large(path, len(data))
 
     try:
         doc = yaml.load(data, Loader=_line_loader())
@@ -183,32 +202,59 @@ def parse(path: str, data: bytes) -> Action:
     return Action(name, path, events, tuple(hooks))
 
 
+def too_large(path: str, size: int) -> InvalidActionFile:
+    return _fail(path, f"{size} bytes; an action file has at most {MAX_ACTION_FILE_BYTES}")
+
+
+def _check_url(path: str, hook_id: str, url: Any, line: int | None) -> None:
+    """An http(s) URL with a host and a valid port (the guard, quarry.actions.webhook,
+    decides at call time where it may go)."""
+    import urllib.parse
+
+    bad = _fail(path, f"hook {hook_id!r}: `properties.url` must be an http(s) URL", line)
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise bad
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 — raises ValueError for a port out of range or not a number
+    except ValueError as exc:
+        raise _fail(path, f"hook {hook_id!r}: bad URL {url!r} ({exc})", line) from None
+    if not parts.hostname:
+        raise bad
+
+
 def _check_webhook_properties(
     path: str, hook_id: str, properties: dict[str, Any], line: int | None
 ) -> None:
-    url = properties.get("url")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise _fail(path, f"hook {hook_id!r}: `properties.url` must be an http(s) URL", line)
+    _check_url(path, hook_id, properties.get("url"), line)
     timeout = properties.get("timeout")
     if timeout is not None and parse_duration(timeout) is None:
         raise _fail(path, f"hook {hook_id!r}: bad timeout {timeout!r} (e.g. 30s, 2m, 1.5)", line)
-    query = properties.get("query_params") or {}
-    if not isinstance(query, dict):
-        raise _fail(path, f"hook {hook_id!r}: `query_params` must be a mapping", line)
+    for key in ("headers", "query_params"):
+        mapping = properties.get(key) or {}
+        if not isinstance(mapping, dict):
+            raise _fail(path, f"hook {hook_id!r}: `{key}` must be a mapping", line)
+        for name, value in mapping.items():
+            if not isinstance(value, str | int | float) or isinstance(value, bool):
+                raise _fail(path, f"hook {hook_id!r}: `{key}.{name}` must be a string", line)
+            if key == "headers" and not (isinstance(name, str) and _HEADER_NAME.match(name)):
+                raise _fail(path, f"hook {hook_id!r}: {name!r} is not an HTTP header name", line)
     for key in ("secret", "headers", "query_params"):
         value = properties.get(key)
         texts = value.values() if isinstance(value, dict) else [value]
         for text in texts:
-            if not isinstance(text, str) or not text:
+            if text is None or text == "":
                 continue
-            if key != "query_params" and not ENV_REFERENCE.fullmatch(text.strip()):
+            if key != "query_params" and not (
+                isinstance(text, str) and ENV_REFERENCE.fullmatch(text.strip())
+            ):
                 raise _fail(
                     path,
                     f"hook {hook_id!r}: `{key}` values must be environment references "
                     f"like {{{{ ENV.{ENV_PREFIX}NAME }}}}, never literal secrets",
                     line,
                 )
-            for name in ENV_REFERENCE.findall(text):
+            for name in ENV_REFERENCE.findall(str(text)):
                 if not name.startswith(ENV_PREFIX):
                     raise _fail(path, f"hook {hook_id!r}: {_outside_prefix(name)}", line)
 

@@ -120,16 +120,15 @@ class Actions:
         allowed_hosts: Iterable[str] = ("loopback",),
         max_timeout_seconds: float = 300.0,
         environ: Mapping[str, str] | None = None,
-        read_object: Callable[[str], bytes] | None = None,
+        object_settings: Any = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        from quarry.blob import read_object as default_read
-
         self.kv = store
         self.allowed_hosts = tuple(h for h in allowed_hosts if h.strip())
         self.max_timeout_seconds = max_timeout_seconds
         self.environ = environ if environ is not None else os.environ
-        self.read_object = read_object or default_read
+        # Where action files in an S3 namespace are read with (quarry.blob.open_object).
+        self.object_settings = object_settings
         self.clock = clock
         # (storage namespace, metarange id) of trees known to hold no action file, newest
         # last (bounded: an LRU of ids, a few MB at most).
@@ -161,8 +160,43 @@ class Actions:
                 break
             if entry is None or not files.is_action_path(path):
                 continue
-            actions.append(files.parse(path, self.read_object(entry.physical_address)))
+            actions.append(files.parse(path, self.read_action_file(path, entry)))
         return actions
+
+    def read_action_file(self, path: str, entry: Entry) -> bytes:
+        """An action file's bytes, checked against its entry as every reader checks them
+        (quarry.blob.copy_object: the size, and the SHA-256 where the entry records one).
+        Safety rule: the hooks that run are the file as committed, never bytes changed in
+        storage since (an imported file's source edited in place would else turn a gate
+        off without a commit): InvalidActionFile names the file instead. Over
+        MAX_ACTION_FILE_BYTES, refused unread."""
+        from quarry.blob import copy_object
+
+        if entry.size_bytes > files.MAX_ACTION_FILE_BYTES:
+            raise files.too_large(path, entry.size_bytes)
+        data = bytearray()
+
+        def write(chunk: bytes) -> None:
+            data.extend(chunk)
+            if len(data) > files.MAX_ACTION_FILE_BYTES:
+                raise files.too_large(path, len(data))
+
+        try:
+            copy_object(
+                entry.physical_address,
+                write,
+                self.object_settings,
+                size_bytes=entry.size_bytes,
+                checksum=entry.checksum,
+            )
+        except files.InvalidActionFile:
+            raise
+        except errors.QuarryError as unreadable:
+            raise files.InvalidActionFile(
+                f"invalid action file {path}: {unreadable.message}",
+                metadata={"path": path, "line": "0", "cause": unreadable.reason},
+            ) from None
+        return bytes(data)
 
     # ---- runs ------------------------------------------------------------------------------
 
@@ -267,6 +301,11 @@ class Actions:
                 )
             except errors.QuarryError as refused:
                 answer = webhook.Response(0, b"", refused.message)
+            except Exception as broken:  # a hook that cannot be called has failed
+                # Recorded as this hook's failure (a pre-event then fails HOOK_FAILED, a
+                # post-event's run shows it), never an INTERNAL answer without a run.
+                log.exception("hook %s of action %s could not be called", hook.id, action.name)
+                answer = webhook.Response(0, b"", f"the hook could not be called: {broken}")
             duration = time.monotonic() - started
             passed = 200 <= answer.status < 300
             status = "passed" if passed else "failed"
@@ -371,7 +410,6 @@ def install(graveler: Any, settings: Any) -> None:
     branches and tags) per the settings, and expose their metrics."""
     if not settings.actions_enabled:
         return
-    from quarry.blob import read_object
     from quarry.telemetry.metrics import expose
 
     graveler.actions = Actions(
@@ -379,6 +417,6 @@ def install(graveler: Any, settings: Any) -> None:
         allowed_hosts=settings.actions_allowed_hosts.split(","),
         max_timeout_seconds=settings.actions_max_timeout_seconds,
         # Action files in an S3 namespace: read with this service's S3 settings.
-        read_object=lambda address: read_object(address, settings),
+        object_settings=settings,
     )
     expose(*METRICS)

@@ -45,7 +45,12 @@ from collections.abc import Generator, Iterable
 from itertools import accumulate, islice
 from typing import IO, Any, NamedTuple
 
-from quarry.blob.sources import SourceObject, Subdirectory, read_directory
+from quarry.blob.sources import (
+    SourceObject,
+    Subdirectory,
+    read_directory,
+    with_action_file_checksums,
+)
 
 # Rows per chunk a listing process sends at most (a directory of more files: several), and
 # characters of keys and addresses (long names: the import's batches stay within their
@@ -183,14 +188,17 @@ def sequential_chunks(
     at most each; its `skipped` counts are carried by the chunks."""
     run: list[SourceObject] = []
     seen_skipped = 0
+    settings = getattr(listing, "settings", None)
     for obj in listing:
         run.append(obj)
         if len(run) >= rows:
             skipped, seen_skipped = listing.skipped - seen_skipped, listing.skipped
+            run = with_action_file_checksums(run, prefix, settings)
             yield objects_chunk(run, prefix, max_path_bytes, skipped)
             run = []
     skipped = listing.skipped - seen_skipped
     if run or skipped:
+        run = with_action_file_checksums(run, prefix, settings)
         yield objects_chunk(run, prefix, max_path_bytes, skipped)
 
 
@@ -219,6 +227,7 @@ def read_chunks(request: _Read) -> list[ColumnChunk | Subdirectory]:
     start = 0
     for stop in [*subdirectories, len(items)]:
         files: list[SourceObject] = items[start:stop]  # type: ignore[assignment]
+        files = with_action_file_checksums(files, request.prefix)
         for run in _runs(files):
             out.append(objects_chunk(run, request.prefix, request.max_path_bytes, skipped))
             skipped = 0

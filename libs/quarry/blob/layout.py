@@ -233,7 +233,7 @@ def _plain(part: str) -> bool:
     )
 
 
-def _bad_segment(part: str) -> str | None:
+def bad_segment(part: str) -> str | None:
     """The first refused segment of `part` (or of its percent-decoded forms), else None."""
     form = part
     for _ in range(_DECODE_ROUNDS + 1):
@@ -268,7 +268,7 @@ def _refuse_dotted(address: str, part: str, path: str = "") -> None:
     """check_physical_address of `address` whose _path_part is `part`."""
     if _plain(part):
         return
-    bad = _bad_segment(part)
+    bad = bad_segment(part)
     if bad is None:
         return
     where = f"{path}: " if path else ""

@@ -8,14 +8,15 @@ names sorted as the keys they start (a subdirectory `d` as `d/`), which is the s
 is not key order: `a-b` sorts before `a/x`, though the walk visits `a/` first.
 
 What an object records (nothing is read or hashed: hashing a million files is the copy the
-import exists to avoid):
+import exists to avoid; action files alone are, see with_action_file_checksums):
   * S3: its address `s3://bucket/key`, size, ETag (quotes dropped) as the checksum, and its
     LastModified time.
   * A local file: its absolute path as the address, size and mtime; no checksum (reads
     check the size only, see quarry.blob.copy_object).
 
 Left out, and counted as skipped: keys whose address would not read back as the same object
-(`a//b`, `.` or `..` segments, control characters, `?`/`#` in an S3 key), Quarry's own
+(`a//b`, `.` or `..` segments, also percent-encoded, control characters, `?`/`#` in an S3
+key), Quarry's own
 temporary files, and symbolic links (a link could lead anywhere, a repository's namespace
 included; the import never follows one).
 
@@ -29,6 +30,7 @@ change of its bytes is caught on read as a size mismatch (or by its S3 ETag).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat as stat_module
 from collections.abc import Iterator
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from quarry.blob.base import InvalidStorageNamespace
+from quarry.blob.layout import bad_segment
 from quarry.blob.local import TEMP_PREFIX
 from quarry.blob.namespace import CONTROL_CHARACTERS, parse_storage_namespace
 
@@ -78,15 +81,22 @@ def parse_source(uri: str) -> Source:
 
 
 def _addressable(key: str) -> bool:
+    """Whether an object's address ending in `key` reads back as that object: no control
+    character, no empty, `.` or `..` segment — also once percent-decoded, as every reader
+    checks an address (quarry.blob.layout.check_physical_address)."""
     if not key or CONTROL_CHARACTERS.search(key):
         return False
-    return all(part not in ("", ".", "..") for part in key.split("/"))
+    if not all(part not in ("", ".", "..") for part in key.split("/")):
+        return False
+    return "%" not in key or bad_segment(key) is None
 
 
 def _addressable_name(name: str) -> bool:
     """_addressable for one name a directory listing returned (never "", "." or ".." and
     without "/"): the walk checks each name once, not each key's whole path again."""
-    return CONTROL_CHARACTERS.search(name) is None
+    if CONTROL_CHARACTERS.search(name) is not None:
+        return False
+    return "%" not in name or bad_segment(name) is None
 
 
 class Subdirectory(NamedTuple):
@@ -142,6 +152,43 @@ def read_directory(
             continue
         items.append(SourceObject(key, item.path, info.st_size, "", info.st_mtime_ns // 1000))
     return items, skipped
+
+
+def with_action_file_checksums(
+    objects: list[SourceObject], prefix: str, settings: Any = None
+) -> list[SourceObject]:
+    """`objects` (to be imported under the destination `prefix`) with each one that lands
+    on an action file's path (quarry.actions.files) read, and recorded with the size and
+    SHA-256 of the bytes read. Safety rule: the hooks gating a branch are the files as
+    imported — an in-place edit of the source, even of the same size, is then refused when
+    they are read (quarry.actions.runs.Actions.read_action_file), never run. Action files
+    are few and small: the rest of the listing is not read. A file over the action-file
+    limit, or one that cannot be read now, is left as listed (it fails when read)."""
+    from quarry.actions.files import MAX_ACTION_FILE_BYTES, PREFIXES, is_action_path
+
+    inside = prefix.startswith(PREFIXES)  # the destination is an action directory itself
+    starts = tuple(d[len(prefix) :] for d in PREFIXES if d.startswith(prefix))
+    if not inside and not starts:
+        return objects  # e.g. an import into tables/: no key can land on an action file
+    out = []
+    for obj in objects:
+        if (inside or obj.key.startswith(starts)) and is_action_path(prefix + obj.key):
+            data = _read_at_most(obj.address, MAX_ACTION_FILE_BYTES + 1, settings)
+            if data is not None and len(data) <= MAX_ACTION_FILE_BYTES:
+                obj = obj._replace(size=len(data), checksum=hashlib.sha256(data).hexdigest())
+        out.append(obj)
+    return out
+
+
+def _read_at_most(address: str, limit: int, settings: Any) -> bytes | None:
+    from quarry import errors
+    from quarry.blob import open_object
+
+    try:
+        with open_object(address, settings) as reader:
+            return bytes(reader.read(limit))
+    except (OSError, errors.QuarryError):
+        return None
 
 
 class Listing:

@@ -750,6 +750,46 @@ def test_an_import_is_a_commit_for_hooks_and_a_refusal_leaves_the_branch(
     assert staged_paths(client, repo, "main") == {"staged/kept.txt"}
 
 
+def test_an_imported_action_file_edited_at_its_source_is_refused_not_run(
+    suite, client, repo, hooks, tmp_path
+):
+    """Safety rule: the hooks that gate a branch are its action files as committed. An
+    imported file's bytes stay at its source, which someone without commit rights may
+    write: an edit there, even one of the same size, must not turn the gate off."""
+    from quarry.v1 import committer_pb2 as cm
+
+    source = tmp_path / "lake"
+    gate = source / "_quarry_actions" / "gate.yaml"
+    gate.parent.mkdir(parents=True)
+    gate.write_bytes(action(hooks.url + "/fail", "  pre-merge:\n"))
+    (source / "t").mkdir()
+    (source / "t" / "part-0.parquet").write_bytes(b"PAR1")
+    done = _wait_import(client, repo, client.start_import(repo, "main", [(str(source), "")]).id)
+    assert done.state == cm.IMPORT_STATE_COMPLETED, done.error
+    # The import read the action file (and only it) and recorded its SHA-256.
+    entry = client.stat_object(repo, "main", "_quarry_actions/gate.yaml")
+    assert entry.checksum == hashlib.sha256(gate.read_bytes()).hexdigest()
+    assert client.stat_object(repo, "main", "t/part-0.parquet").checksum == ""
+    client.create_branch(repo, "feat", "main")
+    put_file(suite, client, repo, "feat", "t/part-1.parquet", b"PAR1")
+    client.commit(repo, "feat", "add part-1")
+    before = head(client, repo, "main")
+    with pytest.raises(errors.FailedPrecondition) as refused:
+        client.merge(repo, "feat", "main")
+    assert refused.value.reason == "HOOK_FAILED"
+    # Same size, other bytes: a hook that would answer 200.
+    edited = gate.read_bytes().replace(b"/fail", b"/okok")
+    assert len(edited) == gate.stat().st_size
+    gate.write_bytes(edited)
+    with pytest.raises(errors.FailedPrecondition) as refused:
+        client.merge(repo, "feat", "main")
+    assert refused.value.reason == "INVALID_ACTION_FILE", refused.value
+    assert "_quarry_actions/gate.yaml" in refused.value.message
+    assert "SHA-256" in refused.value.message
+    assert head(client, repo, "main") == before
+    assert hooks.events() == ["pre-merge"]  # the edited file's hook was never called
+
+
 def _alive(pid: int) -> bool:
     import os
 

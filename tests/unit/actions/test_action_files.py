@@ -104,4 +104,105 @@ def test_lakefs_revert_and_cherry_pick_events_parse():
 
 def test_an_action_file_nested_too_deeply_is_an_invalid_action_file():
     with pytest.raises(files.InvalidActionFile, match="nested too deeply"):
-        files.parse("_quarry_actions/deep.yaml", b"[" * 100_000 + b"]" * 100_000)
+        files.parse("_quarry_actions/deep.yaml", b"[" * 30_000 + b"]" * 30_000)
+
+
+def _webhook(properties: str) -> bytes:
+    return (
+        b"name: x\non:\n  pre-commit:\nhooks:\n  - id: h\n    type: webhook\n    properties:\n"
+        + properties.encode()
+    )
+
+
+@pytest.mark.parametrize(
+    ("properties", "says"),
+    [
+        ("      url: http://127.0.0.1:99999/\n", "bad URL"),
+        ("      url: http://127.0.0.1:abc/\n", "bad URL"),
+        ('      url: "http://[::1/"\n', "bad URL"),
+        ("      url: http:///path\n", "must be an http(s) URL"),
+        (
+            "      url: http://127.0.0.1/\n      headers: ['{{ ENV.QUARRYACTION_X }}']\n",
+            "`headers` must be a mapping",
+        ),
+        (
+            "      url: http://127.0.0.1/\n      headers: '{{ ENV.QUARRYACTION_X }}'\n",
+            "`headers` must be a mapping",
+        ),
+        (
+            "      url: http://127.0.0.1/\n      headers:\n"
+            "        'X:Evil': '{{ ENV.QUARRYACTION_X }}'\n",
+            "not an HTTP header name",
+        ),
+        ("      url: http://127.0.0.1/\n      query_params: [a]\n", "must be a mapping"),
+        ("      url: http://127.0.0.1/\n      query_params:\n        a: [1]\n", "a string"),
+        # Literal secrets are refused whatever their YAML type (a number was let through).
+        ("      url: http://127.0.0.1/\n      secret: 123456789\n", "environment references"),
+        (
+            "      url: http://127.0.0.1/\n      headers:\n        X-Api-Key: 987654321\n",
+            "environment references",
+        ),
+    ],
+)
+def test_a_hook_that_could_not_be_called_is_an_invalid_file_not_an_internal_error(properties, says):
+    """What the hook call would fail on (a port out of range, headers that are not a
+    mapping of header names) is refused when the file is read, naming it: it was an
+    INTERNAL answer on a pre-event and an unrecorded failure on a post-event."""
+    with pytest.raises(files.InvalidActionFile) as refused:
+        files.parse("_quarry_actions/a.yaml", _webhook(properties))
+    assert says in refused.value.message, refused.value.message
+
+
+def test_query_params_may_be_literal_numbers_and_headers_env_references():
+    parsed = files.parse(
+        "_quarry_actions/a.yaml",
+        _webhook(
+            "      url: http://127.0.0.1:8080/\n      query_params:\n        limit: 5\n"
+            "      headers:\n        X-Token: '{{ ENV.QUARRYACTION_T }}'\n"
+        ),
+    )
+    assert parsed.hooks[0].properties["query_params"] == {"limit": 5}
+
+
+def test_yaml_aliases_are_refused_before_they_multiply():
+    """A few hundred bytes of nested aliases ("billion laughs") cost the committer seconds
+    and hundreds of MB per event, growing tenfold per level: refused at the first alias."""
+    levels = ['a0: &a0 "lol"']
+    for n in range(1, 5):  # 10,000 strings if expanded (each level tenfold)
+        levels.append(f"a{n}: &a{n} [" + ", ".join([f"*a{n - 1}"] * 10) + "]")
+    doc = (
+        b"name: x\non:\n  pre-commit:\n"
+        + b"hooks:\n  - id: h\n    type: webhook\n    properties:\n      url: http://127.0.0.1/\n"
+        + b"      extra:\n"
+        + "".join(f"        {line}\n" for line in levels).encode()
+    )
+    assert len(doc) < 1024
+    with pytest.raises(files.InvalidActionFile) as refused:
+        files.parse("_quarry_actions/a.yaml", doc)
+    assert "aliases" in refused.value.message and "_quarry_actions/a.yaml:" in refused.value.message
+
+
+def test_an_action_file_over_the_limit_is_refused_unparsed():
+    doc = _webhook("      url: http://127.0.0.1/\n") + b"#" * files.MAX_ACTION_FILE_BYTES
+    with pytest.raises(files.InvalidActionFile, match="at most"):
+        files.parse("_quarry_actions/a.yaml", doc)
+
+
+def test_a_hook_whose_call_raises_is_a_failed_hook_and_the_run_is_recorded(monkeypatch):
+    """Whatever a call raises (a library's ValueError), the hook failed: the pre-event
+    fails HOOK_FAILED with a recorded run, never INTERNAL without one."""
+    from quarry.actions import runs, webhook
+    from quarry.kv.memory import MemoryStore
+
+    def broken(*args, **kwargs):
+        raise ValueError("Port out of range 0-65535")
+
+    monkeypatch.setattr(webhook, "post", broken)
+    actions = runs.Actions(MemoryStore())
+    action = files.parse("_quarry_actions/a.yaml", _webhook("      url: http://127.0.0.1/\n"))
+    event = runs.Event("pre-commit", "repo", "main", "main")
+    with pytest.raises(runs.HookFailed) as failed:
+        actions.run(b"p", event, [action])
+    assert "could not be called: Port out of range" in failed.value.message
+    (run,) = actions.list_runs(b"p")[0]
+    assert run.status == "failed" and run.hooks[0].error.startswith("the hook could not")
