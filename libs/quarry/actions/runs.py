@@ -32,6 +32,10 @@ from quarry.kv import store as kv
 from quarry.runtime import deadlines
 
 log = logging.getLogger(__name__)
+
+# What a hook leaves of the caller's deadline for the answer to reach it (a tenth of what is
+# left, at most this).
+MAX_REPLY_MARGIN_SECONDS = 1.0
 tracer = trace.get_tracer("quarry.actions")
 
 RUNS_PREFIX = b"actions/runs/"
@@ -253,12 +257,14 @@ class Actions:
         properties = hook.properties
         timeout = files.parse_duration(properties.get("timeout")) or DEFAULT_TIMEOUT_SECONDS
         timeout = min(timeout, self.max_timeout_seconds)
-        # Never longer than the caller waits: a hook cut at the caller's deadline is a
-        # failed hook, recorded (see record), not a thread working for nobody.
+        # Never longer than the caller waits, less the time the answer needs to reach it: a
+        # hook cut there is a failed hook, recorded (see record), not a thread working for
+        # nobody; and a post-event hook (run before the answer) never turns an operation
+        # that took effect into a DEADLINE_EXCEEDED for its caller.
         call = deadlines.current()
         remaining = call.remaining() if call is not None else None
         if remaining is not None:
-            timeout = min(timeout, remaining)
+            timeout = min(timeout, remaining - min(MAX_REPLY_MARGIN_SECONDS, remaining / 10))
         body = {
             **asdict(event),
             "event_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(run.start_time)),

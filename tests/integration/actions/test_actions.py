@@ -913,3 +913,41 @@ def test_a_hook_is_cut_at_the_callers_deadline_and_its_run_is_recorded(suite, cl
     assert "timed out" in runs[0].hooks[0].error
     # The refused pre-commit hook left nothing committed.
     assert "in a hurry" not in [c.message for c in client.iter_log(repo, "main")]
+
+
+@pytest.mark.parametrize("event", ["commit", "merge"])
+def test_a_slow_post_hook_never_turns_a_done_operation_into_a_deadline_error(
+    suite, client, repo, hooks, event
+):
+    """Post-event hooks never change the outcome (docs/actions.md): one slower than the
+    caller waits is cut with time left for the answer, and the caller hears of its commit
+    or merge — it got DEADLINE_EXCEEDED for an operation that had landed, and a retry then
+    answered NO_CHANGES or merged again."""
+    from support.wait import wait_until
+
+    # The action file comes with the commit (or, for a merge, its source: a merge runs
+    # the source's action files), so no earlier event calls the slow hook.
+    branch = "side" if event == "merge" else "main"
+    if event == "merge":
+        client.create_branch(repo, "side", "main")
+    notify = action(hooks.url + "/slow", f"  post-{event}:\n")
+    put_file(suite, client, repo, branch, "_quarry_actions/notify.yaml", notify)
+    put_file(suite, client, repo, branch, "c/one", b"1")
+    if event == "merge":
+        client.commit(repo, "side", "one on side")
+    # 6 s: the hook is cut at 5.4 s, leaving 0.6 s for the answer (a tenth of the wait).
+    with suite.client(timeout=6.0) as hurried:
+        if event == "merge":
+            made = hurried.merge(repo, "side", "main").commit
+        else:
+            made = hurried.commit(repo, "main", "in a hurry").commit
+    assert hooks.entered.is_set()
+    assert head(client, repo, "main") == made.id
+
+    def recorded():
+        runs = list(client.list_action_runs(repo, branch="main").runs)
+        return runs if runs and runs[0].event == f"post-{event}" else None
+
+    (run, *_) = wait_until(recorded, timeout=30, interval=0.1, what="the post-event run")
+    hooks.release.set()
+    assert run.status == "failed" and "timed out" in run.hooks[0].error
