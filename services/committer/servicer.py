@@ -155,10 +155,15 @@ class CommitterServicer(committer_pb2_grpc.CommitterServicer):
     # ---- action runs (quarry.actions.runs) -------------------------------------------------
 
     def ListActionRuns(self, request, context):
+        # A commit as the CLI shows it (12 characters) or any ref names the commit whose
+        # runs are listed; only a whole id matched, so a short one listed nothing.
+        commit_id = request.commit_id
+        if commit_id:
+            commit_id = self._g.get_commit(request.repository, commit_id).id
         runs, token = self._actions().list_runs(
             self._g.repo(request.repository).partition,
             branch=request.branch,
-            commit_id=request.commit_id,
+            commit_id=commit_id,
             page_size=check_page_size(request.page_size),
             after=decode_page_token(request.page_token, "after").get("after", ""),
         )

@@ -86,6 +86,13 @@ def test_add_list_delete_and_enforcement(suite, quarry, tmp_path):
     assert missing.stderr.startswith("quarry: RULE_NOT_FOUND: ")
     bad = quarry("branch-protect", "add", "cli-protect", "x", "--block", "push", expect=2)
     assert "staging-write, commit" in bad.stderr
+    # --block repeated adds up (it kept only the last one: a weaker rule than asked for).
+    quarry(
+        "branch-protect", "add", "cli-protect", "x", "--block", "commit", "--block", "staging-write"
+    )
+    assert ["x", "staging-write,commit"] in rows(
+        quarry("branch-protect", "list", "cli-protect").stdout
+    )
 
 
 def test_a_put_to_a_tag_says_it_is_a_tag(suite, quarry, tmp_path):

@@ -60,7 +60,12 @@ def _show(ctx: Context, rules: Rules) -> None:
 def protect_add(args: argparse.Namespace, ctx: Context) -> int:
     def add(rules: Rules) -> Rules:
         others = [rule for rule in rules if rule.pattern != args.pattern]
-        rule = bm.BranchProtectionRule(pattern=args.pattern, blocked_actions=args.block)
+        # --block given more than once adds up (it kept only the last: a protection weaker
+        # than asked for); not given, both.
+        blocked = sorted({a for given in args.block for a in given}) if args.block else None
+        rule = bm.BranchProtectionRule(
+            pattern=args.pattern, blocked_actions=blocked or sorted(_ACTIONS.values())
+        )
         return [*others, rule]
 
     _show(ctx, _update(ctx, args.repo, add))
@@ -101,9 +106,9 @@ def register_branch_protect(sub: Subparsers, common: argparse.ArgumentParser) ->
     p.add_argument(
         "--block",
         type=_blocked,
-        default=sorted(_ACTIONS.values()),
+        action="append",
         metavar="ACTIONS",
-        help="what to block: staging-write,commit (default: both)",
+        help="what to block: staging-write,commit (default: both); may be repeated",
     )
     p = leaf(common, protect, "list", protect_list, "list a repository's rules")
     p.add_argument("repo", metavar="REPO")

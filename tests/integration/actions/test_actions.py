@@ -459,6 +459,9 @@ def test_runs_are_listed_and_shown_over_grpc_and_the_cli(suite, client, repo, ho
     assert f" {commit.id[:12]}\n" in out and commit.id[:13] not in out
     assert main(["actions", "runs", "list", repo, "--commit", commit.id, "--full", *targets]) == 0
     assert commit.id in capsys.readouterr().out
+    # The short id the CLI prints (or any ref) names the commit too; it listed nothing.
+    assert main(["actions", "runs", "list", repo, "--commit", commit.id[:12], *targets]) == 0
+    assert on_commit.run_id in capsys.readouterr().out
     assert main(["actions", "runs", "show", repo, on_commit.run_id, *targets]) == 0
     out = capsys.readouterr().out
     assert "answer from /ok" in out and "passed" in out
