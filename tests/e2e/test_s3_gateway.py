@@ -855,6 +855,47 @@ def test_unsupported_operations_answer_not_implemented(s3):
     with pytest.raises(ClientError) as refused:
         s3.create_bucket(Bucket="new-bucket")
     assert _code(refused.value) == "NotImplemented"
+    assert "quarry repo create new-bucket" in refused.value.response["Error"]["Message"]
+    # An existing repository is a bucket the caller owns, as S3 answers (rclone, s3cmd and
+    # `aws s3 mb` take it as "there already").
+    with pytest.raises(ClientError) as refused:
+        s3.create_bucket(Bucket=REPO)
+    assert _code(refused.value) == "BucketAlreadyOwnedByYou"
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 409
+
+
+def test_a_version_other_than_null_is_refused_never_the_current_object(s3, client):
+    """A repository is an unversioned bucket: its objects' one version is `null`. Safety
+    rule: a request naming another version never acts on the current object (a purge of
+    old versions deleted the live one; a read of one version got another)."""
+    s3.put_object(Bucket=REPO, Key="dev/versioned.txt", Body=b"live")
+    calls = [
+        lambda v: s3.get_object(Bucket=REPO, Key="dev/versioned.txt", VersionId=v),
+        lambda v: s3.head_object(Bucket=REPO, Key="dev/versioned.txt", VersionId=v),
+        lambda v: s3.delete_object(Bucket=REPO, Key="dev/versioned.txt", VersionId=v),
+        lambda v: s3.copy_object(
+            Bucket=REPO,
+            Key="dev/versioned-copy.txt",
+            CopySource={"Bucket": REPO, "Key": "dev/versioned.txt", "VersionId": v},
+        ),
+        lambda v: s3.delete_objects(
+            Bucket=REPO, Delete={"Objects": [{"Key": "dev/versioned.txt", "VersionId": v}]}
+        ),
+    ]
+    for call in calls:
+        with pytest.raises(ClientError) as refused:
+            call("3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY")
+        code = refused.value.response["Error"]["Code"]
+        assert code in ("InvalidArgument", "400"), refused.value.response  # HEAD: no body
+    assert s3.get_object(Bucket=REPO, Key="dev/versioned.txt")["Body"].read() == b"live"
+    with pytest.raises(ClientError):
+        s3.head_object(Bucket=REPO, Key="dev/versioned-copy.txt")
+    # `null`, the version of every object of an unversioned bucket, is the object.
+    got = s3.get_object(Bucket=REPO, Key="dev/versioned.txt", VersionId="null")
+    assert got["Body"].read() == b"live"
+    s3.delete_object(Bucket=REPO, Key="dev/versioned.txt", VersionId="null")
+    with pytest.raises(ClientError):
+        s3.head_object(Bucket=REPO, Key="dev/versioned.txt")
 
 
 # ---- the AWS CLI and pyarrow ------------------------------------------------------------
@@ -1023,7 +1064,6 @@ def test_rclone_copies_lists_and_reads(gateway, keys, tools, tmp_path):
         "RCLONE_CONFIG_Q_SECRET_ACCESS_KEY": keys[1],
         "RCLONE_CONFIG_Q_ENDPOINT": gateway.endpoint,
         "RCLONE_CONFIG_Q_REGION": "us-east-1",
-        "RCLONE_CONFIG_Q_NO_CHECK_BUCKET": "true",
     }
 
     def rclone(*args: str) -> str:
@@ -1037,6 +1077,10 @@ def test_rclone_copies_lists_and_reads(gateway, keys, tools, tmp_path):
     listed = {line.split(maxsplit=1)[1] for line in rclone("ls", f"q:{TOOLS}/main/rc").splitlines()}
     assert listed == {"a.txt", "sub/b.txt"}
     assert rclone("cat", f"q:{TOOLS}/main/rc/sub/b.txt") == "nested"
+    # A single file, with rclone's defaults: it creates the bucket first (it was refused as
+    # NotImplemented; a repository answers as a bucket one owns).
+    rclone("copyto", str(source / "a.txt"), f"q:{TOOLS}/main/rc-single/a.txt")
+    assert rclone("cat", f"q:{TOOLS}/main/rc-single/a.txt") == "from rclone"
 
 
 def test_s3cmd_puts_lists_and_gets(gateway, keys, tools, tmp_path):

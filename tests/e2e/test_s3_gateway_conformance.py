@@ -811,3 +811,80 @@ def test_an_object_whose_checksum_is_not_an_md5_has_an_etag_no_client_takes_for_
         s3.put_object(Bucket=REPO, Key="main/sha/doc.txt", Body=b"v3", IfMatch=etag)
     assert _code(stale.value) == "PreconditionFailed"
     assert s3.get_object(Bucket=REPO, Key="main/sha/doc.txt")["Body"].read() == b"v2"
+
+
+# ---- the standard headers S3 keeps with an object ----------------------------------------------
+
+
+def test_the_standard_headers_written_with_an_object_are_served_with_it(s3, client):
+    """Content-Encoding, Cache-Control, Content-Disposition, Content-Language and Expires
+    are stored and answered on GET and HEAD, as S3 does (they were dropped: a gzip object
+    came back as bytes with no encoding). Through a PUT, a multipart upload and a copy."""
+    import gzip
+    from datetime import UTC, datetime
+
+    body = gzip.compress(b'{"a": 1}\n')
+    expires = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    headers = {
+        "ContentEncoding": "gzip",
+        "CacheControl": "max-age=3600",
+        "ContentDisposition": 'attachment; filename="d.json"',
+        "ContentLanguage": "en",
+        "Expires": expires,
+        "ContentType": "application/json",
+    }
+
+    def served(key: str) -> None:
+        for answer in (
+            s3.head_object(Bucket=REPO, Key=key),
+            s3.get_object(Bucket=REPO, Key=key),
+        ):
+            assert answer["ContentEncoding"] == "gzip"
+            assert answer["CacheControl"] == "max-age=3600"
+            assert answer["ContentDisposition"] == 'attachment; filename="d.json"'
+            assert answer["ContentLanguage"] == "en"
+            assert answer["Expires"] == expires
+            assert answer["ContentType"] == "application/json"
+            assert answer["Metadata"] == {"owner": "ada"}  # the user's own, and only those
+        assert s3.get_object(Bucket=REPO, Key=key)["Body"].read() == body  # bytes as stored
+
+    s3.put_object(
+        Bucket=REPO, Key="main/std/put.json", Body=body, Metadata={"owner": "ada"}, **headers
+    )
+    served("main/std/put.json")
+    upload = s3.create_multipart_upload(
+        Bucket=REPO, Key="main/std/multi.json", Metadata={"owner": "ada"}, **headers
+    )["UploadId"]
+    etag = s3.upload_part(
+        Bucket=REPO, Key="main/std/multi.json", UploadId=upload, PartNumber=1, Body=body
+    )["ETag"]
+    s3.complete_multipart_upload(
+        Bucket=REPO,
+        Key="main/std/multi.json",
+        UploadId=upload,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]},
+    )
+    served("main/std/multi.json")
+    s3.copy_object(Bucket=REPO, Key="main/std/copy.json", CopySource=f"{REPO}/main/std/put.json")
+    served("main/std/copy.json")  # COPY keeps them
+    s3.copy_object(
+        Bucket=REPO,
+        Key="main/std/replaced.json",
+        CopySource=f"{REPO}/main/std/put.json",
+        MetadataDirective="REPLACE",
+        CacheControl="no-store",
+    )
+    replaced = s3.head_object(Bucket=REPO, Key="main/std/replaced.json")
+    assert replaced["CacheControl"] == "no-store" and "ContentEncoding" not in replaced
+    # A GET's response-* parameters still override what is stored.
+    got = s3.get_object(Bucket=REPO, Key="main/std/put.json", ResponseCacheControl="no-cache")
+    assert got["CacheControl"] == "no-cache"
+    # The names they are kept under are not a client's to set as user metadata.
+    with pytest.raises(ClientError) as refused:
+        s3.put_object(
+            Bucket=REPO,
+            Key="main/std/forged.json",
+            Body=b"x",
+            Metadata={"quarry.http.content-encoding": "gzip"},
+        )
+    assert _code(refused.value) == "InvalidArgument"

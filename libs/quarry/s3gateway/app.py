@@ -121,7 +121,10 @@ def route(request: Request) -> tuple[str, Callable[..., Response], bool]:  # noq
             return name, ops.list_objects, False
         if method == "POST" and request.has("delete"):
             return "DeleteObjects", ops.delete_objects, True
+        if method == "PUT" and not request.query:
+            return "CreateBucket", ops.create_bucket, False
         raise not_implemented(f"{method} on a bucket")
+    ops.check_version_id(request.param("versionId"))
     if method == "GET" and request.has("uploadId"):
         return "ListParts", ops.list_parts, False
     if method == "GET":

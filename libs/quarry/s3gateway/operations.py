@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import parse_qsl, quote, unquote
 
 from quarry import errors, uploads
 from quarry.blob import (
@@ -155,7 +155,11 @@ def _object_headers(entry: types_pb2.Entry) -> list[tuple[str, str]]:
         ("content-security-policy", "sandbox"),
         ("x-content-type-options", "nosniff"),
     ]
-    headers += [(_META + k, v) for k, v in sorted(entry.metadata.items())]
+    for key, value in sorted(entry.metadata.items()):
+        if key.startswith(STORED_HEADER_PREFIX):
+            headers.append((key[len(STORED_HEADER_PREFIX) :], value))
+        else:
+            headers.append((_META + key, value))
     return headers
 
 
@@ -214,12 +218,41 @@ def _require_branch(ctx: Context, bucket: str, ref: str) -> None:
         ctx.lookups.branches.put(key, True)
 
 
+# The standard headers S3 stores with an object and answers GET and HEAD with, kept in the
+# entry's metadata under STORED_HEADER_PREFIX (a client's own x-amz-meta-* may not use it).
+STORED_HEADERS = (
+    "cache-control",
+    "content-disposition",
+    "content-encoding",
+    "content-language",
+    "expires",
+)
+STORED_HEADER_PREFIX = "quarry.http."
+
+
 def _user_metadata(request: Request) -> dict[str, str]:
-    return {
+    """The entry metadata a write records: the client's x-amz-meta-* and the standard
+    headers S3 keeps with an object (STORED_HEADERS; Content-Encoding without the
+    `aws-chunked` that only framed this request's body). A gzip object uploaded with
+    `--content-encoding gzip` is served with it, not as bytes of another type."""
+    metadata = {
         name[len(_META) :]: values[0]
         for name, values in request.headers.items()
         if name.startswith(_META)
     }
+    reserved = [name for name in metadata if name.startswith(STORED_HEADER_PREFIX)]
+    if reserved:
+        raise invalid_argument(
+            f"x-amz-meta-{reserved[0]}: the {STORED_HEADER_PREFIX} names are reserved"
+        )
+    for header in STORED_HEADERS:
+        value = request.header(header).strip()
+        if header == "content-encoding":
+            codings = [c.strip() for c in value.split(",") if c.strip()]
+            value = ", ".join(c for c in codings if c.lower() != "aws-chunked")
+        if value:
+            metadata[STORED_HEADER_PREFIX + header] = value
+    return metadata
 
 
 def _timestamp(seconds: float) -> Any:
@@ -288,6 +321,31 @@ def list_buckets(ctx: Context, request: Request) -> Response:
                 ("Buckets", [[("Bucket", buckets)]] if buckets else [[]]),
             ],
         )
+    )
+
+
+def create_bucket(ctx: Context, request: Request) -> Response:
+    """A bucket is a repository, which needs a storage namespace: the gateway makes none.
+    CreateBucket of a repository the caller can read answers as S3 does for a bucket one
+    owns (409 BucketAlreadyOwnedByYou, which rclone, s3cmd and `aws s3 mb` take as "it
+    exists": rclone sends it before a single-file copy); of any other name, how to make one."""
+    try:
+        _repository(ctx, request.target.bucket)
+    except S3Error as error:
+        if error.code != "NoSuchBucket":
+            raise
+        raise S3Error(
+            "NotImplemented",
+            "a bucket is a Quarry repository, created with its storage namespace: "
+            f"quarry repo create {request.target.bucket} NAMESPACE",
+            501,
+            request.target.bucket,
+        ) from None
+    raise S3Error(
+        "BucketAlreadyOwnedByYou",
+        "Your previous request to create the named bucket succeeded and you already own it.",
+        409,
+        request.target.bucket,
     )
 
 
@@ -959,12 +1017,25 @@ class _Source:
     entry: types_pb2.Entry
 
 
+def check_version_id(version_id: str | None) -> None:
+    """A repository is an unversioned bucket (a ref's history is Quarry's own): the only
+    version of an object is `null`, as S3 answers for such a bucket. Safety rule: a request
+    naming another version never acts on the current object instead (a purge of old
+    versions deleted the live one, a read of one version got another): InvalidArgument."""
+    if version_id is not None and version_id != "null":
+        raise invalid_argument("Invalid version id specified")
+
+
 def _copy_source(ctx: Context, request: Request) -> _Source:
     """The object `x-amz-copy-source` names (BUCKET/REF/PATH, URL-encoded, optionally
     ?versionId=), stat'ed as the caller (their read permission applies): NoSuchKey or
     NoSuchBucket when it is not there."""
     # Cut off `?versionId=` before decoding: a `?` in the key itself arrives as %3F.
-    source = unquote(request.header("x-amz-copy-source").partition("?")[0]).lstrip("/")
+    named, _, query = request.header("x-amz-copy-source").partition("?")
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key == "versionId":
+            check_version_id(value)
+    source = unquote(named).lstrip("/")
     src_bucket, _, src_key = source.partition("/")
     src_ref, _, src_path = src_key.partition("/")
     if not src_bucket or not src_ref or not src_path:
@@ -1140,6 +1211,9 @@ def delete_objects(ctx: Context, request: Request, signature: Any) -> Response:
     quiet = xmlserde.text(document, "Quiet").lower() == "true"
     objects = xmlserde.children(document, "Object")
     keys = [xmlserde.text(o, "Key") for o in objects]
+    for o in objects:  # before anything is deleted
+        if xmlserde.children(o, "VersionId"):
+            check_version_id(xmlserde.text(o, "VersionId"))
     _refuse_delete_conditions(request)
     if any(xmlserde.text(o, "ETag") for o in objects):
         raise not_implemented("a conditional delete (an <ETag> in DeleteObjects)")
