@@ -470,15 +470,38 @@ def test_multipart_parts_are_invisible_until_complete_and_abort_removes_them(s3,
             f for _, _, files in os.walk(os.path.join(namespace, "_s3_multipart")) for f in files
         ]
 
-    assert not multipart_files()  # parts and the upload record removed
-    # ... and the upload's folder (a local namespace kept an empty one per upload)
-    assert not os.path.exists(os.path.join(namespace, "_s3_multipart", upload))
+    # Parts and the upload record removed; what a retry of the Complete is answered from
+    # stays (the sweep of abandoned uploads removes it after the expiry).
+    assert multipart_files() == ["completed.json"]
+    # A retry of the Complete (an SDK's, its answer lost) gets the same answer, as from S3,
+    # and stages nothing again; it was NoSuchUpload, a failed upload whose object was there.
+    data_files = sorted(os.listdir(os.path.join(namespace, "data")))
+    parts = {"Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]}
+    again = s3.complete_multipart_upload(
+        Bucket=REPO, Key=key, UploadId=upload, MultipartUpload=parts
+    )
+    assert again["ETag"] == done["ETag"]
+    assert sorted(os.listdir(os.path.join(namespace, "data"))) == data_files
+    # Not a retry (other parts, another key), nor an Abort: the upload is gone.
+    for other_key, other_parts in ((key, {"Parts": parts["Parts"][:1]}), ("dev/x", parts)):
+        with pytest.raises(ClientError) as gone:
+            s3.complete_multipart_upload(
+                Bucket=REPO, Key=other_key, UploadId=upload, MultipartUpload=other_parts
+            )
+        assert _code(gone.value) == "NoSuchUpload"
+    with pytest.raises(ClientError) as gone:
+        s3.abort_multipart_upload(Bucket=REPO, Key=key, UploadId=upload)
+    assert _code(gone.value) == "NoSuchUpload"
+    listed = s3.list_multipart_uploads(Bucket=REPO).get("Uploads", [])
+    assert upload not in [u["UploadId"] for u in listed]
+    assert s3.get_object(Bucket=REPO, Key=key)["Body"].read() == part1 + part2
     aborted = s3.create_multipart_upload(Bucket=REPO, Key="dev/mpu/aborted.bin")["UploadId"]
     s3.upload_part(
         Bucket=REPO, Key="dev/mpu/aborted.bin", UploadId=aborted, PartNumber=1, Body=b"z"
     )
     s3.abort_multipart_upload(Bucket=REPO, Key="dev/mpu/aborted.bin", UploadId=aborted)
-    assert not multipart_files()
+    assert multipart_files() == ["completed.json"]
+    # ... and the aborted upload's folder (a local namespace kept an empty one per upload)
     assert not os.path.exists(os.path.join(namespace, "_s3_multipart", aborted))
     assert "mpu/aborted.bin" not in _staged(client, "dev")
     with pytest.raises(ClientError) as gone:
@@ -520,9 +543,23 @@ def test_abandoned_multipart_uploads_are_swept(s3, gateway):
     )
     left = os.path.join(namespace, "_s3_multipart", abandoned["UploadId"])
     age(f"_s3_multipart/{abandoned['UploadId']}")
+    # A completed upload's record of its answer goes with the expiry too.
+    finished = s3.create_multipart_upload(Bucket=REPO, Key="dev/sweep/finished.bin")["UploadId"]
+    etag = s3.upload_part(
+        Bucket=REPO, Key="dev/sweep/finished.bin", UploadId=finished, PartNumber=1, Body=b"f"
+    )["ETag"]
+    s3.complete_multipart_upload(
+        Bucket=REPO,
+        Key="dev/sweep/finished.bin",
+        UploadId=finished,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]},
+    )
+    completed = os.path.join(namespace, "_s3_multipart", finished)
+    assert os.listdir(completed) == ["completed.json"]
+    age(f"_s3_multipart/{finished}")
 
     def swept() -> bool:
-        return not [f for _, _, files in os.walk(left) for f in files]
+        return not [f for d in (left, completed) for _, _, files in os.walk(d) for f in files]
 
     wait_until(swept, timeout=30, interval=0.1, what="the background sweep")
     # Passes went on meanwhile (one every SWEEP_SECONDS): the active upload is whole.

@@ -1253,6 +1253,12 @@ def delete_objects(ctx: Context, request: Request, signature: Any) -> Response:
 # concatenated, to one new data object, stages its entry, then removes the parts.
 
 
+# What a successful Complete leaves in its upload's directory (key, owner, parts, ETag), so a
+# retry of it gets the same answer; the sweep of abandoned uploads removes it with the
+# directory after QUARRY_S3_GATEWAY_MULTIPART_EXPIRY_SECONDS.
+COMPLETED_RECORD = "completed.json"
+
+
 def _upload_dir(upload_id: str) -> str:
     if not upload_id or not all(c in "0123456789abcdef" for c in upload_id) or len(upload_id) != 32:
         raise S3Error("NoSuchUpload", "The specified upload does not exist.", 404)
@@ -1463,7 +1469,16 @@ def complete_multipart_upload(ctx: Context, request: Request, signature: Any) ->
     repo = _repository(ctx, bucket)
     _require_branch(ctx, bucket, ref)
     with open_blob_store(repo.storage_namespace, ctx.settings) as store:
-        record = _load_upload(ctx, store, request, upload_id)
+        try:
+            record = _load_upload(ctx, store, request, upload_id)
+        except S3Error as missing:
+            if missing.code != "NoSuchUpload":
+                raise
+            # A retry of a Complete that succeeded (its answer lost): the same answer.
+            done = _completed(ctx, store, request, upload_id, wanted)
+            if done is None:
+                raise
+            return _completed_answer(bucket, request.target.key, done["etag"])
         stored = _parts(store, upload_id)
         keys = []
         for number, etag in wanted:
@@ -1515,31 +1530,65 @@ def complete_multipart_upload(ctx: Context, request: Request, signature: Any) ->
         )
         entry.mtime.CopyFrom(_timestamp(time.time()))
         _stage(ctx, bucket, ref, entry, store, key, condition)
-        _remove_upload(store, upload_id)
+        completed = {
+            "key": record["key"],
+            "owner": record["owner"],
+            "parts": [[number, etag] for number, etag in wanted],
+            "etag": final_etag,
+        }
+        store.put(_upload_dir(upload_id) + COMPLETED_RECORD, json.dumps(completed).encode())
+        _remove_upload(store, upload_id, keep=COMPLETED_RECORD)
+    return _completed_answer(bucket, request.target.key, final_etag)
+
+
+def _completed_answer(bucket: str, key: str, etag: str) -> Response:
     return xml_response(
         xmlserde.document(
             "CompleteMultipartUploadResult",
             [
-                ("Location", f"/{bucket}/{request.target.key}"),
+                ("Location", f"/{bucket}/{key}"),
                 ("Bucket", bucket),
-                ("Key", request.target.key),
-                ("ETag", _etag(final_etag)),
+                ("Key", key),
+                ("ETag", _etag(etag)),
             ],
         )
     )
 
 
-def _remove_upload(store: BlobStore, upload_id: str) -> None:
+def _completed(
+    ctx: Context, store: BlobStore, request: Request, upload_id: str, wanted: list[Any]
+) -> dict[str, Any] | None:
+    """The record a successful Complete left (COMPLETED_RECORD) when this request repeats
+    it: the same key, caller and parts. S3 answers such a retry (an SDK's, after a lost
+    answer) with the first one's result; NoSuchUpload made it report a failed upload whose
+    object was staged. Anything else about a finished upload stays NoSuchUpload."""
+    try:
+        done = json.loads(store.get(_upload_dir(upload_id) + COMPLETED_RECORD))
+    except (ObjectNotFound, ValueError):
+        return None
+    same_parts = [tuple(p) for p in done.get("parts", [])] == [tuple(p) for p in wanted]
+    if done.get("key") != request.target.key or done.get("owner") != ctx.user_id:
+        return None
+    return done if same_parts else None
+
+
+def _remove_upload(store: BlobStore, upload_id: str, keep: str = "") -> None:
+    """The upload's record and parts removed (and, unless it is `keep`, the record of its
+    completion)."""
     directory = _upload_dir(upload_id)
     # Its record first: a Complete racing this one (a client's retry) then finds no upload
-    # (NoSuchUpload), never an upload whose parts are half gone (InvalidPart).
+    # (NoSuchUpload, or its completion's answer), never an upload whose parts are half gone
+    # (InvalidPart).
     uploads.discard(store, directory + "upload.json")
     for info in list(store.list(directory)):
         key = (
             info.key if info.key.startswith(directory) else directory + info.key.rpartition("/")[2]
         )
+        if keep and key == directory + keep:
+            continue
         uploads.discard(store, key)
-    store.remove_empty_folder(directory)  # a local namespace keeps no empty folder per upload
+    if not keep:
+        store.remove_empty_folder(directory)  # a local namespace keeps no empty folder per upload
 
 
 def sweep_abandoned_uploads(store: BlobStore, expiry_seconds: float, now: float) -> list[str]:
