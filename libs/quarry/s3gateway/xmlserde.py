@@ -46,7 +46,12 @@ def document(root: str, fields: Iterable[tuple[str, Any]], namespace: bool = Tru
     repeated nested elements; None values are left out."""
     element = ET.Element(root, xmlns=NS) if namespace else ET.Element(root)
     _fill(element, fields)
-    return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(element)
+    # A carriage return as a reference, as S3 writes it: a parser reads a raw one as a line
+    # feed (every end of line is normalized), so a key `a\rb` was listed as `a\nb`, a key
+    # that does not exist. ElementTree writes none other than inside text.
+    return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(element).replace(
+        b"\r", b"&#13;"
+    )
 
 
 def error_document(error: S3Error, request_id: str) -> bytes:

@@ -65,3 +65,17 @@ def test_the_servers_own_storage_failure_is_a_retryable_503_that_names_no_path(c
     assert (answer.code, answer.status) == ("ServiceUnavailable", 503)
     assert "/srv/lake" not in answer.message
     assert "/srv/lake" in caplog.text  # the operator still sees it
+
+
+def test_a_carriage_return_in_a_key_survives_a_parser():
+    """A parser normalizes a raw CR to LF: a key `a\\rb` was listed as `a\\nb` (pyarrow's
+    listing, which asks for no encoding-type), a key that does not exist."""
+    import xml.etree.ElementTree as ET
+
+    from quarry.s3gateway import xmlserde
+
+    body = xmlserde.document("ListBucketResult", [("Contents", [[("Key", "main/a\rb\nc")]])])
+    assert b"\r" not in body
+    parsed = ET.fromstring(body)
+    keys = [e.text for e in parsed.iter() if e.tag.endswith("Key")]
+    assert keys == ["main/a\rb\nc"]
