@@ -465,14 +465,13 @@ def test_multipart_parts_are_invisible_until_complete_and_abort_removes_them(s3,
     assert s3.get_object(Bucket=REPO, Key=key)["Body"].read() == part1 + part2
     namespace = gateway.suite.namespace(REPO)
 
-    def multipart_files() -> list[str]:
-        return [
-            f for _, _, files in os.walk(os.path.join(namespace, "_s3_multipart")) for f in files
-        ]
+    def multipart_files(upload_id: str) -> list[str]:
+        directory = os.path.join(namespace, "_s3_multipart", upload_id)
+        return [f for _, _, files in os.walk(directory) for f in files]
 
     # Parts and the upload record removed; what a retry of the Complete is answered from
     # stays (the sweep of abandoned uploads removes it after the expiry).
-    assert multipart_files() == ["completed.json"]
+    assert multipart_files(upload) == ["completed.json"]
     # A retry of the Complete (an SDK's, its answer lost) gets the same answer, as from S3,
     # and stages nothing again; it was NoSuchUpload, a failed upload whose object was there.
     data_files = sorted(os.listdir(os.path.join(namespace, "data")))
@@ -500,7 +499,7 @@ def test_multipart_parts_are_invisible_until_complete_and_abort_removes_them(s3,
         Bucket=REPO, Key="dev/mpu/aborted.bin", UploadId=aborted, PartNumber=1, Body=b"z"
     )
     s3.abort_multipart_upload(Bucket=REPO, Key="dev/mpu/aborted.bin", UploadId=aborted)
-    assert multipart_files() == ["completed.json"]
+    assert multipart_files(aborted) == []
     # ... and the aborted upload's folder (a local namespace kept an empty one per upload)
     assert not os.path.exists(os.path.join(namespace, "_s3_multipart", aborted))
     assert "mpu/aborted.bin" not in _staged(client, "dev")

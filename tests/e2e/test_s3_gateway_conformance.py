@@ -888,3 +888,35 @@ def test_the_standard_headers_written_with_an_object_are_served_with_it(s3, clie
             Metadata={"quarry.http.content-encoding": "gzip"},
         )
     assert _code(refused.value) == "InvalidArgument"
+
+
+def test_list_multipart_uploads_pages_and_groups_as_s3(s3):
+    """max-uploads, key-marker / upload-id-marker and delimiter were ignored: every upload
+    came back with IsTruncated false, the same ones again after a marker."""
+    keys = [f"main/lmu/{n}" for n in range(4)] + ["main/lmu/2", "main/lmu/sub/a", "main/lmu/sub/b"]
+    made = sorted(
+        (key, s3.create_multipart_upload(Bucket=REPO, Key=key)["UploadId"]) for key in keys
+    )
+    try:
+        pages, seen = 0, []
+        marker: dict[str, str] = {}
+        while True:
+            page = s3.list_multipart_uploads(
+                Bucket=REPO, Prefix="main/lmu/", MaxUploads=2, **marker
+            )
+            pages += 1
+            seen += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", [])]
+            assert len(page.get("Uploads", [])) <= 2
+            if not page["IsTruncated"]:
+                break
+            marker = {"KeyMarker": page["NextKeyMarker"]}
+            if page.get("NextUploadIdMarker"):
+                marker["UploadIdMarker"] = page["NextUploadIdMarker"]
+        assert seen == made  # each once, in key then upload id order (two uploads of lmu/2)
+        assert pages == 4
+        grouped = s3.list_multipart_uploads(Bucket=REPO, Prefix="main/lmu/", Delimiter="/")
+        assert [p["Prefix"] for p in grouped["CommonPrefixes"]] == ["main/lmu/sub/"]
+        assert [u["Key"] for u in grouped["Uploads"]] == [k for k, _ in made if "sub/" not in k]
+    finally:
+        for key, upload in made:
+            s3.abort_multipart_upload(Bucket=REPO, Key=key, UploadId=upload)

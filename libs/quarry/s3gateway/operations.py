@@ -1740,9 +1740,16 @@ def _count_param(request: Request, name: str, default: int) -> int:
 
 
 def list_multipart_uploads(ctx: Context, request: Request) -> Response:
+    """The caller's uploads in progress, by key then upload id, with S3's paging
+    (`max-uploads`, `key-marker` / `upload-id-marker`, NextKeyMarker / NextUploadIdMarker)
+    and `prefix` / `delimiter` grouping (a common prefix counts as one item of a page)."""
     repo = _repository(ctx, request.target.bucket)
     prefix = request.param("prefix") or ""
-    uploads = []
+    delimiter = request.param("delimiter") or ""
+    key_marker = request.param("key-marker") or ""
+    id_marker = request.param("upload-id-marker") or ""
+    max_uploads = min(_count_param(request, "max-uploads", 1000), 1000)
+    found: list[tuple[str, str, float]] = []
     with open_blob_store(repo.storage_namespace, ctx.settings) as store:
         for info in store.list(MULTIPART_PREFIX):
             if not info.key.endswith("/upload.json"):
@@ -1754,23 +1761,57 @@ def list_multipart_uploads(ctx: Context, request: Request) -> Response:
                 continue
             if record.get("owner") != ctx.user_id or not record["key"].startswith(prefix):
                 continue
-            uploads.append(
-                [
-                    ("Key", record["key"]),
-                    ("UploadId", upload_id),
-                    ("Initiated", xmlserde.timestamp(record["initiated"])),
-                ]
-            )
-    uploads.sort(key=lambda u: (u[0][1], u[1][1]))
+            found.append((record["key"], upload_id, record["initiated"]))
+    found.sort()
+
+    def after_markers(key: str, upload_id: str) -> bool:
+        if not key_marker:
+            return True
+        if id_marker:  # the rest of the marker key's uploads, then later keys
+            return key > key_marker or (key == key_marker and upload_id > id_marker)
+        return key > key_marker
+
+    uploads: list[tuple[str, str, float]] = []
+    common: list[str] = []
+    last: tuple[str, str] = ("", "")
+    truncated = False
+    for key, upload_id, initiated in found:
+        if not after_markers(key, upload_id):
+            continue
+        grouped = ""
+        if delimiter:
+            cut = key.find(delimiter, len(prefix))
+            grouped = key[: cut + len(delimiter)] if cut >= 0 else ""
+        if grouped and (grouped in common or grouped <= key_marker):
+            continue
+        if len(uploads) + len(common) >= max_uploads:
+            truncated = True
+            break
+        if grouped:
+            common.append(grouped)
+            last = (grouped, "")
+        else:
+            uploads.append((key, upload_id, initiated))
+            last = (key, upload_id)
+    listed = [
+        [("Key", key), ("UploadId", upload_id), ("Initiated", xmlserde.timestamp(initiated))]
+        for key, upload_id, initiated in uploads
+    ]
     return xml_response(
         xmlserde.document(
             "ListMultipartUploadsResult",
             [
                 ("Bucket", request.target.bucket),
+                ("KeyMarker", key_marker),
+                ("UploadIdMarker", id_marker),
+                ("NextKeyMarker", last[0] if truncated else None),
+                ("NextUploadIdMarker", last[1] if truncated and last[1] else None),
+                ("Delimiter", delimiter or None),
                 ("Prefix", prefix),
-                ("MaxUploads", 1000),
-                ("IsTruncated", False),
-                ("Upload", uploads),
+                ("MaxUploads", max_uploads),
+                ("IsTruncated", truncated),
+                ("Upload", listed),
+                ("CommonPrefixes", [[("Prefix", p)] for p in common]),
             ],
         )
     )
