@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -1009,11 +1010,16 @@ def test_pyarrow_writes_parquet_on_a_branch_and_reads_it_back_from_a_tag(gateway
 # ---- aws-chunked with chunk signatures ----------------------------------------------------
 
 
-def _chunked_put(gateway, keys, key: str, data: bytes, tamper: bool = False):
+def _chunked_put(gateway, keys, key: str, data: bytes, tamper: bool = False, trailer: str = ""):
     """A PUT in STREAMING-AWS4-HMAC-SHA256-PAYLOAD form (what the AWS SDKs for Java and Go
     send): botocore signs the headers (the seed signature); each 64 KiB chunk carries its
     signature chained to the previous one (AWS's algorithm, checked in the unit tests against
-    AWS's published example). `tamper` changes a byte after signing."""
+    AWS's published example). `tamper` changes a byte after signing.
+
+    `trailer` ("signed", "forged", "unsigned"): the -PAYLOAD-TRAILER form (the AWS SDK for
+    Java v2's default), a CRC32 trailer after the last chunk with its signature chained to
+    the final chunk's; "forged" changes the trailer's value after signing, "unsigned"
+    leaves the signature out."""
     import http.client
     from urllib.parse import urlsplit
 
@@ -1025,19 +1031,22 @@ def _chunked_put(gateway, keys, key: str, data: bytes, tamper: bool = False):
     from quarry.s3gateway.sigv4 import EMPTY_SHA256
 
     url = f"{gateway.endpoint}/{REPO}/{key}"
+    mode = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD" + ("-TRAILER" if trailer else "")
     headers = {
-        "X-Amz-Content-SHA256": "STREAMING-AWS4-HMAC-SHA256-PAYLOAD",
+        "X-Amz-Content-SHA256": mode,
         "Content-Encoding": "aws-chunked",
         "X-Amz-Decoded-Content-Length": str(len(data)),
     }
+    if trailer:
+        headers["X-Amz-Trailer"] = "x-amz-checksum-crc32"
 
     class StreamingSigner(S3SigV4Auth):
         def payload(self, request):  # the payload hash the seed signature signs
-            return "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
+            return mode
 
     request = AWSRequest(method="PUT", url=url, headers=headers)
     StreamingSigner(Credentials(*keys), "s3", "us-east-1").add_auth(request)
-    assert request.headers["X-Amz-Content-SHA256"] == "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
+    assert request.headers["X-Amz-Content-SHA256"] == mode
     seed = request.headers["Authorization"].rpartition("Signature=")[2]
     amz_date = request.headers["X-Amz-Date"]
     scope = f"{amz_date[:8]}/us-east-1/s3/aws4_request"
@@ -1057,7 +1066,26 @@ def _chunked_put(gateway, keys, key: str, data: bytes, tamper: bool = False):
         )
         previous = sign(derived, text)
         sent = piece[:-1] + b"!" if tamper and piece and len(body) > 70000 else piece
-        body += f"{len(piece):x};chunk-signature={previous}\r\n".encode() + sent + b"\r\n"
+        body += f"{len(piece):x};chunk-signature={previous}\r\n".encode() + sent
+        body += b"" if trailer and not piece else b"\r\n"  # trailers follow the last chunk
+    if trailer:
+        checksum = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+        canonical = f"x-amz-checksum-crc32:{checksum}\n"
+        text = "\n".join(
+            [
+                "AWS4-HMAC-SHA256-TRAILER",
+                amz_date,
+                scope,
+                previous,
+                hashlib.sha256(canonical.encode()).hexdigest(),
+            ]
+        )
+        if trailer == "forged":
+            checksum = base64.b64encode(zlib.crc32(b"other").to_bytes(4, "big")).decode()
+        body += f"x-amz-checksum-crc32:{checksum}\r\n".encode()
+        if trailer != "unsigned":
+            body += f"x-amz-trailer-signature:{sign(derived, text)}\r\n".encode()
+        body += b"\r\n"
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
     sent_headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
@@ -1080,6 +1108,25 @@ def test_signed_aws_chunked_uploads_are_checked_chunk_by_chunk(gateway, keys, cl
     assert status == 403 and b"<Code>SignatureDoesNotMatch</Code>" in answer
     assert "chunked/tampered.bin" not in _staged(client, "dev")
     assert set(os.listdir(stored)) == before  # ... and the bytes it wrote were removed
+
+
+def test_signed_trailers_are_checked_as_the_chunks_are(gateway, keys, client):
+    """STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER (the AWS SDK for Java v2's default: Spark,
+    Trino, Iceberg on SDK v2) was refused NotImplemented. Its trailer carries a signature
+    chained to the last chunk's: a trailer changed after signing, or sent unsigned, is
+    refused and nothing is staged."""
+    data = os.urandom(150_000)
+    status, answer = _chunked_put(gateway, keys, "dev/trailer/good.bin", data, trailer="signed")
+    assert status == 200, answer
+    s3 = gateway.s3(keys)
+    assert s3.get_object(Bucket=REPO, Key="dev/trailer/good.bin")["Body"].read() == data
+    stored = os.path.join(gateway.suite.namespace(REPO), "data")
+    before = set(os.listdir(stored))
+    for bad in ("forged", "unsigned"):
+        status, answer = _chunked_put(gateway, keys, f"dev/trailer/{bad}.bin", data, trailer=bad)
+        assert status == 403 and b"<Code>SignatureDoesNotMatch</Code>" in answer, (bad, answer)
+    assert [p for p in _staged(client, "dev") if p.startswith("trailer/")] == ["trailer/good.bin"]
+    assert set(os.listdir(stored)) == before
 
 
 # ---- rclone and s3cmd (Debian packages: `make test-clients`) -----------------------------

@@ -275,12 +275,19 @@ def body_reader(
     from quarry.s3gateway import sigv4
 
     mode = signature.payload_hash if signature is not None else sigv4.UNSIGNED_PAYLOAD
-    chunked = mode in (sigv4.STREAMING_PAYLOAD, sigv4.STREAMING_UNSIGNED_TRAILER)
+    chunked = mode in (
+        sigv4.STREAMING_PAYLOAD,
+        sigv4.STREAMING_UNSIGNED_TRAILER,
+        sigv4.STREAMING_PAYLOAD_TRAILER,
+    )
     claim = checksums.claimed(request, chunked)
     if chunked:
-        signed = mode == sigv4.STREAMING_PAYLOAD
+        signed = mode in (sigv4.STREAMING_PAYLOAD, sigv4.STREAMING_PAYLOAD_TRAILER)
         decoder = sigv4.ChunkedDecoder(
-            request.read, signature if signed else None, signature.signature
+            request.read,
+            signature if signed else None,
+            signature.signature,
+            signed_trailer=mode == sigv4.STREAMING_PAYLOAD_TRAILER,
         )
         read: Callable[[int], bytes] = decoder.read
         trailers = decoder.trailers

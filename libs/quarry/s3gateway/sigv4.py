@@ -34,6 +34,7 @@ UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 STREAMING_PAYLOAD = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
 STREAMING_UNSIGNED_TRAILER = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
 STREAMING_PAYLOAD_TRAILER = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER"
+TRAILER_SIGNATURE = "x-amz-trailer-signature"
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 MAX_PRESIGNED_EXPIRY_SECONDS = 7 * 24 * 3600
 _CREDENTIAL = re.compile(r"^([^/]+)/(\d{8})/([^/]+)/([^/]+)/aws4_request$")
@@ -278,16 +279,31 @@ def is_sha256(value: str) -> bool:
     return bool(_HEX64.match(value))
 
 
+def trailer_string_to_sign(signature: Signature, previous: str, trailers: dict[str, str]) -> str:
+    """The string a signed trailer chunk (x-amz-trailer-signature) signs: chained to the
+    final, empty chunk's signature; its trailers canonical as `name:value\n` each, by name
+    (what the AWS SDKs sign)."""
+    canonical = "".join(f"{name}:{trailers[name]}\n" for name in sorted(trailers))
+    return "\n".join(
+        [
+            "AWS4-HMAC-SHA256-TRAILER",
+            signature.amz_date,
+            signature.scope,
+            previous,
+            hashlib.sha256(canonical.encode()).hexdigest(),
+        ]
+    )
+
+
 def check_payload_hash(signature: Signature) -> None:
     value = signature.payload_hash
-    if value in (UNSIGNED_PAYLOAD, STREAMING_PAYLOAD, STREAMING_UNSIGNED_TRAILER):
+    if value in (
+        UNSIGNED_PAYLOAD,
+        STREAMING_PAYLOAD,
+        STREAMING_UNSIGNED_TRAILER,
+        STREAMING_PAYLOAD_TRAILER,
+    ):
         return
-    if value == STREAMING_PAYLOAD_TRAILER:
-        raise S3Error(
-            "NotImplemented",
-            "signed trailers (STREAMING-...-PAYLOAD-TRAILER) are not supported",
-            501,
-        )
     if not _HEX64.match(value):
         raise invalid_argument(f"x-amz-content-sha256 {value!r} is not a SHA-256 or a known mode")
 
@@ -306,11 +322,18 @@ class ChunkedDecoder:
     Refuses (IncompleteBody / InvalidChunkSizeError) a body that ends early or is malformed."""
 
     def __init__(
-        self, read: Callable[[int], bytes], signature: Signature | None, seed: str
+        self,
+        read: Callable[[int], bytes],
+        signature: Signature | None,
+        seed: str,
+        signed_trailer: bool = False,
     ) -> None:
         self._read = read
         self._buffer = b""
         self._signature = signature  # None: unsigned chunks (STREAMING-UNSIGNED-PAYLOAD-TRAILER)
+        # STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER: the trailers carry a signature too,
+        # chained to the final chunk's (the AWS SDK for Java v2's default upload form).
+        self._signed_trailer = signed_trailer and signature is not None
         self._previous = seed
         self._left = 0  # bytes left in the current chunk
         self._chunk_hash = hashlib.sha256()
@@ -359,6 +382,18 @@ class ChunkedDecoder:
             while line := self._line_or_end():
                 name, _, value = line.partition(":")
                 self.trailers[name.strip().lower()] = value.strip()
+            if self._signed_trailer:
+                self._sign_trailers()
+
+    def _sign_trailers(self) -> None:
+        """The trailer chunk's claimed signature, kept to be checked with the chunks'
+        (SignatureDoesNotMatch when it is missing: the trailers would go unsigned)."""
+        assert self._signature is not None
+        claimed = self.trailers.pop(TRAILER_SIGNATURE, "")
+        if not claimed:
+            raise signature_mismatch()
+        text = trailer_string_to_sign(self._signature, self._previous, self.trailers)
+        self.signed.append((text, claimed))
 
     def _line_or_end(self) -> str:
         try:
