@@ -216,3 +216,46 @@ def test_periodic_worker_stop_is_bounded_while_a_step_blocks():
         assert time.monotonic() - started < 10  # gave up, did not wait the step's 30 s
     finally:
         release.set()
+
+
+def test_a_probe_that_hangs_past_its_timeout_is_a_dependency_away():
+    """A probe bounded by its own client's timeout only (boto3's 30 s read timeout, against a
+    DynamoDB that takes the connection and never answers) kept the kv-gateway SERVING for a
+    minute while every call waited 30 s: the round waits for it no longer than the probe
+    timeout. The gauges an alert reads follow."""
+    from prometheus_client import REGISTRY
+
+    answering = threading.Event()
+    answering.set()
+    release = threading.Event()
+
+    def probe(timeout: float) -> None:
+        if not answering.is_set():
+            release.wait(60)  # ignores its timeout, as the hung read did
+
+    spec = gateway_spec()
+    spec.dependencies = [Dependency("kv-backend", "dynamodb://hung", probe)]
+    server, port = start(spec)
+    target = f"127.0.0.1:{port}"
+    try:
+        wait_health(target, SERVING, timeout=10)
+        assert REGISTRY.get_sample_value("quarry_dependency_up", {"dependency": "kv-backend"}) == 1
+        answering.clear()
+        started = time.monotonic()
+        wait_health(target, NOT_SERVING, timeout=20)
+        # Two failed rounds of at most probe_timeout + slack each, not the probe's 60 s.
+        assert time.monotonic() - started < 20
+        with pytest.raises(grpc.RpcError) as caught:
+            scan(target)
+        info = reason_of(caught.value)
+        assert info.reason == "DEPENDENCY_UNAVAILABLE"
+        assert "does not answer within" in caught.value.details()
+        assert REGISTRY.get_sample_value("quarry_dependency_up", {"dependency": "kv-backend"}) == 0
+        assert REGISTRY.get_sample_value("quarry_serving") == 0
+        answering.set()
+        release.set()  # the blocked probe returns; the next rounds answer
+        wait_health(target, SERVING, timeout=10)
+        assert REGISTRY.get_sample_value("quarry_serving") == 1
+    finally:
+        release.set()
+        server.stop(grace=0)

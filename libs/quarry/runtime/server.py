@@ -34,6 +34,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import Gauge
 
 import quarry
 from quarry import errors, telemetry
@@ -53,6 +54,7 @@ from quarry.runtime.tls import (
 )
 from quarry.runtime.workers import ready_line, start_serving_metrics, worker_role
 from quarry.telemetry.logs import configure_logging
+from quarry.telemetry.metrics import expose
 from quarry.telemetry.rpc import RpcMetrics, server_interceptors
 from quarry.v1 import server_info_pb2, server_info_pb2_grpc
 
@@ -74,9 +76,28 @@ READINESS_INTERVAL_SECONDS = 1.0
 READINESS_RETRY_INITIAL_SECONDS = 0.1
 READINESS_RETRY_MAX_SECONDS = 2.0
 PROBE_TIMEOUT_SECONDS = 1.0
+# How much longer than its timeout a round waits for a probe (BoundedProbe).
+PROBE_SLACK_SECONDS = 0.5
 # A ready service turns NOT_SERVING after this many failed rounds in a row (the retries come
 # within a fraction of a second): one slow health answer under load does not refuse calls.
 LOST_AFTER_FAILED_ROUNDS = 2
+
+
+# Each process's view of its dependencies, for alerts (a worker's gauges are summed on its
+# service's metrics port: the number of its processes that see the dependency answer).
+DEPENDENCY_UP = Gauge(
+    "quarry_dependency_up",
+    "1 while the dependency answered this process's last probe round, else 0 (summed over "
+    "a service's worker processes)",
+    ["dependency"],
+    registry=None,
+)
+SERVING = Gauge(
+    "quarry_serving",
+    "1 while this process reports SERVING (its dependencies answer and its start-up work "
+    "ran), else 0 (summed over a service's worker processes)",
+    registry=None,
+)
 
 
 class DependencyUnavailable(errors.Unavailable):
@@ -181,6 +202,39 @@ class ReadinessTiming:
     retry_max: float = READINESS_RETRY_MAX_SECONDS
 
 
+class BoundedProbe:
+    """A dependency's probe held to its timeout whatever the probe does: it runs on a
+    thread of its own and the round waits at most the timeout for it. A probe that
+    ignores its timeout (a DynamoDB read under boto3's 30 s read timeout, against a store
+    that accepts connections and never answers) kept a service SERVING for a minute while
+    every call waited 30 s. While it is still blocked, later rounds fail at once."""
+
+    def __init__(self, dependency: Dependency) -> None:
+        self.dependency = dependency
+        self._executor = futures.ThreadPoolExecutor(
+            1, thread_name_prefix=f"probe-{dependency.name}"
+        )
+        self._running: futures.Future[None] | None = None
+
+    def __call__(self, timeout: float) -> None:
+        dependency = self.dependency
+        if self._running is None or self._running.done():
+            self._running = self._executor.submit(dependency.probe, timeout)
+        try:
+            # A little past the timeout: a probe that keeps to it fails with its own reason
+            # (a TLS handshake's, say), not this one.
+            self._running.result(timeout + PROBE_SLACK_SECONDS)
+        except futures.TimeoutError:
+            raise DependencyUnavailable(
+                f"the {dependency.name} at {dependency.address} does not answer within "
+                f"{timeout:g}s",
+                metadata={"dependency": dependency.name, "address": dependency.address},
+            ) from None
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
 class Readiness:
     """Health follows the dependencies (see the module docstring). `check()` is one probe
     round; a PeriodicWorker repeats it."""
@@ -194,6 +248,9 @@ class Readiness:
     ):
         self._service = spec.name
         self._dependencies = list(spec.dependencies)
+        self._probes = [BoundedProbe(d) for d in self._dependencies]
+        expose(DEPENDENCY_UP, SERVING)
+        SERVING.set(0)
         self._pending_work = list(spec.on_ready)
         self._health = health_servicer
         self._health_names = list(health_names)
@@ -233,11 +290,14 @@ class Readiness:
             if self.failure is not None:
                 return False
             missing = []
-            for dependency in self._dependencies:
+            for probe in self._probes:
+                dependency = probe.dependency
                 try:
-                    dependency.probe(self._probe_timeout)
+                    probe(self._probe_timeout)
+                    DEPENDENCY_UP.labels(dependency.name).set(1)
                 except Exception as exc:  # any failure means "not answering"
                     missing.append((dependency, exc))
+                    DEPENDENCY_UP.labels(dependency.name).set(0)
             if missing and self.ready and self._failed_rounds + 1 < LOST_AFTER_FAILED_ROUNDS:
                 self._failed_rounds += 1
                 log.debug(
@@ -297,14 +357,19 @@ class Readiness:
     def _set_not_ready(self, refusal: DependencyUnavailable, key: str) -> None:
         self._not_ready = refusal
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        if self._logged != key:
-            self._logged = key
+        SERVING.set(0)
+        # Logged again when the cause changes, not only the state: a dependency restarted
+        # with an expired certificate was still logged as "does not answer" from before.
+        logged = f"{key}: {refusal.message}"
+        if self._logged != logged:
+            self._logged = logged
             log.warning("%s: NOT_SERVING: %s", self._service, refusal.message)
 
     def _set_ready(self) -> None:
         self._not_ready = None
         self._failed_rounds = 0
         self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        SERVING.set(1)
         if self._logged != "ready":
             self._logged = "ready"
             log.info(
@@ -320,11 +385,12 @@ class Readiness:
             self._health.set(name, status)
 
     def close(self) -> None:
-        for dependency in self._dependencies:
+        for probe in self._probes:
+            probe.close()
             try:
-                dependency.close()
+                probe.dependency.close()
             except Exception:
-                log.debug("closing the probe of %s failed", dependency.name, exc_info=True)
+                log.debug("closing the probe of %s failed", probe.dependency.name, exc_info=True)
 
 
 class ReadinessGate(grpc.ServerInterceptor):
