@@ -170,6 +170,36 @@ class Doctor:
             self._check_orphans(report, used_tokens, queued)
         return report
 
+    def _tokens_in_use_now(self) -> dict[str, str]:
+        """The staging tokens the branch records reference when read again (records that
+        do not decode are left out: they were reported). The installation keeps working
+        while doctor reads it: a commit that retires a token between the first read of a
+        branch and the read of the cleanup queue, or a branch created meanwhile, must not
+        be reported as a token "queued but in use" (a data-loss alarm) or an orphan."""
+        used: dict[str, str] = {}
+        for item in self._scan(QUARRY_PARTITION, REPOS_PREFIX):
+            try:
+                repo = Repository.from_record(item.value, item.key)
+            except Exception:  # reported by the first pass
+                continue
+            for branch_item in self._scan(repo.partition, BRANCHES_PREFIX):
+                try:
+                    branch = layout.decode(
+                        types_pb2.Branch, repo.partition, branch_item.key, branch_item.value
+                    )
+                except Exception:  # reported by the first pass
+                    continue
+                for token in (branch.staging_token, *branch.sealed_tokens):
+                    used[token] = f"{repo.name}/{branch.name}"
+        return used
+
+    def _queued_now(self) -> set[bytes]:
+        return {
+            item.key
+            for item in self._scan(CLEANUP_PARTITION)
+            if not item.key.startswith(PARKED_PREFIX)
+        }
+
     # ---- repositories --------------------------------------------------------------------
 
     def _repositories(self, report: Report, only: str) -> Iterator[tuple[str, Repository]]:
@@ -303,6 +333,7 @@ class Doctor:
 
     def _check_cleanup_queue(self, report: Report, used_tokens: dict[str, str]) -> set[bytes]:
         queued: set[bytes] = set()
+        suspects: list[tuple[str, bytes]] = []
         for item in self._scan(CLEANUP_PARTITION):
             report.count("cleanup items")
             if item.key.startswith(PARKED_PREFIX):
@@ -329,16 +360,21 @@ class Doctor:
             queued.add(item.key)
             token = layout.staging_token_of(item.key) if _is_staging(item.key) else None
             if token is not None and token in used_tokens:
-                report.findings.append(
-                    Finding(
-                        QUEUED_TOKEN_IN_USE,
-                        f"staging token {token} is queued for dropping but "
-                        f"branch {used_tokens[token]} still uses it",
-                        "",
-                        records.show(CLEANUP_PARTITION),
-                        records.show(item.key),
-                    )
+                suspects.append((token, item.key))
+        in_use = self._tokens_in_use_now() if suspects else {}
+        for token, key in suspects:
+            if token not in in_use:
+                continue  # retired since the branch was read: queued as it should be
+            report.findings.append(
+                Finding(
+                    QUEUED_TOKEN_IN_USE,
+                    f"staging token {token} is queued for dropping but "
+                    f"branch {in_use[token]} still uses it",
+                    "",
+                    records.show(CLEANUP_PARTITION),
+                    records.show(key),
                 )
+            )
         return queued
 
     def _check_orphans(
@@ -350,6 +386,7 @@ class Doctor:
         except errors.QuarryError as exc:
             report.notes.append(f"orphan staging tokens not checked: {exc.reason}: {exc.message}")
             return
+        suspects = []
         for partition in sorted(candidates):
             if not _is_staging(partition) or partition in used or partition in queued:
                 continue
@@ -360,16 +397,26 @@ class Doctor:
             finally:
                 iterator.close()
             if has_items:
-                report.findings.append(
-                    Finding(
-                        ORPHAN_STAGING_TOKEN,
-                        "a staging partition with items that no branch "
-                        "references and that is not queued for dropping",
-                        "",
-                        records.show(partition),
-                        "",
-                    )
+                suspects.append(partition)
+        if not suspects:
+            return
+        # Read again, branches then the queue: a token a branch took or retired while the
+        # first reads ran is referenced, or queued, by now.
+        used_now = {p for t in self._tokens_in_use_now() if t for p in _partitions_of(t)}
+        queued_now = self._queued_now()
+        for partition in suspects:
+            if partition in used_now or partition in queued_now:
+                continue
+            report.findings.append(
+                Finding(
+                    ORPHAN_STAGING_TOKEN,
+                    "a staging partition with items that no branch "
+                    "references and that is not queued for dropping",
+                    "",
+                    records.show(partition),
+                    "",
                 )
+            )
 
     # ---- helpers -------------------------------------------------------------------------
 
