@@ -169,6 +169,14 @@ class TTLCache:
             self._data.move_to_end(key)
             while len(self._data) > self.max_items:
                 self._data.popitem(last=False)
+            # Expired entries at the least recently used end go now, not when (if ever)
+            # their key is asked for again: a cache of keys that are never repeated held
+            # max_items dead values.
+            while self._data:
+                oldest = next(iter(self._data.values()))
+                if self._clock() - oldest[0] < self.ttl_seconds:
+                    break
+                self._data.popitem(last=False)
 
     def pop(self, key: Hashable) -> None:
         with self._lock:

@@ -47,3 +47,16 @@ def test_the_repository_cache_is_one():
     refs = RefManager(MemoryStore())
     assert isinstance(refs._repos, TTLCache)
     assert refs._repos.max_items > 0
+
+
+def test_expired_entries_of_keys_never_asked_again_do_not_pile_up():
+    """An expired entry was dropped only when its key was asked for again: a cache of keys
+    that never repeat (the S3 gateway's clients by token, a new token every 10 s) held
+    max_items dead values (~300 MB per gateway process)."""
+    clock = Clock()
+    cache = TTLCache(10.0, max_items=1000, clock=clock)
+    for n in range(500):
+        cache.put(f"token-{n}", n)
+        clock.now += 1.0
+    assert len(cache) <= 11  # what the last 10 s put, not 500
+    assert cache.get("token-499") == 499

@@ -238,7 +238,9 @@ class S3App:
         self._staging = (
             uploads.SharedStaging(batch, observe=_observe_staging) if batch > 1 else None
         )
-        # Clients by token: a token lives at most as long as the verifier reuses it.
+        # One client per user, with the token it calls with: a user's token changes every
+        # time the verifier's reuse ends, and keyed by token the clients of past tokens
+        # piled up (~300 KB each, each holding a bearer token) up to the cache's bound.
         self._clients = TTLCache(max(cache_seconds, 1.0), max_items=1000)
 
     def close(self) -> None:
@@ -376,7 +378,7 @@ class S3App:
                 verifier.verify(signature, chunks)
 
         context = ops.Context(
-            client=self._client(token),
+            client=self._client(user, token),
             user_id=user,
             settings=self._settings,
             region=self._settings.s3_gateway_region,
@@ -386,19 +388,20 @@ class S3App:
         )
         return context, signature
 
-    def _client(self, token: str) -> Any:
-        """A Quarry client calling as the bearer of `token` over the gateway's channels, kept
-        while the token is reused (a client is a set of stubs: cheap, but not free per
-        request)."""
+    def _client(self, user: str, token: str) -> Any:
+        """A Quarry client calling as `user` with the bearer `token` over the gateway's
+        channels, kept while the token is reused (a client is a set of stubs: cheap, but not
+        free per request); a new token replaces the user's client."""
         from quarry.client import Client
 
-        client = self._clients.get(token)
-        if client is None:
-            gateway = self._gateway
-            client = Client(
-                branch_manager=gateway.branch_manager, committer=gateway.committer, token=token
-            )
-            self._clients.put(token, client)
+        cached = self._clients.get(user)
+        if cached is not None and cached[0] == token:
+            return cached[1]
+        gateway = self._gateway
+        client = Client(
+            branch_manager=gateway.branch_manager, committer=gateway.committer, token=token
+        )
+        self._clients.put(user, (token, client))
         return client
 
     def _respond(self, bridge: _Bridge, request: Request, response: Response) -> int:
