@@ -29,11 +29,11 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
-def _validity(builder: x509.CertificateBuilder) -> x509.CertificateBuilder:
+def _validity(builder: x509.CertificateBuilder, days: float = 2) -> x509.CertificateBuilder:
+    """Valid from an hour ago for `days` (negative: expired that long ago)."""
     now = dt.datetime.now(dt.UTC)
-    return builder.not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(
-        now + dt.timedelta(days=2)
-    )
+    start = now - dt.timedelta(hours=1) if days > 0 else now + dt.timedelta(days=days - 1)
+    return builder.not_valid_before(start).not_valid_after(now + dt.timedelta(days=days))
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,9 @@ class TestCA:
     def ca(self) -> bytes:
         return self.ca_file.read_bytes()
 
-    def issue(self, common_name: str, sans: tuple[str, ...] = SANS) -> Leaf:
+    def issue(self, common_name: str, sans: tuple[str, ...] = SANS, days: float = 2) -> Leaf:
         """A certificate for `common_name` valid for both server and client authentication,
-        naming `sans` (DNS names and IP addresses)."""
+        naming `sans` (DNS names and IP addresses), for `days` (negative: expired)."""
         key = ec.generate_private_key(ec.SECP256R1())
         names: list[x509.GeneralName] = []
         for san in sans:
@@ -104,7 +104,7 @@ class TestCA:
             except ValueError:
                 names.append(x509.DNSName(san))
         cert = (
-            _validity(x509.CertificateBuilder())
+            _validity(x509.CertificateBuilder(), days)
             .subject_name(_name(common_name))
             .issuer_name(self._cert.subject)
             .public_key(key.public_key())

@@ -38,3 +38,17 @@ def test_a_dependency_a_service_could_not_reach_is_not_blamed_on_the_users_conne
     assert error is not None and error.reason == "DEPENDENCY_UNREACHABLE"
     assert "ipv4:127.0.0.1:7405" in error.message and "its log says why" in error.message
     assert "Is Quarry running" not in error.message and "--" not in error.message
+
+
+def test_a_dependency_whose_tls_handshake_failed_keeps_its_tls_reason():
+    """A range-writer restarted with an expired certificate: the committer's refusal says
+    so, and the CLI passed on "it is down or restarting" instead (docs/tls.md promises the
+    TLS message)."""
+    services = {"branch-manager": "127.0.0.1:7402", "committer": "127.0.0.1:7403"}
+    refusal = errors.Unavailable(
+        "committer is waiting for its dependencies: TLS handshake failed: ... — failed to "
+        "connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:7405: Ssl handshake "
+        "failed: SSL_ERROR_SSL: error:1000007d:SSL routines:OPENSSL_internal:"
+        "CERTIFICATE_VERIFY_FAILED: certificate has expired"
+    )
+    assert unreachable(refusal, services) is None  # shown as the service said it

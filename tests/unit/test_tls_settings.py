@@ -377,3 +377,21 @@ def test_user_clients_follow_the_environment_and_the_config_file(pki, monkeypatc
     monkeypatch.setenv("QUARRY_CONFIG_FILE", str(config))
     security = environment_channel_security()
     assert security.tls and security.root_certificates == pki.ca.ca
+
+
+def test_an_expired_certificate_is_named_in_the_log_at_start(pki, caplog):
+    """Every client refuses the handshake of a service whose certificate expired (a
+    rotation that installed an old one): the service's own log says so at start, once."""
+    import logging
+
+    expired = pki.ca.issue("expired-service", days=-1)
+    with caplog.at_level(logging.WARNING, logger="quarry.runtime.tls"):
+        for _ in range(2):
+            server_tls(
+                settings(tls_cert_file=str(expired.cert_file), tls_key_file=str(expired.key_file))
+            )
+        server_tls(
+            settings(tls_cert_file=str(pki.server.cert_file), tls_key_file=str(pki.server.key_file))
+        )
+    warned = [r.getMessage() for r in caplog.records if "expired on" in r.getMessage()]
+    assert len(warned) == 1 and str(expired.cert_file) in warned[0], warned

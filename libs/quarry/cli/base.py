@@ -36,6 +36,7 @@ from quarry import config, errors
 from quarry.cli import output, style
 from quarry.cli.progress import Progress
 from quarry.client import Client, RetryPolicy
+from quarry.runtime.tls import names_tls_failure
 from quarry.telemetry import DEFAULT_ENDPOINT
 
 CONNECTION_REFUSED = "connection refused"
@@ -279,8 +280,10 @@ def unreachable(exc: errors.QuarryError, services: dict[str, str]) -> CliError |
     message = exc.message or ""
     if exc.code.name != "UNAVAILABLE" or "failed to connect" not in message.lower():
         return None
-    if exc.reason in _TLS_REASONS:
-        return None  # reached, but TLS is set up wrong: its own reason says what to fix
+    if exc.reason in _TLS_REASONS or names_tls_failure(message):
+        # Reached, but TLS is set up wrong -- here or between two services (a dependency
+        # restarted with an expired certificate): its own text says what to fix.
+        return None
     peer = _PEER.search(message)
     port = peer.group(2) if peer else ""
     named = [

@@ -23,6 +23,7 @@ kept out of every repr.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import ssl
 import time
@@ -32,6 +33,8 @@ from typing import Any
 import grpc
 
 from quarry import errors
+
+log = logging.getLogger(__name__)
 
 CERT_FILE_ENV = "QUARRY_TLS_CERT_FILE"
 KEY_FILE_ENV = "QUARRY_TLS_KEY_FILE"
@@ -181,7 +184,43 @@ def _certificate_pair(settings: Any) -> tuple[bytes, bytes] | None:
             f"certificate and its matching unencrypted private key ({exc})",
             metadata={"setting": CERT_FILE_ENV, "path": cert_file},
         ) from None
+    _warn_if_not_valid_now(cert_file, chain)
     return chain, key
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_if_not_valid_now(cert_file: str, chain: bytes) -> None:
+    """A warning (once per file and validity) when the service's own certificate has
+    expired or is not valid yet: every client will refuse the handshake, and the clients'
+    errors are all an operator would otherwise see (a rotation that installed an old
+    certificate)."""
+    import datetime
+
+    from cryptography import x509
+
+    try:
+        leaf = x509.load_pem_x509_certificate(chain)
+    except ValueError:
+        return  # it loaded for the server above: another PEM form; nothing to say
+    now = datetime.datetime.now(datetime.UTC)
+    after, before = leaf.not_valid_after_utc, leaf.not_valid_before_utc
+    if before <= now <= after or (cert_file, str(after)) in _warned:
+        return
+    _warned.add((cert_file, str(after)))
+    when = (
+        f"expired on {after:%Y-%m-%d %H:%M} UTC"
+        if now > after
+        else (f"is not valid before {before:%Y-%m-%d %H:%M} UTC")
+    )
+    log.warning(
+        "the certificate in %s=%s %s: clients will refuse every TLS handshake with this "
+        "service until it is replaced",
+        CERT_FILE_ENV,
+        cert_file,
+        when,
+    )
 
 
 def _ca_bundle(settings: Any) -> bytes | None:
@@ -292,13 +331,20 @@ _CONNECT_FAILURE = "failed to connect to all addresses"
 _CLOSED_AT_SETUP = "socket closed"
 
 
+def names_tls_failure(message: str) -> bool:
+    """Whether a connection failure's text says its TLS set-up failed (a certificate not
+    trusted or expired, a name that does not match, no TLS on the other end)."""
+    lowered = message.lower()
+    return any(marker in lowered for marker in _HANDSHAKE_FAILURES)
+
+
 def connection_error(message: str) -> errors.QuarryError | None:
     """The TLS-aware error for gRPC's own UNAVAILABLE `message` about a connection that
     failed to set up, or None when it is not one of those (used by from_rpc_error)."""
     lowered = message.lower()
     if _CONNECT_FAILURE not in lowered:
         return None
-    if any(marker in lowered for marker in _HANDSHAKE_FAILURES):
+    if names_tls_failure(message):
         return TlsHandshakeFailed(
             f"TLS handshake failed: the server's certificate is not trusted or does not name "
             f"the address, or the server does not serve TLS (check {CA_FILE_ENV}, "
@@ -326,5 +372,6 @@ __all__ = [
     "connection_error",
     "environment_channel_security",
     "is_loopback",
+    "names_tls_failure",
     "server_tls",
 ]
