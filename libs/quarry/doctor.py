@@ -22,6 +22,7 @@ refuse, and the storage namespaces are only read (exists/get).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
@@ -49,6 +50,7 @@ from quarry.graveler.layout import (
 )
 from quarry.graveler.model import RangeInfo
 from quarry.graveler.refs import Repository
+from quarry.graveler.staging import RETIRING_EXPIRY_SECONDS
 from quarry.kv import store as kv
 from quarry.kv.partitions import STAGING, partition_class
 from quarry.v1 import types_pb2
@@ -359,6 +361,8 @@ class Doctor:
                 continue
             queued.add(item.key)
             token = layout.staging_token_of(item.key) if _is_staging(item.key) else None
+            if record.branch and time.time() - record.queued_at < RETIRING_EXPIRY_SECONDS:
+                continue  # queued ahead of a branch change: in use until it is made
             if token is not None and token in used_tokens:
                 suspects.append((token, item.key))
         in_use = self._tokens_in_use_now() if suspects else {}

@@ -235,6 +235,10 @@ class Commits:
         it dirty, a new seal in front, the sensor's guard). False if HEAD or the base moved,
         or the sealed list lost the tokens: the work must be redone."""
         with tracer.start_as_current_span("graveler.swap_branch"):
+            # (6) The dropper deletes the retired tokens' items after a grace period, once
+            # the branch no longer references them: queued before the swap, so a process
+            # that dies right after it leaves no orphan token (queue_retiring_tokens).
+            self.core.staging.queue_retiring_tokens(retirement.applied, repo.partition, branch_name)
             # The last point to stop: a call that expired or was cancelled moves no branch
             # (its ranges and commit record are only unreferenced garbage for GC).
             deadlines.check()
@@ -245,9 +249,6 @@ class Commits:
             except (_Moved, gerrors.BranchContended):
                 return False
             self.core.forget_branch(repo, branch_name)
-            # (6) The dropper deletes the retired tokens' items after a grace period (queued
-            # whatever the caller's deadline: the branch has moved).
-            self.core.staging.queue_drop_tokens(retirement.applied)
             return True
 
     # ---- staging compaction ----------------------------------------------------------------

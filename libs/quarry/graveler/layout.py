@@ -629,9 +629,21 @@ def decode_request(value: bytes) -> stored.RequestRecord | None:
         return None
 
 
-def encode_cleanup(partition: bytes, queued_at: int) -> bytes:
+def encode_cleanup(
+    partition: bytes,
+    queued_at: int,
+    repository_partition: bytes = b"",
+    branch: str = "",
+    token: str = "",
+) -> bytes:
+    """A cleanup record; with `branch` (and its repository partition and the `token`), one
+    queued before the branch change that retires the token (CleanupRecord)."""
     return stored.CleanupRecord(
-        partition_key=partition.decode(), queued_at=queued_at
+        partition_key=partition.decode(),
+        queued_at=queued_at,
+        repository_partition=repository_partition.decode(),
+        branch=branch,
+        token=token,
     ).SerializeToString()
 
 

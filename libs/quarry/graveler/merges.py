@@ -462,6 +462,12 @@ class Merges:
             branch.compacted_metarange_id = ""
             return branch
 
+        # The sealed tokens the move retires are queued first, dropped once the branch no
+        # longer references them (queue_retiring_tokens: no orphan if this process dies
+        # right after the move).
+        self.core.staging.queue_retiring_tokens(
+            list(read[0].sealed_tokens), repo.partition, read[0].name
+        )
         # The last point to stop: an expired or cancelled merge moves no branch.
         deadlines.check()
         try:
@@ -470,7 +476,6 @@ class Merges:
             )
         except gerrors.BranchContended:
             return False
-        self.core.staging.queue_drop_tokens(list(read[0].sealed_tokens))
         return True
 
     # ---- criss-cross histories: a virtual merge base -----------------------------------------

@@ -18,6 +18,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from quarry.graveler import layout, records
 from quarry.graveler.iterators import DisjointMerge
@@ -36,6 +37,10 @@ from quarry.runtime.periodic import PeriodicWorker
 log = logging.getLogger(__name__)
 
 TOMBSTONE = None  # a staged deletion, as seen by domain code
+# A token queued ahead of a branch change (queue_retiring_tokens) that the branch still
+# references this long after is not being retired: its cleanup record is forgotten (a later
+# retirement queues it again).
+RETIRING_EXPIRY_SECONDS = 3600
 SCAN_BATCH = 1000
 
 
@@ -218,6 +223,32 @@ class StagingManager:
             ]
         )
 
+    def queue_retiring_tokens(
+        self, tokens: Sequence[str], repository_partition: bytes, branch: str
+    ) -> None:
+        """Queue every partition of `tokens` that a change of `branch`'s record is about to
+        retire, BEFORE the change is made (a commit's or compaction's swap, a merge).
+
+        Safety rule: the dropper deletes such a partition only once the branch no longer
+        references its token (drop_queued), so queuing ahead never drops a token that the
+        change, failed or not made, left in use; and a process that dies right after the
+        change (or loses the KV store then) leaves no orphan token behind -- the queue
+        written after the change left its items in the KV store for good. May raise: the
+        change has not been made."""
+        now = int(self._clock())
+        queued = [
+            (
+                CLEANUP_PARTITION,
+                partition,
+                layout.encode_cleanup(partition, now, repository_partition, branch, token),
+            )
+            for token in tokens
+            if token
+            for partition in staging_partitions(token)
+        ]
+        if queued:
+            self.kv.batch_set(queued)
+
     def queue_drop_tokens(self, tokens: Sequence[str]) -> None:
         """Queue every partition of the tokens (all shards of a sharded token) that a
         branch record change just retired.
@@ -254,8 +285,15 @@ class StagingManager:
                 except records.CorruptRecord as exc:
                     self.park_cleanup_item(item.key, item.value, exc)
                     continue
-                if now - record.queued_at >= grace_seconds:
-                    due.append(item.key)
+                if now - record.queued_at < grace_seconds:
+                    continue
+                if record.branch and self._still_referenced(record):
+                    # Queued ahead of a branch change that has not retired the token (yet,
+                    # or ever): kept; forgotten once the change can no longer be coming.
+                    if now - record.queued_at >= RETIRING_EXPIRY_SECONDS:
+                        self.kv.delete(CLEANUP_PARTITION, item.key)
+                    continue
+                due.append(item.key)
                 if len(due) >= limit:
                     break
         finally:
@@ -265,6 +303,20 @@ class StagingManager:
             self.kv.delete(CLEANUP_PARTITION, partition)
             dropped += 1
         return dropped
+
+    def _still_referenced(self, record: Any) -> bool:
+        """Whether the branch a token was queued ahead for still references it (its record
+        unreadable counts as yes: nothing is dropped on a guess)."""
+        partition = record.repository_partition.encode()
+        try:
+            value = self.kv.get(partition, layout.branch_key(record.branch)).value
+        except kv.KeyNotFound:
+            return False  # the branch is gone: so is every reference to its tokens
+        try:
+            branch = layout.decode_branch(partition, record.branch, value)
+        except records.CorruptRecord:
+            return True
+        return record.token in (branch.staging_token, *branch.sealed_tokens)
 
     def park_cleanup_item(self, key: bytes, value: bytes, why: records.CorruptRecord) -> bytes:
         """Move a corrupt cleanup item aside to `parked/<key>` in the cleanup partition, so

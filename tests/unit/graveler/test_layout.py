@@ -61,6 +61,13 @@ API_RECORDS = [
         instance_id="i1",
     ),
     records_pb2.CleanupRecord(partition_key="staging/t1", queued_at=1_700_000_000),
+    records_pb2.CleanupRecord(
+        partition_key="staging/t2",
+        queued_at=1_700_000_000,
+        repository_partition="repo/r/i1",
+        branch="main",
+        token="t2",
+    ),
     records_pb2.RequestRecord(
         state=records_pb2.REQUEST_STATE_DONE,
         fingerprint=b"\x01\x02",

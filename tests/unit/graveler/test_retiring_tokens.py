@@ -1,0 +1,95 @@
+"""Staging tokens a branch change retires are queued BEFORE the change (queue_retiring_tokens)
+and dropped only once the branch no longer references them. Queued after the change, a
+commit whose process died (or lost the KV store) right after its swap left the retired
+token's items in the KV store for good (a soak and a kill -9 run found one)."""
+
+from __future__ import annotations
+
+import pytest
+
+from quarry.graveler import staging as staging_module
+from quarry.graveler.layout import CLEANUP_PARTITION, staging_partitions
+from quarry.graveler.model import Entry
+
+
+def entry(path: str) -> Entry:
+    return Entry(path, f"s3://b/{path}", 1, "c")
+
+
+def items(graveler, token: str) -> int:
+    return sum(len(list(graveler.kv.scan(p))) for p in staging_partitions(token))
+
+
+def queued(graveler) -> set[bytes]:
+    return {item.key for item in graveler.kv.scan(CLEANUP_PARTITION)}
+
+
+class ProcessDied(BaseException):
+    """What a kill -9 right after the swap leaves: nothing after it runs."""
+
+
+def test_a_commit_that_dies_right_after_its_swap_leaves_no_orphan_token(graveler, repo):
+    graveler.put_objects(repo, "main", [entry(f"d/{i}") for i in range(10)])
+    old = graveler.get_branch(repo, "main").staging_token
+    update_branch = graveler.refs.update_branch
+
+    def swap_then_die(*args, **kwargs):
+        done = update_branch(*args, **kwargs)
+        if kwargs.get("step") == "swap_branch":
+            raise ProcessDied()  # the branch moved; nothing after the swap runs
+        return done
+
+    graveler.refs.update_branch = swap_then_die
+    with pytest.raises(ProcessDied):
+        graveler.commit(repo, "main", "landed, then the process died", "ada")
+    graveler.refs.update_branch = update_branch
+    after = graveler.get_branch(repo, "main")
+    assert old not in (after.staging_token, *after.sealed_tokens)  # the swap happened
+    assert items(graveler, old) == 10
+    graveler.staging.drop_queued(grace_seconds=0)
+    assert items(graveler, old) == 0  # dropped: nothing left behind
+    assert not queued(graveler)
+    # The commit's changes are there, read from the commit.
+    listed, _, _ = graveler.list_objects(repo, "main", page_size=100)
+    assert len(listed) == 10
+
+
+def test_a_token_queued_ahead_of_a_change_that_never_came_is_never_dropped(
+    graveler, repo, monkeypatch
+):
+    """Safety rule: a swap that lost its race, or never ran, must not cost the branch its
+    staged changes: the token it still references is kept, and the queue entry forgotten
+    after RETIRING_EXPIRY_SECONDS."""
+    graveler.put_objects(repo, "main", [entry(f"d/{i}") for i in range(5)])
+    live = graveler.get_branch(repo, "main").staging_token
+    partition = graveler.repo(repo).partition
+    graveler.staging.queue_retiring_tokens([live], partition, "main")
+    graveler.staging.drop_queued(grace_seconds=0)
+    assert items(graveler, live) == 5  # still the branch's: kept
+    assert queued(graveler) == set(staging_partitions(live))  # and still waiting
+    # Nor is it a doctor finding: a token queued ahead of its branch's change is in use
+    # until the change is made.
+    from quarry.blob.local import LocalBlobStore
+    from quarry.doctor import QUEUED_TOKEN_IN_USE, Doctor
+
+    report = Doctor(graveler.kv, LocalBlobStore).check()
+    assert QUEUED_TOKEN_IN_USE not in [f.kind for f in report.findings]
+    monkeypatch.setattr(staging_module, "RETIRING_EXPIRY_SECONDS", 0)
+    graveler.staging.drop_queued(grace_seconds=0)
+    assert items(graveler, live) == 5
+    assert not queued(graveler)  # forgotten: the change is not coming
+    listed, _, _ = graveler.list_objects(repo, "main", page_size=100)
+    assert len(listed) == 5
+
+
+def test_a_branch_that_is_gone_references_nothing(graveler, repo):
+    from quarry.graveler.layout import branch_key
+
+    graveler.create_branch(repo, "gone", "main")
+    graveler.put_objects(repo, "gone", [entry("x")])
+    token = graveler.get_branch(repo, "gone").staging_token
+    partition = graveler.repo(repo).partition
+    graveler.staging.queue_retiring_tokens([token], partition, "gone")
+    graveler.kv.delete(partition, branch_key("gone"))  # its record gone, nothing else
+    graveler.staging.drop_queued(grace_seconds=0)
+    assert items(graveler, token) == 0
