@@ -1731,11 +1731,22 @@ def test_bootstrap_script_creates_the_admin_without_printing_the_secret(tmp_path
 
 
 def test_bootstrap_script_is_idempotent_once_an_admin_exists(tmp_path):
-    proc = run_bootstrap_script(
-        tmp_path, [(1, "quarry: ADMIN_EXISTS: this installation already has an admin")]
+    exists = (1, "quarry: ADMIN_EXISTS: this installation already has an admin")
+    proc = run_bootstrap_script(tmp_path, [exists, (0, "")])
+    assert proc.returncode == 0 and "has an admin already; nothing to do" in proc.stdout, proc
+    assert int((tmp_path / "calls").read_text()) == 2  # setup once, then whoami: no retries
+    assert (tmp_path / "args").read_text().splitlines()[1] == "auth whoami"
+    assert SECRET not in proc.stdout + proc.stderr
+    # A rotated admin Secret (its key not one of this installation's) is said to be so:
+    # setup only creates the first admin, so that key would never work.
+    (tmp_path / "rotated").mkdir()
+    rotated = run_bootstrap_script(
+        tmp_path / "rotated", [exists, (1, "quarry: INVALID_CREDENTIALS: unknown access key")]
     )
-    assert proc.returncode == 0 and "has an admin already" in proc.stdout, proc
-    assert int((tmp_path / "calls").read_text()) == 1  # asked once, nothing retried
+    assert rotated.returncode == 0, rotated
+    assert "AKIAQEXAMPLE00000000 is not one of its keys" in rotated.stderr
+    assert "nothing to do" not in rotated.stdout
+    assert SECRET not in rotated.stdout + rotated.stderr
 
 
 def test_bootstrap_script_waits_for_branch_manager_and_fails_on_bad_input(tmp_path):
