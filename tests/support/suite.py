@@ -40,6 +40,22 @@ class Suite:
         """Let the droppers see every retired token as past its grace period."""
         self.dropper_clock.advance(self.settings.staging_drop_grace_seconds)  # type: ignore[attr-defined]
 
+    def drain_cleanup_queue(self, timeout: float = 30.0) -> None:
+        """Age the cleanup queue and wait until the droppers dropped it all. Until then a
+        dropper reads the branch record of each token a commit queued ahead of its swap
+        (StagingManager.queue_retiring_tokens): a test counting a call's KV reads drains
+        first, so none of the dropper's falls in the call it measures."""
+        from support.wait import wait_until
+
+        assert self.backend is not None, "an in-process suite over a backend of the test's"
+        self.age_cleanup_queue()
+        wait_until(
+            lambda: not list(self.backend.scan(b"cleanup")),  # type: ignore[union-attr]
+            timeout=timeout,
+            interval=0.05,
+            what="the cleanup queue to drain",
+        )
+
     def client(self, **kwargs):
         from quarry.client import Client
 
