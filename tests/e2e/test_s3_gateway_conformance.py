@@ -920,3 +920,111 @@ def test_list_multipart_uploads_pages_and_groups_as_s3(s3):
     finally:
         for key, upload in made:
             s3.abort_multipart_upload(Bucket=REPO, Key=key, UploadId=upload)
+
+
+def test_entry_metadata_becomes_only_the_headers_the_gateway_chose(s3, client):
+    """Safety rule: metadata is anyone's to write (CLI, gRPC, console); on a GET or HEAD it
+    becomes only the five standard headers or x-amz-meta-*, with values a header can hold.
+    `quarry.http.set-cookie` set a cookie on this host (whose other ports serve the
+    console), and a CR/LF in a value split the answer (a 500)."""
+    s3.put_object(Bucket=REPO, Key="main/meta/planted.txt", Body=b"")
+    written = client.stat_object(REPO, "main", "meta/planted.txt")
+    client.put_object(
+        REPO,
+        "main",
+        path="meta/planted.txt",
+        physical_address=written.physical_address,
+        size_bytes=0,
+        checksum=written.checksum,
+        metadata={
+            "quarry.http.set-cookie": "quarry_console_session=forged; Path=/",
+            "quarry.http.transfer-encoding": "chunked",
+            "quarry.http.content-length": "7",
+            "quarry.http.cache-control": "max-age=60",
+            "split": "a\r\nset-cookie: forged=1",
+            "bad name": "x",
+            "owner": "ada",
+        },
+    )
+    for answer in (
+        s3.head_object(Bucket=REPO, Key="main/meta/planted.txt"),
+        s3.get_object(Bucket=REPO, Key="main/meta/planted.txt"),
+    ):
+        headers = answer["ResponseMetadata"]["HTTPHeaders"]
+        assert "set-cookie" not in headers and "transfer-encoding" not in headers, headers
+        assert headers.get("content-length") == "0"
+        assert headers["cache-control"] == "max-age=60"  # one of the five: served
+        assert answer["Metadata"] == {"owner": "ada"}  # the rest of it, as x-amz-meta-*
+
+
+def test_an_unsigned_delete_objects_body_needs_a_check_the_signature_covers(
+    gateway, keys, s3, client
+):
+    """With UNSIGNED-PAYLOAD the signature does not cover the document: without a signed
+    Content-MD5 or a verifiable x-amz-checksum-* (CRC64NVME is accepted unverified) a signed
+    request seen once could be resent deleting other keys. S3 refuses such a DeleteObjects
+    too."""
+    s3.put_object(Bucket=REPO, Key="main/unsigned/keep", Body=b"keep")
+    forged = _delete_document("main/unsigned/keep")
+    for signed in ({}, {"x-amz-checksum-crc64nvme": "AAAAAAAAAAA="}):
+        status, answer = _send(
+            gateway, keys, "POST", "", forged, signed, "UNSIGNED-PAYLOAD", query="delete="
+        )
+        assert status == 400 and b"<Code>InvalidRequest</Code>" in answer, (signed, answer)
+    # An unsigned Content-MD5 (added after signing) counts for nothing either.
+    md5 = base64.b64encode(hashlib.md5(forged).digest()).decode()
+    status, answer = _send(
+        gateway,
+        keys,
+        "POST",
+        "",
+        forged,
+        payload="UNSIGNED-PAYLOAD",
+        added_headers={"Content-MD5": md5},
+        query="delete=",
+    )
+    assert status == 400 and b"<Code>InvalidRequest</Code>" in answer, answer
+    assert _staged(client, "unsigned/") == ["unsigned/keep"]
+    # Signed, it is carried out.
+    status, answer = _send(
+        gateway, keys, "POST", "", forged, {"Content-MD5": md5}, "UNSIGNED-PAYLOAD", query="delete="
+    )
+    assert status == 200, answer
+    assert _staged(client, "unsigned/") == []
+
+
+def test_every_version_id_of_a_request_is_checked(gateway, keys, s3):
+    s3.put_object(Bucket=REPO, Key="main/versions/live", Body=b"live")
+    status, answer = _send(
+        gateway, keys, "DELETE", "main/versions/live", query="versionId=null&versionId=other"
+    )
+    assert status == 400 and b"InvalidArgument" in answer, answer
+    assert s3.get_object(Bucket=REPO, Key="main/versions/live")["Body"].read() == b"live"
+
+
+def test_max_uploads_zero_lists_nothing_and_is_not_truncated(s3):
+    upload = s3.create_multipart_upload(Bucket=REPO, Key="main/lmu0/a")["UploadId"]
+    try:
+        page = s3.list_multipart_uploads(Bucket=REPO, Prefix="main/lmu0/", MaxUploads=0)
+        assert page.get("Uploads", []) == [] and page["IsTruncated"] is False
+    finally:
+        s3.abort_multipart_upload(Bucket=REPO, Key="main/lmu0/a", UploadId=upload)
+
+
+def test_a_trailer_no_header_announced_is_refused_not_ignored(gateway, keys, client):
+    """A checksum trailer sent without x-amz-trailer went unchecked: a wrong CRC32 was
+    stored with a 200."""
+    data = os.urandom(1000)
+    signed = {"Content-Encoding": "aws-chunked", "X-Amz-Decoded-Content-Length": str(len(data))}
+    body = _trailer_body(data, f"x-amz-checksum-crc32:{_checksum('crc32', b'other')}")
+    status, answer = _send(
+        gateway,
+        keys,
+        "PUT",
+        "main/trail/undeclared",
+        body,
+        signed,
+        "STREAMING-UNSIGNED-PAYLOAD-TRAILER",
+    )
+    assert status == 400 and b"<Code>InvalidRequest</Code>" in answer, answer
+    assert "trail/undeclared" not in _staged(client, "trail/")

@@ -124,7 +124,9 @@ def route(request: Request) -> tuple[str, Callable[..., Response], bool]:  # noq
         if method == "PUT" and not request.query:
             return "CreateBucket", ops.create_bucket, False
         raise not_implemented(f"{method} on a bucket")
-    ops.check_version_id(request.param("versionId"))
+    for name, value in request.query:  # every one: a second versionId was not checked
+        if name == "versionId":
+            ops.check_version_id(value)
     if method == "GET" and request.has("uploadId"):
         return "ListParts", ops.list_parts, False
     if method == "GET":

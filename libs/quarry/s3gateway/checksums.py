@@ -90,6 +90,12 @@ def claimed(request: Request, chunked: bool) -> Claim | None:
     return Claim(algorithm, None if trailer else request.header(named[0]).strip())
 
 
+def verifiable_header(request: Request) -> bool:
+    """Whether the request carries an x-amz-checksum-* header the gateway verifies (not
+    CRC64NVME, accepted unverified)."""
+    return any(request.header(HEADER_PREFIX + algorithm) for algorithm in _DIGESTERS)
+
+
 class Summing:
     """`read` passed through, computing `claim`'s checksum of what it returns."""
 

@@ -155,12 +155,30 @@ def _object_headers(entry: types_pb2.Entry) -> list[tuple[str, str]]:
         ("content-security-policy", "sandbox"),
         ("x-content-type-options", "nosniff"),
     ]
+    # Safety rule: metadata becomes headers only under names the gateway chose (the five
+    # standard headers, x-amz-meta-*) and with values a header can carry. Metadata is
+    # anyone's to write through the CLI and gRPC: mapped as it was, `quarry.http.set-cookie`
+    # set a cookie on this host (its other ports serve the console), and a CR/LF in a value
+    # split the answer (a 500, a dropped connection).
     for key, value in sorted(entry.metadata.items()):
+        if not _header_value(value):
+            continue
         if key.startswith(STORED_HEADER_PREFIX):
-            headers.append((key[len(STORED_HEADER_PREFIX) :], value))
-        else:
+            name = key[len(STORED_HEADER_PREFIX) :]
+            if name in STORED_HEADERS:
+                headers.append((name, value))
+        elif _HEADER_TOKEN.fullmatch(key):
             headers.append((_META + key, value))
     return headers
+
+
+# What a header name may be (RFC 9110 token), and a value may hold (no control character but
+# tab).
+_HEADER_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _header_value(value: str) -> bool:
+    return all(c == "\t" or (c >= " " and c != "\x7f") for c in value)
 
 
 def _call(fn: Callable[..., Any], *args: Any, resource: str = "", **kwargs: Any) -> Any:
@@ -295,6 +313,14 @@ def body_reader(
         def check_chunks() -> None:
             if signed:
                 ctx.sealed_check(decoder.signed)
+            # A trailer no x-amz-trailer announced is refused, never ignored: a checksum
+            # sent that way went unchecked (a wrong CRC32 was stored with a 200).
+            announced = claim.name if claim is not None and claim.value is None else ""
+            extra = sorted(name for name in decoder.trailers if name != announced)
+            if extra:
+                raise S3Error(
+                    "InvalidRequest", f"trailer {extra[0]} was not announced in x-amz-trailer", 400
+                )
     else:
         read, trailers = request.read, {}
 
@@ -890,6 +916,7 @@ def _read_document(
     a log, replayed with another body, deletes any key as its signer
     (XAmzContentSHA256Mismatch / BadDigest)."""
     if checksum_is_the_body:
+        _require_verifiable_body(request, signature)
         read, finish = body_reader(request, ctx, signature)
     else:
         read, finish = request.read, lambda: None
@@ -909,6 +936,28 @@ def _read_document(
     )
     _check_body(digests, finish, request, signature)
     return document
+
+
+def _require_verifiable_body(request: Request, signature: Any) -> None:
+    """A DeleteObjects document whose bytes the signature does not cover (UNSIGNED-PAYLOAD,
+    an unsigned streaming body) must carry a check the signature does: a signed Content-MD5,
+    or an x-amz-checksum-* header (every x-amz-* header is signed) of an algorithm the
+    gateway verifies. S3 refuses a DeleteObjects without one too; here, without it, a signed
+    request seen once could be resent with another list of keys to delete."""
+    from quarry.s3gateway import sigv4
+
+    if signature is None or sigv4.is_sha256(signature.payload_hash):
+        return  # auth off, or the payload hash is signed (and checked)
+    if request.header("content-md5") and "content-md5" in signature.signed_headers:
+        return
+    if checksums.verifiable_header(request):
+        return
+    raise S3Error(
+        "InvalidRequest",
+        "Missing required header for this request: a signed Content-MD5 or an "
+        "x-amz-checksum-crc32, -crc32c, -sha1 or -sha256 (the body is not signed)",
+        400,
+    )
 
 
 def _store_body(
@@ -1792,7 +1841,9 @@ def list_multipart_uploads(ctx: Context, request: Request) -> Response:
         if grouped and (grouped in common or grouped <= key_marker):
             continue
         if len(uploads) + len(common) >= max_uploads:
-            truncated = True
+            # Asked for none (max-uploads=0): nothing to page through, as ListObjectsV2's
+            # max-keys=0 answers; else there is more after this page.
+            truncated = max_uploads > 0
             break
         if grouped:
             common.append(grouped)
