@@ -965,6 +965,10 @@ def test_quarry_uris_stand_for_repo_ref_and_path(suite, quarry):
     two = quarry("rm", "quarry://uris/dev/t/a", "quarry://uris/main/t/a", expect=2)
     assert "names ref 'main'" in two.stderr.decode()
     assert json.loads(quarry("stat", "uris", "main", "t/a", "--json").stdout)["path"] == "t/a"
+    # A URI whose path starts with '-' would be read as an option (`-r`: remove folders).
+    dashed = quarry("rm", "quarry://uris/dev/t/a", "quarry://uris/dev/-r", expect=2)
+    assert "goes after `--`" in dashed.stderr.decode()
+    assert json.loads(quarry("stat", "uris", "dev", "t/a", "--json").stdout)["path"] == "t/a"
     # lakectl's own form of a recursive removal; a message that looks like a URI stays one.
     quarry("rm", "-r", "quarry://uris/dev/t")
     quarry("commit", "quarry://uris/dev", "-m", "quarry://not/a/uri")

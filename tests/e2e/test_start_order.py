@@ -281,6 +281,44 @@ def test_setup_run_right_after_starting_the_services_waits_for_them(procs, tmp_p
     assert (procs.home / "credentials.json").is_file()
 
 
+def test_setup_waits_only_for_a_branch_manager_that_is_starting(tmp_path):
+    """Nothing listening: setup waits within --timeout, then answers as every command does
+    (SERVICE_UNREACHABLE, "Is Quarry running?"). A name that does not resolve is not waited
+    out at all (it waited 30 s and lost the DNS error)."""
+    env = quarry_env(tmp_path / "home")
+    for name in ("QUARRY_ACCESS_KEY_ID", "QUARRY_SECRET_ACCESS_KEY"):
+        env.pop(name, None)
+    refused = subprocess.run(
+        [
+            str(VENV_BIN / "quarry"),
+            "setup",
+            "--timeout",
+            "2",
+            "--branch-manager",
+            f"127.0.0.1:{free_port()}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 1, refused
+    assert "waiting for the branch-manager" in refused.stderr
+    assert "SERVICE_UNREACHABLE" in refused.stderr, refused.stderr
+    started = time.monotonic()
+    unknown = subprocess.run(
+        [str(VENV_BIN / "quarry"), "setup", "--branch-manager", "no-such-host.invalid:7402"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert unknown.returncode == 1, unknown
+    assert "waiting for" not in unknown.stderr, unknown.stderr
+    assert time.monotonic() - started < 25  # a hang bound: it waited the whole 30 s
+    assert "no-such-host.invalid" in unknown.stderr
+
+
 def test_a_service_stops_within_its_grace_period_while_its_dependency_hangs(procs, tmp_path):
     """The kv-gateway is frozen (SIGSTOP: connections open, nothing answers — a network
     partition), a write is in flight and the dropper is polling: SIGTERM still ends

@@ -235,8 +235,12 @@ def _check_webhook_properties(
         if not isinstance(mapping, dict):
             raise _fail(path, f"hook {hook_id!r}: `{key}` must be a mapping", line)
         for name, value in mapping.items():
-            if not isinstance(value, str | int | float) or isinstance(value, bool):
-                raise _fail(path, f"hook {hook_id!r}: `{key}.{name}` must be a string", line)
+            # query_params as lakeFS takes them: a scalar, or a list (repeated parameters).
+            values = value if key == "query_params" and isinstance(value, list) else [value]
+            allowed = (str, int, float, bool, type(None)) if key == "query_params" else (str,)
+            if not all(isinstance(v, allowed) for v in values):
+                what = "a scalar or a list of scalars" if key == "query_params" else "a string"
+                raise _fail(path, f"hook {hook_id!r}: `{key}.{name}` must be {what}", line)
             if key == "headers" and not (isinstance(name, str) and _HEADER_NAME.match(name)):
                 raise _fail(path, f"hook {hook_id!r}: {name!r} is not an HTTP header name", line)
     for key in ("secret", "headers", "query_params"):
@@ -265,6 +269,13 @@ def _without_lines(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_lines(v) for v in value]
     return value
+
+
+def query_text(value: Any) -> str:
+    """A query parameter's value as sent: true/false for a YAML boolean, "" for none."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
 
 
 def parse_duration(value: Any) -> float | None:

@@ -281,14 +281,23 @@ class Actions:
         started = time.monotonic()
         with tracer.start_as_current_span("actions.hook", attributes=attributes) as span:
             try:
-                query = {
-                    str(k): files.resolve_env(str(v), dict(self.environ))
-                    for k, v in (properties.get("query_params") or {}).items()
-                }
+                query = [
+                    (str(k), files.resolve_env(files.query_text(v), dict(self.environ)))
+                    for k, values in (properties.get("query_params") or {}).items()
+                    for v in (values if isinstance(values, list) else [values])
+                ]
                 headers = {
                     str(k): files.resolve_env(str(v), dict(self.environ))
                     for k, v in (properties.get("headers") or {}).items()
                 }
+                broken_header = next(
+                    (k for k, v in headers.items() if any(c in v for c in "\r\n\x00")), None
+                )
+                if broken_header is not None:  # named, its value (a secret) never shown
+                    raise errors.InvalidArgument(
+                        f"header {broken_header!r}: its value from the environment holds a "
+                        "line break or NUL"
+                    )
                 # A hook's own `secret` (an environment reference the receiver also knows)
                 # signs instead of the repository's.
                 own = properties.get("secret")
@@ -309,9 +318,14 @@ class Actions:
                 answer = webhook.Response(0, b"", refused.message)
             except Exception as broken:  # a hook that cannot be called has failed
                 # Recorded as this hook's failure (a pre-event then fails HOOK_FAILED, a
-                # post-event's run shows it), never an INTERNAL answer without a run.
-                log.exception("hook %s of action %s could not be called", hook.id, action.name)
-                answer = webhook.Response(0, b"", f"the hook could not be called: {broken}")
+                # post-event's run shows it), never an INTERNAL answer without a run. Its
+                # type only: the text of an error about a header can be the header's value,
+                # a secret from the environment (runs are readable with fs:ReadActions).
+                kind = type(broken).__name__
+                log.warning(
+                    "hook %s of action %s could not be called (%s)", hook.id, action.name, kind
+                )
+                answer = webhook.Response(0, b"", f"the hook could not be called ({kind})")
             duration = time.monotonic() - started
             passed = 200 <= answer.status < 300
             status = "passed" if passed else "failed"

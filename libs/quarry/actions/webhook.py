@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from quarry import errors
@@ -150,7 +151,7 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
 def post(  # noqa: PLR0913 — one call, its parts
     url: str,
     body: dict,
-    query_params: dict[str, str],
+    query_params: Sequence[tuple[str, str]],
     timeout: float,
     secret: bytes,
     allowed_hosts: tuple[str, ...],
@@ -160,7 +161,7 @@ def post(  # noqa: PLR0913 — one call, its parts
     connection, a 500 are a failed Response), only HookURLRefused for the guard."""
     parts, address = check_url(url, allowed_hosts)
     data = json.dumps(body, sort_keys=True).encode()
-    query = urllib.parse.parse_qsl(parts.query) + [(k, str(v)) for k, v in query_params.items()]
+    query = urllib.parse.parse_qsl(parts.query) + [(k, str(v)) for k, v in query_params]
     target = (parts.path or "/") + ("?" + urllib.parse.urlencode(query) if query else "")
     port = parts.port or (443 if parts.scheme == "https" else 80)
     kind = _PinnedHTTPSConnection if parts.scheme == "https" else _PinnedHTTPConnection

@@ -377,6 +377,8 @@ def switches_first(argv: list[str], parser: argparse.ArgumentParser) -> list[str
         if token not in commands:
             break
         sub, words = commands[token], words + 1
+    if words == 0:
+        return argv  # no command (`quarry help rm -h`, `quarry --version`): as given
     switches = {
         option for action in sub._actions for option in action.option_strings if action.nargs == 0
     }
@@ -428,6 +430,11 @@ def expand_uris(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
         ref, _, path = rest.partition("/")
         if not repo or not ref:
             raise ValueError(f"{token!r}: a URI is quarry://REPO/REF[/PATH]")
+        if path.startswith("-"):
+            # Handed on as a word, it would be read as an option (`-r`: remove folders).
+            raise ValueError(
+                f"{token!r}: a path that starts with '-' goes after `--`: REPO REF -- PATH"
+            )
         if first is not None and repo != first[0]:
             raise ValueError(f"{token!r} names repository {repo!r}; the first URI {first[0]!r}")
         if first is None:

@@ -223,8 +223,8 @@ def _first_start_setup(settings: object, home: Path, wait_seconds: float = 30.0)
         print(f"  credentials: {credentials_path(home)}")
         return
     unreachable = wait_for_branch_manager(settings, wait_seconds)
-    if unreachable is not None:
-        print(f"  admin setup skipped: {unreachable.message}", file=sys.stderr)
+    if unreachable:
+        print(f"  admin setup skipped: {unreachable}", file=sys.stderr)
         return
     address = settings.branch_manager_address  # type: ignore[attr-defined]
     with Client(address, settings.committer_address, retry=CLI_RETRY) as client:  # type: ignore[attr-defined]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -97,40 +98,62 @@ def _credentials_from_environment() -> Credentials | None:
     return Credentials(key_id, secret) if key_id and secret else None
 
 
-def wait_for_branch_manager(settings: object, wait_seconds: float) -> errors.QuarryError | None:
-    """Wait until branch-manager answers its health check as SERVING, for at most
-    `wait_seconds`; None once it does, else why not. Setup is the first call made to
-    services started a moment before (`quarry up`, the docs' `quarry serve ... &` lines):
-    it waits for them rather than failing on a port not bound yet."""
-    from quarry.runtime.server import service_dependency
+def wait_for_branch_manager(
+    settings: object, wait_seconds: float, say: Callable[[str], None] | None = None
+) -> str:
+    """Wait while the branch-manager is starting -- its port refuses connections, or it
+    answers NOT_SERVING (its dependencies not up yet) -- for at most `wait_seconds`; ""
+    once it is SERVING, else the last answer. Setup is the first call made to services
+    started a moment before (`quarry up`, the docs' `quarry serve ... &` lines). Any other
+    answer -- a TLS failure, a name that does not resolve, a timeout -- is not waited out:
+    the call that follows reports it as every command does. `say` is told once that it
+    waits."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from quarry.cli.base import CONNECTION_REFUSED
+    from quarry.runtime.channels import open_channel
     from quarry.runtime.tls import channel_security
 
-    branch_manager = service_dependency(
-        "branch-manager",
-        settings.branch_manager_address,  # type: ignore[attr-defined]
-        security=channel_security(settings),
-    )
+    address = settings.branch_manager_address  # type: ignore[attr-defined]
+    channel = open_channel(address, traced=False, security=channel_security(settings))
+    stub = health_pb2_grpc.HealthStub(channel)
     deadline = time.monotonic() + wait_seconds
+    told = False
     try:
         while True:
             try:
-                branch_manager.probe(2.0)
-                return None
-            except errors.QuarryError as exc:
-                if time.monotonic() > deadline:
-                    return exc
-                time.sleep(0.2)
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2.0)
+            except grpc.RpcError as error:
+                details = (error.details() or "") if hasattr(error, "details") else ""
+                starting = (
+                    error.code() == grpc.StatusCode.UNAVAILABLE
+                    and CONNECTION_REFUSED in details.lower()
+                )
+                last = f"the branch-manager at {address} does not answer ({details})"
+            else:
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return ""
+                starting = True
+                last = f"the branch-manager at {address} is starting (NOT_SERVING)"
+            if not starting or time.monotonic() > deadline:
+                return last
+            if say is not None and not told:
+                say(f"waiting for the branch-manager at {address} to start...")
+                told = True
+            time.sleep(0.2)
     finally:
-        branch_manager.close()
+        channel.close()
 
 
 @command
 def cmd_setup(args: argparse.Namespace, ctx: Context) -> int:
     home = Path(ctx.settings.home)
     _stored_or_refuse(home)  # before any wait: nothing to wait for then
-    unreachable = wait_for_branch_manager(ctx.settings, SETUP_WAIT_SECONDS)
-    if unreachable is not None:
-        raise unreachable
+    # A branch-manager still starting is waited for (within --timeout); whatever else it
+    # answers, the setup call below reports as any command would.
+    wait = min(SETUP_WAIT_SECONDS, float(getattr(args, "timeout", SETUP_WAIT_SECONDS)))
+    wait_for_branch_manager(ctx.settings, wait, say=lambda text: print(text, file=sys.stderr))
     credentials = run_setup(
         ctx.client, home, args.user_id, args.access_key_id or "", args.secret_access_key or ""
     )

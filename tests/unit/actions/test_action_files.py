@@ -135,12 +135,15 @@ def _webhook(properties: str) -> bytes:
             "not an HTTP header name",
         ),
         ("      url: http://127.0.0.1/\n      query_params: [a]\n", "must be a mapping"),
-        ("      url: http://127.0.0.1/\n      query_params:\n        a: [1]\n", "a string"),
+        (
+            "      url: http://127.0.0.1/\n      query_params:\n        a: {b: 1}\n",
+            "a scalar or a list of scalars",
+        ),
         # Literal secrets are refused whatever their YAML type (a number was let through).
         ("      url: http://127.0.0.1/\n      secret: 123456789\n", "environment references"),
         (
             "      url: http://127.0.0.1/\n      headers:\n        X-Api-Key: 987654321\n",
-            "environment references",
+            "must be a string",
         ),
     ],
 )
@@ -203,6 +206,71 @@ def test_a_hook_whose_call_raises_is_a_failed_hook_and_the_run_is_recorded(monke
     event = runs.Event("pre-commit", "repo", "main", "main")
     with pytest.raises(runs.HookFailed) as failed:
         actions.run(b"p", event, [action])
-    assert "could not be called: Port out of range" in failed.value.message
+    # Its type, never its text (which can be a header's value: a secret).
+    assert "could not be called (ValueError)" in failed.value.message
+    assert "Port out of range" not in failed.value.message
     (run,) = actions.list_runs(b"p")[0]
     assert run.status == "failed" and run.hooks[0].error.startswith("the hook could not")
+
+
+def test_lakefs_query_params_lists_booleans_and_empty_values_are_sent(monkeypatch):
+    """lakeFS's own webhook example has `disallow: ["user_", "private_"]`: a list is sent
+    as a repeated parameter, a boolean as true/false, an empty value as empty (such files
+    were refused as INVALID_ACTION_FILE, blocking every pre-event of their branch)."""
+    from quarry.actions import runs, webhook
+    from quarry.kv.memory import MemoryStore
+
+    sent = []
+
+    def capture(url, body, query, *args, **kwargs):
+        sent.append(list(query))
+        return webhook.Response(200, b"ok")
+
+    monkeypatch.setattr(webhook, "post", capture)
+    action = files.parse(
+        "_lakefs_actions/a.yaml",
+        _webhook(
+            "      url: http://127.0.0.1/\n      query_params:\n"
+            "        disallow: ['user_', 'private_']\n        dry_run: true\n"
+            "        prefix: ''\n        limit: 5\n        none:\n"
+        ),
+    )
+    runs.Actions(MemoryStore()).run(b"p", runs.Event("pre-commit", "r", "main", "main"), [action])
+    assert sent == [
+        [
+            ("disallow", "user_"),
+            ("disallow", "private_"),
+            ("dry_run", "true"),
+            ("prefix", ""),
+            ("limit", "5"),
+            ("none", ""),
+        ]
+    ]
+
+
+def test_a_header_value_with_a_line_break_fails_the_hook_without_showing_the_value(
+    monkeypatch, caplog
+):
+    """A hook variable with a trailing newline (a secret read from a file) made http.client
+    refuse the header, and the error -- in HOOK_FAILED, the run record and the log -- was
+    the whole header value, the secret."""
+    import logging
+
+    from quarry.actions import runs
+    from quarry.kv.memory import MemoryStore
+
+    secret = "Bearer s3cr3t-value-0123456789"
+    action = files.parse(
+        "_quarry_actions/a.yaml",
+        _webhook(
+            "      url: http://127.0.0.1:1/\n      headers:\n"
+            "        Authorization: '{{ ENV.QUARRYACTION_TOKEN }}'\n"
+        ),
+    )
+    actions = runs.Actions(MemoryStore(), environ={"QUARRYACTION_TOKEN": secret + "\n"})
+    with caplog.at_level(logging.DEBUG), pytest.raises(runs.HookFailed) as failed:
+        actions.run(b"p", runs.Event("pre-commit", "r", "main", "main"), [action])
+    assert "'Authorization'" in failed.value.message and "line break" in failed.value.message
+    (run,) = actions.list_runs(b"p")[0]
+    shown = [failed.value.message, run.error, run.hooks[0].error, caplog.text]
+    assert not [text for text in shown if "s3cr3t" in text], shown
