@@ -1319,22 +1319,20 @@ def test_notes_explain_grpcurl_via_port_forward():
     assert re.search(r"grpcurl -plaintext localhost:\d+ list", proc.stdout), proc.stdout
 
 
+def install_notes(*args: str) -> str:
+    """The NOTES `helm install --dry-run` prints with `args` (--set ...)."""
+    proc = run_helm(
+        "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *args
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split("NOTES:", 1)[1]
+
+
 @pytest.mark.parametrize("server_name", ["", "quarry.internal"])
 def test_notes_commands_continued_with_a_backslash_run_as_one(server_name):
     """A shell line ending in `\\` continues on the next: a comment line there would end the
     command (the S3 example's credentials would not reach `aws`)."""
-    proc = run_helm(
-        "install",
-        RELEASE,
-        str(CHART),
-        "--namespace",
-        NAMESPACE,
-        "--dry-run=client",
-        "--set",
-        f"tls.serverName={server_name}",
-    )
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.split("NOTES:", 1)[1].splitlines()
+    lines = install_notes("--set", f"tls.serverName={server_name}").splitlines()
     continued = [i for i, line in enumerate(lines) if line.rstrip().endswith("\\")]
     assert continued, lines
     for i in continued:
@@ -1344,12 +1342,7 @@ def test_notes_commands_continued_with_a_backslash_run_as_one(server_name):
 
 
 def test_notes_mention_gc_when_enabled():
-    def notes(*args):
-        proc = run_helm(
-            "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *args
-        )
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout.split("NOTES:", 1)[1]
+    notes = install_notes
 
     (line,) = [
         ln for ln in notes("--set", "gc.enabled=true").splitlines() if "Garbage collection" in ln
