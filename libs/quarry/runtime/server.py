@@ -204,35 +204,46 @@ class ReadinessTiming:
 
 class BoundedProbe:
     """A dependency's probe held to its timeout whatever the probe does: it runs on a
-    thread of its own and the round waits at most the timeout for it. A probe that
+    daemon thread of its own and the round waits at most the timeout for it. A probe that
     ignores its timeout (a DynamoDB read under boto3's 30 s read timeout, against a store
     that accepts connections and never answers) kept a service SERVING for a minute while
-    every call waited 30 s. While it is still blocked, later rounds fail at once."""
+    every call waited 30 s. While it is still blocked, later rounds wait for it again (no
+    second probe piles up), and a daemon thread never holds up the process's exit."""
 
     def __init__(self, dependency: Dependency) -> None:
         self.dependency = dependency
-        self._executor = futures.ThreadPoolExecutor(
-            1, thread_name_prefix=f"probe-{dependency.name}"
-        )
-        self._running: futures.Future[None] | None = None
+        self._thread: threading.Thread | None = None
+        self._outcome: list[BaseException | None] = []
 
     def __call__(self, timeout: float) -> None:
         dependency = self.dependency
-        if self._running is None or self._running.done():
-            self._running = self._executor.submit(dependency.probe, timeout)
-        try:
-            # A little past the timeout: a probe that keeps to it fails with its own reason
-            # (a TLS handshake's, say), not this one.
-            self._running.result(timeout + PROBE_SLACK_SECONDS)
-        except futures.TimeoutError:
+        if self._thread is None or not self._thread.is_alive():
+            outcome: list[BaseException | None] = []
+
+            def probe() -> None:
+                try:
+                    dependency.probe(timeout)
+                    outcome.append(None)
+                except BaseException as exc:  # handed to the round that waits for it
+                    outcome.append(exc)
+
+            self._outcome = outcome
+            self._thread = threading.Thread(
+                target=probe, name=f"probe-{dependency.name}", daemon=True
+            )
+            self._thread.start()
+        # A little past the timeout: a probe that keeps to it fails with its own reason (a
+        # TLS handshake's, say), not this one.
+        self._thread.join(timeout + PROBE_SLACK_SECONDS)
+        if self._thread.is_alive():
             raise DependencyUnavailable(
                 f"the {dependency.name} at {dependency.address} does not answer within "
                 f"{timeout:g}s",
                 metadata={"dependency": dependency.name, "address": dependency.address},
-            ) from None
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+            )
+        failure = self._outcome[0] if self._outcome else None
+        if failure is not None:
+            raise failure
 
 
 class Readiness:
@@ -386,7 +397,6 @@ class Readiness:
 
     def close(self) -> None:
         for probe in self._probes:
-            probe.close()
             try:
                 probe.dependency.close()
             except Exception:
