@@ -1737,7 +1737,7 @@ def test_bootstrap_script_is_idempotent_once_an_admin_exists(tmp_path):
         tmp_path / "rotated", [exists, (1, "quarry: INVALID_CREDENTIALS: unknown access key")]
     )
     assert rotated.returncode == 0, rotated
-    assert "AKIAQEXAMPLE00000000 is not one of its keys" in rotated.stderr
+    assert "AKIAQEXAMPLE00000000 or its secret is not valid here" in rotated.stderr
     assert "nothing to do" not in rotated.stdout
     assert SECRET not in rotated.stdout + rotated.stderr
 

@@ -76,8 +76,12 @@ READINESS_INTERVAL_SECONDS = 1.0
 READINESS_RETRY_INITIAL_SECONDS = 0.1
 READINESS_RETRY_MAX_SECONDS = 2.0
 PROBE_TIMEOUT_SECONDS = 1.0
-# How much longer than its timeout a round waits for a probe (BoundedProbe).
+# How much longer than its timeout a round waits for a probe (BoundedProbe), and how many
+# probes that outlived it may still be running before a round starts no new one (rounds
+# come every 1.5-2.5 s while not ready: 16 covers a 30 s read timeout, so a fresh probe
+# sees a store that is back whatever its stuck connections do).
 PROBE_SLACK_SECONDS = 0.5
+MAX_STUCK_PROBES = 16
 # A ready service turns NOT_SERVING after this many failed rounds in a row (the retries come
 # within a fraction of a second): one slow health answer under load does not refuse calls.
 LOST_AFTER_FAILED_ROUNDS = 2
@@ -207,43 +211,46 @@ class BoundedProbe:
     daemon thread of its own and the round waits at most the timeout for it. A probe that
     ignores its timeout (a DynamoDB read under boto3's 30 s read timeout, against a store
     that accepts connections and never answers) kept a service SERVING for a minute while
-    every call waited 30 s. While it is still blocked, later rounds wait for it again (no
-    second probe piles up), and a daemon thread never holds up the process's exit."""
+    every call waited 30 s. A round after one whose probe is still stuck starts a fresh
+    probe (the stuck one's connection may be the only broken one: waiting it out kept the
+    suite down for its 30 s after the store was back), at most MAX_STUCK_PROBES at once;
+    a daemon thread never holds up the process's exit."""
 
     def __init__(self, dependency: Dependency) -> None:
         self.dependency = dependency
-        self._thread: threading.Thread | None = None
-        self._outcome: list[BaseException | None] = []
+        self._stuck: list[threading.Thread] = []
 
     def __call__(self, timeout: float) -> None:
         dependency = self.dependency
-        if self._thread is None or not self._thread.is_alive():
-            outcome: list[BaseException | None] = []
+        self._stuck = [t for t in self._stuck if t.is_alive()]
+        if len(self._stuck) >= MAX_STUCK_PROBES:
+            raise self._unanswered(timeout)
+        outcome: list[BaseException | None] = []
 
-            def probe() -> None:
-                try:
-                    dependency.probe(timeout)
-                    outcome.append(None)
-                except BaseException as exc:  # handed to the round that waits for it
-                    outcome.append(exc)
+        def probe() -> None:
+            try:
+                dependency.probe(timeout)
+                outcome.append(None)
+            except BaseException as exc:  # handed to the round that waits for it
+                outcome.append(exc)
 
-            self._outcome = outcome
-            self._thread = threading.Thread(
-                target=probe, name=f"probe-{dependency.name}", daemon=True
-            )
-            self._thread.start()
+        thread = threading.Thread(target=probe, name=f"probe-{dependency.name}", daemon=True)
+        thread.start()
         # A little past the timeout: a probe that keeps to it fails with its own reason (a
         # TLS handshake's, say), not this one.
-        self._thread.join(timeout + PROBE_SLACK_SECONDS)
-        if self._thread.is_alive():
-            raise DependencyUnavailable(
-                f"the {dependency.name} at {dependency.address} does not answer within "
-                f"{timeout:g}s",
-                metadata={"dependency": dependency.name, "address": dependency.address},
-            )
-        failure = self._outcome[0] if self._outcome else None
-        if failure is not None:
-            raise failure
+        thread.join(timeout + PROBE_SLACK_SECONDS)
+        if thread.is_alive():
+            self._stuck.append(thread)
+            raise self._unanswered(timeout)
+        if outcome and outcome[0] is not None:
+            raise outcome[0]
+
+    def _unanswered(self, timeout: float) -> DependencyUnavailable:
+        dependency = self.dependency
+        return DependencyUnavailable(
+            f"the {dependency.name} at {dependency.address} does not answer within {timeout:g}s",
+            metadata={"dependency": dependency.name, "address": dependency.address},
+        )
 
 
 class Readiness:
