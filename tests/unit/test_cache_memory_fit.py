@@ -133,3 +133,26 @@ def test_the_limit_is_read_from_cgroup_v2_then_v1(tmp_path):
     assert container_memory_limit(files) == GIB
     v2.write_text("garbage\n")
     assert container_memory_limit(files) is None
+
+
+def test_quarry_up_fits_every_services_caches_into_one_container(monkeypatch, capsys):
+    """`quarry up` in one container (podman run --memory 1g ... up): each service fitted its
+    caches as if it had the container to itself (~2.3 GiB by the model in 1 GiB); up fits
+    the sum of all its services' processes and hands each the sizes."""
+    from quarry.cli.services import shared_caches, start_order
+
+    env = {"QUARRY_BRANCH_MANAGER_WORKERS": "2"}
+    monkeypatch.setattr(config, "container_memory_limit", lambda: None)
+    shared_caches(env)
+    assert env == {"QUARRY_BRANCH_MANAGER_WORKERS": "2"}  # no limit: nothing to fit
+    monkeypatch.setattr(config, "container_memory_limit", lambda: 2 * GIB)
+    shared_caches(env)
+    settings = load_settings(env)
+    processes = sum(settings.cache_processes_of(s) for s in start_order())
+    assert processes == 4  # two branch-manager workers, the committer, the range-writer
+    assert resident(settings, processes) <= MEMORY_LIMIT_SHARE * 2 * GIB
+    assert "do not fit the container's memory limit of 2048 MiB" in capsys.readouterr().err
+    # Each service then finds its own share fits: no second shrink.
+    for service in ("branch-manager", "committer", "range-writer"):
+        fitted, reason = settings.caches_fitted(2 * GIB, settings.cache_processes_of(service))
+        assert fitted is settings and reason == ""

@@ -250,6 +250,26 @@ def lost_store(settings: Settings, home: Path) -> str:
     )
 
 
+def shared_caches(env: dict[str, str]) -> None:
+    """In a container with a memory limit, the memory caches every service of `quarry up`
+    may keep, together: each service fits its own processes' caches to the limit
+    (Settings.caches_fitted), as if it had the container to itself, which it has in a pod;
+    here all of them share it, so `quarry up` fits the sum and hands each service the
+    sizes (QUARRY_RANGE_CACHE_BYTES, QUARRY_METARANGE_CACHE_BYTES in its environment)."""
+    from quarry.config import container_memory_limit
+
+    limit = container_memory_limit()
+    if limit is None:
+        return
+    settings = load_settings(env)
+    processes = sum(settings.cache_processes_of(service) for service in start_order())
+    fitted, reason = settings.caches_fitted(limit, processes)
+    if reason:
+        print(f"quarry up: {reason}", file=sys.stderr)
+        env["QUARRY_RANGE_CACHE_BYTES"] = str(fitted.range_cache_bytes)
+        env["QUARRY_METARANGE_CACHE_BYTES"] = str(fitted.metarange_cache_bytes)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     settings = load_settings()
     home = Path(settings.home).resolve()
@@ -269,6 +289,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if not setting_given("branch_manager_workers"):
         # branch-manager on every core unless told otherwise (quarry.runtime.workers).
         env["QUARRY_BRANCH_MANAGER_WORKERS"] = "0"
+    shared_caches(env)
     print(f"Quarry {quarry.__version__} (storage format {quarry.FORMAT_VERSION})")
     print(f"  data:   {home}  (KV: {settings.effective_kv_url})")
     children: list[tuple[str, subprocess.Popen]] = []
