@@ -183,7 +183,8 @@ class Settings:
         "ScanItems message ends before its encoded size would pass this many bytes and "
         "continues with next_page_token (but always holds at least one item). The default "
         "stays 194,304 bytes under gRPC's 4 MiB default receive limit, so grpcurl and other "
-        "default clients can read any page.",
+        "default clients can read any page. 4 KiB of it are kept for the page token and the "
+        "response's other fields: a limit under ~8 KB leaves room for a few items per page.",
     )
     max_put_objects_stream_entries: int = _setting(
         1_000_000,
