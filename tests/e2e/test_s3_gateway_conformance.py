@@ -1028,3 +1028,10 @@ def test_a_trailer_no_header_announced_is_refused_not_ignored(gateway, keys, cli
     )
     assert status == 400 and b"<Code>InvalidRequest</Code>" in answer, answer
     assert "trail/undeclared" not in _staged(client, "trail/")
+
+
+def test_a_bucket_name_no_repository_can_have_is_no_such_bucket(s3):
+    """It answered NoSuchKey for the object, as if the bucket existed."""
+    with pytest.raises(ClientError) as refused:
+        s3.get_object(Bucket="not_a_repo", Key="main/x")
+    assert _code(refused.value) == "NoSuchBucket"

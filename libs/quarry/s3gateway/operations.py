@@ -587,7 +587,9 @@ def _stat(ctx: Context, request: Request) -> types_pb2.Entry:
     try:
         return ctx.client.stat_object(bucket, ref, path)
     except errors.QuarryError as exc:
-        if exc.reason == "REPOSITORY_NOT_FOUND":
+        # A name no repository can have is a bucket that does not exist, as S3 says.
+        no_bucket = exc.reason == "INVALID_NAME" and exc.metadata.get("kind") == "repository"
+        if exc.reason == "REPOSITORY_NOT_FOUND" or no_bucket:
             raise S3Error(
                 "NoSuchBucket", "The specified bucket does not exist", 404, bucket
             ) from None
