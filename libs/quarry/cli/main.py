@@ -364,12 +364,10 @@ def _print_help(parser: argparse.ArgumentParser, words: list[str]) -> int:
     return 0
 
 
-def switches_first(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
-    """The command's switches (options that take no value) moved ahead of its positionals:
-    `rm REPO BRANCH -r FOLDER` as `rm -r REPO BRANCH FOLDER`. argparse fills every
-    positional from the first run of them, so a list (`PATH...`) or an optional one
-    (`ls`'s PREFIX) after a switch was refused as unrecognized. Options that take a value,
-    and everything after `--`, stay where they are."""
+def _command_of(
+    argv: list[str], parser: argparse.ArgumentParser
+) -> tuple[argparse.ArgumentParser, int]:
+    """The parser of the (sub)command `argv` names, and how many of its words name it."""
     sub: argparse.ArgumentParser = parser
     words = 0
     for token in argv:
@@ -377,6 +375,16 @@ def switches_first(argv: list[str], parser: argparse.ArgumentParser) -> list[str
         if token not in commands:
             break
         sub, words = commands[token], words + 1
+    return sub, words
+
+
+def switches_first(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """The command's switches (options that take no value) moved ahead of its positionals:
+    `rm REPO BRANCH -r FOLDER` as `rm -r REPO BRANCH FOLDER`. argparse fills every
+    positional from the first run of them, so a list (`PATH...`) or an optional one
+    (`ls`'s PREFIX) after a switch was refused as unrecognized. Options that take a value,
+    and everything after `--`, stay where they are."""
+    sub, words = _command_of(argv, parser)
     if words == 0:
         return argv  # no command (`quarry help rm -h`, `quarry --version`): as given
     switches = {
@@ -405,12 +413,7 @@ def expand_uris(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     the same REF and another PATH (`rm quarry://R/dev/a quarry://R/main/b` is refused: it
     once removed b from dev). An option's value (a message, `import --to`) stays as given.
     ValueError for a URI that names no REF, or another repository or ref."""
-    sub: argparse.ArgumentParser = parser
-    for token in argv:
-        commands = sub._commands() if isinstance(sub, QuarryParser) else {}
-        if token not in commands:
-            break
-        sub = commands[token]
+    sub, _ = _command_of(argv, parser)
     command = str(sub.get_default("command_name") or "")
     takes_value = {
         option for action in sub._actions for option in action.option_strings if action.nargs != 0
