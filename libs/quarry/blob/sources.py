@@ -16,9 +16,8 @@ import exists to avoid; action files alone are, see with_action_file_checksums):
 
 Left out, and counted as skipped: keys whose address would not read back as the same object
 (`a//b`, `.` or `..` segments, also percent-encoded, control characters, `?`/`#` in an S3
-key), Quarry's own
-temporary files, and symbolic links (a link could lead anywhere, a repository's namespace
-included; the import never follows one).
+key), Quarry's own temporary files, and symbolic links (a link could lead anywhere, a
+repository's namespace included; the import never follows one).
 
 A source that changes while it is listed (docs/import.md): a directory is read one
 directory at a time in key order, S3 one page at a time. An object added where the listing
