@@ -417,10 +417,17 @@ class Repositories:
             else None
         )
         # Compare-and-delete: the tokens retired are those of the record deleted, even when
-        # a seal or commit changed the branch since it was first read.
-        branch = self.refs.delete_branch(repo, name)
+        # a seal or commit changed the branch since it was first read; each record about to
+        # be deleted has its tokens queued first (dropped once no branch record references
+        # them: queue_retiring_tokens).
+        self.refs.delete_branch(
+            repo,
+            name,
+            lambda branch: self.staging.queue_retiring_tokens(
+                [branch.staging_token, *branch.sealed_tokens], repo.partition, name
+            ),
+        )
         self.core.forget_branch(repo, name)
-        self.staging.queue_drop_tokens([branch.staging_token, *branch.sealed_tokens])
         if post is not None:
             post()
 
@@ -441,6 +448,11 @@ class Repositories:
                     f"reset with force",
                     metadata={"repository": repo.name, "branch": name},
                 )
+            # The tokens this record change retires are queued first (dropped once the
+            # branch no longer references them: queue_retiring_tokens).
+            self.staging.queue_retiring_tokens(
+                [branch.staging_token, *branch.sealed_tokens], repo.partition, name
+            )
             return types_pb2.Branch(
                 name=name,
                 commit_id=target,
@@ -453,8 +465,6 @@ class Repositories:
         else:
             update = self._reset_if_clean(repo, name, reset)
         self.core.forget_branch(repo, name)
-        old = update.before
-        self.staging.queue_drop_tokens([old.staging_token, *old.sealed_tokens])
         return update.branch
 
     def _reset_if_clean(

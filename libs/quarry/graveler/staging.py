@@ -31,7 +31,6 @@ from quarry.graveler.layout import (
 from quarry.graveler.model import Entry
 from quarry.kv import store as kv
 from quarry.kv.partitions import sharded_token
-from quarry.runtime import deadlines
 from quarry.runtime.periodic import PeriodicWorker
 
 log = logging.getLogger(__name__)
@@ -227,7 +226,8 @@ class StagingManager:
         self, tokens: Sequence[str], repository_partition: bytes, branch: str
     ) -> None:
         """Queue every partition of `tokens` that a change of `branch`'s record is about to
-        retire, BEFORE the change is made (a commit's or compaction's swap, a merge).
+        retire, BEFORE the change is made (a commit's or compaction's swap, a merge, a
+        discard, a reset, a branch deletion): the one way a retired token is queued.
 
         Safety rule: the dropper deletes such a partition only once the branch no longer
         references its token (drop_queued), so queuing ahead never drops a token that the
@@ -248,21 +248,6 @@ class StagingManager:
         ]
         if queued:
             self.kv.batch_set(queued)
-
-    def queue_drop_tokens(self, tokens: Sequence[str]) -> None:
-        """Queue every partition of the tokens (all shards of a sharded token) that a
-        branch record change just retired.
-
-        It follows a change that already happened (a commit, merge, reset, discard, branch
-        delete), so it neither stops at the caller's deadline, which may have passed just
-        after the change, nor raises: a failure here must not report a landed change as
-        failed (its retry would then be answered NO_CHANGES). A token not queued is an
-        orphan that `quarry doctor` reports, never lost data."""
-        try:
-            with deadlines.serving(None):
-                self.queue_drop([p for t in tokens if t for p in staging_partitions(t)])
-        except Exception:
-            log.exception("retired staging tokens %s were not queued for dropping", tokens)
 
     def drop_queued(self, grace_seconds: float, limit: int = 100) -> int:
         """Delete the items of queued partitions older than the grace period. Returns the

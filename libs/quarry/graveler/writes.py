@@ -363,6 +363,11 @@ class Writes:
         """A fresh token, no sealed tokens, no compacted metarange, same HEAD."""
 
         def clean(branch: types_pb2.Branch) -> types_pb2.Branch:
+            # The tokens this record change retires are queued first (dropped once the
+            # branch no longer references them: queue_retiring_tokens).
+            self.staging.queue_retiring_tokens(
+                [branch.staging_token, *branch.sealed_tokens], repo.partition, branch_name
+            )
             return types_pb2.Branch(
                 name=branch_name,
                 commit_id=branch.commit_id,
@@ -370,10 +375,8 @@ class Writes:
                 dirty=False,
             )
 
-        update = self.refs.update_branch(repo, branch_name, clean, step="discard")
+        self.refs.update_branch(repo, branch_name, clean, step="discard")
         self.core.forget_branch(repo, branch_name)
-        old = update.before
-        self.staging.queue_drop_tokens([old.staging_token, *old.sealed_tokens])
 
 
 __all__ = [

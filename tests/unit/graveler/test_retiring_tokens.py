@@ -93,3 +93,38 @@ def test_a_branch_that_is_gone_references_nothing(graveler, repo):
     graveler.kv.delete(partition, branch_key("gone"))  # its record gone, nothing else
     graveler.staging.drop_queued(grace_seconds=0)
     assert items(graveler, token) == 0
+
+
+@pytest.mark.parametrize("change", ["discard", "reset", "delete"])
+def test_any_branch_change_that_dies_right_after_leaves_no_orphan_token(graveler, repo, change):
+    """Discard, reset and branch deletion queue the tokens they retire ahead too (they
+    queued them after: a process that died in between left an orphan)."""
+    graveler.create_branch(repo, "work", "main")
+    graveler.put_objects(repo, "work", [entry(f"w/{i}") for i in range(4)])
+    old = graveler.get_branch(repo, "work").staging_token
+    if change == "delete":
+        real = graveler.refs.delete_branch
+
+        def then_die(*args, **kwargs):
+            real(*args, **kwargs)
+            raise ProcessDied()
+
+        graveler.refs.delete_branch = then_die
+    else:
+        real = graveler.refs.update_branch
+
+        def then_die(*args, **kwargs):
+            real(*args, **kwargs)
+            raise ProcessDied()
+
+        graveler.refs.update_branch = then_die
+    with pytest.raises(ProcessDied):
+        if change == "discard":
+            graveler.discard_changes(repo, "work")
+        elif change == "reset":
+            graveler.reset_branch(repo, "work", "main", force=True)
+        else:
+            graveler.delete_branch(repo, "work")
+    assert items(graveler, old) == 4
+    graveler.staging.drop_queued(grace_seconds=0)
+    assert items(graveler, old) == 0
