@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -288,6 +289,11 @@ def test_setup_waits_only_for_a_branch_manager_that_is_starting(tmp_path):
     env = quarry_env(tmp_path / "home")
     for name in ("QUARRY_ACCESS_KEY_ID", "QUARRY_SECRET_ACCESS_KEY"):
         env.pop(name, None)
+    # A port held bound and not listening: connections are refused, and no other process
+    # can take it while the test runs.
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    closed_port = held.getsockname()[1]
     refused = subprocess.run(
         [
             str(VENV_BIN / "quarry"),
@@ -295,13 +301,14 @@ def test_setup_waits_only_for_a_branch_manager_that_is_starting(tmp_path):
             "--timeout",
             "2",
             "--branch-manager",
-            f"127.0.0.1:{free_port()}",
+            f"127.0.0.1:{closed_port}",
         ],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
+    held.close()
     assert refused.returncode == 1, refused
     assert "waiting for the branch-manager" in refused.stderr
     assert "SERVICE_UNREACHABLE" in refused.stderr, refused.stderr
