@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quarry import errors
+from quarry.httpsyntax import is_header_name
 
 # Both prefixes sort next to each other ("_lakefs_actions/" < "_quarry_actions/"), so one
 # listing of the "_" prefix from the first to past the second finds every action file.
@@ -56,8 +57,6 @@ ENV_PREFIX = "QUARRYACTION_"
 # parsed on every event of its branch: past this size it is refused unread (a large or
 # alias-amplified document would cost the committer seconds and hundreds of MB each time).
 MAX_ACTION_FILE_BYTES = 64 * 1024
-# An HTTP header name (RFC 9110 token): anything else http.client refuses at send time.
-_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}$")
 
 
 class InvalidActionFile(errors.FailedPrecondition):
@@ -241,7 +240,10 @@ def _check_webhook_properties(
             if not all(isinstance(v, allowed) for v in values):
                 what = "a scalar or a list of scalars" if key == "query_params" else "a string"
                 raise _fail(path, f"hook {hook_id!r}: `{key}.{name}` must be {what}", line)
-            if key == "headers" and not (isinstance(name, str) and _HEADER_NAME.match(name)):
+            # A name HTTP allows (http.client refuses any other at send time).
+            if key == "headers" and not (
+                isinstance(name, str) and len(name) <= 256 and is_header_name(name)
+            ):
                 raise _fail(path, f"hook {hook_id!r}: {name!r} is not an HTTP header name", line)
     for key in ("secret", "headers", "query_params"):
         value = properties.get(key)

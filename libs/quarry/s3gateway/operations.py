@@ -54,6 +54,7 @@ from quarry.blob import (
 )
 from quarry.blob.layout import address_location, new_upload_key
 from quarry.client import Client
+from quarry.httpsyntax import is_header_name, is_header_value
 from quarry.s3gateway import checksums, xmlserde
 from quarry.s3gateway.errors import (
     S3Error,
@@ -161,24 +162,15 @@ def _object_headers(entry: types_pb2.Entry) -> list[tuple[str, str]]:
     # set a cookie on this host (its other ports serve the console), and a CR/LF in a value
     # split the answer (a 500, a dropped connection).
     for key, value in sorted(entry.metadata.items()):
-        if not _header_value(value):
+        if not is_header_value(value):
             continue
         if key.startswith(STORED_HEADER_PREFIX):
             name = key[len(STORED_HEADER_PREFIX) :]
             if name in STORED_HEADERS:
                 headers.append((name, value))
-        elif _HEADER_TOKEN.fullmatch(key):
+        elif is_header_name(key):
             headers.append((_META + key, value))
     return headers
-
-
-# What a header name may be (RFC 9110 token), and a value may hold (no control character but
-# tab).
-_HEADER_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-
-
-def _header_value(value: str) -> bool:
-    return all(c == "\t" or (c >= " " and c != "\x7f") for c in value)
 
 
 def _call(fn: Callable[..., Any], *args: Any, resource: str = "", **kwargs: Any) -> Any:
