@@ -298,3 +298,25 @@ def test_up_under_tls_prints_commands_that_work_as_printed(tmp_path, pki):
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_a_service_with_an_expired_certificate_says_so_in_its_log(tmp_path, pki):
+    """`quarry serve` with a certificate that has expired (a rotation that installed an old
+    one) starts, and its log says why every client will refuse it."""
+    expired = pki.ca.issue("expired-kv-gateway", days=-1)
+    env = quarry_env(
+        tmp_path,
+        QUARRY_KV_URL="memory://",
+        QUARRY_KV_GATEWAY_PORT=str(free_port()),
+        QUARRY_TLS_CERT_FILE=str(expired.cert_file),
+        QUARRY_TLS_KEY_FILE=str(expired.key_file),
+        QUARRY_TLS_CA_FILE=str(pki.ca.ca_file),
+    )
+    with quarry_serve("kv-gateway", env) as child:
+        assert child.stdout is not None
+        ready = child.stdout.readline()  # the ready line: it started
+        assert "kv-gateway" in ready, ready
+        child.terminate()
+        _, log = child.communicate(timeout=30)
+    assert f"QUARRY_TLS_CERT_FILE={expired.cert_file} expired on" in log, log
+    assert "Traceback" not in log
