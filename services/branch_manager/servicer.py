@@ -8,7 +8,7 @@ import logging
 from quarry import errors
 from quarry.auth.checks import check_import, needs_namespace
 from quarry.convert import change_to_proto, entry_from_proto, entry_to_proto
-from quarry.graveler import records
+from quarry.graveler import dumps, records
 from quarry.graveler.graveler import Graveler
 from quarry.graveler.requests import RequestIdReused, RequestLog, check_request_id, fingerprint
 from quarry.runtime.idempotency import INSTALLATION, idempotent, run_once
@@ -62,6 +62,38 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
             staging_shards=request.staging_shards if request.HasField("staging_shards") else None,
         )
         return pb.UpdateRepositoryResponse(repository=repo.to_proto())
+
+    def DumpRepository(self, request, context):
+        for batch in dumps.messages(self._g.dump_repository(request.name)):
+            yield pb.DumpRepositoryResponse(records=batch)
+
+    def RestoreRepository(self, request_iterator, context):
+        first = next(request_iterator, None)
+        if first is None or not first.name or not first.storage_namespace:
+            raise errors.InvalidArgument(
+                "the first RestoreRepository message must name the repository and the "
+                "storage namespace"
+            )
+
+        def dumped():
+            yield from first.records
+            for request in request_iterator:
+                if request.name or request.storage_namespace or request.adopt_namespace:
+                    raise errors.InvalidArgument(
+                        "only the first RestoreRepository message names the repository, the "
+                        "namespace and adopt_namespace"
+                    )
+                yield from request.records
+
+        restored = self._g.restore_repository(
+            first.name, first.storage_namespace, dumped(), first.adopt_namespace
+        )
+        return pb.RestoreRepositoryResponse(
+            repository=restored.repository.to_proto(),
+            branches=restored.branches,
+            tags=restored.tags,
+            commits=restored.commits,
+        )
 
     def GetRepository(self, request, context):
         return pb.GetRepositoryResponse(repository=self._g.get_repository(request.name).to_proto())

@@ -60,8 +60,9 @@ class Rule:
     mutating: bool = False
     client_stream: bool = False
     # More (action, resources) pairs the caller must be allowed as well (StartImport: the
-    # source to read, the destination to write and commit).
-    also: tuple[tuple[str, Resources], ...] = ()
+    # source to read, the destination to write and commit); for a client stream called as
+    # `resources` is.
+    also: tuple[tuple[str, Callable[..., tuple[str, ...]]], ...] = ()
 
 
 def _open(mutating: bool = False) -> Rule:
@@ -138,6 +139,18 @@ def _import_destinations(request: Any) -> tuple[str, ...]:
     return tuple(object_arn(request.repository, path) for path in paths)
 
 
+def _restored(message: Any, first: Any) -> tuple[str, ...]:
+    return (repository_arn(first.name),)
+
+
+def _restored_namespace(message: Any, first: Any) -> tuple[str, ...]:
+    """A restore brings the data already in a namespace under a repository, as an import
+    does with its sources."""
+    from quarry.graveler.reach import place_of_source
+
+    return (storage_arn(place_of_source(first.storage_namespace)),)
+
+
 def _partition(request: Any) -> tuple[str, ...]:
     return (kv_partition_arn(request.partition_key),)
 
@@ -190,6 +203,29 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
         "ListRepositories": _act("fs:ListRepositories", _all),
         "DeleteRepository": _act("fs:DeleteRepository", _repo_named, mutating=True),
         "UpdateRepository": _act("fs:UpdateRepository", _repo_named, mutating=True),
+        # A dump holds the repository's branches, tags, commits and rules; it changes
+        # nothing but is audited like a change (mutating): the whole history leaving.
+        "DumpRepository": Rule(
+            Access.ACTION,
+            "fs:ReadRepository",
+            _repo_named,
+            mutating=True,
+            also=(
+                ("fs:ListBranches", _repo_named),
+                ("fs:ListTags", _repo_named),
+                ("fs:ReadCommit", _repo_named),
+                ("retention:GetGarbageCollectionRules", _repo_named),
+                ("fs:GetBranchProtectionRules", _repo_named),
+            ),
+        ),
+        "RestoreRepository": Rule(
+            Access.ACTION,
+            "fs:CreateRepository",
+            _restored,
+            mutating=True,
+            client_stream=True,
+            also=(("fs:ImportFromStorage", _restored_namespace),),
+        ),
         "CreateBranch": _act("fs:CreateBranch", _branch_named, mutating=True),
         "GetBranch": _act("fs:ReadBranch", _branch_named),
         "ListBranches": _act("fs:ListBranches", _repo),

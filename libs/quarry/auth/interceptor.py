@@ -229,7 +229,8 @@ class AuthInterceptor(grpc.ServerInterceptor):
         audit.resource = audit.resource or resources[0]
         self._authorizer.authorize(principal, rule.action, resources)
         for action, more in rule.also:
-            self._authorizer.authorize(principal, action, more(request))
+            also = more(request, first) if rule.client_stream else more(request)
+            self._authorizer.authorize(principal, action, also)
 
     def _begin(
         self, rule: Rule | None, method: str, context: grpc.ServicerContext, audit: _Audit

@@ -14,10 +14,18 @@ from quarry.client.calls import RpcCalls
 from quarry.client.entries import as_entry, batch_request_id, make_entry
 from quarry.client.entries import request_id_or_new as _request_id
 from quarry.client.streams import MAX_BATCH_BYTES, PutObjectsStream, StreamTarget, stage_stream
+from quarry.runtime.errors import domain_errors
 from quarry.v1 import branch_manager_pb2 as bm
 from quarry.v1 import types_pb2
 
 DELETE_BATCH = 1000
+# A restore's records per message, and their bytes (as the server's dump streams them).
+DUMP_RECORDS_PER_MESSAGE = 500
+DUMP_MESSAGE_BYTES = 1 << 20
+
+
+def _size(record: bm.RepositoryDumpRecord) -> int:
+    return record.ByteSize()
 
 
 def maybe_dirty(branch: types_pb2.Branch) -> bool:
@@ -100,6 +108,45 @@ class BranchManagerCalls(RpcCalls):
             "BranchManager/DeleteRepository",
             bm.DeleteRepositoryRequest(name=name, request_id=_request_id(request_id)),
         )
+
+    # ==== repository dumps (quarry.graveler.dumps) =========================================
+
+    def dump_repository(self, name: str) -> Iterator[bm.RepositoryDumpRecord]:
+        """The records of a dump of repository `name`, in order, as they stream in (not
+        retried: a dump read again starts over, which is the caller's call). Consume it
+        within the client's timeout."""
+        with domain_errors():
+            request = bm.DumpRepositoryRequest(name=name)
+            for response in self._bm.DumpRepository(request, timeout=self.timeout):
+                yield from response.records
+
+    def restore_repository(
+        self,
+        name: str,
+        storage_namespace: str,
+        records: Iterable[bm.RepositoryDumpRecord],
+        *,
+        adopt_namespace: bool = False,
+    ) -> bm.RestoreRepositoryResponse:
+        """A new repository `name` from a dump's `records`, over `storage_namespace` (not
+        retried: a restore that may have completed answers ALREADY_EXISTS when run again)."""
+
+        def requests() -> Iterator[bm.RestoreRepositoryRequest]:
+            first: bm.RestoreRepositoryRequest | None = bm.RestoreRepositoryRequest(
+                name=name, storage_namespace=storage_namespace, adopt_namespace=adopt_namespace
+            )
+            for batch in batches(records, DUMP_RECORDS_PER_MESSAGE, DUMP_MESSAGE_BYTES, _size):
+                if first is not None:
+                    first.records.extend(batch)
+                    yield first
+                    first = None
+                else:
+                    yield bm.RestoreRepositoryRequest(records=batch)
+            if first is not None:
+                yield first  # an empty dump: the server says what is missing
+
+        with domain_errors():
+            return self._bm.RestoreRepository(requests(), timeout=self.timeout)
 
     # ==== branches =========================================================================
 

@@ -53,6 +53,9 @@ class CommittedReader(Protocol):
         self, namespace: str, left_id: str, right_id: str, prefix: str = "", start: str = ""
     ) -> Iterator[Change]: ...
 
+    # Entries in a metarange, from the metarange alone (MetaRangeNotFound if it is absent).
+    def count(self, namespace: str, metarange_id: str) -> int: ...
+
 
 class RangeWriterClient(Protocol):
     """What the core asks range-writer to write (local manager or RemoteRangeWriter)."""

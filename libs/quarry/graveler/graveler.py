@@ -18,8 +18,10 @@ quarry.graveler.layout.
 
 from __future__ import annotations
 
+import functools
 from typing import Unpack
 
+from quarry.graveler import dumps
 from quarry.graveler.commits import CommitOutcome, CommitParams, Commits, Retirement
 from quarry.graveler.core import (
     DEFAULT_MAX_RESPONSE_BYTES,
@@ -85,6 +87,8 @@ class Graveler(Core):
         self.list_repositories = self.repositories.list_repositories
         self.delete_repository = self.repositories.delete_repository
         self.update_repository = self.repositories.update_repository
+        self.dump_repository = functools.partial(dumps.dump_repository, self.repositories)
+        self.restore_repository = functools.partial(dumps.restore_repository, self.repositories)
         # branches, tags, settings
         self.create_branch = self.repositories.create_branch
         self.get_branch = self.repositories.get_branch

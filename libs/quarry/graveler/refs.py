@@ -515,6 +515,12 @@ class RefManager(RefResolution):
             )
         self._commits.put((repo.instance_id, commit.id), commit, 0)
 
+    def list_commits(
+        self, repo: Repository, after: str = "", limit: int = 100
+    ) -> list[types_pb2.Commit]:
+        """Commits in id order (a repository dump reads them all)."""
+        return self._scan_records(types_pb2.Commit, repo.partition, COMMITS_PREFIX, after, limit)
+
     def commit_ids_with_prefix(self, repo: Repository, prefix: str, limit: int = 2) -> list[str]:
         start = layout.commit_key(prefix)
         iterator = self.kv.scan(repo.partition, start, prefix_end(start), batch_size=limit)

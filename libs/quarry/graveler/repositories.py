@@ -23,6 +23,7 @@ from quarry.blob.ownership import (
     NamespaceClaim,
     NamespaceInUse,
     NamespaceNotEmpty,
+    OwnershipMarker,
     build_marker,
     parse_marker,
 )
@@ -102,6 +103,34 @@ class Repositories:
             creation_time=now_seconds(),
             staging_shards=staging_shards,
         )
+        return self.create_instance(repo, self._fill_new, self._check_reusable)
+
+    def _fill_new(self, repo: Repository) -> None:
+        """A new repository's records: the initial commit (of the empty metarange) and the
+        default branch at it."""
+        empty = self.core.range_writer.write_metarange(repo.storage_namespace, [])
+        initial = make_commit(
+            CommitRecord([], empty.metarange_id, INITIAL_COMMIT_MESSAGE, SYSTEM_COMMITTER, {}, 1)
+        )
+        self.refs.insert_commit(repo, initial)
+        branch = types_pb2.Branch(
+            name=repo.default_branch,
+            commit_id=initial.id,
+            staging_token=new_token(repo.staging_shards),
+            dirty=False,
+        )
+        self.refs.insert_branch(repo, branch)
+
+    def create_instance(
+        self,
+        repo: Repository,
+        fill: Callable[[Repository], None],
+        check_reusable: Callable[[str, NamespaceClaim], None],
+    ) -> Repository:
+        """Make `repo` exist (creation, and restore from a dump: quarry.graveler.dumps):
+        announced, its namespace free and claimed, `fill` writing its records, and only then
+        the record that makes it visible. `check_reusable` raises unless the ownership
+        marker found in a non-empty namespace may be replaced."""
         # Announce the creation BEFORE looking for overlapping namespaces: of two creations
         # of nested namespaces racing, the later look sees the other (its announcement, or
         # its record once visible: an announcement is removed only after the record exists).
@@ -109,7 +138,7 @@ class Repositories:
         self.refs.add_creation(repo, started)
         try:
             self._check_namespace_free(repo)
-            self._create_instance(repo, started)
+            self._create_instance(repo, started, fill, check_reusable)
         finally:
             try:
                 self.refs.remove_creation(repo)
@@ -117,26 +146,19 @@ class Repositories:
                 log.warning("could not remove the creation record of %s", repo.name, exc_info=True)
         return repo
 
-    def _create_instance(self, repo: Repository, started: float) -> None:
+    def _create_instance(
+        self,
+        repo: Repository,
+        started: float,
+        fill: Callable[[Repository], None],
+        check_reusable: Callable[[str, NamespaceClaim], None],
+    ) -> None:
         """Order: the ownership marker claims the namespace, then everything the repository
         needs exists, all BEFORE the repository record that makes it visible. A failure
         leaves only an unreachable instance partition and a marker of a deleted instance."""
         try:
-            self._claim_namespace(repo)
-            empty = self.core.range_writer.write_metarange(repo.storage_namespace, [])
-            initial = make_commit(
-                CommitRecord(
-                    [], empty.metarange_id, INITIAL_COMMIT_MESSAGE, SYSTEM_COMMITTER, {}, 1
-                )
-            )
-            self.refs.insert_commit(repo, initial)
-            branch = types_pb2.Branch(
-                name=repo.default_branch,
-                commit_id=initial.id,
-                staging_token=new_token(repo.staging_shards),
-                dirty=False,
-            )
-            self.refs.insert_branch(repo, branch)
+            self._claim_namespace(repo, check_reusable)
+            fill(repo)
             if wall_clock() - started > CREATION_TTL_SECONDS / 2:
                 # Others ignore announcements older than CREATION_TTL_SECONDS: never
                 # become visible that late.
@@ -222,7 +244,9 @@ class Repositories:
             log.warning("repository %s has an unparsable namespace %r", other_name, other)
             return False
 
-    def _claim_namespace(self, repo: Repository) -> None:
+    def _claim_namespace(
+        self, repo: Repository, check_reusable: Callable[[str, NamespaceClaim], None]
+    ) -> None:
         """Write the ownership marker through the range-writer: into an empty namespace, or
         over the marker of a deleted repository of this installation (only then, and only
         if nothing but Quarry's own files is there). Never claims a namespace holding
@@ -243,7 +267,7 @@ class Repositories:
                 f"namespace, or one left by a deleted repository of this installation",
                 metadata={"storage_namespace": ns},
             )
-        self._check_reusable(ns, claim)
+        check_reusable(ns, claim)
         claim = self.core.range_writer.claim_namespace(ns, marker, replace=claim.existing_marker)
         if not claim.claimed:
             raise NamespaceInUse(
@@ -254,16 +278,7 @@ class Repositories:
     def _check_reusable(self, ns: str, claim: NamespaceClaim) -> None:
         """Raise unless the marker found is that of a deleted repository of this
         installation and the namespace holds nothing but Quarry's own files."""
-        from quarry.retention import FOREIGN, classify
-
-        assert claim.existing_marker is not None
-        try:
-            found = parse_marker(claim.existing_marker)
-        except InvalidMarker as exc:
-            raise NamespaceNotEmpty(
-                f"storage namespace {ns} holds an unreadable ownership marker ({exc})",
-                metadata={"storage_namespace": ns},
-            ) from None
+        found = self.parse_claimed_marker(ns, claim)
         meta = {
             "storage_namespace": ns,
             "other_repository": found.repository,
@@ -291,6 +306,8 @@ class Repositories:
                 f"remove {MARKER_KEY} there)",
                 metadata=meta,
             )
+        from quarry.retention import FOREIGN, classify
+
         foreign = [k for k in claim.keys if classify(k).kind == FOREIGN]
         if foreign or claim.keys_truncated:
             example = foreign[0] if foreign else claim.keys[-1]
@@ -304,6 +321,18 @@ class Repositories:
                 ),
                 metadata={**meta, "example_key": example},
             )
+
+    @staticmethod
+    def parse_claimed_marker(ns: str, claim: NamespaceClaim) -> OwnershipMarker:
+        """The ownership marker a claim found (NamespaceNotEmpty if it is unreadable)."""
+        assert claim.existing_marker is not None
+        try:
+            return parse_marker(claim.existing_marker)
+        except InvalidMarker as exc:
+            raise NamespaceNotEmpty(
+                f"storage namespace {ns} holds an unreadable ownership marker ({exc})",
+                metadata={"storage_namespace": ns},
+            ) from None
 
     def get_repository(self, name: str) -> Repository:
         names.check_repository_name(name)

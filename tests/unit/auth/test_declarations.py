@@ -16,9 +16,10 @@ from support.proto_fuzz import rpcs_declared_in_protos
 PROTOS = Path(__file__).resolve().parents[3] / "protos" / "quarry" / "v1"
 READ_ONLY_PREFIXES = ("Get", "List", "Stat", "Diff", "Log", "Find", "Scan", "BatchGet")
 READ_ONLY_NAMES = {"WhoAmI"}
-# Audited like a change although it changes nothing: a sign-in, refused or not, is a
-# security event (and "Login" is not a read of the log).
-AUDITED_NAMES = {"Login"}
+# Audited like a change although they change nothing: a sign-in, refused or not, is a
+# security event (and "Login" is not a read of the log), and so is a repository's whole
+# history leaving in a dump.
+AUDITED_NAMES = {"Login", "DumpRepository"}
 INTERNAL = {
     "KVGateway/SetItem",
     "KVGateway/SetItemIf",

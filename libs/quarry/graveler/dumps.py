@@ -1,0 +1,437 @@
+"""Repository dumps (lakeFS's refs-dump / refs-restore): a repository's refs out of a running
+installation, and into a new repository of this or another installation, over the storage
+namespace that holds its data.
+
+A dump is a sequence of RepositoryDumpRecords (quarry.v1, branch_manager.proto):
+
+    header    the repository (name, namespace, default branch, instance id, staging shards),
+              the installation and storage format it was dumped from, and the branches that
+              had uncommitted changes (which a dump does not hold)
+    branch*   each branch's head commit id
+    tag*
+    gc_rules? branch_protection?
+    commit*   every commit of the repository
+    end       the counts, so a truncated dump is refused
+
+Branches and tags are read before the commits: commits are immutable and only ever added,
+so every commit a dumped head or tag names is among those read afterwards. The ranges,
+metaranges and uploaded objects are not in a dump: they stay in the namespace, so a dump is
+restorable only over that namespace or a copy of it (`aws s3 sync`, `cp -a`).
+
+Restore reads and checks the WHOLE dump before it writes anything (record order, names,
+ids, every parent, head and tag among the dumped commits, the counts), then creates the
+repository the way creation does (quarry.graveler.repositories: announced, namespace
+claimed by its ownership marker, records written, the repository record last, so a failed
+restore leaves nothing visible and can simply be run again).
+
+Safety rule — a restore must never claim a namespace that:
+  * a repository of this installation uses (equal to, inside or containing its namespace:
+    the same check as creation);
+  * holds no ownership marker but other files (it is not a Quarry namespace), or a marker
+    of a creation in progress;
+  * belongs to another installation, unless the caller says that installation no longer
+    uses it (adopt_namespace), and even then only if its marker names the dumped repository
+    (so a restore cannot be pointed at an unrelated installation's data).
+And it never makes visible a repository whose heads or tags name a metarange the namespace
+does not hold (DUMP_DATA_MISSING). Unlike creation, it does not ask the namespace to hold
+only Quarry's files: it holds a repository's data by design, and GC never deletes a file
+Quarry did not write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, TypeVar
+
+import quarry
+from quarry import FORMAT_VERSION, errors
+from quarry.batching import batches
+from quarry.blob.namespace import canonical_storage_namespace, namespaces_overlap
+from quarry.blob.ownership import NamespaceClaim, NamespaceInUse, NamespaceNotEmpty
+from quarry.committed.errors import MetaRangeNotFound
+from quarry.committed.loader import check_metarange_id
+from quarry.graveler import errors as gerrors
+from quarry.graveler import layout, names, protection
+from quarry.graveler.core import now_seconds
+from quarry.graveler.refs import Repository, is_dirty
+from quarry.graveler.resolution import COMMIT_ID_HEX
+from quarry.graveler.staging import new_token
+from quarry.v1 import branch_manager_pb2 as bm
+from quarry.v1 import types_pb2
+
+if TYPE_CHECKING:
+    from quarry.graveler.repositories import Repositories
+
+DUMP_VERSION = 1
+# Records per streamed message, and their bytes: far under gRPC's 4 MiB message limit
+# (a commit is a few hundred bytes; its metadata can make one much larger).
+RECORDS_PER_MESSAGE = 500
+MESSAGE_BYTES = 1 << 20
+LIST_PAGE = 1000
+_COMMIT_ID = re.compile(f"[0-9a-f]{{{COMMIT_ID_HEX}}}")
+
+Record = bm.RepositoryDumpRecord
+
+
+class CorruptDump(errors.InvalidArgument):
+    reason = "CORRUPT_DUMP"
+
+
+class DumpFormatMismatch(errors.FailedPrecondition):
+    reason = "DUMP_FORMAT_MISMATCH"
+
+
+class DumpDataMissing(errors.FailedPrecondition):
+    reason = "DUMP_DATA_MISSING"
+
+
+class NamespaceOfAnotherInstallation(errors.FailedPrecondition):
+    reason = "NAMESPACE_OF_ANOTHER_INSTALLATION"
+
+
+@dataclasses.dataclass
+class Dump:
+    """A dump read and checked in full (read_dump)."""
+
+    header: bm.RepositoryDumpHeader
+    branches: list[bm.RepositoryDumpBranch]
+    tags: list[types_pb2.Tag]
+    gc_rules: types_pb2.GarbageCollectionRules | None
+    protection: list[bm.BranchProtectionRule]
+    commits: dict[str, types_pb2.Commit]
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    repository: Repository
+    branches: int
+    tags: int
+    commits: int
+
+
+# ---- dump -------------------------------------------------------------------------------
+
+
+T = TypeVar("T")
+
+
+def _pages(list_page: Callable[[str, int], list[T]], after_of: Callable[[T], str]) -> Iterator[T]:
+    """Every record of a listing read page by page."""
+    after = ""
+    while True:
+        page = list_page(after, LIST_PAGE)
+        yield from page
+        if len(page) < LIST_PAGE:
+            return
+        after = after_of(page[-1])
+
+
+def dump_repository(repositories: Repositories, name: str) -> Iterator[Record]:
+    """The records of a dump of repository `name`, in order (see the module docstring). A
+    corrupt record fails the dump (DATA_LOSS) rather than leaving it out."""
+    core = repositories.core
+    refs = core.refs
+    repo = repositories.get_repository(name)
+    branches = list(_pages(lambda a, n: refs.list_branches(repo, a, n), lambda b: b.name))
+    tags = list(_pages(lambda a, n: refs.list_tags(repo, a, n), lambda t: t.name))
+    try:
+        gc_rules: types_pb2.GarbageCollectionRules | None = refs.get_gc_rules(repo)
+    except gerrors.GarbageCollectionRulesNotFound:
+        gc_rules = None
+    rules, _ = core.protection.get(repo)
+    header = bm.RepositoryDumpHeader(
+        dump_version=DUMP_VERSION,
+        repository=repo.to_proto(),
+        installation_id=repositories.installation_id(),
+        format_version=FORMAT_VERSION,
+        quarry_version=quarry.__version__,
+        branches_with_uncommitted_changes=[
+            b.name for b in branches if _has_uncommitted_changes(repositories, repo, b)
+        ],
+    )
+    header.created.GetCurrentTime()
+    yield Record(header=header)
+    for branch in branches:
+        yield Record(branch=bm.RepositoryDumpBranch(name=branch.name, commit_id=branch.commit_id))
+    for tag in tags:
+        yield Record(tag=tag)
+    if gc_rules is not None:
+        yield Record(gc_rules=gc_rules)
+    if rules:
+        yield Record(branch_protection=bm.RepositoryDumpProtection(rules=rules))
+    commits = 0
+    for commit in _pages(lambda a, n: refs.list_commits(repo, a, n), lambda c: c.id):
+        commits += 1
+        yield Record(commit=commit)
+    yield Record(end=bm.RepositoryDumpEnd(branches=len(branches), tags=len(tags), commits=commits))
+
+
+def _has_uncommitted_changes(
+    repositories: Repositories, repo: Repository, branch: types_pb2.Branch
+) -> bool:
+    """Whether `branch` holds a change its head does not (the dirty flag alone may be set
+    on a branch whose staged writes were all undone)."""
+    if not (is_dirty(branch) or branch.sealed_tokens or branch.compacted_metarange_id):
+        return False
+    try:
+        changes, _ = repositories.reads.diff_uncommitted(repo.name, branch.name, page_size=1)
+    except gerrors.BranchNotFound:
+        return False  # deleted since it was listed
+    return bool(changes)
+
+
+def messages(records: Iterable[Record]) -> Iterator[list[Record]]:
+    """`records` in the batches one streamed message carries."""
+    return batches(records, RECORDS_PER_MESSAGE, MESSAGE_BYTES, lambda r: r.ByteSize())
+
+
+# ---- reading a dump ---------------------------------------------------------------------
+
+# The order records come in: a kind may follow only kinds of the same or a later rank.
+_RANK = {"branch": 1, "tag": 2, "gc_rules": 3, "branch_protection": 4, "commit": 5}
+
+
+def read_dump(records: Iterable[Record]) -> Dump:
+    """The dump, checked in full: CorruptDump for anything out of order, missing, repeated
+    or inconsistent; DumpFormatMismatch for a dump of another storage format."""
+    it = iter(records)
+    first = next(it, None)
+    if first is None or first.WhichOneof("record") != "header":
+        raise CorruptDump("a repository dump starts with its header record")
+    header = first.header
+    if header.dump_version != DUMP_VERSION:
+        raise CorruptDump(
+            f"dump version {header.dump_version} is not one this build reads ({DUMP_VERSION})"
+        )
+    if header.format_version != FORMAT_VERSION:
+        raise DumpFormatMismatch(
+            f"the dump is of storage format {header.format_version}, this build's is "
+            f"{FORMAT_VERSION}: restore it with a build of format {header.format_version}, "
+            f"then rebuild with `quarry store export` / `quarry store import`",
+            metadata={"dump_format": str(header.format_version)},
+        )
+    dump = Dump(header, [], [], None, [], {})
+    rank = 0
+    end: bm.RepositoryDumpEnd | None = None
+    for record in it:
+        kind = record.WhichOneof("record")
+        if end is not None:
+            raise CorruptDump("records after the dump's end record")
+        if kind == "end":
+            end = record.end
+            continue
+        if kind not in _RANK or _RANK[kind] < rank:
+            raise CorruptDump(f"a {kind or 'empty'} record out of place in the dump")
+        if kind in ("gc_rules", "branch_protection") and _RANK[kind] == rank:
+            raise CorruptDump(f"two {kind} records in the dump")
+        rank = _RANK[kind]
+        _take(dump, record, kind)
+    if end is None:
+        raise CorruptDump("the dump has no end record: it is truncated")
+    counts = (len(dump.branches), len(dump.tags), len(dump.commits))
+    if counts != (end.branches, end.tags, end.commits):
+        raise CorruptDump(
+            f"the dump holds {counts[0]} branches, {counts[1]} tags and {counts[2]} commits; "
+            f"its end record says {end.branches}, {end.tags} and {end.commits}"
+        )
+    _check_references(dump)
+    return dump
+
+
+def _take(dump: Dump, record: Record, kind: str) -> None:
+    try:
+        if kind == "branch":
+            names.check_branch_name(record.branch.name)
+            dump.branches.append(record.branch)
+        elif kind == "tag":
+            names.check_tag_name(record.tag.name)
+            dump.tags.append(record.tag)
+        elif kind == "gc_rules":
+            from quarry.retention import RetentionRules
+
+            for branch in record.gc_rules.branch_retention_days:
+                names.check_branch_name(branch)
+            RetentionRules.from_proto(record.gc_rules)
+            dump.gc_rules = record.gc_rules
+        elif kind == "branch_protection":
+            dump.protection = protection.check_rules(record.branch_protection.rules)
+        else:
+            commit = record.commit
+            if not _COMMIT_ID.fullmatch(commit.id):
+                raise CorruptDump(f"commit id {commit.id!r} is not a commit id")
+            check_metarange_id(commit.metarange_id)
+            if commit.id in dump.commits:
+                raise CorruptDump(f"commit {commit.id} appears twice in the dump")
+            dump.commits[commit.id] = commit
+    except errors.InvalidArgument as exc:
+        if isinstance(exc, CorruptDump):
+            raise
+        raise CorruptDump(f"a {kind} record of the dump is invalid: {exc.message}") from None
+
+
+def _check_references(dump: Dump) -> None:
+    """Every branch and tag names a dumped commit, every parent is dumped, names are unique,
+    the default branch is among the branches."""
+    for kind, named in (("branch", dump.branches), ("tag", dump.tags)):
+        seen: set[str] = set()
+        for item in named:
+            if item.name in seen:
+                raise CorruptDump(f"{kind} {item.name!r} appears twice in the dump")
+            seen.add(item.name)
+            if item.commit_id not in dump.commits:
+                raise CorruptDump(
+                    f"{kind} {item.name!r} names commit {item.commit_id!r}, which the dump "
+                    f"does not hold"
+                )
+    for commit in dump.commits.values():
+        for parent in commit.parents:
+            if parent not in dump.commits:
+                raise CorruptDump(
+                    f"commit {commit.id} names parent {parent!r}, which the dump does not hold"
+                )
+    default = dump.header.repository.default_branch
+    if default not in {b.name for b in dump.branches}:
+        raise CorruptDump(f"the dump has no record of its default branch {default!r}")
+
+
+# ---- restore ----------------------------------------------------------------------------
+
+
+def restore_repository(
+    repositories: Repositories,
+    name: str,
+    storage_namespace: str,
+    records: Iterable[Record],
+    adopt_namespace: bool = False,
+) -> Restored:
+    """A new repository `name` from a dump, over `storage_namespace` (module docstring)."""
+    names.check_repository_name(name)
+    dump = read_dump(records)
+    storage_namespace = canonical_storage_namespace(storage_namespace)
+    repositories.core.addresses.check_namespace(storage_namespace)
+    dumped = dump.header.repository
+    repo = Repository(
+        name=name,
+        storage_namespace=storage_namespace,
+        default_branch=dumped.default_branch,
+        instance_id=uuid.uuid4().hex,
+        creation_time=now_seconds(),
+        staging_shards=dumped.staging_shards or 1,
+    )
+
+    def check_reusable(ns: str, claim: NamespaceClaim) -> None:
+        _check_restorable(repositories, dump.header, adopt_namespace, ns, claim)
+
+    def fill(repo: Repository) -> None:
+        _check_data(repositories, repo, dump)
+        _write_records(repositories, repo, dump)
+
+    repositories.create_instance(repo, fill, check_reusable)
+    return Restored(repo, len(dump.branches), len(dump.tags), len(dump.commits))
+
+
+def _check_restorable(
+    repositories: Repositories,
+    header: bm.RepositoryDumpHeader,
+    adopt_namespace: bool,
+    ns: str,
+    claim: NamespaceClaim,
+) -> None:
+    """Raise unless the marker found in `ns` may be replaced by a restore of `header`'s
+    repository (the safety rule in the module docstring)."""
+    found = repositories.parse_claimed_marker(ns, claim)
+    meta = {
+        "storage_namespace": ns,
+        "other_repository": found.repository,
+        "other_instance_id": found.instance_id,
+    }
+    dumped = header.repository
+    if found.installation_id != repositories.installation_id():
+        names_dumped = (found.repository, found.instance_id, found.installation_id) == (
+            dumped.name,
+            dumped.instance_id,
+            header.installation_id,
+        )
+        if not names_dumped:
+            raise NamespaceNotEmpty(
+                f"storage namespace {ns} belongs to repository {found.repository!r} of another "
+                f"Quarry installation, not to the dumped repository {dumped.name!r}",
+                metadata=meta,
+            )
+        if not adopt_namespace:
+            raise NamespaceOfAnotherInstallation(
+                f"storage namespace {ns} belongs to repository {found.repository!r} of another "
+                f"Quarry installation: restore over it only once that installation no longer "
+                f"uses it (it would collect garbage there too), with adopt_namespace "
+                f"(`--adopt-namespace`)",
+                metadata=meta,
+            )
+    else:
+        try:
+            live: Repository | None = repositories.refs.get_repository(found.repository, fresh=True)
+        except gerrors.RepositoryNotFound:
+            live = None
+        if live is not None and live.instance_id == found.instance_id:
+            # A copy of a live repository's namespace is free (that repository reads and
+            # collects only its own); the namespace itself never is.
+            if namespaces_overlap(live.storage_namespace, ns):
+                raise NamespaceInUse(
+                    f"storage namespace {ns} is used by repository {found.repository!r}",
+                    metadata=meta,
+                )
+        elif not repositories.refs.is_deleted_instance(found.instance_id):
+            raise NamespaceInUse(
+                f"storage namespace {ns} is being claimed by repository {found.repository!r} "
+                f"(or its creation was interrupted)",
+                metadata=meta,
+            )
+
+
+def _check_data(repositories: Repositories, repo: Repository, dump: Dump) -> None:
+    """DumpDataMissing unless the namespace holds the metarange of every head and tag."""
+    needed: dict[str, str] = {}
+    for kind, named in (("branch", dump.branches), ("tag", dump.tags)):
+        for item in named:
+            metarange_id = dump.commits[item.commit_id].metarange_id
+            needed.setdefault(metarange_id, f"{kind} {item.name!r}")
+    for metarange_id, user in sorted(needed.items()):
+        try:
+            repositories.core.committed.count(repo.storage_namespace, metarange_id)
+        except MetaRangeNotFound:
+            raise DumpDataMissing(
+                f"storage namespace {repo.storage_namespace} does not hold metarange "
+                f"{metarange_id} ({user}'s commit): restore over the namespace holding the "
+                f"dumped repository's data, or a complete copy of it",
+                metadata={"storage_namespace": repo.storage_namespace, "metarange": metarange_id},
+            ) from None
+
+
+def _write_records(repositories: Repositories, repo: Repository, dump: Dump) -> None:
+    """Commits first, then tags, rules and branches (each branch with a new, empty staging
+    token): all in the new instance's partition, invisible until the repository record."""
+    core, refs = repositories.core, repositories.refs
+    commits = [
+        (repo.partition, layout.commit_key(c.id), layout.encode_commit(c))
+        for c in dump.commits.values()
+    ]
+    for start in range(0, len(commits), LIST_PAGE):
+        core.kv.batch_set(commits[start : start + LIST_PAGE])
+    for tag in dump.tags:
+        refs.insert_tag(repo, tag)
+    if dump.gc_rules is not None:
+        refs.set_gc_rules(repo, dump.gc_rules)
+    if dump.protection:
+        core.protection.set(repo, dump.protection)
+    for branch in dump.branches:
+        refs.insert_branch(
+            repo,
+            types_pb2.Branch(
+                name=branch.name,
+                commit_id=branch.commit_id,
+                staging_token=new_token(repo.staging_shards),
+                dirty=False,
+            ),
+        )
