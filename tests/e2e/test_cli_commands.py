@@ -369,3 +369,63 @@ def test_a_repointed_address_survives_the_commit(suite, quarry):
     assert "t.parquet" in quarry("diff", "cli-repoint", "main", "--uncommitted").stdout
     quarry("commit", "cli-repoint", "main", "-m", "new")
     assert address("main") == address("main@") == "s3://b/NEW.parquet"
+
+
+def test_repo_dump_and_restore(suite, quarry, tmp_path):
+    """`quarry repo dump` to a private file and to stdout, the repository deleted, `quarry
+    repo restore` from the file (and from stdin under another name over a copy): the same
+    history, and the objects' bytes read back. Refusals are one line, nothing restored."""
+    import os
+    import shutil
+    import stat
+
+    ns = suite.namespace("cli-dump")
+    quarry("repo", "create", "cli-dump", ns)
+    src = tmp_path / "rows.csv"
+    src.write_bytes(b"id\n1\n2\n")
+    quarry("put", "cli-dump", "main", "rows.csv", "--from", str(src))
+    quarry("commit", "cli-dump", "main", "-m", "rows")
+    quarry("tag", "create", "cli-dump", "v1", "main")
+    quarry("put", "cli-dump", "main", "later.csv", "--from", str(src))  # left uncommitted
+    log = quarry("log", "cli-dump", "main", "--json").stdout
+
+    dump = tmp_path / "cli-dump.jsonl"
+    ran = quarry("repo", "dump", "cli-dump", "-o", str(dump))
+    assert "Dumped repository cli-dump to" in ran.stdout and "2 commits" in ran.stdout
+    assert "Not dumped: the uncommitted changes of main" in ran.stderr
+    assert stat.S_IMODE(dump.stat().st_mode) == 0o600  # the whole history: private
+    lines = dump.read_text().splitlines()
+    assert json.loads(lines[0])["header"]["repository"]["name"] == "cli-dump"
+    assert "end" in json.loads(lines[-1])
+    refused = quarry("repo", "dump", "cli-dump", "-o", str(dump), expect=1)
+    assert "FILE_EXISTS" in refused.stderr
+    piped = quarry("repo", "dump", "cli-dump").stdout
+    assert piped.splitlines()[1:] == lines[1:]  # the same records after the header's time
+
+    # The repository is live: its namespace is not for the taking.
+    refused = quarry("repo", "restore", "thief", ns, "--from", str(dump), expect=1)
+    assert "NAMESPACE_IN_USE" in refused.stderr and refused.stderr.count("\n") == 1
+    copy = Path(suite.namespace("cli-dump-copy"))
+    shutil.rmtree(copy)
+    shutil.copytree(ns, copy)
+    quarry("repo", "delete", "cli-dump", "--yes")
+
+    ran = quarry("repo", "restore", "cli-dump", ns, "--from", str(dump))
+    assert (
+        "Restored repository cli-dump" in ran.stdout and "2 commits, 1 branch, 1 tag" in ran.stdout
+    )
+    assert quarry("log", "cli-dump", "main", "--json").stdout == log
+    assert quarry("cat", "cli-dump", "v1", "rows.csv").stdout == src.read_text()
+    assert [r[-1] for r in rows(quarry("ls", "cli-dump", "main").stdout)[1:]] == ["rows.csv"]
+
+    restored = json.loads(
+        quarry("repo", "restore", "clone", str(copy), "--from", "-", "--json", stdin=piped).stdout
+    )
+    assert restored["repository"]["name"] == "clone" and restored["commits"] == 2
+    assert quarry("cat", "clone", "main", "rows.csv").stdout == src.read_text()
+
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(lines[0] + "\nnot json\n")
+    refused = quarry("repo", "restore", "x", str(tmp_path / "x"), "--from", str(broken), expect=1)
+    assert "CORRUPT_DUMP" in refused.stderr and "line 2" in refused.stderr
+    assert not os.path.exists(tmp_path / "x" / "_quarry")

@@ -221,6 +221,56 @@ def test_versioning_workflow_with_grpcurl(tmp_path):
         error = json.loads(missing.stdout or missing.stderr)
         assert error["code"] == 5 and "OBJECT_NOT_FOUND" in json.dumps(error)
 
+        # A dump streams out as JSON messages, and streams back in as a restore (a client
+        # stream: the messages on stdin) after the repository was deleted.
+        dumped = admin_grpcurl(bm, "quarry.v1.BranchManager/DumpRepository", data={"name": "demo"})
+        assert dumped.returncode == 0, dumped.stderr
+        records = [r for message in json_stream(dumped.stdout) for r in message["records"]]
+        assert records[0]["header"]["repository"]["name"] == "demo"
+        assert records[-1]["end"]["commits"] == "2"
+        deleted = admin_grpcurl(
+            bm, "quarry.v1.BranchManager/DeleteRepository", data={"name": "demo"}
+        )
+        assert deleted.returncode == 0, deleted.stderr
+        first = {"name": "again", "storage_namespace": suite.namespace("demo")}
+        messages = [{**first, "records": records[:2]}, {"records": records[2:]}]
+        restored = subprocess.run(
+            [
+                str(GRPCURL),
+                "-plaintext",
+                "-format-error",
+                "-H",
+                f"authorization: Bearer {admin_token_source()()}",
+                "-d",
+                "@",
+                bm,
+                "quarry.v1.BranchManager/RestoreRepository",
+            ],
+            input="\n".join(json.dumps(m) for m in messages),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert restored.returncode == 0, restored.stderr
+        assert json.loads(restored.stdout)["repository"]["name"] == "again"
+        log = admin_grpcurl(
+            cm, "quarry.v1.Committer/Log", data={"repository": "again", "ref": "main"}
+        )
+        assert [c["message"] for c in json.loads(log.stdout)["commits"]] == [
+            "first",
+            "Repository created",
+        ]
+
+
+def json_stream(text: str) -> list[dict]:
+    """The JSON messages grpcurl prints one after another for a server stream."""
+    decoder, at, out = json.JSONDecoder(), 0, []
+    while text[at:].strip():
+        message, end = decoder.raw_decode(text, at + len(text[at:]) - len(text[at:].lstrip()))
+        out.append(message)
+        at = end
+    return out
+
 
 def test_without_a_token_grpcurl_gets_unauthenticated_with_the_reason(gateway):
     result = grpcurl(

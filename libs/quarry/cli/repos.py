@@ -1,11 +1,30 @@
-"""`quarry repo create | list | show | update | delete`."""
+"""`quarry repo create | list | show | update | delete | dump | restore`."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from google.protobuf import json_format
 
 from quarry.cli import output
-from quarry.cli.base import Context, Subparsers, command, confirm, count_at_least_one, group, leaf
+from quarry.cli.base import (
+    CliError,
+    Context,
+    Subparsers,
+    command,
+    confirm,
+    count_at_least_one,
+    group,
+    leaf,
+)
+from quarry.v1 import branch_manager_pb2 as bm
 
 
 @command
@@ -83,6 +102,138 @@ def repo_delete(args: argparse.Namespace, ctx: Context) -> int:
     return 0
 
 
+def _counted(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "es" if noun.endswith("ch") else "s")
+
+
+def _refs_counted(commits: int, branches: int, tags: int) -> str:
+    return ", ".join(
+        (_counted(commits, "commit"), _counted(branches, "branch"), _counted(tags, "tag"))
+    )
+
+
+def _dump_line(record: bm.RepositoryDumpRecord) -> str:
+    """One record as a line of JSON (protobuf's JSON mapping, field names as in the proto)."""
+    data = json_format.MessageToDict(record, preserving_proto_field_name=True)
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False) + "\n"
+
+
+def _read_dump(source: str) -> list[bm.RepositoryDumpRecord]:
+    """Every record of a dump file ("-": stdin), parsed before anything is sent: a line that
+    is not a record refuses the restore naming it (the service checks the rest)."""
+    stream = sys.stdin if source == "-" else open(source, encoding="utf-8")  # noqa: SIM115
+    records = []
+    try:
+        for number, line in enumerate(stream, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json_format.Parse(line, bm.RepositoryDumpRecord()))
+            except json_format.ParseError as exc:
+                raise CliError(
+                    "CORRUPT_DUMP", f"{source}, line {number}: not a repository dump record ({exc})"
+                ) from None
+    except UnicodeDecodeError:
+        raise CliError(
+            "CORRUPT_DUMP", f"{source} is not UTF-8 text: not a repository dump"
+        ) from None
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+    return records
+
+
+def _write_dump(target: Path, lines: Iterable[str], force: bool) -> None:
+    """Into a private temporary file beside `target` (a dump holds the whole history), which
+    takes the name only once the dump is complete: a failed dump leaves no file that looks
+    like one. An existing file is replaced only with --force."""
+    if target.exists() and not force:
+        raise CliError(
+            "FILE_EXISTS", f"{target} exists; pass --force to overwrite it", "ALREADY_EXISTS"
+        )
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.writelines(lines)
+        if force:
+            os.replace(temporary, target)
+        else:
+            try:
+                os.link(temporary, target)  # refuses a file created since the check
+            except FileExistsError:
+                raise CliError(
+                    "FILE_EXISTS",
+                    f"{target} exists; pass --force to overwrite it",
+                    "ALREADY_EXISTS",
+                ) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+
+
+@command
+def repo_dump(args: argparse.Namespace, ctx: Context) -> int:
+    """The dump as JSON lines, to --output or stdout; what it holds to stderr (stdout is the
+    dump) or, with --output, to stdout."""
+    seen: dict[str, bm.RepositoryDumpRecord] = {}
+
+    def lines() -> Iterator[str]:
+        for record in ctx.client.dump_repository(args.name):
+            kind = record.WhichOneof("record")
+            if kind in ("header", "end"):
+                seen[kind] = record
+            yield _dump_line(record)
+
+    if args.output == "-":
+        sys.stdout.writelines(lines())
+    else:
+        _write_dump(Path(args.output), lines(), args.force)
+    header, end = seen["header"].header, seen["end"].end
+    dirty = list(header.branches_with_uncommitted_changes)
+    summary = {
+        "repository": args.name,
+        "output": args.output,
+        "branches": end.branches,
+        "tags": end.tags,
+        "commits": end.commits,
+        "branches_with_uncommitted_changes": dirty,
+    }
+    report = sys.stderr if args.output == "-" else sys.stdout
+    if ctx.json:
+        print(json.dumps(summary), file=report)
+        return 0
+    where = "stdout" if args.output == "-" else args.output
+    print(
+        f"Dumped repository {args.name} to {where}: "
+        f"{_refs_counted(end.commits, end.branches, end.tags)}",
+        file=report,
+    )
+    if dirty:
+        print(
+            f"Not dumped: the uncommitted changes of {', '.join(dirty)} (commit them first "
+            f"to keep them)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+@command
+def repo_restore(args: argparse.Namespace, ctx: Context) -> int:
+    records = _read_dump(args.dump)
+    restored = ctx.client.restore_repository(
+        args.name, args.namespace, records, adopt_namespace=args.adopt_namespace
+    )
+    if ctx.json:
+        output.print_json(restored)
+        return 0
+    repo = restored.repository
+    print(
+        f"Restored repository {repo.name} (storage {repo.storage_namespace}): "
+        f"{_refs_counted(restored.commits, restored.branches, restored.tags)}"
+    )
+    return 0
+
+
 def register_repo(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     repo = group(sub, "repo", "create, list, show and delete repositories")
     p = leaf(common, repo, "create", repo_create, "create a repository")
@@ -117,6 +268,45 @@ def register_repo(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     p = leaf(common, repo, "delete", repo_delete, "delete a repository")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    p = leaf(
+        common,
+        repo,
+        "dump",
+        repo_dump,
+        "dump a repository's refs (commits, branch heads, tags, rules; not uncommitted "
+        "changes) as JSON lines, for `quarry repo restore`; the data stays in its namespace",
+    )
+    p.add_argument("name", metavar="NAME")
+    p.add_argument(
+        "--output", "-o", default="-", metavar="FILE", help="write the dump here (default: stdout)"
+    )
+    p.add_argument("--force", action="store_true", help="overwrite an existing --output file")
+    p = leaf(
+        common,
+        repo,
+        "restore",
+        repo_restore,
+        "create a repository from a dump, over the namespace holding the dumped repository's "
+        "data (that of a deleted repository, or a copy of one)",
+    )
+    p.add_argument("name", metavar="NAME")
+    p.add_argument(
+        "namespace",
+        help="the storage namespace holding the dumped repository's data",
+        metavar="NAMESPACE",
+    )
+    p.add_argument(
+        "--from",
+        dest="dump",
+        required=True,
+        metavar="FILE",
+        help="the dump `quarry repo dump` wrote (- for stdin)",
+    )
+    p.add_argument(
+        "--adopt-namespace",
+        action="store_true",
+        help="the namespace belongs to another Quarry installation, which no longer uses it",
+    )
 
 
 COMMANDS = {"repo": register_repo}

@@ -17,7 +17,6 @@ from quarry.blob.ownership import MARKER_KEY, build_marker, parse_marker
 from quarry.client import Client
 from quarry.client.entries import make_entry
 from quarry.v1 import branch_manager_pb2 as bm
-from quarry.v1 import types_pb2
 from support.suite import suite_fixture
 
 here = suite_fixture(name="here")
