@@ -12,7 +12,11 @@ The export file is JSON lines, one object per line, keys and values base64:
 
 First the installation's identity (`quarry` partition: `installation-id` and the
 `deleted-instances/<instance>` records), so storage namespaces of deleted repositories stay
-reusable after a rebuild (the ownership markers in them name this installation). Then, for
+reusable after a rebuild (the ownership markers in them name this installation), and its
+users, credentials, groups and policies (the `auth` partition, as stored: password hashes,
+and S3 secrets sealed under the signing key, which the target installation must share for
+them to verify; the file is written private). Import writes those only into a store that
+has no identities of its own, and says how many it left out otherwise. Then, for
 every repository: its RepositoryRecord (`quarry` partition, `repos/<name>`), every key
 of its repo partition (branches/, tags/, commits/, mergehints/) and every staging partition
 its branches reference (the staging token and the sealed tokens), so uncommitted changes
@@ -20,7 +24,7 @@ survive. The closing `end` line lets import detect a truncated file.
 
 Ranges and metaranges are NOT exported: they are immutable objects in each repository's
 storage namespace (local directory or S3), referenced by id from commits and branches. Nor
-are the `cleanup` queue (partitions already retired) and `auth`.
+is the `cleanup` queue (partitions already retired).
 
 Export reads the backend directly and does NOT check the store's format version (that is
 the point: it runs against a store this build would refuse to serve, e.g. one of storage
@@ -81,7 +85,7 @@ from quarry.graveler.layout import (
 )
 from quarry.graveler.refs import Repository
 from quarry.kv import store as kv
-from quarry.kv.partitions import REPO, STAGING, partition_class
+from quarry.kv.partitions import AUTH_PARTITION, REPO, STAGING, partition_class
 from quarry.runtime import format_version
 from quarry.v1 import types_pb2
 
@@ -121,6 +125,9 @@ class Summary:
     ranges_rewritten: int = 0
     metaranges_rewritten: int = 0
     merge_hints_dropped: int = 0
+    # Import only: identity records (users, credentials, groups, policies) not imported
+    # because the target store has identities of its own.
+    identities_skipped: int = 0
     # Export only: records that could not be read, and what of them is not in the file.
     unreadable: list[str] = field(default_factory=list)
 
@@ -180,12 +187,14 @@ def export_store(store: kv.Store, out: TextIO, progress: Progress | None = None)
         )
     )
     repositories = items = 0
-    for kv_item in _installation_items(store):
+    installation = [(QUARRY_PARTITION, kv_item) for kv_item in _installation_items(store)]
+    identities = [(AUTH_PARTITION, kv_item) for kv_item in store.scan(AUTH_PARTITION)]
+    for partition, kv_item in installation + identities:
         out.write(
             _line(
                 {
                     "type": "item",
-                    "partition": _b64(QUARRY_PARTITION),
+                    "partition": _b64(partition),
                     "key": _b64(kv_item.key),
                     "value": _b64(kv_item.value),
                 }
@@ -334,6 +343,11 @@ def _import(
     repositories: dict[str, bytes] = {}
     batch: list[tuple[bytes, bytes, bytes]] = []
     items = 0
+    # Users, credentials, groups and policies come along only into a store without any of
+    # its own (an admin made by `quarry setup` or the chart's bootstrap stays the only one:
+    # never two identity sets merged, never one overwritten).
+    keep_identities = not _has_items(store, AUTH_PARTITION)
+    identities_skipped = 0
     end: dict | None = None
     for number, obj in numbered:
         where = f"line {number}"
@@ -347,6 +361,9 @@ def _import(
         elif kind == "item":
             partition, key, kept = _item_line(obj, where, rebuilders)
             items += 1
+            if partition == AUTH_PARTITION and not keep_identities:
+                kept = None
+                identities_skipped += 1
             if kept is not None:
                 batch.append((partition, key, kept))
             if len(batch) >= BATCH_SIZE:
@@ -384,7 +401,16 @@ def _import(
         ranges_rewritten=sum(s.ranges_rewritten for s in stats),
         metaranges_rewritten=sum(s.metaranges_rewritten for s in stats),
         merge_hints_dropped=sum(r.merge_hints_dropped for r in rebuilders.values()),
+        identities_skipped=identities_skipped,
     )
+
+
+def _has_items(store: kv.Store, partition: bytes) -> bool:
+    iterator = store.scan(partition, batch_size=1)
+    try:
+        return next(iter(iterator), None) is not None
+    finally:
+        iterator.close()
 
 
 def _header(numbered: Iterator[tuple[int, dict]]) -> dict:
@@ -434,6 +460,7 @@ def _item_line(
         cls == STAGING
         or (cls == REPO and partition in rebuilders)
         or (partition == QUARRY_PARTITION and _is_installation_key(key))
+        or partition == AUTH_PARTITION
     ):
         raise CorruptExport(f"{where}: unexpected partition {partition[:80]!r}")
     # A repository's record as this build stores it.

@@ -159,6 +159,51 @@ def test_export_import_round_trip(tmp_path):
     assert g2.stat_object("demo", "main@", "sealed/a.parquet").checksum == "sum-sealed/a.parquet-0"
 
 
+def test_users_credentials_and_policies_come_along_into_a_store_without_its_own(tmp_path):
+    """The auth partition is in the export (a private file: password hashes, sealed S3
+    secrets); import writes it into a store with no identities of its own, where the same
+    access key authenticates, and never merges it into one that has its own."""
+    import stat
+
+    from quarry.auth.store import IamStore
+    from quarry.kv.partitions import AUTH_PARTITION
+    from support.auth import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY, setup_test_admin
+
+    g, store = build_source(tmp_path)
+    setup_test_admin(store)
+    IamStore(store).create_user("alice", "alice@example.com")
+    identities = list(store.scan(AUTH_PARTITION))
+    store.close()
+    dump = tmp_path / "dump.jsonl"
+    source = f"sqlite:///{tmp_path / 'source.db'}"
+    result = run_quarry(tmp_path, "store", "export", str(dump), "--kv-url", source)
+    assert result.returncode == 0, result.stderr
+    assert stat.S_IMODE(dump.stat().st_mode) == 0o600
+
+    fresh = tmp_path / "fresh.db"
+    result = run_quarry(tmp_path, "store", "import", str(dump), "--kv-url", f"sqlite:///{fresh}")
+    assert result.returncode == 0, result.stderr
+    imported = SQLiteStore(fresh)
+    assert list(imported.scan(AUTH_PARTITION)) == identities
+    iam = IamStore(imported)
+    assert iam.authenticate(TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY).user_id == "admin"
+    assert iam.get_user("alice").email == "alice@example.com"
+    imported.close()
+
+    own = SQLiteStore(tmp_path / "own.db")
+    IamStore(own).create_user("bob")
+    theirs = list(own.scan(AUTH_PARTITION))
+    own.close()
+    result = run_quarry(
+        tmp_path, "store", "import", str(dump), "--kv-url", f"sqlite:///{tmp_path / 'own.db'}"
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"not imported: {len(identities)} identity records" in result.stderr
+    own = SQLiteStore(tmp_path / "own.db")
+    assert list(own.scan(AUTH_PARTITION)) == theirs  # untouched: no alice, no admin
+    own.close()
+
+
 def test_export_reads_a_store_of_another_format_version(tmp_path):
     g, store = build_source(tmp_path)
     store.set(format_version.PARTITION, format_version.KEY, b"999")

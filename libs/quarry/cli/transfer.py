@@ -61,8 +61,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         store = _open_kv(args.kv_url, must_exist=True)
         target = Path(args.file)
         partial = target.with_name(target.name + ".partial")
+        partial.unlink(missing_ok=True)  # so the mode below is the file's
         try:
-            with open(partial, "w", encoding="utf-8") as out:
+            # Private: it holds the users' password hashes and sealed S3 secrets.
+            descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with open(descriptor, "w", encoding="utf-8") as out:
                 summary = exporting.export_store(store, out, _progress("exported"))
             os.replace(partial, target)
         finally:
@@ -103,6 +106,12 @@ def cmd_import(args: argparse.Namespace) -> int:
             f"stamped {quarry.FORMAT_VERSION})",
             file=sys.stderr,
         )
+        if summary.identities_skipped:
+            print(
+                f"not imported: {summary.identities_skipped} identity records (users, "
+                f"credentials, groups, policies): the target store has its own",
+                file=sys.stderr,
+            )
         if summary.metaranges_rewritten:
             print(
                 f"rebuilt committed data in storage format {quarry.FORMAT_VERSION}: "
