@@ -2,6 +2,7 @@
 loopback): ranges and metaranges land in the bucket and every flow works on them."""
 
 import boto3
+import pytest
 from botocore.config import Config
 
 from quarry.v1 import types_pb2
@@ -61,3 +62,54 @@ def test_versioning_flows_on_an_s3_namespace(tmp_path, moto_endpoint, s3_bucket)
     ]
     assert any(k.startswith("lake/demo/_quarry/ranges/") for k in keys)
     assert any(k.startswith("lake/demo/_quarry/metaranges/") for k in keys)
+
+
+def test_a_dump_restores_into_another_installation_over_an_s3_namespace(
+    tmp_path, moto_endpoint, s3_bucket
+):
+    """quarry.graveler.dumps on S3: the namespace's marker and metaranges are read from the
+    bucket, and the adopting installation's marker replaces the old one there."""
+    import json
+
+    from quarry import errors
+
+    namespace = f"s3://{s3_bucket}/lake/dumped"
+    with (
+        running_suite(tmp_path / "one", s3_endpoint_url=moto_endpoint) as suite,
+        suite.client() as client,
+    ):
+        client.create_repository("moved", namespace)
+        client.put_objects(
+            "moved",
+            "main",
+            [
+                types_pb2.Entry(
+                    path="a", physical_address=f"{namespace}/d/a", size_bytes=1, checksum="ca"
+                )
+            ],
+        )
+        head = client.commit("moved", "main", "a").commit.id
+        records = list(client.dump_repository("moved"))
+    with (
+        running_suite(tmp_path / "two", s3_endpoint_url=moto_endpoint) as suite,
+        suite.client() as client,
+    ):
+        with pytest.raises(errors.QuarryError) as refused:
+            client.restore_repository("moved", namespace, records)
+        assert refused.value.reason == "NAMESPACE_OF_ANOTHER_INSTALLATION"
+        client.restore_repository("moved", namespace, records, adopt_namespace=True)
+        assert client.get_branch("moved", "main").commit_id == head
+        assert client.stat_object("moved", "main", "a").checksum == "ca"
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}),
+    )
+    marker = json.loads(
+        s3.get_object(Bucket=s3_bucket, Key="lake/dumped/_quarry/repository.json")["Body"].read()
+    )
+    assert (
+        marker["repository"] == "moved"
+        and marker["installation_id"] != records[0].header.installation_id
+    )
