@@ -6,6 +6,9 @@ Safety rule: a body whose checksum does not match what the request claims is ref
 (BadDigest) before anything it carries is staged, like a wrong Content-MD5. CRC32, CRC32C,
 SHA-1 and SHA-256 are computed while the body streams (no second read). CRC64NVME is
 accepted without being verified (README: S3 gateway), as no library here computes it.
+
+A verified checksum of a single-part object is kept with it and answered back (PutObject,
+UploadPart, and GetObject/HeadObject with ChecksumMode=ENABLED); an unverified one never is.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import binascii
 import hashlib
 import logging
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,16 +114,17 @@ class Summing:
             self._digest.update(data)
         return data
 
-    def verify(self, trailers: dict[str, str]) -> None:
+    def verify(self, trailers: dict[str, str]) -> Claim | None:
         """BadDigest unless the body matched the claimed value (the header's, else the
-        trailer's); InvalidRequest when the value is missing or not a checksum."""
+        trailer's); InvalidRequest when the value is missing or not a checksum. The claim
+        with its value once verified (None: an algorithm accepted unverified)."""
         claim = self.claim
         value = claim.value if claim.value is not None else trailers.get(claim.name)
         if value is None:
             raise S3Error("InvalidRequest", f"the announced {claim.name} trailer is missing", 400)
         if self._digest is None:
             log.info("%s of a written body accepted without verification", claim.name)
-            return
+            return None
         try:
             expected = base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
@@ -134,3 +138,44 @@ class Summing:
                 "checksum.",
                 400,
             )
+        return Claim(claim.algorithm, base64.b64encode(expected).decode("ascii"))
+
+
+# ---- a verified checksum kept with the object --------------------------------------------
+
+# A single-part object's verified checksum is kept in its entry's metadata under this
+# prefix and the algorithm (never as an x-amz-meta-* header), and answered, as S3 does, in
+# the PUT's response and in a whole-object GET or HEAD that asks for it
+# (`x-amz-checksum-mode: ENABLED`): an SDK then checks the bytes it read end to end.
+STORED_PREFIX = "quarry.checksum."
+
+
+def stored_key(claim: Claim) -> str:
+    return STORED_PREFIX + claim.algorithm
+
+
+def stored(metadata: Mapping[str, str]) -> Claim | None:
+    """The checksum an entry's metadata keeps (None: none, or not a well-formed one of an
+    algorithm verified on write: metadata is anyone's to write through the CLI and gRPC,
+    and a malformed value must not become a header)."""
+    for algorithm, size in _SIZES.items():
+        value = metadata.get(STORED_PREFIX + algorithm)
+        if value is None:
+            continue
+        try:
+            if len(base64.b64decode(value, validate=True)) == size:
+                return Claim(algorithm, value)
+        except (binascii.Error, ValueError):
+            pass
+    return None
+
+
+def response_headers(claim: Claim | None) -> list[tuple[str, str]]:
+    if claim is None or claim.value is None:
+        return []
+    return [(claim.name, claim.value), (HEADER_PREFIX + "type", "FULL_OBJECT")]
+
+
+def asked_for(request: Request) -> bool:
+    """Whether a GET or HEAD asks for the object's checksum (ChecksumMode=ENABLED)."""
+    return request.header("x-amz-checksum-mode").strip().upper() == "ENABLED"

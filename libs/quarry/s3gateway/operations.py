@@ -168,6 +168,8 @@ def _object_headers(entry: types_pb2.Entry) -> list[tuple[str, str]]:
             name = key[len(STORED_HEADER_PREFIX) :]
             if name in STORED_HEADERS:
                 headers.append((name, value))
+        elif key.startswith(checksums.STORED_PREFIX):
+            continue  # answered only when asked for (_checksum_headers)
         elif is_header_name(key):
             headers.append((_META + key, value))
     return headers
@@ -250,11 +252,15 @@ def _user_metadata(request: Request) -> dict[str, str]:
         for name, values in request.headers.items()
         if name.startswith(_META)
     }
-    reserved = [name for name in metadata if name.startswith(STORED_HEADER_PREFIX)]
+    reserved = [
+        (name, prefix)
+        for name in metadata
+        for prefix in (STORED_HEADER_PREFIX, checksums.STORED_PREFIX)
+        if name.startswith(prefix)
+    ]
     if reserved:
-        raise invalid_argument(
-            f"x-amz-meta-{reserved[0]}: the {STORED_HEADER_PREFIX} names are reserved"
-        )
+        name, prefix = reserved[0]
+        raise invalid_argument(f"x-amz-meta-{name}: the {prefix} names are reserved")
     for header in STORED_HEADERS:
         value = request.header(header).strip()
         if header == "content-encoding":
@@ -276,12 +282,16 @@ def _timestamp(seconds: float) -> Any:
 # ---- body decoding -----------------------------------------------------------------------
 
 
+Finish = Callable[[], "checksums.Claim | None"]
+
+
 def body_reader(
     request: Request, ctx: Context, signature: Any
-) -> tuple[Callable[[int], bytes], Callable[[], None]]:
+) -> tuple[Callable[[int], bytes], Finish]:
     """(read, finish): the payload's bytes, decoded from aws-chunked when the request says
     so, and the checks to run once they are all read (chunk signatures via the Auth
-    service; the claimed x-amz-checksum-*, quarry.s3gateway.checksums)."""
+    service; the claimed x-amz-checksum-*, quarry.s3gateway.checksums), which return the
+    checksum verified (None: none claimed, or one accepted unverified)."""
     from quarry.s3gateway import sigv4
 
     mode = signature.payload_hash if signature is not None else sigv4.UNSIGNED_PAYLOAD
@@ -302,7 +312,7 @@ def body_reader(
         read: Callable[[int], bytes] = decoder.read
         trailers = decoder.trailers
 
-        def check_chunks() -> None:
+        def check_chunks() -> checksums.Claim | None:
             if signed:
                 ctx.sealed_check(decoder.signed)
             # A trailer no x-amz-trailer announced is refused, never ignored: a checksum
@@ -313,19 +323,20 @@ def body_reader(
                 raise S3Error(
                     "InvalidRequest", f"trailer {extra[0]} was not announced in x-amz-trailer", 400
                 )
+            return None
     else:
         read, trailers = request.read, {}
 
-        def check_chunks() -> None:
-            pass
+        def check_chunks() -> checksums.Claim | None:
+            return None
 
     if claim is None:
         return read, check_chunks
     summing = checksums.Summing(read, claim)
 
-    def finish() -> None:
+    def finish() -> checksums.Claim | None:
         check_chunks()
-        summing.verify(trailers)
+        return summing.verify(trailers)
 
     return summing.read, finish
 
@@ -719,6 +730,13 @@ def _whole_part(request: Request) -> bool:
     return True
 
 
+def _checksum_headers(request: Request, entry: types_pb2.Entry) -> list[tuple[str, str]]:
+    """The object's kept checksum, for a GET or HEAD of the whole object that asks for it."""
+    if not checksums.asked_for(request):
+        return []
+    return checksums.response_headers(checksums.stored(entry.metadata))
+
+
 def head_object(ctx: Context, request: Request) -> Response:
     entry = _stat(ctx, request)
     early = _preconditions(request, entry)
@@ -730,7 +748,7 @@ def head_object(ctx: Context, request: Request) -> Response:
         size = _stored_size(
             ctx, entry, _confine(ctx, request.target.bucket, entry.physical_address)
         )
-    headers = _object_headers(entry)
+    headers = _object_headers(entry) + _checksum_headers(request, entry)
     if size is None:
         return Response(200, headers)
     headers.append(("content-length", str(size)))
@@ -770,6 +788,8 @@ def get_object(ctx: Context, request: Request) -> Response:
         first, last = wanted
         status = 206
         headers.append(("content-range", f"bytes {first}-{last}/{size}"))
+    if (first, last) == (0, size - 1):
+        headers += _checksum_headers(request, entry)  # the whole object's, for the whole
     length = max(0, last - first + 1)
     headers.append(("content-length", str(length)))
     # Read from the start when what is sent ends at the object's end and a SHA-256 can check
@@ -866,13 +886,14 @@ def _is_count(text: str) -> bool:
 
 
 def _check_body(
-    stored: uploads.Stored, finish: Callable[[], None], request: Request, signature: Any
-) -> None:
-    """The checks on a written body (chunk signatures, Content-MD5, a signed
-    x-amz-content-sha256, x-amz-decoded-content-length): an S3Error when one fails."""
+    stored: uploads.Stored, finish: Finish, request: Request, signature: Any
+) -> checksums.Claim | None:
+    """The checks on a written body (chunk signatures, the claimed checksum, Content-MD5, a
+    signed x-amz-content-sha256, x-amz-decoded-content-length): an S3Error when one fails;
+    the x-amz-checksum-* verified."""
     from quarry.s3gateway import sigv4
 
-    finish()
+    verified = finish()
     content_md5 = request.header("content-md5")
     if content_md5:
         try:
@@ -897,6 +918,7 @@ def _check_body(
         raise invalid_argument("x-amz-decoded-content-length must be a number of bytes")
     if declared and int(declared) != stored.size:
         raise S3Error("IncompleteBody", "the body is shorter than declared", 400)
+    return verified
 
 
 def _read_document(
@@ -957,15 +979,19 @@ def _require_verifiable_body(request: Request, signature: Any) -> None:
 def _store_body(
     store: BlobStore,
     read: Callable[[int], bytes],
-    finish: Callable[[], None],
+    finish: Finish,
     request: Request,
     signature: Any,
-) -> uploads.Stored:
+) -> tuple[uploads.Stored, checksums.Claim | None]:
     """Write the body under a fresh key (quarry.uploads); what was written once every check
-    on it passed. On any failure the bytes written are removed and the error raised."""
-    return uploads.store_stream(
-        store, read, lambda stored: _check_body(stored, finish, request, signature)
-    )
+    on it passed, and the checksum verified. On any failure the bytes written are removed
+    and the error raised."""
+    verified: list[checksums.Claim | None] = [None]
+
+    def check(stored: uploads.Stored) -> None:
+        verified[0] = _check_body(stored, finish, request, signature)
+
+    return uploads.store_stream(store, read, check), verified[0]
 
 
 def _checksum_of_etag(ctx: Context, request: Request, etag: str) -> str:
@@ -1041,6 +1067,15 @@ def put_object(ctx: Context, request: Request, signature: Any) -> Response:
         return Response(200, [("etag", _etag(hashlib.md5(b"").hexdigest()))])
     condition = _write_condition(ctx, request)
     read, finish = body_reader(request, ctx, signature)
+    metadata = _user_metadata(request)
+
+    def check(stored: uploads.Stored) -> None:
+        # Runs once the bytes are stored, before uploads.put builds the entry from
+        # `metadata`: the verified checksum is kept with the object.
+        verified = _check_body(stored, finish, request, signature)
+        if verified is not None and verified.value is not None:
+            metadata[checksums.stored_key(verified)] = verified.value
+
     try:
         entry = uploads.put(
             ctx.client,
@@ -1050,14 +1085,15 @@ def put_object(ctx: Context, request: Request, signature: Any) -> Response:
             read,
             ctx.settings,
             content_type=request.header("content-type"),
-            metadata=_user_metadata(request),
-            check=lambda stored: _check_body(stored, finish, request, signature),
+            metadata=metadata,
+            check=check,
             shared=ctx.staging,
             condition=condition,
         )
     except errors.QuarryError as exc:
         raise from_quarry(exc, path) from None
-    return Response(200, [("etag", _etag(entry.checksum))])
+    kept = checksums.stored(entry.metadata)
+    return Response(200, [("etag", _etag(entry.checksum)), *checksums.response_headers(kept)])
 
 
 @dataclass
@@ -1174,8 +1210,11 @@ def copy_object(ctx: Context, request: Request) -> Response:
     entry.path = path
     entry.mtime.CopyFrom(_timestamp(time.time()))
     if directive == "REPLACE":
+        kept = checksums.stored(entry.metadata)  # the bytes are the same: so is it
         entry.ClearField("metadata")
         entry.metadata.update(_user_metadata(request))
+        if kept is not None and kept.value is not None:
+            entry.metadata[checksums.stored_key(kept)] = kept.value
         # As a PUT: what the request says, else the default (never the source's).
         entry.content_type = request.header("content-type") or "application/octet-stream"
     if source.bucket == bucket:
@@ -1375,7 +1414,7 @@ def upload_part(ctx: Context, request: Request, signature: Any) -> Response:
     read, finish = body_reader(request, ctx, signature)
     with open_blob_store(repo.storage_namespace, ctx.settings) as store:
         _load_upload(ctx, store, request, upload_id)
-        stored = _store_body(store, read, finish, request, signature)
+        stored, verified = _store_body(store, read, finish, request, signature)
         key, md5_hex = stored.key, stored.md5
         # The part under its number and MD5 (what Complete names it by); the temporary key's
         # bytes are moved by writing the part name once (no rename in the store API).
@@ -1384,7 +1423,9 @@ def upload_part(ctx: Context, request: Request, signature: Any) -> Response:
                 _write_part(store, upload_id, number, md5_hex, reader)
         finally:
             uploads.discard(store, key)
-    return Response(200, [("etag", _etag(md5_hex))])
+    # The part's checksum is answered (an SDK names it again in Complete), not kept: a
+    # multipart object has no whole-object checksum here (README: S3 gateway).
+    return Response(200, [("etag", _etag(md5_hex)), *checksums.response_headers(verified)[:1]])
 
 
 def _copy_range(request: Request, size: int) -> tuple[int, int]:
