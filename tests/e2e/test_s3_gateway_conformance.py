@@ -400,6 +400,65 @@ def test_upload_part_answers_the_parts_checksum(s3):
     assert got["Body"].read() == part
 
 
+def _two_parts(s3, key: str) -> tuple[str, list[dict], bytes]:
+    upload = s3.create_multipart_upload(Bucket=REPO, Key=key, ChecksumAlgorithm="CRC32")
+    first, second = os.urandom(5 * 1024 * 1024), os.urandom(1000)
+    parts = []
+    for number, data in ((1, first), (2, second)):
+        answered = s3.upload_part(
+            Bucket=REPO,
+            Key=key,
+            UploadId=upload["UploadId"],
+            PartNumber=number,
+            Body=data,
+            ChecksumAlgorithm="CRC32",
+        )
+        parts.append(
+            {
+                "PartNumber": number,
+                "ETag": answered["ETag"],
+                "ChecksumCRC32": answered["ChecksumCRC32"],
+            }
+        )
+    return upload["UploadId"], parts, first + second
+
+
+def test_complete_verifies_each_parts_checksum_and_the_whole_objects(s3, client):
+    """A part named with a checksum its bytes do not have is InvalidPart; a whole-object
+    checksum that does not match is BadDigest: nothing staged, the upload still there to be
+    completed right. A matching whole-object checksum is kept and answered."""
+    key = "main/kept/verified-mp"
+    upload_id, parts, data = _two_parts(s3, key)
+    forged = [dict(parts[0]), {**parts[1], "ChecksumCRC32": _checksum("crc32", b"other")}]
+    with pytest.raises(ClientError) as refused:
+        s3.complete_multipart_upload(
+            Bucket=REPO, Key=key, UploadId=upload_id, MultipartUpload={"Parts": forged}
+        )
+    assert _code(refused.value) == "InvalidPart"
+    with pytest.raises(ClientError) as refused:
+        s3.complete_multipart_upload(
+            Bucket=REPO,
+            Key=key,
+            UploadId=upload_id,
+            MultipartUpload={"Parts": parts},
+            ChecksumCRC32=_checksum("crc32", data + b"!"),
+            ChecksumType="FULL_OBJECT",
+        )
+    assert _code(refused.value) == "BadDigest"
+    assert "kept/verified-mp" not in _staged(client, "kept/")
+    s3.complete_multipart_upload(
+        Bucket=REPO,
+        Key=key,
+        UploadId=upload_id,
+        MultipartUpload={"Parts": parts},
+        ChecksumCRC32=_checksum("crc32", data),
+        ChecksumType="FULL_OBJECT",
+    )
+    head = s3.head_object(Bucket=REPO, Key=key, ChecksumMode="ENABLED")
+    assert head["ChecksumCRC32"] == _checksum("crc32", data)
+    assert s3.get_object(Bucket=REPO, Key=key, ChecksumMode="ENABLED")["Body"].read() == data
+
+
 def _trailer_body(data: bytes, trailer: str) -> bytes:
     """An aws-chunked body in STREAMING-UNSIGNED-PAYLOAD-TRAILER form, with `trailer`."""
     body = b""

@@ -141,6 +141,55 @@ class Summing:
         return Claim(claim.algorithm, base64.b64encode(expected).decode("ascii"))
 
 
+# ---- the checksums a CompleteMultipartUpload names ---------------------------------------
+
+# A <Part>'s checksum elements, as SDKs send them (the value UploadPart answered).
+PART_ELEMENTS = {
+    "ChecksumCRC32": "crc32",
+    "ChecksumCRC32C": "crc32c",
+    "ChecksumSHA1": "sha1",
+    "ChecksumSHA256": "sha256",
+    "ChecksumCRC64NVME": "crc64nvme",
+}
+
+
+def listed(values: Mapping[str, str]) -> Claim | None:
+    """The checksum a Complete's <Part> names (element name -> text; None: none);
+    InvalidRequest for more than one."""
+    named = [(PART_ELEMENTS[tag], value.strip()) for tag, value in values.items() if value.strip()]
+    if len(named) > 1:
+        raise S3Error("InvalidRequest", "a part names more than one checksum", 400)
+    return Claim(*named[0]) if named else None
+
+
+class Expected:
+    """A claimed checksum of bytes read elsewhere (a part, a whole object), computed as
+    they pass: `matches()` once they all did (True for an algorithm not verified here)."""
+
+    def __init__(self, claim: Claim) -> None:
+        self.claim = claim
+        factory = _DIGESTERS.get(claim.algorithm)
+        self._digest = factory() if factory is not None else None
+
+    def update(self, data: bytes) -> None:
+        if self._digest is not None:
+            self._digest.update(data)
+
+    @property
+    def verifies(self) -> bool:
+        """Whether the algorithm is one computed here (matches() then means it)."""
+        return self._digest is not None
+
+    def matches(self) -> bool:
+        if self._digest is None:
+            return True
+        try:
+            expected = base64.b64decode(self.claim.value or "", validate=True)
+        except (binascii.Error, ValueError):
+            return False
+        return expected == self._digest.digest()
+
+
 # ---- a verified checksum kept with the object --------------------------------------------
 
 # A single-part object's verified checksum is kept in its entry's metadata under this

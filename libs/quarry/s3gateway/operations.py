@@ -1548,10 +1548,20 @@ def complete_multipart_upload(ctx: Context, request: Request, signature: Any) ->
     upload_id = request.param("uploadId") or ""
     body = _read_document(ctx, request, signature, checksum_is_the_body=False)
     document = xmlserde.parse(body, "CompleteMultipartUpload")
+    listed = xmlserde.children(document, "Part")
     wanted = [
         (_listed_part_number(xmlserde.text(p, "PartNumber")), xmlserde.text(p, "ETag").strip('"'))
-        for p in xmlserde.children(document, "Part")
+        for p in listed
     ]
+    # The checksum each part is named with, and the whole object's (its x-amz-checksum-*
+    # header): verified as the parts are joined, before anything is staged.
+    part_claims = [
+        checksums.listed({tag: xmlserde.text(p, tag) for tag in checksums.PART_ELEMENTS})
+        for p in listed
+    ]
+    whole_claim = checksums.claimed(request, chunked=False)
+    if whole_claim is not None and "-" in (whole_claim.value or ""):
+        whole_claim = None  # a COMPOSITE value ("...-N", a checksum of checksums): not a body's
     if not wanted:
         raise S3Error("MalformedXML", "a CompleteMultipartUpload names at least one part", 400)
     if [n for n, _ in wanted] != sorted({n for n, _ in wanted}):
@@ -1584,26 +1594,11 @@ def complete_multipart_upload(ctx: Context, request: Request, signature: Any) ->
             digest.update(bytes.fromhex(etag))
         final_etag = f"{digest.hexdigest()}-{len(wanted)}"
 
-        class _Concatenated:
-            def __init__(self) -> None:
-                self._keys = list(keys)
-                self._reader: Any = None
-
-            def read(self, size: int = -1) -> bytes:
-                while True:
-                    if self._reader is None:
-                        if not self._keys:
-                            return b""
-                        self._reader = store.open_read(self._keys.pop(0))
-                    data = self._reader.read(size if size > 0 else READ_CHUNK)
-                    if data:
-                        return data
-                    self._reader.close()
-                    self._reader = None
-
+        joined = _JoinedParts(store, keys, part_claims, whole_claim)
         key = new_upload_key()
         try:
-            written = store.put_stream(key, _Concatenated())
+            written = store.put_stream(key, joined)
+            joined.verify([number for number, _ in wanted])
         except ObjectNotFound:
             # A part went while it was read: the upload was aborted (or swept) meanwhile.
             uploads.discard(store, key)
@@ -1619,6 +1614,11 @@ def complete_multipart_upload(ctx: Context, request: Request, signature: Any) ->
             content_type=record["content_type"],
             metadata=record["metadata"],
         )
+        if joined.whole is not None and joined.whole.verifies:
+            # A whole-object (FULL_OBJECT) checksum verified here is kept, as a PUT's is.
+            entry.metadata[checksums.stored_key(joined.whole.claim)] = (
+                joined.whole.claim.value or ""
+            )
         entry.mtime.CopyFrom(_timestamp(time.time()))
         _stage(ctx, bucket, ref, entry, store, key, condition)
         completed = {
@@ -1630,6 +1630,61 @@ def complete_multipart_upload(ctx: Context, request: Request, signature: Any) ->
         store.put(_upload_dir(upload_id) + COMPLETED_RECORD, json.dumps(completed).encode())
         _remove_upload(store, upload_id, keep=COMPLETED_RECORD)
     return _completed_answer(bucket, request.target.key, final_etag)
+
+
+class _JoinedParts:
+    """The parts of an upload read one after another (a file-like `read` for put_stream),
+    each part's named checksum and the whole object's computed as they pass."""
+
+    def __init__(
+        self,
+        store: BlobStore,
+        keys: list[str],
+        part_claims: list[checksums.Claim | None],
+        whole_claim: checksums.Claim | None,
+    ) -> None:
+        self._store = store
+        self._keys = list(keys)
+        self.parts = [None if c is None else checksums.Expected(c) for c in part_claims]
+        self.whole = None if whole_claim is None else checksums.Expected(whole_claim)
+        self._index = -1
+        self._reader: Any = None
+
+    def read(self, size: int = -1) -> bytes:
+        while True:
+            if self._reader is None:
+                if self._index + 1 >= len(self._keys):
+                    return b""
+                self._index += 1
+                self._reader = self._store.open_read(self._keys[self._index])
+            data = self._reader.read(size if size > 0 else READ_CHUNK)
+            if data:
+                part = self.parts[self._index]
+                if part is not None:
+                    part.update(data)
+                if self.whole is not None:
+                    self.whole.update(data)
+                return data
+            self._reader.close()
+            self._reader = None
+
+    def verify(self, numbers: list[int]) -> None:
+        """InvalidPart for a part whose bytes are not the checksum it was named with;
+        BadDigest when the whole object's x-amz-checksum-* does not match."""
+        for number, part in zip(numbers, self.parts, strict=True):
+            if part is not None and not part.matches():
+                raise S3Error(
+                    "InvalidPart",
+                    f"part {number}'s {part.claim.algorithm.upper()} is not the one uploaded",
+                    400,
+                )
+        if self.whole is not None and not self.whole.matches():
+            raise S3Error(
+                "BadDigest",
+                f"The {self.whole.claim.algorithm.upper()} you specified did not match the "
+                "calculated checksum.",
+                400,
+            )
 
 
 def _completed_answer(bucket: str, key: str, etag: str) -> Response:
