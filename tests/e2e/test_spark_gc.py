@@ -572,3 +572,37 @@ def test_gc_keeps_a_file_a_retained_entry_reaches_through_dot_segments(spark, su
     report = run_gc(spark, history, sweep=True)
     assert report.deleted > 0  # the sweep ran (A's unreferenced files went)
     assert {committed_file, staged_file} <= history.keys()
+
+
+def test_a_future_now_never_makes_a_running_writes_branch_stale(spark, suite, conn):
+    """`now` moves retention only: a Spark write's branch made a moment ago stays (with its
+    staged entries) however far ahead `now` is; a negative grace or TTL is refused before
+    anything is read (it would put the cutoff after the real time)."""
+    history = History(spark, suite, conn)
+    running = qs.common.ephemeral_branch(new_job_id())
+    with suite.client() as c:
+        c.create_branch(history.repo, running, "main@")
+    report = collect_garbage(
+        spark,
+        history.repo,
+        rules=RetentionRules(7),
+        sweep=True,
+        now=dt.datetime.now(dt.UTC) + dt.timedelta(days=365),
+        grace=dt.timedelta(0),
+        connection=conn,
+    )
+    assert running not in report.ephemeral_branches
+    assert history.stale_branch in report.ephemeral_branches
+    with suite.client() as c:
+        assert running in [b.name for b in c.iter_branches(history.repo)]
+    for bad in ({"grace": dt.timedelta(hours=-5)}, {"ephemeral_ttl": dt.timedelta(hours=-1)}):
+        with pytest.raises(errors.InvalidArgument):
+            collect_garbage(spark, history.repo, connection=conn, **bad)
+
+
+@pytest.mark.parametrize("flag", ["--grace-hours", "--ephemeral-ttl-hours"])
+def test_negative_hours_are_a_usage_error(flag, capsys):
+    with pytest.raises(SystemExit) as exited:
+        quarry_main(["gc", "run", "any", flag, "-5"])
+    assert exited.value.code == 2
+    assert "hours may not be negative" in capsys.readouterr().err

@@ -29,8 +29,18 @@ def _days(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}") from None
-    if value < 0:
+    if not value >= 0:  # negative or NaN
         raise argparse.ArgumentTypeError("days may not be negative")
+    return value
+
+
+def _hours(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of hours, got {text!r}") from None
+    if not value >= 0:  # negative or NaN: a cutoff after the real time
+        raise argparse.ArgumentTypeError("hours may not be negative")
     return value
 
 
@@ -222,14 +232,14 @@ def register_gc(sub: Subparsers, common: argparse.ArgumentParser) -> None:
     _gc_rule_options(p, "(default: the repository's rules, else 21 days)")
     p.add_argument(
         "--grace-hours",
-        type=float,
+        type=_hours,
         default=6.0,
         metavar="H",
         help="never delete objects younger than this (default: 6)",
     )
     p.add_argument(
         "--ephemeral-ttl-hours",
-        type=float,
+        type=_hours,
         default=24.0,
         metavar="H",
         help="Spark write branches older than this are stale (default: 24)",

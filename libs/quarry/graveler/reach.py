@@ -88,7 +88,19 @@ class AddressRules:
         """AddressNotAllowed for the first entry whose address breaks a rule."""
         others: list[Repository] | None = None
         pairs = ((entry.path, entry.physical_address) for entry in entries)
-        for path, address, kind, where in outside_namespace(repo.storage_namespace, pairs):
+        for one in reached(repo.storage_namespace, pairs):
+            path, address, kind, where = one.path, one.address, one.kind, one.where
+            if one.inside:
+                if not one.named_inside:
+                    # Garbage collection keeps an object when an address NAMES it
+                    # (quarry.blob.layout.referenced_keys): one that reaches the namespace
+                    # through a link would let GC delete what the entry reads.
+                    raise AddressNotAllowed(
+                        f"{path!r}: address {address!r} reaches the repository's storage "
+                        f"namespace through a link: stage it as {where!r}",
+                        metadata={"path": path, "address": address},
+                    )
+                continue
             if kind == "local":
                 self._check_not_own(where, address)
             if others is None:
@@ -181,15 +193,24 @@ class AddressRules:
             after = page[-1].name
 
 
-def outside_namespace(
-    storage_namespace: str, pairs: Iterable[tuple[str, str]]
-) -> Iterator[tuple[str, str, str, str]]:
-    """(path, address, kind, where) for each (path, address) of `pairs` whose address a
-    reader opens outside the namespace: a local address by its real path (a link inside the
-    namespace pointing out is outside), an S3 one by its text. Costs a string compare per
-    S3 address, an lstat per local one (and its directory's real path once per call).
-    InvalidPhysicalAddress (quarry.blob.layout) for an address with a `..`, `.` or empty
-    segment."""
+@dataclass(frozen=True)
+class Reached:
+    """Where one entry's address leads: `kind` and `where` as a reader opens it (a local
+    file by its real path), and whether its text alone names a key of the namespace."""
+
+    path: str
+    address: str
+    kind: str
+    where: str
+    inside: bool
+    named_inside: bool
+
+
+def reached(storage_namespace: str, pairs: Iterable[tuple[str, str]]) -> Iterator[Reached]:
+    """Reached for each (path, address) of `pairs` a reader opens (not an empty or opaque
+    address). Costs a string compare per S3 address, an lstat per local one (and its
+    directory's real path once per call). InvalidPhysicalAddress (quarry.blob.layout) for
+    an address with a `..`, `.` or empty segment."""
     kind, root = _namespace_root(storage_namespace)
     real_dirs: dict[str, str] = {}
     for path, address in pairs:
@@ -202,8 +223,26 @@ def outside_namespace(
                 where = _real_file(where, real_dirs, root if kind == "local" else "")
             except OSError:  # a link the server may not read (/proc/1/root/...)
                 where = _resolved(where, address)
-        if location.kind != kind or not inside(where, root):
-            yield path, address, location.kind, where
+        same_kind = location.kind == kind
+        yield Reached(
+            path,
+            address,
+            location.kind,
+            where,
+            same_kind and inside(where, root),
+            same_kind and inside(location.where, root),
+        )
+
+
+def outside_namespace(
+    storage_namespace: str, pairs: Iterable[tuple[str, str]]
+) -> Iterator[tuple[str, str, str, str]]:
+    """(path, address, kind, where) for each (path, address) of `pairs` whose address a
+    reader opens outside the namespace: a local address by its real path (a link inside the
+    namespace pointing out is outside), an S3 one by its text (reached)."""
+    for one in reached(storage_namespace, pairs):
+        if not one.inside:
+            yield one.path, one.address, one.kind, one.where
 
 
 def _resolved(path: str, given: str) -> str:

@@ -142,10 +142,15 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
     """Find (and with `sweep`, delete) what no retained commit or staged entry references.
     `rules` default to the repository's stored rules (or 21 days when it has none). `now`
     is the policy time retention is measured from (default: the real time); the grace
-    period is always measured from the real time."""
+    period and the age of Spark write branches are always measured from the real time (a
+    `now` in the future must never make a running write's files or branch look old).
+    Safety rule: a negative grace or ephemeral TTL is refused (it would put the cutoff
+    after the real time: files still being written would be candidates)."""
     from quarry.blob import open_blob_store
     from quarry.client import Client
 
+    if grace < _dt.timedelta(0) or ephemeral_ttl < _dt.timedelta(0):
+        raise errors.InvalidArgument("the grace period and the ephemeral TTL may not be negative")
     connection = Connection.resolve(spark, connection)
     started = _dt.datetime.now(_dt.UTC)
     policy_time = now or started
@@ -174,8 +179,9 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
             grace_seconds=grace.total_seconds(),
         )
         # A dry run treats the stale branches as gone too: it reports what a sweep does.
+        # Their age is real time's, never `now`'s: a job writing now must keep its branch.
         stale = sweep_ephemeral_branches(
-            client, repository, ephemeral_ttl, policy_time, dry_run=not sweep
+            client, repository, ephemeral_ttl, started, dry_run=not sweep
         )
         report.ephemeral_branches = stale
         references = _References(client, repository, set(stale))

@@ -147,6 +147,27 @@ def test_a_link_is_judged_by_where_it_leads(world):
     assert put(bm, dev, "l/3", str(namespace / "links" / "plain.csv")).entry.path == "l/3"
 
 
+def test_a_link_into_the_namespace_is_refused_so_gc_never_misses_the_object(world):
+    """GC keeps an object when an address NAMES it (quarry.blob.layout.referenced_keys): an
+    address that reaches the namespace through a link (from an allowed directory, say)
+    would leave the object it reads unnamed, and GC would delete it under a committed
+    entry. Refused for everyone, naming the address to stage instead."""
+    root, _, _, bm, _ = world
+    namespace = root / "lake" / REPO
+    (namespace / "data").mkdir(parents=True, exist_ok=True)
+    (namespace / "data" / "object").write_bytes(b"o")
+    os.symlink(namespace, root / "allowed" / "into-namespace")
+    admin = user_token(TEST_ADMIN)
+    through = str(root / "allowed" / "into-namespace" / "data" / "object")
+    error = refused(put, bm, admin, "linked/1", through)
+    assert (error.code.name, error.reason) == ("PERMISSION_DENIED", "ADDRESS_NOT_ALLOWED")
+    assert str(namespace / "data" / "object") in error.message
+    assert refused(put_many, bm, admin, [through]).reason == "ADDRESS_NOT_ALLOWED"
+    assert not staged(bm, "linked/1") and not staged(bm, "many/0")
+    # Named as it is, the same object stages.
+    assert put(bm, admin, "linked/1", str(namespace / "data" / "object")).entry.path == "linked/1"
+
+
 def test_an_entry_never_points_into_another_repositorys_namespace(world):
     root, _, _, bm, _ = world
     admin = user_token(TEST_ADMIN)
