@@ -408,52 +408,14 @@ def _write_file(
     against the entry (size, and SHA-256 where the entry records one); on any failure it
     is removed. A link is followed (--force replaces the file it points to, never the
     link); a pipe or a device is refused, never replaced."""
-    import contextlib
-    import os
-    import stat
-    import tempfile
+    from quarry.cli.files import write_whole_file
 
-    target = Path(os.path.realpath(target))
-    try:
-        existing = target.stat()
-    except FileNotFoundError:
-        existing = None
-    if existing is not None and not stat.S_ISREG(existing.st_mode):
-        # A pipe, a device (/dev/stdout), a socket: renaming over it would replace it (as
-        # root, the system's /dev/stdout); streaming into it cannot be undone on a failure.
-        raise CliError(
-            "NOT_A_REGULAR_FILE",
-            f"{target} is not a regular file; stream into it with `quarry cat ... > {target}`",
-            "INVALID_ARGUMENT",
-        )
-    if existing is not None and not args.force:
-        raise CliError(
-            "FILE_EXISTS", f"{target} exists; pass --force to overwrite it", "ALREADY_EXISTS"
-        )
-    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
-    try:
-        # The mode a new file gets (mkstemp's is 0600), or the replaced file's own.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, stat.S_IMODE(existing.st_mode) if existing else 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as fh:
-            size = _copy_object(args, ctx, fh.write, entry)
-        if args.force:
-            os.replace(temporary, target)
-        else:
-            # link() refuses an existing target: a file created since the check above stays.
-            try:
-                os.link(temporary, target)
-            except FileExistsError:
-                raise CliError(
-                    "FILE_EXISTS",
-                    f"{target} exists; pass --force to overwrite it",
-                    "ALREADY_EXISTS",
-                ) from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-    return target, size
+    return write_whole_file(
+        target,
+        lambda fh: _copy_object(args, ctx, fh.write, entry),
+        force=args.force,
+        hint=f"stream into it with `quarry cat ... > {target}`",
+    )
 
 
 def _get_folder(args: argparse.Namespace, ctx: Context) -> int:

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import sys
-import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from google.protobuf import json_format
@@ -24,6 +21,7 @@ from quarry.cli.base import (
     group,
     leaf,
 )
+from quarry.cli.files import write_whole_file
 from quarry.v1 import branch_manager_pb2 as bm
 
 
@@ -143,34 +141,6 @@ def _read_dump(source: str) -> list[bm.RepositoryDumpRecord]:
     return records
 
 
-def _write_dump(target: Path, lines: Iterable[str], force: bool) -> None:
-    """Into a private temporary file beside `target` (a dump holds the whole history), which
-    takes the name only once the dump is complete: a failed dump leaves no file that looks
-    like one. An existing file is replaced only with --force."""
-    if target.exists() and not force:
-        raise CliError(
-            "FILE_EXISTS", f"{target} exists; pass --force to overwrite it", "ALREADY_EXISTS"
-        )
-    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.writelines(lines)
-        if force:
-            os.replace(temporary, target)
-        else:
-            try:
-                os.link(temporary, target)  # refuses a file created since the check
-            except FileExistsError:
-                raise CliError(
-                    "FILE_EXISTS",
-                    f"{target} exists; pass --force to overwrite it",
-                    "ALREADY_EXISTS",
-                ) from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-
-
 @command
 def repo_dump(args: argparse.Namespace, ctx: Context) -> int:
     """The dump as JSON lines, to --output or stdout; what it holds to stderr (stdout is the
@@ -187,7 +157,13 @@ def repo_dump(args: argparse.Namespace, ctx: Context) -> int:
     if args.output == "-":
         sys.stdout.writelines(lines())
     else:
-        _write_dump(Path(args.output), lines(), args.force)
+        # Private: a dump holds the whole history. Named only once complete (files).
+        write_whole_file(
+            Path(args.output),
+            lambda fh: fh.writelines(line.encode() for line in lines()),
+            force=args.force,
+            private=True,
+        )
     header, end = seen["header"].header, seen["end"].end
     dirty = list(header.branches_with_uncommitted_changes)
     summary = {
