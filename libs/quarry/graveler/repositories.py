@@ -470,13 +470,16 @@ class Repositories:
         self.core.protection.check(repo, name, COMMIT)
         target = self.refs.resolve(repo, ref).commit_id
 
-        def reset(branch: types_pb2.Branch) -> types_pb2.Branch:
+        def refuse_dirty(branch: types_pb2.Branch) -> None:
             if not force and self.reads.has_uncommitted(repo, branch):
                 raise gerrors.DirtyBranch(
                     f"branch {name!r} has uncommitted changes; commit or discard them, or "
                     f"reset with force",
                     metadata={"repository": repo.name, "branch": name},
                 )
+
+        def reset(branch: types_pb2.Branch) -> types_pb2.Branch:
+            refuse_dirty(branch)
             # The tokens this record change retires are queued first (dropped once the
             # branch no longer references them: queue_retiring_tokens).
             self.staging.queue_retiring_tokens(
@@ -492,6 +495,9 @@ class Repositories:
         if force:
             update = self.refs.update_branch(repo, name, reset, step="reset")
         else:
+            # Refused before any seal: a refused reset leaves the branch exactly as it was
+            # (each refused attempt sealed the token: one more layer for every read).
+            refuse_dirty(self.core.branch(repo, name)[0])
             update = self._reset_if_clean(repo, name, reset)
         self.core.forget_branch(repo, name)
         return update.branch

@@ -14,6 +14,7 @@ period, so staging partitions do not accumulate.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -276,7 +277,7 @@ class StagingManager:
                     # Queued ahead of a branch change that has not retired the token (yet,
                     # or ever): kept; forgotten once the change can no longer be coming.
                     if now - record.queued_at >= RETIRING_EXPIRY_SECONDS:
-                        self.kv.delete(CLEANUP_PARTITION, item.key)
+                        self._forget_expired(item)
                     continue
                 due.append(item.key)
                 if len(due) >= limit:
@@ -288,6 +289,19 @@ class StagingManager:
             self.kv.delete(CLEANUP_PARTITION, partition)
             dropped += 1
         return dropped
+
+    def _forget_expired(self, item: kv.KeyValue) -> None:
+        """Delete an expired cleanup record, only if it is still the one read: a change
+        about to retire the same token may have queued it afresh meanwhile (the same key),
+        and that record must stay, or the token would never be dropped."""
+        try:
+            current = self.kv.get(CLEANUP_PARTITION, item.key)
+        except kv.KeyNotFound:
+            return
+        if current.value != item.value:
+            return
+        with contextlib.suppress(kv.PredicateFailed):
+            self.kv.delete_if(CLEANUP_PARTITION, item.key, kv.Equals(current.predicate))
 
     def _still_referenced(self, record: Any) -> bool:
         """Whether the branch a token was queued ahead for still references it (its record

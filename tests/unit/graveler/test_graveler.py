@@ -390,9 +390,13 @@ def test_reset_refuses_dirty_unless_forced(graveler, repo):
     graveler.put_objects(repo, "main", [entry("a")])
     graveler.commit(repo, "main", "one")
     graveler.put_objects(repo, "main", [entry("b")])
-    with pytest.raises(gerrors.DirtyBranch):
-        graveler.reset_branch(repo, "main", first)
+    before = graveler.get_branch(repo, "main")
+    for _ in range(3):
+        with pytest.raises(gerrors.DirtyBranch):
+            graveler.reset_branch(repo, "main", first)
     assert graveler.stat_object(repo, "main", "b")  # nothing half-applied
+    # A refused reset changes nothing: no seal, no new token, still dirty (tester hAE).
+    assert graveler.get_branch(repo, "main") == before
     branch = graveler.reset_branch(repo, "main", first, force=True)
     assert branch.commit_id == first and branch.dirty is False
     assert graveler.list_objects(repo, "main")[0] == []

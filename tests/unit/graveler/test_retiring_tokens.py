@@ -82,6 +82,29 @@ def test_a_token_queued_ahead_of_a_change_that_never_came_is_never_dropped(
     assert len(listed) == 5
 
 
+def test_an_expired_record_queued_afresh_meanwhile_is_kept(graveler, repo, monkeypatch):
+    """The dropper forgets an expired record only if it is still the one it read: a change
+    about to retire the same token queues it afresh under the same key, and that record
+    must stay, or the token is never dropped once the change retires it (tester hAE)."""
+    graveler.put_objects(repo, "main", [entry("x")])
+    live = graveler.get_branch(repo, "main").staging_token
+    partition = graveler.repo(repo).partition
+    clock = [1000.0]
+    monkeypatch.setattr(graveler.staging, "_clock", lambda: clock[0])
+    graveler.staging.queue_retiring_tokens([live], partition, "main")
+    clock[0] += staging_module.RETIRING_EXPIRY_SECONDS + 1
+    still_referenced = graveler.staging._still_referenced
+
+    def queued_afresh_meanwhile(record):
+        referenced = still_referenced(record)
+        graveler.staging.queue_retiring_tokens([live], partition, "main")  # a commit, now
+        return referenced
+
+    monkeypatch.setattr(graveler.staging, "_still_referenced", queued_afresh_meanwhile)
+    graveler.staging.drop_queued(grace_seconds=0)
+    assert queued(graveler) == set(staging_partitions(live))  # the fresh record stayed
+
+
 def test_a_branch_that_is_gone_references_nothing(graveler, repo):
     from quarry.graveler.layout import branch_key
 
