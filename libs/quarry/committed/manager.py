@@ -182,6 +182,32 @@ class CommittedManager:
             self._loader, namespace, metarange_id, page_size, page_token, max_bytes
         )
 
+    def missing_files(self, namespace: str, metarange_ids: Iterable[str]) -> list[str]:
+        """The keys of the files these metaranges need that the namespace does not hold:
+        each metarange's file (and index pages), and every range it lists. Asked of the
+        store itself, not of the caches: a file deleted since it was read is missing. A
+        metarange that is missing is not opened (its ranges are unknown)."""
+        from quarry.blob.layout import metarange_key, range_key
+
+        store = self.store(namespace)
+        missing: list[str] = []
+        ranges: set[str] = set()
+        for metarange_id in dict.fromkeys(metarange_ids):
+            if metarange_id in ("", EMPTY_METARANGE_ID):
+                continue
+            if not store.exists(metarange_key(metarange_id)):
+                missing.append(metarange_key(metarange_id))
+                continue
+            held = self._loader.metarange(namespace, metarange_id)
+            missing.extend(
+                metarange_key(page.id)
+                for page in held.pages
+                if not store.exists(metarange_key(page.id))
+            )
+            ranges.update(info.id for info in held.ranges)
+        missing.extend(range_key(r) for r in sorted(ranges) if not store.exists(range_key(r)))
+        return missing
+
     def count(self, namespace: str, metarange_id: str) -> int:
         """Number of entries in a metarange (from the metarange alone)."""
         return self._loader.metarange(namespace, metarange_id).count

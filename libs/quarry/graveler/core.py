@@ -53,8 +53,8 @@ class CommittedReader(Protocol):
         self, namespace: str, left_id: str, right_id: str, prefix: str = "", start: str = ""
     ) -> Iterator[Change]: ...
 
-    # Entries in a metarange, from the metarange alone (MetaRangeNotFound if it is absent).
-    def count(self, namespace: str, metarange_id: str) -> int: ...
+    # The files these metaranges need that the namespace does not hold (a restore's check).
+    def missing_files(self, namespace: str, metarange_ids: Iterable[str]) -> list[str]: ...
 
 
 class RangeWriterClient(Protocol):

@@ -14,28 +14,37 @@ A dump is a sequence of RepositoryDumpRecords (quarry.v1, branch_manager.proto):
     end       the counts, so a truncated dump is refused
 
 Branches and tags are read before the commits: commits are immutable and only ever added,
-so every commit a dumped head or tag names is among those read afterwards. The ranges,
-metaranges and uploaded objects are not in a dump: they stay in the namespace, so a dump is
-restorable only over that namespace or a copy of it (`aws s3 sync`, `cp -a`).
+so every commit a dumped head or tag names, and all its ancestry, is among those listed
+afterwards. A commit made while the dump runs may be listed without its parent (the listing
+is in id order, and its parent may sort before the listing's position): a dump holds only
+the commits whose whole ancestry it holds, so it is always restorable. The ranges,
+metaranges and uploaded objects are not in a dump: they stay in the namespace, and the
+entries name their objects by address in it, so a dump restores only over that namespace
+(the same location, reached again: after a deletion, or from another installation).
 
 Restore reads and checks the WHOLE dump before it writes anything (record order, names,
-ids, every parent, head and tag among the dumped commits, the counts), then creates the
-repository the way creation does (quarry.graveler.repositories: announced, namespace
+ids, every parent, head and tag among the dumped commits, each commit's generation one above
+its parents' -- so no cycle --, timestamps and sizes, the counts) and that the namespace holds
+every head's and tag's metarange, then creates the repository the way creation does (quarry.graveler.repositories: announced, namespace
 claimed by its ownership marker, records written, the repository record last, so a failed
 restore leaves nothing visible and can simply be run again).
 
 Safety rule — a restore must never claim a namespace that:
+  * is not the dumped repository's (DUMP_NAMESPACE_MISMATCH: its entries would read, and
+    its GC-less copy would depend on, another namespace's objects);
   * a repository of this installation uses (equal to, inside or containing its namespace:
     the same check as creation);
   * holds no ownership marker but other files (it is not a Quarry namespace), or a marker
     of a creation in progress;
   * belongs to another installation, unless the caller says that installation no longer
-    uses it (adopt_namespace), and even then only if its marker names the dumped repository
-    (so a restore cannot be pointed at an unrelated installation's data).
+    uses it (adopt_namespace), and even then only if its marker names the dumped repository.
+    That match guards against a mistake, not an adversary (the header is the caller's):
+    the authority is fs:ImportFromStorage on the namespace plus adopt_namespace, because a
+    lost installation (the point of a dump) cannot release its namespaces itself.
 And it never makes visible a repository whose heads or tags name a metarange the namespace
-does not hold (DUMP_DATA_MISSING). Unlike creation, it does not ask the namespace to hold
-only Quarry's files: it holds a repository's data by design, and GC never deletes a file
-Quarry did not write.
+does not hold (DUMP_DATA_MISSING, checked before the namespace is claimed). Unlike creation,
+it does not ask the namespace to hold only Quarry's files: it holds a repository's data by
+design, and GC never deletes a file Quarry did not write.
 """
 
 from __future__ import annotations
@@ -46,12 +55,13 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
+from google.protobuf.timestamp_pb2 import Timestamp
+
 import quarry
 from quarry import FORMAT_VERSION, errors
 from quarry.batching import batches
-from quarry.blob.namespace import canonical_storage_namespace, namespaces_overlap
+from quarry.blob.namespace import canonical_storage_namespace
 from quarry.blob.ownership import NamespaceClaim, NamespaceInUse, NamespaceNotEmpty
-from quarry.committed.errors import MetaRangeNotFound
 from quarry.committed.loader import check_metarange_id
 from quarry.graveler import errors as gerrors
 from quarry.graveler import layout, names, protection
@@ -90,6 +100,10 @@ class DumpDataMissing(errors.FailedPrecondition):
 
 class NamespaceOfAnotherInstallation(errors.FailedPrecondition):
     reason = "NAMESPACE_OF_ANOTHER_INSTALLATION"
+
+
+class DumpNamespaceMismatch(errors.FailedPrecondition):
+    reason = "DUMP_NAMESPACE_MISMATCH"
 
 
 @dataclasses.dataclass
@@ -162,11 +176,24 @@ def dump_repository(repositories: Repositories, name: str) -> Iterator[Record]:
         yield Record(gc_rules=gc_rules)
     if rules:
         yield Record(branch_protection=bm.RepositoryDumpProtection(rules=rules))
-    commits = 0
-    for commit in _pages(lambda a, n: refs.list_commits(repo, a, n), lambda c: c.id):
-        commits += 1
+    listed = {c.id: c for c in _pages(lambda a, n: refs.list_commits(repo, a, n), lambda c: c.id)}
+    complete = _with_whole_ancestry(listed)
+    for commit in complete:
         yield Record(commit=commit)
-    yield Record(end=bm.RepositoryDumpEnd(branches=len(branches), tags=len(tags), commits=commits))
+    yield Record(
+        end=bm.RepositoryDumpEnd(branches=len(branches), tags=len(tags), commits=len(complete))
+    )
+
+
+def _with_whole_ancestry(commits: dict[str, types_pb2.Commit]) -> list[types_pb2.Commit]:
+    """The commits whose every ancestor is among `commits`, parents first: a commit made
+    during the listing may be there without its parent (module docstring), and is left out
+    with its descendants. Every head and tag read before the listing keeps its ancestry."""
+    complete: dict[str, types_pb2.Commit] = {}
+    for commit in sorted(commits.values(), key=lambda c: (c.generation, c.id)):
+        if all(parent in complete for parent in commit.parents):
+            complete[commit.id] = commit
+    return list(complete.values())
 
 
 def _has_uncommitted_changes(
@@ -206,6 +233,7 @@ def read_dump(records: Iterable[Record]) -> Dump:
         raise CorruptDump(
             f"dump version {header.dump_version} is not one this build reads ({DUMP_VERSION})"
         )
+    _check_time(header.created, "the dump's header")
     if header.format_version != FORMAT_VERSION:
         raise DumpFormatMismatch(
             f"the dump is of storage format {header.format_version}, this build's is "
@@ -265,11 +293,32 @@ def _take(dump: Dump, record: Record, kind: str) -> None:
             check_metarange_id(commit.metarange_id)
             if commit.id in dump.commits:
                 raise CorruptDump(f"commit {commit.id} appears twice in the dump")
+            _check_commit_fields(commit)
             dump.commits[commit.id] = commit
     except errors.InvalidArgument as exc:
         if isinstance(exc, CorruptDump):
             raise
         raise CorruptDump(f"a {kind} record of the dump is invalid: {exc.message}") from None
+
+
+def _check_commit_fields(commit: types_pb2.Commit) -> None:
+    """What a commit made here could hold: a valid time, sizes within the limits."""
+    _check_time(commit.creation_time, f"commit {commit.id}")
+    if (
+        len(commit.message.encode()) > names.MAX_MESSAGE_BYTES
+        or len(commit.committer.encode()) > names.MAX_MESSAGE_BYTES
+        or sum(len(k.encode()) + len(v.encode()) for k, v in commit.metadata.items())
+        > names.MAX_METADATA_BYTES
+    ):
+        raise CorruptDump(f"commit {commit.id}'s message, committer or metadata is too large")
+
+
+def _check_time(stamp: Timestamp, what: str) -> None:
+    """A Timestamp every reader can show (years 1-9999, nanos 0..1e9-1)."""
+    try:
+        stamp.ToJsonString()
+    except ValueError:
+        raise CorruptDump(f"{what} has an invalid time") from None
 
 
 def _check_references(dump: Dump) -> None:
@@ -292,6 +341,14 @@ def _check_references(dump: Dump) -> None:
                 raise CorruptDump(
                     f"commit {commit.id} names parent {parent!r}, which the dump does not hold"
                 )
+        # One above its highest parent (1 for a root), as every commit here is made: no
+        # cycle can pass (a log or GC walk of one would never end).
+        expected = 1 + max((dump.commits[p].generation for p in commit.parents), default=0)
+        if commit.generation != expected:
+            raise CorruptDump(
+                f"commit {commit.id} has generation {commit.generation}, not {expected} "
+                f"(one above its parents')"
+            )
     default = dump.header.repository.default_branch
     if default not in {b.name for b in dump.branches}:
         raise CorruptDump(f"the dump has no record of its default branch {default!r}")
@@ -313,6 +370,12 @@ def restore_repository(
     storage_namespace = canonical_storage_namespace(storage_namespace)
     repositories.core.addresses.check_namespace(storage_namespace)
     dumped = dump.header.repository
+    if storage_namespace != dumped.storage_namespace:
+        raise DumpNamespaceMismatch(
+            f"the dumped repository's entries name their objects in {dumped.storage_namespace}: "
+            f"a dump restores only over that namespace, not {storage_namespace}",
+            metadata={"storage_namespace": storage_namespace, "dumped": dumped.storage_namespace},
+        )
     repo = Repository(
         name=name,
         storage_namespace=storage_namespace,
@@ -326,9 +389,10 @@ def restore_repository(
         _check_restorable(repositories, dump.header, adopt_namespace, ns, claim)
 
     def fill(repo: Repository) -> None:
-        _check_data(repositories, repo, dump)
         _write_records(repositories, repo, dump)
 
+    # Read-only, before anything is claimed: a refusal leaves the namespace's marker as it was.
+    _check_data(repositories, repo, dump)
     repositories.create_instance(repo, fill, check_reusable)
     return Restored(repo, len(dump.branches), len(dump.tags), len(dump.commits))
 
@@ -375,14 +439,11 @@ def _check_restorable(
         except gerrors.RepositoryNotFound:
             live = None
         if live is not None and live.instance_id == found.instance_id:
-            # A copy of a live repository's namespace is free (that repository reads and
-            # collects only its own); the namespace itself never is.
-            if namespaces_overlap(live.storage_namespace, ns):
-                raise NamespaceInUse(
-                    f"storage namespace {ns} is used by repository {found.repository!r}",
-                    metadata=meta,
-                )
-        elif not repositories.refs.is_deleted_instance(found.instance_id):
+            raise NamespaceInUse(
+                f"storage namespace {ns} is used by repository {found.repository!r}",
+                metadata=meta,
+            )
+        if not repositories.refs.is_deleted_instance(found.instance_id):
             raise NamespaceInUse(
                 f"storage namespace {ns} is being claimed by repository {found.repository!r} "
                 f"(or its creation was interrupted)",
@@ -391,22 +452,19 @@ def _check_restorable(
 
 
 def _check_data(repositories: Repositories, repo: Repository, dump: Dump) -> None:
-    """DumpDataMissing unless the namespace holds the metarange of every head and tag."""
-    needed: dict[str, str] = {}
-    for kind, named in (("branch", dump.branches), ("tag", dump.tags)):
-        for item in named:
-            metarange_id = dump.commits[item.commit_id].metarange_id
-            needed.setdefault(metarange_id, f"{kind} {item.name!r}")
-    for metarange_id, user in sorted(needed.items()):
-        try:
-            repositories.core.committed.count(repo.storage_namespace, metarange_id)
-        except MetaRangeNotFound:
-            raise DumpDataMissing(
-                f"storage namespace {repo.storage_namespace} does not hold metarange "
-                f"{metarange_id} ({user}'s commit): restore over the namespace holding the "
-                f"dumped repository's data, or a complete copy of it",
-                metadata={"storage_namespace": repo.storage_namespace, "metarange": metarange_id},
-            ) from None
+    """DumpDataMissing unless the namespace holds every file the heads' and tags' commits
+    read: their metaranges and every range they list (a partial copy restored would be a
+    visible, broken repository)."""
+    heads = [b.commit_id for b in dump.branches] + [t.commit_id for t in dump.tags]
+    needed = sorted({dump.commits[commit_id].metarange_id for commit_id in heads})
+    missing = repositories.core.committed.missing_files(repo.storage_namespace, needed)
+    if missing:
+        raise DumpDataMissing(
+            f"storage namespace {repo.storage_namespace} does not hold {len(missing)} "
+            f"file(s) the dumped heads and tags read (e.g. {missing[0]}): restore over the "
+            f"namespace holding the dumped repository's data, complete",
+            metadata={"storage_namespace": repo.storage_namespace, "missing": missing[0]},
+        )
 
 
 def _write_records(repositories: Repositories, repo: Repository, dump: Dump) -> None:
