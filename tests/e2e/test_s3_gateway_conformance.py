@@ -345,23 +345,36 @@ def test_a_verified_checksum_is_kept_and_answered_when_asked_for(s3, client):
     assert _code(refused.value) == "InvalidArgument"
 
 
-def test_a_malformed_kept_checksum_never_becomes_a_header(s3, client):
-    """Entry metadata is anyone's to write over gRPC: a value that is not a checksum of its
-    algorithm's size is not answered (a boto3 reader would fail on it, or a header split)."""
+def test_a_kept_checksum_not_bound_to_the_entrys_bytes_never_becomes_a_header(s3, client):
+    """Entry metadata is anyone's to write over gRPC and the CLI: a value that is not a
+    checksum of its algorithm's size, one set without the entry's checksum it is bound to
+    (`quarry put --meta quarry.checksum.sha256=...`), or one carried over to an entry of
+    other bytes is not answered (a boto3 reader would refuse a good object; tester hAG)."""
     from quarry.client.entries import make_entry
 
     s3.put_object(Bucket=REPO, Key="main/kept/plain", Body=b"abc", ChecksumAlgorithm="CRC32")
     entry = client.stat_object(REPO, "main", "kept/plain")
-    forged = make_entry(
-        "kept/forged-meta",
-        entry.physical_address,
-        entry.size_bytes,
-        entry.checksum,
-        metadata={"quarry.checksum.crc32": "not base64!", "quarry.checksum.sha256": "AAAA"},
-    )
-    client.put_objects(REPO, "main", [forged])
-    head = s3.head_object(Bucket=REPO, Key="main/kept/forged-meta", ChecksumMode="ENABLED")
-    assert "ChecksumCRC32" not in head and "ChecksumSHA256" not in head
+    zeros = base64.b64encode(bytes(32)).decode()
+    other_bytes = "f" * 32
+    for metadata, checksum in (
+        (
+            {"quarry.checksum.crc32": "not base64!", "quarry.checksum.sha256": "AAAA"},
+            entry.checksum,
+        ),
+        ({"quarry.checksum.sha256": zeros}, entry.checksum),
+        ({"quarry.checksum.sha256": f"{zeros} {'0' * 32}"}, entry.checksum),
+        (dict(entry.metadata), other_bytes),  # the kept value, on an entry of other bytes
+    ):
+        forged = make_entry(
+            "kept/forged-meta",
+            entry.physical_address,
+            entry.size_bytes,
+            checksum,
+            metadata=metadata,
+        )
+        client.put_objects(REPO, "main", [forged])
+        head = s3.head_object(Bucket=REPO, Key="main/kept/forged-meta", ChecksumMode="ENABLED")
+        assert "ChecksumCRC32" not in head and "ChecksumSHA256" not in head, metadata
     assert (
         s3.get_object(Bucket=REPO, Key="main/kept/forged-meta", ChecksumMode="ENABLED")[
             "Body"
@@ -1189,3 +1202,20 @@ def test_a_bucket_name_no_repository_can_have_is_no_such_bucket(s3):
     with pytest.raises(ClientError) as refused:
         s3.get_object(Bucket="not_a_repo", Key="main/x")
     assert _code(refused.value) == "NoSuchBucket"
+
+
+def test_a_composite_checksum_on_complete_is_not_taken_for_the_bodys(s3):
+    """COMPOSITE (x-amz-checksum-type) is a checksum of the parts' checksums, with or
+    without its "-N": not verified as the object's own, never a BadDigest (tester hAG)."""
+    key = "main/kept/composite-mp"
+    upload_id, parts, data = _two_parts(s3, key)
+    raw = b"".join(base64.b64decode(p["ChecksumCRC32"]) for p in parts)
+    s3.complete_multipart_upload(
+        Bucket=REPO,
+        Key=key,
+        UploadId=upload_id,
+        MultipartUpload={"Parts": parts},
+        ChecksumCRC32=_checksum("crc32", raw),
+        ChecksumType="COMPOSITE",
+    )
+    assert s3.get_object(Bucket=REPO, Key=key)["Body"].read() == data

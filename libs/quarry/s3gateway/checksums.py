@@ -192,10 +192,14 @@ class Expected:
 
 # ---- a verified checksum kept with the object --------------------------------------------
 
-# A single-part object's verified checksum is kept in its entry's metadata under this
-# prefix and the algorithm (never as an x-amz-meta-* header), and answered, as S3 does, in
-# the PUT's response and in a whole-object GET or HEAD that asks for it
-# (`x-amz-checksum-mode: ENABLED`): an SDK then checks the bytes it read end to end.
+# An object's verified checksum is kept in its entry's metadata under this prefix and the
+# algorithm (never as an x-amz-meta-* header), as "<base64 value> <the entry's checksum>",
+# and answered, as S3 does, in the PUT's response and in a whole-object GET or HEAD that
+# asks for it (`x-amz-checksum-mode: ENABLED`): an SDK then checks the bytes it read end to
+# end. The entry's checksum binds it to those bytes: metadata is anyone's to write through
+# the CLI and gRPC, and a value set there, or carried over to an entry of other bytes (a
+# tool re-staging an object with its metadata copied), is never answered -- a reader's SDK
+# would refuse a good object.
 STORED_PREFIX = "quarry.checksum."
 
 
@@ -203,13 +207,17 @@ def stored_key(claim: Claim) -> str:
     return STORED_PREFIX + claim.algorithm
 
 
-def stored(metadata: Mapping[str, str]) -> Claim | None:
-    """The checksum an entry's metadata keeps (None: none, or not a well-formed one of an
-    algorithm verified on write: metadata is anyone's to write through the CLI and gRPC,
-    and a malformed value must not become a header)."""
+def stored_value(claim: Claim, entry_checksum: str) -> str:
+    return f"{claim.value} {entry_checksum}"
+
+
+def stored(metadata: Mapping[str, str], entry_checksum: str) -> Claim | None:
+    """The checksum an entry's metadata keeps for the bytes `entry_checksum` names (None:
+    none, one bound to other bytes, or not a well-formed one of an algorithm verified on
+    write: a malformed value must not become a header)."""
     for algorithm, size in _SIZES.items():
-        value = metadata.get(STORED_PREFIX + algorithm)
-        if value is None:
+        value, _, bound = metadata.get(STORED_PREFIX + algorithm, "").partition(" ")
+        if not value or bound != entry_checksum:
             continue
         try:
             if len(base64.b64decode(value, validate=True)) == size:

@@ -734,7 +734,7 @@ def _checksum_headers(request: Request, entry: types_pb2.Entry) -> list[tuple[st
     """The object's kept checksum, for a GET or HEAD of the whole object that asks for it."""
     if not checksums.asked_for(request):
         return []
-    return checksums.response_headers(checksums.stored(entry.metadata))
+    return checksums.response_headers(checksums.stored(entry.metadata, entry.checksum))
 
 
 def head_object(ctx: Context, request: Request) -> Response:
@@ -1074,7 +1074,8 @@ def put_object(ctx: Context, request: Request, signature: Any) -> Response:
         # `metadata`: the verified checksum is kept with the object.
         verified = _check_body(stored, finish, request, signature)
         if verified is not None and verified.value is not None:
-            metadata[checksums.stored_key(verified)] = verified.value
+            # uploads.put records stored.md5 as the entry's checksum.
+            metadata[checksums.stored_key(verified)] = checksums.stored_value(verified, stored.md5)
 
     try:
         entry = uploads.put(
@@ -1092,7 +1093,7 @@ def put_object(ctx: Context, request: Request, signature: Any) -> Response:
         )
     except errors.QuarryError as exc:
         raise from_quarry(exc, path) from None
-    kept = checksums.stored(entry.metadata)
+    kept = checksums.stored(entry.metadata, entry.checksum)
     return Response(200, [("etag", _etag(entry.checksum)), *checksums.response_headers(kept)])
 
 
@@ -1210,11 +1211,13 @@ def copy_object(ctx: Context, request: Request) -> Response:
     entry.path = path
     entry.mtime.CopyFrom(_timestamp(time.time()))
     if directive == "REPLACE":
-        kept = checksums.stored(entry.metadata)  # the bytes are the same: so is it
+        kept = checksums.stored(entry.metadata, entry.checksum)  # the same bytes: the same
         entry.ClearField("metadata")
         entry.metadata.update(_user_metadata(request))
-        if kept is not None and kept.value is not None:
-            entry.metadata[checksums.stored_key(kept)] = kept.value
+        if kept is not None:
+            entry.metadata[checksums.stored_key(kept)] = checksums.stored_value(
+                kept, entry.checksum
+            )
         # As a PUT: what the request says, else the default (never the source's).
         entry.content_type = request.header("content-type") or "application/octet-stream"
     if source.bucket == bucket:
@@ -1560,8 +1563,9 @@ def complete_multipart_upload(ctx: Context, request: Request, signature: Any) ->
         for p in listed
     ]
     whole_claim = checksums.claimed(request, chunked=False)
-    if whole_claim is not None and "-" in (whole_claim.value or ""):
-        whole_claim = None  # a COMPOSITE value ("...-N", a checksum of checksums): not a body's
+    composite = request.header("x-amz-checksum-type").strip().upper() == "COMPOSITE"
+    if whole_claim is not None and (composite or "-" in (whole_claim.value or "")):
+        whole_claim = None  # a COMPOSITE value (a checksum of the parts'): not the body's
     if not wanted:
         raise S3Error("MalformedXML", "a CompleteMultipartUpload names at least one part", 400)
     if [n for n, _ in wanted] != sorted({n for n, _ in wanted}):
@@ -1616,9 +1620,8 @@ def complete_multipart_upload(ctx: Context, request: Request, signature: Any) ->
         )
         if joined.whole is not None and joined.whole.verifies:
             # A whole-object (FULL_OBJECT) checksum verified here is kept, as a PUT's is.
-            entry.metadata[checksums.stored_key(joined.whole.claim)] = (
-                joined.whole.claim.value or ""
-            )
+            claim = joined.whole.claim
+            entry.metadata[checksums.stored_key(claim)] = checksums.stored_value(claim, final_etag)
         entry.mtime.CopyFrom(_timestamp(time.time()))
         _stage(ctx, bucket, ref, entry, store, key, condition)
         completed = {
