@@ -62,7 +62,6 @@ from quarry import FORMAT_VERSION, errors
 from quarry.batching import batches
 from quarry.blob.namespace import canonical_storage_namespace
 from quarry.blob.ownership import NamespaceClaim, NamespaceInUse, NamespaceNotEmpty
-from quarry.committed.loader import check_metarange_id
 from quarry.graveler import errors as gerrors
 from quarry.graveler import layout, names, protection
 from quarry.graveler.core import now_seconds
@@ -287,6 +286,10 @@ def _take(dump: Dump, record: Record, kind: str) -> None:
         elif kind == "branch_protection":
             dump.protection = protection.check_rules(record.branch_protection.rules)
         else:
+            # Deferred: the committed package loads Arrow, which the core loads only when
+            # it reads committed data (tests/unit/test_import_cost.py).
+            from quarry.committed.loader import check_metarange_id
+
             commit = record.commit
             if not _COMMIT_ID.fullmatch(commit.id):
                 raise CorruptDump(f"commit id {commit.id!r} is not a commit id")
