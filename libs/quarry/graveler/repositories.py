@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 from quarry import errors
@@ -32,7 +32,7 @@ from quarry.graveler import errors as gerrors
 from quarry.graveler.commits import sealer
 from quarry.graveler.core import CommitRecord, Core, make_commit, now_seconds
 from quarry.graveler.iterators import decode_page_token, encode_page_token
-from quarry.graveler.layout import BRANCHES_PREFIX, REPOS_PREFIX, TAGS_PREFIX, staging_partitions
+from quarry.graveler.layout import BRANCHES_PREFIX, REPOS_PREFIX, TAGS_PREFIX
 from quarry.graveler.protection import COMMIT
 from quarry.graveler.reads import Reads
 from quarry.graveler.refs import BranchUpdate, Repository
@@ -364,21 +364,27 @@ class Repositories:
 
     @records.skips_corrupt_records  # a corrupt branch record is dropped with the partition
     def delete_repository(self, name: str) -> None:
+        """Queued ahead, as every change that retires staging tokens: each branch's tokens
+        (dropped once no branch record names them) and the instance's partition (dropped
+        once the repository record no longer names the instance, with the tokens its
+        branches name then: a seal after this listing installed one). A process that dies
+        right after the record goes leaves nothing behind; one that dies before leaves the
+        repository as it was."""
         repo = self.get_repository(name)
-        tokens = []
         after = ""
         while True:
             branches = self.refs.list_branches(repo, after, LIST_PAGE)
             for branch in branches:
-                tokens.append(branch.staging_token)
-                tokens.extend(branch.sealed_tokens)
+                self.staging.queue_retiring_tokens(
+                    [branch.staging_token, *branch.sealed_tokens], repo.partition, branch.name
+                )
             if len(branches) < LIST_PAGE:
                 break
             after = branches[-1].name
+        self.staging.queue_drop([repo.partition])
         # Recorded before the record goes: its namespace may then be reused (ownership).
         self.refs.record_deleted_instance(repo)
         self.refs.delete_repository_record(name)
-        self.staging.queue_drop([repo.partition, *_staging_partitions(tokens)])
 
     # ---- branches ---------------------------------------------------------------------------
 
@@ -629,11 +635,6 @@ def check_staging_shards(staging_shards: int) -> int:
             metadata={"staging_shards": str(staging_shards), "max": str(MAX_STAGING_SHARDS)},
         )
     return staging_shards
-
-
-def _staging_partitions(tokens: Iterable[str]) -> list[bytes]:
-    """Every partition of the tokens (all shards of a sharded token)."""
-    return [p for t in tokens if t for p in staging_partitions(t)]
 
 
 __all__ = ["CREATION_TTL_SECONDS", "Repositories", "page_by_name"]

@@ -24,14 +24,16 @@ from typing import Any
 from quarry.graveler import layout, records
 from quarry.graveler.iterators import DisjointMerge
 from quarry.graveler.layout import (
+    BRANCHES_PREFIX,
     CLEANUP_PARTITION,
     PARKED_PREFIX,
     staged_partition,
     staging_partitions,
 )
 from quarry.graveler.model import Entry
+from quarry.graveler.refs import Repository
 from quarry.kv import store as kv
-from quarry.kv.partitions import sharded_token
+from quarry.kv.partitions import REPO, partition_class, sharded_token
 from quarry.runtime.periodic import PeriodicWorker
 
 log = logging.getLogger(__name__)
@@ -273,9 +275,12 @@ class StagingManager:
                     continue
                 if now - record.queued_at < grace_seconds:
                     continue
-                if record.branch and self._still_referenced(record):
-                    # Queued ahead of a branch change that has not retired the token (yet,
-                    # or ever): kept; forgotten once the change can no longer be coming.
+                if (record.branch and self._still_referenced(record)) or self._instance_live(
+                    item.key
+                ):
+                    # Queued ahead of a branch change that has not retired the token, or of
+                    # a repository deletion that has not happened (yet, or ever): kept;
+                    # forgotten once the change can no longer be coming.
                     if now - record.queued_at >= RETIRING_EXPIRY_SECONDS:
                         self._forget_expired(item)
                     continue
@@ -285,10 +290,45 @@ class StagingManager:
         finally:
             iterator.close()
         for partition in due:
+            if partition_class(partition) == REPO:
+                self._drop_branch_tokens(partition)
             self._delete_partition(partition)
             self.kv.delete(CLEANUP_PARTITION, partition)
             dropped += 1
         return dropped
+
+    def _instance_live(self, partition: bytes) -> bool:
+        """Whether `partition` is a repository instance's that its repository record still
+        names (a deletion queued ahead that has not happened): never dropped then. An
+        unreadable record counts as yes: nothing is dropped on a guess."""
+        if partition_class(partition) != REPO:
+            return False
+        _, name, instance_id = partition.split(b"/", 2)
+        key = layout.repository_key(name.decode(errors="replace"))
+        try:
+            value = self.kv.get(layout.QUARRY_PARTITION, key).value
+        except kv.KeyNotFound:
+            return False
+        try:
+            return Repository.from_record(value, key).instance_id == instance_id.decode()
+        except records.CorruptRecord:
+            return True
+
+    def _drop_branch_tokens(self, instance: bytes) -> None:
+        """The staging partitions a dead instance's branches name, dropped with it: a seal
+        between a deletion's listing of the branches and the deletion installed tokens no
+        one queued."""
+        for item in self.kv.scan(instance, BRANCHES_PREFIX, layout.prefix_end(BRANCHES_PREFIX)):
+            try:
+                branch = layout.decode_branch(
+                    instance, layout.name_of(item.key, BRANCHES_PREFIX), item.value
+                )
+            except records.CorruptRecord:
+                continue  # its tokens are unknown: `quarry doctor` names what is left
+            for token in (branch.staging_token, *branch.sealed_tokens):
+                if token:
+                    for partition in staging_partitions(token):
+                        self._delete_partition(partition)
 
     def _forget_expired(self, item: kv.KeyValue) -> None:
         """Delete an expired cleanup record, only if it is still the one read: a change

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from quarry.graveler import layout
 from quarry.graveler import staging as staging_module
 from quarry.graveler.layout import CLEANUP_PARTITION, staging_partitions
 from quarry.graveler.model import Entry
@@ -151,3 +152,68 @@ def test_any_branch_change_that_dies_right_after_leaves_no_orphan_token(graveler
     assert items(graveler, old) == 4
     graveler.staging.drop_queued(grace_seconds=0)
     assert items(graveler, old) == 0
+
+
+def _partitions_of(graveler, repo_partition: bytes) -> int:
+    return len(list(graveler.kv.scan(repo_partition)))
+
+
+def test_a_repository_deletion_that_dies_right_after_leaves_nothing_behind(graveler, repo):
+    """The instance partition and its branches' tokens are queued BEFORE the record goes
+    (tester hAE: they were queued after, so a process dying in between left them all), and
+    a token a seal installed after the deletion listed the branches goes with the
+    instance."""
+    graveler.create_branch(repo, "work", "main")
+    graveler.put_objects(repo, "work", [entry(f"w/{i}") for i in range(4)])
+    listed = graveler.get_branch(repo, "work").staging_token
+    instance = graveler.repo(repo).partition
+    queue_drop = graveler.staging.queue_drop
+
+    def seal_then_queue(partitions):
+        # A commit's seal lands between the listing and the deletion: a new token, staged.
+        graveler.commits.seal(graveler.refs.get_repository(repo, fresh=True), "work")
+        graveler.put_objects(repo, "work", [entry("late")])
+        queue_drop(partitions)
+
+    graveler.staging.queue_drop = seal_then_queue
+    real = graveler.refs.delete_repository_record
+
+    def then_die(name):
+        real(name)
+        raise ProcessDied()
+
+    graveler.refs.delete_repository_record = then_die
+    with pytest.raises(ProcessDied):
+        graveler.delete_repository(repo)
+    branch = layout.decode_branch(
+        instance, "work", graveler.kv.get(instance, layout.branch_key("work")).value
+    )
+    assert branch.staging_token != listed and items(graveler, branch.staging_token) == 1
+    graveler.staging.drop_queued(grace_seconds=0)
+    graveler.staging.drop_queued(grace_seconds=0)
+    assert _partitions_of(graveler, instance) == 0
+    assert items(graveler, listed) == 0 and items(graveler, branch.staging_token) == 0
+    assert not queued(graveler)
+
+
+def test_a_repository_deletion_that_never_happened_keeps_everything(graveler, repo, monkeypatch):
+    """Queued ahead of a deletion that died before the record went: the live instance and
+    its tokens are never dropped, and the queue entries are forgotten after expiry."""
+    graveler.put_objects(repo, "main", [entry("kept")])
+    instance = graveler.repo(repo).partition
+    token = graveler.get_branch(repo, "main").staging_token
+    real = graveler.refs.record_deleted_instance
+
+    def die(*args, **kwargs):
+        raise ProcessDied()
+
+    graveler.refs.record_deleted_instance = die
+    with pytest.raises(ProcessDied):
+        graveler.delete_repository(repo)
+    graveler.refs.record_deleted_instance = real
+    graveler.staging.drop_queued(grace_seconds=0)
+    assert _partitions_of(graveler, instance) > 0 and items(graveler, token) == 1
+    monkeypatch.setattr(staging_module, "RETIRING_EXPIRY_SECONDS", 0)
+    graveler.staging.drop_queued(grace_seconds=0)
+    assert not queued(graveler)
+    assert graveler.stat_object(repo, "main", "kept").path == "kept"
