@@ -7,8 +7,9 @@ Safety rule: a body whose checksum does not match what the request claims is ref
 SHA-1 and SHA-256 are computed while the body streams (no second read). CRC64NVME is
 accepted without being verified (README: S3 gateway), as no library here computes it.
 
-A verified checksum of a single-part object is kept with it and answered back (PutObject,
-UploadPart, and GetObject/HeadObject with ChecksumMode=ENABLED); an unverified one never is.
+A verified checksum is answered back (PutObject, UploadPart) and kept with the object (a
+PUT's, a completed upload's FULL_OBJECT one), then answered by GetObject/HeadObject with
+ChecksumMode=ENABLED; an unverified one never is.
 """
 
 from __future__ import annotations
