@@ -1525,15 +1525,14 @@ def test_exec_probe_command_runs_against_a_real_server():
     import grpc
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-    from support.processes import free_port
-
     c = main_container(deployment(render(), "kv-gateway"))
     command = c["readinessProbe"]["exec"]["command"]
-    port = free_port()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    # Bound here, race-free: a port picked free first can be taken before the bind (seen
+    # under load), and the probe then dials nobody.
+    port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
         probe = [sys.executable, *command[1:3], f"127.0.0.1:{port}", *command[4:]]

@@ -68,6 +68,7 @@ from quarry.graveler.core import now_seconds
 from quarry.graveler.refs import Repository, is_dirty
 from quarry.graveler.resolution import COMMIT_ID_HEX
 from quarry.graveler.staging import new_token
+from quarry.kv import store as kv
 from quarry.v1 import branch_manager_pb2 as bm
 from quarry.v1 import types_pb2
 
@@ -268,7 +269,17 @@ def read_dump(records: Iterable[Record]) -> Dump:
     return dump
 
 
+# A record written as one KV item (a commit, the rules) must fit one; checked before the
+# namespace is claimed, so a restore never fails on it after (DynamoDB's item limit, less
+# room for the key and the record's framing).
+MAX_RECORD_BYTES = kv.MAX_ITEM_BYTES - 16 * 1024
+# Commits here have one parent, or two for a merge.
+MAX_PARENTS = 2
+
+
 def _take(dump: Dump, record: Record, kind: str) -> None:
+    if record.ByteSize() > MAX_RECORD_BYTES:
+        raise CorruptDump(f"a {kind} record of the dump is larger than a record can be")
     try:
         if kind == "branch":
             names.check_branch_name(record.branch.name)
@@ -305,7 +316,10 @@ def _take(dump: Dump, record: Record, kind: str) -> None:
 
 
 def _check_commit_fields(commit: types_pb2.Commit) -> None:
-    """What a commit made here could hold: a valid time, sizes within the limits."""
+    """What a commit made here could hold: one or two distinct parents, a valid time, sizes
+    within the limits."""
+    if len(commit.parents) > MAX_PARENTS or len(set(commit.parents)) != len(commit.parents):
+        raise CorruptDump(f"commit {commit.id} has {len(commit.parents)} parents")
     _check_time(commit.creation_time, f"commit {commit.id}")
     if (
         len(commit.message.encode()) > names.MAX_MESSAGE_BYTES

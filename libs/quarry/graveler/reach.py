@@ -91,10 +91,11 @@ class AddressRules:
         for one in reached(repo.storage_namespace, pairs):
             path, address, kind, where = one.path, one.address, one.kind, one.where
             if one.inside:
-                if not one.named_inside:
+                if one.named != where:
                     # Garbage collection keeps an object when an address NAMES it
-                    # (quarry.blob.layout.referenced_keys): one that reaches the namespace
-                    # through a link would let GC delete what the entry reads.
+                    # (quarry.blob.layout.referenced_keys): one that reaches it through a
+                    # link (from outside, or from another key of the namespace) would let
+                    # GC delete what the entry reads.
                     raise AddressNotAllowed(
                         f"{path!r}: address {address!r} reaches the repository's storage "
                         f"namespace through a link: stage it as {where!r}",
@@ -196,14 +197,15 @@ class AddressRules:
 @dataclass(frozen=True)
 class Reached:
     """Where one entry's address leads: `kind` and `where` as a reader opens it (a local
-    file by its real path), and whether its text alone names a key of the namespace."""
+    file by its real path), and `named`, the place its text names (the same unless a link
+    lies on the way)."""
 
     path: str
     address: str
     kind: str
     where: str
     inside: bool
-    named_inside: bool
+    named: str
 
 
 def reached(storage_namespace: str, pairs: Iterable[tuple[str, str]]) -> Iterator[Reached]:
@@ -223,15 +225,8 @@ def reached(storage_namespace: str, pairs: Iterable[tuple[str, str]]) -> Iterato
                 where = _real_file(where, real_dirs, root if kind == "local" else "")
             except OSError:  # a link the server may not read (/proc/1/root/...)
                 where = _resolved(where, address)
-        same_kind = location.kind == kind
-        yield Reached(
-            path,
-            address,
-            location.kind,
-            where,
-            same_kind and inside(where, root),
-            same_kind and inside(location.where, root),
-        )
+        inside_root = location.kind == kind and inside(where, root)
+        yield Reached(path, address, location.kind, where, inside_root, location.where)
 
 
 def outside_namespace(

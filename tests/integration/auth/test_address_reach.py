@@ -164,6 +164,16 @@ def test_a_link_into_the_namespace_is_refused_so_gc_never_misses_the_object(worl
     assert str(namespace / "data" / "object") in error.message
     assert refused(put_many, bm, admin, [through]).reason == "ADDRESS_NOT_ALLOWED"
     assert not staged(bm, "linked/1") and not staged(bm, "many/0")
+    # Nor through a link inside the namespace to another of its keys (tester hAH): a
+    # directory link, or a file link.
+    os.symlink(namespace / "data", namespace / "alias")
+    os.symlink(namespace / "data" / "object", namespace / "data" / "link-to-object")
+    for inner in (namespace / "alias" / "object", namespace / "data" / "link-to-object"):
+        error = refused(put, bm, admin, "linked/2", str(inner))
+        assert error.reason == "ADDRESS_NOT_ALLOWED" and str(namespace / "data" / "object") in (
+            error.message
+        )
+    assert not staged(bm, "linked/2")
     # Named as it is, the same object stages.
     assert put(bm, admin, "linked/1", str(namespace / "data" / "object")).entry.path == "linked/1"
 

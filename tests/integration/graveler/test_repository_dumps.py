@@ -387,7 +387,18 @@ def test_commits_that_could_not_have_been_made_here_are_corrupt(here, client):
         "a generation out of line": edited(commits[-1], lambda c: setattr(c, "generation", 99)),
         "an invalid time": edited(root, lambda c: setattr(c.creation_time, "seconds", 10**13)),
         "a huge message": edited(root, lambda c: setattr(c, "message", "x" * 70_000)),
+        # Refused before the claim, not by the KV store's item limit after it (tester hAH).
+        "three parents": edited(commits[-1], lambda c: c.parents.extend(["a" * 64, "b" * 64])),
+        "a parent twice": edited(commits[-1], lambda c: c.parents.extend(c.parents[:1])),
     }
+    rules = next(i for i, r in enumerate(records) if r.WhichOneof("record") == "gc_rules")
+    huge = [bm.RepositoryDumpRecord() for _ in records]
+    for c, r in zip(huge, records, strict=True):
+        c.CopyFrom(r)
+    huge[rules].gc_rules.branch_retention_days.update(
+        {f"branch-{i:05d}-{'x' * 80}": 1.0 for i in range(5000)}
+    )
+    broken["a record over the item limit"] = huge
     for what, dump in broken.items():
         with pytest.raises(errors.QuarryError) as caught:
             client.restore_repository("r-" + repo, namespace, dump)
