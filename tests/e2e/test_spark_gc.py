@@ -605,4 +605,4 @@ def test_negative_hours_are_a_usage_error(flag, capsys):
     with pytest.raises(SystemExit) as exited:
         quarry_main(["gc", "run", "any", flag, "-5"])
     assert exited.value.code == 2
-    assert "hours may not be negative" in capsys.readouterr().err
+    assert "hours must be a number, not negative" in capsys.readouterr().err

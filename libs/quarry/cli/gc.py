@@ -30,7 +30,7 @@ def _days(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}") from None
     if not value >= 0:  # negative or NaN
-        raise argparse.ArgumentTypeError("days may not be negative")
+        raise argparse.ArgumentTypeError("days must be a number, not negative")
     return value
 
 
@@ -40,7 +40,7 @@ def _hours(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of hours, got {text!r}") from None
     if not value >= 0:  # negative or NaN: a cutoff after the real time
-        raise argparse.ArgumentTypeError("hours may not be negative")
+        raise argparse.ArgumentTypeError("hours must be a number, not negative")
     return value
 
 
