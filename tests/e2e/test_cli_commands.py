@@ -431,3 +431,29 @@ def test_repo_dump_and_restore(suite, quarry, tmp_path):
     refused = quarry("repo", "restore", "x", str(tmp_path / "x"), "--from", str(broken), expect=1)
     assert "CORRUPT_DUMP" in refused.stderr and "line 2" in refused.stderr
     assert not os.path.exists(tmp_path / "x" / "_quarry")
+
+
+def test_a_dump_whose_reader_stops_early_fails(suite, tmp_path):
+    """`quarry repo dump R | head -c 100`: the dump streams to stdout and the reader's early
+    stop is a failure (exit 1, INCOMPLETE_DUMP), not "Dumped ..." and 0 (tester hAI)."""
+    from support.processes import VENV_BIN
+
+    ns = suite.namespace("cli-dump-pipe")
+    with suite.client(timeout=60) as client:
+        client.create_repository("cli-dump-pipe", ns)
+        for i in range(400):  # a dump well past a pipe's buffer
+            client.commit("cli-dump-pipe", "main", f"commit {i} " + "x" * 200, allow_empty=True)
+    env = quarry_env(tmp_path / "home")
+    targets = ["--branch-manager", suite.targets["branch-manager"]]
+    dump = subprocess.Popen(
+        [str(VENV_BIN / "quarry"), "repo", "dump", "cli-dump-pipe", *targets],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert dump.stdout is not None and dump.stderr is not None
+    assert len(dump.stdout.read(100)) == 100
+    dump.stdout.close()
+    err = dump.stderr.read().decode()
+    assert dump.wait(timeout=60) == 1, err
+    assert err.startswith("quarry: INCOMPLETE_DUMP: ") and err.count("\n") == 1, err

@@ -144,7 +144,7 @@ def _read_dump(source: str) -> list[bm.RepositoryDumpRecord]:
 @command
 def repo_dump(args: argparse.Namespace, ctx: Context) -> int:
     """The dump as JSON lines, to --output or stdout; what it holds to stderr (stdout is the
-    dump) or, with --output, to stdout."""
+    dump) or, with --output, to stdout; exit 1 when the dump did not reach its end."""
     seen: dict[str, bm.RepositoryDumpRecord] = {}
 
     def lines() -> Iterator[str]:
@@ -155,7 +155,21 @@ def repo_dump(args: argparse.Namespace, ctx: Context) -> int:
             yield _dump_line(record)
 
     if args.output == "-":
-        sys.stdout.writelines(lines())
+        # Streamed as it comes (a long history is not held in memory), as `quarry cat`
+        # streams an object: a failure midway leaves a dump without its end record, which
+        # a restore refuses. A reader that stops early is a failure here, not a success.
+        out = ctx.unheld_stdout()
+        try:
+            for line in lines():
+                out.write(line.encode())
+            out.flush()
+        except BrokenPipeError:
+            raise CliError(
+                "INCOMPLETE_DUMP",
+                "the reader of stdout stopped before the dump's end: what it read is "
+                "incomplete (a restore refuses it)",
+                "ABORTED",
+            ) from None
     else:
         # Private: a dump holds the whole history. Named only once complete (files).
         write_whole_file(
