@@ -61,7 +61,7 @@ import quarry
 from quarry import FORMAT_VERSION, errors
 from quarry.batching import batches
 from quarry.blob.namespace import canonical_storage_namespace
-from quarry.blob.ownership import NamespaceClaim, NamespaceInUse, NamespaceNotEmpty
+from quarry.blob.ownership import NamespaceClaim, NamespaceNotEmpty
 from quarry.graveler import errors as gerrors
 from quarry.graveler import layout, names, protection
 from quarry.graveler.core import now_seconds
@@ -451,21 +451,7 @@ def _check_restorable(
                 metadata=meta,
             )
     else:
-        try:
-            live: Repository | None = repositories.refs.get_repository(found.repository, fresh=True)
-        except gerrors.RepositoryNotFound:
-            live = None
-        if live is not None and live.instance_id == found.instance_id:
-            raise NamespaceInUse(
-                f"storage namespace {ns} is used by repository {found.repository!r}",
-                metadata=meta,
-            )
-        if not repositories.refs.is_deleted_instance(found.instance_id):
-            raise NamespaceInUse(
-                f"storage namespace {ns} is being claimed by repository {found.repository!r} "
-                f"(or its creation was interrupted)",
-                metadata=meta,
-            )
+        repositories.check_instance_gone(ns, found, meta)
 
 
 def _check_data(repositories: Repositories, repo: Repository, dump: Dump) -> None:

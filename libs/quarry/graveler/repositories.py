@@ -290,6 +290,26 @@ class Repositories:
                 f"another Quarry installation",
                 metadata=meta,
             )
+        self.check_instance_gone(ns, found, meta)
+        from quarry.retention import FOREIGN, classify
+
+        foreign = [k for k in claim.keys if classify(k).kind == FOREIGN]
+        if foreign or claim.keys_truncated:
+            example = foreign[0] if foreign else claim.keys[-1]
+            raise NamespaceNotEmpty(
+                f"storage namespace {ns} was left by deleted repository {found.repository!r} "
+                f"but holds "
+                + (
+                    f"files Quarry did not write (e.g. {example!r})"
+                    if foreign
+                    else "too many files to check; empty it first"
+                ),
+                metadata={**meta, "example_key": example},
+            )
+
+    def check_instance_gone(self, ns: str, found: OwnershipMarker, meta: dict[str, str]) -> None:
+        """NamespaceInUse unless the instance a marker of this installation names is a
+        deleted one: not live, and not a creation in progress (or interrupted)."""
         try:
             live: Repository | None = self.refs.get_repository(found.repository, fresh=True)
         except gerrors.RepositoryNotFound:
@@ -305,21 +325,6 @@ class Repositories:
                 f"(or its creation was interrupted: if no repository uses the namespace, "
                 f"remove {MARKER_KEY} there)",
                 metadata=meta,
-            )
-        from quarry.retention import FOREIGN, classify
-
-        foreign = [k for k in claim.keys if classify(k).kind == FOREIGN]
-        if foreign or claim.keys_truncated:
-            example = foreign[0] if foreign else claim.keys[-1]
-            raise NamespaceNotEmpty(
-                f"storage namespace {ns} was left by deleted repository {found.repository!r} "
-                f"but holds "
-                + (
-                    f"files Quarry did not write (e.g. {example!r})"
-                    if foreign
-                    else "too many files to check; empty it first"
-                ),
-                metadata={**meta, "example_key": example},
             )
 
     @staticmethod
