@@ -15,10 +15,12 @@ entry, paths of 1 KB).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from google.protobuf.message import Message
+
+T = TypeVar("T")
 
 # Items per page when a request gives no page_size, and the most any request gets.
 DEFAULT_PAGE_SIZE = 100
@@ -108,3 +110,17 @@ class PageBudget:
 
 
 __all__ = ["PageBudget", "encoded_size", "ELEMENT_OVERHEAD_BYTES", "PAGE_TOKEN_RESERVE_BYTES"]
+
+
+def every_item(
+    list_page: Callable[[str, int], list[T]], after_of: Callable[[T], str], page: int = 1000
+) -> Iterator[T]:
+    """Every item of a listing read `page` at a time, each page after the last item's key
+    (`list_page(after, limit)`, as RefManager's listings take them)."""
+    after = ""
+    while True:
+        items = list_page(after, page)
+        yield from items
+        if len(items) < page:
+            return
+        after = after_of(items[-1])

@@ -234,22 +234,11 @@ def test_versioning_workflow_with_grpcurl(tmp_path):
         assert deleted.returncode == 0, deleted.stderr
         first = {"name": "again", "storage_namespace": suite.namespace("demo")}
         messages = [{**first, "records": records[:2]}, {"records": records[2:]}]
-        restored = subprocess.run(
-            [
-                str(GRPCURL),
-                "-plaintext",
-                "-format-error",
-                "-H",
-                f"authorization: Bearer {admin_token_source()()}",
-                "-d",
-                "@",
-                bm,
-                "quarry.v1.BranchManager/RestoreRepository",
-            ],
-            input="\n".join(json.dumps(m) for m in messages),
-            capture_output=True,
-            text=True,
-            timeout=30,
+        restored = grpcurl(
+            bm,
+            "quarry.v1.BranchManager/RestoreRepository",
+            messages=messages,
+            token=admin_token_source()(),
         )
         assert restored.returncode == 0, restored.stderr
         assert json.loads(restored.stdout)["repository"]["name"] == "again"

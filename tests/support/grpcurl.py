@@ -22,13 +22,23 @@ def proto_args() -> list[str]:
 
 
 def grpcurl(
-    *args: str, data: dict | None = None, token: str | None = None
+    *args: str,
+    data: dict | None = None,
+    token: str | None = None,
+    messages: list[dict] | None = None,
 ) -> subprocess.CompletedProcess:
     """grpcurl ARGS; with `token`, as `grpcurl -H "authorization: Bearer <token>"` (health,
-    reflection and ServerInfo need none)."""
+    reflection and ServerInfo need none). `messages`: a client stream, sent on stdin as
+    `grpcurl -d @` reads it, one JSON message after another."""
     command = [str(GRPCURL), "-plaintext", "-format-error"]
     if token is not None:
         command += ["-H", f"authorization: Bearer {token}"]
     if data is not None:
         command += ["-d", json.dumps(data)]
-    return subprocess.run(command + list(args), capture_output=True, text=True, timeout=30)
+    stdin = None
+    if messages is not None:
+        command += ["-d", "@"]
+        stdin = "\n".join(json.dumps(m) for m in messages)
+    return subprocess.run(
+        command + list(args), input=stdin, capture_output=True, text=True, timeout=30
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+from collections.abc import Callable
 from typing import Any
 
 from quarry import errors
@@ -24,24 +25,24 @@ from quarry.cli.base import (
 )
 
 
-def _days(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}") from None
-    if not value >= 0:  # negative or NaN
-        raise argparse.ArgumentTypeError("days must be a number, not negative")
-    return value
+def _non_negative(unit: str) -> Callable[[str], float]:
+    """An option's number of `unit`: negative or NaN refused (for the grace period: a
+    cutoff after the real time)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of {unit}, got {text!r}") from None
+        if not value >= 0:  # negative or NaN
+            raise argparse.ArgumentTypeError(f"{unit} must be a number, not negative")
+        return value
+
+    return parse
 
 
-def _hours(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of hours, got {text!r}") from None
-    if not value >= 0:  # negative or NaN: a cutoff after the real time
-        raise argparse.ArgumentTypeError("hours must be a number, not negative")
-    return value
+_days = _non_negative("days")
+_hours = _non_negative("hours")
 
 
 def _branch_days(text: str) -> tuple[str, float]:

@@ -52,8 +52,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -69,6 +69,7 @@ from quarry.graveler.refs import Repository, is_dirty
 from quarry.graveler.resolution import COMMIT_ID_HEX
 from quarry.graveler.staging import new_token
 from quarry.kv import store as kv
+from quarry.paging import every_item
 from quarry.v1 import branch_manager_pb2 as bm
 from quarry.v1 import types_pb2
 
@@ -129,28 +130,14 @@ class Restored:
 # ---- dump -------------------------------------------------------------------------------
 
 
-T = TypeVar("T")
-
-
-def _pages(list_page: Callable[[str, int], list[T]], after_of: Callable[[T], str]) -> Iterator[T]:
-    """Every record of a listing read page by page."""
-    after = ""
-    while True:
-        page = list_page(after, LIST_PAGE)
-        yield from page
-        if len(page) < LIST_PAGE:
-            return
-        after = after_of(page[-1])
-
-
 def dump_repository(repositories: Repositories, name: str) -> Iterator[Record]:
     """The records of a dump of repository `name`, in order (see the module docstring). A
     corrupt record fails the dump (DATA_LOSS) rather than leaving it out."""
     core = repositories.core
     refs = core.refs
     repo = repositories.get_repository(name)
-    branches = list(_pages(lambda a, n: refs.list_branches(repo, a, n), lambda b: b.name))
-    tags = list(_pages(lambda a, n: refs.list_tags(repo, a, n), lambda t: t.name))
+    branches = list(every_item(lambda a, n: refs.list_branches(repo, a, n), lambda b: b.name))
+    tags = list(every_item(lambda a, n: refs.list_tags(repo, a, n), lambda t: t.name))
     try:
         gc_rules: types_pb2.GarbageCollectionRules | None = refs.get_gc_rules(repo)
     except gerrors.GarbageCollectionRulesNotFound:
@@ -176,7 +163,9 @@ def dump_repository(repositories: Repositories, name: str) -> Iterator[Record]:
         yield Record(gc_rules=gc_rules)
     if rules:
         yield Record(branch_protection=bm.RepositoryDumpProtection(rules=rules))
-    listed = {c.id: c for c in _pages(lambda a, n: refs.list_commits(repo, a, n), lambda c: c.id)}
+    listed = {
+        c.id: c for c in every_item(lambda a, n: refs.list_commits(repo, a, n), lambda c: c.id)
+    }
     complete = _with_whole_ancestry(listed)
     for commit in complete:
         yield Record(commit=commit)

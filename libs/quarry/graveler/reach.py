@@ -33,7 +33,7 @@ import os
 import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from quarry import errors
 from quarry.blob.confine import (
@@ -194,8 +194,7 @@ class AddressRules:
             after = page[-1].name
 
 
-@dataclass(frozen=True)
-class Reached:
+class Reached(NamedTuple):
     """Where one entry's address leads: `kind` and `where` as a reader opens it (a local
     file by its real path), and `named`, the place its text names (the same unless a link
     lies on the way)."""

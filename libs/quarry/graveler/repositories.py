@@ -40,7 +40,7 @@ from quarry.graveler.retry import ONCE
 from quarry.graveler.staging import new_token
 from quarry.kv.partitions import MAX_STAGING_SHARDS
 from quarry.kv.store import InvalidStagingShards
-from quarry.paging import PageBudget
+from quarry.paging import PageBudget, every_item
 from quarry.runtime.format_version import ensure_installation_id
 from quarry.v1 import types_pb2
 from quarry.v1.branch_manager_pb2 import BranchProtectionRule
@@ -376,16 +376,11 @@ class Repositories:
         right after the record goes leaves nothing behind; one that dies before leaves the
         repository as it was."""
         repo = self.get_repository(name)
-        after = ""
-        while True:
-            branches = self.refs.list_branches(repo, after, LIST_PAGE)
-            for branch in branches:
-                self.staging.queue_retiring_tokens(
-                    [branch.staging_token, *branch.sealed_tokens], repo.partition, branch.name
-                )
-            if len(branches) < LIST_PAGE:
-                break
-            after = branches[-1].name
+        branches = every_item(lambda a, n: self.refs.list_branches(repo, a, n), lambda b: b.name)
+        for branch in branches:
+            self.staging.queue_retiring_tokens(
+                [branch.staging_token, *branch.sealed_tokens], repo.partition, branch.name
+            )
         self.staging.queue_drop([repo.partition])
         # Recorded before the record goes: its namespace may then be reused (ownership).
         self.refs.record_deleted_instance(repo)

@@ -86,6 +86,14 @@ def refused(code: grpc.StatusCode, reason: str, call, *args, **kwargs) -> None:
     assert (caught.value.code, caught.value.reason) == (code, reason), caught.value
 
 
+def copied(records: list) -> list:
+    """A dump's records, copied to be edited."""
+    copies = [bm.RepositoryDumpRecord() for _ in records]
+    for copy, record in zip(copies, records, strict=True):
+        copy.CopyFrom(record)
+    return copies
+
+
 def marker_of(namespace: str):
     return parse_marker((Path(namespace) / MARKER_KEY).read_bytes())
 
@@ -376,9 +384,7 @@ def test_commits_that_could_not_have_been_made_here_are_corrupt(here, client):
     head = records[1].branch.commit_id
 
     def edited(index: int, change) -> list:
-        copy = [bm.RepositoryDumpRecord() for _ in records]
-        for c, r in zip(copy, records, strict=True):
-            c.CopyFrom(r)
+        copy = copied(records)
         change(copy[index].commit)
         return copy
 
@@ -392,9 +398,7 @@ def test_commits_that_could_not_have_been_made_here_are_corrupt(here, client):
         "a parent twice": edited(commits[-1], lambda c: c.parents.extend(c.parents[:1])),
     }
     rules = next(i for i, r in enumerate(records) if r.WhichOneof("record") == "gc_rules")
-    huge = [bm.RepositoryDumpRecord() for _ in records]
-    for c, r in zip(huge, records, strict=True):
-        c.CopyFrom(r)
+    huge = copied(records)
     huge[rules].gc_rules.branch_retention_days.update(
         {f"branch-{i:05d}-{'x' * 80}": 1.0 for i in range(5000)}
     )
