@@ -235,3 +235,71 @@ def test_serve_refuses_to_start_with_auth_on_and_no_signing_key(tmp_path):
     )
     assert result.returncode == 2
     assert "no signing key" in result.stderr and "QUARRY_AUTH_SIGNING_KEY" in result.stderr
+
+
+def test_a_repository_dump_restores_across_quarry_serve_processes(cluster, tmp_path):
+    """`quarry repo dump` / `restore` as a user runs them: the CLI as a child process, logged
+    in with its access key, against `quarry serve` children with auth on; the dump refused to
+    a user without read rights, the restore to one without fs:ImportFromStorage."""
+    from support.processes import VENV_BIN
+
+    targets = cluster["targets"]
+    env = quarry_env(
+        tmp_path / "cli-home",
+        QUARRY_BRANCH_MANAGER_ADDRESS=targets["branch-manager"],
+        QUARRY_COMMITTER_ADDRESS=targets["committer"],
+    )
+
+    def quarry(*args: str, expect: int = 0) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [str(VENV_BIN / "quarry"), *args], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == expect, (args, done.stdout, done.stderr)
+        return done
+
+    namespace = cluster["home"] / "lake" / "dumped"
+    source = tmp_path / "rows.csv"
+    source.write_text("id\n1\n")
+    quarry("repo", "create", "dumped", str(namespace))
+    quarry("put", "dumped", "main", "rows.csv", "--from", str(source))
+    quarry("commit", "dumped", "main", "-m", "rows")
+    dump = tmp_path / "dumped.jsonl"
+    assert "2 commits, 1 branch, 0 tags" in quarry("repo", "dump", "dumped", "-o", str(dump)).stdout
+    quarry("repo", "delete", "dumped", "--yes")
+    quarry("repo", "restore", "dumped", str(namespace), "--from", str(dump))
+    assert quarry("cat", "dumped", "main", "rows.csv").stdout == "id\n1\n"
+
+    # A user allowed to create repositories but not to import from storage: no restore.
+    admin = bearer(login(cluster))
+    auth = auth_pb2_grpc.AuthStub(cluster["channels"]["branch-manager"])
+    from quarry.auth.policy import document
+
+    auth.CreateUser(auth_pb2.CreateUserRequest(user_id="maker"), metadata=admin, timeout=30)
+    auth.CreatePolicy(
+        auth_pb2.CreatePolicyRequest(
+            policy_id="MakeRepositories",
+            document=document(
+                {"Effect": "Allow", "Action": ["fs:CreateRepository"], "Resource": "*"}
+            ),
+        ),
+        metadata=admin,
+        timeout=30,
+    )
+    auth.AttachPolicy(
+        auth_pb2.AttachPolicyRequest(policy_id="MakeRepositories", user_id="maker"),
+        metadata=admin,
+        timeout=30,
+    )
+    made = auth.CreateCredentials(
+        auth_pb2.CreateCredentialsRequest(user_id="maker"), metadata=admin, timeout=30
+    )
+    quarry("repo", "delete", "dumped", "--yes")
+    env.update(
+        QUARRY_ACCESS_KEY_ID=made.credentials.access_key_id,
+        QUARRY_SECRET_ACCESS_KEY=made.secret_access_key,
+    )
+    refused_restore = quarry(
+        "repo", "restore", "dumped", str(namespace), "--from", str(dump), expect=1
+    )
+    assert "PERMISSION_DENIED" in refused_restore.stderr
+    assert "fs:ImportFromStorage" in refused_restore.stderr
