@@ -1204,6 +1204,103 @@ def test_a_bucket_name_no_repository_can_have_is_no_such_bucket(s3):
     assert _code(refused.value) == "NoSuchBucket"
 
 
+def _other_repository(gateway, client, name: str) -> str:
+    client.create_repository(name, gateway.suite.namespace(name))
+    return name
+
+
+def test_copy_object_computes_the_checksum_algorithm_asked_for(gateway, s3, client):
+    """x-amz-checksum-algorithm on CopyObject: the copy keeps a checksum in that algorithm,
+    computed from the source's bytes, answered in CopyObjectResult and by HEAD/GET with
+    ChecksumMode (boto3 validates the GET), within a repository and across repositories;
+    the source's own checksum stays with a copy that asks for none (tester hAG#10)."""
+    data = os.urandom(300_000)
+    s3.put_object(Bucket=REPO, Key="main/ccsum/src", Body=data, ChecksumAlgorithm="CRC32")
+    other = _other_repository(gateway, client, "ccsum-other")
+    for bucket, algorithm in (
+        (REPO, "SHA256"),
+        (REPO, "SHA1"),
+        (other, "SHA256"),
+        (other, "CRC32"),
+    ):
+        key = f"main/ccsum/{algorithm}"
+        answer = s3.copy_object(
+            Bucket=bucket,
+            Key=key,
+            CopySource=f"{REPO}/main/ccsum/src",
+            ChecksumAlgorithm=algorithm,
+        )["CopyObjectResult"]
+        field, expected = f"Checksum{algorithm}", _checksum(algorithm.lower(), data)
+        assert answer[field] == expected, (bucket, answer)
+        head = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        assert head[field] == expected and head["ChecksumType"] == "FULL_OBJECT"
+        assert [f for f in head if f.startswith("Checksum") and f != "ChecksumType"] == [field]
+        got = s3.get_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        assert got[field] == expected and got["Body"].read() == data
+    plain = s3.copy_object(
+        Bucket=other, Key="main/ccsum/plain", CopySource=f"{REPO}/main/ccsum/src"
+    )
+    assert plain["CopyObjectResult"]["ChecksumCRC32"] == _checksum("crc32", data)
+    # An algorithm not computed here is refused, never answered without the checksum.
+    with pytest.raises(ClientError) as refused:
+        s3.copy_object(
+            Bucket=REPO,
+            Key="main/ccsum/crc64",
+            CopySource=f"{REPO}/main/ccsum/src",
+            ChecksumAlgorithm="CRC64NVME",
+        )
+    assert _code(refused.value) == "InvalidRequest"
+    assert "ccsum/crc64" not in _staged(client, "ccsum/")
+
+
+def test_a_copy_never_carries_a_checksum_over_other_bytes(gateway, s3, client):
+    """Safety rule: a source whose stored bytes are no longer its entry's (damaged in
+    place, same size) is not copied to another repository, nor given a checksum computed
+    from them: DATA_LOSS (500), nothing staged, no file left in the destination's
+    namespace."""
+    other = _other_repository(gateway, client, "ccsum-damaged")
+    data = os.urandom(200_000)
+    s3.put_object(Bucket=REPO, Key="main/ccsum/damaged", Body=data)  # an MD5 entry checksum
+    address = client.stat_object(REPO, "main", "ccsum/damaged").physical_address
+    with open(address, "r+b") as fh:
+        fh.seek(1000)
+        fh.write(bytes(b ^ 0xFF for b in data[1000:1016]))
+    data_dir = Path(gateway.suite.namespace(other)) / "data"
+    before = set(os.listdir(data_dir)) if data_dir.is_dir() else set()
+    source = f"{REPO}/main/ccsum/damaged"
+    for bucket, extra in ((other, {}), (REPO, {"ChecksumAlgorithm": "SHA256"})):
+        with pytest.raises(ClientError) as refused:
+            s3.copy_object(Bucket=bucket, Key="main/ccsum/damaged-copy", CopySource=source, **extra)
+        assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500, bucket
+        assert not [e.path for e in client.iter_objects(bucket, "main", prefix="ccsum/damaged-")]
+    assert (set(os.listdir(data_dir)) if data_dir.is_dir() else set()) == before
+
+
+def test_a_copy_of_an_entry_without_a_size_copies_its_whole_file(gateway, s3, client, tmp_path):
+    """An entry that records no size (`quarry put --address` without --size) copied to
+    another repository or as an upload part: its local file's bytes, all of them (it was
+    copied as 0 bytes)."""
+    other = _other_repository(gateway, client, "ccsum-sizeless")
+    data = os.urandom(50_000)
+    held = Path(gateway.suite.namespace(REPO)) / "sizeless.bin"
+    held.write_bytes(data)
+    client.put_object(REPO, "main", path="ccsum/sizeless", physical_address=str(held))
+    source = f"{REPO}/main/ccsum/sizeless"
+    s3.copy_object(Bucket=other, Key="main/ccsum/sizeless", CopySource=source)
+    assert s3.get_object(Bucket=other, Key="main/ccsum/sizeless")["Body"].read() == data
+    upload = s3.create_multipart_upload(Bucket=REPO, Key="main/ccsum/sizeless-mp")["UploadId"]
+    part = s3.upload_part_copy(
+        Bucket=REPO, Key="main/ccsum/sizeless-mp", UploadId=upload, PartNumber=1, CopySource=source
+    )["CopyPartResult"]
+    s3.complete_multipart_upload(
+        Bucket=REPO,
+        Key="main/ccsum/sizeless-mp",
+        UploadId=upload,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]},
+    )
+    assert s3.get_object(Bucket=REPO, Key="main/ccsum/sizeless-mp")["Body"].read() == data
+
+
 def test_a_composite_checksum_on_complete_is_not_taken_for_the_bodys(s3):
     """COMPOSITE (x-amz-checksum-type) is a checksum of the parts' checksums, with or
     without its "-N": not verified as the object's own, never a BadDigest (tester hAG)."""

@@ -19,7 +19,7 @@ import binascii
 import hashlib
 import logging
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,6 +142,40 @@ class Summing:
         return Claim(claim.algorithm, base64.b64encode(expected).decode("ascii"))
 
 
+# ---- a checksum computed for a copy --------------------------------------------------------
+
+
+def requested(request: Request) -> str | None:
+    """The algorithm a CopyObject asks its copy's checksum in (x-amz-checksum-algorithm;
+    None: none asked); InvalidRequest for one not computed here (CRC64NVME among them:
+    refused, never answered without the checksum asked for)."""
+    name = request.header("x-amz-checksum-algorithm").strip().lower()
+    if not name:
+        return None
+    if name not in _DIGESTERS:
+        raise S3Error(
+            "InvalidRequest",
+            f"x-amz-checksum-algorithm {name.upper()} is not supported here (CRC32, CRC32C, "
+            "SHA1 or SHA256)",
+            400,
+        )
+    return name
+
+
+class Computing:
+    """`algorithm`'s checksum of bytes fed to it, as the Claim a verified body's would be."""
+
+    def __init__(self, algorithm: str) -> None:
+        self._algorithm = algorithm
+        self._digest = _DIGESTERS[algorithm]()
+
+    def update(self, data: bytes) -> None:
+        self._digest.update(data)
+
+    def claim(self) -> Claim:
+        return Claim(self._algorithm, base64.b64encode(self._digest.digest()).decode("ascii"))
+
+
 # ---- the checksums a CompleteMultipartUpload names ---------------------------------------
 
 # A <Part>'s checksum elements, as SDKs send them (the value UploadPart answered).
@@ -212,6 +246,15 @@ def stored_value(claim: Claim, entry_checksum: str) -> str:
     return f"{claim.value} {entry_checksum}"
 
 
+def keep(metadata: MutableMapping[str, str], claim: Claim | None, entry_checksum: str) -> None:
+    """`claim` as the one checksum `metadata` keeps for the bytes `entry_checksum` names (an
+    object has one, as in S3); None: none kept."""
+    for name in [name for name in metadata if name.startswith(STORED_PREFIX)]:
+        del metadata[name]
+    if claim is not None and claim.value is not None:
+        metadata[stored_key(claim)] = stored_value(claim, entry_checksum)
+
+
 def stored(metadata: Mapping[str, str], entry_checksum: str) -> Claim | None:
     """The checksum an entry's metadata keeps for the bytes `entry_checksum` names (None:
     none, one bound to other bytes, or not a well-formed one of an algorithm verified on
@@ -232,6 +275,14 @@ def response_headers(claim: Claim | None) -> list[tuple[str, str]]:
     if claim is None or claim.value is None:
         return []
     return [(claim.name, claim.value), (HEADER_PREFIX + "type", "FULL_OBJECT")]
+
+
+def result_elements(claim: Claim | None) -> list[tuple[str, str]]:
+    """The checksum as elements of a CopyObjectResult (ChecksumSHA256, ChecksumType)."""
+    if claim is None or claim.value is None:
+        return []
+    element = next(tag for tag, algorithm in PART_ELEMENTS.items() if algorithm == claim.algorithm)
+    return [(element, claim.value), ("ChecksumType", "FULL_OBJECT")]
 
 
 def asked_for(request: Request) -> bool:

@@ -39,6 +39,7 @@ from urllib.parse import parse_qsl, quote, unquote
 from quarry import errors, uploads
 from quarry.blob import (
     BlobStore,
+    ChecksumMismatch,
     Confinement,
     ObjectNotFound,
     check_stored_size,
@@ -1142,13 +1143,15 @@ def _copy_source(ctx: Context, request: Request) -> _Source:
 
 class _RangeReader:
     """`length` bytes of an object (a reader opened on that range), read in pieces, with
-    their MD5; DataLoss when the object ends before the range does."""
+    their MD5 (and any other `sums`, hashlib-like, fed as they pass); DataLoss when the
+    object ends before the range does."""
 
-    def __init__(self, reader: Any, length: int, address: str) -> None:
+    def __init__(self, reader: Any, length: int, address: str, sums: Iterable[Any] = ()) -> None:
         self._reader = reader
         self._left = length
         self._address = address
         self.md5 = hashlib.md5()
+        self._sums = (self.md5, *sums)
 
     def read(self, size: int = -1) -> bytes:
         if self._left <= 0:
@@ -1157,28 +1160,111 @@ class _RangeReader:
         if not piece:
             raise errors.DataLoss(f"the object at {self._address} ended {self._left} bytes early")
         self._left -= len(piece)
-        self.md5.update(piece)
+        for summing in self._sums:
+            summing.update(piece)
         return piece
 
 
-def _copy_bytes(
-    ctx: Context, source: _Source, store: BlobStore, key: str, first: int, length: int
-) -> tuple[int, str]:
+def _source_size(ctx: Context, source: _Source) -> int:
+    """The size of the object a copy reads: its entry's, else (an entry that records none:
+    `quarry put --address` without --size) its local file's; an S3 object of unknown size
+    is refused (NotImplemented) -- copying "its first 0 bytes" would be a silent empty copy."""
+    entry = source.entry
+    if size_recorded(entry.size_bytes, entry.checksum):
+        return entry.size_bytes
+    stored = _stored_size(ctx, entry, _confine(ctx, source.bucket, entry.physical_address))
+    if stored is None:
+        raise not_implemented("copying an object whose entry records no size from S3")
+    return stored
+
+
+def _check_copied(source: _Source, md5_hex: str, sha256_hex: str | None) -> None:
+    """DATA_LOSS unless the bytes read whole from a source are its entry's, by the checksum
+    the entry records when it is a SHA-256 (`sha256_hex` None: verified_chunks checked it as
+    they were read) or a plain MD5 (an S3 ETag of one part); other forms are checked by size
+    alone, as a GET checks them. A copy never carries an entry's checksum, or a checksum
+    computed for the copy, over other bytes."""
+    recorded = source.entry.checksum.lower()
+    if records_sha256(recorded):
+        if sha256_hex is None:
+            return
+        actual = sha256_hex
+    elif re.fullmatch(r"[0-9a-f]{32}", recorded):
+        actual = md5_hex
+    else:
+        return
+    if actual != recorded:
+        address = source.entry.physical_address
+        raise from_quarry(
+            ChecksumMismatch(
+                f"the object at {address} is not the bytes its entry records ({recorded}): "
+                "it changed after the entry was recorded",
+                metadata={"physical_address": address},
+            )
+        )
+
+
+def _copy_bytes(  # noqa: PLR0913 — what is copied, where to, and what is summed on the way
+    ctx: Context,
+    source: _Source,
+    store: BlobStore,
+    key: str,
+    first: int,
+    length: int,
+    sums: Iterable[Any] = (),
+) -> tuple[str, str]:
     """Write `length` bytes of the source object from `first` on under `key` (a fresh key of
-    `store`); (size, md5 hex). On failure nothing stays under `key`."""
+    `store`), feeding them to `sums` too; their (MD5, SHA-256) hex. A whole object's bytes
+    are checked against the source's entry (_check_copied). On failure nothing stays under
+    `key`."""
     try:
         address = source.entry.physical_address
         confine = _confine(ctx, source.bucket, address)
         with open_object(address, ctx.settings, first, length, confine) as reader:
-            ranged = _RangeReader(reader, length, address)
+            ranged = _RangeReader(reader, length, address, sums)
             written = store.put_stream(key, ranged)
+        whole = size_recorded(source.entry.size_bytes, source.entry.checksum) and (
+            (first, length) == (0, source.entry.size_bytes)
+        )
+        if whole:
+            _check_copied(source, ranged.md5.hexdigest(), written.sha256)
     except ObjectNotFound:
         uploads.discard(store, key)
         raise S3Error("NoSuchKey", "the source object's bytes are missing", 404) from None
     except BaseException:
         uploads.discard(store, key)
         raise
-    return written.size, ranged.md5.hexdigest()
+    return ranged.md5.hexdigest(), written.sha256
+
+
+def _summed_source(
+    ctx: Context, source: _Source, computing: checksums.Computing
+) -> checksums.Claim:
+    """The source object's checksum `computing` computes, from its bytes read whole and
+    checked against its entry (verified_chunks: size, SHA-256; _check_copied: a plain MD5)."""
+    entry = source.entry
+    if not size_recorded(entry.size_bytes, entry.checksum):
+        raise S3Error(
+            "InvalidRequest",
+            "the source object's entry records no size or checksum: its checksum cannot be "
+            "bound to its bytes",
+            400,
+        )
+    md5 = hashlib.md5()
+    confine = _confine(ctx, source.bucket, entry.physical_address)
+    reader, close = _enter(open_object(entry.physical_address, ctx.settings, confine=confine))
+    try:
+        for piece in verified_chunks(
+            reader, entry.physical_address, entry.size_bytes, entry.checksum
+        ):
+            computing.update(piece)
+            md5.update(piece)
+    except errors.QuarryError as exc:
+        raise from_quarry(exc) from None
+    finally:
+        close()
+    _check_copied(source, md5.hexdigest(), None)
+    return computing.claim()
 
 
 def copy_object(ctx: Context, request: Request) -> Response:
@@ -1186,7 +1272,9 @@ def copy_object(ctx: Context, request: Request) -> Response:
     the same bytes (copy-on-write: objects are immutable). From another repository: the
     bytes are copied into this repository's namespace first (namespaces are per repository:
     an entry never points into another repository's namespace, whose GC would not know of
-    it). Metadata copied or replaced (x-amz-metadata-directive)."""
+    it). Metadata copied or replaced (x-amz-metadata-directive). The source's kept checksum
+    stays with the copy (the same bytes); x-amz-checksum-algorithm asks for one in another
+    algorithm, computed from the source's bytes (read whole and checked against its entry)."""
     bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
     if not path:
         raise invalid_argument("a key is REF/PATH with a non-empty PATH")
@@ -1195,6 +1283,7 @@ def copy_object(ctx: Context, request: Request) -> Response:
     directive = request.header("x-amz-metadata-directive") or "COPY"
     if directive not in ("COPY", "REPLACE"):
         raise invalid_argument("x-amz-metadata-directive must be COPY or REPLACE")
+    algorithm = checksums.requested(request)
     repo = _repository(ctx, bucket)
     _require_branch(ctx, bucket, ref)
     source = _copy_source(ctx, request)
@@ -1211,16 +1300,18 @@ def copy_object(ctx: Context, request: Request) -> Response:
     entry.path = path
     entry.mtime.CopyFrom(_timestamp(time.time()))
     if directive == "REPLACE":
-        kept = checksums.stored(entry.metadata, entry.checksum)  # the same bytes: the same
         entry.ClearField("metadata")
         entry.metadata.update(_user_metadata(request))
-        if kept is not None:
-            entry.metadata[checksums.stored_key(kept)] = checksums.stored_value(
-                kept, entry.checksum
-            )
         # As a PUT: what the request says, else the default (never the source's).
         entry.content_type = request.header("content-type") or "application/octet-stream"
+    kept = checksums.stored(source.entry.metadata, source.entry.checksum)
+    computing = None
+    if algorithm is not None and (kept is None or kept.algorithm != algorithm):
+        computing = checksums.Computing(algorithm)
     if source.bucket == bucket:
+        if computing is not None:
+            kept = _summed_source(ctx, source, computing)
+        checksums.keep(entry.metadata, kept, entry.checksum)
         _call(
             ctx.client.put_object,
             bucket,
@@ -1234,16 +1325,27 @@ def copy_object(ctx: Context, request: Request) -> Response:
         store = open_blob_store(repo.storage_namespace, ctx.settings)
         try:
             key = new_upload_key()
-            size, _md5 = _copy_bytes(ctx, source, store, key, 0, source.entry.size_bytes)
+            size = _source_size(ctx, source)
+            sums = () if computing is None else (computing,)
+            _md5, sha256 = _copy_bytes(ctx, source, store, key, 0, size, sums)
+            if computing is not None:
+                kept = computing.claim()
             entry.physical_address = object_address(repo.storage_namespace, key)
             entry.size_bytes = size
+            if not entry.checksum:  # a source of unknown size: the copy's own bytes name it
+                entry.checksum = sha256
+            checksums.keep(entry.metadata, kept, entry.checksum)
             _stage(ctx, bucket, ref, entry, store, key, condition)
         finally:
             store.close()
     return xml_response(
         xmlserde.document(
             "CopyObjectResult",
-            [("LastModified", xmlserde.timestamp(_mtime(entry))), ("ETag", _etag(entry.checksum))],
+            [
+                ("LastModified", xmlserde.timestamp(_mtime(entry))),
+                ("ETag", _etag(entry.checksum)),
+                *checksums.result_elements(checksums.stored(entry.metadata, entry.checksum)),
+            ],
         )
     )
 
@@ -1460,9 +1562,9 @@ def upload_part_copy(ctx: Context, request: Request) -> Response:
         _load_upload(ctx, store, request, upload_id)
         source = _copy_source(ctx, request)
         _copy_preconditions(request, source)
-        first, length = _copy_range(request, source.entry.size_bytes)
+        first, length = _copy_range(request, _source_size(ctx, source))
         key = new_upload_key()
-        _size, md5_hex = _copy_bytes(ctx, source, store, key, first, length)
+        md5_hex, _sha256 = _copy_bytes(ctx, source, store, key, first, length)
         try:
             with store.open_read(key) as reader:
                 _write_part(store, upload_id, number, md5_hex, reader)
