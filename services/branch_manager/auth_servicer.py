@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from quarry import errors
 from quarry.auth import errors as auth_errors
 from quarry.auth.authorizer import Authorizer
 from quarry.auth.bootstrap import setup_admin
@@ -23,7 +24,7 @@ from quarry.auth.convert import (
     user_to_proto,
 )
 from quarry.auth.interceptor import annotate_audit, current_principal
-from quarry.auth.policy import FlatStatement, document_of
+from quarry.auth.policy import ACTIONS, FlatStatement, document_of
 from quarry.auth.request_ids import requested_id
 from quarry.auth.sigv4_secrets import (
     Scope,
@@ -145,6 +146,22 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
                 # is open to any valid token, so it must never reveal another user's).
                 self._own_policies(principal.id, response)
         return response
+
+    def CheckPermission(self, request, context):
+        """The caller's own permission, decided as the authorizer decides a call's: a
+        service's always holds, a user's by its policies (PERMISSION_DENIED naming both)."""
+        principal = current_principal()
+        if principal is None:
+            raise auth_errors.TokenMissing("CheckPermission needs a bearer token")
+        if request.action not in ACTIONS:
+            raise auth_errors.UnknownAction(
+                f"{request.action!r} is not an action policies name",
+                metadata={"action": request.action},
+            )
+        if not request.resource:
+            raise errors.InvalidArgument("CheckPermission needs a resource")
+        self._authorizer.authorize(principal, request.action, (request.resource,))
+        return pb.CheckPermissionResponse()
 
     def _own_policies(self, user_id: str, response: pb.WhoAmIResponse) -> None:
         token = ""

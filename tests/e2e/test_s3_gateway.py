@@ -773,6 +773,48 @@ def test_a_user_without_write_permission_gets_access_denied_and_nothing_staged(g
     assert "viewer.txt" not in _staged(client, "dev")
 
 
+def test_a_multipart_upload_needs_write_permission_on_its_key(gateway, client, s3):
+    """A multipart upload stores its parts in the repository's namespace long before its
+    Complete stages anything: CreateMultipartUpload, UploadPart and UploadPartCopy need
+    fs:WriteObject on the key (tester hAK: a Viewer stored parts at will), and a writer
+    whose permission goes mid-upload stores no more parts."""
+    client.create_user("mpu-viewer")
+    client.add_group_member("Viewers", "mpu-viewer")
+    viewer = gateway.s3(gateway.credentials("mpu-viewer"))
+    with pytest.raises(ClientError) as refused:
+        viewer.create_multipart_upload(Bucket=REPO, Key="dev/mpu-denied/x.bin")
+    assert _code(refused.value) == "AccessDenied"
+    s3.put_object(Bucket=REPO, Key="dev/mpu-src.bin", Body=b"s" * 1000)
+    client.create_user("mpu-writer")
+    client.add_group_member("Viewers", "mpu-writer")
+    statement = {
+        "Effect": "Allow",
+        "Action": ["fs:WriteObject"],
+        "Resource": f"arn:quarry:fs:::repository/{REPO}/object/mpu/*",
+    }
+    client.create_policy("mpu-write", json.dumps({"Statement": [statement]}))
+    client.attach_policy("mpu-write", user="mpu-writer")
+    writer = gateway.s3(gateway.credentials("mpu-writer"))
+    key = "dev/mpu/x.bin"
+    upload = writer.create_multipart_upload(Bucket=REPO, Key=key)["UploadId"]
+    writer.upload_part(Bucket=REPO, Key=key, UploadId=upload, PartNumber=1, Body=b"a" * 1000)
+    client.detach_policy("mpu-write", user="mpu-writer")
+    with pytest.raises(ClientError) as late:
+        writer.upload_part(Bucket=REPO, Key=key, UploadId=upload, PartNumber=2, Body=b"b" * 1000)
+    assert _code(late.value) == "AccessDenied"
+    with pytest.raises(ClientError) as late_copy:
+        writer.upload_part_copy(
+            Bucket=REPO,
+            Key=key,
+            UploadId=upload,
+            PartNumber=3,
+            CopySource=f"{REPO}/dev/mpu-src.bin",
+        )
+    assert _code(late_copy.value) == "AccessDenied"
+    parts = writer.list_parts(Bucket=REPO, Key=key, UploadId=upload).get("Parts", [])
+    assert [p["PartNumber"] for p in parts] == [1]
+
+
 def test_a_protected_branch_refuses_gateway_writes(s3, client):
     client.create_branch(REPO, "guarded", "main")
     client.set_branch_protection_rules(

@@ -314,6 +314,9 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
         # caller of an empty installation gets anything.
         "Setup": _open(mutating=True),
         "WhoAmI": Rule(Access.AUTHENTICATED),
+        # One's own permissions; the servicer decides them (the action and resource are
+        # the request's).
+        "CheckPermission": Rule(Access.AUTHENTICATED),
         # The s3-gateway's SigV4 check: a signature oracle only the suite's services may ask.
         "VerifySignature": _service(),
         "CreateUser": _act("auth:CreateUser", _user, mutating=True),

@@ -79,6 +79,10 @@ class InvalidPolicy(errors.InvalidArgument):
     reason = "INVALID_POLICY"
 
 
+class UnknownAction(errors.InvalidArgument):
+    reason = "UNKNOWN_ACTION"
+
+
 class InvalidIamId(errors.InvalidArgument):
     reason = "INVALID_IAM_ID"
 

@@ -51,6 +51,11 @@ class AuthCalls(RpcCalls):
             raise NoCredentials(f"no credentials: {HOW_TO_GET_CREDENTIALS}")
         return self._token_source.token()
 
+    def check_permission(self, action: str, resource: str) -> None:
+        """Return if the caller may do `action` on `resource`; PermissionDenied otherwise."""
+        request = pb.CheckPermissionRequest(action=action, resource=resource)
+        self._unary(self._auth.CheckPermission, "Auth/CheckPermission", request)
+
     def whoami(self, include_effective_policies: bool = False) -> pb.WhoAmIResponse:
         """The caller; with `include_effective_policies`, its own effective policies too."""
         request = pb.WhoAmIRequest(include_effective_policies=include_effective_policies)

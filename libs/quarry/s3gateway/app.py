@@ -387,6 +387,7 @@ class S3App:
             sealed_check=check_chunks,
             lookups=self._lookups,
             staging=self._staging,
+            authenticated=verifier is not None,
         )
         return context, signature
 

@@ -37,6 +37,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote
 
 from quarry import errors, uploads
+from quarry.auth.policy import object_arn
 from quarry.blob import (
     BlobStore,
     ChecksumMismatch,
@@ -121,9 +122,13 @@ class Context:
     # The gateway's shared staging calls (concurrent PUTs of one caller to one branch); None:
     # a call per write.
     staging: uploads.SharedStaging | None = None
+    # Auth is on: the caller proved who they are and `client` carries their token.
+    authenticated: bool = False
 
 
 # ---- helpers ------------------------------------------------------------------------------
+
+WRITE_OBJECT = "fs:WriteObject"
 
 
 # An ETag S3 clients read as the MD5 of the bytes (no dash) or of a multipart upload (-N).
@@ -1475,6 +1480,15 @@ def _load_upload(
     return record
 
 
+def _check_write(ctx: Context, request: Request) -> None:
+    """fs:WriteObject on the key (AccessDenied otherwise) before a multipart upload stores
+    anything: its parts are written to the repository's namespace long before the staging
+    call that would check it (a read-only user could fill the storage with parts)."""
+    if ctx.authenticated:
+        bucket, path = request.target.bucket, request.target.path
+        _call(ctx.client.check_permission, WRITE_OBJECT, object_arn(bucket, path), resource=path)
+
+
 def create_multipart_upload(ctx: Context, request: Request) -> Response:
     bucket, ref, path = request.target.bucket, request.target.ref, request.target.path
     _check_key_length(request)
@@ -1482,6 +1496,7 @@ def create_multipart_upload(ctx: Context, request: Request) -> Response:
         raise invalid_argument("a key is REF/PATH with a non-empty PATH")
     repo = _repository(ctx, bucket)
     _require_branch(ctx, bucket, ref)
+    _check_write(ctx, request)
     upload_id = uuid.uuid4().hex
     record = {
         "key": request.target.key,
@@ -1519,6 +1534,7 @@ def upload_part(ctx: Context, request: Request, signature: Any) -> Response:
     read, finish = body_reader(request, ctx, signature)
     with open_blob_store(repo.storage_namespace, ctx.settings) as store:
         _load_upload(ctx, store, request, upload_id)
+        _check_write(ctx, request)  # again: the permission may have gone since Create
         stored, verified = _store_body(store, read, finish, request, signature)
         key, md5_hex = stored.key, stored.md5
         # The part under its number and MD5 (what Complete names it by); the temporary key's
@@ -1560,6 +1576,7 @@ def upload_part_copy(ctx: Context, request: Request) -> Response:
     number = _part_number(request)
     with open_blob_store(repo.storage_namespace, ctx.settings) as store:
         _load_upload(ctx, store, request, upload_id)
+        _check_write(ctx, request)
         source = _copy_source(ctx, request)
         _copy_preconditions(request, source)
         first, length = _copy_range(request, _source_size(ctx, source))

@@ -494,6 +494,35 @@ def test_authorization_matrix(secured, matrix, rpc):
         assert rule.action in error.message and error.metadata["resource"] in error.message
 
 
+def test_check_permission_answers_the_callers_own_permission(secured, matrix):
+    """Auth/CheckPermission decides as a call of that action would be decided: allowed ->
+    OK; an explicit Deny or no grant -> PERMISSION_DENIED naming action and resource; a
+    service is allowed; an action no policy names -> INVALID_ARGUMENT; no token ->
+    UNAUTHENTICATED."""
+    check = secured.auth().CheckPermission
+    inside = auth_pb2.CheckPermissionRequest(
+        action="fs:WriteObject", resource="arn:quarry:fs:::repository/demo/object/a/x"
+    )
+    outside = auth_pb2.CheckPermissionRequest(
+        action="fs:WriteObject", resource="arn:quarry:fs:::repository/other/object/a/x"
+    )
+    check(inside, metadata=bearer(matrix["m-allowed"]))
+    for user, request, decision in (
+        ("m-allowed", outside, "no_grant"),
+        ("m-denied", inside, "deny"),
+        ("m-nogrant", inside, "no_grant"),
+    ):
+        error = failure(check, request, metadata=bearer(matrix[user]))
+        assert (error.code.name, error.metadata["decision"]) == ("PERMISSION_DENIED", decision)
+        assert error.metadata["resource"] == request.resource
+    service, _ = secured.tokens.issue_service_token("s3-gateway")
+    check(outside, metadata=bearer(service))
+    unknown = auth_pb2.CheckPermissionRequest(action="fs:Everything", resource=inside.resource)
+    error = failure(check, unknown, metadata=bearer(matrix["m-allowed"]))
+    assert (error.code.name, error.reason) == ("INVALID_ARGUMENT", "UNKNOWN_ACTION")
+    assert failure(check, inside).code.name == "UNAUTHENTICATED"
+
+
 def test_a_stream_is_authorized_message_by_message(secured, admin):
     secured.iam.create_user("streamer")
     secured.iam.add_group_member(DEVELOPERS, "streamer")

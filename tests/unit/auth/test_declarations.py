@@ -15,7 +15,7 @@ from support.proto_fuzz import rpcs_declared_in_protos
 
 PROTOS = Path(__file__).resolve().parents[3] / "protos" / "quarry" / "v1"
 READ_ONLY_PREFIXES = ("Get", "List", "Stat", "Diff", "Log", "Find", "Scan", "BatchGet")
-READ_ONLY_NAMES = {"WhoAmI"}
+READ_ONLY_NAMES = {"WhoAmI", "CheckPermission"}
 # Audited like a change although they change nothing: a sign-in, refused or not, is a
 # security event (and "Login" is not a read of the log), and so is a repository's whole
 # history leaving in a dump.
