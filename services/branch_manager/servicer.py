@@ -309,7 +309,7 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
             return
         pairs = [(e.path, e.physical_address) for e in entries]
         namespace = self._g.refs.get_repository(repository).storage_namespace
-        check_import(self._authorizer, namespace, pairs)
+        check_import(self._authorizer, repository, namespace, pairs)
 
     def _stage_batch(self, repository: str, branch: str, request) -> pb.PutObjectsResponse:
         entries = [entry_from_proto(e) for e in request.entries]

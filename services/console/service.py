@@ -1,7 +1,7 @@
 """console wiring: an HTTP (ASGI) service, not a gRPC one. uvicorn (httptools parser)
 serves quarry.console.app.ConsoleApp; its pages call branch-manager, committer and the
-compactor-sensor over gRPC with the signed-in user's token (the console has no token or
-privilege of its own). Metrics on QUARRY_METRICS_BASE_PORT + 6 (9407), JSON or text logs like
+compactor-sensor over gRPC with the signed-in user's token (the console's own service
+token goes only as the relay of the uploads it stages, quarry.auth.checks). Metrics on QUARRY_METRICS_BASE_PORT + 6 (9407), JSON or text logs like
 every service, a trace per request when OTEL_* asks for one."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ DEPENDS_ON: tuple[str, ...] = ("branch-manager", "committer")
 
 
 def build_console(settings: Settings, secure: bool = False):
+    from quarry.auth.service_tokens import token_source
     from quarry.console.app import Console
     from quarry.console.sessions import session_key
     from quarry.runtime.channels import open_service_channel
@@ -22,7 +23,8 @@ def build_console(settings: Settings, secure: bool = False):
 
     key = session_key(settings)  # before any channel: no key, no console (a clear refusal)
     security = channel_security(settings)
-    # No token source: every call carries the user's token (quarry.console.app).
+    # No token source on the channels: every call carries the user's token
+    # (quarry.console.app); the console's own goes only as the relay of its uploads.
     bm_raw, bm = open_service_channel(settings.branch_manager_address, None, security)
     cm_raw, cm = open_service_channel(settings.committer_address, None, security)
     cs_raw, cs = open_service_channel(settings.compactor_sensor_address, None, security)
@@ -34,6 +36,7 @@ def build_console(settings: Settings, secure: bool = False):
         workers=min(settings.max_workers, 16),
         secure=secure,
         session_key=key,
+        relay=token_source(settings, SERVICE_NAME),
     )
     return console, [bm_raw.close, cm_raw.close, cs_raw.close]
 

@@ -41,7 +41,7 @@ def build_gateway(settings: Settings):
         auth = auth_pb2_grpc.AuthStub(auth_channel)
         service_bm = auth_channel
         closers.append(auth_raw.close)
-    gateway = Gateway(settings, bm, cm, auth, workers=settings.max_workers)
+    gateway = Gateway(settings, bm, cm, auth, workers=settings.max_workers, relay=tokens)
     return gateway, closers, service_bm
 
 

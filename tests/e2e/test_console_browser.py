@@ -10,6 +10,7 @@ build/artifacts/console/ (the test's artifacts)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -319,6 +320,55 @@ def test_a_read_only_user_sees_no_write_controls_and_a_forged_form_is_refused(up
         assert client.get_branch("read-only", "main").commit_id == head
     driver.get(f"{up.console}/repos")
     sign_out(driver)
+
+
+def test_a_user_who_may_write_only_a_prefix_uploads_through_the_console(up):
+    """The console stages an upload as the signed-in user, with its own service token as
+    the relay of the bytes it wrote: a user who may not read every object of the repository
+    never stages an address inside its namespace without it (quarry.auth.checks), and still
+    uploads through the console of a real `quarry up` (HTTP, no browser needed)."""
+    from support.console import Browser
+
+    with up.client() as client:
+        client.create_repository("prefix-upload", str(up.home / "lake-prefix"))
+        client.create_user("prefix-writer")
+        client.add_group_member("Viewers", "prefix-writer")
+        statement = {
+            "Effect": "Allow",
+            "Action": ["fs:WriteObject"],
+            "Resource": "arn:quarry:fs:::repository/prefix-upload/object/up/*",
+        }
+        client.create_policy("prefix-writer", json.dumps({"Statement": [statement]}))
+        client.attach_policy("prefix-writer", user="prefix-writer")
+        client.create_policy(
+            "prefix-no-vault",
+            json.dumps(
+                {
+                    "Statement": [
+                        {
+                            "Effect": "Deny",
+                            "Action": ["fs:ReadObject"],
+                            "Resource": "arn:quarry:fs:::repository/prefix-upload/object/vault/*",
+                        }
+                    ]
+                }
+            ),
+        )
+        client.attach_policy("prefix-no-vault", user="prefix-writer")
+        made = client.create_credentials("prefix-writer")
+    browser = Browser(up.ports["console"])
+    assert browser.sign_in(made.credentials.access_key_id, made.secret_access_key).status == 303
+    page = browser.get("/repos/prefix-upload/objects?ref=main&prefix=up%2F")
+    data = b"uploaded by a prefix writer\n" * 100
+    answer = browser.post_file(
+        "/repos/prefix-upload/upload",
+        {"csrf": page.csrf(), "branch": "main", "path": "up/"},
+        "mine.txt",
+        data,
+    )
+    assert answer.status == 303, answer.text[-600:]
+    with up.client() as client:
+        assert client.stat_object("prefix-upload", "main", "up/mine.txt").size_bytes == len(data)
 
 
 def test_a_csrf_less_post_and_a_planted_session_are_refused(up, driver):

@@ -28,6 +28,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 from pyarrow import fs
 
+from quarry import errors
 from quarry.v1 import branch_manager_pb2 as bm
 from support.processes import json_lines
 from support.s3gateway import running_gateway
@@ -813,6 +814,85 @@ def test_a_multipart_upload_needs_write_permission_on_its_key(gateway, client, s
     assert _code(late_copy.value) == "AccessDenied"
     parts = writer.list_parts(Bucket=REPO, Key=key, UploadId=upload).get("Parts", [])
     assert [p["PartNumber"] for p in parts] == [1]
+
+
+def test_an_object_a_user_may_not_read_cannot_be_restaged_under_a_path_they_may_write(
+    gateway, client, s3
+):
+    """Safety rule (tester hAK): an entry is read wherever its address points, so a user who
+    may not read every object of the repository never stages an address inside its
+    namespace over gRPC (it could be another object's, which ListObjects shows) without
+    fs:ImportFromStorage on it; the S3 gateway relays the writes of bytes it stored itself
+    and copies of objects it read as the user, which stay allowed. A relay header carrying
+    a user's token is refused."""
+    from quarry.client import Client
+    from quarry.client.credentials import Credentials
+
+    secret = os.urandom(3000)
+    s3.put_object(Bucket=REPO, Key="dev/vault/secret.bin", Body=secret)
+    s3.put_object(Bucket=REPO, Key="dev/open/readable.bin", Body=b"readable")
+    client.create_user("restager")
+    client.add_group_member("Viewers", "restager")
+    statements = [
+        {
+            "Effect": "Deny",
+            "Action": ["fs:ReadObject"],
+            "Resource": f"arn:quarry:fs:::repository/{REPO}/object/vault/*",
+        },
+        {
+            "Effect": "Allow",
+            "Action": ["fs:WriteObject"],
+            "Resource": f"arn:quarry:fs:::repository/{REPO}/object/mine/*",
+        },
+    ]
+    client.create_policy("restager", json.dumps({"Statement": statements}))
+    client.attach_policy("restager", user="restager")
+    key = gateway.credentials("restager")
+    suite = gateway.suite
+    with Client(
+        branch_manager=suite.targets["branch-manager"],
+        committer=suite.targets["committer"],
+        credentials=Credentials(*key),
+    ) as user:
+        with pytest.raises(errors.PermissionDenied):
+            user.stat_object(REPO, "dev", "vault/secret.bin")
+        listed = {e.path: e for e in user.iter_objects(REPO, "dev", prefix="vault/")}
+        address = listed["vault/secret.bin"].physical_address
+        with pytest.raises(errors.PermissionDenied) as refused:
+            user.put_object(
+                REPO, "dev", path="mine/stolen.bin", physical_address=address, size_bytes=3000
+            )
+        assert refused.value.metadata["action"] == "fs:ImportFromStorage"
+        with pytest.raises(errors.PermissionDenied):
+            user.put_objects(REPO, "dev", [{"path": "mine/s2", "physical_address": address}])
+        # A relay header with the user's own token is no relay.
+        own = user._token_source.token()
+        forged = Client(
+            branch_manager=suite.targets["branch-manager"],
+            committer=suite.targets["committer"],
+            token=own,
+            relayed_by=lambda: own,
+        )
+        with forged, pytest.raises(errors.PermissionDenied) as not_a_service:
+            forged.put_object(REPO, "dev", path="mine/s3", physical_address=address)
+        assert not_a_service.value.reason == "SERVICE_PRINCIPAL_REQUIRED"
+    assert not [e.path for e in client.iter_objects(REPO, "dev", prefix="mine/")]
+    # Through the gateway the same user writes and copies what they may read.
+    mine = gateway.s3(key)
+    mine.put_object(Bucket=REPO, Key="dev/mine/own.bin", Body=b"own bytes")
+    mine.copy_object(
+        Bucket=REPO, Key="dev/mine/copy.bin", CopySource=f"{REPO}/dev/open/readable.bin"
+    )
+    assert mine.get_object(Bucket=REPO, Key="dev/mine/copy.bin")["Body"].read() == b"readable"
+    with pytest.raises(ClientError) as denied_copy:
+        mine.copy_object(
+            Bucket=REPO, Key="dev/mine/c2.bin", CopySource=f"{REPO}/dev/vault/secret.bin"
+        )
+    assert _code(denied_copy.value) == "AccessDenied"
+    assert sorted(e.path for e in client.iter_objects(REPO, "dev", prefix="mine/")) == [
+        "mine/copy.bin",
+        "mine/own.bin",
+    ]
 
 
 def test_a_protected_branch_refuses_gateway_writes(s3, client):

@@ -238,6 +238,7 @@ def running_console(
     import grpc
     import uvicorn
 
+    from quarry.auth.service_tokens import token_source
     from quarry.console.app import Console, ConsoleApp
 
     channels = [
@@ -257,6 +258,7 @@ def running_console(
         workers=8,
         secure=secure,
         session_key=session_key.encode(),
+        relay=token_source(own, "console"),  # as services/console wires it
     )
     app = ConsoleApp(console)
     port = free_port()

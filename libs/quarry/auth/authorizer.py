@@ -19,7 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from quarry.auth import errors as auth_errors
-from quarry.auth.policy import Decision, Policy, allows_everywhere, decide, wildcard_match
+from quarry.auth.policy import (
+    Decision,
+    Policy,
+    allows_everywhere,
+    allows_under,
+    decide,
+    wildcard_match,
+)
 from quarry.auth.store import IamStore
 from quarry.auth.tokens import Principal
 from quarry.lru import TTLCache
@@ -147,6 +154,14 @@ class Authorizer:
             cached.everywhere[action] = answer
         return answer
 
+    def allows_under(self, principal: Principal, action: str, prefix: str) -> bool:
+        """Whether `principal` may do `action` on every resource starting with `prefix`
+        (quarry.auth.policy.allows_under; a service always). Checks the principal first."""
+        if principal.is_service:
+            return True
+        cached = self._checked_user(principal)
+        return allows_under(cached.policies_for(action), action, prefix, principal.id)
+
     def effective_policies(self, user_id: str) -> tuple[Policy, ...]:
         return self._user(user_id).policies
 
@@ -206,6 +221,10 @@ class ServicesOnlyAuthorizer(Authorizer):
         self.check_principal(principal)
 
     def allows_everywhere(self, principal: Principal, action: str) -> bool:
+        self.check_principal(principal)
+        return True
+
+    def allows_under(self, principal: Principal, action: str, prefix: str) -> bool:
         self.check_principal(principal)
         return True
 

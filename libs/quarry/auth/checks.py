@@ -7,8 +7,9 @@ auth off there is none and the request is taken as it is.
 
 Safety rules: a user never records another user as committer without
 `auth:CommitAsOtherUser` (Admins have it); a user never stages an address outside the
-repository's namespace without `fs:ImportFromStorage` on every place it points at. Neither check
-is ever skipped for a user principal.
+repository's namespace without `fs:ImportFromStorage` on every place it points at, nor one
+inside it unless they may read every object of the repository or a Quarry service relays
+the call (bytes it wrote for them). Neither check is ever skipped for a user principal.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from collections.abc import Iterable
 
 from quarry.auth.authorizer import Authorizer
 from quarry.auth.interceptor import current_principal
-from quarry.auth.policy import storage_arn, user_arn
-from quarry.graveler.reach import outside_namespace, place
+from quarry.auth.policy import object_arn, storage_arn, user_arn
+from quarry.graveler.reach import place, reached
 
 COMMIT_AS_OTHER_USER = "auth:CommitAsOtherUser"
 IMPORT_FROM_STORAGE = "fs:ImportFromStorage"
+READ_OBJECT = "fs:ReadObject"
 
 
 def committer_for(requested: str, authorizer: Authorizer | None) -> str:
@@ -40,27 +42,41 @@ def committer_for(requested: str, authorizer: Authorizer | None) -> str:
 
 def check_import(
     authorizer: Authorizer | None,
+    repository: str,
     storage_namespace: str,
     entries: Iterable[tuple[str, str]],
 ) -> None:
     """`fs:ImportFromStorage` on the place (`arn:quarry:fs:::storage/<address>`, as an
     import's source) of every (path, physical address) of `entries` whose address a reader
     opens outside `storage_namespace`, for a user caller (PERMISSION_DENIED otherwise).
-    Where an address points is decided by quarry.graveler.reach (outside_namespace: a local
-    address by its real path, so a link inside the namespace pointing out is outside); an
-    address with a `..`, `.` or empty segment is refused there (INVALID_PHYSICAL_ADDRESS)
-    before any answer. A caller asks needs_namespace first (it skips users allowed the
-    action everywhere). Where any caller's address may point at all is the domain's rule
+
+    Inside the namespace too, for a user who may not read every object of `repository`
+    (fs:ReadObject on all of `repository/REPO/object/`, quarry.auth.policy.allows_under),
+    unless a Quarry service relays the call (Principal.relayed_by: the S3 gateway and the
+    console stage only bytes they wrote for the user, or a copy of an object they read as
+    the user). An entry is read wherever its address points: without this, a user allowed
+    to write one path and list the others restaged another object's address (ListObjects
+    shows it) under their own path and read the bytes a Deny keeps from them (tester hAK).
+
+    Where an address points is decided by quarry.graveler.reach (a local address by its
+    real path, so a link inside the namespace pointing out is outside); an address with a
+    `..`, `.` or empty segment is refused there (INVALID_PHYSICAL_ADDRESS) before any
+    answer. A caller asks needs_namespace first (it skips users allowed the action
+    everywhere). Where any caller's address may point at all is the domain's rule
     (AddressRules), checked when the entries are staged."""
     principal = current_principal()
     if principal is None or principal.is_service or authorizer is None:
         return
-    outside = tuple(
-        storage_arn(place(kind, where))
-        for _, _, kind, where in outside_namespace(storage_namespace, entries)
+    inside_too = not principal.relayed_by and not authorizer.allows_under(
+        principal, READ_OBJECT, object_arn(repository, "")
     )
-    if outside:
-        authorizer.authorize(principal, IMPORT_FROM_STORAGE, outside)
+    places = tuple(
+        storage_arn(place(one.kind, one.where))
+        for one in reached(storage_namespace, entries)
+        if inside_too or not one.inside
+    )
+    if places:
+        authorizer.authorize(principal, IMPORT_FROM_STORAGE, places)
 
 
 def needs_namespace(authorizer: Authorizer | None, entries: Iterable[tuple[str, str]]) -> bool:

@@ -26,6 +26,7 @@ BEFORE the servicer sees each message.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import functools
 import json
 import logging
@@ -48,6 +49,11 @@ AUDIT_LOGGER = "quarry.audit"
 audit_log = logging.getLogger(AUDIT_LOGGER)
 
 AUTHORIZATION_HEADER = "authorization"
+# A Quarry service relaying a user's call sends its own token here (the user's stays in
+# `authorization`): the call is still the user's, authorized as the user's, and the
+# principal records the relay (Principal.relayed_by). Checks that trust what the service
+# did for the user (quarry.auth.checks.check_import: addresses of bytes it wrote) read it.
+RELAY_HEADER = "x-quarry-relayed-by"
 REQUEST_ID_HEADER = "x-request-id"
 _BEARER = "bearer "
 # Tokens whose signature and claims verified, kept by their exact text (a client sends the
@@ -174,7 +180,18 @@ class AuthInterceptor(grpc.ServerInterceptor):
         # deleted user is audited as who the token proves, not as "anonymous".
         audit.principal = str(principal)
         self._authorizer.check_principal(principal)
-        return principal
+        relay = _metadata_value(metadata, RELAY_HEADER)
+        if relay is None:
+            return principal
+        relayer = self._verify(relay.removeprefix("Bearer ").strip())
+        if not relayer.is_service or principal.is_service:
+            # Safety rule: only a service relays, and only a user's call.
+            raise auth_errors.ServicePrincipalRequired(
+                f"{RELAY_HEADER} must carry a Quarry service's token, on a user's call",
+                metadata={"principal": str(principal), "relayed_by": str(relayer)},
+            )
+        audit.principal = f"{principal} via {relayer}"
+        return dataclasses.replace(principal, relayed_by=relayer.id)
 
     def _verify(self, token: str | None) -> Principal:
         """TokenAuthority.verify, remembered per token (see __init__).

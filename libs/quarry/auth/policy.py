@@ -357,6 +357,45 @@ def allows_everywhere(policies: Iterable[Policy], action: str) -> bool:
     return _allowed_everywhere(_statements_for(policies, action))
 
 
+def allows_under(policies: Iterable[Policy], action: str, prefix: str, user_id: str | None) -> bool:
+    """Whether `action` is allowed on every resource that starts with `prefix` (every object
+    of a repository: `arn:quarry:fs:::repository/REPO/object/`): an Allow whose resource is
+    "*" or a literal head of `prefix` followed by one trailing "*", and no Deny naming the
+    action on a resource that could match one of them. Conservative: a pattern with another
+    wildcard never counts as covering, and any Deny that may overlap the prefix makes it
+    False (a caller then decides each resource, or refuses)."""
+    allowed = False
+    for statement in _statements_for(policies, action):
+        for pattern in statement.resources:
+            if USER_VARIABLE in pattern:
+                if user_id is None:
+                    continue
+                pattern = pattern.replace(USER_VARIABLE, user_id)
+            if statement.effect is Effect.DENY:
+                if _may_overlap(pattern, prefix):
+                    return False
+            elif _covers(pattern, prefix):
+                allowed = True
+    return allowed
+
+
+def _covers(pattern: str, prefix: str) -> bool:
+    head = pattern[:-1]
+    return pattern == "*" or (
+        pattern.endswith("*") and "*" not in head and "?" not in head and prefix.startswith(head)
+    )
+
+
+def _may_overlap(pattern: str, prefix: str) -> bool:
+    """Whether `pattern` could match some resource starting with `prefix`: its literal part
+    before the first wildcard and `prefix` agree as far as both go."""
+    cut = min((i for i in (pattern.find("*"), pattern.find("?")) if i >= 0), default=-1)
+    if cut < 0:
+        return pattern.startswith(prefix)
+    head = pattern[:cut]
+    return head.startswith(prefix) or prefix.startswith(head)
+
+
 def _statements_for(policies: Iterable[Policy], action: str) -> list[Statement]:
     return [
         statement

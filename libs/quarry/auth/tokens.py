@@ -43,6 +43,10 @@ class Principal:
     id: str
     access_key_id: str = ""
     expires_at: float = 0.0
+    # The Quarry service that relays this user's call, proven by its own token
+    # (quarry.auth.interceptor.RELAY_HEADER): the S3 gateway or the console staging bytes it
+    # wrote itself. Never set from anything a user's token says.
+    relayed_by: str = ""
 
     @property
     def is_service(self) -> bool:

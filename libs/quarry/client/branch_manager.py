@@ -386,7 +386,12 @@ class BranchManagerCalls(RpcCalls):
             if_match_checksum=if_match_checksum,
             request_id=request_id,
         )
-        return self._unary(self._bm.PutObject, "BranchManager/PutObject", request).entry
+        return self._unary(
+            self._bm.PutObject,
+            "BranchManager/PutObject",
+            request,
+            metadata=self._relay_metadata(),
+        ).entry
 
     def put_objects(  # noqa: PLR0913 — public keyword API, kept for callers
         self,
@@ -419,7 +424,9 @@ class BranchManagerCalls(RpcCalls):
             uuid.UUID(request_id)  # batch ids derive from it
         target = StreamTarget(repository, branch, batch_size, max_batch_bytes, request_id)
         stream = PutObjectsStream(target, entries, replay, progress)
-        return stage_stream(self._bm.PutObjects, stream, self.retry, self.timeout)
+        return stage_stream(
+            self._bm.PutObjects, stream, self.retry, self.timeout, self._relay_metadata()
+        )
 
     def delete_object(
         self, repository: str, branch: str, path: str, *, request_id: str = ""

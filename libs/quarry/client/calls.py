@@ -9,6 +9,9 @@ from typing import Any
 from quarry import errors
 from quarry.client.retry import Retrier, RetryPolicy
 
+# The header quarry.auth.interceptor reads (RELAY_HEADER); the client needs no server code.
+RELAY_HEADER = "x-quarry-relayed-by"
+
 # Loaded so from_rpc_error can rebuild the core's classes (BranchNotFound, CorruptRecord,
 # ...) by reason.
 from quarry.graveler import errors as gerrors  # noqa: F401
@@ -30,6 +33,14 @@ class RpcCalls:
     skipped_corrupt_records: int
     _bm: Any  # BranchManagerStub
     _cm: Any  # CommitterStub
+    _relayed_by: Callable[[], str] | None  # a service's token source, when it relays
+
+    def _relay_metadata(self) -> tuple[tuple[str, str], ...] | None:
+        """The relaying service's token on a staging call (quarry.auth.interceptor
+        RELAY_HEADER), None when this client relays nothing."""
+        if self._relayed_by is None:
+            return None
+        return ((RELAY_HEADER, self._relayed_by()),)
 
     # ---- plumbing ----
 
@@ -39,10 +50,13 @@ class RpcCalls:
         name: str,
         request: Any,
         before_retry: Callable[[errors.QuarryError, Any], None] | None = None,
+        metadata: tuple[tuple[str, str], ...] | None = None,
     ) -> Any:
         def attempt(_number: int) -> Any:
             with domain_errors():
-                return stub_method(request, timeout=self.timeout)
+                if metadata is None:
+                    return stub_method(request, timeout=self.timeout)
+                return stub_method(request, timeout=self.timeout, metadata=metadata)
 
         hook: Callable[[errors.QuarryError], bool] | None = None
         if before_retry is not None:

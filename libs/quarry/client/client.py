@@ -56,6 +56,7 @@ A Client is thread-safe (gRPC channels are); close it, or use it as a context ma
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -136,8 +137,12 @@ class Client(BranchManagerCalls, CommitterCalls, AuthCalls):
         token: str | None = None,
         security: ChannelSecurity | None = None,
         token_cache: TokenCache | None = None,
+        relayed_by: Callable[[], str] | None = None,
     ) -> None:
         self.retry = retry if retry is not None else RetryPolicy()
+        # A Quarry service's own token source when it relays a user's writes (the S3
+        # gateway, the console): sent with each staging call (RpcCalls._relay_metadata).
+        self._relayed_by = relayed_by
         self.timeout = timeout
         # The iter_* helpers refuse a page the server left corrupt records out of
         # (IncompleteListing), unless this is set: code that decides from a listing what

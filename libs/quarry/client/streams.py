@@ -131,7 +131,11 @@ class PutObjectsStream:
 
 
 def stage_stream(
-    put_objects: Any, stream: PutObjectsStream, retry: RetryPolicy, timeout: float | None
+    put_objects: Any,
+    stream: PutObjectsStream,
+    retry: RetryPolicy,
+    timeout: float | None,
+    metadata: tuple[tuple[str, str], ...] | None = None,
 ) -> int:
     """Send `stream` over the PutObjects stream-unary method `put_objects`, again from its
     first message on a retryable failure while the stream is replayable; the server's count.
@@ -141,7 +145,7 @@ def stage_stream(
         return stream.error
 
     def attempt(_number: int) -> int:
-        call = put_objects.future(stream.new_attempt(), timeout=timeout)
+        call = put_objects.future(stream.new_attempt(), timeout=timeout, metadata=metadata)
         stream.call = call
         if stream.error is not None:  # failed before the call object was known
             call.cancel()

@@ -80,8 +80,8 @@ REASON_STATUS = {"UPLOAD_TOO_LARGE": 413}
 @dataclass
 class Console:
     """What the application needs: settings and the (plain) channels to branch-manager,
-    committer and the compactor-sensor. The console holds no token of its own: every call
-    carries the signed-in user's."""
+    committer and the compactor-sensor. Every call carries the signed-in user's token; the
+    console's own is only ever a relay (below)."""
 
     settings: Any
     branch_manager: grpc.Channel
@@ -91,6 +91,10 @@ class Console:
     secure: bool = False  # served over TLS (cookies get Secure)
     # Seals the session cookies (quarry.console.sessions); empty: read from the settings.
     session_key: bytes = b""
+    # The console's service token source (None when auth is off), sent only as the relay of
+    # the uploads it stages for a user (quarry.auth.checks.check_import), never as a call's
+    # own authorization.
+    relay: Callable[[], str] | None = None
 
     def client(self, token: str) -> Any:
         """A Client over the console's own channels carrying `token` (a user's, or "" for
@@ -106,6 +110,7 @@ class Console:
             compactor_sensor=self.compactor_sensor or self.branch_manager,
             token=token,
             timeout=30.0,
+            relayed_by=self.relay,
         )
 
 

@@ -84,6 +84,9 @@ class Gateway:
     committer: grpc.Channel
     auth: Any  # quarry.v1 AuthStub over a channel with the gateway's service token, or None
     workers: int = 32
+    # The gateway's service token source (None when auth is off): a user's staging calls
+    # carry it as the relay of bytes the gateway wrote (quarry.auth.checks.check_import).
+    relay: Callable[[], str] | None = None
 
 
 # One branch per S3 operation, in S3's own order: a dispatch table read top to bottom.
@@ -402,7 +405,10 @@ class S3App:
             return cached[1]
         gateway = self._gateway
         client = Client(
-            branch_manager=gateway.branch_manager, committer=gateway.committer, token=token
+            branch_manager=gateway.branch_manager,
+            committer=gateway.committer,
+            token=token,
+            relayed_by=gateway.relay,
         )
         self._clients.put(user, (token, client))
         return client
