@@ -238,3 +238,115 @@ def test_allowed_everywhere_only_under_an_allow_on_everything_and_no_deny_of_the
     assert not everywhere([allow(["fs:*"], "arn:quarry:fs:::repository/r/*")])
     assert not everywhere([allow(["fs:ReadObject"])])
     assert not allows_everywhere([], "fs:ImportFromStorage")  # no policy at all
+
+
+def _statements(*statements: dict) -> list:
+    from quarry.auth.policy import parse_policy
+
+    return [parse_policy("p", json.dumps({"Statement": list(statements)}))] if statements else []
+
+
+REPO_OBJECTS = "arn:quarry:fs:::repository/r1/object/"
+
+
+@pytest.mark.parametrize(
+    ("statements", "expected"),
+    [
+        ([{"Effect": "Allow", "Action": ["fs:*"], "Resource": "*"}], True),
+        (
+            [
+                {
+                    "Effect": "Allow",
+                    "Action": ["fs:ReadObject"],
+                    "Resource": "arn:quarry:fs:::repository/r1/*",
+                }
+            ],
+            True,
+        ),
+        (
+            [
+                {
+                    "Effect": "Allow",
+                    "Action": ["fs:ReadObject"],
+                    "Resource": "arn:quarry:fs:::repository/*",
+                }
+            ],
+            True,
+        ),
+        ([{"Effect": "Allow", "Action": ["fs:ReadObject"], "Resource": REPO_OBJECTS + "*"}], True),
+        # Only part of the repository's objects, or another repository's.
+        (
+            [{"Effect": "Allow", "Action": ["fs:ReadObject"], "Resource": REPO_OBJECTS + "pub/*"}],
+            False,
+        ),
+        (
+            [
+                {
+                    "Effect": "Allow",
+                    "Action": ["fs:ReadObject"],
+                    "Resource": "arn:quarry:fs:::repository/r1x/*",
+                }
+            ],
+            False,
+        ),
+        (
+            [
+                {
+                    "Effect": "Allow",
+                    "Action": ["fs:ReadObject"],
+                    "Resource": "arn:quarry:fs:::repository/r?/*",
+                }
+            ],
+            False,
+        ),
+        ([{"Effect": "Allow", "Action": ["fs:WriteObject"], "Resource": "*"}], False),
+        ([], False),
+        # A Deny that may reach one of its objects, however it is spelled.
+        (
+            [
+                {"Effect": "Allow", "Action": ["fs:*"], "Resource": "*"},
+                {
+                    "Effect": "Deny",
+                    "Action": ["fs:ReadObject"],
+                    "Resource": REPO_OBJECTS + "secret/*",
+                },
+            ],
+            False,
+        ),
+        (
+            [
+                {"Effect": "Allow", "Action": ["fs:*"], "Resource": "*"},
+                {
+                    "Effect": "Deny",
+                    "Action": ["fs:Read*"],
+                    "Resource": "arn:quarry:fs:::repository/*/object/x",
+                },
+            ],
+            False,
+        ),
+        (
+            [
+                {"Effect": "Allow", "Action": ["fs:*"], "Resource": "*"},
+                {"Effect": "Deny", "Action": ["fs:ReadObject"], "Resource": REPO_OBJECTS + "a.txt"},
+            ],
+            False,
+        ),
+        # A Deny elsewhere, or of another action, does not.
+        (
+            [
+                {"Effect": "Allow", "Action": ["fs:*"], "Resource": "*"},
+                {
+                    "Effect": "Deny",
+                    "Action": ["fs:ReadObject"],
+                    "Resource": "arn:quarry:fs:::repository/r2/*",
+                },
+                {"Effect": "Deny", "Action": ["fs:WriteObject"], "Resource": REPO_OBJECTS + "*"},
+            ],
+            True,
+        ),
+    ],
+)
+def test_allows_under_a_repositorys_objects(statements, expected):
+    from quarry.auth.policy import allows_under
+
+    assert allows_under(_statements(*statements), "fs:ReadObject", REPO_OBJECTS, "u") is expected
