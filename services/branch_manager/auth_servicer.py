@@ -160,7 +160,18 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
             )
         if not request.resource:
             raise errors.InvalidArgument("CheckPermission needs a resource")
-        self._authorizer.authorize(principal, request.action, (request.resource,))
+        if not request.every_under:
+            self._authorizer.authorize(principal, request.action, (request.resource,))
+        elif not self._authorizer.allows_under(principal, request.action, request.resource):
+            raise auth_errors.PermissionDenied(
+                f"{principal} may not {request.action} on every resource under "
+                f"{request.resource} (no Allow covers them all, or a Deny may reach one)",
+                metadata={
+                    "principal": str(principal),
+                    "action": request.action,
+                    "resource": request.resource + "*",
+                },
+            )
         return pb.CheckPermissionResponse()
 
     def _own_policies(self, user_id: str, response: pb.WhoAmIResponse) -> None:

@@ -9,6 +9,7 @@ the executors' calls."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import uuid
@@ -593,6 +594,52 @@ def test_entries_and_reads_by_branch_commit_tag_and_committed_state(spark, clien
     )
     assert len(ids(qs.read(spark, f"quarry://{repo}/main@/t", connection=conn))) == 200
     assert qs.entries(spark, f"quarry://{repo}/v1/nothing/", connection=conn).count() == 0
+
+
+def test_a_reader_must_be_allowed_every_object_it_reads(spark, suite, client, conn, repo):
+    """Spark reads range files and objects with the storage's own access, where per-object
+    policies cannot act: a user with a Deny on part of what a read covers is refused before
+    anything is read, and reads what the Deny cannot reach (tester hAK); a reader of a tag
+    needs no fs:ReadBranch on a branch of the tag's name (it was PERMISSION_DENIED)."""
+    from quarry.client.credentials import Credentials
+
+    first = qs.write(numbers(spark, 0, 50, 2), f"quarry://{repo}/main/t", connection=conn)
+    client.create_tag(repo, "v1", first.id)
+    qs.write(numbers(spark, 100, 110, 1), f"quarry://{repo}/main/secret", connection=conn)
+    deny = {
+        "Effect": "Deny",
+        "Action": ["fs:ReadObject"],
+        "Resource": f"arn:quarry:fs:::repository/{repo}/object/secret/*",
+    }
+    tag_reads = {
+        "Effect": "Allow",
+        "Action": ["fs:ReadRepository", "fs:ReadCommit", "fs:ReadObject", "fs:ListObjects"],
+        "Resource": f"arn:quarry:fs:::repository/{repo}*",
+    }
+
+    def user_connection(name: str, statement: dict, viewer: bool) -> qs.Connection:
+        client.create_user(name)
+        if viewer:
+            client.add_group_member("Viewers", name)
+        client.create_policy(name, json.dumps({"Statement": [statement]}))
+        client.attach_policy(name, user=name)
+        made = client.create_credentials(name)
+        key = Credentials(made.credentials.access_key_id, made.secret_access_key)
+        return qs.Connection(conn.branch_manager, conn.committer, credentials=key)
+
+    denied = user_connection(f"{repo}-denied", deny, viewer=True)
+    assert sorted(ids(qs.read(spark, f"quarry://{repo}/main/t", connection=denied))) == list(
+        range(50)
+    )
+    for uri in (f"quarry://{repo}/main/secret", f"quarry://{repo}/main/"):
+        with pytest.raises(errors.PermissionDenied):
+            qs.read(spark, uri, connection=denied)
+        with pytest.raises(errors.PermissionDenied):
+            qs.entries(spark, uri, connection=denied)
+    tagged = user_connection(f"{repo}-tags", tag_reads, viewer=False)
+    assert sorted(ids(qs.read(spark, f"quarry://{repo}/v1/t", connection=tagged))) == list(
+        range(50)
+    )
 
 
 def test_entries_of_a_large_committed_listing_prune_ranges_by_prefix(spark, client, conn, repo):

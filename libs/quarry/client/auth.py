@@ -51,9 +51,13 @@ class AuthCalls(RpcCalls):
             raise NoCredentials(f"no credentials: {HOW_TO_GET_CREDENTIALS}")
         return self._token_source.token()
 
-    def check_permission(self, action: str, resource: str) -> None:
-        """Return if the caller may do `action` on `resource`; PermissionDenied otherwise."""
-        request = pb.CheckPermissionRequest(action=action, resource=resource)
+    def check_permission(self, action: str, resource: str, *, every_under: bool = False) -> None:
+        """Return if the caller may do `action` on `resource` (with `every_under`: on every
+        resource starting with it); PermissionDenied otherwise. Unimplemented from a server
+        with auth off (everything is allowed there)."""
+        request = pb.CheckPermissionRequest(
+            action=action, resource=resource, every_under=every_under
+        )
         self._unary(self._auth.CheckPermission, "Auth/CheckPermission", request)
 
     def whoami(self, include_effective_policies: bool = False) -> pb.WhoAmIResponse:

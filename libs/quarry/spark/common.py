@@ -145,24 +145,31 @@ _clients: dict[tuple[Connection, bool], Client] = {}
 _clients_lock = threading.Lock()
 
 
+def open_client(connection: Connection) -> Client:
+    """A new Client as `connection` says: its addresses, timeout, TLS and credentials (the
+    driver's and the executors' calls are the same user's: a driver that left the
+    credentials out called as whoever the environment named)."""
+    from quarry.client import Client
+
+    return Client(
+        connection.branch_manager,
+        connection.committer,
+        timeout=connection.timeout,
+        credentials=connection.credentials,
+        security=connection.security,
+    )
+
+
 def client_for(connection: Connection) -> Client:
     """One Client (so one channel per service) per process and connection: executors'
     Python workers are reused across tasks, so every task of a worker shares it."""
     from quarry import telemetry
-    from quarry.client import Client
 
     key = (connection, telemetry.tracing_enabled())
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = Client(
-                connection.branch_manager,
-                connection.committer,
-                timeout=connection.timeout,
-                credentials=connection.credentials,
-                security=connection.security,
-            )
-            _clients[key] = client
+            client = _clients[key] = open_client(connection)
         return client
 
 

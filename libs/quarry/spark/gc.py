@@ -47,6 +47,7 @@ from quarry.spark.common import (
     Connection,
     ephemeral_created_at,
     job_of_branch,
+    open_client,
 )
 from quarry.spark.reader import ranges_dataframe
 from quarry.spark.sweep import DEFAULT_EPHEMERAL_TTL, sweep_ephemeral_branches
@@ -147,7 +148,6 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
     Safety rule: a negative grace or ephemeral TTL is refused (it would put the cutoff
     after the real time: files still being written would be candidates)."""
     from quarry.blob import open_blob_store
-    from quarry.client import Client
 
     if grace < _dt.timedelta(0) or ephemeral_ttl < _dt.timedelta(0):
         raise errors.InvalidArgument("the grace period and the ephemeral TTL may not be negative")
@@ -155,12 +155,7 @@ def collect_garbage(  # noqa: PLR0913 — the public keyword API, used by GC job
     started = _dt.datetime.now(_dt.UTC)
     policy_time = now or started
     with (
-        Client(
-            connection.branch_manager,
-            connection.committer,
-            timeout=connection.timeout,
-            security=connection.security,
-        ) as client,
+        open_client(connection) as client,
         telemetry.tracer("quarry.spark").start_as_current_span(
             "quarry.gc", attributes={"quarry.repository": repository, "quarry.gc.sweep": sweep}
         ),

@@ -49,6 +49,7 @@ from quarry.spark.common import (
     QuarryUri,
     ephemeral_branch,
     new_job_id,
+    open_client,
     parse_uri,
 )
 from quarry.spark.executor import (
@@ -168,15 +169,9 @@ def write(  # noqa: PLR0913 — the public keyword API (DataFrameWriter's option
             )
     spark = df.sparkSession
     connection = Connection.resolve(spark, connection)
-    from quarry.client import Client
 
     with (
-        Client(
-            connection.branch_manager,
-            connection.committer,
-            timeout=connection.timeout,
-            security=connection.security,
-        ) as client,
+        open_client(connection) as client,
         telemetry.tracer("quarry.spark").start_as_current_span(
             "quarry.spark.write",
             attributes={
