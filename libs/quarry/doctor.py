@@ -69,6 +69,7 @@ RANGE_CONTENT_MISMATCH = "range_content_mismatch"
 NAMESPACE_NOT_OWNED = "namespace_not_owned"
 QUEUED_TOKEN_IN_USE = "staging_token_in_use_but_queued_for_drop"
 ORPHAN_STAGING_TOKEN = "orphan_staging_token"
+DEFAULT_BRANCH_MISSING = "default_branch_missing"
 
 # Enough for every partition a gateway meters (it forgets the colder half past its cap).
 _CAPACITY_REPORT_PARTITIONS = 1_000_000
@@ -257,6 +258,7 @@ class Doctor:
             and f.key.startswith(COMMITS_PREFIX.decode())
         }
         known = set(commits) | corrupt_commits
+        self._check_default_branch(report, repo, branches)
         metaranges = _MetarangeChecker(self, report, repo)
         for branch in branches:
             where = {
@@ -320,6 +322,30 @@ class Doctor:
             )
         metaranges.check_marker()
         metaranges.close()
+
+    def _check_default_branch(
+        self, report: Report, repo: Repository, branches: list[types_pb2.Branch]
+    ) -> None:
+        """A repository whose default branch is gone has lost its record of every branch
+        (a repository is created with it, and it can be neither deleted nor renamed):
+        nothing else would say so (tester hAJ: an older build's dropper emptied a live
+        repository and doctor found nothing wrong). A corrupt record of it is reported as
+        corrupt already."""
+        key = layout.branch_key(repo.default_branch).decode()
+        if any(b.name == repo.default_branch for b in branches) or any(
+            f.kind == CORRUPT_RECORD and f.key == key for f in report.findings
+        ):
+            return
+        report.findings.append(
+            Finding(
+                DEFAULT_BRANCH_MISSING,
+                f"the default branch {repo.default_branch!r} has no record "
+                f"({len(branches)} other branch record(s) left)",
+                repo.name,
+                records.show(repo.partition),
+                key,
+            )
+        )
 
     def _check_staged_values(self, report: Report, token: str, repository: str) -> None:
         try:

@@ -228,6 +228,25 @@ def test_doctor_finds_broken_history_and_a_live_token_queued_for_drop(suite, kv,
         kv.delete(b"cleanup", f"staging/{token}".encode())
 
 
+def test_doctor_finds_a_repository_whose_default_branch_is_gone(suite, kv, doctor):
+    """A repository record left over an emptied instance (tester hAJ: an older build's
+    dropper deleted a live repository's partition; `ls REPO main` failed with REF_NOT_FOUND
+    and doctor said "no problems found")."""
+    from quarry.graveler import layout
+
+    client = suite.client()
+    client.create_repository("emptied", suite.namespace("emptied"))
+    partition = Repository.from_record(
+        kv.get(b"quarry", b"repos/emptied").value, b"repos/emptied"
+    ).partition
+    doctor("emptied", expect=0)
+    kv.delete(partition, layout.branch_key("main"))
+    report = json.loads(doctor("emptied", "--json", expect=1).stdout)
+    assert [(f["kind"], f["key"]) for f in report["findings"]] == [
+        ("default_branch_missing", "branches/main")
+    ]
+
+
 def test_doctor_finds_damaged_range_files_and_a_lost_ownership_marker(suite, doctor):
     """Found by a tester with nothing reported: a truncated range file (reads fail with
     RANGE_CORRUPT), a range file overwritten in place with another valid range (reads served
