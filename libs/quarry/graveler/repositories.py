@@ -369,22 +369,26 @@ class Repositories:
 
     @records.skips_corrupt_records  # a corrupt branch record is dropped with the partition
     def delete_repository(self, name: str) -> None:
-        """Queued ahead, as every change that retires staging tokens: each branch's tokens
-        (dropped once no branch record names them) and the instance's partition (dropped
-        once the repository record no longer names the instance, with the tokens its
-        branches name then: a seal after this listing installed one). A process that dies
-        right after the record goes leaves nothing behind; one that dies before leaves the
-        repository as it was."""
+        """Each branch's tokens are queued ahead, as by every change that retires staging
+        tokens (dropped once no branch record names them). The instance's partition is
+        queued only once the record is gone (dropped with the tokens its branches name
+        then: a seal after this listing installed one): a dropper of an older build drops
+        what is queued without asking whether a repository still names it, and dropped a
+        live repository whose deletion had died after queuing it (tester hAJ). A process
+        that dies before the record goes leaves the repository as it was; one that dies
+        between the record and the queue leaves the instance, which the dropper finds
+        through its deleted-instance record (StagingManager.queue_dead_instances)."""
         repo = self.get_repository(name)
         branches = every_item(lambda a, n: self.refs.list_branches(repo, a, n), lambda b: b.name)
         for branch in branches:
             self.staging.queue_retiring_tokens(
                 [branch.staging_token, *branch.sealed_tokens], repo.partition, branch.name
             )
-        self.staging.queue_drop([repo.partition])
-        # Recorded before the record goes: its namespace may then be reused (ownership).
+        # Recorded before the record goes: its namespace may then be reused (ownership),
+        # and queue_dead_instances finds the instance if this process dies below.
         self.refs.record_deleted_instance(repo)
         self.refs.delete_repository_record(name)
+        self.staging.queue_drop([repo.partition])
 
     # ---- branches ---------------------------------------------------------------------------
 

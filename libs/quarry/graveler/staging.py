@@ -33,7 +33,7 @@ from quarry.graveler.layout import (
 from quarry.graveler.model import Entry
 from quarry.graveler.refs import Repository
 from quarry.kv import store as kv
-from quarry.kv.partitions import REPO, partition_class, sharded_token
+from quarry.kv.partitions import REPO, partition_class, repo_partition, sharded_token
 from quarry.runtime.periodic import PeriodicWorker
 
 log = logging.getLogger(__name__)
@@ -297,6 +297,44 @@ class StagingManager:
             dropped += 1
         return dropped
 
+    def queue_dead_instances(self) -> int:
+        """Queue the partition of each repository instance recorded as deleted whose items
+        are still there and that no cleanup record names: what a deletion leaves when its
+        process dies after the repository record went and before the instance was queued
+        (Repositories.delete_repository queues it only then). Never an instance a
+        repository record names (_instance_live). Returns how many were queued."""
+        start = layout.DELETED_INSTANCES_PREFIX
+        found = []
+        for item in self.kv.scan(layout.QUARRY_PARTITION, start, layout.prefix_end(start)):
+            try:
+                partition = repo_partition(item.value, item.key[len(start) :])
+            except kv.UnknownPartitionClass:
+                continue  # not a record this pass can act on: `quarry doctor` reads them
+            found.append(partition)
+        queued = 0
+        for partition in found:
+            if self._is_queued(partition) or self._instance_live(partition):
+                continue
+            if not self._has_items(partition):
+                continue
+            self.queue_drop([partition])
+            queued += 1
+        return queued
+
+    def _is_queued(self, partition: bytes) -> bool:
+        try:
+            self.kv.get(CLEANUP_PARTITION, partition)
+            return True
+        except kv.KeyNotFound:
+            return False
+
+    def _has_items(self, partition: bytes) -> bool:
+        iterator = self.kv.scan(partition, batch_size=1)
+        try:
+            return next(iterator, None) is not None
+        finally:
+            iterator.close()
+
     def _instance_live(self, partition: bytes) -> bool:
         """Whether `partition` is a repository instance's that its repository record still
         names (a deletion queued ahead that has not happened): never dropped then. An
@@ -398,6 +436,11 @@ class StagingManager:
             self.kv.batch_delete([(partition, key) for key in keys])
 
 
+# How often a dropper looks for deleted repositories' instances left unqueued (a scan of the
+# deleted-instance records: one per repository ever deleted).
+DEAD_INSTANCES_INTERVAL_SECONDS = 3600.0
+
+
 class Dropper:
     """Background worker running StagingManager.drop_queued periodically (a PeriodicWorker:
     it backs off while the KV store is unreachable and stops between partitions when asked,
@@ -408,6 +451,7 @@ class Dropper:
     ):
         self._staging = staging
         self._grace = grace_seconds
+        self._dead_instances_checked = float("-inf")  # on the first pass, then hourly
         self._worker = PeriodicWorker(
             "staging-dropper",
             self._drop_due,
@@ -420,6 +464,10 @@ class Dropper:
         return self
 
     def _drop_due(self) -> None:
+        now = time.monotonic()
+        if now - self._dead_instances_checked >= DEAD_INSTANCES_INTERVAL_SECONDS:
+            self._staging.queue_dead_instances()
+            self._dead_instances_checked = now
         while not self._worker.stopping.is_set():
             if self._staging.drop_queued(self._grace) == 0:
                 return

@@ -159,23 +159,23 @@ def _partitions_of(graveler, repo_partition: bytes) -> int:
 
 
 def test_a_repository_deletion_that_dies_right_after_leaves_nothing_behind(graveler, repo):
-    """The instance partition and its branches' tokens are queued BEFORE the record goes
-    (tester hAE: they were queued after, so a process dying in between left them all), and
-    a token a seal installed after the deletion listed the branches goes with the
-    instance."""
+    """The branches' tokens are queued before the record goes (tester hAE); the instance,
+    queued only after (tester hAJ), is found through its deleted-instance record by the
+    dropper's pass over them, and a token a seal installed after the deletion listed the
+    branches goes with it."""
     graveler.create_branch(repo, "work", "main")
     graveler.put_objects(repo, "work", [entry(f"w/{i}") for i in range(4)])
     listed = graveler.get_branch(repo, "work").staging_token
     instance = graveler.repo(repo).partition
-    queue_drop = graveler.staging.queue_drop
+    record_deleted = graveler.refs.record_deleted_instance
 
-    def seal_then_queue(partitions):
+    def seal_then_record(repository):
         # A commit's seal lands between the listing and the deletion: a new token, staged.
         graveler.commits.seal(graveler.refs.get_repository(repo, fresh=True), "work")
         graveler.put_objects(repo, "work", [entry("late")])
-        queue_drop(partitions)
+        record_deleted(repository)
 
-    graveler.staging.queue_drop = seal_then_queue
+    graveler.refs.record_deleted_instance = seal_then_record
     real = graveler.refs.delete_repository_record
 
     def then_die(name):
@@ -189,16 +189,47 @@ def test_a_repository_deletion_that_dies_right_after_leaves_nothing_behind(grave
         instance, "work", graveler.kv.get(instance, layout.branch_key("work")).value
     )
     assert branch.staging_token != listed and items(graveler, branch.staging_token) == 1
-    graveler.staging.drop_queued(grace_seconds=0)
-    graveler.staging.drop_queued(grace_seconds=0)
+    assert instance not in queued(graveler)
+    # A dropper's first pass (at every start, then hourly) finds it, and drops it.
+    dropper = staging_module.Dropper(graveler.staging, grace_seconds=0)
+    dropper._drop_due()
+    dropper._drop_due()
     assert _partitions_of(graveler, instance) == 0
     assert items(graveler, listed) == 0 and items(graveler, branch.staging_token) == 0
     assert not queued(graveler)
+    assert graveler.staging.queue_dead_instances() == 0  # nothing left to find
+
+
+def test_a_live_repository_is_never_queued_whatever_its_deletion_died_at(graveler, repo):
+    """Safety rule (tester hAJ): while a repository record names an instance, its partition
+    is never in the cleanup queue -- a dropper of an older build drops whatever is queued
+    there without asking, and emptied a live repository whose deletion had died after
+    queuing it. Not by the deletion (however far it got before dying), nor by the pass
+    over deleted-instance records (one is written before the record goes)."""
+    graveler.put_objects(repo, "main", [entry("kept")])
+    instance = graveler.repo(repo).partition
+    for step in ("record_deleted_instance", "delete_repository_record"):
+        real = getattr(graveler.refs, step)
+
+        def die(*args, **kwargs):
+            raise ProcessDied()
+
+        setattr(graveler.refs, step, die)
+        with pytest.raises(ProcessDied):
+            graveler.delete_repository(repo)
+        setattr(graveler.refs, step, real)
+        if step == "delete_repository_record":
+            assert graveler.refs.is_deleted_instance(graveler.repo(repo).instance_id)
+        assert instance not in queued(graveler), step
+        assert graveler.staging.queue_dead_instances() == 0
+        assert instance not in queued(graveler), step
+    graveler.staging.drop_queued(grace_seconds=0)
+    assert graveler.stat_object(repo, "main", "kept").path == "kept"
 
 
 def test_a_repository_deletion_that_never_happened_keeps_everything(graveler, repo, monkeypatch):
-    """Queued ahead of a deletion that died before the record went: the live instance and
-    its tokens are never dropped, and the queue entries are forgotten after expiry."""
+    """Queued ahead of a deletion that died before the record went: the live instance's
+    tokens are never dropped, and the queue entries are forgotten after expiry."""
     graveler.put_objects(repo, "main", [entry("kept")])
     instance = graveler.repo(repo).partition
     token = graveler.get_branch(repo, "main").staging_token
