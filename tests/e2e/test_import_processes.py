@@ -122,7 +122,10 @@ def test_the_cli_imports_shows_status_and_cat_reads_the_source(processes, tmp_pa
     started = processes.quarry(
         "import", "--from", str(source), "--to", "quarry://demo/main/again", "--no-wait"
     )
-    assert started.returncode == 0 and "started" in started.stdout
+    assert started.returncode == 0 and "started" in started.stderr
+    # stdout is the id `import status` takes, as docs/import.md says (it printed a sentence).
+    status = processes.quarry("import", "status", started.stdout.strip())
+    assert status.returncode in (0, 1) and "INVALID_NAME" not in status.stderr, status
     unknown = processes.quarry("import", "status", "demo/" + "0" * 32)
     assert unknown.returncode == 1 and "IMPORT_NOT_FOUND" in unknown.stderr
     bad = processes.quarry("import", "--from", "ftp://x/y", "--to", "quarry://demo/main/x")

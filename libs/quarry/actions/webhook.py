@@ -117,13 +117,16 @@ def _refuse_forbidden(url: str, addresses: list[str]) -> None:
             )
 
 
-def sign(secret: bytes, body: bytes) -> str:
-    """The signature header's value: sha256=<hex HMAC-SHA256 of the body>."""
-    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+def sign(secret: bytes | str, body: bytes) -> str:
+    """The signature header's value: sha256=<hex HMAC-SHA256 of the body>. A str secret
+    (as a receiver reads it from its environment) is its UTF-8 bytes."""
+    key = secret.encode() if isinstance(secret, str) else secret
+    return "sha256=" + hmac.new(key, body, hashlib.sha256).hexdigest()
 
 
-def verify(secret: bytes, body: bytes, header: str) -> bool:
-    """For receivers: does the header carry this body's signature under the secret?"""
+def verify(secret: bytes | str, body: bytes, header: str) -> bool:
+    """For receivers: does the header carry this body's signature under the secret (bytes,
+    or a str as read from the environment)?"""
     return hmac.compare_digest(sign(secret, body), header)
 
 

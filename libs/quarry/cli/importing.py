@@ -126,7 +126,9 @@ def start(args: argparse.Namespace, ctx: Context) -> int:
         if ctx.json:
             output.print_json(status)
         else:
-            print(f"import {repository}/{status.id} started")
+            # stdout is the id `quarry import status|cancel` take; the words go to stderr.
+            print(f"import {repository}/{status.id} started", file=sys.stderr)
+            print(f"{repository}/{status.id}")
         return 0
     print(f"import {repository}/{status.id} started", file=sys.stderr)
     status = _wait(ctx, status, args.progress)

@@ -391,9 +391,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         from quarry.client.credentials import credentials_path
 
         # Not indented: the banner's indented lines are shell commands (tests run each one).
+        stored = credentials_path(home)
+        key_from = f"the access key in {stored}" if stored.exists() else "your access key"
         print(
             f"\nOr in a browser, the console: {scheme}://{host}:{settings.console_port}/ "
-            f"(sign in with the access key in {credentials_path(home)})"
+            f"(sign in with {key_from})"
         )
         print("\nOr from PySpark (README: Spark), and garbage-collect with Spark:")
         print(

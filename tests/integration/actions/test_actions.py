@@ -173,6 +173,8 @@ def test_pre_and_post_commit_fire_with_the_documented_payload_signed(suite, clie
     secret = suite.backend.get(partition, SECRET_KEY).value
     for call in hooks.calls:
         assert webhook.verify(secret, call["raw"], call["signature"])
+        # As a receiver reads it from its environment: a str (it raised TypeError).
+        assert webhook.verify(secret.decode(), call["raw"], call["signature"])
         assert not webhook.verify(b"another secret", call["raw"], call["signature"])
     recorded = runs(suite, repo)
     assert sorted(r.event_type for r in recorded) == ["post-commit", "pre-commit"]
