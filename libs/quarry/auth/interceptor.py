@@ -43,17 +43,13 @@ from quarry.auth import errors as auth_errors
 from quarry.auth.authorizer import Authorizer
 from quarry.auth.declarations import RULES, Access, Rule, is_quarry_method
 from quarry.auth.tokens import SERVICE, Principal, TokenAuthority
+from quarry.runtime.channels import RELAY_HEADER
 from quarry.runtime.handlers import WrappedHandlers
 
 AUDIT_LOGGER = "quarry.audit"
 audit_log = logging.getLogger(AUDIT_LOGGER)
 
 AUTHORIZATION_HEADER = "authorization"
-# A Quarry service relaying a user's call sends its own token here (the user's stays in
-# `authorization`): the call is still the user's, authorized as the user's, and the
-# principal records the relay (Principal.relayed_by). Checks that trust what the service
-# did for the user (quarry.auth.checks.check_import: addresses of bytes it wrote) read it.
-RELAY_HEADER = "x-quarry-relayed-by"
 REQUEST_ID_HEADER = "x-request-id"
 _BEARER = "bearer "
 # Tokens whose signature and claims verified, kept by their exact text (a client sends the

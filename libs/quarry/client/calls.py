@@ -9,12 +9,10 @@ from typing import Any
 from quarry import errors
 from quarry.client.retry import Retrier, RetryPolicy
 
-# The header quarry.auth.interceptor reads (RELAY_HEADER); the client needs no server code.
-RELAY_HEADER = "x-quarry-relayed-by"
-
 # Loaded so from_rpc_error can rebuild the core's classes (BranchNotFound, CorruptRecord,
 # ...) by reason.
 from quarry.graveler import errors as gerrors  # noqa: F401
+from quarry.runtime.channels import RELAY_HEADER
 from quarry.runtime.errors import domain_errors
 
 

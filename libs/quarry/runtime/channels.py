@@ -26,6 +26,12 @@ CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
 
 
 AUTHORIZATION_HEADER = "authorization"
+# A Quarry service relaying a user's call sends its own token here (the user's stays in
+# `authorization`): the call is still the user's, authorized as the user's, and the server
+# records the relay (quarry.auth.tokens.Principal.relayed_by). Checks that trust what the
+# service did for the user (quarry.auth.checks.check_import: addresses of bytes it wrote)
+# read it.
+RELAY_HEADER = "x-quarry-relayed-by"
 
 # Returns the current bearer token (fresh: the source renews it before it expires).
 TokenSource = Callable[[], str]
