@@ -863,6 +863,7 @@ def test_an_object_a_user_may_not_read_cannot_be_restaged_under_a_path_they_may_
                 REPO, "dev", path="mine/stolen.bin", physical_address=address, size_bytes=3000
             )
         assert refused.value.metadata["action"] == "fs:ImportFromStorage"
+        assert "upload through the S3 gateway or the console" in refused.value.message
         with pytest.raises(errors.PermissionDenied):
             user.put_objects(REPO, "dev", [{"path": "mine/s2", "physical_address": address}])
         # A relay header with the user's own token is no relay.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from quarry.auth import errors as auth_errors
 from quarry.auth.authorizer import Authorizer
 from quarry.auth.interceptor import current_principal
 from quarry.auth.policy import object_arn, storage_arn, user_arn
@@ -75,8 +76,20 @@ def check_import(
         for one in reached(storage_namespace, entries)
         if inside_too or not one.inside
     )
-    if places:
+    if not places:
+        return
+    try:
         authorizer.authorize(principal, IMPORT_FROM_STORAGE, places)
+    except auth_errors.PermissionDenied as exc:
+        if inside_too:  # say why an upload of one's own may need it
+            raise auth_errors.PermissionDenied(
+                f"{exc.message}: staging an address, even inside the repository's storage "
+                f"namespace, needs it from a user who may not read every object of "
+                f"{repository!r} (it could be another object's); upload through the S3 "
+                "gateway or the console, which stage the bytes they store for you",
+                metadata=exc.metadata,
+            ) from None
+        raise
 
 
 def needs_namespace(authorizer: Authorizer | None, entries: Iterable[tuple[str, str]]) -> bool:
