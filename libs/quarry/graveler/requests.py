@@ -24,9 +24,10 @@ conditional write + 1 read; a failed call: 2 conditional writes):
 
 Remaining windows (the KV store has no multi-key transactions, so the effect and the DONE
 record are two writes):
-- the process dies after the effect and before the DONE write (or that write fails, e.g.
-  the KV store is unreachable: the answer is still returned and the failure logged). The
-  window is those KV writes: work that follows the effect without changing the answer
+- the process dies after the effect and before the DONE write. (A DONE write that fails,
+  e.g. the KV store is unreachable, is retried by the renewer while the claim's lease
+  lasts, and the answer is returned meanwhile: a repeat gets the first answer once the
+  store is back.) The window is those KV writes: work that follows the effect without changing the answer
   (post-event hooks) runs after the DONE write (`after_recorded`). After
   the lease a repeat runs the call again (a Commit then answers NO_CHANGES or commits what
   was staged since; a Merge merges again, usually nothing);
@@ -205,6 +206,11 @@ class RequestLog:
         self.lease_seconds = lease_seconds
         self._clock = clock
         self._claims: set[_Claim] = set()  # guarded by _claims_lock; renewed in background
+        # Outcomes whose write failed (the KV store unreachable as the call ended), with the
+        # record to write: retried by the renewer while the claim's lease lasts, so a repeat
+        # gets the first answer once the store is back, not REQUEST_IN_PROGRESS for the
+        # whole lease. Guarded by _claims_lock.
+        self._unrecorded: dict[_Claim, bytes] = {}
         self._claims_lock = threading.Lock()
         # Renews live claims and purges expired records (a PeriodicWorker, started with
         # the first claim).
@@ -367,24 +373,57 @@ class RequestLog:
                 # repeat run again rather than block the id.
                 self._release_quietly(claim)
             except Exception:  # see the docstring
-                CALLS.labels("unrecorded").inc()
                 log.warning(
-                    "request %s: recording the outcome failed; a repeat after the "
-                    "lease may run again",
+                    "request %s: recording the outcome failed; retried while its claim lasts",
                     claim.key.decode(),
                     exc_info=True,
                 )
+                self._record_later(claim, value)
 
     def _release_quietly(self, claim: _Claim) -> None:
         record = records_pb2.RequestRecord(
             state=RELEASED, owner=claim.record.owner, updated_at_ms=int(self._clock() * 1000)
         )
+        value = layout.encode_request(record)
         try:
-            self.kv.set_if(
-                claim.partition, claim.key, layout.encode_request(record), kv.Equals(claim.value)
-            )
-        except Exception:  # the lease expires anyway
+            self.kv.set_if(claim.partition, claim.key, value, kv.Equals(claim.value))
+        except kv.PredicateFailed:
+            pass  # taken over: not ours to release
+        except Exception:
             log.warning("request %s: releasing the claim failed", claim.key.decode(), exc_info=True)
+            self._record_later(claim, value)
+
+    def _record_later(self, claim: _Claim, value: bytes) -> None:
+        with self._claims_lock:
+            if self._closed.is_set():
+                CALLS.labels("unrecorded").inc()
+                return
+            self._unrecorded[claim] = value
+            if not self._renewer.running:
+                self._renewer.start()
+
+    def _record_unrecorded(self) -> None:
+        """Write each outcome whose write failed, over our own PENDING value only; given up
+        (a repeat after the lease runs the call again) once the claim's lease has passed or
+        the claim was taken over."""
+        with self._claims_lock:
+            pending = list(self._unrecorded.items())
+        for claim, value in pending:
+            done = True
+            if self._clock() - claim.renewed_at > self.lease_seconds:
+                CALLS.labels("unrecorded").inc()
+                log.warning("request %s: its outcome was never recorded", claim.key.decode())
+            else:
+                try:
+                    self.kv.set_if(claim.partition, claim.key, value, kv.Equals(claim.value))
+                    log.info("request %s: its outcome recorded late", claim.key.decode())
+                except kv.PredicateFailed:
+                    CALLS.labels("unrecorded").inc()  # taken over meanwhile
+                except Exception:
+                    done = False  # the store is still away: the next round
+            if done:
+                with self._claims_lock:
+                    self._unrecorded.pop(claim, None)
 
     # ---- keeping live claims alive -----------------------------------------------------
 
@@ -408,6 +447,7 @@ class RequestLog:
         for claim in claims:
             if self._clock() - claim.renewed_at >= interval:
                 self.renew(claim)
+        self._record_unrecorded()
         if self._clock() - self._last_purge >= PURGE_INTERVAL_SECONDS:
             self.purge_used()
 

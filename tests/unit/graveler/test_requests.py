@@ -12,6 +12,7 @@ from quarry.graveler import requests as rq
 from quarry.kv.memory import MemoryStore
 from quarry.v1 import records_pb2
 from support.counting import CountingStore
+from support.wait import wait_until
 
 PARTITION = b"repo/r/instance"
 
@@ -296,3 +297,56 @@ def test_work_after_a_failed_call_never_runs(log):
     with pytest.raises(ValueError):
         run(log, str(uuid.uuid4()), call)
     assert ran == []
+
+
+class FlakyStore(MemoryStore):
+    """A store whose conditional writes fail (the KV store away) while `away` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.away = False
+
+    def set_if(self, partition, key, value, predicate):
+        if self.away:
+            raise ConnectionError("the KV store is away")
+        return super().set_if(partition, key, value, predicate)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_an_outcome_whose_write_failed_is_recorded_once_the_store_is_back(fails):
+    """tester hAM O2: the KV store away as a call ended left its id claimed for the whole
+    lease (repeats REQUEST_IN_PROGRESS); the renewer now writes the outcome (DONE, or
+    RELEASED for a failed call) once the store answers again, within the lease."""
+    store = FlakyStore()
+    request_log = rq.RequestLog(store, lambda name: PARTITION, lease_seconds=3)
+    request_id = str(uuid.uuid4())
+
+    def call():
+        store.away = True  # goes away as the call ends: its outcome cannot be written
+        if fails:
+            raise RuntimeError("the call failed")
+        return b"answer"
+
+    try:
+        if fails:
+            with pytest.raises(RuntimeError):
+                run(request_log, request_id, call)
+        else:
+            assert run(request_log, request_id, call) == b"answer"
+        store.away = False
+        with pytest.raises(rq.RequestInProgress):
+            run(request_log, request_id, lambda: b"again")
+        key = b"requests/" + request_id.encode()
+        wanted = rq.RELEASED if fails else rq.DONE
+        wait_until(
+            lambda: (
+                records_pb2.RequestRecord.FromString(store.get(PARTITION, key).value).state
+                == wanted
+            ),
+            timeout=10,
+            what="the outcome written once the store is back",
+        )
+        expected = b"again" if fails else b"answer"
+        assert run(request_log, request_id, lambda: b"again") == expected
+    finally:
+        request_log.close()
