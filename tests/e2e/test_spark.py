@@ -110,7 +110,7 @@ def test_append_is_one_commit_on_the_target_and_reads_back(spark, suite, client,
     head = client.get_branch(repo, "main")
     assert head.commit_id == commit.id and commit.parents[0] == before
     assert commit.message == "load numbers"
-    assert commit.committer == spark.sparkContext.sparkUser()
+    assert commit.committer == "admin"  # the authenticated user (the suite's, by its key)
     assert commit.metadata["source"] == "test"
     assert commit.metadata["quarry.spark.rows"] == "1000"
     assert commit.metadata["quarry.spark.files"] == "4"
@@ -613,7 +613,13 @@ def test_a_reader_must_be_allowed_every_object_it_reads(spark, suite, client, co
     }
     tag_reads = {
         "Effect": "Allow",
-        "Action": ["fs:ReadRepository", "fs:ReadCommit", "fs:ReadObject", "fs:ListObjects"],
+        "Action": [
+            "fs:ReadRepository",
+            "fs:ReadCommit",
+            "fs:ReadTag",
+            "fs:ReadObject",
+            "fs:ListObjects",
+        ],
         "Resource": f"arn:quarry:fs:::repository/{repo}*",
     }
 
@@ -640,6 +646,28 @@ def test_a_reader_must_be_allowed_every_object_it_reads(spark, suite, client, co
     assert sorted(ids(qs.read(spark, f"quarry://{repo}/v1/t", connection=tagged))) == list(
         range(50)
     )
+    # A branch it may not read is refused, never read as its last commit without its
+    # uncommitted changes (tester hAN).
+    client.put_object(repo, "main", path="t/staged.txt", physical_address="s3://b/x")
+    with pytest.raises(errors.PermissionDenied):
+        qs.entries(spark, f"quarry://{repo}/main/t/", connection=tagged)
+
+
+def test_a_developer_writes_and_the_commit_is_theirs(spark, client, conn, repo):
+    """A write by a user without auth:CommitAsOtherUser (a Developer) is committed as that
+    user: the Spark user (an OS account) was the default committer, refused for them once
+    the driver called with the Connection's credentials (tester hAN)."""
+    from quarry.client.credentials import Credentials
+
+    user = f"{repo}-dev"
+    client.create_user(user)
+    client.add_group_member("Developers", user)
+    made = client.create_credentials(user)
+    key = Credentials(made.credentials.access_key_id, made.secret_access_key)
+    developer = qs.Connection(conn.branch_manager, conn.committer, credentials=key)
+    commit = qs.write(numbers(spark, 0, 20, 1), f"quarry://{repo}/main/dev", connection=developer)
+    assert commit.committer == user
+    assert client.get_branch(repo, "main").commit_id == commit.id
 
 
 def test_entries_of_a_large_committed_listing_prune_ranges_by_prefix(spark, client, conn, repo):

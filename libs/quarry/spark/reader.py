@@ -61,10 +61,15 @@ def snapshot(client: Client, repository: str, ref: str, prefix: str = "") -> Sna
     for _ in range(10):
         try:
             branch = client.get_branch(repository, ref)
-        except (errors.NotFound, errors.InvalidArgument, errors.PermissionDenied):
-            # A tag, a commit id, `branch@`, `~N`... GetBranch of a tag's name asks for
-            # fs:ReadBranch on a branch of that name, which a reader of tags need not hold:
-            # GetCommit then decides what the caller may read.
+        except (errors.NotFound, errors.InvalidArgument):
+            branch = None  # a tag, a commit id, `branch@`, `~N`...
+        except errors.PermissionDenied:
+            # GetBranch of a tag's name asks for fs:ReadBranch on a branch of that name,
+            # which a reader of tags need not hold. But a branch read as its last commit
+            # would silently lose its uncommitted changes: only a ref that is surely no
+            # branch goes on (tester hAN).
+            if not _surely_no_branch(client, repository, ref):
+                raise
             branch = None
         if branch is None:
             commit = client.get_commit(repository, ref)
@@ -80,6 +85,20 @@ def snapshot(client: Client, repository: str, ref: str, prefix: str = "") -> Sna
         f"branch {ref!r} kept moving while it was read",
         metadata={"repository": repository, "branch": ref},
     )
+
+
+# What only a commit reference can look like: a ref with a modifier (`main@`, `v1~2`,
+# `abc^2`), or a commit id (hex).
+_COMMIT_REF = re.compile(r".*[@~^].*|[0-9a-f]{6,64}")
+
+
+def _surely_no_branch(client: Client, repository: str, ref: str) -> bool:
+    """Whether `ref` is a tag (GetTag finds it) or has a commit reference's shape."""
+    try:
+        client.get_tag(repository, ref)
+        return True
+    except (errors.NotFound, errors.PermissionDenied, errors.InvalidArgument):
+        return _COMMIT_REF.fullmatch(ref) is not None
 
 
 def check_reads_every_object(client: Client, repository: str, prefix: str) -> None:

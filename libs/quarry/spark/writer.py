@@ -113,6 +113,16 @@ def _identity(entry: types_pb2.Entry) -> bytes:
     return entry_from_proto(entry).identity
 
 
+def _default_committer(client: Client, spark: SparkSession) -> str:
+    """Who a write is committed as when the caller names no one: the authenticated user
+    (naming anyone else needs auth:CommitAsOtherUser: the Spark user, an OS account, was
+    refused for every user without it), the Spark user with auth off."""
+    try:
+        return client.whoami().principal_id
+    except errors.Unimplemented:
+        return spark.sparkContext.sparkUser()
+
+
 def write(  # noqa: PLR0913 — the public keyword API (DataFrameWriter's options), used by jobs
     df: DataFrame,
     uri: str,
@@ -129,7 +139,7 @@ def write(  # noqa: PLR0913 — the public keyword API (DataFrameWriter's option
     """Write `df` under PATH of `quarry://REPO/BRANCH/PATH` in one commit on BRANCH and
     return that commit (the merge commit on the target branch). With nothing to write in
     append mode, nothing is committed and the branch's HEAD commit is returned. The
-    committer defaults to the Spark user.
+    committer defaults to the authenticated user (the Spark user when auth is off).
 
     `partition_by` (like DataFrameWriter.partitionBy) puts the files in Hive-style folders
     PATH/col=value/...; unlike Hive the columns also stay in the files, so `read` of PATH
@@ -192,7 +202,7 @@ def write(  # noqa: PLR0913 — the public keyword API (DataFrameWriter's option
                 mode,
                 message,
                 dict(metadata or {}),
-                committer or spark.sparkContext.sparkUser(),
+                committer or _default_committer(client, spark),
                 max_records_per_file,
                 partition_by,
             ),
