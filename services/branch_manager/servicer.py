@@ -209,6 +209,19 @@ class BranchManagerServicer(branch_manager_pb2_grpc.BranchManagerServicer):
         self._report_staged(request.repository, request.branch, _token_of(staged), int(staged), 0)
         return pb.PutObjectResponse(entry=entry_to_proto(entry))
 
+    @idempotent(pb.CopyObjectResponse)
+    def CopyObject(self, request, context):
+        entry, staged = self._g.copy_object(
+            request.repository,
+            request.source_ref,
+            request.source_path,
+            request.branch,
+            request.path,
+            if_absent=request.if_absent,
+        )
+        self._report_staged(request.repository, request.branch, _token_of(staged), int(staged), 0)
+        return pb.CopyObjectResponse(entry=entry_to_proto(entry))
+
     def PutObjects(self, request_iterator, context):
         """All or nothing with respect to the caller's mistakes: the whole stream is read
         and checked first (the targets, every entry through the writer's own checks, the

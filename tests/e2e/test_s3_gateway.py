@@ -877,7 +877,20 @@ def test_an_object_a_user_may_not_read_cannot_be_restaged_under_a_path_they_may_
         with forged, pytest.raises(errors.PermissionDenied) as not_a_service:
             forged.put_object(REPO, "dev", path="mine/s3", physical_address=address)
         assert not_a_service.value.reason == "SERVICE_PRINCIPAL_REQUIRED"
-    assert not [e.path for e in client.iter_objects(REPO, "dev", prefix="mine/")]
+        # A copy within the repository (BranchManager/CopyObject, `quarry cp`) reads the
+        # source as the user: what they may read, they may copy; a denied source is refused.
+        copied = user.copy_object(REPO, "dev", "open/readable.bin", "dev", "mine/cp.bin")
+        assert (
+            copied.physical_address
+            == client.stat_object(REPO, "dev", "open/readable.bin").physical_address
+        )
+        with pytest.raises(errors.PermissionDenied) as unreadable:
+            user.copy_object(REPO, "dev", "vault/secret.bin", "dev", "mine/cp2.bin")
+        assert unreadable.value.metadata["action"] == "fs:ReadObject"
+        with pytest.raises(errors.PermissionDenied) as unwritable:
+            user.copy_object(REPO, "dev", "open/readable.bin", "dev", "open/cp3.bin")
+        assert unwritable.value.metadata["action"] == "fs:WriteObject"
+    assert [e.path for e in client.iter_objects(REPO, "dev", prefix="mine/")] == ["mine/cp.bin"]
     # Through the gateway the same user writes and copies what they may read.
     mine = gateway.s3(key)
     mine.put_object(Bucket=REPO, Key="dev/mine/own.bin", Body=b"own bytes")
@@ -892,6 +905,7 @@ def test_an_object_a_user_may_not_read_cannot_be_restaged_under_a_path_they_may_
     assert _code(denied_copy.value) == "AccessDenied"
     assert sorted(e.path for e in client.iter_objects(REPO, "dev", prefix="mine/")) == [
         "mine/copy.bin",
+        "mine/cp.bin",
         "mine/own.bin",
     ]
 

@@ -112,6 +112,10 @@ def _object(request: Any) -> tuple[str, ...]:
     return (object_arn(request.repository, request.path),)
 
 
+def _copy_source(request: Any) -> tuple[str, ...]:
+    return (object_arn(request.repository, request.source_path),)
+
+
 def _put_object(request: Any) -> tuple[str, ...]:
     return (object_arn(request.repository, request.entry.path),)
 
@@ -246,6 +250,14 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
         "GetBranchProtectionRules": _act("fs:GetBranchProtectionRules", _repo),
         "StatObject": _act("fs:ReadObject", _object),
         "PutObject": _act("fs:WriteObject", _put_object, mutating=True),
+        # Writing the destination and reading the source (whose address the copy shares).
+        "CopyObject": Rule(
+            Access.ACTION,
+            "fs:WriteObject",
+            _object,
+            mutating=True,
+            also=(("fs:ReadObject", _copy_source),),
+        ),
         "PutObjects": Rule(
             Access.ACTION, "fs:WriteObject", _put_objects, mutating=True, client_stream=True
         ),

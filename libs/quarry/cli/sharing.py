@@ -9,7 +9,6 @@ from typing import Any
 
 from quarry.cli import output
 from quarry.cli.base import CliError, Context, Subparsers, UsageError, command, leaf
-from quarry.v1 import types_pb2
 
 # SigV4's own bound on a presigned URL's lifetime (7 days).
 MAX_PRESIGN_SECONDS = 7 * 24 * 3600
@@ -19,12 +18,15 @@ MAX_PRESIGN_SECONDS = 7 * 24 * 3600
 def cp(args: argparse.Namespace, ctx: Context) -> int:
     """Stage DEST with SOURCE's entry at SRC_REF: the same bytes (no copy: entries point at
     immutable objects), content type and metadata. Within one repository, as lakeFS's copy
-    API; the server's address rules apply as to any staged entry."""
-    source = ctx.client.stat_object(args.repo, args.src_ref, args.src_path)
-    copied = types_pb2.Entry()
-    copied.CopyFrom(source)
-    copied.path = args.dest_path
-    staged = ctx.client.put_object(args.repo, args.dest_branch, copied, if_absent=not args.force)
+    API (BranchManager/CopyObject: fs:ReadObject on the source, fs:WriteObject on DEST)."""
+    staged = ctx.client.copy_object(
+        args.repo,
+        args.src_ref,
+        args.src_path,
+        args.dest_branch,
+        args.dest_path,
+        if_absent=not args.force,
+    )
     if ctx.json:
         output.print_json(staged)
     else:

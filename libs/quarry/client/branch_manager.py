@@ -393,6 +393,31 @@ class BranchManagerCalls(RpcCalls):
             metadata=self._relay_metadata(),
         ).entry
 
+    def copy_object(  # noqa: PLR0913 — public keyword API
+        self,
+        repository: str,
+        source_ref: str,
+        source_path: str,
+        branch: str,
+        path: str,
+        *,
+        if_absent: bool = False,
+        request_id: str = "",
+    ) -> types_pb2.Entry:
+        """Stage `path` on `branch` with the entry of `source_path` at `source_ref` (the
+        same bytes, content type and metadata); the staged entry. `if_absent`: ObjectExists
+        when `path` already has an entry. `request_id`: none unless given."""
+        request = bm.CopyObjectRequest(
+            repository=repository,
+            source_ref=source_ref,
+            source_path=source_path,
+            branch=branch,
+            path=path,
+            if_absent=if_absent,
+            request_id=request_id,
+        )
+        return self._unary(self._bm.CopyObject, "BranchManager/CopyObject", request).entry
+
     def put_objects(  # noqa: PLR0913 — public keyword API, kept for callers
         self,
         repository: str,

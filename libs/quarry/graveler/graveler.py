@@ -114,6 +114,7 @@ class Graveler(Core):
         self.find_merge_base = self.reads.find_merge_base
         # writes
         self.put_objects = self.writes.put_objects
+        self.copy_object = self.writes.copy_object
         self.delete_objects = self.writes.delete_objects
         self.discard_changes = self.writes.discard_changes
         # commits and compaction

@@ -116,6 +116,24 @@ class Writes:
         items = batch_items(entries)
         self.core.addresses.check_entries(repo, (entry for _, entry in items))
 
+    def copy_object(
+        self,
+        repo_name: str,
+        source_ref: str,
+        source_path: str,
+        branch_name: str,
+        path: str,
+        if_absent: bool = False,
+    ) -> tuple[Entry, StagedCount]:
+        """Stage `path` on the branch with the entry of `source_path` at `source_ref`: the
+        same bytes (objects are immutable), content type and metadata. Its address is the
+        source's, which the caller may read (the service authorizes fs:ReadObject on the
+        source): the staging rules apply to it as to any entry, but no place beyond it
+        needs a permission of its own."""
+        names.check_path(path)
+        entry = self.reads.stat_object(repo_name, source_ref, source_path).with_path(path)
+        return entry, self.put_objects(repo_name, branch_name, [entry], if_absent=if_absent)
+
     def put_objects(
         self,
         repo_name: str,
