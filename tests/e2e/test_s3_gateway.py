@@ -877,6 +877,16 @@ def test_an_object_a_user_may_not_read_cannot_be_restaged_under_a_path_they_may_
         with forged, pytest.raises(errors.PermissionDenied) as not_a_service:
             forged.put_object(REPO, "dev", path="mine/s3", physical_address=address)
         assert not_a_service.value.reason == "SERVICE_PRINCIPAL_REQUIRED"
+        garbled = Client(
+            branch_manager=suite.targets["branch-manager"],
+            committer=suite.targets["committer"],
+            token=own,
+            relayed_by=lambda: "not-a-token",
+        )
+        with garbled, pytest.raises(errors.QuarryError) as bad_relay:
+            garbled.put_object(REPO, "dev", path="mine/s4", physical_address=address)
+        assert bad_relay.value.code.name == "UNAUTHENTICATED"
+        assert bad_relay.value.message.startswith("x-quarry-relayed-by: ")  # not the caller's
         # A copy within the repository (BranchManager/CopyObject, `quarry cp`) reads the
         # source as the user: what they may read, they may copy; a denied source is refused.
         copied = user.copy_object(REPO, "dev", "open/readable.bin", "dev", "mine/cp.bin")

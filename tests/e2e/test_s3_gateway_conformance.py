@@ -1274,6 +1274,23 @@ def test_a_copy_never_carries_a_checksum_over_other_bytes(gateway, s3, client):
         assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500, bucket
         assert not [e.path for e in client.iter_objects(bucket, "main", prefix="ccsum/damaged-")]
     assert (set(os.listdir(data_dir)) if data_dir.is_dir() else set()) == before
+    # An entry whose checksum is a multipart ETag (no digest of the bytes) is checked by
+    # size as a GET checks it: a file replaced by a longer one is refused, never copied
+    # cut to the recorded size (tester hAN).
+    key = "main/ccsum/multipart"
+    upload_id, parts, _data = _two_parts(s3, key)
+    s3.complete_multipart_upload(
+        Bucket=REPO, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+    )
+    grown = client.stat_object(REPO, "main", "ccsum/multipart")
+    assert grown.checksum.endswith("-2")
+    with open(grown.physical_address, "ab") as fh:
+        fh.write(b"more bytes than the entry records")
+    with pytest.raises(ClientError) as longer:
+        s3.copy_object(Bucket=other, Key="main/ccsum/mp-copy", CopySource=f"{REPO}/{key}")
+    assert longer.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500
+    assert not [e.path for e in client.iter_objects(other, "main", prefix="ccsum/mp-")]
+    assert (set(os.listdir(data_dir)) if data_dir.is_dir() else set()) == before
 
 
 def test_a_copy_of_an_entry_without_a_size_copies_its_whole_file(gateway, s3, client, tmp_path):

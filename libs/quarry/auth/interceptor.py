@@ -179,7 +179,12 @@ class AuthInterceptor(grpc.ServerInterceptor):
         relay = _metadata_value(metadata, RELAY_HEADER)
         if relay is None:
             return principal
-        relayer = self._verify(relay.removeprefix("Bearer ").strip())
+        try:
+            relayer = self._verify(relay.removeprefix("Bearer ").strip())
+        except errors.QuarryError as exc:  # the relay's token, not the caller's own
+            raise type(exc)(
+                f"{RELAY_HEADER}: {exc.message}", metadata={**exc.metadata, "header": RELAY_HEADER}
+            ) from None
         if not relayer.is_service or principal.is_service:
             # Safety rule: only a service relays, and only a user's call.
             raise auth_errors.ServicePrincipalRequired(

@@ -42,6 +42,7 @@ from quarry.blob import (
     BlobStore,
     ChecksumMismatch,
     Confinement,
+    ObjectChanged,
     ObjectNotFound,
     check_stored_size,
     confinement,
@@ -1220,22 +1221,41 @@ def _copy_bytes(  # noqa: PLR0913 — what is copied, where to, and what is summ
 ) -> tuple[str, str]:
     """Write `length` bytes of the source object from `first` on under `key` (a fresh key of
     `store`), feeding them to `sums` too; their (MD5, SHA-256) hex. A whole object's bytes
-    are checked against the source's entry (_check_copied). On failure nothing stays under
-    `key`."""
+    are checked against the source's entry as a GET checks them: its size (a local file's
+    before any byte; any object's by a byte past it), then _check_copied. On failure
+    nothing stays under `key`."""
+    entry = source.entry
+    whole = size_recorded(entry.size_bytes, entry.checksum) and (first, length) == (
+        0,
+        entry.size_bytes,
+    )
     try:
-        address = source.entry.physical_address
+        address = entry.physical_address
         confine = _confine(ctx, source.bucket, address)
-        with open_object(address, ctx.settings, first, length, confine) as reader:
+        opened = (
+            open_object(address, ctx.settings, confine=confine)
+            if whole
+            else open_object(address, ctx.settings, first, length, confine)
+        )
+        with opened as reader:
+            if whole:
+                check_stored_size(reader, address, entry.size_bytes, entry.checksum)
             ranged = _RangeReader(reader, length, address, sums)
             written = store.put_stream(key, ranged)
-        whole = size_recorded(source.entry.size_bytes, source.entry.checksum) and (
-            (first, length) == (0, source.entry.size_bytes)
-        )
+            if whole and reader.read(1):
+                raise ObjectChanged(
+                    f"the object at {address} has more than the {entry.size_bytes} bytes its "
+                    "entry records: it changed after the entry was recorded",
+                    metadata={"physical_address": address},
+                )
         if whole:
             _check_copied(source, ranged.md5.hexdigest(), written.sha256)
     except ObjectNotFound:
         uploads.discard(store, key)
         raise S3Error("NoSuchKey", "the source object's bytes are missing", 404) from None
+    except errors.QuarryError as exc:
+        uploads.discard(store, key)
+        raise from_quarry(exc) from None
     except BaseException:
         uploads.discard(store, key)
         raise
