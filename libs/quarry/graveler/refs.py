@@ -279,9 +279,40 @@ class RefManager(RefResolution):
             iterator.close()
         return found
 
-    def delete_repository_record(self, name: str) -> None:
-        self.kv.delete(QUARRY_PARTITION, layout.repository_key(name))
-        self._repos.pop(name)
+    def delete_repository_record(self, repo: Repository) -> None:
+        """Delete the record of this instance of the repository, by compare-and-delete:
+        a deletion that lost a race (a replica paused while another deleted the repository
+        and it was created or restored again under its name) must never delete the new
+        instance's record -- that emptied a live repository (tester hAO). RepositoryNotFound
+        when the record no longer names `repo`'s instance; a change of its settings
+        meanwhile is read again."""
+        key = layout.repository_key(repo.name)
+        for attempt in DEFAULT_RETRY.attempts(
+            lambda: gerrors.RepositoryContended(
+                f"repository {repo.name!r} kept changing; retry",
+                metadata={"repository": repo.name},
+            )
+        ):
+            try:
+                current: kv.GetResult | None = self.kv.get(QUARRY_PARTITION, key)
+            except kv.KeyNotFound:
+                current = None
+            if (
+                current is None
+                or Repository.from_record(current.value, key).instance_id != repo.instance_id
+            ):
+                self._repos.pop(repo.name)
+                raise gerrors.RepositoryNotFound(
+                    f"repository {repo.name!r} not found (deleted meanwhile)",
+                    metadata={"repository": repo.name},
+                )
+            try:
+                self.kv.delete_if(QUARRY_PARTITION, key, kv.Equals(current.predicate))
+            except kv.PredicateFailed:
+                cas_retry("delete-repository", attempt)
+                continue
+            self._repos.pop(repo.name)
+            return
 
     def list_repositories(self, after: str = "", limit: int = 100) -> list[Repository]:
         """Up to `limit` repositories named after `after`. Corrupt records are skipped in a

@@ -387,7 +387,7 @@ class Repositories:
         # Recorded before the record goes: its namespace may then be reused (ownership),
         # and queue_dead_instances finds the instance if this process dies below.
         self.refs.record_deleted_instance(repo)
-        self.refs.delete_repository_record(name)
+        self.refs.delete_repository_record(repo)
         self.staging.queue_drop([repo.partition])
 
     # ---- branches ---------------------------------------------------------------------------

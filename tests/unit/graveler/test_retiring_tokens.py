@@ -178,8 +178,8 @@ def test_a_repository_deletion_that_dies_right_after_leaves_nothing_behind(grave
     graveler.refs.record_deleted_instance = seal_then_record
     real = graveler.refs.delete_repository_record
 
-    def then_die(name):
-        real(name)
+    def then_die(repository):
+        real(repository)
         raise ProcessDied()
 
     graveler.refs.delete_repository_record = then_die
@@ -248,3 +248,33 @@ def test_a_repository_deletion_that_never_happened_keeps_everything(graveler, re
     graveler.staging.drop_queued(grace_seconds=0)
     assert not queued(graveler)
     assert graveler.stat_object(repo, "main", "kept").path == "kept"
+
+
+def test_a_deletion_that_lost_a_race_never_deletes_the_repository_made_again(
+    graveler, repo, tmp_path
+):
+    """Safety rule (tester hAO): a deletion paused after reading the repository, while
+    another deleted it and it was created again under its name, deletes nothing of the new
+    instance (its record is compared-and-deleted by instance): NOT_FOUND, and the new
+    repository, its branch and its staged object stay."""
+    from quarry.graveler import errors as gerrors
+
+    old = graveler.get_repository(repo)
+    namespace = old.storage_namespace
+    graveler.delete_repository(repo)
+    graveler.create_repository(repo, namespace)
+    graveler.put_objects(repo, "main", [entry("new")])
+    new = graveler.refs.get_repository(repo, fresh=True)
+    assert new.instance_id != old.instance_id
+    with pytest.raises(gerrors.RepositoryNotFound):
+        graveler.refs.delete_repository_record(old)  # the slow deletion's last step
+    graveler.staging.queue_dead_instances()
+    graveler.staging.drop_queued(grace_seconds=0)
+    assert graveler.refs.get_repository(repo, fresh=True).instance_id == new.instance_id
+    assert graveler.stat_object(repo, "main", "new").path == "new"
+    assert new.partition not in queued(graveler)
+    # A settings change of the same instance meanwhile is no reason to refuse its deletion.
+    graveler.update_repository(repo, staging_shards=2)
+    graveler.refs.delete_repository_record(new)
+    with pytest.raises(gerrors.RepositoryNotFound):
+        graveler.get_repository(repo)
