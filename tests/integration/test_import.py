@@ -654,3 +654,34 @@ def test_a_committer_stopping_mid_import_ends_it_cancelled_at_once(tmp_path, mon
         partition = RefManager(store).get_repository("stopping").partition
         record = ImportRecord.decode(store.get(partition, layout.import_key(started.id)).value)
         assert record.state == "CANCELLED" and "shutdown" in record.error, record.error
+
+
+def test_an_import_into_a_repository_deleted_meanwhile_is_no_success(
+    client, suite, tmp_path, monkeypatch, caplog
+):
+    """tester hAO: the repository deleted and made again under its name while the import
+    listed: the import committed into the dead instance and said COMPLETED with a commit
+    the repository of that name does not have. Now it fails naming the deletion (its
+    status went with the dead instance: the new repository knows no such import), and the
+    new repository is untouched."""
+    name = f"imp{next(_repos)}"
+    client.create_repository(name, suite.namespace(name))
+    gate = _Gate(monkeypatch, after=10)
+    started = client.start_import(name, "main", [(str(_many(tmp_path / "src", 50)), "data")])
+    assert gate.reached.wait(30)
+    client.delete_repository(name)
+    client.create_repository(name, suite.namespace(name))
+    head = client.get_branch(name, "main").commit_id
+    gate.release.set()
+
+    def ended():
+        try:
+            return client.get_import_status(name, started.id).state != cm.IMPORT_STATE_RUNNING
+        except errors.NotFound:
+            return True
+
+    wait_until(ended, timeout=60, what="the import to end")
+    assert f"import {started.id} failed" in caplog.text
+    assert "deleted during the import" in caplog.text
+    assert client.get_branch(name, "main").commit_id == head
+    assert not listing(client, name, "main")

@@ -553,6 +553,7 @@ class Imports:
         for attempt in self.core.retries.branch.attempts(exhausted):
             commit = self._commit_attempt(repo, job, written.metarange_id, prefixes, metadata)
             if commit is not None:
+                self._check_still_live(repo)
                 IMPORTED_OBJECTS.inc(record.objects_listed)
                 IMPORTED_BYTES.inc(record.bytes_listed)
                 event = self._event(record, metadata, post=True)
@@ -563,6 +564,21 @@ class Imports:
             tracer_span.set_attribute("quarry.attempt", attempt + 1)
             tracer_span.end()
         raise AssertionError("unreachable")
+
+    def _check_still_live(self, repo: Repository) -> None:
+        """RepositoryNotFound unless the repository's record still names the instance the
+        import committed to: one deleted meanwhile (and perhaps made again under its name)
+        got the commit in its dead instance, which is no success to report (tester hAO: the
+        import said COMPLETED with a commit the repository of that name did not have)."""
+        try:
+            live = self.refs.get_repository(repo.name, fresh=True).instance_id == repo.instance_id
+        except gerrors.RepositoryNotFound:
+            live = False
+        if not live:
+            raise gerrors.RepositoryNotFound(
+                f"repository {repo.name!r} was deleted during the import",
+                metadata={"repository": repo.name},
+            )
 
     @contextmanager
     def _heartbeat(self, repo: Repository, job: _Job) -> Iterator[None]:
