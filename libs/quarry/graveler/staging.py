@@ -43,6 +43,14 @@ TOMBSTONE = None  # a staged deletion, as seen by domain code
 # references this long after is not being retired: its cleanup record is forgotten (a later
 # retirement queues it again).
 RETIRING_EXPIRY_SECONDS = 3600
+# A queued partition still in use this long after it was queued is looked at again only
+# every KEPT_RECHECK_SECONDS (per process): thousands of them (a deletion of a large
+# repository that died after queuing its branches' tokens) cost a KV read each per pass and
+# held up the dropping of due ones (tester hAO). A change in progress is looked at on every
+# pass until then. Keeping one longer only delays its drop.
+KEPT_BACKOFF_AFTER_SECONDS = 60.0
+KEPT_RECHECK_SECONDS = 30.0
+_KEPT_REMEMBERED = 100_000
 SCAN_BATCH = 1000
 
 
@@ -130,6 +138,8 @@ class StagingManager:
         grace period (tests pass one they move forward instead of waiting)."""
         self.kv = store
         self._clock = clock
+        # Queued partitions found in use: when to look at each again (KEPT_RECHECK_SECONDS).
+        self._kept_until: dict[bytes, float] = {}
 
     def get(self, token: str, path: str) -> tuple[bool, Entry | None, bytes | None]:
         """(found, entry-or-tombstone, predicate)."""
@@ -275,6 +285,8 @@ class StagingManager:
                     continue
                 if now - record.queued_at < grace_seconds:
                     continue
+                if now < self._kept_until.get(item.key, 0.0):
+                    continue  # found in use a moment ago
                 if (record.branch and self._still_referenced(record)) or self._instance_live(
                     item.key
                 ):
@@ -283,7 +295,10 @@ class StagingManager:
                     # forgotten once the change can no longer be coming.
                     if now - record.queued_at >= RETIRING_EXPIRY_SECONDS:
                         self._forget_expired(item)
+                    elif now - record.queued_at >= KEPT_BACKOFF_AFTER_SECONDS:
+                        self._keep_for_a_while(item.key, now)
                     continue
+                self._kept_until.pop(item.key, None)
                 due.append(item.key)
                 if len(due) >= limit:
                     break
@@ -296,6 +311,11 @@ class StagingManager:
             self.kv.delete(CLEANUP_PARTITION, partition)
             dropped += 1
         return dropped
+
+    def _keep_for_a_while(self, partition: bytes, now: float) -> None:
+        if len(self._kept_until) >= _KEPT_REMEMBERED:
+            self._kept_until.clear()  # bounded: forgetting only means looking again sooner
+        self._kept_until[partition] = now + KEPT_RECHECK_SECONDS
 
     def queue_dead_instances(self) -> int:
         """Queue the partition of each repository instance recorded as deleted whose items

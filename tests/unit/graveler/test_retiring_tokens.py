@@ -278,3 +278,37 @@ def test_a_deletion_that_lost_a_race_never_deletes_the_repository_made_again(
     graveler.refs.delete_repository_record(new)
     with pytest.raises(gerrors.RepositoryNotFound):
         graveler.get_repository(repo)
+
+
+def test_a_long_kept_queue_entry_is_looked_at_again_only_now_and_then(graveler, repo, monkeypatch):
+    """tester hAO: thousands of entries queued ahead of a deletion that died were each read
+    again on every dropper pass for an hour, holding up the dropping of due ones. One kept
+    past KEPT_BACKOFF_AFTER_SECONDS is looked at again only every KEPT_RECHECK_SECONDS;
+    before that, on every pass (a change in progress); it is still never dropped while in
+    use, and dropped once it is not."""
+    graveler.put_objects(repo, "main", [entry("x")])
+    live = graveler.get_branch(repo, "main").staging_token
+    partition = graveler.repo(repo).partition
+    clock = [1000.0]
+    monkeypatch.setattr(graveler.staging, "_clock", lambda: clock[0])
+    graveler.staging.queue_retiring_tokens([live], partition, "main")
+    looked = []
+    still_referenced = graveler.staging._still_referenced
+    monkeypatch.setattr(
+        graveler.staging, "_still_referenced", lambda r: looked.append(r) or still_referenced(r)
+    )
+    shards = len(staging_partitions(live))
+    graveler.staging.drop_queued(grace_seconds=0)
+    graveler.staging.drop_queued(grace_seconds=0)
+    assert len(looked) == 2 * shards  # young: every pass
+    clock[0] += staging_module.KEPT_BACKOFF_AFTER_SECONDS
+    looked.clear()
+    for _ in range(5):
+        graveler.staging.drop_queued(grace_seconds=0)
+    assert len(looked) == shards  # old: once, then not for a while
+    assert items(graveler, live) == 1
+    # Retired meanwhile: dropped at the next look.
+    graveler.commit(repo, "main", "retire it")
+    clock[0] += staging_module.KEPT_RECHECK_SECONDS
+    graveler.staging.drop_queued(grace_seconds=0)
+    assert items(graveler, live) == 0
