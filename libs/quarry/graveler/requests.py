@@ -27,10 +27,10 @@ record are two writes):
 - the process dies after the effect and before the DONE write. (A DONE write that fails,
   e.g. the KV store is unreachable, is retried by the renewer while the claim's lease
   lasts, and the answer is returned meanwhile: a repeat gets the first answer once the
-  store is back.) The window is those KV writes: work that follows the effect without changing the answer
-  (post-event hooks) runs after the DONE write (`after_recorded`). After
-  the lease a repeat runs the call again (a Commit then answers NO_CHANGES or commits what
-  was staged since; a Merge merges again, usually nothing);
+  store is back.) The window is those KV writes: work that follows the effect without
+  changing the answer (post-event hooks) runs after the DONE write (`after_recorded`).
+  After the lease a repeat runs the call again (a Commit then answers NO_CHANGES or
+  commits what was staged since; a Merge merges again, usually nothing);
 - a call whose renewals fail for a whole lease (KV unreachable, process stalled) may be
   taken over by a repeat; both may then take effect (the stalled one's DONE write fails
   and is logged);
