@@ -647,10 +647,16 @@ def test_a_reader_must_be_allowed_every_object_it_reads(spark, suite, client, co
         range(50)
     )
     # A branch it may not read is refused, never read as its last commit without its
-    # uncommitted changes (tester hAN).
+    # uncommitted changes (tester hAN); a tag beside a branch of its name is read at the
+    # tag's own commit, not the branch's (tester hAP).
+    qs.write(numbers(spark, 50, 60, 1), f"quarry://{repo}/main/t", connection=conn)
+    client.create_branch(repo, "v1", "main")
     client.put_object(repo, "main", path="t/staged.txt", physical_address="s3://b/x")
     with pytest.raises(errors.PermissionDenied):
         qs.entries(spark, f"quarry://{repo}/main/t/", connection=tagged)
+    assert sorted(ids(qs.read(spark, f"quarry://{repo}/v1/t", connection=tagged))) == list(
+        range(50)
+    )
 
 
 def test_a_developer_writes_and_the_commit_is_theirs(spark, client, conn, repo):

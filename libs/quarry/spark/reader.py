@@ -59,6 +59,7 @@ def snapshot(client: Client, repository: str, ref: str, prefix: str = "") -> Sna
     again, so base and changes always belong together."""
     repo = client.get_repository(repository)
     for _ in range(10):
+        committed = ref
         try:
             branch = client.get_branch(repository, ref)
         except (errors.NotFound, errors.InvalidArgument):
@@ -66,13 +67,13 @@ def snapshot(client: Client, repository: str, ref: str, prefix: str = "") -> Sna
         except errors.PermissionDenied:
             # GetBranch of a tag's name asks for fs:ReadBranch on a branch of that name,
             # which a reader of tags need not hold. But a branch read as its last commit
-            # would silently lose its uncommitted changes: only a ref that is surely no
-            # branch goes on (tester hAN).
-            if not _surely_no_branch(client, repository, ref):
-                raise
+            # would silently lose its uncommitted changes (tester hAN): only a tag (read at
+            # its own commit, even beside a branch of its name: tester hAP) or a ref of a
+            # commit reference's shape goes on.
+            committed = _not_a_branch(client, repository, ref)
             branch = None
         if branch is None:
-            commit = client.get_commit(repository, ref)
+            commit = client.get_commit(repository, committed)
             return Snapshot(repo.storage_namespace, commit.id, commit.metarange_id, ())
         changes = tuple(client.iter_uncommitted(repository, ref, prefix=prefix))
         again = client.get_branch(repository, ref)
@@ -92,13 +93,19 @@ def snapshot(client: Client, repository: str, ref: str, prefix: str = "") -> Sna
 _COMMIT_REF = re.compile(r".*[@~^].*|[0-9a-f]{6,64}")
 
 
-def _surely_no_branch(client: Client, repository: str, ref: str) -> bool:
-    """Whether `ref` is a tag (GetTag finds it) or has a commit reference's shape."""
+def _not_a_branch(client: Client, repository: str, ref: str) -> str:
+    """What to read for a ref GetBranch refused: a tag's own commit id, or the ref itself
+    when it has a commit reference's shape; else the refusal stands (PermissionDenied)."""
     try:
-        client.get_tag(repository, ref)
-        return True
+        return client.get_tag(repository, ref).commit_id
     except (errors.NotFound, errors.PermissionDenied, errors.InvalidArgument):
-        return _COMMIT_REF.fullmatch(ref) is not None
+        if _COMMIT_REF.fullmatch(ref) is not None:
+            return ref
+    raise errors.PermissionDenied(
+        f"{ref!r} may be a branch this caller may not read (fs:ReadBranch): its uncommitted "
+        "changes cannot be read, and reading it without them would be a wrong answer",
+        metadata={"repository": repository, "ref": ref, "action": "fs:ReadBranch"},
+    )
 
 
 def check_reads_every_object(client: Client, repository: str, prefix: str) -> None:
