@@ -421,12 +421,7 @@ class Doctor:
             if not _is_staging(partition) or partition in used or partition in queued:
                 continue
             report.count("unreferenced staging partitions")
-            iterator = self.kv.scan(partition, batch_size=1)
-            try:
-                has_items = next(iterator, None) is not None
-            finally:
-                iterator.close()
-            if has_items:
+            if self._has_items(partition):
                 suspects.append(partition)
         if not suspects:
             return
@@ -436,6 +431,10 @@ class Doctor:
         queued_now = self._queued_now()
         for partition in suspects:
             if partition in used_now or partition in queued_now:
+                continue
+            if not self._has_items(partition):
+                # Dropped meanwhile: queued by a deletion after the first reads, and its
+                # queue entry gone with it before the second (tester hAQ).
                 continue
             report.findings.append(
                 Finding(
@@ -449,6 +448,13 @@ class Doctor:
             )
 
     # ---- helpers -------------------------------------------------------------------------
+
+    def _has_items(self, partition: bytes) -> bool:
+        iterator = self.kv.scan(partition, batch_size=1)
+        try:
+            return next(iterator, None) is not None
+        finally:
+            iterator.close()
 
     def _scan(self, partition: bytes, prefix: bytes = b"") -> Iterator[kv.KeyValue]:
         iterator = self.kv.scan(partition, prefix, prefix_end(prefix) if prefix else None)

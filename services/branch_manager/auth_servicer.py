@@ -160,6 +160,9 @@ class AuthServicer(auth_pb2_grpc.AuthServicer):
             )
         if not request.resource:
             raise errors.InvalidArgument("CheckPermission needs a resource")
+        # A refusal is audited as the refused write it stands for (declarations:
+        # audit_refusals): the action checked, not this method's.
+        annotate_audit(action=request.action)
         if not request.every_under:
             self._authorizer.authorize(principal, request.action, (request.resource,))
         elif not self._authorizer.allows_under(principal, request.action, request.resource):

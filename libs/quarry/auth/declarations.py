@@ -63,6 +63,9 @@ class Rule:
     # source to read, the destination to write and commit); for a client stream called as
     # `resources` is.
     also: tuple[tuple[str, Callable[..., tuple[str, ...]]], ...] = ()
+    # A call that changes nothing whose refusals are audited as a refused change: a check a
+    # service makes before a write it then never sends (Auth/CheckPermission).
+    audit_refusals: bool = False
 
 
 def _open(mutating: bool = False) -> Rule:
@@ -328,7 +331,7 @@ _BY_SERVICE: dict[str, dict[str, Rule]] = {
         "WhoAmI": Rule(Access.AUTHENTICATED),
         # One's own permissions; the servicer decides them (the action and resource are
         # the request's).
-        "CheckPermission": Rule(Access.AUTHENTICATED),
+        "CheckPermission": Rule(Access.AUTHENTICATED, audit_refusals=True),
         # The s3-gateway's SigV4 check: a signature oracle only the suite's services may ask.
         "VerifySignature": _service(),
         "CreateUser": _act("auth:CreateUser", _user, mutating=True),

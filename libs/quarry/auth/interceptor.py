@@ -115,7 +115,7 @@ class _Audit:
         )
 
     def write(self) -> None:
-        if not self.rule.mutating:
+        if not (self.rule.mutating or (self.rule.audit_refusals and self.outcome == "denied")):
             return
         if (
             self.rule.access is Access.SERVICE_ONLY

@@ -523,6 +523,26 @@ def test_check_permission_answers_the_callers_own_permission(secured, matrix):
     assert failure(check, inside).code.name == "UNAUTHENTICATED"
 
 
+def test_a_refused_permission_check_is_audited_as_the_refused_write(secured, matrix, caplog):
+    """A service checks a write it then never sends (the s3-gateway's multipart upload, the
+    console's upload): a refusal is one audit line naming the action and resource checked
+    (tester hAQ: those refusals left none); an allowed check, a read, none."""
+    check = secured.auth().CheckPermission
+    resource = "arn:quarry:fs:::repository/demo/object/a/audited-check"
+    request = auth_pb2.CheckPermissionRequest(action="fs:WriteObject", resource=resource)
+    with caplog.at_level(logging.INFO, logger=auth_interceptor.AUDIT_LOGGER):
+        check(request, metadata=bearer(matrix["m-allowed"]))
+        failure(check, request, metadata=bearer(matrix["m-nogrant"]))
+    lines = [
+        json.loads(r.getMessage())
+        for r in caplog.records
+        if r.name == auth_interceptor.AUDIT_LOGGER and "CheckPermission" in r.getMessage()
+    ]
+    assert [(l["principal"], l["action"], l["resource"], l["outcome"]) for l in lines] == [
+        ("user:m-nogrant", "fs:WriteObject", resource, "denied")
+    ]
+
+
 def test_a_stream_is_authorized_message_by_message(secured, admin):
     secured.iam.create_user("streamer")
     secured.iam.add_group_member(DEVELOPERS, "streamer")
