@@ -421,7 +421,7 @@ class Doctor:
             if not _is_staging(partition) or partition in used or partition in queued:
                 continue
             report.count("unreferenced staging partitions")
-            if self._has_items(partition):
+            if kv.has_items(self.kv, partition):
                 suspects.append(partition)
         if not suspects:
             return
@@ -432,7 +432,7 @@ class Doctor:
         for partition in suspects:
             if partition in used_now or partition in queued_now:
                 continue
-            if not self._has_items(partition):
+            if not kv.has_items(self.kv, partition):
                 # Dropped meanwhile: queued by a deletion after the first reads, and its
                 # queue entry gone with it before the second (tester hAQ).
                 continue
@@ -448,13 +448,6 @@ class Doctor:
             )
 
     # ---- helpers -------------------------------------------------------------------------
-
-    def _has_items(self, partition: bytes) -> bool:
-        iterator = self.kv.scan(partition, batch_size=1)
-        try:
-            return next(iterator, None) is not None
-        finally:
-            iterator.close()
 
     def _scan(self, partition: bytes, prefix: bytes = b"") -> Iterator[kv.KeyValue]:
         iterator = self.kv.scan(partition, prefix, prefix_end(prefix) if prefix else None)

@@ -346,7 +346,7 @@ def _import(
     # Users, credentials, groups and policies come along only into a store without any of
     # its own (an admin made by `quarry setup` or the chart's bootstrap stays the only one:
     # never two identity sets merged, never one overwritten).
-    keep_identities = not _has_items(store, AUTH_PARTITION)
+    keep_identities = not kv.has_items(store, AUTH_PARTITION)
     identities_skipped = 0
     end: dict | None = None
     for number, obj in numbered:
@@ -403,14 +403,6 @@ def _import(
         merge_hints_dropped=sum(r.merge_hints_dropped for r in rebuilders.values()),
         identities_skipped=identities_skipped,
     )
-
-
-def _has_items(store: kv.Store, partition: bytes) -> bool:
-    iterator = store.scan(partition, batch_size=1)
-    try:
-        return next(iter(iterator), None) is not None
-    finally:
-        iterator.close()
 
 
 def _header(numbered: Iterator[tuple[int, dict]]) -> dict:

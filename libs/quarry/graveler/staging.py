@@ -335,7 +335,7 @@ class StagingManager:
         for partition in found:
             if self._is_queued(partition) or self._instance_live(partition):
                 continue
-            if not self._has_items(partition):
+            if not kv.has_items(self.kv, partition):
                 continue
             self.queue_drop([partition])
             queued += 1
@@ -347,13 +347,6 @@ class StagingManager:
             return True
         except kv.KeyNotFound:
             return False
-
-    def _has_items(self, partition: bytes) -> bool:
-        iterator = self.kv.scan(partition, batch_size=1)
-        try:
-            return next(iterator, None) is not None
-        finally:
-            iterator.close()
 
     def _instance_live(self, partition: bytes) -> bool:
         """Whether `partition` is a repository instance's that its repository record still

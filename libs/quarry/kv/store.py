@@ -270,6 +270,15 @@ class Store(abc.ABC):
 # remote client may use them too.
 
 
+def has_items(store: Store, partition: bytes) -> bool:
+    """Whether `partition` holds any item (a scan of one)."""
+    iterator = store.scan(partition, batch_size=1)
+    try:
+        return next(iter(iterator), None) is not None
+    finally:
+        iterator.close()
+
+
 def check_predicate(predicate: object) -> None:
     if predicate is None:
         raise MissingPredicate("predicate is required: ABSENT, EXISTS or Equals(previous)")
