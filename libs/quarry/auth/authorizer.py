@@ -56,6 +56,9 @@ class _Cached:
     by_action: dict[str, tuple[Policy, ...]] = field(default_factory=dict, compare=False)
     # allows_everywhere(policies, action), by action (as pure a function of the snapshot).
     everywhere: dict[str, bool] = field(default_factory=dict, compare=False)
+    # allows_under(policies, action, prefix), by (action, prefix): asked on every staging
+    # call of a user who may not import everywhere (quarry.auth.checks.check_import).
+    under: dict[tuple[str, str], bool] = field(default_factory=dict, compare=False)
 
     def policies_for(self, action: str) -> tuple[Policy, ...]:
         narrowed = self.by_action.get(action)
@@ -160,7 +163,13 @@ class Authorizer:
         if principal.is_service:
             return True
         cached = self._checked_user(principal)
-        return allows_under(cached.policies_for(action), action, prefix, principal.id)
+        answer = cached.under.get((action, prefix))
+        if answer is None:
+            if len(cached.under) >= ALLOWED_MAX:
+                cached.under.clear()
+            answer = allows_under(cached.policies_for(action), action, prefix, principal.id)
+            cached.under[(action, prefix)] = answer
+        return answer
 
     def effective_policies(self, user_id: str) -> tuple[Policy, ...]:
         return self._user(user_id).policies

@@ -83,16 +83,23 @@ def test_a_token_queued_ahead_of_a_change_that_never_came_is_never_dropped(
     assert len(listed) == 5
 
 
-def test_an_expired_record_queued_afresh_meanwhile_is_kept(graveler, repo, monkeypatch):
-    """The dropper forgets an expired record only if it is still the one it read: a change
-    about to retire the same token queues it afresh under the same key, and that record
-    must stay, or the token is never dropped once the change retires it (tester hAE)."""
+def _queued_ahead_on_a_clock(graveler, repo, monkeypatch) -> tuple[str, bytes, list[float]]:
+    """main's token (one staged entry) queued ahead of a change of main, the staging
+    manager on a clock the test moves (clock[0]): (token, repository partition, clock)."""
     graveler.put_objects(repo, "main", [entry("x")])
     live = graveler.get_branch(repo, "main").staging_token
     partition = graveler.repo(repo).partition
     clock = [1000.0]
     monkeypatch.setattr(graveler.staging, "_clock", lambda: clock[0])
     graveler.staging.queue_retiring_tokens([live], partition, "main")
+    return live, partition, clock
+
+
+def test_an_expired_record_queued_afresh_meanwhile_is_kept(graveler, repo, monkeypatch):
+    """The dropper forgets an expired record only if it is still the one it read: a change
+    about to retire the same token queues it afresh under the same key, and that record
+    must stay, or the token is never dropped once the change retires it (tester hAE)."""
+    live, partition, clock = _queued_ahead_on_a_clock(graveler, repo, monkeypatch)
     clock[0] += staging_module.RETIRING_EXPIRY_SECONDS + 1
     still_referenced = graveler.staging._still_referenced
 
@@ -286,12 +293,7 @@ def test_a_long_kept_queue_entry_is_looked_at_again_only_now_and_then(graveler, 
     past KEPT_BACKOFF_AFTER_SECONDS is looked at again only every KEPT_RECHECK_SECONDS;
     before that, on every pass (a change in progress); it is still never dropped while in
     use, and dropped once it is not."""
-    graveler.put_objects(repo, "main", [entry("x")])
-    live = graveler.get_branch(repo, "main").staging_token
-    partition = graveler.repo(repo).partition
-    clock = [1000.0]
-    monkeypatch.setattr(graveler.staging, "_clock", lambda: clock[0])
-    graveler.staging.queue_retiring_tokens([live], partition, "main")
+    live, partition, clock = _queued_ahead_on_a_clock(graveler, repo, monkeypatch)
     looked = []
     still_referenced = graveler.staging._still_referenced
     monkeypatch.setattr(
