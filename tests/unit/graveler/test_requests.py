@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -318,7 +319,8 @@ def test_an_outcome_whose_write_failed_is_recorded_once_the_store_is_back(fails)
     lease (repeats REQUEST_IN_PROGRESS); the renewer now writes the outcome (DONE, or
     RELEASED for a failed call) once the store answers again, within the lease."""
     store = FlakyStore()
-    request_log = rq.RequestLog(store, lambda name: PARTITION, lease_seconds=3)
+    # A lease long enough for a loaded machine; the renewer looks every lease / 6.
+    request_log = rq.RequestLog(store, lambda name: PARTITION, lease_seconds=10)
     request_id = str(uuid.uuid4())
 
     def call():
@@ -334,8 +336,10 @@ def test_an_outcome_whose_write_failed_is_recorded_once_the_store_is_back(fails)
         else:
             assert run(request_log, request_id, call) == b"answer"
         store.away = False
-        with pytest.raises(rq.RequestInProgress):
-            run(request_log, request_id, lambda: b"again")
+        expected = b"again" if fails else b"answer"
+        # At once: still in progress, or (the renewer was quicker) already the right answer.
+        with contextlib.suppress(rq.RequestInProgress):
+            assert run(request_log, request_id, lambda: b"again") == expected
         key = b"requests/" + request_id.encode()
         wanted = rq.RELEASED if fails else rq.DONE
         wait_until(
@@ -343,10 +347,9 @@ def test_an_outcome_whose_write_failed_is_recorded_once_the_store_is_back(fails)
                 records_pb2.RequestRecord.FromString(store.get(PARTITION, key).value).state
                 == wanted
             ),
-            timeout=10,
+            timeout=30,
             what="the outcome written once the store is back",
         )
-        expected = b"again" if fails else b"answer"
         assert run(request_log, request_id, lambda: b"again") == expected
     finally:
         request_log.close()
