@@ -1080,9 +1080,8 @@ def put_object(ctx: Context, request: Request, signature: Any) -> Response:
         # Runs once the bytes are stored, before uploads.put builds the entry from
         # `metadata`: the verified checksum is kept with the object.
         verified = _check_body(stored, finish, request, signature)
-        if verified is not None and verified.value is not None:
-            # uploads.put records stored.md5 as the entry's checksum.
-            metadata[checksums.stored_key(verified)] = checksums.stored_value(verified, stored.md5)
+        # uploads.put records stored.md5 as the entry's checksum.
+        checksums.keep(metadata, verified, stored.md5)
 
     try:
         entry = uploads.put(
@@ -1759,8 +1758,7 @@ def complete_multipart_upload(ctx: Context, request: Request, signature: Any) ->
         )
         if joined.whole is not None and joined.whole.verifies:
             # A whole-object (FULL_OBJECT) checksum verified here is kept, as a PUT's is.
-            claim = joined.whole.claim
-            entry.metadata[checksums.stored_key(claim)] = checksums.stored_value(claim, final_etag)
+            checksums.keep(entry.metadata, joined.whole.claim, final_etag)
         entry.mtime.CopyFrom(_timestamp(time.time()))
         _stage(ctx, bucket, ref, entry, store, key, condition)
         completed = {
